@@ -1,0 +1,142 @@
+/*
+ * loopserve.h — the whole ABI of libloopserve.so.
+ *
+ * One weight-shared Llama-style block applied `loops` times (DESIGN.md §2).
+ * Every function is called from one thread (the server's JS thread); the
+ * library parallelises internally with its own persistent thread pool.
+ *
+ * Conventions
+ *   - Functions returning int32_t return 0 (or a non-negative value) on
+ *     success and a negative LS_ERR_* code on failure; failures that need
+ *     words write a NUL-terminated message into the caller's `err` buffer.
+ *   - Matrices are row-major [out_features, in_features] (nn.Linear).
+ *   - fp16 means IEEE 754 binary16, little-endian.
+ *   - Nothing here reads the environment: the caller passes every setting.
+ */
+#ifndef LOOPSERVE_H
+#define LOOPSERVE_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LS_ABI_VERSION 1
+
+/* ---- error codes ---- */
+#define LS_OK 0
+#define LS_ERR_ARG (-1)       /* an argument is out of range (token id, loops, n) */
+#define LS_ERR_FULL (-2)      /* the session has no room for more positions */
+#define LS_ERR_NOMEM (-3)     /* allocation failed */
+#define LS_ERR_STATE (-4)     /* call not valid in the session's current state */
+
+/* ---- SIMD paths, chosen once at load ---- */
+#define LS_SIMD_AUTO 0        /* best the CPU supports */
+#define LS_SIMD_PORTABLE 1    /* plain C: the reference path */
+#define LS_SIMD_AVX2 2        /* AVX2 + FMA + F16C */
+#define LS_SIMD_AVX512 3      /* AVX-512 F/BW/VL (+ VNNI where present) */
+
+/* ---- weight formats (metadata `quant`) ---- */
+#define LS_QUANT_FP16 0
+#define LS_QUANT_INT4 1
+#define LS_QUANT_INT2 2
+
+typedef struct ls_model ls_model;
+typedef struct ls_session ls_session;
+
+/* Model description, filled by ls_model_info_get. All fields are 32-bit so
+ * a binding can read the struct through one Int32Array/Float32Array pair. */
+typedef struct {
+    int32_t dim;            /* residual width */
+    int32_t n_heads;        /* query heads */
+    int32_t n_kv_heads;     /* key/value heads (GQA: n_heads % n_kv_heads == 0) */
+    int32_t head_dim;       /* dim / n_heads, even */
+    int32_t ffn_dim;        /* SwiGLU hidden width */
+    int32_t vocab_size;
+    int32_t default_loops;
+    int32_t max_seq_len;    /* from the file's metadata */
+    float rope_theta;
+    float norm_eps;
+    int32_t quant;          /* LS_QUANT_* */
+    int32_t group_size;     /* quantization group; 0 for fp16 */
+    int32_t tied_output;    /* 1 when output.weight is absent and E is reused */
+    int32_t simd;           /* LS_SIMD_* actually in use */
+    int32_t n_threads;      /* threads in the pool (including the caller) */
+    int32_t reserved;
+} ls_model_info;
+
+int32_t ls_abi_version(void);
+
+/* Human-readable name of a LS_SIMD_* path ("portable", "avx2", "avx512"). */
+const char *ls_simd_name(int32_t simd);
+
+/* ---- model ---- */
+
+/* mmaps and validates a .safetensors model (DESIGN.md §2), starts the thread
+ * pool (n_threads <= 0: all online cores) and selects the SIMD path (simd is
+ * LS_SIMD_*; asking for a path the CPU lacks is an error). On failure returns
+ * NULL and writes why into err (naming the field or tensor at fault). */
+ls_model *ls_model_load(const char *path, int32_t n_threads, int32_t simd,
+                        char *err, int32_t err_len);
+void ls_model_free(ls_model *m);
+void ls_model_info_get(const ls_model *m, ls_model_info *out);
+
+/* ---- session: one request's KV cache ---- */
+
+/* A session owns one fp16 K/V cache per loop for up to `loops` loops.
+ * max_seq:      most positions the session will ever hold (prompt + output).
+ * cache_window: 0 = full attention; W > 0 = each position attends only to
+ *               the last W positions (itself included); the cache then
+ *               holds a bounded ring of positions instead of max_seq. */
+ls_session *ls_session_new(ls_model *m, int32_t max_seq, int32_t loops,
+                           int32_t cache_window, char *err, int32_t err_len);
+void ls_session_free(ls_session *s);
+
+/* Number of positions held (tokens fed so far minus rollbacks). */
+int32_t ls_session_pos(const ls_session *s);
+
+/* Forgets positions >= pos in every loop's cache (pos <= current pos). */
+int32_t ls_session_rollback(ls_session *s, int32_t pos);
+
+/* Runs n tokens at positions [pos, pos + n) through `loops` loops
+ * (1 <= loops <= the session's loops), appending them to the cache.
+ * logits_out: NULL, or room for n_logits * vocab_size floats that receive
+ * the logits of the LAST n_logits tokens (1 <= n_logits <= n).
+ * Batch-invariant: a token's logits are bit-identical whatever n, the
+ * split of a prompt into calls, or the thread count. */
+int32_t ls_session_forward(ls_session *s, const int32_t *tokens, int32_t n,
+                           int32_t loops, float *logits_out, int32_t n_logits);
+
+/* One generation step in one call: ls_session_forward of the n tokens, then
+ * ls_sample on the last token's logits with the session's whole token
+ * history (prompt + generated) for the repetition penalty, and the RNG
+ * counter = the position the sampled token will occupy. Returns the token
+ * id, or a negative LS_ERR_*. logits_out (nullable) receives the last
+ * token's logits before any sampling transform. */
+int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n,
+                        int32_t loops, float temperature, int32_t top_k,
+                        float top_p, float repetition_penalty, uint64_t seed,
+                        float *logits_out);
+
+/* ---- sampling ---- */
+
+/* Picks a token from logits (left unchanged):
+ *   repetition penalty (CTRL/HF rule: a logit l of a token in history
+ *   becomes l / penalty if l > 0 else l * penalty), then
+ *   temperature == 0: argmax (lowest id on ties); otherwise softmax of
+ *   logits / temperature restricted to the top_k most likely (0 = all),
+ *   then to the smallest prefix whose mass reaches top_p (1 = all),
+ *   renormalised, and drawn with a counter-based RNG: the uniform for
+ *   (seed, counter) is the same on every machine and thread count.
+ * Returns the token id or LS_ERR_ARG. */
+int32_t ls_sample(const float *logits, int32_t vocab, const int32_t *history,
+                  int32_t n_history, float temperature, int32_t top_k,
+                  float top_p, float repetition_penalty, uint64_t seed,
+                  uint64_t counter);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOOPSERVE_H */
