@@ -1,0 +1,42 @@
+#!/usr/bin/env bun
+// loopserve command line: `serve` (default), `model ...`, `--version`, `--help`.
+import pkg from "../package.json" with { type: "json" };
+
+const USAGE = `loopserve ${pkg.version} — serves a weight-shared looped transformer over HTTP
+
+usage:
+  loopserve [serve] [--host H] [--port P]   start the server (environment: see README)
+  loopserve model new OUT [options]         write a deterministic synthetic model
+  loopserve model inspect FILE              print a model file's header
+  loopserve --version                       print the version
+  loopserve COMMAND --help                  help for one command
+`;
+
+export async function main(argv: string[]): Promise<number> {
+  const [command, ...rest] = argv;
+  switch (command) {
+    case undefined:
+    case "serve":
+      return (await import("./serve.ts")).runServe(rest);
+    case "model":
+      return (await import("./model/cli.ts")).runModelCommand(rest);
+    case "--version":
+    case "-v":
+      console.log(pkg.version);
+      return 0;
+    case "--help":
+    case "-h":
+    case "help":
+      console.log(USAGE);
+      return 0;
+    default:
+      if (command.startsWith("--")) return (await import("./serve.ts")).runServe(argv);
+      console.error(`unknown command '${command}'\n\n${USAGE}`);
+      return 2;
+  }
+}
+
+if (import.meta.main) {
+  // serve resolves only when the server has shut down; the rest right away.
+  process.exit(await main(process.argv.slice(2)));
+}
