@@ -125,7 +125,7 @@ export class NativeModel {
     const err = new Uint8Array(ERR_LEN);
     const handle = lib.ls_model_load(cString(modelPath), threads, SIMD_CODES[simd], err, ERR_LEN);
     if (!handle) throw new NativeError(readError(err) || `cannot load ${modelPath}`, -1);
-    return new NativeModel(lib, handle);
+    return new NativeModel(lib, handle as Pointer);
   }
 
   get pointer(): Pointer {
@@ -137,7 +137,7 @@ export class NativeModel {
     const err = new Uint8Array(ERR_LEN);
     const s = this.lib.ls_session_new(this.pointer, maxSeq, loops, cacheWindow, err, ERR_LEN);
     if (!s) throw new NativeError(readError(err) || "cannot create session", -3);
-    return new NativeSession(this, s);
+    return new NativeSession(this, s as Pointer);
   }
 
   /** Samples from logits with the C sampler (used by tests and host-side modes). */

@@ -1,0 +1,83 @@
+// Engine throughput: prefill and decode tokens/s of the C kernels on the
+// benchmark model at 1 and 2 threads, and the C-vs-TypeScript-reference
+// speed ratio on the same file.
+import { join } from "node:path";
+import { NativeModel, type SimdChoice } from "../src/engine/binding.ts";
+import { ReferenceModel } from "../src/model/reference.ts";
+import { benchModel } from "./models.ts";
+import { median, printTable, type Row } from "./report.ts";
+
+const LIBRARY = join(import.meta.dir, "..", "build", "libloopserve.so");
+
+function promptOf(n: number, vocab: number): Int32Array {
+  return Int32Array.from({ length: n }, (_, i) => (i * 7919 + 13) % vocab);
+}
+
+export interface EngineBenchOptions {
+  threads: number[];
+  loops: number;
+  prefillTokens: number;
+  decodeTokens: number;
+  simd?: SimdChoice;
+  repeats?: number;
+}
+
+/** Measures one model file; returns one row per thread count. */
+export function measureEngine(modelPath: string, o: EngineBenchOptions): Row[] {
+  const rows: Row[] = [];
+  for (const threads of o.threads) {
+    const model = NativeModel.load(LIBRARY, modelPath, threads, o.simd ?? "auto");
+    const vocab = model.info.vocabSize;
+    const prefill: number[] = [];
+    const decode: number[] = [];
+    for (let r = 0; r < (o.repeats ?? 3); r++) {
+      const session = model.newSession(o.prefillTokens + o.decodeTokens + 1, o.loops, 0);
+      let t = performance.now();
+      let next = session.step(promptOf(o.prefillTokens, vocab), o.loops, 0, 0, 1, 1, 0n);
+      prefill.push((o.prefillTokens * 1000) / (performance.now() - t));
+      t = performance.now();
+      const one = new Int32Array(1);
+      for (let i = 0; i < o.decodeTokens; i++) {
+        one[0] = next;
+        next = session.step(one, o.loops, 0, 0, 1, 1, 0n);
+      }
+      decode.push((o.decodeTokens * 1000) / (performance.now() - t));
+      session.close();
+    }
+    rows.push({
+      threads,
+      simd: model.info.simd,
+      loops: o.loops,
+      "prefill tok/s": median(prefill),
+      "decode tok/s": median(decode),
+      "decode ms/tok": 1000 / median(decode),
+    });
+    model.close();
+  }
+  return rows;
+}
+
+/** C kernels (1 thread) vs the TypeScript reference on the same short prompt. */
+export function measureReferenceRatio(modelPath: string, loops: number, tokens: number): Row {
+  const prompt = promptOf(tokens, 50257);
+  const ref = ReferenceModel.load(modelPath);
+  let t = performance.now();
+  ref.forward(Array.from(prompt), loops);
+  const tsMs = performance.now() - t;
+  const model = NativeModel.load(LIBRARY, modelPath, 1, "auto");
+  const session = model.newSession(tokens, loops, 0);
+  const logits = new Float32Array(tokens * model.info.vocabSize);
+  t = performance.now();
+  session.forward(prompt, loops, logits, tokens);
+  const cMs = performance.now() - t;
+  session.close();
+  model.close();
+  return { tokens, loops, "TS ref ms": tsMs, "C ms (1 thread)": cMs, "C speed-up": tsMs / cMs };
+}
+
+if (import.meta.main) {
+  const path = await benchModel();
+  const rows = measureEngine(path, { threads: [1, 2], loops: 8, prefillTokens: 512, decodeTokens: 64 });
+  printTable("fp16 engine, dim 768, 12 heads, ffn 2048, vocab 50257, loops 8", rows);
+  printTable("C kernels vs TypeScript reference", [measureReferenceRatio(path, 8, 4)]);
+}

@@ -1,0 +1,29 @@
+// Benchmark models are generated once and cached outside the repository.
+import { existsSync, mkdirSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { writeSyntheticModel, type SyntheticOptions } from "../src/model/synthetic.ts";
+
+/** The benchmark shape named by the issues: dim 768, 12 heads, ffn 2048, GPT-2 vocab, loops 8. */
+export const BENCH_SHAPE: SyntheticOptions = {
+  dim: 768,
+  nHeads: 12,
+  nKvHeads: 12,
+  ffnDim: 2048,
+  vocabSize: 50257,
+  loops: 8,
+  seed: 7,
+  maxSeqLen: 4096,
+};
+
+export async function benchModel(opts: Partial<SyntheticOptions> = {}): Promise<string> {
+  const o = { ...BENCH_SHAPE, ...opts };
+  const dir = join(tmpdir(), "loopserve-bench");
+  mkdirSync(dir, { recursive: true });
+  const name = Object.entries(o)
+    .map(([k, v]) => `${k}${v}`)
+    .join("-");
+  const path = join(dir, `${name}.safetensors`);
+  if (!existsSync(path)) await writeSyntheticModel(path, o);
+  return path;
+}

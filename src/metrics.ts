@@ -1,0 +1,144 @@
+// The service's Prometheus registry: exactly the series of SPEC.md section 4
+// (/metrics) plus the speculative-decoding token counters and prom-client's
+// default process metrics. One registry per server instance (never the
+// global one), so tests can run several servers in one process.
+//
+// Clocks: every interval is measured with performance.now() (monotonic), so
+// a wall-clock step never produces a negative or inflated latency.
+//
+// What each histogram measures (all in milliseconds):
+//   service_queue_wait_ms     submission accepted → request leaves the queue
+//                             to start running (observed for every request
+//                             that starts; ~0 when the engine was idle).
+//   service_dispatch_ms       request leaves the queue → the engine begins its
+//                             first step: admission/dispatch overhead (prefix
+//                             pool lookup, engine hand-off), never model work.
+//   service_first_token_ms    submission accepted → first generated token
+//                             handed to the client: the time to first token a
+//                             client sees (queue wait + dispatch + prefill).
+//                             Observed for completed and cancelled requests
+//                             that produced a token.
+//   service_request_wall_ms   submission accepted → result ready, for
+//                             completed requests only (a cancellation or an
+//                             engine error would skew the latency picture).
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
+
+/**
+ * Latency buckets for LLM serving, roughly log-spaced from 1 ms to 120 s:
+ * sub-10 ms covers dispatch and single decode steps of small models; the
+ * 1-120 s range covers long prompts and long generations on CPU.
+ */
+export const LATENCY_BUCKETS_MS = [
+  1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 20000, 30000, 60000, 120000,
+] as const;
+
+/** Dispatch overhead is normally well under a millisecond: finer low buckets. */
+export const DISPATCH_BUCKETS_MS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000] as const;
+
+export interface ServiceMetricsOptions {
+  maxSeqLen: number; // SERVICE_MAX_SEQ_LEN
+  defaultLoops: number; // the model's default loop depth
+  /** Unix seconds at the service start; defaults to now. */
+  upTimestampSeconds?: number;
+  /** prom-client default process metrics (cpu, memory, fds, event loop); default true. */
+  processMetrics?: boolean;
+}
+
+export class ServiceMetrics {
+  readonly registry = new Registry();
+
+  // ---- gauges ----
+  readonly maxSeqLen: Gauge;
+  readonly defaultLoops: Gauge;
+  readonly upTimestampSeconds: Gauge;
+  readonly queueDepth: Gauge; // requests in state queued
+  readonly requestsInFlight: Gauge; // requests in state running (0 or 1)
+
+  // ---- counters (names end in _total as SPEC.md writes them; prom-client
+  // adds no suffix in the Prometheus text format) ----
+  readonly submitted: Counter;
+  readonly rejected: Counter;
+  readonly completed: Counter;
+  readonly errored: Counter;
+  readonly cancelled: Counter;
+  readonly prefixPoolHits: Counter;
+  readonly specDraftTokens: Counter;
+  readonly specAcceptedTokens: Counter;
+
+  // ---- histograms (milliseconds; see the file header for each interval) ----
+  readonly queueWaitMs: Histogram;
+  readonly dispatchMs: Histogram;
+  readonly firstTokenMs: Histogram;
+  readonly requestWallMs: Histogram;
+
+  constructor(opts: ServiceMetricsOptions) {
+    const registers = [this.registry];
+    const gauge = (name: string, help: string) => new Gauge({ name, help, registers });
+    const counter = (name: string, help: string) => new Counter({ name, help, registers });
+    const histogram = (name: string, help: string, buckets: readonly number[]) =>
+      new Histogram({ name, help, buckets: [...buckets], registers });
+
+    this.maxSeqLen = gauge("service_max_seq_len", "Maximum prompt plus generated length, in tokens (SERVICE_MAX_SEQ_LEN).");
+    this.defaultLoops = gauge("service_default_loops", "Default loop depth of the loaded model.");
+    this.upTimestampSeconds = gauge("service_up_timestamp_seconds", "Unix time in seconds at which the service started.");
+    this.queueDepth = gauge("service_queue_depth", "Requests waiting in the scheduler queue.");
+    this.requestsInFlight = gauge("service_requests_in_flight", "Requests currently running on the engine.");
+
+    this.submitted = counter("service_requests_submitted_total", "Requests submitted to the scheduler.");
+    this.rejected = counter(
+      "service_requests_rejected_total",
+      "Requests refused with 503: queue full, latency target unattainable, or shutting down.",
+    );
+    this.completed = counter("service_requests_completed_total", "Requests that finished generating.");
+    this.errored = counter("service_requests_errored_total", "Requests that failed with an engine error.");
+    this.cancelled = counter("service_requests_cancelled_total", "Requests cancelled by the client, queued or running.");
+    this.prefixPoolHits = counter(
+      "service_prefix_pool_hits_total",
+      "Requests that reused a pooled key/value prefix instead of prefilling it.",
+    );
+    this.specDraftTokens = counter("service_spec_draft_tokens_total", "Tokens proposed by speculative draft passes.");
+    this.specAcceptedTokens = counter(
+      "service_spec_accepted_tokens_total",
+      "Draft tokens accepted by speculative verify passes.",
+    );
+
+    this.queueWaitMs = histogram(
+      "service_queue_wait_ms",
+      "Milliseconds from submission to leaving the queue to run.",
+      LATENCY_BUCKETS_MS,
+    );
+    this.dispatchMs = histogram(
+      "service_dispatch_ms",
+      "Milliseconds from leaving the queue to the engine's first step (admission/dispatch overhead).",
+      DISPATCH_BUCKETS_MS,
+    );
+    this.firstTokenMs = histogram(
+      "service_first_token_ms",
+      "Milliseconds from submission to the first generated token.",
+      LATENCY_BUCKETS_MS,
+    );
+    this.requestWallMs = histogram(
+      "service_request_wall_ms",
+      "Milliseconds from submission to the result of a completed request.",
+      LATENCY_BUCKETS_MS,
+    );
+
+    this.maxSeqLen.set(opts.maxSeqLen);
+    this.defaultLoops.set(opts.defaultLoops);
+    this.upTimestampSeconds.set(opts.upTimestampSeconds ?? Date.now() / 1000);
+    this.queueDepth.set(0);
+    this.requestsInFlight.set(0);
+
+    if (opts.processMetrics ?? true) collectDefaultMetrics({ register: this.registry });
+  }
+
+  /** Content-Type of metricsText(): Prometheus text format 0.0.4. */
+  get contentType(): string {
+    return this.registry.contentType;
+  }
+
+  /** The whole registry in the Prometheus text exposition format. */
+  metricsText(): Promise<string> {
+    return this.registry.metrics();
+  }
+}
