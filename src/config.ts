@@ -1,0 +1,157 @@
+// Service configuration: every environment variable loopserve reads is read
+// here and nowhere else (SPEC.md §1 "Configuration", DESIGN.md §3 and §7).
+// loadConfig validates everything up front so a bad setting stops the start
+// with a message naming the variable and the value, instead of surfacing
+// later as a confusing request failure.
+import pkg from "../package.json" with { type: "json" };
+
+export class ConfigError extends Error {}
+
+export type SimdChoice = "auto" | "portable" | "avx2" | "avx512";
+export type KvCacheMode = "fp16" | "int8" | "int4" | "fp16-h" | "int8-h" | "int4-h";
+
+/** Cache modes the kernels implement today; any other mode stops the start. */
+export const SUPPORTED_KV_CACHE_MODES: readonly KvCacheMode[] = ["fp16"];
+
+export interface Config {
+  /** SERVICE_MODEL_PATH; null when unset (the server then answers 503). */
+  readonly modelPath: string | null;
+  readonly maxSeqLen: number;
+  readonly maxQueueDepth: number;
+  /** Latency target inherited by every submission; null = none. */
+  readonly defaultSloMs: number | null;
+  readonly prefixPoolCapacity: number;
+  readonly buildDir: string;
+  /** Reported as runtime.commit. */
+  readonly commit: string | null;
+  /** Where a replacement GPT-2 rank file may be placed; null = bundled only. */
+  readonly tokenizerHome: string | null;
+  readonly kvCacheMode: KvCacheMode;
+  /** SERVICE_H_MODE_FP16_ATTN_QKV: round q, k, v to fp16 before the rotation. */
+  readonly hModeFp16AttnQkv: boolean;
+  /** Kernel thread pool size; 0 = all online cores. */
+  readonly threads: number;
+  readonly simd: SimdChoice;
+  readonly host: string;
+  readonly port: number;
+  /** package.json version, reported as runtime.version. */
+  readonly version: string;
+}
+
+/** Command-line flags that override their environment variables. */
+export interface ConfigFlags {
+  host?: string;
+  port?: string;
+}
+
+export const SERVICE_NAME = "loopserve";
+export const VERSION: string = pkg.version;
+
+// A loopback default like llama.cpp's server: exposing the (unauthenticated)
+// service on every interface is a choice the operator makes with HOST=0.0.0.0.
+const DEFAULT_HOST = "127.0.0.1";
+const DEFAULT_PORT = 8000;
+const SIMD_CHOICES: readonly SimdChoice[] = ["auto", "portable", "avx2", "avx512"];
+
+type Env = Record<string, string | undefined>;
+
+// ---- value parsers: each names the variable and the offending value ----
+
+function describe(value: string): string {
+  return JSON.stringify(value);
+}
+
+/** Empty strings count as unset, as shells make `VAR=` easy to write by accident. */
+function read(env: Env, name: string): string | undefined {
+  const v = env[name];
+  return v === undefined || v.trim() === "" ? undefined : v.trim();
+}
+
+function integer(env: Env, name: string, fallback: number, min: number, max = Number.MAX_SAFE_INTEGER): number {
+  return parseInteger(name, read(env, name), fallback, min, max);
+}
+
+function parseInteger(name: string, raw: string | undefined, fallback: number, min: number, max: number): number {
+  if (raw === undefined) return fallback;
+  if (!/^[0-9]+$/.test(raw)) throw new ConfigError(`${name} must be an integer, got ${describe(raw)}`);
+  const n = Number(raw);
+  if (n < min || n > max) throw new ConfigError(`${name} must be between ${min} and ${max}, got ${raw}`);
+  return n;
+}
+
+function positiveNumber(env: Env, name: string): number | null {
+  const raw = read(env, name);
+  if (raw === undefined) return null;
+  const n = Number(raw);
+  if (!Number.isFinite(n) || n <= 0) throw new ConfigError(`${name} must be a positive number of milliseconds, got ${describe(raw)}`);
+  return n;
+}
+
+const TRUE = new Set(["1", "true", "yes", "on"]);
+const FALSE = new Set(["0", "false", "no", "off"]);
+
+function flag(env: Env, name: string): boolean {
+  const raw = read(env, name);
+  if (raw === undefined) return false;
+  const v = raw.toLowerCase();
+  if (TRUE.has(v)) return true;
+  if (FALSE.has(v)) return false;
+  throw new ConfigError(`${name} must be 1 or 0 (or true/false), got ${describe(raw)}`);
+}
+
+// ---- key/value cache mode (DESIGN.md §3) ----
+
+function kvCacheMode(env: Env): { mode: KvCacheMode; fp16AttnQkv: boolean } {
+  const hMode = flag(env, "SERVICE_KV_H_MODE");
+  const int4 = flag(env, "SERVICE_KV_INT4");
+  const int8 = flag(env, "SERVICE_KV_INT8");
+  const fp16AttnQkv = flag(env, "SERVICE_H_MODE_FP16_ATTN_QKV");
+  if (int4 && int8)
+    throw new ConfigError("SERVICE_KV_INT4=1 and SERVICE_KV_INT8=1 conflict: choose at most one cache quantization");
+  if (fp16AttnQkv && !hMode)
+    throw new ConfigError("SERVICE_H_MODE_FP16_ATTN_QKV=1 only applies with SERVICE_KV_H_MODE=1, which is not set");
+  const base = int4 ? "int4" : int8 ? "int8" : "fp16";
+  const mode = (hMode ? `${base}-h` : base) as KvCacheMode;
+  if (!SUPPORTED_KV_CACHE_MODES.includes(mode)) {
+    const switches = [hMode && "SERVICE_KV_H_MODE=1", int4 && "SERVICE_KV_INT4=1", int8 && "SERVICE_KV_INT8=1"].filter(Boolean);
+    throw new ConfigError(
+      `${switches.join(" with ")} selects kv_cache_mode ${mode}, which is not supported by this build yet ` +
+        `(supported: ${SUPPORTED_KV_CACHE_MODES.join(", ")}); unset the switch to run with the fp16 cache`,
+    );
+  }
+  return { mode, fp16AttnQkv };
+}
+
+// ---- the whole configuration ----
+
+export function loadConfig(env: Env = process.env, flags: ConfigFlags = {}): Config {
+  const simdRaw = read(env, "SERVICE_SIMD") ?? "auto";
+  if (!SIMD_CHOICES.includes(simdRaw as SimdChoice))
+    throw new ConfigError(`SERVICE_SIMD must be one of ${SIMD_CHOICES.join(", ")}, got ${describe(simdRaw)}`);
+
+  const host = flags.host ?? read(env, "HOST") ?? DEFAULT_HOST;
+  if (host.trim() === "") throw new ConfigError("--host must not be empty");
+  const port =
+    flags.port !== undefined
+      ? parseInteger("--port", flags.port, DEFAULT_PORT, 0, 65535)
+      : integer(env, "PORT", DEFAULT_PORT, 0, 65535);
+
+  const kv = kvCacheMode(env);
+  return Object.freeze({
+    modelPath: read(env, "SERVICE_MODEL_PATH") ?? null,
+    maxSeqLen: integer(env, "SERVICE_MAX_SEQ_LEN", 2048, 2),
+    maxQueueDepth: integer(env, "SERVICE_MAX_QUEUE_DEPTH", 128, 1),
+    defaultSloMs: positiveNumber(env, "SERVICE_DEFAULT_SLO_MS"),
+    prefixPoolCapacity: integer(env, "SERVICE_PREFIX_POOL_CAPACITY", 16, 0),
+    buildDir: read(env, "SERVICE_BUILD_DIR") ?? "./build",
+    commit: read(env, "SERVICE_COMMIT") ?? null,
+    tokenizerHome: read(env, "TOKENIZER_HOME") ?? null,
+    kvCacheMode: kv.mode,
+    hModeFp16AttnQkv: kv.fp16AttnQkv,
+    threads: integer(env, "SERVICE_THREADS", 0, 0, 4096),
+    simd: simdRaw as SimdChoice,
+    host,
+    port,
+    version: VERSION,
+  });
+}

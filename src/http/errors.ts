@@ -1,0 +1,235 @@
+// Every HTTP error, in one place: OpenAI's body shape
+// {"error": {"message", "type", "param", "code"}} and one map from error kind
+// to status (DESIGN.md §6):
+//   422  the body has the wrong shape (missing property, wrong type)
+//   400  a value out of range / not allowed, unreadable JSON, a request the
+//        engine refuses, prompt + max_tokens over the sequence limit
+//   404  unknown route
+//   503  model not loaded (or shutting down), queue full, latency target
+//   500  only a genuine bug: logged with its stack
+import type { ValueError } from "@sinclair/typebox/errors";
+import { ValueErrorType } from "@sinclair/typebox/errors";
+import { EngineRequestError } from "../engine/engine.ts";
+
+export type ErrorType = "invalid_request_error" | "not_found_error" | "service_unavailable_error" | "server_error";
+
+export interface ErrorBody {
+  error: { message: string; type: ErrorType; param: string | null; code: string | null };
+}
+
+export class HttpError extends Error {
+  constructor(
+    readonly status: number,
+    message: string,
+    readonly type: ErrorType,
+    readonly param: string | null = null,
+    readonly code: string | null = null,
+  ) {
+    super(message);
+  }
+
+  body(): ErrorBody {
+    return { error: { message: this.message, type: this.type, param: this.param, code: this.code } };
+  }
+
+  toResponse(): Response {
+    return Response.json(this.body(), { status: this.status });
+  }
+}
+
+// ---- constructors for the kinds handlers raise ----
+
+export const badRequest = (message: string, param: string | null = null, code: string | null = "invalid_value") =>
+  new HttpError(400, message, "invalid_request_error", param, code);
+
+export const unprocessable = (message: string, param: string | null = null, code: string | null = "invalid_type") =>
+  new HttpError(422, message, "invalid_request_error", param, code);
+
+export const unavailable = (message: string, code: string) => new HttpError(503, message, "service_unavailable_error", null, code);
+
+export const notFound = (message: string) => new HttpError(404, message, "not_found_error", null, "not_found");
+
+/** Request-validation failures that are values, not shapes: "`x` must be at most 8192, got 9000". */
+export function outOfRange(param: string, message: string): HttpError {
+  return badRequest(`\`${param}\` ${message}`, param);
+}
+
+// ---- TypeBox validation errors → 400 or 422 ----
+
+type Kind = "shape" | "bound";
+
+interface Classified {
+  kind: Kind;
+  error: HttpError;
+}
+
+/** "/messages/0/role" → "messages[0].role"; the root is null. */
+export function paramName(path: string): string | null {
+  if (path === "" || path === "/") return null;
+  return path
+    .split("/")
+    .slice(1)
+    .map((s) => s.replaceAll("~1", "/").replaceAll("~0", "~"))
+    .reduce((acc, seg) => (/^[0-9]+$/.test(seg) ? `${acc}[${seg}]` : acc ? `${acc}.${seg}` : seg), "");
+}
+
+export function valueKind(v: unknown): string {
+  if (v === null) return "null";
+  if (Array.isArray(v)) return "an array";
+  switch (typeof v) {
+    case "number":
+    case "boolean":
+      return String(v);
+    case "string":
+      return "a string";
+    case "object":
+      return "an object";
+    default:
+      return typeof v;
+  }
+}
+
+const SINGULAR: Record<string, string> = {
+  string: "a string",
+  integer: "an integer",
+  number: "a number",
+  boolean: "a boolean",
+  object: "an object",
+  null: "null",
+};
+
+// A readable description of what a schema accepts; null-only branches are
+// left out because null just means "unset" on optional fields.
+function describeSchema(schema: Record<string, unknown>, plural = false): string {
+  if (Array.isArray(schema.anyOf)) {
+    const parts = (schema.anyOf as Record<string, unknown>[])
+      .filter((s) => s.type !== "null")
+      .map((s) => describeSchema(s, plural));
+    return parts.length <= 1 ? (parts[0] ?? "null") : `${parts.slice(0, -1).join(", ")} or ${parts.at(-1)}`;
+  }
+  if ("const" in schema) return JSON.stringify(schema.const);
+  const type = String(schema.type);
+  if (type === "array") {
+    const items = schema.items as Record<string, unknown> | undefined;
+    const what = items ? `array${plural ? "s" : ""} of ${describeSchema(items, true)}` : `array${plural ? "s" : ""}`;
+    return plural ? what : `an ${what}`;
+  }
+  if (plural) return type === "null" ? "null" : `${type}s`;
+  return SINGULAR[type] ?? type;
+}
+
+function name(path: string): string {
+  const p = paramName(path);
+  return p === null ? "request body" : `\`${p}\``;
+}
+
+function boundMessage(e: ValueError): string | null {
+  const s = e.schema as Record<string, unknown>;
+  const got = `got ${valueKind(e.value)}`;
+  switch (e.type) {
+    case ValueErrorType.NumberMaximum:
+    case ValueErrorType.IntegerMaximum:
+      return `must be at most ${s.maximum}, ${got}`;
+    case ValueErrorType.NumberMinimum:
+    case ValueErrorType.IntegerMinimum:
+      return `must be at least ${s.minimum}, ${got}`;
+    case ValueErrorType.NumberExclusiveMaximum:
+    case ValueErrorType.IntegerExclusiveMaximum:
+      return `must be less than ${s.exclusiveMaximum}, ${got}`;
+    case ValueErrorType.NumberExclusiveMinimum:
+    case ValueErrorType.IntegerExclusiveMinimum:
+      return `must be greater than ${s.exclusiveMinimum}, ${got}`;
+    case ValueErrorType.NumberMultipleOf:
+    case ValueErrorType.IntegerMultipleOf:
+      return `must be a multiple of ${s.multipleOf}, ${got}`;
+    case ValueErrorType.StringMinLength:
+      return s.minLength === 1 ? "must not be empty" : `must be at least ${s.minLength} characters long`;
+    case ValueErrorType.StringMaxLength:
+      return `must be at most ${s.maxLength} characters long`;
+    case ValueErrorType.StringPattern:
+      return `must match the pattern /${s.pattern}/`;
+    case ValueErrorType.StringFormat:
+      return `must be in the ${s.format} format`;
+    case ValueErrorType.ArrayMinItems:
+      return s.minItems === 1 ? "must not be empty" : `must have at least ${s.minItems} items`;
+    case ValueErrorType.ArrayMaxItems:
+      return `must have at most ${s.maxItems} items, got ${(e.value as unknown[]).length}`;
+    case ValueErrorType.ArrayUniqueItems:
+      return "must not contain duplicates";
+    case ValueErrorType.Literal:
+      return `must be ${JSON.stringify(s.const)}, got ${JSON.stringify(e.value)}`;
+    default:
+      return null;
+  }
+}
+
+function shapeError(e: ValueError, message: string): Classified {
+  const code = e.type === ValueErrorType.ObjectRequiredProperty ? "missing_required_parameter" : "invalid_type";
+  return { kind: "shape", error: unprocessable(`${name(e.path)} ${message}`, paramName(e.path), code) };
+}
+
+function classify(e: ValueError): Classified {
+  if (e.type === ValueErrorType.ObjectRequiredProperty) return shapeError(e, "is required");
+  if (e.type === ValueErrorType.Union) return classifyUnion(e);
+  const bound = boundMessage(e);
+  if (bound !== null) return { kind: "bound", error: outOfRange(paramName(e.path) ?? "body", bound) };
+  return shapeError(e, `must be ${describeSchema(e.schema as Record<string, unknown>)}, got ${valueKind(e.value)}`);
+}
+
+// A union fails as a whole; it is a bound violation (400) when some branch
+// matched the type and only broke a bound (e.g. `stop: [""]`, or a nullable
+// number out of range), or when it is an enum (every branch a literal).
+function classifyUnion(e: ValueError): Classified {
+  const branches = e.errors.map((it) => [...it]);
+  const schema = e.schema as Record<string, unknown>;
+  const consts = (schema.anyOf as Record<string, unknown>[] | undefined)?.filter((s) => "const" in s) ?? [];
+  if (consts.length > 0 && consts.length === (schema.anyOf as unknown[]).length) {
+    const allowed = consts.map((s) => JSON.stringify(s.const)).join(", ");
+    return { kind: "bound", error: outOfRange(paramName(e.path) ?? "body", `must be one of ${allowed}, got ${JSON.stringify(e.value)}`) };
+  }
+  for (const branch of branches) {
+    const inner = branch.map(classify);
+    if (inner.length > 0 && inner.every((c) => c.kind === "bound")) return inner[0];
+  }
+  return shapeError(e, `must be ${describeSchema(schema)}, got ${valueKind(e.value)}`);
+}
+
+/** The one error for a failed validation: a shape error wins over a bound error. */
+export function fromValidation(errors: readonly ValueError[]): HttpError {
+  const classified = errors.map(classify);
+  const chosen = classified.find((c) => c.kind === "shape") ?? classified[0];
+  return chosen?.error ?? unprocessable("request body is invalid");
+}
+
+// ---- the Elysia onError hook ----
+
+interface ElysiaErrorContext {
+  code: string | number;
+  error: unknown;
+  request: Request;
+}
+
+/** Maps anything thrown while handling a request to an error response. */
+export function errorResponse({ code, error, request }: ElysiaErrorContext): Response {
+  return toHttpError(code, error, request).toResponse();
+}
+
+function toHttpError(code: string | number, error: unknown, request: Request): HttpError {
+  if (error instanceof HttpError) return error;
+  if (error instanceof EngineRequestError) return badRequest(error.message);
+  switch (code) {
+    case "VALIDATION":
+      return fromValidation((error as { all: ValueError[] }).all);
+    case "PARSE": {
+      const cause = (error as Error).cause;
+      if (cause instanceof HttpError) return cause;
+      return badRequest(`request body is not valid JSON: ${(cause as Error | undefined)?.message ?? "parse error"}`, null, "invalid_json");
+    }
+    case "NOT_FOUND": {
+      const path = new URL(request.url).pathname;
+      return notFound(`no route for ${request.method} ${path}`);
+    }
+  }
+  console.error(`internal error on ${request.method} ${new URL(request.url).pathname}:`, error);
+  return new HttpError(500, `internal server error: ${(error as Error)?.message ?? String(error)}`, "server_error", null, "internal_error");
+}

@@ -1,0 +1,122 @@
+// What every endpoint family does between a validated request and its
+// response: turn the prompt into checked token ids, run the engine, and turn
+// the generated ids into text deltas with whole-string stop matching.
+// Families differ only in their request fields and their response framing.
+import type { Config } from "../config.ts";
+import type { GenerateRequest, GenerateResult, ModelInfo, TokenSink } from "../engine/types.ts";
+import { TextStream } from "../text/stream.ts";
+import type { Tokenizer } from "../tokenizer.ts";
+import { badRequest, outOfRange, unavailable } from "./errors.ts";
+
+/** The part of the engine the HTTP layer uses (the Engine class, or a scheduler in front of it). */
+export interface GenerationEngine {
+  readonly info: ModelInfo;
+  generate(req: GenerateRequest, sink: TokenSink, signal?: AbortSignal): Promise<GenerateResult>;
+}
+
+export interface AppDeps {
+  config: Config;
+  tokenizer: Tokenizer;
+  /** null when the model failed to load; loadError then says why. */
+  engine: GenerationEngine | null;
+  loadError: string | null;
+  /** True once shutdown has begun: no new generations, /healthz says 503. */
+  draining?: () => boolean;
+}
+
+/** The engine, or the 503 every generation endpoint answers without one. */
+export function requireEngine(deps: AppDeps): GenerationEngine {
+  if (deps.draining?.()) throw unavailable("the server is shutting down", "shutting_down");
+  if (!deps.engine) throw unavailable(`model not loaded: ${deps.loadError ?? "unknown reason"}`, "model_not_loaded");
+  return deps.engine;
+}
+
+// ---- prompt and limits (SPEC.md §4 validation order: range, then length) ----
+
+/** Token ids of a text or pre-tokenised prompt; ids must exist in the model's vocabulary. */
+export function promptTokens(deps: AppDeps, prompt: string | number[], param = "prompt"): number[] {
+  const ids = typeof prompt === "string" ? deps.tokenizer.encode(prompt) : prompt;
+  if (ids.length === 0) throw badRequest(`\`${param}\` must not be empty`, param);
+  // Without a loaded model the vocabulary is unknown; the 503 comes next anyway.
+  const vocab = deps.engine?.info.vocabSize ?? Number.POSITIVE_INFINITY;
+  const at = ids.findIndex((id) => id < 0 || id >= vocab);
+  if (at < 0) return ids;
+  const range = Number.isFinite(vocab) ? `[0, ${vocab})` : "[0, vocabulary size)";
+  // A text prompt can only fail this with a model whose vocabulary is smaller than GPT-2's.
+  const where = typeof prompt === "string" ? param : `${param}[${at}]`;
+  const what = typeof prompt === "string" ? "contains token id" : "is token id";
+  throw badRequest(`\`${where}\` ${what} ${ids[at]}, outside the model's vocabulary ${range}`, where);
+}
+
+export function checkCacheWindow(deps: AppDeps, cacheWindow: number): void {
+  const max = deps.config.maxSeqLen;
+  if (cacheWindow > max) throw outOfRange("cache_window", `must be at most SERVICE_MAX_SEQ_LEN (${max}), got ${cacheWindow}`);
+}
+
+export function checkLength(deps: AppDeps, promptLength: number, maxTokens: number): void {
+  const max = deps.config.maxSeqLen;
+  if (promptLength + maxTokens > max)
+    throw badRequest(
+      `prompt (${promptLength} tokens) plus \`max_tokens\` (${maxTokens}) is ${promptLength + maxTokens} tokens, ` +
+        `more than the maximum sequence length ${max}`,
+      "max_tokens",
+      "context_length_exceeded",
+    );
+}
+
+/** Explicit stop ids plus end-of-text, which ends generation as in every GPT-2 server. */
+export function stopTokenIds(deps: AppDeps, explicit: readonly number[] = []): number[] {
+  const ids = new Set(explicit);
+  const eot = deps.tokenizer.endOfTextId;
+  if (eot < (deps.engine?.info.vocabSize ?? 0)) ids.add(eot);
+  return [...ids];
+}
+
+// ---- running a request ----
+
+export type HttpFinishReason = "stop" | "length";
+
+export interface Completion {
+  tokens: number[];
+  text: string;
+  finishReason: HttpFinishReason;
+  result: GenerateResult;
+}
+
+/** Called per generated token with its text delta ("" while a character or a possible stop is incomplete). */
+export type DeltaSink = (tokenId: number, text: string) => void;
+
+/**
+ * Runs one request: each generated token goes to onToken with its text delta;
+ * a matched stop string ends generation and is not part of the text.
+ * The returned text is the concatenation of every delta plus the flushed tail
+ * (`tail`, which streaming responses send last).
+ */
+export async function runGeneration(
+  engine: GenerationEngine,
+  tokenizer: Tokenizer,
+  request: GenerateRequest,
+  stopStrings: readonly string[],
+  signal: AbortSignal | undefined,
+  onToken: DeltaSink = () => {},
+): Promise<Completion & { tail: string }> {
+  const text = new TextStream(tokenizer, stopStrings);
+  const result = await engine.generate(
+    request,
+    (id) => {
+      const delta = text.push(id);
+      onToken(id, delta.text);
+      return !delta.stopped;
+    },
+    signal,
+  );
+  const tail = text.finish();
+  const finishReason: HttpFinishReason = text.stopped || result.finishReason !== "length" ? "stop" : "length";
+  return {
+    tokens: result.tokens,
+    text: text.text,
+    tail,
+    finishReason,
+    result,
+  };
+}

@@ -1,0 +1,97 @@
+// Native family: POST /generate (SPEC.md §4, native framing of §6).
+// Handlers stay thin: resolve the body into an engine request (schema →
+// range → length → engine loaded), run it, frame the result.
+import { Elysia } from "elysia";
+import type { GenerateRequest } from "../engine/types.ts";
+import {
+  type AppDeps,
+  type Completion,
+  type GenerationEngine,
+  checkCacheWindow,
+  checkLength,
+  promptTokens,
+  requireEngine,
+  runGeneration,
+  stopTokenIds,
+} from "./generation.ts";
+import { GenerateBody, NATIVE_DEFAULTS as D } from "./schemas.ts";
+import { sseEvent, sseResponse } from "./sse.ts";
+
+interface NativeJob {
+  engine: GenerationEngine;
+  request: GenerateRequest;
+  stopStrings: string[];
+  stream: boolean;
+}
+
+function resolve(deps: AppDeps, body: GenerateBody): NativeJob {
+  const maxTokens = body.max_tokens ?? D.max_tokens;
+  const cacheWindow = body.cache_window ?? D.cache_window;
+  const stops = body.stop == null ? [] : Array.isArray(body.stop) ? body.stop : [body.stop];
+  const stopStrings = stops.filter((s): s is string => typeof s === "string");
+  const stopIds = stops.filter((s): s is number => typeof s === "number");
+
+  checkCacheWindow(deps, cacheWindow);
+  const prompt = promptTokens(deps, body.prompt);
+  checkLength(deps, prompt.length, maxTokens);
+  const engine = requireEngine(deps);
+
+  return {
+    engine,
+    request: {
+      promptTokens: prompt,
+      maxTokens,
+      loops: body.loops ?? D.loops,
+      sampling: {
+        temperature: body.temperature ?? D.temperature,
+        topK: body.top_k ?? D.top_k,
+        topP: body.top_p ?? D.top_p,
+        repetitionPenalty: body.repetition_penalty ?? D.repetition_penalty,
+        seed: body.sample_seed ?? D.sample_seed,
+      },
+      stopTokenIds: stopTokenIds(deps, stopIds),
+      cacheWindow,
+    },
+    stopStrings,
+    stream: body.stream ?? D.stream,
+  };
+}
+
+export function nativeStats(c: Completion, mode: string, loopsUsed: number) {
+  const wallMs = c.result.wallMs;
+  return {
+    wall_ms: wallMs,
+    tokens_per_second: wallMs > 0 ? c.tokens.length / (wallMs / 1000) : 0,
+    prompt_tokens: c.result.promptTokens,
+    completion_tokens: c.tokens.length,
+    mode,
+    loops_used: loopsUsed,
+  };
+}
+
+async function generate(deps: AppDeps, body: GenerateBody, httpRequest: Request): Promise<Response> {
+  const { engine, request, stopStrings, stream } = resolve(deps, body);
+
+  if (stream) {
+    return sseResponse(httpRequest, async (send, signal) => {
+      const done = await runGeneration(engine, deps.tokenizer, request, stopStrings, signal, (id, text) =>
+        send(sseEvent({ token_id: id, text })),
+      );
+      send(sseEvent({ token_id: -1, text: done.tail }));
+    });
+  }
+
+  const done = await runGeneration(engine, deps.tokenizer, request, stopStrings, httpRequest.signal);
+  return Response.json({
+    tokens: done.tokens,
+    text: done.text,
+    finish_reason: done.finishReason,
+    stats: nativeStats(done, "generate", request.loops),
+  });
+}
+
+export function nativeRoutes(deps: AppDeps) {
+  return new Elysia().post("/generate", ({ body, request }) => generate(deps, body, request), {
+    body: GenerateBody,
+  });
+}

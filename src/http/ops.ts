@@ -1,0 +1,12 @@
+// Operational endpoints: GET /healthz (SPEC.md §4).
+import { Elysia } from "elysia";
+import type { AppDeps } from "./generation.ts";
+import { requireEngine } from "./generation.ts";
+
+export function opsRoutes(deps: AppDeps) {
+  return new Elysia().get("/healthz", () => {
+    // 503 (model not loaded / shutting down) in the common error shape, with the reason.
+    requireEngine(deps);
+    return new Response("ok\n", { headers: { "content-type": "text/plain; charset=utf-8" } });
+  });
+}

@@ -1,0 +1,65 @@
+// Server-sent-event framing shared by every endpoint family (SPEC.md §6):
+// one `data:` line per event, a blank line after it, `data: [DONE]` last.
+// A client that goes away aborts the signal handed to the producer, so the
+// engine stops at its next step.
+import { HttpError } from "./errors.ts";
+
+export const SSE_DONE = "data: [DONE]\n\n";
+
+export function sseEvent(data: unknown): string {
+  return `data: ${JSON.stringify(data)}\n\n`;
+}
+
+/** Error raised after the stream started: an error event, then [DONE]. */
+export function sseErrorEvent(error: unknown): string {
+  if (error instanceof HttpError) return sseEvent(error.body());
+  console.error("error while streaming:", error);
+  const message = `internal server error: ${(error as Error)?.message ?? String(error)}`;
+  return sseEvent({ error: { message, type: "server_error", param: null, code: "internal_error" } });
+}
+
+export type SseSend = (event: string) => void;
+
+/**
+ * A text/event-stream response whose events come from `produce`. The stream
+ * always ends with [DONE]: after the last event, or after an error event when
+ * `produce` throws. The signal aborts when the client disconnects.
+ */
+export function sseResponse(request: Request, produce: (send: SseSend, signal: AbortSignal) => Promise<void>): Response {
+  const abort = new AbortController();
+  const onClientGone = () => abort.abort();
+  request.signal.addEventListener("abort", onClientGone, { once: true });
+  const encoder = new TextEncoder();
+  let open = true;
+
+  const stream = new ReadableStream<Uint8Array>({
+    start(controller) {
+      const send: SseSend = (event) => {
+        if (open) controller.enqueue(encoder.encode(event));
+      };
+      produce(send, abort.signal)
+        .catch((e) => send(sseErrorEvent(e)))
+        .finally(() => {
+          send(SSE_DONE);
+          request.signal.removeEventListener("abort", onClientGone);
+          if (open) {
+            open = false;
+            controller.close();
+          }
+        });
+    },
+    cancel() {
+      open = false;
+      abort.abort();
+    },
+  });
+
+  return new Response(stream, {
+    headers: {
+      "content-type": "text/event-stream; charset=utf-8",
+      "cache-control": "no-cache",
+      connection: "keep-alive",
+      "x-accel-buffering": "no",
+    },
+  });
+}

@@ -1,0 +1,139 @@
+// `loopserve serve`: configuration → tokenizer → engine → HTTP server, then
+// wait for SIGTERM/SIGINT. A model that cannot be loaded does not stop the
+// process: it logs why and answers 503 on /healthz and every generation
+// endpoint, so an orchestrator sees an unhealthy service with a reason
+// rather than a crash loop. A bad configuration does stop it (exit 2).
+import { type Config, ConfigError, type ConfigFlags, loadConfig } from "./config.ts";
+import { Engine } from "./engine/engine.ts";
+import { createApp } from "./server.ts";
+import { Tokenizer, TokenizerError } from "./tokenizer.ts";
+
+const USAGE = `usage: loopserve serve [--host HOST] [--port PORT]
+
+Serves the model at SERVICE_MODEL_PATH over HTTP (native /generate, /healthz).
+
+options:
+  --host HOST   address to listen on (default: HOST, else 127.0.0.1)
+  --port PORT   port to listen on (default: PORT, else 8000; 0 picks a free one)
+  -h, --help    show this help
+
+environment:
+  SERVICE_MODEL_PATH            model .safetensors file (required to generate)
+  SERVICE_MAX_SEQ_LEN           prompt + generated tokens limit (2048)
+  SERVICE_MAX_QUEUE_DEPTH       queued requests before 503 (128)
+  SERVICE_DEFAULT_SLO_MS        latency target in ms (unset)
+  SERVICE_PREFIX_POOL_CAPACITY  shared prefix pool entries (16)
+  SERVICE_BUILD_DIR             where libloopserve.so is found (./build)
+  SERVICE_COMMIT                reported as runtime.commit (unset)
+  SERVICE_THREADS               kernel threads, 0 = all cores (0)
+  SERVICE_SIMD                  auto | portable | avx2 | avx512 (auto)
+  SERVICE_KV_INT8, SERVICE_KV_INT4, SERVICE_KV_H_MODE,
+  SERVICE_H_MODE_FP16_ATTN_QKV  key/value cache mode switches (fp16 cache)
+  TOKENIZER_HOME                directory holding a replacement gpt2.tiktoken
+`;
+
+type Parsed = { help: true } | { help: false; flags: ConfigFlags };
+
+function parseArgs(argv: string[]): Parsed {
+  const flags: ConfigFlags = {};
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i];
+    if (arg === "-h" || arg === "--help") return { help: true };
+    const m = /^--(host|port)(?:=(.*))?$/.exec(arg);
+    if (!m) throw new ConfigError(`unknown argument '${arg}'`);
+    const value = m[2] ?? argv[++i];
+    if (value === undefined) throw new ConfigError(`--${m[1]} needs a value`);
+    flags[m[1] as "host" | "port"] = value;
+  }
+  return { help: false, flags };
+}
+
+interface Loaded {
+  engine: Engine | null;
+  loadError: string | null;
+}
+
+function loadEngine(config: Config): Loaded {
+  if (config.modelPath === null) return { engine: null, loadError: "SERVICE_MODEL_PATH is not set" };
+  try {
+    const engine = Engine.load({
+      modelPath: config.modelPath,
+      threads: config.threads,
+      simd: config.simd,
+      buildDir: config.buildDir,
+    });
+    return { engine, loadError: null };
+  } catch (e) {
+    return { engine: null, loadError: (e as Error).message };
+  }
+}
+
+function startupLine(config: Config, loaded: Loaded, url: string): string {
+  const base = `loopserve ${config.version} listening on ${url}`;
+  const { engine, loadError } = loaded;
+  if (!engine) return `${base} — model NOT LOADED (${loadError}); /healthz and generation answer 503`;
+  const i = engine.info;
+  return `${base} — model ${config.modelPath} (quant ${i.quant}, kv ${config.kvCacheMode}, threads ${i.threads}, simd ${i.simd})`;
+}
+
+/** Runs the server until SIGTERM/SIGINT; resolves to the process exit code. */
+export async function runServe(argv: string[]): Promise<number> {
+  let config: Config;
+  let tokenizer: Tokenizer;
+  try {
+    const parsed = parseArgs(argv);
+    if (parsed.help) {
+      console.log(USAGE);
+      return 0;
+    }
+    config = loadConfig(process.env, parsed.flags);
+    tokenizer = await Tokenizer.load(config.tokenizerHome);
+  } catch (e) {
+    if (!(e instanceof ConfigError || e instanceof TokenizerError)) throw e;
+    console.error(`loopserve: ${e.message}`);
+    if (e instanceof ConfigError) console.error(`run 'loopserve serve --help' for the settings`);
+    return 2;
+  }
+
+  const loaded = loadEngine(config);
+  if (loaded.loadError) console.error(`loopserve: model not loaded: ${loaded.loadError}`);
+  if (loaded.engine && config.maxSeqLen > loaded.engine.info.maxSeqLen)
+    console.error(
+      `loopserve: warning: SERVICE_MAX_SEQ_LEN=${config.maxSeqLen} exceeds the model's max_seq_len ` +
+        `${loaded.engine.info.maxSeqLen}; output beyond it may degrade`,
+    );
+
+  let draining = false;
+  const app = createApp({ config, tokenizer, ...loaded, draining: () => draining });
+  let server: ReturnType<typeof Bun.serve>;
+  try {
+    // idleTimeout 0: no server-side timeout (SPEC.md §1); a long non-streaming
+    // generation sends nothing until it is done.
+    server = Bun.serve({ hostname: config.host, port: config.port, idleTimeout: 0, fetch: (req) => app.handle(req) });
+  } catch (e) {
+    console.error(`loopserve: cannot listen on ${config.host}:${config.port}: ${(e as Error).message}`);
+    loaded.engine?.close();
+    return 1;
+  }
+  console.log(startupLine(config, loaded, server.url.href.replace(/\/$/, "")));
+
+  return new Promise<number>((resolve) => {
+    const shutdown = async (signal: string) => {
+      if (draining) {
+        // A second signal: stop waiting for in-flight requests.
+        server.stop(true);
+        return;
+      }
+      draining = true;
+      console.error(`loopserve: ${signal}: finishing in-flight requests, then exiting`);
+      // The engine is not closed: a forced stop may leave a generation between
+      // steps, and the process exits right after anyway.
+      await server.stop();
+      resolve(0);
+    };
+    process.on("SIGTERM", () => void shutdown("SIGTERM"));
+    process.on("SIGINT", () => void shutdown("SIGINT"));
+  });
+}
+
+if (import.meta.main) process.exit(await runServe(process.argv.slice(2)));

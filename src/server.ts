@@ -1,0 +1,19 @@
+// The HTTP application: every route family on one Elysia app, with one body
+// parser and one error mapping (src/http/errors.ts) shared by all of them.
+// No FFI here: the engine arrives through deps as a GenerationEngine.
+import { Elysia } from "elysia";
+import { parseJsonBody } from "./http/body.ts";
+import { errorResponse } from "./http/errors.ts";
+import type { AppDeps } from "./http/generation.ts";
+import { nativeRoutes } from "./http/native.ts";
+import { opsRoutes } from "./http/ops.ts";
+
+export type { AppDeps, GenerationEngine } from "./http/generation.ts";
+
+export function createApp(deps: AppDeps) {
+  return new Elysia()
+    .onParse(parseJsonBody)
+    .onError(errorResponse)
+    .use(opsRoutes(deps))
+    .use(nativeRoutes(deps));
+}

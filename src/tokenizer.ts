@@ -1,0 +1,166 @@
+// GPT-2 byte-pair encoding via tiktoken's WASM build, bundled so nothing is
+// ever downloaded and the same code works under `bun run` and inside the
+// `bun build --compile` executable (TOOLCHAIN.md: the WASM must be imported
+// as a file from tiktoken/lite and instantiated from its bytes).
+//
+// Choices:
+// - Text is encoded as ordinary text: a literal "<|endoftext|>" in a prompt
+//   is the 7 tokens of that string, never the special id 50256, so no client
+//   text can inject an end-of-text marker. Clients that want the special id
+//   send pre-tokenised ids.
+// - Ids the rank table does not know (a model vocabulary padded beyond
+//   50257) decode to no bytes: they have no text.
+// - TOKENIZER_HOME: if `$TOKENIZER_HOME/gpt2.tiktoken` exists (tiktoken's rank
+//   file format: one `base64-bytes rank` line per token) it replaces the
+//   bundled ranks; the special token <|endoftext|> keeps id 50256.
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import wasmFile from "tiktoken/lite/tiktoken_bg.wasm" with { type: "file" };
+import gpt2 from "tiktoken/encoders/gpt2.json" with { type: "json" };
+import { init, Tiktoken } from "tiktoken/lite/init";
+
+export const RANK_FILE_NAME = "gpt2.tiktoken";
+export const END_OF_TEXT = "<|endoftext|>";
+
+export class TokenizerError extends Error {}
+
+const EMPTY = new Uint8Array(0);
+
+// A `type: "file"` import is the file's path (inside a compiled binary, a path
+// into its embedded files); tiktoken's typings describe the module instead.
+const WASM_PATH = wasmFile as unknown as string;
+
+// ---- one-time WASM initialisation ----
+
+let wasmReady: Promise<void> | null = null;
+
+function initWasm(): Promise<void> {
+  wasmReady ??= (async () => {
+    const bytes = await Bun.file(WASM_PATH).arrayBuffer();
+    await init((imports) => WebAssembly.instantiate(bytes, imports));
+  })();
+  return wasmReady;
+}
+
+// ---- rank sources ----
+
+interface Ranks {
+  bpeRanks: string;
+  vocabSize: number; // one past the highest rank or special id
+  source: string;
+}
+
+function bundledRanks(): Ranks {
+  return { bpeRanks: gpt2.bpe_ranks, vocabSize: gpt2.explicit_n_vocab, source: "bundled" };
+}
+
+// tiktoken's WASM aborts (and may be left unusable) on a malformed table, so
+// a replacement file is checked line by line here first.
+function replacementRanks(path: string): Ranks {
+  let text: string;
+  try {
+    text = readFileSync(path, "utf8");
+  } catch (e) {
+    throw new TokenizerError(`cannot read tokenizer rank file ${path}: ${(e as Error).message}`);
+  }
+  const lines = text.split("\n").filter((l) => l.trim() !== "");
+  if (lines.length === 0) throw new TokenizerError(`tokenizer rank file ${path} is empty`);
+  let maxRank = -1;
+  lines.forEach((line, i) => {
+    const m = /^([A-Za-z0-9+/]+={0,2}) ([0-9]+)$/.exec(line.trim());
+    if (!m) throw new TokenizerError(`${path}:${i + 1}: expected "<base64 token bytes> <rank>", got ${JSON.stringify(line.slice(0, 80))}`);
+    maxRank = Math.max(maxRank, Number(m[2]));
+  });
+  const eot = gpt2.special_tokens[END_OF_TEXT];
+  if (maxRank >= eot) throw new TokenizerError(`${path}: rank ${maxRank} collides with the special token ${END_OF_TEXT} (${eot})`);
+  return { bpeRanks: lines.join("\n"), vocabSize: eot + 1, source: path };
+}
+
+// ---- tokenizer ----
+
+export class Tokenizer {
+  private readonly bytesById: (Uint8Array | undefined)[] = [];
+
+  private constructor(
+    private readonly bpe: Tiktoken,
+    /** Ids [0, vocabSize) have bytes; the special token is the last one. */
+    readonly vocabSize: number,
+    /** "bundled" or the path of the replacement rank file. */
+    readonly source: string,
+  ) {}
+
+  /** Initialises the WASM once and builds the BPE tables (~100-250 ms): call at start-up. */
+  static async load(tokenizerHome: string | null = null): Promise<Tokenizer> {
+    const replacement = tokenizerHome ? join(tokenizerHome, RANK_FILE_NAME) : null;
+    const ranks = replacement && existsSync(replacement) ? replacementRanks(replacement) : bundledRanks();
+    await initWasm();
+    let bpe: Tiktoken;
+    try {
+      bpe = new Tiktoken(ranks.bpeRanks, gpt2.special_tokens, gpt2.pat_str);
+    } catch (e) {
+      throw new TokenizerError(`cannot build the tokenizer from ${ranks.source}: ${(e as Error).message}`);
+    }
+    return new Tokenizer(bpe, ranks.vocabSize, ranks.source);
+  }
+
+  get endOfTextId(): number {
+    return gpt2.special_tokens[END_OF_TEXT];
+  }
+
+  encode(text: string): number[] {
+    return Array.from(this.bpe.encode_ordinary(text));
+  }
+
+  /** Raw bytes of one token: a token may hold part of a UTF-8 character. */
+  tokenBytes(id: number): Uint8Array {
+    if (!Number.isInteger(id) || id < 0 || id >= this.vocabSize) return EMPTY;
+    let bytes = this.bytesById[id];
+    if (bytes === undefined) {
+      bytes = this.bpe.decode_single_token_bytes(id);
+      this.bytesById[id] = bytes;
+    }
+    return bytes;
+  }
+
+  decodeBytes(ids: readonly number[]): Uint8Array {
+    const parts = ids.map((id) => this.tokenBytes(id));
+    const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+    let at = 0;
+    for (const p of parts) {
+      out.set(p, at);
+      at += p.length;
+    }
+    return out;
+  }
+
+  /** Whole-sequence decode; invalid or incomplete UTF-8 becomes U+FFFD. */
+  decode(ids: readonly number[]): string {
+    return utf8Decoder().decode(this.decodeBytes(ids));
+  }
+}
+
+// ignoreBOM keeps a generated U+FEFF instead of silently dropping it.
+function utf8Decoder(): TextDecoder {
+  return new TextDecoder("utf-8", { fatal: false, ignoreBOM: true });
+}
+
+/**
+ * Turns a token stream into text without ever splitting a character: push()
+ * returns only the characters its token completed (a multi-byte character
+ * split across tokens appears once its last byte arrives), flush() returns
+ * the held tail with U+FFFD for bytes that never formed a character.
+ * Concatenating every push() and the flush() equals Tokenizer.decode(all ids).
+ */
+export class IncrementalDetokenizer {
+  private readonly decoder = utf8Decoder();
+
+  constructor(private readonly tokenizer: Tokenizer) {}
+
+  push(id: number): string {
+    return this.decoder.decode(this.tokenizer.tokenBytes(id), { stream: true });
+  }
+
+  flush(): string {
+    return this.decoder.decode();
+  }
+}

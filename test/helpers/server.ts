@@ -1,0 +1,99 @@
+// Starts a REAL loopserve process (`bun src/cli.ts serve`) on 127.0.0.1 and a
+// free port, with a tiny synthetic model by default, and waits until it
+// answers /healthz (200, or 503 when it was started without a usable model).
+// Every HTTP test file shares this helper.
+import { existsSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { tinyModelPath } from "./models.ts";
+
+const ROOT = resolve(import.meta.dir, "../..");
+const ENTRY = existsSync(join(ROOT, "src/cli.ts")) ? ["src/cli.ts", "serve"] : ["src/serve.ts"];
+const START_TIMEOUT_MS = 30_000;
+
+export interface TestServer {
+  /** Base URL, e.g. http://127.0.0.1:41234 (no trailing slash). */
+  url: string;
+  /** Everything the process wrote to stdout and stderr so far. */
+  output(): string;
+  /** POSTs a JSON body (or a raw string sent as-is) to `path`. */
+  post(path: string, body: unknown, headers?: Record<string, string>): Promise<Response>;
+  /** SIGTERM, then waits for the exit; resolves to the exit code. */
+  stop(): Promise<number>;
+}
+
+export interface ServerOptions {
+  /** Model file; null starts without SERVICE_MODEL_PATH. Default: tinyModelPath(). */
+  modelPath?: string | null;
+  /** Extra environment (SERVICE_MAX_SEQ_LEN, ...). */
+  env?: Record<string, string>;
+}
+
+/** A port the OS just handed out, released for the server to take. */
+function freePort(): number {
+  const probe = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
+  const port = probe.port;
+  probe.stop(true);
+  return port;
+}
+
+// The test runner's own SERVICE_* settings must not leak into the servers.
+function cleanEnv(): Record<string, string> {
+  const env: Record<string, string> = {};
+  for (const [k, v] of Object.entries(process.env))
+    if (v !== undefined && !/^(SERVICE_|TOKENIZER_HOME$|HOST$|PORT$)/.test(k)) env[k] = v;
+  return env;
+}
+
+async function collect(stream: ReadableStream<Uint8Array>, into: string[]): Promise<void> {
+  const decoder = new TextDecoder();
+  for await (const chunk of stream) into.push(decoder.decode(chunk, { stream: true }));
+}
+
+export async function startServer(opts: ServerOptions = {}): Promise<TestServer> {
+  const modelPath = opts.modelPath === undefined ? tinyModelPath() : opts.modelPath;
+  const port = freePort();
+  const url = `http://127.0.0.1:${port}`;
+  const env: Record<string, string> = {
+    ...cleanEnv(),
+    SERVICE_BUILD_DIR: join(ROOT, "build"),
+    HOST: "127.0.0.1",
+    PORT: String(port),
+    ...(modelPath !== null ? { SERVICE_MODEL_PATH: modelPath } : {}),
+    ...opts.env,
+  };
+  const proc = Bun.spawn([process.execPath, ...ENTRY], { cwd: ROOT, env, stdout: "pipe", stderr: "pipe" });
+  const log: string[] = [];
+  void collect(proc.stdout, log);
+  void collect(proc.stderr, log);
+  const output = () => log.join("");
+
+  const deadline = Date.now() + START_TIMEOUT_MS;
+  for (;;) {
+    if (proc.exitCode !== null) throw new Error(`server exited with ${proc.exitCode} before answering:\n${output()}`);
+    try {
+      await fetch(`${url}/healthz`);
+      break;
+    } catch {
+      if (Date.now() > deadline) {
+        proc.kill();
+        throw new Error(`server did not answer /healthz within ${START_TIMEOUT_MS} ms:\n${output()}`);
+      }
+      await Bun.sleep(50);
+    }
+  }
+
+  return {
+    url,
+    output,
+    post: (path, body, headers = { "content-type": "application/json" }) =>
+      fetch(`${url}${path}`, {
+        method: "POST",
+        headers,
+        body: typeof body === "string" ? body : JSON.stringify(body),
+      }),
+    async stop() {
+      if (proc.exitCode === null) proc.kill("SIGTERM");
+      return await proc.exited;
+    },
+  };
+}

@@ -1,0 +1,105 @@
+import { beforeAll, describe, expect, test } from "bun:test";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { IncrementalDetokenizer, RANK_FILE_NAME, Tokenizer, TokenizerError } from "../src/tokenizer.ts";
+
+let tok: Tokenizer;
+beforeAll(async () => {
+  tok = await Tokenizer.load();
+});
+
+function detokenize(ids: number[]): { pieces: string[]; tail: string } {
+  const d = new IncrementalDetokenizer(tok);
+  const pieces = ids.map((id) => d.push(id));
+  return { pieces, tail: d.flush() };
+}
+
+describe("GPT-2 encoding", () => {
+  test("known ids for mixed ASCII, accents and an emoji", () => {
+    expect(tok.encode("Hello world ünïcödé 🙂")).toEqual([15496, 995, 6184, 120, 77, 26884, 66, 9101, 67, 2634, 32485]);
+  });
+
+  test("end-of-text is id 50256 and a literal <|endoftext|> in text stays text", () => {
+    expect(tok.endOfTextId).toBe(50256);
+    const ids = tok.encode("a<|endoftext|>b");
+    expect(ids).not.toContain(50256);
+    expect(tok.decode(ids)).toBe("a<|endoftext|>b");
+    expect(tok.decode([50256])).toBe("<|endoftext|>");
+  });
+
+  test("decode inverts encode", () => {
+    const text = "The quick brown fox — 速い茶色の狐 — jumps 🦊🙂 over\n\tthe lazy dog.";
+    expect(tok.decode(tok.encode(text))).toBe(text);
+  });
+
+  test("ids outside the rank table decode to no bytes", () => {
+    expect(tok.vocabSize).toBe(50257);
+    expect(tok.decodeBytes([50257, 60000, -1])).toEqual(new Uint8Array(0));
+  });
+});
+
+describe("incremental detokenizer", () => {
+  test("a character split across tokens is emitted only when whole", () => {
+    // " ü" is two tokens: 6184 = " \xc3", 120 = "\xbc".
+    const { pieces, tail } = detokenize([6184, 120]);
+    expect(pieces).toEqual([" ", "ü"]);
+    expect(tail).toBe("");
+  });
+
+  test("an emoji whose four bytes span tokens appears at its last byte", () => {
+    const ids = tok.encode("🦊");
+    expect(ids.length).toBeGreaterThan(1);
+    const { pieces } = detokenize(ids);
+    expect(pieces.slice(0, -1).every((p) => p === "")).toBe(true);
+    expect(pieces.at(-1)).toBe("🦊");
+  });
+
+  test("flush turns an incomplete tail into U+FFFD", () => {
+    const { pieces, tail } = detokenize([6184]);
+    expect(pieces).toEqual([" "]);
+    expect(tail).toBe("\uFFFD");
+  });
+
+  test("pieces plus tail always equal the whole-sequence decode", () => {
+    let seed = 7;
+    const rand = (n: number) => {
+      seed = (seed * 1103515245 + 12345) % 2 ** 31;
+      return seed % n;
+    };
+    for (let trial = 0; trial < 50; trial++) {
+      // Half byte-level ids (many are lone UTF-8 lead/continuation bytes).
+      const ids = Array.from({ length: 1 + rand(20) }, () => (rand(2) ? rand(256) : rand(50257)));
+      const { pieces, tail } = detokenize(ids);
+      expect(pieces.join("") + tail).toBe(tok.decode(ids));
+    }
+  });
+});
+
+describe("TOKENIZER_HOME", () => {
+  test("without a rank file there the bundled ranks are used", async () => {
+    const home = mkdtempSync(join(tmpdir(), "tok-"));
+    const t = await Tokenizer.load(home);
+    expect(t.source).toBe("bundled");
+    expect(t.encode("Hello world")).toEqual([15496, 995]);
+  });
+
+  test("a replacement gpt2.tiktoken there is used", async () => {
+    // Byte-level ranks only: every byte becomes its own token.
+    const home = mkdtempSync(join(tmpdir(), "tok-"));
+    const lines = Array.from({ length: 256 }, (_, b) => `${Buffer.from([b]).toString("base64")} ${b}`);
+    writeFileSync(join(home, RANK_FILE_NAME), `${lines.join("\n")}\n`);
+    const t = await Tokenizer.load(home);
+    expect(t.source).toBe(join(home, RANK_FILE_NAME));
+    expect(t.encode("Hi!")).toEqual([72, 105, 33]);
+    expect(t.decode([72, 105, 33])).toBe("Hi!");
+  });
+
+  test("a malformed replacement file is a clear error naming the line", async () => {
+    const home = mkdtempSync(join(tmpdir(), "tok-"));
+    writeFileSync(join(home, RANK_FILE_NAME), "IQ== 0\nnot a rank line\n");
+    const err = await Tokenizer.load(home).catch((e) => e);
+    expect(err).toBeInstanceOf(TokenizerError);
+    expect(String(err.message)).toContain(`${RANK_FILE_NAME}:2`);
+  });
+});
