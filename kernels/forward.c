@@ -1,0 +1,311 @@
+/*
+ * forward.c — runtime setup (pool, SIMD selection) and the forward pass of
+ * the weight-shared looped block (DESIGN.md §2).
+ *
+ * Work is split across output rows only (each task owns whole dot
+ * products), so results do not depend on the thread count or on the task
+ * split. Norms, RoPE and cache writes run inline on the calling thread: they
+ * are too small to be worth waking the pool.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "session.h"
+
+// ---- runtime: SIMD selection, pool, fp32 norms ----
+
+typedef struct {
+    const char *name;
+    int supported;
+} cpu_feature;
+
+/* First feature the CPU lacks, or NULL when all are present. */
+static const char *missing_feature(int32_t simd) {
+    __builtin_cpu_init();
+    if (simd == LS_SIMD_AVX2) {
+        cpu_feature f[] = {{"avx2", __builtin_cpu_supports("avx2")},
+                           {"fma", __builtin_cpu_supports("fma")},
+                           {"f16c", __builtin_cpu_supports("f16c")}};
+        for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+            if (!f[i].supported) return f[i].name;
+    } else if (simd == LS_SIMD_AVX512) {
+        cpu_feature f[] = {{"avx512f", __builtin_cpu_supports("avx512f")},
+                           {"avx512bw", __builtin_cpu_supports("avx512bw")},
+                           {"avx512vl", __builtin_cpu_supports("avx512vl")},
+                           {"avx512dq", __builtin_cpu_supports("avx512dq")},
+                           {"fma", __builtin_cpu_supports("fma")},
+                           {"f16c", __builtin_cpu_supports("f16c")}};
+        for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+            if (!f[i].supported) return f[i].name;
+    }
+    return NULL;
+}
+
+static const ls_ops *ops_for(int32_t simd) {
+    switch (simd) {
+    case LS_SIMD_AVX512: return &ls_ops_avx512;
+    case LS_SIMD_AVX2: return &ls_ops_avx2;
+    default: return &ls_ops_portable;
+    }
+}
+
+static float *norm_to_f32(const uint16_t *w, int32_t n) {
+    float *out = malloc((size_t)n * sizeof *out);
+    if (out)
+        for (int32_t i = 0; i < n; i++) out[i] = ls_f16_to_f32(w[i]);
+    return out;
+}
+
+int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd, char *err, int32_t err_len) {
+    ls_model_info *mi = &m->info;
+    if (mi->quant != LS_QUANT_FP16) {
+        ls_set_error(err, err_len, "quant %d is not supported by the CPU kernels (fp16 only)", mi->quant);
+        return LS_ERR_ARG;
+    }
+    if (mi->dim <= 0 || mi->n_heads <= 0 || mi->n_kv_heads <= 0 || mi->head_dim <= 0 ||
+        mi->head_dim % 2 != 0 || mi->n_heads * mi->head_dim != mi->dim ||
+        mi->n_heads % mi->n_kv_heads != 0 || mi->ffn_dim <= 0 || mi->vocab_size <= 0) {
+        ls_set_error(err, err_len,
+                     "inconsistent model shape: dim %d, n_heads %d, n_kv_heads %d, head_dim %d, "
+                     "ffn_dim %d, vocab_size %d",
+                     mi->dim, mi->n_heads, mi->n_kv_heads, mi->head_dim, mi->ffn_dim, mi->vocab_size);
+        return LS_ERR_ARG;
+    }
+    int32_t chosen;
+    if (simd == LS_SIMD_AUTO) {
+        chosen = !missing_feature(LS_SIMD_AVX512) ? LS_SIMD_AVX512
+                 : !missing_feature(LS_SIMD_AVX2) ? LS_SIMD_AVX2
+                                                  : LS_SIMD_PORTABLE;
+    } else if (simd == LS_SIMD_PORTABLE || simd == LS_SIMD_AVX2 || simd == LS_SIMD_AVX512) {
+        const char *lack = missing_feature(simd);
+        if (lack) {
+            ls_set_error(err, err_len, "simd path %s requested but the CPU lacks %s", ls_simd_name(simd),
+                         lack);
+            return LS_ERR_ARG;
+        }
+        chosen = simd;
+    } else {
+        ls_set_error(err, err_len, "unknown simd path %d (expected 0 auto, 1 portable, 2 avx2, 3 avx512)",
+                     simd);
+        return LS_ERR_ARG;
+    }
+
+    ls_runtime *rt = calloc(1, sizeof *rt);
+    if (!rt) {
+        ls_set_error(err, err_len, "out of memory allocating the runtime");
+        return LS_ERR_NOMEM;
+    }
+    rt->ops = ops_for(chosen);
+    rt->attn_norm = norm_to_f32(m->w.attn_norm, mi->dim);
+    rt->ffn_norm = norm_to_f32(m->w.ffn_norm, mi->dim);
+    rt->norm = norm_to_f32(m->w.norm, mi->dim);
+    if (!rt->attn_norm || !rt->ffn_norm || !rt->norm) {
+        m->rt = rt;
+        ls_runtime_free(m);
+        ls_set_error(err, err_len, "out of memory converting the norm weights");
+        return LS_ERR_NOMEM;
+    }
+    rt->pool = ls_pool_new(n_threads);
+    if (!rt->pool) {
+        m->rt = rt;
+        ls_runtime_free(m);
+        ls_set_error(err, err_len, "could not start the thread pool (%d threads requested)", n_threads);
+        return LS_ERR_NOMEM;
+    }
+    rt->n_threads = ls_pool_threads(rt->pool);
+    mi->simd = chosen;
+    mi->n_threads = rt->n_threads;
+    m->rt = rt;
+    return LS_OK;
+}
+
+void ls_runtime_free(ls_model *m) {
+    if (!m || !m->rt) return;
+    ls_runtime *rt = m->rt;
+    ls_pool_free(rt->pool);
+    free(rt->attn_norm);
+    free(rt->ffn_norm);
+    free(rt->norm);
+    free(rt);
+    m->rt = NULL;
+}
+
+// ---- parallel matmuls ----
+
+/* Up to three matrices sharing the input x (q/k/v), or the gate/up pair
+ * with the SwiGLU epilogue. Each task owns a row range of one segment. */
+typedef struct {
+    const uint16_t *w; /* (rows, in) */
+    float *y;          /* (T, ldy) */
+    int32_t ldy, rows;
+} mm_seg;
+
+typedef struct {
+    const ls_ops *ops;
+    const float *x; /* (T, ldx) */
+    int32_t ldx, in, T, add;
+    int32_t rows_per_task;
+    int32_t n_seg;
+    mm_seg seg[3];
+    int32_t first_task[4]; /* task index where each segment starts */
+    int32_t swiglu;        /* seg[0] = W1 -> gate, seg[1] = W3 -> up: one task does both */
+} mm_job;
+
+static void mm_task(void *ctx, int32_t task, int32_t thread) {
+    (void)thread;
+    const mm_job *j = ctx;
+    int32_t si = 0;
+    while (task >= j->first_task[si + 1]) si++;
+    const mm_seg *sg = &j->seg[si];
+    int32_t o0 = (task - j->first_task[si]) * j->rows_per_task;
+    int32_t o1 = o0 + j->rows_per_task < sg->rows ? o0 + j->rows_per_task : sg->rows;
+    j->ops->matmul_f16(sg->y, sg->ldy, j->x, j->ldx, sg->w, j->in, j->T, o0, o1, j->add);
+    if (j->swiglu) {
+        const mm_seg *up = &j->seg[1];
+        j->ops->matmul_f16(up->y, up->ldy, j->x, j->ldx, up->w, j->in, j->T, o0, o1, 0);
+        for (int32_t t = 0; t < j->T; t++) {
+            float *g = sg->y + (size_t)t * sg->ldy;
+            const float *u = up->y + (size_t)t * up->ldy;
+            for (int32_t o = o0; o < o1; o++) g[o] = g[o] / (1.0f + expf(-g[o])) * u[o];
+        }
+    }
+}
+
+/* Rows per task: about 8 tasks per thread (dynamic claiming evens out the
+ * load), each worth at least ~32K multiply-adds, a multiple of 4 rows. */
+static int32_t rows_per_task(int32_t rows, int32_t n_threads, int32_t in, int32_t T) {
+    if (n_threads <= 1) return rows;
+    int32_t target = n_threads * 8;
+    int32_t rpt = (rows + target - 1) / target;
+    int64_t macs_per_row = (int64_t)in * T;
+    int32_t min_rows = (int32_t)((32768 + macs_per_row - 1) / macs_per_row);
+    if (rpt < min_rows) rpt = min_rows;
+    rpt = (rpt + 3) & ~3;
+    return rpt;
+}
+
+static void mm_run(const ls_runtime *rt, mm_job *j) {
+    int32_t total_rows = 0;
+    for (int32_t i = 0; i < j->n_seg; i++) total_rows += j->seg[i].rows;
+    j->ops = rt->ops;
+    j->rows_per_task = rows_per_task(total_rows, rt->n_threads, j->in, j->T);
+    j->first_task[0] = 0;
+    for (int32_t i = 0; i < j->n_seg; i++)
+        j->first_task[i + 1] = j->first_task[i] + (j->seg[i].rows + j->rows_per_task - 1) / j->rows_per_task;
+    ls_pool_run(rt->pool, mm_task, j, j->first_task[j->n_seg]);
+}
+
+// ---- forward ----
+
+void ls_forward_embed(ls_session *s, const int32_t *tokens, int32_t n, float *h) {
+    const ls_model *m = s->m;
+    int32_t dim = m->info.dim;
+    for (int32_t t = 0; t < n; t++)
+        m->rt->ops->f16_to_f32(h + (size_t)t * dim, m->w.tok_embeddings + (size_t)tokens[t] * dim, dim);
+}
+
+/* One chunk (T <= LS_CHUNK) through loops [la, lb). */
+static void forward_chunk(ls_session *s, float *h, int32_t T, int32_t pos0, int32_t la, int32_t lb) {
+    const ls_model *m = s->m;
+    const ls_model_info *mi = &m->info;
+    const ls_runtime *rt = m->rt;
+    const ls_ops *ops = rt->ops;
+    int32_t dim = mi->dim, hd = mi->head_dim, n_heads = mi->n_heads, n_kv = mi->n_kv_heads;
+    int32_t kv_dim = n_kv * hd, ffn = mi->ffn_dim;
+    float eps = mi->norm_eps;
+
+    ls_rope_table(s->rope, T, pos0, hd, mi->rope_theta);
+
+    for (int32_t l = la; l < lb; l++) {
+        // attention sub-block
+        for (int32_t t = 0; t < T; t++)
+            ops->rmsnorm(s->xb + (size_t)t * dim, h + (size_t)t * dim, rt->attn_norm, dim, eps);
+        mm_job qkv = {.x = s->xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 3,
+                      .seg = {{m->w.wq, s->q, dim, dim},
+                              {m->w.wk, s->k, kv_dim, kv_dim},
+                              {m->w.wv, s->v, kv_dim, kv_dim}}};
+        mm_run(rt, &qkv);
+        for (int32_t t = 0; t < T; t++) {
+            const float *cs = s->rope + (size_t)t * hd;
+            ls_rope_apply(s->q + (size_t)t * dim, n_heads, hd, cs);
+            ls_rope_apply(s->k + (size_t)t * kv_dim, n_kv, hd, cs);
+        }
+        ls_attention(s, l, T, pos0);
+        mm_job wo = {.x = s->att, .ldx = dim, .in = dim, .T = T, .add = 1, .n_seg = 1,
+                     .seg = {{m->w.wo, h, dim, dim}}};
+        mm_run(rt, &wo);
+
+        // feed-forward sub-block
+        for (int32_t t = 0; t < T; t++)
+            ops->rmsnorm(s->xb + (size_t)t * dim, h + (size_t)t * dim, rt->ffn_norm, dim, eps);
+        mm_job gate = {.x = s->xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 1, .swiglu = 1,
+                       .seg = {{m->w.w1, s->g, ffn, ffn}, {m->w.w3, s->u, ffn, ffn}}};
+        mm_run(rt, &gate);
+        mm_job down = {.x = s->g, .ldx = ffn, .in = ffn, .T = T, .add = 1, .n_seg = 1,
+                       .seg = {{m->w.w2, h, dim, dim}}};
+        mm_run(rt, &down);
+
+        int32_t len = pos0 + T;
+        s->loop_len[l] = len;
+        if (len - s->cap > s->loop_lo[l]) s->loop_lo[l] = len - s->cap;
+    }
+}
+
+int32_t ls_forward_loops(ls_session *s, float *h, int32_t n, int32_t pos0, int32_t la, int32_t lb) {
+    if (!s || !h || n < 1 || la < 0 || lb > s->loops || la >= lb || pos0 < 0) return LS_ERR_ARG;
+    if (pos0 > s->max_seq - n) return LS_ERR_FULL;
+    int32_t need_lo = s->window > 0 && pos0 - s->window + 1 > 0 ? pos0 - s->window + 1 : 0;
+    for (int32_t l = la; l < lb; l++)
+        if (s->loop_len[l] != pos0 || s->loop_lo[l] > need_lo) return LS_ERR_STATE;
+    int32_t dim = s->m->info.dim;
+    for (int32_t c0 = 0; c0 < n; c0 += LS_CHUNK) {
+        int32_t T = n - c0 < LS_CHUNK ? n - c0 : LS_CHUNK;
+        forward_chunk(s, h + (size_t)c0 * dim, T, pos0 + c0, la, lb);
+    }
+    return LS_OK;
+}
+
+void ls_forward_logits(ls_session *s, const float *h, int32_t n, float *logits) {
+    const ls_model *m = s->m;
+    const ls_runtime *rt = m->rt;
+    int32_t dim = m->info.dim, vocab = m->info.vocab_size;
+    for (int32_t c0 = 0; c0 < n; c0 += LS_CHUNK) {
+        int32_t T = n - c0 < LS_CHUNK ? n - c0 : LS_CHUNK;
+        for (int32_t t = 0; t < T; t++)
+            rt->ops->rmsnorm(s->xb + (size_t)t * dim, h + (size_t)(c0 + t) * dim, rt->norm, dim,
+                             m->info.norm_eps);
+        mm_job out = {.x = s->xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 1,
+                      .seg = {{m->w.output, logits + (size_t)c0 * vocab, vocab, vocab}}};
+        mm_run(rt, &out);
+    }
+}
+
+int32_t ls_session_forward(ls_session *s, const int32_t *tokens, int32_t n, int32_t loops,
+                           float *logits_out, int32_t n_logits) {
+    if (!s || !tokens || n < 1 || loops < 1 || loops > s->loops) return LS_ERR_ARG;
+    if (logits_out && (n_logits < 1 || n_logits > n)) return LS_ERR_ARG;
+    int32_t vocab = s->m->info.vocab_size;
+    for (int32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= vocab) return LS_ERR_ARG;
+    if (s->pos > s->max_seq - n) return LS_ERR_FULL;
+    int32_t need_lo = s->window > 0 && s->pos - s->window + 1 > 0 ? s->pos - s->window + 1 : 0;
+    for (int32_t l = 0; l < loops; l++)
+        if (s->loop_len[l] != s->pos || s->loop_lo[l] > need_lo) return LS_ERR_STATE;
+
+    int32_t dim = s->m->info.dim;
+    int32_t first_logit = logits_out ? n - n_logits : n;
+    for (int32_t c0 = 0; c0 < n; c0 += LS_CHUNK) {
+        int32_t T = n - c0 < LS_CHUNK ? n - c0 : LS_CHUNK;
+        ls_forward_embed(s, tokens + c0, T, s->h);
+        int32_t rc = ls_forward_loops(s, s->h, T, s->pos, 0, loops);
+        if (rc != LS_OK) return rc; /* unreachable after the checks above */
+        memcpy(s->tokens + s->pos, tokens + c0, (size_t)T * sizeof *tokens);
+        s->pos += T;
+        int32_t lo = first_logit > c0 ? first_logit : c0;
+        if (lo < c0 + T)
+            ls_forward_logits(s, s->h + (size_t)(lo - c0) * dim, c0 + T - lo,
+                              logits_out + (size_t)(lo - first_logit) * vocab);
+    }
+    return LS_OK;
+}

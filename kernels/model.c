@@ -1,0 +1,539 @@
+/*
+ * model.c — maps and validates a loopserve .safetensors file (DESIGN.md §2).
+ *
+ * Layout: 8-byte little-endian header length N, N bytes of JSON, then the
+ * data region; each tensor's data_offsets are relative to the data region.
+ * The file is untrusted: everything is checked before a single weight is
+ * used, and each failure names the field or tensor and what was expected.
+ * Weights are never copied: ls_weights points into the read-only mapping.
+ */
+#define _DEFAULT_SOURCE /* mmap, fstat under -std=c11 */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "json.h"
+
+/* The safetensors reference reader's own limit; real headers are kilobytes. */
+#define HEADER_MAX ((uint64_t)100 * 1000 * 1000)
+
+// ---- messages ----
+
+// Copies untrusted text into buf for an error message: control bytes become
+// '?', long text is cut with "...", so a hostile name cannot garble the log.
+static const char *shown(const char *s, size_t len, char *buf, size_t cap) {
+    size_t max = cap - 4, m = len < max ? len : max;
+    for (size_t i = 0; i < m; i++) {
+        unsigned char c = (unsigned char)s[i];
+        buf[i] = (c < 0x20 || c == 0x7f) ? '?' : (char)c;
+    }
+    if (len > max) memcpy(buf + m, "...", 4);
+    else buf[m] = '\0';
+    return buf;
+}
+
+// "[64, 32]" from expected dimensions.
+static void fmt_dims(char *buf, size_t cap, const int64_t *dims, int n) {
+    size_t at = 0;
+    at += (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < n && at < cap; i++)
+        at += (size_t)snprintf(buf + at, cap - at, "%s%lld", i ? ", " : "", (long long)dims[i]);
+    if (at < cap) snprintf(buf + at, cap - at, "]");
+}
+
+// "[64, 32]" from a JSON array, whatever it holds (it is being reported as wrong).
+static void fmt_json_array(char *buf, size_t cap, const ls_json_doc *doc, uint32_t arr) {
+    size_t at = (size_t)snprintf(buf, cap, "[");
+    uint32_t k = arr + 1;
+    for (uint32_t i = 0; i < doc->nodes[arr].count && at < cap; i++) {
+        const ls_json_node *n = &doc->nodes[k];
+        const char *sep = i ? ", " : "";
+        if (i == 8) {
+            at += (size_t)snprintf(buf + at, cap - at, ", ...");
+            break;
+        }
+        if (n->type == LS_JSON_NUMBER && n->is_int)
+            at += (size_t)snprintf(buf + at, cap - at, "%s%lld", sep, (long long)n->i);
+        else if (n->type == LS_JSON_NUMBER)
+            at += (size_t)snprintf(buf + at, cap - at, "%s%g", sep, n->d);
+        else
+            at += (size_t)snprintf(buf + at, cap - at, "%s<%s>", sep, ls_json_type_name(n->type));
+        k = n->next;
+    }
+    if (at < cap) snprintf(buf + at, cap - at, "]");
+}
+
+// ---- metadata ----
+
+typedef struct {
+    const ls_json_doc *doc;
+    uint32_t meta; /* the __metadata__ object */
+    char *err;
+    int32_t err_len;
+} meta_reader;
+
+// The string value of a required metadata key, or NULL with err written.
+static const ls_json_node *meta_str(meta_reader *r, const char *key) {
+    uint32_t v = ls_json_get(r->doc, r->meta, key);
+    if (v == LS_JSON_NONE) {
+        ls_set_error(r->err, r->err_len, "metadata '%s' missing", key);
+        return NULL;
+    }
+    const ls_json_node *n = &r->doc->nodes[v];
+    if (n->type != LS_JSON_STRING) {
+        ls_set_error(r->err, r->err_len,
+                     "metadata '%s' is a %s, expected a string (safetensors metadata values are strings)",
+                     key, ls_json_type_name(n->type));
+        return NULL;
+    }
+    return n;
+}
+
+static int meta_expect(meta_reader *r, const char *key, const char *want) {
+    const ls_json_node *n = meta_str(r, key);
+    if (!n) return -1;
+    if (n->len != strlen(want) || memcmp(n->str, want, n->len) != 0) {
+        char b[80];
+        ls_set_error(r->err, r->err_len, "metadata '%s' is '%s', expected '%s'", key,
+                     shown(n->str, n->len, b, sizeof b), want);
+        return -1;
+    }
+    return 0;
+}
+
+// Decimal digits only ("0" or no leading zero): "+5", " 5", "5.0", "0x5" are
+// refused so a typo never loads as some other number.
+static int meta_int(meta_reader *r, const char *key, int64_t lo, int64_t hi, int32_t *out) {
+    const ls_json_node *n = meta_str(r, key);
+    if (!n) return -1;
+    int ok = n->len > 0 && n->len <= 18 && !(n->len > 1 && n->str[0] == '0');
+    int64_t v = 0;
+    for (uint32_t i = 0; ok && i < n->len; i++) {
+        if (n->str[i] < '0' || n->str[i] > '9') ok = 0;
+        else v = v * 10 + (n->str[i] - '0');
+    }
+    char b[80];
+    if (!ok) {
+        ls_set_error(r->err, r->err_len, "metadata '%s' is '%s', expected an integer in %lld..%lld",
+                     key, shown(n->str, n->len, b, sizeof b), (long long)lo, (long long)hi);
+        return -1;
+    }
+    if (v < lo || v > hi) {
+        ls_set_error(r->err, r->err_len, "metadata '%s' is %lld, expected %lld..%lld", key,
+                     (long long)v, (long long)lo, (long long)hi);
+        return -1;
+    }
+    *out = (int32_t)v;
+    return 0;
+}
+
+// A positive finite number below `hi`, as fp32 (what the kernels use).
+static int meta_float(meta_reader *r, const char *key, double hi, float *out) {
+    const ls_json_node *n = meta_str(r, key);
+    if (!n) return -1;
+    double d;
+    char b[80];
+    if (ls_parse_decimal(n->str, n->len, &d) != 0) {
+        ls_set_error(r->err, r->err_len, "metadata '%s' is '%s', expected a number", key,
+                     shown(n->str, n->len, b, sizeof b));
+        return -1;
+    }
+    float f = (float)d;
+    if (!(f > 0.0f) || !isfinite(f) || !(d < hi)) {
+        ls_set_error(r->err, r->err_len, "metadata '%s' is '%s', expected a positive number below %g",
+                     key, shown(n->str, n->len, b, sizeof b), hi);
+        return -1;
+    }
+    *out = f;
+    return 0;
+}
+
+static int read_metadata(const ls_json_doc *doc, uint32_t root, ls_model_info *info, char *err,
+                         int32_t err_len) {
+    uint32_t meta = ls_json_get(doc, root, "__metadata__");
+    if (meta == LS_JSON_NONE) {
+        ls_set_error(err, err_len, "metadata missing: the header has no '__metadata__' object");
+        return -1;
+    }
+    if (doc->nodes[meta].type != LS_JSON_OBJECT) {
+        ls_set_error(err, err_len, "'__metadata__' is a %s, expected an object",
+                     ls_json_type_name(doc->nodes[meta].type));
+        return -1;
+    }
+    meta_reader r = {doc, meta, err, err_len};
+    int32_t version;
+    if (meta_expect(&r, "format", "loopserve") != 0) return -1;
+    if (meta_int(&r, "format_version", 1, 1000000, &version) != 0) return -1;
+    if (version != 1) {
+        ls_set_error(err, err_len, "metadata 'format_version' is %d, this build reads version 1",
+                     version);
+        return -1;
+    }
+    if (meta_expect(&r, "arch", "looped-llama") != 0) return -1;
+
+    // Caps keep every size product far from overflow and reject garbage early.
+    if (meta_int(&r, "dim", 1, 65536, &info->dim) != 0) return -1;
+    if (meta_int(&r, "n_heads", 1, 4096, &info->n_heads) != 0) return -1;
+    if (meta_int(&r, "n_kv_heads", 1, 4096, &info->n_kv_heads) != 0) return -1;
+    if (meta_int(&r, "ffn_dim", 1, 262144, &info->ffn_dim) != 0) return -1;
+    if (meta_int(&r, "vocab_size", 1, 1 << 20, &info->vocab_size) != 0) return -1;
+    if (meta_int(&r, "default_loops", 1, 64, &info->default_loops) != 0) return -1;
+    if (meta_int(&r, "max_seq_len", 1, 1 << 20, &info->max_seq_len) != 0) return -1;
+    if (meta_float(&r, "rope_theta", 1e12, &info->rope_theta) != 0) return -1;
+    if (meta_float(&r, "norm_eps", 1.0, &info->norm_eps) != 0) return -1;
+
+    const ls_json_node *q = meta_str(&r, "quant");
+    if (!q) return -1;
+    if (q->len != 4 || memcmp(q->str, "fp16", 4) != 0) {
+        char b[80];
+        ls_set_error(err, err_len, "quant '%s' is not supported by this build (it reads fp16)",
+                     shown(q->str, q->len, b, sizeof b));
+        return -1;
+    }
+    info->quant = LS_QUANT_FP16;
+    int32_t group_size;
+    if (meta_int(&r, "group_size", 0, 65536, &group_size) != 0) return -1;
+    info->group_size = 0; // fp16 has no groups, whatever the writer recorded
+    if (meta_expect(&r, "tokenizer", "gpt2") != 0) return -1;
+
+    if (info->dim % info->n_heads != 0) {
+        ls_set_error(err, err_len, "metadata inconsistent: dim %d is not divisible by n_heads %d",
+                     info->dim, info->n_heads);
+        return -1;
+    }
+    info->head_dim = info->dim / info->n_heads;
+    if (info->head_dim % 2 != 0) {
+        ls_set_error(err, err_len,
+                     "metadata inconsistent: head_dim %d (dim %d / n_heads %d) must be even for RoPE",
+                     info->head_dim, info->dim, info->n_heads);
+        return -1;
+    }
+    if (info->n_heads % info->n_kv_heads != 0) {
+        ls_set_error(err, err_len,
+                     "metadata inconsistent: n_heads %d is not divisible by n_kv_heads %d",
+                     info->n_heads, info->n_kv_heads);
+        return -1;
+    }
+    return 0;
+}
+
+// ---- tensors ----
+
+typedef struct {
+    const char *name;
+    uint64_t begin, end;
+} span;
+
+typedef struct {
+    const ls_json_doc *doc;
+    uint32_t root;
+    const uint8_t *data;   /* start of the data region in the map */
+    uint64_t data_len;     /* bytes in the data region */
+    uint64_t data_at;      /* file offset of the data region */
+    span spans[16];
+    int n_spans;
+    char *err;
+    int32_t err_len;
+} tensor_reader;
+
+// Finds `name`, checks it is F16 of exactly `dims`, inside the data region and
+// aligned, and returns a pointer into the map. Returns 0, 1 if absent and
+// optional, or -1 with err written.
+static int get_tensor(tensor_reader *t, const char *name, const int64_t *dims, int n_dims,
+                      int optional, const uint16_t **out) {
+    const ls_json_doc *doc = t->doc;
+    uint32_t v = ls_json_get(doc, t->root, name);
+    if (v == LS_JSON_NONE) {
+        if (optional) return 1;
+        ls_set_error(t->err, t->err_len, "tensor '%s' missing from the header", name);
+        return -1;
+    }
+    if (doc->nodes[v].type != LS_JSON_OBJECT) {
+        ls_set_error(t->err, t->err_len, "tensor '%s': entry is a %s, expected an object", name,
+                     ls_json_type_name(doc->nodes[v].type));
+        return -1;
+    }
+    char want[96], got[160], b[80];
+    fmt_dims(want, sizeof want, dims, n_dims);
+
+    uint32_t dt = ls_json_get(doc, v, "dtype");
+    if (dt == LS_JSON_NONE || doc->nodes[dt].type != LS_JSON_STRING) {
+        ls_set_error(t->err, t->err_len, "tensor '%s': 'dtype' %s, expected \"F16\"", name,
+                     dt == LS_JSON_NONE ? "missing" : "is not a string");
+        return -1;
+    }
+    const ls_json_node *dn = &doc->nodes[dt];
+    if (dn->len != 3 || memcmp(dn->str, "F16", 3) != 0) {
+        ls_set_error(t->err, t->err_len, "tensor '%s': dtype '%s' expected F16", name,
+                     shown(dn->str, dn->len, b, sizeof b));
+        return -1;
+    }
+
+    uint32_t sh = ls_json_get(doc, v, "shape");
+    if (sh == LS_JSON_NONE || doc->nodes[sh].type != LS_JSON_ARRAY) {
+        ls_set_error(t->err, t->err_len, "tensor '%s': 'shape' %s, expected %s", name,
+                     sh == LS_JSON_NONE ? "missing" : "is not an array", want);
+        return -1;
+    }
+    int same = doc->nodes[sh].count == (uint32_t)n_dims;
+    uint32_t k = sh + 1;
+    for (uint32_t i = 0; i < doc->nodes[sh].count; i++) {
+        const ls_json_node *e = &doc->nodes[k];
+        if (e->type != LS_JSON_NUMBER || !e->is_int || e->i < 0) {
+            fmt_json_array(got, sizeof got, doc, sh);
+            ls_set_error(t->err, t->err_len,
+                         "tensor '%s': shape %s is not a list of non-negative integers", name, got);
+            return -1;
+        }
+        if (same && e->i != dims[i]) same = 0;
+        k = e->next;
+    }
+    if (!same) {
+        fmt_json_array(got, sizeof got, doc, sh);
+        ls_set_error(t->err, t->err_len, "tensor '%s': shape %s expected %s", name, got, want);
+        return -1;
+    }
+
+    uint32_t off = ls_json_get(doc, v, "data_offsets");
+    if (off == LS_JSON_NONE || doc->nodes[off].type != LS_JSON_ARRAY) {
+        ls_set_error(t->err, t->err_len, "tensor '%s': 'data_offsets' %s, expected [begin, end]",
+                     name, off == LS_JSON_NONE ? "missing" : "is not an array");
+        return -1;
+    }
+    fmt_json_array(got, sizeof got, doc, off);
+    const ls_json_node *nb = NULL, *ne = NULL;
+    if (doc->nodes[off].count == 2) {
+        nb = &doc->nodes[off + 1];
+        ne = &doc->nodes[nb->next];
+    }
+    if (nb == NULL || nb->type != LS_JSON_NUMBER || !nb->is_int || ne->type != LS_JSON_NUMBER ||
+        !ne->is_int) {
+        ls_set_error(t->err, t->err_len,
+                     "tensor '%s': data_offsets %s, expected two integers [begin, end]", name, got);
+        return -1;
+    }
+    if (nb->i < 0 || ne->i < 0) {
+        ls_set_error(t->err, t->err_len, "tensor '%s': data_offsets %s has a negative offset", name,
+                     got);
+        return -1;
+    }
+    uint64_t begin = (uint64_t)nb->i, end = (uint64_t)ne->i;
+    if (begin > end) {
+        ls_set_error(t->err, t->err_len, "tensor '%s': data_offsets %s has begin > end", name, got);
+        return -1;
+    }
+    if (end > t->data_len) {
+        ls_set_error(t->err, t->err_len,
+                     "tensor '%s': data_offsets %s past end of data (%llu bytes)", name, got,
+                     (unsigned long long)t->data_len);
+        return -1;
+    }
+    // dims are capped by the metadata checks (<= 2^20 * 2^18), so no overflow.
+    uint64_t want_bytes = 2;
+    for (int i = 0; i < n_dims; i++) want_bytes *= (uint64_t)dims[i];
+    if (end - begin != want_bytes) {
+        ls_set_error(t->err, t->err_len,
+                     "tensor '%s': data_offsets %s hold %llu bytes, expected %llu (F16 %s)", name,
+                     got, (unsigned long long)(end - begin), (unsigned long long)want_bytes, want);
+        return -1;
+    }
+    if ((t->data_at + begin) % 2 != 0) {
+        ls_set_error(t->err, t->err_len,
+                     "tensor '%s': data at file offset %llu is not 2-byte aligned for F16", name,
+                     (unsigned long long)(t->data_at + begin));
+        return -1;
+    }
+    if (t->n_spans < (int)(sizeof t->spans / sizeof t->spans[0]))
+        t->spans[t->n_spans++] = (span){name, begin, end};
+    *out = (const uint16_t *)(const void *)(t->data + begin);
+    return 0;
+}
+
+static int span_cmp(const void *a, const void *b) {
+    const span *x = a, *y = b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return (x->end > y->end) - (x->end < y->end);
+}
+
+// Overlapping weights cannot be a valid export; they point at a corrupt or
+// hand-edited header, which is better refused than half-trusted.
+static int check_overlap(tensor_reader *t) {
+    qsort(t->spans, (size_t)t->n_spans, sizeof t->spans[0], span_cmp);
+    for (int i = 1; i < t->n_spans; i++) {
+        const span *a = &t->spans[i - 1], *b = &t->spans[i];
+        if (b->begin < a->end) {
+            ls_set_error(t->err, t->err_len, "tensors '%s' [%llu, %llu] and '%s' [%llu, %llu] overlap",
+                         a->name, (unsigned long long)a->begin, (unsigned long long)a->end, b->name,
+                         (unsigned long long)b->begin, (unsigned long long)b->end);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int read_tensors(tensor_reader *t, const ls_model_info *in, ls_weights *w, int32_t *tied) {
+    const int64_t dim = in->dim, hd = in->head_dim, ffn = in->ffn_dim, vocab = in->vocab_size;
+    const int64_t q_rows = in->n_heads * hd, kv_rows = in->n_kv_heads * hd;
+    const int64_t d_emb[2] = {vocab, dim}, d_vec[1] = {dim};
+    const int64_t d_q[2] = {q_rows, dim}, d_kv[2] = {kv_rows, dim}, d_o[2] = {dim, q_rows};
+    const int64_t d_up[2] = {ffn, dim}, d_down[2] = {dim, ffn};
+
+    if (get_tensor(t, "tok_embeddings.weight", d_emb, 2, 0, &w->tok_embeddings) != 0) return -1;
+    if (get_tensor(t, "block.attn_norm.weight", d_vec, 1, 0, &w->attn_norm) != 0) return -1;
+    if (get_tensor(t, "block.wq.weight", d_q, 2, 0, &w->wq) != 0) return -1;
+    if (get_tensor(t, "block.wk.weight", d_kv, 2, 0, &w->wk) != 0) return -1;
+    if (get_tensor(t, "block.wv.weight", d_kv, 2, 0, &w->wv) != 0) return -1;
+    if (get_tensor(t, "block.wo.weight", d_o, 2, 0, &w->wo) != 0) return -1;
+    if (get_tensor(t, "block.ffn_norm.weight", d_vec, 1, 0, &w->ffn_norm) != 0) return -1;
+    if (get_tensor(t, "block.w1.weight", d_up, 2, 0, &w->w1) != 0) return -1;
+    if (get_tensor(t, "block.w2.weight", d_down, 2, 0, &w->w2) != 0) return -1;
+    if (get_tensor(t, "block.w3.weight", d_up, 2, 0, &w->w3) != 0) return -1;
+    if (get_tensor(t, "norm.weight", d_vec, 1, 0, &w->norm) != 0) return -1;
+    int rc = get_tensor(t, "output.weight", d_emb, 2, 1, &w->output);
+    if (rc < 0) return -1;
+    *tied = rc == 1;
+    if (*tied) w->output = w->tok_embeddings;
+    return check_overlap(t);
+}
+
+// ---- load / free ----
+
+// Everything from the mapped bytes to a filled model, before the runtime starts.
+static int validate(const uint8_t *map, uint64_t size, ls_model *m, char *err, int32_t err_len) {
+    if (size < 8) {
+        ls_set_error(err, err_len, "file is %llu bytes, too short for the 8-byte header length",
+                     (unsigned long long)size);
+        return -1;
+    }
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = (n << 8) | map[i];
+    if (n > size - 8) {
+        ls_set_error(err, err_len, "header length %llu exceeds file size %llu",
+                     (unsigned long long)n, (unsigned long long)size);
+        return -1;
+    }
+    if (n > HEADER_MAX) {
+        ls_set_error(err, err_len, "header length %llu exceeds the %llu-byte limit",
+                     (unsigned long long)n, (unsigned long long)HEADER_MAX);
+        return -1;
+    }
+
+    ls_json_doc doc;
+    char jerr[200];
+    if (ls_json_parse(&doc, (const char *)map + 8, (size_t)n, jerr, sizeof jerr) != 0) {
+        ls_set_error(err, err_len, "header JSON invalid: %s of the header", jerr);
+        return -1;
+    }
+    int rc = -1;
+    tensor_reader t = {0};
+    t.doc = &doc;
+    t.root = 0;
+    t.data = map + 8 + n;
+    t.data_len = size - 8 - n;
+    t.data_at = 8 + n;
+    t.err = err;
+    t.err_len = err_len;
+    if (doc.nodes[0].type != LS_JSON_OBJECT) {
+        ls_set_error(err, err_len, "header JSON is a %s, expected an object",
+                     ls_json_type_name(doc.nodes[0].type));
+    } else if (read_metadata(&doc, 0, &m->info, err, err_len) == 0 &&
+               read_tensors(&t, &m->info, &m->w, &m->info.tied_output) == 0) {
+        rc = 0;
+    }
+    ls_json_free(&doc);
+    return rc;
+}
+
+ls_model *ls_model_load(const char *path, int32_t n_threads, int32_t simd, char *err,
+                        int32_t err_len) {
+    ls_set_error(err, err_len, "%s", "");
+    if (path == NULL) {
+        ls_set_error(err, err_len, "no model path given");
+        return NULL;
+    }
+    if (simd < LS_SIMD_AUTO || simd > LS_SIMD_AVX512) {
+        ls_set_error(err, err_len, "simd %d is not one of LS_SIMD_AUTO/PORTABLE/AVX2/AVX512", simd);
+        return NULL;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        ls_set_error(err, err_len, "cannot open model file '%s': %s", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        ls_set_error(err, err_len, "cannot stat model file '%s': %s", path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ls_set_error(err, err_len, "model path '%s' is not a regular file", path);
+        close(fd);
+        return NULL;
+    }
+    if (st.st_size < 8) {
+        ls_set_error(err, err_len, "file is %lld bytes, too short for the 8-byte header length",
+                     (long long)st.st_size);
+        close(fd);
+        return NULL;
+    }
+    if ((uint64_t)st.st_size > SIZE_MAX) {
+        ls_set_error(err, err_len, "model file '%s' is too large to map", path);
+        close(fd);
+        return NULL;
+    }
+    size_t size = (size_t)st.st_size;
+    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int map_errno = errno;
+    close(fd); // the mapping keeps the file alive
+    if (map == MAP_FAILED) {
+        ls_set_error(err, err_len, "cannot map model file '%s': %s", path, strerror(map_errno));
+        return NULL;
+    }
+
+    ls_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        ls_set_error(err, err_len, "out of memory allocating the model");
+        munmap(map, size);
+        return NULL;
+    }
+    m->map = map;
+    m->map_len = size;
+    if (validate(map, size, m, err, err_len) != 0) {
+        munmap(map, size);
+        free(m);
+        return NULL;
+    }
+    // ls_runtime_init overwrites these with what it actually starts.
+    m->info.simd = simd;
+    m->info.n_threads = n_threads;
+    m->rt = NULL;
+    if (ls_runtime_init(m, n_threads, simd, err, err_len) < 0) {
+        if (err != NULL && err_len > 0 && err[0] == '\0')
+            ls_set_error(err, err_len, "runtime initialisation failed");
+        munmap(map, size);
+        free(m);
+        return NULL;
+    }
+    return m;
+}
+
+void ls_model_free(ls_model *m) {
+    if (m == NULL) return;
+    ls_runtime_free(m);
+    if (m->map != NULL) munmap(m->map, m->map_len);
+    free(m);
+}
+
+void ls_model_info_get(const ls_model *m, ls_model_info *out) {
+    if (m == NULL || out == NULL) return;
+    *out = m->info;
+}

@@ -1,0 +1,55 @@
+/*
+ * ops.h — the per-SIMD-path kernel table.
+ *
+ * One table per path (portable, AVX2, AVX-512), picked once in
+ * ls_runtime_init. Only ops_avx2.c / ops_avx512.c contain those
+ * instructions; nothing else may call into them before the CPU check.
+ *
+ * Batch invariance (DESIGN.md §3) is a property of every kernel here: the
+ * value of one output element is computed by the same sequence of operations
+ * whatever T, the row range [o0, o1) it is part of, or the thread running it.
+ * In matmul_f16 each (token, row) dot product walks the inputs in the same
+ * blocks, into the same accumulators, and ends with the same horizontal sum;
+ * tiles of several rows x several tokens only reuse loaded registers.
+ * Paths differ from each other (FMA vs separate multiply-add) but each is
+ * invariant on its own.
+ */
+#ifndef LS_OPS_H
+#define LS_OPS_H
+
+#include <stdint.h>
+
+typedef struct ls_ops {
+    int32_t simd; /* LS_SIMD_* */
+
+    /* y[t*ldy + o] (+)= sum_i w[o*in + i] * x[t*ldx + i]
+     * for t in [0, T), o in [o0, o1). w fp16 row-major (rows, in); x, y fp32.
+     * add != 0: the dot product is computed first, then added to y (used for
+     * the residual stream, h += attn·Wo). */
+    void (*matmul_f16)(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
+                       int32_t in, int32_t T, int32_t o0, int32_t o1, int32_t add);
+
+    /* Attention for one (token, head) over n cached positions.
+     * scores[j] = sum_d q[d] * kt[d*ldk + j], d increasing, for j in [0, n):
+     * keys are cached dimension-major (head_dim, cap) so that a vector of
+     * lanes holds consecutive positions and no horizontal sum is needed. */
+    void (*attn_scores)(float *scores, const float *q, const uint16_t *kt, int32_t ldk, int32_t hd,
+                        int32_t n);
+    /* out[d] += sum_j p[j] * v[j*hd + d], one running sum per d, j increasing
+     * (values cached position-major (cap, head_dim)). Calling it on two
+     * consecutive ranges equals one call on their union. */
+    void (*attn_values)(float *out, const float *p, const uint16_t *v, int32_t hd, int32_t n);
+
+    /* out = x / sqrt(mean(x^2) + eps) * w (out may alias x). */
+    void (*rmsnorm)(float *out, const float *x, const float *w, int32_t n, float eps);
+
+    /* Exact conversions; f32 -> f16 rounds to nearest even. */
+    void (*f16_to_f32)(float *dst, const uint16_t *src, int32_t n);
+    void (*f32_to_f16)(uint16_t *dst, const float *src, int32_t n);
+} ls_ops;
+
+extern const ls_ops ls_ops_portable;
+extern const ls_ops ls_ops_avx2;
+extern const ls_ops ls_ops_avx512;
+
+#endif

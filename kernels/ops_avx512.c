@@ -1,0 +1,261 @@
+/*
+ * ops_avx512.c — AVX-512 kernels (F, BW, VL; F16C for fp16 -> fp32, FMA).
+ * Built with -mavx512f -mavx512bw -mavx512vl -mavx512dq ... ; called only
+ * after ls_runtime_init has checked the CPU.
+ *
+ * Dot product order (every (token, row) element, whatever T or row range):
+ *   two 16-lane accumulators a0, a1; for each full 32-element block,
+ *   a0 += w[i..i+16) * x[i..i+16), a1 += w[i+16..i+32) * x[i+16..i+32) (FMA);
+ *   then one more full 16-block into a0 if present; then the last < 16
+ *   elements, masked (zeros elsewhere), into a1; result =
+ *   reduce_add(a0 + a1) with the fixed shuffle sequence of
+ *   _mm512_reduce_add_ps.
+ * Tiles of R rows x TT tokens keep R*TT independent accumulator pairs, each
+ * following exactly that order; they exist only to reuse each converted
+ * weight vector across TT tokens (prefill) or to keep more FMAs in flight
+ * (decode, R = 4).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stddef.h>
+
+#include "internal.h"
+#include "ops.h"
+
+#define VL 16
+#define L2_BLOCK_BYTES (64 * 1024) /* weight rows revisited by every token group */
+
+static inline __m512 load_w(const uint16_t *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+
+static inline __m512 load_w_tail(const uint16_t *p, int32_t n) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((__mmask16)((1u << n) - 1u), p));
+}
+
+static inline __m512 load_x_tail(const float *p, int32_t n) {
+    return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
+}
+
+#define TILE_MAX_R 4
+#define TILE_MAX_T 4
+
+/* R rows x TT tokens; R and TT are compile-time constants at every call. */
+static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, const float *x,
+                                                       int32_t ldx, const uint16_t *w, int32_t in,
+                                                       int32_t o, const int R, const int TT,
+                                                       int32_t add) {
+    __m512 a0[TILE_MAX_R][TILE_MAX_T], a1[TILE_MAX_R][TILE_MAX_T];
+    const uint16_t *wr[TILE_MAX_R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        wr[r] = w + (size_t)(o + r) * (size_t)in;
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; t++) {
+            a0[r][t] = _mm512_setzero_ps();
+            a1[r][t] = _mm512_setzero_ps();
+        }
+    }
+    int32_t i = 0;
+    for (; i + 2 * VL <= in; i += 2 * VL) {
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m512 w0 = load_w(wr[r] + i);
+            __m512 w1 = load_w(wr[r] + i + VL);
+#pragma GCC unroll 4
+            for (int t = 0; t < TT; t++) {
+                const float *xt = x + (size_t)t * (size_t)ldx + i;
+                a0[r][t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xt), a0[r][t]);
+                a1[r][t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xt + VL), a1[r][t]);
+            }
+        }
+    }
+    if (i + VL <= in) {
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m512 w0 = load_w(wr[r] + i);
+#pragma GCC unroll 4
+            for (int t = 0; t < TT; t++)
+                a0[r][t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + (size_t)t * (size_t)ldx + i),
+                                           a0[r][t]);
+        }
+        i += VL;
+    }
+    if (i < in) {
+        int32_t n = in - i;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m512 w1 = load_w_tail(wr[r] + i, n);
+#pragma GCC unroll 4
+            for (int t = 0; t < TT; t++)
+                a1[r][t] = _mm512_fmadd_ps(w1, load_x_tail(x + (size_t)t * (size_t)ldx + i, n),
+                                           a1[r][t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; t++) {
+            float s = _mm512_reduce_add_ps(_mm512_add_ps(a0[r][t], a1[r][t]));
+            float *yo = y + (size_t)t * (size_t)ldy + o + r;
+            *yo = add ? *yo + s : s;
+        }
+    }
+}
+
+static void tile_r2_t4(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
+                       int32_t in, int32_t o, int32_t add) {
+    tile(y, ldy, x, ldx, w, in, o, 2, 4, add);
+}
+static void tile_r1_t4(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
+                       int32_t in, int32_t o, int32_t add) {
+    tile(y, ldy, x, ldx, w, in, o, 1, 4, add);
+}
+static void tile_r4_t1(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
+                       int32_t in, int32_t o, int32_t add) {
+    tile(y, ldy, x, ldx, w, in, o, 4, 1, add);
+}
+static void tile_r1_t1(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
+                       int32_t in, int32_t o, int32_t add) {
+    tile(y, ldy, x, ldx, w, in, o, 1, 1, add);
+}
+
+static void matmul_f16_avx512(float *y, int32_t ldy, const float *x, int32_t ldx,
+                              const uint16_t *w, int32_t in, int32_t T, int32_t o0, int32_t o1,
+                              int32_t add) {
+    /* Rows in blocks small enough to stay in L2 while every group of 4
+     * tokens passes over them (prefill); irrelevant to the result. */
+    int32_t rb = L2_BLOCK_BYTES / (in * 2);
+    rb = rb < 4 ? 4 : rb & ~3;
+    for (int32_t ob = o0; ob < o1; ob += rb) {
+        int32_t oe = o1 - ob < rb ? o1 : ob + rb;
+        int32_t t = 0;
+        for (; t + 4 <= T; t += 4) {
+            const float *xt = x + (size_t)t * (size_t)ldx;
+            float *yt = y + (size_t)t * (size_t)ldy;
+            int32_t o = ob;
+            for (; o + 2 <= oe; o += 2) tile_r2_t4(yt, ldy, xt, ldx, w, in, o, add);
+            for (; o < oe; o++) tile_r1_t4(yt, ldy, xt, ldx, w, in, o, add);
+        }
+        for (; t < T; t++) {
+            const float *xt = x + (size_t)t * (size_t)ldx;
+            float *yt = y + (size_t)t * (size_t)ldy;
+            int32_t o = ob;
+            for (; o + 4 <= oe; o += 4) tile_r4_t1(yt, ldy, xt, ldx, w, in, o, add);
+            for (; o < oe; o++) tile_r1_t1(yt, ldy, xt, ldx, w, in, o, add);
+        }
+    }
+}
+
+/* Each lane is one position: its sum runs over d in order, so how
+ * positions are grouped into vectors cannot change a score. */
+static void attn_scores_avx512(float *scores, const float *q, const uint16_t *kt, int32_t ldk,
+                               int32_t hd, int32_t n) {
+    int32_t j = 0;
+    for (; j + 4 * VL <= n; j += 4 * VL) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const uint16_t *row = kt + j;
+        for (int32_t d = 0; d < hd; d++, row += ldk) {
+            __m512 qd = _mm512_set1_ps(q[d]);
+            a0 = _mm512_fmadd_ps(qd, load_w(row), a0);
+            a1 = _mm512_fmadd_ps(qd, load_w(row + VL), a1);
+            a2 = _mm512_fmadd_ps(qd, load_w(row + 2 * VL), a2);
+            a3 = _mm512_fmadd_ps(qd, load_w(row + 3 * VL), a3);
+        }
+        _mm512_storeu_ps(scores + j, a0);
+        _mm512_storeu_ps(scores + j + VL, a1);
+        _mm512_storeu_ps(scores + j + 2 * VL, a2);
+        _mm512_storeu_ps(scores + j + 3 * VL, a3);
+    }
+    for (; j < n; j += VL) {
+        int32_t m = n - j < VL ? n - j : VL;
+        __m512 a = _mm512_setzero_ps();
+        const uint16_t *row = kt + j;
+        for (int32_t d = 0; d < hd; d++, row += ldk)
+            a = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), load_w_tail(row, m), a);
+        _mm512_mask_storeu_ps(scores + j, (__mmask16)((1u << m) - 1u), a);
+    }
+}
+
+/* Running sums for up to 4 vectors of dims stay in registers across j. */
+static void attn_values_avx512(float *out, const float *p, const uint16_t *v, int32_t hd, int32_t n) {
+    for (int32_t d0 = 0; d0 < hd; d0 += 4 * VL) {
+        int32_t nd = hd - d0 < 4 * VL ? hd - d0 : 4 * VL;
+        if (nd == 4 * VL) {
+            __m512 a0 = _mm512_loadu_ps(out + d0), a1 = _mm512_loadu_ps(out + d0 + VL);
+            __m512 a2 = _mm512_loadu_ps(out + d0 + 2 * VL), a3 = _mm512_loadu_ps(out + d0 + 3 * VL);
+            const uint16_t *row = v + d0;
+            for (int32_t j = 0; j < n; j++, row += hd) {
+                __m512 pj = _mm512_set1_ps(p[j]);
+                a0 = _mm512_fmadd_ps(pj, load_w(row), a0);
+                a1 = _mm512_fmadd_ps(pj, load_w(row + VL), a1);
+                a2 = _mm512_fmadd_ps(pj, load_w(row + 2 * VL), a2);
+                a3 = _mm512_fmadd_ps(pj, load_w(row + 3 * VL), a3);
+            }
+            _mm512_storeu_ps(out + d0, a0);
+            _mm512_storeu_ps(out + d0 + VL, a1);
+            _mm512_storeu_ps(out + d0 + 2 * VL, a2);
+            _mm512_storeu_ps(out + d0 + 3 * VL, a3);
+        } else {
+            for (int32_t e = 0; e < nd; e += VL) {
+                int32_t m = nd - e < VL ? nd - e : VL;
+                __mmask16 mk = (__mmask16)((1u << m) - 1u);
+                __m512 a = _mm512_maskz_loadu_ps(mk, out + d0 + e);
+                const uint16_t *row = v + d0 + e;
+                for (int32_t j = 0; j < n; j++, row += hd)
+                    a = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), load_w_tail(row, m), a);
+                _mm512_mask_storeu_ps(out + d0 + e, mk, a);
+            }
+        }
+    }
+}
+
+static void rmsnorm_avx512(float *out, const float *x, const float *w, int32_t n, float eps) {
+    __m512 acc = _mm512_setzero_ps();
+    int32_t i = 0;
+    for (; i + VL <= n; i += VL) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    if (i < n) {
+        __m512 v = load_x_tail(x + i, n - i);
+        acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    float scale = 1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)n + eps);
+    __m512 sv = _mm512_set1_ps(scale);
+    for (i = 0; i + VL <= n; i += VL)
+        _mm512_storeu_ps(out + i,
+                         _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), sv), _mm512_loadu_ps(w + i)));
+    for (; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+static void f16_to_f32_avx512(float *dst, const uint16_t *src, int32_t n) {
+    int32_t i = 0;
+    for (; i + VL <= n; i += VL) _mm512_storeu_ps(dst + i, load_w(src + i));
+    if (i < n)
+        _mm512_mask_storeu_ps(dst + i, (__mmask16)((1u << (n - i)) - 1u), load_w_tail(src + i, n - i));
+}
+
+static void f32_to_f16_avx512(uint16_t *dst, const float *src, int32_t n) {
+    int32_t i = 0;
+    for (; i + VL <= n; i += VL)
+        _mm256_storeu_si256((__m256i *)(dst + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(src + i),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + i),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_mask_storeu_epi16(dst + i, m, h);
+    }
+}
+
+const ls_ops ls_ops_avx512 = {
+    .simd = LS_SIMD_AVX512,
+    .matmul_f16 = matmul_f16_avx512,
+    .attn_scores = attn_scores_avx512,
+    .attn_values = attn_values_avx512,
+    .rmsnorm = rmsnorm_avx512,
+    .f16_to_f32 = f16_to_f32_avx512,
+    .f32_to_f16 = f32_to_f16_avx512,
+};

@@ -1,0 +1,141 @@
+/*
+ * session.c — a request's state: one fp16 K/V cache per loop, the token
+ * history, and scratch for one chunk (all allocated once, in
+ * ls_session_new). Positions per loop are tracked separately (loop_len) so a
+ * speculative pass can fill loops [0, D) ahead of loops [D, V); rollback
+ * truncates every loop.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "session.h"
+
+/* a * b * c * d elements of `size` bytes, or 0 on overflow */
+static size_t bytes_of(size_t a, size_t b, size_t c, size_t d, size_t size) {
+    size_t r;
+    if (__builtin_mul_overflow(a, b, &r) || __builtin_mul_overflow(r, c, &r) ||
+        __builtin_mul_overflow(r, d, &r) || __builtin_mul_overflow(r, size, &r))
+        return 0;
+    return r;
+}
+
+/* calloc so every buffer is defined memory (valgrind/ASan see no
+ * uninitialised reads even in padding rows). */
+static void *alloc0(size_t bytes) { return bytes ? calloc(1, bytes) : NULL; }
+
+ls_session *ls_session_new(ls_model *m, int32_t max_seq, int32_t loops, int32_t cache_window,
+                           char *err, int32_t err_len) {
+    if (!m || !m->rt) {
+        ls_set_error(err, err_len, "no model loaded");
+        return NULL;
+    }
+    if (max_seq < 1) {
+        ls_set_error(err, err_len, "max_seq must be at least 1, got %d", max_seq);
+        return NULL;
+    }
+    if (loops < 1) {
+        ls_set_error(err, err_len, "loops must be at least 1, got %d", loops);
+        return NULL;
+    }
+    if (cache_window < 0) {
+        ls_set_error(err, err_len, "cache_window must be 0 (full) or positive, got %d", cache_window);
+        return NULL;
+    }
+    const ls_model_info *mi = &m->info;
+    ls_session *s = calloc(1, sizeof *s);
+    if (!s) {
+        ls_set_error(err, err_len, "out of memory allocating a session");
+        return NULL;
+    }
+    s->m = m;
+    s->max_seq = max_seq;
+    s->loops = loops;
+    s->window = cache_window;
+    s->cap = max_seq;
+    if (cache_window > 0 && (int64_t)cache_window + LS_CHUNK < max_seq) s->cap = cache_window + LS_CHUNK;
+
+    size_t C = LS_CHUNK, dim = (size_t)mi->dim, hd = (size_t)mi->head_dim;
+    size_t kv_dim = (size_t)mi->n_kv_heads * hd;
+    size_t cache_bytes = bytes_of((size_t)loops, (size_t)mi->n_kv_heads, (size_t)s->cap, hd, sizeof(uint16_t));
+    s->tokens = alloc0((size_t)max_seq * sizeof *s->tokens);
+    s->loop_len = alloc0((size_t)loops * sizeof *s->loop_len);
+    s->loop_lo = alloc0((size_t)loops * sizeof *s->loop_lo);
+    s->kc = alloc0(cache_bytes);
+    s->vc = alloc0(cache_bytes);
+    s->h = alloc0(C * dim * sizeof(float));
+    s->xb = alloc0(C * dim * sizeof(float));
+    s->q = alloc0(C * dim * sizeof(float));
+    s->k = alloc0(C * kv_dim * sizeof(float));
+    s->v = alloc0(C * kv_dim * sizeof(float));
+    s->k16 = alloc0(hd * sizeof(uint16_t));
+    s->att = alloc0(C * dim * sizeof(float));
+    s->g = alloc0(C * (size_t)mi->ffn_dim * sizeof(float));
+    s->u = alloc0(C * (size_t)mi->ffn_dim * sizeof(float));
+    s->rope = alloc0(C * hd * sizeof(float));
+    s->scores = alloc0(bytes_of((size_t)m->rt->n_threads, (size_t)s->cap, 1, 1, sizeof(float)));
+    s->logits = alloc0((size_t)mi->vocab_size * sizeof(float));
+    if (!s->tokens || !s->loop_len || !s->loop_lo || !s->kc || !s->vc || !s->h || !s->xb || !s->q ||
+        !s->k || !s->v || !s->k16 || !s->att || !s->g || !s->u || !s->rope || !s->scores || !s->logits) {
+        ls_set_error(err, err_len,
+                     "out of memory allocating a session (max_seq %d, loops %d, window %d: %zu bytes "
+                     "of K/V cache)",
+                     max_seq, loops, cache_window, 2 * cache_bytes);
+        ls_session_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void ls_session_free(ls_session *s) {
+    if (!s) return;
+    free(s->tokens);
+    free(s->loop_len);
+    free(s->loop_lo);
+    free(s->kc);
+    free(s->vc);
+    free(s->h);
+    free(s->xb);
+    free(s->q);
+    free(s->k);
+    free(s->v);
+    free(s->k16);
+    free(s->att);
+    free(s->g);
+    free(s->u);
+    free(s->rope);
+    free(s->scores);
+    free(s->logits);
+    free(s);
+}
+
+int32_t ls_session_pos(const ls_session *s) { return s ? s->pos : LS_ERR_ARG; }
+
+int32_t ls_session_rollback(ls_session *s, int32_t pos) {
+    if (!s || pos < 0 || pos > s->pos) return LS_ERR_ARG;
+    /* A windowed ring keeps only the last cap positions: rolling back further
+     * than LS_CHUNK positions past the newest write may need rows that were
+     * overwritten. Refuse rather than attend to the wrong rows. */
+    int32_t need_lo = s->window > 0 && pos - s->window + 1 > 0 ? pos - s->window + 1 : 0;
+    for (int32_t l = 0; l < s->loops; l++)
+        if (s->loop_len[l] >= pos && s->loop_lo[l] > need_lo) return LS_ERR_STATE;
+    for (int32_t l = 0; l < s->loops; l++)
+        if (s->loop_len[l] > pos) s->loop_len[l] = pos;
+    s->pos = pos;
+    return LS_OK;
+}
+
+int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, int32_t loops,
+                        float temperature, int32_t top_k, float top_p, float repetition_penalty,
+                        uint64_t seed, float *logits_out) {
+    if (!s) return LS_ERR_ARG;
+    /* Check the sampling arguments before the forward pass mutates the
+     * session (ls_sample validates them again). */
+    if (!(temperature >= 0.0f) || !isfinite(temperature) || top_k < 0 || !(top_p > 0.0f && top_p <= 1.0f) ||
+        !(repetition_penalty > 0.0f) || !isfinite(repetition_penalty))
+        return LS_ERR_ARG;
+    float *logits = logits_out ? logits_out : s->logits;
+    int32_t rc = ls_session_forward(s, tokens, n, loops, logits, 1);
+    if (rc != LS_OK) return rc;
+    return ls_sample(logits, s->m->info.vocab_size, s->tokens, s->pos, temperature, top_k, top_p,
+                     repetition_penalty, seed, (uint64_t)s->pos);
+}

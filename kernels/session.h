@@ -1,0 +1,85 @@
+/*
+ * session.h — runtime and session internals shared by forward.c, session.c
+ * and attention.c. Not ABI.
+ */
+#ifndef LS_SESSION_H
+#define LS_SESSION_H
+
+#include <stdint.h>
+
+#include "internal.h"
+#include "ops.h"
+#include "threadpool.h"
+
+/* Largest number of tokens pushed through the block in one internal step.
+ * Longer calls are split; batch invariance makes the split invisible. It
+ * also bounds the ring: a windowed cache holds window + LS_CHUNK positions. */
+#define LS_CHUNK 64
+
+struct ls_runtime {
+    ls_pool *pool;
+    const ls_ops *ops;
+    int32_t n_threads;
+    float *attn_norm; /* (dim) fp32 copies of the fp16 norm weights */
+    float *ffn_norm;  /* (dim) */
+    float *norm;      /* (dim) */
+};
+
+struct ls_session {
+    ls_model *m;
+    int32_t max_seq;  /* most positions ever held */
+    int32_t loops;    /* loops the caches exist for */
+    int32_t window;   /* 0 = full attention, else W */
+    int32_t cap;      /* cache rows per loop: max_seq, or min(max_seq, W + LS_CHUNK) */
+    int32_t pos;      /* tokens fed (history length) */
+    int32_t *tokens;  /* (max_seq) token history */
+    int32_t *loop_len; /* (loops) positions [0, loop_len) written in loop l's cache */
+    int32_t *loop_lo;  /* (loops) oldest position the ring still holds for loop l */
+    uint16_t *kc;     /* (loops, n_kv_heads, head_dim, cap) fp16 keys (RoPE applied), transposed */
+    uint16_t *vc;     /* (loops, n_kv_heads, cap, head_dim) fp16 values */
+
+    /* scratch for one chunk of LS_CHUNK tokens, allocated once */
+    float *h;      /* (LS_CHUNK, dim) residual stream */
+    float *xb;     /* (LS_CHUNK, dim) normed input of a sub-block */
+    float *q;      /* (LS_CHUNK, n_heads * head_dim) */
+    float *k;      /* (LS_CHUNK, n_kv_heads * head_dim) */
+    float *v;      /* (LS_CHUNK, n_kv_heads * head_dim) */
+    uint16_t *k16; /* (head_dim) one key in fp16 on its way into the transposed cache */
+    float *att;    /* (LS_CHUNK, n_heads * head_dim) attention output */
+    float *g;      /* (LS_CHUNK, ffn_dim) gate, then silu(gate) * up */
+    float *u;      /* (LS_CHUNK, ffn_dim) up */
+    float *rope;   /* (LS_CHUNK, head_dim / 2, 2) cos, sin per position */
+    float *scores; /* (n_threads, cap) attention scores, one row per thread */
+    float *logits; /* (vocab_size) for ls_session_step without logits_out */
+};
+
+/* ---- forward.c ---- */
+
+/* h[t] = E[tokens[t]] (fp16 -> fp32), h (n, dim). */
+void ls_forward_embed(ls_session *s, const int32_t *tokens, int32_t n, float *h);
+
+/* Runs the n tokens at positions [pos0, pos0 + n) through loops [la, lb) of
+ * the shared block: h (n, dim) holds their loop-la input and receives their
+ * loop-lb output. Appends their K/V to the caches of loops la..lb-1, which
+ * must each hold exactly pos0 positions (loop_len[l] == pos0); lower loops
+ * are not read. This is the entry point a speculative verify pass uses to
+ * resume drafted tokens at loop D. Does not touch the token history.
+ * Returns LS_OK or LS_ERR_STATE / LS_ERR_ARG / LS_ERR_FULL. */
+int32_t ls_forward_loops(ls_session *s, float *h, int32_t n, int32_t pos0, int32_t la, int32_t lb);
+
+/* logits[t] = rmsnorm(h[t], norm) · Wout for t in [0, n), logits (n, vocab). */
+void ls_forward_logits(ls_session *s, const float *h, int32_t n, float *logits);
+
+/* ---- attention.c ---- */
+
+/* cs[t][i] = (cos, sin)(pos(t) * theta^(-2i/head_dim)), computed in double. */
+void ls_rope_table(float *cs, int32_t T, int32_t pos0, int32_t head_dim, float theta);
+
+/* Rotates pairs (i, i + head_dim/2) of each of n_heads vectors in x. */
+void ls_rope_apply(float *x, int32_t n_heads, int32_t head_dim, const float *cs);
+
+/* Stores k, v (T tokens at pos0.., already rotated) as fp16 into loop's cache
+ * and computes s->att for every (token, head) from s->q. */
+void ls_attention(ls_session *s, int32_t loop, int32_t T, int32_t pos0);
+
+#endif

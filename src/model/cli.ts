@@ -1,0 +1,291 @@
+// `loopserve model ...`: write synthetic models, inspect model files.
+//
+// Exit codes: 0 done, 1 the work failed (bad file, cannot write), 2 bad
+// arguments. src/cli.ts dispatches here with the arguments after `model`;
+// `bun src/model/cli.ts ...` runs it directly.
+
+import { statSync } from "node:fs";
+import { parseModelConfig } from "./format.ts";
+import { DTYPE_SIZES, ModelFormatError, readSafetensors } from "./safetensors.ts";
+import { resolveSyntheticOptions, type SyntheticOptions, writeSyntheticModel } from "./synthetic.ts";
+
+export interface CommandIO {
+  out: (line: string) => void;
+  err: (line: string) => void;
+}
+
+const defaultIO: CommandIO = {
+  out: (line) => process.stdout.write(`${line}\n`),
+  err: (line) => process.stderr.write(`${line}\n`),
+};
+
+// ---- help ----
+
+const MAIN_HELP = `usage: loopserve model <command> [options]
+
+commands:
+  new OUT        write a deterministic synthetic fp16 model to OUT
+  inspect FILE   print a model file's header: metadata, then every tensor
+
+Run \`loopserve model <command> --help\` for a command's options.`;
+
+const NEW_HELP = `usage: loopserve model new OUT [options]
+
+Writes a synthetic fp16 looped-llama model (.safetensors) to OUT, replacing
+any file there. The same options and seed give a byte-identical file.
+
+options (default in brackets):
+  --dim N              residual width [256]
+  --heads N            query heads [8]
+  --kv-heads N         key/value heads, divides --heads [= --heads]
+  --ffn N              SwiGLU hidden width [768]
+  --vocab N            vocabulary size [50257, GPT-2]
+  --loops N            default loops, 1..64 [8]
+  --seed N             random seed, non-negative integer [1]
+  --max-seq-len N      max_seq_len in the metadata [2048]
+  --rope-theta X       RoPE base [10000]
+  --norm-eps X         rmsnorm epsilon [1e-5]
+  --residual-scale X   multiplies Wo and W2; small values make shallow
+                       loops agree with deep ones [1]
+  --tied               no output.weight: logits use tok_embeddings
+  -h, --help           this help`;
+
+const INSPECT_HELP = `usage: loopserve model inspect FILE [--json]
+
+Prints the safetensors header of FILE (metadata, then each tensor's name,
+dtype, shape and byte size) and checks it against the loopserve model
+schema. Exit status 1 when the file is unreadable or not a valid model.
+
+options:
+  --json       print the header as one JSON object
+  -h, --help   this help`;
+
+// ---- argument parsing ----
+
+class UsageError extends Error {}
+
+interface ParsedArgs {
+  positional: string[];
+  flags: Map<string, string | true>;
+}
+
+/** Splits argv into positionals and flags; `valued` flags take a value. */
+function parseArgs(argv: string[], valued: Set<string>, boolean: Set<string>): ParsedArgs {
+  const positional: string[] = [];
+  const flags = new Map<string, string | true>();
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i];
+    if (a === "--") {
+      positional.push(...argv.slice(i + 1));
+      break;
+    }
+    if (!a.startsWith("-") || a === "-") {
+      positional.push(a);
+      continue;
+    }
+    const eq = a.indexOf("=");
+    const name = eq >= 0 ? a.slice(0, eq) : a;
+    if (valued.has(name)) {
+      let value: string;
+      if (eq >= 0) value = a.slice(eq + 1);
+      else {
+        if (i + 1 >= argv.length) throw new UsageError(`${name} needs a value`);
+        value = argv[++i];
+      }
+      if (flags.has(name)) throw new UsageError(`${name} given twice`);
+      flags.set(name, value);
+    } else if (boolean.has(name)) {
+      if (eq >= 0) throw new UsageError(`${name} takes no value`);
+      flags.set(name, true);
+    } else {
+      throw new UsageError(`unknown option ${name}`);
+    }
+  }
+  return { positional, flags };
+}
+
+function intFlag(p: ParsedArgs, name: string, dflt: number): number {
+  const v = p.flags.get(name);
+  if (v === undefined) return dflt;
+  if (typeof v !== "string" || !/^[0-9]+$/.test(v) || !Number.isSafeInteger(Number(v))) {
+    throw new UsageError(`${name} must be a non-negative integer, got "${String(v)}"`);
+  }
+  return Number(v);
+}
+
+function numFlag(p: ParsedArgs, name: string, dflt: number): number {
+  const v = p.flags.get(name);
+  if (v === undefined) return dflt;
+  const n = typeof v === "string" && /^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$/.test(v) ? Number(v) : NaN;
+  if (!Number.isFinite(n)) throw new UsageError(`${name} must be a number, got "${String(v)}"`);
+  return n;
+}
+
+// ---- commands ----
+
+function cmdNew(argv: string[], io: CommandIO): number {
+  const p = parseArgs(
+    argv,
+    new Set([
+      "--dim",
+      "--heads",
+      "--kv-heads",
+      "--ffn",
+      "--vocab",
+      "--loops",
+      "--seed",
+      "--max-seq-len",
+      "--rope-theta",
+      "--norm-eps",
+      "--residual-scale",
+    ]),
+    new Set(["--tied", "-h", "--help"]),
+  );
+  if (p.flags.has("-h") || p.flags.has("--help")) {
+    io.out(NEW_HELP);
+    return 0;
+  }
+  if (p.positional.length !== 1) {
+    throw new UsageError(p.positional.length === 0 ? "missing OUT path" : `unexpected argument "${p.positional[1]}"`);
+  }
+  const out = p.positional[0];
+  const heads = intFlag(p, "--heads", 8);
+  const opts: SyntheticOptions = {
+    dim: intFlag(p, "--dim", 256),
+    nHeads: heads,
+    nKvHeads: intFlag(p, "--kv-heads", heads),
+    ffnDim: intFlag(p, "--ffn", 768),
+    vocabSize: intFlag(p, "--vocab", 50257),
+    loops: intFlag(p, "--loops", 8),
+    seed: intFlag(p, "--seed", 1),
+    maxSeqLen: intFlag(p, "--max-seq-len", 2048),
+    ropeTheta: numFlag(p, "--rope-theta", 10000),
+    normEps: numFlag(p, "--norm-eps", 1e-5),
+    residualScale: numFlag(p, "--residual-scale", 1),
+    tiedOutput: p.flags.has("--tied"),
+  };
+  try {
+    resolveSyntheticOptions(opts);
+  } catch (e) {
+    if (e instanceof ModelFormatError) {
+      // Name the flags, not the option fields.
+      const flagOf: Record<string, string> = {
+        dim: "--dim",
+        nHeads: "--heads",
+        nKvHeads: "--kv-heads",
+        ffnDim: "--ffn",
+        vocabSize: "--vocab",
+        loops: "--loops",
+        seed: "--seed",
+        maxSeqLen: "--max-seq-len",
+        ropeTheta: "--rope-theta",
+        normEps: "--norm-eps",
+        residualScale: "--residual-scale",
+      };
+      const msg = e.message.replace(/^synthetic model: /, "").replace(/\b(\w+)\b/g, (w) => flagOf[w] ?? w);
+      throw new UsageError(msg);
+    }
+    throw e;
+  }
+  const t0 = performance.now();
+  const r = writeSyntheticModel(out, opts);
+  const ms = performance.now() - t0;
+  const c = r.config;
+  io.out(
+    `wrote ${out}: ${r.bytes} bytes, ${r.parameters} parameters ` +
+      `(dim ${c.dim}, heads ${c.nHeads}/${c.nKvHeads} kv, ffn ${c.ffnDim}, vocab ${c.vocabSize}, ` +
+      `loops ${c.defaultLoops}, ${c.tiedOutput ? "tied" : "untied"} output, seed ${opts.seed}) in ${ms.toFixed(0)} ms`,
+  );
+  return 0;
+}
+
+function cmdInspect(argv: string[], io: CommandIO): number {
+  const p = parseArgs(argv, new Set(), new Set(["--json", "-h", "--help"]));
+  if (p.flags.has("-h") || p.flags.has("--help")) {
+    io.out(INSPECT_HELP);
+    return 0;
+  }
+  if (p.positional.length !== 1) {
+    throw new UsageError(p.positional.length === 0 ? "missing FILE path" : `unexpected argument "${p.positional[1]}"`);
+  }
+  const path = p.positional[0];
+  // Failures here are about the file, not the arguments: exit 1 (see runModelCommand).
+  const file = readSafetensors(path);
+  const size = statSync(path).size;
+  const rows = [...file.tensors].map(([name, t]) => ({
+    name,
+    dtype: t.dtype,
+    shape: t.shape,
+    bytes: t.shape.reduce((a, b) => a * b, 1) * DTYPE_SIZES[t.dtype],
+  }));
+
+  if (p.flags.has("--json")) {
+    io.out(JSON.stringify({ path, bytes: size, data_start: file.dataStart, metadata: file.metadata, tensors: rows }));
+  } else {
+    io.out(`${path}: ${size} bytes, header ${file.dataStart - 8} bytes, data at offset ${file.dataStart}`);
+    const meta = Object.entries(file.metadata);
+    io.out(`metadata (${meta.length}):`);
+    const kw = Math.max(0, ...meta.map(([k]) => k.length));
+    for (const [k, v] of meta) io.out(`  ${k.padEnd(kw)}  ${v}`);
+    io.out(`tensors (${rows.length}):`);
+    const shapes = rows.map((r) => `[${r.shape.join(", ")}]`);
+    const nw = Math.max(4, ...rows.map((r) => r.name.length));
+    const sw = Math.max(5, ...shapes.map((s) => s.length));
+    io.out(`  ${"name".padEnd(nw)}  dtype    ${"shape".padEnd(sw)}  bytes`);
+    rows.forEach((r, i) => io.out(`  ${r.name.padEnd(nw)}  ${r.dtype.padEnd(7)}  ${shapes[i].padEnd(sw)}  ${r.bytes}`));
+    const elems = rows.reduce((a, r) => a + r.shape.reduce((x, y) => x * y, 1), 0);
+    const bytes = rows.reduce((a, r) => a + r.bytes, 0);
+    io.out(`total: ${elems} elements, ${bytes} bytes of tensor data`);
+  }
+
+  const c = parseModelConfig(file);
+  if (!p.flags.has("--json")) {
+    io.out(
+      `loopserve model: ${c.quant}, dim ${c.dim}, heads ${c.nHeads} (kv ${c.nKvHeads}), head_dim ${c.headDim}, ` +
+        `ffn ${c.ffnDim}, vocab ${c.vocabSize}, default loops ${c.defaultLoops}, ` +
+        `output ${c.tiedOutput ? "tied to tok_embeddings" : "untied"}`,
+    );
+  }
+  return 0;
+}
+
+// ---- entry ----
+
+/** Runs `loopserve model <argv...>`; returns the exit code. */
+export async function runModelCommand(argv: string[], io: CommandIO = defaultIO): Promise<number> {
+  const [cmd, ...rest] = argv;
+  try {
+    switch (cmd) {
+      case undefined:
+        io.err(MAIN_HELP);
+        return 2;
+      case "-h":
+      case "--help":
+      case "help":
+        io.out(MAIN_HELP);
+        return 0;
+      case "new":
+        return cmdNew(rest, io);
+      case "inspect":
+        return cmdInspect(rest, io);
+      default:
+        throw new UsageError(`unknown command "${cmd}" (expected new or inspect)`);
+    }
+  } catch (e) {
+    if (e instanceof UsageError) {
+      io.err(`error: ${e.message}`);
+      io.err(`run \`loopserve model ${cmd === "new" || cmd === "inspect" ? `${cmd} ` : ""}--help\` for usage`);
+      return 2;
+    }
+    if (e instanceof ModelFormatError) {
+      io.err(`error: ${e.message}`);
+      return 1;
+    }
+    throw e;
+  }
+}
+
+// No top-level await: `bun build --compile --bytecode` rejects it.
+if (import.meta.main) {
+  void runModelCommand(Bun.argv.slice(2)).then((code) => process.exit(code));
+}

@@ -1,0 +1,266 @@
+// The loopserve model schema (DESIGN.md §2) on top of safetensors.
+//
+// kernels/model.c checks the same rules independently; both must accept and
+// reject the same files, and their messages name the same field or tensor.
+
+import { ModelFormatError, readSafetensors, type SafetensorsFile, type TensorView } from "./safetensors.ts";
+
+// ---- schema ----
+
+export type Quant = "fp16" | "int4" | "int2";
+
+export const FORMAT_NAME = "loopserve";
+export const FORMAT_VERSION = 1;
+export const ARCH = "looped-llama";
+export const TOKENIZER = "gpt2";
+export const MAX_LOOPS = 64;
+/** The C side holds every dimension in an int32_t. */
+const MAX_INT32 = 2147483647;
+
+export interface ModelConfig {
+  arch: "looped-llama";
+  formatVersion: 1;
+  dim: number; // residual width
+  nHeads: number; // query heads
+  nKvHeads: number; // key/value heads (GQA: nHeads % nKvHeads == 0)
+  headDim: number; // dim / nHeads, even (RoPE rotates pairs)
+  ffnDim: number; // SwiGLU hidden width
+  vocabSize: number;
+  defaultLoops: number; // 1..64
+  maxSeqLen: number;
+  ropeTheta: number;
+  normEps: number;
+  quant: Quant;
+  groupSize: number; // quantization group; 0 for fp16
+  tokenizer: "gpt2";
+  tiedOutput: boolean; // true when output.weight is absent and tok_embeddings is reused
+}
+
+/** Metadata as the writer stores it; every value a string (the format requires it). */
+export function configToMetadata(c: Omit<ModelConfig, "tiedOutput">): Record<string, string> {
+  return {
+    format: FORMAT_NAME,
+    format_version: String(c.formatVersion),
+    arch: c.arch,
+    dim: String(c.dim),
+    n_heads: String(c.nHeads),
+    n_kv_heads: String(c.nKvHeads),
+    ffn_dim: String(c.ffnDim),
+    vocab_size: String(c.vocabSize),
+    default_loops: String(c.defaultLoops),
+    max_seq_len: String(c.maxSeqLen),
+    rope_theta: String(c.ropeTheta),
+    norm_eps: String(c.normEps),
+    quant: c.quant,
+    group_size: String(c.groupSize),
+    tokenizer: c.tokenizer,
+  };
+}
+
+/** Every fp16 tensor of a model and its shape. `output.weight` is optional. */
+export function expectedTensorShapes(c: Omit<ModelConfig, "tiedOutput">): [string, number[]][] {
+  const q = c.nHeads * c.headDim;
+  const kv = c.nKvHeads * c.headDim;
+  return [
+    ["tok_embeddings.weight", [c.vocabSize, c.dim]],
+    ["block.attn_norm.weight", [c.dim]],
+    ["block.wq.weight", [q, c.dim]],
+    ["block.wk.weight", [kv, c.dim]],
+    ["block.wv.weight", [kv, c.dim]],
+    ["block.wo.weight", [c.dim, q]],
+    ["block.ffn_norm.weight", [c.dim]],
+    ["block.w1.weight", [c.ffnDim, c.dim]],
+    ["block.w2.weight", [c.dim, c.ffnDim]],
+    ["block.w3.weight", [c.ffnDim, c.dim]],
+    ["norm.weight", [c.dim]],
+    ["output.weight", [c.vocabSize, c.dim]],
+  ];
+}
+
+/** Weights as fp16 bit patterns, row-major [out, in]. */
+export interface ModelWeights {
+  tokEmbeddings: Uint16Array; // (vocab_size, dim)
+  attnNorm: Uint16Array; // (dim)
+  wq: Uint16Array; // (n_heads * head_dim, dim)
+  wk: Uint16Array; // (n_kv_heads * head_dim, dim)
+  wv: Uint16Array; // (n_kv_heads * head_dim, dim)
+  wo: Uint16Array; // (dim, n_heads * head_dim)
+  ffnNorm: Uint16Array; // (dim)
+  w1: Uint16Array; // (ffn_dim, dim) gate
+  w2: Uint16Array; // (dim, ffn_dim) down
+  w3: Uint16Array; // (ffn_dim, dim) up
+  norm: Uint16Array; // (dim)
+  output: Uint16Array; // (vocab_size, dim); the same array as tokEmbeddings when tied
+}
+
+export interface LoadedModel {
+  path: string;
+  config: ModelConfig;
+  /** Every tensor of the file, as mapped. */
+  tensors: Map<string, TensorView>;
+  /** fp16 weights (views into the mapping when aligned, which this writer guarantees). */
+  weights: ModelWeights;
+}
+
+// ---- metadata parsing ----
+
+const INT_RE = /^(0|[1-9][0-9]*)$/;
+const FLOAT_RE = /^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$/;
+
+type Meta = Record<string, string>;
+
+function need(meta: Meta, key: string, where: string): string {
+  const v = meta[key];
+  if (v === undefined) throw new ModelFormatError(`${where}: metadata: missing required key "${key}"`);
+  return v;
+}
+
+function parseInt32(meta: Meta, key: string, where: string, min: number, max = MAX_INT32): number {
+  const s = need(meta, key, where);
+  if (!INT_RE.test(s)) {
+    throw new ModelFormatError(`${where}: metadata: ${key} must be a decimal integer, got "${s}"`);
+  }
+  const n = Number(s);
+  if (n < min || n > max) {
+    throw new ModelFormatError(`${where}: metadata: ${key} must be in [${min}, ${max}], got ${s}`);
+  }
+  return n;
+}
+
+function parsePositiveFloat(meta: Meta, key: string, where: string): number {
+  const s = need(meta, key, where);
+  const n = Number(s);
+  if (!FLOAT_RE.test(s) || !Number.isFinite(n) || n <= 0) {
+    throw new ModelFormatError(`${where}: metadata: ${key} must be a positive finite number, got "${s}"`);
+  }
+  return n;
+}
+
+function expectString(meta: Meta, key: string, expected: string, where: string): void {
+  const s = need(meta, key, where);
+  if (s !== expected) throw new ModelFormatError(`${where}: metadata: ${key} must be "${expected}", got "${s}"`);
+}
+
+/**
+ * Validates the metadata of a loopserve file (values and their consistency)
+ * and returns the config, without looking at tensors.
+ */
+export function parseModelMetadata(meta: Meta, where: string): Omit<ModelConfig, "tiedOutput"> {
+  expectString(meta, "format", FORMAT_NAME, where);
+  expectString(meta, "format_version", String(FORMAT_VERSION), where);
+  expectString(meta, "arch", ARCH, where);
+  expectString(meta, "tokenizer", TOKENIZER, where);
+  const dim = parseInt32(meta, "dim", where, 1);
+  const nHeads = parseInt32(meta, "n_heads", where, 1);
+  const nKvHeads = parseInt32(meta, "n_kv_heads", where, 1);
+  const ffnDim = parseInt32(meta, "ffn_dim", where, 1);
+  const vocabSize = parseInt32(meta, "vocab_size", where, 1);
+  const defaultLoops = parseInt32(meta, "default_loops", where, 1, MAX_LOOPS);
+  const maxSeqLen = parseInt32(meta, "max_seq_len", where, 1);
+  const ropeTheta = parsePositiveFloat(meta, "rope_theta", where);
+  const normEps = parsePositiveFloat(meta, "norm_eps", where);
+  const quant = need(meta, "quant", where);
+  if (quant !== "fp16" && quant !== "int4" && quant !== "int2") {
+    throw new ModelFormatError(`${where}: metadata: quant must be one of fp16, int4, int2, got "${quant}"`);
+  }
+  const groupSize = parseInt32(meta, "group_size", where, quant === "fp16" ? 0 : 1);
+
+  const bad = (msg: string): never => {
+    throw new ModelFormatError(`${where}: metadata: ${msg}`);
+  };
+  if (dim % nHeads !== 0) bad(`dim (${dim}) must be a multiple of n_heads (${nHeads})`);
+  const headDim = dim / nHeads;
+  if (headDim % 2 !== 0) bad(`head_dim = dim / n_heads = ${headDim} must be even (RoPE rotates pairs)`);
+  if (nKvHeads > nHeads || nHeads % nKvHeads !== 0) {
+    bad(`n_heads (${nHeads}) must be a multiple of n_kv_heads (${nKvHeads})`);
+  }
+  return {
+    arch: ARCH,
+    formatVersion: FORMAT_VERSION,
+    dim,
+    nHeads,
+    nKvHeads,
+    headDim,
+    ffnDim,
+    vocabSize,
+    defaultLoops,
+    maxSeqLen,
+    ropeTheta,
+    normEps,
+    quant,
+    groupSize,
+    tokenizer: TOKENIZER,
+  };
+}
+
+// ---- tensors ----
+
+function shapeStr(s: number[]): string {
+  return `[${s.join(", ")}]`;
+}
+
+function checkTensor(file: SafetensorsFile, name: string, shape: number[], where: string): TensorView {
+  const t = file.tensors.get(name);
+  if (t === undefined) throw new ModelFormatError(`${where}: missing tensor "${name}" (F16 ${shapeStr(shape)})`);
+  if (t.dtype !== "F16") {
+    throw new ModelFormatError(`${where}: tensor "${name}": dtype must be F16, got ${t.dtype}`);
+  }
+  if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
+    throw new ModelFormatError(
+      `${where}: tensor "${name}": shape must be ${shapeStr(shape)}, got ${shapeStr(t.shape)}`,
+    );
+  }
+  return t;
+}
+
+/** fp16 view of a tensor: zero-copy when 2-byte aligned, else a copy. */
+function asF16(t: TensorView): Uint16Array {
+  const { data } = t;
+  if (data.byteOffset % 2 === 0) return new Uint16Array(data.buffer, data.byteOffset, data.byteLength / 2);
+  return new Uint16Array(data.slice().buffer);
+}
+
+/**
+ * Validates a parsed safetensors file as a loopserve model: metadata, then
+ * (for fp16) every tensor's presence, dtype and shape.
+ */
+export function parseModelConfig(file: SafetensorsFile): ModelConfig {
+  const where = file.path;
+  const base = parseModelMetadata(file.metadata, where);
+  const tiedOutput = !file.tensors.has("output.weight") && !file.tensors.has("output.qweight");
+  if (base.quant === "fp16") {
+    for (const [name, shape] of expectedTensorShapes(base)) {
+      if (name === "output.weight" && tiedOutput) continue;
+      checkTensor(file, name, shape, where);
+    }
+  }
+  return { ...base, tiedOutput };
+}
+
+/** Reads, maps and validates an fp16 loopserve model file. */
+export function loadModelFile(path: string): LoadedModel {
+  const file = readSafetensors(path);
+  const config = parseModelConfig(file);
+  if (config.quant !== "fp16") {
+    throw new ModelFormatError(
+      `${path}: quant "${config.quant}" is not supported by the TypeScript loader (fp16 only); the C engine loads it`,
+    );
+  }
+  const get = (name: string) => asF16(file.tensors.get(name)!);
+  const tokEmbeddings = get("tok_embeddings.weight");
+  const weights: ModelWeights = {
+    tokEmbeddings,
+    attnNorm: get("block.attn_norm.weight"),
+    wq: get("block.wq.weight"),
+    wk: get("block.wk.weight"),
+    wv: get("block.wv.weight"),
+    wo: get("block.wo.weight"),
+    ffnNorm: get("block.ffn_norm.weight"),
+    w1: get("block.w1.weight"),
+    w2: get("block.w2.weight"),
+    w3: get("block.w3.weight"),
+    norm: get("norm.weight"),
+    output: config.tiedOutput ? tokEmbeddings : get("output.weight"),
+  };
+  return { path, config, tensors: file.tensors, weights };
+}

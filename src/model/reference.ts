@@ -1,0 +1,255 @@
+// Reference forward pass in plain TypeScript: the test oracle for the C
+// kernels (DESIGN.md §2). Written to be obviously correct, not fast: one
+// token at a time, float64 arithmetic, no tricks. The only place it rounds
+// on purpose is where the kernels do: K and V are stored in an fp16 cache.
+//
+//   h = E[token]
+//   for l in 0..loops-1 (same weights every loop):
+//     x = rmsnorm(h, attn_norm)
+//     q, k, v = x·Wq^T, x·Wk^T, x·Wv^T; rope(q, k, pos)
+//     K[l][pos], V[l][pos] = fp16(k), fp16(v)
+//     h += attention(q, K[l], V[l]) · Wo^T
+//     x = rmsnorm(h, ffn_norm)
+//     h += (silu(x·W1^T) * (x·W3^T)) · W2^T
+//   logits = rmsnorm(h, norm) · Wout^T
+
+import { f16ArrayToF32, roundToF16 } from "./fp16.ts";
+import { loadModelFile, MAX_LOOPS, type ModelConfig } from "./format.ts";
+
+// ---- building blocks (exported for tests) ----
+
+/** x / sqrt(mean(x^2) + eps) * w */
+export function rmsnorm(x: Float64Array, w: Float32Array, eps: number): Float64Array {
+  let ss = 0;
+  for (let i = 0; i < x.length; i++) ss += x[i] * x[i];
+  const inv = 1 / Math.sqrt(ss / x.length + eps);
+  const out = new Float64Array(x.length);
+  for (let i = 0; i < x.length; i++) out[i] = x[i] * inv * w[i];
+  return out;
+}
+
+/** y = W x for W stored row-major [rows, cols] ([out_features, in_features]). */
+export function matvec(w: Float32Array, rows: number, cols: number, x: Float64Array): Float64Array {
+  const y = new Float64Array(rows);
+  for (let r = 0; r < rows; r++) {
+    let s = 0;
+    const base = r * cols;
+    for (let c = 0; c < cols; c++) s += w[base + c] * x[c];
+    y[r] = s;
+  }
+  return y;
+}
+
+/**
+ * RoPE as Hugging Face's Llama applies it, in place, to each of `nHeads`
+ * consecutive head vectors: the pair (i, i + headDim/2) is rotated by
+ * pos * theta^(-2i / headDim).
+ */
+export function applyRope(v: Float64Array, nHeads: number, headDim: number, pos: number, theta: number): void {
+  const half = headDim / 2;
+  for (let h = 0; h < nHeads; h++) {
+    const base = h * headDim;
+    for (let i = 0; i < half; i++) {
+      const angle = pos * Math.pow(theta, (-2 * i) / headDim);
+      const c = Math.cos(angle);
+      const s = Math.sin(angle);
+      const a = v[base + i];
+      const b = v[base + i + half];
+      v[base + i] = a * c - b * s;
+      v[base + i + half] = a * s + b * c;
+    }
+  }
+}
+
+export function silu(x: number): number {
+  return x / (1 + Math.exp(-x));
+}
+
+// ---- model ----
+
+export interface ForwardOptions {
+  /** 0 (default) = full causal attention; W > 0 = position p sees [p-W+1, p]. */
+  cacheWindow?: number;
+}
+
+/** Weights decoded from fp16 (exactly) to float32. */
+interface RefWeights {
+  tokEmbeddings: Float32Array; // (vocab_size, dim)
+  attnNorm: Float32Array; // (dim)
+  wq: Float32Array; // (n_heads * head_dim, dim)
+  wk: Float32Array; // (n_kv_heads * head_dim, dim)
+  wv: Float32Array; // (n_kv_heads * head_dim, dim)
+  wo: Float32Array; // (dim, n_heads * head_dim)
+  ffnNorm: Float32Array; // (dim)
+  w1: Float32Array; // (ffn_dim, dim)
+  w2: Float32Array; // (dim, ffn_dim)
+  w3: Float32Array; // (ffn_dim, dim)
+  norm: Float32Array; // (dim)
+  output: Float32Array; // (vocab_size, dim); tokEmbeddings when tied
+}
+
+export class ReferenceModel {
+  private constructor(
+    readonly config: ModelConfig,
+    readonly weights: RefWeights,
+  ) {}
+
+  /** Loads and validates an fp16 model (see format.ts). */
+  static load(path: string): ReferenceModel {
+    const { config, weights: w } = loadModelFile(path);
+    const tok = f16ArrayToF32(w.tokEmbeddings);
+    return new ReferenceModel(config, {
+      tokEmbeddings: tok,
+      attnNorm: f16ArrayToF32(w.attnNorm),
+      wq: f16ArrayToF32(w.wq),
+      wk: f16ArrayToF32(w.wk),
+      wv: f16ArrayToF32(w.wv),
+      wo: f16ArrayToF32(w.wo),
+      ffnNorm: f16ArrayToF32(w.ffnNorm),
+      w1: f16ArrayToF32(w.w1),
+      w2: f16ArrayToF32(w.w2),
+      w3: f16ArrayToF32(w.w3),
+      norm: f16ArrayToF32(w.norm),
+      output: config.tiedOutput ? tok : f16ArrayToF32(w.output),
+    });
+  }
+
+  /** A fresh incremental session (empty cache) running `loops` loops per token. */
+  session(loops: number, opts: ForwardOptions = {}): ReferenceSession {
+    return new ReferenceSession(this, loops, opts.cacheWindow ?? 0);
+  }
+
+  /** Logits (vocab_size floats) for every token of `tokens`, from an empty cache. */
+  forward(tokens: number[], loops: number, opts: ForwardOptions = {}): Float32Array[] {
+    const s = this.session(loops, opts);
+    return tokens.map((t) => s.feed(t));
+  }
+
+  /** Greedy continuation (lowest id on ties, as ls_sample does). */
+  greedy(prompt: number[], maxTokens: number, loops: number, opts: ForwardOptions = {}): number[] {
+    const s = this.session(loops, opts);
+    let logits: Float32Array | null = null;
+    for (const t of prompt) logits = s.feed(t);
+    const out: number[] = [];
+    while (logits !== null && out.length < maxTokens) {
+      const next = argmax(logits);
+      out.push(next);
+      if (out.length < maxTokens) logits = s.feed(next);
+    }
+    return out;
+  }
+}
+
+/** Index of the largest value, lowest index on ties. */
+export function argmax(v: ArrayLike<number>): number {
+  let best = 0;
+  for (let i = 1; i < v.length; i++) if (v[i] > v[best]) best = i;
+  return best;
+}
+
+export class ReferenceSession {
+  /** keys[l][pos], values[l][pos]: fp16-rounded rows of n_kv_heads * head_dim. */
+  readonly keys: Float64Array[][] = [];
+  readonly values: Float64Array[][] = [];
+
+  constructor(
+    readonly model: ReferenceModel,
+    readonly loops: number,
+    readonly cacheWindow: number,
+  ) {
+    if (!Number.isInteger(loops) || loops < 1 || loops > MAX_LOOPS) {
+      throw new RangeError(`loops must be an integer in [1, ${MAX_LOOPS}], got ${loops}`);
+    }
+    if (!Number.isInteger(cacheWindow) || cacheWindow < 0) {
+      throw new RangeError(`cacheWindow must be a non-negative integer, got ${cacheWindow}`);
+    }
+    for (let l = 0; l < loops; l++) {
+      this.keys.push([]);
+      this.values.push([]);
+    }
+  }
+
+  /** Positions held so far. */
+  get position(): number {
+    return this.keys[0].length;
+  }
+
+  /** Forgets positions >= pos. */
+  rollback(pos: number): void {
+    if (!Number.isInteger(pos) || pos < 0 || pos > this.position) {
+      throw new RangeError(`rollback position must be in [0, ${this.position}], got ${pos}`);
+    }
+    for (let l = 0; l < this.loops; l++) {
+      this.keys[l].length = pos;
+      this.values[l].length = pos;
+    }
+  }
+
+  /** Runs one token at the next position; returns its logits. */
+  feed(token: number): Float32Array {
+    const c = this.model.config;
+    const w = this.model.weights;
+    if (!Number.isInteger(token) || token < 0 || token >= c.vocabSize) {
+      throw new RangeError(`token id must be an integer in [0, ${c.vocabSize}), got ${token}`);
+    }
+    const pos = this.position;
+    const { dim, nHeads, nKvHeads, headDim: hd, ffnDim } = c;
+    const qDim = nHeads * hd;
+    const kvDim = nKvHeads * hd;
+    const group = nHeads / nKvHeads;
+    const first = this.cacheWindow > 0 ? Math.max(0, pos - this.cacheWindow + 1) : 0;
+    const scale = 1 / Math.sqrt(hd);
+
+    const h = Float64Array.from(w.tokEmbeddings.subarray(token * dim, (token + 1) * dim));
+
+    for (let l = 0; l < this.loops; l++) {
+      // ---- attention ----
+      let x = rmsnorm(h, w.attnNorm, c.normEps);
+      const q = matvec(w.wq, qDim, dim, x);
+      const k = matvec(w.wk, kvDim, dim, x);
+      const v = matvec(w.wv, kvDim, dim, x);
+      applyRope(q, nHeads, hd, pos, c.ropeTheta);
+      applyRope(k, nKvHeads, hd, pos, c.ropeTheta);
+      // The kernels keep an fp16 cache; the current token reads its own
+      // entry back from it like every other.
+      this.keys[l].push(k.map(roundToF16));
+      this.values[l].push(v.map(roundToF16));
+      const K = this.keys[l];
+      const V = this.values[l];
+
+      const att = new Float64Array(qDim);
+      for (let head = 0; head < nHeads; head++) {
+        const kvOff = Math.floor(head / group) * hd;
+        const qOff = head * hd;
+        const scores: number[] = [];
+        for (let j = first; j <= pos; j++) {
+          let s = 0;
+          for (let i = 0; i < hd; i++) s += q[qOff + i] * K[j][kvOff + i];
+          scores.push(s * scale);
+        }
+        const m = scores.reduce((a, b) => Math.max(a, b), -Infinity);
+        const e = scores.map((s) => Math.exp(s - m));
+        const z = e.reduce((a, b) => a + b, 0);
+        for (let j = first; j <= pos; j++) {
+          const p = e[j - first] / z;
+          for (let i = 0; i < hd; i++) att[qOff + i] += p * V[j][kvOff + i];
+        }
+      }
+      const o = matvec(w.wo, dim, qDim, att);
+      for (let i = 0; i < dim; i++) h[i] += o[i];
+
+      // ---- SwiGLU feed-forward ----
+      x = rmsnorm(h, w.ffnNorm, c.normEps);
+      const gate = matvec(w.w1, ffnDim, dim, x);
+      const up = matvec(w.w3, ffnDim, dim, x);
+      const act = new Float64Array(ffnDim);
+      for (let i = 0; i < ffnDim; i++) act[i] = silu(gate[i]) * up[i];
+      const down = matvec(w.w2, dim, ffnDim, act);
+      for (let i = 0; i < dim; i++) h[i] += down[i];
+    }
+
+    // ---- output ----
+    const xf = rmsnorm(h, w.norm, c.normEps);
+    return Float32Array.from(matvec(w.output, c.vocabSize, dim, xf));
+  }
+}

@@ -1,0 +1,367 @@
+// safetensors reader and writer.
+//
+// Layout: 8-byte little-endian header length N, N bytes of JSON header,
+// then the data region. The header maps tensor names to
+// {dtype, shape, data_offsets: [begin, end]} (offsets relative to the data
+// region) plus an optional "__metadata__" object of string values.
+//
+// The reader mmaps the file and hands out views into the mapping: weights
+// are never copied. Every field of the header is validated before any view
+// is made, and each failure is a ModelFormatError naming the file and the
+// field or tensor at fault.
+
+import { closeSync, fstatSync, openSync, renameSync, statSync, unlinkSync, writeSync } from "node:fs";
+
+// ---- errors ----
+
+/** The one error type of src/model: a bad file, a bad header, bad options. */
+export class ModelFormatError extends Error {
+  override name = "ModelFormatError";
+}
+
+// ---- dtypes ----
+
+/** Element sizes of every dtype the safetensors format defines. */
+export const DTYPE_SIZES = {
+  BOOL: 1,
+  U8: 1,
+  I8: 1,
+  F8_E5M2: 1,
+  F8_E4M3: 1,
+  I16: 2,
+  U16: 2,
+  F16: 2,
+  BF16: 2,
+  I32: 4,
+  U32: 4,
+  F32: 4,
+  I64: 8,
+  U64: 8,
+  F64: 8,
+} as const;
+
+export type Dtype = keyof typeof DTYPE_SIZES;
+
+export function isDtype(s: unknown): s is Dtype {
+  return typeof s === "string" && Object.prototype.hasOwnProperty.call(DTYPE_SIZES, s);
+}
+
+// ---- types ----
+
+export interface TensorView {
+  dtype: Dtype;
+  shape: number[];
+  /** The tensor's bytes: a view into the file mapping (read-only by contract). */
+  data: Uint8Array;
+}
+
+export interface SafetensorsFile {
+  path: string;
+  /** `__metadata__`, or {} when the header has none. */
+  metadata: Record<string, string>;
+  /** In header order. */
+  tensors: Map<string, TensorView>;
+  /** Byte offset of the data region in the file (8 + header length). */
+  dataStart: number;
+  /** The whole file, mapped. */
+  map: Uint8Array;
+}
+
+export interface TensorToWrite {
+  name: string;
+  dtype: Dtype;
+  shape: number[];
+  data: Uint8Array;
+}
+
+/** The format caps the header at 100 MB; a larger claim is a corrupt file. */
+const MAX_HEADER_BYTES = 100 * 1024 * 1024;
+
+// ---- mapping ----
+
+let libc: { mmap: (addr: null, len: bigint, prot: number, flags: number, fd: number, off: bigint) => bigint } | null =
+  null;
+
+/**
+ * Mapping through libc, for files this process may read but not write:
+ * Bun.mmap opens files read-write (EACCES on a model owned by another user).
+ * The mapping is never unmapped; model files are mapped once per process.
+ */
+function mmapReadOnly(path: string, size: number): Uint8Array {
+  if (libc === null) {
+    // Loaded lazily so that bun:ffi is only touched on this rare path.
+    const ffi = require("bun:ffi") as typeof import("bun:ffi");
+    const lib = ffi.dlopen("libc.so.6", {
+      mmap: { args: ["ptr", "u64", "i32", "i32", "i32", "i64"], returns: "u64" },
+    });
+    libc = { mmap: lib.symbols.mmap as never };
+  }
+  const fd = openSync(path, "r");
+  try {
+    // Private copy-on-write: the fd is read-only, yet a stray write into a
+    // view lands in this process's copy instead of crashing it, exactly as
+    // with the Bun.mmap path.
+    const PROT_READ_WRITE = 3;
+    const MAP_PRIVATE = 2;
+    const p = libc.mmap(null, BigInt(size), PROT_READ_WRITE, MAP_PRIVATE, fd, 0n);
+    if (p === 0xffffffffffffffffn || p === 0n) throw new Error("mmap failed");
+    const { toArrayBuffer } = require("bun:ffi") as typeof import("bun:ffi");
+    return new Uint8Array(toArrayBuffer(Number(p), 0, size));
+  } finally {
+    closeSync(fd);
+  }
+}
+
+function mapFile(path: string): Uint8Array {
+  let size: number;
+  try {
+    const st = statSync(path);
+    if (!st.isFile()) throw new ModelFormatError(`${path}: not a regular file`);
+    size = st.size;
+  } catch (e) {
+    if (e instanceof ModelFormatError) throw e;
+    throw new ModelFormatError(`${path}: cannot open: ${(e as Error).message}`);
+  }
+  // Bun.mmap rejects empty files; anything under 8 bytes is truncated anyway.
+  if (size < 8) {
+    throw new ModelFormatError(`${path}: truncated file: ${size} bytes, need at least 8 for the header length`);
+  }
+  try {
+    // MAP_PRIVATE: a stray write into a view can never reach the file.
+    return Bun.mmap(path, { shared: false });
+  } catch (e) {
+    const code = (e as { code?: string }).code;
+    if (code === "EACCES" || code === "EPERM" || code === "EROFS") {
+      try {
+        return mmapReadOnly(path, size);
+      } catch (e2) {
+        throw new ModelFormatError(`${path}: cannot map: ${(e2 as Error).message}`);
+      }
+    }
+    throw new ModelFormatError(`${path}: cannot map: ${(e as Error).message}`);
+  }
+}
+
+// ---- reader ----
+
+function isPlainObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === "object" && v !== null && !Array.isArray(v);
+}
+
+function describe(v: unknown): string {
+  const s = JSON.stringify(v);
+  return s === undefined ? String(v) : s.length > 60 ? `${s.slice(0, 57)}...` : s;
+}
+
+/** Reads and validates a safetensors file; tensor data are views into an mmap. */
+export function readSafetensors(path: string): SafetensorsFile {
+  const map = mapFile(path);
+  return parseSafetensors(map, path);
+}
+
+/**
+ * Validates a safetensors image already in memory (used by readSafetensors;
+ * also handy for tests). `where` names the source in error messages.
+ */
+export function parseSafetensors(map: Uint8Array, where: string): SafetensorsFile {
+  const fail = (msg: string): never => {
+    throw new ModelFormatError(`${where}: ${msg}`);
+  };
+  const size = map.byteLength;
+  if (size < 8) fail(`truncated file: ${size} bytes, need at least 8 for the header length`);
+
+  const dv = new DataView(map.buffer, map.byteOffset, map.byteLength);
+  const headerLen64 = dv.getBigUint64(0, true);
+  if (headerLen64 > BigInt(size - 8)) {
+    fail(`header length ${headerLen64} runs past the end of the file (${size - 8} bytes follow the length field)`);
+  }
+  const headerLen = Number(headerLen64);
+  if (headerLen > MAX_HEADER_BYTES) fail(`header length ${headerLen} exceeds the format's 100 MB limit`);
+  if (headerLen < 2) fail(`header length ${headerLen} is too short for a JSON object`);
+  const dataStart = 8 + headerLen;
+  const dataLen = size - dataStart;
+
+  let text: string;
+  try {
+    text = new TextDecoder("utf-8", { fatal: true }).decode(map.subarray(8, dataStart));
+  } catch {
+    return fail("header is not valid UTF-8");
+  }
+  let header: unknown;
+  try {
+    header = JSON.parse(text);
+  } catch (e) {
+    return fail(`header is not valid JSON: ${(e as Error).message}`);
+  }
+  if (!isPlainObject(header)) return fail(`header must be a JSON object, got ${describe(header)}`);
+
+  const metadata: Record<string, string> = {};
+  const rawMeta = header["__metadata__"];
+  if (rawMeta !== undefined) {
+    if (!isPlainObject(rawMeta)) fail(`__metadata__ must be an object of strings, got ${describe(rawMeta)}`);
+    for (const [k, v] of Object.entries(rawMeta as Record<string, unknown>)) {
+      if (typeof v !== "string") fail(`__metadata__.${k} must be a string, got ${describe(v)}`);
+      metadata[k] = v as string;
+    }
+  }
+
+  const tensors = new Map<string, TensorView>();
+  const spans: { name: string; begin: number; end: number }[] = [];
+  for (const [name, entry] of Object.entries(header)) {
+    if (name === "__metadata__") continue;
+    const t = `tensor "${name}"`;
+    if (!isPlainObject(entry)) fail(`${t}: entry must be an object, got ${describe(entry)}`);
+    const e = entry as Record<string, unknown>;
+    if (!isDtype(e.dtype)) {
+      fail(`${t}: dtype ${describe(e.dtype)} is not a safetensors dtype (${Object.keys(DTYPE_SIZES).join(", ")})`);
+    }
+    const dtype = e.dtype as Dtype;
+    if (!Array.isArray(e.shape)) fail(`${t}: shape must be an array of integers, got ${describe(e.shape)}`);
+    const shape = e.shape as unknown[];
+    let count = 1;
+    for (const d of shape) {
+      if (typeof d !== "number" || !Number.isSafeInteger(d) || d < 0) {
+        fail(`${t}: shape ${describe(shape)} has a dimension that is not a non-negative integer: ${describe(d)}`);
+      }
+      count *= d as number;
+      if (!Number.isSafeInteger(count)) fail(`${t}: shape ${describe(shape)} has too many elements`);
+    }
+    const offs = e.data_offsets;
+    if (
+      !Array.isArray(offs) ||
+      offs.length !== 2 ||
+      !offs.every((o) => typeof o === "number" && Number.isSafeInteger(o) && o >= 0)
+    ) {
+      fail(`${t}: data_offsets must be [begin, end] non-negative integers, got ${describe(offs)}`);
+    }
+    const [begin, end] = offs as [number, number];
+    if (end < begin) fail(`${t}: data_offsets [${begin}, ${end}] end before they begin`);
+    const expected = count * DTYPE_SIZES[dtype];
+    if (end - begin !== expected) {
+      fail(
+        `${t}: data_offsets [${begin}, ${end}] span ${end - begin} bytes but ${dtype} ${describe(shape)} needs ${expected}`,
+      );
+    }
+    if (end > dataLen) {
+      fail(`${t}: data_offsets [${begin}, ${end}] run past the end of the data region (${dataLen} bytes; file truncated?)`);
+    }
+    spans.push({ name, begin, end });
+    tensors.set(name, {
+      dtype,
+      shape: shape as number[],
+      data: new Uint8Array(map.buffer, map.byteOffset + dataStart + begin, end - begin),
+    });
+  }
+
+  // Tensors may not share bytes. Gaps are tolerated (this writer pads each
+  // tensor to 8 bytes; the reference library writes none).
+  spans.sort((a, b) => a.begin - b.begin || a.end - b.end);
+  for (let i = 1; i < spans.length; i++) {
+    const prev = spans[i - 1];
+    const cur = spans[i];
+    if (cur.begin < prev.end) {
+      fail(
+        `tensor "${cur.name}": data_offsets [${cur.begin}, ${cur.end}] overlap tensor "${prev.name}" [${prev.begin}, ${prev.end}]`,
+      );
+    }
+  }
+
+  return { path: where, metadata, tensors, dataStart, map };
+}
+
+// ---- writer ----
+
+function align8(n: number): number {
+  return Math.ceil(n / 8) * 8;
+}
+
+/**
+ * Writes a safetensors file: header padded with spaces so the data region
+ * starts 8-byte aligned, tensors in the given order, each starting 8-byte
+ * aligned (zero padding between them only when a tensor's size is not a
+ * multiple of 8: the Python/Rust safetensors library rejects such gaps, and
+ * fp16 tensors whose last dimension is a multiple of 4 never need one).
+ *
+ * Written to a temporary file and renamed into place, so a process that has
+ * the old file mapped keeps a valid mapping (truncating a mapped file would
+ * crash it).
+ */
+export function writeSafetensors(path: string, metadata: Record<string, string>, tensors: TensorToWrite[]): number {
+  const fail = (msg: string): never => {
+    throw new ModelFormatError(`${path}: ${msg}`);
+  };
+  const header: Record<string, unknown> = {};
+  if (Object.keys(metadata).length > 0) {
+    for (const [k, v] of Object.entries(metadata)) {
+      if (typeof v !== "string") fail(`__metadata__.${k} must be a string, got ${describe(v)}`);
+    }
+    header["__metadata__"] = metadata;
+  }
+  let offset = 0;
+  const placed: { t: TensorToWrite; begin: number }[] = [];
+  for (const t of tensors) {
+    const what = `tensor "${t.name}"`;
+    if (t.name === "__metadata__" || t.name.length === 0) fail(`${what}: reserved or empty name`);
+    if (Object.prototype.hasOwnProperty.call(header, t.name)) fail(`${what}: duplicate name`);
+    if (!isDtype(t.dtype)) fail(`${what}: unknown dtype ${describe(t.dtype)}`);
+    let count = 1;
+    for (const d of t.shape) {
+      if (!Number.isSafeInteger(d) || d < 0) fail(`${what}: bad dimension ${describe(d)} in shape`);
+      count *= d;
+    }
+    const bytes = count * DTYPE_SIZES[t.dtype];
+    if (t.data.byteLength !== bytes) {
+      fail(`${what}: ${t.dtype} ${describe(t.shape)} needs ${bytes} bytes, data has ${t.data.byteLength}`);
+    }
+    const begin = align8(offset);
+    header[t.name] = { dtype: t.dtype, shape: t.shape, data_offsets: [begin, begin + bytes] };
+    placed.push({ t, begin });
+    offset = begin + bytes;
+  }
+
+  let json = new TextEncoder().encode(JSON.stringify(header));
+  const padded = align8(json.length);
+  if (padded !== json.length) {
+    const p = new Uint8Array(padded).fill(0x20);
+    p.set(json);
+    json = p;
+  }
+  const lenField = new Uint8Array(8);
+  new DataView(lenField.buffer).setBigUint64(0, BigInt(json.length), true);
+
+  // A unique temporary name in the same directory, so the rename is atomic.
+  const tmp = `${path}.tmp-${process.pid}-${Date.now()}-${Math.random().toString(36).slice(2)}`;
+  let fd = -1;
+  try {
+    fd = openSync(tmp, "w");
+    const writeAll = (buf: Uint8Array) => {
+      let done = 0;
+      while (done < buf.length) done += writeSync(fd, buf, done, buf.length - done);
+    };
+    writeAll(lenField);
+    writeAll(json);
+    let pos = 0;
+    const zeros = new Uint8Array(8);
+    for (const { t, begin } of placed) {
+      if (begin > pos) writeAll(zeros.subarray(0, begin - pos));
+      writeAll(t.data);
+      pos = begin + t.data.byteLength;
+    }
+    const total = 8 + json.length + pos;
+    const written = fstatSync(fd).size;
+    if (written !== total) fail(`short write: ${written} of ${total} bytes`);
+    closeSync(fd);
+    fd = -1;
+    renameSync(tmp, path);
+    return total;
+  } catch (e) {
+    if (fd >= 0) closeSync(fd);
+    try {
+      unlinkSync(tmp);
+    } catch {
+      // never created, or already renamed
+    }
+    if (e instanceof ModelFormatError) throw e;
+    throw new ModelFormatError(`${path}: cannot write: ${(e as Error).message}`);
+  }
+}

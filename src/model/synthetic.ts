@@ -1,0 +1,294 @@
+// Deterministic synthetic models: random fp16 weights from a seed, for tests,
+// benchmarks and the demo.
+//
+// Same seed and options => byte-identical file on every run and machine. That
+// rules out Math.log/Math.cos (JS does not require them to be correctly
+// rounded, so engines and platforms may differ in the last bit): the normal
+// deviates are Irwin-Hall sums of four uniforms, which need only integer
+// arithmetic, + and * by constants.
+//
+// Each tensor draws from its own stream (seed, tensor name), so changing the
+// vocabulary size leaves the block's weights as they were.
+
+import { F16_TO_F32, f32ArrayToF16 } from "./fp16.ts";
+import {
+  ARCH,
+  configToMetadata,
+  expectedTensorShapes,
+  FORMAT_VERSION,
+  MAX_LOOPS,
+  type ModelConfig,
+  TOKENIZER,
+} from "./format.ts";
+import { ModelFormatError, type TensorToWrite, writeSafetensors } from "./safetensors.ts";
+
+export interface SyntheticOptions {
+  dim: number;
+  nHeads: number;
+  nKvHeads: number;
+  ffnDim: number;
+  vocabSize: number;
+  loops: number; // default_loops in the file
+  seed: number; // non-negative integer
+  tiedOutput?: boolean; // default false: write output.weight
+  maxSeqLen?: number; // default 2048
+  ropeTheta?: number; // default 10000
+  normEps?: number; // default 1e-5
+  /**
+   * Multiplies Wo and W2 (default 1): small residual updates per loop make
+   * shallow loops agree with deep ones (see the scales below). A tied model
+   * with a small scale falls into short cycles (its logit form is symmetric
+   * in input and output token): use untied models for speculative tests.
+   */
+  residualScale?: number;
+}
+
+export interface SyntheticResult {
+  path: string;
+  bytes: number; // file size
+  parameters: number; // stored weights (tied output counted once)
+  config: ModelConfig;
+}
+
+// ---- weight scales ----
+
+/**
+ * Scales, chosen so that greedy output is varied and `residualScale` means
+ * something:
+ * - Embedding rows ~N(0, 1): the residual stream starts at RMS 1, the size
+ *   of one loop's update at residualScale 1. At residualScale r each loop
+ *   moves h by ~r, so a small r makes shallow and deep loops agree (dim 64,
+ *   untied: greedy top-1 of 2 vs 4 loops agrees ~25% at r=1, ~70% at 0.1,
+ *   ~90% at 0.03).
+ * - Output rows ~N(0, (EMBED_GAIN / sqrt(dim))^2): rmsnorm(h) has norm
+ *   ~sqrt(dim), so logits have std ~EMBED_GAIN (top-1 probability ~0.1 over
+ *   50k tokens): greedy is not a coin flip, sampling is not deterministic.
+ * - Projections ~1/sqrt(fan_in), so each keeps its output O(1).
+ */
+const EMBED_GAIN = 3;
+/** Norm weights are 1 + NORM_JITTER * N(0, 1): near 1, but not a no-op. */
+const NORM_JITTER = 0.05;
+
+// ---- PRNG: splitmix64 for seeding, xoshiro128** for the stream ----
+
+const MASK64 = (1n << 64n) - 1n;
+
+function splitmix64(state: bigint): [bigint, bigint] {
+  const s = (state + 0x9e3779b97f4a7c15n) & MASK64;
+  let z = s;
+  z = ((z ^ (z >> 30n)) * 0xbf58476d1ce4e5b9n) & MASK64;
+  z = ((z ^ (z >> 27n)) * 0x94d049bb133111ebn) & MASK64;
+  return [s, z ^ (z >> 31n)];
+}
+
+/** FNV-1a over the UTF-16 code units of a (pure ASCII) tensor name. */
+function fnv1a32(s: string): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < s.length; i++) h = Math.imul(h ^ s.charCodeAt(i), 0x01000193) >>> 0;
+  return h;
+}
+
+/** The four 32-bit words of a xoshiro128** state for (seed, stream name). */
+function streamState(seed: number, stream: string): Uint32Array {
+  // Hash the seed first so that no (seed, name) pair aliases another's stream.
+  let st = splitmix64(BigInt(seed))[1] ^ BigInt(fnv1a32(stream));
+  const out = new Uint32Array(4);
+  for (let i = 0; i < 4; i += 2) {
+    let z: bigint;
+    [st, z] = splitmix64(st);
+    out[i] = Number(z & 0xffffffffn);
+    out[i + 1] = Number(z >> 32n);
+  }
+  return out;
+}
+
+// Irwin-Hall: the sum of four uniform 16-bit integers has mean 2 * 65535 and
+// variance 4 * (65536^2 - 1) / 12; centring and scaling gives unit variance,
+// support +-3.46 sigma.
+const IH_MEAN = 2 * 65535;
+const IH_INV_STD = 1 / Math.sqrt((65536 * 65536 - 1) / 3);
+
+/**
+ * Fills out[i] = mean + std * N(0,1) from the stream, advancing the state.
+ * The generator is inlined over locals: this loop writes 10^8 values for a
+ * dim-768 model.
+ */
+function fillNormal(out: Float32Array, mean: number, std: number, s: Uint32Array): void {
+  let s0 = s[0] | 0;
+  let s1 = s[1] | 0;
+  let s2 = s[2] | 0;
+  let s3 = s[3] | 0;
+  const scale = std * IH_INV_STD;
+  for (let i = 0; i < out.length; i++) {
+    // xoshiro128**, twice
+    let r = Math.imul(s1, 5);
+    r = Math.imul((r << 7) | (r >>> 25), 9) >>> 0;
+    let t = s1 << 9;
+    s2 ^= s0;
+    s3 ^= s1;
+    s1 ^= s2;
+    s0 ^= s3;
+    s2 ^= t;
+    s3 = (s3 << 11) | (s3 >>> 21);
+
+    let r2 = Math.imul(s1, 5);
+    r2 = Math.imul((r2 << 7) | (r2 >>> 25), 9) >>> 0;
+    t = s1 << 9;
+    s2 ^= s0;
+    s3 ^= s1;
+    s1 ^= s2;
+    s0 ^= s3;
+    s2 ^= t;
+    s3 = (s3 << 11) | (s3 >>> 21);
+
+    const sum = (r & 0xffff) + (r >>> 16) + (r2 & 0xffff) + (r2 >>> 16);
+    out[i] = mean + (sum - IH_MEAN) * scale;
+  }
+  s[0] = s0;
+  s[1] = s1;
+  s[2] = s2;
+  s[3] = s3;
+}
+
+const CHUNK = 1 << 16;
+
+/** An fp16 tensor of `count` values mean + std * N(0,1) from stream (seed, name). */
+function randomF16(count: number, mean: number, std: number, seed: number, name: string): Uint16Array {
+  const out = new Uint16Array(count);
+  const scratch = new Float32Array(Math.min(CHUNK, count));
+  const state = streamState(seed, name);
+  for (let off = 0; off < count; off += CHUNK) {
+    const n = Math.min(CHUNK, count - off);
+    const chunk = n === scratch.length ? scratch : scratch.subarray(0, n);
+    fillNormal(chunk, mean, std, state);
+    f32ArrayToF16(chunk, out.subarray(off, off + n));
+  }
+  return out;
+}
+
+// ---- options ----
+
+function checkInt(name: string, v: unknown, min: number, max = 2147483647): number {
+  if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) {
+    throw new ModelFormatError(`synthetic model: ${name} must be an integer in [${min}, ${max}], got ${String(v)}`);
+  }
+  return v;
+}
+
+function checkNumber(name: string, v: unknown, positive: boolean): number {
+  if (typeof v !== "number" || !Number.isFinite(v) || (positive ? v <= 0 : v < 0)) {
+    throw new ModelFormatError(
+      `synthetic model: ${name} must be a ${positive ? "positive" : "non-negative"} finite number, got ${String(v)}`,
+    );
+  }
+  return v;
+}
+
+/** Fills defaults and checks the options (the same rules the loader applies). */
+export function resolveSyntheticOptions(o: SyntheticOptions): Required<SyntheticOptions> {
+  const r: Required<SyntheticOptions> = {
+    dim: checkInt("dim", o.dim, 1),
+    nHeads: checkInt("nHeads", o.nHeads, 1),
+    nKvHeads: checkInt("nKvHeads", o.nKvHeads, 1),
+    ffnDim: checkInt("ffnDim", o.ffnDim, 1),
+    vocabSize: checkInt("vocabSize", o.vocabSize, 1),
+    loops: checkInt("loops", o.loops, 1, MAX_LOOPS),
+    seed: checkInt("seed", o.seed, 0, Number.MAX_SAFE_INTEGER),
+    tiedOutput: o.tiedOutput ?? false,
+    maxSeqLen: checkInt("maxSeqLen", o.maxSeqLen ?? 2048, 1),
+    ropeTheta: checkNumber("ropeTheta", o.ropeTheta ?? 10000, true),
+    normEps: checkNumber("normEps", o.normEps ?? 1e-5, true),
+    residualScale: checkNumber("residualScale", o.residualScale ?? 1, false),
+  };
+  if (typeof r.tiedOutput !== "boolean") throw new ModelFormatError(`synthetic model: tiedOutput must be a boolean`);
+  if (r.dim % r.nHeads !== 0) {
+    throw new ModelFormatError(`synthetic model: dim (${r.dim}) must be a multiple of nHeads (${r.nHeads})`);
+  }
+  if ((r.dim / r.nHeads) % 2 !== 0) {
+    throw new ModelFormatError(`synthetic model: head_dim = dim / nHeads = ${r.dim / r.nHeads} must be even`);
+  }
+  if (r.nKvHeads > r.nHeads || r.nHeads % r.nKvHeads !== 0) {
+    throw new ModelFormatError(`synthetic model: nHeads (${r.nHeads}) must be a multiple of nKvHeads (${r.nKvHeads})`);
+  }
+  return r;
+}
+
+/**
+ * Tied output: logits = (rmsnorm(h) * norm) · E^T, and h still holds E[token].
+ * With a positive norm the token's own logit gets +|E[token]|^2 / rms(h) and
+ * the model echoes its input; random signs cancel that bias. Since E has unit
+ * rows here, the final norm also sets the logit scale: magnitude
+ * EMBED_GAIN / sqrt(dim) gives logits of std ~EMBED_GAIN, as untied output.
+ */
+function tiedFinalNorm(w: Uint16Array, magnitude: number, seed: number): void {
+  const signs = streamState(seed, "norm.weight/signs");
+  const scratch = new Float32Array(w.length);
+  fillNormal(scratch, 0, 1, signs);
+  for (let i = 0; i < w.length; i++) {
+    const v = F16_TO_F32[w[i]] * magnitude * (scratch[i] < 0 ? -1 : 1);
+    scratch[i] = v;
+  }
+  f32ArrayToF16(scratch, w);
+}
+
+// ---- writer ----
+
+/** Writes a deterministic fp16 synthetic model to `path`. */
+export function writeSyntheticModel(path: string, opts: SyntheticOptions): SyntheticResult {
+  const o = resolveSyntheticOptions(opts);
+  const base: Omit<ModelConfig, "tiedOutput"> = {
+    arch: ARCH,
+    formatVersion: FORMAT_VERSION,
+    dim: o.dim,
+    nHeads: o.nHeads,
+    nKvHeads: o.nKvHeads,
+    headDim: o.dim / o.nHeads,
+    ffnDim: o.ffnDim,
+    vocabSize: o.vocabSize,
+    defaultLoops: o.loops,
+    maxSeqLen: o.maxSeqLen,
+    ropeTheta: o.ropeTheta,
+    normEps: o.normEps,
+    quant: "fp16",
+    groupSize: 0,
+    tokenizer: TOKENIZER,
+  };
+  const metadata = {
+    ...configToMetadata(base),
+    generator: "loopserve synthetic",
+    seed: String(o.seed),
+    residual_scale: String(o.residualScale),
+  };
+
+  const outStd = EMBED_GAIN / Math.sqrt(o.dim);
+  const qDim = o.nHeads * base.headDim;
+  // name -> [mean, std]; fan_in scaling keeps every projection's output O(1).
+  const dist: Record<string, [number, number]> = {
+    "tok_embeddings.weight": [0, 1],
+    "block.attn_norm.weight": [1, NORM_JITTER],
+    "block.wq.weight": [0, 1 / Math.sqrt(o.dim)],
+    "block.wk.weight": [0, 1 / Math.sqrt(o.dim)],
+    "block.wv.weight": [0, 1 / Math.sqrt(o.dim)],
+    "block.wo.weight": [0, o.residualScale / Math.sqrt(qDim)],
+    "block.ffn_norm.weight": [1, NORM_JITTER],
+    "block.w1.weight": [0, 1 / Math.sqrt(o.dim)],
+    "block.w2.weight": [0, o.residualScale / Math.sqrt(o.ffnDim)],
+    "block.w3.weight": [0, 1 / Math.sqrt(o.dim)],
+    "norm.weight": [1, NORM_JITTER],
+    "output.weight": [0, outStd],
+  };
+
+  const tensors: TensorToWrite[] = [];
+  let parameters = 0;
+  for (const [name, shape] of expectedTensorShapes(base)) {
+    if (name === "output.weight" && o.tiedOutput) continue;
+    const count = shape.reduce((a, b) => a * b, 1);
+    const [mean, std] = dist[name];
+    const w = randomF16(count, mean, std, o.seed, name);
+    if (name === "norm.weight" && o.tiedOutput) tiedFinalNorm(w, outStd, o.seed);
+    tensors.push({ name, dtype: "F16", shape, data: new Uint8Array(w.buffer, w.byteOffset, w.byteLength) });
+    parameters += count;
+  }
+  const bytes = writeSafetensors(path, metadata, tensors);
+  return { path, bytes, parameters, config: { ...base, tiedOutput: o.tiedOutput } };
+}

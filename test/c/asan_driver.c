@@ -1,0 +1,657 @@
+/*
+ * asan_driver.c — drives the kernels directly under AddressSanitizer and
+ * UndefinedBehaviorSanitizer (test/kernels/asan.test.ts builds and runs it).
+ *
+ * Build (what the test does):
+ *   gcc -std=c11 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer \
+ *       -Ikernels test/c/asan_driver.c kernels/<every .c> (+ per-file SIMD flags) \
+ *       -lm -pthread -o build/asan_driver
+ *
+ * Subcommands (exit 0 on success, 2 when the library reports an error, 1 on
+ * bad usage; library errors print "error: <message>" on stdout so that
+ * stderr carries only sanitizer reports):
+ *   load FILE [SIMD]                   ok dim=.. vocab=.. ...
+ *   logits FILE LOOPS SIMD TOKEN...    one line of logits per token (%.9g)
+ *   invariance FILE LOOPS SIMD TOKEN...  prefill vs one-token steps, bit-exact
+ *   fuzz FILE ITERATIONS SEED          loads ITERATIONS mutated copies of FILE
+ *   sample TEMP TOP_K TOP_P PENALTY SEED COUNTER LOGITS [HISTORY]
+ *                                      LOGITS, HISTORY: comma-separated
+ *   sample-check                       ls_sample against a naive reference
+ * SIMD is a LS_SIMD_* code (0..3) or auto/portable/avx2/avx512.
+ */
+#define _DEFAULT_SOURCE /* mkstemp */
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "loopserve.h"
+
+static int usage(void) {
+    fprintf(stderr,
+            "usage: asan_driver load FILE [SIMD]\n"
+            "       asan_driver logits FILE LOOPS SIMD TOKEN...\n"
+            "       asan_driver invariance FILE LOOPS SIMD TOKEN...\n"
+            "       asan_driver fuzz FILE ITERATIONS SEED\n"
+            "       asan_driver sample TEMP TOP_K TOP_P PENALTY SEED COUNTER LOGITS [HISTORY]\n"
+            "       asan_driver sample-check\n");
+    return 1;
+}
+
+// ---- argument parsing ----
+
+static int parse_i64(const char *s, long long lo, long long hi, long long *out) {
+    char *end;
+    if (*s == '\0') return -1;
+    long long v = strtoll(s, &end, 10);
+    if (*end != '\0' || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_simd(const char *s, int32_t *out) {
+    static const char *names[] = {"auto", "portable", "avx2", "avx512"};
+    for (int32_t i = 0; i < 4; i++)
+        if (strcmp(s, names[i]) == 0) {
+            *out = i;
+            return 0;
+        }
+    long long v;
+    if (parse_i64(s, 0, 3, &v) != 0) return -1;
+    *out = (int32_t)v;
+    return 0;
+}
+
+static int parse_float(const char *s, float *out) {
+    char *end;
+    if (*s == '\0') return -1;
+    if (strcmp(s, "nan") == 0) {
+        *out = NAN;
+        return 0;
+    }
+    double d = strtod(s, &end);
+    if (*end != '\0') return -1;
+    *out = (float)d;
+    return 0;
+}
+
+// Comma-separated floats ("nan", "inf", "-inf" allowed); returns the count or -1.
+static int parse_float_list(const char *s, float **out) {
+    int n = 1;
+    for (const char *p = s; *p; p++) n += *p == ',';
+    float *v = malloc((size_t)n * sizeof *v);
+    if (!v) return -1;
+    char *copy = strdup(s), *save = NULL;
+    int i = 0;
+    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (i >= n || parse_float(tok, &v[i]) != 0) {
+            free(copy);
+            free(v);
+            return -1;
+        }
+        i++;
+    }
+    free(copy);
+    *out = v;
+    return i;
+}
+
+static int parse_int_list(const char *s, int32_t **out) {
+    int n = 1;
+    for (const char *p = s; *p; p++) n += *p == ',';
+    int32_t *v = malloc((size_t)n * sizeof *v);
+    if (!v) return -1;
+    char *copy = strdup(s), *save = NULL;
+    int i = 0;
+    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        long long x;
+        if (i >= n || parse_i64(tok, INT32_MIN, INT32_MAX, &x) != 0) {
+            free(copy);
+            free(v);
+            return -1;
+        }
+        v[i++] = (int32_t)x;
+    }
+    free(copy);
+    *out = v;
+    return i;
+}
+
+// ---- load ----
+
+static int cmd_load(int argc, char **argv) {
+    if (argc < 1 || argc > 2) return usage();
+    int32_t simd = LS_SIMD_PORTABLE;
+    if (argc == 2 && parse_simd(argv[1], &simd) != 0) return usage();
+    char err[512];
+    ls_model *m = ls_model_load(argv[0], 1, simd, err, sizeof err);
+    if (!m) {
+        printf("error: %s\n", err);
+        return 2;
+    }
+    ls_model_info i;
+    ls_model_info_get(m, &i);
+    printf("ok dim=%d n_heads=%d n_kv_heads=%d head_dim=%d ffn_dim=%d vocab=%d loops=%d "
+           "max_seq_len=%d rope_theta=%g norm_eps=%g quant=%d group_size=%d tied=%d simd=%s "
+           "threads=%d\n",
+           i.dim, i.n_heads, i.n_kv_heads, i.head_dim, i.ffn_dim, i.vocab_size, i.default_loops,
+           i.max_seq_len, i.rope_theta, i.norm_eps, i.quant, i.group_size, i.tied_output,
+           ls_simd_name(i.simd), i.n_threads);
+    ls_model_free(m);
+    return 0;
+}
+
+// ---- forward ----
+
+typedef struct {
+    ls_model *m;
+    ls_model_info info;
+    int32_t loops;
+    int32_t n;
+    int32_t *tokens;
+} fwd_args;
+
+static int open_forward(int argc, char **argv, fwd_args *a) {
+    long long loops;
+    int32_t simd;
+    if (argc < 4 || parse_i64(argv[1], 1, 64, &loops) != 0 || parse_simd(argv[2], &simd) != 0)
+        return usage();
+    a->loops = (int32_t)loops;
+    a->n = argc - 3;
+    a->tokens = malloc((size_t)a->n * sizeof *a->tokens);
+    if (!a->tokens) return 2;
+    for (int32_t i = 0; i < a->n; i++) {
+        long long t;
+        if (parse_i64(argv[3 + i], INT32_MIN, INT32_MAX, &t) != 0) {
+            free(a->tokens);
+            return usage();
+        }
+        a->tokens[i] = (int32_t)t;
+    }
+    char err[512];
+    a->m = ls_model_load(argv[0], 1, simd, err, sizeof err);
+    if (!a->m) {
+        printf("error: %s\n", err);
+        free(a->tokens);
+        return 2;
+    }
+    ls_model_info_get(a->m, &a->info);
+    return 0;
+}
+
+static void close_forward(fwd_args *a) {
+    ls_model_free(a->m);
+    free(a->tokens);
+}
+
+// Runs the tokens through a fresh session in calls of `step` tokens, keeping
+// every token's logits; returns 0 or prints the error.
+static int run_session(fwd_args *a, int32_t step, float *logits) {
+    char err[512];
+    ls_session *s = ls_session_new(a->m, a->n, a->loops, 0, err, sizeof err);
+    if (!s) {
+        printf("error: %s\n", err);
+        return 2;
+    }
+    size_t V = (size_t)a->info.vocab_size;
+    for (int32_t at = 0; at < a->n; at += step) {
+        int32_t n = a->n - at < step ? a->n - at : step;
+        int32_t rc = ls_session_forward(s, a->tokens + at, n, a->loops, logits + (size_t)at * V, n);
+        if (rc < 0) {
+            printf("error: ls_session_forward returned %d at token %d\n", rc, at);
+            ls_session_free(s);
+            return 2;
+        }
+    }
+    if (ls_session_pos(s) != a->n) {
+        printf("error: session position %d after %d tokens\n", ls_session_pos(s), a->n);
+        ls_session_free(s);
+        return 2;
+    }
+    ls_session_free(s);
+    return 0;
+}
+
+static int cmd_logits(int argc, char **argv) {
+    fwd_args a;
+    int rc = open_forward(argc, argv, &a);
+    if (rc != 0) return rc;
+    size_t V = (size_t)a.info.vocab_size;
+    float *logits = malloc((size_t)a.n * V * sizeof *logits);
+    if (!logits) {
+        close_forward(&a);
+        return 2;
+    }
+    rc = run_session(&a, a.n, logits);
+    for (int32_t t = 0; rc == 0 && t < a.n; t++) {
+        for (size_t i = 0; i < V; i++) printf(i ? " %.9g" : "%.9g", logits[(size_t)t * V + i]);
+        printf("\n");
+    }
+    free(logits);
+    close_forward(&a);
+    return rc;
+}
+
+// Batch invariance (DESIGN.md §3): one call for the whole prompt, one token
+// per call, and uneven chunks must give bit-identical logits.
+static int cmd_invariance(int argc, char **argv) {
+    fwd_args a;
+    int rc = open_forward(argc, argv, &a);
+    if (rc != 0) return rc;
+    size_t V = (size_t)a.info.vocab_size, total = (size_t)a.n * V;
+    float *ref = malloc(total * sizeof *ref), *got = malloc(total * sizeof *got);
+    if (!ref || !got) rc = 2;
+    if (rc == 0) rc = run_session(&a, a.n, ref);
+    int32_t steps[] = {1, 3};
+    for (int k = 0; rc == 0 && k < 2; k++) {
+        rc = run_session(&a, steps[k], got);
+        for (size_t i = 0; rc == 0 && i < total; i++) {
+            if (memcmp(&ref[i], &got[i], sizeof(float)) != 0) {
+                printf("error: token %zu logit %zu differs with %d-token calls: %.9g vs %.9g\n",
+                       i / V, i % V, steps[k], got[i], ref[i]);
+                rc = 2;
+            }
+        }
+    }
+    if (rc == 0) printf("ok %d tokens bit-identical across call splits\n", a.n);
+    free(ref);
+    free(got);
+    close_forward(&a);
+    return rc;
+}
+
+// ---- fuzz ----
+
+static uint64_t rng_next(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// Mutations aimed at the header, where the parser and validator live; the
+// loader must reject or accept each copy without a sanitizer report.
+static int cmd_fuzz(int argc, char **argv) {
+    long long iters, seed;
+    if (argc != 3 || parse_i64(argv[1], 1, 10000000, &iters) != 0 ||
+        parse_i64(argv[2], 0, INT64_MAX, &seed) != 0)
+        return usage();
+    FILE *f = fopen(argv[0], "rb");
+    if (!f) {
+        printf("error: cannot open %s\n", argv[0]);
+        return 2;
+    }
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (size < 16) {
+        fclose(f);
+        printf("error: %s is too small to fuzz\n", argv[0]);
+        return 2;
+    }
+    unsigned char *orig = malloc((size_t)size), *buf = malloc((size_t)size + 64);
+    if (!orig || !buf || fread(orig, 1, (size_t)size, f) != (size_t)size) {
+        fclose(f);
+        printf("error: cannot read %s\n", argv[0]);
+        return 2;
+    }
+    fclose(f);
+    size_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | orig[i];
+    if (hlen > (size_t)size - 8) hlen = (size_t)size - 8;
+    // Beside the input: the caller's temporary directory, cleaned up with it.
+    char path[4096];
+    snprintf(path, sizeof path, "%s.fuzz-XXXXXX", argv[0]);
+    int fd = mkstemp(path);
+    if (fd < 0) {
+        printf("error: mkstemp failed\n");
+        return 2;
+    }
+    close(fd);
+
+    uint64_t st = (uint64_t)seed;
+    long loaded = 0, rejected = 0;
+    static const char *tokens[] = {"{", "}", "[", "]", ",", ":", "\"", "\\", "\\u", "\\ud800",
+                                   "-", "0", "1e999", "99999999999999999999", "null", "true",
+                                   " ", "\"F32\"", "\"F16\"", "-1", "1.5", "\xc3", "\x00"};
+    for (long long it = 0; it < iters; it++) {
+        size_t n = (size_t)size;
+        memcpy(buf, orig, n);
+        int muts = 1 + (int)(rng_next(&st) % 4);
+        for (int k = 0; k < muts; k++) {
+            uint64_t r = rng_next(&st);
+            size_t at = 8 + (size_t)(rng_next(&st) % (hlen + 1));
+            switch (r % 6) {
+            case 0: // random byte in the header
+                if (at < n) buf[at] = (unsigned char)rng_next(&st);
+                break;
+            case 1: // bump a digit
+                for (size_t j = at; j < 8 + hlen && j < n; j++)
+                    if (buf[j] >= '0' && buf[j] <= '9') {
+                        buf[j] = (unsigned char)('0' + rng_next(&st) % 10);
+                        break;
+                    }
+                break;
+            case 2: { // overwrite with a JSON token
+                const char *t = tokens[rng_next(&st) % (sizeof tokens / sizeof *tokens)];
+                size_t tl = strlen(t) ? strlen(t) : 1;
+                if (at + tl <= n) memcpy(buf + at, t, tl);
+                break;
+            }
+            case 3: // truncate
+                n = (size_t)(rng_next(&st) % n);
+                break;
+            case 4: // corrupt the length field
+                buf[rng_next(&st) % 8] = (unsigned char)rng_next(&st);
+                break;
+            default: // flip a bit anywhere in the header
+                if (at < n) buf[at] ^= (unsigned char)(1u << (rng_next(&st) % 8));
+                break;
+            }
+        }
+        FILE *o = fopen(path, "wb");
+        if (!o || fwrite(buf, 1, n, o) != n) {
+            if (o) fclose(o);
+            printf("error: cannot write %s\n", path);
+            unlink(path);
+            return 2;
+        }
+        fclose(o);
+        char err[512];
+        err[0] = 'x';
+        ls_model *m = ls_model_load(path, 1, LS_SIMD_PORTABLE, err, sizeof err);
+        if (m) {
+            loaded++;
+            ls_model_free(m);
+        } else {
+            if (err[0] == '\0' || err[0] == 'x') {
+                printf("error: load failed without a message (iteration %lld)\n", it);
+                unlink(path);
+                return 2;
+            }
+            rejected++;
+        }
+    }
+    unlink(path);
+    free(orig);
+    free(buf);
+    printf("ok %ld loaded %ld rejected\n", loaded, rejected);
+    return 0;
+}
+
+// ---- sample ----
+
+static int cmd_sample(int argc, char **argv) {
+    if (argc < 7 || argc > 8) return usage();
+    float temp, top_p, pen;
+    long long top_k, seed, counter;
+    if (parse_float(argv[0], &temp) != 0 || parse_i64(argv[1], INT32_MIN, INT32_MAX, &top_k) != 0 ||
+        parse_float(argv[2], &top_p) != 0 || parse_float(argv[3], &pen) != 0 ||
+        parse_i64(argv[4], 0, INT64_MAX, &seed) != 0 || parse_i64(argv[5], 0, INT64_MAX, &counter) != 0)
+        return usage();
+    float *logits;
+    int vocab = parse_float_list(argv[6], &logits);
+    if (vocab < 0) return usage();
+    int32_t *hist = NULL;
+    int n_hist = 0;
+    if (argc == 8 && (n_hist = parse_int_list(argv[7], &hist)) < 0) {
+        free(logits);
+        return usage();
+    }
+    int32_t id = ls_sample(logits, vocab, hist, n_hist, temp, (int32_t)top_k, top_p, pen,
+                           (uint64_t)seed, (uint64_t)counter);
+    free(logits);
+    free(hist);
+    if (id < 0) {
+        printf("error: ls_sample returned %d\n", id);
+        return 2;
+    }
+    printf("%d\n", id);
+    return 0;
+}
+
+// ---- sample-check: a naive ls_sample straight from the documented procedure ----
+
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double naive_uniform(uint64_t seed, uint64_t counter) {
+    return (double)(mix64(mix64(seed) + (counter + 1) * 0x9e3779b97f4a7c15ull) >> 11) * 0x1.0p-53;
+}
+
+static const float *g_rank_v; /* qsort has no context argument; single-threaded test code */
+
+static int rank_cmp(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    float vx = g_rank_v[x], vy = g_rank_v[y];
+    if (vx != vy) return vx > vy ? -1 : 1;
+    return (x > y) - (x < y);
+}
+
+static int id_cmp(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int32_t naive_sample(const float *logits, int32_t V, const int32_t *hist, int32_t nh,
+                            float temp, int32_t top_k, float top_p, float pen, uint64_t seed,
+                            uint64_t counter) {
+    float *v = malloc((size_t)V * sizeof *v), *w = malloc((size_t)V * sizeof *w);
+    int32_t *order = malloc((size_t)V * sizeof *order);
+    for (int32_t i = 0; i < V; i++) v[i] = isnan(logits[i]) ? -INFINITY : logits[i];
+    for (int32_t j = 0; j < nh; j++) {
+        int32_t h = hist[j];
+        if (h < 0 || h >= V) continue;
+        float l = isnan(logits[h]) ? -INFINITY : logits[h];
+        v[h] = l > 0 ? l / pen : l * pen;
+    }
+    for (int32_t i = 0; i < V; i++) order[i] = i;
+    g_rank_v = v;
+    qsort(order, (size_t)V, sizeof *order, rank_cmp);
+    float vmax = v[order[0]];
+    int32_t result;
+    if (vmax == -INFINITY) result = LS_ERR_ARG;
+    else if (temp == 0 || vmax == INFINITY) result = order[0];
+    else {
+        int32_t k = (top_k == 0 || top_k >= V) ? V : top_k;
+        for (int32_t i = 0; i < V; i++) w[i] = expf((v[i] - vmax) / temp);
+        int32_t keep = k;
+        if (top_p < 1.0f) {
+            // Same summation orders as the library, so the cut is the same at the last bit.
+            double z = 0, cum = 0;
+            if (k == V)
+                for (int32_t i = 0; i < V; i++) z += w[i];
+            else
+                for (int32_t i = 0; i < k; i++) z += w[order[i]];
+            for (keep = 0; keep < k;) {
+                cum += w[order[keep++]];
+                if (cum >= (double)top_p * z) break;
+            }
+        }
+        qsort(order, (size_t)keep, sizeof *order, id_cmp);
+        double z = 0, cum = 0;
+        for (int32_t i = 0; i < keep; i++) z += w[order[i]];
+        double t = naive_uniform(seed, counter) * z;
+        result = order[0];
+        for (int32_t i = 0; i < keep; i++) {
+            if (w[order[i]] <= 0) continue;
+            cum += w[order[i]];
+            result = order[i];
+            if (cum > t) break;
+        }
+    }
+    free(v);
+    free(w);
+    free(order);
+    return result;
+}
+
+static int g_fail;
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            printf("error: sample-check line %d: ", __LINE__);                                     \
+            printf(__VA_ARGS__);                                                                   \
+            printf("\n");                                                                          \
+            g_fail++;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+static int cmd_sample_check(void) {
+    const float two[2] = {1.0f, 2.0f};
+    const int32_t h1[1] = {0};
+    // Arguments out of range.
+    CHECK(ls_sample(NULL, 2, NULL, 0, 1, 0, 1, 1, 0, 0) == LS_ERR_ARG, "NULL logits");
+    CHECK(ls_sample(two, 0, NULL, 0, 1, 0, 1, 1, 0, 0) == LS_ERR_ARG, "vocab 0");
+    CHECK(ls_sample(two, -1, NULL, 0, 1, 0, 1, 1, 0, 0) == LS_ERR_ARG, "vocab -1");
+    CHECK(ls_sample(two, 2, NULL, 1, 1, 0, 1, 1, 0, 0) == LS_ERR_ARG, "history NULL");
+    CHECK(ls_sample(two, 2, h1, -1, 1, 0, 1, 1, 0, 0) == LS_ERR_ARG, "n_history -1");
+    CHECK(ls_sample(two, 2, NULL, 0, NAN, 0, 1, 1, 0, 0) == LS_ERR_ARG, "temperature NaN");
+    CHECK(ls_sample(two, 2, NULL, 0, -0.5f, 0, 1, 1, 0, 0) == LS_ERR_ARG, "temperature < 0");
+    CHECK(ls_sample(two, 2, NULL, 0, INFINITY, 0, 1, 1, 0, 0) == LS_ERR_ARG, "temperature inf");
+    CHECK(ls_sample(two, 2, NULL, 0, 1, -1, 1, 1, 0, 0) == LS_ERR_ARG, "top_k < 0");
+    CHECK(ls_sample(two, 2, NULL, 0, 1, 0, NAN, 1, 0, 0) == LS_ERR_ARG, "top_p NaN");
+    CHECK(ls_sample(two, 2, NULL, 0, 1, 0, 1.5f, 1, 0, 0) == LS_ERR_ARG, "top_p > 1");
+    CHECK(ls_sample(two, 2, NULL, 0, 1, 0, -0.1f, 1, 0, 0) == LS_ERR_ARG, "top_p < 0");
+    CHECK(ls_sample(two, 2, NULL, 0, 1, 0, 1, 0, 0, 0) == LS_ERR_ARG, "penalty 0");
+    CHECK(ls_sample(two, 2, NULL, 0, 1, 0, 1, -1, 0, 0) == LS_ERR_ARG, "penalty < 0");
+    CHECK(ls_sample(two, 2, NULL, 0, 1, 0, 1, NAN, 0, 0) == LS_ERR_ARG, "penalty NaN");
+    CHECK(ls_sample(two, 2, NULL, 0, 0, 0, 1, INFINITY, 0, 0) == LS_ERR_ARG, "penalty inf");
+
+    // Greedy: lowest id on ties, NaN never wins, all-NaN is an error.
+    const float ties[5] = {1, 3, 2, 3, 3};
+    CHECK(ls_sample(ties, 5, NULL, 0, 0, 0, 1, 1, 0, 0) == 1, "greedy tie -> lowest id");
+    CHECK(ls_sample(ties, 5, NULL, 0, 0, 2, 0.1f, 1, 0, 0) == 1, "greedy ignores top_k/top_p");
+    const float nans[4] = {NAN, 0.5f, NAN, 0.25f};
+    CHECK(ls_sample(nans, 4, NULL, 0, 0, 0, 1, 1, 0, 0) == 1, "NaN skipped by argmax");
+    for (uint64_t c = 0; c < 50; c++) {
+        int32_t id = ls_sample(nans, 4, NULL, 0, 1, 0, 1, 1, 3, c);
+        CHECK(id == 1 || id == 3, "NaN drawn: %d", id);
+    }
+    const float allnan[3] = {NAN, NAN, NAN};
+    CHECK(ls_sample(allnan, 3, NULL, 0, 0, 0, 1, 1, 0, 0) == LS_ERR_ARG, "all NaN greedy");
+    CHECK(ls_sample(allnan, 3, NULL, 0, 1, 0, 1, 1, 0, 0) == LS_ERR_ARG, "all NaN sampled");
+    const float infs[4] = {1, INFINITY, -INFINITY, INFINITY};
+    CHECK(ls_sample(infs, 4, NULL, 0, 0.7f, 0, 1, 1, 9, 9) == 1, "+inf wins, lowest id");
+    const float one[1] = {-3};
+    CHECK(ls_sample(one, 1, NULL, 0, 1, 0, 0.5f, 1.3f, 1, 2) == 0, "vocab 1");
+
+    // Repetition penalty: once per distinct id, divides positives, multiplies
+    // negatives, ignores ids outside the vocabulary.
+    const float pl[2] = {2.0f, 0.9f};
+    const int32_t rep[3] = {0, 0, 0};
+    CHECK(ls_sample(pl, 2, rep, 3, 0, 0, 1, 2.0f, 0, 0) == 0, "penalty applied more than once");
+    const float neg[2] = {-1.0f, -1.5f};
+    CHECK(ls_sample(neg, 2, h1, 1, 0, 0, 1, 2.0f, 0, 0) == 1, "negative logit multiplied");
+    const int32_t wild[5] = {-1, 2, INT32_MAX, INT32_MIN, 1000000};
+    CHECK(ls_sample(pl, 2, wild, 5, 0, 0, 1, 100.0f, 0, 0) == 0, "out-of-range history ids");
+    const float pl2[2] = {2.0f, 1.5f};
+    CHECK(ls_sample(pl2, 2, h1, 1, 0, 0, 1, 2.0f, 0, 0) == 1, "penalty changes argmax");
+    CHECK(ls_sample(pl2, 2, h1, 1, 0, 0, 1, 0.5f, 0, 0) == 0, "penalty < 1 boosts");
+
+    // Determinism and distribution on a small vocabulary.
+    const float p4[4] = {logf(0.1f), logf(0.2f), logf(0.3f), logf(0.4f)};
+    enum { N = 200000 };
+    struct {
+        float temp;
+        int32_t k;
+        float p;
+        double want[4];
+    } cases[] = {
+        {1.0f, 0, 1.0f, {0.1, 0.2, 0.3, 0.4}},
+        {1.0f, 2, 1.0f, {0, 0, 3.0 / 7, 4.0 / 7}},
+        {1.0f, 0, 0.5f, {0, 0, 3.0 / 7, 4.0 / 7}},
+        {1.0f, 0, 0.35f, {0, 0, 0, 1}},
+        {1.0f, 3, 0.8f, {0, 0.2 / 0.9, 0.3 / 0.9, 0.4 / 0.9}},
+        {2.0f, 0, 1.0f, {0.1, 0.2, 0.3, 0.4}}, // squared below
+    };
+    {
+        double s = 0;
+        for (int i = 0; i < 4; i++) s += sqrt((i + 1) * 0.1);
+        for (int i = 0; i < 4; i++) cases[5].want[i] = sqrt((i + 1) * 0.1) / s;
+    }
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        long counts[4] = {0};
+        for (uint64_t i = 0; i < N; i++) {
+            int32_t id = ls_sample(p4, 4, NULL, 0, cases[c].temp, cases[c].k, cases[c].p, 1, 42, i);
+            if (id < 0 || id >= 4) {
+                CHECK(0, "case %zu: bad id %d", c, id);
+                break;
+            }
+            counts[id]++;
+        }
+        for (int i = 0; i < 4; i++) {
+            double f = (double)counts[i] / N;
+            CHECK(fabs(f - cases[c].want[i]) < 0.006, "case %zu: id %d frequency %.4f want %.4f", c,
+                  i, f, cases[c].want[i]);
+        }
+    }
+    for (uint64_t c = 0; c < 100; c++) {
+        int32_t a = ls_sample(p4, 4, NULL, 0, 1, 0, 1, 1, 7, c);
+        CHECK(a == ls_sample(p4, 4, NULL, 0, 1, 0, 1, 1, 7, c), "same (seed, counter), other id");
+    }
+
+    // Large vocabulary against the naive reference: every path (heap top-k,
+    // nucleus heap, keep-all) must pick exactly the documented token.
+    const int32_t V = 50257;
+    float *lg = malloc((size_t)V * sizeof *lg);
+    int32_t hist[64];
+    uint64_t st = 12345;
+    const int32_t ks[] = {0, 1, 2, 5, 40, 1000, V - 1, V, V + 5};
+    const float ps[] = {1.0f, 0.95f, 0.5f, 0.1f, 0.0f};
+    const float temps[] = {0.0f, 0.3f, 1.0f, 1.7f};
+    long compared = 0;
+    for (int trial = 0; trial < 6; trial++) {
+        // Trials differ in shape: peaked, flat, heavy ties, quantised values.
+        for (int32_t i = 0; i < V; i++) {
+            double u = (double)(rng_next(&st) >> 11) * 0x1.0p-53;
+            switch (trial % 3) {
+            case 0: lg[i] = (float)(8.0 * u * u * u); break;
+            case 1: lg[i] = (float)(0.5 * u); break;
+            default: lg[i] = (float)floor(u * 6.0); break; // many exact ties
+            }
+        }
+        if (trial == 4) lg[17] = NAN;
+        for (int j = 0; j < 64; j++) hist[j] = (int32_t)(rng_next(&st) % (uint64_t)(V + 40)) - 20;
+        for (size_t a = 0; a < sizeof ks / sizeof *ks; a++)
+            for (size_t b = 0; b < sizeof ps / sizeof *ps; b++)
+                for (size_t c = 0; c < sizeof temps / sizeof *temps; c++)
+                    for (uint64_t ctr = 0; ctr < 3; ctr++) {
+                        float pen = (ctr == 1) ? 1.3f : 1.0f;
+                        int32_t nh = (ctr == 1) ? 64 : 0;
+                        uint64_t seed = (uint64_t)trial * 1000 + ctr;
+                        int32_t got = ls_sample(lg, V, hist, nh, temps[c], ks[a], ps[b], pen, seed,
+                                                ctr + 100);
+                        int32_t want = naive_sample(lg, V, hist, nh, temps[c], ks[a], ps[b], pen,
+                                                    seed, ctr + 100);
+                        CHECK(got == want, "trial %d k %d p %g t %g ctr %llu: got %d want %d",
+                              trial, ks[a], ps[b], temps[c], (unsigned long long)ctr, got, want);
+                        compared++;
+                    }
+    }
+    free(lg);
+    if (g_fail == 0) printf("ok %ld configurations match the naive sampler\n", compared);
+    return g_fail ? 2 : 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) return usage();
+    const char *cmd = argv[1];
+    argc -= 2;
+    argv += 2;
+    if (strcmp(cmd, "load") == 0) return cmd_load(argc, argv);
+    if (strcmp(cmd, "logits") == 0) return cmd_logits(argc, argv);
+    if (strcmp(cmd, "invariance") == 0) return cmd_invariance(argc, argv);
+    if (strcmp(cmd, "fuzz") == 0) return cmd_fuzz(argc, argv);
+    if (strcmp(cmd, "sample") == 0) return cmd_sample(argc, argv);
+    if (strcmp(cmd, "sample-check") == 0) {
+        if (argc != 0) return usage();
+        return cmd_sample_check();
+    }
+    return usage();
+}

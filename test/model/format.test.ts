@@ -1,0 +1,170 @@
+import { describe, expect, test } from "bun:test";
+import { join } from "node:path";
+import { loadModelFile, parseModelConfig, parseModelMetadata } from "../../src/model/format.ts";
+import { ModelFormatError, readSafetensors, type TensorToWrite, writeSafetensors } from "../../src/model/safetensors.ts";
+import { testTempDir, tinyModelPath } from "../helpers/models.ts";
+
+// A small vocabulary keeps the rewritten copies small; the schema is the same.
+const SMALL = { vocabSize: 300 };
+
+let n = 0;
+/** Copies a model file with its metadata and/or tensor list edited. */
+function rewrite(
+  src: string,
+  edit: { meta?: (m: Record<string, string>) => void; tensors?: (t: TensorToWrite[]) => TensorToWrite[] },
+): string {
+  const file = readSafetensors(src);
+  const meta = { ...file.metadata };
+  edit.meta?.(meta);
+  let tensors: TensorToWrite[] = [...file.tensors].map(([name, t]) => ({ name, ...t }));
+  if (edit.tensors) tensors = edit.tensors(tensors);
+  const path = join(testTempDir(), `fmt-${n++}.safetensors`);
+  writeSafetensors(path, meta, tensors);
+  return path;
+}
+
+function expectLoadError(path: string, pattern: RegExp) {
+  let err: unknown;
+  try {
+    loadModelFile(path);
+  } catch (e) {
+    err = e;
+  }
+  expect(err).toBeInstanceOf(ModelFormatError);
+  expect((err as Error).message).toMatch(pattern);
+}
+
+const withMeta = (key: string, value: string | undefined) =>
+  rewrite(tinyModelPath(SMALL), {
+    meta: (m) => {
+      if (value === undefined) delete m[key];
+      else m[key] = value;
+    },
+  });
+
+describe("loopserve model format", () => {
+  test("loads a synthetic model: config from the metadata, fp16 weights as views into the mapping", () => {
+    const m = loadModelFile(tinyModelPath());
+    expect(m.config).toEqual({
+      arch: "looped-llama",
+      formatVersion: 1,
+      dim: 64,
+      nHeads: 4,
+      nKvHeads: 2,
+      headDim: 16,
+      ffnDim: 128,
+      vocabSize: 50257,
+      defaultLoops: 4,
+      maxSeqLen: 2048,
+      ropeTheta: 10000,
+      normEps: 1e-5,
+      quant: "fp16",
+      groupSize: 0,
+      tokenizer: "gpt2",
+      tiedOutput: false,
+    });
+    expect(m.weights.wk.length).toBe(32 * 64);
+    expect(m.weights.wo.length).toBe(64 * 64);
+    expect(m.weights.output.length).toBe(50257 * 64);
+    expect(m.weights.output).not.toBe(m.weights.tokEmbeddings);
+    expect(m.weights.wq.buffer).toBe(m.tensors.get("block.wq.weight")!.data.buffer);
+  });
+
+  test("absent output.weight means the output is tied to tok_embeddings", () => {
+    const m = loadModelFile(tinyModelPath({ ...SMALL, tiedOutput: true }));
+    expect(m.config.tiedOutput).toBe(true);
+    expect(m.tensors.has("output.weight")).toBe(false);
+    expect(m.weights.output).toBe(m.weights.tokEmbeddings);
+  });
+
+  test("a missing required tensor is named", () => {
+    for (const name of ["tok_embeddings.weight", "block.w3.weight", "norm.weight"]) {
+      const path = rewrite(tinyModelPath(SMALL), { tensors: (t) => t.filter((x) => x.name !== name) });
+      expectLoadError(path, new RegExp(`missing tensor "${name.replace(".", "\\.")}"`));
+    }
+  });
+
+  test("a tensor with the wrong shape is named with the expected and actual shapes", () => {
+    const transposeWk = rewrite(tinyModelPath(SMALL), {
+      tensors: (t) => t.map((x) => (x.name === "block.wk.weight" ? { ...x, shape: [64, 32] } : x)),
+    });
+    expectLoadError(transposeWk, /tensor "block\.wk\.weight": shape must be \[32, 64\], got \[64, 32\]/);
+    const badOutput = rewrite(tinyModelPath(SMALL), {
+      tensors: (t) =>
+        t.map((x) => (x.name === "output.weight" ? { ...x, shape: [64, 300] } : x)),
+    });
+    expectLoadError(badOutput, /tensor "output\.weight": shape must be \[300, 64\], got \[64, 300\]/);
+  });
+
+  test("a tensor with the wrong dtype is named", () => {
+    const path = rewrite(tinyModelPath(SMALL), {
+      tensors: (t) => t.map((x) => (x.name === "norm.weight" ? { ...x, dtype: "BF16" } : x)),
+    });
+    expectLoadError(path, /tensor "norm\.weight": dtype must be F16, got BF16/);
+  });
+
+  test("missing metadata keys are named", () => {
+    for (const key of ["format", "dim", "n_kv_heads", "rope_theta", "quant", "group_size", "tokenizer"]) {
+      expectLoadError(withMeta(key, undefined), new RegExp(`missing required key "${key}"`));
+    }
+  });
+
+  test("integers are parsed strictly", () => {
+    for (const bad of ["64.0", "0x40", "+64", " 64", "064", "6e1", "", "-64", "99999999999"]) {
+      expectLoadError(withMeta("dim", bad), /metadata: dim must be/);
+    }
+  });
+
+  test("fixed strings and value ranges", () => {
+    expectLoadError(withMeta("format", "gguf"), /format must be "loopserve", got "gguf"/);
+    expectLoadError(withMeta("format_version", "2"), /format_version must be "1", got "2"/);
+    expectLoadError(withMeta("arch", "llama"), /arch must be "looped-llama"/);
+    expectLoadError(withMeta("tokenizer", "llama3"), /tokenizer must be "gpt2"/);
+    expectLoadError(withMeta("quant", "int8"), /quant must be one of fp16, int4, int2, got "int8"/);
+    expectLoadError(withMeta("default_loops", "0"), /default_loops must be in \[1, 64\], got 0/);
+    expectLoadError(withMeta("default_loops", "65"), /default_loops must be in \[1, 64\], got 65/);
+    expectLoadError(withMeta("max_seq_len", "0"), /max_seq_len must be in \[1,/);
+    for (const bad of ["abc", "-1", "0", "inf", "1e999", "NaN"]) {
+      expectLoadError(withMeta("rope_theta", bad), /rope_theta must be a positive finite number/);
+    }
+    expectLoadError(withMeta("norm_eps", "0"), /norm_eps must be a positive finite number/);
+  });
+
+  test("floats accept the forms other writers produce", () => {
+    for (const ok of ["10000", "10000.0", "1e4", "1E+4", "500000.5"]) {
+      const m = { ...readSafetensors(tinyModelPath(SMALL)).metadata, rope_theta: ok };
+      expect(parseModelMetadata(m, "x").ropeTheta).toBe(Number(ok));
+    }
+    const m = { ...readSafetensors(tinyModelPath(SMALL)).metadata, norm_eps: "1e-05" };
+    expect(parseModelMetadata(m, "x").normEps).toBe(1e-5);
+  });
+
+  test("dimension consistency: dim % n_heads, even head_dim, n_heads % n_kv_heads", () => {
+    expectLoadError(withMeta("n_heads", "3"), /dim \(64\) must be a multiple of n_heads \(3\)/);
+    expectLoadError(withMeta("n_heads", "64"), /head_dim = dim \/ n_heads = 1 must be even/);
+    expectLoadError(withMeta("n_kv_heads", "3"), /n_heads \(4\) must be a multiple of n_kv_heads \(3\)/);
+    expectLoadError(withMeta("n_kv_heads", "8"), /n_heads \(4\) must be a multiple of n_kv_heads \(8\)/);
+  });
+
+  test("metadata that disagrees with the tensors is caught by the shape check", () => {
+    expectLoadError(withMeta("ffn_dim", "256"), /tensor "block\.w1\.weight": shape must be \[256, 64\], got \[128, 64\]/);
+    expectLoadError(withMeta("vocab_size", "301"), /tensor "tok_embeddings\.weight": shape must be \[301, 64\]/);
+  });
+
+  test("quantized headers parse, but the TypeScript loader says it handles fp16 only", () => {
+    const int4 = rewrite(tinyModelPath(SMALL), {
+      meta: (m) => {
+        m.quant = "int4";
+        m.group_size = "32";
+      },
+    });
+    expect(parseModelConfig(readSafetensors(int4)).quant).toBe("int4");
+    expectLoadError(int4, /quant "int4" is not supported by the TypeScript loader/);
+    const noGroup = rewrite(tinyModelPath(SMALL), { meta: (m) => void (m.quant = "int2") });
+    expectLoadError(noGroup, /group_size must be in \[1,/);
+  });
+
+  test("errors of the container (safetensors) come through as ModelFormatError", () => {
+    expectLoadError(join(testTempDir(), "nope.safetensors"), /cannot open/);
+  });
+});
