@@ -10,6 +10,7 @@
 // is made, and each failure is a ModelFormatError naming the file and the
 // field or tensor at fault.
 
+import { dlopen, toArrayBuffer } from "bun:ffi";
 import { closeSync, fstatSync, openSync, renameSync, statSync, unlinkSync, writeSync } from "node:fs";
 
 // ---- errors ----
@@ -79,22 +80,20 @@ const MAX_HEADER_BYTES = 100 * 1024 * 1024;
 
 // ---- mapping ----
 
-let libc: { mmap: (addr: null, len: bigint, prot: number, flags: number, fd: number, off: bigint) => bigint } | null =
-  null;
+type MmapFn = (addr: null, len: bigint, prot: number, flags: number, fd: number, off: bigint) => bigint;
+let libcMmap: MmapFn | null = null;
 
 /**
  * Mapping through libc, for files this process may read but not write:
  * Bun.mmap opens files read-write (EACCES on a model owned by another user).
  * The mapping is never unmapped; model files are mapped once per process.
  */
-function mmapReadOnly(path: string, size: number): Uint8Array {
-  if (libc === null) {
-    // Loaded lazily so that bun:ffi is only touched on this rare path.
-    const ffi = require("bun:ffi") as typeof import("bun:ffi");
-    const lib = ffi.dlopen("libc.so.6", {
+function mmapViaLibc(path: string, size: number): Uint8Array {
+  if (libcMmap === null) {
+    const lib = dlopen("libc.so.6", {
       mmap: { args: ["ptr", "u64", "i32", "i32", "i32", "i64"], returns: "u64" },
     });
-    libc = { mmap: lib.symbols.mmap as never };
+    libcMmap = lib.symbols.mmap as unknown as MmapFn;
   }
   const fd = openSync(path, "r");
   try {
@@ -103,9 +102,8 @@ function mmapReadOnly(path: string, size: number): Uint8Array {
     // with the Bun.mmap path.
     const PROT_READ_WRITE = 3;
     const MAP_PRIVATE = 2;
-    const p = libc.mmap(null, BigInt(size), PROT_READ_WRITE, MAP_PRIVATE, fd, 0n);
+    const p = libcMmap(null, BigInt(size), PROT_READ_WRITE, MAP_PRIVATE, fd, 0n);
     if (p === 0xffffffffffffffffn || p === 0n) throw new Error("mmap failed");
-    const { toArrayBuffer } = require("bun:ffi") as typeof import("bun:ffi");
     return new Uint8Array(toArrayBuffer(Number(p), 0, size));
   } finally {
     closeSync(fd);
@@ -133,7 +131,7 @@ function mapFile(path: string): Uint8Array {
     const code = (e as { code?: string }).code;
     if (code === "EACCES" || code === "EPERM" || code === "EROFS") {
       try {
-        return mmapReadOnly(path, size);
+        return mmapViaLibc(path, size);
       } catch (e2) {
         throw new ModelFormatError(`${path}: cannot map: ${(e2 as Error).message}`);
       }

@@ -3,6 +3,7 @@ import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { runModelCommand } from "../../src/model/cli.ts";
 import { loadModelFile } from "../../src/model/format.ts";
+import { writeSafetensors } from "../../src/model/safetensors.ts";
 import { testTempDir } from "../helpers/models.ts";
 
 async function run(...argv: string[]): Promise<{ code: number; out: string; err: string }> {
@@ -103,6 +104,15 @@ describe("loopserve model CLI", () => {
     const missing = await run("inspect", tmp("missing.safetensors"));
     expect(missing.code).toBe(1);
     expect(missing.err).toMatch(/cannot open/);
+  });
+
+  test("model inspect of a valid safetensors file that is not a loopserve model: header, then exit 1", async () => {
+    const path = tmp("plain.safetensors");
+    writeSafetensors(path, {}, [{ name: "w", dtype: "F32", shape: [2, 3], data: new Uint8Array(24) }]);
+    const r = await run("inspect", path);
+    expect(r.code).toBe(1);
+    expect(r.out).toMatch(/ {2}w +F32 +\[2, 3\] +24\n/);
+    expect(r.err).toMatch(/metadata: missing required key "format"/);
   });
 
   test("argument errors exit 2 with a message naming the flag", async () => {
