@@ -5,6 +5,8 @@
 // rather than a crash loop. A bad configuration does stop it (exit 2).
 import { type Config, ConfigError, type ConfigFlags, loadConfig } from "./config.ts";
 import { Engine } from "./engine/engine.ts";
+import { ServiceMetrics } from "./metrics.ts";
+import { Scheduler } from "./scheduler/scheduler.ts";
 import { createApp } from "./server.ts";
 import { Tokenizer, TokenizerError } from "./tokenizer.ts";
 
@@ -104,7 +106,31 @@ export async function runServe(argv: string[]): Promise<number> {
     );
 
   let draining = false;
-  const app = createApp({ config, tokenizer, ...loaded, draining: () => draining });
+  const metrics = new ServiceMetrics({
+    maxSeqLen: config.maxSeqLen,
+    defaultLoops: loaded.engine?.info.defaultLoops ?? 0,
+  });
+  const scheduler = loaded.engine
+    ? new Scheduler(loaded.engine, {
+        metrics,
+        maxQueueDepth: config.maxQueueDepth,
+        defaultSloMs: config.defaultSloMs,
+        prefixPoolCapacity: config.prefixPoolCapacity,
+        cacheMode: config.kvCacheMode,
+      })
+    : null;
+  const engine =
+    loaded.engine && scheduler
+      ? { info: loaded.engine.info, enqueue: scheduler.enqueue.bind(scheduler) }
+      : null;
+  const app = createApp({
+    config,
+    tokenizer,
+    engine,
+    loadError: loaded.loadError,
+    metrics,
+    draining: () => draining,
+  });
   let server: ReturnType<typeof Bun.serve>;
   try {
     // idleTimeout 0: no server-side timeout (SPEC.md §1); a long non-streaming
@@ -125,9 +151,10 @@ export async function runServe(argv: string[]): Promise<number> {
         return;
       }
       draining = true;
-      console.error(`loopserve: ${signal}: finishing in-flight requests, then exiting`);
-      // The engine is not closed: a forced stop may leave a generation between
-      // steps, and the process exits right after anyway.
+      console.error(`loopserve: ${signal}: finishing the running request, refusing queued ones, then exiting`);
+      // Queued requests get 503; the running one finishes. The engine is not
+      // closed: the process exits right after anyway.
+      await scheduler?.shutdown();
       await server.stop();
       resolve(0);
     };

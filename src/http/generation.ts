@@ -6,12 +6,29 @@ import type { Config } from "../config.ts";
 import type { GenerateRequest, GenerateResult, ModelInfo, TokenSink } from "../engine/types.ts";
 import { TextStream } from "../text/stream.ts";
 import type { Tokenizer } from "../tokenizer.ts";
+import type { ServiceMetrics } from "../metrics.ts";
+import { SchedulerRejection } from "../scheduler/scheduler.ts";
 import { badRequest, outOfRange, unavailable } from "./errors.ts";
 
-/** The part of the engine the HTTP layer uses (the Engine class, or a scheduler in front of it). */
+/** How a request asks to be scheduled (DESIGN.md §5). */
+export interface Scheduling {
+  priority?: number | null;
+  sloMs?: number | null;
+}
+
+/**
+ * The part of the serving stack the HTTP layer uses: the model's description
+ * and admission into the scheduler. enqueue admits synchronously — it throws
+ * SchedulerRejection (queue full, latency target, shutting down) before
+ * anything is sent to the client — and then runs the request in turn.
+ */
 export interface GenerationEngine {
   readonly info: ModelInfo;
-  generate(req: GenerateRequest, sink: TokenSink, signal?: AbortSignal): Promise<GenerateResult>;
+  enqueue(
+    req: GenerateRequest,
+    opts: { priority?: number; sloMs?: number | null; signal?: AbortSignal },
+    sink: TokenSink,
+  ): { started: Promise<unknown>; result: Promise<GenerateResult> };
 }
 
 export interface AppDeps {
@@ -20,6 +37,8 @@ export interface AppDeps {
   /** null when the model failed to load; loadError then says why. */
   engine: GenerationEngine | null;
   loadError: string | null;
+  /** The Prometheus registry served on /metrics. */
+  metrics: ServiceMetrics;
   /** True once shutdown has begun: no new generations, /healthz says 503. */
   draining?: () => boolean;
 }
@@ -86,37 +105,51 @@ export interface Completion {
 /** Called per generated token with its text delta ("" while a character or a possible stop is incomplete). */
 export type DeltaSink = (tokenId: number, text: string) => void;
 
+/** A generation in progress: the completion, plus when it left the queue. */
+export type GenerationRun = Promise<Completion & { tail: string }> & {
+  /** Settles when the request starts running (or was cancelled while queued); rejects with a 503 when refused in the queue. */
+  started: Promise<void>;
+};
+
+const schedulerToHttp = (e: unknown): never => {
+  if (e instanceof SchedulerRejection) throw unavailable(e.message, e.reason);
+  throw e;
+};
+
 /**
  * Runs one request: each generated token goes to onToken with its text delta;
  * a matched stop string ends generation and is not part of the text.
  * The returned text is the concatenation of every delta plus the flushed tail
  * (`tail`, which streaming responses send last).
+ *
+ * Admission happens synchronously in this call: a refused request throws a
+ * 503 HttpError here, before any response has been opened.
  */
-export async function runGeneration(
+export function runGeneration(
   engine: GenerationEngine,
   tokenizer: Tokenizer,
   request: GenerateRequest,
   stopStrings: readonly string[],
   signal: AbortSignal | undefined,
   onToken: DeltaSink = () => {},
-): Promise<Completion & { tail: string }> {
+  scheduling: Scheduling = {},
+): GenerationRun {
   const text = new TextStream(tokenizer, stopStrings);
-  const result = await engine.generate(
-    request,
-    (id) => {
-      const delta = text.push(id);
-      onToken(id, delta.text);
-      return !delta.stopped;
-    },
-    signal,
-  );
-  const tail = text.finish();
-  const finishReason: HttpFinishReason = text.stopped || result.finishReason !== "length" ? "stop" : "length";
-  return {
-    tokens: result.tokens,
-    text: text.text,
-    tail,
-    finishReason,
-    result,
+  const sink = (id: number) => {
+    const delta = text.push(id);
+    onToken(id, delta.text);
+    return !delta.stopped;
   };
+  let ticket: ReturnType<GenerationEngine["enqueue"]>;
+  try {
+    ticket = engine.enqueue(request, { priority: scheduling.priority ?? 0, sloMs: scheduling.sloMs, signal }, sink);
+  } catch (e) {
+    return schedulerToHttp(e);
+  }
+  const done = ticket.result.then((result) => {
+    const tail = text.finish();
+    const finishReason: HttpFinishReason = text.stopped || result.finishReason !== "length" ? "stop" : "length";
+    return { tokens: result.tokens, text: text.text, tail, finishReason, result };
+  }, schedulerToHttp);
+  return Object.assign(done, { started: ticket.started.then(() => undefined, schedulerToHttp) });
 }

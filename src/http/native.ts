@@ -15,7 +15,7 @@ import {
   stopTokenIds,
 } from "./generation.ts";
 import { GenerateBody, NATIVE_DEFAULTS as D } from "./schemas.ts";
-import { sseEvent, sseResponse } from "./sse.ts";
+import { sseAfterAdmission, sseEvent } from "./sse.ts";
 
 interface NativeJob {
   engine: GenerationEngine;
@@ -71,17 +71,24 @@ export function nativeStats(c: Completion, mode: string, loopsUsed: number) {
 
 async function generate(deps: AppDeps, body: GenerateBody, httpRequest: Request): Promise<Response> {
   const { engine, request, stopStrings, stream } = resolve(deps, body);
+  const scheduling = { priority: body.priority, sloMs: body.slo_ms };
 
   if (stream) {
-    return sseResponse(httpRequest, async (send, signal) => {
-      const done = await runGeneration(engine, deps.tokenizer, request, stopStrings, signal, (id, text) =>
-        send(sseEvent({ token_id: id, text })),
+    return sseAfterAdmission(httpRequest, (send, signal) => {
+      const run = runGeneration(
+        engine,
+        deps.tokenizer,
+        request,
+        stopStrings,
+        signal,
+        (id, text) => send(sseEvent({ token_id: id, text })),
+        scheduling,
       );
-      send(sseEvent({ token_id: -1, text: done.tail }));
+      return { started: run.started, done: run.then((done) => send(sseEvent({ token_id: -1, text: done.tail }))) };
     });
   }
 
-  const done = await runGeneration(engine, deps.tokenizer, request, stopStrings, httpRequest.signal);
+  const done = await runGeneration(engine, deps.tokenizer, request, stopStrings, httpRequest.signal, undefined, scheduling);
   return Response.json({
     tokens: done.tokens,
     text: done.text,

@@ -1,4 +1,4 @@
-// Operational endpoints: GET /healthz (SPEC.md §4).
+// Operational endpoints: GET /healthz and GET /metrics (SPEC.md §4).
 import { Elysia } from "elysia";
 import type { AppDeps } from "./generation.ts";
 import { requireEngine } from "./generation.ts";
@@ -8,5 +8,8 @@ export function opsRoutes(deps: AppDeps) {
     // 503 (model not loaded / shutting down) in the common error shape, with the reason.
     requireEngine(deps);
     return new Response("ok\n", { headers: { "content-type": "text/plain; charset=utf-8" } });
+  }).get("/metrics", async () => {
+    const body = await deps.metrics.metricsText();
+    return new Response(body, { headers: { "content-type": deps.metrics.contentType } });
   });
 }

@@ -10,6 +10,17 @@ const optional = <S extends TSchema>(schema: S) => T.Optional(T.Union([schema, T
 
 export const MAX_TOKENS_LIMIT = 8192;
 
+// ---- scheduling knobs shared by the native and extended families (DESIGN.md §5) ----
+
+export const PRIORITY_LIMIT = 1000;
+
+export const SchedulingFields = {
+  /** Higher runs first; FIFO within a priority. */
+  priority: optional(T.Integer({ minimum: -PRIORITY_LIMIT, maximum: PRIORITY_LIMIT })),
+  /** Per-request latency target in ms; overrides SERVICE_DEFAULT_SLO_MS. */
+  slo_ms: optional(T.Integer({ minimum: 1 })),
+};
+
 // ---- native family: POST /generate (SPEC.md §4) ----
 
 export const NATIVE_DEFAULTS = {
@@ -47,5 +58,6 @@ export const GenerateBody = T.Object({
   stop: optional(NativeStop),
   // Upper bound SERVICE_MAX_SEQ_LEN is checked at run time (it is configuration).
   cache_window: optional(T.Integer({ minimum: 0 })),
+  ...SchedulingFields,
 });
 export type GenerateBody = Static<typeof GenerateBody>;

@@ -63,3 +63,34 @@ export function sseResponse(request: Request, produce: (send: SseSend, signal: A
     },
   });
 }
+
+/**
+ * Like sseResponse, but the stream is opened only once the request has left
+ * the scheduler's queue: a request refused while queued (shutdown) still gets
+ * a plain 503 instead of a 200 stream. Events produced before the stream
+ * opens are held and sent first.
+ */
+export async function sseAfterAdmission(
+  request: Request,
+  start: (send: SseSend, signal: AbortSignal) => { started: Promise<void>; done: Promise<void> },
+): Promise<Response> {
+  const abort = new AbortController();
+  const onClientGone = () => abort.abort();
+  request.signal.addEventListener("abort", onClientGone, { once: true });
+  const held: string[] = [];
+  let emit: SseSend = (event) => held.push(event);
+  let run: { started: Promise<void>; done: Promise<void> };
+  try {
+    run = start((event) => emit(event), abort.signal);
+    await run.started;
+  } catch (e) {
+    request.signal.removeEventListener("abort", onClientGone);
+    throw e;
+  }
+  return sseResponse(request, async (send, signal) => {
+    signal.addEventListener("abort", onClientGone, { once: true });
+    for (const event of held) send(event);
+    emit = send;
+    await run.done;
+  });
+}

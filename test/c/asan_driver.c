@@ -433,62 +433,79 @@ static int rank_cmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static int id_cmp(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
+// Steps 1-2 of the procedure, shared by every configuration of one logits row.
+typedef struct {
+    int32_t V;
+    float *v;       /* penalised logits, NaN as -inf */
+    int32_t *order; /* ids in rank order, by a full sort */
+    uint64_t *q;
+    unsigned char *kept;
+} naive_ranked;
 
-static int32_t naive_sample(const float *logits, int32_t V, const int32_t *hist, int32_t nh,
-                            float temp, int32_t top_k, float top_p, float pen, uint64_t seed,
-                            uint64_t counter) {
-    float *v = malloc((size_t)V * sizeof *v), *w = malloc((size_t)V * sizeof *w);
-    int32_t *order = malloc((size_t)V * sizeof *order);
-    for (int32_t i = 0; i < V; i++) v[i] = isnan(logits[i]) ? -INFINITY : logits[i];
+static void naive_rank(naive_ranked *r, const float *logits, int32_t V, const int32_t *hist,
+                       int32_t nh, float pen) {
+    r->V = V;
+    r->v = malloc((size_t)V * sizeof *r->v);
+    r->order = malloc((size_t)V * sizeof *r->order);
+    r->q = malloc((size_t)V * sizeof *r->q);
+    r->kept = malloc((size_t)V);
+    for (int32_t i = 0; i < V; i++) r->v[i] = isnan(logits[i]) ? -INFINITY : logits[i];
     for (int32_t j = 0; j < nh; j++) {
         int32_t h = hist[j];
         if (h < 0 || h >= V) continue;
         float l = isnan(logits[h]) ? -INFINITY : logits[h];
-        v[h] = l > 0 ? l / pen : l * pen;
+        r->v[h] = l > 0 ? l / pen : l * pen;
     }
-    for (int32_t i = 0; i < V; i++) order[i] = i;
-    g_rank_v = v;
-    qsort(order, (size_t)V, sizeof *order, rank_cmp);
-    float vmax = v[order[0]];
-    int32_t result;
-    if (vmax == -INFINITY) result = LS_ERR_ARG;
-    else if (temp == 0 || vmax == INFINITY) result = order[0];
-    else {
-        int32_t k = (top_k == 0 || top_k >= V) ? V : top_k;
-        for (int32_t i = 0; i < V; i++) w[i] = expf((v[i] - vmax) / temp);
-        int32_t keep = k;
-        if (top_p < 1.0f) {
-            // Same summation orders as the library, so the cut is the same at the last bit.
-            double z = 0, cum = 0;
-            if (k == V)
-                for (int32_t i = 0; i < V; i++) z += w[i];
-            else
-                for (int32_t i = 0; i < k; i++) z += w[order[i]];
-            for (keep = 0; keep < k;) {
-                cum += w[order[keep++]];
-                if (cum >= (double)top_p * z) break;
-            }
-        }
-        qsort(order, (size_t)keep, sizeof *order, id_cmp);
-        double z = 0, cum = 0;
-        for (int32_t i = 0; i < keep; i++) z += w[order[i]];
-        double t = naive_uniform(seed, counter) * z;
-        result = order[0];
-        for (int32_t i = 0; i < keep; i++) {
-            if (w[order[i]] <= 0) continue;
-            cum += w[order[i]];
-            result = order[i];
-            if (cum > t) break;
+    for (int32_t i = 0; i < V; i++) r->order[i] = i;
+    g_rank_v = r->v;
+    qsort(r->order, (size_t)V, sizeof *r->order, rank_cmp);
+}
+
+static void naive_free(naive_ranked *r) {
+    free(r->v);
+    free(r->order);
+    free(r->q);
+    free(r->kept);
+}
+
+// Steps 3-6, sequentially in rank order, as written in sample.c's header.
+static int32_t naive_sample(naive_ranked *r, float temp, int32_t top_k, float top_p, uint64_t seed,
+                            uint64_t counter) {
+    const int32_t V = r->V;
+    float vmax = r->v[r->order[0]];
+    if (vmax == -INFINITY) return LS_ERR_ARG;
+    if (temp == 0 || vmax == INFINITY) return r->order[0];
+    int32_t k = (top_k == 0 || top_k >= V) ? V : top_k;
+    uint64_t zk = 0;
+    for (int32_t i = 0; i < k; i++) {
+        int32_t id = r->order[i];
+        float x = (r->v[id] - vmax) / temp;
+        r->q[id] = x >= -23.0f ? (uint64_t)((double)expf(x) * 4294967296.0 + 0.5) : 0;
+        zk += r->q[id];
+    }
+    int32_t keep = k;
+    if (top_p < 1.0f) {
+        uint64_t cum = 0;
+        for (keep = 0; keep < k;) {
+            cum += r->q[r->order[keep++]];
+            if ((double)cum >= (double)top_p * (double)zk) break;
         }
     }
-    free(v);
-    free(w);
-    free(order);
-    return result;
+    memset(r->kept, 0, (size_t)V);
+    uint64_t z = 0;
+    for (int32_t i = 0; i < keep; i++) {
+        r->kept[r->order[i]] = 1;
+        z += r->q[r->order[i]];
+    }
+    uint64_t t = (uint64_t)(naive_uniform(seed, counter) * (double)z);
+    if (t > z - 1) t = z - 1;
+    uint64_t cum = 0;
+    for (int32_t id = 0; id < V; id++) {
+        if (!r->kept[id]) continue;
+        cum += r->q[id];
+        if (cum > t) return id;
+    }
+    return LS_ERR_STATE; // unreachable
 }
 
 static int g_fail;
@@ -597,42 +614,46 @@ static int cmd_sample_check(void) {
     }
 
     // Large vocabulary against the naive reference: every path (heap top-k,
-    // nucleus heap, keep-all) must pick exactly the documented token.
+    // quickselect top-k, nucleus select, keep-all, list and full-pass draws)
+    // must pick exactly the documented token.
     const int32_t V = 50257;
     float *lg = malloc((size_t)V * sizeof *lg);
     int32_t hist[64];
     uint64_t st = 12345;
-    const int32_t ks[] = {0, 1, 2, 5, 40, 1000, V - 1, V, V + 5};
+    const int32_t ks[] = {0, 1, 2, 5, 40, 128, 129, 1000, 1025, 30000, V - 1, V, V + 5};
     const float ps[] = {1.0f, 0.95f, 0.5f, 0.1f, 0.0f};
     const float temps[] = {0.0f, 0.3f, 1.0f, 1.7f};
     long compared = 0;
     for (int trial = 0; trial < 6; trial++) {
-        // Trials differ in shape: peaked, flat, heavy ties, quantised values.
+        // Trials differ in shape: peaked, flat, and many exact ties.
         for (int32_t i = 0; i < V; i++) {
             double u = (double)(rng_next(&st) >> 11) * 0x1.0p-53;
             switch (trial % 3) {
             case 0: lg[i] = (float)(8.0 * u * u * u); break;
             case 1: lg[i] = (float)(0.5 * u); break;
-            default: lg[i] = (float)floor(u * 6.0); break; // many exact ties
+            default: lg[i] = (float)floor(u * 6.0); break;
             }
         }
         if (trial == 4) lg[17] = NAN;
+        if (trial == 5) lg[99] = -INFINITY;
         for (int j = 0; j < 64; j++) hist[j] = (int32_t)(rng_next(&st) % (uint64_t)(V + 40)) - 20;
-        for (size_t a = 0; a < sizeof ks / sizeof *ks; a++)
-            for (size_t b = 0; b < sizeof ps / sizeof *ps; b++)
-                for (size_t c = 0; c < sizeof temps / sizeof *temps; c++)
-                    for (uint64_t ctr = 0; ctr < 3; ctr++) {
-                        float pen = (ctr == 1) ? 1.3f : 1.0f;
-                        int32_t nh = (ctr == 1) ? 64 : 0;
-                        uint64_t seed = (uint64_t)trial * 1000 + ctr;
-                        int32_t got = ls_sample(lg, V, hist, nh, temps[c], ks[a], ps[b], pen, seed,
-                                                ctr + 100);
-                        int32_t want = naive_sample(lg, V, hist, nh, temps[c], ks[a], ps[b], pen,
-                                                    seed, ctr + 100);
-                        CHECK(got == want, "trial %d k %d p %g t %g ctr %llu: got %d want %d",
-                              trial, ks[a], ps[b], temps[c], (unsigned long long)ctr, got, want);
+        for (int pv = 0; pv < 2; pv++) {
+            float pen = pv ? 1.3f : 1.0f;
+            int32_t nh = pv ? 64 : 0;
+            naive_ranked r;
+            naive_rank(&r, lg, V, hist, nh, pen);
+            for (size_t a = 0; a < sizeof ks / sizeof *ks; a++)
+                for (size_t b = 0; b < sizeof ps / sizeof *ps; b++)
+                    for (size_t c = 0; c < sizeof temps / sizeof *temps; c++) {
+                        uint64_t seed = (uint64_t)trial * 1000 + a, ctr = b * 10 + c;
+                        int32_t got = ls_sample(lg, V, hist, nh, temps[c], ks[a], ps[b], pen, seed, ctr);
+                        int32_t want = naive_sample(&r, temps[c], ks[a], ps[b], seed, ctr);
+                        CHECK(got == want, "trial %d pen %g k %d p %g t %g: got %d want %d", trial,
+                              pen, ks[a], ps[b], temps[c], got, want);
                         compared++;
                     }
+            naive_free(&r);
+        }
     }
     free(lg);
     if (g_fail == 0) printf("ok %ld configurations match the naive sampler\n", compared);
