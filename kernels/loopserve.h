@@ -99,6 +99,14 @@ int32_t ls_session_pos(const ls_session *s);
 /* Forgets positions >= pos in every loop's cache (pos <= current pos). */
 int32_t ls_session_rollback(ls_session *s, int32_t pos);
 
+/* Copies positions [0, n) of src — every loop's K/V rows the dst needs and
+ * the token history — into dst, which must be empty (pos 0), of the same
+ * model and cache_window, with loops <= src's loops and room for n
+ * positions; src must hold at least n positions in those loops. dst then
+ * continues exactly as src would have from position n (bit-identical): this
+ * is how a pooled prompt prefix is reused. */
+int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src, int32_t n);
+
 /* Runs n tokens at positions [pos, pos + n) through `loops` loops
  * (1 <= loops <= the session's loops), appending them to the cache.
  * logits_out: NULL, or room for n_logits * vocab_size floats that receive

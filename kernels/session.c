@@ -7,6 +7,7 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "session.h"
 
@@ -56,11 +57,15 @@ ls_session *ls_session_new(ls_model *m, int32_t max_seq, int32_t loops, int32_t 
 
     size_t C = LS_CHUNK, dim = (size_t)mi->dim, hd = (size_t)mi->head_dim;
     size_t kv_dim = (size_t)mi->n_kv_heads * hd;
+    /* keys are stored transposed; a row stride that is a multiple of 256
+     * elements plus 32 keeps head_dim rows out of one cache set */
+    s->ldk = (int32_t)(((int64_t)s->cap + 255) / 256 * 256 + 32);
     size_t cache_bytes = bytes_of((size_t)loops, (size_t)mi->n_kv_heads, (size_t)s->cap, hd, sizeof(uint16_t));
+    size_t kcache_bytes = bytes_of((size_t)loops, (size_t)mi->n_kv_heads, (size_t)s->ldk, hd, sizeof(uint16_t));
     s->tokens = alloc0((size_t)max_seq * sizeof *s->tokens);
     s->loop_len = alloc0((size_t)loops * sizeof *s->loop_len);
     s->loop_lo = alloc0((size_t)loops * sizeof *s->loop_lo);
-    s->kc = alloc0(cache_bytes);
+    s->kc = alloc0(kcache_bytes);
     s->vc = alloc0(cache_bytes);
     s->h = alloc0(C * dim * sizeof(float));
     s->xb = alloc0(C * dim * sizeof(float));
@@ -79,7 +84,7 @@ ls_session *ls_session_new(ls_model *m, int32_t max_seq, int32_t loops, int32_t 
         ls_set_error(err, err_len,
                      "out of memory allocating a session (max_seq %d, loops %d, window %d: %zu bytes "
                      "of K/V cache)",
-                     max_seq, loops, cache_window, 2 * cache_bytes);
+                     max_seq, loops, cache_window, kcache_bytes + cache_bytes);
         ls_session_free(s);
         return NULL;
     }
@@ -124,14 +129,49 @@ int32_t ls_session_rollback(ls_session *s, int32_t pos) {
     return LS_OK;
 }
 
+int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src, int32_t n) {
+    if (!dst || !src || dst == src || dst->m != src->m || n < 0) return LS_ERR_ARG;
+    if (dst->pos != 0 || dst->window != src->window || dst->loops > src->loops) return LS_ERR_STATE;
+    if (n > src->pos || n > dst->max_seq) return LS_ERR_ARG;
+    const ls_model_info *mi = &dst->m->info;
+    size_t hd = (size_t)mi->head_dim, nkv = (size_t)mi->n_kv_heads;
+    /* A future position attends back window - 1 rows (all rows without a
+     * window); copy every row dst's ring can hold so the copy can itself
+     * serve shorter prefixes later. */
+    int32_t need_lo = dst->window > 0 && n - dst->window + 1 > 0 ? n - dst->window + 1 : 0;
+    int32_t ring_lo = n > dst->cap ? n - dst->cap : 0;
+    for (int32_t l = 0; l < dst->loops; l++) /* check everything before writing anything */
+        if (src->loop_len[l] < n || (src->loop_lo[l] > ring_lo ? src->loop_lo[l] : ring_lo) > need_lo)
+            return LS_ERR_STATE;
+    for (int32_t l = 0; l < dst->loops; l++) {
+        int32_t lo = src->loop_lo[l] > ring_lo ? src->loop_lo[l] : ring_lo;
+        for (size_t h = 0; h < nkv; h++) {
+            const uint16_t *sk = src->kc + ((size_t)l * nkv + h) * hd * (size_t)src->ldk;
+            const uint16_t *sv = src->vc + ((size_t)l * nkv + h) * (size_t)src->cap * hd;
+            uint16_t *dk = dst->kc + ((size_t)l * nkv + h) * hd * (size_t)dst->ldk;
+            uint16_t *dv = dst->vc + ((size_t)l * nkv + h) * (size_t)dst->cap * hd;
+            for (int32_t p = lo; p < n; p++) {
+                size_t ss = (size_t)(p % src->cap), ds = (size_t)(p % dst->cap);
+                for (size_t d = 0; d < hd; d++) dk[d * (size_t)dst->ldk + ds] = sk[d * (size_t)src->ldk + ss];
+                memcpy(dv + ds * hd, sv + ss * hd, hd * sizeof *dv);
+            }
+        }
+        dst->loop_len[l] = n;
+        dst->loop_lo[l] = lo;
+    }
+    memcpy(dst->tokens, src->tokens, (size_t)n * sizeof *dst->tokens);
+    dst->pos = n;
+    return LS_OK;
+}
+
 int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, int32_t loops,
                         float temperature, int32_t top_k, float top_p, float repetition_penalty,
                         uint64_t seed, float *logits_out) {
     if (!s) return LS_ERR_ARG;
     /* Check the sampling arguments before the forward pass mutates the
      * session (ls_sample validates them again). */
-    if (!(temperature >= 0.0f) || !isfinite(temperature) || top_k < 0 || !(top_p > 0.0f && top_p <= 1.0f) ||
-        !(repetition_penalty > 0.0f) || !isfinite(repetition_penalty))
+    if (!(temperature >= 0.0f) || isinf(temperature) || top_k < 0 || !(top_p >= 0.0f && top_p <= 1.0f) ||
+        !(repetition_penalty > 0.0f) || isinf(repetition_penalty))
         return LS_ERR_ARG;
     float *logits = logits_out ? logits_out : s->logits;
     int32_t rc = ls_session_forward(s, tokens, n, loops, logits, 1);

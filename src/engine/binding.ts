@@ -15,6 +15,7 @@ const symbols = {
   ls_session_free: { args: [ptr], returns: none },
   ls_session_pos: { args: [ptr], returns: i32 },
   ls_session_rollback: { args: [ptr, i32], returns: i32 },
+  ls_session_copy_prefix: { args: [ptr, ptr, i32], returns: i32 },
   ls_session_forward: { args: [ptr, ptr, i32, i32, ptr, i32], returns: i32 },
   ls_session_step: { args: [ptr, ptr, i32, i32, f32, i32, f32, f32, u64, ptr], returns: i32 },
   ls_sample: { args: [ptr, i32, ptr, i32, f32, i32, f32, f32, u64, u64], returns: i32 },
@@ -173,9 +174,15 @@ export class NativeSession {
     this.handle = handle;
   }
 
-  private get pointer(): Pointer {
+  /** @internal the raw handle, for calls that take two sessions */
+  get pointer(): Pointer {
     if (!this.handle) throw new NativeError("session is closed", -4);
     return this.handle;
+  }
+
+  /** Takes positions [0, n) from src (this session must be empty). */
+  copyPrefixFrom(src: NativeSession, n: number): void {
+    check(this.model.lib.ls_session_copy_prefix(this.pointer, src.pointer, n), "ls_session_copy_prefix");
   }
 
   get pos(): number {

@@ -3,7 +3,8 @@
 // /healthz, /metrics and stream writes keep flowing.
 import { existsSync } from "node:fs";
 import { join } from "node:path";
-import { NativeError, NativeModel, type SimdChoice } from "./binding.ts";
+import type { EngineRunOptions } from "../scheduler/scheduler.ts";
+import { NativeError, NativeModel, type NativeSession, type SimdChoice } from "./binding.ts";
 import type { GenerateRequest, GenerateResult, ModelInfo, TokenSink } from "./types.ts";
 
 export class EngineLoadError extends Error {}
@@ -20,10 +21,21 @@ export interface EngineOptions {
 
 export const LIBRARY_NAME = "libloopserve.so";
 
+const NATIVE_STATE_ERROR = -4; // LS_ERR_STATE
+
+/** A pooled copy of a prompt's KV cache (every loop), owned by the prefix pool. */
+export class KvSnapshot {
+  constructor(readonly session: NativeSession) {}
+  release(): void {
+    this.session.close();
+  }
+}
+
 const nextTick = () => new Promise<void>((resolve) => setImmediate(resolve));
 
 export class Engine {
   readonly info: ModelInfo;
+  readonly supportsPrefixSnapshots = true;
   private tail: Promise<unknown> = Promise.resolve();
 
   private constructor(private readonly model: NativeModel) {
@@ -59,8 +71,13 @@ export class Engine {
   }
 
   /** Runs requests strictly one after another, in call order. */
-  generate(req: GenerateRequest, sink: TokenSink, signal?: AbortSignal): Promise<GenerateResult> {
-    const run = this.tail.then(() => this.run(req, sink, signal));
+  generate(
+    req: GenerateRequest,
+    sink: TokenSink,
+    signal?: AbortSignal,
+    options: EngineRunOptions<KvSnapshot> = {},
+  ): Promise<GenerateResult> {
+    const run = this.tail.then(() => this.run(req, sink, signal, options));
     this.tail = run.catch(() => undefined);
     return run;
   }
@@ -73,7 +90,12 @@ export class Engine {
     if (req.loops < 1 || req.loops > 64) throw new EngineRequestError(`loops must be between 1 and 64, got ${req.loops}`);
   }
 
-  private async run(req: GenerateRequest, sink: TokenSink, signal?: AbortSignal): Promise<GenerateResult> {
+  private async run(
+    req: GenerateRequest,
+    sink: TokenSink,
+    signal: AbortSignal | undefined,
+    { prefix, capture }: EngineRunOptions<KvSnapshot>,
+  ): Promise<GenerateResult> {
     this.validate(req);
     const start = performance.now();
     let firstTokenMs = 0;
@@ -89,11 +111,15 @@ export class Engine {
       firstTokenMs,
     });
     try {
-      let input = Int32Array.from(req.promptTokens);
+      const reused = prefix && this.reusePrefix(session, prefix.snapshot, prefix.length) ? prefix.length : 0;
+      let input = Int32Array.from(req.promptTokens.slice(reused));
       for (;;) {
         if (signal?.aborted) return done("cancelled");
         const next = session.step(input, req.loops, s.temperature, s.topK, s.topP, s.repetitionPenalty, BigInt(s.seed));
-        if (tokens.length === 0) firstTokenMs = performance.now() - start;
+        if (tokens.length === 0) {
+          firstTokenMs = performance.now() - start;
+          if (capture) capture(this.snapshot(session, req));
+        }
         if (stops.has(next)) return done("stop");
         tokens.push(next);
         if (sink(next) === false) return done("stop");
@@ -107,6 +133,33 @@ export class Engine {
     } finally {
       session.close();
     }
+  }
+
+  /**
+   * Starts `session` from a pooled prefix. A windowed snapshot keeps only its
+   * last window + chunk rows, so a much shorter prefix of it may be
+   * unavailable: then the prompt is simply prefilled in full.
+   */
+  private reusePrefix(session: NativeSession, snapshot: KvSnapshot, length: number): boolean {
+    try {
+      session.copyPrefixFrom(snapshot.session, length);
+      return true;
+    } catch (e) {
+      if (e instanceof NativeError && e.code === NATIVE_STATE_ERROR) return false;
+      throw e;
+    }
+  }
+
+  /** A copy of the prompt now in `session`'s cache, for the prefix pool. */
+  private snapshot(session: NativeSession, req: GenerateRequest): KvSnapshot {
+    const copy = this.model.newSession(req.promptTokens.length, req.loops, req.cacheWindow);
+    try {
+      copy.copyPrefixFrom(session, req.promptTokens.length);
+    } catch (e) {
+      copy.close();
+      throw e;
+    }
+    return new KvSnapshot(copy);
   }
 
   close(): void {

@@ -4,7 +4,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { Engine, LIBRARY_NAME } from "../../src/engine/engine.ts";
+import { Engine, type KvSnapshot, LIBRARY_NAME } from "../../src/engine/engine.ts";
 import type { GenerateRequest, GenerateResult } from "../../src/engine/types.ts";
 import { ServiceMetrics } from "../../src/metrics.ts";
 import { Scheduler, SchedulerRejection, type SchedulerEngine, type SchedulerOptions } from "../../src/scheduler/scheduler.ts";
@@ -15,7 +15,7 @@ const BUILD_DIR = resolve(import.meta.dir, "../../build");
 const haveLibrary = existsSync(join(BUILD_DIR, LIBRARY_NAME));
 
 // Engine satisfies the scheduler's narrow interface as it is (compile-time check).
-const _fits: (e: Engine) => SchedulerEngine = (e) => e;
+const _fits: (e: Engine) => SchedulerEngine<KvSnapshot> = (e) => e;
 
 function req(prompt: number[], over: Partial<GenerateRequest> = {}): GenerateRequest {
   return {
@@ -52,6 +52,42 @@ describe.skipIf(!haveLibrary)("scheduler over the real engine", () => {
     const results = await Promise.all(prompts.map((p) => scheduler.submit(req(p), {}, () => {})));
     expect(results.map((r) => r.tokens)).toEqual(expected);
     expect(await value("service_requests_completed_total")).toBe(prompts.length);
+  });
+
+  test("the prefix pool is hit by prompts sharing a prefix and outputs are bit-identical with the pool on or off", async () => {
+    const system = Array.from({ length: 40 }, (_, i) => (i * 131 + 7) % 50000);
+    const chats = [0, 1, 2, 3].map((i) => [...system, 1000 + i, 2000 + i, 3000]);
+    for (const [loops, cacheWindow, temperature] of [
+      [4, 0, 0],
+      [3, 0, 0.8],
+      [4, 9, 0],
+    ]) {
+      const r = (p: number[]) => req(p, { loops, cacheWindow, maxTokens: 12, sampling: { temperature, topK: 40, topP: 0.9, repetitionPenalty: 1.1, seed: 5 } });
+      const off = setup({ prefixPoolCapacity: 0 });
+      const on = setup({ prefixPoolCapacity: 4 });
+      const without: number[][] = [];
+      const withPool: number[][] = [];
+      for (const p of chats) without.push((await off.scheduler.submit(r(p), {}, () => {})).tokens);
+      for (const p of chats) withPool.push((await on.scheduler.submit(r(p), {}, () => {})).tokens);
+      expect(withPool).toEqual(without);
+      expect(await off.value("service_prefix_pool_hits_total")).toBe(0);
+      expect(await on.value("service_prefix_pool_hits_total")).toBe(chats.length - 1);
+    }
+  });
+
+  test("the prefix pool evicts the least recently used entry at capacity", async () => {
+    const { scheduler, value } = setup({ prefixPoolCapacity: 2 });
+    const family = (k: number) => Array.from({ length: 12 }, (_, i) => 500 * k + i);
+    const run = (k: number, tail: number) => scheduler.submit(req([...family(k), tail]), {}, () => {});
+    await run(1, 1); // pool: 1
+    await run(2, 1); // pool: 1 2
+    await run(1, 2); // hit 1; pool keeps 1 most recent
+    await run(3, 1); // pool full: evicts 2
+    expect(await value("service_prefix_pool_hits_total")).toBe(1);
+    await run(2, 2); // 2 was evicted: miss
+    expect(await value("service_prefix_pool_hits_total")).toBe(1);
+    await run(3, 2); // 3 is still pooled: hit
+    expect(await value("service_prefix_pool_hits_total")).toBe(2);
   });
 
   test("a burst queued behind a long request runs by priority, FIFO within a priority", async () => {
