@@ -8,9 +8,10 @@
  * in order, softmax subtracts the max and sums in position order, and the
  * output accumulates V rows in position order (ops.h attn_*).
  *
- * Cache layout per loop and kv head: keys (head_dim, cap), dimension-major,
+ * Cache layout per loop and kv head: keys (head_dim, ldk), dimension-major,
  * so scores for 16 consecutive positions are one vector of FMAs with no
- * horizontal sum; values (cap, head_dim). Position p lives in ring slot
+ * horizontal sum (ldk >= cap, padded off powers of two so the head_dim rows
+ * read together do not all fall in one L1 set); values (cap, head_dim). Position p lives in ring slot
  * p % cap. With a window W the ring holds W + LS_CHUNK rows, so writing
  * a chunk never overwrites a row a token of that chunk still attends to.
  */
@@ -65,9 +66,9 @@ static void att_task(void *ctx, int32_t task, int32_t thread) {
     int32_t cnt = p - lo + 1;
     int32_t cap = s->cap;
     int32_t kvh = h / (n_heads / n_kv);
-    size_t base = ((size_t)j->loop * n_kv + kvh) * (size_t)cap * hd;
-    const uint16_t *Kt = s->kc + base; /* (hd, cap) */
-    const uint16_t *V = s->vc + base;  /* (cap, hd) */
+    size_t head = (size_t)j->loop * n_kv + kvh;
+    const uint16_t *Kt = s->kc + head * hd * (size_t)s->ldk; /* (hd, ldk) */
+    const uint16_t *V = s->vc + head * (size_t)cap * hd;      /* (cap, hd) */
     const float *q = s->q + (size_t)t * n_heads * hd + (size_t)h * hd;
     float *sc = s->scores + (size_t)thread * cap;
     float *out = s->att + (size_t)t * n_heads * hd + (size_t)h * hd;
@@ -75,8 +76,8 @@ static void att_task(void *ctx, int32_t task, int32_t thread) {
     /* positions lo..p occupy ring rows r0..cap-1 then 0.. (at most one wrap) */
     int32_t r0 = lo % cap;
     int32_t n1 = cnt < cap - r0 ? cnt : cap - r0;
-    ops->attn_scores(sc, q, Kt + r0, cap, hd, n1);
-    if (cnt > n1) ops->attn_scores(sc + n1, q, Kt, cap, hd, cnt - n1);
+    ops->attn_scores(sc, q, Kt + r0, s->ldk, hd, n1);
+    if (cnt > n1) ops->attn_scores(sc + n1, q, Kt, s->ldk, hd, cnt - n1);
 
     float scale = 1.0f / sqrtf((float)hd);
     float mx = -INFINITY;
@@ -108,11 +109,11 @@ void ls_attention(ls_session *s, int32_t loop, int32_t T, int32_t pos0) {
     for (int32_t t = 0; t < T; t++) {
         int32_t row = (pos0 + t) % cap;
         for (int32_t kvh = 0; kvh < n_kv; kvh++) {
-            size_t head = ((size_t)loop * n_kv + kvh) * (size_t)cap * hd;
+            size_t head = (size_t)loop * n_kv + kvh;
             rt->ops->f32_to_f16(s->k16, s->k + t * kv_dim + (size_t)kvh * hd, hd);
-            uint16_t *kt = s->kc + head + row;
-            for (int32_t d = 0; d < hd; d++) kt[(size_t)d * cap] = s->k16[d];
-            rt->ops->f32_to_f16(s->vc + head + (size_t)row * hd, s->v + t * kv_dim + (size_t)kvh * hd, hd);
+            uint16_t *kt = s->kc + head * hd * (size_t)s->ldk + row;
+            for (int32_t d = 0; d < hd; d++) kt[(size_t)d * s->ldk] = s->k16[d];
+            rt->ops->f32_to_f16(s->vc + (head * cap + row) * hd, s->v + t * kv_dim + (size_t)kvh * hd, hd);
         }
     }
     att_job j = {s, loop, T, pos0};

