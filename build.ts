@@ -60,44 +60,87 @@ async function buildCpuLibrary(): Promise<string> {
   return lib;
 }
 
+// The CUDA library implements the same ABI (kernels/loopserve.h) plus
+// ls_cuda_device_count. Loading and validation are not duplicated: the CPU
+// library's loader, JSON parser, utilities and sampler objects are linked in,
+// and kernels/cuda/*.cu provide the runtime, sessions and forward pass.
+// util.c is compiled once more with ls_simd_name renamed, so the CUDA
+// library's own ls_simd_name can also name the "cuda" path.
+const CUDA_HOST_SOURCES = ["model.c", "json.c", "sample.c"];
+const CUDA_ARCH = [
+  "-gencode", "arch=compute_80,code=sm_80",
+  "-gencode", "arch=compute_90,code=sm_90",
+  "-gencode", "arch=compute_90,code=compute_90", // PTX: JIT-compiled for newer GPUs
+];
+
 async function buildCudaLibrary(): Promise<string | null> {
   const cudaDir = join(kernelDir, "cuda");
   if (!existsSync(cudaDir)) return null;
-  if (!Bun.which("nvcc")) {
-    console.log("nvcc not found: skipping the CUDA library (the CPU library serves everywhere)");
+  const sources = readdirSync(cudaDir).filter((f) => f.endsWith(".cu")).sort();
+  if (sources.length === 0) return null;
+  const nvcc = Bun.which("nvcc") ?? (existsSync("/usr/local/cuda/bin/nvcc") ? "/usr/local/cuda/bin/nvcc" : null);
+  if (!nvcc) {
+    console.log("nvcc not found: skipping libloopserve_cuda.so (the CPU library serves everywhere)");
     return null;
   }
-  const sources = readdirSync(cudaDir).filter((f) => f.endsWith(".cu")).map((f) => join(cudaDir, f));
-  if (sources.length === 0) return null;
+  const cudaObj = join(objDir, "cuda");
+  mkdirSync(cudaObj, { recursive: true });
+  const headers = [
+    ...readdirSync(kernelDir).filter((f) => f.endsWith(".h")).map((f) => join(kernelDir, f)),
+    ...readdirSync(cudaDir).filter((f) => f.endsWith(".h") || f.endsWith(".cuh")).map((f) => join(cudaDir, f)),
+  ];
+  const objects: string[] = [];
+  const jobs: Promise<void>[] = [];
+  for (const file of sources) {
+    const src = join(cudaDir, file);
+    const obj = join(cudaObj, file.replace(/\.cu$/, ".o"));
+    objects.push(obj);
+    if (newer([src, ...headers], obj))
+      jobs.push(run([nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC,-Wall", "-I", kernelDir, ...CUDA_ARCH, "-c", src, "-o", obj]));
+  }
+  const util = join(cudaObj, "util.o");
+  if (newer([join(kernelDir, "util.c"), ...headers], util))
+    jobs.push(run(["gcc", ...baseFlags, "-Dls_simd_name=ls_cpu_simd_name", "-c", join(kernelDir, "util.c"), "-o", util]));
+  await Promise.all(jobs);
+  // The CPU build above has just compiled these with -fPIC.
+  const host = CUDA_HOST_SOURCES.map((f) => join(objDir, f.replace(/\.c$/, ".o")));
   const lib = join(buildDir, "libloopserve_cuda.so");
-  const headers = readdirSync(cudaDir).filter((f) => f.endsWith(".h")).map((f) => join(cudaDir, f));
-  if (newer([...sources, ...headers], lib)) {
+  if (newer([...objects, util, ...host], lib)) {
+    // cudart (nvcc's default), libstdc++ and libgcc are linked statically, so
+    // the library needs only libc and, to find a GPU, the driver; a host
+    // without either still loads it and gets ls_cuda_device_count() == 0.
+    // nodelete as for the CPU library (cudart's exit handlers outlive an unload).
     await run([
-      "nvcc", "-O3", "-shared", "-Xcompiler", "-fPIC", "-I", kernelDir,
-      "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90",
-      "-gencode", "arch=compute_90,code=compute_90", "-o", lib, ...sources,
+      nvcc, "-shared", ...CUDA_ARCH, "-Xcompiler", "-static-libstdc++,-static-libgcc", "-Xlinker", "-z,nodelete",
+      "-o", lib, ...objects, util, ...host, "-lm",
     ]);
   }
   return lib;
 }
 
-async function buildExecutable(): Promise<void> {
+async function buildExecutable(extraLibraries: string[]): Promise<void> {
   mkdirSync(join(root, "dist"), { recursive: true });
+  // The libraries are extra entry points: Bun embeds them as files, listed in
+  // Bun.embeddedFiles under their own names (--asset-naming), which is where
+  // src/engine/library.ts finds them. The tokenizer's WASM and ranks are
+  // embedded through src/tokenizer.ts's imports.
   await run([
     process.execPath, "build", "--compile", "--minify-syntax", "--target=bun-linux-x64-baseline",
-    join(root, "src", "cli.ts"), "--outfile", join(root, "dist", "loopserve"),
+    "--asset-naming=[name].[ext]",
+    join(root, "src", "cli.ts"), ...extraLibraries, "--outfile", join(root, "dist", "loopserve"),
   ]);
 }
 
 if (import.meta.main) {
   const lib = await buildCpuLibrary();
   console.log(`built ${lib}`);
+  let cuda: string | null = null;
   if (!asan) {
-    const cuda = await buildCudaLibrary();
+    cuda = await buildCudaLibrary();
     if (cuda) console.log(`built ${cuda}`);
   }
   if (!args.has("--lib") && !asan) {
-    await buildExecutable();
+    await buildExecutable(cuda ? [lib, cuda] : [lib]);
     console.log("built dist/loopserve");
   }
 }

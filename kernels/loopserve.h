@@ -137,7 +137,10 @@ int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n,
  *   then to the smallest prefix whose mass reaches top_p (1 = all),
  *   renormalised, and drawn with a counter-based RNG: the uniform for
  *   (seed, counter) is the same on every machine and thread count.
- * Returns the token id or LS_ERR_ARG. */
+ *   top_p == 0 keeps only the most likely token; NaN logits count as -inf.
+ *   The exact procedure is written out at the top of sample.c.
+ * Returns the token id, LS_ERR_ARG (bad parameter, no usable logit) or
+ * LS_ERR_NOMEM. */
 int32_t ls_sample(const float *logits, int32_t vocab, const int32_t *history,
                   int32_t n_history, float temperature, int32_t top_k,
                   float top_p, float repetition_penalty, uint64_t seed,

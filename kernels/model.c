@@ -71,6 +71,17 @@ static void fmt_json_array(char *buf, size_t cap, const ls_json_doc *doc, uint32
     if (at < cap) snprintf(buf + at, cap - at, "]");
 }
 
+// "an object", "a string", ... for "is %s, expected ...".
+static const char *kind(ls_json_type t) {
+    switch (t) {
+    case LS_JSON_OBJECT: return "an object";
+    case LS_JSON_ARRAY: return "an array";
+    case LS_JSON_NULL: return "null";
+    default: break;
+    }
+    return t == LS_JSON_STRING ? "a string" : t == LS_JSON_NUMBER ? "a number" : "a boolean";
+}
+
 // ---- metadata ----
 
 typedef struct {
@@ -90,8 +101,8 @@ static const ls_json_node *meta_str(meta_reader *r, const char *key) {
     const ls_json_node *n = &r->doc->nodes[v];
     if (n->type != LS_JSON_STRING) {
         ls_set_error(r->err, r->err_len,
-                     "metadata '%s' is a %s, expected a string (safetensors metadata values are strings)",
-                     key, ls_json_type_name(n->type));
+                     "metadata '%s' is %s, expected a string (safetensors metadata values are strings)",
+                     key, kind(n->type));
         return NULL;
     }
     return n;
@@ -164,8 +175,8 @@ static int read_metadata(const ls_json_doc *doc, uint32_t root, ls_model_info *i
         return -1;
     }
     if (doc->nodes[meta].type != LS_JSON_OBJECT) {
-        ls_set_error(err, err_len, "'__metadata__' is a %s, expected an object",
-                     ls_json_type_name(doc->nodes[meta].type));
+        ls_set_error(err, err_len, "'__metadata__' is %s, expected an object",
+                     kind(doc->nodes[meta].type));
         return -1;
     }
     meta_reader r = {doc, meta, err, err_len};
@@ -257,8 +268,8 @@ static int get_tensor(tensor_reader *t, const char *name, const int64_t *dims, i
         return -1;
     }
     if (doc->nodes[v].type != LS_JSON_OBJECT) {
-        ls_set_error(t->err, t->err_len, "tensor '%s': entry is a %s, expected an object", name,
-                     ls_json_type_name(doc->nodes[v].type));
+        ls_set_error(t->err, t->err_len, "tensor '%s': entry is %s, expected an object", name,
+                     kind(doc->nodes[v].type));
         return -1;
     }
     char want[96], got[160], b[80];
@@ -404,6 +415,41 @@ static int read_tensors(tensor_reader *t, const ls_model_info *in, ls_weights *w
     return check_overlap(t);
 }
 
+// ---- mapping ----
+
+#ifdef LS_LOAD_TO_HEAP
+/* Sanitizer builds (test/kernels/asan.test.ts) read the file into a heap
+ * buffer of exactly its size instead: AddressSanitizer does not track mapped
+ * pages, so only this way does a read one byte past the file get reported. */
+static void *map_file(int fd, size_t size) {
+    unsigned char *p = malloc(size);
+    if (p == NULL) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    for (size_t done = 0; done < size;) {
+        ssize_t r = pread(fd, p + done, size - done, (off_t)done);
+        if (r <= 0) {
+            if (r == 0) errno = EIO; // the file shrank under us
+            free(p);
+            return NULL;
+        }
+        done += (size_t)r;
+    }
+    return p;
+}
+static void unmap_file(void *p, size_t size) {
+    (void)size;
+    free(p);
+}
+#else
+static void *map_file(int fd, size_t size) {
+    void *p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+static void unmap_file(void *p, size_t size) { munmap(p, size); }
+#endif
+
 // ---- load / free ----
 
 // Everything from the mapped bytes to a filled model, before the runtime starts.
@@ -442,8 +488,8 @@ static int validate(const uint8_t *map, uint64_t size, ls_model *m, char *err, i
     t.err = err;
     t.err_len = err_len;
     if (doc.nodes[0].type != LS_JSON_OBJECT) {
-        ls_set_error(err, err_len, "header JSON is a %s, expected an object",
-                     ls_json_type_name(doc.nodes[0].type));
+        ls_set_error(err, err_len, "header JSON is %s, expected an object",
+                     kind(doc.nodes[0].type));
     } else if (read_metadata(&doc, 0, &m->info, err, err_len) == 0 &&
                read_tensors(&t, &m->info, &m->w, &m->info.tied_output) == 0) {
         rc = 0;
@@ -491,10 +537,10 @@ ls_model *ls_model_load(const char *path, int32_t n_threads, int32_t simd, char 
         return NULL;
     }
     size_t size = (size_t)st.st_size;
-    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *map = map_file(fd, size);
     int map_errno = errno;
     close(fd); // the mapping keeps the file alive
-    if (map == MAP_FAILED) {
+    if (map == NULL) {
         ls_set_error(err, err_len, "cannot map model file '%s': %s", path, strerror(map_errno));
         return NULL;
     }
@@ -502,13 +548,13 @@ ls_model *ls_model_load(const char *path, int32_t n_threads, int32_t simd, char 
     ls_model *m = calloc(1, sizeof *m);
     if (!m) {
         ls_set_error(err, err_len, "out of memory allocating the model");
-        munmap(map, size);
+        unmap_file(map, size);
         return NULL;
     }
     m->map = map;
     m->map_len = size;
     if (validate(map, size, m, err, err_len) != 0) {
-        munmap(map, size);
+        unmap_file(map, size);
         free(m);
         return NULL;
     }
@@ -519,7 +565,7 @@ ls_model *ls_model_load(const char *path, int32_t n_threads, int32_t simd, char 
     if (ls_runtime_init(m, n_threads, simd, err, err_len) < 0) {
         if (err != NULL && err_len > 0 && err[0] == '\0')
             ls_set_error(err, err_len, "runtime initialisation failed");
-        munmap(map, size);
+        unmap_file(map, size);
         free(m);
         return NULL;
     }
@@ -529,7 +575,7 @@ ls_model *ls_model_load(const char *path, int32_t n_threads, int32_t simd, char 
 void ls_model_free(ls_model *m) {
     if (m == NULL) return;
     ls_runtime_free(m);
-    if (m->map != NULL) munmap(m->map, m->map_len);
+    if (m->map != NULL) unmap_file(m->map, m->map_len);
     free(m);
 }
 

@@ -2,27 +2,33 @@
  * sample.c — ls_sample (loopserve.h): repetition penalty, temperature,
  * top-k, top-p and a counter-based RNG.
  *
- * The procedure, exactly, so another implementation can reproduce a draw:
+ * The procedure, exactly, so that another implementation can reproduce a draw:
  *   1. v[i] = logits[i], NaN read as -inf. Each distinct id h of history with
  *      0 <= h < vocab gets v[h] = logits[h] / penalty if logits[h] > 0, else
  *      logits[h] * penalty (once, however often h repeats).
  *   2. Rank: i before j iff v[i] > v[j], or v[i] == v[j] and i < j.
- *   3. The first-ranked id is returned when temperature == 0 or its value is
- *      +inf; if its value is -inf (no usable logit) the call fails.
- *   4. w[i] = expf((v[i] - vmax) / temperature), in fp32.
+ *   3. The first-ranked id is returned when temperature == 0 or its value
+ *      vmax is +inf; if vmax is -inf (no usable logit) the call fails.
+ *   4. w[i] = expf((v[i] - vmax) / temperature) in fp32, and the integer
+ *      weight q[i] = floor(w[i] * 2^32 + 0.5). Integer weights make every
+ *      sum below exact, so no result depends on summation order.
  *   5. Kept set: the first top_k ids in rank order (all when top_k == 0 or
- *      >= vocab); then, if top_p < 1, the shortest rank-order prefix of those
- *      whose running sum of w (double) reaches top_p * (their total).
- *   6. u = uniform(seed, counter); Z = sum of w over the kept ids in
- *      ascending id order (double); the result is the first kept id, in
- *      ascending id order, at which the running sum exceeds u * Z (or, if
- *      rounding leaves none, the last kept id with w > 0).
+ *      >= vocab); then, if top_p < 1, the shortest rank-order prefix of
+ *      those whose sum of q reaches top_p * (sum of q over them), the
+ *      product taken in double.
+ *   6. u = uniform(seed, counter); Z = sum of q over the kept ids;
+ *      t = min(floor(u * Z) (double product), Z - 1); the result is the
+ *      first kept id, in ascending id order, at which the running sum of q
+ *      exceeds t.
  *   uniform(seed, counter): with mix = splitmix64's finaliser,
  *      x = mix(mix(seed) + (counter + 1) * 0x9e3779b97f4a7c15) (wrapping),
  *      u = (x >> 11) * 2^-53, so u is in [0, 1).
- * Walking in id order rather than rank order lets the common case (nothing
- * cut) run in one O(vocab) pass with no sort; top-k uses a size-k heap and
- * top-p pops a rank heap only as far as the nucleus reaches.
+ * Weights below 2^-33 of the top token's round to 0: such tokens are never
+ * drawn, a bias under 1e-5 in total even over 50k tokens.
+ *
+ * Cost: one O(vocab) pass when nothing is cut; top-k by a size-k heap (small
+ * k) or quickselect, top-p by a weighted quickselect, so no full sort of the
+ * vocabulary ever happens.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -45,30 +51,80 @@ static double uniform(uint64_t seed, uint64_t counter) {
 
 // ---- ranking ----
 
-static inline float num(float x) { return x != x ? -INFINITY : x; }
-
 // Does id a rank before id b? A strict total order: ties go to the lower id.
 static inline int before(const float *v, int32_t a, int32_t b) {
     return v[a] > v[b] || (v[a] == v[b] && a < b);
 }
 
-// Sift-down for a heap whose top outranks (best_top) or is outranked by
-// (!best_top) every other element.
-static void sift(int32_t *h, size_t n, size_t i, const float *v, int best_top) {
+static inline void swap_ids(int32_t *a, size_t i, size_t j) {
+    int32_t t = a[i];
+    a[i] = a[j];
+    a[j] = t;
+}
+
+// Sift-down for a heap whose top is the worst-ranked element.
+static void sift_worst(int32_t *h, size_t n, size_t i, const float *v) {
     for (;;) {
         size_t l = 2 * i + 1, r = l + 1, top = i;
-        if (l < n && (best_top ? before(v, h[l], h[top]) : before(v, h[top], h[l]))) top = l;
-        if (r < n && (best_top ? before(v, h[r], h[top]) : before(v, h[top], h[r]))) top = r;
+        if (l < n && before(v, h[top], h[l])) top = l;
+        if (r < n && before(v, h[top], h[r])) top = r;
         if (top == i) return;
-        int32_t t = h[i];
-        h[i] = h[top];
-        h[top] = t;
+        swap_ids(h, i, top);
         i = top;
     }
 }
 
-static void heapify(int32_t *h, size_t n, const float *v, int best_top) {
-    for (size_t i = n / 2; i-- > 0;) sift(h, n, i, v, best_top);
+// Sorts a[0..n) into rank order (heap sort: no recursion, no worst case).
+static void rank_sort(int32_t *a, size_t n, const float *v) {
+    for (size_t i = n / 2; i-- > 0;) sift_worst(a, n, i, v);
+    for (size_t m = n; m > 1; m--) {
+        swap_ids(a, 0, m - 1);
+        sift_worst(a, m - 1, 0, v);
+    }
+}
+
+// Rearranges a[0..n) so that a[0..m) are the m first-ranked ids (in no
+// particular order) for the smallest m whose weight reaches `target`, and
+// returns m. Weight is q[id], or 1 per id when q is NULL (plain top-k).
+// Quickselect with median-of-three pivots; a long run of bad pivots falls
+// back to a sort of what is left, so the worst case stays O(n log n).
+static size_t select_prefix(int32_t *a, size_t n, const float *v, const uint64_t *q,
+                            double target) {
+    size_t lo = 0, hi = n;
+    uint64_t above = 0; // weight of a[0..lo), all ranked before a[lo..hi)
+    int budget = 2 * 64;
+    while (hi - lo > 16 && budget-- > 0) {
+        size_t mid = lo + (hi - lo) / 2, last = hi - 1;
+        // Median of three to a[last] as the pivot.
+        if (before(v, a[mid], a[lo])) swap_ids(a, mid, lo);
+        if (before(v, a[last], a[lo])) swap_ids(a, last, lo);
+        if (before(v, a[mid], a[last])) swap_ids(a, mid, last);
+        int32_t pivot = a[last];
+        size_t i = lo;
+        uint64_t s = 0;
+        for (size_t j = lo; j < last; j++) {
+            if (before(v, a[j], pivot)) {
+                s += q ? q[a[j]] : 1;
+                swap_ids(a, i++, j);
+            }
+        }
+        swap_ids(a, i, last); // pivot now at i, the ids before it in a[lo..i)
+        uint64_t wp = q ? q[pivot] : 1;
+        if (i > lo && (double)(above + s) >= target) {
+            hi = i;
+        } else if ((double)(above + s + wp) >= target) {
+            return i + 1;
+        } else {
+            above += s + wp;
+            lo = i + 1;
+        }
+    }
+    rank_sort(a + lo, hi - lo, v);
+    for (size_t i = lo; i < hi; i++) {
+        above += q ? q[a[i]] : 1;
+        if ((double)above >= target) return i + 1;
+    }
+    return hi; // only when target exceeds the total, which callers rule out
 }
 
 static int cmp_id(const void *a, const void *b) {
@@ -76,23 +132,50 @@ static int cmp_id(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-// Draws from the kept ids (ascending) with weights w_of(id); see step 6.
-static int32_t draw(const int32_t *ids, size_t n, const float *w, uint64_t seed, uint64_t counter) {
-    double z = 0.0;
-    for (size_t i = 0; i < n; i++) z += w[ids[i]];
-    double t = uniform(seed, counter) * z, cum = 0.0;
-    int32_t last = ids[0];
+// Step 6 over ids 0..V-1 in order, q zero for every id not kept.
+static int32_t draw_all(const uint64_t *q, size_t V, uint64_t seed, uint64_t counter) {
+    uint64_t z = 0;
+    for (size_t i = 0; i < V; i++) z += q[i];
+    uint64_t t = (uint64_t)(uniform(seed, counter) * (double)z);
+    if (t > z - 1) t = z - 1;
+    uint64_t cum = 0;
+    for (size_t i = 0; i < V; i++) {
+        cum += q[i];
+        if (cum > t) return (int32_t)i;
+    }
+    return (int32_t)(V - 1); // unreachable: cum reaches z > t
+}
+
+// Step 6 over a short list of kept ids.
+static int32_t draw_list(int32_t *ids, size_t n, const uint64_t *q, uint64_t seed,
+                         uint64_t counter) {
+    qsort(ids, n, sizeof *ids, cmp_id);
+    uint64_t z = 0;
+    for (size_t i = 0; i < n; i++) z += q[ids[i]];
+    uint64_t t = (uint64_t)(uniform(seed, counter) * (double)z);
+    if (t > z - 1) t = z - 1;
+    uint64_t cum = 0;
     for (size_t i = 0; i < n; i++) {
-        float wi = w[ids[i]];
-        if (wi <= 0.0f) continue;
-        cum += wi;
-        last = ids[i];
+        cum += q[ids[i]];
         if (cum > t) return ids[i];
     }
-    return last;
+    return ids[n - 1]; // unreachable
+}
+
+// exp(x) * 2^32 < 0.5 for x < -23: such weights are 0 without calling expf.
+static inline uint64_t weight(float vi, float vmax, float temperature) {
+    float x = (vi - vmax) / temperature;
+    if (!(x >= -23.0f)) return 0;
+    return (uint64_t)((double)expf(x) * 4294967296.0 + 0.5);
 }
 
 // ---- ls_sample ----
+
+/* Above this many kept ids, draw by a pass over the vocabulary instead of
+ * sorting the kept list. */
+#define LIST_MAX 1024
+/* Up to this top_k, a size-k heap beats quickselect. */
+#define HEAP_K_MAX 128
 
 int32_t ls_sample(const float *logits, int32_t vocab, const int32_t *history, int32_t n_history,
                   float temperature, int32_t top_k, float top_p, float repetition_penalty,
@@ -108,13 +191,13 @@ int32_t ls_sample(const float *logits, int32_t vocab, const int32_t *history, in
     const int penalize = repetition_penalty != 1.0f && n_history > 0;
 
     if (temperature == 0.0f && !penalize) {
-        // Greedy without penalty needs no copy of the logits.
+        // Greedy without penalty needs no copy. NaN never compares greater,
+        // so it is skipped like -inf.
         int32_t best = 0;
-        float bv = num(logits[0]);
-        for (size_t i = 1; i < V; i++) {
-            float x = num(logits[i]);
-            if (x > bv) {
-                bv = x;
+        float bv = -INFINITY;
+        for (size_t i = 0; i < V; i++) {
+            if (logits[i] > bv) {
+                bv = logits[i];
                 best = (int32_t)i;
             }
         }
@@ -122,23 +205,24 @@ int32_t ls_sample(const float *logits, int32_t vocab, const int32_t *history, in
     }
 
     const size_t k = (top_k == 0 || top_k >= vocab) ? V : (size_t)top_k;
-    const int keep_all = k == V && !(top_p < 1.0f);
-    // One block: v[V] | w[V] | ids[V]; w and ids only when sampling.
-    size_t n_floats = temperature == 0.0f ? V : 2 * V;
-    size_t n_ids = temperature == 0.0f || keep_all ? 0 : (k < V ? k : V);
-    char *block = malloc(n_floats * sizeof(float) + n_ids * sizeof(int32_t));
+    // One block: v[V] floats | q[V] weights (8-byte aligned) | ids[V]; q and
+    // ids only when sampling.
+    const int sampling = temperature != 0.0f;
+    const size_t q_off = (V * sizeof(float) + 7) & ~(size_t)7;
+    size_t bytes = sampling ? q_off + V * (sizeof(uint64_t) + sizeof(int32_t)) : V * sizeof(float);
+    char *block = malloc(bytes);
     if (block == NULL) return LS_ERR_NOMEM;
     float *v = (float *)(void *)block;
-    float *w = v + V;
-    int32_t *ids = (int32_t *)(void *)(block + n_floats * sizeof(float));
+    uint64_t *q = sampling ? (uint64_t *)(void *)(block + q_off) : NULL;
+    int32_t *ids = sampling ? (int32_t *)(void *)(block + q_off + V * sizeof(uint64_t)) : NULL;
 
-    for (size_t i = 0; i < V; i++) v[i] = num(logits[i]);
+    for (size_t i = 0; i < V; i++) v[i] = logits[i] != logits[i] ? -INFINITY : logits[i];
     if (penalize) {
         // Reads the untouched input, so a repeated id is penalised once.
         for (int32_t j = 0; j < n_history; j++) {
             int32_t h = history[j];
             if (h < 0 || h >= vocab) continue;
-            float l = num(logits[h]);
+            float l = logits[h] != logits[h] ? -INFINITY : logits[h];
             v[h] = l > 0.0f ? l / repetition_penalty : l * repetition_penalty;
         }
     }
@@ -149,86 +233,44 @@ int32_t ls_sample(const float *logits, int32_t vocab, const int32_t *history, in
     int32_t result;
     if (vmax == -INFINITY) {
         result = LS_ERR_ARG;
-        goto done;
-    }
-    if (temperature == 0.0f || vmax == INFINITY) {
+    } else if (!sampling || vmax == INFINITY) {
         result = best;
-        goto done;
-    }
-    // Step 4 for every id that can be kept; top-k leaves the rest unset.
-    if (k == V)
-        for (size_t i = 0; i < V; i++) w[i] = expf((v[i] - vmax) / temperature);
-
-    if (keep_all) {
-        double z = 0.0;
-        for (size_t i = 0; i < V; i++) z += w[i];
-        double t = uniform(seed, counter) * z, cum = 0.0;
-        result = best;
-        for (size_t i = 0; i < V; i++) {
-            if (w[i] <= 0.0f) continue;
-            cum += w[i];
-            result = (int32_t)i;
-            if (cum > t) break;
-        }
-        goto done;
-    }
-
-    size_t n_keep;
-    int32_t *kept;
-    if (k < V) {
-        // Size-k heap with the worst on top: most ids lose to it in one compare.
-        for (size_t i = 0; i < k; i++) ids[i] = (int32_t)i;
-        heapify(ids, k, v, 0);
-        for (size_t i = k; i < V; i++) {
-            if (before(v, (int32_t)i, ids[0])) {
-                ids[0] = (int32_t)i;
-                sift(ids, k, 0, v, 0);
-            }
-        }
-        // Heap-sort in place: popping the worst to the back leaves rank order.
-        for (size_t n = k; n > 1; n--) {
-            int32_t t = ids[0];
-            ids[0] = ids[n - 1];
-            ids[n - 1] = t;
-            sift(ids, n - 1, 0, v, 0);
-        }
-        for (size_t i = 0; i < k; i++) w[ids[i]] = expf((v[ids[i]] - vmax) / temperature);
-        n_keep = k;
-        if (top_p < 1.0f) {
-            double z = 0.0, cum = 0.0;
-            for (size_t i = 0; i < k; i++) z += w[ids[i]];
-            double target = (double)top_p * z;
-            for (n_keep = 0; n_keep < k;) {
-                cum += w[ids[n_keep++]];
-                if (cum >= target) break;
-            }
-        }
-        kept = ids;
+    } else if (k == V && !(top_p < 1.0f)) {
+        for (size_t i = 0; i < V; i++) q[i] = weight(v[i], vmax, temperature);
+        result = draw_all(q, V, seed, counter);
     } else {
-        // All ranks, top_p < 1: pop a best-on-top heap only until the nucleus
-        // is complete; popped ids collect at the back in rank order.
-        for (size_t i = 0; i < V; i++) ids[i] = (int32_t)i;
-        heapify(ids, V, v, 1);
-        double z = 0.0, cum = 0.0;
-        for (size_t i = 0; i < V; i++) z += w[i];
-        double target = (double)top_p * z;
-        size_t n = V;
-        while (n > 0) {
-            int32_t t = ids[0];
-            ids[0] = ids[n - 1];
-            ids[n - 1] = t;
-            n--;
-            sift(ids, n, 0, v, 1);
-            cum += w[t];
-            if (cum >= target) break;
+        // ids[0..k) := the top-k ids, unordered.
+        if (k == V) {
+            for (size_t i = 0; i < V; i++) ids[i] = (int32_t)i;
+        } else if (k <= HEAP_K_MAX) {
+            // Size-k heap, worst on top: most ids lose to it in one compare.
+            for (size_t i = 0; i < k; i++) ids[i] = (int32_t)i;
+            for (size_t i = k / 2; i-- > 0;) sift_worst(ids, k, i, v);
+            for (size_t i = k; i < V; i++) {
+                if (before(v, (int32_t)i, ids[0])) {
+                    ids[0] = (int32_t)i;
+                    sift_worst(ids, k, 0, v);
+                }
+            }
+        } else {
+            for (size_t i = 0; i < V; i++) ids[i] = (int32_t)i;
+            select_prefix(ids, V, v, NULL, (double)k);
         }
-        n_keep = V - n;
-        kept = ids + n;
+        if (k > LIST_MAX && k < V) memset(q, 0, V * sizeof *q); // ids outside the top-k weigh 0
+        uint64_t zk = 0;
+        for (size_t i = 0; i < k; i++) {
+            q[ids[i]] = weight(v[ids[i]], vmax, temperature);
+            zk += q[ids[i]];
+        }
+        size_t n_keep = k;
+        if (top_p < 1.0f) n_keep = select_prefix(ids, k, v, q, (double)top_p * (double)zk);
+        if (n_keep <= LIST_MAX) {
+            result = draw_list(ids, n_keep, q, seed, counter);
+        } else {
+            for (size_t i = n_keep; i < k; i++) q[ids[i]] = 0;
+            result = draw_all(q, V, seed, counter);
+        }
     }
-    qsort(kept, n_keep, sizeof *kept, cmp_id);
-    result = draw(kept, n_keep, w, seed, counter);
-
-done:
     free(block);
     return result;
 }

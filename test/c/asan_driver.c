@@ -4,8 +4,10 @@
  *
  * Build (what the test does):
  *   gcc -std=c11 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer \
- *       -Ikernels test/c/asan_driver.c kernels/<every .c> (+ per-file SIMD flags) \
- *       -lm -pthread -o build/asan_driver
+ *       -DLS_LOAD_TO_HEAP -Ikernels test/c/asan_driver.c kernels/<every .c> \
+ *       (+ per-file SIMD flags) -lm -pthread -o build/asan_driver
+ * LS_LOAD_TO_HEAP (model.c) reads the model into an exactly-sized heap buffer
+ * instead of mapping it, so ASan sees any read past the end of the file.
  *
  * Subcommands (exit 0 on success, 2 when the library reports an error, 1 on
  * bad usage; library errors print "error: <message>" on stdout so that
@@ -13,20 +15,24 @@
  *   load FILE [SIMD]                   ok dim=.. vocab=.. ...
  *   logits FILE LOOPS SIMD TOKEN...    one line of logits per token (%.9g)
  *   invariance FILE LOOPS SIMD TOKEN...  prefill vs one-token steps, bit-exact
- *   fuzz FILE ITERATIONS SEED          loads ITERATIONS mutated copies of FILE
+ *   fuzz FILE ITERATIONS SEED [-v]     loads ITERATIONS mutated copies of FILE
+ *                                      (-v: print each rejection)
  *   sample TEMP TOP_K TOP_P PENALTY SEED COUNTER LOGITS [HISTORY]
  *                                      LOGITS, HISTORY: comma-separated
  *   sample-check                       ls_sample against a naive reference
+ *   f16-check                          fp16 conversions at every rounding boundary
  * SIMD is a LS_SIMD_* code (0..3) or auto/portable/avx2/avx512.
  */
-#define _DEFAULT_SOURCE /* mkstemp */
+#define _GNU_SOURCE /* memfd_create, mkstemp */
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include "internal.h" /* ls_f16_to_f32, ls_f32_to_f16 */
 #include "loopserve.h"
 
 static int usage(void) {
@@ -34,9 +40,10 @@ static int usage(void) {
             "usage: asan_driver load FILE [SIMD]\n"
             "       asan_driver logits FILE LOOPS SIMD TOKEN...\n"
             "       asan_driver invariance FILE LOOPS SIMD TOKEN...\n"
-            "       asan_driver fuzz FILE ITERATIONS SEED\n"
+            "       asan_driver fuzz FILE ITERATIONS SEED [-v]\n"
             "       asan_driver sample TEMP TOP_K TOP_P PENALTY SEED COUNTER LOGITS [HISTORY]\n"
-            "       asan_driver sample-check\n");
+            "       asan_driver sample-check\n"
+            "       asan_driver f16-check\n");
     return 1;
 }
 
@@ -275,9 +282,10 @@ static uint64_t rng_next(uint64_t *s) {
 // loader must reject or accept each copy without a sanitizer report.
 static int cmd_fuzz(int argc, char **argv) {
     long long iters, seed;
-    if (argc != 3 || parse_i64(argv[1], 1, 10000000, &iters) != 0 ||
+    if (argc < 3 || argc > 4 || parse_i64(argv[1], 1, 10000000, &iters) != 0 ||
         parse_i64(argv[2], 0, INT64_MAX, &seed) != 0)
         return usage();
+    int verbose = argc == 4 && strcmp(argv[3], "-v") == 0, rc = 0;
     FILE *f = fopen(argv[0], "rb");
     if (!f) {
         printf("error: cannot open %s\n", argv[0]);
@@ -301,15 +309,22 @@ static int cmd_fuzz(int argc, char **argv) {
     size_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | orig[i];
     if (hlen > (size_t)size - 8) hlen = (size_t)size - 8;
-    // Beside the input: the caller's temporary directory, cleaned up with it.
+    // An in-memory file reopened by path: thousands of rewrites of a file on
+    // disk cost seconds (truncation frees blocks), and the loader only needs
+    // a path. Beside the input when memfd is unavailable.
     char path[4096];
-    snprintf(path, sizeof path, "%s.fuzz-XXXXXX", argv[0]);
-    int fd = mkstemp(path);
+    int fd = memfd_create("asan_fuzz", MFD_CLOEXEC);
+    int on_disk = fd < 0;
+    if (on_disk) {
+        snprintf(path, sizeof path, "%s.fuzz-XXXXXX", argv[0]);
+        fd = mkstemp(path);
+    } else {
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    }
     if (fd < 0) {
-        printf("error: mkstemp failed\n");
+        printf("error: cannot create a scratch file\n");
         return 2;
     }
-    close(fd);
 
     uint64_t st = (uint64_t)seed;
     long loaded = 0, rejected = 0;
@@ -351,14 +366,11 @@ static int cmd_fuzz(int argc, char **argv) {
                 break;
             }
         }
-        FILE *o = fopen(path, "wb");
-        if (!o || fwrite(buf, 1, n, o) != n) {
-            if (o) fclose(o);
+        if (ftruncate(fd, (off_t)n) != 0 || pwrite(fd, buf, n, 0) != (ssize_t)n) {
             printf("error: cannot write %s\n", path);
-            unlink(path);
-            return 2;
+            rc = 2;
+            break;
         }
-        fclose(o);
         char err[512];
         err[0] = 'x';
         ls_model *m = ls_model_load(path, 1, LS_SIMD_PORTABLE, err, sizeof err);
@@ -368,17 +380,19 @@ static int cmd_fuzz(int argc, char **argv) {
         } else {
             if (err[0] == '\0' || err[0] == 'x') {
                 printf("error: load failed without a message (iteration %lld)\n", it);
-                unlink(path);
-                return 2;
+                rc = 2;
+                break;
             }
+            if (verbose) printf("%s\n", err);
             rejected++;
         }
     }
-    unlink(path);
+    close(fd);
+    if (on_disk) unlink(path);
     free(orig);
     free(buf);
-    printf("ok %ld loaded %ld rejected\n", loaded, rejected);
-    return 0;
+    if (rc == 0) printf("ok %ld loaded %ld rejected\n", loaded, rejected);
+    return rc;
 }
 
 // ---- sample ----
@@ -512,7 +526,7 @@ static int g_fail;
 #define CHECK(cond, ...)                                                                           \
     do {                                                                                           \
         if (!(cond)) {                                                                             \
-            printf("error: sample-check line %d: ", __LINE__);                                     \
+            printf("error: check at line %d: ", __LINE__);                                         \
             printf(__VA_ARGS__);                                                                   \
             printf("\n");                                                                          \
             g_fail++;                                                                              \
@@ -660,6 +674,60 @@ static int cmd_sample_check(void) {
     return g_fail ? 2 : 0;
 }
 
+// ---- f16-check ----
+
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+// Every half round-trips; every midpoint between neighbouring halves rounds
+// to the even one, and one fp32 ulp either side rounds to the nearer.
+static int cmd_f16_check(void) {
+    long checked = 0;
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        float f = ls_f16_to_f32((uint16_t)h);
+        int is_nan = (h & 0x7c00) == 0x7c00 && (h & 0x3ff);
+        if (is_nan) {
+            CHECK(isnan(f) && (f32_bits(f) & 0x400000), "half %04x: not a quiet NaN", h);
+            CHECK((ls_f32_to_f16(f) & 0x7e00) == 0x7e00, "NaN %04x: not a NaN back", h);
+            continue;
+        }
+        CHECK(ls_f32_to_f16(f) == h, "half %04x -> %a -> %04x", h, (double)f, ls_f32_to_f16(f));
+        checked++;
+        uint32_t mag = h & 0x7fff, sign = h & 0x8000;
+        if (mag >= 0x7c00) continue; // inf has no upper neighbour
+        // The next magnitude up; above 65504 it is 65536, which rounds to inf.
+        double lo = fabs((double)f);
+        double hi = mag == 0x7bff ? 65536.0 : fabs((double)ls_f16_to_f32((uint16_t)(mag + 1)));
+        uint16_t h_lo = (uint16_t)(sign | mag), h_hi = (uint16_t)(sign | (mag + 1));
+        float mid = (float)((lo + hi) / 2); // exact: 12 significant bits
+        if (sign) mid = -mid;
+        uint16_t even = (mag & 1) ? h_hi : h_lo;
+        CHECK(ls_f32_to_f16(mid) == even, "midpoint %a -> %04x, want %04x", (double)mid,
+              ls_f32_to_f16(mid), even);
+        float below = bits_f32(f32_bits(mid) - 1), above = bits_f32(f32_bits(mid) + 1);
+        CHECK(ls_f32_to_f16(below) == h_lo, "%a -> %04x, want %04x", (double)below,
+              ls_f32_to_f16(below), h_lo);
+        CHECK(ls_f32_to_f16(above) == h_hi, "%a -> %04x, want %04x", (double)above,
+              ls_f32_to_f16(above), h_hi);
+        checked += 3;
+    }
+    CHECK(ls_f32_to_f16(INFINITY) == 0x7c00 && ls_f32_to_f16(-INFINITY) == 0xfc00, "inf");
+    CHECK(ls_f32_to_f16(1e30f) == 0x7c00 && ls_f32_to_f16(-1e30f) == 0xfc00, "overflow");
+    CHECK(ls_f32_to_f16(1e-30f) == 0 && ls_f32_to_f16(-1e-30f) == 0x8000, "underflow keeps sign");
+    CHECK(ls_f32_to_f16(0x1p-25f) == 0 && ls_f32_to_f16(0x1.000002p-25f) == 1, "half the least subnormal");
+    if (g_fail == 0) printf("ok %ld conversions\n", checked);
+    return g_fail ? 2 : 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return usage();
     const char *cmd = argv[1];
@@ -670,6 +738,10 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "invariance") == 0) return cmd_invariance(argc, argv);
     if (strcmp(cmd, "fuzz") == 0) return cmd_fuzz(argc, argv);
     if (strcmp(cmd, "sample") == 0) return cmd_sample(argc, argv);
+    if (strcmp(cmd, "f16-check") == 0) {
+        if (argc != 0) return usage();
+        return cmd_f16_check();
+    }
     if (strcmp(cmd, "sample-check") == 0) {
         if (argc != 0) return usage();
         return cmd_sample_check();
