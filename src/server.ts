@@ -3,7 +3,9 @@
 // No FFI here: the engine arrives through deps as a GenerationEngine.
 import { Elysia } from "elysia";
 import { parseJsonBody } from "./http/body.ts";
+import { compatRoutes } from "./http/compat.ts";
 import { errorResponse } from "./http/errors.ts";
+import { extendedRoutes } from "./http/extended.ts";
 import type { AppDeps } from "./http/generation.ts";
 import { nativeRoutes } from "./http/native.ts";
 import { opsRoutes } from "./http/ops.ts";
@@ -15,5 +17,7 @@ export function createApp(deps: AppDeps) {
     .onParse(parseJsonBody)
     .onError(errorResponse)
     .use(opsRoutes(deps))
-    .use(nativeRoutes(deps));
+    .use(nativeRoutes(deps))
+    .use(compatRoutes(deps))
+    .use(extendedRoutes(deps));
 }

@@ -7,6 +7,8 @@
 //   404  unknown route
 //   503  model not loaded (or shutting down), queue full, latency target
 //   500  only a genuine bug: logged with its stack
+import { CloneType, type TObject } from "@sinclair/typebox";
+import { TypeCompiler } from "@sinclair/typebox/compiler";
 import type { ValueError } from "@sinclair/typebox/errors";
 import { ValueErrorType } from "@sinclair/typebox/errors";
 import { EngineRequestError } from "../engine/engine.ts";
@@ -199,6 +201,30 @@ export function fromValidation(errors: readonly ValueError[]): HttpError {
   const classified = errors.map(classify);
   const chosen = classified.find((c) => c.kind === "shape") ?? classified[0];
   return chosen?.error ?? unprocessable("request body is invalid");
+}
+
+// ---- validating a body as it was sent ----
+
+/**
+ * Route options that validate the body before Elysia sees it. Elysia 1.4
+ * "cleans" a body (an exact mirror of the schema, dropping unknown fields)
+ * *before* checking it, which turns a string sent for an object field into
+ * {} (so `stream_options: "x"` would pass) and a string sent for an array of
+ * objects into an array of its characters (so `messages: "hi"` would be
+ * reported as `messages[0].role`). The transform hook runs first, on the
+ * body as parsed; Elysia's own clean-and-check then only strips unknown
+ * fields. The schema is compiled from a copy because Elysia marks the root
+ * object it is given `additionalProperties: false`, and unknown fields are
+ * accepted (and ignored) everywhere in this API.
+ */
+export function validatedBody<S extends TObject>(schema: S) {
+  const check = TypeCompiler.Compile(CloneType(schema));
+  return {
+    body: schema,
+    transform({ body }: { body: unknown }) {
+      if (!check.Check(body)) throw fromValidation([...check.Errors(body)]);
+    },
+  };
 }
 
 // ---- the Elysia onError hook ----

@@ -61,3 +61,139 @@ export const GenerateBody = T.Object({
   ...SchedulingFields,
 });
 export type GenerateBody = Static<typeof GenerateBody>;
+
+// ---- compat family: /v1/chat/completions, /v1/completions (SPEC.md §4) ----
+
+export const COMPAT_DEFAULTS = {
+  max_tokens: 128,
+  temperature: 1,
+  top_p: 1,
+  /** Not a request field: SPEC.md keeps a top-k of 50 always active. */
+  top_k: 50,
+  presence_penalty: 0,
+  frequency_penalty: 0,
+  stream: false,
+} as const;
+
+const MaxTokens = T.Integer({ minimum: 1, maximum: MAX_TOKENS_LIMIT });
+const Penalty = T.Number({ minimum: -2, maximum: 2 });
+
+/** Stop strings, matched whole on the decoded text; `[]` means none. */
+export const CompatStop = T.Union([T.String({ minLength: 1 }), T.Array(T.String({ minLength: 1 }))]);
+
+/**
+ * Sampling fields shared by chat and text completions (and, through them, the
+ * extended family). Fields a standard client may send that are not listed
+ * here (tools, tool_choice, functions, function_call, parallel_tool_calls,
+ * user, logit_bias, metadata, store, service_tier, ...) are stripped by the
+ * validator: accepted and ignored, as SPEC.md §4 says.
+ */
+export const CompatSamplingFields = {
+  /** Echoed into the response; any string. */
+  model: T.String(),
+  max_tokens: optional(MaxTokens),
+  /** The newer clients' name for max_tokens; wins when both are sent (as in vLLM). */
+  max_completion_tokens: optional(MaxTokens),
+  temperature: optional(T.Number({ minimum: 0, maximum: 2 })),
+  top_p: optional(T.Number({ minimum: 0, maximum: 1 })),
+  /** One choice per request: anything but 1 is a 400. */
+  n: optional(T.Integer({ minimum: 1, maximum: 1 })),
+  stop: optional(CompatStop),
+  stream: optional(T.Boolean()),
+  stream_options: optional(T.Object({ include_usage: optional(T.Boolean()) })),
+  /** Sample seed; a random one when unset. */
+  seed: optional(T.Integer({ minimum: 0, maximum: Number.MAX_SAFE_INTEGER })),
+  presence_penalty: optional(Penalty),
+  frequency_penalty: optional(Penalty),
+  /** Extension: loop depth; the model's default_loops when unset. */
+  loops: optional(T.Integer({ minimum: 1, maximum: 64 })),
+  // Declared only so the handlers see them and refuse them with a 400 naming
+  // the field (DESIGN.md §6: never silently ignored); see compat.ts.
+  logprobs: T.Optional(T.Unknown()),
+  top_logprobs: T.Optional(T.Unknown()),
+  response_format: T.Optional(T.Unknown()),
+};
+
+export const ChatRole = T.Union([T.Literal("system"), T.Literal("user"), T.Literal("assistant")]);
+export type ChatRole = Static<typeof ChatRole>;
+
+/** OpenAI's content-part form; only `text` parts are supported (checked in chat_template.ts). */
+export const ContentPart = T.Object({ type: T.String(), text: T.Optional(T.String()) });
+
+export const ChatMessage = T.Object({
+  role: ChatRole,
+  /** A string, text parts (joined), or null (an assistant turn that only called tools). */
+  content: T.Union([T.String(), T.Array(ContentPart), T.Null()]),
+});
+export type ChatMessage = Static<typeof ChatMessage>;
+
+const ChatFields = {
+  messages: T.Array(ChatMessage, { minItems: 1 }),
+  ...CompatSamplingFields,
+};
+
+/** Text, several texts (only the first is used, SPEC.md §4), or pre-tokenised ids. */
+export const CompletionPrompt = T.Union([
+  T.String({ minLength: 1 }),
+  T.Array(T.String({ minLength: 1 }), { minItems: 1 }),
+  T.Array(T.Integer(), { minItems: 1 }),
+]);
+
+const CompletionFields = {
+  prompt: CompletionPrompt,
+  /** Prepend the prompt text to the returned text. */
+  echo: optional(T.Boolean()),
+  /** Text after the insertion point: not supported, refused unless null or "". */
+  suffix: optional(T.String()),
+  /** Server-side candidates to pick from: only 1. */
+  best_of: optional(T.Integer({ minimum: 1, maximum: 1 })),
+  ...CompatSamplingFields,
+};
+
+export const ChatCompletionBody = T.Object(ChatFields);
+export type ChatCompletionBody = Static<typeof ChatCompletionBody>;
+
+export const CompletionBody = T.Object(CompletionFields);
+export type CompletionBody = Static<typeof CompletionBody>;
+
+// ---- extended family: /api/v0/* (SPEC.md §4) = compat fields + these ----
+
+export const GenerationMode = T.Union([T.Literal("generate"), T.Literal("speculative"), T.Literal("tree_speculative")]);
+export type GenerationMode = Static<typeof GenerationMode>;
+
+/** Self-speculative decoding knobs; ranges as the native endpoints give them (SPEC.md §8). */
+export const SpeculativeFields = {
+  draft_loops: optional(T.Integer({ minimum: 1, maximum: 32 })),
+  verify_loops: optional(T.Integer({ minimum: 1, maximum: 64 })),
+  draft_ahead: optional(T.Integer({ minimum: 1, maximum: 16 })),
+  K_branches: optional(T.Integer({ minimum: 1, maximum: 16 })),
+};
+
+export const EXTENDED_DEFAULTS = {
+  mode: "generate",
+  draft_loops: 2,
+  verify_loops: 8,
+  draft_ahead: 4,
+  K_branches: 1,
+  cache_window: 0,
+} as const;
+
+export const ExtendedFields = {
+  mode: optional(GenerationMode),
+  ...SpeculativeFields,
+  // Upper bound SERVICE_MAX_SEQ_LEN is checked at run time (it is configuration).
+  cache_window: optional(T.Integer({ minimum: 0 })),
+  /** When given, replaces the penalty folded from presence/frequency_penalty. */
+  repetition_penalty: optional(T.Number({ minimum: 0.5, maximum: 2 })),
+  ...SchedulingFields,
+};
+
+const ExtendedKnobs = T.Object(ExtendedFields);
+/** The extended family's own fields, as its handlers read them. */
+export type ExtendedKnobs = Static<typeof ExtendedKnobs>;
+
+export const ExtendedChatCompletionBody = T.Object({ ...ChatFields, ...ExtendedFields });
+export type ExtendedChatCompletionBody = Static<typeof ExtendedChatCompletionBody>;
+
+export const ExtendedCompletionBody = T.Object({ ...CompletionFields, ...ExtendedFields });
+export type ExtendedCompletionBody = Static<typeof ExtendedCompletionBody>;

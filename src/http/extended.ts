@@ -1,0 +1,98 @@
+// Extended family: GET /api/v0/models, POST /api/v0/chat/completions, POST
+// /api/v0/completions (SPEC.md §2 "Extended-family response sections", §4).
+// The compat handlers do the work; this family adds its request knobs (mode,
+// speculative knobs, cache_window, repetition_penalty, priority, slo_ms)
+// and the `stats`, `model_info` and `runtime` sections, which a stream
+// carries on its final chunk (the one with finish_reason).
+import { Elysia } from "elysia";
+import { type Config, SERVICE_NAME } from "../config.ts";
+import type { ModelInfo } from "../engine/types.ts";
+import { chatCompletion, type Extension, findModel, modelEntries, textCompletion } from "./compat.ts";
+import { badRequest, validatedBody } from "./errors.ts";
+import { type AppDeps, checkCacheWindow } from "./generation.ts";
+import { nativeStats } from "./native.ts";
+import {
+  EXTENDED_DEFAULTS as E,
+  ExtendedChatCompletionBody,
+  ExtendedCompletionBody,
+  type ExtendedKnobs,
+  type GenerationMode,
+} from "./schemas.ts";
+
+// ---- response sections ----
+
+export function modelInfoSection(info: ModelInfo, config: Config) {
+  return {
+    arch: info.arch,
+    dim: info.dim,
+    n_heads: info.nHeads,
+    ffn_dim: info.ffnDim,
+    vocab_size: info.vocabSize,
+    default_loops: info.defaultLoops,
+    quant: info.quant,
+    kv_cache_mode: config.kvCacheMode,
+  };
+}
+
+/** model_info of the loaded model; null without one (only the models list can be asked then). */
+function loadedModelInfo(deps: AppDeps) {
+  return deps.engine ? modelInfoSection(deps.engine.info, deps.config) : null;
+}
+
+export function runtimeSection(config: Config) {
+  return { name: SERVICE_NAME, version: config.version, commit: config.commit };
+}
+
+// ---- modes ----
+
+/**
+ * The one place that says which generation modes this build serves; the
+ * speculative modes replace this check when they land.
+ */
+export function requireAvailableMode(mode: GenerationMode): void {
+  if (mode !== "generate") throw badRequest(`mode '${mode}' is not available yet`, "mode", "unsupported_mode");
+}
+
+/** Range-checks the extended knobs (400s, before the length check) and turns them into an Extension. */
+function extension(deps: AppDeps, knobs: ExtendedKnobs): Extension {
+  const mode = knobs.mode ?? E.mode;
+  requireAvailableMode(mode);
+  const cacheWindow = knobs.cache_window ?? E.cache_window;
+  checkCacheWindow(deps, cacheWindow);
+  return {
+    repetitionPenalty: knobs.repetition_penalty,
+    cacheWindow,
+    scheduling: { priority: knobs.priority, sloMs: knobs.slo_ms },
+    sections: (done, request) => ({
+      // Plain generate reports its loops; the speculative modes will report verify_loops (SPEC.md §2).
+      stats: nativeStats(done, mode, request.loops),
+      model_info: loadedModelInfo(deps),
+      runtime: runtimeSection(deps.config),
+    }),
+  };
+}
+
+function models(deps: AppDeps) {
+  // Without a loaded model the entry is still listed (it is configuration); model_info is null.
+  return {
+    object: "list",
+    data: modelEntries(deps).map((m) => ({ ...m, model_info: loadedModelInfo(deps) })),
+    runtime: runtimeSection(deps.config),
+  };
+}
+
+export function extendedRoutes(deps: AppDeps) {
+  return new Elysia({ prefix: "/api/v0" })
+    .get("/models", () => models(deps))
+    .get("/models/*", ({ params }) => ({ ...findModel(deps, params["*"]), model_info: loadedModelInfo(deps) }))
+    .post(
+      "/chat/completions",
+      ({ body, request }) => chatCompletion(deps, body, request, extension(deps, body)),
+      validatedBody(ExtendedChatCompletionBody),
+    )
+    .post(
+      "/completions",
+      ({ body, request }) => textCompletion(deps, body, request, extension(deps, body)),
+      validatedBody(ExtendedCompletionBody),
+    );
+}

@@ -1,0 +1,372 @@
+// The extended family (/api/v0) against a real server process: the compat
+// responses plus `stats`, `model_info` and `runtime` (SPEC.md §2), its extra
+// request knobs (§4), and both families on a server without a usable model.
+// The compat fields and limits shared with /v1 are checked for both families
+// in compat.test.ts.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import pkg from "../../package.json" with { type: "json" };
+import { Tokenizer } from "../../src/tokenizer.ts";
+import { TINY, testTempDir } from "../helpers/models.ts";
+import { startServer, type TestServer } from "../helpers/server.ts";
+
+const MAX_SEQ_LEN = 256;
+const COMMIT = "0123abcd-test";
+const MODEL = "extended-test";
+const PROMPT = "The looped transformer said";
+const USER = [{ role: "user", content: PROMPT }];
+const USER_RENDERED = `User: ${PROMPT}\nAssistant:`;
+
+interface Sections {
+  stats: { wall_ms: number; tokens_per_second: number; prompt_tokens: number; completion_tokens: number; mode: string; loops_used: number };
+  model_info: Record<string, unknown>;
+  runtime: { name: string; version: string; commit: string | null };
+}
+
+interface Usage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+}
+
+type ExtendedChat = Sections & {
+  id: string;
+  object: string;
+  model: string;
+  choices: { index: number; message: { role: string; content: string }; finish_reason: string }[];
+  usage: Usage;
+};
+
+type ExtendedText = Sections & {
+  id: string;
+  object: string;
+  choices: { text: string; index: number; finish_reason: string }[];
+  usage: Usage;
+};
+
+interface ErrorResponse {
+  error: { message: string; type: string; param: string | null; code: string | null };
+}
+
+/** What model_info must say about the tiny synthetic model. */
+const TINY_INFO = {
+  arch: "looped-llama",
+  dim: TINY.dim,
+  n_heads: TINY.nHeads,
+  ffn_dim: TINY.ffnDim,
+  vocab_size: TINY.vocabSize,
+  default_loops: TINY.loops,
+  quant: "fp16",
+  kv_cache_mode: "fp16",
+};
+
+let server: TestServer;
+let tok: Tokenizer;
+
+beforeAll(async () => {
+  tok = await Tokenizer.load();
+  server = await startServer({ env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN), SERVICE_COMMIT: COMMIT } });
+});
+
+afterAll(async () => {
+  await server?.stop();
+});
+
+async function ok<T>(path: string, body: unknown): Promise<T> {
+  const res = await server.post(path, body);
+  if (res.status !== 200) throw new Error(`${path}: status ${res.status}: ${await res.text()}`);
+  return (await res.json()) as T;
+}
+
+const chat = (body: Record<string, unknown>) => ok<ExtendedChat>("/api/v0/chat/completions", { model: MODEL, messages: USER, ...body });
+const complete = (body: Record<string, unknown>) => ok<ExtendedText>("/api/v0/completions", { model: MODEL, prompt: PROMPT, ...body });
+const native = (body: Record<string, unknown>) => ok<{ text: string; tokens: number[] }>("/generate", body);
+
+async function streamChunks(path: string, body: unknown): Promise<Record<string, any>[]> {
+  const res = await server.post(path, body);
+  expect(res.status).toBe(200);
+  const raw = await res.text();
+  const data = raw
+    .slice(0, -2)
+    .split("\n\n")
+    .map((e) => e.slice("data: ".length));
+  expect(data.at(-1)).toBe("[DONE]");
+  return data.slice(0, -1).map((d) => JSON.parse(d));
+}
+
+/** The three sections with the types SPEC.md §2 gives, consistent with usage. */
+function expectSections(r: Sections, usage: Usage, loops: number): void {
+  const s = r.stats;
+  expect(Object.keys(s).sort()).toEqual(["completion_tokens", "loops_used", "mode", "prompt_tokens", "tokens_per_second", "wall_ms"]);
+  expect(typeof s.wall_ms).toBe("number");
+  expect(s.wall_ms).toBeGreaterThan(0);
+  expect(typeof s.tokens_per_second).toBe("number");
+  expect(s.tokens_per_second).toBeGreaterThan(0);
+  expect(s.tokens_per_second).toBeCloseTo(s.completion_tokens / (s.wall_ms / 1000), 3);
+  expect(Number.isInteger(s.prompt_tokens)).toBe(true);
+  expect(s.prompt_tokens).toBe(usage.prompt_tokens);
+  expect(s.completion_tokens).toBe(usage.completion_tokens);
+  expect(s.mode).toBe("generate");
+  expect(s.loops_used).toBe(loops);
+  expect(r.model_info).toEqual(TINY_INFO);
+  expect(r.runtime).toEqual({ name: "loopserve", version: pkg.version, commit: COMMIT });
+}
+
+function expectError(body: unknown, param: string | null): asserts body is ErrorResponse {
+  const e = (body as ErrorResponse).error;
+  expect(typeof e.message).toBe("string");
+  expect(e.param).toBe(param);
+}
+
+// ---- models ----
+
+describe("GET /api/v0/models", () => {
+  test("the compat list with model_info per entry and the runtime section", async () => {
+    const compat = (await (await fetch(`${server.url}/v1/models`)).json()) as { data: Record<string, unknown>[] };
+    const res = await fetch(`${server.url}/api/v0/models`);
+    expect(res.status).toBe(200);
+    const list = (await res.json()) as { object: string; data: Record<string, unknown>[]; runtime: unknown };
+    expect(list.object).toBe("list");
+    expect(list.data).toEqual([{ ...compat.data[0], model_info: TINY_INFO }]);
+    expect(list.runtime).toEqual({ name: "loopserve", version: pkg.version, commit: COMMIT });
+  });
+
+  test("GET /api/v0/models/{id} returns the extended entry", async () => {
+    const list = (await (await fetch(`${server.url}/api/v0/models`)).json()) as { data: { id: string }[] };
+    const res = await fetch(`${server.url}/api/v0/models/${encodeURIComponent(list.data[0].id)}`);
+    expect(res.status).toBe(200);
+    expect(await res.json()).toEqual(list.data[0]);
+  });
+});
+
+// ---- response sections ----
+
+describe("extended response sections", () => {
+  test("chat completion: the compat object plus stats, model_info, runtime", async () => {
+    const r = await chat({ max_tokens: 6, temperature: 0 });
+    expect(Object.keys(r)).toEqual(["id", "object", "created", "model", "choices", "usage", "stats", "model_info", "runtime"]);
+    expect(r.id).toMatch(/^chatcmpl-[0-9a-f]+$/);
+    expect(r.object).toBe("chat.completion");
+    expect(r.model).toBe(MODEL);
+    expect(r.usage.prompt_tokens).toBe(tok.encode(USER_RENDERED).length);
+    expect(r.usage.total_tokens).toBe(r.usage.prompt_tokens + r.usage.completion_tokens);
+    expectSections(r, r.usage, TINY.loops);
+  });
+
+  test("text completion: the compat object plus the sections; loops_used follows loops", async () => {
+    const r = await complete({ max_tokens: 5, loops: 3 });
+    expect(r.id).toMatch(/^cmpl-[0-9a-f]+$/);
+    expect(r.object).toBe("text_completion");
+    expect(r.usage.prompt_tokens).toBe(tok.encode(PROMPT).length);
+    expectSections(r, r.usage, 3);
+  });
+
+  test("the generated text equals the compat family's for the same request", async () => {
+    const req = { model: MODEL, messages: USER, max_tokens: 12, temperature: 0.8, seed: 9 };
+    const v1 = await ok<ExtendedChat>("/v1/chat/completions", req);
+    const v0 = await chat(req);
+    expect(v0.choices).toEqual(v1.choices);
+    expect(v0.usage).toEqual(v1.usage);
+    expect(v1).not.toHaveProperty("stats");
+  });
+
+  test("stream: the sections ride on the final chunk only, before the usage chunk", async () => {
+    const chunks = await streamChunks("/api/v0/chat/completions", {
+      model: MODEL,
+      messages: USER,
+      max_tokens: 5,
+      temperature: 0,
+      stream: true,
+      stream_options: { include_usage: true },
+    });
+    expect(chunks[0].choices[0].delta).toEqual({ role: "assistant" });
+    const usageChunk = chunks.at(-1) as Record<string, any>;
+    const final = chunks.at(-2) as Record<string, any>;
+    expect(usageChunk.choices).toEqual([]);
+    expect(final.choices[0]).toEqual({ index: 0, delta: {}, finish_reason: "length" });
+    expectSections(final as unknown as Sections, usageChunk.usage, TINY.loops);
+    for (const c of [...chunks.slice(0, -2), usageChunk]) expect(c).not.toHaveProperty("stats");
+  });
+
+  test("text-completion stream: the sections on the final chunk", async () => {
+    const chunks = await streamChunks("/api/v0/completions", { model: MODEL, prompt: PROMPT, max_tokens: 4, stream: true });
+    const final = chunks.at(-1) as Record<string, any>;
+    expect(final.object).toBe("text_completion");
+    expect(final.choices[0]).toEqual({ text: "", index: 0, finish_reason: "length" });
+    const n = tok.encode(PROMPT).length;
+    expectSections(final as unknown as Sections, { prompt_tokens: n, completion_tokens: 4, total_tokens: n + 4 }, TINY.loops);
+  });
+});
+
+// ---- extended knobs ----
+
+describe("extended request knobs", () => {
+  test("mode generate is the default and can be named", async () => {
+    const r = await complete({ max_tokens: 2, mode: "generate" });
+    expect(r.stats.mode).toBe("generate");
+  });
+
+  test.each(["speculative", "tree_speculative"])("mode %p is a 400 naming the mode until it is available", async (mode) => {
+    for (const path of ["/api/v0/chat/completions", "/api/v0/completions"]) {
+      const res = await server.post(path, { model: MODEL, messages: USER, prompt: PROMPT, mode });
+      expect(res.status).toBe(400);
+      const body = await res.json();
+      expectError(body, "mode");
+      expect(body.error.message).toBe(`mode '${mode}' is not available yet`);
+    }
+  });
+
+  test("an unknown mode is a 400 listing the modes", async () => {
+    const res = await server.post("/api/v0/chat/completions", { model: MODEL, messages: USER, mode: "fast" });
+    expect(res.status).toBe(400);
+    const body = await res.json();
+    expectError(body, "mode");
+    expect(body.error.message).toContain('"generate", "speculative", "tree_speculative"');
+  });
+
+  test("repetition_penalty replaces the penalty folded from presence/frequency_penalty", async () => {
+    const r = await complete({ max_tokens: 24, temperature: 0, presence_penalty: 2, frequency_penalty: 2, repetition_penalty: 1.2 });
+    const n = await native({ prompt: PROMPT, max_tokens: 24, temperature: 0, loops: TINY.loops, repetition_penalty: 1.2 });
+    expect(r.choices[0].text).toBe(n.text);
+  });
+
+  test("without repetition_penalty the penalties fold as in the compat family", async () => {
+    const r = await complete({ max_tokens: 24, temperature: 0, presence_penalty: 0.6, frequency_penalty: 0.4 });
+    const n = await native({ prompt: PROMPT, max_tokens: 24, temperature: 0, loops: TINY.loops, repetition_penalty: 1.5 });
+    expect(r.choices[0].text).toBe(n.text);
+  });
+
+  test("cache_window reaches the engine", async () => {
+    const prompt = "loop ".repeat(40);
+    const r = await complete({ prompt, max_tokens: 24, temperature: 0, cache_window: 8 });
+    const n = await native({ prompt, max_tokens: 24, temperature: 0, loops: TINY.loops, cache_window: 8 });
+    expect(r.choices[0].text).toBe(n.text);
+  });
+
+  test("slo_ms reaches the scheduler: an impossible target is a 503 (ignored on /v1)", async () => {
+    await complete({ max_tokens: 8 }); // the latency predictor has samples
+    const req = { model: MODEL, prompt: PROMPT, max_tokens: 200, loops: 64, slo_ms: 1 };
+    const res = await server.post("/api/v0/completions", req);
+    expect(res.status).toBe(503);
+    const body = (await res.json()) as ErrorResponse;
+    expect(body.error.code).toBe("latency_target");
+    expect((await server.post("/v1/completions", { ...req, max_tokens: 2 })).status).toBe(200);
+  });
+
+  test("priority reaches the scheduler: a higher priority queued later runs first", async () => {
+    const long = server.post("/api/v0/completions", { model: MODEL, prompt: PROMPT, max_tokens: 200, loops: 64 });
+    await Bun.sleep(30);
+    const order: string[] = [];
+    const queued = (name: string, priority: number) =>
+      server.post("/api/v0/completions", { model: MODEL, prompt: PROMPT, max_tokens: 2, priority }).then((r) => {
+        expect(r.status).toBe(200);
+        order.push(name);
+      });
+    const low = queued("low", -5);
+    await Bun.sleep(10);
+    const high = queued("high", 5);
+    await Promise.all([long, low, high]);
+    expect(order).toEqual(["high", "low"]);
+  });
+
+  test.each([
+    ["draft_loops", 0],
+    ["draft_loops", 33],
+    ["verify_loops", 0],
+    ["verify_loops", 65],
+    ["draft_ahead", 0],
+    ["draft_ahead", 17],
+    ["K_branches", 0],
+    ["K_branches", 17],
+    ["cache_window", -1],
+    ["cache_window", MAX_SEQ_LEN + 1],
+    ["repetition_penalty", 0.49],
+    ["repetition_penalty", 2.01],
+    ["priority", 1001],
+    ["priority", -1001],
+    ["slo_ms", 0],
+  ])("%s = %p is a 400 naming the field", async (field, value) => {
+    for (const path of ["/api/v0/chat/completions", "/api/v0/completions"]) {
+      const res = await server.post(path, { model: MODEL, messages: USER, prompt: PROMPT, max_tokens: 1, [field]: value });
+      expect(res.status).toBe(400);
+      const body = await res.json();
+      expectError(body, field);
+      expect(body.error.message).toContain(`\`${field}\``);
+    }
+  });
+
+  test.each([
+    ["draft_loops", 1],
+    ["draft_loops", 32],
+    ["verify_loops", 64],
+    ["draft_ahead", 16],
+    ["K_branches", 16],
+    ["cache_window", 0],
+    ["cache_window", MAX_SEQ_LEN],
+    ["repetition_penalty", 0.5],
+    ["repetition_penalty", 2],
+    ["priority", 1000],
+    ["priority", -1000],
+    ["slo_ms", 600000],
+  ])("%s = %p at its bound is accepted", async (field, value) => {
+    const res = await server.post("/api/v0/completions", { model: MODEL, prompt: PROMPT, max_tokens: 1, [field]: value });
+    expect(res.status).toBe(200);
+  });
+
+  test.each([
+    ["string draft_loops", { draft_loops: "2" }, "draft_loops"],
+    ["fractional cache_window", { cache_window: 1.5 }, "cache_window"],
+    ["string priority", { priority: "high" }, "priority"],
+  ])("%s is a 422", async (_, extra, param) => {
+    const res = await server.post("/api/v0/completions", { model: MODEL, prompt: PROMPT, ...extra });
+    expect(res.status).toBe(422);
+    expectError(await res.json(), param);
+  });
+});
+
+// ---- without a usable model ----
+
+describe("both families on a server without a usable model", () => {
+  const missing = () => `${testTempDir()}/no-such-model.safetensors`;
+  let s: TestServer;
+
+  beforeAll(async () => {
+    s = await startServer({ modelPath: missing() });
+  });
+  afterAll(async () => {
+    await s?.stop();
+  });
+
+  test("the models lists still name the configured model; model_info is null; commit is null", async () => {
+    const v1 = (await (await fetch(`${s.url}/v1/models`)).json()) as { data: { id: string }[] };
+    expect(v1.data.map((m) => m.id)).toEqual([missing()]);
+    const v0 = (await (await fetch(`${s.url}/api/v0/models`)).json()) as { data: { model_info: unknown }[]; runtime: { commit: unknown } };
+    expect(v0.data[0].model_info).toBeNull();
+    expect(v0.runtime.commit).toBeNull();
+  });
+
+  test.each([
+    ["/v1/chat/completions", { messages: USER }],
+    ["/v1/completions", { prompt: PROMPT }],
+    ["/api/v0/chat/completions", { messages: USER }],
+    ["/api/v0/completions", { prompt: PROMPT }],
+  ])("%s: 503 after validation (422, 400 and the length check come first)", async (path, body) => {
+    const req = { model: MODEL, max_tokens: 4, ...body };
+    const res = await s.post(path, req);
+    expect(res.status).toBe(503);
+    expect(((await res.json()) as ErrorResponse).error.code).toBe("model_not_loaded");
+    expect((await s.post(path, { ...req, stream: true })).status).toBe(503);
+    expect((await s.post(path, { ...req, model: undefined })).status).toBe(422);
+    expect((await s.post(path, { ...req, n: 2 })).status).toBe(400);
+    expect((await s.post(path, { ...req, max_tokens: 4000 })).status).toBe(400);
+  });
+
+  test("SERVICE_MODEL_PATH unset: an empty models list", async () => {
+    const none = await startServer({ modelPath: null });
+    try {
+      const v1 = (await (await fetch(`${none.url}/v1/models`)).json()) as { object: string; data: unknown[] };
+      expect(v1).toEqual({ object: "list", data: [] });
+    } finally {
+      await none.stop();
+    }
+  });
+});
