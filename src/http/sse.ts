@@ -79,18 +79,20 @@ export async function sseAfterAdmission(
   request.signal.addEventListener("abort", onClientGone, { once: true });
   const held: string[] = [];
   let emit: SseSend = (event) => held.push(event);
-  let run: { started: Promise<void>; done: Promise<void> };
+  let run: { started: Promise<void>; done: Promise<void> } | undefined;
   try {
     run = start((event) => emit(event), abort.signal);
     await run.started;
   } catch (e) {
     request.signal.removeEventListener("abort", onClientGone);
+    run?.done.catch(() => undefined); // refused: the same error, already answered as a 503
     throw e;
   }
+  const admitted = run;
   return sseResponse(request, async (send, signal) => {
     signal.addEventListener("abort", onClientGone, { once: true });
     for (const event of held) send(event);
     emit = send;
-    await run.done;
+    await admitted.done;
   });
 }
