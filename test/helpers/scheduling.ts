@@ -1,0 +1,232 @@
+// Shared pieces of the HTTP-level scheduler tests (test/http/scheduling,
+// metrics, load, shutdown): /metrics scraping, polling for a server-side
+// state, a long-running "blocker" stream that keeps the engine busy, the
+// 503 error shape, and a model whose every generation is an engine error.
+import { expect } from "bun:test";
+import { readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import type { SyntheticOptions } from "../../src/model/synthetic.ts";
+import { type Family, parsePrometheusText, sampleValue } from "../scheduler/prom_text.ts";
+import { testTempDir, tinyModelPath } from "./models.ts";
+import type { TestServer } from "./server.ts";
+
+/**
+ * A model slow enough (about 1 ms per decode step on one core; the GPT-2
+ * vocabulary's output projection dominates) that a queued request takes a
+ * visible, ordered slot on the engine, and long enough (8192 positions) for a
+ * blocker of thousands of tokens.
+ */
+export const SLOW: Partial<SyntheticOptions> = { dim: 256, nHeads: 4, nKvHeads: 2, ffnDim: 1024, maxSeqLen: 8192 };
+
+export const slowModelPath = () => tinyModelPath(SLOW);
+
+export const PROMPT = "The looped transformer said";
+
+export interface NativeResult {
+  tokens: number[];
+  text: string;
+  finish_reason: string;
+  stats: { wall_ms: number; tokens_per_second: number; prompt_tokens: number; completion_tokens: number };
+}
+
+export interface ErrorBody {
+  error: { message: string; type: string; param: string | null; code: string | null };
+}
+
+// ---- /metrics ----
+
+/** GET /metrics, checked to be Prometheus text and parsed strictly. */
+export async function scrape(server: TestServer): Promise<Map<string, Family>> {
+  const res = await fetch(`${server.url}/metrics`);
+  expect(res.status).toBe(200);
+  expect(res.headers.get("content-type") ?? "").toStartWith("text/plain");
+  return parsePrometheusText(await res.text());
+}
+
+/** One unlabelled sample (counter, gauge, histogram _count/_sum) from a fresh scrape. */
+export async function metric(server: TestServer, sample: string): Promise<number> {
+  return sampleValue(await scrape(server), sample);
+}
+
+/** Several unlabelled samples from one scrape. */
+export async function metrics<K extends string>(server: TestServer, samples: readonly K[]): Promise<Record<K, number>> {
+  const fams = await scrape(server);
+  return Object.fromEntries(samples.map((s) => [s, sampleValue(fams, s)])) as Record<K, number>;
+}
+
+export const LIFECYCLE = [
+  "service_requests_submitted_total",
+  "service_requests_completed_total",
+  "service_requests_rejected_total",
+  "service_requests_errored_total",
+  "service_requests_cancelled_total",
+] as const;
+
+/** Polls until `cond` holds; fails naming `what` after `timeoutMs`. */
+export async function waitFor(what: string, cond: () => Promise<boolean> | boolean, timeoutMs = 15_000): Promise<void> {
+  const deadline = performance.now() + timeoutMs;
+  while (!(await cond())) {
+    if (performance.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await Bun.sleep(5);
+  }
+}
+
+/** Waits until the scheduler holds exactly `depth` queued requests. */
+export const waitForQueueDepth = (server: TestServer, depth: number) =>
+  waitFor(`service_queue_depth == ${depth}`, async () => (await metric(server, "service_queue_depth")) === depth);
+
+// ---- responses ----
+
+/** Asserts a 503 in the OpenAI error shape with the scheduler's reason code; returns the body. */
+export async function expect503(res: Response, code: string): Promise<ErrorBody> {
+  const text = await res.text();
+  if (res.status !== 503) throw new Error(`expected 503 ${code}, got ${res.status}: ${text}`);
+  expect(res.headers.get("content-type") ?? "").toStartWith("application/json");
+  const body = JSON.parse(text) as ErrorBody;
+  expectErrorShape(body);
+  expect(body.error.type).toBe("service_unavailable_error");
+  expect(body.error.code).toBe(code);
+  return body;
+}
+
+export function expectErrorShape(body: unknown): asserts body is ErrorBody {
+  expect(Object.keys(body as object)).toEqual(["error"]);
+  const e = (body as ErrorBody).error;
+  expect(Object.keys(e).sort()).toEqual(["code", "message", "param", "type"]);
+  expect(typeof e.message).toBe("string");
+  expect(e.message.length).toBeGreaterThan(0);
+  expect(typeof e.type).toBe("string");
+  expect(e.param === null || typeof e.param === "string").toBe(true);
+  expect(e.code === null || typeof e.code === "string").toBe(true);
+}
+
+export async function generateOk(server: TestServer, body: Record<string, unknown>): Promise<NativeResult> {
+  const res = await server.post("/generate", body);
+  const text = await res.text();
+  if (res.status !== 200) throw new Error(`expected 200, got ${res.status}: ${text}`);
+  return JSON.parse(text) as NativeResult;
+}
+
+/** The data payloads of a complete SSE body, in order (the last is "[DONE]" when well formed). */
+export function sseData(body: string): string[] {
+  if (body === "") return [];
+  expect(body.endsWith("\n\n")).toBe(true);
+  return body
+    .slice(0, -2)
+    .split("\n\n")
+    .map((event) => {
+      expect(event.startsWith("data: ")).toBe(true);
+      return event.slice("data: ".length);
+    });
+}
+
+// ---- streams ----
+
+const openStreams = new Set<OpenStream>();
+
+/**
+ * Closes every stream still open (call it in afterEach): when a test fails
+ * half-way, its blocker must not keep the engine busy for seconds and hold
+ * up the next test or the server's graceful stop.
+ */
+export async function cancelOpenStreams(): Promise<void> {
+  const open = [...openStreams];
+  openStreams.clear();
+  await Promise.all(open.map((s) => s.cancel().catch(() => undefined)));
+}
+
+/** An open native stream (POST /generate, stream: true) read event by event. */
+export class OpenStream {
+  private readonly reader: { read(): Promise<{ done: boolean; value?: Uint8Array }>; cancel(): Promise<void> };
+  private readonly decoder = new TextDecoder();
+  private buffer = "";
+  /** Every complete event payload read so far. */
+  readonly events: string[] = [];
+  ended = false;
+
+  constructor(readonly response: Response) {
+    this.reader = (response.body as ReadableStream<Uint8Array>).getReader();
+    openStreams.add(this);
+  }
+
+  /** Reads until at least `n` events have arrived (or the stream ended). */
+  async waitForEvents(n: number): Promise<void> {
+    while (this.events.length < n && !this.ended) await this.pull();
+  }
+
+  /** Reads to the end; returns every event payload. */
+  async readAll(): Promise<string[]> {
+    while (!this.ended) await this.pull();
+    return this.events;
+  }
+
+  /** Closes the connection: the server sees the client go away. */
+  async cancel(): Promise<void> {
+    this.ended = true;
+    openStreams.delete(this);
+    await this.reader.cancel();
+  }
+
+  private async pull(): Promise<void> {
+    const r = await this.reader.read();
+    if (r.done) {
+      this.ended = true;
+      openStreams.delete(this);
+      this.buffer += this.decoder.decode();
+    } else this.buffer += this.decoder.decode(r.value, { stream: true });
+    for (let i = this.buffer.indexOf("\n\n"); i >= 0; i = this.buffer.indexOf("\n\n")) {
+      const event = this.buffer.slice(0, i);
+      this.buffer = this.buffer.slice(i + 2);
+      expect(event.startsWith("data: ")).toBe(true);
+      this.events.push(event.slice("data: ".length));
+    }
+    if (this.ended) expect(this.buffer).toBe("");
+  }
+}
+
+/** Starts a native stream and waits for its 200 headers (sent once the request left the queue). */
+export async function openStream(server: TestServer, body: Record<string, unknown>): Promise<OpenStream> {
+  const res = await server.post("/generate", { ...body, stream: true });
+  if (res.status !== 200) throw new Error(`stream refused: ${res.status}: ${await res.text()}`);
+  expect(res.headers.get("content-type") ?? "").toStartWith("text/event-stream");
+  return new OpenStream(res);
+}
+
+/**
+ * A long streaming request holding the engine: resolves once its first token
+ * arrived, so it is running and everything sent afterwards queues behind it.
+ */
+export async function startBlocker(server: TestServer, maxTokens: number, extra: Record<string, unknown> = {}): Promise<OpenStream> {
+  const s = await openStream(server, { prompt: PROMPT, max_tokens: maxTokens, ...extra });
+  await s.waitForEvents(1);
+  expect(s.ended).toBe(false);
+  return s;
+}
+
+// ---- a model that always fails in the engine ----
+
+let poisoned: string | null = null;
+
+/**
+ * The tiny model with its final norm weights set to NaN: it loads, but every
+ * step's logits are NaN, so the sampler refuses the first step and every
+ * admitted generation ends as an engine error (counted errored).
+ */
+export function poisonedModelPath(): string {
+  if (poisoned !== null) return poisoned;
+  const bytes = new Uint8Array(readFileSync(tinyModelPath()));
+  const view = new DataView(bytes.buffer);
+  const headerLength = Number(view.getBigUint64(0, true));
+  const header = JSON.parse(new TextDecoder().decode(bytes.subarray(8, 8 + headerLength))) as Record<
+    string,
+    { dtype: string; data_offsets: [number, number] }
+  >;
+  const norm = header["norm.weight"];
+  if (norm?.dtype !== "F16") throw new Error("norm.weight is not an F16 tensor");
+  const start = 8 + headerLength;
+  for (let at = start + norm.data_offsets[0]; at < start + norm.data_offsets[1]; at += 2) view.setUint16(at, 0x7e00, true); // fp16 NaN
+  const path = join(testTempDir(), "poisoned-nan-norm.safetensors");
+  writeFileSync(path, bytes);
+  poisoned = path;
+  return path;
+}

@@ -1,0 +1,224 @@
+// GET /metrics of a real server process (SPEC.md §4 /metrics, DESIGN.md §5):
+// the exposition parses as Prometheus text, carries exactly SPEC.md's series
+// with their types, and its counters, gauges and histograms follow what
+// requests do: complete, error, get rejected or cancelled.
+import { afterAll, afterEach, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import type { Family } from "../scheduler/prom_text.ts";
+import {
+  cancelOpenStreams,
+  expect503,
+  expectErrorShape,
+  generateOk,
+  LIFECYCLE,
+  metric,
+  metrics,
+  openStream,
+  poisonedModelPath,
+  PROMPT,
+  scrape,
+  slowModelPath,
+  SLOW,
+  startBlocker,
+  waitForQueueDepth,
+} from "../helpers/scheduling.ts";
+import { TINY } from "../helpers/models.ts";
+import { startServer, type TestServer } from "../helpers/server.ts";
+
+// bunfig.toml's [test] timeout is not read by this Bun (the 5 s default
+// applies), and these tests start server processes: set it here.
+setDefaultTimeout(60_000);
+afterEach(cancelOpenStreams);
+
+// SPEC.md §4, /metrics table: every series, by kind.
+const SPEC_SERIES: Record<string, "gauge" | "counter" | "histogram"> = {
+  service_max_seq_len: "gauge",
+  service_default_loops: "gauge",
+  service_up_timestamp_seconds: "gauge",
+  service_queue_depth: "gauge",
+  service_requests_in_flight: "gauge",
+  service_requests_submitted_total: "counter",
+  service_requests_rejected_total: "counter",
+  service_requests_completed_total: "counter",
+  service_requests_errored_total: "counter",
+  service_requests_cancelled_total: "counter",
+  service_prefix_pool_hits_total: "counter",
+  service_queue_wait_ms: "histogram",
+  service_dispatch_ms: "histogram",
+  service_first_token_ms: "histogram",
+  service_request_wall_ms: "histogram",
+};
+// Beyond SPEC.md: the speculative-decoding token counters (src/metrics.ts).
+const EXTRA_SERVICE_SERIES: Record<string, "counter"> = {
+  service_spec_draft_tokens_total: "counter",
+  service_spec_accepted_tokens_total: "counter",
+};
+const HISTOGRAMS = Object.keys(SPEC_SERIES).filter((n) => SPEC_SERIES[n] === "histogram");
+
+const MAX_SEQ_LEN = 8192;
+
+/** Every SPEC.md series is declared with its exact type and a HELP line, and histograms are complete. */
+function expectSpecFamilies(families: Map<string, Family>): void {
+  for (const [name, type] of Object.entries(SPEC_SERIES)) {
+    const f = families.get(name);
+    if (!f) throw new Error(`/metrics lacks ${name}`);
+    expect({ name, type: f.type }).toEqual({ name, type });
+    expect(f.help?.length ?? 0).toBeGreaterThan(0);
+    if (type === "histogram") {
+      const names = new Set(f.samples.map((x) => x.name));
+      expect([...names].sort()).toEqual([`${name}_bucket`, `${name}_count`, `${name}_sum`]);
+      const les = f.samples.filter((x) => x.name === `${name}_bucket`).map((x) => x.labels.le);
+      expect(les.at(-1)).toBe("+Inf");
+      expect(les.length).toBeGreaterThan(5);
+    } else {
+      // Unlabelled, present (0 before anything happened, never absent).
+      expect(f.samples).toHaveLength(1);
+      expect(f.samples[0].name).toBe(name);
+      expect(f.samples[0].labels).toEqual({});
+    }
+  }
+  // No other service_ series than SPEC.md's and the documented extras; no doubled _total.
+  const service = [...families.values()].filter((f) => f.name.startsWith("service_"));
+  expect(Object.fromEntries(service.map((f) => [f.name, f.type]))).toEqual({ ...SPEC_SERIES, ...EXTRA_SERVICE_SERIES });
+}
+
+describe("/metrics with a model loaded", () => {
+  let s: TestServer;
+  let startedAt: number;
+  beforeAll(async () => {
+    startedAt = Date.now() / 1000;
+    s = await startServer({ modelPath: slowModelPath(), env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } });
+  });
+  afterAll(async () => {
+    await s?.stop();
+  });
+
+  test("parses as Prometheus text format with every SPEC.md series, its exact TYPE and a HELP line", async () => {
+    const res = await fetch(`${s.url}/metrics`);
+    expect(res.status).toBe(200);
+    expect(res.headers.get("content-type")).toStartWith("text/plain");
+    const families = await scrape(s);
+    expectSpecFamilies(families);
+    // prom-client's default process metrics are there too.
+    expect(families.get("process_cpu_seconds_total")?.type).toBe("counter");
+  });
+
+  test("gauges report the configuration: service_max_seq_len, service_default_loops, service_up_timestamp_seconds", async () => {
+    const m = await metrics(s, ["service_max_seq_len", "service_default_loops", "service_up_timestamp_seconds"]);
+    expect(m.service_max_seq_len).toBe(MAX_SEQ_LEN);
+    expect(m.service_default_loops).toBe(SLOW.loops ?? TINY.loops);
+    expect(m.service_up_timestamp_seconds).toBeGreaterThanOrEqual(Math.floor(startedAt));
+    expect(m.service_up_timestamp_seconds).toBeLessThanOrEqual(Date.now() / 1000);
+  });
+
+  test("completed requests move submitted, completed and every histogram's _count and _sum", async () => {
+    const keys = [...LIFECYCLE, ...HISTOGRAMS.flatMap((h) => [`${h}_count`, `${h}_sum`])];
+    const before = await metrics(s, keys);
+    await generateOk(s, { prompt: PROMPT, max_tokens: 4 });
+    await generateOk(s, { prompt: [464, 2068, 7586], max_tokens: 3 });
+    const events = await (await openStream(s, { prompt: PROMPT, max_tokens: 5 })).readAll();
+    expect(events.at(-1)).toBe("[DONE]");
+    const after = await metrics(s, keys);
+    expect(after.service_requests_submitted_total - before.service_requests_submitted_total).toBe(3);
+    expect(after.service_requests_completed_total - before.service_requests_completed_total).toBe(3);
+    for (const k of ["rejected", "errored", "cancelled"])
+      expect(after[`service_requests_${k}_total`]).toBe(before[`service_requests_${k}_total`]);
+    for (const h of HISTOGRAMS) {
+      expect({ h, n: after[`${h}_count`] - before[`${h}_count`] }).toEqual({ h, n: 3 });
+      expect(after[`${h}_sum`]).toBeGreaterThanOrEqual(before[`${h}_sum`]);
+    }
+    // The wall time of three generations on this model is real time, not zero.
+    expect(after.service_request_wall_ms_sum).toBeGreaterThan(before.service_request_wall_ms_sum);
+    const rest = await metrics(s, ["service_queue_depth", "service_requests_in_flight"]);
+    expect(rest).toEqual({ service_queue_depth: 0, service_requests_in_flight: 0 });
+  });
+
+  test("service_requests_in_flight and service_queue_depth count the running and the waiting requests", async () => {
+    const blocker = await startBlocker(s, 8000);
+    expect(await metric(s, "service_requests_in_flight")).toBe(1);
+    expect(await metric(s, "service_queue_depth")).toBe(0);
+    const queued = [generateOk(s, { prompt: PROMPT, max_tokens: 2 }), generateOk(s, { prompt: PROMPT, max_tokens: 2 })];
+    await waitForQueueDepth(s, 2);
+    expect(await metric(s, "service_requests_in_flight")).toBe(1);
+    const before = await metric(s, "service_requests_cancelled_total");
+    await blocker.cancel();
+    await Promise.all(queued);
+    const after = await metrics(s, ["service_queue_depth", "service_requests_in_flight", "service_requests_cancelled_total"]);
+    expect(after).toEqual({ service_queue_depth: 0, service_requests_in_flight: 0, service_requests_cancelled_total: before + 1 });
+  });
+
+  test("a rejected request moves submitted and rejected only; a request failing validation never reaches the scheduler", async () => {
+    await generateOk(s, { prompt: PROMPT, max_tokens: 16 }); // the latency predictor is primed
+    const keys = [...LIFECYCLE, "service_request_wall_ms_count", "service_queue_wait_ms_count"] as const;
+    const before = await metrics(s, keys);
+    await expect503(await s.post("/generate", { prompt: PROMPT, max_tokens: 4000, slo_ms: 1 }), "latency_target");
+    // 400 (length) and 422 (shape) are answered before admission.
+    expect((await s.post("/generate", { prompt: PROMPT, max_tokens: MAX_SEQ_LEN })).status).toBe(400);
+    expect((await s.post("/generate", { max_tokens: 4 })).status).toBe(422);
+    const after = await metrics(s, keys);
+    expect({
+      submitted: after.service_requests_submitted_total - before.service_requests_submitted_total,
+      rejected: after.service_requests_rejected_total - before.service_requests_rejected_total,
+      completed: after.service_requests_completed_total - before.service_requests_completed_total,
+      errored: after.service_requests_errored_total - before.service_requests_errored_total,
+      cancelled: after.service_requests_cancelled_total - before.service_requests_cancelled_total,
+      ran: after.service_queue_wait_ms_count - before.service_queue_wait_ms_count,
+      wall: after.service_request_wall_ms_count - before.service_request_wall_ms_count,
+    }).toEqual({ submitted: 1, rejected: 1, completed: 0, errored: 0, cancelled: 0, ran: 0, wall: 0 });
+  });
+});
+
+describe("/metrics when the engine fails", () => {
+  let s: TestServer;
+  beforeAll(async () => {
+    s = await startServer({ modelPath: poisonedModelPath() });
+  });
+  afterAll(async () => {
+    await s?.stop();
+  });
+
+  test("an engine error moves submitted and errored, not completed, and no completion latency is recorded", async () => {
+    const keys = [...LIFECYCLE, "service_request_wall_ms_count"] as const;
+    const before = await metrics(s, keys);
+    // Non-streaming: SPEC.md §2 allows finish_reason "error" there; otherwise an error status in the common shape.
+    const res = await s.post("/generate", { prompt: PROMPT, max_tokens: 4 });
+    const body = (await res.json()) as { finish_reason?: string };
+    if (res.status === 200) expect(body.finish_reason).toBe("error");
+    else expectErrorShape(body);
+    // Streaming: the stream was opened, so the error arrives as an event before [DONE].
+    const events = await (await openStream(s, { prompt: PROMPT, max_tokens: 4 })).readAll();
+    expect(events.at(-1)).toBe("[DONE]");
+    expectErrorShape(JSON.parse(events.at(-2) as string));
+    const after = await metrics(s, keys);
+    expect({
+      submitted: after.service_requests_submitted_total - before.service_requests_submitted_total,
+      errored: after.service_requests_errored_total - before.service_requests_errored_total,
+      completed: after.service_requests_completed_total - before.service_requests_completed_total,
+      wall: after.service_request_wall_ms_count - before.service_request_wall_ms_count,
+    }).toEqual({ submitted: 2, errored: 2, completed: 0, wall: 0 });
+    // The failure was the request's, not the server's.
+    expect((await fetch(`${s.url}/healthz`)).status).toBe(200);
+  });
+});
+
+describe("/metrics without a model", () => {
+  let s: TestServer;
+  beforeAll(async () => {
+    s = await startServer({ modelPath: null });
+  });
+  afterAll(async () => {
+    await s?.stop();
+  });
+
+  test("still answers 200 in Prometheus text with every SPEC.md series while /healthz and /generate answer 503", async () => {
+    expect((await fetch(`${s.url}/healthz`)).status).toBe(503);
+    await expect503(await s.post("/generate", { prompt: PROMPT, max_tokens: 4 }), "model_not_loaded");
+    const families = await scrape(s);
+    expectSpecFamilies(families);
+    const m = await metrics(s, [...LIFECYCLE, "service_max_seq_len", "service_queue_depth", "service_requests_in_flight"]);
+    expect(m.service_max_seq_len).toBe(2048); // SERVICE_MAX_SEQ_LEN's default
+    // Nothing reached a scheduler: there is none.
+    for (const k of LIFECYCLE) expect({ k, v: m[k] }).toEqual({ k, v: 0 });
+    expect(m.service_queue_depth).toBe(0);
+    expect(m.service_requests_in_flight).toBe(0);
+  });
+});
