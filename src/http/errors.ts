@@ -240,7 +240,8 @@ export function errorResponse({ code, error, request }: ElysiaErrorContext): Res
   return toHttpError(code, error, request).toResponse();
 }
 
-function toHttpError(code: string | number, error: unknown, request: Request): HttpError {
+/** The one mapping from anything thrown to an HTTP error (responses and in-stream error events). */
+export function toHttpError(code: string | number, error: unknown, request: Request): HttpError {
   if (error instanceof HttpError) return error;
   if (error instanceof EngineRequestError) return badRequest(error.message);
   switch (code) {

@@ -2,7 +2,7 @@
 // one `data:` line per event, a blank line after it, `data: [DONE]` last.
 // A client that goes away aborts the signal handed to the producer, so the
 // engine stops at its next step.
-import { HttpError } from "./errors.ts";
+import { toHttpError } from "./errors.ts";
 
 export const SSE_DONE = "data: [DONE]\n\n";
 
@@ -10,12 +10,9 @@ export function sseEvent(data: unknown): string {
   return `data: ${JSON.stringify(data)}\n\n`;
 }
 
-/** Error raised after the stream started: an error event, then [DONE]. */
-export function sseErrorEvent(error: unknown): string {
-  if (error instanceof HttpError) return sseEvent(error.body());
-  console.error("error while streaming:", error);
-  const message = `internal server error: ${(error as Error)?.message ?? String(error)}`;
-  return sseEvent({ error: { message, type: "server_error", param: null, code: "internal_error" } });
+/** Error raised after the stream started: an error event (same mapping as a response), then [DONE]. */
+export function sseErrorEvent(error: unknown, request: Request): string {
+  return sseEvent(toHttpError("STREAM", error, request).body());
 }
 
 export type SseSend = (event: string) => void;
@@ -38,7 +35,7 @@ export function sseResponse(request: Request, produce: (send: SseSend, signal: A
         if (open) controller.enqueue(encoder.encode(event));
       };
       produce(send, abort.signal)
-        .catch((e) => send(sseErrorEvent(e)))
+        .catch((e) => send(sseErrorEvent(e, request)))
         .finally(() => {
           send(SSE_DONE);
           request.signal.removeEventListener("abort", onClientGone);
