@@ -109,9 +109,11 @@ async function buildCudaLibrary(): Promise<string | null> {
     // cudart (nvcc's default), libstdc++ and libgcc are linked statically, so
     // the library needs only libc and, to find a GPU, the driver; a host
     // without either still loads it and gets ls_cuda_device_count() == 0.
-    // nodelete as for the CPU library (cudart's exit handlers outlive an unload).
+    // nodelete as for the CPU library (cudart's exit handlers outlive an unload);
+    // -z defs: should a linked host file come to need a CPU-only one, the
+    // link fails here instead of dlopen failing on a GPU host.
     await run([
-      nvcc, "-shared", ...CUDA_ARCH, "-Xcompiler", "-static-libstdc++,-static-libgcc", "-Xlinker", "-z,nodelete",
+      nvcc, "-shared", ...CUDA_ARCH, "-Xcompiler", "-static-libstdc++,-static-libgcc", "-Xlinker", "-z,nodelete,-z,defs",
       "-o", lib, ...objects, util, ...host, "-lm",
     ]);
   }

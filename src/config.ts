@@ -26,6 +26,8 @@ export interface Config {
   readonly commit: string | null;
   /** Where a replacement GPT-2 rank file may be placed; null = bundled only. */
   readonly tokenizerHome: string | null;
+  /** $XDG_CACHE_HOME: where the executable extracts its embedded kernel library. */
+  readonly cacheHome: string | null;
   readonly kvCacheMode: KvCacheMode;
   /** SERVICE_H_MODE_FP16_ATTN_QKV: round q, k, v to fp16 before the rotation. */
   readonly hModeFp16AttnQkv: boolean;
@@ -146,6 +148,7 @@ export function loadConfig(env: Env = process.env, flags: ConfigFlags = {}): Con
     buildDir: read(env, "SERVICE_BUILD_DIR") ?? "./build",
     commit: read(env, "SERVICE_COMMIT") ?? null,
     tokenizerHome: read(env, "TOKENIZER_HOME") ?? null,
+    cacheHome: read(env, "XDG_CACHE_HOME") ?? null,
     kvCacheMode: kv.mode,
     hModeFp16AttnQkv: kv.fp16AttnQkv,
     threads: integer(env, "SERVICE_THREADS", 0, 0, 4096),

@@ -64,6 +64,7 @@ function loadEngine(config: Config): Loaded {
       threads: config.threads,
       simd: config.simd,
       buildDir: config.buildDir,
+      cacheHome: config.cacheHome,
     });
     return { engine, loadError: null };
   } catch (e) {

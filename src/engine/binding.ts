@@ -71,6 +71,11 @@ export function openKernelLibrary(path: string): Lib {
   return lib;
 }
 
+/** Devices the CUDA library can use (0 without a driver or GPU). */
+export function cudaDeviceCount(path: string): number {
+  return dlopen(path, { ls_cuda_device_count: { args: [], returns: i32 } }).symbols.ls_cuda_device_count();
+}
+
 export interface NativeModelInfo {
   dim: number;
   nHeads: number;

@@ -2,9 +2,9 @@
 // time, one FFI call per step, yielding to the event loop between steps so
 // /healthz, /metrics and stream writes keep flowing.
 import { existsSync } from "node:fs";
-import { join } from "node:path";
 import type { EngineRunOptions } from "../scheduler/scheduler.ts";
-import { NativeError, NativeModel, type NativeSession, type SimdChoice } from "./binding.ts";
+import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveCudaLibrary, resolveKernelLibrary } from "./library.ts";
+import { cudaDeviceCount, NativeError, NativeModel, type NativeSession, type SimdChoice } from "./binding.ts";
 import type { GenerateRequest, GenerateResult, ModelInfo, TokenSink } from "./types.ts";
 
 export class EngineLoadError extends Error {}
@@ -17,9 +17,9 @@ export interface EngineOptions {
   threads: number;
   simd: SimdChoice;
   buildDir: string;
+  /** $XDG_CACHE_HOME, where an embedded kernel library is extracted (null: ~/.cache). */
+  cacheHome?: string | null;
 }
-
-export const LIBRARY_NAME = "libloopserve.so";
 
 const NATIVE_STATE_ERROR = -4; // LS_ERR_STATE
 
@@ -59,14 +59,30 @@ export class Engine {
   }
 
   static load(opts: EngineOptions): Engine {
-    const library = join(opts.buildDir, LIBRARY_NAME);
-    if (!existsSync(library))
-      throw new EngineLoadError(`kernel library not found at ${library} (build it with \`bun run build:lib\`)`);
+    const library = Engine.kernelLibrary(opts);
     if (!existsSync(opts.modelPath)) throw new EngineLoadError(`model file not found: ${opts.modelPath}`);
     try {
       return new Engine(NativeModel.load(library, opts.modelPath, opts.threads, opts.simd));
     } catch (e) {
       throw new EngineLoadError(`cannot load model ${opts.modelPath}: ${(e as Error).message}`);
+    }
+  }
+
+  /**
+   * The kernel library to load: SERVICE_BUILD_DIR first, else the one
+   * embedded in the executable (extracted once to a cache directory); the
+   * CUDA library instead when it is present and sees a device.
+   */
+  private static kernelLibrary(opts: EngineOptions): string {
+    try {
+      const cacheDirs = cacheDirCandidates({ xdgCacheHome: opts.cacheHome });
+      const cpu = resolveKernelLibrary(opts.buildDir, CPU_LIBRARY_NAME, cacheDirs);
+      const cuda = resolveCudaLibrary(opts.buildDir, cacheDirs);
+      if (cuda && cudaDeviceCount(cuda) > 0) return cuda;
+      if (cuda) console.error("loopserve: no usable CUDA device: using the CPU kernels");
+      return cpu;
+    } catch (e) {
+      throw new EngineLoadError((e as Error).message);
     }
   }
 

@@ -4,7 +4,8 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { Engine, type KvSnapshot, LIBRARY_NAME } from "../../src/engine/engine.ts";
+import { Engine, type KvSnapshot } from "../../src/engine/engine.ts";
+import { CPU_LIBRARY_NAME } from "../../src/engine/library.ts";
 import type { GenerateRequest, GenerateResult } from "../../src/engine/types.ts";
 import { ServiceMetrics } from "../../src/metrics.ts";
 import { Scheduler, SchedulerRejection, type SchedulerEngine, type SchedulerOptions } from "../../src/scheduler/scheduler.ts";
@@ -12,7 +13,7 @@ import { tinyModelPath } from "../helpers/models.ts";
 import { parsePrometheusText, sampleValue } from "./prom_text.ts";
 
 const BUILD_DIR = resolve(import.meta.dir, "../../build");
-const haveLibrary = existsSync(join(BUILD_DIR, LIBRARY_NAME));
+const haveLibrary = existsSync(join(BUILD_DIR, CPU_LIBRARY_NAME));
 
 // Engine satisfies the scheduler's narrow interface as it is (compile-time check).
 const _fits: (e: Engine) => SchedulerEngine<KvSnapshot> = (e) => e;

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# System packages the deployment tests need (test/deploy/*):
+#   nginx            the load-balancer example (deploy/nginx.conf) is run for real
+#   systemd          systemd-analyze, to verify deploy/*.service
+# Idempotent and quick: apt is not touched when every tool is already there.
+# Needs root (or sudo) only when something is missing. Never starts a service:
+# Debian's nginx package would otherwise try to start one on port 80.
+set -euo pipefail
+
+need=()
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+
+if [ ${#need[@]} -eq 0 ]; then
+  echo "system-deps: nginx and systemd-analyze already present"
+  exit 0
+fi
+
+sudo=()
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then sudo=(sudo); else
+    echo "system-deps: need root to install ${need[*]} (apt-get); the tests that need them will be skipped" >&2
+    exit 0
+  fi
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "system-deps: no apt-get here; install ${need[*]} by hand (the tests that need them will be skipped)" >&2
+  exit 0
+fi
+
+# policy-rc.d exit 101 = "do not start services from maintainer scripts".
+# Installed only for the duration of this script, and only if none exists.
+policy=/usr/sbin/policy-rc.d
+own_policy=0
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee "$policy" >/dev/null
+  "${sudo[@]}" chmod 755 "$policy"
+  own_policy=1
+fi
+cleanup() { if [ "$own_policy" -eq 1 ]; then "${sudo[@]}" rm -f "$policy"; fi; }
+trap cleanup EXIT
+
+echo "system-deps: installing ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+# Only refresh the package lists when they are missing (a fresh container).
+if [ -z "$(ls -A /var/lib/apt/lists 2>/dev/null | grep -v -e '^lock$' -e '^partial$' || true)" ]; then
+  "${sudo[@]}" apt-get update -qq
+fi
+if ! "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null; then
+  # Stale lists (404 on a superseded version): refresh once and retry.
+  "${sudo[@]}" apt-get update -qq
+  "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+echo "system-deps: done"

@@ -1,0 +1,145 @@
+/*
+ * cuda_internal.h — shared by the .cu files of libloopserve_cuda.so; not ABI.
+ *
+ * libloopserve_cuda.so implements kernels/loopserve.h exactly like
+ * libloopserve.so, plus `ls_cuda_device_count`. Loading and validation are
+ * the CPU library's own code (model.c, json.c, util.c, sample.c are linked
+ * in, see build.ts); this directory provides what internal.h leaves to the
+ * runtime: ls_runtime_init/free, the sessions and the forward pass.
+ *
+ * Design, kept deliberately plain (it is compiled in CI but can only run on
+ * a GPU host):
+ *   - weights are copied to the device once, fp16 as stored; norms as fp32;
+ *   - every kernel runs on the legacy default stream, so launches are
+ *     ordered and each cudaMemcpy to the host is the synchronisation point;
+ *   - each output element is one fixed-order reduction by one warp or block,
+ *     whatever the number of tokens in the call: like the CPU kernels, the
+ *     GPU path is batch-invariant on its own (GPU and CPU logits agree to
+ *     rounding, not bit for bit);
+ *   - greedy sampling (argmax, repetition penalty) runs on the device; a
+ *     temperature draw copies the logits to the host and runs sample.c's
+ *     ls_sample, so the RNG contract is not re-implemented but shared: the
+ *     same logits, seed and counter give the same token on both libraries.
+ */
+#ifndef LS_CUDA_INTERNAL_H
+#define LS_CUDA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "internal.h"
+}
+
+/* SIMD code reported in ls_model_info.simd by this library. */
+#ifndef LS_SIMD_CUDA
+#define LS_SIMD_CUDA 4
+#endif
+
+/* Tokens per internal step (as LS_CHUNK in kernels/session.h): bounds the
+ * scratch buffers and, with a window W, the ring of W + LS_CUDA_CHUNK rows. */
+#define LS_CUDA_CHUNK 64
+
+/* Threads per block of the row-wise kernels; attention keeps one output
+ * dimension per thread, so head_dim may not exceed it. */
+#define LS_CUDA_BLOCK 256
+#define LS_CUDA_MAX_HEAD_DIM LS_CUDA_BLOCK
+
+struct ls_runtime {
+    int device;
+    /* fp16 weights on the device, same layouts as ls_weights */
+    __half *tok_embeddings; /* (vocab_size, dim) */
+    __half *wq;             /* (n_heads * head_dim, dim) */
+    __half *wk;             /* (n_kv_heads * head_dim, dim) */
+    __half *wv;             /* (n_kv_heads * head_dim, dim) */
+    __half *wo;             /* (dim, n_heads * head_dim) */
+    __half *w1;             /* (ffn_dim, dim) gate */
+    __half *w2;             /* (dim, ffn_dim) down */
+    __half *w3;             /* (ffn_dim, dim) up */
+    __half *output;         /* (vocab_size, dim); == tok_embeddings when tied */
+    float *attn_norm;       /* (dim) fp32 */
+    float *ffn_norm;        /* (dim) */
+    float *norm;            /* (dim) */
+};
+
+struct ls_session {
+    ls_model *m;
+    int32_t max_seq;   /* most positions ever held */
+    int32_t loops;     /* loops the caches exist for */
+    int32_t window;    /* 0 = full attention, else W */
+    int32_t cap;       /* cache rows per loop: max_seq, or W + LS_CUDA_CHUNK */
+    int32_t pos;       /* tokens fed (history length) */
+    int32_t failed;    /* a CUDA call failed mid-step: the caches are unknown */
+
+    /* host */
+    int32_t *tokens;   /* (max_seq) token history, for ls_sample's penalty */
+    int32_t *loop_len; /* (loops) positions [0, loop_len) written in loop l */
+    int32_t *loop_lo;  /* (loops) oldest position the ring still holds for loop l */
+    float *rope_host;  /* (LS_CUDA_CHUNK, head_dim / 2, 2) cos, sin */
+    float *logits_host; /* (vocab_size) for a host-side draw */
+
+    /* device */
+    int32_t *d_tokens; /* (max_seq) the same history, for the device penalty */
+    __half *kc;        /* (loops, n_kv_heads, cap, head_dim) keys, RoPE applied */
+    __half *vc;        /* (loops, n_kv_heads, cap, head_dim) values */
+    float *h;          /* (LS_CUDA_CHUNK, dim) residual stream */
+    float *xb;         /* (LS_CUDA_CHUNK, dim) normed sub-block input */
+    float *q;          /* (LS_CUDA_CHUNK, n_heads * head_dim) */
+    float *k;          /* (LS_CUDA_CHUNK, n_kv_heads * head_dim) */
+    float *v;          /* (LS_CUDA_CHUNK, n_kv_heads * head_dim) */
+    float *att;        /* (LS_CUDA_CHUNK, n_heads * head_dim) */
+    float *g;          /* (LS_CUDA_CHUNK, ffn_dim) gate, then silu(gate) * up */
+    float *u;          /* (LS_CUDA_CHUNK, ffn_dim) up */
+    float *rope;       /* (LS_CUDA_CHUNK, head_dim / 2, 2) */
+    float *logits;     /* (LS_CUDA_CHUNK, vocab_size) */
+    float *penalized;  /* (vocab_size) logits after the repetition penalty */
+    int32_t *result;   /* (1) sampled id */
+};
+
+/* ---- ops.cu: each launcher returns the launch's error (cudaGetLastError) ---- */
+
+/* h[t] = E[tokens[t]] as fp32; tokens already checked against the vocabulary. */
+cudaError_t lsc_embed(float *h, const __half *E, const int32_t *tokens, int32_t T, int32_t dim);
+
+/* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, rows of n. */
+cudaError_t lsc_rmsnorm(float *out, const float *x, const float *w, int32_t T, int32_t n, float eps);
+
+/* y[t*ldy + o] (+)= sum_i w[o*in + i] * x[t*ldx + i], o < rows, t < T. */
+cudaError_t lsc_matmul(float *y, int32_t ldy, const float *x, int32_t ldx, const __half *w, int32_t in,
+                       int32_t rows, int32_t T, int add);
+
+/* Rotates pairs (i, i + hd/2) of n_heads vectors per token; cs (T, hd/2, 2). */
+cudaError_t lsc_rope(float *x, int32_t ld, int32_t n_heads, int32_t hd, const float *cs, int32_t T);
+
+/* Stores T tokens' k, v (fp32, (T, n_kv*hd)) as fp16 into one loop's cache
+ * (n_kv, cap, hd) at rows (pos0 + t) % cap. */
+cudaError_t lsc_kv_store(__half *kc, __half *vc, const float *k, const float *v, int32_t n_kv,
+                         int32_t hd, int32_t cap, int32_t pos0, int32_t T);
+
+/* att[t, h] = softmax(q[t, h] · K / sqrt(hd)) · V over the positions token
+ * pos0 + t sees (causal, last `window` when window > 0) in one loop's cache. */
+cudaError_t lsc_attention(float *att, const float *q, const __half *kc, const __half *vc,
+                          int32_t n_heads, int32_t n_kv, int32_t hd, int32_t cap, int32_t window,
+                          int32_t pos0, int32_t T);
+
+/* Copies positions [lo, n) of one loop's cache (n_kv, cap, hd) from a ring
+ * of scap rows to one of dcap rows (position p lives in row p % cap). */
+cudaError_t lsc_copy_rows(__half *dst, int32_t dcap, const __half *src, int32_t scap, int32_t n_kv, int32_t hd,
+                          int32_t lo, int32_t n);
+
+/* g[i] = silu(g[i]) * u[i], i < n. */
+cudaError_t lsc_swiglu(float *g, const float *u, int64_t n);
+
+/* ---- sample.cu ---- */
+
+/* Greedy pick with ls_sample's rules (NaN as -inf, repetition penalty once
+ * per distinct history id, lowest id on ties): *out = the id, or LS_ERR_ARG
+ * when no logit is usable. penalized: (vocab) scratch, used when
+ * penalty != 1 and n_history > 0. */
+cudaError_t lsc_argmax(int32_t *out, float *penalized, const float *logits, int32_t vocab,
+                       const int32_t *history, int32_t n_history, float penalty);
+
+#endif

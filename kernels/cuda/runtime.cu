@@ -1,0 +1,467 @@
+/*
+ * runtime.cu — libloopserve_cuda.so's runtime (weights on the device),
+ * sessions (fp16 K/V cache per loop on the device) and the forward pass,
+ * behind the ABI of kernels/loopserve.h. The session logic (positions per
+ * loop, the windowed ring, rollback rules, argument checks and error codes)
+ * is kernels/session.c and kernels/forward.c's, line for line; only where
+ * the numbers are computed differs.
+ *
+ * CUDA failures after a session exists (a launch or copy failing mid-step)
+ * leave its caches in an unknown state: the session is marked failed, the
+ * error is printed to stderr (the ABI has no err buffer there) and every
+ * later call on it returns LS_ERR_STATE.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+// ---- device discovery and names ----
+
+/* Number of usable CUDA devices; 0 when there is no driver, no device or
+ * any error (cudaGetDeviceCount leaves the count unwritten on failure). */
+extern "C" int32_t ls_cuda_device_count(void) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); // clear the sticky-free error so later calls start clean
+        return 0;
+    }
+    return n > 0 ? n : 0;
+}
+
+/* util.c's ls_simd_name, renamed at compile time by build.ts. */
+extern "C" const char *ls_cpu_simd_name(int32_t simd);
+
+extern "C" const char *ls_simd_name(int32_t simd) { return simd == LS_SIMD_CUDA ? "cuda" : ls_cpu_simd_name(simd); }
+
+// ---- runtime ----
+
+static int upload(void **dst, const void *src, size_t bytes, const char *what, char *err, int32_t err_len) {
+    cudaError_t e = cudaMalloc(dst, bytes);
+    if (e != cudaSuccess) {
+        *dst = NULL;
+        ls_set_error(err, err_len, "cannot allocate %zu bytes of GPU memory for %s: %s", bytes, what,
+                     cudaGetErrorString(e));
+        return -1;
+    }
+    e = cudaMemcpy(*dst, src, bytes, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+        ls_set_error(err, err_len, "cannot copy %s (%zu bytes) to the GPU: %s", what, bytes, cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}
+
+static int upload_f16(__half **dst, const uint16_t *src, size_t n, const char *what, char *err, int32_t err_len) {
+    return upload((void **)dst, src, n * sizeof(uint16_t), what, err, err_len);
+}
+
+/* Norm weights as fp32, converted on the host with util.c's exact conversion. */
+static int upload_norm(float **dst, const uint16_t *src, int32_t n, const char *what, char *err, int32_t err_len) {
+    float *tmp = (float *)malloc((size_t)n * sizeof(float));
+    if (!tmp) {
+        ls_set_error(err, err_len, "out of memory converting %s", what);
+        return -1;
+    }
+    for (int32_t i = 0; i < n; i++) tmp[i] = ls_f16_to_f32(src[i]);
+    int rc = upload((void **)dst, tmp, (size_t)n * sizeof(float), what, err, err_len);
+    free(tmp);
+    return rc;
+}
+
+extern "C" int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd, char *err, int32_t err_len) {
+    (void)n_threads; // one host thread drives the GPU
+    (void)simd;      // a CPU notion; model.c has already checked its range
+    ls_model_info *mi = &m->info;
+    if (mi->quant != LS_QUANT_FP16) {
+        ls_set_error(err, err_len, "quant %d is not supported by the CUDA kernels (fp16 only)", mi->quant);
+        return LS_ERR_ARG;
+    }
+    if (mi->dim <= 0 || mi->n_heads <= 0 || mi->n_kv_heads <= 0 || mi->head_dim <= 0 || mi->head_dim % 2 != 0 ||
+        mi->n_heads * mi->head_dim != mi->dim || mi->n_heads % mi->n_kv_heads != 0 || mi->ffn_dim <= 0 ||
+        mi->vocab_size <= 0) {
+        ls_set_error(err, err_len,
+                     "inconsistent model shape: dim %d, n_heads %d, n_kv_heads %d, head_dim %d, "
+                     "ffn_dim %d, vocab_size %d",
+                     mi->dim, mi->n_heads, mi->n_kv_heads, mi->head_dim, mi->ffn_dim, mi->vocab_size);
+        return LS_ERR_ARG;
+    }
+    if (mi->head_dim > LS_CUDA_MAX_HEAD_DIM) {
+        ls_set_error(err, err_len, "head_dim %d is larger than the CUDA attention kernel supports (%d)",
+                     mi->head_dim, LS_CUDA_MAX_HEAD_DIM);
+        return LS_ERR_ARG;
+    }
+    int n_dev = 0;
+    cudaError_t e = cudaGetDeviceCount(&n_dev);
+    if (e != cudaSuccess || n_dev < 1) {
+        ls_set_error(err, err_len, "no usable CUDA device: %s",
+                     e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports 0 devices");
+        cudaGetLastError();
+        return LS_ERR_STATE;
+    }
+    e = cudaSetDevice(0);
+    if (e != cudaSuccess) {
+        ls_set_error(err, err_len, "cannot select CUDA device 0: %s", cudaGetErrorString(e));
+        return LS_ERR_STATE;
+    }
+
+    ls_runtime *rt = (ls_runtime *)calloc(1, sizeof *rt);
+    if (!rt) {
+        ls_set_error(err, err_len, "out of memory allocating the runtime");
+        return LS_ERR_NOMEM;
+    }
+    m->rt = rt;
+    rt->device = 0;
+    size_t dim = (size_t)mi->dim, kv_dim = (size_t)mi->n_kv_heads * mi->head_dim;
+    size_t ffn = (size_t)mi->ffn_dim, vocab = (size_t)mi->vocab_size;
+    const ls_weights *w = &m->w;
+    int bad = upload_f16(&rt->tok_embeddings, w->tok_embeddings, vocab * dim, "tok_embeddings.weight", err, err_len) ||
+              upload_f16(&rt->wq, w->wq, dim * dim, "block.wq.weight", err, err_len) ||
+              upload_f16(&rt->wk, w->wk, kv_dim * dim, "block.wk.weight", err, err_len) ||
+              upload_f16(&rt->wv, w->wv, kv_dim * dim, "block.wv.weight", err, err_len) ||
+              upload_f16(&rt->wo, w->wo, dim * dim, "block.wo.weight", err, err_len) ||
+              upload_f16(&rt->w1, w->w1, ffn * dim, "block.w1.weight", err, err_len) ||
+              upload_f16(&rt->w2, w->w2, dim * ffn, "block.w2.weight", err, err_len) ||
+              upload_f16(&rt->w3, w->w3, ffn * dim, "block.w3.weight", err, err_len) ||
+              upload_norm(&rt->attn_norm, w->attn_norm, mi->dim, "block.attn_norm.weight", err, err_len) ||
+              upload_norm(&rt->ffn_norm, w->ffn_norm, mi->dim, "block.ffn_norm.weight", err, err_len) ||
+              upload_norm(&rt->norm, w->norm, mi->dim, "norm.weight", err, err_len);
+    if (!bad) {
+        if (mi->tied_output || w->output == w->tok_embeddings)
+            rt->output = rt->tok_embeddings;
+        else
+            bad = upload_f16(&rt->output, w->output, vocab * dim, "output.weight", err, err_len);
+    }
+    if (bad) {
+        ls_runtime_free(m);
+        return LS_ERR_NOMEM;
+    }
+    mi->simd = LS_SIMD_CUDA;
+    mi->n_threads = 1;
+    return LS_OK;
+}
+
+extern "C" void ls_runtime_free(ls_model *m) {
+    if (!m || !m->rt) return;
+    ls_runtime *rt = m->rt;
+    if (rt->output && rt->output != rt->tok_embeddings) cudaFree(rt->output);
+    void *bufs[] = {rt->tok_embeddings, rt->wq, rt->wk, rt->wv, rt->wo, rt->w1,
+                    rt->w2, rt->w3, rt->attn_norm, rt->ffn_norm, rt->norm};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) cudaFree(bufs[i]);
+    free(rt);
+    m->rt = NULL;
+}
+
+// ---- sessions ----
+
+/* a * b * c * d elements of `size` bytes, or 0 on overflow */
+static size_t bytes_of(size_t a, size_t b, size_t c, size_t d, size_t size) {
+    size_t r;
+    if (__builtin_mul_overflow(a, b, &r) || __builtin_mul_overflow(r, c, &r) || __builtin_mul_overflow(r, d, &r) ||
+        __builtin_mul_overflow(r, size, &r))
+        return 0;
+    return r;
+}
+
+/* cudaMalloc + zero fill (as the CPU library callocs): no buffer ever holds
+ * undefined bytes. Returns false on failure (or on a 0-byte request). */
+static bool dev_alloc(void **p, size_t bytes) {
+    *p = NULL;
+    if (bytes == 0) return false;
+    if (cudaMalloc(p, bytes) != cudaSuccess) {
+        *p = NULL;
+        return false;
+    }
+    return cudaMemset(*p, 0, bytes) == cudaSuccess;
+}
+
+extern "C" ls_session *ls_session_new(ls_model *m, int32_t max_seq, int32_t loops, int32_t cache_window, char *err,
+                                      int32_t err_len) {
+    if (!m || !m->rt) {
+        ls_set_error(err, err_len, "no model loaded");
+        return NULL;
+    }
+    if (max_seq < 1) {
+        ls_set_error(err, err_len, "max_seq must be at least 1, got %d", max_seq);
+        return NULL;
+    }
+    if (loops < 1) {
+        ls_set_error(err, err_len, "loops must be at least 1, got %d", loops);
+        return NULL;
+    }
+    if (cache_window < 0) {
+        ls_set_error(err, err_len, "cache_window must be 0 (full) or positive, got %d", cache_window);
+        return NULL;
+    }
+    const ls_model_info *mi = &m->info;
+    ls_session *s = (ls_session *)calloc(1, sizeof *s);
+    if (!s) {
+        ls_set_error(err, err_len, "out of memory allocating a session");
+        return NULL;
+    }
+    s->m = m;
+    s->max_seq = max_seq;
+    s->loops = loops;
+    s->window = cache_window;
+    s->cap = max_seq;
+    if (cache_window > 0 && (int64_t)cache_window + LS_CUDA_CHUNK < max_seq) s->cap = cache_window + LS_CUDA_CHUNK;
+
+    size_t C = LS_CUDA_CHUNK, dim = (size_t)mi->dim, hd = (size_t)mi->head_dim;
+    size_t kv_dim = (size_t)mi->n_kv_heads * hd, ffn = (size_t)mi->ffn_dim, vocab = (size_t)mi->vocab_size;
+    size_t cache_bytes = bytes_of((size_t)loops, (size_t)mi->n_kv_heads, (size_t)s->cap, hd, sizeof(__half));
+
+    s->tokens = (int32_t *)calloc((size_t)max_seq, sizeof(int32_t));
+    s->loop_len = (int32_t *)calloc((size_t)loops, sizeof(int32_t));
+    s->loop_lo = (int32_t *)calloc((size_t)loops, sizeof(int32_t));
+    s->rope_host = (float *)calloc(C * hd, sizeof(float));
+    s->logits_host = (float *)calloc(vocab, sizeof(float));
+    bool host_ok = s->tokens && s->loop_len && s->loop_lo && s->rope_host && s->logits_host;
+    bool dev_ok = host_ok && dev_alloc((void **)&s->kc, cache_bytes) && dev_alloc((void **)&s->vc, cache_bytes) &&
+                  dev_alloc((void **)&s->d_tokens, (size_t)max_seq * sizeof(int32_t)) &&
+                  dev_alloc((void **)&s->h, C * dim * sizeof(float)) &&
+                  dev_alloc((void **)&s->xb, C * dim * sizeof(float)) &&
+                  dev_alloc((void **)&s->q, C * dim * sizeof(float)) &&
+                  dev_alloc((void **)&s->k, C * kv_dim * sizeof(float)) &&
+                  dev_alloc((void **)&s->v, C * kv_dim * sizeof(float)) &&
+                  dev_alloc((void **)&s->att, C * dim * sizeof(float)) &&
+                  dev_alloc((void **)&s->g, C * ffn * sizeof(float)) &&
+                  dev_alloc((void **)&s->u, C * ffn * sizeof(float)) &&
+                  dev_alloc((void **)&s->rope, C * hd * sizeof(float)) &&
+                  dev_alloc((void **)&s->logits, C * vocab * sizeof(float)) &&
+                  dev_alloc((void **)&s->penalized, vocab * sizeof(float)) &&
+                  dev_alloc((void **)&s->result, sizeof(int32_t));
+    if (!dev_ok) {
+        if (!host_ok)
+            ls_set_error(err, err_len, "out of memory allocating a session (max_seq %d, loops %d)", max_seq, loops);
+        else
+            ls_set_error(err, err_len,
+                         "out of GPU memory allocating a session (max_seq %d, loops %d, window %d: %zu bytes of "
+                         "K/V cache): %s",
+                         max_seq, loops, cache_window, 2 * cache_bytes, cudaGetErrorString(cudaGetLastError()));
+        ls_session_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+extern "C" void ls_session_free(ls_session *s) {
+    if (!s) return;
+    void *dev[] = {s->kc, s->vc, s->d_tokens, s->h, s->xb, s->q, s->k, s->v, s->att,
+                   s->g, s->u, s->rope, s->logits, s->penalized, s->result};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) cudaFree(dev[i]);
+    free(s->tokens);
+    free(s->loop_len);
+    free(s->loop_lo);
+    free(s->rope_host);
+    free(s->logits_host);
+    free(s);
+}
+
+extern "C" int32_t ls_session_pos(const ls_session *s) { return s ? s->pos : LS_ERR_ARG; }
+
+extern "C" int32_t ls_session_rollback(ls_session *s, int32_t pos) {
+    if (!s || pos < 0 || pos > s->pos) return LS_ERR_ARG;
+    if (s->failed) return LS_ERR_STATE;
+    /* As in session.c: a windowed ring may have overwritten the rows a deep
+     * rollback would need; refuse rather than attend to the wrong rows. */
+    int32_t need_lo = s->window > 0 && pos - s->window + 1 > 0 ? pos - s->window + 1 : 0;
+    for (int32_t l = 0; l < s->loops; l++)
+        if (s->loop_len[l] >= pos && s->loop_lo[l] > need_lo) return LS_ERR_STATE;
+    for (int32_t l = 0; l < s->loops; l++)
+        if (s->loop_len[l] > pos) s->loop_len[l] = pos;
+    s->pos = pos;
+    return LS_OK;
+}
+
+static int32_t fail(ls_session *s, const char *what, cudaError_t e) {
+    s->failed = 1;
+    fprintf(stderr, "loopserve cuda: %s failed: %s\n", what, cudaGetErrorString(e));
+    return LS_ERR_STATE;
+}
+
+#define TRY(what, call)                                  \
+    do {                                                 \
+        cudaError_t e_ = (call);                         \
+        if (e_ != cudaSuccess) return fail(s, what, e_); \
+    } while (0)
+
+/* session.c's ls_session_copy_prefix: the same checks in the same order,
+ * then the rows copied on the device. */
+extern "C" int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src, int32_t n) {
+    if (!dst || !src || dst == src || dst->m != src->m || n < 0) return LS_ERR_ARG;
+    if (dst->pos != 0 || dst->window != src->window || dst->loops > src->loops) return LS_ERR_STATE;
+    if (n > src->pos || n > dst->max_seq) return LS_ERR_ARG;
+    if (dst->failed || src->failed) return LS_ERR_STATE;
+    const ls_model_info *mi = &dst->m->info;
+    int32_t hd = mi->head_dim, n_kv = mi->n_kv_heads;
+    /* A future position attends back window - 1 rows (all rows without a
+     * window); copy every row dst's ring can hold so the copy can itself
+     * serve shorter prefixes later. */
+    int32_t need_lo = dst->window > 0 && n - dst->window + 1 > 0 ? n - dst->window + 1 : 0;
+    int32_t ring_lo = n > dst->cap ? n - dst->cap : 0;
+    for (int32_t l = 0; l < dst->loops; l++) /* check everything before writing anything */
+        if (src->loop_len[l] < n || (src->loop_lo[l] > ring_lo ? src->loop_lo[l] : ring_lo) > need_lo)
+            return LS_ERR_STATE;
+    ls_session *s = dst; /* TRY marks the destination failed */
+    size_t src_loop = (size_t)n_kv * src->cap * hd, dst_loop = (size_t)n_kv * dst->cap * hd;
+    for (int32_t l = 0; l < dst->loops; l++) {
+        int32_t lo = src->loop_lo[l] > ring_lo ? src->loop_lo[l] : ring_lo;
+        TRY("copying keys", lsc_copy_rows(dst->kc + l * dst_loop, dst->cap, src->kc + l * src_loop, src->cap, n_kv,
+                                          hd, lo, n));
+        TRY("copying values", lsc_copy_rows(dst->vc + l * dst_loop, dst->cap, src->vc + l * src_loop, src->cap,
+                                            n_kv, hd, lo, n));
+        dst->loop_len[l] = n;
+        dst->loop_lo[l] = lo;
+    }
+    if (n > 0)
+        TRY("copying the token history", cudaMemcpy(dst->d_tokens, src->d_tokens, (size_t)n * sizeof(int32_t),
+                                                    cudaMemcpyDeviceToDevice));
+    TRY("synchronising", cudaDeviceSynchronize());
+    memcpy(dst->tokens, src->tokens, (size_t)n * sizeof *dst->tokens);
+    dst->pos = n;
+    return LS_OK;
+}
+
+// ---- forward ----
+
+/* As attention.c's ls_rope_table: angles in double, stored as float. */
+static void rope_table(float *cs, int32_t T, int32_t pos0, int32_t head_dim, float theta) {
+    int32_t half = head_dim / 2;
+    for (int32_t i = 0; i < half; i++) {
+        double inv_freq = pow((double)theta, -2.0 * (double)i / (double)head_dim);
+        for (int32_t t = 0; t < T; t++) {
+            double ang = (double)(pos0 + t) * inv_freq;
+            cs[((size_t)t * half + i) * 2] = (float)cos(ang);
+            cs[((size_t)t * half + i) * 2 + 1] = (float)sin(ang);
+        }
+    }
+}
+
+/* One chunk (T <= LS_CUDA_CHUNK) at positions pos0.. through loops [0, loops):
+ * s->h holds the embeddings on entry and the last loop's output on return. */
+static int32_t forward_chunk(ls_session *s, int32_t T, int32_t pos0, int32_t loops) {
+    const ls_model_info *mi = &s->m->info;
+    const ls_runtime *rt = s->m->rt;
+    int32_t dim = mi->dim, hd = mi->head_dim, n_heads = mi->n_heads, n_kv = mi->n_kv_heads;
+    int32_t kv_dim = n_kv * hd, ffn = mi->ffn_dim;
+    float eps = mi->norm_eps;
+    size_t loop_cache = (size_t)n_kv * s->cap * hd;
+
+    rope_table(s->rope_host, T, pos0, hd, mi->rope_theta);
+    TRY("copying the RoPE table", cudaMemcpy(s->rope, s->rope_host, (size_t)T * hd * sizeof(float),
+                                             cudaMemcpyHostToDevice));
+    for (int32_t l = 0; l < loops; l++) {
+        __half *kc = s->kc + (size_t)l * loop_cache, *vc = s->vc + (size_t)l * loop_cache;
+        // attention sub-block
+        TRY("rmsnorm", lsc_rmsnorm(s->xb, s->h, rt->attn_norm, T, dim, eps));
+        TRY("wq", lsc_matmul(s->q, dim, s->xb, dim, rt->wq, dim, dim, T, 0));
+        TRY("wk", lsc_matmul(s->k, kv_dim, s->xb, dim, rt->wk, dim, kv_dim, T, 0));
+        TRY("wv", lsc_matmul(s->v, kv_dim, s->xb, dim, rt->wv, dim, kv_dim, T, 0));
+        TRY("rope q", lsc_rope(s->q, dim, n_heads, hd, s->rope, T));
+        TRY("rope k", lsc_rope(s->k, kv_dim, n_kv, hd, s->rope, T));
+        TRY("kv store", lsc_kv_store(kc, vc, s->k, s->v, n_kv, hd, s->cap, pos0, T));
+        TRY("attention", lsc_attention(s->att, s->q, kc, vc, n_heads, n_kv, hd, s->cap, s->window, pos0, T));
+        TRY("wo", lsc_matmul(s->h, dim, s->att, dim, rt->wo, dim, dim, T, 1));
+        // feed-forward sub-block
+        TRY("rmsnorm", lsc_rmsnorm(s->xb, s->h, rt->ffn_norm, T, dim, eps));
+        TRY("w1", lsc_matmul(s->g, ffn, s->xb, dim, rt->w1, dim, ffn, T, 0));
+        TRY("w3", lsc_matmul(s->u, ffn, s->xb, dim, rt->w3, dim, ffn, T, 0));
+        TRY("swiglu", lsc_swiglu(s->g, s->u, (int64_t)T * ffn));
+        TRY("w2", lsc_matmul(s->h, dim, s->g, ffn, rt->w2, ffn, dim, T, 1));
+
+        int32_t len = pos0 + T;
+        s->loop_len[l] = len;
+        if (len - s->cap > s->loop_lo[l]) s->loop_lo[l] = len - s->cap;
+    }
+    return LS_OK;
+}
+
+/* forward.c's ls_session_forward; logits of the last n_logits tokens (0 =
+ * none) are left in s->logits chunk by chunk and, when host is not NULL,
+ * copied there. After the call s->logits row 0.. holds the last chunk's. */
+static int32_t forward(ls_session *s, const int32_t *tokens, int32_t n, int32_t loops, float *host, int32_t n_logits) {
+    const ls_model_info *mi = &s->m->info;
+    const ls_runtime *rt = s->m->rt;
+    int32_t dim = mi->dim, vocab = mi->vocab_size;
+    TRY("selecting the device", cudaSetDevice(rt->device));
+    TRY("copying the tokens", cudaMemcpy(s->d_tokens + s->pos, tokens, (size_t)n * sizeof(int32_t),
+                                         cudaMemcpyHostToDevice));
+    int32_t first_logit = n - n_logits;
+    for (int32_t c0 = 0; c0 < n; c0 += LS_CUDA_CHUNK) {
+        int32_t T = n - c0 < LS_CUDA_CHUNK ? n - c0 : LS_CUDA_CHUNK;
+        TRY("embedding", lsc_embed(s->h, rt->tok_embeddings, s->d_tokens + s->pos, T, dim));
+        int32_t rc = forward_chunk(s, T, s->pos, loops);
+        if (rc != LS_OK) return rc;
+        memcpy(s->tokens + s->pos, tokens + c0, (size_t)T * sizeof *tokens);
+        s->pos += T;
+        int32_t lo = first_logit > c0 ? first_logit : c0;
+        if (lo < c0 + T) {
+            int32_t rows = c0 + T - lo;
+            TRY("rmsnorm", lsc_rmsnorm(s->xb, s->h + (size_t)(lo - c0) * dim, rt->norm, rows, dim, mi->norm_eps));
+            TRY("output", lsc_matmul(s->logits, vocab, s->xb, dim, rt->output, dim, vocab, rows, 0));
+            if (host)
+                TRY("copying the logits", cudaMemcpy(host + (size_t)(lo - first_logit) * vocab, s->logits,
+                                                     (size_t)rows * vocab * sizeof(float), cudaMemcpyDeviceToHost));
+        }
+    }
+    // Surfaces an asynchronous kernel failure before the caller trusts the state.
+    TRY("synchronising", cudaDeviceSynchronize());
+    return LS_OK;
+}
+
+/* forward.c's argument and state checks, in the same order. */
+static int32_t check_forward(const ls_session *s, const int32_t *tokens, int32_t n, int32_t loops) {
+    if (!s || !tokens || n < 1 || loops < 1 || loops > s->loops) return LS_ERR_ARG;
+    if (s->failed) return LS_ERR_STATE;
+    int32_t vocab = s->m->info.vocab_size;
+    for (int32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= vocab) return LS_ERR_ARG;
+    if (s->pos > s->max_seq - n) return LS_ERR_FULL;
+    int32_t need_lo = s->window > 0 && s->pos - s->window + 1 > 0 ? s->pos - s->window + 1 : 0;
+    for (int32_t l = 0; l < loops; l++)
+        if (s->loop_len[l] != s->pos || s->loop_lo[l] > need_lo) return LS_ERR_STATE;
+    return LS_OK;
+}
+
+extern "C" int32_t ls_session_forward(ls_session *s, const int32_t *tokens, int32_t n, int32_t loops,
+                                      float *logits_out, int32_t n_logits) {
+    if (!s || !tokens || n < 1 || loops < 1 || loops > s->loops) return LS_ERR_ARG;
+    if (logits_out && (n_logits < 1 || n_logits > n)) return LS_ERR_ARG;
+    int32_t rc = check_forward(s, tokens, n, loops);
+    if (rc != LS_OK) return rc;
+    return forward(s, tokens, n, loops, logits_out, logits_out ? n_logits : 0);
+}
+
+extern "C" int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, int32_t loops, float temperature,
+                                   int32_t top_k, float top_p, float repetition_penalty, uint64_t seed,
+                                   float *logits_out) {
+    if (!s) return LS_ERR_ARG;
+    /* Check the sampling arguments before the forward pass mutates the
+     * session, as session.c does. */
+    if (!(temperature >= 0.0f) || !isfinite(temperature) || top_k < 0 || !(top_p > 0.0f && top_p <= 1.0f) ||
+        !(repetition_penalty > 0.0f) || !isfinite(repetition_penalty))
+        return LS_ERR_ARG;
+    int32_t rc = check_forward(s, tokens, n, loops);
+    if (rc != LS_OK) return rc;
+    rc = forward(s, tokens, n, loops, logits_out, 1);
+    if (rc != LS_OK) return rc;
+    int32_t vocab = s->m->info.vocab_size;
+    if (temperature == 0.0f) {
+        int32_t id = LS_ERR_ARG;
+        TRY("argmax", lsc_argmax(s->result, s->penalized, s->logits, vocab, s->d_tokens, s->pos, repetition_penalty));
+        TRY("copying the sampled id", cudaMemcpy(&id, s->result, sizeof id, cudaMemcpyDeviceToHost));
+        return id;
+    }
+    float *logits = logits_out;
+    if (!logits) {
+        logits = s->logits_host;
+        TRY("copying the logits", cudaMemcpy(logits, s->logits, (size_t)vocab * sizeof(float), cudaMemcpyDeviceToHost));
+    }
+    return ls_sample(logits, vocab, s->tokens, s->pos, temperature, top_k, top_p, repetition_penalty, seed,
+                     (uint64_t)s->pos);
+}

@@ -1,0 +1,177 @@
+// libloopserve_cuda.so (kernels/cuda/): built whenever nvcc is present.
+//
+// On every host that has the library: it loads without a GPU or a driver,
+// reports 0 devices instead of failing, and refuses a model with a clear
+// message, which is what lets the server probe it and fall back to the CPU.
+//
+// On a GPU host it is held to the CPU library (the reference): same model
+// file, logits within fp16-rounding tolerance, the same greedy tokens,
+// batch invariance on its own (a prompt's last logits are bit-identical
+// whether prefilled in one call or fed token by token), windowed caches,
+// rollback, prefix copies, and temperature draws that equal ls_sample on
+// the same logits (the draw is sample.c's code in both libraries).
+//
+// (It sits with the deployment tests because it is about which library a
+// host can run; test/kernels/ would be its home next to the CPU kernels.)
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { dlopen, FFIType } from "bun:ffi";
+import { existsSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { NativeModel } from "../../src/engine/binding.ts";
+import { CUDA_LIBRARY_NAME } from "../../src/engine/library.ts";
+import { tinyModelPath } from "../helpers/models.ts";
+
+const ROOT = resolve(import.meta.dir, "../..");
+const CPU_LIB = join(ROOT, "build", "libloopserve.so");
+const CUDA_LIB = join(ROOT, "build", CUDA_LIBRARY_NAME);
+
+const built = existsSync(CUDA_LIB);
+const probe = built
+  ? dlopen(CUDA_LIB, {
+      ls_cuda_device_count: { args: [], returns: FFIType.i32 },
+      ls_simd_name: { args: [FFIType.i32], returns: FFIType.cstring },
+    }).symbols
+  : null;
+const devices = probe ? probe.ls_cuda_device_count() : 0;
+if (!built) console.warn(`skipping CUDA library tests: ${CUDA_LIBRARY_NAME} is not built (no nvcc on this host)`);
+else if (devices === 0) console.warn("skipping CUDA agreement tests: no usable GPU on this host");
+
+describe.skipIf(!built)("CUDA library on any host", () => {
+  test("loads and reports its device count without failing", () => {
+    expect(Number.isInteger(devices)).toBe(true);
+    expect(devices).toBeGreaterThanOrEqual(0);
+    expect(String(probe?.ls_simd_name(4))).toBe("cuda");
+    expect(String(probe?.ls_simd_name(2))).toBe("avx2");
+  });
+
+  test.skipIf(devices > 0)("without a GPU, loading a model says there is no usable device", () => {
+    expect(() => NativeModel.load(CUDA_LIB, tinyModelPath(), 0, "auto")).toThrow(/no usable CUDA device/);
+  });
+
+  test("validation is the CPU library's: a missing file names the path", () => {
+    expect(() => NativeModel.load(CUDA_LIB, join(ROOT, "no-such-model.safetensors"), 0, "auto")).toThrow(/no-such-model/);
+  });
+});
+
+describe.skipIf(!built || devices === 0)("CUDA library against the CPU library", () => {
+  let cpu: NativeModel;
+  let gpu: NativeModel;
+  const prompt = Int32Array.from([15496, 995, 11, 314, 716, 257, 1332, 286, 262, 6427, 13]);
+
+  beforeAll(() => {
+    const path = tinyModelPath();
+    cpu = NativeModel.load(CPU_LIB, path, 2, "portable");
+    gpu = NativeModel.load(CUDA_LIB, path, 0, "auto");
+  });
+  afterAll(() => {
+    cpu?.close();
+    gpu?.close();
+  });
+
+  test("reports the cuda path and the same model shape", () => {
+    expect(gpu.info.simd).toBe("cuda");
+    const { simd: _a, threads: _b, ...g } = gpu.info;
+    const { simd: _c, threads: _d, ...c } = cpu.info;
+    expect(g).toEqual(c);
+  });
+
+  function lastLogits(model: NativeModel, tokens: Int32Array, loops: number, window = 0): Float32Array<ArrayBuffer> {
+    const s = model.newSession(tokens.length + 8, loops, window);
+    try {
+      const out = new Float32Array(model.info.vocabSize);
+      s.forward(tokens, loops, out, 1);
+      return out;
+    } finally {
+      s.close();
+    }
+  }
+
+  function maxRelDiff(a: Float32Array, b: Float32Array): number {
+    let scale = 0;
+    let diff = 0;
+    for (let i = 0; i < a.length; i++) {
+      scale = Math.max(scale, Math.abs(a[i]));
+      diff = Math.max(diff, Math.abs(a[i] - b[i]));
+    }
+    return diff / Math.max(scale, 1e-6);
+  }
+
+  for (const loops of [1, 4]) {
+    test(`logits agree with the CPU library within 1e-3 of their scale (loops ${loops})`, () => {
+      expect(maxRelDiff(lastLogits(cpu, prompt, loops), lastLogits(gpu, prompt, loops))).toBeLessThan(1e-3);
+    });
+  }
+
+  test("a windowed cache agrees with the CPU library", () => {
+    const long = Int32Array.from({ length: 150 }, (_, i) => (i * 7919 + 13) % 50257);
+    expect(maxRelDiff(lastLogits(cpu, long, 2, 16), lastLogits(gpu, long, 2, 16))).toBeLessThan(1e-3);
+  });
+
+  test("batch invariant: one prefill call equals feeding token by token, bit for bit", () => {
+    const whole = lastLogits(gpu, prompt, 4);
+    const s = gpu.newSession(prompt.length, 4, 0);
+    const out = new Float32Array(gpu.info.vocabSize);
+    for (let i = 0; i < prompt.length; i++) s.forward(prompt.subarray(i, i + 1), 4, out, 1);
+    s.close();
+    expect(out).toEqual(whole);
+  });
+
+  test("greedy decoding gives the CPU library's tokens", () => {
+    const run = (m: NativeModel) => {
+      const s = m.newSession(prompt.length + 16, 4, 0);
+      const tokens: number[] = [];
+      let input = prompt;
+      for (let i = 0; i < 16; i++) {
+        const t = s.step(input, 4, 0, 0, 1, 1.1, 0);
+        tokens.push(t);
+        input = Int32Array.of(t);
+      }
+      s.close();
+      return tokens;
+    };
+    expect(run(gpu)).toEqual(run(cpu));
+  });
+
+  test("rollback then re-feeding reproduces the same logits", () => {
+    const s = gpu.newSession(prompt.length + 4, 2, 0);
+    const a = new Float32Array(gpu.info.vocabSize);
+    const b = new Float32Array(gpu.info.vocabSize);
+    s.forward(prompt, 2, a, 1);
+    s.rollback(prompt.length - 3);
+    expect(s.pos).toBe(prompt.length - 3);
+    s.forward(prompt.subarray(prompt.length - 3), 2, b, 1);
+    s.close();
+    expect(b).toEqual(a);
+  });
+
+  test("a copied prefix continues exactly as the original session would", () => {
+    const src = gpu.newSession(prompt.length + 2, 4, 0);
+    src.forward(prompt, 4);
+    const dst = gpu.newSession(prompt.length + 2, 4, 0);
+    dst.copyPrefixFrom(src, prompt.length - 2);
+    expect(dst.pos).toBe(prompt.length - 2);
+    const copied = new Float32Array(gpu.info.vocabSize);
+    dst.forward(prompt.subarray(prompt.length - 2), 4, copied, 1);
+    src.close();
+    dst.close();
+    expect(copied).toEqual(lastLogits(gpu, prompt, 4));
+  });
+
+  test("a temperature draw equals ls_sample on the same logits (shared RNG contract)", () => {
+    for (const [temperature, topK, topP] of [
+      [0.8, 0, 1],
+      [1.0, 40, 1],
+      [0.7, 0, 0.9],
+      [1.2, 50, 0.8],
+    ] as const) {
+      for (let seed = 1; seed <= 5; seed++) {
+        const s = gpu.newSession(prompt.length + 1, 2, 0);
+        const logits = new Float32Array(gpu.info.vocabSize);
+        const token = s.step(prompt, 2, temperature, topK, topP, 1, seed, logits);
+        s.close();
+        const expected = cpu.sample(logits, prompt, temperature, topK, topP, 1, seed, prompt.length);
+        expect(token).toBe(expected);
+      }
+    }
+  });
+});
