@@ -3,11 +3,15 @@
 // speed ratio on the same file.
 import { join } from "node:path";
 import { NativeModel, type SimdChoice } from "../src/engine/binding.ts";
+import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "../src/engine/library.ts";
 import { ReferenceModel } from "../src/model/reference.ts";
 import { benchModel } from "./models.ts";
 import { median, printTable, type Row } from "./report.ts";
 
-const LIBRARY = join(import.meta.dir, "..", "build", "libloopserve.so");
+/** The kernel library of this checkout, or the one embedded in the executable. */
+export function kernelLibrary(buildDir = join(import.meta.dir, "..", "build")): string {
+  return resolveKernelLibrary(buildDir, CPU_LIBRARY_NAME, cacheDirCandidates());
+}
 
 function promptOf(n: number, vocab: number): Int32Array {
   return Int32Array.from({ length: n }, (_, i) => (i * 7919 + 13) % vocab);
@@ -20,13 +24,14 @@ export interface EngineBenchOptions {
   decodeTokens: number;
   simd?: SimdChoice;
   repeats?: number;
+  library?: string;
 }
 
 /** Measures one model file; returns one row per thread count. */
 export function measureEngine(modelPath: string, o: EngineBenchOptions): Row[] {
   const rows: Row[] = [];
   for (const threads of o.threads) {
-    const model = NativeModel.load(LIBRARY, modelPath, threads, o.simd ?? "auto");
+    const model = NativeModel.load(o.library ?? kernelLibrary(), modelPath, threads, o.simd ?? "auto");
     const vocab = model.info.vocabSize;
     const prefill: number[] = [];
     const decode: number[] = [];
@@ -64,7 +69,7 @@ export function measureReferenceRatio(modelPath: string, loops: number, tokens: 
   let t = performance.now();
   ref.forward(Array.from(prompt), loops);
   const tsMs = performance.now() - t;
-  const model = NativeModel.load(LIBRARY, modelPath, 1, "auto");
+  const model = NativeModel.load(kernelLibrary(), modelPath, 1, "auto");
   const session = model.newSession(tokens, loops, 0);
   const logits = new Float32Array(tokens * model.info.vocabSize);
   t = performance.now();

@@ -8,6 +8,8 @@ usage:
   loopserve [serve] [--host H] [--port P]   start the server (environment: see README)
   loopserve model new OUT [options]         write a deterministic synthetic model
   loopserve model inspect FILE              print a model file's header
+  loopserve model quantize IN OUT --quant int4|int2   quantize an fp16/bf16/fp32 model
+  loopserve bench [--model FILE]            prefill and decode tokens/s of this build
   loopserve --version                       print the version
   loopserve COMMAND --help                  help for one command
 `;
@@ -20,6 +22,8 @@ export async function main(argv: string[]): Promise<number> {
       return (await import("./serve.ts")).runServe(rest);
     case "model":
       return (await import("./model/cli.ts")).runModelCommand(rest);
+    case "bench":
+      return (await import("./bench.ts")).runBench(rest);
     case "--version":
     case "-v":
       console.log(pkg.version);
