@@ -119,3 +119,109 @@ void ls_attention(ls_session *s, int32_t loop, int32_t T, int32_t pos0) {
     att_job j = {s, loop, T, pos0};
     ls_pool_run(rt->pool, att_task, &j, T * mi->n_heads);
 }
+
+// ---- tree attention (speculative verification) ----
+
+/* A run of visible positions held in consecutive ring slots. */
+typedef struct {
+    int32_t slot, n;
+} slot_run;
+
+/* Most runs one row can need: the committed part (two when the ring wraps)
+ * plus one per tree depth. */
+#define TREE_MAX_RUNS (2 + LS_TREE_MAX_DEPTH + 1)
+
+typedef struct {
+    ls_session *s;
+    int32_t loop;
+    const ls_tree_rows *rows;
+} tree_att_job;
+
+/* Same arithmetic as att_task, over the row's visible positions in position
+ * order: attn_scores and attn_values give the same per-position results
+ * however positions are split into calls (ops.h), so a row whose path is
+ * scattered over the ring computes what one contiguous call would. */
+static void tree_att_task(void *ctx, int32_t task, int32_t thread) {
+    const tree_att_job *j = ctx;
+    ls_session *s = j->s;
+    const ls_tree_rows *rows = j->rows;
+    const ls_model_info *mi = &s->m->info;
+    const ls_ops *ops = s->m->rt->ops;
+    int32_t n_heads = mi->n_heads, n_kv = mi->n_kv_heads, hd = mi->head_dim;
+    int32_t t = task / n_heads, h = task % n_heads;
+    int32_t p = rows->pos[t], base = rows->base, cap = s->cap;
+    int32_t lo = (s->window > 0 && p - s->window + 1 > 0) ? p - s->window + 1 : 0;
+    int32_t cnt = p - lo + 1;
+
+    slot_run run[TREE_MAX_RUNS];
+    int32_t nr = 0;
+    if (lo < base) { /* committed positions [lo, base): at most one ring wrap */
+        int32_t n = base - lo, r0 = lo % cap;
+        int32_t n1 = n < cap - r0 ? n : cap - r0;
+        run[nr++] = (slot_run){r0, n1};
+        if (n > n1) run[nr++] = (slot_run){0, n - n1};
+    }
+    const int32_t *chain = rows->chain + (size_t)t * rows->chain_ld;
+    for (int32_t q = lo > base ? lo : base; q <= p; q++) {
+        int32_t sl = chain[q - base];
+        if (nr > 0 && run[nr - 1].slot + run[nr - 1].n == sl && q > base)
+            run[nr - 1].n++;
+        else
+            run[nr++] = (slot_run){sl, 1};
+    }
+
+    int32_t kvh = h / (n_heads / n_kv);
+    size_t head = (size_t)j->loop * n_kv + kvh;
+    const uint16_t *Kt = s->kc + head * hd * (size_t)s->ldk;
+    const uint16_t *V = s->vc + head * (size_t)cap * hd;
+    const float *q = s->q + (size_t)t * n_heads * hd + (size_t)h * hd;
+    float *sc = s->scores + (size_t)thread * cap;
+    float *out = s->att + (size_t)t * n_heads * hd + (size_t)h * hd;
+
+    int32_t off = 0;
+    for (int32_t r = 0; r < nr; r++) {
+        ops->attn_scores(sc + off, q, Kt + run[r].slot, s->ldk, hd, run[r].n);
+        off += run[r].n;
+    }
+    float scale = 1.0f / sqrtf((float)hd);
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < cnt; i++) {
+        sc[i] *= scale;
+        if (sc[i] > mx) mx = sc[i];
+    }
+    float sum = 0.0f;
+    for (int32_t i = 0; i < cnt; i++) {
+        sc[i] = expf(sc[i] - mx);
+        sum += sc[i];
+    }
+    for (int32_t d = 0; d < hd; d++) out[d] = 0.0f;
+    off = 0;
+    for (int32_t r = 0; r < nr; r++) {
+        ops->attn_values(out, sc + off, V + (size_t)run[r].slot * hd, hd, run[r].n);
+        off += run[r].n;
+    }
+    float inv = 1.0f / sum;
+    for (int32_t d = 0; d < hd; d++) out[d] *= inv;
+}
+
+void ls_attention_tree(ls_session *s, int32_t loop, int32_t T, const ls_tree_rows *rows) {
+    const ls_model_info *mi = &s->m->info;
+    const ls_runtime *rt = s->m->rt;
+    int32_t n_kv = mi->n_kv_heads, hd = mi->head_dim, cap = s->cap;
+    size_t kv_dim = (size_t)n_kv * hd;
+
+    /* As in ls_attention: every row's K/V goes in first (a row's ancestors in
+     * this chunk precede it), then each row reads only its own path. */
+    for (int32_t t = 0; t < T; t++) {
+        int32_t row = rows->slot[t];
+        for (int32_t kvh = 0; kvh < n_kv; kvh++) {
+            size_t head = (size_t)loop * n_kv + kvh;
+            rt->ops->f32_to_f16(s->k16, s->k + t * kv_dim + (size_t)kvh * hd, hd);
+            uint16_t *kt = s->kc + head * hd * (size_t)s->ldk + row;
+            for (int32_t d = 0; d < hd; d++) kt[(size_t)d * s->ldk] = s->k16[d];
+            rt->ops->f32_to_f16(s->vc + (head * cap + row) * hd, s->v + t * kv_dim + (size_t)kvh * hd, hd);
+        }
+    }
+    tree_att_job j = {s, loop, rows};
+    ls_pool_run(rt->pool, tree_att_task, &j, T * mi->n_heads);
+}

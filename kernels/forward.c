@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "quant.h"
 #include "session.h"
 
 // ---- runtime: SIMD selection, pool, fp32 norms ----
@@ -59,10 +60,6 @@ static float *norm_to_f32(const uint16_t *w, int32_t n) {
 
 int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd, char *err, int32_t err_len) {
     ls_model_info *mi = &m->info;
-    if (mi->quant != LS_QUANT_FP16) {
-        ls_set_error(err, err_len, "quant %d is not supported by the CPU kernels (fp16 only)", mi->quant);
-        return LS_ERR_ARG;
-    }
     if (mi->dim <= 0 || mi->n_heads <= 0 || mi->n_kv_heads <= 0 || mi->head_dim <= 0 ||
         mi->head_dim % 2 != 0 || mi->n_heads * mi->head_dim != mi->dim ||
         mi->n_heads % mi->n_kv_heads != 0 || mi->ffn_dim <= 0 || mi->vocab_size <= 0) {
@@ -123,6 +120,7 @@ int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd, char *err,
 void ls_runtime_free(ls_model *m) {
     if (!m || !m->rt) return;
     ls_runtime *rt = m->rt;
+    ls_spec_runtime_free(rt);
     ls_pool_free(rt->pool);
     free(rt->attn_norm);
     free(rt->ffn_norm);
@@ -139,6 +137,7 @@ typedef struct {
     const uint16_t *w; /* (rows, in) */
     float *y;          /* (T, ldy) */
     int32_t ldy, rows;
+    const ls_qmat *q;  /* quantized weights (w is NULL), or NULL */
 } mm_seg;
 
 typedef struct {
@@ -160,10 +159,12 @@ static void mm_task(void *ctx, int32_t task, int32_t thread) {
     const mm_seg *sg = &j->seg[si];
     int32_t o0 = (task - j->first_task[si]) * j->rows_per_task;
     int32_t o1 = o0 + j->rows_per_task < sg->rows ? o0 + j->rows_per_task : sg->rows;
-    j->ops->matmul_f16(sg->y, sg->ldy, j->x, j->ldx, sg->w, j->in, j->T, o0, o1, j->add);
+    if (sg->q) ls_quant_matmul(sg->q, sg->y, sg->ldy, o0, o1, j->add);
+    else j->ops->matmul_f16(sg->y, sg->ldy, j->x, j->ldx, sg->w, j->in, j->T, o0, o1, j->add);
     if (j->swiglu) {
         const mm_seg *up = &j->seg[1];
-        j->ops->matmul_f16(up->y, up->ldy, j->x, j->ldx, up->w, j->in, j->T, o0, o1, 0);
+        if (up->q) ls_quant_matmul(up->q, up->y, up->ldy, o0, o1, 0);
+        else j->ops->matmul_f16(up->y, up->ldy, j->x, j->ldx, up->w, j->in, j->T, o0, o1, 0);
         for (int32_t t = 0; t < j->T; t++) {
             float *g = sg->y + (size_t)t * sg->ldy;
             const float *u = up->y + (size_t)t * up->ldy;
@@ -193,6 +194,7 @@ static void mm_run(const ls_runtime *rt, mm_job *j) {
     j->first_task[0] = 0;
     for (int32_t i = 0; i < j->n_seg; i++)
         j->first_task[i + 1] = j->first_task[i] + (j->seg[i].rows + j->rows_per_task - 1) / j->rows_per_task;
+    if (j->seg[0].q) ls_quant_prepare(j->seg[0].q, j->x, j->ldx, j->T); /* activations, once per call */
     ls_pool_run(rt->pool, mm_task, j, j->first_task[j->n_seg]);
 }
 
@@ -205,8 +207,11 @@ void ls_forward_embed(ls_session *s, const int32_t *tokens, int32_t n, float *h)
         m->rt->ops->f16_to_f32(h + (size_t)t * dim, m->w.tok_embeddings + (size_t)tokens[t] * dim, dim);
 }
 
-/* One chunk (T <= LS_CHUNK) through loops [la, lb). */
-static void forward_chunk(ls_session *s, float *h, int32_t T, int32_t pos0, int32_t la, int32_t lb) {
+/* One chunk (T <= LS_CHUNK) through loops [la, lb): consecutive positions
+ * pos0.. when tree is NULL, else the tree rows (offset to this chunk), whose
+ * cache bookkeeping is the caller's. */
+static void forward_chunk(ls_session *s, float *h, int32_t T, int32_t pos0, int32_t la, int32_t lb,
+                          const ls_tree_rows *tree) {
     const ls_model *m = s->m;
     const ls_model_info *mi = &m->info;
     const ls_runtime *rt = m->rt;
@@ -215,37 +220,44 @@ static void forward_chunk(ls_session *s, float *h, int32_t T, int32_t pos0, int3
     int32_t kv_dim = n_kv * hd, ffn = mi->ffn_dim;
     float eps = mi->norm_eps;
 
-    ls_rope_table(s->rope, T, pos0, hd, mi->rope_theta);
+    if (tree)
+        for (int32_t t = 0; t < T; t++) ls_rope_table(s->rope + (size_t)t * hd, 1, tree->pos[t], hd, mi->rope_theta);
+    else
+        ls_rope_table(s->rope, T, pos0, hd, mi->rope_theta);
 
     for (int32_t l = la; l < lb; l++) {
         // attention sub-block
         for (int32_t t = 0; t < T; t++)
             ops->rmsnorm(s->xb + (size_t)t * dim, h + (size_t)t * dim, rt->attn_norm, dim, eps);
         mm_job qkv = {.x = s->xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 3,
-                      .seg = {{m->w.wq, s->q, dim, dim},
-                              {m->w.wk, s->k, kv_dim, kv_dim},
-                              {m->w.wv, s->v, kv_dim, kv_dim}}};
+                      .seg = {{m->w.wq, s->q, dim, dim, m->w.qwq},
+                              {m->w.wk, s->k, kv_dim, kv_dim, m->w.qwk},
+                              {m->w.wv, s->v, kv_dim, kv_dim, m->w.qwv}}};
         mm_run(rt, &qkv);
         for (int32_t t = 0; t < T; t++) {
             const float *cs = s->rope + (size_t)t * hd;
             ls_rope_apply(s->q + (size_t)t * dim, n_heads, hd, cs);
             ls_rope_apply(s->k + (size_t)t * kv_dim, n_kv, hd, cs);
         }
-        ls_attention(s, l, T, pos0);
+        if (tree)
+            ls_attention_tree(s, l, T, tree);
+        else
+            ls_attention(s, l, T, pos0);
         mm_job wo = {.x = s->att, .ldx = dim, .in = dim, .T = T, .add = 1, .n_seg = 1,
-                     .seg = {{m->w.wo, h, dim, dim}}};
+                     .seg = {{m->w.wo, h, dim, dim, m->w.qwo}}};
         mm_run(rt, &wo);
 
         // feed-forward sub-block
         for (int32_t t = 0; t < T; t++)
             ops->rmsnorm(s->xb + (size_t)t * dim, h + (size_t)t * dim, rt->ffn_norm, dim, eps);
         mm_job gate = {.x = s->xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 1, .swiglu = 1,
-                       .seg = {{m->w.w1, s->g, ffn, ffn}, {m->w.w3, s->u, ffn, ffn}}};
+                       .seg = {{m->w.w1, s->g, ffn, ffn, m->w.qw1}, {m->w.w3, s->u, ffn, ffn, m->w.qw3}}};
         mm_run(rt, &gate);
         mm_job down = {.x = s->g, .ldx = ffn, .in = ffn, .T = T, .add = 1, .n_seg = 1,
-                       .seg = {{m->w.w2, h, dim, dim}}};
+                       .seg = {{m->w.w2, h, dim, dim, m->w.qw2}}};
         mm_run(rt, &down);
 
+        if (tree) continue;
         int32_t len = pos0 + T;
         s->loop_len[l] = len;
         if (len - s->cap > s->loop_lo[l]) s->loop_lo[l] = len - s->cap;
@@ -261,9 +273,19 @@ int32_t ls_forward_loops(ls_session *s, float *h, int32_t n, int32_t pos0, int32
     int32_t dim = s->m->info.dim;
     for (int32_t c0 = 0; c0 < n; c0 += LS_CHUNK) {
         int32_t T = n - c0 < LS_CHUNK ? n - c0 : LS_CHUNK;
-        forward_chunk(s, h + (size_t)c0 * dim, T, pos0 + c0, la, lb);
+        forward_chunk(s, h + (size_t)c0 * dim, T, pos0 + c0, la, lb, NULL);
     }
     return LS_OK;
+}
+
+void ls_forward_tree(ls_session *s, float *h, int32_t n, const ls_tree_rows *rows, int32_t la, int32_t lb) {
+    int32_t dim = s->m->info.dim;
+    for (int32_t c0 = 0; c0 < n; c0 += LS_CHUNK) {
+        int32_t T = n - c0 < LS_CHUNK ? n - c0 : LS_CHUNK;
+        ls_tree_rows chunk = {rows->pos + c0, rows->slot + c0, rows->chain + (size_t)c0 * rows->chain_ld,
+                              rows->chain_ld, rows->base};
+        forward_chunk(s, h + (size_t)c0 * dim, T, 0, la, lb, &chunk);
+    }
 }
 
 void ls_forward_logits(ls_session *s, const float *h, int32_t n, float *logits) {
@@ -276,7 +298,7 @@ void ls_forward_logits(ls_session *s, const float *h, int32_t n, float *logits) 
             rt->ops->rmsnorm(s->xb + (size_t)t * dim, h + (size_t)(c0 + t) * dim, rt->norm, dim,
                              m->info.norm_eps);
         mm_job out = {.x = s->xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 1,
-                      .seg = {{m->w.output, logits + (size_t)c0 * vocab, vocab, vocab}}};
+                      .seg = {{m->w.output, logits + (size_t)c0 * vocab, vocab, vocab, m->w.qoutput}}};
         mm_run(rt, &out);
     }
 }

@@ -15,7 +15,25 @@
 
 typedef struct ls_runtime ls_runtime; /* owned by forward.c: pool, kernels, packed weights */
 
-/* Weights point straight into the read-only mapping (fp16, row-major). */
+typedef struct ls_qact ls_qact; /* quant.h: quantized activations, one per model */
+
+/* A quantized weight matrix, pointing into the mapping like the fp16 ones.
+ * The packing of each format is written down in loopserve.h. */
+typedef struct {
+    const uint8_t *qweight; /* (rows, in * bits / 8) packed codes (int8: signed bytes) */
+    const uint16_t *scales; /* (rows, in / group) fp16 */
+    const uint16_t *zeros;  /* (rows, in / group) fp16 offsets; int2 only, else NULL */
+    int32_t rows, in;
+    int32_t group;          /* inputs per scale: 32, 64, 128 or 256 */
+    int32_t bits;           /* 4 (int4), 2 (int2) or 8 (int8 output head) */
+    ls_qact *act;           /* the model's activation scratch (see quant.h) */
+} ls_qmat;
+
+/* Weights point straight into the read-only mapping (fp16, row-major).
+ * In a quantized model (quant int4/int2) the block's seven matrices, and
+ * the output head when it is stored int8, are ls_qmat instead: their q*
+ * pointer is set and their fp16 pointer is NULL. In an fp16 model every q*
+ * pointer is NULL. */
 typedef struct {
     const uint16_t *tok_embeddings; /* (vocab_size, dim) */
     const uint16_t *attn_norm;      /* (dim) */
@@ -29,6 +47,9 @@ typedef struct {
     const uint16_t *w3;             /* (ffn_dim, dim) up */
     const uint16_t *norm;           /* (dim) */
     const uint16_t *output;         /* (vocab_size, dim); == tok_embeddings when tied */
+    const ls_qmat *qwq, *qwk, *qwv, *qwo; /* as wq..wo, quantized */
+    const ls_qmat *qw1, *qw2, *qw3;       /* as w1..w3, quantized */
+    const ls_qmat *qoutput;               /* (vocab_size, dim) int8 head, or NULL */
 } ls_weights;
 
 struct ls_model {
@@ -37,6 +58,8 @@ struct ls_model {
     void *map;        /* mmap base */
     size_t map_len;
     ls_runtime *rt;
+    ls_qmat qmats[8]; /* storage behind ls_weights' q* pointers */
+    ls_qact *qact;    /* activation scratch shared by the quantized matrices; NULL for fp16 */
 };
 
 /* Provided by forward.c. Called once by ls_model_load after the weights are

@@ -37,7 +37,35 @@ extern "C" {
 #define LS_SIMD_AVX2 2        /* AVX2 + FMA + F16C */
 #define LS_SIMD_AVX512 3      /* AVX-512 F/BW/VL (+ VNNI where present) */
 
-/* ---- weight formats (metadata `quant`) ---- */
+/* ---- weight formats (metadata `quant`) ----
+ *
+ * fp16: every matrix X is `X.weight`, F16 [out, in].
+ *
+ * int4 / int2: the block's seven matrices (wq wk wv wo w1 w2 w3) are
+ * quantized in groups of G = metadata `group_size` consecutive inputs of a
+ * row (G in 32, 64, 128, 256; dim and ffn_dim multiples of G); tensors
+ * `X.qweight`, `X.scales` (F16 [out, in / G], scale s of group g of row o at
+ * [o, g]) and, int2 only, `X.zeros` (F16 [out, in / G]); no `X.weight`.
+ *   int4  X.qweight U8 [out, in / 2]. Code c in [-8, 7] (symmetric), stored
+ *         as the nibble c + 8; input 2j of a row in the low nibble of the
+ *         row's byte j, input 2j + 1 in the high nibble.
+ *         w = s * c (s may be negative: the quantizer uses the sign to put
+ *         a group's larger side on the -8 end).
+ *   int2  X.qweight U8 [out, in / 4]. Code c in 0..3; input 4j + k of a row
+ *         in bits 2k..2k+1 of the row's byte j (input 4j in the low bits).
+ *         w = s * c + z (z from X.zeros: scale and offset per group).
+ * The token embedding and the norms stay F16 (an embedding row is gathered,
+ * never multiplied). The output head is either `output.weight` (F16), or
+ * int8: `output.qweight` I8 [vocab, dim], code c in [-127, 127] (two's
+ * complement bytes), and `output.scales` F16 [vocab, dim / G], w = s * c; or
+ * absent (tied to tok_embeddings, F16). ls_model_info.tied_output is 1 only
+ * in that last case.
+ *
+ * Kernels (kernels/quant.h): each activation row is quantized to int8 with
+ * one fp32 scale, each group is an exact integer dot product, and the
+ * groups are combined in fp32 in one fixed order on every SIMD path, so
+ * quantized matmuls are bit-identical across paths, batch sizes and thread
+ * counts. */
 #define LS_QUANT_FP16 0
 #define LS_QUANT_INT4 1
 #define LS_QUANT_INT2 2
@@ -145,6 +173,59 @@ int32_t ls_sample(const float *logits, int32_t vocab, const int32_t *history,
                   int32_t n_history, float temperature, int32_t top_k,
                   float top_p, float repetition_penalty, uint64_t seed,
                   uint64_t counter);
+
+/* ---- speculative decoding (spec.c, DESIGN.md §4) ---- */
+
+#define LS_SPEC_MAX_AHEAD 16    /* draft_ahead: tokens drafted per cycle (chain) or tree depth */
+#define LS_SPEC_MAX_BRANCHES 16 /* k_branches */
+#define LS_SPEC_MAX_NODES 64    /* k_branches * draft_ahead */
+
+/* ls_spec_params.flags */
+#define LS_SPEC_FP16_DRAFT_HEAD 1 /* draft with the fp16 output head instead of its int8 copy */
+#define LS_SPEC_TEST_ACCEPT_ALL 2 /* TESTS ONLY: with temperature > 0, accept every draft token
+                                   * (a deliberately broken sampler: its output follows the draft
+                                   * distribution; lets a test prove it can tell the difference) */
+
+/* One cycle's settings. All fields are 32-bit so a binding can fill the
+ * struct through one Int32Array/Float32Array pair. */
+typedef struct {
+    int32_t draft_loops;        /* D, 1 <= D <= verify_loops */
+    int32_t verify_loops;       /* V, <= the session's loops; greedy output is plain decoding at V */
+    int32_t draft_ahead;        /* k, 1..LS_SPEC_MAX_AHEAD */
+    int32_t k_branches;         /* 1 = chain; K > 1 = tree (greedy only), K * k <= LS_SPEC_MAX_NODES */
+    int32_t max_new;            /* >= 1: most tokens the cycle may return (drafting stops at max_new - 1) */
+    int32_t top_k;              /* sampling as in ls_sample */
+    float temperature;
+    float top_p;
+    float repetition_penalty;
+    int32_t flags;              /* LS_SPEC_* */
+    uint32_t seed_lo, seed_hi;  /* the sample seed, low and high 32 bits */
+    float leaf_min_prob;        /* tree: a candidate becomes a leaf only when the draft gives it at
+                                 * least this probability (0 = every top-K candidate), 0..1 */
+} ls_spec_params;
+
+/* One self-speculative cycle. The session holds positions [0, p) committed
+ * in loops [0, verify_loops) (e.g. after ls_session_step of the prompt at
+ * verify_loops loops, which returned `pending`); `pending` is the last
+ * sampled token, not yet fed. The cycle drafts k = min(draft_ahead,
+ * max_new - 1) tokens with draft_loops loops, verifies them in one batched
+ * pass at verify_loops resuming from their loop-draft_loops states, and
+ * writes the j + 1 new tokens (the accepted drafts, then the verifier's own
+ * next token) to out_tokens (room for draft_ahead + 1). The caches then hold
+ * p + j + 1 positions; the last new token is the next cycle's `pending`.
+ * Greedy (temperature 0): the tokens are bit-identical to ls_session_step
+ * decoding at verify_loops loops. temperature > 0 (chain only): speculative
+ * sampling, same output distribution as ls_session_step sampling.
+ * k_branches > 1: tree of the greedy draft plus the k_branches - 1 next
+ * draft candidates at each depth (those with at least leaf_min_prob draft
+ * probability), verified in one masked pass; needs p + 1 + k_branches * k
+ * <= max_seq (leaves take their own cache rows until the walk is done).
+ * out_stats (nullable, 2 ints): tokens proposed, draft tokens accepted (j).
+ * Returns j + 1, or LS_ERR_ARG (bad setting, temperature > 0 with a tree),
+ * LS_ERR_STATE (caches not at the session's position), LS_ERR_FULL (no room
+ * for the cycle's rows), LS_ERR_NOMEM; on error nothing is committed. */
+int32_t ls_spec_cycle(ls_session *s, int32_t pending, const ls_spec_params *params, int32_t *out_tokens,
+                      int32_t *out_stats);
 
 #ifdef __cplusplus
 }

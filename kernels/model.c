@@ -21,6 +21,8 @@
 
 #include "internal.h"
 #include "json.h"
+#include "quant.h"
+#include "session.h" /* LS_CHUNK: rows per matmul call, for the activation scratch */
 
 /* The safetensors reference reader's own limit; real headers are kilobytes. */
 #define HEADER_MAX ((uint64_t)100 * 1000 * 1000)
@@ -203,16 +205,29 @@ static int read_metadata(const ls_json_doc *doc, uint32_t root, ls_model_info *i
 
     const ls_json_node *q = meta_str(&r, "quant");
     if (!q) return -1;
-    if (q->len != 4 || memcmp(q->str, "fp16", 4) != 0) {
+    if (q->len == 4 && memcmp(q->str, "fp16", 4) == 0) {
+        info->quant = LS_QUANT_FP16;
+    } else if (q->len == 4 && memcmp(q->str, "int4", 4) == 0) {
+        info->quant = LS_QUANT_INT4;
+    } else if (q->len == 4 && memcmp(q->str, "int2", 4) == 0) {
+        info->quant = LS_QUANT_INT2;
+    } else {
         char b[80];
-        ls_set_error(err, err_len, "quant '%s' is not supported by this build (it reads fp16)",
+        ls_set_error(err, err_len, "quant '%s' is not supported by this build (it reads fp16, int4 and int2)",
                      shown(q->str, q->len, b, sizeof b));
         return -1;
     }
-    info->quant = LS_QUANT_FP16;
     int32_t group_size;
     if (meta_int(&r, "group_size", 0, 65536, &group_size) != 0) return -1;
-    info->group_size = 0; // fp16 has no groups, whatever the writer recorded
+    if (info->quant == LS_QUANT_FP16) {
+        info->group_size = 0; // fp16 has no groups, whatever the writer recorded
+    } else if (!ls_quant_group_ok(group_size)) {
+        ls_set_error(err, err_len, "metadata 'group_size' is %d, expected 32, 64, 128 or 256 for quant %s",
+                     group_size, info->quant == LS_QUANT_INT4 ? "int4" : "int2");
+        return -1;
+    } else {
+        info->group_size = group_size;
+    }
     if (meta_expect(&r, "tokenizer", "gpt2") != 0) return -1;
 
     if (info->dim % info->n_heads != 0) {
@@ -233,13 +248,28 @@ static int read_metadata(const ls_json_doc *doc, uint32_t root, ls_model_info *i
                      info->n_heads, info->n_kv_heads);
         return -1;
     }
+    // Quantization groups run along each matrix's inputs: dim (wq, wk, wv,
+    // wo, w1, w3, output) and ffn_dim (w2).
+    if (info->quant != LS_QUANT_FP16) {
+        const char *field = NULL;
+        int32_t value = 0;
+        if (info->dim % info->group_size != 0) field = "dim", value = info->dim;
+        else if (info->ffn_dim % info->group_size != 0) field = "ffn_dim", value = info->ffn_dim;
+        if (field != NULL) {
+            ls_set_error(err, err_len,
+                         "metadata inconsistent: %s %d is not a multiple of group_size %d (quantization "
+                         "groups run along each matrix's inputs)",
+                         field, value, info->group_size);
+            return -1;
+        }
+    }
     return 0;
 }
 
 // ---- tensors ----
 
 typedef struct {
-    const char *name;
+    char name[64]; /* copied: quantized tensor names are formatted on the fly */
     uint64_t begin, end;
 } span;
 
@@ -249,17 +279,17 @@ typedef struct {
     const uint8_t *data;   /* start of the data region in the map */
     uint64_t data_len;     /* bytes in the data region */
     uint64_t data_at;      /* file offset of the data region */
-    span spans[16];
+    span spans[40]; /* every tensor of a quantized model: 4 + 7 * 3 + 2 */
     int n_spans;
     char *err;
     int32_t err_len;
 } tensor_reader;
 
-// Finds `name`, checks it is F16 of exactly `dims`, inside the data region and
-// aligned, and returns a pointer into the map. Returns 0, 1 if absent and
-// optional, or -1 with err written.
-static int get_tensor(tensor_reader *t, const char *name, const int64_t *dims, int n_dims,
-                      int optional, const uint16_t **out) {
+// Finds `name`, checks it is of `dtype` (elements of esize bytes) with
+// exactly `dims`, inside the data region and aligned, and returns a pointer
+// into the map. Returns 0, 1 if absent and optional, or -1 with err written.
+static int get_tensor_as(tensor_reader *t, const char *name, const char *dtype, int esize,
+                         const int64_t *dims, int n_dims, int optional, const void **out) {
     const ls_json_doc *doc = t->doc;
     uint32_t v = ls_json_get(doc, t->root, name);
     if (v == LS_JSON_NONE) {
@@ -277,14 +307,14 @@ static int get_tensor(tensor_reader *t, const char *name, const int64_t *dims, i
 
     uint32_t dt = ls_json_get(doc, v, "dtype");
     if (dt == LS_JSON_NONE || doc->nodes[dt].type != LS_JSON_STRING) {
-        ls_set_error(t->err, t->err_len, "tensor '%s': 'dtype' %s, expected \"F16\"", name,
-                     dt == LS_JSON_NONE ? "missing" : "is not a string");
+        ls_set_error(t->err, t->err_len, "tensor '%s': 'dtype' %s, expected \"%s\"", name,
+                     dt == LS_JSON_NONE ? "missing" : "is not a string", dtype);
         return -1;
     }
     const ls_json_node *dn = &doc->nodes[dt];
-    if (dn->len != 3 || memcmp(dn->str, "F16", 3) != 0) {
-        ls_set_error(t->err, t->err_len, "tensor '%s': dtype '%s' expected F16", name,
-                     shown(dn->str, dn->len, b, sizeof b));
+    if (dn->len != strlen(dtype) || memcmp(dn->str, dtype, dn->len) != 0) {
+        ls_set_error(t->err, t->err_len, "tensor '%s': dtype '%s' expected %s", name,
+                     shown(dn->str, dn->len, b, sizeof b), dtype);
         return -1;
     }
 
@@ -348,24 +378,41 @@ static int get_tensor(tensor_reader *t, const char *name, const int64_t *dims, i
         return -1;
     }
     // dims are capped by the metadata checks (<= 2^20 * 2^18), so no overflow.
-    uint64_t want_bytes = 2;
+    uint64_t want_bytes = (uint64_t)esize;
     for (int i = 0; i < n_dims; i++) want_bytes *= (uint64_t)dims[i];
     if (end - begin != want_bytes) {
         ls_set_error(t->err, t->err_len,
-                     "tensor '%s': data_offsets %s hold %llu bytes, expected %llu (F16 %s)", name,
-                     got, (unsigned long long)(end - begin), (unsigned long long)want_bytes, want);
+                     "tensor '%s': data_offsets %s hold %llu bytes, expected %llu (%s %s)", name,
+                     got, (unsigned long long)(end - begin), (unsigned long long)want_bytes, dtype,
+                     want);
         return -1;
     }
-    if ((t->data_at + begin) % 2 != 0) {
+    if ((t->data_at + begin) % (uint64_t)esize != 0) {
         ls_set_error(t->err, t->err_len,
-                     "tensor '%s': data at file offset %llu is not 2-byte aligned for F16", name,
-                     (unsigned long long)(t->data_at + begin));
+                     "tensor '%s': data at file offset %llu is not %d-byte aligned for %s", name,
+                     (unsigned long long)(t->data_at + begin), esize, dtype);
         return -1;
     }
-    if (t->n_spans < (int)(sizeof t->spans / sizeof t->spans[0]))
-        t->spans[t->n_spans++] = (span){name, begin, end};
-    *out = (const uint16_t *)(const void *)(t->data + begin);
+    if (t->n_spans < (int)(sizeof t->spans / sizeof t->spans[0])) {
+        span *sp = &t->spans[t->n_spans++];
+        snprintf(sp->name, sizeof sp->name, "%s", name);
+        sp->begin = begin;
+        sp->end = end;
+    }
+    *out = (const void *)(t->data + begin);
     return 0;
+}
+
+static int get_tensor(tensor_reader *t, const char *name, const int64_t *dims, int n_dims,
+                      int optional, const uint16_t **out) {
+    const void *p = NULL;
+    int rc = get_tensor_as(t, name, "F16", 2, dims, n_dims, optional, &p);
+    if (rc == 0) *out = (const uint16_t *)p;
+    return rc;
+}
+
+static int has_tensor(const tensor_reader *t, const char *name) {
+    return ls_json_get(t->doc, t->root, name) != LS_JSON_NONE;
 }
 
 static int span_cmp(const void *a, const void *b) {
@@ -390,7 +437,84 @@ static int check_overlap(tensor_reader *t) {
     return 0;
 }
 
-static int read_tensors(tensor_reader *t, const ls_model_info *in, ls_weights *w, int32_t *tied) {
+// One quantized matrix `base` (e.g. "block.wq") of rows x in: base.qweight
+// (U8 codes, or I8 for the int8 head), base.scales (F16) and, for int2,
+// base.zeros (F16); base.weight must not also be there.
+static int get_qmat(tensor_reader *t, const char *base, int64_t rows, int64_t in, int32_t group,
+                    int32_t bits, ls_qmat *q) {
+    char name[64];
+    snprintf(name, sizeof name, "%s.weight", base);
+    if (has_tensor(t, name)) {
+        ls_set_error(t->err, t->err_len,
+                     "tensor '%s' present in a quantized model: expected '%s.qweight' and '%s.scales' "
+                     "instead",
+                     name, base, base);
+        return -1;
+    }
+    const void *p;
+    const int64_t d_q[2] = {rows, in * bits / 8}, d_s[2] = {rows, in / group};
+    snprintf(name, sizeof name, "%s.qweight", base);
+    if (get_tensor_as(t, name, bits == 8 ? "I8" : "U8", 1, d_q, 2, 0, &p) != 0) return -1;
+    q->qweight = p;
+    snprintf(name, sizeof name, "%s.scales", base);
+    if (get_tensor_as(t, name, "F16", 2, d_s, 2, 0, &p) != 0) return -1;
+    q->scales = p;
+    q->zeros = NULL;
+    if (bits == 2) {
+        snprintf(name, sizeof name, "%s.zeros", base);
+        if (get_tensor_as(t, name, "F16", 2, d_s, 2, 0, &p) != 0) return -1;
+        q->zeros = p;
+    }
+    q->rows = (int32_t)rows;
+    q->in = (int32_t)in;
+    q->group = group;
+    q->bits = bits;
+    q->act = NULL; /* set once the scratch exists */
+    return 0;
+}
+
+// The block's seven matrices of a quantized model, and its output head:
+// output.weight (F16), output.qweight + output.scales (int8), or neither (tied).
+static int read_quant_tensors(tensor_reader *t, const ls_model_info *in, ls_weights *w,
+                              ls_qmat *qm, int32_t *tied) {
+    const int64_t dim = in->dim, hd = in->head_dim, ffn = in->ffn_dim, vocab = in->vocab_size;
+    const int64_t q_rows = in->n_heads * hd, kv_rows = in->n_kv_heads * hd;
+    const int32_t G = in->group_size, bits = in->quant == LS_QUANT_INT4 ? 4 : 2;
+    if (get_qmat(t, "block.wq", q_rows, dim, G, bits, &qm[0]) != 0) return -1;
+    if (get_qmat(t, "block.wk", kv_rows, dim, G, bits, &qm[1]) != 0) return -1;
+    if (get_qmat(t, "block.wv", kv_rows, dim, G, bits, &qm[2]) != 0) return -1;
+    if (get_qmat(t, "block.wo", dim, q_rows, G, bits, &qm[3]) != 0) return -1;
+    if (get_qmat(t, "block.w1", ffn, dim, G, bits, &qm[4]) != 0) return -1;
+    if (get_qmat(t, "block.w2", dim, ffn, G, bits, &qm[5]) != 0) return -1;
+    if (get_qmat(t, "block.w3", ffn, dim, G, bits, &qm[6]) != 0) return -1;
+    w->qwq = &qm[0], w->qwk = &qm[1], w->qwv = &qm[2], w->qwo = &qm[3];
+    w->qw1 = &qm[4], w->qw2 = &qm[5], w->qw3 = &qm[6];
+    w->wq = w->wk = w->wv = w->wo = w->w1 = w->w2 = w->w3 = NULL;
+
+    const int64_t d_emb[2] = {vocab, dim};
+    int has_q = has_tensor(t, "output.qweight"), has_f = has_tensor(t, "output.weight");
+    *tied = 0;
+    w->qoutput = NULL;
+    if (has_q && has_f) {
+        ls_set_error(t->err, t->err_len,
+                     "tensors 'output.weight' and 'output.qweight' both present: the output head is "
+                     "either fp16 or int8");
+        return -1;
+    } else if (has_q) {
+        if (get_qmat(t, "output", vocab, dim, G, 8, &qm[7]) != 0) return -1;
+        w->qoutput = &qm[7];
+        w->output = NULL;
+    } else if (has_f) {
+        if (get_tensor(t, "output.weight", d_emb, 2, 0, &w->output) != 0) return -1;
+    } else {
+        *tied = 1;
+        w->output = w->tok_embeddings;
+    }
+    return 0;
+}
+
+static int read_tensors(tensor_reader *t, const ls_model_info *in, ls_weights *w, ls_qmat *qm,
+                        int32_t *tied) {
     const int64_t dim = in->dim, hd = in->head_dim, ffn = in->ffn_dim, vocab = in->vocab_size;
     const int64_t q_rows = in->n_heads * hd, kv_rows = in->n_kv_heads * hd;
     const int64_t d_emb[2] = {vocab, dim}, d_vec[1] = {dim};
@@ -398,6 +522,13 @@ static int read_tensors(tensor_reader *t, const ls_model_info *in, ls_weights *w
     const int64_t d_up[2] = {ffn, dim}, d_down[2] = {dim, ffn};
 
     if (get_tensor(t, "tok_embeddings.weight", d_emb, 2, 0, &w->tok_embeddings) != 0) return -1;
+    if (in->quant != LS_QUANT_FP16) {
+        if (get_tensor(t, "block.attn_norm.weight", d_vec, 1, 0, &w->attn_norm) != 0) return -1;
+        if (get_tensor(t, "block.ffn_norm.weight", d_vec, 1, 0, &w->ffn_norm) != 0) return -1;
+        if (get_tensor(t, "norm.weight", d_vec, 1, 0, &w->norm) != 0) return -1;
+        if (read_quant_tensors(t, in, w, qm, tied) != 0) return -1;
+        return check_overlap(t);
+    }
     if (get_tensor(t, "block.attn_norm.weight", d_vec, 1, 0, &w->attn_norm) != 0) return -1;
     if (get_tensor(t, "block.wq.weight", d_q, 2, 0, &w->wq) != 0) return -1;
     if (get_tensor(t, "block.wk.weight", d_kv, 2, 0, &w->wk) != 0) return -1;
@@ -491,7 +622,7 @@ static int validate(const uint8_t *map, uint64_t size, ls_model *m, char *err, i
         ls_set_error(err, err_len, "header JSON is %s, expected an object",
                      kind(doc.nodes[0].type));
     } else if (read_metadata(&doc, 0, &m->info, err, err_len) == 0 &&
-               read_tensors(&t, &m->info, &m->w, &m->info.tied_output) == 0) {
+               read_tensors(&t, &m->info, &m->w, m->qmats, &m->info.tied_output) == 0) {
         rc = 0;
     }
     ls_json_free(&doc);
@@ -558,6 +689,19 @@ ls_model *ls_model_load(const char *path, int32_t n_threads, int32_t simd, char 
         free(m);
         return NULL;
     }
+    if (m->info.quant != LS_QUANT_FP16) {
+        // One activation scratch for every quantized matrix: a matmul call
+        // carries at most LS_CHUNK rows of at most max(dim, ffn_dim) inputs.
+        int32_t widest = m->info.dim > m->info.ffn_dim ? m->info.dim : m->info.ffn_dim;
+        m->qact = ls_qact_new(LS_CHUNK, widest);
+        if (!m->qact) {
+            ls_set_error(err, err_len, "out of memory allocating the quantized-activation scratch");
+            unmap_file(map, size);
+            free(m);
+            return NULL;
+        }
+        for (size_t i = 0; i < sizeof m->qmats / sizeof m->qmats[0]; i++) m->qmats[i].act = m->qact;
+    }
     // ls_runtime_init overwrites these with what it actually starts.
     m->info.simd = simd;
     m->info.n_threads = n_threads;
@@ -565,16 +709,19 @@ ls_model *ls_model_load(const char *path, int32_t n_threads, int32_t simd, char 
     if (ls_runtime_init(m, n_threads, simd, err, err_len) < 0) {
         if (err != NULL && err_len > 0 && err[0] == '\0')
             ls_set_error(err, err_len, "runtime initialisation failed");
+        ls_qact_free(m->qact);
         unmap_file(map, size);
         free(m);
         return NULL;
     }
+    if (m->qact) m->qact->simd = m->info.simd; /* the quantized kernels follow the fp16 choice */
     return m;
 }
 
 void ls_model_free(ls_model *m) {
     if (m == NULL) return;
     ls_runtime_free(m);
+    ls_qact_free(m->qact);
     if (m->map != NULL) unmap_file(m->map, m->map_len);
     free(m);
 }

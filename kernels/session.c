@@ -93,6 +93,7 @@ ls_session *ls_session_new(ls_model *m, int32_t max_seq, int32_t loops, int32_t 
 
 void ls_session_free(ls_session *s) {
     if (!s) return;
+    ls_spec_scratch_free(s);
     free(s->tokens);
     free(s->loop_len);
     free(s->loop_lo);

@@ -23,6 +23,14 @@ struct ls_runtime {
     float *attn_norm; /* (dim) fp32 copies of the fp16 norm weights */
     float *ffn_norm;  /* (dim) */
     float *norm;      /* (dim) */
+
+    /* Draft head (spec.c): an int8 copy of Wout with one fp32 scale per row,
+     * built on the first speculative cycle that drafts with it. NULL until. */
+    int8_t *head_i8;        /* (vocab_size, head_i8_ld) symmetric int8 codes, zero padded */
+    float *head_i8_scale;   /* (vocab_size) code -> weight scale */
+    int32_t *head_i8_bias;  /* (vocab_size) 128 * sum of the row's codes (u8-offset correction) */
+    int32_t head_i8_ld;     /* dim rounded up to 64 */
+    int32_t head_i8_path;   /* dot-product kernel picked for this CPU and SIMD choice (spec.c) */
 };
 
 struct ls_session {
@@ -52,7 +60,29 @@ struct ls_session {
     float *rope;   /* (LS_CHUNK, head_dim / 2, 2) cos, sin per position */
     float *scores; /* (n_threads, cap) attention scores, one row per thread */
     float *logits; /* (vocab_size) for ls_session_step without logits_out */
+
+    struct ls_spec_scratch *spec; /* speculative-cycle buffers (spec.c), allocated on first use */
 };
+
+/* ---- tree rows (speculative verification) ----
+ * A batch of rows that are not consecutive positions: row t sits at position
+ * pos[t] >= base, writes its K/V into ring slot slot[t] of each loop, and
+ * attends to the committed positions [.., base) (ring slots q % cap) plus its
+ * ancestors: chain[t * chain_ld + (q - base)] is the slot holding position q
+ * of row t's path for q in [base, pos[t]] (the row's own slot last). Scores,
+ * softmax and value sums run in position order over exactly the positions a
+ * plain decode of that path would see, with the same kernels, so a row's
+ * values are bit-identical to plain decoding of its path. */
+#define LS_TREE_MAX_ROWS 65  /* root + K_branches * draft_ahead (<= 64) */
+#define LS_TREE_MAX_DEPTH 16 /* draft_ahead */
+
+typedef struct {
+    const int32_t *pos;   /* (n) positions */
+    const int32_t *slot;  /* (n) ring slots written */
+    const int32_t *chain; /* (n, chain_ld) slots of each row's path from base */
+    int32_t chain_ld;
+    int32_t base;         /* first position of the tree (the committed length) */
+} ls_tree_rows;
 
 /* ---- forward.c ---- */
 
@@ -68,6 +98,13 @@ void ls_forward_embed(ls_session *s, const int32_t *tokens, int32_t n, float *h)
  * Returns LS_OK or LS_ERR_STATE / LS_ERR_ARG / LS_ERR_FULL. */
 int32_t ls_forward_loops(ls_session *s, float *h, int32_t n, int32_t pos0, int32_t la, int32_t lb);
 
+/* Tree variant of ls_forward_loops: n rows described by `rows` through loops
+ * [la, lb). Rows must be ordered so that every ancestor precedes its
+ * descendants (chunks of LS_CHUNK then see their ancestors' rows). Touches
+ * neither loop_len / loop_lo nor the history: the caller (spec.c) checked
+ * the slots and commits the accepted path itself. */
+void ls_forward_tree(ls_session *s, float *h, int32_t n, const ls_tree_rows *rows, int32_t la, int32_t lb);
+
 /* logits[t] = rmsnorm(h[t], norm) · Wout for t in [0, n), logits (n, vocab). */
 void ls_forward_logits(ls_session *s, const float *h, int32_t n, float *logits);
 
@@ -82,5 +119,16 @@ void ls_rope_apply(float *x, int32_t n_heads, int32_t head_dim, const float *cs)
 /* Stores k, v (T tokens at pos0.., already rotated) as fp16 into loop's cache
  * and computes s->att for every (token, head) from s->q. */
 void ls_attention(ls_session *s, int32_t loop, int32_t T, int32_t pos0);
+
+/* ls_attention for tree rows (rows already offset to this chunk). */
+void ls_attention_tree(ls_session *s, int32_t loop, int32_t T, const ls_tree_rows *rows);
+
+/* ---- spec.c ---- */
+
+/* Frees s->spec (called by ls_session_free). */
+void ls_spec_scratch_free(ls_session *s);
+
+/* Frees the runtime's draft head (called by ls_runtime_free). */
+void ls_spec_runtime_free(ls_runtime *rt);
 
 #endif

@@ -21,6 +21,13 @@ const symbols = {
   ls_sample: { args: [ptr, i32, ptr, i32, f32, i32, f32, f32, u64, u64], returns: i32 },
 } as const;
 
+// Speculative decoding (kernels/spec.c) is opened separately: a kernel
+// library without it (e.g. a GPU build that has not implemented it yet) still
+// loads and serves plain generation.
+const specSymbols = {
+  ls_spec_cycle: { args: [ptr, i32, ptr, ptr, ptr], returns: i32 },
+} as const;
+
 export const ABI_VERSION = 1;
 
 export const SIMD_CODES = { auto: 0, portable: 1, avx2: 2, avx512: 3 } as const;
@@ -45,6 +52,7 @@ export class NativeError extends Error {
 }
 
 type Lib = ReturnType<typeof dlopen<typeof symbols>>["symbols"];
+type SpecLib = ReturnType<typeof dlopen<typeof specSymbols>>["symbols"];
 
 const ERR_LEN = 1024;
 const cString = (s: string) => Buffer.from(`${s}\0`, "utf8");
@@ -58,6 +66,21 @@ function check(rc: number, what: string): number {
 }
 
 const opened = new Map<string, Lib>();
+const openedSpec = new Map<string, SpecLib | null>();
+
+/** The speculative entry points of the library at `path`, or null when it has none. */
+function openSpecSymbols(path: string): SpecLib | null {
+  if (!openedSpec.has(path)) {
+    let lib: SpecLib | null = null;
+    try {
+      lib = dlopen(path, specSymbols).symbols;
+    } catch {
+      lib = null;
+    }
+    openedSpec.set(path, lib);
+  }
+  return openedSpec.get(path) ?? null;
+}
 
 /** Opens (once per path) the kernel library and checks its ABI version. */
 export function openKernelLibrary(path: string): Lib {
@@ -101,6 +124,8 @@ export class NativeModel {
   private constructor(
     readonly lib: Lib,
     handle: Pointer,
+    /** ls_spec_cycle, when the library has it. */
+    readonly specLib: SpecLib | null,
   ) {
     this.handle = handle;
     const raw = new Int32Array(16); // ls_model_info: 16 x 32-bit fields
@@ -131,7 +156,7 @@ export class NativeModel {
     const err = new Uint8Array(ERR_LEN);
     const handle = lib.ls_model_load(cString(modelPath), threads, SIMD_CODES[simd], err, ERR_LEN);
     if (!handle) throw new NativeError(readError(err) || `cannot load ${modelPath}`, -1);
-    return new NativeModel(lib, handle as Pointer);
+    return new NativeModel(lib, handle as Pointer, openSpecSymbols(libraryPath));
   }
 
   get pointer(): Pointer {
@@ -144,6 +169,11 @@ export class NativeModel {
     const s = this.lib.ls_session_new(this.pointer, maxSeq, loops, cacheWindow, err, ERR_LEN);
     if (!s) throw new NativeError(readError(err) || "cannot create session", -3);
     return new NativeSession(this, s as Pointer);
+  }
+
+  /** True when the kernel library implements speculative decoding (ls_spec_cycle). */
+  get hasSpeculative(): boolean {
+    return this.specLib !== null;
   }
 
   /** Samples from logits with the C sampler (used by tests and host-side modes). */
@@ -225,8 +255,77 @@ export class NativeSession {
     );
   }
 
+  /**
+   * One self-speculative cycle (ls_spec_cycle in kernels/loopserve.h), in one
+   * FFI call: `pending` is the last sampled, not yet fed token; writes the
+   * new tokens to out (room for draftAhead + 1) and returns how many. The
+   * last of them is the next cycle's pending token.
+   */
+  specCycle(pending: number, p: SpecCycleParams, out: Int32Array, stats: SpecCycleStats): number {
+    const spec = this.model.specLib;
+    if (!spec) throw new NativeError("this kernel library has no speculative decoding (ls_spec_cycle)", -1);
+    if (out.length < p.draftAhead + 1) throw new NativeError("spec output buffer too small", -1);
+    const raw = specParamsBuffer(p);
+    const st = new Int32Array(2);
+    const n = check(spec.ls_spec_cycle(this.pointer, pending, raw, out, st), "ls_spec_cycle");
+    stats.drafted = st[0];
+    stats.accepted = st[1];
+    return n;
+  }
+
   close(): void {
     if (this.handle) this.model.lib.ls_session_free(this.handle);
     this.handle = null;
   }
+}
+
+/** ls_spec_params (kernels/loopserve.h) as the binding fills it. */
+export interface SpecCycleParams {
+  draftLoops: number;
+  verifyLoops: number;
+  draftAhead: number;
+  kBranches: number;
+  maxNew: number;
+  temperature: number;
+  topK: number;
+  topP: number;
+  repetitionPenalty: number;
+  seed: number; // non-negative integer <= 2^53
+  flags?: number; // SPEC_FLAGS
+  /** Tree: a candidate becomes a leaf only with at least this draft probability (default 0: all top-K). */
+  leafMinProb?: number;
+}
+
+/** ls_spec_params.flags */
+export const SPEC_FLAGS = {
+  /** Draft with the exact fp16 output head instead of its int8 copy. */
+  fp16DraftHead: 1,
+  /** Tests only: accept every draft token (a broken sampler, to prove a distribution test has power). */
+  testAcceptAll: 2,
+} as const;
+
+/** What one cycle did: tokens proposed and draft tokens accepted. */
+export interface SpecCycleStats {
+  drafted: number;
+  accepted: number;
+}
+
+function specParamsBuffer(p: SpecCycleParams): Int32Array {
+  const raw = new Int32Array(13); // ls_spec_params: 13 x 32-bit fields
+  const f = new Float32Array(raw.buffer);
+  raw[0] = p.draftLoops;
+  raw[1] = p.verifyLoops;
+  raw[2] = p.draftAhead;
+  raw[3] = p.kBranches;
+  raw[4] = p.maxNew;
+  raw[5] = p.topK;
+  f[6] = p.temperature;
+  f[7] = p.topP;
+  f[8] = p.repetitionPenalty;
+  raw[9] = p.flags ?? 0;
+  const seed = BigInt(p.seed);
+  new Uint32Array(raw.buffer)[10] = Number(seed & 0xffffffffn);
+  new Uint32Array(raw.buffer)[11] = Number((seed >> 32n) & 0xffffffffn);
+  f[12] = p.leafMinProb ?? 0;
+  return raw;
 }

@@ -5,7 +5,8 @@ import { existsSync } from "node:fs";
 import type { EngineRunOptions } from "../scheduler/scheduler.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveCudaLibrary, resolveKernelLibrary } from "./library.ts";
 import { cudaDeviceCount, NativeError, NativeModel, type NativeSession, type SimdChoice } from "./binding.ts";
-import type { GenerateRequest, GenerateResult, ModelInfo, TokenSink } from "./types.ts";
+import { cycleParams, type DraftOptions, planSpeculative, SPEC_SESSION_SLACK, SpecCounter, type SpecPlan } from "./speculative.ts";
+import type { FinishReason, GenerateRequest, GenerateResult, ModelInfo, TokenSink } from "./types.ts";
 
 export class EngineLoadError extends Error {}
 
@@ -19,6 +20,8 @@ export interface EngineOptions {
   buildDir: string;
   /** $XDG_CACHE_HOME, where an embedded kernel library is extracted (null: ~/.cache). */
   cacheHome?: string | null;
+  /** How speculative requests draft (src/engine/speculative.ts; kernels/spec.c explains the choices). */
+  draft?: DraftOptions;
 }
 
 const NATIVE_STATE_ERROR = -4; // LS_ERR_STATE
@@ -38,7 +41,10 @@ export class Engine {
   readonly supportsPrefixSnapshots = true;
   private tail: Promise<unknown> = Promise.resolve();
 
-  private constructor(private readonly model: NativeModel) {
+  private constructor(
+    private readonly model: NativeModel,
+    private readonly draft: DraftOptions = {},
+  ) {
     const n = model.info;
     this.info = {
       arch: "looped-llama",
@@ -62,7 +68,7 @@ export class Engine {
     const library = Engine.kernelLibrary(opts);
     if (!existsSync(opts.modelPath)) throw new EngineLoadError(`model file not found: ${opts.modelPath}`);
     try {
-      return new Engine(NativeModel.load(library, opts.modelPath, opts.threads, opts.simd));
+      return new Engine(NativeModel.load(library, opts.modelPath, opts.threads, opts.simd), opts.draft);
     } catch (e) {
       throw new EngineLoadError(`cannot load model ${opts.modelPath}: ${(e as Error).message}`);
     }
@@ -98,12 +104,17 @@ export class Engine {
     return run;
   }
 
-  private validate(req: GenerateRequest): void {
+  /** Checks the request; returns its speculative plan, or null for plain generation. */
+  private validate(req: GenerateRequest): SpecPlan | null {
     const { vocabSize } = this.info;
     if (req.promptTokens.length === 0) throw new EngineRequestError("prompt is empty");
     const bad = req.promptTokens.find((t) => !Number.isInteger(t) || t < 0 || t >= vocabSize);
     if (bad !== undefined) throw new EngineRequestError(`prompt token id ${bad} is outside the vocabulary [0, ${vocabSize})`);
     if (req.loops < 1 || req.loops > 64) throw new EngineRequestError(`loops must be between 1 and 64, got ${req.loops}`);
+    const plan = planSpeculative(req);
+    if (plan && !this.model.hasSpeculative)
+      throw new EngineRequestError(`mode '${plan.mode}' is not available: this kernel library has no speculative decoding`);
+    return plan;
   }
 
   private async run(
@@ -112,37 +123,67 @@ export class Engine {
     signal: AbortSignal | undefined,
     { prefix, capture }: EngineRunOptions<KvSnapshot>,
   ): Promise<GenerateResult> {
-    this.validate(req);
+    const plan = this.validate(req);
     const start = performance.now();
     let firstTokenMs = 0;
     const tokens: number[] = [];
     const stops = new Set(req.stopTokenIds);
     const s = req.sampling;
-    const session = this.model.newSession(req.promptTokens.length + req.maxTokens, req.loops, req.cacheWindow);
-    const done = (finishReason: GenerateResult["finishReason"]): GenerateResult => ({
+    const counter = plan ? new SpecCounter() : null;
+    // A speculative cycle writes rows past the last token before rolling back.
+    const maxSeq = req.promptTokens.length + req.maxTokens + (plan ? SPEC_SESSION_SLACK : 0);
+    const session = this.model.newSession(maxSeq, req.loops, req.cacheWindow);
+    const done = (finishReason: FinishReason): GenerateResult => ({
       tokens,
       finishReason,
       promptTokens: req.promptTokens.length,
       wallMs: performance.now() - start,
       firstTokenMs,
+      ...(counter ? { speculative: counter.stats() } : {}),
     });
+    /** Hands one token on; returns the finish reason when generation ends with it. */
+    const emit = (next: number): FinishReason | null => {
+      if (stops.has(next)) return "stop";
+      tokens.push(next);
+      if (sink(next) === false) return "stop";
+      if (tokens.length >= req.maxTokens) return "length";
+      return null;
+    };
     try {
       const reused = prefix && this.reusePrefix(session, prefix.snapshot, prefix.length) ? prefix.length : 0;
-      let input = Int32Array.from(req.promptTokens.slice(reused));
-      for (;;) {
-        if (signal?.aborted) return done("cancelled");
-        const next = session.step(input, req.loops, s.temperature, s.topK, s.topP, s.repetitionPenalty, BigInt(s.seed));
-        if (tokens.length === 0) {
-          firstTokenMs = performance.now() - start;
-          if (capture) capture(this.snapshot(session, req));
-        }
-        if (stops.has(next)) return done("stop");
-        tokens.push(next);
-        if (sink(next) === false) return done("stop");
-        if (tokens.length >= req.maxTokens) return done("length");
-        input = Int32Array.of(next);
+      if (signal?.aborted) return done("cancelled");
+      // Prefill and the first token: the same call in every mode.
+      let next = session.step(
+        Int32Array.from(req.promptTokens.slice(reused)),
+        req.loops,
+        s.temperature,
+        s.topK,
+        s.topP,
+        s.repetitionPenalty,
+        BigInt(s.seed),
+      );
+      firstTokenMs = performance.now() - start;
+      if (capture) capture(this.snapshot(session, req));
+      let end = emit(next);
+      // One FFI call per step: a plain decode step, or a whole speculative
+      // cycle whose tokens are then handed on one by one (cut at a stop id,
+      // max_tokens or a sink that says stop, as plain decoding would be).
+      const out = new Int32Array((plan?.draftAhead ?? 0) + 1);
+      const cycle = { drafted: 0, accepted: 0 };
+      while (!end) {
         await nextTick();
+        if (signal?.aborted) return done("cancelled");
+        if (plan && counter) {
+          const n = session.specCycle(next, cycleParams(plan, req, req.maxTokens - tokens.length, this.draft), out, cycle);
+          counter.add(cycle, n);
+          for (let i = 0; i < n && !end; i++) end = emit(out[i]);
+          next = out[n - 1];
+        } else {
+          next = session.step(Int32Array.of(next), req.loops, s.temperature, s.topK, s.topP, s.repetitionPenalty, BigInt(s.seed));
+          end = emit(next);
+        }
       }
+      return done(end);
     } catch (e) {
       if (e instanceof NativeError && e.code === -1) throw new EngineRequestError(e.message);
       throw e;

@@ -26,13 +26,36 @@ export interface SamplingParams {
   seed: number; // non-negative integer
 }
 
+/** Generation paths (DESIGN.md §4). */
+export type GenerationMode = "generate" | "speculative" | "tree_speculative";
+
 export interface GenerateRequest {
   promptTokens: number[];
   maxTokens: number;
+  /** Loop depth; in the speculative modes the verify depth (what the output equals, what the prefix pool keys on). */
   loops: number;
   sampling: SamplingParams;
   stopTokenIds: number[]; // generation ends (finish "stop") when one is sampled; it is not emitted
   cacheWindow: number; // 0 = full
+  /** Default "generate". The speculative modes take the four fields below. */
+  mode?: GenerationMode;
+  /** Loop depth of the draft pass, 1..loops (default 2, capped at loops). */
+  draftLoops?: number;
+  /** Loop depth of the verify pass; when given it must equal `loops`. */
+  verifyLoops?: number;
+  /** Tokens drafted per cycle (chain) or tree depth, 1..16 (default 4). */
+  draftAhead?: number;
+  /** tree_speculative: branching factor 1..16 with kBranches * draftAhead <= 64; greedy only (default 1). */
+  kBranches?: number;
+}
+
+/** What the speculative modes did for one request. */
+export interface SpeculativeStats {
+  draftTokens: number; // tokens proposed by the draft passes (tree: every node)
+  acceptedTokens: number; // draft tokens the verifier accepted
+  cycles: number; // verify calls
+  /** Mean tokens produced per verify call: accepted drafts plus the verifier's own token (0 without cycles). */
+  acceptedPerCycle: number;
 }
 
 export type FinishReason = "stop" | "length" | "cancelled";
@@ -43,6 +66,7 @@ export interface GenerateResult {
   promptTokens: number;
   wallMs: number; // engine start of this request to its end
   firstTokenMs: number; // engine start to the first sampled token
+  speculative?: SpeculativeStats; // set by the speculative modes
 }
 
 // Called once per generated token, in order. Returning false stops generation

@@ -1,11 +1,14 @@
-// `loopserve model ...`: write synthetic models, inspect model files.
+// `loopserve model ...`: write synthetic models, inspect model files,
+// quantize them (int4 / int2), export a model to GGUF for llama.cpp-based tools.
 //
 // Exit codes: 0 done, 1 the work failed (bad file, cannot write), 2 bad
 // arguments. src/cli.ts dispatches here with the arguments after `model`;
 // `bun src/model/cli.ts ...` runs it directly.
 
 import { statSync } from "node:fs";
-import { parseModelConfig } from "./format.ts";
+import { checkQuantTensors, GROUP_SIZES, MAX_LOOPS, parseModelConfig } from "./format.ts";
+import { exportGguf } from "./gguf.ts";
+import { DEFAULT_GROUP_SIZE, type HeadQuant, quantizeModelFile, type WeightQuant } from "./quantize.ts";
 import { DTYPE_SIZES, ModelFormatError, readSafetensors } from "./safetensors.ts";
 import { resolveSyntheticOptions, type SyntheticOptions, writeSyntheticModel } from "./synthetic.ts";
 
@@ -26,6 +29,10 @@ const MAIN_HELP = `usage: loopserve model <command> [options]
 commands:
   new OUT        write a deterministic synthetic fp16 model to OUT
   inspect FILE   print a model file's header: metadata, then every tensor
+  quantize IN OUT --quant int4|int2
+                 write the fp16/bf16/fp32 model IN with int4 or int2 weights
+  export-gguf IN OUT
+                 write the fp16 model IN unrolled as a Llama GGUF (llama.cpp)
 
 Run \`loopserve model <command> --help\` for a command's options.`;
 
@@ -58,6 +65,36 @@ schema. Exit status 1 when the file is unreadable or not a valid model.
 
 options:
   --json       print the header as one JSON object
+  -h, --help   this help`;
+
+const QUANTIZE_HELP = `usage: loopserve model quantize IN OUT --quant int4|int2 [options]
+
+Writes IN (a loopserve model with F16, BF16 or F32 tensors) to OUT with the
+shared block's seven matrices quantized in groups along their inputs:
+  int4  symmetric, codes -8..7 and one fp16 scale per group
+  int2  codes 0..3 with one fp16 scale and one fp16 offset per group
+The output head (vocab x dim, the largest matrix) becomes int8 with the
+same groups unless --head fp16; the embedding and the norms stay fp16.
+The same input and options give a byte-identical file.
+
+options (default in brackets):
+  --quant int4|int2    weight format (required)
+  --group-size N       inputs per scale: 32, 64, 128 or 256 [${DEFAULT_GROUP_SIZE}];
+                       dim and ffn_dim must be multiples of it
+  --head int8|fp16     output head format [int8]; fp16 keeps a tied model tied
+  -h, --help           this help`;
+
+const EXPORT_GGUF_HELP = `usage: loopserve model export-gguf IN OUT [--loops N]
+
+Writes the fp16 model IN as a GGUF v3 file OUT that llama.cpp-based tools
+load as a plain Llama model: the shared block unrolled into N identical
+layers (GGUF cannot share tensor data, so each layer holds a copy), F16
+matrices, F32 norms, Wq/Wk rows permuted for llama.cpp's RoPE pairing (as
+its convert_hf_to_gguf.py does), and the GPT-2 vocabulary and merges from
+the bundled tokenizer data. Quantize the result with llama-quantize.
+
+options:
+  --loops N    layers to unroll, 1..${MAX_LOOPS} [the model's default_loops]
   -h, --help   this help`;
 
 // ---- argument parsing ----
@@ -239,13 +276,85 @@ function cmdInspect(argv: string[], io: CommandIO): number {
   }
 
   const c = parseModelConfig(file);
+  if (c.quant !== "fp16") checkQuantTensors(file, c);
   if (!p.flags.has("--json")) {
     io.out(
-      `loopserve model: ${c.quant}, dim ${c.dim}, heads ${c.nHeads} (kv ${c.nKvHeads}), head_dim ${c.headDim}, ` +
+      `loopserve model: ${c.quant}${c.quant === "fp16" ? "" : ` (group ${c.groupSize}, output head ${file.tensors.has("output.qweight") ? "int8" : "fp16"})`}, dim ${c.dim}, heads ${c.nHeads} (kv ${c.nKvHeads}), head_dim ${c.headDim}, ` +
         `ffn ${c.ffnDim}, vocab ${c.vocabSize}, default loops ${c.defaultLoops}, ` +
         `output ${c.tiedOutput ? "tied to tok_embeddings" : "untied"}`,
     );
   }
+  return 0;
+}
+
+function cmdQuantize(argv: string[], io: CommandIO): number {
+  const p = parseArgs(argv, new Set(["--quant", "--group-size", "--head"]), new Set(["-h", "--help"]));
+  if (p.flags.has("-h") || p.flags.has("--help")) {
+    io.out(QUANTIZE_HELP);
+    return 0;
+  }
+  if (p.positional.length !== 2) {
+    throw new UsageError(
+      p.positional.length === 0
+        ? "missing IN and OUT paths"
+        : p.positional.length === 1
+          ? "missing OUT path"
+          : `unexpected argument "${p.positional[2]}"`,
+    );
+  }
+  const quant = p.flags.get("--quant");
+  if (quant === undefined) throw new UsageError("--quant int4|int2 is required");
+  if (quant !== "int4" && quant !== "int2") throw new UsageError(`--quant must be int4 or int2, got "${String(quant)}"`);
+  const head = p.flags.get("--head") ?? "int8";
+  if (head !== "int8" && head !== "fp16") throw new UsageError(`--head must be int8 or fp16, got "${String(head)}"`);
+  const groupSize = intFlag(p, "--group-size", DEFAULT_GROUP_SIZE);
+  if (!(GROUP_SIZES as readonly number[]).includes(groupSize)) {
+    throw new UsageError(`--group-size must be 32, 64, 128 or 256, got ${groupSize}`);
+  }
+  const [inPath, outPath] = p.positional;
+  const t0 = performance.now();
+  const r = quantizeModelFile(inPath, outPath, {
+    quant: quant as WeightQuant,
+    groupSize,
+    head: head as HeadQuant,
+  });
+  const ms = performance.now() - t0;
+  io.out(
+    `wrote ${outPath}: ${r.bytes} bytes (${((100 * r.bytes) / r.inputBytes).toFixed(1)}% of ${r.inputBytes}), ` +
+      `${quant} block, group ${groupSize}, output head ${r.head === "tied" ? "tied (fp16)" : r.head} in ${ms.toFixed(0)} ms`,
+  );
+  return 0;
+}
+
+function cmdExportGguf(argv: string[], io: CommandIO): number {
+  const p = parseArgs(argv, new Set(["--loops"]), new Set(["-h", "--help"]));
+  if (p.flags.has("-h") || p.flags.has("--help")) {
+    io.out(EXPORT_GGUF_HELP);
+    return 0;
+  }
+  if (p.positional.length !== 2) {
+    throw new UsageError(
+      p.positional.length === 0
+        ? "missing IN and OUT paths"
+        : p.positional.length === 1
+          ? "missing OUT path"
+          : `unexpected argument "${p.positional[2]}"`,
+    );
+  }
+  const [inPath, outPath] = p.positional;
+  let loops: number | undefined;
+  if (p.flags.has("--loops")) {
+    loops = intFlag(p, "--loops", 0);
+    if (loops < 1 || loops > MAX_LOOPS) throw new UsageError(`--loops must be in [1, ${MAX_LOOPS}], got ${loops}`);
+  }
+  const t0 = performance.now();
+  const r = exportGguf(inPath, outPath, { loops });
+  const ms = performance.now() - t0;
+  io.out(
+    `wrote ${outPath}: ${r.bytes} bytes, GGUF v3, llama, ${r.loops} layers, ${r.tensors} tensors ` +
+      `(dim ${r.config.dim}, heads ${r.config.nHeads}/${r.config.nKvHeads} kv, ffn ${r.config.ffnDim}, ` +
+      `vocab ${r.config.vocabSize}, ${r.config.tiedOutput ? "tied" : "untied"} output) in ${ms.toFixed(0)} ms`,
+  );
   return 0;
 }
 
@@ -268,13 +377,18 @@ export async function runModelCommand(argv: string[], io: CommandIO = defaultIO)
         return cmdNew(rest, io);
       case "inspect":
         return cmdInspect(rest, io);
+      case "export-gguf":
+        return cmdExportGguf(rest, io);
+      case "quantize":
+        return cmdQuantize(rest, io);
       default:
-        throw new UsageError(`unknown command "${cmd}" (expected new or inspect)`);
+        throw new UsageError(`unknown command "${cmd}" (expected new, inspect, quantize or export-gguf)`);
     }
   } catch (e) {
     if (e instanceof UsageError) {
       io.err(`error: ${e.message}`);
-      io.err(`run \`loopserve model ${cmd === "new" || cmd === "inspect" ? `${cmd} ` : ""}--help\` for usage`);
+      const known = cmd === "new" || cmd === "inspect" || cmd === "export-gguf" || cmd === "quantize";
+      io.err(`run \`loopserve model ${known ? `${cmd} ` : ""}--help\` for usage`);
       return 2;
     }
     if (e instanceof ModelFormatError) {

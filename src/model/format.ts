@@ -8,6 +8,8 @@ import { ModelFormatError, readSafetensors, type SafetensorsFile, type TensorVie
 // ---- schema ----
 
 export type Quant = "fp16" | "int4" | "int2";
+/** Group sizes the kernels handle (kernels/quant.h). */
+export const GROUP_SIZES = [32, 64, 128, 256] as const;
 
 export const FORMAT_NAME = "loopserve";
 export const FORMAT_VERSION = 1;
@@ -93,6 +95,74 @@ export interface ModelWeights {
   output: Uint16Array; // (vocab_size, dim); the same array as tokEmbeddings when tied
 }
 
+/**
+ * A quantized matrix [rows, cols] (packing: kernels/loopserve.h). Groups of
+ * `groupSize` consecutive inputs of a row share one fp16 scale (and, int2,
+ * one fp16 offset):
+ * - bits 4 (int4): code c in [-8, 7], stored as the nibble c + 8, two per
+ *   byte, input 2j in the low nibble of byte j; value = scale * c.
+ * - bits 2 (int2): code c in 0..3, four per byte, input 4j + k in bits
+ *   2k..2k+1 of byte j; value = scale * c + zero.
+ * - bits 8 (int8, output head only): one signed byte per input; value = scale * c.
+ */
+export interface QuantMatrix {
+  bits: 2 | 4 | 8;
+  rows: number;
+  cols: number;
+  groupSize: number;
+  qweight: Uint8Array; // (rows, cols * bits / 8)
+  scales: Uint16Array; // (rows, cols / groupSize) fp16 bits
+  zeros?: Uint16Array; // (rows, cols / groupSize) fp16 bits, int2 only
+}
+
+/** The quantized block matrices, as named in the file ("block.wq", ...). */
+export const QUANT_MATRICES = ["wq", "wk", "wv", "wo", "w1", "w2", "w3"] as const;
+export type QuantMatrixName = (typeof QUANT_MATRICES)[number];
+
+/** [rows, cols] of each block matrix and of the output head. */
+export function matrixShapes(c: Omit<ModelConfig, "tiedOutput">): Record<QuantMatrixName | "output", [number, number]> {
+  const q = c.nHeads * c.headDim;
+  const kv = c.nKvHeads * c.headDim;
+  return {
+    wq: [q, c.dim],
+    wk: [kv, c.dim],
+    wv: [kv, c.dim],
+    wo: [c.dim, q],
+    w1: [c.ffnDim, c.dim],
+    w2: [c.dim, c.ffnDim],
+    w3: [c.ffnDim, c.dim],
+    output: [c.vocabSize, c.dim],
+  };
+}
+
+/** Tensors holding one quantized matrix `base` ("block.wq", "output"): name, dtype, shape. */
+export function quantTensorShapes(base: string, bits: 2 | 4 | 8, rows: number, cols: number, groupSize: number): [string, "U8" | "I8" | "F16", number[]][] {
+  const out: [string, "U8" | "I8" | "F16", number[]][] = [
+    [`${base}.qweight`, bits === 8 ? "I8" : "U8", [rows, (cols * bits) / 8]],
+    [`${base}.scales`, "F16", [rows, cols / groupSize]],
+  ];
+  if (bits === 2) out.push([`${base}.zeros`, "F16", [rows, cols / groupSize]]);
+  return out;
+}
+
+/** Weights of a quantized (int4 / int2) model. */
+export interface QuantModelWeights {
+  tokEmbeddings: Uint16Array; // (vocab_size, dim) fp16: rows are gathered, never multiplied
+  attnNorm: Uint16Array; // (dim)
+  ffnNorm: Uint16Array; // (dim)
+  norm: Uint16Array; // (dim)
+  block: Record<QuantMatrixName, QuantMatrix>; // the block's matrices, in the model's format
+  /** (vocab_size, dim): int8, fp16 (its own tensor), or tokEmbeddings itself when tied. */
+  output: QuantMatrix | Uint16Array;
+}
+
+export interface LoadedQuantModel {
+  path: string;
+  config: ModelConfig;
+  tensors: Map<string, TensorView>;
+  weights: QuantModelWeights;
+}
+
 export interface LoadedModel {
   path: string;
   config: ModelConfig;
@@ -168,6 +238,16 @@ export function parseModelMetadata(meta: Meta, where: string): Omit<ModelConfig,
   const bad = (msg: string): never => {
     throw new ModelFormatError(`${where}: metadata: ${msg}`);
   };
+  if (quant !== "fp16" && !(GROUP_SIZES as readonly number[]).includes(groupSize)) {
+    bad(`group_size must be one of ${GROUP_SIZES.join(", ")} for quant ${quant}, got ${groupSize}`);
+  }
+  if (quant !== "fp16") {
+    // Groups run along each matrix's inputs: dim (wq, wk, wv, wo, w1, w3, output), ffn_dim (w2).
+    if (dim % groupSize !== 0) bad(`dim (${dim}) must be a multiple of group_size (${groupSize}) for quant ${quant}`);
+    if (ffnDim % groupSize !== 0) {
+      bad(`ffn_dim (${ffnDim}) must be a multiple of group_size (${groupSize}) for quant ${quant}`);
+    }
+  }
   if (dim % nHeads !== 0) bad(`dim (${dim}) must be a multiple of n_heads (${nHeads})`);
   const headDim = dim / nHeads;
   if (headDim % 2 !== 0) bad(`head_dim = dim / n_heads = ${headDim} must be even (RoPE rotates pairs)`);
@@ -199,11 +279,11 @@ function shapeStr(s: number[]): string {
   return `[${s.join(", ")}]`;
 }
 
-function checkTensor(file: SafetensorsFile, name: string, shape: number[], where: string): TensorView {
+function checkTensor(file: SafetensorsFile, name: string, shape: number[], where: string, dtype = "F16"): TensorView {
   const t = file.tensors.get(name);
-  if (t === undefined) throw new ModelFormatError(`${where}: missing tensor "${name}" (F16 ${shapeStr(shape)})`);
-  if (t.dtype !== "F16") {
-    throw new ModelFormatError(`${where}: tensor "${name}": dtype must be F16, got ${t.dtype}`);
+  if (t === undefined) throw new ModelFormatError(`${where}: missing tensor "${name}" (${dtype} ${shapeStr(shape)})`);
+  if (t.dtype !== dtype) {
+    throw new ModelFormatError(`${where}: tensor "${name}": dtype must be ${dtype}, got ${t.dtype}`);
   }
   if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
     throw new ModelFormatError(
@@ -237,13 +317,56 @@ export function parseModelConfig(file: SafetensorsFile): ModelConfig {
   return { ...base, tiedOutput };
 }
 
+/**
+ * The tensors of an int4 / int2 model (the same rules as kernels/model.c):
+ * fp16 embedding and norms; block.X.qweight (U8), block.X.scales (F16) and,
+ * for int2, block.X.zeros (F16) for each block matrix, with no block.X.weight
+ * beside them; output.weight (F16), output.qweight (I8) + output.scales, or
+ * neither (tied). parseModelConfig leaves these to this function.
+ */
+export function checkQuantTensors(file: SafetensorsFile, c: Omit<ModelConfig, "tiedOutput">): void {
+  const where = file.path;
+  if (c.quant === "fp16") throw new ModelFormatError(`${where}: quant "fp16" has no quantized tensors to check`);
+  const bits = c.quant === "int4" ? 4 : 2;
+  for (const name of ["block.attn_norm.weight", "block.ffn_norm.weight", "norm.weight"]) {
+    checkTensor(file, name, [c.dim], where);
+  }
+  checkTensor(file, "tok_embeddings.weight", [c.vocabSize, c.dim], where);
+  const shapes = matrixShapes(c);
+  for (const m of QUANT_MATRICES) {
+    const base = `block.${m}`;
+    if (file.tensors.has(`${base}.weight`)) {
+      throw new ModelFormatError(
+        `${where}: tensor "${base}.weight" present in a ${c.quant} model: expected "${base}.qweight" and "${base}.scales" instead`,
+      );
+    }
+    const [rows, cols] = shapes[m];
+    for (const [name, dtype, shape] of quantTensorShapes(base, bits, rows, cols, c.groupSize)) {
+      checkTensor(file, name, shape, where, dtype);
+    }
+  }
+  const hasQ = file.tensors.has("output.qweight");
+  if (hasQ && file.tensors.has("output.weight")) {
+    throw new ModelFormatError(
+      `${where}: tensors "output.weight" and "output.qweight" both present: the output head is either fp16 or int8`,
+    );
+  }
+  if (hasQ) {
+    for (const [name, dtype, shape] of quantTensorShapes("output", 8, c.vocabSize, c.dim, c.groupSize)) {
+      checkTensor(file, name, shape, where, dtype);
+    }
+  } else if (file.tensors.has("output.weight")) {
+    checkTensor(file, "output.weight", [c.vocabSize, c.dim], where);
+  }
+}
+
 /** Reads, maps and validates an fp16 loopserve model file. */
 export function loadModelFile(path: string): LoadedModel {
   const file = readSafetensors(path);
   const config = parseModelConfig(file);
   if (config.quant !== "fp16") {
     throw new ModelFormatError(
-      `${path}: quant "${config.quant}" is not supported by the TypeScript loader (fp16 only); the C engine loads it`,
+      `${path}: quant "${config.quant}" is not supported by the TypeScript loader of fp16 weights (loadModelFile); loadQuantModelFile reads it`,
     );
   }
   const get = (name: string) => asF16(file.tensors.get(name)!);
@@ -261,6 +384,52 @@ export function loadModelFile(path: string): LoadedModel {
     w3: get("block.w3.weight"),
     norm: get("norm.weight"),
     output: config.tiedOutput ? tokEmbeddings : get("output.weight"),
+  };
+  return { path, config, tensors: file.tensors, weights };
+}
+
+/** An int4 / int2 matrix's tensors as a QuantMatrix (views into the mapping when aligned). */
+function quantMatrixOf(file: SafetensorsFile, base: string, bits: 2 | 4 | 8, rows: number, cols: number, groupSize: number): QuantMatrix {
+  const t = (name: string) => file.tensors.get(name)!;
+  return {
+    bits,
+    rows,
+    cols,
+    groupSize,
+    qweight: t(`${base}.qweight`).data,
+    scales: asF16(t(`${base}.scales`)),
+    zeros: bits === 2 ? asF16(t(`${base}.zeros`)) : undefined,
+  };
+}
+
+/** Reads, maps and validates an int4 / int2 loopserve model file. */
+export function loadQuantModelFile(path: string): LoadedQuantModel {
+  const file = readSafetensors(path);
+  const config = parseModelConfig(file);
+  if (config.quant === "fp16") {
+    throw new ModelFormatError(`${path}: quant "fp16": use loadModelFile for unquantized models`);
+  }
+  checkQuantTensors(file, config);
+  const bits = config.quant === "int4" ? 4 : 2;
+  const shapes = matrixShapes(config);
+  const get = (name: string) => asF16(file.tensors.get(name)!);
+  const block = {} as Record<QuantMatrixName, QuantMatrix>;
+  for (const m of QUANT_MATRICES) {
+    block[m] = quantMatrixOf(file, `block.${m}`, bits, shapes[m][0], shapes[m][1], config.groupSize);
+  }
+  const tokEmbeddings = get("tok_embeddings.weight");
+  const output = file.tensors.has("output.qweight")
+    ? quantMatrixOf(file, "output", 8, config.vocabSize, config.dim, config.groupSize)
+    : config.tiedOutput
+      ? tokEmbeddings
+      : get("output.weight");
+  const weights: QuantModelWeights = {
+    tokEmbeddings,
+    attnNorm: get("block.attn_norm.weight"),
+    ffnNorm: get("block.ffn_norm.weight"),
+    norm: get("norm.weight"),
+    block,
+    output,
   };
   return { path, config, tensors: file.tensors, weights };
 }

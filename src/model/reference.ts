@@ -1,7 +1,10 @@
 // Reference forward pass in plain TypeScript: the test oracle for the C
 // kernels (DESIGN.md §2). Written to be obviously correct, not fast: one
-// token at a time, float64 arithmetic, no tricks. The only place it rounds
-// on purpose is where the kernels do: K and V are stored in an fp16 cache.
+// token at a time, float64 arithmetic, no tricks. The only places it rounds
+// on purpose are where the kernels do: K and V are stored in an fp16 cache,
+// and in a quantized model (int4 / int2 block, int8 head) each input row of
+// a quantized matrix is quantized to int8 as the kernels do it
+// (quantize.ts: quantizedMatvec), against the exactly dequantized weights.
 //
 //   h = E[token]
 //   for l in 0..loops-1 (same weights every loop):
@@ -14,7 +17,9 @@
 //   logits = rmsnorm(h, norm) · Wout^T
 
 import { f16ArrayToF32, roundToF16 } from "./fp16.ts";
-import { loadModelFile, MAX_LOOPS, type ModelConfig } from "./format.ts";
+import { loadModelFile, loadQuantModelFile, MAX_LOOPS, type ModelConfig, QUANT_MATRICES } from "./format.ts";
+import { dequantize, quantizedMatvec } from "./quantize.ts";
+import { readSafetensors } from "./safetensors.ts";
 
 // ---- building blocks (exported for tests) ----
 
@@ -29,7 +34,7 @@ export function rmsnorm(x: Float64Array, w: Float32Array, eps: number): Float64A
 }
 
 /** y = W x for W stored row-major [rows, cols] ([out_features, in_features]). */
-export function matvec(w: Float32Array, rows: number, cols: number, x: Float64Array): Float64Array {
+export function matvec(w: Float32Array | Float64Array, rows: number, cols: number, x: Float64Array): Float64Array {
   const y = new Float64Array(rows);
   for (let r = 0; r < rows; r++) {
     let s = 0;
@@ -72,30 +77,44 @@ export interface ForwardOptions {
   cacheWindow?: number;
 }
 
-/** Weights decoded from fp16 (exactly) to float32. */
+/** A weight matrix: fp16 decoded exactly to float32, or a quantized one dequantized exactly to float64. */
+type RefMatrix = Float32Array | Float64Array;
+type MatrixKey = "wq" | "wk" | "wv" | "wo" | "w1" | "w2" | "w3" | "output";
+
+/** Weights decoded exactly from the file. */
 interface RefWeights {
   tokEmbeddings: Float32Array; // (vocab_size, dim)
   attnNorm: Float32Array; // (dim)
-  wq: Float32Array; // (n_heads * head_dim, dim)
-  wk: Float32Array; // (n_kv_heads * head_dim, dim)
-  wv: Float32Array; // (n_kv_heads * head_dim, dim)
-  wo: Float32Array; // (dim, n_heads * head_dim)
+  wq: RefMatrix; // (n_heads * head_dim, dim)
+  wk: RefMatrix; // (n_kv_heads * head_dim, dim)
+  wv: RefMatrix; // (n_kv_heads * head_dim, dim)
+  wo: RefMatrix; // (dim, n_heads * head_dim)
   ffnNorm: Float32Array; // (dim)
-  w1: Float32Array; // (ffn_dim, dim)
-  w2: Float32Array; // (dim, ffn_dim)
-  w3: Float32Array; // (ffn_dim, dim)
+  w1: RefMatrix; // (ffn_dim, dim)
+  w2: RefMatrix; // (dim, ffn_dim)
+  w3: RefMatrix; // (ffn_dim, dim)
   norm: Float32Array; // (dim)
-  output: Float32Array; // (vocab_size, dim); tokEmbeddings when tied
+  output: RefMatrix; // (vocab_size, dim); tokEmbeddings when tied
 }
 
 export class ReferenceModel {
   private constructor(
     readonly config: ModelConfig,
     readonly weights: RefWeights,
+    /** Matrices stored quantized: their inputs are quantized to int8 per row, as the kernels do. */
+    readonly quantized: ReadonlySet<MatrixKey> = new Set(),
   ) {}
 
-  /** Loads and validates an fp16 model (see format.ts). */
+  /** y = W x for one of the model's matrices, the way the kernels compute it. */
+  apply(key: MatrixKey, rows: number, cols: number, x: Float64Array): Float64Array {
+    const w = this.weights[key];
+    return this.quantized.has(key) ? quantizedMatvec(w, rows, cols, x) : matvec(w, rows, cols, x);
+  }
+
+  /** Loads and validates a model (fp16, int4 or int2; see format.ts). */
   static load(path: string): ReferenceModel {
+    const quant = readSafetensors(path).metadata.quant;
+    if (quant === "int4" || quant === "int2") return ReferenceModel.loadQuantized(path);
     const { config, weights: w } = loadModelFile(path);
     const tok = f16ArrayToF32(w.tokEmbeddings);
     return new ReferenceModel(config, {
@@ -112,6 +131,37 @@ export class ReferenceModel {
       norm: f16ArrayToF32(w.norm),
       output: config.tiedOutput ? tok : f16ArrayToF32(w.output),
     });
+  }
+
+  private static loadQuantized(path: string): ReferenceModel {
+    const { config, weights: w } = loadQuantModelFile(path);
+    const tok = f16ArrayToF32(w.tokEmbeddings);
+    const quantized = new Set<MatrixKey>(QUANT_MATRICES);
+    let output: RefMatrix;
+    if (w.output instanceof Uint16Array) output = w.output === w.tokEmbeddings ? tok : f16ArrayToF32(w.output);
+    else {
+      output = dequantize(w.output);
+      quantized.add("output");
+    }
+    const b = w.block;
+    return new ReferenceModel(
+      config,
+      {
+        tokEmbeddings: tok,
+        attnNorm: f16ArrayToF32(w.attnNorm),
+        wq: dequantize(b.wq),
+        wk: dequantize(b.wk),
+        wv: dequantize(b.wv),
+        wo: dequantize(b.wo),
+        ffnNorm: f16ArrayToF32(w.ffnNorm),
+        w1: dequantize(b.w1),
+        w2: dequantize(b.w2),
+        w3: dequantize(b.w3),
+        norm: f16ArrayToF32(w.norm),
+        output,
+      },
+      quantized,
+    );
   }
 
   /** A fresh incremental session (empty cache) running `loops` loops per token. */
@@ -189,6 +239,7 @@ export class ReferenceSession {
   feed(token: number): Float32Array {
     const c = this.model.config;
     const w = this.model.weights;
+    const mv = (key: MatrixKey, rows: number, cols: number, x: Float64Array) => this.model.apply(key, rows, cols, x);
     if (!Number.isInteger(token) || token < 0 || token >= c.vocabSize) {
       throw new RangeError(`token id must be an integer in [0, ${c.vocabSize}), got ${token}`);
     }
@@ -205,9 +256,9 @@ export class ReferenceSession {
     for (let l = 0; l < this.loops; l++) {
       // ---- attention ----
       let x = rmsnorm(h, w.attnNorm, c.normEps);
-      const q = matvec(w.wq, qDim, dim, x);
-      const k = matvec(w.wk, kvDim, dim, x);
-      const v = matvec(w.wv, kvDim, dim, x);
+      const q = mv("wq", qDim, dim, x);
+      const k = mv("wk", kvDim, dim, x);
+      const v = mv("wv", kvDim, dim, x);
       applyRope(q, nHeads, hd, pos, c.ropeTheta);
       applyRope(k, nKvHeads, hd, pos, c.ropeTheta);
       // The kernels keep an fp16 cache; the current token reads its own
@@ -235,21 +286,21 @@ export class ReferenceSession {
           for (let i = 0; i < hd; i++) att[qOff + i] += p * V[j][kvOff + i];
         }
       }
-      const o = matvec(w.wo, dim, qDim, att);
+      const o = mv("wo", dim, qDim, att);
       for (let i = 0; i < dim; i++) h[i] += o[i];
 
       // ---- SwiGLU feed-forward ----
       x = rmsnorm(h, w.ffnNorm, c.normEps);
-      const gate = matvec(w.w1, ffnDim, dim, x);
-      const up = matvec(w.w3, ffnDim, dim, x);
+      const gate = mv("w1", ffnDim, dim, x);
+      const up = mv("w3", ffnDim, dim, x);
       const act = new Float64Array(ffnDim);
       for (let i = 0; i < ffnDim; i++) act[i] = silu(gate[i]) * up[i];
-      const down = matvec(w.w2, dim, ffnDim, act);
+      const down = mv("w2", dim, ffnDim, act);
       for (let i = 0; i < dim; i++) h[i] += down[i];
     }
 
     // ---- output ----
     const xf = rmsnorm(h, w.norm, c.normEps);
-    return Float32Array.from(matvec(w.output, c.vocabSize, dim, xf));
+    return Float32Array.from(mv("output", c.vocabSize, dim, xf));
   }
 }

@@ -280,7 +280,7 @@ describe("model loading under ASan/UBSan", () => {
       ["head-dim-odd", meta("n_heads", "32"), /head_dim 1 \(dim 32 \/ n_heads 32\) must be even/],
       ["kv-3", meta("n_kv_heads", "3"), /n_heads 4 is not divisible by n_kv_heads 3/],
       ["kv-8", meta("n_kv_heads", "8"), /n_heads 4 is not divisible by n_kv_heads 8/],
-      ["quant-int4", meta("quant", "int4"), /quant 'int4' is not supported by this build/],
+      ["quant-int4-no-group", meta("quant", "int4"), /metadata 'group_size' is 0, expected 32, 64, 128 or 256 for quant int4/],
       ["quant-q8", meta("quant", "q8_0"), /quant 'q8_0' is not supported by this build/],
       ["format", meta("format", "gguf"), /metadata 'format' is 'gguf', expected 'loopserve'/],
       ["version", meta("format_version", "2"), /metadata 'format_version' is 2, this build reads version 1/],

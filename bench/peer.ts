@@ -1,0 +1,544 @@
+// `bun run bench:peer`: loopserve against llama.cpp on the same model, same
+// machine, same run (issue 8).
+//
+//   1. builds the kernel library, llama.cpp (cached outside the repo, from
+//      node-llama-cpp's source bundle) and the roofline probes
+//   2. the benchmark model (dim 768, 12/12 heads, ffn 2048, vocab 50257,
+//      untied head, loops 8), exported to GGUF once per loop depth, quantized
+//      by llama-quantize to Q4_0 / Q2_K, and by `loopserve model quantize` to
+//      int4 / int2 when that command exists
+//   3. prefill 512 / decode 128, 1 and 2 threads, loops 1, 4, 8, 16, each
+//      format: loopserve through the binding and llama-bench alternately
+//   4. equivalence: greedy tokens and logits of both on the F16 export
+//   5. the roofline: probes, and each result as % of its bound
+// Prints tables, writes bench/results/peer.json.
+//
+// Decode is measured as llama-bench's tg test defines it: 128 single-token
+// steps from an empty cache, for both engines. Prefill is one call of 512
+// tokens (loopserve) and llama-bench's pp512 (one batch of 512).
+//
+// options: --threads 1,2  --loops 1,4,8,16  --formats fp16,int4,int2
+//          --repeats 3  --no-equivalence  --no-wait  --quick
+import { existsSync, mkdirSync } from "node:fs";
+import { basename, join } from "node:path";
+import { NativeModel } from "../src/engine/binding.ts";
+import { runModelCommand } from "../src/model/cli.ts";
+import { type ModelConfig, parseModelConfig } from "../src/model/format.ts";
+import { exportGguf } from "../src/model/gguf.ts";
+import { readSafetensors } from "../src/model/safetensors.ts";
+import { Tokenizer } from "../src/tokenizer.ts";
+import { BENCH_SHAPE, benchModel } from "./models.ts";
+import { BUNDLE, cacheDir, fresh, llamaBench, llamaGreedy, llamaQuantize, type LlamaTools, llamaTools } from "./peer/llama.ts";
+import {
+  ggufDecodeBytes,
+  loopserveDecodeBoundS,
+  modelCost,
+  prefillFlops,
+  type ModelCost,
+  RooflineProbe,
+} from "./peer/roofline.ts";
+import { CORES, linearFit, LoadMeter, median, ownCpuS, PeerBenchError, run, waitForQuiet } from "./peer/system.ts";
+import { printTable, type Row, writeJson } from "./report.ts";
+
+const REPO = join(import.meta.dir, "..");
+const LIBRARY = join(REPO, "build", "libloopserve.so");
+
+// ---- options ----
+
+interface Options {
+  threads: number[];
+  loops: number[];
+  formats: Format[];
+  repeats: number;
+  prefill: number;
+  decode: number;
+  equivalence: boolean;
+  wait: boolean;
+}
+
+type Format = "fp16" | "int4" | "int2";
+const LLAMA_TYPE: Record<Format, string> = { fp16: "F16", int4: "Q4_0", int2: "Q2_K" };
+
+function parseOptions(argv: string[]): Options {
+  const o: Options = {
+    threads: [1, 2],
+    loops: [1, 4, 8, 16],
+    formats: ["fp16", "int4", "int2"],
+    repeats: 3,
+    prefill: 512,
+    decode: 128,
+    equivalence: true,
+    wait: true,
+  };
+  const list = (v: string | undefined, name: string) => {
+    const xs = (v ?? "").split(",").map(Number);
+    if (xs.length === 0 || xs.some((x) => !Number.isInteger(x) || x < 1)) {
+      throw new PeerBenchError(`${name} takes a comma-separated list of positive integers, got "${v}"`);
+    }
+    return xs;
+  };
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i];
+    if (a === "--threads") o.threads = list(argv[++i], a);
+    else if (a === "--loops") o.loops = list(argv[++i], a);
+    else if (a === "--repeats") o.repeats = list(argv[++i], a)[0];
+    else if (a === "--formats") {
+      const fs = (argv[++i] ?? "").split(",");
+      for (const f of fs) if (!(f in LLAMA_TYPE)) throw new PeerBenchError(`--formats: unknown format "${f}" (fp16, int4, int2)`);
+      o.formats = fs as Format[];
+    } else if (a === "--no-equivalence") o.equivalence = false;
+    else if (a === "--no-wait") o.wait = false;
+    else if (a === "--quick") {
+      o.loops = [1, 8];
+      o.repeats = 2;
+    } else throw new PeerBenchError(`unknown option ${a} (see the header of bench/peer.ts)`);
+  }
+  return o;
+}
+
+const log = (s: string) => process.stderr.write(`[peer] ${s}\n`);
+
+// ---- models ----
+
+interface FormatModels {
+  format: Format;
+  loopserve: string; // safetensors
+  config: ModelConfig;
+  cost: ModelCost;
+  gguf: Map<number, string>; // loops -> llama.cpp file of the matching type
+}
+
+/** `loopserve model quantize` into the cache; null (with the reason) when unavailable. */
+async function loopserveQuantized(fp16: string, format: "int4" | "int2"): Promise<{ path: string } | { skip: string }> {
+  const out = join(cacheDir(), "models", `${basename(fp16, ".safetensors")}-${format}.safetensors`);
+  if (!fresh(out, fp16)) {
+    const err: string[] = [];
+    let code: number;
+    try {
+      code = await runModelCommand(["quantize", fp16, out, "--quant", format], { out: () => {}, err: (l) => err.push(l) });
+    } catch (e) {
+      return { skip: `loopserve model quantize failed: ${(e as Error).message}` };
+    }
+    if (code !== 0) return { skip: `loopserve model quantize --quant ${format}: ${err[0] ?? `exit ${code}`}` };
+  }
+  try {
+    NativeModel.load(LIBRARY, out, 1, "auto").close();
+  } catch (e) {
+    return { skip: `the engine cannot load the ${format} model: ${(e as Error).message}` };
+  }
+  return { path: out };
+}
+
+function ggufFor(tools: LlamaTools, fp16: string, loops: number, format: Format): string {
+  const dir = join(cacheDir(), "models");
+  const stem = join(dir, `${basename(fp16, ".safetensors")}-L${loops}`);
+  const f16 = `${stem}-F16.gguf`;
+  if (!fresh(f16, fp16, join(REPO, "src", "model", "gguf.ts"))) {
+    log(`exporting ${basename(f16)}`);
+    exportGguf(fp16, f16, { loops });
+  }
+  if (format === "fp16") return f16;
+  const q = `${stem}-${LLAMA_TYPE[format]}.gguf`;
+  if (!fresh(q, f16)) log(`llama-quantize ${basename(q)}`);
+  llamaQuantize(tools, f16, q, LLAMA_TYPE[format], CORES);
+  return q;
+}
+
+// ---- loopserve measurement ----
+
+function promptOf(n: number, vocab: number): Int32Array {
+  return Int32Array.from({ length: n }, (_, i) => (i * 7919 + 13) % vocab);
+}
+
+interface Measured {
+  ppTokS: number;
+  tgTokS: number;
+  cpuS: number;
+  othersCores: number;
+}
+
+function measureLoopserve(model: NativeModel, loops: number, o: Options): Measured {
+  const vocab = model.info.vocabSize;
+  const prompt = promptOf(o.prefill, vocab);
+  const one = new Int32Array(1);
+  const meter = new LoadMeter();
+  const c0 = ownCpuS();
+  // Warm-up, as llama-bench does one: page in the weights, wake the pool.
+  {
+    const s = model.newSession(64, loops, 0);
+    s.step(prompt.subarray(0, 16), loops, 0, 0, 1, 1, 0n);
+    for (let i = 0; i < 4; i++) {
+      one[0] = i + 1;
+      s.step(one, loops, 0, 0, 1, 1, 0n);
+    }
+    s.close();
+  }
+  const pp: number[] = [];
+  const tg: number[] = [];
+  for (let r = 0; r < o.repeats; r++) {
+    let s = model.newSession(o.prefill + 1, loops, 0);
+    let t = performance.now();
+    s.step(prompt, loops, 0, 0, 1, 1, 0n);
+    pp.push((o.prefill * 1000) / (performance.now() - t));
+    s.close();
+
+    s = model.newSession(o.decode + 1, loops, 0);
+    let next = 13;
+    t = performance.now();
+    for (let i = 0; i < o.decode; i++) {
+      one[0] = next;
+      next = s.step(one, loops, 0, 0, 1, 1, 0n);
+    }
+    tg.push((o.decode * 1000) / (performance.now() - t));
+    s.close();
+  }
+  const cpuS = ownCpuS() - c0;
+  return { ppTokS: median(pp), tgTokS: median(tg), cpuS, othersCores: meter.othersCores(cpuS) };
+}
+
+function measureLlama(tools: LlamaTools, gguf: string, threads: number, o: Options): Measured & { bytes: number } {
+  const meter = new LoadMeter();
+  const r = llamaBench(tools, gguf, { prompt: o.prefill, gen: o.decode, threads, repeats: o.repeats });
+  return { ppTokS: r.ppTokS, tgTokS: r.tgTokS, cpuS: r.cpuS, othersCores: meter.othersCores(r.cpuS), bytes: ggufDecodeBytes(gguf) };
+}
+
+// ---- equivalence ----
+
+const PROMPTS = [
+  "The quick brown fox jumps over the lazy dog.",
+  "Once upon a time, in a land far away, there lived",
+  "def fibonacci(n):\n    return n if n < 2 else",
+  "Weight-shared looped transformers reuse one block for every loop.",
+  "Q: What is the capital of France?\nA:",
+];
+
+interface EquivalenceRow extends Row {
+  prompt: number;
+  "prompt tokens": number;
+  "free-run agree": string;
+  "first diff": number | string;
+  "forced agree": string;
+  "max |dlogit|": number;
+  "logit std": number;
+}
+
+async function equivalence(
+  tools: LlamaTools,
+  fp16: string,
+  gguf: string,
+  loops: number,
+  n: number,
+): Promise<{ rows: EquivalenceRow[]; summary: Row }> {
+  const tok = await Tokenizer.load();
+  const model = NativeModel.load(LIBRARY, fp16, Math.min(2, CORES), "auto");
+  const vocab = model.info.vocabSize;
+  const rows: EquivalenceRow[] = [];
+  let free = 0;
+  let forced = 0;
+  let total = 0;
+  let maxDiff = 0;
+  PROMPTS.forEach((text, pi) => {
+    const prompt = tok.encode(text);
+    // loopserve, free-running greedy
+    const s = model.newSession(prompt.length + n + 1, loops, 0);
+    const mine: number[] = [s.step(Int32Array.from(prompt), loops, 0, 0, 1, 1, 0n)];
+    const one = new Int32Array(1);
+    while (mine.length < n) {
+      one[0] = mine[mine.length - 1];
+      mine.push(s.step(one, loops, 0, 0, 1, 1, 0n));
+    }
+    s.close();
+    // llama.cpp, free-running greedy, with the logits it chose from
+    const theirs = llamaGreedy(tools, gguf, prompt, n, Math.min(2, CORES), vocab);
+    // loopserve on llama.cpp's sequence: same contexts, comparable logits
+    const seq = Int32Array.from([...prompt, ...theirs.tokens.slice(0, n - 1)]);
+    const forcedLogits = new Float32Array(n * vocab);
+    const f = model.newSession(seq.length + 1, loops, 0);
+    f.forward(seq, loops, forcedLogits, n);
+    f.close();
+
+    let agreeFree = 0;
+    let firstDiff = -1;
+    let agreeForced = 0;
+    let diff = 0;
+    let sq = 0;
+    for (let k = 0; k < n; k++) {
+      if (mine[k] === theirs.tokens[k]) agreeFree++;
+      else if (firstDiff < 0) firstDiff = k;
+      let best = 0;
+      for (let v = 0; v < vocab; v++) {
+        const a = forcedLogits[k * vocab + v];
+        const b = theirs.logits[k * vocab + v];
+        if (a > forcedLogits[k * vocab + best]) best = v;
+        diff = Math.max(diff, Math.abs(a - b));
+        sq += b * b;
+      }
+      if (best === theirs.tokens[k]) agreeForced++;
+    }
+    free += agreeFree;
+    forced += agreeForced;
+    total += n;
+    maxDiff = Math.max(maxDiff, diff);
+    rows.push({
+      prompt: pi,
+      "prompt tokens": prompt.length,
+      "free-run agree": `${agreeFree}/${n}`,
+      "first diff": firstDiff < 0 ? "-" : firstDiff,
+      "forced agree": `${agreeForced}/${n}`,
+      "max |dlogit|": diff,
+      "logit std": Math.sqrt(sq / (n * vocab)),
+    });
+  });
+  model.close();
+  const summary: Row = {
+    loops,
+    positions: total,
+    "free-run agree %": (100 * free) / total,
+    "forced agree %": (100 * forced) / total,
+    "max |dlogit|": maxDiff,
+    // Per position, on the same context: after one near-tie flips in a free
+    // run, every later position compares different contexts.
+    "target: forced >= 95%": (100 * forced) / total >= 95 ? "met" : "MISSED",
+  };
+  return { rows, summary };
+}
+
+// ---- main ----
+
+async function main(): Promise<number> {
+  const o = parseOptions(Bun.argv.slice(2));
+  const t0 = performance.now();
+  const notes: string[] = [];
+  const skipped: string[] = [];
+
+  log("building the kernel library (bun build.ts --lib)");
+  run([process.execPath, join(REPO, "build.ts"), "--lib"], { stderrToTerminal: true });
+  if (!existsSync(LIBRARY)) throw new PeerBenchError(`${LIBRARY} missing after the build`);
+
+  log(`llama.cpp from ${BUNDLE} (cached under ${cacheDir()})`);
+  const tools = llamaTools();
+  log(`llama.cpp ${tools.version}`);
+
+  log("roofline probes");
+  const probe = new RooflineProbe();
+  probe.measure(o.threads);
+
+  mkdirSync(join(cacheDir(), "models"), { recursive: true });
+  const fp16 = await benchModel();
+  log(`benchmark model ${fp16}`);
+
+  const models: FormatModels[] = [];
+  for (const format of o.formats) {
+    let path = fp16;
+    if (format !== "fp16") {
+      const q = await loopserveQuantized(fp16, format);
+      if ("skip" in q) {
+        skipped.push(`${format} vs ${LLAMA_TYPE[format]}: ${q.skip}`);
+        log(`skipping ${format}: ${q.skip}`);
+        continue;
+      }
+      path = q.path;
+    }
+    const config = parseModelConfig(readSafetensors(path));
+    const gguf = new Map<number, string>();
+    for (const L of o.loops) gguf.set(L, ggufFor(tools, fp16, L, format));
+    models.push({ format, loopserve: path, config, cost: modelCost(path, config), gguf });
+  }
+
+  // ---- side by side ----
+  const rows: Row[] = [];
+  const raw: Record<string, unknown>[] = [];
+  let turn = 0;
+  for (const m of models) {
+    for (const threads of o.threads) {
+      const model = NativeModel.load(LIBRARY, m.loopserve, threads, "auto");
+      const simd = model.info.simd;
+      const dram = probe.r.dramGBps[threads];
+      const cacheBw = probe.cacheBandwidth(m.cost.blockBytes, threads);
+      const peak = m.format === "fp16" ? probe.r.fmaGflops[threads] : probe.r.vnniGops?.[threads] ?? NaN;
+      for (const loops of o.loops) {
+        const gguf = m.gguf.get(loops)!;
+        log(`${m.format}/${LLAMA_TYPE[m.format]} threads ${threads} loops ${loops}`);
+        const doLs = async () => {
+          const quiet = o.wait ? await waitForQuiet(10) : NaN;
+          return { ...measureLoopserve(model, loops, o), quietBefore: quiet };
+        };
+        const doLl = async () => {
+          const quiet = o.wait ? await waitForQuiet(10) : NaN;
+          return { ...measureLlama(tools, gguf, threads, o), quietBefore: quiet };
+        };
+        let ls: Awaited<ReturnType<typeof doLs>>;
+        let ll: Awaited<ReturnType<typeof doLl>>;
+        if (turn++ % 2 === 0) {
+          ls = await doLs();
+          ll = await doLl();
+        } else {
+          ll = await doLl();
+          ls = await doLs();
+        }
+        const meanPos = (o.decode - 1) / 2;
+        const lsBound = loopserveDecodeBoundS(m.cost, loops, meanPos, dram, cacheBw);
+        const llBound = ll.bytes / (dram * 1e9);
+        const flops = prefillFlops(m.cost, loops, o.prefill);
+        const lsPpGflops = (flops * ls.ppTokS) / o.prefill / 1e9;
+        const llPpGflops = (flops * ll.ppTokS) / o.prefill / 1e9;
+        const others = Math.max(ls.othersCores, ll.othersCores);
+        rows.push({
+          format: `${m.format}/${LLAMA_TYPE[m.format]}`,
+          thr: threads,
+          loops,
+          "ls pp t/s": ls.ppTokS,
+          "llama pp t/s": ll.ppTokS,
+          "pp x": ls.ppTokS / ll.ppTokS,
+          "ls tg t/s": ls.tgTokS,
+          "llama tg t/s": ll.tgTokS,
+          "tg x": ls.tgTokS / ll.tgTokS,
+          "ls tg %bnd": 100 * ls.tgTokS * lsBound,
+          "llama tg %bnd": 100 * ll.tgTokS * llBound,
+          "ls pp %peak": (100 * lsPpGflops) / peak,
+          "llama pp %peak": (100 * llPpGflops) / peak,
+          "others (cores)": Number.isFinite(others) ? others : "?",
+        });
+        raw.push({
+          format: m.format,
+          llamaType: LLAMA_TYPE[m.format],
+          threads,
+          loops,
+          simd,
+          loopserve: ls,
+          llama: ll,
+          bounds: {
+            loopserveDecodeTokS: 1 / lsBound,
+            llamaDecodeTokS: 1 / llBound,
+            llamaDecodeBytes: ll.bytes,
+            prefillGflop: flops / 1e9,
+            peakGops: peak,
+            loopservePrefillGflops: lsPpGflops,
+            llamaPrefillGflops: llPpGflops,
+          },
+        });
+      }
+      model.close();
+    }
+  }
+
+  printTable(
+    `loopserve (ls) vs llama.cpp ${tools.version}: prefill ${o.prefill} / decode ${o.decode} tokens/s, same GGUF-exported model`,
+    rows,
+  );
+
+  // ---- cost per extra loop / layer ----
+  const slopes: Row[] = [];
+  if (o.loops.length >= 2) {
+    for (const m of models) {
+      for (const threads of o.threads) {
+        const sel = raw.filter((r) => r.format === m.format && r.threads === threads);
+        const x = sel.map((r) => r.loops as number);
+        const ls = linearFit(x, sel.map((r) => 1000 / (r.loopserve as Measured).tgTokS));
+        const ll = linearFit(x, sel.map((r) => 1000 / (r.llama as Measured).tgTokS));
+        const lsPp = linearFit(x, sel.map((r) => 1000 / (r.loopserve as Measured).ppTokS));
+        const loopBoundMs = (m.cost.blockBytes / (probe.cacheBandwidth(m.cost.blockBytes, threads) * 1e9)) * 1000;
+        const llPp = linearFit(x, sel.map((r) => 1000 / (r.llama as Measured).ppTokS));
+        slopes.push({
+          format: `${m.format}/${LLAMA_TYPE[m.format]}`,
+          thr: threads,
+          "ls tg ms/loop": ls.slope,
+          "llama tg ms/layer": ll.slope,
+          "ls/llama": ls.slope / ll.slope,
+          "target <= 0.5": ls.slope / ll.slope <= 0.5 ? "met" : "MISSED",
+          "loop bound ms": loopBoundMs,
+          "ls tg ms @0 loops": ls.intercept,
+          "llama tg ms @0 layers": ll.intercept,
+          "ls pp us/tok/loop": lsPp.slope * 1000,
+          "llama pp us/tok/layer": llPp.slope * 1000,
+        });
+      }
+    }
+    printTable(`decode cost per extra loop (loopserve) vs per extra layer (llama.cpp), least squares over loops ${o.loops.join(", ")}`, slopes);
+  }
+
+  // ---- targets ----
+  const targets: Row[] = [];
+  for (const r of raw.filter((r) => r.threads === 2 && r.loops === 8)) {
+    const ls = r.loopserve as Measured;
+    const ll = r.llama as Measured;
+    targets.push({
+      format: `${r.format}/${r.llamaType}`,
+      "decode x (>= 1.5)": ls.tgTokS / ll.tgTokS,
+      decode: ls.tgTokS / ll.tgTokS >= 1.5 ? "met" : "MISSED",
+      "prefill x (>= 1.0)": ls.ppTokS / ll.ppTokS,
+      prefill: ls.ppTokS / ll.ppTokS >= 1.0 ? "met" : "MISSED",
+    });
+  }
+  printTable("issue 8 targets at 2 threads, loops 8", targets);
+
+  // ---- equivalence ----
+  let equiv: { rows: EquivalenceRow[]; summary: Row } | null = null;
+  if (o.equivalence) {
+    const loops = BENCH_SHAPE.loops;
+    const gguf = ggufFor(tools, fp16, loops, "fp16");
+    log(`equivalence on ${basename(gguf)}`);
+    equiv = await equivalence(tools, fp16, gguf, loops, 32);
+    printTable(`equivalence: greedy on the F16 export, loops ${loops}, ${PROMPTS.length} prompts x 32 tokens`, equiv.rows);
+    printTable("equivalence summary (forced = loopserve's argmax on llama.cpp's own sequence)", [equiv.summary]);
+  }
+
+  // ---- roofline ----
+  const roof: Row[] = o.threads.map((t) => ({
+    threads: t,
+    "DRAM GB/s": probe.r.dramGBps[t],
+    ...Object.fromEntries(
+      models.map((m) => [`${m.format} block ${(m.cost.blockBytes / 2 ** 20).toFixed(1)} MiB GB/s`, probe.cacheBandwidth(m.cost.blockBytes, t)]),
+    ),
+    [`FMA fp32 GFLOP/s (${probe.r.fmaIsa})`]: probe.r.fmaGflops[t],
+    [`VNNI int8 GOP/s (${probe.r.vnniIsa})`]: probe.r.vnniGops?.[t] ?? "n/a",
+  }));
+  printTable(`roofline probes (L3 ${(probe.r.l3Bytes / 2 ** 20).toFixed(0)} MiB)`, roof);
+  const boundModel =
+    "loop bound ms: one pass over the block at the bandwidth measured for its working set. " +
+    "Above 100% of a bound means the model is pessimistic (e.g. part of the head survived in L3). " +
+    "decode bound: loopserve reads the head + one block pass from DRAM per token and loops-1 block passes + the KV cache " +
+    "at the bandwidth measured for the block's working set; llama.cpp reads every layer copy and the head from DRAM. " +
+    "prefill bound: FLOPs (2 x matmul params x tokens x loops + causal attention + one head row) / peak " +
+    "(fp32 FMA for fp16 weights, int8 VNNI for int4/int2).";
+  console.log(`\n${boundModel}`);
+  notes.push(boundModel);
+  notes.push(`decode is ${o.decode} steps from an empty cache for both engines (llama-bench's tg${o.decode}); prefill is one ${o.prefill}-token batch`);
+  notes.push("llama-quantize's default recipes: Q4_0 and Q2_K keep some tensors (output) at higher precision, as users get them");
+  const noisy = rows.filter((r) => typeof r["others (cores)"] === "number" && (r["others (cores)"] as number) > 0.25);
+  if (noisy.length > 0) {
+    const msg = `${noisy.length} of ${rows.length} rows ran while other processes used > 0.25 cores (column "others"): their numbers are noisy, 2-thread llama.cpp worst of all`;
+    console.log(`note: ${msg}`);
+    notes.push(msg);
+  }
+  for (const s of skipped) console.log(`skipped: ${s}`);
+
+  const file = writeJson("peer", {
+    llamaCpp: tools.version,
+    machine: { cores: CORES, l3Bytes: probe.r.l3Bytes },
+    options: o,
+    model: { path: fp16, shape: BENCH_SHAPE },
+    roofline: { ...probe.r, cacheGBps: Object.fromEntries(probe.r.cacheGBps) },
+    rows: raw,
+    table: rows,
+    slopes,
+    targets,
+    equivalence: equiv,
+    skipped,
+    notes,
+    seconds: (performance.now() - t0) / 1000,
+  });
+  console.log(`\nwrote ${file} in ${((performance.now() - t0) / 1000).toFixed(0)} s`);
+  return 0;
+}
+
+main().then(
+  (code) => process.exit(code),
+  (e) => {
+    if (e instanceof PeerBenchError) {
+      process.stderr.write(`bench:peer: ${e.message}\n`);
+      process.exit(1);
+    }
+    throw e;
+  },
+);

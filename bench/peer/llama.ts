@@ -1,0 +1,133 @@
+// llama.cpp for bench/peer.ts: built from the source bundle the
+// node-llama-cpp devDependency ships (never from its prebuilt binaries, never
+// through its JavaScript generation loop, which adds ~10 ms a token), once,
+// into a cache outside the repository.
+import { existsSync, mkdirSync, readFileSync, statSync } from "node:fs";
+import { homedir } from "node:os";
+import { join } from "node:path";
+import { median, PeerBenchError, requireTool, run } from "./system.ts";
+
+const REPO = join(import.meta.dir, "..", "..");
+export const BUNDLE = join(REPO, "node_modules", "node-llama-cpp", "llama", "gitRelease.bundle");
+
+/** Where llama.cpp builds, exported models and probe binaries live (never the repo). */
+export function cacheDir(): string {
+  const dir =
+    process.env.LOOPSERVE_PEER_CACHE ??
+    join(process.env.XDG_CACHE_HOME ?? join(homedir(), ".cache"), "loopserve-peer");
+  mkdirSync(dir, { recursive: true });
+  return dir;
+}
+
+export interface LlamaTools {
+  bench: string;
+  quantize: string;
+  greedy: string;
+  /** llama.cpp's release tag as node-llama-cpp records it, and the commit. */
+  version: string;
+}
+
+/** Builds (first time: 5-10 minutes on 2 cores) or finds the cached llama.cpp tools. */
+export function llamaTools(): LlamaTools {
+  if (!existsSync(BUNDLE)) {
+    throw new PeerBenchError(
+      `llama.cpp source bundle not found at ${BUNDLE}: run \`npm ci\` (node-llama-cpp is a devDependency)`,
+    );
+  }
+  const hint = "Debian: apt-get install git cmake build-essential";
+  for (const t of ["git", "cmake", "c++", "cc"]) requireTool(t, hint);
+  const script = join(import.meta.dir, "build-llama.sh");
+  const r = run(["bash", script, BUNDLE, cacheDir()], { stderrToTerminal: true });
+  const bin = r.stdout.trim().split("\n").pop() ?? "";
+  const tools = {
+    bench: join(bin, "llama-bench"),
+    quantize: join(bin, "llama-quantize"),
+    greedy: join(bin, "llama-greedy"),
+  };
+  for (const p of Object.values(tools)) {
+    if (!existsSync(p)) throw new PeerBenchError(`build-llama.sh reported ${bin}, but ${p} is missing`);
+  }
+  let tag = "?";
+  try {
+    tag = JSON.parse(readFileSync(join(BUNDLE, "..", "llama.cpp.info.json"), "utf8")).tag;
+  } catch {
+    // informational only
+  }
+  const commit = bin.match(/llama-([0-9a-f]{12})-/)?.[1] ?? "?";
+  return { ...tools, version: `${tag} (${commit})` };
+}
+
+/** True when `out` exists and is newer than every input. */
+export function fresh(out: string, ...inputs: string[]): boolean {
+  if (!existsSync(out)) return false;
+  const t = statSync(out).mtimeMs;
+  return inputs.every((i) => statSync(i).mtimeMs <= t);
+}
+
+/** llama-quantize IN OUT TYPE (cached by modification time). */
+export function llamaQuantize(tools: LlamaTools, inGguf: string, outGguf: string, type: string, threads: number): void {
+  if (fresh(outGguf, inGguf)) return;
+  run([tools.quantize, inGguf, outGguf, type, String(threads)]);
+}
+
+export interface LlamaBenchResult {
+  ppTokS: number; // median of the repeats
+  tgTokS: number;
+  ppSamples: number[];
+  tgSamples: number[];
+  modelBytes: number;
+  cpuS: number;
+  wallS: number;
+}
+
+/** One llama-bench process: -p P -n N -t T -r R, JSON output. */
+export function llamaBench(tools: LlamaTools, gguf: string, o: { prompt: number; gen: number; threads: number; repeats: number }): LlamaBenchResult {
+  const r = run([
+    tools.bench,
+    "-m", gguf,
+    "-p", String(o.prompt),
+    "-n", String(o.gen),
+    "-t", String(o.threads),
+    "-r", String(o.repeats),
+    "-o", "json",
+  ]);
+  let rows: { n_prompt: number; n_gen: number; samples_ts: number[]; model_size: number }[];
+  try {
+    rows = JSON.parse(r.stdout);
+  } catch {
+    throw new PeerBenchError(`llama-bench printed no JSON for ${gguf}:\n${r.stdout.slice(0, 500)}\n${r.stderr.slice(-500)}`);
+  }
+  const pp = rows.find((x) => x.n_prompt === o.prompt && x.n_gen === 0);
+  const tg = rows.find((x) => x.n_gen === o.gen && x.n_prompt === 0);
+  if (!pp || !tg) throw new PeerBenchError(`llama-bench output lacks the pp${o.prompt} or tg${o.gen} row for ${gguf}`);
+  return {
+    ppTokS: median(pp.samples_ts),
+    tgTokS: median(tg.samples_ts),
+    ppSamples: pp.samples_ts,
+    tgSamples: tg.samples_ts,
+    modelBytes: pp.model_size,
+    cpuS: r.cpuS,
+    wallS: r.wallS,
+  };
+}
+
+export interface GreedyResult {
+  tokens: number[];
+  /** n rows of vocab logits: row k is what token k was chosen from. */
+  logits: Float32Array;
+}
+
+/** Greedy decoding through libllama on token ids (bench/peer/llama-greedy.cpp). */
+export function llamaGreedy(tools: LlamaTools, gguf: string, prompt: number[], n: number, threads: number, vocab: number): GreedyResult {
+  const logitsPath = join(cacheDir(), `greedy-${process.pid}.f32`);
+  const r = run([tools.greedy, "-m", gguf, "-p", prompt.join(","), "-n", String(n), "-t", String(threads), "-o", logitsPath]);
+  const m = /^tokens:((?: \d+)*)$/m.exec(r.stdout);
+  if (!m) throw new PeerBenchError(`llama-greedy printed no tokens:\n${r.stdout.slice(0, 300)}`);
+  const tokens = m[1].trim().split(" ").map(Number);
+  const bytes = readFileSync(logitsPath);
+  const logits = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
+  if (tokens.length !== n || logits.length !== n * vocab) {
+    throw new PeerBenchError(`llama-greedy: expected ${n} tokens and ${n * vocab} logits, got ${tokens.length} and ${logits.length}`);
+  }
+  return { tokens, logits: logits.slice() };
+}

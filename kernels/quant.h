@@ -1,0 +1,128 @@
+/*
+ * quant.h — quantized-weight matmul (int4 / int2 blocks, int8 output head).
+ * Not ABI. The weight packing is written down in loopserve.h.
+ *
+ * Scheme (DESIGN.md §3): each activation row (one token) is quantized to
+ * int8 with one fp32 scale, then every group of `group` inputs is an exact
+ * integer dot product with the stored codes. One matmul call is
+ *
+ *   ls_quant_prepare(w, x, ldx, T)        quantize the T input rows once
+ *   ls_quant_matmul(w, y, ldy, o0, o1, add) rows [o0, o1), any thread
+ *
+ * (forward.c's mm_run calls prepare on the calling thread, then the pool runs
+ * matmul on row ranges). Every matrix of a model shares one ls_qact scratch.
+ *
+ * The computation, identical on every path (portable, AVX2, AVX-512):
+ *   amax = max_i |x[i]|;  d = amax / 127;
+ *   q[i] = clamp(rne(x[i] * (127 / amax)), -127, 127), NaN -> 0
+ *   (q = 0, d = 0 when amax == 0). For group g of row o:
+ *     isum  = sum_i q[i] * c[i]        exact int32 (c the signed code for
+ *             int4/int8, the 0..3 code for int2; the SIMD paths feed the
+ *             unsigned c + 8 / c + 128 to vpdpbusd and subtract 8 or 128
+ *             times qsum, or move c's sign onto q for vpmaddubsw)
+ *     qsum  = sum_i q[i]               exact int32
+ *     v_g   = (float)isum * s_g                        int4, int8
+ *     v_g   = (float)isum * s_g + (float)qsum * z_g    int2
+ *   acc[g % 8] += v_g in increasing g (fp32, separate multiply and add);
+ *   y = (((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7))) * d
+ * Integer sums are exact whatever order a path forms them in, and the fp32
+ * steps are the same operations in the same order, so every path gives the
+ * same bits, for any T, row range or thread: batch-invariant and
+ * path-invariant. (The fp16 paths differ from each other; these do not.)
+ */
+#ifndef LS_QUANT_H
+#define LS_QUANT_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* Group sizes the kernels handle (loader and quantizer enforce them). */
+#define LS_QUANT_GROUP_MIN 32
+#define LS_QUANT_GROUP_MAX 256
+static inline int ls_quant_group_ok(int32_t g) { return g == 32 || g == 64 || g == 128 || g == 256; }
+
+/* Activation rows are padded with zero codes to a multiple of this many
+ * inputs, so SIMD loads of activations never need a mask. */
+#define LS_QACT_PAD 256
+
+/* Quantized activations of one matmul call (the last ls_quant_prepare). */
+struct ls_qact {
+    int32_t simd;         /* LS_SIMD_* of the model (set after runtime init) */
+    const struct ls_qops *ops; /* kernels for simd, picked at the first prepare */
+    int32_t max_T, max_in; /* capacity */
+    int32_t T, in, group, bits; /* what q holds now */
+    int32_t ld;           /* bytes per row of q: max_in rounded up to LS_QACT_PAD */
+    int32_t gld;          /* int32s per row of qsum: max_in / 32 rounded up to 8 */
+    int8_t *q;            /* (max_T, ld) codes in the layout of ops (see quant_*.c); 64-byte aligned */
+    float *d;             /* (max_T) row scale: x ~= d * q */
+    int32_t *qsum;        /* (max_T, gld) per-group sums of q, zero past the last group */
+};
+
+/* Per-path kernels. quantize writes a->q in the path's layout (described by
+ * span/planes: within each span of `span` inputs, plane p holds the inputs
+ * i with i % planes == p, in order; span 0 = natural order). */
+typedef struct ls_qops {
+    int32_t simd;
+    void (*quantize)(ls_qact *a, const float *x, int32_t ldx, int32_t T, int32_t in, int32_t group,
+                     int32_t bits);
+    /* y[t*ldy + o] (+)= row o of w times activation row t, t in [0, a->T), o in [o0, o1) */
+    void (*matmul)(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w, int32_t o0, int32_t o1,
+                   int32_t add);
+} ls_qops;
+
+extern const ls_qops ls_qops_portable;
+extern const ls_qops ls_qops_avx2;
+extern const ls_qops ls_qops_avx512;
+
+/* The kernels for an LS_SIMD_* path the CPU has (ls_runtime_init checked).
+ * AVX-512 without VNNI uses the AVX2 kernels (same results). */
+const ls_qops *ls_quant_ops_select(int32_t simd);
+
+/* Quantizes rows [0, T) of x into w->act (on the calling thread). */
+void ls_quant_prepare(const ls_qmat *w, const float *x, int32_t ldx, int32_t T);
+/* Rows [o0, o1) of w against the prepared activations; safe on any thread. */
+void ls_quant_matmul(const ls_qmat *w, float *y, int32_t ldy, int32_t o0, int32_t o1, int32_t add);
+
+/* The activation rule above in plain C, written in the given layout (span 0
+ * = natural order): the portable path's quantize, and the definition the
+ * SIMD quantizers must equal bit for bit (they round with cvtps2dq in the
+ * default rounding mode, which is what the portable rounding does too). */
+void ls_quant_rows(ls_qact *a, const float *x, int32_t ldx, int32_t T, int32_t in, int32_t group,
+                   int32_t bits, int32_t span, int32_t planes);
+/* Rearranges one zero-padded row of natural-order codes into the span layout. */
+void ls_quant_permute(int8_t *qr, int32_t in, int32_t span, int32_t planes);
+
+/* ---- scratch allocation (static inline: model.c, also linked into the
+ * CUDA library, must not reference the kernels' symbols) ---- */
+
+static inline void ls_qact_free(ls_qact *a) {
+    if (!a) return;
+    free(a->q);
+    free(a->d);
+    free(a->qsum);
+    free(a);
+}
+
+static inline ls_qact *ls_qact_new(int32_t max_T, int32_t max_in) {
+    ls_qact *a = calloc(1, sizeof *a);
+    if (!a) return NULL;
+    a->max_T = max_T;
+    a->max_in = max_in;
+    a->ld = (max_in + LS_QACT_PAD - 1) / LS_QACT_PAD * LS_QACT_PAD;
+    a->gld = ((max_in / LS_QUANT_GROUP_MIN) + 7) / 8 * 8;
+    size_t qbytes = (size_t)max_T * (size_t)a->ld;
+    a->q = aligned_alloc(64, qbytes); /* qbytes is a multiple of 256 */
+    a->d = calloc((size_t)max_T, sizeof *a->d);
+    a->qsum = calloc((size_t)max_T * (size_t)a->gld, sizeof *a->qsum);
+    if (!a->q || !a->d || !a->qsum) {
+        ls_qact_free(a);
+        return NULL;
+    }
+    memset(a->q, 0, qbytes);
+    return a;
+}
+
+#endif

@@ -1,0 +1,843 @@
+/*
+ * spec.c — self-speculative decoding (DESIGN.md §4): ls_spec_cycle.
+ *
+ * State between cycles: positions [0, p) committed in the caches of loops
+ * [0, V) and in the history, plus a pending token x (sampled, not yet fed).
+ * One cycle:
+ *
+ *   draft   x, d1, ..., dk go through loops [0, D) one token at a time; the
+ *           draft head on token i's loop-D state proposes d(i+1). Each
+ *           token's loop-D hidden state is kept.
+ *   verify  ONE batched pass resumes those k+1 states at loop D and runs
+ *           loops [D, V) (loops 0..D-1 are never recomputed: their rows are
+ *           exactly what a V-loop decode writes, DESIGN.md §2); then the
+ *           fp16 head gives the verifier's token after each of them.
+ *   accept  d1..dj, the longest prefix the verifier agrees with, plus the
+ *           verifier's own token after dj: j + 1 new tokens. Every loop's
+ *           cache is cut back to p + j + 1 positions; the last new token is
+ *           the next pending token.
+ *
+ * Greedy output is bit-exact to plain decoding at V loops: every kernel is
+ * batch-invariant (a row's values do not depend on the other rows of its
+ * call), so each kept K/V row and each verifier logit is the one plain
+ * decoding computes. With temperature > 0 the chain does standard
+ * speculative sampling (accept d with probability min(1, p(d)/q(d)), else
+ * draw from normalize(max(0, p - q)); all accepted: draw the bonus token
+ * from p), so the output distribution is plain sampling's at V loops.
+ *
+ * Tree (K_branches = K > 1, greedy only): the greedy draft spine d1..dk plus,
+ * at each depth i, the K-1 next-best draft tokens as leaves (children of
+ * d(i-1)); up to 1 + K*k rows. Leaves get their loop-[0, D) rows in the
+ * draft pass of their depth, batched with the spine token (tree-masked
+ * attention), and every row runs loops [D, V) in one masked verify pass.
+ * A leaf only pays off when it is accepted, and on a CPU verifying a row
+ * costs almost a plain step, so leaves the draft gives less than
+ * leaf_min_prob are left out (0: every top-K candidate). The walk follows
+ * the spine while the verifier agrees; where it disagrees, a leaf holding
+ * the verifier's token is accepted too (one more token), and its K/V rows
+ * are moved into place. Leaves live in ring slots after the spine's, so the
+ * cycle needs p + 1 + K*k <= max_seq. K = 1 is the chain code itself.
+ *
+ * Draft head: the output head (vocab x dim) costs several loops of the
+ * block, and the draft runs it once per drafted token, unbatched. By
+ * default the draft uses an int8 copy of Wout (per-row scales, activations
+ * quantized per row, exact integer dot products, so every SIMD path gives
+ * the same proposal): half the bytes of the fp16 head (dim 768, GPT-2
+ * vocabulary, 2 threads: 0.46 ms against 1.04 ms), and a proposal only has
+ * to be likely, not exact; verification always uses the fp16 head. Its
+ * kernels live here, compiled per function for AVX2 / AVX-512 VNNI, and run
+ * only after ensure_head_i8's CPU check, as ops.h requires of SIMD code.
+ * LS_SPEC_FP16_DRAFT_HEAD drafts with the fp16 head instead (as does a
+ * model whose head is stored quantized: it has no fp16 Wout to copy).
+ *
+ * Randomness (temperature > 0): the counter-based generator of sample.c,
+ * counter = the position the token is for, in three streams derived from
+ * the seed (draft draws, accept tests, residual draws); bonus tokens use
+ * ls_sample's own stream, as plain decoding does. A position's uniforms
+ * only influence the output in the cycle that commits that position, so
+ * reusing a counter after a rejection never reuses randomness that
+ * already shaped the output.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "session.h"
+
+#define MAX_AHEAD 16   /* LS_SPEC_MAX_AHEAD */
+#define MAX_BRANCH 16  /* LS_SPEC_MAX_BRANCHES */
+#define MAX_NODES 64   /* LS_SPEC_MAX_NODES */
+#define CHAIN_LD (LS_TREE_MAX_DEPTH + 1)
+#define HEAD_GROUP 4   /* verifier head rows per batch: one matmul tile of tokens */
+
+_Static_assert(LS_SPEC_MAX_AHEAD == MAX_AHEAD && LS_SPEC_MAX_NODES == MAX_NODES &&
+                   LS_SPEC_MAX_BRANCHES == MAX_BRANCH && LS_TREE_MAX_DEPTH >= MAX_AHEAD &&
+                   LS_TREE_MAX_ROWS >= 1 + MAX_NODES && LS_CHUNK >= MAX_AHEAD + 1,
+               "speculative limits out of step with loopserve.h / session.h");
+
+// ---- scratch ----
+
+struct ls_spec_scratch {
+    int32_t dim, vocab, ld;
+    float *h;        /* (LS_TREE_MAX_ROWS, dim) every row's hidden state: loop D, then loop V */
+    float *hb;       /* (MAX_BRANCH, dim) one tree draft pass, gathered */
+    float *xn;       /* (dim) normed draft input */
+    int8_t *x8;      /* (ld) draft input quantized, zero padded */
+    uint8_t *xu8;    /* (ld) x8 + 128 (VNNI multiplies u8 by s8), padded with 128 */
+    float *dlogits;  /* (MAX_AHEAD, vocab) draft logits per depth (q for sampling) */
+    float *vlogits;  /* (MAX_AHEAD + 1, vocab) verifier logits per spine row */
+    float *alogits;  /* (vocab) verifier logits of one tree leaf */
+    float *v;        /* (vocab) penalised logits */
+    uint64_t *wp;    /* (vocab) integer weights of the verifier distribution */
+    uint64_t *wq;    /* (vocab) integer weights of the draft distribution */
+    int32_t *ids;    /* (vocab) rank scratch */
+    /* tree rows: 0 = pending token, 1..k spine, then leaves depth by depth */
+    int32_t tok[LS_TREE_MAX_ROWS];
+    int32_t depth[LS_TREE_MAX_ROWS];
+    int32_t pos[LS_TREE_MAX_ROWS];
+    int32_t slot[LS_TREE_MAX_ROWS];
+    int32_t chain[LS_TREE_MAX_ROWS * CHAIN_LD];
+    int32_t bpos[MAX_BRANCH], bslot[MAX_BRANCH], bchain[MAX_BRANCH * CHAIN_LD]; /* one draft pass */
+};
+
+void ls_spec_scratch_free(ls_session *s) {
+    struct ls_spec_scratch *x = s ? s->spec : NULL;
+    if (!x) return;
+    free(x->h);
+    free(x->hb);
+    free(x->xn);
+    free(x->x8);
+    free(x->xu8);
+    free(x->dlogits);
+    free(x->vlogits);
+    free(x->alogits);
+    free(x->v);
+    free(x->wp);
+    free(x->wq);
+    free(x->ids);
+    free(x);
+    s->spec = NULL;
+}
+
+static int32_t ensure_scratch(ls_session *s) {
+    if (s->spec) return LS_OK;
+    const ls_model_info *mi = &s->m->info;
+    size_t dim = (size_t)mi->dim, V = (size_t)mi->vocab_size, ld = (dim + 63) / 64 * 64;
+    struct ls_spec_scratch *x = calloc(1, sizeof *x);
+    if (!x) return LS_ERR_NOMEM;
+    s->spec = x;
+    x->dim = mi->dim;
+    x->vocab = mi->vocab_size;
+    x->ld = (int32_t)ld;
+    x->h = calloc(LS_TREE_MAX_ROWS * dim, sizeof(float));
+    x->hb = calloc(MAX_BRANCH * dim, sizeof(float));
+    x->xn = calloc(dim, sizeof(float));
+    x->x8 = calloc(ld, 1);
+    x->xu8 = calloc(ld, 1);
+    x->dlogits = calloc(MAX_AHEAD * V, sizeof(float));
+    x->vlogits = calloc((MAX_AHEAD + 1) * V, sizeof(float));
+    x->alogits = calloc(V, sizeof(float));
+    x->v = calloc(V, sizeof(float));
+    x->wp = calloc(V, sizeof(uint64_t));
+    x->wq = calloc(V, sizeof(uint64_t));
+    x->ids = calloc(V, sizeof(int32_t));
+    if (!x->h || !x->hb || !x->xn || !x->x8 || !x->xu8 || !x->dlogits || !x->vlogits || !x->alogits || !x->v ||
+        !x->wp || !x->wq || !x->ids) {
+        ls_spec_scratch_free(s);
+        return LS_ERR_NOMEM;
+    }
+    return LS_OK;
+}
+
+// ---- rng (sample.c's generator, in separate streams) ----
+
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double uniform(uint64_t seed, uint64_t counter) {
+    uint64_t x = mix64(mix64(seed) + (counter + 1) * 0x9e3779b97f4a7c15ull);
+    return (double)(x >> 11) * 0x1.0p-53;
+}
+
+#define STREAM_DRAFT 0x6472616674ull    /* "draft" */
+#define STREAM_ACCEPT 0x616363657074ull /* "accept" */
+#define STREAM_RESID 0x7265736964ull    /* "resid" */
+
+static uint64_t stream_seed(uint64_t seed, uint64_t stream) { return mix64(seed ^ mix64(stream)); }
+
+// ---- sampling distributions ----
+//
+// dist_weights reproduces steps 1-5 of ls_sample (sample.c's header gives
+// the procedure) and returns the integer weights of every token, zero
+// outside the kept set: the distribution a plain sampling step draws from,
+// here needed explicitly for p(d) / q(d) and the residual.
+
+static inline int before(const float *v, int32_t a, int32_t b) {
+    return v[a] > v[b] || (v[a] == v[b] && a < b);
+}
+
+static inline uint64_t weight(float vi, float vmax, float temperature) {
+    float x = (vi - vmax) / temperature;
+    if (!(x >= -23.0f)) return 0;
+    return (uint64_t)((double)expf(x) * 4294967296.0 + 0.5);
+}
+
+/* v[i] = logits[i] with NaN read as -inf and the repetition penalty applied
+ * once per distinct history id. */
+static void penalise(float *v, const float *logits, int32_t vocab, const int32_t *hist, int32_t n_hist, float penalty) {
+    for (int32_t i = 0; i < vocab; i++) v[i] = logits[i] != logits[i] ? -INFINITY : logits[i];
+    if (penalty == 1.0f) return;
+    for (int32_t j = 0; j < n_hist; j++) {
+        int32_t h = hist[j];
+        if (h < 0 || h >= vocab) continue;
+        float l = logits[h] != logits[h] ? -INFINITY : logits[h];
+        v[h] = l > 0.0f ? l / penalty : l * penalty;
+    }
+}
+
+/* The n first-ranked ids of v, best first (n <= MAX_BRANCH). */
+static int32_t top_ids(const float *v, int32_t vocab, int32_t n, int32_t *best) {
+    if (n > vocab) n = vocab;
+    int32_t have = 0;
+    for (int32_t i = 0; i < vocab; i++) {
+        if (have == n && !before(v, i, best[n - 1])) continue;
+        int32_t at = have < n ? have++ : n - 1;
+        while (at > 0 && before(v, i, best[at - 1])) {
+            best[at] = best[at - 1];
+            at--;
+        }
+        best[at] = i;
+    }
+    return n;
+}
+
+static void sift_worst(int32_t *h, size_t n, size_t i, const float *v) {
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, top = i;
+        if (l < n && before(v, h[top], h[l])) top = l;
+        if (r < n && before(v, h[top], h[r])) top = r;
+        if (top == i) return;
+        int32_t t = h[i];
+        h[i] = h[top];
+        h[top] = t;
+        i = top;
+    }
+}
+
+/* a[0..n) into rank order (heap sort). */
+static void rank_sort(int32_t *a, size_t n, const float *v) {
+    for (size_t i = n / 2; i-- > 0;) sift_worst(a, n, i, v);
+    for (size_t m = n; m > 1; m--) {
+        int32_t t = a[0];
+        a[0] = a[m - 1];
+        a[m - 1] = t;
+        sift_worst(a, m - 1, 0, v);
+    }
+}
+
+/* w[i] = ls_sample's integer weight of token i (0 outside the kept set), and
+ * their sum; LS_ERR_ARG when no logit is usable. Zero-weight tokens rank
+ * after every positive one (the weight is monotone in the value), so only
+ * positive ones are ranked. */
+static int32_t dist_weights(struct ls_spec_scratch *x, const float *logits, const int32_t *hist, int32_t n_hist,
+                            float temperature, int32_t top_k, float top_p, float penalty, uint64_t *w,
+                            uint64_t *z_out) {
+    int32_t V = x->vocab;
+    float *v = x->v;
+    penalise(v, logits, V, hist, n_hist, penalty);
+    int32_t best = 0;
+    for (int32_t i = 1; i < V; i++)
+        if (v[i] > v[best]) best = i;
+    float vmax = v[best];
+    if (vmax == -INFINITY) return LS_ERR_ARG;
+    if (vmax == INFINITY) { /* ls_sample returns the first-ranked id outright */
+        memset(w, 0, (size_t)V * sizeof *w);
+        w[best] = 1;
+        *z_out = 1;
+        return LS_OK;
+    }
+    uint64_t z = 0;
+    int32_t n_pos = 0;
+    for (int32_t i = 0; i < V; i++) {
+        w[i] = weight(v[i], vmax, temperature);
+        z += w[i];
+        if (w[i]) x->ids[n_pos++] = i;
+    }
+    size_t k = (top_k == 0 || top_k >= V) ? (size_t)V : (size_t)top_k;
+    if (k < (size_t)n_pos || top_p < 1.0f) {
+        int32_t *ids = x->ids;
+        size_t n = (size_t)n_pos;
+        if (k < n) {
+            /* size-k heap, worst on top */
+            for (size_t i = k / 2; i-- > 0;) sift_worst(ids, k, i, v);
+            for (size_t i = k; i < n; i++) {
+                if (before(v, ids[i], ids[0])) {
+                    int32_t out = ids[0];
+                    ids[0] = ids[i];
+                    ids[i] = out;
+                    sift_worst(ids, k, 0, v);
+                }
+            }
+        }
+        size_t kept = k < n ? k : n;
+        rank_sort(ids, kept, v);
+        uint64_t zk = 0;
+        for (size_t i = 0; i < kept; i++) zk += w[ids[i]];
+        size_t m = kept;
+        if (top_p < 1.0f) {
+            double target = (double)top_p * (double)zk;
+            uint64_t above = 0;
+            for (m = 0; m < kept;) {
+                above += w[ids[m++]];
+                if ((double)above >= target) break;
+            }
+        }
+        for (size_t i = m; i < n; i++) w[ids[i]] = 0;
+        z = 0;
+        for (size_t i = 0; i < m; i++) z += w[ids[i]];
+    }
+    *z_out = z;
+    return LS_OK;
+}
+
+/* ls_sample's step 6: the first id, ascending, whose running weight exceeds
+ * floor(u * Z). */
+static int32_t draw(const uint64_t *w, int32_t V, uint64_t z, double u) {
+    uint64_t t = (uint64_t)(u * (double)z);
+    if (t > z - 1) t = z - 1;
+    uint64_t cum = 0;
+    for (int32_t i = 0; i < V; i++) {
+        cum += w[i];
+        if (cum > t) return i;
+    }
+    return V - 1;
+}
+
+/* A draw from normalize(max(0, p - q)); from p if that is empty (p <= q
+ * everywhere means p == q up to rounding, where a rejection cannot happen). */
+static int32_t draw_residual(const uint64_t *wp, uint64_t zp, const uint64_t *wq, uint64_t zq, int32_t V, double u) {
+    double ip = 1.0 / (double)zp, iq = 1.0 / (double)zq, total = 0.0;
+    for (int32_t i = 0; i < V; i++) {
+        double r = (double)wp[i] * ip - (double)wq[i] * iq;
+        if (r > 0.0) total += r;
+    }
+    if (!(total > 0.0)) return draw(wp, V, zp, u);
+    double t = u * total, cum = 0.0;
+    int32_t last = -1;
+    for (int32_t i = 0; i < V; i++) {
+        double r = (double)wp[i] * ip - (double)wq[i] * iq;
+        if (r <= 0.0) continue;
+        cum += r;
+        last = i;
+        if (cum > t) return i;
+    }
+    return last; /* rounding left t at the very top */
+}
+
+// ---- int8 draft head ----
+
+enum { I8_PORTABLE = 0, I8_AVX2 = 1, I8_VNNI = 2 };
+
+typedef struct {
+    const int8_t *w;
+    const float *scale;
+    const int32_t *bias;
+    int32_t ld, rows, rows_per_task, path;
+    const int8_t *x8;
+    const uint8_t *xu8;
+    float xs;
+    float *y;
+} i8_job;
+
+/* Integer dot products are exact, so every kernel below returns the same
+ * sums: the proposal does not depend on the SIMD path or the thread count. */
+static void i8_rows_portable(const i8_job *j, int32_t r0, int32_t r1) {
+    for (int32_t r = r0; r < r1; r++) {
+        const int8_t *w = j->w + (size_t)r * j->ld;
+        int32_t acc = 0;
+        for (int32_t i = 0; i < j->ld; i++) acc += (int32_t)w[i] * (int32_t)j->x8[i];
+        j->y[r] = (float)acc * j->scale[r] * j->xs;
+    }
+}
+
+__attribute__((target("avx2"))) static void i8_rows_avx2(const i8_job *j, int32_t r0, int32_t r1) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int32_t r = r0; r < r1; r++) {
+        const int8_t *w = j->w + (size_t)r * j->ld;
+        __m256i acc = _mm256_setzero_si256();
+        for (int32_t i = 0; i < j->ld; i += 32) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(j->x8 + i));
+            __m256i wv = _mm256_loadu_si256((const __m256i *)(w + i));
+            /* |x| (u8) times w * sign(x) (s8): pairs sum to at most
+             * 2 * 127 * 127, so maddubs never saturates (codes are in
+             * [-127, 127]). */
+            __m256i prod = _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(prod, ones));
+        }
+        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+        j->y[r] = (float)_mm_cvtsi128_si32(s) * j->scale[r] * j->xs;
+    }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void i8_rows_vnni(const i8_job *j, int32_t r0,
+                                                                                 int32_t r1) {
+    int32_t r = r0, ld = j->ld;
+    for (; r + 4 <= r1; r += 4) {
+        const int8_t *w = j->w + (size_t)r * ld;
+        __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+        for (int32_t i = 0; i < ld; i += 64) {
+            __m512i xv = _mm512_loadu_si512((const void *)(j->xu8 + i));
+            a0 = _mm512_dpbusd_epi32(a0, xv, _mm512_loadu_si512((const void *)(w + i)));
+            a1 = _mm512_dpbusd_epi32(a1, xv, _mm512_loadu_si512((const void *)(w + ld + i)));
+            a2 = _mm512_dpbusd_epi32(a2, xv, _mm512_loadu_si512((const void *)(w + 2 * (size_t)ld + i)));
+            a3 = _mm512_dpbusd_epi32(a3, xv, _mm512_loadu_si512((const void *)(w + 3 * (size_t)ld + i)));
+        }
+        j->y[r] = (float)(_mm512_reduce_add_epi32(a0) - j->bias[r]) * j->scale[r] * j->xs;
+        j->y[r + 1] = (float)(_mm512_reduce_add_epi32(a1) - j->bias[r + 1]) * j->scale[r + 1] * j->xs;
+        j->y[r + 2] = (float)(_mm512_reduce_add_epi32(a2) - j->bias[r + 2]) * j->scale[r + 2] * j->xs;
+        j->y[r + 3] = (float)(_mm512_reduce_add_epi32(a3) - j->bias[r + 3]) * j->scale[r + 3] * j->xs;
+    }
+    for (; r < r1; r++) {
+        const int8_t *w = j->w + (size_t)r * ld;
+        __m512i a = _mm512_setzero_si512();
+        for (int32_t i = 0; i < ld; i += 64)
+            a = _mm512_dpbusd_epi32(a, _mm512_loadu_si512((const void *)(j->xu8 + i)),
+                                    _mm512_loadu_si512((const void *)(w + i)));
+        j->y[r] = (float)(_mm512_reduce_add_epi32(a) - j->bias[r]) * j->scale[r] * j->xs;
+    }
+}
+
+static void i8_task(void *ctx, int32_t task, int32_t thread) {
+    (void)thread;
+    const i8_job *j = ctx;
+    int32_t r0 = task * j->rows_per_task;
+    int32_t r1 = r0 + j->rows_per_task < j->rows ? r0 + j->rows_per_task : j->rows;
+    if (j->path == I8_VNNI)
+        i8_rows_vnni(j, r0, r1);
+    else if (j->path == I8_AVX2)
+        i8_rows_avx2(j, r0, r1);
+    else
+        i8_rows_portable(j, r0, r1);
+}
+
+typedef struct {
+    const ls_model *m;
+    float *buf; /* (n_threads, dim) */
+    int32_t rows_per_task;
+} quant_job;
+
+/* Symmetric per-row int8: code = round(w / s), s = max|w| / 127. */
+static void quant_task(void *ctx, int32_t task, int32_t thread) {
+    const quant_job *j = ctx;
+    const ls_model *m = j->m;
+    ls_runtime *rt = m->rt;
+    int32_t dim = m->info.dim, V = m->info.vocab_size, ld = rt->head_i8_ld;
+    float *f = j->buf + (size_t)thread * dim;
+    int32_t r0 = task * j->rows_per_task, r1 = r0 + j->rows_per_task < V ? r0 + j->rows_per_task : V;
+    for (int32_t r = r0; r < r1; r++) {
+        rt->ops->f16_to_f32(f, m->w.output + (size_t)r * dim, dim);
+        float amax = 0.0f;
+        for (int32_t i = 0; i < dim; i++) amax = fabsf(f[i]) > amax ? fabsf(f[i]) : amax;
+        float s = amax > 0.0f ? amax / 127.0f : 0.0f;
+        int8_t *q = rt->head_i8 + (size_t)r * ld;
+        int32_t sum = 0;
+        for (int32_t i = 0; i < dim; i++) {
+            long c = s > 0.0f ? lrintf(f[i] / s) : 0;
+            c = c > 127 ? 127 : c < -127 ? -127 : c;
+            q[i] = (int8_t)c;
+            sum += (int32_t)c;
+        }
+        rt->head_i8_scale[r] = s;
+        rt->head_i8_bias[r] = 128 * sum;
+    }
+}
+
+void ls_spec_runtime_free(ls_runtime *rt) {
+    if (!rt) return;
+    free(rt->head_i8);
+    free(rt->head_i8_scale);
+    free(rt->head_i8_bias);
+    rt->head_i8 = NULL;
+    rt->head_i8_scale = NULL;
+    rt->head_i8_bias = NULL;
+}
+
+/* Builds the int8 head on first use (~vocab * dim bytes, a few tens of ms). */
+static int32_t ensure_head_i8(ls_model *m) {
+    ls_runtime *rt = m->rt;
+    if (rt->head_i8) return LS_OK;
+    int32_t dim = m->info.dim, V = m->info.vocab_size;
+    int32_t ld = (dim + 63) / 64 * 64;
+    rt->head_i8_ld = ld;
+    rt->head_i8 = calloc((size_t)V * (size_t)ld, 1); /* calloc: padding codes are 0 */
+    rt->head_i8_scale = malloc((size_t)V * sizeof(float));
+    rt->head_i8_bias = malloc((size_t)V * sizeof(int32_t));
+    float *buf = malloc((size_t)rt->n_threads * (size_t)dim * sizeof(float));
+    if (!rt->head_i8 || !rt->head_i8_scale || !rt->head_i8_bias || !buf) {
+        free(buf);
+        ls_spec_runtime_free(rt);
+        return LS_ERR_NOMEM;
+    }
+    quant_job j = {m, buf, 256};
+    ls_pool_run(rt->pool, quant_task, &j, (V + 255) / 256);
+    free(buf);
+    __builtin_cpu_init();
+    if (rt->ops->simd == LS_SIMD_AVX512 && __builtin_cpu_supports("avx512vnni"))
+        rt->head_i8_path = I8_VNNI;
+    else if (rt->ops->simd == LS_SIMD_AVX512 || rt->ops->simd == LS_SIMD_AVX2)
+        rt->head_i8_path = I8_AVX2;
+    else
+        rt->head_i8_path = I8_PORTABLE;
+    return LS_OK;
+}
+
+/* Draft logits of one hidden state: the int8 head, or the fp16 head. */
+static void draft_logits(ls_session *s, const float *h, float *logits, int32_t fp16) {
+    if (fp16) {
+        ls_forward_logits(s, h, 1, logits);
+        return;
+    }
+    struct ls_spec_scratch *x = s->spec;
+    const ls_model *m = s->m;
+    ls_runtime *rt = m->rt;
+    int32_t dim = m->info.dim;
+    rt->ops->rmsnorm(x->xn, h, rt->norm, dim, m->info.norm_eps);
+    float amax = 0.0f;
+    for (int32_t i = 0; i < dim; i++) amax = fabsf(x->xn[i]) > amax ? fabsf(x->xn[i]) : amax;
+    float xs = amax > 0.0f ? amax / 127.0f : 0.0f;
+    for (int32_t i = 0; i < x->ld; i++) {
+        long c = i < dim && xs > 0.0f ? lrintf(x->xn[i] / xs) : 0;
+        c = c > 127 ? 127 : c < -127 ? -127 : c;
+        x->x8[i] = (int8_t)c;
+        x->xu8[i] = (uint8_t)(c + 128);
+    }
+    int32_t V = m->info.vocab_size;
+    int32_t target = rt->n_threads * 8;
+    int32_t rpt = (V + target - 1) / target;
+    rpt = rpt < 64 ? 64 : (rpt + 3) & ~3;
+    i8_job j = {rt->head_i8, rt->head_i8_scale, rt->head_i8_bias, rt->head_i8_ld, V, rpt, rt->head_i8_path,
+                x->x8, x->xu8, xs, logits};
+    ls_pool_run(rt->pool, i8_task, &j, (V + rpt - 1) / rpt);
+}
+
+// ---- the cycle ----
+
+typedef struct {
+    int32_t D, V, k, K, fp16_draft, accept_all;
+    float temperature, top_p, penalty, leaf_min_prob;
+    int32_t top_k;
+    uint64_t seed;
+} cycle;
+
+/* Commits positions [p, p + n) (history already written) in loops [0, V). */
+static void commit(ls_session *s, int32_t V, int32_t p, int32_t n) {
+    s->pos = p + n;
+    for (int32_t l = 0; l < V; l++) s->loop_len[l] = p + n;
+}
+
+/* Undoes a failed cycle: nothing past p was committed. */
+static int32_t abandon(ls_session *s, int32_t V, int32_t p, int32_t rc) {
+    commit(s, V, p, 0);
+    return rc;
+}
+
+static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t *out, int32_t *stats) {
+    struct ls_spec_scratch *x = s->spec;
+    int32_t p = s->pos, dim = x->dim, V = x->vocab, k = c->k;
+    int32_t sampled = c->temperature > 0.0f;
+    uint64_t seed_draft = stream_seed(c->seed, STREAM_DRAFT);
+    uint64_t seed_accept = stream_seed(c->seed, STREAM_ACCEPT);
+    uint64_t seed_resid = stream_seed(c->seed, STREAM_RESID);
+    int32_t *tok = x->tok;
+    tok[0] = pending;
+
+    // draft: one token at a time through loops [0, D)
+    for (int32_t i = 0; i <= k; i++) {
+        float *hi = x->h + (size_t)i * dim;
+        ls_forward_embed(s, &tok[i], 1, hi);
+        int32_t rc = ls_forward_loops(s, hi, 1, p + i, 0, c->D);
+        if (rc != LS_OK) return abandon(s, c->V, p, rc);
+        s->tokens[p + i] = tok[i];
+        if (i == k) break;
+        float *dl = x->dlogits + (size_t)i * V;
+        draft_logits(s, hi, dl, c->fp16_draft);
+        if (!sampled) {
+            penalise(x->v, dl, V, s->tokens, p + i + 1, c->penalty);
+            top_ids(x->v, V, 1, &tok[i + 1]);
+        } else {
+            uint64_t zq;
+            rc = dist_weights(x, dl, s->tokens, p + i + 1, c->temperature, c->top_k, c->top_p, c->penalty, x->wq, &zq);
+            if (rc != LS_OK) return abandon(s, c->V, p, rc);
+            tok[i + 1] = draw(x->wq, V, zq, uniform(seed_draft, (uint64_t)(p + i + 1)));
+        }
+    }
+
+    // verify: one batched pass over loops [D, V) from the kept loop-D states
+    if (c->V > c->D) {
+        int32_t rc = ls_forward_loops(s, x->h, k + 1, p, c->D, c->V);
+        if (rc != LS_OK) return abandon(s, c->V, p, rc);
+    }
+
+    // accept: head rows a group at a time, stopping at the first rejection
+    int32_t j = 0, next = -1;
+    for (int32_t g0 = 0; g0 <= k && next < 0; g0 += HEAD_GROUP) {
+        int32_t gn = k + 1 - g0 < HEAD_GROUP ? k + 1 - g0 : HEAD_GROUP;
+        ls_forward_logits(s, x->h + (size_t)g0 * dim, gn, x->vlogits);
+        for (int32_t r = g0; r < g0 + gn; r++) {
+            const float *L = x->vlogits + (size_t)(r - g0) * V;
+            uint64_t counter = (uint64_t)(p + r + 1); /* position of the token drawn here */
+            int32_t n_hist = p + r + 1;
+            if (!sampled || r == k) {
+                /* greedy, or the bonus token: plain decoding's own draw */
+                int32_t t = ls_sample(L, V, s->tokens, n_hist, c->temperature, c->top_k, c->top_p, c->penalty,
+                                      c->seed, counter);
+                if (t < 0) return abandon(s, c->V, p, t);
+                if (!sampled && r < k && t == tok[r + 1]) {
+                    j++;
+                    continue;
+                }
+                next = t;
+                break;
+            }
+            uint64_t zp, zq;
+            int32_t rc = dist_weights(x, L, s->tokens, n_hist, c->temperature, c->top_k, c->top_p, c->penalty, x->wp, &zp);
+            if (rc == LS_OK)
+                rc = dist_weights(x, x->dlogits + (size_t)r * V, s->tokens, n_hist, c->temperature, c->top_k, c->top_p,
+                                  c->penalty, x->wq, &zq);
+            if (rc != LS_OK) return abandon(s, c->V, p, rc);
+            int32_t d = tok[r + 1];
+            double pd = (double)x->wp[d] / (double)zp, qd = (double)x->wq[d] / (double)zq;
+            if (c->accept_all || uniform(seed_accept, counter) * qd < pd) {
+                j++;
+                continue;
+            }
+            next = draw_residual(x->wp, zp, x->wq, zq, V, uniform(seed_resid, counter));
+            break;
+        }
+    }
+
+    for (int32_t i = 0; i < j; i++) out[i] = tok[i + 1];
+    out[j] = next;
+    commit(s, c->V, p, j + 1);
+    if (stats) {
+        stats[0] = k;
+        stats[1] = j;
+    }
+    return j + 1;
+}
+
+/* Verifier's token after tree row u, its logits in L; the history holds the
+ * row's path (the caller wrote it). */
+static int32_t verifier_token(ls_session *s, const cycle *c, const float *L, int32_t n_hist) {
+    return ls_sample(L, s->m->info.vocab_size, s->tokens, n_hist, 0.0f, c->top_k, c->top_p, c->penalty, c->seed,
+                     (uint64_t)n_hist);
+}
+
+/* Draft probabilities (softmax at temperature 1 of the penalised draft
+ * logits v) of the n candidates in ids. */
+static void draft_probs(const float *v, int32_t vocab, const int32_t *ids, int32_t n, float *prob) {
+    float vmax = v[ids[0]];
+    double z = 0.0;
+    for (int32_t i = 0; i < vocab; i++) z += (double)expf(v[i] - vmax);
+    for (int32_t i = 0; i < n; i++) prob[i] = (float)((double)expf(v[ids[i]] - vmax) / z);
+}
+
+static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t *out, int32_t *stats) {
+    struct ls_spec_scratch *x = s->spec;
+    const ls_model_info *mi = &s->m->info;
+    int32_t p = s->pos, dim = x->dim, V = x->vocab, k = c->k, cap = s->cap;
+    int32_t K = c->K < V ? c->K : V; /* a tiny vocabulary has fewer alternatives */
+    int32_t *tok = x->tok;
+
+    // layout: row 0 the pending token, rows 1..k the spine (natural slots),
+    // then the leaves depth by depth as the draft finds them (leaf_at[i]..
+    // leaf_at[i] + leaf_n[i] - 1 are depth i's), in the slots after the
+    // spine's; rows are thus in ancestor-first order
+    int32_t leaf_at[MAX_AHEAD + 1], leaf_n[MAX_AHEAD + 1];
+    int32_t n_rows = k + 1;
+    for (int32_t i = 0; i <= k; i++) {
+        x->depth[i] = i;
+        x->pos[i] = p + i;
+        x->slot[i] = (p + i) % cap;
+        for (int32_t q = 0; q <= i; q++) x->chain[i * CHAIN_LD + q] = (p + q) % cap;
+    }
+
+    // draft pass 0: the pending token alone, as in the chain
+    tok[0] = pending;
+    ls_forward_embed(s, &tok[0], 1, x->h);
+    int32_t rc = ls_forward_loops(s, x->h, 1, p, 0, c->D);
+    if (rc != LS_OK) return abandon(s, c->V, p, rc);
+    s->tokens[p] = pending;
+    int32_t best[MAX_BRANCH];
+    float prob[MAX_BRANCH];
+    for (int32_t i = 0; i < k; i++) {
+        // proposals for depth i + 1 from the spine token at depth i: the best
+        // draft token continues the spine, the next K - 1 (those the draft
+        // gives at least leaf_min_prob) become leaves
+        float *dl = x->dlogits;
+        draft_logits(s, x->h + (size_t)i * dim, dl, c->fp16_draft);
+        penalise(x->v, dl, V, s->tokens, p + i + 1, c->penalty);
+        int32_t got = top_ids(x->v, V, K, best);
+        if (c->leaf_min_prob > 0.0f) draft_probs(x->v, V, best, got, prob);
+        tok[i + 1] = best[0];
+        int32_t d = i + 1;
+        leaf_at[d] = n_rows;
+        leaf_n[d] = 0;
+        for (int32_t a = 1; a < got; a++) {
+            if (c->leaf_min_prob > 0.0f && !(prob[a] >= c->leaf_min_prob)) break; /* ranked: the rest are smaller */
+            int32_t u = n_rows++;
+            leaf_n[d]++;
+            tok[u] = best[a];
+            x->depth[u] = d;
+            x->pos[u] = p + d;
+            x->slot[u] = (p + u) % cap;
+            for (int32_t q = 0; q < d; q++) x->chain[u * CHAIN_LD + q] = (p + q) % cap;
+            x->chain[u * CHAIN_LD + d] = x->slot[u];
+        }
+
+        // draft pass i + 1: spine token and its leaves, tree-masked
+        int32_t nb = 1 + leaf_n[d];
+        for (int32_t b = 0; b < nb; b++) {
+            int32_t u = b == 0 ? d : leaf_at[d] + b - 1;
+            ls_forward_embed(s, &tok[u], 1, x->hb + (size_t)b * dim);
+            x->bpos[b] = x->pos[u];
+            x->bslot[b] = x->slot[u];
+            memcpy(x->bchain + b * CHAIN_LD, x->chain + u * CHAIN_LD, CHAIN_LD * sizeof(int32_t));
+        }
+        ls_tree_rows pass = {x->bpos, x->bslot, x->bchain, CHAIN_LD, p};
+        ls_forward_tree(s, x->hb, nb, &pass, 0, c->D);
+        for (int32_t b = 0; b < nb; b++) {
+            int32_t u = b == 0 ? d : leaf_at[d] + b - 1;
+            memcpy(x->h + (size_t)u * dim, x->hb + (size_t)b * dim, dim * sizeof(float));
+        }
+        s->tokens[p + d] = tok[d];
+    }
+
+    // verify: every row through loops [D, V) in one masked pass
+    if (c->V > c->D) {
+        ls_tree_rows all = {x->pos, x->slot, x->chain, CHAIN_LD, p};
+        ls_forward_tree(s, x->h, n_rows, &all, c->D, c->V);
+    }
+
+    // walk: along the spine while the verifier agrees; at the first
+    // disagreement a leaf holding the verifier's token is accepted too
+    int32_t u = 0, j = 0, next = -1, g_end = 0;
+    for (;;) {
+        int32_t dep = x->depth[u];
+        const float *L;
+        if (u <= k) {
+            if (u >= g_end) {
+                int32_t gn = k + 1 - u < HEAD_GROUP ? k + 1 - u : HEAD_GROUP;
+                ls_forward_logits(s, x->h + (size_t)u * dim, gn, x->vlogits + (size_t)u * V);
+                g_end = u + gn;
+            }
+            L = x->vlogits + (size_t)u * V;
+        } else {
+            ls_forward_logits(s, x->h + (size_t)u * dim, 1, x->alogits);
+            L = x->alogits;
+            s->tokens[p + dep] = tok[u]; /* the leaf's path for the penalty */
+        }
+        int32_t t = verifier_token(s, c, L, p + dep + 1);
+        if (t < 0) return abandon(s, c->V, p, t);
+        if (u < k) {
+            if (t == tok[u + 1]) {
+                u++;
+                j++;
+                continue;
+            }
+            int32_t found = -1;
+            for (int32_t a = 0; a < leaf_n[u + 1] && found < 0; a++)
+                if (tok[leaf_at[u + 1] + a] == t) found = leaf_at[u + 1] + a;
+            if (found >= 0) {
+                u = found;
+                j++;
+                continue;
+            }
+        }
+        next = t;
+        break;
+    }
+
+    // commit: a leaf's rows move from its slot to its position's slot
+    if (u > k) {
+        int32_t from = x->slot[u], to = (p + j) % cap;
+        size_t hd = (size_t)mi->head_dim, nkv = (size_t)mi->n_kv_heads, ldk = (size_t)s->ldk;
+        for (int32_t l = 0; l < c->V; l++) {
+            for (size_t h = 0; h < nkv; h++) {
+                uint16_t *kt = s->kc + ((size_t)l * nkv + h) * hd * ldk;
+                uint16_t *vv = s->vc + ((size_t)l * nkv + h) * (size_t)cap * hd;
+                for (size_t d = 0; d < hd; d++) kt[d * ldk + (size_t)to] = kt[d * ldk + (size_t)from];
+                memcpy(vv + (size_t)to * hd, vv + (size_t)from * hd, hd * sizeof *vv);
+            }
+        }
+        s->tokens[p + j] = tok[u];
+    }
+    // output: the accepted path (row 0 excluded), then the verifier's token;
+    // every ancestor of the last row is a spine row, whose index is its depth
+    for (int32_t i = 0; i + 1 < j; i++) out[i] = tok[i + 1];
+    if (j > 0) out[j - 1] = tok[u];
+    out[j] = next;
+    commit(s, c->V, p, j + 1);
+    /* leaves wrote ring slots up to position p + n_rows - 1 */
+    for (int32_t l = 0; l < c->V; l++)
+        if (p + n_rows - cap > s->loop_lo[l]) s->loop_lo[l] = p + n_rows - cap;
+    if (stats) {
+        stats[0] = n_rows - 1;
+        stats[1] = j;
+    }
+    return j + 1;
+}
+
+int32_t ls_spec_cycle(ls_session *s, int32_t pending, const ls_spec_params *prm, int32_t *out_tokens,
+                      int32_t *out_stats) {
+    if (!s || !prm || !out_tokens) return LS_ERR_ARG;
+    const ls_model_info *mi = &s->m->info;
+    cycle c = {
+        .D = prm->draft_loops,
+        .V = prm->verify_loops,
+        .K = prm->k_branches,
+        .fp16_draft = (prm->flags & LS_SPEC_FP16_DRAFT_HEAD) != 0,
+        .accept_all = (prm->flags & LS_SPEC_TEST_ACCEPT_ALL) != 0,
+        .temperature = prm->temperature,
+        .top_p = prm->top_p,
+        .penalty = prm->repetition_penalty,
+        .top_k = prm->top_k,
+        .leaf_min_prob = prm->leaf_min_prob,
+        .seed = (uint64_t)prm->seed_lo | (uint64_t)prm->seed_hi << 32,
+    };
+    if (c.D < 1 || c.V < c.D || c.V > s->loops) return LS_ERR_ARG;
+    if (prm->draft_ahead < 1 || prm->draft_ahead > MAX_AHEAD || c.K < 1 || c.K > MAX_BRANCH ||
+        c.K * prm->draft_ahead > MAX_NODES || prm->max_new < 1)
+        return LS_ERR_ARG;
+    if (pending < 0 || pending >= mi->vocab_size) return LS_ERR_ARG;
+    if (!(c.temperature >= 0.0f) || isinf(c.temperature) || c.top_k < 0 || !(c.top_p >= 0.0f && c.top_p <= 1.0f) ||
+        !(c.penalty > 0.0f) || isinf(c.penalty))
+        return LS_ERR_ARG;
+    if (c.K > 1 && c.temperature != 0.0f) return LS_ERR_ARG; /* tree speculation is greedy only */
+    if ((prm->flags & ~(LS_SPEC_FP16_DRAFT_HEAD | LS_SPEC_TEST_ACCEPT_ALL)) != 0) return LS_ERR_ARG;
+    if (!(c.leaf_min_prob >= 0.0f && c.leaf_min_prob <= 1.0f)) return LS_ERR_ARG;
+
+    int32_t p = s->pos;
+    int32_t need_lo = s->window > 0 && p - s->window + 1 > 0 ? p - s->window + 1 : 0;
+    for (int32_t l = 0; l < c.V; l++)
+        if (s->loop_len[l] != p || s->loop_lo[l] > need_lo) return LS_ERR_STATE;
+    /* a model whose head is already stored compressed (no fp16 Wout) drafts
+     * with that head */
+    if (!s->m->w.output) c.fp16_draft = 1;
+    c.k = prm->draft_ahead < prm->max_new - 1 ? prm->draft_ahead : prm->max_new - 1;
+    if (c.k == 0) c.K = 1;
+    /* every row of the cycle needs its own position (tree leaves: their own
+     * slot) below max_seq; the ring (window + LS_CHUNK rows) then never
+     * overwrites a row the cycle or the next one reads */
+    if (p + 1 + c.k * c.K > s->max_seq) return LS_ERR_FULL;
+    int32_t rc = ensure_scratch(s);
+    if (rc == LS_OK && !c.fp16_draft && c.k > 0) rc = ensure_head_i8(s->m);
+    if (rc != LS_OK) return rc;
+    return c.K == 1 ? run_chain(s, &c, pending, out_tokens, out_stats) : run_tree(s, &c, pending, out_tokens, out_stats);
+}

@@ -1,0 +1,161 @@
+// Native speculative family: POST /generate/speculative and
+// /generate/tree_speculative (SPEC.md §4, DESIGN.md §4). Every /generate
+// field plus the speculative knobs; `stream` is accepted and ignored (one
+// JSON body); `loops` is accepted and ignored (the verify depth is
+// verify_loops, reported as loops_used).
+//
+// The knob checks and the response stats are exported for the extended
+// family (/api/v0, `mode` = speculative / tree_speculative), so both
+// families refuse the same combinations with the same messages.
+import { type Static, Type as T } from "@sinclair/typebox";
+import { Elysia } from "elysia";
+import type { Config } from "../config.ts";
+import type { GenerateRequest, GenerateResult } from "../engine/types.ts";
+import type { ServiceMetrics } from "../metrics.ts";
+import { badRequest, outOfRange, validatedBody } from "./errors.ts";
+import {
+  type AppDeps,
+  type Completion,
+  checkCacheWindow,
+  checkLength,
+  promptTokens,
+  requireEngine,
+  runGeneration,
+  stopTokenIds,
+} from "./generation.ts";
+import { nativeStats } from "./native.ts";
+import { NATIVE_DEFAULTS as D, EXTENDED_DEFAULTS as E, GenerateBody, type GenerationMode, SpeculativeFields } from "./schemas.ts";
+
+// ---- request bodies: /generate's fields plus the knobs (ranges of SPEC.md §8) ----
+
+const { draft_loops, verify_loops, draft_ahead, K_branches } = SpeculativeFields;
+
+export const SpeculativeBody = T.Object({ ...GenerateBody.properties, draft_loops, verify_loops, draft_ahead });
+export type SpeculativeBody = Static<typeof SpeculativeBody>;
+
+export const TreeSpeculativeBody = T.Object({ ...SpeculativeBody.properties, K_branches });
+export type TreeSpeculativeBody = Static<typeof TreeSpeculativeBody>;
+
+/** Most tree nodes verified in one call (K_branches * draft_ahead), SPEC.md §8. */
+export const MAX_TREE_NODES = 64;
+
+// ---- knobs → engine request fields (shared with the extended family) ----
+
+export type SpeculativeMode = Exclude<GenerationMode, "generate">;
+
+export interface SpeculativeKnobs {
+  draft_loops?: number | null;
+  verify_loops?: number | null;
+  draft_ahead?: number | null;
+  K_branches?: number | null;
+}
+
+/** The GenerateRequest fields a speculative request sets (loops is the verify depth). */
+export type SpeculativeRequestFields = Required<Pick<GenerateRequest, "mode" | "loops" | "draftLoops" | "verifyLoops" | "draftAhead" | "kBranches">>;
+
+/**
+ * Range checks that go beyond each field's own bounds (400 naming the
+ * constraint), in SPEC.md's order before the length check:
+ * draft_loops <= verify_loops; for the tree, K_branches * draft_ahead <= 64,
+ * greedy sampling and the fp16 key/value cache.
+ */
+export function speculativeFields(config: Config, mode: SpeculativeMode, knobs: SpeculativeKnobs, temperature: number): SpeculativeRequestFields {
+  const verifyLoops = knobs.verify_loops ?? E.verify_loops;
+  const draftLoops = knobs.draft_loops ?? E.draft_loops;
+  const draftAhead = knobs.draft_ahead ?? E.draft_ahead;
+  const kBranches = mode === "tree_speculative" ? (knobs.K_branches ?? E.K_branches) : 1;
+  if (draftLoops > verifyLoops) throw outOfRange("draft_loops", `must be at most verify_loops (${verifyLoops}), got ${draftLoops}`);
+  if (mode === "tree_speculative") {
+    if (kBranches * draftAhead > MAX_TREE_NODES)
+      throw badRequest(
+        `\`K_branches\` * \`draft_ahead\` must be at most ${MAX_TREE_NODES} (tree nodes verified in one call), got ${kBranches} * ${draftAhead} = ${kBranches * draftAhead}`,
+        "K_branches",
+      );
+    if (temperature !== 0)
+      throw badRequest(
+        `tree_speculative is greedy only: \`temperature\` must be 0.0, got ${temperature} (mode speculative samples)`,
+        "temperature",
+        "unsupported_parameter",
+      );
+    if (config.kvCacheMode !== "fp16")
+      throw badRequest(
+        `tree_speculative needs the fp16 key/value cache, but this server runs kv_cache_mode ${config.kvCacheMode} ` +
+          "(unset SERVICE_KV_INT8 / SERVICE_KV_INT4 / SERVICE_KV_H_MODE, or use mode speculative)",
+        "mode",
+        "unsupported_cache_mode",
+      );
+  }
+  return { mode, loops: verifyLoops, draftLoops, verifyLoops, draftAhead, kBranches };
+}
+
+/** Response stats of a speculative request: /generate's plus the acceptance figures. */
+export function speculativeStats(c: Completion, mode: SpeculativeMode, verifyLoops: number) {
+  const spec = c.result.speculative;
+  return {
+    ...nativeStats(c, mode, verifyLoops),
+    accepted_per_cycle: spec?.acceptedPerCycle ?? 0,
+    draft_tokens: spec?.draftTokens ?? 0,
+    accepted_tokens: spec?.acceptedTokens ?? 0,
+  };
+}
+
+/** Adds a finished request's draft and accepted tokens to the /metrics counters. */
+export function countSpeculative(metrics: ServiceMetrics, result: GenerateResult): void {
+  const spec = result.speculative;
+  if (!spec) return;
+  metrics.specDraftTokens.inc(spec.draftTokens);
+  metrics.specAcceptedTokens.inc(spec.acceptedTokens);
+}
+
+// ---- the two endpoints ----
+
+async function generate(deps: AppDeps, body: TreeSpeculativeBody, httpRequest: Request, mode: SpeculativeMode): Promise<Response> {
+  // SPEC.md §4 order: (schema, done) → range → length → engine loaded → admission.
+  const maxTokens = body.max_tokens ?? D.max_tokens;
+  const cacheWindow = body.cache_window ?? D.cache_window;
+  const temperature = body.temperature ?? D.temperature;
+  const spec = speculativeFields(deps.config, mode, body, temperature);
+  checkCacheWindow(deps, cacheWindow);
+  const stops = body.stop == null ? [] : Array.isArray(body.stop) ? body.stop : [body.stop];
+  const prompt = promptTokens(deps, body.prompt);
+  checkLength(deps, prompt.length, maxTokens);
+  const engine = requireEngine(deps);
+
+  const request: GenerateRequest = {
+    promptTokens: prompt,
+    maxTokens,
+    sampling: {
+      temperature,
+      topK: body.top_k ?? D.top_k,
+      topP: body.top_p ?? D.top_p,
+      repetitionPenalty: body.repetition_penalty ?? D.repetition_penalty,
+      seed: body.sample_seed ?? D.sample_seed,
+    },
+    stopTokenIds: stopTokenIds(
+      deps,
+      stops.filter((s): s is number => typeof s === "number"),
+    ),
+    cacheWindow,
+    ...spec,
+  };
+  const stopStrings = stops.filter((s): s is string => typeof s === "string");
+  const scheduling = { priority: body.priority, sloMs: body.slo_ms };
+  const done = await runGeneration(engine, deps.tokenizer, request, stopStrings, httpRequest.signal, undefined, scheduling);
+  countSpeculative(deps.metrics, done.result);
+  return Response.json({
+    tokens: done.tokens,
+    text: done.text,
+    finish_reason: done.finishReason,
+    stats: speculativeStats(done, mode, spec.verifyLoops),
+  });
+}
+
+export function speculativeRoutes(deps: AppDeps) {
+  return new Elysia()
+    .post("/generate/speculative", ({ body, request }) => generate(deps, body, request, "speculative"), validatedBody(SpeculativeBody))
+    .post(
+      "/generate/tree_speculative",
+      ({ body, request }) => generate(deps, body, request, "tree_speculative"),
+      validatedBody(TreeSpeculativeBody),
+    );
+}

@@ -1,0 +1,419 @@
+// Weight quantization (int4, int2 block matrices; int8 output head) and the
+// reference arithmetic of the quantized kernels (kernels/quant.h).
+//
+// Formats (packing written down in kernels/loopserve.h, types in format.ts):
+//   int4  symmetric groups along the inputs, code c in [-8, 7], value = s * c
+//   int2  groups with scale and offset, code c in 0..3, value = s * c + z
+//   int8  (output head) symmetric, code c in [-127, 127], value = s * c
+// with s (and z) fp16, one per group of `groupSize` inputs (default 32).
+//
+// Everything here is deterministic: plain IEEE double arithmetic (+ - * /,
+// comparisons), no Math.log/exp, fixed iteration counts, so the same input
+// gives byte-identical output on every machine.
+
+import { statSync } from "node:fs";
+import { bf16ArrayToF32, F16_TO_F32, f16ArrayToF32, f32ArrayToF16, f64ToF16Bits } from "./fp16.ts";
+import {
+  configToMetadata,
+  GROUP_SIZES,
+  matrixShapes,
+  type ModelConfig,
+  parseModelMetadata,
+  QUANT_MATRICES,
+  type QuantMatrix,
+} from "./format.ts";
+import { ModelFormatError, readSafetensors, type TensorToWrite, type TensorView, writeSafetensors } from "./safetensors.ts";
+
+export type WeightQuant = "int4" | "int2";
+export type HeadQuant = "int8" | "fp16";
+export const DEFAULT_GROUP_SIZE = 32;
+
+// ---- fp16 rounding with a direction ----
+
+const F16_MAX = 65504;
+
+/** Bits of the smallest fp16 >= x (x finite, |x| <= 65504). */
+export function f16BitsUp(x: number): number {
+  let b = f64ToF16Bits(x);
+  if (F16_TO_F32[b] < x) b = b & 0x8000 ? (b === 0x8000 ? 0x0001 : b - 1) : b + 1;
+  return b;
+}
+
+/** Bits of the largest fp16 <= x (x finite, |x| <= 65504). */
+export function f16BitsDown(x: number): number {
+  let b = f64ToF16Bits(x);
+  if (F16_TO_F32[b] > x) b = b & 0x8000 ? b + 1 : b === 0 ? 0x8001 : b - 1;
+  return b;
+}
+
+/** Round half to even of a finite double. */
+export function rne(v: number): number {
+  const f = Math.floor(v);
+  const d = v - f;
+  if (d > 0.5) return f + 1;
+  if (d < 0.5) return f;
+  return f % 2 === 0 ? f : f + 1;
+}
+
+function checkShape(what: string, w: ArrayLike<number>, rows: number, cols: number, groupSize: number): void {
+  if (!(GROUP_SIZES as readonly number[]).includes(groupSize)) {
+    throw new ModelFormatError(`${what}: group size must be one of ${GROUP_SIZES.join(", ")}, got ${groupSize}`);
+  }
+  if (cols % groupSize !== 0) {
+    throw new ModelFormatError(
+      `${what}: in_features ${cols} is not a multiple of the group size ${groupSize} (groups run along the inputs)`,
+    );
+  }
+  if (w.length !== rows * cols) throw new ModelFormatError(`${what}: ${w.length} values, expected ${rows} x ${cols}`);
+}
+
+function scaleBits(what: string, s: number): number {
+  if (!(s <= F16_MAX)) {
+    throw new ModelFormatError(`${what}: a group's scale ${s} does not fit in fp16 (weights too large or not finite)`);
+  }
+  return f16BitsUp(s);
+}
+
+// ---- int4 ----
+
+/**
+ * Symmetric int4 per group, c = clamp(rne(w / s), -8, 7), with the scale
+ * that puts the group's larger side on the -8 end of the code range: s > 0
+ * with |s| = max(maxpos / 7.5, maxneg / 8.5), or s < 0 with |s| =
+ * max(maxpos / 8.5, maxneg / 7.5), whichever |s| is smaller (fp16, rounded
+ * away from zero). Every weight then lies within |s|/2 of its value: the
+ * side mapped to 7 is at most 7.5 |s| from zero, the side mapped to -8 at
+ * most 8.5 |s| (a tie rounds to the even -8).
+ */
+export function quantizeInt4(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int4"): QuantMatrix {
+  checkShape(what, w, rows, cols, groupSize);
+  const ng = cols / groupSize;
+  const qweight = new Uint8Array((rows * cols) / 2);
+  const scales = new Uint16Array(rows * ng);
+  for (let r = 0; r < rows; r++) {
+    for (let g = 0; g < ng; g++) {
+      const base = r * cols + g * groupSize;
+      let maxPos = 0;
+      let maxNeg = 0;
+      for (let i = 0; i < groupSize; i++) {
+        const v = w[base + i];
+        if (v > maxPos) maxPos = v;
+        else if (-v > maxNeg) maxNeg = -v;
+      }
+      const up = Math.max(maxPos / 7.5, maxNeg / 8.5);
+      const down = Math.max(maxPos / 8.5, maxNeg / 7.5);
+      const sb = down < up ? scaleBits(what, down) | 0x8000 : scaleBits(what, up);
+      scales[r * ng + g] = sb;
+      const s = F16_TO_F32[sb];
+      for (let i = 0; i < groupSize; i++) {
+        const c = s !== 0 ? Math.min(7, Math.max(-8, rne(w[base + i] / s))) : 0;
+        const idx = base + i;
+        qweight[idx >> 1] |= (c + 8) << ((idx & 1) * 4);
+      }
+    }
+  }
+  return { bits: 4, rows, cols, groupSize, qweight, scales };
+}
+
+// ---- int2 ----
+
+/** Sum of squared errors of one group against levels z + s * {0..3}, codes nearest. */
+function int2Fit(w: ArrayLike<number>, base: number, n: number, s: number, z: number, codes: Uint8Array | null): number {
+  let sse = 0;
+  for (let i = 0; i < n; i++) {
+    const v = w[base + i];
+    const c = s > 0 ? Math.min(3, Math.max(0, rne((v - z) / s))) : 0;
+    if (codes) codes[i] = c;
+    const e = v - (s * c + z);
+    sse += e * e;
+  }
+  return sse;
+}
+
+const INT2_REFINE_STEPS = 6;
+
+/**
+ * int2 per group, value = s * c + z with c in 0..3. Start from the group's
+ * range (z = min rounded down, s = (max - z) / 3 rounded up, so every weight
+ * is within s/2 of its level), then a few least-squares steps: with the
+ * codes fixed, (s, z) minimising the squared error has a closed form; with
+ * (s, z) fixed the nearest level is the best code. The candidate with the
+ * smallest squared error (after fp16 rounding) wins, so a group is never
+ * worse than its min/max fit; refined levels may clip a group's extremes
+ * (nearest level still, beyond the end levels).
+ */
+export function quantizeInt2(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int2"): QuantMatrix {
+  checkShape(what, w, rows, cols, groupSize);
+  const ng = cols / groupSize;
+  const qweight = new Uint8Array((rows * cols) / 4);
+  const scales = new Uint16Array(rows * ng);
+  const zeros = new Uint16Array(rows * ng);
+  const codes = new Uint8Array(groupSize);
+  for (let r = 0; r < rows; r++) {
+    for (let g = 0; g < ng; g++) {
+      const base = r * cols + g * groupSize;
+      let mn = Infinity;
+      let mx = -Infinity;
+      for (let i = 0; i < groupSize; i++) {
+        const v = w[base + i];
+        if (v < mn) mn = v;
+        if (v > mx) mx = v;
+      }
+      if (!(Math.abs(mn) <= F16_MAX && Math.abs(mx) <= F16_MAX)) {
+        throw new ModelFormatError(`${what}: weights [${mn}, ${mx}] do not fit in fp16 offsets`);
+      }
+      let zb = f16BitsDown(mn);
+      let sb = scaleBits(what, (mx - F16_TO_F32[zb]) / 3);
+      let best = int2Fit(w, base, groupSize, F16_TO_F32[sb], F16_TO_F32[zb], codes);
+      const trial = new Uint8Array(groupSize);
+      for (let step = 0; step < INT2_REFINE_STEPS && best > 0; step++) {
+        // Least squares for (s, z) given the current codes.
+        let sc = 0;
+        let scc = 0;
+        let sw = 0;
+        let scw = 0;
+        for (let i = 0; i < groupSize; i++) {
+          const c = codes[i];
+          const v = w[base + i];
+          sc += c;
+          scc += c * c;
+          sw += v;
+          scw += c * v;
+        }
+        const det = groupSize * scc - sc * sc;
+        if (det === 0) break; // one code for the whole group: nothing to fit
+        const s1 = (groupSize * scw - sc * sw) / det;
+        const z1 = (sw - s1 * sc) / groupSize;
+        if (!(s1 > 0) || !(s1 <= F16_MAX) || !(Math.abs(z1) <= F16_MAX)) break;
+        const sb1 = f64ToF16Bits(s1);
+        const zb1 = f64ToF16Bits(z1);
+        if (sb1 === sb && zb1 === zb) break; // converged
+        const sse = int2Fit(w, base, groupSize, F16_TO_F32[sb1], F16_TO_F32[zb1], trial);
+        if (!(sse < best)) break;
+        best = sse;
+        sb = sb1;
+        zb = zb1;
+        codes.set(trial);
+      }
+      scales[r * ng + g] = sb;
+      zeros[r * ng + g] = zb;
+      for (let i = 0; i < groupSize; i++) {
+        const idx = base + i;
+        qweight[idx >> 2] |= codes[i] << ((idx & 3) * 2);
+      }
+    }
+  }
+  return { bits: 2, rows, cols, groupSize, qweight, scales, zeros };
+}
+
+// ---- int8 (output head) ----
+
+/** Symmetric int8 per group: s = max|w| / 127 rounded up to fp16, c = rne(w / s). */
+export function quantizeInt8(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int8"): QuantMatrix {
+  checkShape(what, w, rows, cols, groupSize);
+  const ng = cols / groupSize;
+  const qweight = new Uint8Array(rows * cols);
+  const codes = new Int8Array(qweight.buffer);
+  const scales = new Uint16Array(rows * ng);
+  for (let r = 0; r < rows; r++) {
+    for (let g = 0; g < ng; g++) {
+      const base = r * cols + g * groupSize;
+      let amax = 0;
+      for (let i = 0; i < groupSize; i++) amax = Math.max(amax, Math.abs(w[base + i]));
+      const sb = scaleBits(what, amax / 127);
+      scales[r * ng + g] = sb;
+      const s = F16_TO_F32[sb];
+      for (let i = 0; i < groupSize; i++) {
+        codes[base + i] = s > 0 ? Math.min(127, Math.max(-127, rne(w[base + i] / s))) : 0;
+      }
+    }
+  }
+  return { bits: 8, rows, cols, groupSize, qweight, scales };
+}
+
+// ---- reading codes back ----
+
+/** The code of input i of row r: signed for int4 / int8, 0..3 for int2. */
+export function codeAt(q: QuantMatrix, r: number, i: number): number {
+  const idx = r * q.cols + i;
+  if (q.bits === 8) return (q.qweight[idx] << 24) >> 24;
+  if (q.bits === 4) return ((q.qweight[idx >> 1] >> ((idx & 1) * 4)) & 0xf) - 8;
+  return (q.qweight[idx >> 2] >> ((idx & 3) * 2)) & 3;
+}
+
+/** Dequantized weights, row-major; exact (fp16 scale times a small integer, plus an fp16 offset, fit a double). */
+export function dequantize(q: QuantMatrix): Float64Array {
+  const out = new Float64Array(q.rows * q.cols);
+  const ng = q.cols / q.groupSize;
+  for (let r = 0; r < q.rows; r++) {
+    for (let i = 0; i < q.cols; i++) {
+      const g = r * ng + Math.floor(i / q.groupSize);
+      const s = F16_TO_F32[q.scales[g]];
+      const v = s * codeAt(q, r, i);
+      out[r * q.cols + i] = q.zeros ? v + F16_TO_F32[q.zeros[g]] : v;
+    }
+  }
+  return out;
+}
+
+// ---- activations, as the kernels quantize them ----
+
+export interface QuantizedRow {
+  q: Int8Array; // codes in [-127, 127]
+  d: number; // fp32 scale: x ~= d * q
+}
+
+/**
+ * One activation row quantized exactly as kernels/quant_portable.c does it
+ * in fp32: amax = max|x|, d = amax / 127, q = rne(x * (127 / amax)). The
+ * inputs are rounded to fp32 first (the kernels hold activations in fp32),
+ * and each fp32 operation is emulated with Math.fround.
+ */
+export function quantizeActivations(x: ArrayLike<number>): QuantizedRow {
+  const n = x.length;
+  const xf = new Float32Array(n);
+  let amax = 0;
+  for (let i = 0; i < n; i++) {
+    xf[i] = x[i];
+    amax = Math.max(amax, Math.abs(xf[i]));
+  }
+  const id = amax > 0 ? Math.fround(127 / amax) : 0;
+  const q = new Int8Array(n);
+  for (let i = 0; i < n; i++) q[i] = Math.min(127, Math.max(-127, rne(Math.fround(xf[i] * id))));
+  return { q, d: Math.fround(amax / 127) };
+}
+
+/**
+ * y = W x the way the quantized kernels compute it, in double precision:
+ * x quantized per row (quantizeActivations), multiplied by the dequantized
+ * weights `deq` (rows, cols), scaled back by d. Differs from the kernels
+ * only by their fp32 rounding.
+ */
+export function quantizedMatvec(deq: Float32Array | Float64Array, rows: number, cols: number, x: ArrayLike<number>): Float64Array {
+  const { q, d } = quantizeActivations(x);
+  const y = new Float64Array(rows);
+  for (let r = 0; r < rows; r++) {
+    let s = 0;
+    const base = r * cols;
+    for (let c = 0; c < cols; c++) s += deq[base + c] * q[c];
+    y[r] = s * d;
+  }
+  return y;
+}
+
+// ---- model files ----
+
+export interface QuantizeOptions {
+  quant: WeightQuant;
+  groupSize?: number; // default 32
+  /** The output head: int8 (default) or fp16. A tied model stays tied (fp16) with fp16. */
+  head?: HeadQuant;
+}
+
+export interface QuantizeResult {
+  path: string;
+  bytes: number;
+  inputBytes: number;
+  config: ModelConfig;
+  head: HeadQuant | "tied";
+}
+
+/** An unquantized tensor's values as fp32 (F16, BF16 or F32 input). */
+function toF32(t: TensorView, name: string, where: string): Float32Array {
+  const n = t.shape.reduce((a, b) => a * b, 1);
+  const bytes = t.data.byteOffset % 4 === 0 ? t.data : t.data.slice();
+  if (t.dtype === "F32") return new Float32Array(bytes.buffer, bytes.byteOffset, n);
+  const u16 = new Uint16Array(bytes.buffer, bytes.byteOffset, n);
+  if (t.dtype === "F16") return f16ArrayToF32(u16);
+  if (t.dtype === "BF16") return bf16ArrayToF32(u16);
+  throw new ModelFormatError(`${where}: tensor "${name}": dtype must be F16, BF16 or F32 to quantize, got ${t.dtype}`);
+}
+
+function tensorOf(name: string, dtype: "U8" | "I8" | "F16", shape: number[], data: Uint8Array | Uint16Array): TensorToWrite {
+  return { name, dtype, shape, data: new Uint8Array(data.buffer, data.byteOffset, data.byteLength) };
+}
+
+function quantTensors(base: string, q: QuantMatrix): TensorToWrite[] {
+  const out = [
+    tensorOf(`${base}.qweight`, q.bits === 8 ? "I8" : "U8", [q.rows, (q.cols * q.bits) / 8], q.qweight),
+    tensorOf(`${base}.scales`, "F16", [q.rows, q.cols / q.groupSize], q.scales),
+  ];
+  if (q.zeros) out.push(tensorOf(`${base}.zeros`, "F16", [q.rows, q.cols / q.groupSize], q.zeros));
+  return out;
+}
+
+/**
+ * Quantizes an unquantized loopserve model (F16, BF16 or F32 tensors) to
+ * int4 or int2 and writes it to `outPath`: the block's seven matrices in the
+ * chosen format, the output head int8 (or fp16), the embedding and norms
+ * fp16. Same input and options give a byte-identical file.
+ */
+export function quantizeModelFile(inPath: string, outPath: string, opts: QuantizeOptions): QuantizeResult {
+  const groupSize = opts.groupSize ?? DEFAULT_GROUP_SIZE;
+  const head = opts.head ?? "int8";
+  if (opts.quant !== "int4" && opts.quant !== "int2") {
+    throw new ModelFormatError(`quant must be int4 or int2, got ${String(opts.quant)}`);
+  }
+  if (head !== "int8" && head !== "fp16") throw new ModelFormatError(`head must be int8 or fp16, got ${String(head)}`);
+  const file = readSafetensors(inPath);
+  const where = inPath;
+  const base = parseModelMetadata(file.metadata, where);
+  if (base.quant !== "fp16") {
+    throw new ModelFormatError(`${where}: already quantized (quant ${base.quant}); quantize the fp16/bf16/fp32 original`);
+  }
+  const config: Omit<ModelConfig, "tiedOutput"> = { ...base, quant: opts.quant, groupSize };
+  // The metadata rules (group size, dim and ffn_dim multiples of it) with this file's name.
+  parseModelMetadata(configToMetadata(config), where);
+
+  const get = (name: string, shape: number[]): Float32Array => {
+    const t = file.tensors.get(name);
+    if (t === undefined) throw new ModelFormatError(`${where}: missing tensor "${name}" (${shape.join(" x ")})`);
+    if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
+      throw new ModelFormatError(`${where}: tensor "${name}": shape must be [${shape.join(", ")}], got [${t.shape.join(", ")}]`);
+    }
+    return toF32(t, name, where);
+  };
+  // Tensors that stay fp16: F16 input is copied bit for bit, BF16 / F32 rounded to nearest.
+  const f16 = (name: string, shape: number[]): TensorToWrite => {
+    const values = get(name, shape);
+    const t = file.tensors.get(name)!;
+    return t.dtype === "F16" ? { name, dtype: "F16", shape, data: t.data } : tensorOf(name, "F16", shape, f32ArrayToF16(values));
+  };
+
+  const { dim, vocabSize } = config;
+  const shapes = matrixShapes(config);
+  const tensors: TensorToWrite[] = [f16("tok_embeddings.weight", [vocabSize, dim])];
+  tensors.push(f16("block.attn_norm.weight", [dim]));
+  const quantize = opts.quant === "int4" ? quantizeInt4 : quantizeInt2;
+  for (const m of QUANT_MATRICES) {
+    const [rows, cols] = shapes[m];
+    const name = `block.${m}`;
+    if (m === "w1") tensors.push(f16("block.ffn_norm.weight", [dim]));
+    tensors.push(...quantTensors(name, quantize(get(`${name}.weight`, [rows, cols]), rows, cols, groupSize, `${where}: ${name}`)));
+  }
+  tensors.push(f16("norm.weight", [dim]));
+
+  const tied = !file.tensors.has("output.weight");
+  let headKind: HeadQuant | "tied";
+  if (head === "int8") {
+    // A tied model's head is the embedding: its int8 copy becomes output.qweight.
+    const src = tied ? "tok_embeddings.weight" : "output.weight";
+    tensors.push(...quantTensors("output", quantizeInt8(get(src, [vocabSize, dim]), vocabSize, dim, groupSize, `${where}: ${src}`)));
+    headKind = "int8";
+  } else if (tied) {
+    headKind = "tied";
+  } else {
+    tensors.push(f16("output.weight", [vocabSize, dim]));
+    headKind = "fp16";
+  }
+
+  const metadata: Record<string, string> = { ...file.metadata, ...configToMetadata(config), output_quant: headKind === "tied" ? "fp16" : headKind };
+  const bytes = writeSafetensors(outPath, metadata, tensors);
+  return {
+    path: outPath,
+    bytes,
+    inputBytes: statSync(inPath).size,
+    config: { ...config, tiedOutput: headKind === "tied" },
+    head: headKind,
+  };
+}

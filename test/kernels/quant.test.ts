@@ -1,0 +1,177 @@
+// The quantized matmul kernels (kernels/quant_*.c) on their own, through
+// test/c/quant_driver.c built with AddressSanitizer + UBSan: every format
+// (int4, int2, int8 head) on odd shapes against the TypeScript reference
+// (dequantize, quantize the activations as the kernels do, multiply in
+// double precision), every SIMD path bit-identical to the portable one, and
+// the driver's own batch-invariance checks (one token per call, uneven row
+// ranges, add mode) on every case.
+import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { simdFlags } from "../../build.ts";
+import type { QuantMatrix } from "../../src/model/format.ts";
+import { dequantize, quantizedMatvec, quantizeInt2, quantizeInt4, quantizeInt8 } from "../../src/model/quantize.ts";
+import { testTempDir } from "../helpers/models.ts";
+
+const ROOT = resolve(import.meta.dir, "../..");
+const KERNELS = join(ROOT, "kernels");
+const DRIVER = join(ROOT, "build", "quant_driver");
+// Kernel vs double-precision reference: the kernels add the per-group
+// products in fp32, so they differ by fp32 rounding only.
+const TOL = 1e-5; // max|c - r| / max|r|
+const SIMD = { portable: 1, avx2: 2, avx512: 3 } as const;
+
+setDefaultTimeout(120_000);
+
+async function compile(args: string[]): Promise<void> {
+  const p = Bun.spawn(args, { stdout: "pipe", stderr: "pipe" });
+  const [code, err] = await Promise.all([p.exited, new Response(p.stderr).text()]);
+  if (code !== 0) throw new Error(`${args.join(" ")}\n${err}`);
+}
+
+// The kernel sources with build.ts's per-file SIMD flags, plus the driver,
+// in a private directory, renamed into place (parallel runs never link a
+// half-written binary).
+async function buildDriver(): Promise<void> {
+  const objDir = mkdtempSync(join(testTempDir(), "quant-obj-"));
+  const flags = ["-std=c11", "-O1", "-g", "-pthread", "-fsanitize=address,undefined", "-fno-omit-frame-pointer"];
+  const sources = ["quant_portable.c", "quant_avx2.c", "quant_avx512.c", "util.c"].map((f) => join(KERNELS, f));
+  sources.push(join(ROOT, "test", "c", "quant_driver.c"));
+  const objects = sources.map((_, i) => join(objDir, `${i}.o`));
+  await Promise.all(
+    sources.map((src, i) => compile(["gcc", ...flags, ...simdFlags(src), "-I", KERNELS, "-c", src, "-o", objects[i]])),
+  );
+  mkdirSync(join(ROOT, "build"), { recursive: true });
+  const tmp = `${DRIVER}.tmp-${process.pid}`;
+  await compile(["gcc", "-fsanitize=address,undefined", "-pthread", "-o", tmp, ...objects, "-lm"]);
+  renameSync(tmp, DRIVER);
+  rmSync(objDir, { recursive: true, force: true });
+}
+
+let paths: (keyof typeof SIMD)[] = [];
+
+beforeAll(async () => {
+  await buildDriver();
+  // Paths this CPU has (the driver answers 3 for the others).
+  const q = quantizeInt4(new Float32Array(32).fill(0.5), 1, 32);
+  for (const p of Object.keys(SIMD) as (keyof typeof SIMD)[]) {
+    if (runCase(q, new Float32Array(32).fill(1), 1, p) !== null) paths.push(p);
+  }
+  expect(paths).toContain("portable");
+}, 240_000);
+
+// ---- cases ----
+
+/** Deterministic weights with the awkward cases in them: an all-zero group, a
+ * group dominated by its negative extreme, an outlier, a constant group. */
+function weights(rows: number, cols: number, seed: number): Float32Array {
+  let s = seed >>> 0;
+  const rnd = () => {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    return s / 2 ** 32 - 0.5;
+  };
+  const w = Float32Array.from({ length: rows * cols }, () => rnd() * 0.25);
+  w.fill(0, 0, Math.min(32, w.length)); // row 0, group 0: zeros
+  if (rows > 1) w[cols + 3] = -2; // row 1: a negative extreme
+  if (rows > 2) w[2 * cols + cols - 1] = 5; // row 2: an outlier in the last group
+  if (rows > 3) w.fill(0.125, 3 * cols, 3 * cols + 32); // row 3, group 0: constant
+  return w;
+}
+
+function activations(T: number, cols: number, seed: number): Float32Array {
+  let s = (seed * 7919) >>> 0;
+  const x = Float32Array.from({ length: T * cols }, () => {
+    s = (Math.imul(s, 22695477) + 1) >>> 0;
+    return (s / 2 ** 32 - 0.5) * 6;
+  });
+  if (T > 1) x.fill(0, cols, 2 * cols); // token 1: all zero (scale 0)
+  return x;
+}
+
+let n = 0;
+/** Runs the driver; the output, or null when the path is not on this CPU. */
+function runCase(q: QuantMatrix, x: Float32Array, T: number, simd: keyof typeof SIMD): Float32Array | null {
+  const hdr = new Int32Array([0x3151534c, q.bits, q.groupSize, q.rows, q.cols, T, SIMD[simd]]);
+  const parts: Uint8Array[] = [
+    new Uint8Array(hdr.buffer),
+    q.qweight,
+    new Uint8Array(q.scales.buffer, q.scales.byteOffset, q.scales.byteLength),
+  ];
+  if (q.zeros) parts.push(new Uint8Array(q.zeros.buffer, q.zeros.byteOffset, q.zeros.byteLength));
+  parts.push(new Uint8Array(x.buffer, x.byteOffset, x.byteLength));
+  const casePath = join(testTempDir(), `quant-case-${n}.bin`);
+  const outPath = join(testTempDir(), `quant-out-${n++}.bin`);
+  writeFileSync(casePath, Buffer.concat(parts));
+  const r = Bun.spawnSync([DRIVER, casePath, outPath], {
+    env: { ...process.env, ASAN_OPTIONS: "detect_leaks=1", UBSAN_OPTIONS: "halt_on_error=1:print_stacktrace=1" },
+    stdout: "pipe",
+    stderr: "pipe",
+  });
+  const out = r.stdout.toString();
+  if (r.exitCode === 3) return null;
+  if (r.exitCode !== 0 || /Sanitizer|runtime error/.test(r.stderr.toString())) {
+    throw new Error(`driver exit ${r.exitCode} (${simd}, bits ${q.bits}, ${q.rows}x${q.cols}, T ${T}):\n${out}${r.stderr}`);
+  }
+  const bytes = readFileSync(outPath);
+  return new Float32Array(bytes.buffer, bytes.byteOffset, T * q.rows);
+}
+
+const QUANTIZERS = {
+  int4: quantizeInt4,
+  int2: quantizeInt2,
+  int8: quantizeInt8,
+};
+
+// [rows, cols, group]: odd row counts (tails of every row tile), inputs that
+// are not a multiple of a SIMD window (96, 160), more than 8 groups (the
+// fp32 lane order wraps), and every group size.
+const SHAPES: [number, number, number][] = [
+  [7, 96, 32],
+  [33, 160, 32],
+  [5, 352, 32],
+  [9, 320, 64],
+  [6, 384, 128],
+  [3, 768, 256],
+  [1, 32, 32],
+];
+
+describe("quantized matmul kernels", () => {
+  for (const [fmt, quantize] of Object.entries(QUANTIZERS)) {
+    test(`${fmt}: portable kernel equals dequantize-then-multiply on odd shapes; every path bit-identical`, () => {
+      let seed = 1;
+      for (const [rows, cols, group] of SHAPES) {
+        for (const T of [1, 5, 13]) {
+          const q = quantize(weights(rows, cols, seed), rows, cols, group);
+          const x = activations(T, cols, seed++);
+          const deq = dequantize(q);
+          const base = runCase(q, x, T, "portable")!;
+          let d = 0;
+          let m = 0;
+          for (let t = 0; t < T; t++) {
+            const want = quantizedMatvec(deq, rows, cols, x.subarray(t * cols, (t + 1) * cols));
+            for (let o = 0; o < rows; o++) {
+              d = Math.max(d, Math.abs(base[t * rows + o] - want[o]));
+              m = Math.max(m, Math.abs(want[o]));
+            }
+          }
+          if (!(d <= TOL * m)) throw new Error(`${fmt} ${rows}x${cols} g${group} T${T}: rel err ${d / m}`);
+          for (const p of paths) {
+            const got = runCase(q, x, T, p)!;
+            const same = Buffer.from(got.buffer, got.byteOffset, got.byteLength).equals(
+              Buffer.from(base.buffer, base.byteOffset, base.byteLength),
+            );
+            if (!same) throw new Error(`${fmt} ${rows}x${cols} g${group} T${T}: ${p} differs from portable`);
+          }
+        }
+      }
+    });
+  }
+
+  test("a token whose activations are all zero gets exactly zero", () => {
+    const q = quantizeInt2(weights(4, 64, 3), 4, 64, 32);
+    for (const p of paths) {
+      const y = runCase(q, activations(2, 64, 9), 2, p)!;
+      expect(Array.from(y.subarray(4, 8))).toEqual([0, 0, 0, 0]);
+    }
+  });
+});

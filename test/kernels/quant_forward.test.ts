@@ -1,0 +1,317 @@
+// Quantized models (int4 / int2 block, int8 or fp16 head) through the C
+// engine (libloopserve.so via the FFI binding): logits against the
+// TypeScript reference doing the same quantization, batch invariance
+// (bit-identical logits whatever the call split or thread count), SIMD
+// paths against each other, load errors for corrupt quantized files, and
+// the quantize CLI round trip down to generated tokens.
+import { beforeAll, describe, expect, test } from "bun:test";
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { NativeModel, type NativeSession, type SimdChoice } from "../../src/engine/binding.ts";
+import { runModelCommand } from "../../src/model/cli.ts";
+import { type HeadQuant, quantizeModelFile, type WeightQuant } from "../../src/model/quantize.ts";
+import { ReferenceModel } from "../../src/model/reference.ts";
+import { type SyntheticOptions, writeSyntheticModel } from "../../src/model/synthetic.ts";
+import { testTempDir } from "../helpers/models.ts";
+
+const ROOT = resolve(import.meta.dir, "../..");
+const LIB = join(ROOT, "build", "libloopserve.so");
+// Against the float64 reference (same dequantized weights, same int8
+// activations): the kernels' fp32 sums differ in rounding, and where an
+// activation lands within rounding of a .5 boundary its int8 code can
+// differ by one between the two. max|c - r| / max|r| over a token's logits.
+const TOL = 2e-3;
+// SIMD paths against portable: the quantized matmuls are bit-identical on
+// every path; attention and norms are fp16/fp32 kernels that are not.
+const SIMD_TOL = 1e-3;
+
+const SHAPES: Record<string, SyntheticOptions> = {
+  // group 32: dim 64, ffn 96 (3 groups: a partial 8-group window everywhere)
+  gqa: { dim: 64, nHeads: 4, nKvHeads: 2, ffnDim: 96, vocabSize: 97, loops: 3, seed: 21 },
+  // group 64: dim 128, ffn 320
+  "mqa-g64": { dim: 128, nHeads: 4, nKvHeads: 1, ffnDim: 320, vocabSize: 130, loops: 4, seed: 22 },
+  // tied fp16 head kept tied
+  tied: { dim: 96, nHeads: 6, nKvHeads: 6, ffnDim: 160, vocabSize: 67, loops: 2, seed: 23, tiedOutput: true },
+};
+const GROUP: Record<string, number> = { gqa: 32, "mqa-g64": 64, tied: 32 };
+
+const ALL_PATHS: SimdChoice[] = ["portable", "avx2", "avx512"];
+let paths: SimdChoice[] = [];
+
+let n = 0;
+const tmp = (name: string) => join(testTempDir(), `qfwd-${n++}-${name}`);
+const cache = new Map<string, string>();
+
+/** The fp16 synthetic model of a shape, quantized (cached per process). */
+function quantized(shape: string, quant: WeightQuant, head: HeadQuant): string {
+  const key = `${shape}-${quant}-${head}`;
+  let path = cache.get(key);
+  if (!path) {
+    const src = tmp(`${shape}.safetensors`);
+    writeSyntheticModel(src, SHAPES[shape]);
+    path = tmp(`${key}.safetensors`);
+    quantizeModelFile(src, path, { quant, head, groupSize: GROUP[shape] });
+    cache.set(key, path);
+  }
+  return path;
+}
+
+beforeAll(() => {
+  if (!existsSync(LIB)) {
+    const r = Bun.spawnSync([process.execPath, "build.ts", "--lib"], { cwd: ROOT, stdout: "inherit", stderr: "inherit" });
+    if (r.exitCode !== 0) throw new Error("bun build.ts --lib failed");
+  }
+  const probe = quantized("gqa", "int4", "int8");
+  for (const simd of ALL_PATHS) {
+    try {
+      NativeModel.load(LIB, probe, 1, simd).close();
+      paths.push(simd);
+    } catch (e) {
+      expect(String((e as Error).message)).toMatch(/requested but the CPU lacks/);
+    }
+  }
+  expect(paths).toContain("portable");
+});
+
+function tokensFor(vocab: number, count: number, salt = 0): number[] {
+  return Array.from({ length: count }, (_, i) => (i * 37 + 5 + salt * 11) % vocab);
+}
+
+function relErr(c: Float32Array, r: Float32Array): number {
+  let d = 0;
+  let m = 0;
+  for (let i = 0; i < r.length; i++) {
+    d = Math.max(d, Math.abs(c[i] - r[i]));
+    m = Math.max(m, Math.abs(r[i]));
+  }
+  return d / m;
+}
+
+function withModel<T>(path: string, threads: number, simd: SimdChoice, fn: (m: NativeModel) => T): T {
+  const m = NativeModel.load(LIB, path, threads, simd);
+  try {
+    return fn(m);
+  } finally {
+    m.close();
+  }
+}
+
+function feedInCalls(s: NativeSession, tokens: number[], loops: number, sizes: number[], vocab: number): Float32Array[] {
+  const out: Float32Array[] = [];
+  for (let i = 0, k = 0; i < tokens.length; ) {
+    const c = Math.min(sizes[k++ % sizes.length], tokens.length - i);
+    const buf = new Float32Array(c * vocab);
+    s.forward(Int32Array.from(tokens.slice(i, i + c)), loops, buf, c);
+    for (let t = 0; t < c; t++) out.push(buf.slice(t * vocab, (t + 1) * vocab));
+    i += c;
+  }
+  return out;
+}
+
+function sameBits(a: Float32Array[], b: Float32Array[], what: string): void {
+  expect(a.length).toBe(b.length);
+  for (let t = 0; t < a.length; t++) {
+    if (!Buffer.from(a[t].buffer, a[t].byteOffset, a[t].byteLength).equals(Buffer.from(b[t].buffer, b[t].byteOffset, b[t].byteLength))) {
+      throw new Error(`${what}: logits of token ${t} differ`);
+    }
+  }
+}
+
+const FORMATS: [WeightQuant, HeadQuant][] = [
+  ["int4", "int8"],
+  ["int2", "int8"],
+  ["int4", "fp16"],
+  ["int2", "fp16"],
+];
+
+describe("quantized logits match the TypeScript reference", () => {
+  for (const shape of Object.keys(SHAPES)) {
+    for (const [quant, head] of FORMATS) {
+      test(`${shape} ${quant} block, ${head} head: prefill and decode at loops 1 and ${SHAPES[shape].loops}, every SIMD path`, () => {
+        const path = quantized(shape, quant, head);
+        const ref = ReferenceModel.load(path);
+        const vocab = SHAPES[shape].vocabSize;
+        const prompt = tokensFor(vocab, 10);
+        const decoded = tokensFor(vocab, 4, 3);
+        for (const loops of [1, SHAPES[shape].loops]) {
+          const want = ref.forward([...prompt, ...decoded], loops);
+          for (const simd of paths) {
+            withModel(path, 2, simd, (m) => {
+              expect(m.info.quant).toBe(quant);
+              expect(m.info.groupSize).toBe(GROUP[shape]);
+              const s = m.newSession(32, loops, 0);
+              try {
+                const got = [...feedInCalls(s, prompt, loops, [prompt.length], vocab), ...feedInCalls(s, decoded, loops, [1], vocab)];
+                got.forEach((g, t) => {
+                  const err = relErr(g, want[t]);
+                  if (!(err < TOL)) throw new Error(`${simd} loops ${loops} token ${t}: rel err ${err}`);
+                });
+              } finally {
+                s.close();
+              }
+            });
+          }
+        }
+      });
+    }
+  }
+});
+
+describe("quantized batch invariance", () => {
+  for (const [quant, head] of FORMATS.slice(0, 2)) {
+    test(`${quant}: bit-identical logits for calls of 80, 64+16, 7, 1 and mixed sizes, at 1 and 2 threads, every path`, () => {
+      const path = quantized("gqa", quant, head);
+      const vocab = SHAPES.gqa.vocabSize;
+      const toks = tokensFor(vocab, 80);
+      for (const simd of paths) {
+        let base: Float32Array[] | null = null;
+        for (const threads of [1, 2]) {
+          withModel(path, threads, simd, (m) => {
+            for (const sizes of [[80], [64, 16], [7], [1], [3, 64, 1, 12]]) {
+              const s = m.newSession(96, 3, 0);
+              const got = feedInCalls(s, toks, 3, sizes, vocab);
+              s.close();
+              if (base === null) base = got;
+              else sameBits(got, base, `${quant} ${simd} threads ${threads} calls ${sizes.join("+")}`);
+            }
+          });
+        }
+      }
+    });
+  }
+
+  test("greedy decoding equals the reference's, and step-by-step equals one prefill", () => {
+    const path = quantized("mqa-g64", "int4", "int8");
+    const ref = ReferenceModel.load(path);
+    const prompt = tokensFor(130, 6);
+    const want = ref.greedy(prompt, 8, 4);
+    for (const simd of paths) {
+      withModel(path, 2, simd, (m) => {
+        const s = m.newSession(32, 4, 0);
+        const got: number[] = [];
+        let next = s.step(Int32Array.from(prompt), 4, 0, 0, 1, 1, 0n);
+        while (got.length < 8) {
+          got.push(next);
+          if (got.length < 8) next = s.step(Int32Array.of(next), 4, 0, 0, 1, 1, 0n);
+        }
+        s.close();
+        expect(got).toEqual(want);
+      });
+    }
+  });
+
+  test("SIMD paths agree with the portable path within 1e-3", () => {
+    const path = quantized("gqa", "int2", "int8");
+    const toks = tokensFor(97, 20);
+    const run = (simd: SimdChoice) =>
+      withModel(path, 2, simd, (m) => {
+        const s = m.newSession(32, 3, 0);
+        const r = feedInCalls(s, toks, 3, [20], 97);
+        s.close();
+        return r;
+      });
+    const base = run("portable");
+    for (const simd of paths) run(simd).forEach((g, t) => expect(relErr(g, base[t])).toBeLessThan(SIMD_TOL));
+  });
+});
+
+// ---- corrupt files ----
+
+interface Header {
+  [name: string]: any;
+}
+
+function parse(path: string): { header: Header; data: Uint8Array } {
+  const bytes = new Uint8Array(readFileSync(path));
+  const len = Number(new DataView(bytes.buffer).getBigUint64(0, true));
+  return { header: JSON.parse(new TextDecoder().decode(bytes.subarray(8, 8 + len))), data: bytes.subarray(8 + len) };
+}
+
+function writeRaw(header: Header, data: Uint8Array): string {
+  let text = JSON.stringify(header);
+  while (text.length % 8 !== 0) text += " ";
+  const head = new TextEncoder().encode(text);
+  const buf = new Uint8Array(8 + head.length + data.length);
+  new DataView(buf.buffer).setBigUint64(0, BigInt(head.length), true);
+  buf.set(head, 8);
+  buf.set(data, 8 + head.length);
+  const p = tmp("corrupt.safetensors");
+  writeFileSync(p, buf);
+  return p;
+}
+
+function loadError(path: string): string {
+  try {
+    NativeModel.load(LIB, path, 1, "portable").close();
+  } catch (e) {
+    return (e as Error).message;
+  }
+  return "loaded";
+}
+
+describe("corrupt quantized files", () => {
+  test("each is refused with a message naming the tensor or field", () => {
+    const good = quantized("gqa", "int2", "int8");
+    const { header, data } = parse(good);
+    const variant = (edit: (h: Header) => void) => {
+      const h = structuredClone(header);
+      edit(h);
+      return writeRaw(h, data);
+    };
+    const cases: [(h: Header) => void, RegExp][] = [
+      [(h) => (h["block.wq.qweight"].dtype = "I8"), /tensor 'block.wq.qweight': dtype 'I8' expected U8/],
+      [(h) => (h["block.w2.scales"].shape = [64, 2]), /tensor 'block.w2.scales': shape \[64, 2\] expected \[64, 3\]/],
+      [(h) => delete h["block.wk.zeros"], /tensor 'block.wk.zeros' missing/],
+      [(h) => (h["output.qweight"].dtype = "U8"), /tensor 'output.qweight': dtype 'U8' expected I8/],
+      [(h) => (h["output.weight"] = h["tok_embeddings.weight"]), /'output.weight' and 'output.qweight' both present/],
+      [(h) => (h["block.w1.weight"] = h["tok_embeddings.weight"]), /tensor 'block.w1.weight' present in a quantized model/],
+      [(h) => (h.__metadata__.group_size = "48"), /'group_size' is 48, expected 32, 64, 128 or 256/],
+      [(h) => (h.__metadata__.group_size = "64"), /ffn_dim 96 is not a multiple of group_size 64/],
+      [(h) => (h.__metadata__.quant = "int3"), /quant 'int3' is not supported by this build \(it reads fp16, int4 and int2\)/],
+      [
+        (h) => {
+          const [b] = h["block.w3.zeros"].data_offsets;
+          h["block.w3.zeros"].data_offsets = [b + 1, h["block.w3.zeros"].data_offsets[1] + 1];
+        },
+        /tensor 'block.w3.zeros': .*(not 2-byte aligned|overlap)/,
+      ],
+      [
+        (h) => (h["block.wo.qweight"].data_offsets = [data.length - 10, data.length - 10 + 64 * 16]),
+        /tensor 'block.wo.qweight': data_offsets .* past end of data/,
+      ],
+    ];
+    for (const [edit, msg] of cases) expect(loadError(variant(edit))).toMatch(msg);
+    expect(loadError(good)).toBe("loaded");
+  });
+});
+
+// ---- CLI round trip ----
+
+describe("model quantize round trip", () => {
+  test("quantize -> inspect shows quant/group_size -> the engine loads it and generates the reference's tokens", async () => {
+    const src = tmp("cli-src.safetensors");
+    writeSyntheticModel(src, SHAPES.gqa);
+    const out = tmp("cli-int4.safetensors");
+    const lines: string[] = [];
+    const io = { out: (l: string) => lines.push(l), err: (l: string) => lines.push(l) };
+    expect(await runModelCommand(["quantize", src, out, "--quant", "int4", "--group-size", "32"], io)).toBe(0);
+    expect(await runModelCommand(["inspect", out], io)).toBe(0);
+    const text = lines.join("\n");
+    expect(text).toMatch(/^ {2}quant +int4$/m);
+    expect(text).toMatch(/^ {2}group_size +32$/m);
+    const want = ReferenceModel.load(out).greedy([3, 14, 15], 6, 3);
+    withModel(out, 2, "auto", (m) => {
+      expect(m.info.quant).toBe("int4");
+      expect(m.info.groupSize).toBe(32);
+      const s = m.newSession(16, 3, 0);
+      const got: number[] = [];
+      let next = s.step(Int32Array.of(3, 14, 15), 3, 0, 0, 1, 1, 0n);
+      while (got.length < 6) {
+        got.push(next);
+        if (got.length < 6) next = s.step(Int32Array.of(next), 3, 0, 0, 1, 1, 0n);
+      }
+      s.close();
+      expect(got).toEqual(want);
+    });
+  });
+});

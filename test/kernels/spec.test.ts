@@ -1,0 +1,455 @@
+// ls_spec_cycle (kernels/spec.c) through the binding: a session continues
+// exactly as plain decoding after speculative cycles, bad settings are
+// refused without touching the session, every SIMD path and thread count
+// gives the same tokens, and speculative sampling draws from plain
+// sampling's distribution (chi-square against the exact distribution, with
+// a deliberately broken sampler showing the test can fail).
+import { beforeAll, describe, expect, test } from "bun:test";
+import { existsSync, mkdtempSync, readdirSync, writeFileSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { NativeError, NativeModel, type NativeSession, SPEC_FLAGS, type SimdChoice, type SpecCycleParams } from "../../src/engine/binding.ts";
+import type { SyntheticOptions } from "../../src/model/synthetic.ts";
+import { simdFlags } from "../../build.ts";
+import { testTempDir, tinyModelPath } from "../helpers/models.ts";
+
+const ROOT = resolve(import.meta.dir, "../..");
+const LIB = join(ROOT, "build", "libloopserve.so");
+
+// Shallow loops mostly agree with deep ones: most drafts are accepted.
+const AGREEING: Partial<SyntheticOptions> = { seed: 21, residualScale: 0.05 };
+// A tiny vocabulary so sampled distributions can be compared cell by cell.
+const SMALL_VOCAB: Partial<SyntheticOptions> = { dim: 32, nHeads: 4, nKvHeads: 2, ffnDim: 64, vocabSize: 12, loops: 4, seed: 5, residualScale: 0.5 };
+
+beforeAll(() => {
+  if (!existsSync(LIB)) {
+    const r = Bun.spawnSync([process.execPath, "build.ts", "--lib"], { cwd: ROOT, stdout: "inherit", stderr: "inherit" });
+    if (r.exitCode !== 0) throw new Error("bun build.ts --lib failed");
+  }
+});
+
+function withModel<T>(opts: Partial<SyntheticOptions>, fn: (m: NativeModel) => T, threads = 2, simd: SimdChoice = "auto"): T {
+  const m = NativeModel.load(LIB, tinyModelPath(opts), threads, simd);
+  try {
+    return fn(m);
+  } finally {
+    m.close();
+  }
+}
+
+const PROMPT = [464, 3290, 318, 257, 922, 1110, 11, 290, 3290];
+
+interface Sampling {
+  temperature: number;
+  topK: number;
+  topP: number;
+  penalty: number;
+}
+const GREEDY: Sampling = { temperature: 0, topK: 0, topP: 1, penalty: 1 };
+
+function params(D: number, V: number, k: number, K: number, maxNew: number, s: Sampling, seed: number, flags = 0): SpecCycleParams {
+  return {
+    draftLoops: D,
+    verifyLoops: V,
+    draftAhead: k,
+    kBranches: K,
+    maxNew,
+    temperature: s.temperature,
+    topK: s.topK,
+    topP: s.topP,
+    repetitionPenalty: s.penalty,
+    seed,
+    flags,
+  };
+}
+
+function plainStep(session: NativeSession, tokens: number[], V: number, s: Sampling, seed: number): number {
+  return session.step(Int32Array.from(tokens), V, s.temperature, s.topK, s.topP, s.penalty, BigInt(seed));
+}
+
+/** Plain decoding: n tokens after the prompt. */
+function plain(m: NativeModel, prompt: number[], V: number, n: number, s: Sampling, seed: number, window = 0): number[] {
+  const session = m.newSession(prompt.length + n + 1, V, window);
+  try {
+    const out = [plainStep(session, prompt, V, s, seed)];
+    while (out.length < n) out.push(plainStep(session, [out[out.length - 1]], V, s, seed));
+    return out;
+  } finally {
+    session.close();
+  }
+}
+
+/** Speculative decoding on `session` (the prompt already in it, `first` pending) until n tokens. */
+function speculate(session: NativeSession, first: number, n: number, p: (maxNew: number) => SpecCycleParams): number[] {
+  const out = [first];
+  const buf = new Int32Array(17);
+  const stats = { drafted: 0, accepted: 0 };
+  while (out.length < n) {
+    const got = session.specCycle(out[out.length - 1], p(n - out.length), buf, stats);
+    out.push(...buf.subarray(0, got));
+  }
+  return out;
+}
+
+describe("speculative cycles leave the session as plain decoding would", () => {
+  test("plain steps after speculative cycles continue exactly as plain decoding from the start", () => {
+    withModel(AGREEING, (m) => {
+      for (const [D, V, k, K, window] of [
+        [1, 4, 4, 1, 0],
+        [2, 4, 16, 1, 0],
+        [1, 3, 8, 6, 0],
+        [2, 4, 4, 4, 3],
+      ]) {
+        const reference = plain(m, PROMPT, V, 60, GREEDY, 0, window);
+        const session = m.newSession(PROMPT.length + 60 + 65, V, window);
+        try {
+          const first = plainStep(session, PROMPT, V, GREEDY, 0);
+          const head = speculate(session, first, 30, (maxNew) => params(D, V, k, K, maxNew, GREEDY, 0));
+          expect(session.pos).toBe(PROMPT.length + 29); // the 30th token is pending, not fed
+          const tail = [...head];
+          while (tail.length < 60) tail.push(plainStep(session, [tail[tail.length - 1]], V, GREEDY, 0));
+          expect(tail).toEqual(reference);
+        } finally {
+          session.close();
+        }
+      }
+    });
+  });
+
+  test("every SIMD path and thread count gives the same speculative tokens (greedy and sampled)", () => {
+    const runs: number[][] = [];
+    const sampled: Sampling = { temperature: 0.9, topK: 40, topP: 0.95, penalty: 1.1 };
+    for (const simd of ["portable", "avx2", "avx512"] as SimdChoice[]) {
+      for (const threads of [1, 2]) {
+        let m: NativeModel;
+        try {
+          m = NativeModel.load(LIB, tinyModelPath(AGREEING), threads, simd);
+        } catch {
+          continue; // path not on this CPU
+        }
+        try {
+          const row: number[] = [];
+          for (const s of [GREEDY, sampled]) {
+            const session = m.newSession(PROMPT.length + 40 + 65, 4, 0);
+            const first = plainStep(session, PROMPT, 4, s, 9);
+            row.push(...speculate(session, first, 40, (maxNew) => params(2, 4, 6, 1, maxNew, s, 9)));
+            session.close();
+          }
+          runs.push(row);
+        } finally {
+          m.close();
+        }
+      }
+    }
+    expect(runs.length).toBeGreaterThanOrEqual(2);
+    for (const r of runs) expect(r).toEqual(runs[0]);
+  });
+});
+
+describe("ls_spec_cycle refuses what it cannot do, without touching the session", () => {
+  test("bad settings, a sampled tree, a session at the wrong depth and no room are errors", () => {
+    withModel(AGREEING, (m) => {
+      const session = m.newSession(PROMPT.length + 8, 4, 0);
+      try {
+        const first = plainStep(session, PROMPT, 4, GREEDY, 0);
+        const pos = session.pos;
+        const buf = new Int32Array(17);
+        const stats = { drafted: 0, accepted: 0 };
+        const sampled: Sampling = { temperature: 0.7, topK: 0, topP: 1, penalty: 1 };
+        const bad: [SpecCycleParams, number, string][] = [
+          [params(3, 2, 4, 1, 4, GREEDY, 0), first, "draft deeper than verify"],
+          [params(1, 5, 4, 1, 4, GREEDY, 0), first, "verify deeper than the session"],
+          [params(1, 4, 17, 1, 4, GREEDY, 0), first, "draft_ahead 17"],
+          [params(1, 4, 0, 1, 4, GREEDY, 0), first, "draft_ahead 0"],
+          [params(1, 4, 8, 9, 4, GREEDY, 0), first, "K * k = 72"],
+          [params(1, 4, 4, 2, 4, sampled, 0), first, "a tree with temperature > 0"],
+          [params(1, 4, 4, 1, 0, GREEDY, 0), first, "max_new 0"],
+          [params(1, 4, 4, 1, 4, GREEDY, 0), 50257, "pending token outside the vocabulary"],
+          [params(1, 4, 4, 1, 4, GREEDY, 0, 64), first, "unknown flag"],
+          [{ ...params(1, 4, 4, 2, 4, GREEDY, 0), leafMinProb: 1.5 }, first, "leaf_min_prob above 1"],
+        ];
+        for (const [p, pending, why] of bad) {
+          expect(() => session.specCycle(pending, p, buf, stats), why).toThrow(NativeError);
+          expect(session.pos, why).toBe(pos);
+        }
+        // No room: a 4-deep tree of 4 branches needs 17 rows, the session has 8 left.
+        expect(() => session.specCycle(first, params(1, 4, 4, 4, 8, GREEDY, 0), buf, stats)).toThrow(/session is full/);
+        expect(session.pos).toBe(pos);
+        // Still usable, and exact, afterwards.
+        const got = session.specCycle(first, params(1, 4, 4, 1, 5, GREEDY, 0), buf, stats);
+        expect([...buf.subarray(0, got)]).toEqual(plain(m, PROMPT, 4, 1 + got, GREEDY, 0).slice(1));
+      } finally {
+        session.close();
+      }
+    });
+  });
+
+  test("a session whose loops are not all at its position is refused", () => {
+    withModel(AGREEING, (m) => {
+      const session = m.newSession(64, 4, 0);
+      try {
+        session.forward(Int32Array.from(PROMPT), 2); // only loops 0..1 hold the prompt
+        expect(() => session.specCycle(5, params(1, 4, 4, 1, 4, GREEDY, 0), new Int32Array(17), { drafted: 0, accepted: 0 })).toThrow(
+          /invalid session state/,
+        );
+      } finally {
+        session.close();
+      }
+    });
+  });
+});
+
+// ---- speculative sampling preserves the distribution ----
+
+/** ls_sample's distribution (sample.c's procedure) in float64. */
+function distribution(logits: Float32Array, history: number[], s: Sampling): number[] {
+  const v = Array.from(logits, (x) => (Number.isNaN(x) ? Number.NEGATIVE_INFINITY : x));
+  if (s.penalty !== 1)
+    for (const h of new Set(history)) {
+      const l = logits[h];
+      v[h] = l > 0 ? l / s.penalty : l * s.penalty;
+    }
+  const vmax = Math.max(...v);
+  const w = v.map((x) => Math.exp((x - vmax) / s.temperature));
+  const rank = v.map((_, i) => i).sort((a, b) => v[b] - v[a] || a - b);
+  const k = s.topK === 0 || s.topK >= v.length ? v.length : s.topK;
+  const kept = rank.slice(0, k);
+  let m = kept.length;
+  if (s.topP < 1) {
+    const total = kept.reduce((a, i) => a + w[i], 0);
+    let run = 0;
+    for (m = 0; m < kept.length; ) {
+      run += w[kept[m++]];
+      if (run >= s.topP * total) break;
+    }
+  }
+  const p = new Array<number>(v.length).fill(0);
+  const z = kept.slice(0, m).reduce((a, i) => a + w[i], 0);
+  for (const i of kept.slice(0, m)) p[i] = w[i] / z;
+  return p;
+}
+
+/** Exact next-token distribution after `context` at V loops. */
+function nextDist(m: NativeModel, context: number[], V: number, s: Sampling): number[] {
+  const session = m.newSession(context.length, V, 0);
+  try {
+    const logits = new Float32Array(m.info.vocabSize);
+    session.forward(Int32Array.from(context), V, logits, 1);
+    return distribution(logits, context, s);
+  } finally {
+    session.close();
+  }
+}
+
+/** Pearson chi-square of counts against expected probabilities, cells with expectation < 5 pooled. */
+function chiSquare(counts: number[], probs: number[], n: number): { stat: number; df: number } {
+  let stat = 0;
+  let cells = 0;
+  let poolObs = 0;
+  let poolExp = 0;
+  for (let i = 0; i < counts.length; i++) {
+    const e = probs[i] * n;
+    if (e < 5) {
+      poolObs += counts[i];
+      poolExp += e;
+      continue;
+    }
+    stat += (counts[i] - e) ** 2 / e;
+    cells++;
+  }
+  if (poolExp > 0) {
+    stat += (poolObs - poolExp) ** 2 / Math.max(poolExp, 1e-9);
+    cells++;
+  }
+  return { stat, df: cells - 1 };
+}
+
+/** Upper critical value of chi-square(df) at significance 0.001 (Wilson-Hilferty). */
+function critical(df: number): number {
+  const z = 3.09;
+  const a = 2 / (9 * df);
+  return df * (1 - a + z * Math.sqrt(a)) ** 3;
+}
+
+const DRAW_SEEDS = 4000;
+const V_LOOPS = 3;
+
+/** Tokens 1..3 after the prompt for every seed, drawn plainly or speculatively. */
+function draws(m: NativeModel, prompt: number[], s: Sampling, how: "plain" | "speculative", flags = 0): number[][] {
+  const out: number[][] = [];
+  for (let seed = 0; seed < DRAW_SEEDS; seed++) {
+    const session = m.newSession(prompt.length + 4 + 65, V_LOOPS, 0);
+    const first = plainStep(session, prompt, V_LOOPS, s, seed);
+    let toks: number[];
+    if (how === "plain") {
+      toks = [first];
+      while (toks.length < 3) toks.push(plainStep(session, [toks[toks.length - 1]], V_LOOPS, s, seed));
+    } else {
+      toks = speculate(session, first, 3, (maxNew) => params(1, V_LOOPS, 3, 1, maxNew, s, seed, flags)).slice(0, 3);
+    }
+    session.close();
+    out.push(toks);
+  }
+  return out;
+}
+
+interface Fit {
+  pairs: { stat: number; df: number };
+  third: { stat: number; df: number };
+}
+
+/** Chi-square of the (t1, t2) joint and the t3 marginal against the exact distribution. */
+function fit(m: NativeModel, prompt: number[], s: Sampling, samples: number[][]): Fit {
+  const V = m.info.vocabSize;
+  const p1 = nextDist(m, prompt, V_LOOPS, s);
+  const pair = new Array<number>(V * V).fill(0);
+  const third = new Array<number>(V).fill(0);
+  for (let a = 0; a < V; a++) {
+    if (p1[a] === 0) continue;
+    const p2 = nextDist(m, [...prompt, a], V_LOOPS, s);
+    for (let b = 0; b < V; b++) {
+      pair[a * V + b] = p1[a] * p2[b];
+      if (pair[a * V + b] === 0) continue;
+      const p3 = nextDist(m, [...prompt, a, b], V_LOOPS, s);
+      for (let c = 0; c < V; c++) third[c] += pair[a * V + b] * p3[c];
+    }
+  }
+  const pairCounts = new Array<number>(V * V).fill(0);
+  const thirdCounts = new Array<number>(V).fill(0);
+  for (const [a, b, c] of samples) {
+    pairCounts[a * V + b]++;
+    thirdCounts[c]++;
+  }
+  return { pairs: chiSquare(pairCounts, pair, samples.length), third: chiSquare(thirdCounts, third, samples.length) };
+}
+
+const passes = (f: Fit) => f.pairs.stat < critical(f.pairs.df) && f.third.stat < critical(f.third.df);
+
+describe("speculative sampling preserves the output distribution", () => {
+  const PROMPT_SMALL = [1, 5, 3, 7];
+  const CONFIGS: [string, Sampling][] = [
+    ["temperature 1", { temperature: 1, topK: 0, topP: 1, penalty: 1 }],
+    ["temperature 0.8, top_k 6, top_p 0.85, repetition_penalty 1.3", { temperature: 0.8, topK: 6, topP: 0.85, penalty: 1.3 }],
+  ];
+
+  for (const [name, s] of CONFIGS) {
+    test(`${name}: tokens 1-3 follow plain sampling's distribution; accepting every draft would not`, () => {
+      withModel(SMALL_VOCAB, (m) => {
+        // The harness itself: plain sampling fits the exact distribution.
+        const plainFit = fit(m, PROMPT_SMALL, s, draws(m, PROMPT_SMALL, s, "plain"));
+        expect(passes(plainFit)).toBe(true);
+        const specFit = fit(m, PROMPT_SMALL, s, draws(m, PROMPT_SMALL, s, "speculative"));
+        expect(specFit.pairs.stat).toBeLessThan(critical(specFit.pairs.df));
+        expect(specFit.third.stat).toBeLessThan(critical(specFit.third.df));
+        // Power: the same test on a sampler that skips the acceptance rule fails.
+        const broken = fit(m, PROMPT_SMALL, s, draws(m, PROMPT_SMALL, s, "speculative", SPEC_FLAGS.testAcceptAll));
+        expect(passes(broken)).toBe(false);
+      });
+    });
+  }
+
+  test("the draft and verify distributions differ on this model (the acceptance rule has work to do)", () => {
+    withModel(SMALL_VOCAB, (m) => {
+      const s = CONFIGS[0][1];
+      const p = nextDist(m, PROMPT_SMALL, V_LOOPS, s);
+      const q = nextDist(m, PROMPT_SMALL, 1, s);
+      const tv = p.reduce((a, x, i) => a + Math.abs(x - q[i]), 0) / 2;
+      expect(tv).toBeGreaterThan(0.1);
+    });
+  });
+});
+
+// ---- under AddressSanitizer + UndefinedBehaviorSanitizer (opt-in) ----
+//
+// Building every kernel with the sanitizers takes ~15 s on two cores, which
+// test/kernels/asan.test.ts already pays for its own driver; this driver
+// (speculative cycles of every shape against plain stepping, on every SIMD
+// path, plus an error path) runs when LOOPSERVE_SPEC_ASAN=1 and is meant to
+// be folded into test/c/asan_driver.c.
+const SPEC_ASAN_DRIVER = `#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "loopserve.h"
+/* usage: drv MODEL -- runs speculative cycles of many shapes against plain
+ * stepping; exit 1 on a mismatch */
+static int plain(ls_model *m, const int32_t *prompt, int np, int V, int W, int n, float temp, float pen, uint64_t seed, int32_t *out) {
+    char err[256];
+    ls_session *s = ls_session_new(m, np + n + 1, V, W, err, 256);
+    int32_t t = ls_session_step(s, prompt, np, V, temp, 0, 1.0f, pen, seed, NULL);
+    out[0] = t;
+    for (int i = 1; i < n; i++) { t = ls_session_step(s, &t, 1, V, temp, 0, 1.0f, pen, seed, NULL); out[i] = t; }
+    ls_session_free(s);
+    return 0;
+}
+int main(int argc, char **argv) {
+    char err[256];
+    int simd = argc > 2 ? atoi(argv[2]) : 0;
+    ls_model *m = ls_model_load(argv[1], 2, simd, err, 256);
+    if (!m) { fprintf(stderr, "%s\\n", err); return 2; }
+    ls_model_info mi; ls_model_info_get(m, &mi);
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++) prompt[i] = (i * 7919 + 13) % mi.vocab_size;
+    int shapes[][7] = {{1,4,4,1,0,0,0},{2,4,16,1,3,0,0},{4,4,4,1,0,0,0},{1,3,8,8,0,1,0},{2,5,16,4,1,1,0},{1,4,4,16,5,0,0},{1,2,4,16,64,1,0},{2,4,6,1,0,0,1},{1,3,16,1,2,1,1}};
+    int bad = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int D = shapes[si][0], V = shapes[si][1], k = shapes[si][2], K = shapes[si][3], W = shapes[si][4];
+        float pen = shapes[si][5] ? 1.3f : 1.0f; float temp = shapes[si][6] ? 0.9f : 0.0f;
+        int np = si % 2 ? 40 : 5, n = 100;
+        int32_t ref[128], got[128 + 17];
+        plain(m, prompt, np, V, W, n, temp, pen, 3, ref);
+        ls_session *s = ls_session_new(m, np + n + 65, V, W, err, 256);
+        int32_t t = ls_session_step(s, prompt, np, V, temp, 0, 1.0f, pen, 3, NULL);
+        int have = 1; got[0] = t;
+        ls_spec_params p = {D, V, k, K, 0, 0, temp, 1.0f, pen, 0, 3, 0, si % 3 == 2 ? 0.05f : 0.0f};
+        int32_t stats[2];
+        while (have < n) {
+            p.max_new = n - have;
+            int r = ls_spec_cycle(s, t, &p, got + have, stats);
+            if (r < 1) { fprintf(stderr, "shape %zu: error %d\\n", si, r); return 1; }
+            have += r; t = got[have - 1];
+        }
+        ls_session_free(s);
+        if (temp == 0.0f && memcmp(ref, got, n * sizeof(int32_t)) != 0) { fprintf(stderr, "shape %zu: MISMATCH\\n", si); bad++; }
+    }
+    /* error paths: nothing committed */
+    ls_session *s = ls_session_new(m, 10, 4, 0, err, 256);
+    int32_t t = ls_session_step(s, prompt, 5, 4, 0, 0, 1, 1, 0, NULL);
+    ls_spec_params p = {1, 4, 4, 4, 8, 0, 0, 1, 1, 0, 0, 0, 0};
+    int32_t o[17];
+    if (ls_spec_cycle(s, t, &p, o, NULL) != LS_ERR_FULL || ls_session_pos(s) != 5) bad++;
+    ls_session_free(s);
+    ls_model_free(m);
+    printf("%s\\n", bad ? "FAIL" : "ok");
+    return bad ? 1 : 0;
+}
+`;
+
+describe("speculative cycles under ASan/UBSan", () => {
+  test.skipIf(process.env.LOOPSERVE_SPEC_ASAN !== "1")(
+    "no sanitizer report, and greedy cycles equal plain stepping, on every SIMD path",
+    async () => {
+      const dir = mkdtempSync(join(testTempDir(), "spec-asan-"));
+      const flags = ["-std=c11", "-O1", "-g", "-pthread", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-DLS_LOAD_TO_HEAP"];
+      const kernels = join(ROOT, "kernels");
+      writeFileSync(join(dir, "drv.c"), SPEC_ASAN_DRIVER);
+      const sources = [...readdirSync(kernels).filter((f) => f.endsWith(".c")).map((f) => join(kernels, f)), join(dir, "drv.c")];
+      const objects = sources.map((_, i) => join(dir, `${i}.o`));
+      const cc = async (args: string[]) => {
+        const p = Bun.spawn(args, { stdout: "pipe", stderr: "pipe" });
+        const [code, err] = await Promise.all([p.exited, new Response(p.stderr).text()]);
+        if (code !== 0) throw new Error(`${args.join(" ")}\n${err}`);
+      };
+      await Promise.all(sources.map((src, i) => cc(["gcc", ...flags, ...simdFlags(src), "-I", kernels, "-c", src, "-o", objects[i]])));
+      const exe = join(dir, "spec_asan");
+      await cc(["gcc", ...flags, "-o", exe, ...objects, "-lm"]);
+      const model = tinyModelPath({ ...AGREEING, vocabSize: 4096 });
+      for (const simd of ["1", "2", "3"]) {
+        const r = Bun.spawnSync([exe, model, simd], { env: { ...process.env, ASAN_OPTIONS: "detect_leaks=1", UBSAN_OPTIONS: "halt_on_error=1:print_stacktrace=1" } });
+        const out = `${r.stdout.toString()}${r.stderr.toString()}`;
+        if (/requested but the CPU lacks/.test(out)) continue;
+        expect(out).not.toMatch(/ERROR: (AddressSanitizer|LeakSanitizer)|runtime error|SUMMARY: \w+Sanitizer/);
+        expect(r.exitCode, out).toBe(0);
+      }
+    },
+    120_000,
+  );
+});

@@ -1,0 +1,379 @@
+// Weight quantization (src/model/quantize.ts): each format's round-trip
+// bound, the activation quantizer the kernels share, quantized files
+// (schema, loader, determinism, errors) and the `model quantize` CLI.
+import { describe, expect, test } from "bun:test";
+import { readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { runModelCommand } from "../../src/model/cli.ts";
+import { F16_TO_F32 } from "../../src/model/fp16.ts";
+import { loadModelFile, loadQuantModelFile, type QuantMatrix } from "../../src/model/format.ts";
+import {
+  codeAt,
+  dequantize,
+  f16BitsDown,
+  f16BitsUp,
+  quantizeActivations,
+  quantizeInt2,
+  quantizeInt4,
+  quantizeInt8,
+  quantizeModelFile,
+} from "../../src/model/quantize.ts";
+import { ReferenceModel } from "../../src/model/reference.ts";
+import { ModelFormatError, readSafetensors, writeSafetensors } from "../../src/model/safetensors.ts";
+import { writeSyntheticModel } from "../../src/model/synthetic.ts";
+import { testTempDir } from "../helpers/models.ts";
+
+let n = 0;
+const tmp = (name: string) => join(testTempDir(), `quantize-${n++}-${name}`);
+
+/** Gaussian-ish weights (sum of uniforms) with a few extremes. */
+function weights(count: number, seed: number, scale = 0.05): Float32Array {
+  let s = seed >>> 0;
+  const u = () => {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    return s / 2 ** 32;
+  };
+  const w = Float32Array.from({ length: count }, () => (u() + u() + u() + u() - 2) * scale);
+  w[7] = 40 * scale;
+  w[70] = -55 * scale;
+  w.fill(0, 96, 128); // one all-zero group of 32
+  return w;
+}
+
+const groupScale = (q: QuantMatrix, r: number, g: number) => F16_TO_F32[q.scales[r * (q.cols / q.groupSize) + g]];
+
+describe("round trip", () => {
+  const rows = 6;
+  const cols = 256;
+  for (const group of [32, 64, 128, 256]) {
+    test(`int4 group ${group}: codes in [-8, 7], |w - dequant| <= |scale| / 2`, () => {
+      const w = weights(rows * cols, group);
+      const q = quantizeInt4(w, rows, cols, group);
+      const deq = dequantize(q);
+      for (let r = 0; r < rows; r++) {
+        for (let i = 0; i < cols; i++) {
+          const c = codeAt(q, r, i);
+          expect(c >= -8 && c <= 7).toBe(true);
+          const bound = Math.abs(groupScale(q, r, Math.floor(i / group))) / 2;
+          if (!(Math.abs(w[r * cols + i] - deq[r * cols + i]) <= bound)) {
+            throw new Error(`row ${r} input ${i}: |${w[r * cols + i]} - ${deq[r * cols + i]}| > ${bound}`);
+          }
+        }
+      }
+    });
+
+    test(`int8 group ${group}: codes in [-127, 127], |w - dequant| <= scale / 2`, () => {
+      const w = weights(rows * cols, group + 1);
+      const q = quantizeInt8(w, rows, cols, group);
+      const deq = dequantize(q);
+      for (let i = 0; i < rows * cols; i++) {
+        const r = Math.floor(i / cols);
+        expect(Math.abs(codeAt(q, r, i % cols))).toBeLessThanOrEqual(127);
+        expect(Math.abs(w[i] - deq[i])).toBeLessThanOrEqual(groupScale(q, r, Math.floor((i % cols) / group)) / 2);
+      }
+    });
+
+    test(`int2 group ${group}: nearest level for every weight, never worse than the min/max fit`, () => {
+      const w = weights(rows * cols, group + 2);
+      const q = quantizeInt2(w, rows, cols, group);
+      const deq = dequantize(q);
+      const ng = cols / group;
+      for (let r = 0; r < rows; r++) {
+        for (let g = 0; g < ng; g++) {
+          const s = groupScale(q, r, g);
+          const z = F16_TO_F32[q.zeros![r * ng + g]];
+          let sse = 0;
+          let mn = Infinity;
+          let mx = -Infinity;
+          for (let i = g * group; i < (g + 1) * group; i++) {
+            const v = w[r * cols + i];
+            const c = codeAt(q, r, i);
+            expect(c >= 0 && c <= 3).toBe(true);
+            // Nearest of the four levels: within s/2, or beyond an end level.
+            const e = Math.abs(v - deq[r * cols + i]);
+            const inside = v >= z - s / 2 && v <= z + 3.5 * s;
+            if (inside) expect(e).toBeLessThanOrEqual(s / 2 + 1e-12);
+            else expect(c === 0 ? v < z : c === 3 && v > z + 3 * s).toBe(true);
+            sse += e * e;
+            mn = Math.min(mn, v);
+            mx = Math.max(mx, v);
+          }
+          // The min/max fit (offset rounded down, scale up): every weight within s/2.
+          const z0 = F16_TO_F32[f16BitsDown(mn)];
+          const s0 = F16_TO_F32[f16BitsUp((mx - z0) / 3)];
+          let sse0 = 0;
+          for (let i = g * group; i < (g + 1) * group; i++) {
+            const v = w[r * cols + i];
+            const c = s0 > 0 ? Math.min(3, Math.max(0, Math.round((v - z0) / s0))) : 0;
+            expect(Math.abs(v - (s0 * c + z0))).toBeLessThanOrEqual(s0 / 2);
+            sse0 += (v - (s0 * c + z0)) ** 2;
+          }
+          expect(sse).toBeLessThanOrEqual(sse0 * (1 + 1e-9));
+        }
+      }
+    });
+  }
+
+  test("int2 refinement lowers the error of Gaussian weights well below the min/max fit", () => {
+    const w = weights(64 * 256, 99).map((v, i) => (i % 256 < 128 ? v : -v));
+    const q = quantizeInt2(w, 64, 256, 32);
+    const deq = dequantize(q);
+    let sse = 0;
+    let sse0 = 0;
+    for (let gi = 0; gi < (64 * 256) / 32; gi++) {
+      let mn = Infinity;
+      let mx = -Infinity;
+      for (let i = gi * 32; i < gi * 32 + 32; i++) {
+        mn = Math.min(mn, w[i]);
+        mx = Math.max(mx, w[i]);
+        sse += (w[i] - deq[i]) ** 2;
+      }
+      const s0 = (mx - mn) / 3;
+      if (s0 === 0) continue; // the all-zero group: exact either way
+      for (let i = gi * 32; i < gi * 32 + 32; i++) sse0 += (w[i] - (mn + s0 * Math.round((w[i] - mn) / s0))) ** 2;
+    }
+    expect(sse).toBeLessThan(0.9 * sse0);
+  });
+
+  test("packing: int4 low nibble first (c + 8), int2 four per byte from the low bits", () => {
+    const w = new Float32Array(32);
+    w[0] = -1.0625; // scale = 1.0625 / 8.5 = 1/8; code -8.5 rounds to even: -8
+    w[1] = 7 / 8; // 7
+    const q4 = quantizeInt4(w, 1, 32, 32);
+    expect(F16_TO_F32[q4.scales[0]]).toBe(1 / 8);
+    expect(q4.qweight[0]).toBe(0x00 | (15 << 4));
+    expect(q4.qweight[1]).toBe(0x88); // zeros are code 0, stored 8
+    // The larger side positive: a negative scale puts it on the -8 end.
+    const q4n = quantizeInt4(w.map((v) => -v), 1, 32, 32);
+    expect(F16_TO_F32[q4n.scales[0]]).toBe(-1 / 8);
+    expect(q4n.qweight[0]).toBe(0x00 | (15 << 4));
+    const v = Float32Array.from({ length: 32 }, (_, i) => i % 4); // levels 0..3
+    const q2 = quantizeInt2(v, 1, 32, 32);
+    expect(F16_TO_F32[q2.scales[0]]).toBe(1);
+    expect(F16_TO_F32[q2.zeros![0]]).toBe(0);
+    expect(q2.qweight[0]).toBe(0 | (1 << 2) | (2 << 4) | (3 << 6));
+  });
+
+  test("in_features not a multiple of the group, or an unsupported group, is refused with the reason", () => {
+    expect(() => quantizeInt4(new Float32Array(2 * 48), 2, 48, 32)).toThrow(/in_features 48 is not a multiple of the group size 32/);
+    expect(() => quantizeInt2(new Float32Array(96), 1, 96, 48)).toThrow(/group size must be one of 32, 64, 128, 256, got 48/);
+    expect(() => quantizeInt4(Float32Array.of(...new Array(32).fill(1e9)), 1, 32, 32)).toThrow(/does not fit in fp16/);
+  });
+});
+
+describe("activation quantization", () => {
+  test("per row: the largest magnitude maps to +-127, every value within d/2, fp32 like the kernels", () => {
+    const x = Float32Array.from({ length: 200 }, (_, i) => Math.sin(i * 0.7) * (i === 13 ? -9 : 2));
+    const { q, d } = quantizeActivations(x);
+    expect(q[13]).toBe(-127);
+    expect(d).toBe(Math.fround(Math.abs(x[13]) / 127));
+    for (let i = 0; i < x.length; i++) expect(Math.abs(x[i] - d * q[i])).toBeLessThanOrEqual(d / 2 + 1e-7);
+    const zero = quantizeActivations(new Float32Array(8));
+    expect(zero.d).toBe(0);
+    expect(Array.from(zero.q)).toEqual(new Array(8).fill(0));
+  });
+
+  test("ties round to even, as cvtps2dq does", () => {
+    // amax 127 makes the multiplier exactly 1: x * 1 = x.
+    const { q } = quantizeActivations(Float32Array.of(127, 0.5, 1.5, 2.5, -0.5, -1.5));
+    expect(Array.from(q)).toEqual([127, 0, 2, 2, 0, -2]);
+  });
+});
+
+// ---- files ----
+
+const SHAPE = { dim: 64, nHeads: 4, nKvHeads: 2, ffnDim: 96, vocabSize: 300, loops: 2, seed: 3 };
+
+function fp16Model(opts: Partial<typeof SHAPE & { tiedOutput: boolean }> = {}): string {
+  const path = tmp("fp16.safetensors");
+  writeSyntheticModel(path, { ...SHAPE, ...opts });
+  return path;
+}
+
+describe("quantized model files", () => {
+  test("int4 and int2 files: metadata, tensors, loader; the same input gives the same bytes", () => {
+    const src = fp16Model();
+    for (const quant of ["int4", "int2"] as const) {
+      const a = tmp(`${quant}-a.safetensors`);
+      const b = tmp(`${quant}-b.safetensors`);
+      const r = quantizeModelFile(src, a, { quant });
+      quantizeModelFile(src, b, { quant });
+      expect(readFileSync(a).equals(readFileSync(b))).toBe(true);
+      expect(r.head).toBe("int8");
+      const f = readSafetensors(a);
+      expect(f.metadata).toMatchObject({ quant, group_size: "32", output_quant: "int8", format: "loopserve" });
+      expect(f.tensors.get("block.w2.qweight")).toMatchObject({ dtype: "U8", shape: [64, (96 * (quant === "int4" ? 4 : 2)) / 8] });
+      expect(f.tensors.get("block.w2.scales")).toMatchObject({ dtype: "F16", shape: [64, 3] });
+      expect(f.tensors.has("block.w2.zeros")).toBe(quant === "int2");
+      expect(f.tensors.get("output.qweight")).toMatchObject({ dtype: "I8", shape: [300, 64] });
+      expect(f.tensors.get("tok_embeddings.weight")!.dtype).toBe("F16");
+      expect(f.tensors.has("block.wq.weight")).toBe(false);
+      const m = loadQuantModelFile(a);
+      expect(m.config).toMatchObject({ quant, groupSize: 32, tiedOutput: false });
+      expect(m.weights.block.wo.bits).toBe(quant === "int4" ? 4 : 2);
+      expect(() => loadModelFile(a)).toThrow(/loadQuantModelFile reads it/);
+    }
+  });
+
+  test("group size 64, fp16 head, tied models, bf16 and fp32 inputs", () => {
+    const src = fp16Model();
+    const g64 = tmp("g64.safetensors");
+    const wide = fp16Model({ ffnDim: 128 });
+    expect(quantizeModelFile(wide, g64, { quant: "int4", groupSize: 64, head: "fp16" }).head).toBe("fp16");
+    const m = loadQuantModelFile(g64);
+    expect(m.config.groupSize).toBe(64);
+    expect(m.weights.output).toBeInstanceOf(Uint16Array);
+    // dim 64, ffn 96: ffn_dim is not a multiple of 64.
+    expect(() => quantizeModelFile(src, tmp("g64-bad.safetensors"), { quant: "int4", groupSize: 64 })).toThrow(
+      /ffn_dim \(96\) must be a multiple of group_size \(64\)/,
+    );
+
+    const tied = fp16Model({ tiedOutput: true });
+    const t1 = tmp("tied-fp16.safetensors");
+    expect(quantizeModelFile(tied, t1, { quant: "int2", head: "fp16" }).head).toBe("tied");
+    expect(loadQuantModelFile(t1).config.tiedOutput).toBe(true);
+    const t2 = tmp("tied-int8.safetensors");
+    quantizeModelFile(tied, t2, { quant: "int2" });
+    expect(loadQuantModelFile(t2).config.tiedOutput).toBe(false); // the embedding's int8 copy is the head
+
+    // The same weights as F32 and BF16 tensors.
+    const f = readSafetensors(src);
+    for (const dtype of ["F32", "BF16"] as const) {
+      const tensors = [...f.tensors].map(([name, t]) => {
+        const h = new Uint16Array(t.data.buffer, t.data.byteOffset, t.data.byteLength / 2);
+        const v = Float32Array.from(h, (b) => F16_TO_F32[b]);
+        const data =
+          dtype === "F32" ? new Uint8Array(v.buffer) : new Uint8Array(Uint16Array.from(new Uint32Array(v.buffer), (u) => u >>> 16).buffer);
+        return { name, dtype, shape: t.shape, data };
+      });
+      const wide = tmp(`${dtype}.safetensors`);
+      writeSafetensors(wide, f.metadata, tensors);
+      const out = tmp(`${dtype}-int4.safetensors`);
+      quantizeModelFile(wide, out, { quant: "int4" });
+      const q = loadQuantModelFile(out);
+      if (dtype === "F32") {
+        // fp16 values through F32 quantize exactly as from F16.
+        const direct = tmp("direct-int4.safetensors");
+        quantizeModelFile(src, direct, { quant: "int4" });
+        expect(readFileSync(out).equals(readFileSync(direct))).toBe(true);
+      }
+      expect(q.weights.block.w1.rows).toBe(96);
+    }
+  });
+
+  test("an already quantized or malformed input is refused with the reason", () => {
+    const src = fp16Model();
+    const q = tmp("q.safetensors");
+    quantizeModelFile(src, q, { quant: "int4" });
+    expect(() => quantizeModelFile(q, tmp("qq.safetensors"), { quant: "int2" })).toThrow(/already quantized/);
+    const f = readSafetensors(src);
+    const broken = tmp("broken.safetensors");
+    writeSafetensors(
+      broken,
+      f.metadata,
+      [...f.tensors].filter(([name]) => name !== "block.w3.weight").map(([name, t]) => ({ name, dtype: t.dtype, shape: t.shape, data: t.data })),
+    );
+    expect(() => quantizeModelFile(broken, tmp("x.safetensors"), { quant: "int4" })).toThrow(/missing tensor "block.w3.weight"/);
+  });
+
+  test("the schema names a quantized tensor with a wrong dtype or shape, or a leftover fp16 matrix", () => {
+    const src = fp16Model();
+    const good = tmp("good.safetensors");
+    quantizeModelFile(src, good, { quant: "int2" });
+    const f = readSafetensors(good);
+    const rewrite = (edit: (t: { name: string; dtype: string; shape: number[]; data: Uint8Array }[]) => void) => {
+      const list = [...f.tensors].map(([name, t]) => ({ name, dtype: t.dtype as string, shape: t.shape, data: t.data }));
+      edit(list);
+      const p = tmp("bad.safetensors");
+      writeSafetensors(p, f.metadata, list as never);
+      return p;
+    };
+    const noZeros = rewrite((l) => l.splice(l.findIndex((t) => t.name === "block.wk.zeros"), 1));
+    expect(() => loadQuantModelFile(noZeros)).toThrow(/missing tensor "block.wk.zeros"/);
+    const i8 = rewrite((l) => {
+      l.find((t) => t.name === "block.wv.qweight")!.dtype = "I8";
+    });
+    expect(() => loadQuantModelFile(i8)).toThrow(/tensor "block.wv.qweight": dtype must be U8, got I8/);
+    const both = rewrite((l) => l.push({ name: "block.wq.weight", dtype: "F16", shape: [64, 64], data: new Uint8Array(64 * 64 * 2) }));
+    expect(() => loadQuantModelFile(both)).toThrow(/"block.wq.weight" present in a int2 model/);
+    const meta = tmp("meta.safetensors");
+    writeSafetensors(meta, { ...f.metadata, group_size: "48" }, [...f.tensors].map(([name, t]) => ({ name, dtype: t.dtype, shape: t.shape, data: t.data })));
+    expect(() => loadQuantModelFile(meta)).toThrow(/group_size must be one of 32, 64, 128, 256 for quant int2, got 48/);
+  });
+
+  test("the reference forward pass of a quantized model stays close to the fp16 model's", () => {
+    const src = fp16Model();
+    const fp = ReferenceModel.load(src);
+    const toks = [1, 50, 200, 7, 99];
+    const want = fp.forward(toks, 2);
+    for (const [quant, tol] of [["int4", 0.3], ["int2", 1.5]] as const) {
+      const q = tmp(`ref-${quant}.safetensors`);
+      quantizeModelFile(src, q, { quant });
+      const got = ReferenceModel.load(q).forward(toks, 2);
+      let d = 0;
+      let m = 0;
+      for (let t = 0; t < toks.length; t++) {
+        for (let i = 0; i < 300; i++) {
+          d = Math.max(d, Math.abs(got[t][i] - want[t][i]));
+          m = Math.max(m, Math.abs(want[t][i]));
+        }
+      }
+      expect(d / m).toBeGreaterThan(0); // the quantization shows
+      expect(d / m).toBeLessThan(tol);
+    }
+  });
+});
+
+// ---- CLI ----
+
+async function run(...argv: string[]): Promise<{ code: number; out: string; err: string }> {
+  const out: string[] = [];
+  const err: string[] = [];
+  const code = await runModelCommand(argv, { out: (l) => out.push(l), err: (l) => err.push(l) });
+  return { code, out: out.join("\n"), err: err.join("\n") };
+}
+
+describe("loopserve model quantize", () => {
+  test("quantize, then inspect shows quant and group_size", async () => {
+    const src = fp16Model();
+    const out = tmp("cli-int4.safetensors");
+    const r = await run("quantize", src, out, "--quant", "int4", "--group-size", "32");
+    expect(r).toMatchObject({ code: 0, err: "" });
+    expect(r.out).toMatch(/^wrote .*: \d+ bytes \(\d+\.\d% of \d+\), int4 block, group 32, output head int8 in \d+ ms$/);
+    const i = await run("inspect", out);
+    expect(i.code).toBe(0);
+    expect(i.out).toMatch(/^ {2}quant +int4$/m);
+    expect(i.out).toMatch(/^ {2}group_size +32$/m);
+    expect(i.out).toMatch(/block\.wq\.qweight +U8 +\[64, 32\]/);
+    expect(i.out).toContain("loopserve model: int4 (group 32, output head int8), dim 64");
+    const again = tmp("cli-int4-again.safetensors");
+    await run("quantize", src, again, "--quant=int4");
+    expect(readFileSync(again).equals(readFileSync(out))).toBe(true);
+  });
+
+  test("bad arguments exit 2 with the reason; a bad input file exits 1", async () => {
+    const src = fp16Model();
+    const cases: [string[], RegExp][] = [
+      [["quantize", src, tmp("a")], /--quant int4\|int2 is required/],
+      [["quantize", src, tmp("a"), "--quant", "int3"], /--quant must be int4 or int2, got "int3"/],
+      [["quantize", src, tmp("a"), "--quant", "int4", "--group-size", "48"], /--group-size must be 32, 64, 128 or 256, got 48/],
+      [["quantize", src, tmp("a"), "--quant", "int4", "--head", "int4"], /--head must be int8 or fp16/],
+      [["quantize", src, "--quant", "int4"], /missing OUT path/],
+    ];
+    for (const [argv, msg] of cases) {
+      const r = await run(...argv);
+      expect(r.code).toBe(2);
+      expect(r.err).toMatch(msg);
+    }
+    const junk = tmp("junk.safetensors");
+    writeFileSync(junk, "not a model");
+    const r = await run("quantize", junk, tmp("b"), "--quant", "int2");
+    expect(r.code).toBe(1);
+    expect(r.err).toMatch(/^error: /);
+    expect((await run("quantize", "--help")).out).toContain("usage: loopserve model quantize IN OUT --quant int4|int2");
+  });
+});
+
+test("ModelFormatError is what quantization failures throw", () => {
+  expect(() => quantizeInt8(new Float32Array(10), 1, 10, 32)).toThrow(ModelFormatError);
+});
