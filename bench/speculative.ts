@@ -122,6 +122,9 @@ export async function measureSpeculative(o: SpeculativeBenchOptions = {}): Promi
           }
           const exact = [...chain, ...tree, ...pruned].every((r) => same(r.tokens, plain[0].tokens));
           const tps = (runs: Run[]) => median(runs.map((r) => r.tokensPerSecond));
+          // Speed-up: the median over repeats of each run against the plain
+          // run just before it (neighbours share the machine's load).
+          const speedup = (runs: Run[]) => median(runs.map((r, i) => r.tokensPerSecond / plain[i].tokensPerSecond));
           const p = tps(plain);
           rows.push({
             model: name,
@@ -130,13 +133,13 @@ export async function measureSpeculative(o: SpeculativeBenchOptions = {}): Promi
             "plain tok/s": p,
             [`chain k${k} tok/s`]: tps(chain),
             "chain acc/cycle": chain[0].perCycle,
-            "chain speed-up": tps(chain) / p,
+            "chain speed-up": speedup(chain),
             [`tree K${K}xk${tk} tok/s`]: tps(tree),
             "tree acc/cycle": tree[0].perCycle,
-            "tree speed-up": tps(tree) / p,
+            "tree speed-up": speedup(tree),
             [`pruned >=${leaf} tok/s`]: tps(pruned),
             "pruned acc/cycle": pruned[0].perCycle,
-            "pruned speed-up": tps(pruned) / p,
+            "pruned speed-up": speedup(pruned),
             exact: exact ? "yes" : "NO",
           });
         }

@@ -69,7 +69,7 @@
 #define MAX_BRANCH 16  /* LS_SPEC_MAX_BRANCHES */
 #define MAX_NODES 64   /* LS_SPEC_MAX_NODES */
 #define CHAIN_LD (LS_TREE_MAX_DEPTH + 1)
-#define HEAD_GROUP 4   /* verifier head rows per batch: one matmul tile of tokens */
+#define HEAD_GROUP 4   /* fewest verifier head rows per batch: one matmul tile of tokens */
 
 _Static_assert(LS_SPEC_MAX_AHEAD == MAX_AHEAD && LS_SPEC_MAX_NODES == MAX_NODES &&
                    LS_SPEC_MAX_BRANCHES == MAX_BRANCH && LS_TREE_MAX_DEPTH >= MAX_AHEAD &&
@@ -80,6 +80,7 @@ _Static_assert(LS_SPEC_MAX_AHEAD == MAX_AHEAD && LS_SPEC_MAX_NODES == MAX_NODES 
 
 struct ls_spec_scratch {
     int32_t dim, vocab, ld;
+    int32_t last_accepted; /* draft tokens the previous cycle accepted (sizes the head batch) */
     float *h;        /* (LS_TREE_MAX_ROWS, dim) every row's hidden state: loop D, then loop V */
     float *hb;       /* (MAX_BRANCH, dim) one tree draft pass, gathered */
     float *xn;       /* (dim) normed draft input */
@@ -129,6 +130,7 @@ static int32_t ensure_scratch(ls_session *s) {
     s->spec = x;
     x->dim = mi->dim;
     x->vocab = mi->vocab_size;
+    x->last_accepted = MAX_AHEAD; /* first cycle: expect its drafts to be accepted */
     x->ld = (int32_t)ld;
     x->h = calloc(LS_TREE_MAX_ROWS * dim, sizeof(float));
     x->hb = calloc(MAX_BRANCH * dim, sizeof(float));
@@ -528,6 +530,19 @@ static void draft_logits(ls_session *s, const float *h, float *logits, int32_t f
 
 // ---- the cycle ----
 
+/* Rows of the verifier's head to compute next, starting at row r0 of
+ * rows [0, n). The head streams vocab x dim weights from memory: up to a
+ * tile of 4 rows costs about one row, each further row ~1/4 of one, and a
+ * second batch the whole stream again. So the first batch covers the rows
+ * the previous cycle's acceptance suggests will be needed (at least a
+ * tile), and what is left goes in one more batch. Only the cost depends on
+ * this, never a token. */
+static int32_t head_batch(const struct ls_spec_scratch *x, int32_t r0, int32_t n) {
+    int32_t want = r0 == 0 ? x->last_accepted + 2 : n - r0;
+    if (want < HEAD_GROUP) want = HEAD_GROUP;
+    return want < n - r0 ? want : n - r0;
+}
+
 typedef struct {
     int32_t D, V, k, K, fp16_draft, accept_all;
     float temperature, top_p, penalty, leaf_min_prob;
@@ -586,8 +601,8 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
 
     // accept: head rows a group at a time, stopping at the first rejection
     int32_t j = 0, next = -1;
-    for (int32_t g0 = 0; g0 <= k && next < 0; g0 += HEAD_GROUP) {
-        int32_t gn = k + 1 - g0 < HEAD_GROUP ? k + 1 - g0 : HEAD_GROUP;
+    for (int32_t g0 = 0, gn; g0 <= k && next < 0; g0 += gn) {
+        gn = head_batch(x, g0, k + 1);
         ls_forward_logits(s, x->h + (size_t)g0 * dim, gn, x->vlogits);
         for (int32_t r = g0; r < g0 + gn; r++) {
             const float *L = x->vlogits + (size_t)(r - g0) * V;
@@ -625,6 +640,7 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
     for (int32_t i = 0; i < j; i++) out[i] = tok[i + 1];
     out[j] = next;
     commit(s, c->V, p, j + 1);
+    x->last_accepted = j;
     if (stats) {
         stats[0] = k;
         stats[1] = j;
@@ -640,9 +656,18 @@ static int32_t verifier_token(ls_session *s, const cycle *c, const float *L, int
 }
 
 /* Draft probabilities (softmax at temperature 1 of the penalised draft
- * logits v) of the n candidates in ids. */
-static void draft_probs(const float *v, int32_t vocab, const int32_t *ids, int32_t n, float *prob) {
+ * logits v) of the n ranked candidates in ids, as far as deciding which
+ * reach `floor` needs: the softmax over the candidates alone bounds each one
+ * from above, so when even the second is below the floor (a confident
+ * draft) those bounds decide every leaf without a pass over the vocabulary. */
+static void draft_probs(const float *v, int32_t vocab, const int32_t *ids, int32_t n, float floor, float *prob) {
     float vmax = v[ids[0]];
+    double zk = 0.0;
+    for (int32_t i = 0; i < n; i++) zk += (double)expf(v[ids[i]] - vmax);
+    if (n < 2 || (double)expf(v[ids[1]] - vmax) / zk < (double)floor) {
+        for (int32_t i = 0; i < n; i++) prob[i] = (float)((double)expf(v[ids[i]] - vmax) / zk);
+        return;
+    }
     double z = 0.0;
     for (int32_t i = 0; i < vocab; i++) z += (double)expf(v[i] - vmax);
     for (int32_t i = 0; i < n; i++) prob[i] = (float)((double)expf(v[ids[i]] - vmax) / z);
@@ -684,7 +709,7 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
         draft_logits(s, x->h + (size_t)i * dim, dl, c->fp16_draft);
         penalise(x->v, dl, V, s->tokens, p + i + 1, c->penalty);
         int32_t got = top_ids(x->v, V, K, best);
-        if (c->leaf_min_prob > 0.0f) draft_probs(x->v, V, best, got, prob);
+        if (c->leaf_min_prob > 0.0f) draft_probs(x->v, V, best, got, c->leaf_min_prob, prob);
         tok[i + 1] = best[0];
         int32_t d = i + 1;
         leaf_at[d] = n_rows;
@@ -733,7 +758,7 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
         const float *L;
         if (u <= k) {
             if (u >= g_end) {
-                int32_t gn = k + 1 - u < HEAD_GROUP ? k + 1 - u : HEAD_GROUP;
+                int32_t gn = head_batch(x, u, k + 1);
                 ls_forward_logits(s, x->h + (size_t)u * dim, gn, x->vlogits + (size_t)u * V);
                 g_end = u + gn;
             }
@@ -784,6 +809,7 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
     if (j > 0) out[j - 1] = tok[u];
     out[j] = next;
     commit(s, c->V, p, j + 1);
+    x->last_accepted = j;
     /* leaves wrote ring slots up to position p + n_rows - 1 */
     for (int32_t l = 0; l < c->V; l++)
         if (p + n_rows - cap > s->loop_lo[l]) s->loop_lo[l] = p + n_rows - cap;
@@ -820,6 +846,9 @@ int32_t ls_spec_cycle(ls_session *s, int32_t pending, const ls_spec_params *prm,
         !(c.penalty > 0.0f) || isinf(c.penalty))
         return LS_ERR_ARG;
     if (c.K > 1 && c.temperature != 0.0f) return LS_ERR_ARG; /* tree speculation is greedy only */
+    /* ...and needs the plain fp16 cache: an accepted leaf's rows are moved
+     * into place as fp16 rows (DESIGN.md §4 refuses the compressed modes) */
+    if (c.K > 1 && s->kv_mode != LS_KV_FP16) return LS_ERR_ARG;
     if ((prm->flags & ~(LS_SPEC_FP16_DRAFT_HEAD | LS_SPEC_TEST_ACCEPT_ALL)) != 0) return LS_ERR_ARG;
     if (!(c.leaf_min_prob >= 0.0f && c.leaf_min_prob <= 1.0f)) return LS_ERR_ARG;
 

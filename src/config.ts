@@ -4,14 +4,16 @@
 // with a message naming the variable and the value, instead of surfacing
 // later as a confusing request failure.
 import pkg from "../package.json" with { type: "json" };
+import { KV_CACHE_MODES, type KvCacheMode } from "./model/kvcache.ts";
+
+export type { KvCacheMode };
 
 export class ConfigError extends Error {}
 
 export type SimdChoice = "auto" | "portable" | "avx2" | "avx512";
-export type KvCacheMode = "fp16" | "int8" | "int4" | "fp16-h" | "int8-h" | "int4-h";
 
-/** Cache modes the kernels implement today; any other mode stops the start. */
-export const SUPPORTED_KV_CACHE_MODES: readonly KvCacheMode[] = ["fp16"];
+/** Cache modes the kernels implement (every mode of DESIGN.md §3); any other mode stops the start. */
+export const SUPPORTED_KV_CACHE_MODES: readonly KvCacheMode[] = KV_CACHE_MODES;
 
 export interface Config {
   /** SERVICE_MODEL_PATH; null when unset (the server then answers 503). */

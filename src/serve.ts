@@ -30,8 +30,10 @@ environment:
   SERVICE_COMMIT                reported as runtime.commit (unset)
   SERVICE_THREADS               kernel threads, 0 = all cores (0)
   SERVICE_SIMD                  auto | portable | avx2 | avx512 (auto)
-  SERVICE_KV_INT8, SERVICE_KV_INT4, SERVICE_KV_H_MODE,
-  SERVICE_H_MODE_FP16_ATTN_QKV  key/value cache mode switches (fp16 cache)
+  SERVICE_KV_INT8, SERVICE_KV_INT4  key/value cache in int8 / int4 (at most one; default fp16)
+  SERVICE_KV_H_MODE             rotate K/V (and q) per head by a Walsh-Hadamard transform
+                                (kv_cache_mode fp16-h, int8-h, int4-h; power-of-two head_dim)
+  SERVICE_H_MODE_FP16_ATTN_QKV  with H mode: round q, k, v to fp16 before the rotation
   TOKENIZER_HOME                directory holding a replacement gpt2.tiktoken
 `;
 
@@ -65,6 +67,8 @@ function loadEngine(config: Config): Loaded {
       simd: config.simd,
       buildDir: config.buildDir,
       cacheHome: config.cacheHome,
+      kvCacheMode: config.kvCacheMode,
+      hModeFp16AttnQkv: config.hModeFp16AttnQkv,
     });
     return { engine, loadError: null };
   } catch (e) {

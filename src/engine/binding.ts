@@ -2,6 +2,7 @@
 // above works with NativeModel / NativeSession and never sees a pointer.
 // One FFI call per engine step: forward/step take whole token batches.
 import { dlopen, FFIType, type Pointer } from "bun:ffi";
+import { type KvCacheMode, kvModeCode, kvModeSpec } from "../model/kvcache.ts";
 
 const { i32, u64, f32, ptr, void: none, cstring } = FFIType;
 
@@ -12,6 +13,7 @@ const symbols = {
   ls_model_free: { args: [ptr], returns: none },
   ls_model_info_get: { args: [ptr, ptr], returns: none },
   ls_session_new: { args: [ptr, i32, i32, i32, ptr, i32], returns: ptr },
+  ls_session_new_kv: { args: [ptr, i32, i32, i32, i32, ptr, i32], returns: ptr },
   ls_session_free: { args: [ptr], returns: none },
   ls_session_pos: { args: [ptr], returns: i32 },
   ls_session_rollback: { args: [ptr, i32], returns: i32 },
@@ -117,6 +119,15 @@ export interface NativeModelInfo {
   threads: number;
 }
 
+/** A session's key/value cache mode (ls_session_new_kv's kv_mode). */
+export interface KvCacheSettings {
+  mode: KvCacheMode;
+  /** With an H mode: q, k, v rounded to fp16 before the rotation (SERVICE_H_MODE_FP16_ATTN_QKV). */
+  fp16AttnQkv?: boolean;
+}
+
+export const FP16_CACHE: KvCacheSettings = { mode: "fp16" };
+
 export class NativeModel {
   readonly info: NativeModelInfo;
   private handle: Pointer | null;
@@ -164,9 +175,11 @@ export class NativeModel {
     return this.handle;
   }
 
-  newSession(maxSeq: number, loops: number, cacheWindow: number): NativeSession {
+  /** A session with its own key/value cache in the given mode (default fp16; DESIGN.md §3). */
+  newSession(maxSeq: number, loops: number, cacheWindow: number, kv: KvCacheSettings = FP16_CACHE): NativeSession {
     const err = new Uint8Array(ERR_LEN);
-    const s = this.lib.ls_session_new(this.pointer, maxSeq, loops, cacheWindow, err, ERR_LEN);
+    const code = kvModeCode(kvModeSpec(kv.mode, kv.fp16AttnQkv ?? false));
+    const s = this.lib.ls_session_new_kv(this.pointer, maxSeq, loops, cacheWindow, code, err, ERR_LEN);
     if (!s) throw new NativeError(readError(err) || "cannot create session", -3);
     return new NativeSession(this, s as Pointer);
   }

@@ -4,7 +4,8 @@
 import { existsSync } from "node:fs";
 import type { EngineRunOptions } from "../scheduler/scheduler.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveCudaLibrary, resolveKernelLibrary } from "./library.ts";
-import { cudaDeviceCount, NativeError, NativeModel, type NativeSession, type SimdChoice } from "./binding.ts";
+import type { KvCacheMode } from "../model/kvcache.ts";
+import { cudaDeviceCount, type KvCacheSettings, NativeError, NativeModel, type NativeSession, type SimdChoice } from "./binding.ts";
 import { cycleParams, type DraftOptions, planSpeculative, SPEC_SESSION_SLACK, SpecCounter, type SpecPlan } from "./speculative.ts";
 import type { FinishReason, GenerateRequest, GenerateResult, ModelInfo, TokenSink } from "./types.ts";
 
@@ -22,6 +23,10 @@ export interface EngineOptions {
   cacheHome?: string | null;
   /** How speculative requests draft (src/engine/speculative.ts; kernels/spec.c explains the choices). */
   draft?: DraftOptions;
+  /** Key/value cache mode of every session (DESIGN.md §3; default fp16). */
+  kvCacheMode?: KvCacheMode;
+  /** With an H mode: q, k, v rounded to fp16 before the rotation (SERVICE_H_MODE_FP16_ATTN_QKV). */
+  hModeFp16AttnQkv?: boolean;
 }
 
 const NATIVE_STATE_ERROR = -4; // LS_ERR_STATE
@@ -44,6 +49,8 @@ export class Engine {
   private constructor(
     private readonly model: NativeModel,
     private readonly draft: DraftOptions = {},
+    /** The cache mode every session of this engine uses. */
+    readonly kv: KvCacheSettings = { mode: "fp16" },
   ) {
     const n = model.info;
     this.info = {
@@ -65,13 +72,24 @@ export class Engine {
   }
 
   static load(opts: EngineOptions): Engine {
-    const library = Engine.kernelLibrary(opts);
+    const kv: KvCacheSettings = { mode: opts.kvCacheMode ?? "fp16", fp16AttnQkv: opts.hModeFp16AttnQkv ?? false };
+    const library = Engine.kernelLibrary(opts, kv);
     if (!existsSync(opts.modelPath)) throw new EngineLoadError(`model file not found: ${opts.modelPath}`);
+    let model: NativeModel;
     try {
-      return new Engine(NativeModel.load(library, opts.modelPath, opts.threads, opts.simd), opts.draft);
+      model = NativeModel.load(library, opts.modelPath, opts.threads, opts.simd);
     } catch (e) {
       throw new EngineLoadError(`cannot load model ${opts.modelPath}: ${(e as Error).message}`);
     }
+    // The cache mode must suit the model (the H modes need a power-of-two
+    // head_dim): a one-position session says so now, not at the first request.
+    try {
+      model.newSession(1, 1, 0, kv).close();
+    } catch (e) {
+      model.close();
+      throw new EngineLoadError(`kv_cache_mode ${kv.mode} cannot serve ${opts.modelPath}: ${(e as Error).message}`);
+    }
+    return new Engine(model, opts.draft, kv);
   }
 
   /**
@@ -79,13 +97,16 @@ export class Engine {
    * embedded in the executable (extracted once to a cache directory); the
    * CUDA library instead when it is present and sees a device.
    */
-  private static kernelLibrary(opts: EngineOptions): string {
+  private static kernelLibrary(opts: EngineOptions, kv: KvCacheSettings): string {
     try {
       const cacheDirs = cacheDirCandidates({ xdgCacheHome: opts.cacheHome });
       const cpu = resolveKernelLibrary(opts.buildDir, CPU_LIBRARY_NAME, cacheDirs);
       const cuda = resolveCudaLibrary(opts.buildDir, cacheDirs);
-      if (cuda && cudaDeviceCount(cuda) > 0) return cuda;
-      if (cuda) console.error("loopserve: no usable CUDA device: using the CPU kernels");
+      const gpu = cuda !== null && cudaDeviceCount(cuda) > 0;
+      // The CUDA kernels keep the fp16 cache only (kernels/cuda/runtime.cu).
+      if (gpu && kv.mode !== "fp16") console.error(`loopserve: kv_cache_mode ${kv.mode} runs on the CPU kernels only: using them`);
+      else if (gpu) return cuda;
+      else if (cuda) console.error("loopserve: no usable CUDA device: using the CPU kernels");
       return cpu;
     } catch (e) {
       throw new EngineLoadError((e as Error).message);
@@ -114,6 +135,11 @@ export class Engine {
     const plan = planSpeculative(req);
     if (plan && !this.model.hasSpeculative)
       throw new EngineRequestError(`mode '${plan.mode}' is not available: this kernel library has no speculative decoding`);
+    // Tree verification moves accepted leaves' fp16 cache rows (kernels/spec.c): fp16 cache only (DESIGN.md §4).
+    if (plan?.mode === "tree_speculative" && this.kv.mode !== "fp16")
+      throw new EngineRequestError(
+        `tree_speculative needs the fp16 key/value cache, but this engine runs kv_cache_mode ${this.kv.mode} (use mode speculative)`,
+      );
     return plan;
   }
 
@@ -132,7 +158,7 @@ export class Engine {
     const counter = plan ? new SpecCounter() : null;
     // A speculative cycle writes rows past the last token before rolling back.
     const maxSeq = req.promptTokens.length + req.maxTokens + (plan ? SPEC_SESSION_SLACK : 0);
-    const session = this.model.newSession(maxSeq, req.loops, req.cacheWindow);
+    const session = this.model.newSession(maxSeq, req.loops, req.cacheWindow, this.kv);
     const done = (finishReason: FinishReason): GenerateResult => ({
       tokens,
       finishReason,
@@ -209,7 +235,7 @@ export class Engine {
 
   /** A copy of the prompt now in `session`'s cache, for the prefix pool. */
   private snapshot(session: NativeSession, req: GenerateRequest): KvSnapshot {
-    const copy = this.model.newSession(req.promptTokens.length, req.loops, req.cacheWindow);
+    const copy = this.model.newSession(req.promptTokens.length, req.loops, req.cacheWindow, this.kv);
     try {
       copy.copyPrefixFrom(session, req.promptTokens.length);
     } catch (e) {

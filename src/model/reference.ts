@@ -1,16 +1,20 @@
 // Reference forward pass in plain TypeScript: the test oracle for the C
 // kernels (DESIGN.md §2). Written to be obviously correct, not fast: one
 // token at a time, float64 arithmetic, no tricks. The only places it rounds
-// on purpose are where the kernels do: K and V are stored in an fp16 cache,
-// and in a quantized model (int4 / int2 block, int8 head) each input row of
-// a quantized matrix is quantized to int8 as the kernels do it
-// (quantize.ts: quantizedMatvec), against the exactly dequantized weights.
+// on purpose are where the kernels do: K and V are stored in an fp16 cache
+// (or, in a compressed cache mode, rotated / quantized exactly as the
+// kernels store them: kvcache.ts storedKvRow), and in a quantized model
+// (int4 / int2 block, int8 head) each input row of a quantized matrix is
+// quantized to int8 as the kernels do it (quantize.ts: quantizedMatvec),
+// against the exactly dequantized weights. In the H cache modes q is
+// rotated by the same Walsh–Hadamard transform and each head's output
+// rotated back (in float64: the rotation is orthonormal).
 //
 //   h = E[token]
 //   for l in 0..loops-1 (same weights every loop):
 //     x = rmsnorm(h, attn_norm)
 //     q, k, v = x·Wq^T, x·Wk^T, x·Wv^T; rope(q, k, pos)
-//     K[l][pos], V[l][pos] = fp16(k), fp16(v)
+//     K[l][pos], V[l][pos] = fp16(k), fp16(v)      (or the cache mode's stored rows)
 //     h += attention(q, K[l], V[l]) · Wo^T
 //     x = rmsnorm(h, ffn_norm)
 //     h += (silu(x·W1^T) * (x·W3^T)) · W2^T
@@ -18,6 +22,7 @@
 
 import { f16ArrayToF32, roundToF16 } from "./fp16.ts";
 import { loadModelFile, loadQuantModelFile, MAX_LOOPS, type ModelConfig, QUANT_MATRICES } from "./format.ts";
+import { type KvCacheMode, type KvModeSpec, kvModeSpec, storedKvRow, whtF64 } from "./kvcache.ts";
 import { dequantize, quantizedMatvec } from "./quantize.ts";
 import { readSafetensors } from "./safetensors.ts";
 
@@ -75,6 +80,10 @@ export function silu(x: number): number {
 export interface ForwardOptions {
   /** 0 (default) = full causal attention; W > 0 = position p sees [p-W+1, p]. */
   cacheWindow?: number;
+  /** Key/value cache mode (default fp16), as the kernels' ls_session_new_kv. */
+  kvCacheMode?: KvCacheMode;
+  /** With an H mode: q, k, v rounded to fp16 before the rotation (SERVICE_H_MODE_FP16_ATTN_QKV). */
+  fp16AttnQkv?: boolean;
 }
 
 /** A weight matrix: fp16 decoded exactly to float32, or a quantized one dequantized exactly to float64. */
@@ -166,7 +175,7 @@ export class ReferenceModel {
 
   /** A fresh incremental session (empty cache) running `loops` loops per token. */
   session(loops: number, opts: ForwardOptions = {}): ReferenceSession {
-    return new ReferenceSession(this, loops, opts.cacheWindow ?? 0);
+    return new ReferenceSession(this, loops, opts.cacheWindow ?? 0, kvModeSpec(opts.kvCacheMode ?? "fp16", opts.fp16AttnQkv ?? false));
   }
 
   /** Logits (vocab_size floats) for every token of `tokens`, from an empty cache. */
@@ -198,7 +207,7 @@ export function argmax(v: ArrayLike<number>): number {
 }
 
 export class ReferenceSession {
-  /** keys[l][pos], values[l][pos]: fp16-rounded rows of n_kv_heads * head_dim. */
+  /** keys[l][pos], values[l][pos]: rows of n_kv_heads * head_dim as attention reads them back (fp16 values). */
   readonly keys: Float64Array[][] = [];
   readonly values: Float64Array[][] = [];
 
@@ -206,6 +215,7 @@ export class ReferenceSession {
     readonly model: ReferenceModel,
     readonly loops: number,
     readonly cacheWindow: number,
+    readonly kv: KvModeSpec = kvModeSpec("fp16"),
   ) {
     if (!Number.isInteger(loops) || loops < 1 || loops > MAX_LOOPS) {
       throw new RangeError(`loops must be an integer in [1, ${MAX_LOOPS}], got ${loops}`);
@@ -261,10 +271,26 @@ export class ReferenceSession {
       const v = mv("wv", kvDim, dim, x);
       applyRope(q, nHeads, hd, pos, c.ropeTheta);
       applyRope(k, nKvHeads, hd, pos, c.ropeTheta);
-      // The kernels keep an fp16 cache; the current token reads its own
-      // entry back from it like every other.
-      this.keys[l].push(k.map(roundToF16));
-      this.values[l].push(v.map(roundToF16));
+      // The current token reads its own entry back from the cache like
+      // every other: fp16, or the cache mode's rotated / quantized row.
+      if (this.kv.format === "fp16" && !this.kv.hadamard) {
+        this.keys[l].push(k.map(roundToF16));
+        this.values[l].push(v.map(roundToF16));
+      } else {
+        const ks = new Float64Array(kvDim);
+        const vs = new Float64Array(kvDim);
+        for (let o = 0; o < kvDim; o += hd) {
+          ks.set(storedKvRow(this.kv, k.subarray(o, o + hd), hd), o);
+          vs.set(storedKvRow(this.kv, v.subarray(o, o + hd), hd), o);
+        }
+        this.keys[l].push(ks);
+        this.values[l].push(vs);
+      }
+      if (this.kv.hadamard)
+        for (let o = 0; o < qDim; o += hd) {
+          if (this.kv.fp16Qkv) for (let i = o; i < o + hd; i++) q[i] = roundToF16(q[i]);
+          whtF64(q, o, hd);
+        }
       const K = this.keys[l];
       const V = this.values[l];
 
@@ -285,6 +311,7 @@ export class ReferenceSession {
           const p = e[j - first] / z;
           for (let i = 0; i < hd; i++) att[qOff + i] += p * V[j][kvOff + i];
         }
+        if (this.kv.hadamard) whtF64(att, qOff, hd);
       }
       const o = mv("wo", dim, qDim, att);
       for (let i = 0; i < dim; i++) h[i] += o[i];
