@@ -1,0 +1,58 @@
+/* Speculative cycles of many shapes against plain stepping, built with
+ * ASan/UBSan by test/kernels/spec.test.ts. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "loopserve.h"
+/* usage: drv MODEL -- runs speculative cycles of many shapes against plain
+ * stepping; exit 1 on a mismatch */
+static int plain(ls_model *m, const int32_t *prompt, int np, int V, int W, int n, float temp, float pen, uint64_t seed, int32_t *out) {
+    char err[256];
+    ls_session *s = ls_session_new(m, np + n + 1, V, W, err, 256);
+    int32_t t = ls_session_step(s, prompt, np, V, temp, 0, 1.0f, pen, seed, NULL);
+    out[0] = t;
+    for (int i = 1; i < n; i++) { t = ls_session_step(s, &t, 1, V, temp, 0, 1.0f, pen, seed, NULL); out[i] = t; }
+    ls_session_free(s);
+    return 0;
+}
+int main(int argc, char **argv) {
+    char err[256];
+    int simd = argc > 2 ? atoi(argv[2]) : 0;
+    ls_model *m = ls_model_load(argv[1], 2, simd, err, 256);
+    if (!m) { fprintf(stderr, "%s\n", err); return 2; }
+    ls_model_info mi; ls_model_info_get(m, &mi);
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++) prompt[i] = (i * 7919 + 13) % mi.vocab_size;
+    int shapes[][7] = {{1,4,4,1,0,0,0},{2,4,16,1,3,0,0},{4,4,4,1,0,0,0},{1,3,8,8,0,1,0},{2,5,16,4,1,1,0},{1,4,4,16,5,0,0},{1,2,4,16,64,1,0},{2,4,6,1,0,0,1},{1,3,16,1,2,1,1}};
+    int bad = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int D = shapes[si][0], V = shapes[si][1], k = shapes[si][2], K = shapes[si][3], W = shapes[si][4];
+        float pen = shapes[si][5] ? 1.3f : 1.0f; float temp = shapes[si][6] ? 0.9f : 0.0f;
+        int np = si % 2 ? 40 : 5, n = 100;
+        int32_t ref[128], got[128 + 17];
+        plain(m, prompt, np, V, W, n, temp, pen, 3, ref);
+        ls_session *s = ls_session_new(m, np + n + 65, V, W, err, 256);
+        int32_t t = ls_session_step(s, prompt, np, V, temp, 0, 1.0f, pen, 3, NULL);
+        int have = 1; got[0] = t;
+        ls_spec_params p = {D, V, k, K, 0, 0, temp, 1.0f, pen, 0, 3, 0, si % 3 == 2 ? 0.05f : 0.0f};
+        int32_t stats[2];
+        while (have < n) {
+            p.max_new = n - have;
+            int r = ls_spec_cycle(s, t, &p, got + have, stats);
+            if (r < 1) { fprintf(stderr, "shape %zu: error %d\n", si, r); return 1; }
+            have += r; t = got[have - 1];
+        }
+        ls_session_free(s);
+        if (temp == 0.0f && memcmp(ref, got, n * sizeof(int32_t)) != 0) { fprintf(stderr, "shape %zu: MISMATCH\n", si); bad++; }
+    }
+    /* error paths: nothing committed */
+    ls_session *s = ls_session_new(m, 10, 4, 0, err, 256);
+    int32_t t = ls_session_step(s, prompt, 5, 4, 0, 0, 1, 1, 0, NULL);
+    ls_spec_params p = {1, 4, 4, 4, 8, 0, 0, 1, 1, 0, 0, 0, 0};
+    int32_t o[17];
+    if (ls_spec_cycle(s, t, &p, o, NULL) != LS_ERR_FULL || ls_session_pos(s) != 5) bad++;
+    ls_session_free(s);
+    ls_model_free(m);
+    printf("%s\n", bad ? "FAIL" : "ok");
+    return bad ? 1 : 0;
+}
