@@ -84,6 +84,8 @@ export interface Extension {
   repetitionPenalty?: number | null;
   cacheWindow: number;
   scheduling: Scheduling;
+  /** Generation-mode fields (speculative knobs) laid over the compat request. */
+  request?: Partial<GenerateRequest>;
   /** Sections added to the response body, or to the final chunk of a stream. */
   sections(done: Completion, request: GenerateRequest): Record<string, unknown>;
 }
@@ -149,6 +151,7 @@ function resolve(deps: AppDeps, body: SamplingBody, prompt: number[], echo: stri
       },
       stopTokenIds: stopTokenIds(deps),
       cacheWindow: ext?.cacheWindow ?? 0,
+      ...ext?.request,
     },
     stopStrings,
     stream,

@@ -8,15 +8,16 @@ import { Elysia } from "elysia";
 import { type Config, SERVICE_NAME } from "../config.ts";
 import type { ModelInfo } from "../engine/types.ts";
 import { chatCompletion, type Extension, findModel, modelEntries, textCompletion } from "./compat.ts";
-import { badRequest, validatedBody } from "./errors.ts";
+import { validatedBody } from "./errors.ts";
 import { type AppDeps, checkCacheWindow } from "./generation.ts";
 import { nativeStats } from "./native.ts";
+import { speculativeFields, speculativeStats } from "./speculative.ts";
 import {
+  COMPAT_DEFAULTS,
   EXTENDED_DEFAULTS as E,
   ExtendedChatCompletionBody,
   ExtendedCompletionBody,
   type ExtendedKnobs,
-  type GenerationMode,
 } from "./schemas.ts";
 
 // ---- response sections ----
@@ -46,26 +47,24 @@ export function runtimeSection(config: Config) {
 // ---- modes ----
 
 /**
- * The one place that says which generation modes this build serves; the
- * speculative modes replace this check when they land.
+ * Range-checks the extended knobs (400s, before the length check) and turns
+ * them into an Extension: the speculative modes take the same fields and
+ * checks as /generate/speculative and /generate/tree_speculative.
  */
-export function requireAvailableMode(mode: GenerationMode): void {
-  if (mode !== "generate") throw badRequest(`mode '${mode}' is not available yet`, "mode", "unsupported_mode");
-}
-
-/** Range-checks the extended knobs (400s, before the length check) and turns them into an Extension. */
-function extension(deps: AppDeps, knobs: ExtendedKnobs): Extension {
+function extension(deps: AppDeps, knobs: ExtendedKnobs & { temperature?: number | null }): Extension {
   const mode = knobs.mode ?? E.mode;
-  requireAvailableMode(mode);
+  const spec =
+    mode === "generate" ? undefined : speculativeFields(deps.config, mode, knobs, knobs.temperature ?? COMPAT_DEFAULTS.temperature);
   const cacheWindow = knobs.cache_window ?? E.cache_window;
   checkCacheWindow(deps, cacheWindow);
   return {
     repetitionPenalty: knobs.repetition_penalty,
     cacheWindow,
     scheduling: { priority: knobs.priority, sloMs: knobs.slo_ms },
+    request: spec,
     sections: (done, request) => ({
-      // Plain generate reports its loops; the speculative modes will report verify_loops (SPEC.md §2).
-      stats: nativeStats(done, mode, request.loops),
+      // loops_used: verify_loops for the speculative modes, loops for plain generate (SPEC.md §2).
+      stats: mode === "generate" ? nativeStats(done, mode, request.loops) : speculativeStats(done, mode, request.loops),
       model_info: loadedModelInfo(deps),
       runtime: runtimeSection(deps.config),
     }),

@@ -10,8 +10,7 @@
 import { type Static, Type as T } from "@sinclair/typebox";
 import { Elysia } from "elysia";
 import type { Config } from "../config.ts";
-import type { GenerateRequest, GenerateResult } from "../engine/types.ts";
-import type { ServiceMetrics } from "../metrics.ts";
+import type { GenerateRequest } from "../engine/types.ts";
 import { badRequest, outOfRange, validatedBody } from "./errors.ts";
 import {
   type AppDeps,
@@ -99,14 +98,6 @@ export function speculativeStats(c: Completion, mode: SpeculativeMode, verifyLoo
   };
 }
 
-/** Adds a finished request's draft and accepted tokens to the /metrics counters. */
-export function countSpeculative(metrics: ServiceMetrics, result: GenerateResult): void {
-  const spec = result.speculative;
-  if (!spec) return;
-  metrics.specDraftTokens.inc(spec.draftTokens);
-  metrics.specAcceptedTokens.inc(spec.acceptedTokens);
-}
-
 // ---- the two endpoints ----
 
 async function generate(deps: AppDeps, body: TreeSpeculativeBody, httpRequest: Request, mode: SpeculativeMode): Promise<Response> {
@@ -141,7 +132,6 @@ async function generate(deps: AppDeps, body: TreeSpeculativeBody, httpRequest: R
   const stopStrings = stops.filter((s): s is string => typeof s === "string");
   const scheduling = { priority: body.priority, sloMs: body.slo_ms };
   const done = await runGeneration(engine, deps.tokenizer, request, stopStrings, httpRequest.signal, undefined, scheduling);
-  countSpeculative(deps.metrics, done.result);
   return Response.json({
     tokens: done.tokens,
     text: done.text,

@@ -352,6 +352,10 @@ export class Scheduler<S extends Snapshot = Snapshot> {
         transition(rec, "cancelled", this.metrics, now);
       } else {
         this.learn(job, res, hit?.length ?? 0);
+        if (res.speculative) {
+          this.metrics.specDraftTokens.inc(res.speculative.draftTokens);
+          this.metrics.specAcceptedTokens.inc(res.speculative.acceptedTokens);
+        }
         transition(rec, "completed", this.metrics, now);
       }
       job.settleResult(res);

@@ -205,14 +205,30 @@ describe("extended request knobs", () => {
     expect(r.stats.mode).toBe("generate");
   });
 
-  test.each(["speculative", "tree_speculative"])("mode %p is a 400 naming the mode until it is available", async (mode) => {
-    for (const path of ["/api/v0/chat/completions", "/api/v0/completions"]) {
-      const res = await server.post(path, { model: MODEL, messages: USER, prompt: PROMPT, mode });
-      expect(res.status).toBe(400);
-      const body = await res.json();
-      expectError(body, "mode");
-      expect(body.error.message).toBe(`mode '${mode}' is not available yet`);
-    }
+  test.each(["speculative", "tree_speculative"])("greedy mode %p gives the plain output at verify_loops, with acceptance stats", async (mode) => {
+    const knobs = { mode, draft_loops: 1, verify_loops: 3, draft_ahead: 4, K_branches: 2 };
+    const spec = await complete({ max_tokens: 20, temperature: 0, ...knobs });
+    const plain = await complete({ max_tokens: 20, temperature: 0, loops: 3 });
+    expect(spec.choices[0].text).toBe(plain.choices[0].text);
+    expect(spec.stats.mode).toBe(mode);
+    expect(spec.stats.loops_used).toBe(3);
+    const extra = spec.stats as unknown as { accepted_per_cycle: number; draft_tokens: number; accepted_tokens: number };
+    expect(extra.draft_tokens).toBeGreaterThan(0);
+    expect(extra.accepted_tokens).toBeLessThanOrEqual(extra.draft_tokens);
+    expect(extra.accepted_per_cycle).toBeGreaterThanOrEqual(1);
+  });
+
+  test("tree_speculative refuses sampling (the compat default temperature is 1.0) with a 400 naming temperature", async () => {
+    const res = await server.post("/api/v0/chat/completions", { model: MODEL, messages: USER, mode: "tree_speculative" });
+    expect(res.status).toBe(400);
+    const body = await res.json();
+    expectError(body, "temperature");
+  });
+
+  test("draft_loops above verify_loops is a 400", async () => {
+    const res = await server.post("/api/v0/completions", { model: MODEL, prompt: PROMPT, mode: "speculative", draft_loops: 5, verify_loops: 3 });
+    expect(res.status).toBe(400);
+    expectError(await res.json(), "draft_loops");
   });
 
   test("an unknown mode is a 400 listing the modes", async () => {
