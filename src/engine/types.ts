@@ -58,7 +58,8 @@ export interface SpeculativeStats {
   acceptedPerCycle: number;
 }
 
-export type FinishReason = "stop" | "length" | "cancelled";
+/** "error": an internal engine failure; the tokens before it are kept. */
+export type FinishReason = "stop" | "length" | "cancelled" | "error";
 
 export interface GenerateResult {
   tokens: number[]; // generated ids only, stop token excluded

@@ -33,6 +33,7 @@ import {
   type HttpFinishReason,
   type Scheduling,
   checkLength,
+  completedForStream,
   promptTokens,
   requireEngine,
   runGeneration,
@@ -261,7 +262,7 @@ async function respond(deps: AppDeps, job: CompatJob, framing: Framing, http: Re
     };
     text(job.echo);
     const run = runGeneration(engine, deps.tokenizer, request, stopStrings, signal, (_, t) => text(t), scheduling);
-    const done = run.then((c) => {
+    const done = run.then(completedForStream).then((c) => {
       text(c.tail);
       send(chunk(framing.end(c.finishReason), ext?.sections(c, request)));
       if (job.includeUsage) send(sseEvent({ ...chunkHead, choices: [], usage: usage(job, c) }));

@@ -8,7 +8,7 @@ import { TextStream } from "../text/stream.ts";
 import type { Tokenizer } from "../tokenizer.ts";
 import type { ServiceMetrics } from "../metrics.ts";
 import { SchedulerRejection } from "../scheduler/scheduler.ts";
-import { badRequest, outOfRange, unavailable } from "./errors.ts";
+import { badRequest, HttpError, outOfRange, unavailable } from "./errors.ts";
 
 /** How a request asks to be scheduled (DESIGN.md §5). */
 export interface Scheduling {
@@ -93,7 +93,7 @@ export function stopTokenIds(deps: AppDeps, explicit: readonly number[] = []): n
 
 // ---- running a request ----
 
-export type HttpFinishReason = "stop" | "length";
+export type HttpFinishReason = "stop" | "length" | "error";
 
 export interface Completion {
   tokens: number[];
@@ -104,6 +104,13 @@ export interface Completion {
 
 /** Called per generated token with its text delta ("" while a character or a possible stop is incomplete). */
 export type DeltaSink = (tokenId: number, text: string) => void;
+
+/** Streams report an engine failure as an error event (DESIGN.md §6) rather than as a finish_reason. */
+export function completedForStream<C extends { finishReason: HttpFinishReason }>(c: C): C {
+  if (c.finishReason === "error")
+    throw new HttpError(500, "the engine failed while generating (see the server log)", "server_error", null, "engine_error");
+  return c;
+}
 
 /** A generation in progress: the completion, plus when it left the queue. */
 export type GenerationRun = Promise<Completion & { tail: string }> & {
@@ -148,7 +155,8 @@ export function runGeneration(
   }
   const done = ticket.result.then((result) => {
     const tail = text.finish();
-    const finishReason: HttpFinishReason = text.stopped || result.finishReason !== "length" ? "stop" : "length";
+    const finishReason: HttpFinishReason =
+      result.finishReason === "error" ? "error" : text.stopped || result.finishReason !== "length" ? "stop" : "length";
     return { tokens: result.tokens, text: text.text, tail, finishReason, result };
   }, schedulerToHttp);
   return Object.assign(done, { started: ticket.started.then(() => undefined, schedulerToHttp) });

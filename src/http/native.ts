@@ -9,6 +9,7 @@ import {
   type GenerationEngine,
   checkCacheWindow,
   checkLength,
+  completedForStream,
   promptTokens,
   requireEngine,
   runGeneration,
@@ -84,7 +85,8 @@ async function generate(deps: AppDeps, body: GenerateBody, httpRequest: Request)
         (id, text) => send(sseEvent({ token_id: id, text })),
         scheduling,
       );
-      return { started: run.started, done: run.then((done) => send(sseEvent({ token_id: -1, text: done.tail }))) };
+      const done = run.then(completedForStream).then((c) => send(sseEvent({ token_id: -1, text: c.tail })));
+      return { started: run.started, done };
     });
   }
 

@@ -350,6 +350,8 @@ export class Scheduler<S extends Snapshot = Snapshot> {
         rec.times.firstToken = rec.times.engineStarted + res.firstTokenMs; // the first sampled token was a stop
       if (res.finishReason === "cancelled") {
         transition(rec, "cancelled", this.metrics, now);
+      } else if (res.finishReason === "error") {
+        transition(rec, "errored", this.metrics, now);
       } else {
         this.learn(job, res, hit?.length ?? 0);
         if (res.speculative) {
