@@ -1,14 +1,42 @@
-// `bun run bench`: every benchmark section, printed as tables and written as JSON.
+// `bun run bench`: every benchmark section, printed as tables and written as
+// JSON (bench/results/bench.json). Sections can be picked by name:
+//   bun bench/run.ts engine quant speculative binary
+// Figures are quoted as ratios measured side by side in one run: the
+// machines are shared and absolute tokens/s move from run to run.
 import { measureBinary } from "./binary.ts";
 import { measureEngine, measureReferenceRatio } from "./engine.ts";
 import { benchModel } from "./models.ts";
-import { printTable, writeJson } from "./report.ts";
+import { measureQuant } from "./quant.ts";
+import { printTable, type Row, writeJson } from "./report.ts";
+import { measureSpeculative } from "./speculative.ts";
 
-const path = await benchModel();
-const engine = measureEngine(path, { threads: [1, 2], loops: 8, prefillTokens: 512, decodeTokens: 64 });
-printTable("fp16 engine, dim 768, 12 heads, ffn 2048, vocab 50257, loops 8", engine);
-const reference = measureReferenceRatio(path, 8, 4);
-printTable("C kernels vs TypeScript reference (same file, same prompt)", [reference]);
-const binary = await measureBinary();
-printTable("single executable", binary);
-console.log(`\nwrote ${writeJson("bench", { engine, reference, binary })}`);
+const sections: Record<string, () => Promise<[string, Row[]][]>> = {
+  engine: async () => {
+    const path = await benchModel();
+    return [
+      [
+        "fp16 engine, dim 768, 12 heads, ffn 2048, vocab 50257, loops 8",
+        measureEngine(path, { threads: [1, 2], loops: 8, prefillTokens: 512, decodeTokens: 64 }),
+      ],
+      ["C kernels vs TypeScript reference (same file, same prompt)", [measureReferenceRatio(path, 8, 4)]],
+    ];
+  },
+  quant: async () => [["weight formats (2 threads, loops 8): speed, size, quality vs fp16", await measureQuant()]],
+  speculative: async () => [["self-speculative decoding vs plain generate (2 threads, greedy)", await measureSpeculative()]],
+  binary: async () => [["single executable", await measureBinary()]],
+};
+
+const wanted = process.argv.slice(2);
+const unknown = wanted.filter((w) => !(w in sections));
+if (unknown.length > 0) {
+  console.error(`unknown section(s) ${unknown.join(", ")}; choose from ${Object.keys(sections).join(", ")}`);
+  process.exit(2);
+}
+const results: Record<string, Row[]> = {};
+for (const name of wanted.length > 0 ? wanted : Object.keys(sections)) {
+  for (const [title, rows] of await sections[name]()) {
+    printTable(title, rows);
+    results[title] = rows;
+  }
+}
+console.log(`\nwrote ${writeJson("bench", results)}`);
