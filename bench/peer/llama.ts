@@ -2,7 +2,7 @@
 // node-llama-cpp devDependency ships (never from its prebuilt binaries, never
 // through its JavaScript generation loop, which adds ~10 ms a token), once,
 // into a cache outside the repository.
-import { existsSync, mkdirSync, readFileSync, statSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, statSync, unlinkSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
 import { median, PeerBenchError, requireTool, run } from "./system.ts";
@@ -125,6 +125,7 @@ export function llamaGreedy(tools: LlamaTools, gguf: string, prompt: number[], n
   if (!m) throw new PeerBenchError(`llama-greedy printed no tokens:\n${r.stdout.slice(0, 300)}`);
   const tokens = m[1].trim().split(" ").map(Number);
   const bytes = readFileSync(logitsPath);
+  unlinkSync(logitsPath);
   const logits = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
   if (tokens.length !== n || logits.length !== n * vocab) {
     throw new PeerBenchError(`llama-greedy: expected ${n} tokens and ${n * vocab} logits, got ${tokens.length} and ${logits.length}`);

@@ -23,7 +23,7 @@ import { join } from "node:path";
 import type { ModelConfig } from "../../src/model/format.ts";
 import { DTYPE_SIZES, readSafetensors } from "../../src/model/safetensors.ts";
 import { cacheDir } from "./llama.ts";
-import { PeerBenchError, requireTool, run } from "./system.ts";
+import { PeerBenchError, requireTool, run, waitForQuiet } from "./system.ts";
 
 export interface Roofline {
   dramGBps: Record<number, number>; // by threads
@@ -67,6 +67,8 @@ export class RooflineProbe {
   private membw: string;
   private peak: string;
   readonly r: Roofline;
+  /** Working-set bandwidths measured before the latest measure(): taken again on next use. */
+  private stale = new Set<string>();
 
   constructor() {
     this.membw = compileProbe("membw");
@@ -83,13 +85,16 @@ export class RooflineProbe {
   }
 
   /**
-   * Best of `tries` runs each: a bound is what the machine can do, and on a
-   * shared machine a single run mostly measures the neighbours.
+   * Best of `tries` runs each (and of earlier calls): a bound is what the
+   * machine can do, and on a shared machine a single run mostly measures the
+   * neighbours. With `wait`, each try first waits (up to 10 s) for a quiet machine.
    */
-  measure(threads: number[], tries = 3): void {
+  async measure(threads: number[], wait: boolean, tries = 3): Promise<void> {
     const best = (old: number | undefined, v: number) => (old === undefined || v > old ? v : old);
+    for (const k of this.r.cacheGBps.keys()) this.stale.add(k);
     for (let i = 0; i < tries; i++) {
       for (const t of threads) {
+        if (wait) await waitForQuiet(10);
         const bw = Number(probeJson([this.membw, String(512 << 20), String(t), "1"]).GBps);
         this.r.dramGBps[t] = best(this.r.dramGBps[t], bw);
         const fma = probeJson([this.peak, "fma", String(t), "0.5"]);
@@ -109,9 +114,10 @@ export class RooflineProbe {
   cacheBandwidth(bytes: number, threads: number): number {
     const key = `${bytes}/${threads}`;
     let v = this.r.cacheGBps.get(key);
-    if (v === undefined) {
+    if (v === undefined || this.stale.has(key)) {
+      this.stale.delete(key);
       const run1 = () => Number(probeJson([this.membw, String(Math.max(bytes, 4096)), String(threads), "0.5"]).GBps);
-      v = Math.max(run1(), run1(), run1());
+      v = Math.max(v ?? 0, run1(), run1(), run1());
       this.r.cacheGBps.set(key, v);
     }
     return v;
