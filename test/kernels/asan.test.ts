@@ -5,77 +5,24 @@
 // TypeScript reference with no sanitizer report; ls_sample must match its
 // documented procedure.
 import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { closeSync, ftruncateSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync, writeSync } from "node:fs";
-import { join, resolve } from "node:path";
-import { simdFlags } from "../../build.ts";
+import { closeSync, ftruncateSync, openSync, readFileSync, writeFileSync, writeSync } from "node:fs";
+import { join } from "node:path";
 import { ReferenceModel } from "../../src/model/reference.ts";
 import { type SyntheticOptions, writeSyntheticModel } from "../../src/model/synthetic.ts";
 import { testTempDir } from "../helpers/models.ts";
+import { runSanitized, type SanitizedRun, sanitizedDriver } from "../helpers/sanitized.ts";
 
-const ROOT = resolve(import.meta.dir, "../..");
-const KERNELS = join(ROOT, "kernels");
-const DRIVER = join(ROOT, "build", "asan_driver");
 const TOL = 1e-3; // max|c - r| / max|r| against the float64 reference
 
 // Sanitized code runs several times slower, and bun test's 5 s default (which
 // bunfig.toml cannot raise) is too tight for sample-check on a busy machine.
 setDefaultTimeout(120_000);
 
-const SAN_ENV = {
-  ...process.env,
-  ASAN_OPTIONS: "detect_leaks=1:abort_on_error=0",
-  UBSAN_OPTIONS: "halt_on_error=1:print_stacktrace=1",
-};
-const SANITIZER_REPORT = /ERROR: (AddressSanitizer|LeakSanitizer)|runtime error|SUMMARY: \w+Sanitizer/;
+let driver = "";
 
-// ---- building the driver ----
-
-async function compile(args: string[]): Promise<void> {
-  const p = Bun.spawn(args, { stdout: "pipe", stderr: "pipe" });
-  const [code, err] = await Promise.all([p.exited, new Response(p.stderr).text()]);
-  if (code !== 0) throw new Error(`${args.join(" ")}\n${err}`);
-}
-
-// Every kernel source with the same per-file SIMD flags as build.ts, plus the
-// driver, compiled in a private directory and renamed into place so that two
-// test runs at once never link a half-written binary. LS_LOAD_TO_HEAP makes
-// the loader read the file into an exactly-sized heap buffer instead of
-// mapping it: ASan does not track mapped pages, so only then is a read past
-// the end of the file reported.
-async function buildDriver(): Promise<void> {
-  const objDir = mkdtempSync(join(testTempDir(), "asan-obj-"));
-  const flags = [
-    "-std=c11", "-O1", "-g", "-pthread", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-DLS_LOAD_TO_HEAP",
-  ];
-  const sources = readdirSync(KERNELS)
-    .filter((f) => f.endsWith(".c"))
-    .sort()
-    .map((f) => join(KERNELS, f));
-  sources.push(join(ROOT, "test", "c", "asan_driver.c"));
-  const objects = sources.map((src, i) => join(objDir, `${i}.o`));
-  await Promise.all(
-    sources.map((src, i) => compile(["gcc", ...flags, ...simdFlags(src), "-I", KERNELS, "-c", src, "-o", objects[i]])),
-  );
-  mkdirSync(join(ROOT, "build"), { recursive: true });
-  const tmp = `${DRIVER}.tmp-${process.pid}`;
-  await compile(["gcc", "-fsanitize=address,undefined", "-pthread", "-o", tmp, ...objects, "-lm"]);
-  renameSync(tmp, DRIVER);
-  rmSync(objDir, { recursive: true, force: true });
-}
-
-interface Run {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
-
-function run(...args: string[]): Run {
-  const r = Bun.spawnSync([DRIVER, ...args], { env: SAN_ENV, stdout: "pipe", stderr: "pipe" });
-  return { code: r.exitCode ?? -1, stdout: r.stdout.toString(), stderr: r.stderr.toString() };
-}
-
-function expectClean(r: Run): void {
-  if (SANITIZER_REPORT.test(r.stderr)) throw new Error(`sanitizer report:\n${r.stderr}`);
+/** Runs the sanitized driver; a sanitizer report fails the test (test/helpers/sanitized.ts). */
+function run(...args: string[]): SanitizedRun {
+  return runSanitized(driver, args);
 }
 
 // ---- model files ----
@@ -131,7 +78,7 @@ const meta = (key: string, value: unknown) => (h: Record<string, any>) => {
 };
 
 beforeAll(async () => {
-  await buildDriver();
+  driver = await sanitizedDriver("asan_driver");
   valid = tmpPath("valid");
   writeSyntheticModel(valid, SMALL);
   validTied = tmpPath("valid-tied");
@@ -143,7 +90,6 @@ beforeAll(async () => {
 
 function expectRefused(path: string, message: RegExp): void {
   const r = run("load", path);
-  expectClean(r);
   expect(r.stdout).toMatch(/^error: /);
   expect(r.stdout).toMatch(message);
   expect(r.code).toBe(2);
@@ -152,12 +98,10 @@ function expectRefused(path: string, message: RegExp): void {
 describe("model loading under ASan/UBSan", () => {
   test("a valid model loads and reports its shape; tied output when output.weight is absent", () => {
     let r = run("load", valid);
-    expectClean(r);
     expect(r.code).toBe(0);
     expect(r.stdout).toMatch(/^ok dim=32 n_heads=4 n_kv_heads=2 head_dim=8 ffn_dim=64 vocab=256 loops=2 /);
     expect(r.stdout).toMatch(/ tied=0 /);
     r = run("load", validTied);
-    expectClean(r);
     expect(r.code).toBe(0);
     expect(r.stdout).toMatch(/ tied=1 /);
   });
@@ -173,13 +117,11 @@ describe("model loading under ASan/UBSan", () => {
       extra,
     );
     const r = run("load", path);
-    expectClean(r);
     expect(r.code).toBe(0);
   });
 
   test("metadata numbers in the loader's lenient float grammar load", () => {
     const r = run("load", variant("floats", (h) => Object.assign(h.__metadata__, { rope_theta: "1e4", norm_eps: "1e-05" })));
-    expectClean(r);
     expect(r.stdout).toMatch(/rope_theta=10000 norm_eps=1e-05 /);
   });
 
@@ -357,7 +299,6 @@ describe("model loading under ASan/UBSan", () => {
       [validTied, "2"],
     ]) {
       const r = run("fuzz", path, "3000", seed);
-      expectClean(r);
       expect(r.stdout).toMatch(/^ok \d+ loaded \d+ rejected/);
       expect(r.code).toBe(0);
     }
@@ -376,7 +317,6 @@ function supportedPaths(path: string): string[] {
   const out: string[] = [];
   for (const simd of ["portable", "avx2", "avx512"]) {
     const r = run("load", path, simd);
-    expectClean(r);
     if (r.code === 0) out.push(simd);
     else expect(r.stdout).toMatch(/requested but the CPU lacks/);
   }
@@ -395,7 +335,6 @@ describe("forward pass under ASan/UBSan", () => {
         const want = ref.forward(tokens, loops);
         for (const simd of supportedPaths(path)) {
           const r = run("logits", path, String(loops), simd, ...tokens.map(String));
-          expectClean(r);
           expect(r.code).toBe(0);
           const lines = r.stdout.trim().split("\n");
           expect(lines.length).toBe(tokens.length);
@@ -419,7 +358,6 @@ describe("forward pass under ASan/UBSan", () => {
       writeSyntheticModel(path, opts);
       for (const simd of supportedPaths(path)) {
         const r = run("invariance", path, String(opts.loops), simd, ...TOKENS.map((t) => String(t % opts.vocabSize)));
-        expectClean(r);
         expect(r.stdout).toMatch(/^ok /);
         expect(r.code).toBe(0);
       }
@@ -428,7 +366,6 @@ describe("forward pass under ASan/UBSan", () => {
 
   test("out-of-range tokens are refused, not read", () => {
     const r = run("logits", valid, "1", "portable", "1", "256");
-    expectClean(r);
     expect(r.code).toBe(2);
     expect(r.stdout).toMatch(/^error: /);
   });
@@ -439,7 +376,6 @@ describe("forward pass under ASan/UBSan", () => {
 describe("fp16 conversions under ASan/UBSan", () => {
   test("every half round-trips and every rounding boundary goes to nearest even, subnormals and overflow included", () => {
     const r = run("f16-check");
-    expectClean(r);
     expect(r.stdout).toMatch(/^ok \d+ conversions/);
     expect(r.code).toBe(0);
   });
@@ -450,14 +386,12 @@ describe("fp16 conversions under ASan/UBSan", () => {
 describe("ls_sample under ASan/UBSan", () => {
   test("every top-k / top-p / temperature / penalty path picks the token of the documented procedure", () => {
     const r = run("sample-check");
-    expectClean(r);
     expect(r.stdout).toMatch(/^ok \d+ configurations match/);
     expect(r.code).toBe(0);
   });
 
   test("greedy picks the lowest id on ties and invalid parameters are refused", () => {
     let r = run("sample", "0", "0", "1", "1", "0", "0", "1,3,2,3");
-    expectClean(r);
     expect(r.stdout.trim()).toBe("1");
     for (const bad of [
       ["nan", "0", "1", "1"],
@@ -469,7 +403,6 @@ describe("ls_sample under ASan/UBSan", () => {
       ["1", "0", "1", "nan"],
     ]) {
       r = run("sample", ...bad, "0", "0", "1,2,3");
-      expectClean(r);
       expect(r.stdout).toMatch(/^error: ls_sample returned -1/);
       expect(r.code).toBe(2);
     }
@@ -479,7 +412,6 @@ describe("ls_sample under ASan/UBSan", () => {
     const logits = Array.from({ length: 50 }, (_, i) => String(Math.sin(i) * 2)).join(",");
     const a = run("sample", "0.8", "10", "0.9", "1.2", "77", "5", logits, "-4,3,3,999,2147483647");
     const b = run("sample", "0.8", "10", "0.9", "1.2", "77", "5", logits, "-4,3,3,999,2147483647");
-    expectClean(a);
     expect(a.code).toBe(0);
     expect(a.stdout).toBe(b.stdout);
   });

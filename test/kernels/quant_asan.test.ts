@@ -6,66 +6,23 @@
 // int8 head) runs clean on every SIMD path, matches the reference and is
 // batch-invariant; header fuzzing of a quantized file stays clean.
 import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { mkdirSync, mkdtempSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
-import { join, resolve } from "node:path";
-import { simdFlags } from "../../build.ts";
+import { readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
 import { ReferenceModel } from "../../src/model/reference.ts";
 import { type SyntheticOptions, writeSyntheticModel } from "../../src/model/synthetic.ts";
 import { testTempDir } from "../helpers/models.ts";
+import { runSanitized, type SanitizedRun, sanitizedDriver } from "../helpers/sanitized.ts";
 
-const ROOT = resolve(import.meta.dir, "../..");
-const KERNELS = join(ROOT, "kernels");
-const DRIVER = join(ROOT, "build", "quant_asan_driver");
 const TOL = 2e-3; // as quant_forward.test.ts
 
 setDefaultTimeout(120_000);
 
-const SAN_ENV = {
-  ...process.env,
-  ASAN_OPTIONS: "detect_leaks=1:abort_on_error=0",
-  UBSAN_OPTIONS: "halt_on_error=1:print_stacktrace=1",
-};
-const SANITIZER_REPORT = /ERROR: (AddressSanitizer|LeakSanitizer)|runtime error|SUMMARY: \w+Sanitizer/;
+let driver = "";
 
-async function compile(args: string[]): Promise<void> {
-  const p = Bun.spawn(args, { stdout: "pipe", stderr: "pipe" });
-  const [code, err] = await Promise.all([p.exited, new Response(p.stderr).text()]);
-  if (code !== 0) throw new Error(`${args.join(" ")}\n${err}`);
-}
-
-async function buildDriver(): Promise<void> {
-  const objDir = mkdtempSync(join(testTempDir(), "quant-asan-obj-"));
-  const flags = [
-    "-std=c11", "-O1", "-g", "-pthread", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-DLS_LOAD_TO_HEAP",
-  ];
-  const sources = readdirSync(KERNELS)
-    .filter((f) => f.endsWith(".c"))
-    .sort()
-    .map((f) => join(KERNELS, f));
-  sources.push(join(ROOT, "test", "c", "asan_driver.c"));
-  const objects = sources.map((_, i) => join(objDir, `${i}.o`));
-  await Promise.all(
-    sources.map((src, i) => compile(["gcc", ...flags, ...simdFlags(src), "-I", KERNELS, "-c", src, "-o", objects[i]])),
-  );
-  mkdirSync(join(ROOT, "build"), { recursive: true });
-  const tmp = `${DRIVER}.tmp-${process.pid}`;
-  await compile(["gcc", "-fsanitize=address,undefined", "-pthread", "-o", tmp, ...objects, "-lm"]);
-  renameSync(tmp, DRIVER);
-  rmSync(objDir, { recursive: true, force: true });
-}
-
-interface Run {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
-
-function run(...args: string[]): Run {
-  const r = Bun.spawnSync([DRIVER, ...args], { env: SAN_ENV, stdout: "pipe", stderr: "pipe" });
-  const out = { code: r.exitCode ?? -1, stdout: r.stdout.toString(), stderr: r.stderr.toString() };
-  if (SANITIZER_REPORT.test(out.stderr)) throw new Error(`sanitizer report:\n${out.stderr}`);
-  return out;
+/** Runs the sanitized driver; a sanitizer report fails the test (test/helpers/sanitized.ts). */
+function run(...args: string[]): SanitizedRun {
+  return runSanitized(driver, args);
 }
 
 let n = 0;
@@ -78,7 +35,7 @@ const TOKENS = [1, 60, 7, 33, 2, 2, 59, 10, 0, 44, 5];
 const files: Record<string, string> = {};
 
 beforeAll(async () => {
-  await buildDriver();
+  driver = await sanitizedDriver("asan_driver");
   const src = tmpPath("fp16");
   writeSyntheticModel(src, SHAPE);
   for (const quant of ["int4", "int2"] as const) {

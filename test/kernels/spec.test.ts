@@ -5,12 +5,12 @@
 // sampling's distribution (chi-square against the exact distribution, with
 // a deliberately broken sampler showing the test can fail).
 import { beforeAll, describe, expect, test } from "bun:test";
-import { existsSync, mkdtempSync, readdirSync, writeFileSync } from "node:fs";
+import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { NativeError, NativeModel, type NativeSession, SPEC_FLAGS, type SimdChoice, type SpecCycleParams } from "../../src/engine/binding.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
-import { simdFlags } from "../../build.ts";
-import { testTempDir, tinyModelPath } from "../helpers/models.ts";
+import { tinyModelPath } from "../helpers/models.ts";
+import { runSanitized, sanitizedDriver } from "../helpers/sanitized.ts";
 
 const ROOT = resolve(import.meta.dir, "../..");
 const LIB = join(ROOT, "build", "libloopserve.so");
@@ -368,27 +368,13 @@ describe("speculative cycles under ASan/UBSan", () => {
   test(
     "no sanitizer report, and greedy cycles equal plain stepping, on every SIMD path",
     async () => {
-      const dir = mkdtempSync(join(testTempDir(), "spec-asan-"));
-      const flags = ["-std=c11", "-O1", "-g", "-pthread", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-DLS_LOAD_TO_HEAP"];
-      const kernels = join(ROOT, "kernels");
-      const driver = join(ROOT, "test", "c", "spec_asan_driver.c");
-      const sources = [...readdirSync(kernels).filter((f) => f.endsWith(".c")).map((f) => join(kernels, f)), driver];
-      const objects = sources.map((_, i) => join(dir, `${i}.o`));
-      const cc = async (args: string[]) => {
-        const p = Bun.spawn(args, { stdout: "pipe", stderr: "pipe" });
-        const [code, err] = await Promise.all([p.exited, new Response(p.stderr).text()]);
-        if (code !== 0) throw new Error(`${args.join(" ")}\n${err}`);
-      };
-      await Promise.all(sources.map((src, i) => cc(["gcc", ...flags, ...simdFlags(src), "-I", kernels, "-c", src, "-o", objects[i]])));
-      const exe = join(dir, "spec_asan");
-      await cc(["gcc", ...flags, "-o", exe, ...objects, "-lm"]);
+      const driver = await sanitizedDriver("spec_asan_driver");
       const model = tinyModelPath({ ...AGREEING, vocabSize: 4096 });
       for (const simd of ["1", "2", "3"]) {
-        const r = Bun.spawnSync([exe, model, simd], { env: { ...process.env, ASAN_OPTIONS: "detect_leaks=1", UBSAN_OPTIONS: "halt_on_error=1:print_stacktrace=1" } });
-        const out = `${r.stdout.toString()}${r.stderr.toString()}`;
+        const r = runSanitized(driver, [model, simd]);
+        const out = `${r.stdout}${r.stderr}`;
         if (/requested but the CPU lacks/.test(out)) continue;
-        expect(out).not.toMatch(/ERROR: (AddressSanitizer|LeakSanitizer)|runtime error|SUMMARY: \w+Sanitizer/);
-        expect(r.exitCode, out).toBe(0);
+        expect(r.code, out).toBe(0);
       }
     },
     120_000,

@@ -1,0 +1,75 @@
+// The kernels under AddressSanitizer + UndefinedBehaviorSanitizer, for the
+// test files that drive them through small C programs in test/c/. Every
+// kernel source is compiled once per test process (with the per-file SIMD
+// flags of build.ts) and linked with each driver that asks for it.
+//
+// LS_LOAD_TO_HEAP makes the loader read a model file into an exactly-sized
+// heap buffer instead of mapping it: ASan does not track mapped pages, so
+// only then is a read past the end of the file reported.
+import { mkdtempSync, readdirSync } from "node:fs";
+import { basename, join, resolve } from "node:path";
+import { simdFlags } from "../../build.ts";
+import { testTempDir } from "./models.ts";
+
+const ROOT = resolve(import.meta.dir, "../..");
+const KERNELS = join(ROOT, "kernels");
+const FLAGS = ["-std=c11", "-O1", "-g", "-pthread", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-DLS_LOAD_TO_HEAP"];
+
+export const SANITIZER_ENV = {
+  ...process.env,
+  ASAN_OPTIONS: "detect_leaks=1:abort_on_error=0",
+  UBSAN_OPTIONS: "halt_on_error=1:print_stacktrace=1",
+};
+export const SANITIZER_REPORT = /ERROR: (AddressSanitizer|LeakSanitizer)|runtime error|SUMMARY: \w+Sanitizer/;
+
+async function compile(args: string[]): Promise<void> {
+  const p = Bun.spawn(args, { stdout: "pipe", stderr: "pipe" });
+  const [code, err] = await Promise.all([p.exited, new Response(p.stderr).text()]);
+  if (code !== 0) throw new Error(`${args.join(" ")}\n${err}`);
+}
+
+let kernelObjects: Promise<{ dir: string; objects: string[] }> | null = null;
+
+function sanitizedKernels(): Promise<{ dir: string; objects: string[] }> {
+  kernelObjects ??= (async () => {
+    const dir = mkdtempSync(join(testTempDir(), "sanitized-"));
+    const sources = readdirSync(KERNELS).filter((f) => f.endsWith(".c")).sort();
+    const objects = sources.map((f) => join(dir, f.replace(/\.c$/, ".o")));
+    await Promise.all(
+      sources.map((f, i) => compile(["gcc", ...FLAGS, ...simdFlags(f), "-I", KERNELS, "-c", join(KERNELS, f), "-o", objects[i]])),
+    );
+    return { dir, objects };
+  })();
+  return kernelObjects;
+}
+
+const drivers = new Map<string, Promise<string>>();
+
+/** Builds (once per process) test/c/<name>.c linked with the sanitized kernels; resolves to the executable. */
+export function sanitizedDriver(name: string): Promise<string> {
+  let exe = drivers.get(name);
+  if (!exe) {
+    exe = (async () => {
+      const { dir, objects } = await sanitizedKernels();
+      const out = join(dir, basename(name));
+      await compile(["gcc", ...FLAGS, "-I", KERNELS, "-o", out, join(ROOT, "test", "c", `${name}.c`), ...objects, "-lm"]);
+      return out;
+    })();
+    drivers.set(name, exe);
+  }
+  return exe;
+}
+
+export interface SanitizedRun {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs a sanitized driver; a sanitizer report is always a test failure. */
+export function runSanitized(exe: string, args: string[]): SanitizedRun {
+  const r = Bun.spawnSync([exe, ...args], { env: SANITIZER_ENV, stdout: "pipe", stderr: "pipe" });
+  const out = { code: r.exitCode ?? -1, stdout: r.stdout.toString(), stderr: r.stderr.toString() };
+  if (SANITIZER_REPORT.test(out.stderr)) throw new Error(`sanitizer report from ${basename(exe)} ${args.join(" ")}:\n${out.stderr}`);
+  return out;
+}
