@@ -9,6 +9,7 @@ usage:
   loopserve model new OUT [options]         write a deterministic synthetic model
   loopserve model inspect FILE              print a model file's header
   loopserve model quantize IN OUT --quant int4|int2   quantize an fp16/bf16/fp32 model
+  loopserve model export-gguf IN OUT [--loops N]      write the unrolled model as a Llama GGUF
   loopserve bench [--model FILE]            prefill and decode tokens/s of this build
   loopserve --version                       print the version
   loopserve COMMAND --help                  help for one command
