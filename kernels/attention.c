@@ -1,5 +1,5 @@
 /*
- * attention.c — RoPE and causal attention over one loop's fp16 K/V cache.
+ * attention.c — RoPE and causal attention over one loop's K/V cache.
  *
  * Every (token, head) pair is computed on its own, by one thread, reading
  * the cache in position order: its result depends only on its position and
@@ -11,9 +11,17 @@
  * Cache layout per loop and kv head: keys (head_dim, ldk), dimension-major,
  * so scores for 16 consecutive positions are one vector of FMAs with no
  * horizontal sum (ldk >= cap, padded off powers of two so the head_dim rows
- * read together do not all fall in one L1 set); values (cap, head_dim). Position p lives in ring slot
- * p % cap. With a window W the ring holds W + LS_CHUNK rows, so writing
+ * read together do not all fall in one L1 set); values (cap, head_dim).
+ * Position p lives in ring slot p % cap. With a window W the ring holds W + LS_CHUNK rows, so writing
  * a chunk never overwrites a row a token of that chunk still attends to.
+ *
+ * Cache modes (kvcache.h): rows are written by ls_kv_store (rotated and/or
+ * quantized as the session's mode says). A quantized cache is read by the
+ * ops kernels for its format (attn_*_i8 / attn_*_i4), which dequantize in
+ * registers and keep the fp16 kernels' contract, laid out the same way
+ * (keys transposed, values by position). In the H modes each head's q is
+ * rotated before its scores and its output rotated back, inside its own
+ * task.
  */
 #include <math.h>
 #include <stddef.h>
@@ -49,35 +57,47 @@ void ls_rope_apply(float *x, int32_t n_heads, int32_t head_dim, const float *cs)
 
 // ---- attention ----
 
+/* A run of visible positions held in consecutive ring slots. */
 typedef struct {
-    ls_session *s;
-    int32_t loop, T, pos0;
-} att_job;
+    int32_t slot, n;
+} slot_run;
 
-static void att_task(void *ctx, int32_t task, int32_t thread) {
-    const att_job *j = ctx;
-    ls_session *s = j->s;
+/* Attention of query head h (q, rotated here in the H modes) over the cnt
+ * visible positions of loop `loop`, given in position order as runs of ring
+ * slots; writes the head's output to out. Scores, softmax and value sums
+ * run in position order with the ops kernels, whatever the runs. */
+static void attend(ls_session *s, int32_t loop, int32_t h, float *q, float *out, const slot_run *run,
+                   int32_t nr, int32_t cnt, int32_t thread) {
     const ls_model_info *mi = &s->m->info;
     const ls_ops *ops = s->m->rt->ops;
-    int32_t n_heads = mi->n_heads, n_kv = mi->n_kv_heads, hd = mi->head_dim;
-    int32_t t = task / n_heads, h = task % n_heads;
-    int32_t p = j->pos0 + t;
-    int32_t lo = (s->window > 0 && p - s->window + 1 > 0) ? p - s->window + 1 : 0;
-    int32_t cnt = p - lo + 1;
-    int32_t cap = s->cap;
+    int32_t n_heads = mi->n_heads, n_kv = mi->n_kv_heads, hd = mi->head_dim, cap = s->cap;
     int32_t kvh = h / (n_heads / n_kv);
-    size_t head = (size_t)j->loop * n_kv + kvh;
-    const uint16_t *Kt = s->kc + head * hd * (size_t)s->ldk; /* (hd, ldk) */
-    const uint16_t *V = s->vc + head * (size_t)cap * hd;      /* (cap, hd) */
-    const float *q = s->q + (size_t)t * n_heads * hd + (size_t)h * hd;
+    size_t head = (size_t)loop * n_kv + kvh;
     float *sc = s->scores + (size_t)thread * cap;
-    float *out = s->att + (size_t)t * n_heads * hd + (size_t)h * hd;
+    int32_t fmt = s->kv_fmt;
+    if (s->kv_mode & LS_KV_HADAMARD) {
+        if (s->kv_mode & LS_KV_FP16_QKV)
+            for (int32_t d = 0; d < hd; d++) q[d] = ls_f16_to_f32(ls_f32_to_f16(q[d]));
+        ls_kv_wht(q, hd);
+    }
+    /* this head's cache, from ring slot 0 (kvcache.h layouts) */
+    size_t nb = (size_t)s->kv_nb, np = (size_t)s->kv_np, ldq = (size_t)s->ldq;
+    const uint16_t *Kt = fmt == LS_KV_FP16 ? s->kc + head * hd * (size_t)s->ldk : NULL; /* (hd, ldk) */
+    const uint16_t *V = fmt == LS_KV_FP16 ? s->vc + head * (size_t)cap * hd : NULL;      /* (cap, hd) */
+    const uint8_t *Kq = fmt != LS_KV_FP16 ? s->kq + head * nb * ldq : NULL;             /* (nb, ldq) */
+    const uint16_t *Kp = fmt != LS_KV_FP16 ? s->kp + head * np * (size_t)cap : NULL;     /* (np, cap) */
+    const uint8_t *Vq = fmt != LS_KV_FP16 ? s->vq + head * (size_t)cap * nb : NULL;      /* (cap, nb) */
+    const uint16_t *Vp = fmt != LS_KV_FP16 ? s->vp + head * (size_t)cap * np : NULL;     /* (cap, np) */
 
-    /* positions lo..p occupy ring rows r0..cap-1 then 0.. (at most one wrap) */
-    int32_t r0 = lo % cap;
-    int32_t n1 = cnt < cap - r0 ? cnt : cap - r0;
-    ops->attn_scores(sc, q, Kt + r0, s->ldk, hd, n1);
-    if (cnt > n1) ops->attn_scores(sc + n1, q, Kt, s->ldk, hd, cnt - n1);
+    for (int32_t r = 0, off = 0; r < nr; off += run[r].n, r++) {
+        size_t sl = (size_t)run[r].slot;
+        if (fmt == LS_KV_FP16)
+            ops->attn_scores(sc + off, q, Kt + sl, s->ldk, hd, run[r].n);
+        else if (fmt == LS_KV_INT8)
+            ops->attn_scores_i8(sc + off, q, (const int8_t *)Kq + sl, s->ldq, Kp + sl, hd, run[r].n);
+        else
+            ops->attn_scores_i4(sc + off, q, Kq + sl, s->ldq, Kp + sl, cap, hd, run[r].n);
+    }
 
     float scale = 1.0f / sqrtf((float)hd);
     float mx = -INFINITY;
@@ -91,41 +111,82 @@ static void att_task(void *ctx, int32_t task, int32_t thread) {
         sum += sc[i];
     }
     for (int32_t d = 0; d < hd; d++) out[d] = 0.0f;
-    ops->attn_values(out, sc, V + (size_t)r0 * hd, hd, n1);
-    if (cnt > n1) ops->attn_values(out, sc + n1, V, hd, cnt - n1);
+    for (int32_t r = 0, off = 0; r < nr; off += run[r].n, r++) {
+        size_t sl = (size_t)run[r].slot;
+        if (fmt == LS_KV_FP16)
+            ops->attn_values(out, sc + off, V + sl * hd, hd, run[r].n);
+        else if (fmt == LS_KV_INT8)
+            ops->attn_values_i8(out, sc + off, (const int8_t *)Vq + sl * nb, Vp + sl * np, hd, run[r].n);
+        else
+            ops->attn_values_i4(out, sc + off, Vq + sl * nb, Vp + sl * np, hd, run[r].n);
+    }
     float inv = 1.0f / sum;
     for (int32_t d = 0; d < hd; d++) out[d] *= inv;
+    if (s->kv_mode & LS_KV_HADAMARD) ls_kv_wht(out, hd);
+}
+
+typedef struct {
+    ls_session *s;
+    int32_t loop, T, pos0;
+} att_job;
+
+static void att_task(void *ctx, int32_t task, int32_t thread) {
+    const att_job *j = ctx;
+    ls_session *s = j->s;
+    int32_t n_heads = s->m->info.n_heads, hd = s->m->info.head_dim;
+    int32_t t = task / n_heads, h = task % n_heads;
+    int32_t p = j->pos0 + t;
+    int32_t lo = (s->window > 0 && p - s->window + 1 > 0) ? p - s->window + 1 : 0;
+    int32_t cnt = p - lo + 1;
+    int32_t cap = s->cap;
+
+    /* positions lo..p occupy ring rows r0..cap-1 then 0.. (at most one wrap) */
+    int32_t r0 = lo % cap;
+    int32_t n1 = cnt < cap - r0 ? cnt : cap - r0;
+    slot_run run[2] = {{r0, n1}, {0, cnt - n1}};
+    float *q = s->q + (size_t)t * n_heads * hd + (size_t)h * hd;
+    float *out = s->att + (size_t)t * n_heads * hd + (size_t)h * hd;
+    attend(s, j->loop, h, q, out, run, cnt > n1 ? 2 : 1, cnt, thread);
+}
+
+typedef struct {
+    ls_session *s;
+    int32_t loop, pos0;
+    const int32_t *slot;
+} store_job;
+
+/* One (token, kv head) row pair into its ring slot: slot[t], or (pos0 + t)
+ * % cap when slot is NULL. Each row's bytes depend on the row alone, so who
+ * stores it does not matter. */
+static void store_task(void *ctx, int32_t task, int32_t thread) {
+    const store_job *j = ctx;
+    ls_session *s = j->s;
+    int32_t n_kv = s->m->info.n_kv_heads, hd = s->m->info.head_dim;
+    int32_t t = task / n_kv, kvh = task % n_kv;
+    int32_t row = j->slot ? j->slot[t] : (j->pos0 + t) % s->cap;
+    size_t off = (size_t)t * n_kv * hd + (size_t)kvh * hd;
+    ls_kv_store(s, j->loop, kvh, row, s->k + off, s->v + off, thread);
+}
+
+/* Writes the T rows' K/V into the cache before any token attends: a token
+ * reads its own row back from the cache like every later token will. A
+ * prefill chunk's rows are encoded on the pool; a decode step's few inline. */
+static void store_rows(ls_session *s, int32_t loop, int32_t T, int32_t pos0, const int32_t *slot) {
+    store_job j = {s, loop, pos0, slot};
+    int32_t n = T * s->m->info.n_kv_heads;
+    if (T > 1)
+        ls_pool_run(s->m->rt->pool, store_task, &j, n);
+    else
+        for (int32_t task = 0; task < n; task++) store_task(&j, task, 0);
 }
 
 void ls_attention(ls_session *s, int32_t loop, int32_t T, int32_t pos0) {
-    const ls_model_info *mi = &s->m->info;
-    const ls_runtime *rt = s->m->rt;
-    int32_t n_kv = mi->n_kv_heads, hd = mi->head_dim, cap = s->cap;
-    size_t kv_dim = (size_t)n_kv * hd;
-
-    /* K and V are rounded to fp16 once, here; the token then reads its own
-     * row back from the cache like every later token will. Keys are stored
-     * transposed, (hd, cap) per head: one column per position. */
-    for (int32_t t = 0; t < T; t++) {
-        int32_t row = (pos0 + t) % cap;
-        for (int32_t kvh = 0; kvh < n_kv; kvh++) {
-            size_t head = (size_t)loop * n_kv + kvh;
-            rt->ops->f32_to_f16(s->k16, s->k + t * kv_dim + (size_t)kvh * hd, hd);
-            uint16_t *kt = s->kc + head * hd * (size_t)s->ldk + row;
-            for (int32_t d = 0; d < hd; d++) kt[(size_t)d * s->ldk] = s->k16[d];
-            rt->ops->f32_to_f16(s->vc + (head * cap + row) * hd, s->v + t * kv_dim + (size_t)kvh * hd, hd);
-        }
-    }
+    store_rows(s, loop, T, pos0, NULL);
     att_job j = {s, loop, T, pos0};
-    ls_pool_run(rt->pool, att_task, &j, T * mi->n_heads);
+    ls_pool_run(s->m->rt->pool, att_task, &j, T * s->m->info.n_heads);
 }
 
 // ---- tree attention (speculative verification) ----
-
-/* A run of visible positions held in consecutive ring slots. */
-typedef struct {
-    int32_t slot, n;
-} slot_run;
 
 /* Most runs one row can need: the committed part (two when the ring wraps)
  * plus one per tree depth. */
@@ -145,9 +206,7 @@ static void tree_att_task(void *ctx, int32_t task, int32_t thread) {
     const tree_att_job *j = ctx;
     ls_session *s = j->s;
     const ls_tree_rows *rows = j->rows;
-    const ls_model_info *mi = &s->m->info;
-    const ls_ops *ops = s->m->rt->ops;
-    int32_t n_heads = mi->n_heads, n_kv = mi->n_kv_heads, hd = mi->head_dim;
+    int32_t n_heads = s->m->info.n_heads, hd = s->m->info.head_dim;
     int32_t t = task / n_heads, h = task % n_heads;
     int32_t p = rows->pos[t], base = rows->base, cap = s->cap;
     int32_t lo = (s->window > 0 && p - s->window + 1 > 0) ? p - s->window + 1 : 0;
@@ -170,58 +229,15 @@ static void tree_att_task(void *ctx, int32_t task, int32_t thread) {
             run[nr++] = (slot_run){sl, 1};
     }
 
-    int32_t kvh = h / (n_heads / n_kv);
-    size_t head = (size_t)j->loop * n_kv + kvh;
-    const uint16_t *Kt = s->kc + head * hd * (size_t)s->ldk;
-    const uint16_t *V = s->vc + head * (size_t)cap * hd;
-    const float *q = s->q + (size_t)t * n_heads * hd + (size_t)h * hd;
-    float *sc = s->scores + (size_t)thread * cap;
+    float *q = s->q + (size_t)t * n_heads * hd + (size_t)h * hd;
     float *out = s->att + (size_t)t * n_heads * hd + (size_t)h * hd;
-
-    int32_t off = 0;
-    for (int32_t r = 0; r < nr; r++) {
-        ops->attn_scores(sc + off, q, Kt + run[r].slot, s->ldk, hd, run[r].n);
-        off += run[r].n;
-    }
-    float scale = 1.0f / sqrtf((float)hd);
-    float mx = -INFINITY;
-    for (int32_t i = 0; i < cnt; i++) {
-        sc[i] *= scale;
-        if (sc[i] > mx) mx = sc[i];
-    }
-    float sum = 0.0f;
-    for (int32_t i = 0; i < cnt; i++) {
-        sc[i] = expf(sc[i] - mx);
-        sum += sc[i];
-    }
-    for (int32_t d = 0; d < hd; d++) out[d] = 0.0f;
-    off = 0;
-    for (int32_t r = 0; r < nr; r++) {
-        ops->attn_values(out, sc + off, V + (size_t)run[r].slot * hd, hd, run[r].n);
-        off += run[r].n;
-    }
-    float inv = 1.0f / sum;
-    for (int32_t d = 0; d < hd; d++) out[d] *= inv;
+    attend(s, j->loop, h, q, out, run, nr, cnt, thread);
 }
 
 void ls_attention_tree(ls_session *s, int32_t loop, int32_t T, const ls_tree_rows *rows) {
-    const ls_model_info *mi = &s->m->info;
-    const ls_runtime *rt = s->m->rt;
-    int32_t n_kv = mi->n_kv_heads, hd = mi->head_dim, cap = s->cap;
-    size_t kv_dim = (size_t)n_kv * hd;
-
     /* As in ls_attention: every row's K/V goes in first (a row's ancestors in
      * this chunk precede it), then each row reads only its own path. */
-    for (int32_t t = 0; t < T; t++) {
-        int32_t row = rows->slot[t];
-        for (int32_t kvh = 0; kvh < n_kv; kvh++) {
-            size_t head = (size_t)loop * n_kv + kvh;
-            rt->ops->f32_to_f16(s->k16, s->k + t * kv_dim + (size_t)kvh * hd, hd);
-            uint16_t *kt = s->kc + head * hd * (size_t)s->ldk + row;
-            for (int32_t d = 0; d < hd; d++) kt[(size_t)d * s->ldk] = s->k16[d];
-            rt->ops->f32_to_f16(s->vc + (head * cap + row) * hd, s->v + t * kv_dim + (size_t)kvh * hd, hd);
-        }
-    }
+    store_rows(s, loop, T, 0, rows->slot);
     tree_att_job j = {s, loop, rows};
-    ls_pool_run(rt->pool, tree_att_task, &j, T * mi->n_heads);
+    ls_pool_run(s->m->rt->pool, tree_att_task, &j, T * s->m->info.n_heads);
 }

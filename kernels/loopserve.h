@@ -112,13 +112,53 @@ void ls_model_info_get(const ls_model *m, ls_model_info *out);
 
 /* ---- session: one request's KV cache ---- */
 
-/* A session owns one fp16 K/V cache per loop for up to `loops` loops.
+/* ---- key/value cache modes (DESIGN.md §3), fixed per session ----
+ *
+ * kv_mode = one format, optionally ORed with flags. Every row (one loop,
+ * position and kv head: head_dim values of K or of V) is stored on its own:
+ * how a row is encoded depends on that row only (batch invariance).
+ *   LS_KV_FP16  head_dim fp16 values.
+ *   LS_KV_INT8  head_dim int8 codes c in [-127, 127] and one fp16 scale s
+ *               = fp16(max|x| / 127) (at least the smallest subnormal when
+ *               max|x| > 0); x ~ c * s.
+ *   LS_KV_INT4  codes c in 0..15 in groups of 32 along head_dim (the last
+ *               group shorter when head_dim is not a multiple of 32), an
+ *               fp16 offset z = fp16(min) and scale s = fp16((max - z) / 15)
+ *               per group; x ~ c * s + z. Two codes per byte: byte i of a
+ *               group of L values holds value i in the low nibble and value
+ *               L/2 + i in the high nibble.
+ * Attention dequantizes in registers (c * s (+ z) in fp32) as it reads the
+ * codes. kernels/kvcache.h has the layouts.
+ * Flags:
+ *   LS_KV_HADAMARD  K and V rows are rotated by the normalized Walsh-Hadamard
+ *                   transform (head_dim must be a power of two) before they
+ *                   are stored or quantized; q is rotated the same way and
+ *                   each head's attention output rotated back, so scores and
+ *                   outputs equal the unrotated ones up to rounding.
+ *   LS_KV_FP16_QKV  with LS_KV_HADAMARD only: q, k and v are rounded to fp16
+ *                   before the rotation (as a GPU fp16 path computes them). */
+#define LS_KV_FP16 0
+#define LS_KV_INT8 1
+#define LS_KV_INT4 2
+#define LS_KV_FORMAT_MASK 0xff
+#define LS_KV_HADAMARD 0x100
+#define LS_KV_FP16_QKV 0x200
+
+/* A session owns one K/V cache per loop for up to `loops` loops.
  * max_seq:      most positions the session will ever hold (prompt + output).
  * cache_window: 0 = full attention; W > 0 = each position attends only to
  *               the last W positions (itself included); the cache then
  *               holds a bounded ring of positions instead of max_seq. */
 ls_session *ls_session_new(ls_model *m, int32_t max_seq, int32_t loops,
                            int32_t cache_window, char *err, int32_t err_len);
+
+/* ls_session_new with a key/value cache mode (LS_KV_*; ls_session_new is
+ * kv_mode LS_KV_FP16). A mode the library cannot run (unknown bits, a flag
+ * without its prerequisite, LS_KV_HADAMARD with a head_dim that is not a
+ * power of two) is refused: NULL and the reason in err. */
+ls_session *ls_session_new_kv(ls_model *m, int32_t max_seq, int32_t loops,
+                              int32_t cache_window, int32_t kv_mode, char *err,
+                              int32_t err_len);
 void ls_session_free(ls_session *s);
 
 /* Number of positions held (tokens fed so far minus rollbacks). */
@@ -129,10 +169,10 @@ int32_t ls_session_rollback(ls_session *s, int32_t pos);
 
 /* Copies positions [0, n) of src — every loop's K/V rows the dst needs and
  * the token history — into dst, which must be empty (pos 0), of the same
- * model and cache_window, with loops <= src's loops and room for n
- * positions; src must hold at least n positions in those loops. dst then
- * continues exactly as src would have from position n (bit-identical): this
- * is how a pooled prompt prefix is reused. */
+ * model, cache_window and kv_mode (else LS_ERR_STATE), with loops <= src's
+ * loops and room for n positions; src must hold at least n positions in
+ * those loops. dst then continues exactly as src would have from position
+ * n (bit-identical): this is how a pooled prompt prefix is reused. */
 int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src, int32_t n);
 
 /* Runs n tokens at positions [pos, pos + n) through `loops` loops
@@ -221,7 +261,8 @@ typedef struct {
  * probability), verified in one masked pass; needs p + 1 + k_branches * k
  * <= max_seq (leaves take their own cache rows until the walk is done).
  * out_stats (nullable, 2 ints): tokens proposed, draft tokens accepted (j).
- * Returns j + 1, or LS_ERR_ARG (bad setting, temperature > 0 with a tree),
+ * Returns j + 1, or LS_ERR_ARG (bad setting; a tree with temperature > 0
+ * or with a cache mode other than LS_KV_FP16),
  * LS_ERR_STATE (caches not at the session's position), LS_ERR_FULL (no room
  * for the cycle's rows), LS_ERR_NOMEM; on error nothing is committed. */
 int32_t ls_spec_cycle(ls_session *s, int32_t pending, const ls_spec_params *params, int32_t *out_tokens,

@@ -40,6 +40,32 @@ typedef struct ls_ops {
      * consecutive ranges equals one call on their union. */
     void (*attn_values)(float *out, const float *p, const uint16_t *v, int32_t hd, int32_t n);
 
+    /* Attention over a quantized cache (kvcache.h layouts, loopserve.h
+     * LS_KV_* formats). Values are dequantized in registers exactly as
+     * ls_kv_decode_row does (c * s, or c * s + z: the product is exact in
+     * fp32, so one rounding, FMA or not); s, z are fp16 parameters. Same
+     * contract as attn_scores / attn_values: each score is its position's
+     * alone, and values over two consecutive ranges equal one call over their
+     * union. AVX paths fuse multiply-adds, as in the fp16 kernels.
+     *
+     * int8 keys, codes kt (hd, ldq), scales ks (n):
+     *   scores[j] = (sum_d q[d] * kt[d*ldq + j], d increasing) * s(ks[j]).
+     * int8 values, codes v (n, hd), scales vs (n):
+     *   out[d] += (p[j] * s(vs[j])) * v[j*hd + d], j increasing. */
+    void (*attn_scores_i8)(float *scores, const float *q, const int8_t *kt, int32_t ldq, const uint16_t *ks,
+                           int32_t hd, int32_t n);
+    void (*attn_values_i8)(float *out, const float *p, const int8_t *v, const uint16_t *vs, int32_t hd, int32_t n);
+    /* int4 keys, codes kt (hd / 2, ldq), parameters kp (2 * groups, ldp): rows
+     * 2g and 2g + 1 hold group g's scale and offset per position:
+     *   scores[j] = sum of q[dim] * (c * s + z) over the groups in order, the
+     *   code bytes of a group in order, low nibble then high (kvcache.h:
+     *   byte i of group g holds dims g0 + i and g0 + L/2 + i).
+     * int4 values, codes v (n, hd / 2), parameters vp (n, 2 * groups):
+     *   out[dim] += p[j] * (c * s + z), j increasing. */
+    void (*attn_scores_i4)(float *scores, const float *q, const uint8_t *kt, int32_t ldq, const uint16_t *kp,
+                           int32_t ldp, int32_t hd, int32_t n);
+    void (*attn_values_i4)(float *out, const float *p, const uint8_t *v, const uint16_t *vp, int32_t hd, int32_t n);
+
     /* out = x / sqrt(mean(x^2) + eps) * w (out may alias x). */
     void (*rmsnorm)(float *out, const float *x, const float *w, int32_t n, float eps);
 

@@ -229,6 +229,179 @@ static void attn_values_avx2(float *out, const float *p, const uint16_t *v, int3
     }
 }
 
+// ---- quantized cache (ops.h attn_*_i8 / _i4; layouts in kvcache.h) ----
+//
+// Lane = position for scores, lane = dimension for values, as above. The
+// last < 8 positions (or dimensions) run the same per-lane arithmetic in
+// scalar code: fmaf with -mfma is the vector FMA's single rounding, and
+// _cvtsh_ss the vector conversion, so a value does not depend on whether
+// it fell in a vector or in the tail.
+
+#define KV_GROUP 32 /* LS_KV_GROUP */
+
+static inline __m256 load_i8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* 8 code bytes -> low nibbles and high nibbles as floats */
+static inline void load_u4(const uint8_t *p, __m256 *lo, __m256 *hi) {
+    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    *lo = _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15)));
+    *hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+}
+
+static inline int32_t group_half(int32_t g0, int32_t hd) {
+    return ((g0 + KV_GROUP < hd ? g0 + KV_GROUP : hd) - g0) / 2;
+}
+
+static void attn_scores_i8_avx2(float *scores, const float *q, const int8_t *kt, int32_t ldq, const uint16_t *ks,
+                                int32_t hd, int32_t n) {
+    int32_t j = 0;
+    for (; j + 4 * VL <= n; j += 4 * VL) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const int8_t *row = kt + j;
+        for (int32_t d = 0; d < hd; d++, row += ldq) {
+            __m256 qd = _mm256_set1_ps(q[d]);
+            a0 = _mm256_fmadd_ps(qd, load_i8(row), a0);
+            a1 = _mm256_fmadd_ps(qd, load_i8(row + VL), a1);
+            a2 = _mm256_fmadd_ps(qd, load_i8(row + 2 * VL), a2);
+            a3 = _mm256_fmadd_ps(qd, load_i8(row + 3 * VL), a3);
+        }
+        _mm256_storeu_ps(scores + j, _mm256_mul_ps(a0, load_w(ks + j)));
+        _mm256_storeu_ps(scores + j + VL, _mm256_mul_ps(a1, load_w(ks + j + VL)));
+        _mm256_storeu_ps(scores + j + 2 * VL, _mm256_mul_ps(a2, load_w(ks + j + 2 * VL)));
+        _mm256_storeu_ps(scores + j + 3 * VL, _mm256_mul_ps(a3, load_w(ks + j + 3 * VL)));
+    }
+    for (; j + VL <= n; j += VL) {
+        __m256 a = _mm256_setzero_ps();
+        const int8_t *row = kt + j;
+        for (int32_t d = 0; d < hd; d++, row += ldq) a = _mm256_fmadd_ps(_mm256_set1_ps(q[d]), load_i8(row), a);
+        _mm256_storeu_ps(scores + j, _mm256_mul_ps(a, load_w(ks + j)));
+    }
+    for (; j < n; j++) {
+        float a = 0.0f;
+        for (int32_t d = 0; d < hd; d++) a = fmaf(q[d], (float)kt[(size_t)d * ldq + j], a);
+        scores[j] = a * _cvtsh_ss(ks[j]);
+    }
+}
+
+static void attn_values_i8_avx2(float *out, const float *p, const int8_t *v, const uint16_t *vs, int32_t hd,
+                                int32_t n) {
+    int32_t d0 = 0;
+    for (; d0 + 4 * VL <= hd; d0 += 4 * VL) {
+        __m256 a0 = _mm256_loadu_ps(out + d0), a1 = _mm256_loadu_ps(out + d0 + VL);
+        __m256 a2 = _mm256_loadu_ps(out + d0 + 2 * VL), a3 = _mm256_loadu_ps(out + d0 + 3 * VL);
+        const int8_t *row = v + d0;
+        for (int32_t j = 0; j < n; j++, row += hd) {
+            __m256 w = _mm256_set1_ps(p[j] * _cvtsh_ss(vs[j]));
+            a0 = _mm256_fmadd_ps(w, load_i8(row), a0);
+            a1 = _mm256_fmadd_ps(w, load_i8(row + VL), a1);
+            a2 = _mm256_fmadd_ps(w, load_i8(row + 2 * VL), a2);
+            a3 = _mm256_fmadd_ps(w, load_i8(row + 3 * VL), a3);
+        }
+        _mm256_storeu_ps(out + d0, a0);
+        _mm256_storeu_ps(out + d0 + VL, a1);
+        _mm256_storeu_ps(out + d0 + 2 * VL, a2);
+        _mm256_storeu_ps(out + d0 + 3 * VL, a3);
+    }
+    for (; d0 + VL <= hd; d0 += VL) {
+        __m256 a = _mm256_loadu_ps(out + d0);
+        const int8_t *row = v + d0;
+        for (int32_t j = 0; j < n; j++, row += hd) a = _mm256_fmadd_ps(_mm256_set1_ps(p[j] * _cvtsh_ss(vs[j])), load_i8(row), a);
+        _mm256_storeu_ps(out + d0, a);
+    }
+    for (; d0 < hd; d0++) {
+        float a = out[d0];
+        for (int32_t j = 0; j < n; j++) a = fmaf(p[j] * _cvtsh_ss(vs[j]), (float)v[(size_t)j * hd + d0], a);
+        out[d0] = a;
+    }
+}
+
+/* NV vectors of positions (NV * 8 from j); NV is a constant at every call. */
+static inline __attribute__((always_inline)) void scores_i4_tile(float *scores, const float *q, const uint8_t *kt,
+                                                                 int32_t ldq, const uint16_t *kp, int32_t ldp,
+                                                                 int32_t hd, int32_t j, const int NV) {
+    __m256 a[4];
+    for (int v = 0; v < NV; v++) a[v] = _mm256_setzero_ps();
+    for (int32_t g0 = 0, g = 0; g0 < hd; g0 += KV_GROUP, g++) {
+        int32_t half = group_half(g0, hd);
+        __m256 sg[4], zg[4];
+        for (int v = 0; v < NV; v++) {
+            sg[v] = load_w(kp + (size_t)(2 * g) * ldp + j + v * VL);
+            zg[v] = load_w(kp + (size_t)(2 * g + 1) * ldp + j + v * VL);
+        }
+        const uint8_t *row = kt + (size_t)(g0 / 2) * ldq + j;
+        for (int32_t i = 0; i < half; i++, row += ldq) {
+            __m256 qlo = _mm256_set1_ps(q[g0 + i]), qhi = _mm256_set1_ps(q[g0 + half + i]);
+            for (int v = 0; v < NV; v++) {
+                __m256 lo, hi;
+                load_u4(row + v * VL, &lo, &hi);
+                a[v] = _mm256_fmadd_ps(qlo, _mm256_fmadd_ps(lo, sg[v], zg[v]), a[v]);
+                a[v] = _mm256_fmadd_ps(qhi, _mm256_fmadd_ps(hi, sg[v], zg[v]), a[v]);
+            }
+        }
+    }
+    for (int v = 0; v < NV; v++) _mm256_storeu_ps(scores + j + v * VL, a[v]);
+}
+
+static void attn_scores_i4_avx2(float *scores, const float *q, const uint8_t *kt, int32_t ldq, const uint16_t *kp,
+                                int32_t ldp, int32_t hd, int32_t n) {
+    int32_t j = 0;
+    for (; j + 4 * VL <= n; j += 4 * VL) scores_i4_tile(scores, q, kt, ldq, kp, ldp, hd, j, 4);
+    for (; j + VL <= n; j += VL) scores_i4_tile(scores, q, kt, ldq, kp, ldp, hd, j, 1);
+    for (; j < n; j++) {
+        float a = 0.0f;
+        for (int32_t g0 = 0, g = 0; g0 < hd; g0 += KV_GROUP, g++) {
+            int32_t half = group_half(g0, hd);
+            float sg = _cvtsh_ss(kp[(size_t)(2 * g) * ldp + j]), zg = _cvtsh_ss(kp[(size_t)(2 * g + 1) * ldp + j]);
+            const uint8_t *col = kt + (size_t)(g0 / 2) * ldq + j;
+            for (int32_t i = 0; i < half; i++, col += ldq) {
+                a = fmaf(q[g0 + i], fmaf((float)(*col & 15), sg, zg), a);
+                a = fmaf(q[g0 + half + i], fmaf((float)(*col >> 4), sg, zg), a);
+            }
+        }
+        scores[j] = a;
+    }
+}
+
+static void attn_values_i4_avx2(float *out, const float *p, const uint8_t *v, const uint16_t *vp, int32_t hd,
+                                int32_t n) {
+    int32_t nb = hd / 2, np = 2 * ((hd + KV_GROUP - 1) / KV_GROUP);
+    for (int32_t g0 = 0, g = 0; g0 < hd; g0 += KV_GROUP, g++) {
+        int32_t half = group_half(g0, hd);
+        const uint8_t *row = v + g0 / 2;
+        const uint16_t *par = vp + 2 * g;
+        if (half == KV_GROUP / 2) {
+            /* a whole group: dims g0.. g0+7, +8..15 (low nibbles), +16..23, +24..31 (high) */
+            __m256 a0 = _mm256_loadu_ps(out + g0), a1 = _mm256_loadu_ps(out + g0 + VL);
+            __m256 a2 = _mm256_loadu_ps(out + g0 + 2 * VL), a3 = _mm256_loadu_ps(out + g0 + 3 * VL);
+            for (int32_t j = 0; j < n; j++, row += nb, par += np) {
+                __m256 w = _mm256_set1_ps(p[j]);
+                __m256 sg = _mm256_set1_ps(_cvtsh_ss(par[0])), zg = _mm256_set1_ps(_cvtsh_ss(par[1]));
+                __m256 lo0, hi0, lo1, hi1;
+                load_u4(row, &lo0, &hi0);
+                load_u4(row + VL, &lo1, &hi1);
+                a0 = _mm256_fmadd_ps(w, _mm256_fmadd_ps(lo0, sg, zg), a0);
+                a1 = _mm256_fmadd_ps(w, _mm256_fmadd_ps(lo1, sg, zg), a1);
+                a2 = _mm256_fmadd_ps(w, _mm256_fmadd_ps(hi0, sg, zg), a2);
+                a3 = _mm256_fmadd_ps(w, _mm256_fmadd_ps(hi1, sg, zg), a3);
+            }
+            _mm256_storeu_ps(out + g0, a0);
+            _mm256_storeu_ps(out + g0 + VL, a1);
+            _mm256_storeu_ps(out + g0 + 2 * VL, a2);
+            _mm256_storeu_ps(out + g0 + 3 * VL, a3);
+            continue;
+        }
+        for (int32_t j = 0; j < n; j++, row += nb, par += np) { /* a short last group */
+            float sg = _cvtsh_ss(par[0]), zg = _cvtsh_ss(par[1]);
+            for (int32_t i = 0; i < half; i++) {
+                out[g0 + i] = fmaf(p[j], fmaf((float)(row[i] & 15), sg, zg), out[g0 + i]);
+                out[g0 + half + i] = fmaf(p[j], fmaf((float)(row[i] >> 4), sg, zg), out[g0 + half + i]);
+            }
+        }
+    }
+}
+
 static void rmsnorm_avx2(float *out, const float *x, const float *w, int32_t n, float eps) {
     __m256 acc = _mm256_setzero_ps();
     int32_t i = 0;
@@ -278,6 +451,10 @@ const ls_ops ls_ops_avx2 = {
     .matmul_f16 = matmul_f16_avx2,
     .attn_scores = attn_scores_avx2,
     .attn_values = attn_values_avx2,
+    .attn_scores_i8 = attn_scores_i8_avx2,
+    .attn_values_i8 = attn_values_i8_avx2,
+    .attn_scores_i4 = attn_scores_i4_avx2,
+    .attn_values_i4 = attn_values_i4_avx2,
     .rmsnorm = rmsnorm_avx2,
     .f16_to_f32 = f16_to_f32_avx2,
     .f32_to_f16 = f32_to_f16_avx2,

@@ -222,6 +222,151 @@ static void attn_values_avx512(float *out, const float *p, const uint16_t *v, in
     }
 }
 
+// ---- quantized cache (ops.h attn_*_i8 / _i4; layouts in kvcache.h) ----
+//
+// Lane = position for scores, lane = dimension for values, as above; the
+// last < 16 positions (dimensions) are masked lanes of the same vectors.
+
+#define KV_GROUP 32 /* LS_KV_GROUP */
+
+static inline __mmask16 lanes(int32_t n) { return (__mmask16)((1u << n) - 1u); }
+
+static inline __m512 load_i8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
+static inline __m512 load_i8_tail(const int8_t *p, int32_t n) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(lanes(n), p)));
+}
+
+/* 16 code bytes (n of them) -> low nibbles and high nibbles as floats */
+static inline void load_u4(const uint8_t *p, int32_t n, __m512 *lo, __m512 *hi) {
+    __m128i raw = n == VL ? _mm_loadu_si128((const __m128i *)p) : _mm_maskz_loadu_epi8(lanes(n), p);
+    __m512i b = _mm512_cvtepu8_epi32(raw);
+    *lo = _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)));
+    *hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+}
+
+static inline int32_t group_half(int32_t g0, int32_t hd) {
+    return ((g0 + KV_GROUP < hd ? g0 + KV_GROUP : hd) - g0) / 2;
+}
+
+static void attn_scores_i8_avx512(float *scores, const float *q, const int8_t *kt, int32_t ldq,
+                                  const uint16_t *ks, int32_t hd, int32_t n) {
+    int32_t j = 0;
+    for (; j + 4 * VL <= n; j += 4 * VL) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const int8_t *row = kt + j;
+        for (int32_t d = 0; d < hd; d++, row += ldq) {
+            __m512 qd = _mm512_set1_ps(q[d]);
+            a0 = _mm512_fmadd_ps(qd, load_i8(row), a0);
+            a1 = _mm512_fmadd_ps(qd, load_i8(row + VL), a1);
+            a2 = _mm512_fmadd_ps(qd, load_i8(row + 2 * VL), a2);
+            a3 = _mm512_fmadd_ps(qd, load_i8(row + 3 * VL), a3);
+        }
+        _mm512_storeu_ps(scores + j, _mm512_mul_ps(a0, load_w(ks + j)));
+        _mm512_storeu_ps(scores + j + VL, _mm512_mul_ps(a1, load_w(ks + j + VL)));
+        _mm512_storeu_ps(scores + j + 2 * VL, _mm512_mul_ps(a2, load_w(ks + j + 2 * VL)));
+        _mm512_storeu_ps(scores + j + 3 * VL, _mm512_mul_ps(a3, load_w(ks + j + 3 * VL)));
+    }
+    for (; j < n; j += VL) {
+        int32_t m = n - j < VL ? n - j : VL;
+        __m512 a = _mm512_setzero_ps();
+        const int8_t *row = kt + j;
+        for (int32_t d = 0; d < hd; d++, row += ldq)
+            a = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), m == VL ? load_i8(row) : load_i8_tail(row, m), a);
+        _mm512_mask_storeu_ps(scores + j, lanes(m), _mm512_mul_ps(a, load_w_tail(ks + j, m)));
+    }
+}
+
+static void attn_values_i8_avx512(float *out, const float *p, const int8_t *v, const uint16_t *vs, int32_t hd,
+                                  int32_t n) {
+    int32_t d0 = 0;
+    for (; d0 + 4 * VL <= hd; d0 += 4 * VL) {
+        __m512 a0 = _mm512_loadu_ps(out + d0), a1 = _mm512_loadu_ps(out + d0 + VL);
+        __m512 a2 = _mm512_loadu_ps(out + d0 + 2 * VL), a3 = _mm512_loadu_ps(out + d0 + 3 * VL);
+        const int8_t *row = v + d0;
+        for (int32_t j = 0; j < n; j++, row += hd) {
+            __m512 w = _mm512_set1_ps(p[j] * _cvtsh_ss(vs[j]));
+            a0 = _mm512_fmadd_ps(w, load_i8(row), a0);
+            a1 = _mm512_fmadd_ps(w, load_i8(row + VL), a1);
+            a2 = _mm512_fmadd_ps(w, load_i8(row + 2 * VL), a2);
+            a3 = _mm512_fmadd_ps(w, load_i8(row + 3 * VL), a3);
+        }
+        _mm512_storeu_ps(out + d0, a0);
+        _mm512_storeu_ps(out + d0 + VL, a1);
+        _mm512_storeu_ps(out + d0 + 2 * VL, a2);
+        _mm512_storeu_ps(out + d0 + 3 * VL, a3);
+    }
+    for (; d0 < hd; d0 += VL) {
+        int32_t m = hd - d0 < VL ? hd - d0 : VL;
+        __m512 a = load_x_tail(out + d0, m);
+        const int8_t *row = v + d0;
+        for (int32_t j = 0; j < n; j++, row += hd)
+            a = _mm512_fmadd_ps(_mm512_set1_ps(p[j] * _cvtsh_ss(vs[j])), m == VL ? load_i8(row) : load_i8_tail(row, m), a);
+        _mm512_mask_storeu_ps(out + d0, lanes(m), a);
+    }
+}
+
+/* NV vectors of positions from j, the last holding m (<= 16) of them; NV is
+ * a constant at every call. */
+static inline __attribute__((always_inline)) void scores_i4_tile(float *scores, const float *q, const uint8_t *kt,
+                                                                 int32_t ldq, const uint16_t *kp, int32_t ldp,
+                                                                 int32_t hd, int32_t j, int32_t m, const int NV) {
+    __m512 a[4];
+    for (int v = 0; v < NV; v++) a[v] = _mm512_setzero_ps();
+    for (int32_t g0 = 0, g = 0; g0 < hd; g0 += KV_GROUP, g++) {
+        int32_t half = group_half(g0, hd);
+        __m512 sg[4], zg[4];
+        for (int v = 0; v < NV; v++) {
+            int32_t mv = v == NV - 1 ? m : VL;
+            sg[v] = load_w_tail(kp + (size_t)(2 * g) * ldp + j + v * VL, mv);
+            zg[v] = load_w_tail(kp + (size_t)(2 * g + 1) * ldp + j + v * VL, mv);
+        }
+        const uint8_t *row = kt + (size_t)(g0 / 2) * ldq + j;
+        for (int32_t i = 0; i < half; i++, row += ldq) {
+            __m512 qlo = _mm512_set1_ps(q[g0 + i]), qhi = _mm512_set1_ps(q[g0 + half + i]);
+            for (int v = 0; v < NV; v++) {
+                __m512 lo, hi;
+                load_u4(row + v * VL, v == NV - 1 ? m : VL, &lo, &hi);
+                a[v] = _mm512_fmadd_ps(qlo, _mm512_fmadd_ps(lo, sg[v], zg[v]), a[v]);
+                a[v] = _mm512_fmadd_ps(qhi, _mm512_fmadd_ps(hi, sg[v], zg[v]), a[v]);
+            }
+        }
+    }
+    for (int v = 0; v < NV; v++) _mm512_mask_storeu_ps(scores + j + v * VL, lanes(v == NV - 1 ? m : VL), a[v]);
+}
+
+static void attn_scores_i4_avx512(float *scores, const float *q, const uint8_t *kt, int32_t ldq,
+                                  const uint16_t *kp, int32_t ldp, int32_t hd, int32_t n) {
+    int32_t j = 0;
+    for (; j + 4 * VL <= n; j += 4 * VL) scores_i4_tile(scores, q, kt, ldq, kp, ldp, hd, j, VL, 4);
+    for (; j < n; j += VL) scores_i4_tile(scores, q, kt, ldq, kp, ldp, hd, j, n - j < VL ? n - j : VL, 1);
+}
+
+static void attn_values_i4_avx512(float *out, const float *p, const uint8_t *v, const uint16_t *vp, int32_t hd,
+                                  int32_t n) {
+    int32_t nb = hd / 2, np = 2 * ((hd + KV_GROUP - 1) / KV_GROUP);
+    for (int32_t g0 = 0, g = 0; g0 < hd; g0 += KV_GROUP, g++) {
+        /* dims g0 .. g0 + half - 1 (low nibbles), g0 + half .. (high): one masked vector each */
+        int32_t half = group_half(g0, hd);
+        __mmask16 mk = lanes(half);
+        __m512 alo = _mm512_maskz_loadu_ps(mk, out + g0), ahi = _mm512_maskz_loadu_ps(mk, out + g0 + half);
+        const uint8_t *row = v + g0 / 2;
+        const uint16_t *par = vp + 2 * g;
+        for (int32_t j = 0; j < n; j++, row += nb, par += np) {
+            __m512 w = _mm512_set1_ps(p[j]);
+            __m512 sg = _mm512_set1_ps(_cvtsh_ss(par[0])), zg = _mm512_set1_ps(_cvtsh_ss(par[1]));
+            __m512 lo, hi;
+            load_u4(row, half, &lo, &hi);
+            alo = _mm512_fmadd_ps(w, _mm512_fmadd_ps(lo, sg, zg), alo);
+            ahi = _mm512_fmadd_ps(w, _mm512_fmadd_ps(hi, sg, zg), ahi);
+        }
+        _mm512_mask_storeu_ps(out + g0, mk, alo);
+        _mm512_mask_storeu_ps(out + g0 + half, mk, ahi);
+    }
+}
+
 static void rmsnorm_avx512(float *out, const float *x, const float *w, int32_t n, float eps) {
     __m512 acc = _mm512_setzero_ps();
     int32_t i = 0;
@@ -267,6 +412,10 @@ const ls_ops ls_ops_avx512 = {
     .matmul_f16 = matmul_f16_avx512,
     .attn_scores = attn_scores_avx512,
     .attn_values = attn_values_avx512,
+    .attn_scores_i8 = attn_scores_i8_avx512,
+    .attn_values_i8 = attn_values_i8_avx512,
+    .attn_scores_i4 = attn_scores_i4_avx512,
+    .attn_values_i4 = attn_values_i4_avx512,
     .rmsnorm = rmsnorm_avx512,
     .f16_to_f32 = f16_to_f32_avx512,
     .f32_to_f16 = f32_to_f16_avx512,

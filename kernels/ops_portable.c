@@ -103,6 +103,67 @@ static void attn_values_portable(float *out, const float *p, const uint16_t *v, 
     }
 }
 
+// ---- quantized cache (ops.h attn_*_i8 / _i4; layouts in kvcache.h) ----
+
+#define KV_GROUP 32 /* LS_KV_GROUP */
+
+static void attn_scores_i8_portable(float *scores, const float *q, const int8_t *kt, int32_t ldq,
+                                    const uint16_t *ks, int32_t hd, int32_t n) {
+    for (int32_t j = 0; j < n; j++) scores[j] = 0.0f;
+    for (int32_t d = 0; d < hd; d++) {
+        const int8_t *row = kt + (size_t)d * (size_t)ldq;
+        float qd = q[d];
+        for (int32_t j = 0; j < n; j++) scores[j] += qd * (float)row[j];
+    }
+    for (int32_t j = 0; j < n; j++) scores[j] *= h2f(ks[j]);
+}
+
+static void attn_values_i8_portable(float *out, const float *p, const int8_t *v, const uint16_t *vs, int32_t hd,
+                                    int32_t n) {
+    for (int32_t j = 0; j < n; j++) {
+        const int8_t *row = v + (size_t)j * (size_t)hd;
+        float w = p[j] * h2f(vs[j]);
+        for (int32_t d = 0; d < hd; d++) out[d] += w * (float)row[d];
+    }
+}
+
+static void attn_scores_i4_portable(float *scores, const float *q, const uint8_t *kt, int32_t ldq,
+                                    const uint16_t *kp, int32_t ldp, int32_t hd, int32_t n) {
+    for (int32_t j = 0; j < n; j++) {
+        float a = 0.0f;
+        for (int32_t g0 = 0, g = 0; g0 < hd; g0 += KV_GROUP, g++) {
+            int32_t half = ((g0 + KV_GROUP < hd ? g0 + KV_GROUP : hd) - g0) / 2;
+            float sg = h2f(kp[(size_t)(2 * g) * (size_t)ldp + j]), zg = h2f(kp[(size_t)(2 * g + 1) * (size_t)ldp + j]);
+            const uint8_t *col = kt + (size_t)(g0 / 2) * (size_t)ldq + j;
+            for (int32_t i = 0; i < half; i++, col += ldq) {
+                uint8_t c = *col;
+                a += q[g0 + i] * ((float)(c & 15) * sg + zg);
+                a += q[g0 + half + i] * ((float)(c >> 4) * sg + zg);
+            }
+        }
+        scores[j] = a;
+    }
+}
+
+static void attn_values_i4_portable(float *out, const float *p, const uint8_t *v, const uint16_t *vp, int32_t hd,
+                                    int32_t n) {
+    int32_t nb = hd / 2, np = 2 * ((hd + KV_GROUP - 1) / KV_GROUP);
+    for (int32_t j = 0; j < n; j++) {
+        const uint8_t *row = v + (size_t)j * (size_t)nb;
+        const uint16_t *par = vp + (size_t)j * (size_t)np;
+        float w = p[j];
+        for (int32_t g0 = 0, g = 0; g0 < hd; g0 += KV_GROUP, g++) {
+            int32_t half = ((g0 + KV_GROUP < hd ? g0 + KV_GROUP : hd) - g0) / 2;
+            float sg = h2f(par[2 * g]), zg = h2f(par[2 * g + 1]);
+            for (int32_t i = 0; i < half; i++) {
+                uint8_t c = row[g0 / 2 + i];
+                out[g0 + i] += w * ((float)(c & 15) * sg + zg);
+                out[g0 + half + i] += w * ((float)(c >> 4) * sg + zg);
+            }
+        }
+    }
+}
+
 static void rmsnorm_portable(float *out, const float *x, const float *w, int32_t n, float eps) {
     float acc[LANES] = {0};
     int32_t i = 0;
@@ -126,6 +187,10 @@ const ls_ops ls_ops_portable = {
     .matmul_f16 = matmul_f16_portable,
     .attn_scores = attn_scores_portable,
     .attn_values = attn_values_portable,
+    .attn_scores_i8 = attn_scores_i8_portable,
+    .attn_values_i8 = attn_values_i8_portable,
+    .attn_scores_i4 = attn_scores_i4_portable,
+    .attn_values_i4 = attn_values_i4_portable,
     .rmsnorm = rmsnorm_portable,
     .f16_to_f32 = f16_to_f32_portable,
     .f32_to_f16 = f32_to_f16_portable,

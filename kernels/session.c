@@ -1,7 +1,7 @@
 /*
- * session.c — a request's state: one fp16 K/V cache per loop, the token
- * history, and scratch for one chunk (all allocated once, in
- * ls_session_new). Positions per loop are tracked separately (loop_len) so a
+ * session.c — a request's state: one K/V cache per loop (fp16, or int8 /
+ * int4 codes with their scales: kvcache.h), the token history, and scratch
+ * for one chunk (all allocated once, in ls_session_new_kv). Positions per loop are tracked separately (loop_len) so a
  * speculative pass can fill loops [0, D) ahead of loops [D, V); rollback
  * truncates every loop.
  */
@@ -26,6 +26,11 @@ static void *alloc0(size_t bytes) { return bytes ? calloc(1, bytes) : NULL; }
 
 ls_session *ls_session_new(ls_model *m, int32_t max_seq, int32_t loops, int32_t cache_window,
                            char *err, int32_t err_len) {
+    return ls_session_new_kv(m, max_seq, loops, cache_window, LS_KV_FP16, err, err_len);
+}
+
+ls_session *ls_session_new_kv(ls_model *m, int32_t max_seq, int32_t loops, int32_t cache_window,
+                              int32_t kv_mode, char *err, int32_t err_len) {
     if (!m || !m->rt) {
         ls_set_error(err, err_len, "no model loaded");
         return NULL;
@@ -43,6 +48,7 @@ ls_session *ls_session_new(ls_model *m, int32_t max_seq, int32_t loops, int32_t 
         return NULL;
     }
     const ls_model_info *mi = &m->info;
+    if (ls_kv_check_mode(kv_mode, mi->head_dim, err, err_len) != LS_OK) return NULL;
     ls_session *s = calloc(1, sizeof *s);
     if (!s) {
         ls_set_error(err, err_len, "out of memory allocating a session");
@@ -52,6 +58,8 @@ ls_session *ls_session_new(ls_model *m, int32_t max_seq, int32_t loops, int32_t 
     s->max_seq = max_seq;
     s->loops = loops;
     s->window = cache_window;
+    s->kv_mode = kv_mode;
+    s->kv_fmt = kv_mode & LS_KV_FORMAT_MASK;
     s->cap = max_seq;
     if (cache_window > 0 && (int64_t)cache_window + LS_CHUNK < max_seq) s->cap = cache_window + LS_CHUNK;
 
@@ -60,27 +68,52 @@ ls_session *ls_session_new(ls_model *m, int32_t max_seq, int32_t loops, int32_t 
     /* keys are stored transposed; a row stride that is a multiple of 256
      * elements plus 32 keeps head_dim rows out of one cache set */
     s->ldk = (int32_t)(((int64_t)s->cap + 255) / 256 * 256 + 32);
-    size_t cache_bytes = bytes_of((size_t)loops, (size_t)mi->n_kv_heads, (size_t)s->cap, hd, sizeof(uint16_t));
-    size_t kcache_bytes = bytes_of((size_t)loops, (size_t)mi->n_kv_heads, (size_t)s->ldk, hd, sizeof(uint16_t));
+    size_t nkv = (size_t)mi->n_kv_heads, cap = (size_t)s->cap, nth = (size_t)m->rt->n_threads;
+    size_t kcache_bytes, cache_bytes;
+    int quantized = s->kv_fmt != LS_KV_FP16;
+    if (!quantized) {
+        cache_bytes = bytes_of((size_t)loops, nkv, cap, hd, sizeof(uint16_t));
+        kcache_bytes = bytes_of((size_t)loops, nkv, (size_t)s->ldk, hd, sizeof(uint16_t));
+        s->kc = alloc0(kcache_bytes);
+        s->vc = alloc0(cache_bytes);
+    } else {
+        /* codes are bytes: a stride off multiples of 64 keeps the rows of one
+         * head out of one cache set, as ldk does for the fp16 keys */
+        s->ldq = (int32_t)(((int64_t)s->cap + 63) / 64 * 64 + 32);
+        s->kv_nb = ls_kv_code_bytes(s->kv_fmt, mi->head_dim);
+        s->kv_np = ls_kv_param_count(s->kv_fmt, mi->head_dim);
+        size_t nb = (size_t)s->kv_nb, np = (size_t)s->kv_np;
+        size_t kq = bytes_of((size_t)loops, nkv, nb, (size_t)s->ldq, 1);
+        size_t kp = bytes_of((size_t)loops, nkv, np, cap, sizeof(uint16_t));
+        size_t vq = bytes_of((size_t)loops, nkv, cap, nb, 1);
+        size_t vp = bytes_of((size_t)loops, nkv, cap, np, sizeof(uint16_t));
+        kcache_bytes = kq && kp ? kq + kp : 0;
+        cache_bytes = vq && vp ? vq + vp : 0;
+        s->kq = alloc0(kq);
+        s->kp = alloc0(kp);
+        s->vq = alloc0(vq);
+        s->vp = alloc0(vp);
+        s->kv_codes = alloc0(bytes_of(nth, hd, 1, 1, 1));
+        s->kv_params = alloc0(bytes_of(nth, np, 1, 1, sizeof(uint16_t)));
+    }
     s->tokens = alloc0((size_t)max_seq * sizeof *s->tokens);
     s->loop_len = alloc0((size_t)loops * sizeof *s->loop_len);
     s->loop_lo = alloc0((size_t)loops * sizeof *s->loop_lo);
-    s->kc = alloc0(kcache_bytes);
-    s->vc = alloc0(cache_bytes);
     s->h = alloc0(C * dim * sizeof(float));
     s->xb = alloc0(C * dim * sizeof(float));
     s->q = alloc0(C * dim * sizeof(float));
     s->k = alloc0(C * kv_dim * sizeof(float));
     s->v = alloc0(C * kv_dim * sizeof(float));
-    s->k16 = alloc0(hd * sizeof(uint16_t));
+    s->k16 = alloc0(bytes_of(nth, hd, 1, 1, sizeof(uint16_t)));
     s->att = alloc0(C * dim * sizeof(float));
     s->g = alloc0(C * (size_t)mi->ffn_dim * sizeof(float));
     s->u = alloc0(C * (size_t)mi->ffn_dim * sizeof(float));
     s->rope = alloc0(C * hd * sizeof(float));
     s->scores = alloc0(bytes_of((size_t)m->rt->n_threads, (size_t)s->cap, 1, 1, sizeof(float)));
     s->logits = alloc0((size_t)mi->vocab_size * sizeof(float));
-    if (!s->tokens || !s->loop_len || !s->loop_lo || !s->kc || !s->vc || !s->h || !s->xb || !s->q ||
-        !s->k || !s->v || !s->k16 || !s->att || !s->g || !s->u || !s->rope || !s->scores || !s->logits) {
+    int cache_ok = quantized ? s->kq && s->kp && s->vq && s->vp && s->kv_codes && s->kv_params : s->kc && s->vc;
+    if (!cache_ok || !s->tokens || !s->loop_len || !s->loop_lo || !s->h || !s->xb || !s->q || !s->k ||
+        !s->v || !s->k16 || !s->att || !s->g || !s->u || !s->rope || !s->scores || !s->logits) {
         ls_set_error(err, err_len,
                      "out of memory allocating a session (max_seq %d, loops %d, window %d: %zu bytes "
                      "of K/V cache)",
@@ -99,6 +132,12 @@ void ls_session_free(ls_session *s) {
     free(s->loop_lo);
     free(s->kc);
     free(s->vc);
+    free(s->kq);
+    free(s->kp);
+    free(s->vq);
+    free(s->vp);
+    free(s->kv_codes);
+    free(s->kv_params);
     free(s->h);
     free(s->xb);
     free(s->q);
@@ -132,10 +171,9 @@ int32_t ls_session_rollback(ls_session *s, int32_t pos) {
 
 int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src, int32_t n) {
     if (!dst || !src || dst == src || dst->m != src->m || n < 0) return LS_ERR_ARG;
-    if (dst->pos != 0 || dst->window != src->window || dst->loops > src->loops) return LS_ERR_STATE;
+    if (dst->pos != 0 || dst->window != src->window || dst->kv_mode != src->kv_mode || dst->loops > src->loops)
+        return LS_ERR_STATE;
     if (n > src->pos || n > dst->max_seq) return LS_ERR_ARG;
-    const ls_model_info *mi = &dst->m->info;
-    size_t hd = (size_t)mi->head_dim, nkv = (size_t)mi->n_kv_heads;
     /* A future position attends back window - 1 rows (all rows without a
      * window); copy every row dst's ring can hold so the copy can itself
      * serve shorter prefixes later. */
@@ -146,17 +184,7 @@ int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src, int32_t n
             return LS_ERR_STATE;
     for (int32_t l = 0; l < dst->loops; l++) {
         int32_t lo = src->loop_lo[l] > ring_lo ? src->loop_lo[l] : ring_lo;
-        for (size_t h = 0; h < nkv; h++) {
-            const uint16_t *sk = src->kc + ((size_t)l * nkv + h) * hd * (size_t)src->ldk;
-            const uint16_t *sv = src->vc + ((size_t)l * nkv + h) * (size_t)src->cap * hd;
-            uint16_t *dk = dst->kc + ((size_t)l * nkv + h) * hd * (size_t)dst->ldk;
-            uint16_t *dv = dst->vc + ((size_t)l * nkv + h) * (size_t)dst->cap * hd;
-            for (int32_t p = lo; p < n; p++) {
-                size_t ss = (size_t)(p % src->cap), ds = (size_t)(p % dst->cap);
-                for (size_t d = 0; d < hd; d++) dk[d * (size_t)dst->ldk + ds] = sk[d * (size_t)src->ldk + ss];
-                memcpy(dv + ds * hd, sv + ss * hd, hd * sizeof *dv);
-            }
-        }
+        for (int32_t p = lo; p < n; p++) ls_kv_copy_slot(dst, p % dst->cap, src, p % src->cap, l);
         dst->loop_len[l] = n;
         dst->loop_lo[l] = lo;
     }

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "internal.h"
+#include "kvcache.h"
 #include "ops.h"
 #include "threadpool.h"
 
@@ -44,8 +45,22 @@ struct ls_session {
     int32_t *tokens;  /* (max_seq) token history */
     int32_t *loop_len; /* (loops) positions [0, loop_len) written in loop l's cache */
     int32_t *loop_lo;  /* (loops) oldest position the ring still holds for loop l */
-    uint16_t *kc;     /* (loops, n_kv_heads, head_dim, ldk) fp16 keys (RoPE applied), transposed */
-    uint16_t *vc;     /* (loops, n_kv_heads, cap, head_dim) fp16 values */
+    uint16_t *kc;     /* (loops, n_kv_heads, head_dim, ldk) fp16 keys (RoPE applied), transposed;
+                       * NULL in a quantized mode */
+    uint16_t *vc;     /* (loops, n_kv_heads, cap, head_dim) fp16 values; NULL in a quantized mode */
+
+    /* key/value cache mode (loopserve.h LS_KV_*, layouts in kvcache.h) */
+    int32_t kv_mode;  /* as passed to ls_session_new_kv */
+    int32_t kv_fmt;   /* kv_mode & LS_KV_FORMAT_MASK */
+    int32_t kv_nb;    /* quantized: code bytes per row */
+    int32_t kv_np;    /* quantized: fp16 parameters per row */
+    int32_t ldq;      /* quantized: row stride (bytes) of the transposed key codes (>= cap) */
+    uint8_t *kq;      /* (loops, n_kv_heads, kv_nb, ldq) key codes, transposed; NULL in fp16 modes */
+    uint16_t *kp;     /* (loops, n_kv_heads, kv_np, cap) key scales / offsets, transposed */
+    uint8_t *vq;      /* (loops, n_kv_heads, cap, kv_nb) value codes */
+    uint16_t *vp;     /* (loops, n_kv_heads, cap, kv_np) value scales / offsets */
+    uint8_t *kv_codes;  /* (n_threads, head_dim) per thread: one key row on its way into the cache */
+    uint16_t *kv_params; /* (n_threads, kv_np) */
 
     /* scratch for one chunk of LS_CHUNK tokens, allocated once */
     float *h;      /* (LS_CHUNK, dim) residual stream */
@@ -53,7 +68,7 @@ struct ls_session {
     float *q;      /* (LS_CHUNK, n_heads * head_dim) */
     float *k;      /* (LS_CHUNK, n_kv_heads * head_dim) */
     float *v;      /* (LS_CHUNK, n_kv_heads * head_dim) */
-    uint16_t *k16; /* (head_dim) one key in fp16 on its way into the transposed cache */
+    uint16_t *k16; /* (n_threads, head_dim) per thread: one key in fp16 on its way into the transposed cache */
     float *att;    /* (LS_CHUNK, n_heads * head_dim) attention output */
     float *g;      /* (LS_CHUNK, ffn_dim) gate, then silu(gate) * up */
     float *u;      /* (LS_CHUNK, ffn_dim) up */
@@ -116,8 +131,9 @@ void ls_rope_table(float *cs, int32_t T, int32_t pos0, int32_t head_dim, float t
 /* Rotates pairs (i, i + head_dim/2) of each of n_heads vectors in x. */
 void ls_rope_apply(float *x, int32_t n_heads, int32_t head_dim, const float *cs);
 
-/* Stores k, v (T tokens at pos0.., already rotated) as fp16 into loop's cache
- * and computes s->att for every (token, head) from s->q. */
+/* Stores k, v (T tokens at pos0.., RoPE applied) into loop's cache in the
+ * session's kv mode (kvcache.c) and computes s->att for every (token, head)
+ * from s->q (rotated, and the output rotated back, in the H modes). */
 void ls_attention(ls_session *s, int32_t loop, int32_t T, int32_t pos0);
 
 /* ls_attention for tree rows (rows already offset to this chunk). */

@@ -98,13 +98,19 @@ describe("configuration", () => {
     expect(loadConfig({ SERVICE_KV_INT4: "0", SERVICE_KV_H_MODE: "false" }).kvCacheMode).toBe("fp16");
   });
 
-  test.each([
+  test.each<[Record<string, string>, string]>([
     [{ SERVICE_KV_INT8: "1" }, "int8"],
     [{ SERVICE_KV_INT4: "1" }, "int4"],
     [{ SERVICE_KV_H_MODE: "1" }, "fp16-h"],
     [{ SERVICE_KV_INT4: "1", SERVICE_KV_H_MODE: "1" }, "int4-h"],
     [{ SERVICE_KV_INT8: "1", SERVICE_KV_H_MODE: "1", SERVICE_H_MODE_FP16_ATTN_QKV: "1" }, "int8-h"],
-  ])("%o derives %s, which this build refuses with a clear message", (env, mode) => {
-    expect(() => loadConfig(env)).toThrow(`kv_cache_mode ${mode}, which is not supported by this build yet`);
+  ])("%o derives kv_cache_mode %s", (env, mode) => {
+    const config = loadConfig(env);
+    expect(config.kvCacheMode as string).toBe(mode);
+    expect(config.hModeFp16AttnQkv).toBe(env.SERVICE_H_MODE_FP16_ATTN_QKV === "1");
+  });
+
+  test("INT8 with INT4 conflicts whatever the H switches say", () => {
+    expect(() => loadConfig({ SERVICE_KV_INT4: "1", SERVICE_KV_INT8: "1", SERVICE_KV_H_MODE: "1" })).toThrow(/conflict/);
   });
 });

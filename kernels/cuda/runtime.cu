@@ -248,6 +248,20 @@ extern "C" ls_session *ls_session_new(ls_model *m, int32_t max_seq, int32_t loop
     return s;
 }
 
+/* The CUDA kernels keep the fp16 cache only: a compressed mode is refused
+ * here with a message (the server then runs that mode on the CPU library). */
+extern "C" ls_session *ls_session_new_kv(ls_model *m, int32_t max_seq, int32_t loops, int32_t cache_window,
+                                         int32_t kv_mode, char *err, int32_t err_len) {
+    if (kv_mode != LS_KV_FP16) {
+        ls_set_error(err, err_len,
+                     "the CUDA library implements only the fp16 key/value cache (kv_mode 0x%x requested); "
+                     "use the CPU library for int8 / int4 / Hadamard cache modes",
+                     (unsigned)kv_mode);
+        return NULL;
+    }
+    return ls_session_new(m, max_seq, loops, cache_window, err, err_len);
+}
+
 extern "C" void ls_session_free(ls_session *s) {
     if (!s) return;
     void *dev[] = {s->kc, s->vc, s->d_tokens, s->h, s->xb, s->q, s->k, s->v, s->att,

@@ -211,8 +211,12 @@ export class Engine {
       }
       return done(end);
     } catch (e) {
-      if (e instanceof NativeError && e.code === -1) throw new EngineRequestError(e.message);
-      throw e;
+      // Requests are validated before they reach the kernels, so a kernel
+      // error here is the engine's own fault: finish_reason "error" with the
+      // tokens so far (SPEC.md §2), counted as errored.
+      if (!(e instanceof NativeError)) throw e;
+      console.error(`loopserve: engine error after ${tokens.length} tokens: ${e.message}`);
+      return done("error");
     } finally {
       session.close();
     }

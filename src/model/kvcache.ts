@@ -114,9 +114,12 @@ export function encodeKvRow(format: "int8" | "int4", x: ArrayLike<number>, hd: n
     if (!(d > 0)) d = 0;
     const sb = scaleBits(f(d / 15));
     const s = f16BitsToNumber(sb);
+    // byte g0/2 + i: value g0 + i in the low nibble, g0 + half + i in the high one
+    const half = (g1 - g0) / 2;
     for (let i = g0; i < g1; i++) {
       const c = s > 0 ? codeOf(f(f(v[i] - z) / s), 0, 15) : 0;
-      codes[i >> 1] |= i % 2 ? c << 4 : c;
+      const k = i - g0;
+      codes[g0 / 2 + (k < half ? k : k - half)] |= k < half ? c : c << 4;
     }
     params[2 * g] = sb;
     params[2 * g + 1] = zb;
@@ -132,12 +135,15 @@ export function decodeKvRow(format: "int8" | "int4", row: EncodedRow, hd: number
     for (let i = 0; i < hd; i++) out[i] = ((row.codes[i] << 24) >> 24) * s;
     return out;
   }
-  for (let i = 0; i < hd; i++) {
-    const g = Math.floor(i / KV_GROUP);
+  for (let g0 = 0, g = 0; g0 < hd; g0 += KV_GROUP, g++) {
+    const half = (Math.min(g0 + KV_GROUP, hd) - g0) / 2;
     const s = f16BitsToNumber(row.params[2 * g]);
     const z = f16BitsToNumber(row.params[2 * g + 1]);
-    const c = i % 2 ? row.codes[i >> 1] >> 4 : row.codes[i >> 1] & 15;
-    out[i] = f(c * s) + z; // the Float32Array store rounds the sum
+    for (let i = 0; i < half; i++) {
+      const b = row.codes[g0 / 2 + i];
+      out[g0 + i] = (b & 15) * s + z; // c * s is exact; the Float32Array store rounds the sum once
+      out[g0 + half + i] = (b >> 4) * s + z;
+    }
   }
   return out;
 }
@@ -176,7 +182,7 @@ export function whtF64(x: Float64Array, off: number, n: number): void {
  * The values attention reads back for one cached head row x (hd values of K
  * or V, RoPE applied), as the kernels compute them: x in fp32, rounded to
  * fp16 first with fp16Qkv, rotated in the H modes, then stored in fp16, or
- * encoded, decoded and rounded to fp16.
+ * encoded and decoded (the kernels dequantize in registers, in fp32).
  */
 export function storedKvRow(spec: KvModeSpec, x: ArrayLike<number>, hd: number): Float64Array {
   const v = Float32Array.from({ length: hd }, (_, i) => x[i]);
@@ -184,6 +190,6 @@ export function storedKvRow(spec: KvModeSpec, x: ArrayLike<number>, hd: number):
     if (spec.fp16Qkv) for (let i = 0; i < hd; i++) v[i] = roundToF16(v[i]);
     whtF32(v);
   }
-  const back = spec.format === "fp16" ? v : decodeKvRow(spec.format, encodeKvRow(spec.format, v, hd), hd);
-  return Float64Array.from(back, roundToF16);
+  if (spec.format === "fp16") return Float64Array.from(v, roundToF16);
+  return Float64Array.from(decodeKvRow(spec.format, encodeKvRow(spec.format, v, hd), hd));
 }
