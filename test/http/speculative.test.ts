@@ -223,9 +223,9 @@ describe("validation", () => {
   });
 
   test("a compressed key/value cache refuses tree speculation with a 400 that says why; the chain still runs", async () => {
-    // No build serves a compressed cache yet (the start refuses the switches),
-    // so this runs the app in-process with that configuration and an engine
-    // that answers every admitted request with one token.
+    // The HTTP checks alone: the app in-process with that configuration and an
+    // engine that answers every admitted request with one token (test/http/
+    // kv.test.ts runs a real server with a compressed cache).
     const config = { ...loadConfig({}), kvCacheMode: "int8" as const };
     const engine: GenerationEngine = {
       info: TINY_INFO,
