@@ -2,7 +2,7 @@
 // benchmark model at 1 and 2 threads, and the C-vs-TypeScript-reference
 // speed ratio on the same file.
 import { join } from "node:path";
-import { NativeModel, type SimdChoice } from "../src/engine/binding.ts";
+import { formatProfile, NativeModel, type SimdChoice } from "../src/engine/binding.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "../src/engine/library.ts";
 import { ReferenceModel } from "../src/model/reference.ts";
 import { benchModel } from "./models.ts";
@@ -25,6 +25,8 @@ export interface EngineBenchOptions {
   simd?: SimdChoice;
   repeats?: number;
   library?: string;
+  /** print the per-op time breakdown of prefill and decode (stderr) */
+  profile?: boolean;
 }
 
 /** Measures one model file; returns one row per thread count. */
@@ -37,9 +39,13 @@ export function measureEngine(modelPath: string, o: EngineBenchOptions): Row[] {
     const decode: number[] = [];
     for (let r = 0; r < (o.repeats ?? 3); r++) {
       const session = model.newSession(o.prefillTokens + o.decodeTokens + 1, o.loops, 0);
+      const profiling = o.profile === true && r === 0 && model.setProfile(true);
+      model.readProfile(true);
       let t = performance.now();
       let next = session.step(promptOf(o.prefillTokens, vocab), o.loops, 0, 0, 1, 1, 0n);
       prefill.push((o.prefillTokens * 1000) / (performance.now() - t));
+      const pp = profiling ? model.readProfile(true) : null;
+      if (pp) console.error(formatProfile(pp, `prefill ${o.prefillTokens} tokens, ${threads} threads, loops ${o.loops}, ${model.info.simd} (profiled run)`));
       t = performance.now();
       const one = new Int32Array(1);
       for (let i = 0; i < o.decodeTokens; i++) {
@@ -47,6 +53,9 @@ export function measureEngine(modelPath: string, o: EngineBenchOptions): Row[] {
         next = session.step(one, o.loops, 0, 0, 1, 1, 0n);
       }
       decode.push((o.decodeTokens * 1000) / (performance.now() - t));
+      const dp = profiling ? model.readProfile(true) : null;
+      if (dp) console.error(formatProfile(dp, `decode ${o.decodeTokens} tokens, ${threads} threads, loops ${o.loops}, ${model.info.simd} (profiled run)`));
+      if (profiling) model.setProfile(false);
       session.close();
     }
     rows.push({
@@ -82,7 +91,8 @@ export function measureReferenceRatio(modelPath: string, loops: number, tokens: 
 
 if (import.meta.main) {
   const path = await benchModel();
-  const rows = measureEngine(path, { threads: [1, 2], loops: 8, prefillTokens: 512, decodeTokens: 64 });
+  const profile = process.argv.includes("--profile");
+  const rows = measureEngine(path, { threads: [1, 2], loops: 8, prefillTokens: 512, decodeTokens: 64, profile });
   printTable("fp16 engine, dim 768, 12 heads, ffn 2048, vocab 50257, loops 8", rows);
   printTable("C kernels vs TypeScript reference", [measureReferenceRatio(path, 8, 4)]);
 }

@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "quant.h"
 #include "session.h"
@@ -129,6 +130,33 @@ void ls_runtime_free(ls_model *m) {
     m->rt = NULL;
 }
 
+// ---- profile (loopserve.h LS_PROF_*) ----
+
+double ls_prof_now(const ls_runtime *rt) {
+    if (!rt->profile) return 0.0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void ls_prof_add(ls_runtime *rt, int32_t op, double *t0) {
+    if (!rt->profile) return;
+    double t = ls_prof_now(rt);
+    rt->prof[op] += t - *t0;
+    *t0 = t;
+}
+
+void ls_model_set_profile(ls_model *m, int32_t on) {
+    if (m && m->rt) m->rt->profile = on != 0;
+}
+
+int32_t ls_model_profile_read(ls_model *m, double *out, int32_t n, int32_t reset) {
+    if (!m || !m->rt) return LS_ERR_ARG;
+    for (int32_t i = 0; i < n && i < LS_PROF_N; i++) out[i] = m->rt->prof[i];
+    if (reset) memset(m->rt->prof, 0, sizeof m->rt->prof);
+    return LS_PROF_N;
+}
+
 // ---- parallel matmuls ----
 
 /* Up to three matrices sharing the input x (q/k/v), or the gate/up pair
@@ -203,8 +231,10 @@ static void mm_run(const ls_runtime *rt, mm_job *j) {
 void ls_forward_embed(ls_session *s, const int32_t *tokens, int32_t n, float *h) {
     const ls_model *m = s->m;
     int32_t dim = m->info.dim;
+    double t0 = ls_prof_now(m->rt);
     for (int32_t t = 0; t < n; t++)
         m->rt->ops->f16_to_f32(h + (size_t)t * dim, m->w.tok_embeddings + (size_t)tokens[t] * dim, dim);
+    ls_prof_add(m->rt, LS_PROF_EMBED, &t0);
 }
 
 /* One chunk (T <= LS_CHUNK) through loops [la, lb): consecutive positions
@@ -214,8 +244,9 @@ static void forward_chunk(ls_session *s, float *h, int32_t T, int32_t pos0, int3
                           const ls_tree_rows *tree) {
     const ls_model *m = s->m;
     const ls_model_info *mi = &m->info;
-    const ls_runtime *rt = m->rt;
+    ls_runtime *rt = m->rt;
     const ls_ops *ops = rt->ops;
+    double t0 = ls_prof_now(rt);
     int32_t dim = mi->dim, hd = mi->head_dim, n_heads = mi->n_heads, n_kv = mi->n_kv_heads;
     int32_t kv_dim = n_kv * hd, ffn = mi->ffn_dim;
     float eps = mi->norm_eps;
@@ -229,11 +260,13 @@ static void forward_chunk(ls_session *s, float *h, int32_t T, int32_t pos0, int3
         // attention sub-block
         for (int32_t t = 0; t < T; t++)
             ops->rmsnorm(s->xb + (size_t)t * dim, h + (size_t)t * dim, rt->attn_norm, dim, eps);
+        ls_prof_add(rt, LS_PROF_RMSNORM, &t0);
         mm_job qkv = {.x = s->xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 3,
                       .seg = {{m->w.wq, s->q, dim, dim, m->w.qwq},
                               {m->w.wk, s->k, kv_dim, kv_dim, m->w.qwk},
                               {m->w.wv, s->v, kv_dim, kv_dim, m->w.qwv}}};
         mm_run(rt, &qkv);
+        ls_prof_add(rt, LS_PROF_QKV, &t0);
         for (int32_t t = 0; t < T; t++) {
             const float *cs = s->rope + (size_t)t * hd;
             ls_rope_apply(s->q + (size_t)t * dim, n_heads, hd, cs);
@@ -243,19 +276,24 @@ static void forward_chunk(ls_session *s, float *h, int32_t T, int32_t pos0, int3
             ls_attention_tree(s, l, T, tree);
         else
             ls_attention(s, l, T, pos0);
+        ls_prof_add(rt, LS_PROF_ATTN, &t0);
         mm_job wo = {.x = s->att, .ldx = dim, .in = dim, .T = T, .add = 1, .n_seg = 1,
                      .seg = {{m->w.wo, h, dim, dim, m->w.qwo}}};
         mm_run(rt, &wo);
+        ls_prof_add(rt, LS_PROF_WO, &t0);
 
         // feed-forward sub-block
         for (int32_t t = 0; t < T; t++)
             ops->rmsnorm(s->xb + (size_t)t * dim, h + (size_t)t * dim, rt->ffn_norm, dim, eps);
+        ls_prof_add(rt, LS_PROF_RMSNORM, &t0);
         mm_job gate = {.x = s->xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 1, .swiglu = 1,
                        .seg = {{m->w.w1, s->g, ffn, ffn, m->w.qw1}, {m->w.w3, s->u, ffn, ffn, m->w.qw3}}};
         mm_run(rt, &gate);
+        ls_prof_add(rt, LS_PROF_FFN_GATE_UP, &t0);
         mm_job down = {.x = s->g, .ldx = ffn, .in = ffn, .T = T, .add = 1, .n_seg = 1,
                        .seg = {{m->w.w2, h, dim, dim, m->w.qw2}}};
         mm_run(rt, &down);
+        ls_prof_add(rt, LS_PROF_FFN_DOWN, &t0);
 
         if (tree) continue;
         int32_t len = pos0 + T;
@@ -290,8 +328,9 @@ void ls_forward_tree(ls_session *s, float *h, int32_t n, const ls_tree_rows *row
 
 void ls_forward_logits(ls_session *s, const float *h, int32_t n, float *logits) {
     const ls_model *m = s->m;
-    const ls_runtime *rt = m->rt;
+    ls_runtime *rt = m->rt;
     int32_t dim = m->info.dim, vocab = m->info.vocab_size;
+    double t0 = ls_prof_now(rt);
     for (int32_t c0 = 0; c0 < n; c0 += LS_CHUNK) {
         int32_t T = n - c0 < LS_CHUNK ? n - c0 : LS_CHUNK;
         for (int32_t t = 0; t < T; t++)
@@ -301,6 +340,7 @@ void ls_forward_logits(ls_session *s, const float *h, int32_t n, float *logits) 
                       .seg = {{m->w.output, logits + (size_t)c0 * vocab, vocab, vocab, m->w.qoutput}}};
         mm_run(rt, &out);
     }
+    ls_prof_add(rt, LS_PROF_HEAD, &t0);
 }
 
 int32_t ls_session_forward(ls_session *s, const int32_t *tokens, int32_t n, int32_t loops,

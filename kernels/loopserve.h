@@ -110,6 +110,27 @@ ls_model *ls_model_load(const char *path, int32_t n_threads, int32_t simd,
 void ls_model_free(ls_model *m);
 void ls_model_info_get(const ls_model *m, ls_model_info *out);
 
+/* ---- per-op time breakdown (SERVICE_PROFILE / `loopserve bench --profile`) ----
+ * Off by default (no clock reads). When on, every forward pass adds the
+ * wall time of each op, measured on the calling thread, to the model's
+ * counters; it changes no computed value. ls_model_profile_read copies up to
+ * n counters (seconds, LS_PROF_* order) into out, optionally zeroes them, and
+ * returns LS_PROF_N. */
+enum {
+    LS_PROF_EMBED = 0,
+    LS_PROF_RMSNORM,
+    LS_PROF_QKV,
+    LS_PROF_ATTN, /* RoPE + attention over the cache */
+    LS_PROF_WO,
+    LS_PROF_FFN_GATE_UP,
+    LS_PROF_FFN_DOWN,
+    LS_PROF_HEAD,
+    LS_PROF_SAMPLE,
+    LS_PROF_N
+};
+void ls_model_set_profile(ls_model *m, int32_t on);
+int32_t ls_model_profile_read(ls_model *m, double *out, int32_t n, int32_t reset);
+
 /* ---- session: one request's KV cache ---- */
 
 /* ---- key/value cache modes (DESIGN.md §3), fixed per session ----

@@ -205,6 +205,9 @@ int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, int32_t
     float *logits = logits_out ? logits_out : s->logits;
     int32_t rc = ls_session_forward(s, tokens, n, loops, logits, 1);
     if (rc != LS_OK) return rc;
-    return ls_sample(logits, s->m->info.vocab_size, s->tokens, s->pos, temperature, top_k, top_p,
-                     repetition_penalty, seed, (uint64_t)s->pos);
+    double t0 = ls_prof_now(s->m->rt);
+    rc = ls_sample(logits, s->m->info.vocab_size, s->tokens, s->pos, temperature, top_k, top_p,
+                   repetition_penalty, seed, (uint64_t)s->pos);
+    ls_prof_add(s->m->rt, LS_PROF_SAMPLE, &t0);
+    return rc;
 }

@@ -32,7 +32,15 @@ struct ls_runtime {
     int32_t *head_i8_bias;  /* (vocab_size) 128 * sum of the row's codes (u8-offset correction) */
     int32_t head_i8_ld;     /* dim rounded up to 64 */
     int32_t head_i8_path;   /* dot-product kernel picked for this CPU and SIMD choice (spec.c) */
+
+    int32_t profile;          /* ls_model_set_profile */
+    double prof[LS_PROF_N];   /* seconds per LS_PROF_* op */
 };
+
+/* Profile clock: 0 (and no clock read) when profiling is off. */
+double ls_prof_now(const ls_runtime *rt);
+/* Adds now - *t0 to op's counter and sets *t0 = now (no-op when off). */
+void ls_prof_add(ls_runtime *rt, int32_t op, double *t0);
 
 struct ls_session {
     ls_model *m;

@@ -35,6 +35,8 @@ export interface Config {
   readonly hModeFp16AttnQkv: boolean;
   /** Kernel thread pool size; 0 = all online cores. */
   readonly threads: number;
+  /** SERVICE_PROFILE=1: a per-op kernel time table on stderr after each request. */
+  readonly profile: boolean;
   readonly simd: SimdChoice;
   readonly host: string;
   readonly port: number;
@@ -154,6 +156,7 @@ export function loadConfig(env: Env = process.env, flags: ConfigFlags = {}): Con
     kvCacheMode: kv.mode,
     hModeFp16AttnQkv: kv.fp16AttnQkv,
     threads: integer(env, "SERVICE_THREADS", 0, 0, 4096),
+    profile: flag(env, "SERVICE_PROFILE"),
     simd: simdRaw as SimdChoice,
     host,
     port,

@@ -30,6 +30,7 @@ environment:
   SERVICE_COMMIT                reported as runtime.commit (unset)
   SERVICE_THREADS               kernel threads, 0 = all cores (0)
   SERVICE_SIMD                  auto | portable | avx2 | avx512 (auto)
+  SERVICE_PROFILE               1: per-op kernel times on stderr after each request
   SERVICE_KV_INT8, SERVICE_KV_INT4  key/value cache in int8 / int4 (at most one; default fp16)
   SERVICE_KV_H_MODE             rotate K/V (and q) per head by a Walsh-Hadamard transform
                                 (kv_cache_mode fp16-h, int8-h, int4-h; power-of-two head_dim)
@@ -67,6 +68,7 @@ function loadEngine(config: Config): Loaded {
       simd: config.simd,
       buildDir: config.buildDir,
       cacheHome: config.cacheHome,
+      profile: config.profile,
       kvCacheMode: config.kvCacheMode,
       hModeFp16AttnQkv: config.hModeFp16AttnQkv,
     });

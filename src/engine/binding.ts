@@ -71,6 +71,50 @@ const opened = new Map<string, Lib>();
 const openedSpec = new Map<string, SpecLib | null>();
 
 /** The speculative entry points of the library at `path`, or null when it has none. */
+// Per-op time breakdown (loopserve.h LS_PROF_*), optional like spec.
+const profileSymbols = {
+  ls_model_set_profile: { args: [ptr, i32], returns: none },
+  ls_model_profile_read: { args: [ptr, ptr, i32, i32], returns: i32 },
+} as const;
+type ProfileLib = ReturnType<typeof dlopen<typeof profileSymbols>>["symbols"];
+const openedProfile = new Map<string, ProfileLib | null>();
+
+function openProfileSymbols(path: string): ProfileLib | null {
+  if (!openedProfile.has(path)) {
+    let lib: ProfileLib | null = null;
+    try {
+      lib = dlopen(path, profileSymbols).symbols;
+    } catch {
+      lib = null;
+    }
+    openedProfile.set(path, lib);
+  }
+  return openedProfile.get(path) ?? null;
+}
+
+/** LS_PROF_* order (kernels/loopserve.h). */
+export const PROFILE_OPS = [
+  "embed",
+  "rmsnorm",
+  "qkv",
+  "rope+attention",
+  "wo",
+  "ffn gate/up",
+  "ffn down",
+  "head",
+  "sampling",
+] as const;
+export type OpProfile = Record<(typeof PROFILE_OPS)[number], number>; // seconds
+
+/** The profile as a table: op, ms, share of the total. */
+export function formatProfile(p: OpProfile, title = "profile"): string {
+  const total = PROFILE_OPS.reduce((a, k) => a + p[k], 0);
+  const lines = [`${title}: total ${(total * 1000).toFixed(2)} ms`];
+  for (const k of PROFILE_OPS)
+    lines.push(`  ${k.padEnd(15)} ${(p[k] * 1000).toFixed(2).padStart(10)} ms ${total > 0 ? ((100 * p[k]) / total).toFixed(1).padStart(5) : "  0.0"}%`);
+  return lines.join("\n");
+}
+
 function openSpecSymbols(path: string): SpecLib | null {
   if (!openedSpec.has(path)) {
     let lib: SpecLib | null = null;
@@ -167,7 +211,9 @@ export class NativeModel {
     const err = new Uint8Array(ERR_LEN);
     const handle = lib.ls_model_load(cString(modelPath), threads, SIMD_CODES[simd], err, ERR_LEN);
     if (!handle) throw new NativeError(readError(err) || `cannot load ${modelPath}`, -1);
-    return new NativeModel(lib, handle as Pointer, openSpecSymbols(libraryPath));
+    const model = new NativeModel(lib, handle as Pointer, openSpecSymbols(libraryPath));
+    model.profileLib = openProfileSymbols(libraryPath);
+    return model;
   }
 
   get pointer(): Pointer {
@@ -204,6 +250,24 @@ export class NativeModel {
       this.lib.ls_sample(logits, logits.length, history, history.length, temperature, topK, topP, repetitionPenalty, seed, counter),
       "ls_sample",
     );
+  }
+
+  /** ls_model_set_profile / ls_model_profile_read, when the library has them. */
+  profileLib: ProfileLib | null = null;
+
+  /** Turns the per-op time breakdown on or off (false when the library lacks it). */
+  setProfile(on: boolean): boolean {
+    if (!this.profileLib) return false;
+    this.profileLib.ls_model_set_profile(this.pointer, on ? 1 : 0);
+    return true;
+  }
+
+  /** Seconds per op since the last reset (null when the library lacks it). */
+  readProfile(reset = true): OpProfile | null {
+    if (!this.profileLib) return null;
+    const out = new Float64Array(PROFILE_OPS.length);
+    this.profileLib.ls_model_profile_read(this.pointer, out, out.length, reset ? 1 : 0);
+    return Object.fromEntries(PROFILE_OPS.map((k, i) => [k, out[i]])) as OpProfile;
   }
 
   close(): void {

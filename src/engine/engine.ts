@@ -5,7 +5,7 @@ import { existsSync } from "node:fs";
 import type { EngineRunOptions } from "../scheduler/scheduler.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveCudaLibrary, resolveKernelLibrary } from "./library.ts";
 import type { KvCacheMode } from "../model/kvcache.ts";
-import { cudaDeviceCount, type KvCacheSettings, NativeError, NativeModel, type NativeSession, type SimdChoice } from "./binding.ts";
+import { cudaDeviceCount, formatProfile, type KvCacheSettings, NativeError, NativeModel, type NativeSession, type SimdChoice } from "./binding.ts";
 import { cycleParams, type DraftOptions, planSpeculative, SPEC_SESSION_SLACK, SpecCounter, type SpecPlan } from "./speculative.ts";
 import type { FinishReason, GenerateRequest, GenerateResult, ModelInfo, TokenSink } from "./types.ts";
 
@@ -27,6 +27,8 @@ export interface EngineOptions {
   kvCacheMode?: KvCacheMode;
   /** With an H mode: q, k, v rounded to fp16 before the rotation (SERVICE_H_MODE_FP16_ATTN_QKV). */
   hModeFp16AttnQkv?: boolean;
+  /** SERVICE_PROFILE: time every kernel op and print a per-op table after each request. */
+  profile?: boolean;
 }
 
 const NATIVE_STATE_ERROR = -4; // LS_ERR_STATE
@@ -45,6 +47,8 @@ export class Engine {
   readonly info: ModelInfo;
   readonly supportsPrefixSnapshots = true;
   private tail: Promise<unknown> = Promise.resolve();
+
+  private profiling = false;
 
   private constructor(
     private readonly model: NativeModel,
@@ -89,7 +93,12 @@ export class Engine {
       model.close();
       throw new EngineLoadError(`kv_cache_mode ${kv.mode} cannot serve ${opts.modelPath}: ${(e as Error).message}`);
     }
-    return new Engine(model, opts.draft, kv);
+    const engine = new Engine(model, opts.draft, kv);
+    if (opts.profile) {
+      engine.profiling = model.setProfile(true);
+      if (!engine.profiling) console.error("loopserve: this kernel library cannot profile: SERVICE_PROFILE ignored");
+    }
+    return engine;
   }
 
   /**
@@ -219,7 +228,15 @@ export class Engine {
       return done("error");
     } finally {
       session.close();
+      if (this.profiling) this.printProfile(req, tokens.length);
     }
+  }
+
+  /** The per-op time of the request that just ended (SERVICE_PROFILE=1), on stderr. */
+  private printProfile(req: GenerateRequest, generated: number): void {
+    const p = this.model.readProfile(true);
+    const mode = req.mode ?? "generate";
+    if (p) console.error(formatProfile(p, `${mode}: ${req.promptTokens.length} prompt + ${generated} generated tokens, loops ${req.loops}`));
   }
 
   /**
