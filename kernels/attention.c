@@ -5,7 +5,8 @@
  * the cache in position order: its result depends only on its position and
  * the cached rows, never on how many tokens share the call (batch
  * invariance). Scores are fp32 dot products summed over the head dimension
- * in order, softmax subtracts the max and sums in position order, and the
+ * in order, softmax subtracts the max and sums in a fixed order per row
+ * length (ops.h softmax_exp), and the
  * output accumulates V rows in position order (ops.h attn_*).
  *
  * Cache layout per loop and kv head: keys (head_dim, ldk), dimension-major,
@@ -57,6 +58,24 @@ void ls_rope_apply(float *x, int32_t n_heads, int32_t head_dim, const float *cs)
 
 // ---- attention ----
 
+/* Scales the scores, replaces them with exp(score - max), returns the sum:
+ * the path's kernel (ops.h softmax_exp), else expf summed in index order.
+ * Every attention path calls this one function on the same row. */
+static float softmax_exp(const ls_ops *ops, float *c, int32_t cnt, float scale) {
+    if (ops->softmax_exp) return ops->softmax_exp(c, cnt, scale);
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < cnt; i++) {
+        c[i] *= scale;
+        if (c[i] > mx) mx = c[i];
+    }
+    float sum = 0.0f;
+    for (int32_t i = 0; i < cnt; i++) {
+        c[i] = expf(c[i] - mx);
+        sum += c[i];
+    }
+    return sum;
+}
+
 /* A run of visible positions held in consecutive ring slots. */
 typedef struct {
     int32_t slot, n;
@@ -99,17 +118,7 @@ static void attend(ls_session *s, int32_t loop, int32_t h, float *q, float *out,
             ops->attn_scores_i4(sc + off, q, Kq + sl, s->ldq, Kp + sl, cap, hd, run[r].n);
     }
 
-    float scale = 1.0f / sqrtf((float)hd);
-    float mx = -INFINITY;
-    for (int32_t i = 0; i < cnt; i++) {
-        sc[i] *= scale;
-        if (sc[i] > mx) mx = sc[i];
-    }
-    float sum = 0.0f;
-    for (int32_t i = 0; i < cnt; i++) {
-        sc[i] = expf(sc[i] - mx);
-        sum += sc[i];
-    }
+    float sum = softmax_exp(ops, sc, cnt, 1.0f / sqrtf((float)hd));
     for (int32_t d = 0; d < hd; d++) out[d] = 0.0f;
     for (int32_t r = 0, off = 0; r < nr; off += run[r].n, r++) {
         size_t sl = (size_t)run[r].slot;
@@ -180,10 +189,125 @@ static void store_rows(ls_session *s, int32_t loop, int32_t T, int32_t pos0, con
         for (int32_t task = 0; task < n; task++) store_task(&j, task, 0);
 }
 
+/* Ring slot runs (at most two) holding positions [a, b], in position order. */
+static int32_t runs_of(int32_t a, int32_t b, int32_t cap, slot_run *run) {
+    int32_t cnt = b - a + 1;
+    if (cnt <= 0) return 0;
+    int32_t r0 = a % cap;
+    int32_t n1 = cnt < cap - r0 ? cnt : cap - r0;
+    run[0] = (slot_run){r0, n1};
+    if (cnt > n1) {
+        run[1] = (slot_run){0, cnt - n1};
+        return 2;
+    }
+    return 1;
+}
+
+#define ATT_GROUP 4
+
+/* Prefill with an fp16 cache: one task per (head, group of up to ATT_GROUP
+ * consecutive tokens). Token g of the group sees [lo_g, p_g]; the positions
+ * every token of the group sees, [lo_last, p_first], go through the
+ * multi-query kernels (each cache row loaded once for the group), the rest
+ * through the one-query kernels, in position order. Scores are per
+ * position and the value sums per dimension run in position order in both
+ * kernels (ops.h), so each (token, head) result is bit-identical to
+ * att_task's. */
+static void att_group_task(void *ctx, int32_t task, int32_t thread) {
+    const att_job *j = ctx;
+    ls_session *s = j->s;
+    const ls_model_info *mi = &s->m->info;
+    const ls_ops *ops = s->m->rt->ops;
+    int32_t n_heads = mi->n_heads, n_kv = mi->n_kv_heads, hd = mi->head_dim, cap = s->cap;
+    /* last token groups (the longest) first: the pool claims tasks in order,
+     * so the short ones fill in at the end */
+    int32_t n_groups = (j->T + ATT_GROUP - 1) / ATT_GROUP;
+    int32_t h = task % n_heads, t0 = (n_groups - 1 - task / n_heads) * ATT_GROUP;
+    int32_t G = j->T - t0 < ATT_GROUP ? j->T - t0 : ATT_GROUP;
+    int32_t kvh = h / (n_heads / n_kv);
+    size_t head = (size_t)j->loop * n_kv + kvh;
+    const uint16_t *Kt = s->kc + head * hd * (size_t)s->ldk;
+    const uint16_t *V = s->vc + head * (size_t)cap * hd;
+
+    float *q[ATT_GROUP], *out[ATT_GROUP], *sc[ATT_GROUP];
+    int32_t p[ATT_GROUP] = {0}, lo[ATT_GROUP] = {0};
+    for (int32_t g = 0; g < G; g++) {
+        int32_t t = t0 + g;
+        p[g] = j->pos0 + t;
+        lo[g] = (s->window > 0 && p[g] - s->window + 1 > 0) ? p[g] - s->window + 1 : 0;
+        q[g] = s->q + (size_t)t * n_heads * hd + (size_t)h * hd;
+        out[g] = s->att + (size_t)t * n_heads * hd + (size_t)h * hd;
+        sc[g] = s->scores + ((size_t)thread * ATT_GROUP + g) * cap;
+        if (s->kv_mode & LS_KV_HADAMARD) {
+            if (s->kv_mode & LS_KV_FP16_QKV)
+                for (int32_t d = 0; d < hd; d++) q[g][d] = ls_f16_to_f32(ls_f32_to_f16(q[g][d]));
+            ls_kv_wht(q[g], hd);
+        }
+    }
+    int32_t sa = lo[G - 1], sb = p[0]; /* shared positions [sa, sb] (lo, p increase with g) */
+    slot_run run[2];
+    int32_t nr;
+
+    /* scores */
+    for (int32_t g = 0; g < G; g++) {
+        int32_t a = lo[g], b = (sa <= sb ? sa : p[g] + 1) - 1; /* before the shared range */
+        nr = runs_of(a, b, cap, run);
+        for (int32_t r = 0, off = 0; r < nr; off += run[r].n, r++)
+            ops->attn_scores(sc[g] + off, q[g], Kt + run[r].slot, s->ldk, hd, run[r].n);
+        if (sa <= sb) {
+            nr = runs_of(sb + 1, p[g], cap, run); /* after it */
+            for (int32_t r = 0, off = sb + 1 - lo[g]; r < nr; off += run[r].n, r++)
+                ops->attn_scores(sc[g] + off, q[g], Kt + run[r].slot, s->ldk, hd, run[r].n);
+        }
+    }
+    nr = runs_of(sa, sb, cap, run);
+    for (int32_t r = 0, off = 0; r < nr; off += run[r].n, r++) {
+        float *scg[ATT_GROUP];
+        for (int32_t g = 0; g < G; g++) scg[g] = sc[g] + (sa - lo[g]) + off;
+        ops->attn_scores_mq(scg, (const float *const *)q, Kt + run[r].slot, s->ldk, hd, run[r].n, G);
+    }
+
+    /* softmax, per token exactly as attend() */
+    float scale = 1.0f / sqrtf((float)hd);
+    float inv[ATT_GROUP];
+    for (int32_t g = 0; g < G; g++) {
+        inv[g] = 1.0f / softmax_exp(ops, sc[g], p[g] - lo[g] + 1, scale);
+        for (int32_t d = 0; d < hd; d++) out[g][d] = 0.0f;
+    }
+
+    /* values, position order: before, shared, after */
+    for (int32_t g = 0; g < G; g++) {
+        int32_t a = lo[g], b = (sa <= sb ? sa : p[g] + 1) - 1;
+        nr = runs_of(a, b, cap, run);
+        for (int32_t r = 0, off = 0; r < nr; off += run[r].n, r++)
+            ops->attn_values(out[g], sc[g] + off, V + (size_t)run[r].slot * hd, hd, run[r].n);
+    }
+    nr = runs_of(sa, sb, cap, run);
+    for (int32_t r = 0, off = 0; r < nr; off += run[r].n, r++) {
+        const float *scg[ATT_GROUP];
+        for (int32_t g = 0; g < G; g++) scg[g] = sc[g] + (sa - lo[g]) + off;
+        ops->attn_values_mq(out, scg, V + (size_t)run[r].slot * hd, hd, run[r].n, G);
+    }
+    if (sa <= sb)
+        for (int32_t g = 0; g < G; g++) {
+            nr = runs_of(sb + 1, p[g], cap, run);
+            for (int32_t r = 0, off = sb + 1 - lo[g]; r < nr; off += run[r].n, r++)
+                ops->attn_values(out[g], sc[g] + off, V + (size_t)run[r].slot * hd, hd, run[r].n);
+        }
+    for (int32_t g = 0; g < G; g++) {
+        for (int32_t d = 0; d < hd; d++) out[g][d] *= inv[g];
+        if (s->kv_mode & LS_KV_HADAMARD) ls_kv_wht(out[g], hd);
+    }
+}
+
 void ls_attention(ls_session *s, int32_t loop, int32_t T, int32_t pos0) {
     store_rows(s, loop, T, pos0, NULL);
     att_job j = {s, loop, T, pos0};
-    ls_pool_run(s->m->rt->pool, att_task, &j, T * s->m->info.n_heads);
+    int32_t n_heads = s->m->info.n_heads;
+    if (T > 1 && s->kv_fmt == LS_KV_FP16 && s->m->rt->ops->attn_scores_mq)
+        ls_pool_run(s->m->rt->pool, att_group_task, &j, (T + ATT_GROUP - 1) / ATT_GROUP * n_heads);
+    else
+        ls_pool_run(s->m->rt->pool, att_task, &j, T * n_heads);
 }
 
 // ---- tree attention (speculative verification) ----

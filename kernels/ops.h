@@ -40,6 +40,21 @@ typedef struct ls_ops {
      * consecutive ranges equals one call on their union. */
     void (*attn_values)(float *out, const float *p, const uint16_t *v, int32_t hd, int32_t n);
 
+    /* Several queries (G <= 4) of one head over the same n positions, for
+     * prefill: bit-identical to G calls of attn_scores / attn_values (each
+     * query's arithmetic unchanged, loaded cache rows shared). NULL: the
+     * caller makes the G one-query calls. */
+    void (*attn_scores_mq)(float *const *scores, const float *const *q, const uint16_t *kt, int32_t ldk,
+                           int32_t hd, int32_t n, int32_t G);
+    void (*attn_values_mq)(float *const *out, const float *const *p, const uint16_t *v, int32_t hd, int32_t n,
+                           int32_t G);
+
+    /* Softmax numerators of one attention row, in place: c[i] = exp(c[i] *
+     * scale - max), max over the scaled row; returns their sum. Fixed order
+     * for a given n (whoever calls it), so every caller of one path agrees.
+     * NULL: attention.c's scalar loop (expf, sum in index order). */
+    float (*softmax_exp)(float *c, int32_t n, float scale);
+
     /* Attention over a quantized cache (kvcache.h layouts, loopserve.h
      * LS_KV_* formats). Values are dequantized in registers exactly as
      * ls_kv_decode_row does (c * s, or c * s + z: the product is exact in

@@ -236,6 +236,157 @@ static void attn_values_avx512(float *out, const float *p, const uint16_t *v, in
     }
 }
 
+/* G (<= ATTN_MQ) queries of one head over the same positions: each loaded
+ * key vector is converted once and used for every query. Per query and
+ * lane the FMA chain is attn_scores_avx512's (d increasing from zero), so
+ * each score is bit-identical to a one-query call. */
+#define ATTN_MQ 4
+static inline __attribute__((always_inline)) void scores_mq(float *const *scores, const float *const *q,
+                                                            const uint16_t *kt, int32_t ldk, int32_t hd,
+                                                            int32_t n, const int G) {
+    int32_t j = 0;
+    for (; j + 2 * VL <= n; j += 2 * VL) {
+        __m512 a0[ATTN_MQ], a1[ATTN_MQ];
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) a0[g] = a1[g] = _mm512_setzero_ps();
+        const uint16_t *row = kt + j;
+        for (int32_t d = 0; d < hd; d++, row += ldk) {
+            __m512 k0 = load_w(row), k1 = load_w(row + VL);
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++) {
+                __m512 qd = _mm512_set1_ps(q[g][d]);
+                a0[g] = _mm512_fmadd_ps(qd, k0, a0[g]);
+                a1[g] = _mm512_fmadd_ps(qd, k1, a1[g]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            _mm512_storeu_ps(scores[g] + j, a0[g]);
+            _mm512_storeu_ps(scores[g] + j + VL, a1[g]);
+        }
+    }
+    for (; j < n; j += VL) {
+        int32_t m = n - j < VL ? n - j : VL;
+        __m512 a[ATTN_MQ];
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) a[g] = _mm512_setzero_ps();
+        const uint16_t *row = kt + j;
+        for (int32_t d = 0; d < hd; d++, row += ldk) {
+            __m512 k = load_w_tail(row, m);
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++) a[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g][d]), k, a[g]);
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) _mm512_mask_storeu_ps(scores[g] + j, (__mmask16)((1u << m) - 1u), a[g]);
+    }
+}
+
+static void attn_scores_mq_avx512(float *const *scores, const float *const *q, const uint16_t *kt, int32_t ldk,
+                                  int32_t hd, int32_t n, int32_t G) {
+    switch (G) {
+    case 4: scores_mq(scores, q, kt, ldk, hd, n, 4); break;
+    case 3: scores_mq(scores, q, kt, ldk, hd, n, 3); break;
+    case 2: scores_mq(scores, q, kt, ldk, hd, n, 2); break;
+    default:
+        for (int32_t g = 0; g < G; g++) attn_scores_avx512(scores[g], q[g], kt, ldk, hd, n);
+    }
+}
+
+/* Values for G queries: each converted value row feeds every query's running
+ * sums; per query and dimension the chain is attn_values_avx512's (j
+ * increasing, starting from out), for head dims that are a multiple of 64
+ * (else one-query calls). */
+static inline __attribute__((always_inline)) void values_mq(float *const *out, const float *const *p,
+                                                            const uint16_t *v, int32_t hd, int32_t n,
+                                                            const int G) {
+    for (int32_t d0 = 0; d0 < hd; d0 += 4 * VL) {
+        __m512 a[ATTN_MQ][4];
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++)
+#pragma GCC unroll 4
+            for (int e = 0; e < 4; e++) a[g][e] = _mm512_loadu_ps(out[g] + d0 + e * VL);
+        const uint16_t *row = v + d0;
+        for (int32_t j = 0; j < n; j++, row += hd) {
+            __m512 w[4];
+#pragma GCC unroll 4
+            for (int e = 0; e < 4; e++) w[e] = load_w(row + e * VL);
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++) {
+                __m512 pj = _mm512_set1_ps(p[g][j]);
+#pragma GCC unroll 4
+                for (int e = 0; e < 4; e++) a[g][e] = _mm512_fmadd_ps(pj, w[e], a[g][e]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++)
+#pragma GCC unroll 4
+            for (int e = 0; e < 4; e++) _mm512_storeu_ps(out[g] + d0 + e * VL, a[g][e]);
+    }
+}
+
+static void attn_values_mq_avx512(float *const *out, const float *const *p, const uint16_t *v, int32_t hd,
+                                  int32_t n, int32_t G) {
+    if (hd % (4 * VL) == 0) {
+        switch (G) {
+        case 4: values_mq(out, p, v, hd, n, 4); return;
+        case 3: values_mq(out, p, v, hd, n, 3); return;
+        case 2: values_mq(out, p, v, hd, n, 2); return;
+        default: break;
+        }
+    }
+    for (int32_t g = 0; g < G; g++) attn_values_avx512(out[g], p[g], v, hd, n);
+}
+
+/* exp(x) for x <= 0 (softmax arguments): x = n ln2 + r, |r| <= ln2 / 2,
+ * exp(r) by a degree-6 polynomial (Horner, FMA), times 2^n by scalef
+ * (underflows to 0 below about -104). Within ~2 ulp of expf. */
+static inline __m512 exp_neg_avx512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* ops.h softmax_exp: lane-wise max and sum over 16-element blocks (the last
+ * one masked), then the fixed reduce_add shuffle sequence. */
+static float softmax_exp_avx512(float *c, int32_t n, float scale) {
+    __m512 sc = _mm512_set1_ps(scale), mx = _mm512_set1_ps(-INFINITY);
+    int32_t i = 0;
+    for (; i + VL <= n; i += VL) {
+        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(c + i), sc);
+        _mm512_storeu_ps(c + i, v);
+        mx = _mm512_max_ps(mx, v);
+    }
+    __mmask16 mk = (__mmask16)((1u << (n - i)) - 1u);
+    if (i < n) {
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, c + i), sc);
+        _mm512_mask_storeu_ps(c + i, mk, v);
+        mx = _mm512_mask_max_ps(mx, mk, mx, v);
+    }
+    __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512 sum = _mm512_setzero_ps();
+    for (i = 0; i + VL <= n; i += VL) {
+        __m512 e = exp_neg_avx512(_mm512_sub_ps(_mm512_loadu_ps(c + i), m));
+        _mm512_storeu_ps(c + i, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    if (i < n) {
+        __m512 e = exp_neg_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, c + i), m));
+        _mm512_mask_storeu_ps(c + i, mk, e);
+        sum = _mm512_mask_add_ps(sum, mk, sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
 // ---- quantized cache (ops.h attn_*_i8 / _i4; layouts in kvcache.h) ----
 //
 // Lane = position for scores, lane = dimension for values, as above; the
@@ -426,6 +577,9 @@ const ls_ops ls_ops_avx512 = {
     .matmul_f16 = matmul_f16_avx512,
     .attn_scores = attn_scores_avx512,
     .attn_values = attn_values_avx512,
+    .softmax_exp = softmax_exp_avx512,
+    .attn_scores_mq = attn_scores_mq_avx512,
+    .attn_values_mq = attn_values_mq_avx512,
     .attn_scores_i8 = attn_scores_i8_avx512,
     .attn_values_i8 = attn_values_i8_avx512,
     .attn_scores_i4 = attn_scores_i4_avx512,

@@ -109,7 +109,7 @@ ls_session *ls_session_new_kv(ls_model *m, int32_t max_seq, int32_t loops, int32
     s->g = alloc0(C * (size_t)mi->ffn_dim * sizeof(float));
     s->u = alloc0(C * (size_t)mi->ffn_dim * sizeof(float));
     s->rope = alloc0(C * hd * sizeof(float));
-    s->scores = alloc0(bytes_of((size_t)m->rt->n_threads, (size_t)s->cap, 1, 1, sizeof(float)));
+    s->scores = alloc0(bytes_of((size_t)m->rt->n_threads * 4, (size_t)s->cap, 1, 1, sizeof(float))); /* 4: attention.c ATT_GROUP */
     s->logits = alloc0((size_t)mi->vocab_size * sizeof(float));
     int cache_ok = quantized ? s->kq && s->kp && s->vq && s->vp && s->kv_codes && s->kv_params : s->kc && s->vc;
     if (!cache_ok || !s->tokens || !s->loop_len || !s->loop_lo || !s->h || !s->xb || !s->q || !s->k ||

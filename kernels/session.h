@@ -81,7 +81,7 @@ struct ls_session {
     float *g;      /* (LS_CHUNK, ffn_dim) gate, then silu(gate) * up */
     float *u;      /* (LS_CHUNK, ffn_dim) up */
     float *rope;   /* (LS_CHUNK, head_dim / 2, 2) cos, sin per position */
-    float *scores; /* (n_threads, cap) attention scores, one row per thread */
+    float *scores; /* (n_threads, 4, cap) attention scores, up to 4 rows per thread (a prefill token group) */
     float *logits; /* (vocab_size) for ls_session_step without logits_out */
 
     struct ls_spec_scratch *spec; /* speculative-cycle buffers (spec.c), allocated on first use */
