@@ -30,11 +30,10 @@
 // token is the merge of the two parts BPE reaches using only lower ranks),
 // exactly the list merges.txt holds.
 
-import { closeSync, fstatSync, openSync, renameSync, unlinkSync, writeSync } from "node:fs";
 import gpt2 from "tiktoken/encoders/gpt2.json" with { type: "json" };
 import { F16_TO_F32 } from "./fp16.ts";
 import { loadModelFile, MAX_LOOPS, type ModelConfig, parseModelConfig } from "./format.ts";
-import { ModelFormatError, readSafetensors } from "./safetensors.ts";
+import { ModelFormatError, readSafetensors, writeFileAtomically } from "./safetensors.ts";
 
 // ---- GGUF constants ----
 
@@ -245,14 +244,7 @@ export function writeGguf(path: string, metadata: [string, GgufValue][], tensors
   w.padTo(GGUF_ALIGNMENT);
   const header = w.result();
 
-  const tmp = `${path}.tmp-${process.pid}-${Date.now()}-${Math.random().toString(36).slice(2)}`;
-  let fd = -1;
-  try {
-    fd = openSync(tmp, "w");
-    const writeAll = (buf: Uint8Array) => {
-      let done = 0;
-      while (done < buf.length) done += writeSync(fd, buf, done, buf.length - done);
-    };
+  return writeFileAtomically(path, (writeAll) => {
     writeAll(header);
     const zeros = new Uint8Array(GGUF_ALIGNMENT);
     for (const t of tensors) {
@@ -260,23 +252,8 @@ export function writeGguf(path: string, metadata: [string, GgufValue][], tensors
       const gap = pad(t.data.byteLength, GGUF_ALIGNMENT) - t.data.byteLength;
       if (gap > 0) writeAll(zeros.subarray(0, gap));
     }
-    const total = header.length + offset;
-    const written = fstatSync(fd).size;
-    if (written !== total) fail(`short write: ${written} of ${total} bytes`);
-    closeSync(fd);
-    fd = -1;
-    renameSync(tmp, path);
-    return total;
-  } catch (e) {
-    if (fd >= 0) closeSync(fd);
-    try {
-      unlinkSync(tmp);
-    } catch {
-      // never created, or already renamed
-    }
-    if (e instanceof ModelFormatError) throw e;
-    throw new ModelFormatError(`${path}: cannot write: ${(e as Error).message}`);
-  }
+    return header.length + offset;
+  });
 }
 
 // ---- GPT-2 vocabulary ----

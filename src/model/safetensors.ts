@@ -327,15 +327,7 @@ export function writeSafetensors(path: string, metadata: Record<string, string>,
   const lenField = new Uint8Array(8);
   new DataView(lenField.buffer).setBigUint64(0, BigInt(json.length), true);
 
-  // A unique temporary name in the same directory, so the rename is atomic.
-  const tmp = `${path}.tmp-${process.pid}-${Date.now()}-${Math.random().toString(36).slice(2)}`;
-  let fd = -1;
-  try {
-    fd = openSync(tmp, "w");
-    const writeAll = (buf: Uint8Array) => {
-      let done = 0;
-      while (done < buf.length) done += writeSync(fd, buf, done, buf.length - done);
-    };
+  return writeFileAtomically(path, (writeAll) => {
     writeAll(lenField);
     writeAll(json);
     let pos = 0;
@@ -345,9 +337,28 @@ export function writeSafetensors(path: string, metadata: Record<string, string>,
       writeAll(t.data);
       pos = begin + t.data.byteLength;
     }
-    const total = 8 + json.length + pos;
+    return 8 + json.length + pos;
+  });
+}
+
+/**
+ * Writes a file through a uniquely named temporary in the same directory and
+ * renames it into place, so a process that has the old file mapped keeps a
+ * valid mapping and a reader never sees half a file. `write` returns the size
+ * it meant to write; a short write is an error. Returns the bytes written.
+ */
+export function writeFileAtomically(path: string, write: (writeAll: (buf: Uint8Array) => void) => number): number {
+  const tmp = `${path}.tmp-${process.pid}-${Date.now()}-${Math.random().toString(36).slice(2)}`;
+  let fd = -1;
+  try {
+    fd = openSync(tmp, "w");
+    const writeAll = (buf: Uint8Array) => {
+      let done = 0;
+      while (done < buf.length) done += writeSync(fd, buf, done, buf.length - done);
+    };
+    const total = write(writeAll);
     const written = fstatSync(fd).size;
-    if (written !== total) fail(`short write: ${written} of ${total} bytes`);
+    if (written !== total) throw new ModelFormatError(`${path}: short write: ${written} of ${total} bytes`);
     closeSync(fd);
     fd = -1;
     renameSync(tmp, path);
