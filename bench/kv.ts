@@ -8,14 +8,11 @@
 //
 // `bun bench/kv.ts` prints the table and writes bench/results/kv.json;
 // bench/run.ts can call measureKv() for its own report.
-import { existsSync } from "node:fs";
-import { basename, dirname, join } from "node:path";
 import { type KvCacheSettings, NativeModel, type SimdChoice } from "../src/engine/binding.ts";
 import { KV_CACHE_MODES, kvBytesPerToken } from "../src/model/kvcache.ts";
-import { quantizeModelFile } from "../src/model/quantize.ts";
 import { kernelLibrary } from "./engine.ts";
 import { benchModel } from "./models.ts";
-import { compareLogits } from "./quant.ts";
+import { compareLogits, prompt, quantizedPath } from "./quant.ts";
 import { median, printTable, type Row, writeJson } from "./report.ts";
 
 export interface KvBenchOptions {
@@ -34,22 +31,6 @@ export interface KvBenchOptions {
 }
 
 export const DEFAULT_KV_MODES: KvCacheSettings[] = KV_CACHE_MODES.map((mode) => ({ mode }));
-
-function weightsPath(src: string, w: "fp16" | "int4"): string {
-  if (w === "fp16") return src;
-  const out = join(dirname(src), `${basename(src, ".safetensors")}-int4-g32-headint8.safetensors`);
-  if (!existsSync(out)) quantizeModelFile(src, out, { quant: "int4", groupSize: 32, head: "int8" });
-  return out;
-}
-
-/** Deterministic prompt p of n tokens. */
-function prompt(p: number, n: number, vocab: number): Int32Array {
-  let s = (p + 1) * 2654435761;
-  return Int32Array.from({ length: n }, () => {
-    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-    return s % vocab;
-  });
-}
 
 /** Logits of every position of every prompt, teacher-forced, in cache mode kv. */
 function allLogits(m: NativeModel, kv: KvCacheSettings, o: Required<KvBenchOptions>): Float32Array[] {
@@ -123,7 +104,7 @@ export async function measureKv(opts: KvBenchOptions = {}): Promise<Row[]> {
   const src = await benchModel();
   const rows: Row[] = [];
   for (const w of o.weights) {
-    const m = NativeModel.load(o.library, weightsPath(src, w), o.threads, o.simd);
+    const m = NativeModel.load(o.library, quantizedPath(src, w === "fp16" ? { quant: "fp16", head: "fp16" } : { quant: "int4", head: "int8" }, 32), o.threads, o.simd);
     try {
       const base = allLogits(m, { mode: "fp16" }, o);
       const shape = { loops: o.loops, nKvHeads: m.info.nKvHeads, headDim: m.info.headDim };

@@ -42,15 +42,15 @@ export const DEFAULT_FORMATS: WeightFormat[] = [
 ];
 
 /** The quantized copy of `src` (made once, cached beside it). */
-function quantizedPath(src: string, f: WeightFormat, groupSize: number): string {
+export function quantizedPath(src: string, f: WeightFormat, groupSize: number): string {
   if (f.quant === "fp16") return src;
   const out = join(dirname(src), `${basename(src, ".safetensors")}-${f.quant}-g${groupSize}-head${f.head}.safetensors`);
   if (!existsSync(out)) quantizeModelFile(src, out, { quant: f.quant, groupSize, head: f.head });
   return out;
 }
 
-/** Deterministic prompt p of n tokens. */
-function prompt(p: number, n: number, vocab: number): Int32Array {
+/** Deterministic prompt p of n tokens (the quality prompts of the quant and kv sections). */
+export function prompt(p: number, n: number, vocab: number): Int32Array {
   let s = (p + 1) * 2654435761;
   return Int32Array.from({ length: n }, () => {
     s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
