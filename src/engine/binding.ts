@@ -24,7 +24,7 @@ const symbols = {
 } as const;
 
 // Speculative decoding (kernels/spec.c) is opened separately: a kernel
-// library without it (e.g. a GPU build that has not implemented it yet) still
+// library without it (the CUDA library has no speculative kernels) still
 // loads and serves plain generation.
 const specSymbols = {
   ls_spec_cycle: { args: [ptr, i32, ptr, ptr, ptr], returns: i32 },

@@ -3,15 +3,13 @@
 // the generation modes rely on: batch invariance (bit-identical logits
 // whatever the batch split or thread count), sliding window, rollback.
 import { beforeAll, describe, expect, test } from "bun:test";
-import { existsSync } from "node:fs";
-import { join, resolve } from "node:path";
-import { NativeError, NativeModel, type NativeSession, type SimdChoice } from "../../src/engine/binding.ts";
+import { join } from "node:path";
+import { NativeError, type SimdChoice } from "../../src/engine/binding.ts";
 import { argmax, ReferenceModel } from "../../src/model/reference.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
+import { expectBitIdentical, feedInCalls, relErr, supportedPaths, tokensFor, withModel, withSession } from "../helpers/kernels.ts";
 import { tinyModelPath } from "../helpers/models.ts";
 
-const ROOT = resolve(import.meta.dir, "../..");
-const LIB = join(ROOT, "build", "libloopserve.so");
 const TOL = 1e-3; // max|c - r| / max|r| against the float64 reference
 const SIMD_TOL = 1e-4; // SIMD paths against the portable path
 
@@ -23,84 +21,11 @@ const SHAPES: Record<string, SyntheticOptions> = {
   mqa: { dim: 64, nHeads: 4, nKvHeads: 1, ffnDim: 136, vocabSize: 130, loops: 8, seed: 13 },
 };
 
-const ALL_PATHS: SimdChoice[] = ["portable", "avx2", "avx512"];
 let paths: SimdChoice[] = [];
 
 beforeAll(() => {
-  if (!existsSync(LIB)) {
-    const r = Bun.spawnSync([process.execPath, "build.ts", "--lib"], { cwd: ROOT, stdout: "inherit", stderr: "inherit" });
-    if (r.exitCode !== 0) throw new Error("bun build.ts --lib failed");
-  }
-  // Paths the CPU has; the others must refuse with a message naming the feature.
-  const probe = tinyModelPath(SHAPES.gqa);
-  for (const simd of ALL_PATHS) {
-    try {
-      NativeModel.load(LIB, probe, 1, simd).close();
-      paths.push(simd);
-    } catch (e) {
-      expect(String((e as Error).message)).toMatch(/requested but the CPU lacks/);
-    }
-  }
-  expect(paths).toContain("portable");
+  paths = supportedPaths(tinyModelPath(SHAPES.gqa));
 });
-
-function tokensFor(vocab: number, n: number, salt = 0): number[] {
-  return Array.from({ length: n }, (_, i) => (i * 37 + 5 + salt * 11) % vocab);
-}
-
-function relErr(c: Float32Array, r: Float32Array): number {
-  let d = 0;
-  let m = 0;
-  for (let i = 0; i < r.length; i++) {
-    d = Math.max(d, Math.abs(c[i] - r[i]));
-    m = Math.max(m, Math.abs(r[i]));
-  }
-  return d / m;
-}
-
-function withModel<T>(path: string, threads: number, simd: SimdChoice, fn: (m: NativeModel) => T): T {
-  const m = NativeModel.load(LIB, path, threads, simd);
-  try {
-    return fn(m);
-  } finally {
-    m.close();
-  }
-}
-
-function withSession<T>(m: NativeModel, maxSeq: number, loops: number, window: number, fn: (s: NativeSession) => T): T {
-  const s = m.newSession(maxSeq, loops, window);
-  try {
-    return fn(s);
-  } finally {
-    s.close();
-  }
-}
-
-/** Feeds `tokens` in calls of the given sizes, returning every token's logits. */
-function feedInCalls(s: NativeSession, tokens: number[], loops: number, sizes: number[], vocab: number): Float32Array[] {
-  const out: Float32Array[] = [];
-  let i = 0;
-  let k = 0;
-  while (i < tokens.length) {
-    const n = Math.min(sizes[k++ % sizes.length], tokens.length - i);
-    const buf = new Float32Array(n * vocab);
-    s.forward(Int32Array.from(tokens.slice(i, i + n)), loops, buf, n);
-    for (let t = 0; t < n; t++) out.push(buf.slice(t * vocab, (t + 1) * vocab));
-    i += n;
-  }
-  return out;
-}
-
-function expectBitIdentical(a: Float32Array[], b: Float32Array[], what: string): void {
-  expect(a.length).toBe(b.length);
-  for (let t = 0; t < a.length; t++) {
-    const ua = new Uint32Array(a[t].buffer, a[t].byteOffset, a[t].length);
-    const ub = new Uint32Array(b[t].buffer, b[t].byteOffset, b[t].length);
-    let same = ua.length === ub.length;
-    for (let i = 0; same && i < ua.length; i++) same = ua[i] === ub[i];
-    if (!same) throw new Error(`${what}: logits of token ${t} differ`);
-  }
-}
 
 describe("C logits match the TypeScript reference", () => {
   for (const [name, shape] of Object.entries(SHAPES)) {

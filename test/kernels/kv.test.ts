@@ -16,9 +16,8 @@
 // not part of the ABI the binding uses.
 import { beforeAll, describe, expect, test } from "bun:test";
 import { dlopen, FFIType } from "bun:ffi";
-import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { type KvCacheSettings, NativeModel, type NativeSession, type SimdChoice } from "../../src/engine/binding.ts";
+import { type KvCacheSettings, NativeModel, type SimdChoice } from "../../src/engine/binding.ts";
 import { Engine, EngineLoadError, EngineRequestError } from "../../src/engine/engine.ts";
 import type { GenerateRequest } from "../../src/engine/types.ts";
 import { f16BitsToNumber } from "../../src/model/fp16.ts";
@@ -33,11 +32,11 @@ import {
 } from "../../src/model/kvcache.ts";
 import { ReferenceModel } from "../../src/model/reference.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
+import { expectBitIdentical, feedInCalls, LIB, relErr, supportedPaths, tokensFor, withModel, withSession } from "../helpers/kernels.ts";
 import { tinyModelPath } from "../helpers/models.ts";
 
 const ROOT = resolve(import.meta.dir, "../..");
 const BUILD = join(ROOT, "build");
-const LIB = join(BUILD, "libloopserve.so");
 
 // ---- tolerances: max|c - r| / max|r| over every position's logits ----
 
@@ -94,80 +93,15 @@ function modesFor(shape: SyntheticOptions): KvCacheSettings[] {
 
 const label = (kv: KvCacheSettings) => `${kv.mode}${kv.fp16AttnQkv ? " (fp16 q/k/v)" : ""}`;
 
-const ALL_PATHS: SimdChoice[] = ["portable", "avx2", "avx512"];
 const paths: SimdChoice[] = [];
 
 beforeAll(() => {
-  if (!existsSync(LIB)) {
-    const r = Bun.spawnSync([process.execPath, "build.ts", "--lib"], { cwd: ROOT, stdout: "inherit", stderr: "inherit" });
-    if (r.exitCode !== 0) throw new Error("bun build.ts --lib failed");
-  }
-  for (const simd of ALL_PATHS) {
-    try {
-      NativeModel.load(LIB, tinyModelPath(SHAPES.hd16), 1, simd).close();
-      paths.push(simd);
-    } catch {}
-  }
-  expect(paths).toContain("portable");
+  paths.push(...supportedPaths(tinyModelPath(SHAPES.hd16)));
 });
-
-function tokensFor(vocab: number, n: number, salt = 0): number[] {
-  return Array.from({ length: n }, (_, i) => (i * 37 + 5 + salt * 11) % vocab);
-}
-
-function relErr(c: ArrayLike<number>, r: ArrayLike<number>): number {
-  let d = 0;
-  let m = 0;
-  for (let i = 0; i < r.length; i++) {
-    d = Math.max(d, Math.abs(c[i] - r[i]));
-    m = Math.max(m, Math.abs(r[i]));
-  }
-  return d / m;
-}
 
 function median(xs: number[]): number {
   const s = [...xs].sort((a, b) => a - b);
   return s[Math.floor(s.length / 2)];
-}
-
-function withModel<T>(path: string, threads: number, simd: SimdChoice, fn: (m: NativeModel) => T): T {
-  const m = NativeModel.load(LIB, path, threads, simd);
-  try {
-    return fn(m);
-  } finally {
-    m.close();
-  }
-}
-
-function withSession<T>(m: NativeModel, maxSeq: number, loops: number, window: number, kv: KvCacheSettings, fn: (s: NativeSession) => T): T {
-  const s = m.newSession(maxSeq, loops, window, kv);
-  try {
-    return fn(s);
-  } finally {
-    s.close();
-  }
-}
-
-/** Every token's logits, the tokens fed in calls of the given sizes (cycled). */
-function feedInCalls(s: NativeSession, tokens: number[], loops: number, sizes: number[], vocab: number): Float32Array[] {
-  const out: Float32Array[] = [];
-  for (let i = 0, k = 0; i < tokens.length; ) {
-    const n = Math.min(sizes[k++ % sizes.length], tokens.length - i);
-    const buf = new Float32Array(n * vocab);
-    s.forward(Int32Array.from(tokens.slice(i, i + n)), loops, buf, n);
-    for (let t = 0; t < n; t++) out.push(buf.slice(t * vocab, (t + 1) * vocab));
-    i += n;
-  }
-  return out;
-}
-
-function expectBitIdentical(a: Float32Array[], b: Float32Array[], what: string): void {
-  expect(a.length).toBe(b.length);
-  for (let t = 0; t < a.length; t++) {
-    const ua = new Uint32Array(a[t].buffer, a[t].byteOffset, a[t].length);
-    const ub = new Uint32Array(b[t].buffer, b[t].byteOffset, b[t].length);
-    for (let i = 0; i < ua.length; i++) if (ua[i] !== ub[i]) throw new Error(`${what}: logits of token ${t} differ`);
-  }
 }
 
 // ---- rows ----
@@ -325,7 +259,7 @@ describe("each cache mode's logits", () => {
           const want = ref.forward(toks, loops, { kvCacheMode: kv.mode, fp16AttnQkv: kv.fp16AttnQkv });
           for (const simd of paths) {
             const got = withModel(path, 2, simd, (m) =>
-              withSession(m, 40, loops, 0, kv, (s) => feedInCalls(s, toks, loops, [12, 1, 5], vocab)),
+              withSession(m, 40, loops, 0, (s) => feedInCalls(s, toks, loops, [12, 1, 5], vocab), kv),
             );
             const same: number[] = [];
             for (let t = 0; t < toks.length; t++) {
@@ -349,7 +283,7 @@ describe("each cache mode's logits", () => {
     for (const kv of modesFor(shape)) {
       const want = ref.forward(toks, 2, { cacheWindow: 7, kvCacheMode: kv.mode, fp16AttnQkv: kv.fp16AttnQkv });
       const got = withModel(path, 2, "auto", (m) =>
-        withSession(m, 90, 2, 7, kv, (s) => feedInCalls(s, toks, 2, [64, 3, 1], shape.vocabSize)),
+        withSession(m, 90, 2, 7, (s) => feedInCalls(s, toks, 2, [64, 3, 1], shape.vocabSize), kv),
       );
       const errs = got.map((g, t) => relErr(g, want[t]));
       for (const e of errs) expect(e).toBeLessThan(TOL_SAME_MODE[kv.mode]);
@@ -365,7 +299,7 @@ describe("each cache mode's logits", () => {
       const toks = tokensFor(shape.vocabSize, 45, 1);
       for (const kv of modesFor(shape)) {
         const run = (simd: SimdChoice) =>
-          withModel(path, 2, simd, (m) => withSession(m, 45, 3, 0, kv, (s) => feedInCalls(s, toks, 3, [45], shape.vocabSize)));
+          withModel(path, 2, simd, (m) => withSession(m, 45, 3, 0, (s) => feedInCalls(s, toks, 3, [45], shape.vocabSize), kv));
         const base = run("portable");
         for (const simd of paths) {
           const got = run(simd);
@@ -384,7 +318,7 @@ describe("each cache mode's logits", () => {
       const toks = tokensFor(shape.vocabSize, 30, 2);
       for (const simd of paths) {
         const run = (kv: KvCacheSettings) =>
-          withModel(path, 2, simd, (m) => withSession(m, 30, 3, 0, kv, (s) => feedInCalls(s, toks, 3, [30], shape.vocabSize)));
+          withModel(path, 2, simd, (m) => withSession(m, 30, 3, 0, (s) => feedInCalls(s, toks, 3, [30], shape.vocabSize), kv));
         const fp16 = run({ mode: "fp16" });
         const h = run({ mode: "fp16-h" });
         for (let t = 0; t < toks.length; t++) expect(relErr(h[t], fp16[t])).toBeLessThan(TOL_VS_FP16["fp16-h"]);
@@ -408,7 +342,7 @@ describe("batch invariance in every cache mode", () => {
           for (const threads of [1, 3]) {
             withModel(path, threads, simd, (m) => {
               for (const sizes of threads === 1 ? [[100], [1]] : [[64, 7], [3, 64, 1, 12]]) {
-                const got = withSession(m, 100, 2, window, kv, (s) => feedInCalls(s, toks, 2, sizes, vocab));
+                const got = withSession(m, 100, 2, window, (s) => feedInCalls(s, toks, 2, sizes, vocab), kv);
                 if (base === null) base = got;
                 else expectBitIdentical(got, base, `${label(kv)} window ${window} ${simd} threads ${threads} calls ${sizes.join("+")}`);
               }
@@ -427,7 +361,7 @@ describe("batch invariance in every cache mode", () => {
     withModel(path, 2, "auto", (m) => {
       for (const kv of modesFor(shape)) {
         for (const window of [0, 6]) {
-          const whole = withSession(m, 40, 3, window, kv, (s) => feedInCalls(s, toks, 3, [40], vocab));
+          const whole = withSession(m, 40, 3, window, (s) => feedInCalls(s, toks, 3, [40], vocab), kv);
           const src = m.newSession(40, 3, window, kv);
           const dst = m.newSession(40, 3, window, kv);
           try {
@@ -461,27 +395,41 @@ const AGREEING: SyntheticOptions = { dim: 64, nHeads: 4, nKvHeads: 2, ffnDim: 12
 const PROMPT = [464, 329, 318, 257, 92, 110, 11, 290, 329];
 
 function plainGreedy(m: NativeModel, kv: KvCacheSettings, V: number, n: number, window: number): number[] {
-  return withSession(m, PROMPT.length + n + 1, V, window, kv, (s) => {
-    const out = [s.step(Int32Array.from(PROMPT), V, 0, 0, 1, 1, 0n)];
-    while (out.length < n) out.push(s.step(Int32Array.of(out[out.length - 1]), V, 0, 0, 1, 1, 0n));
-    return out;
-  });
+  return withSession(
+    m,
+    PROMPT.length + n + 1,
+    V,
+    window,
+    (s) => {
+      const out = [s.step(Int32Array.from(PROMPT), V, 0, 0, 1, 1, 0n)];
+      while (out.length < n) out.push(s.step(Int32Array.of(out[out.length - 1]), V, 0, 0, 1, 1, 0n));
+      return out;
+    },
+    kv,
+  );
 }
 
 function speculativeGreedy(m: NativeModel, kv: KvCacheSettings, D: number, V: number, k: number, n: number, window: number): { tokens: number[]; accepted: number } {
-  return withSession(m, PROMPT.length + n + 65, V, window, kv, (s) => {
-    const out = [s.step(Int32Array.from(PROMPT), V, 0, 0, 1, 1, 0n)];
-    const buf = new Int32Array(17);
-    const stats = { drafted: 0, accepted: 0 };
-    let accepted = 0;
-    while (out.length < n) {
-      const p = { draftLoops: D, verifyLoops: V, draftAhead: k, kBranches: 1, maxNew: n - out.length, temperature: 0, topK: 0, topP: 1, repetitionPenalty: 1, seed: 0 };
-      const got = s.specCycle(out[out.length - 1], p, buf, stats);
-      accepted += stats.accepted;
-      out.push(...buf.subarray(0, got));
-    }
-    return { tokens: out, accepted };
-  });
+  return withSession(
+    m,
+    PROMPT.length + n + 65,
+    V,
+    window,
+    (s) => {
+      const out = [s.step(Int32Array.from(PROMPT), V, 0, 0, 1, 1, 0n)];
+      const buf = new Int32Array(17);
+      const stats = { drafted: 0, accepted: 0 };
+      let accepted = 0;
+      while (out.length < n) {
+        const p = { draftLoops: D, verifyLoops: V, draftAhead: k, kBranches: 1, maxNew: n - out.length, temperature: 0, topK: 0, topP: 1, repetitionPenalty: 1, seed: 0 };
+        const got = s.specCycle(out[out.length - 1], p, buf, stats);
+        accepted += stats.accepted;
+        out.push(...buf.subarray(0, got));
+      }
+      return { tokens: out, accepted };
+    },
+    kv,
+  );
 }
 
 describe("chain speculative decoding in every cache mode", () => {

@@ -5,17 +5,16 @@
 // paths against each other, load errors for corrupt quantized files, and
 // the quantize CLI round trip down to generated tokens.
 import { beforeAll, describe, expect, test } from "bun:test";
-import { existsSync, readFileSync, writeFileSync } from "node:fs";
-import { join, resolve } from "node:path";
-import { NativeModel, type NativeSession, type SimdChoice } from "../../src/engine/binding.ts";
+import { readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { NativeModel, type SimdChoice } from "../../src/engine/binding.ts";
 import { runModelCommand } from "../../src/model/cli.ts";
 import { type HeadQuant, quantizeModelFile, type WeightQuant } from "../../src/model/quantize.ts";
 import { ReferenceModel } from "../../src/model/reference.ts";
 import { type SyntheticOptions, writeSyntheticModel } from "../../src/model/synthetic.ts";
+import { expectBitIdentical, feedInCalls, LIB, relErr, supportedPaths, tokensFor, withModel } from "../helpers/kernels.ts";
 import { testTempDir } from "../helpers/models.ts";
 
-const ROOT = resolve(import.meta.dir, "../..");
-const LIB = join(ROOT, "build", "libloopserve.so");
 // Against the float64 reference (same dequantized weights, same int8
 // activations): the kernels' fp32 sums differ in rounding, and where an
 // activation lands within rounding of a .5 boundary its int8 code can
@@ -35,7 +34,6 @@ const SHAPES: Record<string, SyntheticOptions> = {
 };
 const GROUP: Record<string, number> = { gqa: 32, "mqa-g64": 64, tied: 32 };
 
-const ALL_PATHS: SimdChoice[] = ["portable", "avx2", "avx512"];
 let paths: SimdChoice[] = [];
 
 let n = 0;
@@ -57,65 +55,8 @@ function quantized(shape: string, quant: WeightQuant, head: HeadQuant): string {
 }
 
 beforeAll(() => {
-  if (!existsSync(LIB)) {
-    const r = Bun.spawnSync([process.execPath, "build.ts", "--lib"], { cwd: ROOT, stdout: "inherit", stderr: "inherit" });
-    if (r.exitCode !== 0) throw new Error("bun build.ts --lib failed");
-  }
-  const probe = quantized("gqa", "int4", "int8");
-  for (const simd of ALL_PATHS) {
-    try {
-      NativeModel.load(LIB, probe, 1, simd).close();
-      paths.push(simd);
-    } catch (e) {
-      expect(String((e as Error).message)).toMatch(/requested but the CPU lacks/);
-    }
-  }
-  expect(paths).toContain("portable");
+  paths = supportedPaths(quantized("gqa", "int4", "int8"));
 });
-
-function tokensFor(vocab: number, count: number, salt = 0): number[] {
-  return Array.from({ length: count }, (_, i) => (i * 37 + 5 + salt * 11) % vocab);
-}
-
-function relErr(c: Float32Array, r: Float32Array): number {
-  let d = 0;
-  let m = 0;
-  for (let i = 0; i < r.length; i++) {
-    d = Math.max(d, Math.abs(c[i] - r[i]));
-    m = Math.max(m, Math.abs(r[i]));
-  }
-  return d / m;
-}
-
-function withModel<T>(path: string, threads: number, simd: SimdChoice, fn: (m: NativeModel) => T): T {
-  const m = NativeModel.load(LIB, path, threads, simd);
-  try {
-    return fn(m);
-  } finally {
-    m.close();
-  }
-}
-
-function feedInCalls(s: NativeSession, tokens: number[], loops: number, sizes: number[], vocab: number): Float32Array[] {
-  const out: Float32Array[] = [];
-  for (let i = 0, k = 0; i < tokens.length; ) {
-    const c = Math.min(sizes[k++ % sizes.length], tokens.length - i);
-    const buf = new Float32Array(c * vocab);
-    s.forward(Int32Array.from(tokens.slice(i, i + c)), loops, buf, c);
-    for (let t = 0; t < c; t++) out.push(buf.slice(t * vocab, (t + 1) * vocab));
-    i += c;
-  }
-  return out;
-}
-
-function sameBits(a: Float32Array[], b: Float32Array[], what: string): void {
-  expect(a.length).toBe(b.length);
-  for (let t = 0; t < a.length; t++) {
-    if (!Buffer.from(a[t].buffer, a[t].byteOffset, a[t].byteLength).equals(Buffer.from(b[t].buffer, b[t].byteOffset, b[t].byteLength))) {
-      throw new Error(`${what}: logits of token ${t} differ`);
-    }
-  }
-}
 
 const FORMATS: [WeightQuant, HeadQuant][] = [
   ["int4", "int8"],
@@ -172,7 +113,7 @@ describe("quantized batch invariance", () => {
               const got = feedInCalls(s, toks, 3, sizes, vocab);
               s.close();
               if (base === null) base = got;
-              else sameBits(got, base, `${quant} ${simd} threads ${threads} calls ${sizes.join("+")}`);
+              else expectBitIdentical(got, base, `${quant} ${simd} threads ${threads} calls ${sizes.join("+")}`);
             }
           });
         }
