@@ -4,16 +4,14 @@
  * after ls_runtime_init has checked the CPU.
  *
  * Dot product order (every (token, row) element, whatever T or row range):
- *   two 16-lane accumulators a0, a1; for each full 32-element block,
- *   a0 += w[i..i+16) * x[i..i+16), a1 += w[i+16..i+32) * x[i+16..i+32) (FMA);
- *   then one more full 16-block into a0 if present; then the last < 16
- *   elements, masked (zeros elsewhere), into a1; result =
- *   reduce_add(a0 + a1) with the fixed shuffle sequence of
- *   _mm512_reduce_add_ps.
- * Tiles of R rows x TT tokens keep R*TT independent accumulator pairs, each
+ *   one 16-lane accumulator a; for each full 16-element block in order,
+ *   a += w[i..i+16) * x[i..i+16) (FMA); then the last < 16 elements,
+ *   masked (zeros elsewhere); result = _mm512_reduce_add_ps(a) (fixed
+ *   shuffle sequence).
+ * Tiles of R rows x TT tokens keep R*TT independent accumulators, each
  * following exactly that order; they exist only to reuse each converted
- * weight vector across TT tokens (prefill) or to keep more FMAs in flight
- * (decode, R = 4).
+ * weight vector across TT tokens (prefill, 4 x 6) or to keep more FMAs in
+ * flight (decode, R = 4).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -48,98 +46,96 @@ static inline void prefetch_ahead(const uint16_t *p, size_t elems) {
     __builtin_prefetch((const void *)((uintptr_t)p + elems * sizeof *p), 0, 3);
 }
 
-#define TILE_MAX_R 4
-#define TILE_MAX_T 4 /* R * TT <= 12: 2 * R * TT accumulators + R * 2 weights + 2 x in 32 registers */
+#define TILE_MAX_R 8
+#define TILE_MAX_T 6 /* R * TT <= 24: R * TT accumulators + R weights + 1 x in 32 registers */
 
-/* R rows x TT tokens; R and TT are compile-time constants at every call. */
+/* R rows x TT tokens; R and TT are compile-time constants at every call.
+ * One accumulator per (row, token): a += w[i..i+16) * x[i..i+16) (FMA) for
+ * each full 16-block in order, then the masked tail; result = reduce_add(a). */
 static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, const float *x,
                                                        int32_t ldx, const uint16_t *w, int32_t in,
                                                        int32_t o, const int R, const int TT,
                                                        int32_t add, const int PF) {
-    __m512 a0[TILE_MAX_R][TILE_MAX_T], a1[TILE_MAX_R][TILE_MAX_T];
+    __m512 a[TILE_MAX_R][TILE_MAX_T];
     const uint16_t *wr[TILE_MAX_R];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
         wr[r] = w + (size_t)(o + r) * (size_t)in;
-#pragma GCC unroll 4
-        for (int t = 0; t < TT; t++) {
-            a0[r][t] = _mm512_setzero_ps();
-            a1[r][t] = _mm512_setzero_ps();
-        }
+#pragma GCC unroll 6
+        for (int t = 0; t < TT; t++) a[r][t] = _mm512_setzero_ps();
     }
     int32_t i = 0;
-    for (; i + 2 * VL <= in; i += 2 * VL) {
-        __m512 w0[TILE_MAX_R], w1[TILE_MAX_R];
-#pragma GCC unroll 4
+    for (; i + VL <= in; i += VL) {
+        __m512 w0[TILE_MAX_R];
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             if (PF) prefetch_ahead(wr[r] + i, (size_t)R * (size_t)in);
             w0[r] = load_w(wr[r] + i);
-            w1[r] = load_w(wr[r] + i + VL);
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 6
         for (int t = 0; t < TT; t++) {
-            const float *xt = x + (size_t)t * (size_t)ldx + i;
-            __m512 x0 = _mm512_loadu_ps(xt), x1 = _mm512_loadu_ps(xt + VL);
+            __m512 x0 = _mm512_loadu_ps(x + (size_t)t * (size_t)ldx + i);
             /* Keep x in a register for all R rows: left to itself GCC folds
              * the load into every FMA, and the load ports, not the FMA
-             * units, become the limit (3x4 tile: ~100 -> ~200 GFLOP/s on
-             * one core). Changes no arithmetic. */
-            if (R > 1) __asm__("" : "+v"(x0), "+v"(x1));
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                a0[r][t] = _mm512_fmadd_ps(w0[r], x0, a0[r][t]);
-                a1[r][t] = _mm512_fmadd_ps(w1[r], x1, a1[r][t]);
-            }
+             * units, become the limit. Changes no arithmetic. */
+            if (R > 1) __asm__("" : "+v"(x0));
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) a[r][t] = _mm512_fmadd_ps(w0[r], x0, a[r][t]);
         }
-    }
-    if (i + VL <= in) {
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            __m512 w0 = load_w(wr[r] + i);
-#pragma GCC unroll 4
-            for (int t = 0; t < TT; t++)
-                a0[r][t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + (size_t)t * (size_t)ldx + i),
-                                           a0[r][t]);
-        }
-        i += VL;
     }
     if (i < in) {
         int32_t n = in - i;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             __m512 w1 = load_w_tail(wr[r] + i, n);
-#pragma GCC unroll 4
+#pragma GCC unroll 6
             for (int t = 0; t < TT; t++)
-                a1[r][t] = _mm512_fmadd_ps(w1, load_x_tail(x + (size_t)t * (size_t)ldx + i, n),
-                                           a1[r][t]);
+                a[r][t] = _mm512_fmadd_ps(w1, load_x_tail(x + (size_t)t * (size_t)ldx + i, n), a[r][t]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
-#pragma GCC unroll 4
+#pragma GCC unroll 6
         for (int t = 0; t < TT; t++) {
-            float s = _mm512_reduce_add_ps(_mm512_add_ps(a0[r][t], a1[r][t]));
+            float s = _mm512_reduce_add_ps(a[r][t]);
             float *yo = y + (size_t)t * (size_t)ldy + o + r;
             *yo = add ? *yo + s : s;
         }
     }
 }
 
-/* Prefill: 3 rows x 4 tokens (24 accumulators, 6 converted weight vectors,
- * each used for 4 tokens, each x vector used for 3 rows). No software
- * prefetch: the row block is already in L2, and the extra load-port
- * operations cost ~15% here (microbenchmark, dim 768). */
-static void tile_r3_t4(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
+#ifndef PRE_R
+#define PRE_R 4
+#endif
+#ifndef PRE_T
+#define PRE_T 6
+#endif
+#ifndef DEC_R
+#define DEC_R 4
+#endif
+
+/* Prefill: PRE_R rows x PRE_T tokens, each converted weight vector used for
+ * PRE_T tokens, each x vector for PRE_R rows. No software prefetch: the row
+ * block is already in L2. */
+static void tile_pre(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
+                     int32_t in, int32_t o, int32_t add) {
+    tile(y, ldy, x, ldx, w, in, o, PRE_R, PRE_T, add, 0);
+}
+static void tile_r1_pt(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
                        int32_t in, int32_t o, int32_t add) {
-    tile(y, ldy, x, ldx, w, in, o, 3, 4, add, 0);
+    tile(y, ldy, x, ldx, w, in, o, 1, PRE_T, add, 0);
+}
+static void tile_r4_t4(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
+                       int32_t in, int32_t o, int32_t add) {
+    tile(y, ldy, x, ldx, w, in, o, 4, 4, add, 0);
 }
 static void tile_r1_t4(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
                        int32_t in, int32_t o, int32_t add) {
     tile(y, ldy, x, ldx, w, in, o, 1, 4, add, 0);
 }
-static void tile_r4_t1(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
-                       int32_t in, int32_t o, int32_t add) {
-    tile(y, ldy, x, ldx, w, in, o, 4, 1, add, 1);
+static void tile_dec(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
+                     int32_t in, int32_t o, int32_t add) {
+    tile(y, ldy, x, ldx, w, in, o, DEC_R, 1, add, 1);
 }
 static void tile_r1_t1(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
                        int32_t in, int32_t o, int32_t add) {
@@ -149,25 +145,32 @@ static void tile_r1_t1(float *y, int32_t ldy, const float *x, int32_t ldx, const
 static void matmul_f16_avx512(float *y, int32_t ldy, const float *x, int32_t ldx,
                               const uint16_t *w, int32_t in, int32_t T, int32_t o0, int32_t o1,
                               int32_t add) {
-    /* Rows in blocks small enough to stay in L2 while every group of 4
+    /* Rows in blocks small enough to stay in L2 while every group of
      * tokens passes over them (prefill); irrelevant to the result. */
     int32_t rb = L2_BLOCK_BYTES / (in * 2);
-    rb = rb < 4 ? 4 : rb & ~3;
+    rb = rb < PRE_R ? PRE_R : rb - rb % PRE_R;
     for (int32_t ob = o0; ob < o1; ob += rb) {
         int32_t oe = o1 - ob < rb ? o1 : ob + rb;
         int32_t t = 0;
+        for (; t + PRE_T <= T; t += PRE_T) {
+            const float *xt = x + (size_t)t * (size_t)ldx;
+            float *yt = y + (size_t)t * (size_t)ldy;
+            int32_t o = ob;
+            for (; o + PRE_R <= oe; o += PRE_R) tile_pre(yt, ldy, xt, ldx, w, in, o, add);
+            for (; o < oe; o++) tile_r1_pt(yt, ldy, xt, ldx, w, in, o, add);
+        }
         for (; t + 4 <= T; t += 4) {
             const float *xt = x + (size_t)t * (size_t)ldx;
             float *yt = y + (size_t)t * (size_t)ldy;
             int32_t o = ob;
-            for (; o + 3 <= oe; o += 3) tile_r3_t4(yt, ldy, xt, ldx, w, in, o, add);
+            for (; o + 4 <= oe; o += 4) tile_r4_t4(yt, ldy, xt, ldx, w, in, o, add);
             for (; o < oe; o++) tile_r1_t4(yt, ldy, xt, ldx, w, in, o, add);
         }
         for (; t < T; t++) {
             const float *xt = x + (size_t)t * (size_t)ldx;
             float *yt = y + (size_t)t * (size_t)ldy;
             int32_t o = ob;
-            for (; o + 4 <= oe; o += 4) tile_r4_t1(yt, ldy, xt, ldx, w, in, o, add);
+            for (; o + DEC_R <= oe; o += DEC_R) tile_dec(yt, ldy, xt, ldx, w, in, o, add);
             for (; o < oe; o++) tile_r1_t1(yt, ldy, xt, ldx, w, in, o, add);
         }
     }
