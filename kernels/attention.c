@@ -162,31 +162,44 @@ typedef struct {
     ls_session *s;
     int32_t loop, pos0;
     const int32_t *slot;
+    int32_t T;
 } store_job;
 
 /* One (token, kv head) row pair into its ring slot: slot[t], or (pos0 + t)
  * % cap when slot is NULL. Each row's bytes depend on the row alone, so who
  * stores it does not matter. */
-static void store_task(void *ctx, int32_t task, int32_t thread) {
-    const store_job *j = ctx;
+static void store_one(const store_job *j, int32_t t, int32_t kvh, int32_t thread) {
     ls_session *s = j->s;
     int32_t n_kv = s->m->info.n_kv_heads, hd = s->m->info.head_dim;
-    int32_t t = task / n_kv, kvh = task % n_kv;
     int32_t row = j->slot ? j->slot[t] : (j->pos0 + t) % s->cap;
     size_t off = (size_t)t * n_kv * hd + (size_t)kvh * hd;
     ls_kv_store(s, j->loop, kvh, row, s->k + off, s->v + off, thread);
+}
+
+/* Tokens per store task: keys are stored transposed (one column per
+ * position), so neighbouring positions of one head share cache lines; a task
+ * owns a run of STORE_BLOCK positions of one kv head so two threads do not
+ * keep stealing the same lines from each other. */
+#define STORE_BLOCK 32
+
+static void store_task(void *ctx, int32_t task, int32_t thread) {
+    const store_job *j = ctx;
+    int32_t nb = (j->T + STORE_BLOCK - 1) / STORE_BLOCK;
+    int32_t kvh = task / nb, t0 = task % nb * STORE_BLOCK;
+    int32_t t1 = t0 + STORE_BLOCK < j->T ? t0 + STORE_BLOCK : j->T;
+    for (int32_t t = t0; t < t1; t++) store_one(j, t, kvh, thread);
 }
 
 /* Writes the T rows' K/V into the cache before any token attends: a token
  * reads its own row back from the cache like every later token will. A
  * prefill chunk's rows are encoded on the pool; a decode step's few inline. */
 static void store_rows(ls_session *s, int32_t loop, int32_t T, int32_t pos0, const int32_t *slot) {
-    store_job j = {s, loop, pos0, slot};
-    int32_t n = T * s->m->info.n_kv_heads;
+    store_job j = {s, loop, pos0, slot, T};
+    int32_t n_kv = s->m->info.n_kv_heads;
     if (T > 1)
-        ls_pool_run(s->m->rt->pool, store_task, &j, n);
+        ls_pool_run(s->m->rt->pool, store_task, &j, (T + STORE_BLOCK - 1) / STORE_BLOCK * n_kv);
     else
-        for (int32_t task = 0; task < n; task++) store_task(&j, task, 0);
+        for (int32_t kvh = 0; kvh < n_kv; kvh++) store_one(&j, 0, kvh, 0);
 }
 
 /* Ring slot runs (at most two) holding positions [a, b], in position order. */

@@ -226,6 +226,49 @@ static void mm_run(const ls_runtime *rt, mm_job *j) {
     ls_pool_run(rt->pool, mm_task, j, j->first_task[j->n_seg]);
 }
 
+// ---- per-token work on the pool ----
+
+/* rmsnorm of T rows, or RoPE of T tokens' q/k, in blocks of TOK_BLOCK
+ * tokens: each token's arithmetic is the same whoever runs it. */
+#define TOK_BLOCK 8
+
+typedef struct {
+    const ls_ops *ops;
+    float *out;
+    const float *x, *w;
+    int32_t dim;
+    float eps;
+    /* rope */
+    float *q, *k;
+    const float *rope;
+    int32_t n_heads, n_kv, hd, T;
+} tok_job;
+
+static void norm_task(void *ctx, int32_t task, int32_t thread) {
+    (void)thread;
+    const tok_job *j = ctx;
+    int32_t t1 = (task + 1) * TOK_BLOCK < j->T ? (task + 1) * TOK_BLOCK : j->T;
+    for (int32_t t = task * TOK_BLOCK; t < t1; t++)
+        j->ops->rmsnorm(j->out + (size_t)t * j->dim, j->x + (size_t)t * j->dim, j->w, j->dim, j->eps);
+}
+
+static void rope_task(void *ctx, int32_t task, int32_t thread) {
+    (void)thread;
+    const tok_job *j = ctx;
+    int32_t t1 = (task + 1) * TOK_BLOCK < j->T ? (task + 1) * TOK_BLOCK : j->T;
+    for (int32_t t = task * TOK_BLOCK; t < t1; t++) {
+        const float *cs = j->rope + (size_t)t * j->hd;
+        ls_rope_apply(j->q + (size_t)t * j->dim, j->n_heads, j->hd, cs);
+        ls_rope_apply(j->k + (size_t)t * j->n_kv * j->hd, j->n_kv, j->hd, cs);
+    }
+}
+
+static void norm_rows(const ls_runtime *rt, float *out, const float *x, const float *w, int32_t dim, float eps,
+                      int32_t T) {
+    tok_job j = {.ops = rt->ops, .out = out, .x = x, .w = w, .dim = dim, .eps = eps, .T = T};
+    ls_pool_run(rt->pool, norm_task, &j, (T + TOK_BLOCK - 1) / TOK_BLOCK);
+}
+
 // ---- forward ----
 
 void ls_forward_embed(ls_session *s, const int32_t *tokens, int32_t n, float *h) {
@@ -245,7 +288,6 @@ static void forward_chunk(ls_session *s, float *h, int32_t T, int32_t pos0, int3
     const ls_model *m = s->m;
     const ls_model_info *mi = &m->info;
     ls_runtime *rt = m->rt;
-    const ls_ops *ops = rt->ops;
     double t0 = ls_prof_now(rt);
     int32_t dim = mi->dim, hd = mi->head_dim, n_heads = mi->n_heads, n_kv = mi->n_kv_heads;
     int32_t kv_dim = n_kv * hd, ffn = mi->ffn_dim;
@@ -258,8 +300,7 @@ static void forward_chunk(ls_session *s, float *h, int32_t T, int32_t pos0, int3
 
     for (int32_t l = la; l < lb; l++) {
         // attention sub-block
-        for (int32_t t = 0; t < T; t++)
-            ops->rmsnorm(s->xb + (size_t)t * dim, h + (size_t)t * dim, rt->attn_norm, dim, eps);
+        norm_rows(rt, s->xb, h, rt->attn_norm, dim, eps, T);
         ls_prof_add(rt, LS_PROF_RMSNORM, &t0);
         mm_job qkv = {.x = s->xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 3,
                       .seg = {{m->w.wq, s->q, dim, dim, m->w.qwq},
@@ -267,10 +308,9 @@ static void forward_chunk(ls_session *s, float *h, int32_t T, int32_t pos0, int3
                               {m->w.wv, s->v, kv_dim, kv_dim, m->w.qwv}}};
         mm_run(rt, &qkv);
         ls_prof_add(rt, LS_PROF_QKV, &t0);
-        for (int32_t t = 0; t < T; t++) {
-            const float *cs = s->rope + (size_t)t * hd;
-            ls_rope_apply(s->q + (size_t)t * dim, n_heads, hd, cs);
-            ls_rope_apply(s->k + (size_t)t * kv_dim, n_kv, hd, cs);
+        {
+            tok_job rj = {.dim = dim, .q = s->q, .k = s->k, .rope = s->rope, .n_heads = n_heads, .n_kv = n_kv, .hd = hd, .T = T};
+            ls_pool_run(rt->pool, rope_task, &rj, (T + TOK_BLOCK - 1) / TOK_BLOCK);
         }
         if (tree)
             ls_attention_tree(s, l, T, tree);
@@ -283,8 +323,7 @@ static void forward_chunk(ls_session *s, float *h, int32_t T, int32_t pos0, int3
         ls_prof_add(rt, LS_PROF_WO, &t0);
 
         // feed-forward sub-block
-        for (int32_t t = 0; t < T; t++)
-            ops->rmsnorm(s->xb + (size_t)t * dim, h + (size_t)t * dim, rt->ffn_norm, dim, eps);
+        norm_rows(rt, s->xb, h, rt->ffn_norm, dim, eps, T);
         ls_prof_add(rt, LS_PROF_RMSNORM, &t0);
         mm_job gate = {.x = s->xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 1, .swiglu = 1,
                        .seg = {{m->w.w1, s->g, ffn, ffn, m->w.qw1}, {m->w.w3, s->u, ffn, ffn, m->w.qw3}}};
