@@ -9,7 +9,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { IncrementalDetokenizer, Tokenizer } from "../../src/tokenizer.ts";
 import { TINY } from "../helpers/models.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { type ErrorResponse, startServer, type TestServer } from "../helpers/server.ts";
 
 const MAX_SEQ_LEN = 256;
 const DEFAULT_LOOPS = TINY.loops; // the tiny model's default_loops
@@ -47,10 +47,6 @@ interface NativeResponse {
   tokens: number[];
   text: string;
   finish_reason: string;
-}
-
-interface ErrorResponse {
-  error: { message: string; type: string; param: string | null; code: string | null };
 }
 
 let server: TestServer;

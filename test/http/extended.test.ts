@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import pkg from "../../package.json" with { type: "json" };
 import { Tokenizer } from "../../src/tokenizer.ts";
 import { TINY, testTempDir } from "../helpers/models.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { type ErrorResponse, startServer, type TestServer } from "../helpers/server.ts";
 
 const MAX_SEQ_LEN = 256;
 const COMMIT = "0123abcd-test";
@@ -42,10 +42,6 @@ type ExtendedText = Sections & {
   choices: { text: string; index: number; finish_reason: string }[];
   usage: Usage;
 };
-
-interface ErrorResponse {
-  error: { message: string; type: string; param: string | null; code: string | null };
-}
 
 /** What model_info must say about the tiny synthetic model. */
 const TINY_INFO = {

@@ -5,7 +5,7 @@
 // and a mode the model cannot run is reported at the start.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { tinyModelPath } from "../helpers/models.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { type ErrorResponse, startServer, type TestServer } from "../helpers/server.ts";
 
 const PROMPT = "The looped transformer said";
 
@@ -13,10 +13,6 @@ interface NativeResponse {
   tokens: number[];
   text: string;
   finish_reason: string;
-}
-
-interface ErrorResponse {
-  error: { message: string; type: string; param: string | null; code: string | null };
 }
 
 async function json<T>(res: Response, status = 200): Promise<T> {

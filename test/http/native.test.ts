@@ -5,7 +5,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { IncrementalDetokenizer, Tokenizer } from "../../src/tokenizer.ts";
 import { testTempDir } from "../helpers/models.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { type ErrorResponse, startServer, type TestServer } from "../helpers/server.ts";
 
 const MAX_SEQ_LEN = 256;
 
@@ -21,10 +21,6 @@ interface NativeResponse {
     mode: string;
     loops_used: number;
   };
-}
-
-interface ErrorResponse {
-  error: { message: string; type: string; param: string | null; code: string | null };
 }
 
 let server: TestServer;

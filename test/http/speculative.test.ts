@@ -9,7 +9,7 @@ import { ServiceMetrics } from "../../src/metrics.ts";
 import { createApp, type GenerationEngine } from "../../src/server.ts";
 import { Tokenizer } from "../../src/tokenizer.ts";
 import { tinyModelPath } from "../helpers/models.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { type ErrorResponse, startServer, type TestServer } from "../helpers/server.ts";
 
 const MAX_SEQ_LEN = 256;
 // Untied, with small residual updates: shallow loops mostly agree with deep ones.
@@ -31,10 +31,6 @@ interface GenResponse {
     draft_tokens?: number;
     accepted_tokens?: number;
   };
-}
-
-interface ErrorResponse {
-  error: { message: string; type: string; param: string | null; code: string | null };
 }
 
 let server: TestServer;
