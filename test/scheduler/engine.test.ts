@@ -2,18 +2,16 @@
 // model: ordering, cancellation, admission and results equal to running the
 // engine directly, one request after another.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { existsSync } from "node:fs";
-import { join, resolve } from "node:path";
+import { resolve } from "node:path";
 import { Engine, type KvSnapshot } from "../../src/engine/engine.ts";
-import { CPU_LIBRARY_NAME } from "../../src/engine/library.ts";
 import type { GenerateRequest, GenerateResult } from "../../src/engine/types.ts";
 import { ServiceMetrics } from "../../src/metrics.ts";
 import { Scheduler, SchedulerRejection, type SchedulerEngine, type SchedulerOptions } from "../../src/scheduler/scheduler.ts";
+import { ensureLibrary } from "../helpers/kernels.ts";
 import { tinyModelPath } from "../helpers/models.ts";
 import { parsePrometheusText, sampleValue } from "./prom_text.ts";
 
 const BUILD_DIR = resolve(import.meta.dir, "../../build");
-const haveLibrary = existsSync(join(BUILD_DIR, CPU_LIBRARY_NAME));
 
 // Engine satisfies the scheduler's narrow interface as it is (compile-time check).
 const _fits: (e: Engine) => SchedulerEngine<KvSnapshot> = (e) => e;
@@ -30,9 +28,10 @@ function req(prompt: number[], over: Partial<GenerateRequest> = {}): GenerateReq
   };
 }
 
-describe.skipIf(!haveLibrary)("scheduler over the real engine", () => {
+describe("scheduler over the real engine", () => {
   let engine: Engine;
   beforeAll(() => {
+    ensureLibrary();
     engine = Engine.load({ modelPath: tinyModelPath(), threads: 1, simd: "auto", buildDir: BUILD_DIR });
   });
   afterAll(() => engine?.close());
