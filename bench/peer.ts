@@ -11,6 +11,10 @@
 //      format: loopserve through the binding and llama-bench alternately
 //   4. equivalence: greedy tokens and logits of both on the F16 export
 //   5. the roofline: probes, and each result as % of its bound
+//   6. self-speculative greedy decoding (draft at loop 1, verify at 8) on the
+//      benchmark shape with small residual updates per loop (shallow loops
+//      agree with deep ones), against llama-bench's plain decode of the
+//      same model exported, checked token for token against plain decoding
 // Prints tables, writes bench/results/peer.json.
 //
 // Decode is measured as llama-bench's tg test defines it: 128 single-token
@@ -23,6 +27,7 @@
 //
 // options: --threads 1,2  --loops 1,4,8,16  --formats fp16,int4,int2
 //          --repeats 3  --retries 2  --no-equivalence  --no-wait  --quick
+//          --spec-ahead 4,8 (tokens drafted per cycle)  --no-speculative
 import { existsSync, mkdirSync } from "node:fs";
 import { basename, join } from "node:path";
 import { NativeModel } from "../src/engine/binding.ts";
@@ -57,6 +62,8 @@ interface Options {
   prefill: number;
   decode: number;
   equivalence: boolean;
+  speculative: boolean;
+  specAhead: number[];
   wait: boolean;
   /** Extra attempts for a pair measured while others used > CONTENDED cores. */
   retries: number;
@@ -77,6 +84,8 @@ function parseOptions(argv: string[]): Options {
     prefill: 512,
     decode: 128,
     equivalence: true,
+    speculative: true,
+    specAhead: [4, 8],
     wait: true,
     retries: 2,
   };
@@ -98,6 +107,8 @@ function parseOptions(argv: string[]): Options {
       for (const f of fs) if (!(f in LLAMA_TYPE)) throw new PeerBenchError(`--formats: unknown format "${f}" (fp16, int4, int2)`);
       o.formats = fs as Format[];
     } else if (a === "--no-equivalence") o.equivalence = false;
+    else if (a === "--no-speculative") o.speculative = false;
+    else if (a === "--spec-ahead") o.specAhead = list(argv[++i], a);
     else if (a === "--no-wait") o.wait = false;
     else if (a === "--quick") {
       o.loops = [1, 8];
@@ -205,6 +216,67 @@ function measureLoopserve(model: NativeModel, loops: number, o: Options): Measur
   }
   const cpuS = ownCpuS() - c0;
   return { ppTokS: median(pp), tgTokS: median(tg), cpuS, othersCores: meter.othersCores(cpuS) };
+}
+
+interface SpecMeasured {
+  plainTokS: number;
+  specTokS: number;
+  perCycle: number;
+  exact: boolean;
+  cpuS: number;
+  othersCores: number;
+}
+
+/** residualScale of the model whose shallow loops agree with its deep ones. */
+const AGREEING_SCALE = 0.01;
+const SPEC_DRAFT_LOOPS = 1;
+
+const SPEC_PROMPT = 32;
+
+/** Greedy decode of n tokens after a SPEC_PROMPT-token prompt (prefill not timed, as in bench/speculative.ts):
+ * plain steps, or self-speculative cycles drafting `ahead` tokens. */
+function greedyRun(model: NativeModel, loops: number, n: number, ahead: number): { tokens: number[]; tokS: number; cycles: number } {
+  const s = model.newSession(SPEC_PROMPT + n + ahead + 1, loops, 0);
+  const out = new Int32Array(ahead + 1);
+  const stats = { drafted: 0, accepted: 0 };
+  let cycles = 0;
+  const tokens = [s.step(promptOf(SPEC_PROMPT, model.info.vocabSize), loops, 0, 0, 1, 1, 0n)];
+  const t = performance.now();
+  while (tokens.length <= n) {
+    const last = tokens[tokens.length - 1];
+    if (ahead === 0) {
+      tokens.push(s.step(Int32Array.of(last), loops, 0, 0, 1, 1, 0n));
+      continue;
+    }
+    const p = { draftLoops: SPEC_DRAFT_LOOPS, verifyLoops: loops, draftAhead: ahead, kBranches: 1, maxNew: n + 1 - tokens.length };
+    const got = s.specCycle(last, { ...p, temperature: 0, topK: 0, topP: 1, repetitionPenalty: 1, seed: 0, leafMinProb: 0 }, out, stats);
+    tokens.push(...out.subarray(0, got));
+    cycles++;
+  }
+  const tokS = (n * 1000) / (performance.now() - t);
+  s.close();
+  return { tokens, tokS, cycles };
+}
+
+/** Plain and speculative runs interleaved repeat by repeat; medians, and whether every speculative run equals plain decoding. */
+function measureSpeculative(model: NativeModel, loops: number, ahead: number, o: Options): SpecMeasured {
+  const meter = new LoadMeter();
+  const c0 = ownCpuS();
+  greedyRun(model, loops, 8, ahead); // warm-up: pages in the weights, builds the draft head
+  const plain: number[] = [];
+  const spec: number[] = [];
+  let exact = true;
+  let perCycle = 0;
+  for (let r = 0; r < o.repeats; r++) {
+    const a = greedyRun(model, loops, o.decode, 0);
+    const b = greedyRun(model, loops, o.decode, ahead);
+    plain.push(a.tokS);
+    spec.push(b.tokS);
+    exact &&= a.tokens.length === b.tokens.length && a.tokens.every((x, i) => x === b.tokens[i]);
+    perCycle = (b.tokens.length - 1) / b.cycles; /* tokens after the prompt's own */
+  }
+  const cpuS = ownCpuS() - c0;
+  return { plainTokS: median(plain), specTokS: median(spec), perCycle, exact, cpuS, othersCores: meter.othersCores(cpuS) };
 }
 
 function measureLlama(tools: LlamaTools, gguf: string, threads: number, o: Options): Measured & { bytes: number } {
@@ -517,6 +589,52 @@ async function main(): Promise<number> {
   }
   printTable("issue 8 targets at 2 threads, loops 8", targets);
 
+  // ---- self-speculative decoding ----
+  const specRows: Row[] = [];
+  if (o.speculative) {
+    const agreeing = await benchModel({ residualScale: AGREEING_SCALE });
+    const threads = Math.max(...o.threads);
+    const loops = BENCH_SHAPE.loops;
+    for (const format of models.map((m) => m.format)) {
+      let path = agreeing;
+      if (format !== "fp16") {
+        const q = await loopserveQuantized(agreeing, format);
+        if ("skip" in q) continue;
+        path = q.path;
+      }
+      const gguf = ggufFor(tools, agreeing, loops, format);
+      const model = NativeModel.load(LIBRARY, path, threads, "auto");
+      for (const ahead of o.specAhead) {
+        log(`speculative ${format}/${LLAMA_TYPE[format]} threads ${threads} draft ${SPEC_DRAFT_LOOPS}/${loops} ahead ${ahead}`);
+        if (o.wait) await waitForQuiet(10);
+        const ls = measureSpeculative(model, loops, ahead, o);
+        if (o.wait) await waitForQuiet(10);
+        const ll = measureLlama(tools, gguf, threads, o);
+        const x = ls.specTokS / ll.tgTokS;
+        specRows.push({
+          format: `${format}/${LLAMA_TYPE[format]}`,
+          thr: threads,
+          "draft/verify": `${SPEC_DRAFT_LOOPS}/${loops}`,
+          ahead,
+          "ls plain t/s": ls.plainTokS,
+          "ls spec t/s": ls.specTokS,
+          "tokens/cycle": ls.perCycle,
+          "spec/plain": ls.specTokS / ls.plainTokS,
+          "llama tg t/s": ll.tgTokS,
+          "spec/llama x": x,
+          "target >= 2.5": x >= 2.5 ? "met" : "MISSED",
+          "bit-exact": ls.exact ? "yes" : "NO",
+          "others (cores)": Math.max(ls.othersCores, ll.othersCores),
+        });
+      }
+      model.close();
+    }
+    printTable(
+      `self-speculative greedy decoding (residualScale ${AGREEING_SCALE} model: shallow loops agree), ${o.decode} tokens after a ${SPEC_PROMPT}-token prompt, against llama.cpp's plain decode (tg${o.decode}) of the same model`,
+      specRows,
+    );
+  }
+
   // ---- equivalence ----
   let equiv: { rows: EquivalenceRow[]; summary: Row } | null = null;
   if (o.equivalence) {
@@ -568,6 +686,7 @@ async function main(): Promise<number> {
     table: rows,
     slopes,
     targets,
+    speculative: specRows,
     equivalence: equiv,
     skipped,
     notes,

@@ -121,7 +121,7 @@ int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd, char *err,
 void ls_runtime_free(ls_model *m) {
     if (!m || !m->rt) return;
     ls_runtime *rt = m->rt;
-    ls_spec_runtime_free(rt);
+    ls_draft_head_free(rt);
     ls_pool_free(rt->pool);
     free(rt->attn_norm);
     free(rt->ffn_norm);

@@ -126,6 +126,7 @@ enum {
     LS_PROF_FFN_DOWN,
     LS_PROF_HEAD,
     LS_PROF_SAMPLE,
+    LS_PROF_DRAFT_HEAD, /* speculative drafts' head (the verifier's is LS_PROF_HEAD) */
     LS_PROF_N
 };
 void ls_model_set_profile(ls_model *m, int32_t on);
@@ -242,7 +243,7 @@ int32_t ls_sample(const float *logits, int32_t vocab, const int32_t *history,
 #define LS_SPEC_MAX_NODES 64    /* k_branches * draft_ahead */
 
 /* ls_spec_params.flags */
-#define LS_SPEC_FP16_DRAFT_HEAD 1 /* draft with the fp16 output head instead of its int8 copy */
+#define LS_SPEC_EXACT_DRAFT_HEAD 1 /* draft with the model's own output head instead of the shortlist head */
 #define LS_SPEC_TEST_ACCEPT_ALL 2 /* TESTS ONLY: with temperature > 0, accept every draft token
                                    * (a deliberately broken sampler: its output follows the draft
                                    * distribution; lets a test prove it can tell the difference) */

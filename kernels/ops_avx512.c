@@ -125,14 +125,24 @@ static void tile_r1_pt(float *y, int32_t ldy, const float *x, int32_t ldx, const
                        int32_t in, int32_t o, int32_t add) {
     tile(y, ldy, x, ldx, w, in, o, 1, PRE_T, add, 0);
 }
-static void tile_r4_t4(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
-                       int32_t in, int32_t o, int32_t add) {
-    tile(y, ldy, x, ldx, w, in, o, 4, 4, add, 0);
-}
-static void tile_r1_t4(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
-                       int32_t in, int32_t o, int32_t add) {
-    tile(y, ldy, x, ldx, w, in, o, 1, 4, add, 0);
-}
+typedef void (*tile_fn)(float *, int32_t, const float *, int32_t, const uint16_t *, int32_t, int32_t, int32_t);
+_Static_assert(PRE_T == 6, "the remainder tiles below cover 2..5 tokens");
+
+/* The last T % PRE_T tokens of a call (2..5) in one pass over the row
+ * block: a verify batch of 5 tokens costs one weight pass, not 4 + 1. */
+#define TILES_T(TT)                                                                              \
+    static void tile_r4_t##TT(float *y, int32_t ldy, const float *x, int32_t ldx,                \
+                              const uint16_t *w, int32_t in, int32_t o, int32_t add) {           \
+        tile(y, ldy, x, ldx, w, in, o, 4, TT, add, 1);                                           \
+    }                                                                                            \
+    static void tile_r1_t##TT(float *y, int32_t ldy, const float *x, int32_t ldx,                \
+                              const uint16_t *w, int32_t in, int32_t o, int32_t add) {           \
+        tile(y, ldy, x, ldx, w, in, o, 1, TT, add, 1);                                           \
+    }
+TILES_T(2)
+TILES_T(3)
+TILES_T(4)
+TILES_T(5)
 static void tile_dec(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
                      int32_t in, int32_t o, int32_t add) {
     tile(y, ldy, x, ldx, w, in, o, DEC_R, 1, add, 1);
@@ -159,12 +169,15 @@ static void matmul_f16_avx512(float *y, int32_t ldy, const float *x, int32_t ldx
             for (; o + PRE_R <= oe; o += PRE_R) tile_pre(yt, ldy, xt, ldx, w, in, o, add);
             for (; o < oe; o++) tile_r1_pt(yt, ldy, xt, ldx, w, in, o, add);
         }
-        for (; t + 4 <= T; t += 4) {
+        if (T - t >= 2) {
+            static const tile_fn r4[PRE_T] = {NULL, NULL, tile_r4_t2, tile_r4_t3, tile_r4_t4, tile_r4_t5};
+            static const tile_fn r1[PRE_T] = {NULL, NULL, tile_r1_t2, tile_r1_t3, tile_r1_t4, tile_r1_t5};
             const float *xt = x + (size_t)t * (size_t)ldx;
             float *yt = y + (size_t)t * (size_t)ldy;
-            int32_t o = ob;
-            for (; o + 4 <= oe; o += 4) tile_r4_t4(yt, ldy, xt, ldx, w, in, o, add);
-            for (; o < oe; o++) tile_r1_t4(yt, ldy, xt, ldx, w, in, o, add);
+            int32_t o = ob, n = T - t;
+            for (; o + 4 <= oe; o += 4) r4[n](yt, ldy, xt, ldx, w, in, o, add);
+            for (; o < oe; o++) r1[n](yt, ldy, xt, ldx, w, in, o, add);
+            t = T;
         }
         for (; t < T; t++) {
             const float *xt = x + (size_t)t * (size_t)ldx;

@@ -25,13 +25,7 @@ struct ls_runtime {
     float *ffn_norm;  /* (dim) */
     float *norm;      /* (dim) */
 
-    /* Draft head (spec.c): an int8 copy of Wout with one fp32 scale per row,
-     * built on the first speculative cycle that drafts with it. NULL until. */
-    int8_t *head_i8;        /* (vocab_size, head_i8_ld) symmetric int8 codes, zero padded */
-    float *head_i8_scale;   /* (vocab_size) code -> weight scale */
-    int32_t *head_i8_bias;  /* (vocab_size) 128 * sum of the row's codes (u8-offset correction) */
-    int32_t head_i8_ld;     /* dim rounded up to 64 */
-    int32_t head_i8_path;   /* dot-product kernel picked for this CPU and SIMD choice (spec.c) */
+    struct ls_draft_head *draft; /* draft_head.c: built on the first cycle that drafts with it */
 
     int32_t profile;          /* ls_model_set_profile */
     double prof[LS_PROF_N];   /* seconds per LS_PROF_* op */
@@ -152,7 +146,40 @@ void ls_attention_tree(ls_session *s, int32_t loop, int32_t T, const ls_tree_row
 /* Frees s->spec (called by ls_session_free). */
 void ls_spec_scratch_free(ls_session *s);
 
-/* Frees the runtime's draft head (called by ls_runtime_free). */
-void ls_spec_runtime_free(ls_runtime *rt);
+/* ---- ranking (spec.c, draft_head.c) ---- */
+
+/* Token a ranks before b in v: higher value, ties to the lower id. */
+static inline int ls_ranks_before(const float *v, int32_t a, int32_t b) {
+    return v[a] > v[b] || (v[a] == v[b] && a < b);
+}
+
+/* Inserts id into best[0, *have), kept ranked (best first), at most n long. */
+static inline void ls_rank_insert(const float *v, int32_t id, int32_t *best, int32_t *have, int32_t n) {
+    if (*have == n && !ls_ranks_before(v, id, best[n - 1])) return;
+    int32_t at = *have < n ? (*have)++ : n - 1;
+    while (at > 0 && ls_ranks_before(v, id, best[at - 1])) {
+        best[at] = best[at - 1];
+        at--;
+    }
+    best[at] = id;
+}
+
+/* ---- draft_head.c ---- */
+
+typedef struct ls_draft_head ls_draft_head;
+
+/* Builds the int4 draft head from the model's output head on first use
+ * (a few tens of ms); LS_ERR_NOMEM on failure. */
+int32_t ls_draft_head_build(ls_model *m);
+/* Frees it (called by ls_runtime_free). */
+void ls_draft_head_free(ls_runtime *rt);
+/* logits (vocab) of rmsnorm(h): the 2-bit head's score of every token
+ * (NaN read as -inf); best gets the n best-scored ids (n <= LS_DRAFT_BEST),
+ * ranked. Returns how many (min(n, vocab)). */
+#define LS_DRAFT_BEST 16
+int32_t ls_draft_head_coarse(ls_model *m, const float *h, float *logits, int32_t *best, int32_t n);
+/* logits[ids[i]] = the model's own head on the hidden state of the last
+ * ls_draft_head_coarse call, for i in [0, n). */
+void ls_draft_head_exact(ls_model *m, const int32_t *ids, int32_t n, float *logits);
 
 #endif

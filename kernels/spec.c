@@ -40,15 +40,12 @@
  *
  * Draft head: the output head (vocab x dim) costs several loops of the
  * block, and the draft runs it once per drafted token, unbatched. By
- * default the draft uses an int8 copy of Wout (per-row scales, activations
- * quantized per row, exact integer dot products, so every SIMD path gives
- * the same proposal): half the bytes of the fp16 head (dim 768, GPT-2
- * vocabulary, 2 threads: 0.46 ms against 1.04 ms), and a proposal only has
- * to be likely, not exact; verification always uses the fp16 head. Its
- * kernels live here, compiled per function for AVX2 / AVX-512 VNNI, and run
- * only after ensure_head_i8's CPU check, as ops.h requires of SIMD code.
- * LS_SPEC_FP16_DRAFT_HEAD drafts with the fp16 head instead (as does a
- * model whose head is stored quantized: it has no fp16 Wout to copy).
+ * default a draft scores every token with an int4 copy of the head and
+ * scores the best DRAFT_EXACT of those again with the model's own head
+ * (draft_head.c): a proposal only has to be likely, and the greedy one is
+ * the exact head's choice whenever that is among the int4 head's best.
+ * Verification always uses the model's head. LS_SPEC_EXACT_DRAFT_HEAD
+ * drafts with the model's head everywhere.
  *
  * Randomness (temperature > 0): the counter-based generator of sample.c,
  * counter = the position the token is for, in three streams derived from
@@ -58,7 +55,6 @@
  * reusing a counter after a rejection never reuses randomness that
  * already shaped the output.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,13 +75,10 @@ _Static_assert(LS_SPEC_MAX_AHEAD == MAX_AHEAD && LS_SPEC_MAX_NODES == MAX_NODES 
 // ---- scratch ----
 
 struct ls_spec_scratch {
-    int32_t dim, vocab, ld;
+    int32_t dim, vocab;
     int32_t last_accepted; /* draft tokens the previous cycle accepted (sizes the head batch) */
     float *h;        /* (LS_TREE_MAX_ROWS, dim) every row's hidden state: loop D, then loop V */
     float *hb;       /* (MAX_BRANCH, dim) one tree draft pass, gathered */
-    float *xn;       /* (dim) normed draft input */
-    int8_t *x8;      /* (ld) draft input quantized, zero padded */
-    uint8_t *xu8;    /* (ld) x8 + 128 (VNNI multiplies u8 by s8), padded with 128 */
     float *dlogits;  /* (MAX_AHEAD, vocab) draft logits per depth (q for sampling) */
     float *vlogits;  /* (MAX_AHEAD + 1, vocab) verifier logits per spine row */
     float *alogits;  /* (vocab) verifier logits of one tree leaf */
@@ -107,9 +100,6 @@ void ls_spec_scratch_free(ls_session *s) {
     if (!x) return;
     free(x->h);
     free(x->hb);
-    free(x->xn);
-    free(x->x8);
-    free(x->xu8);
     free(x->dlogits);
     free(x->vlogits);
     free(x->alogits);
@@ -124,19 +114,15 @@ void ls_spec_scratch_free(ls_session *s) {
 static int32_t ensure_scratch(ls_session *s) {
     if (s->spec) return LS_OK;
     const ls_model_info *mi = &s->m->info;
-    size_t dim = (size_t)mi->dim, V = (size_t)mi->vocab_size, ld = (dim + 63) / 64 * 64;
+    size_t dim = (size_t)mi->dim, V = (size_t)mi->vocab_size;
     struct ls_spec_scratch *x = calloc(1, sizeof *x);
     if (!x) return LS_ERR_NOMEM;
     s->spec = x;
     x->dim = mi->dim;
     x->vocab = mi->vocab_size;
     x->last_accepted = MAX_AHEAD; /* first cycle: expect its drafts to be accepted */
-    x->ld = (int32_t)ld;
     x->h = calloc(LS_TREE_MAX_ROWS * dim, sizeof(float));
     x->hb = calloc(MAX_BRANCH * dim, sizeof(float));
-    x->xn = calloc(dim, sizeof(float));
-    x->x8 = calloc(ld, 1);
-    x->xu8 = calloc(ld, 1);
     x->dlogits = calloc(MAX_AHEAD * V, sizeof(float));
     x->vlogits = calloc((MAX_AHEAD + 1) * V, sizeof(float));
     x->alogits = calloc(V, sizeof(float));
@@ -144,7 +130,7 @@ static int32_t ensure_scratch(ls_session *s) {
     x->wp = calloc(V, sizeof(uint64_t));
     x->wq = calloc(V, sizeof(uint64_t));
     x->ids = calloc(V, sizeof(int32_t));
-    if (!x->h || !x->hb || !x->xn || !x->x8 || !x->xu8 || !x->dlogits || !x->vlogits || !x->alogits || !x->v ||
+    if (!x->h || !x->hb || !x->dlogits || !x->vlogits || !x->alogits || !x->v ||
         !x->wp || !x->wq || !x->ids) {
         ls_spec_scratch_free(s);
         return LS_ERR_NOMEM;
@@ -178,14 +164,16 @@ static uint64_t stream_seed(uint64_t seed, uint64_t stream) { return mix64(seed 
 // outside the kept set: the distribution a plain sampling step draws from,
 // here needed explicitly for p(d) / q(d) and the residual.
 
-static inline int before(const float *v, int32_t a, int32_t b) {
-    return v[a] > v[b] || (v[a] == v[b] && a < b);
-}
-
 static inline uint64_t weight(float vi, float vmax, float temperature) {
     float x = (vi - vmax) / temperature;
     if (!(x >= -23.0f)) return 0;
     return (uint64_t)((double)expf(x) * 4294967296.0 + 0.5);
+}
+
+/* A history token's logit under the repetition penalty (NaN read as -inf). */
+static inline float penalised(float l, float penalty) {
+    if (l != l) return -INFINITY;
+    return l > 0.0f ? l / penalty : l * penalty;
 }
 
 /* v[i] = logits[i] with NaN read as -inf and the repetition penalty applied
@@ -196,32 +184,38 @@ static void penalise(float *v, const float *logits, int32_t vocab, const int32_t
     for (int32_t j = 0; j < n_hist; j++) {
         int32_t h = hist[j];
         if (h < 0 || h >= vocab) continue;
-        float l = logits[h] != logits[h] ? -INFINITY : logits[h];
-        v[h] = l > 0.0f ? l / penalty : l * penalty;
+        v[h] = penalised(logits[h], penalty);
     }
+}
+
+/* The greedy draft token among candidates ids[0, n): the best by
+ * penalise()'s value (the repetition penalty once if in the history). */
+static int32_t best_candidate(const float *logits, const int32_t *ids, int32_t n, const int32_t *hist, int32_t n_hist,
+                              float penalty) {
+    float v[LS_DRAFT_BEST];
+    int32_t best = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t t = ids[i], seen = 0;
+        for (int32_t j = 0; j < n_hist && penalty != 1.0f && !seen; j++) seen = hist[j] == t;
+        float l = logits[t] != logits[t] ? -INFINITY : logits[t];
+        v[i] = seen ? penalised(l, penalty) : l;
+        if (v[i] > v[best] || (v[i] == v[best] && t < ids[best])) best = i;
+    }
+    return ids[best];
 }
 
 /* The n first-ranked ids of v, best first (n <= MAX_BRANCH). */
 static int32_t top_ids(const float *v, int32_t vocab, int32_t n, int32_t *best) {
-    if (n > vocab) n = vocab;
     int32_t have = 0;
-    for (int32_t i = 0; i < vocab; i++) {
-        if (have == n && !before(v, i, best[n - 1])) continue;
-        int32_t at = have < n ? have++ : n - 1;
-        while (at > 0 && before(v, i, best[at - 1])) {
-            best[at] = best[at - 1];
-            at--;
-        }
-        best[at] = i;
-    }
-    return n;
+    for (int32_t i = 0; i < vocab; i++) ls_rank_insert(v, i, best, &have, n < vocab ? n : vocab);
+    return have;
 }
 
 static void sift_worst(int32_t *h, size_t n, size_t i, const float *v) {
     for (;;) {
         size_t l = 2 * i + 1, r = l + 1, top = i;
-        if (l < n && before(v, h[top], h[l])) top = l;
-        if (r < n && before(v, h[top], h[r])) top = r;
+        if (l < n && ls_ranks_before(v, h[top], h[l])) top = l;
+        if (r < n && ls_ranks_before(v, h[top], h[r])) top = r;
         if (top == i) return;
         int32_t t = h[i];
         h[i] = h[top];
@@ -277,7 +271,7 @@ static int32_t dist_weights(struct ls_spec_scratch *x, const float *logits, cons
             /* size-k heap, worst on top */
             for (size_t i = k / 2; i-- > 0;) sift_worst(ids, k, i, v);
             for (size_t i = k; i < n; i++) {
-                if (before(v, ids[i], ids[0])) {
+                if (ls_ranks_before(v, ids[i], ids[0])) {
                     int32_t out = ids[0];
                     ids[0] = ids[i];
                     ids[i] = out;
@@ -340,192 +334,25 @@ static int32_t draw_residual(const uint64_t *wp, uint64_t zp, const uint64_t *wq
     return last; /* rounding left t at the very top */
 }
 
-// ---- int8 draft head ----
+// ---- draft proposals ----
 
-enum { I8_PORTABLE = 0, I8_AVX2 = 1, I8_VNNI = 2 };
+#define DRAFT_EXACT LS_DRAFT_BEST /* coarse-head candidates the model's own head scores again */
 
-typedef struct {
-    const int8_t *w;
-    const float *scale;
-    const int32_t *bias;
-    int32_t ld, rows, rows_per_task, path;
-    const int8_t *x8;
-    const uint8_t *xu8;
-    float xs;
-    float *y;
-} i8_job;
-
-/* Integer dot products are exact, so every kernel below returns the same
- * sums: the proposal does not depend on the SIMD path or the thread count. */
-static void i8_rows_portable(const i8_job *j, int32_t r0, int32_t r1) {
-    for (int32_t r = r0; r < r1; r++) {
-        const int8_t *w = j->w + (size_t)r * j->ld;
-        int32_t acc = 0;
-        for (int32_t i = 0; i < j->ld; i++) acc += (int32_t)w[i] * (int32_t)j->x8[i];
-        j->y[r] = (float)acc * j->scale[r] * j->xs;
-    }
-}
-
-__attribute__((target("avx2"))) static void i8_rows_avx2(const i8_job *j, int32_t r0, int32_t r1) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int32_t r = r0; r < r1; r++) {
-        const int8_t *w = j->w + (size_t)r * j->ld;
-        __m256i acc = _mm256_setzero_si256();
-        for (int32_t i = 0; i < j->ld; i += 32) {
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(j->x8 + i));
-            __m256i wv = _mm256_loadu_si256((const __m256i *)(w + i));
-            /* |x| (u8) times w * sign(x) (s8): pairs sum to at most
-             * 2 * 127 * 127, so maddubs never saturates (codes are in
-             * [-127, 127]). */
-            __m256i prod = _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv));
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(prod, ones));
-        }
-        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
-        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-        j->y[r] = (float)_mm_cvtsi128_si32(s) * j->scale[r] * j->xs;
-    }
-}
-
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void i8_rows_vnni(const i8_job *j, int32_t r0,
-                                                                                 int32_t r1) {
-    int32_t r = r0, ld = j->ld;
-    for (; r + 4 <= r1; r += 4) {
-        const int8_t *w = j->w + (size_t)r * ld;
-        __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-        for (int32_t i = 0; i < ld; i += 64) {
-            __m512i xv = _mm512_loadu_si512((const void *)(j->xu8 + i));
-            a0 = _mm512_dpbusd_epi32(a0, xv, _mm512_loadu_si512((const void *)(w + i)));
-            a1 = _mm512_dpbusd_epi32(a1, xv, _mm512_loadu_si512((const void *)(w + ld + i)));
-            a2 = _mm512_dpbusd_epi32(a2, xv, _mm512_loadu_si512((const void *)(w + 2 * (size_t)ld + i)));
-            a3 = _mm512_dpbusd_epi32(a3, xv, _mm512_loadu_si512((const void *)(w + 3 * (size_t)ld + i)));
-        }
-        j->y[r] = (float)(_mm512_reduce_add_epi32(a0) - j->bias[r]) * j->scale[r] * j->xs;
-        j->y[r + 1] = (float)(_mm512_reduce_add_epi32(a1) - j->bias[r + 1]) * j->scale[r + 1] * j->xs;
-        j->y[r + 2] = (float)(_mm512_reduce_add_epi32(a2) - j->bias[r + 2]) * j->scale[r + 2] * j->xs;
-        j->y[r + 3] = (float)(_mm512_reduce_add_epi32(a3) - j->bias[r + 3]) * j->scale[r + 3] * j->xs;
-    }
-    for (; r < r1; r++) {
-        const int8_t *w = j->w + (size_t)r * ld;
-        __m512i a = _mm512_setzero_si512();
-        for (int32_t i = 0; i < ld; i += 64)
-            a = _mm512_dpbusd_epi32(a, _mm512_loadu_si512((const void *)(j->xu8 + i)),
-                                    _mm512_loadu_si512((const void *)(w + i)));
-        j->y[r] = (float)(_mm512_reduce_add_epi32(a) - j->bias[r]) * j->scale[r] * j->xs;
-    }
-}
-
-static void i8_task(void *ctx, int32_t task, int32_t thread) {
-    (void)thread;
-    const i8_job *j = ctx;
-    int32_t r0 = task * j->rows_per_task;
-    int32_t r1 = r0 + j->rows_per_task < j->rows ? r0 + j->rows_per_task : j->rows;
-    if (j->path == I8_VNNI)
-        i8_rows_vnni(j, r0, r1);
-    else if (j->path == I8_AVX2)
-        i8_rows_avx2(j, r0, r1);
-    else
-        i8_rows_portable(j, r0, r1);
-}
-
-typedef struct {
-    const ls_model *m;
-    float *buf; /* (n_threads, dim) */
-    int32_t rows_per_task;
-} quant_job;
-
-/* Symmetric per-row int8: code = round(w / s), s = max|w| / 127. */
-static void quant_task(void *ctx, int32_t task, int32_t thread) {
-    const quant_job *j = ctx;
-    const ls_model *m = j->m;
-    ls_runtime *rt = m->rt;
-    int32_t dim = m->info.dim, V = m->info.vocab_size, ld = rt->head_i8_ld;
-    float *f = j->buf + (size_t)thread * dim;
-    int32_t r0 = task * j->rows_per_task, r1 = r0 + j->rows_per_task < V ? r0 + j->rows_per_task : V;
-    for (int32_t r = r0; r < r1; r++) {
-        rt->ops->f16_to_f32(f, m->w.output + (size_t)r * dim, dim);
-        float amax = 0.0f;
-        for (int32_t i = 0; i < dim; i++) amax = fabsf(f[i]) > amax ? fabsf(f[i]) : amax;
-        float s = amax > 0.0f ? amax / 127.0f : 0.0f;
-        int8_t *q = rt->head_i8 + (size_t)r * ld;
-        int32_t sum = 0;
-        for (int32_t i = 0; i < dim; i++) {
-            long c = s > 0.0f ? lrintf(f[i] / s) : 0;
-            c = c > 127 ? 127 : c < -127 ? -127 : c;
-            q[i] = (int8_t)c;
-            sum += (int32_t)c;
-        }
-        rt->head_i8_scale[r] = s;
-        rt->head_i8_bias[r] = 128 * sum;
-    }
-}
-
-void ls_spec_runtime_free(ls_runtime *rt) {
-    if (!rt) return;
-    free(rt->head_i8);
-    free(rt->head_i8_scale);
-    free(rt->head_i8_bias);
-    rt->head_i8 = NULL;
-    rt->head_i8_scale = NULL;
-    rt->head_i8_bias = NULL;
-}
-
-/* Builds the int8 head on first use (~vocab * dim bytes, a few tens of ms). */
-static int32_t ensure_head_i8(ls_model *m) {
-    ls_runtime *rt = m->rt;
-    if (rt->head_i8) return LS_OK;
-    int32_t dim = m->info.dim, V = m->info.vocab_size;
-    int32_t ld = (dim + 63) / 64 * 64;
-    rt->head_i8_ld = ld;
-    rt->head_i8 = calloc((size_t)V * (size_t)ld, 1); /* calloc: padding codes are 0 */
-    rt->head_i8_scale = malloc((size_t)V * sizeof(float));
-    rt->head_i8_bias = malloc((size_t)V * sizeof(int32_t));
-    float *buf = malloc((size_t)rt->n_threads * (size_t)dim * sizeof(float));
-    if (!rt->head_i8 || !rt->head_i8_scale || !rt->head_i8_bias || !buf) {
-        free(buf);
-        ls_spec_runtime_free(rt);
-        return LS_ERR_NOMEM;
-    }
-    quant_job j = {m, buf, 256};
-    ls_pool_run(rt->pool, quant_task, &j, (V + 255) / 256);
-    free(buf);
-    __builtin_cpu_init();
-    if (rt->ops->simd == LS_SIMD_AVX512 && __builtin_cpu_supports("avx512vnni"))
-        rt->head_i8_path = I8_VNNI;
-    else if (rt->ops->simd == LS_SIMD_AVX512 || rt->ops->simd == LS_SIMD_AVX2)
-        rt->head_i8_path = I8_AVX2;
-    else
-        rt->head_i8_path = I8_PORTABLE;
-    return LS_OK;
-}
-
-/* Draft logits of one hidden state: the int8 head, or the fp16 head. */
-static void draft_logits(ls_session *s, const float *h, float *logits, int32_t fp16) {
-    if (fp16) {
+/* Draft logits of one hidden state: the coarse head's scores with the
+ * model's own head at the coarse head's DRAFT_EXACT best (draft_head.c),
+ * whose ids go to cand; returns how many. With exact set: the model's head
+ * everywhere (LS_SPEC_EXACT_DRAFT_HEAD), and 0. */
+static int32_t draft_logits(ls_session *s, const float *h, float *logits, int32_t exact, int32_t *cand) {
+    if (exact) {
         ls_forward_logits(s, h, 1, logits);
-        return;
+        return 0;
     }
-    struct ls_spec_scratch *x = s->spec;
-    const ls_model *m = s->m;
-    ls_runtime *rt = m->rt;
-    int32_t dim = m->info.dim;
-    rt->ops->rmsnorm(x->xn, h, rt->norm, dim, m->info.norm_eps);
-    float amax = 0.0f;
-    for (int32_t i = 0; i < dim; i++) amax = fabsf(x->xn[i]) > amax ? fabsf(x->xn[i]) : amax;
-    float xs = amax > 0.0f ? amax / 127.0f : 0.0f;
-    for (int32_t i = 0; i < x->ld; i++) {
-        long c = i < dim && xs > 0.0f ? lrintf(x->xn[i] / xs) : 0;
-        c = c > 127 ? 127 : c < -127 ? -127 : c;
-        x->x8[i] = (int8_t)c;
-        x->xu8[i] = (uint8_t)(c + 128);
-    }
-    int32_t V = m->info.vocab_size;
-    int32_t target = rt->n_threads * 8;
-    int32_t rpt = (V + target - 1) / target;
-    rpt = rpt < 64 ? 64 : (rpt + 3) & ~3;
-    i8_job j = {rt->head_i8, rt->head_i8_scale, rt->head_i8_bias, rt->head_i8_ld, V, rpt, rt->head_i8_path,
-                x->x8, x->xu8, xs, logits};
-    ls_pool_run(rt->pool, i8_task, &j, (V + rpt - 1) / rpt);
+    ls_runtime *rt = s->m->rt;
+    double t0 = ls_prof_now(rt);
+    int32_t n = ls_draft_head_coarse(s->m, h, logits, cand, DRAFT_EXACT);
+    ls_draft_head_exact(s->m, cand, n, logits);
+    ls_prof_add(rt, LS_PROF_DRAFT_HEAD, &t0);
+    return n;
 }
 
 // ---- the cycle ----
@@ -544,7 +371,7 @@ static int32_t head_batch(const struct ls_spec_scratch *x, int32_t r0, int32_t n
 }
 
 typedef struct {
-    int32_t D, V, k, K, fp16_draft, accept_all;
+    int32_t D, V, k, K, exact_draft, accept_all;
     float temperature, top_p, penalty, leaf_min_prob;
     int32_t top_k;
     uint64_t seed;
@@ -581,8 +408,11 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
         s->tokens[p + i] = tok[i];
         if (i == k) break;
         float *dl = x->dlogits + (size_t)i * V;
-        draft_logits(s, hi, dl, c->fp16_draft);
-        if (!sampled) {
+        int32_t cand[DRAFT_EXACT];
+        int32_t n_cand = draft_logits(s, hi, dl, c->exact_draft, cand);
+        if (!sampled && n_cand > 0) {
+            tok[i + 1] = best_candidate(dl, cand, n_cand, s->tokens, p + i + 1, c->penalty);
+        } else if (!sampled) {
             penalise(x->v, dl, V, s->tokens, p + i + 1, c->penalty);
             top_ids(x->v, V, 1, &tok[i + 1]);
         } else {
@@ -706,7 +536,8 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
         // draft token continues the spine, the next K - 1 (those the draft
         // gives at least leaf_min_prob) become leaves
         float *dl = x->dlogits;
-        draft_logits(s, x->h + (size_t)i * dim, dl, c->fp16_draft);
+        int32_t cand[DRAFT_EXACT];
+        draft_logits(s, x->h + (size_t)i * dim, dl, c->exact_draft, cand);
         penalise(x->v, dl, V, s->tokens, p + i + 1, c->penalty);
         int32_t got = top_ids(x->v, V, K, best);
         if (c->leaf_min_prob > 0.0f) draft_probs(x->v, V, best, got, c->leaf_min_prob, prob);
@@ -828,7 +659,7 @@ int32_t ls_spec_cycle(ls_session *s, int32_t pending, const ls_spec_params *prm,
         .D = prm->draft_loops,
         .V = prm->verify_loops,
         .K = prm->k_branches,
-        .fp16_draft = (prm->flags & LS_SPEC_FP16_DRAFT_HEAD) != 0,
+        .exact_draft = (prm->flags & LS_SPEC_EXACT_DRAFT_HEAD) != 0,
         .accept_all = (prm->flags & LS_SPEC_TEST_ACCEPT_ALL) != 0,
         .temperature = prm->temperature,
         .top_p = prm->top_p,
@@ -849,16 +680,13 @@ int32_t ls_spec_cycle(ls_session *s, int32_t pending, const ls_spec_params *prm,
     /* ...and needs the plain fp16 cache: an accepted leaf's rows are moved
      * into place as fp16 rows (DESIGN.md §4 refuses the compressed modes) */
     if (c.K > 1 && s->kv_mode != LS_KV_FP16) return LS_ERR_ARG;
-    if ((prm->flags & ~(LS_SPEC_FP16_DRAFT_HEAD | LS_SPEC_TEST_ACCEPT_ALL)) != 0) return LS_ERR_ARG;
+    if ((prm->flags & ~(LS_SPEC_EXACT_DRAFT_HEAD | LS_SPEC_TEST_ACCEPT_ALL)) != 0) return LS_ERR_ARG;
     if (!(c.leaf_min_prob >= 0.0f && c.leaf_min_prob <= 1.0f)) return LS_ERR_ARG;
 
     int32_t p = s->pos;
     int32_t need_lo = s->window > 0 && p - s->window + 1 > 0 ? p - s->window + 1 : 0;
     for (int32_t l = 0; l < c.V; l++)
         if (s->loop_len[l] != p || s->loop_lo[l] > need_lo) return LS_ERR_STATE;
-    /* a model whose head is already stored compressed (no fp16 Wout) drafts
-     * with that head */
-    if (!s->m->w.output) c.fp16_draft = 1;
     c.k = prm->draft_ahead < prm->max_new - 1 ? prm->draft_ahead : prm->max_new - 1;
     if (c.k == 0) c.K = 1;
     /* every row of the cycle needs its own position (tree leaves: their own
@@ -866,7 +694,7 @@ int32_t ls_spec_cycle(ls_session *s, int32_t pending, const ls_spec_params *prm,
      * overwrites a row the cycle or the next one reads */
     if (p + 1 + c.k * c.K > s->max_seq) return LS_ERR_FULL;
     int32_t rc = ensure_scratch(s);
-    if (rc == LS_OK && !c.fp16_draft && c.k > 0) rc = ensure_head_i8(s->m);
+    if (rc == LS_OK && !c.exact_draft && c.k > 0) rc = ls_draft_head_build(s->m);
     if (rc != LS_OK) return rc;
     return c.K == 1 ? run_chain(s, &c, pending, out_tokens, out_stats) : run_tree(s, &c, pending, out_tokens, out_stats);
 }

@@ -103,6 +103,7 @@ export const PROFILE_OPS = [
   "ffn down",
   "head",
   "sampling",
+  "draft head",
 ] as const;
 export type OpProfile = Record<(typeof PROFILE_OPS)[number], number>; // seconds
 
@@ -375,8 +376,8 @@ export interface SpecCycleParams {
 
 /** ls_spec_params.flags */
 export const SPEC_FLAGS = {
-  /** Draft with the exact fp16 output head instead of its int8 copy. */
-  fp16DraftHead: 1,
+  /** Draft with the model's own output head instead of the shortlist head (kernels/draft_head.c). */
+  exactDraftHead: 1,
   /** Tests only: accept every draft token (a broken sampler, to prove a distribution test has power). */
   testAcceptAll: 2,
 } as const;

@@ -30,7 +30,7 @@ export const SPEC_DEFAULTS = { draftLoops: 2, draftAhead: 4, kBranches: 1 } as c
 export const SPEC_SESSION_SLACK = 1 + SPEC_LIMITS.nodes;
 
 /** Which head proposes draft tokens (see kernels/spec.c: "Draft head"). */
-export type DraftHead = "int8" | "fp16";
+export type DraftHead = "shortlist" | "exact";
 
 /** A speculative request's resolved settings. */
 export interface SpecPlan {
@@ -77,7 +77,7 @@ export function planSpeculative(req: GenerateRequest): SpecPlan | null {
 
 /** How the engine drafts (Engine options; the defaults suit every request). */
 export interface DraftOptions {
-  /** Head that proposes draft tokens (default "int8"). */
+  /** Head that proposes draft tokens (default "shortlist": a 2-bit copy of the output head scores every token, the model's own head its best few; "exact": the model's head everywhere). */
   draftHead?: DraftHead;
   /**
    * Tree: top-K candidates the draft gives less probability than this are
@@ -103,7 +103,7 @@ export function cycleParams(plan: SpecPlan, req: GenerateRequest, maxNew: number
     topP: s.topP,
     repetitionPenalty: s.repetitionPenalty,
     seed: s.seed,
-    flags: draft.draftHead === "fp16" ? SPEC_FLAGS.fp16DraftHead : 0,
+    flags: draft.draftHead === "exact" ? SPEC_FLAGS.exactDraftHead : 0,
     leafMinProb: draft.treeLeafMinProb ?? 0,
   };
 }

@@ -8,8 +8,9 @@ import { beforeAll, describe, expect, test } from "bun:test";
 import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { NativeError, NativeModel, type NativeSession, SPEC_FLAGS, type SimdChoice, type SpecCycleParams } from "../../src/engine/binding.ts";
+import { quantizeModelFile } from "../../src/model/quantize.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
-import { tinyModelPath } from "../helpers/models.ts";
+import { testTempDir, tinyModelPath } from "../helpers/models.ts";
 import { runSanitized, sanitizedDriver } from "../helpers/sanitized.ts";
 
 const ROOT = resolve(import.meta.dir, "../..");
@@ -142,6 +143,43 @@ describe("speculative cycles leave the session as plain decoding would", () => {
     }
     expect(runs.length).toBeGreaterThanOrEqual(2);
     for (const r of runs) expect(r).toEqual(runs[0]);
+  });
+});
+
+describe("the draft head", () => {
+  // Drafts score every token with a 2-bit copy of the output head and the
+  // best few again with the model's own head: fp16 here, the stored int8
+  // head of a quantized model below. Proposals change speed, never tokens.
+  test("a quantized model (int4 block, int8 head) drafts too: greedy cycles equal plain decoding on every SIMD path", () => {
+    const path = join(testTempDir(), "spec-int4-int8head.safetensors");
+    quantizeModelFile(tinyModelPath({ ...AGREEING, vocabSize: 4096 }), path, { quant: "int4", head: "int8", groupSize: 32 });
+    for (const simd of ["portable", "avx2", "avx512"] as SimdChoice[]) {
+      let m: NativeModel;
+      try {
+        m = NativeModel.load(LIB, path, 2, simd);
+      } catch {
+        continue; // path not on this CPU
+      }
+      try {
+        const reference = plain(m, PROMPT, 4, 40, GREEDY, 0);
+        const session = m.newSession(PROMPT.length + 40 + 65, 4, 0);
+        const first = plainStep(session, PROMPT, 4, GREEDY, 0);
+        let accepted = 0;
+        const out = [first];
+        const buf = new Int32Array(17);
+        const stats = { drafted: 0, accepted: 0 };
+        while (out.length < 40) {
+          const got = session.specCycle(out[out.length - 1], params(1, 4, 4, 1, 40 - out.length, GREEDY, 0), buf, stats);
+          accepted += got - 1;
+          out.push(...buf.subarray(0, got));
+        }
+        session.close();
+        expect(out).toEqual(reference);
+        expect(accepted).toBeGreaterThan(0); // the draft head proposes tokens the verifier keeps
+      } finally {
+        m.close();
+      }
+    }
   });
 });
 
@@ -362,19 +400,24 @@ describe("speculative sampling preserves the output distribution", () => {
 //
 // test/c/spec_asan_driver.c runs speculative cycles of every shape against
 // plain stepping, on every SIMD path, plus an error path, with every kernel
-// built under the sanitizers (~15 s on two cores).
+// built under the sanitizers, for an fp16 model and a quantized one (~30 s
+// on two cores).
 
 describe("speculative cycles under ASan/UBSan", () => {
   test(
     "no sanitizer report, and greedy cycles equal plain stepping, on every SIMD path",
     async () => {
       const driver = await sanitizedDriver("spec_asan_driver");
-      const model = tinyModelPath({ ...AGREEING, vocabSize: 4096 });
-      for (const simd of ["1", "2", "3"]) {
-        const r = runSanitized(driver, [model, simd]);
-        const out = `${r.stdout}${r.stderr}`;
-        if (/requested but the CPU lacks/.test(out)) continue;
-        expect(r.code, out).toBe(0);
+      const fp16 = tinyModelPath({ ...AGREEING, vocabSize: 4096 });
+      const quantized = join(testTempDir(), "spec-asan-int4.safetensors"); // drafts from the stored int8 head
+      quantizeModelFile(fp16, quantized, { quant: "int4", head: "int8", groupSize: 32 });
+      for (const model of [fp16, quantized]) {
+        for (const simd of ["1", "2", "3"]) {
+          const r = runSanitized(driver, [model, simd]);
+          const out = `${r.stdout}${r.stderr}`;
+          if (/requested but the CPU lacks/.test(out)) continue;
+          expect(r.code, out).toBe(0);
+        }
       }
     },
     120_000,

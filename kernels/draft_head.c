@@ -1,0 +1,325 @@
+/*
+ * draft_head.c — the output head speculative drafts use (spec.c).
+ *
+ * A draft runs the head once per drafted token, unbatched: vocab x dim
+ * weights streamed for one row of activations, the largest cost of a
+ * cycle. A proposal only has to be likely, not exact, so drafts score every
+ * token with a 2-bit copy of the head (four levels per row: 9.6 MB for the
+ * GPT-2 vocabulary at dim 768, an eighth of the fp16 head, small enough to
+ * stay in L3 next to the block between the drafts of a cycle; int4 at twice
+ * the bytes does not, and reads from memory each time), then score the best
+ * few of those again with the model's own head. The greedy proposal is the
+ * exact head's choice whenever that choice is among the coarse head's best
+ * few, which costs a handful of rows.
+ *
+ * The coarse scores are integer dot products (exact on every path) followed
+ * by the same fp32 steps, so the proposal does not depend on the SIMD path
+ * or the thread count:
+ *   x8 = rne(xn * 127 / max|xn|), clamped to [-127, 127], NaN -> 0
+ *   w ~= (u - 1.5) * s, u in 0..3, s fitted per row by least squares
+ *   score(row) = ((float)(2 * sum u * x8 - 3 * sum x8) * (s / 2)) * xs
+ *
+ * Code layout, per row of ld / 4 bytes (ld = dim rounded up to 256, code
+ * 1 past dim: any code works there, the activations are zero): 64-byte
+ * block b holds input 256b + 64f + j in bits 2f, 2f + 1 of its byte j, so
+ * one load and a shift and mask per field give four 64-input vectors in
+ * natural order.
+ *
+ * The SIMD kernels use function target attributes and run only after
+ * build's CPU check, as ops.h requires of SIMD code.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant.h"
+#include "session.h"
+
+enum { PATH_PORTABLE = 0, PATH_AVX2 = 1, PATH_VNNI = 2 };
+
+#define MAX_TASKS 64 /* score tasks per call: ~8 per thread, capped */
+
+struct ls_draft_head {
+    uint8_t *codes;   /* (vocab, ldb) 2-bit codes, layout above */
+    float *scale;     /* (vocab) s / 2 of each row */
+    int32_t ld, ldb;  /* inputs per row (dim rounded up to 256), bytes per row */
+    int32_t path;     /* PATH_* for this CPU and SIMD choice */
+    /* the last ls_draft_head_coarse call's activations */
+    float *xn;        /* (dim) rmsnorm(h) */
+    int8_t *x8;       /* (ld) codes, zero padded */
+    int32_t x8_sum;
+    float xs;         /* x ~= xs * x8 */
+    int32_t *isum;    /* (vocab) integer dot products */
+    int32_t best[MAX_TASKS * LS_DRAFT_BEST], have[MAX_TASKS]; /* score tasks' best ids */
+};
+
+// ---- integer dot products: isum[r] = sum_i u * x8, rows [r0, r1) ----
+
+static void rows_portable(const ls_draft_head *d, int32_t r0, int32_t r1) {
+    for (int32_t r = r0; r < r1; r++) {
+        const uint8_t *w = d->codes + (size_t)r * d->ldb;
+        int32_t acc = 0;
+        for (int32_t b = 0; b < d->ldb; b += 64)
+            for (int32_t f = 0; f < 4; f++)
+                for (int32_t j = 0; j < 64; j++) acc += (int32_t)((w[b + j] >> (2 * f)) & 3) * d->x8[4 * b + 64 * f + j];
+        d->isum[r] = acc;
+    }
+}
+
+__attribute__((target("avx2"))) static void rows_avx2(const ls_draft_head *d, int32_t r0, int32_t r1) {
+    const __m256i m = _mm256_set1_epi8(0x03), ones = _mm256_set1_epi16(1);
+    for (int32_t r = r0; r < r1; r++) {
+        const uint8_t *w = d->codes + (size_t)r * d->ldb;
+        __m256i acc = _mm256_setzero_si256();
+        for (int32_t b = 0; b < d->ldb; b += 32) {
+            /* bytes [b, b + 32) of the 64-byte block at b0: inputs 4*b0 + (b - b0) + 64f */
+            const int8_t *x = d->x8 + 4 * (b & ~63) + (b & 63);
+            __m256i W = _mm256_loadu_si256((const __m256i *)(w + b));
+            /* codes <= 3, |x8| <= 127: no pair sum saturates */
+            __m256i p = _mm256_maddubs_epi16(_mm256_and_si256(W, m), _mm256_loadu_si256((const __m256i *)x));
+            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(W, 2), m),
+                                                         _mm256_loadu_si256((const __m256i *)(x + 64))));
+            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(W, 4), m),
+                                                         _mm256_loadu_si256((const __m256i *)(x + 128))));
+            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(W, 6), m),
+                                                         _mm256_loadu_si256((const __m256i *)(x + 192))));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones));
+        }
+        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+        d->isum[r] = _mm_cvtsi128_si32(s);
+    }
+}
+
+/* Four accumulators to their four sums (r0, r1, r2, r3). */
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static inline __m128i reduce4(__m512i a0, __m512i a1,
+                                                                                    __m512i a2, __m512i a3) {
+    __m256i s0 = _mm256_add_epi32(_mm512_castsi512_si256(a0), _mm512_extracti64x4_epi64(a0, 1));
+    __m256i s1 = _mm256_add_epi32(_mm512_castsi512_si256(a1), _mm512_extracti64x4_epi64(a1, 1));
+    __m256i s2 = _mm256_add_epi32(_mm512_castsi512_si256(a2), _mm512_extracti64x4_epi64(a2, 1));
+    __m256i s3 = _mm256_add_epi32(_mm512_castsi512_si256(a3), _mm512_extracti64x4_epi64(a3, 1));
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+#define PREFETCH_ROWS 32
+
+/* Field f of every byte of W: 64 codes of inputs 64f + j. */
+#define FIELD(W, f) _mm512_and_si512(_mm512_srli_epi16((W), 2 * (f)), m)
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void rows_vnni(const ls_draft_head *d, int32_t r0,
+                                                                             int32_t r1) {
+    const __m512i m = _mm512_set1_epi8(0x03);
+    const int32_t ldb = d->ldb;
+    int32_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        const uint8_t *w = d->codes + (size_t)r * ldb;
+        __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+        for (int32_t b = 0; b < ldb; b += 64) {
+            /* The head is read from memory on most drafts (the verifier's head
+             * evicts it): ask for rows PREFETCH_ROWS ahead, more misses in
+             * flight than the hardware prefetcher keeps. A prefetch never
+             * faults; the address is formed as an integer to stay defined. */
+            for (int32_t k = 0; k < 4; k++)
+                _mm_prefetch((const char *)((uintptr_t)w + (size_t)(PREFETCH_ROWS + k) * ldb + b), _MM_HINT_T0);
+            __m512i W0 = _mm512_loadu_si512((const void *)(w + b));
+            __m512i W1 = _mm512_loadu_si512((const void *)(w + ldb + b));
+            __m512i W2 = _mm512_loadu_si512((const void *)(w + 2 * (size_t)ldb + b));
+            __m512i W3 = _mm512_loadu_si512((const void *)(w + 3 * (size_t)ldb + b));
+#pragma GCC unroll 4
+            for (int f = 0; f < 4; f++) {
+                __m512i x = _mm512_loadu_si512((const void *)(d->x8 + 4 * b + 64 * f));
+                a0 = _mm512_dpbusd_epi32(a0, FIELD(W0, f), x);
+                a1 = _mm512_dpbusd_epi32(a1, FIELD(W1, f), x);
+                a2 = _mm512_dpbusd_epi32(a2, FIELD(W2, f), x);
+                a3 = _mm512_dpbusd_epi32(a3, FIELD(W3, f), x);
+            }
+        }
+        _mm_storeu_si128((__m128i *)(d->isum + r), reduce4(a0, a1, a2, a3));
+    }
+    for (; r < r1; r++) {
+        const uint8_t *w = d->codes + (size_t)r * ldb;
+        __m512i a = _mm512_setzero_si512();
+        for (int32_t b = 0; b < ldb; b += 64) {
+            __m512i W = _mm512_loadu_si512((const void *)(w + b));
+#pragma GCC unroll 4
+            for (int f = 0; f < 4; f++)
+                a = _mm512_dpbusd_epi32(a, FIELD(W, f), _mm512_loadu_si512((const void *)(d->x8 + 4 * b + 64 * f)));
+        }
+        d->isum[r] = _mm512_reduce_add_epi32(a);
+    }
+}
+
+typedef struct {
+    const ls_draft_head *d;
+    int32_t rows, rows_per_task, n_best;
+    float *logits;
+    int32_t *best, *have; /* (tasks, n_best) each task's best ids, ranked; (tasks) how many */
+} score_job;
+
+static void score_task(void *ctx, int32_t task, int32_t thread) {
+    (void)thread;
+    const score_job *j = ctx;
+    const ls_draft_head *d = j->d;
+    int32_t r0 = task * j->rows_per_task, r1 = r0 + j->rows_per_task < j->rows ? r0 + j->rows_per_task : j->rows;
+    if (d->path == PATH_VNNI) rows_vnni(d, r0, r1);
+    else if (d->path == PATH_AVX2) rows_avx2(d, r0, r1);
+    else rows_portable(d, r0, r1);
+    const int32_t offset = 3 * d->x8_sum;
+    int32_t *best = j->best + (size_t)task * j->n_best, have = 0;
+    for (int32_t r = r0; r < r1; r++) {
+        float v = ((float)(2 * d->isum[r] - offset) * d->scale[r]) * d->xs;
+        j->logits[r] = v == v ? v : -INFINITY;
+        ls_rank_insert(j->logits, r, best, &have, j->n_best);
+    }
+    j->have[task] = have;
+}
+
+// ---- building ----
+
+typedef struct {
+    const ls_model *m;
+    ls_draft_head *d;
+    float *buf; /* (n_threads, dim) */
+    int32_t rows_per_task;
+} build_job;
+
+/* Row r of the model's head as fp32: the fp16 head, or the stored int8 one dequantized. */
+static void head_row(const ls_model *m, int32_t r, float *f) {
+    int32_t dim = m->info.dim;
+    if (m->w.output) {
+        m->rt->ops->f16_to_f32(f, m->w.output + (size_t)r * dim, dim);
+        return;
+    }
+    const ls_qmat *q = m->w.qoutput;
+    const int8_t *c = (const int8_t *)q->qweight + (size_t)r * dim;
+    const uint16_t *s = q->scales + (size_t)r * (dim / q->group);
+    for (int32_t i = 0; i < dim; i++) f[i] = (float)c[i] * ls_f16_to_f32(s[i / q->group]);
+}
+
+/* The level (u - 1.5) nearest to t = w / s, u in 0..3 (NaN -> -0.5). */
+static inline float level(float t) {
+    return t >= 1.0f ? 1.5f : t >= 0.0f ? 0.5f : t < -1.0f ? -1.5f : -0.5f;
+}
+
+static void build_task(void *ctx, int32_t task, int32_t thread) {
+    const build_job *j = ctx;
+    ls_draft_head *d = j->d;
+    int32_t dim = j->m->info.dim, V = j->m->info.vocab_size;
+    float *f = j->buf + (size_t)thread * dim;
+    int32_t r0 = task * j->rows_per_task, r1 = r0 + j->rows_per_task < V ? r0 + j->rows_per_task : V;
+    for (int32_t r = r0; r < r1; r++) {
+        head_row(j->m, r, f);
+        /* Lloyd's iteration for the step s of levels (u - 1.5) * s, from
+         * the Gaussian optimum s ~= rms; two rounds settle it */
+        float ss = 0.0f;
+        for (int32_t i = 0; i < dim; i++) ss += f[i] * f[i];
+        float s = sqrtf(ss / (float)dim);
+        for (int it = 0; it < 2 && s > 0.0f; it++) {
+            float inv = 1.0f / s, num = 0.0f, den = 0.0f;
+            for (int32_t i = 0; i < dim; i++) {
+                float l = level(f[i] * inv);
+                num += l * f[i];
+                den += l * l;
+            }
+            s = den > 0.0f ? num / den : 0.0f;
+        }
+        float inv = s > 0.0f ? 1.0f / s : 0.0f;
+        uint8_t *row = d->codes + (size_t)r * d->ldb;
+        for (int32_t i = 0; i < d->ld; i++) {
+            int32_t u = i < dim && s > 0.0f ? (int32_t)(level(f[i] * inv) + 1.5f) : 1;
+            row[i / 256 * 64 + i % 64] |= (uint8_t)(u << (2 * (i % 256 / 64)));
+        }
+        s *= 0.5f;
+        d->scale[r] = s;
+    }
+}
+
+void ls_draft_head_free(ls_runtime *rt) {
+    ls_draft_head *d = rt ? rt->draft : NULL;
+    if (!d) return;
+    free(d->codes);
+    free(d->scale);
+    free(d->xn);
+    free(d->x8);
+    free(d->isum);
+    free(d);
+    rt->draft = NULL;
+}
+
+int32_t ls_draft_head_build(ls_model *m) {
+    ls_runtime *rt = m->rt;
+    if (rt->draft) return LS_OK;
+    int32_t dim = m->info.dim, V = m->info.vocab_size;
+    ls_draft_head *d = calloc(1, sizeof *d);
+    if (!d) return LS_ERR_NOMEM;
+    rt->draft = d;
+    d->ld = (dim + 255) / 256 * 256;
+    d->ldb = d->ld / 4;
+    d->codes = calloc((size_t)V * (size_t)d->ldb, 1); /* fields are OR-ed in */
+    d->scale = malloc((size_t)V * sizeof(float));
+    d->xn = malloc((size_t)dim * sizeof(float));
+    d->x8 = calloc((size_t)d->ld, 1);
+    d->isum = malloc((size_t)V * sizeof(int32_t));
+    float *buf = malloc((size_t)rt->n_threads * (size_t)dim * sizeof(float));
+    if (!d->codes || !d->scale || !d->xn || !d->x8 || !d->isum || !buf) {
+        free(buf);
+        ls_draft_head_free(rt);
+        return LS_ERR_NOMEM;
+    }
+    build_job j = {m, d, buf, 256};
+    ls_pool_run(rt->pool, build_task, &j, (V + 255) / 256);
+    free(buf);
+    __builtin_cpu_init();
+    if (rt->ops->simd == LS_SIMD_AVX512 && __builtin_cpu_supports("avx512vnni")) d->path = PATH_VNNI;
+    else if (rt->ops->simd == LS_SIMD_AVX512 || rt->ops->simd == LS_SIMD_AVX2) d->path = PATH_AVX2;
+    else d->path = PATH_PORTABLE;
+    return LS_OK;
+}
+
+// ---- scoring ----
+
+int32_t ls_draft_head_coarse(ls_model *m, const float *h, float *logits, int32_t *best, int32_t n) {
+    ls_runtime *rt = m->rt;
+    ls_draft_head *d = rt->draft;
+    int32_t dim = m->info.dim, V = m->info.vocab_size;
+    if (n > LS_DRAFT_BEST) n = LS_DRAFT_BEST;
+    rt->ops->rmsnorm(d->xn, h, rt->norm, dim, m->info.norm_eps);
+    float amax = 0.0f;
+    for (int32_t i = 0; i < dim; i++) amax = fabsf(d->xn[i]) > amax ? fabsf(d->xn[i]) : amax;
+    float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    d->xs = amax / 127.0f;
+    d->x8_sum = 0;
+    for (int32_t i = 0; i < dim; i++) {
+        float v = d->xn[i] * inv;
+        long c = v == v ? lrintf(v) : 0; /* NaN -> 0 */
+        c = c > 127 ? 127 : c < -127 ? -127 : c;
+        d->x8[i] = (int8_t)c;
+        d->x8_sum += (int32_t)c;
+    }
+    int32_t tasks = rt->n_threads * 8 < MAX_TASKS ? rt->n_threads * 8 : MAX_TASKS;
+    int32_t rpt = (V + tasks - 1) / tasks;
+    rpt = rpt < 64 ? 64 : (rpt + 3) & ~3;
+    tasks = (V + rpt - 1) / rpt;
+    score_job j = {d, V, rpt, n, logits, d->best, d->have};
+    ls_pool_run(rt->pool, score_task, &j, tasks);
+    int32_t have = 0;
+    for (int32_t t = 0; t < tasks; t++)
+        for (int32_t i = 0; i < d->have[t]; i++) ls_rank_insert(logits, d->best[(size_t)t * n + i], best, &have, n);
+    return have;
+}
+
+void ls_draft_head_exact(ls_model *m, const int32_t *ids, int32_t n, float *logits) {
+    ls_runtime *rt = m->rt;
+    const ls_draft_head *d = rt->draft;
+    int32_t dim = m->info.dim;
+    const ls_qmat *q = m->w.qoutput;
+    if (q) ls_quant_prepare(q, d->xn, dim, 1);
+    for (int32_t i = 0; i < n; i++) {
+        int32_t r = ids[i];
+        if (q) ls_quant_matmul(q, logits, 0, r, r + 1, 0);
+        else rt->ops->matmul_f16(logits, 0, d->xn, dim, m->w.output, dim, 1, r, r + 1, 0);
+    }
+}
