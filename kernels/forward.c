@@ -194,9 +194,11 @@ static void mm_task(void *ctx, int32_t task, int32_t thread) {
         if (up->q) ls_quant_matmul(up->q, up->y, up->ldy, o0, o1, 0);
         else j->ops->matmul_f16(up->y, up->ldy, j->x, j->ldx, up->w, j->in, j->T, o0, o1, 0);
         for (int32_t t = 0; t < j->T; t++) {
-            float *g = sg->y + (size_t)t * sg->ldy;
-            const float *u = up->y + (size_t)t * up->ldy;
-            for (int32_t o = o0; o < o1; o++) g[o] = g[o] / (1.0f + expf(-g[o])) * u[o];
+            float *g = sg->y + (size_t)t * sg->ldy + o0;
+            const float *u = up->y + (size_t)t * up->ldy + o0;
+            if (j->ops->swiglu) j->ops->swiglu(g, u, o1 - o0);
+            else
+                for (int32_t o = 0; o < o1 - o0; o++) g[o] = g[o] / (1.0f + expf(-g[o])) * u[o];
         }
     }
 }

@@ -55,6 +55,11 @@ typedef struct ls_ops {
      * NULL: attention.c's scalar loop (expf, sum in index order). */
     float (*softmax_exp)(float *c, int32_t n, float scale);
 
+    /* SwiGLU epilogue, in place: g[i] = silu(g[i]) * u[i]. Elementwise, so
+     * the same for any split of the rows. NULL: forward.c's scalar loop
+     * (g / (1 + expf(-g)) * u). */
+    void (*swiglu)(float *g, const float *u, int32_t n);
+
     /* Attention over a quantized cache (kvcache.h layouts, loopserve.h
      * LS_KV_* formats). Values are dequantized in registers exactly as
      * ls_kv_decode_row does (c * s, or c * s + z: the product is exact in

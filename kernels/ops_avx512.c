@@ -548,6 +548,20 @@ static void attn_values_i4_avx512(float *out, const float *p, const uint8_t *v, 
     }
 }
 
+/* silu(g) = g * sigmoid(g), the sigmoid from e = exp(-|g|) <= 1 (no
+ * overflow): 1 / (1 + e) for g >= 0, e / (1 + e) below. */
+static void swiglu_avx512(float *g, const float *u, int32_t n) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int32_t i = 0; i < n; i += VL) {
+        __mmask16 m = n - i >= VL ? (__mmask16)0xffff : lanes(n - i);
+        __m512 x = _mm512_maskz_loadu_ps(m, g + i);
+        __m512 e = exp_neg_avx512(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));
+        __m512 num = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ), e, one);
+        __m512 sig = _mm512_div_ps(num, _mm512_add_ps(one, e));
+        _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(_mm512_mul_ps(x, sig), _mm512_maskz_loadu_ps(m, u + i)));
+    }
+}
+
 static void rmsnorm_avx512(float *out, const float *x, const float *w, int32_t n, float eps) {
     __m512 acc = _mm512_setzero_ps();
     int32_t i = 0;
@@ -594,6 +608,7 @@ const ls_ops ls_ops_avx512 = {
     .attn_scores = attn_scores_avx512,
     .attn_values = attn_values_avx512,
     .softmax_exp = softmax_exp_avx512,
+    .swiglu = swiglu_avx512,
     .attn_scores_mq = attn_scores_mq_avx512,
     .attn_values_mq = attn_values_mq_avx512,
     .attn_scores_i8 = attn_scores_i8_avx512,
