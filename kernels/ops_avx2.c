@@ -402,6 +402,41 @@ static void attn_values_i4_avx2(float *out, const float *p, const uint8_t *v, co
     }
 }
 
+/* exp(x) for x <= 0 (clamped at -87: below that the result is 0 to fp32
+ * precision that matters here): Cody-Waite range reduction and a degree-6
+ * polynomial, 2^n built in the exponent bits. */
+static inline __m256 exp_neg_avx2(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* As swiglu_avx512: the sigmoid from e = exp(-|g|). The tail goes through
+ * the same vector arithmetic (masked), so a row's value does not depend on
+ * where a row range ends. */
+static void swiglu_avx2(float *g, const float *u, int32_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    for (int32_t i = 0; i < n; i += VL) {
+        __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - i), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        __m256 x = _mm256_maskload_ps(g + i, m);
+        __m256 e = exp_neg_avx2(_mm256_or_ps(x, sign)); /* -|x| */
+        __m256 num = _mm256_blendv_ps(e, one, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ));
+        __m256 sig = _mm256_div_ps(num, _mm256_add_ps(one, e));
+        _mm256_maskstore_ps(g + i, m, _mm256_mul_ps(_mm256_mul_ps(x, sig), _mm256_maskload_ps(u + i, m)));
+    }
+}
+
 static void rmsnorm_avx2(float *out, const float *x, const float *w, int32_t n, float eps) {
     __m256 acc = _mm256_setzero_ps();
     int32_t i = 0;
@@ -455,6 +490,7 @@ const ls_ops ls_ops_avx2 = {
     .attn_values_i8 = attn_values_i8_avx2,
     .attn_scores_i4 = attn_scores_i4_avx2,
     .attn_values_i4 = attn_values_i4_avx2,
+    .swiglu = swiglu_avx2,
     .rmsnorm = rmsnorm_avx2,
     .f16_to_f32 = f16_to_f32_avx2,
     .f32_to_f16 = f32_to_f16_avx2,
