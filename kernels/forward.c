@@ -112,6 +112,10 @@ int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd, char *err,
         return LS_ERR_NOMEM;
     }
     rt->n_threads = ls_pool_threads(rt->pool);
+    if (m->qact) {
+        m->qact->simd = chosen; /* the quantized kernels follow the fp16 choice */
+        ls_quant_setup(m->qact);
+    }
     mi->simd = chosen;
     mi->n_threads = rt->n_threads;
     m->rt = rt;

@@ -27,6 +27,7 @@ typedef struct {
     int32_t group;          /* inputs per scale: 32, 64, 128 or 256 */
     int32_t bits;           /* 4 (int4), 2 (int2) or 8 (int8 output head) */
     ls_qact *act;           /* the model's activation scratch (see quant.h) */
+    uint8_t *packed;        /* qweight in the layout of act's kernels, or NULL (quant.h) */
 } ls_qmat;
 
 /* Weights point straight into the read-only mapping (fp16, row-major).

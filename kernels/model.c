@@ -469,7 +469,8 @@ static int get_qmat(tensor_reader *t, const char *base, int64_t rows, int64_t in
     q->in = (int32_t)in;
     q->group = group;
     q->bits = bits;
-    q->act = NULL; /* set once the scratch exists */
+    q->act = NULL;    /* set once the scratch exists */
+    q->packed = NULL; /* made by ls_quant_setup at runtime init (quant.h) */
     return 0;
 }
 
@@ -700,7 +701,7 @@ ls_model *ls_model_load(const char *path, int32_t n_threads, int32_t simd, char 
             free(m);
             return NULL;
         }
-        for (size_t i = 0; i < sizeof m->qmats / sizeof m->qmats[0]; i++) m->qmats[i].act = m->qact;
+        ls_qact_attach(m->qact, m->qmats, (int32_t)(sizeof m->qmats / sizeof m->qmats[0]));
     }
     // ls_runtime_init overwrites these with what it actually starts.
     m->info.simd = simd;
@@ -714,7 +715,6 @@ ls_model *ls_model_load(const char *path, int32_t n_threads, int32_t simd, char 
         free(m);
         return NULL;
     }
-    if (m->qact) m->qact->simd = m->info.simd; /* the quantized kernels follow the fp16 choice */
     return m;
 }
 

@@ -11,6 +11,9 @@
  *
  * (forward.c's mm_run calls prepare on the calling thread, then the pool runs
  * matmul on row ranges). Every matrix of a model shares one ls_qact scratch.
+ * ls_quant_setup (at runtime init) picks the kernels and, where the path
+ * has its own weight layout (AVX-512 VNNI), copies every matrix of the
+ * model into it once (ls_qops.pack); the copies go with the scratch.
  *
  * The computation, identical on every path (portable, AVX2, AVX-512):
  *   amax = max_i |x[i]|;  d = amax / 127;
@@ -48,10 +51,14 @@ static inline int ls_quant_group_ok(int32_t g) { return g == 32 || g == 64 || g 
  * inputs, so SIMD loads of activations never need a mask. */
 #define LS_QACT_PAD 256
 
-/* Quantized activations of one matmul call (the last ls_quant_prepare). */
+/* The quantized matmuls of one model: the kernels, the matrices sharing
+ * this scratch, and the activations of one matmul call (the last
+ * ls_quant_prepare). */
 struct ls_qact {
     int32_t simd;         /* LS_SIMD_* of the model (set after runtime init) */
-    const struct ls_qops *ops; /* kernels for simd, picked at the first prepare */
+    const struct ls_qops *ops; /* kernels for simd, picked by ls_quant_setup */
+    ls_qmat *mats;        /* the matrices (ls_qact_attach); packed for ops by ls_quant_setup */
+    int32_t n_mats;
     int32_t max_T, max_in; /* capacity */
     int32_t T, in, group, bits; /* what q holds now */
     int32_t ld;           /* bytes per row of q: max_in rounded up to LS_QACT_PAD */
@@ -63,9 +70,13 @@ struct ls_qact {
 
 /* Per-path kernels. quantize writes a->q in the path's layout (described by
  * span/planes: within each span of `span` inputs, plane p holds the inputs
- * i with i % planes == p, in order; span 0 = natural order). */
+ * i with i % planes == p, in order; span 0 = natural order; the AVX-512
+ * layout is in quant_avx512.c). pack, where the path has its own weight
+ * layout (else NULL), sets w->packed to a copy of w->qweight in it, once;
+ * -1 when out of memory. */
 typedef struct ls_qops {
     int32_t simd;
+    int32_t (*pack)(ls_qmat *w);
     void (*quantize)(ls_qact *a, const float *x, int32_t ldx, int32_t T, int32_t in, int32_t group,
                      int32_t bits);
     /* y[t*ldy + o] (+)= row o of w times activation row t, t in [0, a->T), o in [o0, o1) */
@@ -81,7 +92,12 @@ extern const ls_qops ls_qops_avx512;
  * AVX-512 without VNNI uses the AVX2 kernels (same results). */
 const ls_qops *ls_quant_ops_select(int32_t simd);
 
-/* Quantizes rows [0, T) of x into w->act (on the calling thread). */
+/* Picks the kernels for a->simd and packs every attached matrix for them
+ * (once, on the loading thread). Without memory for the packed copies the
+ * AVX2 kernels read the weights as stored instead: the same bits. */
+void ls_quant_setup(ls_qact *a);
+/* Quantizes rows [0, T) of x into w->act (on the calling thread; after
+ * ls_quant_setup). */
 void ls_quant_prepare(const ls_qmat *w, const float *x, int32_t ldx, int32_t T);
 /* Rows [o0, o1) of w against the prepared activations; safe on any thread. */
 void ls_quant_matmul(const ls_qmat *w, float *y, int32_t ldy, int32_t o0, int32_t o1, int32_t add);
@@ -98,8 +114,13 @@ void ls_quant_permute(int8_t *qr, int32_t in, int32_t span, int32_t planes);
 /* ---- scratch allocation (static inline: model.c, also linked into the
  * CUDA library, must not reference the kernels' symbols) ---- */
 
+/* Frees the scratch and the packed copies of its matrices. */
 static inline void ls_qact_free(ls_qact *a) {
     if (!a) return;
+    for (int32_t i = 0; i < a->n_mats; i++) {
+        free(a->mats[i].packed);
+        a->mats[i].packed = NULL;
+    }
     free(a->q);
     free(a->d);
     free(a->qsum);
@@ -123,6 +144,14 @@ static inline ls_qact *ls_qact_new(int32_t max_T, int32_t max_in) {
     }
     memset(a->q, 0, qbytes);
     return a;
+}
+
+/* The n matrices mats[] share the scratch a (which packs and frees their
+ * packed copies). */
+static inline void ls_qact_attach(ls_qact *a, ls_qmat *mats, int32_t n) {
+    a->mats = mats;
+    a->n_mats = n;
+    for (int32_t i = 0; i < n; i++) mats[i].act = a;
 }
 
 #endif

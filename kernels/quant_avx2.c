@@ -15,7 +15,7 @@
  * four planes (input 4j + p in plane p); int8 in natural order.
  *
  * After the 8 exact block sums of a window of 256 inputs, the fp32 steps
- * are those of quant.h, the same instructions as quant_avx512.c.
+ * are those of quant.h, the same operations in the same order as quant_avx512.c.
  */
 #include <immintrin.h>
 #include <stddef.h>

@@ -9,15 +9,23 @@
  * taken back exactly per group with the activation sums:
  *   sum q * c = sum q * u - 8 * sum q   (int4; 128 for int8)
  *
- * Activation layout (written by quantize): int4 in spans of 128 inputs,
- * even inputs first then odd ones, so a 64-byte load of packed weights
- * split into low and high nibbles lines up with two 64-byte activation
- * loads; int2 in spans of 256 inputs as four planes (input 4j + p in plane
- * p), matching the four 2-bit fields of each byte; int8 in natural order.
+ * int4 / int2: one group per int32 lane. The weights are repacked once
+ * (pack, by ls_quant_setup) and the activations written (quantize) in
+ * the same layout, so vpdpbusd adds up whole groups and no horizontal sum
+ * is needed until the fp32 step. A row is cut into windows of 16 groups
+ * while 16 are left, then 8, 4, 2, 1 (window_groups). In a window of n
+ * groups, the 4 inputs 4u .. 4u + 3 of group j (unit u) are 32-bit word
+ * u n + j: the window's units transposed, read as 64-byte chunks of 16
+ * words, so lane l of every chunk belongs to group l % n (16 / n lanes a
+ * group; they are added once per window, nothing to do when n is 16).
+ * Activation chunk c is the 64 bytes at the window's first input + 64 c; a
+ * 64-byte load of packed weights holds the 8 / bits chunks from c on, chunk
+ * c + f in bit field f of every byte (int4: the low, then the high nibble).
+ * A window is at least one such load (windows.nmin); the last is padded with
+ * zero codes and zero activations past the last group.
  *
- * Integer work per window of 256 inputs (8 blocks of 32) ends in a vector
- * of the 8 exact block sums; everything after that (quant.h's fp32 steps)
- * is the same in every path.
+ * int8 (the output head, DRAM-bound): natural order, windows of 256 inputs
+ * reduced to 8 block sums, the fp32 steps of quant_tile.h.
  */
 #include <immintrin.h>
 #include <stddef.h>
@@ -26,9 +34,40 @@
 
 #include "quant.h"
 
-#define TILE_MAX_R 4
+#define TILE_MAX_R 4 /* int8 tiles (quant_tile.h) */
 #define TILE_MAX_T 4
+#define LANE_MAX_R 8 /* int4 / int2 tiles */
+#define LANE_MAX_T 4
 #define L2_BLOCK_BYTES (64 * 1024)
+
+// ---- windows (int4 / int2) ----
+
+/* Groups in the window that starts with `left` groups to go: 16, else the
+ * largest of 8, 4, 2, 1 that fits, but at least nmin (the padded last
+ * window). Every window starts at a multiple of its size. */
+static inline int32_t window_groups(int32_t left, int32_t nmin) {
+    int32_t n = 16;
+    while (n > left && n > nmin) n /= 2;
+    return n;
+}
+
+/* The windows of a row of `in` inputs in groups of G (a power of two, so
+ * shifts instead of divisions). */
+typedef struct {
+    int32_t lg;   /* log2 G */
+    int32_t ng;   /* groups */
+    int32_t nmin; /* fewest groups in a window: one 64-byte load of packed weights */
+    size_t rb;    /* bytes per packed row: the groups rounded up to a whole last window */
+} windows;
+
+static inline windows windows_of(int32_t in, int32_t G, int32_t bits) {
+    windows v;
+    v.lg = __builtin_ctz((unsigned)G);
+    v.ng = in >> v.lg;
+    v.nmin = (512 / bits) >> v.lg > 1 ? (512 / bits) >> v.lg : 1;
+    v.rb = ((size_t)((v.ng + v.nmin - 1) & -v.nmin) << v.lg) * (size_t)bits / 8;
+    return v;
+}
 
 // ---- activations ----
 
@@ -41,21 +80,27 @@ static inline __m512i codes16(const float *p, __m512 id) {
     return _mm512_min_epi32(_mm512_max_epi32(r, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
 }
 
-/* Within each 16-byte lane: the even bytes, then the odd ones. */
-static inline __m512i split_pairs(__m512i z) {
-    const __m512i sh = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
-    return _mm512_shuffle_epi8(z, sh);
+/* Natural-order codes of n groups of x into q, their sums into qs. */
+static inline void group_codes(int8_t *q, int32_t *qs, const float *x, __m512 id, int32_t n, int32_t G) {
+    for (int32_t g = 0; g < n; g++) {
+        __m512i sum = _mm512_setzero_si512();
+        for (int32_t i = g * G; i < (g + 1) * G; i += 16) {
+            __m512i r = codes16(x + i, id);
+            sum = _mm512_add_epi32(sum, r);
+            _mm_storeu_si128((__m128i *)(q + i), _mm512_cvtepi32_epi8(r));
+        }
+        qs[g] = _mm512_reduce_add_epi32(sum);
+    }
 }
 
-/* Within each 16-byte lane: bytes 4j + p for p = 0..3, four each. */
-static inline __m512i split_quads(__m512i z) {
-    const __m512i sh = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
-    return _mm512_shuffle_epi8(z, sh);
-}
+_Static_assert(512 / 2 <= LS_QACT_PAD && LS_QUANT_GROUP_MAX <= LS_QACT_PAD,
+               "the padded last window of a row (one 64-byte load of int2 codes, or one group) ends "
+               "within the row's padding");
 
 static void quantize_avx512(ls_qact *a, const float *x, int32_t ldx, int32_t T, int32_t in,
                             int32_t group, int32_t bits) {
-    const int32_t ng = in / group, padded = (in + LS_QACT_PAD - 1) / LS_QACT_PAD * LS_QACT_PAD;
+    const int32_t G = group, ng = in / G, padded = (in + LS_QACT_PAD - 1) / LS_QACT_PAD * LS_QACT_PAD;
+    const int32_t nmin = windows_of(in, G, bits).nmin;
     for (int32_t t = 0; t < T; t++) {
         const float *xr = x + (size_t)t * (size_t)ldx;
         int8_t *qr = a->q + (size_t)t * (size_t)a->ld;
@@ -66,45 +111,35 @@ static void quantize_avx512(ls_qact *a, const float *x, int32_t ldx, int32_t T, 
         float idf = amax > 0.0f ? 127.0f / amax : 0.0f;
         a->d[t] = amax / 127.0f;
         const __m512 id = _mm512_set1_ps(idf);
-        // Natural-order codes and group sums (in is a multiple of 32).
-        for (int32_t g = 0; g < ng; g++) {
-            __m512i sum = _mm512_setzero_si512();
-            for (int32_t i = g * group; i < (g + 1) * group; i += 16) {
-                __m512i r = codes16(xr + i, id);
-                sum = _mm512_add_epi32(sum, r);
-                _mm_storeu_si128((__m128i *)(qr + i), _mm512_cvtepi32_epi8(r));
-            }
-            qs[g] = _mm512_reduce_add_epi32(sum);
-        }
-        memset(qr + in, 0, (size_t)(padded - in));
         for (int32_t g = ng; g < a->gld; g++) qs[g] = 0;
-        if (bits == 4) {
-            // Spans of 128: the 64 even inputs, then the 64 odd ones.
-            for (int32_t s0 = 0; s0 < in; s0 += 128) {
-                const __m512i i64 = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
-                __m512i A = _mm512_permutexvar_epi64(i64, split_pairs(_mm512_load_si512((const void *)(qr + s0))));
-                __m512i B = _mm512_permutexvar_epi64(i64, split_pairs(_mm512_load_si512((const void *)(qr + s0 + 64))));
-                // A = (the 32 even inputs of 0..63 | the 32 odd ones), B likewise for 64..127
-                _mm512_store_si512((void *)(qr + s0), _mm512_shuffle_i64x2(A, B, _MM_SHUFFLE(1, 0, 1, 0)));
-                _mm512_store_si512((void *)(qr + s0 + 64), _mm512_shuffle_i64x2(A, B, _MM_SHUFFLE(3, 2, 3, 2)));
+        if (bits == 8) {
+            group_codes(qr, qs, xr, id, ng, G);
+            memset(qr + in, 0, (size_t)(padded - in));
+            continue;
+        }
+        // Window by window, each group's codes straight to their words: the
+        // 4 units of 16 codes are n words apart (four 32-bit stores; GCC
+        // makes a loop of them a vpscatterdd, which is slow).
+        for (int32_t g0 = 0; g0 < ng;) {
+            const int32_t n = window_groups(ng - g0, nmin), real = ng - g0 < n ? ng - g0 : n;
+            int8_t *qw = qr + (size_t)g0 * G;
+            if (real < n) memset(qw, 0, (size_t)(n * G)); /* the padding groups' words */
+            for (int32_t j = 0; j < real; j++) {
+                const float *xg = xr + (size_t)(g0 + j) * G;
+                int8_t *qj = qw + 4 * j;
+                __m512i sum = _mm512_setzero_si512();
+                for (int32_t i = 0; i < G; i += 16, qj += 16 * n) {
+                    __m512i r = codes16(xg + i, id);
+                    sum = _mm512_add_epi32(sum, r);
+                    const __m128i b = _mm512_cvtepi32_epi8(r);
+                    _mm_storeu_si32(qj, b);
+                    _mm_storeu_si32(qj + 4 * n, _mm_bsrli_si128(b, 4));
+                    _mm_storeu_si32(qj + 8 * n, _mm_bsrli_si128(b, 8));
+                    _mm_storeu_si32(qj + 12 * n, _mm_bsrli_si128(b, 12));
+                }
+                qs[g0 + j] = _mm512_reduce_add_epi32(sum);
             }
-        } else if (bits == 2) {
-            // Spans of 256: four planes of 64, plane p = inputs 4j + p.
-            const __m512i i32 = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-            for (int32_t s0 = 0; s0 < in; s0 += 256) {
-                __m512i Z[4];
-                for (int k = 0; k < 4; k++)
-                    Z[k] = _mm512_permutexvar_epi32(i32, split_quads(_mm512_load_si512((const void *)(qr + s0 + 64 * k))));
-                // Z[k] = (plane 0 | plane 1 | plane 2 | plane 3) of inputs 64k..64k+63, 16 bytes each
-                __m512i L01 = _mm512_shuffle_i64x2(Z[0], Z[1], _MM_SHUFFLE(1, 0, 1, 0));
-                __m512i H01 = _mm512_shuffle_i64x2(Z[0], Z[1], _MM_SHUFFLE(3, 2, 3, 2));
-                __m512i L23 = _mm512_shuffle_i64x2(Z[2], Z[3], _MM_SHUFFLE(1, 0, 1, 0));
-                __m512i H23 = _mm512_shuffle_i64x2(Z[2], Z[3], _MM_SHUFFLE(3, 2, 3, 2));
-                _mm512_store_si512((void *)(qr + s0), _mm512_shuffle_i64x2(L01, L23, _MM_SHUFFLE(2, 0, 2, 0)));
-                _mm512_store_si512((void *)(qr + s0 + 64), _mm512_shuffle_i64x2(L01, L23, _MM_SHUFFLE(3, 1, 3, 1)));
-                _mm512_store_si512((void *)(qr + s0 + 128), _mm512_shuffle_i64x2(H01, H23, _MM_SHUFFLE(2, 0, 2, 0)));
-                _mm512_store_si512((void *)(qr + s0 + 192), _mm512_shuffle_i64x2(H01, H23, _MM_SHUFFLE(3, 1, 3, 1)));
-            }
+            g0 += n;
         }
     }
     a->T = T;
@@ -113,7 +148,53 @@ static void quantize_avx512(ls_qact *a, const float *x, int32_t ldx, int32_t T, 
     a->bits = bits;
 }
 
-// ---- integer part: 8 block sums per window ----
+// ---- weights (int4 / int2) ----
+
+/* The stored codes (int4 c + 8, int2 c) of inputs 4u .. 4u + 3 of group g
+ * of a row, one per byte. */
+static inline uint32_t unit_codes(const uint8_t *row, int32_t G, int32_t g, int32_t u, int32_t bits) {
+    const uint8_t *p = row + ((size_t)g * (size_t)G + 4 * (size_t)u) * (size_t)bits / 8;
+    uint32_t v;
+    if (bits == 4) {
+        v = (uint32_t)p[0] | (uint32_t)p[1] << 8; /* 4 nibbles */
+        v = (v | v << 8) & 0x00FF00FFu;
+        return (v | v << 4) & 0x0F0F0F0Fu;
+    }
+    v = p[0]; /* 4 pairs of bits */
+    v = (v | v << 12) & 0x000F000Fu;
+    return (v | v << 6) & 0x03030303u;
+}
+
+static int32_t pack_avx512(ls_qmat *w) {
+    if (w->bits != 4 && w->bits != 2) return 0; /* int8 is read as stored */
+    const int32_t G = w->group, bits = w->bits, fields = 8 / bits;
+    const windows v = windows_of(w->in, G, bits);
+    const size_t row_bytes = (size_t)w->in * (size_t)bits / 8;
+    uint8_t *p = aligned_alloc(64, (size_t)w->rows * v.rb); /* rb is a multiple of 64 */
+    if (!p) return -1;
+    for (int32_t o = 0; o < w->rows; o++) {
+        const uint8_t *src = w->qweight + (size_t)o * row_bytes;
+        uint32_t *dst = (uint32_t *)(p + (size_t)o * v.rb);
+        for (int32_t g0 = 0; g0 < v.ng;) {
+            // Field f of word l of load k: word 16 (k F + f) + l of the window.
+            const int32_t n = window_groups(v.ng - g0, v.nmin), ln = __builtin_ctz((unsigned)n);
+            const int32_t loads = n * G * bits / 512;
+            for (int32_t k = 0; k < loads; k++)
+                for (int32_t l = 0; l < 16; l++) {
+                    const int32_t g = g0 + (l & (n - 1));
+                    uint32_t word = 0; /* padding groups: zero codes */
+                    for (int32_t f = 0; g < v.ng && f < fields; f++)
+                        word |= unit_codes(src, G, g, (16 * (k * fields + f) + l) >> ln, bits) << (bits * f);
+                    *dst++ = word;
+                }
+            g0 += n;
+        }
+    }
+    w->packed = p;
+    return 0;
+}
+
+// ---- int8: 8 block sums per window of 256 inputs (natural order) ----
 
 /* nb valid bytes from p (<= 0: none); the rest zero. Never reads past them. */
 static inline __m512i load_bytes(const uint8_t *p, int32_t nb) {
@@ -131,13 +212,6 @@ static inline __m256i reduce_4x4(__m512i A, __m512i B) {
     return _mm512_castsi512_si256(_mm512_permutexvar_epi32(idx, s));
 }
 
-/* Block b in lanes 2b, 2b+1 -> (b0 .. b7). */
-static inline __m256i reduce_8x2(__m512i A) {
-    __m512i s = _mm512_add_epi32(A, _mm512_srli_epi64(A, 32));
-    const __m512i idx = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
-    return _mm512_castsi512_si256(_mm512_permutexvar_epi32(idx, s));
-}
-
 /* Blocks 2i, 2i+1 in the two 256-bit halves of V_i (8 partial sums each)
  * -> (b0 .. b7). */
 static inline __m256i reduce_4x8(__m512i V0, __m512i V1, __m512i V2, __m512i V3) {
@@ -148,71 +222,33 @@ static inline __m256i reduce_4x8(__m512i V0, __m512i V1, __m512i V2, __m512i V3)
     return reduce_4x4(A, B);
 }
 
-/* out[r][t] = the 8 block sums of unsigned codes x activations for the
- * window of 256 inputs at input e, of which nv (a multiple of 32) are real. */
+/* out[r][t] = the 8 block sums of unsigned codes (c + 128) x activations
+ * for the window of 256 inputs at input e, of which nv (a multiple of 32)
+ * are real. Only int8 comes here (BITS is 8). */
 static inline __attribute__((always_inline)) void window_sums(
     __m256i out[TILE_MAX_R][TILE_MAX_T], const uint8_t *const *wr, const int8_t *const *xr, int32_t e,
     int32_t nv, const int R, const int TT, const int BITS) {
-    const int32_t nb = nv * BITS / 8;
-    const size_t wo = (size_t)e * BITS / 8;
-    const __m512i zero = _mm512_setzero_si512();
-    if (BITS == 4) {
-        const __m512i m = _mm512_set1_epi8(0x0f);
+    (void)BITS;
+    const int32_t nb = nv; /* bytes: one code each */
+    const __m512i zero = _mm512_setzero_si512(), flip = _mm512_set1_epi8((char)0x80);
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            __m512i W0 = load_bytes(wr[r] + wo, nb), W1 = load_bytes(wr[r] + wo + 64, nb - 64);
-            __m512i lo0 = _mm512_and_si512(W0, m), hi0 = _mm512_and_si512(_mm512_srli_epi16(W0, 4), m);
-            __m512i lo1 = _mm512_and_si512(W1, m), hi1 = _mm512_and_si512(_mm512_srli_epi16(W1, 4), m);
+    for (int r = 0; r < R; r++) {
+        // Masked-off bytes become 128 after the flip; their activations are zero.
+        __m512i U0 = _mm512_xor_si512(load_bytes(wr[r] + e, nb), flip);
+        __m512i U1 = _mm512_xor_si512(load_bytes(wr[r] + e + 64, nb - 64), flip);
+        __m512i U2 = _mm512_xor_si512(load_bytes(wr[r] + e + 128, nb - 128), flip);
+        __m512i U3 = _mm512_xor_si512(load_bytes(wr[r] + e + 192, nb - 192), flip);
 #pragma GCC unroll 4
-            for (int t = 0; t < TT; t++) {
-                const int8_t *xp = xr[t] + e;
-                __m512i A = _mm512_dpbusd_epi32(zero, lo0, _mm512_load_si512((const void *)xp));
-                A = _mm512_dpbusd_epi32(A, hi0, _mm512_load_si512((const void *)(xp + 64)));
-                __m512i B = _mm512_dpbusd_epi32(zero, lo1, _mm512_load_si512((const void *)(xp + 128)));
-                B = _mm512_dpbusd_epi32(B, hi1, _mm512_load_si512((const void *)(xp + 192)));
-                out[r][t] = reduce_4x4(A, B);
-            }
-        }
-    } else if (BITS == 2) {
-        const __m512i m = _mm512_set1_epi8(0x03);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            __m512i W = load_bytes(wr[r] + wo, nb);
-            __m512i p0 = _mm512_and_si512(W, m), p1 = _mm512_and_si512(_mm512_srli_epi16(W, 2), m);
-            __m512i p2 = _mm512_and_si512(_mm512_srli_epi16(W, 4), m), p3 = _mm512_and_si512(_mm512_srli_epi16(W, 6), m);
-#pragma GCC unroll 4
-            for (int t = 0; t < TT; t++) {
-                const int8_t *xp = xr[t] + e;
-                __m512i A = _mm512_dpbusd_epi32(zero, p0, _mm512_load_si512((const void *)xp));
-                A = _mm512_dpbusd_epi32(A, p1, _mm512_load_si512((const void *)(xp + 64)));
-                A = _mm512_dpbusd_epi32(A, p2, _mm512_load_si512((const void *)(xp + 128)));
-                A = _mm512_dpbusd_epi32(A, p3, _mm512_load_si512((const void *)(xp + 192)));
-                out[r][t] = reduce_8x2(A);
-            }
-        }
-    } else {
-        const __m512i flip = _mm512_set1_epi8((char)0x80);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            // Masked-off bytes become 128 after the flip; their activations are zero.
-            __m512i U0 = _mm512_xor_si512(load_bytes(wr[r] + wo, nb), flip);
-            __m512i U1 = _mm512_xor_si512(load_bytes(wr[r] + wo + 64, nb - 64), flip);
-            __m512i U2 = _mm512_xor_si512(load_bytes(wr[r] + wo + 128, nb - 128), flip);
-            __m512i U3 = _mm512_xor_si512(load_bytes(wr[r] + wo + 192, nb - 192), flip);
-#pragma GCC unroll 4
-            for (int t = 0; t < TT; t++) {
-                const int8_t *xp = xr[t] + e;
-                __m512i V0 = _mm512_dpbusd_epi32(zero, U0, _mm512_load_si512((const void *)xp));
-                __m512i V1 = _mm512_dpbusd_epi32(zero, U1, _mm512_load_si512((const void *)(xp + 64)));
-                __m512i V2 = _mm512_dpbusd_epi32(zero, U2, _mm512_load_si512((const void *)(xp + 128)));
-                __m512i V3 = _mm512_dpbusd_epi32(zero, U3, _mm512_load_si512((const void *)(xp + 192)));
-                out[r][t] = reduce_4x8(V0, V1, V2, V3);
-            }
+        for (int t = 0; t < TT; t++) {
+            const int8_t *xp = xr[t] + e;
+            __m512i V0 = _mm512_dpbusd_epi32(zero, U0, _mm512_load_si512((const void *)xp));
+            __m512i V1 = _mm512_dpbusd_epi32(zero, U1, _mm512_load_si512((const void *)(xp + 64)));
+            __m512i V2 = _mm512_dpbusd_epi32(zero, U2, _mm512_load_si512((const void *)(xp + 128)));
+            __m512i V3 = _mm512_dpbusd_epi32(zero, U3, _mm512_load_si512((const void *)(xp + 192)));
+            out[r][t] = reduce_4x8(V0, V1, V2, V3);
         }
     }
 }
-
-// ---- fp32 part: quant_tile.h, shared with quant_avx2.c ----
 
 static inline __m256 load_f16x8(const uint16_t *p, int32_t n) {
     if (n >= 8) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
@@ -222,57 +258,269 @@ static inline __m256 load_f16x8(const uint16_t *p, int32_t n) {
 #define QUANT_INT8_UNSIGNED 1 /* vpdpbusd takes unsigned x signed: int8 codes enter as c + 128 */
 #include "quant_tile.h"
 
-#define TILES(B)                                                                                    \
-    static void tile_r2_t4_b##B(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w,           \
-                                int32_t o, int32_t t0, int32_t add) {                               \
-        tile(y, ldy, a, w, o, t0, 2, 4, B, add);                                                    \
-    }                                                                                               \
-    static void tile_r1_t4_b##B(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w,           \
-                                int32_t o, int32_t t0, int32_t add) {                               \
-        tile(y, ldy, a, w, o, t0, 1, 4, B, add);                                                    \
-    }                                                                                               \
-    static void tile_r4_t1_b##B(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w,           \
-                                int32_t o, int32_t t0, int32_t add) {                               \
-        tile(y, ldy, a, w, o, t0, 4, 1, B, add);                                                    \
-    }                                                                                               \
-    static void tile_r1_t1_b##B(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w,           \
-                                int32_t o, int32_t t0, int32_t add) {                               \
-        tile(y, ldy, a, w, o, t0, 1, 1, B, add);                                                    \
-    }
-TILES(2)
-TILES(4)
-TILES(8)
+// ---- int4 / int2: one group per lane ----
 
-typedef void (*tile_fn)(float *, int32_t, const ls_qact *, const ls_qmat *, int32_t, int32_t, int32_t);
+/* acc + the dot products of u (unsigned) and x (signed) in each lane
+ * (vpdpbusd). As asm, because GCC 12 copies the intrinsic's accumulators
+ * from register to register in the tile's loop, about one move per
+ * vpdpbusd. */
+static inline __m512i dpbusd(__m512i acc, __m512i u, __m512i x) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "vm"(x));
+    return acc;
+}
+
+/* Lanes j, j + n, j + 2n, ... (one group of an n-group window) added into
+ * lane j, j < n. */
+static inline __m512i fold(__m512i s, int32_t n) {
+    if (n <= 8) s = _mm512_add_epi32(s, _mm512_alignr_epi32(s, s, 8));
+    if (n <= 4) s = _mm512_add_epi32(s, _mm512_alignr_epi32(s, s, 4));
+    if (n <= 2) s = _mm512_add_epi32(s, _mm512_alignr_epi32(s, s, 2));
+    if (n <= 1) s = _mm512_add_epi32(s, _mm512_alignr_epi32(s, s, 1));
+    return s;
+}
+
+/* What the tiles over tokens [t0, t0 + TT) read, worked out once per run
+ * of tiles: the compiler cannot keep it in registers across the stores to
+ * y (intrinsic stores may alias anything). */
+typedef struct {
+    windows v;
+    const uint8_t *w;               /* packed rows */
+    const uint16_t *scales, *zeros; /* (rows, ng) */
+    const int8_t *x[LANE_MAX_T];    /* activation rows */
+    const int32_t *qs[LANE_MAX_T];  /* their group sums */
+    const float *d;                 /* their scales */
+} lanes;
+
+/* One window of n groups at group g0 (real of them not padding) for rows
+ * [o, o + R) x the TT tokens: exact group sums, then quant.h's fp32 step
+ * into acc. n is a constant for whole windows of 16 and 8. */
+static inline __attribute__((always_inline)) void lane_window(__m256 acc[LANE_MAX_R][LANE_MAX_T],
+                                                              const lanes *L, int32_t o, int32_t g0,
+                                                              const int32_t n, int32_t real, const int R,
+                                                              const int TT, const int BITS) {
+    const int F = 8 / BITS; /* chunks per 64-byte weight load */
+    const int32_t loads = (int32_t)(((uint32_t)n << L->v.lg) * BITS / 512);
+    const size_t xo = (size_t)g0 << L->v.lg, wo = xo * BITS / 8;
+    const __m512i mask = _mm512_set1_epi8(BITS == 4 ? 0x0f : 0x03);
+    const __mmask16 km = (__mmask16)((1u << real) - 1u);
+    const uint8_t *wr[LANE_MAX_R];
+    __m512i gs[LANE_MAX_R][LANE_MAX_T];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) wr[r] = L->w + (size_t)(o + r) * L->v.rb + wo;
+#pragma GCC unroll 4
+    for (int t = 0; t < TT; t++) {
+        // int4: the unsigned codes carry 8 * sum(x); start from minus that.
+        __m512i init = _mm512_setzero_si512();
+        if (BITS == 4)
+            init = _mm512_sub_epi32(init, _mm512_slli_epi32(_mm512_maskz_loadu_epi32(km, L->qs[t] + g0), 3));
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) gs[r][t] = init;
+    }
+    for (int32_t p = 0; p < loads; p++) {
+        __m512i W[LANE_MAX_R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) W[r] = _mm512_load_si512((const void *)(wr[r] + 64 * p));
+#pragma GCC unroll 4
+        for (int f = 0; f < F; f++) {
+            __m512i X[LANE_MAX_T];
+#pragma GCC unroll 4
+            for (int t = 0; t < TT; t++) X[t] = _mm512_load_si512((const void *)(L->x[t] + xo + 64 * (p * F + f)));
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                __m512i u = _mm512_and_si512(f ? _mm512_srli_epi16(W[r], BITS * f) : W[r], mask);
+#pragma GCC unroll 4
+                for (int t = 0; t < TT; t++) gs[r][t] = dpbusd(gs[r][t], u, X[t]);
+            }
+        }
+    }
+    // Lane j is group g0 + j. Windows of 16 and 8 start at a multiple of 8
+    // groups, so acc[g % 8] += v_g in increasing g is: the low 8 lanes, then
+    // the high 8; or the 8 lanes; a smaller window goes to lanes off ..
+    // off + real - 1.
+    const int32_t off = g0 & 7;
+    __m512 qf[LANE_MAX_T]; /* int2: the group sums of x, as floats */
+#pragma GCC unroll 4
+    for (int t = 0; t < TT && BITS == 2; t++)
+        qf[t] = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(km, L->qs[t] + g0));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        const size_t so = (size_t)(o + r) * (size_t)L->v.ng + (size_t)g0;
+        const __m512 s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(km, L->scales + so));
+        __m512 z = _mm512_setzero_ps();
+        if (BITS == 2) z = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(km, L->zeros + so));
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; t++) {
+            if (n == 8) {
+                // Lanes j and j + 8 hold group j.
+                const __m256i g =
+                    _mm256_add_epi32(_mm512_castsi512_si256(gs[r][t]), _mm512_extracti32x8_epi32(gs[r][t], 1));
+                __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(g), _mm512_castps512_ps256(s));
+                if (BITS == 2)
+                    v = _mm256_add_ps(v, _mm256_mul_ps(_mm512_castps512_ps256(qf[t]), _mm512_castps512_ps256(z)));
+                acc[r][t] = _mm256_mask_add_ps(acc[r][t], (__mmask8)km, acc[r][t], v);
+                continue;
+            }
+            __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(n < 16 ? fold(gs[r][t], n) : gs[r][t]), s);
+            if (BITS == 2) v = _mm512_add_ps(v, _mm512_mul_ps(qf[t], z));
+            if (n == 16) {
+                acc[r][t] = _mm256_add_ps(acc[r][t], _mm512_castps512_ps256(v));
+                acc[r][t] = _mm256_add_ps(acc[r][t], _mm512_extractf32x8_ps(v, 1));
+            } else {
+                const __m256i rot = _mm256_and_si256(
+                    _mm256_sub_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(off)),
+                    _mm256_set1_epi32(7));
+                acc[r][t] = _mm256_mask_add_ps(acc[r][t], (__mmask8)(km << off), acc[r][t],
+                                               _mm256_permutexvar_ps(rot, _mm512_castps512_ps256(v)));
+            }
+        }
+    }
+}
+
+/* lane_sum of A[0] .. A[7] at once, the same additions in the same order:
+ * lanes 0-3 for A[0], A[2], A[4], A[6], lanes 4-7 for A[1], A[3], A[5], A[7]. */
+static inline __m256 lane_sum8(const __m256 A[8]) {
+    __m256 B[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        B[i] = _mm256_add_ps(_mm256_permute2f128_ps(A[2 * i], A[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(A[2 * i], A[2 * i + 1], 0x31));
+    __m256 C01 = _mm256_add_ps(_mm256_shuffle_ps(B[0], B[1], 0x44), _mm256_shuffle_ps(B[0], B[1], 0xEE));
+    __m256 C23 = _mm256_add_ps(_mm256_shuffle_ps(B[2], B[3], 0x44), _mm256_shuffle_ps(B[2], B[3], 0xEE));
+    return _mm256_add_ps(_mm256_shuffle_ps(C01, C23, 0x88), _mm256_shuffle_ps(C01, C23, 0xDD));
+}
+
+/* y[o .. o + 3] (+)= v * d (the final step of quant.h on 4 rows). */
+static inline void store4(float *y, __m128 v, float d, int32_t add) {
+    v = _mm_mul_ps(v, _mm_set1_ps(d));
+    _mm_storeu_ps(y, add ? _mm_add_ps(_mm_loadu_ps(y), v) : v);
+}
+
+/* Rows [o, o + R) x tokens [t0, t0 + TT) of the packed weights. */
+static inline __attribute__((always_inline)) void lane_tile(float *y, int32_t ldy, const lanes *L, int32_t o,
+                                                            int32_t t0, const int R, const int TT,
+                                                            const int BITS, int32_t add) {
+    const int32_t ng = L->v.ng;
+    __m256 acc[LANE_MAX_R][LANE_MAX_T];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; t++) acc[r][t] = _mm256_setzero_ps();
+    int32_t g0 = 0;
+    for (; g0 + 16 <= ng; g0 += 16) lane_window(acc, L, o, g0, 16, 16, R, TT, BITS);
+    if (g0 + 8 <= ng) {
+        lane_window(acc, L, o, g0, 8, 8, R, TT, BITS);
+        g0 += 8;
+    }
+    while (g0 < ng) {
+        const int32_t n = window_groups(ng - g0, L->v.nmin);
+        lane_window(acc, L, o, g0, n, ng - g0 < n ? ng - g0 : n, R, TT, BITS);
+        g0 += n;
+    }
+    float *yr = y + (size_t)t0 * (size_t)ldy + o;
+    if (R == 4 && TT % 2 == 0) {
+        // Two tokens' 4 rows per lane_sum8.
+#pragma GCC unroll 2
+        for (int t = 0; t < TT; t += 2) {
+            const __m256 A[8] = {acc[0][t], acc[0][t + 1], acc[1][t], acc[1][t + 1],
+                                 acc[2][t], acc[2][t + 1], acc[3][t], acc[3][t + 1]};
+            const __m256 s = lane_sum8(A);
+            store4(yr + (size_t)t * (size_t)ldy, _mm256_castps256_ps128(s), L->d[t], add);
+            store4(yr + (size_t)(t + 1) * (size_t)ldy, _mm256_extractf128_ps(s, 1), L->d[t + 1], add);
+        }
+    } else if (R == 8 && TT == 1) {
+        const __m256 A[8] = {acc[0][0], acc[4][0], acc[1][0], acc[5][0],
+                             acc[2][0], acc[6][0], acc[3][0], acc[7][0]};
+        const __m256 s = lane_sum8(A);
+        store4(yr, _mm256_castps256_ps128(s), L->d[0], add);
+        store4(yr + 4, _mm256_extractf128_ps(s, 1), L->d[0], add);
+    } else {
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < TT; t++) {
+                float v = lane_sum(acc[r][t]) * L->d[t];
+                float *yo = yr + (size_t)t * (size_t)ldy + r;
+                *yo = add ? *yo + v : v;
+            }
+    }
+}
+
+/* Tiles of R rows from row o while they fit below o1, tokens [t0, t0 +
+ * TT); the first row not done. */
+static inline __attribute__((always_inline)) int32_t lane_tiles(float *y, int32_t ldy, const ls_qact *a,
+                                                                const ls_qmat *w, int32_t o, int32_t o1,
+                                                                int32_t t0, const int R, const int TT,
+                                                                const int BITS, int32_t add) {
+    lanes L = {windows_of(w->in, w->group, BITS), w->packed, w->scales, w->zeros, {0}, {0}, a->d + t0};
+#pragma GCC unroll 4
+    for (int t = 0; t < TT; t++) {
+        L.x[t] = a->q + (size_t)(t0 + t) * (size_t)a->ld;
+        L.qs[t] = a->qsum + (size_t)(t0 + t) * (size_t)a->gld;
+    }
+    for (; o + R <= o1; o += R) lane_tile(y, ldy, &L, o, t0, R, TT, BITS, add);
+    return o;
+}
+
+/* int8 (quant_tile.h's tile) in the same form. */
+static inline __attribute__((always_inline)) int32_t int8_tiles(float *y, int32_t ldy, const ls_qact *a,
+                                                                const ls_qmat *w, int32_t o, int32_t o1,
+                                                                int32_t t0, const int R, const int TT,
+                                                                const int BITS, int32_t add) {
+    for (; o + R <= o1; o += R) tile(y, ldy, a, w, o, t0, R, TT, BITS, add);
+    return o;
+}
+
+// ---- the row / token loops ----
+
+typedef int32_t (*tiles_fn)(float *, int32_t, const ls_qact *, const ls_qmat *, int32_t, int32_t, int32_t,
+                            int32_t);
+
+#define TILES(KIND, R, TT, B)                                                                       \
+    static int32_t KIND##_r##R##_t##TT##_b##B(float *y, int32_t ldy, const ls_qact *a,              \
+                                              const ls_qmat *w, int32_t o, int32_t o1, int32_t t0,  \
+                                              int32_t add) {                                        \
+        return KIND(y, ldy, a, w, o, o1, t0, R, TT, B, add);                                        \
+    }
+TILES(int8_tiles, 2, 4, 8)
+TILES(int8_tiles, 1, 4, 8)
+TILES(int8_tiles, 4, 1, 8)
+TILES(int8_tiles, 1, 1, 8)
+TILES(lane_tiles, 4, 4, 4)
+TILES(lane_tiles, 1, 4, 4)
+TILES(lane_tiles, 8, 1, 4)
+TILES(lane_tiles, 1, 1, 4)
+TILES(lane_tiles, 4, 4, 2)
+TILES(lane_tiles, 1, 4, 2)
+TILES(lane_tiles, 8, 1, 2)
+TILES(lane_tiles, 1, 1, 2)
+
+/* Tokens in groups of 4 (tiles of r4 rows, then single rows), then one by
+ * one (tiles of r1 rows, then single rows). */
+typedef struct {
+    tiles_fn t4, r1t4, t1, r1t1;
+} kernels;
+
+static const kernels K8 = {int8_tiles_r2_t4_b8, int8_tiles_r1_t4_b8, int8_tiles_r4_t1_b8, int8_tiles_r1_t1_b8};
+static const kernels K4 = {lane_tiles_r4_t4_b4, lane_tiles_r1_t4_b4, lane_tiles_r8_t1_b4, lane_tiles_r1_t1_b4};
+static const kernels K2 = {lane_tiles_r4_t4_b2, lane_tiles_r1_t4_b2, lane_tiles_r8_t1_b2, lane_tiles_r1_t1_b2};
 
 static void matmul_avx512(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w, int32_t o0,
                           int32_t o1, int32_t add) {
-    tile_fn r2t4, r1t4, r4t1, r1t1;
-    if (w->bits == 4) r2t4 = tile_r2_t4_b4, r1t4 = tile_r1_t4_b4, r4t1 = tile_r4_t1_b4, r1t1 = tile_r1_t1_b4;
-    else if (w->bits == 2) r2t4 = tile_r2_t4_b2, r1t4 = tile_r1_t4_b2, r4t1 = tile_r4_t1_b2, r1t1 = tile_r1_t1_b2;
-    else r2t4 = tile_r2_t4_b8, r1t4 = tile_r1_t4_b8, r4t1 = tile_r4_t1_b8, r1t1 = tile_r1_t1_b8;
+    const kernels *k = w->bits == 4 ? &K4 : w->bits == 2 ? &K2 : &K8;
+    const size_t row_bytes = w->bits == 8 ? (size_t)w->in : windows_of(w->in, w->group, w->bits).rb;
     const int32_t T = a->T;
     // Rows in blocks that stay in L2 while every group of 4 tokens passes.
-    int32_t rb = (int32_t)(L2_BLOCK_BYTES / ((size_t)w->in * (size_t)w->bits / 8));
-    rb = rb < 4 ? 4 : rb & ~3;
+    int32_t rb = (int32_t)(L2_BLOCK_BYTES / row_bytes);
+    rb = rb < 8 ? 8 : rb & ~7;
     for (int32_t ob = o0; ob < o1; ob += rb) {
-        int32_t oe = o1 - ob < rb ? o1 : ob + rb;
+        const int32_t oe = o1 - ob < rb ? o1 : ob + rb;
         int32_t t = 0;
-        for (; t + 4 <= T; t += 4) {
-            int32_t o = ob;
-            for (; o + 2 <= oe; o += 2) r2t4(y, ldy, a, w, o, t, add);
-            for (; o < oe; o++) r1t4(y, ldy, a, w, o, t, add);
-        }
-        for (; t < T; t++) {
-            int32_t o = ob;
-            for (; o + 4 <= oe; o += 4) r4t1(y, ldy, a, w, o, t, add);
-            for (; o < oe; o++) r1t1(y, ldy, a, w, o, t, add);
-        }
+        for (; t + 4 <= T; t += 4) k->r1t4(y, ldy, a, w, k->t4(y, ldy, a, w, ob, oe, t, add), oe, t, add);
+        for (; t < T; t++) k->r1t1(y, ldy, a, w, k->t1(y, ldy, a, w, ob, oe, t, add), oe, t, add);
     }
 }
 
 const ls_qops ls_qops_avx512 = {
     .simd = LS_SIMD_AVX512,
+    .pack = pack_avx512,
     .quantize = quantize_avx512,
     .matmul = matmul_avx512,
 };

@@ -144,6 +144,19 @@ const ls_qops *ls_quant_ops_select(int32_t simd) {
     }
 }
 
+void ls_quant_setup(ls_qact *a) {
+    const ls_qops *ops = ls_quant_ops_select(a->simd);
+    for (int32_t i = 0; ops->pack && i < a->n_mats; i++) {
+        if (ops->pack(&a->mats[i]) == 0) continue;
+        for (int32_t k = 0; k < i; k++) {
+            free(a->mats[k].packed);
+            a->mats[k].packed = NULL;
+        }
+        ops = &ls_qops_avx2;
+    }
+    a->ops = ops;
+}
+
 void ls_quant_prepare(const ls_qmat *w, const float *x, int32_t ldx, int32_t T) {
     ls_qact *a = w->act;
     if (T > a->max_T || w->in > a->max_in) {
@@ -152,7 +165,6 @@ void ls_quant_prepare(const ls_qmat *w, const float *x, int32_t ldx, int32_t T) 
                 T, w->in, a->max_T, a->max_in);
         abort();
     }
-    if (!a->ops) a->ops = ls_quant_ops_select(a->simd);
     a->ops->quantize(a, x, ldx, T, w->in, w->group, w->bits);
 }
 

@@ -1,8 +1,9 @@
 /*
- * quant_tile.h — the fp32 part of the int4/int2/int8 matmul tile, shared by
- * quant_avx2.c and quant_avx512.c (included into each, compiled with that
- * file's flags). Both paths turn exact per-group integer sums into the same
- * fp32 accumulation, in the same order, so their results are bit-identical.
+ * quant_tile.h — the fp32 part of the matmul tile over natural-order
+ * windows of 8 blocks: every format in quant_avx2.c, the int8 head in
+ * quant_avx512.c (included into each, compiled with that file's flags).
+ * Both paths turn exact per-group integer sums into the same fp32
+ * accumulation, in the same order, so their results are bit-identical.
  *
  * The including file defines first:
  *   TILE_MAX_R, TILE_MAX_T       largest tile
@@ -39,6 +40,16 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
 
     for (int32_t g0 = 0; g0 < ng; g0 += 8) {
         const int32_t ngc = ng - g0 < 8 ? ng - g0 : 8;
+        if (TT == 1 && BITS == 8) {
+            /* Decode streams the int8 head from memory: ask for this window of
+             * the rows two tiles ahead, more misses in flight than the
+             * hardware prefetcher keeps. A prefetch never faults; the address
+             * is formed as an integer to keep the arithmetic defined. */
+            for (int r = 0; r < R; r++)
+                for (int32_t b = 0; b < ngc * G; b += 64)
+                    _mm_prefetch((const char *)((uintptr_t)wr[r] + 2 * (size_t)R * row_bytes + (size_t)g0 * G + b),
+                                 _MM_HINT_T0);
+        }
         if (m == 1) {
             window_sums(gs, wr, xr, g0 * 32, ngc * 32, R, TT, BITS);
         } else {

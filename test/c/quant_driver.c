@@ -81,8 +81,12 @@ int main(int argc, char **argv) {
     }
 
     ls_qact *act = ls_qact_new(64, in);
-    ls_qmat w = {qw, sc, zr, rows, in, group, bits, act};
-    act->simd = simd;
+    ls_qmat w = {.qweight = qw, .scales = sc, .zeros = zr, .rows = rows, .in = in, .group = group, .bits = bits};
+    if (act) {
+        ls_qact_attach(act, &w, 1);
+        act->simd = simd;
+        ls_quant_setup(act);
+    }
     size_t ny = (size_t)T * (size_t)rows;
     float *y = malloc(ny * sizeof *y), *y1 = malloc(ny * sizeof *y), *y2 = malloc(ny * sizeof *y);
     float *ya = malloc(ny * sizeof *y), *yb = malloc(ny * sizeof *y);

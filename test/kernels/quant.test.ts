@@ -124,7 +124,12 @@ const QUANTIZERS = {
 
 // [rows, cols, group]: odd row counts (tails of every row tile), inputs that
 // are not a multiple of a SIMD window (96, 160), more than 8 groups (the
-// fp32 lane order wraps), and every group size.
+// fp32 lane order wraps), and every group size. The AVX-512 int4/int2
+// layout cuts a row into windows of 16 groups, then 8, 4, 2, 1 (the last
+// padded up to one 64-byte load): 768/32 is 16 + 8, 1216/64 is 16 + 2 + 1,
+// 2176/128 is 16 + 1, 4864/256 is 16 + 2 + 1, 1440/32 is 16 + 16 + 8 and
+// then 4 + 1 padded to 4 (int4) or 5 padded to 8 (int2). Tokens 1 to 9
+// cover every remainder of the token tiles.
 const SHAPES: [number, number, number][] = [
   [7, 96, 32],
   [33, 160, 32],
@@ -133,6 +138,11 @@ const SHAPES: [number, number, number][] = [
   [6, 384, 128],
   [3, 768, 256],
   [1, 32, 32],
+  [13, 768, 32],
+  [19, 1440, 32],
+  [10, 1216, 64],
+  [5, 2176, 128],
+  [6, 4864, 256],
 ];
 
 describe("quantized matmul kernels", () => {
@@ -140,7 +150,7 @@ describe("quantized matmul kernels", () => {
     test(`${fmt}: portable kernel equals dequantize-then-multiply on odd shapes; every path bit-identical`, () => {
       let seed = 1;
       for (const [rows, cols, group] of SHAPES) {
-        for (const T of [1, 5, 13]) {
+        for (const T of [1, 2, 3, 4, 5, 6, 7, 8, 9, 13]) {
           const q = quantize(weights(rows, cols, seed), rows, cols, group);
           const x = activations(T, cols, seed++);
           const deq = dequantize(q);
