@@ -8,12 +8,12 @@
 // only then is a read past the end of the file reported.
 import { mkdtempSync, readdirSync } from "node:fs";
 import { basename, join, resolve } from "node:path";
-import { simdFlags } from "../../build.ts";
+import { C_FLAGS, simdFlags } from "../../build.ts";
 import { testTempDir } from "./models.ts";
 
 const ROOT = resolve(import.meta.dir, "../..");
 const KERNELS = join(ROOT, "kernels");
-const FLAGS = ["-std=c11", "-O1", "-g", "-pthread", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-DLS_LOAD_TO_HEAP"];
+const FLAGS = [...C_FLAGS, "-O1", "-g", "-pthread", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-DLS_LOAD_TO_HEAP"];
 
 export const SANITIZER_ENV = {
   ...process.env,

@@ -8,7 +8,7 @@
 import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { simdFlags } from "../../build.ts";
+import { C_FLAGS, simdFlags } from "../../build.ts";
 import type { QuantMatrix } from "../../src/model/format.ts";
 import { dequantize, quantizedMatvec, quantizeInt2, quantizeInt4, quantizeInt8 } from "../../src/model/quantize.ts";
 import { testTempDir } from "../helpers/models.ts";
@@ -34,7 +34,7 @@ async function compile(args: string[]): Promise<void> {
 // half-written binary).
 async function buildDriver(): Promise<void> {
   const objDir = mkdtempSync(join(testTempDir(), "quant-obj-"));
-  const flags = ["-std=c11", "-O1", "-g", "-pthread", "-fsanitize=address,undefined", "-fno-omit-frame-pointer"];
+  const flags = [...C_FLAGS, "-O1", "-g", "-pthread", "-fsanitize=address,undefined", "-fno-omit-frame-pointer"];
   const sources = ["quant_portable.c", "quant_avx2.c", "quant_avx512.c", "util.c"].map((f) => join(KERNELS, f));
   sources.push(join(ROOT, "test", "c", "quant_driver.c"));
   const objects = sources.map((_, i) => join(objDir, `${i}.o`));
