@@ -21,12 +21,16 @@
 // steps from an empty cache, for both engines. Prefill is one call of 512
 // tokens (loopserve) and llama-bench's pp512 (one batch of 512).
 //
-// A pair measured while other processes used more than a quarter of a core
-// is measured again (up to --retries times) and the quietest attempt kept;
-// the "others" column says how busy the machine was for the one shown.
+// Each point is measured in --rounds pairs (loopserve and llama-bench
+// alternately, the order swapped every pair): a shared machine's speed
+// drifts by tens of percent over minutes, so a ratio is the median of the
+// per-pair ratios, each taken from two runs seconds apart, and tokens/s are
+// medians too. A pair measured while other processes used more than a
+// quarter of a core is measured again (up to --retries times) and the
+// quietest attempt kept; the "others" column is the busiest pair's load.
 //
 // options: --threads 1,2  --loops 1,4,8,16  --formats fp16,int4,int2
-//          --repeats 3  --retries 2  --no-equivalence  --no-wait  --quick
+//          --rounds 3  --repeats 2  --retries 2  --no-equivalence  --no-wait  --quick
 //          --spec-ahead 4,8 (tokens drafted per cycle)  --no-speculative
 import { existsSync, mkdirSync } from "node:fs";
 import { basename, join } from "node:path";
@@ -59,6 +63,7 @@ interface Options {
   loops: number[];
   formats: Format[];
   repeats: number;
+  rounds: number;
   prefill: number;
   decode: number;
   equivalence: boolean;
@@ -80,7 +85,8 @@ function parseOptions(argv: string[]): Options {
     threads: [1, 2],
     loops: [1, 4, 8, 16],
     formats: ["fp16", "int4", "int2"],
-    repeats: 3,
+    repeats: 2,
+    rounds: 3,
     prefill: 512,
     decode: 128,
     equivalence: true,
@@ -101,6 +107,7 @@ function parseOptions(argv: string[]): Options {
     if (a === "--threads") o.threads = list(argv[++i], a);
     else if (a === "--loops") o.loops = list(argv[++i], a);
     else if (a === "--repeats") o.repeats = list(argv[++i], a)[0];
+    else if (a === "--rounds") o.rounds = list(argv[++i], a)[0];
     else if (a === "--retries") o.retries = Number(argv[++i]);
     else if (a === "--formats") {
       const fs = (argv[++i] ?? "").split(",");
@@ -112,7 +119,7 @@ function parseOptions(argv: string[]): Options {
     else if (a === "--no-wait") o.wait = false;
     else if (a === "--quick") {
       o.loops = [1, 8];
-      o.repeats = 2;
+      o.rounds = 2;
     } else throw new PeerBenchError(`unknown option ${a} (see the header of bench/peer.ts)`);
   }
   return o;
@@ -216,6 +223,16 @@ function measureLoopserve(model: NativeModel, loops: number, o: Options): Measur
   }
   const cpuS = ownCpuS() - c0;
   return { ppTokS: median(pp), tgTokS: median(tg), cpuS, othersCores: meter.othersCores(cpuS) };
+}
+
+/** Rounds of one engine's measurement: median tokens/s, total CPU time, the busiest round's load. */
+function mergeRounds(rs: Measured[]): Measured {
+  return {
+    ppTokS: median(rs.map((r) => r.ppTokS)),
+    tgTokS: median(rs.map((r) => r.tgTokS)),
+    cpuS: rs.reduce((a, r) => a + r.cpuS, 0),
+    othersCores: Math.max(...rs.map((r) => r.othersCores || 0)),
+  };
 }
 
 interface SpecMeasured {
@@ -435,8 +452,10 @@ async function main(): Promise<number> {
     loops: number;
     simd: string;
     attempts: number;
-    ls: Measured & { quietBefore: number };
-    ll: Measured & { bytes: number; quietBefore: number };
+    ls: Measured;
+    ll: Measured & { bytes: number };
+    ppX: number; // median over rounds of loopserve / llama.cpp
+    tgX: number;
   }[] = [];
   let turn = 0;
   for (const m of models) {
@@ -447,12 +466,12 @@ async function main(): Promise<number> {
         const gguf = m.gguf.get(loops)!;
         log(`${m.format}/${LLAMA_TYPE[m.format]} threads ${threads} loops ${loops}`);
         const doLs = async () => {
-          const quiet = o.wait ? await waitForQuiet(10) : NaN;
-          return { ...measureLoopserve(model, loops, o), quietBefore: quiet };
+          if (o.wait) await waitForQuiet(10);
+          return measureLoopserve(model, loops, o);
         };
         const doLl = async () => {
-          const quiet = o.wait ? await waitForQuiet(10) : NaN;
-          return { ...measureLlama(tools, gguf, threads, o), quietBefore: quiet };
+          if (o.wait) await waitForQuiet(10);
+          return measureLlama(tools, gguf, threads, o);
         };
         const pair = async () => {
           if (turn++ % 2 === 0) {
@@ -463,16 +482,30 @@ async function main(): Promise<number> {
           return { ls: await doLs(), ll: b };
         };
         const load = (p: Awaited<ReturnType<typeof pair>>) => Math.max(p.ls.othersCores, p.ll.othersCores) || 0;
-        let best = await pair();
-        let attempts = 1;
-        while (load(best) > CONTENDED && attempts <= o.retries) {
-          log(`  others used ${load(best).toFixed(2)} cores: measuring again`);
-          const next = await pair();
+        const pairs: Awaited<ReturnType<typeof pair>>[] = [];
+        let attempts = 0;
+        for (let round = 0; round < o.rounds; round++) {
+          let best = await pair();
           attempts++;
-          if (load(next) < load(best)) best = next;
+          for (let retry = 0; load(best) > CONTENDED && retry < o.retries; retry++) {
+            log(`  others used ${load(best).toFixed(2)} cores: measuring again`);
+            const next = await pair();
+            attempts++;
+            if (load(next) < load(best)) best = next;
+          }
+          pairs.push(best);
         }
-        const { ls, ll } = best;
-        measured.push({ m, threads, loops, simd, attempts, ls, ll });
+        measured.push({
+          m,
+          threads,
+          loops,
+          simd,
+          attempts,
+          ls: mergeRounds(pairs.map((p) => p.ls)),
+          ll: { ...mergeRounds(pairs.map((p) => p.ll)), bytes: pairs[0].ll.bytes },
+          ppX: median(pairs.map((p) => p.ls.ppTokS / p.ll.ppTokS)),
+          tgX: median(pairs.map((p) => p.ls.tgTokS / p.ll.tgTokS)),
+        });
       }
       model.close();
     }
@@ -491,7 +524,7 @@ async function main(): Promise<number> {
 
   const rows: Row[] = [];
   const raw: Record<string, unknown>[] = [];
-  for (const { m, threads, loops, simd, attempts, ls, ll } of measured) {
+  for (const { m, threads, loops, simd, attempts, ls, ll, ppX, tgX } of measured) {
     const dram = probe.r.dramGBps[threads];
     const cacheBw = probe.cacheBandwidth(m.cost.blockBytes, threads);
     const peak = m.format === "fp16" ? probe.r.fmaGflops[threads] : probe.r.vnniGops?.[threads] ?? NaN;
@@ -508,10 +541,10 @@ async function main(): Promise<number> {
       loops,
       "ls pp t/s": ls.ppTokS,
       "llama pp t/s": ll.ppTokS,
-      "pp x": ls.ppTokS / ll.ppTokS,
+      "pp x": ppX,
       "ls tg t/s": ls.tgTokS,
       "llama tg t/s": ll.tgTokS,
-      "tg x": ls.tgTokS / ll.tgTokS,
+      "tg x": tgX,
       "ls tg %bnd": 100 * ls.tgTokS * lsBound,
       "llama tg %bnd": 100 * ll.tgTokS * llBound,
       "ls pp %peak": (100 * lsPpGflops) / peak,
@@ -527,6 +560,7 @@ async function main(): Promise<number> {
       attempts,
       loopserve: ls,
       llama: ll,
+      ratios: { prefill: ppX, decode: tgX },
       bounds: {
         loopserveDecodeTokS: 1 / lsBound,
         llamaDecodeTokS: 1 / llBound,
@@ -577,14 +611,13 @@ async function main(): Promise<number> {
   // ---- targets ----
   const targets: Row[] = [];
   for (const r of raw.filter((r) => r.threads === 2 && r.loops === 8)) {
-    const ls = r.loopserve as Measured;
-    const ll = r.llama as Measured;
+    const x = r.ratios as { prefill: number; decode: number };
     targets.push({
       format: `${r.format}/${r.llamaType}`,
-      "decode x (>= 1.5)": ls.tgTokS / ll.tgTokS,
-      decode: ls.tgTokS / ll.tgTokS >= 1.5 ? "met" : "MISSED",
-      "prefill x (>= 1.0)": ls.ppTokS / ll.ppTokS,
-      prefill: ls.ppTokS / ll.ppTokS >= 1.0 ? "met" : "MISSED",
+      "decode x (>= 1.5)": x.decode,
+      decode: x.decode >= 1.5 ? "met" : "MISSED",
+      "prefill x (>= 1.0)": x.prefill,
+      prefill: x.prefill >= 1.0 ? "met" : "MISSED",
     });
   }
   printTable("issue 8 targets at 2 threads, loops 8", targets);
@@ -606,11 +639,22 @@ async function main(): Promise<number> {
       const model = NativeModel.load(LIBRARY, path, threads, "auto");
       for (const ahead of o.specAhead) {
         log(`speculative ${format}/${LLAMA_TYPE[format]} threads ${threads} draft ${SPEC_DRAFT_LOOPS}/${loops} ahead ${ahead}`);
-        if (o.wait) await waitForQuiet(10);
-        const ls = measureSpeculative(model, loops, ahead, o);
-        if (o.wait) await waitForQuiet(10);
-        const ll = measureLlama(tools, gguf, threads, o);
-        const x = ls.specTokS / ll.tgTokS;
+        const rounds: { ls: SpecMeasured; ll: Measured }[] = [];
+        for (let round = 0; round < o.rounds; round++) {
+          if (o.wait) await waitForQuiet(10);
+          const ls = measureSpeculative(model, loops, ahead, o);
+          if (o.wait) await waitForQuiet(10);
+          rounds.push({ ls, ll: measureLlama(tools, gguf, threads, o) });
+        }
+        const ls = {
+          plainTokS: median(rounds.map((r) => r.ls.plainTokS)),
+          specTokS: median(rounds.map((r) => r.ls.specTokS)),
+          perCycle: median(rounds.map((r) => r.ls.perCycle)),
+          exact: rounds.every((r) => r.ls.exact),
+          othersCores: Math.max(...rounds.map((r) => Math.max(r.ls.othersCores, r.ll.othersCores) || 0)),
+        };
+        const llTg = median(rounds.map((r) => r.ll.tgTokS));
+        const x = median(rounds.map((r) => r.ls.specTokS / r.ll.tgTokS));
         specRows.push({
           format: `${format}/${LLAMA_TYPE[format]}`,
           thr: threads,
@@ -620,11 +664,11 @@ async function main(): Promise<number> {
           "ls spec t/s": ls.specTokS,
           "tokens/cycle": ls.perCycle,
           "spec/plain": ls.specTokS / ls.plainTokS,
-          "llama tg t/s": ll.tgTokS,
+          "llama tg t/s": llTg,
           "spec/llama x": x,
           "target >= 2.5": x >= 2.5 ? "met" : "MISSED",
           "bit-exact": ls.exact ? "yes" : "NO",
-          "others (cores)": Math.max(ls.othersCores, ll.othersCores),
+          "others (cores)": ls.othersCores,
         });
       }
       model.close();
