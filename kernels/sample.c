@@ -192,16 +192,23 @@ int32_t ls_sample(const float *logits, int32_t vocab, const int32_t *history, in
 
     if (temperature == 0.0f && !penalize) {
         // Greedy without penalty needs no copy. NaN never compares greater,
-        // so it is skipped like -inf.
-        int32_t best = 0;
-        float bv = -INFINITY;
-        for (size_t i = 0; i < V; i++) {
-            if (logits[i] > bv) {
-                bv = logits[i];
-                best = (int32_t)i;
-            }
-        }
-        return bv == -INFINITY ? LS_ERR_ARG : best;
+        // so it is skipped like -inf. Eight interleaved running maxima (each
+        // keeps its first index) instead of one: no chain of dependent
+        // compares through the whole vocabulary; the lowest index wins a tie.
+        enum { LANES = 8 };
+        float bv[LANES];
+        size_t bi[LANES];
+        for (int l = 0; l < LANES; l++) bv[l] = -INFINITY, bi[l] = 0;
+        size_t i = 0;
+        for (; i + LANES <= V; i += LANES)
+            for (int l = 0; l < LANES; l++)
+                if (logits[i + l] > bv[l]) bv[l] = logits[i + l], bi[l] = i + l;
+        for (; i < V; i++)
+            if (logits[i] > bv[i % LANES]) bv[i % LANES] = logits[i], bi[i % LANES] = i;
+        int best = 0;
+        for (int l = 1; l < LANES; l++)
+            if (bv[l] > bv[best] || (bv[l] == bv[best] && bv[l] != -INFINITY && bi[l] < bi[best])) best = l;
+        return bv[best] == -INFINITY ? LS_ERR_ARG : (int32_t)bi[best];
     }
 
     const size_t k = (top_k == 0 || top_k >= vocab) ? V : (size_t)top_k;

@@ -564,6 +564,25 @@ static int cmd_sample_check(void) {
         int32_t id = ls_sample(nans, 4, NULL, 0, 1, 0, 1, 1, 3, c);
         CHECK(id == 1 || id == 3, "NaN drawn: %d", id);
     }
+    // Vocabularies past one block of the argmax's interleaved maxima: ties
+    // across its lanes and the tail, NaN and infinities, against the first
+    // index of the maximum found one by one.
+    {
+        float v[67];
+        uint64_t z = 12345;
+        for (int trial = 0; trial < 2000; trial++) {
+            int32_t n = 1 + trial % 67, want = -1;
+            for (int32_t i = 0; i < n; i++) {
+                z = z * 6364136223846793005ULL + 1442695040888963407ULL;
+                uint32_t r = (uint32_t)(z >> 33) % 9;
+                v[i] = r == 0 ? NAN : r == 1 ? -INFINITY : r == 2 && trial % 5 == 0 ? INFINITY : (float)(r % 4);
+            }
+            for (int32_t i = 0; i < n; i++)
+                if (v[i] == v[i] && v[i] != -INFINITY && (want < 0 || v[i] > v[want])) want = i;
+            int32_t got = ls_sample(v, n, NULL, 0, 0, 0, 1, 1, 0, 0);
+            CHECK(got == (want < 0 ? LS_ERR_ARG : want), "greedy over %d: %d, expected %d", n, got, want);
+        }
+    }
     const float allnan[3] = {NAN, NAN, NAN};
     CHECK(ls_sample(allnan, 3, NULL, 0, 0, 0, 1, 1, 0, 0) == LS_ERR_ARG, "all NaN greedy");
     CHECK(ls_sample(allnan, 3, NULL, 0, 1, 0, 1, 1, 0, 0) == LS_ERR_ARG, "all NaN sampled");
