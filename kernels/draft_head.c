@@ -199,9 +199,14 @@ static void head_row(const ls_model *m, int32_t r, float *f) {
     for (int32_t i = 0; i < dim; i++) f[i] = (float)c[i] * ls_f16_to_f32(s[i / q->group]);
 }
 
-/* The level (u - 1.5) nearest to t = w / s, u in 0..3 (NaN -> -0.5). */
-static inline float level(float t) {
-    return t >= 1.0f ? 1.5f : t >= 0.0f ? 0.5f : t < -1.0f ? -1.5f : -0.5f;
+/* The code u in 0..3 whose level u - 1.5 is nearest to t = w / s (NaN ->
+ * 0). Branch-free: the codes of random weights defeat a branch predictor,
+ * and this runs for every weight of the head. */
+static inline int32_t code_of(float t) {
+    float c = t + 2.0f;
+    c = c > 0.0f ? c : 0.0f;
+    c = c < 3.5f ? c : 3.5f;
+    return (int32_t)c;
 }
 
 static void build_task(void *ctx, int32_t task, int32_t thread) {
@@ -220,7 +225,7 @@ static void build_task(void *ctx, int32_t task, int32_t thread) {
         for (int it = 0; it < 2 && s > 0.0f; it++) {
             float inv = 1.0f / s, num = 0.0f, den = 0.0f;
             for (int32_t i = 0; i < dim; i++) {
-                float l = level(f[i] * inv);
+                float l = (float)code_of(f[i] * inv) - 1.5f;
                 num += l * f[i];
                 den += l * l;
             }
@@ -229,7 +234,7 @@ static void build_task(void *ctx, int32_t task, int32_t thread) {
         float inv = s > 0.0f ? 1.0f / s : 0.0f;
         uint8_t *row = d->codes + (size_t)r * d->ldb;
         for (int32_t i = 0; i < d->ld; i++) {
-            int32_t u = i < dim && s > 0.0f ? (int32_t)(level(f[i] * inv) + 1.5f) : 1;
+            int32_t u = i < dim && s > 0.0f ? code_of(f[i] * inv) : 1;
             row[i / 256 * 64 + i % 64] |= (uint8_t)(u << (2 * (i % 256 / 64)));
         }
         s *= 0.5f;

@@ -168,8 +168,9 @@ static inline void ls_rank_insert(const float *v, int32_t id, int32_t *best, int
 
 typedef struct ls_draft_head ls_draft_head;
 
-/* Builds the int4 draft head from the model's output head on first use
- * (a few tens of ms); LS_ERR_NOMEM on failure. */
+/* Builds the 2-bit draft head from the model's output head on first use
+ * (about 0.15 s for the GPT-2 vocabulary at dim 768, 2 threads);
+ * LS_ERR_NOMEM on failure. */
 int32_t ls_draft_head_build(ls_model *m);
 /* Frees it (called by ls_runtime_free). */
 void ls_draft_head_free(ls_runtime *rt);
