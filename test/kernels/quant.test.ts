@@ -4,7 +4,8 @@
 // (dequantize, quantize the activations as the kernels do, multiply in
 // double precision), every SIMD path bit-identical to the portable one, and
 // the driver's own batch-invariance checks (one token per call, uneven row
-// ranges, add mode) on every case.
+// ranges, add mode) on every case. Every format of a path must run the
+// kernels its int4 probe ran (no silent fallback, e.g. a failed pack).
 import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
@@ -49,6 +50,8 @@ async function buildDriver(): Promise<void> {
 }
 
 let paths: (keyof typeof SIMD)[] = [];
+/** The kernels the driver reports for each path (set by the probe). */
+const kernels: Partial<Record<keyof typeof SIMD, string>> = {};
 
 beforeAll(async () => {
   await buildDriver();
@@ -112,6 +115,11 @@ function runCase(q: QuantMatrix, x: Float32Array, T: number, simd: keyof typeof 
   if (r.exitCode !== 0 || /Sanitizer|runtime error/.test(r.stderr.toString())) {
     throw new Error(`driver exit ${r.exitCode} (${simd}, bits ${q.bits}, ${q.rows}x${q.cols}, T ${T}):\n${out}${r.stderr}`);
   }
+  const ran = out.trim().split(" ")[1]; // "ok <kernels>"
+  kernels[simd] ??= ran;
+  if (ran !== kernels[simd]) {
+    throw new Error(`${simd}, bits ${q.bits}: ran ${ran} kernels, the probe ran ${kernels[simd]}`);
+  }
   const bytes = readFileSync(outPath);
   return new Float32Array(bytes.buffer, bytes.byteOffset, T * q.rows);
 }
@@ -124,12 +132,12 @@ const QUANTIZERS = {
 
 // [rows, cols, group]: odd row counts (tails of every row tile), inputs that
 // are not a multiple of a SIMD window (96, 160), more than 8 groups (the
-// fp32 lane order wraps), and every group size. The AVX-512 int4/int2
-// layout cuts a row into windows of 16 groups, then 8, 4, 2, 1 (the last
-// padded up to one 64-byte load): 768/32 is 16 + 8, 1216/64 is 16 + 2 + 1,
-// 2176/128 is 16 + 1, 4864/256 is 16 + 2 + 1, 1440/32 is 16 + 16 + 8 and
-// then 4 + 1 padded to 4 (int4) or 5 padded to 8 (int2). Tokens 1 to 9
-// cover every remainder of the token tiles.
+// fp32 lane order wraps), and every group size. The AVX-512 layout cuts a
+// row into windows of 16 groups, then 8, 4, 2, 1 (the last padded up to one
+// 64-byte load): 768/32 is 16 + 8, 1216/64 is 16 + 2 + 1, 2176/128 is
+// 16 + 1, 4864/256 is 16 + 2 + 1, 1440/32 is 16 + 16 + 8 and then 4 + 1
+// padded to 2 (int8), 4 (int4) or 8 (int2); 96/32 (int8: 2 + 1 padded to 2)
+// and 160/32 pad too. Tokens 1 to 9 cover every remainder of the token tiles.
 const SHAPES: [number, number, number][] = [
   [7, 96, 32],
   [33, 160, 32],
