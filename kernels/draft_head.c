@@ -16,6 +16,7 @@
  * by the same fp32 steps, so the proposal does not depend on the SIMD path
  * or the thread count:
  *   x8 = rne(xn * 127 / max|xn|), clamped to [-127, 127], NaN -> 0
+ *        (quant.h's activation rule: ls_quant_rows, the whole row one group)
  *   w ~= (u - 1.5) * s, u in 0..3, s fitted per row by least squares
  *   score(row) = ((float)(2 * sum u * x8 - 3 * sum x8) * (s / 2)) * xs
  *
@@ -47,9 +48,7 @@ struct ls_draft_head {
     int32_t path;     /* PATH_* for this CPU and SIMD choice */
     /* the last ls_draft_head_coarse call's activations */
     float *xn;        /* (dim) rmsnorm(h) */
-    int8_t *x8;       /* (ld) codes, zero padded */
-    int32_t x8_sum;
-    float xs;         /* x ~= xs * x8 */
+    ls_qact *act;     /* its int8 codes q (zero padded to ld), scale d[0], sum qsum[0] */
     int32_t *isum;    /* (vocab) integer dot products */
     int32_t best[MAX_TASKS * LS_DRAFT_BEST], have[MAX_TASKS]; /* score tasks' best ids */
 };
@@ -62,7 +61,7 @@ static void rows_portable(const ls_draft_head *d, int32_t r0, int32_t r1) {
         int32_t acc = 0;
         for (int32_t b = 0; b < d->ldb; b += 64)
             for (int32_t f = 0; f < 4; f++)
-                for (int32_t j = 0; j < 64; j++) acc += (int32_t)((w[b + j] >> (2 * f)) & 3) * d->x8[4 * b + 64 * f + j];
+                for (int32_t j = 0; j < 64; j++) acc += (int32_t)((w[b + j] >> (2 * f)) & 3) * d->act->q[4 * b + 64 * f + j];
         d->isum[r] = acc;
     }
 }
@@ -74,7 +73,7 @@ __attribute__((target("avx2"))) static void rows_avx2(const ls_draft_head *d, in
         __m256i acc = _mm256_setzero_si256();
         for (int32_t b = 0; b < d->ldb; b += 32) {
             /* bytes [b, b + 32) of the 64-byte block at b0: inputs 4*b0 + (b - b0) + 64f */
-            const int8_t *x = d->x8 + 4 * (b & ~63) + (b & 63);
+            const int8_t *x = d->act->q + 4 * (b & ~63) + (b & 63);
             __m256i W = _mm256_loadu_si256((const __m256i *)(w + b));
             /* codes <= 3, |x8| <= 127: no pair sum saturates */
             __m256i p = _mm256_maddubs_epi16(_mm256_and_si256(W, m), _mm256_loadu_si256((const __m256i *)x));
@@ -130,7 +129,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void rows_vnni(con
             __m512i W3 = _mm512_loadu_si512((const void *)(w + 3 * (size_t)ldb + b));
 #pragma GCC unroll 4
             for (int f = 0; f < 4; f++) {
-                __m512i x = _mm512_loadu_si512((const void *)(d->x8 + 4 * b + 64 * f));
+                __m512i x = _mm512_loadu_si512((const void *)(d->act->q + 4 * b + 64 * f));
                 a0 = _mm512_dpbusd_epi32(a0, FIELD(W0, f), x);
                 a1 = _mm512_dpbusd_epi32(a1, FIELD(W1, f), x);
                 a2 = _mm512_dpbusd_epi32(a2, FIELD(W2, f), x);
@@ -146,7 +145,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void rows_vnni(con
             __m512i W = _mm512_loadu_si512((const void *)(w + b));
 #pragma GCC unroll 4
             for (int f = 0; f < 4; f++)
-                a = _mm512_dpbusd_epi32(a, FIELD(W, f), _mm512_loadu_si512((const void *)(d->x8 + 4 * b + 64 * f)));
+                a = _mm512_dpbusd_epi32(a, FIELD(W, f), _mm512_loadu_si512((const void *)(d->act->q + 4 * b + 64 * f)));
         }
         d->isum[r] = _mm512_reduce_add_epi32(a);
     }
@@ -167,10 +166,11 @@ static void score_task(void *ctx, int32_t task, int32_t thread) {
     if (d->path == PATH_VNNI) rows_vnni(d, r0, r1);
     else if (d->path == PATH_AVX2) rows_avx2(d, r0, r1);
     else rows_portable(d, r0, r1);
-    const int32_t offset = 3 * d->x8_sum;
+    const int32_t offset = 3 * d->act->qsum[0];
+    const float xs = d->act->d[0];
     int32_t *best = j->best + (size_t)task * j->n_best, have = 0;
     for (int32_t r = r0; r < r1; r++) {
-        float v = ((float)(2 * d->isum[r] - offset) * d->scale[r]) * d->xs;
+        float v = ((float)(2 * d->isum[r] - offset) * d->scale[r]) * xs;
         j->logits[r] = v == v ? v : -INFINITY;
         ls_rank_insert(j->logits, r, best, &have, j->n_best);
     }
@@ -248,7 +248,7 @@ void ls_draft_head_free(ls_runtime *rt) {
     free(d->codes);
     free(d->scale);
     free(d->xn);
-    free(d->x8);
+    ls_qact_free(d->act);
     free(d->isum);
     free(d);
     rt->draft = NULL;
@@ -261,15 +261,22 @@ int32_t ls_draft_head_build(ls_model *m) {
     ls_draft_head *d = calloc(1, sizeof *d);
     if (!d) return LS_ERR_NOMEM;
     rt->draft = d;
-    d->ld = (dim + 255) / 256 * 256;
+    /* the codes' rows are as long as the activations' (dim rounded up to
+     * LS_QACT_PAD), which the 256-input blocks of the layout need */
+    _Static_assert(LS_QACT_PAD % 256 == 0, "2-bit code blocks span 256 inputs");
+    d->act = ls_qact_new(1, dim);
+    if (!d->act) {
+        ls_draft_head_free(rt);
+        return LS_ERR_NOMEM;
+    }
+    d->ld = d->act->ld;
     d->ldb = d->ld / 4;
     d->codes = calloc((size_t)V * (size_t)d->ldb, 1); /* fields are OR-ed in */
     d->scale = malloc((size_t)V * sizeof(float));
     d->xn = malloc((size_t)dim * sizeof(float));
-    d->x8 = calloc((size_t)d->ld, 1);
     d->isum = malloc((size_t)V * sizeof(int32_t));
     float *buf = malloc((size_t)rt->n_threads * (size_t)dim * sizeof(float));
-    if (!d->codes || !d->scale || !d->xn || !d->x8 || !d->isum || !buf) {
+    if (!d->codes || !d->scale || !d->xn || !d->isum || !buf) {
         free(buf);
         ls_draft_head_free(rt);
         return LS_ERR_NOMEM;
@@ -292,18 +299,7 @@ int32_t ls_draft_head_coarse(ls_model *m, const float *h, float *logits, int32_t
     int32_t dim = m->info.dim, V = m->info.vocab_size;
     if (n > LS_DRAFT_BEST) n = LS_DRAFT_BEST;
     rt->ops->rmsnorm(d->xn, h, rt->norm, dim, m->info.norm_eps);
-    float amax = 0.0f;
-    for (int32_t i = 0; i < dim; i++) amax = fabsf(d->xn[i]) > amax ? fabsf(d->xn[i]) : amax;
-    float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    d->xs = amax / 127.0f;
-    d->x8_sum = 0;
-    for (int32_t i = 0; i < dim; i++) {
-        float v = d->xn[i] * inv;
-        long c = v == v ? lrintf(v) : 0; /* NaN -> 0 */
-        c = c > 127 ? 127 : c < -127 ? -127 : c;
-        d->x8[i] = (int8_t)c;
-        d->x8_sum += (int32_t)c;
-    }
+    ls_quant_rows(d->act, d->xn, dim, 1, dim, dim, 8, 0, 1);
     int32_t tasks = rt->n_threads * 8 < MAX_TASKS ? rt->n_threads * 8 : MAX_TASKS;
     int32_t rpt = (V + tasks - 1) / tasks;
     rpt = rpt < 64 ? 64 : (rpt + 3) & ~3;
