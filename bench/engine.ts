@@ -5,16 +5,12 @@ import { join } from "node:path";
 import { formatProfile, NativeModel, type SimdChoice } from "../src/engine/binding.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "../src/engine/library.ts";
 import { ReferenceModel } from "../src/model/reference.ts";
-import { benchModel } from "./models.ts";
+import { benchModel, promptOf } from "./models.ts";
 import { median, printTable, type Row } from "./report.ts";
 
 /** The kernel library of this checkout, or the one embedded in the executable. */
 export function kernelLibrary(buildDir = join(import.meta.dir, "..", "build")): string {
   return resolveKernelLibrary(buildDir, CPU_LIBRARY_NAME, cacheDirCandidates());
-}
-
-function promptOf(n: number, vocab: number): Int32Array {
-  return Int32Array.from({ length: n }, (_, i) => (i * 7919 + 13) % vocab);
 }
 
 export interface EngineBenchOptions {

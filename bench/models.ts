@@ -16,6 +16,11 @@ export const BENCH_SHAPE: SyntheticOptions = {
   maxSeqLen: 4096,
 };
 
+/** A deterministic prompt of n token ids, spread over the vocabulary. */
+export function promptOf(n: number, vocab: number): Int32Array {
+  return Int32Array.from({ length: n }, (_, i) => (i * 7919 + 13) % vocab);
+}
+
 export async function benchModel(opts: Partial<SyntheticOptions> = {}): Promise<string> {
   const o = { ...BENCH_SHAPE, ...opts };
   const dir = join(tmpdir(), "loopserve-bench");

@@ -40,7 +40,8 @@ import { type ModelConfig, parseModelConfig } from "../src/model/format.ts";
 import { exportGguf } from "../src/model/gguf.ts";
 import { readSafetensors } from "../src/model/safetensors.ts";
 import { Tokenizer } from "../src/tokenizer.ts";
-import { BENCH_SHAPE, benchModel } from "./models.ts";
+import { BENCH_SHAPE, benchModel, promptOf } from "./models.ts";
+import { greedyDecode } from "./speculative.ts";
 import { BUNDLE, cacheDir, fresh, llamaBench, llamaGreedy, llamaQuantize, type LlamaTools, llamaTools } from "./peer/llama.ts";
 import {
   ggufDecodeBytes,
@@ -175,10 +176,6 @@ function ggufFor(tools: LlamaTools, fp16: string, loops: number, format: Format)
 
 // ---- loopserve measurement ----
 
-function promptOf(n: number, vocab: number): Int32Array {
-  return Int32Array.from({ length: n }, (_, i) => (i * 7919 + 13) % vocab);
-}
-
 interface Measured {
   ppTokS: number;
   tgTokS: number;
@@ -248,52 +245,30 @@ interface SpecMeasured {
 const AGREEING_SCALE = 0.01;
 const SPEC_DRAFT_LOOPS = 1;
 
-const SPEC_PROMPT = 32;
-
-/** Greedy decode of n tokens after a SPEC_PROMPT-token prompt (prefill not timed, as in bench/speculative.ts):
- * plain steps, or self-speculative cycles drafting `ahead` tokens. */
-function greedyRun(model: NativeModel, loops: number, n: number, ahead: number): { tokens: number[]; tokS: number; cycles: number } {
-  const s = model.newSession(SPEC_PROMPT + n + ahead + 1, loops, 0);
-  const out = new Int32Array(ahead + 1);
-  const stats = { drafted: 0, accepted: 0 };
-  let cycles = 0;
-  const tokens = [s.step(promptOf(SPEC_PROMPT, model.info.vocabSize), loops, 0, 0, 1, 1, 0n)];
-  const t = performance.now();
-  while (tokens.length <= n) {
-    const last = tokens[tokens.length - 1];
-    if (ahead === 0) {
-      tokens.push(s.step(Int32Array.of(last), loops, 0, 0, 1, 1, 0n));
-      continue;
-    }
-    const p = { draftLoops: SPEC_DRAFT_LOOPS, verifyLoops: loops, draftAhead: ahead, kBranches: 1, maxNew: n + 1 - tokens.length };
-    const got = s.specCycle(last, { ...p, temperature: 0, topK: 0, topP: 1, repetitionPenalty: 1, seed: 0, leafMinProb: 0 }, out, stats);
-    tokens.push(...out.subarray(0, got));
-    cycles++;
-  }
-  const tokS = (n * 1000) / (performance.now() - t);
-  s.close();
-  return { tokens, tokS, cycles };
-}
+const SPEC_PROMPT = 32; // tokens before the timed decode, as in bench/speculative.ts
 
 /** Plain and speculative runs interleaved repeat by repeat; medians, and whether every speculative run equals plain decoding. */
 function measureSpeculative(model: NativeModel, loops: number, ahead: number, o: Options): SpecMeasured {
   const meter = new LoadMeter();
   const c0 = ownCpuS();
-  greedyRun(model, loops, 8, ahead); // warm-up: pages in the weights, builds the draft head
+  const prompt = promptOf(SPEC_PROMPT, model.info.vocabSize);
+  const spec = { D: SPEC_DRAFT_LOOPS, k: ahead, K: 1 };
+  greedyDecode(model, prompt, loops, 8, spec); // warm-up: pages in the weights, builds the draft head
   const plain: number[] = [];
-  const spec: number[] = [];
+  const fast: number[] = [];
   let exact = true;
   let perCycle = 0;
   for (let r = 0; r < o.repeats; r++) {
-    const a = greedyRun(model, loops, o.decode, 0);
-    const b = greedyRun(model, loops, o.decode, ahead);
-    plain.push(a.tokS);
-    spec.push(b.tokS);
+    // o.decode timed tokens after the prompt's own
+    const a = greedyDecode(model, prompt, loops, o.decode + 1, null);
+    const b = greedyDecode(model, prompt, loops, o.decode + 1, spec);
+    plain.push(a.tokensPerSecond);
+    fast.push(b.tokensPerSecond);
     exact &&= a.tokens.length === b.tokens.length && a.tokens.every((x, i) => x === b.tokens[i]);
-    perCycle = (b.tokens.length - 1) / b.cycles; /* tokens after the prompt's own */
+    perCycle = b.perCycle;
   }
   const cpuS = ownCpuS() - c0;
-  return { plainTokS: median(plain), specTokS: median(spec), perCycle, exact, cpuS, othersCores: meter.othersCores(cpuS) };
+  return { plainTokS: median(plain), specTokS: median(fast), perCycle, exact, cpuS, othersCores: meter.othersCores(cpuS) };
 }
 
 function measureLlama(tools: LlamaTools, gguf: string, threads: number, o: Options): Measured & { bytes: number } {

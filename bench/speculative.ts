@@ -11,7 +11,7 @@
 //   bun bench/speculative.ts            the full table (a few minutes on 2 cores)
 import { NativeModel, type NativeSession } from "../src/engine/binding.ts";
 import { kernelLibrary } from "./engine.ts";
-import { benchModel } from "./models.ts";
+import { benchModel, promptOf } from "./models.ts";
 import { median, printTable, type Row } from "./report.ts";
 
 export interface SpeculativeBenchOptions {
@@ -29,18 +29,14 @@ export interface SpeculativeBenchOptions {
   library?: string;
 }
 
-interface Run {
+export interface Run {
   tokens: number[];
   tokensPerSecond: number;
   perCycle: number;
 }
 
-function promptOf(n: number, vocab: number): Int32Array {
-  return Int32Array.from({ length: n }, (_, i) => (i * 7919 + 13) % vocab);
-}
-
 /** Greedy decoding of n tokens after the prompt; the clock runs from the first token on (prefill excluded). */
-function decode(m: NativeModel, prompt: Int32Array, V: number, n: number, spec: { D: number; k: number; K: number; leaf?: number } | null): Run {
+export function greedyDecode(m: NativeModel, prompt: Int32Array, V: number, n: number, spec: { D: number; k: number; K: number; leaf?: number } | null): Run {
   const session: NativeSession = m.newSession(prompt.length + n + 65, V, 0);
   try {
     const tokens = [session.step(prompt, V, 0, 0, 1, 1, 0n)];
@@ -105,7 +101,7 @@ export async function measureSpeculative(o: SpeculativeBenchOptions = {}): Promi
     const m = NativeModel.load(o.library ?? kernelLibrary(), path, threads, "auto");
     try {
       const prompt = promptOf(o.promptTokens ?? 32, m.info.vocabSize);
-      decode(m, prompt, 2, 8, { D: 1, k: 2, K: 1 }); // builds the int8 draft head once
+      greedyDecode(m, prompt, 2, 8, { D: 1, k: 2, K: 1 }); // builds the int8 draft head once
       for (const V of Vs) {
         for (const D of Ds.filter((d) => d <= V)) {
           // Plain, chain and tree interleaved, repeat by repeat: a shared
@@ -115,10 +111,10 @@ export async function measureSpeculative(o: SpeculativeBenchOptions = {}): Promi
           const tree: Run[] = [];
           const pruned: Run[] = [];
           for (let r = 0; r < repeats; r++) {
-            plain.push(decode(m, prompt, V, n, null));
-            chain.push(decode(m, prompt, V, n, { D, k, K: 1 }));
-            tree.push(decode(m, prompt, V, n, { D, k: tk, K }));
-            pruned.push(decode(m, prompt, V, n, { D, k: tk, K, leaf }));
+            plain.push(greedyDecode(m, prompt, V, n, null));
+            chain.push(greedyDecode(m, prompt, V, n, { D, k, K: 1 }));
+            tree.push(greedyDecode(m, prompt, V, n, { D, k: tk, K }));
+            pruned.push(greedyDecode(m, prompt, V, n, { D, k: tk, K, leaf }));
           }
           const exact = [...chain, ...tree, ...pruned].every((r) => same(r.tokens, plain[0].tokens));
           const tps = (runs: Run[]) => median(runs.map((r) => r.tokensPerSecond));
