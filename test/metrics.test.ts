@@ -1,40 +1,22 @@
 import { describe, expect, test } from "bun:test";
 import { LATENCY_BUCKETS_MS, ServiceMetrics } from "../src/metrics.ts";
-import { parsePrometheusText, sampleValue } from "./scheduler/prom_text.ts";
+import { parsePrometheusText, sampleValue, SPEC_SERIES, SPECULATIVE_SERIES } from "./scheduler/prom_text.ts";
 
 // SPEC.md section 4, /metrics, plus the speculative-decoding counters.
-const SPEC_SERIES: Record<string, "gauge" | "counter" | "histogram"> = {
-  service_max_seq_len: "gauge",
-  service_default_loops: "gauge",
-  service_up_timestamp_seconds: "gauge",
-  service_queue_depth: "gauge",
-  service_requests_in_flight: "gauge",
-  service_requests_submitted_total: "counter",
-  service_requests_rejected_total: "counter",
-  service_requests_completed_total: "counter",
-  service_requests_errored_total: "counter",
-  service_requests_cancelled_total: "counter",
-  service_prefix_pool_hits_total: "counter",
-  service_spec_draft_tokens_total: "counter",
-  service_spec_accepted_tokens_total: "counter",
-  service_queue_wait_ms: "histogram",
-  service_dispatch_ms: "histogram",
-  service_first_token_ms: "histogram",
-  service_request_wall_ms: "histogram",
-};
+const SERVICE_SERIES = { ...SPEC_SERIES, ...SPECULATIVE_SERIES };
 
 describe("metrics", () => {
   test("exposition parses as Prometheus text with exactly SPEC.md's service_ series, names and types", async () => {
     const m = new ServiceMetrics({ maxSeqLen: 2048, defaultLoops: 8, upTimestampSeconds: 1_700_000_000 });
     const families = parsePrometheusText(await m.metricsText());
     const service = [...families.values()].filter((f) => f.name.startsWith("service_"));
-    expect(Object.fromEntries(service.map((f) => [f.name, f.type]))).toEqual(SPEC_SERIES);
+    expect(Object.fromEntries(service.map((f) => [f.name, f.type]))).toEqual(SERVICE_SERIES);
     for (const f of service) expect(f.help?.length ?? 0).toBeGreaterThan(0);
     expect(sampleValue(families, "service_max_seq_len")).toBe(2048);
     expect(sampleValue(families, "service_default_loops")).toBe(8);
     expect(sampleValue(families, "service_up_timestamp_seconds")).toBe(1_700_000_000);
     // Counters and gauges show 0 before anything happens (not absent).
-    for (const [name, type] of Object.entries(SPEC_SERIES))
+    for (const [name, type] of Object.entries(SERVICE_SERIES))
       if (type !== "histogram") expect(Number.isFinite(sampleValue(families, name))).toBe(true);
     // Counter names are exposed exactly as declared: no doubled suffix.
     expect(families.has("service_requests_submitted_total_total")).toBe(false);

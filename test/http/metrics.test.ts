@@ -3,7 +3,7 @@
 // with their types, and its counters, gauges and histograms follow what
 // requests do: complete, error, get rejected or cancelled.
 import { afterAll, afterEach, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import type { Family } from "../scheduler/prom_text.ts";
+import { type Family, SPEC_SERIES, SPECULATIVE_SERIES } from "../scheduler/prom_text.ts";
 import {
   cancelOpenStreams,
   expect503,
@@ -29,29 +29,6 @@ import { startServer, type TestServer } from "../helpers/server.ts";
 setDefaultTimeout(60_000);
 afterEach(cancelOpenStreams);
 
-// SPEC.md §4, /metrics table: every series, by kind.
-const SPEC_SERIES: Record<string, "gauge" | "counter" | "histogram"> = {
-  service_max_seq_len: "gauge",
-  service_default_loops: "gauge",
-  service_up_timestamp_seconds: "gauge",
-  service_queue_depth: "gauge",
-  service_requests_in_flight: "gauge",
-  service_requests_submitted_total: "counter",
-  service_requests_rejected_total: "counter",
-  service_requests_completed_total: "counter",
-  service_requests_errored_total: "counter",
-  service_requests_cancelled_total: "counter",
-  service_prefix_pool_hits_total: "counter",
-  service_queue_wait_ms: "histogram",
-  service_dispatch_ms: "histogram",
-  service_first_token_ms: "histogram",
-  service_request_wall_ms: "histogram",
-};
-// Beyond SPEC.md: the speculative-decoding token counters (src/metrics.ts).
-const EXTRA_SERVICE_SERIES: Record<string, "counter"> = {
-  service_spec_draft_tokens_total: "counter",
-  service_spec_accepted_tokens_total: "counter",
-};
 const HISTOGRAMS = Object.keys(SPEC_SERIES).filter((n) => SPEC_SERIES[n] === "histogram");
 
 const MAX_SEQ_LEN = 8192;
@@ -78,7 +55,7 @@ function expectSpecFamilies(families: Map<string, Family>): void {
   }
   // No other service_ series than SPEC.md's and the documented extras; no doubled _total.
   const service = [...families.values()].filter((f) => f.name.startsWith("service_"));
-  expect(Object.fromEntries(service.map((f) => [f.name, f.type]))).toEqual({ ...SPEC_SERIES, ...EXTRA_SERVICE_SERIES });
+  expect(Object.fromEntries(service.map((f) => [f.name, f.type]))).toEqual({ ...SPEC_SERIES, ...SPECULATIVE_SERIES });
 }
 
 describe("/metrics with a model loaded", () => {

@@ -136,3 +136,27 @@ export function sampleValue(families: Map<string, Family>, sampleName: string): 
   if (!s) throw new Error(`no sample ${sampleName}`);
   return s.value;
 }
+
+// SPEC.md §4, /metrics table: every series, by kind.
+export const SPEC_SERIES: Record<string, "gauge" | "counter" | "histogram"> = {
+  service_max_seq_len: "gauge",
+  service_default_loops: "gauge",
+  service_up_timestamp_seconds: "gauge",
+  service_queue_depth: "gauge",
+  service_requests_in_flight: "gauge",
+  service_requests_submitted_total: "counter",
+  service_requests_rejected_total: "counter",
+  service_requests_completed_total: "counter",
+  service_requests_errored_total: "counter",
+  service_requests_cancelled_total: "counter",
+  service_prefix_pool_hits_total: "counter",
+  service_queue_wait_ms: "histogram",
+  service_dispatch_ms: "histogram",
+  service_first_token_ms: "histogram",
+  service_request_wall_ms: "histogram",
+};
+// Beyond SPEC.md: the speculative-decoding token counters (src/metrics.ts).
+export const SPECULATIVE_SERIES: Record<string, "counter"> = {
+  service_spec_draft_tokens_total: "counter",
+  service_spec_accepted_tokens_total: "counter",
+};
