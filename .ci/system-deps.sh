@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# System packages the deployment tests need (test/deploy/*):
-#   nginx            the load-balancer example (deploy/nginx.conf) is run for real
-#   systemd          systemd-analyze, to verify deploy/*.service
+# System packages the tests need:
+#   nginx            the load-balancer example (deploy/nginx.conf) is run for real (test/deploy)
+#   systemd          systemd-analyze, to verify deploy/*.service (test/deploy)
+#   python3-torch, python3-numpy, python3-tqdm, libopenblas0-pthread
+#                    the PyTorch package (torch/) and its equivalence with the kernels (test/torch);
+#                    OpenBLAS replaces the reference BLAS torch would otherwise use
+#   bible-kjv        the training text (torch/loopserve_torch/data.py)
 # Idempotent and quick: apt is not touched when every tool is already there.
 # Needs root (or sudo) only when something is missing. Never starts a service:
 # Debian's nginx package would otherwise try to start one on port 80.
@@ -10,9 +14,12 @@ set -euo pipefail
 need=()
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+/usr/bin/python3 -c 'import torch, numpy, tqdm' >/dev/null 2>&1 || need+=(python3-torch python3-numpy python3-tqdm)
+[ -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ] || need+=(libopenblas0-pthread)
+command -v bible >/dev/null 2>&1 || need+=(bible-kjv)
 
 if [ ${#need[@]} -eq 0 ]; then
-  echo "system-deps: nginx and systemd-analyze already present"
+  echo "system-deps: everything already present"
   exit 0
 fi
 

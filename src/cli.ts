@@ -10,6 +10,7 @@ usage:
   loopserve model inspect FILE              print a model file's header
   loopserve model quantize IN OUT --quant int4|int2   quantize an fp16/bf16/fp32 model
   loopserve model export-gguf IN OUT [--loops N]      write the unrolled model as a Llama GGUF
+  loopserve tokenize IN OUT [--eot]         write a text file's GPT-2 token ids (uint16) for training
   loopserve bench [--model FILE]            prefill and decode tokens/s of this build
   loopserve --version                       print the version
   loopserve COMMAND --help                  help for one command
@@ -23,6 +24,8 @@ export async function main(argv: string[]): Promise<number> {
       return (await import("./serve.ts")).runServe(rest);
     case "model":
       return (await import("./model/cli.ts")).runModelCommand(rest);
+    case "tokenize":
+      return (await import("./data/tokenize.ts")).runTokenizeCommand(rest);
     case "bench":
       return (await import("./bench.ts")).runBench(rest);
     case "--version":

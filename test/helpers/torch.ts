@@ -1,0 +1,30 @@
+// Runs the PyTorch package (torch/loopserve_torch) from tests: Debian's
+// interpreter, which holds python3-torch and python3-numpy (a `python3`
+// earlier on PATH may be another one without them).
+import { resolve } from "node:path";
+
+export const PYTHON = "/usr/bin/python3";
+const TORCH_DIR = resolve(import.meta.dir, "../../torch");
+
+/** Runs `python3 -m loopserve_torch.<module> ...args`; returns stdout, throws with stderr on failure. */
+export function runTorchModule(module: string, args: string[]): string {
+  const r = Bun.spawnSync([PYTHON, "-m", `loopserve_torch.${module}`, ...args], {
+    cwd: TORCH_DIR,
+    env: { ...process.env, OMP_NUM_THREADS: "1" },
+    stdout: "pipe",
+    stderr: "pipe",
+  });
+  if (r.exitCode !== 0) {
+    throw new Error(`loopserve_torch.${module} ${args.join(" ")} exited ${r.exitCode}:\n${r.stderr.toString()}`);
+  }
+  return r.stdout.toString();
+}
+
+/** Per depth: logits of every prompt position and greedy continuation tokens. */
+export type TorchDepthResult = { logits: number[][]; greedy: number[] };
+
+export function torchLogits(model: string, tokens: number[], loops: number[], greedy: number): Record<string, TorchDepthResult> {
+  return JSON.parse(
+    runTorchModule("crosscheck", ["logits", model, "--tokens", tokens.join(","), "--loops", loops.join(","), "--greedy", String(greedy)]),
+  );
+}

@@ -1,0 +1,134 @@
+"""The PyTorch half of the PyTorch <-> loopserve equivalence checks.
+
+    python3 -m loopserve_torch.crosscheck make OUT [--seed N] [--dim N] ...
+        builds a LoopedLlama with random weights, saves it with `save`, loads
+        it back with `load` and fails unless every tensor comes back equal to
+        the saved fp16 values; prints {"path", "tensors", "max_roundtrip_diff"}.
+
+    python3 -m loopserve_torch.crosscheck logits MODEL --tokens 1,2,3 --loops 1,4,8 [--greedy N]
+        loads MODEL (any loopserve fp16 file) and prints, per depth, the logits
+        of every prompt position and N greedy tokens (lowest id on ties), with
+        K and V rounded to fp16 as loopserve's cache holds them.
+
+    python3 -m loopserve_torch.crosscheck head
+        checks that training's out-of-text softmax (train.OutOfTextHead) is the
+        full-vocabulary loss of the model it exports; prints both losses.
+
+The other half (test/torch/equivalence.test.ts) serves the same files with
+the kernels and compares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+import torch
+
+from .model import LoopedConfig, LoopedLlama
+from .safetensors_io import load, model_tensors, save
+
+
+def random_model(c: LoopedConfig, seed: int) -> LoopedLlama:
+    """Weights large enough that logits spread and greedy choices are far from
+    ties: embeddings ~N(0, 1) (a tied head then gives logits of std ~sqrt(dim)),
+    projections ~N(0, 1/fan_in), an untied head ~N(0, 9/dim), norms near 1."""
+    model = LoopedLlama(c)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.05 * torch.randn(p.shape, generator=g))
+            elif name == "tok_embeddings.weight":
+                p.copy_(torch.randn(p.shape, generator=g))
+            elif name == "output.weight":  # logits of std ~3, as a tied head's are larger still
+                p.copy_(torch.randn(p.shape, generator=g) * (3 / math.sqrt(p.shape[1])))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+    return model.eval()
+
+
+@torch.no_grad()
+def depth_logits(model: LoopedLlama, tokens: list[int], loops: int, greedy: int) -> dict:
+    x = torch.tensor([tokens])
+    logits = model(x, loops, kv_fp16=True)[0]
+    seq = list(tokens)
+    out: list[int] = []
+    for _ in range(greedy):  # recomputed from scratch each step: simple, and exact
+        last = model(torch.tensor([seq]), loops, kv_fp16=True)[0, -1]
+        nxt = int(torch.argmax(last).item())  # first maximum: lowest id on ties
+        out.append(nxt)
+        seq.append(nxt)
+    return {"logits": logits.tolist(), "greedy": out}
+
+
+@torch.no_grad()
+def check_out_of_text_head() -> int:
+    from .train import OutOfTextHead  # noqa: PLC0415 (train pulls in tqdm; only this check needs it)
+
+    c = LoopedConfig(dim=32, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab_size=500, default_loops=3)
+    model = random_model(c, 5)
+    g = torch.Generator().manual_seed(6)
+    seen = torch.randperm(500, generator=g)[:120].sort().values
+    head = OutOfTextHead(model, seen.numpy())
+    head.other.copy_(torch.randn(32, generator=g))
+    x = seen[torch.randint(0, 120, (2, 24), generator=g)]
+    y = torch.randint(0, 500, (2, 24), generator=g)  # targets seen and unseen
+    restricted = head.loss(model, x, y, 2).item()
+    exported = head.export_embedding(model)
+    full = torch.nn.functional.cross_entropy(exported(x, 2).reshape(-1, 500), y.reshape(-1)).item()
+    print(json.dumps({"restricted": restricted, "full": full}))
+    return 0 if abs(restricted - full) < 1e-4 * abs(full) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    mk = sub.add_parser("make")
+    mk.add_argument("out")
+    mk.add_argument("--seed", type=int, default=1)
+    mk.add_argument("--dim", type=int, default=64)
+    mk.add_argument("--heads", type=int, default=4)
+    mk.add_argument("--kv-heads", type=int, default=2)
+    mk.add_argument("--ffn", type=int, default=192)
+    mk.add_argument("--vocab", type=int, default=1000)
+    mk.add_argument("--loops", type=int, default=8)
+    mk.add_argument("--untied", action="store_true")
+    mk.add_argument("--bf16", action="store_true", help="hold the weights in bf16 before saving")
+    lg = sub.add_parser("logits")
+    lg.add_argument("model")
+    lg.add_argument("--tokens", required=True)
+    lg.add_argument("--loops", default="1,4,8")
+    lg.add_argument("--greedy", type=int, default=0)
+    sub.add_parser("head")
+    a = ap.parse_args(argv)
+
+    if a.cmd == "head":
+        return check_out_of_text_head()
+
+    if a.cmd == "make":
+        c = LoopedConfig(dim=a.dim, n_heads=a.heads, n_kv_heads=a.kv_heads, ffn_dim=a.ffn, vocab_size=a.vocab,
+                         default_loops=a.loops, max_seq_len=256, tied_output=not a.untied)
+        model = random_model(c, a.seed)
+        if a.bf16:
+            model = model.to(torch.bfloat16)
+        save(model, a.out, {"description": "random weights from loopserve_torch.crosscheck"})
+        back = load(a.out)
+        worst = 0.0
+        for (name, saved), (_, loaded) in zip(model_tensors(model), model_tensors(back)):
+            want = saved.detach().float().half().float()
+            worst = max(worst, (want - loaded).abs().max().item())
+        print(json.dumps({"path": a.out, "tensors": len(model_tensors(model)), "max_roundtrip_diff": worst}))
+        return 0 if worst == 0.0 else 1
+
+    model = load(a.model)
+    tokens = [int(t) for t in a.tokens.split(",")]
+    depths = [int(d) for d in a.loops.split(",")]
+    json.dump({str(d): depth_logits(model, tokens, d, a.greedy) for d in depths}, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""loopserve model files (.safetensors) from and to PyTorch, without the
+safetensors package: an 8-byte little-endian header length, a JSON header
+(tensor name -> dtype, shape, data_offsets; "__metadata__" -> strings), then
+the raw little-endian tensor data. Each tensor starts 8-byte aligned, as
+loopserve's own writer places them (the kernels map the file and read fp16
+in place).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+
+import numpy as np
+import torch
+
+from .model import LoopedConfig, LoopedLlama
+
+FORMAT_NAME = "loopserve"
+FORMAT_VERSION = "1"
+ARCH = "looped-llama"
+TOKENIZER = "gpt2"
+
+# safetensors dtype name -> numpy dtype (bf16 read as raw uint16 then widened;
+# U8/I8 hold quantized codes, which `load` refuses by the metadata)
+_NP_DTYPES = {"F16": np.float16, "F32": np.float32, "BF16": np.uint16, "U8": np.uint8, "I8": np.int8}
+
+BLOCK_TENSORS = ["attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w1", "w2", "w3"]
+
+
+class ModelFileError(ValueError):
+    """A file that is not a loopserve fp16 model; the message names the field or tensor."""
+
+
+def config_metadata(c: LoopedConfig) -> dict[str, str]:
+    """The metadata loopserve requires, every value a string."""
+    return {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "arch": ARCH,
+        "dim": str(c.dim),
+        "n_heads": str(c.n_heads),
+        "n_kv_heads": str(c.n_kv_heads),
+        "ffn_dim": str(c.ffn_dim),
+        "vocab_size": str(c.vocab_size),
+        "default_loops": str(c.default_loops),
+        "max_seq_len": str(c.max_seq_len),
+        "rope_theta": repr(float(c.rope_theta)),
+        "norm_eps": repr(float(c.norm_eps)),
+        "quant": "fp16",
+        "group_size": "0",
+        "tokenizer": TOKENIZER,
+    }
+
+
+def model_tensors(model: LoopedLlama) -> list[tuple[str, torch.Tensor]]:
+    """(file name, tensor) in the order loopserve's writer uses."""
+    b = model.block
+    out = [("tok_embeddings.weight", model.tok_embeddings.weight)]
+    out += [(f"block.{n}.weight", getattr(b, n).weight) for n in BLOCK_TENSORS]
+    out.append(("norm.weight", model.norm.weight))
+    if model.output is not None:
+        out.append(("output.weight", model.output.weight))
+    return out
+
+
+def _to_fp16(name: str, t: torch.Tensor) -> np.ndarray:
+    """fp32/bf16/fp16 -> fp16 bytes; refuses what fp16 cannot hold."""
+    x = t.detach().to(torch.float32).cpu()
+    if not torch.isfinite(x).all():
+        raise ModelFileError(f"tensor {name!r} has non-finite values")
+    if x.abs().max().item() > 65504.0:
+        raise ModelFileError(f"tensor {name!r} has values beyond fp16's range (|x| > 65504)")
+    return x.numpy().astype("<f2")
+
+
+def save(model: LoopedLlama, path: str, metadata: dict[str, str] | None = None) -> int:
+    """Writes `model` as a loopserve fp16 model file; returns its size in bytes.
+
+    `metadata` adds keys (e.g. "description", "training_tokens"); it cannot
+    change the keys that describe the architecture. The file is written to a
+    temporary beside `path` and renamed into place, so a server that has the
+    old file mapped keeps a valid mapping.
+    """
+    meta = config_metadata(model.config)
+    for k, v in (metadata or {}).items():
+        if k in meta and meta[k] != v:
+            raise ModelFileError(f"metadata key {k!r} is set from the model config ({meta[k]!r}), got {v!r}")
+        meta[k] = str(v)
+    header: dict[str, object] = {"__metadata__": meta}
+    blobs: list[tuple[int, bytes]] = []
+    offset = 0
+    for name, t in model_tensors(model):
+        data = _to_fp16(name, t).tobytes()
+        begin = (offset + 7) // 8 * 8
+        header[name] = {"dtype": "F16", "shape": list(t.shape), "data_offsets": [begin, begin + len(data)]}
+        blobs.append((begin, data))
+        offset = begin + len(data)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * ((-len(head)) % 8)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(struct.pack("<Q", len(head)))
+            f.write(head)
+            pos = 0
+            for begin, data in blobs:
+                f.write(b"\0" * (begin - pos))
+                f.write(data)
+                pos = begin + len(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return os.path.getsize(path)
+
+
+def read_safetensors(path: str) -> tuple[dict[str, str], dict[str, np.ndarray]]:
+    """(metadata, name -> array) of any safetensors file with F16/BF16/F32 tensors."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 8:
+        raise ModelFileError(f"{path}: {len(raw)} bytes, too short for a safetensors header")
+    (n,) = struct.unpack("<Q", raw[:8])
+    if n > len(raw) - 8:
+        raise ModelFileError(f"{path}: header length {n} runs past the end of the file ({len(raw)} bytes)")
+    try:
+        header = json.loads(raw[8 : 8 + n])
+    except ValueError as e:
+        raise ModelFileError(f"{path}: header is not JSON: {e}") from None
+    meta = header.pop("__metadata__", {}) or {}
+    data = memoryview(raw)[8 + n :]
+    tensors: dict[str, np.ndarray] = {}
+    for name, spec in header.items():
+        dtype = spec.get("dtype")
+        if dtype not in _NP_DTYPES:
+            raise ModelFileError(f"{path}: tensor {name!r}: dtype {dtype} (this reader takes F16, BF16, F32, U8, I8)")
+        begin, end = spec["data_offsets"]
+        shape = [int(d) for d in spec["shape"]]
+        count = int(np.prod(shape)) if shape else 1
+        size = np.dtype(_NP_DTYPES[dtype]).itemsize
+        if end - begin != count * size or end > len(data):
+            raise ModelFileError(f"{path}: tensor {name!r}: data_offsets [{begin}, {end}] do not fit {dtype} {shape}")
+        arr = np.frombuffer(data[begin:end], dtype=np.dtype(_NP_DTYPES[dtype]).newbyteorder("<")).reshape(shape)
+        if dtype == "BF16":  # bf16 is the top half of an fp32
+            arr = (arr.astype(np.uint32) << 16).view(np.float32)
+        tensors[name] = arr
+    return meta, tensors
+
+
+def _int(meta: dict[str, str], key: str, path: str) -> int:
+    if key not in meta:
+        raise ModelFileError(f"{path}: metadata: missing required key {key!r}")
+    try:
+        return int(meta[key])
+    except ValueError:
+        raise ModelFileError(f"{path}: metadata: {key} must be a decimal integer, got {meta[key]!r}") from None
+
+
+def load(path: str) -> LoopedLlama:
+    """Reads a loopserve fp16 model file into a float32 LoopedLlama (eval mode)."""
+    meta, tensors = read_safetensors(path)
+    for key, want in (("format", FORMAT_NAME), ("arch", ARCH), ("tokenizer", TOKENIZER)):
+        if meta.get(key) != want:
+            raise ModelFileError(f"{path}: metadata: {key} must be {want!r}, got {meta.get(key)!r}")
+    if meta.get("quant", "fp16") != "fp16":
+        raise ModelFileError(f"{path}: metadata: quant {meta['quant']!r}: this loader reads fp16 models")
+    c = LoopedConfig(
+        dim=_int(meta, "dim", path),
+        n_heads=_int(meta, "n_heads", path),
+        n_kv_heads=_int(meta, "n_kv_heads", path),
+        ffn_dim=_int(meta, "ffn_dim", path),
+        vocab_size=_int(meta, "vocab_size", path),
+        default_loops=_int(meta, "default_loops", path),
+        max_seq_len=_int(meta, "max_seq_len", path),
+        rope_theta=float(meta.get("rope_theta", "10000")),
+        norm_eps=float(meta.get("norm_eps", "1e-5")),
+        tied_output="output.weight" not in tensors,
+    )
+    model = LoopedLlama(c)
+    with torch.no_grad():
+        for name, param in model_tensors(model):
+            if name not in tensors:
+                raise ModelFileError(f"{path}: missing tensor {name!r}")
+            arr = tensors[name]
+            if list(arr.shape) != list(param.shape):
+                raise ModelFileError(f"{path}: tensor {name!r}: shape must be {list(param.shape)}, got {list(arr.shape)}")
+            param.copy_(torch.from_numpy(arr.astype(np.float32)))
+    return model.eval()
