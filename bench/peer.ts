@@ -41,7 +41,7 @@ import { exportGguf } from "../src/model/gguf.ts";
 import { readSafetensors } from "../src/model/safetensors.ts";
 import { Tokenizer } from "../src/tokenizer.ts";
 import { BENCH_SHAPE, benchModel, promptOf } from "./models.ts";
-import { greedyDecode } from "./speculative.ts";
+import { decode } from "./speculative.ts";
 import { BUNDLE, cacheDir, fresh, llamaBench, llamaGreedy, llamaQuantize, type LlamaTools, llamaTools } from "./peer/llama.ts";
 import {
   ggufDecodeBytes,
@@ -253,15 +253,15 @@ function measureSpeculative(model: NativeModel, loops: number, ahead: number, o:
   const c0 = ownCpuS();
   const prompt = promptOf(SPEC_PROMPT, model.info.vocabSize);
   const spec = { D: SPEC_DRAFT_LOOPS, k: ahead, K: 1 };
-  greedyDecode(model, prompt, loops, 8, spec); // warm-up: pages in the weights, builds the draft head
+  decode(model, prompt, loops, 8, spec); // warm-up: pages in the weights, builds the draft head
   const plain: number[] = [];
   const fast: number[] = [];
   let exact = true;
   let perCycle = 0;
   for (let r = 0; r < o.repeats; r++) {
     // o.decode timed tokens after the prompt's own
-    const a = greedyDecode(model, prompt, loops, o.decode + 1, null);
-    const b = greedyDecode(model, prompt, loops, o.decode + 1, spec);
+    const a = decode(model, prompt, loops, o.decode + 1, null);
+    const b = decode(model, prompt, loops, o.decode + 1, spec);
     plain.push(a.tokensPerSecond);
     fast.push(b.tokensPerSecond);
     exact &&= a.tokens.length === b.tokens.length && a.tokens.every((x, i) => x === b.tokens[i]);

@@ -1,12 +1,13 @@
 // `bun run bench`: every benchmark section, printed as tables and written as
 // JSON (bench/results/bench.json). Sections can be picked by name:
-//   bun bench/run.ts engine quant kv speculative binary
+//   bun bench/run.ts engine quant kv quality speculative binary
 // Figures are quoted as ratios measured side by side in one run: the
 // machines are shared and absolute tokens/s move from run to run.
 import { measureBinary } from "./binary.ts";
 import { measureEngine, measureReferenceRatio } from "./engine.ts";
 import { measureKv } from "./kv.ts";
 import { benchModel } from "./models.ts";
+import { measureQuality, QUALITY_TITLES } from "./quality.ts";
 import { measureQuant } from "./quant.ts";
 import { printTable, type Row, writeJson } from "./report.ts";
 import { measureSpeculative } from "./speculative.ts";
@@ -24,6 +25,14 @@ const sections: Record<string, () => Promise<[string, Row[]][]>> = {
   },
   quant: async () => [["weight formats (2 threads, loops 8): speed, size, quality vs fp16", await measureQuant()]],
   kv: async () => [["KV cache modes × weight formats (2 threads, loops 8): speed, KV bytes, quality vs the fp16 cache", await measureKv({ weights: ["fp16", "int4"] })]],
+  quality: async () => {
+    const t = await measureQuality();
+    return [
+      [QUALITY_TITLES.depth, t.depth],
+      [QUALITY_TITLES.variants, t.variants],
+      [QUALITY_TITLES.speculative, t.speculative],
+    ];
+  },
   speculative: async () => [["self-speculative decoding vs plain generate (2 threads, greedy)", await measureSpeculative()]],
   binary: async () => [["single executable", await measureBinary()]],
 };

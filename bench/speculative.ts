@@ -32,22 +32,44 @@ export interface SpeculativeBenchOptions {
 export interface Run {
   tokens: number[];
   tokensPerSecond: number;
-  perCycle: number;
+  perCycle: number; // tokens per verify call (accepted drafts + the verifier's own)
+  drafted: number; // draft tokens proposed, over all cycles
+  accepted: number; // draft tokens accepted
 }
 
-/** Greedy decoding of n tokens after the prompt; the clock runs from the first token on (prefill excluded). */
-export function greedyDecode(m: NativeModel, prompt: Int32Array, V: number, n: number, spec: { D: number; k: number; K: number; leaf?: number } | null): Run {
+/** Sampling of a decode run: temperature 0 is greedy (the seed is then unused). */
+export interface Sampling {
+  temperature: number;
+  seed: number;
+}
+export const GREEDY: Sampling = { temperature: 0, seed: 0 };
+
+/**
+ * Decodes n tokens after the prompt, plainly (spec null) or self-speculatively;
+ * the clock runs from the first token on (prefill excluded).
+ */
+export function decode(
+  m: NativeModel,
+  prompt: Int32Array,
+  V: number,
+  n: number,
+  spec: { D: number; k: number; K: number; leaf?: number } | null,
+  sampling: Sampling = GREEDY,
+): Run {
   const session: NativeSession = m.newSession(prompt.length + n + 65, V, 0);
+  const { temperature, seed } = sampling;
   try {
-    const tokens = [session.step(prompt, V, 0, 0, 1, 1, 0n)];
+    const tokens = [session.step(prompt, V, temperature, 0, 1, 1, BigInt(seed))];
     const out = new Int32Array(17);
     const stats = { drafted: 0, accepted: 0 };
+    let drafted = 0;
+    let accepted = 0;
     let cycles = 0;
     const t0 = performance.now();
     while (tokens.length < n) {
       const last = tokens[tokens.length - 1];
       if (!spec) {
-        tokens.push(session.step(Int32Array.of(last), V, 0, 0, 1, 1, 0n));
+        tokens.push(session.step(Int32Array.of(last), V, temperature, 0, 1, 1, BigInt(seed)));
         continue;
       }
       const got = session.specCycle(
@@ -58,27 +80,29 @@ export function greedyDecode(m: NativeModel, prompt: Int32Array, V: number, n: n
           draftAhead: spec.k,
           kBranches: spec.K,
           maxNew: n - tokens.length,
-          temperature: 0,
+          temperature,
           topK: 0,
           topP: 1,
           repetitionPenalty: 1,
-          seed: 0,
+          seed,
           leafMinProb: spec.leaf ?? 0,
         },
         out,
         stats,
       );
       tokens.push(...out.subarray(0, got));
+      drafted += stats.drafted;
+      accepted += stats.accepted;
       cycles++;
     }
     const ms = performance.now() - t0;
-    return { tokens, tokensPerSecond: ((n - 1) * 1000) / ms, perCycle: cycles > 0 ? (n - 1) / cycles : 1 };
+    return { tokens, tokensPerSecond: ((n - 1) * 1000) / ms, perCycle: cycles > 0 ? (n - 1) / cycles : 1, drafted, accepted };
   } finally {
     session.close();
   }
 }
 
-const same = (a: number[], b: number[]) => a.length === b.length && a.every((x, i) => x === b[i]);
+export const same = (a: number[], b: number[]) => a.length === b.length && a.every((x, i) => x === b[i]);
 
 /** One row per (model, verify_loops, draft_loops). */
 export async function measureSpeculative(o: SpeculativeBenchOptions = {}): Promise<Row[]> {
@@ -101,7 +125,7 @@ export async function measureSpeculative(o: SpeculativeBenchOptions = {}): Promi
     const m = NativeModel.load(o.library ?? kernelLibrary(), path, threads, "auto");
     try {
       const prompt = promptOf(o.promptTokens ?? 32, m.info.vocabSize);
-      greedyDecode(m, prompt, 2, 8, { D: 1, k: 2, K: 1 }); // builds the int8 draft head once
+      decode(m, prompt, 2, 8, { D: 1, k: 2, K: 1 }); // builds the int8 draft head once
       for (const V of Vs) {
         for (const D of Ds.filter((d) => d <= V)) {
           // Plain, chain and tree interleaved, repeat by repeat: a shared
@@ -111,10 +135,10 @@ export async function measureSpeculative(o: SpeculativeBenchOptions = {}): Promi
           const tree: Run[] = [];
           const pruned: Run[] = [];
           for (let r = 0; r < repeats; r++) {
-            plain.push(greedyDecode(m, prompt, V, n, null));
-            chain.push(greedyDecode(m, prompt, V, n, { D, k, K: 1 }));
-            tree.push(greedyDecode(m, prompt, V, n, { D, k: tk, K }));
-            pruned.push(greedyDecode(m, prompt, V, n, { D, k: tk, K, leaf }));
+            plain.push(decode(m, prompt, V, n, null));
+            chain.push(decode(m, prompt, V, n, { D, k, K: 1 }));
+            tree.push(decode(m, prompt, V, n, { D, k: tk, K }));
+            pruned.push(decode(m, prompt, V, n, { D, k: tk, K, leaf }));
           }
           const exact = [...chain, ...tree, ...pruned].every((r) => same(r.tokens, plain[0].tokens));
           const tps = (runs: Run[]) => median(runs.map((r) => r.tokensPerSecond));

@@ -102,7 +102,10 @@ def save(model: LoopedLlama, path: str, metadata: dict[str, str] | None = None) 
     head += b" " * ((-len(head)) % 8)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".tmp-")
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the model from a service user
         with os.fdopen(fd, "wb") as f:
             f.write(struct.pack("<Q", len(head)))
             f.write(head)

@@ -1,0 +1,29 @@
+// The trained model's text: the King James Bible split by
+// torch/loopserve_torch/data.py (every 20th block of 30 verses held out),
+// tokenized by loopserve's tokenizer exactly as `loopserve tokenize` does.
+// Made once and cached under .cache/kjv (needs Debian's bible-kjv and
+// python3; docs/training.md).
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { tokenFileBytes } from "../src/data/tokenize.ts";
+import { Tokenizer } from "../src/tokenizer.ts";
+
+const ROOT = resolve(import.meta.dir, "..");
+const CACHE = join(ROOT, ".cache", "kjv");
+
+/** Token ids of the training or the held-out split. */
+export async function kjvTokens(split: "train" | "val"): Promise<Uint16Array> {
+  const bin = join(CACHE, `${split}.bin`);
+  if (!existsSync(bin)) {
+    const text = join(CACHE, `${split}.txt`);
+    if (!existsSync(text)) {
+      mkdirSync(CACHE, { recursive: true });
+      const r = Bun.spawnSync(["/usr/bin/python3", "-m", "loopserve_torch.data", CACHE], { cwd: join(ROOT, "torch"), stderr: "pipe" });
+      if (r.exitCode !== 0) throw new Error(`loopserve_torch.data failed: ${r.stderr.toString()}`);
+    }
+    const tokenizer = await Tokenizer.load();
+    writeFileSync(bin, tokenFileBytes(tokenizer.encode(readFileSync(text, "utf8"))));
+  }
+  const bytes = readFileSync(bin);
+  return new Uint16Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 2);
+}
