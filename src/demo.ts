@@ -1,18 +1,21 @@
-// `npm run demo`: writes a small synthetic model (once) and serves it, so a
-// newcomer has a running service after `npm install && npm run demo`.
-import { existsSync, mkdirSync } from "node:fs";
-import { dirname, join } from "node:path";
-import { writeSyntheticModel } from "./model/synthetic.ts";
+// `npm run demo`: serves the trained model that ships with the repository
+// (models/kjv-looped-256.safetensors, a looped transformer trained on the
+// King James Bible), so a newcomer has a running service that writes
+// English after `npm install && npm run demo`.
+import { existsSync } from "node:fs";
+import { readSafetensors } from "./model/safetensors.ts";
+import { TRAINED_MODEL_PATH } from "./model/trained.ts";
 import { runServe } from "./serve.ts";
 
-const DEMO_MODEL = join(import.meta.dir, "..", "models", "demo.safetensors");
-
-if (!existsSync(DEMO_MODEL)) {
-  console.log(`writing demo model ${DEMO_MODEL}`);
-  mkdirSync(dirname(DEMO_MODEL), { recursive: true });
-  writeSyntheticModel(DEMO_MODEL, { dim: 256, nHeads: 8, nKvHeads: 8, ffnDim: 768, vocabSize: 50257, loops: 8, seed: 1 });
+if (process.env.SERVICE_MODEL_PATH === undefined) {
+  if (!existsSync(TRAINED_MODEL_PATH)) {
+    console.error(`demo: ${TRAINED_MODEL_PATH} is missing (it ships with the repository; docs/training.md rebuilds it)`);
+    process.exit(1);
+  }
+  // The demo is the one caller that supplies the model path itself; the
+  // config module still reads and validates everything. Requests stay
+  // within the context the model was trained on.
+  process.env.SERVICE_MODEL_PATH = TRAINED_MODEL_PATH;
+  process.env.SERVICE_MAX_SEQ_LEN ??= readSafetensors(TRAINED_MODEL_PATH).metadata.max_seq_len;
 }
-// The demo is the one caller that supplies the model path itself; the
-// config module still reads and validates everything.
-process.env.SERVICE_MODEL_PATH ??= DEMO_MODEL;
 process.exit(await runServe(process.argv.slice(2)));

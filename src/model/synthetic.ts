@@ -1,5 +1,5 @@
-// Deterministic synthetic models: random fp16 weights from a seed, for tests,
-// benchmarks and the demo.
+// Deterministic synthetic models: random fp16 weights from a seed, for tests
+// and speed benchmarks (the demo serves the trained model, src/model/trained.ts).
 //
 // Same seed and options => byte-identical file on every run and machine. That
 // rules out Math.log/Math.cos (JS does not require them to be correctly
