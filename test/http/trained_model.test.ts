@@ -32,7 +32,7 @@ afterAll(async () => {
 async function generate(body: Record<string, unknown>, path = "/generate"): Promise<{ text: string; tokens: number[] }> {
   const r = await server.post(path, { max_tokens: 32, temperature: 0, ...body });
   expect(r.status).toBe(200);
-  const j = await r.json();
+  const j = (await r.json()) as { text: string; tokens: number[] };
   return { text: j.text, tokens: j.tokens };
 }
 
@@ -65,7 +65,7 @@ describe("the trained demo model", () => {
       temperature: 0,
     });
     expect(r.status).toBe(200);
-    const j = await r.json();
+    const j = (await r.json()) as { choices: { message: { content: string } }[] };
     expect(knownShare(j.choices[0].message.content)).toBeGreaterThanOrEqual(0.9);
   });
 
