@@ -7,6 +7,7 @@ import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { tokenFileBytes } from "../src/data/tokenize.ts";
 import { Tokenizer } from "../src/tokenizer.ts";
+import { runTorchModule } from "../test/helpers/torch.ts";
 
 const ROOT = resolve(import.meta.dir, "..");
 const CACHE = join(ROOT, ".cache", "kjv");
@@ -18,8 +19,7 @@ export async function kjvTokens(split: "train" | "val"): Promise<Uint16Array> {
     const text = join(CACHE, `${split}.txt`);
     if (!existsSync(text)) {
       mkdirSync(CACHE, { recursive: true });
-      const r = Bun.spawnSync(["/usr/bin/python3", "-m", "loopserve_torch.data", CACHE], { cwd: join(ROOT, "torch"), stderr: "pipe" });
-      if (r.exitCode !== 0) throw new Error(`loopserve_torch.data failed: ${r.stderr.toString()}`);
+      runTorchModule("data", [CACHE]);
     }
     const tokenizer = await Tokenizer.load();
     writeFileSync(bin, tokenFileBytes(tokenizer.encode(readFileSync(text, "utf8"))));

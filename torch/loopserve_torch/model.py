@@ -27,6 +27,9 @@ import torch.nn.functional as F
 
 MAX_LOOPS = 64
 GPT2_VOCAB = 50257
+# The kernels' loader caps (kernels/model.c): a config beyond them would
+# write a file loopserve refuses.
+LIMITS = {"dim": 65536, "n_heads": 4096, "n_kv_heads": 4096, "ffn_dim": 262144, "vocab_size": 1 << 20, "max_seq_len": 1 << 20}
 
 
 @dataclass
@@ -43,6 +46,13 @@ class LoopedConfig:
     tied_output: bool = True
 
     def __post_init__(self) -> None:
+        for key, cap in LIMITS.items():
+            if not 1 <= getattr(self, key) <= cap:
+                raise ValueError(f"{key} must be in [1, {cap}], got {getattr(self, key)}")
+        if not 0 < self.rope_theta < 1e12:
+            raise ValueError(f"rope_theta must be in (0, 1e12), got {self.rope_theta}")
+        if not 0 < self.norm_eps < 1:
+            raise ValueError(f"norm_eps must be in (0, 1), got {self.norm_eps}")
         if self.dim % self.n_heads:
             raise ValueError(f"dim ({self.dim}) must be a multiple of n_heads ({self.n_heads})")
         if (self.dim // self.n_heads) % 2:
@@ -154,21 +164,24 @@ class LoopedLlama(nn.Module):
     def head_weight(self) -> torch.Tensor:
         return self.tok_embeddings.weight if self.output is None else self.output.weight
 
-    def hidden(self, tokens: torch.Tensor, loops: int, kv_fp16: bool = False) -> torch.Tensor:
-        """The final rmsnorm'd hidden state, (B, T, dim), for tokens (B, T) at positions 0..T-1."""
+    def hidden(self, tokens: torch.Tensor, loops: int, kv_fp16: bool = False, h: torch.Tensor | None = None) -> torch.Tensor:
+        """The final rmsnorm'd hidden state, (B, T, dim), for tokens (B, T) at
+        positions 0..T-1; `h` replaces the embedding lookup when given."""
         if not 1 <= loops <= MAX_LOOPS:
             raise ValueError(f"loops must be in [1, {MAX_LOOPS}], got {loops}")
         T = tokens.shape[1]
         cos, sin = rope_tables(self.config.head_dim, torch.arange(T), self.config.rope_theta)
-        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
-        h = self.tok_embeddings(tokens)
+        cos, sin = cos.to(tokens.device), sin.to(tokens.device)
+        mask = torch.ones(T, T, dtype=torch.bool, device=tokens.device).triu(1)
+        if h is None:
+            h = self.tok_embeddings(tokens)
         for _ in range(loops):
             h = self.block(h, cos, sin, mask, kv_fp16)
         return self.norm(h)
 
     def forward(self, tokens: torch.Tensor, loops: int | None = None, kv_fp16: bool = False) -> torch.Tensor:
         """Logits (B, T, vocab_size)."""
-        x = self.hidden(tokens, loops or self.config.default_loops, kv_fp16)
+        x = self.hidden(tokens, self.config.default_loops if loops is None else loops, kv_fp16)
         return x @ self.head_weight().t()
 
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor, loops: int) -> torch.Tensor:

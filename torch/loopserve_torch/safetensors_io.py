@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import tempfile
 
@@ -86,7 +87,7 @@ def save(model: LoopedLlama, path: str, metadata: dict[str, str] | None = None) 
     """
     meta = config_metadata(model.config)
     for k, v in (metadata or {}).items():
-        if k in meta and meta[k] != v:
+        if k in meta and meta[k] != str(v):
             raise ModelFileError(f"metadata key {k!r} is set from the model config ({meta[k]!r}), got {v!r}")
         meta[k] = str(v)
     header: dict[str, object] = {"__metadata__": meta}
@@ -105,8 +106,8 @@ def save(model: LoopedLlama, path: str, metadata: dict[str, str] | None = None) 
     umask = os.umask(0)
     os.umask(umask)
     try:
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the model from a service user
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~umask)  # mkstemp's 0600 would hide the model from a service user
             f.write(struct.pack("<Q", len(head)))
             f.write(head)
             pos = 0
@@ -123,7 +124,7 @@ def save(model: LoopedLlama, path: str, metadata: dict[str, str] | None = None) 
 
 
 def read_safetensors(path: str) -> tuple[dict[str, str], dict[str, np.ndarray]]:
-    """(metadata, name -> array) of any safetensors file with F16/BF16/F32 tensors."""
+    """(metadata, name -> array) of a safetensors file with F16, BF16, F32, U8 or I8 tensors."""
     with open(path, "rb") as f:
         raw = f.read()
     if len(raw) < 8:
@@ -155,36 +156,56 @@ def read_safetensors(path: str) -> tuple[dict[str, str], dict[str, np.ndarray]]:
     return meta, tensors
 
 
-def _int(meta: dict[str, str], key: str, path: str) -> int:
+def _need(meta: dict[str, str], key: str, path: str) -> str:
     if key not in meta:
         raise ModelFileError(f"{path}: metadata: missing required key {key!r}")
+    return meta[key]
+
+
+def _int(meta: dict[str, str], key: str, path: str) -> int:
+    s = _need(meta, key, path)
+    if not re.fullmatch(r"0|[1-9][0-9]*", s):
+        raise ModelFileError(f"{path}: metadata: {key} must be a decimal integer, got {s!r}")
+    return int(s)
+
+
+def _float(meta: dict[str, str], key: str, path: str) -> float:
+    s = _need(meta, key, path)
+    if not re.fullmatch(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", s):
+        raise ModelFileError(f"{path}: metadata: {key} must be a decimal number, got {s!r}")
+    return float(s)
+
+
+def _config(meta: dict[str, str], path: str, tied: bool) -> LoopedConfig:
+    """The config of a file's metadata; every key required, as loopserve requires it."""
     try:
-        return int(meta[key])
-    except ValueError:
-        raise ModelFileError(f"{path}: metadata: {key} must be a decimal integer, got {meta[key]!r}") from None
+        return LoopedConfig(
+            dim=_int(meta, "dim", path),
+            n_heads=_int(meta, "n_heads", path),
+            n_kv_heads=_int(meta, "n_kv_heads", path),
+            ffn_dim=_int(meta, "ffn_dim", path),
+            vocab_size=_int(meta, "vocab_size", path),
+            default_loops=_int(meta, "default_loops", path),
+            max_seq_len=_int(meta, "max_seq_len", path),
+            rope_theta=_float(meta, "rope_theta", path),
+            norm_eps=_float(meta, "norm_eps", path),
+            tied_output=tied,
+        )
+    except ModelFileError:
+        raise
+    except ValueError as e:  # LoopedConfig's consistency checks
+        raise ModelFileError(f"{path}: metadata: {e}") from None
 
 
 def load(path: str) -> LoopedLlama:
     """Reads a loopserve fp16 model file into a float32 LoopedLlama (eval mode)."""
     meta, tensors = read_safetensors(path)
-    for key, want in (("format", FORMAT_NAME), ("arch", ARCH), ("tokenizer", TOKENIZER)):
+    for key, want in (("format", FORMAT_NAME), ("format_version", FORMAT_VERSION), ("arch", ARCH), ("tokenizer", TOKENIZER)):
         if meta.get(key) != want:
             raise ModelFileError(f"{path}: metadata: {key} must be {want!r}, got {meta.get(key)!r}")
-    if meta.get("quant", "fp16") != "fp16":
+    if _need(meta, "quant", path) != "fp16":
         raise ModelFileError(f"{path}: metadata: quant {meta['quant']!r}: this loader reads fp16 models")
-    c = LoopedConfig(
-        dim=_int(meta, "dim", path),
-        n_heads=_int(meta, "n_heads", path),
-        n_kv_heads=_int(meta, "n_kv_heads", path),
-        ffn_dim=_int(meta, "ffn_dim", path),
-        vocab_size=_int(meta, "vocab_size", path),
-        default_loops=_int(meta, "default_loops", path),
-        max_seq_len=_int(meta, "max_seq_len", path),
-        rope_theta=float(meta.get("rope_theta", "10000")),
-        norm_eps=float(meta.get("norm_eps", "1e-5")),
-        tied_output="output.weight" not in tensors,
-    )
-    model = LoopedLlama(c)
+    model = LoopedLlama(_config(meta, path, tied="output.weight" not in tensors))
     with torch.no_grad():
         for name, param in model_tensors(model):
             if name not in tensors:

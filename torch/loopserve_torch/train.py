@@ -62,12 +62,14 @@ class OutOfTextHead(torch.nn.Module):
         self.unseen = vocab - len(seen)
         with torch.no_grad():
             mean = model.tok_embeddings.weight[self.seen].mean(0)
+        # One vector, not decayed (the rows it stands for are never updated one by one).
         self.other = torch.nn.Parameter(mean.clone())
 
     def loss(self, model: LoopedLlama, x: torch.Tensor, y: torch.Tensor, loops: int) -> torch.Tensor:
         """Mean next-token cross-entropy (nats) of the full-vocabulary model."""
-        h = model.hidden(x, loops).reshape(-1, model.config.dim)
         w = torch.cat((model.tok_embeddings.weight[self.seen], self.other[None, :]))
+        # inputs embed as the exported model embeds them: an unseen token reads `other`
+        h = model.hidden(x, loops, h=w[self.index[x]]).reshape(-1, model.config.dim)
         logits = h @ w.t()
         if self.unseen == 0:
             logits = logits[:, :-1]
@@ -171,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     rng = np.random.default_rng(a.seed)
     depth_rng = random.Random(a.seed)
     step = 0
+    trained_s = 0.0  # training time before this process (resume), for the log
     ckpt_path = os.path.join(a.out, "ckpt.pt")
     if a.resume:
         ck = torch.load(ckpt_path)
@@ -180,12 +183,14 @@ def main(argv: list[str] | None = None) -> None:
         step = ck["step"]
         rng.bit_generator.state = ck["rng"]
         depth_rng.setstate(ck["depth_rng"])
+        trained_s = ck.get("trained_s", 0.0)
         print(f"resumed from {ckpt_path} at step {step}")
 
     def checkpoint() -> None:
         tmp = ckpt_path + ".tmp"
         torch.save({"model": model.state_dict(), "head": head.state_dict(), "opt": opt.state_dict(), "step": step,
-                    "rng": rng.bit_generator.state, "depth_rng": depth_rng.getstate(), "args": vars(a)}, tmp)
+                    "rng": rng.bit_generator.state, "depth_rng": depth_rng.getstate(), "args": vars(a),
+                    "trained_s": trained_s + time.perf_counter() - started}, tmp)
         os.replace(tmp, ckpt_path)
         save(head.export_embedding(model), os.path.join(a.out, "model.safetensors"), {
             "description": "looped-llama trained on the King James Bible (public domain)",
@@ -215,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
         if step % a.eval_every == 0 or step == a.steps:
             losses = evaluate(model, head, val, a.seq, a.eval_windows, EVAL_DEPTHS)
             record = {"step": step, "lr": lr_at(step - 1, a), "train_loss": loss.item(), "grad_norm": grad_norm,
-                      "tokens_per_s": rate, "elapsed_s": time.perf_counter() - started,
+                      "tokens_per_s": rate, "elapsed_s": trained_s + time.perf_counter() - started,
                       "val_loss": {str(d): v for d, v in losses.items()},
                       "val_ppl": {str(d): math.exp(v) for d, v in losses.items()}}
             log.write(json.dumps(record) + "\n")
