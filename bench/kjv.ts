@@ -1,12 +1,11 @@
 // The trained model's text: the King James Bible split by
 // torch/loopserve_torch/data.py (every 20th block of 30 verses held out),
-// tokenized by loopserve's tokenizer exactly as `loopserve tokenize` does.
+// tokenized by `loopserve tokenize` (the server's own tokenizer).
 // Made once and cached under .cache/kjv (needs Debian's bible-kjv and
 // python3; docs/training.md).
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { tokenFileBytes } from "../src/data/tokenize.ts";
-import { Tokenizer } from "../src/tokenizer.ts";
+import { runTokenizeCommand } from "../src/data/tokenize.ts";
 import { runTorchModule } from "../test/helpers/torch.ts";
 
 const ROOT = resolve(import.meta.dir, "..");
@@ -21,8 +20,7 @@ export async function kjvTokens(split: "train" | "val"): Promise<Uint16Array> {
       mkdirSync(CACHE, { recursive: true });
       runTorchModule("data", [CACHE]);
     }
-    const tokenizer = await Tokenizer.load();
-    writeFileSync(bin, tokenFileBytes(tokenizer.encode(readFileSync(text, "utf8"))));
+    if ((await runTokenizeCommand([text, bin])) !== 0) throw new Error(`loopserve tokenize ${text} failed`);
   }
   const bytes = readFileSync(bin);
   return new Uint16Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 2);

@@ -41,7 +41,7 @@ import { exportGguf } from "../src/model/gguf.ts";
 import { readSafetensors } from "../src/model/safetensors.ts";
 import { Tokenizer } from "../src/tokenizer.ts";
 import { BENCH_SHAPE, benchModel, promptOf } from "./models.ts";
-import { decode } from "./speculative.ts";
+import { decode, same } from "./speculative.ts";
 import { BUNDLE, cacheDir, fresh, llamaBench, llamaGreedy, llamaQuantize, type LlamaTools, llamaTools } from "./peer/llama.ts";
 import {
   ggufDecodeBytes,
@@ -264,7 +264,7 @@ function measureSpeculative(model: NativeModel, loops: number, ahead: number, o:
     const b = decode(model, prompt, loops, o.decode + 1, spec);
     plain.push(a.tokensPerSecond);
     fast.push(b.tokensPerSecond);
-    exact &&= a.tokens.length === b.tokens.length && a.tokens.every((x, i) => x === b.tokens[i]);
+    exact &&= same(a.tokens, b.tokens);
     perCycle = b.perCycle;
   }
   const cpuS = ownCpuS() - c0;

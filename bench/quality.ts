@@ -20,9 +20,11 @@
 //   bun bench/quality.ts     the tables; writes bench/results/quality.json
 import { type KvCacheSettings, NativeModel } from "../src/engine/binding.ts";
 import { KV_CACHE_MODES } from "../src/model/kvcache.ts";
+import { argmax } from "../src/model/reference.ts";
 import { TRAINED_MODEL_PATH } from "../src/model/trained.ts";
 import { kernelLibrary } from "./engine.ts";
 import { kjvTokens } from "./kjv.ts";
+import { klDivergence, logSumExp } from "./logits.ts";
 import { quantizedPath } from "./quant.ts";
 import { median, printTable, type Row, writeJson } from "./report.ts";
 import { decode, GREEDY, type Run, same, type Sampling } from "./speculative.ts";
@@ -42,20 +44,8 @@ export interface QualityOptions {
   library?: string;
 }
 
-/** log(sum(exp(l))) of row r of a logits buffer, in float64. */
-function logSumExp(l: Float32Array, off: number, V: number): number {
-  let mx = -Infinity;
-  for (let i = off; i < off + V; i++) if (l[i] > mx) mx = l[i];
-  let z = 0;
-  for (let i = off; i < off + V; i++) z += Math.exp(l[i] - mx);
-  return mx + Math.log(z);
-}
-
-function argmaxRow(l: Float32Array, off: number, V: number): number {
-  let b = off;
-  for (let i = off + 1; i < off + V; i++) if (l[i] > l[b]) b = i;
-  return b - off;
-}
+/** Row t of a [T, V] logits buffer (a view, no copy). */
+const row = (l: Float32Array, t: number, V: number) => l.subarray(t * V, (t + 1) * V);
 
 /** Sums over predicted positions: negative log-likelihood, KL to a base, top-1 agreement. */
 class Tally {
@@ -71,18 +61,13 @@ class Tally {
   /** Adds positions 0..T-2 of `logits` (predicting text[1..T-1]); with a base, KL and top-1 against it. */
   add(logits: Float32Array, text: Int32Array, V: number, base: { logits: Float32Array; lse: Float64Array } | null): void {
     for (let t = 0; t + 1 < text.length; t++) {
-      const off = t * V;
-      const lse = logSumExp(logits, off, V);
-      this.nll += lse - logits[off + text[t + 1]];
+      const r = row(logits, t, V);
+      const lse = logSumExp(r);
+      this.nll += lse - r[text[t + 1]];
       if (base) {
-        const bl = base.lse[t];
-        let k = 0;
-        for (let i = off; i < off + V; i++) {
-          const a = base.logits[i] - bl;
-          k += Math.exp(a) * (a - (logits[i] - lse));
-        }
-        this.kl += k;
-        if (argmaxRow(logits, off, V) === argmaxRow(base.logits, off, V)) this.agree++;
+        const b = row(base.logits, t, V);
+        this.kl += klDivergence(b, base.lse[t], r, lse);
+        if (argmax(r) === argmax(b)) this.agree++;
       }
       this.n++;
     }
@@ -102,7 +87,7 @@ function logitsOf(m: NativeModel, text: Int32Array, loops: number, out: Float32A
 
 function withLse(logits: Float32Array, T: number, V: number): { logits: Float32Array; lse: Float64Array } {
   const lse = new Float64Array(T);
-  for (let t = 0; t < T; t++) lse[t] = logSumExp(logits, t * V, V);
+  for (let t = 0; t < T; t++) lse[t] = logSumExp(row(logits, t, V));
   return { logits, lse };
 }
 

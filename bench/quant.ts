@@ -10,7 +10,9 @@ import { existsSync, statSync } from "node:fs";
 import { basename, dirname, join } from "node:path";
 import { NativeModel, type SimdChoice } from "../src/engine/binding.ts";
 import { type HeadQuant, quantizeModelFile, type WeightQuant } from "../src/model/quantize.ts";
+import { argmax } from "../src/model/reference.ts";
 import { kernelLibrary, measureEngine } from "./engine.ts";
+import { klDivergence, logSumExp } from "./logits.ts";
 import { benchModel } from "./models.ts";
 import { printTable, type Row, writeJson } from "./report.ts";
 
@@ -76,33 +78,12 @@ function allLogits(lib: string, path: string, o: Required<QuantBenchOptions>): F
   return out;
 }
 
-/** log-softmax in float64. */
-function logSoftmax(l: Float32Array): Float64Array {
-  let mx = -Infinity;
-  for (let i = 0; i < l.length; i++) mx = Math.max(mx, l[i]);
-  let z = 0;
-  for (let i = 0; i < l.length; i++) z += Math.exp(l[i] - mx);
-  const lz = mx + Math.log(z);
-  const out = new Float64Array(l.length);
-  for (let i = 0; i < l.length; i++) out[i] = l[i] - lz;
-  return out;
-}
-
-function argmax(v: ArrayLike<number>): number {
-  let b = 0;
-  for (let i = 1; i < v.length; i++) if (v[i] > v[b]) b = i;
-  return b;
-}
-
 /** Mean KL(base || other) and top-1 agreement over positions. */
 export function compareLogits(base: Float32Array[], other: Float32Array[]): { kl: number; top1: number } {
   let kl = 0;
   let agree = 0;
   for (let t = 0; t < base.length; t++) {
-    const lp = logSoftmax(base[t]);
-    const lq = logSoftmax(other[t]);
-    let k = 0;
-    for (let i = 0; i < lp.length; i++) k += Math.exp(lp[i]) * (lp[i] - lq[i]);
+    const k = klDivergence(base[t], logSumExp(base[t]), other[t], logSumExp(other[t]));
     kl += k;
     if (argmax(base[t]) === argmax(other[t])) agree++;
   }
