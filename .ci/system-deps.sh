@@ -6,6 +6,9 @@
 #                    the PyTorch package (torch/) and its equivalence with the kernels (test/torch);
 #                    OpenBLAS replaces the reference BLAS torch would otherwise use
 #   bible-kjv        the training text (torch/loopserve_torch/data.py)
+#   chromium         the web playground is driven in a real headless browser (puppeteer-core)
+#   clang, libclang-rt-14-dev
+#                    libFuzzer harnesses for the C code that reads untrusted bytes
 # Idempotent and quick: apt is not touched when every tool is already there.
 # Needs root (or sudo) only when something is missing. Never starts a service:
 # Debian's nginx package would otherwise try to start one on port 80.
@@ -17,6 +20,9 @@ command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 /usr/bin/python3 -c 'import torch, numpy, tqdm' >/dev/null 2>&1 || need+=(python3-torch python3-numpy python3-tqdm)
 [ -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ] || need+=(libopenblas0-pthread)
 command -v bible >/dev/null 2>&1 || need+=(bible-kjv)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v clang >/dev/null 2>&1 || need+=(clang)
+ls /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || need+=(libclang-rt-14-dev)
 
 if [ ${#need[@]} -eq 0 ]; then
   echo "system-deps: everything already present"
