@@ -1,14 +1,9 @@
 // Distribution arithmetic on rows of logits, in float64: what the quality
-// figures of the quant, kv and quality sections are made of.
+// figures of the quant, kv and quality sections are made of. The
+// log-sum-exp is the service's own (src/engine/logprobs.ts).
+import { logSumExp } from "../src/engine/logprobs.ts";
 
-/** log(sum(exp(row))). */
-export function logSumExp(row: Float32Array): number {
-  let mx = -Infinity;
-  for (let i = 0; i < row.length; i++) if (row[i] > mx) mx = row[i];
-  let z = 0;
-  for (let i = 0; i < row.length; i++) z += Math.exp(row[i] - mx);
-  return mx + Math.log(z);
-}
+export { logSumExp };
 
 /** KL(softmax(p) || softmax(q)), given each row's logSumExp. */
 export function klDivergence(p: Float32Array, lseP: number, q: Float32Array, lseQ: number): number {

@@ -290,6 +290,16 @@ typedef struct {
 int32_t ls_spec_cycle(ls_session *s, int32_t pending, const ls_spec_params *params, int32_t *out_tokens,
                       int32_t *out_stats);
 
+/* ls_spec_cycle, also handing back the verifier's distribution of every
+ * returned token (for log-probabilities). logits_out: NULL, or room for
+ * (draft_ahead + 1) * vocab_size floats; row i receives the logits at
+ * verify_loops that out_tokens[i] was accepted or drawn against (the
+ * position before it, on the accepted path), before any sampling
+ * transform: bit-identical to the logits ls_session_step returns when
+ * plain decoding reaches that position. Written only on success. */
+int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_params *params, int32_t *out_tokens,
+                             int32_t *out_stats, float *logits_out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -389,7 +389,7 @@ static int32_t abandon(ls_session *s, int32_t V, int32_t p, int32_t rc) {
     return rc;
 }
 
-static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t *out, int32_t *stats) {
+static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t *out, int32_t *stats, float *logits_out) {
     struct ls_spec_scratch *x = s->spec;
     int32_t p = s->pos, dim = x->dim, V = x->vocab, k = c->k;
     int32_t sampled = c->temperature > 0.0f;
@@ -433,9 +433,9 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
     int32_t j = 0, next = -1;
     for (int32_t g0 = 0, gn; g0 <= k && next < 0; g0 += gn) {
         gn = head_batch(x, g0, k + 1);
-        ls_forward_logits(s, x->h + (size_t)g0 * dim, gn, x->vlogits);
+        ls_forward_logits(s, x->h + (size_t)g0 * dim, gn, x->vlogits + (size_t)g0 * V);
         for (int32_t r = g0; r < g0 + gn; r++) {
-            const float *L = x->vlogits + (size_t)(r - g0) * V;
+            const float *L = x->vlogits + (size_t)r * V;
             uint64_t counter = (uint64_t)(p + r + 1); /* position of the token drawn here */
             int32_t n_hist = p + r + 1;
             if (!sampled || r == k) {
@@ -469,6 +469,8 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
 
     for (int32_t i = 0; i < j; i++) out[i] = tok[i + 1];
     out[j] = next;
+    /* rows 0..j decided out[0..j] and are all still in vlogits */
+    if (logits_out) memcpy(logits_out, x->vlogits, (size_t)(j + 1) * V * sizeof(float));
     commit(s, c->V, p, j + 1);
     x->last_accepted = j;
     if (stats) {
@@ -503,7 +505,7 @@ static void draft_probs(const float *v, int32_t vocab, const int32_t *ids, int32
     for (int32_t i = 0; i < n; i++) prob[i] = (float)((double)expf(v[ids[i]] - vmax) / z);
 }
 
-static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t *out, int32_t *stats) {
+static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t *out, int32_t *stats, float *logits_out) {
     struct ls_spec_scratch *x = s->spec;
     const ls_model_info *mi = &s->m->info;
     int32_t p = s->pos, dim = x->dim, V = x->vocab, k = c->k, cap = s->cap;
@@ -639,6 +641,12 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
     for (int32_t i = 0; i + 1 < j; i++) out[i] = tok[i + 1];
     if (j > 0) out[j - 1] = tok[u];
     out[j] = next;
+    /* out[i] was decided on the path's row at depth i: spine rows 0..j-1,
+     * then the last row (spine row j, or the accepted leaf's own logits) */
+    if (logits_out) {
+        memcpy(logits_out, x->vlogits, (size_t)j * V * sizeof(float));
+        memcpy(logits_out + (size_t)j * V, u <= k ? x->vlogits + (size_t)u * V : x->alogits, (size_t)V * sizeof(float));
+    }
     commit(s, c->V, p, j + 1);
     x->last_accepted = j;
     /* leaves wrote ring slots up to position p + n_rows - 1 */
@@ -653,6 +661,11 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
 
 int32_t ls_spec_cycle(ls_session *s, int32_t pending, const ls_spec_params *prm, int32_t *out_tokens,
                       int32_t *out_stats) {
+    return ls_spec_cycle_logits(s, pending, prm, out_tokens, out_stats, NULL);
+}
+
+int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_params *prm, int32_t *out_tokens,
+                             int32_t *out_stats, float *logits_out) {
     if (!s || !prm || !out_tokens) return LS_ERR_ARG;
     const ls_model_info *mi = &s->m->info;
     cycle c = {
@@ -696,5 +709,6 @@ int32_t ls_spec_cycle(ls_session *s, int32_t pending, const ls_spec_params *prm,
     int32_t rc = ensure_scratch(s);
     if (rc == LS_OK && !c.exact_draft && c.k > 0) rc = ls_draft_head_build(s->m);
     if (rc != LS_OK) return rc;
-    return c.K == 1 ? run_chain(s, &c, pending, out_tokens, out_stats) : run_tree(s, &c, pending, out_tokens, out_stats);
+    return c.K == 1 ? run_chain(s, &c, pending, out_tokens, out_stats, logits_out)
+                    : run_tree(s, &c, pending, out_tokens, out_stats, logits_out);
 }

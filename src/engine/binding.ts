@@ -27,7 +27,7 @@ const symbols = {
 // library without it (the CUDA library has no speculative kernels) still
 // loads and serves plain generation.
 const specSymbols = {
-  ls_spec_cycle: { args: [ptr, i32, ptr, ptr, ptr], returns: i32 },
+  ls_spec_cycle_logits: { args: [ptr, i32, ptr, ptr, ptr, ptr], returns: i32 },
 } as const;
 
 export const ABI_VERSION = 1;
@@ -334,18 +334,21 @@ export class NativeSession {
   }
 
   /**
-   * One self-speculative cycle (ls_spec_cycle in kernels/loopserve.h), in one
-   * FFI call: `pending` is the last sampled, not yet fed token; writes the
-   * new tokens to out (room for draftAhead + 1) and returns how many. The
-   * last of them is the next cycle's pending token.
+   * One self-speculative cycle (ls_spec_cycle_logits in kernels/loopserve.h),
+   * in one FFI call: `pending` is the last sampled, not yet fed token; writes
+   * the new tokens to out (room for draftAhead + 1) and returns how many. The
+   * last of them is the next cycle's pending token. logitsOut, when given
+   * (draftAhead + 1 rows), receives the verifier's logits of each new token.
    */
-  specCycle(pending: number, p: SpecCycleParams, out: Int32Array, stats: SpecCycleStats): number {
+  specCycle(pending: number, p: SpecCycleParams, out: Int32Array, stats: SpecCycleStats, logitsOut: Float32Array | null = null): number {
     const spec = this.model.specLib;
     if (!spec) throw new NativeError("this kernel library has no speculative decoding (ls_spec_cycle)", -1);
     if (out.length < p.draftAhead + 1) throw new NativeError("spec output buffer too small", -1);
+    if (logitsOut && logitsOut.length < (p.draftAhead + 1) * this.model.info.vocabSize)
+      throw new NativeError("spec logits buffer too small", -1);
     const raw = specParamsBuffer(p);
     const st = new Int32Array(2);
-    const n = check(spec.ls_spec_cycle(this.pointer, pending, raw, out, st), "ls_spec_cycle");
+    const n = check(spec.ls_spec_cycle_logits(this.pointer, pending, raw, out, st, logitsOut), "ls_spec_cycle");
     stats.drafted = st[0];
     stats.accepted = st[1];
     return n;

@@ -6,6 +6,7 @@ import type { EngineRunOptions } from "../scheduler/scheduler.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveCudaLibrary, resolveKernelLibrary } from "./library.ts";
 import type { KvCacheMode } from "../model/kvcache.ts";
 import { cudaDeviceCount, formatProfile, type KvCacheSettings, NativeError, NativeModel, type NativeSession, type SimdChoice } from "./binding.ts";
+import { MAX_TOP_LOGPROBS, type TokenLogprob, tokenLogprob } from "./logprobs.ts";
 import { cycleParams, type DraftOptions, planSpeculative, SPEC_SESSION_SLACK, SpecCounter, type SpecPlan } from "./speculative.ts";
 import type { FinishReason, GenerateRequest, GenerateResult, ModelInfo, TokenSink } from "./types.ts";
 
@@ -32,6 +33,13 @@ export interface EngineOptions {
 }
 
 const NATIVE_STATE_ERROR = -4; // LS_ERR_STATE
+
+/**
+ * Prompt tokens forwarded per call when a prompt is scored: each returns
+ * every row's logits (rows x vocab floats, 12.9 MB for 64 rows of GPT-2's
+ * vocabulary), and the event loop gets a turn between calls.
+ */
+const SCORE_CHUNK = 64;
 
 /** A pooled copy of a prompt's KV cache (every loop), owned by the prefix pool. */
 export class KvSnapshot {
@@ -141,6 +149,12 @@ export class Engine {
     const bad = req.promptTokens.find((t) => !Number.isInteger(t) || t < 0 || t >= vocabSize);
     if (bad !== undefined) throw new EngineRequestError(`prompt token id ${bad} is outside the vocabulary [0, ${vocabSize})`);
     if (req.loops < 1 || req.loops > 64) throw new EngineRequestError(`loops must be between 1 and 64, got ${req.loops}`);
+    if (!Number.isInteger(req.maxTokens) || req.maxTokens < 0)
+      throw new EngineRequestError(`maxTokens must be a non-negative integer, got ${req.maxTokens}`);
+    const top = req.logprobs;
+    if (top !== undefined && !(Number.isInteger(top) && top >= 0 && top <= MAX_TOP_LOGPROBS))
+      throw new EngineRequestError(`logprobs must be between 0 and ${MAX_TOP_LOGPROBS}, got ${top}`);
+    if (req.promptLogprobs && top === undefined) throw new EngineRequestError("promptLogprobs needs logprobs");
     const plan = planSpeculative(req);
     if (plan && !this.model.hasSpeculative)
       throw new EngineRequestError(`mode '${plan.mode}' is not available: this kernel library has no speculative decoding`);
@@ -156,7 +170,7 @@ export class Engine {
     req: GenerateRequest,
     sink: TokenSink,
     signal: AbortSignal | undefined,
-    { prefix, capture }: EngineRunOptions<KvSnapshot>,
+    { prefix, capture, onPromptLogprobs }: EngineRunOptions<KvSnapshot>,
   ): Promise<GenerateResult> {
     const plan = this.validate(req);
     const start = performance.now();
@@ -168,6 +182,12 @@ export class Engine {
     // A speculative cycle writes rows past the last token before rolling back.
     const maxSeq = req.promptTokens.length + req.maxTokens + (plan ? SPEC_SESSION_SLACK : 0);
     const session = this.model.newSession(maxSeq, req.loops, req.cacheWindow, this.kv);
+    // With logprobs, every step hands back its raw logits (a cycle: one row per new token).
+    const top = req.logprobs;
+    const vocab = this.info.vocabSize;
+    const stepLogits = top === undefined ? null : new Float32Array(vocab);
+    const cycleLogits = top === undefined || !plan ? null : new Float32Array((plan.draftAhead + 1) * vocab);
+    let promptLogprobs: (TokenLogprob | null)[] | undefined;
     const done = (finishReason: FinishReason): GenerateResult => ({
       tokens,
       finishReason,
@@ -175,31 +195,58 @@ export class Engine {
       wallMs: performance.now() - start,
       firstTokenMs,
       ...(counter ? { speculative: counter.stats() } : {}),
+      ...(promptLogprobs ? { promptLogprobs } : {}),
     });
-    /** Hands one token on; returns the finish reason when generation ends with it. */
-    const emit = (next: number): FinishReason | null => {
+    /** Hands one token on (with its log-probability from `logits`); returns the finish reason when generation ends with it. */
+    const emit = (next: number, logits: Float32Array | null): FinishReason | null => {
       if (stops.has(next)) return "stop";
       tokens.push(next);
-      if (sink(next) === false) return "stop";
+      if (sink(next, logits && top !== undefined ? tokenLogprob(logits, next, top) : undefined) === false) return "stop";
       if (tokens.length >= req.maxTokens) return "length";
       return null;
     };
     try {
-      const reused = prefix && this.reusePrefix(session, prefix.snapshot, prefix.length) ? prefix.length : 0;
+      if (req.maxTokens === 0 && !req.promptLogprobs) return done("length"); // nothing to generate or score
+      // A scored prompt is prefilled whole: a pooled prefix has no logits.
+      const reused = prefix && !req.promptLogprobs && this.reusePrefix(session, prefix.snapshot, prefix.length) ? prefix.length : 0;
       if (signal?.aborted) return done("cancelled");
-      // Prefill and the first token: the same call in every mode.
-      let next = session.step(
-        Int32Array.from(req.promptTokens.slice(reused)),
-        req.loops,
-        s.temperature,
-        s.topK,
-        s.topP,
-        s.repetitionPenalty,
-        BigInt(s.seed),
-      );
+      let next: number;
+      if (req.promptLogprobs) {
+        // Prefill that scores every prompt token, then the first token drawn
+        // from the last row as ls_session_step draws it.
+        const scored = await this.scorePrompt(session, req, top ?? 0, signal);
+        if (!scored) return done("cancelled");
+        promptLogprobs = scored.entries;
+        onPromptLogprobs?.(promptLogprobs);
+        if (capture) capture(this.snapshot(session, req));
+        if (req.maxTokens === 0) return done("length");
+        stepLogits?.set(scored.last);
+        next = this.model.sample(
+          scored.last,
+          Int32Array.from(req.promptTokens),
+          s.temperature,
+          s.topK,
+          s.topP,
+          s.repetitionPenalty,
+          BigInt(s.seed),
+          BigInt(req.promptTokens.length),
+        );
+      } else {
+        // Prefill and the first token: the same call in every mode.
+        next = session.step(
+          Int32Array.from(req.promptTokens.slice(reused)),
+          req.loops,
+          s.temperature,
+          s.topK,
+          s.topP,
+          s.repetitionPenalty,
+          BigInt(s.seed),
+          stepLogits,
+        );
+        if (capture) capture(this.snapshot(session, req));
+      }
       firstTokenMs = performance.now() - start;
-      if (capture) capture(this.snapshot(session, req));
-      let end = emit(next);
+      let end = emit(next, stepLogits);
       // One FFI call per step: a plain decode step, or a whole speculative
       // cycle whose tokens are then handed on one by one (cut at a stop id,
       // max_tokens or a sink that says stop, as plain decoding would be).
@@ -209,13 +256,13 @@ export class Engine {
         await nextTick();
         if (signal?.aborted) return done("cancelled");
         if (plan && counter) {
-          const n = session.specCycle(next, cycleParams(plan, req, req.maxTokens - tokens.length, this.draft), out, cycle);
+          const n = session.specCycle(next, cycleParams(plan, req, req.maxTokens - tokens.length, this.draft), out, cycle, cycleLogits);
           counter.add(cycle, n);
-          for (let i = 0; i < n && !end; i++) end = emit(out[i]);
+          for (let i = 0; i < n && !end; i++) end = emit(out[i], cycleLogits && cycleLogits.subarray(i * vocab, (i + 1) * vocab));
           next = out[n - 1];
         } else {
-          next = session.step(Int32Array.of(next), req.loops, s.temperature, s.topK, s.topP, s.repetitionPenalty, BigInt(s.seed));
-          end = emit(next);
+          next = session.step(Int32Array.of(next), req.loops, s.temperature, s.topK, s.topP, s.repetitionPenalty, BigInt(s.seed), stepLogits);
+          end = emit(next, stepLogits);
         }
       }
       return done(end);
@@ -230,6 +277,41 @@ export class Engine {
       session.close();
       if (this.profiling) this.printProfile(req, tokens.length);
     }
+  }
+
+  /**
+   * Prefills the whole prompt SCORE_CHUNK tokens at a time with every row's
+   * logits (batch invariance: the same values as one call): each prompt
+   * token's log-probability comes from the row before it. Returns the
+   * entries (null first) and the last row, the first generated token's
+   * distribution; null when cancelled.
+   */
+  private async scorePrompt(
+    session: NativeSession,
+    req: GenerateRequest,
+    top: number,
+    signal: AbortSignal | undefined,
+  ): Promise<{ entries: (TokenLogprob | null)[]; last: Float32Array } | null> {
+    const prompt = req.promptTokens;
+    const vocab = this.info.vocabSize;
+    const rows = new Float32Array(Math.min(prompt.length, SCORE_CHUNK) * vocab);
+    const entries: (TokenLogprob | null)[] = [null];
+    const last = new Float32Array(vocab);
+    for (let at = 0; at < prompt.length; at += SCORE_CHUNK) {
+      if (at > 0) {
+        await nextTick();
+        if (signal?.aborted) return null;
+      }
+      const chunk = prompt.slice(at, at + SCORE_CHUNK);
+      session.forward(Int32Array.from(chunk), req.loops, rows, chunk.length);
+      for (let r = 0; r < chunk.length; r++) {
+        const row = rows.subarray(r * vocab, (r + 1) * vocab);
+        const following = at + r + 1;
+        if (following < prompt.length) entries.push(tokenLogprob(row, prompt[following], top));
+        else last.set(row);
+      }
+    }
+    return { entries, last };
   }
 
   /** The per-op time of the request that just ended (SERVICE_PROFILE=1), on stderr. */

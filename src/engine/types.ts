@@ -1,5 +1,8 @@
 // The engine's contract with everything above it (scheduler, HTTP). No FFI
 // pointers cross this line; no HTTP objects cross it the other way.
+import type { TokenLogprob } from "./logprobs.ts";
+
+export type { TokenLogprob } from "./logprobs.ts";
 
 export interface ModelInfo {
   arch: string; // "looped-llama"
@@ -31,6 +34,7 @@ export type GenerationMode = "generate" | "speculative" | "tree_speculative";
 
 export interface GenerateRequest {
   promptTokens: number[];
+  /** 0: no generation (a prompt-scoring request). */
   maxTokens: number;
   /** Loop depth; in the speculative modes the verify depth (what the output equals, what the prefix pool keys on). */
   loops: number;
@@ -47,6 +51,15 @@ export interface GenerateRequest {
   draftAhead?: number;
   /** tree_speculative: branching factor 1..16 with kBranches * draftAhead <= 64; greedy only (default 1). */
   kBranches?: number;
+  /**
+   * Log-probabilities of every generated token (handed to the sink with it),
+   * with this many most likely alternatives, 0..MAX_TOP_LOGPROBS; unset: none.
+   * Taken from the raw logits at the request's depth (the verifier's in the
+   * speculative modes), before any sampling transform.
+   */
+  logprobs?: number;
+  /** With logprobs: also score the prompt (GenerateResult.promptLogprobs). The prefix pool is not used. */
+  promptLogprobs?: boolean;
 }
 
 /** What the speculative modes did for one request. */
@@ -68,8 +81,14 @@ export interface GenerateResult {
   wallMs: number; // engine start of this request to its end
   firstTokenMs: number; // engine start to the first sampled token
   speculative?: SpeculativeStats; // set by the speculative modes
+  /** With promptLogprobs: one entry per prompt token, null for the first (nothing precedes it). */
+  promptLogprobs?: (TokenLogprob | null)[];
 }
 
-// Called once per generated token, in order. Returning false stops generation
-// after this token (used for stop strings and client disconnects).
-export type TokenSink = (tokenId: number) => boolean | void;
+// Called once per generated token, in order, with its log-probability when
+// the request asked for them. Returning false stops generation after this
+// token (used for stop strings and client disconnects).
+export type TokenSink = (tokenId: number, logprob?: TokenLogprob) => boolean | void;
+
+/** Receives the prompt's log-probabilities (GenerateResult.promptLogprobs) as soon as they are known, before any token. */
+export type PromptLogprobSink = (entries: (TokenLogprob | null)[]) => void;

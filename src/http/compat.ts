@@ -7,14 +7,18 @@
 // two families cannot drift apart.
 //
 // Decisions where SPEC.md leaves room:
-// - `max_completion_tokens` (newer clients) is accepted and wins over
-//   `max_tokens` when both are sent, as in vLLM.
+// - `max_completion_tokens` (newer clients) is an alias of `max_tokens`;
+//   both may be sent only with the same value.
 // - `seed` unset: a fresh random sample seed per request.
-// - `logprobs` (any value but null/false), `top_logprobs` (any but null/0) and
-//   `response_format` (any but null or {"type": "text"}, which is what the
-//   service produces anyway) are a 400 naming the field; text completions
-//   also refuse a non-empty `suffix`. `echo` is supported; `best_of` and `n`
-//   must be 1 (schemas.ts).
+// - Log-probabilities in OpenAI's shapes (docs/logprobs.md): chat
+//   `logprobs: true` + `top_logprobs`, text completions `logprobs` 0..5, also
+//   for the echoed prompt (`echo`), where `max_tokens: 0` scores the prompt
+//   without generating. Every choice carries `logprobs` (null when not asked).
+// - `response_format` (any but null or {"type": "text"}, which is what the
+//   service produces anyway) and tool calling (`tools`, `tool_choice`,
+//   `functions`, `function_call`, beyond an empty list or "none") are a 400
+//   naming the field; text completions also refuse a non-empty `suffix`.
+//   `best_of` and `n` must be 1 (schemas.ts).
 // - A message role outside system/user/assistant is a 400 (a value outside
 //   an enum, DESIGN.md §6); a missing role or content is a 422.
 // - Streams: the role chunk is held until the scheduler starts the request,
@@ -23,12 +27,14 @@
 //   last chunk with empty `choices` carries the usage, as OpenAI sends it.
 import { Elysia } from "elysia";
 import { SERVICE_NAME } from "../config.ts";
-import type { GenerateRequest } from "../engine/types.ts";
+import type { GenerateRequest, TokenLogprob } from "../engine/types.ts";
+import type { Tokenizer } from "../tokenizer.ts";
 import { renderChat } from "./chat_template.ts";
-import { badRequest, notFound, validatedBody } from "./errors.ts";
+import { badRequest, notFound, outOfRange, validatedBody } from "./errors.ts";
 import {
   type AppDeps,
   type Completion,
+  type DeltaSink,
   type GenerationEngine,
   type HttpFinishReason,
   type Scheduling,
@@ -39,6 +45,14 @@ import {
   runGeneration,
   stopTokenIds,
 } from "./generation.ts";
+import {
+  type ChatLogprobs,
+  chatLogprobs,
+  type CompletionLogprobs,
+  CompletionLogprobWriter,
+  joinChatLogprobs,
+  joinCompletionLogprobs,
+} from "./logprobs.ts";
 import { ChatCompletionBody, COMPAT_DEFAULTS as D, CompletionBody } from "./schemas.ts";
 import { sseAfterAdmission, sseEvent } from "./sse.ts";
 
@@ -52,12 +66,26 @@ export interface ModelEntry {
   object: "model";
   created: number;
   owned_by: string;
+  /** Most prompt + generated tokens a request may use (SERVICE_MAX_SEQ_LEN); vLLM's name for it. */
+  max_model_len: number;
+  /** Loop depth of a request that sets none; null while the model is not loaded. */
+  default_loops: number | null;
 }
 
 /** The one served model (none when SERVICE_MODEL_PATH is unset). */
 export function modelEntries(deps: AppDeps): ModelEntry[] {
   const id = deps.config.modelPath;
-  return id === null ? [] : [{ id, object: "model", created: STARTED_AT, owned_by: SERVICE_NAME }];
+  if (id === null) return [];
+  return [
+    {
+      id,
+      object: "model",
+      created: STARTED_AT,
+      owned_by: SERVICE_NAME,
+      max_model_len: deps.config.maxSeqLen,
+      default_loops: deps.engine?.info.defaultLoops ?? null,
+    },
+  ];
 }
 
 /**
@@ -107,18 +135,48 @@ interface CompatJob {
   scheduling: Scheduling;
 }
 
+/** What a chat or text completion asks beyond its sampling fields. */
+interface JobShape {
+  maxTokens: number;
+  echo: string;
+  /** Top alternatives per token; undefined: no log-probabilities. */
+  logprobs?: number;
+  /** Score the prompt too (text completions with `echo`). */
+  promptLogprobs: boolean;
+}
+
 const unsupported = (field: string, message: string) => badRequest(`\`${field}\` ${message}`, field, "unsupported_parameter");
+
+/** An empty tool list or a "none" choice asks for nothing the service lacks. */
+const TOOL_FIELDS = [
+  ["tools", (v: unknown) => Array.isArray(v) && v.length === 0],
+  ["functions", (v: unknown) => Array.isArray(v) && v.length === 0],
+  ["tool_choice", (v: unknown) => v === "none"],
+  ["function_call", (v: unknown) => v === "none"],
+] as const;
 
 /** Fields a client may send that the service cannot honour: refused, never silently ignored. */
 function refuseUnsupported(body: SamplingBody): void {
-  if (body.logprobs != null && body.logprobs !== false)
-    throw unsupported("logprobs", "is not supported: this server does not return log probabilities");
-  if (body.top_logprobs != null && body.top_logprobs !== 0)
-    throw unsupported("top_logprobs", "is not supported: this server does not return log probabilities");
   const format = body.response_format;
   const plainText = typeof format === "object" && format !== null && (format as { type?: unknown }).type === "text";
   if (format != null && !plainText)
     throw unsupported("response_format", 'is not supported: only plain text output ({"type": "text"}) is available');
+  for (const [field, harmless] of TOOL_FIELDS) {
+    const value = body[field];
+    if (value != null && !harmless(value))
+      throw unsupported(field, "is not supported: this model does not call tools or functions, it only writes text");
+  }
+}
+
+/** max_tokens or its newer alias max_completion_tokens; both only when they agree. */
+function requestedMaxTokens(body: SamplingBody): number {
+  const { max_tokens: a, max_completion_tokens: b } = body;
+  if (a != null && b != null && a !== b)
+    throw badRequest(
+      `\`max_tokens\` (${a}) and \`max_completion_tokens\` (${b}) disagree: they are the same setting, send one of them`,
+      "max_completion_tokens",
+    );
+  return b ?? a ?? D.max_tokens;
 }
 
 /** SPEC.md §4: both penalties collapse into one repetition penalty. */
@@ -130,8 +188,8 @@ function randomSeed(): number {
   return crypto.getRandomValues(new Uint32Array(1))[0];
 }
 
-function resolve(deps: AppDeps, body: SamplingBody, prompt: number[], echo: string, ext: Extension | undefined): CompatJob {
-  const maxTokens = body.max_completion_tokens ?? body.max_tokens ?? D.max_tokens;
+function resolve(deps: AppDeps, body: SamplingBody, prompt: number[], shape: JobShape, ext: Extension | undefined): CompatJob {
+  const { maxTokens } = shape;
   checkLength(deps, prompt.length, maxTokens);
   const engine = requireEngine(deps);
   const stopStrings = body.stop == null ? [] : Array.isArray(body.stop) ? body.stop : [body.stop];
@@ -152,74 +210,111 @@ function resolve(deps: AppDeps, body: SamplingBody, prompt: number[], echo: stri
       },
       stopTokenIds: stopTokenIds(deps),
       cacheWindow: ext?.cacheWindow ?? 0,
+      ...(shape.logprobs === undefined ? {} : { logprobs: shape.logprobs, promptLogprobs: shape.promptLogprobs }),
       ...ext?.request,
     },
     stopStrings,
     stream,
     includeUsage: stream && (body.stream_options?.include_usage ?? false),
     model: body.model,
-    echo,
+    echo: shape.echo,
     scheduling: ext?.scheduling ?? {},
   };
 }
 
 function chatJob(deps: AppDeps, body: ChatCompletionBody, ext?: Extension): CompatJob {
   refuseUnsupported(body);
-  return resolve(deps, body, promptTokens(deps, renderChat(body.messages), "messages"), "", ext);
+  if (body.top_logprobs != null && body.logprobs !== true)
+    throw badRequest("`top_logprobs` needs `logprobs: true`", "top_logprobs");
+  const maxTokens = requestedMaxTokens(body);
+  const logprobs = body.logprobs === true ? (body.top_logprobs ?? 0) : undefined;
+  const prompt = promptTokens(deps, renderChat(body.messages), "messages");
+  return resolve(deps, body, prompt, { maxTokens, echo: "", logprobs, promptLogprobs: false }, ext);
 }
-
-const isTexts = (p: string[] | number[]): p is string[] => typeof p[0] === "string";
 
 /** SPEC.md §4: of several prompts, only the first is used; an id array is one prompt. */
 function firstPrompt(p: CompletionBody["prompt"]): { prompt: string | number[]; param: string } {
   if (typeof p === "string") return { prompt: p, param: "prompt" };
-  return isTexts(p) ? { prompt: p[0], param: "prompt[0]" } : { prompt: p, param: "prompt" };
+  const first = p[0];
+  return typeof first === "number" ? { prompt: p as number[], param: "prompt" } : { prompt: first, param: "prompt[0]" };
 }
 
 function completionJob(deps: AppDeps, body: CompletionBody, ext?: Extension): CompatJob {
   refuseUnsupported(body);
   if (body.suffix != null && body.suffix !== "")
     throw unsupported("suffix", "is not supported: this server only continues the prompt, it does not fill in text");
+  const maxTokens = requestedMaxTokens(body);
+  const echoed = body.echo ?? false;
+  if (maxTokens === 0 && !echoed) {
+    const field = body.max_completion_tokens != null ? "max_completion_tokens" : "max_tokens";
+    throw outOfRange(field, "must be at least 1 (0, to only score the prompt, needs `echo: true`), got 0");
+  }
   const { prompt, param } = firstPrompt(body.prompt);
   const ids = promptTokens(deps, prompt, param);
-  const echo = body.echo ? (typeof prompt === "string" ? prompt : deps.tokenizer.decode(ids)) : "";
-  return resolve(deps, body, ids, echo, ext);
+  const echo = echoed ? (typeof prompt === "string" ? prompt : deps.tokenizer.decode(ids)) : "";
+  const logprobs = body.logprobs ?? undefined;
+  return resolve(deps, body, ids, { maxTokens, echo, logprobs, promptLogprobs: echoed && logprobs !== undefined }, ext);
 }
 
 // ---- response framing: the one place chat and text completions differ ----
 
-interface Framing {
+/** One response's log-probability sections, in its framing's shape (src/http/logprobs.ts). */
+interface LogprobWriter<S> {
+  /** The echoed prompt's tokens (text completions only). */
+  prompt?(ids: readonly number[], entries: readonly (TokenLogprob | null)[]): S;
+  generated(ids: readonly number[], entries: readonly TokenLogprob[]): S;
+  /** Sections of consecutive tokens as one. */
+  join(parts: readonly S[]): S;
+}
+
+interface Framing<S> {
   idPrefix: string;
   object: string;
   chunkObject: string;
   /** The choice of a whole (non-streamed) response. */
-  choice(text: string, finishReason: HttpFinishReason): object;
+  choice(text: string, finishReason: HttpFinishReason, logprobs: S | null): object;
   /** The stream's first choice, before any text (chat: the role), or null. */
   opening: object | null;
-  /** A stream choice carrying text. */
-  delta(text: string): object;
+  /** A stream choice carrying text (and the log-probabilities of the tokens it completes). */
+  delta(text: string, logprobs: S | null): object;
   /** The stream's closing choice. */
-  end(finishReason: HttpFinishReason): object;
+  end(finishReason: HttpFinishReason, logprobs: S | null): object;
+  /** A writer for one response; echo is the text before the generated text. */
+  logprobs(tokenizer: Tokenizer, echo: string): LogprobWriter<S>;
 }
 
-const CHAT: Framing = {
+const CHAT: Framing<ChatLogprobs> = {
   idPrefix: "chatcmpl-",
   object: "chat.completion",
   chunkObject: "chat.completion.chunk",
-  choice: (text, finishReason) => ({ index: 0, message: { role: "assistant", content: text }, finish_reason: finishReason }),
-  opening: { index: 0, delta: { role: "assistant" }, finish_reason: null },
-  delta: (text) => ({ index: 0, delta: { content: text }, finish_reason: null }),
-  end: (finishReason) => ({ index: 0, delta: {}, finish_reason: finishReason }),
+  choice: (text, finishReason, logprobs) => ({
+    index: 0,
+    message: { role: "assistant", content: text },
+    logprobs,
+    finish_reason: finishReason,
+  }),
+  opening: { index: 0, delta: { role: "assistant" }, logprobs: null, finish_reason: null },
+  delta: (text, logprobs) => ({ index: 0, delta: { content: text }, logprobs, finish_reason: null }),
+  end: (finishReason, logprobs) => ({ index: 0, delta: {}, logprobs, finish_reason: finishReason }),
+  logprobs: (tokenizer) => ({ generated: (_, entries) => chatLogprobs(tokenizer, entries), join: joinChatLogprobs }),
 };
 
-const TEXT: Framing = {
+const TEXT: Framing<CompletionLogprobs> = {
   idPrefix: "cmpl-",
   object: "text_completion",
   chunkObject: "text_completion",
-  choice: (text, finishReason) => ({ text, index: 0, finish_reason: finishReason }),
+  choice: (text, finishReason, logprobs) => ({ text, index: 0, logprobs, finish_reason: finishReason }),
   opening: null,
-  delta: (text) => ({ text, index: 0, finish_reason: null }),
-  end: (finishReason) => ({ text: "", index: 0, finish_reason: finishReason }),
+  delta: (text, logprobs) => ({ text, index: 0, logprobs, finish_reason: null }),
+  end: (finishReason, logprobs) => ({ text: "", index: 0, logprobs, finish_reason: finishReason }),
+  logprobs: (tokenizer, echo) => {
+    const writer = new CompletionLogprobWriter(tokenizer, echo);
+    return {
+      prompt: (ids, entries) => writer.promptSection(ids, entries),
+      generated: (ids, entries) => writer.generatedSection(ids, entries),
+      join: joinCompletionLogprobs,
+    };
+  },
 };
 
 function responseId(prefix: string): string {
@@ -232,9 +327,19 @@ function usage(job: CompatJob, done: Completion) {
   return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
 }
 
-async function respond(deps: AppDeps, job: CompatJob, framing: Framing, http: Request, ext?: Extension): Promise<Response> {
+/** The whole response's log-probabilities: the scored prompt's (echo), then the generated tokens'. */
+function wholeLogprobs<S>(writer: LogprobWriter<S>, request: GenerateRequest, done: Completion): S {
+  const parts: S[] = [];
+  const scored = done.result.promptLogprobs;
+  if (scored && writer.prompt) parts.push(writer.prompt(request.promptTokens, scored));
+  parts.push(writer.generated(done.tokens, done.logprobs));
+  return writer.join(parts);
+}
+
+async function respond<S>(deps: AppDeps, job: CompatJob, framing: Framing<S>, http: Request, ext?: Extension): Promise<Response> {
   const head = { id: responseId(framing.idPrefix), created: Math.floor(Date.now() / 1000), model: job.model };
   const { engine, request, stopStrings, scheduling } = job;
+  const writer = request.logprobs === undefined ? null : framing.logprobs(deps.tokenizer, job.echo);
 
   if (!job.stream) {
     const done = await runGeneration(engine, deps.tokenizer, request, stopStrings, http.signal, undefined, scheduling);
@@ -243,7 +348,7 @@ async function respond(deps: AppDeps, job: CompatJob, framing: Framing, http: Re
       object: framing.object,
       created: head.created,
       model: head.model,
-      choices: [framing.choice(job.echo + done.text, done.finishReason)],
+      choices: [framing.choice(job.echo + done.text, done.finishReason, writer && wholeLogprobs(writer, request, done))],
       usage: usage(job, done),
       ...ext?.sections(done, request),
     });
@@ -257,14 +362,30 @@ async function respond(deps: AppDeps, job: CompatJob, framing: Framing, http: Re
   return sseAfterAdmission(http, (send, signal) => {
     // Held by sseAfterAdmission until the request leaves the queue.
     if (framing.opening) send(chunk(framing.opening));
+    // Log-probabilities ride on the chunk that carries their tokens' text; a
+    // token whose text is still held back waits for the next chunk.
+    const pending: S[] = [];
+    const takePending = () => (writer && pending.length > 0 ? writer.join(pending.splice(0)) : null);
     const text = (t: string) => {
-      if (t !== "") send(chunk(framing.delta(t))); // SPEC.md §6: no empty deltas
+      if (t !== "") send(chunk(framing.delta(t, takePending()))); // SPEC.md §6: no empty deltas
     };
-    text(job.echo);
-    const run = runGeneration(engine, deps.tokenizer, request, stopStrings, signal, (_, t) => text(t), scheduling);
+    const onToken: DeltaSink = (id, t, logprob) => {
+      if (writer && logprob) pending.push(writer.generated([id], [logprob]));
+      text(t);
+    };
+    // The echoed prompt comes first: once scored, with its log-probabilities.
+    const promptSection = request.promptLogprobs ? writer?.prompt : undefined;
+    const onPromptLogprobs = promptSection
+      ? (entries: (TokenLogprob | null)[]) => {
+          pending.push(promptSection(request.promptTokens, entries));
+          text(job.echo);
+        }
+      : undefined;
+    if (!onPromptLogprobs) text(job.echo);
+    const run = runGeneration(engine, deps.tokenizer, request, stopStrings, signal, onToken, scheduling, onPromptLogprobs);
     const done = run.then(completedForStream).then((c) => {
       text(c.tail);
-      send(chunk(framing.end(c.finishReason), ext?.sections(c, request)));
+      send(chunk(framing.end(c.finishReason, takePending()), ext?.sections(c, request)));
       if (job.includeUsage) send(sseEvent({ ...chunkHead, choices: [], usage: usage(job, c) }));
     });
     // sseResponse reports a failure as an error event; this only keeps a

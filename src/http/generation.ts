@@ -3,7 +3,7 @@
 // the generated ids into text deltas with whole-string stop matching.
 // Families differ only in their request fields and their response framing.
 import type { Config } from "../config.ts";
-import type { GenerateRequest, GenerateResult, ModelInfo, TokenSink } from "../engine/types.ts";
+import type { GenerateRequest, GenerateResult, ModelInfo, PromptLogprobSink, TokenLogprob, TokenSink } from "../engine/types.ts";
 import { TextStream } from "../text/stream.ts";
 import type { Tokenizer } from "../tokenizer.ts";
 import type { ServiceMetrics } from "../metrics.ts";
@@ -26,7 +26,7 @@ export interface GenerationEngine {
   readonly info: ModelInfo;
   enqueue(
     req: GenerateRequest,
-    opts: { priority?: number; sloMs?: number | null; signal?: AbortSignal },
+    opts: { priority?: number; sloMs?: number | null; signal?: AbortSignal; onPromptLogprobs?: PromptLogprobSink },
     sink: TokenSink,
   ): { started: Promise<unknown>; result: Promise<GenerateResult> };
 }
@@ -97,13 +97,18 @@ export type HttpFinishReason = "stop" | "length" | "error";
 
 export interface Completion {
   tokens: number[];
+  /** With request.logprobs: one entry per token of `tokens`. */
+  logprobs: TokenLogprob[];
   text: string;
   finishReason: HttpFinishReason;
   result: GenerateResult;
 }
 
-/** Called per generated token with its text delta ("" while a character or a possible stop is incomplete). */
-export type DeltaSink = (tokenId: number, text: string) => void;
+/**
+ * Called per generated token with its text delta ("" while a character or a
+ * possible stop is incomplete) and, when the request asked, its log-probability.
+ */
+export type DeltaSink = (tokenId: number, text: string, logprob?: TokenLogprob) => void;
 
 /** Streams report an engine failure as an error event (DESIGN.md §6) rather than as a finish_reason. */
 export function completedForStream<C extends { finishReason: HttpFinishReason }>(c: C): C {
@@ -131,6 +136,9 @@ const schedulerToHttp = (e: unknown): never => {
  *
  * Admission happens synchronously in this call: a refused request throws a
  * 503 HttpError here, before any response has been opened.
+ *
+ * onPromptLogprobs (a request scoring its prompt) gets the prompt's entries
+ * before the first token reaches onToken.
  */
 export function runGeneration(
   engine: GenerationEngine,
@@ -140,16 +148,20 @@ export function runGeneration(
   signal: AbortSignal | undefined,
   onToken: DeltaSink = () => {},
   scheduling: Scheduling = {},
+  onPromptLogprobs?: PromptLogprobSink,
 ): GenerationRun {
   const text = new TextStream(tokenizer, stopStrings);
-  const sink = (id: number) => {
+  const logprobs: TokenLogprob[] = [];
+  const sink = (id: number, logprob?: TokenLogprob) => {
     const delta = text.push(id);
-    onToken(id, delta.text);
+    if (logprob) logprobs.push(logprob);
+    onToken(id, delta.text, logprob);
     return !delta.stopped;
   };
   let ticket: ReturnType<GenerationEngine["enqueue"]>;
   try {
-    ticket = engine.enqueue(request, { priority: scheduling.priority ?? 0, sloMs: scheduling.sloMs, signal }, sink);
+    const opts = { priority: scheduling.priority ?? 0, sloMs: scheduling.sloMs, signal, onPromptLogprobs };
+    ticket = engine.enqueue(request, opts, sink);
   } catch (e) {
     return schedulerToHttp(e);
   }
@@ -157,7 +169,7 @@ export function runGeneration(
     const tail = text.finish();
     const finishReason: HttpFinishReason =
       result.finishReason === "error" ? "error" : text.stopped || result.finishReason !== "length" ? "stop" : "length";
-    return { tokens: result.tokens, text: text.text, tail, finishReason, result };
+    return { tokens: result.tokens, logprobs, text: text.text, tail, finishReason, result };
   }, schedulerToHttp);
   return Object.assign(done, { started: ticket.started.then(() => undefined, schedulerToHttp) });
 }

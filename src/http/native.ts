@@ -15,6 +15,7 @@ import {
   runGeneration,
   stopTokenIds,
 } from "./generation.ts";
+import { nativeLogprobs } from "./logprobs.ts";
 import { GenerateBody, NATIVE_DEFAULTS as D } from "./schemas.ts";
 import { sseAfterAdmission, sseEvent } from "./sse.ts";
 
@@ -52,10 +53,21 @@ function resolve(deps: AppDeps, body: GenerateBody): NativeJob {
       },
       stopTokenIds: stopTokenIds(deps, stopIds),
       cacheWindow,
+      ...logprobsKnob(body.logprobs),
     },
     stopStrings,
     stream: body.stream ?? D.stream,
   };
+}
+
+/** The `logprobs` knob as an engine request field (unset or null: none). */
+export function logprobsKnob(logprobs: number | null | undefined): Pick<GenerateRequest, "logprobs"> {
+  return logprobs == null ? {} : { logprobs };
+}
+
+/** The response's `logprobs` (docs/logprobs.md), when the request asked for them. */
+export function logprobsField(deps: AppDeps, request: GenerateRequest, c: Completion) {
+  return request.logprobs === undefined ? {} : { logprobs: nativeLogprobs(deps.tokenizer, c.logprobs) };
 }
 
 export function nativeStats(c: Completion, mode: string, loopsUsed: number) {
@@ -82,7 +94,8 @@ async function generate(deps: AppDeps, body: GenerateBody, httpRequest: Request)
         request,
         stopStrings,
         signal,
-        (id, text) => send(sseEvent({ token_id: id, text })),
+        // With logprobs, each token's event carries its one entry: the events' arrays add up to the body's.
+        (id, text, logprob) => send(sseEvent({ token_id: id, text, ...(logprob ? { logprobs: nativeLogprobs(deps.tokenizer, [logprob]) } : {}) })),
         scheduling,
       );
       const done = run.then(completedForStream).then((c) => send(sseEvent({ token_id: -1, text: c.tail })));
@@ -95,6 +108,7 @@ async function generate(deps: AppDeps, body: GenerateBody, httpRequest: Request)
     tokens: done.tokens,
     text: done.text,
     finish_reason: done.finishReason,
+    ...logprobsField(deps, request, done),
     stats: nativeStats(done, "generate", request.loops),
   });
 }

@@ -5,6 +5,7 @@
 // Optional fields also accept null, meaning "unset" (SPEC.md gives several
 // optional fields a null default, and many clients send null for "not set").
 import { type Static, type TSchema, Type as T } from "@sinclair/typebox";
+import { MAX_TOP_LOGPROBS } from "../engine/logprobs.ts";
 
 const optional = <S extends TSchema>(schema: S) => T.Optional(T.Union([schema, T.Null()]));
 
@@ -58,6 +59,8 @@ export const GenerateBody = T.Object({
   stop: optional(NativeStop),
   // Upper bound SERVICE_MAX_SEQ_LEN is checked at run time (it is configuration).
   cache_window: optional(T.Integer({ minimum: 0 })),
+  /** Log-probability of each generated token with this many most likely alternatives (docs/logprobs.md). */
+  logprobs: optional(T.Integer({ minimum: 0, maximum: MAX_TOP_LOGPROBS })),
   ...SchedulingFields,
 });
 export type GenerateBody = Static<typeof GenerateBody>;
@@ -84,15 +87,15 @@ export const CompatStop = T.Union([T.String({ minLength: 1 }), T.Array(T.String(
 /**
  * Sampling fields shared by chat and text completions (and, through them, the
  * extended family). Fields a standard client may send that are not listed
- * here (tools, tool_choice, functions, function_call, parallel_tool_calls,
- * user, logit_bias, metadata, store, service_tier, ...) are stripped by the
- * validator: accepted and ignored, as SPEC.md §4 says.
+ * here (parallel_tool_calls, user, logit_bias, metadata, store,
+ * service_tier, ...) are stripped by the validator: accepted and ignored, as
+ * SPEC.md §4 says.
  */
 export const CompatSamplingFields = {
   /** Echoed into the response; any string. */
   model: T.String(),
   max_tokens: optional(MaxTokens),
-  /** The newer clients' name for max_tokens; wins when both are sent (as in vLLM). */
+  /** The newer clients' name for max_tokens; both may be sent only with the same value. */
   max_completion_tokens: optional(MaxTokens),
   temperature: optional(T.Number({ minimum: 0, maximum: 2 })),
   top_p: optional(T.Number({ minimum: 0, maximum: 1 })),
@@ -109,9 +112,11 @@ export const CompatSamplingFields = {
   loops: optional(T.Integer({ minimum: 1, maximum: 64 })),
   // Declared only so the handlers see them and refuse them with a 400 naming
   // the field (DESIGN.md §6: never silently ignored); see compat.ts.
-  logprobs: T.Optional(T.Unknown()),
-  top_logprobs: T.Optional(T.Unknown()),
   response_format: T.Optional(T.Unknown()),
+  tools: T.Optional(T.Unknown()),
+  tool_choice: T.Optional(T.Unknown()),
+  functions: T.Optional(T.Unknown()),
+  function_call: T.Optional(T.Unknown()),
 };
 
 export const ChatRole = T.Union([T.Literal("system"), T.Literal("user"), T.Literal("assistant")]);
@@ -130,14 +135,25 @@ export type ChatMessage = Static<typeof ChatMessage>;
 const ChatFields = {
   messages: T.Array(ChatMessage, { minItems: 1 }),
   ...CompatSamplingFields,
+  /** Log-probability of each generated token (choices[].logprobs.content). */
+  logprobs: optional(T.Boolean()),
+  /** Most likely alternatives per token; needs `logprobs: true`. */
+  top_logprobs: optional(T.Integer({ minimum: 0, maximum: MAX_TOP_LOGPROBS })),
 };
 
-/** Text, several texts (only the first is used, SPEC.md §4), or pre-tokenised ids. */
+/** Text, several texts (only the first is used, SPEC.md §4), pre-tokenised ids, or several id lists (likewise). */
 export const CompletionPrompt = T.Union([
   T.String({ minLength: 1 }),
   T.Array(T.String({ minLength: 1 }), { minItems: 1 }),
   T.Array(T.Integer(), { minItems: 1 }),
+  T.Array(T.Array(T.Integer(), { minItems: 1 }), { minItems: 1 }),
 ]);
+
+/** OpenAI's bound on a text completion's `logprobs`. */
+export const MAX_COMPLETION_LOGPROBS = 5;
+
+/** A text completion may ask for no tokens when it only scores its prompt (`echo`); checked in compat.ts. */
+const ScoringMaxTokens = T.Integer({ minimum: 0, maximum: MAX_TOKENS_LIMIT });
 
 const CompletionFields = {
   prompt: CompletionPrompt,
@@ -148,6 +164,10 @@ const CompletionFields = {
   /** Server-side candidates to pick from: only 1. */
   best_of: optional(T.Integer({ minimum: 1, maximum: 1 })),
   ...CompatSamplingFields,
+  max_tokens: optional(ScoringMaxTokens),
+  max_completion_tokens: optional(ScoringMaxTokens),
+  /** Log-probability of each token with this many most likely alternatives (choices[].logprobs). */
+  logprobs: optional(T.Integer({ minimum: 0, maximum: MAX_COMPLETION_LOGPROBS })),
 };
 
 export const ChatCompletionBody = T.Object(ChatFields);

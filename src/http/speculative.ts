@@ -22,7 +22,7 @@ import {
   runGeneration,
   stopTokenIds,
 } from "./generation.ts";
-import { nativeStats } from "./native.ts";
+import { logprobsField, logprobsKnob, nativeStats } from "./native.ts";
 import { NATIVE_DEFAULTS as D, EXTENDED_DEFAULTS as E, GenerateBody, type GenerationMode, SpeculativeFields } from "./schemas.ts";
 
 // ---- request bodies: /generate's fields plus the knobs (ranges of SPEC.md §8) ----
@@ -127,6 +127,7 @@ async function generate(deps: AppDeps, body: TreeSpeculativeBody, httpRequest: R
       stops.filter((s): s is number => typeof s === "number"),
     ),
     cacheWindow,
+    ...logprobsKnob(body.logprobs),
     ...spec,
   };
   const stopStrings = stops.filter((s): s is string => typeof s === "string");
@@ -136,6 +137,7 @@ async function generate(deps: AppDeps, body: TreeSpeculativeBody, httpRequest: R
     tokens: done.tokens,
     text: done.text,
     finish_reason: done.finishReason,
+    ...logprobsField(deps, request, done),
     stats: speculativeStats(done, mode, spec.verifyLoops),
   });
 }

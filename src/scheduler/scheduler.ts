@@ -7,7 +7,7 @@
 // Admission is synchronous: enqueue() either returns a ticket or throws a
 // SchedulerRejection before anything is sent to the client, so the HTTP
 // layer can answer 503 instead of opening a stream.
-import type { GenerateRequest, GenerateResult, TokenSink } from "../engine/types.ts";
+import type { GenerateRequest, GenerateResult, PromptLogprobSink, TokenSink } from "../engine/types.ts";
 import type { ServiceMetrics } from "../metrics.ts";
 import { createRequest, type RequestRecord, type RequestState, transition } from "./lifecycle.ts";
 import { LatencyPredictor, type Work } from "./predictor.ts";
@@ -36,6 +36,8 @@ export interface EngineRunOptions<S extends Snapshot> {
    * does not call it.
    */
   capture?: (snapshot: S) => void;
+  /** Passed on from SubmitOptions: where a prompt-scoring request's prompt log-probabilities go first. */
+  onPromptLogprobs?: PromptLogprobSink;
 }
 
 /**
@@ -82,6 +84,7 @@ export interface SubmitOptions {
   priority?: number; // higher runs first; default 0
   sloMs?: number | null; // latency target for this request; overrides defaultSloMs
   signal?: AbortSignal; // abort = client gone: cancels the request, queued or running
+  onPromptLogprobs?: PromptLogprobSink; // req.promptLogprobs: the prompt's entries, before the first token
 }
 
 export interface Ticket {
@@ -105,6 +108,7 @@ interface Job {
   readonly req: GenerateRequest;
   readonly sink: TokenSink;
   readonly signal?: AbortSignal;
+  readonly onPromptLogprobs?: PromptLogprobSink;
   readonly work: Work;
   readonly tokens: number[]; // tokens handed to the sink so far
   sinkStopped: boolean;
@@ -173,13 +177,14 @@ export class Scheduler<S extends Snapshot = Snapshot> {
     const rec = createRequest(this.nextId++, priority, this.metrics);
     const started = deferred<"running" | "cancelled">();
     const result = deferred<GenerateResult>();
-    const prefill = req.promptTokens.length - this.prefixPool.peek(req.promptTokens, req.loops, this.cacheMode, req.cacheWindow);
+    const prefill = req.promptTokens.length - this.reusable(req);
     const job: Job = {
       rec,
       priority,
       req,
       sink,
       signal: opts.signal,
+      onPromptLogprobs: opts.onPromptLogprobs,
       work: { prefillTokens: prefill, maxTokens: req.maxTokens, loops: req.loops },
       tokens: [],
       sinkStopped: false,
@@ -264,6 +269,11 @@ export class Scheduler<S extends Snapshot = Snapshot> {
     return new Promise((resolve) => this.idleWaiters.push(resolve));
   }
 
+  /** Prompt positions a pooled prefix would spare this request (none for a prompt-scoring one). */
+  private reusable(req: GenerateRequest): number {
+    return req.promptLogprobs ? 0 : this.prefixPool.peek(req.promptTokens, req.loops, this.cacheMode, req.cacheWindow);
+  }
+
   // ---- admission ----
 
   private admission(job: Job, opts: SubmitOptions): SchedulerRejection | null {
@@ -330,16 +340,17 @@ export class Scheduler<S extends Snapshot = Snapshot> {
     const pool = this.prefixPool;
     let hit: PrefixHit<S> | null = null;
     try {
-      hit = pool.lookup(req.promptTokens, req.loops, this.cacheMode, req.cacheWindow);
+      // Scoring a prompt needs the logits of every prompt position, which a pooled prefix does not hold.
+      hit = req.promptLogprobs ? null : pool.lookup(req.promptTokens, req.loops, this.cacheMode, req.cacheWindow);
       const wantCapture = pool.wants(req.promptTokens, req.loops, this.cacheMode, req.cacheWindow);
-      const options: EngineRunOptions<S> = {};
+      const options: EngineRunOptions<S> = { onPromptLogprobs: job.onPromptLogprobs };
       if (hit) options.prefix = { snapshot: hit.snapshot, length: hit.length };
       if (wantCapture)
         options.capture = (snap) => void pool.insert(req.promptTokens, req.loops, this.cacheMode, req.cacheWindow, snap);
-      const sink: TokenSink = (id) => {
+      const sink: TokenSink = (id, logprob) => {
         if (rec.times.firstToken === undefined) rec.times.firstToken = performance.now();
         job.tokens.push(id);
-        const go = job.sink(id);
+        const go = job.sink(id, logprob);
         if (go === false) job.sinkStopped = true;
         return go;
       };
