@@ -168,8 +168,13 @@ function refuseUnsupported(body: SamplingBody): void {
   }
 }
 
-/** max_tokens or its newer alias max_completion_tokens; both only when they agree. */
-function requestedMaxTokens(body: SamplingBody): number {
+/**
+ * max_tokens or its newer alias max_completion_tokens; both only when they
+ * agree. 0 only for a text completion that scores its prompt (`echo`).
+ */
+function requestedMaxTokens(body: SamplingBody, scoring: boolean): number {
+  for (const field of ["max_tokens", "max_completion_tokens"] as const)
+    if (body[field] === 0 && !scoring) throw outOfRange(field, "must be at least 1 (0, to only score the prompt, needs `echo: true`), got 0");
   const { max_tokens: a, max_completion_tokens: b } = body;
   if (a != null && b != null && a !== b)
     throw badRequest(
@@ -226,7 +231,7 @@ function chatJob(deps: AppDeps, body: ChatCompletionBody, ext?: Extension): Comp
   refuseUnsupported(body);
   if (body.top_logprobs != null && body.logprobs !== true)
     throw badRequest("`top_logprobs` needs `logprobs: true`", "top_logprobs");
-  const maxTokens = requestedMaxTokens(body);
+  const maxTokens = requestedMaxTokens(body, false);
   const logprobs = body.logprobs === true ? (body.top_logprobs ?? 0) : undefined;
   const prompt = promptTokens(deps, renderChat(body.messages), "messages");
   return resolve(deps, body, prompt, { maxTokens, echo: "", logprobs, promptLogprobs: false }, ext);
@@ -243,12 +248,8 @@ function completionJob(deps: AppDeps, body: CompletionBody, ext?: Extension): Co
   refuseUnsupported(body);
   if (body.suffix != null && body.suffix !== "")
     throw unsupported("suffix", "is not supported: this server only continues the prompt, it does not fill in text");
-  const maxTokens = requestedMaxTokens(body);
   const echoed = body.echo ?? false;
-  if (maxTokens === 0 && !echoed) {
-    const field = body.max_completion_tokens != null ? "max_completion_tokens" : "max_tokens";
-    throw outOfRange(field, "must be at least 1 (0, to only score the prompt, needs `echo: true`), got 0");
-  }
+  const maxTokens = requestedMaxTokens(body, echoed);
   const { prompt, param } = firstPrompt(body.prompt);
   const ids = promptTokens(deps, prompt, param);
   const echo = echoed ? (typeof prompt === "string" ? prompt : deps.tokenizer.decode(ids)) : "";

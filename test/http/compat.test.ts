@@ -123,7 +123,14 @@ describe("GET /v1/models", () => {
     expect(list.object).toBe("list");
     expect(list.data).toHaveLength(1);
     const [m] = list.data;
-    expect(m).toEqual({ id: expect.stringMatching(/\.safetensors$/), object: "model", created: expect.any(Number), owned_by: "loopserve" });
+    expect(m).toEqual({
+      id: expect.stringMatching(/\.safetensors$/),
+      object: "model",
+      created: expect.any(Number),
+      owned_by: "loopserve",
+      max_model_len: MAX_SEQ_LEN,
+      default_loops: DEFAULT_LOOPS,
+    });
     expect(Number.isInteger(m.created)).toBe(true);
     expect(Math.abs((m.created as number) - Date.now() / 1000)).toBeLessThan(600);
   });
@@ -156,7 +163,7 @@ describe("POST /v1/chat/completions response", () => {
     expect(r.created).toBeLessThanOrEqual(Math.ceil(Date.now() / 1000));
     expect(r.model).toBe(MODEL);
     expect(r.choices).toHaveLength(1);
-    expect(r.choices[0]).toEqual({ index: 0, message: { role: "assistant", content: expect.any(String) }, finish_reason: "length" });
+    expect(r.choices[0]).toEqual({ index: 0, message: { role: "assistant", content: expect.any(String) }, logprobs: null, finish_reason: "length" });
     expect(r.usage).toEqual({ prompt_tokens: tok.encode(USER_RENDERED).length, completion_tokens: 6, total_tokens: tok.encode(USER_RENDERED).length + 6 });
   });
 
@@ -182,7 +189,7 @@ describe("POST /v1/completions response", () => {
     expect(r.object).toBe("text_completion");
     expect(Number.isInteger(r.created)).toBe(true);
     expect(r.model).toBe(MODEL);
-    expect(r.choices).toEqual([{ text: expect.any(String), index: 0, finish_reason: "length" }]);
+    expect(r.choices).toEqual([{ text: expect.any(String), index: 0, logprobs: null, finish_reason: "length" }]);
     const n = tok.encode(PROMPT).length;
     expect(r.usage).toEqual({ prompt_tokens: n, completion_tokens: 5, total_tokens: n + 5 });
   });
@@ -311,18 +318,41 @@ describe("sampling fields", () => {
     expect(r.choices[0].finish_reason).toBe("length");
   });
 
-  test("max_completion_tokens (newer clients) is honoured and wins over max_tokens", async () => {
+  test("max_completion_tokens (newer clients) is an alias of max_tokens; both only with the same value", async () => {
     expect((await chat({ max_completion_tokens: 4 })).usage.completion_tokens).toBe(4);
-    expect((await chat({ max_completion_tokens: 2, max_tokens: 9 })).usage.completion_tokens).toBe(2);
+    expect((await chat({ max_completion_tokens: 3, max_tokens: 3 })).usage.completion_tokens).toBe(3);
+    const res = await server.post("/v1/chat/completions", { model: MODEL, messages: USER, max_completion_tokens: 2, max_tokens: 9 });
+    expect(res.status).toBe(400);
+    const body = await res.json();
+    expectError(body, "max_completion_tokens");
+    expect(body.error.message).toContain("`max_tokens` (9)");
+    expect(body.error.message).toContain("`max_completion_tokens` (2)");
   });
 
-  test("tool and function-calling fields (and other unknown fields) are accepted and ignored", async () => {
+  test.each([
+    ["tools", [{ type: "function", function: { name: "f", parameters: { type: "object" } } }]],
+    ["tool_choice", "auto"],
+    ["tool_choice", { type: "function", function: { name: "f" } }],
+    ["functions", [{ name: "g" }]],
+    ["function_call", "auto"],
+  ])("%s = %p is a 400 unsupported_parameter naming it", async (field, value) => {
+    for (const path of ["/v1/chat/completions", "/api/v0/chat/completions"]) {
+      const res = await server.post(path, { model: MODEL, messages: USER, max_tokens: 1, [field]: value });
+      expect(res.status).toBe(400);
+      const body = await res.json();
+      expectError(body, field);
+      expect(body.error.code).toBe("unsupported_parameter");
+      expect(body.error.message).toContain(`\`${field}\``);
+    }
+  });
+
+  test("tool fields that ask for nothing (null, an empty list, \"none\") and other unknown fields are accepted and ignored", async () => {
     const plain = await chat({ max_tokens: 8, temperature: 0 });
     const extras = {
-      tools: [{ type: "function", function: { name: "f", parameters: { type: "object" } } }],
-      tool_choice: "auto",
+      tools: [],
+      tool_choice: "none",
       parallel_tool_calls: false,
-      functions: [{ name: "g" }],
+      functions: null,
       function_call: "none",
       user: "someone",
       logit_bias: { "50256": -100 },
@@ -361,6 +391,26 @@ describe("POST /v1/completions prompt forms", () => {
     expect(ids.choices[0].text).toBe(one.choices[0].text);
   });
 
+  test("of a list of pre-tokenised prompts only the first is used", async () => {
+    const one = await complete({ max_tokens: 8, temperature: 0 });
+    const many = await complete({ prompt: [tok.encode(PROMPT), tok.encode("something else")], max_tokens: 8, temperature: 0 });
+    expect(many.choices[0].text).toBe(one.choices[0].text);
+    expect(many.usage.prompt_tokens).toBe(one.usage.prompt_tokens);
+  });
+
+  test("max_tokens 0 only scores the prompt: allowed with echo, and then nothing is generated", async () => {
+    const r = await complete({ max_tokens: 0, echo: true });
+    expect(r.choices[0]).toEqual({ text: PROMPT, index: 0, logprobs: null, finish_reason: "length" });
+    expect(r.usage).toEqual({ prompt_tokens: tok.encode(PROMPT).length, completion_tokens: 0, total_tokens: tok.encode(PROMPT).length });
+    for (const field of ["max_tokens", "max_completion_tokens"]) {
+      const res = await server.post("/v1/completions", { model: MODEL, prompt: PROMPT, [field]: 0 });
+      expect(res.status).toBe(400);
+      const body = await res.json();
+      expectError(body, field);
+      expect(body.error.message).toContain("echo");
+    }
+  });
+
   test("echo prepends the prompt to the text", async () => {
     const plain = await complete({ max_tokens: 6, temperature: 0 });
     const echoed = await complete({ max_tokens: 6, temperature: 0, echo: true });
@@ -371,8 +421,8 @@ describe("POST /v1/completions prompt forms", () => {
   test.each([
     ["suffix", "and then", "suffix"],
     ["best_of", 2, "best_of"],
-    ["logprobs", 0, "logprobs"],
-    ["logprobs", 3, "logprobs"],
+    ["logprobs", 6, "logprobs"],
+    ["logprobs", -1, "logprobs"],
   ])("%s = %p is a 400 naming the field", async (field, value, param) => {
     const res = await server.post("/v1/completions", { model: MODEL, prompt: PROMPT, [field]: value });
     expect(res.status).toBe(400);
@@ -443,9 +493,9 @@ describe("compat SSE framing", () => {
     expect(Number.isInteger(created)).toBe(true);
     const head = { id, object: "chat.completion.chunk", created, model: MODEL };
     const event = (choice: unknown) => `data: ${JSON.stringify({ ...head, choices: [choice] })}\n\n`;
-    let expected = event({ index: 0, delta: { role: "assistant" }, finish_reason: null });
-    for (const d of deltas(n.tokens)) expected += event({ index: 0, delta: { content: d }, finish_reason: null });
-    expected += event({ index: 0, delta: {}, finish_reason: n.finish_reason });
+    let expected = event({ index: 0, delta: { role: "assistant" }, logprobs: null, finish_reason: null });
+    for (const d of deltas(n.tokens)) expected += event({ index: 0, delta: { content: d }, logprobs: null, finish_reason: null });
+    expected += event({ index: 0, delta: {}, logprobs: null, finish_reason: n.finish_reason });
     expected += "data: [DONE]\n\n";
     expect(raw).toBe(expected);
   });
@@ -458,8 +508,8 @@ describe("compat SSE framing", () => {
     const head = { id, object: "text_completion", created, model: MODEL };
     const event = (choice: unknown) => `data: ${JSON.stringify({ ...head, choices: [choice] })}\n\n`;
     let expected = "";
-    for (const d of deltas(n.tokens)) expected += event({ text: d, index: 0, finish_reason: null });
-    expected += event({ text: "", index: 0, finish_reason: n.finish_reason });
+    for (const d of deltas(n.tokens)) expected += event({ text: d, index: 0, logprobs: null, finish_reason: null });
+    expected += event({ text: "", index: 0, logprobs: null, finish_reason: n.finish_reason });
     expected += "data: [DONE]\n\n";
     expect(raw).toBe(expected);
   });
@@ -486,7 +536,7 @@ describe("compat SSE framing", () => {
       expect(c).toHaveProperty("usage", null);
       expect(c.choices).toHaveLength(1);
     }
-    expect(chunks.at(-2)?.choices[0]).toEqual({ index: 0, delta: {}, finish_reason: "length" });
+    expect(chunks.at(-2)?.choices[0]).toEqual({ index: 0, delta: {}, logprobs: null, finish_reason: "length" });
   });
 
   test("include_usage on a text-completion stream", async () => {
@@ -593,9 +643,6 @@ describe.each(ENDPOINTS)("%s validation", (path, base) => {
   });
 
   test.each([
-    ["logprobs: true", "logprobs", true],
-    ["logprobs: 1", "logprobs", 1],
-    ["top_logprobs: 2", "top_logprobs", 2],
     ["response_format json_object", "response_format", { type: "json_object" }],
     ["response_format json_schema", "response_format", { type: "json_schema", json_schema: { name: "x", schema: {} } }],
   ])("%s is a 400 naming the field", async (_, field, value) => {
@@ -603,13 +650,49 @@ describe.each(ENDPOINTS)("%s validation", (path, base) => {
     expect(res.status).toBe(400);
     const body = await res.json();
     expectError(body, field);
+    expect(body.error.code).toBe("unsupported_parameter");
     expect(body.error.message).toContain(`\`${field}\``);
   });
 
-  test("logprobs false/null, top_logprobs 0 and response_format text are accepted", async () => {
-    expect((await post({ logprobs: false, top_logprobs: 0, response_format: { type: "text" } })).status).toBe(200);
-    expect((await post({ logprobs: null, top_logprobs: null, response_format: null })).status).toBe(200);
+  test("response_format text or null is accepted", async () => {
+    expect((await post({ response_format: { type: "text" } })).status).toBe(200);
+    expect((await post({ response_format: null })).status).toBe(200);
   });
+
+  // Each family's log-probability fields (values: test/http/logprobs.test.ts).
+  if (path.includes("chat")) {
+    test.each([
+      ["top_logprobs without logprobs", { top_logprobs: 2 }, 400, "top_logprobs"],
+      ["top_logprobs with logprobs false", { logprobs: false, top_logprobs: 0 }, 400, "top_logprobs"],
+      ["top_logprobs 21", { logprobs: true, top_logprobs: 21 }, 400, "top_logprobs"],
+      ["top_logprobs -1", { logprobs: true, top_logprobs: -1 }, 400, "top_logprobs"],
+      ["numeric logprobs", { logprobs: 1 }, 422, "logprobs"],
+      ["fractional top_logprobs", { logprobs: true, top_logprobs: 1.5 }, 422, "top_logprobs"],
+    ])("%s is a %d naming the field", async (_, body, status, param) => {
+      const res = await post(body);
+      expect(res.status).toBe(status);
+      expectError(await res.json(), param);
+    });
+
+    test("logprobs false/null, and true with top_logprobs 0..20 or null, are accepted", async () => {
+      for (const body of [{ logprobs: false }, { logprobs: null, top_logprobs: null }, { logprobs: true }, { logprobs: true, top_logprobs: 20 }])
+        expect((await post(body)).status).toBe(200);
+    });
+  } else {
+    test.each([
+      ["logprobs 6", { logprobs: 6 }, 400],
+      ["logprobs -1", { logprobs: -1 }, 400],
+      ["boolean logprobs", { logprobs: true }, 422],
+    ])("%s is a %d naming the field", async (_, body, status) => {
+      const res = await post(body);
+      expect(res.status).toBe(status);
+      expectError(await res.json(), "logprobs");
+    });
+
+    test("logprobs null and 0..5 are accepted", async () => {
+      for (const logprobs of [null, 0, 5]) expect((await post({ logprobs })).status).toBe(200);
+    });
+  }
 
   test.each([
     ["missing model", { model: undefined }, "model"],
@@ -689,7 +772,7 @@ describe.each([["/v1"], ["/api/v0"]])("%s/completions prompt", (prefix) => {
   test.each([
     ["missing prompt", {}, "prompt"],
     ["numeric prompt", { prompt: 5 }, "prompt"],
-    ["nested arrays", { prompt: [[1, 2]] }, "prompt"],
+    ["nested arrays of mixed items", { prompt: [[1, "a"]] }, "prompt"],
   ])("%s is a 422", async (_, body, param) => {
     const res = await post(body);
     expect(res.status).toBe(422);

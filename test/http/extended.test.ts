@@ -178,7 +178,7 @@ describe("extended response sections", () => {
     const usageChunk = chunks.at(-1) as Record<string, any>;
     const final = chunks.at(-2) as Record<string, any>;
     expect(usageChunk.choices).toEqual([]);
-    expect(final.choices[0]).toEqual({ index: 0, delta: {}, finish_reason: "length" });
+    expect(final.choices[0]).toEqual({ index: 0, delta: {}, logprobs: null, finish_reason: "length" });
     expectSections(final as unknown as Sections, usageChunk.usage, TINY.loops);
     for (const c of [...chunks.slice(0, -2), usageChunk]) expect(c).not.toHaveProperty("stats");
   });
@@ -187,7 +187,7 @@ describe("extended response sections", () => {
     const chunks = await streamChunks("/api/v0/completions", { model: MODEL, prompt: PROMPT, max_tokens: 4, stream: true });
     const final = chunks.at(-1) as Record<string, any>;
     expect(final.object).toBe("text_completion");
-    expect(final.choices[0]).toEqual({ text: "", index: 0, finish_reason: "length" });
+    expect(final.choices[0]).toEqual({ text: "", index: 0, logprobs: null, finish_reason: "length" });
     const n = tok.encode(PROMPT).length;
     expectSections(final as unknown as Sections, { prompt_tokens: n, completion_tokens: 4, total_tokens: n + 4 }, TINY.loops);
   });

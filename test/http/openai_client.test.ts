@@ -5,6 +5,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import OpenAI from "openai";
 import { Tokenizer } from "../../src/tokenizer.ts";
+import { TINY } from "../helpers/models.ts";
 import { startServer, type TestServer } from "../helpers/server.ts";
 
 const MODEL = "loopserve-tiny";
@@ -40,6 +41,11 @@ describe("the openai client against /v1", () => {
     expect(models[0].owned_by).toBe("loopserve");
     const one = await client.models.retrieve(models[0].id);
     expect(one).toMatchObject({ id: models[0].id, object: "model", created: models[0].created, owned_by: "loopserve" });
+    // The extra fields come through the client untouched: the request limit and the default depth.
+    const extra = models[0] as OpenAI.Models.Model & { max_model_len: number; default_loops: number };
+    expect(extra.max_model_len).toBe(512);
+    expect(extra.default_loops).toBe(TINY.loops);
+    expect(one).toMatchObject({ max_model_len: 512, default_loops: TINY.loops });
   });
 
   test("chat.completions.create, plain", async () => {
@@ -122,19 +128,41 @@ describe("the openai client against /v1", () => {
     expect(content).toBe(plain.choices[0].message.content as string);
   });
 
-  test("newer request fields: max_completion_tokens, stop, penalties, user, tools", async () => {
+  test("newer request fields: max_completion_tokens, stop, penalties, user, text content parts", async () => {
     const r = await client.chat.completions.create({
       model: MODEL,
-      messages: MESSAGES,
+      messages: [
+        { role: "system", content: [{ type: "text", text: "You are terse." }] },
+        { role: "user", content: [{ type: "text", text: PROMPT }] },
+      ],
       max_completion_tokens: 5,
       stop: ["\u0001never"],
       presence_penalty: 0.5,
       frequency_penalty: 0.5,
       user: "someone",
-      tools: [{ type: "function", function: { name: "noop", parameters: { type: "object", properties: {} } } }],
       tool_choice: "none",
     });
     expect(r.usage?.completion_tokens).toBe(5);
+    // Text parts read exactly as the same texts given as strings.
+    expect(r.usage?.prompt_tokens).toBe(tok.encode(RENDERED).length);
+  });
+
+  test("tool calling, an image part and a JSON response format are refused as typed errors naming the parameter", async () => {
+    const tools = await client.chat.completions
+      .create({ model: MODEL, messages: MESSAGES, tools: [{ type: "function", function: { name: "noop", parameters: { type: "object" } } }] })
+      .catch((e) => e);
+    expect(tools).toBeInstanceOf(OpenAI.BadRequestError);
+    expect(tools.param).toBe("tools");
+    expect(tools.code).toBe("unsupported_parameter");
+    const image = await client.chat.completions
+      .create({ model: MODEL, messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "data:," } }] }] })
+      .catch((e) => e);
+    expect(image).toBeInstanceOf(OpenAI.BadRequestError);
+    expect(image.param).toBe("messages[0].content[0].type");
+    expect(image.message).toContain("image_url");
+    const json = await client.chat.completions.create({ model: MODEL, messages: MESSAGES, response_format: { type: "json_object" } }).catch((e) => e);
+    expect(json).toBeInstanceOf(OpenAI.BadRequestError);
+    expect(json.param).toBe("response_format");
   });
 
   test("a refused request surfaces as the client's typed error with param and code", async () => {
@@ -142,9 +170,9 @@ describe("the openai client against /v1", () => {
     expect(err).toBeInstanceOf(OpenAI.BadRequestError);
     expect(err.status).toBe(400);
     expect(err.param).toBe("n");
-    const lp = await client.chat.completions.create({ model: MODEL, messages: MESSAGES, logprobs: true }).catch((e) => e);
+    const lp = await client.chat.completions.create({ model: MODEL, messages: MESSAGES, top_logprobs: 2 }).catch((e) => e);
     expect(lp).toBeInstanceOf(OpenAI.BadRequestError);
-    expect(lp.param).toBe("logprobs");
+    expect(lp.param).toBe("top_logprobs");
     expect(lp.message).toContain("logprobs");
     const missing = await client.chat.completions
       .create({ model: MODEL } as unknown as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming)

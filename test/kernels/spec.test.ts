@@ -146,6 +146,91 @@ describe("speculative cycles leave the session as plain decoding would", () => {
   });
 });
 
+describe("ls_spec_cycle_logits hands back the verifier's logits", () => {
+  /** Speculates n tokens after PROMPT, keeping each cycle's logits rows; returns the tokens, their rows and the cycles' stats. */
+  function speculateWithLogits(m: NativeModel, n: number, p: (maxNew: number) => SpecCycleParams, s: Sampling, V: number) {
+    const vocab = m.info.vocabSize;
+    const session = m.newSession(PROMPT.length + n + 65, V, 0);
+    try {
+      const first = new Float32Array(vocab);
+      const out = [session.step(Int32Array.from(PROMPT), V, s.temperature, s.topK, s.topP, s.penalty, 3n, first)];
+      const rows = [first];
+      const buf = new Int32Array(17);
+      const logits = new Float32Array(17 * vocab);
+      const stats = { drafted: 0, accepted: 0, cycles: 0 };
+      const cycle = { drafted: 0, accepted: 0 };
+      while (out.length < n) {
+        const got = session.specCycle(out[out.length - 1], p(n - out.length), buf, cycle, logits);
+        stats.accepted += cycle.accepted;
+        stats.cycles++;
+        for (let i = 0; i < got; i++) {
+          out.push(buf[i]);
+          rows.push(logits.slice(i * vocab, (i + 1) * vocab));
+        }
+      }
+      return { out, rows, stats };
+    } finally {
+      session.close();
+    }
+  }
+
+  /** Plain decoding's logits before each of `tokens`: one forward of the prompt and all but the last token. */
+  function plainRows(m: NativeModel, tokens: number[], V: number): Float32Array[] {
+    const vocab = m.info.vocabSize;
+    const fed = [...PROMPT, ...tokens.slice(0, -1)];
+    const session = m.newSession(fed.length, V, 0);
+    try {
+      const all = new Float32Array(fed.length * vocab);
+      session.forward(Int32Array.from(fed), V, all, fed.length);
+      return tokens.map((_, i) => all.slice((PROMPT.length - 1 + i) * vocab, (PROMPT.length + i) * vocab));
+    } finally {
+      session.close();
+    }
+  }
+
+  const sampled: Sampling = { temperature: 0.9, topK: 40, topP: 0.95, penalty: 1.1 };
+  test.each([
+    ["greedy chain", 2, 4, 6, 1, GREEDY],
+    ["sampled chain", 2, 4, 6, 1, sampled],
+    ["greedy tree", 1, 4, 4, 6, GREEDY],
+  ] as const)("%s: every row is bit-identical to plain decoding's logits at verify_loops", (_, D, V, k, K, s) => {
+    withModel({ ...AGREEING, residualScale: 0.3 }, (m) => {
+      const { out, rows } = speculateWithLogits(m, 48, (maxNew) => params(D, V, k, K, maxNew, s, 3), s, V);
+      const expected = plainRows(m, out, V);
+      expect(rows).toHaveLength(out.length);
+      for (let i = 0; i < out.length; i++) expect(rows[i]).toEqual(expected[i]);
+    });
+  });
+
+  test("a tree whose accepted path ends in a leaf hands back that leaf's row", () => {
+    withModel({ ...AGREEING, residualScale: 0.3 }, (m) => {
+      const chain = speculateWithLogits(m, 48, (maxNew) => params(1, 4, 4, 1, maxNew, GREEDY, 3), GREEDY, 4);
+      const tree = speculateWithLogits(m, 48, (maxNew) => params(1, 4, 4, 6, maxNew, GREEDY, 3), GREEDY, 4);
+      expect(tree.out).toEqual(chain.out);
+      // The spine is the chain's draft, so a tree accepting more per cycle took leaves.
+      expect(tree.stats.accepted / tree.stats.cycles).toBeGreaterThan(chain.stats.accepted / chain.stats.cycles);
+      const expected = plainRows(m, tree.out, 4);
+      for (let i = 0; i < tree.out.length; i++) expect(tree.rows[i]).toEqual(expected[i]);
+    });
+  });
+
+  test("a buffer shorter than draft_ahead + 1 rows is refused before the call", () => {
+    withModel(AGREEING, (m) => {
+      const session = m.newSession(PROMPT.length + 8, 4, 0);
+      try {
+        const first = plainStep(session, PROMPT, 4, GREEDY, 0);
+        const small = new Float32Array(4 * m.info.vocabSize);
+        expect(() => session.specCycle(first, params(2, 4, 4, 1, 8, GREEDY, 0), new Int32Array(17), { drafted: 0, accepted: 0 }, small)).toThrow(
+          /logits buffer too small/,
+        );
+        expect(session.pos).toBe(PROMPT.length);
+      } finally {
+        session.close();
+      }
+    });
+  });
+});
+
 describe("the draft head", () => {
   // Drafts score every token with a 2-bit copy of the output head and the
   // best few again with the model's own head: fp16 here, the stored int8
