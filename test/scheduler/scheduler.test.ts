@@ -270,6 +270,24 @@ describe("scheduler: prefix pool", () => {
     expect(scheduler.prefixPool.size).toBe(0);
   });
 
+  test("a prompt-scoring request never takes a pooled prefix (it needs every position's logits) but may be pooled", async () => {
+    const engine = new FakeEngine({ prefixSnapshots: true });
+    const { scheduler, value } = setup(engine, { prefixPoolCapacity: 4 });
+    const prompt = [60, 61, 62, 63, 64];
+    const scoring = request(0, { promptTokens: prompt, logprobs: 1, promptLogprobs: true });
+    const onPromptLogprobs = () => {};
+    await scheduler.submit(request(0, { promptTokens: prompt }), {}, noSink);
+    await scheduler.submit(scoring, { onPromptLogprobs }, noSink);
+    expect(engine.calls[1].options?.prefix).toBeUndefined();
+    expect(engine.calls[1].options?.onPromptLogprobs).toBe(onPromptLogprobs);
+    expect(await value("service_prefix_pool_hits_total")).toBe(0);
+    // The same prompt without scoring reuses the pooled prefix as usual.
+    await scheduler.submit(request(0, { promptTokens: prompt }), {}, noSink);
+    expect(engine.calls[2].options?.prefix?.length).toBe(prompt.length - 1);
+    expect(await value("service_prefix_pool_hits_total")).toBe(1);
+    await scheduler.shutdown();
+  });
+
   test("an engine without snapshot support gets no prefix options", async () => {
     const engine = new FakeEngine({ prefixSnapshots: false });
     const { scheduler, value } = setup(engine, { prefixPoolCapacity: 16 });
