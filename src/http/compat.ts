@@ -10,7 +10,7 @@
 // - `max_completion_tokens` (newer clients) is an alias of `max_tokens`;
 //   both may be sent only with the same value.
 // - `seed` unset: a fresh random sample seed per request.
-// - Log-probabilities in OpenAI's shapes (docs/logprobs.md): chat
+// - Log-probabilities in OpenAI's shapes (docs/openai-compat.md): chat
 //   `logprobs: true` + `top_logprobs`, text completions `logprobs` 0..5, also
 //   for the echoed prompt (`echo`), where `max_tokens: 0` scores the prompt
 //   without generating. Every choice carries `logprobs` (null when not asked).

@@ -1,4 +1,4 @@
-// Log-probabilities in each family's response shape (docs/logprobs.md).
+// Log-probabilities in each family's response shape (docs/openai-compat.md).
 // The engine hands over ids and numbers (src/engine/logprobs.ts); this is
 // where they get token texts, bytes and text offsets.
 //

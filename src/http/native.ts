@@ -65,7 +65,7 @@ export function logprobsKnob(logprobs: number | null | undefined): Pick<Generate
   return logprobs == null ? {} : { logprobs };
 }
 
-/** The response's `logprobs` (docs/logprobs.md), when the request asked for them. */
+/** The response's `logprobs` (docs/openai-compat.md), when the request asked for them. */
 export function logprobsField(deps: AppDeps, request: GenerateRequest, c: Completion) {
   return request.logprobs === undefined ? {} : { logprobs: nativeLogprobs(deps.tokenizer, c.logprobs) };
 }

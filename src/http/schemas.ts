@@ -59,7 +59,7 @@ export const GenerateBody = T.Object({
   stop: optional(NativeStop),
   // Upper bound SERVICE_MAX_SEQ_LEN is checked at run time (it is configuration).
   cache_window: optional(T.Integer({ minimum: 0 })),
-  /** Log-probability of each generated token with this many most likely alternatives (docs/logprobs.md). */
+  /** Log-probability of each generated token with this many most likely alternatives (docs/openai-compat.md). */
   logprobs: optional(T.Integer({ minimum: 0, maximum: MAX_TOP_LOGPROBS })),
   ...SchedulingFields,
 });
