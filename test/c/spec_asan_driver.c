@@ -36,13 +36,17 @@ int main(int argc, char **argv) {
         int have = 1; got[0] = t;
         ls_spec_params p = {D, V, k, K, 0, 0, temp, 1.0f, pen, 0, 3, 0, si % 3 == 2 ? 0.05f : 0.0f};
         int32_t stats[2];
+        /* every other shape also takes the verifier's logits, into a buffer
+         * of exactly draft_ahead + 1 rows (ASan catches a row too many) */
+        float *rows = si % 2 ? malloc((size_t)(k + 1) * mi.vocab_size * sizeof(float)) : NULL;
         while (have < n) {
             p.max_new = n - have;
-            int r = ls_spec_cycle(s, t, &p, got + have, stats);
+            int r = rows ? ls_spec_cycle_logits(s, t, &p, got + have, stats, rows) : ls_spec_cycle(s, t, &p, got + have, stats);
             if (r < 1) { fprintf(stderr, "shape %zu: error %d\n", si, r); return 1; }
             have += r; t = got[have - 1];
         }
         ls_session_free(s);
+        free(rows);
         if (temp == 0.0f && memcmp(ref, got, n * sizeof(int32_t)) != 0) { fprintf(stderr, "shape %zu: MISMATCH\n", si); bad++; }
     }
     /* error paths: nothing committed */
