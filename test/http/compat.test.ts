@@ -30,7 +30,7 @@ interface ChatCompletion {
   object: string;
   created: number;
   model: string;
-  choices: { index: number; message: { role: string; content: string }; finish_reason: string }[];
+  choices: { index: number; message: { role: string; content: string }; logprobs: unknown; finish_reason: string }[];
   usage: Usage;
 }
 
@@ -39,7 +39,7 @@ interface TextCompletion {
   object: string;
   created: number;
   model: string;
-  choices: { text: string; index: number; finish_reason: string }[];
+  choices: { text: string; index: number; logprobs: unknown; finish_reason: string }[];
   usage: Usage;
 }
 

@@ -175,7 +175,7 @@ describe("ls_spec_cycle_logits hands back the verifier's logits", () => {
   }
 
   /** Plain decoding's logits before each of `tokens`: one forward of the prompt and all but the last token. */
-  function plainRows(m: NativeModel, tokens: number[], V: number): Float32Array[] {
+  function plainRows(m: NativeModel, tokens: number[], V: number) {
     const vocab = m.info.vocabSize;
     const fed = [...PROMPT, ...tokens.slice(0, -1)];
     const session = m.newSession(fed.length, V, 0);
