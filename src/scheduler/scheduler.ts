@@ -397,7 +397,8 @@ export class Scheduler<S extends Snapshot = Snapshot> {
 
   /** Feeds a completed request's measured costs to the predictor. */
   private learn(job: Job, res: GenerateResult, reused: number): void {
-    if (!(res.firstTokenMs > 0)) return;
+    // A scored prompt also runs the output head on every position: not what a prefill costs.
+    if (!(res.firstTokenMs > 0) || job.req.promptLogprobs) return;
     const extraStopStep = res.finishReason === "stop" && !job.sinkStopped ? 1 : 0; // a sampled stop token cost a step
     this.predictor.observe({
       prefillTokens: job.req.promptTokens.length - reused,

@@ -277,10 +277,13 @@ describe("scheduler: prefix pool", () => {
     const scoring = request(0, { promptTokens: prompt, logprobs: 1, promptLogprobs: true });
     const onPromptLogprobs = () => {};
     await scheduler.submit(request(0, { promptTokens: prompt }), {}, noSink);
+    const rates = { ...scheduler.predictor.rates };
     await scheduler.submit(scoring, { onPromptLogprobs }, noSink);
     expect(engine.calls[1].options?.prefix).toBeUndefined();
     expect(engine.calls[1].options?.onPromptLogprobs).toBe(onPromptLogprobs);
     expect(await value("service_prefix_pool_hits_total")).toBe(0);
+    // Scoring costs more than a prefill: the latency predictor does not learn from it.
+    expect(scheduler.predictor.rates).toEqual(rates);
     // The same prompt without scoring reuses the pooled prefix as usual.
     await scheduler.submit(request(0, { promptTokens: prompt }), {}, noSink);
     expect(engine.calls[2].options?.prefix?.length).toBe(prompt.length - 1);
