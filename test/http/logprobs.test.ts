@@ -274,6 +274,38 @@ describe("text completions: logprobs 0..5", () => {
   });
 });
 
+describe("text and stops", () => {
+  test("a character split over tokens: each token's text is U+FFFD, and text_offset counts code points", async () => {
+    const prompt = "Moses 🦒 said unto";
+    const r = await post("/v1/completions", { model: MODEL, prompt, echo: true, max_tokens: 0, logprobs: 0 });
+    const lp = r.choices[0].logprobs as CompletionLogprobs;
+    const ids = tok.encode(prompt);
+    const emoji = ids.filter((id) => text(id).includes("\uFFFD"));
+    expect(emoji.length).toBeGreaterThan(1); // the emoji's four bytes span several tokens
+    expect(lp.tokens).toEqual(ids.map(text));
+    const said = lp.tokens.indexOf(" said");
+    expect(lp.text_offset[said]).toBe([..."Moses 🦒"].length); // 7 code points (8 UTF-16 units)
+    for (let i = 1; i < said; i++) expect(lp.text_offset[i]).toBeLessThanOrEqual(6);
+  });
+
+  test("a stop string: every generated token keeps its entry, streamed or not", async () => {
+    const full = await post("/v1/completions", { model: MODEL, prompt: PROMPT, max_tokens: 16, temperature: 0 });
+    const words = full.choices[0].text.trim().split(" ");
+    const stop = ` ${words[2]}`;
+    const body = { model: MODEL, prompt: PROMPT, max_tokens: 16, temperature: 0, stop, logprobs: 1 };
+    const r = await post("/v1/completions", body);
+    expect(r.choices[0].finish_reason).toBe("stop");
+    expect(r.choices[0].text).not.toContain(stop);
+    const lp = r.choices[0].logprobs as CompletionLogprobs;
+    expect(lp.tokens).toHaveLength(r.usage.completion_tokens);
+    expect(lp.tokens.join("")).toStartWith(r.choices[0].text);
+    const chunks = await stream("/v1/completions", body);
+    const parts = chunks.map((c) => c.choices[0].logprobs).filter((l) => l !== null) as CompletionLogprobs[];
+    expect(parts.flatMap((p) => p.tokens)).toEqual(lp.tokens);
+    expect(parts.flatMap((p) => p.token_logprobs)).toEqual(lp.token_logprobs);
+  });
+});
+
 describe("echo scoring, as lm-evaluation-harness's local-completions asks for it", () => {
   // {echo: true, max_tokens: 1, logprobs: 1, temperature: 0}, prompt as token ids (one list per prompt).
   const CONTEXT = "And God said, Let there be light:";

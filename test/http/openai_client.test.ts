@@ -141,6 +141,7 @@ describe("the openai client against /v1", () => {
       frequency_penalty: 0.5,
       user: "someone",
       tool_choice: "none",
+      response_format: { type: "text" },
     });
     expect(r.usage?.completion_tokens).toBe(5);
     // Text parts read exactly as the same texts given as strings.
@@ -163,6 +164,9 @@ describe("the openai client against /v1", () => {
     const json = await client.chat.completions.create({ model: MODEL, messages: MESSAGES, response_format: { type: "json_object" } }).catch((e) => e);
     expect(json).toBeInstanceOf(OpenAI.BadRequestError);
     expect(json.param).toBe("response_format");
+    const both = await client.chat.completions.create({ model: MODEL, messages: MESSAGES, max_tokens: 3, max_completion_tokens: 4 }).catch((e) => e);
+    expect(both).toBeInstanceOf(OpenAI.BadRequestError);
+    expect(both.param).toBe("max_completion_tokens");
   });
 
   test("a refused request surfaces as the client's typed error with param and code", async () => {
