@@ -95,7 +95,8 @@ async function generate(deps: AppDeps, body: GenerateBody, httpRequest: Request)
         stopStrings,
         signal,
         // With logprobs, each token's event carries its one entry: the events' arrays add up to the body's.
-        (id, text, logprob) => send(sseEvent({ token_id: id, text, ...(logprob ? { logprobs: nativeLogprobs(deps.tokenizer, [logprob]) } : {}) })),
+        (id, text, logprob) =>
+          send(sseEvent({ token_id: id, text, ...(logprob ? { logprobs: nativeLogprobs(deps.tokenizer, [logprob]) } : {}) })),
         scheduling,
       );
       const done = run.then(completedForStream).then((c) => send(sseEvent({ token_id: -1, text: c.tail })));
