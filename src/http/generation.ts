@@ -9,6 +9,7 @@ import type { Tokenizer } from "../tokenizer.ts";
 import type { ServiceMetrics } from "../metrics.ts";
 import { SchedulerRejection } from "../scheduler/scheduler.ts";
 import { badRequest, HttpError, outOfRange, unavailable } from "./errors.ts";
+import { currentRequest } from "./request_context.ts";
 
 /** How a request asks to be scheduled (DESIGN.md §5). */
 export interface Scheduling {
@@ -142,7 +143,11 @@ export function runGeneration(
   scheduling: Scheduling = {},
 ): GenerationRun {
   const text = new TextStream(tokenizer, stopStrings);
+  // The request's log line reports its tokens, those of a cancelled stream included.
+  const logged = currentRequest();
+  if (logged) logged.promptTokens = request.promptTokens.length;
   const sink = (id: number) => {
+    if (logged) logged.completionTokens++;
     const delta = text.push(id);
     onToken(id, delta.text);
     return !delta.stopped;
@@ -159,5 +164,9 @@ export function runGeneration(
       result.finishReason === "error" ? "error" : text.stopped || result.finishReason !== "length" ? "stop" : "length";
     return { tokens: result.tokens, text: text.text, tail, finishReason, result };
   }, schedulerToHttp);
-  return Object.assign(done, { started: ticket.started.then(() => undefined, schedulerToHttp) });
+  const started = ticket.started.then(() => undefined, schedulerToHttp);
+  // A refusal in the queue also rejects `done`, which every caller awaits;
+  // callers that never look at `started` must not leave it unhandled.
+  started.catch(() => undefined);
+  return Object.assign(done, { started });
 }
