@@ -60,10 +60,12 @@ export function isLoopbackName(name: string): boolean {
  * or "*" for any host. Returns the entry in canonical form, or null.
  */
 export function normalizeHostPattern(entry: string): string | null {
-  const e = canonicalName(entry.trim());
+  const e = entry.trim().toLowerCase();
   if (e === "*") return e;
-  const name = e.startsWith("*.") ? e.slice(2) : e;
-  return name !== "" && HOST_NAME.test(name) && !(e.startsWith("*.") && name.startsWith("[")) ? e : null;
+  const wildcard = e.startsWith("*.");
+  const name = canonicalName(wildcard ? e.slice(2) : e);
+  if (name === "" || !HOST_NAME.test(name) || (wildcard && name.startsWith("["))) return null;
+  return wildcard ? `*.${name}` : name;
 }
 
 /** Whether `name` (from parseHost) matches an entry of normalizeHostPattern; "*.x" matches subdomains of x, not x. */
