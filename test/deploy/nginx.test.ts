@@ -15,11 +15,11 @@ import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import OpenAI from "openai";
+import { shippedEnv, shippedInstanceEnv } from "../helpers/deploy.ts";
 import { startServer, type TestServer } from "../helpers/server.ts";
 
 const ROOT = resolve(import.meta.dir, "../..");
 const NGINX_CONF = join(ROOT, "deploy/nginx.conf");
-const ENV_FILE = join(ROOT, "deploy/loopserve.env");
 
 const nginx = Bun.which("nginx") ?? ["/usr/sbin/nginx", "/usr/local/sbin/nginx"].find((p) => existsSync(p)) ?? null;
 const skipReason = nginx ? null : "nginx is not installed (.ci/system-deps.sh installs the Debian package)";
@@ -41,22 +41,6 @@ export function localizeNginxConf(conf: string, instancePorts: [number, number],
   if (out.includes(":8001") || out.includes(":8002") || !out.includes(`listen 127.0.0.1:${listenPort};`))
     throw new Error("deploy/nginx.conf no longer has the example addresses this test substitutes");
   return out;
-}
-
-/** The active VAR=value lines of deploy/loopserve.env. */
-export function shippedEnv(): Record<string, string> {
-  const env: Record<string, string> = {};
-  for (const line of readFileSync(ENV_FILE, "utf8").split("\n")) {
-    const m = /^([A-Z_][A-Z0-9_]*)=(.*)$/.exec(line.trim());
-    if (m) env[m[1]] = m[2];
-  }
-  return env;
-}
-
-/** The shipped settings for a test instance: its model and port are the test's. */
-function instanceEnv(extra: Record<string, string> = {}): Record<string, string> {
-  const { SERVICE_MODEL_PATH: _model, PORT: _port, ...rest } = shippedEnv();
-  return { ...rest, ...extra };
 }
 
 /** The first name of SERVICE_ALLOWED_HOSTS in the shipped file: what clients use. */
@@ -145,7 +129,7 @@ describe.skipIf(skipReason !== null)("nginx in front of two instances", () => {
   let proxied: Proxied | null = null;
 
   beforeAll(async () => {
-    proxied = await behindNginx(instanceEnv());
+    proxied = await behindNginx(shippedInstanceEnv());
     ({ a, b, base, dir } = proxied);
   });
 
@@ -244,7 +228,7 @@ describe.skipIf(skipReason !== null)("nginx in front of two instances with an AP
     const keyDir = mkdtempSync(join(tmpdir(), "loopserve-key-"));
     const keyFile = join(keyDir, "api-key");
     writeFileSync(keyFile, `${KEY}\n`, { mode: 0o600 });
-    proxied = await behindNginx(instanceEnv({ SERVICE_API_KEY_FILE: keyFile }));
+    proxied = await behindNginx(shippedInstanceEnv({ SERVICE_API_KEY_FILE: keyFile }));
   });
 
   afterAll(async () => {
