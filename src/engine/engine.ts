@@ -114,7 +114,7 @@ export class Engine {
       const cuda = resolveCudaLibrary(opts.buildDir, cacheDirs);
       const gpu = cuda !== null && cudaDeviceCount(cuda) > 0;
       // The CUDA kernels keep the fp16 cache only (kernels/cuda/runtime.cu).
-      if (gpu && kv.mode !== "fp16") log.info(`kv_cache_mode ${kv.mode} runs on the CPU kernels only: using them`);
+      if (gpu && kv.mode !== "fp16") log.warn(`kv_cache_mode ${kv.mode} runs on the CPU kernels only: using them`);
       else if (gpu) return cuda;
       else if (cuda) log.info("no usable CUDA device: using the CPU kernels");
       return cpu;
