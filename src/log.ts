@@ -65,9 +65,7 @@ class Log {
   }
 
   request(line: RequestLine): void {
-    const { request_id, ...rest } = line;
-    // The id leads in text, where the eye looks for it; JSON keeps field order anyway.
-    this.write("info", "request", { request_id, ...rest });
+    this.write("info", "request", { ...line });
   }
 
   private write(level: Level, message: string, fields: LogFields): void {
