@@ -3,7 +3,10 @@
 // loadConfig validates everything up front so a bad setting stops the start
 // with a message naming the variable and the value, instead of surfacing
 // later as a confusing request failure.
+import { readFileSync } from "node:fs";
 import pkg from "../package.json" with { type: "json" };
+import { normalizeHostPattern, normalizeOrigin } from "./http/origins.ts";
+import { LOG_FORMATS, type LogFormat } from "./log.ts";
 import { KV_CACHE_MODES, type KvCacheMode } from "./model/kvcache.ts";
 
 export type { KvCacheMode };
@@ -35,11 +38,20 @@ export interface Config {
   readonly hModeFp16AttnQkv: boolean;
   /** Kernel thread pool size; 0 = all online cores. */
   readonly threads: number;
-  /** SERVICE_PROFILE=1: a per-op kernel time table on stderr after each request. */
+  /** SERVICE_PROFILE=1: a per-op kernel time table in the log after each request. */
   readonly profile: boolean;
   readonly simd: SimdChoice;
   readonly host: string;
   readonly port: number;
+  /** SERVICE_ALLOWED_ORIGINS: origins (normalized) whose browser requests are served besides the server's own; "*" = any. */
+  readonly allowedOrigins: readonly string[];
+  /** SERVICE_ALLOWED_HOSTS: Host names served besides the loopback ones; empty = unset (docs/security.md). */
+  readonly allowedHosts: readonly string[];
+  /** SERVICE_API_KEY or the contents of SERVICE_API_KEY_FILE; null = no authentication. */
+  readonly apiKey: string | null;
+  /** SERVICE_API_KEY_PROTECT_METRICS=1: /metrics needs the key too. */
+  readonly apiKeyProtectsMetrics: boolean;
+  readonly logFormat: LogFormat;
   /** package.json version, reported as runtime.version. */
   readonly version: string;
 }
@@ -128,6 +140,48 @@ function kvCacheMode(env: Env): { mode: KvCacheMode; fp16AttnQkv: boolean } {
   return { mode, fp16AttnQkv };
 }
 
+// ---- browser protection and the API key (docs/security.md) ----
+
+/** A comma-separated list, each entry checked by `normalize` (null = not allowed). */
+function list(env: Env, name: string, normalize: (entry: string) => string | null, expected: string): string[] {
+  const raw = read(env, name);
+  if (raw === undefined) return [];
+  return raw.split(",").map((entry) => {
+    const value = entry.trim() === "*" ? "*" : normalize(entry.trim());
+    if (value === null) throw new ConfigError(`${name}: ${describe(entry.trim())} is not ${expected}`);
+    return value;
+  });
+}
+
+const KEY_CHARACTERS = /^[\x21-\x7e]+$/;
+
+// Unlike other settings, a key variable that is present but empty stops the
+// start: an operator who meant to require a key must not get an open server.
+function apiKey(env: Env): string | null {
+  const direct = env.SERVICE_API_KEY;
+  const file = env.SERVICE_API_KEY_FILE;
+  if (direct !== undefined && file !== undefined)
+    throw new ConfigError("SERVICE_API_KEY and SERVICE_API_KEY_FILE are both set: choose one");
+  let key: string;
+  let source: string;
+  if (direct !== undefined) {
+    key = direct.trim();
+    source = "SERVICE_API_KEY";
+  } else if (file !== undefined) {
+    if (file.trim() === "") throw new ConfigError("SERVICE_API_KEY_FILE is set but empty: name the key file, or unset it");
+    try {
+      key = readFileSync(file.trim(), "utf8").trim();
+    } catch (e) {
+      throw new ConfigError(`SERVICE_API_KEY_FILE: cannot read ${describe(file.trim())}: ${(e as Error).message}`);
+    }
+    source = `SERVICE_API_KEY_FILE (${file.trim()})`;
+  } else return null;
+  if (key === "") throw new ConfigError(`${source} is empty: set a key, or unset the variable to run without authentication`);
+  if (!KEY_CHARACTERS.test(key))
+    throw new ConfigError(`${source}: the key must be printable ASCII without spaces (it is sent as "Authorization: Bearer <key>")`);
+  return key;
+}
+
 // ---- the whole configuration ----
 
 export function loadConfig(env: Env = process.env, flags: ConfigFlags = {}): Config {
@@ -143,6 +197,13 @@ export function loadConfig(env: Env = process.env, flags: ConfigFlags = {}): Con
       : integer(env, "PORT", DEFAULT_PORT, 0, 65535);
 
   const kv = kvCacheMode(env);
+  const logFormat = read(env, "SERVICE_LOG_FORMAT") ?? "text";
+  if (!LOG_FORMATS.includes(logFormat as LogFormat))
+    throw new ConfigError(`SERVICE_LOG_FORMAT must be one of ${LOG_FORMATS.join(", ")}, got ${describe(logFormat)}`);
+  const key = apiKey(env);
+  const protectMetrics = flag(env, "SERVICE_API_KEY_PROTECT_METRICS");
+  if (protectMetrics && key === null)
+    throw new ConfigError("SERVICE_API_KEY_PROTECT_METRICS=1 needs SERVICE_API_KEY or SERVICE_API_KEY_FILE, which is not set");
   return Object.freeze({
     modelPath: read(env, "SERVICE_MODEL_PATH") ?? null,
     maxSeqLen: integer(env, "SERVICE_MAX_SEQ_LEN", 2048, 2),
@@ -160,6 +221,11 @@ export function loadConfig(env: Env = process.env, flags: ConfigFlags = {}): Con
     simd: simdRaw as SimdChoice,
     host,
     port,
+    allowedOrigins: list(env, "SERVICE_ALLOWED_ORIGINS", normalizeOrigin, "an origin such as https://app.example.com or *"),
+    allowedHosts: list(env, "SERVICE_ALLOWED_HOSTS", normalizeHostPattern, "a host name such as api.example.com, *.example.com or *"),
+    apiKey: key,
+    apiKeyProtectsMetrics: protectMetrics,
+    logFormat: logFormat as LogFormat,
     version: VERSION,
   });
 }

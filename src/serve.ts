@@ -5,6 +5,8 @@
 // rather than a crash loop. A bad configuration does stop it (exit 2).
 import { type Config, ConfigError, type ConfigFlags, loadConfig } from "./config.ts";
 import { Engine } from "./engine/engine.ts";
+import { frontDoor } from "./http/front_door.ts";
+import { log } from "./log.ts";
 import { ServiceMetrics } from "./metrics.ts";
 import { Scheduler } from "./scheduler/scheduler.ts";
 import { createApp } from "./server.ts";
@@ -30,11 +32,17 @@ environment:
   SERVICE_COMMIT                reported as runtime.commit (unset)
   SERVICE_THREADS               kernel threads, 0 = all cores (0)
   SERVICE_SIMD                  auto | portable | avx2 | avx512 (auto)
-  SERVICE_PROFILE               1: per-op kernel times on stderr after each request
+  SERVICE_PROFILE               1: per-op kernel times in the log after each request
   SERVICE_KV_INT8, SERVICE_KV_INT4  key/value cache in int8 / int4 (at most one; default fp16)
   SERVICE_KV_H_MODE             rotate K/V (and q) per head by a Walsh-Hadamard transform
                                 (kv_cache_mode fp16-h, int8-h, int4-h; power-of-two head_dim)
   SERVICE_H_MODE_FP16_ATTN_QKV  with H mode: round q, k, v to fp16 before the rotation
+  SERVICE_ALLOWED_ORIGINS       browser origins served besides the server's own (comma-separated; * = any)
+  SERVICE_ALLOWED_HOSTS         Host names served besides localhost names (comma-separated; * = any)
+  SERVICE_API_KEY               require "Authorization: Bearer <key>" on the API routes (unset)
+  SERVICE_API_KEY_FILE          ... the key read from this file instead
+  SERVICE_API_KEY_PROTECT_METRICS  1: /metrics needs the key too
+  SERVICE_LOG_FORMAT            text | json (text)
   TOKENIZER_HOME                directory holding a replacement gpt2.tiktoken
 `;
 
@@ -79,7 +87,7 @@ function loadEngine(config: Config): Loaded {
 }
 
 function startupLine(config: Config, loaded: Loaded, url: string): string {
-  const base = `loopserve ${config.version} listening on ${url}`;
+  const base = `version ${config.version}, listening on ${url}`;
   const { engine, loadError } = loaded;
   if (!engine) return `${base} — model NOT LOADED (${loadError}); /healthz and generation answer 503`;
   const i = engine.info;
@@ -97,6 +105,7 @@ export async function runServe(argv: string[]): Promise<number> {
       return 0;
     }
     config = loadConfig(process.env, parsed.flags);
+    log.setFormat(config.logFormat);
     tokenizer = await Tokenizer.load(config.tokenizerHome);
   } catch (e) {
     if (!(e instanceof ConfigError || e instanceof TokenizerError)) throw e;
@@ -106,10 +115,10 @@ export async function runServe(argv: string[]): Promise<number> {
   }
 
   const loaded = loadEngine(config);
-  if (loaded.loadError) console.error(`loopserve: model not loaded: ${loaded.loadError}`);
+  if (loaded.loadError) log.error(`model not loaded: ${loaded.loadError}`);
   if (loaded.engine && config.maxSeqLen > loaded.engine.info.maxSeqLen)
-    console.error(
-      `loopserve: warning: SERVICE_MAX_SEQ_LEN=${config.maxSeqLen} exceeds the model's max_seq_len ` +
+    log.warn(
+      `SERVICE_MAX_SEQ_LEN=${config.maxSeqLen} exceeds the model's max_seq_len ` +
         `${loaded.engine.info.maxSeqLen}; output beyond it may degrade`,
     );
 
@@ -143,13 +152,13 @@ export async function runServe(argv: string[]): Promise<number> {
   try {
     // idleTimeout 0: no server-side timeout (SPEC.md §1); a long non-streaming
     // generation sends nothing until it is done.
-    server = Bun.serve({ hostname: config.host, port: config.port, idleTimeout: 0, fetch: (req) => app.handle(req) });
+    server = Bun.serve({ hostname: config.host, port: config.port, idleTimeout: 0, fetch: frontDoor(config, (req) => app.handle(req)) });
   } catch (e) {
-    console.error(`loopserve: cannot listen on ${config.host}:${config.port}: ${(e as Error).message}`);
+    log.error(`cannot listen on ${config.host}:${config.port}: ${(e as Error).message}`);
     loaded.engine?.close();
     return 1;
   }
-  console.log(startupLine(config, loaded, server.url.href.replace(/\/$/, "")));
+  log.info(startupLine(config, loaded, server.url.href.replace(/\/$/, "")));
 
   return new Promise<number>((resolve) => {
     const shutdown = async (signal: string) => {
@@ -159,7 +168,7 @@ export async function runServe(argv: string[]): Promise<number> {
         return;
       }
       draining = true;
-      console.error(`loopserve: ${signal}: finishing the running request, refusing queued ones, then exiting`);
+      log.info(`${signal}: finishing the running request, refusing queued ones, then exiting`);
       // Queued requests get 503; the running one finishes. The engine is not
       // closed: the process exits right after anyway.
       await scheduler?.shutdown();

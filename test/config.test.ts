@@ -1,4 +1,7 @@
 import { describe, expect, test } from "bun:test";
+import { chmodSync, mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import pkg from "../package.json" with { type: "json" };
 import { ConfigError, loadConfig } from "../src/config.ts";
 
@@ -112,5 +115,103 @@ describe("configuration", () => {
 
   test("INT8 with INT4 conflicts whatever the H switches say", () => {
     expect(() => loadConfig({ SERVICE_KV_INT4: "1", SERVICE_KV_INT8: "1", SERVICE_KV_H_MODE: "1" })).toThrow(/conflict/);
+  });
+});
+
+describe("browser protection, API key and log settings", () => {
+  const keyDir = mkdtempSync(join(tmpdir(), "loopserve-config-"));
+  const keyFile = (name: string, contents: string) => {
+    const path = join(keyDir, name);
+    writeFileSync(path, contents);
+    return path;
+  };
+
+  test("defaults: no extra origins or hosts, no key, text logs", () => {
+    expect(loadConfig({})).toMatchObject({
+      allowedOrigins: [],
+      allowedHosts: [],
+      apiKey: null,
+      apiKeyProtectsMetrics: false,
+      logFormat: "text",
+    });
+  });
+
+  test("origins are normalized as browsers send them; * stays *", () => {
+    const c = loadConfig({ SERVICE_ALLOWED_ORIGINS: "https://App.Example.com/, http://localhost:3000 ,http://x.test:80, *" });
+    expect(c.allowedOrigins).toEqual(["https://app.example.com", "http://localhost:3000", "http://x.test", "*"]);
+  });
+
+  test.each(["app.example.com", "https://app.example.com/path", "ftp://files.example.com", "null", "https://user@app.example.com", "https://a.com?x=1"])(
+    "SERVICE_ALLOWED_ORIGINS=%s is refused, naming the variable and the entry",
+    (entry) => {
+      expect(() => loadConfig({ SERVICE_ALLOWED_ORIGINS: `https://ok.example.com,${entry}` })).toThrow(ConfigError);
+      expect(() => loadConfig({ SERVICE_ALLOWED_ORIGINS: entry })).toThrow("SERVICE_ALLOWED_ORIGINS");
+      expect(() => loadConfig({ SERVICE_ALLOWED_ORIGINS: entry })).toThrow(JSON.stringify(entry));
+    },
+  );
+
+  test("host names: lower-cased, wildcards for subdomains, addresses", () => {
+    const c = loadConfig({ SERVICE_ALLOWED_HOSTS: "API.Example.com, *.internal.example, 10.0.0.5, [fd00::1], loopserve.example." });
+    expect(c.allowedHosts).toEqual(["api.example.com", "*.internal.example", "10.0.0.5", "[fd00::1]", "loopserve.example"]);
+    expect(loadConfig({ SERVICE_ALLOWED_HOSTS: "*" }).allowedHosts).toEqual(["*"]);
+  });
+
+  test.each(["api.example.com:8000", "http://api.example.com", "a b", "*.", "api.*.com", "", "[fd00::1"])(
+    "SERVICE_ALLOWED_HOSTS entry %p is refused, naming the variable",
+    (entry) => {
+      expect(() => loadConfig({ SERVICE_ALLOWED_HOSTS: `ok.example.com,${entry}` })).toThrow(ConfigError);
+      expect(() => loadConfig({ SERVICE_ALLOWED_HOSTS: `ok.example.com,${entry}` })).toThrow("SERVICE_ALLOWED_HOSTS");
+    },
+  );
+
+  test("SERVICE_API_KEY is read and trimmed", () => {
+    expect(loadConfig({ SERVICE_API_KEY: "  sk-local-123 " }).apiKey).toBe("sk-local-123");
+  });
+
+  test("SERVICE_API_KEY_FILE: the file's contents, trimmed (a trailing newline is usual)", () => {
+    const c = loadConfig({ SERVICE_API_KEY_FILE: keyFile("key", "sk-from-file\n"), SERVICE_API_KEY_PROTECT_METRICS: "1" });
+    expect(c.apiKey).toBe("sk-from-file");
+    expect(c.apiKeyProtectsMetrics).toBe(true);
+  });
+
+  test("both key variables set: refused", () => {
+    expect(() => loadConfig({ SERVICE_API_KEY: "a", SERVICE_API_KEY_FILE: keyFile("both", "b") })).toThrow(
+      "SERVICE_API_KEY and SERVICE_API_KEY_FILE are both set",
+    );
+  });
+
+  test("an empty key is refused, never taken as 'no authentication'", () => {
+    expect(() => loadConfig({ SERVICE_API_KEY: "" })).toThrow(/SERVICE_API_KEY is empty/);
+    expect(() => loadConfig({ SERVICE_API_KEY: "   " })).toThrow(/SERVICE_API_KEY is empty/);
+    expect(() => loadConfig({ SERVICE_API_KEY_FILE: keyFile("blank", " \n\n") })).toThrow(/SERVICE_API_KEY_FILE .* is empty/);
+    expect(() => loadConfig({ SERVICE_API_KEY_FILE: "" })).toThrow(/SERVICE_API_KEY_FILE is set but empty/);
+  });
+
+  test("an unreadable key file is refused, naming the variable and the path", () => {
+    const missing = join(keyDir, "does-not-exist");
+    expect(() => loadConfig({ SERVICE_API_KEY_FILE: missing })).toThrow(ConfigError);
+    expect(() => loadConfig({ SERVICE_API_KEY_FILE: missing })).toThrow(`SERVICE_API_KEY_FILE: cannot read "${missing}"`);
+    expect(() => loadConfig({ SERVICE_API_KEY_FILE: keyDir })).toThrow(/SERVICE_API_KEY_FILE: cannot read/);
+    if (process.getuid?.() !== 0) {
+      const locked = keyFile("locked", "secret");
+      chmodSync(locked, 0o000);
+      expect(() => loadConfig({ SERVICE_API_KEY_FILE: locked })).toThrow(/SERVICE_API_KEY_FILE: cannot read/);
+    }
+  });
+
+  test("a key that cannot travel in an Authorization header is refused", () => {
+    expect(() => loadConfig({ SERVICE_API_KEY: "two words" })).toThrow(/printable ASCII without spaces/);
+    expect(() => loadConfig({ SERVICE_API_KEY: "clé" })).toThrow(/printable ASCII without spaces/);
+  });
+
+  test("protecting /metrics without a key is refused", () => {
+    expect(() => loadConfig({ SERVICE_API_KEY_PROTECT_METRICS: "1" })).toThrow(/needs SERVICE_API_KEY/);
+    expect(() => loadConfig({ SERVICE_API_KEY_PROTECT_METRICS: "sometimes", SERVICE_API_KEY: "k" })).toThrow("SERVICE_API_KEY_PROTECT_METRICS");
+  });
+
+  test("SERVICE_LOG_FORMAT: text or json", () => {
+    expect(loadConfig({ SERVICE_LOG_FORMAT: "json" }).logFormat).toBe("json");
+    expect(loadConfig({ SERVICE_LOG_FORMAT: "text" }).logFormat).toBe("text");
+    expect(() => loadConfig({ SERVICE_LOG_FORMAT: "logfmt" })).toThrow('SERVICE_LOG_FORMAT must be one of text, json, got "logfmt"');
   });
 });

@@ -2,6 +2,7 @@
 // time, one FFI call per step, yielding to the event loop between steps so
 // /healthz, /metrics and stream writes keep flowing.
 import { existsSync } from "node:fs";
+import { log } from "../log.ts";
 import type { EngineRunOptions } from "../scheduler/scheduler.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveCudaLibrary, resolveKernelLibrary } from "./library.ts";
 import type { KvCacheMode } from "../model/kvcache.ts";
@@ -104,7 +105,7 @@ export class Engine {
     const engine = new Engine(model, opts.draft, kv);
     if (opts.profile) {
       engine.profiling = model.setProfile(true);
-      if (!engine.profiling) console.error("loopserve: this kernel library cannot profile: SERVICE_PROFILE ignored");
+      if (!engine.profiling) log.warn("this kernel library cannot profile: SERVICE_PROFILE ignored");
     }
     return engine;
   }
@@ -121,9 +122,9 @@ export class Engine {
       const cuda = resolveCudaLibrary(opts.buildDir, cacheDirs);
       const gpu = cuda !== null && cudaDeviceCount(cuda) > 0;
       // The CUDA kernels keep the fp16 cache only (kernels/cuda/runtime.cu).
-      if (gpu && kv.mode !== "fp16") console.error(`loopserve: kv_cache_mode ${kv.mode} runs on the CPU kernels only: using them`);
+      if (gpu && kv.mode !== "fp16") log.warn(`kv_cache_mode ${kv.mode} runs on the CPU kernels only: using them`);
       else if (gpu) return cuda;
-      else if (cuda) console.error("loopserve: no usable CUDA device: using the CPU kernels");
+      else if (cuda) log.info("no usable CUDA device: using the CPU kernels");
       return cpu;
     } catch (e) {
       throw new EngineLoadError((e as Error).message);
@@ -271,7 +272,7 @@ export class Engine {
       // error here is the engine's own fault: finish_reason "error" with the
       // tokens so far (SPEC.md §2), counted as errored.
       if (!(e instanceof NativeError)) throw e;
-      console.error(`loopserve: engine error after ${tokens.length} tokens: ${e.message}`);
+      log.error(`engine error after ${tokens.length} tokens: ${e.message}`);
       return done("error");
     } finally {
       session.close();
@@ -314,11 +315,11 @@ export class Engine {
     return { entries, last };
   }
 
-  /** The per-op time of the request that just ended (SERVICE_PROFILE=1), on stderr. */
+  /** The per-op time of the request that just ended (SERVICE_PROFILE=1), in the log. */
   private printProfile(req: GenerateRequest, generated: number): void {
     const p = this.model.readProfile(true);
     const mode = req.mode ?? "generate";
-    if (p) console.error(formatProfile(p, `${mode}: ${req.promptTokens.length} prompt + ${generated} generated tokens, loops ${req.loops}`));
+    if (p) log.info(formatProfile(p, `${mode}: ${req.promptTokens.length} prompt + ${generated} generated tokens, loops ${req.loops}`));
   }
 
   /**

@@ -4,14 +4,18 @@
 //   422  the body has the wrong shape (missing property, wrong type)
 //   400  a value out of range / not allowed, unreadable JSON, a request the
 //        engine refuses, prompt + max_tokens over the sequence limit
+//   401  API key missing or wrong (SERVICE_API_KEY)
+//   403  a browser request from an origin, or to a Host, that is not allowed
 //   404  unknown route
 //   503  model not loaded (or shutting down), queue full, latency target
-//   500  only a genuine bug: logged with its stack
+//   500  only a genuine bug: logged with its stack (src/log.ts)
 import { CloneType, type TObject } from "@sinclair/typebox";
 import { TypeCompiler } from "@sinclair/typebox/compiler";
 import type { ValueError } from "@sinclair/typebox/errors";
 import { ValueErrorType } from "@sinclair/typebox/errors";
 import { EngineRequestError } from "../engine/engine.ts";
+import { log } from "../log.ts";
+import { currentRequest, requestPath } from "./request_context.ts";
 
 export type ErrorType = "invalid_request_error" | "not_found_error" | "service_unavailable_error" | "server_error";
 
@@ -50,6 +54,11 @@ export const unprocessable = (message: string, param: string | null = null, code
 export const unavailable = (message: string, code: string) => new HttpError(503, message, "service_unavailable_error", null, code);
 
 export const notFound = (message: string) => new HttpError(404, message, "not_found_error", null, "not_found");
+
+/** OpenAI's answer to a missing or wrong key: 401, code invalid_api_key. */
+export const unauthorized = (message: string) => new HttpError(401, message, "invalid_request_error", null, "invalid_api_key");
+
+export const forbidden = (message: string, code: string) => new HttpError(403, message, "invalid_request_error", null, code);
 
 /** Request-validation failures that are values, not shapes: "`x` must be at most 8192, got 9000". */
 export function outOfRange(param: string, message: string): HttpError {
@@ -257,6 +266,6 @@ export function toHttpError(code: string | number, error: unknown, request: Requ
       return notFound(`no route for ${request.method} ${path}`);
     }
   }
-  console.error(`internal error on ${request.method} ${new URL(request.url).pathname}:`, error);
+  log.fault(`internal error on ${request.method} ${requestPath(request)}`, error, { request_id: currentRequest()?.id ?? null });
   return new HttpError(500, `internal server error: ${(error as Error)?.message ?? String(error)}`, "server_error", null, "internal_error");
 }

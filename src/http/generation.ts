@@ -9,6 +9,7 @@ import type { Tokenizer } from "../tokenizer.ts";
 import type { ServiceMetrics } from "../metrics.ts";
 import { SchedulerRejection } from "../scheduler/scheduler.ts";
 import { badRequest, HttpError, outOfRange, unavailable } from "./errors.ts";
+import { currentRequest } from "./request_context.ts";
 
 /** How a request asks to be scheduled (DESIGN.md §5). */
 export interface Scheduling {
@@ -152,7 +153,11 @@ export function runGeneration(
 ): GenerationRun {
   const text = new TextStream(tokenizer, stopStrings);
   const logprobs: TokenLogprob[] = [];
+  // The request's log line reports its tokens, those of a cancelled stream included.
+  const logged = currentRequest();
+  if (logged) logged.promptTokens = request.promptTokens.length;
   const sink = (id: number, logprob?: TokenLogprob) => {
+    if (logged) logged.completionTokens++;
     const delta = text.push(id);
     if (logprob) logprobs.push(logprob);
     onToken(id, delta.text, logprob);
@@ -171,5 +176,9 @@ export function runGeneration(
       result.finishReason === "error" ? "error" : text.stopped || result.finishReason !== "length" ? "stop" : "length";
     return { tokens: result.tokens, logprobs, text: text.text, tail, finishReason, result };
   }, schedulerToHttp);
-  return Object.assign(done, { started: ticket.started.then(() => undefined, schedulerToHttp) });
+  const started = ticket.started.then(() => undefined, schedulerToHttp);
+  // A refusal in the queue also rejects `done`, which every caller awaits;
+  // callers that never look at `started` must not leave it unhandled.
+  started.catch(() => undefined);
+  return Object.assign(done, { started });
 }

@@ -1,0 +1,250 @@
+// The operator's log (src/log.ts, src/http/access_log.ts) read back from a
+// real server's output, in both formats: one line per request once its
+// response has ended (method, path, status, prompt and completion tokens,
+// ms, request id, outcome), streams and cancelled streams included; expected
+// refusals (4xx, 503 when overloaded or shutting down) without a stack trace;
+// a real fault (500) with exactly one.
+import { afterAll, beforeAll, describe, expect, setDefaultTimeout, spyOn, test } from "bun:test";
+import { loadConfig } from "../../src/config.ts";
+import type { GenerationEngine } from "../../src/http/generation.ts";
+import { frontDoor } from "../../src/http/front_door.ts";
+import { log } from "../../src/log.ts";
+import { ServiceMetrics } from "../../src/metrics.ts";
+import { createApp } from "../../src/server.ts";
+import { Tokenizer } from "../../src/tokenizer.ts";
+import { cancelOpenStreams, expect503, openStream, PROMPT, slowModelPath, startBlocker, waitFor, waitForQueueDepth } from "../helpers/scheduling.ts";
+import { startServer, type TestServer } from "../helpers/server.ts";
+
+setDefaultTimeout(60_000);
+
+type Line = Record<string, string | number>;
+
+const NUMERIC = new Set(["status", "prompt_tokens", "completion_tokens", "ms"]);
+
+/** The `loopserve: request k=v ...` lines of text output, as objects. */
+function textRequestLines(output: string): Line[] {
+  const lines: Line[] = [];
+  for (const m of output.matchAll(/^loopserve: request (.*)$/gm)) {
+    const line: Line = {};
+    for (const [, key, raw] of m[1].matchAll(/(\w+)=("(?:[^"\\]|\\.)*"|\S+)/g)) {
+      const value = raw.startsWith('"') ? (JSON.parse(raw) as string) : raw;
+      line[key] = NUMERIC.has(key) ? Number(value) : value;
+    }
+    lines.push(line);
+  }
+  return lines;
+}
+
+/** Every line of JSON output parsed (each line must be one JSON object); the request lines among them. */
+function jsonLines(output: string): Line[] {
+  return output
+    .split("\n")
+    .filter((l) => l !== "")
+    .map((l) => {
+      try {
+        return JSON.parse(l) as Line;
+      } catch {
+        throw new Error(`not a JSON log line: ${l}`);
+      }
+    });
+}
+
+function expectRequestLine(line: Line | undefined, want: Partial<Line>): void {
+  expect(line).toBeDefined();
+  expect(line).toMatchObject(want);
+  const l = line as Line;
+  expect(typeof l.request_id).toBe("string");
+  expect(l.ms as number).toBeGreaterThanOrEqual(0);
+  for (const key of ["prompt_tokens", "completion_tokens"]) expect(Number.isInteger(l[key])).toBe(true);
+}
+
+async function lineFor(s: TestServer, parse: (out: string) => Line[], id: string): Promise<Line> {
+  await waitFor(`the log line of request ${id}`, () => parse(s.output()).some((l) => l.request_id === id));
+  return parse(s.output()).find((l) => l.request_id === id) as Line;
+}
+
+const STACK_FRAME = /^\s+at /m;
+
+describe("text format (the default)", () => {
+  let s: TestServer;
+  const lines = () => textRequestLines(s.output());
+
+  beforeAll(async () => {
+    s = await startServer({ modelPath: slowModelPath(), env: { SERVICE_MAX_QUEUE_DEPTH: "1", SERVICE_MAX_SEQ_LEN: "4096" } });
+  });
+  afterAll(async () => {
+    await cancelOpenStreams();
+    await s?.stop();
+  });
+
+  test("a whole response: its line carries the tokens the response reports, and the client's request id", async () => {
+    const res = await s.post("/generate", { prompt: PROMPT, max_tokens: 3, temperature: 0 }, { "content-type": "application/json", "x-request-id": "client-req-1" });
+    expect(res.status).toBe(200);
+    expect(res.headers.get("x-request-id")).toBe("client-req-1");
+    const body = (await res.json()) as { stats: { prompt_tokens: number; completion_tokens: number } };
+    const line = await lineFor(s, textRequestLines, "client-req-1");
+    expectRequestLine(line, {
+      method: "POST",
+      path: "/generate",
+      status: 200,
+      prompt_tokens: body.stats.prompt_tokens,
+      completion_tokens: 3,
+      outcome: "complete",
+    });
+  });
+
+  test("a stream is logged when it ends, with its usage", async () => {
+    const res = await s.post("/v1/chat/completions?trace=1", {
+      model: "m",
+      messages: [{ role: "user", content: "Hello" }],
+      max_tokens: 5,
+      stream: true,
+      stream_options: { include_usage: true },
+    });
+    const id = res.headers.get("x-request-id") as string;
+    expect(id).toMatch(/^[0-9a-f]{32}$/);
+    const text = await res.text();
+    const usage = JSON.parse(text.split("\n\n").filter((e) => e.includes('"usage":{')).at(-1)?.slice(6) as string).usage;
+    const line = await lineFor(s, textRequestLines, id);
+    // The path without its query string.
+    expectRequestLine(line, { method: "POST", path: "/v1/chat/completions", status: 200, prompt_tokens: usage.prompt_tokens, completion_tokens: 5, outcome: "complete" });
+  });
+
+  test("a stream the client abandons is logged as cancelled, with the tokens generated until then", async () => {
+    const stream = await openStream(s, { prompt: PROMPT, max_tokens: 3000 });
+    const id = stream.response.headers.get("x-request-id") as string;
+    await stream.waitForEvents(3);
+    await stream.cancel();
+    const line = await lineFor(s, textRequestLines, id);
+    expectRequestLine(line, { path: "/generate", status: 200, outcome: "cancelled" });
+    expect(line.completion_tokens as number).toBeGreaterThanOrEqual(3);
+    expect(line.completion_tokens as number).toBeLessThan(3000);
+  });
+
+  test("refusals (400, 403, 404, 422) are one line each, no stack trace", async () => {
+    const ids: Record<number, string> = {};
+    for (const [status, res] of [
+      [400, await s.post("/generate", { prompt: PROMPT, max_tokens: 100000 })],
+      [403, await s.post("/generate", { prompt: PROMPT }, { "content-type": "text/plain", origin: "https://evil.example" })],
+      [404, await fetch(`${s.url}/no/such/route`)],
+      [422, await s.post("/generate", { max_tokens: 3 })],
+    ] as const) {
+      expect(res.status).toBe(status);
+      ids[status] = res.headers.get("x-request-id") as string;
+    }
+    for (const [status, id] of Object.entries(ids)) expectRequestLine(await lineFor(s, textRequestLines, id), { status: Number(status), completion_tokens: 0 });
+    expect(s.output()).not.toMatch(STACK_FRAME);
+  });
+
+  test("503s when the queue is full and while shutting down: request lines only, no stack trace", async () => {
+    const blocker = await startBlocker(s, 400);
+    const queued = s.post("/generate", { prompt: PROMPT, max_tokens: 4 });
+    await waitForQueueDepth(s, 1);
+    const full = await s.post("/generate", { prompt: PROMPT, max_tokens: 4 });
+    const fullId = full.headers.get("x-request-id") as string;
+    await expect503(full, "queue_full");
+
+    const exited = s.stop();
+    const refused = await queued;
+    const refusedId = refused.headers.get("x-request-id") as string;
+    await expect503(refused, "shutting_down");
+    await blocker.readAll();
+    expect(await exited).toBe(0);
+
+    const out = s.output();
+    expectRequestLine(lines().find((l) => l.request_id === fullId), { status: 503, path: "/generate" });
+    expectRequestLine(lines().find((l) => l.request_id === refusedId), { status: 503, path: "/generate" });
+    expect(out).toContain("SIGTERM: finishing the running request");
+    expect(out).not.toMatch(STACK_FRAME);
+    expect(out).not.toContain("error: the server is shutting down");
+    // Every request of this server was logged exactly once.
+    const all = lines().map((l) => l.request_id);
+    expect(new Set(all).size).toBe(all.length);
+  });
+});
+
+describe("json format", () => {
+  let s: TestServer;
+  beforeAll(async () => {
+    s = await startServer({ env: { SERVICE_LOG_FORMAT: "json" } });
+  });
+  afterAll(async () => {
+    await s?.stop();
+  });
+
+  test("every line is one JSON object; request lines carry every field with its type", async () => {
+    const plain = await s.post("/v1/completions", { model: "m", prompt: PROMPT, max_tokens: 4 });
+    const usage = ((await plain.json()) as { usage: { prompt_tokens: number } }).usage;
+    const stream = await s.post("/generate", { prompt: PROMPT, max_tokens: 2, stream: true });
+    await stream.text();
+    const bad = await s.post("/generate", "{not json");
+    expect(bad.status).toBe(400);
+    const ids = [plain, stream, bad].map((r) => r.headers.get("x-request-id") as string);
+    const requests = () => jsonLines(s.output()).filter((l) => l.msg === "request");
+    await waitFor("three request lines", () => ids.every((id) => requests().some((l) => l.request_id === id)));
+
+    const byId = (id: string) => requests().find((l) => l.request_id === id);
+    expectRequestLine(byId(ids[0]), { level: "info", method: "POST", path: "/v1/completions", status: 200, prompt_tokens: usage.prompt_tokens, completion_tokens: 4, outcome: "complete" });
+    expectRequestLine(byId(ids[1]), { level: "info", path: "/generate", status: 200, completion_tokens: 2 });
+    expectRequestLine(byId(ids[2]), { level: "info", path: "/generate", status: 400, prompt_tokens: 0, completion_tokens: 0 });
+    for (const l of requests()) {
+      expect(Object.keys(l).sort()).toEqual(
+        ["completion_tokens", "level", "method", "ms", "msg", "outcome", "path", "prompt_tokens", "request_id", "status", "time"].sort(),
+      );
+      expect(Number.isNaN(Date.parse(l.time as string))).toBe(false);
+    }
+    const startup = jsonLines(s.output()).find((l) => String(l.msg).includes("listening on"));
+    expect(startup).toMatchObject({ level: "info" });
+
+    expect(await s.stop()).toBe(0);
+    const all = jsonLines(s.output());
+    expect(all.some((l) => String(l.msg).startsWith("SIGTERM"))).toBe(true);
+  });
+});
+
+describe("a real fault (500)", () => {
+  test("the 500 answer, one error line with exactly one stack trace, and the request line", async () => {
+    const config = loadConfig({});
+    const engine: GenerationEngine = {
+      info: { arch: "looped-llama", dim: 64, nHeads: 4, nKvHeads: 2, headDim: 16, ffnDim: 128, vocabSize: 50257, defaultLoops: 4, maxSeqLen: 2048, quant: "fp16", groupSize: 0, tiedOutput: false, simd: "portable", threads: 1 },
+      enqueue: () => {
+        throw new TypeError("a bug in the scheduler");
+      },
+    };
+    const metrics = new ServiceMetrics({ maxSeqLen: config.maxSeqLen, defaultLoops: 4, processMetrics: false });
+    const app = createApp({ config, tokenizer: await Tokenizer.load(), engine, loadError: null, metrics });
+    const handle = frontDoor(config, (req) => app.handle(req));
+    const out: string[] = [];
+    const err: string[] = [];
+    const logSpy = spyOn(console, "log").mockImplementation((s: string) => void out.push(s));
+    const errSpy = spyOn(console, "error").mockImplementation((s: string) => void err.push(s));
+    try {
+      for (const format of ["text", "json"] as const) {
+        log.setFormat(format);
+        out.length = 0;
+        err.length = 0;
+        const res = await handle(
+          new Request("http://localhost/generate", { method: "POST", headers: { "x-request-id": `fault-${format}` }, body: JSON.stringify({ prompt: PROMPT }) }),
+        );
+        expect(res.status).toBe(500);
+        expect(((await res.json()) as { error: { code: string } }).error.code).toBe("internal_error");
+        // stderr: one entry, naming the request, with the stack once.
+        expect(err).toHaveLength(1);
+        const entry = format === "json" ? (JSON.parse(err[0]) as Line) : null;
+        const stack = entry ? String(entry.stack) : err[0];
+        expect(stack.match(/TypeError: a bug in the scheduler/g)).toHaveLength(1);
+        expect(stack).toMatch(STACK_FRAME);
+        if (entry) expect(entry).toMatchObject({ level: "error", request_id: "fault-json", msg: "internal error on POST /generate" });
+        else expect(err[0]).toStartWith("loopserve: error: internal error on POST /generate request_id=fault-text\nTypeError: a bug in the scheduler");
+        // stdout: the request line.
+        expect(out).toHaveLength(1);
+        const line = format === "json" ? (JSON.parse(out[0]) as Line) : textRequestLines(out[0])[0];
+        expectRequestLine(line, { request_id: `fault-${format}`, status: 500, method: "POST", path: "/generate" });
+      }
+    } finally {
+      log.setFormat("text");
+      logSpy.mockRestore();
+      errSpy.mockRestore();
+    }
+  });
+});
