@@ -6,13 +6,15 @@
 // message, the depth explorer fills every column with agreement figures
 // that match the server's own tokens, the metrics panel follows /metrics,
 // no console or page error occurs, and a 375 px window needs no horizontal
-// scrolling. Screenshots are written under build/test-output/playground/.
+// scrolling. Against a server whose model failed to load, the page says why.
+// Screenshots are written under build/test-output/playground/.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, mkdirSync } from "node:fs";
 import { join, resolve } from "node:path";
 import puppeteer, { type Browser, type Page } from "puppeteer-core";
-import { agreement } from "../../src/playground/agreement.ts";
 import { TRAINED_MODEL_PATH } from "../../src/model/trained.ts";
+import { agreement } from "../../src/playground/agreement.ts";
+import { testTempDir } from "../helpers/models.ts";
 import { startServer, type TestServer } from "../helpers/server.ts";
 
 const CHROMIUM = "/usr/bin/chromium";
@@ -341,4 +343,41 @@ describe.skipIf(!haveChromium)("the playground in Chromium", () => {
     const unexpected = problems.filter((p) => !(p.step === "refused" && /status of 400/.test(p.text)));
     expect(unexpected).toEqual([]);
   });
+});
+
+describe.skipIf(!haveChromium)("the playground when the model is not loaded", () => {
+  let broken: TestServer;
+  let browser2: Browser;
+
+  beforeAll(async () => {
+    broken = await startServer({ modelPath: join(testTempDir(), "no-such-model.safetensors") });
+    browser2 = await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: ["--no-sandbox"] });
+  }, 120_000);
+
+  afterAll(async () => {
+    await browser2?.close();
+    await broken?.stop();
+  });
+
+  test("says why in the header, and a message gets the server's 503 reason; no script errors", async () => {
+    const p = await browser2.newPage();
+    const scriptErrors: string[] = [];
+    p.on("pageerror", (e) => scriptErrors.push((e as Error).message));
+    await p.goto(`${broken.url}/`, { waitUntil: "load" });
+    await p.waitForSelector("body[data-ready=true]", { timeout: WAIT_MS });
+    const line = await p.$eval("#model-line", (n) => n.textContent ?? "");
+    expect(line).toContain("not loaded");
+    expect(line).toContain("no-such-model.safetensors");
+    await p.$eval("#prompt", (n) => {
+      (n as HTMLTextAreaElement).value = "Hello?";
+    });
+    await p.click("#send");
+    await p.waitForFunction(() => [...document.querySelectorAll<HTMLElement>(".message.assistant")].at(-1)?.dataset.state === "error", {
+      timeout: WAIT_MS,
+    });
+    const message = await p.$$eval(".message.assistant .error", (n) => n.at(-1)?.textContent ?? "");
+    expect(message).toContain("model not loaded");
+    expect(message).toContain("HTTP 503");
+    expect(scriptErrors).toEqual([]);
+  }, 120_000);
 });
