@@ -5,6 +5,7 @@ import { join } from "node:path";
 import { formatProfile, NativeModel, type SimdChoice } from "../src/engine/binding.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "../src/engine/library.ts";
 import { ReferenceModel } from "../src/model/reference.ts";
+import type { ProgressCallback } from "../src/progress.ts";
 import { benchModel, promptOf } from "./models.ts";
 import { median, printTable, type Row } from "./report.ts";
 
@@ -23,23 +24,30 @@ export interface EngineBenchOptions {
   library?: string;
   /** print the per-op time breakdown of prefill and decode (stderr) */
   profile?: boolean;
+  /** Told the tokens run so far (prefill and decode, every repeat and thread count). */
+  onProgress?: ProgressCallback;
 }
 
 /** Measures one model file; returns one row per thread count. */
 export function measureEngine(modelPath: string, o: EngineBenchOptions): Row[] {
   const rows: Row[] = [];
+  const repeats = o.repeats ?? 3;
+  const total = o.threads.length * repeats * (o.prefillTokens + o.decodeTokens);
+  let done = 0;
+  const ran = (tokens: number) => o.onProgress?.((done += tokens), total);
   for (const threads of o.threads) {
     const model = NativeModel.load(o.library ?? kernelLibrary(), modelPath, threads, o.simd ?? "auto");
     const vocab = model.info.vocabSize;
     const prefill: number[] = [];
     const decode: number[] = [];
-    for (let r = 0; r < (o.repeats ?? 3); r++) {
+    for (let r = 0; r < repeats; r++) {
       const session = model.newSession(o.prefillTokens + o.decodeTokens + 1, o.loops, 0);
       const profiling = o.profile === true && r === 0 && model.setProfile(true);
       model.readProfile(true);
       let t = performance.now();
       let next = session.step(promptOf(o.prefillTokens, vocab), o.loops, 0, 0, 1, 1, 0n);
       prefill.push((o.prefillTokens * 1000) / (performance.now() - t));
+      ran(o.prefillTokens);
       const pp = profiling ? model.readProfile(true) : null;
       if (pp) console.error(formatProfile(pp, `prefill ${o.prefillTokens} tokens, ${threads} threads, loops ${o.loops}, ${model.info.simd} (profiled run)`));
       t = performance.now();
@@ -47,6 +55,7 @@ export function measureEngine(modelPath: string, o: EngineBenchOptions): Row[] {
       for (let i = 0; i < o.decodeTokens; i++) {
         one[0] = next;
         next = session.step(one, o.loops, 0, 0, 1, 1, 0n);
+        ran(1);
       }
       decode.push((o.decodeTokens * 1000) / (performance.now() - t));
       const dp = profiling ? model.readProfile(true) : null;

@@ -3,6 +3,7 @@
 import { measureEngine } from "../bench/engine.ts";
 import { benchModel } from "../bench/models.ts";
 import { printTable } from "../bench/report.ts";
+import { withProgress } from "./progress.ts";
 
 const USAGE = `usage: loopserve bench [--model FILE] [--threads 1,2] [--loops N] [--prefill N] [--decode N]
 
@@ -40,7 +41,11 @@ export async function runBench(argv: string[]): Promise<number> {
     });
     const loops = int("loops", 8);
     const path = opts.model ?? (await benchModel());
-    const rows = measureEngine(path, { threads, loops, prefillTokens: int("prefill", 512), decodeTokens: int("decode", 64) });
+    const prefillTokens = int("prefill", 512);
+    const decodeTokens = int("decode", 64);
+    const rows = withProgress("bench", process.stderr, (onProgress) =>
+      measureEngine(path, { threads, loops, prefillTokens, decodeTokens, onProgress }),
+    );
     printTable(`engine on ${path}`, rows);
     return 0;
   } catch (e) {

@@ -15,7 +15,7 @@ import { Tokenizer, TokenizerError } from "./tokenizer.ts";
 const USAGE = `usage: loopserve serve [--host HOST] [--port PORT]
 
 Serves the model at SERVICE_MODEL_PATH over HTTP: OpenAI-compatible /v1, extended
-/api/v0, native /generate, /healthz and /metrics.
+/api/v0, native /generate, /healthz, /metrics and the web playground at /.
 
 options:
   --host HOST   address to listen on (default: HOST, else 127.0.0.1)

@@ -9,6 +9,7 @@ import { extendedRoutes } from "./http/extended.ts";
 import type { AppDeps } from "./http/generation.ts";
 import { nativeRoutes } from "./http/native.ts";
 import { opsRoutes } from "./http/ops.ts";
+import { playgroundRoutes } from "./http/playground.ts";
 import { speculativeRoutes } from "./http/speculative.ts";
 
 export type { AppDeps, GenerationEngine } from "./http/generation.ts";
@@ -18,6 +19,7 @@ export function createApp(deps: AppDeps) {
     .onParse(parseJsonBody)
     .onError(errorResponse)
     .use(opsRoutes(deps))
+    .use(playgroundRoutes())
     .use(nativeRoutes(deps))
     .use(speculativeRoutes(deps))
     .use(compatRoutes(deps))

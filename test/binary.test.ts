@@ -1,9 +1,10 @@
 // The single executable (DESIGN.md §7): `bun run build` makes dist/loopserve;
 // copied ALONE into an empty directory and run there with a bare environment
 // (no node_modules, no build directory, no source tree), it writes a model,
-// serves it, and answers a chat completion, a native generation and
-// /metrics, using the kernel library it carries (extracted once to its cache
-// directory under a content-hashed name, safely when two start at once).
+// serves it, and answers a chat completion, a native generation, /metrics
+// and the playground page at /, using the kernel library it carries
+// (extracted once to its cache directory under a content-hashed name,
+// safely when two start at once).
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -139,7 +140,7 @@ describe("the compiled executable, alone in an empty directory", () => {
     expect(existsSync(join(work, "node_modules"))).toBe(false);
   });
 
-  test("writes a model, serves it, and answers chat, native generation and /metrics", async () => {
+  test("writes a model, serves it, and answers chat, native generation, /metrics and the playground", async () => {
     const made = runBinary(["model", "new", "model.safetensors", "--dim", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128", "--loops", "2"]);
     expect(made.err).toBe("");
     expect(made.code).toBe(0);
@@ -196,6 +197,15 @@ describe("the compiled executable, alone in an empty directory", () => {
       expect(text).toContain("# TYPE service_requests_completed_total counter");
       const completed = Number(/^service_requests_completed_total(?:\{[^}]*\})? ([0-9.e+]+)$/m.exec(text)?.[1]);
       expect(completed).toBeGreaterThanOrEqual(2);
+
+      // The web playground is built into the executable: the whole page, its script inline.
+      const home = await fetch(`${a.url}/`);
+      expect(home.status).toBe(200);
+      expect(home.headers.get("content-type")).toBe("text/html; charset=utf-8");
+      const html = await home.text();
+      expect(html).toContain("<title>loopserve playground</title>");
+      expect(/<script type="module">([\s\S]*)<\/script>/.exec(html)?.[1].length ?? 0).toBeGreaterThan(1000);
+      expect(html).toContain('id="depth-columns"');
     } finally {
       expect(await a.stop()).toBe(0);
       expect(await b.stop()).toBe(0);

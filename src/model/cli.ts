@@ -6,6 +6,7 @@
 // `bun src/model/cli.ts ...` runs it directly.
 
 import { statSync } from "node:fs";
+import { type ProgressStream, withProgress } from "../progress.ts";
 import { checkQuantTensors, GROUP_SIZES, MAX_LOOPS, parseModelConfig } from "./format.ts";
 import { exportGguf } from "./gguf.ts";
 import { DEFAULT_GROUP_SIZE, type HeadQuant, quantizeModelFile, type WeightQuant } from "./quantize.ts";
@@ -15,11 +16,14 @@ import { resolveSyntheticOptions, type SyntheticOptions, writeSyntheticModel } f
 export interface CommandIO {
   out: (line: string) => void;
   err: (line: string) => void;
+  /** Where long commands (quantize, export-gguf) show their progress; none when absent. */
+  progress?: ProgressStream;
 }
 
 const defaultIO: CommandIO = {
   out: (line) => process.stdout.write(`${line}\n`),
   err: (line) => process.stderr.write(`${line}\n`),
+  progress: process.stderr,
 };
 
 // ---- help ----
@@ -313,11 +317,14 @@ function cmdQuantize(argv: string[], io: CommandIO): number {
   }
   const [inPath, outPath] = p.positional;
   const t0 = performance.now();
-  const r = quantizeModelFile(inPath, outPath, {
-    quant: quant as WeightQuant,
-    groupSize,
-    head: head as HeadQuant,
-  });
+  const r = withProgress("quantize", io.progress, (onProgress) =>
+    quantizeModelFile(inPath, outPath, {
+      quant: quant as WeightQuant,
+      groupSize,
+      head: head as HeadQuant,
+      onProgress,
+    }),
+  );
   const ms = performance.now() - t0;
   io.out(
     `wrote ${outPath}: ${r.bytes} bytes (${((100 * r.bytes) / r.inputBytes).toFixed(1)}% of ${r.inputBytes}), ` +
@@ -348,7 +355,7 @@ function cmdExportGguf(argv: string[], io: CommandIO): number {
     if (loops < 1 || loops > MAX_LOOPS) throw new UsageError(`--loops must be in [1, ${MAX_LOOPS}], got ${loops}`);
   }
   const t0 = performance.now();
-  const r = exportGguf(inPath, outPath, { loops });
+  const r = withProgress("export-gguf", io.progress, (onProgress) => exportGguf(inPath, outPath, { loops, onProgress }));
   const ms = performance.now() - t0;
   io.out(
     `wrote ${outPath}: ${r.bytes} bytes, GGUF v3, llama, ${r.loops} layers, ${r.tensors} tensors ` +

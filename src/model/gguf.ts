@@ -31,6 +31,7 @@
 // exactly the list merges.txt holds.
 
 import gpt2 from "tiktoken/encoders/gpt2.json" with { type: "json" };
+import type { ProgressCallback } from "../progress.ts";
 import { F16_TO_F32 } from "./fp16.ts";
 import { loadModelFile, MAX_LOOPS, type ModelConfig, parseModelConfig } from "./format.ts";
 import { ModelFormatError, readSafetensors, writeFileAtomically } from "./safetensors.ts";
@@ -205,9 +206,10 @@ const pad = (n: number, a: number) => Math.ceil(n / a) * a;
 /**
  * Writes a GGUF v3 file: metadata in the given order, then the tensor infos
  * and data in the given order, every tensor 32-byte aligned. Written to a
- * temporary file and renamed into place. Returns the file size.
+ * temporary file and renamed into place; onProgress is told the bytes
+ * written. Returns the file size.
  */
-export function writeGguf(path: string, metadata: [string, GgufValue][], tensors: GgufTensor[]): number {
+export function writeGguf(path: string, metadata: [string, GgufValue][], tensors: GgufTensor[], onProgress?: ProgressCallback): number {
   const fail = (msg: string): never => {
     throw new ModelFormatError(`${path}: ${msg}`);
   };
@@ -244,15 +246,19 @@ export function writeGguf(path: string, metadata: [string, GgufValue][], tensors
   w.padTo(GGUF_ALIGNMENT);
   const header = w.result();
 
+  const size = header.length + offset;
   return writeFileAtomically(path, (writeAll) => {
     writeAll(header);
+    let written = header.length;
     const zeros = new Uint8Array(GGUF_ALIGNMENT);
     for (const t of tensors) {
       writeAll(t.data);
       const gap = pad(t.data.byteLength, GGUF_ALIGNMENT) - t.data.byteLength;
       if (gap > 0) writeAll(zeros.subarray(0, gap));
+      written += t.data.byteLength + gap;
+      onProgress?.(written, size);
     }
-    return header.length + offset;
+    return size;
   });
 }
 
@@ -379,6 +385,8 @@ export interface GgufExportOptions {
   loops?: number;
   /** general.name (default: "loopserve looped-llama"). */
   name?: string;
+  /** Told the bytes of the GGUF file written so far. */
+  onProgress?: ProgressCallback;
 }
 
 export interface GgufExportResult {
@@ -496,6 +504,6 @@ export function exportGguf(inPath: string, outPath: string, opts: GgufExportOpti
   if (!c.tiedOutput) tensors.push({ name: "output.weight", ne: [dim, vocabSize], type: F16, data: bytesOf(w.output) });
 
   const name = opts.name ?? `loopserve looped-llama unrolled x${loops}`;
-  const bytes = writeGguf(outPath, ggufMetadata(c, loops, name), tensors);
+  const bytes = writeGguf(outPath, ggufMetadata(c, loops, name), tensors, opts.onProgress);
   return { path: outPath, bytes, loops, tensors: tensors.length, config: c };
 }

@@ -12,6 +12,7 @@
 // gives byte-identical output on every machine.
 
 import { statSync } from "node:fs";
+import type { ProgressCallback } from "../progress.ts";
 import { bf16ArrayToF32, F16_TO_F32, f16ArrayToF32, f32ArrayToF16, f64ToF16Bits } from "./fp16.ts";
 import {
   configToMetadata,
@@ -55,6 +56,10 @@ export function rne(v: number): number {
   return f % 2 === 0 ? f : f + 1;
 }
 
+/** Told the rows of a matrix quantized so far (progress of a long quantization). */
+export type RowDone = (rows: number) => void;
+const noRows: RowDone = () => {};
+
 function checkShape(what: string, w: ArrayLike<number>, rows: number, cols: number, groupSize: number): void {
   if (!(GROUP_SIZES as readonly number[]).includes(groupSize)) {
     throw new ModelFormatError(`${what}: group size must be one of ${GROUP_SIZES.join(", ")}, got ${groupSize}`);
@@ -85,7 +90,7 @@ function scaleBits(what: string, s: number): number {
  * side mapped to 7 is at most 7.5 |s| from zero, the side mapped to -8 at
  * most 8.5 |s| (a tie rounds to the even -8).
  */
-export function quantizeInt4(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int4"): QuantMatrix {
+export function quantizeInt4(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int4", onRow: RowDone = noRows): QuantMatrix {
   checkShape(what, w, rows, cols, groupSize);
   const ng = cols / groupSize;
   const qweight = new Uint8Array((rows * cols) / 2);
@@ -111,6 +116,7 @@ export function quantizeInt4(w: ArrayLike<number>, rows: number, cols: number, g
         qweight[idx >> 1] |= (c + 8) << ((idx & 1) * 4);
       }
     }
+    onRow(r + 1);
   }
   return { bits: 4, rows, cols, groupSize, qweight, scales };
 }
@@ -142,7 +148,7 @@ const INT2_REFINE_STEPS = 6;
  * worse than its min/max fit; refined levels may clip a group's extremes
  * (nearest level still, beyond the end levels).
  */
-export function quantizeInt2(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int2"): QuantMatrix {
+export function quantizeInt2(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int2", onRow: RowDone = noRows): QuantMatrix {
   checkShape(what, w, rows, cols, groupSize);
   const ng = cols / groupSize;
   const qweight = new Uint8Array((rows * cols) / 4);
@@ -202,6 +208,7 @@ export function quantizeInt2(w: ArrayLike<number>, rows: number, cols: number, g
         qweight[idx >> 2] |= codes[i] << ((idx & 3) * 2);
       }
     }
+    onRow(r + 1);
   }
   return { bits: 2, rows, cols, groupSize, qweight, scales, zeros };
 }
@@ -209,7 +216,7 @@ export function quantizeInt2(w: ArrayLike<number>, rows: number, cols: number, g
 // ---- int8 (output head) ----
 
 /** Symmetric int8 per group: s = max|w| / 127 rounded up to fp16, c = rne(w / s). */
-export function quantizeInt8(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int8"): QuantMatrix {
+export function quantizeInt8(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int8", onRow: RowDone = noRows): QuantMatrix {
   checkShape(what, w, rows, cols, groupSize);
   const ng = cols / groupSize;
   const qweight = new Uint8Array(rows * cols);
@@ -227,6 +234,7 @@ export function quantizeInt8(w: ArrayLike<number>, rows: number, cols: number, g
         codes[base + i] = s > 0 ? Math.min(127, Math.max(-127, rne(w[base + i] / s))) : 0;
       }
     }
+    onRow(r + 1);
   }
   return { bits: 8, rows, cols, groupSize, qweight, scales };
 }
@@ -308,6 +316,8 @@ export interface QuantizeOptions {
   groupSize?: number; // default 32
   /** The output head: int8 (default) or fp16. A tied model stays tied (fp16) with fp16. */
   head?: HeadQuant;
+  /** Told the weights quantized so far, out of all the file's quantized weights. */
+  onProgress?: ProgressCallback;
 }
 
 export interface QuantizeResult {
@@ -385,11 +395,16 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
   const tensors: TensorToWrite[] = [f16("tok_embeddings.weight", [vocabSize, dim])];
   tensors.push(f16("block.attn_norm.weight", [dim]));
   const quantize = opts.quant === "int4" ? quantizeInt4 : quantizeInt2;
+  // Progress counts weights: the block's matrices, then the int8 head (most of the work).
+  const total = QUANT_MATRICES.reduce((n, m) => n + shapes[m][0] * shapes[m][1], 0) + (head === "int8" ? vocabSize * dim : 0);
+  let before = 0;
+  const rowsOf = (cols: number): RowDone => (rows) => opts.onProgress?.(before + rows * cols, total);
   for (const m of QUANT_MATRICES) {
     const [rows, cols] = shapes[m];
     const name = `block.${m}`;
     if (m === "w1") tensors.push(f16("block.ffn_norm.weight", [dim]));
-    tensors.push(...quantTensors(name, quantize(get(`${name}.weight`, [rows, cols]), rows, cols, groupSize, `${where}: ${name}`)));
+    tensors.push(...quantTensors(name, quantize(get(`${name}.weight`, [rows, cols]), rows, cols, groupSize, `${where}: ${name}`, rowsOf(cols))));
+    before += rows * cols;
   }
   tensors.push(f16("norm.weight", [dim]));
 
@@ -398,7 +413,7 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
   if (head === "int8") {
     // A tied model's head is the embedding: its int8 copy becomes output.qweight.
     const src = tied ? "tok_embeddings.weight" : "output.weight";
-    tensors.push(...quantTensors("output", quantizeInt8(get(src, [vocabSize, dim]), vocabSize, dim, groupSize, `${where}: ${src}`)));
+    tensors.push(...quantTensors("output", quantizeInt8(get(src, [vocabSize, dim]), vocabSize, dim, groupSize, `${where}: ${src}`, rowsOf(dim))));
     headKind = "int8";
   } else if (tied) {
     headKind = "tied";
