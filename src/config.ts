@@ -20,6 +20,8 @@ export interface Config {
   readonly modelPath: string | null;
   readonly maxSeqLen: number;
   readonly maxQueueDepth: number;
+  /** SERVICE_MAX_BODY_BYTES: larger request bodies get 413. */
+  readonly maxBodyBytes: number;
   /** Latency target inherited by every submission; null = none. */
   readonly defaultSloMs: number | null;
   readonly prefixPoolCapacity: number;
@@ -57,6 +59,10 @@ export const VERSION: string = pkg.version;
 // service on every interface is a choice the operator makes with HOST=0.0.0.0.
 const DEFAULT_HOST = "127.0.0.1";
 const DEFAULT_PORT = 8000;
+// 8 MiB: room for the largest prompt the default context admits (2048 tokens
+// of at most 128 bytes each, even with every character \u-escaped in JSON).
+const DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024;
+const MIN_MAX_BODY_BYTES = 1024;
 const SIMD_CHOICES: readonly SimdChoice[] = ["auto", "portable", "avx2", "avx512"];
 
 type Env = Record<string, string | undefined>;
@@ -147,6 +153,7 @@ export function loadConfig(env: Env = process.env, flags: ConfigFlags = {}): Con
     modelPath: read(env, "SERVICE_MODEL_PATH") ?? null,
     maxSeqLen: integer(env, "SERVICE_MAX_SEQ_LEN", 2048, 2),
     maxQueueDepth: integer(env, "SERVICE_MAX_QUEUE_DEPTH", 128, 1),
+    maxBodyBytes: integer(env, "SERVICE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES),
     defaultSloMs: positiveNumber(env, "SERVICE_DEFAULT_SLO_MS"),
     prefixPoolCapacity: integer(env, "SERVICE_PREFIX_POOL_CAPACITY", 16, 0),
     buildDir: read(env, "SERVICE_BUILD_DIR") ?? "./build",

@@ -7,6 +7,7 @@ import { type Config, ConfigError, type ConfigFlags, loadConfig } from "./config
 import { Engine } from "./engine/engine.ts";
 import { ServiceMetrics } from "./metrics.ts";
 import { Scheduler } from "./scheduler/scheduler.ts";
+import { withAbsoluteUrl } from "./http/request_url.ts";
 import { createApp } from "./server.ts";
 import { Tokenizer, TokenizerError } from "./tokenizer.ts";
 
@@ -24,6 +25,7 @@ environment:
   SERVICE_MODEL_PATH            model .safetensors file (required to generate)
   SERVICE_MAX_SEQ_LEN           prompt + generated tokens limit (2048)
   SERVICE_MAX_QUEUE_DEPTH       queued requests before 503 (128)
+  SERVICE_MAX_BODY_BYTES        larger request bodies get 413 (8388608 = 8 MiB)
   SERVICE_DEFAULT_SLO_MS        latency target in ms (unset)
   SERVICE_PREFIX_POOL_CAPACITY  shared prefix pool entries (16)
   SERVICE_BUILD_DIR             where libloopserve.so is found (./build)
@@ -142,8 +144,16 @@ export async function runServe(argv: string[]): Promise<number> {
   let server: ReturnType<typeof Bun.serve>;
   try {
     // idleTimeout 0: no server-side timeout (SPEC.md §1); a long non-streaming
-    // generation sends nothing until it is done.
-    server = Bun.serve({ hostname: config.host, port: config.port, idleTimeout: 0, fetch: (req) => app.handle(req) });
+    // generation sends nothing until it is done. Bun answers a body over
+    // maxRequestBodySize itself with an empty 413, so its limit is kept above
+    // SERVICE_MAX_BODY_BYTES and the app answers 413 in the error shape.
+    server = Bun.serve({
+      hostname: config.host,
+      port: config.port,
+      idleTimeout: 0,
+      maxRequestBodySize: Number.MAX_SAFE_INTEGER,
+      fetch: (req) => app.handle(withAbsoluteUrl(req, server.url.origin)),
+    });
   } catch (e) {
     console.error(`loopserve: cannot listen on ${config.host}:${config.port}: ${(e as Error).message}`);
     loaded.engine?.close();
@@ -160,6 +170,8 @@ export async function runServe(argv: string[]): Promise<number> {
       }
       draining = true;
       console.error(`loopserve: ${signal}: finishing the running request, refusing queued ones, then exiting`);
+      // Prompts still being tokenized would only be refused afterwards: 503 now.
+      tokenizer.close();
       // Queued requests get 503; the running one finishes. The engine is not
       // closed: the process exits right after anyway.
       await scheduler?.shutdown();

@@ -163,9 +163,9 @@ function resolve(deps: AppDeps, body: SamplingBody, prompt: number[], echo: stri
   };
 }
 
-function chatJob(deps: AppDeps, body: ChatCompletionBody, ext?: Extension): CompatJob {
+async function chatJob(deps: AppDeps, body: ChatCompletionBody, ext?: Extension): Promise<CompatJob> {
   refuseUnsupported(body);
-  return resolve(deps, body, promptTokens(deps, renderChat(body.messages), "messages"), "", ext);
+  return resolve(deps, body, await promptTokens(deps, renderChat(body.messages), "messages"), "", ext);
 }
 
 const isTexts = (p: string[] | number[]): p is string[] => typeof p[0] === "string";
@@ -176,12 +176,12 @@ function firstPrompt(p: CompletionBody["prompt"]): { prompt: string | number[]; 
   return isTexts(p) ? { prompt: p[0], param: "prompt[0]" } : { prompt: p, param: "prompt" };
 }
 
-function completionJob(deps: AppDeps, body: CompletionBody, ext?: Extension): CompatJob {
+async function completionJob(deps: AppDeps, body: CompletionBody, ext?: Extension): Promise<CompatJob> {
   refuseUnsupported(body);
   if (body.suffix != null && body.suffix !== "")
     throw unsupported("suffix", "is not supported: this server only continues the prompt, it does not fill in text");
   const { prompt, param } = firstPrompt(body.prompt);
-  const ids = promptTokens(deps, prompt, param);
+  const ids = await promptTokens(deps, prompt, param);
   const echo = body.echo ? (typeof prompt === "string" ? prompt : deps.tokenizer.decode(ids)) : "";
   return resolve(deps, body, ids, echo, ext);
 }
@@ -276,12 +276,12 @@ async function respond(deps: AppDeps, job: CompatJob, framing: Framing, http: Re
 
 // ---- handlers shared with the extended family ----
 
-export function chatCompletion(deps: AppDeps, body: ChatCompletionBody, http: Request, ext?: Extension): Promise<Response> {
-  return respond(deps, chatJob(deps, body, ext), CHAT, http, ext);
+export async function chatCompletion(deps: AppDeps, body: ChatCompletionBody, http: Request, ext?: Extension): Promise<Response> {
+  return respond(deps, await chatJob(deps, body, ext), CHAT, http, ext);
 }
 
-export function textCompletion(deps: AppDeps, body: CompletionBody, http: Request, ext?: Extension): Promise<Response> {
-  return respond(deps, completionJob(deps, body, ext), TEXT, http, ext);
+export async function textCompletion(deps: AppDeps, body: CompletionBody, http: Request, ext?: Extension): Promise<Response> {
+  return respond(deps, await completionJob(deps, body, ext), TEXT, http, ext);
 }
 
 export function compatRoutes(deps: AppDeps) {

@@ -5,6 +5,7 @@
 //   400  a value out of range / not allowed, unreadable JSON, a request the
 //        engine refuses, prompt + max_tokens over the sequence limit
 //   404  unknown route
+//   413  request body over SERVICE_MAX_BODY_BYTES
 //   503  model not loaded (or shutting down), queue full, latency target
 //   500  only a genuine bug: logged with its stack
 import { CloneType, type TObject } from "@sinclair/typebox";
@@ -50,6 +51,8 @@ export const unprocessable = (message: string, param: string | null = null, code
 export const unavailable = (message: string, code: string) => new HttpError(503, message, "service_unavailable_error", null, code);
 
 export const notFound = (message: string) => new HttpError(404, message, "not_found_error", null, "not_found");
+
+export const payloadTooLarge = (message: string) => new HttpError(413, message, "invalid_request_error", null, "request_too_large");
 
 /** Request-validation failures that are values, not shapes: "`x` must be at most 8192, got 9000". */
 export function outOfRange(param: string, message: string): HttpError {

@@ -108,7 +108,7 @@ async function generate(deps: AppDeps, body: TreeSpeculativeBody, httpRequest: R
   const spec = speculativeFields(deps.config, mode, body, temperature);
   checkCacheWindow(deps, cacheWindow);
   const stops = body.stop == null ? [] : Array.isArray(body.stop) ? body.stop : [body.stop];
-  const prompt = promptTokens(deps, body.prompt);
+  const prompt = await promptTokens(deps, body.prompt);
   checkLength(deps, prompt.length, maxTokens);
   const engine = requireEngine(deps);
 
