@@ -19,7 +19,7 @@ export function rawRequest(port: number, request: string | Uint8Array, timeoutMs
       reject(new Error(`no complete response within ${timeoutMs} ms: ${Buffer.concat(chunks).toString()}`));
     }, timeoutMs);
     socket.on("connect", () => socket.write(request));
-    socket.on("data", (c) => chunks.push(c));
+    socket.on("data", (c: Buffer) => chunks.push(c));
     socket.on("error", (e) => {
       clearTimeout(timer);
       reject(e);
