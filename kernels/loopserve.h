@@ -110,6 +110,12 @@ ls_model *ls_model_load(const char *path, int32_t n_threads, int32_t simd,
 void ls_model_free(ls_model *m);
 void ls_model_info_get(const ls_model *m, ls_model_info *out);
 
+/* Validates a model file exactly as ls_model_load does (header, metadata,
+ * tensors, every fp16 weight and quantization scale finite) without starting
+ * a runtime: what `loopserve model inspect` reports. Returns LS_OK and fills
+ * info (nullable; simd and n_threads 0), or LS_ERR_ARG with the reason in err. */
+int32_t ls_model_check(const char *path, ls_model_info *info, char *err, int32_t err_len);
+
 /* ---- per-op time breakdown (SERVICE_PROFILE / `loopserve bench --profile`) ----
  * Off by default (no clock reads). When on, every forward pass adds the
  * wall time of each op, measured on the calling thread, to the model's

@@ -271,6 +271,7 @@ static int read_metadata(const ls_json_doc *doc, uint32_t root, ls_model_info *i
 typedef struct {
     char name[64]; /* copied: quantized tensor names are formatted on the fly */
     uint64_t begin, end;
+    int64_t cols;  /* F16 tensors: the last dimension (for row/column in messages); 0 otherwise */
 } span;
 
 typedef struct {
@@ -398,6 +399,7 @@ static int get_tensor_as(tensor_reader *t, const char *name, const char *dtype, 
         snprintf(sp->name, sizeof sp->name, "%s", name);
         sp->begin = begin;
         sp->end = end;
+        sp->cols = strcmp(dtype, "F16") == 0 && n_dims > 0 ? dims[n_dims - 1] : 0;
     }
     *out = (const void *)(t->data + begin);
     return 0;
@@ -433,6 +435,45 @@ static int check_overlap(tensor_reader *t) {
                          (unsigned long long)b->begin, (unsigned long long)b->end);
             return -1;
         }
+    }
+    return 0;
+}
+
+// Index of the first Inf or NaN among n fp16 values, or -1. An fp16 value is
+// not finite when its exponent bits are all ones: (h & 0x7c00) + 0x0400 then
+// carries into bit 15, so blocks are OR-reduced without a branch (the
+// compiler vectorizes the block loop) and only a block with a hit is searched.
+static int64_t first_nonfinite_f16(const uint16_t *p, uint64_t n) {
+    enum { BLOCK = 256 };
+    uint64_t i = 0;
+    for (; i + BLOCK <= n; i += BLOCK) {
+        uint16_t acc = 0;
+        for (int j = 0; j < BLOCK; j++) acc |= (uint16_t)((p[i + j] & 0x7c00) + 0x0400);
+        if (acc & 0x8000) break;
+    }
+    for (; i < n; i++)
+        if ((p[i] & 0x7c00) == 0x7c00) return (int64_t)i;
+    return -1;
+}
+
+// Weights that are Inf or NaN make every logit NaN: the model would load,
+// report healthy and fail every request. Every F16 tensor the loader took
+// (fp16 weights, norms, quantization scales and offsets) is scanned once;
+// the message names the tensor and where in it.
+static int check_finite(tensor_reader *t) {
+    for (int s = 0; s < t->n_spans; s++) {
+        const span *sp = &t->spans[s];
+        if (sp->cols == 0) continue;
+        const uint16_t *p = (const uint16_t *)(const void *)(t->data + sp->begin);
+        int64_t at = first_nonfinite_f16(p, (sp->end - sp->begin) / 2);
+        if (at < 0) continue;
+        uint16_t h = p[at];
+        const char *what = (h & 0x03ff) ? "NaN" : (h & 0x8000) ? "-Inf" : "+Inf";
+        ls_set_error(t->err, t->err_len,
+                     "tensor '%s' holds a non-finite value (%s) at element %lld (row %lld, column %lld): "
+                     "the weights are corrupt",
+                     sp->name, what, (long long)at, (long long)(at / sp->cols), (long long)(at % sp->cols));
+        return -1;
     }
     return 0;
 }
@@ -623,22 +664,18 @@ static int validate(const uint8_t *map, uint64_t size, ls_model *m, char *err, i
         ls_set_error(err, err_len, "header JSON is %s, expected an object",
                      kind(doc.nodes[0].type));
     } else if (read_metadata(&doc, 0, &m->info, err, err_len) == 0 &&
-               read_tensors(&t, &m->info, &m->w, m->qmats, &m->info.tied_output) == 0) {
+               read_tensors(&t, &m->info, &m->w, m->qmats, &m->info.tied_output) == 0 &&
+               check_finite(&t) == 0) {
         rc = 0;
     }
     ls_json_free(&doc);
     return rc;
 }
 
-ls_model *ls_model_load(const char *path, int32_t n_threads, int32_t simd, char *err,
-                        int32_t err_len) {
-    ls_set_error(err, err_len, "%s", "");
+// Opens and maps the file at path; NULL with err written on failure.
+static void *open_and_map(const char *path, size_t *size_out, char *err, int32_t err_len) {
     if (path == NULL) {
         ls_set_error(err, err_len, "no model path given");
-        return NULL;
-    }
-    if (simd < LS_SIMD_AUTO || simd > LS_SIMD_AVX512) {
-        ls_set_error(err, err_len, "simd %d is not one of LS_SIMD_AUTO/PORTABLE/AVX2/AVX512", simd);
         return NULL;
     }
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -676,6 +713,34 @@ ls_model *ls_model_load(const char *path, int32_t n_threads, int32_t simd, char 
         ls_set_error(err, err_len, "cannot map model file '%s': %s", path, strerror(map_errno));
         return NULL;
     }
+    *size_out = size;
+    return map;
+}
+
+int32_t ls_model_check(const char *path, ls_model_info *info, char *err, int32_t err_len) {
+    ls_set_error(err, err_len, "%s", "");
+    size_t size = 0;
+    void *map = open_and_map(path, &size, err, err_len);
+    if (map == NULL) return LS_ERR_ARG;
+    ls_model m;
+    memset(&m, 0, sizeof m);
+    int rc = validate(map, size, &m, err, err_len);
+    unmap_file(map, size);
+    if (rc != 0) return LS_ERR_ARG;
+    if (info) *info = m.info;
+    return LS_OK;
+}
+
+ls_model *ls_model_load(const char *path, int32_t n_threads, int32_t simd, char *err,
+                        int32_t err_len) {
+    ls_set_error(err, err_len, "%s", "");
+    if (simd < LS_SIMD_AUTO || simd > LS_SIMD_AVX512) {
+        ls_set_error(err, err_len, "simd %d is not one of LS_SIMD_AUTO/PORTABLE/AVX2/AVX512", simd);
+        return NULL;
+    }
+    size_t size = 0;
+    void *map = open_and_map(path, &size, err, err_len);
+    if (map == NULL) return NULL;
 
     ls_model *m = calloc(1, sizeof *m);
     if (!m) {

@@ -134,6 +134,12 @@ function kvCacheMode(env: Env): { mode: KvCacheMode; fp16AttnQkv: boolean } {
   return { mode, fp16AttnQkv };
 }
 
+// ---- the kernel library's location (also read by `loopserve model inspect`) ----
+
+export function libraryConfig(env: Env = process.env): Pick<Config, "buildDir" | "cacheHome"> {
+  return { buildDir: read(env, "SERVICE_BUILD_DIR") ?? "./build", cacheHome: read(env, "XDG_CACHE_HOME") ?? null };
+}
+
 // ---- the whole configuration ----
 
 export function loadConfig(env: Env = process.env, flags: ConfigFlags = {}): Config {
@@ -156,10 +162,10 @@ export function loadConfig(env: Env = process.env, flags: ConfigFlags = {}): Con
     maxBodyBytes: integer(env, "SERVICE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES),
     defaultSloMs: positiveNumber(env, "SERVICE_DEFAULT_SLO_MS"),
     prefixPoolCapacity: integer(env, "SERVICE_PREFIX_POOL_CAPACITY", 16, 0),
-    buildDir: read(env, "SERVICE_BUILD_DIR") ?? "./build",
+    buildDir: libraryConfig(env).buildDir,
     commit: read(env, "SERVICE_COMMIT") ?? null,
     tokenizerHome: read(env, "TOKENIZER_HOME") ?? null,
-    cacheHome: read(env, "XDG_CACHE_HOME") ?? null,
+    cacheHome: libraryConfig(env).cacheHome,
     kvCacheMode: kv.mode,
     hModeFp16AttnQkv: kv.fp16AttnQkv,
     threads: integer(env, "SERVICE_THREADS", 0, 0, 4096),
