@@ -291,21 +291,20 @@ function cmdInspect(argv: string[], io: CommandIO): number {
   const path = p.positional[0];
   const json = p.flags.has("--json");
   // Failures here are about the file, not the arguments: exit 1 (see runModelCommand).
-  // The listing is shown whenever the header can be read; the verdict is the
-  // server loader's alone, so inspect and serve never disagree about a file.
-  let file: SafetensorsFile | null = null;
-  let unlisted: ModelFormatError | null = null;
+  // The verdict is the server loader's, so inspect and serve never disagree
+  // about a file; the listing comes from the TypeScript reader, which reads
+  // every header the loader accepts.
+  let file: SafetensorsFile;
   try {
     file = readSafetensors(path);
   } catch (e) {
-    if (!(e instanceof ModelFormatError)) throw e;
-    unlisted = e;
+    if (e instanceof ModelFormatError) checkWithServerLoader(path); // its message, when it refuses the file too
+    throw e;
   }
-  if (file) printHeader(io, path, file, json);
+  printHeader(io, path, file, json);
   const c = checkWithServerLoader(path);
-  if (unlisted) io.err(`note: the header cannot be listed (${unlisted.message}), but the server loads the file`);
   if (!json) {
-    const head = file?.tensors.has("output.qweight") ? "int8" : "fp16";
+    const head = file.tensors.has("output.qweight") ? "int8" : "fp16";
     io.out(
       `loopserve model: ${c.quant}${c.quant === "fp16" ? "" : ` (group ${c.groupSize}, output head ${head})`}, dim ${c.dim}, heads ${c.nHeads} (kv ${c.nKvHeads}), head_dim ${c.headDim}, ` +
         `ffn ${c.ffnDim}, vocab ${c.vocabSize}, default loops ${c.defaultLoops}, ` +

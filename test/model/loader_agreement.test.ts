@@ -68,6 +68,15 @@ function edited(src: string, name: string, edit: (h: Header) => void, shift = 0)
   return writeParts(out(name), header, Buffer.concat([new Uint8Array(shift), data]));
 }
 
+/** A copy of `src` with one more tensor, "notes.extra", whose data start `after` bytes past the model's. */
+function withExtra(src: string, name: string, entry: { dtype: string; shape: number[]; data_offsets: [number, number] }, after = -1): string {
+  const { header, data } = readParts(src);
+  const at = data.length;
+  header["notes.extra"] = { ...entry, data_offsets: [at + entry.data_offsets[0], at + entry.data_offsets[1]] };
+  const room = after < 0 ? entry.data_offsets[1] : after;
+  return writeParts(out(name), header, Buffer.concat([data, new Uint8Array(room)]));
+}
+
 /** The server loader's verdict: null (loads) or its message. */
 function serverVerdict(path: string): string | null {
   try {
@@ -123,10 +132,32 @@ describe("inspect and the server's loader agree", () => {
     ["rope_theta past the loader's bound", () => edited(fp16, "theta", (h) => void (h.__metadata__!.rope_theta = "1e13")), /metadata 'rope_theta' is '1e13'/],
     ["norm_eps of 2", () => edited(fp16, "eps", (h) => void (h.__metadata__!.norm_eps = "2")), /metadata 'norm_eps' is '2'/],
     ["dim past the loader's cap", () => edited(fp16, "dim", (h) => void (h.__metadata__!.dim = "100000")), /metadata 'dim' is 100000, expected 1\.\.65536/],
+    // Extra tensors are ignored, but must be well-formed entries (docs/model-format.md):
+    ["a well-formed extra tensor", () => withExtra(fp16, "extra-ok", { dtype: "U8", shape: [3], data_offsets: [0, 3] }), null],
     [
-      "an extra tensor of a dtype safetensors does not define (ignored by the loader)",
-      () => edited(fp16, "extra", (h) => void (h["notes.extra"] = { dtype: "Q7", shape: [1], data_offsets: [0, 1] })),
-      null,
+      "an extra tensor of a dtype safetensors does not define",
+      () => withExtra(fp16, "extra-dtype", { dtype: "Q7", shape: [1], data_offsets: [0, 1] }),
+      /^tensor 'notes\.extra': dtype Q7 is not a safetensors dtype$/,
+    ],
+    [
+      "an extra tensor past the end of the data",
+      () => withExtra(fp16, "extra-past", { dtype: "U8", shape: [16], data_offsets: [8, 24] }, 4),
+      /^tensor 'notes\.extra': data_offsets \[\d+, \d+\] past end of data/,
+    ],
+    [
+      "an extra tensor whose offsets do not fit its shape",
+      () => withExtra(fp16, "extra-size", { dtype: "F32", shape: [2], data_offsets: [0, 4] }),
+      /^tensor 'notes\.extra': data_offsets \[\d+, \d+\] hold 4 bytes, not what its dtype and shape need$/,
+    ],
+    [
+      "an extra tensor overlapping a weight",
+      () => edited(fp16, "extra-overlap", (h) => void (h["notes.extra"] = { dtype: "U8", shape: [2], data_offsets: [0, 2] })),
+      /^tensors 'notes\.extra' \[0, 2\] and 'tok_embeddings\.weight' \[0, \d+\] overlap$/,
+    ],
+    [
+      "a metadata value that is not a string",
+      () => edited(fp16, "meta-number", (h) => void ((h.__metadata__ as Record<string, unknown>).note = 5)),
+      /^metadata 'note' is a number, expected a string/,
     ],
   ];
 
@@ -146,12 +177,20 @@ describe("inspect and the server's loader agree", () => {
       }
     });
 
-  test("a header the listing cannot show but the loader accepts: a note, exit 0", async () => {
-    const path = edited(fp16, "unlisted", (h) => void (h["notes.extra"] = { dtype: "Q7", shape: [1], data_offsets: [0, 1] }));
+  test("a header with a duplicate key: the listing shows it, the loader refuses it", async () => {
+    const { header, data } = readParts(fp16);
+    const json = JSON.stringify(header).replace(/^\{/, '{"norm.weight":{"dtype":"F16","shape":[0],"data_offsets":[0,0]},');
+    const path = out("duplicate");
+    const padded = json + " ".repeat((8 - ((8 + json.length) % 8)) % 8);
+    const len = new Uint8Array(8);
+    new DataView(len.buffer).setBigUint64(0, BigInt(padded.length), true);
+    writeFileSync(path, Buffer.concat([len, Buffer.from(padded), data]));
+    const verdict = serverVerdict(path);
+    expect(verdict).toMatch(/duplicate/);
     const r = await inspect(path);
-    expect(r.code).toBe(0);
-    expect(r.err).toContain("note: the header cannot be listed");
-    expect(r.err).toContain("but the server loads the file");
+    expect(r.code).toBe(1);
+    expect(r.out).toContain("norm.weight");
+    expect(r.err).toBe(`error: ${path}: ${verdict}`);
   });
 });
 
