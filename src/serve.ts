@@ -109,6 +109,12 @@ export async function runServe(argv: string[]): Promise<number> {
 
   const loaded = loadEngine(config);
   if (loaded.loadError) console.error(`loopserve: model not loaded: ${loaded.loadError}`);
+  const longestPrompt = config.maxSeqLen * tokenizer.maxTokenBytes;
+  if (config.maxBodyBytes < longestPrompt)
+    console.error(
+      `loopserve: warning: SERVICE_MAX_BODY_BYTES=${config.maxBodyBytes} is below the longest prompt ` +
+        `SERVICE_MAX_SEQ_LEN=${config.maxSeqLen} admits (${longestPrompt} bytes of text): such prompts get 413`,
+    );
   if (loaded.engine && config.maxSeqLen > loaded.engine.info.maxSeqLen)
     console.error(
       `loopserve: warning: SERVICE_MAX_SEQ_LEN=${config.maxSeqLen} exceeds the model's max_seq_len ` +

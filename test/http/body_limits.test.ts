@@ -17,7 +17,8 @@ let server: TestServer;
 let port: number;
 
 beforeAll(async () => {
-  server = await startServer({ env: { SERVICE_MAX_BODY_BYTES: String(LIMIT) } });
+  // 512 tokens of at most 128 bytes: the longest prompt fits the limit exactly.
+  server = await startServer({ env: { SERVICE_MAX_BODY_BYTES: String(LIMIT), SERVICE_MAX_SEQ_LEN: "512" } });
   port = portOf(server.url);
 });
 
@@ -122,6 +123,20 @@ describe("JSON nesting", () => {
   test("brackets inside strings do not count", async () => {
     const res = await server.post("/generate", { prompt: "[[[[".repeat(40) + "{{{{".repeat(40), max_tokens: 1 });
     expect(res.status).toBe(200);
+  });
+});
+
+describe("a body limit below the longest prompt", () => {
+  test("is started with a warning naming both settings", async () => {
+    const s = await startServer({ env: { SERVICE_MAX_BODY_BYTES: "65536", SERVICE_MAX_SEQ_LEN: "1024" } });
+    try {
+      expect(s.output()).toContain(
+        "warning: SERVICE_MAX_BODY_BYTES=65536 is below the longest prompt SERVICE_MAX_SEQ_LEN=1024 admits (131072 bytes of text)",
+      );
+    } finally {
+      await s.stop();
+    }
+    expect(server.output()).not.toContain("warning: SERVICE_MAX_BODY_BYTES");
   });
 });
 
