@@ -373,11 +373,12 @@ int32_t ls_forward_deepen(ls_session *s, int32_t la, int32_t lb) {
         if (s->loop_len[l] != p) return LS_ERR_STATE;
     if (q > p) return LS_ERR_STATE;
     if (q == p) return LS_OK;
-    /* position q attends back to q - window + 1: those rows must still be in
-     * every loop's ring; rows from q on are rewritten before they are read */
+    /* position q attends back to q - window + 1 (rows from q on are rewritten
+     * before they are read): when a windowed ring no longer holds those rows,
+     * every position is recomputed from the start, which needs none */
     int32_t need_lo = s->window > 0 && q - s->window + 1 > 0 ? q - s->window + 1 : 0;
-    for (int32_t l = 0; q > 0 && l < lb; l++)
-        if (s->loop_lo[l] > need_lo) return LS_ERR_STATE;
+    for (int32_t l = 0; l < lb; l++)
+        if (s->loop_lo[l] > need_lo) q = 0;
     for (int32_t c0 = q; c0 < p; c0 += LS_CHUNK) {
         int32_t T = p - c0 < LS_CHUNK ? p - c0 : LS_CHUNK;
         ls_forward_embed(s, s->tokens + c0, T, s->h);

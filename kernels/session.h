@@ -121,8 +121,9 @@ int32_t ls_forward_loops(ls_session *s, float *h, int32_t n, int32_t pos0, int32
  * the values they already hold (every kernel is batch-invariant). For a
  * speculative draft deeper than its verifier (spec.c): plain decoding at the
  * verify depth never writes the loops beyond it. Loops [0, la) must hold
- * s->pos positions, and a windowed ring the rows positions q.. attend to.
- * Returns LS_OK or LS_ERR_ARG / LS_ERR_STATE. */
+ * s->pos positions. When a windowed ring no longer holds the rows position q
+ * attends to, every position is recomputed from 0. Returns LS_OK or
+ * LS_ERR_ARG / LS_ERR_STATE. */
 int32_t ls_forward_deepen(ls_session *s, int32_t la, int32_t lb);
 
 /* Tree variant of ls_forward_loops: n rows described by `rows` through loops

@@ -122,19 +122,20 @@ describe("speculative cycles leave the session as plain decoding would", () => {
 
   test("a draft deeper than the verifier keeps loops [V, D) as a D-loop prefill would, wherever the session stands", () => {
     // Speculative cycles at D > V after plain steps at V (which leave loops
-    // [V, D) behind: the cycle fills them in), then plain steps again, then
-    // cycles again: every token is plain decoding's at V, and the session's
-    // D-loop logits for the next position are bit for bit those of a fresh
-    // D-loop prefill of the same tokens (so the draft saw the real D-loop model).
+    // [V, D) behind: the cycle fills them in), then plain steps again (more
+    // than a window's ring holds), then cycles again: every token is plain
+    // decoding's at V, and the session's D-loop logits for the next position
+    // are bit for bit those of a fresh D-loop prefill of the same tokens (so
+    // the draft saw the real D-loop model).
     withModel(AGREEING, (m) => {
       for (const [D, V, K, window] of [
         [7, 3, 1, 0],
         [6, 2, 3, 0],
         [5, 3, 1, 4],
       ]) {
-        const reference = plain(m, PROMPT, V, 70, GREEDY, 0, window);
-        const session = m.newSession(PROMPT.length + 70 + 65, D, window);
-        const fresh = m.newSession(PROMPT.length + 70 + 65, D, window);
+        const reference = plain(m, PROMPT, V, 160, GREEDY, 0, window);
+        const session = m.newSession(PROMPT.length + 160 + 65, D, window);
+        const fresh = m.newSession(PROMPT.length + 160 + 65, D, window);
         try {
           const out = [plainStep(session, PROMPT, V, GREEDY, 0)];
           const cycles = (until: number) => {
@@ -147,8 +148,10 @@ describe("speculative cycles leave the session as plain decoding would", () => {
           steps(10);
           cycles(30);
           steps(45);
-          cycles(70);
-          expect(out.slice(0, 70)).toEqual(reference);
+          cycles(60);
+          steps(140); // past the ring of window 4 (4 + 64 rows)
+          cycles(160);
+          expect(out.slice(0, 160)).toEqual(reference);
 
           const vocab = m.info.vocabSize;
           const resumed = new Float32Array(vocab);
