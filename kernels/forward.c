@@ -364,6 +364,31 @@ int32_t ls_forward_loops(ls_session *s, float *h, int32_t n, int32_t pos0, int32
     return LS_OK;
 }
 
+int32_t ls_forward_deepen(ls_session *s, int32_t la, int32_t lb) {
+    if (!s || la < 1 || lb > s->loops || la >= lb) return LS_ERR_ARG;
+    int32_t p = s->pos, q = s->loop_len[la];
+    for (int32_t l = la; l < lb; l++)
+        if (s->loop_len[l] != q) return LS_ERR_STATE;
+    for (int32_t l = 0; l < la; l++)
+        if (s->loop_len[l] != p) return LS_ERR_STATE;
+    if (q > p) return LS_ERR_STATE;
+    if (q == p) return LS_OK;
+    /* position q attends back to q - window + 1 (rows from q on are rewritten
+     * before they are read): when a windowed ring no longer holds those rows,
+     * every position is recomputed from the start, which needs none */
+    int32_t need_lo = s->window > 0 && q - s->window + 1 > 0 ? q - s->window + 1 : 0;
+    for (int32_t l = 0; l < lb; l++)
+        if (s->loop_lo[l] > need_lo) q = 0;
+    for (int32_t c0 = q; c0 < p; c0 += LS_CHUNK) {
+        int32_t T = p - c0 < LS_CHUNK ? p - c0 : LS_CHUNK;
+        ls_forward_embed(s, s->tokens + c0, T, s->h);
+        forward_chunk(s, s->h, T, c0, 0, lb, NULL);
+    }
+    /* forward_chunk moved loops [0, la) back to each chunk's end; all now hold p */
+    for (int32_t l = 0; l < la; l++) s->loop_len[l] = p;
+    return LS_OK;
+}
+
 void ls_forward_tree(ls_session *s, float *h, int32_t n, const ls_tree_rows *rows, int32_t la, int32_t lb) {
     int32_t dim = s->m->info.dim;
     for (int32_t c0 = 0; c0 < n; c0 += LS_CHUNK) {

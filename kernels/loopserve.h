@@ -110,6 +110,12 @@ ls_model *ls_model_load(const char *path, int32_t n_threads, int32_t simd,
 void ls_model_free(ls_model *m);
 void ls_model_info_get(const ls_model *m, ls_model_info *out);
 
+/* Validates a model file exactly as ls_model_load does (header, metadata,
+ * tensors, every fp16 weight and quantization scale finite) without starting
+ * a runtime: what `loopserve model inspect` reports. Returns LS_OK and fills
+ * info (nullable; simd and n_threads 0), or LS_ERR_ARG with the reason in err. */
+int32_t ls_model_check(const char *path, ls_model_info *info, char *err, int32_t err_len);
+
 /* ---- per-op time breakdown (SERVICE_PROFILE / `loopserve bench --profile`) ----
  * Off by default (no clock reads). When on, every forward pass adds the
  * wall time of each op, measured on the calling thread, to the model's
@@ -251,7 +257,7 @@ int32_t ls_sample(const float *logits, int32_t vocab, const int32_t *history,
 /* One cycle's settings. All fields are 32-bit so a binding can fill the
  * struct through one Int32Array/Float32Array pair. */
 typedef struct {
-    int32_t draft_loops;        /* D, 1 <= D <= verify_loops */
+    int32_t draft_loops;        /* D, 1.. the session's loops (may exceed verify_loops) */
     int32_t verify_loops;       /* V, <= the session's loops; greedy output is plain decoding at V */
     int32_t draft_ahead;        /* k, 1..LS_SPEC_MAX_AHEAD */
     int32_t k_branches;         /* 1 = chain; K > 1 = tree (greedy only), K * k <= LS_SPEC_MAX_NODES */
@@ -276,7 +282,10 @@ typedef struct {
  * next token) to out_tokens (room for draft_ahead + 1). The caches then hold
  * p + j + 1 positions; the last new token is the next cycle's `pending`.
  * Greedy (temperature 0): the tokens are bit-identical to ls_session_step
- * decoding at verify_loops loops. temperature > 0 (chain only): speculative
+ * decoding at verify_loops loops. draft_loops > verify_loops drafts with the
+ * deeper model: the session needs draft_loops loops, whose caches beyond
+ * verify_loops the first such cycle fills in for the positions already held
+ * (one more pass over them). temperature > 0 (chain only): speculative
  * sampling, same output distribution as ls_session_step sampling.
  * k_branches > 1: tree of the greedy draft plus the k_branches - 1 next
  * draft candidates at each depth (those with at least leaf_min_prob draft

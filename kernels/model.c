@@ -271,6 +271,7 @@ static int read_metadata(const ls_json_doc *doc, uint32_t root, ls_model_info *i
 typedef struct {
     char name[64]; /* copied: quantized tensor names are formatted on the fly */
     uint64_t begin, end;
+    int64_t cols;  /* F16 tensors: the last dimension (for row/column in messages); 0 otherwise */
 } span;
 
 typedef struct {
@@ -398,6 +399,7 @@ static int get_tensor_as(tensor_reader *t, const char *name, const char *dtype, 
         snprintf(sp->name, sizeof sp->name, "%s", name);
         sp->begin = begin;
         sp->end = end;
+        sp->cols = strcmp(dtype, "F16") == 0 && n_dims > 0 ? dims[n_dims - 1] : 0;
     }
     *out = (const void *)(t->data + begin);
     return 0;
@@ -421,18 +423,164 @@ static int span_cmp(const void *a, const void *b) {
     return (x->end > y->end) - (x->end < y->end);
 }
 
-// Overlapping weights cannot be a valid export; they point at a corrupt or
-// hand-edited header, which is better refused than half-trusted.
-static int check_overlap(tensor_reader *t) {
-    qsort(t->spans, (size_t)t->n_spans, sizeof t->spans[0], span_cmp);
-    for (int i = 1; i < t->n_spans; i++) {
-        const span *a = &t->spans[i - 1], *b = &t->spans[i];
-        if (b->begin < a->end) {
-            ls_set_error(t->err, t->err_len, "tensors '%s' [%llu, %llu] and '%s' [%llu, %llu] overlap",
-                         a->name, (unsigned long long)a->begin, (unsigned long long)a->end, b->name,
-                         (unsigned long long)b->begin, (unsigned long long)b->end);
-            return -1;
+// Element sizes of every dtype the safetensors format defines.
+static int dtype_size(const ls_json_node *n) {
+    static const struct {
+        const char *name;
+        int size;
+    } known[] = {{"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
+                 {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+                 {"U32", 4},  {"F32", 4}, {"I64", 8}, {"U64", 8},     {"F64", 8}};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (n->len == strlen(known[i].name) && memcmp(n->str, known[i].name, n->len) == 0) return known[i].size;
+    return 0;
+}
+
+// Every entry of the header, the model's tensors and any other, must be
+// well-formed (docs/model-format.md): metadata values are strings; each
+// tensor is an object with a known dtype, a shape of non-negative integers
+// and data_offsets holding exactly its bytes inside the data region; no two
+// tensors share bytes. Extra tensors are otherwise ignored, but a header
+// that lies about one is a corrupt file, refused as the safetensors reader
+// would refuse it.
+static int check_entries(tensor_reader *t) {
+    const ls_json_doc *doc = t->doc;
+    const ls_json_node *root = &doc->nodes[t->root];
+    char b[80], got[160];
+    span *all = calloc(root->count ? root->count : 1, sizeof *all);
+    if (!all) {
+        ls_set_error(t->err, t->err_len, "out of memory checking the header's tensors");
+        return -1;
+    }
+    int n = 0, rc = -1;
+    for (uint32_t i = 0, k = t->root + 1; i < root->count; i++) {
+        const ls_json_node *key = &doc->nodes[k];
+        uint32_t v = k + 1;
+        const ls_json_node *e = &doc->nodes[v];
+        k = e->next;
+        const char *name = shown(key->str, key->len, b, sizeof b);
+        if (key->len == 12 && memcmp(key->str, "__metadata__", 12) == 0) {
+            for (uint32_t j = 0, mk = v + 1; e->type == LS_JSON_OBJECT && j < e->count; j++) {
+                const ls_json_node *mv = &doc->nodes[mk + 1];
+                if (mv->type != LS_JSON_STRING) {
+                    ls_set_error(t->err, t->err_len, "metadata '%s' is %s, expected a string (safetensors metadata values are strings)",
+                                 shown(doc->nodes[mk].str, doc->nodes[mk].len, got, sizeof got), kind(mv->type));
+                    goto done;
+                }
+                mk = mv->next;
+            }
+            continue;
         }
+        if (e->type != LS_JSON_OBJECT) {
+            ls_set_error(t->err, t->err_len, "tensor '%s': entry is %s, expected an object", name, kind(e->type));
+            goto done;
+        }
+        uint32_t dt = ls_json_get(doc, v, "dtype"), sh = ls_json_get(doc, v, "shape"), off = ls_json_get(doc, v, "data_offsets");
+        int esize = dt != LS_JSON_NONE && doc->nodes[dt].type == LS_JSON_STRING ? dtype_size(&doc->nodes[dt]) : 0;
+        if (esize == 0) {
+            ls_set_error(t->err, t->err_len, "tensor '%s': dtype %s is not a safetensors dtype", name,
+                         dt == LS_JSON_NONE ? "missing" : doc->nodes[dt].type == LS_JSON_STRING ? shown(doc->nodes[dt].str, doc->nodes[dt].len, got, sizeof got) : "not a string");
+            goto done;
+        }
+        if (sh == LS_JSON_NONE || doc->nodes[sh].type != LS_JSON_ARRAY) {
+            ls_set_error(t->err, t->err_len, "tensor '%s': 'shape' %s, expected an array of integers", name,
+                         sh == LS_JSON_NONE ? "missing" : "is not an array");
+            goto done;
+        }
+        uint64_t bytes = (uint64_t)esize;
+        int too_big = 0;
+        for (uint32_t d = 0, dk = sh + 1; d < doc->nodes[sh].count; d++) {
+            const ls_json_node *dim = &doc->nodes[dk];
+            if (dim->type != LS_JSON_NUMBER || !dim->is_int || dim->i < 0) {
+                fmt_json_array(got, sizeof got, doc, sh);
+                ls_set_error(t->err, t->err_len, "tensor '%s': shape %s is not a list of non-negative integers", name, got);
+                goto done;
+            }
+            if (__builtin_mul_overflow(bytes, (uint64_t)dim->i, &bytes)) too_big = 1;
+            dk = dim->next;
+        }
+        const ls_json_node *nb = NULL, *ne = NULL;
+        if (off != LS_JSON_NONE && doc->nodes[off].type == LS_JSON_ARRAY && doc->nodes[off].count == 2) {
+            nb = &doc->nodes[off + 1];
+            ne = &doc->nodes[nb->next];
+        }
+        if (nb == NULL || nb->type != LS_JSON_NUMBER || !nb->is_int || nb->i < 0 || ne->type != LS_JSON_NUMBER ||
+            !ne->is_int || ne->i < nb->i) {
+            if (off != LS_JSON_NONE && doc->nodes[off].type == LS_JSON_ARRAY) fmt_json_array(got, sizeof got, doc, off);
+            else snprintf(got, sizeof got, "%s", off == LS_JSON_NONE ? "missing" : "not an array");
+            ls_set_error(t->err, t->err_len, "tensor '%s': data_offsets %s, expected two integers 0 <= begin <= end", name, got);
+            goto done;
+        }
+        uint64_t begin = (uint64_t)nb->i, end = (uint64_t)ne->i;
+        fmt_json_array(got, sizeof got, doc, off);
+        if (end > t->data_len) {
+            ls_set_error(t->err, t->err_len, "tensor '%s': data_offsets %s past end of data (%llu bytes)", name, got,
+                         (unsigned long long)t->data_len);
+            goto done;
+        }
+        if (too_big || end - begin != bytes) {
+            ls_set_error(t->err, t->err_len, "tensor '%s': data_offsets %s hold %llu bytes, not what its dtype and shape need",
+                         name, got, (unsigned long long)(end - begin));
+            goto done;
+        }
+        snprintf(all[n].name, sizeof all[n].name, "%s", name);
+        all[n].begin = begin;
+        all[n].end = end;
+        n++;
+    }
+    // Overlapping tensors cannot be a valid export; they point at a corrupt
+    // or hand-edited header, which is better refused than half-trusted.
+    qsort(all, (size_t)n, sizeof all[0], span_cmp);
+    for (int i = 1; i < n; i++) {
+        const span *a = &all[i - 1], *c = &all[i];
+        if (c->begin < a->end) {
+            ls_set_error(t->err, t->err_len, "tensors '%s' [%llu, %llu] and '%s' [%llu, %llu] overlap", a->name,
+                         (unsigned long long)a->begin, (unsigned long long)a->end, c->name, (unsigned long long)c->begin,
+                         (unsigned long long)c->end);
+            goto done;
+        }
+    }
+    rc = 0;
+done:
+    free(all);
+    return rc;
+}
+
+// Index of the first Inf or NaN among n fp16 values, or -1. An fp16 value is
+// not finite when its exponent bits are all ones: (h & 0x7c00) + 0x0400 then
+// carries into bit 15, so blocks are OR-reduced without a branch (the
+// compiler vectorizes the block loop) and only a block with a hit is searched.
+static int64_t first_nonfinite_f16(const uint16_t *p, uint64_t n) {
+    enum { BLOCK = 256 };
+    uint64_t i = 0;
+    for (; i + BLOCK <= n; i += BLOCK) {
+        uint16_t acc = 0;
+        for (int j = 0; j < BLOCK; j++) acc |= (uint16_t)((p[i + j] & 0x7c00) + 0x0400);
+        if (acc & 0x8000) break;
+    }
+    for (; i < n; i++)
+        if ((p[i] & 0x7c00) == 0x7c00) return (int64_t)i;
+    return -1;
+}
+
+// Weights that are Inf or NaN make every logit NaN: the model would load,
+// report healthy and fail every request. Every F16 tensor the loader took
+// (fp16 weights, norms, quantization scales and offsets) is scanned once;
+// the message names the tensor and where in it.
+static int check_finite(tensor_reader *t) {
+    for (int s = 0; s < t->n_spans; s++) {
+        const span *sp = &t->spans[s];
+        if (sp->cols == 0) continue;
+        const uint16_t *p = (const uint16_t *)(const void *)(t->data + sp->begin);
+        int64_t at = first_nonfinite_f16(p, (sp->end - sp->begin) / 2);
+        if (at < 0) continue;
+        uint16_t h = p[at];
+        const char *what = (h & 0x03ff) ? "NaN" : (h & 0x8000) ? "-Inf" : "+Inf";
+        ls_set_error(t->err, t->err_len,
+                     "tensor '%s' holds a non-finite value (%s) at element %lld (row %lld, column %lld): "
+                     "the weights are corrupt",
+                     sp->name, what, (long long)at, (long long)(at / sp->cols), (long long)(at % sp->cols));
+        return -1;
     }
     return 0;
 }
@@ -527,8 +675,7 @@ static int read_tensors(tensor_reader *t, const ls_model_info *in, ls_weights *w
         if (get_tensor(t, "block.attn_norm.weight", d_vec, 1, 0, &w->attn_norm) != 0) return -1;
         if (get_tensor(t, "block.ffn_norm.weight", d_vec, 1, 0, &w->ffn_norm) != 0) return -1;
         if (get_tensor(t, "norm.weight", d_vec, 1, 0, &w->norm) != 0) return -1;
-        if (read_quant_tensors(t, in, w, qm, tied) != 0) return -1;
-        return check_overlap(t);
+        return read_quant_tensors(t, in, w, qm, tied);
     }
     if (get_tensor(t, "block.attn_norm.weight", d_vec, 1, 0, &w->attn_norm) != 0) return -1;
     if (get_tensor(t, "block.wq.weight", d_q, 2, 0, &w->wq) != 0) return -1;
@@ -544,7 +691,7 @@ static int read_tensors(tensor_reader *t, const ls_model_info *in, ls_weights *w
     if (rc < 0) return -1;
     *tied = rc == 1;
     if (*tied) w->output = w->tok_embeddings;
-    return check_overlap(t);
+    return 0;
 }
 
 // ---- mapping ----
@@ -623,22 +770,18 @@ static int validate(const uint8_t *map, uint64_t size, ls_model *m, char *err, i
         ls_set_error(err, err_len, "header JSON is %s, expected an object",
                      kind(doc.nodes[0].type));
     } else if (read_metadata(&doc, 0, &m->info, err, err_len) == 0 &&
-               read_tensors(&t, &m->info, &m->w, m->qmats, &m->info.tied_output) == 0) {
+               read_tensors(&t, &m->info, &m->w, m->qmats, &m->info.tied_output) == 0 &&
+               check_entries(&t) == 0 && check_finite(&t) == 0) {
         rc = 0;
     }
     ls_json_free(&doc);
     return rc;
 }
 
-ls_model *ls_model_load(const char *path, int32_t n_threads, int32_t simd, char *err,
-                        int32_t err_len) {
-    ls_set_error(err, err_len, "%s", "");
+// Opens and maps the file at path; NULL with err written on failure.
+static void *open_and_map(const char *path, size_t *size_out, char *err, int32_t err_len) {
     if (path == NULL) {
         ls_set_error(err, err_len, "no model path given");
-        return NULL;
-    }
-    if (simd < LS_SIMD_AUTO || simd > LS_SIMD_AVX512) {
-        ls_set_error(err, err_len, "simd %d is not one of LS_SIMD_AUTO/PORTABLE/AVX2/AVX512", simd);
         return NULL;
     }
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -676,6 +819,34 @@ ls_model *ls_model_load(const char *path, int32_t n_threads, int32_t simd, char 
         ls_set_error(err, err_len, "cannot map model file '%s': %s", path, strerror(map_errno));
         return NULL;
     }
+    *size_out = size;
+    return map;
+}
+
+int32_t ls_model_check(const char *path, ls_model_info *info, char *err, int32_t err_len) {
+    ls_set_error(err, err_len, "%s", "");
+    size_t size = 0;
+    void *map = open_and_map(path, &size, err, err_len);
+    if (map == NULL) return LS_ERR_ARG;
+    ls_model m;
+    memset(&m, 0, sizeof m);
+    int rc = validate(map, size, &m, err, err_len);
+    unmap_file(map, size);
+    if (rc != 0) return LS_ERR_ARG;
+    if (info) *info = m.info;
+    return LS_OK;
+}
+
+ls_model *ls_model_load(const char *path, int32_t n_threads, int32_t simd, char *err,
+                        int32_t err_len) {
+    ls_set_error(err, err_len, "%s", "");
+    if (simd < LS_SIMD_AUTO || simd > LS_SIMD_AVX512) {
+        ls_set_error(err, err_len, "simd %d is not one of LS_SIMD_AUTO/PORTABLE/AVX2/AVX512", simd);
+        return NULL;
+    }
+    size_t size = 0;
+    void *map = open_and_map(path, &size, err, err_len);
+    if (map == NULL) return NULL;
 
     ls_model *m = calloc(1, sizeof *m);
     if (!m) {

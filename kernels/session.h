@@ -115,6 +115,17 @@ void ls_forward_embed(ls_session *s, const int32_t *tokens, int32_t n, float *h)
  * Returns LS_OK or LS_ERR_STATE / LS_ERR_ARG / LS_ERR_FULL. */
 int32_t ls_forward_loops(ls_session *s, float *h, int32_t n, int32_t pos0, int32_t la, int32_t lb);
 
+/* Brings loops [la, lb), which all hold the same q <= s->pos positions, up
+ * to s->pos. The positions' loop-la inputs are recomputed by running their
+ * tokens through loops [0, la) again, which rewrites those loops' rows with
+ * the values they already hold (every kernel is batch-invariant). For a
+ * speculative draft deeper than its verifier (spec.c): plain decoding at the
+ * verify depth never writes the loops beyond it. Loops [0, la) must hold
+ * s->pos positions. When a windowed ring no longer holds the rows position q
+ * attends to, every position is recomputed from 0. Returns LS_OK or
+ * LS_ERR_ARG / LS_ERR_STATE. */
+int32_t ls_forward_deepen(ls_session *s, int32_t la, int32_t lb);
+
 /* Tree variant of ls_forward_loops: n rows described by `rows` through loops
  * [la, lb). Rows must be ordered so that every ancestor precedes its
  * descendants (chunks of LS_CHUNK then see their ancestors' rows). Touches

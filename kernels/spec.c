@@ -17,6 +17,13 @@
  *           cache is cut back to p + j + 1 positions; the last new token is
  *           the next pending token.
  *
+ * A draft deeper than the verifier (D > V) is allowed: each drafted token
+ * runs loops [0, V) once, which is already its verifier state (no verify
+ * pass), and its draft state goes on through loops [V, D). The caches of
+ * loops [V, D) then follow the committed positions like the others; plain
+ * decoding at V (the prompt's prefill) never wrote them, so the first such
+ * cycle fills them in (ls_forward_deepen).
+ *
  * Greedy output is bit-exact to plain decoding at V loops: every kernel is
  * batch-invariant (a row's values do not depend on the other rows of its
  * call), so each kept K/V row and each verifier logit is the one plain
@@ -372,20 +379,21 @@ static int32_t head_batch(const struct ls_spec_scratch *x, int32_t r0, int32_t n
 
 typedef struct {
     int32_t D, V, k, K, exact_draft, accept_all;
+    int32_t M, L;   /* min(D, V): loops every row runs first; max(D, V): loops the cycle's rows fill */
     float temperature, top_p, penalty, leaf_min_prob;
     int32_t top_k;
     uint64_t seed;
 } cycle;
 
-/* Commits positions [p, p + n) (history already written) in loops [0, V). */
-static void commit(ls_session *s, int32_t V, int32_t p, int32_t n) {
+/* Commits positions [p, p + n) (history already written) in loops [0, L). */
+static void commit(ls_session *s, int32_t L, int32_t p, int32_t n) {
     s->pos = p + n;
-    for (int32_t l = 0; l < V; l++) s->loop_len[l] = p + n;
+    for (int32_t l = 0; l < L; l++) s->loop_len[l] = p + n;
 }
 
 /* Undoes a failed cycle: nothing past p was committed. */
-static int32_t abandon(ls_session *s, int32_t V, int32_t p, int32_t rc) {
-    commit(s, V, p, 0);
+static int32_t abandon(ls_session *s, int32_t L, int32_t p, int32_t rc) {
+    commit(s, L, p, 0);
     return rc;
 }
 
@@ -399,17 +407,22 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
     int32_t *tok = x->tok;
     tok[0] = pending;
 
-    // draft: one token at a time through loops [0, D)
+    // draft: one token at a time through loops [0, D); with D > V the
+    // loop-V state stays in h (the verifier's) and a copy goes on to loop D
     for (int32_t i = 0; i <= k; i++) {
-        float *hi = x->h + (size_t)i * dim;
+        float *hi = x->h + (size_t)i * dim, *hd = c->D > c->V ? x->hb : hi;
         ls_forward_embed(s, &tok[i], 1, hi);
-        int32_t rc = ls_forward_loops(s, hi, 1, p + i, 0, c->D);
-        if (rc != LS_OK) return abandon(s, c->V, p, rc);
+        int32_t rc = ls_forward_loops(s, hi, 1, p + i, 0, c->M);
+        if (rc == LS_OK && hd != hi) {
+            memcpy(hd, hi, (size_t)dim * sizeof *hd);
+            rc = ls_forward_loops(s, hd, 1, p + i, c->V, c->D);
+        }
+        if (rc != LS_OK) return abandon(s, c->L, p, rc);
         s->tokens[p + i] = tok[i];
         if (i == k) break;
         float *dl = x->dlogits + (size_t)i * V;
         int32_t cand[DRAFT_EXACT];
-        int32_t n_cand = draft_logits(s, hi, dl, c->exact_draft, cand);
+        int32_t n_cand = draft_logits(s, hd, dl, c->exact_draft, cand);
         if (!sampled && n_cand > 0) {
             tok[i + 1] = best_candidate(dl, cand, n_cand, s->tokens, p + i + 1, c->penalty);
         } else if (!sampled) {
@@ -418,7 +431,7 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
         } else {
             uint64_t zq;
             rc = dist_weights(x, dl, s->tokens, p + i + 1, c->temperature, c->top_k, c->top_p, c->penalty, x->wq, &zq);
-            if (rc != LS_OK) return abandon(s, c->V, p, rc);
+            if (rc != LS_OK) return abandon(s, c->L, p, rc);
             tok[i + 1] = draw(x->wq, V, zq, uniform(seed_draft, (uint64_t)(p + i + 1)));
         }
     }
@@ -426,7 +439,7 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
     // verify: one batched pass over loops [D, V) from the kept loop-D states
     if (c->V > c->D) {
         int32_t rc = ls_forward_loops(s, x->h, k + 1, p, c->D, c->V);
-        if (rc != LS_OK) return abandon(s, c->V, p, rc);
+        if (rc != LS_OK) return abandon(s, c->L, p, rc);
     }
 
     // accept: head rows a group at a time, stopping at the first rejection
@@ -442,7 +455,7 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
                 /* greedy, or the bonus token: plain decoding's own draw */
                 int32_t t = ls_sample(L, V, s->tokens, n_hist, c->temperature, c->top_k, c->top_p, c->penalty,
                                       c->seed, counter);
-                if (t < 0) return abandon(s, c->V, p, t);
+                if (t < 0) return abandon(s, c->L, p, t);
                 if (!sampled && r < k && t == tok[r + 1]) {
                     j++;
                     continue;
@@ -455,7 +468,7 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
             if (rc == LS_OK)
                 rc = dist_weights(x, x->dlogits + (size_t)r * V, s->tokens, n_hist, c->temperature, c->top_k, c->top_p,
                                   c->penalty, x->wq, &zq);
-            if (rc != LS_OK) return abandon(s, c->V, p, rc);
+            if (rc != LS_OK) return abandon(s, c->L, p, rc);
             int32_t d = tok[r + 1];
             double pd = (double)x->wp[d] / (double)zp, qd = (double)x->wq[d] / (double)zq;
             if (c->accept_all || uniform(seed_accept, counter) * qd < pd) {
@@ -471,7 +484,7 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
     out[j] = next;
     /* rows 0..j decided out[0..j] and are all still in vlogits */
     if (logits_out) memcpy(logits_out, x->vlogits, (size_t)(j + 1) * V * sizeof(float));
-    commit(s, c->V, p, j + 1);
+    commit(s, c->L, p, j + 1);
     x->last_accepted = j;
     if (stats) {
         stats[0] = k;
@@ -525,11 +538,16 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
         for (int32_t q = 0; q <= i; q++) x->chain[i * CHAIN_LD + q] = (p + q) % cap;
     }
 
-    // draft pass 0: the pending token alone, as in the chain
+    // draft pass 0: the pending token alone, as in the chain (with D > V
+    // the spine's loop-D state is kept in hb row 0, as the passes below leave it)
     tok[0] = pending;
     ls_forward_embed(s, &tok[0], 1, x->h);
-    int32_t rc = ls_forward_loops(s, x->h, 1, p, 0, c->D);
-    if (rc != LS_OK) return abandon(s, c->V, p, rc);
+    int32_t rc = ls_forward_loops(s, x->h, 1, p, 0, c->M);
+    if (rc == LS_OK && c->D > c->V) {
+        memcpy(x->hb, x->h, (size_t)dim * sizeof *x->hb);
+        rc = ls_forward_loops(s, x->hb, 1, p, c->V, c->D);
+    }
+    if (rc != LS_OK) return abandon(s, c->L, p, rc);
     s->tokens[p] = pending;
     int32_t best[MAX_BRANCH];
     float prob[MAX_BRANCH];
@@ -539,7 +557,7 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
         // gives at least leaf_min_prob) become leaves
         float *dl = x->dlogits;
         int32_t cand[DRAFT_EXACT];
-        draft_logits(s, x->h + (size_t)i * dim, dl, c->exact_draft, cand);
+        draft_logits(s, c->D > c->V ? x->hb : x->h + (size_t)i * dim, dl, c->exact_draft, cand);
         penalise(x->v, dl, V, s->tokens, p + i + 1, c->penalty);
         int32_t got = top_ids(x->v, V, K, best);
         if (c->leaf_min_prob > 0.0f) draft_probs(x->v, V, best, got, c->leaf_min_prob, prob);
@@ -569,11 +587,12 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
             memcpy(x->bchain + b * CHAIN_LD, x->chain + u * CHAIN_LD, CHAIN_LD * sizeof(int32_t));
         }
         ls_tree_rows pass = {x->bpos, x->bslot, x->bchain, CHAIN_LD, p};
-        ls_forward_tree(s, x->hb, nb, &pass, 0, c->D);
+        ls_forward_tree(s, x->hb, nb, &pass, 0, c->M);
         for (int32_t b = 0; b < nb; b++) {
             int32_t u = b == 0 ? d : leaf_at[d] + b - 1;
             memcpy(x->h + (size_t)u * dim, x->hb + (size_t)b * dim, dim * sizeof(float));
         }
+        if (c->D > c->V) ls_forward_tree(s, x->hb, nb, &pass, c->V, c->D); /* leaves too: an accepted one keeps its rows */
         s->tokens[p + d] = tok[d];
     }
 
@@ -602,7 +621,7 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
             s->tokens[p + dep] = tok[u]; /* the leaf's path for the penalty */
         }
         int32_t t = verifier_token(s, c, L, p + dep + 1);
-        if (t < 0) return abandon(s, c->V, p, t);
+        if (t < 0) return abandon(s, c->L, p, t);
         if (u < k) {
             if (t == tok[u + 1]) {
                 u++;
@@ -626,7 +645,7 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
     if (u > k) {
         int32_t from = x->slot[u], to = (p + j) % cap;
         size_t hd = (size_t)mi->head_dim, nkv = (size_t)mi->n_kv_heads, ldk = (size_t)s->ldk;
-        for (int32_t l = 0; l < c->V; l++) {
+        for (int32_t l = 0; l < c->L; l++) {
             for (size_t h = 0; h < nkv; h++) {
                 uint16_t *kt = s->kc + ((size_t)l * nkv + h) * hd * ldk;
                 uint16_t *vv = s->vc + ((size_t)l * nkv + h) * (size_t)cap * hd;
@@ -647,10 +666,10 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
         memcpy(logits_out, x->vlogits, (size_t)j * V * sizeof(float));
         memcpy(logits_out + (size_t)j * V, u <= k ? x->vlogits + (size_t)u * V : x->alogits, (size_t)V * sizeof(float));
     }
-    commit(s, c->V, p, j + 1);
+    commit(s, c->L, p, j + 1);
     x->last_accepted = j;
     /* leaves wrote ring slots up to position p + n_rows - 1 */
-    for (int32_t l = 0; l < c->V; l++)
+    for (int32_t l = 0; l < c->L; l++)
         if (p + n_rows - cap > s->loop_lo[l]) s->loop_lo[l] = p + n_rows - cap;
     if (stats) {
         stats[0] = n_rows - 1;
@@ -681,7 +700,9 @@ int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_param
         .leaf_min_prob = prm->leaf_min_prob,
         .seed = (uint64_t)prm->seed_lo | (uint64_t)prm->seed_hi << 32,
     };
-    if (c.D < 1 || c.V < c.D || c.V > s->loops) return LS_ERR_ARG;
+    if (c.D < 1 || c.V < 1 || c.D > s->loops || c.V > s->loops) return LS_ERR_ARG;
+    c.M = c.D < c.V ? c.D : c.V;
+    c.L = c.D > c.V ? c.D : c.V;
     if (prm->draft_ahead < 1 || prm->draft_ahead > MAX_AHEAD || c.K < 1 || c.K > MAX_BRANCH ||
         c.K * prm->draft_ahead > MAX_NODES || prm->max_new < 1)
         return LS_ERR_ARG;
@@ -706,7 +727,8 @@ int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_param
      * slot) below max_seq; the ring (window + LS_CHUNK rows) then never
      * overwrites a row the cycle or the next one reads */
     if (p + 1 + c.k * c.K > s->max_seq) return LS_ERR_FULL;
-    int32_t rc = ensure_scratch(s);
+    int32_t rc = c.D > c.V ? ls_forward_deepen(s, c.V, c.D) : LS_OK;
+    if (rc == LS_OK) rc = ensure_scratch(s);
     if (rc == LS_OK && !c.exact_draft && c.k > 0) rc = ls_draft_head_build(s->m);
     if (rc != LS_OK) return rc;
     return c.K == 1 ? run_chain(s, &c, pending, out_tokens, out_stats, logits_out)

@@ -23,6 +23,8 @@ export interface Config {
   readonly modelPath: string | null;
   readonly maxSeqLen: number;
   readonly maxQueueDepth: number;
+  /** SERVICE_MAX_BODY_BYTES: larger request bodies get 413. */
+  readonly maxBodyBytes: number;
   /** Latency target inherited by every submission; null = none. */
   readonly defaultSloMs: number | null;
   readonly prefixPoolCapacity: number;
@@ -69,6 +71,10 @@ export const VERSION: string = pkg.version;
 // service on every interface is a choice the operator makes with HOST=0.0.0.0.
 const DEFAULT_HOST = "127.0.0.1";
 const DEFAULT_PORT = 8000;
+// 8 MiB: room for the largest prompt the default context admits (2048 tokens
+// of at most 128 bytes each, even with every character \u-escaped in JSON).
+const DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024;
+const MIN_MAX_BODY_BYTES = 1024;
 const SIMD_CHOICES: readonly SimdChoice[] = ["auto", "portable", "avx2", "avx512"];
 
 type Env = Record<string, string | undefined>;
@@ -182,6 +188,12 @@ function apiKey(env: Env): string | null {
   return key;
 }
 
+// ---- the kernel library's location (also read by `loopserve model inspect`) ----
+
+export function libraryConfig(env: Env = process.env): Pick<Config, "buildDir" | "cacheHome"> {
+  return { buildDir: read(env, "SERVICE_BUILD_DIR") ?? "./build", cacheHome: read(env, "XDG_CACHE_HOME") ?? null };
+}
+
 // ---- the whole configuration ----
 
 export function loadConfig(env: Env = process.env, flags: ConfigFlags = {}): Config {
@@ -208,12 +220,13 @@ export function loadConfig(env: Env = process.env, flags: ConfigFlags = {}): Con
     modelPath: read(env, "SERVICE_MODEL_PATH") ?? null,
     maxSeqLen: integer(env, "SERVICE_MAX_SEQ_LEN", 2048, 2),
     maxQueueDepth: integer(env, "SERVICE_MAX_QUEUE_DEPTH", 128, 1),
+    maxBodyBytes: integer(env, "SERVICE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES),
     defaultSloMs: positiveNumber(env, "SERVICE_DEFAULT_SLO_MS"),
     prefixPoolCapacity: integer(env, "SERVICE_PREFIX_POOL_CAPACITY", 16, 0),
-    buildDir: read(env, "SERVICE_BUILD_DIR") ?? "./build",
+    buildDir: libraryConfig(env).buildDir,
     commit: read(env, "SERVICE_COMMIT") ?? null,
     tokenizerHome: read(env, "TOKENIZER_HOME") ?? null,
-    cacheHome: read(env, "XDG_CACHE_HOME") ?? null,
+    cacheHome: libraryConfig(env).cacheHome,
     kvCacheMode: kv.mode,
     hModeFp16AttnQkv: kv.fp16AttnQkv,
     threads: integer(env, "SERVICE_THREADS", 0, 0, 4096),

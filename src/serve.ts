@@ -9,6 +9,7 @@ import { frontDoor } from "./http/front_door.ts";
 import { log } from "./log.ts";
 import { ServiceMetrics } from "./metrics.ts";
 import { Scheduler } from "./scheduler/scheduler.ts";
+import { withAbsoluteUrl } from "./http/request_url.ts";
 import { createApp } from "./server.ts";
 import { Tokenizer, TokenizerError } from "./tokenizer.ts";
 
@@ -26,6 +27,7 @@ environment:
   SERVICE_MODEL_PATH            model .safetensors file (required to generate)
   SERVICE_MAX_SEQ_LEN           prompt + generated tokens limit (2048)
   SERVICE_MAX_QUEUE_DEPTH       queued requests before 503 (128)
+  SERVICE_MAX_BODY_BYTES        larger request bodies get 413 (8388608 = 8 MiB)
   SERVICE_DEFAULT_SLO_MS        latency target in ms (unset)
   SERVICE_PREFIX_POOL_CAPACITY  shared prefix pool entries (16)
   SERVICE_BUILD_DIR             where libloopserve.so is found (./build)
@@ -116,6 +118,12 @@ export async function runServe(argv: string[]): Promise<number> {
 
   const loaded = loadEngine(config);
   if (loaded.loadError) log.error(`model not loaded: ${loaded.loadError}`);
+  const longestPrompt = config.maxSeqLen * tokenizer.maxTokenBytes;
+  if (config.maxBodyBytes < longestPrompt)
+    log.warn(
+      `SERVICE_MAX_BODY_BYTES=${config.maxBodyBytes} is below the longest prompt ` +
+        `SERVICE_MAX_SEQ_LEN=${config.maxSeqLen} admits (${longestPrompt} bytes of text): such prompts get 413`,
+    );
   if (loaded.engine && config.maxSeqLen > loaded.engine.info.maxSeqLen)
     log.warn(
       `SERVICE_MAX_SEQ_LEN=${config.maxSeqLen} exceeds the model's max_seq_len ` +
@@ -151,8 +159,17 @@ export async function runServe(argv: string[]): Promise<number> {
   let server: ReturnType<typeof Bun.serve>;
   try {
     // idleTimeout 0: no server-side timeout (SPEC.md §1); a long non-streaming
-    // generation sends nothing until it is done.
-    server = Bun.serve({ hostname: config.host, port: config.port, idleTimeout: 0, fetch: frontDoor(config, (req) => app.handle(req)) });
+    // generation sends nothing until it is done. Bun answers a body over
+    // maxRequestBodySize itself with an empty 413, so its limit is kept above
+    // SERVICE_MAX_BODY_BYTES and the app answers 413 in the error shape.
+    const door = frontDoor(config, (req) => app.handle(req));
+    server = Bun.serve({
+      hostname: config.host,
+      port: config.port,
+      idleTimeout: 0,
+      maxRequestBodySize: Number.MAX_SAFE_INTEGER,
+      fetch: (req) => door(withAbsoluteUrl(req, server.url.origin)),
+    });
   } catch (e) {
     log.error(`cannot listen on ${config.host}:${config.port}: ${(e as Error).message}`);
     loaded.engine?.close();
@@ -169,6 +186,8 @@ export async function runServe(argv: string[]): Promise<number> {
       }
       draining = true;
       log.info(`${signal}: finishing the running request, refusing queued ones, then exiting`);
+      // Prompts still being tokenized would only be refused afterwards: 503 now.
+      tokenizer.close();
       // Queued requests get 503; the running one finishes. The engine is not
       // closed: the process exits right after anyway.
       await scheduler?.shutdown();

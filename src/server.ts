@@ -2,7 +2,7 @@
 // parser and one error mapping (src/http/errors.ts) shared by all of them.
 // No FFI here: the engine arrives through deps as a GenerationEngine.
 import { Elysia } from "elysia";
-import { parseJsonBody } from "./http/body.ts";
+import { jsonBodyParser } from "./http/body.ts";
 import { compatRoutes } from "./http/compat.ts";
 import { errorResponse } from "./http/errors.ts";
 import { extendedRoutes } from "./http/extended.ts";
@@ -15,8 +15,10 @@ import { speculativeRoutes } from "./http/speculative.ts";
 export type { AppDeps, GenerationEngine } from "./http/generation.ts";
 
 export function createApp(deps: AppDeps) {
-  return new Elysia()
-    .onParse(parseJsonBody)
+  // standardHostname false: the router finds the path after "http://" and the
+  // host, whatever the host's length (src/http/request_url.ts).
+  return new Elysia({ handler: { standardHostname: false } })
+    .onParse(jsonBodyParser(deps.config.maxBodyBytes))
     .onError(errorResponse)
     .use(opsRoutes(deps))
     .use(playgroundRoutes())

@@ -18,13 +18,24 @@ import { join } from "node:path";
 import wasmFile from "tiktoken/lite/tiktoken_bg.wasm" with { type: "file" };
 import gpt2 from "tiktoken/encoders/gpt2.json" with { type: "json" };
 import { init, Tiktoken } from "tiktoken/lite/init";
+import { TokenizerClosedError, TokenizerPool } from "./tokenizer_pool.ts";
 
 export const RANK_FILE_NAME = "gpt2.tiktoken";
 export const END_OF_TEXT = "<|endoftext|>";
 
 export class TokenizerError extends Error {}
 
+export { TokenizerClosedError };
+
 const EMPTY = new Uint8Array(0);
+
+// BPE time grows with the square of the longest run without spaces (64 KB of
+// emoji take about 1 s), so only texts this short are encoded on the calling
+// thread (a few ms at worst); longer ones go to the worker pool.
+const INLINE_MAX_CHARS = 2048;
+// Two workers: a long text in one leaves the other free. Each holds its own
+// copy of the BPE tables.
+const POOL_SIZE = 2;
 
 // A `type: "file"` import is the file's path (inside a compiled binary, a path
 // into its embedded files); tiktoken's typings describe the module instead.
@@ -47,11 +58,13 @@ function initWasm(): Promise<void> {
 interface Ranks {
   bpeRanks: string;
   vocabSize: number; // one past the highest rank or special id
+  /** Ids with bytes; null when every id below vocabSize has them. */
+  known: Set<number> | null;
   source: string;
 }
 
 function bundledRanks(): Ranks {
-  return { bpeRanks: gpt2.bpe_ranks, vocabSize: gpt2.explicit_n_vocab, source: "bundled" };
+  return { bpeRanks: gpt2.bpe_ranks, vocabSize: gpt2.explicit_n_vocab, known: null, source: "bundled" };
 }
 
 // tiktoken's WASM aborts (and may be left unusable) on a malformed table, so
@@ -66,20 +79,25 @@ function replacementRanks(path: string): Ranks {
   const lines = text.split("\n").filter((l) => l.trim() !== "");
   if (lines.length === 0) throw new TokenizerError(`tokenizer rank file ${path} is empty`);
   let maxRank = -1;
+  const eot = gpt2.special_tokens[END_OF_TEXT];
+  const known = new Set([eot]);
   lines.forEach((line, i) => {
     const m = /^([A-Za-z0-9+/]+={0,2}) ([0-9]+)$/.exec(line.trim());
     if (!m) throw new TokenizerError(`${path}:${i + 1}: expected "<base64 token bytes> <rank>", got ${JSON.stringify(line.slice(0, 80))}`);
     maxRank = Math.max(maxRank, Number(m[2]));
+    known.add(Number(m[2]));
   });
-  const eot = gpt2.special_tokens[END_OF_TEXT];
   if (maxRank >= eot) throw new TokenizerError(`${path}: rank ${maxRank} collides with the special token ${END_OF_TEXT} (${eot})`);
-  return { bpeRanks: lines.join("\n"), vocabSize: eot + 1, source: path };
+  return { bpeRanks: lines.join("\n"), vocabSize: eot + 1, known, source: path };
 }
 
 // ---- tokenizer ----
 
 export class Tokenizer {
   private readonly bytesById: (Uint8Array | undefined)[] = [];
+  private longestToken: number | null = null;
+  private pool: TokenizerPool | null = null;
+  private closed = false;
 
   private constructor(
     private readonly bpe: Tiktoken,
@@ -87,6 +105,10 @@ export class Tokenizer {
     readonly vocabSize: number,
     /** "bundled" or the path of the replacement rank file. */
     readonly source: string,
+    /** What load() was given: the pool's workers load the same ranks. */
+    private readonly tokenizerHome: string | null,
+    /** Ids the rank table has (null: all below vocabSize). */
+    private readonly known: Set<number> | null,
   ) {}
 
   /** Initialises the WASM once and builds the BPE tables (~100-250 ms): call at start-up. */
@@ -100,7 +122,7 @@ export class Tokenizer {
     } catch (e) {
       throw new TokenizerError(`cannot build the tokenizer from ${ranks.source}: ${(e as Error).message}`);
     }
-    return new Tokenizer(bpe, ranks.vocabSize, ranks.source);
+    return new Tokenizer(bpe, ranks.vocabSize, ranks.source, tokenizerHome, ranks.known);
   }
 
   get endOfTextId(): number {
@@ -111,12 +133,47 @@ export class Tokenizer {
     return Array.from(this.bpe.encode_ordinary(text));
   }
 
+  /**
+   * encode() without holding up the event loop: a text longer than
+   * INLINE_MAX_CHARS is encoded by a worker thread (the same ranks, so the
+   * same ids). Rejects with TokenizerClosedError after close().
+   */
+  encodeAsync(text: string): Promise<number[]> {
+    if (this.closed) return Promise.reject(new TokenizerClosedError("the tokenizer is closed"));
+    if (text.length <= INLINE_MAX_CHARS) return Promise.resolve(this.encode(text));
+    this.pool ??= new TokenizerPool(this.tokenizerHome, POOL_SIZE);
+    return this.pool.encode(text);
+  }
+
+  /** Stops the worker threads; encodes in progress there reject with TokenizerClosedError. */
+  close(): void {
+    this.closed = true;
+    this.pool?.close();
+  }
+
+  /**
+   * Bytes of the longest token text can encode to (128 for GPT-2's ranks): a
+   * text of n tokens is never longer than n times this. Computed once, on
+   * first use; the special token is left out (text never encodes to it).
+   */
+  get maxTokenBytes(): number {
+    if (this.longestToken === null) {
+      let longest = 0;
+      for (let id = 0; id < this.vocabSize; id++)
+        if (id !== this.endOfTextId) longest = Math.max(longest, this.tokenBytes(id).length);
+      this.longestToken = longest;
+    }
+    return this.longestToken;
+  }
+
   /** Raw bytes of one token: a token may hold part of a UTF-8 character. */
   tokenBytes(id: number): Uint8Array {
     if (!Number.isInteger(id) || id < 0 || id >= this.vocabSize) return EMPTY;
     let bytes = this.bytesById[id];
     if (bytes === undefined) {
-      bytes = this.bpe.decode_single_token_bytes(id);
+      // Never ask the WASM for an id it lacks (a gap in a replacement rank
+      // file): its error escapes mid-call and leaves its memory corrupt.
+      bytes = this.known === null || this.known.has(id) ? this.bpe.decode_single_token_bytes(id) : EMPTY;
       this.bytesById[id] = bytes;
     }
     return bytes;

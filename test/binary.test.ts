@@ -191,6 +191,15 @@ describe("the compiled executable, alone in an empty directory", () => {
       ).json()) as { tokens: number[] };
       expect(again.tokens).toEqual(g.tokens);
 
+      // A prompt past the inline limit is tokenized by the worker thread the executable embeds.
+      const long = await fetch(`${a.url}/generate`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ prompt: "ÃÂ".repeat(32 * 300), max_tokens: 1 }), // GPT-2 token 35496, 300 times
+      });
+      expect(long.status).toBe(200);
+      expect(((await long.json()) as { stats: { prompt_tokens: number } }).stats.prompt_tokens).toBe(300);
+
       const metrics = await fetch(`${a.url}/metrics`);
       expect(metrics.status).toBe(200);
       const text = await metrics.text();

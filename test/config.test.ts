@@ -12,6 +12,7 @@ describe("configuration", () => {
       modelPath: null,
       maxSeqLen: 2048,
       maxQueueDepth: 128,
+      maxBodyBytes: 8 * 1024 * 1024,
       defaultSloMs: null,
       prefixPoolCapacity: 16,
       buildDir: "./build",
@@ -32,6 +33,7 @@ describe("configuration", () => {
       SERVICE_MODEL_PATH: "/m.safetensors",
       SERVICE_MAX_SEQ_LEN: "512",
       SERVICE_MAX_QUEUE_DEPTH: "4",
+      SERVICE_MAX_BODY_BYTES: "65536",
       SERVICE_DEFAULT_SLO_MS: "250.5",
       SERVICE_PREFIX_POOL_CAPACITY: "0",
       SERVICE_BUILD_DIR: "/b",
@@ -46,6 +48,7 @@ describe("configuration", () => {
       modelPath: "/m.safetensors",
       maxSeqLen: 512,
       maxQueueDepth: 4,
+      maxBodyBytes: 65536,
       defaultSloMs: 250.5,
       prefixPoolCapacity: 0,
       buildDir: "/b",
@@ -56,6 +59,11 @@ describe("configuration", () => {
       host: "0.0.0.0",
       port: 9000,
     });
+  });
+
+  test("SERVICE_MAX_BODY_BYTES must be an integer of at least 1024", () => {
+    expect(() => loadConfig({ SERVICE_MAX_BODY_BYTES: "8M" })).toThrow("SERVICE_MAX_BODY_BYTES must be an integer, got \"8M\"");
+    expect(() => loadConfig({ SERVICE_MAX_BODY_BYTES: "100" })).toThrow("SERVICE_MAX_BODY_BYTES must be between 1024 and");
   });
 
   test("flags override HOST and PORT", () => {

@@ -2,7 +2,7 @@ import { beforeAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { IncrementalDetokenizer, RANK_FILE_NAME, Tokenizer, TokenizerError } from "../src/tokenizer.ts";
+import { IncrementalDetokenizer, RANK_FILE_NAME, Tokenizer, TokenizerClosedError, TokenizerError } from "../src/tokenizer.ts";
 
 let tok: Tokenizer;
 beforeAll(async () => {
@@ -76,6 +76,56 @@ describe("incremental detokenizer", () => {
   });
 });
 
+describe("encoding off the event loop", () => {
+  // Texts past the inline limit go to the worker pool; every kind of long run
+  // (the quadratic cases: emoji, letters, punctuation) and ordinary text must
+  // come back with exactly the ids tiktoken gives on this thread.
+  const texts = {
+    emoji: "😀".repeat(3000),
+    letters: "a".repeat(5000),
+    dashes: "-".repeat(4000),
+    "longest tokens": "ÃÂ".repeat(32 * 40), // 40 times token 35496, 128 bytes each
+    prose: "In the beginning God created the heaven and the earth. ".repeat(200),
+    mixed: "Ünïcödé 速い茶色の狐 🦊🙂\n\t  spaces   and\r\nlines ".repeat(300),
+  };
+
+  for (const [name, text] of Object.entries(texts))
+    test(`${name}: the same ids as encode()`, async () => {
+      expect(text.length).toBeGreaterThan(2048);
+      expect(await tok.encodeAsync(text)).toEqual(tok.encode(text));
+    });
+
+  test("concurrent encodes each get their own ids", async () => {
+    const all = Object.values(texts);
+    const got = await Promise.all(all.map((t) => tok.encodeAsync(t)));
+    got.forEach((ids, i) => expect(ids).toEqual(tok.encode(all[i])));
+  });
+
+  test("a replacement rank file reaches the workers", async () => {
+    const home = mkdtempSync(join(tmpdir(), "tok-"));
+    const lines = Array.from({ length: 256 }, (_, b) => `${Buffer.from([b]).toString("base64")} ${b}`);
+    writeFileSync(join(home, RANK_FILE_NAME), `${lines.join("\n")}\n`);
+    const t = await Tokenizer.load(home);
+    const text = "Hi!".repeat(1000);
+    expect(await t.encodeAsync(text)).toEqual([...Buffer.from(text)]);
+    t.close();
+  });
+
+  test("after close() an encode is refused with TokenizerClosedError", async () => {
+    const t = await Tokenizer.load();
+    const running = t.encodeAsync("😀".repeat(20000));
+    t.close();
+    expect(await running.catch((e) => e)).toBeInstanceOf(TokenizerClosedError);
+    expect(await t.encodeAsync("short").catch((e) => e)).toBeInstanceOf(TokenizerClosedError);
+  });
+
+  test("the longest token is 128 bytes in GPT-2's ranks", () => {
+    expect(tok.maxTokenBytes).toBe(128);
+    expect(tok.decode([35496])).toBe("ÃÂ".repeat(32));
+    expect(tok.tokenBytes(35496)).toHaveLength(128);
+  });
+});
+
 describe("TOKENIZER_HOME", () => {
   test("without a rank file there the bundled ranks are used", async () => {
     const home = mkdtempSync(join(tmpdir(), "tok-"));
@@ -93,6 +143,9 @@ describe("TOKENIZER_HOME", () => {
     expect(t.source).toBe(join(home, RANK_FILE_NAME));
     expect(t.encode("Hi!")).toEqual([72, 105, 33]);
     expect(t.decode([72, 105, 33])).toBe("Hi!");
+    // Ids between the file's ranks and the special token have no bytes.
+    expect(t.decodeBytes([300, 50000])).toEqual(new Uint8Array(0));
+    expect(t.maxTokenBytes).toBe(1); // text never encodes to <|endoftext|>
   });
 
   test("a malformed replacement file is a clear error naming the line", async () => {

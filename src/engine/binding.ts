@@ -12,6 +12,7 @@ const symbols = {
   ls_model_load: { args: [ptr, i32, i32, ptr, i32], returns: ptr },
   ls_model_free: { args: [ptr], returns: none },
   ls_model_info_get: { args: [ptr, ptr], returns: none },
+  ls_model_check: { args: [ptr, ptr, ptr, i32], returns: i32 },
   ls_session_new: { args: [ptr, i32, i32, i32, ptr, i32], returns: ptr },
   ls_session_new_kv: { args: [ptr, i32, i32, i32, i32, ptr, i32], returns: ptr },
   ls_session_free: { args: [ptr], returns: none },
@@ -173,6 +174,42 @@ export interface KvCacheSettings {
 
 export const FP16_CACHE: KvCacheSettings = { mode: "fp16" };
 
+const MODEL_INFO_FIELDS = 16; // ls_model_info: 16 x 32-bit fields
+
+/** What a model file says about itself (ls_model_info without the runtime's simd and threads). */
+export type ModelFileInfo = Omit<NativeModelInfo, "simd" | "threads">;
+
+function fileInfo(raw: Int32Array): ModelFileInfo {
+  const f = new Float32Array(raw.buffer);
+  return {
+    dim: raw[0],
+    nHeads: raw[1],
+    nKvHeads: raw[2],
+    headDim: raw[3],
+    ffnDim: raw[4],
+    vocabSize: raw[5],
+    defaultLoops: raw[6],
+    maxSeqLen: raw[7],
+    ropeTheta: f[8],
+    normEps: f[9],
+    quant: QUANT_NAMES[raw[10]] ?? "fp16",
+    groupSize: raw[11],
+    tiedOutput: raw[12] === 1,
+  };
+}
+
+/**
+ * Validates a model file exactly as NativeModel.load does, without starting
+ * a runtime (ls_model_check); throws NativeError with the loader's message.
+ */
+export function checkModelFile(libraryPath: string, modelPath: string): ModelFileInfo {
+  const lib = openKernelLibrary(libraryPath);
+  const raw = new Int32Array(MODEL_INFO_FIELDS);
+  const err = new Uint8Array(ERR_LEN);
+  if (lib.ls_model_check(cString(modelPath), raw, err, ERR_LEN) < 0) throw new NativeError(readError(err) || `cannot load ${modelPath}`, -1);
+  return fileInfo(raw);
+}
+
 export class NativeModel {
   readonly info: NativeModelInfo;
   private handle: Pointer | null;
@@ -184,26 +221,9 @@ export class NativeModel {
     readonly specLib: SpecLib | null,
   ) {
     this.handle = handle;
-    const raw = new Int32Array(16); // ls_model_info: 16 x 32-bit fields
+    const raw = new Int32Array(MODEL_INFO_FIELDS);
     lib.ls_model_info_get(handle, raw);
-    const f = new Float32Array(raw.buffer);
-    this.info = {
-      dim: raw[0],
-      nHeads: raw[1],
-      nKvHeads: raw[2],
-      headDim: raw[3],
-      ffnDim: raw[4],
-      vocabSize: raw[5],
-      defaultLoops: raw[6],
-      maxSeqLen: raw[7],
-      ropeTheta: f[8],
-      normEps: f[9],
-      quant: QUANT_NAMES[raw[10]] ?? "fp16",
-      groupSize: raw[11],
-      tiedOutput: raw[12] === 1,
-      simd: String(lib.ls_simd_name(raw[13])),
-      threads: raw[14],
-    };
+    this.info = { ...fileInfo(raw), simd: String(lib.ls_simd_name(raw[13])), threads: raw[14] };
   }
 
   /** Loads a model file; throws NativeError with the loader's message. */

@@ -182,7 +182,8 @@ export class Engine {
     const counter = plan ? new SpecCounter() : null;
     // A speculative cycle writes rows past the last token before rolling back.
     const maxSeq = req.promptTokens.length + req.maxTokens + (plan ? SPEC_SESSION_SLACK : 0);
-    const session = this.model.newSession(maxSeq, req.loops, req.cacheWindow, this.kv);
+    // A draft deeper than the verify depth keeps caches for its extra loops too.
+    const session = this.model.newSession(maxSeq, Math.max(req.loops, plan?.draftLoops ?? 0), req.cacheWindow, this.kv);
     // With logprobs, every step hands back its raw logits (a cycle: one row per new token).
     const top = req.logprobs;
     const vocab = this.info.vocabSize;

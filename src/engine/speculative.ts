@@ -58,8 +58,9 @@ export function planSpeculative(req: GenerateRequest): SpecPlan | null {
   const draftLoops = req.draftLoops ?? Math.min(SPEC_DEFAULTS.draftLoops, verifyLoops);
   const draftAhead = req.draftAhead ?? SPEC_DEFAULTS.draftAhead;
   const kBranches = mode === "tree_speculative" ? (req.kBranches ?? SPEC_DEFAULTS.kBranches) : 1;
-  if (!isIntIn(draftLoops, 1, verifyLoops))
-    throw new EngineRequestError(`draft_loops must be between 1 and verify_loops (${verifyLoops}), got ${draftLoops}`);
+  // A draft deeper than the verifier is allowed (kernels/spec.c): only slower.
+  if (!isIntIn(draftLoops, 1, SPEC_LIMITS.loops))
+    throw new EngineRequestError(`draft_loops must be between 1 and ${SPEC_LIMITS.loops}, got ${draftLoops}`);
   if (!isIntIn(draftAhead, 1, SPEC_LIMITS.draftAhead))
     throw new EngineRequestError(`draft_ahead must be between 1 and ${SPEC_LIMITS.draftAhead}, got ${draftAhead}`);
   if (!isIntIn(kBranches, 1, SPEC_LIMITS.kBranches))

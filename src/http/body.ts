@@ -3,20 +3,92 @@
 // An empty or unreadable body is a 400 that says what was wrong, never a 500.
 // Every body of this API is a JSON object; anything else is a shape error
 // (422), reported here because the validator would only see it as {}.
-import { badRequest, unprocessable, valueKind } from "./errors.ts";
+//
+// Two limits are enforced before JSON.parse ever runs (docs/limits.md):
+// - the body size (SERVICE_MAX_BODY_BYTES): a declared Content-Length over it
+//   is refused unread, a chunked body as soon as it passes it (413);
+// - the nesting depth (MAX_JSON_DEPTH), measured by one linear scan of the
+//   text, because validating a deeply nested value recurses once per level
+//   and would overflow the stack (400).
+import { badRequest, payloadTooLarge, unprocessable, valueKind } from "./errors.ts";
 
-export async function parseJsonBody({ request }: { request: Request }): Promise<unknown> {
-  const text = await request.text();
-  if (text.trim() === "") throw badRequest("request body is empty: expected a JSON object", null, "invalid_json");
-  let body: unknown;
-  try {
-    body = JSON.parse(text);
-  } catch (e) {
-    const type = request.headers.get("content-type");
-    const hint = type && !/json/i.test(type) ? ` (Content-Type is ${type}; send application/json)` : "";
-    throw badRequest(`request body is not valid JSON: ${(e as Error).message}${hint}`, null, "invalid_json");
+/** Deepest array/object nesting a request body may have. */
+export const MAX_JSON_DEPTH = 64;
+
+const OPEN_BRACE = 0x7b;
+const OPEN_BRACKET = 0x5b;
+const CLOSE_BRACE = 0x7d;
+const CLOSE_BRACKET = 0x5d;
+const QUOTE = 0x22;
+const BACKSLASH = 0x5c;
+
+/**
+ * True when the JSON text nests arrays/objects more than `limit` deep. One
+ * pass, no recursion; brackets inside strings do not count. Malformed text
+ * gives some answer; JSON.parse then reports what is wrong with it.
+ */
+export function nestsDeeperThan(text: string, limit: number): boolean {
+  let depth = 0;
+  let inString = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (inString) {
+      if (c === BACKSLASH) i++;
+      else if (c === QUOTE) inString = false;
+    } else if (c === QUOTE) {
+      inString = true;
+    } else if (c === OPEN_BRACE || c === OPEN_BRACKET) {
+      if (++depth > limit) return true;
+    } else if (c === CLOSE_BRACE || c === CLOSE_BRACKET) {
+      depth--;
+    }
   }
-  if (typeof body !== "object" || body === null || Array.isArray(body))
-    throw unprocessable(`request body must be a JSON object, got ${valueKind(body)}`);
-  return body;
+  return false;
+}
+
+function tooLarge(maxBytes: number, what: string): never {
+  throw payloadTooLarge(`request body ${what}, more than the limit of ${maxBytes} bytes (SERVICE_MAX_BODY_BYTES)`);
+}
+
+/** The body as text, refusing (413) one longer than maxBytes without reading past the limit. */
+export async function readBodyText(request: Request, maxBytes: number): Promise<string> {
+  const declared = request.headers.get("content-length");
+  if (declared !== null && /^[0-9]+$/.test(declared) && Number(declared) > maxBytes) tooLarge(maxBytes, `is ${declared} bytes`);
+  if (request.body === null) return "";
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  const reader = request.body.getReader();
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    size += value.byteLength;
+    if (size > maxBytes) {
+      await reader.cancel();
+      tooLarge(maxBytes, `passed ${size} bytes`);
+    }
+    chunks.push(value);
+  }
+  // As request.text() decodes: invalid UTF-8 becomes U+FFFD.
+  return new TextDecoder().decode(Buffer.concat(chunks, size));
+}
+
+/** Elysia's parse hook for every route: the JSON object of the body, within the limits. */
+export function jsonBodyParser(maxBytes: number) {
+  return async function parseJsonBody({ request }: { request: Request }): Promise<unknown> {
+    const text = await readBodyText(request, maxBytes);
+    if (text.trim() === "") throw badRequest("request body is empty: expected a JSON object", null, "invalid_json");
+    if (nestsDeeperThan(text, MAX_JSON_DEPTH))
+      throw badRequest(`request body nests arrays/objects more than ${MAX_JSON_DEPTH} levels deep (the limit)`, null, "json_too_deep");
+    let body: unknown;
+    try {
+      body = JSON.parse(text);
+    } catch (e) {
+      const type = request.headers.get("content-type");
+      const hint = type && !/json/i.test(type) ? ` (Content-Type is ${type}; send application/json)` : "";
+      throw badRequest(`request body is not valid JSON: ${(e as Error).message}${hint}`, null, "invalid_json");
+    }
+    if (typeof body !== "object" || body === null || Array.isArray(body))
+      throw unprocessable(`request body must be a JSON object, got ${valueKind(body)}`);
+    return body;
+  };
 }

@@ -227,13 +227,13 @@ function resolve(deps: AppDeps, body: SamplingBody, prompt: number[], shape: Job
   };
 }
 
-function chatJob(deps: AppDeps, body: ChatCompletionBody, ext?: Extension): CompatJob {
+async function chatJob(deps: AppDeps, body: ChatCompletionBody, ext?: Extension): Promise<CompatJob> {
   refuseUnsupported(body);
   if (body.top_logprobs != null && body.logprobs !== true)
     throw badRequest("`top_logprobs` needs `logprobs: true`", "top_logprobs");
   const maxTokens = requestedMaxTokens(body, false);
   const logprobs = body.logprobs === true ? (body.top_logprobs ?? 0) : undefined;
-  const prompt = promptTokens(deps, renderChat(body.messages), "messages");
+  const prompt = await promptTokens(deps, renderChat(body.messages), "messages");
   return resolve(deps, body, prompt, { maxTokens, echo: "", logprobs, promptLogprobs: false }, ext);
 }
 
@@ -244,14 +244,14 @@ function firstPrompt(p: CompletionBody["prompt"]): { prompt: string | number[]; 
   return typeof first === "number" ? { prompt: p as number[], param: "prompt" } : { prompt: first, param: "prompt[0]" };
 }
 
-function completionJob(deps: AppDeps, body: CompletionBody, ext?: Extension): CompatJob {
+async function completionJob(deps: AppDeps, body: CompletionBody, ext?: Extension): Promise<CompatJob> {
   refuseUnsupported(body);
   if (body.suffix != null && body.suffix !== "")
     throw unsupported("suffix", "is not supported: this server only continues the prompt, it does not fill in text");
   const echoed = body.echo ?? false;
   const maxTokens = requestedMaxTokens(body, echoed);
   const { prompt, param } = firstPrompt(body.prompt);
-  const ids = promptTokens(deps, prompt, param);
+  const ids = await promptTokens(deps, prompt, param);
   const echo = echoed ? (typeof prompt === "string" ? prompt : deps.tokenizer.decode(ids)) : "";
   const logprobs = body.logprobs ?? undefined;
   return resolve(deps, body, ids, { maxTokens, echo, logprobs, promptLogprobs: echoed && logprobs !== undefined }, ext);
@@ -398,12 +398,12 @@ async function respond<S>(deps: AppDeps, job: CompatJob, framing: Framing<S>, ht
 
 // ---- handlers shared with the extended family ----
 
-export function chatCompletion(deps: AppDeps, body: ChatCompletionBody, http: Request, ext?: Extension): Promise<Response> {
-  return respond(deps, chatJob(deps, body, ext), CHAT, http, ext);
+export async function chatCompletion(deps: AppDeps, body: ChatCompletionBody, http: Request, ext?: Extension): Promise<Response> {
+  return respond(deps, await chatJob(deps, body, ext), CHAT, http, ext);
 }
 
-export function textCompletion(deps: AppDeps, body: CompletionBody, http: Request, ext?: Extension): Promise<Response> {
-  return respond(deps, completionJob(deps, body, ext), TEXT, http, ext);
+export async function textCompletion(deps: AppDeps, body: CompletionBody, http: Request, ext?: Extension): Promise<Response> {
+  return respond(deps, await completionJob(deps, body, ext), TEXT, http, ext);
 }
 
 export function compatRoutes(deps: AppDeps) {

@@ -7,6 +7,7 @@
 //   401  API key missing or wrong (SERVICE_API_KEY)
 //   403  a browser request from an origin, or to a Host, that is not allowed
 //   404  unknown route
+//   413  request body over SERVICE_MAX_BODY_BYTES
 //   503  model not loaded (or shutting down), queue full, latency target
 //   500  only a genuine bug: logged with its stack (src/log.ts)
 import { CloneType, type TObject } from "@sinclair/typebox";
@@ -59,6 +60,7 @@ export const notFound = (message: string) => new HttpError(404, message, "not_fo
 export const unauthorized = (message: string) => new HttpError(401, message, "invalid_request_error", null, "invalid_api_key");
 
 export const forbidden = (message: string, code: string) => new HttpError(403, message, "invalid_request_error", null, code);
+export const payloadTooLarge = (message: string) => new HttpError(413, message, "invalid_request_error", null, "request_too_large");
 
 /** Request-validation failures that are values, not shapes: "`x` must be at most 8192, got 9000". */
 export function outOfRange(param: string, message: string): HttpError {

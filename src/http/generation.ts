@@ -5,7 +5,7 @@
 import type { Config } from "../config.ts";
 import type { GenerateRequest, GenerateResult, ModelInfo, PromptLogprobSink, TokenLogprob, TokenSink } from "../engine/types.ts";
 import { TextStream } from "../text/stream.ts";
-import type { Tokenizer } from "../tokenizer.ts";
+import { type Tokenizer, TokenizerClosedError } from "../tokenizer.ts";
 import type { ServiceMetrics } from "../metrics.ts";
 import { SchedulerRejection } from "../scheduler/scheduler.ts";
 import { badRequest, HttpError, outOfRange, unavailable } from "./errors.ts";
@@ -53,9 +53,34 @@ export function requireEngine(deps: AppDeps): GenerationEngine {
 
 // ---- prompt and limits (SPEC.md §4 validation order: range, then length) ----
 
+/**
+ * The ids of a text prompt, encoded off the event loop when long. A text of
+ * more bytes than SERVICE_MAX_SEQ_LEN tokens of the longest token could hold
+ * cannot fit the context whatever it says: refused before encoding, whose
+ * cost grows with the square of a run without spaces.
+ */
+async function encodePrompt(deps: AppDeps, text: string, param: string): Promise<number[]> {
+  const max = deps.config.maxSeqLen;
+  const maxBytes = max * deps.tokenizer.maxTokenBytes;
+  const bytes = Buffer.byteLength(text, "utf8");
+  if (bytes > maxBytes)
+    throw badRequest(
+      `\`${param}\` is ${bytes} bytes of text, more than the maximum sequence length ${max} could hold ` +
+        `(${max} tokens of at most ${deps.tokenizer.maxTokenBytes} bytes: ${maxBytes} bytes)`,
+      param,
+      "context_length_exceeded",
+    );
+  try {
+    return await deps.tokenizer.encodeAsync(text);
+  } catch (e) {
+    if (e instanceof TokenizerClosedError) throw unavailable("the server is shutting down", "shutting_down");
+    throw e;
+  }
+}
+
 /** Token ids of a text or pre-tokenised prompt; ids must exist in the model's vocabulary. */
-export function promptTokens(deps: AppDeps, prompt: string | number[], param = "prompt"): number[] {
-  const ids = typeof prompt === "string" ? deps.tokenizer.encode(prompt) : prompt;
+export async function promptTokens(deps: AppDeps, prompt: string | number[], param = "prompt"): Promise<number[]> {
+  const ids = typeof prompt === "string" ? await encodePrompt(deps, prompt, param) : prompt;
   if (ids.length === 0) throw badRequest(`\`${param}\` must not be empty`, param);
   // Without a loaded model the vocabulary is unknown; the 503 comes next anyway.
   const vocab = deps.engine?.info.vocabSize ?? Number.POSITIVE_INFINITY;

@@ -26,7 +26,7 @@ interface NativeJob {
   stream: boolean;
 }
 
-function resolve(deps: AppDeps, body: GenerateBody): NativeJob {
+async function resolve(deps: AppDeps, body: GenerateBody): Promise<NativeJob> {
   const maxTokens = body.max_tokens ?? D.max_tokens;
   const cacheWindow = body.cache_window ?? D.cache_window;
   const stops = body.stop == null ? [] : Array.isArray(body.stop) ? body.stop : [body.stop];
@@ -34,7 +34,7 @@ function resolve(deps: AppDeps, body: GenerateBody): NativeJob {
   const stopIds = stops.filter((s): s is number => typeof s === "number");
 
   checkCacheWindow(deps, cacheWindow);
-  const prompt = promptTokens(deps, body.prompt);
+  const prompt = await promptTokens(deps, body.prompt);
   checkLength(deps, prompt.length, maxTokens);
   const engine = requireEngine(deps);
 
@@ -83,7 +83,7 @@ export function nativeStats(c: Completion, mode: string, loopsUsed: number) {
 }
 
 async function generate(deps: AppDeps, body: GenerateBody, httpRequest: Request): Promise<Response> {
-  const { engine, request, stopStrings, stream } = resolve(deps, body);
+  const { engine, request, stopStrings, stream } = await resolve(deps, body);
   const scheduling = { priority: body.priority, sloMs: body.slo_ms };
 
   if (stream) {

@@ -6,11 +6,14 @@
 // `bun src/model/cli.ts ...` runs it directly.
 
 import { statSync } from "node:fs";
+import { libraryConfig } from "../config.ts";
+import { checkModelFile, type ModelFileInfo } from "../engine/binding.ts";
+import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "../engine/library.ts";
 import { type ProgressStream, withProgress } from "../progress.ts";
 import { checkQuantTensors, GROUP_SIZES, MAX_LOOPS, parseModelConfig } from "./format.ts";
 import { exportGguf } from "./gguf.ts";
 import { DEFAULT_GROUP_SIZE, type HeadQuant, quantizeModelFile, type WeightQuant } from "./quantize.ts";
-import { DTYPE_SIZES, ModelFormatError, readSafetensors } from "./safetensors.ts";
+import { DTYPE_SIZES, ModelFormatError, readSafetensors, type SafetensorsFile } from "./safetensors.ts";
 import { resolveSyntheticOptions, type SyntheticOptions, writeSyntheticModel } from "./synthetic.ts";
 
 export interface CommandIO {
@@ -64,8 +67,10 @@ options (default in brackets):
 const INSPECT_HELP = `usage: loopserve model inspect FILE [--json]
 
 Prints the safetensors header of FILE (metadata, then each tensor's name,
-dtype, shape and byte size) and checks it against the loopserve model
-schema. Exit status 1 when the file is unreadable or not a valid model.
+dtype, shape and byte size), then checks the file with the server's own
+loader (the kernel library: header, metadata, tensors, and every fp16
+weight and quantization scale finite). Exit status 1 when the server would
+refuse to load it, with the loader's reason.
 
 options:
   --json       print the header as one JSON object
@@ -240,6 +245,44 @@ function cmdNew(argv: string[], io: CommandIO): number {
   return 0;
 }
 
+/** The server's verdict on a model file: its loader's description, or its reason to refuse it. */
+function checkWithServerLoader(path: string): ModelFileInfo {
+  const { buildDir, cacheHome } = libraryConfig();
+  try {
+    return checkModelFile(resolveKernelLibrary(buildDir, CPU_LIBRARY_NAME, cacheDirCandidates({ xdgCacheHome: cacheHome })), path);
+  } catch (e) {
+    throw new ModelFormatError(`${path}: ${(e as Error).message}`);
+  }
+}
+
+function printHeader(io: CommandIO, path: string, file: SafetensorsFile, json: boolean): void {
+  const size = statSync(path).size;
+  const rows = [...file.tensors].map(([name, t]) => ({
+    name,
+    dtype: t.dtype,
+    shape: t.shape,
+    bytes: t.shape.reduce((a, b) => a * b, 1) * DTYPE_SIZES[t.dtype],
+  }));
+  if (json) {
+    io.out(JSON.stringify({ path, bytes: size, data_start: file.dataStart, metadata: file.metadata, tensors: rows }));
+    return;
+  }
+  io.out(`${path}: ${size} bytes, header ${file.dataStart - 8} bytes, data at offset ${file.dataStart}`);
+  const meta = Object.entries(file.metadata);
+  io.out(`metadata (${meta.length}):`);
+  const kw = Math.max(0, ...meta.map(([k]) => k.length));
+  for (const [k, v] of meta) io.out(`  ${k.padEnd(kw)}  ${v}`);
+  io.out(`tensors (${rows.length}):`);
+  const shapes = rows.map((r) => `[${r.shape.join(", ")}]`);
+  const nw = Math.max(4, ...rows.map((r) => r.name.length));
+  const sw = Math.max(5, ...shapes.map((s) => s.length));
+  io.out(`  ${"name".padEnd(nw)}  dtype    ${"shape".padEnd(sw)}  bytes`);
+  rows.forEach((r, i) => io.out(`  ${r.name.padEnd(nw)}  ${r.dtype.padEnd(7)}  ${shapes[i].padEnd(sw)}  ${r.bytes}`));
+  const elems = rows.reduce((a, r) => a + r.shape.reduce((x, y) => x * y, 1), 0);
+  const bytes = rows.reduce((a, r) => a + r.bytes, 0);
+  io.out(`total: ${elems} elements, ${bytes} bytes of tensor data`);
+}
+
 function cmdInspect(argv: string[], io: CommandIO): number {
   const p = parseArgs(argv, new Set(), new Set(["--json", "-h", "--help"]));
   if (p.flags.has("-h") || p.flags.has("--help")) {
@@ -250,40 +293,24 @@ function cmdInspect(argv: string[], io: CommandIO): number {
     throw new UsageError(p.positional.length === 0 ? "missing FILE path" : `unexpected argument "${p.positional[1]}"`);
   }
   const path = p.positional[0];
+  const json = p.flags.has("--json");
   // Failures here are about the file, not the arguments: exit 1 (see runModelCommand).
-  const file = readSafetensors(path);
-  const size = statSync(path).size;
-  const rows = [...file.tensors].map(([name, t]) => ({
-    name,
-    dtype: t.dtype,
-    shape: t.shape,
-    bytes: t.shape.reduce((a, b) => a * b, 1) * DTYPE_SIZES[t.dtype],
-  }));
-
-  if (p.flags.has("--json")) {
-    io.out(JSON.stringify({ path, bytes: size, data_start: file.dataStart, metadata: file.metadata, tensors: rows }));
-  } else {
-    io.out(`${path}: ${size} bytes, header ${file.dataStart - 8} bytes, data at offset ${file.dataStart}`);
-    const meta = Object.entries(file.metadata);
-    io.out(`metadata (${meta.length}):`);
-    const kw = Math.max(0, ...meta.map(([k]) => k.length));
-    for (const [k, v] of meta) io.out(`  ${k.padEnd(kw)}  ${v}`);
-    io.out(`tensors (${rows.length}):`);
-    const shapes = rows.map((r) => `[${r.shape.join(", ")}]`);
-    const nw = Math.max(4, ...rows.map((r) => r.name.length));
-    const sw = Math.max(5, ...shapes.map((s) => s.length));
-    io.out(`  ${"name".padEnd(nw)}  dtype    ${"shape".padEnd(sw)}  bytes`);
-    rows.forEach((r, i) => io.out(`  ${r.name.padEnd(nw)}  ${r.dtype.padEnd(7)}  ${shapes[i].padEnd(sw)}  ${r.bytes}`));
-    const elems = rows.reduce((a, r) => a + r.shape.reduce((x, y) => x * y, 1), 0);
-    const bytes = rows.reduce((a, r) => a + r.bytes, 0);
-    io.out(`total: ${elems} elements, ${bytes} bytes of tensor data`);
+  // The verdict is the server loader's, so inspect and serve never disagree
+  // about a file; the listing comes from the TypeScript reader, which reads
+  // every header the loader accepts.
+  let file: SafetensorsFile;
+  try {
+    file = readSafetensors(path);
+  } catch (e) {
+    if (e instanceof ModelFormatError) checkWithServerLoader(path); // its message, when it refuses the file too
+    throw e;
   }
-
-  const c = parseModelConfig(file);
-  if (c.quant !== "fp16") checkQuantTensors(file, c);
-  if (!p.flags.has("--json")) {
+  printHeader(io, path, file, json);
+  const c = checkWithServerLoader(path);
+  if (!json) {
+    const head = file.tensors.has("output.qweight") ? "int8" : "fp16";
     io.out(
-      `loopserve model: ${c.quant}${c.quant === "fp16" ? "" : ` (group ${c.groupSize}, output head ${file.tensors.has("output.qweight") ? "int8" : "fp16"})`}, dim ${c.dim}, heads ${c.nHeads} (kv ${c.nKvHeads}), head_dim ${c.headDim}, ` +
+      `loopserve model: ${c.quant}${c.quant === "fp16" ? "" : ` (group ${c.groupSize}, output head ${head})`}, dim ${c.dim}, heads ${c.nHeads} (kv ${c.nKvHeads}), head_dim ${c.headDim}, ` +
         `ffn ${c.ffnDim}, vocab ${c.vocabSize}, default loops ${c.defaultLoops}, ` +
         `output ${c.tiedOutput ? "tied to tok_embeddings" : "untied"}`,
     );

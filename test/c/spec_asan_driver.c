@@ -23,7 +23,9 @@ int main(int argc, char **argv) {
     ls_model_info mi; ls_model_info_get(m, &mi);
     int32_t prompt[40];
     for (int i = 0; i < 40; i++) prompt[i] = (i * 7919 + 13) % mi.vocab_size;
-    int shapes[][7] = {{1,4,4,1,0,0,0},{2,4,16,1,3,0,0},{4,4,4,1,0,0,0},{1,3,8,8,0,1,0},{2,5,16,4,1,1,0},{1,4,4,16,5,0,0},{1,2,4,16,64,1,0},{2,4,6,1,0,0,1},{1,3,16,1,2,1,1}};
+    /* D, V, k, K, window, penalty?, sampled?; the last three draft deeper than they verify */
+    int shapes[][7] = {{1,4,4,1,0,0,0},{2,4,16,1,3,0,0},{4,4,4,1,0,0,0},{1,3,8,8,0,1,0},{2,5,16,4,1,1,0},{1,4,4,16,5,0,0},{1,2,4,16,64,1,0},{2,4,6,1,0,0,1},{1,3,16,1,2,1,1},
+                       {6,4,4,1,0,0,0},{5,2,8,4,3,1,0},{8,3,6,1,0,0,1}};
     int bad = 0;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int D = shapes[si][0], V = shapes[si][1], k = shapes[si][2], K = shapes[si][3], W = shapes[si][4];
@@ -31,7 +33,7 @@ int main(int argc, char **argv) {
         int np = si % 2 ? 40 : 5, n = 100;
         int32_t ref[128], got[128 + 17];
         plain(m, prompt, np, V, W, n, temp, pen, 3, ref);
-        ls_session *s = ls_session_new(m, np + n + 65, V, W, err, 256);
+        ls_session *s = ls_session_new(m, np + n + 65, D > V ? D : V, W, err, 256);
         int32_t t = ls_session_step(s, prompt, np, V, temp, 0, 1.0f, pen, 3, NULL);
         int have = 1; got[0] = t;
         ls_spec_params p = {D, V, k, K, 0, 0, temp, 1.0f, pen, 0, 3, 0, si % 3 == 2 ? 0.05f : 0.0f};

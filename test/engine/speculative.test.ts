@@ -72,10 +72,11 @@ interface Case {
   penalty: number;
 }
 
-// 64 combinations: every (draft, verify) pair below on both models, with the
+// 80 combinations: every (draft, verify) pair below on both models, with the
 // draft length, tree width, window and prompt cycling independently, so the
-// set covers D = V, draft_ahead 1 and 16, K_branches 1..8, windows that wrap
-// the ring (prompt + output > window + 64) and full attention.
+// set covers D = V, D > V (a draft deeper than its verifier), draft_ahead 1
+// and 16, K_branches 1..8, windows that wrap the ring (prompt + output >
+// window + 64) and full attention.
 const DEPTHS: [number, number][] = [
   [1, 4],
   [2, 4],
@@ -85,6 +86,8 @@ const DEPTHS: [number, number][] = [
   [2, 2],
   [1, 1],
   [5, 8],
+  [6, 3],
+  [8, 2],
 ];
 const AHEAD = [1, 4, 16, 3, 7, 2, 8, 5];
 const BRANCHES = [1, 2, 3, 4, 5, 6, 7, 8];
@@ -327,7 +330,7 @@ describe("sampled speculative decoding", () => {
 
 describe("the engine refuses speculative settings the kernels cannot run", () => {
   const cases: [string, Spec, SamplingParams, RegExp][] = [
-    ["draft deeper than verify", { mode: "speculative", draftLoops: 9, draftAhead: 4 }, GREEDY, /draft_loops must be between 1 and verify_loops/],
+    ["draft_loops 65", { mode: "speculative", draftLoops: 65, draftAhead: 4 }, GREEDY, /draft_loops must be between 1 and 64/],
     ["draft_ahead 17", { mode: "speculative", draftLoops: 2, draftAhead: 17 }, GREEDY, /draft_ahead must be between 1 and 16/],
     ["K_branches * draft_ahead 65", { mode: "tree_speculative", draftLoops: 2, draftAhead: 13, kBranches: 5 }, GREEDY, /at most 64/],
     ["sampled tree", { mode: "tree_speculative", draftLoops: 2, draftAhead: 4, kBranches: 2 }, { ...GREEDY, temperature: 0.5 }, /greedy only/],

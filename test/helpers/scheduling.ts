@@ -208,9 +208,11 @@ export async function startBlocker(server: TestServer, maxTokens: number, extra:
 let poisoned: string | null = null;
 
 /**
- * The tiny model with its final norm weights set to NaN: it loads, but every
- * step's logits are NaN, so the sampler refuses the first step and every
- * admitted generation ends as an engine error (counted errored).
+ * The tiny model with its attention norm and Wk at the largest finite fp16
+ * value (65504): the loader accepts it (every weight is finite), but every
+ * key overflows the fp16 cache to infinity, the attention scores are NaN, the
+ * sampler refuses the first step and every admitted generation ends as an
+ * engine error (counted errored).
  */
 export function poisonedModelPath(): string {
   if (poisoned !== null) return poisoned;
@@ -221,11 +223,13 @@ export function poisonedModelPath(): string {
     string,
     { dtype: string; data_offsets: [number, number] }
   >;
-  const norm = header["norm.weight"];
-  if (norm?.dtype !== "F16") throw new Error("norm.weight is not an F16 tensor");
   const start = 8 + headerLength;
-  for (let at = start + norm.data_offsets[0]; at < start + norm.data_offsets[1]; at += 2) view.setUint16(at, 0x7e00, true); // fp16 NaN
-  const path = join(testTempDir(), "poisoned-nan-norm.safetensors");
+  for (const name of ["block.attn_norm.weight", "block.wk.weight"]) {
+    const t = header[name];
+    if (t?.dtype !== "F16") throw new Error(`${name} is not an F16 tensor`);
+    for (let at = start + t.data_offsets[0]; at < start + t.data_offsets[1]; at += 2) view.setUint16(at, 0x7bff, true); // fp16 65504
+  }
+  const path = join(testTempDir(), "poisoned-overflowing-keys.safetensors");
   writeFileSync(path, bytes);
   poisoned = path;
   return path;

@@ -221,10 +221,11 @@ describe("extended request knobs", () => {
     expectError(body, "temperature");
   });
 
-  test("draft_loops above verify_loops is a 400", async () => {
-    const res = await server.post("/api/v0/completions", { model: MODEL, prompt: PROMPT, mode: "speculative", draft_loops: 5, verify_loops: 3 });
-    expect(res.status).toBe(400);
-    expectError(await res.json(), "draft_loops");
+  test.each(["speculative", "tree_speculative"])("mode %p with draft_loops above verify_loops is served: the plain output at verify_loops", async (mode) => {
+    const spec = await complete({ max_tokens: 20, temperature: 0, mode, draft_loops: 5, verify_loops: 3, draft_ahead: 4, K_branches: 2 });
+    const plain = await complete({ max_tokens: 20, temperature: 0, loops: 3 });
+    expect(spec.choices[0].text).toBe(plain.choices[0].text);
+    expect(spec.stats.loops_used).toBe(3);
   });
 
   test("an unknown mode is a 400 listing the modes", async () => {

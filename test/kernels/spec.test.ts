@@ -99,9 +99,13 @@ describe("speculative cycles leave the session as plain decoding would", () => {
         [2, 4, 16, 1, 0],
         [1, 3, 8, 6, 0],
         [2, 4, 4, 4, 3],
+        // drafts deeper than their verifier: the session holds D loops
+        [6, 4, 4, 1, 0],
+        [8, 1, 5, 1, 0],
+        [5, 2, 6, 4, 3],
       ]) {
         const reference = plain(m, PROMPT, V, 60, GREEDY, 0, window);
-        const session = m.newSession(PROMPT.length + 60 + 65, V, window);
+        const session = m.newSession(PROMPT.length + 60 + 65, Math.max(D, V), window);
         try {
           const first = plainStep(session, PROMPT, V, GREEDY, 0);
           const head = speculate(session, first, 30, (maxNew) => params(D, V, k, K, maxNew, GREEDY, 0));
@@ -111,6 +115,53 @@ describe("speculative cycles leave the session as plain decoding would", () => {
           expect(tail).toEqual(reference);
         } finally {
           session.close();
+        }
+      }
+    });
+  });
+
+  test("a draft deeper than the verifier keeps loops [V, D) as a D-loop prefill would, wherever the session stands", () => {
+    // Speculative cycles at D > V after plain steps at V (which leave loops
+    // [V, D) behind: the cycle fills them in), then plain steps again (more
+    // than a window's ring holds), then cycles again: every token is plain
+    // decoding's at V, and the session's D-loop logits for the next position
+    // are bit for bit those of a fresh D-loop prefill of the same tokens (so
+    // the draft saw the real D-loop model).
+    withModel(AGREEING, (m) => {
+      for (const [D, V, K, window] of [
+        [7, 3, 1, 0],
+        [6, 2, 3, 0],
+        [5, 3, 1, 4],
+      ]) {
+        const reference = plain(m, PROMPT, V, 160, GREEDY, 0, window);
+        const session = m.newSession(PROMPT.length + 160 + 65, D, window);
+        const fresh = m.newSession(PROMPT.length + 160 + 65, D, window);
+        try {
+          const out = [plainStep(session, PROMPT, V, GREEDY, 0)];
+          const cycles = (until: number) => {
+            const pending = out.pop() as number;
+            out.push(...speculate(session, pending, until - out.length, (n) => params(D, V, 4, K, n, GREEDY, 0)));
+          };
+          const steps = (until: number) => {
+            while (out.length < until) out.push(plainStep(session, [out[out.length - 1]], V, GREEDY, 0));
+          };
+          steps(10);
+          cycles(30);
+          steps(45);
+          cycles(60);
+          steps(140); // past the ring of window 4 (4 + 64 rows)
+          cycles(160);
+          expect(out.slice(0, 160)).toEqual(reference);
+
+          const vocab = m.info.vocabSize;
+          const resumed = new Float32Array(vocab);
+          session.forward(Int32Array.of(out[out.length - 1]), D, resumed, 1);
+          const prefilled = new Float32Array(vocab);
+          fresh.forward(Int32Array.from([...PROMPT, ...out]), D, prefilled, 1);
+          expect(resumed).toEqual(prefilled);
+        } finally {
+          session.close();
+          fresh.close();
         }
       }
     });
@@ -279,7 +330,7 @@ describe("ls_spec_cycle refuses what it cannot do, without touching the session"
         const stats = { drafted: 0, accepted: 0 };
         const sampled: Sampling = { temperature: 0.7, topK: 0, topP: 1, penalty: 1 };
         const bad: [SpecCycleParams, number, string][] = [
-          [params(3, 2, 4, 1, 4, GREEDY, 0), first, "draft deeper than verify"],
+          [params(5, 4, 4, 1, 4, GREEDY, 0), first, "draft deeper than the session"],
           [params(1, 5, 4, 1, 4, GREEDY, 0), first, "verify deeper than the session"],
           [params(1, 4, 17, 1, 4, GREEDY, 0), first, "draft_ahead 17"],
           [params(1, 4, 0, 1, 4, GREEDY, 0), first, "draft_ahead 0"],
