@@ -65,7 +65,7 @@ describe("SERVICE_MAX_BODY_BYTES", () => {
     const chunks = Array.from({ length: 70 }, () => `${chunk.length.toString(16)}\r\n${chunk}\r\n`).join("");
     const res = await rawRequest(
       port,
-      `POST /v1/completions HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n${chunks}0\r\n\r\n`,
+      `POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n${chunks}0\r\n\r\n`,
     );
     expect(res.status).toBe(413);
     const body = JSON.parse(res.body);
@@ -76,7 +76,7 @@ describe("SERVICE_MAX_BODY_BYTES", () => {
   });
 
   test("a huge declared Content-Length is refused without waiting for the body", async () => {
-    const res = await rawRequest(port, "POST /generate HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999\r\nConnection: close\r\n\r\n{", 5_000).catch(
+    const res = await rawRequest(port, "POST /generate HTTP/1.1\r\nHost: localhost\r\nContent-Length: 99999999999\r\nConnection: close\r\n\r\n{", 5_000).catch(
       // The server may keep the connection open for the unsent body: the head is what counts.
       (e: Error) => e,
     );
@@ -142,13 +142,13 @@ describe("a body limit below the longest prompt", () => {
 
 describe("errors Bun answers itself (docs/limits.md)", () => {
   test("headers over Bun's limit: 431 with no body; the server keeps serving", async () => {
-    const res = await rawRequest(port, requestText("GET", "/healthz", { Host: "a", "X-Big": "a".repeat(20_000) }));
+    const res = await rawRequest(port, requestText("GET", "/healthz", { Host: "localhost", "X-Big": "a".repeat(20_000) }));
     expect(res.status).toBe(431);
     await expectHealthy();
   });
 
   test("an HTTP version other than 1.x: 505; the server keeps serving", async () => {
-    const res = await rawRequest(port, "GET /healthz HTTP/2.5\r\nHost: a\r\n\r\n");
+    const res = await rawRequest(port, "GET /healthz HTTP/2.5\r\nHost: localhost\r\n\r\n");
     expect(res.status).toBe(505);
     await expectHealthy();
   });
