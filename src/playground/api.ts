@@ -13,8 +13,26 @@ export class ApiError extends Error {
   }
 }
 
+// A server started with SERVICE_API_KEY answers 401 until the page sends the
+// key. The key is asked for once (the key form) and kept for the tab's life
+// in sessionStorage, never in the page or the URL.
+const KEY_STORAGE = "loopserve-api-key";
+/** Dispatched on window when the server asks for an API key (401). */
+export const KEY_NEEDED_EVENT = "loopserve:key-needed";
+
+export function setApiKey(key: string): void {
+  if (key === "") sessionStorage.removeItem(KEY_STORAGE);
+  else sessionStorage.setItem(KEY_STORAGE, key);
+}
+
+function authorization(): Record<string, string> {
+  const key = sessionStorage.getItem(KEY_STORAGE);
+  return key ? { authorization: `Bearer ${key}` } : {};
+}
+
 /** The server's message from an error response (OpenAI shape or native), else the status. */
 async function failure(res: Response): Promise<ApiError> {
+  if (res.status === 401) window.dispatchEvent(new Event(KEY_NEEDED_EVENT));
   const text = await res.text().catch(() => "");
   try {
     const body = JSON.parse(text) as { error?: { message?: string } | string };
@@ -27,7 +45,7 @@ async function failure(res: Response): Promise<ApiError> {
 }
 
 export async function getText(path: string): Promise<string> {
-  const res = await fetch(path, { cache: "no-store" });
+  const res = await fetch(path, { cache: "no-store", headers: authorization() });
   if (!res.ok) throw await failure(res);
   return res.text();
 }
@@ -43,7 +61,7 @@ export async function getJson<T>(path: string): Promise<T> {
 export async function* postStream<T>(path: string, body: unknown, signal: AbortSignal): AsyncGenerator<T> {
   const res = await fetch(path, {
     method: "POST",
-    headers: { "content-type": "application/json" },
+    headers: { "content-type": "application/json", ...authorization() },
     body: JSON.stringify(body),
     signal,
   });

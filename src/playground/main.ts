@@ -1,7 +1,7 @@
 // The playground page's entry point (bundled into the page by bundle.ts):
 // reads the model's description, then sets up the two views, the tabs
-// between them and the metrics panel.
-import { loadModelSummary, type ModelSummary } from "./api.ts";
+// between them, the metrics panel and the API key form.
+import { KEY_NEEDED_EVENT, loadModelSummary, type ModelSummary, setApiKey } from "./api.ts";
 import { setUpDepthExplorer } from "./depth.ts";
 import { byId } from "./dom.ts";
 import { setUpGenerate } from "./generate.ts";
@@ -19,7 +19,21 @@ function setUpTabs(): void {
   for (const tab of tabs) tab.addEventListener("click", () => select(tab));
 }
 
+/** The API key form: shown when the server answers 401; a saved key reloads the page with it. */
+function setUpKeyForm(): void {
+  const form = byId<HTMLFormElement>("key-form");
+  window.addEventListener(KEY_NEEDED_EVENT, () => {
+    form.hidden = false;
+  });
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    setApiKey(byId<HTMLInputElement>("api-key").value.trim());
+    location.reload();
+  });
+}
+
 async function start(): Promise<void> {
+  setUpKeyForm();
   setUpTabs();
   setUpMetricsPanel();
   const line = byId("model-line");

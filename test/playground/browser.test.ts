@@ -388,3 +388,49 @@ describe.skipIf(!haveChromium)("the playground when the model is not loaded", ()
     expect(scriptErrors).toEqual([]);
   }, 120_000);
 });
+
+describe.skipIf(!haveChromium)("the playground on a server with an API key", () => {
+  const KEY = "playground-test-key";
+  let keyed: TestServer;
+  let browser3: Browser;
+
+  beforeAll(async () => {
+    keyed = await startServer({ modelPath: TRAINED_MODEL_PATH, env: { SERVICE_MAX_SEQ_LEN: "512", SERVICE_API_KEY: KEY } });
+    browser3 = await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: ["--no-sandbox"] });
+  }, 120_000);
+
+  afterAll(async () => {
+    await browser3?.close();
+    await keyed?.stop();
+  });
+
+  test("asks for the key after the server's 401, then chats with it; a wrong key is asked for again", async () => {
+    const p = await browser3.newPage();
+    const scriptErrors: string[] = [];
+    p.on("pageerror", (e) => scriptErrors.push((e as Error).message));
+    await p.goto(`${keyed.url}/`, { waitUntil: "load" });
+    await p.waitForSelector("body[data-ready=true]", { timeout: WAIT_MS });
+    expect(await p.$eval("#key-form", (n) => (n as HTMLFormElement).hidden)).toBe(false);
+    expect(await p.$eval("#model-line", (n) => n.textContent ?? "")).toContain("HTTP 401");
+
+    const useKey = async (key: string) => {
+      await p.$eval("#api-key", (n, k) => ((n as HTMLInputElement).value = k), key);
+      await Promise.all([p.waitForNavigation({ waitUntil: "load" }), p.click("#key-save")]);
+      await p.waitForSelector("body[data-ready=true]", { timeout: WAIT_MS });
+    };
+    await useKey("not-the-key");
+    expect(await p.$eval("#key-form", (n) => (n as HTMLFormElement).hidden)).toBe(false);
+
+    await useKey(KEY);
+    expect(await p.$eval("#key-form", (n) => (n as HTMLFormElement).hidden)).toBe(true);
+    expect(await p.$eval("#model-line", (n) => n.textContent ?? "")).toContain("default loops 8");
+    await p.$eval("#prompt", (n) => ((n as HTMLTextAreaElement).value = "Who made the heaven and the earth?"));
+    await p.click("#send");
+    await p.waitForFunction(() => [...document.querySelectorAll<HTMLElement>(".message.assistant")].at(-1)?.dataset.state === "done", {
+      timeout: WAIT_MS,
+    });
+    const reply = await p.$$eval(".message.assistant .text", (n) => n.at(-1)?.textContent ?? "");
+    expect(reply.length).toBeGreaterThan(0);
+    expect(scriptErrors).toEqual([]);
+  }, 120_000);
+});
