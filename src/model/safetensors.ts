@@ -147,7 +147,14 @@ function isPlainObject(v: unknown): v is Record<string, unknown> {
 }
 
 function describe(v: unknown): string {
-  const s = JSON.stringify(v);
+  let s: string | undefined;
+  try {
+    s = JSON.stringify(v);
+  } catch {
+    // JSON.parse reads nesting far deeper than JSON.stringify can write back
+    // (a RangeError): a hostile header's value is then named by its kind.
+    return Array.isArray(v) ? "a deeply nested array" : "a deeply nested object";
+  }
   return s === undefined ? String(v) : s.length > 60 ? `${s.slice(0, 57)}...` : s;
 }
 
