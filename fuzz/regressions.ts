@@ -43,6 +43,7 @@ export function saveRegression(kind: RegressionKind, content: Uint8Array | strin
 
 /** Copies libFuzzer artifacts (keeping their names: crash-<sha1>, ...) into a kind's directory; returns the copies. */
 export function keepArtifacts(kind: RegressionKind, artifacts: string[]): string[] {
+  if (artifacts.length === 0) return [];
   const dir = dirOf(kind);
   mkdirSync(dir, { recursive: true });
   return artifacts.map((a) => {
