@@ -5,6 +5,7 @@ import fc from "fast-check";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { describeCounters, identityHolds, settledRequestCounters } from "../test/helpers/request_counters.ts";
 import { startServer } from "../test/helpers/server.ts";
 import { saveRegression } from "./regressions.ts";
 import { checkHealthy, type FuzzRequest, requestsNeverFailTheServer } from "./requests.ts";
@@ -76,35 +77,16 @@ export async function fuzzRequests(timeMs: number, seed?: number): Promise<Reque
 
 // ---- the server after a fuzz session ----
 
-function metric(text: string, name: string): number {
-  const m = new RegExp(`^${name}(?:\\{[^}]*\\})? ([0-9.e+-]+)$`, "m").exec(text);
-  return m ? Number(m[1]) : Number.NaN;
-}
-
 /**
  * Once the last request has settled: healthy, the request counters add up
- * (submitted = completed + rejected + errored + cancelled), no engine error,
- * and no internal error in the log (500s in streams included).
+ * (test/helpers/request_counters.ts), no engine error, and no internal error
+ * in the log (500s inside streams included).
  */
 export async function serverProblems(baseUrl: string, log: string): Promise<string[]> {
   const problems: string[] = [];
-  let text = "";
-  for (let i = 0; i < 200; i++) {
-    text = await (await fetch(`${baseUrl}/metrics`)).text();
-    if (metric(text, "service_queue_depth") === 0 && metric(text, "service_requests_in_flight") === 0) break;
-    await Bun.sleep(50);
-  }
-  const [submitted, completed, rejected, errored, cancelled] = [
-    "service_requests_submitted_total",
-    "service_requests_completed_total",
-    "service_requests_rejected_total",
-    "service_requests_errored_total",
-    "service_requests_cancelled_total",
-  ].map((n) => metric(text, n));
-  if (submitted !== completed + rejected + errored + cancelled) {
-    problems.push(`metrics: submitted ${submitted} != completed ${completed} + rejected ${rejected} + errored ${errored} + cancelled ${cancelled}`);
-  }
-  if (errored !== 0) problems.push(`metrics: ${errored} requests failed with an engine error`);
+  const counters = await settledRequestCounters(baseUrl);
+  if (!counters.settled || !identityHolds(counters)) problems.push(`metrics: ${describeCounters(counters)}`);
+  if (counters.errored !== 0) problems.push(`metrics: ${counters.errored} requests failed with an engine error`);
   const sick = await checkHealthy(baseUrl);
   if (sick !== null) problems.push(sick);
   const internal = log.split("\n").filter((l) => l.includes("internal error on"));
