@@ -246,9 +246,12 @@ const editArb: fc.Arbitrary<Edit> = fc.oneof(
   fc.tuple(hostileKey, hostileJson).map(([key, value]): Edit => (e) => [...e, [key, value]]),
 );
 
+/** One image in eight has its whole header replaced by a hostile value. */
+const wholeHeader = fc.oneof({ weight: 7, arbitrary: fc.constant(null) }, { weight: 1, arbitrary: hostileJson });
+
 /** A seed model with 1-4 structural header edits (the length field follows the new header). */
 const editedImage: fc.Arbitrary<Uint8Array> = fc
-  .tuple(fc.constantFrom(...validSeeds()), fc.array(editArb, { minLength: 1, maxLength: 4 }), fc.option(hostileJson, { freq: 8 }))
+  .tuple(fc.constantFrom(...validSeeds()), fc.array(editArb, { minLength: 1, maxLength: 4 }), wholeHeader)
   .map(([seed, edits, wholeHeader]) => {
     const { header, data } = splitImage(seed.bytes);
     if (wholeHeader !== null) return safetensorsImage(wholeHeader, data);
