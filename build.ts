@@ -33,13 +33,13 @@ const baseFlags = asan
   ? [...C_FLAGS, "-O1", "-g", "-fPIC", "-pthread", "-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
   : [...C_FLAGS, "-O2", "-fPIC", "-pthread", "-Wall", "-Wextra"];
 
-function newer(src: string[], out: string): boolean {
+export function newer(src: string[], out: string): boolean {
   if (!existsSync(out)) return true;
   const t = statSync(out).mtimeMs;
   return src.some((f) => statSync(f).mtimeMs > t);
 }
 
-async function run(cmd: string[]): Promise<void> {
+export async function run(cmd: string[]): Promise<void> {
   const p = Bun.spawn(cmd, { stdout: "inherit", stderr: "inherit" });
   if ((await p.exited) !== 0) throw new Error(`build step failed: ${cmd.join(" ")}`);
 }

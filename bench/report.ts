@@ -7,14 +7,16 @@ export type Row = Record<string, string | number>;
 
 export function printTable(title: string, rows: Row[]): void {
   if (rows.length === 0) return;
-  const cols = Object.keys(rows[0]);
+  console.log(`\n${formatTable(title, rows)}`);
+}
+
+/** The aligned text table printTable prints: title, header, rule, rows. */
+export function formatTable(title: string, rows: Row[]): string {
+  const cols = rows.length > 0 ? Object.keys(rows[0]) : [];
   const cell = (v: string | number) => (typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toFixed(2)) : v);
   const width = cols.map((c) => Math.max(c.length, ...rows.map((r) => cell(r[c] ?? "").length)));
   const line = (vals: string[]) => vals.map((v, i) => v.padStart(width[i])).join("  ");
-  console.log(`\n${title}`);
-  console.log(line(cols));
-  console.log(line(width.map((w) => "-".repeat(w))));
-  for (const r of rows) console.log(line(cols.map((c) => cell(r[c] ?? ""))));
+  return [title, line(cols), line(width.map((w) => "-".repeat(w))), ...rows.map((r) => line(cols.map((c) => cell(r[c] ?? ""))))].join("\n");
 }
 
 export function writeJson(name: string, data: unknown): string {

@@ -146,9 +146,38 @@ function isPlainObject(v: unknown): v is Record<string, unknown> {
   return typeof v === "object" && v !== null && !Array.isArray(v);
 }
 
+/**
+ * A value for an error message: its JSON text, cut to 60 characters. Written
+ * out only as far as needed: a hostile header's value may be megabytes long
+ * or nested far deeper than JSON.stringify can go (JSON.parse reads 200,000
+ * levels; JSON.stringify throws a RangeError, slowly, long before that).
+ */
 function describe(v: unknown): string {
-  const s = JSON.stringify(v);
-  return s === undefined ? String(v) : s.length > 60 ? `${s.slice(0, 57)}...` : s;
+  const MAX = 60;
+  let out = "";
+  const emit = (s: string) => {
+    out += s;
+    return out.length <= MAX;
+  };
+  const walk = (x: unknown): boolean => {
+    if (Array.isArray(x)) {
+      if (!emit("[")) return false;
+      for (let i = 0; i < x.length; i++) if ((i > 0 && !emit(",")) || !walk(x[i])) return false;
+      return emit("]");
+    }
+    if (typeof x === "object" && x !== null) {
+      if (!emit("{")) return false;
+      let first = true;
+      for (const [k, y] of Object.entries(x)) {
+        if ((!first && !emit(",")) || !emit(`${JSON.stringify(k)}:`) || !walk(y)) return false;
+        first = false;
+      }
+      return emit("}");
+    }
+    return emit(typeof x === "bigint" ? String(x) : (JSON.stringify(x) ?? String(x)));
+  };
+  walk(v);
+  return out.length > MAX ? `${out.slice(0, MAX - 3)}...` : out;
 }
 
 /** Reads and validates a safetensors file; tensor data are views into an mmap. */

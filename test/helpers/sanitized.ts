@@ -47,12 +47,17 @@ const drivers = new Map<string, Promise<string>>();
 
 /** Builds (once per process) test/c/<name>.c linked with the sanitized kernels; resolves to the executable. */
 export function sanitizedDriver(name: string): Promise<string> {
+  return sanitizedProgram(name, [join(ROOT, "test", "c", `${name}.c`)]);
+}
+
+/** Builds (once per process) the C sources linked with the sanitized kernels into an executable called name. */
+export function sanitizedProgram(name: string, sources: string[]): Promise<string> {
   let exe = drivers.get(name);
   if (!exe) {
     exe = (async () => {
       const { dir, objects } = await sanitizedKernels();
       const out = join(dir, basename(name));
-      await compile(["gcc", ...FLAGS, "-I", KERNELS, "-o", out, join(ROOT, "test", "c", `${name}.c`), ...objects, "-lm"]);
+      await compile(["gcc", ...FLAGS, "-I", KERNELS, "-o", out, ...sources, ...objects, "-lm"]);
       return out;
     })();
     drivers.set(name, exe);

@@ -18,6 +18,8 @@ export interface ErrorResponse {
 export interface TestServer {
   /** Base URL, e.g. http://127.0.0.1:41234 (no trailing slash). */
   url: string;
+  /** The server's process id (its memory is /proc/<pid>/status). */
+  pid: number;
   /** Everything the process wrote to stdout and stderr so far. */
   output(): string;
   /** POSTs a JSON body (or a raw string sent as-is) to `path`. */
@@ -89,6 +91,7 @@ export async function startServer(opts: ServerOptions = {}): Promise<TestServer>
 
   return {
     url,
+    pid: proc.pid,
     output,
     post: (path, body, headers = { "content-type": "application/json" }) =>
       fetch(`${url}${path}`, {

@@ -131,6 +131,16 @@ describe("safetensors validation: every bad file is a ModelFormatError naming th
     expectBad(rawFile({ __metadata__: { dim: 64 } }), /__metadata__\.dim must be a string, got 64/);
   });
 
+  test("values nested deeper than JSON.stringify can write are shown cut short", () => {
+    // JSON.parse reads 200,000 levels; JSON.stringify of them throws a RangeError.
+    const deep = (n: number) => `${"[".repeat(n)}${"]".repeat(n)}`;
+    const deepObject = (n: number) => `${'{"a":'.repeat(n)}1${"}".repeat(n)}`;
+    const n = 200_000;
+    expectBad(rawFile(null, undefined, { text: deep(n) }), /header must be a JSON object, got \[{57}\.\.\.$/);
+    expectBad(rawFile(null, undefined, { text: `{"__metadata__":{"dim":${deepObject(n)}}}` }), /__metadata__\.dim must be a string, got (\{"a":){11}\{"\.\.\.$/);
+    expectBad(rawFile(null, undefined, { text: `{"w":{"dtype":"F16","shape":${deep(n)},"data_offsets":[0,0]}}` }), /tensor "w": shape \[{57}\.\.\. has a dimension that is not a non-negative integer: \[{57}\.\.\.$/);
+  });
+
   test("tensor entries: not an object, bad dtype, bad shape, bad offsets", () => {
     const data = new Uint8Array(8);
     expectBad(rawFile({ w: 3 }, data), /tensor "w": entry must be an object/);

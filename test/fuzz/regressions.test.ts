@@ -1,0 +1,78 @@
+// Every saved fuzz finding (fuzz/regressions/, see docs/fuzzing.md) replayed
+// on every test run, so a fixed crash stays fixed:
+//   - model files (libFuzzer's and the validator fuzzer's, and the seed
+//     corpus) through the libFuzzer target itself, built without libFuzzer
+//     (fuzz/replay_main.c) under gcc's AddressSanitizer and UBSan: no
+//     sanitizer report, no abort;
+//   - the same files through the TypeScript loader: loaded, or refused with
+//     a ModelFormatError;
+//   - saved requests against a real server: no 5xx, still healthy.
+// Needs only gcc: it runs where clang and libFuzzer are absent.
+import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { mkdtempSync, readdirSync, readFileSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { writeSeedCorpus } from "../../fuzz/corpus.ts";
+import { serverProblems } from "../../fuzz/properties.ts";
+import { modelRegressionFiles, regressionFiles } from "../../fuzz/regressions.ts";
+import { checkHealthy, type FuzzRequest, send } from "../../fuzz/requests.ts";
+import { checkImage } from "../../fuzz/validator.ts";
+import { testTempDir } from "../helpers/models.ts";
+import { runSanitized, sanitizedProgram } from "../helpers/sanitized.ts";
+import { startServer } from "../helpers/server.ts";
+
+// Sanitized builds and runs are slow on a busy machine.
+setDefaultTimeout(300_000);
+
+const FUZZ = resolve(import.meta.dir, "../../fuzz");
+
+let seeds: string[] = [];
+beforeAll(() => {
+  const dir = join(testTempDir(), "fuzz-seeds");
+  writeSeedCorpus(dir);
+  seeds = readdirSync(dir).map((f) => join(dir, f));
+});
+
+describe("saved model-file findings and the seed corpus", () => {
+  test("there are saved findings to replay", () => {
+    // fuzz/regressions/validator/ holds at least the nested-header finding.
+    expect(modelRegressionFiles().length).toBeGreaterThan(0);
+  });
+
+  test("the C loader under ASan and UBSan: each file loads or is refused, no sanitizer report", async () => {
+    const exe = await sanitizedProgram("fuzz_model_load_replay", [join(FUZZ, "model_load.c"), join(FUZZ, "replay_main.c")]);
+    const files = [...seeds, ...modelRegressionFiles()];
+    // runSanitized throws on any sanitizer report; the target aborts on its own findings.
+    const r = runSanitized(exe, files);
+    expect(r.stderr).toBe("");
+    expect(r.code).toBe(0);
+    expect(r.stdout.trim().split("\n")).toEqual(files.map((f) => `ok ${f}`));
+  });
+
+  test("the TypeScript loader: each file loads or is refused with a ModelFormatError", () => {
+    const dir = mkdtempSync(join(testTempDir(), "fuzz-replay-"));
+    const verdicts = [...seeds, ...modelRegressionFiles()].map((f) => ({ f, v: checkImage(new Uint8Array(readFileSync(f)), dir) }));
+    // The valid seeds load; the corrupted seeds and the findings are refused,
+    // except duplicate keys: JSON.parse keeps the last one (the C loader refuses them).
+    for (const { f, v } of verdicts) {
+      const loads = /\/(fp16|fp16-tied|int4-head-int8|int2-head-fp16|corrupt-duplicate-key)\.safetensors$/.test(f);
+      expect({ f, loaded: v.loaded }).toEqual({ f, loaded: loads });
+    }
+  });
+});
+
+const requests = regressionFiles("requests");
+
+test.skipIf(requests.length === 0)("saved requests answer without a 5xx and leave the server healthy (skipped: none saved yet)", async () => {
+  const server = await startServer({ env: { SERVICE_MAX_SEQ_LEN: "256" } });
+  try {
+    for (const file of requests) {
+      const req = JSON.parse(readFileSync(file, "utf8")) as FuzzRequest;
+      const outcome = await send(server.url, req);
+      expect({ file, problem: outcome.problem }).toEqual({ file, problem: null });
+      expect({ file, health: await checkHealthy(server.url) }).toEqual({ file, health: null });
+    }
+    expect(await serverProblems(server.url, server.output())).toEqual([]);
+  } finally {
+    await server.stop();
+  }
+});
