@@ -15,7 +15,7 @@ import puppeteer, { type Browser, type Page } from "puppeteer-core";
 import { TRAINED_MODEL_PATH } from "../../src/model/trained.ts";
 import { agreement } from "../../src/playground/agreement.ts";
 import { testTempDir } from "../helpers/models.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { type ServerOptions, startServer, type TestServer } from "../helpers/server.ts";
 
 const CHROMIUM = "/usr/bin/chromium";
 const haveChromium = existsSync(CHROMIUM);
@@ -90,11 +90,39 @@ async function sendAndWait(text: string): Promise<string> {
   return (await lastReplyState()) ?? "";
 }
 
+const launchChromium = () => puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: ["--no-sandbox"] });
+
+/**
+ * A server and a browser of a describe block's own; `open()` loads the page
+ * in a new tab, waits until it is ready and collects its script errors.
+ */
+function ownServerAndBrowser(options: ServerOptions): () => Promise<{ p: Page; scriptErrors: string[] }> {
+  let own: TestServer | undefined;
+  let ownBrowser: Browser | undefined;
+  beforeAll(async () => {
+    own = await startServer(options);
+    ownBrowser = await launchChromium();
+  }, 120_000);
+  afterAll(async () => {
+    await ownBrowser?.close();
+    await own?.stop();
+  });
+  return async () => {
+    if (!own || !ownBrowser) throw new Error("the server or the browser did not start");
+    const p = await ownBrowser.newPage();
+    const scriptErrors: string[] = [];
+    p.on("pageerror", (e) => scriptErrors.push((e as Error).message));
+    await p.goto(`${own.url}/`, { waitUntil: "load" });
+    await p.waitForSelector("body[data-ready=true]", { timeout: WAIT_MS });
+    return { p, scriptErrors };
+  };
+}
+
 describe.skipIf(!haveChromium)("the playground in Chromium", () => {
   beforeAll(async () => {
     mkdirSync(SHOTS, { recursive: true });
     server = await startServer({ modelPath: TRAINED_MODEL_PATH, env: { SERVICE_MAX_SEQ_LEN: "512" } });
-    browser = await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: ["--no-sandbox"] });
+    browser = await launchChromium();
     page = await browser.newPage();
     page.on("console", (m) => {
       if (m.type() === "error" || m.type() === "warn") problems.push({ step, text: `console ${m.type()}: ${m.text()}` });
@@ -353,25 +381,10 @@ describe.skipIf(!haveChromium)("the playground in Chromium", () => {
 });
 
 describe.skipIf(!haveChromium)("the playground when the model is not loaded", () => {
-  let broken: TestServer;
-  let browser2: Browser;
-
-  beforeAll(async () => {
-    broken = await startServer({ modelPath: join(testTempDir(), "no-such-model.safetensors") });
-    browser2 = await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: ["--no-sandbox"] });
-  }, 120_000);
-
-  afterAll(async () => {
-    await browser2?.close();
-    await broken?.stop();
-  });
+  const open = ownServerAndBrowser({ modelPath: join(testTempDir(), "no-such-model.safetensors") });
 
   test("says why in the header, and a message gets the server's 503 reason; no script errors", async () => {
-    const p = await browser2.newPage();
-    const scriptErrors: string[] = [];
-    p.on("pageerror", (e) => scriptErrors.push((e as Error).message));
-    await p.goto(`${broken.url}/`, { waitUntil: "load" });
-    await p.waitForSelector("body[data-ready=true]", { timeout: WAIT_MS });
+    const { p, scriptErrors } = await open();
     const line = await p.$eval("#model-line", (n) => n.textContent ?? "");
     expect(line).toContain("not loaded");
     expect(line).toContain("no-such-model.safetensors");
@@ -391,25 +404,10 @@ describe.skipIf(!haveChromium)("the playground when the model is not loaded", ()
 
 describe.skipIf(!haveChromium)("the playground on a server with an API key", () => {
   const KEY = "playground-test-key";
-  let keyed: TestServer;
-  let browser3: Browser;
-
-  beforeAll(async () => {
-    keyed = await startServer({ modelPath: TRAINED_MODEL_PATH, env: { SERVICE_MAX_SEQ_LEN: "512", SERVICE_API_KEY: KEY } });
-    browser3 = await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: ["--no-sandbox"] });
-  }, 120_000);
-
-  afterAll(async () => {
-    await browser3?.close();
-    await keyed?.stop();
-  });
+  const open = ownServerAndBrowser({ modelPath: TRAINED_MODEL_PATH, env: { SERVICE_MAX_SEQ_LEN: "512", SERVICE_API_KEY: KEY } });
 
   test("asks for the key after the server's 401, then chats with it; a wrong key is asked for again", async () => {
-    const p = await browser3.newPage();
-    const scriptErrors: string[] = [];
-    p.on("pageerror", (e) => scriptErrors.push((e as Error).message));
-    await p.goto(`${keyed.url}/`, { waitUntil: "load" });
-    await p.waitForSelector("body[data-ready=true]", { timeout: WAIT_MS });
+    const { p, scriptErrors } = await open();
     expect(await p.$eval("#key-form", (n) => (n as HTMLFormElement).hidden)).toBe(false);
     expect(await p.$eval("#model-line", (n) => n.textContent ?? "")).toContain("HTTP 401");
 
