@@ -596,7 +596,7 @@ async function main(): Promise<number> {
       prefill: x.prefill >= 1.0 ? "met" : "MISSED",
     });
   }
-  printTable("issue 8 targets at 2 threads, loops 8", targets);
+  printTable("speed targets against llama.cpp at 2 threads, loops 8", targets);
 
   // ---- self-speculative decoding ----
   const specRows: Row[] = [];
