@@ -1,4 +1,4 @@
-// Key/value cache modes (DESIGN.md §3) on the benchmark model (dim 768, 12
+// Key/value cache modes (docs/kv-cache.md) on the benchmark model (dim 768, 12
 // heads, ffn 2048, vocab 50257, loops 8): prefill and decode tokens/s at 2
 // threads, cache bytes per token, and the quality cost against the fp16
 // cache on the same weights and prompts: mean KL(p_fp16-cache || p_mode) of

@@ -1,8 +1,9 @@
 // `bun run bench:peer`: loopserve against llama.cpp on the same model, same
-// machine, same run (issue 8).
+// machine, same run.
 //
 //   1. builds the kernel library, llama.cpp (cached outside the repo, from
-//      node-llama-cpp's source bundle) and the roofline probes
+//      node-llama-cpp's source bundle, which bench/peer/package.json pins and
+//      the first run installs into bench/peer/node_modules) and the roofline probes
 //   2. the benchmark model (dim 768, 12/12 heads, ffn 2048, vocab 50257,
 //      untied head, loops 8), exported to GGUF once per loop depth, quantized
 //      by llama-quantize to Q4_0 / Q2_K, and by `loopserve model quantize` to
@@ -595,7 +596,7 @@ async function main(): Promise<number> {
       prefill: x.prefill >= 1.0 ? "met" : "MISSED",
     });
   }
-  printTable("issue 8 targets at 2 threads, loops 8", targets);
+  printTable("speed targets against llama.cpp at 2 threads, loops 8", targets);
 
   // ---- self-speculative decoding ----
   const specRows: Row[] = [];

@@ -5,7 +5,7 @@
 // (shallow loops agree with deep ones, so drafts are accepted) and once on
 // the plain random model (drafts mostly rejected). Every speculative run is
 // checked token for token against the plain run. The tree runs twice: with
-// every top-K candidate as a leaf (SPEC.md's tree), and pruned to leaves the
+// every top-K candidate as a leaf (the default), and pruned to leaves the
 // draft gives at least 10% (Engine option draft.treeLeafMinProb).
 //
 //   bun bench/speculative.ts            the full table (a few minutes on 2 cores)

@@ -1,11 +1,12 @@
 /*
  * forward.c — runtime setup (pool, SIMD selection) and the forward pass of
- * the weight-shared looped block (DESIGN.md §2).
+ * the weight-shared looped block (docs/kernels.md).
  *
  * Work is split across output rows only (each task owns whole dot
  * products), so results do not depend on the thread count or on the task
- * split. Norms, RoPE and cache writes run inline on the calling thread: they
- * are too small to be worth waking the pool.
+ * split. Norms and RoPE run on the pool in blocks of tokens, each token's
+ * arithmetic the same whoever runs it (attention.c does the same for cache
+ * writes).
  */
 #include <cpuid.h>
 #include <math.h>

@@ -1,7 +1,7 @@
 /*
  * loopserve.h — the whole ABI of libloopserve.so.
  *
- * One weight-shared Llama-style block applied `loops` times (DESIGN.md §2).
+ * One weight-shared Llama-style block applied `loops` times (docs/kernels.md).
  * Every function is called from one thread (the server's JS thread); the
  * library parallelises internally with its own persistent thread pool.
  *
@@ -101,7 +101,7 @@ const char *ls_simd_name(int32_t simd);
 
 /* ---- model ---- */
 
-/* mmaps and validates a .safetensors model (DESIGN.md §2), starts the thread
+/* mmaps and validates a .safetensors model (docs/model-format.md), starts the thread
  * pool (n_threads <= 0: all online cores) and selects the SIMD path (simd is
  * LS_SIMD_*; asking for a path the CPU lacks is an error). On failure returns
  * NULL and writes why into err (naming the field or tensor at fault). */
@@ -140,7 +140,7 @@ int32_t ls_model_profile_read(ls_model *m, double *out, int32_t n, int32_t reset
 
 /* ---- session: one request's KV cache ---- */
 
-/* ---- key/value cache modes (DESIGN.md §3), fixed per session ----
+/* ---- key/value cache modes (docs/kv-cache.md), fixed per session ----
  *
  * kv_mode = one format, optionally ORed with flags. Every row (one loop,
  * position and kv head: head_dim values of K or of V) is stored on its own:
@@ -242,7 +242,7 @@ int32_t ls_sample(const float *logits, int32_t vocab, const int32_t *history,
                   float top_p, float repetition_penalty, uint64_t seed,
                   uint64_t counter);
 
-/* ---- speculative decoding (spec.c, DESIGN.md §4) ---- */
+/* ---- speculative decoding (spec.c, docs/speculative.md) ---- */
 
 #define LS_SPEC_MAX_AHEAD 16    /* draft_ahead: tokens drafted per cycle (chain) or tree depth */
 #define LS_SPEC_MAX_BRANCHES 16 /* k_branches */

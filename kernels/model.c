@@ -1,5 +1,5 @@
 /*
- * model.c — maps and validates a loopserve .safetensors file (DESIGN.md §2).
+ * model.c — maps and validates a loopserve .safetensors file (docs/model-format.md).
  *
  * Layout: 8-byte little-endian header length N, N bytes of JSON, then the
  * data region; each tensor's data_offsets are relative to the data region.

@@ -5,7 +5,7 @@
  * ls_runtime_init. Only ops_avx2.c / ops_avx512.c contain those
  * instructions; nothing else may call into them before the CPU check.
  *
- * Batch invariance (DESIGN.md §3) is a property of every kernel here: the
+ * Batch invariance (docs/kernels.md) is a property of every kernel here: the
  * value of one output element is computed by the same sequence of operations
  * whatever T, the row range [o0, o1) it is part of, or the thread running it.
  * In matmul_f16 each (token, row) dot product walks the inputs in the same

@@ -2,7 +2,7 @@
  * quant.h — quantized-weight matmul (int4 / int2 blocks, int8 output head).
  * Not ABI. The weight packing is written down in loopserve.h.
  *
- * Scheme (DESIGN.md §3): each activation row (one token) is quantized to
+ * Scheme (docs/kernels.md): each activation row (one token) is quantized to
  * int8 with one fp32 scale, then every group of `group` inputs is an exact
  * integer dot product with the stored codes. One matmul call is
  *

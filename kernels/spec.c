@@ -1,5 +1,5 @@
 /*
- * spec.c — self-speculative decoding (DESIGN.md §4): ls_spec_cycle.
+ * spec.c — self-speculative decoding (docs/speculative.md): ls_spec_cycle.
  *
  * State between cycles: positions [0, p) committed in the caches of loops
  * [0, V) and in the history, plus a pending token x (sampled, not yet fed).
@@ -10,7 +10,7 @@
  *           token's loop-D hidden state is kept.
  *   verify  ONE batched pass resumes those k+1 states at loop D and runs
  *           loops [D, V) (loops 0..D-1 are never recomputed: their rows are
- *           exactly what a V-loop decode writes, DESIGN.md §2); then the
+ *           exactly what a V-loop decode writes); then the
  *           fp16 head gives the verifier's token after each of them.
  *   accept  d1..dj, the longest prefix the verifier agrees with, plus the
  *           verifier's own token after dj: j + 1 new tokens. Every loop's
@@ -47,10 +47,10 @@
  *
  * Draft head: the output head (vocab x dim) costs several loops of the
  * block, and the draft runs it once per drafted token, unbatched. By
- * default a draft scores every token with an int4 copy of the head and
+ * default a draft scores every token with a 2-bit copy of the head and
  * scores the best DRAFT_EXACT of those again with the model's own head
  * (draft_head.c): a proposal only has to be likely, and the greedy one is
- * the exact head's choice whenever that is among the int4 head's best.
+ * the exact head's choice whenever that is among the 2-bit head's best.
  * Verification always uses the model's head. LS_SPEC_EXACT_DRAFT_HEAD
  * drafts with the model's head everywhere.
  *
@@ -712,7 +712,7 @@ int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_param
         return LS_ERR_ARG;
     if (c.K > 1 && c.temperature != 0.0f) return LS_ERR_ARG; /* tree speculation is greedy only */
     /* ...and needs the plain fp16 cache: an accepted leaf's rows are moved
-     * into place as fp16 rows (DESIGN.md §4 refuses the compressed modes) */
+     * into place as fp16 rows, so the compressed modes are refused) */
     if (c.K > 1 && s->kv_mode != LS_KV_FP16) return LS_ERR_ARG;
     if ((prm->flags & ~(LS_SPEC_EXACT_DRAFT_HEAD | LS_SPEC_TEST_ACCEPT_ALL)) != 0) return LS_ERR_ARG;
     if (!(c.leaf_min_prob >= 0.0f && c.leaf_min_prob <= 1.0f)) return LS_ERR_ARG;

@@ -1,5 +1,5 @@
 // Service configuration: every environment variable loopserve reads is read
-// here and nowhere else (SPEC.md §1 "Configuration", DESIGN.md §3 and §7).
+// here and nowhere else (the README's settings table lists them).
 // loadConfig validates everything up front so a bad setting stops the start
 // with a message naming the variable and the value, instead of surfacing
 // later as a confusing request failure.
@@ -15,7 +15,7 @@ export class ConfigError extends Error {}
 
 export type SimdChoice = "auto" | "portable" | "avx2" | "avx512";
 
-/** Cache modes the kernels implement (every mode of DESIGN.md §3); any other mode stops the start. */
+/** Cache modes the kernels implement (docs/kv-cache.md); any other mode stops the start. */
 export const SUPPORTED_KV_CACHE_MODES: readonly KvCacheMode[] = KV_CACHE_MODES;
 
 export interface Config {
@@ -123,7 +123,7 @@ function flag(env: Env, name: string): boolean {
   throw new ConfigError(`${name} must be 1 or 0 (or true/false), got ${describe(raw)}`);
 }
 
-// ---- key/value cache mode (DESIGN.md §3) ----
+// ---- key/value cache mode (docs/kv-cache.md) ----
 
 function kvCacheMode(env: Env): { mode: KvCacheMode; fp16AttnQkv: boolean } {
   const hMode = flag(env, "SERVICE_KV_H_MODE");

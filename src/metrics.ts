@@ -1,5 +1,5 @@
-// The service's Prometheus registry: exactly the series of SPEC.md section 4
-// (/metrics) plus the speculative-decoding token counters and prom-client's
+// The service's Prometheus registry: exactly the series docs/http.md lists
+// for /metrics, plus the speculative-decoding token counters and prom-client's
 // default process metrics. One registry per server instance (never the
 // global one), so tests can run several servers in one process.
 //
@@ -54,7 +54,7 @@ export class ServiceMetrics {
   readonly queueDepth: Gauge; // requests in state queued
   readonly requestsInFlight: Gauge; // requests in state running (0 or 1)
 
-  // ---- counters (names end in _total as SPEC.md writes them; prom-client
+  // ---- counters (names end in _total as the documented series do; prom-client
   // adds no suffix in the Prometheus text format) ----
   readonly submitted: Counter;
   readonly rejected: Counter;

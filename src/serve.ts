@@ -158,7 +158,7 @@ export async function runServe(argv: string[]): Promise<number> {
   });
   let server: ReturnType<typeof Bun.serve>;
   try {
-    // idleTimeout 0: no server-side timeout (SPEC.md §1); a long non-streaming
+    // idleTimeout 0: no server-side timeout (docs/http.md); a long non-streaming
     // generation sends nothing until it is done. Bun answers a body over
     // maxRequestBodySize itself with an empty 413, so its limit is kept above
     // SERVICE_MAX_BODY_BYTES and the app answers 413 in the error shape.

@@ -1,7 +1,8 @@
 // GPT-2 byte-pair encoding via tiktoken's WASM build, bundled so nothing is
 // ever downloaded and the same code works under `bun run` and inside the
-// `bun build --compile` executable (TOOLCHAIN.md: the WASM must be imported
-// as a file from tiktoken/lite and instantiated from its bytes).
+// `bun build --compile` executable (there the package's default import
+// cannot find its WASM: it must be imported as a file from tiktoken/lite and
+// instantiated from its bytes).
 //
 // Choices:
 // - Text is encoded as ordinary text: a literal "<|endoftext|>" in a prompt

@@ -1,4 +1,4 @@
-// The single executable (DESIGN.md §7): `bun run build` makes dist/loopserve;
+// The single executable (docs/architecture.md#build): `bun run build` makes dist/loopserve;
 // copied ALONE into an empty directory and run there with a bare environment
 // (no node_modules, no build directory, no source tree), it writes a model,
 // serves it, and answers a chat completion, a native generation, /metrics

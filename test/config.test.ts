@@ -6,7 +6,7 @@ import pkg from "../package.json" with { type: "json" };
 import { ConfigError, loadConfig } from "../src/config.ts";
 
 describe("configuration", () => {
-  test("defaults match SPEC.md", () => {
+  test("defaults match the README's settings table", () => {
     const c = loadConfig({});
     expect(c).toMatchObject({
       modelPath: null,

@@ -2,11 +2,11 @@ import { describe, expect, test } from "bun:test";
 import { LATENCY_BUCKETS_MS, ServiceMetrics } from "../src/metrics.ts";
 import { parsePrometheusText, sampleValue, SPEC_SERIES, SPECULATIVE_SERIES } from "./scheduler/prom_text.ts";
 
-// SPEC.md section 4, /metrics, plus the speculative-decoding counters.
+// The documented /metrics series (docs/http.md#ops), speculative-decoding counters included.
 const SERVICE_SERIES = { ...SPEC_SERIES, ...SPECULATIVE_SERIES };
 
 describe("metrics", () => {
-  test("exposition parses as Prometheus text with exactly SPEC.md's service_ series, names and types", async () => {
+  test("exposition parses as Prometheus text with exactly the documented service_ series, names and types", async () => {
     const m = new ServiceMetrics({ maxSeqLen: 2048, defaultLoops: 8, upTimestampSeconds: 1_700_000_000 });
     const families = parsePrometheusText(await m.metricsText());
     const service = [...families.values()].filter((f) => f.name.startsWith("service_"));

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's llama-bench, llama-quantize and loopserve's greedy/logits
 # probe (llama-greedy.cpp beside this script) from the source bundle that the
-# node-llama-cpp npm package ships, for the native CPU, CPU only. Built once
+# node-llama-cpp npm package ships (bench/peer's own dependency, installed by
+# bench/peer/llama.ts on first use), for the native CPU, CPU only. Built once
 # per bundle and cached outside the repository; never commit what it makes.
 #
 # usage: build-llama.sh BUNDLE CACHE_DIR
-#   BUNDLE     node_modules/node-llama-cpp/llama/gitRelease.bundle
+#   BUNDLE     bench/peer/node_modules/node-llama-cpp/llama/gitRelease.bundle
 #   CACHE_DIR  e.g. ~/.cache/loopserve-peer
 # Prints the directory holding the three executables as its last line.
 # Environment: LLAMA_BUILD_JOBS (default: nproc).
@@ -19,7 +20,7 @@ CACHE=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
 GREEDY_SRC=$HERE/llama-greedy.cpp
 
-[ -f "$BUNDLE" ] || die "llama.cpp source bundle not found at $BUNDLE (run npm ci / bun install: node-llama-cpp is a devDependency)"
+[ -f "$BUNDLE" ] || die "llama.cpp source bundle not found at $BUNDLE (npm ci --prefix bench/peer installs it)"
 for tool in git cmake c++ cc; do
   command -v "$tool" >/dev/null || die "'$tool' is not installed (Debian: apt-get install git cmake build-essential)"
 done

@@ -1,14 +1,35 @@
 // llama.cpp for bench/peer.ts: built from the source bundle the
-// node-llama-cpp devDependency ships (never from its prebuilt binaries, never
+// node-llama-cpp package ships (never from its prebuilt binaries, never
 // through its JavaScript generation loop, which adds ~10 ms a token), once,
-// into a cache outside the repository.
+// into a cache outside the repository. The package is this directory's own
+// dependency (bench/peer/package.json), installed here on first use, so the
+// project's install never carries its hundreds of megabytes of binaries.
 import { existsSync, mkdirSync, readFileSync, statSync, unlinkSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
 import { median, PeerBenchError, requireTool, run } from "./system.ts";
 
-const REPO = join(import.meta.dir, "..", "..");
-export const BUNDLE = join(REPO, "node_modules", "node-llama-cpp", "llama", "gitRelease.bundle");
+const PEER_PACKAGE = import.meta.dir;
+export const BUNDLE = join(PEER_PACKAGE, "node_modules", "node-llama-cpp", "llama", "gitRelease.bundle");
+
+/**
+ * Installs bench/peer's pinned node-llama-cpp (its lock file, no scripts, no
+ * optional prebuilt binaries: only the source bundle is used) when the bundle
+ * is missing; a no-op afterwards.
+ */
+export function ensureLlamaBundle(): void {
+  if (existsSync(BUNDLE)) return;
+  requireTool("npm", "install Node.js and npm (Debian: apt-get install npm)");
+  console.error(
+    `bench:peer: installing node-llama-cpp (llama.cpp's source bundle) into ${join(PEER_PACKAGE, "node_modules")}, once (about 60 MB)`,
+  );
+  run(["npm", "ci", "--prefix", PEER_PACKAGE, "--omit=optional", "--ignore-scripts", "--no-audit", "--no-fund"], {
+    stderrToTerminal: true,
+  });
+  if (!existsSync(BUNDLE)) {
+    throw new PeerBenchError(`npm ci --prefix ${PEER_PACKAGE} finished, but ${BUNDLE} is missing`);
+  }
+}
 
 /** Where llama.cpp builds, exported models and probe binaries live (never the repo). */
 export function cacheDir(): string {
@@ -29,11 +50,7 @@ export interface LlamaTools {
 
 /** Builds (first time: 5-10 minutes on 2 cores) or finds the cached llama.cpp tools. */
 export function llamaTools(): LlamaTools {
-  if (!existsSync(BUNDLE)) {
-    throw new PeerBenchError(
-      `llama.cpp source bundle not found at ${BUNDLE}: run \`npm ci\` (node-llama-cpp is a devDependency)`,
-    );
-  }
+  ensureLlamaBundle();
   const hint = "Debian: apt-get install git cmake build-essential";
   for (const t of ["git", "cmake", "c++", "cc"]) requireTool(t, hint);
   const script = join(import.meta.dir, "build-llama.sh");

@@ -242,7 +242,7 @@ export class NativeModel {
     return this.handle;
   }
 
-  /** A session with its own key/value cache in the given mode (default fp16; DESIGN.md §3). */
+  /** A session with its own key/value cache in the given mode (default fp16; docs/kv-cache.md). */
   newSession(maxSeq: number, loops: number, cacheWindow: number, kv: KvCacheSettings = FP16_CACHE): NativeSession {
     const err = new Uint8Array(ERR_LEN);
     const code = kvModeCode(kvModeSpec(kv.mode, kv.fp16AttnQkv ?? false));

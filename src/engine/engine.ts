@@ -25,7 +25,7 @@ export interface EngineOptions {
   cacheHome?: string | null;
   /** How speculative requests draft (src/engine/speculative.ts; kernels/spec.c explains the choices). */
   draft?: DraftOptions;
-  /** Key/value cache mode of every session (DESIGN.md §3; default fp16). */
+  /** Key/value cache mode of every session (docs/kv-cache.md; default fp16). */
   kvCacheMode?: KvCacheMode;
   /** With an H mode: q, k, v rounded to fp16 before the rotation (SERVICE_H_MODE_FP16_ATTN_QKV). */
   hModeFp16AttnQkv?: boolean;
@@ -159,7 +159,7 @@ export class Engine {
     const plan = planSpeculative(req);
     if (plan && !this.model.hasSpeculative)
       throw new EngineRequestError(`mode '${plan.mode}' is not available: this kernel library has no speculative decoding`);
-    // Tree verification moves accepted leaves' fp16 cache rows (kernels/spec.c): fp16 cache only (DESIGN.md §4).
+    // Tree verification moves accepted leaves' fp16 cache rows (kernels/spec.c): fp16 cache only.
     if (plan?.mode === "tree_speculative" && this.kv.mode !== "fp16")
       throw new EngineRequestError(
         `tree_speculative needs the fp16 key/value cache, but this engine runs kv_cache_mode ${this.kv.mode} (use mode speculative)`,
@@ -271,7 +271,7 @@ export class Engine {
     } catch (e) {
       // Requests are validated before they reach the kernels, so a kernel
       // error here is the engine's own fault: finish_reason "error" with the
-      // tokens so far (SPEC.md §2), counted as errored.
+      // tokens so far (docs/http.md#responses), counted as errored.
       if (!(e instanceof NativeError)) throw e;
       log.error(`engine error after ${tokens.length} tokens: ${e.message}`);
       return done("error");

@@ -1,4 +1,4 @@
-// Where the kernel library comes from (DESIGN.md §7).
+// Where the kernel library comes from (docs/architecture.md#start-up-and-shutdown).
 //
 // 1. SERVICE_BUILD_DIR (the caller passes it: src/config.ts owns the
 //    environment) holding libloopserve.so: used as is. This is the repo case
@@ -11,7 +11,7 @@
 // Why extract ourselves instead of dlopening the embedded path (which Bun
 // supports by writing $TMPDIR/.bun-<uid>-<hash>.so): that copy lands in a
 // shared, possibly noexec or unwritable TMPDIR on every start, and an
-// unwritable TMPDIR fails with a misleading "No such file" (TOOLCHAIN.md).
+// unwritable TMPDIR fails with a misleading "No such file" from dlopen.
 // A cache directory we choose is written once per library version and
 // checked here with a clear message.
 //

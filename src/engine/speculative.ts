@@ -1,4 +1,4 @@
-// Self-speculative decoding, engine side (DESIGN.md §4): which requests run
+// Self-speculative decoding, engine side (docs/speculative.md): which requests run
 // speculatively and with what settings, and the per-request statistics. The
 // cycle itself — draft at draftLoops, one batched verify at loops, accept,
 // roll back — is one C call (ls_spec_cycle, kernels/spec.c) per step.
@@ -82,7 +82,7 @@ export interface DraftOptions {
   draftHead?: DraftHead;
   /**
    * Tree: top-K candidates the draft gives less probability than this are
-   * not verified (default 0: every candidate, the tree SPEC.md describes).
+   * not verified (default 0: every candidate is verified).
    * On a CPU a verified row costs nearly a plain step while a leaf adds at
    * most one token, so e.g. 0.1 keeps the tree from costing more than the
    * chain; the output is exact either way.

@@ -29,7 +29,7 @@ export interface SamplingParams {
   seed: number; // non-negative integer
 }
 
-/** Generation paths (DESIGN.md §4). */
+/** Generation paths (docs/speculative.md). */
 export type GenerationMode = "generate" | "speculative" | "tree_speculative";
 
 export interface GenerateRequest {
@@ -43,7 +43,7 @@ export interface GenerateRequest {
   cacheWindow: number; // 0 = full
   /** Default "generate". The speculative modes take the four fields below. */
   mode?: GenerationMode;
-  /** Loop depth of the draft pass, 1..loops (default 2, capped at loops). */
+  /** Loop depth of the draft pass, 1..64, deeper than loops allowed (default 2, capped at loops). */
   draftLoops?: number;
   /** Loop depth of the verify pass; when given it must equal `loops`. */
   verifyLoops?: number;

@@ -1,4 +1,4 @@
-// Chat messages → one prompt text (DESIGN.md §6). The model has no
+// Chat messages → one prompt text (docs/http.md#requests). The model has no
 // chat-tuned tokenizer or special tokens, so the template is plain text:
 // one line per message, `System: …`, `User: …` or `Assistant: …`, then
 // `Assistant:` on its own line to prompt the reply. For example

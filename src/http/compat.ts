@@ -1,12 +1,12 @@
 // Compat family: GET /v1/models, POST /v1/chat/completions, POST
-// /v1/completions (SPEC.md §2, §4, §6; DESIGN.md §6). A standard OpenAI
+// /v1/completions (docs/http.md, docs/openai-compat.md). A standard OpenAI
 // client pointed at {base}/v1 works unchanged.
 //
 // The extended family (/api/v0, extended.ts) runs through the same handlers:
 // it adds request knobs and response sections through an Extension, so the
 // two families cannot drift apart.
 //
-// Decisions where SPEC.md leaves room:
+// Choices this family makes:
 // - `max_completion_tokens` (newer clients) is an alias of `max_tokens`;
 //   both may be sent only with the same value.
 // - `seed` unset: a fresh random sample seed per request.
@@ -20,7 +20,7 @@
 //   naming the field; text completions also refuse a non-empty `suffix`.
 //   `best_of` and `n` must be 1 (schemas.ts).
 // - A message role outside system/user/assistant is a 400 (a value outside
-//   an enum, DESIGN.md §6); a missing role or content is a 422.
+//   an enum); a missing role or content is a 422.
 // - Streams: the role chunk is held until the scheduler starts the request,
 //   so a request refused in the queue still gets a plain 503. With
 //   `stream_options.include_usage` every chunk carries `usage: null` and a
@@ -119,7 +119,7 @@ export interface Extension {
   sections(done: Completion, request: GenerateRequest): Record<string, unknown>;
 }
 
-// ---- request → engine job (SPEC.md §4 order: range, then length, then engine loaded) ----
+// ---- request → engine job (validation order: range, then length, then engine loaded) ----
 
 type SamplingBody = ChatCompletionBody | CompletionBody;
 
@@ -184,7 +184,7 @@ function requestedMaxTokens(body: SamplingBody, scoring: boolean): number {
   return b ?? a ?? D.max_tokens;
 }
 
-/** SPEC.md §4: both penalties collapse into one repetition penalty. */
+/** Both penalties collapse into one repetition penalty (docs/http.md#requests). */
 export function foldPenalties(presence: number, frequency: number): number {
   return 1 + Math.max(0, presence + frequency) / 2;
 }
@@ -237,7 +237,7 @@ async function chatJob(deps: AppDeps, body: ChatCompletionBody, ext?: Extension)
   return resolve(deps, body, prompt, { maxTokens, echo: "", logprobs, promptLogprobs: false }, ext);
 }
 
-/** SPEC.md §4: of several prompts, only the first is used; an id array is one prompt. */
+/** Of several prompts, only the first is used; an id array is one prompt. */
 function firstPrompt(p: CompletionBody["prompt"]): { prompt: string | number[]; param: string } {
   if (typeof p === "string") return { prompt: p, param: "prompt" };
   const first = p[0];
@@ -368,7 +368,7 @@ async function respond<S>(deps: AppDeps, job: CompatJob, framing: Framing<S>, ht
     const pending: S[] = [];
     const takePending = () => (writer && pending.length > 0 ? writer.join(pending.splice(0)) : null);
     const text = (t: string) => {
-      if (t !== "") send(chunk(framing.delta(t, takePending()))); // SPEC.md §6: no empty deltas
+      if (t !== "") send(chunk(framing.delta(t, takePending()))); // no empty deltas
     };
     const onToken: DeltaSink = (id, t, logprob) => {
       if (writer && logprob) pending.push(writer.generated([id], [logprob]));

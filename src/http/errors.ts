@@ -1,6 +1,6 @@
 // Every HTTP error, in one place: OpenAI's body shape
 // {"error": {"message", "type", "param", "code"}} and one map from error kind
-// to status (DESIGN.md §6):
+// to status (docs/http.md#errors):
 //   422  the body has the wrong shape (missing property, wrong type)
 //   400  a value out of range / not allowed, unreadable JSON, a request the
 //        engine refuses, prompt + max_tokens over the sequence limit

@@ -1,5 +1,5 @@
 // Extended family: GET /api/v0/models, POST /api/v0/chat/completions, POST
-// /api/v0/completions (SPEC.md §2 "Extended-family response sections", §4).
+// /api/v0/completions (docs/http.md#responses).
 // The compat handlers do the work; this family adds its request knobs (mode,
 // speculative knobs, cache_window, repetition_penalty, priority, slo_ms)
 // and the `stats`, `model_info` and `runtime` sections, which a stream
@@ -63,7 +63,7 @@ function extension(deps: AppDeps, knobs: ExtendedKnobs & { temperature?: number 
     scheduling: { priority: knobs.priority, sloMs: knobs.slo_ms },
     request: spec,
     sections: (done, request) => ({
-      // loops_used: verify_loops for the speculative modes, loops for plain generate (SPEC.md §2).
+      // loops_used: verify_loops for the speculative modes, loops for plain generate.
       stats: mode === "generate" ? nativeStats(done, mode, request.loops) : speculativeStats(done, mode, request.loops),
       model_info: loadedModelInfo(deps),
       runtime: runtimeSection(deps.config),

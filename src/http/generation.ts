@@ -11,7 +11,7 @@ import { SchedulerRejection } from "../scheduler/scheduler.ts";
 import { badRequest, HttpError, outOfRange, unavailable } from "./errors.ts";
 import { currentRequest } from "./request_context.ts";
 
-/** How a request asks to be scheduled (DESIGN.md §5). */
+/** How a request asks to be scheduled (docs/scheduling.md). */
 export interface Scheduling {
   priority?: number | null;
   sloMs?: number | null;
@@ -51,7 +51,7 @@ export function requireEngine(deps: AppDeps): GenerationEngine {
   return deps.engine;
 }
 
-// ---- prompt and limits (SPEC.md §4 validation order: range, then length) ----
+// ---- prompt and limits (validation order: range, then length; docs/http.md) ----
 
 /**
  * The ids of a text prompt, encoded off the event loop when long. A text of
@@ -136,7 +136,7 @@ export interface Completion {
  */
 export type DeltaSink = (tokenId: number, text: string, logprob?: TokenLogprob) => void;
 
-/** Streams report an engine failure as an error event (DESIGN.md §6) rather than as a finish_reason. */
+/** Streams report an engine failure as an error event (docs/http.md#streaming) rather than as a finish_reason. */
 export function completedForStream<C extends { finishReason: HttpFinishReason }>(c: C): C {
   if (c.finishReason === "error")
     throw new HttpError(500, "the engine failed while generating (see the server log)", "server_error", null, "engine_error");

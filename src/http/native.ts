@@ -1,4 +1,4 @@
-// Native family: POST /generate (SPEC.md §4, native framing of §6).
+// Native family: POST /generate (docs/http.md, native stream framing included).
 // Handlers stay thin: resolve the body into an engine request (schema →
 // range → length → engine loaded), run it, frame the result.
 import { Elysia } from "elysia";

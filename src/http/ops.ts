@@ -1,4 +1,4 @@
-// Operational endpoints: GET /healthz and GET /metrics (SPEC.md §4).
+// Operational endpoints: GET /healthz and GET /metrics (docs/http.md#ops).
 import { Elysia } from "elysia";
 import type { AppDeps } from "./generation.ts";
 import { requireEngine } from "./generation.ts";

@@ -2,8 +2,8 @@
 // type (Static<>), its validation and its bounds. Shape failures (missing
 // property, wrong type) become 422 and bound failures 400 in errors.ts.
 //
-// Optional fields also accept null, meaning "unset" (SPEC.md gives several
-// optional fields a null default, and many clients send null for "not set").
+// Optional fields also accept null, meaning "unset" (several optional fields
+// default to null, and many clients send null for "not set").
 import { type Static, type TSchema, Type as T } from "@sinclair/typebox";
 import { MAX_TOP_LOGPROBS } from "../engine/logprobs.ts";
 
@@ -11,7 +11,7 @@ const optional = <S extends TSchema>(schema: S) => T.Optional(T.Union([schema, T
 
 export const MAX_TOKENS_LIMIT = 8192;
 
-// ---- scheduling knobs shared by the native and extended families (DESIGN.md §5) ----
+// ---- scheduling knobs shared by the native and extended families (docs/scheduling.md) ----
 
 export const PRIORITY_LIMIT = 1000;
 
@@ -22,7 +22,7 @@ export const SchedulingFields = {
   slo_ms: optional(T.Integer({ minimum: 1 })),
 };
 
-// ---- native family: POST /generate (SPEC.md §4) ----
+// ---- native family: POST /generate (docs/http.md#native) ----
 
 export const NATIVE_DEFAULTS = {
   max_tokens: 128,
@@ -65,13 +65,13 @@ export const GenerateBody = T.Object({
 });
 export type GenerateBody = Static<typeof GenerateBody>;
 
-// ---- compat family: /v1/chat/completions, /v1/completions (SPEC.md §4) ----
+// ---- compat family: /v1/chat/completions, /v1/completions (docs/http.md#requests) ----
 
 export const COMPAT_DEFAULTS = {
   max_tokens: 128,
   temperature: 1,
   top_p: 1,
-  /** Not a request field: SPEC.md keeps a top-k of 50 always active. */
+  /** Not a request field: a top-k of 50 is always active on this family. */
   top_k: 50,
   presence_penalty: 0,
   frequency_penalty: 0,
@@ -88,8 +88,8 @@ export const CompatStop = T.Union([T.String({ minLength: 1 }), T.Array(T.String(
  * Sampling fields shared by chat and text completions (and, through them, the
  * extended family). Fields a standard client may send that are not listed
  * here (parallel_tool_calls, user, logit_bias, metadata, store,
- * service_tier, ...) are stripped by the validator: accepted and ignored, as
- * SPEC.md §4 says.
+ * service_tier, ...) are stripped by the validator: accepted and ignored
+ * (docs/openai-compat.md).
  */
 export const CompatSamplingFields = {
   /** Echoed into the response; any string. */
@@ -111,7 +111,7 @@ export const CompatSamplingFields = {
   /** Extension: loop depth; the model's default_loops when unset. */
   loops: optional(T.Integer({ minimum: 1, maximum: 64 })),
   // Declared only so the handlers see them and refuse them with a 400 naming
-  // the field (DESIGN.md §6: never silently ignored); see compat.ts.
+  // the field (never silently ignored, docs/http.md); see compat.ts.
   response_format: T.Optional(T.Unknown()),
   tools: T.Optional(T.Unknown()),
   tool_choice: T.Optional(T.Unknown()),
@@ -141,7 +141,7 @@ const ChatFields = {
   top_logprobs: optional(T.Integer({ minimum: 0, maximum: MAX_TOP_LOGPROBS })),
 };
 
-/** Text, several texts (only the first is used, SPEC.md §4), pre-tokenised ids, or several id lists (likewise). */
+/** Text, several texts (only the first is used), pre-tokenised ids, or several id lists (likewise). */
 export const CompletionPrompt = T.Union([
   T.String({ minLength: 1 }),
   T.Array(T.String({ minLength: 1 }), { minItems: 1 }),
@@ -176,12 +176,12 @@ export type ChatCompletionBody = Static<typeof ChatCompletionBody>;
 export const CompletionBody = T.Object(CompletionFields);
 export type CompletionBody = Static<typeof CompletionBody>;
 
-// ---- extended family: /api/v0/* (SPEC.md §4) = compat fields + these ----
+// ---- extended family: /api/v0/* = compat fields + these ----
 
 export const GenerationMode = T.Union([T.Literal("generate"), T.Literal("speculative"), T.Literal("tree_speculative")]);
 export type GenerationMode = Static<typeof GenerationMode>;
 
-/** Self-speculative decoding knobs; ranges as the native endpoints give them (SPEC.md §8). */
+/** Self-speculative decoding knobs, the same on the native and extended families (docs/speculative.md). */
 export const SpeculativeFields = {
   draft_loops: optional(T.Integer({ minimum: 1, maximum: 32 })),
   verify_loops: optional(T.Integer({ minimum: 1, maximum: 64 })),

@@ -1,5 +1,5 @@
 // Native speculative family: POST /generate/speculative and
-// /generate/tree_speculative (SPEC.md §4, DESIGN.md §4). Every /generate
+// /generate/tree_speculative (docs/http.md, docs/speculative.md). Every /generate
 // field plus the speculative knobs; `stream` is accepted and ignored (one
 // JSON body); `loops` is accepted and ignored (the verify depth is
 // verify_loops, reported as loops_used).
@@ -25,7 +25,7 @@ import {
 import { logprobsField, logprobsKnob, nativeStats } from "./native.ts";
 import { NATIVE_DEFAULTS as D, EXTENDED_DEFAULTS as E, GenerateBody, type GenerationMode, SpeculativeFields } from "./schemas.ts";
 
-// ---- request bodies: /generate's fields plus the knobs (ranges of SPEC.md §8) ----
+// ---- request bodies: /generate's fields plus the knobs ----
 
 const { draft_loops, verify_loops, draft_ahead, K_branches } = SpeculativeFields;
 
@@ -35,7 +35,7 @@ export type SpeculativeBody = Static<typeof SpeculativeBody>;
 export const TreeSpeculativeBody = T.Object({ ...SpeculativeBody.properties, K_branches });
 export type TreeSpeculativeBody = Static<typeof TreeSpeculativeBody>;
 
-/** Most tree nodes verified in one call (K_branches * draft_ahead), SPEC.md §8. */
+/** Most tree nodes verified in one call (K_branches * draft_ahead). */
 export const MAX_TREE_NODES = 64;
 
 // ---- knobs → engine request fields (shared with the extended family) ----
@@ -54,7 +54,7 @@ export type SpeculativeRequestFields = Required<Pick<GenerateRequest, "mode" | "
 
 /**
  * Range checks that go beyond each field's own bounds (400 naming the
- * constraint), in SPEC.md's order before the length check: for the tree,
+ * constraint), before the length check (docs/http.md#validation-order): for the tree,
  * K_branches * draft_ahead <= 64, greedy sampling and the fp16 key/value
  * cache. draft_loops and verify_loops are independent: a draft deeper than
  * the verifier is slower but exact (kernels/spec.c).
@@ -101,7 +101,7 @@ export function speculativeStats(c: Completion, mode: SpeculativeMode, verifyLoo
 // ---- the two endpoints ----
 
 async function generate(deps: AppDeps, body: TreeSpeculativeBody, httpRequest: Request, mode: SpeculativeMode): Promise<Response> {
-  // SPEC.md §4 order: (schema, done) → range → length → engine loaded → admission.
+  // Validation order (docs/http.md): (schema, done) → range → length → engine loaded → admission.
   const maxTokens = body.max_tokens ?? D.max_tokens;
   const cacheWindow = body.cache_window ?? D.cache_window;
   const temperature = body.temperature ?? D.temperature;

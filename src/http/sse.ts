@@ -1,4 +1,4 @@
-// Server-sent-event framing shared by every endpoint family (SPEC.md §6):
+// Server-sent-event framing shared by every endpoint family (docs/http.md#streaming):
 // one `data:` line per event, a blank line after it, `data: [DONE]` last.
 // A client that goes away aborts the signal handed to the producer, so the
 // engine stops at its next step.

@@ -1,4 +1,4 @@
-// The loopserve model schema (DESIGN.md §2) on top of safetensors.
+// The loopserve model schema (docs/model-format.md) on top of safetensors.
 //
 // kernels/model.c checks the same rules independently; both must accept and
 // reject the same files, and their messages name the same field or tensor.

@@ -3,7 +3,7 @@
 // by bench/peer.ts).
 //
 // Unrolled, a model run at `loops = L` is a Llama model with L identical
-// layers (DESIGN.md §2). GGUF has no way to share tensor data: llama.cpp's
+// layers (docs/kernels.md). GGUF has no way to share tensor data: llama.cpp's
 // reader (ggml/src/gguf.cpp) requires each tensor's offset to be exactly
 // where the previous one ended (padded to the alignment), so aliased offsets
 // are rejected and the block's bytes are written once per layer.

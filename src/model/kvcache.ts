@@ -1,4 +1,4 @@
-// Key/value cache modes (DESIGN.md §3; the formats are written down in
+// Key/value cache modes (docs/kv-cache.md; the formats are written down in
 // kernels/loopserve.h next to LS_KV_*): the row encodings and the
 // Walsh–Hadamard rotation exactly as kernels/kvcache.c computes them, so the
 // reference forward pass stores what the kernels store and tests can compare

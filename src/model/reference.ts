@@ -1,5 +1,5 @@
 // Reference forward pass in plain TypeScript: the test oracle for the C
-// kernels (DESIGN.md §2). Written to be obviously correct, not fast: one
+// kernels (docs/kernels.md). Written to be obviously correct, not fast: one
 // token at a time, float64 arithmetic, no tricks. The only places it rounds
 // on purpose are where the kernels do: K and V are stored in an fp16 cache
 // (or, in a compressed cache mode, rotated / quantized exactly as the

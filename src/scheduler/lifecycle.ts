@@ -1,4 +1,4 @@
-// Request lifecycle (DESIGN.md section 5):
+// Request lifecycle (docs/scheduling.md):
 //
 //   queued ──► running ──► completed | errored | cancelled
 //      └─────► rejected | cancelled

@@ -3,8 +3,8 @@
 // grows turn by turn) skips prefilling the shared part.
 //
 // An entry is valid for a request when it was computed with at least as many
-// loops (loops 0..L-1 of a token do not depend on later loops, DESIGN.md
-// section 2), the same cache mode and the same cache window. Among valid
+// loops (loops 0..L-1 of a token do not depend on later loops,
+// docs/kernels.md), the same cache mode and the same cache window. Among valid
 // entries the one sharing the longest common prefix with the prompt wins.
 // The usable length is capped at prompt length - 1: the engine must still run
 // at least one prompt token to get logits for the first sampled token.

@@ -1,5 +1,5 @@
-// Whole-string stop matching on decoded text (DESIGN.md §6, which replaces
-// SPEC.md's first-token approximation): generation stops at the first place
+// Whole-string stop matching on decoded text (docs/http.md#text; not a
+// match on each stop string's first token): generation stops at the first place
 // any stop string occurs, the stop string and everything after it are never
 // returned, and streamed text is held back only while it could still be the
 // beginning of a stop string.

@@ -241,7 +241,7 @@ static int cmd_logits(int argc, char **argv) {
     return rc;
 }
 
-// Batch invariance (DESIGN.md §3): one call for the whole prompt, one token
+// Batch invariance (docs/kernels.md): one call for the whole prompt, one token
 // per call, and uneven chunks must give bit-identical logits.
 static int cmd_invariance(int argc, char **argv) {
     fwd_args a;

@@ -1,7 +1,7 @@
-// The compat family (/v1) against a real server process: response objects
-// (SPEC.md §2), every request field, default and limit (SPEC.md §4, §8) —
-// the limits for both families, since /api/v0 takes the same fields — the
-// SSE framing byte for byte (§6) and whole-string stop matching (DESIGN.md §6).
+// The compat family (/v1) against a real server process: response objects,
+// every request field, default and limit (docs/http.md) — the limits for
+// both families, since /api/v0 takes the same fields — the SSE framing byte
+// for byte and whole-string stop matching.
 //
 // Sampling-field checks compare against POST /generate, whose knobs are
 // explicit: a compat request must give exactly the tokens of the native
@@ -16,7 +16,7 @@ const DEFAULT_LOOPS = TINY.loops; // the tiny model's default_loops
 const MODEL = "any-model-name";
 const PROMPT = "The looped transformer said";
 const USER = [{ role: "user", content: PROMPT }];
-/** The chat template of DESIGN.md §6 applied to USER, written out by hand. */
+/** The chat template (docs/http.md) applied to USER, written out by hand. */
 const USER_RENDERED = `User: ${PROMPT}\nAssistant:`;
 
 interface Usage {
@@ -73,7 +73,7 @@ const chat = (body: Record<string, unknown>) => ok<ChatCompletion>("/v1/chat/com
 const complete = (body: Record<string, unknown>) => ok<TextCompletion>("/v1/completions", { model: MODEL, prompt: PROMPT, ...body });
 const native = (body: Record<string, unknown>) => ok<NativeResponse>("/generate", body);
 
-/** The native request a compat request's defaults map to (SPEC.md §4): top-k 50, top_p 1, penalty 1. */
+/** The native request a compat request's defaults map to: top-k 50, top_p 1, penalty 1. */
 const nativeDefaults = { loops: DEFAULT_LOOPS, temperature: 1, top_k: 50, top_p: 1, repetition_penalty: 1 };
 
 /** The data payloads of an SSE body, in order, checking the framing of each event. */
@@ -149,7 +149,7 @@ describe("GET /v1/models", () => {
   });
 });
 
-// ---- response objects (SPEC.md §2) ----
+// ---- response objects ----
 
 describe("POST /v1/chat/completions response", () => {
   test("has the chat.completion shape with one choice and consistent usage", async () => {
@@ -197,7 +197,7 @@ describe("POST /v1/completions response", () => {
 
 // ---- the chat template and usage.prompt_tokens ----
 
-describe("chat rendering (DESIGN.md §6)", () => {
+describe("chat rendering", () => {
   const conversation = [
     { role: "system", content: "You are terse." },
     { role: "user", content: "Hello there, ünïcödé 🙂" },
@@ -482,7 +482,7 @@ describe("stop strings (whole-string match on the decoded text)", () => {
   });
 });
 
-// ---- streaming (SPEC.md §6) ----
+// ---- streaming ----
 
 describe("compat SSE framing", () => {
   test("chat: role chunk, one chunk per non-empty delta, final chunk, [DONE] — byte for byte", async () => {
@@ -558,7 +558,7 @@ describe("compat SSE framing", () => {
   });
 });
 
-// ---- validation, limits (SPEC.md §4, §7, §8) for both families ----
+// ---- validation, limits for both families ----
 
 const ENDPOINTS = [
   ["/v1/chat/completions", { model: MODEL, messages: USER }],
@@ -750,7 +750,7 @@ describe.each([["/v1"], ["/api/v0"]])("%s/chat/completions messages", (prefix) =
     expectError(await res.json(), param);
   });
 
-  // A role outside the allowed set is a value outside an enum: 400 (DESIGN.md §6).
+  // A role outside the allowed set is a value outside an enum: 400.
   test.each(["tool", "developer", "robot"])("role %p is a 400 listing the allowed roles", async (role) => {
     const res = await post({ messages: [{ role, content: "hi" }] });
     expect(res.status).toBe(400);

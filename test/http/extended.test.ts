@@ -1,6 +1,6 @@
 // The extended family (/api/v0) against a real server process: the compat
-// responses plus `stats`, `model_info` and `runtime` (SPEC.md §2), its extra
-// request knobs (§4), and both families on a server without a usable model.
+// responses plus `stats`, `model_info` and `runtime` (docs/http.md), its extra
+// request knobs, and both families on a server without a usable model.
 // The compat fields and limits shared with /v1 are checked for both families
 // in compat.test.ts.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
@@ -89,7 +89,7 @@ async function streamChunks(path: string, body: unknown): Promise<Record<string,
   return data.slice(0, -1).map((d) => JSON.parse(d));
 }
 
-/** The three sections with the types SPEC.md §2 gives, consistent with usage. */
+/** The three sections with their documented types, consistent with usage. */
 function expectSections(r: Sections, usage: Usage, loops: number): void {
   const s = r.stats;
   expect(Object.keys(s).sort()).toEqual(["completion_tokens", "loops_used", "mode", "prompt_tokens", "tokens_per_second", "wall_ms"]);

@@ -1,5 +1,5 @@
-// Key/value cache modes through a real server process (DESIGN.md §3, SPEC.md
-// §1 and §2): the switches select the mode, model_info.kv_cache_mode reports
+// Key/value cache modes through a real server process (docs/kv-cache.md):
+// the switches select the mode, model_info.kv_cache_mode reports
 // it, the server generates in it (chain speculation equal to plain greedy
 // decoding), tree speculation is refused with a 400 naming the constraint,
 // and a mode the model cannot run is reported at the start.

@@ -1,4 +1,4 @@
-// Load through the public surface (issue 4): 200 requests from 16 concurrent
+// Load through the public surface: 200 requests from 16 concurrent
 // clients on loopback, once with the default queue (all served) and once with
 // a queue cap below the client count (some refused). Every response must be a
 // 200 whose result equals the sequential (greedy) result for its prompt, or a

@@ -1,5 +1,5 @@
-// GET /metrics of a real server process (SPEC.md §4 /metrics, DESIGN.md §5):
-// the exposition parses as Prometheus text, carries exactly SPEC.md's series
+// GET /metrics of a real server process (docs/http.md#ops, docs/scheduling.md):
+// the exposition parses as Prometheus text, carries exactly the documented series
 // with their types, and its counters, gauges and histograms follow what
 // requests do: complete, error, get rejected or cancelled.
 import { afterAll, afterEach, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
@@ -33,7 +33,7 @@ const HISTOGRAMS = Object.keys(SPEC_SERIES).filter((n) => SPEC_SERIES[n] === "hi
 
 const MAX_SEQ_LEN = 8192;
 
-/** Every SPEC.md series is declared with its exact type and a HELP line, and histograms are complete. */
+/** Every documented series is declared with its exact type and a HELP line, and histograms are complete. */
 function expectSpecFamilies(families: Map<string, Family>): void {
   for (const [name, type] of Object.entries(SPEC_SERIES)) {
     const f = families.get(name);
@@ -53,7 +53,7 @@ function expectSpecFamilies(families: Map<string, Family>): void {
       expect(f.samples[0].labels).toEqual({});
     }
   }
-  // No other service_ series than SPEC.md's and the documented extras; no doubled _total.
+  // No other service_ series than the documented ones; no doubled _total.
   const service = [...families.values()].filter((f) => f.name.startsWith("service_"));
   expect(Object.fromEntries(service.map((f) => [f.name, f.type]))).toEqual({ ...SPEC_SERIES, ...SPECULATIVE_SERIES });
 }
@@ -69,7 +69,7 @@ describe("/metrics with a model loaded", () => {
     await s?.stop();
   });
 
-  test("parses as Prometheus text format with every SPEC.md series, its exact TYPE and a HELP line", async () => {
+  test("parses as Prometheus text format with every documented series, its exact TYPE and a HELP line", async () => {
     const res = await fetch(`${s.url}/metrics`);
     expect(res.status).toBe(200);
     expect(res.headers.get("content-type")).toStartWith("text/plain");
@@ -156,7 +156,7 @@ describe("/metrics when the engine fails", () => {
   test("an engine error moves submitted and errored, not completed, and no completion latency is recorded", async () => {
     const keys = [...LIFECYCLE, "service_request_wall_ms_count"] as const;
     const before = await metrics(s, keys);
-    // Non-streaming: SPEC.md §2 allows finish_reason "error" there; otherwise an error status in the common shape.
+    // Non-streaming: finish_reason "error" is allowed there; otherwise an error status in the common shape.
     const res = await s.post("/generate", { prompt: PROMPT, max_tokens: 4 });
     const body = (await res.json()) as { finish_reason?: string };
     if (res.status === 200) expect(body.finish_reason).toBe("error");
@@ -186,7 +186,7 @@ describe("/metrics without a model", () => {
     await s?.stop();
   });
 
-  test("still answers 200 in Prometheus text with every SPEC.md series while /healthz and /generate answer 503", async () => {
+  test("still answers 200 in Prometheus text with every documented series while /healthz and /generate answer 503", async () => {
     expect((await fetch(`${s.url}/healthz`)).status).toBe(503);
     await expect503(await s.post("/generate", { prompt: PROMPT, max_tokens: 4 }), "model_not_loaded");
     const families = await scrape(s);

@@ -1,5 +1,5 @@
-// POST /generate and GET /healthz against a real server process (SPEC.md §4,
-// §6 native framing; DESIGN.md §6 errors and stop strings).
+// POST /generate and GET /healthz against a real server process
+// (docs/http.md): fields, native stream framing, errors and stop strings.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -349,7 +349,7 @@ describe("a server without a usable model", () => {
     expect(gen.status).toBe(503);
     expectErrorShape(await gen.json());
 
-    // Validation still comes first (SPEC.md §4 order): range, then length, then 503.
+    // Validation still comes first: range, then length, then 503.
     expect((await s.post("/generate", { prompt: "hi", max_tokens: 0 })).status).toBe(400);
     expect((await s.post("/generate", { prompt: "hi", max_tokens: 8000 })).status).toBe(400);
 

@@ -1,5 +1,5 @@
 // The official `openai` npm client, unchanged, pointed at {base}/v1 of a real
-// server (SPEC.md §1: "a standard client works unchanged"): every call it
+// server: every call it
 // makes succeeds, its streams parse, and a greedy stream says exactly what
 // the same greedy non-streamed request says.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
@@ -23,7 +23,7 @@ let tok: Tokenizer;
 beforeAll(async () => {
   tok = await Tokenizer.load();
   server = await startServer({ env: { SERVICE_MAX_SEQ_LEN: "512" } });
-  // Any API key: the service ignores it (SPEC.md §5). No retries, so a failure shows at once.
+  // Any API key: the service ignores it without SERVICE_API_KEY. No retries, so a failure shows at once.
   client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "sk-not-checked", maxRetries: 0 });
 });
 

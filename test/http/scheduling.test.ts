@@ -1,4 +1,4 @@
-// The scheduler seen through HTTP (issue 4, DESIGN.md §5): priority order and
+// The scheduler seen through HTTP (docs/scheduling.md): priority order and
 // FIFO within a priority, the queue cap, latency-target admission, and
 // cancellation of running and queued requests, against a real server process
 // on 127.0.0.1.

@@ -1,4 +1,4 @@
-// Graceful shutdown of a real server process (DESIGN.md §5, issue 4):
+// Graceful shutdown of a real server process (docs/scheduling.md#shutdown):
 // SIGTERM stops accepting (healthz 503, new requests 503), refuses what is
 // queued with 503, lets the running request finish, then exits 0.
 import { describe, expect, setDefaultTimeout, test } from "bun:test";

@@ -1,5 +1,5 @@
 // POST /generate/speculative and /generate/tree_speculative against a real
-// server process (SPEC.md §4, §8; DESIGN.md §4): greedy output equals
+// server process (docs/speculative.md): greedy output equals
 // /generate at loops = verify_loops, the response's stats, every range and
 // combination rule, the /metrics counters, and no trace left behind.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";

@@ -1,4 +1,4 @@
-// Key/value cache modes (DESIGN.md §3; kernels/kvcache.c, src/model/kvcache.ts):
+// Key/value cache modes (docs/kv-cache.md; kernels/kvcache.c, src/model/kvcache.ts):
 //
 // - one row's encoding: the C encoder and the TypeScript one agree bit for
 //   bit, and the round-trip error stays within each format's bound;

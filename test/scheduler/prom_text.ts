@@ -137,7 +137,7 @@ export function sampleValue(families: Map<string, Family>, sampleName: string): 
   return s.value;
 }
 
-// SPEC.md §4, /metrics table: every series, by kind.
+// The /metrics series of docs/http.md#ops, by kind.
 export const SPEC_SERIES: Record<string, "gauge" | "counter" | "histogram"> = {
   service_max_seq_len: "gauge",
   service_default_loops: "gauge",
@@ -155,7 +155,7 @@ export const SPEC_SERIES: Record<string, "gauge" | "counter" | "histogram"> = {
   service_first_token_ms: "histogram",
   service_request_wall_ms: "histogram",
 };
-// Beyond SPEC.md: the speculative-decoding token counters (src/metrics.ts).
+// And the speculative-decoding token counters (src/metrics.ts).
 export const SPECULATIVE_SERIES: Record<string, "counter"> = {
   service_spec_draft_tokens_total: "counter",
   service_spec_accepted_tokens_total: "counter",
