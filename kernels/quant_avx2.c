@@ -324,8 +324,37 @@ static void matmul_avx2(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *
     }
 }
 
+// ---- the draft head's 2-bit scores (quant.h dot_u2) ----
+
+static void dot_u2_avx2(int32_t *isum, const uint8_t *codes, int32_t ldb, const int8_t *xq, int32_t r0, int32_t r1) {
+    const __m256i m = _mm256_set1_epi8(0x03), ones = _mm256_set1_epi16(1);
+    for (int32_t r = r0; r < r1; r++) {
+        const uint8_t *w = codes + (size_t)r * ldb;
+        __m256i acc = _mm256_setzero_si256();
+        for (int32_t b = 0; b < ldb; b += 32) {
+            /* bytes [b, b + 32) of the 64-byte block at b0: inputs 4*b0 + (b - b0) + 64f */
+            const int8_t *x = xq + 4 * (b & ~63) + (b & 63);
+            __m256i W = _mm256_loadu_si256((const __m256i *)(w + b));
+            /* codes <= 3, |x8| <= 127: no pair sum saturates */
+            __m256i p = _mm256_maddubs_epi16(_mm256_and_si256(W, m), _mm256_loadu_si256((const __m256i *)x));
+            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(W, 2), m),
+                                                         _mm256_loadu_si256((const __m256i *)(x + 64))));
+            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(W, 4), m),
+                                                         _mm256_loadu_si256((const __m256i *)(x + 128))));
+            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(W, 6), m),
+                                                         _mm256_loadu_si256((const __m256i *)(x + 192))));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones));
+        }
+        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+        isum[r] = _mm_cvtsi128_si32(s);
+    }
+}
+
 const ls_qops ls_qops_avx2 = {
     .simd = LS_SIMD_AVX2,
     .quantize = quantize_avx2,
     .matmul = matmul_avx2,
+    .dot_u2 = dot_u2_avx2,
 };

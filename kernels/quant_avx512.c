@@ -462,9 +462,69 @@ static void matmul_avx512(float *y, int32_t ldy, const ls_qact *a, const ls_qmat
     }
 }
 
+// ---- the draft head's 2-bit scores (quant.h dot_u2) ----
+
+/* Four accumulators to their four sums (r0, r1, r2, r3). */
+static inline __m128i reduce4(__m512i a0, __m512i a1, __m512i a2, __m512i a3) {
+    __m256i s0 = _mm256_add_epi32(_mm512_castsi512_si256(a0), _mm512_extracti64x4_epi64(a0, 1));
+    __m256i s1 = _mm256_add_epi32(_mm512_castsi512_si256(a1), _mm512_extracti64x4_epi64(a1, 1));
+    __m256i s2 = _mm256_add_epi32(_mm512_castsi512_si256(a2), _mm512_extracti64x4_epi64(a2, 1));
+    __m256i s3 = _mm256_add_epi32(_mm512_castsi512_si256(a3), _mm512_extracti64x4_epi64(a3, 1));
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+#define HEAD_PREFETCH_ROWS 32
+
+/* Field f of every byte of W: 64 codes of inputs 64f + j. */
+#define FIELD(W, f) _mm512_and_si512(_mm512_srli_epi16((W), 2 * (f)), m)
+
+static void dot_u2_avx512(int32_t *isum, const uint8_t *codes, int32_t ldb, const int8_t *xq, int32_t r0,
+                          int32_t r1) {
+    const __m512i m = _mm512_set1_epi8(0x03);
+    int32_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        const uint8_t *w = codes + (size_t)r * ldb;
+        __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+        for (int32_t b = 0; b < ldb; b += 64) {
+            /* The head is read from memory on most drafts (the verifier's head
+             * evicts it): ask for rows HEAD_PREFETCH_ROWS ahead, more misses in
+             * flight than the hardware prefetcher keeps. A prefetch never
+             * faults; the address is formed as an integer to stay defined. */
+            for (int32_t k = 0; k < 4; k++)
+                _mm_prefetch((const char *)((uintptr_t)w + (size_t)(HEAD_PREFETCH_ROWS + k) * ldb + b), _MM_HINT_T0);
+            __m512i W0 = _mm512_loadu_si512((const void *)(w + b));
+            __m512i W1 = _mm512_loadu_si512((const void *)(w + ldb + b));
+            __m512i W2 = _mm512_loadu_si512((const void *)(w + 2 * (size_t)ldb + b));
+            __m512i W3 = _mm512_loadu_si512((const void *)(w + 3 * (size_t)ldb + b));
+#pragma GCC unroll 4
+            for (int f = 0; f < 4; f++) {
+                __m512i x = _mm512_loadu_si512((const void *)(xq + 4 * b + 64 * f));
+                a0 = _mm512_dpbusd_epi32(a0, FIELD(W0, f), x);
+                a1 = _mm512_dpbusd_epi32(a1, FIELD(W1, f), x);
+                a2 = _mm512_dpbusd_epi32(a2, FIELD(W2, f), x);
+                a3 = _mm512_dpbusd_epi32(a3, FIELD(W3, f), x);
+            }
+        }
+        _mm_storeu_si128((__m128i *)(isum + r), reduce4(a0, a1, a2, a3));
+    }
+    for (; r < r1; r++) {
+        const uint8_t *w = codes + (size_t)r * ldb;
+        __m512i a = _mm512_setzero_si512();
+        for (int32_t b = 0; b < ldb; b += 64) {
+            __m512i W = _mm512_loadu_si512((const void *)(w + b));
+#pragma GCC unroll 4
+            for (int f = 0; f < 4; f++)
+                a = _mm512_dpbusd_epi32(a, FIELD(W, f), _mm512_loadu_si512((const void *)(xq + 4 * b + 64 * f)));
+        }
+        isum[r] = _mm512_reduce_add_epi32(a);
+    }
+}
+
 const ls_qops ls_qops_avx512 = {
     .simd = LS_SIMD_AVX512,
     .pack = pack_avx512,
     .quantize = quantize_avx512,
     .matmul = matmul_avx512,
+    .dot_u2 = dot_u2_avx512,
 };
