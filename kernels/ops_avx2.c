@@ -18,21 +18,16 @@
 
 #include "internal.h"
 #include "ops.h"
+#include "simd_vec.h"
 
 typedef __m256 vec;
 #define VL 8
 #define OPS_NAME(name) name##_avx2
 #define EXP_NEG_MIN -87.0f /* 2^n is built in the exponent bits: n stays in the normal range */
 
-static inline vec v_zero(void) { return _mm256_setzero_ps(); }
-static inline vec v_set1(float x) { return _mm256_set1_ps(x); }
-static inline vec v_add(vec a, vec b) { return _mm256_add_ps(a, b); }
-static inline vec v_mul(vec a, vec b) { return _mm256_mul_ps(a, b); }
-static inline vec v_div(vec a, vec b) { return _mm256_div_ps(a, b); }
-static inline vec v_max(vec a, vec b) { return _mm256_max_ps(a, b); }
+SIMD_VEC_OPS(_mm256)
+
 static inline vec v_round(vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-static inline vec v_fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-static inline vec v_fnma(vec a, vec b, vec c) { return _mm256_fnmadd_ps(a, b, c); }
 
 static inline float v_hsum(vec v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -41,8 +36,6 @@ static inline float v_hsum(vec v) {
     return _mm_cvtss_f32(s);
 }
 
-static inline vec v_load(const float *p) { return _mm256_loadu_ps(p); }
-static inline void v_store(float *p, vec a) { _mm256_storeu_ps(p, a); }
 static inline vec v_load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 static inline void v_store_f16(uint16_t *p, vec a) {
     _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -53,31 +46,23 @@ static inline vec v_load_i8(const int8_t *p) {
 
 /* Partial vectors go through zero-padded copies: AVX2 has no masked load
  * or store for 16- and 8-bit elements. */
-static inline vec v_load_n(const float *p, int32_t n) {
-    float tmp[VL] = {0};
-    memcpy(tmp, p, (size_t)n * sizeof *p);
-    return v_load(tmp);
-}
-static inline void v_store_n(float *p, vec a, int32_t n) {
-    float tmp[VL];
-    v_store(tmp, a);
-    memcpy(p, tmp, (size_t)n * sizeof *p);
-}
-static inline vec v_load_f16_n(const uint16_t *p, int32_t n) {
-    uint16_t tmp[VL] = {0};
-    memcpy(tmp, p, (size_t)n * sizeof *p);
-    return v_load_f16(tmp);
-}
-static inline void v_store_f16_n(uint16_t *p, vec a, int32_t n) {
-    uint16_t tmp[VL];
-    v_store_f16(tmp, a);
-    memcpy(p, tmp, (size_t)n * sizeof *p);
-}
-static inline vec v_load_i8_n(const int8_t *p, int32_t n) {
-    int8_t tmp[VL] = {0};
-    memcpy(tmp, p, (size_t)n);
-    return v_load_i8(tmp);
-}
+#define PARTIAL_LOAD(name, T, full)                    \
+    static inline vec name(const T *p, int32_t n) {    \
+        T tmp[VL] = {0};                               \
+        memcpy(tmp, p, (size_t)n * sizeof *p);         \
+        return full(tmp);                              \
+    }
+#define PARTIAL_STORE(name, T, full)                   \
+    static inline void name(T *p, vec a, int32_t n) {  \
+        T tmp[VL];                                     \
+        full(tmp, a);                                  \
+        memcpy(p, tmp, (size_t)n * sizeof *p);         \
+    }
+PARTIAL_LOAD(v_load_n, float, v_load)
+PARTIAL_LOAD(v_load_f16_n, uint16_t, v_load_f16)
+PARTIAL_LOAD(v_load_i8_n, int8_t, v_load_i8)
+PARTIAL_STORE(v_store_n, float, v_store)
+PARTIAL_STORE(v_store_f16_n, uint16_t, v_store_f16)
 
 /* n code bytes -> low nibbles and high nibbles as floats */
 static inline void v_load_u4(const uint8_t *p, int32_t n, vec *lo, vec *hi) {
@@ -205,14 +190,5 @@ static void matmul_f16_avx2(float *y, int32_t ldy, const float *x, int32_t ldx, 
 const ls_ops ls_ops_avx2 = {
     .simd = LS_SIMD_AVX2,
     .matmul_f16 = matmul_f16_avx2,
-    .attn_scores = attn_scores_avx2,
-    .attn_values = attn_values_avx2,
-    .attn_scores_i8 = attn_scores_i8_avx2,
-    .attn_values_i8 = attn_values_i8_avx2,
-    .attn_scores_i4 = attn_scores_i4_avx2,
-    .attn_values_i4 = attn_values_i4_avx2,
-    .swiglu = swiglu_avx2,
-    .rmsnorm = rmsnorm_avx2,
-    .f16_to_f32 = f16_to_f32_avx2,
-    .f32_to_f16 = f32_to_f16_avx2,
+    OPS_SIMD_ENTRIES,
 };

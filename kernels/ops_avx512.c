@@ -20,6 +20,7 @@
 
 #include "internal.h"
 #include "ops.h"
+#include "simd_vec.h"
 
 typedef __m512 vec;
 #define VL 16
@@ -28,19 +29,11 @@ typedef __m512 vec;
 
 static inline __mmask16 lanes(int32_t n) { return (__mmask16)((1u << n) - 1u); }
 
-static inline vec v_zero(void) { return _mm512_setzero_ps(); }
-static inline vec v_set1(float x) { return _mm512_set1_ps(x); }
-static inline vec v_add(vec a, vec b) { return _mm512_add_ps(a, b); }
-static inline vec v_mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
-static inline vec v_div(vec a, vec b) { return _mm512_div_ps(a, b); }
-static inline vec v_max(vec a, vec b) { return _mm512_max_ps(a, b); }
+SIMD_VEC_OPS(_mm512)
+
 static inline vec v_round(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-static inline vec v_fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-static inline vec v_fnma(vec a, vec b, vec c) { return _mm512_fnmadd_ps(a, b, c); }
 static inline float v_hsum(vec a) { return _mm512_reduce_add_ps(a); }
 
-static inline vec v_load(const float *p) { return _mm512_loadu_ps(p); }
-static inline void v_store(float *p, vec a) { _mm512_storeu_ps(p, a); }
 static inline vec v_load_n(const float *p, int32_t n) { return _mm512_maskz_loadu_ps(lanes(n), p); }
 static inline void v_store_n(float *p, vec a, int32_t n) { _mm512_mask_storeu_ps(p, lanes(n), a); }
 static inline vec v_load_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
@@ -356,17 +349,8 @@ static float softmax_exp_avx512(float *c, int32_t n, float scale) {
 const ls_ops ls_ops_avx512 = {
     .simd = LS_SIMD_AVX512,
     .matmul_f16 = matmul_f16_avx512,
-    .attn_scores = attn_scores_avx512,
-    .attn_values = attn_values_avx512,
     .softmax_exp = softmax_exp_avx512,
-    .swiglu = swiglu_avx512,
     .attn_scores_mq = attn_scores_mq_avx512,
     .attn_values_mq = attn_values_mq_avx512,
-    .attn_scores_i8 = attn_scores_i8_avx512,
-    .attn_values_i8 = attn_values_i8_avx512,
-    .attn_scores_i4 = attn_scores_i4_avx512,
-    .attn_values_i4 = attn_values_i4_avx512,
-    .rmsnorm = rmsnorm_avx512,
-    .f16_to_f32 = f16_to_f32_avx512,
-    .f32_to_f16 = f32_to_f16_avx512,
+    OPS_SIMD_ENTRIES,
 };

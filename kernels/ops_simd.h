@@ -6,11 +6,12 @@
  *   vec, VL              the vector type and its lanes
  *   OPS_NAME(name)       name with the path's suffix (name##_avx2)
  *   EXP_NEG_MIN          exp_neg's clamp (the smallest argument it keeps)
- *   v_zero, v_set1, v_add, v_mul, v_div, v_max, v_round (to nearest)
- *   v_fma(a, b, c)       a * b + c, one rounding
- *   v_fnma(a, b, c)      c - a * b, one rounding
+ *   SIMD_VEC_OPS(P)      (simd_vec.h) with its intrinsics' prefix: v_zero, v_set1,
+ *                        v_add, v_mul, v_div, v_max, v_load(p), v_store(p, a)
+ *                        (VL floats), v_fma(a, b, c) = a * b + c and
+ *                        v_fnma(a, b, c) = c - a * b (one rounding each)
+ *   v_round(a)           to the nearest integer
  *   v_hsum(a)            the path's fixed horizontal sum
- *   v_load(p), v_store(p, a)             VL floats
  *   v_load_n(p, n), v_store_n(p, a, n)   the first n <= VL lanes (zeros
  *                                        elsewhere on a load)
  *   v_load_f16(p), v_load_f16_n(p, n)    fp16 -> fp32
@@ -283,3 +284,11 @@ static void OPS_NAME(f32_to_f16)(uint16_t *dst, const float *src, int32_t n) {
     for (; i + VL <= n; i += VL) v_store_f16(dst + i, v_load(src + i));
     if (i < n) v_store_f16_n(dst + i, v_load_n(src + i, n - i), n - i);
 }
+
+/* The entries of the kernels above in the path's ls_ops table. */
+#define OPS_SIMD_ENTRIES                                                                      \
+    .attn_scores = OPS_NAME(attn_scores), .attn_values = OPS_NAME(attn_values),              \
+    .attn_scores_i8 = OPS_NAME(attn_scores_i8), .attn_values_i8 = OPS_NAME(attn_values_i8),  \
+    .attn_scores_i4 = OPS_NAME(attn_scores_i4), .attn_values_i4 = OPS_NAME(attn_values_i4),  \
+    .swiglu = OPS_NAME(swiglu), .rmsnorm = OPS_NAME(rmsnorm), .f16_to_f32 = OPS_NAME(f16_to_f32), \
+    .f32_to_f16 = OPS_NAME(f32_to_f16)

@@ -91,6 +91,14 @@ typedef struct ls_qops {
     void (*dot_u2)(int32_t *isum, const uint8_t *codes, int32_t ldb, const int8_t *x, int32_t r0, int32_t r1);
 } ls_qops;
 
+/* A path's table, from its functions quantize_<sfx>, matmul_<sfx> and
+ * dot_u2_<sfx>, and its pack (or NULL). */
+#define LS_QOPS_TABLE(sfx, simd_, pack_)                                                                \
+    const ls_qops ls_qops_##sfx = {                                                                     \
+        .simd = (simd_), .pack = (pack_), .quantize = quantize_##sfx, .matmul = matmul_##sfx,           \
+        .dot_u2 = dot_u2_##sfx,                                                                         \
+    }
+
 extern const ls_qops ls_qops_portable;
 extern const ls_qops ls_qops_avx2;
 extern const ls_qops ls_qops_avx512;

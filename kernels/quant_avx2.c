@@ -352,9 +352,4 @@ static void dot_u2_avx2(int32_t *isum, const uint8_t *codes, int32_t ldb, const 
     }
 }
 
-const ls_qops ls_qops_avx2 = {
-    .simd = LS_SIMD_AVX2,
-    .quantize = quantize_avx2,
-    .matmul = matmul_avx2,
-    .dot_u2 = dot_u2_avx2,
-};
+LS_QOPS_TABLE(avx2, LS_SIMD_AVX2, NULL);

@@ -421,18 +421,13 @@ typedef int32_t (*tiles_fn)(float *, int32_t, const ls_qact *, const ls_qmat *, 
                                               int32_t add) {                                        \
         return KIND(y, ldy, a, w, o, o1, t0, R, TT, B, add);                                        \
     }
-TILES(lane_tiles, 4, 4, 8)
-TILES(lane_tiles, 1, 4, 8)
-TILES(lane_tiles, 4, 1, 8)
-TILES(lane_tiles, 1, 1, 8)
-TILES(lane_tiles, 4, 4, 4)
-TILES(lane_tiles, 1, 4, 4)
-TILES(lane_tiles, 8, 1, 4)
-TILES(lane_tiles, 1, 1, 4)
-TILES(lane_tiles, 4, 4, 2)
-TILES(lane_tiles, 1, 4, 2)
-TILES(lane_tiles, 8, 1, 2)
-TILES(lane_tiles, 1, 1, 2)
+/* The four shapes of one bit width: rows x 4 tokens, single rows x 4
+ * tokens, R1 rows x 1 token, single rows x 1 token. */
+#define TILES_BITS(B, R1) \
+    TILES(lane_tiles, 4, 4, B) TILES(lane_tiles, 1, 4, B) TILES(lane_tiles, R1, 1, B) TILES(lane_tiles, 1, 1, B)
+TILES_BITS(8, 4)
+TILES_BITS(4, 8)
+TILES_BITS(2, 8)
 
 /* Tokens in groups of 4 (tiles of r4 rows, then single rows), then one by
  * one (tiles of r1 rows, then single rows). */
@@ -521,10 +516,4 @@ static void dot_u2_avx512(int32_t *isum, const uint8_t *codes, int32_t ldb, cons
     }
 }
 
-const ls_qops ls_qops_avx512 = {
-    .simd = LS_SIMD_AVX512,
-    .pack = pack_avx512,
-    .quantize = quantize_avx512,
-    .matmul = matmul_avx512,
-    .dot_u2 = dot_u2_avx512,
-};
+LS_QOPS_TABLE(avx512, LS_SIMD_AVX512, pack_avx512);

@@ -136,12 +136,7 @@ static void dot_u2_portable(int32_t *isum, const uint8_t *codes, int32_t ldb, co
     }
 }
 
-const ls_qops ls_qops_portable = {
-    .simd = LS_SIMD_PORTABLE,
-    .quantize = quantize_portable,
-    .matmul = matmul_portable,
-    .dot_u2 = dot_u2_portable,
-};
+LS_QOPS_TABLE(portable, LS_SIMD_PORTABLE, NULL);
 
 // ---- dispatch ----
 

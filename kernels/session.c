@@ -11,15 +11,6 @@
 #include "forward.h"
 #include "session.h"
 
-/* a * b * c * d elements of `size` bytes, or 0 on overflow */
-static size_t bytes_of(size_t a, size_t b, size_t c, size_t d, size_t size) {
-    size_t r;
-    if (__builtin_mul_overflow(a, b, &r) || __builtin_mul_overflow(r, c, &r) ||
-        __builtin_mul_overflow(r, d, &r) || __builtin_mul_overflow(r, size, &r))
-        return 0;
-    return r;
-}
-
 /* calloc so every buffer is defined memory (valgrind/ASan see no
  * uninitialised reads even in padding rows). */
 static void *alloc0(size_t bytes) { return bytes ? calloc(1, bytes) : NULL; }
@@ -34,18 +25,11 @@ ls_session *ls_session_new_kv(ls_model *m, int32_t max_seq, int32_t loops, int32
     if (ls_check_session_args(m, max_seq, loops, cache_window, err, err_len) != LS_OK) return NULL;
     const ls_model_info *mi = &m->info;
     if (ls_kv_check_mode(kv_mode, mi->head_dim, err, err_len) != LS_OK) return NULL;
-    ls_session *s = calloc(1, sizeof *s);
-    if (!s) {
-        ls_set_error(err, err_len, "out of memory allocating a session");
-        return NULL;
-    }
-    s->m = m;
-    s->max_seq = max_seq;
-    s->loops = loops;
-    s->window = cache_window;
+    ls_session *s = ls_session_calloc(sizeof *s, err, err_len);
+    if (!s) return NULL;
+    LS_SESSION_SHAPE(s, m, max_seq, loops, cache_window, LS_CHUNK);
     s->kv_mode = kv_mode;
     s->kv_fmt = kv_mode & LS_KV_FORMAT_MASK;
-    s->cap = ls_ring_rows(max_seq, cache_window, LS_CHUNK);
 
     size_t C = LS_CHUNK, dim = (size_t)mi->dim, hd = (size_t)mi->head_dim;
     size_t kv_dim = (size_t)mi->n_kv_heads * hd;
@@ -56,8 +40,8 @@ ls_session *ls_session_new_kv(ls_model *m, int32_t max_seq, int32_t loops, int32
     size_t kcache_bytes, cache_bytes;
     int quantized = s->kv_fmt != LS_KV_FP16;
     if (!quantized) {
-        cache_bytes = bytes_of((size_t)loops, nkv, cap, hd, sizeof(uint16_t));
-        kcache_bytes = bytes_of((size_t)loops, nkv, (size_t)s->ldk, hd, sizeof(uint16_t));
+        cache_bytes = ls_bytes_of((size_t)loops, nkv, cap, hd, sizeof(uint16_t));
+        kcache_bytes = ls_bytes_of((size_t)loops, nkv, (size_t)s->ldk, hd, sizeof(uint16_t));
         s->kc = alloc0(kcache_bytes);
         s->vc = alloc0(cache_bytes);
     } else {
@@ -67,18 +51,18 @@ ls_session *ls_session_new_kv(ls_model *m, int32_t max_seq, int32_t loops, int32
         s->kv_nb = ls_kv_code_bytes(s->kv_fmt, mi->head_dim);
         s->kv_np = ls_kv_param_count(s->kv_fmt, mi->head_dim);
         size_t nb = (size_t)s->kv_nb, np = (size_t)s->kv_np;
-        size_t kq = bytes_of((size_t)loops, nkv, nb, (size_t)s->ldq, 1);
-        size_t kp = bytes_of((size_t)loops, nkv, np, cap, sizeof(uint16_t));
-        size_t vq = bytes_of((size_t)loops, nkv, cap, nb, 1);
-        size_t vp = bytes_of((size_t)loops, nkv, cap, np, sizeof(uint16_t));
+        size_t kq = ls_bytes_of((size_t)loops, nkv, nb, (size_t)s->ldq, 1);
+        size_t kp = ls_bytes_of((size_t)loops, nkv, np, cap, sizeof(uint16_t));
+        size_t vq = ls_bytes_of((size_t)loops, nkv, cap, nb, 1);
+        size_t vp = ls_bytes_of((size_t)loops, nkv, cap, np, sizeof(uint16_t));
         kcache_bytes = kq && kp ? kq + kp : 0;
         cache_bytes = vq && vp ? vq + vp : 0;
         s->kq = alloc0(kq);
         s->kp = alloc0(kp);
         s->vq = alloc0(vq);
         s->vp = alloc0(vp);
-        s->kv_codes = alloc0(bytes_of(nth, hd, 1, 1, 1));
-        s->kv_params = alloc0(bytes_of(nth, np, 1, 1, sizeof(uint16_t)));
+        s->kv_codes = alloc0(ls_bytes_of(nth, hd, 1, 1, 1));
+        s->kv_params = alloc0(ls_bytes_of(nth, np, 1, 1, sizeof(uint16_t)));
     }
     s->tokens = alloc0((size_t)max_seq * sizeof *s->tokens);
     s->loop_len = alloc0((size_t)loops * sizeof *s->loop_len);
@@ -88,12 +72,12 @@ ls_session *ls_session_new_kv(ls_model *m, int32_t max_seq, int32_t loops, int32
     s->q = alloc0(C * dim * sizeof(float));
     s->k = alloc0(C * kv_dim * sizeof(float));
     s->v = alloc0(C * kv_dim * sizeof(float));
-    s->k16 = alloc0(bytes_of(nth, hd, 1, 1, sizeof(uint16_t)));
+    s->k16 = alloc0(ls_bytes_of(nth, hd, 1, 1, sizeof(uint16_t)));
     s->att = alloc0(C * dim * sizeof(float));
     s->g = alloc0(C * (size_t)mi->ffn_dim * sizeof(float));
     s->u = alloc0(C * (size_t)mi->ffn_dim * sizeof(float));
     s->rope = alloc0(C * hd * sizeof(float));
-    s->scores = alloc0(bytes_of((size_t)m->rt->n_threads * 4, (size_t)s->cap, 1, 1, sizeof(float))); /* 4: attention.c ATT_GROUP */
+    s->scores = alloc0(ls_bytes_of((size_t)m->rt->n_threads * 4, (size_t)s->cap, 1, 1, sizeof(float))); /* 4: attention.c ATT_GROUP */
     s->logits = alloc0((size_t)mi->vocab_size * sizeof(float));
     int cache_ok = quantized ? s->kq && s->kp && s->vq && s->vp && s->kv_codes && s->kv_params : s->kc && s->vc;
     if (!cache_ok || !s->tokens || !s->loop_len || !s->loop_lo || !s->h || !s->xb || !s->q || !s->k ||

@@ -13,7 +13,9 @@
 #define LS_SESSION_RULES_H
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "internal.h"
 
@@ -78,6 +80,36 @@ static inline int32_t ls_check_session_args(const ls_model *m, int32_t max_seq, 
     }
     return LS_OK;
 }
+
+/* a * b * c * d elements of `size` bytes, or 0 on overflow: the sizes of
+ * a session's buffers. */
+static inline size_t ls_bytes_of(size_t a, size_t b, size_t c, size_t d, size_t size) {
+    size_t r;
+    if (__builtin_mul_overflow(a, b, &r) || __builtin_mul_overflow(r, c, &r) || __builtin_mul_overflow(r, d, &r) ||
+        __builtin_mul_overflow(r, size, &r))
+        return 0;
+    return r;
+}
+
+/* A zeroed session struct of `size` bytes, or NULL with the reason in err. */
+static inline void *ls_session_calloc(size_t size, char *err, int32_t err_len) {
+    void *s = calloc(1, size);
+    if (!s) ls_set_error(err, err_len, "out of memory allocating a session");
+    return s;
+}
+
+/* Stores the bookkeeping every library's session starts from: its model,
+ * capacity, loops, window and ring rows (ls_ring_rows with the library's
+ * chunk). A macro: each library has its own session struct, with these
+ * field names. */
+#define LS_SESSION_SHAPE(s, model, max_seq_, loops_, window_, chunk)                                       \
+    do {                                                                                                 \
+        (s)->m = (model);                                                                                \
+        (s)->max_seq = (max_seq_);                                                                       \
+        (s)->loops = (loops_);                                                                           \
+        (s)->window = (window_);                                                                         \
+        (s)->cap = ls_ring_rows((max_seq_), (window_), (chunk));                                         \
+    } while (0)
 
 /* Cache rows per loop: every position, or with a window W the W positions
  * a query sees plus the chunk being written (chunk: the library's most

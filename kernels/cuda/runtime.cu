@@ -150,15 +150,6 @@ extern "C" void ls_runtime_free(ls_model *m) {
 
 // ---- sessions ----
 
-/* a * b * c * d elements of `size` bytes, or 0 on overflow */
-static size_t bytes_of(size_t a, size_t b, size_t c, size_t d, size_t size) {
-    size_t r;
-    if (__builtin_mul_overflow(a, b, &r) || __builtin_mul_overflow(r, c, &r) || __builtin_mul_overflow(r, d, &r) ||
-        __builtin_mul_overflow(r, size, &r))
-        return 0;
-    return r;
-}
-
 /* cudaMalloc + zero fill (as the CPU library callocs): no buffer ever holds
  * undefined bytes. Returns false on failure (or on a 0-byte request). */
 static bool dev_alloc(void **p, size_t bytes) {
@@ -175,20 +166,13 @@ extern "C" ls_session *ls_session_new(ls_model *m, int32_t max_seq, int32_t loop
                                       int32_t err_len) {
     if (ls_check_session_args(m, max_seq, loops, cache_window, err, err_len) != LS_OK) return NULL;
     const ls_model_info *mi = &m->info;
-    ls_session *s = (ls_session *)calloc(1, sizeof *s);
-    if (!s) {
-        ls_set_error(err, err_len, "out of memory allocating a session");
-        return NULL;
-    }
-    s->m = m;
-    s->max_seq = max_seq;
-    s->loops = loops;
-    s->window = cache_window;
-    s->cap = ls_ring_rows(max_seq, cache_window, LS_CUDA_CHUNK);
+    ls_session *s = (ls_session *)ls_session_calloc(sizeof *s, err, err_len);
+    if (!s) return NULL;
+    LS_SESSION_SHAPE(s, m, max_seq, loops, cache_window, LS_CUDA_CHUNK);
 
     size_t C = LS_CUDA_CHUNK, dim = (size_t)mi->dim, hd = (size_t)mi->head_dim;
     size_t kv_dim = (size_t)mi->n_kv_heads * hd, ffn = (size_t)mi->ffn_dim, vocab = (size_t)mi->vocab_size;
-    size_t cache_bytes = bytes_of((size_t)loops, (size_t)mi->n_kv_heads, (size_t)s->cap, hd, sizeof(__half));
+    size_t cache_bytes = ls_bytes_of((size_t)loops, (size_t)mi->n_kv_heads, (size_t)s->cap, hd, sizeof(__half));
 
     s->tokens = (int32_t *)calloc((size_t)max_seq, sizeof(int32_t));
     s->loop_len = (int32_t *)calloc((size_t)loops, sizeof(int32_t));
