@@ -144,12 +144,9 @@ static void build_task(void *ctx, int32_t task, int32_t thread) {
 
 static void head_free(void *state) {
     ls_draft_head *d = state;
-    free(d->codes);
-    free(d->scale);
-    free(d->xn);
     ls_qact_free(d->act);
-    free(d->isum);
-    free(d);
+    void *bufs[] = {d->codes, d->scale, d->xn, d->isum, d};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
 
 static ls_draft_head *head_of(const ls_runtime *rt) { return rt->ext[LS_RUNTIME_EXT_DRAFT_HEAD].state; }

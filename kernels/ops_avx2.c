@@ -82,12 +82,14 @@ static inline vec v_pow2(vec p, vec n) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
+/* matmul tiles: at most TILE_MAX_R rows x TILE_MAX_T tokens */
+#define TILE_MAX_R 4
+#define TILE_MAX_T 4
+
 #include "ops_simd.h"
 
 // ---- fp16 matmul ----
 
-#define TILE_MAX_R 4
-#define TILE_MAX_T 4
 
 static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, const float *x,
                                                        int32_t ldx, const uint16_t *w, int32_t in,
@@ -130,17 +132,7 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
         }
         i += VL;
     }
-    if (i < in) {
-        int32_t n = in - i;
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            __m256 w1 = v_load_f16_n(wr[r] + i, n);
-#pragma GCC unroll 4
-            for (int t = 0; t < TT; t++)
-                a1[r][t] = _mm256_fmadd_ps(w1, v_load_n(x + (size_t)t * (size_t)ldx + i, n),
-                                           a1[r][t]);
-        }
-    }
+    if (i < in) tile_tail(a1, wr, x, ldx, i, in - i, R, TT);
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
 #pragma GCC unroll 4
@@ -189,6 +181,6 @@ static void matmul_f16_avx2(float *y, int32_t ldy, const float *x, int32_t ldx, 
 
 const ls_ops ls_ops_avx2 = {
     .simd = LS_SIMD_AVX2,
-    .matmul_f16 = matmul_f16_avx2,
-    OPS_SIMD_ENTRIES,
+    LS_OPS_ENTRIES(avx2),
+    .swiglu = swiglu_avx2,
 };

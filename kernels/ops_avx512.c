@@ -67,12 +67,14 @@ static inline vec v_pick_nonneg(vec x, vec a, vec b) {
 }
 static inline vec v_pow2(vec p, vec n) { return _mm512_scalef_ps(p, n); }
 
+/* matmul tiles: at most TILE_MAX_R rows x TILE_MAX_T tokens */
+#define TILE_MAX_R 8
+#define TILE_MAX_T 6 /* R * TT <= 24: R * TT accumulators + R weights + 1 x in 32 registers */
+
 #include "ops_simd.h"
 
 // ---- fp16 matmul ----
 
-#define TILE_MAX_R 8
-#define TILE_MAX_T 6 /* R * TT <= 24: R * TT accumulators + R weights + 1 x in 32 registers */
 
 /* R rows x TT tokens; R and TT are compile-time constants at every call.
  * One accumulator per (row, token): a += w[i..i+16) * x[i..i+16) (FMA) for
@@ -108,16 +110,7 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
             for (int r = 0; r < R; r++) a[r][t] = _mm512_fmadd_ps(w0[r], x0, a[r][t]);
         }
     }
-    if (i < in) {
-        int32_t n = in - i;
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            __m512 w1 = v_load_f16_n(wr[r] + i, n);
-#pragma GCC unroll 6
-            for (int t = 0; t < TT; t++)
-                a[r][t] = _mm512_fmadd_ps(w1, v_load_n(x + (size_t)t * (size_t)ldx + i, n), a[r][t]);
-        }
-    }
+    if (i < in) tile_tail(a, wr, x, ldx, i, in - i, R, TT);
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
 #pragma GCC unroll 6
@@ -348,9 +341,9 @@ static float softmax_exp_avx512(float *c, int32_t n, float scale) {
 
 const ls_ops ls_ops_avx512 = {
     .simd = LS_SIMD_AVX512,
-    .matmul_f16 = matmul_f16_avx512,
+    LS_OPS_ENTRIES(avx512),
+    .swiglu = swiglu_avx512,
     .softmax_exp = softmax_exp_avx512,
     .attn_scores_mq = attn_scores_mq_avx512,
     .attn_values_mq = attn_values_mq_avx512,
-    OPS_SIMD_ENTRIES,
 };

@@ -6,6 +6,7 @@
  *   vec, VL              the vector type and its lanes
  *   OPS_NAME(name)       name with the path's suffix (name##_avx2)
  *   EXP_NEG_MIN          exp_neg's clamp (the smallest argument it keeps)
+ *   TILE_MAX_R, TILE_MAX_T  the largest matmul tile (rows x tokens)
  *   SIMD_VEC_OPS(P)      (simd_vec.h) with its intrinsics' prefix: v_zero, v_set1,
  *                        v_add, v_mul, v_div, v_max, v_load(p), v_store(p, a)
  *                        (VL floats), v_fma(a, b, c) = a * b + c and
@@ -57,6 +58,22 @@ static ALWAYS_INLINE vec load_i8(const int8_t *p, int32_t n) { return n == VL ? 
 /* Element off of a cache read as fp16 values or (I8) int8 codes, n lanes. */
 static ALWAYS_INLINE vec load_cache(const void *c, const int I8, size_t off, int32_t n) {
     return I8 ? load_i8((const int8_t *)c + off, n) : load_f16((const uint16_t *)c + off, n);
+}
+
+// ---- fp16 matmul ----
+
+/* A matmul tile's last n < VL inputs (the paths' tile functions), zero
+ * padded, into acc[r][t] for R rows x TT tokens: one FMA per accumulator.
+ * R and TT are constants at every call; TILE_MAX_R / TILE_MAX_T are the
+ * path's. */
+static ALWAYS_INLINE void tile_tail(vec acc[TILE_MAX_R][TILE_MAX_T], const uint16_t *const *wr, const float *x,
+                                    int32_t ldx, int32_t i, int32_t n, const int R, const int TT) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        vec w1 = v_load_f16_n(wr[r] + i, n);
+#pragma GCC unroll 6
+        for (int t = 0; t < TT; t++) acc[r][t] = v_fma(w1, v_load_n(x + (size_t)t * (size_t)ldx + i, n), acc[r][t]);
+    }
 }
 
 // ---- attention over the cache (ops.h attn_scores / attn_values, _i8, _i4) ----
@@ -284,11 +301,3 @@ static void OPS_NAME(f32_to_f16)(uint16_t *dst, const float *src, int32_t n) {
     for (; i + VL <= n; i += VL) v_store_f16(dst + i, v_load(src + i));
     if (i < n) v_store_f16_n(dst + i, v_load_n(src + i, n - i), n - i);
 }
-
-/* The entries of the kernels above in the path's ls_ops table. */
-#define OPS_SIMD_ENTRIES                                                                      \
-    .attn_scores = OPS_NAME(attn_scores), .attn_values = OPS_NAME(attn_values),              \
-    .attn_scores_i8 = OPS_NAME(attn_scores_i8), .attn_values_i8 = OPS_NAME(attn_values_i8),  \
-    .attn_scores_i4 = OPS_NAME(attn_scores_i4), .attn_values_i4 = OPS_NAME(attn_values_i4),  \
-    .swiglu = OPS_NAME(swiglu), .rmsnorm = OPS_NAME(rmsnorm), .f16_to_f32 = OPS_NAME(f16_to_f32), \
-    .f32_to_f16 = OPS_NAME(f32_to_f16)

@@ -95,30 +95,10 @@ ls_session *ls_session_new_kv(ls_model *m, int32_t max_seq, int32_t loops, int32
 void ls_session_free(ls_session *s) {
     if (!s) return;
     ls_ext_free_all(s->ext, LS_SESSION_EXT_N);
-    free(s->tokens);
-    free(s->loop_len);
-    free(s->loop_lo);
-    free(s->kc);
-    free(s->vc);
-    free(s->kq);
-    free(s->kp);
-    free(s->vq);
-    free(s->vp);
-    free(s->kv_codes);
-    free(s->kv_params);
-    free(s->h);
-    free(s->xb);
-    free(s->q);
-    free(s->k);
-    free(s->v);
-    free(s->k16);
-    free(s->att);
-    free(s->g);
-    free(s->u);
-    free(s->rope);
-    free(s->scores);
-    free(s->logits);
-    free(s);
+    void *bufs[] = {s->tokens, s->loop_len, s->loop_lo, s->kc, s->vc, s->kq, s->kp, s->vq, s->vp,
+                    s->kv_codes, s->kv_params, s->h, s->xb, s->q, s->k, s->v, s->k16, s->att, s->g, s->u,
+                    s->rope, s->scores, s->logits, s};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
 
 int32_t ls_session_pos(const ls_session *s) { return s ? s->pos : LS_ERR_ARG; }

@@ -116,16 +116,8 @@ typedef struct {
 
 static void scratch_free(void *state) {
     scratch *x = state;
-    free(x->h);
-    free(x->hb);
-    free(x->dlogits);
-    free(x->vlogits);
-    free(x->alogits);
-    free(x->v);
-    free(x->wp);
-    free(x->wq);
-    free(x->ids);
-    free(x);
+    void *bufs[] = {x->h, x->hb, x->dlogits, x->vlogits, x->alogits, x->v, x->wp, x->wq, x->ids, x};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
 
 static scratch *scratch_of(const ls_session *s) { return s->ext[LS_SESSION_EXT_SPEC].state; }

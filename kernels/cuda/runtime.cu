@@ -228,12 +228,8 @@ extern "C" void ls_session_free(ls_session *s) {
                    s->g, s->u, s->rope, s->logits, s->penalized, s->result};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
-    free(s->tokens);
-    free(s->loop_len);
-    free(s->loop_lo);
-    free(s->rope_host);
-    free(s->logits_host);
-    free(s);
+    void *host[] = {s->tokens, s->loop_len, s->loop_lo, s->rope_host, s->logits_host, s};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
 }
 
 extern "C" int32_t ls_session_pos(const ls_session *s) { return s ? s->pos : LS_ERR_ARG; }
