@@ -44,8 +44,9 @@ static inline vec v_load_i8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
-/* Partial vectors go through zero-padded copies: AVX2 has no masked load
- * or store for 16- and 8-bit elements. */
+/* AVX2 has no masked load or store for 16- and 8-bit elements: partial
+ * vectors go through zero-padded copies, or (bytes) are put together from
+ * byte loads (below). */
 #define PARTIAL_LOAD(name, T, full)                    \
     static inline vec name(const T *p, int32_t n) {    \
         T tmp[VL] = {0};                               \
@@ -60,15 +61,25 @@ static inline vec v_load_i8(const int8_t *p) {
     }
 PARTIAL_LOAD(v_load_n, float, v_load)
 PARTIAL_LOAD(v_load_f16_n, uint16_t, v_load_f16)
-PARTIAL_LOAD(v_load_i8_n, int8_t, v_load_i8)
 PARTIAL_STORE(v_store_n, float, v_store)
 PARTIAL_STORE(v_store_f16_n, uint16_t, v_store_f16)
 
+/* The first n of 8 bytes in the low bytes of a register, the rest zero:
+ * byte loads, cheaper than a copy for the handful a tail holds. */
+static inline __m128i bytes_n(const uint8_t *p, int32_t n) {
+    uint64_t b = 0;
+    for (int32_t i = 0; i < n; i++) b |= (uint64_t)p[i] << (8 * i);
+    return _mm_cvtsi64_si128((long long)b);
+}
+
+static inline vec v_load_i8_n(const int8_t *p, int32_t n) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes_n((const uint8_t *)p, n)));
+}
+
 /* n code bytes -> low nibbles and high nibbles as floats */
 static inline void v_load_u4(const uint8_t *p, int32_t n, vec *lo, vec *hi) {
-    uint8_t tmp[VL] = {0};
-    if (n < VL) p = memcpy(tmp, p, (size_t)n);
-    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    __m128i raw = n == VL ? _mm_loadl_epi64((const __m128i *)p) : bytes_n(p, n);
+    __m256i b = _mm256_cvtepu8_epi32(raw);
     *lo = _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15)));
     *hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
 }

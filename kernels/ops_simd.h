@@ -45,19 +45,26 @@ static inline void prefetch_ahead(const uint16_t *p, size_t elems) {
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
-/* n (<= VL) floats, fp16 values or int8 codes: a full load when n == VL
- * (a constant wherever speed matters, so the test folds away). */
-static ALWAYS_INLINE vec load_f32(const float *p, int32_t n) { return n == VL ? v_load(p) : v_load_n(p, n); }
-static ALWAYS_INLINE void store_f32(float *p, vec a, int32_t n) {
-    if (n == VL) v_store(p, a);
-    else v_store_n(p, a, n);
+/* The first n < VL lanes when `part`, else all VL: floats, fp16 values or
+ * int8 codes. part is a constant wherever speed matters, so the test folds
+ * away. */
+static ALWAYS_INLINE vec load_f32(const float *p, int part, int32_t n) {
+    return part ? v_load_n(p, n) : v_load(p);
 }
-static ALWAYS_INLINE vec load_f16(const uint16_t *p, int32_t n) { return n == VL ? v_load_f16(p) : v_load_f16_n(p, n); }
-static ALWAYS_INLINE vec load_i8(const int8_t *p, int32_t n) { return n == VL ? v_load_i8(p) : v_load_i8_n(p, n); }
+static ALWAYS_INLINE void store_f32(float *p, vec a, int part, int32_t n) {
+    if (part) v_store_n(p, a, n);
+    else v_store(p, a);
+}
+static ALWAYS_INLINE vec load_f16(const uint16_t *p, int part, int32_t n) {
+    return part ? v_load_f16_n(p, n) : v_load_f16(p);
+}
+static ALWAYS_INLINE vec load_i8(const int8_t *p, int part, int32_t n) {
+    return part ? v_load_i8_n(p, n) : v_load_i8(p);
+}
 
-/* Element off of a cache read as fp16 values or (I8) int8 codes, n lanes. */
-static ALWAYS_INLINE vec load_cache(const void *c, const int I8, size_t off, int32_t n) {
-    return I8 ? load_i8((const int8_t *)c + off, n) : load_f16((const uint16_t *)c + off, n);
+/* Element off of a cache read as fp16 values or (I8) int8 codes. */
+static ALWAYS_INLINE vec load_cache(const void *c, const int I8, size_t off, int part, int32_t n) {
+    return I8 ? load_i8((const int8_t *)c + off, part, n) : load_f16((const uint16_t *)c + off, part, n);
 }
 
 // ---- fp16 matmul ----
@@ -85,53 +92,61 @@ static ALWAYS_INLINE void tile_tail(vec acc[TILE_MAX_R][TILE_MAX_T], const uint1
 
 #define KV_GROUP 32 /* LS_KV_GROUP */
 
-/* Scores of NV vectors of positions from j, the last holding m of them:
- * sum_d q[d] * K[d][j..] over fp16 keys, or (I8) over int8 codes, each
- * position's sum then times its fp16 scale ks[j]. */
+/* Scores of NV vectors of positions from j (with TAIL, the last holds only
+ * m < VL of them): sum_d q[d] * K[d][j..] over fp16 keys, or (I8) over int8
+ * codes, each position's sum then times its fp16 scale ks[j]. */
 static ALWAYS_INLINE void scores_tile(float *scores, const float *q, const void *kt, int32_t ldk, const uint16_t *ks,
-                                      int32_t hd, int32_t j, int32_t m, const int NV, const int I8) {
+                                      int32_t hd, int32_t j, int32_t m, const int NV, const int TAIL, const int I8) {
     vec a[4];
+#pragma GCC unroll 4
     for (int v = 0; v < NV; v++) a[v] = v_zero();
-    for (int32_t d = 0; d < hd; d++) {
-        vec qd = v_set1(q[d]);
-        for (int v = 0; v < NV; v++)
-            a[v] = v_fma(qd, load_cache(kt, I8, (size_t)d * ldk + j + v * VL, v == NV - 1 ? m : VL), a[v]);
+    for (size_t d = 0, row = (size_t)j; d < (size_t)hd; d++, row += (size_t)ldk) {
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) {
+            vec k = load_cache(kt, I8, row + v * VL, TAIL && v == NV - 1, m); /* before q[d]: a copy is a call */
+            a[v] = v_fma(v_set1(q[d]), k, a[v]);
+        }
     }
+#pragma GCC unroll 4
     for (int v = 0; v < NV; v++) {
-        int32_t mv = v == NV - 1 ? m : VL;
-        store_f32(scores + j + v * VL, I8 ? v_mul(a[v], load_f16(ks + j + v * VL, mv)) : a[v], mv);
+        int part = TAIL && v == NV - 1;
+        store_f32(scores + j + v * VL, I8 ? v_mul(a[v], load_f16(ks + j + v * VL, part, m)) : a[v], part, m);
     }
 }
 
 static ALWAYS_INLINE void scores_rows(float *scores, const float *q, const void *kt, int32_t ldk, const uint16_t *ks,
                                       int32_t hd, int32_t n, const int I8) {
     int32_t j = 0;
-    for (; j + 4 * VL <= n; j += 4 * VL) scores_tile(scores, q, kt, ldk, ks, hd, j, VL, 4, I8);
-    for (; j + VL <= n; j += VL) scores_tile(scores, q, kt, ldk, ks, hd, j, VL, 1, I8);
-    if (j < n) scores_tile(scores, q, kt, ldk, ks, hd, j, n - j, 1, I8);
+    for (; j + 4 * VL <= n; j += 4 * VL) scores_tile(scores, q, kt, ldk, ks, hd, j, VL, 4, 0, I8);
+    for (; j + VL <= n; j += VL) scores_tile(scores, q, kt, ldk, ks, hd, j, VL, 1, 0, I8);
+    if (j < n) scores_tile(scores, q, kt, ldk, ks, hd, j, n - j, 1, 1, I8);
 }
 
-/* Values into NV vectors of dimensions from d0, the last holding m of them:
- * out[d] += p[j] * V[j][d], j increasing, over fp16 values or (I8) int8
- * codes, whose weight is then p[j] times the row's fp16 scale vs[j]. */
+/* Values into NV vectors of dimensions from d0 (with TAIL, the last holds
+ * only m < VL of them): out[d] += p[j] * V[j][d], j increasing, over fp16
+ * values or (I8) int8 codes, whose weight is then p[j] times the row's fp16
+ * scale vs[j]. */
 static ALWAYS_INLINE void values_tile(float *out, const float *p, const void *v, const uint16_t *vs, int32_t hd,
-                                      int32_t n, int32_t d0, int32_t m, const int NV, const int I8) {
+                                      int32_t n, int32_t d0, int32_t m, const int NV, const int TAIL, const int I8) {
     vec a[4];
-    for (int e = 0; e < NV; e++) a[e] = load_f32(out + d0 + e * VL, e == NV - 1 ? m : VL);
+#pragma GCC unroll 4
+    for (int e = 0; e < NV; e++) a[e] = load_f32(out + d0 + e * VL, TAIL && e == NV - 1, m);
     for (int32_t j = 0; j < n; j++) {
         vec w = v_set1(I8 ? p[j] * _cvtsh_ss(vs[j]) : p[j]);
+#pragma GCC unroll 4
         for (int e = 0; e < NV; e++)
-            a[e] = v_fma(w, load_cache(v, I8, (size_t)j * hd + d0 + e * VL, e == NV - 1 ? m : VL), a[e]);
+            a[e] = v_fma(w, load_cache(v, I8, (size_t)j * hd + d0 + e * VL, TAIL && e == NV - 1, m), a[e]);
     }
-    for (int e = 0; e < NV; e++) store_f32(out + d0 + e * VL, a[e], e == NV - 1 ? m : VL);
+#pragma GCC unroll 4
+    for (int e = 0; e < NV; e++) store_f32(out + d0 + e * VL, a[e], TAIL && e == NV - 1, m);
 }
 
 static ALWAYS_INLINE void values_rows(float *out, const float *p, const void *v, const uint16_t *vs, int32_t hd,
                                       int32_t n, const int I8) {
     int32_t d0 = 0;
-    for (; d0 + 4 * VL <= hd; d0 += 4 * VL) values_tile(out, p, v, vs, hd, n, d0, VL, 4, I8);
-    for (; d0 + VL <= hd; d0 += VL) values_tile(out, p, v, vs, hd, n, d0, VL, 1, I8);
-    if (d0 < hd) values_tile(out, p, v, vs, hd, n, d0, hd - d0, 1, I8);
+    for (; d0 + 4 * VL <= hd; d0 += 4 * VL) values_tile(out, p, v, vs, hd, n, d0, VL, 4, 0, I8);
+    for (; d0 + VL <= hd; d0 += VL) values_tile(out, p, v, vs, hd, n, d0, VL, 1, 0, I8);
+    if (d0 < hd) values_tile(out, p, v, vs, hd, n, d0, hd - d0, 1, 1, I8);
 }
 
 static void OPS_NAME(attn_scores)(float *scores, const float *q, const uint16_t *kt, int32_t ldk, int32_t hd,
@@ -158,40 +173,44 @@ static inline int32_t group_half(int32_t g0, int32_t hd) {
     return ((g0 + KV_GROUP < hd ? g0 + KV_GROUP : hd) - g0) / 2;
 }
 
-/* int4 key scores of NV vectors of positions from j, the last holding m. */
+/* int4 key scores of NV vectors of positions from j (with TAIL, the last
+ * holds only m < VL of them). */
 static ALWAYS_INLINE void scores_i4_tile(float *scores, const float *q, const uint8_t *kt, int32_t ldq,
                                          const uint16_t *kp, int32_t ldp, int32_t hd, int32_t j, int32_t m,
-                                         const int NV) {
+                                         const int NV, const int TAIL) {
     vec a[4];
+#pragma GCC unroll 4
     for (int v = 0; v < NV; v++) a[v] = v_zero();
     for (int32_t g0 = 0, g = 0; g0 < hd; g0 += KV_GROUP, g++) {
         int32_t half = group_half(g0, hd);
         vec sg[4], zg[4];
+#pragma GCC unroll 4
         for (int v = 0; v < NV; v++) {
-            int32_t mv = v == NV - 1 ? m : VL;
-            sg[v] = load_f16(kp + (size_t)(2 * g) * ldp + j + v * VL, mv);
-            zg[v] = load_f16(kp + (size_t)(2 * g + 1) * ldp + j + v * VL, mv);
+            sg[v] = load_f16(kp + (size_t)(2 * g) * ldp + j + v * VL, TAIL && v == NV - 1, m);
+            zg[v] = load_f16(kp + (size_t)(2 * g + 1) * ldp + j + v * VL, TAIL && v == NV - 1, m);
         }
         const uint8_t *row = kt + (size_t)(g0 / 2) * ldq + j;
         for (int32_t i = 0; i < half; i++, row += ldq) {
             vec qlo = v_set1(q[g0 + i]), qhi = v_set1(q[g0 + half + i]);
+#pragma GCC unroll 4
             for (int v = 0; v < NV; v++) {
                 vec lo, hi;
-                v_load_u4(row + v * VL, v == NV - 1 ? m : VL, &lo, &hi);
+                v_load_u4(row + v * VL, TAIL && v == NV - 1 ? m : VL, &lo, &hi);
                 a[v] = v_fma(qlo, v_fma(lo, sg[v], zg[v]), a[v]);
                 a[v] = v_fma(qhi, v_fma(hi, sg[v], zg[v]), a[v]);
             }
         }
     }
-    for (int v = 0; v < NV; v++) store_f32(scores + j + v * VL, a[v], v == NV - 1 ? m : VL);
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) store_f32(scores + j + v * VL, a[v], TAIL && v == NV - 1, m);
 }
 
 static void OPS_NAME(attn_scores_i4)(float *scores, const float *q, const uint8_t *kt, int32_t ldq,
                                      const uint16_t *kp, int32_t ldp, int32_t hd, int32_t n) {
     int32_t j = 0;
-    for (; j + 4 * VL <= n; j += 4 * VL) scores_i4_tile(scores, q, kt, ldq, kp, ldp, hd, j, VL, 4);
-    for (; j + VL <= n; j += VL) scores_i4_tile(scores, q, kt, ldq, kp, ldp, hd, j, VL, 1);
-    if (j < n) scores_i4_tile(scores, q, kt, ldq, kp, ldp, hd, j, n - j, 1);
+    for (; j + 4 * VL <= n; j += 4 * VL) scores_i4_tile(scores, q, kt, ldq, kp, ldp, hd, j, VL, 4, 0);
+    for (; j + VL <= n; j += VL) scores_i4_tile(scores, q, kt, ldq, kp, ldp, hd, j, VL, 1, 0);
+    if (j < n) scores_i4_tile(scores, q, kt, ldq, kp, ldp, hd, j, n - j, 1, 1);
 }
 
 /* int4 values of group g (dims g0.. : half low-nibble dims, then half
@@ -204,8 +223,8 @@ static ALWAYS_INLINE void values_i4_group(float *out, const float *p, const uint
     for (int32_t e = 0; e < NV_MAX; e++) lo[e] = hi[e] = v_zero(); /* (only [0, nv) are used) */
     for (int32_t e = 0; e < nv; e++) {
         int32_t m = half - e * VL < VL ? half - e * VL : VL;
-        lo[e] = load_f32(out + g0 + e * VL, m);
-        hi[e] = load_f32(out + g0 + half + e * VL, m);
+        lo[e] = load_f32(out + g0 + e * VL, m < VL, m);
+        hi[e] = load_f32(out + g0 + half + e * VL, m < VL, m);
     }
     const uint8_t *row = v + g0 / 2;
     const uint16_t *par = vp + 2 * g;
@@ -221,8 +240,8 @@ static ALWAYS_INLINE void values_i4_group(float *out, const float *p, const uint
     }
     for (int32_t e = 0; e < nv; e++) {
         int32_t m = half - e * VL < VL ? half - e * VL : VL;
-        store_f32(out + g0 + e * VL, lo[e], m);
-        store_f32(out + g0 + half + e * VL, hi[e], m);
+        store_f32(out + g0 + e * VL, lo[e], m < VL, m);
+        store_f32(out + g0 + half + e * VL, hi[e], m < VL, m);
     }
 }
 
@@ -261,10 +280,10 @@ static inline vec exp_neg(vec x) {
  * below. */
 static ALWAYS_INLINE void swiglu_vec(float *g, const float *u, int32_t m) {
     const vec one = v_set1(1.0f);
-    vec x = load_f32(g, m);
+    vec x = load_f32(g, m < VL, m);
     vec e = exp_neg(v_neg_abs(x));
     vec sig = v_div(v_pick_nonneg(x, one, e), v_add(one, e));
-    store_f32(g, v_mul(v_mul(x, sig), load_f32(u, m)), m);
+    store_f32(g, v_mul(v_mul(x, sig), load_f32(u, m < VL, m)), m < VL, m);
 }
 
 static void OPS_NAME(swiglu)(float *g, const float *u, int32_t n) {
