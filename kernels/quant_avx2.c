@@ -16,7 +16,7 @@
  *
  * After the 8 exact block sums of a window of 256 inputs, the fp32 steps
  * are those of quant.h, the same operations in the same order as quant_avx512.c
- * (below: lane_sum and tile).
+ * (below: ls_hsum256, simd_vec.h, and tile).
  */
 #include <immintrin.h>
 #include <stddef.h>
@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "quant.h"
+#include "simd_vec.h"
 
 #define TILE_MAX_R 4
 #define TILE_MAX_T 4
@@ -196,14 +197,6 @@ static inline __m256 load_f16x8(const uint16_t *p, int32_t n) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tmp));
 }
 
-/* ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) */
-static inline float lane_sum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* Rows [o, o + R) x tokens [t0, t0 + TT). */
 static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, const ls_qact *a,
                                                        const ls_qmat *w, int32_t o, int32_t t0,
@@ -276,7 +269,7 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
     }
     for (int r = 0; r < R; r++)
         for (int t = 0; t < TT; t++) {
-            float s = lane_sum(acc[r][t]) * a->d[t0 + t];
+            float s = ls_hsum256(acc[r][t]) * a->d[t0 + t];
             float *yo = y + (size_t)(t0 + t) * (size_t)ldy + o + r;
             *yo = add ? *yo + s : s;
         }

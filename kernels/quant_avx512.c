@@ -33,6 +33,7 @@
 #include <sys/mman.h>
 
 #include "quant.h"
+#include "simd_vec.h"
 
 #define LANE_MAX_R 8
 #define LANE_MAX_T 4
@@ -188,14 +189,6 @@ static int32_t pack_avx512(ls_qmat *w) {
     return 0;
 }
 
-/* ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) */
-static inline float lane_sum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 // ---- the tiles ----
 
 /* acc + the dot products of u (unsigned) and x (signed) in each lane
@@ -327,7 +320,7 @@ static inline __attribute__((always_inline)) void lane_window(__m256 acc[LANE_MA
     }
 }
 
-/* lane_sum of A[0] .. A[7] at once, the same additions in the same order:
+/* ls_hsum256 of A[0] .. A[7] at once, the same additions in the same order:
  * lanes 0-3 for A[0], A[2], A[4], A[6], lanes 4-7 for A[1], A[3], A[5], A[7]. */
 static inline __m256 lane_sum8(const __m256 A[8]) {
     __m256 B[4];
@@ -387,7 +380,7 @@ static inline __attribute__((always_inline)) void lane_tile(float *y, int32_t ld
     } else {
         for (int r = 0; r < R; r++)
             for (int t = 0; t < TT; t++) {
-                float v = lane_sum(acc[r][t]) * L->d[t];
+                float v = ls_hsum256(acc[r][t]) * L->d[t];
                 float *yo = yr + (size_t)t * (size_t)ldy + r;
                 *yo = add ? *yo + v : v;
             }
