@@ -1,13 +1,13 @@
 /*
  * session_rules.h — the session rules every library applies the same way,
- * written once: the model shape they run, which arguments a session and
- * a sampling step accept, how far back a window
- * reaches, how many cache rows a ring keeps, and which positions the loops
- * must hold before a call may go on. session.c, forward.c and spec.c use
- * them, and so does the CUDA library (kernels/cuda/runtime.cu), whose
- * session keeps the same bookkeeping on the host next to its device cache.
- * Header-only so the CUDA library, which links none of the CPU session
- * code, compiles it too (as C++). Not ABI.
+ * written once: the model shape they run, which arguments a session and a
+ * sampling step accept, how far back a window reaches, how many cache rows
+ * a ring keeps, and which positions the loops must hold before a call may
+ * go on. session.c, forward.c and spec.c use them, and so does the CUDA
+ * library (kernels/cuda/runtime.cu), whose session keeps the same
+ * bookkeeping on the host next to its device cache. Header-only so the
+ * CUDA library, which links none of the CPU session code, compiles it too
+ * (as C++). Not ABI.
  */
 #ifndef LS_SESSION_RULES_H
 #define LS_SESSION_RULES_H
