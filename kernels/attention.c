@@ -27,21 +27,9 @@
 #include <math.h>
 #include <stddef.h>
 
-#include "session.h"
+#include "forward.h"
 
 // ---- rope ----
-
-void ls_rope_table(float *cs, int32_t T, int32_t pos0, int32_t head_dim, float theta) {
-    int32_t half = head_dim / 2;
-    for (int32_t i = 0; i < half; i++) {
-        double inv_freq = pow((double)theta, -2.0 * (double)i / (double)head_dim);
-        for (int32_t t = 0; t < T; t++) {
-            double ang = (double)(pos0 + t) * inv_freq;
-            cs[((size_t)t * half + i) * 2] = (float)cos(ang);
-            cs[((size_t)t * half + i) * 2 + 1] = (float)sin(ang);
-        }
-    }
-}
 
 void ls_rope_apply(float *x, int32_t n_heads, int32_t head_dim, const float *cs) {
     int32_t half = head_dim / 2;
@@ -145,7 +133,7 @@ static void att_task(void *ctx, int32_t task, int32_t thread) {
     int32_t n_heads = s->m->info.n_heads, hd = s->m->info.head_dim;
     int32_t t = task / n_heads, h = task % n_heads;
     int32_t p = j->pos0 + t;
-    int32_t lo = (s->window > 0 && p - s->window + 1 > 0) ? p - s->window + 1 : 0;
+    int32_t lo = ls_window_lo(p, s->window);
     int32_t cnt = p - lo + 1;
     int32_t cap = s->cap;
 
@@ -247,7 +235,7 @@ static void att_group_task(void *ctx, int32_t task, int32_t thread) {
     for (int32_t g = 0; g < G; g++) {
         int32_t t = t0 + g;
         p[g] = j->pos0 + t;
-        lo[g] = (s->window > 0 && p[g] - s->window + 1 > 0) ? p[g] - s->window + 1 : 0;
+        lo[g] = ls_window_lo(p[g], s->window);
         q[g] = s->q + (size_t)t * n_heads * hd + (size_t)h * hd;
         out[g] = s->att + (size_t)t * n_heads * hd + (size_t)h * hd;
         sc[g] = s->scores + ((size_t)thread * ATT_GROUP + g) * cap;
@@ -346,7 +334,7 @@ static void tree_att_task(void *ctx, int32_t task, int32_t thread) {
     int32_t n_heads = s->m->info.n_heads, hd = s->m->info.head_dim;
     int32_t t = task / n_heads, h = task % n_heads;
     int32_t p = rows->pos[t], base = rows->base, cap = s->cap;
-    int32_t lo = (s->window > 0 && p - s->window + 1 > 0) ? p - s->window + 1 : 0;
+    int32_t lo = ls_window_lo(p, s->window);
     int32_t cnt = p - lo + 1;
 
     slot_run run[TREE_MAX_RUNS];

@@ -26,18 +26,18 @@
  * one load and a shift and mask per field give four 64-input vectors in
  * natural order.
  *
- * The SIMD kernels use function target attributes and run only after
- * build's CPU check, as ops.h requires of SIMD code.
+ * The integer dot products are the quantized kernels' (quant.h dot_u2, one
+ * per SIMD path, picked as the model's quantized matmuls are). The head
+ * lives in the runtime's LS_RUNTIME_EXT_DRAFT_HEAD slot.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "draft_head.h"
 #include "quant.h"
-#include "session.h"
-
-enum { PATH_PORTABLE = 0, PATH_AVX2 = 1, PATH_VNNI = 2 };
+#include "runtime.h"
+#include "sampling.h"
 
 #define MAX_TASKS 64 /* score tasks per call: ~8 per thread, capped */
 
@@ -45,111 +45,13 @@ struct ls_draft_head {
     uint8_t *codes;   /* (vocab, ldb) 2-bit codes, layout above */
     float *scale;     /* (vocab) s / 2 of each row */
     int32_t ld, ldb;  /* inputs per row (dim rounded up to 256), bytes per row */
-    int32_t path;     /* PATH_* for this CPU and SIMD choice */
+    const ls_qops *qops; /* dot_u2 for this CPU and SIMD choice */
     /* the last ls_draft_head_coarse call's activations */
     float *xn;        /* (dim) rmsnorm(h) */
     ls_qact *act;     /* its int8 codes q (zero padded to ld), scale d[0], sum qsum[0] */
     int32_t *isum;    /* (vocab) integer dot products */
     int32_t best[MAX_TASKS * LS_DRAFT_BEST], have[MAX_TASKS]; /* score tasks' best ids */
 };
-
-// ---- integer dot products: isum[r] = sum_i u * x8, rows [r0, r1) ----
-
-static void rows_portable(const ls_draft_head *d, int32_t r0, int32_t r1) {
-    for (int32_t r = r0; r < r1; r++) {
-        const uint8_t *w = d->codes + (size_t)r * d->ldb;
-        int32_t acc = 0;
-        for (int32_t b = 0; b < d->ldb; b += 64)
-            for (int32_t f = 0; f < 4; f++)
-                for (int32_t j = 0; j < 64; j++) acc += (int32_t)((w[b + j] >> (2 * f)) & 3) * d->act->q[4 * b + 64 * f + j];
-        d->isum[r] = acc;
-    }
-}
-
-__attribute__((target("avx2"))) static void rows_avx2(const ls_draft_head *d, int32_t r0, int32_t r1) {
-    const __m256i m = _mm256_set1_epi8(0x03), ones = _mm256_set1_epi16(1);
-    for (int32_t r = r0; r < r1; r++) {
-        const uint8_t *w = d->codes + (size_t)r * d->ldb;
-        __m256i acc = _mm256_setzero_si256();
-        for (int32_t b = 0; b < d->ldb; b += 32) {
-            /* bytes [b, b + 32) of the 64-byte block at b0: inputs 4*b0 + (b - b0) + 64f */
-            const int8_t *x = d->act->q + 4 * (b & ~63) + (b & 63);
-            __m256i W = _mm256_loadu_si256((const __m256i *)(w + b));
-            /* codes <= 3, |x8| <= 127: no pair sum saturates */
-            __m256i p = _mm256_maddubs_epi16(_mm256_and_si256(W, m), _mm256_loadu_si256((const __m256i *)x));
-            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(W, 2), m),
-                                                         _mm256_loadu_si256((const __m256i *)(x + 64))));
-            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(W, 4), m),
-                                                         _mm256_loadu_si256((const __m256i *)(x + 128))));
-            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(W, 6), m),
-                                                         _mm256_loadu_si256((const __m256i *)(x + 192))));
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones));
-        }
-        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
-        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-        d->isum[r] = _mm_cvtsi128_si32(s);
-    }
-}
-
-/* Four accumulators to their four sums (r0, r1, r2, r3). */
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) static inline __m128i reduce4(__m512i a0, __m512i a1,
-                                                                                    __m512i a2, __m512i a3) {
-    __m256i s0 = _mm256_add_epi32(_mm512_castsi512_si256(a0), _mm512_extracti64x4_epi64(a0, 1));
-    __m256i s1 = _mm256_add_epi32(_mm512_castsi512_si256(a1), _mm512_extracti64x4_epi64(a1, 1));
-    __m256i s2 = _mm256_add_epi32(_mm512_castsi512_si256(a2), _mm512_extracti64x4_epi64(a2, 1));
-    __m256i s3 = _mm256_add_epi32(_mm512_castsi512_si256(a3), _mm512_extracti64x4_epi64(a3, 1));
-    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));
-    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-}
-
-#define PREFETCH_ROWS 32
-
-/* Field f of every byte of W: 64 codes of inputs 64f + j. */
-#define FIELD(W, f) _mm512_and_si512(_mm512_srli_epi16((W), 2 * (f)), m)
-
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void rows_vnni(const ls_draft_head *d, int32_t r0,
-                                                                             int32_t r1) {
-    const __m512i m = _mm512_set1_epi8(0x03);
-    const int32_t ldb = d->ldb;
-    int32_t r = r0;
-    for (; r + 4 <= r1; r += 4) {
-        const uint8_t *w = d->codes + (size_t)r * ldb;
-        __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-        for (int32_t b = 0; b < ldb; b += 64) {
-            /* The head is read from memory on most drafts (the verifier's head
-             * evicts it): ask for rows PREFETCH_ROWS ahead, more misses in
-             * flight than the hardware prefetcher keeps. A prefetch never
-             * faults; the address is formed as an integer to stay defined. */
-            for (int32_t k = 0; k < 4; k++)
-                _mm_prefetch((const char *)((uintptr_t)w + (size_t)(PREFETCH_ROWS + k) * ldb + b), _MM_HINT_T0);
-            __m512i W0 = _mm512_loadu_si512((const void *)(w + b));
-            __m512i W1 = _mm512_loadu_si512((const void *)(w + ldb + b));
-            __m512i W2 = _mm512_loadu_si512((const void *)(w + 2 * (size_t)ldb + b));
-            __m512i W3 = _mm512_loadu_si512((const void *)(w + 3 * (size_t)ldb + b));
-#pragma GCC unroll 4
-            for (int f = 0; f < 4; f++) {
-                __m512i x = _mm512_loadu_si512((const void *)(d->act->q + 4 * b + 64 * f));
-                a0 = _mm512_dpbusd_epi32(a0, FIELD(W0, f), x);
-                a1 = _mm512_dpbusd_epi32(a1, FIELD(W1, f), x);
-                a2 = _mm512_dpbusd_epi32(a2, FIELD(W2, f), x);
-                a3 = _mm512_dpbusd_epi32(a3, FIELD(W3, f), x);
-            }
-        }
-        _mm_storeu_si128((__m128i *)(d->isum + r), reduce4(a0, a1, a2, a3));
-    }
-    for (; r < r1; r++) {
-        const uint8_t *w = d->codes + (size_t)r * ldb;
-        __m512i a = _mm512_setzero_si512();
-        for (int32_t b = 0; b < ldb; b += 64) {
-            __m512i W = _mm512_loadu_si512((const void *)(w + b));
-#pragma GCC unroll 4
-            for (int f = 0; f < 4; f++)
-                a = _mm512_dpbusd_epi32(a, FIELD(W, f), _mm512_loadu_si512((const void *)(d->act->q + 4 * b + 64 * f)));
-        }
-        d->isum[r] = _mm512_reduce_add_epi32(a);
-    }
-}
 
 typedef struct {
     const ls_draft_head *d;
@@ -163,9 +65,7 @@ static void score_task(void *ctx, int32_t task, int32_t thread) {
     const score_job *j = ctx;
     const ls_draft_head *d = j->d;
     int32_t r0 = task * j->rows_per_task, r1 = r0 + j->rows_per_task < j->rows ? r0 + j->rows_per_task : j->rows;
-    if (d->path == PATH_VNNI) rows_vnni(d, r0, r1);
-    else if (d->path == PATH_AVX2) rows_avx2(d, r0, r1);
-    else rows_portable(d, r0, r1);
+    d->qops->dot_u2(d->isum, d->codes, d->ldb, d->act->q, r0, r1);
     const int32_t offset = 3 * d->act->qsum[0];
     const float xs = d->act->d[0];
     int32_t *best = j->best + (size_t)task * j->n_best, have = 0;
@@ -242,52 +142,42 @@ static void build_task(void *ctx, int32_t task, int32_t thread) {
     }
 }
 
-void ls_draft_head_free(ls_runtime *rt) {
-    ls_draft_head *d = rt ? rt->draft : NULL;
-    if (!d) return;
-    free(d->codes);
-    free(d->scale);
-    free(d->xn);
+static void head_free(void *state) {
+    ls_draft_head *d = state;
     ls_qact_free(d->act);
-    free(d->isum);
-    free(d);
-    rt->draft = NULL;
+    void *bufs[] = {d->codes, d->scale, d->xn, d->isum, d};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
+
+static ls_draft_head *head_of(const ls_runtime *rt) { return rt->ext[LS_RUNTIME_EXT_DRAFT_HEAD].state; }
 
 int32_t ls_draft_head_build(ls_model *m) {
     ls_runtime *rt = m->rt;
-    if (rt->draft) return LS_OK;
+    if (head_of(rt)) return LS_OK;
     int32_t dim = m->info.dim, V = m->info.vocab_size;
     ls_draft_head *d = calloc(1, sizeof *d);
     if (!d) return LS_ERR_NOMEM;
-    rt->draft = d;
     /* the codes' rows are as long as the activations' (dim rounded up to
      * LS_QACT_PAD), which the 256-input blocks of the layout need */
     _Static_assert(LS_QACT_PAD % 256 == 0, "2-bit code blocks span 256 inputs");
     d->act = ls_qact_new(1, dim);
-    if (!d->act) {
-        ls_draft_head_free(rt);
-        return LS_ERR_NOMEM;
-    }
-    d->ld = d->act->ld;
+    d->ld = d->act ? d->act->ld : 0;
     d->ldb = d->ld / 4;
     d->codes = calloc((size_t)V * (size_t)d->ldb, 1); /* fields are OR-ed in */
     d->scale = malloc((size_t)V * sizeof(float));
     d->xn = malloc((size_t)dim * sizeof(float));
     d->isum = malloc((size_t)V * sizeof(int32_t));
     float *buf = malloc((size_t)rt->n_threads * (size_t)dim * sizeof(float));
-    if (!d->codes || !d->scale || !d->xn || !d->isum || !buf) {
+    if (!d->act || !d->codes || !d->scale || !d->xn || !d->isum || !buf) {
         free(buf);
-        ls_draft_head_free(rt);
+        head_free(d);
         return LS_ERR_NOMEM;
     }
     build_job j = {m, d, buf, 256};
     ls_pool_run(rt->pool, build_task, &j, (V + 255) / 256);
     free(buf);
-    __builtin_cpu_init();
-    if (rt->ops->simd == LS_SIMD_AVX512 && __builtin_cpu_supports("avx512vnni")) d->path = PATH_VNNI;
-    else if (rt->ops->simd == LS_SIMD_AVX512 || rt->ops->simd == LS_SIMD_AVX2) d->path = PATH_AVX2;
-    else d->path = PATH_PORTABLE;
+    d->qops = ls_quant_ops_select(rt->ops->simd);
+    rt->ext[LS_RUNTIME_EXT_DRAFT_HEAD] = (ls_ext){d, head_free};
     return LS_OK;
 }
 
@@ -295,7 +185,7 @@ int32_t ls_draft_head_build(ls_model *m) {
 
 int32_t ls_draft_head_coarse(ls_model *m, const float *h, float *logits, int32_t *best, int32_t n) {
     ls_runtime *rt = m->rt;
-    ls_draft_head *d = rt->draft;
+    ls_draft_head *d = head_of(rt);
     int32_t dim = m->info.dim, V = m->info.vocab_size;
     if (n > LS_DRAFT_BEST) n = LS_DRAFT_BEST;
     rt->ops->rmsnorm(d->xn, h, rt->norm, dim, m->info.norm_eps);
@@ -314,7 +204,7 @@ int32_t ls_draft_head_coarse(ls_model *m, const float *h, float *logits, int32_t
 
 void ls_draft_head_exact(ls_model *m, const int32_t *ids, int32_t n, float *logits) {
     ls_runtime *rt = m->rt;
-    const ls_draft_head *d = rt->draft;
+    const ls_draft_head *d = head_of(rt);
     int32_t dim = m->info.dim;
     const ls_qmat *q = m->w.qoutput;
     if (q) ls_quant_prepare(q, d->xn, dim, 1);

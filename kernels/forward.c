@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "forward.h"
 #include "quant.h"
 #include "session.h"
 
@@ -70,15 +71,7 @@ static float *norm_to_f32(const uint16_t *w, int32_t n) {
 
 int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd, char *err, int32_t err_len) {
     ls_model_info *mi = &m->info;
-    if (mi->dim <= 0 || mi->n_heads <= 0 || mi->n_kv_heads <= 0 || mi->head_dim <= 0 ||
-        mi->head_dim % 2 != 0 || mi->n_heads * mi->head_dim != mi->dim ||
-        mi->n_heads % mi->n_kv_heads != 0 || mi->ffn_dim <= 0 || mi->vocab_size <= 0) {
-        ls_set_error(err, err_len,
-                     "inconsistent model shape: dim %d, n_heads %d, n_kv_heads %d, head_dim %d, "
-                     "ffn_dim %d, vocab_size %d",
-                     mi->dim, mi->n_heads, mi->n_kv_heads, mi->head_dim, mi->ffn_dim, mi->vocab_size);
-        return LS_ERR_ARG;
-    }
+    if (ls_check_model_shape(mi, err, err_len) != LS_OK) return LS_ERR_ARG;
     int32_t chosen;
     if (simd == LS_SIMD_AUTO) {
         chosen = !missing_feature(LS_SIMD_AVX512) ? LS_SIMD_AVX512
@@ -134,7 +127,7 @@ int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd, char *err,
 void ls_runtime_free(ls_model *m) {
     if (!m || !m->rt) return;
     ls_runtime *rt = m->rt;
-    ls_draft_head_free(rt);
+    ls_ext_free_all(rt->ext, LS_RUNTIME_EXT_N);
     ls_pool_free(rt->pool);
     free(rt->attn_norm);
     free(rt->ffn_norm);
@@ -362,9 +355,7 @@ static void forward_chunk(ls_session *s, float *h, int32_t T, int32_t pos0, int3
 int32_t ls_forward_loops(ls_session *s, float *h, int32_t n, int32_t pos0, int32_t la, int32_t lb) {
     if (!s || !h || n < 1 || la < 0 || lb > s->loops || la >= lb || pos0 < 0) return LS_ERR_ARG;
     if (pos0 > s->max_seq - n) return LS_ERR_FULL;
-    int32_t need_lo = s->window > 0 && pos0 - s->window + 1 > 0 ? pos0 - s->window + 1 : 0;
-    for (int32_t l = la; l < lb; l++)
-        if (s->loop_len[l] != pos0 || s->loop_lo[l] > need_lo) return LS_ERR_STATE;
+    if (!ls_loops_hold(s->loop_len, s->loop_lo, la, lb, pos0, s->window)) return LS_ERR_STATE;
     int32_t dim = s->m->info.dim;
     for (int32_t c0 = 0; c0 < n; c0 += LS_CHUNK) {
         int32_t T = n - c0 < LS_CHUNK ? n - c0 : LS_CHUNK;
@@ -385,7 +376,7 @@ int32_t ls_forward_deepen(ls_session *s, int32_t la, int32_t lb) {
     /* position q attends back to q - window + 1 (rows from q on are rewritten
      * before they are read): when a windowed ring no longer holds those rows,
      * every position is recomputed from the start, which needs none */
-    int32_t need_lo = s->window > 0 && q - s->window + 1 > 0 ? q - s->window + 1 : 0;
+    int32_t need_lo = ls_window_lo(q, s->window);
     for (int32_t l = 0; l < lb; l++)
         if (s->loop_lo[l] > need_lo) q = 0;
     for (int32_t c0 = q; c0 < p; c0 += LS_CHUNK) {
@@ -427,22 +418,17 @@ void ls_forward_logits(ls_session *s, const float *h, int32_t n, float *logits) 
 
 int32_t ls_session_forward(ls_session *s, const int32_t *tokens, int32_t n, int32_t loops,
                            float *logits_out, int32_t n_logits) {
-    if (!s || !tokens || n < 1 || loops < 1 || loops > s->loops) return LS_ERR_ARG;
+    if (!s) return LS_ERR_ARG;
     if (logits_out && (n_logits < 1 || n_logits > n)) return LS_ERR_ARG;
-    int32_t vocab = s->m->info.vocab_size;
-    for (int32_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= vocab) return LS_ERR_ARG;
-    if (s->pos > s->max_seq - n) return LS_ERR_FULL;
-    int32_t need_lo = s->window > 0 && s->pos - s->window + 1 > 0 ? s->pos - s->window + 1 : 0;
-    for (int32_t l = 0; l < loops; l++)
-        if (s->loop_len[l] != s->pos || s->loop_lo[l] > need_lo) return LS_ERR_STATE;
+    int32_t rc = ls_check_feed(ls_session_view(s), tokens, n, loops);
+    if (rc != LS_OK) return rc;
 
-    int32_t dim = s->m->info.dim;
+    int32_t dim = s->m->info.dim, vocab = s->m->info.vocab_size;
     int32_t first_logit = logits_out ? n - n_logits : n;
     for (int32_t c0 = 0; c0 < n; c0 += LS_CHUNK) {
         int32_t T = n - c0 < LS_CHUNK ? n - c0 : LS_CHUNK;
         ls_forward_embed(s, tokens + c0, T, s->h);
-        int32_t rc = ls_forward_loops(s, s->h, T, s->pos, 0, loops);
+        rc = ls_forward_loops(s, s->h, T, s->pos, 0, loops);
         if (rc != LS_OK) return rc; /* unreachable after the checks above */
         memcpy(s->tokens + s->pos, tokens + c0, (size_t)T * sizeof *tokens);
         s->pos += T;

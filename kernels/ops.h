@@ -94,6 +94,14 @@ typedef struct ls_ops {
     void (*f32_to_f16)(uint16_t *dst, const float *src, int32_t n);
 } ls_ops;
 
+/* The entries every path has, from its functions <kernel>_<sfx>; a path
+ * adds the optional ones (swiglu, softmax_exp, attn_*_mq) itself. */
+#define LS_OPS_ENTRIES(sfx)                                                                            \
+    .matmul_f16 = matmul_f16_##sfx, .attn_scores = attn_scores_##sfx, .attn_values = attn_values_##sfx, \
+    .attn_scores_i8 = attn_scores_i8_##sfx, .attn_values_i8 = attn_values_i8_##sfx,                     \
+    .attn_scores_i4 = attn_scores_i4_##sfx, .attn_values_i4 = attn_values_i4_##sfx,                     \
+    .rmsnorm = rmsnorm_##sfx, .f16_to_f32 = f16_to_f32_##sfx, .f32_to_f16 = f32_to_f16_##sfx
+
 extern const ls_ops ls_ops_portable;
 extern const ls_ops ls_ops_avx2;
 extern const ls_ops ls_ops_avx512;

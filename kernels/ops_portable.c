@@ -184,14 +184,5 @@ static void f32_to_f16_portable(uint16_t *dst, const float *src, int32_t n) {
 
 const ls_ops ls_ops_portable = {
     .simd = LS_SIMD_PORTABLE,
-    .matmul_f16 = matmul_f16_portable,
-    .attn_scores = attn_scores_portable,
-    .attn_values = attn_values_portable,
-    .attn_scores_i8 = attn_scores_i8_portable,
-    .attn_values_i8 = attn_values_i8_portable,
-    .attn_scores_i4 = attn_scores_i4_portable,
-    .attn_values_i4 = attn_values_i4_portable,
-    .rmsnorm = rmsnorm_portable,
-    .f16_to_f32 = f16_to_f32_portable,
-    .f32_to_f16 = f32_to_f16_portable,
+    LS_OPS_ENTRIES(portable),
 };

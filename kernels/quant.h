@@ -82,7 +82,22 @@ typedef struct ls_qops {
     /* y[t*ldy + o] (+)= row o of w times activation row t, t in [0, a->T), o in [o0, o1) */
     void (*matmul)(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w, int32_t o0, int32_t o1,
                    int32_t add);
+    /* The draft head's integer scores (draft_head.c): isum[r] = sum_i u * x[i]
+     * over the 2-bit codes u (0..3) of row r, for rows [r0, r1); exact, so
+     * the same on every path. A row is ldb bytes (a multiple of 64) of
+     * 64-byte blocks: block b holds input 256b + 64f + j in bits 2f, 2f + 1
+     * of its byte j. x: 4 * ldb int8 activations in natural order (one
+     * ls_quant_rows row, zero padded). */
+    void (*dot_u2)(int32_t *isum, const uint8_t *codes, int32_t ldb, const int8_t *x, int32_t r0, int32_t r1);
 } ls_qops;
+
+/* A path's table, from its functions quantize_<sfx>, matmul_<sfx> and
+ * dot_u2_<sfx>, and its pack (or NULL). */
+#define LS_QOPS_TABLE(sfx, simd_, pack_)                                                                \
+    const ls_qops ls_qops_##sfx = {                                                                     \
+        .simd = (simd_), .pack = (pack_), .quantize = quantize_##sfx, .matmul = matmul_##sfx,           \
+        .dot_u2 = dot_u2_##sfx,                                                                         \
+    }
 
 extern const ls_qops ls_qops_portable;
 extern const ls_qops ls_qops_avx2;

@@ -16,7 +16,7 @@
  *
  * After the 8 exact block sums of a window of 256 inputs, the fp32 steps
  * are those of quant.h, the same operations in the same order as quant_avx512.c
- * (below: lane_sum and tile).
+ * (below: ls_hsum256, simd_vec.h, and tile).
  */
 #include <immintrin.h>
 #include <stddef.h>
@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "quant.h"
+#include "simd_vec.h"
 
 #define TILE_MAX_R 4
 #define TILE_MAX_T 4
@@ -196,14 +197,6 @@ static inline __m256 load_f16x8(const uint16_t *p, int32_t n) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tmp));
 }
 
-/* ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) */
-static inline float lane_sum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* Rows [o, o + R) x tokens [t0, t0 + TT). */
 static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, const ls_qact *a,
                                                        const ls_qmat *w, int32_t o, int32_t t0,
@@ -276,7 +269,7 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
     }
     for (int r = 0; r < R; r++)
         for (int t = 0; t < TT; t++) {
-            float s = lane_sum(acc[r][t]) * a->d[t0 + t];
+            float s = ls_hsum256(acc[r][t]) * a->d[t0 + t];
             float *yo = y + (size_t)(t0 + t) * (size_t)ldy + o + r;
             *yo = add ? *yo + s : s;
         }
@@ -324,8 +317,32 @@ static void matmul_avx2(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *
     }
 }
 
-const ls_qops ls_qops_avx2 = {
-    .simd = LS_SIMD_AVX2,
-    .quantize = quantize_avx2,
-    .matmul = matmul_avx2,
-};
+// ---- the draft head's 2-bit scores (quant.h dot_u2) ----
+
+static void dot_u2_avx2(int32_t *isum, const uint8_t *codes, int32_t ldb, const int8_t *xq, int32_t r0, int32_t r1) {
+    const __m256i m = _mm256_set1_epi8(0x03), ones = _mm256_set1_epi16(1);
+    for (int32_t r = r0; r < r1; r++) {
+        const uint8_t *w = codes + (size_t)r * ldb;
+        __m256i acc = _mm256_setzero_si256();
+        for (int32_t b = 0; b < ldb; b += 32) {
+            /* bytes [b, b + 32) of the 64-byte block at b0: inputs 4*b0 + (b - b0) + 64f */
+            const int8_t *x = xq + 4 * (b & ~63) + (b & 63);
+            __m256i W = _mm256_loadu_si256((const __m256i *)(w + b));
+            /* codes <= 3, |x8| <= 127: no pair sum saturates */
+            __m256i p = _mm256_maddubs_epi16(_mm256_and_si256(W, m), _mm256_loadu_si256((const __m256i *)x));
+            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(W, 2), m),
+                                                         _mm256_loadu_si256((const __m256i *)(x + 64))));
+            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(W, 4), m),
+                                                         _mm256_loadu_si256((const __m256i *)(x + 128))));
+            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(W, 6), m),
+                                                         _mm256_loadu_si256((const __m256i *)(x + 192))));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones));
+        }
+        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+        isum[r] = _mm_cvtsi128_si32(s);
+    }
+}
+
+LS_QOPS_TABLE(avx2, LS_SIMD_AVX2, NULL);

@@ -33,6 +33,7 @@
 #include <sys/mman.h>
 
 #include "quant.h"
+#include "simd_vec.h"
 
 #define LANE_MAX_R 8
 #define LANE_MAX_T 4
@@ -188,14 +189,6 @@ static int32_t pack_avx512(ls_qmat *w) {
     return 0;
 }
 
-/* ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) */
-static inline float lane_sum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 // ---- the tiles ----
 
 /* acc + the dot products of u (unsigned) and x (signed) in each lane
@@ -327,7 +320,7 @@ static inline __attribute__((always_inline)) void lane_window(__m256 acc[LANE_MA
     }
 }
 
-/* lane_sum of A[0] .. A[7] at once, the same additions in the same order:
+/* ls_hsum256 of A[0] .. A[7] at once, the same additions in the same order:
  * lanes 0-3 for A[0], A[2], A[4], A[6], lanes 4-7 for A[1], A[3], A[5], A[7]. */
 static inline __m256 lane_sum8(const __m256 A[8]) {
     __m256 B[4];
@@ -387,7 +380,7 @@ static inline __attribute__((always_inline)) void lane_tile(float *y, int32_t ld
     } else {
         for (int r = 0; r < R; r++)
             for (int t = 0; t < TT; t++) {
-                float v = lane_sum(acc[r][t]) * L->d[t];
+                float v = ls_hsum256(acc[r][t]) * L->d[t];
                 float *yo = yr + (size_t)t * (size_t)ldy + r;
                 *yo = add ? *yo + v : v;
             }
@@ -421,18 +414,13 @@ typedef int32_t (*tiles_fn)(float *, int32_t, const ls_qact *, const ls_qmat *, 
                                               int32_t add) {                                        \
         return KIND(y, ldy, a, w, o, o1, t0, R, TT, B, add);                                        \
     }
-TILES(lane_tiles, 4, 4, 8)
-TILES(lane_tiles, 1, 4, 8)
-TILES(lane_tiles, 4, 1, 8)
-TILES(lane_tiles, 1, 1, 8)
-TILES(lane_tiles, 4, 4, 4)
-TILES(lane_tiles, 1, 4, 4)
-TILES(lane_tiles, 8, 1, 4)
-TILES(lane_tiles, 1, 1, 4)
-TILES(lane_tiles, 4, 4, 2)
-TILES(lane_tiles, 1, 4, 2)
-TILES(lane_tiles, 8, 1, 2)
-TILES(lane_tiles, 1, 1, 2)
+/* The four shapes of one bit width: rows x 4 tokens, single rows x 4
+ * tokens, R1 rows x 1 token, single rows x 1 token. */
+#define TILES_BITS(B, R1) \
+    TILES(lane_tiles, 4, 4, B) TILES(lane_tiles, 1, 4, B) TILES(lane_tiles, R1, 1, B) TILES(lane_tiles, 1, 1, B)
+TILES_BITS(8, 4)
+TILES_BITS(4, 8)
+TILES_BITS(2, 8)
 
 /* Tokens in groups of 4 (tiles of r4 rows, then single rows), then one by
  * one (tiles of r1 rows, then single rows). */
@@ -462,9 +450,63 @@ static void matmul_avx512(float *y, int32_t ldy, const ls_qact *a, const ls_qmat
     }
 }
 
-const ls_qops ls_qops_avx512 = {
-    .simd = LS_SIMD_AVX512,
-    .pack = pack_avx512,
-    .quantize = quantize_avx512,
-    .matmul = matmul_avx512,
-};
+// ---- the draft head's 2-bit scores (quant.h dot_u2) ----
+
+/* Four accumulators to their four sums (r0, r1, r2, r3). */
+static inline __m128i reduce4(__m512i a0, __m512i a1, __m512i a2, __m512i a3) {
+    __m256i s0 = _mm256_add_epi32(_mm512_castsi512_si256(a0), _mm512_extracti64x4_epi64(a0, 1));
+    __m256i s1 = _mm256_add_epi32(_mm512_castsi512_si256(a1), _mm512_extracti64x4_epi64(a1, 1));
+    __m256i s2 = _mm256_add_epi32(_mm512_castsi512_si256(a2), _mm512_extracti64x4_epi64(a2, 1));
+    __m256i s3 = _mm256_add_epi32(_mm512_castsi512_si256(a3), _mm512_extracti64x4_epi64(a3, 1));
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+#define HEAD_PREFETCH_ROWS 32
+
+/* Field f of every byte of W: 64 codes of inputs 64f + j. */
+#define FIELD(W, f) _mm512_and_si512(_mm512_srli_epi16((W), 2 * (f)), m)
+
+static void dot_u2_avx512(int32_t *isum, const uint8_t *codes, int32_t ldb, const int8_t *xq, int32_t r0,
+                          int32_t r1) {
+    const __m512i m = _mm512_set1_epi8(0x03);
+    int32_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        const uint8_t *w = codes + (size_t)r * ldb;
+        __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+        for (int32_t b = 0; b < ldb; b += 64) {
+            /* The head is read from memory on most drafts (the verifier's head
+             * evicts it): ask for rows HEAD_PREFETCH_ROWS ahead, more misses in
+             * flight than the hardware prefetcher keeps. A prefetch never
+             * faults; the address is formed as an integer to stay defined. */
+            for (int32_t k = 0; k < 4; k++)
+                _mm_prefetch((const char *)((uintptr_t)w + (size_t)(HEAD_PREFETCH_ROWS + k) * ldb + b), _MM_HINT_T0);
+            __m512i W0 = _mm512_loadu_si512((const void *)(w + b));
+            __m512i W1 = _mm512_loadu_si512((const void *)(w + ldb + b));
+            __m512i W2 = _mm512_loadu_si512((const void *)(w + 2 * (size_t)ldb + b));
+            __m512i W3 = _mm512_loadu_si512((const void *)(w + 3 * (size_t)ldb + b));
+#pragma GCC unroll 4
+            for (int f = 0; f < 4; f++) {
+                __m512i x = _mm512_loadu_si512((const void *)(xq + 4 * b + 64 * f));
+                a0 = _mm512_dpbusd_epi32(a0, FIELD(W0, f), x);
+                a1 = _mm512_dpbusd_epi32(a1, FIELD(W1, f), x);
+                a2 = _mm512_dpbusd_epi32(a2, FIELD(W2, f), x);
+                a3 = _mm512_dpbusd_epi32(a3, FIELD(W3, f), x);
+            }
+        }
+        _mm_storeu_si128((__m128i *)(isum + r), reduce4(a0, a1, a2, a3));
+    }
+    for (; r < r1; r++) {
+        const uint8_t *w = codes + (size_t)r * ldb;
+        __m512i a = _mm512_setzero_si512();
+        for (int32_t b = 0; b < ldb; b += 64) {
+            __m512i W = _mm512_loadu_si512((const void *)(w + b));
+#pragma GCC unroll 4
+            for (int f = 0; f < 4; f++)
+                a = _mm512_dpbusd_epi32(a, FIELD(W, f), _mm512_loadu_si512((const void *)(xq + 4 * b + 64 * f)));
+        }
+        isum[r] = _mm512_reduce_add_epi32(a);
+    }
+}
+
+LS_QOPS_TABLE(avx512, LS_SIMD_AVX512, pack_avx512);

@@ -124,11 +124,19 @@ static void matmul_portable(float *y, int32_t ldy, const ls_qact *a, const ls_qm
     }
 }
 
-const ls_qops ls_qops_portable = {
-    .simd = LS_SIMD_PORTABLE,
-    .quantize = quantize_portable,
-    .matmul = matmul_portable,
-};
+static void dot_u2_portable(int32_t *isum, const uint8_t *codes, int32_t ldb, const int8_t *x, int32_t r0,
+                            int32_t r1) {
+    for (int32_t r = r0; r < r1; r++) {
+        const uint8_t *w = codes + (size_t)r * ldb;
+        int32_t acc = 0;
+        for (int32_t b = 0; b < ldb; b += 64)
+            for (int32_t f = 0; f < 4; f++)
+                for (int32_t j = 0; j < 64; j++) acc += (int32_t)((w[b + j] >> (2 * f)) & 3) * x[4 * b + 64 * f + j];
+        isum[r] = acc;
+    }
+}
+
+LS_QOPS_TABLE(portable, LS_SIMD_PORTABLE, NULL);
 
 // ---- dispatch ----
 

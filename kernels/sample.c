@@ -35,26 +35,10 @@
 #include <string.h>
 
 #include "internal.h"
-
-// ---- rng ----
-
-static uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double uniform(uint64_t seed, uint64_t counter) {
-    uint64_t x = mix64(mix64(seed) + (counter + 1) * 0x9e3779b97f4a7c15ull);
-    return (double)(x >> 11) * 0x1.0p-53;
-}
+#include "sampling.h"
+#include "session_rules.h"
 
 // ---- ranking ----
-
-// Does id a rank before id b? A strict total order: ties go to the lower id.
-static inline int before(const float *v, int32_t a, int32_t b) {
-    return v[a] > v[b] || (v[a] == v[b] && a < b);
-}
 
 static inline void swap_ids(int32_t *a, size_t i, size_t j) {
     int32_t t = a[i];
@@ -66,8 +50,8 @@ static inline void swap_ids(int32_t *a, size_t i, size_t j) {
 static void sift_worst(int32_t *h, size_t n, size_t i, const float *v) {
     for (;;) {
         size_t l = 2 * i + 1, r = l + 1, top = i;
-        if (l < n && before(v, h[top], h[l])) top = l;
-        if (r < n && before(v, h[top], h[r])) top = r;
+        if (l < n && ls_ranks_before(v, h[top], h[l])) top = l;
+        if (r < n && ls_ranks_before(v, h[top], h[r])) top = r;
         if (top == i) return;
         swap_ids(h, i, top);
         i = top;
@@ -96,14 +80,14 @@ static size_t select_prefix(int32_t *a, size_t n, const float *v, const uint64_t
     while (hi - lo > 16 && budget-- > 0) {
         size_t mid = lo + (hi - lo) / 2, last = hi - 1;
         // Median of three to a[last] as the pivot.
-        if (before(v, a[mid], a[lo])) swap_ids(a, mid, lo);
-        if (before(v, a[last], a[lo])) swap_ids(a, last, lo);
-        if (before(v, a[mid], a[last])) swap_ids(a, mid, last);
+        if (ls_ranks_before(v, a[mid], a[lo])) swap_ids(a, mid, lo);
+        if (ls_ranks_before(v, a[last], a[lo])) swap_ids(a, last, lo);
+        if (ls_ranks_before(v, a[mid], a[last])) swap_ids(a, mid, last);
         int32_t pivot = a[last];
         size_t i = lo;
         uint64_t s = 0;
         for (size_t j = lo; j < last; j++) {
-            if (before(v, a[j], pivot)) {
+            if (ls_ranks_before(v, a[j], pivot)) {
                 s += q ? q[a[j]] : 1;
                 swap_ids(a, i++, j);
             }
@@ -132,18 +116,26 @@ static int cmp_id(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+// Step 6's threshold: min(floor(u * z), z - 1), the product in double.
+static inline uint64_t threshold(double u, uint64_t z) {
+    uint64_t t = (uint64_t)(u * (double)z);
+    return t > z - 1 ? z - 1 : t;
+}
+
+int32_t ls_draw(const uint64_t *w, int32_t vocab, uint64_t z, double u) {
+    uint64_t t = threshold(u, z), cum = 0;
+    for (int32_t i = 0; i < vocab; i++) {
+        cum += w[i];
+        if (cum > t) return i;
+    }
+    return vocab - 1; // unreachable: cum reaches z > t
+}
+
 // Step 6 over ids 0..V-1 in order, q zero for every id not kept.
 static int32_t draw_all(const uint64_t *q, size_t V, uint64_t seed, uint64_t counter) {
     uint64_t z = 0;
     for (size_t i = 0; i < V; i++) z += q[i];
-    uint64_t t = (uint64_t)(uniform(seed, counter) * (double)z);
-    if (t > z - 1) t = z - 1;
-    uint64_t cum = 0;
-    for (size_t i = 0; i < V; i++) {
-        cum += q[i];
-        if (cum > t) return (int32_t)i;
-    }
-    return (int32_t)(V - 1); // unreachable: cum reaches z > t
+    return ls_draw(q, (int32_t)V, z, ls_uniform(seed, counter));
 }
 
 // Step 6 over a short list of kept ids.
@@ -152,9 +144,7 @@ static int32_t draw_list(int32_t *ids, size_t n, const uint64_t *q, uint64_t see
     qsort(ids, n, sizeof *ids, cmp_id);
     uint64_t z = 0;
     for (size_t i = 0; i < n; i++) z += q[ids[i]];
-    uint64_t t = (uint64_t)(uniform(seed, counter) * (double)z);
-    if (t > z - 1) t = z - 1;
-    uint64_t cum = 0;
+    uint64_t t = threshold(ls_uniform(seed, counter), z), cum = 0;
     for (size_t i = 0; i < n; i++) {
         cum += q[ids[i]];
         if (cum > t) return ids[i];
@@ -169,7 +159,7 @@ static inline uint64_t weight(float vi, float vmax, float temperature) {
     return (uint64_t)((double)expf(x) * 4294967296.0 + 0.5);
 }
 
-// ---- ls_sample ----
+// ---- steps 1-5 ----
 
 /* Above this many kept ids, draw by a pass over the vocabulary instead of
  * sorting the kept list. */
@@ -177,15 +167,92 @@ static inline uint64_t weight(float vi, float vmax, float temperature) {
 /* Up to this top_k, a size-k heap beats quickselect. */
 #define HEAP_K_MAX 128
 
+void ls_penalise(float *v, const float *logits, int32_t vocab, const int32_t *history, int32_t n_history,
+                 float penalty) {
+    for (int32_t i = 0; i < vocab; i++) v[i] = logits[i] != logits[i] ? -INFINITY : logits[i];
+    if (penalty == 1.0f) return;
+    // Reads the untouched input, so a repeated id is penalised once.
+    for (int32_t j = 0; j < n_history; j++) {
+        int32_t h = history[j];
+        if (h >= 0 && h < vocab) v[h] = ls_penalised(logits[h], penalty);
+    }
+}
+
+// Steps 1-3: v, and the first-ranked id (LS_ERR_ARG when its value is -inf).
+static int32_t penalised_best(float *v, const float *logits, int32_t vocab, const int32_t *history,
+                              int32_t n_history, float penalty) {
+    ls_penalise(v, logits, vocab, history, n_history, penalty);
+    int32_t best = 0;
+    for (int32_t i = 1; i < vocab; i++)
+        if (v[i] > v[best]) best = i;
+    return v[best] == -INFINITY ? LS_ERR_ARG : best;
+}
+
+// Step 5 for temperature > 0 and a finite vmax: the kept set, either as a
+// list (returns 1: ids[0, *n) in no particular order, their weights at
+// q[id]; only when the cut leaves at most LIST_MAX ids and dense is 0) or
+// dense (returns 0: q[id] is the weight of every id, 0 outside the set).
+static int keep(const float *v, size_t V, float vmax, float temperature, size_t k, float top_p, int dense,
+                uint64_t *q, int32_t *ids, size_t *n) {
+    if (k == V && !(top_p < 1.0f)) { // nothing is cut
+        for (size_t i = 0; i < V; i++) q[i] = weight(v[i], vmax, temperature);
+        return 0;
+    }
+    // ids[0..k) := the top-k ids, unordered.
+    if (k == V) {
+        for (size_t i = 0; i < V; i++) ids[i] = (int32_t)i;
+    } else if (k <= HEAP_K_MAX) {
+        // Size-k heap, worst on top: most ids lose to it in one compare.
+        for (size_t i = 0; i < k; i++) ids[i] = (int32_t)i;
+        for (size_t i = k / 2; i-- > 0;) sift_worst(ids, k, i, v);
+        for (size_t i = k; i < V; i++) {
+            if (ls_ranks_before(v, (int32_t)i, ids[0])) {
+                ids[0] = (int32_t)i;
+                sift_worst(ids, k, 0, v);
+            }
+        }
+    } else {
+        for (size_t i = 0; i < V; i++) ids[i] = (int32_t)i;
+        select_prefix(ids, V, v, NULL, (double)k);
+    }
+    if ((dense || k > LIST_MAX) && k < V) memset(q, 0, V * sizeof *q); // ids outside the top-k weigh 0
+    uint64_t zk = 0;
+    for (size_t i = 0; i < k; i++) {
+        q[ids[i]] = weight(v[ids[i]], vmax, temperature);
+        zk += q[ids[i]];
+    }
+    *n = top_p < 1.0f ? select_prefix(ids, k, v, q, (double)top_p * (double)zk) : k;
+    if (!dense && *n <= LIST_MAX) return 1;
+    for (size_t i = *n; i < k; i++) q[ids[i]] = 0;
+    return 0;
+}
+
+int32_t ls_sample_weights(const float *logits, int32_t vocab, const int32_t *history, int32_t n_history,
+                          float temperature, int32_t top_k, float top_p, float penalty, float *v, int32_t *ids,
+                          uint64_t *w, uint64_t *z) {
+    int32_t best = penalised_best(v, logits, vocab, history, n_history, penalty);
+    if (best < 0) return best;
+    const size_t V = (size_t)vocab, k = (top_k == 0 || top_k >= vocab) ? V : (size_t)top_k;
+    size_t n;
+    if (v[best] == INFINITY) { // step 3: the first-ranked id outright
+        memset(w, 0, V * sizeof *w);
+        w[best] = 1;
+    } else {
+        keep(v, V, v[best], temperature, k, top_p, 1, w, ids, &n);
+    }
+    *z = 0;
+    for (size_t i = 0; i < V; i++) *z += w[i];
+    return LS_OK;
+}
+
+// ---- ls_sample ----
+
 int32_t ls_sample(const float *logits, int32_t vocab, const int32_t *history, int32_t n_history,
                   float temperature, int32_t top_k, float top_p, float repetition_penalty,
                   uint64_t seed, uint64_t counter) {
     if (logits == NULL || vocab <= 0) return LS_ERR_ARG;
     if (n_history < 0 || (n_history > 0 && history == NULL)) return LS_ERR_ARG;
-    if (!(temperature >= 0.0f) || isinf(temperature)) return LS_ERR_ARG;
-    if (top_k < 0) return LS_ERR_ARG;
-    if (!(top_p >= 0.0f && top_p <= 1.0f)) return LS_ERR_ARG;
-    if (!(repetition_penalty > 0.0f) || isinf(repetition_penalty)) return LS_ERR_ARG;
+    if (!ls_sampling_args_ok(temperature, top_k, top_p, repetition_penalty)) return LS_ERR_ARG;
 
     const size_t V = (size_t)vocab;
     const int penalize = repetition_penalty != 1.0f && n_history > 0;
@@ -223,60 +290,13 @@ int32_t ls_sample(const float *logits, int32_t vocab, const int32_t *history, in
     uint64_t *q = sampling ? (uint64_t *)(void *)(block + q_off) : NULL;
     int32_t *ids = sampling ? (int32_t *)(void *)(block + q_off + V * sizeof(uint64_t)) : NULL;
 
-    for (size_t i = 0; i < V; i++) v[i] = logits[i] != logits[i] ? -INFINITY : logits[i];
-    if (penalize) {
-        // Reads the untouched input, so a repeated id is penalised once.
-        for (int32_t j = 0; j < n_history; j++) {
-            int32_t h = history[j];
-            if (h < 0 || h >= vocab) continue;
-            float l = logits[h] != logits[h] ? -INFINITY : logits[h];
-            v[h] = l > 0.0f ? l / repetition_penalty : l * repetition_penalty;
-        }
-    }
-    int32_t best = 0;
-    for (size_t i = 1; i < V; i++)
-        if (v[i] > v[best]) best = (int32_t)i;
-    const float vmax = v[best];
-    int32_t result;
-    if (vmax == -INFINITY) {
-        result = LS_ERR_ARG;
-    } else if (!sampling || vmax == INFINITY) {
-        result = best;
-    } else if (k == V && !(top_p < 1.0f)) {
-        for (size_t i = 0; i < V; i++) q[i] = weight(v[i], vmax, temperature);
-        result = draw_all(q, V, seed, counter);
-    } else {
-        // ids[0..k) := the top-k ids, unordered.
-        if (k == V) {
-            for (size_t i = 0; i < V; i++) ids[i] = (int32_t)i;
-        } else if (k <= HEAP_K_MAX) {
-            // Size-k heap, worst on top: most ids lose to it in one compare.
-            for (size_t i = 0; i < k; i++) ids[i] = (int32_t)i;
-            for (size_t i = k / 2; i-- > 0;) sift_worst(ids, k, i, v);
-            for (size_t i = k; i < V; i++) {
-                if (before(v, (int32_t)i, ids[0])) {
-                    ids[0] = (int32_t)i;
-                    sift_worst(ids, k, 0, v);
-                }
-            }
-        } else {
-            for (size_t i = 0; i < V; i++) ids[i] = (int32_t)i;
-            select_prefix(ids, V, v, NULL, (double)k);
-        }
-        if (k > LIST_MAX && k < V) memset(q, 0, V * sizeof *q); // ids outside the top-k weigh 0
-        uint64_t zk = 0;
-        for (size_t i = 0; i < k; i++) {
-            q[ids[i]] = weight(v[ids[i]], vmax, temperature);
-            zk += q[ids[i]];
-        }
-        size_t n_keep = k;
-        if (top_p < 1.0f) n_keep = select_prefix(ids, k, v, q, (double)top_p * (double)zk);
-        if (n_keep <= LIST_MAX) {
-            result = draw_list(ids, n_keep, q, seed, counter);
-        } else {
-            for (size_t i = n_keep; i < k; i++) q[ids[i]] = 0;
+    int32_t result = penalised_best(v, logits, vocab, history, n_history, repetition_penalty);
+    if (result >= 0 && sampling && v[result] != INFINITY) {
+        size_t n;
+        if (keep(v, V, v[result], temperature, k, top_p, 0, q, ids, &n))
+            result = draw_list(ids, n, q, seed, counter);
+        else
             result = draw_all(q, V, seed, counter);
-        }
     }
     free(block);
     return result;

@@ -5,20 +5,11 @@
  * speculative pass can fill loops [0, D) ahead of loops [D, V); rollback
  * truncates every loop.
  */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "forward.h"
 #include "session.h"
-
-/* a * b * c * d elements of `size` bytes, or 0 on overflow */
-static size_t bytes_of(size_t a, size_t b, size_t c, size_t d, size_t size) {
-    size_t r;
-    if (__builtin_mul_overflow(a, b, &r) || __builtin_mul_overflow(r, c, &r) ||
-        __builtin_mul_overflow(r, d, &r) || __builtin_mul_overflow(r, size, &r))
-        return 0;
-    return r;
-}
 
 /* calloc so every buffer is defined memory (valgrind/ASan see no
  * uninitialised reads even in padding rows). */
@@ -31,37 +22,14 @@ ls_session *ls_session_new(ls_model *m, int32_t max_seq, int32_t loops, int32_t 
 
 ls_session *ls_session_new_kv(ls_model *m, int32_t max_seq, int32_t loops, int32_t cache_window,
                               int32_t kv_mode, char *err, int32_t err_len) {
-    if (!m || !m->rt) {
-        ls_set_error(err, err_len, "no model loaded");
-        return NULL;
-    }
-    if (max_seq < 1) {
-        ls_set_error(err, err_len, "max_seq must be at least 1, got %d", max_seq);
-        return NULL;
-    }
-    if (loops < 1) {
-        ls_set_error(err, err_len, "loops must be at least 1, got %d", loops);
-        return NULL;
-    }
-    if (cache_window < 0) {
-        ls_set_error(err, err_len, "cache_window must be 0 (full) or positive, got %d", cache_window);
-        return NULL;
-    }
+    if (ls_check_session_args(m, max_seq, loops, cache_window, err, err_len) != LS_OK) return NULL;
     const ls_model_info *mi = &m->info;
     if (ls_kv_check_mode(kv_mode, mi->head_dim, err, err_len) != LS_OK) return NULL;
-    ls_session *s = calloc(1, sizeof *s);
-    if (!s) {
-        ls_set_error(err, err_len, "out of memory allocating a session");
-        return NULL;
-    }
-    s->m = m;
-    s->max_seq = max_seq;
-    s->loops = loops;
-    s->window = cache_window;
+    ls_session *s = ls_session_calloc(sizeof *s, err, err_len);
+    if (!s) return NULL;
+    LS_SESSION_SHAPE(s, m, max_seq, loops, cache_window, LS_CHUNK);
     s->kv_mode = kv_mode;
     s->kv_fmt = kv_mode & LS_KV_FORMAT_MASK;
-    s->cap = max_seq;
-    if (cache_window > 0 && (int64_t)cache_window + LS_CHUNK < max_seq) s->cap = cache_window + LS_CHUNK;
 
     size_t C = LS_CHUNK, dim = (size_t)mi->dim, hd = (size_t)mi->head_dim;
     size_t kv_dim = (size_t)mi->n_kv_heads * hd;
@@ -72,8 +40,8 @@ ls_session *ls_session_new_kv(ls_model *m, int32_t max_seq, int32_t loops, int32
     size_t kcache_bytes, cache_bytes;
     int quantized = s->kv_fmt != LS_KV_FP16;
     if (!quantized) {
-        cache_bytes = bytes_of((size_t)loops, nkv, cap, hd, sizeof(uint16_t));
-        kcache_bytes = bytes_of((size_t)loops, nkv, (size_t)s->ldk, hd, sizeof(uint16_t));
+        cache_bytes = ls_bytes_of((size_t)loops, nkv, cap, hd, sizeof(uint16_t));
+        kcache_bytes = ls_bytes_of((size_t)loops, nkv, (size_t)s->ldk, hd, sizeof(uint16_t));
         s->kc = alloc0(kcache_bytes);
         s->vc = alloc0(cache_bytes);
     } else {
@@ -83,18 +51,18 @@ ls_session *ls_session_new_kv(ls_model *m, int32_t max_seq, int32_t loops, int32
         s->kv_nb = ls_kv_code_bytes(s->kv_fmt, mi->head_dim);
         s->kv_np = ls_kv_param_count(s->kv_fmt, mi->head_dim);
         size_t nb = (size_t)s->kv_nb, np = (size_t)s->kv_np;
-        size_t kq = bytes_of((size_t)loops, nkv, nb, (size_t)s->ldq, 1);
-        size_t kp = bytes_of((size_t)loops, nkv, np, cap, sizeof(uint16_t));
-        size_t vq = bytes_of((size_t)loops, nkv, cap, nb, 1);
-        size_t vp = bytes_of((size_t)loops, nkv, cap, np, sizeof(uint16_t));
+        size_t kq = ls_bytes_of((size_t)loops, nkv, nb, (size_t)s->ldq, 1);
+        size_t kp = ls_bytes_of((size_t)loops, nkv, np, cap, sizeof(uint16_t));
+        size_t vq = ls_bytes_of((size_t)loops, nkv, cap, nb, 1);
+        size_t vp = ls_bytes_of((size_t)loops, nkv, cap, np, sizeof(uint16_t));
         kcache_bytes = kq && kp ? kq + kp : 0;
         cache_bytes = vq && vp ? vq + vp : 0;
         s->kq = alloc0(kq);
         s->kp = alloc0(kp);
         s->vq = alloc0(vq);
         s->vp = alloc0(vp);
-        s->kv_codes = alloc0(bytes_of(nth, hd, 1, 1, 1));
-        s->kv_params = alloc0(bytes_of(nth, np, 1, 1, sizeof(uint16_t)));
+        s->kv_codes = alloc0(ls_bytes_of(nth, hd, 1, 1, 1));
+        s->kv_params = alloc0(ls_bytes_of(nth, np, 1, 1, sizeof(uint16_t)));
     }
     s->tokens = alloc0((size_t)max_seq * sizeof *s->tokens);
     s->loop_len = alloc0((size_t)loops * sizeof *s->loop_len);
@@ -104,12 +72,12 @@ ls_session *ls_session_new_kv(ls_model *m, int32_t max_seq, int32_t loops, int32
     s->q = alloc0(C * dim * sizeof(float));
     s->k = alloc0(C * kv_dim * sizeof(float));
     s->v = alloc0(C * kv_dim * sizeof(float));
-    s->k16 = alloc0(bytes_of(nth, hd, 1, 1, sizeof(uint16_t)));
+    s->k16 = alloc0(ls_bytes_of(nth, hd, 1, 1, sizeof(uint16_t)));
     s->att = alloc0(C * dim * sizeof(float));
     s->g = alloc0(C * (size_t)mi->ffn_dim * sizeof(float));
     s->u = alloc0(C * (size_t)mi->ffn_dim * sizeof(float));
     s->rope = alloc0(C * hd * sizeof(float));
-    s->scores = alloc0(bytes_of((size_t)m->rt->n_threads * 4, (size_t)s->cap, 1, 1, sizeof(float))); /* 4: attention.c ATT_GROUP */
+    s->scores = alloc0(ls_bytes_of((size_t)m->rt->n_threads * 4, (size_t)s->cap, 1, 1, sizeof(float))); /* 4: attention.c ATT_GROUP */
     s->logits = alloc0((size_t)mi->vocab_size * sizeof(float));
     int cache_ok = quantized ? s->kq && s->kp && s->vq && s->vp && s->kv_codes && s->kv_params : s->kc && s->vc;
     if (!cache_ok || !s->tokens || !s->loop_len || !s->loop_lo || !s->h || !s->xb || !s->q || !s->k ||
@@ -126,64 +94,28 @@ ls_session *ls_session_new_kv(ls_model *m, int32_t max_seq, int32_t loops, int32
 
 void ls_session_free(ls_session *s) {
     if (!s) return;
-    ls_spec_scratch_free(s);
-    free(s->tokens);
-    free(s->loop_len);
-    free(s->loop_lo);
-    free(s->kc);
-    free(s->vc);
-    free(s->kq);
-    free(s->kp);
-    free(s->vq);
-    free(s->vp);
-    free(s->kv_codes);
-    free(s->kv_params);
-    free(s->h);
-    free(s->xb);
-    free(s->q);
-    free(s->k);
-    free(s->v);
-    free(s->k16);
-    free(s->att);
-    free(s->g);
-    free(s->u);
-    free(s->rope);
-    free(s->scores);
-    free(s->logits);
-    free(s);
+    ls_ext_free_all(s->ext, LS_SESSION_EXT_N);
+    void *bufs[] = {s->tokens, s->loop_len, s->loop_lo, s->kc, s->vc, s->kq, s->kp, s->vq, s->vp,
+                    s->kv_codes, s->kv_params, s->h, s->xb, s->q, s->k, s->v, s->k16, s->att, s->g, s->u,
+                    s->rope, s->scores, s->logits, s};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
 
 int32_t ls_session_pos(const ls_session *s) { return s ? s->pos : LS_ERR_ARG; }
 
 int32_t ls_session_rollback(ls_session *s, int32_t pos) {
-    if (!s || pos < 0 || pos > s->pos) return LS_ERR_ARG;
-    /* A windowed ring keeps only the last cap positions: rolling back further
-     * than LS_CHUNK positions past the newest write may need rows that were
-     * overwritten. Refuse rather than attend to the wrong rows. */
-    int32_t need_lo = s->window > 0 && pos - s->window + 1 > 0 ? pos - s->window + 1 : 0;
-    for (int32_t l = 0; l < s->loops; l++)
-        if (s->loop_len[l] >= pos && s->loop_lo[l] > need_lo) return LS_ERR_STATE;
-    for (int32_t l = 0; l < s->loops; l++)
-        if (s->loop_len[l] > pos) s->loop_len[l] = pos;
-    s->pos = pos;
-    return LS_OK;
+    if (!s) return LS_ERR_ARG;
+    int32_t rc = ls_rollback_loops(s->loop_len, s->loop_lo, s->loops, s->window, s->pos, pos);
+    if (rc == LS_OK) s->pos = pos;
+    return rc;
 }
 
 int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src, int32_t n) {
-    if (!dst || !src || dst == src || dst->m != src->m || n < 0) return LS_ERR_ARG;
-    if (dst->pos != 0 || dst->window != src->window || dst->kv_mode != src->kv_mode || dst->loops > src->loops)
-        return LS_ERR_STATE;
-    if (n > src->pos || n > dst->max_seq) return LS_ERR_ARG;
-    /* A future position attends back window - 1 rows (all rows without a
-     * window); copy every row dst's ring can hold so the copy can itself
-     * serve shorter prefixes later. */
-    int32_t need_lo = dst->window > 0 && n - dst->window + 1 > 0 ? n - dst->window + 1 : 0;
-    int32_t ring_lo = n > dst->cap ? n - dst->cap : 0;
-    for (int32_t l = 0; l < dst->loops; l++) /* check everything before writing anything */
-        if (src->loop_len[l] < n || (src->loop_lo[l] > ring_lo ? src->loop_lo[l] : ring_lo) > need_lo)
-            return LS_ERR_STATE;
+    if (!dst || !src || dst == src) return LS_ERR_ARG;
+    int32_t rc = ls_check_copy_prefix(ls_session_view(dst), ls_session_view(src), n);
+    if (rc != LS_OK) return rc;
     for (int32_t l = 0; l < dst->loops; l++) {
-        int32_t lo = src->loop_lo[l] > ring_lo ? src->loop_lo[l] : ring_lo;
+        int32_t lo = ls_prefix_lo(src->loop_lo[l], n, dst->cap);
         for (int32_t p = lo; p < n; p++) ls_kv_copy_slot(dst, p % dst->cap, src, p % src->cap, l);
         dst->loop_len[l] = n;
         dst->loop_lo[l] = lo;
@@ -199,9 +131,7 @@ int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, int32_t
     if (!s) return LS_ERR_ARG;
     /* Check the sampling arguments before the forward pass mutates the
      * session (ls_sample validates them again). */
-    if (!(temperature >= 0.0f) || isinf(temperature) || top_k < 0 || !(top_p >= 0.0f && top_p <= 1.0f) ||
-        !(repetition_penalty > 0.0f) || isinf(repetition_penalty))
-        return LS_ERR_ARG;
+    if (!ls_sampling_args_ok(temperature, top_k, top_p, repetition_penalty)) return LS_ERR_ARG;
     float *logits = logits_out ? logits_out : s->logits;
     int32_t rc = ls_session_forward(s, tokens, n, loops, logits, 1);
     if (rc != LS_OK) return rc;

@@ -66,7 +66,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "session.h"
+#include "draft_head.h"
+#include "forward.h"
+#include "sampling.h"
+#include "session_rules.h"
 
 #define MAX_AHEAD 16   /* LS_SPEC_MAX_AHEAD */
 #define MAX_BRANCH 16  /* LS_SPEC_MAX_BRANCHES */
@@ -77,11 +80,20 @@
 _Static_assert(LS_SPEC_MAX_AHEAD == MAX_AHEAD && LS_SPEC_MAX_NODES == MAX_NODES &&
                    LS_SPEC_MAX_BRANCHES == MAX_BRANCH && LS_TREE_MAX_DEPTH >= MAX_AHEAD &&
                    LS_TREE_MAX_ROWS >= 1 + MAX_NODES && LS_CHUNK >= MAX_AHEAD + 1,
-               "speculative limits out of step with loopserve.h / session.h");
+               "speculative limits out of step with loopserve.h / forward.h / session.h");
 
-// ---- scratch ----
+/* One cycle's settings, checked. */
+typedef struct {
+    int32_t D, V, k, K, exact_draft, accept_all;
+    int32_t M, L;   /* min(D, V): loops every row runs first; max(D, V): loops the cycle's rows fill */
+    float temperature, top_p, penalty, leaf_min_prob;
+    int32_t top_k;
+    uint64_t seed;
+} cycle;
 
-struct ls_spec_scratch {
+// ---- scratch (the session's LS_SESSION_EXT_SPEC slot) ----
+
+typedef struct {
     int32_t dim, vocab;
     int32_t last_accepted; /* draft tokens the previous cycle accepted (sizes the head batch) */
     float *h;        /* (LS_TREE_MAX_ROWS, dim) every row's hidden state: loop D, then loop V */
@@ -100,31 +112,22 @@ struct ls_spec_scratch {
     int32_t slot[LS_TREE_MAX_ROWS];
     int32_t chain[LS_TREE_MAX_ROWS * CHAIN_LD];
     int32_t bpos[MAX_BRANCH], bslot[MAX_BRANCH], bchain[MAX_BRANCH * CHAIN_LD]; /* one draft pass */
-};
+} scratch;
 
-void ls_spec_scratch_free(ls_session *s) {
-    struct ls_spec_scratch *x = s ? s->spec : NULL;
-    if (!x) return;
-    free(x->h);
-    free(x->hb);
-    free(x->dlogits);
-    free(x->vlogits);
-    free(x->alogits);
-    free(x->v);
-    free(x->wp);
-    free(x->wq);
-    free(x->ids);
-    free(x);
-    s->spec = NULL;
+static void scratch_free(void *state) {
+    scratch *x = state;
+    void *bufs[] = {x->h, x->hb, x->dlogits, x->vlogits, x->alogits, x->v, x->wp, x->wq, x->ids, x};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
 
+static scratch *scratch_of(const ls_session *s) { return s->ext[LS_SESSION_EXT_SPEC].state; }
+
 static int32_t ensure_scratch(ls_session *s) {
-    if (s->spec) return LS_OK;
+    if (scratch_of(s)) return LS_OK;
     const ls_model_info *mi = &s->m->info;
     size_t dim = (size_t)mi->dim, V = (size_t)mi->vocab_size;
-    struct ls_spec_scratch *x = calloc(1, sizeof *x);
+    scratch *x = calloc(1, sizeof *x);
     if (!x) return LS_ERR_NOMEM;
-    s->spec = x;
     x->dim = mi->dim;
     x->vocab = mi->vocab_size;
     x->last_accepted = MAX_AHEAD; /* first cycle: expect its drafts to be accepted */
@@ -139,64 +142,25 @@ static int32_t ensure_scratch(ls_session *s) {
     x->ids = calloc(V, sizeof(int32_t));
     if (!x->h || !x->hb || !x->dlogits || !x->vlogits || !x->alogits || !x->v ||
         !x->wp || !x->wq || !x->ids) {
-        ls_spec_scratch_free(s);
+        scratch_free(x);
         return LS_ERR_NOMEM;
     }
+    s->ext[LS_SESSION_EXT_SPEC] = (ls_ext){x, scratch_free};
     return LS_OK;
 }
 
-// ---- rng (sample.c's generator, in separate streams) ----
-
-static uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double uniform(uint64_t seed, uint64_t counter) {
-    uint64_t x = mix64(mix64(seed) + (counter + 1) * 0x9e3779b97f4a7c15ull);
-    return (double)(x >> 11) * 0x1.0p-53;
-}
+// ---- randomness: ls_sample's generator, in separate streams ----
 
 #define STREAM_DRAFT 0x6472616674ull    /* "draft" */
 #define STREAM_ACCEPT 0x616363657074ull /* "accept" */
 #define STREAM_RESID 0x7265736964ull    /* "resid" */
 
-static uint64_t stream_seed(uint64_t seed, uint64_t stream) { return mix64(seed ^ mix64(stream)); }
+static uint64_t stream_seed(uint64_t seed, uint64_t stream) { return ls_mix64(seed ^ ls_mix64(stream)); }
 
 // ---- sampling distributions ----
-//
-// dist_weights reproduces steps 1-5 of ls_sample (sample.c's header gives
-// the procedure) and returns the integer weights of every token, zero
-// outside the kept set: the distribution a plain sampling step draws from,
-// here needed explicitly for p(d) / q(d) and the residual.
-
-static inline uint64_t weight(float vi, float vmax, float temperature) {
-    float x = (vi - vmax) / temperature;
-    if (!(x >= -23.0f)) return 0;
-    return (uint64_t)((double)expf(x) * 4294967296.0 + 0.5);
-}
-
-/* A history token's logit under the repetition penalty (NaN read as -inf). */
-static inline float penalised(float l, float penalty) {
-    if (l != l) return -INFINITY;
-    return l > 0.0f ? l / penalty : l * penalty;
-}
-
-/* v[i] = logits[i] with NaN read as -inf and the repetition penalty applied
- * once per distinct history id. */
-static void penalise(float *v, const float *logits, int32_t vocab, const int32_t *hist, int32_t n_hist, float penalty) {
-    for (int32_t i = 0; i < vocab; i++) v[i] = logits[i] != logits[i] ? -INFINITY : logits[i];
-    if (penalty == 1.0f) return;
-    for (int32_t j = 0; j < n_hist; j++) {
-        int32_t h = hist[j];
-        if (h < 0 || h >= vocab) continue;
-        v[h] = penalised(logits[h], penalty);
-    }
-}
 
 /* The greedy draft token among candidates ids[0, n): the best by
- * penalise()'s value (the repetition penalty once if in the history). */
+ * ls_penalise's value (the repetition penalty once if in the history). */
 static int32_t best_candidate(const float *logits, const int32_t *ids, int32_t n, const int32_t *hist, int32_t n_hist,
                               float penalty) {
     float v[LS_DRAFT_BEST];
@@ -205,7 +169,7 @@ static int32_t best_candidate(const float *logits, const int32_t *ids, int32_t n
         int32_t t = ids[i], seen = 0;
         for (int32_t j = 0; j < n_hist && penalty != 1.0f && !seen; j++) seen = hist[j] == t;
         float l = logits[t] != logits[t] ? -INFINITY : logits[t];
-        v[i] = seen ? penalised(l, penalty) : l;
+        v[i] = seen ? ls_penalised(l, penalty) : l;
         if (v[i] > v[best] || (v[i] == v[best] && t < ids[best])) best = i;
     }
     return ids[best];
@@ -218,106 +182,12 @@ static int32_t top_ids(const float *v, int32_t vocab, int32_t n, int32_t *best) 
     return have;
 }
 
-static void sift_worst(int32_t *h, size_t n, size_t i, const float *v) {
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, top = i;
-        if (l < n && ls_ranks_before(v, h[top], h[l])) top = l;
-        if (r < n && ls_ranks_before(v, h[top], h[r])) top = r;
-        if (top == i) return;
-        int32_t t = h[i];
-        h[i] = h[top];
-        h[top] = t;
-        i = top;
-    }
-}
-
-/* a[0..n) into rank order (heap sort). */
-static void rank_sort(int32_t *a, size_t n, const float *v) {
-    for (size_t i = n / 2; i-- > 0;) sift_worst(a, n, i, v);
-    for (size_t m = n; m > 1; m--) {
-        int32_t t = a[0];
-        a[0] = a[m - 1];
-        a[m - 1] = t;
-        sift_worst(a, m - 1, 0, v);
-    }
-}
-
-/* w[i] = ls_sample's integer weight of token i (0 outside the kept set), and
- * their sum; LS_ERR_ARG when no logit is usable. Zero-weight tokens rank
- * after every positive one (the weight is monotone in the value), so only
- * positive ones are ranked. */
-static int32_t dist_weights(struct ls_spec_scratch *x, const float *logits, const int32_t *hist, int32_t n_hist,
-                            float temperature, int32_t top_k, float top_p, float penalty, uint64_t *w,
-                            uint64_t *z_out) {
-    int32_t V = x->vocab;
-    float *v = x->v;
-    penalise(v, logits, V, hist, n_hist, penalty);
-    int32_t best = 0;
-    for (int32_t i = 1; i < V; i++)
-        if (v[i] > v[best]) best = i;
-    float vmax = v[best];
-    if (vmax == -INFINITY) return LS_ERR_ARG;
-    if (vmax == INFINITY) { /* ls_sample returns the first-ranked id outright */
-        memset(w, 0, (size_t)V * sizeof *w);
-        w[best] = 1;
-        *z_out = 1;
-        return LS_OK;
-    }
-    uint64_t z = 0;
-    int32_t n_pos = 0;
-    for (int32_t i = 0; i < V; i++) {
-        w[i] = weight(v[i], vmax, temperature);
-        z += w[i];
-        if (w[i]) x->ids[n_pos++] = i;
-    }
-    size_t k = (top_k == 0 || top_k >= V) ? (size_t)V : (size_t)top_k;
-    if (k < (size_t)n_pos || top_p < 1.0f) {
-        int32_t *ids = x->ids;
-        size_t n = (size_t)n_pos;
-        if (k < n) {
-            /* size-k heap, worst on top */
-            for (size_t i = k / 2; i-- > 0;) sift_worst(ids, k, i, v);
-            for (size_t i = k; i < n; i++) {
-                if (ls_ranks_before(v, ids[i], ids[0])) {
-                    int32_t out = ids[0];
-                    ids[0] = ids[i];
-                    ids[i] = out;
-                    sift_worst(ids, k, 0, v);
-                }
-            }
-        }
-        size_t kept = k < n ? k : n;
-        rank_sort(ids, kept, v);
-        uint64_t zk = 0;
-        for (size_t i = 0; i < kept; i++) zk += w[ids[i]];
-        size_t m = kept;
-        if (top_p < 1.0f) {
-            double target = (double)top_p * (double)zk;
-            uint64_t above = 0;
-            for (m = 0; m < kept;) {
-                above += w[ids[m++]];
-                if ((double)above >= target) break;
-            }
-        }
-        for (size_t i = m; i < n; i++) w[ids[i]] = 0;
-        z = 0;
-        for (size_t i = 0; i < m; i++) z += w[ids[i]];
-    }
-    *z_out = z;
-    return LS_OK;
-}
-
-/* ls_sample's step 6: the first id, ascending, whose running weight exceeds
- * floor(u * Z). */
-static int32_t draw(const uint64_t *w, int32_t V, uint64_t z, double u) {
-    uint64_t t = (uint64_t)(u * (double)z);
-    if (t > z - 1) t = z - 1;
-    uint64_t cum = 0;
-    for (int32_t i = 0; i < V; i++) {
-        cum += w[i];
-        if (cum > t) return i;
-    }
-    return V - 1;
+/* The distribution plain sampling draws from at this position
+ * (ls_sample_weights), in w, its total in *z. */
+static int32_t dist_weights(scratch *x, const float *logits, const int32_t *hist, int32_t n_hist, const cycle *c,
+                            uint64_t *w, uint64_t *z) {
+    return ls_sample_weights(logits, x->vocab, hist, n_hist, c->temperature, c->top_k, c->top_p, c->penalty, x->v,
+                             x->ids, w, z);
 }
 
 /* A draw from normalize(max(0, p - q)); from p if that is empty (p <= q
@@ -328,7 +198,7 @@ static int32_t draw_residual(const uint64_t *wp, uint64_t zp, const uint64_t *wq
         double r = (double)wp[i] * ip - (double)wq[i] * iq;
         if (r > 0.0) total += r;
     }
-    if (!(total > 0.0)) return draw(wp, V, zp, u);
+    if (!(total > 0.0)) return ls_draw(wp, V, zp, u);
     double t = u * total, cum = 0.0;
     int32_t last = -1;
     for (int32_t i = 0; i < V; i++) {
@@ -371,19 +241,12 @@ static int32_t draft_logits(ls_session *s, const float *h, float *logits, int32_
  * the previous cycle's acceptance suggests will be needed (at least a
  * tile), and what is left goes in one more batch. Only the cost depends on
  * this, never a token. */
-static int32_t head_batch(const struct ls_spec_scratch *x, int32_t r0, int32_t n) {
+static int32_t head_batch(const scratch *x, int32_t r0, int32_t n) {
     int32_t want = r0 == 0 ? x->last_accepted + 2 : n - r0;
     if (want < HEAD_GROUP) want = HEAD_GROUP;
     return want < n - r0 ? want : n - r0;
 }
 
-typedef struct {
-    int32_t D, V, k, K, exact_draft, accept_all;
-    int32_t M, L;   /* min(D, V): loops every row runs first; max(D, V): loops the cycle's rows fill */
-    float temperature, top_p, penalty, leaf_min_prob;
-    int32_t top_k;
-    uint64_t seed;
-} cycle;
 
 /* Commits positions [p, p + n) (history already written) in loops [0, L). */
 static void commit(ls_session *s, int32_t L, int32_t p, int32_t n) {
@@ -398,7 +261,7 @@ static int32_t abandon(ls_session *s, int32_t L, int32_t p, int32_t rc) {
 }
 
 static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t *out, int32_t *stats, float *logits_out) {
-    struct ls_spec_scratch *x = s->spec;
+    scratch *x = scratch_of(s);
     int32_t p = s->pos, dim = x->dim, V = x->vocab, k = c->k;
     int32_t sampled = c->temperature > 0.0f;
     uint64_t seed_draft = stream_seed(c->seed, STREAM_DRAFT);
@@ -426,13 +289,13 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
         if (!sampled && n_cand > 0) {
             tok[i + 1] = best_candidate(dl, cand, n_cand, s->tokens, p + i + 1, c->penalty);
         } else if (!sampled) {
-            penalise(x->v, dl, V, s->tokens, p + i + 1, c->penalty);
+            ls_penalise(x->v, dl, V, s->tokens, p + i + 1, c->penalty);
             top_ids(x->v, V, 1, &tok[i + 1]);
         } else {
             uint64_t zq;
-            rc = dist_weights(x, dl, s->tokens, p + i + 1, c->temperature, c->top_k, c->top_p, c->penalty, x->wq, &zq);
+            rc = dist_weights(x, dl, s->tokens, p + i + 1, c, x->wq, &zq);
             if (rc != LS_OK) return abandon(s, c->L, p, rc);
-            tok[i + 1] = draw(x->wq, V, zq, uniform(seed_draft, (uint64_t)(p + i + 1)));
+            tok[i + 1] = ls_draw(x->wq, V, zq, ls_uniform(seed_draft, (uint64_t)(p + i + 1)));
         }
     }
 
@@ -464,18 +327,16 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
                 break;
             }
             uint64_t zp, zq;
-            int32_t rc = dist_weights(x, L, s->tokens, n_hist, c->temperature, c->top_k, c->top_p, c->penalty, x->wp, &zp);
-            if (rc == LS_OK)
-                rc = dist_weights(x, x->dlogits + (size_t)r * V, s->tokens, n_hist, c->temperature, c->top_k, c->top_p,
-                                  c->penalty, x->wq, &zq);
+            int32_t rc = dist_weights(x, L, s->tokens, n_hist, c, x->wp, &zp);
+            if (rc == LS_OK) rc = dist_weights(x, x->dlogits + (size_t)r * V, s->tokens, n_hist, c, x->wq, &zq);
             if (rc != LS_OK) return abandon(s, c->L, p, rc);
             int32_t d = tok[r + 1];
             double pd = (double)x->wp[d] / (double)zp, qd = (double)x->wq[d] / (double)zq;
-            if (c->accept_all || uniform(seed_accept, counter) * qd < pd) {
+            if (c->accept_all || ls_uniform(seed_accept, counter) * qd < pd) {
                 j++;
                 continue;
             }
-            next = draw_residual(x->wp, zp, x->wq, zq, V, uniform(seed_resid, counter));
+            next = draw_residual(x->wp, zp, x->wq, zq, V, ls_uniform(seed_resid, counter));
             break;
         }
     }
@@ -519,8 +380,7 @@ static void draft_probs(const float *v, int32_t vocab, const int32_t *ids, int32
 }
 
 static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t *out, int32_t *stats, float *logits_out) {
-    struct ls_spec_scratch *x = s->spec;
-    const ls_model_info *mi = &s->m->info;
+    scratch *x = scratch_of(s);
     int32_t p = s->pos, dim = x->dim, V = x->vocab, k = c->k, cap = s->cap;
     int32_t K = c->K < V ? c->K : V; /* a tiny vocabulary has fewer alternatives */
     int32_t *tok = x->tok;
@@ -558,7 +418,7 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
         float *dl = x->dlogits;
         int32_t cand[DRAFT_EXACT];
         draft_logits(s, c->D > c->V ? x->hb : x->h + (size_t)i * dim, dl, c->exact_draft, cand);
-        penalise(x->v, dl, V, s->tokens, p + i + 1, c->penalty);
+        ls_penalise(x->v, dl, V, s->tokens, p + i + 1, c->penalty);
         int32_t got = top_ids(x->v, V, K, best);
         if (c->leaf_min_prob > 0.0f) draft_probs(x->v, V, best, got, c->leaf_min_prob, prob);
         tok[i + 1] = best[0];
@@ -643,16 +503,7 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
 
     // commit: a leaf's rows move from its slot to its position's slot
     if (u > k) {
-        int32_t from = x->slot[u], to = (p + j) % cap;
-        size_t hd = (size_t)mi->head_dim, nkv = (size_t)mi->n_kv_heads, ldk = (size_t)s->ldk;
-        for (int32_t l = 0; l < c->L; l++) {
-            for (size_t h = 0; h < nkv; h++) {
-                uint16_t *kt = s->kc + ((size_t)l * nkv + h) * hd * ldk;
-                uint16_t *vv = s->vc + ((size_t)l * nkv + h) * (size_t)cap * hd;
-                for (size_t d = 0; d < hd; d++) kt[d * ldk + (size_t)to] = kt[d * ldk + (size_t)from];
-                memcpy(vv + (size_t)to * hd, vv + (size_t)from * hd, hd * sizeof *vv);
-            }
-        }
+        for (int32_t l = 0; l < c->L; l++) ls_kv_copy_slot(s, (p + j) % cap, s, x->slot[u], l);
         s->tokens[p + j] = tok[u];
     }
     // output: the accepted path (row 0 excluded), then the verifier's token;
@@ -707,9 +558,7 @@ int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_param
         c.K * prm->draft_ahead > MAX_NODES || prm->max_new < 1)
         return LS_ERR_ARG;
     if (pending < 0 || pending >= mi->vocab_size) return LS_ERR_ARG;
-    if (!(c.temperature >= 0.0f) || isinf(c.temperature) || c.top_k < 0 || !(c.top_p >= 0.0f && c.top_p <= 1.0f) ||
-        !(c.penalty > 0.0f) || isinf(c.penalty))
-        return LS_ERR_ARG;
+    if (!ls_sampling_args_ok(c.temperature, c.top_k, c.top_p, c.penalty)) return LS_ERR_ARG;
     if (c.K > 1 && c.temperature != 0.0f) return LS_ERR_ARG; /* tree speculation is greedy only */
     /* ...and needs the plain fp16 cache: an accepted leaf's rows are moved
      * into place as fp16 rows, so the compressed modes are refused) */
@@ -718,9 +567,7 @@ int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_param
     if (!(c.leaf_min_prob >= 0.0f && c.leaf_min_prob <= 1.0f)) return LS_ERR_ARG;
 
     int32_t p = s->pos;
-    int32_t need_lo = s->window > 0 && p - s->window + 1 > 0 ? p - s->window + 1 : 0;
-    for (int32_t l = 0; l < c.V; l++)
-        if (s->loop_len[l] != p || s->loop_lo[l] > need_lo) return LS_ERR_STATE;
+    if (!ls_loops_hold(s->loop_len, s->loop_lo, 0, c.V, p, s->window)) return LS_ERR_STATE;
     c.k = prm->draft_ahead < prm->max_new - 1 ? prm->draft_ahead : prm->max_new - 1;
     if (c.k == 0) c.K = 1;
     /* every row of the cycle needs its own position (tree leaves: their own

@@ -32,6 +32,8 @@
 
 extern "C" {
 #include "internal.h"
+#include "rope.h"
+#include "session_rules.h"
 }
 
 /* SIMD code reported in ls_model_info.simd by this library. */
@@ -40,7 +42,8 @@ extern "C" {
 #endif
 
 /* Tokens per internal step (as LS_CHUNK in kernels/session.h): bounds the
- * scratch buffers and, with a window W, the ring of W + LS_CUDA_CHUNK rows. */
+ * scratch buffers and, with a window W, the ring of W + LS_CUDA_CHUNK rows
+ * (ls_ring_rows). */
 #define LS_CUDA_CHUNK 64
 
 /* Threads per block of the row-wise kernels; attention keeps one output
@@ -98,6 +101,12 @@ struct ls_session {
     float *penalized;  /* (vocab_size) logits after the repetition penalty */
     int32_t *result;   /* (1) sampled id */
 };
+
+/* The session's bookkeeping as session_rules.h reads it (fp16 cache only). */
+static inline ls_seq_view ls_session_view(const ls_session *s) {
+    ls_seq_view v = {s->m, s->max_seq, s->loops, s->window, s->cap, LS_KV_FP16, s->pos, s->loop_len, s->loop_lo};
+    return v;
+}
 
 /* ---- ops.cu: each launcher returns the launch's error (cudaGetLastError) ---- */
 

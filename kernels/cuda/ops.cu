@@ -17,48 +17,43 @@
 
 // ---- block reductions ----
 
-__device__ static float warp_sum(float v) {
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(FULL_MASK, v, off);
+/* The two ways partial results combine, as functors so one reduction
+ * serves both. */
+struct add_op {
+    __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct max_op {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+/* Reduction over a warp (shuffle tree; lane 0 holds the result). */
+template <typename Op> __device__ static float warp_reduce(float v, Op op) {
+    for (int off = 16; off > 0; off >>= 1) v = op(v, __shfl_down_sync(FULL_MASK, v, off));
     return v;
 }
 
-__device__ static float warp_max(float v) {
-    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_down_sync(FULL_MASK, v, off));
-    return v;
-}
-
-/* Sum over the block, returned to every thread. blockDim.x is a multiple of
- * 32; red holds 32 floats. The leading barrier keeps a previous call's
- * result readable until every thread has read it. */
-__device__ static float block_sum(float v, float *red) {
+/* Reduction over the block, returned to every thread; `identity` fills the
+ * lanes past the last warp. blockDim.x is a multiple of 32; red holds 32
+ * floats. The leading barrier keeps a previous call's result readable until
+ * every thread has read it. */
+template <typename Op> __device__ static float block_reduce(float v, float *red, Op op, float identity) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-    v = warp_sum(v);
+    v = warp_reduce(v, op);
     __syncthreads();
     if (lane == 0) red[warp] = v;
     __syncthreads();
     if (warp == 0) {
-        v = lane < n_warps ? red[lane] : 0.0f;
-        v = warp_sum(v);
+        v = lane < n_warps ? red[lane] : identity;
+        v = warp_reduce(v, op);
         if (lane == 0) red[0] = v;
     }
     __syncthreads();
     return red[0];
 }
 
-__device__ static float block_max(float v, float *red) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < n_warps ? red[lane] : -INFINITY;
-        v = warp_max(v);
-        if (lane == 0) red[0] = v;
-    }
-    __syncthreads();
-    return red[0];
-}
+__device__ static float warp_sum(float v) { return warp_reduce(v, add_op()); }
+__device__ static float block_sum(float v, float *red) { return block_reduce(v, red, add_op(), 0.0f); }
+__device__ static float block_max(float v, float *red) { return block_reduce(v, red, max_op(), -INFINITY); }
 
 static unsigned blocks_for(int64_t n, int per_block) { return (unsigned)((n + per_block - 1) / per_block); }
 

@@ -3,8 +3,8 @@
  * sessions (fp16 K/V cache per loop on the device) and the forward pass,
  * behind the ABI of kernels/loopserve.h. The session logic (positions per
  * loop, the windowed ring, rollback rules, argument checks and error codes)
- * is kernels/session.c and kernels/forward.c's, line for line; only where
- * the numbers are computed differs.
+ * is the CPU library's own, from kernels/session_rules.h; only where the
+ * numbers are computed differs.
  *
  * CUDA failures after a session exists (a launch or copy failing mid-step)
  * leave its caches in an unknown state: the session is marked failed, the
@@ -80,15 +80,7 @@ extern "C" int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd,
         ls_set_error(err, err_len, "quant %d is not supported by the CUDA kernels (fp16 only)", mi->quant);
         return LS_ERR_ARG;
     }
-    if (mi->dim <= 0 || mi->n_heads <= 0 || mi->n_kv_heads <= 0 || mi->head_dim <= 0 || mi->head_dim % 2 != 0 ||
-        mi->n_heads * mi->head_dim != mi->dim || mi->n_heads % mi->n_kv_heads != 0 || mi->ffn_dim <= 0 ||
-        mi->vocab_size <= 0) {
-        ls_set_error(err, err_len,
-                     "inconsistent model shape: dim %d, n_heads %d, n_kv_heads %d, head_dim %d, "
-                     "ffn_dim %d, vocab_size %d",
-                     mi->dim, mi->n_heads, mi->n_kv_heads, mi->head_dim, mi->ffn_dim, mi->vocab_size);
-        return LS_ERR_ARG;
-    }
+    if (ls_check_model_shape(mi, err, err_len) != LS_OK) return LS_ERR_ARG;
     if (mi->head_dim > LS_CUDA_MAX_HEAD_DIM) {
         ls_set_error(err, err_len, "head_dim %d is larger than the CUDA attention kernel supports (%d)",
                      mi->head_dim, LS_CUDA_MAX_HEAD_DIM);
@@ -158,15 +150,6 @@ extern "C" void ls_runtime_free(ls_model *m) {
 
 // ---- sessions ----
 
-/* a * b * c * d elements of `size` bytes, or 0 on overflow */
-static size_t bytes_of(size_t a, size_t b, size_t c, size_t d, size_t size) {
-    size_t r;
-    if (__builtin_mul_overflow(a, b, &r) || __builtin_mul_overflow(r, c, &r) || __builtin_mul_overflow(r, d, &r) ||
-        __builtin_mul_overflow(r, size, &r))
-        return 0;
-    return r;
-}
-
 /* cudaMalloc + zero fill (as the CPU library callocs): no buffer ever holds
  * undefined bytes. Returns false on failure (or on a 0-byte request). */
 static bool dev_alloc(void **p, size_t bytes) {
@@ -181,38 +164,15 @@ static bool dev_alloc(void **p, size_t bytes) {
 
 extern "C" ls_session *ls_session_new(ls_model *m, int32_t max_seq, int32_t loops, int32_t cache_window, char *err,
                                       int32_t err_len) {
-    if (!m || !m->rt) {
-        ls_set_error(err, err_len, "no model loaded");
-        return NULL;
-    }
-    if (max_seq < 1) {
-        ls_set_error(err, err_len, "max_seq must be at least 1, got %d", max_seq);
-        return NULL;
-    }
-    if (loops < 1) {
-        ls_set_error(err, err_len, "loops must be at least 1, got %d", loops);
-        return NULL;
-    }
-    if (cache_window < 0) {
-        ls_set_error(err, err_len, "cache_window must be 0 (full) or positive, got %d", cache_window);
-        return NULL;
-    }
+    if (ls_check_session_args(m, max_seq, loops, cache_window, err, err_len) != LS_OK) return NULL;
     const ls_model_info *mi = &m->info;
-    ls_session *s = (ls_session *)calloc(1, sizeof *s);
-    if (!s) {
-        ls_set_error(err, err_len, "out of memory allocating a session");
-        return NULL;
-    }
-    s->m = m;
-    s->max_seq = max_seq;
-    s->loops = loops;
-    s->window = cache_window;
-    s->cap = max_seq;
-    if (cache_window > 0 && (int64_t)cache_window + LS_CUDA_CHUNK < max_seq) s->cap = cache_window + LS_CUDA_CHUNK;
+    ls_session *s = (ls_session *)ls_session_calloc(sizeof *s, err, err_len);
+    if (!s) return NULL;
+    LS_SESSION_SHAPE(s, m, max_seq, loops, cache_window, LS_CUDA_CHUNK);
 
     size_t C = LS_CUDA_CHUNK, dim = (size_t)mi->dim, hd = (size_t)mi->head_dim;
     size_t kv_dim = (size_t)mi->n_kv_heads * hd, ffn = (size_t)mi->ffn_dim, vocab = (size_t)mi->vocab_size;
-    size_t cache_bytes = bytes_of((size_t)loops, (size_t)mi->n_kv_heads, (size_t)s->cap, hd, sizeof(__half));
+    size_t cache_bytes = ls_bytes_of((size_t)loops, (size_t)mi->n_kv_heads, (size_t)s->cap, hd, sizeof(__half));
 
     s->tokens = (int32_t *)calloc((size_t)max_seq, sizeof(int32_t));
     s->loop_len = (int32_t *)calloc((size_t)loops, sizeof(int32_t));
@@ -268,12 +228,8 @@ extern "C" void ls_session_free(ls_session *s) {
                    s->g, s->u, s->rope, s->logits, s->penalized, s->result};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
-    free(s->tokens);
-    free(s->loop_len);
-    free(s->loop_lo);
-    free(s->rope_host);
-    free(s->logits_host);
-    free(s);
+    void *host[] = {s->tokens, s->loop_len, s->loop_lo, s->rope_host, s->logits_host, s};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
 }
 
 extern "C" int32_t ls_session_pos(const ls_session *s) { return s ? s->pos : LS_ERR_ARG; }
@@ -281,15 +237,9 @@ extern "C" int32_t ls_session_pos(const ls_session *s) { return s ? s->pos : LS_
 extern "C" int32_t ls_session_rollback(ls_session *s, int32_t pos) {
     if (!s || pos < 0 || pos > s->pos) return LS_ERR_ARG;
     if (s->failed) return LS_ERR_STATE;
-    /* As in session.c: a windowed ring may have overwritten the rows a deep
-     * rollback would need; refuse rather than attend to the wrong rows. */
-    int32_t need_lo = s->window > 0 && pos - s->window + 1 > 0 ? pos - s->window + 1 : 0;
-    for (int32_t l = 0; l < s->loops; l++)
-        if (s->loop_len[l] >= pos && s->loop_lo[l] > need_lo) return LS_ERR_STATE;
-    for (int32_t l = 0; l < s->loops; l++)
-        if (s->loop_len[l] > pos) s->loop_len[l] = pos;
-    s->pos = pos;
-    return LS_OK;
+    int32_t rc = ls_rollback_loops(s->loop_len, s->loop_lo, s->loops, s->window, s->pos, pos);
+    if (rc == LS_OK) s->pos = pos;
+    return rc;
 }
 
 static int32_t fail(ls_session *s, const char *what, cudaError_t e) {
@@ -304,27 +254,19 @@ static int32_t fail(ls_session *s, const char *what, cudaError_t e) {
         if (e_ != cudaSuccess) return fail(s, what, e_); \
     } while (0)
 
-/* session.c's ls_session_copy_prefix: the same checks in the same order,
+/* session.c's ls_session_copy_prefix: the same checks (session_rules.h),
  * then the rows copied on the device. */
 extern "C" int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src, int32_t n) {
-    if (!dst || !src || dst == src || dst->m != src->m || n < 0) return LS_ERR_ARG;
-    if (dst->pos != 0 || dst->window != src->window || dst->loops > src->loops) return LS_ERR_STATE;
-    if (n > src->pos || n > dst->max_seq) return LS_ERR_ARG;
+    if (!dst || !src || dst == src) return LS_ERR_ARG;
+    int32_t rc = ls_check_copy_prefix(ls_session_view(dst), ls_session_view(src), n);
+    if (rc != LS_OK) return rc;
     if (dst->failed || src->failed) return LS_ERR_STATE;
     const ls_model_info *mi = &dst->m->info;
     int32_t hd = mi->head_dim, n_kv = mi->n_kv_heads;
-    /* A future position attends back window - 1 rows (all rows without a
-     * window); copy every row dst's ring can hold so the copy can itself
-     * serve shorter prefixes later. */
-    int32_t need_lo = dst->window > 0 && n - dst->window + 1 > 0 ? n - dst->window + 1 : 0;
-    int32_t ring_lo = n > dst->cap ? n - dst->cap : 0;
-    for (int32_t l = 0; l < dst->loops; l++) /* check everything before writing anything */
-        if (src->loop_len[l] < n || (src->loop_lo[l] > ring_lo ? src->loop_lo[l] : ring_lo) > need_lo)
-            return LS_ERR_STATE;
     ls_session *s = dst; /* TRY marks the destination failed */
     size_t src_loop = (size_t)n_kv * src->cap * hd, dst_loop = (size_t)n_kv * dst->cap * hd;
     for (int32_t l = 0; l < dst->loops; l++) {
-        int32_t lo = src->loop_lo[l] > ring_lo ? src->loop_lo[l] : ring_lo;
+        int32_t lo = ls_prefix_lo(src->loop_lo[l], n, dst->cap);
         TRY("copying keys", lsc_copy_rows(dst->kc + l * dst_loop, dst->cap, src->kc + l * src_loop, src->cap, n_kv,
                                           hd, lo, n));
         TRY("copying values", lsc_copy_rows(dst->vc + l * dst_loop, dst->cap, src->vc + l * src_loop, src->cap,
@@ -343,19 +285,6 @@ extern "C" int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src
 
 // ---- forward ----
 
-/* As attention.c's ls_rope_table: angles in double, stored as float. */
-static void rope_table(float *cs, int32_t T, int32_t pos0, int32_t head_dim, float theta) {
-    int32_t half = head_dim / 2;
-    for (int32_t i = 0; i < half; i++) {
-        double inv_freq = pow((double)theta, -2.0 * (double)i / (double)head_dim);
-        for (int32_t t = 0; t < T; t++) {
-            double ang = (double)(pos0 + t) * inv_freq;
-            cs[((size_t)t * half + i) * 2] = (float)cos(ang);
-            cs[((size_t)t * half + i) * 2 + 1] = (float)sin(ang);
-        }
-    }
-}
-
 /* One chunk (T <= LS_CUDA_CHUNK) at positions pos0.. through loops [0, loops):
  * s->h holds the embeddings on entry and the last loop's output on return. */
 static int32_t forward_chunk(ls_session *s, int32_t T, int32_t pos0, int32_t loops) {
@@ -366,7 +295,7 @@ static int32_t forward_chunk(ls_session *s, int32_t T, int32_t pos0, int32_t loo
     float eps = mi->norm_eps;
     size_t loop_cache = (size_t)n_kv * s->cap * hd;
 
-    rope_table(s->rope_host, T, pos0, hd, mi->rope_theta);
+    ls_rope_table(s->rope_host, T, pos0, hd, mi->rope_theta);
     TRY("copying the RoPE table", cudaMemcpy(s->rope, s->rope_host, (size_t)T * hd * sizeof(float),
                                              cudaMemcpyHostToDevice));
     for (int32_t l = 0; l < loops; l++) {
@@ -428,23 +357,17 @@ static int32_t forward(ls_session *s, const int32_t *tokens, int32_t n, int32_t 
     return LS_OK;
 }
 
-/* forward.c's argument and state checks, in the same order. */
+/* forward.c's argument and state checks (session_rules.h), then whether
+ * an earlier CUDA failure left the caches unknown. */
 static int32_t check_forward(const ls_session *s, const int32_t *tokens, int32_t n, int32_t loops) {
-    if (!s || !tokens || n < 1 || loops < 1 || loops > s->loops) return LS_ERR_ARG;
-    if (s->failed) return LS_ERR_STATE;
-    int32_t vocab = s->m->info.vocab_size;
-    for (int32_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= vocab) return LS_ERR_ARG;
-    if (s->pos > s->max_seq - n) return LS_ERR_FULL;
-    int32_t need_lo = s->window > 0 && s->pos - s->window + 1 > 0 ? s->pos - s->window + 1 : 0;
-    for (int32_t l = 0; l < loops; l++)
-        if (s->loop_len[l] != s->pos || s->loop_lo[l] > need_lo) return LS_ERR_STATE;
-    return LS_OK;
+    int32_t rc = ls_check_feed(ls_session_view(s), tokens, n, loops);
+    if (rc == LS_OK && s->failed) rc = LS_ERR_STATE;
+    return rc;
 }
 
 extern "C" int32_t ls_session_forward(ls_session *s, const int32_t *tokens, int32_t n, int32_t loops,
                                       float *logits_out, int32_t n_logits) {
-    if (!s || !tokens || n < 1 || loops < 1 || loops > s->loops) return LS_ERR_ARG;
+    if (!s) return LS_ERR_ARG;
     if (logits_out && (n_logits < 1 || n_logits > n)) return LS_ERR_ARG;
     int32_t rc = check_forward(s, tokens, n, loops);
     if (rc != LS_OK) return rc;
@@ -457,9 +380,7 @@ extern "C" int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t
     if (!s) return LS_ERR_ARG;
     /* Check the sampling arguments before the forward pass mutates the
      * session, as session.c does. */
-    if (!(temperature >= 0.0f) || !isfinite(temperature) || top_k < 0 || !(top_p > 0.0f && top_p <= 1.0f) ||
-        !(repetition_penalty > 0.0f) || !isfinite(repetition_penalty))
-        return LS_ERR_ARG;
+    if (!ls_sampling_args_ok(temperature, top_k, top_p, repetition_penalty)) return LS_ERR_ARG;
     int32_t rc = check_forward(s, tokens, n, loops);
     if (rc != LS_OK) return rc;
     rc = forward(s, tokens, n, loops, logits_out, 1);

@@ -163,6 +163,7 @@ describe.skipIf(!built || devices === 0)("CUDA library against the CPU library",
       [1.0, 40, 1],
       [0.7, 0, 0.9],
       [1.2, 50, 0.8],
+      [0.9, 0, 0], // top_p 0 keeps the most likely token: accepted as ls_sample accepts it
     ] as const) {
       for (let seed = 1; seed <= 5; seed++) {
         const s = gpu.newSession(prompt.length + 1, 2, 0);

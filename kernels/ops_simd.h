@@ -1,0 +1,322 @@
+/*
+ * ops_simd.h — the ops.h kernels the AVX2 and AVX-512 paths share, written
+ * once over a vector of VL floats. Included only by ops_avx2.c and
+ * ops_avx512.c (built with their ISA's flags), after each defines:
+ *
+ *   vec, VL              the vector type and its lanes
+ *   OPS_NAME(name)       name with the path's suffix (name##_avx2)
+ *   EXP_NEG_MIN          exp_neg's clamp (the smallest argument it keeps)
+ *   TILE_MAX_R, TILE_MAX_T  the largest matmul tile (rows x tokens)
+ *   SIMD_VEC_OPS(P)      (simd_vec.h) with its intrinsics' prefix: v_zero, v_set1,
+ *                        v_add, v_mul, v_div, v_max, v_load(p), v_store(p, a)
+ *                        (VL floats), v_fma(a, b, c) = a * b + c and
+ *                        v_fnma(a, b, c) = c - a * b (one rounding each)
+ *   v_round(a)           to the nearest integer
+ *   v_hsum(a)            the path's fixed horizontal sum
+ *   v_load_n(p, n), v_store_n(p, a, n)   the first n <= VL lanes (zeros
+ *                                        elsewhere on a load)
+ *   v_load_f16(p), v_load_f16_n(p, n)    fp16 -> fp32
+ *   v_store_f16(p, a), v_store_f16_n(p, a, n)  fp32 -> fp16 (nearest even)
+ *   v_load_i8(p), v_load_i8_n(p, n)      int8 codes -> fp32
+ *   v_load_u4(p, n, lo, hi)              n <= VL code bytes -> their low and
+ *                                        high nibbles as fp32
+ *   v_neg_abs(x)         -|x|
+ *   v_pick_nonneg(x, a, b)  per lane: x >= 0 ? a : b (b for NaN)
+ *   v_pow2(p, n)         p * 2^n for integral n in exp_neg's range
+ *
+ * Every kernel keeps ops.h's contract on each path: a lane's result is one
+ * fixed chain of fp32 operations (FMA where written), the same whether the
+ * lane falls in a full vector or in the tail of a row, so where a call
+ * starts or ends never changes a value. The paths differ only in VL and in
+ * their horizontal sum.
+ */
+
+#define L2_BLOCK_BYTES (64 * 1024) /* weight rows revisited by every token group */
+
+/* Decode streams weight rows from memory once per token; asking for the
+ * same columns of the next tile's rows (R rows ahead) while this tile
+ * computes keeps more misses in flight than the hardware prefetcher does on
+ * 4 parallel row streams (1-thread decode 155 -> 220 tok/s, dim 768). A prefetch
+ * never faults, so running past the matrix end is harmless; the address is
+ * formed as an integer to keep the pointer arithmetic defined. */
+static inline void prefetch_ahead(const uint16_t *p, size_t elems) {
+    __builtin_prefetch((const void *)((uintptr_t)p + elems * sizeof *p), 0, 3);
+}
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+/* The first n < VL lanes when `part`, else all VL: floats, fp16 values or
+ * int8 codes. part is a constant wherever speed matters, so the test folds
+ * away. */
+static ALWAYS_INLINE vec load_f32(const float *p, int part, int32_t n) {
+    return part ? v_load_n(p, n) : v_load(p);
+}
+static ALWAYS_INLINE void store_f32(float *p, vec a, int part, int32_t n) {
+    if (part) v_store_n(p, a, n);
+    else v_store(p, a);
+}
+static ALWAYS_INLINE vec load_f16(const uint16_t *p, int part, int32_t n) {
+    return part ? v_load_f16_n(p, n) : v_load_f16(p);
+}
+static ALWAYS_INLINE vec load_i8(const int8_t *p, int part, int32_t n) {
+    return part ? v_load_i8_n(p, n) : v_load_i8(p);
+}
+
+/* Element off of a cache read as fp16 values or (I8) int8 codes. */
+static ALWAYS_INLINE vec load_cache(const void *c, const int I8, size_t off, int part, int32_t n) {
+    return I8 ? load_i8((const int8_t *)c + off, part, n) : load_f16((const uint16_t *)c + off, part, n);
+}
+
+// ---- fp16 matmul ----
+
+/* A matmul tile's last n < VL inputs (the paths' tile functions), zero
+ * padded, into acc[r][t] for R rows x TT tokens: one FMA per accumulator.
+ * R and TT are constants at every call; TILE_MAX_R / TILE_MAX_T are the
+ * path's. */
+static ALWAYS_INLINE void tile_tail(vec acc[TILE_MAX_R][TILE_MAX_T], const uint16_t *const *wr, const float *x,
+                                    int32_t ldx, int32_t i, int32_t n, const int R, const int TT) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        vec w1 = v_load_f16_n(wr[r] + i, n);
+#pragma GCC unroll 6
+        for (int t = 0; t < TT; t++) acc[r][t] = v_fma(w1, v_load_n(x + (size_t)t * (size_t)ldx + i, n), acc[r][t]);
+    }
+}
+
+// ---- attention over the cache (ops.h attn_scores / attn_values, _i8, _i4) ----
+//
+// Lane = position for scores (keys are cached dimension-major, so no
+// horizontal sum is needed), lane = dimension for values. Each lane's sum
+// runs over d (scores) or j (values) in order, so how positions or
+// dimensions are grouped into vectors cannot change a result.
+
+#define KV_GROUP 32 /* LS_KV_GROUP */
+
+/* Scores of NV vectors of positions from j (with TAIL, the last holds only
+ * m < VL of them): sum_d q[d] * K[d][j..] over fp16 keys, or (I8) over int8
+ * codes, each position's sum then times its fp16 scale ks[j]. */
+static ALWAYS_INLINE void scores_tile(float *scores, const float *q, const void *kt, int32_t ldk, const uint16_t *ks,
+                                      int32_t hd, int32_t j, int32_t m, const int NV, const int TAIL, const int I8) {
+    vec a[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) a[v] = v_zero();
+    for (size_t d = 0, row = (size_t)j; d < (size_t)hd; d++, row += (size_t)ldk) {
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) {
+            vec k = load_cache(kt, I8, row + v * VL, TAIL && v == NV - 1, m); /* before q[d]: a copy is a call */
+            a[v] = v_fma(v_set1(q[d]), k, a[v]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) {
+        int part = TAIL && v == NV - 1;
+        store_f32(scores + j + v * VL, I8 ? v_mul(a[v], load_f16(ks + j + v * VL, part, m)) : a[v], part, m);
+    }
+}
+
+static ALWAYS_INLINE void scores_rows(float *scores, const float *q, const void *kt, int32_t ldk, const uint16_t *ks,
+                                      int32_t hd, int32_t n, const int I8) {
+    int32_t j = 0;
+    for (; j + 4 * VL <= n; j += 4 * VL) scores_tile(scores, q, kt, ldk, ks, hd, j, VL, 4, 0, I8);
+    for (; j + VL <= n; j += VL) scores_tile(scores, q, kt, ldk, ks, hd, j, VL, 1, 0, I8);
+    if (j < n) scores_tile(scores, q, kt, ldk, ks, hd, j, n - j, 1, 1, I8);
+}
+
+/* Values into NV vectors of dimensions from d0 (with TAIL, the last holds
+ * only m < VL of them): out[d] += p[j] * V[j][d], j increasing, over fp16
+ * values or (I8) int8 codes, whose weight is then p[j] times the row's fp16
+ * scale vs[j]. */
+static ALWAYS_INLINE void values_tile(float *out, const float *p, const void *v, const uint16_t *vs, int32_t hd,
+                                      int32_t n, int32_t d0, int32_t m, const int NV, const int TAIL, const int I8) {
+    vec a[4];
+#pragma GCC unroll 4
+    for (int e = 0; e < NV; e++) a[e] = load_f32(out + d0 + e * VL, TAIL && e == NV - 1, m);
+    for (int32_t j = 0; j < n; j++) {
+        vec w = v_set1(I8 ? p[j] * _cvtsh_ss(vs[j]) : p[j]);
+#pragma GCC unroll 4
+        for (int e = 0; e < NV; e++)
+            a[e] = v_fma(w, load_cache(v, I8, (size_t)j * hd + d0 + e * VL, TAIL && e == NV - 1, m), a[e]);
+    }
+#pragma GCC unroll 4
+    for (int e = 0; e < NV; e++) store_f32(out + d0 + e * VL, a[e], TAIL && e == NV - 1, m);
+}
+
+static ALWAYS_INLINE void values_rows(float *out, const float *p, const void *v, const uint16_t *vs, int32_t hd,
+                                      int32_t n, const int I8) {
+    int32_t d0 = 0;
+    for (; d0 + 4 * VL <= hd; d0 += 4 * VL) values_tile(out, p, v, vs, hd, n, d0, VL, 4, 0, I8);
+    for (; d0 + VL <= hd; d0 += VL) values_tile(out, p, v, vs, hd, n, d0, VL, 1, 0, I8);
+    if (d0 < hd) values_tile(out, p, v, vs, hd, n, d0, hd - d0, 1, 1, I8);
+}
+
+static void OPS_NAME(attn_scores)(float *scores, const float *q, const uint16_t *kt, int32_t ldk, int32_t hd,
+                                  int32_t n) {
+    scores_rows(scores, q, kt, ldk, NULL, hd, n, 0);
+}
+
+static void OPS_NAME(attn_values)(float *out, const float *p, const uint16_t *v, int32_t hd, int32_t n) {
+    values_rows(out, p, v, NULL, hd, n, 0);
+}
+
+static void OPS_NAME(attn_scores_i8)(float *scores, const float *q, const int8_t *kt, int32_t ldq,
+                                     const uint16_t *ks, int32_t hd, int32_t n) {
+    scores_rows(scores, q, kt, ldq, ks, hd, n, 1);
+}
+
+static void OPS_NAME(attn_values_i8)(float *out, const float *p, const int8_t *v, const uint16_t *vs, int32_t hd,
+                                     int32_t n) {
+    values_rows(out, p, v, vs, hd, n, 1);
+}
+
+/* Dims of the low (or high) nibbles of int4 group g0: half of the group. */
+static inline int32_t group_half(int32_t g0, int32_t hd) {
+    return ((g0 + KV_GROUP < hd ? g0 + KV_GROUP : hd) - g0) / 2;
+}
+
+/* int4 key scores of NV vectors of positions from j (with TAIL, the last
+ * holds only m < VL of them). */
+static ALWAYS_INLINE void scores_i4_tile(float *scores, const float *q, const uint8_t *kt, int32_t ldq,
+                                         const uint16_t *kp, int32_t ldp, int32_t hd, int32_t j, int32_t m,
+                                         const int NV, const int TAIL) {
+    vec a[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) a[v] = v_zero();
+    for (int32_t g0 = 0, g = 0; g0 < hd; g0 += KV_GROUP, g++) {
+        int32_t half = group_half(g0, hd);
+        vec sg[4], zg[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) {
+            sg[v] = load_f16(kp + (size_t)(2 * g) * ldp + j + v * VL, TAIL && v == NV - 1, m);
+            zg[v] = load_f16(kp + (size_t)(2 * g + 1) * ldp + j + v * VL, TAIL && v == NV - 1, m);
+        }
+        const uint8_t *row = kt + (size_t)(g0 / 2) * ldq + j;
+        for (int32_t i = 0; i < half; i++, row += ldq) {
+            vec qlo = v_set1(q[g0 + i]), qhi = v_set1(q[g0 + half + i]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) {
+                vec lo, hi;
+                v_load_u4(row + v * VL, TAIL && v == NV - 1 ? m : VL, &lo, &hi);
+                a[v] = v_fma(qlo, v_fma(lo, sg[v], zg[v]), a[v]);
+                a[v] = v_fma(qhi, v_fma(hi, sg[v], zg[v]), a[v]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) store_f32(scores + j + v * VL, a[v], TAIL && v == NV - 1, m);
+}
+
+static void OPS_NAME(attn_scores_i4)(float *scores, const float *q, const uint8_t *kt, int32_t ldq,
+                                     const uint16_t *kp, int32_t ldp, int32_t hd, int32_t n) {
+    int32_t j = 0;
+    for (; j + 4 * VL <= n; j += 4 * VL) scores_i4_tile(scores, q, kt, ldq, kp, ldp, hd, j, VL, 4, 0);
+    for (; j + VL <= n; j += VL) scores_i4_tile(scores, q, kt, ldq, kp, ldp, hd, j, VL, 1, 0);
+    if (j < n) scores_i4_tile(scores, q, kt, ldq, kp, ldp, hd, j, n - j, 1, 1);
+}
+
+/* int4 values of group g (dims g0.. : half low-nibble dims, then half
+ * high-nibble dims), in vectors of VL dims. */
+static ALWAYS_INLINE void values_i4_group(float *out, const float *p, const uint8_t *v, const uint16_t *vp,
+                                          int32_t hd, int32_t n, int32_t g0, int32_t g, int32_t half) {
+    enum { NV_MAX = (KV_GROUP / 2 + VL - 1) / VL };
+    int32_t nb = hd / 2, np = 2 * ((hd + KV_GROUP - 1) / KV_GROUP), nv = (half + VL - 1) / VL;
+    vec lo[NV_MAX], hi[NV_MAX];
+    for (int32_t e = 0; e < NV_MAX; e++) lo[e] = hi[e] = v_zero(); /* (only [0, nv) are used) */
+    for (int32_t e = 0; e < nv; e++) {
+        int32_t m = half - e * VL < VL ? half - e * VL : VL;
+        lo[e] = load_f32(out + g0 + e * VL, m < VL, m);
+        hi[e] = load_f32(out + g0 + half + e * VL, m < VL, m);
+    }
+    const uint8_t *row = v + g0 / 2;
+    const uint16_t *par = vp + 2 * g;
+    for (int32_t j = 0; j < n; j++, row += nb, par += np) {
+        vec w = v_set1(p[j]);
+        vec sg = v_set1(_cvtsh_ss(par[0])), zg = v_set1(_cvtsh_ss(par[1]));
+        for (int32_t e = 0; e < nv; e++) {
+            vec cl, ch;
+            v_load_u4(row + e * VL, half - e * VL < VL ? half - e * VL : VL, &cl, &ch);
+            lo[e] = v_fma(w, v_fma(cl, sg, zg), lo[e]);
+            hi[e] = v_fma(w, v_fma(ch, sg, zg), hi[e]);
+        }
+    }
+    for (int32_t e = 0; e < nv; e++) {
+        int32_t m = half - e * VL < VL ? half - e * VL : VL;
+        store_f32(out + g0 + e * VL, lo[e], m < VL, m);
+        store_f32(out + g0 + half + e * VL, hi[e], m < VL, m);
+    }
+}
+
+static void OPS_NAME(attn_values_i4)(float *out, const float *p, const uint8_t *v, const uint16_t *vp, int32_t hd,
+                                     int32_t n) {
+    for (int32_t g0 = 0, g = 0; g0 < hd; g0 += KV_GROUP, g++) {
+        int32_t half = group_half(g0, hd);
+        if (half == KV_GROUP / 2) values_i4_group(out, p, v, vp, hd, n, g0, g, KV_GROUP / 2); /* a whole group */
+        else values_i4_group(out, p, v, vp, hd, n, g0, g, half);
+    }
+}
+
+// ---- elementwise ----
+
+/* exp(x) for x <= 0 (softmax and sigmoid arguments), clamped at
+ * EXP_NEG_MIN: x = n ln2 + r, |r| <= ln2 / 2 (Cody-Waite, two constants),
+ * exp(r) by a degree-6 polynomial (Horner, FMA), times 2^n. Within ~2 ulp
+ * of expf. */
+static inline vec exp_neg(vec x) {
+    x = v_max(x, v_set1(EXP_NEG_MIN));
+    vec n = v_round(v_mul(x, v_set1(1.44269504088896341f)));
+    vec r = v_fnma(n, v_set1(0.693359375f), x);
+    r = v_fnma(n, v_set1(-2.12194440e-4f), r);
+    vec p = v_set1(1.0f / 720.0f);
+    p = v_fma(p, r, v_set1(1.0f / 120.0f));
+    p = v_fma(p, r, v_set1(1.0f / 24.0f));
+    p = v_fma(p, r, v_set1(1.0f / 6.0f));
+    p = v_fma(p, r, v_set1(0.5f));
+    p = v_fma(p, r, v_set1(1.0f));
+    p = v_fma(p, r, v_set1(1.0f));
+    return v_pow2(p, n);
+}
+
+/* silu(g) * u for m lanes: silu(g) = g * sigmoid(g), the sigmoid from
+ * e = exp(-|g|) <= 1 (no overflow): 1 / (1 + e) for g >= 0, e / (1 + e)
+ * below. */
+static ALWAYS_INLINE void swiglu_vec(float *g, const float *u, int32_t m) {
+    const vec one = v_set1(1.0f);
+    vec x = load_f32(g, m < VL, m);
+    vec e = exp_neg(v_neg_abs(x));
+    vec sig = v_div(v_pick_nonneg(x, one, e), v_add(one, e));
+    store_f32(g, v_mul(v_mul(x, sig), load_f32(u, m < VL, m)), m < VL, m);
+}
+
+static void OPS_NAME(swiglu)(float *g, const float *u, int32_t n) {
+    int32_t i = 0;
+    for (; i + VL <= n; i += VL) swiglu_vec(g + i, u + i, VL);
+    if (i < n) swiglu_vec(g + i, u + i, n - i);
+}
+
+static void OPS_NAME(rmsnorm)(float *out, const float *x, const float *w, int32_t n, float eps) {
+    vec acc = v_zero();
+    int32_t i = 0;
+    for (; i + VL <= n; i += VL) {
+        vec v = v_load(x + i);
+        acc = v_fma(v, v, acc);
+    }
+    if (i < n) {
+        vec v = v_load_n(x + i, n - i);
+        acc = v_fma(v, v, acc);
+    }
+    float scale = 1.0f / sqrtf(v_hsum(acc) / (float)n + eps);
+    vec sv = v_set1(scale);
+    for (i = 0; i + VL <= n; i += VL) v_store(out + i, v_mul(v_mul(v_load(x + i), sv), v_load(w + i)));
+    for (; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+static void OPS_NAME(f16_to_f32)(float *dst, const uint16_t *src, int32_t n) {
+    int32_t i = 0;
+    for (; i + VL <= n; i += VL) v_store(dst + i, v_load_f16(src + i));
+    if (i < n) v_store_n(dst + i, v_load_f16_n(src + i, n - i), n - i);
+}
+
+static void OPS_NAME(f32_to_f16)(uint16_t *dst, const float *src, int32_t n) {
+    int32_t i = 0;
+    for (; i + VL <= n; i += VL) v_store_f16(dst + i, v_load(src + i));
+    if (i < n) v_store_f16_n(dst + i, v_load_n(src + i, n - i), n - i);
+}

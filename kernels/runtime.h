@@ -1,0 +1,35 @@
+/*
+ * runtime.h — what a loaded model runs with (forward.c sets it up in
+ * ls_runtime_init): the thread pool, the SIMD kernels, the fp32 norms, the
+ * profile counters, and the modules' extension slots. Not ABI.
+ */
+#ifndef LS_RUNTIME_H
+#define LS_RUNTIME_H
+
+#include <stdint.h>
+
+#include "ext.h"
+#include "internal.h"
+#include "ops.h"
+#include "threadpool.h"
+
+struct ls_runtime {
+    ls_pool *pool;
+    const ls_ops *ops;
+    int32_t n_threads;
+    float *attn_norm; /* (dim) fp32 copies of the fp16 norm weights */
+    float *ffn_norm;  /* (dim) */
+    float *norm;      /* (dim) */
+
+    ls_ext ext[LS_RUNTIME_EXT_N]; /* e.g. the draft head (draft_head.c), built on first use */
+
+    int32_t profile;          /* ls_model_set_profile */
+    double prof[LS_PROF_N];   /* seconds per LS_PROF_* op */
+};
+
+/* Profile clock: 0 (and no clock read) when profiling is off. */
+double ls_prof_now(const ls_runtime *rt);
+/* Adds now - *t0 to op's counter and sets *t0 = now (no-op when off). */
+void ls_prof_add(ls_runtime *rt, int32_t op, double *t0);
+
+#endif

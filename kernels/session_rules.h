@@ -1,0 +1,191 @@
+/*
+ * session_rules.h — the session rules every library applies the same way,
+ * written once: the model shape they run, which arguments a session and a
+ * sampling step accept, how far back a window reaches, how many cache rows
+ * a ring keeps, and which positions the loops must hold before a call may
+ * go on. session.c, forward.c and spec.c use them, and so does the CUDA
+ * library (kernels/cuda/runtime.cu), whose session keeps the same
+ * bookkeeping on the host next to its device cache. Header-only so the
+ * CUDA library, which links none of the CPU session code, compiles it too
+ * (as C++). Not ABI.
+ */
+#ifndef LS_SESSION_RULES_H
+#define LS_SESSION_RULES_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+/* A session's position bookkeeping as the rules read it. Each library fills
+ * one from its own session struct (ls_session_view). */
+typedef struct {
+    const ls_model *m;
+    int32_t max_seq;          /* most positions ever held */
+    int32_t loops;            /* loops the caches exist for */
+    int32_t window;           /* 0 = full attention, else W */
+    int32_t cap;              /* cache rows per loop (ls_ring_rows) */
+    int32_t kv_mode;          /* LS_KV_* */
+    int32_t pos;              /* positions held */
+    const int32_t *loop_len;  /* (loops) positions [0, loop_len) written in loop l's cache */
+    const int32_t *loop_lo;   /* (loops) oldest position the ring still holds for loop l */
+} ls_seq_view;
+
+/* The model shape the forward pass relies on (ls_runtime_init checks it
+ * before any session exists): head_dim even and n_heads * head_dim == dim,
+ * whole query-head groups per kv head, positive sizes. On failure writes
+ * the shape into err and returns LS_ERR_ARG. */
+static inline int32_t ls_check_model_shape(const ls_model_info *mi, char *err, int32_t err_len) {
+    if (mi->dim <= 0 || mi->n_heads <= 0 || mi->n_kv_heads <= 0 || mi->head_dim <= 0 || mi->head_dim % 2 != 0 ||
+        mi->n_heads * mi->head_dim != mi->dim || mi->n_heads % mi->n_kv_heads != 0 || mi->ffn_dim <= 0 ||
+        mi->vocab_size <= 0) {
+        ls_set_error(err, err_len,
+                     "inconsistent model shape: dim %d, n_heads %d, n_kv_heads %d, head_dim %d, "
+                     "ffn_dim %d, vocab_size %d",
+                     mi->dim, mi->n_heads, mi->n_kv_heads, mi->head_dim, mi->ffn_dim, mi->vocab_size);
+        return LS_ERR_ARG;
+    }
+    return LS_OK;
+}
+
+/* ls_sample's parameter ranges: temperature finite and >= 0, top_k >= 0,
+ * top_p in [0, 1], penalty finite and > 0. Every entry point that samples
+ * checks with this (a step before its forward pass touches the session). */
+static inline int ls_sampling_args_ok(float temperature, int32_t top_k, float top_p, float penalty) {
+    return temperature >= 0.0f && !isinf(temperature) && top_k >= 0 && top_p >= 0.0f && top_p <= 1.0f &&
+           penalty > 0.0f && !isinf(penalty);
+}
+
+/* ls_session_new's checks of its arguments; on failure writes why into err
+ * and returns LS_ERR_ARG. */
+static inline int32_t ls_check_session_args(const ls_model *m, int32_t max_seq, int32_t loops, int32_t cache_window,
+                                            char *err, int32_t err_len) {
+    if (!m || !m->rt) {
+        ls_set_error(err, err_len, "no model loaded");
+        return LS_ERR_ARG;
+    }
+    if (max_seq < 1) {
+        ls_set_error(err, err_len, "max_seq must be at least 1, got %d", max_seq);
+        return LS_ERR_ARG;
+    }
+    if (loops < 1) {
+        ls_set_error(err, err_len, "loops must be at least 1, got %d", loops);
+        return LS_ERR_ARG;
+    }
+    if (cache_window < 0) {
+        ls_set_error(err, err_len, "cache_window must be 0 (full) or positive, got %d", cache_window);
+        return LS_ERR_ARG;
+    }
+    return LS_OK;
+}
+
+/* a * b * c * d elements of `size` bytes, or 0 on overflow: the sizes of
+ * a session's buffers. */
+static inline size_t ls_bytes_of(size_t a, size_t b, size_t c, size_t d, size_t size) {
+    size_t r;
+    if (__builtin_mul_overflow(a, b, &r) || __builtin_mul_overflow(r, c, &r) || __builtin_mul_overflow(r, d, &r) ||
+        __builtin_mul_overflow(r, size, &r))
+        return 0;
+    return r;
+}
+
+/* A zeroed session struct of `size` bytes, or NULL with the reason in err. */
+static inline void *ls_session_calloc(size_t size, char *err, int32_t err_len) {
+    void *s = calloc(1, size);
+    if (!s) ls_set_error(err, err_len, "out of memory allocating a session");
+    return s;
+}
+
+/* Stores the bookkeeping every library's session starts from: its model,
+ * capacity, loops, window and ring rows (ls_ring_rows with the library's
+ * chunk). A macro: each library has its own session struct, with these
+ * field names. */
+#define LS_SESSION_SHAPE(s, model, max_seq_, loops_, window_, chunk)                                       \
+    do {                                                                                                 \
+        (s)->m = (model);                                                                                \
+        (s)->max_seq = (max_seq_);                                                                       \
+        (s)->loops = (loops_);                                                                           \
+        (s)->window = (window_);                                                                         \
+        (s)->cap = ls_ring_rows((max_seq_), (window_), (chunk));                                         \
+    } while (0)
+
+/* Cache rows per loop: every position, or with a window W the W positions
+ * a query sees plus the chunk being written (chunk: the library's most
+ * tokens per internal step), so writing a chunk never overwrites a row one
+ * of its tokens still attends to. */
+static inline int32_t ls_ring_rows(int32_t max_seq, int32_t window, int32_t chunk) {
+    return window > 0 && (int64_t)window + chunk < max_seq ? window + chunk : max_seq;
+}
+
+/* Oldest position a query at pos attends to: pos - W + 1 with a window W. */
+static inline int32_t ls_window_lo(int32_t pos, int32_t window) {
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
+/* Loops [la, lb) each hold exactly pos positions, and their rings still the
+ * rows a query at pos attends to: the state a call that appends at pos
+ * needs. */
+static inline int ls_loops_hold(const int32_t *loop_len, const int32_t *loop_lo, int32_t la, int32_t lb, int32_t pos,
+                                int32_t window) {
+    int32_t need_lo = ls_window_lo(pos, window);
+    for (int32_t l = la; l < lb; l++)
+        if (loop_len[l] != pos || loop_lo[l] > need_lo) return 0;
+    return 1;
+}
+
+/* The checks of appending n tokens through `loops` loops (ls_session_forward
+ * and ls_session_step), in order: LS_ERR_ARG for a bad argument or token
+ * id, LS_ERR_FULL without room, LS_ERR_STATE when the loops do not all
+ * hold the session's positions. */
+static inline int32_t ls_check_feed(ls_seq_view s, const int32_t *tokens, int32_t n, int32_t loops) {
+    if (!tokens || n < 1 || loops < 1 || loops > s.loops) return LS_ERR_ARG;
+    int32_t vocab = s.m->info.vocab_size;
+    for (int32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= vocab) return LS_ERR_ARG;
+    if (s.pos > s.max_seq - n) return LS_ERR_FULL;
+    return ls_loops_hold(s.loop_len, s.loop_lo, 0, loops, s.pos, s.window) ? LS_OK : LS_ERR_STATE;
+}
+
+/* ls_session_rollback on the bookkeeping: forgets positions >= pos in
+ * every loop (loop_len[l] capped at pos); the caller then sets its pos.
+ * A windowed ring keeps only the last cap positions: rolling back further
+ * than its oldest row allows would need rows that were overwritten, so
+ * that is refused (LS_ERR_STATE) rather than attending to the wrong rows. */
+static inline int32_t ls_rollback_loops(int32_t *loop_len, const int32_t *loop_lo, int32_t loops, int32_t window,
+                                        int32_t held, int32_t pos) {
+    if (pos < 0 || pos > held) return LS_ERR_ARG;
+    int32_t need_lo = ls_window_lo(pos, window);
+    for (int32_t l = 0; l < loops; l++)
+        if (loop_len[l] >= pos && loop_lo[l] > need_lo) return LS_ERR_STATE;
+    for (int32_t l = 0; l < loops; l++)
+        if (loop_len[l] > pos) loop_len[l] = pos;
+    return LS_OK;
+}
+
+/* First position of positions [0, n) that a copy into a ring of dst_cap
+ * rows takes from a loop whose oldest held row is src_lo. A future
+ * position attends back window - 1 rows (all rows without a window); the
+ * copy takes every row the destination ring can hold, so it can itself
+ * serve shorter prefixes later. */
+static inline int32_t ls_prefix_lo(int32_t src_lo, int32_t n, int32_t dst_cap) {
+    int32_t ring_lo = n > dst_cap ? n - dst_cap : 0;
+    return src_lo > ring_lo ? src_lo : ring_lo;
+}
+
+/* ls_session_copy_prefix's checks, in order (loopserve.h): LS_ERR_ARG,
+ * LS_ERR_STATE, or LS_OK when every loop of dst can take positions [0, n)
+ * from src, checked before anything is written. */
+static inline int32_t ls_check_copy_prefix(ls_seq_view dst, ls_seq_view src, int32_t n) {
+    if (dst.m != src.m || n < 0) return LS_ERR_ARG;
+    if (dst.pos != 0 || dst.window != src.window || dst.kv_mode != src.kv_mode || dst.loops > src.loops)
+        return LS_ERR_STATE;
+    if (n > src.pos || n > dst.max_seq) return LS_ERR_ARG;
+    int32_t need_lo = ls_window_lo(n, dst.window);
+    for (int32_t l = 0; l < dst.loops; l++)
+        if (src.loop_len[l] < n || ls_prefix_lo(src.loop_lo[l], n, dst.cap) > need_lo) return LS_ERR_STATE;
+    return LS_OK;
+}
+
+#endif
