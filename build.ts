@@ -66,12 +66,12 @@ async function buildCpuLibrary(): Promise<string> {
 }
 
 // The CUDA library implements the same ABI (kernels/loopserve.h) plus
-// ls_cuda_device_count. Loading and validation are not duplicated: the CPU
-// library's loader, JSON parser, utilities and sampler objects are linked in,
+// ls_cuda_device_count. Loading is not duplicated: the CPU library's loader
+// (the descriptor checks of model.c), utilities and sampler objects are linked in,
 // and kernels/cuda/*.cu provide the runtime, sessions and forward pass.
 // util.c is compiled once more with ls_simd_name renamed, so the CUDA
 // library's own ls_simd_name can also name the "cuda" path.
-const CUDA_HOST_SOURCES = ["model.c", "json.c", "sample.c"];
+const CUDA_HOST_SOURCES = ["model.c", "sample.c"];
 const CUDA_ARCH = [
   "-gencode", "arch=compute_80,code=sm_80",
   "-gencode", "arch=compute_90,code=sm_90",

@@ -1,6 +1,8 @@
-// Model-file images for the fuzzers: tiny valid models of every weight
-// format (the seed corpus of the libFuzzer target, and the starting points
-// of the validator's property fuzzer) and hand-corrupted variants of them.
+// Model images for the fuzzers: tiny valid models of every weight format
+// and hand-corrupted variants of them. The validator's property fuzzer
+// starts from the files (safetensors images); the libFuzzer target of the
+// library's loader from each file behind its model descriptor (descriptor
+// bytes, then the file), and from descriptors that no longer fit the file.
 //
 // A header is handled as JSON text fragments rather than as a JS object, so
 // that an edit can produce anything a hostile file could hold: duplicate
@@ -9,8 +11,10 @@
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { describeModelFile, descriptorLayout } from "../src/engine/model_descriptor.ts";
 import { quantizeModelFile } from "../src/model/quantize.ts";
 import { type SyntheticOptions, writeSyntheticModel } from "../src/model/synthetic.ts";
+import { rawSafetensorsImage } from "../test/helpers/safetensors.ts";
 
 export interface ModelImage {
   name: string;
@@ -29,22 +33,6 @@ export function objectText(entries: Entries): string {
 /** The fragments of a JSON object's text (JSON.parse keeps the last of duplicate keys; that is fine for seeds). */
 export function entriesOf(objectJson: string): Entries {
   return Object.entries(JSON.parse(objectJson) as Record<string, unknown>).map(([k, v]) => [k, JSON.stringify(v)]);
-}
-
-/**
- * A safetensors image: the 8-byte little-endian header length (`len`
- * overrides it), the header text padded with spaces to a multiple of 8 (as
- * the writer does, so the data stays aligned), the data region.
- */
-export function safetensorsImage(header: string, data: Uint8Array, len?: bigint): Uint8Array {
-  const raw = new TextEncoder().encode(header);
-  const text = new Uint8Array(Math.ceil(raw.length / 8) * 8).fill(0x20);
-  text.set(raw);
-  const out = new Uint8Array(8 + text.length + data.length);
-  new DataView(out.buffer).setBigUint64(0, len ?? BigInt(text.length), true);
-  out.set(text, 8);
-  out.set(data, 8 + text.length);
-  return out;
 }
 
 export interface SplitImage {
@@ -97,19 +85,19 @@ function withMetadata(image: SplitImage, edit: (meta: Entries) => Entries): Uint
   const entries = entriesOf(image.header).map(([k, v]): [string, string] =>
     k === "__metadata__" ? [k, objectText(edit(entriesOf(v)))] : [k, v],
   );
-  return safetensorsImage(objectText(entries), image.data);
+  return rawSafetensorsImage(objectText(entries), image.data);
 }
 
 function withTensor(image: SplitImage, name: string, edit: (t: Entries) => Entries): Uint8Array {
   const entries = entriesOf(image.header).map(([k, v]): [string, string] => (k === name ? [k, objectText(edit(entriesOf(v)))] : [k, v]));
-  return safetensorsImage(objectText(entries), image.data);
+  return rawSafetensorsImage(objectText(entries), image.data);
 }
 
 const setKey = (key: string, value: string) => (e: Entries) => e.map(([k, v]): [string, string] => [k, k === key ? value : v]);
 
 /**
- * One corrupted variant per kind of damage the loaders check for, from the
- * fp16 seed: each is refused, and each starts the fuzzer next to a check.
+ * One corrupted variant per kind of damage the validator checks for, from
+ * the fp16 seed: each is refused, and each starts the fuzzer next to a check.
  */
 export function corruptedSeeds(): ModelImage[] {
   const fp16 = validSeeds()[0];
@@ -118,12 +106,12 @@ export function corruptedSeeds(): ModelImage[] {
   const variants: [string, Uint8Array][] = [
     ["truncated-data", fp16.bytes.subarray(0, fp16.bytes.length - 5)],
     ["truncated-header", fp16.bytes.subarray(0, 8 + Math.floor(img.header.length / 2))],
-    ["length-past-end", safetensorsImage(img.header, img.data, BigInt(fp16.bytes.length))],
-    ["length-huge", safetensorsImage(img.header, img.data, (1n << 64n) - 1n)],
-    ["header-array", safetensorsImage("[1, 2]", img.data)],
-    ["header-deep", safetensorsImage(`{"__metadata__":${deep(80)}}`, img.data)],
-    ["duplicate-key", safetensorsImage(img.header.replace("{", '{"norm.weight":1,'), img.data)],
-    ["bad-utf8-escape", safetensorsImage(img.header.replace('"F16"', '"\\ud800"'), img.data)],
+    ["length-past-end", rawSafetensorsImage(img.header, img.data, { len: BigInt(fp16.bytes.length) })],
+    ["length-huge", rawSafetensorsImage(img.header, img.data, { len: (1n << 64n) - 1n })],
+    ["header-array", rawSafetensorsImage("[1, 2]", img.data)],
+    ["header-deep", rawSafetensorsImage(`{"__metadata__":${deep(80)}}`, img.data)],
+    ["duplicate-key", rawSafetensorsImage(img.header.replace("{", '{"norm.weight":1,'), img.data)],
+    ["bad-utf8-escape", rawSafetensorsImage(img.header.replace('"F16"', '"\\ud800"'), img.data)],
     ["metadata-dim-number", withMetadata(img, setKey("dim", "8"))],
     ["metadata-dim-huge", withMetadata(img, setKey("dim", '"99999999999999999999"'))],
     ["metadata-theta-inf", withMetadata(img, setKey("rope_theta", '"1e999"'))],
@@ -139,12 +127,91 @@ export function corruptedSeeds(): ModelImage[] {
   return variants.map(([name, bytes]) => ({ name: `corrupt-${name}`, bytes }));
 }
 
-/** Writes every seed, valid and corrupted, into dir (one file each). */
-export function writeSeedCorpus(dir: string): string[] {
+/** Every model file seed, valid and corrupted (the validator's starting points). */
+export function modelSeeds(): ModelImage[] {
+  return [...validSeeds(), ...corruptedSeeds()];
+}
+
+// ---- descriptor images (the libFuzzer target's input) ----
+
+/** A libFuzzer input: the descriptor's bytes, then the file's. */
+function descriptorImage(descriptor: Uint8Array, file: Uint8Array): Uint8Array {
+  const out = new Uint8Array(descriptor.length + file.length);
+  out.set(descriptor);
+  out.set(file, descriptor.length);
+  return out;
+}
+
+/** The descriptor the binding would pass for a valid seed. */
+function descriptorOfImage(image: ModelImage): Uint8Array {
+  const dir = mkdtempSync(join(tmpdir(), "loopserve-fuzz-desc-"));
+  try {
+    const path = join(dir, `${image.name}.safetensors`);
+    writeFileSync(path, image.bytes);
+    return describeModelFile(path).descriptor;
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+/**
+ * Every valid seed behind its descriptor, and, from the fp16 seed, one
+ * variant per kind of mismatch the loader checks for: each is refused, and
+ * each starts the fuzzer next to a check.
+ */
+export function descriptorSeeds(): ModelImage[] {
+  const valid = validSeeds().map((image) => ({ name: image.name, bytes: descriptorImage(descriptorOfImage(image), image.bytes) }));
+  const fp16 = validSeeds()[0];
+  const desc = descriptorOfImage(fp16);
+  const edit = (change: (view: DataView) => void, file = fp16.bytes) => {
+    const copy = desc.slice();
+    change(new DataView(copy.buffer));
+    return descriptorImage(copy, file);
+  };
+  const config = (field: keyof typeof descriptorLayout.config, value: number) => (v: DataView) => v.setInt32(descriptorLayout.config[field].offset, value, true);
+  const span = (name: string, at: 0 | 8 | 16, value: number) => (v: DataView) => {
+    const off = descriptorLayout.spanOffset(name) + at;
+    if (at === 16) v.setInt32(off, value, true);
+    else v.setBigUint64(off, BigInt(value), true);
+  };
+  const offsetOf = (name: string) => Number(new DataView(desc.buffer).getBigUint64(descriptorLayout.spanOffset(name), true));
+  const nan = fp16.bytes.slice();
+  new DataView(nan.buffer).setUint16(offsetOf("norm.weight"), 0x7e00, true);
+  const variants: [string, Uint8Array][] = [
+    ["truncated-file", edit(() => {}, fp16.bytes.subarray(0, fp16.bytes.length - 5))],
+    ["empty-file", edit(() => {}, new Uint8Array(0))],
+    ["dim-zero", edit(config("dim", 0))],
+    ["heads-inconsistent", edit(config("n_heads", 3))],
+    ["quant-unknown", edit(config("quant", 7))],
+    ["group-fp16", edit(config("group_size", 32))],
+    ["span-past-end", edit(span("norm.weight", 0, fp16.bytes.length))],
+    ["span-misaligned", edit(span("norm.weight", 0, offsetOf("norm.weight") + 1))],
+    ["span-overlap", edit(span("norm.weight", 0, offsetOf("block.ffn_norm.weight")))],
+    ["span-short", edit(span("norm.weight", 8, 2))],
+    ["span-dtype", edit(span("norm.weight", 16, 2))],
+    ["span-missing", edit((v) => [0, 8, 16].forEach((at) => span("block.wk.weight", at as 0 | 8 | 16, 0)(v)))],
+    ["span-foreign", edit(span("block.wq.zeros", 16, 1))],
+    ["nan-weight", edit(() => {}, nan)],
+  ];
+  return [...valid, ...variants.map(([name, bytes]) => ({ name: `corrupt-${name}`, bytes }))];
+}
+
+/** Writes images into dir (one file each, NAME.safetensors); returns the paths. */
+function writeImages(dir: string, images: ModelImage[], extension: string): string[] {
   mkdirSync(dir, { recursive: true });
-  return [...validSeeds(), ...corruptedSeeds()].map(({ name, bytes }) => {
-    const path = join(dir, `${name}.safetensors`);
+  return images.map(({ name, bytes }) => {
+    const path = join(dir, `${name}${extension}`);
     writeFileSync(path, bytes);
     return path;
   });
+}
+
+/** Writes the libFuzzer target's seed corpus (descriptorSeeds) into dir. */
+export function writeSeedCorpus(dir: string): string[] {
+  return writeImages(dir, descriptorSeeds(), ".desc+safetensors");
+}
+
+/** Writes the validator's seeds (modelSeeds) into dir. */
+export function writeModelSeeds(dir: string): string[] {
+  return writeImages(dir, modelSeeds(), ".safetensors");
 }

@@ -1,14 +1,17 @@
 /*
- * model_load.c — libFuzzer target for the model loader (kernels/model.c and
- * its JSON header parser kernels/json.c), the C code that reads untrusted
- * bytes.
+ * model_load.c — libFuzzer target for what the kernel library checks of
+ * untrusted input when it loads a model (kernels/model.c): the model
+ * descriptor (loopserve.h, ls_model_desc: dimensions, and each tensor's
+ * byte range and dtype) against the mapped model file. The file's own
+ * format is validated in TypeScript, fuzzed by fuzz/validator.ts.
  *
- * Each input is a whole model file. It goes through the public entry point,
- * ls_model_load, by path: the bytes are written to an in-memory file
- * (memfd) reopened through /proc/self/fd, so what is fuzzed is exactly what
- * the server runs. A file the loader accepts is then run: one generation
- * step (forward pass and sampling) over two tokens, so weights that pass
- * validation are also safe to compute with.
+ * Each input is a descriptor's bytes followed by the model file's bytes
+ * (an input shorter than a descriptor leaves the rest of it zero). The file
+ * goes through the public entry point, ls_model_load, by path: it is written
+ * to an in-memory file (memfd) reopened through /proc/self/fd, so what is
+ * fuzzed is exactly what the server runs. A model the loader accepts is then
+ * run: one generation step (forward pass and sampling) over two tokens, so
+ * weights that pass the checks are also safe to compute with.
  *
  * Built with LS_LOAD_TO_HEAP (model.c): the file is read into a heap buffer
  * of exactly its size, so AddressSanitizer reports a read one byte past it.
@@ -93,16 +96,20 @@ static void run_loaded(ls_model *m, size_t file_size) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (scratch_fd < 0) open_scratch();
-    write_scratch(data, size);
+    ls_model_desc desc;
+    memset(&desc, 0, sizeof desc);
+    size_t desc_bytes = size < sizeof desc ? size : sizeof desc;
+    memcpy(&desc, data, desc_bytes);
+    write_scratch(data + desc_bytes, size - desc_bytes);
     char err[512];
     memset(err, 'x', sizeof err);
-    ls_model *m = ls_model_load(scratch_path, 1, LS_SIMD_AUTO, err, sizeof err);
+    ls_model *m = ls_model_load(scratch_path, &desc, 1, LS_SIMD_AUTO, err, sizeof err);
     if (m == NULL) {
         if (memchr(err, '\0', sizeof err) == NULL) finding("refusal message not terminated", "err");
         if (err[0] == '\0') finding("refused without a message", "err is empty");
         return 0;
     }
-    run_loaded(m, size);
+    run_loaded(m, size - desc_bytes);
     ls_model_free(m);
     return 0;
 }

@@ -2,10 +2,11 @@
 // property is kept under fuzz/regressions/<kind>/ (committed), and
 // test/fuzz/regressions.test.ts replays all of them on every test run.
 //
-//   model_load/  model files from libFuzzer (crash-*, leak-*, timeout-*, oom-*)
+//   model_load/  libFuzzer inputs (a model descriptor, then a model file:
+//                fuzz/model_load.c) that crashed the library's loader
+//                (crash-*, leak-*, timeout-*, oom-*)
 //   validator/   model files from the TypeScript validator's property fuzzer
 //   requests/    HTTP requests (JSON: method, path, content type, body text)
-// Model files of both kinds are replayed through both loaders.
 import { createHash } from "node:crypto";
 import { copyFileSync, existsSync, mkdirSync, readdirSync, writeFileSync } from "node:fs";
 import { basename, join } from "node:path";
@@ -24,11 +25,6 @@ export function regressionFiles(kind: RegressionKind): string[] {
     .filter((f) => f !== "README.md" && !f.startsWith("."))
     .sort()
     .map((f) => join(dir, f));
-}
-
-/** Model files of every origin: each must be safe for both loaders. */
-export function modelRegressionFiles(): string[] {
-  return [...regressionFiles("model_load"), ...regressionFiles("validator")];
 }
 
 /** Saves an input under a name derived from its content (saving it twice keeps one file); returns the path. */

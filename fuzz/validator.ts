@@ -7,14 +7,16 @@
 //     fields replaced by hostile JSON: wrong types, huge or non-finite
 //     numbers, numeric-looking strings, unicode, up to 200,000 levels
 //     of nesting, duplicate keys, "__proto__" as a name).
-// Each image is written to a file and loaded the way the TypeScript side
-// loads a model (ReferenceModel.load's dispatch: loadModelFile or
-// loadQuantModelFile). It must load or be refused with a ModelFormatError
-// that has a message; any other exception (TypeError, RangeError, ...) or a
-// load that takes seconds is a finding.
+// Each image is written to a file, validated and described as the server
+// does before the kernel library sees it (describeModelFile), then loaded
+// the way the TypeScript side loads a model (ReferenceModel.load's dispatch:
+// loadModelFile or loadQuantModelFile). It must load or be refused with a
+// ModelFormatError that has a message; any other exception (TypeError,
+// RangeError, ...) or a load that takes seconds is a finding.
 import fc from "fast-check";
 import { rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { describeModelFile } from "../src/engine/model_descriptor.ts";
 import {
   configToMetadata,
   expectedTensorShapes,
@@ -26,8 +28,9 @@ import {
   QUANT_MATRICES,
   quantTensorShapes,
 } from "../src/model/format.ts";
-import { DTYPE_SIZES, type Dtype, ModelFormatError, readSafetensors } from "../src/model/safetensors.ts";
-import { corruptedSeeds, type Entries, entriesOf, objectText, safetensorsImage, splitImage, validSeeds } from "./corpus.ts";
+import { DTYPE_SIZES, type Dtype, ModelFormatError } from "../src/model/safetensors.ts";
+import { rawSafetensorsImage } from "../test/helpers/safetensors.ts";
+import { corruptedSeeds, type Entries, entriesOf, objectText, splitImage, validSeeds } from "./corpus.ts";
 
 /** A load slower than this on a file of a few kilobytes is a hang, not a slow machine. */
 const HANG_MS = 10_000;
@@ -43,7 +46,7 @@ export type Verdict = { loaded: true } | { loaded: false; message: string };
  */
 export function loadWithTypeScript(path: string): Verdict {
   try {
-    const quant = readSafetensors(path).metadata.quant;
+    const quant = describeModelFile(path).model.config.quant;
     if (quant === "int4" || quant === "int2") loadQuantModelFile(path);
     else loadModelFile(path);
     return { loaded: true };
@@ -73,10 +76,14 @@ export function checkImage(bytes: Uint8Array, dir: string): Verdict {
 
 // ---- valid models of random shapes ----
 
-const numberText = fc.oneof(
-  fc.constantFrom("10000", "1e-05", "1e-6", "500000.0", "0.5", "1E4", "+3", "7.", ".25"),
-  fc.double({ min: 1e-30, max: 1e30, noNaN: true }).map(String),
-);
+/**
+ * A number in any decimal form the format accepts, from `forms` or up to
+ * `max` (below kernels/loopserve.h's LS_MAX_ROPE_THETA / LS_MAX_NORM_EPS,
+ * also once rounded to fp32).
+ */
+const numberText = (forms: string[], max: number) => fc.oneof(fc.constantFrom(...forms), fc.double({ min: 1e-30, max, noNaN: true }).map(String));
+const ropeThetaText = numberText(["10000", "1e-05", "1e-6", "500000.0", "0.5", "1E4", "+3", "7.", ".25"], 1e11);
+const normEpsText = numberText(["1e-05", "1e-6", "0.5", "5E-1", "+.5", ".25"], 0.99);
 
 type ValidConfig = Omit<ModelConfig, "tiedOutput"> & {
   output: "tied" | "fp16" | "int8";
@@ -96,8 +103,8 @@ const validConfig: fc.Arbitrary<ValidConfig> = fc
     vocabSize: fc.integer({ min: 1, max: 20 }),
     defaultLoops: fc.integer({ min: 1, max: 64 }),
     maxSeqLen: fc.integer({ min: 1, max: 1 << 20 }),
-    ropeTheta: numberText,
-    normEps: numberText,
+    ropeTheta: ropeThetaText,
+    normEps: normEpsText,
     groupSize: fc.constantFrom(...GROUP_SIZES.slice(0, 2)),
     output: fc.constantFrom("tied", "fp16", "int8"),
   })
@@ -161,7 +168,7 @@ export const validModelImage: fc.Arbitrary<Uint8Array> = validConfig.chain((c) =
     const data = new Uint8Array(offset);
     let s = seed;
     for (let i = 0; i < data.length; i++) data[i] = (s = (Math.imul(s, 1103515245) + 12345) >>> 0) >>> 24;
-    return safetensorsImage(objectText(entries), data);
+    return rawSafetensorsImage(objectText(entries), data);
   });
 });
 
@@ -254,8 +261,8 @@ const editedImage: fc.Arbitrary<Uint8Array> = fc
   .tuple(fc.constantFrom(...validSeeds()), fc.array(editArb, { minLength: 1, maxLength: 4 }), wholeHeader)
   .map(([seed, edits, wholeHeader]) => {
     const { header, data } = splitImage(seed.bytes);
-    if (wholeHeader !== null) return safetensorsImage(wholeHeader, data);
-    return safetensorsImage(objectText(edits.reduce((e, edit) => edit(e), entriesOf(header))), data);
+    if (wholeHeader !== null) return rawSafetensorsImage(wholeHeader, data);
+    return rawSafetensorsImage(objectText(edits.reduce((e, edit) => edit(e), entriesOf(header))), data);
   });
 
 // ---- byte-level damage ----

@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define LS_ABI_VERSION 1
+#define LS_ABI_VERSION 2
 
 /* ---- error codes ---- */
 #define LS_OK 0
@@ -101,20 +101,129 @@ const char *ls_simd_name(int32_t simd);
 
 /* ---- model ---- */
 
-/* mmaps and validates a .safetensors model (docs/model-format.md), starts the thread
- * pool (n_threads <= 0: all online cores) and selects the SIMD path (simd is
- * LS_SIMD_*; asking for a path the CPU lacks is an error). On failure returns
- * NULL and writes why into err (naming the field or tensor at fault). */
-ls_model *ls_model_load(const char *path, int32_t n_threads, int32_t simd,
+/* ---- model descriptor ----
+ *
+ * The model file is validated by the caller (the TypeScript loader,
+ * src/model/format.ts: header, metadata, every tensor's dtype and shape),
+ * which then describes it to the library: the model's dimensions and, for
+ * each tensor the model uses, where its bytes lie in the file. The library
+ * maps the file and trusts none of it: it checks the dimensions' ranges and
+ * consistency, that every tensor the weight format needs is given (and none
+ * it does not), each one's dtype and byte length against the dimensions,
+ * that it lies inside the file, is aligned to its element size and overlaps
+ * no other, and that every fp16 value is finite. */
+
+/* Largest dimensions a model may have: they keep every size product far
+ * from overflow. */
+#define LS_MAX_DIM 65536
+#define LS_MAX_HEADS 4096
+#define LS_MAX_FFN_DIM 262144
+#define LS_MAX_VOCAB 1048576
+#define LS_MAX_SEQ_LEN 1048576
+#define LS_MAX_LOOPS 64
+#define LS_MAX_ROPE_THETA 1e12 /* rope_theta < this */
+#define LS_MAX_NORM_EPS 1.0    /* norm_eps < this */
+
+/* The model's dimensions (the file's metadata). */
+typedef struct {
+    int32_t dim;            /* residual width, 1..LS_MAX_DIM, a multiple of n_heads */
+    int32_t n_heads;        /* 1..LS_MAX_HEADS; dim / n_heads even */
+    int32_t n_kv_heads;     /* 1..LS_MAX_HEADS, dividing n_heads */
+    int32_t ffn_dim;        /* 1..LS_MAX_FFN_DIM */
+    int32_t vocab_size;     /* 1..LS_MAX_VOCAB */
+    int32_t default_loops;  /* 1..LS_MAX_LOOPS */
+    int32_t max_seq_len;    /* 1..LS_MAX_SEQ_LEN */
+    float rope_theta;       /* (0, LS_MAX_ROPE_THETA) */
+    float norm_eps;         /* (0, LS_MAX_NORM_EPS) */
+    int32_t quant;          /* LS_QUANT_* */
+    int32_t group_size;     /* 0 for fp16; 32, 64, 128 or 256 (dividing dim and ffn_dim) otherwise */
+    int32_t reserved;       /* 0 */
+} ls_model_config;
+
+/* Element types of the tensors a model holds (safetensors' names). */
+#define LS_DTYPE_NONE 0 /* the tensor is absent */
+#define LS_DTYPE_F16 1
+#define LS_DTYPE_U8 2
+#define LS_DTYPE_I8 3
+
+/* Every tensor a model may hold, as X(ID, "name in the file"); the
+ * descriptor has one slot per entry, LS_TENSOR_<ID>. The block's seven
+ * matrices come in the same four-slot pattern (weight, qweight, scales,
+ * zeros), in the order wq wk wv wo w1 w2 w3. Which slots a weight format
+ * fills, and with what, is written down at LS_QUANT_* above. */
+#define LS_TENSORS(X)                           \
+    X(TOK_EMBEDDINGS, "tok_embeddings.weight")  \
+    X(ATTN_NORM, "block.attn_norm.weight")      \
+    X(FFN_NORM, "block.ffn_norm.weight")        \
+    X(NORM, "norm.weight")                      \
+    X(WQ_WEIGHT, "block.wq.weight")             \
+    X(WQ_QWEIGHT, "block.wq.qweight")           \
+    X(WQ_SCALES, "block.wq.scales")             \
+    X(WQ_ZEROS, "block.wq.zeros")               \
+    X(WK_WEIGHT, "block.wk.weight")             \
+    X(WK_QWEIGHT, "block.wk.qweight")           \
+    X(WK_SCALES, "block.wk.scales")             \
+    X(WK_ZEROS, "block.wk.zeros")               \
+    X(WV_WEIGHT, "block.wv.weight")             \
+    X(WV_QWEIGHT, "block.wv.qweight")           \
+    X(WV_SCALES, "block.wv.scales")             \
+    X(WV_ZEROS, "block.wv.zeros")               \
+    X(WO_WEIGHT, "block.wo.weight")             \
+    X(WO_QWEIGHT, "block.wo.qweight")           \
+    X(WO_SCALES, "block.wo.scales")             \
+    X(WO_ZEROS, "block.wo.zeros")               \
+    X(W1_WEIGHT, "block.w1.weight")             \
+    X(W1_QWEIGHT, "block.w1.qweight")           \
+    X(W1_SCALES, "block.w1.scales")             \
+    X(W1_ZEROS, "block.w1.zeros")               \
+    X(W2_WEIGHT, "block.w2.weight")             \
+    X(W2_QWEIGHT, "block.w2.qweight")           \
+    X(W2_SCALES, "block.w2.scales")             \
+    X(W2_ZEROS, "block.w2.zeros")               \
+    X(W3_WEIGHT, "block.w3.weight")             \
+    X(W3_QWEIGHT, "block.w3.qweight")           \
+    X(W3_SCALES, "block.w3.scales")             \
+    X(W3_ZEROS, "block.w3.zeros")               \
+    X(OUTPUT_WEIGHT, "output.weight")           \
+    X(OUTPUT_QWEIGHT, "output.qweight")         \
+    X(OUTPUT_SCALES, "output.scales")
+
+enum {
+#define LS_TENSOR_ENUM_(id, name) LS_TENSOR_##id,
+    LS_TENSORS(LS_TENSOR_ENUM_)
+#undef LS_TENSOR_ENUM_
+    LS_TENSOR_N
+};
+
+/* Where one tensor's bytes lie in the file. */
+typedef struct {
+    uint64_t offset;  /* from the start of the file */
+    uint64_t length;  /* bytes */
+    int32_t dtype;    /* LS_DTYPE_*; LS_DTYPE_NONE: absent (offset and length 0) */
+    int32_t reserved; /* 0 */
+} ls_tensor_span;
+
+typedef struct {
+    ls_model_config config;
+    ls_tensor_span tensors[LS_TENSOR_N]; /* indexed by LS_TENSOR_* */
+} ls_model_desc;
+
+/* Maps the model file at path, checks desc against it (see above), starts
+ * the thread pool (n_threads <= 0: all online cores) and selects the SIMD
+ * path (simd is LS_SIMD_*; asking for a path the CPU lacks is an error).
+ * On failure returns NULL and writes why into err (naming the field or
+ * tensor at fault). */
+ls_model *ls_model_load(const char *path, const ls_model_desc *desc, int32_t n_threads, int32_t simd,
                         char *err, int32_t err_len);
 void ls_model_free(ls_model *m);
 void ls_model_info_get(const ls_model *m, ls_model_info *out);
 
-/* Validates a model file exactly as ls_model_load does (header, metadata,
- * tensors, every fp16 weight and quantization scale finite) without starting
- * a runtime: what `loopserve model inspect` reports. Returns LS_OK and fills
- * info (nullable; simd and n_threads 0), or LS_ERR_ARG with the reason in err. */
-int32_t ls_model_check(const char *path, ls_model_info *info, char *err, int32_t err_len);
+/* Checks desc against the model file exactly as ls_model_load does, without
+ * starting a runtime: with the caller's validation of the file, what
+ * `loopserve model inspect` reports. Returns LS_OK and fills info (nullable;
+ * simd and n_threads 0), or LS_ERR_ARG with the reason in err. */
+int32_t ls_model_check(const char *path, const ls_model_desc *desc, ls_model_info *info, char *err,
+                       int32_t err_len);
 
 /* ---- per-op time breakdown (SERVICE_PROFILE / `loopserve bench --profile`) ----
  * Off by default (no clock reads). When on, every forward pass adds the

@@ -3,7 +3,7 @@
  *
  * libloopserve_cuda.so implements kernels/loopserve.h exactly like
  * libloopserve.so, plus `ls_cuda_device_count`. Loading and validation are
- * the CPU library's own code (model.c, json.c, util.c, sample.c are linked
+ * the CPU library's own code (model.c, util.c, sample.c are linked
  * in, see build.ts); this directory provides what internal.h leaves to the
  * runtime: ls_runtime_init/free, the sessions and the forward pass.
  *

@@ -3,16 +3,18 @@
 // One FFI call per engine step: forward/step take whole token batches.
 import { dlopen, FFIType, type Pointer } from "bun:ffi";
 import { type KvCacheMode, kvModeCode, kvModeSpec } from "../model/kvcache.ts";
+import { ModelFormatError } from "../model/safetensors.ts";
+import { describeModelFile } from "./model_descriptor.ts";
 
 const { i32, u64, f32, ptr, void: none, cstring } = FFIType;
 
 const symbols = {
   ls_abi_version: { args: [], returns: i32 },
   ls_simd_name: { args: [i32], returns: cstring },
-  ls_model_load: { args: [ptr, i32, i32, ptr, i32], returns: ptr },
+  ls_model_load: { args: [ptr, ptr, i32, i32, ptr, i32], returns: ptr },
   ls_model_free: { args: [ptr], returns: none },
   ls_model_info_get: { args: [ptr, ptr], returns: none },
-  ls_model_check: { args: [ptr, ptr, ptr, i32], returns: i32 },
+  ls_model_check: { args: [ptr, ptr, ptr, ptr, i32], returns: i32 },
   ls_session_new: { args: [ptr, i32, i32, i32, ptr, i32], returns: ptr },
   ls_session_new_kv: { args: [ptr, i32, i32, i32, i32, ptr, i32], returns: ptr },
   ls_session_free: { args: [ptr], returns: none },
@@ -31,7 +33,7 @@ const specSymbols = {
   ls_spec_cycle_logits: { args: [ptr, i32, ptr, ptr, ptr, ptr], returns: i32 },
 } as const;
 
-export const ABI_VERSION = 1;
+export const ABI_VERSION = 2;
 
 export const SIMD_CODES = { auto: 0, portable: 1, avx2: 2, avx512: 3 } as const;
 export type SimdChoice = keyof typeof SIMD_CODES;
@@ -199,14 +201,30 @@ function fileInfo(raw: Int32Array): ModelFileInfo {
 }
 
 /**
+ * The descriptor the library loads the model file by (src/model/format.ts
+ * validates the file); a file that is not a valid model is a NativeError
+ * with the validator's reason, like the library's own refusals.
+ */
+function modelDescriptor(modelPath: string): Uint8Array {
+  try {
+    return describeModelFile(modelPath).descriptor;
+  } catch (e) {
+    if (e instanceof ModelFormatError) throw new NativeError(e.reason, -1);
+    throw e;
+  }
+}
+
+/**
  * Validates a model file exactly as NativeModel.load does, without starting
- * a runtime (ls_model_check); throws NativeError with the loader's message.
+ * a runtime (the TypeScript validator, then ls_model_check); throws
+ * NativeError with the loader's message.
  */
 export function checkModelFile(libraryPath: string, modelPath: string): ModelFileInfo {
   const lib = openKernelLibrary(libraryPath);
+  const desc = modelDescriptor(modelPath);
   const raw = new Int32Array(MODEL_INFO_FIELDS);
   const err = new Uint8Array(ERR_LEN);
-  if (lib.ls_model_check(cString(modelPath), raw, err, ERR_LEN) < 0) throw new NativeError(readError(err) || `cannot load ${modelPath}`, -1);
+  if (lib.ls_model_check(cString(modelPath), desc, raw, err, ERR_LEN) < 0) throw new NativeError(readError(err) || `cannot load ${modelPath}`, -1);
   return fileInfo(raw);
 }
 
@@ -229,8 +247,9 @@ export class NativeModel {
   /** Loads a model file; throws NativeError with the loader's message. */
   static load(libraryPath: string, modelPath: string, threads: number, simd: SimdChoice): NativeModel {
     const lib = openKernelLibrary(libraryPath);
+    const desc = modelDescriptor(modelPath);
     const err = new Uint8Array(ERR_LEN);
-    const handle = lib.ls_model_load(cString(modelPath), threads, SIMD_CODES[simd], err, ERR_LEN);
+    const handle = lib.ls_model_load(cString(modelPath), desc, threads, SIMD_CODES[simd], err, ERR_LEN);
     if (!handle) throw new NativeError(readError(err) || `cannot load ${modelPath}`, -1);
     const model = new NativeModel(lib, handle as Pointer, openSpecSymbols(libraryPath));
     model.profileLib = openProfileSymbols(libraryPath);

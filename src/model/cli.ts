@@ -10,7 +10,7 @@ import { libraryConfig } from "../config.ts";
 import { checkModelFile, type ModelFileInfo } from "../engine/binding.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "../engine/library.ts";
 import { type ProgressStream, withProgress } from "../progress.ts";
-import { checkQuantTensors, GROUP_SIZES, MAX_LOOPS, parseModelConfig } from "./format.ts";
+import { GROUP_SIZES, MAX_LOOPS } from "./format.ts";
 import { exportGguf } from "./gguf.ts";
 import { DEFAULT_GROUP_SIZE, type HeadQuant, quantizeModelFile, type WeightQuant } from "./quantize.ts";
 import { DTYPE_SIZES, ModelFormatError, readSafetensors, type SafetensorsFile } from "./safetensors.ts";
@@ -251,7 +251,7 @@ function checkWithServerLoader(path: string): ModelFileInfo {
   try {
     return checkModelFile(resolveKernelLibrary(buildDir, CPU_LIBRARY_NAME, cacheDirCandidates({ xdgCacheHome: cacheHome })), path);
   } catch (e) {
-    throw new ModelFormatError(`${path}: ${(e as Error).message}`);
+    throw ModelFormatError.about(path, (e as Error).message);
   }
 }
 
@@ -296,15 +296,9 @@ function cmdInspect(argv: string[], io: CommandIO): number {
   const json = p.flags.has("--json");
   // Failures here are about the file, not the arguments: exit 1 (see runModelCommand).
   // The verdict is the server loader's, so inspect and serve never disagree
-  // about a file; the listing comes from the TypeScript reader, which reads
-  // every header the loader accepts.
-  let file: SafetensorsFile;
-  try {
-    file = readSafetensors(path);
-  } catch (e) {
-    if (e instanceof ModelFormatError) checkWithServerLoader(path); // its message, when it refuses the file too
-    throw e;
-  }
+  // about a file; the listing is of any well-formed safetensors header, so a
+  // file that is not a loopserve model is still shown before it is refused.
+  const file: SafetensorsFile = readSafetensors(path);
   printHeader(io, path, file, json);
   const c = checkWithServerLoader(path);
   if (!json) {

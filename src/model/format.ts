@@ -1,9 +1,10 @@
-// The loopserve model schema (docs/model-format.md) on top of safetensors.
-//
-// kernels/model.c checks the same rules independently; both must accept and
-// reject the same files, and their messages name the same field or tensor.
+// The loopserve model schema (docs/model-format.md) on top of safetensors: the one
+// validator of model files. validateModel judges a file and names the
+// tensors the model consists of; the kernel library is then given only
+// their byte ranges and the dimensions (src/engine/binding.ts builds the
+// descriptor) and checks those against the mapped bytes.
 
-import { ModelFormatError, readSafetensors, type SafetensorsFile, type TensorView } from "./safetensors.ts";
+import { DTYPE_SIZES, type Dtype, ModelFormatError, readSafetensors, type SafetensorsFile, type TensorView } from "./safetensors.ts";
 
 // ---- schema ----
 
@@ -16,8 +17,14 @@ export const FORMAT_VERSION = 1;
 export const ARCH = "looped-llama";
 export const TOKENIZER = "gpt2";
 export const MAX_LOOPS = 64;
-/** The C side holds every dimension in an int32_t. */
-const MAX_INT32 = 2147483647;
+/** Largest dimensions the kernels take (kernels/loopserve.h LS_MAX_*): they keep sizes far from overflow. */
+const MAX_DIM = 65536;
+const MAX_HEADS = 4096;
+const MAX_FFN_DIM = 262144;
+const MAX_VOCAB = 1048576;
+const MAX_SEQ_LEN = 1048576;
+const MAX_ROPE_THETA = 1e12;
+const MAX_NORM_EPS = 1;
 
 export interface ModelConfig {
   arch: "looped-llama";
@@ -181,34 +188,36 @@ type Meta = Record<string, string>;
 
 function need(meta: Meta, key: string, where: string): string {
   const v = meta[key];
-  if (v === undefined) throw new ModelFormatError(`${where}: metadata: missing required key "${key}"`);
+  if (v === undefined) throw ModelFormatError.about(where, `metadata: missing required key "${key}"`);
   return v;
 }
 
-function parseInt32(meta: Meta, key: string, where: string, min: number, max = MAX_INT32): number {
+function parseInt32(meta: Meta, key: string, where: string, min: number, max: number): number {
   const s = need(meta, key, where);
   if (!INT_RE.test(s)) {
-    throw new ModelFormatError(`${where}: metadata: ${key} must be a decimal integer, got "${s}"`);
+    throw ModelFormatError.about(where, `metadata: ${key} must be a decimal integer, got "${s}"`);
   }
   const n = Number(s);
   if (n < min || n > max) {
-    throw new ModelFormatError(`${where}: metadata: ${key} must be in [${min}, ${max}], got ${s}`);
+    throw ModelFormatError.about(where, `metadata: ${key} must be in [${min}, ${max}], got ${s}`);
   }
   return n;
 }
 
-function parsePositiveFloat(meta: Meta, key: string, where: string): number {
+/** A positive number below `max`, also once rounded to fp32 (what the kernels compute with). */
+function parsePositiveFloat(meta: Meta, key: string, where: string, max: number): number {
   const s = need(meta, key, where);
   const n = Number(s);
-  if (!FLOAT_RE.test(s) || !Number.isFinite(n) || n <= 0) {
-    throw new ModelFormatError(`${where}: metadata: ${key} must be a positive finite number, got "${s}"`);
+  const f = Math.fround(n);
+  if (!FLOAT_RE.test(s) || !(f > 0 && n < max && f < max)) {
+    throw ModelFormatError.about(where, `metadata: ${key} must be a positive finite number below ${max}, got "${s}"`);
   }
   return n;
 }
 
 function expectString(meta: Meta, key: string, expected: string, where: string): void {
   const s = need(meta, key, where);
-  if (s !== expected) throw new ModelFormatError(`${where}: metadata: ${key} must be "${expected}", got "${s}"`);
+  if (s !== expected) throw ModelFormatError.about(where, `metadata: ${key} must be "${expected}", got "${s}"`);
 }
 
 /**
@@ -220,23 +229,23 @@ export function parseModelMetadata(meta: Meta, where: string): Omit<ModelConfig,
   expectString(meta, "format_version", String(FORMAT_VERSION), where);
   expectString(meta, "arch", ARCH, where);
   expectString(meta, "tokenizer", TOKENIZER, where);
-  const dim = parseInt32(meta, "dim", where, 1);
-  const nHeads = parseInt32(meta, "n_heads", where, 1);
-  const nKvHeads = parseInt32(meta, "n_kv_heads", where, 1);
-  const ffnDim = parseInt32(meta, "ffn_dim", where, 1);
-  const vocabSize = parseInt32(meta, "vocab_size", where, 1);
+  const dim = parseInt32(meta, "dim", where, 1, MAX_DIM);
+  const nHeads = parseInt32(meta, "n_heads", where, 1, MAX_HEADS);
+  const nKvHeads = parseInt32(meta, "n_kv_heads", where, 1, MAX_HEADS);
+  const ffnDim = parseInt32(meta, "ffn_dim", where, 1, MAX_FFN_DIM);
+  const vocabSize = parseInt32(meta, "vocab_size", where, 1, MAX_VOCAB);
   const defaultLoops = parseInt32(meta, "default_loops", where, 1, MAX_LOOPS);
-  const maxSeqLen = parseInt32(meta, "max_seq_len", where, 1);
-  const ropeTheta = parsePositiveFloat(meta, "rope_theta", where);
-  const normEps = parsePositiveFloat(meta, "norm_eps", where);
+  const maxSeqLen = parseInt32(meta, "max_seq_len", where, 1, MAX_SEQ_LEN);
+  const ropeTheta = parsePositiveFloat(meta, "rope_theta", where, MAX_ROPE_THETA);
+  const normEps = parsePositiveFloat(meta, "norm_eps", where, MAX_NORM_EPS);
   const quant = need(meta, "quant", where);
   if (quant !== "fp16" && quant !== "int4" && quant !== "int2") {
-    throw new ModelFormatError(`${where}: metadata: quant must be one of fp16, int4, int2, got "${quant}"`);
+    throw ModelFormatError.about(where, `metadata: quant must be one of fp16, int4, int2, got "${quant}"`);
   }
-  const groupSize = parseInt32(meta, "group_size", where, quant === "fp16" ? 0 : 1);
+  const groupSize = parseInt32(meta, "group_size", where, quant === "fp16" ? 0 : 1, MAX_DIM);
 
   const bad = (msg: string): never => {
-    throw new ModelFormatError(`${where}: metadata: ${msg}`);
+    throw ModelFormatError.about(where, `metadata: ${msg}`);
   };
   if (quant !== "fp16" && !(GROUP_SIZES as readonly number[]).includes(groupSize)) {
     bad(`group_size must be one of ${GROUP_SIZES.join(", ")} for quant ${quant}, got ${groupSize}`);
@@ -268,7 +277,7 @@ export function parseModelMetadata(meta: Meta, where: string): Omit<ModelConfig,
     ropeTheta,
     normEps,
     quant,
-    groupSize,
+    groupSize: quant === "fp16" ? 0 : groupSize, // fp16 has no groups, whatever the writer recorded
     tokenizer: TOKENIZER,
   };
 }
@@ -279,16 +288,20 @@ function shapeStr(s: number[]): string {
   return `[${s.join(", ")}]`;
 }
 
-function checkTensor(file: SafetensorsFile, name: string, shape: number[], where: string, dtype = "F16"): TensorView {
+/** The model tensor `name`: present, of `dtype` and `shape`, and aligned to its element size (the kernels read it in place). */
+function checkTensor(file: SafetensorsFile, name: string, shape: number[], dtype: Dtype = "F16"): TensorView {
+  const where = file.path;
   const t = file.tensors.get(name);
-  if (t === undefined) throw new ModelFormatError(`${where}: missing tensor "${name}" (${dtype} ${shapeStr(shape)})`);
+  if (t === undefined) throw ModelFormatError.about(where, `missing tensor "${name}" (${dtype} ${shapeStr(shape)})`);
   if (t.dtype !== dtype) {
-    throw new ModelFormatError(`${where}: tensor "${name}": dtype must be ${dtype}, got ${t.dtype}`);
+    throw ModelFormatError.about(where, `tensor "${name}": dtype must be ${dtype}, got ${t.dtype}`);
   }
   if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
-    throw new ModelFormatError(
-      `${where}: tensor "${name}": shape must be ${shapeStr(shape)}, got ${shapeStr(t.shape)}`,
-    );
+    throw ModelFormatError.about(where, `tensor "${name}": shape must be ${shapeStr(shape)}, got ${shapeStr(t.shape)}`);
+  }
+  const size = DTYPE_SIZES[dtype];
+  if (t.offset % size !== 0) {
+    throw ModelFormatError.about(where, `tensor "${name}": data at file offset ${t.offset} is not ${size}-byte aligned for ${dtype}`);
   }
   return t;
 }
@@ -300,64 +313,74 @@ function asF16(t: TensorView): Uint16Array {
   return new Uint16Array(data.slice().buffer);
 }
 
-/**
- * Validates a parsed safetensors file as a loopserve model: metadata, then
- * (for fp16) every tensor's presence, dtype and shape.
- */
-export function parseModelConfig(file: SafetensorsFile): ModelConfig {
-  const where = file.path;
-  const base = parseModelMetadata(file.metadata, where);
-  const tiedOutput = !file.tensors.has("output.weight") && !file.tensors.has("output.qweight");
-  if (base.quant === "fp16") {
-    for (const [name, shape] of expectedTensorShapes(base)) {
-      if (name === "output.weight" && tiedOutput) continue;
-      checkTensor(file, name, shape, where);
-    }
-  }
-  return { ...base, tiedOutput };
+/** A file judged as a loopserve model. */
+export interface ValidatedModel {
+  config: ModelConfig;
+  /** The tensors the model consists of (a file may hold others, which are ignored), in file order. */
+  tensors: Map<string, TensorView>;
 }
 
 /**
- * The tensors of an int4 / int2 model (the same rules as kernels/model.c):
- * fp16 embedding and norms; block.X.qweight (U8), block.X.scales (F16) and,
- * for int2, block.X.zeros (F16) for each block matrix, with no block.X.weight
- * beside them; output.weight (F16), output.qweight (I8) + output.scales, or
- * neither (tied). parseModelConfig leaves these to this function.
+ * Validates a parsed safetensors file as a loopserve model (the rules of
+ * docs/model-format.md): the metadata, then every tensor of its weight
+ * format. fp16: the fp16 matrices, output.weight optional (absent = tied).
+ * int4 / int2: fp16 embedding and norms; block.X.qweight (U8),
+ * block.X.scales (F16) and, for int2, block.X.zeros (F16) for each block
+ * matrix, with no block.X.weight beside them; output.weight (F16),
+ * output.qweight (I8) + output.scales, or neither (tied).
  */
-export function checkQuantTensors(file: SafetensorsFile, c: Omit<ModelConfig, "tiedOutput">): void {
+export function validateModel(file: SafetensorsFile): ValidatedModel {
   const where = file.path;
-  if (c.quant === "fp16") throw new ModelFormatError(`${where}: quant "fp16" has no quantized tensors to check`);
-  const bits = c.quant === "int4" ? 4 : 2;
-  for (const name of ["block.attn_norm.weight", "block.ffn_norm.weight", "norm.weight"]) {
-    checkTensor(file, name, [c.dim], where);
+  const base = parseModelMetadata(file.metadata, where);
+  const tiedOutput = !file.tensors.has("output.weight") && !file.tensors.has("output.qweight");
+  const used = new Set<string>();
+  const check = (name: string, shape: number[], dtype: Dtype = "F16") => {
+    checkTensor(file, name, shape, dtype);
+    used.add(name);
+  };
+  if (base.quant === "fp16") {
+    for (const [name, shape] of expectedTensorShapes(base)) {
+      if (name !== "output.weight" || !tiedOutput) check(name, shape);
+    }
+    return { config: { ...base, tiedOutput }, tensors: modelTensors(file, used) };
   }
-  checkTensor(file, "tok_embeddings.weight", [c.vocabSize, c.dim], where);
-  const shapes = matrixShapes(c);
+  const bits = base.quant === "int4" ? 4 : 2;
+  for (const name of ["block.attn_norm.weight", "block.ffn_norm.weight", "norm.weight"]) check(name, [base.dim]);
+  check("tok_embeddings.weight", [base.vocabSize, base.dim]);
+  const shapes = matrixShapes(base);
   for (const m of QUANT_MATRICES) {
-    const base = `block.${m}`;
-    if (file.tensors.has(`${base}.weight`)) {
-      throw new ModelFormatError(
-        `${where}: tensor "${base}.weight" present in a ${c.quant} model: expected "${base}.qweight" and "${base}.scales" instead`,
+    const name = `block.${m}`;
+    if (file.tensors.has(`${name}.weight`)) {
+      throw ModelFormatError.about(
+        where,
+        `tensor "${name}.weight" present in an ${base.quant} model: expected "${name}.qweight" and "${name}.scales" instead`,
       );
     }
     const [rows, cols] = shapes[m];
-    for (const [name, dtype, shape] of quantTensorShapes(base, bits, rows, cols, c.groupSize)) {
-      checkTensor(file, name, shape, where, dtype);
-    }
+    for (const [t, dtype, shape] of quantTensorShapes(name, bits, rows, cols, base.groupSize)) check(t, shape, dtype);
   }
   const hasQ = file.tensors.has("output.qweight");
   if (hasQ && file.tensors.has("output.weight")) {
-    throw new ModelFormatError(
-      `${where}: tensors "output.weight" and "output.qweight" both present: the output head is either fp16 or int8`,
+    throw ModelFormatError.about(
+      where,
+      `tensors "output.weight" and "output.qweight" both present: the output head is either fp16 or int8`,
     );
   }
   if (hasQ) {
-    for (const [name, dtype, shape] of quantTensorShapes("output", 8, c.vocabSize, c.dim, c.groupSize)) {
-      checkTensor(file, name, shape, where, dtype);
-    }
-  } else if (file.tensors.has("output.weight")) {
-    checkTensor(file, "output.weight", [c.vocabSize, c.dim], where);
+    for (const [t, dtype, shape] of quantTensorShapes("output", 8, base.vocabSize, base.dim, base.groupSize)) check(t, shape, dtype);
+  } else if (!tiedOutput) {
+    check("output.weight", [base.vocabSize, base.dim]);
   }
+  return { config: { ...base, tiedOutput }, tensors: modelTensors(file, used) };
+}
+
+function modelTensors(file: SafetensorsFile, names: Set<string>): Map<string, TensorView> {
+  return new Map([...file.tensors].filter(([name]) => names.has(name)));
+}
+
+/** The config of a valid loopserve model file (validateModel). */
+export function parseModelConfig(file: SafetensorsFile): ModelConfig {
+  return validateModel(file).config;
 }
 
 /** Reads, maps and validates an fp16 loopserve model file. */
@@ -365,8 +388,9 @@ export function loadModelFile(path: string): LoadedModel {
   const file = readSafetensors(path);
   const config = parseModelConfig(file);
   if (config.quant !== "fp16") {
-    throw new ModelFormatError(
-      `${path}: quant "${config.quant}" is not supported by the TypeScript loader of fp16 weights (loadModelFile); loadQuantModelFile reads it`,
+    throw ModelFormatError.about(
+      path,
+      `quant "${config.quant}" is not supported by the TypeScript loader of fp16 weights (loadModelFile); loadQuantModelFile reads it`,
     );
   }
   const get = (name: string) => asF16(file.tensors.get(name)!);
@@ -407,9 +431,8 @@ export function loadQuantModelFile(path: string): LoadedQuantModel {
   const file = readSafetensors(path);
   const config = parseModelConfig(file);
   if (config.quant === "fp16") {
-    throw new ModelFormatError(`${path}: quant "fp16": use loadModelFile for unquantized models`);
+    throw ModelFormatError.about(path, `quant "fp16": use loadModelFile for unquantized models`);
   }
-  checkQuantTensors(file, config);
   const bits = config.quant === "int4" ? 4 : 2;
   const shapes = matrixShapes(config);
   const get = (name: string) => asF16(file.tensors.get(name)!);

@@ -33,7 +33,7 @@
 import gpt2 from "tiktoken/encoders/gpt2.json" with { type: "json" };
 import type { ProgressCallback } from "../progress.ts";
 import { F16_TO_F32 } from "./fp16.ts";
-import { loadModelFile, MAX_LOOPS, type ModelConfig, parseModelConfig } from "./format.ts";
+import { loadModelFile, MAX_LOOPS, type ModelConfig, parseModelMetadata } from "./format.ts";
 import { ModelFormatError, readSafetensors, writeFileAtomically } from "./safetensors.ts";
 
 // ---- GGUF constants ----
@@ -464,7 +464,7 @@ export function ggufMetadata(c: ModelConfig, loops: number, name: string): [stri
  * layers. Throws ModelFormatError for a bad or quantized input.
  */
 export function exportGguf(inPath: string, outPath: string, opts: GgufExportOptions = {}): GgufExportResult {
-  const header = parseModelConfig(readSafetensors(inPath));
+  const header = parseModelMetadata(readSafetensors(inPath).metadata, inPath);
   if (header.quant !== "fp16") {
     throw new ModelFormatError(
       `${inPath}: export-gguf needs an fp16 model, this one is ${header.quant} ` +

@@ -18,6 +18,22 @@ import { closeSync, fstatSync, openSync, renameSync, statSync, unlinkSync, write
 /** The one error type of src/model: a bad file, a bad header, bad options. */
 export class ModelFormatError extends Error {
   override name = "ModelFormatError";
+
+  /**
+   * @param reason what is wrong without the file's name, for callers that
+   * name the file themselves (the message is `${file}: ${reason}`).
+   */
+  constructor(
+    message: string,
+    readonly reason: string = message,
+  ) {
+    super(message);
+  }
+
+  /** An error about the file (or image) `where`. */
+  static about(where: string, reason: string): ModelFormatError {
+    return new ModelFormatError(`${where}: ${reason}`, reason);
+  }
 }
 
 // ---- dtypes ----
@@ -52,6 +68,8 @@ export function isDtype(s: unknown): s is Dtype {
 export interface TensorView {
   dtype: Dtype;
   shape: number[];
+  /** Where the tensor's bytes start in the file (data region start + data_offsets[0]). */
+  offset: number;
   /** The tensor's bytes: a view into the file mapping (read-only by contract). */
   data: Uint8Array;
 }
@@ -114,15 +132,15 @@ function mapFile(path: string): Uint8Array {
   let size: number;
   try {
     const st = statSync(path);
-    if (!st.isFile()) throw new ModelFormatError(`${path}: not a regular file`);
+    if (!st.isFile()) throw ModelFormatError.about(path, "not a regular file");
     size = st.size;
   } catch (e) {
     if (e instanceof ModelFormatError) throw e;
-    throw new ModelFormatError(`${path}: cannot open: ${(e as Error).message}`);
+    throw ModelFormatError.about(path, `cannot open: ${(e as Error).message}`);
   }
   // Bun.mmap rejects empty files; anything under 8 bytes is truncated anyway.
   if (size < 8) {
-    throw new ModelFormatError(`${path}: truncated file: ${size} bytes, need at least 8 for the header length`);
+    throw ModelFormatError.about(path, `truncated file: ${size} bytes, need at least 8 for the header length`);
   }
   try {
     // MAP_PRIVATE: a stray write into a view can never reach the file.
@@ -133,10 +151,10 @@ function mapFile(path: string): Uint8Array {
       try {
         return mmapViaLibc(path, size);
       } catch (e2) {
-        throw new ModelFormatError(`${path}: cannot map: ${(e2 as Error).message}`);
+        throw ModelFormatError.about(path, `cannot map: ${(e2 as Error).message}`);
       }
     }
-    throw new ModelFormatError(`${path}: cannot map: ${(e as Error).message}`);
+    throw ModelFormatError.about(path, `cannot map: ${(e as Error).message}`);
   }
 }
 
@@ -180,6 +198,42 @@ function describe(v: unknown): string {
   return out.length > MAX ? `${out.slice(0, MAX - 3)}...` : out;
 }
 
+/**
+ * The first key an object of `json` (well-formed: JSON.parse read it)
+ * repeats, at any depth, or null. JSON.parse silently keeps the last value
+ * of a repeated key, so a header naming a tensor twice would mean whichever
+ * entry a reader happened to keep. A flat scan with an explicit stack: the
+ * header may nest far deeper than recursion can go.
+ */
+function firstRepeatedKey(json: string): string | null {
+  const open: (Set<string> | null)[] = []; // per open object its keys; null for an array
+  let atKey = false; // the next string is an object key
+  for (let i = 0; i < json.length; i++) {
+    const c = json[i];
+    if (c === '"') {
+      let end = i + 1;
+      while (json[end] !== '"') end += json[end] === "\\" ? 2 : 1;
+      const keys = open[open.length - 1];
+      if (atKey && keys) {
+        const key = JSON.parse(json.slice(i, end + 1)) as string;
+        if (keys.has(key)) return key;
+        keys.add(key);
+        atKey = false;
+      }
+      i = end;
+    } else if (c === "{" || c === "[") {
+      open.push(c === "{" ? new Set() : null);
+      atKey = c === "{";
+    } else if (c === "}" || c === "]") {
+      open.pop();
+      atKey = false;
+    } else if (c === ",") {
+      atKey = open[open.length - 1] !== null;
+    }
+  }
+  return null;
+}
+
 /** Reads and validates a safetensors file; tensor data are views into an mmap. */
 export function readSafetensors(path: string): SafetensorsFile {
   const map = mapFile(path);
@@ -192,7 +246,7 @@ export function readSafetensors(path: string): SafetensorsFile {
  */
 export function parseSafetensors(map: Uint8Array, where: string): SafetensorsFile {
   const fail = (msg: string): never => {
-    throw new ModelFormatError(`${where}: ${msg}`);
+    throw ModelFormatError.about(where, msg);
   };
   const size = map.byteLength;
   if (size < 8) fail(`truncated file: ${size} bytes, need at least 8 for the header length`);
@@ -221,6 +275,8 @@ export function parseSafetensors(map: Uint8Array, where: string): SafetensorsFil
     return fail(`header is not valid JSON: ${(e as Error).message}`);
   }
   if (!isPlainObject(header)) return fail(`header must be a JSON object, got ${describe(header)}`);
+  const repeated = firstRepeatedKey(text);
+  if (repeated !== null) fail(`header repeats the key ${describe(repeated)} (duplicate keys are ambiguous)`);
 
   const metadata: Record<string, string> = {};
   const rawMeta = header["__metadata__"];
@@ -276,6 +332,7 @@ export function parseSafetensors(map: Uint8Array, where: string): SafetensorsFil
     tensors.set(name, {
       dtype,
       shape: shape as number[],
+      offset: dataStart + begin,
       data: new Uint8Array(map.buffer, map.byteOffset + dataStart + begin, end - begin),
     });
   }

@@ -11,12 +11,13 @@
  *
  * Subcommands (exit 0 on success, 2 when the library reports an error, 1 on
  * bad usage; library errors print "error: <message>" on stdout so that
- * stderr carries only sanitizer reports):
+ * stderr carries only sanitizer reports). A model FILE is loaded with the
+ * descriptor FILE.desc beside it (model_desc.h):
  *   load FILE [SIMD]                   ok dim=.. vocab=.. ...
  *   logits FILE LOOPS SIMD TOKEN...    one line of logits per token (%.9g)
  *   invariance FILE LOOPS SIMD TOKEN...  prefill vs one-token steps, bit-exact
  *   fuzz FILE ITERATIONS SEED [-v]     loads ITERATIONS mutated copies of FILE
- *                                      (-v: print each rejection)
+ *                                      and its descriptor (-v: print each rejection)
  *   sample TEMP TOP_K TOP_P PENALTY SEED COUNTER LOGITS [HISTORY]
  *                                      LOGITS, HISTORY: comma-separated
  *   sample-check                       ls_sample against a naive reference
@@ -34,6 +35,7 @@
 
 #include "internal.h" /* ls_f16_to_f32, ls_f32_to_f16 */
 #include "loopserve.h"
+#include "model_desc.h"
 
 static int usage(void) {
     fprintf(stderr,
@@ -133,7 +135,7 @@ static int cmd_load(int argc, char **argv) {
     int32_t simd = LS_SIMD_PORTABLE;
     if (argc == 2 && parse_simd(argv[1], &simd) != 0) return usage();
     char err[512];
-    ls_model *m = ls_model_load(argv[0], 1, simd, err, sizeof err);
+    ls_model *m = load_model(argv[0], 1, simd, err, sizeof err);
     if (!m) {
         printf("error: %s\n", err);
         return 2;
@@ -178,7 +180,7 @@ static int open_forward(int argc, char **argv, fwd_args *a) {
         a->tokens[i] = (int32_t)t;
     }
     char err[512];
-    a->m = ls_model_load(argv[0], 1, simd, err, sizeof err);
+    a->m = load_model(argv[0], 1, simd, err, sizeof err);
     if (!a->m) {
         printf("error: %s\n", err);
         free(a->tokens);
@@ -278,14 +280,57 @@ static uint64_t rng_next(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-// Mutations aimed at the header, where the parser and validator live; the
-// loader must reject or accept each copy without a sanitizer report.
+// A value that sits at a boundary of the checks, or anywhere.
+static uint64_t edge_value(uint64_t old, uint64_t *st) {
+    static const uint64_t edges[] = {0, 1, 2, 3, 7, 8, 31, 32, 64, 256, 4096, 65536, 65537, 1048577,
+                                     0x7fffffffull, 0x80000000ull, 0xffffffffull, 0x8000000000000000ull,
+                                     0xffffffffffffffffull};
+    uint64_t r = rng_next(st);
+    switch (r % 4) {
+    case 0: return edges[rng_next(st) % (sizeof edges / sizeof edges[0])];
+    case 1: return old + 1 + rng_next(st) % 4;
+    case 2: return old - 1 - rng_next(st) % 4;
+    default: return rng_next(st);
+    }
+}
+
+// One mutation of the descriptor: a dimension, a tensor's range or dtype,
+// a reserved field, or one tensor's span copied over another's.
+static void mutate_desc(ls_model_desc *d, uint64_t *st) {
+    uint64_t r = rng_next(st);
+    ls_tensor_span *t = &d->tensors[rng_next(st) % LS_TENSOR_N];
+    switch (r % 6) {
+    case 0: { // a config field, as its 32 bits
+        uint32_t w[sizeof d->config / 4];
+        memcpy(w, &d->config, sizeof w);
+        size_t k = rng_next(st) % (sizeof w / sizeof w[0]);
+        w[k] = (uint32_t)edge_value(w[k], st);
+        memcpy(&d->config, w, sizeof w);
+        break;
+    }
+    case 1: t->offset = edge_value(t->offset, st); break;
+    case 2: t->length = edge_value(t->length, st); break;
+    case 3: t->dtype = (int32_t)(rng_next(st) % 5) - (rng_next(st) % 8 == 0 ? 7 : 0); break;
+    case 4: t->reserved = (int32_t)(rng_next(st) % 3); break;
+    default: *t = d->tensors[rng_next(st) % LS_TENSOR_N]; break;
+    }
+}
+
+// Mutations of what the library still checks: the descriptor's fields
+// against the file, and the file's bytes (cuts, non-finite weights); the
+// loader must reject or accept each pair without a sanitizer report.
 static int cmd_fuzz(int argc, char **argv) {
     long long iters, seed;
     if (argc < 3 || argc > 4 || parse_i64(argv[1], 1, 10000000, &iters) != 0 ||
         parse_i64(argv[2], 0, INT64_MAX, &seed) != 0)
         return usage();
     int verbose = argc == 4 && strcmp(argv[3], "-v") == 0, rc = 0;
+    char err[512];
+    ls_model_desc orig_desc;
+    if (read_model_desc(argv[0], &orig_desc, err, sizeof err) != 0) {
+        printf("error: %s\n", err);
+        return 2;
+    }
     FILE *f = fopen(argv[0], "rb");
     if (!f) {
         printf("error: cannot open %s\n", argv[0]);
@@ -299,16 +344,13 @@ static int cmd_fuzz(int argc, char **argv) {
         printf("error: %s is too small to fuzz\n", argv[0]);
         return 2;
     }
-    unsigned char *orig = malloc((size_t)size), *buf = malloc((size_t)size + 64);
+    unsigned char *orig = malloc((size_t)size), *buf = malloc((size_t)size);
     if (!orig || !buf || fread(orig, 1, (size_t)size, f) != (size_t)size) {
         fclose(f);
         printf("error: cannot read %s\n", argv[0]);
         return 2;
     }
     fclose(f);
-    size_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | orig[i];
-    if (hlen > (size_t)size - 8) hlen = (size_t)size - 8;
     // An in-memory file reopened by path: thousands of rewrites of a file on
     // disk cost seconds (truncation frees blocks), and the loader only needs
     // a path. Beside the input when memfd is unavailable.
@@ -328,42 +370,21 @@ static int cmd_fuzz(int argc, char **argv) {
 
     uint64_t st = (uint64_t)seed;
     long loaded = 0, rejected = 0;
-    static const char *tokens[] = {"{", "}", "[", "]", ",", ":", "\"", "\\", "\\u", "\\ud800",
-                                   "-", "0", "1e999", "99999999999999999999", "null", "true",
-                                   " ", "\"F32\"", "\"F16\"", "-1", "1.5", "\xc3", "\x00"};
     for (long long it = 0; it < iters; it++) {
         size_t n = (size_t)size;
         memcpy(buf, orig, n);
-        int muts = 1 + (int)(rng_next(&st) % 4);
+        ls_model_desc desc = orig_desc;
+        int muts = 1 + (int)(rng_next(&st) % 3);
         for (int k = 0; k < muts; k++) {
             uint64_t r = rng_next(&st);
-            size_t at = 8 + (size_t)(rng_next(&st) % (hlen + 1));
-            switch (r % 6) {
-            case 0: // random byte in the header
-                if (at < n) buf[at] = (unsigned char)rng_next(&st);
-                break;
-            case 1: // bump a digit
-                for (size_t j = at; j < 8 + hlen && j < n; j++)
-                    if (buf[j] >= '0' && buf[j] <= '9') {
-                        buf[j] = (unsigned char)('0' + rng_next(&st) % 10);
-                        break;
-                    }
-                break;
-            case 2: { // overwrite with a JSON token
-                const char *t = tokens[rng_next(&st) % (sizeof tokens / sizeof *tokens)];
-                size_t tl = strlen(t) ? strlen(t) : 1;
-                if (at + tl <= n) memcpy(buf + at, t, tl);
-                break;
-            }
-            case 3: // truncate
+            if (r % 8 == 0) { // cut the file
                 n = (size_t)(rng_next(&st) % n);
-                break;
-            case 4: // corrupt the length field
-                buf[rng_next(&st) % 8] = (unsigned char)rng_next(&st);
-                break;
-            default: // flip a bit anywhere in the header
-                if (at < n) buf[at] ^= (unsigned char)(1u << (rng_next(&st) % 8));
-                break;
+            } else if (r % 8 == 1) { // a non-finite fp16 value somewhere
+                size_t at = (size_t)(rng_next(&st) % (n / 2)) * 2;
+                buf[at] = 0x00;
+                buf[at + 1] = rng_next(&st) % 2 ? 0x7c : 0xfe;
+            } else {
+                mutate_desc(&desc, &st);
             }
         }
         if (ftruncate(fd, (off_t)n) != 0 || pwrite(fd, buf, n, 0) != (ssize_t)n) {
@@ -371,9 +392,8 @@ static int cmd_fuzz(int argc, char **argv) {
             rc = 2;
             break;
         }
-        char err[512];
         err[0] = 'x';
-        ls_model *m = ls_model_load(path, 1, LS_SIMD_PORTABLE, err, sizeof err);
+        ls_model *m = ls_model_load(path, &desc, 1, LS_SIMD_PORTABLE, err, sizeof err);
         if (m) {
             loaded++;
             ls_model_free(m);

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "loopserve.h"
+#include "model_desc.h"
 
 #define N 90      /* prompt tokens: several trips round a window's ring */
 #define GEN 24    /* greedy tokens compared with speculative decoding */
@@ -125,7 +126,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     char err[512];
-    model = ls_model_load(argv[1], 2, atoi(argv[2]), err, sizeof err);
+    model = load_model(argv[1], 2, atoi(argv[2]), err, sizeof err);
     if (!model) {
         printf("error: %s\n", err);
         return strstr(err, "lacks") ? 3 : 2;

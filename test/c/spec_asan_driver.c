@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "loopserve.h"
+#include "model_desc.h"
 /* usage: drv MODEL -- runs speculative cycles of many shapes against plain
  * stepping; exit 1 on a mismatch */
 static int plain(ls_model *m, const int32_t *prompt, int np, int V, int W, int n, float temp, float pen, uint64_t seed, int32_t *out) {
@@ -18,7 +19,7 @@ static int plain(ls_model *m, const int32_t *prompt, int np, int V, int W, int n
 int main(int argc, char **argv) {
     char err[256];
     int simd = argc > 2 ? atoi(argv[2]) : 0;
-    ls_model *m = ls_model_load(argv[1], 2, simd, err, 256);
+    ls_model *m = load_model(argv[1], 2, simd, err, 256);
     if (!m) { fprintf(stderr, "%s\n", err); return 2; }
     ls_model_info mi; ls_model_info_get(m, &mi);
     int32_t prompt[40];

@@ -1,5 +1,5 @@
 // The CI share of `npm run fuzz` (docs/fuzzing.md): about a minute in all.
-// 30 s of libFuzzer on the C model loader, then the property fuzzers: the
+// 30 s of libFuzzer on the library's model loader, then the property fuzzers: the
 // TypeScript validator for 10 s and request bodies against a real server
 // for 20 s. A finding fails the test and is saved under fuzz/regressions/
 // (commit it with the fix: test/fuzz/regressions.test.ts replays it).
@@ -23,7 +23,7 @@ const missing = await libFuzzerMissing();
 if (missing !== null) console.warn(`skipping the libFuzzer session: ${missing}`);
 
 test.skipIf(missing !== null)(
-  `libFuzzer: ${LIBFUZZER_SECONDS} s of model files through ls_model_load under ASan and UBSan`,
+  `libFuzzer: ${LIBFUZZER_SECONDS} s of model descriptors and files through ls_model_load under ASan and UBSan`,
   async () => {
     const corpus = mkdtempSync(join(testTempDir(), "libfuzzer-corpus-"));
     const r = await runLibFuzzer("model_load", { seconds: LIBFUZZER_SECONDS, corpus });

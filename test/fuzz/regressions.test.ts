@@ -1,19 +1,19 @@
 // Every saved fuzz finding (fuzz/regressions/, see docs/fuzzing.md) replayed
 // on every test run, so a fixed crash stays fixed:
-//   - model files (libFuzzer's and the validator fuzzer's, and the seed
-//     corpus) through the libFuzzer target itself, built without libFuzzer
-//     (fuzz/replay_main.c) under gcc's AddressSanitizer and UBSan: no
-//     sanitizer report, no abort;
-//   - the same files through the TypeScript loader: loaded, or refused with
-//     a ModelFormatError;
+//   - libFuzzer's inputs (a model descriptor, then a model file) and its
+//     seed corpus through the libFuzzer target itself, built without
+//     libFuzzer (fuzz/replay_main.c) under gcc's AddressSanitizer and UBSan:
+//     no sanitizer report, no abort;
+//   - the validator fuzzer's model files and its seeds through the
+//     TypeScript loader: loaded, or refused with a ModelFormatError;
 //   - saved requests against a real server: no 5xx, still healthy.
 // Needs only gcc: it runs where clang and libFuzzer are absent.
 import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { mkdtempSync, readdirSync, readFileSync } from "node:fs";
+import { mkdtempSync, readFileSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { writeSeedCorpus } from "../../fuzz/corpus.ts";
+import { writeModelSeeds, writeSeedCorpus } from "../../fuzz/corpus.ts";
 import { serverProblems } from "../../fuzz/properties.ts";
-import { modelRegressionFiles, regressionFiles } from "../../fuzz/regressions.ts";
+import { regressionFiles } from "../../fuzz/regressions.ts";
 import { checkHealthy, type FuzzRequest, send } from "../../fuzz/requests.ts";
 import { checkImage } from "../../fuzz/validator.ts";
 import { testTempDir } from "../helpers/models.ts";
@@ -25,22 +25,22 @@ setDefaultTimeout(300_000);
 
 const FUZZ = resolve(import.meta.dir, "../../fuzz");
 
-let seeds: string[] = [];
+let seeds: string[] = []; // libFuzzer's: descriptor + file
+let modelSeeds: string[] = []; // the validator's: files
 beforeAll(() => {
-  const dir = join(testTempDir(), "fuzz-seeds");
-  writeSeedCorpus(dir);
-  seeds = readdirSync(dir).map((f) => join(dir, f));
+  seeds = writeSeedCorpus(join(testTempDir(), "fuzz-seeds"));
+  modelSeeds = writeModelSeeds(join(testTempDir(), "fuzz-model-seeds"));
 });
 
-describe("saved model-file findings and the seed corpus", () => {
+describe("saved model findings and the seed corpora", () => {
   test("there are saved findings to replay", () => {
     // fuzz/regressions/validator/ holds at least the nested-header finding.
-    expect(modelRegressionFiles().length).toBeGreaterThan(0);
+    expect(regressionFiles("validator").length).toBeGreaterThan(0);
   });
 
-  test("the C loader under ASan and UBSan: each file loads or is refused, no sanitizer report", async () => {
+  test("the library's loader under ASan and UBSan: each descriptor and file loads or is refused, no sanitizer report", async () => {
     const exe = await sanitizedProgram("fuzz_model_load_replay", [join(FUZZ, "model_load.c"), join(FUZZ, "replay_main.c")]);
-    const files = [...seeds, ...modelRegressionFiles()];
+    const files = [...seeds, ...regressionFiles("model_load")];
     // runSanitized throws on any sanitizer report; the target aborts on its own findings.
     const r = runSanitized(exe, files);
     expect(r.stderr).toBe("");
@@ -50,11 +50,10 @@ describe("saved model-file findings and the seed corpus", () => {
 
   test("the TypeScript loader: each file loads or is refused with a ModelFormatError", () => {
     const dir = mkdtempSync(join(testTempDir(), "fuzz-replay-"));
-    const verdicts = [...seeds, ...modelRegressionFiles()].map((f) => ({ f, v: checkImage(new Uint8Array(readFileSync(f)), dir) }));
-    // The valid seeds load; the corrupted seeds and the findings are refused,
-    // except duplicate keys: JSON.parse keeps the last one (the C loader refuses them).
+    const verdicts = [...modelSeeds, ...regressionFiles("validator")].map((f) => ({ f, v: checkImage(new Uint8Array(readFileSync(f)), dir) }));
+    // The valid seeds load; the corrupted seeds and the findings are refused.
     for (const { f, v } of verdicts) {
-      const loads = /\/(fp16|fp16-tied|int4-head-int8|int2-head-fp16|corrupt-duplicate-key)\.safetensors$/.test(f);
+      const loads = /\/(fp16|fp16-tied|int4-head-int8|int2-head-fp16)\.safetensors$/.test(f);
       expect({ f, loaded: v.loaded }).toEqual({ f, loaded: loads });
     }
   });

@@ -7,6 +7,7 @@
 // 64). No sanitizer report, and the driver's own bit-exactness checks pass.
 import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
+import { writeDescriptor } from "../helpers/model_descriptor.ts";
 import { tinyModelPath } from "../helpers/models.ts";
 import { runSanitized, sanitizedDriver } from "../helpers/sanitized.ts";
 
@@ -27,7 +28,7 @@ beforeAll(async () => {
 describe("cache modes under ASan/UBSan", () => {
   for (const [name, shape] of Object.entries(SHAPES)) {
     test(`${name}: every mode, with and without a window, on every SIMD path`, () => {
-      const path = tinyModelPath(shape);
+      const path = writeDescriptor(tinyModelPath(shape));
       const hd = shape.dim / shape.nHeads;
       let ran = 0;
       for (const simd of ["1", "2", "3"]) {

@@ -1,16 +1,18 @@
 // Quantized models under AddressSanitizer + UBSan, through the same driver
 // as asan.test.ts (test/c/asan_driver.c, every kernel source, the loader
-// reading the file into an exactly-sized heap buffer): corrupt quantized
-// files are refused with exit 2 and a message, never an out-of-bounds read;
-// the quantized forward pass (partial windows, row and token tails, the
-// int8 head) runs clean on every SIMD path, matches the reference and is
-// batch-invariant; header fuzzing of a quantized file stays clean.
+// reading the file into an exactly-sized heap buffer): descriptors that do
+// not fit a quantized file are refused with exit 2 and a message, never an
+// out-of-bounds read; the quantized forward pass (partial windows, row and
+// token tails, the int8 head) runs clean on every SIMD path, matches the
+// reference and is batch-invariant; fuzzing a quantized model's descriptor
+// and bytes stays clean.
 import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
 import { ReferenceModel } from "../../src/model/reference.ts";
 import { type SyntheticOptions, writeSyntheticModel } from "../../src/model/synthetic.ts";
+import { descriptorOf, editDescriptor, type SpanEdit, spanOf, writeDescriptor } from "../helpers/model_descriptor.ts";
 import { testTempDir } from "../helpers/models.ts";
 import { runSanitized, type SanitizedRun, sanitizedDriver } from "../helpers/sanitized.ts";
 
@@ -41,9 +43,11 @@ beforeAll(async () => {
   for (const quant of ["int4", "int2"] as const) {
     files[quant] = tmpPath(quant);
     quantizeModelFile(src, files[quant], { quant });
+    writeDescriptor(files[quant]);
   }
   files["int4-fp16head"] = tmpPath("int4-fp16head");
   quantizeModelFile(src, files["int4-fp16head"], { quant: "int4", head: "fp16" });
+  writeDescriptor(files["int4-fp16head"]);
 }, 240_000);
 
 function supportedPaths(path: string): string[] {
@@ -85,45 +89,32 @@ describe("quantized forward under ASan/UBSan", () => {
   }
 });
 
-describe("corrupt quantized files under ASan/UBSan", () => {
-  function parse(path: string) {
-    const bytes = new Uint8Array(readFileSync(path));
-    const len = Number(new DataView(bytes.buffer).getBigUint64(0, true));
-    return { header: JSON.parse(new TextDecoder().decode(bytes.subarray(8, 8 + len))), data: bytes.subarray(8 + len) };
-  }
-  function write(header: unknown, data: Uint8Array): string {
-    let text = JSON.stringify(header);
-    while (text.length % 8 !== 0) text += " ";
-    const head = new TextEncoder().encode(text);
-    const buf = new Uint8Array(8 + head.length + data.length);
-    new DataView(buf.buffer).setBigUint64(0, BigInt(head.length), true);
-    buf.set(head, 8);
-    buf.set(data, 8 + head.length);
-    const p = tmpPath("corrupt");
-    writeFileSync(p, buf);
-    return p;
-  }
-
-  test("truncated data, a short scales tensor, shifted offsets: exit 2 with the tensor named", () => {
-    const { header, data } = parse(files.int2);
-    const edits: [(h: any) => void, Uint8Array, RegExp][] = [
-      [() => {}, data.subarray(0, data.length - 1), /tensor '[^']+': data_offsets .* past end of data/],
-      [(h) => (h["output.scales"].shape = [61, 2]), data, /tensor 'output.scales': shape \[61, 2\] expected \[61, 3\]/],
-      [(h) => (h["block.wv.qweight"].data_offsets[1] -= 1), data, /tensor 'block.wv.qweight': data_offsets .* hold \d+ bytes, expected \d+ \(U8 \[32, 24\]\)/],
-      [(h) => (h["block.w1.scales"].dtype = "F32"), data, /tensor 'block.w1.scales': dtype 'F32' expected F16/],
+describe("quantized descriptors that do not fit the file, under ASan/UBSan", () => {
+  test("truncated data, spans of the wrong length or dtype, a missing zeros tensor: exit 2 with the tensor named", () => {
+    const desc = descriptorOf(files.int2);
+    const bytes = new Uint8Array(readFileSync(files.int2));
+    const cases: [Uint8Array, Record<string, SpanEdit>, RegExp][] = [
+      [bytes.subarray(0, bytes.length - 1), {}, /tensor '[^']+': bytes \[\d+, \d+\) run past the end of the file/],
+      [bytes, { "output.scales": { length: spanOf(desc, "output.scales").length - 2n } }, /tensor 'output\.scales': \d+ bytes, expected \d+/],
+      [bytes, { "block.wv.qweight": { length: 767n } }, /tensor 'block\.wv\.qweight': 767 bytes, expected 768/],
+      [bytes, { "block.w1.scales": { dtype: 2 } }, /tensor 'block\.w1\.scales': dtype U8 \(2\), expected F16/],
+      [bytes, { "output.qweight": { dtype: 2 } }, /tensor 'output\.qweight': dtype U8 \(2\), expected I8/],
+      [bytes, { "block.wk.zeros": { offset: 0n, length: 0n, dtype: 0 } }, /tensor 'block\.wk\.zeros' missing from the model descriptor \(an int2 model needs it\)/],
     ];
-    for (const [edit, bytes, msg] of edits) {
-      const h = structuredClone(header);
-      edit(h);
-      const r = run("load", write(h, bytes));
+    for (const [data, tensors, message] of cases) {
+      const path = tmpPath("corrupt");
+      writeFileSync(path, data);
+      writeDescriptor(path, editDescriptor(desc, { tensors }));
+      const r = run("load", path);
       expect(r.stdout).toMatch(/^error: /);
-      expect(r.stdout).toMatch(msg);
+      expect(r.stdout).toMatch(message);
       expect(r.code).toBe(2);
     }
   });
 
-  test("header fuzzing of an int4 file: every copy loads or is refused, nothing reported", () => {
+  test("descriptor and file fuzzing of an int4 model: every copy loads or is refused, nothing reported", () => {
     const r = run("fuzz", files.int4, "300", "7");
+    expect(r.stdout).toMatch(/^ok \d+ loaded \d+ rejected/);
     expect(r.code).toBe(0);
   });
 });

@@ -14,6 +14,7 @@ import { ReferenceModel } from "../../src/model/reference.ts";
 import { type SyntheticOptions, writeSyntheticModel } from "../../src/model/synthetic.ts";
 import { expectBitIdentical, feedInCalls, LIB, relErr, supportedPaths, tokensFor, withModel } from "../helpers/kernels.ts";
 import { testTempDir } from "../helpers/models.ts";
+import { type RawHeader, readRawSafetensors, writeRawSafetensors } from "../helpers/safetensors.ts";
 
 // Against the float64 reference (same dequantized weights, same int8
 // activations): the kernels' fp32 sums differ in rounding, and where an
@@ -158,29 +159,6 @@ describe("quantized batch invariance", () => {
 
 // ---- corrupt files ----
 
-interface Header {
-  [name: string]: any;
-}
-
-function parse(path: string): { header: Header; data: Uint8Array } {
-  const bytes = new Uint8Array(readFileSync(path));
-  const len = Number(new DataView(bytes.buffer).getBigUint64(0, true));
-  return { header: JSON.parse(new TextDecoder().decode(bytes.subarray(8, 8 + len))), data: bytes.subarray(8 + len) };
-}
-
-function writeRaw(header: Header, data: Uint8Array): string {
-  let text = JSON.stringify(header);
-  while (text.length % 8 !== 0) text += " ";
-  const head = new TextEncoder().encode(text);
-  const buf = new Uint8Array(8 + head.length + data.length);
-  new DataView(buf.buffer).setBigUint64(0, BigInt(head.length), true);
-  buf.set(head, 8);
-  buf.set(data, 8 + head.length);
-  const p = tmp("corrupt.safetensors");
-  writeFileSync(p, buf);
-  return p;
-}
-
 function loadError(path: string): string {
   try {
     NativeModel.load(LIB, path, 1, "portable").close();
@@ -193,32 +171,38 @@ function loadError(path: string): string {
 describe("corrupt quantized files", () => {
   test("each is refused with a message naming the tensor or field", () => {
     const good = quantized("gqa", "int2", "int8");
-    const { header, data } = parse(good);
-    const variant = (edit: (h: Header) => void) => {
+    const { header, data } = readRawSafetensors(good);
+    const variant = (edit: (h: RawHeader) => void) => {
       const h = structuredClone(header);
       edit(h);
-      return writeRaw(h, data);
+      return writeRawSafetensors(tmp("corrupt.safetensors"), h, data);
     };
-    const cases: [(h: Header) => void, RegExp][] = [
-      [(h) => (h["block.wq.qweight"].dtype = "I8"), /tensor 'block.wq.qweight': dtype 'I8' expected U8/],
-      [(h) => (h["block.w2.scales"].shape = [64, 2]), /tensor 'block.w2.scales': shape \[64, 2\] expected \[64, 3\]/],
-      [(h) => delete h["block.wk.zeros"], /tensor 'block.wk.zeros' missing/],
-      [(h) => (h["output.qweight"].dtype = "U8"), /tensor 'output.qweight': dtype 'U8' expected I8/],
-      [(h) => (h["output.weight"] = h["tok_embeddings.weight"]), /'output.weight' and 'output.qweight' both present/],
-      [(h) => (h["block.w1.weight"] = h["tok_embeddings.weight"]), /tensor 'block.w1.weight' present in a quantized model/],
-      [(h) => (h.__metadata__.group_size = "48"), /'group_size' is 48, expected 32, 64, 128 or 256/],
-      [(h) => (h.__metadata__.group_size = "64"), /ffn_dim 96 is not a multiple of group_size 64/],
-      [(h) => (h.__metadata__.quant = "int3"), /quant 'int3' is not supported by this build \(it reads fp16, int4 and int2\)/],
+    const cases: [(h: RawHeader) => void, RegExp][] = [
+      [(h) => (h["block.wq.qweight"].dtype = "I8"), /tensor "block.wq.qweight": dtype must be U8, got I8/],
+      [
+        (h) => {
+          const t = h["block.w2.scales"];
+          Object.assign(t, { shape: [64, 2], data_offsets: [t.data_offsets[0], t.data_offsets[0] + 64 * 2 * 2] });
+        },
+        /tensor "block.w2.scales": shape must be \[64, 3\], got \[64, 2\]/,
+      ],
+      [(h) => delete h["block.wk.zeros"], /missing tensor "block.wk.zeros"/],
+      [(h) => (h["output.qweight"].dtype = "U8"), /tensor "output.qweight": dtype must be I8, got U8/],
+      [(h) => (h["output.weight"] = { ...h["tok_embeddings.weight"], data_offsets: [0, 0], shape: [0] }), /"output.weight" and "output.qweight" both present/],
+      [(h) => (h["block.w1.weight"] = { ...h["tok_embeddings.weight"], data_offsets: [0, 0], shape: [0] }), /tensor "block.w1.weight" present in an int2 model/],
+      [(h) => (h.__metadata__.group_size = "48"), /group_size must be one of 32, 64, 128, 256 for quant int2, got 48/],
+      [(h) => (h.__metadata__.group_size = "64"), /ffn_dim \(96\) must be a multiple of group_size \(64\)/],
+      [(h) => (h.__metadata__.quant = "int3"), /quant must be one of fp16, int4, int2, got "int3"/],
       [
         (h) => {
           const [b] = h["block.w3.zeros"].data_offsets;
           h["block.w3.zeros"].data_offsets = [b + 1, h["block.w3.zeros"].data_offsets[1] + 1];
         },
-        /tensor 'block.w3.zeros': .*(not 2-byte aligned|overlap)/,
+        /overlap tensor "block\.w3\.zeros"/,
       ],
       [
         (h) => (h["block.wo.qweight"].data_offsets = [data.length - 10, data.length - 10 + 64 * 16]),
-        /tensor 'block.wo.qweight': data_offsets .* past end of data/,
+        /tensor "block\.wo\.qweight": data_offsets .* run past the end of the data region/,
       ],
     ];
     for (const [edit, msg] of cases) expect(loadError(variant(edit))).toMatch(msg);

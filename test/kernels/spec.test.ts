@@ -10,6 +10,7 @@ import { join, resolve } from "node:path";
 import { NativeError, NativeModel, type NativeSession, SPEC_FLAGS, type SimdChoice, type SpecCycleParams } from "../../src/engine/binding.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
+import { writeDescriptor } from "../helpers/model_descriptor.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
 import { runSanitized, sanitizedDriver } from "../helpers/sanitized.ts";
 
@@ -548,6 +549,7 @@ describe("speculative cycles under ASan/UBSan", () => {
       const quantized = join(testTempDir(), "spec-asan-int4.safetensors"); // drafts from the stored int8 head
       quantizeModelFile(fp16, quantized, { quant: "int4", head: "int8", groupSize: 32 });
       for (const model of [fp16, quantized]) {
+        writeDescriptor(model);
         for (const simd of ["1", "2", "3"]) {
           const r = runSanitized(driver, [model, simd]);
           const out = `${r.stdout}${r.stderr}`;

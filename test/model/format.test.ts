@@ -1,6 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { join } from "node:path";
-import { loadModelFile, parseModelConfig, parseModelMetadata } from "../../src/model/format.ts";
+import { expectedTensorShapes, loadModelFile, parseModelConfig, parseModelMetadata, validateModel } from "../../src/model/format.ts";
+import { quantizeModelFile } from "../../src/model/quantize.ts";
 import { ModelFormatError, readSafetensors, type TensorToWrite, writeSafetensors } from "../../src/model/safetensors.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
 
@@ -151,17 +152,50 @@ describe("loopserve model format", () => {
     expectLoadError(withMeta("vocab_size", "301"), /tensor "tok_embeddings\.weight": shape must be \[301, 64\]/);
   });
 
-  test("quantized headers parse, but the TypeScript loader says it handles fp16 only", () => {
-    const int4 = rewrite(tinyModelPath(SMALL), {
+  test("a quantized model is judged by its own tensors; loadModelFile reads fp16 only", () => {
+    const int4Meta = rewrite(tinyModelPath(SMALL), {
       meta: (m) => {
         m.quant = "int4";
         m.group_size = "32";
       },
     });
-    expect(parseModelConfig(readSafetensors(int4)).quant).toBe("int4");
+    expect(() => parseModelConfig(readSafetensors(int4Meta))).toThrow(/tensor "block\.wq\.weight" present in an int4 model/);
+    const int4 = join(testTempDir(), `fmt-${n++}-int4.safetensors`);
+    quantizeModelFile(tinyModelPath(SMALL), int4, { quant: "int4", groupSize: 32 });
+    expect(parseModelConfig(readSafetensors(int4))).toMatchObject({ quant: "int4", groupSize: 32 });
     expectLoadError(int4, /quant "int4" is not supported by the TypeScript loader/);
     const noGroup = rewrite(tinyModelPath(SMALL), { meta: (m) => void (m.quant = "int2") });
     expectLoadError(noGroup, /group_size must be in \[1,/);
+  });
+
+  test("dimensions the kernels cannot hold are refused at the validator, with the limit named", () => {
+    expectLoadError(withMeta("dim", "100000"), /metadata: dim must be in \[1, 65536\], got 100000/);
+    expectLoadError(withMeta("n_heads", "4097"), /metadata: n_heads must be in \[1, 4096\], got 4097/);
+    expectLoadError(withMeta("ffn_dim", "262145"), /metadata: ffn_dim must be in \[1, 262144\], got 262145/);
+    expectLoadError(withMeta("vocab_size", "1048577"), /metadata: vocab_size must be in \[1, 1048576\]/);
+    expectLoadError(withMeta("max_seq_len", "1048577"), /metadata: max_seq_len must be in \[1, 1048576\]/);
+    expectLoadError(withMeta("rope_theta", "1e12"), /rope_theta must be a positive finite number below 1000000000000, got "1e12"/);
+    expectLoadError(withMeta("norm_eps", "1"), /norm_eps must be a positive finite number below 1, got "1"/);
+    // Positive, but 0 once rounded to the fp32 the kernels compute with.
+    expectLoadError(withMeta("norm_eps", "1e-50"), /norm_eps must be a positive finite number/);
+  });
+
+  test("fp16 models take group_size 0, whatever the writer recorded", () => {
+    expect(parseModelConfig(readSafetensors(withMeta("group_size", "64"))).groupSize).toBe(0);
+  });
+
+  test("validateModel names the tensors the model consists of, with their place in the file; others are ignored", () => {
+    const src = tinyModelPath({ ...SMALL, tiedOutput: true });
+    const path = rewrite(src, { tensors: (t) => [...t, { name: "notes.extra", dtype: "U8", shape: [3], data: new Uint8Array(3) }] });
+    const file = readSafetensors(path);
+    const { config, tensors } = validateModel(file);
+    expect(config.tiedOutput).toBe(true);
+    expect([...tensors.keys()].sort()).toEqual(expectedTensorShapes(config).map(([name]) => name).filter((name) => name !== "output.weight").sort());
+    for (const [name, t] of tensors) {
+      expect(t).toBe(file.tensors.get(name)!);
+      expect(t.offset).toBe(t.data.byteOffset - file.map.byteOffset);
+      expect(t.offset % 8).toBe(0);
+    }
   });
 
   test("errors of the container (safetensors) come through as ModelFormatError", () => {

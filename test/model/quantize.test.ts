@@ -295,7 +295,7 @@ describe("quantized model files", () => {
     });
     expect(() => loadQuantModelFile(i8)).toThrow(/tensor "block.wv.qweight": dtype must be U8, got I8/);
     const both = rewrite((l) => l.push({ name: "block.wq.weight", dtype: "F16", shape: [64, 64], data: new Uint8Array(64 * 64 * 2) }));
-    expect(() => loadQuantModelFile(both)).toThrow(/"block.wq.weight" present in a int2 model/);
+    expect(() => loadQuantModelFile(both)).toThrow(/"block.wq.weight" present in an int2 model/);
     const meta = tmp("meta.safetensors");
     writeSafetensors(meta, { ...f.metadata, group_size: "48" }, [...f.tensors].map(([name, t]) => ({ name, dtype: t.dtype, shape: t.shape, data: t.data })));
     expect(() => loadQuantModelFile(meta)).toThrow(/group_size must be one of 32, 64, 128, 256 for quant int2, got 48/);

@@ -3,20 +3,14 @@ import { readFileSync, truncateSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { ModelFormatError, readSafetensors, writeSafetensors } from "../../src/model/safetensors.ts";
 import { testTempDir } from "../helpers/models.ts";
+import { type RawHeader, writeRawSafetensors } from "../helpers/safetensors.ts";
 
 let n = 0;
 const tmp = (name: string) => join(testTempDir(), `st-${n++}-${name}.safetensors`);
 
-/** A raw safetensors image: length field (overridable), header text, data. */
-function rawFile(header: unknown, data: Uint8Array = new Uint8Array(0), opts: { text?: string; len?: bigint } = {}) {
-  const text = new TextEncoder().encode(opts.text ?? JSON.stringify(header));
-  const buf = new Uint8Array(8 + text.length + data.length);
-  new DataView(buf.buffer).setBigUint64(0, opts.len ?? BigInt(text.length), true);
-  buf.set(text, 8);
-  buf.set(data, 8 + text.length);
-  const path = tmp("raw");
-  writeFileSync(path, buf);
-  return path;
+/** A raw safetensors file: length field (overridable), header text (unpadded), data. */
+function rawFile(header: RawHeader | null, data: Uint8Array = new Uint8Array(0), opts: { text?: string; len?: bigint } = {}) {
+  return writeRawSafetensors(tmp("raw"), opts.text ?? JSON.stringify(header), data, { len: opts.len, pad: false });
 }
 
 /** Expects readSafetensors(path) to throw a ModelFormatError whose message matches every pattern. */
@@ -61,7 +55,8 @@ describe("safetensors writer and reader", () => {
       expect(got.dtype).toBe(t.dtype);
       expect(got.shape).toEqual(t.shape);
       expect([...got.data]).toEqual([...t.data]);
-      expect((got.data.byteOffset - file.map.byteOffset) % 8).toBe(0);
+      expect(got.offset).toBe(got.data.byteOffset - file.map.byteOffset);
+      expect(got.offset % 8).toBe(0);
       expect(got.data.buffer).toBe(file.map.buffer); // a view into the mapping, not a copy
     }
     // The header is padded with spaces, which JSON ignores.
@@ -114,6 +109,27 @@ describe("safetensors validation: every bad file is a ModelFormatError naming th
   test("header length past the end of the file", () => {
     expectBad(rawFile({}, undefined, { len: 1000n }), /header length 1000 runs past the end/);
     expectBad(rawFile({}, undefined, { len: 0xffffffffffffffffn }), /header length \d+ runs past the end/);
+  });
+
+  test("a header length over the format's 100 MB limit", () => {
+    // Sparse: the length fits the file, not the limit.
+    const path = tmp("len-limit");
+    const len = new Uint8Array(8);
+    new DataView(len.buffer).setBigUint64(0, 150_000_000n, true);
+    writeFileSync(path, len);
+    truncateSync(path, 150_000_100);
+    expectBad(path, /header length 150000000 exceeds the format's 100 MB limit/);
+  });
+
+  test("a key repeated at any depth: JSON.parse would keep one of them silently", () => {
+    const data = new Uint8Array(8);
+    const w = JSON.stringify(goodTensor);
+    expectBad(rawFile(null, data, { text: `{"w":${w},"w":${w}}` }), /header repeats the key "w" \(duplicate keys are ambiguous\)/);
+    expectBad(rawFile(null, data, { text: `{"__metadata__":{"a":"1","\\u0061":"2"},"w":${w}}` }), /header repeats the key "a"/);
+    expectBad(rawFile(null, data, { text: `{"w":{"dtype":"F16","dtype":"F16","shape":[2,2],"data_offsets":[0,8]}}` }), /repeats the key "dtype"/);
+    // The same name in different objects, and strings that look like keys, are fine.
+    const ok = `{"__metadata__":{"w":"{\\"w\\":1,"},"w":${w}}`;
+    expect(readSafetensors(rawFile(null, data, { text: ok })).metadata.w).toBe('{"w":1,');
   });
 
   test("header that is not JSON, not UTF-8 or not an object", () => {
