@@ -67,6 +67,7 @@
 #include <string.h>
 
 #include "session.h"
+#include "testing.h" /* LS_SPEC_TEST_ACCEPT_ALL */
 
 #define MAX_AHEAD 16   /* LS_SPEC_MAX_AHEAD */
 #define MAX_BRANCH 16  /* LS_SPEC_MAX_BRANCHES */

@@ -179,10 +179,23 @@ static bool dev_alloc(void **p, size_t bytes) {
     return cudaMemset(*p, 0, bytes) == cudaSuccess;
 }
 
-extern "C" ls_session *ls_session_new(ls_model *m, int32_t max_seq, int32_t loops, int32_t cache_window, char *err,
-                                      int32_t err_len) {
+extern "C" ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *err, int32_t err_len) {
     if (!m || !m->rt) {
         ls_set_error(err, err_len, "no model loaded");
+        return NULL;
+    }
+    if (!params) {
+        ls_set_error(err, err_len, "no session parameters given");
+        return NULL;
+    }
+    const int32_t max_seq = params->max_seq, loops = params->loops, cache_window = params->cache_window;
+    /* The CUDA kernels keep the fp16 cache only: a compressed mode is refused
+     * with a message (the server then runs that mode on the CPU library). */
+    if (params->kv_mode != LS_KV_FP16) {
+        ls_set_error(err, err_len,
+                     "the CUDA library implements only the fp16 key/value cache (kv_mode 0x%x requested); "
+                     "use the CPU library for int8 / int4 / Hadamard cache modes",
+                     (unsigned)params->kv_mode);
         return NULL;
     }
     if (max_seq < 1) {
@@ -246,20 +259,6 @@ extern "C" ls_session *ls_session_new(ls_model *m, int32_t max_seq, int32_t loop
         return NULL;
     }
     return s;
-}
-
-/* The CUDA kernels keep the fp16 cache only: a compressed mode is refused
- * here with a message (the server then runs that mode on the CPU library). */
-extern "C" ls_session *ls_session_new_kv(ls_model *m, int32_t max_seq, int32_t loops, int32_t cache_window,
-                                         int32_t kv_mode, char *err, int32_t err_len) {
-    if (kv_mode != LS_KV_FP16) {
-        ls_set_error(err, err_len,
-                     "the CUDA library implements only the fp16 key/value cache (kv_mode 0x%x requested); "
-                     "use the CPU library for int8 / int4 / Hadamard cache modes",
-                     (unsigned)kv_mode);
-        return NULL;
-    }
-    return ls_session_new(m, max_seq, loops, cache_window, err, err_len);
 }
 
 extern "C" void ls_session_free(ls_session *s) {
@@ -451,10 +450,13 @@ extern "C" int32_t ls_session_forward(ls_session *s, const int32_t *tokens, int3
     return forward(s, tokens, n, loops, logits_out, logits_out ? n_logits : 0);
 }
 
-extern "C" int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, int32_t loops, float temperature,
-                                   int32_t top_k, float top_p, float repetition_penalty, uint64_t seed,
+extern "C" int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, const ls_step_params *params,
                                    float *logits_out) {
-    if (!s) return LS_ERR_ARG;
+    if (!s || !params || params->reserved != 0) return LS_ERR_ARG;
+    const int32_t loops = params->loops, top_k = params->top_k;
+    const float temperature = params->temperature, top_p = params->top_p,
+                repetition_penalty = params->repetition_penalty;
+    const uint64_t seed = params->seed;
     /* Check the sampling arguments before the forward pass mutates the
      * session, as session.c does. */
     if (!(temperature >= 0.0f) || !isfinite(temperature) || top_k < 0 || !(top_p > 0.0f && top_p <= 1.0f) ||
