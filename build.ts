@@ -262,9 +262,8 @@ export function abiModule(headerPath: string): string {
   if (structs.size > 0) {
     lines.push("", "/** Byte layout of each struct: size, and each field's offset, type and element count. */", "export const LS_STRUCTS = {");
     for (const [name, l] of structs) {
-      lines.push(`  ${name}: {`, `    size: ${l.size},`, "    fields: {");
-      for (const [f, d] of Object.entries(l.fields)) lines.push(`      ${f}: { offset: ${d.offset}, type: "${d.type}", count: ${d.count} },`);
-      lines.push("    },", "  },");
+      const fields = Object.entries(l.fields).map(([f, d]) => `${f}: { offset: ${d.offset}, type: "${d.type}", count: ${d.count} }`);
+      lines.push(`  ${name}: { size: ${l.size}, fields: { ${fields.join(", ")} } },`);
     }
     lines.push("} as const;");
   }

@@ -450,26 +450,22 @@ extern "C" int32_t ls_session_forward(ls_session *s, const int32_t *tokens, int3
     return forward(s, tokens, n, loops, logits_out, logits_out ? n_logits : 0);
 }
 
-extern "C" int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, const ls_step_params *params,
+extern "C" int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, const ls_step_params *p,
                                    float *logits_out) {
-    if (!s || !params || params->reserved != 0) return LS_ERR_ARG;
-    const int32_t loops = params->loops, top_k = params->top_k;
-    const float temperature = params->temperature, top_p = params->top_p,
-                repetition_penalty = params->repetition_penalty;
-    const uint64_t seed = params->seed;
+    if (!s || !p || p->reserved != 0) return LS_ERR_ARG;
     /* Check the sampling arguments before the forward pass mutates the
      * session, as session.c does. */
-    if (!(temperature >= 0.0f) || !isfinite(temperature) || top_k < 0 || !(top_p > 0.0f && top_p <= 1.0f) ||
-        !(repetition_penalty > 0.0f) || !isfinite(repetition_penalty))
+    if (!(p->temperature >= 0.0f) || !isfinite(p->temperature) || p->top_k < 0 ||
+        !(p->top_p > 0.0f && p->top_p <= 1.0f) || !(p->repetition_penalty > 0.0f) || !isfinite(p->repetition_penalty))
         return LS_ERR_ARG;
-    int32_t rc = check_forward(s, tokens, n, loops);
+    int32_t rc = check_forward(s, tokens, n, p->loops);
     if (rc != LS_OK) return rc;
-    rc = forward(s, tokens, n, loops, logits_out, 1);
+    rc = forward(s, tokens, n, p->loops, logits_out, 1);
     if (rc != LS_OK) return rc;
     int32_t vocab = s->m->info.vocab_size;
-    if (temperature == 0.0f) {
+    if (p->temperature == 0.0f) {
         int32_t id = LS_ERR_ARG;
-        TRY("argmax", lsc_argmax(s->result, s->penalized, s->logits, vocab, s->d_tokens, s->pos, repetition_penalty));
+        TRY("argmax", lsc_argmax(s->result, s->penalized, s->logits, vocab, s->d_tokens, s->pos, p->repetition_penalty));
         TRY("copying the sampled id", cudaMemcpy(&id, s->result, sizeof id, cudaMemcpyDeviceToHost));
         return id;
     }
@@ -478,6 +474,6 @@ extern "C" int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t
         logits = s->logits_host;
         TRY("copying the logits", cudaMemcpy(logits, s->logits, (size_t)vocab * sizeof(float), cudaMemcpyDeviceToHost));
     }
-    return ls_sample(logits, vocab, s->tokens, s->pos, temperature, top_k, top_p, repetition_penalty, seed,
-                     (uint64_t)s->pos);
+    return ls_sample(logits, vocab, s->tokens, s->pos, p->temperature, p->top_k, p->top_p, p->repetition_penalty,
+                     p->seed, (uint64_t)s->pos);
 }

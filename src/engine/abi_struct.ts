@@ -42,6 +42,12 @@ export class StructView<S extends StructName> {
     return this;
   }
 
+  /** Sets several scalar fields at once. */
+  fill(values: Partial<Record<FieldName<S>, number | bigint>>): this {
+    for (const [field, value] of Object.entries(values)) this.set(field as FieldName<S>, value as number | bigint);
+    return this;
+  }
+
   /** A scalar field (u64 as a bigint). */
   get(field: FieldName<S>, index = 0): number | bigint {
     const { offset, type } = this.at(field, index);

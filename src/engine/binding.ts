@@ -222,11 +222,8 @@ export class NativeModel {
 
   /** A session with its own key/value cache in the given mode (default fp16; DESIGN.md §3). */
   newSession(maxSeq: number, loops: number, cacheWindow: number, kv: KvCacheSettings = FP16_CACHE): NativeSession {
-    const params = new StructView("ls_session_params")
-      .set("max_seq", maxSeq)
-      .set("loops", loops)
-      .set("cache_window", cacheWindow)
-      .set("kv_mode", kvModeCode(kvModeSpec(kv.mode, kv.fp16AttnQkv ?? false)));
+    const kvMode = kvModeCode(kvModeSpec(kv.mode, kv.fp16AttnQkv ?? false));
+    const params = new StructView("ls_session_params").fill({ max_seq: maxSeq, loops, cache_window: cacheWindow, kv_mode: kvMode });
     const err = new Uint8Array(ERR_LEN);
     const s = this.lib.ls_session_new(this.pointer, params.bytes, err, ERR_LEN);
     if (!s) throw new NativeError(readError(err) || "cannot create session", LS_ERR_NOMEM);
@@ -327,13 +324,8 @@ export class NativeSession {
     seed: number | bigint,
     logitsOut: Float32Array | null = null,
   ): number {
-    const params = new StructView("ls_step_params")
-      .set("loops", loops)
-      .set("top_k", topK)
-      .set("temperature", temperature)
-      .set("top_p", topP)
-      .set("repetition_penalty", repetitionPenalty)
-      .set("seed", BigInt(seed));
+    const sampling = { temperature, top_k: topK, top_p: topP, repetition_penalty: repetitionPenalty, seed: BigInt(seed) };
+    const params = new StructView("ls_step_params").fill({ loops, ...sampling });
     const { lib } = this.model;
     return check(lib, lib.ls_session_step(this.pointer, tokens, tokens.length, params.bytes, logitsOut), "ls_session_step");
   }
@@ -395,18 +387,8 @@ export interface SpecCycleStats {
 
 function specParams(p: SpecCycleParams): Uint8Array {
   const seed = BigInt(p.seed);
-  return new StructView("ls_spec_params")
-    .set("draft_loops", p.draftLoops)
-    .set("verify_loops", p.verifyLoops)
-    .set("draft_ahead", p.draftAhead)
-    .set("k_branches", p.kBranches)
-    .set("max_new", p.maxNew)
-    .set("top_k", p.topK)
-    .set("temperature", p.temperature)
-    .set("top_p", p.topP)
-    .set("repetition_penalty", p.repetitionPenalty)
-    .set("flags", p.flags ?? 0)
-    .set("seed_lo", seed & 0xffffffffn)
-    .set("seed_hi", (seed >> 32n) & 0xffffffffn)
-    .set("leaf_min_prob", p.leafMinProb ?? 0).bytes;
+  const shape = { draft_loops: p.draftLoops, verify_loops: p.verifyLoops, draft_ahead: p.draftAhead, k_branches: p.kBranches, max_new: p.maxNew };
+  const sampling = { top_k: p.topK, temperature: p.temperature, top_p: p.topP, repetition_penalty: p.repetitionPenalty };
+  const seedHalves = { seed_lo: seed & 0xffffffffn, seed_hi: (seed >> 32n) & 0xffffffffn };
+  return new StructView("ls_spec_params").fill({ ...shape, ...sampling, ...seedHalves, flags: p.flags ?? 0, leaf_min_prob: p.leafMinProb ?? 0 }).bytes;
 }

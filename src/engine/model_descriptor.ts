@@ -22,23 +22,23 @@ export function tensorSpan(desc: StructView<"ls_model_desc">, name: string): Str
 export function encodeModelDescriptor(model: ValidatedModel): Uint8Array {
   const desc = new StructView("ls_model_desc");
   const c = model.config;
-  desc
-    .member("config", "ls_model_config")
-    .set("dim", c.dim)
-    .set("n_heads", c.nHeads)
-    .set("n_kv_heads", c.nKvHeads)
-    .set("ffn_dim", c.ffnDim)
-    .set("vocab_size", c.vocabSize)
-    .set("default_loops", c.defaultLoops)
-    .set("max_seq_len", c.maxSeqLen)
-    .set("rope_theta", c.ropeTheta)
-    .set("norm_eps", c.normEps)
-    .set("quant", QUANT_CODES[c.quant])
-    .set("group_size", c.groupSize);
+  desc.member("config", "ls_model_config").fill({
+    dim: c.dim,
+    n_heads: c.nHeads,
+    n_kv_heads: c.nKvHeads,
+    ffn_dim: c.ffnDim,
+    vocab_size: c.vocabSize,
+    default_loops: c.defaultLoops,
+    max_seq_len: c.maxSeqLen,
+    rope_theta: c.ropeTheta,
+    norm_eps: c.normEps,
+    quant: QUANT_CODES[c.quant],
+    group_size: c.groupSize,
+  });
   for (const [name, t] of model.tensors) {
     const code = DTYPE_CODES[t.dtype];
     if (code === undefined) throw new Error(`model tensor ${name} has dtype ${t.dtype}, which no descriptor slot holds`);
-    tensorSpan(desc, name).set("offset", t.offset).set("length", t.data.byteLength).set("dtype", code);
+    tensorSpan(desc, name).fill({ offset: t.offset, length: t.data.byteLength, dtype: code });
   }
   return desc.bytes;
 }
