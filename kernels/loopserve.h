@@ -1,5 +1,6 @@
 /*
- * loopserve.h — the whole ABI of libloopserve.so.
+ * loopserve.h — the whole ABI of libloopserve.so (and of libloopserve_cuda.so;
+ * docs/abi.md is the map).
  *
  * One weight-shared Llama-style block applied `loops` times (DESIGN.md §2).
  * Every function is called from one thread (the server's JS thread); the
