@@ -1,12 +1,13 @@
-// Build: compiles kernels/ into build/libloopserve.so (and kernels/cuda/ into
+// Build: regenerates the TypeScript ABI constants from kernels/loopserve.h,
+// compiles kernels/ into build/libloopserve.so (and kernels/cuda/ into
 // build/libloopserve_cuda.so when nvcc is present), then, unless --lib is
 // given, compiles the CLI into the single executable dist/loopserve.
 //
 //   bun build.ts          library + executable
 //   bun build.ts --lib    library only (what the tests need)
 //   bun build.ts --asan   library instrumented with AddressSanitizer (build/asan/)
-import { existsSync, mkdirSync, readdirSync, statSync } from "node:fs";
-import { join } from "node:path";
+import { existsSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { join, relative } from "node:path";
 
 const root = import.meta.dir;
 const kernelDir = join(root, "kernels");
@@ -141,7 +142,147 @@ async function buildExecutable(extraLibraries: string[]): Promise<void> {
   ]);
 }
 
+// ---- ABI constants for TypeScript ----
+//
+// kernels/loopserve.h is the only copy of every number that crosses the
+// C/TypeScript line: status codes, enums, limits, the X(ID, "name") lists
+// (tensor slots, profile ops) and the layout of each parameter struct are
+// read from it and written to src/engine/abi.generated.ts (and
+// kernels/testing.h's test hooks to test/helpers/abi_testing.generated.ts).
+// The generated files are committed, so `bun test`, tsc and
+// `bun build --compile` see them without a build step; every build rewrites
+// them when the header changed, and test/engine/abi_generated.test.ts checks
+// that they are current and that the compiler agrees with every value and
+// offset. The reader handles the header's own subset of C: #defines and
+// enum members with plain literal values, X-macro lists, and typedef'd
+// structs of fixed-width fields.
+
+export const ABI_OUTPUTS = [
+  { header: join(kernelDir, "loopserve.h"), out: join(root, "src", "engine", "abi.generated.ts") },
+  { header: join(kernelDir, "testing.h"), out: join(root, "test", "helpers", "abi_testing.generated.ts") },
+];
+
+const SCALARS: Record<string, { size: number; ts: "i32" | "u32" | "f32" | "u64" | "f64" }> = {
+  int32_t: { size: 4, ts: "i32" },
+  uint32_t: { size: 4, ts: "u32" },
+  float: { size: 4, ts: "f32" },
+  uint64_t: { size: 8, ts: "u64" },
+  double: { size: 8, ts: "f64" },
+};
+const LITERAL = /^\(?(-?(?:0x[0-9a-f]+|\d+(?:\.\d*)?(?:e[+-]?\d+)?))\)?$/i;
+
+interface StructLayout {
+  size: number;
+  align: number;
+  fields: Record<string, { offset: number; type: string; count: number }>;
+}
+
+/** The constants, X-macro lists and struct layouts of a header (see above). */
+export function readAbi(text: string): { constants: Map<string, number>; lists: Map<string, string[]>; structs: Map<string, StructLayout> } {
+  const src = text
+    .replace(/\/\*[\s\S]*?\*\//g, " ")
+    .replace(/\/\/.*$/gm, "")
+    .replace(/\\\n/g, " ");
+  const constants = new Map<string, number>();
+  const lists = new Map<string, { id: string; name: string }[]>();
+  const helpers = new Map<string, string>(); // X helper macro -> the prefix it pastes
+  const literal = (name: string, v: string): number => {
+    const m = LITERAL.exec(v.trim());
+    if (!m) throw new Error(`${name}: ${v.trim()} is not a plain literal (kernels/loopserve.h keeps its numbers plain for build.ts)`);
+    return Number(m[1]);
+  };
+  for (const line of src.split("\n")) {
+    const d = /^\s*#define\s+(LS_\w+)(\([^)]*\))?\s*(.*)$/.exec(line);
+    if (!d) continue;
+    const [, name, args, body] = d;
+    if (args === "(X)") {
+      lists.set(name, [...body.matchAll(/X\((\w+),\s*"([^"]*)"\)/g)].map(([, id, n]) => ({ id, name: n })));
+    } else if (args) {
+      const h = /^(LS_\w+)##id,$/.exec(body.trim());
+      if (h) helpers.set(name, h[1]);
+    } else if (body.trim() !== "") {
+      constants.set(name, literal(name, body));
+    }
+  }
+  for (const [, body] of src.matchAll(/\benum\s*\{([^}]*)\}/g)) {
+    let next = 0;
+    for (const raw of body.replace(/^\s*#.*$/gm, "").split(/,|\n/)) {
+      const item = raw.trim();
+      if (item === "") continue;
+      const x = /^(LS_\w+)\((\w+)\)$/.exec(item);
+      if (x) {
+        const entries = lists.get(x[1]);
+        const prefix = helpers.get(x[2]);
+        if (!entries || !prefix) throw new Error(`enum item ${item}: unknown X-macro list or helper`);
+        for (const e of entries) constants.set(`${prefix}${e.id}`, next++);
+        continue;
+      }
+      const m = /^(LS_\w+)(?:\s*=\s*(.+))?$/.exec(item);
+      if (!m) throw new Error(`enum item ${item}: expected LS_NAME or LS_NAME = literal`);
+      next = m[2] === undefined ? next : literal(m[1], m[2]);
+      constants.set(m[1], next++);
+    }
+  }
+  const structs = new Map<string, StructLayout>();
+  for (const [, body, name] of src.matchAll(/typedef\s+struct\s*\{([^}]*)\}\s*(\w+)\s*;/g)) {
+    const layout: StructLayout = { size: 0, align: 1, fields: {} };
+    for (const decl of body.split(";").map((d) => d.trim()).filter(Boolean)) {
+      const m = /^(\w+)\s+(.+)$/.exec(decl);
+      const type = m?.[1] ?? "";
+      const size = SCALARS[type]?.size ?? structs.get(type)?.size;
+      const align = SCALARS[type]?.size ?? structs.get(type)?.align;
+      if (!m || size === undefined || align === undefined) throw new Error(`struct ${name}: cannot lay out "${decl}"`);
+      for (const one of m[2].split(",").map((f) => f.trim())) {
+        const a = /^(\w+)(?:\[(\w+)\])?$/.exec(one);
+        if (!a) throw new Error(`struct ${name}: cannot lay out field "${one}"`);
+        const count = a[2] === undefined ? 1 : /^\d+$/.test(a[2]) ? Number(a[2]) : constants.get(a[2]);
+        if (count === undefined) throw new Error(`struct ${name}: unknown array length ${a[2]}`);
+        layout.size = Math.ceil(layout.size / align) * align;
+        layout.fields[a[1]] = { offset: layout.size, type: SCALARS[type]?.ts ?? type, count };
+        layout.size += size * count;
+        layout.align = Math.max(layout.align, align);
+      }
+    }
+    layout.size = Math.ceil(layout.size / layout.align) * layout.align;
+    structs.set(name, layout);
+  }
+  return { constants, lists: new Map([...lists].map(([k, v]) => [k, v.map((e) => e.name)])), structs };
+}
+
+/** The TypeScript module of a header's ABI (readAbi), as text. */
+export function abiModule(headerPath: string): string {
+  const { constants, lists, structs } = readAbi(readFileSync(headerPath, "utf8"));
+  const rel = relative(root, headerPath);
+  const lines = [
+    `// Generated by build.ts from ${rel}: do not edit (\`bun build.ts --lib\` rewrites it).`,
+    "",
+    ...[...constants].map(([name, v]) => `export const ${name} = ${v};`),
+  ];
+  for (const [name, names] of lists) lines.push("", `/** ${name}: the quoted names, in LS_* order. */`, `export const ${name} = ${JSON.stringify(names, null, 2)} as const;`);
+  if (structs.size > 0) {
+    lines.push("", "/** Byte layout of each struct: size, and each field's offset, type and element count. */", "export const LS_STRUCTS = {");
+    for (const [name, l] of structs) {
+      const fields = Object.entries(l.fields).map(([f, d]) => `${f}: { offset: ${d.offset}, type: "${d.type}", count: ${d.count} }`);
+      lines.push(`  ${name}: { size: ${l.size}, fields: { ${fields.join(", ")} } },`);
+    }
+    lines.push("} as const;");
+  }
+  return `${lines.join("\n")}\n`;
+}
+
+/** Rewrites the generated ABI modules whose header changed. */
+export function generateAbiModules(): void {
+  for (const { header, out } of ABI_OUTPUTS) {
+    const text = abiModule(header);
+    if (!existsSync(out) || readFileSync(out, "utf8") !== text) {
+      writeFileSync(out, text);
+      console.log(`generated ${relative(root, out)}`);
+    }
+  }
+}
+
 if (import.meta.main) {
+  generateAbiModules();
   const lib = await buildCpuLibrary();
   console.log(`built ${lib}`);
   let cuda: string | null = null;

@@ -11,9 +11,11 @@
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { describeModelFile, descriptorLayout } from "../src/engine/model_descriptor.ts";
+import { LS_DTYPE_F16, LS_DTYPE_NONE, LS_DTYPE_U8 } from "../src/engine/abi.generated.ts";
+import { describeModelFile } from "../src/engine/model_descriptor.ts";
 import { quantizeModelFile } from "../src/model/quantize.ts";
 import { type SyntheticOptions, writeSyntheticModel } from "../src/model/synthetic.ts";
+import { type ConfigField, editDescriptor, type SpanEdit, spanOf } from "../test/helpers/model_descriptor.ts";
 import { rawSafetensorsImage } from "../test/helpers/safetensors.ts";
 
 export interface ModelImage {
@@ -163,35 +165,26 @@ export function descriptorSeeds(): ModelImage[] {
   const valid = validSeeds().map((image) => ({ name: image.name, bytes: descriptorImage(descriptorOfImage(image), image.bytes) }));
   const fp16 = validSeeds()[0];
   const desc = descriptorOfImage(fp16);
-  const edit = (change: (view: DataView) => void, file = fp16.bytes) => {
-    const copy = desc.slice();
-    change(new DataView(copy.buffer));
-    return descriptorImage(copy, file);
-  };
-  const config = (field: keyof typeof descriptorLayout.config, value: number) => (v: DataView) => v.setInt32(descriptorLayout.config[field].offset, value, true);
-  const span = (name: string, at: 0 | 8 | 16, value: number) => (v: DataView) => {
-    const off = descriptorLayout.spanOffset(name) + at;
-    if (at === 16) v.setInt32(off, value, true);
-    else v.setBigUint64(off, BigInt(value), true);
-  };
-  const offsetOf = (name: string) => Number(new DataView(desc.buffer).getBigUint64(descriptorLayout.spanOffset(name), true));
+  const edit = (config: Partial<Record<ConfigField, number>>, tensors: Record<string, SpanEdit> = {}, file = fp16.bytes) =>
+    descriptorImage(editDescriptor(desc, { config, tensors }), file);
+  const offsetOf = (name: string) => spanOf(desc, name).offset;
   const nan = fp16.bytes.slice();
-  new DataView(nan.buffer).setUint16(offsetOf("norm.weight"), 0x7e00, true);
+  new DataView(nan.buffer).setUint16(Number(offsetOf("norm.weight")), 0x7e00, true);
   const variants: [string, Uint8Array][] = [
-    ["truncated-file", edit(() => {}, fp16.bytes.subarray(0, fp16.bytes.length - 5))],
-    ["empty-file", edit(() => {}, new Uint8Array(0))],
-    ["dim-zero", edit(config("dim", 0))],
-    ["heads-inconsistent", edit(config("n_heads", 3))],
-    ["quant-unknown", edit(config("quant", 7))],
-    ["group-fp16", edit(config("group_size", 32))],
-    ["span-past-end", edit(span("norm.weight", 0, fp16.bytes.length))],
-    ["span-misaligned", edit(span("norm.weight", 0, offsetOf("norm.weight") + 1))],
-    ["span-overlap", edit(span("norm.weight", 0, offsetOf("block.ffn_norm.weight")))],
-    ["span-short", edit(span("norm.weight", 8, 2))],
-    ["span-dtype", edit(span("norm.weight", 16, 2))],
-    ["span-missing", edit((v) => [0, 8, 16].forEach((at) => span("block.wk.weight", at as 0 | 8 | 16, 0)(v)))],
-    ["span-foreign", edit(span("block.wq.zeros", 16, 1))],
-    ["nan-weight", edit(() => {}, nan)],
+    ["truncated-file", edit({}, {}, fp16.bytes.subarray(0, fp16.bytes.length - 5))],
+    ["empty-file", edit({}, {}, new Uint8Array(0))],
+    ["dim-zero", edit({ dim: 0 })],
+    ["heads-inconsistent", edit({ n_heads: 3 })],
+    ["quant-unknown", edit({ quant: 7 })],
+    ["group-fp16", edit({ group_size: 32 })],
+    ["span-past-end", edit({}, { "norm.weight": { offset: fp16.bytes.length } })],
+    ["span-misaligned", edit({}, { "norm.weight": { offset: offsetOf("norm.weight") + 1n } })],
+    ["span-overlap", edit({}, { "norm.weight": { offset: offsetOf("block.ffn_norm.weight") } })],
+    ["span-short", edit({}, { "norm.weight": { length: 2 } })],
+    ["span-dtype", edit({}, { "norm.weight": { dtype: LS_DTYPE_U8 } })],
+    ["span-missing", edit({}, { "block.wk.weight": { offset: 0, length: 0, dtype: LS_DTYPE_NONE } })],
+    ["span-foreign", edit({}, { "block.wq.zeros": { dtype: LS_DTYPE_F16 } })],
+    ["nan-weight", edit({}, {}, nan)],
   ];
   return [...valid, ...variants.map(([name, bytes]) => ({ name: `corrupt-${name}`, bytes }))];
 }

@@ -78,12 +78,14 @@ static void run_loaded(ls_model *m, size_t file_size) {
     int32_t n = info.max_seq_len < 2 ? 1 : 2;
     int32_t loops = info.default_loops < 2 ? info.default_loops : 2;
     char err[256] = "";
-    ls_session *s = ls_session_new(m, n, loops, 0, err, sizeof err);
+    ls_session_params sp = {.max_seq = n, .loops = loops};
+    ls_session *s = ls_session_new(m, &sp, err, sizeof err);
     if (s == NULL) finding("session refused for a loaded model", err[0] ? err : "(no message)");
     int32_t tokens[2] = {0, info.vocab_size - 1};
     float *logits = malloc((size_t)info.vocab_size * sizeof *logits);
     if (logits == NULL) finding("out of memory", "logits");
-    int32_t tok = ls_session_step(s, tokens, n, loops, 0.8f, 0, 0.9f, 1.1f, 7, logits);
+    ls_step_params step = {.loops = loops, .temperature = 0.8f, .top_p = 0.9f, .repetition_penalty = 1.1f, .seed = 7};
+    int32_t tok = ls_session_step(s, tokens, n, &step, logits);
     // LS_ERR_ARG: every logit NaN, which weights may legitimately produce.
     if (tok != LS_ERR_ARG && (tok < 0 || tok >= info.vocab_size)) {
         char b[64];

@@ -1,9 +1,10 @@
 /*
  * internal.h — shared between the library's own translation units; not ABI.
  *
- * model.c (loader) fills struct ls_model from the mmapped file and then calls
- * ls_runtime_init (forward.c side), which starts the pool, selects the SIMD
- * kernels and prepares anything derived from the weights.
+ * model.c (loader) fills struct ls_model from the caller's model descriptor
+ * checked against the mmapped file, then calls ls_runtime_init (forward.c
+ * side), which starts the pool, selects the SIMD kernels and prepares
+ * anything derived from the weights.
  */
 #ifndef LOOPSERVE_INTERNAL_H
 #define LOOPSERVE_INTERNAL_H
@@ -63,8 +64,8 @@ struct ls_model {
     ls_qact *qact;    /* activation scratch shared by the quantized matrices; NULL for fp16 */
 };
 
-/* Provided by forward.c. Called once by ls_model_load after the weights are
- * validated; on failure writes err and returns a negative LS_ERR_*. */
+/* Provided by forward.c. Called once by ls_model_load after the descriptor is
+ * checked; on failure writes err and returns a negative LS_ERR_*. */
 int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd, char *err, int32_t err_len);
 void ls_runtime_free(ls_model *m);
 

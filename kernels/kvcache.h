@@ -35,7 +35,7 @@
 
 #include "loopserve.h"
 
-#define LS_KV_GROUP 32 /* int4: values per scale/offset pair along head_dim */
+#define LS_KV_GROUP LS_KV_INT4_GROUP /* int4: values per scale/offset pair along head_dim */
 
 // ---- rows ----
 

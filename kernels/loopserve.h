@@ -1,5 +1,6 @@
 /*
- * loopserve.h — the whole ABI of libloopserve.so.
+ * loopserve.h — the whole ABI of libloopserve.so (and of libloopserve_cuda.so;
+ * docs/abi.md is the map).
  *
  * One weight-shared Llama-style block applied `loops` times (docs/kernels.md).
  * Every function is called from one thread (the server's JS thread); the
@@ -7,11 +8,24 @@
  *
  * Conventions
  *   - Functions returning int32_t return 0 (or a non-negative value) on
- *     success and a negative LS_ERR_* code on failure; failures that need
- *     words write a NUL-terminated message into the caller's `err` buffer.
+ *     success and a negative ls_status (LS_ERR_*) on failure; failures that
+ *     need words write a NUL-terminated message into the caller's `err`
+ *     buffer. ls_status_str names every status.
+ *   - Settings travel in parameter structs (ls_session_params,
+ *     ls_step_params, ls_spec_params, ls_model_desc) rather than argument
+ *     lists that grow with every feature. A field marked "default 0" may be
+ *     left zero; fields named `reserved` must be 0.
+ *   - Every optional capability is reported by ls_features(): a library
+ *     defines every function below, and one whose feature it lacks returns
+ *     LS_ERR_UNSUPPORTED.
  *   - Matrices are row-major [out_features, in_features] (nn.Linear).
  *   - fp16 means IEEE 754 binary16, little-endian.
  *   - Nothing here reads the environment: the caller passes every setting.
+ *   - The numbers below are the only copy: build.ts generates the binding's
+ *     constants and struct layouts (src/engine/abi.generated.ts) from this
+ *     file, so plain literals only (no expressions) in #defines and enums.
+ *
+ * Hooks that exist only for tests are in kernels/testing.h, not here.
  */
 #ifndef LOOPSERVE_H
 #define LOOPSERVE_H
@@ -24,18 +38,38 @@ extern "C" {
 
 #define LS_ABI_VERSION 2
 
-/* ---- error codes ---- */
-#define LS_OK 0
-#define LS_ERR_ARG (-1)       /* an argument is out of range (token id, loops, n) */
-#define LS_ERR_FULL (-2)      /* the session has no room for more positions */
-#define LS_ERR_NOMEM (-3)     /* allocation failed */
-#define LS_ERR_STATE (-4)     /* call not valid in the session's current state */
+/* ---- status codes ---- */
+typedef enum {
+    LS_OK = 0,
+    LS_ERR_ARG = -1,         /* an argument is out of range (token id, loops, n) */
+    LS_ERR_FULL = -2,        /* the session has no room for more positions */
+    LS_ERR_NOMEM = -3,       /* allocation failed */
+    LS_ERR_STATE = -4,       /* call not valid in the session's current state */
+    LS_ERR_UNSUPPORTED = -5, /* this library lacks the feature (see ls_features) */
+} ls_status;
+
+/* A short description of a status ("invalid argument", ...); never NULL,
+ * "unknown status" for a value that is none of the above. */
+const char *ls_status_str(int32_t status);
+
+/* ---- optional capabilities ---- */
+typedef enum {
+    LS_FEATURE_SPECULATIVE = 1,   /* ls_spec_cycle, ls_spec_cycle_logits */
+    LS_FEATURE_PROFILE = 2,       /* ls_model_set_profile, ls_model_profile_read */
+    LS_FEATURE_KV_COMPRESSED = 4, /* kv_mode other than LS_KV_FP16 */
+} ls_feature;
+
+/* The LS_FEATURE_* bits this library implements. */
+int32_t ls_features(void);
 
 /* ---- SIMD paths, chosen once at load ---- */
-#define LS_SIMD_AUTO 0        /* best the CPU supports */
-#define LS_SIMD_PORTABLE 1    /* plain C: the reference path */
-#define LS_SIMD_AVX2 2        /* AVX2 + FMA + F16C */
-#define LS_SIMD_AVX512 3      /* AVX-512 F/BW/VL (+ VNNI where present) */
+typedef enum {
+    LS_SIMD_AUTO = 0,     /* best the CPU supports */
+    LS_SIMD_PORTABLE = 1, /* plain C: the reference path */
+    LS_SIMD_AVX2 = 2,     /* AVX2 + FMA + F16C */
+    LS_SIMD_AVX512 = 3,   /* AVX-512 F/BW/VL (+ VNNI where present) */
+    LS_SIMD_CUDA = 4,     /* reported by the CUDA library in ls_model_info.simd; never requested */
+} ls_simd;
 
 /* ---- weight formats (metadata `quant`) ----
  *
@@ -66,9 +100,11 @@ extern "C" {
  * groups are combined in fp32 in one fixed order on every SIMD path, so
  * quantized matmuls are bit-identical across paths, batch sizes and thread
  * counts. */
-#define LS_QUANT_FP16 0
-#define LS_QUANT_INT4 1
-#define LS_QUANT_INT2 2
+typedef enum {
+    LS_QUANT_FP16 = 0,
+    LS_QUANT_INT4 = 1,
+    LS_QUANT_INT2 = 2,
+} ls_quant;
 
 typedef struct ls_model ls_model;
 typedef struct ls_session ls_session;
@@ -141,10 +177,12 @@ typedef struct {
 } ls_model_config;
 
 /* Element types of the tensors a model holds (safetensors' names). */
-#define LS_DTYPE_NONE 0 /* the tensor is absent */
-#define LS_DTYPE_F16 1
-#define LS_DTYPE_U8 2
-#define LS_DTYPE_I8 3
+typedef enum {
+    LS_DTYPE_NONE = 0, /* the tensor is absent */
+    LS_DTYPE_F16 = 1,
+    LS_DTYPE_U8 = 2,
+    LS_DTYPE_I8 = 3,
+} ls_dtype;
 
 /* Every tensor a model may hold, as X(ID, "name in the file"); the
  * descriptor has one slot per entry, LS_TENSOR_<ID>. The block's seven
@@ -230,18 +268,25 @@ int32_t ls_model_check(const char *path, const ls_model_desc *desc, ls_model_inf
  * wall time of each op, measured on the calling thread, to the model's
  * counters; it changes no computed value. ls_model_profile_read copies up to
  * n counters (seconds, LS_PROF_* order) into out, optionally zeroes them, and
- * returns LS_PROF_N. */
+ * returns LS_PROF_N. Ops are listed as X(ID, "name shown in reports");
+ * LS_PROF_<ID> is each one's index. A library without LS_FEATURE_PROFILE
+ * ignores set_profile and returns LS_ERR_UNSUPPORTED from profile_read. */
+#define LS_PROFILE_OPS(X)            \
+    X(EMBED, "embed")                \
+    X(RMSNORM, "rmsnorm")            \
+    X(QKV, "qkv")                    \
+    X(ATTN, "rope+attention")        \
+    X(WO, "wo")                      \
+    X(FFN_GATE_UP, "ffn gate/up")    \
+    X(FFN_DOWN, "ffn down")          \
+    X(HEAD, "head")                  \
+    X(SAMPLE, "sampling")            \
+    X(DRAFT_HEAD, "draft head") /* speculative drafts' head (the verifier's is HEAD) */
+
 enum {
-    LS_PROF_EMBED = 0,
-    LS_PROF_RMSNORM,
-    LS_PROF_QKV,
-    LS_PROF_ATTN, /* RoPE + attention over the cache */
-    LS_PROF_WO,
-    LS_PROF_FFN_GATE_UP,
-    LS_PROF_FFN_DOWN,
-    LS_PROF_HEAD,
-    LS_PROF_SAMPLE,
-    LS_PROF_DRAFT_HEAD, /* speculative drafts' head (the verifier's is LS_PROF_HEAD) */
+#define LS_PROF_ENUM_(id, name) LS_PROF_##id,
+    LS_PROFILE_OPS(LS_PROF_ENUM_)
+#undef LS_PROF_ENUM_
     LS_PROF_N
 };
 void ls_model_set_profile(ls_model *m, int32_t on);
@@ -258,10 +303,10 @@ int32_t ls_model_profile_read(ls_model *m, double *out, int32_t n, int32_t reset
  *   LS_KV_INT8  head_dim int8 codes c in [-127, 127] and one fp16 scale s
  *               = fp16(max|x| / 127) (at least the smallest subnormal when
  *               max|x| > 0); x ~ c * s.
- *   LS_KV_INT4  codes c in 0..15 in groups of 32 along head_dim (the last
- *               group shorter when head_dim is not a multiple of 32), an
- *               fp16 offset z = fp16(min) and scale s = fp16((max - z) / 15)
- *               per group; x ~ c * s + z. Two codes per byte: byte i of a
+ *   LS_KV_INT4  codes c in 0..15 in groups of LS_KV_INT4_GROUP (32) along
+ *               head_dim (the last group shorter when head_dim is not a
+ *               multiple of it), an fp16 offset z = fp16(min) and scale
+ *               s = fp16((max - z) / 15) per group; x ~ c * s + z. Two codes per byte: byte i of a
  *               group of L values holds value i in the low nibble and value
  *               L/2 + i in the high nibble.
  * Attention dequantizes in registers (c * s (+ z) in fp32) as it reads the
@@ -274,28 +319,33 @@ int32_t ls_model_profile_read(ls_model *m, double *out, int32_t n, int32_t reset
  *                   outputs equal the unrotated ones up to rounding.
  *   LS_KV_FP16_QKV  with LS_KV_HADAMARD only: q, k and v are rounded to fp16
  *                   before the rotation (as a GPU fp16 path computes them). */
-#define LS_KV_FP16 0
-#define LS_KV_INT8 1
-#define LS_KV_INT4 2
-#define LS_KV_FORMAT_MASK 0xff
-#define LS_KV_HADAMARD 0x100
-#define LS_KV_FP16_QKV 0x200
+#define LS_KV_INT4_GROUP 32 /* LS_KV_INT4: values per offset and scale along head_dim */
 
-/* A session owns one K/V cache per loop for up to `loops` loops.
- * max_seq:      most positions the session will ever hold (prompt + output).
- * cache_window: 0 = full attention; W > 0 = each position attends only to
- *               the last W positions (itself included); the cache then
- *               holds a bounded ring of positions instead of max_seq. */
-ls_session *ls_session_new(ls_model *m, int32_t max_seq, int32_t loops,
-                           int32_t cache_window, char *err, int32_t err_len);
+typedef enum {
+    LS_KV_FP16 = 0,
+    LS_KV_INT8 = 1,
+    LS_KV_INT4 = 2,
+    LS_KV_FORMAT_MASK = 255,
+    LS_KV_HADAMARD = 256,
+    LS_KV_FP16_QKV = 512,
+} ls_kv_mode;
 
-/* ls_session_new with a key/value cache mode (LS_KV_*; ls_session_new is
- * kv_mode LS_KV_FP16). A mode the library cannot run (unknown bits, a flag
- * without its prerequisite, LS_KV_HADAMARD with a head_dim that is not a
- * power of two) is refused: NULL and the reason in err. */
-ls_session *ls_session_new_kv(ls_model *m, int32_t max_seq, int32_t loops,
-                              int32_t cache_window, int32_t kv_mode, char *err,
-                              int32_t err_len);
+/* A session's fixed settings: it owns one K/V cache per loop for up to
+ * `loops` loops. */
+typedef struct {
+    int32_t max_seq;      /* most positions the session will ever hold (prompt + output), >= 1 */
+    int32_t loops;        /* loops it keeps caches for, >= 1 */
+    int32_t cache_window; /* default 0 = full attention; W > 0 = each position attends only to
+                           * the last W positions (itself included); the cache then holds a
+                           * bounded ring of positions instead of max_seq */
+    int32_t kv_mode;      /* LS_KV_*, default 0 = LS_KV_FP16 */
+} ls_session_params;
+
+/* A new, empty session. A setting the library cannot run (out of range;
+ * for kv_mode unknown bits, a flag without its prerequisite, LS_KV_HADAMARD
+ * with a head_dim that is not a power of two, or a compressed mode without
+ * LS_FEATURE_KV_COMPRESSED) is refused: NULL and the reason in err. */
+ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *err, int32_t err_len);
 void ls_session_free(ls_session *s);
 
 /* Number of positions held (tokens fed so far minus rollbacks). */
@@ -321,15 +371,33 @@ int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src, int32_t n
 int32_t ls_session_forward(ls_session *s, const int32_t *tokens, int32_t n,
                            int32_t loops, float *logits_out, int32_t n_logits);
 
-/* One generation step in one call: ls_session_forward of the n tokens, then
- * ls_sample on the last token's logits with the session's whole token
- * history (prompt + generated) for the repetition penalty, and the RNG
- * counter = the position the sampled token will occupy. Returns the token
- * id, or a negative LS_ERR_*. logits_out (nullable) receives the last
- * token's logits before any sampling transform. */
-int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n,
-                        int32_t loops, float temperature, int32_t top_k,
-                        float top_p, float repetition_penalty, uint64_t seed,
+/* One step's settings: the loop depth and the sampling (as ls_sample takes
+ * it). Everything else a step depends on is the session's own: its
+ * position, window, cache mode and token history.
+ *
+ * This is also the per-row settings of a batched step to come, one call
+ * advancing many sessions — ls_batch_step(sessions[], rows[], n) with a row
+ * of {tokens, n, ls_step_params, logits_out} per session, each row with its
+ * own position, depth, window and sampling — so a row's settings must stay
+ * expressible in this struct alone. Not implemented yet. */
+typedef struct {
+    int32_t loops;            /* 1..the session's loops */
+    int32_t top_k;            /* 0 = all */
+    float temperature;        /* 0 = greedy */
+    float top_p;              /* 1 = all */
+    float repetition_penalty; /* 1 = none */
+    int32_t reserved;         /* 0 */
+    uint64_t seed;
+} ls_step_params;
+
+/* One generation step in one call: ls_session_forward of the n tokens at
+ * params->loops, then ls_sample on the last token's logits with the
+ * session's whole token history (prompt + generated) for the repetition
+ * penalty, and the RNG counter = the position the sampled token will
+ * occupy. Returns the token id, or a negative LS_ERR_*. logits_out
+ * (nullable) receives the last token's logits before any sampling
+ * transform. */
+int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, const ls_step_params *params,
                         float *logits_out);
 
 /* ---- sampling ---- */
@@ -357,11 +425,8 @@ int32_t ls_sample(const float *logits, int32_t vocab, const int32_t *history,
 #define LS_SPEC_MAX_BRANCHES 16 /* k_branches */
 #define LS_SPEC_MAX_NODES 64    /* k_branches * draft_ahead */
 
-/* ls_spec_params.flags */
+/* ls_spec_params.flags (kernels/testing.h adds a test-only one) */
 #define LS_SPEC_EXACT_DRAFT_HEAD 1 /* draft with the model's own output head instead of the shortlist head */
-#define LS_SPEC_TEST_ACCEPT_ALL 2 /* TESTS ONLY: with temperature > 0, accept every draft token
-                                   * (a deliberately broken sampler: its output follows the draft
-                                   * distribution; lets a test prove it can tell the difference) */
 
 /* One cycle's settings. All fields are 32-bit so a binding can fill the
  * struct through one Int32Array/Float32Array pair. */
@@ -404,7 +469,8 @@ typedef struct {
  * Returns j + 1, or LS_ERR_ARG (bad setting; a tree with temperature > 0
  * or with a cache mode other than LS_KV_FP16),
  * LS_ERR_STATE (caches not at the session's position), LS_ERR_FULL (no room
- * for the cycle's rows), LS_ERR_NOMEM; on error nothing is committed. */
+ * for the cycle's rows), LS_ERR_NOMEM, LS_ERR_UNSUPPORTED (a library
+ * without LS_FEATURE_SPECULATIVE); on error nothing is committed. */
 int32_t ls_spec_cycle(ls_session *s, int32_t pending, const ls_spec_params *params, int32_t *out_tokens,
                       int32_t *out_stats);
 

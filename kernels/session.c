@@ -1,7 +1,7 @@
 /*
  * session.c — a request's state: one K/V cache per loop (fp16, or int8 /
  * int4 codes with their scales: kvcache.h), the token history, and scratch
- * for one chunk (all allocated once, in ls_session_new_kv). Positions per loop are tracked separately (loop_len) so a
+ * for one chunk (all allocated once, in ls_session_new). Positions per loop are tracked separately (loop_len) so a
  * speculative pass can fill loops [0, D) ahead of loops [D, V); rollback
  * truncates every loop.
  */
@@ -15,13 +15,13 @@
  * uninitialised reads even in padding rows). */
 static void *alloc0(size_t bytes) { return bytes ? calloc(1, bytes) : NULL; }
 
-ls_session *ls_session_new(ls_model *m, int32_t max_seq, int32_t loops, int32_t cache_window,
-                           char *err, int32_t err_len) {
-    return ls_session_new_kv(m, max_seq, loops, cache_window, LS_KV_FP16, err, err_len);
-}
-
-ls_session *ls_session_new_kv(ls_model *m, int32_t max_seq, int32_t loops, int32_t cache_window,
-                              int32_t kv_mode, char *err, int32_t err_len) {
+ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *err, int32_t err_len) {
+    if (!params) {
+        ls_set_error(err, err_len, "no session parameters given");
+        return NULL;
+    }
+    const int32_t max_seq = params->max_seq, loops = params->loops, cache_window = params->cache_window,
+                  kv_mode = params->kv_mode;
     if (ls_check_session_args(m, max_seq, loops, cache_window, err, err_len) != LS_OK) return NULL;
     const ls_model_info *mi = &m->info;
     if (ls_kv_check_mode(kv_mode, mi->head_dim, err, err_len) != LS_OK) return NULL;
@@ -125,10 +125,13 @@ int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src, int32_t n
     return LS_OK;
 }
 
-int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, int32_t loops,
-                        float temperature, int32_t top_k, float top_p, float repetition_penalty,
-                        uint64_t seed, float *logits_out) {
-    if (!s) return LS_ERR_ARG;
+int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, const ls_step_params *params,
+                        float *logits_out) {
+    if (!s || !params || params->reserved != 0) return LS_ERR_ARG;
+    const int32_t loops = params->loops, top_k = params->top_k;
+    const float temperature = params->temperature, top_p = params->top_p,
+                repetition_penalty = params->repetition_penalty;
+    const uint64_t seed = params->seed;
     /* Check the sampling arguments before the forward pass mutates the
      * session (ls_sample validates them again). */
     if (!ls_sampling_args_ok(temperature, top_k, top_p, repetition_penalty)) return LS_ERR_ARG;

@@ -36,7 +36,7 @@ struct ls_session {
     uint16_t *vc;     /* (loops, n_kv_heads, cap, head_dim) fp16 values; NULL in a quantized mode */
 
     /* key/value cache mode (loopserve.h LS_KV_*, layouts in kvcache.h) */
-    int32_t kv_mode;  /* as passed to ls_session_new_kv */
+    int32_t kv_mode;  /* ls_session_params.kv_mode */
     int32_t kv_fmt;   /* kv_mode & LS_KV_FORMAT_MASK */
     int32_t kv_nb;    /* quantized: code bytes per row */
     int32_t kv_np;    /* quantized: fp16 parameters per row */

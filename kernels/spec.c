@@ -70,6 +70,7 @@
 #include "forward.h"
 #include "sampling.h"
 #include "session_rules.h"
+#include "testing.h" /* LS_SPEC_TEST_ACCEPT_ALL */
 
 #define MAX_AHEAD 16   /* LS_SPEC_MAX_AHEAD */
 #define MAX_BRANCH 16  /* LS_SPEC_MAX_BRANCHES */

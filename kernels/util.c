@@ -1,5 +1,5 @@
 /*
- * util.c — error text, fp16 <-> fp32 conversion, version and SIMD names.
+ * util.c — error text, fp16 <-> fp32 conversion, version, status and SIMD names.
  *
  * The conversions here are the portable reference every SIMD path must
  * agree with bit for bit (F16C's vcvtph2ps/vcvtps2ph with round-to-nearest-
@@ -90,6 +90,18 @@ uint16_t ls_f32_to_f16(float f) {
 // ---- version and names ----
 
 int32_t ls_abi_version(void) { return LS_ABI_VERSION; }
+
+const char *ls_status_str(int32_t status) {
+    switch (status) {
+    case LS_OK: return "ok";
+    case LS_ERR_ARG: return "invalid argument";
+    case LS_ERR_FULL: return "session is full";
+    case LS_ERR_NOMEM: return "out of memory";
+    case LS_ERR_STATE: return "invalid session state";
+    case LS_ERR_UNSUPPORTED: return "not supported by this kernel library";
+    default: return "unknown status";
+    }
+}
 
 const char *ls_simd_name(int32_t simd) {
     switch (simd) {

@@ -36,11 +36,6 @@ extern "C" {
 #include "session_rules.h"
 }
 
-/* SIMD code reported in ls_model_info.simd by this library. */
-#ifndef LS_SIMD_CUDA
-#define LS_SIMD_CUDA 4
-#endif
-
 /* Tokens per internal step (as LS_CHUNK in kernels/session.h): bounds the
  * scratch buffers and, with a window W, the ring of W + LS_CUDA_CHUNK rows
  * (ls_ring_rows). */

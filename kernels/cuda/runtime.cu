@@ -162,9 +162,22 @@ static bool dev_alloc(void **p, size_t bytes) {
     return cudaMemset(*p, 0, bytes) == cudaSuccess;
 }
 
-extern "C" ls_session *ls_session_new(ls_model *m, int32_t max_seq, int32_t loops, int32_t cache_window, char *err,
-                                      int32_t err_len) {
+extern "C" ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *err, int32_t err_len) {
+    if (!params) {
+        ls_set_error(err, err_len, "no session parameters given");
+        return NULL;
+    }
+    const int32_t max_seq = params->max_seq, loops = params->loops, cache_window = params->cache_window;
     if (ls_check_session_args(m, max_seq, loops, cache_window, err, err_len) != LS_OK) return NULL;
+    /* The CUDA kernels keep the fp16 cache only: a compressed mode is refused
+     * with a message (the server then runs that mode on the CPU library). */
+    if (params->kv_mode != LS_KV_FP16) {
+        ls_set_error(err, err_len,
+                     "the CUDA library implements only the fp16 key/value cache (kv_mode 0x%x requested); "
+                     "use the CPU library for int8 / int4 / Hadamard cache modes",
+                     (unsigned)params->kv_mode);
+        return NULL;
+    }
     const ls_model_info *mi = &m->info;
     ls_session *s = (ls_session *)ls_session_calloc(sizeof *s, err, err_len);
     if (!s) return NULL;
@@ -206,20 +219,6 @@ extern "C" ls_session *ls_session_new(ls_model *m, int32_t max_seq, int32_t loop
         return NULL;
     }
     return s;
-}
-
-/* The CUDA kernels keep the fp16 cache only: a compressed mode is refused
- * here with a message (the server then runs that mode on the CPU library). */
-extern "C" ls_session *ls_session_new_kv(ls_model *m, int32_t max_seq, int32_t loops, int32_t cache_window,
-                                         int32_t kv_mode, char *err, int32_t err_len) {
-    if (kv_mode != LS_KV_FP16) {
-        ls_set_error(err, err_len,
-                     "the CUDA library implements only the fp16 key/value cache (kv_mode 0x%x requested); "
-                     "use the CPU library for int8 / int4 / Hadamard cache modes",
-                     (unsigned)kv_mode);
-        return NULL;
-    }
-    return ls_session_new(m, max_seq, loops, cache_window, err, err_len);
 }
 
 extern "C" void ls_session_free(ls_session *s) {
@@ -374,21 +373,20 @@ extern "C" int32_t ls_session_forward(ls_session *s, const int32_t *tokens, int3
     return forward(s, tokens, n, loops, logits_out, logits_out ? n_logits : 0);
 }
 
-extern "C" int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, int32_t loops, float temperature,
-                                   int32_t top_k, float top_p, float repetition_penalty, uint64_t seed,
+extern "C" int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, const ls_step_params *p,
                                    float *logits_out) {
-    if (!s) return LS_ERR_ARG;
+    if (!s || !p || p->reserved != 0) return LS_ERR_ARG;
     /* Check the sampling arguments before the forward pass mutates the
      * session, as session.c does. */
-    if (!ls_sampling_args_ok(temperature, top_k, top_p, repetition_penalty)) return LS_ERR_ARG;
-    int32_t rc = check_forward(s, tokens, n, loops);
+    if (!ls_sampling_args_ok(p->temperature, p->top_k, p->top_p, p->repetition_penalty)) return LS_ERR_ARG;
+    int32_t rc = check_forward(s, tokens, n, p->loops);
     if (rc != LS_OK) return rc;
-    rc = forward(s, tokens, n, loops, logits_out, 1);
+    rc = forward(s, tokens, n, p->loops, logits_out, 1);
     if (rc != LS_OK) return rc;
     int32_t vocab = s->m->info.vocab_size;
-    if (temperature == 0.0f) {
+    if (p->temperature == 0.0f) {
         int32_t id = LS_ERR_ARG;
-        TRY("argmax", lsc_argmax(s->result, s->penalized, s->logits, vocab, s->d_tokens, s->pos, repetition_penalty));
+        TRY("argmax", lsc_argmax(s->result, s->penalized, s->logits, vocab, s->d_tokens, s->pos, p->repetition_penalty));
         TRY("copying the sampled id", cudaMemcpy(&id, s->result, sizeof id, cudaMemcpyDeviceToHost));
         return id;
     }
@@ -397,6 +395,6 @@ extern "C" int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t
         logits = s->logits_host;
         TRY("copying the logits", cudaMemcpy(logits, s->logits, (size_t)vocab * sizeof(float), cudaMemcpyDeviceToHost));
     }
-    return ls_sample(logits, vocab, s->tokens, s->pos, temperature, top_k, top_p, repetition_penalty, seed,
-                     (uint64_t)s->pos);
+    return ls_sample(logits, vocab, s->tokens, s->pos, p->temperature, p->top_k, p->top_p, p->repetition_penalty,
+                     p->seed, (uint64_t)s->pos);
 }

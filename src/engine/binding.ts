@@ -4,52 +4,61 @@
 import { dlopen, FFIType, type Pointer } from "bun:ffi";
 import { type KvCacheMode, kvModeCode, kvModeSpec } from "../model/kvcache.ts";
 import { ModelFormatError } from "../model/safetensors.ts";
+import {
+  LS_ABI_VERSION,
+  LS_ERR_ARG,
+  LS_ERR_NOMEM,
+  LS_ERR_STATE,
+  LS_FEATURE_PROFILE,
+  LS_FEATURE_SPECULATIVE,
+  LS_PROFILE_OPS,
+  LS_QUANT_FP16,
+  LS_QUANT_INT2,
+  LS_QUANT_INT4,
+  LS_SIMD_AUTO,
+  LS_SIMD_AVX2,
+  LS_SIMD_AVX512,
+  LS_SIMD_PORTABLE,
+  LS_SPEC_EXACT_DRAFT_HEAD,
+} from "./abi.generated.ts";
+import { type FieldName, StructView } from "./abi_struct.ts";
 import { describeModelFile } from "./model_descriptor.ts";
 
-const { i32, u64, f32, ptr, void: none, cstring } = FFIType;
+const { i32, f32, u64, ptr, void: none, cstring } = FFIType;
 
+// Every entry point of kernels/loopserve.h: a library defines them all and
+// says which optional ones work through ls_features.
 const symbols = {
   ls_abi_version: { args: [], returns: i32 },
+  ls_status_str: { args: [i32], returns: cstring },
+  ls_features: { args: [], returns: i32 },
   ls_simd_name: { args: [i32], returns: cstring },
   ls_model_load: { args: [ptr, ptr, i32, i32, ptr, i32], returns: ptr },
   ls_model_free: { args: [ptr], returns: none },
   ls_model_info_get: { args: [ptr, ptr], returns: none },
   ls_model_check: { args: [ptr, ptr, ptr, ptr, i32], returns: i32 },
-  ls_session_new: { args: [ptr, i32, i32, i32, ptr, i32], returns: ptr },
-  ls_session_new_kv: { args: [ptr, i32, i32, i32, i32, ptr, i32], returns: ptr },
+  ls_model_set_profile: { args: [ptr, i32], returns: none },
+  ls_model_profile_read: { args: [ptr, ptr, i32, i32], returns: i32 },
+  ls_session_new: { args: [ptr, ptr, ptr, i32], returns: ptr },
   ls_session_free: { args: [ptr], returns: none },
   ls_session_pos: { args: [ptr], returns: i32 },
   ls_session_rollback: { args: [ptr, i32], returns: i32 },
   ls_session_copy_prefix: { args: [ptr, ptr, i32], returns: i32 },
   ls_session_forward: { args: [ptr, ptr, i32, i32, ptr, i32], returns: i32 },
-  ls_session_step: { args: [ptr, ptr, i32, i32, f32, i32, f32, f32, u64, ptr], returns: i32 },
+  ls_session_step: { args: [ptr, ptr, i32, ptr, ptr], returns: i32 },
   ls_sample: { args: [ptr, i32, ptr, i32, f32, i32, f32, f32, u64, u64], returns: i32 },
-} as const;
-
-// Speculative decoding (kernels/spec.c) is opened separately: a kernel
-// library without it (the CUDA library has no speculative kernels) still
-// loads and serves plain generation.
-const specSymbols = {
   ls_spec_cycle_logits: { args: [ptr, i32, ptr, ptr, ptr, ptr], returns: i32 },
 } as const;
 
-export const ABI_VERSION = 2;
-
-export const SIMD_CODES = { auto: 0, portable: 1, avx2: 2, avx512: 3 } as const;
+export const SIMD_CODES = { auto: LS_SIMD_AUTO, portable: LS_SIMD_PORTABLE, avx2: LS_SIMD_AVX2, avx512: LS_SIMD_AVX512 } as const;
 export type SimdChoice = keyof typeof SIMD_CODES;
 
-const QUANT_NAMES = ["fp16", "int4", "int2"] as const;
-
-const ERROR_NAMES: Record<number, string> = {
-  [-1]: "invalid argument",
-  [-2]: "session is full",
-  [-3]: "out of memory",
-  [-4]: "invalid session state",
-};
+const QUANT_NAMES: Record<number, "fp16" | "int4" | "int2"> = { [LS_QUANT_FP16]: "fp16", [LS_QUANT_INT4]: "int4", [LS_QUANT_INT2]: "int2" };
 
 export class NativeError extends Error {
   constructor(
     message: string,
+    /** An ls_status (LS_ERR_*). */
     readonly code: number,
   ) {
     super(message);
@@ -57,7 +66,6 @@ export class NativeError extends Error {
 }
 
 type Lib = ReturnType<typeof dlopen<typeof symbols>>["symbols"];
-type SpecLib = ReturnType<typeof dlopen<typeof specSymbols>>["symbols"];
 
 const ERR_LEN = 1024;
 const cString = (s: string) => Buffer.from(`${s}\0`, "utf8");
@@ -65,49 +73,15 @@ function readError(buf: Uint8Array): string {
   const end = buf.indexOf(0);
   return new TextDecoder().decode(buf.subarray(0, end < 0 ? buf.length : end));
 }
-function check(rc: number, what: string): number {
-  if (rc < 0) throw new NativeError(`${what}: ${ERROR_NAMES[rc] ?? `error ${rc}`}`, rc);
+function check(lib: Lib, rc: number, what: string): number {
+  if (rc < 0) throw new NativeError(`${what}: ${lib.ls_status_str(rc)}`, rc);
   return rc;
 }
 
 const opened = new Map<string, Lib>();
-const openedSpec = new Map<string, SpecLib | null>();
 
-/** The speculative entry points of the library at `path`, or null when it has none. */
-// Per-op time breakdown (loopserve.h LS_PROF_*), optional like spec.
-const profileSymbols = {
-  ls_model_set_profile: { args: [ptr, i32], returns: none },
-  ls_model_profile_read: { args: [ptr, ptr, i32, i32], returns: i32 },
-} as const;
-type ProfileLib = ReturnType<typeof dlopen<typeof profileSymbols>>["symbols"];
-const openedProfile = new Map<string, ProfileLib | null>();
-
-function openProfileSymbols(path: string): ProfileLib | null {
-  if (!openedProfile.has(path)) {
-    let lib: ProfileLib | null = null;
-    try {
-      lib = dlopen(path, profileSymbols).symbols;
-    } catch {
-      lib = null;
-    }
-    openedProfile.set(path, lib);
-  }
-  return openedProfile.get(path) ?? null;
-}
-
-/** LS_PROF_* order (kernels/loopserve.h). */
-export const PROFILE_OPS = [
-  "embed",
-  "rmsnorm",
-  "qkv",
-  "rope+attention",
-  "wo",
-  "ffn gate/up",
-  "ffn down",
-  "head",
-  "sampling",
-  "draft head",
-] as const;
+/** The per-op profile's ops, in LS_PROF_* order (kernels/loopserve.h LS_PROFILE_OPS). */
+export const PROFILE_OPS = LS_PROFILE_OPS;
 export type OpProfile = Record<(typeof PROFILE_OPS)[number], number>; // seconds
 
 /** The profile as a table: op, ms, share of the total. */
@@ -119,26 +93,13 @@ export function formatProfile(p: OpProfile, title = "profile"): string {
   return lines.join("\n");
 }
 
-function openSpecSymbols(path: string): SpecLib | null {
-  if (!openedSpec.has(path)) {
-    let lib: SpecLib | null = null;
-    try {
-      lib = dlopen(path, specSymbols).symbols;
-    } catch {
-      lib = null;
-    }
-    openedSpec.set(path, lib);
-  }
-  return openedSpec.get(path) ?? null;
-}
-
 /** Opens (once per path) the kernel library and checks its ABI version. */
 export function openKernelLibrary(path: string): Lib {
   let lib = opened.get(path);
   if (!lib) {
     lib = dlopen(path, symbols).symbols;
     const abi = lib.ls_abi_version();
-    if (abi !== ABI_VERSION) throw new NativeError(`${path}: ABI version ${abi}, expected ${ABI_VERSION}`, -4);
+    if (abi !== LS_ABI_VERSION) throw new NativeError(`${path}: ABI version ${abi}, expected ${LS_ABI_VERSION}`, LS_ERR_STATE);
     opened.set(path, lib);
   }
   return lib;
@@ -160,14 +121,14 @@ export interface NativeModelInfo {
   maxSeqLen: number;
   ropeTheta: number;
   normEps: number;
-  quant: (typeof QUANT_NAMES)[number];
+  quant: "fp16" | "int4" | "int2";
   groupSize: number;
   tiedOutput: boolean;
   simd: string;
   threads: number;
 }
 
-/** A session's key/value cache mode (ls_session_new_kv's kv_mode). */
+/** A session's key/value cache mode (ls_session_params.kv_mode). */
 export interface KvCacheSettings {
   mode: KvCacheMode;
   /** With an H mode: q, k, v rounded to fp16 before the rotation (SERVICE_H_MODE_FP16_ATTN_QKV). */
@@ -176,27 +137,25 @@ export interface KvCacheSettings {
 
 export const FP16_CACHE: KvCacheSettings = { mode: "fp16" };
 
-const MODEL_INFO_FIELDS = 16; // ls_model_info: 16 x 32-bit fields
-
 /** What a model file says about itself (ls_model_info without the runtime's simd and threads). */
 export type ModelFileInfo = Omit<NativeModelInfo, "simd" | "threads">;
 
-function fileInfo(raw: Int32Array): ModelFileInfo {
-  const f = new Float32Array(raw.buffer);
+function fileInfo(raw: StructView<"ls_model_info">): ModelFileInfo {
+  const field = (f: FieldName<"ls_model_info">) => raw.get(f) as number;
   return {
-    dim: raw[0],
-    nHeads: raw[1],
-    nKvHeads: raw[2],
-    headDim: raw[3],
-    ffnDim: raw[4],
-    vocabSize: raw[5],
-    defaultLoops: raw[6],
-    maxSeqLen: raw[7],
-    ropeTheta: f[8],
-    normEps: f[9],
-    quant: QUANT_NAMES[raw[10]] ?? "fp16",
-    groupSize: raw[11],
-    tiedOutput: raw[12] === 1,
+    dim: field("dim"),
+    nHeads: field("n_heads"),
+    nKvHeads: field("n_kv_heads"),
+    headDim: field("head_dim"),
+    ffnDim: field("ffn_dim"),
+    vocabSize: field("vocab_size"),
+    defaultLoops: field("default_loops"),
+    maxSeqLen: field("max_seq_len"),
+    ropeTheta: field("rope_theta"),
+    normEps: field("norm_eps"),
+    quant: QUANT_NAMES[field("quant")] ?? "fp16",
+    groupSize: field("group_size"),
+    tiedOutput: field("tied_output") === 1,
   };
 }
 
@@ -209,7 +168,7 @@ function modelDescriptor(modelPath: string): Uint8Array {
   try {
     return describeModelFile(modelPath).descriptor;
   } catch (e) {
-    if (e instanceof ModelFormatError) throw new NativeError(e.reason, -1);
+    if (e instanceof ModelFormatError) throw new NativeError(e.reason, LS_ERR_ARG);
     throw e;
   }
 }
@@ -222,26 +181,28 @@ function modelDescriptor(modelPath: string): Uint8Array {
 export function checkModelFile(libraryPath: string, modelPath: string): ModelFileInfo {
   const lib = openKernelLibrary(libraryPath);
   const desc = modelDescriptor(modelPath);
-  const raw = new Int32Array(MODEL_INFO_FIELDS);
+  const info = new StructView("ls_model_info");
   const err = new Uint8Array(ERR_LEN);
-  if (lib.ls_model_check(cString(modelPath), desc, raw, err, ERR_LEN) < 0) throw new NativeError(readError(err) || `cannot load ${modelPath}`, -1);
-  return fileInfo(raw);
+  if (lib.ls_model_check(cString(modelPath), desc, info.bytes, err, ERR_LEN) < 0)
+    throw new NativeError(readError(err) || `cannot load ${modelPath}`, LS_ERR_ARG);
+  return fileInfo(info);
 }
 
 export class NativeModel {
   readonly info: NativeModelInfo;
+  /** The library's LS_FEATURE_* bits. */
+  readonly features: number;
   private handle: Pointer | null;
 
   private constructor(
     readonly lib: Lib,
     handle: Pointer,
-    /** ls_spec_cycle, when the library has it. */
-    readonly specLib: SpecLib | null,
   ) {
     this.handle = handle;
-    const raw = new Int32Array(MODEL_INFO_FIELDS);
-    lib.ls_model_info_get(handle, raw);
-    this.info = { ...fileInfo(raw), simd: String(lib.ls_simd_name(raw[13])), threads: raw[14] };
+    const info = new StructView("ls_model_info");
+    lib.ls_model_info_get(handle, info.bytes);
+    this.info = { ...fileInfo(info), simd: String(lib.ls_simd_name(info.get("simd") as number)), threads: info.get("n_threads") as number };
+    this.features = lib.ls_features();
   }
 
   /** Loads a model file; throws NativeError with the loader's message. */
@@ -250,29 +211,28 @@ export class NativeModel {
     const desc = modelDescriptor(modelPath);
     const err = new Uint8Array(ERR_LEN);
     const handle = lib.ls_model_load(cString(modelPath), desc, threads, SIMD_CODES[simd], err, ERR_LEN);
-    if (!handle) throw new NativeError(readError(err) || `cannot load ${modelPath}`, -1);
-    const model = new NativeModel(lib, handle as Pointer, openSpecSymbols(libraryPath));
-    model.profileLib = openProfileSymbols(libraryPath);
-    return model;
+    if (!handle) throw new NativeError(readError(err) || `cannot load ${modelPath}`, LS_ERR_ARG);
+    return new NativeModel(lib, handle as Pointer);
   }
 
   get pointer(): Pointer {
-    if (!this.handle) throw new NativeError("model is closed", -4);
+    if (!this.handle) throw new NativeError("model is closed", LS_ERR_STATE);
     return this.handle;
   }
 
   /** A session with its own key/value cache in the given mode (default fp16; docs/kv-cache.md). */
   newSession(maxSeq: number, loops: number, cacheWindow: number, kv: KvCacheSettings = FP16_CACHE): NativeSession {
+    const kvMode = kvModeCode(kvModeSpec(kv.mode, kv.fp16AttnQkv ?? false));
+    const params = new StructView("ls_session_params").fill({ max_seq: maxSeq, loops, cache_window: cacheWindow, kv_mode: kvMode });
     const err = new Uint8Array(ERR_LEN);
-    const code = kvModeCode(kvModeSpec(kv.mode, kv.fp16AttnQkv ?? false));
-    const s = this.lib.ls_session_new_kv(this.pointer, maxSeq, loops, cacheWindow, code, err, ERR_LEN);
-    if (!s) throw new NativeError(readError(err) || "cannot create session", -3);
+    const s = this.lib.ls_session_new(this.pointer, params.bytes, err, ERR_LEN);
+    if (!s) throw new NativeError(readError(err) || "cannot create session", LS_ERR_NOMEM);
     return new NativeSession(this, s as Pointer);
   }
 
-  /** True when the kernel library implements speculative decoding (ls_spec_cycle). */
+  /** True when the kernel library implements speculative decoding (LS_FEATURE_SPECULATIVE). */
   get hasSpeculative(): boolean {
-    return this.specLib !== null;
+    return (this.features & LS_FEATURE_SPECULATIVE) !== 0;
   }
 
   /** Samples from logits with the C sampler (used by tests and host-side modes). */
@@ -287,26 +247,24 @@ export class NativeModel {
     counter: number | bigint,
   ): number {
     return check(
+      this.lib,
       this.lib.ls_sample(logits, logits.length, history, history.length, temperature, topK, topP, repetitionPenalty, seed, counter),
       "ls_sample",
     );
   }
 
-  /** ls_model_set_profile / ls_model_profile_read, when the library has them. */
-  profileLib: ProfileLib | null = null;
-
-  /** Turns the per-op time breakdown on or off (false when the library lacks it). */
+  /** Turns the per-op time breakdown on or off (false when the library lacks LS_FEATURE_PROFILE). */
   setProfile(on: boolean): boolean {
-    if (!this.profileLib) return false;
-    this.profileLib.ls_model_set_profile(this.pointer, on ? 1 : 0);
+    if ((this.features & LS_FEATURE_PROFILE) === 0) return false;
+    this.lib.ls_model_set_profile(this.pointer, on ? 1 : 0);
     return true;
   }
 
-  /** Seconds per op since the last reset (null when the library lacks it). */
+  /** Seconds per op since the last reset (null when the library lacks LS_FEATURE_PROFILE). */
   readProfile(reset = true): OpProfile | null {
-    if (!this.profileLib) return null;
+    if ((this.features & LS_FEATURE_PROFILE) === 0) return null;
     const out = new Float64Array(PROFILE_OPS.length);
-    this.profileLib.ls_model_profile_read(this.pointer, out, out.length, reset ? 1 : 0);
+    check(this.lib, this.lib.ls_model_profile_read(this.pointer, out, out.length, reset ? 1 : 0), "ls_model_profile_read");
     return Object.fromEntries(PROFILE_OPS.map((k, i) => [k, out[i]])) as OpProfile;
   }
 
@@ -328,13 +286,14 @@ export class NativeSession {
 
   /** @internal the raw handle, for calls that take two sessions */
   get pointer(): Pointer {
-    if (!this.handle) throw new NativeError("session is closed", -4);
+    if (!this.handle) throw new NativeError("session is closed", LS_ERR_STATE);
     return this.handle;
   }
 
   /** Takes positions [0, n) from src (this session must be empty). */
   copyPrefixFrom(src: NativeSession, n: number): void {
-    check(this.model.lib.ls_session_copy_prefix(this.pointer, src.pointer, n), "ls_session_copy_prefix");
+    const { lib } = this.model;
+    check(lib, lib.ls_session_copy_prefix(this.pointer, src.pointer, n), "ls_session_copy_prefix");
   }
 
   get pos(): number {
@@ -342,17 +301,16 @@ export class NativeSession {
   }
 
   rollback(pos: number): void {
-    check(this.model.lib.ls_session_rollback(this.pointer, pos), "ls_session_rollback");
+    const { lib } = this.model;
+    check(lib, lib.ls_session_rollback(this.pointer, pos), "ls_session_rollback");
   }
 
   /** Runs tokens through `loops` loops; fills logitsOut (nLogits rows) when given. */
   forward(tokens: Int32Array, loops: number, logitsOut: Float32Array | null = null, nLogits = 0): void {
     if (logitsOut && logitsOut.length < nLogits * this.model.info.vocabSize)
-      throw new NativeError("logits buffer too small", -1);
-    check(
-      this.model.lib.ls_session_forward(this.pointer, tokens, tokens.length, loops, logitsOut, logitsOut ? nLogits : 0),
-      "ls_session_forward",
-    );
+      throw new NativeError("logits buffer too small", LS_ERR_ARG);
+    const { lib } = this.model;
+    check(lib, lib.ls_session_forward(this.pointer, tokens, tokens.length, loops, logitsOut, logitsOut ? nLogits : 0), "ls_session_forward");
   }
 
   /** Forward of `tokens` then sampling of the next token, in one FFI call. */
@@ -366,10 +324,10 @@ export class NativeSession {
     seed: number | bigint,
     logitsOut: Float32Array | null = null,
   ): number {
-    return check(
-      this.model.lib.ls_session_step(this.pointer, tokens, tokens.length, loops, temperature, topK, topP, repetitionPenalty, seed, logitsOut),
-      "ls_session_step",
-    );
+    const sampling = { temperature, top_k: topK, top_p: topP, repetition_penalty: repetitionPenalty, seed: BigInt(seed) };
+    const params = new StructView("ls_step_params").fill({ loops, ...sampling });
+    const { lib } = this.model;
+    return check(lib, lib.ls_session_step(this.pointer, tokens, tokens.length, params.bytes, logitsOut), "ls_session_step");
   }
 
   /**
@@ -380,14 +338,13 @@ export class NativeSession {
    * (draftAhead + 1 rows), receives the verifier's logits of each new token.
    */
   specCycle(pending: number, p: SpecCycleParams, out: Int32Array, stats: SpecCycleStats, logitsOut: Float32Array | null = null): number {
-    const spec = this.model.specLib;
-    if (!spec) throw new NativeError("this kernel library has no speculative decoding (ls_spec_cycle)", -1);
-    if (out.length < p.draftAhead + 1) throw new NativeError("spec output buffer too small", -1);
+    if (!this.model.hasSpeculative) throw new NativeError("this kernel library has no speculative decoding (ls_spec_cycle)", LS_ERR_ARG);
+    if (out.length < p.draftAhead + 1) throw new NativeError("spec output buffer too small", LS_ERR_ARG);
     if (logitsOut && logitsOut.length < (p.draftAhead + 1) * this.model.info.vocabSize)
-      throw new NativeError("spec logits buffer too small", -1);
-    const raw = specParamsBuffer(p);
+      throw new NativeError("spec logits buffer too small", LS_ERR_ARG);
     const st = new Int32Array(2);
-    const n = check(spec.ls_spec_cycle_logits(this.pointer, pending, raw, out, st, logitsOut), "ls_spec_cycle");
+    const { lib } = this.model;
+    const n = check(lib, lib.ls_spec_cycle_logits(this.pointer, pending, specParams(p), out, st, logitsOut), "ls_spec_cycle");
     stats.drafted = st[0];
     stats.accepted = st[1];
     return n;
@@ -419,9 +376,7 @@ export interface SpecCycleParams {
 /** ls_spec_params.flags */
 export const SPEC_FLAGS = {
   /** Draft with the model's own output head instead of the shortlist head (kernels/draft_head.c). */
-  exactDraftHead: 1,
-  /** Tests only: accept every draft token (a broken sampler, to prove a distribution test has power). */
-  testAcceptAll: 2,
+  exactDraftHead: LS_SPEC_EXACT_DRAFT_HEAD,
 } as const;
 
 /** What one cycle did: tokens proposed and draft tokens accepted. */
@@ -430,22 +385,10 @@ export interface SpecCycleStats {
   accepted: number;
 }
 
-function specParamsBuffer(p: SpecCycleParams): Int32Array {
-  const raw = new Int32Array(13); // ls_spec_params: 13 x 32-bit fields
-  const f = new Float32Array(raw.buffer);
-  raw[0] = p.draftLoops;
-  raw[1] = p.verifyLoops;
-  raw[2] = p.draftAhead;
-  raw[3] = p.kBranches;
-  raw[4] = p.maxNew;
-  raw[5] = p.topK;
-  f[6] = p.temperature;
-  f[7] = p.topP;
-  f[8] = p.repetitionPenalty;
-  raw[9] = p.flags ?? 0;
+function specParams(p: SpecCycleParams): Uint8Array {
   const seed = BigInt(p.seed);
-  new Uint32Array(raw.buffer)[10] = Number(seed & 0xffffffffn);
-  new Uint32Array(raw.buffer)[11] = Number((seed >> 32n) & 0xffffffffn);
-  f[12] = p.leafMinProb ?? 0;
-  return raw;
+  const shape = { draft_loops: p.draftLoops, verify_loops: p.verifyLoops, draft_ahead: p.draftAhead, k_branches: p.kBranches, max_new: p.maxNew };
+  const sampling = { top_k: p.topK, temperature: p.temperature, top_p: p.topP, repetition_penalty: p.repetitionPenalty };
+  const seedHalves = { seed_lo: seed & 0xffffffffn, seed_hi: (seed >> 32n) & 0xffffffffn };
+  return new StructView("ls_spec_params").fill({ ...shape, ...sampling, ...seedHalves, flags: p.flags ?? 0, leaf_min_prob: p.leafMinProb ?? 0 }).bytes;
 }

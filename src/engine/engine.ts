@@ -6,6 +6,7 @@ import { log } from "../log.ts";
 import type { EngineRunOptions } from "../scheduler/scheduler.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveCudaLibrary, resolveKernelLibrary } from "./library.ts";
 import type { KvCacheMode } from "../model/kvcache.ts";
+import { LS_ERR_STATE, LS_MAX_LOOPS } from "./abi.generated.ts";
 import { cudaDeviceCount, formatProfile, type KvCacheSettings, NativeError, NativeModel, type NativeSession, type SimdChoice } from "./binding.ts";
 import { MAX_TOP_LOGPROBS, type TokenLogprob, tokenLogprob } from "./logprobs.ts";
 import { cycleParams, type DraftOptions, planSpeculative, SPEC_SESSION_SLACK, SpecCounter, type SpecPlan } from "./speculative.ts";
@@ -33,7 +34,6 @@ export interface EngineOptions {
   profile?: boolean;
 }
 
-const NATIVE_STATE_ERROR = -4; // LS_ERR_STATE
 
 /**
  * Prompt tokens forwarded per call when a prompt is scored: each returns
@@ -149,7 +149,7 @@ export class Engine {
     if (req.promptTokens.length === 0) throw new EngineRequestError("prompt is empty");
     const bad = req.promptTokens.find((t) => !Number.isInteger(t) || t < 0 || t >= vocabSize);
     if (bad !== undefined) throw new EngineRequestError(`prompt token id ${bad} is outside the vocabulary [0, ${vocabSize})`);
-    if (req.loops < 1 || req.loops > 64) throw new EngineRequestError(`loops must be between 1 and 64, got ${req.loops}`);
+    if (req.loops < 1 || req.loops > LS_MAX_LOOPS) throw new EngineRequestError(`loops must be between 1 and ${LS_MAX_LOOPS}, got ${req.loops}`);
     if (!Number.isInteger(req.maxTokens) || req.maxTokens < 0)
       throw new EngineRequestError(`maxTokens must be a non-negative integer, got ${req.maxTokens}`);
     const top = req.logprobs;
@@ -333,7 +333,7 @@ export class Engine {
       session.copyPrefixFrom(snapshot.session, length);
       return true;
     } catch (e) {
-      if (e instanceof NativeError && e.code === NATIVE_STATE_ERROR) return false;
+      if (e instanceof NativeError && e.code === LS_ERR_STATE) return false;
       throw e;
     }
   }

@@ -9,15 +9,16 @@
 // returns 1..draftAhead+1 tokens. Tokens reach the sink one by one, and stop
 // ids / max_tokens cut a cycle's tokens where plain decoding would have
 // stopped; cycles never draft past max_tokens.
+import { LS_MAX_LOOPS, LS_SPEC_MAX_AHEAD, LS_SPEC_MAX_BRANCHES, LS_SPEC_MAX_NODES } from "./abi.generated.ts";
 import { SPEC_FLAGS, type SpecCycleParams, type SpecCycleStats } from "./binding.ts";
 import { EngineRequestError } from "./engine.ts";
 import type { GenerateRequest, GenerationMode, SpeculativeStats } from "./types.ts";
 
 export const SPEC_LIMITS = {
-  loops: 64, // draft and verify depth
-  draftAhead: 16, // LS_SPEC_MAX_AHEAD
-  kBranches: 16, // LS_SPEC_MAX_BRANCHES
-  nodes: 64, // kBranches * draftAhead, LS_SPEC_MAX_NODES
+  loops: LS_MAX_LOOPS, // draft and verify depth
+  draftAhead: LS_SPEC_MAX_AHEAD,
+  kBranches: LS_SPEC_MAX_BRANCHES,
+  nodes: LS_SPEC_MAX_NODES, // kBranches * draftAhead
 } as const;
 
 export const SPEC_DEFAULTS = { draftLoops: 2, draftAhead: 4, kBranches: 1 } as const;

@@ -4,6 +4,16 @@
 // their byte ranges and the dimensions (src/engine/binding.ts builds the
 // descriptor) and checks those against the mapped bytes.
 
+import {
+  LS_MAX_DIM,
+  LS_MAX_FFN_DIM,
+  LS_MAX_HEADS,
+  LS_MAX_LOOPS,
+  LS_MAX_NORM_EPS,
+  LS_MAX_ROPE_THETA,
+  LS_MAX_SEQ_LEN,
+  LS_MAX_VOCAB,
+} from "../engine/abi.generated.ts";
 import { DTYPE_SIZES, type Dtype, ModelFormatError, readSafetensors, type SafetensorsFile, type TensorView } from "./safetensors.ts";
 
 // ---- schema ----
@@ -16,15 +26,7 @@ export const FORMAT_NAME = "loopserve";
 export const FORMAT_VERSION = 1;
 export const ARCH = "looped-llama";
 export const TOKENIZER = "gpt2";
-export const MAX_LOOPS = 64;
-/** Largest dimensions the kernels take (kernels/loopserve.h LS_MAX_*): they keep sizes far from overflow. */
-const MAX_DIM = 65536;
-const MAX_HEADS = 4096;
-const MAX_FFN_DIM = 262144;
-const MAX_VOCAB = 1048576;
-const MAX_SEQ_LEN = 1048576;
-const MAX_ROPE_THETA = 1e12;
-const MAX_NORM_EPS = 1;
+export const MAX_LOOPS = LS_MAX_LOOPS;
 
 export interface ModelConfig {
   arch: "looped-llama";
@@ -229,20 +231,21 @@ export function parseModelMetadata(meta: Meta, where: string): Omit<ModelConfig,
   expectString(meta, "format_version", String(FORMAT_VERSION), where);
   expectString(meta, "arch", ARCH, where);
   expectString(meta, "tokenizer", TOKENIZER, where);
-  const dim = parseInt32(meta, "dim", where, 1, MAX_DIM);
-  const nHeads = parseInt32(meta, "n_heads", where, 1, MAX_HEADS);
-  const nKvHeads = parseInt32(meta, "n_kv_heads", where, 1, MAX_HEADS);
-  const ffnDim = parseInt32(meta, "ffn_dim", where, 1, MAX_FFN_DIM);
-  const vocabSize = parseInt32(meta, "vocab_size", where, 1, MAX_VOCAB);
-  const defaultLoops = parseInt32(meta, "default_loops", where, 1, MAX_LOOPS);
-  const maxSeqLen = parseInt32(meta, "max_seq_len", where, 1, MAX_SEQ_LEN);
-  const ropeTheta = parsePositiveFloat(meta, "rope_theta", where, MAX_ROPE_THETA);
-  const normEps = parsePositiveFloat(meta, "norm_eps", where, MAX_NORM_EPS);
+  // The kernels' limits (kernels/loopserve.h LS_MAX_*): they keep sizes far from overflow.
+  const dim = parseInt32(meta, "dim", where, 1, LS_MAX_DIM);
+  const nHeads = parseInt32(meta, "n_heads", where, 1, LS_MAX_HEADS);
+  const nKvHeads = parseInt32(meta, "n_kv_heads", where, 1, LS_MAX_HEADS);
+  const ffnDim = parseInt32(meta, "ffn_dim", where, 1, LS_MAX_FFN_DIM);
+  const vocabSize = parseInt32(meta, "vocab_size", where, 1, LS_MAX_VOCAB);
+  const defaultLoops = parseInt32(meta, "default_loops", where, 1, LS_MAX_LOOPS);
+  const maxSeqLen = parseInt32(meta, "max_seq_len", where, 1, LS_MAX_SEQ_LEN);
+  const ropeTheta = parsePositiveFloat(meta, "rope_theta", where, LS_MAX_ROPE_THETA);
+  const normEps = parsePositiveFloat(meta, "norm_eps", where, LS_MAX_NORM_EPS);
   const quant = need(meta, "quant", where);
   if (quant !== "fp16" && quant !== "int4" && quant !== "int2") {
     throw ModelFormatError.about(where, `metadata: quant must be one of fp16, int4, int2, got "${quant}"`);
   }
-  const groupSize = parseInt32(meta, "group_size", where, quant === "fp16" ? 0 : 1, MAX_DIM);
+  const groupSize = parseInt32(meta, "group_size", where, quant === "fp16" ? 0 : 1, LS_MAX_DIM);
 
   const bad = (msg: string): never => {
     throw ModelFormatError.about(where, `metadata: ${msg}`);

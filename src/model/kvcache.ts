@@ -8,6 +8,7 @@
 // difference, product or quotient of two fp32 values computed in float64 and
 // then rounded to fp32 is the correctly rounded fp32 result (53 >= 2 * 24 + 2),
 // so this is exact, not approximate.
+import { LS_KV_FP16, LS_KV_FP16_QKV, LS_KV_HADAMARD, LS_KV_INT4, LS_KV_INT4_GROUP, LS_KV_INT8 } from "../engine/abi.generated.ts";
 import { f16BitsToNumber, f32ToF16Bits, roundToF16 } from "./fp16.ts";
 
 export type KvCacheMode = "fp16" | "int8" | "int4" | "fp16-h" | "int8-h" | "int4-h";
@@ -15,8 +16,8 @@ export type KvFormat = "fp16" | "int8" | "int4";
 
 export const KV_CACHE_MODES: readonly KvCacheMode[] = ["fp16", "int8", "int4", "fp16-h", "int8-h", "int4-h"];
 
-/** int4: values per scale/offset pair along head_dim (LS_KV_GROUP). */
-export const KV_GROUP = 32;
+/** int4: values per scale/offset pair along head_dim. */
+export const KV_GROUP = LS_KV_INT4_GROUP;
 
 /** A cache mode taken apart: storage format, rotation, fp16 q/k/v before the rotation. */
 export interface KvModeSpec {
@@ -32,10 +33,10 @@ export function kvModeSpec(mode: KvCacheMode, fp16Qkv = false): KvModeSpec {
   return { format: (hadamard ? mode.slice(0, -2) : mode) as KvFormat, hadamard, fp16Qkv };
 }
 
-/** loopserve.h kv_mode bits: LS_KV_FP16 0 / LS_KV_INT8 1 / LS_KV_INT4 2, | LS_KV_HADAMARD 0x100, | LS_KV_FP16_QKV 0x200. */
+/** loopserve.h kv_mode: the format's LS_KV_* ORed with LS_KV_HADAMARD and LS_KV_FP16_QKV. */
 export function kvModeCode(spec: KvModeSpec): number {
-  const fmt = { fp16: 0, int8: 1, int4: 2 }[spec.format];
-  return fmt | (spec.hadamard ? 0x100 : 0) | (spec.fp16Qkv ? 0x200 : 0);
+  const fmt = { fp16: LS_KV_FP16, int8: LS_KV_INT8, int4: LS_KV_INT4 }[spec.format];
+  return fmt | (spec.hadamard ? LS_KV_HADAMARD : 0) | (spec.fp16Qkv ? LS_KV_FP16_QKV : 0);
 }
 
 // ---- sizes ----

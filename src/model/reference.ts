@@ -80,7 +80,7 @@ export function silu(x: number): number {
 export interface ForwardOptions {
   /** 0 (default) = full causal attention; W > 0 = position p sees [p-W+1, p]. */
   cacheWindow?: number;
-  /** Key/value cache mode (default fp16), as the kernels' ls_session_new_kv. */
+  /** Key/value cache mode (default fp16), as the kernels' ls_session_params.kv_mode. */
   kvCacheMode?: KvCacheMode;
   /** With an H mode: q, k, v rounded to fp16 before the rotation (SERVICE_H_MODE_FP16_ATTN_QKV). */
   fp16AttnQkv?: boolean;

@@ -199,7 +199,8 @@ static void close_forward(fwd_args *a) {
 // every token's logits; returns 0 or prints the error.
 static int run_session(fwd_args *a, int32_t step, float *logits) {
     char err[512];
-    ls_session *s = ls_session_new(a->m, a->n, a->loops, 0, err, sizeof err);
+    ls_session_params sp = {.max_seq = a->n, .loops = a->loops};
+    ls_session *s = ls_session_new(a->m, &sp, err, sizeof err);
     if (!s) {
         printf("error: %s\n", err);
         return 2;

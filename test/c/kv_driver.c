@@ -30,7 +30,8 @@ static int32_t vocab;
 
 static ls_session *session(int32_t max_seq, int32_t window, int32_t mode) {
     char err[512];
-    ls_session *s = ls_session_new_kv(model, max_seq, LOOPS, window, mode, err, sizeof err);
+    ls_session_params sp = {.max_seq = max_seq, .loops = LOOPS, .cache_window = window, .kv_mode = mode};
+    ls_session *s = ls_session_new(model, &sp, err, sizeof err);
     if (!s) printf("error: %s\n", err);
     return s;
 }
@@ -90,13 +91,14 @@ static int check_mode(int32_t mode, int32_t window) {
     ls_session *q = ok ? session(20 + GEN + 65, window, mode) : NULL;
     ok = ok && p && q;
     if (ok) {
-        int32_t t = ls_session_step(p, tokens, 20, LOOPS, 0, 0, 1, 1, 0, NULL);
+        const ls_step_params greedy = {.loops = LOOPS, .top_p = 1, .repetition_penalty = 1};
+        int32_t t = ls_session_step(p, tokens, 20, &greedy, NULL);
         for (int32_t i = 0; t >= 0 && i < GEN; i++) {
             plain[i] = t;
-            if (i + 1 < GEN) t = ls_session_step(p, &plain[i], 1, LOOPS, 0, 0, 1, 1, 0, NULL);
+            if (i + 1 < GEN) t = ls_session_step(p, &plain[i], 1, &greedy, NULL);
         }
         int32_t got = 0;
-        spec[got++] = ls_session_step(q, tokens, 20, LOOPS, 0, 0, 1, 1, 0, NULL);
+        spec[got++] = ls_session_step(q, tokens, 20, &greedy, NULL);
         while (ok && got < GEN) {
             ls_spec_params prm = {.draft_loops = 1, .verify_loops = LOOPS, .draft_ahead = 5, .k_branches = 1,
                                   .max_new = GEN - got, .top_k = 0, .temperature = 0, .top_p = 1,

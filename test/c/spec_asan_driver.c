@@ -7,12 +7,20 @@
 #include "model_desc.h"
 /* usage: drv MODEL -- runs speculative cycles of many shapes against plain
  * stepping; exit 1 on a mismatch */
-static int plain(ls_model *m, const int32_t *prompt, int np, int V, int W, int n, float temp, float pen, uint64_t seed, int32_t *out) {
+static ls_session *session(ls_model *m, int32_t max_seq, int32_t loops, int32_t window) {
     char err[256];
-    ls_session *s = ls_session_new(m, np + n + 1, V, W, err, 256);
-    int32_t t = ls_session_step(s, prompt, np, V, temp, 0, 1.0f, pen, seed, NULL);
+    ls_session_params sp = {.max_seq = max_seq, .loops = loops, .cache_window = window};
+    return ls_session_new(m, &sp, err, 256);
+}
+static ls_step_params step_params(int V, float temp, float pen, uint64_t seed) {
+    return (ls_step_params){.loops = V, .temperature = temp, .top_p = 1.0f, .repetition_penalty = pen, .seed = seed};
+}
+static int plain(ls_model *m, const int32_t *prompt, int np, int V, int W, int n, float temp, float pen, uint64_t seed, int32_t *out) {
+    ls_session *s = session(m, np + n + 1, V, W);
+    ls_step_params sp = step_params(V, temp, pen, seed);
+    int32_t t = ls_session_step(s, prompt, np, &sp, NULL);
     out[0] = t;
-    for (int i = 1; i < n; i++) { t = ls_session_step(s, &t, 1, V, temp, 0, 1.0f, pen, seed, NULL); out[i] = t; }
+    for (int i = 1; i < n; i++) { t = ls_session_step(s, &t, 1, &sp, NULL); out[i] = t; }
     ls_session_free(s);
     return 0;
 }
@@ -34,8 +42,9 @@ int main(int argc, char **argv) {
         int np = si % 2 ? 40 : 5, n = 100;
         int32_t ref[128], got[128 + 17];
         plain(m, prompt, np, V, W, n, temp, pen, 3, ref);
-        ls_session *s = ls_session_new(m, np + n + 65, D > V ? D : V, W, err, 256);
-        int32_t t = ls_session_step(s, prompt, np, V, temp, 0, 1.0f, pen, 3, NULL);
+        ls_session *s = session(m, np + n + 65, D > V ? D : V, W);
+        ls_step_params sp = step_params(V, temp, pen, 3);
+        int32_t t = ls_session_step(s, prompt, np, &sp, NULL);
         int have = 1; got[0] = t;
         ls_spec_params p = {D, V, k, K, 0, 0, temp, 1.0f, pen, 0, 3, 0, si % 3 == 2 ? 0.05f : 0.0f};
         int32_t stats[2];
@@ -53,8 +62,9 @@ int main(int argc, char **argv) {
         if (temp == 0.0f && memcmp(ref, got, n * sizeof(int32_t)) != 0) { fprintf(stderr, "shape %zu: MISMATCH\n", si); bad++; }
     }
     /* error paths: nothing committed */
-    ls_session *s = ls_session_new(m, 10, 4, 0, err, 256);
-    int32_t t = ls_session_step(s, prompt, 5, 4, 0, 0, 1, 1, 0, NULL);
+    ls_session *s = session(m, 10, 4, 0);
+    ls_step_params sp = step_params(4, 0, 1, 0);
+    int32_t t = ls_session_step(s, prompt, 5, &sp, NULL);
     ls_spec_params p = {1, 4, 4, 4, 8, 0, 0, 1, 1, 0, 0, 0, 0};
     int32_t o[17];
     if (ls_spec_cycle(s, t, &p, o, NULL) != LS_ERR_FULL || ls_session_pos(s) != 5) bad++;

@@ -17,6 +17,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { dlopen, FFIType } from "bun:ffi";
 import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
+import { LS_SIMD_AVX2, LS_SIMD_CUDA } from "../../src/engine/abi.generated.ts";
 import { NativeModel } from "../../src/engine/binding.ts";
 import { CUDA_LIBRARY_NAME } from "../../src/engine/library.ts";
 import { tinyModelPath } from "../helpers/models.ts";
@@ -40,15 +41,15 @@ describe.skipIf(!built)("CUDA library on any host", () => {
   test("loads and reports its device count without failing", () => {
     expect(Number.isInteger(devices)).toBe(true);
     expect(devices).toBeGreaterThanOrEqual(0);
-    expect(String(probe?.ls_simd_name(4))).toBe("cuda");
-    expect(String(probe?.ls_simd_name(2))).toBe("avx2");
+    expect(String(probe?.ls_simd_name(LS_SIMD_CUDA))).toBe("cuda");
+    expect(String(probe?.ls_simd_name(LS_SIMD_AVX2))).toBe("avx2");
   });
 
   test.skipIf(devices > 0)("without a GPU, loading a model says there is no usable device", () => {
     expect(() => NativeModel.load(CUDA_LIB, tinyModelPath(), 0, "auto")).toThrow(/no usable CUDA device/);
   });
 
-  test("validation is the CPU library's: a missing file names the path", () => {
+  test("validation is the same as with the CPU library: a missing file names the path", () => {
     expect(() => NativeModel.load(CUDA_LIB, join(ROOT, "no-such-model.safetensors"), 0, "auto")).toThrow(/no-such-model/);
   });
 });

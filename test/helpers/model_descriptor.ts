@@ -3,7 +3,8 @@
 // (src/engine/model_descriptor.ts, after the TypeScript validator). Tests of
 // the library's own checks edit those bytes before writing them.
 import { copyFileSync, writeFileSync } from "node:fs";
-import { describeModelFile, descriptorLayout } from "../../src/engine/model_descriptor.ts";
+import { type FieldName, StructView } from "../../src/engine/abi_struct.ts";
+import { describeModelFile, tensorSpan } from "../../src/engine/model_descriptor.ts";
 
 /** The descriptor of the (valid) model file at path. */
 export function descriptorOf(path: string): Uint8Array {
@@ -23,41 +24,28 @@ export function copyDescriptor(from: string, to: string): string {
 }
 
 /** ls_model_config fields by name (kernels/loopserve.h). */
-export type ConfigField = keyof typeof descriptorLayout.config;
+export type ConfigField = FieldName<"ls_model_config">;
 
-/** ls_tensor_span fields by name. */
-export interface SpanEdit {
-  offset?: bigint;
-  length?: bigint;
-  dtype?: number;
-  reserved?: number;
-}
+/** ls_tensor_span fields to change. */
+export type SpanEdit = Partial<Record<FieldName<"ls_tensor_span">, number | bigint>>;
 
 /** A copy of a descriptor with config fields and tensor spans changed. */
 export function editDescriptor(
   descriptor: Uint8Array,
   edit: { config?: Partial<Record<ConfigField, number>>; tensors?: Record<string, SpanEdit> },
 ): Uint8Array {
-  const out = descriptor.slice();
-  const view = new DataView(out.buffer);
-  for (const [field, value] of Object.entries(edit.config ?? {})) {
-    const f = descriptorLayout.config[field as ConfigField];
-    if (f.type === "f32") view.setFloat32(f.offset, value, true);
-    else view.setInt32(f.offset, value, true);
-  }
+  const desc = new StructView("ls_model_desc", descriptor.slice());
+  const config = desc.member("config", "ls_model_config");
+  for (const [field, value] of Object.entries(edit.config ?? {})) config.set(field as ConfigField, value);
   for (const [name, span] of Object.entries(edit.tensors ?? {})) {
-    const at = descriptorLayout.spanOffset(name);
-    if (span.offset !== undefined) view.setBigUint64(at, span.offset, true);
-    if (span.length !== undefined) view.setBigUint64(at + 8, span.length, true);
-    if (span.dtype !== undefined) view.setInt32(at + 16, span.dtype, true);
-    if (span.reserved !== undefined) view.setInt32(at + 20, span.reserved, true);
+    const view = tensorSpan(desc, name);
+    for (const [field, value] of Object.entries(span)) view.set(field as FieldName<"ls_tensor_span">, value);
   }
-  return out;
+  return desc.bytes;
 }
 
 /** A tensor's span as the descriptor holds it. */
 export function spanOf(descriptor: Uint8Array, name: string): { offset: bigint; length: bigint; dtype: number } {
-  const view = new DataView(descriptor.buffer, descriptor.byteOffset, descriptor.byteLength);
-  const at = descriptorLayout.spanOffset(name);
-  return { offset: view.getBigUint64(at, true), length: view.getBigUint64(at + 8, true), dtype: view.getInt32(at + 16, true) };
+  const span = tensorSpan(new StructView("ls_model_desc", descriptor), name);
+  return { offset: span.get("offset") as bigint, length: span.get("length") as bigint, dtype: span.get("dtype") as number };
 }

@@ -4,6 +4,7 @@
 // whatever the batch split or thread count), sliding window, rollback.
 import { beforeAll, describe, expect, test } from "bun:test";
 import { join } from "node:path";
+import { LS_ERR_ARG, LS_ERR_FULL, LS_ERR_STATE } from "../../src/engine/abi.generated.ts";
 import { NativeError, type SimdChoice } from "../../src/engine/binding.ts";
 import { argmax, ReferenceModel } from "../../src/model/reference.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
@@ -230,22 +231,22 @@ describe("argument checks", () => {
           }
           return 0;
         };
-        expect(code(() => s.forward(Int32Array.of(shape.vocabSize), 3))).toBe(-1);
-        expect(code(() => s.forward(Int32Array.of(-1), 3))).toBe(-1);
-        expect(code(() => s.forward(Int32Array.of(1), 0))).toBe(-1);
-        expect(code(() => s.forward(Int32Array.of(1), 4))).toBe(-1);
-        expect(code(() => s.forward(new Int32Array(0), 3))).toBe(-1);
-        expect(code(() => s.forward(Int32Array.of(1, 2), 3, new Float32Array(3 * shape.vocabSize), 3))).toBe(-1);
-        expect(code(() => s.forward(new Int32Array(9), 3))).toBe(-2);
+        expect(code(() => s.forward(Int32Array.of(shape.vocabSize), 3))).toBe(LS_ERR_ARG);
+        expect(code(() => s.forward(Int32Array.of(-1), 3))).toBe(LS_ERR_ARG);
+        expect(code(() => s.forward(Int32Array.of(1), 0))).toBe(LS_ERR_ARG);
+        expect(code(() => s.forward(Int32Array.of(1), 4))).toBe(LS_ERR_ARG);
+        expect(code(() => s.forward(new Int32Array(0), 3))).toBe(LS_ERR_ARG);
+        expect(code(() => s.forward(Int32Array.of(1, 2), 3, new Float32Array(3 * shape.vocabSize), 3))).toBe(LS_ERR_ARG);
+        expect(code(() => s.forward(new Int32Array(9), 3))).toBe(LS_ERR_FULL);
         expect(s.pos).toBe(0);
         s.forward(Int32Array.of(1, 2, 3), 2); // loop 2 now lacks these positions
-        expect(code(() => s.forward(Int32Array.of(4), 3))).toBe(-4);
+        expect(code(() => s.forward(Int32Array.of(4), 3))).toBe(LS_ERR_STATE);
         s.forward(Int32Array.of(4), 2); // fewer loops is fine
-        expect(code(() => s.rollback(5))).toBe(-1);
+        expect(code(() => s.rollback(5))).toBe(LS_ERR_ARG);
         s.rollback(0); // truncates every loop: all three loops usable again
         s.forward(Int32Array.of(1, 2, 3, 4, 5, 6, 7, 8), 3);
-        expect(code(() => s.forward(Int32Array.of(1), 3))).toBe(-2);
-        expect(code(() => s.step(Int32Array.of(1), 3, -1, 0, 1, 1, 0))).toBe(-1);
+        expect(code(() => s.forward(Int32Array.of(1), 3))).toBe(LS_ERR_FULL);
+        expect(code(() => s.step(Int32Array.of(1), 3, -1, 0, 1, 1, 0))).toBe(LS_ERR_ARG);
       }),
     );
   });

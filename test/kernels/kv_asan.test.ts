@@ -6,6 +6,7 @@
 // vector tails (head_dim 40: a short int4 group and a partial vector; 16 and
 // 64). No sanitizer report, and the driver's own bit-exactness checks pass.
 import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { LS_SIMD_AVX2, LS_SIMD_AVX512, LS_SIMD_PORTABLE } from "../../src/engine/abi.generated.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
 import { writeDescriptor } from "../helpers/model_descriptor.ts";
 import { tinyModelPath } from "../helpers/models.ts";
@@ -31,7 +32,7 @@ describe("cache modes under ASan/UBSan", () => {
       const path = writeDescriptor(tinyModelPath(shape));
       const hd = shape.dim / shape.nHeads;
       let ran = 0;
-      for (const simd of ["1", "2", "3"]) {
+      for (const simd of [LS_SIMD_PORTABLE, LS_SIMD_AVX2, LS_SIMD_AVX512].map(String)) {
         const r = runSanitized(driver, [path, simd]);
         if (r.code === 3) continue; // path not on this CPU
         if (r.code !== 0) throw new Error(`kv_driver exit ${r.code} (simd ${simd}):\n${r.stdout}${r.stderr}`);

@@ -7,9 +7,11 @@
 import { beforeAll, describe, expect, test } from "bun:test";
 import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { NativeError, NativeModel, type NativeSession, SPEC_FLAGS, type SimdChoice, type SpecCycleParams } from "../../src/engine/binding.ts";
+import { LS_SIMD_AVX2, LS_SIMD_AVX512, LS_SIMD_PORTABLE } from "../../src/engine/abi.generated.ts";
+import { NativeError, NativeModel, type NativeSession, type SimdChoice, type SpecCycleParams } from "../../src/engine/binding.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
+import { LS_SPEC_TEST_ACCEPT_ALL } from "../helpers/abi_testing.generated.ts";
 import { writeDescriptor } from "../helpers/model_descriptor.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
 import { runSanitized, sanitizedDriver } from "../helpers/sanitized.ts";
@@ -516,7 +518,7 @@ describe("speculative sampling preserves the output distribution", () => {
         expect(specFit.pairs.stat).toBeLessThan(critical(specFit.pairs.df));
         expect(specFit.third.stat).toBeLessThan(critical(specFit.third.df));
         // Power: the same test on a sampler that skips the acceptance rule fails.
-        const broken = fit(m, PROMPT_SMALL, s, draws(m, PROMPT_SMALL, s, "speculative", SPEC_FLAGS.testAcceptAll));
+        const broken = fit(m, PROMPT_SMALL, s, draws(m, PROMPT_SMALL, s, "speculative", LS_SPEC_TEST_ACCEPT_ALL));
         expect(passes(broken)).toBe(false);
       });
     });
@@ -550,7 +552,7 @@ describe("speculative cycles under ASan/UBSan", () => {
       quantizeModelFile(fp16, quantized, { quant: "int4", head: "int8", groupSize: 32 });
       for (const model of [fp16, quantized]) {
         writeDescriptor(model);
-        for (const simd of ["1", "2", "3"]) {
+        for (const simd of [LS_SIMD_PORTABLE, LS_SIMD_AVX2, LS_SIMD_AVX512].map(String)) {
           const r = runSanitized(driver, [model, simd]);
           const out = `${r.stdout}${r.stderr}`;
           if (/requested but the CPU lacks/.test(out)) continue;

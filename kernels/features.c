@@ -1,0 +1,8 @@
+/*
+ * features.c — the optional capabilities of libloopserve.so (loopserve.h,
+ * ls_features): the CPU library implements all of them. The CUDA library
+ * reports its own set (kernels/cuda/features.cu).
+ */
+#include "loopserve.h"
+
+int32_t ls_features(void) { return LS_FEATURE_SPECULATIVE | LS_FEATURE_PROFILE | LS_FEATURE_KV_COMPRESSED; }
