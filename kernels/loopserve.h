@@ -375,11 +375,10 @@ int32_t ls_session_forward(ls_session *s, const int32_t *tokens, int32_t n,
  * it). Everything else a step depends on is the session's own: its
  * position, window, cache mode and token history.
  *
- * This is also the per-row settings of a batched step to come, one call
- * advancing many sessions — ls_batch_step(sessions[], rows[], n) with a row
- * of {tokens, n, ls_step_params, logits_out} per session, each row with its
- * own position, depth, window and sampling — so a row's settings must stay
- * expressible in this struct alone. Not implemented yet. */
+ * A row's settings must stay expressible in this struct alone: a batched
+ * entry point advancing many sessions in one call would take one of these
+ * per row ({tokens, n, ls_step_params, logits_out}), each row keeping its
+ * own position, depth, window and sampling. */
 typedef struct {
     int32_t loops;            /* 1..the session's loops */
     int32_t top_k;            /* 0 = all */
