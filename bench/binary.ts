@@ -15,8 +15,9 @@
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
-import { benchModel } from "./models.ts";
-import { median, printTable, type Row, writeJson } from "./report.ts";
+import { benchModel } from "../src/bench/models.ts";
+import { median, printTable, type Row } from "../src/bench/table.ts";
+import { writeJson } from "./report.ts";
 
 const ROOT = resolve(import.meta.dir, "..");
 const DIST = join(ROOT, "dist", "loopserve");
@@ -26,7 +27,7 @@ export interface BinaryBenchOptions {
   binary?: string;
   /** Run `bun build.ts` first. Default: only when the binary is missing. */
   build?: boolean;
-  /** Model served; default the benchmark model (bench/models.ts). */
+  /** Model served; default the benchmark model (src/bench/models.ts). */
   modelPath?: string;
   /** Starts per case; the median is reported. */
   runs?: number;

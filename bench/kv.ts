@@ -8,12 +8,14 @@
 //
 // `bun bench/kv.ts` prints the table and writes bench/results/kv.json;
 // bench/run.ts can call measureKv() for its own report.
+import { kernelLibrary } from "../src/bench/engine.ts";
+import { benchModel } from "../src/bench/models.ts";
+import { median, printTable, type Row } from "../src/bench/table.ts";
 import { type KvCacheSettings, NativeModel, type SimdChoice } from "../src/engine/binding.ts";
-import { KV_CACHE_MODES, kvBytesPerToken } from "../src/model/kvcache.ts";
-import { kernelLibrary } from "./engine.ts";
-import { benchModel } from "./models.ts";
+import { KV_CACHE_MODES } from "../src/model/kvcache.ts";
+import { kvBytesPerToken } from "../test/reference/kvcache.ts";
 import { compareLogits, prompt, quantizedPath } from "./quant.ts";
-import { median, printTable, type Row, writeJson } from "./report.ts";
+import { writeJson } from "./report.ts";
 
 export interface KvBenchOptions {
   modes?: KvCacheSettings[];

@@ -8,13 +8,14 @@
 // bench/run.ts can call measureQuant() for its own report.
 import { existsSync, statSync } from "node:fs";
 import { basename, dirname, join } from "node:path";
+import { kernelLibrary, measureEngine } from "../src/bench/engine.ts";
+import { benchModel } from "../src/bench/models.ts";
+import { printTable, type Row } from "../src/bench/table.ts";
 import { NativeModel, type SimdChoice } from "../src/engine/binding.ts";
 import { type HeadQuant, quantizeModelFile, type WeightQuant } from "../src/model/quantize.ts";
-import { argmax } from "../src/model/reference.ts";
-import { kernelLibrary, measureEngine } from "./engine.ts";
+import { argmax } from "../test/reference/forward.ts";
 import { klDivergence, logSumExp } from "./logits.ts";
-import { benchModel } from "./models.ts";
-import { printTable, type Row, writeJson } from "./report.ts";
+import { writeJson } from "./report.ts";
 
 export interface WeightFormat {
   quant: "fp16" | WeightQuant;

@@ -3,18 +3,13 @@
 // /healthz, /metrics and stream writes keep flowing.
 import { existsSync } from "node:fs";
 import { log } from "../log.ts";
-import type { EngineRunOptions } from "../scheduler/scheduler.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveCudaLibrary, resolveKernelLibrary } from "./library.ts";
 import type { KvCacheMode } from "../model/kvcache.ts";
 import { cudaDeviceCount, formatProfile, type KvCacheSettings, NativeError, NativeModel, type NativeSession, type SimdChoice } from "./binding.ts";
+import { EngineLoadError, EngineRequestError } from "./errors.ts";
 import { MAX_TOP_LOGPROBS, type TokenLogprob, tokenLogprob } from "./logprobs.ts";
 import { cycleParams, type DraftOptions, planSpeculative, SPEC_SESSION_SLACK, SpecCounter, type SpecPlan } from "./speculative.ts";
-import type { FinishReason, GenerateRequest, GenerateResult, ModelInfo, TokenSink } from "./types.ts";
-
-export class EngineLoadError extends Error {}
-
-/** A request the engine refuses (bad token id, loops beyond the model...). */
-export class EngineRequestError extends Error {}
+import type { EngineRunOptions, FinishReason, GenerateRequest, GenerateResult, ModelInfo, TokenSink } from "./types.ts";
 
 export interface EngineOptions {
   modelPath: string;

@@ -10,7 +10,7 @@
 // ids / max_tokens cut a cycle's tokens where plain decoding would have
 // stopped; cycles never draft past max_tokens.
 import { SPEC_FLAGS, type SpecCycleParams, type SpecCycleStats } from "./binding.ts";
-import { EngineRequestError } from "./engine.ts";
+import { EngineRequestError } from "./errors.ts";
 import type { GenerateRequest, GenerationMode, SpeculativeStats } from "./types.ts";
 
 export const SPEC_LIMITS = {

@@ -92,3 +92,27 @@ export type TokenSink = (tokenId: number, logprob?: TokenLogprob) => boolean | v
 
 /** Receives the prompt's log-probabilities (GenerateResult.promptLogprobs) as soon as they are known, before any token. */
 export type PromptLogprobSink = (entries: (TokenLogprob | null)[]) => void;
+
+/** Per-run prefix-cache instructions from the scheduler to the engine. */
+export interface EngineRunOptions<S> {
+  /**
+   * Start from this pooled cache state instead of an empty cache: restore the
+   * snapshot and keep its first `length` positions, which hold exactly
+   * promptTokens[0, length) (1 <= length < promptTokens.length) computed with
+   * at least req.loops loops, the same cache mode and req.cacheWindow; then
+   * prefill promptTokens[length..]. The engine only reads the snapshot, and
+   * only during this call; the pool keeps ownership.
+   */
+  prefix?: { snapshot: S; length: number };
+  /**
+   * When given, call it at most once, after the whole prompt is in the cache
+   * and before the first token is sampled or sent, with a new snapshot of the
+   * cache holding positions [0, promptTokens.length) at req.loops loops.
+   * Ownership passes to the callee (the pool releases it when evicted). An
+   * engine that cannot snapshot this run (e.g. a wrapped sliding window) just
+   * does not call it.
+   */
+  capture?: (snapshot: S) => void;
+  /** Passed on from SubmitOptions: where a prompt-scoring request's prompt log-probabilities go first. */
+  onPromptLogprobs?: PromptLogprobSink;
+}

@@ -14,7 +14,7 @@ import { CloneType, type TObject } from "@sinclair/typebox";
 import { TypeCompiler } from "@sinclair/typebox/compiler";
 import type { ValueError } from "@sinclair/typebox/errors";
 import { ValueErrorType } from "@sinclair/typebox/errors";
-import { EngineRequestError } from "../engine/engine.ts";
+import { EngineRequestError } from "../engine/errors.ts";
 import { log } from "../log.ts";
 import { currentRequest, requestPath } from "./request_context.ts";
 

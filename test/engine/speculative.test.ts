@@ -6,7 +6,8 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { Engine, EngineRequestError, type KvSnapshot } from "../../src/engine/engine.ts";
+import { Engine, type KvSnapshot } from "../../src/engine/engine.ts";
+import { EngineRequestError } from "../../src/engine/errors.ts";
 import type { GenerateRequest, GenerateResult, GenerationMode, SamplingParams } from "../../src/engine/types.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
 import { tinyModelPath } from "../helpers/models.ts";

@@ -7,10 +7,10 @@
 import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { closeSync, ftruncateSync, openSync, readFileSync, writeFileSync, writeSync } from "node:fs";
 import { join } from "node:path";
-import { ReferenceModel } from "../../src/model/reference.ts";
 import { type SyntheticOptions, writeSyntheticModel } from "../../src/model/synthetic.ts";
 import { testTempDir } from "../helpers/models.ts";
 import { runSanitized, type SanitizedRun, sanitizedDriver } from "../helpers/sanitized.ts";
+import { ReferenceModel } from "../reference/forward.ts";
 
 const TOL = 1e-3; // max|c - r| / max|r| against the float64 reference
 

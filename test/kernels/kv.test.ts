@@ -1,4 +1,4 @@
-// Key/value cache modes (DESIGN.md §3; kernels/kvcache.c, src/model/kvcache.ts):
+// Key/value cache modes (DESIGN.md §3; kernels/kvcache.c, test/reference/kvcache.ts):
 //
 // - one row's encoding: the C encoder and the TypeScript one agree bit for
 //   bit, and the round-trip error stays within each format's bound;
@@ -18,20 +18,14 @@ import { beforeAll, describe, expect, test } from "bun:test";
 import { dlopen, FFIType } from "bun:ffi";
 import { join, resolve } from "node:path";
 import { type KvCacheSettings, NativeModel, type SimdChoice } from "../../src/engine/binding.ts";
-import { Engine, EngineLoadError, EngineRequestError } from "../../src/engine/engine.ts";
+import { Engine } from "../../src/engine/engine.ts";
+import { EngineLoadError, EngineRequestError } from "../../src/engine/errors.ts";
 import type { GenerateRequest } from "../../src/engine/types.ts";
 import { f16BitsToNumber } from "../../src/model/fp16.ts";
-import {
-  decodeKvRow,
-  encodeKvRow,
-  KV_CACHE_MODES,
-  KV_GROUP,
-  type KvCacheMode,
-  kvBytesPerToken,
-  whtF32,
-} from "../../src/model/kvcache.ts";
-import { ReferenceModel } from "../../src/model/reference.ts";
+import { KV_CACHE_MODES, type KvCacheMode } from "../../src/model/kvcache.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
+import { ReferenceModel } from "../reference/forward.ts";
+import { decodeKvRow, encodeKvRow, KV_GROUP, kvBytesPerToken, whtF32 } from "../reference/kvcache.ts";
 import { expectBitIdentical, feedInCalls, LIB, relErr, supportedPaths, tokensFor, withModel, withSession } from "../helpers/kernels.ts";
 import { tinyModelPath } from "../helpers/models.ts";
 

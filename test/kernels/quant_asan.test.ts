@@ -9,10 +9,10 @@ import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
-import { ReferenceModel } from "../../src/model/reference.ts";
 import { type SyntheticOptions, writeSyntheticModel } from "../../src/model/synthetic.ts";
 import { testTempDir } from "../helpers/models.ts";
 import { runSanitized, type SanitizedRun, sanitizedDriver } from "../helpers/sanitized.ts";
+import { ReferenceModel } from "../reference/forward.ts";
 
 const TOL = 2e-3; // as quant_forward.test.ts
 

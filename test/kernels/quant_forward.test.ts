@@ -10,10 +10,10 @@ import { join } from "node:path";
 import { NativeModel, type SimdChoice } from "../../src/engine/binding.ts";
 import { runModelCommand } from "../../src/model/cli.ts";
 import { type HeadQuant, quantizeModelFile, type WeightQuant } from "../../src/model/quantize.ts";
-import { ReferenceModel } from "../../src/model/reference.ts";
 import { type SyntheticOptions, writeSyntheticModel } from "../../src/model/synthetic.ts";
 import { expectBitIdentical, feedInCalls, LIB, relErr, supportedPaths, tokensFor, withModel } from "../helpers/kernels.ts";
 import { testTempDir } from "../helpers/models.ts";
+import { ReferenceModel } from "../reference/forward.ts";
 
 // Against the float64 reference (same dequantized weights, same int8
 // activations): the kernels' fp32 sums differ in rounding, and where an

@@ -5,7 +5,7 @@
 // (or, in a compressed cache mode, rotated / quantized exactly as the
 // kernels store them: kvcache.ts storedKvRow), and in a quantized model
 // (int4 / int2 block, int8 head) each input row of a quantized matrix is
-// quantized to int8 as the kernels do it (quantize.ts: quantizedMatvec),
+// quantized to int8 as the kernels do it (quant.ts: quantizedMatvec),
 // against the exactly dequantized weights. In the H cache modes q is
 // rotated by the same Walsh–Hadamard transform and each head's output
 // rotated back (in float64: the rotation is orthonormal).
@@ -20,11 +20,12 @@
 //     h += (silu(x·W1^T) * (x·W3^T)) · W2^T
 //   logits = rmsnorm(h, norm) · Wout^T
 
-import { f16ArrayToF32, roundToF16 } from "./fp16.ts";
-import { loadModelFile, loadQuantModelFile, MAX_LOOPS, type ModelConfig, QUANT_MATRICES } from "./format.ts";
-import { type KvCacheMode, type KvModeSpec, kvModeSpec, storedKvRow, whtF64 } from "./kvcache.ts";
-import { dequantize, quantizedMatvec } from "./quantize.ts";
-import { readSafetensors } from "./safetensors.ts";
+import { f16ArrayToF32, roundToF16 } from "../../src/model/fp16.ts";
+import { loadModelFile, loadQuantModelFile, MAX_LOOPS, type ModelConfig, QUANT_MATRICES } from "../../src/model/format.ts";
+import { type KvCacheMode, type KvModeSpec, kvModeSpec } from "../../src/model/kvcache.ts";
+import { readSafetensors } from "../../src/model/safetensors.ts";
+import { storedKvRow, whtF64 } from "./kvcache.ts";
+import { dequantize, quantizedMatvec } from "./quant.ts";
 
 // ---- building blocks (exported for tests) ----
 
