@@ -11,7 +11,8 @@
 import { kernelLibrary } from "../src/bench/engine.ts";
 import { benchModel } from "../src/bench/models.ts";
 import { median, printTable, type Row } from "../src/bench/table.ts";
-import { type KvCacheSettings, NativeModel, type SimdChoice } from "../src/engine/binding.ts";
+import { type KvCacheSettings, NativeModel } from "../src/engine/binding.ts";
+import type { SimdChoice } from "../src/engine/types.ts";
 import { KV_CACHE_MODES } from "../src/model/kvcache.ts";
 import { kvBytesPerToken } from "../test/reference/kvcache.ts";
 import { compareLogits, prompt, quantizedPath } from "./quant.ts";

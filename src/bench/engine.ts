@@ -1,8 +1,9 @@
 // Engine throughput: prefill and decode tokens/s of the C kernels on a model
 // file, one row per thread count (`loopserve bench`, `bun run bench`).
 import { join } from "node:path";
-import { formatProfile, NativeModel, type SimdChoice } from "../engine/binding.ts";
+import { formatProfile, NativeModel } from "../engine/binding.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "../engine/library.ts";
+import type { SimdChoice } from "../engine/types.ts";
 import type { ProgressCallback } from "../progress.ts";
 import { promptOf } from "./models.ts";
 import { median, type Row } from "./table.ts";

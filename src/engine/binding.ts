@@ -3,6 +3,7 @@
 // One FFI call per engine step: forward/step take whole token batches.
 import { dlopen, FFIType, type Pointer } from "bun:ffi";
 import { type KvCacheMode, kvModeCode, kvModeSpec } from "../model/kvcache.ts";
+import type { ModelFileInfo, ModelInfo, SimdChoice } from "./types.ts";
 
 const { i32, u64, f32, ptr, void: none, cstring } = FFIType;
 
@@ -33,10 +34,9 @@ const specSymbols = {
 
 export const ABI_VERSION = 1;
 
-export const SIMD_CODES = { auto: 0, portable: 1, avx2: 2, avx512: 3 } as const;
-export type SimdChoice = keyof typeof SIMD_CODES;
+export const SIMD_CODES: Record<SimdChoice, number> = { auto: 0, portable: 1, avx2: 2, avx512: 3 };
 
-const QUANT_NAMES = ["fp16", "int4", "int2"] as const;
+const QUANT_NAMES: readonly ModelFileInfo["quant"][] = ["fp16", "int4", "int2"];
 
 const ERROR_NAMES: Record<number, string> = {
   [-1]: "invalid argument",
@@ -147,24 +147,6 @@ export function cudaDeviceCount(path: string): number {
   return dlopen(path, { ls_cuda_device_count: { args: [], returns: i32 } }).symbols.ls_cuda_device_count();
 }
 
-export interface NativeModelInfo {
-  dim: number;
-  nHeads: number;
-  nKvHeads: number;
-  headDim: number;
-  ffnDim: number;
-  vocabSize: number;
-  defaultLoops: number;
-  maxSeqLen: number;
-  ropeTheta: number;
-  normEps: number;
-  quant: (typeof QUANT_NAMES)[number];
-  groupSize: number;
-  tiedOutput: boolean;
-  simd: string;
-  threads: number;
-}
-
 /** A session's key/value cache mode (ls_session_new_kv's kv_mode). */
 export interface KvCacheSettings {
   mode: KvCacheMode;
@@ -176,12 +158,11 @@ export const FP16_CACHE: KvCacheSettings = { mode: "fp16" };
 
 const MODEL_INFO_FIELDS = 16; // ls_model_info: 16 x 32-bit fields
 
-/** What a model file says about itself (ls_model_info without the runtime's simd and threads). */
-export type ModelFileInfo = Omit<NativeModelInfo, "simd" | "threads">;
-
+/** ls_model_info without the runtime's simd and threads. */
 function fileInfo(raw: Int32Array): ModelFileInfo {
   const f = new Float32Array(raw.buffer);
   return {
+    arch: "looped-llama",
     dim: raw[0],
     nHeads: raw[1],
     nKvHeads: raw[2],
@@ -211,7 +192,7 @@ export function checkModelFile(libraryPath: string, modelPath: string): ModelFil
 }
 
 export class NativeModel {
-  readonly info: NativeModelInfo;
+  readonly info: ModelInfo;
   private handle: Pointer | null;
 
   private constructor(

@@ -11,7 +11,7 @@
 // stopped; cycles never draft past max_tokens.
 import { SPEC_FLAGS, type SpecCycleParams, type SpecCycleStats } from "./binding.ts";
 import { EngineRequestError } from "./errors.ts";
-import type { GenerateRequest, GenerationMode, SpeculativeStats } from "./types.ts";
+import type { GenerateRequest, SpeculativeMode, SpeculativeStats } from "./types.ts";
 
 export const SPEC_LIMITS = {
   loops: 64, // draft and verify depth
@@ -34,7 +34,7 @@ export type DraftHead = "shortlist" | "exact";
 
 /** A speculative request's resolved settings. */
 export interface SpecPlan {
-  mode: Exclude<GenerationMode, "generate">;
+  mode: SpeculativeMode;
   draftLoops: number;
   verifyLoops: number;
   draftAhead: number;

@@ -1,23 +1,20 @@
 // The engine's contract with everything above it (scheduler, HTTP). No FFI
 // pointers cross this line; no HTTP objects cross it the other way.
+import type { ModelConfig } from "../model/format.ts";
 import type { TokenLogprob } from "./logprobs.ts";
 
 export type { TokenLogprob } from "./logprobs.ts";
 
-export interface ModelInfo {
-  arch: string; // "looped-llama"
-  dim: number;
-  nHeads: number;
-  nKvHeads: number;
-  headDim: number;
-  ffnDim: number;
-  vocabSize: number;
-  defaultLoops: number;
-  maxSeqLen: number;
-  quant: "fp16" | "int4" | "int2";
-  groupSize: number;
-  tiedOutput: boolean;
-  simd: string; // SIMD path in use: "portable" | "avx2" | "avx512"
+/** SIMD paths of the CPU kernels a model may be loaded with ("auto": the best this CPU runs). */
+export const SIMD_CHOICES = ["auto", "portable", "avx2", "avx512"] as const;
+export type SimdChoice = (typeof SIMD_CHOICES)[number];
+
+/** What a model file says about itself, as the loader read it. */
+export type ModelFileInfo = Omit<ModelConfig, "formatVersion" | "tokenizer">;
+
+/** A loaded model: its file's description and the runtime serving it. */
+export interface ModelInfo extends ModelFileInfo {
+  simd: string; // SIMD path in use: "portable" | "avx2" | "avx512" ("cuda" on the GPU)
   threads: number;
 }
 
@@ -30,7 +27,9 @@ export interface SamplingParams {
 }
 
 /** Generation paths (DESIGN.md §4). */
-export type GenerationMode = "generate" | "speculative" | "tree_speculative";
+export const GENERATION_MODES = ["generate", "speculative", "tree_speculative"] as const;
+export type GenerationMode = (typeof GENERATION_MODES)[number];
+export type SpeculativeMode = Exclude<GenerationMode, "generate">;
 
 export interface GenerateRequest {
   promptTokens: number[];

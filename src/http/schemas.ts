@@ -6,6 +6,7 @@
 // optional fields a null default, and many clients send null for "not set").
 import { type Static, type TSchema, Type as T } from "@sinclair/typebox";
 import { MAX_TOP_LOGPROBS } from "../engine/logprobs.ts";
+import { GENERATION_MODES } from "../engine/types.ts";
 
 const optional = <S extends TSchema>(schema: S) => T.Optional(T.Union([schema, T.Null()]));
 
@@ -178,8 +179,7 @@ export type CompletionBody = Static<typeof CompletionBody>;
 
 // ---- extended family: /api/v0/* (SPEC.md §4) = compat fields + these ----
 
-export const GenerationMode = T.Union([T.Literal("generate"), T.Literal("speculative"), T.Literal("tree_speculative")]);
-export type GenerationMode = Static<typeof GenerationMode>;
+const GenerationModeSchema = T.Union(GENERATION_MODES.map((mode) => T.Literal(mode)));
 
 /** Self-speculative decoding knobs; ranges as the native endpoints give them (SPEC.md §8). */
 export const SpeculativeFields = {
@@ -199,7 +199,7 @@ export const EXTENDED_DEFAULTS = {
 } as const;
 
 export const ExtendedFields = {
-  mode: optional(GenerationMode),
+  mode: optional(GenerationModeSchema),
   ...SpeculativeFields,
   // Upper bound SERVICE_MAX_SEQ_LEN is checked at run time (it is configuration).
   cache_window: optional(T.Integer({ minimum: 0 })),

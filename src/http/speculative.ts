@@ -10,7 +10,7 @@
 import { type Static, Type as T } from "@sinclair/typebox";
 import { Elysia } from "elysia";
 import type { Config } from "../config.ts";
-import type { GenerateRequest } from "../engine/types.ts";
+import type { GenerateRequest, SpeculativeMode } from "../engine/types.ts";
 import { badRequest, validatedBody } from "./errors.ts";
 import {
   type AppDeps,
@@ -23,7 +23,7 @@ import {
   stopTokenIds,
 } from "./generation.ts";
 import { logprobsField, logprobsKnob, nativeStats } from "./native.ts";
-import { NATIVE_DEFAULTS as D, EXTENDED_DEFAULTS as E, GenerateBody, type GenerationMode, SpeculativeFields } from "./schemas.ts";
+import { NATIVE_DEFAULTS as D, EXTENDED_DEFAULTS as E, GenerateBody, SpeculativeFields } from "./schemas.ts";
 
 // ---- request bodies: /generate's fields plus the knobs (ranges of SPEC.md §8) ----
 
@@ -39,8 +39,6 @@ export type TreeSpeculativeBody = Static<typeof TreeSpeculativeBody>;
 export const MAX_TREE_NODES = 64;
 
 // ---- knobs → engine request fields (shared with the extended family) ----
-
-export type SpeculativeMode = Exclude<GenerationMode, "generate">;
 
 export interface SpeculativeKnobs {
   draft_loops?: number | null;

@@ -7,7 +7,8 @@
 
 import { statSync } from "node:fs";
 import { libraryConfig } from "../config.ts";
-import { checkModelFile, type ModelFileInfo } from "../engine/binding.ts";
+import { checkModelFile } from "../engine/binding.ts";
+import type { ModelFileInfo } from "../engine/types.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "../engine/library.ts";
 import { type ProgressStream, withProgress } from "../progress.ts";
 import { checkQuantTensors, GROUP_SIZES, MAX_LOOPS, parseModelConfig } from "./format.ts";

@@ -2,12 +2,12 @@
 // (api/v0/completions), streamed as it is generated, with every knob of
 // the extended API's modes (plain, speculative, tree speculative) and each
 // reply's statistics, live while it streams and the server's at the end.
+import type { GenerationMode } from "../engine/types.ts";
 import { ApiError, type ModelSummary, postStream } from "./api.ts";
 import { byId, el, numberOf, stat } from "./dom.ts";
 import { ReplyTiming, timingStats } from "./timing.ts";
 
 type Kind = "chat" | "completion";
-type Mode = "generate" | "speculative" | "tree_speculative";
 
 interface Message {
   role: "user" | "assistant";
@@ -18,7 +18,7 @@ interface Message {
 interface ServerStats {
   completion_tokens: number;
   tokens_per_second: number;
-  mode: Mode;
+  mode: GenerationMode;
   loops_used: number;
   accepted_per_cycle?: number;
   draft_tokens?: number;
@@ -68,7 +68,7 @@ export function setUpGenerate(model: ModelSummary): void {
   let history: Message[] = [];
   let running: AbortController | null = null;
   const kind = (): Kind => ((knobs.elements.namedItem("kind") as RadioNodeList).value === "completion" ? "completion" : "chat");
-  const currentMode = (): Mode => mode.value as Mode;
+  const currentMode = (): GenerationMode => mode.value as GenerationMode;
 
   // Only the knobs of the chosen mode are shown; the tree is greedy only.
   const showModeKnobs = () => {

@@ -4,7 +4,8 @@
 import { expect } from "bun:test";
 import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { type KvCacheSettings, NativeModel, type NativeSession, type SimdChoice } from "../../src/engine/binding.ts";
+import { type KvCacheSettings, NativeModel, type NativeSession } from "../../src/engine/binding.ts";
+import type { SimdChoice } from "../../src/engine/types.ts";
 
 const ROOT = resolve(import.meta.dir, "../..");
 export const LIB = join(ROOT, "build", "libloopserve.so");

@@ -1,10 +1,20 @@
 // Starts a REAL loopserve process (`bun src/cli.ts serve`) on 127.0.0.1 and a
 // free port, with a tiny synthetic model by default, and waits until it
 // answers /healthz (200, or 503 when it was started without a usable model).
-// Every HTTP test file shares this helper.
+// Every HTTP test file shares this helper. For what no process can be made
+// to do (an engine that fails on purpose, a configuration no environment
+// gives), inProcessApp builds the same app in this process around a
+// stand-in engine.
 import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { tinyModelPath } from "./models.ts";
+import { type Config, loadConfig } from "../../src/config.ts";
+import type { ModelInfo } from "../../src/engine/types.ts";
+import { frontDoor } from "../../src/http/front_door.ts";
+import type { GenerationEngine } from "../../src/http/generation.ts";
+import { ServiceMetrics } from "../../src/metrics.ts";
+import { createApp } from "../../src/server.ts";
+import { Tokenizer } from "../../src/tokenizer.ts";
+import { TINY, tinyModelPath } from "./models.ts";
 
 const ROOT = resolve(import.meta.dir, "../..");
 const ENTRY = existsSync(join(ROOT, "src/cli.ts")) ? ["src/cli.ts", "serve"] : ["src/serve.ts"];
@@ -100,5 +110,44 @@ export async function startServer(opts: ServerOptions = {}): Promise<TestServer>
       if (proc.exitCode === null) proc.kill("SIGTERM");
       return await proc.exited;
     },
+  };
+}
+
+/** What a server reports for the TINY model: a stand-in engine's description. */
+export const TINY_MODEL_INFO: ModelInfo = {
+  arch: "looped-llama",
+  dim: TINY.dim,
+  nHeads: TINY.nHeads,
+  nKvHeads: TINY.nKvHeads,
+  headDim: TINY.dim / TINY.nHeads,
+  ffnDim: TINY.ffnDim,
+  vocabSize: TINY.vocabSize,
+  defaultLoops: TINY.loops,
+  maxSeqLen: 2048,
+  ropeTheta: 10000,
+  normEps: 1e-5,
+  quant: "fp16",
+  groupSize: 0,
+  tiedOutput: false,
+  simd: "portable",
+  threads: 1,
+};
+
+export interface InProcessApp {
+  /** One request through the front door and the routes, as the server handles it. */
+  handle(request: Request): Promise<Response>;
+  /** POSTs a JSON body to `path`. */
+  post(path: string, body: unknown): Promise<Response>;
+}
+
+/** The server's app in this process (no port, no model file), around `engine`; the configuration of an empty environment by default. */
+export async function inProcessApp(engine: GenerationEngine, config: Config = loadConfig({})): Promise<InProcessApp> {
+  const metrics = new ServiceMetrics({ maxSeqLen: config.maxSeqLen, defaultLoops: engine.info.defaultLoops, processMetrics: false });
+  const app = createApp({ config, tokenizer: await Tokenizer.load(), engine, loadError: null, metrics });
+  const handle = frontDoor(config, (req) => app.handle(req));
+  return {
+    handle,
+    post: (path, body) =>
+      handle(new Request(`http://localhost${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) })),
   };
 }

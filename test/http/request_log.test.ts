@@ -5,15 +5,10 @@
 // refusals (4xx, 503 when overloaded or shutting down) without a stack trace;
 // a real fault (500) with exactly one.
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, spyOn, test } from "bun:test";
-import { loadConfig } from "../../src/config.ts";
 import type { GenerationEngine } from "../../src/http/generation.ts";
-import { frontDoor } from "../../src/http/front_door.ts";
 import { log } from "../../src/log.ts";
-import { ServiceMetrics } from "../../src/metrics.ts";
-import { createApp } from "../../src/server.ts";
-import { Tokenizer } from "../../src/tokenizer.ts";
 import { cancelOpenStreams, expect503, openStream, PROMPT, slowModelPath, startBlocker, waitFor, waitForQueueDepth } from "../helpers/scheduling.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { inProcessApp, startServer, TINY_MODEL_INFO, type TestServer } from "../helpers/server.ts";
 
 setDefaultTimeout(60_000);
 
@@ -204,16 +199,13 @@ describe("json format", () => {
 
 describe("a real fault (500)", () => {
   test("the 500 answer, one error line with exactly one stack trace, and the request line", async () => {
-    const config = loadConfig({});
     const engine: GenerationEngine = {
-      info: { arch: "looped-llama", dim: 64, nHeads: 4, nKvHeads: 2, headDim: 16, ffnDim: 128, vocabSize: 50257, defaultLoops: 4, maxSeqLen: 2048, quant: "fp16", groupSize: 0, tiedOutput: false, simd: "portable", threads: 1 },
+      info: TINY_MODEL_INFO,
       enqueue: () => {
         throw new TypeError("a bug in the scheduler");
       },
     };
-    const metrics = new ServiceMetrics({ maxSeqLen: config.maxSeqLen, defaultLoops: 4, processMetrics: false });
-    const app = createApp({ config, tokenizer: await Tokenizer.load(), engine, loadError: null, metrics });
-    const handle = frontDoor(config, (req) => app.handle(req));
+    const { handle } = await inProcessApp(engine);
     const out: string[] = [];
     const err: string[] = [];
     const logSpy = spyOn(console, "log").mockImplementation((s: string) => void out.push(s));

@@ -4,12 +4,10 @@
 // combination rule, the /metrics counters, and no trace left behind.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { loadConfig } from "../../src/config.ts";
-import type { GenerateResult, ModelInfo } from "../../src/engine/types.ts";
-import { ServiceMetrics } from "../../src/metrics.ts";
-import { createApp, type GenerationEngine } from "../../src/server.ts";
-import { Tokenizer } from "../../src/tokenizer.ts";
+import type { GenerateResult } from "../../src/engine/types.ts";
+import type { GenerationEngine } from "../../src/http/generation.ts";
 import { tinyModelPath } from "../helpers/models.ts";
-import { type ErrorResponse, startServer, type TestServer } from "../helpers/server.ts";
+import { type ErrorResponse, inProcessApp, startServer, TINY_MODEL_INFO, type TestServer } from "../helpers/server.ts";
 
 const MAX_SEQ_LEN = 256;
 // Untied, with small residual updates: shallow loops mostly agree with deep ones.
@@ -59,22 +57,6 @@ async function refused(path: string, body: Record<string, unknown>, status: numb
 
 const PROMPT = [464, 3290, 318, 257, 922, 1110, 11, 290];
 
-const TINY_INFO: ModelInfo = {
-  arch: "looped-llama",
-  dim: 64,
-  nHeads: 4,
-  nKvHeads: 2,
-  headDim: 16,
-  ffnDim: 128,
-  vocabSize: 50257,
-  defaultLoops: 8,
-  maxSeqLen: 2048,
-  quant: "fp16",
-  groupSize: 0,
-  tiedOutput: false,
-  simd: "portable",
-  threads: 1,
-};
 const TEXT_PROMPT = "The looped transformer said";
 
 describe("greedy speculative output equals /generate at loops = verify_loops", () => {
@@ -225,19 +207,15 @@ describe("validation", () => {
     // The HTTP checks alone: the app in-process with that configuration and an
     // engine that answers every admitted request with one token (test/http/
     // kv.test.ts runs a real server with a compressed cache).
-    const config = { ...loadConfig({}), kvCacheMode: "int8" as const };
     const engine: GenerationEngine = {
-      info: TINY_INFO,
+      info: TINY_MODEL_INFO,
       enqueue: (req, _opts, sink) => {
         sink(7);
         const result: GenerateResult = { tokens: [7], finishReason: "length", promptTokens: req.promptTokens.length, wallMs: 1, firstTokenMs: 1 };
         return { started: Promise.resolve(), result: Promise.resolve(result) };
       },
     };
-    const metrics = new ServiceMetrics({ maxSeqLen: config.maxSeqLen, defaultLoops: 8, processMetrics: false });
-    const app = createApp({ config, tokenizer: await Tokenizer.load(), engine, loadError: null, metrics });
-    const post = (path: string, body: unknown) =>
-      app.handle(new Request(`http://localhost${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) }));
+    const { post } = await inProcessApp(engine, { ...loadConfig({}), kvCacheMode: "int8" });
     const res = await post(T, { prompt: PROMPT, K_branches: 2 });
     expect(res.status).toBe(400);
     const e = (await res.json()) as ErrorResponse;

@@ -4,7 +4,8 @@
 // whatever the batch split or thread count), sliding window, rollback.
 import { beforeAll, describe, expect, test } from "bun:test";
 import { join } from "node:path";
-import { NativeError, type SimdChoice } from "../../src/engine/binding.ts";
+import { NativeError } from "../../src/engine/binding.ts";
+import type { SimdChoice } from "../../src/engine/types.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
 import { expectBitIdentical, feedInCalls, relErr, supportedPaths, tokensFor, withModel, withSession } from "../helpers/kernels.ts";
 import { tinyModelPath } from "../helpers/models.ts";

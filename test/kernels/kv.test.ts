@@ -17,10 +17,10 @@
 import { beforeAll, describe, expect, test } from "bun:test";
 import { dlopen, FFIType } from "bun:ffi";
 import { join, resolve } from "node:path";
-import { type KvCacheSettings, NativeModel, type SimdChoice } from "../../src/engine/binding.ts";
+import { type KvCacheSettings, NativeModel } from "../../src/engine/binding.ts";
 import { Engine } from "../../src/engine/engine.ts";
 import { EngineLoadError, EngineRequestError } from "../../src/engine/errors.ts";
-import type { GenerateRequest } from "../../src/engine/types.ts";
+import type { GenerateRequest, SimdChoice } from "../../src/engine/types.ts";
 import { f16BitsToNumber } from "../../src/model/fp16.ts";
 import { KV_CACHE_MODES, type KvCacheMode } from "../../src/model/kvcache.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";

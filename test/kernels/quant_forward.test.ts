@@ -7,7 +7,8 @@
 import { beforeAll, describe, expect, test } from "bun:test";
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { NativeModel, type SimdChoice } from "../../src/engine/binding.ts";
+import { NativeModel } from "../../src/engine/binding.ts";
+import type { SimdChoice } from "../../src/engine/types.ts";
 import { runModelCommand } from "../../src/model/cli.ts";
 import { type HeadQuant, quantizeModelFile, type WeightQuant } from "../../src/model/quantize.ts";
 import { type SyntheticOptions, writeSyntheticModel } from "../../src/model/synthetic.ts";

@@ -7,7 +7,8 @@
 import { beforeAll, describe, expect, test } from "bun:test";
 import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { NativeError, NativeModel, type NativeSession, SPEC_FLAGS, type SimdChoice, type SpecCycleParams } from "../../src/engine/binding.ts";
+import { NativeError, NativeModel, type NativeSession, SPEC_FLAGS, type SpecCycleParams } from "../../src/engine/binding.ts";
+import type { SimdChoice } from "../../src/engine/types.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
