@@ -10,7 +10,9 @@ import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFile
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import pkg from "../package.json" with { type: "json" };
+import { ChatCompletion, GenerateResponse } from "../src/http/responses.ts";
 import { CPU_LIBRARY_NAME, cachedLibraryName, cacheDirCandidates, extractLibrary, findKernelLibrary, KernelLibraryError, resolveKernelLibrary } from "../src/engine/library.ts";
+import { jsonBody } from "./helpers/http.ts";
 
 const ROOT = resolve(import.meta.dir, "..");
 const DIST = join(ROOT, "dist", "loopserve");
@@ -160,12 +162,7 @@ describe("the compiled executable, alone in an empty directory", () => {
         headers: { "content-type": "application/json" },
         body: JSON.stringify({ model: "tiny", messages: [{ role: "user", content: "Hello" }], max_tokens: 4, temperature: 0 }),
       });
-      expect(chat.status).toBe(200);
-      const c = (await chat.json()) as {
-        object: string;
-        choices: { message: { role: string; content: string } }[];
-        usage: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
-      };
+      const c = await jsonBody(chat, ChatCompletion);
       expect(c.object).toBe("chat.completion");
       expect(c.choices[0].message.role).toBe("assistant");
       expect(typeof c.choices[0].message.content).toBe("string");
@@ -176,19 +173,19 @@ describe("the compiled executable, alone in an empty directory", () => {
         headers: { "content-type": "application/json" },
         body: JSON.stringify({ prompt: "Hello world", max_tokens: 5, temperature: 0 }),
       });
-      expect(gen.status).toBe(200);
-      const g = (await gen.json()) as { tokens: number[]; text: string };
+      const g = await jsonBody(gen, GenerateResponse);
       expect(g.tokens.length).toBeGreaterThan(0);
       expect(g.tokens.length).toBeLessThanOrEqual(5);
       expect(typeof g.text).toBe("string");
       // The same request on the other process: same kernels, same greedy tokens.
-      const again = (await (
+      const again = await jsonBody(
         await fetch(`${b.url}/generate`, {
           method: "POST",
           headers: { "content-type": "application/json" },
           body: JSON.stringify({ prompt: "Hello world", max_tokens: 5, temperature: 0 }),
-        })
-      ).json()) as { tokens: number[] };
+        }),
+        GenerateResponse,
+      );
       expect(again.tokens).toEqual(g.tokens);
 
       // A prompt past the inline limit is tokenized by the worker thread the executable embeds.
@@ -197,8 +194,7 @@ describe("the compiled executable, alone in an empty directory", () => {
         headers: { "content-type": "application/json" },
         body: JSON.stringify({ prompt: "ÃÂ".repeat(32 * 300), max_tokens: 1 }), // GPT-2 token 35496, 300 times
       });
-      expect(long.status).toBe(200);
-      expect(((await long.json()) as { stats: { prompt_tokens: number } }).stats.prompt_tokens).toBe(300);
+      expect((await jsonBody(long, GenerateResponse)).stats.prompt_tokens).toBe(300);
 
       const metrics = await fetch(`${a.url}/metrics`);
       expect(metrics.status).toBe(200);

@@ -17,12 +17,7 @@ import { ValueErrorType } from "@sinclair/typebox/errors";
 import { EngineRequestError } from "../engine/errors.ts";
 import { log } from "../log.ts";
 import { currentRequest, requestPath } from "./request_context.ts";
-
-export type ErrorType = "invalid_request_error" | "not_found_error" | "service_unavailable_error" | "server_error";
-
-export interface ErrorBody {
-  error: { message: string; type: ErrorType; param: string | null; code: string | null };
-}
+import type { ErrorBody, ErrorType } from "./responses.ts";
 
 export class HttpError extends Error {
   constructor(

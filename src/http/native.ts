@@ -2,7 +2,7 @@
 // Handlers stay thin: resolve the body into an engine request (schema →
 // range → length → engine loaded), run it, frame the result.
 import { Elysia } from "elysia";
-import type { GenerateRequest } from "../engine/types.ts";
+import type { GenerateRequest, GenerationMode } from "../engine/types.ts";
 import {
   type AppDeps,
   type Completion,
@@ -16,6 +16,7 @@ import {
   stopTokenIds,
 } from "./generation.ts";
 import { nativeLogprobs } from "./logprobs.ts";
+import type { GenerateResponse, GenerateStreamEvent, NativeStats } from "./responses.ts";
 import { GenerateBody, NATIVE_DEFAULTS as D } from "./schemas.ts";
 import { sseAfterAdmission, sseEvent } from "./sse.ts";
 
@@ -66,11 +67,11 @@ export function logprobsKnob(logprobs: number | null | undefined): Pick<Generate
 }
 
 /** The response's `logprobs` (docs/openai-compat.md), when the request asked for them. */
-export function logprobsField(deps: AppDeps, request: GenerateRequest, c: Completion) {
+export function logprobsField(deps: AppDeps, request: GenerateRequest, c: Completion): Pick<GenerateResponse, "logprobs"> {
   return request.logprobs === undefined ? {} : { logprobs: nativeLogprobs(deps.tokenizer, c.logprobs) };
 }
 
-export function nativeStats(c: Completion, mode: string, loopsUsed: number) {
+export function nativeStats(c: Completion, mode: GenerationMode, loopsUsed: number): NativeStats {
   const wallMs = c.result.wallMs;
   return {
     wall_ms: wallMs,
@@ -96,10 +97,16 @@ async function generate(deps: AppDeps, body: GenerateBody, httpRequest: Request)
         signal,
         // With logprobs, each token's event carries its one entry: the events' arrays add up to the body's.
         (id, text, logprob) =>
-          send(sseEvent({ token_id: id, text, ...(logprob ? { logprobs: nativeLogprobs(deps.tokenizer, [logprob]) } : {}) })),
+          send(
+            sseEvent({
+              token_id: id,
+              text,
+              ...(logprob ? { logprobs: nativeLogprobs(deps.tokenizer, [logprob]) } : {}),
+            } satisfies GenerateStreamEvent),
+          ),
         scheduling,
       );
-      const done = run.then(completedForStream).then((c) => send(sseEvent({ token_id: -1, text: c.tail })));
+      const done = run.then(completedForStream).then((c) => send(sseEvent({ token_id: -1, text: c.tail } satisfies GenerateStreamEvent)));
       return { started: run.started, done };
     });
   }
@@ -111,7 +118,7 @@ async function generate(deps: AppDeps, body: GenerateBody, httpRequest: Request)
     finish_reason: done.finishReason,
     ...logprobsField(deps, request, done),
     stats: nativeStats(done, "generate", request.loops),
-  });
+  } satisfies GenerateResponse);
 }
 
 export function nativeRoutes(deps: AppDeps) {

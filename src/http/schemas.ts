@@ -179,7 +179,7 @@ export type CompletionBody = Static<typeof CompletionBody>;
 
 // ---- extended family: /api/v0/* (SPEC.md §4) = compat fields + these ----
 
-const GenerationModeSchema = T.Union(GENERATION_MODES.map((mode) => T.Literal(mode)));
+export const GenerationModeSchema = T.Union(GENERATION_MODES.map((mode) => T.Literal(mode)));
 
 /** Self-speculative decoding knobs; ranges as the native endpoints give them (SPEC.md §8). */
 export const SpeculativeFields = {

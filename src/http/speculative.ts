@@ -23,6 +23,7 @@ import {
   stopTokenIds,
 } from "./generation.ts";
 import { logprobsField, logprobsKnob, nativeStats } from "./native.ts";
+import type { SpeculativeResponse, SpeculativeStats } from "./responses.ts";
 import { NATIVE_DEFAULTS as D, EXTENDED_DEFAULTS as E, GenerateBody, SpeculativeFields } from "./schemas.ts";
 
 // ---- request bodies: /generate's fields plus the knobs (ranges of SPEC.md §8) ----
@@ -86,7 +87,7 @@ export function speculativeFields(config: Config, mode: SpeculativeMode, knobs: 
 }
 
 /** Response stats of a speculative request: /generate's plus the acceptance figures. */
-export function speculativeStats(c: Completion, mode: SpeculativeMode, verifyLoops: number) {
+export function speculativeStats(c: Completion, mode: SpeculativeMode, verifyLoops: number): SpeculativeStats {
   const spec = c.result.speculative;
   return {
     ...nativeStats(c, mode, verifyLoops),
@@ -137,7 +138,7 @@ async function generate(deps: AppDeps, body: TreeSpeculativeBody, httpRequest: R
     finish_reason: done.finishReason,
     ...logprobsField(deps, request, done),
     stats: speculativeStats(done, mode, spec.verifyLoops),
-  });
+  } satisfies SpeculativeResponse);
 }
 
 export function speculativeRoutes(deps: AppDeps) {

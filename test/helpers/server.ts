@@ -20,11 +20,6 @@ const ROOT = resolve(import.meta.dir, "../..");
 const ENTRY = existsSync(join(ROOT, "src/cli.ts")) ? ["src/cli.ts", "serve"] : ["src/serve.ts"];
 const START_TIMEOUT_MS = 30_000;
 
-/** The OpenAI-shaped error body every endpoint answers with. */
-export interface ErrorResponse {
-  error: { message: string; type: string; param: string | null; code: string | null };
-}
-
 export interface TestServer {
   /** Base URL, e.g. http://127.0.0.1:41234 (no trailing slash). */
   url: string;

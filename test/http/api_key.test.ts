@@ -8,7 +8,8 @@ import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
-import { expectErrorShape, metric, PROMPT } from "../helpers/scheduling.ts";
+import { expectErrorShape } from "../helpers/http.ts";
+import { metric, PROMPT } from "../helpers/scheduling.ts";
 import { startServer, type TestServer } from "../helpers/server.ts";
 
 setDefaultTimeout(60_000);

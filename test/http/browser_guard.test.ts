@@ -6,7 +6,8 @@
 // from a real browser.
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { connect } from "node:net";
-import { expectErrorShape, metric, PROMPT } from "../helpers/scheduling.ts";
+import { expectErrorShape } from "../helpers/http.ts";
+import { metric, PROMPT } from "../helpers/scheduling.ts";
 import { startServer, type TestServer } from "../helpers/server.ts";
 
 setDefaultTimeout(60_000);

@@ -3,11 +3,11 @@
 // with their types, and its counters, gauges and histograms follow what
 // requests do: complete, error, get rejected or cancelled.
 import { afterAll, afterEach, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { type Family, SPEC_SERIES, SPECULATIVE_SERIES } from "../scheduler/prom_text.ts";
+import { GenerateResponse } from "../../src/http/responses.ts";
+import { expectErrorShape, expectSchema } from "../helpers/http.ts";
 import {
   cancelOpenStreams,
   expect503,
-  expectErrorShape,
   generateOk,
   LIFECYCLE,
   metric,
@@ -23,6 +23,7 @@ import {
 } from "../helpers/scheduling.ts";
 import { TINY } from "../helpers/models.ts";
 import { startServer, type TestServer } from "../helpers/server.ts";
+import { type Family, SPEC_SERIES, SPECULATIVE_SERIES } from "../scheduler/prom_text.ts";
 
 // bunfig.toml's [test] timeout is not read by this Bun (the 5 s default
 // applies), and these tests start server processes: set it here.
@@ -158,9 +159,12 @@ describe("/metrics when the engine fails", () => {
     const before = await metrics(s, keys);
     // Non-streaming: SPEC.md §2 allows finish_reason "error" there; otherwise an error status in the common shape.
     const res = await s.post("/generate", { prompt: PROMPT, max_tokens: 4 });
-    const body = (await res.json()) as { finish_reason?: string };
-    if (res.status === 200) expect(body.finish_reason).toBe("error");
-    else expectErrorShape(body);
+    const body: unknown = await res.json();
+    if (res.status !== 200) expectErrorShape(body);
+    else {
+      expectSchema(GenerateResponse, body);
+      expect(body.finish_reason).toBe("error");
+    }
     // Streaming: the stream was opened, so the error arrives as an event before [DONE].
     const events = await (await openStream(s, { prompt: PROMPT, max_tokens: 4 })).readAll();
     expect(events.at(-1)).toBe("[DONE]");

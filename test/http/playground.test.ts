@@ -3,6 +3,8 @@
 // inline script and style and requests to its own origin. The page driven
 // in a browser: test/playground/browser.test.ts.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { ErrorBody } from "../../src/http/responses.ts";
+import { jsonBody } from "../helpers/http.ts";
 import { startServer, type TestServer } from "../helpers/server.ts";
 
 let server: TestServer;
@@ -69,8 +71,7 @@ describe("GET /", () => {
 
   test("other methods on / and unknown paths still get the error shape", async () => {
     const post = await server.post("/", { prompt: "x" });
-    expect(post.status).toBe(404);
-    expect(((await post.json()) as { error: { type: string } }).error.type).toBe("not_found_error");
+    expect((await jsonBody(post, ErrorBody, 404)).error.type).toBe("not_found_error");
     const missing = await fetch(`${server.url}/index.html`);
     expect(missing.status).toBe(404);
   });

@@ -6,7 +6,9 @@
 // a real fault (500) with exactly one.
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, spyOn, test } from "bun:test";
 import type { GenerationEngine } from "../../src/http/generation.ts";
+import { ErrorBody, GenerateResponse, TextCompletion } from "../../src/http/responses.ts";
 import { log } from "../../src/log.ts";
+import { jsonBody } from "../helpers/http.ts";
 import { cancelOpenStreams, expect503, openStream, PROMPT, slowModelPath, startBlocker, waitFor, waitForQueueDepth } from "../helpers/scheduling.ts";
 import { inProcessApp, startServer, TINY_MODEL_INFO, type TestServer } from "../helpers/server.ts";
 
@@ -74,9 +76,8 @@ describe("text format (the default)", () => {
 
   test("a whole response: its line carries the tokens the response reports, and the client's request id", async () => {
     const res = await s.post("/generate", { prompt: PROMPT, max_tokens: 3, temperature: 0 }, { "content-type": "application/json", "x-request-id": "client-req-1" });
-    expect(res.status).toBe(200);
     expect(res.headers.get("x-request-id")).toBe("client-req-1");
-    const body = (await res.json()) as { stats: { prompt_tokens: number; completion_tokens: number } };
+    const body = await jsonBody(res, GenerateResponse);
     const line = await lineFor(s, textRequestLines, "client-req-1");
     expectRequestLine(line, {
       method: "POST",
@@ -169,7 +170,7 @@ describe("json format", () => {
 
   test("every line is one JSON object; request lines carry every field with its type", async () => {
     const plain = await s.post("/v1/completions", { model: "m", prompt: PROMPT, max_tokens: 4 });
-    const usage = ((await plain.json()) as { usage: { prompt_tokens: number } }).usage;
+    const { usage } = await jsonBody(plain, TextCompletion);
     const stream = await s.post("/generate", { prompt: PROMPT, max_tokens: 2, stream: true });
     await stream.text();
     const bad = await s.post("/generate", "{not json");
@@ -219,7 +220,7 @@ describe("a real fault (500)", () => {
           new Request("http://localhost/generate", { method: "POST", headers: { "x-request-id": `fault-${format}` }, body: JSON.stringify({ prompt: PROMPT }) }),
         );
         expect(res.status).toBe(500);
-        expect(((await res.json()) as { error: { code: string } }).error.code).toBe("internal_error");
+        expect((await jsonBody(res, ErrorBody, 500)).error.code).toBe("internal_error");
         // stderr: one entry, naming the request, with the stack once.
         expect(err).toHaveLength(1);
         const entry = format === "json" ? (JSON.parse(err[0]) as Line) : null;

@@ -9,6 +9,8 @@
 // and cancels the blocker to let the queue drain. Nothing here depends on a
 // sleep being long enough.
 import { afterAll, afterEach, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { GenerateResponse } from "../../src/http/responses.ts";
+import { jsonBody } from "../helpers/http.ts";
 import {
   cancelOpenStreams,
   expect503,
@@ -16,7 +18,6 @@ import {
   LIFECYCLE,
   metric,
   metrics,
-  type NativeResult,
   openStream,
   PROMPT,
   slowModelPath,
@@ -64,7 +65,7 @@ describe("priority queue", () => {
 
     const blocker = await startBlocker(s, BLOCKER_TOKENS);
     const finished: string[] = [];
-    const results: Promise<NativeResult>[] = [];
+    const results: Promise<GenerateResponse>[] = [];
     for (const [k, r] of burst.entries()) {
       // Each request takes ~16 engine steps, so completions are well apart.
       const done = generateOk(s, { prompt: `${PROMPT} ${r.name}`, max_tokens: 16, priority: r.priority }).then((res) => {
@@ -138,8 +139,7 @@ describe("queue cap", () => {
     const admitted = responses.filter((r) => !settled.slice(0, BURST - DEPTH).includes(r));
     expect(admitted).toHaveLength(DEPTH);
     for (const res of admitted) {
-      expect(res.status).toBe(200);
-      expect(((await res.json()) as NativeResult).tokens).toHaveLength(4);
+      expect((await jsonBody(res, GenerateResponse)).tokens).toHaveLength(4);
     }
     const d = delta(await metrics(s, LIFECYCLE), before);
     expect(d).toEqual({

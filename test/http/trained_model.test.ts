@@ -6,7 +6,9 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
+import { ChatCompletion, GenerateResponse } from "../../src/http/responses.ts";
 import { TRAINED_MODEL_PATH } from "../../src/model/trained.ts";
+import { jsonBody } from "../helpers/http.ts";
 import { testTempDir } from "../helpers/models.ts";
 import { startServer, type TestServer } from "../helpers/server.ts";
 import { runTorchModule } from "../helpers/torch.ts";
@@ -30,10 +32,8 @@ afterAll(async () => {
 });
 
 async function generate(body: Record<string, unknown>, path = "/generate"): Promise<{ text: string; tokens: number[] }> {
-  const r = await server.post(path, { max_tokens: 32, temperature: 0, ...body });
-  expect(r.status).toBe(200);
-  const j = (await r.json()) as { text: string; tokens: number[] };
-  return { text: j.text, tokens: j.tokens };
+  const { text, tokens } = await jsonBody(await server.post(path, { max_tokens: 32, temperature: 0, ...body }), GenerateResponse);
+  return { text, tokens };
 }
 
 /** Share of the words of `text` that the training text uses. */
@@ -64,8 +64,7 @@ describe("the trained demo model", () => {
       max_tokens: 32,
       temperature: 0,
     });
-    expect(r.status).toBe(200);
-    const j = (await r.json()) as { choices: { message: { content: string } }[] };
+    const j = await jsonBody(r, ChatCompletion);
     expect(knownShare(j.choices[0].message.content)).toBeGreaterThanOrEqual(0.9);
   });
 
