@@ -6,7 +6,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { ChatCompletion, GenerateResponse } from "../../src/http/responses.ts";
+import { ChatCompletion, GenerateResponse, SpeculativeResponse } from "../../src/http/responses.ts";
 import { TRAINED_MODEL_PATH } from "../../src/model/trained.ts";
 import { jsonBody } from "../helpers/http.ts";
 import { testTempDir } from "../helpers/models.ts";
@@ -32,7 +32,8 @@ afterAll(async () => {
 });
 
 async function generate(body: Record<string, unknown>, path = "/generate"): Promise<{ text: string; tokens: number[] }> {
-  const { text, tokens } = await jsonBody(await server.post(path, { max_tokens: 32, temperature: 0, ...body }), GenerateResponse);
+  const schema = path === "/generate" ? GenerateResponse : SpeculativeResponse;
+  const { text, tokens } = await jsonBody(await server.post(path, { max_tokens: 32, temperature: 0, ...body }), schema);
   return { text, tokens };
 }
 
