@@ -181,7 +181,7 @@ function requestedMaxTokens(body: SamplingBody, scoring: boolean): number {
 }
 
 /** SPEC.md §4: both penalties collapse into one repetition penalty. */
-export function foldPenalties(presence: number, frequency: number): number {
+function foldPenalties(presence: number, frequency: number): number {
   return 1 + Math.max(0, presence + frequency) / 2;
 }
 

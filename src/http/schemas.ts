@@ -10,13 +10,13 @@ import { GENERATION_MODES } from "../engine/types.ts";
 
 const optional = <S extends TSchema>(schema: S) => T.Optional(T.Union([schema, T.Null()]));
 
-export const MAX_TOKENS_LIMIT = 8192;
+const MAX_TOKENS_LIMIT = 8192;
 
 // ---- scheduling knobs shared by the native and extended families (DESIGN.md §5) ----
 
-export const PRIORITY_LIMIT = 1000;
+const PRIORITY_LIMIT = 1000;
 
-export const SchedulingFields = {
+const SchedulingFields = {
   /** Higher runs first; FIFO within a priority. */
   priority: optional(T.Integer({ minimum: -PRIORITY_LIMIT, maximum: PRIORITY_LIMIT })),
   /** Per-request latency target in ms; overrides SERVICE_DEFAULT_SLO_MS. */
@@ -41,7 +41,7 @@ export const NATIVE_DEFAULTS = {
 export const Prompt = T.Union([T.String({ minLength: 1 }), T.Array(T.Integer(), { minItems: 1 })]);
 
 /** Stop strings (whole-string match on the decoded text) or stop token ids. */
-export const NativeStop = T.Union([
+const NativeStop = T.Union([
   T.String({ minLength: 1 }),
   T.Array(T.String({ minLength: 1 })),
   T.Array(T.Integer({ minimum: 0 })),
@@ -83,7 +83,7 @@ const MaxTokens = T.Integer({ minimum: 1, maximum: MAX_TOKENS_LIMIT });
 const Penalty = T.Number({ minimum: -2, maximum: 2 });
 
 /** Stop strings, matched whole on the decoded text; `[]` means none. */
-export const CompatStop = T.Union([T.String({ minLength: 1 }), T.Array(T.String({ minLength: 1 }))]);
+const CompatStop = T.Union([T.String({ minLength: 1 }), T.Array(T.String({ minLength: 1 }))]);
 
 /**
  * Sampling fields shared by chat and text completions (and, through them, the
@@ -92,7 +92,7 @@ export const CompatStop = T.Union([T.String({ minLength: 1 }), T.Array(T.String(
  * service_tier, ...) are stripped by the validator: accepted and ignored, as
  * SPEC.md §4 says.
  */
-export const CompatSamplingFields = {
+const CompatSamplingFields = {
   /** Echoed into the response; any string. */
   model: T.String(),
   max_tokens: optional(MaxTokens),
@@ -124,7 +124,7 @@ export const ChatRole = T.Union([T.Literal("system"), T.Literal("user"), T.Liter
 export type ChatRole = Static<typeof ChatRole>;
 
 /** OpenAI's content-part form; only `text` parts are supported (checked in chat_template.ts). */
-export const ContentPart = T.Object({ type: T.String(), text: T.Optional(T.String()) });
+const ContentPart = T.Object({ type: T.String(), text: T.Optional(T.String()) });
 
 export const ChatMessage = T.Object({
   role: ChatRole,
@@ -143,7 +143,7 @@ const ChatFields = {
 };
 
 /** Text, several texts (only the first is used, SPEC.md §4), pre-tokenised ids, or several id lists (likewise). */
-export const CompletionPrompt = T.Union([
+const CompletionPrompt = T.Union([
   T.String({ minLength: 1 }),
   T.Array(T.String({ minLength: 1 }), { minItems: 1 }),
   T.Array(T.Integer(), { minItems: 1 }),
@@ -151,7 +151,7 @@ export const CompletionPrompt = T.Union([
 ]);
 
 /** OpenAI's bound on a text completion's `logprobs`. */
-export const MAX_COMPLETION_LOGPROBS = 5;
+const MAX_COMPLETION_LOGPROBS = 5;
 
 /** A text completion may ask for no tokens when it only scores its prompt (`echo`); checked in compat.ts. */
 const ScoringMaxTokens = T.Integer({ minimum: 0, maximum: MAX_TOKENS_LIMIT });
@@ -189,6 +189,10 @@ export const SpeculativeFields = {
   K_branches: optional(T.Integer({ minimum: 1, maximum: 16 })),
 };
 
+const SpeculativeKnobs = T.Object(SpeculativeFields);
+/** The speculative knobs as the handlers read them (both speculative families). */
+export type SpeculativeKnobs = Static<typeof SpeculativeKnobs>;
+
 export const EXTENDED_DEFAULTS = {
   mode: "generate",
   draft_loops: 2,
@@ -198,7 +202,7 @@ export const EXTENDED_DEFAULTS = {
   cache_window: 0,
 } as const;
 
-export const ExtendedFields = {
+const ExtendedFields = {
   mode: optional(GenerationModeSchema),
   ...SpeculativeFields,
   // Upper bound SERVICE_MAX_SEQ_LEN is checked at run time (it is configuration).

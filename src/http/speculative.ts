@@ -24,7 +24,7 @@ import {
 } from "./generation.ts";
 import { logprobsField, logprobsKnob, nativeStats } from "./native.ts";
 import type { SpeculativeResponse, SpeculativeStats } from "./responses.ts";
-import { NATIVE_DEFAULTS as D, EXTENDED_DEFAULTS as E, GenerateBody, SpeculativeFields } from "./schemas.ts";
+import { NATIVE_DEFAULTS as D, EXTENDED_DEFAULTS as E, GenerateBody, SpeculativeFields, type SpeculativeKnobs } from "./schemas.ts";
 
 // ---- request bodies: /generate's fields plus the knobs (ranges of SPEC.md §8) ----
 
@@ -37,16 +37,9 @@ export const TreeSpeculativeBody = T.Object({ ...SpeculativeBody.properties, K_b
 export type TreeSpeculativeBody = Static<typeof TreeSpeculativeBody>;
 
 /** Most tree nodes verified in one call (K_branches * draft_ahead), SPEC.md §8. */
-export const MAX_TREE_NODES = 64;
+const MAX_TREE_NODES = 64;
 
 // ---- knobs → engine request fields (shared with the extended family) ----
-
-export interface SpeculativeKnobs {
-  draft_loops?: number | null;
-  verify_loops?: number | null;
-  draft_ahead?: number | null;
-  K_branches?: number | null;
-}
 
 /** The GenerateRequest fields a speculative request sets (loops is the verify depth). */
 export type SpeculativeRequestFields = Required<Pick<GenerateRequest, "mode" | "loops" | "draftLoops" | "verifyLoops" | "draftAhead" | "kBranches">>;

@@ -11,7 +11,7 @@ import { checkModelFile } from "../engine/binding.ts";
 import type { ModelFileInfo } from "../engine/types.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "../engine/library.ts";
 import { type ProgressStream, withProgress } from "../progress.ts";
-import { checkQuantTensors, GROUP_SIZES, MAX_LOOPS, parseModelConfig } from "./format.ts";
+import { GROUP_SIZES, MAX_LOOPS } from "./format.ts";
 import { exportGguf } from "./gguf.ts";
 import { DEFAULT_GROUP_SIZE, type HeadQuant, quantizeModelFile, type WeightQuant } from "./quantize.ts";
 import { DTYPE_SIZES, ModelFormatError, readSafetensors, type SafetensorsFile } from "./safetensors.ts";

@@ -33,7 +33,7 @@ export async function getText(path: string): Promise<string> {
   return res.text();
 }
 
-export async function getJson<T>(path: string): Promise<T> {
+async function getJson<T>(path: string): Promise<T> {
   return JSON.parse(await getText(path)) as T;
 }
 

@@ -11,7 +11,7 @@ import type { ServiceMetrics } from "../metrics.ts";
 
 export type RequestState = "queued" | "running" | "completed" | "errored" | "cancelled" | "rejected";
 
-export const TERMINAL_STATES: ReadonlySet<RequestState> = new Set(["completed", "errored", "cancelled", "rejected"]);
+const TERMINAL_STATES: ReadonlySet<RequestState> = new Set(["completed", "errored", "cancelled", "rejected"]);
 
 const ALLOWED: Record<RequestState, readonly RequestState[]> = {
   queued: ["running", "rejected", "cancelled"],

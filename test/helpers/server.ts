@@ -1,7 +1,8 @@
-// Starts a REAL loopserve process (`bun src/cli.ts serve`) on 127.0.0.1 and a
-// free port, with a tiny synthetic model by default, and waits until it
-// answers /healthz (200, or 503 when it was started without a usable model).
-// Every HTTP test file shares this helper. For what no process can be made
+// Starts a REAL loopserve process (`bun src/cli.ts serve`, or the compiled
+// executable) on 127.0.0.1 and a free port, with a tiny synthetic model by
+// default, and waits until it answers /healthz (200, or 503 when it was
+// started without a usable model). Every test that runs a server shares this
+// helper. For what no process can be made
 // to do (an engine that fails on purpose, a configuration no environment
 // gives), inProcessApp builds the same app in this process around a
 // stand-in engine.
@@ -36,6 +37,14 @@ export interface ServerOptions {
   modelPath?: string | null;
   /** Extra environment (SERVICE_MAX_SEQ_LEN, ...). */
   env?: Record<string, string>;
+  /** What to run, with its arguments: default this checkout's CLI (`bun src/cli.ts serve`). */
+  command?: string[];
+  /** Working directory; default the repository. */
+  cwd?: string;
+  /** The environment `env` is laid over; default the test runner's without its SERVICE_* settings. */
+  baseEnv?: Record<string, string>;
+  /** Fail unless /healthz answers 200 (the model loaded), instead of accepting a 503. */
+  requireModel?: boolean;
 }
 
 /** A port the OS just handed out, released for the server to take. */
@@ -64,14 +73,14 @@ export async function startServer(opts: ServerOptions = {}): Promise<TestServer>
   const port = freePort();
   const url = `http://127.0.0.1:${port}`;
   const env: Record<string, string> = {
-    ...cleanEnv(),
+    ...(opts.baseEnv ?? cleanEnv()),
     SERVICE_BUILD_DIR: join(ROOT, "build"),
     HOST: "127.0.0.1",
     PORT: String(port),
     ...(modelPath !== null ? { SERVICE_MODEL_PATH: modelPath } : {}),
     ...opts.env,
   };
-  const proc = Bun.spawn([process.execPath, ...ENTRY], { cwd: ROOT, env, stdout: "pipe", stderr: "pipe" });
+  const proc = Bun.spawn(opts.command ?? [process.execPath, ...ENTRY], { cwd: opts.cwd ?? ROOT, env, stdout: "pipe", stderr: "pipe" });
   const log: string[] = [];
   void collect(proc.stdout, log);
   void collect(proc.stderr, log);
@@ -80,16 +89,19 @@ export async function startServer(opts: ServerOptions = {}): Promise<TestServer>
   const deadline = Date.now() + START_TIMEOUT_MS;
   for (;;) {
     if (proc.exitCode !== null) throw new Error(`server exited with ${proc.exitCode} before answering:\n${output()}`);
-    try {
-      await fetch(`${url}/healthz`);
-      break;
-    } catch {
-      if (Date.now() > deadline) {
+    const health = await fetch(`${url}/healthz`).catch(() => null); // not listening yet
+    if (health) {
+      if (opts.requireModel && health.status !== 200) {
         proc.kill();
-        throw new Error(`server did not answer /healthz within ${START_TIMEOUT_MS} ms:\n${output()}`);
+        throw new Error(`server answered /healthz with ${health.status}, not 200: ${await health.text()}\n${output()}`);
       }
-      await Bun.sleep(50);
+      break;
     }
+    if (Date.now() > deadline) {
+      proc.kill();
+      throw new Error(`server did not answer /healthz within ${START_TIMEOUT_MS} ms:\n${output()}`);
+    }
+    await Bun.sleep(50);
   }
 
   return {

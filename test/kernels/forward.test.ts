@@ -3,7 +3,6 @@
 // the generation modes rely on: batch invariance (bit-identical logits
 // whatever the batch split or thread count), sliding window, rollback.
 import { beforeAll, describe, expect, test } from "bun:test";
-import { join } from "node:path";
 import { NativeError } from "../../src/engine/binding.ts";
 import type { SimdChoice } from "../../src/engine/types.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
