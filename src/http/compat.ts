@@ -283,26 +283,26 @@ interface Framing<S, Whole, Chunk, ChunkChoice> {
   logprobs(tokenizer: Tokenizer, echo: string): LogprobWriter<S>;
 }
 
-const usageField = (usage: Usage | null | undefined) => (usage === undefined ? {} : { usage });
+/** The fields every response and chunk starts with, in OpenAI's order. */
+const opening = <O extends string>(head: Head, object: O) => ({ id: head.id, object, created: head.created, model: head.model });
+
+/** A framing's chunk builder for chunks of type `object`. */
+const chunkOf =
+  <O extends string>(object: O) =>
+  <C>(head: Head, choices: C[], usage?: Usage | null) => ({
+    ...opening(head, object),
+    choices,
+    ...(usage === undefined ? {} : { usage }),
+  });
 
 const CHAT: Framing<ChatLogprobs, ChatCompletion, ChatCompletionChunk, ChatChunkChoice> = {
   idPrefix: "chatcmpl-",
   whole: (head, text, finishReason, logprobs, usage) => ({
-    id: head.id,
-    object: "chat.completion",
-    created: head.created,
-    model: head.model,
+    ...opening(head, "chat.completion"),
     choices: [{ index: 0, message: { role: "assistant", content: text }, logprobs, finish_reason: finishReason }],
     usage,
   }),
-  chunk: (head, choices, usage) => ({
-    id: head.id,
-    object: "chat.completion.chunk",
-    created: head.created,
-    model: head.model,
-    choices,
-    ...usageField(usage),
-  }),
+  chunk: chunkOf("chat.completion.chunk"),
   opening: { index: 0, delta: { role: "assistant" }, logprobs: null, finish_reason: null },
   delta: (text, logprobs) => ({ index: 0, delta: { content: text }, logprobs, finish_reason: null }),
   end: (finishReason, logprobs) => ({ index: 0, delta: {}, logprobs, finish_reason: finishReason }),
@@ -312,21 +312,11 @@ const CHAT: Framing<ChatLogprobs, ChatCompletion, ChatCompletionChunk, ChatChunk
 const TEXT: Framing<CompletionLogprobs, TextCompletion, TextCompletionChunk, TextChunkChoice> = {
   idPrefix: "cmpl-",
   whole: (head, text, finishReason, logprobs, usage) => ({
-    id: head.id,
-    object: "text_completion",
-    created: head.created,
-    model: head.model,
+    ...opening(head, "text_completion"),
     choices: [{ text, index: 0, logprobs, finish_reason: finishReason }],
     usage,
   }),
-  chunk: (head, choices, usage) => ({
-    id: head.id,
-    object: "text_completion",
-    created: head.created,
-    model: head.model,
-    choices,
-    ...usageField(usage),
-  }),
+  chunk: chunkOf("text_completion"),
   opening: null,
   delta: (text, logprobs) => ({ text, index: 0, logprobs, finish_reason: null }),
   end: (finishReason, logprobs) => ({ text: "", index: 0, logprobs, finish_reason: finishReason }),

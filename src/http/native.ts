@@ -7,6 +7,7 @@ import {
   type AppDeps,
   type Completion,
   type GenerationEngine,
+  type Scheduling,
   checkCacheWindow,
   checkLength,
   completedForStream,
@@ -25,9 +26,11 @@ interface NativeJob {
   request: GenerateRequest;
   stopStrings: string[];
   stream: boolean;
+  scheduling: Scheduling;
 }
 
-async function resolve(deps: AppDeps, body: GenerateBody): Promise<NativeJob> {
+/** A /generate body (or a speculative one, whose knobs the caller lays over the request) resolved into an engine job. */
+export async function nativeJob(deps: AppDeps, body: GenerateBody): Promise<NativeJob> {
   const maxTokens = body.max_tokens ?? D.max_tokens;
   const cacheWindow = body.cache_window ?? D.cache_window;
   const stops = body.stop == null ? [] : Array.isArray(body.stop) ? body.stop : [body.stop];
@@ -54,21 +57,23 @@ async function resolve(deps: AppDeps, body: GenerateBody): Promise<NativeJob> {
       },
       stopTokenIds: stopTokenIds(deps, stopIds),
       cacheWindow,
-      ...logprobsKnob(body.logprobs),
+      ...(body.logprobs == null ? {} : { logprobs: body.logprobs }),
     },
     stopStrings,
     stream: body.stream ?? D.stream,
+    scheduling: { priority: body.priority, sloMs: body.slo_ms },
   };
 }
 
-/** The `logprobs` knob as an engine request field (unset or null: none). */
-export function logprobsKnob(logprobs: number | null | undefined): Pick<GenerateRequest, "logprobs"> {
-  return logprobs == null ? {} : { logprobs };
-}
-
-/** The response's `logprobs` (docs/openai-compat.md), when the request asked for them. */
-export function logprobsField(deps: AppDeps, request: GenerateRequest, c: Completion): Pick<GenerateResponse, "logprobs"> {
-  return request.logprobs === undefined ? {} : { logprobs: nativeLogprobs(deps.tokenizer, c.logprobs) };
+/** A native family's whole response: the generation, its `logprobs` when asked (docs/openai-compat.md), and `stats`. */
+export function nativeBody<S>(deps: AppDeps, request: GenerateRequest, c: Completion, stats: S) {
+  return {
+    tokens: c.tokens,
+    text: c.text,
+    finish_reason: c.finishReason,
+    ...(request.logprobs === undefined ? {} : { logprobs: nativeLogprobs(deps.tokenizer, c.logprobs) }),
+    stats,
+  };
 }
 
 export function nativeStats(c: Completion, mode: GenerationMode, loopsUsed: number): NativeStats {
@@ -84,8 +89,7 @@ export function nativeStats(c: Completion, mode: GenerationMode, loopsUsed: numb
 }
 
 async function generate(deps: AppDeps, body: GenerateBody, httpRequest: Request): Promise<Response> {
-  const { engine, request, stopStrings, stream } = await resolve(deps, body);
-  const scheduling = { priority: body.priority, sloMs: body.slo_ms };
+  const { engine, request, stopStrings, stream, scheduling } = await nativeJob(deps, body);
 
   if (stream) {
     return sseAfterAdmission(httpRequest, (send, signal) => {
@@ -112,13 +116,7 @@ async function generate(deps: AppDeps, body: GenerateBody, httpRequest: Request)
   }
 
   const done = await runGeneration(engine, deps.tokenizer, request, stopStrings, httpRequest.signal, undefined, scheduling);
-  return Response.json({
-    tokens: done.tokens,
-    text: done.text,
-    finish_reason: done.finishReason,
-    ...logprobsField(deps, request, done),
-    stats: nativeStats(done, "generate", request.loops),
-  } satisfies GenerateResponse);
+  return Response.json(nativeBody(deps, request, done, nativeStats(done, "generate", request.loops)) satisfies GenerateResponse);
 }
 
 export function nativeRoutes(deps: AppDeps) {

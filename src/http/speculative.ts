@@ -12,17 +12,8 @@ import { Elysia } from "elysia";
 import type { Config } from "../config.ts";
 import type { GenerateRequest, SpeculativeMode } from "../engine/types.ts";
 import { badRequest, validatedBody } from "./errors.ts";
-import {
-  type AppDeps,
-  type Completion,
-  checkCacheWindow,
-  checkLength,
-  promptTokens,
-  requireEngine,
-  runGeneration,
-  stopTokenIds,
-} from "./generation.ts";
-import { logprobsField, logprobsKnob, nativeStats } from "./native.ts";
+import { type AppDeps, type Completion, runGeneration } from "./generation.ts";
+import { nativeBody, nativeJob, nativeStats } from "./native.ts";
 import type { SpeculativeResponse, SpeculativeStats } from "./responses.ts";
 import { NATIVE_DEFAULTS as D, EXTENDED_DEFAULTS as E, GenerateBody, SpeculativeFields, type SpeculativeKnobs } from "./schemas.ts";
 
@@ -93,45 +84,12 @@ export function speculativeStats(c: Completion, mode: SpeculativeMode, verifyLoo
 // ---- the two endpoints ----
 
 async function generate(deps: AppDeps, body: TreeSpeculativeBody, httpRequest: Request, mode: SpeculativeMode): Promise<Response> {
-  // SPEC.md §4 order: (schema, done) → range → length → engine loaded → admission.
-  const maxTokens = body.max_tokens ?? D.max_tokens;
-  const cacheWindow = body.cache_window ?? D.cache_window;
-  const temperature = body.temperature ?? D.temperature;
-  const spec = speculativeFields(deps.config, mode, body, temperature);
-  checkCacheWindow(deps, cacheWindow);
-  const stops = body.stop == null ? [] : Array.isArray(body.stop) ? body.stop : [body.stop];
-  const prompt = await promptTokens(deps, body.prompt);
-  checkLength(deps, prompt.length, maxTokens);
-  const engine = requireEngine(deps);
-
-  const request: GenerateRequest = {
-    promptTokens: prompt,
-    maxTokens,
-    sampling: {
-      temperature,
-      topK: body.top_k ?? D.top_k,
-      topP: body.top_p ?? D.top_p,
-      repetitionPenalty: body.repetition_penalty ?? D.repetition_penalty,
-      seed: body.sample_seed ?? D.sample_seed,
-    },
-    stopTokenIds: stopTokenIds(
-      deps,
-      stops.filter((s): s is number => typeof s === "number"),
-    ),
-    cacheWindow,
-    ...logprobsKnob(body.logprobs),
-    ...spec,
-  };
-  const stopStrings = stops.filter((s): s is string => typeof s === "string");
-  const scheduling = { priority: body.priority, sloMs: body.slo_ms };
+  // SPEC.md §4 order: (schema, done) → range (the knobs first) → length → engine loaded → admission.
+  const spec = speculativeFields(deps.config, mode, body, body.temperature ?? D.temperature);
+  const { engine, request: plain, stopStrings, scheduling } = await nativeJob(deps, body);
+  const request: GenerateRequest = { ...plain, ...spec };
   const done = await runGeneration(engine, deps.tokenizer, request, stopStrings, httpRequest.signal, undefined, scheduling);
-  return Response.json({
-    tokens: done.tokens,
-    text: done.text,
-    finish_reason: done.finishReason,
-    ...logprobsField(deps, request, done),
-    stats: speculativeStats(done, mode, spec.verifyLoops),
-  } satisfies SpeculativeResponse);
+  return Response.json(nativeBody(deps, request, done, speculativeStats(done, mode, spec.verifyLoops)) satisfies SpeculativeResponse);
 }
 
 export function speculativeRoutes(deps: AppDeps) {
