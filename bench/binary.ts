@@ -17,6 +17,7 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { benchModel } from "../src/bench/models.ts";
 import { median, printTable, type Row } from "../src/bench/table.ts";
+import { freePort } from "../test/helpers/server.ts";
 import { writeJson } from "./report.ts";
 
 const ROOT = resolve(import.meta.dir, "..");
@@ -31,13 +32,6 @@ export interface BinaryBenchOptions {
   modelPath?: string;
   /** Starts per case; the median is reported. */
   runs?: number;
-}
-
-function freePort(): number {
-  const probe = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
-  const port = probe.port;
-  probe.stop(true);
-  return port;
 }
 
 /** Spawns the binary and returns ms from spawn to the first 200 on /healthz. */

@@ -6,6 +6,7 @@
 // to do (an engine that fails on purpose, a configuration no environment
 // gives), inProcessApp builds the same app in this process around a
 // stand-in engine.
+import { afterAll, beforeAll } from "bun:test";
 import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { type Config, loadConfig } from "../../src/config.ts";
@@ -48,7 +49,7 @@ export interface ServerOptions {
 }
 
 /** A port the OS just handed out, released for the server to take. */
-function freePort(): number {
+export function freePort(): number {
   const probe = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
   const port = probe.port;
   probe.stop(true);
@@ -117,6 +118,34 @@ export async function startServer(opts: ServerOptions = {}): Promise<TestServer>
       if (proc.exitCode === null) proc.kill("SIGTERM");
       return await proc.exited;
     },
+  };
+}
+
+/**
+ * A server for the tests of the enclosing file or describe block: started
+ * before them (beforeAll, in the order hooks are registered) and stopped after
+ * them. `opts` may be a function, for options that write files (models) only
+ * when the block runs. The handle answers once the block's tests run.
+ */
+export function serverForTests(opts: ServerOptions | (() => ServerOptions) = {}): TestServer {
+  let started: TestServer | undefined;
+  const live = (): TestServer => {
+    if (!started) throw new Error("the server is used before its beforeAll hook started it");
+    return started;
+  };
+  beforeAll(async () => {
+    started = await startServer(typeof opts === "function" ? opts() : opts);
+  });
+  afterAll(async () => {
+    await started?.stop();
+  });
+  return {
+    get url() {
+      return live().url;
+    },
+    output: () => live().output(),
+    post: (path, body, headers) => live().post(path, body, headers),
+    stop: () => live().stop(),
   };
 }
 

@@ -6,7 +6,7 @@
 // Sampling-field checks compare against POST /generate, whose knobs are
 // explicit: a compat request must give exactly the tokens of the native
 // request its fields map to.
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { beforeAll, describe, expect, test } from "bun:test";
 import type { Static, TSchema } from "@sinclair/typebox";
 import {
   ChatCompletion,
@@ -21,7 +21,7 @@ import {
 import { IncrementalDetokenizer, Tokenizer } from "../../src/tokenizer.ts";
 import { jsonBody, sseEvents } from "../helpers/http.ts";
 import { TINY } from "../helpers/models.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { serverForTests } from "../helpers/server.ts";
 
 const MAX_SEQ_LEN = 256;
 const DEFAULT_LOOPS = TINY.loops; // the tiny model's default_loops
@@ -31,16 +31,11 @@ const USER = [{ role: "user", content: PROMPT }];
 /** The chat template of DESIGN.md §6 applied to USER, written out by hand. */
 const USER_RENDERED = `User: ${PROMPT}\nAssistant:`;
 
-let server: TestServer;
+const server = serverForTests({ env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } });
 let tok: Tokenizer;
 
 beforeAll(async () => {
   tok = await Tokenizer.load();
-  server = await startServer({ env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } });
-});
-
-afterAll(async () => {
-  await server?.stop();
 });
 
 // ---- helpers ----

@@ -2,11 +2,11 @@
 // deeper than its verifier used to be refused with a 400. Served now on
 // every speculative route, and on the shipped trained model greedy output
 // is /generate's at loops = verify_loops, token for token.
-import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { describe, expect, setDefaultTimeout, test } from "bun:test";
 import { ExtendedTextCompletion, GenerateResponse, SpeculativeResponse } from "../../src/http/responses.ts";
 import { TRAINED_MODEL_PATH } from "../../src/model/trained.ts";
 import { jsonBody } from "../helpers/http.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { serverForTests } from "../helpers/server.ts";
 
 setDefaultTimeout(120_000);
 
@@ -17,15 +17,8 @@ const DEPTHS: [number, number][] = [
   [32, 8],
 ];
 
-let server: TestServer;
+const server = serverForTests({ modelPath: TRAINED_MODEL_PATH, env: { SERVICE_MAX_SEQ_LEN: "512" } });
 
-beforeAll(async () => {
-  server = await startServer({ modelPath: TRAINED_MODEL_PATH, env: { SERVICE_MAX_SEQ_LEN: "512" } });
-});
-
-afterAll(async () => {
-  await server.stop();
-});
 
 async function tokens(path: string, body: Record<string, unknown>): Promise<{ tokens: number[]; loops_used: number }> {
   const schema = path === "/generate" ? GenerateResponse : SpeculativeResponse;

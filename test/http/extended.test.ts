@@ -3,7 +3,7 @@
 // request knobs (§4), and both families on a server without a usable model.
 // The compat fields and limits shared with /v1 are checked for both families
 // in compat.test.ts.
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { beforeAll, describe, expect, test } from "bun:test";
 import pkg from "../../package.json" with { type: "json" };
 import type { Static, TSchema } from "@sinclair/typebox";
 import {
@@ -25,7 +25,7 @@ import {
 import { Tokenizer } from "../../src/tokenizer.ts";
 import { expectSchema, jsonBody, sseEvents } from "../helpers/http.ts";
 import { TINY, testTempDir } from "../helpers/models.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { serverForTests, startServer } from "../helpers/server.ts";
 
 const MAX_SEQ_LEN = 256;
 const COMMIT = "0123abcd-test";
@@ -46,16 +46,11 @@ const TINY_INFO: ModelInfoSection = {
   kv_cache_mode: "fp16",
 };
 
-let server: TestServer;
+const server = serverForTests({ env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN), SERVICE_COMMIT: COMMIT } });
 let tok: Tokenizer;
 
 beforeAll(async () => {
   tok = await Tokenizer.load();
-  server = await startServer({ env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN), SERVICE_COMMIT: COMMIT } });
-});
-
-afterAll(async () => {
-  await server?.stop();
 });
 
 const ok = async <S extends TSchema>(path: string, body: unknown, schema: S) => jsonBody(await server.post(path, body), schema);
@@ -316,14 +311,8 @@ describe("extended request knobs", () => {
 
 describe("both families on a server without a usable model", () => {
   const missing = () => `${testTempDir()}/no-such-model.safetensors`;
-  let s: TestServer;
+  const s = serverForTests(() => ({ modelPath: missing() }));
 
-  beforeAll(async () => {
-    s = await startServer({ modelPath: missing() });
-  });
-  afterAll(async () => {
-    await s?.stop();
-  });
 
   test("the models lists still name the configured model; model_info is null; commit is null", async () => {
     const v1 = await jsonBody(await fetch(`${s.url}/v1/models`), ModelList);

@@ -3,23 +3,17 @@
 // it, the server generates in it (chain speculation equal to plain greedy
 // decoding), tree speculation is refused with a 400 naming the constraint,
 // and a mode the model cannot run is reported at the start.
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { describe, expect, test } from "bun:test";
 import { ErrorBody, ExtendedModelList, ExtendedTextCompletion, GenerateResponse, SpeculativeResponse } from "../../src/http/responses.ts";
 import { jsonBody } from "../helpers/http.ts";
 import { tinyModelPath } from "../helpers/models.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { serverForTests, startServer } from "../helpers/server.ts";
 
 const PROMPT = "The looped transformer said";
 
 describe("a server started with SERVICE_KV_INT8=1", () => {
-  let server: TestServer;
+  const server = serverForTests({ env: { SERVICE_KV_INT8: "1", SERVICE_MAX_SEQ_LEN: "256" } });
 
-  beforeAll(async () => {
-    server = await startServer({ env: { SERVICE_KV_INT8: "1", SERVICE_MAX_SEQ_LEN: "256" } });
-  });
-  afterAll(async () => {
-    await server?.stop();
-  });
 
   test("reports kv_cache_mode int8 in model_info and on its startup line", async () => {
     const models = await jsonBody(await fetch(`${server.url}/api/v0/models`), ExtendedModelList);

@@ -4,11 +4,11 @@
 // Now a text longer than SERVICE_MAX_SEQ_LEN tokens of the longest GPT-2
 // token (128 bytes) could hold is refused unread, on every family, and a
 // long text is tokenized on a worker thread with the same ids.
-import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { ErrorBody, GenerateResponse, TextCompletion } from "../../src/http/responses.ts";
 import { Tokenizer } from "../../src/tokenizer.ts";
 import { expectErrorShape, jsonBody } from "../helpers/http.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { serverForTests, startServer } from "../helpers/server.ts";
 
 setDefaultTimeout(120_000);
 
@@ -20,16 +20,11 @@ const HUGE = "😀".repeat(262_144);
 /** 511 tokens of 128 bytes: just under the byte limit, fits the context with max_tokens 1; one run, so ~2 s of BPE. */
 const JUST_UNDER = LONGEST_TOKEN.repeat(MAX_SEQ_LEN - 1);
 
-let server: TestServer;
+const server = serverForTests({ env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } });
 let tokenizer: Tokenizer;
 
 beforeAll(async () => {
-  server = await startServer({ env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } });
   tokenizer = await Tokenizer.load();
-});
-
-afterAll(async () => {
-  await server.stop();
 });
 
 const chat = (content: string) => ({ model: "m", messages: [{ role: "user", content }], max_tokens: 1 });

@@ -22,7 +22,7 @@ import {
   waitForQueueDepth,
 } from "../helpers/scheduling.ts";
 import { TINY } from "../helpers/models.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { serverForTests, startServer, type TestServer } from "../helpers/server.ts";
 import { type Family, SPEC_SERIES, SPECULATIVE_SERIES } from "../scheduler/prom_text.ts";
 
 // bunfig.toml's [test] timeout is not read by this Bun (the 5 s default
@@ -146,13 +146,7 @@ describe("/metrics with a model loaded", () => {
 });
 
 describe("/metrics when the engine fails", () => {
-  let s: TestServer;
-  beforeAll(async () => {
-    s = await startServer({ modelPath: poisonedModelPath() });
-  });
-  afterAll(async () => {
-    await s?.stop();
-  });
+  const s = serverForTests(() => ({ modelPath: poisonedModelPath() }));
 
   test("an engine error moves submitted and errored, not completed, and no completion latency is recorded", async () => {
     const keys = [...LIFECYCLE, "service_request_wall_ms_count"] as const;
@@ -182,13 +176,7 @@ describe("/metrics when the engine fails", () => {
 });
 
 describe("/metrics without a model", () => {
-  let s: TestServer;
-  beforeAll(async () => {
-    s = await startServer({ modelPath: null });
-  });
-  afterAll(async () => {
-    await s?.stop();
-  });
+  const s = serverForTests({ modelPath: null });
 
   test("still answers 200 in Prometheus text with every SPEC.md series while /healthz and /generate answer 503", async () => {
     expect((await fetch(`${s.url}/healthz`)).status).toBe(503);

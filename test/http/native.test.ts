@@ -7,20 +7,15 @@ import { type ErrorBody, GenerateResponse, GenerateStreamEvent } from "../../src
 import { IncrementalDetokenizer, Tokenizer } from "../../src/tokenizer.ts";
 import { expectErrorShape, jsonBody, sseData, sseEvents } from "../helpers/http.ts";
 import { testTempDir } from "../helpers/models.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { serverForTests, startServer, type TestServer } from "../helpers/server.ts";
 
 const MAX_SEQ_LEN = 256;
 
-let server: TestServer;
+const server = serverForTests({ env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } });
 let tok: Tokenizer;
 
 beforeAll(async () => {
   tok = await Tokenizer.load();
-  server = await startServer({ env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } });
-});
-
-afterAll(async () => {
-  await server?.stop();
 });
 
 const generate = async (body: Record<string, unknown>) => jsonBody(await server.post("/generate", body), GenerateResponse);

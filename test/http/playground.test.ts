@@ -2,18 +2,12 @@
 // self-contained page whose Content-Security-Policy admits exactly its own
 // inline script and style and requests to its own origin. The page driven
 // in a browser: test/playground/browser.test.ts.
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { describe, expect, test } from "bun:test";
 import { ErrorBody } from "../../src/http/responses.ts";
 import { jsonBody } from "../helpers/http.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { serverForTests } from "../helpers/server.ts";
 
-let server: TestServer;
-beforeAll(async () => {
-  server = await startServer();
-});
-afterAll(async () => {
-  await server.stop();
-});
+const server = serverForTests();
 
 const sha256 = (text: string) => `'sha256-${new Bun.CryptoHasher("sha256").update(text).digest("base64")}'`;
 

@@ -10,7 +10,7 @@ import { ErrorBody, GenerateResponse, TextCompletion } from "../../src/http/resp
 import { log } from "../../src/log.ts";
 import { jsonBody } from "../helpers/http.ts";
 import { cancelOpenStreams, expect503, openStream, PROMPT, slowModelPath, startBlocker, waitFor, waitForQueueDepth } from "../helpers/scheduling.ts";
-import { inProcessApp, startServer, TINY_MODEL_INFO, type TestServer } from "../helpers/server.ts";
+import { inProcessApp, serverForTests, startServer, TINY_MODEL_INFO, type TestServer } from "../helpers/server.ts";
 
 setDefaultTimeout(60_000);
 
@@ -160,13 +160,7 @@ describe("text format (the default)", () => {
 });
 
 describe("json format", () => {
-  let s: TestServer;
-  beforeAll(async () => {
-    s = await startServer({ env: { SERVICE_LOG_FORMAT: "json" } });
-  });
-  afterAll(async () => {
-    await s?.stop();
-  });
+  const s = serverForTests({ env: { SERVICE_LOG_FORMAT: "json" } });
 
   test("every line is one JSON object; request lines carry every field with its type", async () => {
     const plain = await s.post("/v1/completions", { model: "m", prompt: PROMPT, max_tokens: 4 });

@@ -2,29 +2,22 @@
 // server process (SPEC.md §4, §8; DESIGN.md §4): greedy output equals
 // /generate at loops = verify_loops, the response's stats, every range and
 // combination rule, the /metrics counters, and no trace left behind.
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { describe, expect, test } from "bun:test";
 import { loadConfig } from "../../src/config.ts";
 import type { GenerateResult } from "../../src/engine/types.ts";
 import type { GenerationEngine } from "../../src/http/generation.ts";
 import { type ErrorBody, GenerateResponse, SpeculativeResponse } from "../../src/http/responses.ts";
 import { tinyModelPath } from "../helpers/models.ts";
 import { jsonBody } from "../helpers/http.ts";
-import { inProcessApp, startServer, TINY_MODEL_INFO, type TestServer } from "../helpers/server.ts";
+import { inProcessApp, serverForTests, startServer, TINY_MODEL_INFO, type TestServer } from "../helpers/server.ts";
 
 const MAX_SEQ_LEN = 256;
 // Untied, with small residual updates: shallow loops mostly agree with deep ones.
 const MODEL = { seed: 41, residualScale: 0.05, loops: 8 };
 const ENV = { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN), SERVICE_PREFIX_POOL_CAPACITY: "8" };
 
-let server: TestServer;
+const server = serverForTests(() => ({ modelPath: tinyModelPath(MODEL), env: ENV }));
 
-beforeAll(async () => {
-  server = await startServer({ modelPath: tinyModelPath(MODEL), env: ENV });
-});
-
-afterAll(async () => {
-  await server?.stop();
-});
 
 /** A speculative endpoint's answer, checked against its schema. */
 const call = async (path: string, body: Record<string, unknown>, on: TestServer = server) => jsonBody(await on.post(path, body), SpeculativeResponse);

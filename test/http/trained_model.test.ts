@@ -3,14 +3,14 @@
 // King James Bible's words, through the native API and the OpenAI-shaped
 // one, at the default depth and at a shallow one; and self-speculative
 // decoding on it gives exactly the plain output.
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { beforeAll, describe, expect, test } from "bun:test";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { ChatCompletion, GenerateResponse, SpeculativeResponse } from "../../src/http/responses.ts";
 import { TRAINED_MODEL_PATH } from "../../src/model/trained.ts";
 import { jsonBody } from "../helpers/http.ts";
 import { testTempDir } from "../helpers/models.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { serverForTests } from "../helpers/server.ts";
 import { runTorchModule } from "../helpers/torch.ts";
 
 const PROMPTS = ["And God said unto Moses,", "The LORD is my shepherd;", "And it came to pass, when the king"];
@@ -18,17 +18,13 @@ const PROMPTS = ["And God said unto Moses,", "The LORD is my shepherd;", "And it
 /** Lower-case words of a text. */
 const words = (text: string) => text.toLowerCase().match(/[a-z]+/g) ?? [];
 
-let server: TestServer;
+const server = serverForTests({ modelPath: TRAINED_MODEL_PATH, env: { SERVICE_MAX_SEQ_LEN: "512" } });
 let vocabulary: Set<string>;
 
 beforeAll(async () => {
-  server = await startServer({ modelPath: TRAINED_MODEL_PATH, env: { SERVICE_MAX_SEQ_LEN: "512" } });
   const dir = join(testTempDir(), "kjv-words");
   runTorchModule("data", [dir]);
   vocabulary = new Set(words(readFileSync(join(dir, "train.txt"), "utf8")));
-});
-afterAll(async () => {
-  await server.stop();
 });
 
 async function generate(body: Record<string, unknown>, path = "/generate"): Promise<{ text: string; tokens: number[] }> {
