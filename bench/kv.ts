@@ -15,7 +15,7 @@ import { type KvCacheSettings, NativeModel } from "../src/engine/binding.ts";
 import type { SimdChoice } from "../src/engine/types.ts";
 import { KV_CACHE_MODES } from "../src/model/kvcache.ts";
 import { kvBytesPerToken } from "../test/reference/kvcache.ts";
-import { compareLogits, prompt, quantizedPath } from "./quant.ts";
+import { compareLogits, prompt, quantizedPath, RUN_DEFAULTS } from "./quant.ts";
 import { writeJson } from "./report.ts";
 
 export interface KvBenchOptions {
@@ -91,16 +91,10 @@ const modeName = (kv: KvCacheSettings) => `${kv.mode}${kv.fp16AttnQkv ? "+fp16qk
 /** One row per (weights, cache mode). */
 export async function measureKv(opts: KvBenchOptions = {}): Promise<Row[]> {
   const o: Required<KvBenchOptions> = {
+    ...RUN_DEFAULTS,
     modes: DEFAULT_KV_MODES,
     weights: ["fp16"],
-    threads: 2,
-    loops: 8,
-    prefillTokens: 512,
-    decodeTokens: 64,
     repeats: 6,
-    prompts: 4,
-    promptTokens: 128,
-    simd: "auto",
     library: kernelLibrary(),
     ...opts,
   };

@@ -92,19 +92,16 @@ export function compareLogits(base: Float32Array[], other: Float32Array[]): { kl
   return { kl: kl / base.length, top1: agree / base.length };
 }
 
+/** What this benchmark and bench/kv.ts measure with unless told otherwise. */
+export const RUN_DEFAULTS = { threads: 2, loops: 8, prefillTokens: 512, decodeTokens: 64, prompts: 4, promptTokens: 128, simd: "auto" } as const;
+
 /** One row per weight format. */
 export async function measureQuant(opts: QuantBenchOptions = {}): Promise<Row[]> {
   const o: Required<QuantBenchOptions> = {
+    ...RUN_DEFAULTS,
     formats: DEFAULT_FORMATS,
     groupSize: 32,
-    threads: 2,
-    loops: 8,
-    prefillTokens: 512,
-    decodeTokens: 64,
     repeats: 3,
-    prompts: 4,
-    promptTokens: 128,
-    simd: "auto",
     library: kernelLibrary(),
     ...opts,
   };

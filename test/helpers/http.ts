@@ -37,6 +37,13 @@ export function expectErrorShape(body: unknown): asserts body is ErrorBody {
   expect(body.error.message.length).toBeGreaterThan(0);
 }
 
+/** A refused request's error body: the error shape, an invalid request, naming `param` (null: the body as a whole). */
+export function expectInvalidRequest(body: unknown, param: string | null): asserts body is ErrorBody {
+  expectErrorShape(body);
+  expect(body.error.type).toBe("invalid_request_error");
+  expect(body.error.param).toBe(param);
+}
+
 /** The data payloads of a complete SSE body, in order (the last is "[DONE]" when well formed): one `data:` line per event. */
 export function sseData(body: string): string[] {
   if (body === "") return [];

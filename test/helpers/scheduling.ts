@@ -45,6 +45,11 @@ export async function metrics<K extends string>(server: TestServer, samples: rea
   return Object.fromEntries(samples.map((s) => [s, sampleValue(fams, s)])) as Record<K, number>;
 }
 
+/** How much each sample moved between two readings (metrics()). */
+export function delta<K extends string>(after: Record<K, number>, before: Record<K, number>): Record<K, number> {
+  return Object.fromEntries(Object.keys(after).map((k) => [k, after[k as K] - before[k as K]])) as Record<K, number>;
+}
+
 export const LIFECYCLE = [
   "service_requests_submitted_total",
   "service_requests_completed_total",

@@ -19,7 +19,7 @@ import {
   TextCompletionChunk,
 } from "../../src/http/responses.ts";
 import { IncrementalDetokenizer, Tokenizer } from "../../src/tokenizer.ts";
-import { jsonBody, sseEvents } from "../helpers/http.ts";
+import { expectInvalidRequest, jsonBody, sseEvents } from "../helpers/http.ts";
 import { TINY } from "../helpers/models.ts";
 import { serverForTests } from "../helpers/server.ts";
 
@@ -56,14 +56,6 @@ async function streamRaw<S extends TSchema>(path: string, body: unknown, schema:
   expect(res.headers.get("content-type")).toStartWith("text/event-stream");
   const raw = await res.text();
   return { raw, chunks: sseEvents(raw, schema) };
-}
-
-function expectError(body: unknown, param: string | null): asserts body is ErrorBody {
-  const e = (body as ErrorBody).error;
-  expect(typeof e.message).toBe("string");
-  expect(e.type).toBe("invalid_request_error");
-  expect(e.param).toBe(param);
-  expect(e).toHaveProperty("code");
 }
 
 /** Text deltas exactly as the server must emit them: whole characters, empty ones dropped. */
@@ -193,14 +185,14 @@ describe("chat rendering (DESIGN.md §6)", () => {
     const res = await server.post("/v1/chat/completions", { model: MODEL, messages });
     expect(res.status).toBe(400);
     const body = await res.json();
-    expectError(body, "messages[0].content[1].type");
+    expectInvalidRequest(body, "messages[0].content[1].type");
     expect(body.error.message).toContain("image_url");
   });
 
   test("a text part without text is a 422", async () => {
     const res = await server.post("/v1/chat/completions", { model: MODEL, messages: [{ role: "user", content: [{ type: "text" }] }] });
     expect(res.status).toBe(422);
-    expectError(await res.json(), "messages[0].content[0].text");
+    expectInvalidRequest(await res.json(), "messages[0].content[0].text");
   });
 });
 
@@ -279,7 +271,7 @@ describe("sampling fields", () => {
     const res = await server.post("/v1/chat/completions", { model: MODEL, messages: USER, max_completion_tokens: 2, max_tokens: 9 });
     expect(res.status).toBe(400);
     const body = await res.json();
-    expectError(body, "max_completion_tokens");
+    expectInvalidRequest(body, "max_completion_tokens");
     expect(body.error.message).toContain("`max_tokens` (9)");
     expect(body.error.message).toContain("`max_completion_tokens` (2)");
   });
@@ -295,7 +287,7 @@ describe("sampling fields", () => {
       const res = await server.post(path, { model: MODEL, messages: USER, max_tokens: 1, [field]: value });
       expect(res.status).toBe(400);
       const body = await res.json();
-      expectError(body, field);
+      expectInvalidRequest(body, field);
       expect(body.error.code).toBe("unsupported_parameter");
       expect(body.error.message).toContain(`\`${field}\``);
     }
@@ -361,7 +353,7 @@ describe("POST /v1/completions prompt forms", () => {
       const res = await server.post("/v1/completions", { model: MODEL, prompt: PROMPT, [field]: 0 });
       expect(res.status).toBe(400);
       const body = await res.json();
-      expectError(body, field);
+      expectInvalidRequest(body, field);
       expect(body.error.message).toContain("echo");
     }
   });
@@ -381,7 +373,7 @@ describe("POST /v1/completions prompt forms", () => {
   ])("%s = %p is a 400 naming the field", async (field, value, param) => {
     const res = await server.post("/v1/completions", { model: MODEL, prompt: PROMPT, [field]: value });
     expect(res.status).toBe(400);
-    expectError(await res.json(), param);
+    expectInvalidRequest(await res.json(), param);
   });
 
   test("default values of the unsupported fields are accepted", async () => {
@@ -547,7 +539,7 @@ describe.each(ENDPOINTS)("%s validation", (path, base) => {
     const res = await post({ [field]: value });
     expect(res.status).toBe(400);
     const body = await res.json();
-    expectError(body, field);
+    expectInvalidRequest(body, field);
     expect(body.error.message).toContain(`\`${field}\``);
     expect(body.error.message).toContain(`got ${value}`);
   });
@@ -576,7 +568,7 @@ describe.each(ENDPOINTS)("%s validation", (path, base) => {
     const res = await post({ max_tokens: 8192 });
     expect(res.status).toBe(400);
     const body = await res.json();
-    expectError(body, "max_tokens");
+    expectInvalidRequest(body, "max_tokens");
     expect(body.error.code).toBe("context_length_exceeded");
   });
 
@@ -604,7 +596,7 @@ describe.each(ENDPOINTS)("%s validation", (path, base) => {
     const res = await post({ [field]: value });
     expect(res.status).toBe(400);
     const body = await res.json();
-    expectError(body, field);
+    expectInvalidRequest(body, field);
     expect(body.error.code).toBe("unsupported_parameter");
     expect(body.error.message).toContain(`\`${field}\``);
   });
@@ -626,7 +618,7 @@ describe.each(ENDPOINTS)("%s validation", (path, base) => {
     ])("%s is a %d naming the field", async (_, body, status, param) => {
       const res = await post(body);
       expect(res.status).toBe(status);
-      expectError(await res.json(), param);
+      expectInvalidRequest(await res.json(), param);
     });
 
     test("logprobs false/null, and true with top_logprobs 0..20 or null, are accepted", async () => {
@@ -641,7 +633,7 @@ describe.each(ENDPOINTS)("%s validation", (path, base) => {
     ])("%s is a %d naming the field", async (_, body, status) => {
       const res = await post(body);
       expect(res.status).toBe(status);
-      expectError(await res.json(), "logprobs");
+      expectInvalidRequest(await res.json(), "logprobs");
     });
 
     test("logprobs null and 0..5 are accepted", async () => {
@@ -663,13 +655,13 @@ describe.each(ENDPOINTS)("%s validation", (path, base) => {
   ])("%s is a 422", async (_, body, param) => {
     const res = await post(body);
     expect(res.status).toBe(422);
-    expectError(await res.json(), param);
+    expectInvalidRequest(await res.json(), param);
   });
 
   test("an empty stop string is a 400", async () => {
     const res = await post({ stop: [""] });
     expect(res.status).toBe(400);
-    expectError(await res.json(), "stop[0]");
+    expectInvalidRequest(await res.json(), "stop[0]");
   });
 
   test.each([
@@ -679,7 +671,7 @@ describe.each(ENDPOINTS)("%s validation", (path, base) => {
   ])("%s is a 400 in the error shape, never a 500", async (_, raw, headers) => {
     const res = await server.post(path, raw, headers);
     expect(res.status).toBe(400);
-    expectError(await res.json(), null);
+    expectInvalidRequest(await res.json(), null);
   });
 });
 
@@ -690,7 +682,7 @@ describe.each([["/v1"], ["/api/v0"]])("%s/chat/completions messages", (prefix) =
     const res = await post({});
     expect(res.status).toBe(422);
     const body = await res.json();
-    expectError(body, "messages");
+    expectInvalidRequest(body, "messages");
     expect(body.error.code).toBe("missing_required_parameter");
   });
 
@@ -702,7 +694,7 @@ describe.each([["/v1"], ["/api/v0"]])("%s/chat/completions messages", (prefix) =
   ])("%s is a 422", async (_, body, param) => {
     const res = await post(body);
     expect(res.status).toBe(422);
-    expectError(await res.json(), param);
+    expectInvalidRequest(await res.json(), param);
   });
 
   // A role outside the allowed set is a value outside an enum: 400 (DESIGN.md §6).
@@ -710,14 +702,14 @@ describe.each([["/v1"], ["/api/v0"]])("%s/chat/completions messages", (prefix) =
     const res = await post({ messages: [{ role, content: "hi" }] });
     expect(res.status).toBe(400);
     const body = await res.json();
-    expectError(body, "messages[0].role");
+    expectInvalidRequest(body, "messages[0].role");
     expect(body.error.message).toContain('"system", "user", "assistant"');
   });
 
   test("an empty messages array is a 400", async () => {
     const res = await post({ messages: [] });
     expect(res.status).toBe(400);
-    expectError(await res.json(), "messages");
+    expectInvalidRequest(await res.json(), "messages");
   });
 });
 
@@ -731,7 +723,7 @@ describe.each([["/v1"], ["/api/v0"]])("%s/completions prompt", (prefix) => {
   ])("%s is a 422", async (_, body, param) => {
     const res = await post(body);
     expect(res.status).toBe(422);
-    expectError(await res.json(), param);
+    expectInvalidRequest(await res.json(), param);
   });
 
   test.each([
@@ -742,7 +734,7 @@ describe.each([["/v1"], ["/api/v0"]])("%s/completions prompt", (prefix) => {
   ])("%s is a 400", async (_, body, param) => {
     const res = await post(body);
     expect(res.status).toBe(400);
-    expectError(await res.json(), param);
+    expectInvalidRequest(await res.json(), param);
   });
 });
 

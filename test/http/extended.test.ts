@@ -23,7 +23,7 @@ import {
   type Usage,
 } from "../../src/http/responses.ts";
 import { Tokenizer } from "../../src/tokenizer.ts";
-import { expectSchema, jsonBody, sseEvents } from "../helpers/http.ts";
+import { expectInvalidRequest, expectSchema, jsonBody, sseEvents } from "../helpers/http.ts";
 import { TINY, testTempDir } from "../helpers/models.ts";
 import { serverForTests, startServer } from "../helpers/server.ts";
 
@@ -82,12 +82,6 @@ function expectSections(r: Partial<ExtendedSections>, usage: Usage | null | unde
   expect(s.loops_used).toBe(loops);
   expect(r.model_info).toEqual(TINY_INFO);
   expect(r.runtime).toEqual({ name: "loopserve", version: pkg.version, commit: COMMIT });
-}
-
-function expectError(body: unknown, param: string | null): asserts body is ErrorBody {
-  const e = (body as ErrorBody).error;
-  expect(typeof e.message).toBe("string");
-  expect(e.param).toBe(param);
 }
 
 // ---- models ----
@@ -189,7 +183,7 @@ describe("extended request knobs", () => {
     const res = await server.post("/api/v0/chat/completions", { model: MODEL, messages: USER, mode: "tree_speculative" });
     expect(res.status).toBe(400);
     const body = await res.json();
-    expectError(body, "temperature");
+    expectInvalidRequest(body, "temperature");
   });
 
   test.each(["speculative", "tree_speculative"])("mode %p with draft_loops above verify_loops is served: the plain output at verify_loops", async (mode) => {
@@ -203,7 +197,7 @@ describe("extended request knobs", () => {
     const res = await server.post("/api/v0/chat/completions", { model: MODEL, messages: USER, mode: "fast" });
     expect(res.status).toBe(400);
     const body = await res.json();
-    expectError(body, "mode");
+    expectInvalidRequest(body, "mode");
     expect(body.error.message).toContain('"generate", "speculative", "tree_speculative"');
   });
 
@@ -273,7 +267,7 @@ describe("extended request knobs", () => {
       const res = await server.post(path, { model: MODEL, messages: USER, prompt: PROMPT, max_tokens: 1, [field]: value });
       expect(res.status).toBe(400);
       const body = await res.json();
-      expectError(body, field);
+      expectInvalidRequest(body, field);
       expect(body.error.message).toContain(`\`${field}\``);
     }
   });
@@ -303,7 +297,7 @@ describe("extended request knobs", () => {
   ])("%s is a 422", async (_, extra, param) => {
     const res = await server.post("/api/v0/completions", { model: MODEL, prompt: PROMPT, ...extra });
     expect(res.status).toBe(422);
-    expectError(await res.json(), param);
+    expectInvalidRequest(await res.json(), param);
   });
 });
 

@@ -5,7 +5,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { type ErrorBody, GenerateResponse, GenerateStreamEvent } from "../../src/http/responses.ts";
 import { IncrementalDetokenizer, Tokenizer } from "../../src/tokenizer.ts";
-import { expectErrorShape, jsonBody, sseData, sseEvents } from "../helpers/http.ts";
+import { expectErrorShape, expectInvalidRequest, jsonBody, sseData, sseEvents } from "../helpers/http.ts";
 import { testTempDir } from "../helpers/models.ts";
 import { serverForTests, startServer, type TestServer } from "../helpers/server.ts";
 
@@ -227,9 +227,7 @@ describe("POST /generate validation", () => {
   ])("%s is a 400", async (_, body, param) => {
     const res = await server.post("/generate", body);
     expect(res.status).toBe(400);
-    const json = await res.json();
-    expectErrorShape(json);
-    expect(json.error.param).toBe(param);
+    expectInvalidRequest(await res.json(), param);
   });
 
   test.each([
@@ -246,9 +244,7 @@ describe("POST /generate validation", () => {
   ])("%s is a 422", async (_, body, param) => {
     const res = await server.post("/generate", body);
     expect(res.status).toBe(422);
-    const json = await res.json();
-    expectErrorShape(json);
-    expect(json.error.param).toBe(param);
+    expectInvalidRequest(await res.json(), param);
   });
 
   test("a JSON body that is not an object is a 422", async () => {

@@ -13,6 +13,7 @@ import { GenerateResponse } from "../../src/http/responses.ts";
 import { jsonBody } from "../helpers/http.ts";
 import {
   cancelOpenStreams,
+  delta,
   expect503,
   generateOk,
   LIFECYCLE,
@@ -34,10 +35,6 @@ afterEach(cancelOpenStreams);
 
 const MAX_SEQ_LEN = 8192;
 const BLOCKER_TOKENS = 8000; // ~10 s of engine time if it ran to the end
-
-function delta<K extends string>(after: Record<K, number>, before: Record<K, number>): Record<K, number> {
-  return Object.fromEntries(Object.keys(after).map((k) => [k, after[k as K] - before[k as K]])) as Record<K, number>;
-}
 
 describe("priority queue", () => {
   const s = serverForTests(() => ({ modelPath: slowModelPath(), env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } }));

@@ -21,7 +21,7 @@
 //   logits = rmsnorm(h, norm) · Wout^T
 
 import { f16ArrayToF32, roundToF16 } from "../../src/model/fp16.ts";
-import { loadModelFile, loadQuantModelFile, MAX_LOOPS, type ModelConfig, QUANT_MATRICES } from "../../src/model/format.ts";
+import { loadModelFile, loadQuantModelFile, MAX_LOOPS, type ModelConfig, type ModelWeights, QUANT_MATRICES } from "../../src/model/format.ts";
 import { type KvCacheMode, type KvModeSpec, kvModeSpec } from "../../src/model/kvcache.ts";
 import { readSafetensors } from "../../src/model/safetensors.ts";
 import { storedKvRow, whtF64 } from "./kvcache.ts";
@@ -91,21 +91,8 @@ export interface ForwardOptions {
 type RefMatrix = Float32Array | Float64Array;
 type MatrixKey = "wq" | "wk" | "wv" | "wo" | "w1" | "w2" | "w3" | "output";
 
-/** Weights decoded exactly from the file. */
-interface RefWeights {
-  tokEmbeddings: Float32Array; // (vocab_size, dim)
-  attnNorm: Float32Array; // (dim)
-  wq: RefMatrix; // (n_heads * head_dim, dim)
-  wk: RefMatrix; // (n_kv_heads * head_dim, dim)
-  wv: RefMatrix; // (n_kv_heads * head_dim, dim)
-  wo: RefMatrix; // (dim, n_heads * head_dim)
-  ffnNorm: Float32Array; // (dim)
-  w1: RefMatrix; // (ffn_dim, dim)
-  w2: RefMatrix; // (dim, ffn_dim)
-  w3: RefMatrix; // (ffn_dim, dim)
-  norm: Float32Array; // (dim)
-  output: RefMatrix; // (vocab_size, dim); tokEmbeddings when tied
-}
+/** Weights decoded exactly from the file (shapes: format.ts ModelWeights; output is tokEmbeddings when tied). */
+type RefWeights = { [K in keyof ModelWeights]: K extends MatrixKey ? RefMatrix : Float32Array };
 
 export class ReferenceModel {
   private constructor(
