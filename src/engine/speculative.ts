@@ -51,7 +51,6 @@ const isIntIn = (v: number, lo: number, hi: number) => Number.isInteger(v) && v 
 export function planSpeculative(req: GenerateRequest): SpecPlan | null {
   const mode = req.mode ?? "generate";
   if (mode === "generate") return null;
-  if (mode !== "speculative" && mode !== "tree_speculative") throw new EngineRequestError(`unknown generation mode '${String(mode)}'`);
   const verifyLoops = req.verifyLoops ?? req.loops;
   if (verifyLoops !== req.loops)
     throw new EngineRequestError(`verifyLoops (${verifyLoops}) must equal loops (${req.loops}) in the speculative modes`);

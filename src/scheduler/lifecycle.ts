@@ -92,8 +92,6 @@ export function transition(rec: RequestRecord, to: RequestState, metrics: Servic
     case "cancelled":
       metrics.cancelled.inc();
       break;
-    case "queued":
-      return; // unreachable: nothing transitions into queued
   }
   // A terminal state after running (or a cancellation while queued).
   t.finished = now;
