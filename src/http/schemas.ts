@@ -143,7 +143,7 @@ const ChatFields = {
 };
 
 /** Text, several texts (only the first is used, SPEC.md §4), pre-tokenised ids, or several id lists (likewise). */
-const CompletionPrompt = T.Union([
+export const CompletionPrompt = T.Union([
   T.String({ minLength: 1 }),
   T.Array(T.String({ minLength: 1 }), { minItems: 1 }),
   T.Array(T.Integer(), { minItems: 1 }),
