@@ -15,8 +15,10 @@
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
-import { benchModel } from "./models.ts";
-import { median, printTable, type Row, writeJson } from "./report.ts";
+import { benchModel } from "../src/bench/models.ts";
+import { median, printTable, type Row } from "../src/bench/table.ts";
+import { freePort } from "../test/helpers/server.ts";
+import { writeJson } from "./report.ts";
 
 const ROOT = resolve(import.meta.dir, "..");
 const DIST = join(ROOT, "dist", "loopserve");
@@ -26,17 +28,10 @@ export interface BinaryBenchOptions {
   binary?: string;
   /** Run `bun build.ts` first. Default: only when the binary is missing. */
   build?: boolean;
-  /** Model served; default the benchmark model (bench/models.ts). */
+  /** Model served; default the benchmark model (src/bench/models.ts). */
   modelPath?: string;
   /** Starts per case; the median is reported. */
   runs?: number;
-}
-
-function freePort(): number {
-  const probe = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
-  const port = probe.port;
-  probe.stop(true);
-  return port;
 }
 
 /** Spawns the binary and returns ms from spawn to the first 200 on /healthz. */

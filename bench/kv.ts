@@ -8,12 +8,15 @@
 //
 // `bun bench/kv.ts` prints the table and writes bench/results/kv.json;
 // bench/run.ts can call measureKv() for its own report.
-import { type KvCacheSettings, NativeModel, type SimdChoice } from "../src/engine/binding.ts";
-import { KV_CACHE_MODES, kvBytesPerToken } from "../src/model/kvcache.ts";
-import { kernelLibrary } from "./engine.ts";
-import { benchModel } from "./models.ts";
-import { compareLogits, prompt, quantizedPath } from "./quant.ts";
-import { median, printTable, type Row, writeJson } from "./report.ts";
+import { kernelLibrary } from "../src/bench/engine.ts";
+import { benchModel } from "../src/bench/models.ts";
+import { median, printTable, type Row } from "../src/bench/table.ts";
+import { type KvCacheSettings, NativeModel } from "../src/engine/binding.ts";
+import type { SimdChoice } from "../src/engine/types.ts";
+import { KV_CACHE_MODES } from "../src/model/kvcache.ts";
+import { kvBytesPerToken } from "../test/reference/kvcache.ts";
+import { compareLogits, prompt, quantizedPath, RUN_DEFAULTS } from "./quant.ts";
+import { writeJson } from "./report.ts";
 
 export interface KvBenchOptions {
   modes?: KvCacheSettings[];
@@ -88,16 +91,10 @@ const modeName = (kv: KvCacheSettings) => `${kv.mode}${kv.fp16AttnQkv ? "+fp16qk
 /** One row per (weights, cache mode). */
 export async function measureKv(opts: KvBenchOptions = {}): Promise<Row[]> {
   const o: Required<KvBenchOptions> = {
+    ...RUN_DEFAULTS,
     modes: DEFAULT_KV_MODES,
     weights: ["fp16"],
-    threads: 2,
-    loops: 8,
-    prefillTokens: 512,
-    decodeTokens: 64,
     repeats: 6,
-    prompts: 4,
-    promptTokens: 128,
-    simd: "auto",
     library: kernelLibrary(),
     ...opts,
   };

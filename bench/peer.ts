@@ -41,7 +41,7 @@ import { type ModelConfig, parseModelConfig } from "../src/model/format.ts";
 import { exportGguf } from "../src/model/gguf.ts";
 import { readSafetensors } from "../src/model/safetensors.ts";
 import { Tokenizer } from "../src/tokenizer.ts";
-import { BENCH_SHAPE, benchModel, promptOf } from "./models.ts";
+import { BENCH_SHAPE, benchModel, promptOf } from "../src/bench/models.ts";
 import { decode, same } from "./speculative.ts";
 import { BUNDLE, cacheDir, fresh, llamaBench, llamaGreedy, llamaQuantize, type LlamaTools, llamaTools } from "./peer/llama.ts";
 import {
@@ -53,7 +53,8 @@ import {
   RooflineProbe,
 } from "./peer/roofline.ts";
 import { CORES, linearFit, LoadMeter, median, ownCpuS, PeerBenchError, run, waitForQuiet } from "./peer/system.ts";
-import { printTable, type Row, writeJson } from "./report.ts";
+import { printTable, type Row } from "../src/bench/table.ts";
+import { writeJson } from "./report.ts";
 
 const REPO = join(import.meta.dir, "..");
 const LIBRARY = join(REPO, "build", "libloopserve.so");

@@ -18,15 +18,16 @@
 // Texts are windows of max_seq_len tokens; each predicts its tokens 2..T.
 //
 //   bun bench/quality.ts     the tables; writes bench/results/quality.json
+import { kernelLibrary } from "../src/bench/engine.ts";
+import { median, printTable, type Row } from "../src/bench/table.ts";
 import { type KvCacheSettings, NativeModel } from "../src/engine/binding.ts";
 import { KV_CACHE_MODES } from "../src/model/kvcache.ts";
-import { argmax } from "../src/model/reference.ts";
+import { argmax } from "../test/reference/forward.ts";
 import { TRAINED_MODEL_PATH } from "../src/model/trained.ts";
-import { kernelLibrary } from "./engine.ts";
 import { kjvTokens } from "./kjv.ts";
 import { klDivergence, logSumExp } from "./logits.ts";
 import { quantizedPath } from "./quant.ts";
-import { median, printTable, type Row, writeJson } from "./report.ts";
+import { writeJson } from "./report.ts";
 import { decode, GREEDY, type Run, same, type Sampling } from "./speculative.ts";
 
 export interface QualityOptions {

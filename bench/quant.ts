@@ -8,13 +8,15 @@
 // bench/run.ts can call measureQuant() for its own report.
 import { existsSync, statSync } from "node:fs";
 import { basename, dirname, join } from "node:path";
-import { NativeModel, type SimdChoice } from "../src/engine/binding.ts";
+import { kernelLibrary, measureEngine } from "../src/bench/engine.ts";
+import { benchModel } from "../src/bench/models.ts";
+import { printTable, type Row } from "../src/bench/table.ts";
+import { NativeModel } from "../src/engine/binding.ts";
+import type { SimdChoice } from "../src/engine/types.ts";
 import { type HeadQuant, quantizeModelFile, type WeightQuant } from "../src/model/quantize.ts";
-import { argmax } from "../src/model/reference.ts";
-import { kernelLibrary, measureEngine } from "./engine.ts";
+import { argmax } from "../test/reference/forward.ts";
 import { klDivergence, logSumExp } from "./logits.ts";
-import { benchModel } from "./models.ts";
-import { printTable, type Row, writeJson } from "./report.ts";
+import { writeJson } from "./report.ts";
 
 export interface WeightFormat {
   quant: "fp16" | WeightQuant;
@@ -90,19 +92,16 @@ export function compareLogits(base: Float32Array[], other: Float32Array[]): { kl
   return { kl: kl / base.length, top1: agree / base.length };
 }
 
+/** What this benchmark and bench/kv.ts measure with unless told otherwise. */
+export const RUN_DEFAULTS = { threads: 2, loops: 8, prefillTokens: 512, decodeTokens: 64, prompts: 4, promptTokens: 128, simd: "auto" } as const;
+
 /** One row per weight format. */
 export async function measureQuant(opts: QuantBenchOptions = {}): Promise<Row[]> {
   const o: Required<QuantBenchOptions> = {
+    ...RUN_DEFAULTS,
     formats: DEFAULT_FORMATS,
     groupSize: 32,
-    threads: 2,
-    loops: 8,
-    prefillTokens: 512,
-    decodeTokens: 64,
     repeats: 3,
-    prompts: 4,
-    promptTokens: 128,
-    simd: "auto",
     library: kernelLibrary(),
     ...opts,
   };

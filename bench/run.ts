@@ -3,13 +3,15 @@
 //   bun bench/run.ts engine quant kv quality speculative binary
 // Figures are quoted as ratios measured side by side in one run: the
 // machines are shared and absolute tokens/s move from run to run.
+import { measureEngine } from "../src/bench/engine.ts";
+import { benchModel } from "../src/bench/models.ts";
+import { printTable, type Row } from "../src/bench/table.ts";
 import { measureBinary } from "./binary.ts";
-import { measureEngine, measureReferenceRatio } from "./engine.ts";
+import { measureReferenceRatio } from "./engine.ts";
 import { measureKv } from "./kv.ts";
-import { benchModel } from "./models.ts";
 import { measureQuality, QUALITY_TITLES } from "./quality.ts";
 import { measureQuant } from "./quant.ts";
-import { printTable, type Row, writeJson } from "./report.ts";
+import { writeJson } from "./report.ts";
 import { measureSpeculative } from "./speculative.ts";
 
 const sections: Record<string, () => Promise<[string, Row[]][]>> = {

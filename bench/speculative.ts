@@ -10,9 +10,9 @@
 //
 //   bun bench/speculative.ts            the full table (a few minutes on 2 cores)
 import { NativeModel, type NativeSession } from "../src/engine/binding.ts";
-import { kernelLibrary } from "./engine.ts";
-import { benchModel, promptOf } from "./models.ts";
-import { median, printTable, type Row } from "./report.ts";
+import { kernelLibrary } from "../src/bench/engine.ts";
+import { benchModel, promptOf } from "../src/bench/models.ts";
+import { median, printTable, type Row } from "../src/bench/table.ts";
 
 export interface SpeculativeBenchOptions {
   threads?: number; // kernel threads (default 2)

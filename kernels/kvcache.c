@@ -9,7 +9,7 @@
  *
  * Every loop below has a fixed order and ISO C mode keeps a*b+c unfused, so
  * a row's codes and decoded values are a function of the row alone, the
- * same in every build of this file (src/model/kvcache.ts is bit-exact).
+ * same in every build of this file (test/reference/kvcache.ts is bit-exact).
  */
 #include <math.h>
 #include <string.h>

@@ -8,7 +8,7 @@
  * a time, in plain C with a fixed operation order (no SIMD dispatch; ISO C
  * mode keeps a*b+c unfused), so a row's bytes depend on its own values only:
  * never on the batch, the thread count or the SIMD path. The TypeScript
- * reference (src/model/kvcache.ts) repeats the arithmetic bit for bit.
+ * reference (test/reference/kvcache.ts) repeats the arithmetic bit for bit.
  *
  * Layouts of a quantized session (fp16 modes keep session.h's kc / vc):
  *   kq (loops, n_kv_heads, nb, ldq)  key codes, transposed: byte b of the

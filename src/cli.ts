@@ -27,7 +27,7 @@ export async function main(argv: string[]): Promise<number> {
     case "tokenize":
       return (await import("./data/tokenize.ts")).runTokenizeCommand(rest);
     case "bench":
-      return (await import("./bench.ts")).runBench(rest);
+      return (await import("./bench/cli.ts")).runBench(rest);
     case "--version":
     case "-v":
       console.log(pkg.version);

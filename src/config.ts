@@ -5,6 +5,7 @@
 // later as a confusing request failure.
 import { readFileSync } from "node:fs";
 import pkg from "../package.json" with { type: "json" };
+import { SIMD_CHOICES, type SimdChoice } from "./engine/types.ts";
 import { normalizeHostPattern, normalizeOrigin } from "./http/origins.ts";
 import { LOG_FORMATS, type LogFormat } from "./log.ts";
 import { KV_CACHE_MODES, type KvCacheMode } from "./model/kvcache.ts";
@@ -12,8 +13,6 @@ import { KV_CACHE_MODES, type KvCacheMode } from "./model/kvcache.ts";
 export type { KvCacheMode };
 
 export class ConfigError extends Error {}
-
-export type SimdChoice = "auto" | "portable" | "avx2" | "avx512";
 
 /** Cache modes the kernels implement (docs/kv-cache.md); any other mode stops the start. */
 export const SUPPORTED_KV_CACHE_MODES: readonly KvCacheMode[] = KV_CACHE_MODES;
@@ -75,7 +74,6 @@ const DEFAULT_PORT = 8000;
 // of at most 128 bytes each, even with every character \u-escaped in JSON).
 const DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024;
 const MIN_MAX_BODY_BYTES = 1024;
-const SIMD_CHOICES: readonly SimdChoice[] = ["auto", "portable", "avx2", "avx512"];
 
 type Env = Record<string, string | undefined>;
 

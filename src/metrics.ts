@@ -33,7 +33,7 @@ export const LATENCY_BUCKETS_MS = [
 ] as const;
 
 /** Dispatch overhead is normally well under a millisecond: finer low buckets. */
-export const DISPATCH_BUCKETS_MS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000] as const;
+const DISPATCH_BUCKETS_MS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000] as const;
 
 export interface ServiceMetricsOptions {
   maxSeqLen: number; // SERVICE_MAX_SEQ_LEN

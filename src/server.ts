@@ -12,8 +12,6 @@ import { opsRoutes } from "./http/ops.ts";
 import { playgroundRoutes } from "./http/playground.ts";
 import { speculativeRoutes } from "./http/speculative.ts";
 
-export type { AppDeps, GenerationEngine } from "./http/generation.ts";
-
 export function createApp(deps: AppDeps) {
   // standardHostname false: the router finds the path after "http://" and the
   // host, whatever the host's length (src/http/request_url.ts).

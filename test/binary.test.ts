@@ -10,22 +10,17 @@ import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFile
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import pkg from "../package.json" with { type: "json" };
+import { ChatCompletion, GenerateResponse } from "../src/http/responses.ts";
 import { CPU_LIBRARY_NAME, cachedLibraryName, cacheDirCandidates, extractLibrary, findKernelLibrary, KernelLibraryError, resolveKernelLibrary } from "../src/engine/library.ts";
+import { jsonBody } from "./helpers/http.ts";
+import { startServer, type TestServer } from "./helpers/server.ts";
 
 const ROOT = resolve(import.meta.dir, "..");
 const DIST = join(ROOT, "dist", "loopserve");
 const BUILT_LIB = join(ROOT, "build", CPU_LIBRARY_NAME);
-const START_TIMEOUT_MS = 30_000;
 
 let work = "";
 let binary = "";
-
-function freePort(): number {
-  const probe = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
-  const port = probe.port;
-  probe.stop(true);
-  return port;
-}
 
 /** A bare host's environment: nothing from this repo or the test runner. */
 function bareEnv(extra: Record<string, string> = {}): Record<string, string> {
@@ -44,52 +39,16 @@ function runBinary(args: string[], env: Record<string, string> = {}) {
   return { code: p.exitCode, out: p.stdout.toString(), err: p.stderr.toString() };
 }
 
-interface Running {
-  url: string;
-  output: () => string;
-  stop: () => Promise<number>;
-}
-
-async function serveBinary(modelPath: string): Promise<Running> {
-  const port = freePort();
-  const env = bareEnv({ SERVICE_MODEL_PATH: modelPath, SERVICE_BUILD_DIR: join(work, "no-such-build-dir") });
-  const proc = Bun.spawn([binary, "serve", "--host", "127.0.0.1", "--port", String(port)], {
+/** The executable serving `modelPath` from the empty directory, with a bare environment and no build directory. */
+function serveBinary(modelPath: string): Promise<TestServer> {
+  return startServer({
+    command: [binary, "serve"],
     cwd: work,
-    env,
-    stdout: "pipe",
-    stderr: "pipe",
+    baseEnv: bareEnv(),
+    modelPath,
+    env: { SERVICE_BUILD_DIR: join(work, "no-such-build-dir") },
+    requireModel: true,
   });
-  const log: string[] = [];
-  for (const s of [proc.stdout, proc.stderr])
-    void (async () => {
-      for await (const c of s) log.push(new TextDecoder().decode(c));
-    })();
-  const url = `http://127.0.0.1:${port}`;
-  const deadline = Date.now() + START_TIMEOUT_MS;
-  for (;;) {
-    if (proc.exitCode !== null) throw new Error(`loopserve exited with ${proc.exitCode}:\n${log.join("")}`);
-    if (log.join("").includes("NOT LOADED")) {
-      proc.kill();
-      throw new Error(`loopserve started without its model:\n${log.join("")}`);
-    }
-    try {
-      const r = await fetch(`${url}/healthz`);
-      if (r.status === 200) break;
-    } catch {}
-    if (Date.now() > deadline) {
-      proc.kill();
-      throw new Error(`loopserve did not answer /healthz with 200 within ${START_TIMEOUT_MS} ms:\n${log.join("")}`);
-    }
-    await Bun.sleep(50);
-  }
-  return {
-    url,
-    output: () => log.join(""),
-    stop: async () => {
-      if (proc.exitCode === null) proc.kill("SIGTERM");
-      return await proc.exited;
-    },
-  };
 }
 
 /** Extracted libraries (content-hashed names) anywhere under dir. */
@@ -155,50 +114,25 @@ describe("the compiled executable, alone in an empty directory", () => {
       expect(a.output()).toContain(`listening on ${a.url}`);
       for (const field of ["quant fp16", "kv fp16", "threads", "simd"]) expect(a.output()).toContain(field);
 
-      const chat = await fetch(`${a.url}/v1/chat/completions`, {
-        method: "POST",
-        headers: { "content-type": "application/json" },
-        body: JSON.stringify({ model: "tiny", messages: [{ role: "user", content: "Hello" }], max_tokens: 4, temperature: 0 }),
-      });
-      expect(chat.status).toBe(200);
-      const c = (await chat.json()) as {
-        object: string;
-        choices: { message: { role: string; content: string } }[];
-        usage: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
-      };
+      const chat = await a.post("/v1/chat/completions", { model: "tiny", messages: [{ role: "user", content: "Hello" }], max_tokens: 4, temperature: 0 });
+      const c = await jsonBody(chat, ChatCompletion);
       expect(c.object).toBe("chat.completion");
       expect(c.choices[0].message.role).toBe("assistant");
       expect(typeof c.choices[0].message.content).toBe("string");
       expect(c.usage.total_tokens).toBe(c.usage.prompt_tokens + c.usage.completion_tokens);
 
-      const gen = await fetch(`${a.url}/generate`, {
-        method: "POST",
-        headers: { "content-type": "application/json" },
-        body: JSON.stringify({ prompt: "Hello world", max_tokens: 5, temperature: 0 }),
-      });
-      expect(gen.status).toBe(200);
-      const g = (await gen.json()) as { tokens: number[]; text: string };
+      const gen = await a.post("/generate", { prompt: "Hello world", max_tokens: 5, temperature: 0 });
+      const g = await jsonBody(gen, GenerateResponse);
       expect(g.tokens.length).toBeGreaterThan(0);
       expect(g.tokens.length).toBeLessThanOrEqual(5);
       expect(typeof g.text).toBe("string");
       // The same request on the other process: same kernels, same greedy tokens.
-      const again = (await (
-        await fetch(`${b.url}/generate`, {
-          method: "POST",
-          headers: { "content-type": "application/json" },
-          body: JSON.stringify({ prompt: "Hello world", max_tokens: 5, temperature: 0 }),
-        })
-      ).json()) as { tokens: number[] };
+      const again = await jsonBody(await b.post("/generate", { prompt: "Hello world", max_tokens: 5, temperature: 0 }), GenerateResponse);
       expect(again.tokens).toEqual(g.tokens);
 
       // A prompt past the inline limit is tokenized by the worker thread the executable embeds.
-      const long = await fetch(`${a.url}/generate`, {
-        method: "POST",
-        headers: { "content-type": "application/json" },
-        body: JSON.stringify({ prompt: "ÃÂ".repeat(32 * 300), max_tokens: 1 }), // GPT-2 token 35496, 300 times
-      });
-      expect(long.status).toBe(200);
-      expect(((await long.json()) as { stats: { prompt_tokens: number } }).stats.prompt_tokens).toBe(300);
+      const long = await a.post("/generate", { prompt: "ÃÂ".repeat(32 * 300), max_tokens: 1 }); // GPT-2 token 35496, 300 times
+      expect((await jsonBody(long, GenerateResponse)).stats.prompt_tokens).toBe(300);
 
       const metrics = await fetch(`${a.url}/metrics`);
       expect(metrics.status).toBe(200);

@@ -19,7 +19,7 @@ options:
   -h, --help   this help`;
 
 /** Token ids as the little-endian uint16 bytes written to a token file. */
-export function tokenFileBytes(ids: readonly number[]): Uint8Array {
+function tokenFileBytes(ids: readonly number[]): Uint8Array {
   const out = new Uint8Array(ids.length * 2);
   const view = new DataView(out.buffer);
   ids.forEach((id, i) => {

@@ -23,6 +23,7 @@ import {
 } from "./abi.generated.ts";
 import { type FieldName, StructView } from "./abi_struct.ts";
 import { describeModelFile } from "./model_descriptor.ts";
+import type { ModelFileInfo, ModelInfo, SimdChoice } from "./types.ts";
 
 const { i32, f32, u64, ptr, void: none, cstring } = FFIType;
 
@@ -50,10 +51,9 @@ const symbols = {
   ls_spec_cycle_logits: { args: [ptr, i32, ptr, ptr, ptr, ptr], returns: i32 },
 } as const;
 
-export const SIMD_CODES = { auto: LS_SIMD_AUTO, portable: LS_SIMD_PORTABLE, avx2: LS_SIMD_AVX2, avx512: LS_SIMD_AVX512 } as const;
-export type SimdChoice = keyof typeof SIMD_CODES;
+export const SIMD_CODES: Record<SimdChoice, number> = { auto: LS_SIMD_AUTO, portable: LS_SIMD_PORTABLE, avx2: LS_SIMD_AVX2, avx512: LS_SIMD_AVX512 };
 
-const QUANT_NAMES: Record<number, "fp16" | "int4" | "int2"> = { [LS_QUANT_FP16]: "fp16", [LS_QUANT_INT4]: "int4", [LS_QUANT_INT2]: "int2" };
+const QUANT_NAMES: Record<number, ModelFileInfo["quant"]> = { [LS_QUANT_FP16]: "fp16", [LS_QUANT_INT4]: "int4", [LS_QUANT_INT2]: "int2" };
 
 export class NativeError extends Error {
   constructor(
@@ -110,24 +110,6 @@ export function cudaDeviceCount(path: string): number {
   return dlopen(path, { ls_cuda_device_count: { args: [], returns: i32 } }).symbols.ls_cuda_device_count();
 }
 
-export interface NativeModelInfo {
-  dim: number;
-  nHeads: number;
-  nKvHeads: number;
-  headDim: number;
-  ffnDim: number;
-  vocabSize: number;
-  defaultLoops: number;
-  maxSeqLen: number;
-  ropeTheta: number;
-  normEps: number;
-  quant: "fp16" | "int4" | "int2";
-  groupSize: number;
-  tiedOutput: boolean;
-  simd: string;
-  threads: number;
-}
-
 /** A session's key/value cache mode (ls_session_params.kv_mode). */
 export interface KvCacheSettings {
   mode: KvCacheMode;
@@ -137,12 +119,11 @@ export interface KvCacheSettings {
 
 export const FP16_CACHE: KvCacheSettings = { mode: "fp16" };
 
-/** What a model file says about itself (ls_model_info without the runtime's simd and threads). */
-export type ModelFileInfo = Omit<NativeModelInfo, "simd" | "threads">;
-
+/** ls_model_info without the runtime's simd and threads. */
 function fileInfo(raw: StructView<"ls_model_info">): ModelFileInfo {
   const field = (f: FieldName<"ls_model_info">) => raw.get(f) as number;
   return {
+    arch: "looped-llama",
     dim: field("dim"),
     nHeads: field("n_heads"),
     nKvHeads: field("n_kv_heads"),
@@ -189,7 +170,7 @@ export function checkModelFile(libraryPath: string, modelPath: string): ModelFil
 }
 
 export class NativeModel {
-  readonly info: NativeModelInfo;
+  readonly info: ModelInfo;
   /** The library's LS_FEATURE_* bits. */
   readonly features: number;
   private handle: Pointer | null;

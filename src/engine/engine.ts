@@ -3,19 +3,14 @@
 // /healthz, /metrics and stream writes keep flowing.
 import { existsSync } from "node:fs";
 import { log } from "../log.ts";
-import type { EngineRunOptions } from "../scheduler/scheduler.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveCudaLibrary, resolveKernelLibrary } from "./library.ts";
 import type { KvCacheMode } from "../model/kvcache.ts";
 import { LS_ERR_STATE, LS_MAX_LOOPS } from "./abi.generated.ts";
-import { cudaDeviceCount, formatProfile, type KvCacheSettings, NativeError, NativeModel, type NativeSession, type SimdChoice } from "./binding.ts";
+import { cudaDeviceCount, formatProfile, type KvCacheSettings, NativeError, NativeModel, type NativeSession } from "./binding.ts";
+import { EngineLoadError, EngineRequestError } from "./errors.ts";
 import { MAX_TOP_LOGPROBS, type TokenLogprob, tokenLogprob } from "./logprobs.ts";
 import { cycleParams, type DraftOptions, planSpeculative, SPEC_SESSION_SLACK, SpecCounter, type SpecPlan } from "./speculative.ts";
-import type { FinishReason, GenerateRequest, GenerateResult, ModelInfo, TokenSink } from "./types.ts";
-
-export class EngineLoadError extends Error {}
-
-/** A request the engine refuses (bad token id, loops beyond the model...). */
-export class EngineRequestError extends Error {}
+import type { EngineRunOptions, FinishReason, GenerateRequest, GenerateResult, ModelInfo, SimdChoice, TokenSink } from "./types.ts";
 
 export interface EngineOptions {
   modelPath: string;
@@ -65,23 +60,7 @@ export class Engine {
     /** The cache mode every session of this engine uses. */
     readonly kv: KvCacheSettings = { mode: "fp16" },
   ) {
-    const n = model.info;
-    this.info = {
-      arch: "looped-llama",
-      dim: n.dim,
-      nHeads: n.nHeads,
-      nKvHeads: n.nKvHeads,
-      headDim: n.headDim,
-      ffnDim: n.ffnDim,
-      vocabSize: n.vocabSize,
-      defaultLoops: n.defaultLoops,
-      maxSeqLen: n.maxSeqLen,
-      quant: n.quant,
-      groupSize: n.groupSize,
-      tiedOutput: n.tiedOutput,
-      simd: n.simd,
-      threads: n.threads,
-    };
+    this.info = model.info;
   }
 
   static load(opts: EngineOptions): Engine {

@@ -11,8 +11,8 @@
 // stopped; cycles never draft past max_tokens.
 import { LS_MAX_LOOPS, LS_SPEC_MAX_AHEAD, LS_SPEC_MAX_BRANCHES, LS_SPEC_MAX_NODES } from "./abi.generated.ts";
 import { SPEC_FLAGS, type SpecCycleParams, type SpecCycleStats } from "./binding.ts";
-import { EngineRequestError } from "./engine.ts";
-import type { GenerateRequest, GenerationMode, SpeculativeStats } from "./types.ts";
+import { EngineRequestError } from "./errors.ts";
+import type { GenerateRequest, SpeculativeMode, SpeculativeStats } from "./types.ts";
 
 export const SPEC_LIMITS = {
   loops: LS_MAX_LOOPS, // draft and verify depth
@@ -35,7 +35,7 @@ export type DraftHead = "shortlist" | "exact";
 
 /** A speculative request's resolved settings. */
 export interface SpecPlan {
-  mode: Exclude<GenerationMode, "generate">;
+  mode: SpeculativeMode;
   draftLoops: number;
   verifyLoops: number;
   draftAhead: number;
@@ -52,7 +52,6 @@ const isIntIn = (v: number, lo: number, hi: number) => Number.isInteger(v) && v 
 export function planSpeculative(req: GenerateRequest): SpecPlan | null {
   const mode = req.mode ?? "generate";
   if (mode === "generate") return null;
-  if (mode !== "speculative" && mode !== "tree_speculative") throw new EngineRequestError(`unknown generation mode '${String(mode)}'`);
   const verifyLoops = req.verifyLoops ?? req.loops;
   if (verifyLoops !== req.loops)
     throw new EngineRequestError(`verifyLoops (${verifyLoops}) must equal loops (${req.loops}) in the speculative modes`);

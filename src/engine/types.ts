@@ -1,23 +1,20 @@
 // The engine's contract with everything above it (scheduler, HTTP). No FFI
 // pointers cross this line; no HTTP objects cross it the other way.
+import type { ModelConfig } from "../model/format.ts";
 import type { TokenLogprob } from "./logprobs.ts";
 
 export type { TokenLogprob } from "./logprobs.ts";
 
-export interface ModelInfo {
-  arch: string; // "looped-llama"
-  dim: number;
-  nHeads: number;
-  nKvHeads: number;
-  headDim: number;
-  ffnDim: number;
-  vocabSize: number;
-  defaultLoops: number;
-  maxSeqLen: number;
-  quant: "fp16" | "int4" | "int2";
-  groupSize: number;
-  tiedOutput: boolean;
-  simd: string; // SIMD path in use: "portable" | "avx2" | "avx512"
+/** SIMD paths of the CPU kernels a model may be loaded with ("auto": the best this CPU runs). */
+export const SIMD_CHOICES = ["auto", "portable", "avx2", "avx512"] as const;
+export type SimdChoice = (typeof SIMD_CHOICES)[number];
+
+/** What a model file says about itself, as the loader read it. */
+export type ModelFileInfo = Omit<ModelConfig, "formatVersion" | "tokenizer">;
+
+/** A loaded model: its file's description and the runtime serving it. */
+export interface ModelInfo extends ModelFileInfo {
+  simd: string; // SIMD path in use: "portable" | "avx2" | "avx512" ("cuda" on the GPU)
   threads: number;
 }
 
@@ -30,7 +27,9 @@ export interface SamplingParams {
 }
 
 /** Generation paths (docs/speculative.md). */
-export type GenerationMode = "generate" | "speculative" | "tree_speculative";
+export const GENERATION_MODES = ["generate", "speculative", "tree_speculative"] as const;
+export type GenerationMode = (typeof GENERATION_MODES)[number];
+export type SpeculativeMode = Exclude<GenerationMode, "generate">;
 
 export interface GenerateRequest {
   promptTokens: number[];
@@ -92,3 +91,27 @@ export type TokenSink = (tokenId: number, logprob?: TokenLogprob) => boolean | v
 
 /** Receives the prompt's log-probabilities (GenerateResult.promptLogprobs) as soon as they are known, before any token. */
 export type PromptLogprobSink = (entries: (TokenLogprob | null)[]) => void;
+
+/** Per-run prefix-cache instructions from the scheduler to the engine. */
+export interface EngineRunOptions<S> {
+  /**
+   * Start from this pooled cache state instead of an empty cache: restore the
+   * snapshot and keep its first `length` positions, which hold exactly
+   * promptTokens[0, length) (1 <= length < promptTokens.length) computed with
+   * at least req.loops loops, the same cache mode and req.cacheWindow; then
+   * prefill promptTokens[length..]. The engine only reads the snapshot, and
+   * only during this call; the pool keeps ownership.
+   */
+  prefix?: { snapshot: S; length: number };
+  /**
+   * When given, call it at most once, after the whole prompt is in the cache
+   * and before the first token is sampled or sent, with a new snapshot of the
+   * cache holding positions [0, promptTokens.length) at req.loops loops.
+   * Ownership passes to the callee (the pool releases it when evicted). An
+   * engine that cannot snapshot this run (e.g. a wrapped sliding window) just
+   * does not call it.
+   */
+  capture?: (snapshot: S) => void;
+  /** Passed on from SubmitOptions: where a prompt-scoring request's prompt log-probabilities go first. */
+  onPromptLogprobs?: PromptLogprobSink;
+}

@@ -27,7 +27,7 @@ const BACKSLASH = 0x5c;
  * pass, no recursion; brackets inside strings do not count. Malformed text
  * gives some answer; JSON.parse then reports what is wrong with it.
  */
-export function nestsDeeperThan(text: string, limit: number): boolean {
+function nestsDeeperThan(text: string, limit: number): boolean {
   let depth = 0;
   let inString = false;
   for (let i = 0; i < text.length; i++) {
@@ -51,7 +51,7 @@ function tooLarge(maxBytes: number, what: string): never {
 }
 
 /** The body as text, refusing (413) one longer than maxBytes without reading past the limit. */
-export async function readBodyText(request: Request, maxBytes: number): Promise<string> {
+async function readBodyText(request: Request, maxBytes: number): Promise<string> {
   const declared = request.headers.get("content-length");
   if (declared !== null && /^[0-9]+$/.test(declared) && Number(declared) > maxBytes) tooLarge(maxBytes, `is ${declared} bytes`);
   if (request.body === null) return "";

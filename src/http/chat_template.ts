@@ -19,7 +19,7 @@ const PART_SEPARATOR = "\n";
  * content parts joined, "" for null. Non-text parts (images, audio, files)
  * are refused with a 400 naming the part: the model only reads text.
  */
-export function messageText(content: ChatMessage["content"], param: string): string {
+function messageText(content: ChatMessage["content"], param: string): string {
   if (content === null) return "";
   if (typeof content === "string") return content;
   return content

@@ -36,7 +36,6 @@ import {
   type Completion,
   type DeltaSink,
   type GenerationEngine,
-  type HttpFinishReason,
   type Scheduling,
   checkLength,
   completedForStream,
@@ -45,14 +44,22 @@ import {
   runGeneration,
   stopTokenIds,
 } from "./generation.ts";
-import {
-  type ChatLogprobs,
-  chatLogprobs,
-  type CompletionLogprobs,
-  CompletionLogprobWriter,
-  joinChatLogprobs,
-  joinCompletionLogprobs,
-} from "./logprobs.ts";
+import { chatLogprobs, CompletionLogprobWriter, joinChatLogprobs, joinCompletionLogprobs } from "./logprobs.ts";
+import type {
+  ChatChunkChoice,
+  ChatCompletion,
+  ChatCompletionChunk,
+  ChatLogprobs,
+  CompletionLogprobs,
+  ExtendedSections,
+  FinishReason,
+  ModelEntry,
+  ModelList,
+  TextChunkChoice,
+  TextCompletion,
+  TextCompletionChunk,
+  Usage,
+} from "./responses.ts";
 import { ChatCompletionBody, COMPAT_DEFAULTS as D, CompletionBody } from "./schemas.ts";
 import { sseAfterAdmission, sseEvent } from "./sse.ts";
 
@@ -60,17 +67,6 @@ import { sseAfterAdmission, sseEvent } from "./sse.ts";
 const STARTED_AT = Math.floor(Date.now() / 1000);
 
 // ---- models ----
-
-export interface ModelEntry {
-  id: string;
-  object: "model";
-  created: number;
-  owned_by: string;
-  /** Most prompt + generated tokens a request may use (SERVICE_MAX_SEQ_LEN); vLLM's name for it. */
-  max_model_len: number;
-  /** Loop depth of a request that sets none; null while the model is not loaded. */
-  default_loops: number | null;
-}
 
 /** The one served model (none when SERVICE_MODEL_PATH is unset). */
 export function modelEntries(deps: AppDeps): ModelEntry[] {
@@ -116,7 +112,7 @@ export interface Extension {
   /** Generation-mode fields (speculative knobs) laid over the compat request. */
   request?: Partial<GenerateRequest>;
   /** Sections added to the response body, or to the final chunk of a stream. */
-  sections(done: Completion, request: GenerateRequest): Record<string, unknown>;
+  sections(done: Completion, request: GenerateRequest): ExtendedSections;
 }
 
 // ---- request → engine job (validation order: range, then length, then engine loaded) ----
@@ -185,7 +181,7 @@ function requestedMaxTokens(body: SamplingBody, scoring: boolean): number {
 }
 
 /** Both penalties collapse into one repetition penalty (docs/http.md#requests). */
-export function foldPenalties(presence: number, frequency: number): number {
+function foldPenalties(presence: number, frequency: number): number {
   return 1 + Math.max(0, presence + frequency) / 2;
 }
 
@@ -268,43 +264,59 @@ interface LogprobWriter<S> {
   join(parts: readonly S[]): S;
 }
 
-interface Framing<S> {
+/** What a response and each of its chunks begin with. */
+type Head = Pick<ChatCompletion, "id" | "created" | "model">;
+
+interface Framing<S, Whole, Chunk, ChunkChoice> {
   idPrefix: string;
-  object: string;
-  chunkObject: string;
-  /** The choice of a whole (non-streamed) response. */
-  choice(text: string, finishReason: HttpFinishReason, logprobs: S | null): object;
+  /** The whole (non-streamed) response, before any extended sections. */
+  whole(head: Head, text: string, finishReason: FinishReason, logprobs: S | null, usage: Usage): Whole;
+  /** A stream chunk with these choices; `usage` only with stream_options.include_usage. */
+  chunk(head: Head, choices: ChunkChoice[], usage?: Usage | null): Chunk;
   /** The stream's first choice, before any text (chat: the role), or null. */
-  opening: object | null;
+  opening: ChunkChoice | null;
   /** A stream choice carrying text (and the log-probabilities of the tokens it completes). */
-  delta(text: string, logprobs: S | null): object;
+  delta(text: string, logprobs: S | null): ChunkChoice;
   /** The stream's closing choice. */
-  end(finishReason: HttpFinishReason, logprobs: S | null): object;
+  end(finishReason: FinishReason, logprobs: S | null): ChunkChoice;
   /** A writer for one response; echo is the text before the generated text. */
   logprobs(tokenizer: Tokenizer, echo: string): LogprobWriter<S>;
 }
 
-const CHAT: Framing<ChatLogprobs> = {
+/** The fields every response and chunk starts with, in OpenAI's order. */
+const opening = <O extends string>(head: Head, object: O) => ({ id: head.id, object, created: head.created, model: head.model });
+
+/** A framing's chunk builder for chunks of type `object`. */
+const chunkOf =
+  <O extends string>(object: O) =>
+  <C>(head: Head, choices: C[], usage?: Usage | null) => ({
+    ...opening(head, object),
+    choices,
+    ...(usage === undefined ? {} : { usage }),
+  });
+
+const CHAT: Framing<ChatLogprobs, ChatCompletion, ChatCompletionChunk, ChatChunkChoice> = {
   idPrefix: "chatcmpl-",
-  object: "chat.completion",
-  chunkObject: "chat.completion.chunk",
-  choice: (text, finishReason, logprobs) => ({
-    index: 0,
-    message: { role: "assistant", content: text },
-    logprobs,
-    finish_reason: finishReason,
+  whole: (head, text, finishReason, logprobs, usage) => ({
+    ...opening(head, "chat.completion"),
+    choices: [{ index: 0, message: { role: "assistant", content: text }, logprobs, finish_reason: finishReason }],
+    usage,
   }),
+  chunk: chunkOf("chat.completion.chunk"),
   opening: { index: 0, delta: { role: "assistant" }, logprobs: null, finish_reason: null },
   delta: (text, logprobs) => ({ index: 0, delta: { content: text }, logprobs, finish_reason: null }),
   end: (finishReason, logprobs) => ({ index: 0, delta: {}, logprobs, finish_reason: finishReason }),
   logprobs: (tokenizer) => ({ generated: (_, entries) => chatLogprobs(tokenizer, entries), join: joinChatLogprobs }),
 };
 
-const TEXT: Framing<CompletionLogprobs> = {
+const TEXT: Framing<CompletionLogprobs, TextCompletion, TextCompletionChunk, TextChunkChoice> = {
   idPrefix: "cmpl-",
-  object: "text_completion",
-  chunkObject: "text_completion",
-  choice: (text, finishReason, logprobs) => ({ text, index: 0, logprobs, finish_reason: finishReason }),
+  whole: (head, text, finishReason, logprobs, usage) => ({
+    ...opening(head, "text_completion"),
+    choices: [{ text, index: 0, logprobs, finish_reason: finishReason }],
+    usage,
+  }),
+  chunk: chunkOf("text_completion"),
   opening: null,
   delta: (text, logprobs) => ({ text, index: 0, logprobs, finish_reason: null }),
   end: (finishReason, logprobs) => ({ text: "", index: 0, logprobs, finish_reason: finishReason }),
@@ -322,7 +334,7 @@ function responseId(prefix: string): string {
   return prefix + crypto.randomUUID().replaceAll("-", "");
 }
 
-function usage(job: CompatJob, done: Completion) {
+function usage(job: CompatJob, done: Completion): Usage {
   const prompt = job.request.promptTokens.length;
   const completion = done.tokens.length;
   return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
@@ -337,28 +349,28 @@ function wholeLogprobs<S>(writer: LogprobWriter<S>, request: GenerateRequest, do
   return writer.join(parts);
 }
 
-async function respond<S>(deps: AppDeps, job: CompatJob, framing: Framing<S>, http: Request, ext?: Extension): Promise<Response> {
-  const head = { id: responseId(framing.idPrefix), created: Math.floor(Date.now() / 1000), model: job.model };
+async function respond<S, Whole extends ChatCompletion | TextCompletion, Chunk extends ChatCompletionChunk | TextCompletionChunk, ChunkChoice>(
+  deps: AppDeps,
+  job: CompatJob,
+  framing: Framing<S, Whole, Chunk, ChunkChoice>,
+  http: Request,
+  ext?: Extension,
+): Promise<Response> {
+  const head: Head = { id: responseId(framing.idPrefix), created: Math.floor(Date.now() / 1000), model: job.model };
   const { engine, request, stopStrings, scheduling } = job;
   const writer = request.logprobs === undefined ? null : framing.logprobs(deps.tokenizer, job.echo);
 
   if (!job.stream) {
     const done = await runGeneration(engine, deps.tokenizer, request, stopStrings, http.signal, undefined, scheduling);
+    const logprobs = writer && wholeLogprobs(writer, request, done);
     return Response.json({
-      id: head.id,
-      object: framing.object,
-      created: head.created,
-      model: head.model,
-      choices: [framing.choice(job.echo + done.text, done.finishReason, writer && wholeLogprobs(writer, request, done))],
-      usage: usage(job, done),
+      ...framing.whole(head, job.echo + done.text, done.finishReason, logprobs, usage(job, done)),
       ...ext?.sections(done, request),
     });
   }
 
-  const chunkHead = { id: head.id, object: framing.chunkObject, created: head.created, model: head.model };
-  const usageNull = job.includeUsage ? { usage: null } : {};
-  const chunk = (choice: object, extra: Record<string, unknown> = {}) =>
-    sseEvent({ ...chunkHead, choices: [choice], ...usageNull, ...extra });
+  const usageNull = job.includeUsage ? null : undefined;
+  const chunk = (choice: ChunkChoice, sections?: ExtendedSections) => sseEvent({ ...framing.chunk(head, [choice], usageNull), ...sections });
 
   return sseAfterAdmission(http, (send, signal) => {
     // Held by sseAfterAdmission until the request leaves the queue.
@@ -387,7 +399,7 @@ async function respond<S>(deps: AppDeps, job: CompatJob, framing: Framing<S>, ht
     const done = run.then(completedForStream).then((c) => {
       text(c.tail);
       send(chunk(framing.end(c.finishReason, takePending()), ext?.sections(c, request)));
-      if (job.includeUsage) send(sseEvent({ ...chunkHead, choices: [], usage: usage(job, c) }));
+      if (job.includeUsage) send(sseEvent(framing.chunk(head, [], usage(job, c))));
     });
     // sseResponse reports a failure as an error event; this only keeps a
     // failure before the stream opened from counting as unhandled.
@@ -408,7 +420,7 @@ export async function textCompletion(deps: AppDeps, body: CompletionBody, http: 
 
 export function compatRoutes(deps: AppDeps) {
   return new Elysia({ prefix: "/v1" })
-    .get("/models", () => ({ object: "list", data: modelEntries(deps) }))
+    .get("/models", (): ModelList => ({ object: "list", data: modelEntries(deps) }))
     .get("/models/*", ({ params }) => findModel(deps, params["*"]))
     .post("/chat/completions", ({ body, request }) => chatCompletion(deps, body, request), validatedBody(ChatCompletionBody))
     .post("/completions", ({ body, request }) => textCompletion(deps, body, request), validatedBody(CompletionBody));

@@ -14,15 +14,10 @@ import { CloneType, type TObject } from "@sinclair/typebox";
 import { TypeCompiler } from "@sinclair/typebox/compiler";
 import type { ValueError } from "@sinclair/typebox/errors";
 import { ValueErrorType } from "@sinclair/typebox/errors";
-import { EngineRequestError } from "../engine/engine.ts";
+import { EngineRequestError } from "../engine/errors.ts";
 import { log } from "../log.ts";
 import { currentRequest, requestPath } from "./request_context.ts";
-
-export type ErrorType = "invalid_request_error" | "not_found_error" | "service_unavailable_error" | "server_error";
-
-export interface ErrorBody {
-  error: { message: string; type: ErrorType; param: string | null; code: string | null };
-}
+import type { ErrorBody, ErrorType } from "./responses.ts";
 
 export class HttpError extends Error {
   constructor(

@@ -11,6 +11,7 @@ import { chatCompletion, type Extension, findModel, modelEntries, textCompletion
 import { validatedBody } from "./errors.ts";
 import { type AppDeps, checkCacheWindow } from "./generation.ts";
 import { nativeStats } from "./native.ts";
+import type { ExtendedModelEntry, ExtendedModelList, ModelInfoSection, RuntimeSection } from "./responses.ts";
 import { speculativeFields, speculativeStats } from "./speculative.ts";
 import {
   COMPAT_DEFAULTS,
@@ -22,7 +23,7 @@ import {
 
 // ---- response sections ----
 
-export function modelInfoSection(info: ModelInfo, config: Config) {
+function modelInfoSection(info: ModelInfo, config: Config): ModelInfoSection {
   return {
     arch: info.arch,
     dim: info.dim,
@@ -36,11 +37,11 @@ export function modelInfoSection(info: ModelInfo, config: Config) {
 }
 
 /** model_info of the loaded model; null without one (only the models list can be asked then). */
-function loadedModelInfo(deps: AppDeps) {
+function loadedModelInfo(deps: AppDeps): ModelInfoSection | null {
   return deps.engine ? modelInfoSection(deps.engine.info, deps.config) : null;
 }
 
-export function runtimeSection(config: Config) {
+function runtimeSection(config: Config): RuntimeSection {
   return { name: SERVICE_NAME, version: config.version, commit: config.commit };
 }
 
@@ -71,7 +72,7 @@ function extension(deps: AppDeps, knobs: ExtendedKnobs & { temperature?: number 
   };
 }
 
-function models(deps: AppDeps) {
+function models(deps: AppDeps): ExtendedModelList {
   // Without a loaded model the entry is still listed (it is configuration); model_info is null.
   return {
     object: "list",
@@ -83,7 +84,7 @@ function models(deps: AppDeps) {
 export function extendedRoutes(deps: AppDeps) {
   return new Elysia({ prefix: "/api/v0" })
     .get("/models", () => models(deps))
-    .get("/models/*", ({ params }) => ({ ...findModel(deps, params["*"]), model_info: loadedModelInfo(deps) }))
+    .get("/models/*", ({ params }): ExtendedModelEntry => ({ ...findModel(deps, params["*"]), model_info: loadedModelInfo(deps) }))
     .post(
       "/chat/completions",
       ({ body, request }) => chatCompletion(deps, body, request, extension(deps, body)),

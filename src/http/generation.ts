@@ -10,6 +10,7 @@ import type { ServiceMetrics } from "../metrics.ts";
 import { SchedulerRejection } from "../scheduler/scheduler.ts";
 import { badRequest, HttpError, outOfRange, unavailable } from "./errors.ts";
 import { currentRequest } from "./request_context.ts";
+import type { FinishReason } from "./responses.ts";
 
 /** How a request asks to be scheduled (docs/scheduling.md). */
 export interface Scheduling {
@@ -119,14 +120,12 @@ export function stopTokenIds(deps: AppDeps, explicit: readonly number[] = []): n
 
 // ---- running a request ----
 
-export type HttpFinishReason = "stop" | "length" | "error";
-
 export interface Completion {
   tokens: number[];
   /** With request.logprobs: one entry per token of `tokens`. */
   logprobs: TokenLogprob[];
   text: string;
-  finishReason: HttpFinishReason;
+  finishReason: FinishReason;
   result: GenerateResult;
 }
 
@@ -137,7 +136,7 @@ export interface Completion {
 export type DeltaSink = (tokenId: number, text: string, logprob?: TokenLogprob) => void;
 
 /** Streams report an engine failure as an error event (docs/http.md#streaming) rather than as a finish_reason. */
-export function completedForStream<C extends { finishReason: HttpFinishReason }>(c: C): C {
+export function completedForStream<C extends { finishReason: FinishReason }>(c: C): C {
   if (c.finishReason === "error")
     throw new HttpError(500, "the engine failed while generating (see the server log)", "server_error", null, "engine_error");
   return c;
@@ -197,7 +196,7 @@ export function runGeneration(
   }
   const done = ticket.result.then((result) => {
     const tail = text.finish();
-    const finishReason: HttpFinishReason =
+    const finishReason: FinishReason =
       result.finishReason === "error" ? "error" : text.stopped || result.finishReason !== "length" ? "stop" : "length";
     return { tokens: result.tokens, logprobs, text: text.text, tail, finishReason, result };
   }, schedulerToHttp);

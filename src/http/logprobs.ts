@@ -7,6 +7,7 @@
 // OpenAI does).
 import type { TokenLogprob } from "../engine/logprobs.ts";
 import { IncrementalDetokenizer, type Tokenizer } from "../tokenizer.ts";
+import type { ChatLogprobs, CompletionLogprobs, NativeLogprob } from "./responses.ts";
 
 const tokenText = (tok: Tokenizer, id: number): string => tok.decode([id]);
 const tokenBytes = (tok: Tokenizer, id: number): number[] => Array.from(tok.tokenBytes(id));
@@ -23,11 +24,6 @@ function codePoints(s: string): number {
 
 // ---- chat completions: choices[].logprobs = {content: [...], refusal: null} ----
 
-export interface ChatLogprobs {
-  content: { token: string; logprob: number; bytes: number[]; top_logprobs: { token: string; logprob: number; bytes: number[] }[] }[];
-  refusal: null;
-}
-
 export function chatLogprobs(tok: Tokenizer, entries: readonly TokenLogprob[]): ChatLogprobs {
   const item = (id: number, logprob: number) => ({ token: tokenText(tok, id), logprob, bytes: tokenBytes(tok, id) });
   return {
@@ -41,15 +37,6 @@ export function joinChatLogprobs(parts: readonly ChatLogprobs[]): ChatLogprobs {
 }
 
 // ---- text completions: choices[].logprobs = {tokens, token_logprobs, top_logprobs, text_offset} ----
-
-export interface CompletionLogprobs {
-  tokens: string[];
-  token_logprobs: (number | null)[];
-  /** The most likely tokens by text, plus the token itself when it is not among them; null for the first prompt token. */
-  top_logprobs: (Record<string, number> | null)[];
-  /** Where each token's text starts in the choice's text, in characters (code points). */
-  text_offset: number[];
-}
 
 /**
  * Builds the sections of one response in token order, tracking where each
@@ -128,13 +115,6 @@ class OffsetCursor {
 }
 
 // ---- native family: logprobs = [{token_id, token, logprob, top_logprobs: [{token_id, token, logprob}]}] ----
-
-export interface NativeLogprob {
-  token_id: number;
-  token: string;
-  logprob: number;
-  top_logprobs: { token_id: number; token: string; logprob: number }[];
-}
 
 export function nativeLogprobs(tok: Tokenizer, entries: readonly TokenLogprob[]): NativeLogprob[] {
   const item = (id: number, logprob: number) => ({ token_id: id, token: tokenText(tok, id), logprob });

@@ -2,11 +2,12 @@
 // Handlers stay thin: resolve the body into an engine request (schema →
 // range → length → engine loaded), run it, frame the result.
 import { Elysia } from "elysia";
-import type { GenerateRequest } from "../engine/types.ts";
+import type { GenerateRequest, GenerationMode } from "../engine/types.ts";
 import {
   type AppDeps,
   type Completion,
   type GenerationEngine,
+  type Scheduling,
   checkCacheWindow,
   checkLength,
   completedForStream,
@@ -16,6 +17,7 @@ import {
   stopTokenIds,
 } from "./generation.ts";
 import { nativeLogprobs } from "./logprobs.ts";
+import type { GenerateResponse, GenerateStreamEvent, NativeStats } from "./responses.ts";
 import { GenerateBody, NATIVE_DEFAULTS as D } from "./schemas.ts";
 import { sseAfterAdmission, sseEvent } from "./sse.ts";
 
@@ -24,9 +26,11 @@ interface NativeJob {
   request: GenerateRequest;
   stopStrings: string[];
   stream: boolean;
+  scheduling: Scheduling;
 }
 
-async function resolve(deps: AppDeps, body: GenerateBody): Promise<NativeJob> {
+/** A /generate body (or a speculative one, whose knobs the caller lays over the request) resolved into an engine job. */
+export async function nativeJob(deps: AppDeps, body: GenerateBody): Promise<NativeJob> {
   const maxTokens = body.max_tokens ?? D.max_tokens;
   const cacheWindow = body.cache_window ?? D.cache_window;
   const stops = body.stop == null ? [] : Array.isArray(body.stop) ? body.stop : [body.stop];
@@ -53,24 +57,26 @@ async function resolve(deps: AppDeps, body: GenerateBody): Promise<NativeJob> {
       },
       stopTokenIds: stopTokenIds(deps, stopIds),
       cacheWindow,
-      ...logprobsKnob(body.logprobs),
+      ...(body.logprobs == null ? {} : { logprobs: body.logprobs }),
     },
     stopStrings,
     stream: body.stream ?? D.stream,
+    scheduling: { priority: body.priority, sloMs: body.slo_ms },
   };
 }
 
-/** The `logprobs` knob as an engine request field (unset or null: none). */
-export function logprobsKnob(logprobs: number | null | undefined): Pick<GenerateRequest, "logprobs"> {
-  return logprobs == null ? {} : { logprobs };
+/** A native family's whole response: the generation, its `logprobs` when asked (docs/openai-compat.md), and `stats`. */
+export function nativeBody<S>(deps: AppDeps, request: GenerateRequest, c: Completion, stats: S) {
+  return {
+    tokens: c.tokens,
+    text: c.text,
+    finish_reason: c.finishReason,
+    ...(request.logprobs === undefined ? {} : { logprobs: nativeLogprobs(deps.tokenizer, c.logprobs) }),
+    stats,
+  };
 }
 
-/** The response's `logprobs` (docs/openai-compat.md), when the request asked for them. */
-export function logprobsField(deps: AppDeps, request: GenerateRequest, c: Completion) {
-  return request.logprobs === undefined ? {} : { logprobs: nativeLogprobs(deps.tokenizer, c.logprobs) };
-}
-
-export function nativeStats(c: Completion, mode: string, loopsUsed: number) {
+export function nativeStats(c: Completion, mode: GenerationMode, loopsUsed: number): NativeStats {
   const wallMs = c.result.wallMs;
   return {
     wall_ms: wallMs,
@@ -83,8 +89,7 @@ export function nativeStats(c: Completion, mode: string, loopsUsed: number) {
 }
 
 async function generate(deps: AppDeps, body: GenerateBody, httpRequest: Request): Promise<Response> {
-  const { engine, request, stopStrings, stream } = await resolve(deps, body);
-  const scheduling = { priority: body.priority, sloMs: body.slo_ms };
+  const { engine, request, stopStrings, stream, scheduling } = await nativeJob(deps, body);
 
   if (stream) {
     return sseAfterAdmission(httpRequest, (send, signal) => {
@@ -96,22 +101,22 @@ async function generate(deps: AppDeps, body: GenerateBody, httpRequest: Request)
         signal,
         // With logprobs, each token's event carries its one entry: the events' arrays add up to the body's.
         (id, text, logprob) =>
-          send(sseEvent({ token_id: id, text, ...(logprob ? { logprobs: nativeLogprobs(deps.tokenizer, [logprob]) } : {}) })),
+          send(
+            sseEvent({
+              token_id: id,
+              text,
+              ...(logprob ? { logprobs: nativeLogprobs(deps.tokenizer, [logprob]) } : {}),
+            } satisfies GenerateStreamEvent),
+          ),
         scheduling,
       );
-      const done = run.then(completedForStream).then((c) => send(sseEvent({ token_id: -1, text: c.tail })));
+      const done = run.then(completedForStream).then((c) => send(sseEvent({ token_id: -1, text: c.tail } satisfies GenerateStreamEvent)));
       return { started: run.started, done };
     });
   }
 
   const done = await runGeneration(engine, deps.tokenizer, request, stopStrings, httpRequest.signal, undefined, scheduling);
-  return Response.json({
-    tokens: done.tokens,
-    text: done.text,
-    finish_reason: done.finishReason,
-    ...logprobsField(deps, request, done),
-    stats: nativeStats(done, "generate", request.loops),
-  });
+  return Response.json(nativeBody(deps, request, done, nativeStats(done, "generate", request.loops)) satisfies GenerateResponse);
 }
 
 export function nativeRoutes(deps: AppDeps) {

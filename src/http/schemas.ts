@@ -6,16 +6,17 @@
 // default to null, and many clients send null for "not set").
 import { type Static, type TSchema, Type as T } from "@sinclair/typebox";
 import { MAX_TOP_LOGPROBS } from "../engine/logprobs.ts";
+import { GENERATION_MODES } from "../engine/types.ts";
 
 const optional = <S extends TSchema>(schema: S) => T.Optional(T.Union([schema, T.Null()]));
 
-export const MAX_TOKENS_LIMIT = 8192;
+const MAX_TOKENS_LIMIT = 8192;
 
 // ---- scheduling knobs shared by the native and extended families (docs/scheduling.md) ----
 
-export const PRIORITY_LIMIT = 1000;
+const PRIORITY_LIMIT = 1000;
 
-export const SchedulingFields = {
+const SchedulingFields = {
   /** Higher runs first; FIFO within a priority. */
   priority: optional(T.Integer({ minimum: -PRIORITY_LIMIT, maximum: PRIORITY_LIMIT })),
   /** Per-request latency target in ms; overrides SERVICE_DEFAULT_SLO_MS. */
@@ -40,7 +41,7 @@ export const NATIVE_DEFAULTS = {
 export const Prompt = T.Union([T.String({ minLength: 1 }), T.Array(T.Integer(), { minItems: 1 })]);
 
 /** Stop strings (whole-string match on the decoded text) or stop token ids. */
-export const NativeStop = T.Union([
+const NativeStop = T.Union([
   T.String({ minLength: 1 }),
   T.Array(T.String({ minLength: 1 })),
   T.Array(T.Integer({ minimum: 0 })),
@@ -82,7 +83,7 @@ const MaxTokens = T.Integer({ minimum: 1, maximum: MAX_TOKENS_LIMIT });
 const Penalty = T.Number({ minimum: -2, maximum: 2 });
 
 /** Stop strings, matched whole on the decoded text; `[]` means none. */
-export const CompatStop = T.Union([T.String({ minLength: 1 }), T.Array(T.String({ minLength: 1 }))]);
+const CompatStop = T.Union([T.String({ minLength: 1 }), T.Array(T.String({ minLength: 1 }))]);
 
 /**
  * Sampling fields shared by chat and text completions (and, through them, the
@@ -91,7 +92,7 @@ export const CompatStop = T.Union([T.String({ minLength: 1 }), T.Array(T.String(
  * service_tier, ...) are stripped by the validator: accepted and ignored
  * (docs/openai-compat.md).
  */
-export const CompatSamplingFields = {
+const CompatSamplingFields = {
   /** Echoed into the response; any string. */
   model: T.String(),
   max_tokens: optional(MaxTokens),
@@ -123,7 +124,7 @@ export const ChatRole = T.Union([T.Literal("system"), T.Literal("user"), T.Liter
 export type ChatRole = Static<typeof ChatRole>;
 
 /** OpenAI's content-part form; only `text` parts are supported (checked in chat_template.ts). */
-export const ContentPart = T.Object({ type: T.String(), text: T.Optional(T.String()) });
+const ContentPart = T.Object({ type: T.String(), text: T.Optional(T.String()) });
 
 export const ChatMessage = T.Object({
   role: ChatRole,
@@ -150,7 +151,7 @@ export const CompletionPrompt = T.Union([
 ]);
 
 /** OpenAI's bound on a text completion's `logprobs`. */
-export const MAX_COMPLETION_LOGPROBS = 5;
+const MAX_COMPLETION_LOGPROBS = 5;
 
 /** A text completion may ask for no tokens when it only scores its prompt (`echo`); checked in compat.ts. */
 const ScoringMaxTokens = T.Integer({ minimum: 0, maximum: MAX_TOKENS_LIMIT });
@@ -178,8 +179,7 @@ export type CompletionBody = Static<typeof CompletionBody>;
 
 // ---- extended family: /api/v0/* = compat fields + these ----
 
-export const GenerationMode = T.Union([T.Literal("generate"), T.Literal("speculative"), T.Literal("tree_speculative")]);
-export type GenerationMode = Static<typeof GenerationMode>;
+export const GenerationModeSchema = T.Union(GENERATION_MODES.map((mode) => T.Literal(mode)));
 
 /** Self-speculative decoding knobs, the same on the native and extended families (docs/speculative.md). */
 export const SpeculativeFields = {
@@ -188,6 +188,10 @@ export const SpeculativeFields = {
   draft_ahead: optional(T.Integer({ minimum: 1, maximum: 16 })),
   K_branches: optional(T.Integer({ minimum: 1, maximum: 16 })),
 };
+
+const SpeculativeKnobs = T.Object(SpeculativeFields);
+/** The speculative knobs as the handlers read them (both speculative families). */
+export type SpeculativeKnobs = Static<typeof SpeculativeKnobs>;
 
 export const EXTENDED_DEFAULTS = {
   mode: "generate",
@@ -198,8 +202,8 @@ export const EXTENDED_DEFAULTS = {
   cache_window: 0,
 } as const;
 
-export const ExtendedFields = {
-  mode: optional(GenerationMode),
+const ExtendedFields = {
+  mode: optional(GenerationModeSchema),
   ...SpeculativeFields,
   // Upper bound SERVICE_MAX_SEQ_LEN is checked at run time (it is configuration).
   cache_window: optional(T.Integer({ minimum: 0 })),

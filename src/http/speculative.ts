@@ -10,20 +10,13 @@
 import { type Static, Type as T } from "@sinclair/typebox";
 import { Elysia } from "elysia";
 import type { Config } from "../config.ts";
-import type { GenerateRequest } from "../engine/types.ts";
+import { LS_SPEC_MAX_NODES as MAX_TREE_NODES } from "../engine/abi.generated.ts";
+import type { GenerateRequest, SpeculativeMode } from "../engine/types.ts";
 import { badRequest, validatedBody } from "./errors.ts";
-import {
-  type AppDeps,
-  type Completion,
-  checkCacheWindow,
-  checkLength,
-  promptTokens,
-  requireEngine,
-  runGeneration,
-  stopTokenIds,
-} from "./generation.ts";
-import { logprobsField, logprobsKnob, nativeStats } from "./native.ts";
-import { NATIVE_DEFAULTS as D, EXTENDED_DEFAULTS as E, GenerateBody, type GenerationMode, SpeculativeFields } from "./schemas.ts";
+import { type AppDeps, type Completion, runGeneration } from "./generation.ts";
+import { nativeBody, nativeJob, nativeStats } from "./native.ts";
+import type { SpeculativeResponse, SpeculativeStats } from "./responses.ts";
+import { NATIVE_DEFAULTS as D, EXTENDED_DEFAULTS as E, GenerateBody, SpeculativeFields, type SpeculativeKnobs } from "./schemas.ts";
 
 // ---- request bodies: /generate's fields plus the knobs ----
 
@@ -35,19 +28,7 @@ export type SpeculativeBody = Static<typeof SpeculativeBody>;
 export const TreeSpeculativeBody = T.Object({ ...SpeculativeBody.properties, K_branches });
 export type TreeSpeculativeBody = Static<typeof TreeSpeculativeBody>;
 
-/** Most tree nodes verified in one call (K_branches * draft_ahead). */
-export const MAX_TREE_NODES = 64;
-
 // ---- knobs → engine request fields (shared with the extended family) ----
-
-export type SpeculativeMode = Exclude<GenerationMode, "generate">;
-
-export interface SpeculativeKnobs {
-  draft_loops?: number | null;
-  verify_loops?: number | null;
-  draft_ahead?: number | null;
-  K_branches?: number | null;
-}
 
 /** The GenerateRequest fields a speculative request sets (loops is the verify depth). */
 export type SpeculativeRequestFields = Required<Pick<GenerateRequest, "mode" | "loops" | "draftLoops" | "verifyLoops" | "draftAhead" | "kBranches">>;
@@ -55,7 +36,7 @@ export type SpeculativeRequestFields = Required<Pick<GenerateRequest, "mode" | "
 /**
  * Range checks that go beyond each field's own bounds (400 naming the
  * constraint), before the length check (docs/http.md#validation-order): for the tree,
- * K_branches * draft_ahead <= 64, greedy sampling and the fp16 key/value
+ * K_branches * draft_ahead <= LS_SPEC_MAX_NODES, greedy sampling and the fp16 key/value
  * cache. draft_loops and verify_loops are independent: a draft deeper than
  * the verifier is slower but exact (kernels/spec.c).
  */
@@ -88,7 +69,7 @@ export function speculativeFields(config: Config, mode: SpeculativeMode, knobs: 
 }
 
 /** Response stats of a speculative request: /generate's plus the acceptance figures. */
-export function speculativeStats(c: Completion, mode: SpeculativeMode, verifyLoops: number) {
+export function speculativeStats(c: Completion, mode: SpeculativeMode, verifyLoops: number): SpeculativeStats {
   const spec = c.result.speculative;
   return {
     ...nativeStats(c, mode, verifyLoops),
@@ -101,45 +82,12 @@ export function speculativeStats(c: Completion, mode: SpeculativeMode, verifyLoo
 // ---- the two endpoints ----
 
 async function generate(deps: AppDeps, body: TreeSpeculativeBody, httpRequest: Request, mode: SpeculativeMode): Promise<Response> {
-  // Validation order (docs/http.md): (schema, done) → range → length → engine loaded → admission.
-  const maxTokens = body.max_tokens ?? D.max_tokens;
-  const cacheWindow = body.cache_window ?? D.cache_window;
-  const temperature = body.temperature ?? D.temperature;
-  const spec = speculativeFields(deps.config, mode, body, temperature);
-  checkCacheWindow(deps, cacheWindow);
-  const stops = body.stop == null ? [] : Array.isArray(body.stop) ? body.stop : [body.stop];
-  const prompt = await promptTokens(deps, body.prompt);
-  checkLength(deps, prompt.length, maxTokens);
-  const engine = requireEngine(deps);
-
-  const request: GenerateRequest = {
-    promptTokens: prompt,
-    maxTokens,
-    sampling: {
-      temperature,
-      topK: body.top_k ?? D.top_k,
-      topP: body.top_p ?? D.top_p,
-      repetitionPenalty: body.repetition_penalty ?? D.repetition_penalty,
-      seed: body.sample_seed ?? D.sample_seed,
-    },
-    stopTokenIds: stopTokenIds(
-      deps,
-      stops.filter((s): s is number => typeof s === "number"),
-    ),
-    cacheWindow,
-    ...logprobsKnob(body.logprobs),
-    ...spec,
-  };
-  const stopStrings = stops.filter((s): s is string => typeof s === "string");
-  const scheduling = { priority: body.priority, sloMs: body.slo_ms };
+  // Validation order (docs/http.md#validation-order): (schema, done) → range (the knobs first) → length → engine loaded → admission.
+  const spec = speculativeFields(deps.config, mode, body, body.temperature ?? D.temperature);
+  const { engine, request: plain, stopStrings, scheduling } = await nativeJob(deps, body);
+  const request: GenerateRequest = { ...plain, ...spec };
   const done = await runGeneration(engine, deps.tokenizer, request, stopStrings, httpRequest.signal, undefined, scheduling);
-  return Response.json({
-    tokens: done.tokens,
-    text: done.text,
-    finish_reason: done.finishReason,
-    ...logprobsField(deps, request, done),
-    stats: speculativeStats(done, mode, spec.verifyLoops),
-  });
+  return Response.json(nativeBody(deps, request, done, speculativeStats(done, mode, spec.verifyLoops)) satisfies SpeculativeResponse);
 }
 
 export function speculativeRoutes(deps: AppDeps) {

@@ -11,7 +11,7 @@ export function sseEvent(data: unknown): string {
 }
 
 /** Error raised after the stream started: an error event (same mapping as a response), then [DONE]. */
-export function sseErrorEvent(error: unknown, request: Request): string {
+function sseErrorEvent(error: unknown, request: Request): string {
   return sseEvent(toHttpError("STREAM", error, request).body());
 }
 

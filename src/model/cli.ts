@@ -7,7 +7,8 @@
 
 import { statSync } from "node:fs";
 import { libraryConfig } from "../config.ts";
-import { checkModelFile, type ModelFileInfo } from "../engine/binding.ts";
+import { checkModelFile } from "../engine/binding.ts";
+import type { ModelFileInfo } from "../engine/types.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "../engine/library.ts";
 import { type ProgressStream, withProgress } from "../progress.ts";
 import { GROUP_SIZES, MAX_LOOPS } from "./format.ts";
@@ -150,6 +151,14 @@ function parseArgs(argv: string[], valued: Set<string>, boolean: Set<string>): P
   return { positional, flags };
 }
 
+/** The positional paths, exactly as many as `names` (IN, OUT...): a usage error names the missing ones or the first extra. */
+function paths(p: ParsedArgs, names: string[]): string[] {
+  const missing = names.slice(p.positional.length);
+  if (missing.length > 0) throw new UsageError(`missing ${missing.join(" and ")} path${missing.length > 1 ? "s" : ""}`);
+  if (p.positional.length > names.length) throw new UsageError(`unexpected argument "${p.positional[names.length]}"`);
+  return p.positional;
+}
+
 function intFlag(p: ParsedArgs, name: string, dflt: number): number {
   const v = p.flags.get(name);
   if (v === undefined) return dflt;
@@ -191,10 +200,7 @@ function cmdNew(argv: string[], io: CommandIO): number {
     io.out(NEW_HELP);
     return 0;
   }
-  if (p.positional.length !== 1) {
-    throw new UsageError(p.positional.length === 0 ? "missing OUT path" : `unexpected argument "${p.positional[1]}"`);
-  }
-  const out = p.positional[0];
+  const [out] = paths(p, ["OUT"]);
   const heads = intFlag(p, "--heads", 8);
   const opts: SyntheticOptions = {
     dim: intFlag(p, "--dim", 256),
@@ -289,10 +295,7 @@ function cmdInspect(argv: string[], io: CommandIO): number {
     io.out(INSPECT_HELP);
     return 0;
   }
-  if (p.positional.length !== 1) {
-    throw new UsageError(p.positional.length === 0 ? "missing FILE path" : `unexpected argument "${p.positional[1]}"`);
-  }
-  const path = p.positional[0];
+  const [path] = paths(p, ["FILE"]);
   const json = p.flags.has("--json");
   // Failures here are about the file, not the arguments: exit 1 (see runModelCommand).
   // The verdict is the server loader's, so inspect and serve never disagree
@@ -318,15 +321,7 @@ function cmdQuantize(argv: string[], io: CommandIO): number {
     io.out(QUANTIZE_HELP);
     return 0;
   }
-  if (p.positional.length !== 2) {
-    throw new UsageError(
-      p.positional.length === 0
-        ? "missing IN and OUT paths"
-        : p.positional.length === 1
-          ? "missing OUT path"
-          : `unexpected argument "${p.positional[2]}"`,
-    );
-  }
+  const [inPath, outPath] = paths(p, ["IN", "OUT"]);
   const quant = p.flags.get("--quant");
   if (quant === undefined) throw new UsageError("--quant int4|int2 is required");
   if (quant !== "int4" && quant !== "int2") throw new UsageError(`--quant must be int4 or int2, got "${String(quant)}"`);
@@ -336,7 +331,6 @@ function cmdQuantize(argv: string[], io: CommandIO): number {
   if (!(GROUP_SIZES as readonly number[]).includes(groupSize)) {
     throw new UsageError(`--group-size must be 32, 64, 128 or 256, got ${groupSize}`);
   }
-  const [inPath, outPath] = p.positional;
   const t0 = performance.now();
   const r = withProgress("quantize", io.progress, (onProgress) =>
     quantizeModelFile(inPath, outPath, {
@@ -360,16 +354,7 @@ function cmdExportGguf(argv: string[], io: CommandIO): number {
     io.out(EXPORT_GGUF_HELP);
     return 0;
   }
-  if (p.positional.length !== 2) {
-    throw new UsageError(
-      p.positional.length === 0
-        ? "missing IN and OUT paths"
-        : p.positional.length === 1
-          ? "missing OUT path"
-          : `unexpected argument "${p.positional[2]}"`,
-    );
-  }
-  const [inPath, outPath] = p.positional;
+  const [inPath, outPath] = paths(p, ["IN", "OUT"]);
   let loops: number | undefined;
   if (p.flags.has("--loops")) {
     loops = intFlag(p, "--loops", 0);

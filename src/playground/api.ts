@@ -1,6 +1,7 @@
 // The playground's requests. Every URL is relative to the page, so the page
 // works wherever it is served from (the root, or a path behind a proxy) and
 // never talks to another origin.
+import type { ExtendedModelList } from "../http/responses.ts";
 import { sseData } from "./sse.ts";
 
 /** A request the server refused or that failed, with the server's message. */
@@ -50,7 +51,7 @@ export async function getText(path: string): Promise<string> {
   return res.text();
 }
 
-export async function getJson<T>(path: string): Promise<T> {
+async function getJson<T>(path: string): Promise<T> {
   return JSON.parse(await getText(path)) as T;
 }
 
@@ -84,15 +85,8 @@ export interface ModelSummary {
   description: string;
 }
 
-interface ModelsList {
-  data: {
-    id: string;
-    model_info: { dim: number; n_heads: number; default_loops: number; quant: string; kv_cache_mode: string } | null;
-  }[];
-}
-
 export async function loadModelSummary(): Promise<ModelSummary> {
-  const list = await getJson<ModelsList>("api/v0/models");
+  const list = await getJson<ExtendedModelList>("api/v0/models");
   const entry = list.data[0];
   if (!entry) return { id: null, defaultLoops: null, description: "no model configured (SERVICE_MODEL_PATH is not set)" };
   const info = entry.model_info;

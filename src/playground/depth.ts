@@ -4,16 +4,11 @@
 // a native streaming /generate request (its events carry token ids), run
 // one after another so their timings do not share the machine: the deepest
 // first, as every other column is compared with it token by token.
+import type { GenerateStreamEvent } from "../http/responses.ts";
 import { agreement } from "./agreement.ts";
 import { ApiError, type ModelSummary, postStream } from "./api.ts";
 import { byId, el, numberOf, stat } from "./dom.ts";
 import { ReplyTiming, timingStats } from "./timing.ts";
-
-/** An event of a native /generate stream; token_id -1 carries the text held back until the end. */
-interface TokenEvent {
-  token_id: number;
-  text: string;
-}
 
 const MAX_COLUMNS = 8;
 const MAX_LOOPS = 64;
@@ -103,7 +98,7 @@ export function setUpDepthExplorer(model: ModelSummary): void {
     };
     showStats(c, timing, reference);
     try {
-      for await (const event of postStream<TokenEvent>("generate", body, signal)) {
+      for await (const event of postStream<GenerateStreamEvent>("generate", body, signal)) {
         if (event.token_id < 0) {
           // The held-back tail belongs to the last token's text.
           if (event.text !== "") c.spans.at(-1)?.append(event.text);

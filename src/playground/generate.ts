@@ -2,12 +2,13 @@
 // (api/v0/completions), streamed as it is generated, with every knob of
 // the extended API's modes (plain, speculative, tree speculative) and each
 // reply's statistics, live while it streams and the server's at the end.
+import type { GenerationMode } from "../engine/types.ts";
+import type { ExtendedChatCompletionChunk, ExtendedSections, ExtendedTextCompletionChunk } from "../http/responses.ts";
 import { ApiError, type ModelSummary, postStream } from "./api.ts";
 import { byId, el, numberOf, stat } from "./dom.ts";
 import { ReplyTiming, timingStats } from "./timing.ts";
 
 type Kind = "chat" | "completion";
-type Mode = "generate" | "speculative" | "tree_speculative";
 
 interface Message {
   role: "user" | "assistant";
@@ -15,20 +16,9 @@ interface Message {
 }
 
 /** The `stats` section of the final chunk of an api/v0 stream. */
-interface ServerStats {
-  completion_tokens: number;
-  tokens_per_second: number;
-  mode: Mode;
-  loops_used: number;
-  accepted_per_cycle?: number;
-  draft_tokens?: number;
-  accepted_tokens?: number;
-}
+type ServerStats = ExtendedSections["stats"];
 
-interface Chunk {
-  choices: { delta?: { content?: string }; text?: string; finish_reason: string | null }[];
-  stats?: ServerStats;
-}
+type Chunk = ExtendedChatCompletionChunk | ExtendedTextCompletionChunk;
 
 /** Stop strings as each input kind starts with: a chat reply ends at its line's end. */
 const DEFAULT_STOP: Record<Kind, string> = { chat: "\\n", completion: "" };
@@ -68,7 +58,7 @@ export function setUpGenerate(model: ModelSummary): void {
   let history: Message[] = [];
   let running: AbortController | null = null;
   const kind = (): Kind => ((knobs.elements.namedItem("kind") as RadioNodeList).value === "completion" ? "completion" : "chat");
-  const currentMode = (): Mode => mode.value as Mode;
+  const currentMode = (): GenerationMode => mode.value as GenerationMode;
 
   // Only the knobs of the chosen mode are shown; the tree is greedy only.
   const showModeKnobs = () => {
@@ -124,11 +114,12 @@ export function setUpGenerate(model: ModelSummary): void {
       ...timingStats(timing, server?.completion_tokens ?? timing.tokens, server?.tokens_per_second),
       stat("loops_used", "loops", String(server?.loops_used ?? requested.loops ?? requested.verify_loops ?? "–")),
     ];
-    if (server && server.mode !== "generate") {
-      const drafted = server.draft_tokens ?? 0;
-      const accepted = server.accepted_tokens ?? 0;
+    // The speculative modes' stats carry the acceptance figures.
+    if (server && "draft_tokens" in server) {
+      const drafted = server.draft_tokens;
+      const accepted = server.accepted_tokens;
       figures.push(
-        stat("accepted_per_cycle", "tokens/cycle", (server.accepted_per_cycle ?? 0).toFixed(2), "tokens produced per verify call: accepted drafts plus the verifier's own"),
+        stat("accepted_per_cycle", "tokens/cycle", server.accepted_per_cycle.toFixed(2), "tokens produced per verify call: accepted drafts plus the verifier's own"),
         stat("draft_tokens", "drafted", String(drafted)),
         stat("accepted_tokens", "accepted", `${accepted}${drafted > 0 ? ` (${Math.round((100 * accepted) / drafted)}%)` : ""}`),
       );
@@ -180,7 +171,7 @@ export function setUpGenerate(model: ModelSummary): void {
     try {
       for await (const chunk of postStream<Chunk>(path, body, controller.signal)) {
         const choice = chunk.choices[0];
-        const delta = choice?.delta?.content ?? choice?.text ?? "";
+        const delta = choice === undefined ? "" : "delta" in choice ? (choice.delta.content ?? "") : choice.text;
         if (delta !== "") {
           // A chat reply starts after "Assistant:", usually with a space: not part of the answer.
           reply = k === "chat" ? (reply + delta).trimStart() : reply + delta;

@@ -6,7 +6,7 @@ import { getText } from "./api.ts";
 import { byId } from "./dom.ts";
 import { CounterRate, parsePrometheus } from "./prom.ts";
 
-export const METRICS_INTERVAL_MS = 2000;
+const METRICS_INTERVAL_MS = 2000;
 
 export function setUpMetricsPanel(): void {
   const panel = byId("metrics");

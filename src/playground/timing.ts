@@ -36,8 +36,8 @@ export class ReplyTiming {
   }
 }
 
-export const formatMs = (ms: number | null): string => (ms === null ? "–" : ms < 10 ? `${ms.toFixed(1)} ms` : `${Math.round(ms)} ms`);
-export const formatRate = (r: number | null): string => (r === null ? "–" : r < 10 ? r.toFixed(1) : String(Math.round(r)));
+const formatMs = (ms: number | null): string => (ms === null ? "–" : ms < 10 ? `${ms.toFixed(1)} ms` : `${Math.round(ms)} ms`);
+const formatRate = (r: number | null): string => (r === null ? "–" : r < 10 ? r.toFixed(1) : String(Math.round(r)));
 
 /** The tokens, tok/s and TTFT figures of a reply's stats line; the server's tokens/s replaces the live one when known. */
 export function timingStats(timing: ReplyTiming, tokens: number, serverRate?: number): HTMLSpanElement[] {

@@ -11,7 +11,7 @@ import type { ServiceMetrics } from "../metrics.ts";
 
 export type RequestState = "queued" | "running" | "completed" | "errored" | "cancelled" | "rejected";
 
-export const TERMINAL_STATES: ReadonlySet<RequestState> = new Set(["completed", "errored", "cancelled", "rejected"]);
+const TERMINAL_STATES: ReadonlySet<RequestState> = new Set(["completed", "errored", "cancelled", "rejected"]);
 
 const ALLOWED: Record<RequestState, readonly RequestState[]> = {
   queued: ["running", "rejected", "cancelled"],
@@ -92,8 +92,6 @@ export function transition(rec: RequestRecord, to: RequestState, metrics: Servic
     case "cancelled":
       metrics.cancelled.inc();
       break;
-    case "queued":
-      return; // unreachable: nothing transitions into queued
   }
   // A terminal state after running (or a cancellation while queued).
   t.finished = now;

@@ -7,7 +7,7 @@
 // Admission is synchronous: enqueue() either returns a ticket or throws a
 // SchedulerRejection before anything is sent to the client, so the HTTP
 // layer can answer 503 instead of opening a stream.
-import type { GenerateRequest, GenerateResult, PromptLogprobSink, TokenSink } from "../engine/types.ts";
+import type { EngineRunOptions, GenerateRequest, GenerateResult, PromptLogprobSink, TokenSink } from "../engine/types.ts";
 import type { ServiceMetrics } from "../metrics.ts";
 import { createRequest, type RequestRecord, type RequestState, transition } from "./lifecycle.ts";
 import { LatencyPredictor, type Work } from "./predictor.ts";
@@ -15,30 +15,6 @@ import { type PrefixHit, PrefixPool, type Snapshot } from "./prefix_pool.ts";
 import { RequestQueue } from "./queue.ts";
 
 // ---- the engine as the scheduler sees it ----
-
-/** Per-run prefix-cache instructions from the scheduler to the engine. */
-export interface EngineRunOptions<S extends Snapshot> {
-  /**
-   * Start from this pooled cache state instead of an empty cache: restore the
-   * snapshot and keep its first `length` positions, which hold exactly
-   * promptTokens[0, length) (1 <= length < promptTokens.length) computed with
-   * at least req.loops loops, the same cache mode and req.cacheWindow; then
-   * prefill promptTokens[length..]. The engine only reads the snapshot, and
-   * only during this call; the pool keeps ownership.
-   */
-  prefix?: { snapshot: S; length: number };
-  /**
-   * When given, call it at most once, after the whole prompt is in the cache
-   * and before the first token is sampled or sent, with a new snapshot of the
-   * cache holding positions [0, promptTokens.length) at req.loops loops.
-   * Ownership passes to the callee (the pool releases it when evicted). An
-   * engine that cannot snapshot this run (e.g. a wrapped sliding window) just
-   * does not call it.
-   */
-  capture?: (snapshot: S) => void;
-  /** Passed on from SubmitOptions: where a prompt-scoring request's prompt log-probabilities go first. */
-  onPromptLogprobs?: PromptLogprobSink;
-}
 
 /**
  * What the scheduler needs from the engine. Engine satisfies it as it is

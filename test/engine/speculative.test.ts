@@ -4,15 +4,12 @@
 // windows, stop ids and max_tokens that land mid-cycle; K_branches = 1 is the
 // chain exactly; nothing of a speculative request is left behind.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { existsSync } from "node:fs";
-import { join, resolve } from "node:path";
-import { Engine, EngineRequestError, type KvSnapshot } from "../../src/engine/engine.ts";
+import { Engine, type KvSnapshot } from "../../src/engine/engine.ts";
+import { EngineRequestError } from "../../src/engine/errors.ts";
 import type { GenerateRequest, GenerateResult, GenerationMode, SamplingParams } from "../../src/engine/types.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
+import { BUILD_DIR, ensureLibrary } from "../helpers/kernels.ts";
 import { tinyModelPath } from "../helpers/models.ts";
-
-const ROOT = resolve(import.meta.dir, "../..");
-const BUILD = join(ROOT, "build");
 
 // Untied models (tied ones fall into 2-cycles at small residual scales),
 // with a 4096-token vocabulary: the output head dominates a tiny model's
@@ -27,12 +24,9 @@ const engines = new Map<string, Engine>();
 const engine = (name: string) => engines.get(name) as Engine;
 
 beforeAll(() => {
-  if (!existsSync(join(BUILD, "libloopserve.so"))) {
-    const r = Bun.spawnSync([process.execPath, "build.ts", "--lib"], { cwd: ROOT, stdout: "inherit", stderr: "inherit" });
-    if (r.exitCode !== 0) throw new Error("bun build.ts --lib failed");
-  }
+  ensureLibrary();
   for (const [name, opts] of Object.entries(MODELS))
-    engines.set(name, Engine.load({ modelPath: tinyModelPath(opts), threads: 2, simd: "auto", buildDir: BUILD }));
+    engines.set(name, Engine.load({ modelPath: tinyModelPath(opts), threads: 2, simd: "auto", buildDir: BUILD_DIR }));
 });
 
 afterAll(() => {
@@ -210,7 +204,7 @@ describe("tree leaves", () => {
       modelPath: tinyModelPath({ seed: 33, loops: 8, vocabSize: VOCAB, tiedOutput: true }),
       threads: 2,
       simd: "auto",
-      buildDir: BUILD,
+      buildDir: BUILD_DIR,
     });
     try {
       let leaves = 0;
@@ -236,7 +230,7 @@ describe("tree leaves", () => {
 
 describe("pruned trees", () => {
   test("leaves below the draft-probability threshold are not verified; output stays exact", async () => {
-    const pruned = Engine.load({ modelPath: tinyModelPath(MODELS.agreeing), threads: 2, simd: "auto", buildDir: BUILD, draft: { treeLeafMinProb: 0.02 } });
+    const pruned = Engine.load({ modelPath: tinyModelPath(MODELS.agreeing), threads: 2, simd: "auto", buildDir: BUILD_DIR, draft: { treeLeafMinProb: 0.02 } });
     try {
       let fewer = 0;
       for (const c of CASES.filter((x) => x.K > 2).slice(0, 12)) {
@@ -280,7 +274,7 @@ describe("speculative requests leave no trace", () => {
     await e.generate(request(PROMPTS[1], 8, 60, 0, [], { mode: "tree_speculative", draftLoops: 1, draftAhead: 8, kBranches: 8 }), () => {});
     await e.generate(request(PROMPTS[1], 8, 60, 0, [], { mode: "speculative", draftLoops: 3, draftAhead: 16 }, sampled), () => {});
     const after = [await run("random", probe), await run("random", probeSampled)];
-    const fresh = Engine.load({ modelPath: tinyModelPath(MODELS.random), threads: 2, simd: "auto", buildDir: BUILD });
+    const fresh = Engine.load({ modelPath: tinyModelPath(MODELS.random), threads: 2, simd: "auto", buildDir: BUILD_DIR });
     try {
       const clean = [await fresh.generate(probe, () => {}), await fresh.generate(probeSampled, () => {})];
       expect(after.map((r) => r.tokens)).toEqual(clean.map((r) => r.tokens));

@@ -1,14 +1,19 @@
 // What the kernel test files share: the library of this checkout, the SIMD
-// paths this CPU can run, and the loops that feed a session and compare its
-// logits (against the reference, or bit for bit across call splits).
+// paths this CPU can run (the one way every test finds them), and the loops
+// that feed a session and compare its logits (against the reference, or bit
+// for bit across call splits).
 import { expect } from "bun:test";
 import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { type KvCacheSettings, NativeModel, type NativeSession, type SimdChoice } from "../../src/engine/binding.ts";
+import { type KvCacheSettings, NativeModel, type NativeSession } from "../../src/engine/binding.ts";
+import { SIMD_CHOICES, type SimdChoice } from "../../src/engine/types.ts";
 
 const ROOT = resolve(import.meta.dir, "../..");
-export const LIB = join(ROOT, "build", "libloopserve.so");
-export const ALL_PATHS: SimdChoice[] = ["portable", "avx2", "avx512"];
+/** This checkout's build directory (an Engine's buildDir). */
+export const BUILD_DIR = join(ROOT, "build");
+export const LIB = join(BUILD_DIR, "libloopserve.so");
+/** Every SIMD path the CPU kernels have ("auto" picks one of them). */
+export const ALL_PATHS = SIMD_CHOICES.filter((simd) => simd !== "auto");
 
 /** Builds the library when missing (a bare `bun test`); `npm test` builds it first. */
 export function ensureLibrary(): void {
@@ -17,20 +22,34 @@ export function ensureLibrary(): void {
   if (r.exitCode !== 0) throw new Error("bun build.ts --lib failed");
 }
 
-/** The SIMD paths this CPU runs; the others must refuse, naming the missing feature. */
-export function supportedPaths(probeModel: string): SimdChoice[] {
-  ensureLibrary();
+/**
+ * The SIMD paths `load` succeeds on (it returns null, or the refusal's text):
+ * a path this CPU cannot run must be refused naming the missing feature, and
+ * the portable path always runs. `load` may be any loader of a model file:
+ * this library's (supportedPaths) or a sanitizer driver's.
+ */
+export function pathsWhere(load: (simd: SimdChoice) => string | null): SimdChoice[] {
   const paths: SimdChoice[] = [];
   for (const simd of ALL_PATHS) {
-    try {
-      NativeModel.load(LIB, probeModel, 1, simd).close();
-      paths.push(simd);
-    } catch (e) {
-      expect(String((e as Error).message)).toMatch(/requested but the CPU lacks/);
-    }
+    const refusal = load(simd);
+    if (refusal === null) paths.push(simd);
+    else expect(refusal).toMatch(/requested but the CPU lacks/);
   }
   expect(paths).toContain("portable");
   return paths;
+}
+
+/** The SIMD paths this CPU runs, as this checkout's library loads `probeModel`. */
+export function supportedPaths(probeModel: string): SimdChoice[] {
+  ensureLibrary();
+  return pathsWhere((simd) => {
+    try {
+      NativeModel.load(LIB, probeModel, 1, simd).close();
+      return null;
+    } catch (e) {
+      return String((e as Error).message);
+    }
+  });
 }
 
 /** A deterministic prompt of n ids below vocab. */

@@ -1,12 +1,14 @@
 // Shared pieces of the HTTP-level scheduler tests (test/http/scheduling,
 // metrics, load, shutdown): /metrics scraping, polling for a server-side
 // state, a long-running "blocker" stream that keeps the engine busy, the
-// 503 error shape, and a model whose every generation is an engine error.
+// 503 answer, and a model whose every generation is an engine error.
 import { expect } from "bun:test";
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { type ErrorBody, GenerateResponse } from "../../src/http/responses.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
 import { type Family, parsePrometheusText, sampleValue } from "../scheduler/prom_text.ts";
+import { expectErrorShape, jsonBody } from "./http.ts";
 import { testTempDir, tinyModelPath } from "./models.ts";
 import type { TestServer } from "./server.ts";
 
@@ -21,17 +23,6 @@ export const SLOW: Partial<SyntheticOptions> = { dim: 256, nHeads: 4, nKvHeads: 
 export const slowModelPath = () => tinyModelPath(SLOW);
 
 export const PROMPT = "The looped transformer said";
-
-export interface NativeResult {
-  tokens: number[];
-  text: string;
-  finish_reason: string;
-  stats: { wall_ms: number; tokens_per_second: number; prompt_tokens: number; completion_tokens: number };
-}
-
-export interface ErrorBody {
-  error: { message: string; type: string; param: string | null; code: string | null };
-}
 
 // ---- /metrics ----
 
@@ -52,6 +43,11 @@ export async function metric(server: TestServer, sample: string): Promise<number
 export async function metrics<K extends string>(server: TestServer, samples: readonly K[]): Promise<Record<K, number>> {
   const fams = await scrape(server);
   return Object.fromEntries(samples.map((s) => [s, sampleValue(fams, s)])) as Record<K, number>;
+}
+
+/** How much each sample moved between two readings (metrics()). */
+export function delta<K extends string>(after: Record<K, number>, before: Record<K, number>): Record<K, number> {
+  return Object.fromEntries(Object.keys(after).map((k) => [k, after[k as K] - before[k as K]])) as Record<K, number>;
 }
 
 export const LIFECYCLE = [
@@ -82,42 +78,15 @@ export async function expect503(res: Response, code: string): Promise<ErrorBody>
   const text = await res.text();
   if (res.status !== 503) throw new Error(`expected 503 ${code}, got ${res.status}: ${text}`);
   expect(res.headers.get("content-type") ?? "").toStartWith("application/json");
-  const body = JSON.parse(text) as ErrorBody;
+  const body: unknown = JSON.parse(text);
   expectErrorShape(body);
   expect(body.error.type).toBe("service_unavailable_error");
   expect(body.error.code).toBe(code);
   return body;
 }
 
-export function expectErrorShape(body: unknown): asserts body is ErrorBody {
-  expect(Object.keys(body as object)).toEqual(["error"]);
-  const e = (body as ErrorBody).error;
-  expect(Object.keys(e).sort()).toEqual(["code", "message", "param", "type"]);
-  expect(typeof e.message).toBe("string");
-  expect(e.message.length).toBeGreaterThan(0);
-  expect(typeof e.type).toBe("string");
-  expect(e.param === null || typeof e.param === "string").toBe(true);
-  expect(e.code === null || typeof e.code === "string").toBe(true);
-}
-
-export async function generateOk(server: TestServer, body: Record<string, unknown>): Promise<NativeResult> {
-  const res = await server.post("/generate", body);
-  const text = await res.text();
-  if (res.status !== 200) throw new Error(`expected 200, got ${res.status}: ${text}`);
-  return JSON.parse(text) as NativeResult;
-}
-
-/** The data payloads of a complete SSE body, in order (the last is "[DONE]" when well formed). */
-export function sseData(body: string): string[] {
-  if (body === "") return [];
-  expect(body.endsWith("\n\n")).toBe(true);
-  return body
-    .slice(0, -2)
-    .split("\n\n")
-    .map((event) => {
-      expect(event.startsWith("data: ")).toBe(true);
-      return event.slice("data: ".length);
-    });
+export async function generateOk(server: TestServer, body: Record<string, unknown>): Promise<GenerateResponse> {
+  return jsonBody(await server.post("/generate", body), GenerateResponse);
 }
 
 // ---- streams ----

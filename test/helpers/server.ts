@@ -1,19 +1,26 @@
-// Starts a REAL loopserve process (`bun src/cli.ts serve`) on 127.0.0.1 and a
-// free port, with a tiny synthetic model by default, and waits until it
-// answers /healthz (200, or 503 when it was started without a usable model).
-// Every HTTP test file shares this helper.
+// Starts a REAL loopserve process (`bun src/cli.ts serve`, or the compiled
+// executable) on 127.0.0.1 and a free port, with a tiny synthetic model by
+// default, and waits until it answers /healthz (200, or 503 when it was
+// started without a usable model). Every test that runs a server shares this
+// helper. For what no process can be made
+// to do (an engine that fails on purpose, a configuration no environment
+// gives), inProcessApp builds the same app in this process around a
+// stand-in engine.
+import { afterAll, beforeAll } from "bun:test";
 import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { tinyModelPath } from "./models.ts";
+import { type Config, loadConfig } from "../../src/config.ts";
+import type { ModelInfo } from "../../src/engine/types.ts";
+import { frontDoor } from "../../src/http/front_door.ts";
+import type { GenerationEngine } from "../../src/http/generation.ts";
+import { ServiceMetrics } from "../../src/metrics.ts";
+import { createApp } from "../../src/server.ts";
+import { Tokenizer } from "../../src/tokenizer.ts";
+import { TINY, tinyModelPath } from "./models.ts";
 
 const ROOT = resolve(import.meta.dir, "../..");
 const ENTRY = existsSync(join(ROOT, "src/cli.ts")) ? ["src/cli.ts", "serve"] : ["src/serve.ts"];
 const START_TIMEOUT_MS = 30_000;
-
-/** The OpenAI-shaped error body every endpoint answers with. */
-export interface ErrorResponse {
-  error: { message: string; type: string; param: string | null; code: string | null };
-}
 
 export interface TestServer {
   /** Base URL, e.g. http://127.0.0.1:41234 (no trailing slash). */
@@ -33,10 +40,18 @@ export interface ServerOptions {
   modelPath?: string | null;
   /** Extra environment (SERVICE_MAX_SEQ_LEN, ...). */
   env?: Record<string, string>;
+  /** What to run, with its arguments: default this checkout's CLI (`bun src/cli.ts serve`). */
+  command?: string[];
+  /** Working directory; default the repository. */
+  cwd?: string;
+  /** The environment `env` is laid over; default the test runner's without its SERVICE_* settings. */
+  baseEnv?: Record<string, string>;
+  /** Fail unless /healthz answers 200 (the model loaded), instead of accepting a 503. */
+  requireModel?: boolean;
 }
 
 /** A port the OS just handed out, released for the server to take. */
-function freePort(): number {
+export function freePort(): number {
   const probe = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
   const port = probe.port;
   probe.stop(true);
@@ -61,14 +76,14 @@ export async function startServer(opts: ServerOptions = {}): Promise<TestServer>
   const port = freePort();
   const url = `http://127.0.0.1:${port}`;
   const env: Record<string, string> = {
-    ...cleanEnv(),
+    ...(opts.baseEnv ?? cleanEnv()),
     SERVICE_BUILD_DIR: join(ROOT, "build"),
     HOST: "127.0.0.1",
     PORT: String(port),
     ...(modelPath !== null ? { SERVICE_MODEL_PATH: modelPath } : {}),
     ...opts.env,
   };
-  const proc = Bun.spawn([process.execPath, ...ENTRY], { cwd: ROOT, env, stdout: "pipe", stderr: "pipe" });
+  const proc = Bun.spawn(opts.command ?? [process.execPath, ...ENTRY], { cwd: opts.cwd ?? ROOT, env, stdout: "pipe", stderr: "pipe" });
   const log: string[] = [];
   void collect(proc.stdout, log);
   void collect(proc.stderr, log);
@@ -77,16 +92,19 @@ export async function startServer(opts: ServerOptions = {}): Promise<TestServer>
   const deadline = Date.now() + START_TIMEOUT_MS;
   for (;;) {
     if (proc.exitCode !== null) throw new Error(`server exited with ${proc.exitCode} before answering:\n${output()}`);
-    try {
-      await fetch(`${url}/healthz`);
-      break;
-    } catch {
-      if (Date.now() > deadline) {
+    const health = await fetch(`${url}/healthz`).catch(() => null); // not listening yet
+    if (health) {
+      if (opts.requireModel && health.status !== 200) {
         proc.kill();
-        throw new Error(`server did not answer /healthz within ${START_TIMEOUT_MS} ms:\n${output()}`);
+        throw new Error(`server answered /healthz with ${health.status}, not 200: ${await health.text()}\n${output()}`);
       }
-      await Bun.sleep(50);
+      break;
     }
+    if (Date.now() > deadline) {
+      proc.kill();
+      throw new Error(`server did not answer /healthz within ${START_TIMEOUT_MS} ms:\n${output()}`);
+    }
+    await Bun.sleep(50);
   }
 
   return {
@@ -103,5 +121,75 @@ export async function startServer(opts: ServerOptions = {}): Promise<TestServer>
       if (proc.exitCode === null) proc.kill("SIGTERM");
       return await proc.exited;
     },
+  };
+}
+
+/**
+ * A server for the tests of the enclosing file or describe block: started
+ * before them (beforeAll, in the order hooks are registered) and stopped after
+ * them. `opts` may be a function, for options that write files (models) only
+ * when the block runs. The handle answers once the block's tests run.
+ */
+export function serverForTests(opts: ServerOptions | (() => ServerOptions) = {}): TestServer {
+  let started: TestServer | undefined;
+  const live = (): TestServer => {
+    if (!started) throw new Error("the server is used before its beforeAll hook started it");
+    return started;
+  };
+  beforeAll(async () => {
+    started = await startServer(typeof opts === "function" ? opts() : opts);
+  });
+  afterAll(async () => {
+    await started?.stop();
+  });
+  return {
+    get url() {
+      return live().url;
+    },
+    get pid() {
+      return live().pid;
+    },
+    output: () => live().output(),
+    post: (path, body, headers) => live().post(path, body, headers),
+    stop: () => live().stop(),
+  };
+}
+
+/** What a server reports for the TINY model: a stand-in engine's description. */
+export const TINY_MODEL_INFO: ModelInfo = {
+  arch: "looped-llama",
+  dim: TINY.dim,
+  nHeads: TINY.nHeads,
+  nKvHeads: TINY.nKvHeads,
+  headDim: TINY.dim / TINY.nHeads,
+  ffnDim: TINY.ffnDim,
+  vocabSize: TINY.vocabSize,
+  defaultLoops: TINY.loops,
+  maxSeqLen: 2048,
+  ropeTheta: 10000,
+  normEps: 1e-5,
+  quant: "fp16",
+  groupSize: 0,
+  tiedOutput: false,
+  simd: "portable",
+  threads: 1,
+};
+
+export interface InProcessApp {
+  /** One request through the front door and the routes, as the server handles it. */
+  handle(request: Request): Promise<Response>;
+  /** POSTs a JSON body to `path`. */
+  post(path: string, body: unknown): Promise<Response>;
+}
+
+/** The server's app in this process (no port, no model file), around `engine`; the configuration of an empty environment by default. */
+export async function inProcessApp(engine: GenerationEngine, config: Config = loadConfig({})): Promise<InProcessApp> {
+  const metrics = new ServiceMetrics({ maxSeqLen: config.maxSeqLen, defaultLoops: engine.info.defaultLoops, processMetrics: false });
+  const app = createApp({ config, tokenizer: await Tokenizer.load(), engine, loadError: null, metrics });
+  const handle = frontDoor(config, (req) => app.handle(req));
+  return {
+    handle,
+    post: (path, body) =>
+      handle(new Request(`http://localhost${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) })),
   };
 }

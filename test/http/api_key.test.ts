@@ -3,13 +3,14 @@
 // wrong one; every API route of every family needs the key, however its
 // path is spelled; /healthz and /metrics stay open unless
 // SERVICE_API_KEY_PROTECT_METRICS=1; a bad key setting stops the start.
-import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { describe, expect, setDefaultTimeout, test } from "bun:test";
 import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
-import { expectErrorShape, metric, PROMPT } from "../helpers/scheduling.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { expectErrorShape } from "../helpers/http.ts";
+import { metric, PROMPT } from "../helpers/scheduling.ts";
+import { serverForTests, startServer } from "../helpers/server.ts";
 
 setDefaultTimeout(60_000);
 
@@ -30,15 +31,9 @@ async function expect401(res: Response): Promise<void> {
 }
 
 describe("SERVICE_API_KEY_FILE set", () => {
-  let s: TestServer;
+  const s = serverForTests({ env: { SERVICE_API_KEY_FILE: keyFile, SERVICE_MAX_SEQ_LEN: "512" } });
   const bearer = (key: string) => ({ "content-type": "application/json", authorization: `Bearer ${key}` });
 
-  beforeAll(async () => {
-    s = await startServer({ env: { SERVICE_API_KEY_FILE: keyFile, SERVICE_MAX_SEQ_LEN: "512" } });
-  });
-  afterAll(async () => {
-    await s?.stop();
-  });
 
   test("the openai client with the key: models, chat (plain and streamed), completions", async () => {
     const client = new OpenAI({ baseURL: `${s.url}/v1`, apiKey: KEY, maxRetries: 0 });
@@ -126,13 +121,7 @@ describe("SERVICE_API_KEY_FILE set", () => {
 });
 
 describe("SERVICE_API_KEY with SERVICE_API_KEY_PROTECT_METRICS=1", () => {
-  let s: TestServer;
-  beforeAll(async () => {
-    s = await startServer({ env: { SERVICE_API_KEY: KEY, SERVICE_API_KEY_PROTECT_METRICS: "1" } });
-  });
-  afterAll(async () => {
-    await s?.stop();
-  });
+  const s = serverForTests({ env: { SERVICE_API_KEY: KEY, SERVICE_API_KEY_PROTECT_METRICS: "1" } });
 
   test("/metrics needs the key; /healthz stays open", async () => {
     await expect401(await fetch(`${s.url}/metrics`));

@@ -7,7 +7,7 @@
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { MAX_JSON_DEPTH } from "../../src/http/body.ts";
 import { portOf, rawRequest, requestText } from "../helpers/raw_http.ts";
-import { expectErrorShape } from "../helpers/scheduling.ts";
+import { expectErrorShape } from "../helpers/http.ts";
 import { startServer, type TestServer } from "../helpers/server.ts";
 
 setDefaultTimeout(60_000);

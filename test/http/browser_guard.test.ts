@@ -6,8 +6,9 @@
 // from a real browser.
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { connect } from "node:net";
-import { expectErrorShape, metric, PROMPT } from "../helpers/scheduling.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { expectErrorShape } from "../helpers/http.ts";
+import { metric, PROMPT } from "../helpers/scheduling.ts";
+import { serverForTests, startServer, type TestServer } from "../helpers/server.ts";
 
 setDefaultTimeout(60_000);
 
@@ -43,13 +44,7 @@ function rawStatus(s: TestServer, request: string): Promise<number> {
 }
 
 describe("defaults: bound to 127.0.0.1, no allow-lists", () => {
-  let s: TestServer;
-  beforeAll(async () => {
-    s = await startServer();
-  });
-  afterAll(async () => {
-    await s?.stop();
-  });
+  const s = serverForTests();
 
   test("clients that send no Origin (curl, SDKs) are served whatever the Content-Type", async () => {
     for (const type of ["application/json", "text/plain", "application/x-www-form-urlencoded"]) {
@@ -124,15 +119,7 @@ describe("defaults: bound to 127.0.0.1, no allow-lists", () => {
 });
 
 describe("SERVICE_ALLOWED_ORIGINS and SERVICE_ALLOWED_HOSTS on a loopback server", () => {
-  let s: TestServer;
-  beforeAll(async () => {
-    s = await startServer({
-      env: { SERVICE_ALLOWED_ORIGINS: "https://app.example.com, http://localhost:5173", SERVICE_ALLOWED_HOSTS: "api.example.com,*.lan.example" },
-    });
-  });
-  afterAll(async () => {
-    await s?.stop();
-  });
+  const s = serverForTests({ env: { SERVICE_ALLOWED_ORIGINS: "https://app.example.com, http://localhost:5173", SERVICE_ALLOWED_HOSTS: "api.example.com,*.lan.example" } });
 
   test("a listed origin is served with its origin echoed; others are refused", async () => {
     for (const origin of ["https://app.example.com", "http://localhost:5173"]) {

@@ -6,10 +6,22 @@
 // Sampling-field checks compare against POST /generate, whose knobs are
 // explicit: a compat request must give exactly the tokens of the native
 // request its fields map to.
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { beforeAll, describe, expect, test } from "bun:test";
+import type { Static, TSchema } from "@sinclair/typebox";
+import {
+  ChatCompletion,
+  ChatCompletionChunk,
+  type ErrorBody,
+  GenerateResponse,
+  ModelEntry,
+  ModelList,
+  TextCompletion,
+  TextCompletionChunk,
+} from "../../src/http/responses.ts";
 import { IncrementalDetokenizer, Tokenizer } from "../../src/tokenizer.ts";
+import { expectInvalidRequest, jsonBody, sseEvents } from "../helpers/http.ts";
 import { TINY } from "../helpers/models.ts";
-import { type ErrorResponse, startServer, type TestServer } from "../helpers/server.ts";
+import { serverForTests } from "../helpers/server.ts";
 
 const MAX_SEQ_LEN = 256;
 const DEFAULT_LOOPS = TINY.loops; // the tiny model's default_loops
@@ -19,92 +31,31 @@ const USER = [{ role: "user", content: PROMPT }];
 /** The chat template (docs/http.md) applied to USER, written out by hand. */
 const USER_RENDERED = `User: ${PROMPT}\nAssistant:`;
 
-interface Usage {
-  prompt_tokens: number;
-  completion_tokens: number;
-  total_tokens: number;
-}
-
-interface ChatCompletion {
-  id: string;
-  object: string;
-  created: number;
-  model: string;
-  choices: { index: number; message: { role: string; content: string }; logprobs: unknown; finish_reason: string }[];
-  usage: Usage;
-}
-
-interface TextCompletion {
-  id: string;
-  object: string;
-  created: number;
-  model: string;
-  choices: { text: string; index: number; logprobs: unknown; finish_reason: string }[];
-  usage: Usage;
-}
-
-interface NativeResponse {
-  tokens: number[];
-  text: string;
-  finish_reason: string;
-}
-
-let server: TestServer;
+const server = serverForTests({ env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } });
 let tok: Tokenizer;
 
 beforeAll(async () => {
   tok = await Tokenizer.load();
-  server = await startServer({ env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } });
-});
-
-afterAll(async () => {
-  await server?.stop();
 });
 
 // ---- helpers ----
 
-async function ok<T>(path: string, body: unknown): Promise<T> {
-  const res = await server.post(path, body);
-  if (res.status !== 200) throw new Error(`${path}: status ${res.status}: ${await res.text()}`);
-  return (await res.json()) as T;
-}
+const ok = async <S extends TSchema>(path: string, body: unknown, schema: S) => jsonBody(await server.post(path, body), schema);
 
-const chat = (body: Record<string, unknown>) => ok<ChatCompletion>("/v1/chat/completions", { model: MODEL, messages: USER, ...body });
-const complete = (body: Record<string, unknown>) => ok<TextCompletion>("/v1/completions", { model: MODEL, prompt: PROMPT, ...body });
-const native = (body: Record<string, unknown>) => ok<NativeResponse>("/generate", body);
+const chat = (body: Record<string, unknown>) => ok("/v1/chat/completions", { model: MODEL, messages: USER, ...body }, ChatCompletion);
+const complete = (body: Record<string, unknown>) => ok("/v1/completions", { model: MODEL, prompt: PROMPT, ...body }, TextCompletion);
+const native = (body: Record<string, unknown>) => ok("/generate", body, GenerateResponse);
 
 /** The native request a compat request's defaults map to: top-k 50, top_p 1, penalty 1. */
 const nativeDefaults = { loops: DEFAULT_LOOPS, temperature: 1, top_k: 50, top_p: 1, repetition_penalty: 1 };
 
-/** The data payloads of an SSE body, in order, checking the framing of each event. */
-function sseData(raw: string): string[] {
-  expect(raw.endsWith("\n\n")).toBe(true);
-  return raw
-    .slice(0, -2)
-    .split("\n\n")
-    .map((event) => {
-      expect(event.startsWith("data: ")).toBe(true);
-      expect(event.slice(6)).not.toContain("\n");
-      return event.slice("data: ".length);
-    });
-}
-
-async function streamRaw(path: string, body: unknown): Promise<{ raw: string; chunks: Record<string, any>[] }> {
+/** A whole stream: the raw body, and its chunks checked against `schema`. */
+async function streamRaw<S extends TSchema>(path: string, body: unknown, schema: S): Promise<{ raw: string; chunks: Static<S>[] }> {
   const res = await server.post(path, body);
   expect(res.status).toBe(200);
   expect(res.headers.get("content-type")).toStartWith("text/event-stream");
   const raw = await res.text();
-  const data = sseData(raw);
-  expect(data.at(-1)).toBe("[DONE]");
-  return { raw, chunks: data.slice(0, -1).map((d) => JSON.parse(d)) };
-}
-
-function expectError(body: unknown, param: string | null): asserts body is ErrorResponse {
-  const e = (body as ErrorResponse).error;
-  expect(typeof e.message).toBe("string");
-  expect(e.type).toBe("invalid_request_error");
-  expect(e.param).toBe(param);
-  expect(e).toHaveProperty("code");
+  return { raw, chunks: sseEvents(raw, schema) };
 }
 
 /** Text deltas exactly as the server must emit them: whole characters, empty ones dropped. */
@@ -117,9 +68,7 @@ function deltas(tokens: number[]): string[] {
 
 describe("GET /v1/models", () => {
   test("lists the one served model: id = SERVICE_MODEL_PATH", async () => {
-    const res = await fetch(`${server.url}/v1/models`);
-    expect(res.status).toBe(200);
-    const list = (await res.json()) as { object: string; data: Record<string, unknown>[] };
+    const list = await jsonBody(await fetch(`${server.url}/v1/models`), ModelList);
     expect(list.object).toBe("list");
     expect(list.data).toHaveLength(1);
     const [m] = list.data;
@@ -132,18 +81,16 @@ describe("GET /v1/models", () => {
       default_loops: DEFAULT_LOOPS,
     });
     expect(Number.isInteger(m.created)).toBe(true);
-    expect(Math.abs((m.created as number) - Date.now() / 1000)).toBeLessThan(600);
+    expect(Math.abs(m.created - Date.now() / 1000)).toBeLessThan(600);
   });
 
   test("GET /v1/models/{id} returns the entry for the percent-encoded id, 404 for others", async () => {
-    const list = (await (await fetch(`${server.url}/v1/models`)).json()) as { data: { id: string }[] };
+    const list = await jsonBody(await fetch(`${server.url}/v1/models`), ModelList);
     const id = list.data[0].id;
-    const res = await fetch(`${server.url}/v1/models/${encodeURIComponent(id)}`);
-    expect(res.status).toBe(200);
-    expect(await res.json()).toEqual(list.data[0]);
+    expect(await jsonBody(await fetch(`${server.url}/v1/models/${encodeURIComponent(id)}`), ModelEntry)).toEqual(list.data[0]);
     const missing = await fetch(`${server.url}/v1/models/gpt-4o`);
     expect(missing.status).toBe(404);
-    expect(((await missing.json()) as ErrorResponse).error.type).toBe("not_found_error");
+    expect(((await missing.json()) as ErrorBody).error.type).toBe("not_found_error");
     // Malformed percent-encoding is compared as sent, never a 500.
     expect((await fetch(`${server.url}/v1/models/a%zz`)).status).toBe(404);
   });
@@ -175,7 +122,7 @@ describe("POST /v1/chat/completions response", () => {
 
   test("model is echoed whatever it says", async () => {
     for (const model of ["gpt-4o", "", "some/path with spaces ✓"]) {
-      const r = await ok<ChatCompletion>("/v1/chat/completions", { model, messages: USER, max_tokens: 1 });
+      const r = await ok("/v1/chat/completions", { model, messages: USER, max_tokens: 1 }, ChatCompletion);
       expect(r.model).toBe(model);
     }
   });
@@ -238,14 +185,14 @@ describe("chat rendering", () => {
     const res = await server.post("/v1/chat/completions", { model: MODEL, messages });
     expect(res.status).toBe(400);
     const body = await res.json();
-    expectError(body, "messages[0].content[1].type");
+    expectInvalidRequest(body, "messages[0].content[1].type");
     expect(body.error.message).toContain("image_url");
   });
 
   test("a text part without text is a 422", async () => {
     const res = await server.post("/v1/chat/completions", { model: MODEL, messages: [{ role: "user", content: [{ type: "text" }] }] });
     expect(res.status).toBe(422);
-    expectError(await res.json(), "messages[0].content[0].text");
+    expectInvalidRequest(await res.json(), "messages[0].content[0].text");
   });
 });
 
@@ -324,7 +271,7 @@ describe("sampling fields", () => {
     const res = await server.post("/v1/chat/completions", { model: MODEL, messages: USER, max_completion_tokens: 2, max_tokens: 9 });
     expect(res.status).toBe(400);
     const body = await res.json();
-    expectError(body, "max_completion_tokens");
+    expectInvalidRequest(body, "max_completion_tokens");
     expect(body.error.message).toContain("`max_tokens` (9)");
     expect(body.error.message).toContain("`max_completion_tokens` (2)");
   });
@@ -340,7 +287,7 @@ describe("sampling fields", () => {
       const res = await server.post(path, { model: MODEL, messages: USER, max_tokens: 1, [field]: value });
       expect(res.status).toBe(400);
       const body = await res.json();
-      expectError(body, field);
+      expectInvalidRequest(body, field);
       expect(body.error.code).toBe("unsupported_parameter");
       expect(body.error.message).toContain(`\`${field}\``);
     }
@@ -406,7 +353,7 @@ describe("POST /v1/completions prompt forms", () => {
       const res = await server.post("/v1/completions", { model: MODEL, prompt: PROMPT, [field]: 0 });
       expect(res.status).toBe(400);
       const body = await res.json();
-      expectError(body, field);
+      expectInvalidRequest(body, field);
       expect(body.error.message).toContain("echo");
     }
   });
@@ -426,7 +373,7 @@ describe("POST /v1/completions prompt forms", () => {
   ])("%s = %p is a 400 naming the field", async (field, value, param) => {
     const res = await server.post("/v1/completions", { model: MODEL, prompt: PROMPT, [field]: value });
     expect(res.status).toBe(400);
-    expectError(await res.json(), param);
+    expectInvalidRequest(await res.json(), param);
   });
 
   test("default values of the unsupported fields are accepted", async () => {
@@ -460,7 +407,7 @@ describe("stop strings (whole-string match on the decoded text)", () => {
 
   test("streamed: the stop string is never emitted and the deltas add up to the same text", async () => {
     const { stop, before } = await spanningStop(32);
-    const { chunks } = await streamRaw("/v1/completions", { model: MODEL, prompt: PROMPT, max_tokens: 32, temperature: 0, stop: ["\u0001never", stop], stream: true });
+    const { chunks } = await streamRaw("/v1/completions", { model: MODEL, prompt: PROMPT, max_tokens: 32, temperature: 0, stop: ["\u0001never", stop], stream: true }, TextCompletionChunk);
     const text = chunks.map((c) => c.choices[0].text).join("");
     expect(text).toBe(before);
     expect(chunks.at(-1)?.choices[0].finish_reason).toBe("stop");
@@ -487,7 +434,7 @@ describe("stop strings (whole-string match on the decoded text)", () => {
 describe("compat SSE framing", () => {
   test("chat: role chunk, one chunk per non-empty delta, final chunk, [DONE] — byte for byte", async () => {
     const n = await native({ prompt: USER_RENDERED, max_tokens: 12, temperature: 0, loops: DEFAULT_LOOPS });
-    const { raw, chunks } = await streamRaw("/v1/chat/completions", { model: MODEL, messages: USER, max_tokens: 12, temperature: 0, stream: true });
+    const { raw, chunks } = await streamRaw("/v1/chat/completions", { model: MODEL, messages: USER, max_tokens: 12, temperature: 0, stream: true }, ChatCompletionChunk);
     const { id, created } = chunks[0];
     expect(id).toMatch(/^chatcmpl-[0-9a-f]+$/);
     expect(Number.isInteger(created)).toBe(true);
@@ -502,7 +449,7 @@ describe("compat SSE framing", () => {
 
   test("text completion: text chunks, final chunk with finish_reason, [DONE] — byte for byte", async () => {
     const n = await native({ prompt: PROMPT, max_tokens: 12, temperature: 0, loops: DEFAULT_LOOPS });
-    const { raw, chunks } = await streamRaw("/v1/completions", { model: MODEL, prompt: PROMPT, max_tokens: 12, temperature: 0, stream: true });
+    const { raw, chunks } = await streamRaw("/v1/completions", { model: MODEL, prompt: PROMPT, max_tokens: 12, temperature: 0, stream: true }, TextCompletionChunk);
     const { id, created } = chunks[0];
     expect(id).toMatch(/^cmpl-[0-9a-f]+$/);
     const head = { id, object: "text_completion", created, model: MODEL };
@@ -517,21 +464,21 @@ describe("compat SSE framing", () => {
   test("streamed content equals the non-streamed content (sampled, same seed)", async () => {
     const req = { model: MODEL, messages: USER, max_tokens: 20, temperature: 0.9, seed: 42 };
     const whole = await chat(req);
-    const { chunks } = await streamRaw("/v1/chat/completions", { ...req, stream: true });
+    const { chunks } = await streamRaw("/v1/chat/completions", { ...req, stream: true }, ChatCompletionChunk);
     const content = chunks.map((c) => c.choices[0].delta.content ?? "").join("");
     expect(content).toBe(whole.choices[0].message.content);
     expect(chunks.at(-1)?.choices[0].finish_reason).toBe(whole.choices[0].finish_reason);
-    for (const c of chunks.slice(1, -1)) expect(c.choices[0].delta.content.length).toBeGreaterThan(0);
+    for (const c of chunks.slice(1, -1)) expect(c.choices[0].delta.content?.length).toBeGreaterThan(0);
   });
 
   test("include_usage: usage null on every chunk, then a usage chunk with empty choices", async () => {
     const req = { model: MODEL, messages: USER, max_tokens: 7, temperature: 0 };
     const whole = await chat(req);
-    const { chunks } = await streamRaw("/v1/chat/completions", { ...req, stream: true, stream_options: { include_usage: true } });
-    const last = chunks.at(-1) as Record<string, any>;
-    expect(last.choices).toEqual([]);
-    expect(last.usage).toEqual(whole.usage);
-    expect(last.id).toBe(chunks[0].id);
+    const { chunks } = await streamRaw("/v1/chat/completions", { ...req, stream: true, stream_options: { include_usage: true } }, ChatCompletionChunk);
+    const last = chunks.at(-1);
+    expect(last?.choices).toEqual([]);
+    expect(last?.usage).toEqual(whole.usage);
+    expect(last?.id).toBe(chunks[0].id);
     for (const c of chunks.slice(0, -1)) {
       expect(c).toHaveProperty("usage", null);
       expect(c.choices).toHaveLength(1);
@@ -540,18 +487,18 @@ describe("compat SSE framing", () => {
   });
 
   test("include_usage on a text-completion stream", async () => {
-    const { chunks } = await streamRaw("/v1/completions", { model: MODEL, prompt: PROMPT, max_tokens: 4, stream: true, stream_options: { include_usage: true } });
+    const { chunks } = await streamRaw("/v1/completions", { model: MODEL, prompt: PROMPT, max_tokens: 4, stream: true, stream_options: { include_usage: true } }, TextCompletionChunk);
     const n = tok.encode(PROMPT).length;
     expect(chunks.at(-1)).toMatchObject({ object: "text_completion", choices: [], usage: { prompt_tokens: n, completion_tokens: 4, total_tokens: n + 4 } });
   });
 
   test("without include_usage no chunk has a usage field", async () => {
-    const { chunks } = await streamRaw("/v1/chat/completions", { model: MODEL, messages: USER, max_tokens: 3, stream: true, stream_options: { include_usage: false } });
+    const { chunks } = await streamRaw("/v1/chat/completions", { model: MODEL, messages: USER, max_tokens: 3, stream: true, stream_options: { include_usage: false } }, ChatCompletionChunk);
     for (const c of chunks) expect(c).not.toHaveProperty("usage");
   });
 
   test("echo streams the prompt as the first text chunk", async () => {
-    const { chunks } = await streamRaw("/v1/completions", { model: MODEL, prompt: PROMPT, max_tokens: 3, temperature: 0, echo: true, stream: true });
+    const { chunks } = await streamRaw("/v1/completions", { model: MODEL, prompt: PROMPT, max_tokens: 3, temperature: 0, echo: true, stream: true }, TextCompletionChunk);
     expect(chunks[0].choices[0].text).toBe(PROMPT);
     const plain = await complete({ max_tokens: 3, temperature: 0, echo: true });
     expect(chunks.map((c) => c.choices[0].text).join("")).toBe(plain.choices[0].text);
@@ -592,7 +539,7 @@ describe.each(ENDPOINTS)("%s validation", (path, base) => {
     const res = await post({ [field]: value });
     expect(res.status).toBe(400);
     const body = await res.json();
-    expectError(body, field);
+    expectInvalidRequest(body, field);
     expect(body.error.message).toContain(`\`${field}\``);
     expect(body.error.message).toContain(`got ${value}`);
   });
@@ -621,7 +568,7 @@ describe.each(ENDPOINTS)("%s validation", (path, base) => {
     const res = await post({ max_tokens: 8192 });
     expect(res.status).toBe(400);
     const body = await res.json();
-    expectError(body, "max_tokens");
+    expectInvalidRequest(body, "max_tokens");
     expect(body.error.code).toBe("context_length_exceeded");
   });
 
@@ -629,7 +576,7 @@ describe.each(ENDPOINTS)("%s validation", (path, base) => {
     const n = tok.encode(path.includes("chat") ? USER_RENDERED : PROMPT).length;
     const over = await post({ max_tokens: MAX_SEQ_LEN - n + 1 });
     expect(over.status).toBe(400);
-    const body = (await over.json()) as ErrorResponse;
+    const body = (await over.json()) as ErrorBody;
     expect(body.error.code).toBe("context_length_exceeded");
     expect(body.error.message).toContain(String(MAX_SEQ_LEN));
     expect((await post({ max_tokens: MAX_SEQ_LEN - n, temperature: 0 })).status).toBe(200);
@@ -639,7 +586,7 @@ describe.each(ENDPOINTS)("%s validation", (path, base) => {
     const long = "loop ".repeat(MAX_SEQ_LEN + 10);
     const res = path.includes("chat") ? await post({ messages: [{ role: "user", content: long }] }) : await post({ prompt: long });
     expect(res.status).toBe(400);
-    expect(((await res.json()) as ErrorResponse).error.code).toBe("context_length_exceeded");
+    expect(((await res.json()) as ErrorBody).error.code).toBe("context_length_exceeded");
   });
 
   test.each([
@@ -649,7 +596,7 @@ describe.each(ENDPOINTS)("%s validation", (path, base) => {
     const res = await post({ [field]: value });
     expect(res.status).toBe(400);
     const body = await res.json();
-    expectError(body, field);
+    expectInvalidRequest(body, field);
     expect(body.error.code).toBe("unsupported_parameter");
     expect(body.error.message).toContain(`\`${field}\``);
   });
@@ -671,7 +618,7 @@ describe.each(ENDPOINTS)("%s validation", (path, base) => {
     ])("%s is a %d naming the field", async (_, body, status, param) => {
       const res = await post(body);
       expect(res.status).toBe(status);
-      expectError(await res.json(), param);
+      expectInvalidRequest(await res.json(), param);
     });
 
     test("logprobs false/null, and true with top_logprobs 0..20 or null, are accepted", async () => {
@@ -686,7 +633,7 @@ describe.each(ENDPOINTS)("%s validation", (path, base) => {
     ])("%s is a %d naming the field", async (_, body, status) => {
       const res = await post(body);
       expect(res.status).toBe(status);
-      expectError(await res.json(), "logprobs");
+      expectInvalidRequest(await res.json(), "logprobs");
     });
 
     test("logprobs null and 0..5 are accepted", async () => {
@@ -708,13 +655,13 @@ describe.each(ENDPOINTS)("%s validation", (path, base) => {
   ])("%s is a 422", async (_, body, param) => {
     const res = await post(body);
     expect(res.status).toBe(422);
-    expectError(await res.json(), param);
+    expectInvalidRequest(await res.json(), param);
   });
 
   test("an empty stop string is a 400", async () => {
     const res = await post({ stop: [""] });
     expect(res.status).toBe(400);
-    expectError(await res.json(), "stop[0]");
+    expectInvalidRequest(await res.json(), "stop[0]");
   });
 
   test.each([
@@ -724,7 +671,7 @@ describe.each(ENDPOINTS)("%s validation", (path, base) => {
   ])("%s is a 400 in the error shape, never a 500", async (_, raw, headers) => {
     const res = await server.post(path, raw, headers);
     expect(res.status).toBe(400);
-    expectError(await res.json(), null);
+    expectInvalidRequest(await res.json(), null);
   });
 });
 
@@ -735,7 +682,7 @@ describe.each([["/v1"], ["/api/v0"]])("%s/chat/completions messages", (prefix) =
     const res = await post({});
     expect(res.status).toBe(422);
     const body = await res.json();
-    expectError(body, "messages");
+    expectInvalidRequest(body, "messages");
     expect(body.error.code).toBe("missing_required_parameter");
   });
 
@@ -747,7 +694,7 @@ describe.each([["/v1"], ["/api/v0"]])("%s/chat/completions messages", (prefix) =
   ])("%s is a 422", async (_, body, param) => {
     const res = await post(body);
     expect(res.status).toBe(422);
-    expectError(await res.json(), param);
+    expectInvalidRequest(await res.json(), param);
   });
 
   // A role outside the allowed set is a value outside an enum: 400.
@@ -755,14 +702,14 @@ describe.each([["/v1"], ["/api/v0"]])("%s/chat/completions messages", (prefix) =
     const res = await post({ messages: [{ role, content: "hi" }] });
     expect(res.status).toBe(400);
     const body = await res.json();
-    expectError(body, "messages[0].role");
+    expectInvalidRequest(body, "messages[0].role");
     expect(body.error.message).toContain('"system", "user", "assistant"');
   });
 
   test("an empty messages array is a 400", async () => {
     const res = await post({ messages: [] });
     expect(res.status).toBe(400);
-    expectError(await res.json(), "messages");
+    expectInvalidRequest(await res.json(), "messages");
   });
 });
 
@@ -776,7 +723,7 @@ describe.each([["/v1"], ["/api/v0"]])("%s/completions prompt", (prefix) => {
   ])("%s is a 422", async (_, body, param) => {
     const res = await post(body);
     expect(res.status).toBe(422);
-    expectError(await res.json(), param);
+    expectInvalidRequest(await res.json(), param);
   });
 
   test.each([
@@ -787,7 +734,7 @@ describe.each([["/v1"], ["/api/v0"]])("%s/completions prompt", (prefix) => {
   ])("%s is a 400", async (_, body, param) => {
     const res = await post(body);
     expect(res.status).toBe(400);
-    expectError(await res.json(), param);
+    expectInvalidRequest(await res.json(), param);
   });
 });
 

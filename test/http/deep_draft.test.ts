@@ -2,9 +2,11 @@
 // deeper than its verifier used to be refused with a 400. Served now on
 // every speculative route, and on the shipped trained model greedy output
 // is /generate's at loops = verify_loops, token for token.
-import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { describe, expect, setDefaultTimeout, test } from "bun:test";
+import { ExtendedTextCompletion, GenerateResponse, SpeculativeResponse } from "../../src/http/responses.ts";
 import { TRAINED_MODEL_PATH } from "../../src/model/trained.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { jsonBody } from "../helpers/http.ts";
+import { serverForTests } from "../helpers/server.ts";
 
 setDefaultTimeout(120_000);
 
@@ -15,20 +17,12 @@ const DEPTHS: [number, number][] = [
   [32, 8],
 ];
 
-let server: TestServer;
+const server = serverForTests({ modelPath: TRAINED_MODEL_PATH, env: { SERVICE_MAX_SEQ_LEN: "512" } });
 
-beforeAll(async () => {
-  server = await startServer({ modelPath: TRAINED_MODEL_PATH, env: { SERVICE_MAX_SEQ_LEN: "512" } });
-});
-
-afterAll(async () => {
-  await server.stop();
-});
 
 async function tokens(path: string, body: Record<string, unknown>): Promise<{ tokens: number[]; loops_used: number }> {
-  const res = await server.post(path, { max_tokens: 40, temperature: 0, ...body });
-  const json = (await res.json()) as { tokens: number[]; stats: { loops_used: number } };
-  expect(res.status, JSON.stringify(json)).toBe(200);
+  const schema = path === "/generate" ? GenerateResponse : SpeculativeResponse;
+  const json = await jsonBody(await server.post(path, { max_tokens: 40, temperature: 0, ...body }), schema);
   return { tokens: json.tokens, loops_used: json.stats.loops_used };
 }
 
@@ -49,11 +43,10 @@ describe("a draft deeper than the verifier, on the trained model", () => {
   test("/api/v0 mode speculative and tree_speculative: the plain text at verify_loops", async () => {
     const base = { model: "kjv", prompt: PROMPTS[1], max_tokens: 40, temperature: 0 };
     const plain = await server.post("/api/v0/completions", { ...base, loops: 3 });
-    const plainText = ((await plain.json()) as { choices: { text: string }[] }).choices[0].text;
+    const plainText = (await jsonBody(plain, ExtendedTextCompletion)).choices[0].text;
     for (const mode of ["speculative", "tree_speculative"]) {
       const res = await server.post("/api/v0/completions", { ...base, mode, draft_loops: 10, verify_loops: 3, K_branches: 2 });
-      expect(res.status).toBe(200);
-      const body = (await res.json()) as { choices: { text: string }[]; stats: { loops_used: number } };
+      const body = await jsonBody(res, ExtendedTextCompletion);
       expect(body.choices[0].text).toBe(plainText);
       expect(body.stats.loops_used).toBe(3);
     }

@@ -3,11 +3,29 @@
 // request knobs, and both families on a server without a usable model.
 // The compat fields and limits shared with /v1 are checked for both families
 // in compat.test.ts.
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { beforeAll, describe, expect, test } from "bun:test";
 import pkg from "../../package.json" with { type: "json" };
+import type { Static, TSchema } from "@sinclair/typebox";
+import {
+  ChatCompletion,
+  type ErrorBody,
+  ExtendedChatCompletion,
+  ExtendedChatCompletionChunk,
+  ExtendedModelEntry,
+  ExtendedModelList,
+  type ExtendedSections,
+  ExtendedTextCompletion,
+  ExtendedTextCompletionChunk,
+  GenerateResponse,
+  type ModelInfoSection,
+  ModelList,
+  SpeculativeStats,
+  type Usage,
+} from "../../src/http/responses.ts";
 import { Tokenizer } from "../../src/tokenizer.ts";
+import { expectInvalidRequest, expectSchema, jsonBody, sseEvents } from "../helpers/http.ts";
 import { TINY, testTempDir } from "../helpers/models.ts";
-import { type ErrorResponse, startServer, type TestServer } from "../helpers/server.ts";
+import { serverForTests, startServer } from "../helpers/server.ts";
 
 const MAX_SEQ_LEN = 256;
 const COMMIT = "0123abcd-test";
@@ -16,35 +34,8 @@ const PROMPT = "The looped transformer said";
 const USER = [{ role: "user", content: PROMPT }];
 const USER_RENDERED = `User: ${PROMPT}\nAssistant:`;
 
-interface Sections {
-  stats: { wall_ms: number; tokens_per_second: number; prompt_tokens: number; completion_tokens: number; mode: string; loops_used: number };
-  model_info: Record<string, unknown>;
-  runtime: { name: string; version: string; commit: string | null };
-}
-
-interface Usage {
-  prompt_tokens: number;
-  completion_tokens: number;
-  total_tokens: number;
-}
-
-type ExtendedChat = Sections & {
-  id: string;
-  object: string;
-  model: string;
-  choices: { index: number; message: { role: string; content: string }; finish_reason: string }[];
-  usage: Usage;
-};
-
-type ExtendedText = Sections & {
-  id: string;
-  object: string;
-  choices: { text: string; index: number; finish_reason: string }[];
-  usage: Usage;
-};
-
 /** What model_info must say about the tiny synthetic model. */
-const TINY_INFO = {
+const TINY_INFO: ModelInfoSection = {
   arch: "looped-llama",
   dim: TINY.dim,
   n_heads: TINY.nHeads,
@@ -55,43 +46,29 @@ const TINY_INFO = {
   kv_cache_mode: "fp16",
 };
 
-let server: TestServer;
+const server = serverForTests({ env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN), SERVICE_COMMIT: COMMIT } });
 let tok: Tokenizer;
 
 beforeAll(async () => {
   tok = await Tokenizer.load();
-  server = await startServer({ env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN), SERVICE_COMMIT: COMMIT } });
 });
 
-afterAll(async () => {
-  await server?.stop();
-});
+const ok = async <S extends TSchema>(path: string, body: unknown, schema: S) => jsonBody(await server.post(path, body), schema);
 
-async function ok<T>(path: string, body: unknown): Promise<T> {
-  const res = await server.post(path, body);
-  if (res.status !== 200) throw new Error(`${path}: status ${res.status}: ${await res.text()}`);
-  return (await res.json()) as T;
-}
+const chat = (body: Record<string, unknown>) => ok("/api/v0/chat/completions", { model: MODEL, messages: USER, ...body }, ExtendedChatCompletion);
+const complete = (body: Record<string, unknown>) => ok("/api/v0/completions", { model: MODEL, prompt: PROMPT, ...body }, ExtendedTextCompletion);
+const native = (body: Record<string, unknown>) => ok("/generate", body, GenerateResponse);
 
-const chat = (body: Record<string, unknown>) => ok<ExtendedChat>("/api/v0/chat/completions", { model: MODEL, messages: USER, ...body });
-const complete = (body: Record<string, unknown>) => ok<ExtendedText>("/api/v0/completions", { model: MODEL, prompt: PROMPT, ...body });
-const native = (body: Record<string, unknown>) => ok<{ text: string; tokens: number[] }>("/generate", body);
-
-async function streamChunks(path: string, body: unknown): Promise<Record<string, any>[]> {
+async function streamChunks<S extends TSchema>(path: string, body: unknown, schema: S): Promise<Static<S>[]> {
   const res = await server.post(path, body);
   expect(res.status).toBe(200);
-  const raw = await res.text();
-  const data = raw
-    .slice(0, -2)
-    .split("\n\n")
-    .map((e) => e.slice("data: ".length));
-  expect(data.at(-1)).toBe("[DONE]");
-  return data.slice(0, -1).map((d) => JSON.parse(d));
+  return sseEvents(await res.text(), schema);
 }
 
-/** The three sections with their documented types, consistent with usage. */
-function expectSections(r: Sections, usage: Usage, loops: number): void {
+/** The three sections with their documented types, consistent with usage (on a stream: its final chunk). */
+function expectSections(r: Partial<ExtendedSections>, usage: Usage | null | undefined, loops: number): void {
   const s = r.stats;
+  if (!s || !usage) throw new Error(`sections or usage missing: ${JSON.stringify(r)}`);
   expect(Object.keys(s).sort()).toEqual(["completion_tokens", "loops_used", "mode", "prompt_tokens", "tokens_per_second", "wall_ms"]);
   expect(typeof s.wall_ms).toBe("number");
   expect(s.wall_ms).toBeGreaterThan(0);
@@ -107,30 +84,21 @@ function expectSections(r: Sections, usage: Usage, loops: number): void {
   expect(r.runtime).toEqual({ name: "loopserve", version: pkg.version, commit: COMMIT });
 }
 
-function expectError(body: unknown, param: string | null): asserts body is ErrorResponse {
-  const e = (body as ErrorResponse).error;
-  expect(typeof e.message).toBe("string");
-  expect(e.param).toBe(param);
-}
-
 // ---- models ----
 
 describe("GET /api/v0/models", () => {
   test("the compat list with model_info per entry and the runtime section", async () => {
-    const compat = (await (await fetch(`${server.url}/v1/models`)).json()) as { data: Record<string, unknown>[] };
-    const res = await fetch(`${server.url}/api/v0/models`);
-    expect(res.status).toBe(200);
-    const list = (await res.json()) as { object: string; data: Record<string, unknown>[]; runtime: unknown };
+    const compat = await jsonBody(await fetch(`${server.url}/v1/models`), ModelList);
+    const list = await jsonBody(await fetch(`${server.url}/api/v0/models`), ExtendedModelList);
     expect(list.object).toBe("list");
     expect(list.data).toEqual([{ ...compat.data[0], model_info: TINY_INFO }]);
     expect(list.runtime).toEqual({ name: "loopserve", version: pkg.version, commit: COMMIT });
   });
 
   test("GET /api/v0/models/{id} returns the extended entry", async () => {
-    const list = (await (await fetch(`${server.url}/api/v0/models`)).json()) as { data: { id: string }[] };
-    const res = await fetch(`${server.url}/api/v0/models/${encodeURIComponent(list.data[0].id)}`);
-    expect(res.status).toBe(200);
-    expect(await res.json()).toEqual(list.data[0]);
+    const list = await jsonBody(await fetch(`${server.url}/api/v0/models`), ExtendedModelList);
+    const entry = await jsonBody(await fetch(`${server.url}/api/v0/models/${encodeURIComponent(list.data[0].id)}`), ExtendedModelEntry);
+    expect(entry).toEqual(list.data[0]);
   });
 });
 
@@ -158,7 +126,7 @@ describe("extended response sections", () => {
 
   test("the generated text equals the compat family's for the same request", async () => {
     const req = { model: MODEL, messages: USER, max_tokens: 12, temperature: 0.8, seed: 9 };
-    const v1 = await ok<ExtendedChat>("/v1/chat/completions", req);
+    const v1 = await ok("/v1/chat/completions", req, ChatCompletion);
     const v0 = await chat(req);
     expect(v0.choices).toEqual(v1.choices);
     expect(v0.usage).toEqual(v1.usage);
@@ -166,30 +134,26 @@ describe("extended response sections", () => {
   });
 
   test("stream: the sections ride on the final chunk only, before the usage chunk", async () => {
-    const chunks = await streamChunks("/api/v0/chat/completions", {
-      model: MODEL,
-      messages: USER,
-      max_tokens: 5,
-      temperature: 0,
-      stream: true,
-      stream_options: { include_usage: true },
-    });
+    const chunks = await streamChunks(
+      "/api/v0/chat/completions",
+      { model: MODEL, messages: USER, max_tokens: 5, temperature: 0, stream: true, stream_options: { include_usage: true } },
+      ExtendedChatCompletionChunk,
+    );
     expect(chunks[0].choices[0].delta).toEqual({ role: "assistant" });
-    const usageChunk = chunks.at(-1) as Record<string, any>;
-    const final = chunks.at(-2) as Record<string, any>;
+    const [final, usageChunk] = chunks.slice(-2);
     expect(usageChunk.choices).toEqual([]);
     expect(final.choices[0]).toEqual({ index: 0, delta: {}, logprobs: null, finish_reason: "length" });
-    expectSections(final as unknown as Sections, usageChunk.usage, TINY.loops);
+    expectSections(final, usageChunk.usage, TINY.loops);
     for (const c of [...chunks.slice(0, -2), usageChunk]) expect(c).not.toHaveProperty("stats");
   });
 
   test("text-completion stream: the sections on the final chunk", async () => {
-    const chunks = await streamChunks("/api/v0/completions", { model: MODEL, prompt: PROMPT, max_tokens: 4, stream: true });
-    const final = chunks.at(-1) as Record<string, any>;
+    const chunks = await streamChunks("/api/v0/completions", { model: MODEL, prompt: PROMPT, max_tokens: 4, stream: true }, ExtendedTextCompletionChunk);
+    const final = chunks[chunks.length - 1];
     expect(final.object).toBe("text_completion");
     expect(final.choices[0]).toEqual({ text: "", index: 0, logprobs: null, finish_reason: "length" });
     const n = tok.encode(PROMPT).length;
-    expectSections(final as unknown as Sections, { prompt_tokens: n, completion_tokens: 4, total_tokens: n + 4 }, TINY.loops);
+    expectSections(final, { prompt_tokens: n, completion_tokens: 4, total_tokens: n + 4 }, TINY.loops);
   });
 });
 
@@ -208,7 +172,8 @@ describe("extended request knobs", () => {
     expect(spec.choices[0].text).toBe(plain.choices[0].text);
     expect(spec.stats.mode).toBe(mode);
     expect(spec.stats.loops_used).toBe(3);
-    const extra = spec.stats as unknown as { accepted_per_cycle: number; draft_tokens: number; accepted_tokens: number };
+    const extra = spec.stats;
+    expectSchema(SpeculativeStats, extra);
     expect(extra.draft_tokens).toBeGreaterThan(0);
     expect(extra.accepted_tokens).toBeLessThanOrEqual(extra.draft_tokens);
     expect(extra.accepted_per_cycle).toBeGreaterThanOrEqual(1);
@@ -218,7 +183,7 @@ describe("extended request knobs", () => {
     const res = await server.post("/api/v0/chat/completions", { model: MODEL, messages: USER, mode: "tree_speculative" });
     expect(res.status).toBe(400);
     const body = await res.json();
-    expectError(body, "temperature");
+    expectInvalidRequest(body, "temperature");
   });
 
   test.each(["speculative", "tree_speculative"])("mode %p with draft_loops above verify_loops is served: the plain output at verify_loops", async (mode) => {
@@ -232,7 +197,7 @@ describe("extended request knobs", () => {
     const res = await server.post("/api/v0/chat/completions", { model: MODEL, messages: USER, mode: "fast" });
     expect(res.status).toBe(400);
     const body = await res.json();
-    expectError(body, "mode");
+    expectInvalidRequest(body, "mode");
     expect(body.error.message).toContain('"generate", "speculative", "tree_speculative"');
   });
 
@@ -260,7 +225,7 @@ describe("extended request knobs", () => {
     const req = { model: MODEL, prompt: PROMPT, max_tokens: 200, loops: 64, slo_ms: 1 };
     const res = await server.post("/api/v0/completions", req);
     expect(res.status).toBe(503);
-    const body = (await res.json()) as ErrorResponse;
+    const body = (await res.json()) as ErrorBody;
     expect(body.error.code).toBe("latency_target");
     expect((await server.post("/v1/completions", { ...req, max_tokens: 2 })).status).toBe(200);
   });
@@ -302,7 +267,7 @@ describe("extended request knobs", () => {
       const res = await server.post(path, { model: MODEL, messages: USER, prompt: PROMPT, max_tokens: 1, [field]: value });
       expect(res.status).toBe(400);
       const body = await res.json();
-      expectError(body, field);
+      expectInvalidRequest(body, field);
       expect(body.error.message).toContain(`\`${field}\``);
     }
   });
@@ -332,7 +297,7 @@ describe("extended request knobs", () => {
   ])("%s is a 422", async (_, extra, param) => {
     const res = await server.post("/api/v0/completions", { model: MODEL, prompt: PROMPT, ...extra });
     expect(res.status).toBe(422);
-    expectError(await res.json(), param);
+    expectInvalidRequest(await res.json(), param);
   });
 });
 
@@ -340,19 +305,13 @@ describe("extended request knobs", () => {
 
 describe("both families on a server without a usable model", () => {
   const missing = () => `${testTempDir()}/no-such-model.safetensors`;
-  let s: TestServer;
+  const s = serverForTests(() => ({ modelPath: missing() }));
 
-  beforeAll(async () => {
-    s = await startServer({ modelPath: missing() });
-  });
-  afterAll(async () => {
-    await s?.stop();
-  });
 
   test("the models lists still name the configured model; model_info is null; commit is null", async () => {
-    const v1 = (await (await fetch(`${s.url}/v1/models`)).json()) as { data: { id: string }[] };
+    const v1 = await jsonBody(await fetch(`${s.url}/v1/models`), ModelList);
     expect(v1.data.map((m) => m.id)).toEqual([missing()]);
-    const v0 = (await (await fetch(`${s.url}/api/v0/models`)).json()) as { data: { model_info: unknown }[]; runtime: { commit: unknown } };
+    const v0 = await jsonBody(await fetch(`${s.url}/api/v0/models`), ExtendedModelList);
     expect(v0.data[0].model_info).toBeNull();
     expect(v0.runtime.commit).toBeNull();
   });
@@ -366,7 +325,7 @@ describe("both families on a server without a usable model", () => {
     const req = { model: MODEL, max_tokens: 4, ...body };
     const res = await s.post(path, req);
     expect(res.status).toBe(503);
-    expect(((await res.json()) as ErrorResponse).error.code).toBe("model_not_loaded");
+    expect(((await res.json()) as ErrorBody).error.code).toBe("model_not_loaded");
     expect((await s.post(path, { ...req, stream: true })).status).toBe(503);
     expect((await s.post(path, { ...req, model: undefined })).status).toBe(422);
     expect((await s.post(path, { ...req, n: 2 })).status).toBe(400);
@@ -376,7 +335,7 @@ describe("both families on a server without a usable model", () => {
   test("SERVICE_MODEL_PATH unset: an empty models list", async () => {
     const none = await startServer({ modelPath: null });
     try {
-      const v1 = (await (await fetch(`${none.url}/v1/models`)).json()) as { object: string; data: unknown[] };
+      const v1 = await jsonBody(await fetch(`${none.url}/v1/models`), ModelList);
       expect(v1).toEqual({ object: "list", data: [] });
     } finally {
       await none.stop();

@@ -5,7 +5,9 @@
 // well-formed 503; the lifecycle counters must add up and agree with what the
 // clients saw.
 import { describe, expect, setDefaultTimeout, test } from "bun:test";
-import { expectErrorShape, generateOk, LIFECYCLE, metrics, type NativeResult, sseData } from "../helpers/scheduling.ts";
+import { GenerateResponse, GenerateStreamEvent } from "../../src/http/responses.ts";
+import { expectErrorShape, expectSchema, sseEvents } from "../helpers/http.ts";
+import { generateOk, LIFECYCLE, metrics } from "../helpers/scheduling.ts";
 import { startServer, type TestServer } from "../helpers/server.ts";
 
 // bunfig.toml's [test] timeout is not read by this Bun (the 5 s default
@@ -50,12 +52,11 @@ async function send(s: TestServer, i: number): Promise<Outcome> {
     return { status: res.status, code: body.error.code };
   }
   if (!stream) {
-    const r = JSON.parse(raw) as NativeResult;
+    const r: unknown = JSON.parse(raw);
+    expectSchema(GenerateResponse, r);
     return { status: 200, tokens: r.tokens, text: r.text };
   }
-  const data = sseData(raw);
-  expect(data.at(-1)).toBe("[DONE]");
-  const events = data.slice(0, -1).map((d) => JSON.parse(d) as { token_id: number; text: string });
+  const events = sseEvents(raw, GenerateStreamEvent);
   expect(events.at(-1)?.token_id).toBe(-1);
   return { status: 200, tokens: events.filter((e) => e.token_id >= 0).map((e) => e.token_id), text: events.map((e) => e.text).join("") };
 }
@@ -68,7 +69,7 @@ async function runLoad(env: Record<string, string>): Promise<{ ok: number; refus
   const s = await startServer({ env: { SERVICE_MAX_SEQ_LEN: "512", ...env } });
   try {
     // Sequential references, one request at a time.
-    const reference: NativeResult[] = [];
+    const reference: GenerateResponse[] = [];
     for (const c of CASES) reference.push(await generateOk(s, { ...c }));
 
     const before = await metrics(s, LIFECYCLE);

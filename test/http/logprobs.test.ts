@@ -8,9 +8,25 @@
 // modes' verifier distribution, the native knob, and the openai client.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import OpenAI from "openai";
+import type { TSchema } from "@sinclair/typebox";
 import { NativeModel } from "../../src/engine/binding.ts";
+import {
+  ChatCompletion,
+  ChatCompletionChunk,
+  type ChatLogprobs,
+  type CompletionLogprobs,
+  ErrorBody,
+  ExtendedChatCompletion,
+  ExtendedTextCompletion,
+  GenerateResponse,
+  GenerateStreamEvent,
+  SpeculativeResponse,
+  TextCompletion,
+  TextCompletionChunk,
+} from "../../src/http/responses.ts";
 import { TRAINED_MODEL_PATH } from "../../src/model/trained.ts";
 import { Tokenizer } from "../../src/tokenizer.ts";
+import { jsonBody, sseEvents } from "../helpers/http.ts";
 import { ensureLibrary, LIB } from "../helpers/kernels.ts";
 import { startServer, type TestServer } from "../helpers/server.ts";
 
@@ -89,27 +105,35 @@ function greedy(prompt: number[], n: number, loops = LOOPS): number[] {
   return out;
 }
 
-async function post<T = any>(path: string, body: unknown): Promise<T> {
-  const res = await server.post(path, body);
-  if (res.status !== 200) throw new Error(`${path}: status ${res.status}: ${await res.text()}`);
-  return (await res.json()) as T;
+/** Each route's response body, and its stream events (src/http/responses.ts). */
+const BODY: Record<string, TSchema> = {
+  "/v1/chat/completions": ChatCompletion,
+  "/v1/completions": TextCompletion,
+  "/api/v0/chat/completions": ExtendedChatCompletion,
+  "/api/v0/completions": ExtendedTextCompletion,
+  "/generate": GenerateResponse,
+  "/generate/speculative": SpeculativeResponse,
+  "/generate/tree_speculative": SpeculativeResponse,
+};
+const EVENT: Record<string, TSchema> = {
+  "/v1/chat/completions": ChatCompletionChunk,
+  "/v1/completions": TextCompletionChunk,
+  "/generate": GenerateStreamEvent,
+};
+
+/** A 200 body, checked against its route's schema (the checks below then read it freely). */
+async function post(path: string, body: unknown): Promise<any> {
+  return jsonBody(await server.post(path, body), BODY[path]);
 }
 
-/** The JSON chunks of an SSE response, [DONE] checked and dropped. */
+/** The chunks of a streamed response, each checked against its schema; [DONE] checked and dropped. */
 async function stream(path: string, body: unknown): Promise<any[]> {
   const res = await server.post(path, { ...(body as object), stream: true });
   expect(res.status).toBe(200);
-  const events = (await res.text()).trim().split("\n\n").map((e) => e.replace(/^data: /, ""));
-  expect(events.at(-1)).toBe("[DONE]");
-  return events.slice(0, -1).map((e) => JSON.parse(e));
+  return sseEvents(await res.text(), EVENT[path]);
 }
 
-interface ChatEntry {
-  token: string;
-  logprob: number;
-  bytes: number[];
-  top_logprobs: { token: string; logprob: number; bytes: number[] }[];
-}
+type ChatEntry = ChatLogprobs["content"][number];
 
 /** Chat entries for `ids` generated after `prompt`: texts, bytes, values and the top alternatives. */
 function expectChatEntries(entries: ChatEntry[], prompt: number[], ids: number[], k: number, loops = LOOPS) {
@@ -205,13 +229,6 @@ describe("chat completions: logprobs true + top_logprobs", () => {
 });
 
 // ---- text completions ----
-
-interface CompletionLogprobs {
-  tokens: string[];
-  token_logprobs: (number | null)[];
-  top_logprobs: (Record<string, number> | null)[];
-  text_offset: number[];
-}
 
 /** Completion logprobs of `ids` (scored[i]: token i has a logprob) against the reference rows of `all`. */
 function expectCompletionEntries(lp: CompletionLogprobs, all: number[], from: number, k: number, choiceText: string, offset0 = 0) {
@@ -428,8 +445,7 @@ describe("native logprobs knob", () => {
     ["/generate/speculative", 21],
   ])("%s with logprobs %d is a 400 naming it", async (path, logprobs) => {
     const res = await server.post(path, { prompt: PROMPT, logprobs });
-    expect(res.status).toBe(400);
-    expect(((await res.json()) as { error: { param: string } }).error.param).toBe("logprobs");
+    expect((await jsonBody(res, ErrorBody, 400)).error.param).toBe("logprobs");
   });
 });
 

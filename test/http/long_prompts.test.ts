@@ -4,10 +4,11 @@
 // Now a text longer than SERVICE_MAX_SEQ_LEN tokens of the longest GPT-2
 // token (128 bytes) could hold is refused unread, on every family, and a
 // long text is tokenized on a worker thread with the same ids.
-import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { ErrorBody, GenerateResponse, TextCompletion } from "../../src/http/responses.ts";
 import { Tokenizer } from "../../src/tokenizer.ts";
-import { type ErrorBody, expectErrorShape, type NativeResult } from "../helpers/scheduling.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { expectErrorShape, jsonBody } from "../helpers/http.ts";
+import { serverForTests, startServer } from "../helpers/server.ts";
 
 setDefaultTimeout(120_000);
 
@@ -19,16 +20,11 @@ const HUGE = "😀".repeat(262_144);
 /** 511 tokens of 128 bytes: just under the byte limit, fits the context with max_tokens 1; one run, so ~2 s of BPE. */
 const JUST_UNDER = LONGEST_TOKEN.repeat(MAX_SEQ_LEN - 1);
 
-let server: TestServer;
+const server = serverForTests({ env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } });
 let tokenizer: Tokenizer;
 
 beforeAll(async () => {
-  server = await startServer({ env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } });
   tokenizer = await Tokenizer.load();
-});
-
-afterAll(async () => {
-  await server.stop();
 });
 
 const chat = (content: string) => ({ model: "m", messages: [{ role: "user", content }], max_tokens: 1 });
@@ -69,9 +65,8 @@ describe("a prompt longer than the context could hold is refused before tokeniza
     await expectTooLong(await server.post("/generate", { prompt: over, max_tokens: 1 }), "prompt", LIMIT_BYTES + 1);
     // At the limit: tokenized (512 tokens), then refused by the token count as before.
     const at = LONGEST_TOKEN.repeat(MAX_SEQ_LEN);
-    const res = await server.post("/generate", { prompt: at, max_tokens: 1 });
-    expect(res.status).toBe(400);
-    expect(((await res.json()) as ErrorBody).error.message).toContain("prompt (512 tokens) plus `max_tokens` (1) is 513 tokens");
+    const refused = await jsonBody(await server.post("/generate", { prompt: at, max_tokens: 1 }), ErrorBody, 400);
+    expect(refused.error.message).toContain("prompt (512 tokens) plus `max_tokens` (1) is 513 tokens");
   });
 
   test("/healthz answers alongside a 1 MB prompt; the server keeps serving", async () => {
@@ -98,9 +93,7 @@ describe("a long prompt is tokenized off the event loop", () => {
     // Inline tokenization would have held /healthz until the big request was done.
     expect(settled).toBe(false);
     expect(healthMs).toBeLessThan(1_000); // generous: a few ms when the loop is free
-    const res = await big;
-    expect(res.status).toBe(200);
-    const out = (await res.json()) as NativeResult;
+    const out = await jsonBody(await big, GenerateResponse);
     expect(out.stats.prompt_tokens).toBe(MAX_SEQ_LEN - 1);
     expect(out.tokens).toHaveLength(1);
   });
@@ -110,12 +103,12 @@ describe("a long prompt is tokenized off the event loop", () => {
     expect(text.length).toBeGreaterThan(2048); // past the inline limit: a worker encodes it
     const ids = tokenizer.encode(text);
     expect(ids.length).toBeLessThan(MAX_SEQ_LEN - 8);
-    const fromText = (await (await server.post("/generate", { prompt: text, max_tokens: 8 })).json()) as NativeResult;
-    const fromIds = (await (await server.post("/generate", { prompt: ids, max_tokens: 8 })).json()) as NativeResult;
+    const fromText = await jsonBody(await server.post("/generate", { prompt: text, max_tokens: 8 }), GenerateResponse);
+    const fromIds = await jsonBody(await server.post("/generate", { prompt: ids, max_tokens: 8 }), GenerateResponse);
     expect(fromText.stats.prompt_tokens).toBe(ids.length);
     expect(fromText.tokens).toEqual(fromIds.tokens);
     // And through the OpenAI family: the same prompt length.
-    const v1 = (await (await server.post("/v1/completions", { ...completion(text), max_tokens: 1 })).json()) as { usage: { prompt_tokens: number } };
+    const v1 = await jsonBody(await server.post("/v1/completions", { ...completion(text), max_tokens: 1 }), TextCompletion);
     expect(v1.usage.prompt_tokens).toBe(ids.length);
   });
 });

@@ -3,11 +3,12 @@
 // with their types, and its counters, gauges and histograms follow what
 // requests do: complete, error, get rejected or cancelled.
 import { afterAll, afterEach, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { type Family, SPEC_SERIES, SPECULATIVE_SERIES } from "../scheduler/prom_text.ts";
+import { GenerateResponse } from "../../src/http/responses.ts";
+import { expectErrorShape, expectSchema } from "../helpers/http.ts";
 import {
   cancelOpenStreams,
+  delta,
   expect503,
-  expectErrorShape,
   generateOk,
   LIFECYCLE,
   metric,
@@ -22,7 +23,8 @@ import {
   waitForQueueDepth,
 } from "../helpers/scheduling.ts";
 import { TINY } from "../helpers/models.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { serverForTests, startServer, type TestServer } from "../helpers/server.ts";
+import { type Family, SPEC_SERIES, SPECULATIVE_SERIES } from "../scheduler/prom_text.ts";
 
 // bunfig.toml's [test] timeout is not read by this Bun (the 5 s default
 // applies), and these tests start server processes: set it here.
@@ -131,60 +133,49 @@ describe("/metrics with a model loaded", () => {
     // 400 (length) and 422 (shape) are answered before admission.
     expect((await s.post("/generate", { prompt: PROMPT, max_tokens: MAX_SEQ_LEN })).status).toBe(400);
     expect((await s.post("/generate", { max_tokens: 4 })).status).toBe(422);
-    const after = await metrics(s, keys);
-    expect({
-      submitted: after.service_requests_submitted_total - before.service_requests_submitted_total,
-      rejected: after.service_requests_rejected_total - before.service_requests_rejected_total,
-      completed: after.service_requests_completed_total - before.service_requests_completed_total,
-      errored: after.service_requests_errored_total - before.service_requests_errored_total,
-      cancelled: after.service_requests_cancelled_total - before.service_requests_cancelled_total,
-      ran: after.service_queue_wait_ms_count - before.service_queue_wait_ms_count,
-      wall: after.service_request_wall_ms_count - before.service_request_wall_ms_count,
-    }).toEqual({ submitted: 1, rejected: 1, completed: 0, errored: 0, cancelled: 0, ran: 0, wall: 0 });
+    expect(delta(await metrics(s, keys), before)).toEqual({
+      service_requests_submitted_total: 1,
+      service_requests_rejected_total: 1,
+      service_requests_completed_total: 0,
+      service_requests_errored_total: 0,
+      service_requests_cancelled_total: 0,
+      service_queue_wait_ms_count: 0, // never ran
+      service_request_wall_ms_count: 0,
+    });
   });
 });
 
 describe("/metrics when the engine fails", () => {
-  let s: TestServer;
-  beforeAll(async () => {
-    s = await startServer({ modelPath: poisonedModelPath() });
-  });
-  afterAll(async () => {
-    await s?.stop();
-  });
+  const s = serverForTests(() => ({ modelPath: poisonedModelPath() }));
 
   test("an engine error moves submitted and errored, not completed, and no completion latency is recorded", async () => {
     const keys = [...LIFECYCLE, "service_request_wall_ms_count"] as const;
     const before = await metrics(s, keys);
     // Non-streaming: finish_reason "error" is allowed there; otherwise an error status in the common shape.
     const res = await s.post("/generate", { prompt: PROMPT, max_tokens: 4 });
-    const body = (await res.json()) as { finish_reason?: string };
-    if (res.status === 200) expect(body.finish_reason).toBe("error");
-    else expectErrorShape(body);
+    const body: unknown = await res.json();
+    if (res.status !== 200) expectErrorShape(body);
+    else {
+      expectSchema(GenerateResponse, body);
+      expect(body.finish_reason).toBe("error");
+    }
     // Streaming: the stream was opened, so the error arrives as an event before [DONE].
     const events = await (await openStream(s, { prompt: PROMPT, max_tokens: 4 })).readAll();
     expect(events.at(-1)).toBe("[DONE]");
     expectErrorShape(JSON.parse(events.at(-2) as string));
-    const after = await metrics(s, keys);
-    expect({
-      submitted: after.service_requests_submitted_total - before.service_requests_submitted_total,
-      errored: after.service_requests_errored_total - before.service_requests_errored_total,
-      completed: after.service_requests_completed_total - before.service_requests_completed_total,
-      wall: after.service_request_wall_ms_count - before.service_request_wall_ms_count,
-    }).toEqual({ submitted: 2, errored: 2, completed: 0, wall: 0 });
+    expect(delta(await metrics(s, keys), before)).toMatchObject({
+      service_requests_submitted_total: 2,
+      service_requests_errored_total: 2,
+      service_requests_completed_total: 0,
+      service_request_wall_ms_count: 0,
+    });
     // The failure was the request's, not the server's.
     expect((await fetch(`${s.url}/healthz`)).status).toBe(200);
   });
 });
 
 describe("/metrics without a model", () => {
-  let s: TestServer;
-  beforeAll(async () => {
-    s = await startServer({ modelPath: null });
-  });
-  afterAll(async () => {
-    await s?.stop();
-  });
+  const s = serverForTests({ modelPath: null });
 
   test("still answers 200 in Prometheus text with every documented series while /healthz and /generate answer 503", async () => {
     expect((await fetch(`${s.url}/healthz`)).status).toBe(503);

@@ -3,73 +3,29 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { type ErrorBody, GenerateResponse, GenerateStreamEvent } from "../../src/http/responses.ts";
 import { IncrementalDetokenizer, Tokenizer } from "../../src/tokenizer.ts";
+import { expectErrorShape, expectInvalidRequest, jsonBody, sseData, sseEvents } from "../helpers/http.ts";
 import { testTempDir } from "../helpers/models.ts";
-import { type ErrorResponse, startServer, type TestServer } from "../helpers/server.ts";
+import { serverForTests, startServer, type TestServer } from "../helpers/server.ts";
 
 const MAX_SEQ_LEN = 256;
 
-interface NativeResponse {
-  tokens: number[];
-  text: string;
-  finish_reason: string;
-  stats: {
-    wall_ms: number;
-    tokens_per_second: number;
-    prompt_tokens: number;
-    completion_tokens: number;
-    mode: string;
-    loops_used: number;
-  };
-}
-
-let server: TestServer;
+const server = serverForTests({ env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } });
 let tok: Tokenizer;
 
 beforeAll(async () => {
   tok = await Tokenizer.load();
-  server = await startServer({ env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } });
 });
 
-afterAll(async () => {
-  await server?.stop();
-});
+const generate = async (body: Record<string, unknown>) => jsonBody(await server.post("/generate", body), GenerateResponse);
 
-async function generate(body: Record<string, unknown>): Promise<NativeResponse> {
-  const res = await server.post("/generate", body);
-  if (res.status !== 200) throw new Error(`status ${res.status}: ${await res.text()}`);
-  return (await res.json()) as NativeResponse;
-}
-
-/** The data payloads of an SSE body, in order. */
-function sseData(body: string): string[] {
-  expect(body.endsWith("\n\n")).toBe(true);
-  return body
-    .slice(0, -2)
-    .split("\n\n")
-    .map((event) => {
-      expect(event.startsWith("data: ")).toBe(true);
-      return event.slice("data: ".length);
-    });
-}
-
-async function stream(body: Record<string, unknown>): Promise<{ raw: string; events: { token_id: number; text: string }[] }> {
+async function stream(body: Record<string, unknown>): Promise<{ raw: string; events: GenerateStreamEvent[] }> {
   const res = await server.post("/generate", { ...body, stream: true });
   expect(res.status).toBe(200);
   expect(res.headers.get("content-type")).toStartWith("text/event-stream");
   const raw = await res.text();
-  const data = sseData(raw);
-  expect(data.at(-1)).toBe("[DONE]");
-  return { raw, events: data.slice(0, -1).map((d) => JSON.parse(d)) };
-}
-
-function expectErrorShape(body: unknown): asserts body is ErrorResponse {
-  const e = (body as ErrorResponse).error;
-  expect(typeof e.message).toBe("string");
-  expect(e.message.length).toBeGreaterThan(0);
-  expect(typeof e.type).toBe("string");
-  expect(e).toHaveProperty("param");
-  expect(e).toHaveProperty("code");
+  return { raw, events: sseEvents(raw, GenerateStreamEvent) };
 }
 
 const PROMPT = "The looped transformer said";
@@ -240,7 +196,7 @@ describe("POST /generate validation", () => {
   test("the bound message reads like the style guide's", async () => {
     const res = await server.post("/generate", { prompt: PROMPT, max_tokens: 9000 });
     expect(res.status).toBe(400);
-    expect(((await res.json()) as ErrorResponse).error.message).toBe("`max_tokens` must be at most 8192, got 9000");
+    expect(((await res.json()) as ErrorBody).error.message).toBe("`max_tokens` must be at most 8192, got 9000");
   });
 
   test.each([
@@ -271,9 +227,7 @@ describe("POST /generate validation", () => {
   ])("%s is a 400", async (_, body, param) => {
     const res = await server.post("/generate", body);
     expect(res.status).toBe(400);
-    const json = await res.json();
-    expectErrorShape(json);
-    expect(json.error.param).toBe(param);
+    expectInvalidRequest(await res.json(), param);
   });
 
   test.each([
@@ -290,9 +244,7 @@ describe("POST /generate validation", () => {
   ])("%s is a 422", async (_, body, param) => {
     const res = await server.post("/generate", body);
     expect(res.status).toBe(422);
-    const json = await res.json();
-    expectErrorShape(json);
-    expect(json.error.param).toBe(param);
+    expectInvalidRequest(await res.json(), param);
   });
 
   test("a JSON body that is not an object is a 422", async () => {
@@ -398,7 +350,7 @@ describe("client disconnect", () => {
 
   beforeAll(async () => {
     s = await startServer({ env: { SERVICE_MAX_SEQ_LEN: String(LONG + 64) } });
-    const warm = (await (await s.post("/generate", { prompt: PROMPT, max_tokens: 64 })).json()) as NativeResponse;
+    const warm = await jsonBody(await s.post("/generate", { prompt: PROMPT, max_tokens: 64 }), GenerateResponse);
     fullMs = (LONG / warm.stats.tokens_per_second) * 1000;
   });
   afterAll(async () => {

@@ -2,11 +2,11 @@
 // server: every call it
 // makes succeeds, its streams parse, and a greedy stream says exactly what
 // the same greedy non-streamed request says.
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { beforeAll, describe, expect, test } from "bun:test";
 import OpenAI from "openai";
 import { Tokenizer } from "../../src/tokenizer.ts";
 import { TINY } from "../helpers/models.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { serverForTests } from "../helpers/server.ts";
 
 const MODEL = "loopserve-tiny";
 const PROMPT = "The looped transformer said";
@@ -16,19 +16,14 @@ const MESSAGES: OpenAI.Chat.ChatCompletionMessageParam[] = [
 ];
 const RENDERED = `System: You are terse.\nUser: ${PROMPT}\nAssistant:`;
 
-let server: TestServer;
+const server = serverForTests({ env: { SERVICE_MAX_SEQ_LEN: "512" } });
 let client: OpenAI;
 let tok: Tokenizer;
 
 beforeAll(async () => {
   tok = await Tokenizer.load();
-  server = await startServer({ env: { SERVICE_MAX_SEQ_LEN: "512" } });
   // Any API key: the service ignores it without SERVICE_API_KEY. No retries, so a failure shows at once.
   client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "sk-not-checked", maxRetries: 0 });
-});
-
-afterAll(async () => {
-  await server?.stop();
 });
 
 describe("the openai client against /v1", () => {

@@ -2,16 +2,12 @@
 // self-contained page whose Content-Security-Policy admits exactly its own
 // inline script and style and requests to its own origin. The page driven
 // in a browser: test/playground/browser.test.ts.
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { describe, expect, test } from "bun:test";
+import { ErrorBody } from "../../src/http/responses.ts";
+import { jsonBody } from "../helpers/http.ts";
+import { serverForTests } from "../helpers/server.ts";
 
-let server: TestServer;
-beforeAll(async () => {
-  server = await startServer();
-});
-afterAll(async () => {
-  await server.stop();
-});
+const server = serverForTests();
 
 const sha256 = (text: string) => `'sha256-${new Bun.CryptoHasher("sha256").update(text).digest("base64")}'`;
 
@@ -69,8 +65,7 @@ describe("GET /", () => {
 
   test("other methods on / and unknown paths still get the error shape", async () => {
     const post = await server.post("/", { prompt: "x" });
-    expect(post.status).toBe(404);
-    expect(((await post.json()) as { error: { type: string } }).error.type).toBe("not_found_error");
+    expect((await jsonBody(post, ErrorBody, 404)).error.type).toBe("not_found_error");
     const missing = await fetch(`${server.url}/index.html`);
     expect(missing.status).toBe(404);
   });

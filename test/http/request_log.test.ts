@@ -5,15 +5,12 @@
 // refusals (4xx, 503 when overloaded or shutting down) without a stack trace;
 // a real fault (500) with exactly one.
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, spyOn, test } from "bun:test";
-import { loadConfig } from "../../src/config.ts";
 import type { GenerationEngine } from "../../src/http/generation.ts";
-import { frontDoor } from "../../src/http/front_door.ts";
+import { ErrorBody, GenerateResponse, TextCompletion } from "../../src/http/responses.ts";
 import { log } from "../../src/log.ts";
-import { ServiceMetrics } from "../../src/metrics.ts";
-import { createApp } from "../../src/server.ts";
-import { Tokenizer } from "../../src/tokenizer.ts";
+import { jsonBody } from "../helpers/http.ts";
 import { cancelOpenStreams, expect503, openStream, PROMPT, slowModelPath, startBlocker, waitFor, waitForQueueDepth } from "../helpers/scheduling.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { inProcessApp, serverForTests, startServer, TINY_MODEL_INFO, type TestServer } from "../helpers/server.ts";
 
 setDefaultTimeout(60_000);
 
@@ -79,9 +76,8 @@ describe("text format (the default)", () => {
 
   test("a whole response: its line carries the tokens the response reports, and the client's request id", async () => {
     const res = await s.post("/generate", { prompt: PROMPT, max_tokens: 3, temperature: 0 }, { "content-type": "application/json", "x-request-id": "client-req-1" });
-    expect(res.status).toBe(200);
     expect(res.headers.get("x-request-id")).toBe("client-req-1");
-    const body = (await res.json()) as { stats: { prompt_tokens: number; completion_tokens: number } };
+    const body = await jsonBody(res, GenerateResponse);
     const line = await lineFor(s, textRequestLines, "client-req-1");
     expectRequestLine(line, {
       method: "POST",
@@ -164,17 +160,11 @@ describe("text format (the default)", () => {
 });
 
 describe("json format", () => {
-  let s: TestServer;
-  beforeAll(async () => {
-    s = await startServer({ env: { SERVICE_LOG_FORMAT: "json" } });
-  });
-  afterAll(async () => {
-    await s?.stop();
-  });
+  const s = serverForTests({ env: { SERVICE_LOG_FORMAT: "json" } });
 
   test("every line is one JSON object; request lines carry every field with its type", async () => {
     const plain = await s.post("/v1/completions", { model: "m", prompt: PROMPT, max_tokens: 4 });
-    const usage = ((await plain.json()) as { usage: { prompt_tokens: number } }).usage;
+    const { usage } = await jsonBody(plain, TextCompletion);
     const stream = await s.post("/generate", { prompt: PROMPT, max_tokens: 2, stream: true });
     await stream.text();
     const bad = await s.post("/generate", "{not json");
@@ -204,16 +194,13 @@ describe("json format", () => {
 
 describe("a real fault (500)", () => {
   test("the 500 answer, one error line with exactly one stack trace, and the request line", async () => {
-    const config = loadConfig({});
     const engine: GenerationEngine = {
-      info: { arch: "looped-llama", dim: 64, nHeads: 4, nKvHeads: 2, headDim: 16, ffnDim: 128, vocabSize: 50257, defaultLoops: 4, maxSeqLen: 2048, quant: "fp16", groupSize: 0, tiedOutput: false, simd: "portable", threads: 1 },
+      info: TINY_MODEL_INFO,
       enqueue: () => {
         throw new TypeError("a bug in the scheduler");
       },
     };
-    const metrics = new ServiceMetrics({ maxSeqLen: config.maxSeqLen, defaultLoops: 4, processMetrics: false });
-    const app = createApp({ config, tokenizer: await Tokenizer.load(), engine, loadError: null, metrics });
-    const handle = frontDoor(config, (req) => app.handle(req));
+    const { handle } = await inProcessApp(engine);
     const out: string[] = [];
     const err: string[] = [];
     const logSpy = spyOn(console, "log").mockImplementation((s: string) => void out.push(s));
@@ -227,7 +214,7 @@ describe("a real fault (500)", () => {
           new Request("http://localhost/generate", { method: "POST", headers: { "x-request-id": `fault-${format}` }, body: JSON.stringify({ prompt: PROMPT }) }),
         );
         expect(res.status).toBe(500);
-        expect(((await res.json()) as { error: { code: string } }).error.code).toBe("internal_error");
+        expect((await jsonBody(res, ErrorBody, 500)).error.code).toBe("internal_error");
         // stderr: one entry, naming the request, with the stack once.
         expect(err).toHaveLength(1);
         const entry = format === "json" ? (JSON.parse(err[0]) as Line) : null;

@@ -8,15 +8,17 @@
 // /metrics (service_queue_depth) to know a request is queued before it acts,
 // and cancels the blocker to let the queue drain. Nothing here depends on a
 // sleep being long enough.
-import { afterAll, afterEach, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { afterEach, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { GenerateResponse } from "../../src/http/responses.ts";
+import { jsonBody } from "../helpers/http.ts";
 import {
   cancelOpenStreams,
+  delta,
   expect503,
   generateOk,
   LIFECYCLE,
   metric,
   metrics,
-  type NativeResult,
   openStream,
   PROMPT,
   slowModelPath,
@@ -24,7 +26,7 @@ import {
   waitFor,
   waitForQueueDepth,
 } from "../helpers/scheduling.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { serverForTests } from "../helpers/server.ts";
 
 // bunfig.toml's [test] timeout is not read by this Bun (the 5 s default
 // applies), and these tests start server processes: set it here.
@@ -34,18 +36,8 @@ afterEach(cancelOpenStreams);
 const MAX_SEQ_LEN = 8192;
 const BLOCKER_TOKENS = 8000; // ~10 s of engine time if it ran to the end
 
-function delta<K extends string>(after: Record<K, number>, before: Record<K, number>): Record<K, number> {
-  return Object.fromEntries(Object.keys(after).map((k) => [k, after[k as K] - before[k as K]])) as Record<K, number>;
-}
-
 describe("priority queue", () => {
-  let s: TestServer;
-  beforeAll(async () => {
-    s = await startServer({ modelPath: slowModelPath(), env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } });
-  });
-  afterAll(async () => {
-    await s?.stop();
-  });
+  const s = serverForTests(() => ({ modelPath: slowModelPath(), env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } }));
 
   test("a burst queued behind a running request runs by descending priority, FIFO within a priority", async () => {
     // Sent in this order, each one queued before the next is sent.
@@ -64,7 +56,7 @@ describe("priority queue", () => {
 
     const blocker = await startBlocker(s, BLOCKER_TOKENS);
     const finished: string[] = [];
-    const results: Promise<NativeResult>[] = [];
+    const results: Promise<GenerateResponse>[] = [];
     for (const [k, r] of burst.entries()) {
       // Each request takes ~16 engine steps, so completions are well apart.
       const done = generateOk(s, { prompt: `${PROMPT} ${r.name}`, max_tokens: 16, priority: r.priority }).then((res) => {
@@ -104,16 +96,7 @@ describe("priority queue", () => {
 
 describe("queue cap", () => {
   const DEPTH = 2;
-  let s: TestServer;
-  beforeAll(async () => {
-    s = await startServer({
-      modelPath: slowModelPath(),
-      env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN), SERVICE_MAX_QUEUE_DEPTH: String(DEPTH) },
-    });
-  });
-  afterAll(async () => {
-    await s?.stop();
-  });
+  const s = serverForTests(() => ({ modelPath: slowModelPath(), env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN), SERVICE_MAX_QUEUE_DEPTH: String(DEPTH) } }));
 
   test("SERVICE_MAX_QUEUE_DEPTH=2: a burst of 7 behind a running request gets exactly 5 × 503 queue_full, counted as rejected", async () => {
     const BURST = 7;
@@ -138,8 +121,7 @@ describe("queue cap", () => {
     const admitted = responses.filter((r) => !settled.slice(0, BURST - DEPTH).includes(r));
     expect(admitted).toHaveLength(DEPTH);
     for (const res of admitted) {
-      expect(res.status).toBe(200);
-      expect(((await res.json()) as NativeResult).tokens).toHaveLength(4);
+      expect((await jsonBody(res, GenerateResponse)).tokens).toHaveLength(4);
     }
     const d = delta(await metrics(s, LIFECYCLE), before);
     expect(d).toEqual({
@@ -166,16 +148,7 @@ describe("latency target", () => {
   // Small requests cost a few ms on an idle engine; the blocker's remainder
   // is thousands of steps (seconds), far beyond the target.
   const DEFAULT_SLO_MS = 500;
-  let s: TestServer;
-  beforeAll(async () => {
-    s = await startServer({
-      modelPath: slowModelPath(),
-      env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN), SERVICE_DEFAULT_SLO_MS: String(DEFAULT_SLO_MS) },
-    });
-  });
-  afterAll(async () => {
-    await s?.stop();
-  });
+  const s = serverForTests(() => ({ modelPath: slowModelPath(), env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN), SERVICE_DEFAULT_SLO_MS: String(DEFAULT_SLO_MS) } }));
 
   test("an unprimed predictor rejects nothing: the first request is admitted even with slo_ms 1", async () => {
     const r = await generateOk(s, { prompt: PROMPT, max_tokens: 32, slo_ms: 1 });
@@ -222,17 +195,13 @@ describe("latency target", () => {
 });
 
 describe("cancellation", () => {
-  let s: TestServer;
+  const s = serverForTests(() => ({ modelPath: slowModelPath(), env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } }));
   let idleMs: number;
   beforeAll(async () => {
-    s = await startServer({ modelPath: slowModelPath(), env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } });
     await generateOk(s, { prompt: PROMPT, max_tokens: 8 }); // warm up
     const t0 = performance.now();
     await generateOk(s, { prompt: PROMPT, max_tokens: 1 });
     idleMs = performance.now() - t0;
-  });
-  afterAll(async () => {
-    await s?.stop();
   });
 
   // The blocker would need seconds more; a request queued behind it must

@@ -2,10 +2,10 @@
 // SIGTERM stops accepting (healthz 503, new requests 503), refuses what is
 // queued with 503, lets the running request finish, then exits 0.
 import { describe, expect, setDefaultTimeout, test } from "bun:test";
+import { expectErrorShape } from "../helpers/http.ts";
 import {
   cancelOpenStreams,
   expect503,
-  expectErrorShape,
   metric,
   PROMPT,
   slowModelPath,

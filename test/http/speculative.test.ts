@@ -2,56 +2,32 @@
 // server process (docs/speculative.md): greedy output equals
 // /generate at loops = verify_loops, the response's stats, every range and
 // combination rule, the /metrics counters, and no trace left behind.
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { describe, expect, test } from "bun:test";
 import { loadConfig } from "../../src/config.ts";
-import type { GenerateResult, ModelInfo } from "../../src/engine/types.ts";
-import { ServiceMetrics } from "../../src/metrics.ts";
-import { createApp, type GenerationEngine } from "../../src/server.ts";
-import { Tokenizer } from "../../src/tokenizer.ts";
+import type { GenerateResult } from "../../src/engine/types.ts";
+import type { GenerationEngine } from "../../src/http/generation.ts";
+import { type ErrorBody, GenerateResponse, SpeculativeResponse } from "../../src/http/responses.ts";
 import { tinyModelPath } from "../helpers/models.ts";
-import { type ErrorResponse, startServer, type TestServer } from "../helpers/server.ts";
+import { jsonBody } from "../helpers/http.ts";
+import { inProcessApp, serverForTests, startServer, TINY_MODEL_INFO, type TestServer } from "../helpers/server.ts";
 
 const MAX_SEQ_LEN = 256;
 // Untied, with small residual updates: shallow loops mostly agree with deep ones.
 const MODEL = { seed: 41, residualScale: 0.05, loops: 8 };
 const ENV = { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN), SERVICE_PREFIX_POOL_CAPACITY: "8" };
 
-interface GenResponse {
-  tokens: number[];
-  text: string;
-  finish_reason: string;
-  stats: {
-    wall_ms: number;
-    tokens_per_second: number;
-    prompt_tokens: number;
-    completion_tokens: number;
-    mode: string;
-    loops_used: number;
-    accepted_per_cycle?: number;
-    draft_tokens?: number;
-    accepted_tokens?: number;
-  };
-}
+const server = serverForTests(() => ({ modelPath: tinyModelPath(MODEL), env: ENV }));
 
-let server: TestServer;
 
-beforeAll(async () => {
-  server = await startServer({ modelPath: tinyModelPath(MODEL), env: ENV });
-});
+/** A speculative endpoint's answer, checked against its schema. */
+const call = async (path: string, body: Record<string, unknown>, on: TestServer = server) => jsonBody(await on.post(path, body), SpeculativeResponse);
 
-afterAll(async () => {
-  await server?.stop();
-});
+/** POST /generate, the plain decoding a speculative answer must equal. */
+const generate = async (body: Record<string, unknown>, on: TestServer = server) => jsonBody(await on.post("/generate", body), GenerateResponse);
 
-async function call(path: string, body: Record<string, unknown>, on: TestServer = server): Promise<GenResponse> {
+async function refused(path: string, body: Record<string, unknown>, status: number, on: TestServer = server): Promise<ErrorBody> {
   const res = await on.post(path, body);
-  if (res.status !== 200) throw new Error(`${path}: status ${res.status}: ${await res.text()}`);
-  return (await res.json()) as GenResponse;
-}
-
-async function refused(path: string, body: Record<string, unknown>, status: number, on: TestServer = server): Promise<ErrorResponse> {
-  const res = await on.post(path, body);
-  const json = (await res.json()) as ErrorResponse;
+  const json = (await res.json()) as ErrorBody;
   expect(res.status, JSON.stringify(json)).toBe(status);
   expect(typeof json.error.message).toBe("string");
   return json;
@@ -59,22 +35,6 @@ async function refused(path: string, body: Record<string, unknown>, status: numb
 
 const PROMPT = [464, 3290, 318, 257, 922, 1110, 11, 290];
 
-const TINY_INFO: ModelInfo = {
-  arch: "looped-llama",
-  dim: 64,
-  nHeads: 4,
-  nKvHeads: 2,
-  headDim: 16,
-  ffnDim: 128,
-  vocabSize: 50257,
-  defaultLoops: 8,
-  maxSeqLen: 2048,
-  quant: "fp16",
-  groupSize: 0,
-  tiedOutput: false,
-  simd: "portable",
-  threads: 1,
-};
 const TEXT_PROMPT = "The looped transformer said";
 
 describe("greedy speculative output equals /generate at loops = verify_loops", () => {
@@ -98,10 +58,10 @@ describe("greedy speculative output equals /generate at loops = verify_loops", (
         const base: Record<string, unknown> = { prompt: PROMPT, max_tokens: 30, ...common };
         if (Array.isArray(base.stop)) {
           // a stop id that first appears mid-output
-          const free = await call("/generate", { ...base, stop: null, loops: verify_loops });
+          const free = await generate({ ...base, stop: null, loops: verify_loops });
           base.stop = [free.tokens[9]];
         }
-        const plain = await call("/generate", { ...base, loops: verify_loops });
+        const plain = await generate({ ...base, loops: verify_loops });
         const spec = await call(path, { ...base, draft_loops, verify_loops, draft_ahead, ...(K ? { K_branches: K } : {}) });
         expect(spec.tokens).toEqual(plain.tokens);
         expect(spec.text).toBe(plain.text);
@@ -111,11 +71,11 @@ describe("greedy speculative output equals /generate at loops = verify_loops", (
   }
 
   test("a text prompt, stop strings and default knobs work as on /generate", async () => {
-    const plain = await call("/generate", { prompt: TEXT_PROMPT, max_tokens: 24, loops: 8 });
+    const plain = await generate({ prompt: TEXT_PROMPT, max_tokens: 24, loops: 8 });
     const spec = await call("/generate/speculative", { prompt: TEXT_PROMPT, max_tokens: 24 });
     expect(spec.tokens).toEqual(plain.tokens);
     const stop = plain.text.slice(5, 9);
-    const a = await call("/generate", { prompt: TEXT_PROMPT, max_tokens: 24, loops: 8, stop });
+    const a = await generate({ prompt: TEXT_PROMPT, max_tokens: 24, loops: 8, stop });
     const b = await call("/generate/tree_speculative", { prompt: TEXT_PROMPT, max_tokens: 24, stop, K_branches: 3 });
     expect(b.text).toBe(a.text);
     expect(b.finish_reason).toBe(a.finish_reason);
@@ -127,7 +87,7 @@ describe("response", () => {
     const res = await server.post("/generate/speculative", { prompt: PROMPT, max_tokens: 20, verify_loops: 6, draft_loops: 2, stream: true, loops: 3 });
     expect(res.status).toBe(200);
     expect(res.headers.get("content-type")).toStartWith("application/json");
-    const body = (await res.json()) as GenResponse;
+    const body = await jsonBody(res, SpeculativeResponse);
     expect(body.tokens).toHaveLength(20);
     expect(body.finish_reason).toBe("length");
     const s = body.stats;
@@ -138,11 +98,11 @@ describe("response", () => {
     expect(s.wall_ms).toBeGreaterThan(0);
     expect(s.tokens_per_second).toBeGreaterThan(0);
     expect(Number.isInteger(s.draft_tokens) && Number.isInteger(s.accepted_tokens)).toBe(true);
-    expect(s.accepted_tokens as number).toBeLessThanOrEqual(s.draft_tokens as number);
+    expect(s.accepted_tokens).toBeLessThanOrEqual(s.draft_tokens);
     // 19 tokens came from cycles (the first from the prefill), each cycle
     // giving its accepted drafts plus one of the verifier's own.
-    expect(s.accepted_per_cycle as number).toBeGreaterThan(1);
-    expect(s.accepted_per_cycle as number).toBeLessThanOrEqual(5);
+    expect(s.accepted_per_cycle).toBeGreaterThan(1);
+    expect(s.accepted_per_cycle).toBeLessThanOrEqual(5);
 
     const tree = await call("/generate/tree_speculative", { prompt: PROMPT, max_tokens: 20, K_branches: 4, verify_loops: 7 });
     expect(tree.stats.mode).toBe("tree_speculative");
@@ -157,9 +117,9 @@ describe("response", () => {
       const chain = await call("/generate/speculative", { prompt: PROMPT, max_tokens: 40, ...knobs });
       const tree = await call("/generate/tree_speculative", { prompt: PROMPT, max_tokens: 40, ...knobs, K_branches: 1 });
       expect(tree.tokens).toEqual(chain.tokens);
-      expect(tree.stats.accepted_tokens).toBe(chain.stats.accepted_tokens as number);
-      expect(tree.stats.draft_tokens).toBe(chain.stats.draft_tokens as number);
-      expect(tree.stats.accepted_per_cycle).toBe(chain.stats.accepted_per_cycle as number);
+      expect(tree.stats.accepted_tokens).toBe(chain.stats.accepted_tokens);
+      expect(tree.stats.draft_tokens).toBe(chain.stats.draft_tokens);
+      expect(tree.stats.accepted_per_cycle).toBe(chain.stats.accepted_per_cycle);
     }
   });
 
@@ -225,22 +185,18 @@ describe("validation", () => {
     // The HTTP checks alone: the app in-process with that configuration and an
     // engine that answers every admitted request with one token (test/http/
     // kv.test.ts runs a real server with a compressed cache).
-    const config = { ...loadConfig({}), kvCacheMode: "int8" as const };
     const engine: GenerationEngine = {
-      info: TINY_INFO,
+      info: TINY_MODEL_INFO,
       enqueue: (req, _opts, sink) => {
         sink(7);
         const result: GenerateResult = { tokens: [7], finishReason: "length", promptTokens: req.promptTokens.length, wallMs: 1, firstTokenMs: 1 };
         return { started: Promise.resolve(), result: Promise.resolve(result) };
       },
     };
-    const metrics = new ServiceMetrics({ maxSeqLen: config.maxSeqLen, defaultLoops: 8, processMetrics: false });
-    const app = createApp({ config, tokenizer: await Tokenizer.load(), engine, loadError: null, metrics });
-    const post = (path: string, body: unknown) =>
-      app.handle(new Request(`http://localhost${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) }));
+    const { post } = await inProcessApp(engine, { ...loadConfig({}), kvCacheMode: "int8" });
     const res = await post(T, { prompt: PROMPT, K_branches: 2 });
     expect(res.status).toBe(400);
-    const e = (await res.json()) as ErrorResponse;
+    const e = (await res.json()) as ErrorBody;
     expect(e.error.message).toContain("fp16 key/value cache");
     expect(e.error.message).toContain("int8");
     expect((await post(P, { prompt: PROMPT, max_tokens: 1 })).status).toBe(200);
@@ -258,10 +214,10 @@ describe("metrics and cache hygiene", () => {
     const before = await counters();
     const a = await call("/generate/speculative", { prompt: PROMPT, max_tokens: 30, draft_ahead: 6 });
     const b = await call("/generate/tree_speculative", { prompt: PROMPT, max_tokens: 30, K_branches: 3 });
-    await call("/generate", { prompt: PROMPT, max_tokens: 10 });
+    await generate({ prompt: PROMPT, max_tokens: 10 });
     const after = await counters();
-    expect(after.draft - before.draft).toBe((a.stats.draft_tokens as number) + (b.stats.draft_tokens as number));
-    expect(after.accepted - before.accepted).toBe((a.stats.accepted_tokens as number) + (b.stats.accepted_tokens as number));
+    expect(after.draft - before.draft).toBe(a.stats.draft_tokens + b.stats.draft_tokens);
+    expect(after.accepted - before.accepted).toBe(a.stats.accepted_tokens + b.stats.accepted_tokens);
     expect(after.accepted - before.accepted).toBeGreaterThan(0);
   });
 
@@ -275,10 +231,10 @@ describe("metrics and cache hygiene", () => {
       { prompt: [...prompt, 318], max_tokens: 30, loops: 8 },
       { prompt, max_tokens: 30, loops: 8, temperature: 0.8, sample_seed: 5 },
     ];
-    const here = await Promise.all(probes.map((p) => call("/generate", p)));
+    const here = await Promise.all(probes.map((p) => generate(p)));
     const fresh = await startServer({ modelPath: tinyModelPath(MODEL), env: ENV });
     try {
-      for (const [i, p] of probes.entries()) expect(here[i].tokens).toEqual((await call("/generate", p, fresh)).tokens);
+      for (const [i, p] of probes.entries()) expect(here[i].tokens).toEqual((await generate(p, fresh)).tokens);
     } finally {
       await fresh.stop();
     }

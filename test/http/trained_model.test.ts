@@ -3,12 +3,14 @@
 // King James Bible's words, through the native API and the OpenAI-shaped
 // one, at the default depth and at a shallow one; and self-speculative
 // decoding on it gives exactly the plain output.
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { beforeAll, describe, expect, test } from "bun:test";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
+import { ChatCompletion, GenerateResponse, SpeculativeResponse } from "../../src/http/responses.ts";
 import { TRAINED_MODEL_PATH } from "../../src/model/trained.ts";
+import { jsonBody } from "../helpers/http.ts";
 import { testTempDir } from "../helpers/models.ts";
-import { startServer, type TestServer } from "../helpers/server.ts";
+import { serverForTests } from "../helpers/server.ts";
 import { runTorchModule } from "../helpers/torch.ts";
 
 const PROMPTS = ["And God said unto Moses,", "The LORD is my shepherd;", "And it came to pass, when the king"];
@@ -16,24 +18,19 @@ const PROMPTS = ["And God said unto Moses,", "The LORD is my shepherd;", "And it
 /** Lower-case words of a text. */
 const words = (text: string) => text.toLowerCase().match(/[a-z]+/g) ?? [];
 
-let server: TestServer;
+const server = serverForTests({ modelPath: TRAINED_MODEL_PATH, env: { SERVICE_MAX_SEQ_LEN: "512" } });
 let vocabulary: Set<string>;
 
 beforeAll(async () => {
-  server = await startServer({ modelPath: TRAINED_MODEL_PATH, env: { SERVICE_MAX_SEQ_LEN: "512" } });
   const dir = join(testTempDir(), "kjv-words");
   runTorchModule("data", [dir]);
   vocabulary = new Set(words(readFileSync(join(dir, "train.txt"), "utf8")));
 });
-afterAll(async () => {
-  await server.stop();
-});
 
 async function generate(body: Record<string, unknown>, path = "/generate"): Promise<{ text: string; tokens: number[] }> {
-  const r = await server.post(path, { max_tokens: 32, temperature: 0, ...body });
-  expect(r.status).toBe(200);
-  const j = (await r.json()) as { text: string; tokens: number[] };
-  return { text: j.text, tokens: j.tokens };
+  const schema = path === "/generate" ? GenerateResponse : SpeculativeResponse;
+  const { text, tokens } = await jsonBody(await server.post(path, { max_tokens: 32, temperature: 0, ...body }), schema);
+  return { text, tokens };
 }
 
 /** Share of the words of `text` that the training text uses. */
@@ -64,8 +61,7 @@ describe("the trained demo model", () => {
       max_tokens: 32,
       temperature: 0,
     });
-    expect(r.status).toBe(200);
-    const j = (await r.json()) as { choices: { message: { content: string } }[] };
+    const j = await jsonBody(r, ChatCompletion);
     expect(knownShare(j.choices[0].message.content)).toBeGreaterThanOrEqual(0.9);
   });
 

@@ -3,13 +3,13 @@
 // the generation modes rely on: batch invariance (bit-identical logits
 // whatever the batch split or thread count), sliding window, rollback.
 import { beforeAll, describe, expect, test } from "bun:test";
-import { join } from "node:path";
 import { LS_ERR_ARG, LS_ERR_FULL, LS_ERR_STATE } from "../../src/engine/abi.generated.ts";
-import { NativeError, type SimdChoice } from "../../src/engine/binding.ts";
-import { argmax, ReferenceModel } from "../../src/model/reference.ts";
+import { NativeError } from "../../src/engine/binding.ts";
+import type { SimdChoice } from "../../src/engine/types.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
 import { expectBitIdentical, feedInCalls, relErr, supportedPaths, tokensFor, withModel, withSession } from "../helpers/kernels.ts";
 import { tinyModelPath } from "../helpers/models.ts";
+import { argmax, ReferenceModel } from "../reference/forward.ts";
 
 const TOL = 1e-3; // max|c - r| / max|r| against the float64 reference
 const SIMD_TOL = 1e-4; // SIMD paths against the portable path

@@ -1,4 +1,4 @@
-// Key/value cache modes (docs/kv-cache.md; kernels/kvcache.c, src/model/kvcache.ts):
+// Key/value cache modes (docs/kv-cache.md; kernels/kvcache.c, test/reference/kvcache.ts):
 //
 // - one row's encoding: the C encoder and the TypeScript one agree bit for
 //   bit, and the round-trip error stays within each format's bound;
@@ -16,27 +16,18 @@
 // not part of the ABI the binding uses.
 import { beforeAll, describe, expect, test } from "bun:test";
 import { dlopen, FFIType } from "bun:ffi";
-import { join, resolve } from "node:path";
-import { type KvCacheSettings, NativeModel, type SimdChoice } from "../../src/engine/binding.ts";
-import { Engine, EngineLoadError, EngineRequestError } from "../../src/engine/engine.ts";
-import type { GenerateRequest } from "../../src/engine/types.ts";
+import { type KvCacheSettings, NativeModel } from "../../src/engine/binding.ts";
+import { Engine } from "../../src/engine/engine.ts";
+import { EngineLoadError, EngineRequestError } from "../../src/engine/errors.ts";
+import type { GenerateRequest, SimdChoice } from "../../src/engine/types.ts";
 import { f16BitsToNumber } from "../../src/model/fp16.ts";
-import {
-  decodeKvRow,
-  encodeKvRow,
-  KV_CACHE_MODES,
-  KV_GROUP,
-  type KvCacheMode,
-  kvBytesPerToken,
-  whtF32,
-} from "../../src/model/kvcache.ts";
-import { ReferenceModel } from "../../src/model/reference.ts";
+import { KV_CACHE_MODES, type KvCacheMode } from "../../src/model/kvcache.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
-import { expectBitIdentical, feedInCalls, LIB, relErr, supportedPaths, tokensFor, withModel, withSession } from "../helpers/kernels.ts";
+import { ReferenceModel } from "../reference/forward.ts";
+import { decodeKvRow, encodeKvRow, KV_GROUP, kvBytesPerToken, whtF32 } from "../reference/kvcache.ts";
+import { BUILD_DIR, expectBitIdentical, feedInCalls, LIB, relErr, supportedPaths, tokensFor, withModel, withSession } from "../helpers/kernels.ts";
 import { tinyModelPath } from "../helpers/models.ts";
 
-const ROOT = resolve(import.meta.dir, "../..");
-const BUILD = join(ROOT, "build");
 
 // ---- tolerances: max|c - r| / max|r| over every position's logits ----
 
@@ -456,7 +447,7 @@ describe("chain speculative decoding in every cache mode", () => {
   test("through the engine: mode speculative equals mode generate; tree_speculative is refused in a compressed mode", async () => {
     const path = tinyModelPath(AGREEING);
     for (const kv of modesFor(AGREEING)) {
-      const engine = Engine.load({ modelPath: path, threads: 2, simd: "auto", buildDir: BUILD, kvCacheMode: kv.mode, hModeFp16AttnQkv: kv.fp16AttnQkv });
+      const engine = Engine.load({ modelPath: path, threads: 2, simd: "auto", buildDir: BUILD_DIR, kvCacheMode: kv.mode, hModeFp16AttnQkv: kv.fp16AttnQkv });
       try {
         const run = async (extra: Partial<GenerateRequest>) => {
           const req: GenerateRequest = {
@@ -494,8 +485,8 @@ describe("modes a model cannot run are refused with a reason", () => {
       expect(() => m.newSession(8, 1, 0, { mode: "int4-h" })).toThrow(/power-of-two head_dim; this model's head_dim is 40/);
       m.newSession(8, 1, 0, { mode: "int4" }).close();
     });
-    expect(() => Engine.load({ modelPath: path, threads: 1, simd: "auto", buildDir: BUILD, kvCacheMode: "int8-h" })).toThrow(EngineLoadError);
-    expect(() => Engine.load({ modelPath: path, threads: 1, simd: "auto", buildDir: BUILD, kvCacheMode: "int8-h" })).toThrow(
+    expect(() => Engine.load({ modelPath: path, threads: 1, simd: "auto", buildDir: BUILD_DIR, kvCacheMode: "int8-h" })).toThrow(EngineLoadError);
+    expect(() => Engine.load({ modelPath: path, threads: 1, simd: "auto", buildDir: BUILD_DIR, kvCacheMode: "int8-h" })).toThrow(
       /kv_cache_mode int8-h .*power-of-two head_dim/,
     );
   });

@@ -5,16 +5,16 @@
 // paths against each other, load errors for corrupt quantized files, and
 // the quantize CLI round trip down to generated tokens.
 import { beforeAll, describe, expect, test } from "bun:test";
-import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { NativeModel, type SimdChoice } from "../../src/engine/binding.ts";
+import { NativeModel } from "../../src/engine/binding.ts";
+import type { SimdChoice } from "../../src/engine/types.ts";
 import { runModelCommand } from "../../src/model/cli.ts";
 import { type HeadQuant, quantizeModelFile, type WeightQuant } from "../../src/model/quantize.ts";
-import { ReferenceModel } from "../../src/model/reference.ts";
 import { type SyntheticOptions, writeSyntheticModel } from "../../src/model/synthetic.ts";
 import { expectBitIdentical, feedInCalls, LIB, relErr, supportedPaths, tokensFor, withModel } from "../helpers/kernels.ts";
 import { testTempDir } from "../helpers/models.ts";
 import { type RawHeader, readRawSafetensors, writeRawSafetensors } from "../helpers/safetensors.ts";
+import { ReferenceModel } from "../reference/forward.ts";
 
 // Against the float64 reference (same dequantized weights, same int8
 // activations): the kernels' fp32 sums differ in rounding, and where an

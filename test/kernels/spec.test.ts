@@ -5,31 +5,24 @@
 // sampling's distribution (chi-square against the exact distribution, with
 // a deliberately broken sampler showing the test can fail).
 import { beforeAll, describe, expect, test } from "bun:test";
-import { existsSync } from "node:fs";
-import { join, resolve } from "node:path";
-import { LS_SIMD_AVX2, LS_SIMD_AVX512, LS_SIMD_PORTABLE } from "../../src/engine/abi.generated.ts";
-import { NativeError, NativeModel, type NativeSession, type SimdChoice, type SpecCycleParams } from "../../src/engine/binding.ts";
+import { join } from "node:path";
+import { NativeError, NativeModel, type NativeSession, type SpecCycleParams } from "../../src/engine/binding.ts";
+import type { SimdChoice } from "../../src/engine/types.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
+import { LS_SIMD_AVX2, LS_SIMD_AVX512, LS_SIMD_PORTABLE } from "../../src/engine/abi.generated.ts";
 import { LS_SPEC_TEST_ACCEPT_ALL } from "../helpers/abi_testing.generated.ts";
+import { ensureLibrary, LIB, supportedPaths } from "../helpers/kernels.ts";
 import { writeDescriptor } from "../helpers/model_descriptor.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
 import { runSanitized, sanitizedDriver } from "../helpers/sanitized.ts";
-
-const ROOT = resolve(import.meta.dir, "../..");
-const LIB = join(ROOT, "build", "libloopserve.so");
 
 // Shallow loops mostly agree with deep ones: most drafts are accepted.
 const AGREEING: Partial<SyntheticOptions> = { seed: 21, residualScale: 0.05 };
 // A tiny vocabulary so sampled distributions can be compared cell by cell.
 const SMALL_VOCAB: Partial<SyntheticOptions> = { dim: 32, nHeads: 4, nKvHeads: 2, ffnDim: 64, vocabSize: 12, loops: 4, seed: 5, residualScale: 0.5 };
 
-beforeAll(() => {
-  if (!existsSync(LIB)) {
-    const r = Bun.spawnSync([process.execPath, "build.ts", "--lib"], { cwd: ROOT, stdout: "inherit", stderr: "inherit" });
-    if (r.exitCode !== 0) throw new Error("bun build.ts --lib failed");
-  }
-});
+beforeAll(ensureLibrary);
 
 function withModel<T>(opts: Partial<SyntheticOptions>, fn: (m: NativeModel) => T, threads = 2, simd: SimdChoice = "auto"): T {
   const m = NativeModel.load(LIB, tinyModelPath(opts), threads, simd);
@@ -173,14 +166,9 @@ describe("speculative cycles leave the session as plain decoding would", () => {
   test("every SIMD path and thread count gives the same speculative tokens (greedy and sampled)", () => {
     const runs: number[][] = [];
     const sampled: Sampling = { temperature: 0.9, topK: 40, topP: 0.95, penalty: 1.1 };
-    for (const simd of ["portable", "avx2", "avx512"] as SimdChoice[]) {
+    for (const simd of supportedPaths(tinyModelPath(AGREEING))) {
       for (const threads of [1, 2]) {
-        let m: NativeModel;
-        try {
-          m = NativeModel.load(LIB, tinyModelPath(AGREEING), threads, simd);
-        } catch {
-          continue; // path not on this CPU
-        }
+        const m = NativeModel.load(LIB, tinyModelPath(AGREEING), threads, simd);
         try {
           const row: number[] = [];
           for (const s of [GREEDY, sampled]) {
@@ -292,13 +280,8 @@ describe("the draft head", () => {
   test("a quantized model (int4 block, int8 head) drafts too: greedy cycles equal plain decoding on every SIMD path", () => {
     const path = join(testTempDir(), "spec-int4-int8head.safetensors");
     quantizeModelFile(tinyModelPath({ ...AGREEING, vocabSize: 4096 }), path, { quant: "int4", head: "int8", groupSize: 32 });
-    for (const simd of ["portable", "avx2", "avx512"] as SimdChoice[]) {
-      let m: NativeModel;
-      try {
-        m = NativeModel.load(LIB, path, 2, simd);
-      } catch {
-        continue; // path not on this CPU
-      }
+    for (const simd of supportedPaths(path)) {
+      const m = NativeModel.load(LIB, path, 2, simd);
       try {
         const reference = plain(m, PROMPT, 4, 40, GREEDY, 0);
         const session = m.newSession(PROMPT.length + 40 + 65, 4, 0);

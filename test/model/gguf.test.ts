@@ -13,10 +13,10 @@ import {
   TokenType,
   unpermuteRopeRows,
 } from "../../src/model/gguf.ts";
-import { applyRope } from "../../src/model/reference.ts";
 import { ModelFormatError, writeSafetensors } from "../../src/model/safetensors.ts";
 import { Tokenizer } from "../../src/tokenizer.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
+import { applyRope } from "../reference/forward.ts";
 
 // ---- a tiny GGUF reader, independent of the writer ----
 

@@ -8,12 +8,13 @@
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { join } from "node:path";
 import { NativeModel } from "../../src/engine/binding.ts";
+import { ErrorBody } from "../../src/http/responses.ts";
 import { runModelCommand } from "../../src/model/cli.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
+import { jsonBody } from "../helpers/http.ts";
 import { ensureLibrary, LIB } from "../helpers/kernels.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
 import { type RawHeader, readRawSafetensors, writeRawSafetensors } from "../helpers/safetensors.ts";
-import { type ErrorBody, expectErrorShape } from "../helpers/scheduling.ts";
 import { startServer } from "../helpers/server.ts";
 
 setDefaultTimeout(60_000);
@@ -182,10 +183,7 @@ describe("a model with a NaN weight, served", () => {
   });
 
   test("is not loaded: /healthz and generation answer 503 naming the tensor", async () => {
-    const health = await fetch(`${server.url}/healthz`);
-    expect(health.status).toBe(503);
-    const body = (await health.json()) as ErrorBody;
-    expectErrorShape(body);
+    const body = await jsonBody(await fetch(`${server.url}/healthz`), ErrorBody, 503);
     expect(body.error.code).toBe("model_not_loaded");
     expect(body.error.message).toContain("tensor 'block.w3.weight' holds a non-finite value (NaN) at element 1");
     expect((await server.post("/generate", { prompt: "Hi", max_tokens: 1 })).status).toBe(503);

@@ -7,19 +7,10 @@ import { join } from "node:path";
 import { runModelCommand } from "../../src/model/cli.ts";
 import { F16_TO_F32 } from "../../src/model/fp16.ts";
 import { loadModelFile, loadQuantModelFile, type QuantMatrix } from "../../src/model/format.ts";
-import {
-  codeAt,
-  dequantize,
-  f16BitsDown,
-  f16BitsUp,
-  quantizeActivations,
-  quantizeInt2,
-  quantizeInt4,
-  quantizeInt8,
-  quantizeModelFile,
-} from "../../src/model/quantize.ts";
-import { ReferenceModel } from "../../src/model/reference.ts";
+import { f16BitsDown, f16BitsUp, quantizeInt2, quantizeInt4, quantizeInt8, quantizeModelFile } from "../../src/model/quantize.ts";
 import { ModelFormatError, readSafetensors, writeSafetensors } from "../../src/model/safetensors.ts";
+import { ReferenceModel } from "../reference/forward.ts";
+import { codeAt, dequantize, quantizeActivations } from "../reference/quant.ts";
 import { writeSyntheticModel } from "../../src/model/synthetic.ts";
 import { testTempDir } from "../helpers/models.ts";
 

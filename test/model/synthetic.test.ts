@@ -4,10 +4,10 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { f16ArrayToF32 } from "../../src/model/fp16.ts";
 import { loadModelFile } from "../../src/model/format.ts";
-import { argmax, ReferenceModel } from "../../src/model/reference.ts";
 import { ModelFormatError } from "../../src/model/safetensors.ts";
 import { type SyntheticOptions, writeSyntheticModel } from "../../src/model/synthetic.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
+import { argmax, ReferenceModel } from "../reference/forward.ts";
 
 const SMALL: SyntheticOptions = {
   dim: 32,

@@ -12,8 +12,10 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, mkdirSync } from "node:fs";
 import { join, resolve } from "node:path";
 import puppeteer, { type Browser, type Page } from "puppeteer-core";
+import { GenerateResponse } from "../../src/http/responses.ts";
 import { TRAINED_MODEL_PATH } from "../../src/model/trained.ts";
 import { agreement } from "../../src/playground/agreement.ts";
+import { jsonBody } from "../helpers/http.ts";
 import { testTempDir } from "../helpers/models.ts";
 import { type ServerOptions, startServer, type TestServer } from "../helpers/server.ts";
 
@@ -331,7 +333,7 @@ describe.skipIf(!haveChromium)("the playground in Chromium", () => {
     const prompt = await page.$eval("#d-prompt", (n) => (n as HTMLTextAreaElement).value);
     const tokensAt = async (loops: number) => {
       const r = await server.post("/generate", { prompt, loops, max_tokens: 48, temperature: 0 });
-      return ((await r.json()) as { tokens: number[] }).tokens;
+      return (await jsonBody(r, GenerateResponse)).tokens;
     };
     const reference = await tokensAt(8);
     for (const c of columns) {

@@ -14,7 +14,7 @@ import { parsePrometheusText, sampleValue } from "./prom_text.ts";
 const BUILD_DIR = resolve(import.meta.dir, "../../build");
 
 // Engine satisfies the scheduler's narrow interface as it is (compile-time check).
-const _fits: (e: Engine) => SchedulerEngine<KvSnapshot> = (e) => e;
+export const engineFitsScheduler: (e: Engine) => SchedulerEngine<KvSnapshot> = (e) => e;
 
 function req(prompt: number[], over: Partial<GenerateRequest> = {}): GenerateRequest {
   return {

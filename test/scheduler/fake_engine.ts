@@ -1,8 +1,8 @@
 // A scripted engine for scheduler tests that need control over timing: it
 // honours the SchedulerEngine contract (one step per event-loop turn, stops
 // at the next step on abort, prefix snapshots) without any model.
-import type { GenerateRequest, GenerateResult, TokenSink } from "../../src/engine/types.ts";
-import type { EngineRunOptions, SchedulerEngine } from "../../src/scheduler/scheduler.ts";
+import type { EngineRunOptions, GenerateRequest, GenerateResult, TokenSink } from "../../src/engine/types.ts";
+import type { SchedulerEngine } from "../../src/scheduler/scheduler.ts";
 
 export class FakeSnapshot {
   released = 0;

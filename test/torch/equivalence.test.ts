@@ -10,10 +10,10 @@ import { NativeModel } from "../../src/engine/binding.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
 import { readSafetensors } from "../../src/model/safetensors.ts";
 import { writeSyntheticModel } from "../../src/model/synthetic.ts";
-import { argmax } from "../../src/model/reference.ts";
 import { ensureLibrary, LIB } from "../helpers/kernels.ts";
 import { testTempDir } from "../helpers/models.ts";
 import { runPythonModule, runTorchModule, type TorchDepthResult, torchLogits } from "../helpers/torch.ts";
+import { argmax } from "../reference/forward.ts";
 
 const DEPTHS = [1, 4, 8];
 const GREEDY = 12;

@@ -1,9 +1,9 @@
 // `loopserve bench`: prefill and decode tokens/s of this build on a model
 // file (or a generated benchmark-shape model), at each requested thread count.
-import { measureEngine } from "../bench/engine.ts";
-import { benchModel } from "../bench/models.ts";
-import { printTable } from "../bench/report.ts";
-import { withProgress } from "./progress.ts";
+import { withProgress } from "../progress.ts";
+import { measureEngine } from "./engine.ts";
+import { benchModel } from "./models.ts";
+import { printTable } from "./table.ts";
 
 const USAGE = `usage: loopserve bench [--model FILE] [--threads 1,2] [--loops N] [--prefill N] [--decode N]
 

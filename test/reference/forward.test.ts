@@ -2,9 +2,9 @@ import { describe, expect, test } from "bun:test";
 import { join } from "node:path";
 import { f16ArrayToF32, f64ArrayToF16, roundToF16 } from "../../src/model/fp16.ts";
 import { configToMetadata, expectedTensorShapes, type ModelConfig } from "../../src/model/format.ts";
-import { applyRope, argmax, ReferenceModel } from "../../src/model/reference.ts";
 import { readSafetensors, type TensorToWrite, writeSafetensors } from "../../src/model/safetensors.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
+import { applyRope, argmax, ReferenceModel } from "./forward.ts";
 
 // ---- helpers ----
 

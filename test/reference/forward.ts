@@ -5,7 +5,7 @@
 // (or, in a compressed cache mode, rotated / quantized exactly as the
 // kernels store them: kvcache.ts storedKvRow), and in a quantized model
 // (int4 / int2 block, int8 head) each input row of a quantized matrix is
-// quantized to int8 as the kernels do it (quantize.ts: quantizedMatvec),
+// quantized to int8 as the kernels do it (quant.ts: quantizedMatvec),
 // against the exactly dequantized weights. In the H cache modes q is
 // rotated by the same Walsh–Hadamard transform and each head's output
 // rotated back (in float64: the rotation is orthonormal).
@@ -20,11 +20,12 @@
 //     h += (silu(x·W1^T) * (x·W3^T)) · W2^T
 //   logits = rmsnorm(h, norm) · Wout^T
 
-import { f16ArrayToF32, roundToF16 } from "./fp16.ts";
-import { loadModelFile, loadQuantModelFile, MAX_LOOPS, type ModelConfig, QUANT_MATRICES } from "./format.ts";
-import { type KvCacheMode, type KvModeSpec, kvModeSpec, storedKvRow, whtF64 } from "./kvcache.ts";
-import { dequantize, quantizedMatvec } from "./quantize.ts";
-import { readSafetensors } from "./safetensors.ts";
+import { f16ArrayToF32, roundToF16 } from "../../src/model/fp16.ts";
+import { loadModelFile, loadQuantModelFile, MAX_LOOPS, type ModelConfig, type ModelWeights, QUANT_MATRICES } from "../../src/model/format.ts";
+import { type KvCacheMode, type KvModeSpec, kvModeSpec } from "../../src/model/kvcache.ts";
+import { readSafetensors } from "../../src/model/safetensors.ts";
+import { storedKvRow, whtF64 } from "./kvcache.ts";
+import { dequantize, quantizedMatvec } from "./quant.ts";
 
 // ---- building blocks (exported for tests) ----
 
@@ -90,21 +91,8 @@ export interface ForwardOptions {
 type RefMatrix = Float32Array | Float64Array;
 type MatrixKey = "wq" | "wk" | "wv" | "wo" | "w1" | "w2" | "w3" | "output";
 
-/** Weights decoded exactly from the file. */
-interface RefWeights {
-  tokEmbeddings: Float32Array; // (vocab_size, dim)
-  attnNorm: Float32Array; // (dim)
-  wq: RefMatrix; // (n_heads * head_dim, dim)
-  wk: RefMatrix; // (n_kv_heads * head_dim, dim)
-  wv: RefMatrix; // (n_kv_heads * head_dim, dim)
-  wo: RefMatrix; // (dim, n_heads * head_dim)
-  ffnNorm: Float32Array; // (dim)
-  w1: RefMatrix; // (ffn_dim, dim)
-  w2: RefMatrix; // (dim, ffn_dim)
-  w3: RefMatrix; // (ffn_dim, dim)
-  norm: Float32Array; // (dim)
-  output: RefMatrix; // (vocab_size, dim); tokEmbeddings when tied
-}
+/** Weights decoded exactly from the file (shapes: format.ts ModelWeights; output is tokEmbeddings when tied). */
+type RefWeights = { [K in keyof ModelWeights]: K extends MatrixKey ? RefMatrix : Float32Array };
 
 export class ReferenceModel {
   private constructor(

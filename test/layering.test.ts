@@ -1,0 +1,159 @@
+// The layering the source tree keeps, checked on its import graph (type-only
+// imports included: they couple the layers just the same):
+// - product code (src/) never imports the benchmarks or the tests;
+// - the engine knows nothing of the scheduler (the scheduler states what it
+//   needs from an engine; the engine satisfies it);
+// - the HTTP layer reaches neither the FFI binding nor the kernel library
+//   loader, not even through another module: it sees engine types and errors;
+// - no import cycle in src/, and no #include cycle in kernels/.
+import { describe, expect, test } from "bun:test";
+import { readdirSync, readFileSync } from "node:fs";
+import { dirname, join, relative, resolve } from "node:path";
+
+const ROOT = resolve(import.meta.dir, "..");
+
+type Graph = Map<string, string[]>;
+
+function filesUnder(dir: string, ext: RegExp): string[] {
+  return readdirSync(join(ROOT, dir), { recursive: true, withFileTypes: true })
+    .filter((e) => e.isFile() && ext.test(e.name))
+    .map((e) => relative(ROOT, join(e.parentPath, e.name)))
+    .sort();
+}
+
+// `import … from "x"` / `export … from "x"` (over several lines too),
+// `import "x"` and `import("x")`.
+const TS_IMPORT = /^\s*(?:import|export)\b[^;"'`]*?\bfrom\s*["']([^"']+)["']|^\s*import\s*["']([^"']+)["']|\bimport\s*\(\s*["']([^"']+)["']\s*\)/gm;
+
+/** The repository paths a TypeScript source imports (relative specifiers only: packages are not layers). */
+function tsImports(file: string, source: string): string[] {
+  const out: string[] = [];
+  for (const m of source.matchAll(TS_IMPORT)) {
+    const spec = m[1] ?? m[2] ?? m[3];
+    if (spec.startsWith(".")) out.push(relative(ROOT, resolve(ROOT, dirname(file), spec)));
+  }
+  return out;
+}
+
+function tsGraph(dir: string): Graph {
+  return new Map(filesUnder(dir, /\.ts$/).map((f) => [f, tsImports(f, readFileSync(join(ROOT, f), "utf8"))]));
+}
+
+/** kernels/: `#include "x"` resolved next to the including file, as the compiler does first. */
+function includeGraph(dir: string): Graph {
+  const graph: Graph = new Map();
+  for (const f of filesUnder(dir, /\.(c|h|cu|cuh)$/)) {
+    const src = readFileSync(join(ROOT, f), "utf8");
+    graph.set(
+      f,
+      [...src.matchAll(/^\s*#\s*include\s*"([^"]+)"/gm)].map((m) => relative(ROOT, resolve(ROOT, dirname(f), m[1]))),
+    );
+  }
+  return graph;
+}
+
+/** Every cycle found by a depth-first walk, each as the path that closes it. */
+function cycles(graph: Graph): string[][] {
+  const found: string[][] = [];
+  const state = new Map<string, "open" | "done">();
+  const stack: string[] = [];
+  const visit = (node: string) => {
+    state.set(node, "open");
+    stack.push(node);
+    for (const next of graph.get(node) ?? []) {
+      if (!graph.has(next)) continue;
+      if (state.get(next) === "open") found.push([...stack.slice(stack.indexOf(next)), next]);
+      else if (!state.has(next)) visit(next);
+    }
+    stack.pop();
+    state.set(node, "done");
+  };
+  for (const node of graph.keys()) if (!state.has(node)) visit(node);
+  return found;
+}
+
+/** The import chain from `from` to the first file `bad` accepts, or null. */
+function reaches(graph: Graph, from: string, bad: (f: string) => boolean): string[] | null {
+  const seen = new Set([from]);
+  const queue: string[][] = [[from]];
+  while (queue.length > 0) {
+    const path = queue.shift() as string[];
+    for (const next of graph.get(path.at(-1) as string) ?? []) {
+      if (bad(next)) return [...path, next];
+      if (seen.has(next)) continue;
+      seen.add(next);
+      queue.push([...path, next]);
+    }
+  }
+  return null;
+}
+
+const src = tsGraph("src");
+const edges = [...src].flatMap(([file, deps]) => deps.map((dep) => `${file} -> ${dep}`));
+
+describe("the import reader", () => {
+  test("sees single-line, multi-line, re-export, side-effect and dynamic imports, and no packages", () => {
+    const source = [
+      'import { a } from "./a.ts";',
+      "import {",
+      "  type B,",
+      "  c,",
+      '} from "../b.ts";',
+      'import type { D } from "./d.ts";',
+      'export { e } from "./e.ts";',
+      'import "./f.ts";',
+      'const g = await import("./g.ts");',
+      'import { Elysia } from "elysia";',
+      '// a comment saying from "./h.ts" is no import',
+    ].join("\n");
+    expect(tsImports("src/x/y.ts", source)).toEqual(["src/x/a.ts", "src/b.ts", "src/x/d.ts", "src/x/e.ts", "src/x/f.ts", "src/x/g.ts"]);
+  });
+
+  test("finds the edges the server is wired with", () => {
+    expect(edges).toContain("src/server.ts -> src/http/compat.ts");
+    expect(edges).toContain("src/serve.ts -> src/engine/engine.ts");
+    expect(edges).toContain("src/cli.ts -> src/serve.ts");
+  });
+});
+
+describe("layers", () => {
+  test("no product file imports the benchmarks or the tests", () => {
+    expect(edges.filter((e) => / -> (bench|test)\//.test(e))).toEqual([]);
+  });
+
+  test("src/engine imports nothing from src/scheduler", () => {
+    expect(edges.filter((e) => /^src\/engine\/.* -> src\/scheduler\//.test(e))).toEqual([]);
+  });
+
+  test("src/http reaches neither the FFI binding nor the kernel library loader, directly or through another module", () => {
+    const forbidden = new Set(["src/engine/binding.ts", "src/engine/library.ts"]);
+    const chains = [...src.keys()]
+      .filter((f) => f.startsWith("src/http/"))
+      .map((f) => reaches(src, f, (dep) => forbidden.has(dep)))
+      .filter((chain) => chain !== null)
+      .map((chain) => chain.join(" -> "));
+    expect(chains).toEqual([]);
+  });
+
+  test("no import cycle in src/", () => {
+    expect(cycles(src).map((c) => c.join(" -> "))).toEqual([]);
+  });
+
+  test("no #include cycle in kernels/", () => {
+    const kernels = includeGraph("kernels");
+    expect([...kernels.values()].flat().length).toBeGreaterThan(0);
+    expect(cycles(kernels).map((c) => c.join(" -> "))).toEqual([]);
+  });
+
+  test("the cycle and reach checks catch what they look for", () => {
+    const g: Graph = new Map([
+      ["a", ["b"]],
+      ["b", ["c"]],
+      ["c", ["a", "d"]],
+      ["d", []],
+    ]);
+    expect(cycles(g)).toEqual([["a", "b", "c", "a"]]);
+    expect(reaches(g, "a", (f) => f === "d")).toEqual(["a", "b", "c", "d"]);
+    expect(reaches(new Map([["d", []]]), "d", (f) => f === "a")).toBeNull();
+  });
+});
