@@ -123,16 +123,15 @@ static void attend(ls_session *s, int32_t loop, int32_t h, float *q, float *out,
 }
 
 typedef struct {
-    ls_session *s;
-    int32_t loop, T, pos0;
+    const ls_att_rows *r;
+    int32_t loop;
 } att_job;
 
-static void att_task(void *ctx, int32_t task, int32_t thread) {
-    const att_job *j = ctx;
-    ls_session *s = j->s;
+/* Token t, head h of one run of rows (the one-query kernels). */
+static void att_one(const ls_att_rows *r, int32_t loop, int32_t t, int32_t h, int32_t thread) {
+    ls_session *s = r->s;
     int32_t n_heads = s->m->info.n_heads, hd = s->m->info.head_dim;
-    int32_t t = task / n_heads, h = task % n_heads;
-    int32_t p = j->pos0 + t;
+    int32_t p = r->pos0 + t;
     int32_t lo = ls_window_lo(p, s->window);
     int32_t cnt = p - lo + 1;
     int32_t cap = s->cap;
@@ -141,9 +140,15 @@ static void att_task(void *ctx, int32_t task, int32_t thread) {
     int32_t r0 = lo % cap;
     int32_t n1 = cnt < cap - r0 ? cnt : cap - r0;
     slot_run run[2] = {{r0, n1}, {0, cnt - n1}};
-    float *q = s->q + (size_t)t * n_heads * hd + (size_t)h * hd;
-    float *out = s->att + (size_t)t * n_heads * hd + (size_t)h * hd;
-    attend(s, j->loop, h, q, out, run, cnt > n1 ? 2 : 1, cnt, thread);
+    float *q = r->q + (size_t)t * n_heads * hd + (size_t)h * hd;
+    float *out = r->att + (size_t)t * n_heads * hd + (size_t)h * hd;
+    attend(s, loop, h, q, out, run, cnt > n1 ? 2 : 1, cnt, thread);
+}
+
+static void att_task(void *ctx, int32_t task, int32_t thread) {
+    const att_job *j = ctx;
+    int32_t n_heads = j->r->s->m->info.n_heads;
+    att_one(j->r, j->loop, task / n_heads, task % n_heads, thread);
 }
 
 typedef struct {
@@ -151,6 +156,7 @@ typedef struct {
     int32_t loop, pos0;
     const int32_t *slot;
     int32_t T;
+    float *k, *v; /* (T, n_kv_heads * head_dim), used as scratch by ls_kv_store */
 } store_job;
 
 /* One (token, kv head) row pair into its ring slot: slot[t], or (pos0 + t)
@@ -161,7 +167,7 @@ static void store_one(const store_job *j, int32_t t, int32_t kvh, int32_t thread
     int32_t n_kv = s->m->info.n_kv_heads, hd = s->m->info.head_dim;
     int32_t row = j->slot ? j->slot[t] : (j->pos0 + t) % s->cap;
     size_t off = (size_t)t * n_kv * hd + (size_t)kvh * hd;
-    ls_kv_store(s, j->loop, kvh, row, s->k + off, s->v + off, thread);
+    ls_kv_store(s, j->loop, kvh, row, j->k + off, j->v + off, thread);
 }
 
 /* Tokens per store task: keys are stored transposed (one column per
@@ -181,8 +187,9 @@ static void store_task(void *ctx, int32_t task, int32_t thread) {
 /* Writes the T rows' K/V into the cache before any token attends: a token
  * reads its own row back from the cache like every later token will. A
  * prefill chunk's rows are encoded on the pool; a decode step's few inline. */
-static void store_rows(ls_session *s, int32_t loop, int32_t T, int32_t pos0, const int32_t *slot) {
-    store_job j = {s, loop, pos0, slot, T};
+static void store_rows(ls_session *s, int32_t loop, int32_t T, int32_t pos0, const int32_t *slot, float *k,
+                       float *v) {
+    store_job j = {s, loop, pos0, slot, T, k, v};
     int32_t n_kv = s->m->info.n_kv_heads;
     if (T > 1)
         ls_pool_run(s->m->rt->pool, store_task, &j, (T + STORE_BLOCK - 1) / STORE_BLOCK * n_kv);
@@ -216,15 +223,16 @@ static int32_t runs_of(int32_t a, int32_t b, int32_t cap, slot_run *run) {
  * att_task's. */
 static void att_group_task(void *ctx, int32_t task, int32_t thread) {
     const att_job *j = ctx;
-    ls_session *s = j->s;
+    const ls_att_rows *r = j->r;
+    ls_session *s = r->s;
     const ls_model_info *mi = &s->m->info;
     const ls_ops *ops = s->m->rt->ops;
     int32_t n_heads = mi->n_heads, n_kv = mi->n_kv_heads, hd = mi->head_dim, cap = s->cap;
     /* last token groups (the longest) first: the pool claims tasks in order,
      * so the short ones fill in at the end */
-    int32_t n_groups = (j->T + ATT_GROUP - 1) / ATT_GROUP;
+    int32_t n_groups = (r->T + ATT_GROUP - 1) / ATT_GROUP;
     int32_t h = task % n_heads, t0 = (n_groups - 1 - task / n_heads) * ATT_GROUP;
-    int32_t G = j->T - t0 < ATT_GROUP ? j->T - t0 : ATT_GROUP;
+    int32_t G = r->T - t0 < ATT_GROUP ? r->T - t0 : ATT_GROUP;
     int32_t kvh = h / (n_heads / n_kv);
     size_t head = (size_t)j->loop * n_kv + kvh;
     const uint16_t *Kt = s->kc + head * hd * (size_t)s->ldk;
@@ -234,10 +242,10 @@ static void att_group_task(void *ctx, int32_t task, int32_t thread) {
     int32_t p[ATT_GROUP] = {0}, lo[ATT_GROUP] = {0};
     for (int32_t g = 0; g < G; g++) {
         int32_t t = t0 + g;
-        p[g] = j->pos0 + t;
+        p[g] = r->pos0 + t;
         lo[g] = ls_window_lo(p[g], s->window);
-        q[g] = s->q + (size_t)t * n_heads * hd + (size_t)h * hd;
-        out[g] = s->att + (size_t)t * n_heads * hd + (size_t)h * hd;
+        q[g] = r->q + (size_t)t * n_heads * hd + (size_t)h * hd;
+        out[g] = r->att + (size_t)t * n_heads * hd + (size_t)h * hd;
         sc[g] = s->scores + ((size_t)thread * ATT_GROUP + g) * cap;
         if (s->kv_mode & LS_KV_HADAMARD) {
             if (s->kv_mode & LS_KV_FP16_QKV)
@@ -301,14 +309,60 @@ static void att_group_task(void *ctx, int32_t task, int32_t thread) {
     }
 }
 
+/* Whether a run of rows goes through the grouped prefill kernels. */
+static int grouped(const ls_att_rows *r) {
+    return r->T > 1 && r->s->kv_fmt == LS_KV_FP16 && r->s->m->rt->ops->attn_scores_mq;
+}
+
+/* The one-query (token, head) tasks of several runs of rows in one pool
+ * run: task i belongs to the run whose [first[k], first[k+1]) holds it. */
+typedef struct {
+    const ls_att_rows *runs;
+    const int32_t *first; /* (n + 1) first task of each run */
+    int32_t n, loop;
+} att_runs_job;
+
+static void att_runs_task(void *ctx, int32_t task, int32_t thread) {
+    const att_runs_job *j = ctx;
+    int32_t k = 0;
+    while (task >= j->first[k + 1]) k++;
+    const ls_att_rows *r = &j->runs[k];
+    int32_t n_heads = r->s->m->info.n_heads, i = task - j->first[k];
+    att_one(r, j->loop, i / n_heads, i % n_heads, thread);
+}
+
+void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t loop) {
+    if (n < 1) return;
+    ls_pool *pool = runs[0].s->m->rt->pool;
+    int32_t n_heads = runs[0].s->m->info.n_heads;
+    for (int32_t k = 0; k < n; k++) store_rows(runs[k].s, loop, runs[k].T, runs[k].pos0, NULL, runs[k].k, runs[k].v);
+    /* prefill runs: grouped, one pool run each; every other run shares one */
+    int32_t first[LS_ATT_MAX_RUNS + 1];
+    ls_att_rows single[LS_ATT_MAX_RUNS];
+    int32_t ns = 0;
+    first[0] = 0;
+    for (int32_t k = 0; k < n; k++) {
+        if (grouped(&runs[k])) {
+            att_job j = {&runs[k], loop};
+            ls_pool_run(pool, att_group_task, &j, (runs[k].T + ATT_GROUP - 1) / ATT_GROUP * n_heads);
+        } else {
+            single[ns] = runs[k];
+            first[ns + 1] = first[ns] + runs[k].T * n_heads;
+            ns++;
+        }
+    }
+    if (ns == 1) {
+        att_job j = {&single[0], loop};
+        ls_pool_run(pool, att_task, &j, first[1]);
+    } else if (ns > 1) {
+        att_runs_job j = {single, first, ns, loop};
+        ls_pool_run(pool, att_runs_task, &j, first[ns]);
+    }
+}
+
 void ls_attention(ls_session *s, int32_t loop, int32_t T, int32_t pos0) {
-    store_rows(s, loop, T, pos0, NULL);
-    att_job j = {s, loop, T, pos0};
-    int32_t n_heads = s->m->info.n_heads;
-    if (T > 1 && s->kv_fmt == LS_KV_FP16 && s->m->rt->ops->attn_scores_mq)
-        ls_pool_run(s->m->rt->pool, att_group_task, &j, (T + ATT_GROUP - 1) / ATT_GROUP * n_heads);
-    else
-        ls_pool_run(s->m->rt->pool, att_task, &j, T * n_heads);
+    ls_att_rows r = {s, T, pos0, s->q, s->k, s->v, s->att};
+    ls_attention_runs(&r, 1, loop);
 }
 
 // ---- tree attention (speculative verification) ----
@@ -362,7 +416,7 @@ static void tree_att_task(void *ctx, int32_t task, int32_t thread) {
 void ls_attention_tree(ls_session *s, int32_t loop, int32_t T, const ls_tree_rows *rows) {
     /* As in ls_attention: every row's K/V goes in first (a row's ancestors in
      * this chunk precede it), then each row reads only its own path. */
-    store_rows(s, loop, T, 0, rows->slot);
+    store_rows(s, loop, T, 0, rows->slot, s->k, s->v);
     tree_att_job j = {s, loop, rows};
     ls_pool_run(s->m->rt->pool, tree_att_task, &j, T * s->m->info.n_heads);
 }

@@ -21,7 +21,7 @@ typedef struct {
 } ls_ext;
 
 /* Slots of the runtime, one per module. */
-enum { LS_RUNTIME_EXT_DRAFT_HEAD, LS_RUNTIME_EXT_N };
+enum { LS_RUNTIME_EXT_DRAFT_HEAD, LS_RUNTIME_EXT_BATCH, LS_RUNTIME_EXT_N };
 
 /* Slots of a session, one per module. */
 enum { LS_SESSION_EXT_SPEC, LS_SESSION_EXT_N };

@@ -291,12 +291,8 @@ void ls_forward_embed(ls_session *s, const int32_t *tokens, int32_t n, float *h)
     ls_prof_add(m->rt, LS_PROF_EMBED, &t0);
 }
 
-/* One chunk (T <= LS_CHUNK) through loops [la, lb): consecutive positions
- * pos0.. when tree is NULL, else the tree rows (offset to this chunk), whose
- * cache bookkeeping is the caller's. */
-static void forward_chunk(ls_session *s, float *h, int32_t T, int32_t pos0, int32_t la, int32_t lb,
-                          const ls_tree_rows *tree) {
-    const ls_model *m = s->m;
+void ls_forward_block_loop(const ls_model *m, const ls_block *b, int32_t T, int32_t l, ls_block_attention attention,
+                           void *ctx) {
     const ls_model_info *mi = &m->info;
     ls_runtime *rt = m->rt;
     double t0 = ls_prof_now(rt);
@@ -304,51 +300,72 @@ static void forward_chunk(ls_session *s, float *h, int32_t T, int32_t pos0, int3
     int32_t kv_dim = n_kv * hd, ffn = mi->ffn_dim;
     float eps = mi->norm_eps;
 
+    // attention sub-block
+    norm_rows(rt, b->xb, b->h, rt->attn_norm, dim, eps, T);
+    ls_prof_add(rt, LS_PROF_RMSNORM, &t0);
+    mm_job qkv = {.x = b->xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 3,
+                  .seg = {{m->w.wq, b->q, dim, dim, m->w.qwq},
+                          {m->w.wk, b->k, kv_dim, kv_dim, m->w.qwk},
+                          {m->w.wv, b->v, kv_dim, kv_dim, m->w.qwv}}};
+    mm_run(rt, &qkv);
+    ls_prof_add(rt, LS_PROF_QKV, &t0);
+    {
+        tok_job rj = {.dim = dim, .q = b->q, .k = b->k, .rope = b->rope, .n_heads = n_heads, .n_kv = n_kv, .hd = hd, .T = T};
+        ls_pool_run(rt->pool, rope_task, &rj, (T + TOK_BLOCK - 1) / TOK_BLOCK);
+    }
+    attention(ctx, l, T);
+    ls_prof_add(rt, LS_PROF_ATTN, &t0);
+    mm_job wo = {.x = b->att, .ldx = dim, .in = dim, .T = T, .add = 1, .n_seg = 1,
+                 .seg = {{m->w.wo, b->h, dim, dim, m->w.qwo}}};
+    mm_run(rt, &wo);
+    ls_prof_add(rt, LS_PROF_WO, &t0);
+
+    // feed-forward sub-block
+    norm_rows(rt, b->xb, b->h, rt->ffn_norm, dim, eps, T);
+    ls_prof_add(rt, LS_PROF_RMSNORM, &t0);
+    mm_job gate = {.x = b->xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 1, .swiglu = 1,
+                   .seg = {{m->w.w1, b->g, ffn, ffn, m->w.qw1}, {m->w.w3, b->u, ffn, ffn, m->w.qw3}}};
+    mm_run(rt, &gate);
+    ls_prof_add(rt, LS_PROF_FFN_GATE_UP, &t0);
+    mm_job down = {.x = b->g, .ldx = ffn, .in = ffn, .T = T, .add = 1, .n_seg = 1,
+                   .seg = {{m->w.w2, b->h, dim, dim, m->w.qw2}}};
+    mm_run(rt, &down);
+    ls_prof_add(rt, LS_PROF_FFN_DOWN, &t0);
+}
+
+/* The attention of one chunk of a session: consecutive positions from
+ * pos0, or tree rows. */
+typedef struct {
+    ls_session *s;
+    int32_t pos0;
+    const ls_tree_rows *tree;
+} chunk_attention;
+
+static void attend_chunk(void *ctx, int32_t loop, int32_t T) {
+    const chunk_attention *c = ctx;
+    if (c->tree)
+        ls_attention_tree(c->s, loop, T, c->tree);
+    else
+        ls_attention(c->s, loop, T, c->pos0);
+}
+
+/* One chunk (T <= LS_CHUNK) through loops [la, lb): consecutive positions
+ * pos0.. when tree is NULL, else the tree rows (offset to this chunk), whose
+ * cache bookkeeping is the caller's. */
+static void forward_chunk(ls_session *s, float *h, int32_t T, int32_t pos0, int32_t la, int32_t lb,
+                          const ls_tree_rows *tree) {
+    const ls_model_info *mi = &s->m->info;
+    int32_t hd = mi->head_dim;
     if (tree)
         for (int32_t t = 0; t < T; t++) ls_rope_table(s->rope + (size_t)t * hd, 1, tree->pos[t], hd, mi->rope_theta);
     else
         ls_rope_table(s->rope, T, pos0, hd, mi->rope_theta);
 
+    ls_block b = {h, s->xb, s->q, s->k, s->v, s->att, s->g, s->u, s->rope};
+    chunk_attention att = {s, pos0, tree};
     for (int32_t l = la; l < lb; l++) {
-        // attention sub-block
-        norm_rows(rt, s->xb, h, rt->attn_norm, dim, eps, T);
-        ls_prof_add(rt, LS_PROF_RMSNORM, &t0);
-        mm_job qkv = {.x = s->xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 3,
-                      .seg = {{m->w.wq, s->q, dim, dim, m->w.qwq},
-                              {m->w.wk, s->k, kv_dim, kv_dim, m->w.qwk},
-                              {m->w.wv, s->v, kv_dim, kv_dim, m->w.qwv}}};
-        mm_run(rt, &qkv);
-        ls_prof_add(rt, LS_PROF_QKV, &t0);
-        {
-            tok_job rj = {.dim = dim, .q = s->q, .k = s->k, .rope = s->rope, .n_heads = n_heads, .n_kv = n_kv, .hd = hd, .T = T};
-            ls_pool_run(rt->pool, rope_task, &rj, (T + TOK_BLOCK - 1) / TOK_BLOCK);
-        }
-        if (tree)
-            ls_attention_tree(s, l, T, tree);
-        else
-            ls_attention(s, l, T, pos0);
-        ls_prof_add(rt, LS_PROF_ATTN, &t0);
-        mm_job wo = {.x = s->att, .ldx = dim, .in = dim, .T = T, .add = 1, .n_seg = 1,
-                     .seg = {{m->w.wo, h, dim, dim, m->w.qwo}}};
-        mm_run(rt, &wo);
-        ls_prof_add(rt, LS_PROF_WO, &t0);
-
-        // feed-forward sub-block
-        norm_rows(rt, s->xb, h, rt->ffn_norm, dim, eps, T);
-        ls_prof_add(rt, LS_PROF_RMSNORM, &t0);
-        mm_job gate = {.x = s->xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 1, .swiglu = 1,
-                       .seg = {{m->w.w1, s->g, ffn, ffn, m->w.qw1}, {m->w.w3, s->u, ffn, ffn, m->w.qw3}}};
-        mm_run(rt, &gate);
-        ls_prof_add(rt, LS_PROF_FFN_GATE_UP, &t0);
-        mm_job down = {.x = s->g, .ldx = ffn, .in = ffn, .T = T, .add = 1, .n_seg = 1,
-                       .seg = {{m->w.w2, h, dim, dim, m->w.qw2}}};
-        mm_run(rt, &down);
-        ls_prof_add(rt, LS_PROF_FFN_DOWN, &t0);
-
-        if (tree) continue;
-        int32_t len = pos0 + T;
-        s->loop_len[l] = len;
-        if (len - s->cap > s->loop_lo[l]) s->loop_lo[l] = len - s->cap;
+        ls_forward_block_loop(s->m, &b, T, l, attend_chunk, &att);
+        if (!tree) ls_seq_advance(s->loop_len, s->loop_lo, l, pos0 + T, s->cap);
     }
 }
 
@@ -399,21 +416,23 @@ void ls_forward_tree(ls_session *s, float *h, int32_t n, const ls_tree_rows *row
     }
 }
 
-void ls_forward_logits(ls_session *s, const float *h, int32_t n, float *logits) {
-    const ls_model *m = s->m;
+void ls_forward_head(const ls_model *m, const float *h, int32_t n, float *xb, float *logits) {
     ls_runtime *rt = m->rt;
     int32_t dim = m->info.dim, vocab = m->info.vocab_size;
     double t0 = ls_prof_now(rt);
     for (int32_t c0 = 0; c0 < n; c0 += LS_CHUNK) {
         int32_t T = n - c0 < LS_CHUNK ? n - c0 : LS_CHUNK;
         for (int32_t t = 0; t < T; t++)
-            rt->ops->rmsnorm(s->xb + (size_t)t * dim, h + (size_t)(c0 + t) * dim, rt->norm, dim,
-                             m->info.norm_eps);
-        mm_job out = {.x = s->xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 1,
+            rt->ops->rmsnorm(xb + (size_t)t * dim, h + (size_t)(c0 + t) * dim, rt->norm, dim, m->info.norm_eps);
+        mm_job out = {.x = xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 1,
                       .seg = {{m->w.output, logits + (size_t)c0 * vocab, vocab, vocab, m->w.qoutput}}};
         mm_run(rt, &out);
     }
     ls_prof_add(rt, LS_PROF_HEAD, &t0);
+}
+
+void ls_forward_logits(ls_session *s, const float *h, int32_t n, float *logits) {
+    ls_forward_head(s->m, h, n, s->xb, logits);
 }
 
 int32_t ls_session_forward(ls_session *s, const int32_t *tokens, int32_t n, int32_t loops,

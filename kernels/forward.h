@@ -34,6 +34,25 @@ typedef struct {
 
 /* ---- forward.c ---- */
 
+/* The rows one pass of the shared block runs over: T rows of the residual
+ * stream and their scratch, laid out as the session's chunk scratch
+ * (session.h), and each row's RoPE table (cos, sin for its position). */
+typedef struct {
+    float *h; /* (T, dim) in and out */
+    float *xb, *q, *k, *v, *att, *g, *u;
+    const float *rope; /* (T, head_dim) */
+} ls_block;
+
+/* Stores the rows' K/V for `loop` and fills b->att from b->q: the rows'
+ * attention, however they map to sessions and positions. */
+typedef void (*ls_block_attention)(void *ctx, int32_t loop, int32_t T);
+
+/* The T rows of b (T <= LS_CHUNK) through loop l of the shared block:
+ * norms, matmuls and RoPE on the pool, attention by the callback. Every
+ * row's arithmetic is independent of the other rows (batch invariance). */
+void ls_forward_block_loop(const ls_model *m, const ls_block *b, int32_t T, int32_t l, ls_block_attention attention,
+                           void *ctx);
+
 /* h[t] = E[tokens[t]] (fp16 -> fp32), h (n, dim). */
 void ls_forward_embed(ls_session *s, const int32_t *tokens, int32_t n, float *h);
 
@@ -64,7 +83,11 @@ int32_t ls_forward_deepen(ls_session *s, int32_t la, int32_t lb);
  * the slots and commits the accepted path itself. */
 void ls_forward_tree(ls_session *s, float *h, int32_t n, const ls_tree_rows *rows, int32_t la, int32_t lb);
 
-/* logits[t] = rmsnorm(h[t], norm) · Wout for t in [0, n), logits (n, vocab). */
+/* logits[t] = rmsnorm(h[t], norm) · Wout for t in [0, n), logits (n, vocab);
+ * xb: (LS_CHUNK, dim) scratch. */
+void ls_forward_head(const ls_model *m, const float *h, int32_t n, float *xb, float *logits);
+
+/* ls_forward_head with the session's scratch. */
 void ls_forward_logits(ls_session *s, const float *h, int32_t n, float *logits);
 
 /* ---- attention.c ---- */
@@ -72,9 +95,31 @@ void ls_forward_logits(ls_session *s, const float *h, int32_t n, float *logits);
 /* Rotates pairs (i, i + head_dim/2) of each of n_heads vectors in x. */
 void ls_rope_apply(float *x, int32_t n_heads, int32_t head_dim, const float *cs);
 
-/* Stores k, v (T tokens at pos0.., RoPE applied) into loop's cache in the
- * session's kv mode (kvcache.c) and computes s->att for every (token, head)
- * from s->q (rotated, and the output rotated back, in the H modes). */
+/* A run of T consecutive positions pos0.. of one session, with their rows
+ * in caller-owned buffers: q (T, n_heads * head_dim), RoPE applied; k, v
+ * (T, n_kv_heads * head_dim), RoPE applied to k (both used as scratch: the
+ * H modes rotate them in place); att receives the output. */
+typedef struct {
+    ls_session *s;
+    int32_t T, pos0;
+    float *q;
+    float *k, *v;
+    float *att;
+} ls_att_rows;
+
+/* Most runs one ls_attention_runs call takes (a batched step's block of
+ * rows holds at most LS_CHUNK of them). */
+#define LS_ATT_MAX_RUNS LS_CHUNK
+
+/* Stores each run's k, v into loop's cache of its session in the session's
+ * kv mode (kvcache.c), then computes att for every (token, head) from q
+ * (rotated, and the output rotated back, in the H modes). Runs belong to
+ * distinct sessions. Every (token, head) result is the same whatever else
+ * shares the call. */
+void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t loop);
+
+/* ls_attention_runs of the session's own chunk scratch (s->q, s->k, s->v,
+ * s->att). */
 void ls_attention(ls_session *s, int32_t loop, int32_t T, int32_t pos0);
 
 /* ls_attention for tree rows (rows already offset to this chunk). */

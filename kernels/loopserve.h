@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define LS_ABI_VERSION 2
+#define LS_ABI_VERSION 3
 
 /* ---- status codes ---- */
 typedef enum {
@@ -398,6 +398,36 @@ typedef struct {
  * transform. */
 int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, const ls_step_params *params,
                         float *logits_out);
+
+/* ---- batched step (batch.c, docs/batching.md) ---- */
+
+#define LS_BATCH_MAX_ROWS 256 /* rows one ls_batch_step call takes */
+
+/* One row of a batched step: the tokens it feeds its session, and whether
+ * it samples the next token. */
+typedef struct {
+    int32_t n_tokens;    /* >= 1: the next n_tokens of the call's token array, fed at the session's position */
+    int32_t sample;      /* 1: sample as ls_session_step does; 0: forward only (a prompt chunk before its last) */
+    ls_step_params step; /* loops always; the sampling fields only when sample is 1 */
+} ls_batch_row;
+
+/* Advances n_rows distinct sessions of model m in one call: row i feeds
+ * its tokens to sessions[i] at rows[i].step.loops and, when it samples,
+ * draws out[i] exactly as ls_session_step would (out[i] = 0 otherwise).
+ * The tokens of all rows lie one after another in `tokens`. logits_out:
+ * NULL, or (n_rows, vocab) floats whose row i receives a sampling row's
+ * last logits before any sampling transform (other rows untouched).
+ *
+ * Every row's logits and token are bit-identical to running it alone with
+ * ls_session_step / ls_session_forward: the matmuls read the weights once
+ * for all rows, but no row's arithmetic depends on the others. Rows of
+ * different depths share the loops they have in common.
+ *
+ * Every row is checked before any session changes: on a bad row the call
+ * returns its error (LS_ERR_ARG, LS_ERR_FULL, LS_ERR_STATE), writes each
+ * row's own status to out (LS_OK for good rows) and changes nothing. */
+int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
+                      const int32_t *tokens, float *logits_out, int32_t *out);
 
 /* ---- sampling ---- */
 

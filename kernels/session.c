@@ -10,6 +10,7 @@
 
 #include "forward.h"
 #include "session.h"
+#include "batch_rules.h" /* after session.h: it reads sessions through ls_session_view */
 
 /* calloc so every buffer is defined memory (valgrind/ASan see no
  * uninitialised reads even in padding rows). */
@@ -125,22 +126,21 @@ int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src, int32_t n
     return LS_OK;
 }
 
-int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, const ls_step_params *params,
-                        float *logits_out) {
-    if (!s || !params || params->reserved != 0) return LS_ERR_ARG;
-    const int32_t loops = params->loops, top_k = params->top_k;
-    const float temperature = params->temperature, top_p = params->top_p,
-                repetition_penalty = params->repetition_penalty;
-    const uint64_t seed = params->seed;
-    /* Check the sampling arguments before the forward pass mutates the
-     * session (ls_sample validates them again). */
-    if (!ls_sampling_args_ok(temperature, top_k, top_p, repetition_penalty)) return LS_ERR_ARG;
-    float *logits = logits_out ? logits_out : s->logits;
-    int32_t rc = ls_session_forward(s, tokens, n, loops, logits, 1);
-    if (rc != LS_OK) return rc;
+int32_t ls_step_sample(ls_session *s, const float *logits, const ls_step_params *p) {
     double t0 = ls_prof_now(s->m->rt);
-    rc = ls_sample(logits, s->m->info.vocab_size, s->tokens, s->pos, temperature, top_k, top_p,
-                   repetition_penalty, seed, (uint64_t)s->pos);
+    int32_t rc = ls_sample(logits, s->m->info.vocab_size, s->tokens, s->pos, p->temperature, p->top_k, p->top_p,
+                           p->repetition_penalty, p->seed, (uint64_t)s->pos);
     ls_prof_add(s->m->rt, LS_PROF_SAMPLE, &t0);
     return rc;
+}
+
+int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, const ls_step_params *params,
+                        float *logits_out) {
+    /* The sampling arguments are checked before the forward pass mutates the
+     * session (ls_sample checks them again). */
+    if (!s || !params || !ls_step_params_ok(params, 1)) return LS_ERR_ARG;
+    float *logits = logits_out ? logits_out : s->logits;
+    int32_t rc = ls_session_forward(s, tokens, n, params->loops, logits, 1);
+    if (rc != LS_OK) return rc;
+    return ls_step_sample(s, logits, params);
 }

@@ -135,6 +135,13 @@ static inline int ls_loops_hold(const int32_t *loop_len, const int32_t *loop_lo,
     return 1;
 }
 
+/* Loop l now holds positions [0, len): a ring of cap rows keeps only the
+ * last cap of them. */
+static inline void ls_seq_advance(int32_t *loop_len, int32_t *loop_lo, int32_t l, int32_t len, int32_t cap) {
+    loop_len[l] = len;
+    if (len - cap > loop_lo[l]) loop_lo[l] = len - cap;
+}
+
 /* The checks of appending n tokens through `loops` loops (ls_session_forward
  * and ls_session_step), in order: LS_ERR_ARG for a bad argument or token
  * id, LS_ERR_FULL without room, LS_ERR_STATE when the loops do not all

@@ -316,9 +316,7 @@ static int32_t forward_chunk(ls_session *s, int32_t T, int32_t pos0, int32_t loo
         TRY("swiglu", lsc_swiglu(s->g, s->u, (int64_t)T * ffn));
         TRY("w2", lsc_matmul(s->h, dim, s->g, ffn, rt->w2, ffn, dim, T, 1));
 
-        int32_t len = pos0 + T;
-        s->loop_len[l] = len;
-        if (len - s->cap > s->loop_lo[l]) s->loop_lo[l] = len - s->cap;
+        ls_seq_advance(s->loop_len, s->loop_lo, l, pos0 + T, s->cap);
     }
     return LS_OK;
 }

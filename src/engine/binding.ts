@@ -6,6 +6,7 @@ import { type KvCacheMode, kvModeCode, kvModeSpec } from "../model/kvcache.ts";
 import { ModelFormatError } from "../model/safetensors.ts";
 import {
   LS_ABI_VERSION,
+  LS_BATCH_MAX_ROWS,
   LS_ERR_ARG,
   LS_ERR_NOMEM,
   LS_ERR_STATE,
@@ -20,6 +21,7 @@ import {
   LS_SIMD_AVX512,
   LS_SIMD_PORTABLE,
   LS_SPEC_EXACT_DRAFT_HEAD,
+  LS_STRUCTS,
 } from "./abi.generated.ts";
 import { type FieldName, StructView } from "./abi_struct.ts";
 import { describeModelFile } from "./model_descriptor.ts";
@@ -47,6 +49,7 @@ const symbols = {
   ls_session_copy_prefix: { args: [ptr, ptr, i32], returns: i32 },
   ls_session_forward: { args: [ptr, ptr, i32, i32, ptr, i32], returns: i32 },
   ls_session_step: { args: [ptr, ptr, i32, ptr, ptr], returns: i32 },
+  ls_batch_step: { args: [ptr, ptr, ptr, i32, ptr, ptr, ptr], returns: i32 },
   ls_sample: { args: [ptr, i32, ptr, i32, f32, i32, f32, f32, u64, u64], returns: i32 },
   ls_spec_cycle_logits: { args: [ptr, i32, ptr, ptr, ptr, ptr], returns: i32 },
 } as const;
@@ -216,6 +219,49 @@ export class NativeModel {
     return (this.features & LS_FEATURE_SPECULATIVE) !== 0;
   }
 
+  private batchLogits = new Float32Array(0);
+
+  /**
+   * Advances every row's session by one call (ls_batch_step): each row's
+   * logits and token are bit-identical to running it alone. Returns each
+   * row's sampled token (0 for a forward-only row). A bad row throws
+   * NativeError naming it, and no session changes.
+   */
+  batchStep(rows: BatchRow[]): Int32Array {
+    const n = rows.length;
+    if (n < 1 || n > LS_BATCH_MAX_ROWS) throw new NativeError(`a batch takes 1 to ${LS_BATCH_MAX_ROWS} rows, got ${n}`, LS_ERR_ARG);
+    const size = LS_STRUCTS.ls_batch_row.size;
+    const params = new Uint8Array(n * size);
+    const sessions = new BigUint64Array(n);
+    const tokens = new Int32Array(rows.reduce((a, r) => a + r.tokens.length, 0));
+    const vocab = this.info.vocabSize;
+    const wantLogits = rows.some((r) => r.sampling && r.logitsOut);
+    if (wantLogits && this.batchLogits.length < n * vocab) this.batchLogits = new Float32Array(n * vocab);
+    let at = 0;
+    rows.forEach((r, i) => {
+      if (r.session.model !== this) throw new NativeError(`batch row ${i}: the session belongs to another model`, LS_ERR_ARG);
+      if (r.logitsOut && r.logitsOut.length < vocab) throw new NativeError(`batch row ${i}: logits buffer too small`, LS_ERR_ARG);
+      const row = new StructView("ls_batch_row", params, i * size).fill({ n_tokens: r.tokens.length, sample: r.sampling ? 1 : 0 });
+      fillStepParams(row.member("step", "ls_step_params"), r.loops, r.sampling);
+      sessions[i] = BigInt(r.session.pointer);
+      tokens.set(r.tokens, at);
+      at += r.tokens.length;
+    });
+    const out = new Int32Array(n);
+    const logits = wantLogits ? this.batchLogits : null;
+    const rc = this.lib.ls_batch_step(this.pointer, sessions, params, n, tokens, logits, out);
+    if (rc < 0) {
+      const bad = [...out.keys()].filter((i) => out[i] < 0);
+      const rowsSaid = bad.map((i) => `row ${i}: ${this.lib.ls_status_str(out[i])}`).join(", ");
+      throw new NativeError(`ls_batch_step: ${this.lib.ls_status_str(rc)}${rowsSaid ? ` (${rowsSaid})` : ""}`, rc);
+    }
+    if (logits)
+      rows.forEach((r, i) => {
+        if (r.sampling && r.logitsOut) r.logitsOut.set(logits.subarray(i * vocab, (i + 1) * vocab));
+      });
+    return out;
+  }
+
   /** Samples from logits with the C sampler (used by tests and host-side modes). */
   sample(
     logits: Float32Array,
@@ -305,8 +351,8 @@ export class NativeSession {
     seed: number | bigint,
     logitsOut: Float32Array | null = null,
   ): number {
-    const sampling = { temperature, top_k: topK, top_p: topP, repetition_penalty: repetitionPenalty, seed: BigInt(seed) };
-    const params = new StructView("ls_step_params").fill({ loops, ...sampling });
+    const params = new StructView("ls_step_params");
+    fillStepParams(params, loops, { temperature, topK, topP, repetitionPenalty, seed });
     const { lib } = this.model;
     return check(lib, lib.ls_session_step(this.pointer, tokens, tokens.length, params.bytes, logitsOut), "ls_session_step");
   }
@@ -335,6 +381,35 @@ export class NativeSession {
     if (this.handle) this.model.lib.ls_session_free(this.handle);
     this.handle = null;
   }
+}
+
+/** ls_step_params: the depth and, for a sampling step, how to draw. */
+function fillStepParams(p: StructView<"ls_step_params">, loops: number, sampling: StepSampling | null): void {
+  p.set("loops", loops);
+  if (!sampling) return;
+  const { temperature, topK, topP, repetitionPenalty, seed } = sampling;
+  p.fill({ temperature, top_k: topK, top_p: topP, repetition_penalty: repetitionPenalty, seed: BigInt(seed) });
+}
+
+/** How a step draws its token (ls_sample's parameters). */
+export interface StepSampling {
+  temperature: number;
+  topK: number;
+  topP: number;
+  repetitionPenalty: number;
+  seed: number | bigint;
+}
+
+/** One row of NativeModel.batchStep. */
+export interface BatchRow {
+  session: NativeSession;
+  /** Fed at the session's position, through `loops` loops. */
+  tokens: Int32Array;
+  loops: number;
+  /** Draws the next token as NativeSession.step does; null: forward only (a prompt chunk before its last). */
+  sampling: StepSampling | null;
+  /** A sampling row's last logits, before any sampling transform. */
+  logitsOut?: Float32Array | null;
 }
 
 /** ls_spec_params (kernels/loopserve.h) as the binding fills it. */

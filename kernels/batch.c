@@ -1,0 +1,197 @@
+/*
+ * batch.c — ls_batch_step (loopserve.h): many sessions advanced by one call.
+ *
+ * The rows of every session go through the shared block together: each
+ * matmul reads the weights once for all of them, attention runs per session
+ * over its own cache, and every row's arithmetic is what ls_session_step
+ * would do for it alone (the kernels are batch-invariant: a row's results
+ * never depend on the other rows of a call, docs/kernels.md).
+ *
+ * Rows are ordered by loop depth, deepest first, so at loop l the rows
+ * still running are a prefix of the block and the matmuls shrink as
+ * shallow rows leave (a depth-ragged batch). The ordered rows are cut into
+ * blocks of at most LS_CHUNK rows, each run through all its loops before
+ * the next, as ls_session_forward cuts a long prompt; a windowed ring holds
+ * window + LS_CHUNK rows, so a block never overwrites a row it still
+ * attends to. The output head then runs once over every sampling row.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "forward.h"
+#include "batch_rules.h" /* after forward.h (session.h): it reads sessions through ls_session_view */
+
+/* The runtime's batch scratch (its LS_RUNTIME_EXT_BATCH slot), allocated on
+ * first use: one block's rows, and the final hidden state and logits of the
+ * sampling rows, which grow with the largest call seen. */
+typedef struct {
+    float *h, *xb, *q, *k, *v, *att, *g, *u, *rope; /* (LS_CHUNK, ...) as ls_session's chunk scratch */
+    float *last;   /* (rows_cap, dim) */
+    float *logits; /* (rows_cap, vocab) */
+    int32_t rows_cap;
+} batch_scratch;
+
+static void scratch_free(void *state) {
+    batch_scratch *b = state;
+    void *bufs[] = {b->h, b->xb, b->q, b->k, b->v, b->att, b->g, b->u, b->rope, b->last, b->logits, b};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+}
+
+static batch_scratch *scratch_for(ls_model *m, int32_t rows) {
+    ls_ext *slot = &m->rt->ext[LS_RUNTIME_EXT_BATCH];
+    const ls_model_info *mi = &m->info;
+    size_t C = LS_CHUNK, dim = (size_t)mi->dim, kv_dim = (size_t)mi->n_kv_heads * mi->head_dim;
+    batch_scratch *b = slot->state;
+    if (!b) {
+        b = calloc(1, sizeof *b);
+        if (!b) return NULL;
+        b->h = calloc(C * dim, sizeof(float));
+        b->xb = calloc(C * dim, sizeof(float));
+        b->q = calloc(C * dim, sizeof(float));
+        b->k = calloc(C * kv_dim, sizeof(float));
+        b->v = calloc(C * kv_dim, sizeof(float));
+        b->att = calloc(C * dim, sizeof(float));
+        b->g = calloc(C * (size_t)mi->ffn_dim, sizeof(float));
+        b->u = calloc(C * (size_t)mi->ffn_dim, sizeof(float));
+        b->rope = calloc(C * (size_t)mi->head_dim, sizeof(float));
+        if (!b->h || !b->xb || !b->q || !b->k || !b->v || !b->att || !b->g || !b->u || !b->rope) {
+            scratch_free(b);
+            return NULL;
+        }
+        slot->state = b;
+        slot->free = scratch_free;
+    }
+    if (rows > b->rows_cap) {
+        float *last = realloc(b->last, (size_t)rows * dim * sizeof(float));
+        if (last) b->last = last;
+        float *logits = realloc(b->logits, (size_t)rows * (size_t)mi->vocab_size * sizeof(float));
+        if (logits) b->logits = logits;
+        if (!last || !logits) return NULL;
+        b->rows_cap = rows;
+    }
+    return b;
+}
+
+/* One block's share of a row: n of its tokens at pos0.. of its session. */
+typedef struct {
+    int32_t row;   /* index into the call's rows */
+    int32_t first; /* first token, offset into the call's token array */
+    int32_t n, pos0, loops;
+    int32_t last;  /* the row's final piece */
+} piece;
+
+/* The attention of a block: at loop l, the pieces still running (a prefix,
+ * deepest first) each over their own session. */
+typedef struct {
+    ls_session *const *sessions;
+    const piece *pieces;
+    int32_t n_pieces;
+    const batch_scratch *b;
+    int32_t dim, kv_dim;
+} block_attention;
+
+static void attend_block(void *ctx, int32_t loop, int32_t T) {
+    const block_attention *a = ctx;
+    ls_att_rows runs[LS_ATT_MAX_RUNS];
+    int32_t n = 0;
+    for (int32_t i = 0, r0 = 0; i < a->n_pieces && r0 < T; r0 += a->pieces[i].n, i++) {
+        const piece *p = &a->pieces[i];
+        size_t q0 = (size_t)r0 * a->dim, k0 = (size_t)r0 * a->kv_dim;
+        runs[n++] = (ls_att_rows){a->sessions[p->row], p->n, p->pos0, a->b->q + q0, a->b->k + k0, a->b->v + k0,
+                                  a->b->att + q0};
+    }
+    ls_attention_runs(runs, n, loop);
+}
+
+/* Runs one block of pieces through their loops; keeps each sampling row's
+ * final hidden state in b->last[slot[row]]. */
+static void run_block(ls_model *m, ls_session *const *sessions, const piece *pieces, int32_t n_pieces,
+                      const int32_t *tokens, batch_scratch *b, const int32_t *slot) {
+    const ls_model_info *mi = &m->info;
+    int32_t dim = mi->dim, hd = mi->head_dim;
+    int32_t T = 0;
+    for (int32_t i = 0; i < n_pieces; i++) {
+        const piece *p = &pieces[i];
+        ls_forward_embed(sessions[p->row], tokens + p->first, p->n, b->h + (size_t)T * dim);
+        ls_rope_table(b->rope + (size_t)T * hd, p->n, p->pos0, hd, mi->rope_theta);
+        T += p->n;
+    }
+    ls_block blk = {b->h, b->xb, b->q, b->k, b->v, b->att, b->g, b->u, b->rope};
+    block_attention att = {sessions, pieces, n_pieces, b, dim, mi->n_kv_heads * hd};
+    for (int32_t l = 0, active = n_pieces, rows = T; active > 0; l++) {
+        /* pieces are deepest first: drop the ones whose loops are done */
+        while (active > 0 && pieces[active - 1].loops <= l) rows -= pieces[--active].n;
+        if (active == 0) break;
+        ls_forward_block_loop(m, &blk, rows, l, attend_block, &att);
+        for (int32_t i = 0; i < active; i++) {
+            ls_session *s = sessions[pieces[i].row];
+            ls_seq_advance(s->loop_len, s->loop_lo, l, pieces[i].pos0 + pieces[i].n, s->cap);
+        }
+    }
+    for (int32_t i = 0, r0 = 0; i < n_pieces; r0 += pieces[i].n, i++) {
+        const piece *p = &pieces[i];
+        ls_session *s = sessions[p->row];
+        memcpy(s->tokens + s->pos, tokens + p->first, (size_t)p->n * sizeof *tokens);
+        s->pos += p->n;
+        if (p->last && slot[p->row] >= 0)
+            memcpy(b->last + (size_t)slot[p->row] * dim, b->h + (size_t)(r0 + p->n - 1) * dim, (size_t)dim * sizeof(float));
+    }
+}
+
+int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
+                      const int32_t *tokens, float *logits_out, int32_t *out) {
+    if (!m || !m->rt) return LS_ERR_ARG;
+    int32_t rc = ls_check_batch(m, sessions, rows, n_rows, tokens, out);
+    if (rc != LS_OK) return rc;
+
+    /* rows deepest first (stable), each with its first token; sampling rows
+     * numbered in call order for the head */
+    int32_t order[LS_BATCH_MAX_ROWS], first[LS_BATCH_MAX_ROWS], slot[LS_BATCH_MAX_ROWS], pos0[LS_BATCH_MAX_ROWS];
+    int32_t n_sample = 0;
+    for (int32_t i = 0, off = 0; i < n_rows; off += rows[i].n_tokens, i++) {
+        first[i] = off;
+        pos0[i] = sessions[i]->pos; /* blocks move it on as they run */
+        slot[i] = rows[i].sample ? n_sample++ : -1;
+        int32_t j = i;
+        while (j > 0 && rows[order[j - 1]].step.loops < rows[i].step.loops) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = i;
+    }
+    batch_scratch *b = scratch_for(m, n_sample > 0 ? n_sample : 1);
+    if (!b) return LS_ERR_NOMEM;
+
+    /* cut the ordered rows into blocks of at most LS_CHUNK rows */
+    piece pieces[LS_CHUNK];
+    int32_t n_pieces = 0, block_rows = 0;
+    for (int32_t k = 0; k < n_rows; k++) {
+        int32_t i = order[k];
+        for (int32_t done = 0; done < rows[i].n_tokens;) {
+            int32_t n = rows[i].n_tokens - done;
+            if (n > LS_CHUNK - block_rows) n = LS_CHUNK - block_rows;
+            pieces[n_pieces++] = (piece){i, first[i] + done, n, pos0[i] + done, rows[i].step.loops,
+                                         done + n == rows[i].n_tokens};
+            block_rows += n;
+            done += n;
+            if (block_rows == LS_CHUNK) {
+                run_block(m, sessions, pieces, n_pieces, tokens, b, slot);
+                n_pieces = block_rows = 0;
+            }
+        }
+    }
+    if (n_pieces > 0) run_block(m, sessions, pieces, n_pieces, tokens, b, slot);
+
+    /* the head over every sampling row at once, then each row's draw */
+    if (n_sample > 0) ls_forward_head(m, b->last, n_sample, b->xb, b->logits);
+    int32_t vocab = m->info.vocab_size;
+    for (int32_t i = 0; i < n_rows; i++) {
+        out[i] = LS_OK;
+        if (slot[i] < 0) continue;
+        const float *lg = b->logits + (size_t)slot[i] * vocab;
+        if (logits_out) memcpy(logits_out + (size_t)i * vocab, lg, (size_t)vocab * sizeof(float));
+        out[i] = ls_step_sample(sessions[i], lg, &rows[i].step);
+        if (out[i] < 0 && rc == LS_OK) rc = out[i];
+    }
+    return rc;
+}
