@@ -348,6 +348,11 @@ typedef struct {
 ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *err, int32_t err_len);
 void ls_session_free(ls_session *s);
 
+/* Bytes of key/value cache ls_session_new(m, params) allocates (its scratch
+ * not counted), or a negative LS_ERR_* for parameters it would refuse: what
+ * a server budgets cache memory by. */
+int64_t ls_session_cache_bytes(const ls_model *m, const ls_session_params *params);
+
 /* Number of positions held (tokens fed so far minus rollbacks). */
 int32_t ls_session_pos(const ls_session *s);
 

@@ -16,6 +16,59 @@
  * uninitialised reads even in padding rows). */
 static void *alloc0(size_t bytes) { return bytes ? calloc(1, bytes) : NULL; }
 
+/* Where a session's K/V cache lives and how large each part is (kvcache.h
+ * layouts); a size is 0 where ls_bytes_of overflowed. */
+typedef struct {
+    int32_t ldk, ldq, nb, np;
+    size_t kc, vc;         /* fp16 modes */
+    size_t kq, kp, vq, vp; /* quantized modes */
+} cache_layout;
+
+static cache_layout layout_of(const ls_model_info *mi, int32_t loops, int32_t cap, int32_t kv_mode) {
+    cache_layout c = {0};
+    size_t L = (size_t)loops, nkv = (size_t)mi->n_kv_heads, hd = (size_t)mi->head_dim, rows = (size_t)cap;
+    int32_t fmt = kv_mode & LS_KV_FORMAT_MASK;
+    if (fmt == LS_KV_FP16) {
+        /* keys are stored transposed; a row stride that is a multiple of 256
+         * elements plus 32 keeps head_dim rows out of one cache set */
+        c.ldk = (int32_t)(((int64_t)cap + 255) / 256 * 256 + 32);
+        c.kc = ls_bytes_of(L, nkv, (size_t)c.ldk, hd, sizeof(uint16_t));
+        c.vc = ls_bytes_of(L, nkv, rows, hd, sizeof(uint16_t));
+    } else {
+        /* codes are bytes: a stride off multiples of 64 keeps the rows of one
+         * head out of one cache set, as ldk does for the fp16 keys */
+        c.ldq = (int32_t)(((int64_t)cap + 63) / 64 * 64 + 32);
+        c.nb = ls_kv_code_bytes(fmt, mi->head_dim);
+        c.np = ls_kv_param_count(fmt, mi->head_dim);
+        c.kq = ls_bytes_of(L, nkv, (size_t)c.nb, (size_t)c.ldq, 1);
+        c.kp = ls_bytes_of(L, nkv, (size_t)c.np, rows, sizeof(uint16_t));
+        c.vq = ls_bytes_of(L, nkv, rows, (size_t)c.nb, 1);
+        c.vp = ls_bytes_of(L, nkv, rows, (size_t)c.np, sizeof(uint16_t));
+    }
+    return c;
+}
+
+/* Total bytes, or 0 when a part overflowed. */
+static size_t layout_bytes(const cache_layout *c) {
+    size_t parts[] = {c->kc, c->vc, c->kq, c->kp, c->vq, c->vp}, total = 0;
+    int fp16 = c->kc || c->vc;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        if ((fp16 ? i < 2 : i >= 2) && parts[i] == 0) return 0;
+        total += parts[i];
+    }
+    return total;
+}
+
+int64_t ls_session_cache_bytes(const ls_model *m, const ls_session_params *params) {
+    if (!params || ls_check_session_args(m, params->max_seq, params->loops, params->cache_window, NULL, 0) != LS_OK ||
+        ls_kv_check_mode(params->kv_mode, m->info.head_dim, NULL, 0) != LS_OK)
+        return LS_ERR_ARG;
+    int32_t cap = ls_ring_rows(params->max_seq, params->cache_window, LS_CHUNK);
+    cache_layout c = layout_of(&m->info, params->loops, cap, params->kv_mode);
+    size_t total = layout_bytes(&c);
+    return total > 0 && total <= INT64_MAX ? (int64_t)total : LS_ERR_NOMEM;
+}
+
 ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *err, int32_t err_len) {
     if (!params) {
         ls_set_error(err, err_len, "no session parameters given");
@@ -33,37 +86,23 @@ ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *e
     s->kv_fmt = kv_mode & LS_KV_FORMAT_MASK;
 
     size_t C = LS_CHUNK, dim = (size_t)mi->dim, hd = (size_t)mi->head_dim;
-    size_t kv_dim = (size_t)mi->n_kv_heads * hd;
-    /* keys are stored transposed; a row stride that is a multiple of 256
-     * elements plus 32 keeps head_dim rows out of one cache set */
-    s->ldk = (int32_t)(((int64_t)s->cap + 255) / 256 * 256 + 32);
-    size_t nkv = (size_t)mi->n_kv_heads, cap = (size_t)s->cap, nth = (size_t)m->rt->n_threads;
-    size_t kcache_bytes, cache_bytes;
+    size_t kv_dim = (size_t)mi->n_kv_heads * hd, nth = (size_t)m->rt->n_threads;
+    cache_layout c = layout_of(mi, loops, s->cap, kv_mode);
+    s->ldk = c.ldk;
+    s->ldq = c.ldq;
+    s->kv_nb = c.nb;
+    s->kv_np = c.np;
     int quantized = s->kv_fmt != LS_KV_FP16;
     if (!quantized) {
-        cache_bytes = ls_bytes_of((size_t)loops, nkv, cap, hd, sizeof(uint16_t));
-        kcache_bytes = ls_bytes_of((size_t)loops, nkv, (size_t)s->ldk, hd, sizeof(uint16_t));
-        s->kc = alloc0(kcache_bytes);
-        s->vc = alloc0(cache_bytes);
+        s->kc = alloc0(c.kc);
+        s->vc = alloc0(c.vc);
     } else {
-        /* codes are bytes: a stride off multiples of 64 keeps the rows of one
-         * head out of one cache set, as ldk does for the fp16 keys */
-        s->ldq = (int32_t)(((int64_t)s->cap + 63) / 64 * 64 + 32);
-        s->kv_nb = ls_kv_code_bytes(s->kv_fmt, mi->head_dim);
-        s->kv_np = ls_kv_param_count(s->kv_fmt, mi->head_dim);
-        size_t nb = (size_t)s->kv_nb, np = (size_t)s->kv_np;
-        size_t kq = ls_bytes_of((size_t)loops, nkv, nb, (size_t)s->ldq, 1);
-        size_t kp = ls_bytes_of((size_t)loops, nkv, np, cap, sizeof(uint16_t));
-        size_t vq = ls_bytes_of((size_t)loops, nkv, cap, nb, 1);
-        size_t vp = ls_bytes_of((size_t)loops, nkv, cap, np, sizeof(uint16_t));
-        kcache_bytes = kq && kp ? kq + kp : 0;
-        cache_bytes = vq && vp ? vq + vp : 0;
-        s->kq = alloc0(kq);
-        s->kp = alloc0(kp);
-        s->vq = alloc0(vq);
-        s->vp = alloc0(vp);
+        s->kq = alloc0(c.kq);
+        s->kp = alloc0(c.kp);
+        s->vq = alloc0(c.vq);
+        s->vp = alloc0(c.vp);
         s->kv_codes = alloc0(ls_bytes_of(nth, hd, 1, 1, 1));
-        s->kv_params = alloc0(ls_bytes_of(nth, np, 1, 1, sizeof(uint16_t)));
+        s->kv_params = alloc0(ls_bytes_of(nth, (size_t)c.np, 1, 1, sizeof(uint16_t)));
     }
     s->tokens = alloc0((size_t)max_seq * sizeof *s->tokens);
     s->loop_len = alloc0((size_t)loops * sizeof *s->loop_len);
@@ -86,7 +125,7 @@ ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *e
         ls_set_error(err, err_len,
                      "out of memory allocating a session (max_seq %d, loops %d, window %d: %zu bytes "
                      "of K/V cache)",
-                     max_seq, loops, cache_window, kcache_bytes + cache_bytes);
+                     max_seq, loops, cache_window, layout_bytes(&c));
         ls_session_free(s);
         return NULL;
     }

@@ -4,7 +4,9 @@
 // with a message naming the variable and the value, instead of surfacing
 // later as a confusing request failure.
 import { readFileSync } from "node:fs";
+import { totalmem } from "node:os";
 import pkg from "../package.json" with { type: "json" };
+import { LS_BATCH_MAX_ROWS } from "./engine/abi.generated.ts";
 import { SIMD_CHOICES, type SimdChoice } from "./engine/types.ts";
 import { normalizeHostPattern, normalizeOrigin } from "./http/origins.ts";
 import { LOG_FORMATS, type LogFormat } from "./log.ts";
@@ -22,6 +24,12 @@ export interface Config {
   readonly modelPath: string | null;
   readonly maxSeqLen: number;
   readonly maxQueueDepth: number;
+  /** SERVICE_MAX_BATCH: requests running at once, their steps batched (1: one at a time). */
+  readonly maxBatch: number;
+  /** SERVICE_PREFILL_CHUNK: prompt tokens fed per step while other requests run. */
+  readonly prefillChunk: number;
+  /** SERVICE_KV_CACHE_MB: key/value cache memory all running requests share, in MiB. */
+  readonly kvCacheMb: number;
   /** SERVICE_MAX_BODY_BYTES: larger request bodies get 413. */
   readonly maxBodyBytes: number;
   /** Latency target inherited by every submission; null = none. */
@@ -56,6 +64,16 @@ export interface Config {
   /** package.json version, reported as runtime.version. */
   readonly version: string;
 }
+
+/**
+ * Requests batched together by default: on the trained model with two
+ * threads, 8 rows per step give 2.7x the tokens per second of 8 requests
+ * one after another, and 16 rows no more (docs/batching.md).
+ */
+export const DEFAULT_MAX_BATCH = 8;
+export const DEFAULT_PREFILL_CHUNK = 256;
+/** The default cache budget: a quarter of the machine's memory. */
+export const defaultKvCacheMb = (): number => Math.max(64, Math.floor(totalmem() / 4 / 2 ** 20));
 
 /** Command-line flags that override their environment variables. */
 export interface ConfigFlags {
@@ -218,6 +236,9 @@ export function loadConfig(env: Env = process.env, flags: ConfigFlags = {}): Con
     modelPath: read(env, "SERVICE_MODEL_PATH") ?? null,
     maxSeqLen: integer(env, "SERVICE_MAX_SEQ_LEN", 2048, 2),
     maxQueueDepth: integer(env, "SERVICE_MAX_QUEUE_DEPTH", 128, 1),
+    maxBatch: integer(env, "SERVICE_MAX_BATCH", DEFAULT_MAX_BATCH, 1, LS_BATCH_MAX_ROWS),
+    prefillChunk: integer(env, "SERVICE_PREFILL_CHUNK", DEFAULT_PREFILL_CHUNK, 1, 1 << 20),
+    kvCacheMb: integer(env, "SERVICE_KV_CACHE_MB", defaultKvCacheMb(), 1, 1 << 30),
     maxBodyBytes: integer(env, "SERVICE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES),
     defaultSloMs: positiveNumber(env, "SERVICE_DEFAULT_SLO_MS"),
     prefixPoolCapacity: integer(env, "SERVICE_PREFIX_POOL_CAPACITY", 16, 0),

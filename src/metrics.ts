@@ -21,6 +21,8 @@
 //   service_request_wall_ms   submission accepted → result ready, for
 //                             completed requests only (a cancellation or an
 //                             engine error would skew the latency picture).
+// And one histogram of counts: service_batch_rows, the rows (requests) each
+// batched kernel call advanced.
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
 
 /**
@@ -31,6 +33,9 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom
 export const LATENCY_BUCKETS_MS = [
   1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 20000, 30000, 60000, 120000,
 ] as const;
+
+/** Rows per batched kernel call: 1 to LS_BATCH_MAX_ROWS. */
+const BATCH_ROWS_BUCKETS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256] as const;
 
 /** Dispatch overhead is normally well under a millisecond: finer low buckets. */
 const DISPATCH_BUCKETS_MS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000] as const;
@@ -52,7 +57,9 @@ export class ServiceMetrics {
   readonly defaultLoops: Gauge;
   readonly upTimestampSeconds: Gauge;
   readonly queueDepth: Gauge; // requests in state queued
-  readonly requestsInFlight: Gauge; // requests in state running (0 or 1)
+  readonly requestsInFlight: Gauge; // requests in state running (up to SERVICE_MAX_BATCH)
+  readonly kvCacheBudgetBytes: Gauge; // SERVICE_KV_CACHE_MB
+  readonly kvCacheBytesInUse: Gauge; // the running requests' caches
 
   // ---- counters (names end in _total as the documented series do; prom-client
   // adds no suffix in the Prometheus text format) ----
@@ -64,12 +71,15 @@ export class ServiceMetrics {
   readonly prefixPoolHits: Counter;
   readonly specDraftTokens: Counter;
   readonly specAcceptedTokens: Counter;
+  readonly generatedTokens: Counter;
+  readonly promptTokensRun: Counter;
 
   // ---- histograms (milliseconds; see the file header for each interval) ----
   readonly queueWaitMs: Histogram;
   readonly dispatchMs: Histogram;
   readonly firstTokenMs: Histogram;
   readonly requestWallMs: Histogram;
+  readonly batchRows: Histogram;
 
   constructor(opts: ServiceMetricsOptions) {
     const registers = [this.registry];
@@ -82,7 +92,9 @@ export class ServiceMetrics {
     this.defaultLoops = gauge("service_default_loops", "Default loop depth of the loaded model.");
     this.upTimestampSeconds = gauge("service_up_timestamp_seconds", "Unix time in seconds at which the service started.");
     this.queueDepth = gauge("service_queue_depth", "Requests waiting in the scheduler queue.");
-    this.requestsInFlight = gauge("service_requests_in_flight", "Requests currently running on the engine.");
+    this.requestsInFlight = gauge("service_requests_in_flight", "Requests currently running on the engine (batched together).");
+    this.kvCacheBudgetBytes = gauge("service_kv_cache_budget_bytes", "Bytes the running requests' key/value caches may take together (SERVICE_KV_CACHE_MB).");
+    this.kvCacheBytesInUse = gauge("service_kv_cache_bytes_in_use", "Bytes of key/value cache the running requests hold.");
 
     this.submitted = counter("service_requests_submitted_total", "Requests submitted to the scheduler.");
     this.rejected = counter(
@@ -101,6 +113,9 @@ export class ServiceMetrics {
       "service_spec_accepted_tokens_total",
       "Draft tokens accepted by speculative verify passes.",
     );
+
+    this.generatedTokens = counter("service_generated_tokens_total", "Tokens sampled by batched engine steps (speculative cycles not included).");
+    this.promptTokensRun = counter("service_prompt_tokens_total", "Prompt tokens run through the model by batched engine steps (pooled prefixes not included).");
 
     this.queueWaitMs = histogram(
       "service_queue_wait_ms",
@@ -123,11 +138,15 @@ export class ServiceMetrics {
       LATENCY_BUCKETS_MS,
     );
 
+    this.batchRows = histogram("service_batch_rows", "Requests advanced by each batched kernel call.", BATCH_ROWS_BUCKETS);
+
     this.maxSeqLen.set(opts.maxSeqLen);
     this.defaultLoops.set(opts.defaultLoops);
     this.upTimestampSeconds.set(opts.upTimestampSeconds ?? Date.now() / 1000);
     this.queueDepth.set(0);
     this.requestsInFlight.set(0);
+    this.kvCacheBudgetBytes.set(0);
+    this.kvCacheBytesInUse.set(0);
 
     if (opts.processMetrics ?? true) collectDefaultMetrics({ register: this.registry });
   }

@@ -27,6 +27,9 @@ environment:
   SERVICE_MODEL_PATH            model .safetensors file (required to generate)
   SERVICE_MAX_SEQ_LEN           prompt + generated tokens limit (2048)
   SERVICE_MAX_QUEUE_DEPTH       queued requests before 503 (128)
+  SERVICE_MAX_BATCH             requests running at once, their steps batched (8; 1 = one at a time)
+  SERVICE_PREFILL_CHUNK         prompt tokens fed per step beside running streams (256)
+  SERVICE_KV_CACHE_MB           key/value cache memory the running requests share (a quarter of RAM)
   SERVICE_MAX_BODY_BYTES        larger request bodies get 413 (8388608 = 8 MiB)
   SERVICE_DEFAULT_SLO_MS        latency target in ms (unset)
   SERVICE_PREFIX_POOL_CAPACITY  shared prefix pool entries (16)
@@ -69,7 +72,7 @@ interface Loaded {
   loadError: string | null;
 }
 
-function loadEngine(config: Config): Loaded {
+function loadEngine(config: Config, metrics: ServiceMetrics): Loaded {
   if (config.modelPath === null) return { engine: null, loadError: "SERVICE_MODEL_PATH is not set" };
   try {
     const engine = Engine.load({
@@ -81,6 +84,13 @@ function loadEngine(config: Config): Loaded {
       profile: config.profile,
       kvCacheMode: config.kvCacheMode,
       hModeFp16AttnQkv: config.hModeFp16AttnQkv,
+      // With one request at a time there is nothing to interleave a prompt with.
+      prefillChunk: config.maxBatch > 1 ? config.prefillChunk : null,
+      onBatchStep: (st) => {
+        metrics.batchRows.observe(st.rows);
+        metrics.generatedTokens.inc(st.sampled);
+        metrics.promptTokensRun.inc(st.promptTokens);
+      },
     });
     return { engine, loadError: null };
   } catch (e) {
@@ -93,7 +103,10 @@ function startupLine(config: Config, loaded: Loaded, url: string): string {
   const { engine, loadError } = loaded;
   if (!engine) return `${base} — model NOT LOADED (${loadError}); /healthz and generation answer 503`;
   const i = engine.info;
-  return `${base} — model ${config.modelPath} (quant ${i.quant}, kv ${config.kvCacheMode}, threads ${i.threads}, simd ${i.simd})`;
+  return (
+    `${base} — model ${config.modelPath} (quant ${i.quant}, kv ${config.kvCacheMode}, threads ${i.threads}, simd ${i.simd}); ` +
+    `batching up to ${config.maxBatch} requests, key/value cache budget ${config.kvCacheMb} MiB`
+  );
 }
 
 /** Runs the server until SIGTERM/SIGINT; resolves to the process exit code. */
@@ -116,7 +129,9 @@ export async function runServe(argv: string[]): Promise<number> {
     return 2;
   }
 
-  const loaded = loadEngine(config);
+  const metrics = new ServiceMetrics({ maxSeqLen: config.maxSeqLen, defaultLoops: 0 });
+  const loaded = loadEngine(config, metrics);
+  if (loaded.engine) metrics.defaultLoops.set(loaded.engine.info.defaultLoops);
   if (loaded.loadError) log.error(`model not loaded: ${loaded.loadError}`);
   const longestPrompt = config.maxSeqLen * tokenizer.maxTokenBytes;
   if (config.maxBodyBytes < longestPrompt)
@@ -131,17 +146,16 @@ export async function runServe(argv: string[]): Promise<number> {
     );
 
   let draining = false;
-  const metrics = new ServiceMetrics({
-    maxSeqLen: config.maxSeqLen,
-    defaultLoops: loaded.engine?.info.defaultLoops ?? 0,
-  });
-  const scheduler = loaded.engine
-    ? new Scheduler(loaded.engine, {
+  const loadedEngine = loaded.engine;
+  const scheduler = loadedEngine
+    ? new Scheduler(loadedEngine, {
         metrics,
         maxQueueDepth: config.maxQueueDepth,
         defaultSloMs: config.defaultSloMs,
         prefixPoolCapacity: config.prefixPoolCapacity,
         cacheMode: config.kvCacheMode,
+        maxBatch: config.maxBatch,
+        kvCache: { budgetBytes: config.kvCacheMb * 2 ** 20, bytesFor: (req) => loadedEngine.kvCacheBytes(req) },
       })
     : null;
   const engine =

@@ -162,6 +162,16 @@ static bool dev_alloc(void **p, size_t bytes) {
     return cudaMemset(*p, 0, bytes) == cudaSuccess;
 }
 
+extern "C" int64_t ls_session_cache_bytes(const ls_model *m, const ls_session_params *params) {
+    if (!params || ls_check_session_args(m, params->max_seq, params->loops, params->cache_window, NULL, 0) != LS_OK ||
+        params->kv_mode != LS_KV_FP16)
+        return LS_ERR_ARG;
+    int32_t cap = ls_ring_rows(params->max_seq, params->cache_window, LS_CUDA_CHUNK);
+    size_t half = ls_bytes_of((size_t)params->loops, (size_t)m->info.n_kv_heads, (size_t)cap, (size_t)m->info.head_dim,
+                              sizeof(__half));
+    return half > 0 ? 2 * (int64_t)half : LS_ERR_NOMEM;
+}
+
 extern "C" ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *err, int32_t err_len) {
     if (!params) {
         ls_set_error(err, err_len, "no session parameters given");

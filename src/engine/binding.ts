@@ -27,7 +27,7 @@ import { type FieldName, StructView } from "./abi_struct.ts";
 import { describeModelFile } from "./model_descriptor.ts";
 import type { ModelFileInfo, ModelInfo, SimdChoice } from "./types.ts";
 
-const { i32, f32, u64, ptr, void: none, cstring } = FFIType;
+const { i32, i64_fast, f32, u64, ptr, void: none, cstring } = FFIType;
 
 // Every entry point of kernels/loopserve.h: a library defines them all and
 // says which optional ones work through ls_features.
@@ -50,6 +50,7 @@ const symbols = {
   ls_session_forward: { args: [ptr, ptr, i32, i32, ptr, i32], returns: i32 },
   ls_session_step: { args: [ptr, ptr, i32, ptr, ptr], returns: i32 },
   ls_batch_step: { args: [ptr, ptr, ptr, i32, ptr, ptr, ptr], returns: i32 },
+  ls_session_cache_bytes: { args: [ptr, ptr], returns: i64_fast },
   ls_sample: { args: [ptr, i32, ptr, i32, f32, i32, f32, f32, u64, u64], returns: i32 },
   ls_spec_cycle_logits: { args: [ptr, i32, ptr, ptr, ptr, ptr], returns: i32 },
 } as const;
@@ -206,12 +207,17 @@ export class NativeModel {
 
   /** A session with its own key/value cache in the given mode (default fp16; docs/kv-cache.md). */
   newSession(maxSeq: number, loops: number, cacheWindow: number, kv: KvCacheSettings = FP16_CACHE): NativeSession {
-    const kvMode = kvModeCode(kvModeSpec(kv.mode, kv.fp16AttnQkv ?? false));
-    const params = new StructView("ls_session_params").fill({ max_seq: maxSeq, loops, cache_window: cacheWindow, kv_mode: kvMode });
+    const params = sessionParams(maxSeq, loops, cacheWindow, kv);
     const err = new Uint8Array(ERR_LEN);
     const s = this.lib.ls_session_new(this.pointer, params.bytes, err, ERR_LEN);
     if (!s) throw new NativeError(readError(err) || "cannot create session", LS_ERR_NOMEM);
     return new NativeSession(this, s as Pointer);
+  }
+
+  /** Bytes of key/value cache newSession(...) would allocate (ls_session_cache_bytes); throws for parameters it would refuse. */
+  sessionCacheBytes(maxSeq: number, loops: number, cacheWindow: number, kv: KvCacheSettings = FP16_CACHE): number {
+    const params = sessionParams(maxSeq, loops, cacheWindow, kv);
+    return check(this.lib, Number(this.lib.ls_session_cache_bytes(this.pointer, params.bytes)), "ls_session_cache_bytes");
   }
 
   /** True when the kernel library implements speculative decoding (LS_FEATURE_SPECULATIVE). */
@@ -381,6 +387,11 @@ export class NativeSession {
     if (this.handle) this.model.lib.ls_session_free(this.handle);
     this.handle = null;
   }
+}
+
+function sessionParams(maxSeq: number, loops: number, cacheWindow: number, kv: KvCacheSettings): StructView<"ls_session_params"> {
+  const kvMode = kvModeCode(kvModeSpec(kv.mode, kv.fp16AttnQkv ?? false));
+  return new StructView("ls_session_params").fill({ max_seq: maxSeq, loops, cache_window: cacheWindow, kv_mode: kvMode });
 }
 
 /** ls_step_params: the depth and, for a sampling step, how to draw. */

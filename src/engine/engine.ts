@@ -1,12 +1,16 @@
-// The engine: owns the loaded model and runs one generation request at a
-// time, one FFI call per step, yielding to the event loop between steps so
-// /healthz, /metrics and stream writes keep flowing.
+// The engine: owns the loaded model and runs every request the scheduler
+// starts. Plain steps of all running requests go to the kernels together,
+// one batched call per turn of the event loop (batcher.ts); speculative
+// cycles and prompt scoring run as their own calls between those steps.
+// Between calls the event loop runs, so /healthz, /metrics and stream
+// writes keep flowing.
 import { existsSync } from "node:fs";
 import { log } from "../log.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveCudaLibrary, resolveKernelLibrary } from "./library.ts";
 import type { KvCacheMode } from "../model/kvcache.ts";
 import { LS_ERR_STATE, LS_MAX_LOOPS } from "./abi.generated.ts";
-import { cudaDeviceCount, formatProfile, type KvCacheSettings, NativeError, NativeModel, type NativeSession } from "./binding.ts";
+import { type BatchStepStats, StepBatcher } from "./batcher.ts";
+import { cudaDeviceCount, formatProfile, type KvCacheSettings, NativeError, NativeModel, type NativeSession, type StepSampling } from "./binding.ts";
 import { EngineLoadError, EngineRequestError } from "./errors.ts";
 import { MAX_TOP_LOGPROBS, type TokenLogprob, tokenLogprob } from "./logprobs.ts";
 import { cycleParams, type DraftOptions, planSpeculative, SPEC_SESSION_SLACK, SpecCounter, type SpecPlan } from "./speculative.ts";
@@ -27,6 +31,13 @@ export interface EngineOptions {
   hModeFp16AttnQkv?: boolean;
   /** SERVICE_PROFILE: time every kernel op and print a per-op table after each request. */
   profile?: boolean;
+  /**
+   * Prompt tokens fed per step while other requests run (SERVICE_PREFILL_CHUNK);
+   * null: a prompt goes in one call (one request at a time, nothing to interleave).
+   */
+  prefillChunk?: number | null;
+  /** Called after every batched kernel call (metrics). */
+  onBatchStep?: (stats: BatchStepStats) => void;
 }
 
 
@@ -45,12 +56,24 @@ export class KvSnapshot {
   }
 }
 
+/** The session a request runs in: room for its prompt and output, caches for every loop it runs. */
+function sessionShape(req: GenerateRequest, plan: SpecPlan | null): { maxSeq: number; loops: number } {
+  return {
+    // A speculative cycle writes rows past the last token before rolling back.
+    maxSeq: req.promptTokens.length + req.maxTokens + (plan ? SPEC_SESSION_SLACK : 0),
+    // A draft deeper than the verify depth keeps caches for its extra loops too.
+    loops: Math.max(req.loops, plan?.draftLoops ?? 0),
+  };
+}
+
 const nextTick = () => new Promise<void>((resolve) => setImmediate(resolve));
 
 export class Engine {
   readonly info: ModelInfo;
   readonly supportsPrefixSnapshots = true;
-  private tail: Promise<unknown> = Promise.resolve();
+  private readonly batcher: StepBatcher;
+  /** Prompt tokens per step; Infinity: the whole prompt in one step. */
+  private readonly prefillChunk: number;
 
   private profiling = false;
 
@@ -59,8 +82,12 @@ export class Engine {
     private readonly draft: DraftOptions = {},
     /** The cache mode every session of this engine uses. */
     readonly kv: KvCacheSettings = { mode: "fp16" },
+    prefillChunk: number | null = null,
+    onBatchStep?: (stats: BatchStepStats) => void,
   ) {
     this.info = model.info;
+    this.prefillChunk = prefillChunk ?? Number.POSITIVE_INFINITY;
+    this.batcher = new StepBatcher(model, this.prefillChunk, onBatchStep);
   }
 
   static load(opts: EngineOptions): Engine {
@@ -81,7 +108,7 @@ export class Engine {
       model.close();
       throw new EngineLoadError(`kv_cache_mode ${kv.mode} cannot serve ${opts.modelPath}: ${(e as Error).message}`);
     }
-    const engine = new Engine(model, opts.draft, kv);
+    const engine = new Engine(model, opts.draft, kv, opts.prefillChunk, opts.onBatchStep);
     if (opts.profile) {
       engine.profiling = model.setProfile(true);
       if (!engine.profiling) log.warn("this kernel library cannot profile: SERVICE_PROFILE ignored");
@@ -110,16 +137,28 @@ export class Engine {
     }
   }
 
-  /** Runs requests strictly one after another, in call order. */
+  /**
+   * Runs a request alongside every other running one (the scheduler decides
+   * how many): its plain steps share batched kernel calls, and its tokens are
+   * exactly those it would get alone.
+   */
   generate(
     req: GenerateRequest,
     sink: TokenSink,
     signal?: AbortSignal,
     options: EngineRunOptions<KvSnapshot> = {},
   ): Promise<GenerateResult> {
-    const run = this.tail.then(() => this.run(req, sink, signal, options));
-    this.tail = run.catch(() => undefined);
-    return run;
+    return this.run(req, sink, signal, options);
+  }
+
+  /** Bytes of key/value cache the request's session takes while it runs (0 for a request the engine will refuse). */
+  kvCacheBytes(req: GenerateRequest): number {
+    try {
+      const shape = sessionShape(req, planSpeculative(req));
+      return this.model.sessionCacheBytes(shape.maxSeq, shape.loops, req.cacheWindow, this.kv);
+    } catch {
+      return 0;
+    }
   }
 
   /** Checks the request; returns its speculative plan, or null for plain generation. */
@@ -159,10 +198,8 @@ export class Engine {
     const stops = new Set(req.stopTokenIds);
     const s = req.sampling;
     const counter = plan ? new SpecCounter() : null;
-    // A speculative cycle writes rows past the last token before rolling back.
-    const maxSeq = req.promptTokens.length + req.maxTokens + (plan ? SPEC_SESSION_SLACK : 0);
-    // A draft deeper than the verify depth keeps caches for its extra loops too.
-    const session = this.model.newSession(maxSeq, Math.max(req.loops, plan?.draftLoops ?? 0), req.cacheWindow, this.kv);
+    const shape = sessionShape(req, plan);
+    const session = this.model.newSession(shape.maxSeq, shape.loops, req.cacheWindow, this.kv);
     // With logprobs, every step hands back its raw logits (a cycle: one row per new token).
     const top = req.logprobs;
     const vocab = this.info.vocabSize;
@@ -213,17 +250,10 @@ export class Engine {
           BigInt(req.promptTokens.length),
         );
       } else {
-        // Prefill and the first token: the same call in every mode.
-        next = session.step(
-          Int32Array.from(req.promptTokens.slice(reused)),
-          req.loops,
-          s.temperature,
-          s.topK,
-          s.topP,
-          s.repetitionPenalty,
-          BigInt(s.seed),
-          stepLogits,
-        );
+        // Prefill and the first token: the same steps in every mode.
+        const first = await this.prefill(session, req.promptTokens.slice(reused), req.loops, s, stepLogits, signal);
+        if (first === null) return done("cancelled");
+        next = first;
         if (capture) capture(this.snapshot(session, req));
       }
       firstTokenMs = performance.now() - start;
@@ -234,15 +264,17 @@ export class Engine {
       const out = new Int32Array((plan?.draftAhead ?? 0) + 1);
       const cycle = { drafted: 0, accepted: 0 };
       while (!end) {
-        await nextTick();
-        if (signal?.aborted) return done("cancelled");
         if (plan && counter) {
+          await nextTick();
+          if (signal?.aborted) return done("cancelled");
           const n = session.specCycle(next, cycleParams(plan, req, req.maxTokens - tokens.length, this.draft), out, cycle, cycleLogits);
           counter.add(cycle, n);
           for (let i = 0; i < n && !end; i++) end = emit(out[i], cycleLogits && cycleLogits.subarray(i * vocab, (i + 1) * vocab));
           next = out[n - 1];
         } else {
-          next = session.step(Int32Array.of(next), req.loops, s.temperature, s.topK, s.topP, s.repetitionPenalty, BigInt(s.seed), stepLogits);
+          if (signal?.aborted) return done("cancelled");
+          next = await this.batcher.step({ session, tokens: Int32Array.of(next), loops: req.loops, sampling: s, logitsOut: stepLogits }, false);
+          if (signal?.aborted) return done("cancelled");
           end = emit(next, stepLogits);
         }
       }
@@ -257,6 +289,28 @@ export class Engine {
     } finally {
       session.close();
       if (this.profiling) this.printProfile(req, tokens.length);
+    }
+  }
+
+  /**
+   * Feeds the prompt in steps of at most prefillChunk tokens (the last one
+   * samples the first token, into logitsOut when given); null when
+   * cancelled between chunks.
+   */
+  private async prefill(
+    session: NativeSession,
+    prompt: number[],
+    loops: number,
+    sampling: StepSampling,
+    logitsOut: Float32Array | null,
+    signal: AbortSignal | undefined,
+  ): Promise<number | null> {
+    for (let at = 0; ; at += this.prefillChunk) {
+      const last = at + this.prefillChunk >= prompt.length;
+      const tokens = Int32Array.from(prompt.slice(at, last ? prompt.length : at + this.prefillChunk));
+      const token = await this.batcher.step({ session, tokens, loops, sampling: last ? sampling : null, logitsOut }, true);
+      if (last) return token;
+      if (signal?.aborted) return null;
     }
   }
 

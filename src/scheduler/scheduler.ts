@@ -1,6 +1,8 @@
 // The scheduler: every generation request goes through here. It owns the
-// priority queue, runs exactly one request at a time on the engine, refuses
-// what it cannot serve (queue full, latency target, shutting down), reuses
+// priority queue, runs up to maxBatch requests at once on the engine (which
+// batches their steps), starts a queued request only when its key/value
+// cache fits the memory budget, refuses what it cannot serve (queue full,
+// latency target, larger than the whole budget, shutting down), reuses
 // pooled prompt prefixes, honours cancellation, and keeps the lifecycle
 // metrics current (all metric updates happen in lifecycle.transition).
 //
@@ -33,7 +35,7 @@ export interface SchedulerEngine<S extends Snapshot = Snapshot> {
 
 // ---- public types ----
 
-export type RejectionReason = "queue_full" | "latency_target" | "shutting_down";
+export type RejectionReason = "queue_full" | "latency_target" | "kv_cache_budget" | "shutting_down";
 
 /** A request the scheduler refuses; the HTTP layer answers 503 with the message. */
 export class SchedulerRejection extends Error {
@@ -54,6 +56,16 @@ export interface SchedulerOptions {
   prefixPoolCapacity?: number; // SERVICE_PREFIX_POOL_CAPACITY (default 0: off)
   cacheMode?: string; // the service's key/value cache mode, part of the prefix pool key (default "fp16")
   predictorAlpha?: number; // EWMA weight of the newest sample (default 0.2)
+  maxBatch?: number; // SERVICE_MAX_BATCH: requests running at once (default 1)
+  kvCache?: KvCacheBudget; // the key/value cache memory budget (default: none)
+}
+
+/** Key/value cache memory as the scheduler rations it. */
+export interface KvCacheBudget {
+  /** Bytes all running requests' caches may take together (SERVICE_KV_CACHE_MB). */
+  readonly budgetBytes: number;
+  /** Bytes the cache of this request takes while it runs. */
+  bytesFor(req: GenerateRequest): number;
 }
 
 export interface SubmitOptions {
@@ -86,12 +98,15 @@ interface Job {
   readonly signal?: AbortSignal;
   readonly onPromptLogprobs?: PromptLogprobSink;
   readonly work: Work;
+  readonly kvBytes: number; // its key/value cache while it runs
   readonly tokens: number[]; // tokens handed to the sink so far
   sinkStopped: boolean;
   onAbort?: () => void;
   settleStarted(v: "running" | "cancelled" | SchedulerRejection): void;
   settleResult(v: GenerateResult | Error): void;
 }
+
+const mib = (bytes: number) => (bytes / 2 ** 20).toFixed(1);
 
 function deferred<T>() {
   let resolve!: (v: T) => void;
@@ -111,7 +126,10 @@ export class Scheduler<S extends Snapshot = Snapshot> {
   private readonly metrics: ServiceMetrics;
   private readonly defaultSloMs: number | null;
   private readonly cacheMode: string;
-  private current: Job | null = null;
+  private readonly running = new Set<Job>();
+  private readonly maxBatch: number;
+  private readonly kvCache: KvCacheBudget | null;
+  private kvBytesInUse = 0;
   private nextId = 1;
   private closing = false;
   private idleWaiters: (() => void)[] = [];
@@ -126,6 +144,10 @@ export class Scheduler<S extends Snapshot = Snapshot> {
     this.defaultSloMs = opts.defaultSloMs ?? null;
     this.cacheMode = opts.cacheMode ?? "fp16";
     this.predictor = new LatencyPredictor(opts.predictorAlpha);
+    this.maxBatch = opts.maxBatch ?? 1;
+    if (!(Number.isInteger(this.maxBatch) && this.maxBatch >= 1)) throw new RangeError(`maxBatch must be a positive integer, got ${this.maxBatch}`);
+    this.kvCache = opts.kvCache ?? null;
+    this.metrics.kvCacheBudgetBytes.set(this.kvCache?.budgetBytes ?? 0);
     const capacity = engine.supportsPrefixSnapshots ? (opts.prefixPoolCapacity ?? 0) : 0;
     this.prefixPool = new PrefixPool<S>(capacity, this.metrics.prefixPoolHits);
   }
@@ -140,7 +162,12 @@ export class Scheduler<S extends Snapshot = Snapshot> {
   }
 
   get inFlight(): number {
-    return this.current ? 1 : 0;
+    return this.running.size;
+  }
+
+  /** Key/value cache bytes the running requests hold. */
+  get kvCacheBytesInUse(): number {
+    return this.kvBytesInUse;
   }
 
   /**
@@ -162,6 +189,7 @@ export class Scheduler<S extends Snapshot = Snapshot> {
       signal: opts.signal,
       onPromptLogprobs: opts.onPromptLogprobs,
       work: { prefillTokens: prefill, maxTokens: req.maxTokens, loops: req.loops },
+      kvBytes: this.kvCache?.bytesFor(req) ?? 0,
       tokens: [],
       sinkStopped: false,
       settleStarted: (v) => (v instanceof SchedulerRejection ? started.reject(v) : started.resolve(v)),
@@ -189,8 +217,8 @@ export class Scheduler<S extends Snapshot = Snapshot> {
       job.onAbort = () => this.onAbort(job);
       opts.signal.addEventListener("abort", job.onAbort, { once: true });
     }
-    if (this.current || this.queue.size > 0) this.queue.push(job);
-    else this.start(job); // idle engine: straight to running, even with a queue depth of 0
+    if (this.queue.size === 0 && this.canStart(job)) this.start(job); // a free slot: straight to running, even with a queue depth of 0
+    else this.queue.push(job);
     return ticket;
   }
 
@@ -207,17 +235,22 @@ export class Scheduler<S extends Snapshot = Snapshot> {
 
   /**
    * Predicted milliseconds from now until a request with this work and
-   * priority would complete: the running request's remainder, every queued
-   * request that runs before it, and its own cost. 0 while unprimed.
+   * priority would complete: its own cost (the predictor learns step costs
+   * from requests that ran batched, so they include sharing a step), plus,
+   * when every slot is taken, its share of the work ahead of it: the
+   * running requests' remainders and every queued request that runs before
+   * it, spread over the maxBatch slots. 0 while unprimed.
    */
   predict(work: Work, priority = 0): number {
     const p = this.predictor;
     if (!p.primed) return 0;
-    let ms = p.cost(work);
-    const cur = this.current;
-    if (cur) ms += p.remaining(cur.work, performance.now() - (cur.rec.times.started ?? performance.now()), cur.tokens.length);
-    for (const j of this.queue.items()) if (j.priority >= priority) ms += p.cost(j.work);
-    return ms;
+    const ahead = [...this.queue.items()].filter((j) => j.priority >= priority);
+    if (this.running.size + ahead.length < this.maxBatch) return p.cost(work);
+    let backlog = 0;
+    const now = performance.now();
+    for (const j of this.running) backlog += p.remaining(j.work, now - (j.rec.times.started ?? now), j.tokens.length);
+    for (const j of ahead) backlog += p.cost(j.work);
+    return p.cost(work) + backlog / this.maxBatch;
   }
 
   /**
@@ -241,7 +274,7 @@ export class Scheduler<S extends Snapshot = Snapshot> {
 
   /** Resolves when nothing is running or queued. */
   idle(): Promise<void> {
-    if (!this.current && this.queue.size === 0) return Promise.resolve();
+    if (this.running.size === 0 && this.queue.size === 0) return Promise.resolve();
     return new Promise((resolve) => this.idleWaiters.push(resolve));
   }
 
@@ -254,7 +287,12 @@ export class Scheduler<S extends Snapshot = Snapshot> {
 
   private admission(job: Job, opts: SubmitOptions): SchedulerRejection | null {
     if (this.closing) return new SchedulerRejection("shutting_down", "the server is shutting down");
-    const busy = this.current !== null || this.queue.size > 0;
+    if (this.kvCache && job.kvBytes > this.kvCache.budgetBytes)
+      return new SchedulerRejection(
+        "kv_cache_budget",
+        `this request's key/value cache needs ${mib(job.kvBytes)} MiB, more than the whole budget of ${mib(this.kvCache.budgetBytes)} MiB (SERVICE_KV_CACHE_MB): ask for fewer tokens`,
+      );
+    const busy = !this.canStart(job) || this.queue.size > 0;
     if (busy && this.queue.full)
       return new SchedulerRejection("queue_full", `the request queue is full (${this.queue.capacity} waiting)`);
     const slo = opts.sloMs ?? this.defaultSloMs;
@@ -297,15 +335,22 @@ export class Scheduler<S extends Snapshot = Snapshot> {
 
   // ---- dispatch ----
 
+  /** A slot is free and the request's cache fits beside the running ones. */
+  private canStart(job: Job): boolean {
+    if (this.running.size >= this.maxBatch) return false;
+    return !this.kvCache || this.kvBytesInUse + job.kvBytes <= this.kvCache.budgetBytes;
+  }
+
+  /** Starts queued requests in priority order while the next one can start (it waits, not skipped, when its cache does not fit yet). */
   private pump(): void {
-    if (this.current) return;
-    const job = this.queue.pop();
-    if (job) this.start(job);
-    else this.notifyIdle();
+    for (let next = this.queue.peek(); next && this.canStart(next); next = this.queue.peek()) this.start(this.queue.pop() as Job);
+    this.notifyIdle();
   }
 
   private start(job: Job): void {
-    this.current = job;
+    this.running.add(job);
+    this.kvBytesInUse += job.kvBytes;
+    this.metrics.kvCacheBytesInUse.set(this.kvBytesInUse);
     transition(job.rec, "running", this.metrics);
     job.settleStarted("running");
     void this.run(job);
@@ -366,7 +411,9 @@ export class Scheduler<S extends Snapshot = Snapshot> {
     } finally {
       hit?.done();
       this.detach(job);
-      this.current = null;
+      this.running.delete(job);
+      this.kvBytesInUse -= job.kvBytes;
+      this.metrics.kvCacheBytesInUse.set(this.kvBytesInUse);
       this.pump();
     }
   }
@@ -386,7 +433,7 @@ export class Scheduler<S extends Snapshot = Snapshot> {
   }
 
   private notifyIdle(): void {
-    if (this.current || this.queue.size > 0) return;
+    if (this.running.size > 0 || this.queue.size > 0) return;
     const waiters = this.idleWaiters;
     this.idleWaiters = [];
     for (const w of waiters) w();

@@ -24,7 +24,7 @@ import {
 } from "../helpers/scheduling.ts";
 import { TINY } from "../helpers/models.ts";
 import { serverForTests, startServer, type TestServer } from "../helpers/server.ts";
-import { type Family, SPEC_SERIES, SPECULATIVE_SERIES } from "../scheduler/prom_text.ts";
+import { BATCHING_SERIES, type Family, SPEC_SERIES, SPECULATIVE_SERIES } from "../scheduler/prom_text.ts";
 
 // bunfig.toml's [test] timeout is not read by this Bun (the 5 s default
 // applies), and these tests start server processes: set it here.
@@ -37,7 +37,7 @@ const MAX_SEQ_LEN = 8192;
 
 /** Every documented series is declared with its exact type and a HELP line, and histograms are complete. */
 function expectSpecFamilies(families: Map<string, Family>): void {
-  for (const [name, type] of Object.entries(SPEC_SERIES)) {
+  for (const [name, type] of Object.entries({ ...SPEC_SERIES, ...BATCHING_SERIES })) {
     const f = families.get(name);
     if (!f) throw new Error(`/metrics lacks ${name}`);
     expect({ name, type: f.type }).toEqual({ name, type });
@@ -57,7 +57,7 @@ function expectSpecFamilies(families: Map<string, Family>): void {
   }
   // No other service_ series than the documented ones; no doubled _total.
   const service = [...families.values()].filter((f) => f.name.startsWith("service_"));
-  expect(Object.fromEntries(service.map((f) => [f.name, f.type]))).toEqual({ ...SPEC_SERIES, ...SPECULATIVE_SERIES });
+  expect(Object.fromEntries(service.map((f) => [f.name, f.type]))).toEqual({ ...SPEC_SERIES, ...SPECULATIVE_SERIES, ...BATCHING_SERIES });
 }
 
 describe("/metrics with a model loaded", () => {
@@ -65,7 +65,7 @@ describe("/metrics with a model loaded", () => {
   let startedAt: number;
   beforeAll(async () => {
     startedAt = Date.now() / 1000;
-    s = await startServer({ modelPath: slowModelPath(), env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } });
+    s = await startServer({ modelPath: slowModelPath(), env: { SERVICE_MAX_BATCH: "1", SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } });
   });
   afterAll(async () => {
     await s?.stop();

@@ -37,7 +37,7 @@ const MAX_SEQ_LEN = 8192;
 const BLOCKER_TOKENS = 8000; // ~10 s of engine time if it ran to the end
 
 describe("priority queue", () => {
-  const s = serverForTests(() => ({ modelPath: slowModelPath(), env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } }));
+  const s = serverForTests(() => ({ modelPath: slowModelPath(), env: { SERVICE_MAX_BATCH: "1", SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } }));
 
   test("a burst queued behind a running request runs by descending priority, FIFO within a priority", async () => {
     // Sent in this order, each one queued before the next is sent.
@@ -96,7 +96,7 @@ describe("priority queue", () => {
 
 describe("queue cap", () => {
   const DEPTH = 2;
-  const s = serverForTests(() => ({ modelPath: slowModelPath(), env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN), SERVICE_MAX_QUEUE_DEPTH: String(DEPTH) } }));
+  const s = serverForTests(() => ({ modelPath: slowModelPath(), env: { SERVICE_MAX_BATCH: "1", SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN), SERVICE_MAX_QUEUE_DEPTH: String(DEPTH) } }));
 
   test("SERVICE_MAX_QUEUE_DEPTH=2: a burst of 7 behind a running request gets exactly 5 × 503 queue_full, counted as rejected", async () => {
     const BURST = 7;
@@ -148,7 +148,7 @@ describe("latency target", () => {
   // Small requests cost a few ms on an idle engine; the blocker's remainder
   // is thousands of steps (seconds), far beyond the target.
   const DEFAULT_SLO_MS = 500;
-  const s = serverForTests(() => ({ modelPath: slowModelPath(), env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN), SERVICE_DEFAULT_SLO_MS: String(DEFAULT_SLO_MS) } }));
+  const s = serverForTests(() => ({ modelPath: slowModelPath(), env: { SERVICE_MAX_BATCH: "1", SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN), SERVICE_DEFAULT_SLO_MS: String(DEFAULT_SLO_MS) } }));
 
   test("an unprimed predictor rejects nothing: the first request is admitted even with slo_ms 1", async () => {
     const r = await generateOk(s, { prompt: PROMPT, max_tokens: 32, slo_ms: 1 });
@@ -195,7 +195,7 @@ describe("latency target", () => {
 });
 
 describe("cancellation", () => {
-  const s = serverForTests(() => ({ modelPath: slowModelPath(), env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } }));
+  const s = serverForTests(() => ({ modelPath: slowModelPath(), env: { SERVICE_MAX_BATCH: "1", SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } }));
   let idleMs: number;
   beforeAll(async () => {
     await generateOk(s, { prompt: PROMPT, max_tokens: 8 }); // warm up

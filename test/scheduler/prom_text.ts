@@ -160,3 +160,11 @@ export const SPECULATIVE_SERIES: Record<string, "counter"> = {
   service_spec_draft_tokens_total: "counter",
   service_spec_accepted_tokens_total: "counter",
 };
+// And the batching series (docs/batching.md).
+export const BATCHING_SERIES: Record<string, "gauge" | "counter" | "histogram"> = {
+  service_kv_cache_budget_bytes: "gauge",
+  service_kv_cache_bytes_in_use: "gauge",
+  service_generated_tokens_total: "counter",
+  service_prompt_tokens_total: "counter",
+  service_batch_rows: "histogram",
+};
