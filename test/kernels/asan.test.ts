@@ -229,6 +229,16 @@ describe("forward pass under ASan/UBSan", () => {
     });
   }
 
+  test("batched steps of mixed sessions (depths, windows, cache modes, prompt chunks, sampling) equal each session alone, every SIMD path", () => {
+    const path = modelPath("batch", FWD.gqa);
+    const prompt = Array.from({ length: 90 }, (_, i) => String((i * 13 + 5) % FWD.gqa.vocabSize)); // longer than one block
+    for (const simd of supportedPaths(path)) {
+      const r = run("batch", path, simd, ...prompt);
+      expect(r.stdout).toMatch(/^ok /);
+      expect(r.code).toBe(0);
+    }
+  });
+
   test("out-of-range tokens are refused, not read", () => {
     const r = run("logits", valid, "1", "portable", "1", "256");
     expect(r.code).toBe(2);
