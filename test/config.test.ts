@@ -3,7 +3,7 @@ import { chmodSync, mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import pkg from "../package.json" with { type: "json" };
-import { ConfigError, loadConfig } from "../src/config.ts";
+import { ConfigError, DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, defaultKvCacheMb, loadConfig } from "../src/config.ts";
 
 describe("configuration", () => {
   test("defaults match the README's settings table", () => {
@@ -12,6 +12,9 @@ describe("configuration", () => {
       modelPath: null,
       maxSeqLen: 2048,
       maxQueueDepth: 128,
+      maxBatch: DEFAULT_MAX_BATCH,
+      prefillChunk: DEFAULT_PREFILL_CHUNK,
+      kvCacheMb: defaultKvCacheMb(),
       maxBodyBytes: 8 * 1024 * 1024,
       defaultSloMs: null,
       prefixPoolCapacity: 16,
@@ -33,6 +36,9 @@ describe("configuration", () => {
       SERVICE_MODEL_PATH: "/m.safetensors",
       SERVICE_MAX_SEQ_LEN: "512",
       SERVICE_MAX_QUEUE_DEPTH: "4",
+      SERVICE_MAX_BATCH: "16",
+      SERVICE_PREFILL_CHUNK: "64",
+      SERVICE_KV_CACHE_MB: "512",
       SERVICE_MAX_BODY_BYTES: "65536",
       SERVICE_DEFAULT_SLO_MS: "250.5",
       SERVICE_PREFIX_POOL_CAPACITY: "0",
@@ -48,6 +54,9 @@ describe("configuration", () => {
       modelPath: "/m.safetensors",
       maxSeqLen: 512,
       maxQueueDepth: 4,
+      maxBatch: 16,
+      prefillChunk: 64,
+      kvCacheMb: 512,
       maxBodyBytes: 65536,
       defaultSloMs: 250.5,
       prefixPoolCapacity: 0,
@@ -81,6 +90,11 @@ describe("configuration", () => {
     ["SERVICE_MAX_SEQ_LEN", "-5"],
     ["SERVICE_MAX_SEQ_LEN", "1.5"],
     ["SERVICE_MAX_QUEUE_DEPTH", "0"],
+    ["SERVICE_MAX_BATCH", "0"],
+    ["SERVICE_MAX_BATCH", "257"],
+    ["SERVICE_PREFILL_CHUNK", "0"],
+    ["SERVICE_KV_CACHE_MB", "0"],
+    ["SERVICE_KV_CACHE_MB", "2GB"],
     ["SERVICE_DEFAULT_SLO_MS", "-1"],
     ["SERVICE_DEFAULT_SLO_MS", "soon"],
     ["SERVICE_THREADS", "many"],
