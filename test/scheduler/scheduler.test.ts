@@ -347,3 +347,60 @@ describe("scheduler: telemetry under load", () => {
     expect(await value("service_prefix_pool_hits_total")).toBeGreaterThan(0);
   });
 });
+
+describe("scheduler: batching", () => {
+  test("up to maxBatch requests run at once; the rest start in priority order as slots free up", async () => {
+    const { engine, scheduler, value } = setup(new FakeEngine(), { maxBatch: 3 });
+    const release = engine.hold();
+    const first = [1, 2, 3].map((m) => scheduler.submit(request(m), {}, noSink));
+    expect(scheduler.inFlight).toBe(3);
+    const queued = [
+      [4, 0],
+      [5, 7],
+      [6, 0],
+    ].map(([m, priority]) => scheduler.submit(request(m), { priority }, noSink));
+    expect(scheduler.queueDepth).toBe(3);
+    expect(await value("service_requests_in_flight")).toBe(3);
+    release();
+    await Promise.all([...first, ...queued]);
+    expect(engine.startOrder).toEqual([1, 2, 3, 5, 4, 6]);
+    expect(engine.maxConcurrent).toBe(3);
+  });
+
+  test("a request waits until its key/value cache fits beside the running ones; nothing behind it overtakes it", async () => {
+    const bytes = (m: number) => (m === 2 ? 700 : 300); // request 2 is big
+    const kvCache = { budgetBytes: 1000, bytesFor: (r: { promptTokens: number[] }) => bytes(r.promptTokens[0]) };
+    const { engine, scheduler, value } = setup(new FakeEngine(), { maxBatch: 8, kvCache });
+    engine.stepMs = 2;
+    const runs = [1, 2, 3].map((m) => scheduler.submit(request(m, { maxTokens: 4 }), {}, noSink));
+    // 1 runs (300); 2 (700) fits beside it; 3 (300) would exceed 1000 and waits.
+    expect(scheduler.inFlight).toBe(2);
+    expect(scheduler.queueDepth).toBe(1);
+    expect(scheduler.kvCacheBytesInUse).toBe(1000);
+    expect(await value("service_kv_cache_bytes_in_use")).toBe(1000);
+    expect(await value("service_kv_cache_budget_bytes")).toBe(1000);
+    await Promise.all(runs);
+    expect(engine.startOrder).toEqual([1, 2, 3]);
+    expect(scheduler.kvCacheBytesInUse).toBe(0);
+    // Larger than the whole budget: refused, with the sizes.
+    const big = { budgetBytes: 1000, bytesFor: () => 4 * 2 ** 20 };
+    const e = await rejection(() => setup(new FakeEngine(), { kvCache: big }).scheduler.submit(request(9), {}, noSink));
+    expect(e.reason).toBe("kv_cache_budget");
+    expect(e.message).toMatch(/needs 4\.0 MiB, more than the whole budget/);
+  });
+
+  test("the predicted completion spreads the work ahead over the batch slots", async () => {
+    const engine = new FakeEngine();
+    const { scheduler } = setup(engine, { maxBatch: 2 });
+    scheduler.predictor.observe({ prefillTokens: 1, loops: 1, prefillMs: 1, decodeSteps: 1, decodeMs: 10 });
+    const own = { prefillTokens: 4, maxTokens: 2, loops: 2 }; // 4*2*1 + 1*2*10 = 28 ms
+    expect(scheduler.predict(own)).toBeCloseTo(28);
+    const release = engine.hold();
+    const running = [1, 2].map((m) => scheduler.submit(request(m, { maxTokens: 11 }), {}, noSink)); // ~208 ms each
+    const predicted = scheduler.predict(own);
+    expect(predicted).toBeGreaterThan(28 + 200); // both slots busy: half of ~416 ms ahead
+    expect(predicted).toBeLessThan(28 + 420);
+    release();
+    await Promise.all(running);
+  });
+});
