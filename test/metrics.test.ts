@@ -1,9 +1,9 @@
 import { describe, expect, test } from "bun:test";
 import { LATENCY_BUCKETS_MS, ServiceMetrics } from "../src/metrics.ts";
-import { parsePrometheusText, sampleValue, SPEC_SERIES, SPECULATIVE_SERIES } from "./scheduler/prom_text.ts";
+import { BATCHING_SERIES, parsePrometheusText, sampleValue, SPEC_SERIES, SPECULATIVE_SERIES } from "./scheduler/prom_text.ts";
 
 // The documented /metrics series (docs/http.md#ops), speculative-decoding counters included.
-const SERVICE_SERIES = { ...SPEC_SERIES, ...SPECULATIVE_SERIES };
+const SERVICE_SERIES = { ...SPEC_SERIES, ...SPECULATIVE_SERIES, ...BATCHING_SERIES };
 
 describe("metrics", () => {
   test("exposition parses as Prometheus text with exactly the documented service_ series, names and types", async () => {

@@ -46,7 +46,8 @@ const TINY_INFO: ModelInfoSection = {
   kv_cache_mode: "fp16",
 };
 
-const server = serverForTests({ env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN), SERVICE_COMMIT: COMMIT } });
+// One request at a time, so the priority test can queue requests behind a long one.
+const server = serverForTests({ env: { SERVICE_MAX_BATCH: "1", SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN), SERVICE_COMMIT: COMMIT } });
 let tok: Tokenizer;
 
 beforeAll(async () => {

@@ -131,8 +131,8 @@ describe("load", () => {
     expect({ ok, refused }).toEqual({ ok: REQUESTS, refused: 0 });
   });
 
-  test(`${REQUESTS} requests from ${CLIENTS} concurrent clients, SERVICE_MAX_QUEUE_DEPTH=${SMALL_QUEUE}: only sequential-equal 200s and well-formed 503s; counters add up`, async () => {
-    const { ok, refused } = await runLoad({ SERVICE_MAX_QUEUE_DEPTH: String(SMALL_QUEUE) });
+  test(`${REQUESTS} requests from ${CLIENTS} concurrent clients, SERVICE_MAX_BATCH=1, SERVICE_MAX_QUEUE_DEPTH=${SMALL_QUEUE}: only sequential-equal 200s and well-formed 503s; counters add up`, async () => {
+    const { ok, refused } = await runLoad({ SERVICE_MAX_BATCH: "1", SERVICE_MAX_QUEUE_DEPTH: String(SMALL_QUEUE) });
     console.log(`load: ${ok} × 200, ${refused} × 503 (queue cap ${SMALL_QUEUE}, ${CLIENTS} clients)`);
     expect(refused).toBeGreaterThan(0); // 16 clients outnumber 1 running + 8 queued
     expect(ok).toBeGreaterThanOrEqual(CLIENTS); // and a real share was still served

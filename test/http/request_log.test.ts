@@ -67,7 +67,7 @@ describe("text format (the default)", () => {
   const lines = () => textRequestLines(s.output());
 
   beforeAll(async () => {
-    s = await startServer({ modelPath: slowModelPath(), env: { SERVICE_MAX_QUEUE_DEPTH: "1", SERVICE_MAX_SEQ_LEN: "4096" } });
+    s = await startServer({ modelPath: slowModelPath(), env: { SERVICE_MAX_BATCH: "1", SERVICE_MAX_QUEUE_DEPTH: "1", SERVICE_MAX_SEQ_LEN: "4096" } });
   });
   afterAll(async () => {
     await cancelOpenStreams();

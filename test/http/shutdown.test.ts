@@ -22,7 +22,7 @@ describe("graceful shutdown", () => {
   test("SIGTERM during a stream: it finishes with every token and [DONE], queued requests and new ones get 503, /healthz says 503 while draining, exit code 0", async () => {
     // ~1 ms per token on the slow model: the stream outlasts the checks made while draining.
     const TOKENS = 600;
-    const s = await startServer({ modelPath: slowModelPath(), env: { SERVICE_MAX_SEQ_LEN: "2048" } });
+    const s = await startServer({ modelPath: slowModelPath(), env: { SERVICE_MAX_BATCH: "1", SERVICE_MAX_SEQ_LEN: "2048" } });
     try {
       const stream = await startBlocker(s, TOKENS);
       const queuedPlain = s.post("/generate", { prompt: PROMPT, max_tokens: 4 });
