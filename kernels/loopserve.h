@@ -161,6 +161,10 @@ const char *ls_simd_name(int32_t simd);
 #define LS_MAX_NORM_EPS 1.0    /* norm_eps < this */
 
 /* The model's dimensions (the file's metadata). */
+/* Quantization group sizes a model may use: the powers of two from MIN to MAX. */
+#define LS_QUANT_GROUP_MIN 32
+#define LS_QUANT_GROUP_MAX 256
+
 typedef struct {
     int32_t dim;            /* residual width, 1..LS_MAX_DIM, a multiple of n_heads */
     int32_t n_heads;        /* 1..LS_MAX_HEADS; dim / n_heads even */
@@ -172,7 +176,7 @@ typedef struct {
     float rope_theta;       /* (0, LS_MAX_ROPE_THETA) */
     float norm_eps;         /* (0, LS_MAX_NORM_EPS) */
     int32_t quant;          /* LS_QUANT_* */
-    int32_t group_size;     /* 0 for fp16; 32, 64, 128 or 256 (dividing dim and ffn_dim) otherwise */
+    int32_t group_size;     /* 0 for fp16; otherwise a power of two in [LS_QUANT_GROUP_MIN, LS_QUANT_GROUP_MAX] dividing dim and ffn_dim */
     int32_t reserved;       /* 0 */
 } ls_model_config;
 

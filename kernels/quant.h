@@ -45,7 +45,9 @@
 /* Group sizes the kernels handle (loader and quantizer enforce them). */
 #define LS_QUANT_GROUP_MIN 32
 #define LS_QUANT_GROUP_MAX 256
-static inline int ls_quant_group_ok(int32_t g) { return g == 32 || g == 64 || g == 128 || g == 256; }
+static inline int ls_quant_group_ok(int32_t g) {
+    return g >= LS_QUANT_GROUP_MIN && g <= LS_QUANT_GROUP_MAX && (g & (g - 1)) == 0;
+}
 
 /* Activation rows are padded with zero codes to a multiple of this many
  * inputs, so SIMD loads of activations never need a mask. */

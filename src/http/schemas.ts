@@ -5,6 +5,7 @@
 // Optional fields also accept null, meaning "unset" (several optional fields
 // default to null, and many clients send null for "not set").
 import { type Static, type TSchema, Type as T } from "@sinclair/typebox";
+import { LS_MAX_LOOPS, LS_SPEC_MAX_AHEAD, LS_SPEC_MAX_BRANCHES } from "../engine/abi.generated.ts";
 import { MAX_TOP_LOGPROBS } from "../engine/logprobs.ts";
 import { GENERATION_MODES } from "../engine/types.ts";
 
@@ -50,7 +51,7 @@ const NativeStop = T.Union([
 export const GenerateBody = T.Object({
   prompt: Prompt,
   max_tokens: optional(T.Integer({ minimum: 1, maximum: MAX_TOKENS_LIMIT })),
-  loops: optional(T.Integer({ minimum: 1, maximum: 64 })),
+  loops: optional(T.Integer({ minimum: 1, maximum: LS_MAX_LOOPS })),
   temperature: optional(T.Number({ minimum: 0, maximum: 2 })),
   top_k: optional(T.Integer({ minimum: 0, maximum: 1000 })),
   top_p: optional(T.Number({ minimum: 0, maximum: 1 })),
@@ -110,7 +111,7 @@ const CompatSamplingFields = {
   presence_penalty: optional(Penalty),
   frequency_penalty: optional(Penalty),
   /** Extension: loop depth; the model's default_loops when unset. */
-  loops: optional(T.Integer({ minimum: 1, maximum: 64 })),
+  loops: optional(T.Integer({ minimum: 1, maximum: LS_MAX_LOOPS })),
   // Declared only so the handlers see them and refuse them with a 400 naming
   // the field (never silently ignored, docs/http.md); see compat.ts.
   response_format: T.Optional(T.Unknown()),
@@ -184,9 +185,9 @@ export const GenerationModeSchema = T.Union(GENERATION_MODES.map((mode) => T.Lit
 /** Self-speculative decoding knobs, the same on the native and extended families (docs/speculative.md). */
 export const SpeculativeFields = {
   draft_loops: optional(T.Integer({ minimum: 1, maximum: 32 })),
-  verify_loops: optional(T.Integer({ minimum: 1, maximum: 64 })),
-  draft_ahead: optional(T.Integer({ minimum: 1, maximum: 16 })),
-  K_branches: optional(T.Integer({ minimum: 1, maximum: 16 })),
+  verify_loops: optional(T.Integer({ minimum: 1, maximum: LS_MAX_LOOPS })),
+  draft_ahead: optional(T.Integer({ minimum: 1, maximum: LS_SPEC_MAX_AHEAD })),
+  K_branches: optional(T.Integer({ minimum: 1, maximum: LS_SPEC_MAX_BRANCHES })),
 };
 
 const SpeculativeKnobs = T.Object(SpeculativeFields);

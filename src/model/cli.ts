@@ -328,7 +328,7 @@ function cmdQuantize(argv: string[], io: CommandIO): number {
   const head = p.flags.get("--head") ?? "int8";
   if (head !== "int8" && head !== "fp16") throw new UsageError(`--head must be int8 or fp16, got "${String(head)}"`);
   const groupSize = intFlag(p, "--group-size", DEFAULT_GROUP_SIZE);
-  if (!(GROUP_SIZES as readonly number[]).includes(groupSize)) {
+  if (!GROUP_SIZES.includes(groupSize)) {
     throw new UsageError(`--group-size must be 32, 64, 128 or 256, got ${groupSize}`);
   }
   const t0 = performance.now();

@@ -13,6 +13,8 @@ import {
   LS_MAX_ROPE_THETA,
   LS_MAX_SEQ_LEN,
   LS_MAX_VOCAB,
+  LS_QUANT_GROUP_MAX,
+  LS_QUANT_GROUP_MIN,
 } from "../engine/abi.generated.ts";
 import { DTYPE_SIZES, type Dtype, ModelFormatError, readSafetensors, type SafetensorsFile, type TensorView } from "./safetensors.ts";
 
@@ -20,7 +22,11 @@ import { DTYPE_SIZES, type Dtype, ModelFormatError, readSafetensors, type Safete
 
 export type Quant = "fp16" | "int4" | "int2";
 /** Group sizes the kernels handle (kernels/quant.h). */
-export const GROUP_SIZES = [32, 64, 128, 256] as const;
+/** Quantization group sizes: the powers of two from LS_QUANT_GROUP_MIN to LS_QUANT_GROUP_MAX (kernels/loopserve.h). */
+export const GROUP_SIZES: readonly number[] = Array.from(
+  { length: Math.log2(LS_QUANT_GROUP_MAX / LS_QUANT_GROUP_MIN) + 1 },
+  (_, i) => LS_QUANT_GROUP_MIN << i,
+);
 
 export const FORMAT_NAME = "loopserve";
 export const FORMAT_VERSION = 1;
@@ -250,7 +256,7 @@ export function parseModelMetadata(meta: Meta, where: string): Omit<ModelConfig,
   const bad = (msg: string): never => {
     throw ModelFormatError.about(where, `metadata: ${msg}`);
   };
-  if (quant !== "fp16" && !(GROUP_SIZES as readonly number[]).includes(groupSize)) {
+  if (quant !== "fp16" && !GROUP_SIZES.includes(groupSize)) {
     bad(`group_size must be one of ${GROUP_SIZES.join(", ")} for quant ${quant}, got ${groupSize}`);
   }
   if (quant !== "fp16") {

@@ -61,7 +61,7 @@ export type RowDone = (rows: number) => void;
 const noRows: RowDone = () => {};
 
 function checkShape(what: string, w: ArrayLike<number>, rows: number, cols: number, groupSize: number): void {
-  if (!(GROUP_SIZES as readonly number[]).includes(groupSize)) {
+  if (!GROUP_SIZES.includes(groupSize)) {
     throw new ModelFormatError(`${what}: group size must be one of ${GROUP_SIZES.join(", ")}, got ${groupSize}`);
   }
   if (cols % groupSize !== 0) {
