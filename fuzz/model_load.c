@@ -84,7 +84,7 @@ static void run_loaded(ls_model *m, size_t file_size) {
     int32_t tokens[2] = {0, info.vocab_size - 1};
     float *logits = malloc((size_t)info.vocab_size * sizeof *logits);
     if (logits == NULL) finding("out of memory", "logits");
-    ls_step_params step = {.loops = loops, .temperature = 0.8f, .top_p = 0.9f, .repetition_penalty = 1.1f, .seed = 7};
+    ls_step_params step = {.loops = loops, .sampling = {.temperature = 0.8f, .top_p = 0.9f, .repetition_penalty = 1.1f, .seed = 7}};
     int32_t tok = ls_session_step(s, tokens, n, &step, logits);
     // LS_ERR_ARG: every logit NaN, which weights may legitimately produce.
     if (tok != LS_ERR_ARG && (tok < 0 || tok >= info.vocab_size)) {

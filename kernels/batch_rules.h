@@ -12,7 +12,7 @@
  * when the row samples). */
 static inline int ls_step_params_ok(const ls_step_params *p, int32_t sample) {
     return p->reserved == 0 &&
-           (!sample || ls_sampling_args_ok(p->temperature, p->top_k, p->top_p, p->repetition_penalty));
+           (!sample || ls_sampling_ok(&p->sampling));
 }
 
 /* Checks every row before anything runs: distinct sessions of model m, each

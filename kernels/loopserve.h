@@ -380,22 +380,23 @@ int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src, int32_t n
 int32_t ls_session_forward(ls_session *s, const int32_t *tokens, int32_t n,
                            int32_t loops, float *logits_out, int32_t n_logits);
 
-/* One step's settings: the loop depth and the sampling (as ls_sample takes
- * it). Everything else a step depends on is the session's own: its
- * position, window, cache mode and token history.
- *
- * A row's settings must stay expressible in this struct alone: a batched
- * entry point advancing many sessions in one call would take one of these
- * per row ({tokens, n, ls_step_params, logits_out}), each row keeping its
- * own position, depth, window and sampling. */
+/* How a token is drawn: ls_sample's procedure and its inputs besides the
+ * logits and the history. */
 typedef struct {
-    int32_t loops;            /* 1..the session's loops */
-    int32_t top_k;            /* 0 = all */
     float temperature;        /* 0 = greedy */
+    int32_t top_k;            /* 0 = all */
     float top_p;              /* 1 = all */
     float repetition_penalty; /* 1 = none */
-    int32_t reserved;         /* 0 */
     uint64_t seed;
+} ls_sampling;
+
+/* One step's settings: the loop depth and the sampling. Everything else a
+ * step depends on is the session's own: its position, window, cache mode
+ * and token history. A batched step (ls_batch_step) takes one per row. */
+typedef struct {
+    int32_t loops;        /* 1..the session's loops */
+    int32_t reserved;     /* 0 */
+    ls_sampling sampling;
 } ls_step_params;
 
 /* One generation step in one call: ls_session_forward of the n tokens at
@@ -452,10 +453,8 @@ int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_r
  *   The exact procedure is written out at the top of sample.c.
  * Returns the token id, LS_ERR_ARG (bad parameter, no usable logit) or
  * LS_ERR_NOMEM. */
-int32_t ls_sample(const float *logits, int32_t vocab, const int32_t *history,
-                  int32_t n_history, float temperature, int32_t top_k,
-                  float top_p, float repetition_penalty, uint64_t seed,
-                  uint64_t counter);
+int32_t ls_sample(const float *logits, int32_t vocab, const int32_t *history, int32_t n_history,
+                  const ls_sampling *sampling, uint64_t counter);
 
 /* ---- speculative decoding (spec.c, docs/speculative.md) ---- */
 
@@ -466,22 +465,18 @@ int32_t ls_sample(const float *logits, int32_t vocab, const int32_t *history,
 /* ls_spec_params.flags (kernels/testing.h adds a test-only one) */
 #define LS_SPEC_EXACT_DRAFT_HEAD 1 /* draft with the model's own output head instead of the shortlist head */
 
-/* One cycle's settings. All fields are 32-bit so a binding can fill the
- * struct through one Int32Array/Float32Array pair. */
+/* One cycle's settings. */
 typedef struct {
     int32_t draft_loops;        /* D, 1.. the session's loops (may exceed verify_loops) */
     int32_t verify_loops;       /* V, <= the session's loops; greedy output is plain decoding at V */
     int32_t draft_ahead;        /* k, 1..LS_SPEC_MAX_AHEAD */
     int32_t k_branches;         /* 1 = chain; K > 1 = tree (greedy only), K * k <= LS_SPEC_MAX_NODES */
     int32_t max_new;            /* >= 1: most tokens the cycle may return (drafting stops at max_new - 1) */
-    int32_t top_k;              /* sampling as in ls_sample */
-    float temperature;
-    float top_p;
-    float repetition_penalty;
     int32_t flags;              /* LS_SPEC_* */
-    uint32_t seed_lo, seed_hi;  /* the sample seed, low and high 32 bits */
     float leaf_min_prob;        /* tree: a candidate becomes a leaf only when the draft gives it at
                                  * least this probability (0 = every top-K candidate), 0..1 */
+    int32_t reserved;           /* 0 */
+    ls_sampling sampling;       /* as ls_sample takes it */
 } ls_spec_params;
 
 /* One self-speculative cycle. The session holds positions [0, p) committed

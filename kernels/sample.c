@@ -228,8 +228,9 @@ static int keep(const float *v, size_t V, float vmax, float temperature, size_t 
 }
 
 int32_t ls_sample_weights(const float *logits, int32_t vocab, const int32_t *history, int32_t n_history,
-                          float temperature, int32_t top_k, float top_p, float penalty, float *v, int32_t *ids,
-                          uint64_t *w, uint64_t *z) {
+                          const ls_sampling *sp, float *v, int32_t *ids, uint64_t *w, uint64_t *z) {
+    const float temperature = sp->temperature, top_p = sp->top_p, penalty = sp->repetition_penalty;
+    const int32_t top_k = sp->top_k;
     int32_t best = penalised_best(v, logits, vocab, history, n_history, penalty);
     if (best < 0) return best;
     const size_t V = (size_t)vocab, k = (top_k == 0 || top_k >= vocab) ? V : (size_t)top_k;
@@ -248,11 +249,13 @@ int32_t ls_sample_weights(const float *logits, int32_t vocab, const int32_t *his
 // ---- ls_sample ----
 
 int32_t ls_sample(const float *logits, int32_t vocab, const int32_t *history, int32_t n_history,
-                  float temperature, int32_t top_k, float top_p, float repetition_penalty,
-                  uint64_t seed, uint64_t counter) {
-    if (logits == NULL || vocab <= 0) return LS_ERR_ARG;
+                  const ls_sampling *sp, uint64_t counter) {
+    if (logits == NULL || vocab <= 0 || sp == NULL) return LS_ERR_ARG;
+    const float temperature = sp->temperature, top_p = sp->top_p, repetition_penalty = sp->repetition_penalty;
+    const int32_t top_k = sp->top_k;
+    const uint64_t seed = sp->seed;
     if (n_history < 0 || (n_history > 0 && history == NULL)) return LS_ERR_ARG;
-    if (!ls_sampling_args_ok(temperature, top_k, top_p, repetition_penalty)) return LS_ERR_ARG;
+    if (!ls_sampling_ok(sp)) return LS_ERR_ARG;
 
     const size_t V = (size_t)vocab;
     const int penalize = repetition_penalty != 1.0f && n_history > 0;

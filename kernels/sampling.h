@@ -11,6 +11,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "loopserve.h"
+
 /* splitmix64's finaliser. */
 static inline uint64_t ls_mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -58,8 +60,7 @@ void ls_penalise(float *v, const float *logits, int32_t vocab, const int32_t *hi
  * v and ids are scratch of vocab entries. LS_ERR_ARG when no logit is
  * usable (the arguments are ls_sample's and already valid). */
 int32_t ls_sample_weights(const float *logits, int32_t vocab, const int32_t *history, int32_t n_history,
-                          float temperature, int32_t top_k, float top_p, float penalty, float *v, int32_t *ids,
-                          uint64_t *w, uint64_t *z);
+                          const ls_sampling *sp, float *v, int32_t *ids, uint64_t *w, uint64_t *z);
 
 /* The draw over ids 0..vocab-1 with weights w (0 for ids not kept) summing
  * to z > 0: the first id whose running weight exceeds min(floor(u * z),

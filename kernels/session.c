@@ -167,8 +167,7 @@ int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src, int32_t n
 
 int32_t ls_step_sample(ls_session *s, const float *logits, const ls_step_params *p) {
     double t0 = ls_prof_now(s->m->rt);
-    int32_t rc = ls_sample(logits, s->m->info.vocab_size, s->tokens, s->pos, p->temperature, p->top_k, p->top_p,
-                           p->repetition_penalty, p->seed, (uint64_t)s->pos);
+    int32_t rc = ls_sample(logits, s->m->info.vocab_size, s->tokens, s->pos, &p->sampling, (uint64_t)s->pos);
     ls_prof_add(s->m->rt, LS_PROF_SAMPLE, &t0);
     return rc;
 }

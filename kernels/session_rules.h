@@ -53,9 +53,9 @@ static inline int32_t ls_check_model_shape(const ls_model_info *mi, char *err, i
 /* ls_sample's parameter ranges: temperature finite and >= 0, top_k >= 0,
  * top_p in [0, 1], penalty finite and > 0. Every entry point that samples
  * checks with this (a step before its forward pass touches the session). */
-static inline int ls_sampling_args_ok(float temperature, int32_t top_k, float top_p, float penalty) {
-    return temperature >= 0.0f && !isinf(temperature) && top_k >= 0 && top_p >= 0.0f && top_p <= 1.0f &&
-           penalty > 0.0f && !isinf(penalty);
+static inline int ls_sampling_ok(const ls_sampling *sp) {
+    return sp->temperature >= 0.0f && !isinf(sp->temperature) && sp->top_k >= 0 && sp->top_p >= 0.0f &&
+           sp->top_p <= 1.0f && sp->repetition_penalty > 0.0f && !isinf(sp->repetition_penalty);
 }
 
 /* ls_session_new's checks of its arguments; on failure writes why into err

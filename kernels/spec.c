@@ -87,9 +87,8 @@ _Static_assert(LS_SPEC_MAX_AHEAD == MAX_AHEAD && LS_SPEC_MAX_NODES == MAX_NODES 
 typedef struct {
     int32_t D, V, k, K, exact_draft, accept_all;
     int32_t M, L;   /* min(D, V): loops every row runs first; max(D, V): loops the cycle's rows fill */
-    float temperature, top_p, penalty, leaf_min_prob;
-    int32_t top_k;
-    uint64_t seed;
+    float leaf_min_prob;
+    ls_sampling sp;
 } cycle;
 
 // ---- scratch (the session's LS_SESSION_EXT_SPEC slot) ----
@@ -187,8 +186,7 @@ static int32_t top_ids(const float *v, int32_t vocab, int32_t n, int32_t *best) 
  * (ls_sample_weights), in w, its total in *z. */
 static int32_t dist_weights(scratch *x, const float *logits, const int32_t *hist, int32_t n_hist, const cycle *c,
                             uint64_t *w, uint64_t *z) {
-    return ls_sample_weights(logits, x->vocab, hist, n_hist, c->temperature, c->top_k, c->top_p, c->penalty, x->v,
-                             x->ids, w, z);
+    return ls_sample_weights(logits, x->vocab, hist, n_hist, &c->sp, x->v, x->ids, w, z);
 }
 
 /* A draw from normalize(max(0, p - q)); from p if that is empty (p <= q
@@ -264,10 +262,10 @@ static int32_t abandon(ls_session *s, int32_t L, int32_t p, int32_t rc) {
 static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t *out, int32_t *stats, float *logits_out) {
     scratch *x = scratch_of(s);
     int32_t p = s->pos, dim = x->dim, V = x->vocab, k = c->k;
-    int32_t sampled = c->temperature > 0.0f;
-    uint64_t seed_draft = stream_seed(c->seed, STREAM_DRAFT);
-    uint64_t seed_accept = stream_seed(c->seed, STREAM_ACCEPT);
-    uint64_t seed_resid = stream_seed(c->seed, STREAM_RESID);
+    int32_t sampled = c->sp.temperature > 0.0f;
+    uint64_t seed_draft = stream_seed(c->sp.seed, STREAM_DRAFT);
+    uint64_t seed_accept = stream_seed(c->sp.seed, STREAM_ACCEPT);
+    uint64_t seed_resid = stream_seed(c->sp.seed, STREAM_RESID);
     int32_t *tok = x->tok;
     tok[0] = pending;
 
@@ -288,9 +286,9 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
         int32_t cand[DRAFT_EXACT];
         int32_t n_cand = draft_logits(s, hd, dl, c->exact_draft, cand);
         if (!sampled && n_cand > 0) {
-            tok[i + 1] = best_candidate(dl, cand, n_cand, s->tokens, p + i + 1, c->penalty);
+            tok[i + 1] = best_candidate(dl, cand, n_cand, s->tokens, p + i + 1, c->sp.repetition_penalty);
         } else if (!sampled) {
-            ls_penalise(x->v, dl, V, s->tokens, p + i + 1, c->penalty);
+            ls_penalise(x->v, dl, V, s->tokens, p + i + 1, c->sp.repetition_penalty);
             top_ids(x->v, V, 1, &tok[i + 1]);
         } else {
             uint64_t zq;
@@ -317,8 +315,7 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
             int32_t n_hist = p + r + 1;
             if (!sampled || r == k) {
                 /* greedy, or the bonus token: plain decoding's own draw */
-                int32_t t = ls_sample(L, V, s->tokens, n_hist, c->temperature, c->top_k, c->top_p, c->penalty,
-                                      c->seed, counter);
+                int32_t t = ls_sample(L, V, s->tokens, n_hist, &c->sp, counter);
                 if (t < 0) return abandon(s, c->L, p, t);
                 if (!sampled && r < k && t == tok[r + 1]) {
                     j++;
@@ -358,8 +355,9 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
 /* Verifier's token after tree row u, its logits in L; the history holds the
  * row's path (the caller wrote it). */
 static int32_t verifier_token(ls_session *s, const cycle *c, const float *L, int32_t n_hist) {
-    return ls_sample(L, s->m->info.vocab_size, s->tokens, n_hist, 0.0f, c->top_k, c->top_p, c->penalty, c->seed,
-                     (uint64_t)n_hist);
+    ls_sampling greedy = c->sp;
+    greedy.temperature = 0.0f;
+    return ls_sample(L, s->m->info.vocab_size, s->tokens, n_hist, &greedy, (uint64_t)n_hist);
 }
 
 /* Draft probabilities (softmax at temperature 1 of the penalised draft
@@ -419,7 +417,7 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
         float *dl = x->dlogits;
         int32_t cand[DRAFT_EXACT];
         draft_logits(s, c->D > c->V ? x->hb : x->h + (size_t)i * dim, dl, c->exact_draft, cand);
-        ls_penalise(x->v, dl, V, s->tokens, p + i + 1, c->penalty);
+        ls_penalise(x->v, dl, V, s->tokens, p + i + 1, c->sp.repetition_penalty);
         int32_t got = top_ids(x->v, V, K, best);
         if (c->leaf_min_prob > 0.0f) draft_probs(x->v, V, best, got, c->leaf_min_prob, prob);
         tok[i + 1] = best[0];
@@ -545,12 +543,8 @@ int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_param
         .K = prm->k_branches,
         .exact_draft = (prm->flags & LS_SPEC_EXACT_DRAFT_HEAD) != 0,
         .accept_all = (prm->flags & LS_SPEC_TEST_ACCEPT_ALL) != 0,
-        .temperature = prm->temperature,
-        .top_p = prm->top_p,
-        .penalty = prm->repetition_penalty,
-        .top_k = prm->top_k,
         .leaf_min_prob = prm->leaf_min_prob,
-        .seed = (uint64_t)prm->seed_lo | (uint64_t)prm->seed_hi << 32,
+        .sp = prm->sampling,
     };
     if (c.D < 1 || c.V < 1 || c.D > s->loops || c.V > s->loops) return LS_ERR_ARG;
     c.M = c.D < c.V ? c.D : c.V;
@@ -559,8 +553,8 @@ int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_param
         c.K * prm->draft_ahead > MAX_NODES || prm->max_new < 1)
         return LS_ERR_ARG;
     if (pending < 0 || pending >= mi->vocab_size) return LS_ERR_ARG;
-    if (!ls_sampling_args_ok(c.temperature, c.top_k, c.top_p, c.penalty)) return LS_ERR_ARG;
-    if (c.K > 1 && c.temperature != 0.0f) return LS_ERR_ARG; /* tree speculation is greedy only */
+    if (prm->reserved != 0 || !ls_sampling_ok(&c.sp)) return LS_ERR_ARG;
+    if (c.K > 1 && c.sp.temperature != 0.0f) return LS_ERR_ARG; /* tree speculation is greedy only */
     /* ...and needs the plain fp16 cache: an accepted leaf's rows are moved
      * into place as fp16 rows, so the compressed modes are refused) */
     if (c.K > 1 && s->kv_mode != LS_KV_FP16) return LS_ERR_ARG;

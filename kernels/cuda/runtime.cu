@@ -386,15 +386,15 @@ extern "C" int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t
     if (!s || !p || p->reserved != 0) return LS_ERR_ARG;
     /* Check the sampling arguments before the forward pass mutates the
      * session, as session.c does. */
-    if (!ls_sampling_args_ok(p->temperature, p->top_k, p->top_p, p->repetition_penalty)) return LS_ERR_ARG;
+    if (!ls_sampling_ok(&p->sampling)) return LS_ERR_ARG;
     int32_t rc = check_forward(s, tokens, n, p->loops);
     if (rc != LS_OK) return rc;
     rc = forward(s, tokens, n, p->loops, logits_out, 1);
     if (rc != LS_OK) return rc;
     int32_t vocab = s->m->info.vocab_size;
-    if (p->temperature == 0.0f) {
+    if (p->sampling.temperature == 0.0f) {
         int32_t id = LS_ERR_ARG;
-        TRY("argmax", lsc_argmax(s->result, s->penalized, s->logits, vocab, s->d_tokens, s->pos, p->repetition_penalty));
+        TRY("argmax", lsc_argmax(s->result, s->penalized, s->logits, vocab, s->d_tokens, s->pos, p->sampling.repetition_penalty));
         TRY("copying the sampled id", cudaMemcpy(&id, s->result, sizeof id, cudaMemcpyDeviceToHost));
         return id;
     }
@@ -403,6 +403,5 @@ extern "C" int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t
         logits = s->logits_host;
         TRY("copying the logits", cudaMemcpy(logits, s->logits, (size_t)vocab * sizeof(float), cudaMemcpyDeviceToHost));
     }
-    return ls_sample(logits, vocab, s->tokens, s->pos, p->temperature, p->top_k, p->top_p, p->repetition_penalty,
-                     p->seed, (uint64_t)s->pos);
+    return ls_sample(logits, vocab, s->tokens, s->pos, &p->sampling, (uint64_t)s->pos);
 }

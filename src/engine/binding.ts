@@ -27,7 +27,7 @@ import { type FieldName, StructView } from "./abi_struct.ts";
 import { describeModelFile } from "./model_descriptor.ts";
 import type { ModelFileInfo, ModelInfo, SimdChoice } from "./types.ts";
 
-const { i32, i64_fast, f32, u64, ptr, void: none, cstring } = FFIType;
+const { i32, i64_fast, u64, ptr, void: none, cstring } = FFIType;
 
 // Every entry point of kernels/loopserve.h: a library defines them all and
 // says which optional ones work through ls_features.
@@ -51,7 +51,7 @@ const symbols = {
   ls_session_step: { args: [ptr, ptr, i32, ptr, ptr], returns: i32 },
   ls_batch_step: { args: [ptr, ptr, ptr, i32, ptr, ptr, ptr], returns: i32 },
   ls_session_cache_bytes: { args: [ptr, ptr], returns: i64_fast },
-  ls_sample: { args: [ptr, i32, ptr, i32, f32, i32, f32, f32, u64, u64], returns: i32 },
+  ls_sample: { args: [ptr, i32, ptr, i32, ptr, u64], returns: i32 },
   ls_spec_cycle_logits: { args: [ptr, i32, ptr, ptr, ptr, ptr], returns: i32 },
 } as const;
 
@@ -281,7 +281,14 @@ export class NativeModel {
   ): number {
     return check(
       this.lib,
-      this.lib.ls_sample(logits, logits.length, history, history.length, temperature, topK, topP, repetitionPenalty, seed, counter),
+      this.lib.ls_sample(
+        logits,
+        logits.length,
+        history,
+        history.length,
+        fillSampling(new StructView("ls_sampling"), { temperature, topK, topP, repetitionPenalty, seed }).bytes,
+        counter,
+      ),
       "ls_sample",
     );
   }
@@ -397,9 +404,12 @@ function sessionParams(maxSeq: number, loops: number, cacheWindow: number, kv: K
 /** ls_step_params: the depth and, for a sampling step, how to draw. */
 function fillStepParams(p: StructView<"ls_step_params">, loops: number, sampling: StepSampling | null): void {
   p.set("loops", loops);
-  if (!sampling) return;
-  const { temperature, topK, topP, repetitionPenalty, seed } = sampling;
-  p.fill({ temperature, top_k: topK, top_p: topP, repetition_penalty: repetitionPenalty, seed: BigInt(seed) });
+  if (sampling) fillSampling(p.member("sampling", "ls_sampling"), sampling);
+}
+
+/** ls_sampling from its TypeScript shape. */
+function fillSampling(s: StructView<"ls_sampling">, { temperature, topK, topP, repetitionPenalty, seed }: StepSampling): StructView<"ls_sampling"> {
+  return s.fill({ temperature, top_k: topK, top_p: topP, repetition_penalty: repetitionPenalty, seed: BigInt(seed) });
 }
 
 /** How a step draws its token (ls_sample's parameters). */
@@ -453,9 +463,8 @@ export interface SpecCycleStats {
 }
 
 function specParams(p: SpecCycleParams): Uint8Array {
-  const seed = BigInt(p.seed);
   const shape = { draft_loops: p.draftLoops, verify_loops: p.verifyLoops, draft_ahead: p.draftAhead, k_branches: p.kBranches, max_new: p.maxNew };
-  const sampling = { top_k: p.topK, temperature: p.temperature, top_p: p.topP, repetition_penalty: p.repetitionPenalty };
-  const seedHalves = { seed_lo: seed & 0xffffffffn, seed_hi: (seed >> 32n) & 0xffffffffn };
-  return new StructView("ls_spec_params").fill({ ...shape, ...sampling, ...seedHalves, flags: p.flags ?? 0, leaf_min_prob: p.leafMinProb ?? 0 }).bytes;
+  const params = new StructView("ls_spec_params").fill({ ...shape, flags: p.flags ?? 0, leaf_min_prob: p.leafMinProb ?? 0 });
+  fillSampling(params.member("sampling", "ls_sampling"), p);
+  return params.bytes;
 }

@@ -51,6 +51,13 @@ static int usage(void) {
     return 1;
 }
 
+/* ls_sample with its sampling fields spelled out, as the checks below list them. */
+static int32_t sample_with(const float *logits, int32_t vocab, const int32_t *history, int32_t n_history, float temperature,
+                           int32_t top_k, float top_p, float penalty, uint64_t seed, uint64_t counter) {
+    ls_sampling sp = {.temperature = temperature, .top_k = top_k, .top_p = top_p, .repetition_penalty = penalty, .seed = seed};
+    return ls_sample(logits, vocab, history, n_history, &sp, counter);
+}
+
 // ---- argument parsing ----
 
 static int parse_i64(const char *s, long long lo, long long hi, long long *out) {
@@ -289,13 +296,8 @@ static ls_session *batch_session(const fwd_args *a, int32_t k, ls_step_params *p
                        pow2 ? LS_KV_FP16 | LS_KV_HADAMARD : LS_KV_FP16};
     *prompt_len = 1 + (k * 29) % a->n;
     *chunk = chunks[k];
-    *p = (ls_step_params){.loops = 1 + k % a->loops, .top_p = 1.0f, .repetition_penalty = k == 4 ? 1.3f : 1.0f};
-    if (k % 3 == 1) {
-        p->temperature = 0.8f;
-        p->top_k = 20;
-        p->top_p = 0.9f;
-        p->seed = 77u + (uint64_t)k;
-    }
+    *p = (ls_step_params){.loops = 1 + k % a->loops, .sampling = {.top_p = 1.0f, .repetition_penalty = k == 4 ? 1.3f : 1.0f}};
+    if (k % 3 == 1) p->sampling = (ls_sampling){.temperature = 0.8f, .top_k = 20, .top_p = 0.9f, .repetition_penalty = 1.0f, .seed = 77u + (uint64_t)k};
     char err[256];
     ls_session_params sp = {.max_seq = *prompt_len + BATCH_NEW, .loops = a->loops, .cache_window = windows[k], .kv_mode = modes[k]};
     ls_session *s = ls_session_new(a->m, &sp, err, sizeof err);
@@ -560,7 +562,7 @@ static int cmd_sample(int argc, char **argv) {
         free(logits);
         return usage();
     }
-    int32_t id = ls_sample(logits, vocab, hist, n_hist, temp, (int32_t)top_k, top_p, pen,
+    int32_t id = sample_with(logits, vocab, hist, n_hist, temp, (int32_t)top_k, top_p, pen,
                            (uint64_t)seed, (uint64_t)counter);
     free(logits);
     free(hist);
@@ -683,31 +685,32 @@ static int cmd_sample_check(void) {
     const float two[2] = {1.0f, 2.0f};
     const int32_t h1[1] = {0};
     // Arguments out of range.
-    CHECK(ls_sample(NULL, 2, NULL, 0, 1, 0, 1, 1, 0, 0) == LS_ERR_ARG, "NULL logits");
-    CHECK(ls_sample(two, 0, NULL, 0, 1, 0, 1, 1, 0, 0) == LS_ERR_ARG, "vocab 0");
-    CHECK(ls_sample(two, -1, NULL, 0, 1, 0, 1, 1, 0, 0) == LS_ERR_ARG, "vocab -1");
-    CHECK(ls_sample(two, 2, NULL, 1, 1, 0, 1, 1, 0, 0) == LS_ERR_ARG, "history NULL");
-    CHECK(ls_sample(two, 2, h1, -1, 1, 0, 1, 1, 0, 0) == LS_ERR_ARG, "n_history -1");
-    CHECK(ls_sample(two, 2, NULL, 0, NAN, 0, 1, 1, 0, 0) == LS_ERR_ARG, "temperature NaN");
-    CHECK(ls_sample(two, 2, NULL, 0, -0.5f, 0, 1, 1, 0, 0) == LS_ERR_ARG, "temperature < 0");
-    CHECK(ls_sample(two, 2, NULL, 0, INFINITY, 0, 1, 1, 0, 0) == LS_ERR_ARG, "temperature inf");
-    CHECK(ls_sample(two, 2, NULL, 0, 1, -1, 1, 1, 0, 0) == LS_ERR_ARG, "top_k < 0");
-    CHECK(ls_sample(two, 2, NULL, 0, 1, 0, NAN, 1, 0, 0) == LS_ERR_ARG, "top_p NaN");
-    CHECK(ls_sample(two, 2, NULL, 0, 1, 0, 1.5f, 1, 0, 0) == LS_ERR_ARG, "top_p > 1");
-    CHECK(ls_sample(two, 2, NULL, 0, 1, 0, -0.1f, 1, 0, 0) == LS_ERR_ARG, "top_p < 0");
-    CHECK(ls_sample(two, 2, NULL, 0, 1, 0, 1, 0, 0, 0) == LS_ERR_ARG, "penalty 0");
-    CHECK(ls_sample(two, 2, NULL, 0, 1, 0, 1, -1, 0, 0) == LS_ERR_ARG, "penalty < 0");
-    CHECK(ls_sample(two, 2, NULL, 0, 1, 0, 1, NAN, 0, 0) == LS_ERR_ARG, "penalty NaN");
-    CHECK(ls_sample(two, 2, NULL, 0, 0, 0, 1, INFINITY, 0, 0) == LS_ERR_ARG, "penalty inf");
+    CHECK(sample_with(NULL, 2, NULL, 0, 1, 0, 1, 1, 0, 0) == LS_ERR_ARG, "NULL logits");
+    CHECK(ls_sample(two, 2, NULL, 0, NULL, 0) == LS_ERR_ARG, "NULL sampling");
+    CHECK(sample_with(two, 0, NULL, 0, 1, 0, 1, 1, 0, 0) == LS_ERR_ARG, "vocab 0");
+    CHECK(sample_with(two, -1, NULL, 0, 1, 0, 1, 1, 0, 0) == LS_ERR_ARG, "vocab -1");
+    CHECK(sample_with(two, 2, NULL, 1, 1, 0, 1, 1, 0, 0) == LS_ERR_ARG, "history NULL");
+    CHECK(sample_with(two, 2, h1, -1, 1, 0, 1, 1, 0, 0) == LS_ERR_ARG, "n_history -1");
+    CHECK(sample_with(two, 2, NULL, 0, NAN, 0, 1, 1, 0, 0) == LS_ERR_ARG, "temperature NaN");
+    CHECK(sample_with(two, 2, NULL, 0, -0.5f, 0, 1, 1, 0, 0) == LS_ERR_ARG, "temperature < 0");
+    CHECK(sample_with(two, 2, NULL, 0, INFINITY, 0, 1, 1, 0, 0) == LS_ERR_ARG, "temperature inf");
+    CHECK(sample_with(two, 2, NULL, 0, 1, -1, 1, 1, 0, 0) == LS_ERR_ARG, "top_k < 0");
+    CHECK(sample_with(two, 2, NULL, 0, 1, 0, NAN, 1, 0, 0) == LS_ERR_ARG, "top_p NaN");
+    CHECK(sample_with(two, 2, NULL, 0, 1, 0, 1.5f, 1, 0, 0) == LS_ERR_ARG, "top_p > 1");
+    CHECK(sample_with(two, 2, NULL, 0, 1, 0, -0.1f, 1, 0, 0) == LS_ERR_ARG, "top_p < 0");
+    CHECK(sample_with(two, 2, NULL, 0, 1, 0, 1, 0, 0, 0) == LS_ERR_ARG, "penalty 0");
+    CHECK(sample_with(two, 2, NULL, 0, 1, 0, 1, -1, 0, 0) == LS_ERR_ARG, "penalty < 0");
+    CHECK(sample_with(two, 2, NULL, 0, 1, 0, 1, NAN, 0, 0) == LS_ERR_ARG, "penalty NaN");
+    CHECK(sample_with(two, 2, NULL, 0, 0, 0, 1, INFINITY, 0, 0) == LS_ERR_ARG, "penalty inf");
 
     // Greedy: lowest id on ties, NaN never wins, all-NaN is an error.
     const float ties[5] = {1, 3, 2, 3, 3};
-    CHECK(ls_sample(ties, 5, NULL, 0, 0, 0, 1, 1, 0, 0) == 1, "greedy tie -> lowest id");
-    CHECK(ls_sample(ties, 5, NULL, 0, 0, 2, 0.1f, 1, 0, 0) == 1, "greedy ignores top_k/top_p");
+    CHECK(sample_with(ties, 5, NULL, 0, 0, 0, 1, 1, 0, 0) == 1, "greedy tie -> lowest id");
+    CHECK(sample_with(ties, 5, NULL, 0, 0, 2, 0.1f, 1, 0, 0) == 1, "greedy ignores top_k/top_p");
     const float nans[4] = {NAN, 0.5f, NAN, 0.25f};
-    CHECK(ls_sample(nans, 4, NULL, 0, 0, 0, 1, 1, 0, 0) == 1, "NaN skipped by argmax");
+    CHECK(sample_with(nans, 4, NULL, 0, 0, 0, 1, 1, 0, 0) == 1, "NaN skipped by argmax");
     for (uint64_t c = 0; c < 50; c++) {
-        int32_t id = ls_sample(nans, 4, NULL, 0, 1, 0, 1, 1, 3, c);
+        int32_t id = sample_with(nans, 4, NULL, 0, 1, 0, 1, 1, 3, c);
         CHECK(id == 1 || id == 3, "NaN drawn: %d", id);
     }
     // Vocabularies past one block of the argmax's interleaved maxima: ties
@@ -725,30 +728,30 @@ static int cmd_sample_check(void) {
             }
             for (int32_t i = 0; i < n; i++)
                 if (v[i] == v[i] && v[i] != -INFINITY && (want < 0 || v[i] > v[want])) want = i;
-            int32_t got = ls_sample(v, n, NULL, 0, 0, 0, 1, 1, 0, 0);
+            int32_t got = sample_with(v, n, NULL, 0, 0, 0, 1, 1, 0, 0);
             CHECK(got == (want < 0 ? LS_ERR_ARG : want), "greedy over %d: %d, expected %d", n, got, want);
         }
     }
     const float allnan[3] = {NAN, NAN, NAN};
-    CHECK(ls_sample(allnan, 3, NULL, 0, 0, 0, 1, 1, 0, 0) == LS_ERR_ARG, "all NaN greedy");
-    CHECK(ls_sample(allnan, 3, NULL, 0, 1, 0, 1, 1, 0, 0) == LS_ERR_ARG, "all NaN sampled");
+    CHECK(sample_with(allnan, 3, NULL, 0, 0, 0, 1, 1, 0, 0) == LS_ERR_ARG, "all NaN greedy");
+    CHECK(sample_with(allnan, 3, NULL, 0, 1, 0, 1, 1, 0, 0) == LS_ERR_ARG, "all NaN sampled");
     const float infs[4] = {1, INFINITY, -INFINITY, INFINITY};
-    CHECK(ls_sample(infs, 4, NULL, 0, 0.7f, 0, 1, 1, 9, 9) == 1, "+inf wins, lowest id");
+    CHECK(sample_with(infs, 4, NULL, 0, 0.7f, 0, 1, 1, 9, 9) == 1, "+inf wins, lowest id");
     const float one[1] = {-3};
-    CHECK(ls_sample(one, 1, NULL, 0, 1, 0, 0.5f, 1.3f, 1, 2) == 0, "vocab 1");
+    CHECK(sample_with(one, 1, NULL, 0, 1, 0, 0.5f, 1.3f, 1, 2) == 0, "vocab 1");
 
     // Repetition penalty: once per distinct id, divides positives, multiplies
     // negatives, ignores ids outside the vocabulary.
     const float pl[2] = {2.0f, 0.9f};
     const int32_t rep[3] = {0, 0, 0};
-    CHECK(ls_sample(pl, 2, rep, 3, 0, 0, 1, 2.0f, 0, 0) == 0, "penalty applied more than once");
+    CHECK(sample_with(pl, 2, rep, 3, 0, 0, 1, 2.0f, 0, 0) == 0, "penalty applied more than once");
     const float neg[2] = {-1.0f, -1.5f};
-    CHECK(ls_sample(neg, 2, h1, 1, 0, 0, 1, 2.0f, 0, 0) == 1, "negative logit multiplied");
+    CHECK(sample_with(neg, 2, h1, 1, 0, 0, 1, 2.0f, 0, 0) == 1, "negative logit multiplied");
     const int32_t wild[5] = {-1, 2, INT32_MAX, INT32_MIN, 1000000};
-    CHECK(ls_sample(pl, 2, wild, 5, 0, 0, 1, 100.0f, 0, 0) == 0, "out-of-range history ids");
+    CHECK(sample_with(pl, 2, wild, 5, 0, 0, 1, 100.0f, 0, 0) == 0, "out-of-range history ids");
     const float pl2[2] = {2.0f, 1.5f};
-    CHECK(ls_sample(pl2, 2, h1, 1, 0, 0, 1, 2.0f, 0, 0) == 1, "penalty changes argmax");
-    CHECK(ls_sample(pl2, 2, h1, 1, 0, 0, 1, 0.5f, 0, 0) == 0, "penalty < 1 boosts");
+    CHECK(sample_with(pl2, 2, h1, 1, 0, 0, 1, 2.0f, 0, 0) == 1, "penalty changes argmax");
+    CHECK(sample_with(pl2, 2, h1, 1, 0, 0, 1, 0.5f, 0, 0) == 0, "penalty < 1 boosts");
 
     // Determinism and distribution on a small vocabulary.
     const float p4[4] = {logf(0.1f), logf(0.2f), logf(0.3f), logf(0.4f)};
@@ -774,7 +777,7 @@ static int cmd_sample_check(void) {
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         long counts[4] = {0};
         for (uint64_t i = 0; i < N; i++) {
-            int32_t id = ls_sample(p4, 4, NULL, 0, cases[c].temp, cases[c].k, cases[c].p, 1, 42, i);
+            int32_t id = sample_with(p4, 4, NULL, 0, cases[c].temp, cases[c].k, cases[c].p, 1, 42, i);
             if (id < 0 || id >= 4) {
                 CHECK(0, "case %zu: bad id %d", c, id);
                 break;
@@ -788,8 +791,8 @@ static int cmd_sample_check(void) {
         }
     }
     for (uint64_t c = 0; c < 100; c++) {
-        int32_t a = ls_sample(p4, 4, NULL, 0, 1, 0, 1, 1, 7, c);
-        CHECK(a == ls_sample(p4, 4, NULL, 0, 1, 0, 1, 1, 7, c), "same (seed, counter), other id");
+        int32_t a = sample_with(p4, 4, NULL, 0, 1, 0, 1, 1, 7, c);
+        CHECK(a == sample_with(p4, 4, NULL, 0, 1, 0, 1, 1, 7, c), "same (seed, counter), other id");
     }
 
     // Large vocabulary against the naive reference: every path (heap top-k,
@@ -825,7 +828,7 @@ static int cmd_sample_check(void) {
                 for (size_t b = 0; b < sizeof ps / sizeof *ps; b++)
                     for (size_t c = 0; c < sizeof temps / sizeof *temps; c++) {
                         uint64_t seed = (uint64_t)trial * 1000 + a, ctr = b * 10 + c;
-                        int32_t got = ls_sample(lg, V, hist, nh, temps[c], ks[a], ps[b], pen, seed, ctr);
+                        int32_t got = sample_with(lg, V, hist, nh, temps[c], ks[a], ps[b], pen, seed, ctr);
                         int32_t want = naive_sample(&r, temps[c], ks[a], ps[b], seed, ctr);
                         CHECK(got == want, "trial %d pen %g k %d p %g t %g: got %d want %d", trial,
                               pen, ks[a], ps[b], temps[c], got, want);

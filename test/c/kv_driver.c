@@ -91,7 +91,7 @@ static int check_mode(int32_t mode, int32_t window) {
     ls_session *q = ok ? session(20 + GEN + 65, window, mode) : NULL;
     ok = ok && p && q;
     if (ok) {
-        const ls_step_params greedy = {.loops = LOOPS, .top_p = 1, .repetition_penalty = 1};
+        const ls_step_params greedy = {.loops = LOOPS, .sampling = {.top_p = 1, .repetition_penalty = 1}};
         int32_t t = ls_session_step(p, tokens, 20, &greedy, NULL);
         for (int32_t i = 0; t >= 0 && i < GEN; i++) {
             plain[i] = t;
@@ -101,8 +101,7 @@ static int check_mode(int32_t mode, int32_t window) {
         spec[got++] = ls_session_step(q, tokens, 20, &greedy, NULL);
         while (ok && got < GEN) {
             ls_spec_params prm = {.draft_loops = 1, .verify_loops = LOOPS, .draft_ahead = 5, .k_branches = 1,
-                                  .max_new = GEN - got, .top_k = 0, .temperature = 0, .top_p = 1,
-                                  .repetition_penalty = 1};
+                                  .max_new = GEN - got, .sampling = {.top_p = 1, .repetition_penalty = 1}};
             int32_t n = ls_spec_cycle(q, spec[got - 1], &prm, spec + got, NULL);
             if (n < 1) {
                 printf("error: ls_spec_cycle returned %d\n", n);

@@ -13,7 +13,7 @@ static ls_session *session(ls_model *m, int32_t max_seq, int32_t loops, int32_t 
     return ls_session_new(m, &sp, err, 256);
 }
 static ls_step_params step_params(int V, float temp, float pen, uint64_t seed) {
-    return (ls_step_params){.loops = V, .temperature = temp, .top_p = 1.0f, .repetition_penalty = pen, .seed = seed};
+    return (ls_step_params){.loops = V, .sampling = {.temperature = temp, .top_p = 1.0f, .repetition_penalty = pen, .seed = seed}};
 }
 static int plain(ls_model *m, const int32_t *prompt, int np, int V, int W, int n, float temp, float pen, uint64_t seed, int32_t *out) {
     ls_session *s = session(m, np + n + 1, V, W);
@@ -46,7 +46,9 @@ int main(int argc, char **argv) {
         ls_step_params sp = step_params(V, temp, pen, 3);
         int32_t t = ls_session_step(s, prompt, np, &sp, NULL);
         int have = 1; got[0] = t;
-        ls_spec_params p = {D, V, k, K, 0, 0, temp, 1.0f, pen, 0, 3, 0, si % 3 == 2 ? 0.05f : 0.0f};
+        ls_spec_params p = {.draft_loops = D, .verify_loops = V, .draft_ahead = k, .k_branches = K,
+                            .leaf_min_prob = si % 3 == 2 ? 0.05f : 0.0f,
+                            .sampling = {.temperature = temp, .top_p = 1.0f, .repetition_penalty = pen, .seed = 3}};
         int32_t stats[2];
         /* every other shape also takes the verifier's logits, into a buffer
          * of exactly draft_ahead + 1 rows (ASan catches a row too many) */
@@ -65,7 +67,8 @@ int main(int argc, char **argv) {
     ls_session *s = session(m, 10, 4, 0);
     ls_step_params sp = step_params(4, 0, 1, 0);
     int32_t t = ls_session_step(s, prompt, 5, &sp, NULL);
-    ls_spec_params p = {1, 4, 4, 4, 8, 0, 0, 1, 1, 0, 0, 0, 0};
+    ls_spec_params p = {.draft_loops = 1, .verify_loops = 4, .draft_ahead = 4, .k_branches = 4, .max_new = 8,
+                        .sampling = {.top_p = 1, .repetition_penalty = 1}};
     int32_t o[17];
     if (ls_spec_cycle(s, t, &p, o, NULL) != LS_ERR_FULL || ls_session_pos(s) != 5) bad++;
     ls_session_free(s);
