@@ -7,7 +7,7 @@
 //   bun build.ts --lib    library only (what the tests need)
 //   bun build.ts --asan   library instrumented with AddressSanitizer (build/asan/)
 import { existsSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
-import { join, relative } from "node:path";
+import { basename, join, relative } from "node:path";
 
 const root = import.meta.dir;
 const kernelDir = join(root, "kernels");
@@ -126,8 +126,24 @@ async function buildCudaLibrary(): Promise<string | null> {
   return lib;
 }
 
-async function buildExecutable(extraLibraries: string[]): Promise<void> {
+/**
+ * The copy of a library the executable embeds: without its symbol table and
+ * debug sections (the dynamic symbols the binding opens stay), under the
+ * same file name, which is how the executable finds it.
+ */
+async function strippedForEmbedding(library: string): Promise<string> {
+  const strip = Bun.which("strip");
+  if (!strip) return library;
+  const dir = join(buildDir, "embed");
+  mkdirSync(dir, { recursive: true });
+  const out = join(dir, basename(library));
+  if (newer([library], out)) await run([strip, "--strip-unneeded", "-o", out, library]);
+  return out;
+}
+
+async function buildExecutable(libraries: string[]): Promise<void> {
   mkdirSync(join(root, "dist"), { recursive: true });
+  const extraLibraries = await Promise.all(libraries.map(strippedForEmbedding));
   // The libraries are extra entry points: Bun embeds them as files, listed in
   // Bun.embeddedFiles under their own names (--asset-naming), which is where
   // src/engine/library.ts finds them. The tokenizer's WASM and ranks are
@@ -135,7 +151,7 @@ async function buildExecutable(extraLibraries: string[]): Promise<void> {
   // entry point of its own, and --root src puts it beside the main module,
   // where src/tokenizer_pool.ts's URL for it points.
   await run([
-    process.execPath, "build", "--compile", "--minify-syntax", "--target=bun-linux-x64-baseline",
+    process.execPath, "build", "--compile", "--minify-syntax", "--minify-whitespace", "--target=bun-linux-x64-baseline",
     "--asset-naming=[name].[ext]", "--root", join(root, "src"),
     join(root, "src", "cli.ts"), join(root, "src", "tokenizer_worker.ts"), ...extraLibraries,
     "--outfile", join(root, "dist", "loopserve"),
