@@ -120,28 +120,20 @@ function fillNormal(out: Float32Array, mean: number, std: number, s: Uint32Array
   let s3 = s[3] | 0;
   const scale = std * IH_INV_STD;
   for (let i = 0; i < out.length; i++) {
-    // xoshiro128**, twice
-    let r = Math.imul(s1, 5);
-    r = Math.imul((r << 7) | (r >>> 25), 9) >>> 0;
-    let t = s1 << 9;
-    s2 ^= s0;
-    s3 ^= s1;
-    s1 ^= s2;
-    s0 ^= s3;
-    s2 ^= t;
-    s3 = (s3 << 11) | (s3 >>> 21);
-
-    let r2 = Math.imul(s1, 5);
-    r2 = Math.imul((r2 << 7) | (r2 >>> 25), 9) >>> 0;
-    t = s1 << 9;
-    s2 ^= s0;
-    s3 ^= s1;
-    s1 ^= s2;
-    s0 ^= s3;
-    s2 ^= t;
-    s3 = (s3 << 11) | (s3 >>> 21);
-
-    const sum = (r & 0xffff) + (r >>> 16) + (r2 & 0xffff) + (r2 >>> 16);
+    // xoshiro128**, twice: four 16-bit uniforms (integer sums, exact in any order)
+    let sum = 0;
+    for (let k = 0; k < 2; k++) {
+      let r = Math.imul(s1, 5);
+      r = Math.imul((r << 7) | (r >>> 25), 9) >>> 0;
+      const t = s1 << 9;
+      s2 ^= s0;
+      s3 ^= s1;
+      s1 ^= s2;
+      s0 ^= s3;
+      s2 ^= t;
+      s3 = (s3 << 11) | (s3 >>> 21);
+      sum += (r & 0xffff) + (r >>> 16);
+    }
     out[i] = mean + (sum - IH_MEAN) * scale;
   }
   s[0] = s0;
