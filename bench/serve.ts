@@ -1,0 +1,194 @@
+// `bun run bench:serve`: end-to-end HTTP load on the trained demo model.
+// Clients stream completions of fixed length from fixed prompts, at several
+// concurrencies, against loopserve with batching (SERVICE_MAX_BATCH default)
+// and with SERVICE_MAX_BATCH=1. The two alternate round by round.
+//
+// Per cell (server, format, concurrency, completion length): aggregate
+// generated tokens/s, time to first token p50/p99 and inter-token latency
+// p50/p99 (the gap between consecutive token events of one stream). At the
+// highest concurrency a ~2,000-token prompt arrives halfway through the
+// run, so the inter-token latencies include what a long prefill does to the
+// running streams. Writes bench/results/serve.json and prints a table.
+//
+//   bun run bench:serve                          the full grid
+//   bun run bench:serve -- --quick               concurrency 1 and 8, 64 tokens, 1 round
+import { existsSync } from "node:fs";
+import { join } from "node:path";
+import { parseArgs } from "node:util";
+import { formatTable, median, type Row } from "../src/bench/table.ts";
+import { TRAINED_MODEL_PATH } from "../src/model/trained.ts";
+import { startServer, type TestServer } from "../test/helpers/server.ts";
+import { writeJson } from "./report.ts";
+
+const { values } = parseArgs({
+  args: process.argv.slice(2),
+  options: {
+    concurrency: { type: "string", default: "1,4,8,16" },
+    tokens: { type: "string", default: "64,256" },
+    formats: { type: "string", default: "fp16,int4" },
+    rounds: { type: "string", default: "3" },
+    threads: { type: "string", default: "2" },
+    quick: { type: "boolean", default: false },
+  },
+  strict: true,
+});
+
+const list = (s: string) => s.split(",").map((x) => Number(x.trim()));
+const CONCURRENCY = values.quick ? [1, 8] : list(values.concurrency);
+const TOKENS = values.quick ? [64] : list(values.tokens);
+const FORMATS = values.formats.split(",") as ("fp16" | "int4")[];
+const ROUNDS = values.quick ? 1 : Number(values.rounds);
+const THREADS = values.threads;
+const REQUESTS_PER_CLIENT = 2;
+const LONG_PROMPT_WORDS = 1500; // ~2,000 GPT-2 tokens of scripture-like text
+
+const MODELS: Record<"fp16" | "int4", string> = {
+  fp16: TRAINED_MODEL_PATH,
+  int4: join(import.meta.dir, "..", "models", "kjv-looped-256-int4-g32-headint8.safetensors"),
+};
+
+const PROMPTS = [
+  "In the beginning God created the heaven and the earth.",
+  "And the LORD spake unto Moses, saying,",
+  "The LORD is my shepherd; I shall not want.",
+  "And it came to pass in those days,",
+];
+const LONG_PROMPT = Array.from({ length: LONG_PROMPT_WORDS }, (_, i) => ["and", "the", "LORD", "said", "unto", "them"][i % 6]).join(" ");
+
+/** One server under test: how to start it, and how to ask it for a stream. */
+interface Target {
+  name: string;
+  start(format: "fp16" | "int4"): Promise<{ url: string; stop(): Promise<unknown> }>;
+  /** Request body for a stream of exactly `tokens` tokens. */
+  body(prompt: string, tokens: number): unknown;
+  path: string;
+}
+
+function loopserve(name: string, env: Record<string, string>): Target {
+  return {
+    name,
+    path: "/generate",
+    async start(format) {
+      const s: TestServer = await startServer({ modelPath: MODELS[format], env: { SERVICE_THREADS: THREADS, SERVICE_MAX_SEQ_LEN: "4096", ...env } });
+      return { url: s.url, stop: () => s.stop() };
+    },
+    body: (prompt, tokens) => ({ prompt, max_tokens: tokens, temperature: 0, stream: true }),
+  };
+}
+
+/** Times of one stream: request sent, each token event. */
+interface StreamTimes {
+  sent: number;
+  tokenAt: number[];
+}
+
+/** Reads an SSE stream, recording the arrival time of every event carrying a token. */
+async function stream(url: string, body: unknown): Promise<StreamTimes> {
+  const sent = performance.now();
+  const res = await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+  if (res.status !== 200 || !res.body) throw new Error(`${url}: ${res.status} ${await res.text()}`);
+  const tokenAt: number[] = [];
+  const decoder = new TextDecoder();
+  let buf = "";
+  for await (const chunk of res.body) {
+    buf += decoder.decode(chunk, { stream: true });
+    let nl = buf.indexOf("\n\n");
+    for (; nl >= 0; nl = buf.indexOf("\n\n")) {
+      const event = buf.slice(0, nl);
+      buf = buf.slice(nl + 2);
+      const data = event.split("\n").find((l) => l.startsWith("data: "));
+      if (!data || data === "data: [DONE]") continue;
+      const j = JSON.parse(data.slice(6));
+      if (j.token_id >= 0) tokenAt.push(performance.now()); // the closing event has token_id -1
+    }
+  }
+  return { sent, tokenAt };
+}
+
+const pct = (xs: number[], p: number) => {
+  if (xs.length === 0) return Number.NaN;
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))];
+};
+
+interface CellResult {
+  tokensPerSecond: number;
+  ttftP50: number;
+  ttftP99: number;
+  itlP50: number;
+  itlP99: number;
+  tokens: number;
+}
+
+/** `concurrency` clients, each streaming REQUESTS_PER_CLIENT completions back to back; the long prompt mid-run when asked. */
+async function runCell(t: Target, url: string, concurrency: number, tokens: number, longPrompt: boolean): Promise<CellResult> {
+  const times: StreamTimes[] = [];
+  const start = performance.now();
+  const clients = Array.from({ length: concurrency }, async (_, c) => {
+    for (let r = 0; r < REQUESTS_PER_CLIENT; r++) times.push(await stream(url + t.path, t.body(PROMPTS[(c + r) % PROMPTS.length], tokens)));
+  });
+  let long: Promise<StreamTimes> | null = null;
+  if (longPrompt) {
+    await Bun.sleep(0);
+    const expectedMs = 500; // about half of a short run; the exact moment does not matter
+    long = Bun.sleep(expectedMs).then(() => stream(url + t.path, t.body(LONG_PROMPT, 8)));
+  }
+  await Promise.all(clients);
+  const wall = performance.now() - start;
+  if (long) await long;
+  const produced = times.reduce((a, s) => a + s.tokenAt.length, 0);
+  const ttft = times.map((s) => s.tokenAt[0] - s.sent);
+  const itl = times.flatMap((s) => s.tokenAt.slice(1).map((at, i) => at - s.tokenAt[i]));
+  return {
+    tokensPerSecond: produced / (wall / 1000),
+    ttftP50: pct(ttft, 50),
+    ttftP99: pct(ttft, 99),
+    itlP50: pct(itl, 50),
+    itlP99: pct(itl, 99),
+    tokens: produced,
+  };
+}
+
+async function main(): Promise<void> {
+  const targets: Target[] = [loopserve("loopserve", {}), loopserve("loopserve batch=1", { SERVICE_MAX_BATCH: "1" })];
+  const results: Record<string, CellResult[]> = {};
+  for (const format of FORMATS) {
+    if (!existsSync(MODELS[format])) throw new Error(`model for ${format} not found: ${MODELS[format]}`);
+    for (const concurrency of CONCURRENCY)
+      for (let round = 0; round < ROUNDS; round++)
+        for (const t of targets) {
+          const server = await t.start(format);
+          try {
+            await runCell(t, server.url, 1, 8, false); // warm-up
+            for (const tokens of TOKENS) {
+              const longPrompt = concurrency === Math.max(...CONCURRENCY) && concurrency > 1;
+              const r = await runCell(t, server.url, concurrency, tokens, longPrompt);
+              const key = `${t.name}|${format}|${concurrency}|${tokens}`;
+              (results[key] ??= []).push(r);
+              console.error(`${key} round ${round + 1}: ${r.tokensPerSecond.toFixed(0)} tok/s, itl p99 ${r.itlP99.toFixed(2)} ms`);
+            }
+          } finally {
+            await server.stop();
+          }
+        }
+  }
+  const rows: Row[] = Object.entries(results).map(([key, rs]) => {
+    const [server, format, concurrency, tokens] = key.split("|");
+    const m = (f: (r: CellResult) => number) => median(rs.map(f));
+    return {
+      server,
+      format,
+      clients: Number(concurrency),
+      tokens: Number(tokens),
+      "tok/s": m((r) => r.tokensPerSecond),
+      "ttft p50 ms": m((r) => r.ttftP50),
+      "ttft p99 ms": m((r) => r.ttftP99),
+      "itl p50 ms": m((r) => r.itlP50),
+      "itl p99 ms": m((r) => r.itlP99),
+    };
+  });
+  const file = writeJson("serve", { threads: Number(THREADS), rounds: ROUNDS, requestsPerClient: REQUESTS_PER_CLIENT, rows });
+  console.log(formatTable(`serving: ${ROUNDS} round(s), medians, ${THREADS} threads (${file})`, rows));
+}
+
+await main();
