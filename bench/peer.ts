@@ -38,12 +38,11 @@ import { basename, join } from "node:path";
 import { NativeModel } from "../src/engine/binding.ts";
 import { runModelCommand } from "../src/model/cli.ts";
 import { type ModelConfig, parseModelConfig } from "../src/model/format.ts";
-import { exportGguf } from "../src/model/gguf.ts";
 import { readSafetensors } from "../src/model/safetensors.ts";
 import { Tokenizer } from "../src/tokenizer.ts";
 import { BENCH_SHAPE, benchModel, promptOf } from "../src/bench/models.ts";
 import { decode, same } from "./speculative.ts";
-import { BUNDLE, cacheDir, fresh, llamaBench, llamaGreedy, llamaQuantize, type LlamaTools, llamaTools } from "./peer/llama.ts";
+import { BUNDLE, cacheDir, fresh, type Format, ggufFor, LLAMA_TYPE, llamaBench, llamaGreedy, type LlamaTools, llamaTools } from "./peer/llama.ts";
 import {
   ggufDecodeBytes,
   loopserveDecodeBoundS,
@@ -80,8 +79,6 @@ interface Options {
 /** Other processes' CPU use (cores) above which a pair is measured again. */
 const CONTENDED = 0.25;
 
-type Format = "fp16" | "int4" | "int2";
-const LLAMA_TYPE: Record<Format, string> = { fp16: "F16", int4: "Q4_0", int2: "Q2_K" };
 
 function parseOptions(argv: string[]): Options {
   const o: Options = {
@@ -159,21 +156,6 @@ async function loopserveQuantized(fp16: string, format: "int4" | "int2"): Promis
     return { skip: `the engine cannot load the ${format} model: ${(e as Error).message}` };
   }
   return { path: out };
-}
-
-function ggufFor(tools: LlamaTools, fp16: string, loops: number, format: Format): string {
-  const dir = join(cacheDir(), "models");
-  const stem = join(dir, `${basename(fp16, ".safetensors")}-L${loops}`);
-  const f16 = `${stem}-F16.gguf`;
-  if (!fresh(f16, fp16, join(REPO, "src", "model", "gguf.ts"))) {
-    log(`exporting ${basename(f16)}`);
-    exportGguf(fp16, f16, { loops });
-  }
-  if (format === "fp16") return f16;
-  const q = `${stem}-${LLAMA_TYPE[format]}.gguf`;
-  if (!fresh(q, f16)) log(`llama-quantize ${basename(q)}`);
-  llamaQuantize(tools, f16, q, LLAMA_TYPE[format], CORES);
-  return q;
 }
 
 // ---- loopserve measurement ----
@@ -418,7 +400,7 @@ async function main(): Promise<number> {
     }
     const config = parseModelConfig(readSafetensors(path));
     const gguf = new Map<number, string>();
-    for (const L of o.loops) gguf.set(L, ggufFor(tools, fp16, L, format));
+    for (const L of o.loops) gguf.set(L, ggufFor(tools, fp16, L, format, log));
     models.push({ format, loopserve: path, config, cost: modelCost(path, config), gguf });
   }
 
@@ -612,7 +594,7 @@ async function main(): Promise<number> {
         if ("skip" in q) continue;
         path = q.path;
       }
-      const gguf = ggufFor(tools, agreeing, loops, format);
+      const gguf = ggufFor(tools, agreeing, loops, format, log);
       const model = NativeModel.load(LIBRARY, path, threads, "auto");
       for (const ahead of o.specAhead) {
         log(`speculative ${format}/${LLAMA_TYPE[format]} threads ${threads} draft ${SPEC_DRAFT_LOOPS}/${loops} ahead ${ahead}`);

@@ -1,7 +1,10 @@
 // `bun run bench:serve`: end-to-end HTTP load on the trained demo model.
 // Clients stream completions of fixed length from fixed prompts, at several
 // concurrencies, against loopserve with batching (SERVICE_MAX_BATCH default)
-// and with SERVICE_MAX_BATCH=1. The two alternate round by round.
+// and with SERVICE_MAX_BATCH=1, and with --peer against llama.cpp's
+// llama-server built from the same source bundle as bench:peer (the model
+// exported to GGUF, F16 / Q4_0; -np = concurrency, continuous batching on).
+// The servers alternate round by round within each cell.
 //
 // Per cell (server, format, concurrency, completion length): aggregate
 // generated tokens/s, time to first token p50/p99 and inter-token latency
@@ -10,12 +13,15 @@
 // run, so the inter-token latencies include what a long prefill does to the
 // running streams. Writes bench/results/serve.json and prints a table.
 //
-//   bun run bench:serve                          the full grid
+//   bun run bench:serve                          the full grid, loopserve only
+//   bun run bench:serve -- --peer                with llama-server (built once, ~12 minutes on 2 cores)
 //   bun run bench:serve -- --quick               concurrency 1 and 8, 64 tokens, 1 round
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { formatTable, median, type Row } from "../src/bench/table.ts";
+import { parseModelConfig } from "../src/model/format.ts";
+import { readSafetensors } from "../src/model/safetensors.ts";
 import { TRAINED_MODEL_PATH } from "../src/model/trained.ts";
 import { startServer, type TestServer } from "../test/helpers/server.ts";
 import { writeJson } from "./report.ts";
@@ -29,6 +35,7 @@ const { values } = parseArgs({
     rounds: { type: "string", default: "3" },
     threads: { type: "string", default: "2" },
     quick: { type: "boolean", default: false },
+    peer: { type: "boolean", default: false },
   },
   strict: true,
 });
@@ -55,13 +62,26 @@ const PROMPTS = [
 ];
 const LONG_PROMPT = Array.from({ length: LONG_PROMPT_WORDS }, (_, i) => ["and", "the", "LORD", "said", "unto", "them"][i % 6]).join(" ");
 
-/** One server under test: how to start it, and how to ask it for a stream. */
+/** One server under test: how to start it for a cell, and how to ask it for a stream. */
 interface Target {
   name: string;
-  start(format: "fp16" | "int4"): Promise<{ url: string; stop(): Promise<unknown> }>;
+  start(format: "fp16" | "int4", concurrency: number): Promise<{ url: string; stop(): Promise<unknown> }>;
   /** Request body for a stream of exactly `tokens` tokens. */
   body(prompt: string, tokens: number): unknown;
   path: string;
+}
+
+async function llamaServer(): Promise<Target> {
+  const { llamaTools } = await import("./peer/llama.ts");
+  const { llamaCompletionBody, startLlamaServer } = await import("./peer/llama_server.ts");
+  const tools = llamaTools();
+  const loops = parseModelConfig(readSafetensors(TRAINED_MODEL_PATH)).defaultLoops;
+  return {
+    name: `llama-server ${tools.version}`,
+    path: "/completion",
+    start: (format, concurrency) => startLlamaServer(tools, TRAINED_MODEL_PATH, loops, format, concurrency, THREADS),
+    body: llamaCompletionBody,
+  };
 }
 
 function loopserve(name: string, env: Record<string, string>): Target {
@@ -99,7 +119,9 @@ async function stream(url: string, body: unknown): Promise<StreamTimes> {
       const data = event.split("\n").find((l) => l.startsWith("data: "));
       if (!data || data === "data: [DONE]") continue;
       const j = JSON.parse(data.slice(6));
-      if (j.token_id >= 0) tokenAt.push(performance.now()); // the closing event has token_id -1
+      // loopserve: {token_id, text}, closed by token_id -1; llama-server: {content, stop}, one token per event
+      const isToken = j.token_id !== undefined ? j.token_id >= 0 : j.stop !== true;
+      if (isToken) tokenAt.push(performance.now());
     }
   }
   return { sent, tokenAt };
@@ -149,15 +171,47 @@ async function runCell(t: Target, url: string, concurrency: number, tokens: numb
   };
 }
 
+/**
+ * The batching targets, per format and completion length: 8 clients against
+ * llama-server and against one client; one client against SERVICE_MAX_BATCH=1;
+ * the inter-token p99 at the highest concurrency against one client's p50.
+ */
+function targetsMet(rows: Row[]): Row[] {
+  const out: Row[] = [];
+  const find = (server: (s: string) => boolean, format: string, clients: number, tokens: number) =>
+    rows.find((r) => server(String(r.server)) && r.format === format && r.clients === clients && r.tokens === tokens);
+  const ours = (s: string) => s === "loopserve";
+  const check = (what: string, value: number | undefined, limit: number, atLeast: boolean) => {
+    if (value === undefined || Number.isNaN(value)) return;
+    out.push({ target: what, value: value.toFixed(2), limit: `${atLeast ? ">=" : "<="} ${limit}`, met: (atLeast ? value >= limit : value <= limit) ? "yes" : "NO" });
+  };
+  const top = Math.max(...CONCURRENCY);
+  for (const format of FORMATS)
+    for (const tokens of TOKENS) {
+      const tps = (r: Row | undefined) => (r ? Number(r["tok/s"]) : undefined);
+      const eight = tps(find(ours, format, 8, tokens));
+      const one = find(ours, format, 1, tokens);
+      const peer8 = tps(find((s) => s.startsWith("llama-server"), format, 8, tokens));
+      check(`${format} ${tokens} tok: 8 clients / llama-server's`, eight && peer8 ? eight / peer8 : undefined, 2, true);
+      check(`${format} ${tokens} tok: 8 clients / 1 client`, eight && one ? eight / Number(one["tok/s"]) : undefined, 2.5, true);
+      const solo = find((s) => s === "loopserve batch=1", format, 1, tokens);
+      check(`${format} ${tokens} tok: 1 client ITL p50, batching / batch=1`, one && solo ? Number(one["itl p50 ms"]) / Number(solo["itl p50 ms"]) : undefined, 1.05, false);
+      const busy = find(ours, format, top, tokens);
+      check(`${format} ${tokens} tok: ITL p99 at ${top} clients / 1 client's ITL p50`, busy && one ? Number(busy["itl p99 ms"]) / Number(one["itl p50 ms"]) : undefined, 3, false);
+    }
+  return out;
+}
+
 async function main(): Promise<void> {
   const targets: Target[] = [loopserve("loopserve", {}), loopserve("loopserve batch=1", { SERVICE_MAX_BATCH: "1" })];
+  if (values.peer) targets.push(await llamaServer());
   const results: Record<string, CellResult[]> = {};
   for (const format of FORMATS) {
     if (!existsSync(MODELS[format])) throw new Error(`model for ${format} not found: ${MODELS[format]}`);
     for (const concurrency of CONCURRENCY)
       for (let round = 0; round < ROUNDS; round++)
         for (const t of targets) {
-          const server = await t.start(format);
+          const server = await t.start(format, concurrency);
           try {
             await runCell(t, server.url, 1, 8, false); // warm-up
             for (const tokens of TOKENS) {
@@ -187,8 +241,10 @@ async function main(): Promise<void> {
       "itl p99 ms": m((r) => r.itlP99),
     };
   });
-  const file = writeJson("serve", { threads: Number(THREADS), rounds: ROUNDS, requestsPerClient: REQUESTS_PER_CLIENT, rows });
+  const verdicts = targetsMet(rows);
+  const file = writeJson("serve", { threads: Number(THREADS), rounds: ROUNDS, requestsPerClient: REQUESTS_PER_CLIENT, rows, verdicts });
   console.log(formatTable(`serving: ${ROUNDS} round(s), medians, ${THREADS} threads (${file})`, rows));
+  console.log(`\n${formatTable("targets", verdicts)}`);
 }
 
 await main();

@@ -6,8 +6,9 @@
 // project's install never carries its hundreds of megabytes of binaries.
 import { existsSync, mkdirSync, readFileSync, statSync, unlinkSync } from "node:fs";
 import { homedir } from "node:os";
-import { join } from "node:path";
-import { median, PeerBenchError, requireTool, run } from "./system.ts";
+import { basename, join } from "node:path";
+import { exportGguf } from "../../src/model/gguf.ts";
+import { CORES, median, PeerBenchError, requireTool, run } from "./system.ts";
 
 const PEER_PACKAGE = import.meta.dir;
 export const BUNDLE = join(PEER_PACKAGE, "node_modules", "node-llama-cpp", "llama", "gitRelease.bundle");
@@ -43,6 +44,7 @@ export function cacheDir(): string {
 export interface LlamaTools {
   bench: string;
   quantize: string;
+  server: string;
   greedy: string;
   /** llama.cpp's release tag as node-llama-cpp records it, and the commit. */
   version: string;
@@ -59,6 +61,7 @@ export function llamaTools(): LlamaTools {
   const tools = {
     bench: join(bin, "llama-bench"),
     quantize: join(bin, "llama-quantize"),
+    server: join(bin, "llama-server"),
     greedy: join(bin, "llama-greedy"),
   };
   for (const p of Object.values(tools)) {
@@ -82,6 +85,31 @@ export function fresh(out: string, ...inputs: string[]): boolean {
 }
 
 /** llama-quantize IN OUT TYPE (cached by modification time). */
+/** loopserve's weight formats and the llama.cpp types compared with them. */
+export type Format = "fp16" | "int4" | "int2";
+export const LLAMA_TYPE: Record<Format, string> = { fp16: "F16", int4: "Q4_0", int2: "Q2_K" };
+
+/**
+ * The GGUF llama.cpp runs for a loopserve fp16 model at a loop depth (the
+ * loops unrolled into layers, src/model/gguf.ts), in the llama.cpp type
+ * matching `format`; exported and quantized once into the cache.
+ */
+export function ggufFor(tools: LlamaTools, fp16: string, loops: number, format: Format, log: (s: string) => void = () => {}): string {
+  const dir = join(cacheDir(), "models");
+  mkdirSync(dir, { recursive: true });
+  const stem = join(dir, `${basename(fp16, ".safetensors")}-L${loops}`);
+  const f16 = `${stem}-F16.gguf`;
+  if (!fresh(f16, fp16, join(import.meta.dir, "..", "..", "src", "model", "gguf.ts"))) {
+    log(`exporting ${basename(f16)}`);
+    exportGguf(fp16, f16, { loops });
+  }
+  if (format === "fp16") return f16;
+  const q = `${stem}-${LLAMA_TYPE[format]}.gguf`;
+  if (!fresh(q, f16)) log(`llama-quantize ${basename(q)}`);
+  llamaQuantize(tools, f16, q, LLAMA_TYPE[format], CORES);
+  return q;
+}
+
 export function llamaQuantize(tools: LlamaTools, inGguf: string, outGguf: string, type: string, threads: number): void {
   if (fresh(outGguf, inGguf)) return;
   run([tools.quantize, inGguf, outGguf, type, String(threads)]);

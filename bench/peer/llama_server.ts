@@ -1,0 +1,51 @@
+// llama.cpp's llama-server as a bench:serve target: the trained model
+// exported to GGUF at its loop depth (each loop one layer), F16 or Q4_0,
+// started per concurrency with one slot per client (-np) and continuous
+// batching, on the same threads as loopserve.
+import type { Subprocess } from "bun";
+import { freePort } from "../../test/helpers/server.ts";
+import { ggufFor, type LlamaTools } from "./llama.ts";
+
+/** Context per slot: the long prompt (~2,100 tokens) plus the longest completion. */
+const SLOT_CONTEXT = 4096;
+const START_TIMEOUT_MS = 120_000;
+
+export interface LlamaServer {
+  url: string;
+  stop(): Promise<unknown>;
+}
+
+export async function startLlamaServer(tools: LlamaTools, fp16: string, loops: number, format: "fp16" | "int4", slots: number, threads: string): Promise<LlamaServer> {
+  const gguf = ggufFor(tools, fp16, loops, format, (s) => console.error(`[serve] ${s}`));
+  const port = freePort();
+  const args = [tools.server, "-m", gguf, "--host", "127.0.0.1", "--port", String(port), "-t", threads, "-tb", threads];
+  args.push("-np", String(slots), "-c", String(slots * SLOT_CONTEXT), "--cont-batching", "--no-webui");
+  const proc: Subprocess = Bun.spawn(args, { stdout: "ignore", stderr: "pipe" });
+  const url = `http://127.0.0.1:${port}`;
+  const deadline = Date.now() + START_TIMEOUT_MS;
+  for (;;) {
+    if (proc.exitCode !== null) throw new Error(`llama-server exited with ${proc.exitCode}: ${await new Response(proc.stderr as ReadableStream).text()}`);
+    try {
+      if ((await fetch(`${url}/health`)).status === 200) break;
+    } catch {
+      // not listening yet
+    }
+    if (Date.now() > deadline) {
+      proc.kill();
+      throw new Error(`llama-server did not answer /health within ${START_TIMEOUT_MS} ms`);
+    }
+    await Bun.sleep(100);
+  }
+  return {
+    url,
+    async stop() {
+      proc.kill("SIGTERM");
+      return await proc.exited;
+    },
+  };
+}
+
+/** A /completion request for exactly `tokens` tokens, greedy, streamed one token per event. */
+export function llamaCompletionBody(prompt: string, tokens: number): unknown {
+  return { prompt, n_predict: tokens, temperature: 0, top_k: 1, ignore_eos: true, stream: true, cache_prompt: false };
+}
