@@ -105,7 +105,10 @@ interface StreamTimes {
 /** Reads an SSE stream, recording the arrival time of every event carrying a token. */
 async function stream(url: string, body: unknown): Promise<StreamTimes> {
   const sent = performance.now();
-  const res = await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+  // A fresh connection per request, for every server alike: servers are restarted per cell, often on a
+  // port a stopped one had, and a pooled keep-alive socket to that port would be reset.
+  const headers = { "content-type": "application/json", connection: "close" };
+  const res = await fetch(url, { method: "POST", headers, body: JSON.stringify(body) });
   if (res.status !== 200 || !res.body) throw new Error(`${url}: ${res.status} ${await res.text()}`);
   const tokenAt: number[] = [];
   const decoder = new TextDecoder();

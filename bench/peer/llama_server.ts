@@ -2,9 +2,11 @@
 // exported to GGUF at its loop depth (each loop one layer), F16 or Q4_0,
 // started per concurrency with one slot per client (-np) and continuous
 // batching, on the same threads as loopserve.
+import { rmSync } from "node:fs";
+import { join } from "node:path";
 import type { Subprocess } from "bun";
 import { freePort } from "../../test/helpers/server.ts";
-import { ggufFor, type LlamaTools } from "./llama.ts";
+import { cacheDir, ggufFor, type LlamaTools } from "./llama.ts";
 
 /** Context per slot: the long prompt (~2,100 tokens) plus the longest completion. */
 const SLOT_CONTEXT = 4096;
@@ -20,11 +22,13 @@ export async function startLlamaServer(tools: LlamaTools, fp16: string, loops: n
   const port = freePort();
   const args = [tools.server, "-m", gguf, "--host", "127.0.0.1", "--port", String(port), "-t", threads, "-tb", threads];
   args.push("-np", String(slots), "-c", String(slots * SLOT_CONTEXT), "--cont-batching", "--no-webui");
-  const proc: Subprocess = Bun.spawn(args, { stdout: "ignore", stderr: "pipe" });
+  // Its log goes to a file: it writes a lot, and an unread pipe would block it.
+  const logFile = join(cacheDir(), `llama-server-${port}.log`);
+  const proc: Subprocess = Bun.spawn(args, { stdout: "ignore", stderr: Bun.file(logFile) });
   const url = `http://127.0.0.1:${port}`;
   const deadline = Date.now() + START_TIMEOUT_MS;
   for (;;) {
-    if (proc.exitCode !== null) throw new Error(`llama-server exited with ${proc.exitCode}: ${await new Response(proc.stderr as ReadableStream).text()}`);
+    if (proc.exitCode !== null) throw new Error(`llama-server exited with ${proc.exitCode} (log: ${logFile})`);
     try {
       if ((await fetch(`${url}/health`)).status === 200) break;
     } catch {
@@ -32,7 +36,7 @@ export async function startLlamaServer(tools: LlamaTools, fp16: string, loops: n
     }
     if (Date.now() > deadline) {
       proc.kill();
-      throw new Error(`llama-server did not answer /health within ${START_TIMEOUT_MS} ms`);
+      throw new Error(`llama-server did not answer /health within ${START_TIMEOUT_MS} ms (log: ${logFile})`);
     }
     await Bun.sleep(100);
   }
@@ -40,7 +44,9 @@ export async function startLlamaServer(tools: LlamaTools, fp16: string, loops: n
     url,
     async stop() {
       proc.kill("SIGTERM");
-      return await proc.exited;
+      const code = await proc.exited;
+      rmSync(logFile, { force: true });
+      return code;
     },
   };
 }
