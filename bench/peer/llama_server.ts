@@ -22,6 +22,9 @@ export async function startLlamaServer(tools: LlamaTools, fp16: string, loops: n
   const port = freePort();
   const args = [tools.server, "-m", gguf, "--host", "127.0.0.1", "--port", String(port), "-t", threads, "-tb", threads];
   args.push("-np", String(slots), "-c", String(slots * SLOT_CONTEXT), "--cont-batching", "--no-webui");
+  // The model was trained on 512 positions; like loopserve here (SERVICE_MAX_SEQ_LEN=4096), it is
+  // allowed past them, or the long prompt would be refused.
+  args.push("--override-kv", `llama.context_length=int:${SLOT_CONTEXT}`);
   // Its log goes to a file: it writes a lot, and an unread pipe would block it.
   const logFile = join(cacheDir(), `llama-server-${port}.log`);
   const proc: Subprocess = Bun.spawn(args, { stdout: "ignore", stderr: Bun.file(logFile) });
