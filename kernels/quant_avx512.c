@@ -3,27 +3,30 @@
  * with the AVX-512 flags of build.ts; selected by ls_quant_ops_select only
  * when the CPU has avx512vnni (else the AVX2 kernels run: same results).
  *
- * vpdpbusd multiplies unsigned bytes by signed bytes. The weight codes are
- * packed unsigned (int4: c + 8, int2: c, int8: c + 128, flipped by pack so
- * the inner loop has no xor), the activations are the signed operand, and
- * the offset is taken back exactly per group with the activation sums:
- *   sum q * c = sum q * u - 8 * sum q   (int4; 128 for int8)
+ * vpdpbusd multiplies unsigned bytes by signed bytes, four to a 32-bit
+ * lane. pack copies every matrix once into one byte per code, so the inner
+ * loop is loads and vpdpbusd and nothing else:
+ *   int4 / int2  the signed code c (int4 -8..7, int2 0..3) is the signed
+ *                operand; the activations are stored as q + 128 (unsigned),
+ *                and the offset is taken back per group with the code sums
+ *                pack keeps: sum q c = sum (q + 128) c - 128 sum c
+ *   int8 (head)  the code is stored c + 128 (unsigned operand), the
+ *                activations signed q: sum q c = sum q (c + 128) - 128 sum q
+ * The block of a looped model is one layer's matrices, so the byte per code
+ * costs little memory; the int8 head is a byte per code anyway.
  *
- * Every format puts one group in each int32 lane. The weights are repacked
- * once (pack, by ls_quant_setup) and the activations written (quantize) in
- * the same layout, so vpdpbusd adds up whole groups and no horizontal sum
- * is needed until the fp32 step. A row is cut into windows of 16 groups
- * while 16 are left, then 8, 4, 2, 1 (window_groups). In a window of n
- * groups, the 4 inputs 4u .. 4u + 3 of group j (unit u) are 32-bit word
- * u n + j: the window's units transposed, read as 64-byte chunks of 16
- * words, so lane l of every chunk belongs to group l % n (16 / n lanes a
- * group; they are added once per window, nothing to do when n is 16).
- * Activation chunk c is the 64 bytes at the window's first input + 64 c; a
- * 64-byte load of packed weights holds the 8 / bits chunks from c on, chunk
- * c + f in bit field f of every byte (int4: the low, then the high nibble;
- * int8: one chunk, the whole byte). A window is at least one such load
- * (windows.nmin); the last is padded with zero codes and zero activations
- * past the last group.
+ * Every int32 lane adds up one group. A row is cut into windows of 8
+ * groups while 8 are left, then 4, 2, 1 (window_groups). In a window of n
+ * groups the 4 inputs 4u .. 4u + 3 of group j (unit u) are word u n + j:
+ * read as 32-byte chunks of 8 words, lane l of every chunk belongs to group
+ * l % n. The activations are written (quantize) in that layout; the weights
+ * (pack) go in row pairs: a 64-byte load holds the same chunk of two rows,
+ * the first row in lanes 0-7, the second in lanes 8-15, and is multiplied
+ * by the activation chunk broadcast to both halves. So one 16-lane
+ * accumulator holds 8 groups of two rows and the fp32 step (quant.h: the
+ * groups into acc[g % 8] in increasing g) is three instructions per window
+ * for two rows. Beside the codes, pack keeps each pair's fp16 scales, code
+ * sums (int16) and int2 offsets per 8 groups in the same lane order.
  */
 #define _DEFAULT_SOURCE /* madvise under -std=c11 */
 #include <immintrin.h>
@@ -35,42 +38,28 @@
 #include "quant.h"
 #include "simd_vec.h"
 
-#define LANE_MAX_R 8
-#define LANE_MAX_T 4
-#define L2_BLOCK_BYTES (64 * 1024)
-/* How far ahead the int8 tiles prefetch. On the 50257 x 768 head (one
- * thread) 12 to 16 rows beat 8 and 24, for 1 token and for 4 (where the
- * tile of 4 tokens then runs 3.5x faster than without prefetch). */
-#define PREFETCH_ROWS 16
+#define TILE_MAX_P 4 /* row pairs per tile */
+#define TILE_MAX_T 4 /* tokens per tile */
+#define L2_BLOCK_BYTES (128 * 1024)
+/* How far ahead (in row pairs) the int8 tiles prefetch the head, which
+ * streams from memory in decode: more misses in flight than the hardware
+ * prefetcher keeps. */
+#define PREFETCH_PAIRS 8
 
 // ---- windows ----
 
-/* Groups in the window that starts with `left` groups to go: 16, else the
- * largest of 8, 4, 2, 1 that fits, but at least nmin (the padded last
- * window). Every window starts at a multiple of its size. */
-static inline int32_t window_groups(int32_t left, int32_t nmin) {
-    int32_t n = 16;
-    while (n > left && n > nmin) n /= 2;
+/* Groups in the window that starts with `left` groups to go: 8, else the
+ * largest power of two that fits. Every window starts at a multiple of its
+ * size, and 8-group windows at a multiple of 8. */
+static inline int32_t window_groups(int32_t left) {
+    int32_t n = 8;
+    while (n > left) n /= 2;
     return n;
 }
 
-/* The windows of a row of `in` inputs in groups of G (a power of two, so
- * shifts instead of divisions). */
-typedef struct {
-    int32_t lg;   /* log2 G */
-    int32_t ng;   /* groups */
-    int32_t nmin; /* fewest groups in a window: one 64-byte load of packed weights */
-    size_t rb;    /* bytes per packed row: the groups rounded up to a whole last window */
-} windows;
-
-static inline windows windows_of(int32_t in, int32_t G, int32_t bits) {
-    windows v;
-    v.lg = __builtin_ctz((unsigned)G);
-    v.ng = in >> v.lg;
-    v.nmin = (512 / bits) >> v.lg > 1 ? (512 / bits) >> v.lg : 1;
-    v.rb = ((size_t)((v.ng + v.nmin - 1) & -v.nmin) << v.lg) * (size_t)bits / 8;
-    return v;
-}
+/* Bytes of one 8-group slot of a pair's metadata: fp16 scales, then (int4,
+ * int2) int16 code sums, then (int2) fp16 offsets, 16 lanes each. */
+static inline int32_t slot_bytes(int32_t bits) { return 32 * (1 + (bits != 8) + (bits == 2)); }
 
 // ---- activations ----
 
@@ -83,14 +72,11 @@ static inline __m512i codes16(const float *p, __m512 id) {
     return _mm512_min_epi32(_mm512_max_epi32(r, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
 }
 
-_Static_assert(512 / 2 <= LS_QACT_PAD && LS_QUANT_GROUP_MAX <= LS_QACT_PAD,
-               "the padded last window of a row (one 64-byte load of int2 codes, or one group) ends "
-               "within the row's padding");
-
-static void quantize_avx512(ls_qact *a, const float *x, int32_t ldx, int32_t T, int32_t in,
-                            int32_t group, int32_t bits) {
+static void quantize_avx512(ls_qact *a, const float *x, int32_t ldx, int32_t T, int32_t in, int32_t group,
+                            int32_t bits) {
     const int32_t G = group, ng = in / G;
-    const int32_t nmin = windows_of(in, G, bits).nmin;
+    // int4 / int2 read the activations as the unsigned operand: q + 128.
+    const __m128i flip = _mm_set1_epi8(bits == 8 ? 0 : (char)0x80);
     for (int32_t t = 0; t < T; t++) {
         const float *xr = x + (size_t)t * (size_t)ldx;
         int8_t *qr = a->q + (size_t)t * (size_t)a->ld;
@@ -106,17 +92,16 @@ static void quantize_avx512(ls_qact *a, const float *x, int32_t ldx, int32_t T, 
         // 4 units of 16 codes are n words apart (four 32-bit stores; GCC
         // makes a loop of them a vpscatterdd, which is slow).
         for (int32_t g0 = 0; g0 < ng;) {
-            const int32_t n = window_groups(ng - g0, nmin), real = ng - g0 < n ? ng - g0 : n;
+            const int32_t n = window_groups(ng - g0);
             int8_t *qw = qr + (size_t)g0 * G;
-            if (real < n) memset(qw, 0, (size_t)(n * G)); /* the padding groups' words */
-            for (int32_t j = 0; j < real; j++) {
+            for (int32_t j = 0; j < n; j++) {
                 const float *xg = xr + (size_t)(g0 + j) * G;
                 int8_t *qj = qw + 4 * j;
                 __m512i sum = _mm512_setzero_si512();
                 for (int32_t i = 0; i < G; i += 16, qj += 16 * n) {
                     __m512i r = codes16(xg + i, id);
                     sum = _mm512_add_epi32(sum, r);
-                    const __m128i b = _mm512_cvtepi32_epi8(r);
+                    const __m128i b = _mm_xor_si128(_mm512_cvtepi32_epi8(r), flip);
                     _mm_storeu_si32(qj, b);
                     _mm_storeu_si32(qj + 4 * n, _mm_bsrli_si128(b, 4));
                     _mm_storeu_si32(qj + 8 * n, _mm_bsrli_si128(b, 8));
@@ -135,54 +120,76 @@ static void quantize_avx512(ls_qact *a, const float *x, int32_t ldx, int32_t T, 
 
 // ---- weights ----
 
-/* The unsigned codes (int4 c + 8, int2 c, int8 c + 128) of inputs 4u ..
- * 4u + 3 of group g of a row, one per byte. */
-static inline uint32_t unit_codes(const uint8_t *row, int32_t G, int32_t g, int32_t u, int32_t bits) {
-    const uint8_t *p = row + ((size_t)g * (size_t)G + 4 * (size_t)u) * (size_t)bits / 8;
-    uint32_t v;
-    if (bits == 8) {
-        memcpy(&v, p, 4); /* stored signed: flip each byte's sign bit */
-        return v ^ 0x80808080u;
-    }
-    if (bits == 4) {
-        v = (uint32_t)p[0] | (uint32_t)p[1] << 8; /* 4 nibbles */
-        v = (v | v << 8) & 0x00FF00FFu;
-        return (v | v << 4) & 0x0F0F0F0Fu;
-    }
-    v = p[0]; /* 4 pairs of bits */
-    v = (v | v << 12) & 0x000F000Fu;
-    return (v | v << 6) & 0x03030303u;
+/* The byte vpdpbusd reads for input i of a stored row: int4 the signed
+ * code (nibble - 8), int2 the code 0..3, int8 the code + 128. */
+static inline uint8_t code_byte(const uint8_t *row, int32_t i, int32_t bits) {
+    if (bits == 8) return row[i] ^ 0x80u;
+    if (bits == 4) return (uint8_t)(((row[i >> 1] >> (4 * (i & 1))) & 15) - 8);
+    return (row[i >> 2] >> (2 * (i & 3))) & 3;
+}
+
+/* The packed copy: every pair's codes (2 * in bytes each), then every
+ * pair's metadata (slots of slot_bytes). */
+typedef struct {
+    int32_t lg;           /* log2 G */
+    int32_t ng;           /* groups per row */
+    size_t pair_bytes;    /* codes of one row pair */
+    size_t meta_bytes;    /* metadata of one row pair */
+    int32_t slot_bytes;   /* metadata per 8 groups */
+    size_t meta_offset;   /* where the metadata starts */
+} layout;
+
+static inline layout layout_of(const ls_qmat *w) {
+    layout v;
+    v.lg = __builtin_ctz((unsigned)w->group);
+    v.ng = w->in >> v.lg;
+    v.pair_bytes = 2 * (size_t)w->in; /* in is a multiple of 32: a multiple of 64 bytes */
+    v.slot_bytes = slot_bytes(w->bits);
+    v.meta_bytes = (size_t)((v.ng + 7) / 8) * (size_t)v.slot_bytes;
+    v.meta_offset = (size_t)((w->rows + 1) / 2) * v.pair_bytes;
+    return v;
 }
 
 static int32_t pack_avx512(ls_qmat *w) {
     if (!w->qweight) return 0; /* a slot the model leaves empty (an fp16 head) */
-    const int32_t G = w->group, bits = w->bits, fields = 8 / bits;
-    const windows v = windows_of(w->in, G, bits);
+    const int32_t G = w->group, bits = w->bits, pairs = (w->rows + 1) / 2;
+    const layout v = layout_of(w);
     const size_t row_bytes = (size_t)w->in * (size_t)bits / 8;
     // A copy that fills huge pages asks for them (the kernel may decline):
     // the int8 head streams from DRAM, and on 4 KB pages decode ran 5-10%
     // slower (the file mapping it is copied from sits in huge pages).
-    const size_t bytes = (size_t)w->rows * v.rb, huge = (size_t)2 << 20;
-    uint8_t *p = bytes >= huge ? aligned_alloc(huge, (bytes + huge - 1) & ~(huge - 1))
-                               : aligned_alloc(64, bytes); /* rb is a multiple of 64 */
+    const size_t used = v.meta_offset + (size_t)pairs * v.meta_bytes, huge = (size_t)2 << 20;
+    const size_t bytes = used >= huge ? (used + huge - 1) & ~(huge - 1) : (used + 63) & ~(size_t)63;
+    uint8_t *p = aligned_alloc(used >= huge ? huge : 64, bytes);
     if (!p) return -1;
-    if (bytes >= huge) madvise(p, bytes, MADV_HUGEPAGE); /* advice only: failure changes nothing */
+    if (used >= huge) madvise(p, bytes, MADV_HUGEPAGE); /* advice only: failure changes nothing */
+    memset(p, 0, bytes); /* the missing second row of an odd count, unused metadata lanes */
     for (int32_t o = 0; o < w->rows; o++) {
         const uint8_t *src = w->qweight + (size_t)o * row_bytes;
-        uint32_t *dst = (uint32_t *)(p + (size_t)o * v.rb);
+        const int32_t h = o & 1; /* which half of the pair's loads */
+        uint8_t *codes = p + (size_t)(o / 2) * v.pair_bytes + 32 * h;
+        uint8_t *meta = p + v.meta_offset + (size_t)(o / 2) * v.meta_bytes;
         for (int32_t g0 = 0; g0 < v.ng;) {
-            // Field f of word l of load k: word 16 (k F + f) + l of the window.
-            const int32_t n = window_groups(v.ng - g0, v.nmin), ln = __builtin_ctz((unsigned)n);
-            const int32_t loads = n * G * bits / 512;
-            for (int32_t k = 0; k < loads; k++)
-                for (int32_t l = 0; l < 16; l++) {
-                    const int32_t g = g0 + (l & (n - 1));
-                    uint32_t word = 0; /* padding groups: zero codes */
-                    for (int32_t f = 0; g < v.ng && f < fields; f++)
-                        word |= unit_codes(src, G, g, (16 * (k * fields + f) + l) >> ln, bits) << (bits * f);
-                    *dst++ = word;
-                }
+            const int32_t n = window_groups(v.ng - g0), chunks = (n * G) / 32;
+            uint8_t *wc = codes + 2 * ((size_t)g0 * G);
+            for (int32_t c = 0; c < chunks; c++)
+                for (int32_t l = 0; l < 8; l++)
+                    for (int32_t b = 0; b < 4; b++) {
+                        const int32_t g = g0 + l % n, u = (8 * c + l) / n;
+                        wc[64 * c + 4 * l + b] = code_byte(src, g * G + 4 * u + b, bits);
+                    }
             g0 += n;
+        }
+        const uint16_t *sc = w->scales + (size_t)o * (size_t)v.ng;
+        for (int32_t g = 0; g < v.ng; g++) {
+            uint8_t *slot = meta + (size_t)(g / 8) * (size_t)v.slot_bytes;
+            const int32_t lane = 8 * h + g % 8;
+            memcpy(slot + 2 * lane, &sc[g], 2);
+            if (bits == 8) continue;
+            int16_t csum = 0;
+            for (int32_t i = 0; i < G; i++) csum = (int16_t)(csum + (int8_t)code_byte(src, g * G + i, bits));
+            memcpy(slot + 32 + 2 * lane, &csum, 2);
+            if (bits == 2) memcpy(slot + 64 + 2 * lane, &w->zeros[(size_t)o * (size_t)v.ng + g], 2);
         }
     }
     w->packed = p;
@@ -200,253 +207,239 @@ static inline __m512i dpbusd(__m512i acc, __m512i u, __m512i x) {
     return acc;
 }
 
-/* Lanes j, j + n, j + 2n, ... (one group of an n-group window) added into
- * lane j, j < n. */
-static inline __m512i fold(__m512i s, int32_t n) {
-    if (n <= 8) s = _mm512_add_epi32(s, _mm512_alignr_epi32(s, s, 8));
-    if (n <= 4) s = _mm512_add_epi32(s, _mm512_alignr_epi32(s, s, 4));
-    if (n <= 2) s = _mm512_add_epi32(s, _mm512_alignr_epi32(s, s, 2));
-    if (n <= 1) s = _mm512_add_epi32(s, _mm512_alignr_epi32(s, s, 1));
-    return s;
+/* Lanes j, j + n, j + 2n, ... of each 8-lane half (one group of an n-group
+ * window) added into lane j, then lane j moved to lane off + j (the group's
+ * lane in its 8-group slot). */
+static inline __m512i fold_to(__m512i s, int32_t n, int32_t off) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i seven = _mm512_set1_epi32(7);
+    const __m512i base = _mm512_andnot_si512(seven, lane);
+    for (int32_t k = 4; k >= n; k /= 2)
+        s = _mm512_add_epi32(s, _mm512_permutexvar_epi32(
+                                    _mm512_or_si512(base, _mm512_and_si512(_mm512_add_epi32(lane, _mm512_set1_epi32(k)), seven)), s));
+    const __m512i rot = _mm512_or_si512(base, _mm512_and_si512(_mm512_sub_epi32(lane, _mm512_set1_epi32(off)), seven));
+    return _mm512_permutexvar_epi32(rot, s);
 }
 
 /* What the tiles over tokens [t0, t0 + TT) read, worked out once per run
  * of tiles: the compiler cannot keep it in registers across the stores to
  * y (intrinsic stores may alias anything). */
 typedef struct {
-    windows v;
-    const uint8_t *w;               /* packed rows */
-    const uint16_t *scales, *zeros; /* (rows, ng) */
-    const int8_t *x[LANE_MAX_T];    /* activation rows */
-    const int32_t *qs[LANE_MAX_T];  /* their group sums */
-    const float *d;                 /* their scales */
+    layout v;
+    const uint8_t *codes, *meta;   /* the packed copy */
+    const int8_t *x[TILE_MAX_T];   /* activation rows */
+    const int32_t *qs[TILE_MAX_T]; /* their group sums */
+    const float *d;                /* their scales */
 } lanes;
 
-/* One window of n groups at group g0 (real of them not padding) for rows
- * [o, o + R) x the TT tokens: exact group sums, then quant.h's fp32 step
- * into acc. n is a constant for whole windows of 16 and 8. */
-static inline __attribute__((always_inline)) void lane_window(__m256 acc[LANE_MAX_R][LANE_MAX_T],
-                                                              const lanes *L, int32_t o, int32_t g0,
-                                                              const int32_t n, int32_t real, const int R,
+/* One window of n groups at group g0 for pairs [q, q + P) x the TT tokens:
+ * exact group sums, then quant.h's fp32 step into acc (which the first
+ * window starts, so a row of one window keeps acc in registers). n is a
+ * constant for the 8-group windows. */
+static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MAX_P][TILE_MAX_T],
+                                                              const lanes *L, int32_t q, int32_t g0,
+                                                              const int32_t n, const int first, const int P,
                                                               const int TT, const int BITS) {
-    const int F = 8 / BITS; /* chunks per 64-byte weight load */
-    const int32_t loads = (int32_t)(((uint32_t)n << L->v.lg) * BITS / 512);
-    const size_t xo = (size_t)g0 << L->v.lg, wo = xo * BITS / 8;
-    const __m512i mask = _mm512_set1_epi8(BITS == 4 ? 0x0f : 0x03);
-    const __mmask16 km = (__mmask16)((1u << real) - 1u);
-    const uint8_t *wr[LANE_MAX_R];
-    __m512i gs[LANE_MAX_R][LANE_MAX_T];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) wr[r] = L->w + (size_t)(o + r) * L->v.rb + wo;
+    const int32_t chunks = (n << L->v.lg) / 32, slot = g0 >> 3, off = g0 & 7;
+    const size_t xo = (size_t)g0 << L->v.lg;
+    const uint8_t *wp[TILE_MAX_P], *mp[TILE_MAX_P];
 #pragma GCC unroll 4
-    for (int t = 0; t < TT; t++) {
-        // int4 / int8: the unsigned codes carry 8 (128) * sum(x); start from minus that.
-        __m512i init = _mm512_setzero_si512();
-        if (BITS != 2)
-            init = _mm512_sub_epi32(
-                init, _mm512_slli_epi32(_mm512_maskz_loadu_epi32(km, L->qs[t] + g0), BITS == 4 ? 3 : 7));
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) gs[r][t] = init;
+    for (int p = 0; p < P; p++) {
+        wp[p] = L->codes + (size_t)(q + p) * L->v.pair_bytes + 2 * xo;
+        mp[p] = L->meta + (size_t)(q + p) * L->v.meta_bytes + (size_t)slot * (size_t)L->v.slot_bytes;
     }
-    for (int32_t p = 0; p < loads; p++) {
-        __m512i W[LANE_MAX_R];
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) W[r] = _mm512_load_si512((const void *)(wr[r] + 64 * p));
-        if (BITS == 8) {
-            // The int8 head streams from memory (decode, and the first pass
-            // of speculative verification): ask for the same line of the
-            // rows PREFETCH_ROWS ahead, more misses in flight than the
-            // hardware prefetcher keeps. A prefetch never faults; the
-            // address is formed as an integer to keep the arithmetic defined
-            // past the last row.
-#pragma GCC unroll 8
-            for (int r = 0; r < R; r++)
-                _mm_prefetch((const char *)((uintptr_t)wr[r] + PREFETCH_ROWS * L->v.rb + 64 * (size_t)p), _MM_HINT_T0);
+    // The offset correction (-128 times the code sums, or the activation
+    // sums for int8), a whole window's worth at once: as the accumulators'
+    // start value in 8-group windows, after the fold in smaller ones.
+    __m512i corr_t[TILE_MAX_T], corr_p[TILE_MAX_P];
+#pragma GCC unroll 4
+    for (int t = 0; t < TT && BITS == 8; t++)
+        corr_t[t] = _mm512_slli_epi32(_mm512_broadcast_i32x8(_mm256_loadu_si256((const __m256i *)(L->qs[t] + 8 * slot))), 7);
+#pragma GCC unroll 4
+    for (int p = 0; p < P && BITS != 8; p++)
+        corr_p[p] = _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_load_si256((const __m256i *)(mp[p] + 32))), 7);
+    __m512i gs[TILE_MAX_P][TILE_MAX_T];
+#pragma GCC unroll 4
+    for (int p = 0; p < P; p++)
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; t++)
+            gs[p][t] = n == 8 ? _mm512_sub_epi32(_mm512_setzero_si512(), BITS == 8 ? corr_t[t] : corr_p[p])
+                              : _mm512_setzero_si512();
+    for (int32_t c = 0; c < chunks; c++) {
+        __m512i W[TILE_MAX_P], X[TILE_MAX_T];
+#pragma GCC unroll 4
+        for (int p = 0; p < P; p++) {
+            W[p] = _mm512_load_si512((const void *)(wp[p] + 64 * (size_t)c));
+            // A prefetch never faults; the address is formed as an integer
+            // to keep the arithmetic defined past the last pair.
+            if (BITS == 8)
+                _mm_prefetch((const char *)((uintptr_t)wp[p] + PREFETCH_PAIRS * L->v.pair_bytes + 64 * (size_t)c), _MM_HINT_T0);
         }
 #pragma GCC unroll 4
-        for (int f = 0; f < F; f++) {
-            __m512i X[LANE_MAX_T];
+        for (int t = 0; t < TT; t++)
+            X[t] = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(L->x[t] + xo + 32 * (size_t)c)));
 #pragma GCC unroll 4
-            for (int t = 0; t < TT; t++) X[t] = _mm512_load_si512((const void *)(L->x[t] + xo + 64 * (p * F + f)));
-#pragma GCC unroll 8
-            for (int r = 0; r < R; r++) {
-                const __m512i u =
-                    BITS == 8 ? W[r] : _mm512_and_si512(f ? _mm512_srli_epi16(W[r], BITS * f) : W[r], mask);
+        for (int p = 0; p < P; p++)
 #pragma GCC unroll 4
-                for (int t = 0; t < TT; t++) gs[r][t] = dpbusd(gs[r][t], u, X[t]);
-            }
-        }
+            for (int t = 0; t < TT; t++)
+                gs[p][t] = BITS == 8 ? dpbusd(gs[p][t], W[p], X[t]) : dpbusd(gs[p][t], X[t], W[p]);
     }
-    // Lane j is group g0 + j. Windows of 16 and 8 start at a multiple of 8
-    // groups, so acc[g % 8] += v_g in increasing g is: the low 8 lanes, then
-    // the high 8; or the 8 lanes; a smaller window goes to lanes off ..
-    // off + real - 1.
-    const int32_t off = g0 & 7;
-    __m512 qf[LANE_MAX_T]; /* int2: the group sums of x, as floats */
+    // Lane l of each half is now group 8 slot + l % 8 of this window (8
+    // groups) or, once folded and moved, lanes off .. off + n - 1.
+    const __mmask16 km = (__mmask16)(((1u << n) - 1u) << off) * 0x0101u;
+    __m512 qf[TILE_MAX_T]; /* int2: the group sums of x, as floats */
 #pragma GCC unroll 4
     for (int t = 0; t < TT && BITS == 2; t++)
-        qf[t] = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(km, L->qs[t] + g0));
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-        const size_t so = (size_t)(o + r) * (size_t)L->v.ng + (size_t)g0;
-        const __m512 s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(km, L->scales + so));
+        qf[t] = _mm512_cvtepi32_ps(_mm512_broadcast_i32x8(_mm256_loadu_si256((const __m256i *)(L->qs[t] + 8 * slot))));
+#pragma GCC unroll 4
+    for (int p = 0; p < P; p++) {
+        const __m512 s = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)mp[p]));
         __m512 z = _mm512_setzero_ps();
-        if (BITS == 2) z = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(km, L->zeros + so));
+        if (BITS == 2) z = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(mp[p] + 64)));
 #pragma GCC unroll 4
         for (int t = 0; t < TT; t++) {
-            if (n == 8) {
-                // Lanes j and j + 8 hold group j.
-                const __m256i g =
-                    _mm256_add_epi32(_mm512_castsi512_si256(gs[r][t]), _mm512_extracti32x8_epi32(gs[r][t], 1));
-                __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(g), _mm512_castps512_ps256(s));
-                if (BITS == 2)
-                    v = _mm256_add_ps(v, _mm256_mul_ps(_mm512_castps512_ps256(qf[t]), _mm512_castps512_ps256(z)));
-                acc[r][t] = _mm256_mask_add_ps(acc[r][t], (__mmask8)km, acc[r][t], v);
-                continue;
-            }
-            __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(n < 16 ? fold(gs[r][t], n) : gs[r][t]), s);
-            if (BITS == 2) v = _mm512_add_ps(v, _mm512_mul_ps(qf[t], z));
-            if (n == 16) {
-                acc[r][t] = _mm256_add_ps(acc[r][t], _mm512_castps512_ps256(v));
-                acc[r][t] = _mm256_add_ps(acc[r][t], _mm512_extractf32x8_ps(v, 1));
-            } else {
-                const __m256i rot = _mm256_and_si256(
-                    _mm256_sub_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(off)),
-                    _mm256_set1_epi32(7));
-                acc[r][t] = _mm256_mask_add_ps(acc[r][t], (__mmask8)(km << off), acc[r][t],
-                                               _mm256_permutexvar_ps(rot, _mm512_castps512_ps256(v)));
-            }
+            __m512i g = gs[p][t];
+            if (n < 8) g = _mm512_sub_epi32(fold_to(g, n, off), BITS == 8 ? corr_t[t] : corr_p[p]);
+            __m512 val = _mm512_mul_ps(_mm512_cvtepi32_ps(g), s);
+            if (BITS == 2) val = _mm512_add_ps(val, _mm512_mul_ps(qf[t], z));
+            const __m512 prev = first ? _mm512_setzero_ps() : acc[p][t];
+            acc[p][t] = n == 8 ? _mm512_add_ps(prev, val) : _mm512_mask_add_ps(prev, km, prev, val);
         }
     }
 }
 
-/* ls_hsum256 of A[0] .. A[7] at once, the same additions in the same order:
- * lanes 0-3 for A[0], A[2], A[4], A[6], lanes 4-7 for A[1], A[3], A[5], A[7]. */
-static inline __m256 lane_sum8(const __m256 A[8]) {
-    __m256 B[4];
+/* ls_hsum256 of both halves of V[0] .. V[7] at once, the same additions in
+ * the same order: lane 2j + h of the result is half h of V[j]. */
+static inline __m512 hsum_halves8(const __m512 V[8]) {
+    __m512 A[4], B[2];
 #pragma GCC unroll 4
-    for (int i = 0; i < 4; i++)
-        B[i] = _mm256_add_ps(_mm256_permute2f128_ps(A[2 * i], A[2 * i + 1], 0x20),
-                             _mm256_permute2f128_ps(A[2 * i], A[2 * i + 1], 0x31));
-    __m256 C01 = _mm256_add_ps(_mm256_shuffle_ps(B[0], B[1], 0x44), _mm256_shuffle_ps(B[0], B[1], 0xEE));
-    __m256 C23 = _mm256_add_ps(_mm256_shuffle_ps(B[2], B[3], 0x44), _mm256_shuffle_ps(B[2], B[3], 0xEE));
-    return _mm256_add_ps(_mm256_shuffle_ps(C01, C23, 0x88), _mm256_shuffle_ps(C01, C23, 0xDD));
+    for (int k = 0; k < 4; k++) /* quads: V[2k] half 0, half 1, V[2k+1] half 0, half 1; lane i: a_i + a_{i+4} */
+        A[k] = _mm512_add_ps(_mm512_shuffle_f32x4(V[2 * k], V[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(V[2 * k], V[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+#pragma GCC unroll 2
+    for (int k = 0; k < 2; k++) /* per quad: A[2k] (p0 + p2, p1 + p3), A[2k+1] (the same) */
+        B[k] = _mm512_add_ps(_mm512_shuffle_ps(A[2 * k], A[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(A[2 * k], A[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* quad i, lane k: (p0 + p2) + (p1 + p3) of quad i of A[k] */
+    const __m512 C = _mm512_add_ps(_mm512_shuffle_ps(B[0], B[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(B[0], B[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), C);
 }
 
-/* y[o .. o + 3] (+)= v * d (the final step of quant.h on 4 rows). */
-static inline void store4(float *y, __m128 v, float d, int32_t add) {
-    v = _mm_mul_ps(v, _mm_set1_ps(d));
-    _mm_storeu_ps(y, add ? _mm_add_ps(_mm_loadu_ps(y), v) : v);
-}
-
-/* Rows [o, o + R) x tokens [t0, t0 + TT) of the packed weights. */
-static inline __attribute__((always_inline)) void lane_tile(float *y, int32_t ldy, const lanes *L, int32_t o,
-                                                            int32_t t0, const int R, const int TT,
-                                                            const int BITS, int32_t add) {
+/* Pairs [q, q + P) x tokens [t0, t0 + TT): y (+)= the rows in rowmask (bit
+ * r: row 2q + r). */
+static inline __attribute__((always_inline)) void pair_tile(float *y, int32_t ldy, const lanes *L, int32_t q,
+                                                            int32_t t0, uint32_t rowmask, const int P,
+                                                            const int TT, const int BITS, int32_t add) {
     const int32_t ng = L->v.ng;
-    __m256 acc[LANE_MAX_R][LANE_MAX_T];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int t = 0; t < TT; t++) acc[r][t] = _mm256_setzero_ps();
+    __m512 acc[TILE_MAX_P][TILE_MAX_T];
     int32_t g0 = 0;
-    for (; g0 + 16 <= ng; g0 += 16) lane_window(acc, L, o, g0, 16, 16, R, TT, BITS);
-    if (g0 + 8 <= ng) {
-        lane_window(acc, L, o, g0, 8, 8, R, TT, BITS);
-        g0 += 8;
+    if (ng >= 8) {
+        pair_window(acc, L, q, 0, 8, 1, P, TT, BITS);
+        for (g0 = 8; g0 + 8 <= ng; g0 += 8) pair_window(acc, L, q, g0, 8, 0, P, TT, BITS);
+    } else {
+        pair_window(acc, L, q, 0, window_groups(ng), 1, P, TT, BITS);
+        g0 = window_groups(ng);
     }
     while (g0 < ng) {
-        const int32_t n = window_groups(ng - g0, L->v.nmin);
-        lane_window(acc, L, o, g0, n, ng - g0 < n ? ng - g0 : n, R, TT, BITS);
+        const int32_t n = window_groups(ng - g0);
+        pair_window(acc, L, q, g0, n, 0, P, TT, BITS);
         g0 += n;
     }
-    float *yr = y + (size_t)t0 * (size_t)ldy + o;
-    if (R == 4 && TT % 2 == 0) {
-        // Two tokens' 4 rows per lane_sum8.
+    // Token t's 2P rows are lanes [2P t, 2P (t + 1)) of the sums, 16 to a
+    // vector.
+    const int NV = (2 * P * TT + 15) / 16;
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 d4 = _mm512_zextps128_ps512(_mm_maskz_loadu_ps((__mmask8)((1u << TT) - 1u), L->d));
+    __m512 out[2];
 #pragma GCC unroll 2
-        for (int t = 0; t < TT; t += 2) {
-            const __m256 A[8] = {acc[0][t], acc[0][t + 1], acc[1][t], acc[1][t + 1],
-                                 acc[2][t], acc[2][t + 1], acc[3][t], acc[3][t + 1]};
-            const __m256 s = lane_sum8(A);
-            store4(yr + (size_t)t * (size_t)ldy, _mm256_castps256_ps128(s), L->d[t], add);
-            store4(yr + (size_t)(t + 1) * (size_t)ldy, _mm256_extractf128_ps(s, 1), L->d[t + 1], add);
+    for (int b = 0; b < NV; b++) {
+        __m512 V[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const int k = 8 * b + j;
+            V[j] = k < P * TT ? acc[k % P][k / P] : acc[0][0];
         }
-    } else if (R == 8 && TT == 1) {
-        const __m256 A[8] = {acc[0][0], acc[4][0], acc[1][0], acc[5][0],
-                             acc[2][0], acc[6][0], acc[3][0], acc[7][0]};
-        const __m256 s = lane_sum8(A);
-        store4(yr, _mm256_castps256_ps128(s), L->d[0], add);
-        store4(yr + 4, _mm256_extractf128_ps(s, 1), L->d[0], add);
-    } else {
-        for (int r = 0; r < R; r++)
-            for (int t = 0; t < TT; t++) {
-                float v = ls_hsum256(acc[r][t]) * L->d[t];
-                float *yo = yr + (size_t)t * (size_t)ldy + r;
-                *yo = add ? *yo + v : v;
-            }
+        const __m512i tok = _mm512_srli_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(16 * b)), __builtin_ctz(2 * P));
+        out[b] = _mm512_mul_ps(hsum_halves8(V), _mm512_permutexvar_ps(tok, d4));
+    }
+    float *yr = y + (size_t)t0 * (size_t)ldy + 2 * (size_t)q;
+    const __mmask16 m = (__mmask16)rowmask;
+#pragma GCC unroll 4
+    for (int t = 0; t < TT; t++) {
+        const int at = 2 * P * t;
+        const __m512 v = at % 16 ? _mm512_permutexvar_ps(_mm512_add_epi32(lane, _mm512_set1_epi32(at % 16)), out[at / 16])
+                                 : out[at / 16];
+        float *yt = yr + (size_t)t * (size_t)ldy;
+        _mm512_mask_storeu_ps(yt, m, add ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, yt), v) : v);
     }
 }
 
-/* Tiles of R rows from row o while they fit below o1, tokens [t0, t0 +
- * TT); the first row not done. */
-static inline __attribute__((always_inline)) int32_t lane_tiles(float *y, int32_t ldy, const ls_qact *a,
-                                                                const ls_qmat *w, int32_t o, int32_t o1,
-                                                                int32_t t0, const int R, const int TT,
-                                                                const int BITS, int32_t add) {
-    lanes L = {windows_of(w->in, w->group, BITS), w->packed, w->scales, w->zeros, {0}, {0}, a->d + t0};
+/* Tiles of P pairs from pair q while they fit below q1, tokens [t0, t0 +
+ * TT), rows clipped to [o0, o1); the first pair not done. */
+static inline __attribute__((always_inline)) int32_t pair_tiles(float *y, int32_t ldy, const ls_qact *a,
+                                                                const ls_qmat *w, int32_t q, int32_t q1,
+                                                                int32_t t0, int32_t o0, int32_t o1, const int P,
+                                                                const int TT, const int BITS, int32_t add) {
+    const layout v = layout_of(w);
+    lanes L = {v, w->packed, w->packed + v.meta_offset, {0}, {0}, a->d + t0};
 #pragma GCC unroll 4
     for (int t = 0; t < TT; t++) {
         L.x[t] = a->q + (size_t)(t0 + t) * (size_t)a->ld;
         L.qs[t] = a->qsum + (size_t)(t0 + t) * (size_t)a->gld;
     }
-    for (; o + R <= o1; o += R) lane_tile(y, ldy, &L, o, t0, R, TT, BITS, add);
-    return o;
+    for (; q + P <= q1; q += P) {
+        // Rows 2q .. 2q + 2P - 1 that fall in [o0, o1).
+        const int32_t lo = o0 - 2 * q > 0 ? o0 - 2 * q : 0, hi = o1 - 2 * q < 2 * P ? o1 - 2 * q : 2 * P;
+        const uint32_t rowmask = ((1u << hi) - 1u) & ~((1u << lo) - 1u);
+        pair_tile(y, ldy, &L, q, t0, rowmask, P, TT, BITS, add);
+    }
+    return q;
 }
 
 // ---- the row / token loops ----
 
 typedef int32_t (*tiles_fn)(float *, int32_t, const ls_qact *, const ls_qmat *, int32_t, int32_t, int32_t,
-                            int32_t);
+                            int32_t, int32_t, int32_t);
 
-#define TILES(KIND, R, TT, B)                                                                       \
-    static int32_t KIND##_r##R##_t##TT##_b##B(float *y, int32_t ldy, const ls_qact *a,              \
-                                              const ls_qmat *w, int32_t o, int32_t o1, int32_t t0,  \
-                                              int32_t add) {                                        \
-        return KIND(y, ldy, a, w, o, o1, t0, R, TT, B, add);                                        \
+#define TILES(P, TT, B)                                                                                   \
+    static int32_t tiles_p##P##_t##TT##_b##B(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w,   \
+                                             int32_t q, int32_t q1, int32_t t0, int32_t o0, int32_t o1,   \
+                                             int32_t add) {                                               \
+        return pair_tiles(y, ldy, a, w, q, q1, t0, o0, o1, P, TT, B, add);                                \
     }
-/* The four shapes of one bit width: rows x 4 tokens, single rows x 4
- * tokens, R1 rows x 1 token, single rows x 1 token. */
-#define TILES_BITS(B, R1) \
-    TILES(lane_tiles, 4, 4, B) TILES(lane_tiles, 1, 4, B) TILES(lane_tiles, R1, 1, B) TILES(lane_tiles, 1, 1, B)
-TILES_BITS(8, 4)
-TILES_BITS(4, 8)
-TILES_BITS(2, 8)
+/* Per token count 4, 3, 2, 1: the wide tile, then single pairs. */
+#define TILES_BITS(B) \
+    TILES(4, 4, B) TILES(1, 4, B) TILES(2, 3, B) TILES(1, 3, B) TILES(4, 2, B) TILES(1, 2, B) TILES(4, 1, B) TILES(1, 1, B)
+TILES_BITS(8)
+TILES_BITS(4)
+TILES_BITS(2)
 
-/* Tokens in groups of 4 (tiles of r4 rows, then single rows), then one by
- * one (tiles of r1 rows, then single rows). */
+/* wide[k], one[k]: the tiles for k + 1 tokens. */
 typedef struct {
-    tiles_fn t4, r1t4, t1, r1t1;
+    tiles_fn wide[TILE_MAX_T], one[TILE_MAX_T];
 } kernels;
 
-/* int8 decode streams the head from memory in tiles of 4 rows: tiles of 8
- * took 20% longer on the 50257 x 768 head. */
-static const kernels K8 = {lane_tiles_r4_t4_b8, lane_tiles_r1_t4_b8, lane_tiles_r4_t1_b8, lane_tiles_r1_t1_b8};
-static const kernels K4 = {lane_tiles_r4_t4_b4, lane_tiles_r1_t4_b4, lane_tiles_r8_t1_b4, lane_tiles_r1_t1_b4};
-static const kernels K2 = {lane_tiles_r4_t4_b2, lane_tiles_r1_t4_b2, lane_tiles_r8_t1_b2, lane_tiles_r1_t1_b2};
+#define KERNELS(B)                                                                          \
+    {{tiles_p4_t1_b##B, tiles_p4_t2_b##B, tiles_p2_t3_b##B, tiles_p4_t4_b##B},              \
+     {tiles_p1_t1_b##B, tiles_p1_t2_b##B, tiles_p1_t3_b##B, tiles_p1_t4_b##B}}
+static const kernels K8 = KERNELS(8), K4 = KERNELS(4), K2 = KERNELS(2);
 
 static void matmul_avx512(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w, int32_t o0,
                           int32_t o1, int32_t add) {
     const kernels *k = w->bits == 4 ? &K4 : w->bits == 2 ? &K2 : &K8;
-    const size_t row_bytes = windows_of(w->in, w->group, w->bits).rb;
-    const int32_t T = a->T;
-    // Rows in blocks that stay in L2 while every group of 4 tokens passes.
-    int32_t rb = (int32_t)(L2_BLOCK_BYTES / row_bytes);
-    rb = rb < 8 ? 8 : rb & ~7;
-    for (int32_t ob = o0; ob < o1; ob += rb) {
-        const int32_t oe = o1 - ob < rb ? o1 : ob + rb;
-        int32_t t = 0;
-        for (; t + 4 <= T; t += 4) k->r1t4(y, ldy, a, w, k->t4(y, ldy, a, w, ob, oe, t, add), oe, t, add);
-        for (; t < T; t++) k->r1t1(y, ldy, a, w, k->t1(y, ldy, a, w, ob, oe, t, add), oe, t, add);
+    const layout v = layout_of(w);
+    const int32_t T = a->T, q0 = o0 / 2, q1 = (o1 + 1) / 2;
+    // Pairs in blocks that stay in L2 while every group of tokens passes.
+    int32_t pb = (int32_t)(L2_BLOCK_BYTES / (v.pair_bytes + v.meta_bytes));
+    pb = pb < 4 ? 4 : pb & ~3;
+    for (int32_t qb = q0; qb < q1; qb += pb) {
+        const int32_t qe = q1 - qb < pb ? q1 : qb + pb;
+        for (int32_t t = 0; t < T;) {
+            const int32_t n = T - t < TILE_MAX_T ? T - t : TILE_MAX_T;
+            k->one[n - 1](y, ldy, a, w, k->wide[n - 1](y, ldy, a, w, qb, qe, t, o0, o1, add), qe, t, o0, o1, add);
+            t += n;
+        }
     }
 }
 

@@ -131,14 +131,13 @@ const QUANTIZERS = {
   int8: quantizeInt8,
 };
 
-// [rows, cols, group]: odd row counts (tails of every row tile), inputs that
-// are not a multiple of a SIMD window (96, 160), more than 8 groups (the
-// fp32 lane order wraps), and every group size. The AVX-512 layout cuts a
-// row into windows of 16 groups, then 8, 4, 2, 1 (the last padded up to one
-// 64-byte load): 768/32 is 16 + 8, 1216/64 is 16 + 2 + 1, 2176/128 is
-// 16 + 1, 4864/256 is 16 + 2 + 1, 1440/32 is 16 + 16 + 8 and then 4 + 1
-// padded to 2 (int8), 4 (int4) or 8 (int2); 96/32 (int8: 2 + 1 padded to 2)
-// and 160/32 pad too. Tokens 1 to 9 cover every remainder of the token tiles.
+// [rows, cols, group]: odd row counts (tails of every row tile, and of the
+// AVX-512 row pairs), inputs that are not a multiple of a SIMD window (96,
+// 160), more than 8 groups (the fp32 lane order wraps), and every group
+// size. The AVX-512 layout cuts a row into windows of 8 groups, then 4, 2,
+// 1: 96/32 is 2 + 1, 352/32 is 8 + 2 + 1, 1216/64 is 16 + 2 + 1, 1440/32
+// is 40 + 4 + 1, 2176/128 is 16 + 1, 4864/256 is 16 + 2 + 1. Tokens 1 to 9
+// cover every remainder of the token tiles.
 const SHAPES: [number, number, number][] = [
   [7, 96, 32],
   [33, 160, 32],
