@@ -1,6 +1,6 @@
 // `bun run bench`: every benchmark section, printed as tables and written as
 // JSON (bench/results/bench.json). Sections can be picked by name:
-//   bun bench/run.ts engine quant kv quality speculative binary
+//   bun bench/run.ts engine gemm quant kv quality speculative binary
 // Figures are quoted as ratios measured side by side in one run: the
 // machines are shared and absolute tokens/s move from run to run.
 import { measureEngine } from "../src/bench/engine.ts";
@@ -8,6 +8,7 @@ import { benchModel } from "../src/bench/models.ts";
 import { printTable, type Row } from "../src/bench/table.ts";
 import { measureBinary } from "./binary.ts";
 import { measureReferenceRatio } from "./engine.ts";
+import { measureGemm } from "./gemm.ts";
 import { measureKv } from "./kv.ts";
 import { measureQuality, QUALITY_TITLES } from "./quality.ts";
 import { measureQuant } from "./quant.ts";
@@ -25,6 +26,7 @@ const sections: Record<string, () => Promise<[string, Row[]][]>> = {
       ["C kernels vs TypeScript reference (same file, same prompt)", [measureReferenceRatio(path, 8, 4)]],
     ];
   },
+  gemm: async () => [["quantized matmul kernels alone (one thread, group 32, the trained model's shapes): % of the VNNI peak", await measureGemm()]],
   quant: async () => [["weight formats (2 threads, loops 8): speed, size, quality vs fp16", await measureQuant()]],
   kv: async () => [["KV cache modes × weight formats (2 threads, loops 8): speed, KV bytes, quality vs the fp16 cache", await measureKv({ weights: ["fp16", "int4"] })]],
   quality: async () => {

@@ -35,7 +35,7 @@ export interface Roofline {
   l3Bytes: number;
 }
 
-function compileProbe(name: string): string {
+export function compileProbe(name: string): string {
   requireTool("gcc", "Debian: apt-get install gcc");
   const dir = join(cacheDir(), "probes");
   mkdirSync(dir, { recursive: true });
@@ -44,7 +44,7 @@ function compileProbe(name: string): string {
   return out;
 }
 
-function probeJson(cmd: string[]): Record<string, number | string | boolean> {
+export function probeJson(cmd: string[]): Record<string, number | string | boolean> {
   const r = run(cmd);
   try {
     return JSON.parse(r.stdout.trim().split("\n").pop() ?? "");
