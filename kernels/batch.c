@@ -138,6 +138,27 @@ static void run_block(ls_model *m, ls_session *const *sessions, const piece *pie
     }
 }
 
+/* The draws of ls_batch_step's sampling rows (slot >= 0), one task a row. */
+typedef struct {
+    ls_session *const *sessions;
+    const ls_batch_row *rows;
+    const int32_t *slot;
+    const float *logits; /* the head's rows, by slot */
+    float *logits_out;   /* or NULL */
+    int32_t vocab;
+    int32_t *out;
+} draw_job;
+
+static void draw_task(void *ctx, int32_t i, int32_t thread) {
+    (void)thread;
+    const draw_job *j = ctx;
+    j->out[i] = LS_OK;
+    if (j->slot[i] < 0) return;
+    const float *lg = j->logits + (size_t)j->slot[i] * (size_t)j->vocab;
+    if (j->logits_out) memcpy(j->logits_out + (size_t)i * (size_t)j->vocab, lg, (size_t)j->vocab * sizeof(float));
+    j->out[i] = ls_step_sample(j->sessions[i], lg, &j->rows[i].step);
+}
+
 int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
                       const int32_t *tokens, float *logits_out, int32_t *out) {
     if (!m || !m->rt) return LS_ERR_ARG;
@@ -182,16 +203,14 @@ int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_r
     }
     if (n_pieces > 0) run_block(m, sessions, pieces, n_pieces, tokens, b, slot);
 
-    /* the head over every sampling row at once, then each row's draw */
+    /* the head over every sampling row at once, then the rows' draws, one
+     * pool task each (a draw reads only its own row and session) */
     if (n_sample > 0) ls_forward_head(m, b->last, n_sample, b->xb, b->logits);
-    int32_t vocab = m->info.vocab_size;
-    for (int32_t i = 0; i < n_rows; i++) {
-        out[i] = LS_OK;
-        if (slot[i] < 0) continue;
-        const float *lg = b->logits + (size_t)slot[i] * vocab;
-        if (logits_out) memcpy(logits_out + (size_t)i * vocab, lg, (size_t)vocab * sizeof(float));
-        out[i] = ls_step_sample(sessions[i], lg, &rows[i].step);
+    draw_job job = {sessions, rows, slot, b->logits, logits_out, m->info.vocab_size, out};
+    double t0 = ls_prof_now(m->rt);
+    ls_pool_run(m->rt->pool, draw_task, &job, n_rows);
+    ls_prof_add(m->rt, LS_PROF_SAMPLE, &t0);
+    for (int32_t i = 0; i < n_rows; i++)
         if (out[i] < 0 && rc == LS_OK) rc = out[i];
-    }
     return rc;
 }

@@ -165,11 +165,8 @@ int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src, int32_t n
     return LS_OK;
 }
 
-int32_t ls_step_sample(ls_session *s, const float *logits, const ls_step_params *p) {
-    double t0 = ls_prof_now(s->m->rt);
-    int32_t rc = ls_sample(logits, s->m->info.vocab_size, s->tokens, s->pos, &p->sampling, (uint64_t)s->pos);
-    ls_prof_add(s->m->rt, LS_PROF_SAMPLE, &t0);
-    return rc;
+int32_t ls_step_sample(const ls_session *s, const float *logits, const ls_step_params *p) {
+    return ls_sample(logits, s->m->info.vocab_size, s->tokens, s->pos, &p->sampling, (uint64_t)s->pos);
 }
 
 int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, const ls_step_params *params,
@@ -180,5 +177,8 @@ int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, const l
     float *logits = logits_out ? logits_out : s->logits;
     int32_t rc = ls_session_forward(s, tokens, n, params->loops, logits, 1);
     if (rc != LS_OK) return rc;
-    return ls_step_sample(s, logits, params);
+    double t0 = ls_prof_now(s->m->rt);
+    rc = ls_step_sample(s, logits, params);
+    ls_prof_add(s->m->rt, LS_PROF_SAMPLE, &t0);
+    return rc;
 }

@@ -73,7 +73,8 @@ static inline ls_seq_view ls_session_view(const ls_session *s) {
 
 /* Draws the next token from logits, the last row the session was fed, as
  * ls_session_step does (history: the session's tokens; RNG counter: its
- * position). Shared by ls_session_step and ls_batch_step. */
-int32_t ls_step_sample(ls_session *s, const float *logits, const ls_step_params *p);
+ * position). Shared by ls_session_step and ls_batch_step; reads only s, so
+ * several sessions may draw at once on different threads. */
+int32_t ls_step_sample(const ls_session *s, const float *logits, const ls_step_params *p);
 
 #endif
