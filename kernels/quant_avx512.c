@@ -36,10 +36,11 @@
 #include <sys/mman.h>
 
 #include "quant.h"
-#include "simd_vec.h"
 
 #define TILE_MAX_P 4 /* row pairs per tile */
 #define TILE_MAX_T 4 /* tokens per tile */
+/* Pairs in blocks of this many bytes: 128 KB ran the 256 x 768 down
+ * projection at 64 tokens 3% faster than 64 KB, the others alike. */
 #define L2_BLOCK_BYTES (128 * 1024)
 /* How far ahead (in row pairs) the int8 tiles prefetch the head, which
  * streams from memory in decode: more misses in flight than the hardware
