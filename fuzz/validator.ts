@@ -24,7 +24,10 @@ import {
   loadModelFile,
   loadQuantModelFile,
   matrixShapes,
+  HEAD_BITS,
   type ModelConfig,
+  type ModelShape,
+  type QuantizedHead,
   QUANT_MATRICES,
   quantTensorShapes,
 } from "../src/model/format.ts";
@@ -85,8 +88,9 @@ const numberText = (forms: string[], max: number) => fc.oneof(fc.constantFrom(..
 const ropeThetaText = numberText(["10000", "1e-05", "1e-6", "500000.0", "0.5", "1E4", "+3", "7.", ".25"], 1e11);
 const normEpsText = numberText(["1e-05", "1e-6", "0.5", "5E-1", "+.5", ".25"], 0.99);
 
-type ValidConfig = Omit<ModelConfig, "tiedOutput"> & {
-  output: "tied" | "fp16" | "int8";
+type Output = "tied" | "fp16" | QuantizedHead;
+type ValidConfig = ModelShape & {
+  output: Output;
   /** rope_theta and norm_eps as written: any decimal form the format accepts. */
   ropeThetaText: string;
   normEpsText: string;
@@ -106,7 +110,7 @@ const validConfig: fc.Arbitrary<ValidConfig> = fc
     ropeTheta: ropeThetaText,
     normEps: normEpsText,
     groupSize: fc.constantFrom(...GROUP_SIZES.slice(0, 2)),
-    output: fc.constantFrom("tied", "fp16", "int8"),
+    output: fc.constantFrom<Output>("tied", "fp16", "int8", "int6", "int4"),
   })
   .map((r) => {
     const nHeads = r.kvHeads * r.group;
@@ -132,7 +136,8 @@ const validConfig: fc.Arbitrary<ValidConfig> = fc
       quant: r.quant as ModelConfig["quant"],
       groupSize: quantized ? r.groupSize : 0,
       tokenizer: "gpt2" as const,
-      output: (quantized ? r.output : r.output === "int8" ? "fp16" : r.output) as "tied" | "fp16" | "int8",
+      // A quantized head needs dim a multiple of its group (int6: of 64).
+      output: !quantized && r.output !== "tied" ? "fp16" : r.output === "int6" && dim % 64 !== 0 ? "int8" : r.output,
     };
   });
 
@@ -147,8 +152,8 @@ function tensorsOf(c: ValidConfig): [string, Dtype, number[]][] {
     const shapes = matrixShapes(c);
     const bits = c.quant === "int4" ? 4 : 2;
     for (const m of QUANT_MATRICES) out.push(...quantTensorShapes(`block.${m}`, bits, shapes[m][0], shapes[m][1], c.groupSize));
-    if (c.output === "int8") out.push(...quantTensorShapes("output", 8, c.vocabSize, c.dim, c.groupSize));
   }
+  if (c.output !== "tied" && c.output !== "fp16") out.push(...quantTensorShapes("output", HEAD_BITS[c.output], c.vocabSize, c.dim, c.groupSize));
   if (c.output === "fp16") out.push(["output.weight", "F16", [c.vocabSize, c.dim]]);
   return out;
 }
@@ -157,7 +162,8 @@ function tensorsOf(c: ValidConfig): [string, Dtype, number[]][] {
 export const validModelImage: fc.Arbitrary<Uint8Array> = validConfig.chain((c) => {
   const tensors = tensorsOf(c);
   return fc.tuple(fc.shuffledSubarray(tensors, { minLength: tensors.length }), fc.integer({ min: 0, max: 2 ** 31 - 1 })).map(([order, seed]) => {
-    const metadata = { ...configToMetadata(c), rope_theta: c.ropeThetaText, norm_eps: c.normEpsText };
+    const head = c.output === "tied" || c.output === "fp16" ? {} : { output_quant: c.output };
+    const metadata = { ...configToMetadata(c), ...head, rope_theta: c.ropeThetaText, norm_eps: c.normEpsText };
     const entries: Entries = [["__metadata__", JSON.stringify(metadata)]];
     let offset = 0;
     for (const [name, dtype, shape] of order) {

@@ -86,7 +86,7 @@ typedef struct {
     int32_t rows_per_task;
 } build_job;
 
-/* Row r of the model's head as fp32: the fp16 head, or the stored int8 one dequantized. */
+/* Row r of the model's head as fp32: the fp16 head, or the stored quantized one dequantized. */
 static void head_row(const ls_model *m, int32_t r, float *f) {
     int32_t dim = m->info.dim;
     if (m->w.output) {
@@ -94,9 +94,9 @@ static void head_row(const ls_model *m, int32_t r, float *f) {
         return;
     }
     const ls_qmat *q = m->w.qoutput;
-    const int8_t *c = (const int8_t *)q->qweight + (size_t)r * dim;
+    const uint8_t *row = q->qweight + (size_t)r * dim * q->bits / 8;
     const uint16_t *s = q->scales + (size_t)r * (dim / q->group);
-    for (int32_t i = 0; i < dim; i++) f[i] = (float)c[i] * ls_f16_to_f32(s[i / q->group]);
+    for (int32_t i = 0; i < dim; i++) f[i] = (float)ls_quant_code(row, dim, i, q->bits) * ls_f16_to_f32(s[i / q->group]);
 }
 
 /* The code u in 0..3 whose level u - 1.5 is nearest to t = w / s (NaN ->

@@ -26,16 +26,19 @@ typedef struct {
     const uint16_t *zeros;  /* (rows, in / group) fp16 offsets; int2 only, else NULL */
     int32_t rows, in;
     int32_t group;          /* inputs per scale: 32, 64, 128 or 256 */
-    int32_t bits;           /* 4 (int4), 2 (int2) or 8 (int8 output head) */
+    int32_t bits;           /* block: 4 (int4) or 2 (int2); head: 8, 6 or 4 */
+    int32_t head;           /* 1: the output head. Its codes are the unsigned operand (c + 2^(bits-1)),
+                               and paths with their own layout keep it at its stored width: it
+                               streams from memory once per step, where bytes are the cost */
     ls_qact *act;           /* the model's activation scratch (see quant.h) */
     uint8_t *packed;        /* qweight in the layout of act's kernels, or NULL (quant.h) */
 } ls_qmat;
 
 /* Weights point straight into the read-only mapping (fp16, row-major).
- * In a quantized model (quant int4/int2) the block's seven matrices, and
- * the output head when it is stored int8, are ls_qmat instead: their q*
- * pointer is set and their fp16 pointer is NULL. In an fp16 model every q*
- * pointer is NULL. */
+ * In a quantized model (quant int4/int2) the block's seven matrices are
+ * ls_qmat instead: their q* pointer is set and their fp16 pointer is NULL;
+ * in an fp16 model they are NULL. The output head, in a model of either
+ * kind, is ls_qmat qoutput when head_bits > 0, else the fp16 output. */
 typedef struct {
     const uint16_t *tok_embeddings; /* (vocab_size, dim) */
     const uint16_t *attn_norm;      /* (dim) */
@@ -51,7 +54,7 @@ typedef struct {
     const uint16_t *output;         /* (vocab_size, dim); == tok_embeddings when tied */
     const ls_qmat *qwq, *qwk, *qwv, *qwo; /* as wq..wo, quantized */
     const ls_qmat *qw1, *qw2, *qw3;       /* as w1..w3, quantized */
-    const ls_qmat *qoutput;               /* (vocab_size, dim) int8 head, or NULL */
+    const ls_qmat *qoutput;               /* (vocab_size, dim) int8 / int6 / int4 head, or NULL */
 } ls_weights;
 
 struct ls_model {
@@ -61,7 +64,7 @@ struct ls_model {
     size_t map_len;
     ls_runtime *rt;
     ls_qmat qmats[8]; /* storage behind ls_weights' q* pointers */
-    ls_qact *qact;    /* activation scratch shared by the quantized matrices; NULL for fp16 */
+    ls_qact *qact;    /* activation scratch shared by the quantized matrices; NULL when none is */
 };
 
 /* Provided by forward.c. Called once by ls_model_load after the descriptor is

@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define LS_ABI_VERSION 3
+#define LS_ABI_VERSION 4
 
 /* ---- status codes ---- */
 typedef enum {
@@ -89,11 +89,24 @@ typedef enum {
  *         in bits 2k..2k+1 of the row's byte j (input 4j in the low bits).
  *         w = s * c + z (z from X.zeros: scale and offset per group).
  * The token embedding and the norms stay F16 (an embedding row is gathered,
- * never multiplied). The output head is either `output.weight` (F16), or
- * int8: `output.qweight` I8 [vocab, dim], code c in [-127, 127] (two's
- * complement bytes), and `output.scales` F16 [vocab, dim / G], w = s * c; or
- * absent (tied to tok_embeddings, F16). ls_model_info.tied_output is 1 only
- * in that last case.
+ * never multiplied).
+ *
+ * The output head, in a model of any of these formats, is one of:
+ *   F16    `output.weight` F16 [vocab, dim];
+ *   tied   absent: tok_embeddings (F16) is reused; ls_model_info.tied_output
+ *          is 1 only in this case;
+ *   int8 / int6 / int4 (head_bits 8, 6, 4): `output.qweight` and
+ *          `output.scales` F16 [vocab, dim / GH], GH = head_group, w = s * c
+ *          with the symmetric code c of a group:
+ *     int8  I8 [vocab, dim], c in [-127, 127] (two's complement bytes);
+ *     int6  U8 [vocab, dim * 3 / 4] (dim a multiple of 64), c in [-32, 31]
+ *           stored as u = c + 32: a row is dim / 2 bytes holding the low
+ *           four bits of u as int4 holds its nibbles, then dim / 4 bytes of
+ *           the high two bits, 16 bytes per 64 inputs: those of input
+ *           64 b + 2 j + e (j < 32, e in 0..1) are bits 4 (j / 16) + 2 e of
+ *           byte 16 b + j % 16 (so the 32 nibble bytes of 64 inputs and
+ *           their 16 high-bit bytes line up for SIMD loads);
+ *     int4  U8 [vocab, dim / 2], exactly as the block's int4 matrices.
  *
  * Kernels (kernels/quant.h): each activation row is quantized to int8 with
  * one fp32 scale, each group is an exact integer dot product, and the
@@ -127,6 +140,8 @@ typedef struct {
     int32_t tied_output;    /* 1 when output.weight is absent and E is reused */
     int32_t simd;           /* LS_SIMD_* actually in use */
     int32_t n_threads;      /* threads in the pool (including the caller) */
+    int32_t head_bits;      /* the output head's format: 8, 6, 4, or 0 (F16 or tied) */
+    int32_t head_group;     /* its group (0 when head_bits is 0) */
     int32_t reserved;
 } ls_model_info;
 
@@ -177,7 +192,8 @@ typedef struct {
     float norm_eps;         /* (0, LS_MAX_NORM_EPS) */
     int32_t quant;          /* LS_QUANT_* */
     int32_t group_size;     /* 0 for fp16; otherwise a power of two in [LS_QUANT_GROUP_MIN, LS_QUANT_GROUP_MAX] dividing dim and ffn_dim */
-    int32_t reserved;       /* 0 */
+    int32_t head_bits;      /* 8, 6 or 4: output.qweight holds the head in that format; 0: F16 or tied head */
+    int32_t head_group;     /* head_bits > 0: its group, a power of two in [LS_QUANT_GROUP_MIN, LS_QUANT_GROUP_MAX] dividing dim; else 0 */
 } ls_model_config;
 
 /* Element types of the tensors a model holds (safetensors' names). */

@@ -80,8 +80,14 @@ static int check_config(const ls_model_config *c, ls_model_info *info, char *err
                      quant_name(c->quant));
         return -1;
     }
-    if (c->reserved != 0) {
-        ls_set_error(err, err_len, "model descriptor: reserved config field is %d, expected 0", c->reserved);
+    if (c->head_bits == 0 ? c->head_group != 0
+                          : (c->head_bits != 8 && c->head_bits != 6 && c->head_bits != 4) ||
+                                !ls_quant_group_ok(c->head_group) || c->dim % c->head_group != 0 ||
+                                (c->head_bits == 6 && c->dim % 64 != 0)) {
+        ls_set_error(err, err_len,
+                     "model descriptor: head_bits %d with head_group %d (dim %d) is not a head format: bits 8, 6 "
+                     "or 4 with a group dividing dim (int6: dim a multiple of 64), or 0 and 0",
+                     c->head_bits, c->head_group, c->dim);
         return -1;
     }
     int32_t G = c->group_size;
@@ -106,6 +112,8 @@ static int check_config(const ls_model_config *c, ls_model_info *info, char *err
     info->norm_eps = c->norm_eps;
     info->quant = c->quant;
     info->group_size = G;
+    info->head_bits = c->head_bits;
+    info->head_group = c->head_group;
     return 0;
 }
 
@@ -135,8 +143,8 @@ static slot_rule f16_rule(presence need, int64_t rows, int64_t cols) {
 }
 
 // dims are capped by check_config (<= 2^20 * 2^18 elements), so no product overflows.
-static slot_rule rule_of(const ls_model_info *in, const ls_tensor_span *t, int slot) {
-    const int64_t dim = in->dim, vocab = in->vocab_size, G = in->group_size;
+static slot_rule rule_of(const ls_model_info *in, int slot) {
+    const int64_t dim = in->dim, vocab = in->vocab_size, G = in->group_size, hb = in->head_bits;
     const int quantized = in->quant != LS_QUANT_FP16, bits = in->quant == LS_QUANT_INT4 ? 4 : 2;
     const slot_rule absent = {ABSENT, LS_DTYPE_NONE, 0, 0};
     switch (slot) {
@@ -144,12 +152,11 @@ static slot_rule rule_of(const ls_model_info *in, const ls_tensor_span *t, int s
     case LS_TENSOR_ATTN_NORM:
     case LS_TENSOR_FFN_NORM:
     case LS_TENSOR_NORM: return f16_rule(REQUIRED, 1, dim);
-    case LS_TENSOR_OUTPUT_WEIGHT:
-        return t[LS_TENSOR_OUTPUT_QWEIGHT].dtype != LS_DTYPE_NONE ? absent : f16_rule(OPTIONAL, vocab, dim);
+    case LS_TENSOR_OUTPUT_WEIGHT: return hb ? absent : f16_rule(OPTIONAL, vocab, dim);
     case LS_TENSOR_OUTPUT_QWEIGHT:
-        return quantized ? (slot_rule){OPTIONAL, LS_DTYPE_I8, (uint64_t)(vocab * dim), 0} : absent;
-    case LS_TENSOR_OUTPUT_SCALES:
-        return t[LS_TENSOR_OUTPUT_QWEIGHT].dtype != LS_DTYPE_NONE ? f16_rule(REQUIRED, vocab, dim / G) : absent;
+        return hb ? (slot_rule){REQUIRED, hb == 8 ? LS_DTYPE_I8 : LS_DTYPE_U8, (uint64_t)(vocab * dim * hb / 8), 0}
+                  : absent;
+    case LS_TENSOR_OUTPUT_SCALES: return hb ? f16_rule(REQUIRED, vocab, dim / in->head_group) : absent;
     default: break;
     }
     int64_t rows, cols;
@@ -179,7 +186,7 @@ static int check_slot(const ls_model_info *in, const ls_tensor_span *t, int slot
                       int32_t err_len) {
     const ls_tensor_span *sp = &t[slot];
     const char *name = tensor_names[slot];
-    slot_rule r = rule_of(in, t, slot);
+    slot_rule r = rule_of(in, slot);
     if (sp->reserved != 0) {
         ls_set_error(err, err_len, "tensor '%s': reserved descriptor field is %d, expected 0", name, sp->reserved);
         return -1;
@@ -197,8 +204,8 @@ static int check_slot(const ls_model_info *in, const ls_tensor_span *t, int slot
         return 0;
     }
     if (r.need == ABSENT) {
-        ls_set_error(err, err_len, "tensor '%s' does not belong in an %s model%s", name, quant_name(in->quant),
-                     slot == LS_TENSOR_OUTPUT_WEIGHT ? " with an int8 output head" : "");
+        ls_set_error(err, err_len, "tensor '%s' does not belong in an %s model with %s", name, quant_name(in->quant),
+                     in->head_bits ? "a quantized output head (head_bits > 0)" : "an F16 or tied output head");
         return -1;
     }
     if (sp->dtype != r.dtype) {
@@ -277,7 +284,7 @@ static int check_finite(const ls_model_info *in, const ls_tensor_span *t, const 
         const uint16_t *p = (const uint16_t *)(const void *)(map + t[slot].offset);
         int64_t at = first_nonfinite_f16(p, t[slot].length / 2);
         if (at < 0) continue;
-        int64_t cols = rule_of(in, t, slot).cols;
+        int64_t cols = rule_of(in, slot).cols;
         uint16_t h = p[at];
         const char *what = (h & 0x03ff) ? "NaN" : (h & 0x8000) ? "-Inf" : "+Inf";
         ls_set_error(err, err_len,
@@ -314,14 +321,14 @@ static void wire_weights(ls_model *m, const ls_tensor_span *t, const uint8_t *ma
         int64_t rows, cols;
         matrix_shape(in, k, &rows, &cols);
         m->qmats[k] = (ls_qmat){tensor_at(t, base + 1, map), tensor_at(t, base + 2, map), tensor_at(t, base + 3, map),
-                                (int32_t)rows, (int32_t)cols, in->group_size, bits, NULL, NULL};
+                                (int32_t)rows, (int32_t)cols, in->group_size, bits, 0, NULL, NULL};
         *quant[k] = &m->qmats[k];
     }
     w->qoutput = NULL;
     w->output = tensor_at(t, LS_TENSOR_OUTPUT_WEIGHT, map);
     if (t[LS_TENSOR_OUTPUT_QWEIGHT].dtype != LS_DTYPE_NONE) {
         m->qmats[7] = (ls_qmat){tensor_at(t, LS_TENSOR_OUTPUT_QWEIGHT, map), tensor_at(t, LS_TENSOR_OUTPUT_SCALES, map),
-                                NULL, in->vocab_size, in->dim, in->group_size, 8, NULL, NULL};
+                                NULL, in->vocab_size, in->dim, in->head_group, in->head_bits, 1, NULL, NULL};
         w->qoutput = &m->qmats[7];
     }
     m->info.tied_output = w->output == NULL && w->qoutput == NULL;
@@ -463,7 +470,7 @@ ls_model *ls_model_load(const char *path, const ls_model_desc *desc, int32_t n_t
         free(m);
         return NULL;
     }
-    if (m->info.quant != LS_QUANT_FP16) {
+    if (m->info.quant != LS_QUANT_FP16 || m->info.head_bits != 0) {
         // One activation scratch for every quantized matrix: a matmul call
         // carries at most LS_CHUNK rows of at most max(dim, ffn_dim) inputs.
         int32_t widest = m->info.dim > m->info.ffn_dim ? m->info.dim : m->info.ffn_dim;

@@ -1,5 +1,5 @@
 /*
- * quant.h — quantized-weight matmul (int4 / int2 blocks, int8 output head).
+ * quant.h — quantized-weight matmul (int4 / int2 blocks, int8 / int6 / int4 output head).
  * Not ABI. The weight packing is written down in loopserve.h.
  *
  * Scheme (docs/kernels.md): each activation row (one token) is quantized to
@@ -20,11 +20,11 @@
  *   q[i] = clamp(rne(x[i] * (127 / amax)), -127, 127), NaN -> 0
  *   (q = 0, d = 0 when amax == 0). For group g of row o:
  *     isum  = sum_i q[i] * c[i]        exact int32 (c the signed code for
- *             int4/int8, the 0..3 code for int2; the SIMD paths feed the
- *             unsigned c + 8 / c + 128 to vpdpbusd and subtract 8 or 128
- *             times qsum, or move c's sign onto q for vpmaddubsw)
+ *             int4/int6/int8, the 0..3 code for int2; the SIMD paths feed
+ *             the unsigned c + 2^(bits-1) to vpdpbusd / vpmaddubsw and
+ *             subtract 2^(bits-1) times qsum, or move c's sign onto q)
  *     qsum  = sum_i q[i]               exact int32
- *     v_g   = (float)isum * s_g                        int4, int8
+ *     v_g   = (float)isum * s_g                        int4, int6, int8
  *     v_g   = (float)isum * s_g + (float)qsum * z_g    int2
  *   acc[g % 8] += v_g in increasing g (fp32, separate multiply and add);
  *   y = (((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7))) * d
@@ -47,6 +47,20 @@
 #define LS_QUANT_GROUP_MAX 256
 static inline int ls_quant_group_ok(int32_t g) {
     return g >= LS_QUANT_GROUP_MIN && g <= LS_QUANT_GROUP_MAX && (g & (g - 1)) == 0;
+}
+
+/* The code of input i of a stored row of `in` inputs (loopserve.h): the
+ * signed c for int8, int6 and int4, the 0..3 code for int2. */
+static inline int32_t ls_quant_code(const uint8_t *row, int32_t in, int32_t i, int32_t bits) {
+    switch (bits) {
+    case 8: return (int8_t)row[i];
+    case 4: return (int32_t)((row[i >> 1] >> (4 * (i & 1))) & 15) - 8;
+    case 2: return (row[i >> 2] >> (2 * (i & 3))) & 3;
+    default: { /* 6: the int4 nibble, then the high two bits in the 16-byte blocks of 64 inputs */
+        const int32_t j = (i & 63) >> 1, hi = (row[in / 2 + 16 * (i >> 6) + (j & 15)] >> (4 * (j >> 4) + 2 * (i & 1))) & 3;
+        return (int32_t)(((row[i >> 1] >> (4 * (i & 1))) & 15) | (hi << 4)) - 32;
+    }
+    }
 }
 
 /* Activation rows are padded with zero codes to a multiple of this many
@@ -79,8 +93,7 @@ struct ls_qact {
 typedef struct ls_qops {
     int32_t simd;
     int32_t (*pack)(ls_qmat *w);
-    void (*quantize)(ls_qact *a, const float *x, int32_t ldx, int32_t T, int32_t in, int32_t group,
-                     int32_t bits);
+    void (*quantize)(ls_qact *a, const float *x, int32_t ldx, int32_t T, const ls_qmat *w);
     /* y[t*ldy + o] (+)= row o of w times activation row t, t in [0, a->T), o in [o0, o1) */
     void (*matmul)(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w, int32_t o0, int32_t o1,
                    int32_t add);

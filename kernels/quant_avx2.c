@@ -3,16 +3,17 @@
  * with -mavx2 -mfma -mf16c; also the kernels of AVX-512 CPUs without VNNI.
  *
  * vpmaddubsw multiplies unsigned bytes by signed bytes and adds pairs into
- * saturating int16: int4 (u <= 15) and int2 (u <= 3) times |q| <= 127 stay
- * far below 32767. int8 codes are signed, so the sign moves onto the
- * activation instead (|c| * sign(q, c), at most 2 * 128 * 127 per pair).
- * The offset of the unsigned int4 codes is taken back exactly per group:
- * sum q * c = sum q * u - 8 * sum q.
+ * saturating int16: int6 (u <= 63), int4 (u <= 15) and int2 (u <= 3) times
+ * |q| <= 127 stay below 32767. int8 codes are signed, so the sign moves onto
+ * the activation instead (|c| * sign(q, c), at most 2 * 128 * 127 per pair).
+ * The offset of the unsigned int4 / int6 codes is taken back exactly per
+ * group: sum q * c = sum q * u - 8 (32) * sum q.
  *
- * Activation layout (written by quantize): int4 in spans of 64 inputs, even
- * inputs first then odd ones (one 32-byte load of packed weights = 64
- * inputs, split into low and high nibbles); int2 in spans of 128 inputs as
- * four planes (input 4j + p in plane p); int8 in natural order.
+ * Activation layout (written by quantize): int4 and int6 in spans of 64
+ * inputs, even inputs first then odd ones (one 32-byte load of packed
+ * weights = 64 inputs, split into low and high nibbles; int6's 16 bytes of
+ * high bits for them line up with the nibbles); int2 in spans of 128 inputs
+ * as four planes (input 4j + p in plane p); int8 in natural order.
  *
  * After the 8 exact block sums of a window of 256 inputs, the fp32 steps
  * are those of quant.h, the same operations in the same order as quant_avx512.c
@@ -36,8 +37,8 @@
  * max, the same fp32 multiply, cvtps2dq rounding to nearest even, NaN to 0,
  * so the codes are identical; the span layout is then made by
  * ls_quant_permute. */
-static void quantize_avx2(ls_qact *a, const float *x, int32_t ldx, int32_t T, int32_t in,
-                          int32_t group, int32_t bits) {
+static void quantize_avx2(ls_qact *a, const float *x, int32_t ldx, int32_t T, const ls_qmat *w) {
+    const int32_t in = w->in, group = w->group, bits = w->bits;
     const int32_t ng = in / group, padded = (in + LS_QACT_PAD - 1) / LS_QACT_PAD * LS_QACT_PAD;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int32_t t = 0; t < T; t++) {
@@ -76,7 +77,7 @@ static void quantize_avx2(ls_qact *a, const float *x, int32_t ldx, int32_t T, in
         }
         memset(qr + in, 0, (size_t)(padded - in));
         for (int32_t g = ng; g < a->gld; g++) qs[g] = 0;
-        if (bits == 4) ls_quant_permute(qr, in, 64, 2);
+        if (bits == 4 || bits == 6) ls_quant_permute(qr, in, 64, 2);
         else if (bits == 2) ls_quant_permute(qr, in, 128, 4);
     }
     a->T = T;
@@ -105,32 +106,52 @@ static inline __m256i reduce_8x8(const __m256i V[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
 }
 
+/* Where the bytes of inputs [e, e + n) of a row of `in` inputs start: the
+ * codes (int6: the nibbles), and int6's high bits (loopserve.h). */
+static inline size_t code_offset(int32_t e, const int BITS) { return (size_t)e * (BITS == 6 ? 4 : BITS) / 8; }
+static inline size_t high_offset(int32_t in, int32_t e) { return (size_t)in / 2 + (size_t)e / 4; }
+
+/* Bytes [at, at + n) of a row, or of a zero-padded copy in pad when n <
+ * full: AVX2 has no byte-masked load, and the last row must not be read
+ * past. */
+static inline const uint8_t *window_bytes(const uint8_t *at, int32_t n, int32_t full, uint8_t *pad) {
+    if (n >= full) return at;
+    memset(pad, 0, (size_t)full);
+    memcpy(pad, at, (size_t)n);
+    return pad;
+}
+
 /* out[r][t] = the 8 block sums of codes x activations for the window of
- * 256 inputs at input e, of which nv (a multiple of 32) are real. A
- * partial window's weights go through a zero-padded copy: AVX2 has no
- * byte-masked load, and the last row must not be read past. */
+ * 256 inputs at input e of rows of `in` inputs, of which nv (a multiple of
+ * 32; int6: of 64) are real. */
 static inline __attribute__((always_inline)) void window_sums(
-    __m256i out[TILE_MAX_R][TILE_MAX_T], const uint8_t *const *wr, const int8_t *const *xr, int32_t e,
-    int32_t nv, const int R, const int TT, const int BITS) {
-    const int32_t nb = nv * BITS / 8, full = 32 * BITS;
-    const size_t wo = (size_t)e * BITS / 8;
+    __m256i out[TILE_MAX_R][TILE_MAX_T], const uint8_t *const *wr, const int8_t *const *xr, int32_t in,
+    int32_t e, int32_t nv, const int R, const int TT, const int BITS) {
+    const int CB = BITS == 6 ? 4 : BITS; /* bits per input in the code bytes */
     const __m256i ones = _mm256_set1_epi16(1);
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
-        uint8_t pad[256] __attribute__((aligned(32)));
-        const uint8_t *wp = wr[r] + wo;
-        if (nb < full) {
-            memset(pad, 0, (size_t)full);
-            memcpy(pad, wp, (size_t)nb);
-            wp = pad;
-        }
-        if (BITS == 4) {
+        uint8_t pad[256] __attribute__((aligned(32))), hpad[64] __attribute__((aligned(32)));
+        const uint8_t *wp = window_bytes(wr[r] + code_offset(e, BITS), nv * CB / 8, 32 * CB, pad);
+        if (BITS == 4 || BITS == 6) {
             const __m256i m = _mm256_set1_epi8(0x0f);
             __m256i lo[4], hi[4];
             for (int i = 0; i < 4; i++) {
                 __m256i W = _mm256_loadu_si256((const __m256i *)(wp + 32 * i));
                 lo[i] = _mm256_and_si256(W, m);
                 hi[i] = _mm256_and_si256(_mm256_srli_epi16(W, 4), m);
+            }
+            if (BITS == 6) {
+                // Byte j of a span's 16 high-bit bytes: bits 0-3 for nibble
+                // lane j, bits 4-7 for lane j + 16; each lane's even input in
+                // its low two bits, the odd one above.
+                const __m256i m6 = _mm256_set1_epi8(0x30), half = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+                const uint8_t *hp = window_bytes(wr[r] + high_offset(in, e), nv / 4, 64, hpad);
+                for (int i = 0; i < 4; i++) {
+                    __m256i H = _mm256_srlv_epi32(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(hp + 16 * i))), half);
+                    lo[i] = _mm256_or_si256(lo[i], _mm256_and_si256(_mm256_slli_epi16(H, 4), m6));
+                    hi[i] = _mm256_or_si256(hi[i], _mm256_and_si256(_mm256_slli_epi16(H, 2), m6));
+                }
             }
 #pragma GCC unroll 4
             for (int t = 0; t < TT; t++) {
@@ -204,6 +225,7 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
                                                        int32_t add) {
     const int32_t in = w->in, G = w->group, ng = in / G, m = G / 32;
     const size_t row_bytes = (size_t)in * BITS / 8;
+    const int CB = BITS == 6 ? 4 : BITS;
     const uint8_t *wr[TILE_MAX_R];
     const int8_t *xr[TILE_MAX_T];
     __m256 acc[TILE_MAX_R][TILE_MAX_T];
@@ -215,18 +237,21 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
 
     for (int32_t g0 = 0; g0 < ng; g0 += 8) {
         const int32_t ngc = ng - g0 < 8 ? ng - g0 : 8;
-        if (TT == 1 && BITS == 8) {
-            /* Decode streams the int8 head from memory: ask for this window of
+        if (TT == 1 && w->head) {
+            /* Decode streams the head from memory: ask for this window of
              * the rows two tiles ahead, more misses in flight than the
              * hardware prefetcher keeps. A prefetch never faults; the address
              * is formed as an integer to keep the arithmetic defined. */
-            for (int r = 0; r < R; r++)
-                for (int32_t b = 0; b < ngc * G; b += 64)
-                    _mm_prefetch((const char *)((uintptr_t)wr[r] + 2 * (size_t)R * row_bytes + (size_t)g0 * G + b),
-                                 _MM_HINT_T0);
+            for (int r = 0; r < R; r++) {
+                const uintptr_t ahead = (uintptr_t)wr[r] + 2 * (size_t)R * row_bytes;
+                for (size_t b = 0; b < (size_t)ngc * G * CB / 8; b += 64)
+                    _mm_prefetch((const char *)(ahead + code_offset(g0 * G, BITS) + b), _MM_HINT_T0);
+                for (size_t b = 0; BITS == 6 && b < (size_t)ngc * G / 4; b += 64)
+                    _mm_prefetch((const char *)(ahead + high_offset(in, g0 * G) + b), _MM_HINT_T0);
+            }
         }
         if (m == 1) {
-            window_sums(gs, wr, xr, g0 * 32, ngc * 32, R, TT, BITS);
+            window_sums(gs, wr, xr, in, g0 * 32, ngc * 32, R, TT, BITS);
         } else {
             // Groups of m blocks: block sums window by window, then added up.
             int32_t bs[TILE_MAX_R][TILE_MAX_T][64] __attribute__((aligned(32)));
@@ -234,7 +259,7 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
             __m256i ws[TILE_MAX_R][TILE_MAX_T];
             for (int32_t k0 = 0; k0 < nblk; k0 += 8) {
                 const int32_t nk = nblk - k0 < 8 ? nblk - k0 : 8;
-                window_sums(ws, wr, xr, g0 * G + k0 * 32, nk * 32, R, TT, BITS);
+                window_sums(ws, wr, xr, in, g0 * G + k0 * 32, nk * 32, R, TT, BITS);
                 for (int r = 0; r < R; r++)
                     for (int t = 0; t < TT; t++) _mm256_store_si256((__m256i *)&bs[r][t][k0], ws[r][t]);
             }
@@ -258,9 +283,10 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
                     v = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(gs[r][t]), s8),
                                       _mm256_mul_ps(_mm256_cvtepi32_ps(qs), z8));
                 } else {
-                    // int4 codes entered the integer dot product as c + 8: take 8 * sum(x) back.
+                    // int4 / int6 codes entered the integer dot product as c + 8 / c + 32:
+                    // take 8 (32) * sum(x) back.
                     __m256i isum = gs[r][t];
-                    if (BITS == 4) isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(qs, 3));
+                    if (BITS == 4 || BITS == 6) isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(qs, BITS - 1));
                     v = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), s8);
                 }
                 acc[r][t] = _mm256_add_ps(acc[r][t], v);
@@ -291,6 +317,7 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
     }
 TILES(2)
 TILES(4)
+TILES(6)
 TILES(8)
 
 typedef void (*tile_fn)(float *, int32_t, const ls_qact *, const ls_qmat *, int32_t, int32_t, int32_t);
@@ -300,6 +327,7 @@ static void matmul_avx2(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *
     tile_fn r1t4, r4t1, r1t1;
     if (w->bits == 4) r1t4 = tile_r1_t4_b4, r4t1 = tile_r4_t1_b4, r1t1 = tile_r1_t1_b4;
     else if (w->bits == 2) r1t4 = tile_r1_t4_b2, r4t1 = tile_r4_t1_b2, r1t1 = tile_r1_t1_b2;
+    else if (w->bits == 6) r1t4 = tile_r1_t4_b6, r4t1 = tile_r4_t1_b6, r1t1 = tile_r1_t1_b6;
     else r1t4 = tile_r1_t4_b8, r4t1 = tile_r4_t1_b8, r1t1 = tile_r1_t1_b8;
     const int32_t T = a->T;
     int32_t rb = (int32_t)(L2_BLOCK_BYTES / ((size_t)w->in * (size_t)w->bits / 8));

@@ -4,16 +4,21 @@
  * when the CPU has avx512vnni (else the AVX2 kernels run: same results).
  *
  * vpdpbusd multiplies unsigned bytes by signed bytes, four to a 32-bit
- * lane. pack copies every matrix once into one byte per code, so the inner
- * loop is loads and vpdpbusd and nothing else:
- *   int4 / int2  the signed code c (int4 -8..7, int2 0..3) is the signed
- *                operand; the activations are stored as q + 128 (unsigned),
- *                and the offset is taken back per group with the code sums
- *                pack keeps: sum q c = sum (q + 128) c - 128 sum c
- *   int8 (head)  the code is stored c + 128 (unsigned operand), the
- *                activations signed q: sum q c = sum q (c + 128) - 128 sum q
- * The block of a looped model is one layer's matrices, so the byte per code
- * costs little memory; the int8 head is a byte per code anyway.
+ * lane. pack copies every matrix once into its layout here:
+ *   block int4 / int2  one byte per code, so the inner loop is loads and
+ *                vpdpbusd and nothing else. The signed code c (int4 -8..7,
+ *                int2 0..3) is the signed operand; the activations are
+ *                stored as q + 128 (unsigned), and the offset is taken back
+ *                per group with the code sums pack keeps:
+ *                sum q c = sum (q + 128) c - 128 sum c.
+ *                The block of a looped model is one layer's matrices, so the
+ *                byte per code costs little memory.
+ *   head int8 / int6 / int4  the code as u = c + B (B = 2^(bits-1)) is the
+ *                unsigned operand, the activations signed q:
+ *                sum q c = sum q u - B sum q. The head streams from memory
+ *                once per step, so it keeps its stored width: int6 and int4
+ *                are unpacked to bytes in registers (unpack_head) after
+ *                each load.
  *
  * Every int32 lane adds up one group. A row is cut into windows of 8
  * groups while 8 are left, then 4, 2, 1 (window_groups). In a window of n
@@ -58,9 +63,12 @@ static inline int32_t window_groups(int32_t left) {
     return n;
 }
 
-/* Bytes of one 8-group slot of a pair's metadata: fp16 scales, then (int4,
- * int2) int16 code sums, then (int2) fp16 offsets, 16 lanes each. */
-static inline int32_t slot_bytes(int32_t bits) { return 32 * (1 + (bits != 8) + (bits == 2)); }
+/* Bytes of one 8-group slot of a pair's metadata: fp16 scales, then (block
+ * int4, int2) int16 code sums, then (int2) fp16 offsets, 16 lanes each. */
+static inline int32_t slot_bytes(const ls_qmat *w) { return w->head ? 32 : 32 * (2 + (w->bits == 2)); }
+
+/* Bytes of one pair's 64-code chunk: a byte per code, or a head's width. */
+static inline int32_t chunk_bytes(const ls_qmat *w) { return w->head ? 8 * w->bits : 64; }
 
 // ---- activations ----
 
@@ -73,11 +81,10 @@ static inline __m512i codes16(const float *p, __m512 id) {
     return _mm512_min_epi32(_mm512_max_epi32(r, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
 }
 
-static void quantize_avx512(ls_qact *a, const float *x, int32_t ldx, int32_t T, int32_t in, int32_t group,
-                            int32_t bits) {
-    const int32_t G = group, ng = in / G;
-    // int4 / int2 read the activations as the unsigned operand: q + 128.
-    const __m128i flip = _mm_set1_epi8(bits == 8 ? 0 : (char)0x80);
+static void quantize_avx512(ls_qact *a, const float *x, int32_t ldx, int32_t T, const ls_qmat *w) {
+    const int32_t in = w->in, group = w->group, bits = w->bits, G = group, ng = in / G;
+    // Block matrices read the activations as the unsigned operand: q + 128.
+    const __m128i flip = _mm_set1_epi8(w->head ? 0 : (char)0x80);
     for (int32_t t = 0; t < T; t++) {
         const float *xr = x + (size_t)t * (size_t)ldx;
         int8_t *qr = a->q + (size_t)t * (size_t)a->ld;
@@ -121,15 +128,14 @@ static void quantize_avx512(ls_qact *a, const float *x, int32_t ldx, int32_t T, 
 
 // ---- weights ----
 
-/* The byte vpdpbusd reads for input i of a stored row: int4 the signed
- * code (nibble - 8), int2 the code 0..3, int8 the code + 128. */
-static inline uint8_t code_byte(const uint8_t *row, int32_t i, int32_t bits) {
-    if (bits == 8) return row[i] ^ 0x80u;
-    if (bits == 4) return (uint8_t)(((row[i >> 1] >> (4 * (i & 1))) & 15) - 8);
-    return (row[i >> 2] >> (2 * (i & 3))) & 3;
+/* The byte vpdpbusd reads for input i of a stored row: a block's code c
+ * (signed), a head's c + 2^(bits-1) (unsigned). */
+static inline uint8_t code_byte(const ls_qmat *w, const uint8_t *row, int32_t i) {
+    const int32_t c = ls_quant_code(row, w->in, i, w->bits);
+    return (uint8_t)(w->head ? c + (1 << (w->bits - 1)) : c);
 }
 
-/* The packed copy: every pair's codes (2 * in bytes each), then every
+/* The packed copy: every pair's codes (chunks of chunk_bytes), then every
  * pair's metadata (slots of slot_bytes). */
 typedef struct {
     int32_t lg;           /* log2 G */
@@ -144,55 +150,87 @@ static inline layout layout_of(const ls_qmat *w) {
     layout v;
     v.lg = __builtin_ctz((unsigned)w->group);
     v.ng = w->in >> v.lg;
-    v.pair_bytes = 2 * (size_t)w->in; /* in is a multiple of 32: a multiple of 64 bytes */
-    v.slot_bytes = slot_bytes(w->bits);
+    /* in is a multiple of 32 (int6: 64), so a multiple of 32 bytes, and of 64 but for head int4 / int6 */
+    v.pair_bytes = (size_t)w->in / 32 * (size_t)chunk_bytes(w);
+    v.slot_bytes = slot_bytes(w);
     v.meta_bytes = (size_t)((v.ng + 7) / 8) * (size_t)v.slot_bytes;
     v.meta_offset = (size_t)((w->rows + 1) / 2) * v.pair_bytes;
     return v;
 }
 
+/* One chunk of a head pair (64 bytes u, a byte per code) at its stored
+ * width, as unpack_head reads it back: int4 byte j holds u[j] and u[32 + j]
+ * in its low and high nibble; int6 adds 16 bytes whose byte j holds the
+ * high two bits of u[16 k + j] at bits 2k. */
+static void narrow_chunk(uint8_t *out, const uint8_t *u, int32_t bits) {
+    if (bits == 8) {
+        memcpy(out, u, 64);
+        return;
+    }
+    for (int32_t j = 0; j < 32; j++) out[j] = (uint8_t)((u[j] & 15) | (u[32 + j] & 15) << 4);
+    for (int32_t j = 0; bits == 6 && j < 16; j++)
+        out[32 + j] = (uint8_t)(((u[j] >> 4) & 3) | ((u[16 + j] >> 4) & 3) << 2 | ((u[32 + j] >> 4) & 3) << 4 |
+                                ((u[48 + j] >> 4) & 3) << 6);
+}
+
 static int32_t pack_avx512(ls_qmat *w) {
     if (!w->qweight) return 0; /* a slot the model leaves empty (an fp16 head) */
-    const int32_t G = w->group, bits = w->bits, pairs = (w->rows + 1) / 2;
+    const int32_t G = w->group, pairs = (w->rows + 1) / 2, cb = chunk_bytes(w);
     const layout v = layout_of(w);
-    const size_t row_bytes = (size_t)w->in * (size_t)bits / 8;
+    const size_t row_bytes = (size_t)w->in * (size_t)w->bits / 8;
     // A copy that fills huge pages asks for them (the kernel may decline):
-    // the int8 head streams from DRAM, and on 4 KB pages decode ran 5-10%
+    // the head streams from DRAM, and on 4 KB pages decode ran 5-10%
     // slower (the file mapping it is copied from sits in huge pages).
     const size_t used = v.meta_offset + (size_t)pairs * v.meta_bytes, huge = (size_t)2 << 20;
     const size_t bytes = used >= huge ? (used + huge - 1) & ~(huge - 1) : (used + 63) & ~(size_t)63;
     uint8_t *p = aligned_alloc(used >= huge ? huge : 64, bytes);
-    if (!p) return -1;
+    uint8_t *full = malloc(2 * (size_t)w->in); /* one pair, a byte per code */
+    if (!p || !full) {
+        free(p);
+        free(full);
+        return -1;
+    }
     if (used >= huge) madvise(p, bytes, MADV_HUGEPAGE); /* advice only: failure changes nothing */
-    memset(p, 0, bytes); /* the missing second row of an odd count, unused metadata lanes */
-    for (int32_t o = 0; o < w->rows; o++) {
-        const uint8_t *src = w->qweight + (size_t)o * row_bytes;
-        const int32_t h = o & 1; /* which half of the pair's loads */
-        uint8_t *codes = p + (size_t)(o / 2) * v.pair_bytes + 32 * h;
-        uint8_t *meta = p + v.meta_offset + (size_t)(o / 2) * v.meta_bytes;
-        for (int32_t g0 = 0; g0 < v.ng;) {
-            const int32_t n = window_groups(v.ng - g0), chunks = (n * G) / 32;
-            uint8_t *wc = codes + 2 * ((size_t)g0 * G);
-            for (int32_t c = 0; c < chunks; c++)
-                for (int32_t l = 0; l < 8; l++)
-                    for (int32_t b = 0; b < 4; b++) {
-                        const int32_t g = g0 + l % n, u = (8 * c + l) / n;
-                        wc[64 * c + 4 * l + b] = code_byte(src, g * G + 4 * u + b, bits);
-                    }
-            g0 += n;
+    memset(p, 0, bytes); /* unused metadata lanes */
+    for (int32_t q = 0; q < pairs; q++) {
+        // The missing second row of an odd count: code bytes 0 (zero
+        // weights on every path, whatever the offset), scale 0.
+        memset(full, 0, 2 * (size_t)w->in);
+        uint8_t *meta = p + v.meta_offset + (size_t)q * v.meta_bytes;
+        for (int32_t h = 0; h < 2 && 2 * q + h < w->rows; h++) {
+            const int32_t o = 2 * q + h;
+            const uint8_t *src = w->qweight + (size_t)o * row_bytes;
+            uint8_t *codes = full + 32 * h; /* this row's half of each 64-byte chunk */
+            for (int32_t g0 = 0; g0 < v.ng;) {
+                const int32_t n = window_groups(v.ng - g0), chunks = (n * G) / 32;
+                uint8_t *wc = codes + 2 * ((size_t)g0 * G);
+                for (int32_t c = 0; c < chunks; c++)
+                    for (int32_t l = 0; l < 8; l++)
+                        for (int32_t b = 0; b < 4; b++) {
+                            const int32_t g = g0 + l % n, u = (8 * c + l) / n;
+                            wc[64 * c + 4 * l + b] = code_byte(w, src, g * G + 4 * u + b);
+                        }
+                g0 += n;
+            }
+            const uint16_t *sc = w->scales + (size_t)o * (size_t)v.ng;
+            for (int32_t g = 0; g < v.ng; g++) {
+                uint8_t *slot = meta + (size_t)(g / 8) * (size_t)v.slot_bytes;
+                const int32_t lane = 8 * h + g % 8;
+                memcpy(slot + 2 * lane, &sc[g], 2);
+                if (w->head) continue;
+                int16_t csum = 0;
+                for (int32_t i = 0; i < G; i++) csum = (int16_t)(csum + (int8_t)code_byte(w, src, g * G + i));
+                memcpy(slot + 32 + 2 * lane, &csum, 2);
+                if (w->bits == 2) memcpy(slot + 64 + 2 * lane, &w->zeros[(size_t)o * (size_t)v.ng + g], 2);
+            }
         }
-        const uint16_t *sc = w->scales + (size_t)o * (size_t)v.ng;
-        for (int32_t g = 0; g < v.ng; g++) {
-            uint8_t *slot = meta + (size_t)(g / 8) * (size_t)v.slot_bytes;
-            const int32_t lane = 8 * h + g % 8;
-            memcpy(slot + 2 * lane, &sc[g], 2);
-            if (bits == 8) continue;
-            int16_t csum = 0;
-            for (int32_t i = 0; i < G; i++) csum = (int16_t)(csum + (int8_t)code_byte(src, g * G + i, bits));
-            memcpy(slot + 32 + 2 * lane, &csum, 2);
-            if (bits == 2) memcpy(slot + 64 + 2 * lane, &w->zeros[(size_t)o * (size_t)v.ng + g], 2);
+        uint8_t *out = p + (size_t)q * v.pair_bytes;
+        for (int32_t c = 0; c < w->in / 32; c++) {
+            if (w->head) narrow_chunk(out + (size_t)c * cb, full + 64 * (size_t)c, w->bits);
+            else memcpy(out + 64 * (size_t)c, full + 64 * (size_t)c, 64);
         }
     }
+    free(full);
     w->packed = p;
     return 0;
 }
@@ -233,48 +271,70 @@ typedef struct {
     const float *d;                /* their scales */
 } lanes;
 
+/* A head chunk at its stored width (narrow_chunk) back to a byte per code. */
+static inline __m512i unpack_head(const uint8_t *p, const int BITS) {
+    if (BITS == 8) return _mm512_load_si512((const void *)p);
+    // The nibbles: bytes 0-31 low, 32-63 high.
+    const __m512i nib = _mm512_and_si512(
+        _mm512_srlv_epi64(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p)),
+                          _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4)),
+        _mm512_set1_epi8(0x0f));
+    if (BITS == 4) return nib;
+    // int6: byte j of lane k takes bits 2k, 2k + 1 of high byte j, to bits 4, 5.
+    const __m512i hi = _mm512_slli_epi16(
+        _mm512_srlv_epi16(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 32))),
+                          _mm512_setr_epi64(0, 0, 0x0002000200020002, 0x0002000200020002, 0x0004000400040004,
+                                            0x0004000400040004, 0x0006000600060006, 0x0006000600060006)),
+        4);
+    return _mm512_ternarylogic_epi32(nib, hi, _mm512_set1_epi8(0x30), 0xF8); /* nib | (hi & 0x30) */
+}
+
 /* One window of n groups at group g0 for pairs [q, q + P) x the TT tokens:
  * exact group sums, then quant.h's fp32 step into acc (which the first
  * window starts, so a row of one window keeps acc in registers). n is a
- * constant for the 8-group windows. */
+ * constant for the 8-group windows. HEAD: the head scheme at BITS (8, 6,
+ * 4); else the block's byte per code, BITS 4 or 2. */
 static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MAX_P][TILE_MAX_T],
                                                               const lanes *L, int32_t q, int32_t g0,
                                                               const int32_t n, const int first, const int P,
-                                                              const int TT, const int BITS) {
+                                                              const int TT, const int BITS, const int HEAD) {
     const int32_t chunks = (n << L->v.lg) / 32, slot = g0 >> 3, off = g0 & 7;
+    const int CB = HEAD ? 8 * BITS : 64, INT2 = BITS == 2 && !HEAD; /* CB: chunk_bytes */
     const size_t xo = (size_t)g0 << L->v.lg;
     const uint8_t *wp[TILE_MAX_P], *mp[TILE_MAX_P];
 #pragma GCC unroll 4
     for (int p = 0; p < P; p++) {
-        wp[p] = L->codes + (size_t)(q + p) * L->v.pair_bytes + 2 * xo;
+        wp[p] = L->codes + (size_t)(q + p) * L->v.pair_bytes + xo / 32 * CB;
         mp[p] = L->meta + (size_t)(q + p) * L->v.meta_bytes + (size_t)slot * (size_t)L->v.slot_bytes;
     }
-    // The offset correction (-128 times the code sums, or the activation
-    // sums for int8), a whole window's worth at once: as the accumulators'
-    // start value in 8-group windows, after the fold in smaller ones.
+    // The offset correction (-128 times the code sums, or for a head -B
+    // times the activation sums), a whole window's worth at once: as the
+    // accumulators' start value in 8-group windows, after the fold in
+    // smaller ones.
     __m512i corr_t[TILE_MAX_T], corr_p[TILE_MAX_P];
 #pragma GCC unroll 4
-    for (int t = 0; t < TT && BITS == 8; t++)
-        corr_t[t] = _mm512_slli_epi32(_mm512_broadcast_i32x8(_mm256_loadu_si256((const __m256i *)(L->qs[t] + 8 * slot))), 7);
+    for (int t = 0; t < TT && HEAD; t++)
+        corr_t[t] = _mm512_slli_epi32(_mm512_broadcast_i32x8(_mm256_loadu_si256((const __m256i *)(L->qs[t] + 8 * slot))), BITS - 1);
 #pragma GCC unroll 4
-    for (int p = 0; p < P && BITS != 8; p++)
+    for (int p = 0; p < P && !HEAD; p++)
         corr_p[p] = _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_load_si256((const __m256i *)(mp[p] + 32))), 7);
     __m512i gs[TILE_MAX_P][TILE_MAX_T];
 #pragma GCC unroll 4
     for (int p = 0; p < P; p++)
 #pragma GCC unroll 4
         for (int t = 0; t < TT; t++)
-            gs[p][t] = n == 8 ? _mm512_sub_epi32(_mm512_setzero_si512(), BITS == 8 ? corr_t[t] : corr_p[p])
+            gs[p][t] = n == 8 ? _mm512_sub_epi32(_mm512_setzero_si512(), HEAD ? corr_t[t] : corr_p[p])
                               : _mm512_setzero_si512();
     for (int32_t c = 0; c < chunks; c++) {
         __m512i W[TILE_MAX_P], X[TILE_MAX_T];
 #pragma GCC unroll 4
         for (int p = 0; p < P; p++) {
-            W[p] = _mm512_load_si512((const void *)(wp[p] + 64 * (size_t)c));
+            W[p] = HEAD ? unpack_head(wp[p] + CB * (size_t)c, BITS)
+                        : _mm512_load_si512((const void *)(wp[p] + 64 * (size_t)c));
             // A prefetch never faults; the address is formed as an integer
             // to keep the arithmetic defined past the last pair.
-            if (BITS == 8)
-                _mm_prefetch((const char *)((uintptr_t)wp[p] + PREFETCH_PAIRS * L->v.pair_bytes + 64 * (size_t)c), _MM_HINT_T0);
+            if (HEAD)
+                _mm_prefetch((const char *)((uintptr_t)wp[p] + PREFETCH_PAIRS * L->v.pair_bytes + CB * (size_t)c), _MM_HINT_T0);
         }
 #pragma GCC unroll 4
         for (int t = 0; t < TT; t++)
@@ -283,26 +343,26 @@ static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MA
         for (int p = 0; p < P; p++)
 #pragma GCC unroll 4
             for (int t = 0; t < TT; t++)
-                gs[p][t] = BITS == 8 ? dpbusd(gs[p][t], W[p], X[t]) : dpbusd(gs[p][t], X[t], W[p]);
+                gs[p][t] = HEAD ? dpbusd(gs[p][t], W[p], X[t]) : dpbusd(gs[p][t], X[t], W[p]);
     }
     // Lane l of each half is now group 8 slot + l % 8 of this window (8
     // groups) or, once folded and moved, lanes off .. off + n - 1.
     const __mmask16 km = (__mmask16)(((1u << n) - 1u) << off) * 0x0101u;
     __m512 qf[TILE_MAX_T]; /* int2: the group sums of x, as floats */
 #pragma GCC unroll 4
-    for (int t = 0; t < TT && BITS == 2; t++)
+    for (int t = 0; t < TT && INT2; t++)
         qf[t] = _mm512_cvtepi32_ps(_mm512_broadcast_i32x8(_mm256_loadu_si256((const __m256i *)(L->qs[t] + 8 * slot))));
 #pragma GCC unroll 4
     for (int p = 0; p < P; p++) {
         const __m512 s = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)mp[p]));
         __m512 z = _mm512_setzero_ps();
-        if (BITS == 2) z = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(mp[p] + 64)));
+        if (INT2) z = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(mp[p] + 64)));
 #pragma GCC unroll 4
         for (int t = 0; t < TT; t++) {
             __m512i g = gs[p][t];
-            if (n < 8) g = _mm512_sub_epi32(fold_to(g, n, off), BITS == 8 ? corr_t[t] : corr_p[p]);
+            if (n < 8) g = _mm512_sub_epi32(fold_to(g, n, off), HEAD ? corr_t[t] : corr_p[p]);
             __m512 val = _mm512_mul_ps(_mm512_cvtepi32_ps(g), s);
-            if (BITS == 2) val = _mm512_add_ps(val, _mm512_mul_ps(qf[t], z));
+            if (INT2) val = _mm512_add_ps(val, _mm512_mul_ps(qf[t], z));
             const __m512 prev = first ? _mm512_setzero_ps() : acc[p][t];
             acc[p][t] = n == 8 ? _mm512_add_ps(prev, val) : _mm512_mask_add_ps(prev, km, prev, val);
         }
@@ -331,20 +391,21 @@ static inline __m512 hsum_halves8(const __m512 V[8]) {
  * r: row 2q + r). */
 static inline __attribute__((always_inline)) void pair_tile(float *y, int32_t ldy, const lanes *L, int32_t q,
                                                             int32_t t0, uint32_t rowmask, const int P,
-                                                            const int TT, const int BITS, int32_t add) {
+                                                            const int TT, const int BITS, const int HEAD,
+                                                            int32_t add) {
     const int32_t ng = L->v.ng;
     __m512 acc[TILE_MAX_P][TILE_MAX_T];
     int32_t g0 = 0;
     if (ng >= 8) {
-        pair_window(acc, L, q, 0, 8, 1, P, TT, BITS);
-        for (g0 = 8; g0 + 8 <= ng; g0 += 8) pair_window(acc, L, q, g0, 8, 0, P, TT, BITS);
+        pair_window(acc, L, q, 0, 8, 1, P, TT, BITS, HEAD);
+        for (g0 = 8; g0 + 8 <= ng; g0 += 8) pair_window(acc, L, q, g0, 8, 0, P, TT, BITS, HEAD);
     } else {
-        pair_window(acc, L, q, 0, window_groups(ng), 1, P, TT, BITS);
+        pair_window(acc, L, q, 0, window_groups(ng), 1, P, TT, BITS, HEAD);
         g0 = window_groups(ng);
     }
     while (g0 < ng) {
         const int32_t n = window_groups(ng - g0);
-        pair_window(acc, L, q, g0, n, 0, P, TT, BITS);
+        pair_window(acc, L, q, g0, n, 0, P, TT, BITS, HEAD);
         g0 += n;
     }
     // Token t's 2P rows are lanes [2P t, 2P (t + 1)) of the sums, 16 to a
@@ -381,7 +442,8 @@ static inline __attribute__((always_inline)) void pair_tile(float *y, int32_t ld
 static inline __attribute__((always_inline)) int32_t pair_tiles(float *y, int32_t ldy, const ls_qact *a,
                                                                 const ls_qmat *w, int32_t q, int32_t q1,
                                                                 int32_t t0, int32_t o0, int32_t o1, const int P,
-                                                                const int TT, const int BITS, int32_t add) {
+                                                                const int TT, const int BITS, const int HEAD,
+                                                                int32_t add) {
     const layout v = layout_of(w);
     lanes L = {v, w->packed, w->packed + v.meta_offset, {0}, {0}, a->d + t0};
 #pragma GCC unroll 4
@@ -393,7 +455,7 @@ static inline __attribute__((always_inline)) int32_t pair_tiles(float *y, int32_
         // Rows 2q .. 2q + 2P - 1 that fall in [o0, o1).
         const int32_t lo = o0 - 2 * q > 0 ? o0 - 2 * q : 0, hi = o1 - 2 * q < 2 * P ? o1 - 2 * q : 2 * P;
         const uint32_t rowmask = ((1u << hi) - 1u) & ~((1u << lo) - 1u);
-        pair_tile(y, ldy, &L, q, t0, rowmask, P, TT, BITS, add);
+        pair_tile(y, ldy, &L, q, t0, rowmask, P, TT, BITS, HEAD, add);
     }
     return q;
 }
@@ -403,32 +465,37 @@ static inline __attribute__((always_inline)) int32_t pair_tiles(float *y, int32_
 typedef int32_t (*tiles_fn)(float *, int32_t, const ls_qact *, const ls_qmat *, int32_t, int32_t, int32_t,
                             int32_t, int32_t, int32_t);
 
-#define TILES(P, TT, B)                                                                                   \
-    static int32_t tiles_p##P##_t##TT##_b##B(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w,   \
-                                             int32_t q, int32_t q1, int32_t t0, int32_t o0, int32_t o1,   \
-                                             int32_t add) {                                               \
-        return pair_tiles(y, ldy, a, w, q, q1, t0, o0, o1, P, TT, B, add);                                \
+#define TILES(P, TT, B, H)                                                                                \
+    static int32_t tiles_p##P##_t##TT##_b##B##_h##H(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w,   \
+                                                    int32_t q, int32_t q1, int32_t t0, int32_t o0, int32_t o1,   \
+                                                    int32_t add) {                                               \
+        return pair_tiles(y, ldy, a, w, q, q1, t0, o0, o1, P, TT, B, H, add);                                    \
     }
 /* Per token count 4, 3, 2, 1: the wide tile, then single pairs. */
-#define TILES_BITS(B) \
-    TILES(4, 4, B) TILES(1, 4, B) TILES(2, 3, B) TILES(1, 3, B) TILES(4, 2, B) TILES(1, 2, B) TILES(4, 1, B) TILES(1, 1, B)
-TILES_BITS(8)
-TILES_BITS(4)
-TILES_BITS(2)
+#define TILES_BITS(B, H)                                                                          \
+    TILES(4, 4, B, H) TILES(1, 4, B, H) TILES(2, 3, B, H) TILES(1, 3, B, H) TILES(4, 2, B, H)     \
+    TILES(1, 2, B, H) TILES(4, 1, B, H) TILES(1, 1, B, H)
+TILES_BITS(4, 0)
+TILES_BITS(2, 0)
+TILES_BITS(8, 1)
+TILES_BITS(6, 1)
+TILES_BITS(4, 1)
 
 /* wide[k], one[k]: the tiles for k + 1 tokens. */
 typedef struct {
     tiles_fn wide[TILE_MAX_T], one[TILE_MAX_T];
 } kernels;
 
-#define KERNELS(B)                                                                          \
-    {{tiles_p4_t1_b##B, tiles_p4_t2_b##B, tiles_p2_t3_b##B, tiles_p4_t4_b##B},              \
-     {tiles_p1_t1_b##B, tiles_p1_t2_b##B, tiles_p1_t3_b##B, tiles_p1_t4_b##B}}
-static const kernels K8 = KERNELS(8), K4 = KERNELS(4), K2 = KERNELS(2);
+#define KERNELS(B, H)                                                                                  \
+    {{tiles_p4_t1_b##B##_h##H, tiles_p4_t2_b##B##_h##H, tiles_p2_t3_b##B##_h##H, tiles_p4_t4_b##B##_h##H}, \
+     {tiles_p1_t1_b##B##_h##H, tiles_p1_t2_b##B##_h##H, tiles_p1_t3_b##B##_h##H, tiles_p1_t4_b##B##_h##H}}
+static const kernels BLOCK4 = KERNELS(4, 0), BLOCK2 = KERNELS(2, 0), HEAD8 = KERNELS(8, 1), HEAD6 = KERNELS(6, 1),
+                     HEAD4 = KERNELS(4, 1);
 
 static void matmul_avx512(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w, int32_t o0,
                           int32_t o1, int32_t add) {
-    const kernels *k = w->bits == 4 ? &K4 : w->bits == 2 ? &K2 : &K8;
+    const kernels *k = w->head ? (w->bits == 8 ? &HEAD8 : w->bits == 6 ? &HEAD6 : &HEAD4)
+                               : (w->bits == 4 ? &BLOCK4 : &BLOCK2);
     const layout v = layout_of(w);
     const int32_t T = a->T, q0 = o0 / 2, q1 = (o1 + 1) / 2;
     // Pairs in blocks that stay in L2 while every group of tokens passes.

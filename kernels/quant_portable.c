@@ -68,19 +68,11 @@ void ls_quant_rows(ls_qact *a, const float *x, int32_t ldx, int32_t T, int32_t i
     a->bits = bits;
 }
 
-static void quantize_portable(ls_qact *a, const float *x, int32_t ldx, int32_t T, int32_t in,
-                              int32_t group, int32_t bits) {
-    ls_quant_rows(a, x, ldx, T, in, group, bits, 0, 1);
+static void quantize_portable(ls_qact *a, const float *x, int32_t ldx, int32_t T, const ls_qmat *w) {
+    ls_quant_rows(a, x, ldx, T, w->in, w->group, w->bits, 0, 1);
 }
 
 // ---- matmul ----
-
-/* The signed code (int4, int8) or the 0..3 code (int2) of input i. */
-static inline int32_t code_at(const uint8_t *row, int32_t i, int32_t bits) {
-    if (bits == 8) return (int8_t)row[i];
-    if (bits == 4) return (int32_t)((row[i >> 1] >> ((i & 1) * 4)) & 0xf) - 8;
-    return (row[i >> 2] >> ((i & 3) * 2)) & 3;
-}
 
 /* The canonical final sum of the eight group lanes (quant.h). */
 static inline float lane_sum(const float *a) {
@@ -99,7 +91,7 @@ static void matmul_portable(float *y, int32_t ldy, const ls_qact *a, const ls_qm
         const uint16_t *zr = w->zeros ? w->zeros + (size_t)o * (size_t)ng : NULL;
         memset(acc, 0, (size_t)T * sizeof acc[0]);
         for (int32_t g = 0; g < ng; g++) {
-            for (int32_t i = 0; i < G; i++) c[i] = code_at(row, g * G + i, bits);
+            for (int32_t i = 0; i < G; i++) c[i] = ls_quant_code(row, in, g * G + i, bits);
             float s = ls_f16_to_f32(sr[g]);
             float z = zr ? ls_f16_to_f32(zr[g]) : 0.0f;
             for (int32_t t = 0; t < T; t++) {
@@ -173,7 +165,7 @@ void ls_quant_prepare(const ls_qmat *w, const float *x, int32_t ldx, int32_t T) 
                 T, w->in, a->max_T, a->max_in);
         abort();
     }
-    a->ops->quantize(a, x, ldx, T, w->in, w->group, w->bits);
+    a->ops->quantize(a, x, ldx, T, w);
 }
 
 void ls_quant_matmul(const ls_qmat *w, float *y, int32_t ldy, int32_t o0, int32_t o1, int32_t add) {

@@ -80,6 +80,11 @@ extern "C" int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd,
         ls_set_error(err, err_len, "quant %d is not supported by the CUDA kernels (fp16 only)", mi->quant);
         return LS_ERR_ARG;
     }
+    if (mi->head_bits != 0) {
+        ls_set_error(err, err_len, "a quantized output head (int%d) is not supported by the CUDA kernels (F16 only)",
+                     mi->head_bits);
+        return LS_ERR_ARG;
+    }
     if (ls_check_model_shape(mi, err, err_len) != LS_OK) return LS_ERR_ARG;
     if (mi->head_dim > LS_CUDA_MAX_HEAD_DIM) {
         ls_set_error(err, err_len, "head_dim %d is larger than the CUDA attention kernel supports (%d)",

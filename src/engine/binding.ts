@@ -58,6 +58,7 @@ const symbols = {
 export const SIMD_CODES: Record<SimdChoice, number> = { auto: LS_SIMD_AUTO, portable: LS_SIMD_PORTABLE, avx2: LS_SIMD_AVX2, avx512: LS_SIMD_AVX512 };
 
 const QUANT_NAMES: Record<number, ModelFileInfo["quant"]> = { [LS_QUANT_FP16]: "fp16", [LS_QUANT_INT4]: "int4", [LS_QUANT_INT2]: "int2" };
+const HEAD_NAMES: Record<number, ModelFileInfo["headQuant"]> = { 0: "fp16", 8: "int8", 6: "int6", 4: "int4" };
 
 export class NativeError extends Error {
   constructor(
@@ -141,6 +142,8 @@ function fileInfo(raw: StructView<"ls_model_info">): ModelFileInfo {
     quant: QUANT_NAMES[field("quant")] ?? "fp16",
     groupSize: field("group_size"),
     tiedOutput: field("tied_output") === 1,
+    headQuant: HEAD_NAMES[field("head_bits")] ?? "fp16",
+    headGroupSize: field("head_group"),
   };
 }
 

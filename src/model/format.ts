@@ -21,6 +21,12 @@ import { DTYPE_SIZES, type Dtype, ModelFormatError, readSafetensors, type Safete
 // ---- schema ----
 
 export type Quant = "fp16" | "int4" | "int2";
+/** The output head's format (metadata `output_quant`): fp16 (its own tensor, or tied), or quantized. */
+export type HeadQuant = "fp16" | "int8" | "int6" | "int4";
+/** Bits per code of each quantized head format (kernels/loopserve.h head_bits). */
+export const HEAD_BITS = { int8: 8, int6: 6, int4: 4 } as const;
+export type QuantizedHead = keyof typeof HEAD_BITS;
+export const HEAD_QUANTS: readonly HeadQuant[] = ["fp16", "int8", "int6", "int4"];
 /** Group sizes the kernels handle (kernels/quant.h). */
 /** Quantization group sizes: the powers of two from LS_QUANT_GROUP_MIN to LS_QUANT_GROUP_MAX (kernels/loopserve.h). */
 export const GROUP_SIZES: readonly number[] = Array.from(
@@ -51,10 +57,15 @@ export interface ModelConfig {
   groupSize: number; // quantization group; 0 for fp16
   tokenizer: "gpt2";
   tiedOutput: boolean; // true when output.weight is absent and tok_embeddings is reused
+  headQuant: HeadQuant; // the output head's format (fp16 also when tied)
+  headGroupSize: number; // its quantization group; 0 for an fp16 head
 }
 
+/** What the metadata alone fixes: the config but for the output head, which the tensors decide. */
+export type ModelShape = Omit<ModelConfig, "tiedOutput" | "headQuant" | "headGroupSize">;
+
 /** Metadata as the writer stores it; every value a string (the format requires it). */
-export function configToMetadata(c: Omit<ModelConfig, "tiedOutput">): Record<string, string> {
+export function configToMetadata(c: ModelShape): Record<string, string> {
   return {
     format: FORMAT_NAME,
     format_version: String(c.formatVersion),
@@ -75,7 +86,7 @@ export function configToMetadata(c: Omit<ModelConfig, "tiedOutput">): Record<str
 }
 
 /** Every fp16 tensor of a model and its shape. `output.weight` is optional. */
-export function expectedTensorShapes(c: Omit<ModelConfig, "tiedOutput">): [string, number[]][] {
+export function expectedTensorShapes(c: ModelShape): [string, number[]][] {
   const q = c.nHeads * c.headDim;
   const kv = c.nKvHeads * c.headDim;
   return [
@@ -119,9 +130,12 @@ export interface ModelWeights {
  * - bits 2 (int2): code c in 0..3, four per byte, input 4j + k in bits
  *   2k..2k+1 of byte j; value = scale * c + zero.
  * - bits 8 (int8, output head only): one signed byte per input; value = scale * c.
+ * - bits 6 (int6, output head only): code c in [-32, 31] as u = c + 32, the
+ *   low four bits as int4's nibbles, then the high two bits in 16-byte
+ *   blocks per 64 inputs (kernels/loopserve.h); value = scale * c.
  */
 export interface QuantMatrix {
-  bits: 2 | 4 | 8;
+  bits: 2 | 4 | 6 | 8;
   rows: number;
   cols: number;
   groupSize: number;
@@ -135,7 +149,7 @@ export const QUANT_MATRICES = ["wq", "wk", "wv", "wo", "w1", "w2", "w3"] as cons
 export type QuantMatrixName = (typeof QUANT_MATRICES)[number];
 
 /** [rows, cols] of each block matrix and of the output head. */
-export function matrixShapes(c: Omit<ModelConfig, "tiedOutput">): Record<QuantMatrixName | "output", [number, number]> {
+export function matrixShapes(c: ModelShape): Record<QuantMatrixName | "output", [number, number]> {
   const q = c.nHeads * c.headDim;
   const kv = c.nKvHeads * c.headDim;
   return {
@@ -151,7 +165,7 @@ export function matrixShapes(c: Omit<ModelConfig, "tiedOutput">): Record<QuantMa
 }
 
 /** Tensors holding one quantized matrix `base` ("block.wq", "output"): name, dtype, shape. */
-export function quantTensorShapes(base: string, bits: 2 | 4 | 8, rows: number, cols: number, groupSize: number): [string, "U8" | "I8" | "F16", number[]][] {
+export function quantTensorShapes(base: string, bits: QuantMatrix["bits"], rows: number, cols: number, groupSize: number): [string, "U8" | "I8" | "F16", number[]][] {
   const out: [string, "U8" | "I8" | "F16", number[]][] = [
     [`${base}.qweight`, bits === 8 ? "I8" : "U8", [rows, (cols * bits) / 8]],
     [`${base}.scales`, "F16", [rows, cols / groupSize]],
@@ -167,7 +181,7 @@ export interface QuantModelWeights {
   ffnNorm: Uint16Array; // (dim)
   norm: Uint16Array; // (dim)
   block: Record<QuantMatrixName, QuantMatrix>; // the block's matrices, in the model's format
-  /** (vocab_size, dim): int8, fp16 (its own tensor), or tokEmbeddings itself when tied. */
+  /** (vocab_size, dim): quantized, fp16 (its own tensor), or tokEmbeddings itself when tied. */
   output: QuantMatrix | Uint16Array;
 }
 
@@ -232,7 +246,7 @@ function expectString(meta: Meta, key: string, expected: string, where: string):
  * Validates the metadata of a loopserve file (values and their consistency)
  * and returns the config, without looking at tensors.
  */
-export function parseModelMetadata(meta: Meta, where: string): Omit<ModelConfig, "tiedOutput"> {
+export function parseModelMetadata(meta: Meta, where: string): ModelShape {
   expectString(meta, "format", FORMAT_NAME, where);
   expectString(meta, "format_version", String(FORMAT_VERSION), where);
   expectString(meta, "arch", ARCH, where);
@@ -330,57 +344,90 @@ export interface ValidatedModel {
 }
 
 /**
+ * The output head's format: metadata `output_quant` (fp16, int8, int6,
+ * int4; absent: int8 when output.qweight is present, else fp16) and, for a
+ * quantized head, `output_group_size` (default: the block's group_size;
+ * required in an fp16 model). Its tensors are checked by validateModel.
+ */
+function parseHead(file: SafetensorsFile, base: ModelShape): Pick<ModelConfig, "headQuant" | "headGroupSize"> {
+  const where = file.path;
+  const meta = file.metadata;
+  const bad = (msg: string): never => {
+    throw ModelFormatError.about(where, `metadata: ${msg}`);
+  };
+  const stated = meta.output_quant;
+  if (stated !== undefined && !(HEAD_QUANTS as readonly string[]).includes(stated)) {
+    bad(`output_quant must be one of ${HEAD_QUANTS.join(", ")}, got "${stated}"`);
+  }
+  const headQuant = (stated ?? (file.tensors.has("output.qweight") ? "int8" : "fp16")) as HeadQuant;
+  if (headQuant === "fp16") return { headQuant, headGroupSize: 0 };
+  if (meta.output_group_size === undefined && base.groupSize === 0) {
+    bad(`output_group_size is required for a ${headQuant} output head in an fp16 model`);
+  }
+  const headGroupSize = meta.output_group_size === undefined ? base.groupSize : parseInt32(meta, "output_group_size", where, 1, LS_MAX_DIM);
+  if (!GROUP_SIZES.includes(headGroupSize)) bad(`output_group_size must be one of ${GROUP_SIZES.join(", ")}, got ${headGroupSize}`);
+  if (base.dim % headGroupSize !== 0) bad(`dim (${base.dim}) must be a multiple of output_group_size (${headGroupSize})`);
+  if (headQuant === "int6" && base.dim % 64 !== 0) bad(`dim (${base.dim}) must be a multiple of 64 for an int6 output head`);
+  return { headQuant, headGroupSize };
+}
+
+/**
  * Validates a parsed safetensors file as a loopserve model (the rules of
  * docs/model-format.md): the metadata, then every tensor of its weight
- * format. fp16: the fp16 matrices, output.weight optional (absent = tied).
- * int4 / int2: fp16 embedding and norms; block.X.qweight (U8),
- * block.X.scales (F16) and, for int2, block.X.zeros (F16) for each block
- * matrix, with no block.X.weight beside them; output.weight (F16),
- * output.qweight (I8) + output.scales, or neither (tied).
+ * format. fp16: the fp16 matrices. int4 / int2: fp16 embedding and norms;
+ * block.X.qweight (U8), block.X.scales (F16) and, for int2, block.X.zeros
+ * (F16) for each block matrix, with no block.X.weight beside them. Either
+ * kind: the output head as parseHead names it: output.weight (F16) or
+ * neither head tensor (tied) for an fp16 head; output.qweight +
+ * output.scales for a quantized one.
  */
 export function validateModel(file: SafetensorsFile): ValidatedModel {
   const where = file.path;
   const base = parseModelMetadata(file.metadata, where);
-  const tiedOutput = !file.tensors.has("output.weight") && !file.tensors.has("output.qweight");
+  const head = parseHead(file, base);
   const used = new Set<string>();
   const check = (name: string, shape: number[], dtype: Dtype = "F16") => {
     checkTensor(file, name, shape, dtype);
     used.add(name);
   };
-  if (base.quant === "fp16") {
-    for (const [name, shape] of expectedTensorShapes(base)) {
-      if (name !== "output.weight" || !tiedOutput) check(name, shape);
-    }
-    return { config: { ...base, tiedOutput }, tensors: modelTensors(file, used) };
+  if (head.headQuant === "fp16" && file.tensors.has("output.qweight")) {
+    throw ModelFormatError.about(where, `tensor "output.qweight" present, but metadata output_quant is fp16`);
   }
-  const bits = base.quant === "int4" ? 4 : 2;
-  for (const name of ["block.attn_norm.weight", "block.ffn_norm.weight", "norm.weight"]) check(name, [base.dim]);
-  check("tok_embeddings.weight", [base.vocabSize, base.dim]);
-  const shapes = matrixShapes(base);
-  for (const m of QUANT_MATRICES) {
-    const name = `block.${m}`;
-    if (file.tensors.has(`${name}.weight`)) {
-      throw ModelFormatError.about(
-        where,
-        `tensor "${name}.weight" present in an ${base.quant} model: expected "${name}.qweight" and "${name}.scales" instead`,
-      );
-    }
-    const [rows, cols] = shapes[m];
-    for (const [t, dtype, shape] of quantTensorShapes(name, bits, rows, cols, base.groupSize)) check(t, shape, dtype);
-  }
-  const hasQ = file.tensors.has("output.qweight");
-  if (hasQ && file.tensors.has("output.weight")) {
+  if (head.headQuant !== "fp16" && file.tensors.has("output.weight")) {
     throw ModelFormatError.about(
       where,
-      `tensors "output.weight" and "output.qweight" both present: the output head is either fp16 or int8`,
+      `tensors "output.weight" and "output.qweight" both present: the output head is either fp16 or quantized (output_quant ${head.headQuant})`,
     );
   }
-  if (hasQ) {
-    for (const [t, dtype, shape] of quantTensorShapes("output", 8, base.vocabSize, base.dim, base.groupSize)) check(t, shape, dtype);
+  const tiedOutput = head.headQuant === "fp16" && !file.tensors.has("output.weight");
+  if (base.quant === "fp16") {
+    for (const [name, shape] of expectedTensorShapes(base)) {
+      if (name !== "output.weight") check(name, shape);
+    }
+  } else {
+    const bits = base.quant === "int4" ? 4 : 2;
+    for (const name of ["block.attn_norm.weight", "block.ffn_norm.weight", "norm.weight"]) check(name, [base.dim]);
+    check("tok_embeddings.weight", [base.vocabSize, base.dim]);
+    const shapes = matrixShapes(base);
+    for (const m of QUANT_MATRICES) {
+      const name = `block.${m}`;
+      if (file.tensors.has(`${name}.weight`)) {
+        throw ModelFormatError.about(
+          where,
+          `tensor "${name}.weight" present in an ${base.quant} model: expected "${name}.qweight" and "${name}.scales" instead`,
+        );
+      }
+      const [rows, cols] = shapes[m];
+      for (const [t, dtype, shape] of quantTensorShapes(name, bits, rows, cols, base.groupSize)) check(t, shape, dtype);
+    }
+  }
+  if (head.headQuant !== "fp16") {
+    const shapes = quantTensorShapes("output", HEAD_BITS[head.headQuant], base.vocabSize, base.dim, head.headGroupSize);
+    for (const [t, dtype, shape] of shapes) check(t, shape, dtype);
   } else if (!tiedOutput) {
     check("output.weight", [base.vocabSize, base.dim]);
   }
-  return { config: { ...base, tiedOutput }, tensors: modelTensors(file, used) };
+  return { config: { ...base, tiedOutput, ...head }, tensors: modelTensors(file, used) };
 }
 
 function modelTensors(file: SafetensorsFile, names: Set<string>): Map<string, TensorView> {
@@ -396,10 +443,10 @@ export function parseModelConfig(file: SafetensorsFile): ModelConfig {
 export function loadModelFile(path: string): LoadedModel {
   const file = readSafetensors(path);
   const config = parseModelConfig(file);
-  if (config.quant !== "fp16") {
+  if (config.quant !== "fp16" || config.headQuant !== "fp16") {
     throw ModelFormatError.about(
       path,
-      `quant "${config.quant}" is not supported by the TypeScript loader of fp16 weights (loadModelFile); loadQuantModelFile reads it`,
+      `quant "${config.quant}" with a ${config.headQuant} output head is not supported by the TypeScript loader of fp16 weights (loadModelFile)`,
     );
   }
   const get = (name: string) => asF16(file.tensors.get(name)!);
@@ -422,7 +469,7 @@ export function loadModelFile(path: string): LoadedModel {
 }
 
 /** An int4 / int2 matrix's tensors as a QuantMatrix (views into the mapping when aligned). */
-function quantMatrixOf(file: SafetensorsFile, base: string, bits: 2 | 4 | 8, rows: number, cols: number, groupSize: number): QuantMatrix {
+function quantMatrixOf(file: SafetensorsFile, base: string, bits: QuantMatrix["bits"], rows: number, cols: number, groupSize: number): QuantMatrix {
   const t = (name: string) => file.tensors.get(name)!;
   return {
     bits,
@@ -450,8 +497,8 @@ export function loadQuantModelFile(path: string): LoadedQuantModel {
     block[m] = quantMatrixOf(file, `block.${m}`, bits, shapes[m][0], shapes[m][1], config.groupSize);
   }
   const tokEmbeddings = get("tok_embeddings.weight");
-  const output = file.tensors.has("output.qweight")
-    ? quantMatrixOf(file, "output", 8, config.vocabSize, config.dim, config.groupSize)
+  const output = config.headQuant !== "fp16"
+    ? quantMatrixOf(file, "output", HEAD_BITS[config.headQuant], config.vocabSize, config.dim, config.headGroupSize)
     : config.tiedOutput
       ? tokEmbeddings
       : get("output.weight");

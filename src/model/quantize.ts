@@ -1,10 +1,11 @@
-// Weight quantization (int4, int2 block matrices; int8 output head) and the
-// reference arithmetic of the quantized kernels (kernels/quant.h).
+// Weight quantization (int4, int2 block matrices; int8, int6, int4 output
+// head) and the reference arithmetic of the quantized kernels (kernels/quant.h).
 //
 // Formats (packing written down in kernels/loopserve.h, types in format.ts):
 //   int4  symmetric groups along the inputs, code c in [-8, 7], value = s * c
 //   int2  groups with scale and offset, code c in 0..3, value = s * c + z
 //   int8  (output head) symmetric, code c in [-127, 127], value = s * c
+//   int6  (output head) symmetric, code c in [-32, 31], value = s * c
 // with s (and z) fp16, one per group of `groupSize` inputs (default 32).
 //
 // Everything here is deterministic: plain IEEE double arithmetic (+ - * /,
@@ -17,16 +18,20 @@ import { bf16ArrayToF32, F16_TO_F32, f16ArrayToF32, f32ArrayToF16, f64ToF16Bits 
 import {
   configToMetadata,
   GROUP_SIZES,
+  HEAD_QUANTS,
+  type HeadQuant,
   matrixShapes,
   type ModelConfig,
+  type ModelShape,
   parseModelMetadata,
   QUANT_MATRICES,
   type QuantMatrix,
+  type QuantizedHead,
 } from "./format.ts";
 import { ModelFormatError, readSafetensors, type TensorToWrite, type TensorView, writeSafetensors } from "./safetensors.ts";
 
 export type WeightQuant = "int4" | "int2";
-export type HeadQuant = "int8" | "fp16";
+export type { HeadQuant };
 export const DEFAULT_GROUP_SIZE = 32;
 
 // ---- fp16 rounding with a direction ----
@@ -82,19 +87,18 @@ function scaleBits(what: string, s: number): number {
 // ---- int4 ----
 
 /**
- * Symmetric int4 per group, c = clamp(rne(w / s), -8, 7), with the scale
- * that puts the group's larger side on the -8 end of the code range: s > 0
- * with |s| = max(maxpos / 7.5, maxneg / 8.5), or s < 0 with |s| =
- * max(maxpos / 8.5, maxneg / 7.5), whichever |s| is smaller (fp16, rounded
- * away from zero). Every weight then lies within |s|/2 of its value: the
- * side mapped to 7 is at most 7.5 |s| from zero, the side mapped to -8 at
- * most 8.5 |s| (a tie rounds to the even -8).
+ * Symmetric codes c = clamp(rne(w / s), -L - 1, L) per group (int4: L = 7,
+ * int6: L = 31), with the scale that puts the group's larger side on the
+ * -L - 1 end of the code range: s > 0 with |s| = max(maxpos / (L + 0.5),
+ * maxneg / (L + 1.5)), or s < 0 with |s| = max(maxpos / (L + 1.5), maxneg /
+ * (L + 0.5)), whichever |s| is smaller (fp16, rounded away from zero).
+ * Every weight then lies within |s|/2 of its value: the side mapped to L is
+ * at most (L + 0.5) |s| from zero, the side mapped to -L - 1 at most
+ * (L + 1.5) |s| (a tie rounds to the even end). put(idx, c) stores the code
+ * of weight idx.
  */
-export function quantizeInt4(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int4", onRow: RowDone = noRows): QuantMatrix {
-  checkShape(what, w, rows, cols, groupSize);
+function quantizeSymmetric(w: ArrayLike<number>, rows: number, cols: number, groupSize: number, what: string, onRow: RowDone, L: number, scales: Uint16Array, put: (idx: number, c: number) => void): void {
   const ng = cols / groupSize;
-  const qweight = new Uint8Array((rows * cols) / 2);
-  const scales = new Uint16Array(rows * ng);
   for (let r = 0; r < rows; r++) {
     for (let g = 0; g < ng; g++) {
       const base = r * cols + g * groupSize;
@@ -105,20 +109,52 @@ export function quantizeInt4(w: ArrayLike<number>, rows: number, cols: number, g
         if (v > maxPos) maxPos = v;
         else if (-v > maxNeg) maxNeg = -v;
       }
-      const up = Math.max(maxPos / 7.5, maxNeg / 8.5);
-      const down = Math.max(maxPos / 8.5, maxNeg / 7.5);
+      const up = Math.max(maxPos / (L + 0.5), maxNeg / (L + 1.5));
+      const down = Math.max(maxPos / (L + 1.5), maxNeg / (L + 0.5));
       const sb = down < up ? scaleBits(what, down) | 0x8000 : scaleBits(what, up);
       scales[r * ng + g] = sb;
       const s = F16_TO_F32[sb];
-      for (let i = 0; i < groupSize; i++) {
-        const c = s !== 0 ? Math.min(7, Math.max(-8, rne(w[base + i] / s))) : 0;
-        const idx = base + i;
-        qweight[idx >> 1] |= (c + 8) << ((idx & 1) * 4);
-      }
+      for (let i = 0; i < groupSize; i++) put(base + i, s !== 0 ? Math.min(L, Math.max(-L - 1, rne(w[base + i] / s))) : 0);
     }
     onRow(r + 1);
   }
+}
+
+/** int4 per group (quantizeSymmetric with L = 7): the nibble c + 8, input 2j in the low nibble of byte j. */
+export function quantizeInt4(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int4", onRow: RowDone = noRows): QuantMatrix {
+  checkShape(what, w, rows, cols, groupSize);
+  const qweight = new Uint8Array((rows * cols) / 2);
+  const scales = new Uint16Array((rows * cols) / groupSize);
+  quantizeSymmetric(w, rows, cols, groupSize, what, onRow, 7, scales, (idx, c) => {
+    qweight[idx >> 1] |= (c + 8) << ((idx & 1) * 4);
+  });
   return { bits: 4, rows, cols, groupSize, qweight, scales };
+}
+
+// ---- int6 (output head) ----
+
+/**
+ * int6 per group (quantizeSymmetric with L = 31), u = c + 32: a row is
+ * cols / 2 bytes of int4-style nibbles (u's low four bits), then cols / 4
+ * bytes of u's high two bits, those of input 64b + 2j + e (j < 32) at bits
+ * 4 (j >> 4) + 2e of byte 16b + (j & 15). cols must be a multiple of 64.
+ */
+export function quantizeInt6(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int6", onRow: RowDone = noRows): QuantMatrix {
+  checkShape(what, w, rows, cols, groupSize);
+  if (cols % 64 !== 0) throw new ModelFormatError(`${what}: in_features ${cols} is not a multiple of 64 (the int6 layout)`);
+  const rowBytes = (cols * 3) / 4;
+  const qweight = new Uint8Array(rows * rowBytes);
+  const scales = new Uint16Array((rows * cols) / groupSize);
+  quantizeSymmetric(w, rows, cols, groupSize, what, onRow, 31, scales, (idx, c) => {
+    const r = Math.floor(idx / cols);
+    const i = idx - r * cols;
+    const row = r * rowBytes;
+    const u = c + 32;
+    const j = (i & 63) >> 1;
+    qweight[row + (i >> 1)] |= (u & 15) << ((i & 1) * 4);
+    qweight[row + cols / 2 + 16 * (i >> 6) + (j & 15)] |= (u >> 4) << (4 * (j >> 4) + 2 * (i & 1));
+  });
+  return { bits: 6, rows, cols, groupSize, qweight, scales };
 }
 
 // ---- int2 ----
@@ -241,11 +277,17 @@ export function quantizeInt8(w: ArrayLike<number>, rows: number, cols: number, g
 
 // ---- model files ----
 
+/** The quantizer of each head format. */
+export const HEAD_QUANTIZERS: Record<QuantizedHead, typeof quantizeInt8> = { int8: quantizeInt8, int6: quantizeInt6, int4: quantizeInt4 };
+
 export interface QuantizeOptions {
-  quant: WeightQuant;
-  groupSize?: number; // default 32
-  /** The output head: int8 (default) or fp16. A tied model stays tied (fp16) with fp16. */
+  /** The block's format; fp16 keeps the block and quantizes the head only. */
+  quant: WeightQuant | "fp16";
+  groupSize?: number; // the block's group, default 32
+  /** The output head: int8 (default), int6, int4 or fp16. A tied model stays tied (fp16) with fp16. */
   head?: HeadQuant;
+  /** The head's group, default groupSize. */
+  headGroupSize?: number;
   /** Told the weights quantized so far, out of all the file's quantized weights. */
   onProgress?: ProgressCallback;
 }
@@ -283,27 +325,32 @@ function quantTensors(base: string, q: QuantMatrix): TensorToWrite[] {
 }
 
 /**
- * Quantizes an unquantized loopserve model (F16, BF16 or F32 tensors) to
- * int4 or int2 and writes it to `outPath`: the block's seven matrices in the
- * chosen format, the output head int8 (or fp16), the embedding and norms
+ * Quantizes an unquantized loopserve model (F16, BF16 or F32 tensors) and
+ * writes it to `outPath`: the block's seven matrices int4 or int2 (or kept
+ * fp16), the output head int8, int6, int4 (or fp16), the embedding and norms
  * fp16. Same input and options give a byte-identical file.
  */
 export function quantizeModelFile(inPath: string, outPath: string, opts: QuantizeOptions): QuantizeResult {
-  const groupSize = opts.groupSize ?? DEFAULT_GROUP_SIZE;
+  const blockGroup = opts.groupSize ?? DEFAULT_GROUP_SIZE;
   const head = opts.head ?? "int8";
-  if (opts.quant !== "int4" && opts.quant !== "int2") {
-    throw new ModelFormatError(`quant must be int4 or int2, got ${String(opts.quant)}`);
+  const headGroupSize = opts.headGroupSize ?? blockGroup;
+  if (opts.quant !== "int4" && opts.quant !== "int2" && opts.quant !== "fp16") {
+    throw new ModelFormatError(`quant must be int4, int2 or fp16, got ${String(opts.quant)}`);
   }
-  if (head !== "int8" && head !== "fp16") throw new ModelFormatError(`head must be int8 or fp16, got ${String(head)}`);
+  if (!HEAD_QUANTS.includes(head)) throw new ModelFormatError(`head must be one of ${HEAD_QUANTS.join(", ")}, got ${String(head)}`);
+  if (opts.quant === "fp16" && head === "fp16") throw new ModelFormatError("quant fp16 with an fp16 head: nothing to quantize");
   const file = readSafetensors(inPath);
   const where = inPath;
   const base = parseModelMetadata(file.metadata, where);
-  if (base.quant !== "fp16") {
+  if (base.quant !== "fp16" || (file.metadata.output_quant ?? "fp16") !== "fp16" || file.tensors.has("output.qweight")) {
     throw new ModelFormatError(`${where}: already quantized (quant ${base.quant}); quantize the fp16/bf16/fp32 original`);
   }
-  const config: Omit<ModelConfig, "tiedOutput"> = { ...base, quant: opts.quant, groupSize };
+  const groupSize = opts.quant === "fp16" ? 0 : blockGroup;
+  const config: ModelShape = { ...base, quant: opts.quant, groupSize };
   // The metadata rules (group size, dim and ffn_dim multiples of it) with this file's name.
   parseModelMetadata(configToMetadata(config), where);
+  const headMeta: Record<string, string> =
+    head === "fp16" ? { output_quant: "fp16" } : { output_quant: head, output_group_size: String(headGroupSize) };
 
   const get = (name: string, shape: number[]): Float32Array => {
     const t = file.tensors.get(name);
@@ -324,15 +371,19 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
   const shapes = matrixShapes(config);
   const tensors: TensorToWrite[] = [f16("tok_embeddings.weight", [vocabSize, dim])];
   tensors.push(f16("block.attn_norm.weight", [dim]));
-  const quantize = opts.quant === "int4" ? quantizeInt4 : quantizeInt2;
-  // Progress counts weights: the block's matrices, then the int8 head (most of the work).
-  const total = QUANT_MATRICES.reduce((n, m) => n + shapes[m][0] * shapes[m][1], 0) + (head === "int8" ? vocabSize * dim : 0);
+  const quantize = opts.quant === "int4" ? quantizeInt4 : opts.quant === "int2" ? quantizeInt2 : null;
+  // Progress counts weights: the block's matrices, then the head (most of the work).
+  const total = (quantize ? QUANT_MATRICES.reduce((n, m) => n + shapes[m][0] * shapes[m][1], 0) : 0) + (head !== "fp16" ? vocabSize * dim : 0);
   let before = 0;
   const rowsOf = (cols: number): RowDone => (rows) => opts.onProgress?.(before + rows * cols, total);
   for (const m of QUANT_MATRICES) {
     const [rows, cols] = shapes[m];
     const name = `block.${m}`;
     if (m === "w1") tensors.push(f16("block.ffn_norm.weight", [dim]));
+    if (!quantize) {
+      tensors.push(f16(`${name}.weight`, [rows, cols]));
+      continue;
+    }
     tensors.push(...quantTensors(name, quantize(get(`${name}.weight`, [rows, cols]), rows, cols, groupSize, `${where}: ${name}`, rowsOf(cols))));
     before += rows * cols;
   }
@@ -340,11 +391,12 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
 
   const tied = !file.tensors.has("output.weight");
   let headKind: HeadQuant | "tied";
-  if (head === "int8") {
-    // A tied model's head is the embedding: its int8 copy becomes output.qweight.
+  if (head !== "fp16") {
+    // A tied model's head is the embedding: its quantized copy becomes output.qweight.
     const src = tied ? "tok_embeddings.weight" : "output.weight";
-    tensors.push(...quantTensors("output", quantizeInt8(get(src, [vocabSize, dim]), vocabSize, dim, groupSize, `${where}: ${src}`, rowsOf(dim))));
-    headKind = "int8";
+    const q = HEAD_QUANTIZERS[head](get(src, [vocabSize, dim]), vocabSize, dim, headGroupSize, `${where}: ${src} (${head} head)`, rowsOf(dim));
+    tensors.push(...quantTensors("output", q));
+    headKind = head;
   } else if (tied) {
     headKind = "tied";
   } else {
@@ -352,13 +404,13 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
     headKind = "fp16";
   }
 
-  const metadata: Record<string, string> = { ...file.metadata, ...configToMetadata(config), output_quant: headKind === "tied" ? "fp16" : headKind };
+  const metadata: Record<string, string> = { ...file.metadata, ...configToMetadata(config), ...headMeta };
   const bytes = writeSafetensors(outPath, metadata, tensors);
   return {
     path: outPath,
     bytes,
     inputBytes: statSync(inPath).size,
-    config: { ...config, tiedOutput: headKind === "tied" },
+    config: { ...config, tiedOutput: headKind === "tied", headQuant: head, headGroupSize: head === "fp16" ? 0 : headGroupSize },
     head: headKind,
   };
 }

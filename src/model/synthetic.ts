@@ -18,6 +18,7 @@ import {
   FORMAT_VERSION,
   MAX_LOOPS,
   type ModelConfig,
+  type ModelShape,
   TOKENIZER,
 } from "./format.ts";
 import { ModelFormatError, type TensorToWrite, writeSafetensors } from "./safetensors.ts";
@@ -228,7 +229,7 @@ function tiedFinalNorm(w: Uint16Array, magnitude: number, seed: number): void {
 /** Writes a deterministic fp16 synthetic model to `path`. */
 export function writeSyntheticModel(path: string, opts: SyntheticOptions): SyntheticResult {
   const o = resolveSyntheticOptions(opts);
-  const base: Omit<ModelConfig, "tiedOutput"> = {
+  const base: ModelShape = {
     arch: ARCH,
     formatVersion: FORMAT_VERSION,
     dim: o.dim,
@@ -282,5 +283,5 @@ export function writeSyntheticModel(path: string, opts: SyntheticOptions): Synth
     parameters += count;
   }
   const bytes = writeSafetensors(path, metadata, tensors);
-  return { path, bytes, parameters, config: { ...base, tiedOutput: o.tiedOutput } };
+  return { path, bytes, parameters, config: { ...base, tiedOutput: o.tiedOutput, headQuant: "fp16", headGroupSize: 0 } };
 }

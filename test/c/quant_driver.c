@@ -5,7 +5,8 @@
  *   quant_driver CASE OUT
  *
  * CASE (little-endian): int32 magic 0x3151534c ("LSQ1"), bits, group, rows,
- * in, T, simd; then qweight (rows * in * bits / 8 bytes), scales (rows *
+ * in, T, simd, head (1: the matrix is an output head); then qweight (rows *
+ * in * bits / 8 bytes), scales (rows *
  * in / group fp16), zeros (same, bits == 2 only), x (T * in fp32).
  * OUT receives y (T * rows fp32) from one call over all tokens and rows.
  *
@@ -51,14 +52,15 @@ int main(int argc, char **argv) {
         printf("error: cannot open %s\n", argv[1]);
         return 2;
     }
-    int32_t h[7];
-    if (fread(h, sizeof h[0], 7, f) != 7 || h[0] != 0x3151534c) {
+    int32_t h[8];
+    if (fread(h, sizeof h[0], 8, f) != 8 || h[0] != 0x3151534c) {
         printf("error: bad case header\n");
         return 2;
     }
-    int32_t bits = h[1], group = h[2], rows = h[3], in = h[4], T = h[5], simd = h[6];
-    if ((bits != 2 && bits != 4 && bits != 8) || !ls_quant_group_ok(group) || rows < 1 || in < group ||
-        in % group != 0 || T < 1 || T > 64) {
+    int32_t bits = h[1], group = h[2], rows = h[3], in = h[4], T = h[5], simd = h[6], head = h[7];
+    // The formats loopserve.h allows: block int4 / int2, head int8 / int6 / int4.
+    const int format_ok = head == 1 ? bits == 8 || (bits == 6 && in % 64 == 0) || bits == 4 : head == 0 && (bits == 4 || bits == 2);
+    if (!format_ok || !ls_quant_group_ok(group) || rows < 1 || in < group || in % group != 0 || T < 1 || T > 64) {
         printf("error: bad case dimensions\n");
         return 2;
     }
@@ -81,7 +83,7 @@ int main(int argc, char **argv) {
     }
 
     ls_qact *act = ls_qact_new(64, in);
-    ls_qmat w = {.qweight = qw, .scales = sc, .zeros = zr, .rows = rows, .in = in, .group = group, .bits = bits};
+    ls_qmat w = {.qweight = qw, .scales = sc, .zeros = zr, .rows = rows, .in = in, .group = group, .bits = bits, .head = head};
     if (act) {
         ls_qact_attach(act, &w, 1);
         act->simd = simd;

@@ -171,6 +171,8 @@ export const TINY_MODEL_INFO: ModelInfo = {
   quant: "fp16",
   groupSize: 0,
   tiedOutput: false,
+  headQuant: "fp16",
+  headGroupSize: 0,
   simd: "portable",
   threads: 1,
 };

@@ -125,13 +125,17 @@ describe("model loading under ASan/UBSan: the descriptor against the file", () =
       [{ quant: 3 }, /quant 3 is not one of LS_QUANT_FP16\/INT4\/INT2/],
       [{ group_size: 32 }, /group_size 32 does not suit quant fp16/],
       [{ quant: 1, group_size: 48 }, /group_size 48 does not suit quant int4/],
-      [{ reserved: 1 }, /reserved config field is 1, expected 0/],
+      [{ head_bits: 5, head_group: 32 }, /head_bits 5 with head_group 32 \(dim 32\) is not a head format/],
+      [{ head_bits: 0, head_group: 32 }, /head_bits 0 with head_group 32/],
+      [{ head_bits: 8, head_group: 64 }, /head_bits 8 with head_group 64 \(dim 32\)/], // the group must divide dim
+      [{ head_bits: 6, head_group: 32 }, /head_bits 6 with head_group 32 \(dim 32\)/], // int6 needs dim % 64 == 0
       [{ n_heads: 3 }, /inconsistent dimensions \(dim 32, n_heads 3,/],
       [{ n_heads: 32 }, /inconsistent dimensions/], // head_dim 1 is odd
       [{ n_kv_heads: 3 }, /inconsistent dimensions/],
       // Consistent, but not what the tensors hold.
       [{ vocab_size: 257 }, /tensor 'tok_embeddings\.weight': 16384 bytes, expected 16448/],
       [{ quant: 1, group_size: 32 }, /tensor 'block\.wq\.weight' does not belong in an int4 model/],
+      [{ head_bits: 8, head_group: 32 }, /tensor 'output\.weight' does not belong in an fp16 model with a quantized output head/],
     ];
     for (const [config, message] of cases) expectRefused(variant("config", editDescriptor(validDesc, { config })), message);
   });

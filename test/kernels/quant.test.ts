@@ -1,6 +1,6 @@
 // The quantized matmul kernels (kernels/quant_*.c) on their own, through
 // test/c/quant_driver.c built with AddressSanitizer + UBSan: every format
-// (int4, int2, int8 head) on odd shapes against the TypeScript reference
+// (int4, int2 block; int8, int6, int4 head) on odd shapes against the TypeScript reference
 // (dequantize, quantize the activations as the kernels do, multiply in
 // double precision), every SIMD path bit-identical to the portable one, and
 // the driver's own batch-invariance checks (one token per call, uneven row
@@ -11,7 +11,7 @@ import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync
 import { join, resolve } from "node:path";
 import { C_FLAGS, simdFlags } from "../../build.ts";
 import type { QuantMatrix } from "../../src/model/format.ts";
-import { quantizeInt2, quantizeInt4, quantizeInt8 } from "../../src/model/quantize.ts";
+import { quantizeInt2, quantizeInt4, quantizeInt6, quantizeInt8 } from "../../src/model/quantize.ts";
 import { testTempDir } from "../helpers/models.ts";
 import { dequantize, quantizedMatvec } from "../reference/quant.ts";
 
@@ -94,8 +94,8 @@ function activations(T: number, cols: number, seed: number): Float32Array {
 
 let n = 0;
 /** Runs the driver; the output, or null when the path is not on this CPU. */
-function runCase(q: QuantMatrix, x: Float32Array, T: number, simd: keyof typeof SIMD): Float32Array | null {
-  const hdr = new Int32Array([0x3151534c, q.bits, q.groupSize, q.rows, q.cols, T, SIMD[simd]]);
+function runCase(q: QuantMatrix, x: Float32Array, T: number, simd: keyof typeof SIMD, head = false): Float32Array | null {
+  const hdr = new Int32Array([0x3151534c, q.bits, q.groupSize, q.rows, q.cols, T, SIMD[simd], head ? 1 : 0]);
   const parts: Uint8Array[] = [
     new Uint8Array(hdr.buffer),
     q.qweight,
@@ -125,11 +125,14 @@ function runCase(q: QuantMatrix, x: Float32Array, T: number, simd: keyof typeof 
   return new Float32Array(bytes.buffer, bytes.byteOffset, T * q.rows);
 }
 
-const QUANTIZERS = {
-  int4: quantizeInt4,
-  int2: quantizeInt2,
-  int8: quantizeInt8,
-};
+/** Each format: its quantizer, and whether it is an output head's (the head scheme of quant_avx512.c). */
+const FORMATS = {
+  int4: [quantizeInt4, false],
+  int2: [quantizeInt2, false],
+  "int8 head": [quantizeInt8, true],
+  "int6 head": [quantizeInt6, true],
+  "int4 head": [quantizeInt4, true],
+} as const;
 
 // [rows, cols, group]: odd row counts (tails of every row tile, and of the
 // AVX-512 row pairs), inputs that are not a multiple of a SIMD window (96,
@@ -154,15 +157,16 @@ const SHAPES: [number, number, number][] = [
 ];
 
 describe("quantized matmul kernels", () => {
-  for (const [fmt, quantize] of Object.entries(QUANTIZERS)) {
+  for (const [fmt, [quantize, head]] of Object.entries(FORMATS)) {
     test(`${fmt}: portable kernel equals dequantize-then-multiply on odd shapes; every path bit-identical`, () => {
       let seed = 1;
-      for (const [rows, cols, group] of SHAPES) {
+      // int6 rows are whole 64-input blocks.
+      for (const [rows, cols, group] of SHAPES.filter(([, cols]) => quantize !== quantizeInt6 || cols % 64 === 0)) {
         for (const T of [1, 2, 3, 4, 5, 6, 7, 8, 9, 13]) {
           const q = quantize(weights(rows, cols, seed), rows, cols, group);
           const x = activations(T, cols, seed++);
           const deq = dequantize(q);
-          const base = runCase(q, x, T, "portable")!;
+          const base = runCase(q, x, T, "portable", head)!;
           let d = 0;
           let m = 0;
           for (let t = 0; t < T; t++) {
@@ -174,7 +178,7 @@ describe("quantized matmul kernels", () => {
           }
           if (!(d <= TOL * m)) throw new Error(`${fmt} ${rows}x${cols} g${group} T${T}: rel err ${d / m}`);
           for (const p of paths) {
-            const got = runCase(q, x, T, p)!;
+            const got = runCase(q, x, T, p, head)!;
             const same = Buffer.from(got.buffer, got.byteOffset, got.byteLength).equals(
               Buffer.from(base.buffer, base.byteOffset, base.byteLength),
             );

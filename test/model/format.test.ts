@@ -63,6 +63,8 @@ describe("loopserve model format", () => {
       groupSize: 0,
       tokenizer: "gpt2",
       tiedOutput: false,
+      headQuant: "fp16",
+      headGroupSize: 0,
     });
     expect(m.weights.wk.length).toBe(32 * 64);
     expect(m.weights.wo.length).toBe(64 * 64);

@@ -7,12 +7,18 @@ import { rne } from "../../src/model/quantize.ts";
 
 // ---- reading codes back ----
 
-/** The code of input i of row r: signed for int4 / int8, 0..3 for int2. */
+/** The code of input i of row r: signed for int4 / int6 / int8, 0..3 for int2. */
 export function codeAt(q: QuantMatrix, r: number, i: number): number {
   const idx = r * q.cols + i;
   if (q.bits === 8) return (q.qweight[idx] << 24) >> 24;
   if (q.bits === 4) return ((q.qweight[idx >> 1] >> ((idx & 1) * 4)) & 0xf) - 8;
-  return (q.qweight[idx >> 2] >> ((idx & 3) * 2)) & 3;
+  if (q.bits === 2) return (q.qweight[idx >> 2] >> ((idx & 3) * 2)) & 3;
+  // int6: the row's nibbles, then its high bits in 16-byte blocks per 64 inputs.
+  const row = (r * q.cols * 3) / 4;
+  const j = (i & 63) >> 1;
+  const lo = (q.qweight[row + (i >> 1)] >> ((i & 1) * 4)) & 0xf;
+  const hi = (q.qweight[row + q.cols / 2 + 16 * (i >> 6) + (j & 15)] >> (4 * (j >> 4) + 2 * (i & 1))) & 3;
+  return (lo | (hi << 4)) - 32;
 }
 
 /** Dequantized weights, row-major; exact (fp16 scale times a small integer, plus an fp16 offset, fit a double). */
