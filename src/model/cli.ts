@@ -11,9 +11,9 @@ import { checkModelFile } from "../engine/binding.ts";
 import type { ModelFileInfo } from "../engine/types.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "../engine/library.ts";
 import { type ProgressStream, withProgress } from "../progress.ts";
-import { GROUP_SIZES, MAX_LOOPS } from "./format.ts";
+import { GROUP_SIZES, HEAD_QUANTS, MAX_LOOPS } from "./format.ts";
 import { exportGguf } from "./gguf.ts";
-import { DEFAULT_GROUP_SIZE, type HeadQuant, quantizeModelFile, type WeightQuant } from "./quantize.ts";
+import { DEFAULT_GROUP_SIZE, DEFAULT_HEAD, type HeadQuant, quantizeModelFile, type WeightQuant } from "./quantize.ts";
 import { DTYPE_SIZES, ModelFormatError, readSafetensors, type SafetensorsFile } from "./safetensors.ts";
 import { resolveSyntheticOptions, type SyntheticOptions, writeSyntheticModel } from "./synthetic.ts";
 
@@ -77,22 +77,28 @@ options:
   --json       print the header as one JSON object
   -h, --help   this help`;
 
-const QUANTIZE_HELP = `usage: loopserve model quantize IN OUT --quant int4|int2 [options]
+const QUANTIZE_HELP = `usage: loopserve model quantize IN OUT --quant int4|int2|fp16 [options]
 
 Writes IN (a loopserve model with F16, BF16 or F32 tensors) to OUT with the
 shared block's seven matrices quantized in groups along their inputs:
   int4  symmetric, codes -8..7 and one fp16 scale per group
   int2  codes 0..3 with one fp16 scale and one fp16 offset per group
-The output head (vocab x dim, the largest matrix) becomes int8 with the
-same groups unless --head fp16; the embedding and the norms stay fp16.
-The same input and options give a byte-identical file.
+  fp16  kept as they are (quantize the output head only)
+The output head (vocab x dim, the largest matrix, read once per decoded
+token) becomes, per --head, symmetric codes with one fp16 scale per group:
+  int8  codes -127..127      int6  codes -32..31 (dim a multiple of 64)
+  int4  codes -8..7          fp16  kept (a tied model stays tied)
+The embedding and the norms stay fp16. The same input and options give a
+byte-identical file.
 
 options (default in brackets):
-  --quant int4|int2    weight format (required)
-  --group-size N       inputs per scale: 32, 64, 128 or 256 [${DEFAULT_GROUP_SIZE}];
-                       dim and ffn_dim must be multiples of it
-  --head int8|fp16     output head format [int8]; fp16 keeps a tied model tied
-  -h, --help           this help`;
+  --quant int4|int2|fp16   block format (required)
+  --group-size N           inputs per scale: 32, 64, 128 or 256 [${DEFAULT_GROUP_SIZE}];
+                           dim and ffn_dim must be multiples of it
+  --head int8|int6|int4|fp16
+                           output head format [${DEFAULT_HEAD}]
+  --head-group-size N      the head's inputs per scale [--group-size]
+  -h, --help               this help`;
 
 const EXPORT_GGUF_HELP = `usage: loopserve model export-gguf IN OUT [--loops N]
 
@@ -305,9 +311,9 @@ function cmdInspect(argv: string[], io: CommandIO): number {
   printHeader(io, path, file, json);
   const c = checkWithServerLoader(path);
   if (!json) {
-    const head = file.tensors.has("output.qweight") ? "int8" : "fp16";
+    const head = c.headQuant === "fp16" ? "" : `, output head ${c.headQuant} (group ${c.headGroupSize})`;
     io.out(
-      `loopserve model: ${c.quant}${c.quant === "fp16" ? "" : ` (group ${c.groupSize}, output head ${head})`}, dim ${c.dim}, heads ${c.nHeads} (kv ${c.nKvHeads}), head_dim ${c.headDim}, ` +
+      `loopserve model: ${c.quant}${c.quant === "fp16" ? "" : ` (group ${c.groupSize})`}${head}, dim ${c.dim}, heads ${c.nHeads} (kv ${c.nKvHeads}), head_dim ${c.headDim}, ` +
         `ffn ${c.ffnDim}, vocab ${c.vocabSize}, default loops ${c.defaultLoops}, ` +
         `output ${c.tiedOutput ? "tied to tok_embeddings" : "untied"}`,
     );
@@ -316,34 +322,42 @@ function cmdInspect(argv: string[], io: CommandIO): number {
 }
 
 function cmdQuantize(argv: string[], io: CommandIO): number {
-  const p = parseArgs(argv, new Set(["--quant", "--group-size", "--head"]), new Set(["-h", "--help"]));
+  const p = parseArgs(argv, new Set(["--quant", "--group-size", "--head", "--head-group-size"]), new Set(["-h", "--help"]));
   if (p.flags.has("-h") || p.flags.has("--help")) {
     io.out(QUANTIZE_HELP);
     return 0;
   }
   const [inPath, outPath] = paths(p, ["IN", "OUT"]);
   const quant = p.flags.get("--quant");
-  if (quant === undefined) throw new UsageError("--quant int4|int2 is required");
-  if (quant !== "int4" && quant !== "int2") throw new UsageError(`--quant must be int4 or int2, got "${String(quant)}"`);
-  const head = p.flags.get("--head") ?? "int8";
-  if (head !== "int8" && head !== "fp16") throw new UsageError(`--head must be int8 or fp16, got "${String(head)}"`);
+  if (quant === undefined) throw new UsageError("--quant int4|int2|fp16 is required");
+  if (quant !== "int4" && quant !== "int2" && quant !== "fp16") {
+    throw new UsageError(`--quant must be int4, int2 or fp16, got "${String(quant)}"`);
+  }
+  const head = p.flags.get("--head") ?? DEFAULT_HEAD;
+  if (typeof head !== "string" || !(HEAD_QUANTS as readonly string[]).includes(head)) {
+    throw new UsageError(`--head must be one of ${HEAD_QUANTS.join(", ")}, got "${String(head)}"`);
+  }
+  if (quant === "fp16" && head === "fp16") throw new UsageError("--quant fp16 with --head fp16 leaves nothing to quantize");
   const groupSize = intFlag(p, "--group-size", DEFAULT_GROUP_SIZE);
-  if (!GROUP_SIZES.includes(groupSize)) {
-    throw new UsageError(`--group-size must be 32, 64, 128 or 256, got ${groupSize}`);
+  const headGroupSize = intFlag(p, "--head-group-size", groupSize);
+  for (const [flag, g] of [["--group-size", groupSize], ["--head-group-size", headGroupSize]] as const) {
+    if (!GROUP_SIZES.includes(g)) throw new UsageError(`${flag} must be 32, 64, 128 or 256, got ${g}`);
   }
   const t0 = performance.now();
   const r = withProgress("quantize", io.progress, (onProgress) =>
     quantizeModelFile(inPath, outPath, {
-      quant: quant as WeightQuant,
+      quant: quant as WeightQuant | "fp16",
       groupSize,
       head: head as HeadQuant,
+      headGroupSize,
       onProgress,
     }),
   );
   const ms = performance.now() - t0;
   io.out(
     `wrote ${outPath}: ${r.bytes} bytes (${((100 * r.bytes) / r.inputBytes).toFixed(1)}% of ${r.inputBytes}), ` +
-      `${quant} block, group ${groupSize}, output head ${r.head === "tied" ? "tied (fp16)" : r.head} in ${ms.toFixed(0)} ms`,
+      `${quant} block${quant === "fp16" ? "" : `, group ${groupSize}`}, output head ` +
+      `${r.head === "tied" ? "tied (fp16)" : r.head === "fp16" ? "fp16" : `${r.head}, group ${headGroupSize}`} in ${ms.toFixed(0)} ms`,
   );
   return 0;
 }

@@ -330,7 +330,7 @@ function checkTensor(file: SafetensorsFile, name: string, shape: number[], dtype
 }
 
 /** fp16 view of a tensor: zero-copy when 2-byte aligned, else a copy. */
-function asF16(t: TensorView): Uint16Array {
+export function asF16(t: TensorView): Uint16Array {
   const { data } = t;
   if (data.byteOffset % 2 === 0) return new Uint16Array(data.buffer, data.byteOffset, data.byteLength / 2);
   return new Uint16Array(data.slice().buffer);
@@ -443,11 +443,14 @@ export function parseModelConfig(file: SafetensorsFile): ModelConfig {
 export function loadModelFile(path: string): LoadedModel {
   const file = readSafetensors(path);
   const config = parseModelConfig(file);
-  if (config.quant !== "fp16" || config.headQuant !== "fp16") {
+  if (config.quant !== "fp16") {
     throw ModelFormatError.about(
       path,
-      `quant "${config.quant}" with a ${config.headQuant} output head is not supported by the TypeScript loader of fp16 weights (loadModelFile)`,
+      `quant "${config.quant}" is not supported by the TypeScript loader of fp16 weights (loadModelFile); loadQuantModelFile reads it`,
     );
+  }
+  if (config.headQuant !== "fp16") {
+    throw ModelFormatError.about(path, `an ${config.headQuant} output head is not supported by the TypeScript loader of fp16 weights (loadModelFile)`);
   }
   const get = (name: string) => asF16(file.tensors.get(name)!);
   const tokEmbeddings = get("tok_embeddings.weight");
@@ -482,6 +485,12 @@ function quantMatrixOf(file: SafetensorsFile, base: string, bits: QuantMatrix["b
   };
 }
 
+/** The quantized output head of a validated model (config.headQuant int8 / int6 / int4). */
+export function quantizedHead(file: SafetensorsFile, config: ModelConfig): QuantMatrix {
+  if (config.headQuant === "fp16") throw new Error("quantizedHead: the model's head is fp16");
+  return quantMatrixOf(file, "output", HEAD_BITS[config.headQuant], config.vocabSize, config.dim, config.headGroupSize);
+}
+
 /** Reads, maps and validates an int4 / int2 loopserve model file. */
 export function loadQuantModelFile(path: string): LoadedQuantModel {
   const file = readSafetensors(path);
@@ -498,7 +507,7 @@ export function loadQuantModelFile(path: string): LoadedQuantModel {
   }
   const tokEmbeddings = get("tok_embeddings.weight");
   const output = config.headQuant !== "fp16"
-    ? quantMatrixOf(file, "output", HEAD_BITS[config.headQuant], config.vocabSize, config.dim, config.headGroupSize)
+    ? quantizedHead(file, config)
     : config.tiedOutput
       ? tokEmbeddings
       : get("output.weight");

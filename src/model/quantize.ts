@@ -33,6 +33,8 @@ import { ModelFormatError, readSafetensors, type TensorToWrite, type TensorView,
 export type WeightQuant = "int4" | "int2";
 export type { HeadQuant };
 export const DEFAULT_GROUP_SIZE = 32;
+/** The head `model quantize` writes unless told otherwise. */
+export const DEFAULT_HEAD: HeadQuant = "int8";
 
 // ---- fp16 rounding with a direction ----
 
@@ -332,7 +334,7 @@ function quantTensors(base: string, q: QuantMatrix): TensorToWrite[] {
  */
 export function quantizeModelFile(inPath: string, outPath: string, opts: QuantizeOptions): QuantizeResult {
   const blockGroup = opts.groupSize ?? DEFAULT_GROUP_SIZE;
-  const head = opts.head ?? "int8";
+  const head = opts.head ?? DEFAULT_HEAD;
   const headGroupSize = opts.headGroupSize ?? blockGroup;
   if (opts.quant !== "int4" && opts.quant !== "int2" && opts.quant !== "fp16") {
     throw new ModelFormatError(`quant must be int4, int2 or fp16, got ${String(opts.quant)}`);

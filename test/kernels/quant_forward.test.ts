@@ -1,4 +1,4 @@
-// Quantized models (int4 / int2 block, int8 or fp16 head) through the C
+// Quantized models (int4 / int2 / fp16 block, int8 / int6 / int4 / fp16 head) through the C
 // engine (libloopserve.so via the FFI binding): logits against the
 // TypeScript reference doing the same quantization, batch invariance
 // (bit-identical logits whatever the call split or thread count), SIMD
@@ -42,7 +42,7 @@ const tmp = (name: string) => join(testTempDir(), `qfwd-${n++}-${name}`);
 const cache = new Map<string, string>();
 
 /** The fp16 synthetic model of a shape, quantized (cached per process). */
-function quantized(shape: string, quant: WeightQuant, head: HeadQuant): string {
+function quantized(shape: string, quant: WeightQuant | "fp16", head: HeadQuant): string {
   const key = `${shape}-${quant}-${head}`;
   let path = cache.get(key);
   if (!path) {
@@ -59,16 +59,23 @@ beforeAll(() => {
   paths = supportedPaths(quantized("gqa", "int4", "int8"));
 });
 
-const FORMATS: [WeightQuant, HeadQuant][] = [
+const FORMATS: [WeightQuant | "fp16", HeadQuant][] = [
   ["int4", "int8"],
   ["int2", "int8"],
   ["int4", "fp16"],
   ["int2", "fp16"],
+  ["int4", "int6"],
+  ["int4", "int4"],
+  ["int2", "int6"],
+  ["fp16", "int8"],
+  ["fp16", "int6"],
+  ["fp16", "int4"],
 ];
 
 describe("quantized logits match the TypeScript reference", () => {
   for (const shape of Object.keys(SHAPES)) {
-    for (const [quant, head] of FORMATS) {
+    // int6 rows are whole blocks of 64 inputs.
+    for (const [quant, head] of FORMATS.filter(([, head]) => head !== "int6" || SHAPES[shape].dim % 64 === 0)) {
       test(`${shape} ${quant} block, ${head} head: prefill and decode at loops 1 and ${SHAPES[shape].loops}, every SIMD path`, () => {
         const path = quantized(shape, quant, head);
         const ref = ReferenceModel.load(path);
@@ -80,7 +87,9 @@ describe("quantized logits match the TypeScript reference", () => {
           for (const simd of paths) {
             withModel(path, 2, simd, (m) => {
               expect(m.info.quant).toBe(quant);
-              expect(m.info.groupSize).toBe(GROUP[shape]);
+              expect(m.info.groupSize).toBe(quant === "fp16" ? 0 : GROUP[shape]);
+              expect(m.info.headQuant).toBe(head === "fp16" ? "fp16" : head);
+              expect(m.info.headGroupSize).toBe(head === "fp16" ? 0 : GROUP[shape]);
               const s = m.newSession(32, loops, 0);
               try {
                 const got = [...feedInCalls(s, prompt, loops, [prompt.length], vocab), ...feedInCalls(s, decoded, loops, [1], vocab)];
@@ -100,8 +109,8 @@ describe("quantized logits match the TypeScript reference", () => {
 });
 
 describe("quantized batch invariance", () => {
-  for (const [quant, head] of FORMATS.slice(0, 2)) {
-    test(`${quant}: bit-identical logits for calls of 80, 64+16, 7, 1 and mixed sizes, at 1 and 2 threads, every path`, () => {
+  for (const [quant, head] of [FORMATS[0], FORMATS[1], FORMATS[4], FORMATS[5], FORMATS[7]]) {
+    test(`${quant} block, ${head} head: bit-identical logits for calls of 80, 64+16, 7, 1 and mixed sizes, at 1 and 2 threads, every path`, () => {
       const path = quantized("gqa", quant, head);
       const vocab = SHAPES.gqa.vocabSize;
       const toks = tokensFor(vocab, 80);
@@ -114,7 +123,7 @@ describe("quantized batch invariance", () => {
               const got = feedInCalls(s, toks, 3, sizes, vocab);
               s.close();
               if (base === null) base = got;
-              else expectBitIdentical(got, base, `${quant} ${simd} threads ${threads} calls ${sizes.join("+")}`);
+              else expectBitIdentical(got, base, `${quant}/${head} ${simd} threads ${threads} calls ${sizes.join("+")}`);
             }
           });
         }
@@ -207,6 +216,24 @@ describe("corrupt quantized files", () => {
     ];
     for (const [edit, msg] of cases) expect(loadError(variant(edit))).toMatch(msg);
     expect(loadError(good)).toBe("loaded");
+
+    // The head's own metadata: a format the tensors do not hold, or an unknown one.
+    const int6 = readRawSafetensors(quantized("gqa", "int4", "int6"));
+    const headVariant = (edit: (h: RawHeader) => void) => {
+      const h = structuredClone(int6.header);
+      edit(h);
+      return writeRawSafetensors(tmp("corrupt-head.safetensors"), h, int6.data);
+    };
+    const headCases: [(h: RawHeader) => void, RegExp][] = [
+      [(h) => (h.__metadata__.output_quant = "int4"), /tensor "output.qweight": shape must be \[97, 32\], got \[97, 48\]/],
+      [(h) => (h.__metadata__.output_quant = "int8"), /tensor "output.qweight": dtype must be I8, got U8/],
+      [(h) => (h.__metadata__.output_quant = "fp16"), /tensor "output.qweight" present, but metadata output_quant is fp16/],
+      [(h) => (h.__metadata__.output_quant = "int5"), /output_quant must be one of fp16, int8, int6, int4, got "int5"/],
+      [(h) => (h.__metadata__.output_group_size = "48"), /output_group_size must be one of 32, 64, 128, 256, got 48/],
+      [(h) => (h.__metadata__.output_group_size = "128"), /dim \(64\) must be a multiple of output_group_size \(128\)/],
+    ];
+    for (const [edit, msg] of headCases) expect(loadError(headVariant(edit))).toMatch(msg);
+    expect(loadError(quantized("gqa", "int4", "int6"))).toBe("loaded");
   });
 });
 

@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { runModelCommand } from "../../src/model/cli.ts";
 import { F16_TO_F32 } from "../../src/model/fp16.ts";
 import { loadModelFile, loadQuantModelFile, type QuantMatrix } from "../../src/model/format.ts";
-import { f16BitsDown, f16BitsUp, quantizeInt2, quantizeInt4, quantizeInt8, quantizeModelFile } from "../../src/model/quantize.ts";
+import { f16BitsDown, f16BitsUp, quantizeInt2, quantizeInt4, quantizeInt6, quantizeInt8, quantizeModelFile } from "../../src/model/quantize.ts";
 import { ModelFormatError, readSafetensors, writeSafetensors } from "../../src/model/safetensors.ts";
 import { ReferenceModel } from "../reference/forward.ts";
 import { codeAt, dequantize, quantizeActivations } from "../reference/quant.ts";
@@ -37,20 +37,25 @@ describe("round trip", () => {
   const rows = 6;
   const cols = 256;
   for (const group of [32, 64, 128, 256]) {
-    test(`int4 group ${group}: codes in [-8, 7], |w - dequant| <= |scale| / 2`, () => {
+    for (const [name, quantize, L] of [["int4", quantizeInt4, 7], ["int6", quantizeInt6, 31]] as const)
+    test(`${name} group ${group}: codes in [${-L - 1}, ${L}], |w - dequant| <= |scale| / 2`, () => {
       const w = weights(rows * cols, group);
-      const q = quantizeInt4(w, rows, cols, group);
+      const q = quantize(w, rows, cols, group);
       const deq = dequantize(q);
+      const used = new Set<number>();
       for (let r = 0; r < rows; r++) {
         for (let i = 0; i < cols; i++) {
           const c = codeAt(q, r, i);
-          expect(c >= -8 && c <= 7).toBe(true);
+          used.add(c);
+          expect(c >= -L - 1 && c <= L).toBe(true);
           const bound = Math.abs(groupScale(q, r, Math.floor(i / group))) / 2;
           if (!(Math.abs(w[r * cols + i] - deq[r * cols + i]) <= bound)) {
             throw new Error(`row ${r} input ${i}: |${w[r * cols + i]} - ${deq[r * cols + i]}| > ${bound}`);
           }
         }
       }
+      // Both ends of the code range occur: the packing keeps every bit of a code.
+      expect(used.has(-L - 1) && used.has(L)).toBe(true);
     });
 
     test(`int8 group ${group}: codes in [-127, 127], |w - dequant| <= scale / 2`, () => {
@@ -252,6 +257,37 @@ describe("quantized model files", () => {
     }
   });
 
+  test("int6 / int4 heads and an fp16 block with a quantized head: metadata, tensors, loader", () => {
+    const src = fp16Model();
+    const cases = [
+      ["int4", "int6", [300, 48]],
+      ["int2", "int4", [300, 32]],
+      ["fp16", "int8", [300, 64]],
+    ] as const;
+    for (const [quant, head, shape] of cases) {
+      const out = tmp(`${quant}-${head}.safetensors`);
+      const r = quantizeModelFile(src, out, { quant, head, headGroupSize: 64 });
+      expect(r.head).toBe(head);
+      const f = readSafetensors(out);
+      expect(f.metadata).toMatchObject({ quant, group_size: quant === "fp16" ? "0" : "32", output_quant: head, output_group_size: "64" });
+      expect(f.tensors.get("output.qweight")).toMatchObject({ dtype: head === "int8" ? "I8" : "U8", shape });
+      expect(f.tensors.get("output.scales")).toMatchObject({ dtype: "F16", shape: [300, 1] });
+      expect(f.tensors.has("output.weight")).toBe(false);
+      const m = ReferenceModel.load(out);
+      expect(m.config).toMatchObject({ quant, headQuant: head, headGroupSize: 64, tiedOutput: false });
+      if (quant === "fp16") {
+        expect(f.tensors.get("block.wq.weight")!.dtype).toBe("F16");
+        expect(() => loadModelFile(out)).toThrow(/an int8 output head is not supported by the TypeScript loader of fp16 weights/);
+      } else {
+        expect(loadQuantModelFile(out).weights.output).toMatchObject({ bits: head === "int6" ? 6 : 4, groupSize: 64 });
+      }
+    }
+    // int6 needs whole blocks of 64 inputs.
+    expect(() => quantizeModelFile(fp16Model({ dim: 96, nHeads: 4, nKvHeads: 2 }), tmp("x.safetensors"), { quant: "fp16", head: "int6" })).toThrow(
+      /in_features 96 is not a multiple of 64 \(the int6 layout\)/,
+    );
+  });
+
   test("an already quantized or malformed input is refused with the reason", () => {
     const src = fp16Model();
     const q = tmp("q.safetensors");
@@ -330,13 +366,13 @@ describe("loopserve model quantize", () => {
     const out = tmp("cli-int4.safetensors");
     const r = await run("quantize", src, out, "--quant", "int4", "--group-size", "32");
     expect(r).toMatchObject({ code: 0, err: "" });
-    expect(r.out).toMatch(/^wrote .*: \d+ bytes \(\d+\.\d% of \d+\), int4 block, group 32, output head int8 in \d+ ms$/);
+    expect(r.out).toMatch(/^wrote .*: \d+ bytes \(\d+\.\d% of \d+\), int4 block, group 32, output head int8, group 32 in \d+ ms$/);
     const i = await run("inspect", out);
     expect(i.code).toBe(0);
     expect(i.out).toMatch(/^ {2}quant +int4$/m);
     expect(i.out).toMatch(/^ {2}group_size +32$/m);
     expect(i.out).toMatch(/block\.wq\.qweight +U8 +\[64, 32\]/);
-    expect(i.out).toContain("loopserve model: int4 (group 32, output head int8), dim 64");
+    expect(i.out).toContain("loopserve model: int4 (group 32), output head int8 (group 32), dim 64");
     const again = tmp("cli-int4-again.safetensors");
     await run("quantize", src, again, "--quant=int4");
     expect(readFileSync(again).equals(readFileSync(out))).toBe(true);
@@ -345,10 +381,12 @@ describe("loopserve model quantize", () => {
   test("bad arguments exit 2 with the reason; a bad input file exits 1", async () => {
     const src = fp16Model();
     const cases: [string[], RegExp][] = [
-      [["quantize", src, tmp("a")], /--quant int4\|int2 is required/],
-      [["quantize", src, tmp("a"), "--quant", "int3"], /--quant must be int4 or int2, got "int3"/],
+      [["quantize", src, tmp("a")], /--quant int4\|int2\|fp16 is required/],
+      [["quantize", src, tmp("a"), "--quant", "int3"], /--quant must be int4, int2 or fp16, got "int3"/],
       [["quantize", src, tmp("a"), "--quant", "int4", "--group-size", "48"], /--group-size must be 32, 64, 128 or 256, got 48/],
-      [["quantize", src, tmp("a"), "--quant", "int4", "--head", "int4"], /--head must be int8 or fp16/],
+      [["quantize", src, tmp("a"), "--quant", "int4", "--head-group-size", "16"], /--head-group-size must be 32, 64, 128 or 256, got 16/],
+      [["quantize", src, tmp("a"), "--quant", "int4", "--head", "int5"], /--head must be one of fp16, int8, int6, int4, got "int5"/],
+      [["quantize", src, tmp("a"), "--quant", "fp16", "--head", "fp16"], /--quant fp16 with --head fp16 leaves nothing to quantize/],
       [["quantize", src, "--quant", "int4"], /missing OUT path/],
     ];
     for (const [argv, msg] of cases) {

@@ -21,7 +21,17 @@
 //   logits = rmsnorm(h, norm) · Wout^T
 
 import { f16ArrayToF32, roundToF16 } from "../../src/model/fp16.ts";
-import { loadModelFile, loadQuantModelFile, MAX_LOOPS, type ModelConfig, type ModelWeights, QUANT_MATRICES } from "../../src/model/format.ts";
+import {
+  asF16,
+  loadModelFile,
+  loadQuantModelFile,
+  MAX_LOOPS,
+  type ModelConfig,
+  type ModelWeights,
+  QUANT_MATRICES,
+  quantizedHead,
+  validateModel,
+} from "../../src/model/format.ts";
 import { type KvCacheMode, type KvModeSpec, kvModeSpec } from "../../src/model/kvcache.ts";
 import { readSafetensors } from "../../src/model/safetensors.ts";
 import { storedKvRow, whtF64 } from "./kvcache.ts";
@@ -108,11 +118,35 @@ export class ReferenceModel {
     return this.quantized.has(key) ? quantizedMatvec(w, rows, cols, x) : matvec(w, rows, cols, x);
   }
 
-  /** Loads and validates a model (fp16, int4 or int2; see format.ts). */
+  /** Loads and validates a model (fp16, int4 or int2, any output head; see format.ts). */
   static load(path: string): ReferenceModel {
-    const quant = readSafetensors(path).metadata.quant;
-    if (quant === "int4" || quant === "int2") return ReferenceModel.loadQuantized(path);
-    const { config, weights: w } = loadModelFile(path);
+    const file = readSafetensors(path);
+    const { config, tensors } = validateModel(file);
+    if (config.quant !== "fp16") return ReferenceModel.loadQuantized(path);
+    if (config.headQuant !== "fp16") {
+      // fp16 block, quantized head: the fp16 tensors by name, the head dequantized.
+      const f = (name: string) => f16ArrayToF32(asF16(tensors.get(name)!));
+      const m = (name: string) => f(`block.${name}.weight`);
+      return new ReferenceModel(
+        config,
+        {
+          tokEmbeddings: f("tok_embeddings.weight"),
+          attnNorm: f("block.attn_norm.weight"),
+          wq: m("wq"),
+          wk: m("wk"),
+          wv: m("wv"),
+          wo: m("wo"),
+          ffnNorm: f("block.ffn_norm.weight"),
+          w1: m("w1"),
+          w2: m("w2"),
+          w3: m("w3"),
+          norm: f("norm.weight"),
+          output: dequantize(quantizedHead(file, config)),
+        },
+        new Set<MatrixKey>(["output"]),
+      );
+    }
+    const { weights: w } = loadModelFile(path);
     const tok = f16ArrayToF32(w.tokEmbeddings);
     return new ReferenceModel(config, {
       tokEmbeddings: tok,
