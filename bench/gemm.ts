@@ -54,8 +54,8 @@ export async function measureGemm(): Promise<Row[]> {
   const peaks = [0, 1, 2].map(() => probeJson([peakProbe, "vnni", "1", "0.5"]));
   if (!peaks[0].supported) throw new Error("bench gemm: this CPU has no VNNI; the quantized kernels' peak is not defined");
   const peak = Math.max(...peaks.map((p) => Number(p.Gops)));
-  const time = (bits: number, s: Shape, T: number) => {
-    const r = probeJson([gemm, String(bits), "32", String(s.rows), String(s.in), String(T), String(SIMD_AVX512), String(SECONDS)]);
+  const time = (bits: number, s: Shape, T: number, head = false) => {
+    const r = probeJson([gemm, String(bits), head ? "1" : "0", "32", String(s.rows), String(s.in), String(T), String(SIMD_AVX512), String(SECONDS)]);
     return { us: Number(r.matmul_us), path: String(r.path) };
   };
   const rows: Row[] = [];
@@ -77,10 +77,20 @@ export async function measureGemm(): Promise<Row[]> {
     }
   }
   const head: Shape = { name: "head", rows: c.vocabSize, in: c.dim, count: 1 };
-  for (const T of TOKENS) {
-    const t = time(8, head, T);
-    const ops = 2 * head.rows * head.in * T;
-    rows.push({ format: `int8 head ${head.rows}x${head.in}`, tokens: T, Gops: ops / (t.us * 1e3), "%peak": (100 * ops) / (t.us * 1e3) / peak });
+  for (const bits of [8, 6, 4]) {
+    for (const T of TOKENS) {
+      const t = time(bits, head, T, true);
+      const ops = 2 * head.rows * head.in * T;
+      const bytes = (head.rows * head.in * bits) / 8 + (head.rows * head.in * 2) / 32; // codes + fp16 scales
+      rows.push({
+        format: `int${bits} head ${head.rows}x${head.in}`,
+        tokens: T,
+        us: t.us,
+        "GB/s": bytes / (t.us * 1e3),
+        Gops: ops / (t.us * 1e3),
+        "%peak": (100 * ops) / (t.us * 1e3) / peak,
+      });
+    }
   }
   console.log(`VNNI peak, one thread: ${peak.toFixed(0)} GOP/s (bench/peer/probes/peak.c)`);
   return rows;

@@ -5,7 +5,7 @@
 // 1. Perplexity at each loop depth, beside a unigram and an interpolated
 //    bigram model counted on the training split: what a user buys with
 //    `loops`, and proof that the model beats counting pairs.
-// 2. Weight formats (int4, int2) and KV cache modes at the default depth:
+// 2. Weight formats (int4, int2 block; int8, int6, int4 head) and KV cache modes at the default depth:
 //    perplexity, mean KL(p_fp16 || p_variant) and top-1 agreement with
 //    fp16, teacher-forced at every position. Sliding cache windows are
 //    measured on 1024-token texts (twice the trained context) against the
@@ -26,7 +26,7 @@ import { argmax } from "../test/reference/forward.ts";
 import { TRAINED_MODEL_PATH } from "../src/model/trained.ts";
 import { kjvTokens } from "./kjv.ts";
 import { klDivergence, logSumExp } from "./logits.ts";
-import { quantizedPath } from "./quant.ts";
+import { quantizedPath, type WeightFormat } from "./quant.ts";
 import { writeJson } from "./report.ts";
 import { decode, GREEDY, type Run, same, type Sampling } from "./speculative.ts";
 
@@ -182,6 +182,12 @@ export interface QualityTables {
   speculative: Row[];
 }
 
+/** The weight formats of the variants table: each block format with each quantized head, and an fp16 block with one. */
+const QUALITY_FORMATS: WeightFormat[] = [
+  ...(["int4", "int2"] as const).flatMap((quant) => (["int8", "int6", "int4"] as const).map((head) => ({ quant, head }))),
+  ...(["int8", "int6", "int4"] as const).map((head) => ({ quant: "fp16" as const, head })),
+];
+
 export async function measureQuality(opts: QualityOptions = {}): Promise<QualityTables> {
   const o: Required<QualityOptions> = {
     model: TRAINED_MODEL_PATH,
@@ -200,9 +206,9 @@ export async function measureQuality(opts: QualityOptions = {}): Promise<Quality
   };
   const lib = o.library;
   const fp16 = NativeModel.load(lib, o.model, o.threads, "auto");
-  const formats = (["int4", "int2"] as const).map((quant) => ({
-    name: `${quant} weights, int8 head (group 32)`,
-    model: NativeModel.load(lib, quantizedPath(o.model, { quant, head: "int8" }, 32), o.threads, "auto"),
+  const formats = QUALITY_FORMATS.map((f) => ({
+    name: `${f.quant} weights, ${f.head} head (group 32)`,
+    model: NativeModel.load(lib, quantizedPath(o.model, f, 32), o.threads, "auto"),
   }));
   try {
     const { vocabSize: V, defaultLoops: L, maxSeqLen: T } = fp16.info;

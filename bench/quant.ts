@@ -20,7 +20,7 @@ import { writeJson } from "./report.ts";
 
 export interface WeightFormat {
   quant: "fp16" | WeightQuant;
-  head: HeadQuant; // ignored for fp16
+  head: HeadQuant;
 }
 
 export interface QuantBenchOptions {
@@ -37,17 +37,17 @@ export interface QuantBenchOptions {
   library?: string;
 }
 
-/** The formats of the table: fp16, int4 and int2 with the int8 head, and int4 with the fp16 head for comparison. */
+/** The formats of the table: fp16, int4 and int2 with each quantized head, int4 with the fp16 head and fp16 with the int8 one for comparison. */
 export const DEFAULT_FORMATS: WeightFormat[] = [
   { quant: "fp16", head: "fp16" },
-  { quant: "int4", head: "int8" },
-  { quant: "int2", head: "int8" },
+  { quant: "fp16", head: "int8" },
+  ...(["int4", "int2"] as const).flatMap((quant) => (["int8", "int6", "int4"] as const).map((head) => ({ quant, head }))),
   { quant: "int4", head: "fp16" },
 ];
 
 /** The quantized copy of `src` (made once, cached beside it, remade when `src` is newer). */
 export function quantizedPath(src: string, f: WeightFormat, groupSize: number): string {
-  if (f.quant === "fp16") return src;
+  if (f.quant === "fp16" && f.head === "fp16") return src;
   const out = join(dirname(src), `${basename(src, ".safetensors")}-${f.quant}-g${groupSize}-head${f.head}.safetensors`);
   if (!existsSync(out) || statSync(out).mtimeMs < statSync(src).mtimeMs) {
     quantizeModelFile(src, out, { quant: f.quant, groupSize, head: f.head });
@@ -123,7 +123,7 @@ export async function measureQuant(opts: QuantBenchOptions = {}): Promise<Row[]>
     rows.push({
       weights: f.quant,
       group: f.quant === "fp16" ? "-" : o.groupSize,
-      head: f.quant === "fp16" ? "fp16" : f.head,
+      head: f.head,
       "file MB": statSync(path).size / 1e6,
       simd: speed.simd,
       threads: o.threads,

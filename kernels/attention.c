@@ -336,18 +336,23 @@ void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t loop) {
     ls_pool *pool = runs[0].s->m->rt->pool;
     int32_t n_heads = runs[0].s->m->info.n_heads;
     for (int32_t k = 0; k < n; k++) store_rows(runs[k].s, loop, runs[k].T, runs[k].pos0, NULL, runs[k].k, runs[k].v);
-    /* prefill runs: grouped, one pool run each; every other run shares one */
+    /* prefill runs: grouped, one pool run each; every other run shares one.
+     * A run's skipped rows are cut off its front (their K/V is in). */
     int32_t first[LS_ATT_MAX_RUNS + 1];
-    ls_att_rows single[LS_ATT_MAX_RUNS];
+    ls_att_rows single[LS_ATT_MAX_RUNS], out[LS_ATT_MAX_RUNS];
     int32_t ns = 0;
     first[0] = 0;
     for (int32_t k = 0; k < n; k++) {
-        if (grouped(&runs[k])) {
-            att_job j = {&runs[k], loop};
-            ls_pool_run(pool, att_group_task, &j, (runs[k].T + ATT_GROUP - 1) / ATT_GROUP * n_heads);
+        const ls_att_rows *r = &runs[k];
+        if (r->skip >= r->T) continue;
+        size_t q0 = (size_t)r->skip * (size_t)n_heads * (size_t)r->s->m->info.head_dim;
+        out[k] = (ls_att_rows){r->s, r->T - r->skip, r->pos0 + r->skip, r->q + q0, NULL, NULL, r->att + q0, 0};
+        if (grouped(&out[k])) {
+            att_job j = {&out[k], loop};
+            ls_pool_run(pool, att_group_task, &j, (out[k].T + ATT_GROUP - 1) / ATT_GROUP * n_heads);
         } else {
-            single[ns] = runs[k];
-            first[ns + 1] = first[ns] + runs[k].T * n_heads;
+            single[ns] = out[k];
+            first[ns + 1] = first[ns] + out[k].T * n_heads;
             ns++;
         }
     }
@@ -360,8 +365,8 @@ void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t loop) {
     }
 }
 
-void ls_attention(ls_session *s, int32_t loop, int32_t T, int32_t pos0) {
-    ls_att_rows r = {s, T, pos0, s->q, s->k, s->v, s->att};
+void ls_attention(ls_session *s, int32_t loop, int32_t T, int32_t pos0, int32_t skip) {
+    ls_att_rows r = {s, T, pos0, s->q, s->k, s->v, s->att, skip};
     ls_attention_runs(&r, 1, loop);
 }
 

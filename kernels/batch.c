@@ -90,7 +90,8 @@ typedef struct {
     int32_t dim, kv_dim;
 } block_attention;
 
-static void attend_block(void *ctx, int32_t loop, int32_t T) {
+static void attend_block(void *ctx, int32_t loop, int32_t T, int32_t skip) {
+    (void)skip; /* run_block keeps every row */
     const block_attention *a = ctx;
     ls_att_rows runs[LS_ATT_MAX_RUNS];
     int32_t n = 0;
@@ -98,7 +99,7 @@ static void attend_block(void *ctx, int32_t loop, int32_t T) {
         const piece *p = &a->pieces[i];
         size_t q0 = (size_t)r0 * a->dim, k0 = (size_t)r0 * a->kv_dim;
         runs[n++] = (ls_att_rows){a->sessions[p->row], p->n, p->pos0, a->b->q + q0, a->b->k + k0, a->b->v + k0,
-                                  a->b->att + q0};
+                                  a->b->att + q0, 0};
     }
     ls_attention_runs(runs, n, loop);
 }
@@ -122,7 +123,7 @@ static void run_block(ls_model *m, ls_session *const *sessions, const piece *pie
         /* pieces are deepest first: drop the ones whose loops are done */
         while (active > 0 && pieces[active - 1].loops <= l) rows -= pieces[--active].n;
         if (active == 0) break;
-        ls_forward_block_loop(m, &blk, rows, l, attend_block, &att);
+        ls_forward_block_loop(m, &blk, rows, 0, l, attend_block, &att);
         for (int32_t i = 0; i < active; i++) {
             ls_session *s = sessions[pieces[i].row];
             ls_seq_advance(s->loop_len, s->loop_lo, l, pieces[i].pos0 + pieces[i].n, s->cap);

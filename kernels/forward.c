@@ -291,8 +291,8 @@ void ls_forward_embed(ls_session *s, const int32_t *tokens, int32_t n, float *h)
     ls_prof_add(m->rt, LS_PROF_EMBED, &t0);
 }
 
-void ls_forward_block_loop(const ls_model *m, const ls_block *b, int32_t T, int32_t l, ls_block_attention attention,
-                           void *ctx) {
+void ls_forward_block_loop(const ls_model *m, const ls_block *b, int32_t T, int32_t skip, int32_t l,
+                           ls_block_attention attention, void *ctx) {
     const ls_model_info *mi = &m->info;
     ls_runtime *rt = m->rt;
     double t0 = ls_prof_now(rt);
@@ -313,22 +313,26 @@ void ls_forward_block_loop(const ls_model *m, const ls_block *b, int32_t T, int3
         tok_job rj = {.dim = dim, .q = b->q, .k = b->k, .rope = b->rope, .n_heads = n_heads, .n_kv = n_kv, .hd = hd, .T = T};
         ls_pool_run(rt->pool, rope_task, &rj, (T + TOK_BLOCK - 1) / TOK_BLOCK);
     }
-    attention(ctx, l, T);
+    attention(ctx, l, T, skip);
     ls_prof_add(rt, LS_PROF_ATTN, &t0);
-    mm_job wo = {.x = b->att, .ldx = dim, .in = dim, .T = T, .add = 1, .n_seg = 1,
-                 .seg = {{m->w.wo, b->h, dim, dim, m->w.qwo}}};
+    if (skip >= T) return;
+    // The rows that go on: [skip, T), as a block of their own.
+    float *h = b->h + (size_t)skip * dim, *att = b->att + (size_t)skip * dim;
+    T -= skip;
+    mm_job wo = {.x = att, .ldx = dim, .in = dim, .T = T, .add = 1, .n_seg = 1,
+                 .seg = {{m->w.wo, h, dim, dim, m->w.qwo}}};
     mm_run(rt, &wo);
     ls_prof_add(rt, LS_PROF_WO, &t0);
 
     // feed-forward sub-block
-    norm_rows(rt, b->xb, b->h, rt->ffn_norm, dim, eps, T);
+    norm_rows(rt, b->xb, h, rt->ffn_norm, dim, eps, T);
     ls_prof_add(rt, LS_PROF_RMSNORM, &t0);
     mm_job gate = {.x = b->xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 1, .swiglu = 1,
                    .seg = {{m->w.w1, b->g, ffn, ffn, m->w.qw1}, {m->w.w3, b->u, ffn, ffn, m->w.qw3}}};
     mm_run(rt, &gate);
     ls_prof_add(rt, LS_PROF_FFN_GATE_UP, &t0);
     mm_job down = {.x = b->g, .ldx = ffn, .in = ffn, .T = T, .add = 1, .n_seg = 1,
-                   .seg = {{m->w.w2, b->h, dim, dim, m->w.qw2}}};
+                   .seg = {{m->w.w2, h, dim, dim, m->w.qw2}}};
     mm_run(rt, &down);
     ls_prof_add(rt, LS_PROF_FFN_DOWN, &t0);
 }
@@ -341,19 +345,20 @@ typedef struct {
     const ls_tree_rows *tree;
 } chunk_attention;
 
-static void attend_chunk(void *ctx, int32_t loop, int32_t T) {
+static void attend_chunk(void *ctx, int32_t loop, int32_t T, int32_t skip) {
     const chunk_attention *c = ctx;
     if (c->tree)
-        ls_attention_tree(c->s, loop, T, c->tree);
+        ls_attention_tree(c->s, loop, T, c->tree); /* forward_tree never skips */
     else
-        ls_attention(c->s, loop, T, c->pos0);
+        ls_attention(c->s, loop, T, c->pos0, skip);
 }
 
 /* One chunk (T <= LS_CHUNK) through loops [la, lb): consecutive positions
  * pos0.. when tree is NULL, else the tree rows (offset to this chunk), whose
- * cache bookkeeping is the caller's. */
+ * cache bookkeeping is the caller's. Rows [0, skip) of the last loop only
+ * store their K/V (their loop-lb output is not needed). */
 static void forward_chunk(ls_session *s, float *h, int32_t T, int32_t pos0, int32_t la, int32_t lb,
-                          const ls_tree_rows *tree) {
+                          const ls_tree_rows *tree, int32_t skip) {
     const ls_model_info *mi = &s->m->info;
     int32_t hd = mi->head_dim;
     if (tree)
@@ -364,21 +369,28 @@ static void forward_chunk(ls_session *s, float *h, int32_t T, int32_t pos0, int3
     ls_block b = {h, s->xb, s->q, s->k, s->v, s->att, s->g, s->u, s->rope};
     chunk_attention att = {s, pos0, tree};
     for (int32_t l = la; l < lb; l++) {
-        ls_forward_block_loop(s->m, &b, T, l, attend_chunk, &att);
+        ls_forward_block_loop(s->m, &b, T, l == lb - 1 ? skip : 0, l, attend_chunk, &att);
         if (!tree) ls_seq_advance(s->loop_len, s->loop_lo, l, pos0 + T, s->cap);
     }
 }
 
-int32_t ls_forward_loops(ls_session *s, float *h, int32_t n, int32_t pos0, int32_t la, int32_t lb) {
+/* ls_forward_loops where only rows [keep, n) need their loop-lb output. */
+static int32_t forward_loops_from(ls_session *s, float *h, int32_t n, int32_t pos0, int32_t la, int32_t lb,
+                                  int32_t keep) {
     if (!s || !h || n < 1 || la < 0 || lb > s->loops || la >= lb || pos0 < 0) return LS_ERR_ARG;
     if (pos0 > s->max_seq - n) return LS_ERR_FULL;
     if (!ls_loops_hold(s->loop_len, s->loop_lo, la, lb, pos0, s->window)) return LS_ERR_STATE;
     int32_t dim = s->m->info.dim;
     for (int32_t c0 = 0; c0 < n; c0 += LS_CHUNK) {
         int32_t T = n - c0 < LS_CHUNK ? n - c0 : LS_CHUNK;
-        forward_chunk(s, h + (size_t)c0 * dim, T, pos0 + c0, la, lb, NULL);
+        int32_t skip = keep - c0 < 0 ? 0 : keep - c0 > T ? T : keep - c0;
+        forward_chunk(s, h + (size_t)c0 * dim, T, pos0 + c0, la, lb, NULL, skip);
     }
     return LS_OK;
+}
+
+int32_t ls_forward_loops(ls_session *s, float *h, int32_t n, int32_t pos0, int32_t la, int32_t lb) {
+    return forward_loops_from(s, h, n, pos0, la, lb, 0);
 }
 
 int32_t ls_forward_deepen(ls_session *s, int32_t la, int32_t lb) {
@@ -399,7 +411,7 @@ int32_t ls_forward_deepen(ls_session *s, int32_t la, int32_t lb) {
     for (int32_t c0 = q; c0 < p; c0 += LS_CHUNK) {
         int32_t T = p - c0 < LS_CHUNK ? p - c0 : LS_CHUNK;
         ls_forward_embed(s, s->tokens + c0, T, s->h);
-        forward_chunk(s, s->h, T, c0, 0, lb, NULL);
+        forward_chunk(s, s->h, T, c0, 0, lb, NULL, 0);
     }
     /* forward_chunk moved loops [0, la) back to each chunk's end; all now hold p */
     for (int32_t l = 0; l < la; l++) s->loop_len[l] = p;
@@ -412,7 +424,7 @@ void ls_forward_tree(ls_session *s, float *h, int32_t n, const ls_tree_rows *row
         int32_t T = n - c0 < LS_CHUNK ? n - c0 : LS_CHUNK;
         ls_tree_rows chunk = {rows->pos + c0, rows->slot + c0, rows->chain + (size_t)c0 * rows->chain_ld,
                               rows->chain_ld, rows->base};
-        forward_chunk(s, h + (size_t)c0 * dim, T, 0, la, lb, &chunk);
+        forward_chunk(s, h + (size_t)c0 * dim, T, 0, la, lb, &chunk, 0);
     }
 }
 
@@ -447,7 +459,9 @@ int32_t ls_session_forward(ls_session *s, const int32_t *tokens, int32_t n, int3
     for (int32_t c0 = 0; c0 < n; c0 += LS_CHUNK) {
         int32_t T = n - c0 < LS_CHUNK ? n - c0 : LS_CHUNK;
         ls_forward_embed(s, tokens + c0, T, s->h);
-        rc = ls_forward_loops(s, s->h, T, s->pos, 0, loops);
+        // Positions before the first logit row only feed the caches: their
+        // last loop stops after storing K/V.
+        rc = forward_loops_from(s, s->h, T, s->pos, 0, loops, first_logit - c0);
         if (rc != LS_OK) return rc; /* unreachable after the checks above */
         memcpy(s->tokens + s->pos, tokens + c0, (size_t)T * sizeof *tokens);
         s->pos += T;

@@ -43,15 +43,19 @@ typedef struct {
     const float *rope; /* (T, head_dim) */
 } ls_block;
 
-/* Stores the rows' K/V for `loop` and fills b->att from b->q: the rows'
- * attention, however they map to sessions and positions. */
-typedef void (*ls_block_attention)(void *ctx, int32_t loop, int32_t T);
+/* Stores the rows' K/V for `loop` and fills b->att from b->q for rows
+ * [skip, T): the rows' attention, however they map to sessions and
+ * positions. */
+typedef void (*ls_block_attention)(void *ctx, int32_t loop, int32_t T, int32_t skip);
 
 /* The T rows of b (T <= LS_CHUNK) through loop l of the shared block:
- * norms, matmuls and RoPE on the pool, attention by the callback. Every
- * row's arithmetic is independent of the other rows (batch invariance). */
-void ls_forward_block_loop(const ls_model *m, const ls_block *b, int32_t T, int32_t l, ls_block_attention attention,
-                           void *ctx);
+ * norms, matmuls and RoPE on the pool, attention by the callback. Rows
+ * [0, skip) only store their K/V: their output is not needed (a prompt's
+ * last loop, where only the logit rows go on), so their h is left as it
+ * was. Every row's arithmetic is independent of the other rows (batch
+ * invariance), so skipping rows changes no other row's bits. */
+void ls_forward_block_loop(const ls_model *m, const ls_block *b, int32_t T, int32_t skip, int32_t l,
+                           ls_block_attention attention, void *ctx);
 
 /* h[t] = E[tokens[t]] (fp16 -> fp32), h (n, dim). */
 void ls_forward_embed(ls_session *s, const int32_t *tokens, int32_t n, float *h);
@@ -98,13 +102,15 @@ void ls_rope_apply(float *x, int32_t n_heads, int32_t head_dim, const float *cs)
 /* A run of T consecutive positions pos0.. of one session, with their rows
  * in caller-owned buffers: q (T, n_heads * head_dim), RoPE applied; k, v
  * (T, n_kv_heads * head_dim), RoPE applied to k (both used as scratch: the
- * H modes rotate them in place); att receives the output. */
+ * H modes rotate them in place); att receives the output of rows [skip, T)
+ * (every row's K/V is stored). */
 typedef struct {
     ls_session *s;
     int32_t T, pos0;
     float *q;
     float *k, *v;
     float *att;
+    int32_t skip;
 } ls_att_rows;
 
 /* Most runs one ls_attention_runs call takes (a batched step's block of
@@ -120,7 +126,7 @@ void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t loop);
 
 /* ls_attention_runs of the session's own chunk scratch (s->q, s->k, s->v,
  * s->att). */
-void ls_attention(ls_session *s, int32_t loop, int32_t T, int32_t pos0);
+void ls_attention(ls_session *s, int32_t loop, int32_t T, int32_t pos0, int32_t skip);
 
 /* ls_attention for tree rows (rows already offset to this chunk). */
 void ls_attention_tree(ls_session *s, int32_t loop, int32_t T, const ls_tree_rows *rows);

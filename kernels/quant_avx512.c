@@ -67,8 +67,10 @@ static inline int32_t window_groups(int32_t left) {
  * int4, int2) int16 code sums, then (int2) fp16 offsets, 16 lanes each. */
 static inline int32_t slot_bytes(const ls_qmat *w) { return w->head ? 32 : 32 * (2 + (w->bits == 2)); }
 
-/* Bytes of one pair's 64-code chunk: a byte per code, or a head's width. */
-static inline int32_t chunk_bytes(const ls_qmat *w) { return w->head ? 8 * w->bits : 64; }
+/* Bytes of one pair's 64-code chunk: a byte per code, or a head's width
+ * (int6: 32 bytes of nibbles here, 16 of high bits in the pair's second
+ * stream). */
+static inline int32_t chunk_bytes(const ls_qmat *w) { return w->head && w->bits < 8 ? 32 : 64; }
 
 // ---- activations ----
 
@@ -144,6 +146,7 @@ typedef struct {
     size_t meta_bytes;    /* metadata of one row pair */
     int32_t slot_bytes;   /* metadata per 8 groups */
     size_t meta_offset;   /* where the metadata starts */
+    size_t hi_offset;     /* head int6: where a pair's high-bit chunks start, after its nibbles */
 } layout;
 
 static inline layout layout_of(const ls_qmat *w) {
@@ -151,7 +154,8 @@ static inline layout layout_of(const ls_qmat *w) {
     v.lg = __builtin_ctz((unsigned)w->group);
     v.ng = w->in >> v.lg;
     /* in is a multiple of 32 (int6: 64), so a multiple of 32 bytes, and of 64 but for head int4 / int6 */
-    v.pair_bytes = (size_t)w->in / 32 * (size_t)chunk_bytes(w);
+    v.hi_offset = (size_t)w->in / 32 * (size_t)chunk_bytes(w);
+    v.pair_bytes = v.hi_offset + (w->head && w->bits == 6 ? (size_t)w->in / 2 : 0);
     v.slot_bytes = slot_bytes(w);
     v.meta_bytes = (size_t)((v.ng + 7) / 8) * (size_t)v.slot_bytes;
     v.meta_offset = (size_t)((w->rows + 1) / 2) * v.pair_bytes;
@@ -159,18 +163,18 @@ static inline layout layout_of(const ls_qmat *w) {
 }
 
 /* One chunk of a head pair (64 bytes u, a byte per code) at its stored
- * width, as unpack_head reads it back: int4 byte j holds u[j] and u[32 + j]
- * in its low and high nibble; int6 adds 16 bytes whose byte j holds the
- * high two bits of u[16 k + j] at bits 2k. */
-static void narrow_chunk(uint8_t *out, const uint8_t *u, int32_t bits) {
+ * width, as unpack_head reads it back: int4 byte j of lo holds u[j] and
+ * u[32 + j] in its low and high nibble; int6 adds 16 bytes hi whose byte j
+ * holds the high two bits of u[16 k + j] at bits 2k. */
+static void narrow_chunk(uint8_t *lo, uint8_t *hi, const uint8_t *u, int32_t bits) {
     if (bits == 8) {
-        memcpy(out, u, 64);
+        memcpy(lo, u, 64);
         return;
     }
-    for (int32_t j = 0; j < 32; j++) out[j] = (uint8_t)((u[j] & 15) | (u[32 + j] & 15) << 4);
+    for (int32_t j = 0; j < 32; j++) lo[j] = (uint8_t)((u[j] & 15) | (u[32 + j] & 15) << 4);
     for (int32_t j = 0; bits == 6 && j < 16; j++)
-        out[32 + j] = (uint8_t)(((u[j] >> 4) & 3) | ((u[16 + j] >> 4) & 3) << 2 | ((u[32 + j] >> 4) & 3) << 4 |
-                                ((u[48 + j] >> 4) & 3) << 6);
+        hi[j] = (uint8_t)(((u[j] >> 4) & 3) | ((u[16 + j] >> 4) & 3) << 2 | ((u[32 + j] >> 4) & 3) << 4 |
+                          ((u[48 + j] >> 4) & 3) << 6);
 }
 
 static int32_t pack_avx512(ls_qmat *w) {
@@ -226,7 +230,7 @@ static int32_t pack_avx512(ls_qmat *w) {
         }
         uint8_t *out = p + (size_t)q * v.pair_bytes;
         for (int32_t c = 0; c < w->in / 32; c++) {
-            if (w->head) narrow_chunk(out + (size_t)c * cb, full + 64 * (size_t)c, w->bits);
+            if (w->head) narrow_chunk(out + (size_t)c * cb, out + v.hi_offset + 16 * (size_t)c, full + 64 * (size_t)c, w->bits);
             else memcpy(out + 64 * (size_t)c, full + 64 * (size_t)c, 64);
         }
     }
@@ -271,21 +275,20 @@ typedef struct {
     const float *d;                /* their scales */
 } lanes;
 
-/* A head chunk at its stored width (narrow_chunk) back to a byte per code. */
-static inline __m512i unpack_head(const uint8_t *p, const int BITS) {
-    if (BITS == 8) return _mm512_load_si512((const void *)p);
+/* A head chunk at its stored width (narrow_chunk: lo, and int6's hi) back
+ * to a byte per code. */
+static inline __m512i unpack_head(const uint8_t *lo, const uint8_t *hi_bits, const int BITS) {
+    if (BITS == 8) return _mm512_load_si512((const void *)lo);
     // The nibbles: bytes 0-31 low, 32-63 high.
     const __m512i nib = _mm512_and_si512(
-        _mm512_srlv_epi64(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p)),
+        _mm512_srlv_epi64(_mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)lo)),
                           _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4)),
         _mm512_set1_epi8(0x0f));
     if (BITS == 4) return nib;
-    // int6: byte j of lane k takes bits 2k, 2k + 1 of high byte j, to bits 4, 5.
-    const __m512i hi = _mm512_slli_epi16(
-        _mm512_srlv_epi16(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 32))),
-                          _mm512_setr_epi64(0, 0, 0x0002000200020002, 0x0002000200020002, 0x0004000400040004,
-                                            0x0004000400040004, 0x0006000600060006, 0x0006000600060006)),
-        4);
+    // int6: byte j of lane k takes bits 2k, 2k + 1 of high byte j, rotated
+    // to bits 4, 5 (left by 4, 2, 0 and right by 2: one rotate per dword).
+    const __m512i hi = _mm512_rolv_epi32(_mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)hi_bits)),
+                                         _mm512_setr_epi32(4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0, 30, 30, 30, 30));
     return _mm512_ternarylogic_epi32(nib, hi, _mm512_set1_epi8(0x30), 0xF8); /* nib | (hi & 0x30) */
 }
 
@@ -299,12 +302,13 @@ static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MA
                                                               const int32_t n, const int first, const int P,
                                                               const int TT, const int BITS, const int HEAD) {
     const int32_t chunks = (n << L->v.lg) / 32, slot = g0 >> 3, off = g0 & 7;
-    const int CB = HEAD ? 8 * BITS : 64, INT2 = BITS == 2 && !HEAD; /* CB: chunk_bytes */
+    const int CB = HEAD && BITS < 8 ? 32 : 64, INT2 = BITS == 2 && !HEAD; /* CB: chunk_bytes */
     const size_t xo = (size_t)g0 << L->v.lg;
-    const uint8_t *wp[TILE_MAX_P], *mp[TILE_MAX_P];
+    const uint8_t *wp[TILE_MAX_P], *hp[TILE_MAX_P], *mp[TILE_MAX_P];
 #pragma GCC unroll 4
     for (int p = 0; p < P; p++) {
         wp[p] = L->codes + (size_t)(q + p) * L->v.pair_bytes + xo / 32 * CB;
+        hp[p] = L->codes + (size_t)(q + p) * L->v.pair_bytes + L->v.hi_offset + xo / 2;
         mp[p] = L->meta + (size_t)(q + p) * L->v.meta_bytes + (size_t)slot * (size_t)L->v.slot_bytes;
     }
     // The offset correction (-128 times the code sums, or for a head -B
@@ -329,12 +333,14 @@ static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MA
         __m512i W[TILE_MAX_P], X[TILE_MAX_T];
 #pragma GCC unroll 4
         for (int p = 0; p < P; p++) {
-            W[p] = HEAD ? unpack_head(wp[p] + CB * (size_t)c, BITS)
+            W[p] = HEAD ? unpack_head(wp[p] + CB * (size_t)c, hp[p] + 16 * (size_t)c, BITS)
                         : _mm512_load_si512((const void *)(wp[p] + 64 * (size_t)c));
             // A prefetch never faults; the address is formed as an integer
             // to keep the arithmetic defined past the last pair.
             if (HEAD)
                 _mm_prefetch((const char *)((uintptr_t)wp[p] + PREFETCH_PAIRS * L->v.pair_bytes + CB * (size_t)c), _MM_HINT_T0);
+            if (HEAD && BITS == 6 && (c & 3) == 0) /* a line of high bits serves 4 chunks */
+                _mm_prefetch((const char *)((uintptr_t)hp[p] + PREFETCH_PAIRS * L->v.pair_bytes + 16 * (size_t)c), _MM_HINT_T0);
         }
 #pragma GCC unroll 4
         for (int t = 0; t < TT; t++)

@@ -44,15 +44,17 @@ static uint32_t next(void) {
     })
 
 int main(int argc, char **argv) {
-    if (argc != 8) {
-        fprintf(stderr, "usage: gemm BITS GROUP ROWS IN T SIMD SECONDS\n");
+    if (argc != 9) {
+        fprintf(stderr, "usage: gemm BITS HEAD GROUP ROWS IN T SIMD SECONDS\n");
         return 2;
     }
-    const int32_t bits = atoi(argv[1]), group = atoi(argv[2]), rows = atoi(argv[3]), in = atoi(argv[4]);
-    const int32_t T = atoi(argv[5]), simd = atoi(argv[6]);
-    const double seconds = atof(argv[7]);
-    if ((bits != 2 && bits != 4 && bits != 8) || !ls_quant_group_ok(group) || rows < 1 || in < group ||
-        in % group != 0 || T < 1 || T > 64 || !(seconds > 0)) {
+    const int32_t bits = atoi(argv[1]), head = atoi(argv[2]), group = atoi(argv[3]), rows = atoi(argv[4]);
+    const int32_t in = atoi(argv[5]), T = atoi(argv[6]), simd = atoi(argv[7]);
+    const double seconds = atof(argv[8]);
+    /* block int4 / int2, head int8 / int6 / int4 (loopserve.h) */
+    const int format_ok = head == 1 ? bits == 8 || (bits == 6 && in % 64 == 0) || bits == 4 : head == 0 && (bits == 4 || bits == 2);
+    if (!format_ok || !ls_quant_group_ok(group) || rows < 1 || in < group || in % group != 0 || T < 1 || T > 64 ||
+        !(seconds > 0)) {
         fprintf(stderr, "gemm: bad arguments\n");
         return 2;
     }
@@ -73,7 +75,7 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; i < (size_t)T * (size_t)in; i++) x[i] = (float)(int32_t)(next() % 2001 - 1000) / 1000.0f;
     ls_qmat w = {.qweight = qw, .scales = sc, .zeros = bits == 2 ? zr : NULL, .rows = rows, .in = in,
-                 .group = group, .bits = bits};
+                 .group = group, .bits = bits, .head = head};
     ls_qact_attach(act, &w, 1);
     act->simd = simd;
     ls_quant_setup(act);

@@ -144,6 +144,35 @@ describe("batch invariance", () => {
       });
     }
   });
+
+  test("a prompt fed with fewer logit rows (its last loop skips the rest) leaves the same caches: decode after it is bit-identical", () => {
+    const shape = SHAPES.gqa;
+    const path = tinyModelPath(shape);
+    const vocab = shape.vocabSize;
+    // 150 tokens: three chunks, so a chunk may skip all, some or none of its rows.
+    const toks = Int32Array.from(tokensFor(vocab, 150));
+    const decoded = tokensFor(vocab, 4, 5);
+    for (const simd of paths) {
+      withModel(path, 2, simd, (m) => {
+        for (const window of [0, 5]) {
+          const run = (nLogits: number) =>
+            withSession(m, 160, 3, window, (s) => {
+              const b = new Float32Array(150 * vocab);
+              if (nLogits > 0) s.forward(toks, 3, b, nLogits);
+              else s.forward(toks, 3);
+              const prompt = b.slice(0, nLogits * vocab); // the last nLogits positions' rows
+              return [prompt, ...feedInCalls(s, decoded, 3, [1], vocab)];
+            });
+          const all = run(150);
+          for (const n of [0, 1, 70]) {
+            const got = run(n);
+            const want = [n > 0 ? all[0].slice((150 - n) * vocab) : new Float32Array(0), ...all.slice(1)];
+            expectBitIdentical(got, want, `${simd} window ${window}, ${n} logit rows`);
+          }
+        }
+      });
+    }
+  });
 });
 
 describe("sliding window", () => {
