@@ -37,6 +37,7 @@ import { existsSync, mkdirSync } from "node:fs";
 import { basename, join } from "node:path";
 import { NativeModel } from "../src/engine/binding.ts";
 import { runModelCommand } from "../src/model/cli.ts";
+import { defaultHead } from "../src/model/quantize.ts";
 import { type ModelConfig, parseModelConfig } from "../src/model/format.ts";
 import { readSafetensors } from "../src/model/safetensors.ts";
 import { Tokenizer } from "../src/tokenizer.ts";
@@ -137,14 +138,15 @@ interface FormatModels {
   gguf: Map<number, string>; // loops -> llama.cpp file of the matching type
 }
 
-/** `loopserve model quantize` into the cache; null (with the reason) when unavailable. */
+/** `loopserve model quantize` (its default head) into the cache; null (with the reason) when unavailable. */
 async function loopserveQuantized(fp16: string, format: "int4" | "int2"): Promise<{ path: string } | { skip: string }> {
-  const out = join(cacheDir(), "models", `${basename(fp16, ".safetensors")}-${format}.safetensors`);
+  const head = defaultHead(parseModelConfig(readSafetensors(fp16)).dim);
+  const out = join(cacheDir(), "models", `${basename(fp16, ".safetensors")}-${format}-head${head}.safetensors`);
   if (!fresh(out, fp16)) {
     const err: string[] = [];
     let code: number;
     try {
-      code = await runModelCommand(["quantize", fp16, out, "--quant", format], { out: () => {}, err: (l) => err.push(l) });
+      code = await runModelCommand(["quantize", fp16, out, "--quant", format, "--head", head], { out: () => {}, err: (l) => err.push(l) });
     } catch (e) {
       return { skip: `loopserve model quantize failed: ${(e as Error).message}` };
     }

@@ -13,7 +13,7 @@ import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "../e
 import { type ProgressStream, withProgress } from "../progress.ts";
 import { GROUP_SIZES, HEAD_QUANTS, MAX_LOOPS } from "./format.ts";
 import { exportGguf } from "./gguf.ts";
-import { DEFAULT_GROUP_SIZE, DEFAULT_HEAD, type HeadQuant, quantizeModelFile, type WeightQuant } from "./quantize.ts";
+import { DEFAULT_GROUP_SIZE, type HeadQuant, quantizeModelFile, type WeightQuant } from "./quantize.ts";
 import { DTYPE_SIZES, ModelFormatError, readSafetensors, type SafetensorsFile } from "./safetensors.ts";
 import { resolveSyntheticOptions, type SyntheticOptions, writeSyntheticModel } from "./synthetic.ts";
 
@@ -96,7 +96,8 @@ options (default in brackets):
   --group-size N           inputs per scale: 32, 64, 128 or 256 [${DEFAULT_GROUP_SIZE}];
                            dim and ffn_dim must be multiples of it
   --head int8|int6|int4|fp16
-                           output head format [${DEFAULT_HEAD}]
+                           output head format [int6; int8 when dim is not
+                           a multiple of 64]
   --head-group-size N      the head's inputs per scale [--group-size]
   -h, --help               this help`;
 
@@ -333,8 +334,8 @@ function cmdQuantize(argv: string[], io: CommandIO): number {
   if (quant !== "int4" && quant !== "int2" && quant !== "fp16") {
     throw new UsageError(`--quant must be int4, int2 or fp16, got "${String(quant)}"`);
   }
-  const head = p.flags.get("--head") ?? DEFAULT_HEAD;
-  if (typeof head !== "string" || !(HEAD_QUANTS as readonly string[]).includes(head)) {
+  const head = p.flags.get("--head");
+  if (head !== undefined && (typeof head !== "string" || !(HEAD_QUANTS as readonly string[]).includes(head))) {
     throw new UsageError(`--head must be one of ${HEAD_QUANTS.join(", ")}, got "${String(head)}"`);
   }
   if (quant === "fp16" && head === "fp16") throw new UsageError("--quant fp16 with --head fp16 leaves nothing to quantize");
@@ -348,7 +349,7 @@ function cmdQuantize(argv: string[], io: CommandIO): number {
     quantizeModelFile(inPath, outPath, {
       quant: quant as WeightQuant | "fp16",
       groupSize,
-      head: head as HeadQuant,
+      head: head as HeadQuant | undefined,
       headGroupSize,
       onProgress,
     }),

@@ -195,13 +195,13 @@ describe("quantized model files", () => {
       const r = quantizeModelFile(src, a, { quant });
       quantizeModelFile(src, b, { quant });
       expect(readFileSync(a).equals(readFileSync(b))).toBe(true);
-      expect(r.head).toBe("int8");
+      expect(r.head).toBe("int6"); // the default head where dim is a multiple of 64
       const f = readSafetensors(a);
-      expect(f.metadata).toMatchObject({ quant, group_size: "32", output_quant: "int8", format: "loopserve" });
+      expect(f.metadata).toMatchObject({ quant, group_size: "32", output_quant: "int6", output_group_size: "32", format: "loopserve" });
       expect(f.tensors.get("block.w2.qweight")).toMatchObject({ dtype: "U8", shape: [64, (96 * (quant === "int4" ? 4 : 2)) / 8] });
       expect(f.tensors.get("block.w2.scales")).toMatchObject({ dtype: "F16", shape: [64, 3] });
       expect(f.tensors.has("block.w2.zeros")).toBe(quant === "int2");
-      expect(f.tensors.get("output.qweight")).toMatchObject({ dtype: "I8", shape: [300, 64] });
+      expect(f.tensors.get("output.qweight")).toMatchObject({ dtype: "U8", shape: [300, 48] });
       expect(f.tensors.get("tok_embeddings.weight")!.dtype).toBe("F16");
       expect(f.tensors.has("block.wq.weight")).toBe(false);
       const m = loadQuantModelFile(a);
@@ -230,7 +230,7 @@ describe("quantized model files", () => {
     expect(loadQuantModelFile(t1).config.tiedOutput).toBe(true);
     const t2 = tmp("tied-int8.safetensors");
     quantizeModelFile(tied, t2, { quant: "int2" });
-    expect(loadQuantModelFile(t2).config.tiedOutput).toBe(false); // the embedding's int8 copy is the head
+    expect(loadQuantModelFile(t2).config.tiedOutput).toBe(false); // the embedding's quantized copy is the head
 
     // The same weights as F32 and BF16 tensors.
     const f = readSafetensors(src);
@@ -282,7 +282,8 @@ describe("quantized model files", () => {
         expect(loadQuantModelFile(out).weights.output).toMatchObject({ bits: head === "int6" ? 6 : 4, groupSize: 64 });
       }
     }
-    // int6 needs whole blocks of 64 inputs.
+    // The default head is int8 where dim is not a multiple of 64; int6 needs whole blocks of 64 inputs.
+    expect(quantizeModelFile(fp16Model({ dim: 96, nHeads: 4, nKvHeads: 2 }), tmp("d96.safetensors"), { quant: "fp16" }).head).toBe("int8");
     expect(() => quantizeModelFile(fp16Model({ dim: 96, nHeads: 4, nKvHeads: 2 }), tmp("x.safetensors"), { quant: "fp16", head: "int6" })).toThrow(
       /in_features 96 is not a multiple of 64 \(the int6 layout\)/,
     );
@@ -366,13 +367,13 @@ describe("loopserve model quantize", () => {
     const out = tmp("cli-int4.safetensors");
     const r = await run("quantize", src, out, "--quant", "int4", "--group-size", "32");
     expect(r).toMatchObject({ code: 0, err: "" });
-    expect(r.out).toMatch(/^wrote .*: \d+ bytes \(\d+\.\d% of \d+\), int4 block, group 32, output head int8, group 32 in \d+ ms$/);
+    expect(r.out).toMatch(/^wrote .*: \d+ bytes \(\d+\.\d% of \d+\), int4 block, group 32, output head int6, group 32 in \d+ ms$/);
     const i = await run("inspect", out);
     expect(i.code).toBe(0);
     expect(i.out).toMatch(/^ {2}quant +int4$/m);
     expect(i.out).toMatch(/^ {2}group_size +32$/m);
     expect(i.out).toMatch(/block\.wq\.qweight +U8 +\[64, 32\]/);
-    expect(i.out).toContain("loopserve model: int4 (group 32), output head int8 (group 32), dim 64");
+    expect(i.out).toContain("loopserve model: int4 (group 32), output head int6 (group 32), dim 64");
     const again = tmp("cli-int4-again.safetensors");
     await run("quantize", src, again, "--quant=int4");
     expect(readFileSync(again).equals(readFileSync(out))).toBe(true);
