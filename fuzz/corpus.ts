@@ -52,11 +52,13 @@ export function splitImage(bytes: Uint8Array): SplitImage {
 
 /**
  * Tiny shapes so that every seed is a few kilobytes: fp16 (untied and tied),
- * int4 with the int8 head, int2 with the fp16 head. The quantized ones need
- * dim and ffn_dim multiples of the smallest group (32).
+ * int4 with the int8 head, int2 with the fp16 head, int4 with the int6 head,
+ * fp16 with the int4 head. The quantized ones need dim and ffn_dim multiples
+ * of the smallest group (32); the int6 head, dim a multiple of 64.
  */
 const FP16_SHAPE: SyntheticOptions = { dim: 8, nHeads: 2, nKvHeads: 1, ffnDim: 16, vocabSize: 32, loops: 2, seed: 3, maxSeqLen: 16 };
 const QUANT_SHAPE: SyntheticOptions = { dim: 32, nHeads: 2, nKvHeads: 1, ffnDim: 32, vocabSize: 16, loops: 2, seed: 4, maxSeqLen: 16 };
+const INT6_SHAPE: SyntheticOptions = { ...QUANT_SHAPE, dim: 64, seed: 5 };
 
 let validCache: ModelImage[] | null = null;
 
@@ -71,7 +73,10 @@ export function validSeeds(): ModelImage[] {
     writeSyntheticModel(path("quant-base"), QUANT_SHAPE);
     quantizeModelFile(path("quant-base"), path("int4-head-int8"), { quant: "int4", groupSize: 32, head: "int8" });
     quantizeModelFile(path("quant-base"), path("int2-head-fp16"), { quant: "int2", groupSize: 32, head: "fp16" });
-    validCache = ["fp16", "fp16-tied", "int4-head-int8", "int2-head-fp16"].map((name) => ({
+    quantizeModelFile(path("quant-base"), path("fp16-head-int4"), { quant: "fp16", groupSize: 32, head: "int4" });
+    writeSyntheticModel(path("int6-base"), INT6_SHAPE);
+    quantizeModelFile(path("int6-base"), path("int4-head-int6"), { quant: "int4", groupSize: 32, head: "int6" });
+    validCache = ["fp16", "fp16-tied", "int4-head-int8", "int2-head-fp16", "fp16-head-int4", "int4-head-int6"].map((name) => ({
       name,
       bytes: new Uint8Array(readFileSync(path(name))),
     }));
