@@ -49,9 +49,10 @@ export type Verdict = { loaded: true } | { loaded: false; message: string };
  */
 export function loadWithTypeScript(path: string): Verdict {
   try {
-    const quant = describeModelFile(path).model.config.quant;
+    const { quant, headQuant } = describeModelFile(path).model.config;
     if (quant === "int4" || quant === "int2") loadQuantModelFile(path);
-    else loadModelFile(path);
+    // An fp16 block with a quantized head has no TypeScript weight loader: validation is the check.
+    else if (headQuant === "fp16") loadModelFile(path);
     return { loaded: true };
   } catch (e) {
     if (e instanceof ModelFormatError) return { loaded: false, message: e.message };
