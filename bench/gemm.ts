@@ -40,7 +40,8 @@ interface Shape {
   count: number; // matrices of this shape in the block
 }
 
-export async function measureGemm(): Promise<Row[]> {
+/** The block's matrices and the output head, each a table of its own (the head's has time and bandwidth columns). */
+export async function measureGemm(): Promise<{ block: Row[]; head: Row[] }> {
   const c = parseModelConfig(readSafetensors(TRAINED_MODEL_PATH));
   const headDim = c.dim / c.nHeads;
   const block: Shape[] = [
@@ -76,13 +77,14 @@ export async function measureGemm(): Promise<Row[]> {
       rows.push(row);
     }
   }
+  const headRows: Row[] = [];
   const head: Shape = { name: "head", rows: c.vocabSize, in: c.dim, count: 1 };
   for (const bits of [8, 6, 4]) {
     for (const T of TOKENS) {
       const t = time(bits, head, T, true);
       const ops = 2 * head.rows * head.in * T;
       const bytes = (head.rows * head.in * bits) / 8 + (head.rows * head.in * 2) / 32; // codes + fp16 scales
-      rows.push({
+      headRows.push({
         format: `int${bits} head ${head.rows}x${head.in}`,
         tokens: T,
         us: t.us,
@@ -93,5 +95,5 @@ export async function measureGemm(): Promise<Row[]> {
     }
   }
   console.log(`VNNI peak, one thread: ${peak.toFixed(0)} GOP/s (bench/peer/probes/peak.c)`);
-  return rows;
+  return { block: rows, head: headRows };
 }

@@ -26,7 +26,13 @@ const sections: Record<string, () => Promise<[string, Row[]][]>> = {
       ["C kernels vs TypeScript reference (same file, same prompt)", [measureReferenceRatio(path, 8, 4)]],
     ];
   },
-  gemm: async () => [["quantized matmul kernels alone (one thread, group 32, the trained model's shapes): % of the VNNI peak", await measureGemm()]],
+  gemm: async () => {
+    const g = await measureGemm();
+    return [
+      ["quantized matmul kernels alone (one thread, group 32, the trained model's shapes): % of the VNNI peak", g.block],
+      ["the output head's formats alone (one thread, group 32): time, bytes read per second, % of the VNNI peak", g.head],
+    ];
+  },
   quant: async () => [["weight formats (2 threads, loops 8): speed, size, quality vs fp16", await measureQuant()]],
   kv: async () => [["KV cache modes × weight formats (2 threads, loops 8): speed, KV bytes, quality vs the fp16 cache", await measureKv({ weights: ["fp16", "int4"] })]],
   quality: async () => {

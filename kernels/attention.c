@@ -339,20 +339,20 @@ void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t loop) {
     /* prefill runs: grouped, one pool run each; every other run shares one.
      * A run's skipped rows are cut off its front (their K/V is in). */
     int32_t first[LS_ATT_MAX_RUNS + 1];
-    ls_att_rows single[LS_ATT_MAX_RUNS], out[LS_ATT_MAX_RUNS];
+    ls_att_rows single[LS_ATT_MAX_RUNS];
     int32_t ns = 0;
     first[0] = 0;
     for (int32_t k = 0; k < n; k++) {
         const ls_att_rows *r = &runs[k];
         if (r->skip >= r->T) continue;
         size_t q0 = (size_t)r->skip * (size_t)n_heads * (size_t)r->s->m->info.head_dim;
-        out[k] = (ls_att_rows){r->s, r->T - r->skip, r->pos0 + r->skip, r->q + q0, NULL, NULL, r->att + q0, 0};
-        if (grouped(&out[k])) {
-            att_job j = {&out[k], loop};
-            ls_pool_run(pool, att_group_task, &j, (out[k].T + ATT_GROUP - 1) / ATT_GROUP * n_heads);
+        ls_att_rows out = {r->s, r->T - r->skip, r->pos0 + r->skip, r->q + q0, NULL, NULL, r->att + q0, 0};
+        if (grouped(&out)) {
+            att_job j = {&out, loop}; /* ls_pool_run returns when every task is done */
+            ls_pool_run(pool, att_group_task, &j, (out.T + ATT_GROUP - 1) / ATT_GROUP * n_heads);
         } else {
-            single[ns] = out[k];
-            first[ns + 1] = first[ns] + out[k].T * n_heads;
+            single[ns] = out;
+            first[ns + 1] = first[ns] + out.T * n_heads;
             ns++;
         }
     }

@@ -81,9 +81,8 @@ static int check_config(const ls_model_config *c, ls_model_info *info, char *err
         return -1;
     }
     if (c->head_bits == 0 ? c->head_group != 0
-                          : (c->head_bits != 8 && c->head_bits != 6 && c->head_bits != 4) ||
-                                !ls_quant_group_ok(c->head_group) || c->dim % c->head_group != 0 ||
-                                (c->head_bits == 6 && c->dim % 64 != 0)) {
+                          : !ls_quant_format_ok(c->head_bits, 1, c->dim) || !ls_quant_group_ok(c->head_group) ||
+                                c->dim % c->head_group != 0) {
         ls_set_error(err, err_len,
                      "model descriptor: head_bits %d with head_group %d (dim %d) is not a head format: bits 8, 6 "
                      "or 4 with a group dividing dim (int6: dim a multiple of 64), or 0 and 0",

@@ -63,6 +63,13 @@ static inline int32_t ls_quant_code(const uint8_t *row, int32_t in, int32_t i, i
     }
 }
 
+/* A quantized matrix format the kernels implement (loopserve.h): block int4
+ * or int2; head int8, int6 (rows of a multiple of 64 inputs) or int4. */
+static inline int ls_quant_format_ok(int32_t bits, int32_t head, int32_t in) {
+    if (!head) return bits == 4 || bits == 2;
+    return bits == 8 || bits == 4 || (bits == 6 && in % 64 == 0);
+}
+
 /* Activation rows are padded with zero codes to a multiple of this many
  * inputs, so SIMD loads of activations never need a mask. */
 #define LS_QACT_PAD 256

@@ -162,15 +162,11 @@ static inline layout layout_of(const ls_qmat *w) {
     return v;
 }
 
-/* One chunk of a head pair (64 bytes u, a byte per code) at its stored
- * width, as unpack_head reads it back: int4 byte j of lo holds u[j] and
- * u[32 + j] in its low and high nibble; int6 adds 16 bytes hi whose byte j
- * holds the high two bits of u[16 k + j] at bits 2k. */
+/* One chunk of an int4 / int6 head pair (64 bytes u, a byte per code) at
+ * its stored width, as unpack_head reads it back: int4 byte j of lo holds
+ * u[j] and u[32 + j] in its low and high nibble; int6 adds 16 bytes hi whose
+ * byte j holds the high two bits of u[16 k + j] at bits 2k. */
 static void narrow_chunk(uint8_t *lo, uint8_t *hi, const uint8_t *u, int32_t bits) {
-    if (bits == 8) {
-        memcpy(lo, u, 64);
-        return;
-    }
     for (int32_t j = 0; j < 32; j++) lo[j] = (uint8_t)((u[j] & 15) | (u[32 + j] & 15) << 4);
     for (int32_t j = 0; bits == 6 && j < 16; j++)
         hi[j] = (uint8_t)(((u[j] >> 4) & 3) | ((u[16 + j] >> 4) & 3) << 2 | ((u[32 + j] >> 4) & 3) << 4 |
@@ -229,10 +225,10 @@ static int32_t pack_avx512(ls_qmat *w) {
             }
         }
         uint8_t *out = p + (size_t)q * v.pair_bytes;
-        for (int32_t c = 0; c < w->in / 32; c++) {
-            if (w->head) narrow_chunk(out + (size_t)c * cb, out + v.hi_offset + 16 * (size_t)c, full + 64 * (size_t)c, w->bits);
-            else memcpy(out + 64 * (size_t)c, full + 64 * (size_t)c, 64);
-        }
+        if (cb == 64) memcpy(out, full, 2 * (size_t)w->in); /* a byte per code: the pair as laid out */
+        else
+            for (int32_t c = 0; c < w->in / 32; c++)
+                narrow_chunk(out + (size_t)c * cb, out + v.hi_offset + 16 * (size_t)c, full + 64 * (size_t)c, w->bits);
     }
     free(full);
     w->packed = p;

@@ -51,10 +51,8 @@ int main(int argc, char **argv) {
     const int32_t bits = atoi(argv[1]), head = atoi(argv[2]), group = atoi(argv[3]), rows = atoi(argv[4]);
     const int32_t in = atoi(argv[5]), T = atoi(argv[6]), simd = atoi(argv[7]);
     const double seconds = atof(argv[8]);
-    /* block int4 / int2, head int8 / int6 / int4 (loopserve.h) */
-    const int format_ok = head == 1 ? bits == 8 || (bits == 6 && in % 64 == 0) || bits == 4 : head == 0 && (bits == 4 || bits == 2);
-    if (!format_ok || !ls_quant_group_ok(group) || rows < 1 || in < group || in % group != 0 || T < 1 || T > 64 ||
-        !(seconds > 0)) {
+    if ((head != 0 && head != 1) || !ls_quant_format_ok(bits, head, in) || !ls_quant_group_ok(group) || rows < 1 ||
+        in < group || in % group != 0 || T < 1 || T > 64 || !(seconds > 0)) {
         fprintf(stderr, "gemm: bad arguments\n");
         return 2;
     }

@@ -58,9 +58,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     int32_t bits = h[1], group = h[2], rows = h[3], in = h[4], T = h[5], simd = h[6], head = h[7];
-    // The formats loopserve.h allows: block int4 / int2, head int8 / int6 / int4.
-    const int format_ok = head == 1 ? bits == 8 || (bits == 6 && in % 64 == 0) || bits == 4 : head == 0 && (bits == 4 || bits == 2);
-    if (!format_ok || !ls_quant_group_ok(group) || rows < 1 || in < group || in % group != 0 || T < 1 || T > 64) {
+    if ((head != 0 && head != 1) || !ls_quant_format_ok(bits, head, in) || !ls_quant_group_ok(group) || rows < 1 ||
+        in < group || in % group != 0 || T < 1 || T > 64) {
         printf("error: bad case dimensions\n");
         return 2;
     }
