@@ -7,13 +7,18 @@
  * would do for it alone (the kernels are batch-invariant: a row's results
  * never depend on the other rows of a call, docs/kernels.md).
  *
- * Rows are ordered by loop depth, deepest first, so at loop l the rows
- * still running are a prefix of the block and the matmuls shrink as
- * shallow rows leave (a depth-ragged batch). The ordered rows are cut into
- * blocks of at most LS_CHUNK rows, each run through all its loops before
- * the next, as ls_session_forward cuts a long prompt; a windowed ring holds
- * window + LS_CHUNK rows, so a block never overwrites a row it still
- * attends to. The output head then runs once over every sampling row.
+ * Rows are ordered by loop depth, shallowest first, so at loop l the rows
+ * still running are a suffix of the block and the matmuls shrink as
+ * shallow rows leave (a depth-ragged batch). In a row's last loop only its
+ * sampled row needs the attention output, FFN and residual; the others
+ * just store their K/V. ls_forward_block_loop skips a prefix of its rows,
+ * so among rows of one depth those that sample nothing come first and
+ * sampling rows follow, longest first (a prompt's final chunk before
+ * decode rows). The ordered rows are cut into blocks of at most LS_CHUNK
+ * rows, each run through all its loops before the next, as
+ * ls_session_forward cuts a long prompt; a windowed ring holds window +
+ * LS_CHUNK rows, so a block never overwrites a row it still attends to.
+ * The output head then runs once over every sampling row.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -80,29 +85,33 @@ typedef struct {
     int32_t last;  /* the row's final piece */
 } piece;
 
-/* The attention of a block: at loop l, the pieces still running (a prefix,
- * deepest first) each over their own session. */
+/* The attention of a block at loop l: the pieces still running, [lo,
+ * n_pieces), each over its own session, their rows from the start of view. */
 typedef struct {
     ls_session *const *sessions;
     const piece *pieces;
-    int32_t n_pieces;
-    const batch_scratch *b;
+    int32_t lo, n_pieces;
+    const ls_block *view;
     int32_t dim, kv_dim;
 } block_attention;
 
 static void attend_block(void *ctx, int32_t loop, int32_t T, int32_t skip) {
-    (void)skip; /* run_block keeps every row */
     const block_attention *a = ctx;
     ls_att_rows runs[LS_ATT_MAX_RUNS];
     int32_t n = 0;
-    for (int32_t i = 0, r0 = 0; i < a->n_pieces && r0 < T; r0 += a->pieces[i].n, i++) {
+    for (int32_t i = a->lo, r0 = 0; i < a->n_pieces && r0 < T; r0 += a->pieces[i].n, i++) {
         const piece *p = &a->pieces[i];
         size_t q0 = (size_t)r0 * a->dim, k0 = (size_t)r0 * a->kv_dim;
-        runs[n++] = (ls_att_rows){a->sessions[p->row], p->n, p->pos0, a->b->q + q0, a->b->k + k0, a->b->v + k0,
-                                  a->b->att + q0, 0};
+        int32_t cut = skip - r0 < 0 ? 0 : skip - r0 > p->n ? p->n : skip - r0;
+        runs[n++] = (ls_att_rows){a->sessions[p->row], p->n, p->pos0, a->view->q + q0, a->view->k + k0,
+                                  a->view->v + k0, a->view->att + q0, cut};
     }
     ls_attention_runs(runs, n, loop);
 }
+
+/* True when a piece's final row is read after its last loop: the row's
+ * sampled token comes from it. */
+static int needs_output(const piece *p, const int32_t *slot) { return p->last && slot[p->row] >= 0; }
 
 /* Runs one block of pieces through their loops; keeps each sampling row's
  * final hidden state in b->last[slot[row]]. */
@@ -117,14 +126,28 @@ static void run_block(ls_model *m, ls_session *const *sessions, const piece *pie
         ls_rope_table(b->rope + (size_t)T * hd, p->n, p->pos0, hd, mi->rope_theta);
         T += p->n;
     }
-    ls_block blk = {b->h, b->xb, b->q, b->k, b->v, b->att, b->g, b->u, b->rope};
-    block_attention att = {sessions, pieces, n_pieces, b, dim, mi->n_kv_heads * hd};
-    for (int32_t l = 0, active = n_pieces, rows = T; active > 0; l++) {
-        /* pieces are deepest first: drop the ones whose loops are done */
-        while (active > 0 && pieces[active - 1].loops <= l) rows -= pieces[--active].n;
-        if (active == 0) break;
-        ls_forward_block_loop(m, &blk, rows, 0, l, attend_block, &att);
-        for (int32_t i = 0; i < active; i++) {
+    block_attention att = {sessions, pieces, 0, n_pieces, NULL, dim, mi->n_kv_heads * hd};
+    for (int32_t l = 0, lo = 0, start = 0; ; l++) {
+        /* pieces are shallowest first: drop the ones whose loops are done */
+        while (lo < n_pieces && pieces[lo].loops <= l) start += pieces[lo++].n;
+        if (lo == n_pieces) break;
+        /* the pieces ending at this loop lead; their rows up to the first
+         * one a sampled token reads only store K/V */
+        int32_t skip = 0;
+        for (int32_t k = lo; k < n_pieces && pieces[k].loops == l + 1; k++) {
+            if (needs_output(&pieces[k], slot)) {
+                skip += pieces[k].n - 1;
+                break;
+            }
+            skip += pieces[k].n;
+        }
+        size_t kv_dim = (size_t)att.kv_dim;
+        ls_block view = {b->h + (size_t)start * dim, b->xb, b->q + (size_t)start * dim, b->k + start * kv_dim,
+                         b->v + start * kv_dim, b->att + (size_t)start * dim, b->g, b->u, b->rope + (size_t)start * hd};
+        att.lo = lo;
+        att.view = &view;
+        ls_forward_block_loop(m, &view, T - start, skip, l, attend_block, &att);
+        for (int32_t i = lo; i < n_pieces; i++) {
             ls_session *s = sessions[pieces[i].row];
             ls_seq_advance(s->loop_len, s->loop_lo, l, pieces[i].pos0 + pieces[i].n, s->cap);
         }
@@ -134,7 +157,7 @@ static void run_block(ls_model *m, ls_session *const *sessions, const piece *pie
         ls_session *s = sessions[p->row];
         memcpy(s->tokens + s->pos, tokens + p->first, (size_t)p->n * sizeof *tokens);
         s->pos += p->n;
-        if (p->last && slot[p->row] >= 0)
+        if (needs_output(p, slot))
             memcpy(b->last + (size_t)slot[p->row] * dim, b->h + (size_t)(r0 + p->n - 1) * dim, (size_t)dim * sizeof(float));
     }
 }
@@ -160,14 +183,22 @@ static void draw_task(void *ctx, int32_t i, int32_t thread) {
     j->out[i] = ls_step_sample(j->sessions[i], lg, &j->rows[i].step);
 }
 
+/* Run order: shallowest first; at one depth, rows that sample nothing,
+ * then sampling rows, longest first (batch.c's header says why). */
+static int row_before(const ls_batch_row *a, const ls_batch_row *b) {
+    if (a->step.loops != b->step.loops) return a->step.loops < b->step.loops;
+    if (!a->sample != !b->sample) return !a->sample;
+    return a->sample && a->n_tokens > b->n_tokens;
+}
+
 int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
                       const int32_t *tokens, float *logits_out, int32_t *out) {
     if (!m || !m->rt) return LS_ERR_ARG;
     int32_t rc = ls_check_batch(m, sessions, rows, n_rows, tokens, out);
     if (rc != LS_OK) return rc;
 
-    /* rows deepest first (stable), each with its first token; sampling rows
-     * numbered in call order for the head */
+    /* rows in run order (row_before, stable), each with its first token;
+     * sampling rows numbered in call order for the head */
     int32_t order[LS_BATCH_MAX_ROWS], first[LS_BATCH_MAX_ROWS], slot[LS_BATCH_MAX_ROWS], pos0[LS_BATCH_MAX_ROWS];
     int32_t n_sample = 0;
     for (int32_t i = 0, off = 0; i < n_rows; off += rows[i].n_tokens, i++) {
@@ -175,7 +206,7 @@ int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_r
         pos0[i] = sessions[i]->pos; /* blocks move it on as they run */
         slot[i] = rows[i].sample ? n_sample++ : -1;
         int32_t j = i;
-        while (j > 0 && rows[order[j - 1]].step.loops < rows[i].step.loops) {
+        while (j > 0 && row_before(&rows[i], &rows[order[j - 1]])) {
             order[j] = order[j - 1];
             j--;
         }
