@@ -11,15 +11,21 @@ import { runTorchModule } from "../test/helpers/torch.ts";
 const ROOT = resolve(import.meta.dir, "..");
 const CACHE = join(ROOT, ".cache", "kjv");
 
+/** The path of the training or the held-out split's text (written on first use). */
+export function kjvText(split: "train" | "val"): string {
+  const text = join(CACHE, `${split}.txt`);
+  if (!existsSync(text)) {
+    mkdirSync(CACHE, { recursive: true });
+    runTorchModule("data", [CACHE]);
+  }
+  return text;
+}
+
 /** Token ids of the training or the held-out split. */
 export async function kjvTokens(split: "train" | "val"): Promise<Uint16Array> {
   const bin = join(CACHE, `${split}.bin`);
   if (!existsSync(bin)) {
-    const text = join(CACHE, `${split}.txt`);
-    if (!existsSync(text)) {
-      mkdirSync(CACHE, { recursive: true });
-      runTorchModule("data", [CACHE]);
-    }
+    const text = kjvText(split);
     if ((await runTokenizeCommand([text, bin])) !== 0) throw new Error(`loopserve tokenize ${text} failed`);
   }
   const bytes = readFileSync(bin);

@@ -22,10 +22,9 @@ import { kernelLibrary } from "../src/bench/engine.ts";
 import { median, printTable, type Row } from "../src/bench/table.ts";
 import { type KvCacheSettings, NativeModel } from "../src/engine/binding.ts";
 import { KV_CACHE_MODES } from "../src/model/kvcache.ts";
-import { argmax } from "../test/reference/forward.ts";
 import { TRAINED_MODEL_PATH } from "../src/model/trained.ts";
 import { kjvTokens } from "./kjv.ts";
-import { klDivergence, logSumExp } from "./logits.ts";
+import { Tally, withLse } from "./logits.ts";
 import { quantizedPath, type WeightFormat } from "./quant.ts";
 import { writeJson } from "./report.ts";
 import { decode, GREEDY, type Run, same, type Sampling } from "./speculative.ts";
@@ -45,36 +44,6 @@ export interface QualityOptions {
   library?: string;
 }
 
-/** Row t of a [T, V] logits buffer (a view, no copy). */
-const row = (l: Float32Array, t: number, V: number) => l.subarray(t * V, (t + 1) * V);
-
-/** Sums over predicted positions: negative log-likelihood, KL to a base, top-1 agreement. */
-class Tally {
-  nll = 0;
-  kl = 0;
-  agree = 0;
-  n = 0;
-
-  get perplexity(): number {
-    return Math.exp(this.nll / this.n);
-  }
-
-  /** Adds positions 0..T-2 of `logits` (predicting text[1..T-1]); with a base, KL and top-1 against it. */
-  add(logits: Float32Array, text: Int32Array, V: number, base: { logits: Float32Array; lse: Float64Array } | null): void {
-    for (let t = 0; t + 1 < text.length; t++) {
-      const r = row(logits, t, V);
-      const lse = logSumExp(r);
-      this.nll += lse - r[text[t + 1]];
-      if (base) {
-        const b = row(base.logits, t, V);
-        this.kl += klDivergence(b, base.lse[t], r, lse);
-        if (argmax(r) === argmax(b)) this.agree++;
-      }
-      this.n++;
-    }
-  }
-}
-
 /** Teacher-forced logits of every position of `text`, into `out`. */
 function logitsOf(m: NativeModel, text: Int32Array, loops: number, out: Float32Array, kv?: KvCacheSettings, cacheWindow = 0): Float32Array {
   const s = m.newSession(text.length, loops, cacheWindow, kv);
@@ -84,12 +53,6 @@ function logitsOf(m: NativeModel, text: Int32Array, loops: number, out: Float32A
     s.close();
   }
   return out;
-}
-
-function withLse(logits: Float32Array, T: number, V: number): { logits: Float32Array; lse: Float64Array } {
-  const lse = new Float64Array(T);
-  for (let t = 0; t < T; t++) lse[t] = logSumExp(row(logits, t, V));
-  return { logits, lse };
 }
 
 /** `count` texts of `len` tokens spread evenly over `tokens`. */
@@ -248,15 +211,15 @@ export async function measureQuality(opts: QualityOptions = {}): Promise<Quality
       ...[...variants].map(([name, t]) => ({
         variant: name,
         perplexity: t.perplexity,
-        "KL vs fp16": (t.kl / t.n).toExponential(2),
-        "top-1 agree": `${((100 * t.agree) / t.n).toFixed(1)}%`,
+        "KL vs fp16": t.meanKl.toExponential(2),
+        "top-1 agree": `${(100 * t.top1).toFixed(1)}%`,
       })),
       { variant: `full cache, ${2 * T}-token texts (${long.length * (2 * T - 1)} positions)`, perplexity: fullLong.perplexity, "KL vs fp16": "0", "top-1 agree": "100%" },
       ...[...windowed].map(([w, t]) => ({
         variant: `cache_window ${w}, ${2 * T}-token texts`,
         perplexity: t.perplexity,
-        "KL vs fp16": (t.kl / t.n).toExponential(2),
-        "top-1 agree": `${((100 * t.agree) / t.n).toFixed(1)}%`,
+        "KL vs fp16": t.meanKl.toExponential(2),
+        "top-1 agree": `${(100 * t.top1).toFixed(1)}%`,
       })),
     ];
     const prompts = texts(held, o.specPromptTokens, o.specPrompts);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's llama-bench, llama-quantize, llama-server (for
-# bench:serve) and loopserve's greedy/logits probe (llama-greedy.cpp beside this script) from the source bundle that the
+# bench:serve), llama-perplexity (bench:peer's quality columns) and loopserve's greedy/logits probe (llama-greedy.cpp beside this script) from the source bundle that the
 # node-llama-cpp npm package ships (bench/peer's own dependency, installed by
 # bench/peer/llama.ts on first use), for the native CPU, CPU only. Built once
 # per bundle and cached outside the repository; never commit what it makes.
@@ -8,7 +8,7 @@
 # usage: build-llama.sh BUNDLE CACHE_DIR
 #   BUNDLE     bench/peer/node_modules/node-llama-cpp/llama/gitRelease.bundle
 #   CACHE_DIR  e.g. ~/.cache/loopserve-peer
-# Prints the directory holding the four executables as its last line.
+# Prints the directory holding the five executables as its last line.
 # Environment: LLAMA_BUILD_JOBS (default: nproc).
 set -euo pipefail
 
@@ -33,7 +33,7 @@ HEAD=$(git bundle list-heads "$BUNDLE" | awk 'NR==1{print $1}')
 KEY=$(cat "$0" "$GREEDY_SRC" | sha256sum | cut -c1-12)
 ROOT=$CACHE/llama-${HEAD:0:12}-$KEY
 BIN=$ROOT/bin
-if [ -x "$BIN/llama-bench" ] && [ -x "$BIN/llama-quantize" ] && [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-greedy" ]; then
+if [ -x "$BIN/llama-bench" ] && [ -x "$BIN/llama-quantize" ] && [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-perplexity" ] && [ -x "$BIN/llama-greedy" ]; then
   echo "$BIN"
   exit 0
 fi
@@ -59,8 +59,8 @@ cmake -S "$SRC" -B "$ROOT/build" "${GEN[@]}" \
   -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
   -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_APP=OFF >&2
-echo "build-llama: building llama-bench, llama-quantize, llama-server with $JOBS jobs (8-12 minutes on 2 cores)" >&2
-cmake --build "$ROOT/build" --target llama-bench llama-quantize llama-server llama -j "$JOBS" >&2
+echo "build-llama: building llama-bench, llama-quantize, llama-server, llama-perplexity with $JOBS jobs (8-12 minutes on 2 cores)" >&2
+cmake --build "$ROOT/build" --target llama-bench llama-quantize llama-server llama-perplexity llama -j "$JOBS" >&2
 
 # The probe links the static libraries the build just made.
 LIBS=()
@@ -73,7 +73,7 @@ echo "build-llama: compiling llama-greedy" >&2
 mkdir -p "$BIN.tmp"
 c++ -O2 -std=c++17 -I"$SRC/include" -I"$SRC/ggml/include" "$GREEDY_SRC" \
   -Wl,--start-group "${LIBS[@]}" -Wl,--end-group -fopenmp -lpthread -ldl -o "$BIN.tmp/llama-greedy"
-for exe in llama-bench llama-quantize llama-server; do
+for exe in llama-bench llama-quantize llama-server llama-perplexity; do
   f=$(find "$ROOT/build" -type f -name "$exe" -perm -u+x -print -quit)
   [ -n "$f" ] || die "build finished without $exe"
   cp "$f" "$BIN.tmp/$exe"

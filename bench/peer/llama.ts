@@ -45,6 +45,7 @@ export interface LlamaTools {
   bench: string;
   quantize: string;
   server: string;
+  perplexity: string;
   greedy: string;
   /** llama.cpp's release tag as node-llama-cpp records it, and the commit. */
   version: string;
@@ -62,6 +63,7 @@ export function llamaTools(): LlamaTools {
     bench: join(bin, "llama-bench"),
     quantize: join(bin, "llama-quantize"),
     server: join(bin, "llama-server"),
+    perplexity: join(bin, "llama-perplexity"),
     greedy: join(bin, "llama-greedy"),
   };
   for (const p of Object.values(tools)) {
