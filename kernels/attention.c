@@ -11,8 +11,9 @@
  *
  * Cache layout per loop and kv head: keys (head_dim, ldk), dimension-major,
  * so scores for 16 consecutive positions are one vector of FMAs with no
- * horizontal sum (ldk >= cap, padded off powers of two so the head_dim rows
- * read together do not all fall in one L1 set); values (cap, head_dim).
+ * horizontal sum (ldk >= rows, padded off powers of two so the head_dim rows
+ * read together do not all fall in one L1 set); values (rows, head_dim),
+ * rows being what the session has allocated so far (session.h).
  * Position p lives in ring slot p % cap. With a window W the ring holds W + LS_CHUNK rows, so writing
  * a chunk never overwrites a row a token of that chunk still attends to.
  *
@@ -90,11 +91,12 @@ static void attend(ls_session *s, int32_t loop, int32_t h, float *q, float *out,
     /* this head's cache, from ring slot 0 (kvcache.h layouts) */
     size_t nb = (size_t)s->kv_nb, np = (size_t)s->kv_np, ldq = (size_t)s->ldq;
     const uint16_t *Kt = fmt == LS_KV_FP16 ? s->kc + head * hd * (size_t)s->ldk : NULL; /* (hd, ldk) */
-    const uint16_t *V = fmt == LS_KV_FP16 ? s->vc + head * (size_t)cap * hd : NULL;      /* (cap, hd) */
-    const uint8_t *Kq = fmt != LS_KV_FP16 ? s->kq + head * nb * ldq : NULL;             /* (nb, ldq) */
-    const uint16_t *Kp = fmt != LS_KV_FP16 ? s->kp + head * np * (size_t)cap : NULL;     /* (np, cap) */
-    const uint8_t *Vq = fmt != LS_KV_FP16 ? s->vq + head * (size_t)cap * nb : NULL;      /* (cap, nb) */
-    const uint16_t *Vp = fmt != LS_KV_FP16 ? s->vp + head * (size_t)cap * np : NULL;     /* (cap, np) */
+    size_t rows = (size_t)s->rows;
+    const uint16_t *V = fmt == LS_KV_FP16 ? s->vc + head * rows * hd : NULL;  /* (rows, hd) */
+    const uint8_t *Kq = fmt != LS_KV_FP16 ? s->kq + head * nb * ldq : NULL;   /* (nb, ldq) */
+    const uint16_t *Kp = fmt != LS_KV_FP16 ? s->kp + head * np * rows : NULL; /* (np, rows) */
+    const uint8_t *Vq = fmt != LS_KV_FP16 ? s->vq + head * rows * nb : NULL;  /* (rows, nb) */
+    const uint16_t *Vp = fmt != LS_KV_FP16 ? s->vp + head * rows * np : NULL; /* (rows, np) */
 
     for (int32_t r = 0, off = 0; r < nr; off += run[r].n, r++) {
         size_t sl = (size_t)run[r].slot;
@@ -103,7 +105,7 @@ static void attend(ls_session *s, int32_t loop, int32_t h, float *q, float *out,
         else if (fmt == LS_KV_INT8)
             ops->attn_scores_i8(sc + off, q, (const int8_t *)Kq + sl, s->ldq, Kp + sl, hd, run[r].n);
         else
-            ops->attn_scores_i4(sc + off, q, Kq + sl, s->ldq, Kp + sl, cap, hd, run[r].n);
+            ops->attn_scores_i4(sc + off, q, Kq + sl, s->ldq, Kp + sl, s->rows, hd, run[r].n);
     }
 
     float sum = softmax_exp(ops, sc, cnt, 1.0f / sqrtf((float)hd));
@@ -236,7 +238,7 @@ static void att_group_task(void *ctx, int32_t task, int32_t thread) {
     int32_t kvh = h / (n_heads / n_kv);
     size_t head = (size_t)j->loop * n_kv + kvh;
     const uint16_t *Kt = s->kc + head * hd * (size_t)s->ldk;
-    const uint16_t *V = s->vc + head * (size_t)cap * hd;
+    const uint16_t *V = s->vc + head * (size_t)s->rows * hd;
 
     float *q[ATT_GROUP], *out[ATT_GROUP], *sc[ATT_GROUP];
     int32_t p[ATT_GROUP] = {0}, lo[ATT_GROUP] = {0};

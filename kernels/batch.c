@@ -196,6 +196,12 @@ int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_r
     if (!m || !m->rt) return LS_ERR_ARG;
     int32_t rc = ls_check_batch(m, sessions, rows, n_rows, tokens, out);
     if (rc != LS_OK) return rc;
+    /* cache room for every row before any runs (a grown cache holds the same positions) */
+    for (int32_t i = 0; i < n_rows; i++) {
+        out[i] = ls_session_reserve(sessions[i], sessions[i]->pos + rows[i].n_tokens);
+        if (out[i] != LS_OK) rc = out[i];
+    }
+    if (rc != LS_OK) return rc;
 
     /* rows in run order (row_before, stable), each with its first token;
      * sampling rows numbered in call order for the head */

@@ -380,6 +380,8 @@ static int32_t forward_loops_from(ls_session *s, float *h, int32_t n, int32_t po
     if (!s || !h || n < 1 || la < 0 || lb > s->loops || la >= lb || pos0 < 0) return LS_ERR_ARG;
     if (pos0 > s->max_seq - n) return LS_ERR_FULL;
     if (!ls_loops_hold(s->loop_len, s->loop_lo, la, lb, pos0, s->window)) return LS_ERR_STATE;
+    int32_t rc = ls_session_reserve(s, pos0 + n);
+    if (rc != LS_OK) return rc;
     int32_t dim = s->m->info.dim;
     for (int32_t c0 = 0; c0 < n; c0 += LS_CHUNK) {
         int32_t T = n - c0 < LS_CHUNK ? n - c0 : LS_CHUNK;
@@ -452,6 +454,7 @@ int32_t ls_session_forward(ls_session *s, const int32_t *tokens, int32_t n, int3
     if (!s) return LS_ERR_ARG;
     if (logits_out && (n_logits < 1 || n_logits > n)) return LS_ERR_ARG;
     int32_t rc = ls_check_feed(ls_session_view(s), tokens, n, loops);
+    if (rc == LS_OK) rc = ls_session_reserve(s, s->pos + n); /* all of it before the first chunk runs */
     if (rc != LS_OK) return rc;
 
     int32_t dim = s->m->info.dim, vocab = s->m->info.vocab_size;
@@ -462,7 +465,7 @@ int32_t ls_session_forward(ls_session *s, const int32_t *tokens, int32_t n, int3
         // Positions before the first logit row only feed the caches: their
         // last loop stops after storing K/V.
         rc = forward_loops_from(s, s->h, T, s->pos, 0, loops, first_logit - c0);
-        if (rc != LS_OK) return rc; /* unreachable after the checks above */
+        if (rc != LS_OK) return rc; /* unreachable after the checks and the reserve above */
         memcpy(s->tokens + s->pos, tokens + c0, (size_t)T * sizeof *tokens);
         s->pos += T;
         int32_t lo = first_logit > c0 ? first_logit : c0;

@@ -159,7 +159,7 @@ static void round_to_f16(float *x, int32_t n) {
 void ls_kv_store(ls_session *s, int32_t loop, int32_t kvh, int32_t slot, float *k, float *v, int32_t thread) {
     const ls_model_info *mi = &s->m->info;
     const ls_ops *ops = s->m->rt->ops;
-    int32_t hd = mi->head_dim, cap = s->cap;
+    int32_t hd = mi->head_dim, rows = s->rows;
     size_t head = (size_t)loop * mi->n_kv_heads + kvh;
     if (s->kv_mode & LS_KV_HADAMARD) {
         if (s->kv_mode & LS_KV_FP16_QKV) {
@@ -175,7 +175,7 @@ void ls_kv_store(ls_session *s, int32_t loop, int32_t kvh, int32_t slot, float *
         ops->f32_to_f16(k16, k, hd);
         uint16_t *kt = s->kc + head * hd * (size_t)s->ldk + slot;
         for (int32_t d = 0; d < hd; d++) kt[(size_t)d * s->ldk] = k16[d];
-        ops->f32_to_f16(s->vc + (head * cap + slot) * hd, v, hd);
+        ops->f32_to_f16(s->vc + (head * rows + slot) * hd, v, hd);
         return;
     }
     int32_t nb = s->kv_nb, np = s->kv_np;
@@ -184,9 +184,9 @@ void ls_kv_store(ls_session *s, int32_t loop, int32_t kvh, int32_t slot, float *
     ls_kv_encode_row(s->kv_fmt, k, hd, codes, params);
     uint8_t *kq = s->kq + head * nb * (size_t)s->ldq + slot;
     for (int32_t b = 0; b < nb; b++) kq[(size_t)b * s->ldq] = codes[b];
-    uint16_t *kp = s->kp + head * np * (size_t)cap + slot;
-    for (int32_t r = 0; r < np; r++) kp[(size_t)r * cap] = params[r];
-    ls_kv_encode_row(s->kv_fmt, v, hd, s->vq + (head * cap + slot) * nb, s->vp + (head * cap + slot) * np);
+    uint16_t *kp = s->kp + head * np * (size_t)rows + slot;
+    for (int32_t r = 0; r < np; r++) kp[(size_t)r * rows] = params[r];
+    ls_kv_encode_row(s->kv_fmt, v, hd, s->vq + (head * rows + slot) * nb, s->vp + (head * rows + slot) * np);
 }
 
 void ls_kv_copy_slot(ls_session *dst, int32_t to, const ls_session *src, int32_t from, int32_t l) {
@@ -199,17 +199,17 @@ void ls_kv_copy_slot(ls_session *dst, int32_t to, const ls_session *src, int32_t
             const uint16_t *sk = src->kc + head * hd * (size_t)src->ldk;
             uint16_t *dk = dst->kc + head * hd * (size_t)dst->ldk;
             for (size_t d = 0; d < hd; d++) dk[d * (size_t)dst->ldk + ds] = sk[d * (size_t)src->ldk + ss];
-            memcpy(dst->vc + (head * dst->cap + ds) * hd, src->vc + (head * src->cap + ss) * hd, hd * sizeof *dst->vc);
+            memcpy(dst->vc + (head * dst->rows + ds) * hd, src->vc + (head * src->rows + ss) * hd, hd * sizeof *dst->vc);
             continue;
         }
         size_t nb = (size_t)dst->kv_nb, np = (size_t)dst->kv_np;
         const uint8_t *sq = src->kq + head * nb * (size_t)src->ldq;
         uint8_t *dq = dst->kq + head * nb * (size_t)dst->ldq;
         for (size_t b = 0; b < nb; b++) dq[b * (size_t)dst->ldq + ds] = sq[b * (size_t)src->ldq + ss];
-        const uint16_t *sp = src->kp + head * np * (size_t)src->cap;
-        uint16_t *dp = dst->kp + head * np * (size_t)dst->cap;
-        for (size_t r = 0; r < np; r++) dp[r * (size_t)dst->cap + ds] = sp[r * (size_t)src->cap + ss];
-        memcpy(dst->vq + (head * dst->cap + ds) * nb, src->vq + (head * src->cap + ss) * nb, nb);
-        memcpy(dst->vp + (head * dst->cap + ds) * np, src->vp + (head * src->cap + ss) * np, np * sizeof *dst->vp);
+        const uint16_t *sp = src->kp + head * np * (size_t)src->rows;
+        uint16_t *dp = dst->kp + head * np * (size_t)dst->rows;
+        for (size_t r = 0; r < np; r++) dp[r * (size_t)dst->rows + ds] = sp[r * (size_t)src->rows + ss];
+        memcpy(dst->vq + (head * dst->rows + ds) * nb, src->vq + (head * src->rows + ss) * nb, nb);
+        memcpy(dst->vp + (head * dst->rows + ds) * np, src->vp + (head * src->rows + ss) * np, np * sizeof *dst->vp);
     }
 }

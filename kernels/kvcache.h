@@ -13,9 +13,10 @@
  * Layouts of a quantized session (fp16 modes keep session.h's kc / vc):
  *   kq (loops, n_kv_heads, nb, ldq)  key codes, transposed: byte b of the
  *                                    row of position p at [b][p % cap]
- *   kp (loops, n_kv_heads, np, cap)  key parameters, transposed likewise
- *   vq (loops, n_kv_heads, cap, nb)  value codes, one row per slot
- *   vp (loops, n_kv_heads, cap, np)  value parameters
+ *   kp (loops, n_kv_heads, np, rows) key parameters, transposed likewise
+ *   vq (loops, n_kv_heads, rows, nb) value codes, one row per slot
+ *   vp (loops, n_kv_heads, rows, np) value parameters
+ * (rows: the session's allocated rows, at most cap; session.h)
  * nb = code bytes per row (int8: head_dim, int4: head_dim / 2), np = fp16
  * parameters per row (int8: the scale; int4: scale, offset per group).
  * Keys are transposed for the same reason as the fp16 cache: the score

@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define LS_ABI_VERSION 4
+#define LS_ABI_VERSION 5
 
 /* ---- status codes ---- */
 typedef enum {
@@ -364,14 +364,22 @@ typedef struct {
 /* A new, empty session. A setting the library cannot run (out of range;
  * for kv_mode unknown bits, a flag without its prerequisite, LS_KV_HADAMARD
  * with a head_dim that is not a power of two, or a compressed mode without
- * LS_FEATURE_KV_COMPRESSED) is refused: NULL and the reason in err. */
+ * LS_FEATURE_KV_COMPRESSED) is refused: NULL and the reason in err. The
+ * CPU library allocates the key/value cache in blocks as positions arrive:
+ * a call that needs more room than the session holds grows it first, or
+ * returns LS_ERR_NOMEM with the session unchanged. */
 ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *err, int32_t err_len);
 void ls_session_free(ls_session *s);
 
-/* Bytes of key/value cache ls_session_new(m, params) allocates (its scratch
- * not counted), or a negative LS_ERR_* for parameters it would refuse: what
- * a server budgets cache memory by. */
+/* Bytes of key/value cache a session made with params holds at most, once
+ * every position it can hold is fed (its scratch not counted), or a negative
+ * LS_ERR_* for parameters ls_session_new would refuse: what a server
+ * budgets cache memory by. */
 int64_t ls_session_cache_bytes(const ls_model *m, const ls_session_params *params);
+
+/* Bytes of key/value cache the session holds now (<= ls_session_cache_bytes
+ * of its parameters), or LS_ERR_ARG for NULL. */
+int64_t ls_session_cache_bytes_held(const ls_session *s);
 
 /* Number of positions held (tokens fed so far minus rollbacks). */
 int32_t ls_session_pos(const ls_session *s);
@@ -451,7 +459,9 @@ typedef struct {
  *
  * Every row is checked before any session changes: on a bad row the call
  * returns its error (LS_ERR_ARG, LS_ERR_FULL, LS_ERR_STATE), writes each
- * row's own status to out (LS_OK for good rows) and changes nothing. */
+ * row's own status to out (LS_OK for good rows) and changes nothing. A
+ * session whose cache cannot grow for its row gives LS_ERR_NOMEM the same
+ * way, before any row runs. */
 int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
                       const int32_t *tokens, float *logits_out, int32_t *out);
 

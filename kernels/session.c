@@ -1,9 +1,11 @@
 /*
  * session.c — a request's state: one K/V cache per loop (fp16, or int8 /
  * int4 codes with their scales: kvcache.h), the token history, and scratch
- * for one chunk (all allocated once, in ls_session_new). Positions per loop are tracked separately (loop_len) so a
- * speculative pass can fill loops [0, D) ahead of loops [D, V); rollback
- * truncates every loop.
+ * for one chunk. The scratch is allocated once, in ls_session_new; the
+ * caches start at one block of rows and grow as positions arrive
+ * (ls_session_reserve). Positions per loop are tracked separately
+ * (loop_len) so a speculative pass can fill loops [0, D) ahead of loops
+ * [D, V); rollback truncates every loop.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -24,20 +26,20 @@ typedef struct {
     size_t kq, kp, vq, vp; /* quantized modes */
 } cache_layout;
 
-static cache_layout layout_of(const ls_model_info *mi, int32_t loops, int32_t cap, int32_t kv_mode) {
+static cache_layout layout_of(const ls_model_info *mi, int32_t loops, int32_t n_rows, int32_t kv_mode) {
     cache_layout c = {0};
-    size_t L = (size_t)loops, nkv = (size_t)mi->n_kv_heads, hd = (size_t)mi->head_dim, rows = (size_t)cap;
+    size_t L = (size_t)loops, nkv = (size_t)mi->n_kv_heads, hd = (size_t)mi->head_dim, rows = (size_t)n_rows;
     int32_t fmt = kv_mode & LS_KV_FORMAT_MASK;
     if (fmt == LS_KV_FP16) {
         /* keys are stored transposed; a row stride that is a multiple of 256
          * elements plus 32 keeps head_dim rows out of one cache set */
-        c.ldk = (int32_t)(((int64_t)cap + 255) / 256 * 256 + 32);
+        c.ldk = (int32_t)(((int64_t)n_rows + 255) / 256 * 256 + 32);
         c.kc = ls_bytes_of(L, nkv, (size_t)c.ldk, hd, sizeof(uint16_t));
         c.vc = ls_bytes_of(L, nkv, rows, hd, sizeof(uint16_t));
     } else {
         /* codes are bytes: a stride off multiples of 64 keeps the rows of one
          * head out of one cache set, as ldk does for the fp16 keys */
-        c.ldq = (int32_t)(((int64_t)cap + 63) / 64 * 64 + 32);
+        c.ldq = (int32_t)(((int64_t)n_rows + 63) / 64 * 64 + 32);
         c.nb = ls_kv_code_bytes(fmt, mi->head_dim);
         c.np = ls_kv_param_count(fmt, mi->head_dim);
         c.kq = ls_bytes_of(L, nkv, (size_t)c.nb, (size_t)c.ldq, 1);
@@ -69,6 +71,95 @@ int64_t ls_session_cache_bytes(const ls_model *m, const ls_session_params *param
     return total > 0 && total <= INT64_MAX ? (int64_t)total : LS_ERR_NOMEM;
 }
 
+int64_t ls_session_cache_bytes_held(const ls_session *s) {
+    if (!s) return LS_ERR_ARG;
+    cache_layout c = layout_of(&s->m->info, s->loops, s->rows, s->kv_mode);
+    return (int64_t)layout_bytes(&c);
+}
+
+/* One allocation of a session's K/V cache, for n_rows rows. */
+typedef struct {
+    cache_layout c;
+    uint16_t *kc, *vc, *kp, *vp;
+    uint8_t *kq, *vq;
+} cache_bufs;
+
+static void free_cache(cache_bufs *b) {
+    void *bufs[] = {b->kc, b->vc, b->kp, b->vp, b->kq, b->vq};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+}
+
+/* 1 when every buffer of the mode was allocated; else nothing is held. */
+static int alloc_cache(cache_bufs *b, const ls_model_info *mi, int32_t loops, int32_t n_rows, int32_t kv_mode) {
+    *b = (cache_bufs){.c = layout_of(mi, loops, n_rows, kv_mode)};
+    int ok;
+    if (layout_bytes(&b->c) == 0) ok = 0;
+    else if ((kv_mode & LS_KV_FORMAT_MASK) == LS_KV_FP16) {
+        b->kc = alloc0(b->c.kc);
+        b->vc = alloc0(b->c.vc);
+        ok = b->kc && b->vc;
+    } else {
+        b->kq = alloc0(b->c.kq);
+        b->kp = alloc0(b->c.kp);
+        b->vq = alloc0(b->c.vq);
+        b->vp = alloc0(b->c.vp);
+        ok = b->kq && b->kp && b->vq && b->vp;
+    }
+    if (!ok) free_cache(b);
+    return ok;
+}
+
+/* Copies the session's rows [0, s->rows) of every loop and head into b
+ * (which has at least as many rows), each part at b's strides. */
+static void copy_cache(const ls_session *s, const cache_bufs *b, int32_t n_rows) {
+    const ls_model_info *mi = &s->m->info;
+    size_t heads = (size_t)s->loops * (size_t)mi->n_kv_heads, hd = (size_t)mi->head_dim;
+    size_t old = (size_t)s->rows, rows = (size_t)n_rows, nb = (size_t)s->kv_nb, np = (size_t)s->kv_np;
+    for (size_t head = 0; head < heads; head++) {
+        if (s->kv_fmt == LS_KV_FP16) {
+            for (size_t d = 0; d < hd; d++)
+                memcpy(b->kc + (head * hd + d) * (size_t)b->c.ldk, s->kc + (head * hd + d) * (size_t)s->ldk,
+                       old * sizeof *s->kc);
+            memcpy(b->vc + head * rows * hd, s->vc + head * old * hd, old * hd * sizeof *s->vc);
+            continue;
+        }
+        for (size_t k = 0; k < nb; k++)
+            memcpy(b->kq + (head * nb + k) * (size_t)b->c.ldq, s->kq + (head * nb + k) * (size_t)s->ldq, old);
+        for (size_t r = 0; r < np; r++)
+            memcpy(b->kp + (head * np + r) * rows, s->kp + (head * np + r) * old, old * sizeof *s->kp);
+        memcpy(b->vq + head * rows * nb, s->vq + head * old * nb, old * nb);
+        memcpy(b->vp + head * rows * np, s->vp + head * old * np, old * np * sizeof *s->vp);
+    }
+}
+
+/* The session takes b as its cache of n_rows rows. */
+static void adopt_cache(ls_session *s, const cache_bufs *b, int32_t n_rows) {
+    s->rows = n_rows;
+    s->ldk = b->c.ldk;
+    s->ldq = b->c.ldq;
+    s->kc = b->kc;
+    s->vc = b->vc;
+    s->kq = b->kq;
+    s->kp = b->kp;
+    s->vq = b->vq;
+    s->vp = b->vp;
+}
+
+int32_t ls_session_reserve(ls_session *s, int32_t end) {
+    int32_t need = end < s->cap ? end : s->cap;
+    if (need <= s->rows) return LS_OK;
+    int64_t grown = (int64_t)s->rows + s->rows / 2, want = need > grown ? need : grown;
+    want = (want + LS_KV_BLOCK - 1) / LS_KV_BLOCK * LS_KV_BLOCK;
+    int32_t n_rows = want < s->cap ? (int32_t)want : s->cap;
+    cache_bufs b;
+    if (!alloc_cache(&b, &s->m->info, s->loops, n_rows, s->kv_mode)) return LS_ERR_NOMEM;
+    copy_cache(s, &b, n_rows);
+    cache_bufs old = {.kc = s->kc, .vc = s->vc, .kp = s->kp, .vp = s->vp, .kq = s->kq, .vq = s->vq};
+    free_cache(&old);
+    adopt_cache(s, &b, n_rows);
+    return LS_OK;
+}
+
 ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *err, int32_t err_len) {
     if (!params) {
         ls_set_error(err, err_len, "no session parameters given");
@@ -87,22 +178,17 @@ ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *e
 
     size_t C = LS_CHUNK, dim = (size_t)mi->dim, hd = (size_t)mi->head_dim;
     size_t kv_dim = (size_t)mi->n_kv_heads * hd, nth = (size_t)m->rt->n_threads;
-    cache_layout c = layout_of(mi, loops, s->cap, kv_mode);
-    s->ldk = c.ldk;
-    s->ldq = c.ldq;
-    s->kv_nb = c.nb;
-    s->kv_np = c.np;
+    int32_t first_rows = s->cap < LS_KV_BLOCK ? s->cap : LS_KV_BLOCK;
+    cache_bufs cache;
+    int cache_ok = alloc_cache(&cache, mi, loops, first_rows, kv_mode);
+    if (cache_ok) adopt_cache(s, &cache, first_rows);
+    s->kv_nb = cache.c.nb;
+    s->kv_np = cache.c.np;
     int quantized = s->kv_fmt != LS_KV_FP16;
-    if (!quantized) {
-        s->kc = alloc0(c.kc);
-        s->vc = alloc0(c.vc);
-    } else {
-        s->kq = alloc0(c.kq);
-        s->kp = alloc0(c.kp);
-        s->vq = alloc0(c.vq);
-        s->vp = alloc0(c.vp);
+    if (quantized) {
         s->kv_codes = alloc0(ls_bytes_of(nth, hd, 1, 1, 1));
-        s->kv_params = alloc0(ls_bytes_of(nth, (size_t)c.np, 1, 1, sizeof(uint16_t)));
+        s->kv_params = alloc0(ls_bytes_of(nth, (size_t)cache.c.np, 1, 1, sizeof(uint16_t)));
+        cache_ok = cache_ok && s->kv_codes && s->kv_params;
     }
     s->tokens = alloc0((size_t)max_seq * sizeof *s->tokens);
     s->loop_len = alloc0((size_t)loops * sizeof *s->loop_len);
@@ -119,13 +205,10 @@ ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *e
     s->rope = alloc0(C * hd * sizeof(float));
     s->scores = alloc0(ls_bytes_of((size_t)m->rt->n_threads * 4, (size_t)s->cap, 1, 1, sizeof(float))); /* 4: attention.c ATT_GROUP */
     s->logits = alloc0((size_t)mi->vocab_size * sizeof(float));
-    int cache_ok = quantized ? s->kq && s->kp && s->vq && s->vp && s->kv_codes && s->kv_params : s->kc && s->vc;
     if (!cache_ok || !s->tokens || !s->loop_len || !s->loop_lo || !s->h || !s->xb || !s->q || !s->k ||
         !s->v || !s->k16 || !s->att || !s->g || !s->u || !s->rope || !s->scores || !s->logits) {
-        ls_set_error(err, err_len,
-                     "out of memory allocating a session (max_seq %d, loops %d, window %d: %zu bytes "
-                     "of K/V cache)",
-                     max_seq, loops, cache_window, layout_bytes(&c));
+        ls_set_error(err, err_len, "out of memory allocating a session (max_seq %d, loops %d, window %d)", max_seq,
+                     loops, cache_window);
         ls_session_free(s);
         return NULL;
     }
@@ -153,6 +236,8 @@ int32_t ls_session_rollback(ls_session *s, int32_t pos) {
 int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src, int32_t n) {
     if (!dst || !src || dst == src) return LS_ERR_ARG;
     int32_t rc = ls_check_copy_prefix(ls_session_view(dst), ls_session_view(src), n);
+    if (rc != LS_OK) return rc;
+    rc = ls_session_reserve(dst, n);
     if (rc != LS_OK) return rc;
     for (int32_t l = 0; l < dst->loops; l++) {
         int32_t lo = ls_prefix_lo(src->loop_lo[l], n, dst->cap);

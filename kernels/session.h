@@ -25,26 +25,28 @@ struct ls_session {
     int32_t max_seq;  /* most positions ever held */
     int32_t loops;    /* loops the caches exist for */
     int32_t window;   /* 0 = full attention, else W */
-    int32_t cap;      /* cache rows per loop: max_seq, or min(max_seq, W + LS_CHUNK) */
-    int32_t ldk;      /* row stride of the transposed key cache (>= cap) */
+    int32_t cap;      /* ring rows per loop: max_seq, or min(max_seq, W + LS_CHUNK); position p is slot p % cap */
+    int32_t rows;     /* cache rows allocated per loop and kv head (<= cap), grown in blocks by
+                       * ls_session_reserve: the strides below are rows' */
+    int32_t ldk;      /* row stride of the transposed key cache (>= rows) */
     int32_t pos;      /* tokens fed (history length) */
     int32_t *tokens;  /* (max_seq) token history */
     int32_t *loop_len; /* (loops) positions [0, loop_len) written in loop l's cache */
     int32_t *loop_lo;  /* (loops) oldest position the ring still holds for loop l */
     uint16_t *kc;     /* (loops, n_kv_heads, head_dim, ldk) fp16 keys (RoPE applied), transposed;
                        * NULL in a quantized mode */
-    uint16_t *vc;     /* (loops, n_kv_heads, cap, head_dim) fp16 values; NULL in a quantized mode */
+    uint16_t *vc;     /* (loops, n_kv_heads, rows, head_dim) fp16 values; NULL in a quantized mode */
 
     /* key/value cache mode (loopserve.h LS_KV_*, layouts in kvcache.h) */
     int32_t kv_mode;  /* ls_session_params.kv_mode */
     int32_t kv_fmt;   /* kv_mode & LS_KV_FORMAT_MASK */
     int32_t kv_nb;    /* quantized: code bytes per row */
     int32_t kv_np;    /* quantized: fp16 parameters per row */
-    int32_t ldq;      /* quantized: row stride (bytes) of the transposed key codes (>= cap) */
+    int32_t ldq;      /* quantized: row stride (bytes) of the transposed key codes (>= rows) */
     uint8_t *kq;      /* (loops, n_kv_heads, kv_nb, ldq) key codes, transposed; NULL in fp16 modes */
-    uint16_t *kp;     /* (loops, n_kv_heads, kv_np, cap) key scales / offsets, transposed */
-    uint8_t *vq;      /* (loops, n_kv_heads, cap, kv_nb) value codes */
-    uint16_t *vp;     /* (loops, n_kv_heads, cap, kv_np) value scales / offsets */
+    uint16_t *kp;     /* (loops, n_kv_heads, kv_np, rows) key scales / offsets, transposed */
+    uint8_t *vq;      /* (loops, n_kv_heads, rows, kv_nb) value codes */
+    uint16_t *vp;     /* (loops, n_kv_heads, rows, kv_np) value scales / offsets */
     uint8_t *kv_codes;  /* (n_threads, head_dim) per thread: one key row on its way into the cache */
     uint16_t *kv_params; /* (n_threads, kv_np) */
 
@@ -70,6 +72,17 @@ static inline ls_seq_view ls_session_view(const ls_session *s) {
     ls_seq_view v = {s->m, s->max_seq, s->loops, s->window, s->cap, s->kv_mode, s->pos, s->loop_len, s->loop_lo};
     return v;
 }
+
+/* Rows of K/V cache a session allocates at a time: it starts with one
+ * block and grows by at least half its size (in whole blocks) when a call
+ * needs more, up to cap, so memory follows the positions actually fed and
+ * the copies of growing sum to less than twice the final size. */
+#define LS_KV_BLOCK 64
+
+/* Makes room for positions [0, end) (slots below min(end, cap)) before a
+ * call writes them: LS_OK, or LS_ERR_NOMEM with the session unchanged.
+ * Every entry point that stores K/V calls it before changing anything. */
+int32_t ls_session_reserve(ls_session *s, int32_t end);
 
 /* Draws the next token from logits, the last row the session was fed, as
  * ls_session_step does (history: the session's tokens; RNG counter: its

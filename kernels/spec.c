@@ -569,7 +569,8 @@ int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_param
      * slot) below max_seq; the ring (window + LS_CHUNK rows) then never
      * overwrites a row the cycle or the next one reads */
     if (p + 1 + c.k * c.K > s->max_seq) return LS_ERR_FULL;
-    int32_t rc = c.D > c.V ? ls_forward_deepen(s, c.V, c.D) : LS_OK;
+    int32_t rc = ls_session_reserve(s, p + 1 + c.k * c.K);
+    if (rc == LS_OK && c.D > c.V) rc = ls_forward_deepen(s, c.V, c.D);
     if (rc == LS_OK) rc = ensure_scratch(s);
     if (rc == LS_OK && !c.exact_draft && c.k > 0) rc = ls_draft_head_build(s->m);
     if (rc != LS_OK) return rc;

@@ -59,7 +59,9 @@ export class ServiceMetrics {
   readonly queueDepth: Gauge; // requests in state queued
   readonly requestsInFlight: Gauge; // requests in state running (up to SERVICE_MAX_BATCH)
   readonly kvCacheBudgetBytes: Gauge; // SERVICE_KV_CACHE_MB
-  readonly kvCacheBytesInUse: Gauge; // the running requests' caches
+  readonly kvCacheBytesInUse: Gauge; // reserved for the running requests' caches
+  readonly kvCacheBytesAllocated: Gauge; // what their caches hold now, read at each scrape
+  private kvAllocatedSource: () => number = () => 0;
 
   // ---- counters (names end in _total as the documented series do; prom-client
   // adds no suffix in the Prometheus text format) ----
@@ -94,7 +96,19 @@ export class ServiceMetrics {
     this.queueDepth = gauge("service_queue_depth", "Requests waiting in the scheduler queue.");
     this.requestsInFlight = gauge("service_requests_in_flight", "Requests currently running on the engine (batched together).");
     this.kvCacheBudgetBytes = gauge("service_kv_cache_budget_bytes", "Bytes the running requests' key/value caches may take together (SERVICE_KV_CACHE_MB).");
-    this.kvCacheBytesInUse = gauge("service_kv_cache_bytes_in_use", "Bytes of key/value cache the running requests hold.");
+    this.kvCacheBytesInUse = gauge(
+      "service_kv_cache_bytes_in_use",
+      "Bytes of key/value cache reserved for the running requests (each its most: prompt plus max_tokens), counted against the budget.",
+    );
+    const allocated = () => this.kvAllocatedSource();
+    this.kvCacheBytesAllocated = new Gauge({
+      name: "service_kv_cache_bytes_allocated",
+      help: "Bytes of key/value cache the running requests' sessions hold now (allocated in blocks as positions arrive).",
+      registers,
+      collect() {
+        this.set(allocated());
+      },
+    });
 
     this.submitted = counter("service_requests_submitted_total", "Requests submitted to the scheduler.");
     this.rejected = counter(
@@ -149,6 +163,11 @@ export class ServiceMetrics {
     this.kvCacheBytesInUse.set(0);
 
     if (opts.processMetrics ?? true) collectDefaultMetrics({ register: this.registry });
+  }
+
+  /** Where service_kv_cache_bytes_allocated is read from at each scrape (the engine's running sessions). */
+  watchKvCacheAllocated(source: () => number): void {
+    this.kvAllocatedSource = source;
   }
 
   /** Content-Type of metricsText(): Prometheus text format 0.0.4. */

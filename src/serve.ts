@@ -92,6 +92,7 @@ function loadEngine(config: Config, metrics: ServiceMetrics): Loaded {
         metrics.promptTokensRun.inc(st.promptTokens);
       },
     });
+    metrics.watchKvCacheAllocated(() => engine.kvCacheBytesHeld());
     return { engine, loadError: null };
   } catch (e) {
     return { engine: null, loadError: (e as Error).message };

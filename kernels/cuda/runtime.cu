@@ -177,6 +177,16 @@ extern "C" int64_t ls_session_cache_bytes(const ls_model *m, const ls_session_pa
     return half > 0 ? 2 * (int64_t)half : LS_ERR_NOMEM;
 }
 
+/* The device cache is allocated whole when the session is made (growing it
+ * would need a device-side copy per step boundary): it holds what
+ * ls_session_cache_bytes says from the start. */
+extern "C" int64_t ls_session_cache_bytes_held(const ls_session *s) {
+    if (!s) return LS_ERR_ARG;
+    size_t half = ls_bytes_of((size_t)s->loops, (size_t)s->m->info.n_kv_heads, (size_t)s->cap,
+                              (size_t)s->m->info.head_dim, sizeof(__half));
+    return 2 * (int64_t)half;
+}
+
 extern "C" ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *err, int32_t err_len) {
     if (!params) {
         ls_set_error(err, err_len, "no session parameters given");

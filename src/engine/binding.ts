@@ -51,6 +51,7 @@ const symbols = {
   ls_session_step: { args: [ptr, ptr, i32, ptr, ptr], returns: i32 },
   ls_batch_step: { args: [ptr, ptr, ptr, i32, ptr, ptr, ptr], returns: i32 },
   ls_session_cache_bytes: { args: [ptr, ptr], returns: i64_fast },
+  ls_session_cache_bytes_held: { args: [ptr], returns: i64_fast },
   ls_sample: { args: [ptr, i32, ptr, i32, ptr, u64], returns: i32 },
   ls_spec_cycle_logits: { args: [ptr, i32, ptr, ptr, ptr, ptr], returns: i32 },
 } as const;
@@ -341,6 +342,12 @@ export class NativeSession {
 
   get pos(): number {
     return this.model.lib.ls_session_pos(this.pointer);
+  }
+
+  /** Bytes of key/value cache the session holds now (ls_session_cache_bytes_held): it grows as positions arrive. */
+  get cacheBytesHeld(): number {
+    const { lib } = this.model;
+    return check(lib, Number(lib.ls_session_cache_bytes_held(this.pointer)), "ls_session_cache_bytes_held");
   }
 
   rollback(pos: number): void {

@@ -76,6 +76,8 @@ export class Engine {
   private readonly prefillChunk: number;
 
   private profiling = false;
+  /** The running requests' sessions (their caches grow as positions arrive). */
+  private readonly live = new Set<NativeSession>();
 
   private constructor(
     private readonly model: NativeModel,
@@ -151,7 +153,14 @@ export class Engine {
     return this.run(req, sink, signal, options);
   }
 
-  /** Bytes of key/value cache the request's session takes while it runs (0 for a request the engine will refuse). */
+  /** Bytes of key/value cache the running requests' sessions hold now. */
+  kvCacheBytesHeld(): number {
+    let bytes = 0;
+    for (const s of this.live) bytes += s.cacheBytesHeld;
+    return bytes;
+  }
+
+  /** Bytes of key/value cache the request's session takes at most while it runs (0 for a request the engine will refuse). */
   kvCacheBytes(req: GenerateRequest): number {
     try {
       const shape = sessionShape(req, planSpeculative(req));
@@ -200,6 +209,7 @@ export class Engine {
     const counter = plan ? new SpecCounter() : null;
     const shape = sessionShape(req, plan);
     const session = this.model.newSession(shape.maxSeq, shape.loops, req.cacheWindow, this.kv);
+    this.live.add(session);
     // With logprobs, every step hands back its raw logits (a cycle: one row per new token).
     const top = req.logprobs;
     const vocab = this.info.vocabSize;
@@ -287,6 +297,7 @@ export class Engine {
       log.error(`engine error after ${tokens.length} tokens: ${e.message}`);
       return done("error");
     } finally {
+      this.live.delete(session);
       session.close();
       if (this.profiling) this.printProfile(req, tokens.length);
     }

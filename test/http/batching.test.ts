@@ -115,12 +115,19 @@ describe("the key/value cache budget", () => {
     // Two long ones do not: the second waits for the first.
     const both = [1, 2].map(() => tight.post("/generate", long));
     await waitForQueueDepth(tight, 1);
-    const running = await metrics(tight, ["service_requests_in_flight", "service_kv_cache_bytes_in_use"]);
+    const running = await metrics(tight, ["service_requests_in_flight", "service_kv_cache_bytes_in_use", "service_kv_cache_bytes_allocated"]);
     expect(running.service_requests_in_flight).toBe(1);
     expect(running.service_kv_cache_bytes_in_use).toBeGreaterThan(0.9 * fullContext);
     expect(running.service_kv_cache_bytes_in_use).toBeLessThanOrEqual(budget);
+    // The running session holds what it has been fed, at most its reservation.
+    expect(running.service_kv_cache_bytes_allocated).toBeGreaterThan(0);
+    expect(running.service_kv_cache_bytes_allocated).toBeLessThanOrEqual(running.service_kv_cache_bytes_in_use);
     for (const r of await Promise.all(both)) expect((await jsonBody(r, GenerateResponse)).tokens).toHaveLength(480);
-    expect(await metrics(tight, ["service_kv_cache_bytes_in_use", "service_queue_depth"])).toEqual({ service_kv_cache_bytes_in_use: 0, service_queue_depth: 0 });
+    expect(await metrics(tight, ["service_kv_cache_bytes_in_use", "service_kv_cache_bytes_allocated", "service_queue_depth"])).toEqual({
+      service_kv_cache_bytes_in_use: 0,
+      service_kv_cache_bytes_allocated: 0,
+      service_queue_depth: 0,
+    });
   });
 
   test("a request larger than the whole budget is refused with a 503 that says why, and the server keeps serving", async () => {

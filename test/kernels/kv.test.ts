@@ -320,6 +320,40 @@ describe("each cache mode's logits", () => {
 
 // ---- batch invariance ----
 
+describe("the cache is allocated in blocks as positions arrive", () => {
+  test("a session holds one block at first, grows with what it is fed, never past its most; a window caps it at the ring", () => {
+    const shape = SHAPES.hd64;
+    const vocab = shape.vocabSize;
+    withModel(tinyModelPath(shape), 2, "auto", (m) => {
+      for (const kv of modesFor(shape)) {
+        const most = m.sessionCacheBytes(600, 2, 0, kv);
+        const s = m.newSession(600, 2, 0, kv);
+        try {
+          const held = [s.cacheBytesHeld];
+          for (const n of [10, 100, 300, 190]) {
+            s.forward(Int32Array.from(tokensFor(vocab, n, n)), 2);
+            held.push(s.cacheBytesHeld);
+          }
+          expect(held[0], label(kv)).toBeLessThan(most / 3);
+          expect(held[1], `${label(kv)}: 10 positions fit the first block`).toBe(held[0]);
+          expect(held[2], label(kv)).toBeGreaterThan(held[1]);
+          for (let i = 3; i < held.length; i++) expect(held[i], label(kv)).toBeGreaterThan(held[i - 1]);
+          expect(held[4], `${label(kv)}: all 600 positions`).toBe(most);
+        } finally {
+          s.close();
+        }
+        const ring = m.newSession(2000, 2, 9, kv);
+        try {
+          ring.forward(Int32Array.from(tokensFor(vocab, 500, 3)), 2);
+          expect(ring.cacheBytesHeld, `${label(kv)}: a window of 9 holds its ring`).toBe(m.sessionCacheBytes(2000, 2, 9, kv));
+        } finally {
+          ring.close();
+        }
+      }
+    });
+  });
+});
+
 describe("batch invariance in every cache mode", () => {
   test("a token's logits are bit-identical for any split into calls, 1 or 3 threads, with and without a window", () => {
     const shape = SHAPES.hd64;

@@ -164,6 +164,7 @@ export const SPECULATIVE_SERIES: Record<string, "counter"> = {
 export const BATCHING_SERIES: Record<string, "gauge" | "counter" | "histogram"> = {
   service_kv_cache_budget_bytes: "gauge",
   service_kv_cache_bytes_in_use: "gauge",
+  service_kv_cache_bytes_allocated: "gauge",
   service_generated_tokens_total: "counter",
   service_prompt_tokens_total: "counter",
   service_batch_rows: "histogram",
