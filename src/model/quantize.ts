@@ -98,14 +98,15 @@ function scaleBits(what: string, s: number): number {
 
 /**
  * Symmetric codes c = clamp(rne(w / s), -L - 1, L) per group (int4: L = 7,
- * int6: L = 31), with the scale that puts the group's larger side on the
- * -L - 1 end of the code range: s > 0 with |s| = max(maxpos / (L + 0.5),
- * maxneg / (L + 1.5)), or s < 0 with |s| = max(maxpos / (L + 1.5), maxneg /
- * (L + 0.5)), whichever |s| is smaller (fp16, rounded away from zero).
- * Every weight then lies within |s|/2 of its value: the side mapped to L is
- * at most (L + 0.5) |s| from zero, the side mapped to -L - 1 at most
- * (L + 1.5) |s| (a tie rounds to the even end). put(idx, c) stores the code
- * of weight idx.
+ * int6: L = 31) with |s| = max|w| / (L + 1) (fp16, rounded away from zero)
+ * and the sign that puts the group's largest magnitude on the -L - 1 end,
+ * so that weight is kept (as llama.cpp's Q4_0 keeps it). A weight on the
+ * other side may clip to L, up to |s| from its value, so the mean squared
+ * error is a little above a fit of the whole range; but the largest
+ * weights of a group matter most: on the trained model this rule gives a
+ * fifth less KL divergence to fp16 than the range fit did (int4 block with
+ * an int6 head: 2.51e-3 against 3.17e-3). put(idx, c) stores the code of
+ * weight idx.
  */
 function quantizeSymmetric(w: ArrayLike<number>, rows: number, cols: number, groupSize: number, what: string, onRow: RowDone, L: number, scales: Uint16Array, put: (idx: number, c: number) => void): void {
   const ng = cols / groupSize;
@@ -119,9 +120,7 @@ function quantizeSymmetric(w: ArrayLike<number>, rows: number, cols: number, gro
         if (v > maxPos) maxPos = v;
         else if (-v > maxNeg) maxNeg = -v;
       }
-      const up = Math.max(maxPos / (L + 0.5), maxNeg / (L + 1.5));
-      const down = Math.max(maxPos / (L + 1.5), maxNeg / (L + 0.5));
-      const sb = down < up ? scaleBits(what, down) | 0x8000 : scaleBits(what, up);
+      const sb = maxNeg >= maxPos ? scaleBits(what, maxNeg / (L + 1)) : scaleBits(what, maxPos / (L + 1)) | 0x8000;
       scales[r * ng + g] = sb;
       const s = F16_TO_F32[sb];
       for (let i = 0; i < groupSize; i++) put(base + i, s !== 0 ? Math.min(L, Math.max(-L - 1, rne(w[base + i] / s))) : 0);
@@ -169,30 +168,13 @@ export function quantizeInt6(w: ArrayLike<number>, rows: number, cols: number, g
 
 // ---- int2 ----
 
-/** Sum of squared errors of one group against levels z + s * {0..3}, codes nearest. */
-function int2Fit(w: ArrayLike<number>, base: number, n: number, s: number, z: number, codes: Uint8Array | null): number {
-  let sse = 0;
-  for (let i = 0; i < n; i++) {
-    const v = w[base + i];
-    const c = s > 0 ? Math.min(3, Math.max(0, rne((v - z) / s))) : 0;
-    if (codes) codes[i] = c;
-    const e = v - (s * c + z);
-    sse += e * e;
-  }
-  return sse;
-}
-
-const INT2_REFINE_STEPS = 6;
-
 /**
- * int2 per group, value = s * c + z with c in 0..3. Start from the group's
- * range (z = min rounded down, s = (max - z) / 3 rounded up, so every weight
- * is within s/2 of its level), then a few least-squares steps: with the
- * codes fixed, (s, z) minimising the squared error has a closed form; with
- * (s, z) fixed the nearest level is the best code. The candidate with the
- * smallest squared error (after fp16 rounding) wins, so a group is never
- * worse than its min/max fit; refined levels may clip a group's extremes
- * (nearest level still, beyond the end levels).
+ * int2 per group, value = s * c + z with c in 0..3, the levels spanning the
+ * group: z = min rounded down to fp16, s = (max - z) / 3 rounded up, every
+ * weight at its nearest level (within s/2), both extremes kept. (A
+ * least-squares fit of s and z lowers the squared error but clips the
+ * extremes; on the trained model it raised the KL divergence to fp16 by a
+ * quarter, 4.82e-2 to 5.97e-2, so it is not done.)
  */
 export function quantizeInt2(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int2", onRow: RowDone = noRows): QuantMatrix {
   checkShape(what, w, rows, cols, groupSize);
@@ -200,7 +182,6 @@ export function quantizeInt2(w: ArrayLike<number>, rows: number, cols: number, g
   const qweight = new Uint8Array((rows * cols) / 4);
   const scales = new Uint16Array(rows * ng);
   const zeros = new Uint16Array(rows * ng);
-  const codes = new Uint8Array(groupSize);
   for (let r = 0; r < rows; r++) {
     for (let g = 0; g < ng; g++) {
       const base = r * cols + g * groupSize;
@@ -214,44 +195,16 @@ export function quantizeInt2(w: ArrayLike<number>, rows: number, cols: number, g
       if (!(Math.abs(mn) <= F16_MAX && Math.abs(mx) <= F16_MAX)) {
         throw new ModelFormatError(`${what}: weights [${mn}, ${mx}] do not fit in fp16 offsets`);
       }
-      let zb = f16BitsDown(mn);
-      let sb = scaleBits(what, (mx - F16_TO_F32[zb]) / 3);
-      let best = int2Fit(w, base, groupSize, F16_TO_F32[sb], F16_TO_F32[zb], codes);
-      const trial = new Uint8Array(groupSize);
-      for (let step = 0; step < INT2_REFINE_STEPS && best > 0; step++) {
-        // Least squares for (s, z) given the current codes.
-        let sc = 0;
-        let scc = 0;
-        let sw = 0;
-        let scw = 0;
-        for (let i = 0; i < groupSize; i++) {
-          const c = codes[i];
-          const v = w[base + i];
-          sc += c;
-          scc += c * c;
-          sw += v;
-          scw += c * v;
-        }
-        const det = groupSize * scc - sc * sc;
-        if (det === 0) break; // one code for the whole group: nothing to fit
-        const s1 = (groupSize * scw - sc * sw) / det;
-        const z1 = (sw - s1 * sc) / groupSize;
-        if (!(s1 > 0) || !(s1 <= F16_MAX) || !(Math.abs(z1) <= F16_MAX)) break;
-        const sb1 = f64ToF16Bits(s1);
-        const zb1 = f64ToF16Bits(z1);
-        if (sb1 === sb && zb1 === zb) break; // converged
-        const sse = int2Fit(w, base, groupSize, F16_TO_F32[sb1], F16_TO_F32[zb1], trial);
-        if (!(sse < best)) break;
-        best = sse;
-        sb = sb1;
-        zb = zb1;
-        codes.set(trial);
-      }
+      const zb = f16BitsDown(mn);
+      const sb = scaleBits(what, (mx - F16_TO_F32[zb]) / 3);
       scales[r * ng + g] = sb;
       zeros[r * ng + g] = zb;
+      const s = F16_TO_F32[sb];
+      const z = F16_TO_F32[zb];
       for (let i = 0; i < groupSize; i++) {
         const idx = base + i;
-        qweight[idx >> 2] |= codes[i] << ((idx & 3) * 2);
+        const c = s > 0 ? Math.min(3, Math.max(0, rne((w[idx] - z) / s))) : 0;
+        qweight[idx >> 2] |= c << ((idx & 3) * 2);
       }
     }
     onRow(r + 1);

@@ -38,19 +38,28 @@ describe("round trip", () => {
   const cols = 256;
   for (const group of [32, 64, 128, 256]) {
     for (const [name, quantize, L] of [["int4", quantizeInt4, 7], ["int6", quantizeInt6, 31]] as const)
-    test(`${name} group ${group}: codes in [${-L - 1}, ${L}], |w - dequant| <= |scale| / 2`, () => {
+    test(`${name} group ${group}: codes in [${-L - 1}, ${L}], each group's largest weight kept at ${-L - 1}, the rest nearest (clipped to ${L} within |scale|)`, () => {
       const w = weights(rows * cols, group);
       const q = quantize(w, rows, cols, group);
       const deq = dequantize(q);
       const used = new Set<number>();
       for (let r = 0; r < rows; r++) {
-        for (let i = 0; i < cols; i++) {
-          const c = codeAt(q, r, i);
-          used.add(c);
-          expect(c >= -L - 1 && c <= L).toBe(true);
-          const bound = Math.abs(groupScale(q, r, Math.floor(i / group))) / 2;
-          if (!(Math.abs(w[r * cols + i] - deq[r * cols + i]) <= bound)) {
-            throw new Error(`row ${r} input ${i}: |${w[r * cols + i]} - ${deq[r * cols + i]}| > ${bound}`);
+        for (let g = 0; g < cols / group; g++) {
+          const s = groupScale(q, r, g);
+          let largest = g * group;
+          for (let i = g * group; i < (g + 1) * group; i++) if (Math.abs(w[r * cols + i]) > Math.abs(w[r * cols + largest])) largest = i;
+          // (an all-zero group has scale 0 and every code 0)
+          expect(codeAt(q, r, largest), `row ${r} group ${g}: its largest weight`).toBe(w[r * cols + largest] === 0 ? 0 : -L - 1);
+          for (let i = g * group; i < (g + 1) * group; i++) {
+            const c = codeAt(q, r, i);
+            used.add(c);
+            expect(c >= -L - 1 && c <= L).toBe(true);
+            const clipped = w[r * cols + i] / s > L + 0.5;
+            const bound = Math.abs(s) * (clipped ? 1 : 0.5);
+            if (clipped) expect(c).toBe(L);
+            if (!(Math.abs(w[r * cols + i] - deq[r * cols + i]) <= bound)) {
+              throw new Error(`row ${r} input ${i}: |${w[r * cols + i]} - ${deq[r * cols + i]}| > ${bound}`);
+            }
           }
         }
       }
@@ -69,71 +78,37 @@ describe("round trip", () => {
       }
     });
 
-    test(`int2 group ${group}: nearest level for every weight, never worse than the min/max fit`, () => {
+    test(`int2 group ${group}: the levels span the group (offset the min rounded down, scale the range / 3 rounded up), every weight at its nearest level`, () => {
       const w = weights(rows * cols, group + 2);
       const q = quantizeInt2(w, rows, cols, group);
       const deq = dequantize(q);
       const ng = cols / group;
       for (let r = 0; r < rows; r++) {
         for (let g = 0; g < ng; g++) {
-          const s = groupScale(q, r, g);
-          const z = F16_TO_F32[q.zeros![r * ng + g]];
-          let sse = 0;
           let mn = Infinity;
           let mx = -Infinity;
           for (let i = g * group; i < (g + 1) * group; i++) {
-            const v = w[r * cols + i];
+            mn = Math.min(mn, w[r * cols + i]);
+            mx = Math.max(mx, w[r * cols + i]);
+          }
+          const z = F16_TO_F32[q.zeros![r * ng + g]];
+          const s = groupScale(q, r, g);
+          expect(z).toBe(F16_TO_F32[f16BitsDown(mn)]);
+          expect(s).toBe(F16_TO_F32[f16BitsUp((mx - z) / 3)]);
+          for (let i = g * group; i < (g + 1) * group; i++) {
             const c = codeAt(q, r, i);
             expect(c >= 0 && c <= 3).toBe(true);
-            // Nearest of the four levels: within s/2, or beyond an end level.
-            const e = Math.abs(v - deq[r * cols + i]);
-            const inside = v >= z - s / 2 && v <= z + 3.5 * s;
-            if (inside) expect(e).toBeLessThanOrEqual(s / 2 + 1e-12);
-            else expect(c === 0 ? v < z : c === 3 && v > z + 3 * s).toBe(true);
-            sse += e * e;
-            mn = Math.min(mn, v);
-            mx = Math.max(mx, v);
+            expect(Math.abs(w[r * cols + i] - deq[r * cols + i])).toBeLessThanOrEqual(s / 2 + 1e-12);
           }
-          // The min/max fit (offset rounded down, scale up): every weight within s/2.
-          const z0 = F16_TO_F32[f16BitsDown(mn)];
-          const s0 = F16_TO_F32[f16BitsUp((mx - z0) / 3)];
-          let sse0 = 0;
-          for (let i = g * group; i < (g + 1) * group; i++) {
-            const v = w[r * cols + i];
-            const c = s0 > 0 ? Math.min(3, Math.max(0, Math.round((v - z0) / s0))) : 0;
-            expect(Math.abs(v - (s0 * c + z0))).toBeLessThanOrEqual(s0 / 2);
-            sse0 += (v - (s0 * c + z0)) ** 2;
-          }
-          expect(sse).toBeLessThanOrEqual(sse0 * (1 + 1e-9));
         }
       }
     });
   }
 
-  test("int2 refinement lowers the error of Gaussian weights well below the min/max fit", () => {
-    const w = weights(64 * 256, 99).map((v, i) => (i % 256 < 128 ? v : -v));
-    const q = quantizeInt2(w, 64, 256, 32);
-    const deq = dequantize(q);
-    let sse = 0;
-    let sse0 = 0;
-    for (let gi = 0; gi < (64 * 256) / 32; gi++) {
-      let mn = Infinity;
-      let mx = -Infinity;
-      for (let i = gi * 32; i < gi * 32 + 32; i++) {
-        mn = Math.min(mn, w[i]);
-        mx = Math.max(mx, w[i]);
-        sse += (w[i] - deq[i]) ** 2;
-      }
-      const s0 = (mx - mn) / 3;
-      if (s0 === 0) continue; // the all-zero group: exact either way
-      for (let i = gi * 32; i < gi * 32 + 32; i++) sse0 += (w[i] - (mn + s0 * Math.round((w[i] - mn) / s0))) ** 2;
-    }
-    expect(sse).toBeLessThan(0.9 * sse0);
-  });
 
   test("packing: int4 low nibble first (c + 8), int2 four per byte from the low bits", () => {
     const w = new Float32Array(32);
-    w[0] = -1.0625; // scale = 1.0625 / 8.5 = 1/8; code -8.5 rounds to even: -8
+    w[0] = -1; // the largest magnitude: scale = 1 / 8, code -8
     w[1] = 7 / 8; // 7
     const q4 = quantizeInt4(w, 1, 32, 32);
     expect(F16_TO_F32[q4.scales[0]]).toBe(1 / 8);
