@@ -466,7 +466,7 @@ async function main(): Promise<number> {
     quality = await qualitySection(tools, models.map((m) => m.format), o);
     const L = parseModelConfig(readSafetensors(TRAINED_MODEL_PATH)).defaultLoops;
     printTable(
-      `equal quality: trained model (loops ${L}), held-out text, ${quality.positions} positions per engine and format, scored as llama-perplexity scores (the second half of each chunk); KL and top-1 against each engine's own fp16/F16` +
+      `equal quality: trained model (loops ${L}), held-out text, ${quality.positions} positions per engine and format, scored as llama-perplexity scores (the second half of each chunk); KL (by llama-perplexity's rule for both; loopserve's exact sum beside) and top-1 against each engine's own fp16/F16` +
         (quality.sameTokens ? "; both tokenizers give the same tokens" : "; llama.cpp's tokens differ from loopserve's tokenizer's: both engines scored llama.cpp's"),
       quality.rows.map((r) => ({
         format: `${r.format}/${r.llamaType}`,
@@ -474,6 +474,7 @@ async function main(): Promise<number> {
         "llama ppl": r.llama.perplexity,
         "ls KL": r.loopserve.kl.toExponential(2),
         "llama KL": r.llama.kl.toExponential(2),
+        "ls KL exact": (r.loopserve.klExact ?? 0).toExponential(2),
         "ls top-1": `${(100 * r.loopserve.top1).toFixed(1)}%`,
         "llama top-1": `${(100 * r.llama.top1).toFixed(1)}%`,
         "ls KL <= llama": qualityHolds(quality, r.format),

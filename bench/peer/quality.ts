@@ -14,9 +14,11 @@
 // Both sides quantize their own way, as users get them: loopserve's
 // `model quantize` (group 32, its default head) and llama-quantize's default
 // recipe for the type (which keeps some tensors at higher precision).
-// llama-perplexity drops base probabilities below e^-16 from its KL sum and
-// stores the base log-probabilities in 16 bits; loopserve's KL is the full
-// float64 sum. Both errors are far below the differences compared here.
+// llama-perplexity stores the base log-probabilities in 16 bits over the
+// top 16 nats of each row and drops base probabilities below e^-16 from its
+// KL sum; loopserve's KL beside it is computed by that same rule
+// (klLikeLlamaPerplexity), so the two columns compare like with like, and
+// its exact float64 KL is reported too.
 import { readFileSync, unlinkSync } from "node:fs";
 import { join } from "node:path";
 import { NativeModel } from "../../src/engine/binding.ts";
@@ -44,8 +46,48 @@ export interface QualityOptions {
 
 export interface QualityFigures {
   perplexity: number;
-  kl: number; // mean KL(p_fp16 || p_format), nats per position
+  kl: number; // mean KL(p_fp16 || p_format), nats per position, by llama-perplexity's rule
   top1: number; // fraction of positions whose argmax agrees with fp16
+  klExact?: number; // loopserve: the full float64 sum
+}
+
+/**
+ * KL(base || q) of one position as llama-perplexity computes it: the base
+ * row's log-probabilities clamped 16 nats below its maximum and stored in
+ * 16 bits, then summed over the base probabilities above e^-16. Also
+ * whether the two rows' argmax agree (first index on ties, as it does).
+ */
+export function klLikeLlamaPerplexity(base: Float32Array, q: Float32Array): { kl: number; sameTop: boolean } {
+  const V = base.length;
+  let maxB = base[0], minB = base[0], maxQ = q[0], topQ = 0;
+  for (let i = 1; i < V; i++) {
+    if (base[i] > maxB) maxB = base[i];
+    if (base[i] < minB) minB = base[i];
+    if (q[i] > maxQ) {
+      maxQ = q[i];
+      topQ = i;
+    }
+  }
+  minB = Math.max(minB, maxB - 16);
+  let sumB = 0, sumQ = 0;
+  for (let i = 0; i < V; i++) {
+    sumB += Math.exp(base[i] - maxB);
+    sumQ += Math.exp(q[i] - maxQ);
+  }
+  const minLogProb = minB - maxB - Math.log(sumB);
+  const lseQ = maxQ + Math.log(sumQ);
+  const scale = (maxB - minB) / 65535;
+  let kl = 0, topB = 0, topLogB = -Infinity;
+  for (let i = 0; i < V; i++) {
+    const stored = scale > 0 && base[i] > minB ? Math.round((base[i] - minB) / scale) : 0;
+    const logB = scale * stored + minLogProb;
+    if (logB > topLogB) {
+      topLogB = logB;
+      topB = i;
+    }
+    if (logB > -16) kl += Math.exp(logB) * (logB - (q[i] - lseQ));
+  }
+  return { kl, sameTop: topB === topQ };
 }
 
 export interface QualityRow {
@@ -117,7 +159,7 @@ function measureLlama(tools: LlamaTools, o: QualityOptions, baseFile: string): M
 function measureLoopserve(o: QualityOptions, tokens: Int32Array, chunks: number): Map<Format, QualityFigures> {
   const first = o.nCtx >> 1;
   const rows = o.nCtx - first; // logits of positions first..n_ctx-1 (the last predicts nothing)
-  const models = o.variants.map((v) => ({ v, m: NativeModel.load(o.library, v.loopserve, o.threads, "auto"), tally: new Tally() }));
+  const models = o.variants.map((v) => ({ v, m: NativeModel.load(o.library, v.loopserve, o.threads, "auto"), tally: new Tally(), kl: 0, same: 0 }));
   try {
     const V = models[0].m.info.vocabSize;
     const baseBuf = new Float32Array(rows * V);
@@ -135,10 +177,21 @@ function measureLoopserve(o: QualityOptions, tokens: Int32Array, chunks: number)
       const text = tokens.subarray(c * o.nCtx, (c + 1) * o.nCtx);
       const base = withLse(logits(models[0].m, text, baseBuf), rows, V);
       models[0].tally.add(base.logits, text, V, null, first);
-      for (const x of models.slice(1)) x.tally.add(logits(x.m, text, buf), text, V, base, first);
+      for (const x of models.slice(1)) {
+        x.tally.add(logits(x.m, text, buf), text, V, base, first);
+        for (let r = 0; r + 1 < rows; r++) {
+          const k = klLikeLlamaPerplexity(baseBuf.subarray(r * V, (r + 1) * V), buf.subarray(r * V, (r + 1) * V));
+          x.kl += k.kl;
+          x.same += k.sameTop ? 1 : 0;
+        }
+      }
     }
     return new Map(
-      models.map((x, i) => [x.v.format, { perplexity: x.tally.perplexity, kl: i === 0 ? 0 : x.tally.meanKl, top1: i === 0 ? 1 : x.tally.top1 }]),
+      models.map((x, i) => {
+        const n = x.tally.n;
+        const f: QualityFigures = i === 0 ? { perplexity: x.tally.perplexity, kl: 0, top1: 1, klExact: 0 } : { perplexity: x.tally.perplexity, kl: x.kl / n, top1: x.same / n, klExact: x.tally.meanKl };
+        return [x.v.format, f];
+      }),
     );
   } finally {
     for (const x of models) x.m.close();
