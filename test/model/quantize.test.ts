@@ -38,7 +38,7 @@ describe("round trip", () => {
   const cols = 256;
   for (const group of [32, 64, 128, 256]) {
     for (const [name, quantize, L] of [["int4", quantizeInt4, 7], ["int6", quantizeInt6, 31]] as const)
-    test(`${name} group ${group}: codes in [${-L - 1}, ${L}], each group's largest weight kept at ${-L - 1}, the rest nearest (clipped to ${L} within |scale|)`, () => {
+    test(`${name} group ${group}: codes in [${-L - 1}, ${L}], nearest or clipped to an end, never worse than keeping each group's largest weight`, () => {
       const w = weights(rows * cols, group);
       const q = quantize(w, rows, cols, group);
       const deq = dequantize(q);
@@ -46,21 +46,32 @@ describe("round trip", () => {
       for (let r = 0; r < rows; r++) {
         for (let g = 0; g < cols / group; g++) {
           const s = groupScale(q, r, g);
-          let largest = g * group;
-          for (let i = g * group; i < (g + 1) * group; i++) if (Math.abs(w[r * cols + i]) > Math.abs(w[r * cols + largest])) largest = i;
-          // (an all-zero group has scale 0 and every code 0)
-          expect(codeAt(q, r, largest), `row ${r} group ${g}: its largest weight`).toBe(w[r * cols + largest] === 0 ? 0 : -L - 1);
+          let sse = 0;
+          let maxPos = 0;
+          let maxNeg = 0;
           for (let i = g * group; i < (g + 1) * group; i++) {
+            const v = w[r * cols + i];
             const c = codeAt(q, r, i);
             used.add(c);
             expect(c >= -L - 1 && c <= L).toBe(true);
-            const clipped = w[r * cols + i] / s > L + 0.5;
-            const bound = Math.abs(s) * (clipped ? 1 : 0.5);
-            if (clipped) expect(c).toBe(L);
-            if (!(Math.abs(w[r * cols + i] - deq[r * cols + i]) <= bound)) {
-              throw new Error(`row ${r} input ${i}: |${w[r * cols + i]} - ${deq[r * cols + i]}| > ${bound}`);
-            }
+            const t = s !== 0 ? v / s : 0;
+            // nearest code, or the end code for a weight beyond it
+            if (t > L + 0.5) expect(c).toBe(L);
+            else if (t < -L - 1.5) expect(c).toBe(-L - 1);
+            else if (!(Math.abs(v - deq[r * cols + i]) <= Math.abs(s) / 2)) throw new Error(`row ${r} input ${i}: |${v} - ${deq[r * cols + i]}| > |${s}| / 2`);
+            sse += (v - deq[r * cols + i]) ** 2;
+            maxPos = Math.max(maxPos, v);
+            maxNeg = Math.max(maxNeg, -v);
           }
+          // The first candidate: the largest weight exactly at -L - 1.
+          const s0 = F16_TO_F32[f16BitsUp(Math.max(maxPos, maxNeg) / (L + 1))] * (maxNeg >= maxPos ? 1 : -1);
+          let sse0 = 0;
+          for (let i = g * group; i < (g + 1) * group; i++) {
+            const v = w[r * cols + i];
+            const c = s0 !== 0 ? Math.min(L, Math.max(-L - 1, Math.round(v / s0))) : 0;
+            sse0 += (v - c * s0) ** 2;
+          }
+          expect(sse).toBeLessThanOrEqual(sse0 * (1 + 1e-9));
         }
       }
       // Both ends of the code range occur: the packing keeps every bit of a code.
