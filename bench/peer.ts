@@ -50,6 +50,7 @@ import { TRAINED_MODEL_PATH } from "../src/model/trained.ts";
 import { Tokenizer } from "../src/tokenizer.ts";
 import { BENCH_SHAPE, benchModel, promptOf } from "../src/bench/models.ts";
 import { kjvText } from "./kjv.ts";
+import { QUANTIZER_SOURCE } from "./quant.ts";
 import { decode, same } from "./speculative.ts";
 import { BUNDLE, cacheDir, fresh, type Format, ggufFor, LLAMA_TYPE, llamaBench, llamaGreedy, type LlamaTools, llamaTools } from "./peer/llama.ts";
 import {
@@ -157,7 +158,7 @@ interface FormatModels {
 async function loopserveQuantized(fp16: string, format: "int4" | "int2"): Promise<{ path: string } | { skip: string }> {
   const head = defaultHead(parseModelConfig(readSafetensors(fp16)).dim);
   const out = join(cacheDir(), "models", `${basename(fp16, ".safetensors")}-${format}-head${head}.safetensors`);
-  if (!fresh(out, fp16)) {
+  if (!fresh(out, fp16, QUANTIZER_SOURCE)) {
     const err: string[] = [];
     let code: number;
     try {

@@ -45,11 +45,15 @@ export const DEFAULT_FORMATS: WeightFormat[] = [
   { quant: "int4", head: "fp16" },
 ];
 
-/** The quantized copy of `src` (made once, cached beside it, remade when `src` is newer). */
+/** The quantizer's source: a copy older than it was made by an earlier quantizer. */
+export const QUANTIZER_SOURCE = join(import.meta.dir, "..", "src", "model", "quantize.ts");
+
+/** The quantized copy of `src` (made once, cached beside it, remade when `src` or the quantizer is newer). */
 export function quantizedPath(src: string, f: WeightFormat, groupSize: number): string {
   if (f.quant === "fp16" && f.head === "fp16") return src;
   const out = join(dirname(src), `${basename(src, ".safetensors")}-${f.quant}-g${groupSize}-head${f.head}.safetensors`);
-  if (!existsSync(out) || statSync(out).mtimeMs < statSync(src).mtimeMs) {
+  const newest = Math.max(statSync(src).mtimeMs, statSync(QUANTIZER_SOURCE).mtimeMs);
+  if (!existsSync(out) || statSync(out).mtimeMs < newest) {
     quantizeModelFile(src, out, { quant: f.quant, groupSize, head: f.head });
   }
   return out;
