@@ -103,9 +103,13 @@ export function formatProfile(p: OpProfile, title = "profile"): string {
 export function openKernelLibrary(path: string): Lib {
   let lib = opened.get(path);
   if (!lib) {
-    lib = dlopen(path, symbols).symbols;
-    const abi = lib.ls_abi_version();
+    // The version first, on its own: a library of another version may lack
+    // a symbol, and the version says why better than the missing name.
+    const probe = dlopen(path, { ls_abi_version: symbols.ls_abi_version });
+    const abi = probe.symbols.ls_abi_version();
+    probe.close();
     if (abi !== LS_ABI_VERSION) throw new NativeError(`${path}: ABI version ${abi}, expected ${LS_ABI_VERSION}`, LS_ERR_STATE);
+    lib = dlopen(path, symbols).symbols;
     opened.set(path, lib);
   }
   return lib;

@@ -79,4 +79,14 @@ describe("the libraries answer the ABI's queries", () => {
     expect(lib.ls_abi_version()).toBe(abi.LS_ABI_VERSION);
     expect(lib.ls_features()).toBe(0);
   });
+
+  test("a library of another ABI version is refused by its version, even when it lacks this version's symbols", () => {
+    const dir = testTempDir();
+    const src = join(dir, "old_abi.c");
+    const so = join(dir, "libold_abi.so");
+    writeFileSync(src, `int ls_abi_version(void) { return ${abi.LS_ABI_VERSION - 1}; }\n`);
+    const cc = Bun.spawnSync(["cc", "-shared", "-fPIC", "-o", so, src]);
+    expect(cc.exitCode).toBe(0);
+    expect(() => openKernelLibrary(so)).toThrow(`ABI version ${abi.LS_ABI_VERSION - 1}, expected ${abi.LS_ABI_VERSION}`);
+  });
 });
