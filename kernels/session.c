@@ -2,8 +2,8 @@
  * session.c — a request's state: one K/V cache per loop (fp16, or int8 /
  * int4 codes with their scales: kvcache.h), the token history, and scratch
  * for one chunk. The scratch is allocated once, in ls_session_new; the
- * caches start at one block of rows and grow as positions arrive
- * (ls_session_reserve). Positions per loop are tracked separately
+ * caches start with room for LS_KV_FIRST_ROWS positions and grow as
+ * positions arrive (ls_session_reserve). Positions per loop are tracked separately
  * (loop_len) so a speculative pass can fill loops [0, D) ahead of loops
  * [D, V); rollback truncates every loop.
  */
@@ -66,7 +66,7 @@ int64_t ls_session_cache_bytes(const ls_model *m, const ls_session_params *param
         ls_kv_check_mode(params->kv_mode, m->info.head_dim, NULL, 0) != LS_OK)
         return LS_ERR_ARG;
     int32_t cap = ls_ring_rows(params->max_seq, params->cache_window, LS_CHUNK);
-    cache_layout c = layout_of(&m->info, params->loops, cap, params->kv_mode);
+    cache_layout c = layout_of(&m->info, params->loops, cap + LS_KV_ROW_PAD, params->kv_mode);
     size_t total = layout_bytes(&c);
     return total > 0 && total <= INT64_MAX ? (int64_t)total : LS_ERR_NOMEM;
 }
@@ -146,11 +146,11 @@ static void adopt_cache(ls_session *s, const cache_bufs *b, int32_t n_rows) {
 }
 
 int32_t ls_session_reserve(ls_session *s, int32_t end) {
-    int32_t need = end < s->cap ? end : s->cap;
-    if (need <= s->rows) return LS_OK;
-    int64_t grown = (int64_t)s->rows + s->rows / 2, want = need > grown ? need : grown;
+    int32_t need = end < s->cap ? end : s->cap, usable = s->rows - LS_KV_ROW_PAD;
+    if (need <= usable) return LS_OK;
+    int64_t grown = 2 * (int64_t)usable, want = need > grown ? need : grown;
     want = (want + LS_KV_BLOCK - 1) / LS_KV_BLOCK * LS_KV_BLOCK;
-    int32_t n_rows = want < s->cap ? (int32_t)want : s->cap;
+    int32_t n_rows = (want < s->cap ? (int32_t)want : s->cap) + LS_KV_ROW_PAD;
     cache_bufs b;
     if (!alloc_cache(&b, &s->m->info, s->loops, n_rows, s->kv_mode)) return LS_ERR_NOMEM;
     copy_cache(s, &b, n_rows);
@@ -178,7 +178,7 @@ ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *e
 
     size_t C = LS_CHUNK, dim = (size_t)mi->dim, hd = (size_t)mi->head_dim;
     size_t kv_dim = (size_t)mi->n_kv_heads * hd, nth = (size_t)m->rt->n_threads;
-    int32_t first_rows = s->cap < LS_KV_BLOCK ? s->cap : LS_KV_BLOCK;
+    int32_t first_rows = (s->cap < LS_KV_FIRST_ROWS ? s->cap : LS_KV_FIRST_ROWS) + LS_KV_ROW_PAD;
     cache_bufs cache;
     int cache_ok = alloc_cache(&cache, mi, loops, first_rows, kv_mode);
     if (cache_ok) adopt_cache(s, &cache, first_rows);

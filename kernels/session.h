@@ -26,8 +26,9 @@ struct ls_session {
     int32_t loops;    /* loops the caches exist for */
     int32_t window;   /* 0 = full attention, else W */
     int32_t cap;      /* ring rows per loop: max_seq, or min(max_seq, W + LS_CHUNK); position p is slot p % cap */
-    int32_t rows;     /* cache rows allocated per loop and kv head (<= cap), grown in blocks by
-                       * ls_session_reserve: the strides below are rows' */
+    int32_t rows;     /* cache rows allocated per loop and kv head: at most cap usable plus
+                       * LS_KV_ROW_PAD, grown in blocks by ls_session_reserve; the strides
+                       * below are rows' */
     int32_t ldk;      /* row stride of the transposed key cache (>= rows) */
     int32_t pos;      /* tokens fed (history length) */
     int32_t *tokens;  /* (max_seq) token history */
@@ -73,11 +74,20 @@ static inline ls_seq_view ls_session_view(const ls_session *s) {
     return v;
 }
 
-/* Rows of K/V cache a session allocates at a time: it starts with one
- * block and grows by at least half its size (in whole blocks) when a call
- * needs more, up to cap, so memory follows the positions actually fed and
- * the copies of growing sum to less than twice the final size. */
+/* A session's K/V cache starts with room for LS_KV_FIRST_ROWS positions
+ * (or its cap) and, when a call needs more, at least doubles, in whole
+ * blocks of LS_KV_BLOCK rows, up to cap: memory follows the positions
+ * actually fed, and the copies of growing sum to less than the final size.
+ * A growth is one allocation and copy of the whole cache, and first
+ * touches of fresh pages are slow on some hosts (1.5-3 ms for a 0.9 MB
+ * cache on the 2-core test machine): the first allocation covers a
+ * common request so that most never grow. */
 #define LS_KV_BLOCK 64
+#define LS_KV_FIRST_ROWS 512
+/* Rows allocated past the last usable one: they keep the value rows of
+ * consecutive heads off power-of-two strides, which would put one position
+ * of every head in the same cache sets. */
+#define LS_KV_ROW_PAD 8
 
 /* Makes room for positions [0, end) (slots below min(end, cap)) before a
  * call writes them: LS_OK, or LS_ERR_NOMEM with the session unchanged.

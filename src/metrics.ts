@@ -103,7 +103,7 @@ export class ServiceMetrics {
     const allocated = () => this.kvAllocatedSource();
     this.kvCacheBytesAllocated = new Gauge({
       name: "service_kv_cache_bytes_allocated",
-      help: "Bytes of key/value cache the running requests' sessions hold now (allocated in blocks as positions arrive).",
+      help: "Bytes of key/value cache the running requests' sessions hold now (allocated as positions arrive).",
       registers,
       collect() {
         this.set(allocated());
