@@ -26,20 +26,23 @@ typedef struct {
     size_t kq, kp, vq, vp; /* quantized modes */
 } cache_layout;
 
+/* n_rows counts the LS_KV_ROW_PAD rows; the transposed keys' strides are
+ * padded their own way, from the usable rows. */
 static cache_layout layout_of(const ls_model_info *mi, int32_t loops, int32_t n_rows, int32_t kv_mode) {
     cache_layout c = {0};
     size_t L = (size_t)loops, nkv = (size_t)mi->n_kv_heads, hd = (size_t)mi->head_dim, rows = (size_t)n_rows;
+    int64_t usable = (int64_t)n_rows - LS_KV_ROW_PAD;
     int32_t fmt = kv_mode & LS_KV_FORMAT_MASK;
     if (fmt == LS_KV_FP16) {
         /* keys are stored transposed; a row stride that is a multiple of 256
          * elements plus 32 keeps head_dim rows out of one cache set */
-        c.ldk = (int32_t)(((int64_t)n_rows + 255) / 256 * 256 + 32);
+        c.ldk = (int32_t)((usable + 255) / 256 * 256 + 32);
         c.kc = ls_bytes_of(L, nkv, (size_t)c.ldk, hd, sizeof(uint16_t));
         c.vc = ls_bytes_of(L, nkv, rows, hd, sizeof(uint16_t));
     } else {
         /* codes are bytes: a stride off multiples of 64 keeps the rows of one
          * head out of one cache set, as ldk does for the fp16 keys */
-        c.ldq = (int32_t)(((int64_t)n_rows + 63) / 64 * 64 + 32);
+        c.ldq = (int32_t)((usable + 63) / 64 * 64 + 32);
         c.nb = ls_kv_code_bytes(fmt, mi->head_dim);
         c.np = ls_kv_param_count(fmt, mi->head_dim);
         c.kq = ls_bytes_of(L, nkv, (size_t)c.nb, (size_t)c.ldq, 1);
