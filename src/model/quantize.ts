@@ -100,13 +100,17 @@ function scaleBits(what: string, s: number): number {
 const SCALE_STEP = 0.25;
 const SCALE_CANDIDATES = 21;
 
-/** Squared error of a group's weights against the codes of scale s (clamped to [-L - 1, L]). */
+/** The code of weight v at scale s: rne(v / s) clamped to [-L - 1, L] (0 when s is 0). */
+function symmetricCode(v: number, s: number, L: number): number {
+  return s !== 0 ? Math.min(L, Math.max(-L - 1, rne(v / s))) : 0;
+}
+
+/** Squared error of a group's weights against their codes at scale s. */
 function symmetricError(w: ArrayLike<number>, base: number, n: number, s: number, L: number): number {
   let e = 0;
   for (let i = 0; i < n; i++) {
     const v = w[base + i];
-    const c = s !== 0 ? Math.min(L, Math.max(-L - 1, rne(v / s))) : 0;
-    e += (v - c * s) ** 2;
+    e += (v - symmetricCode(v, s, L) * s) ** 2;
   }
   return e;
 }
@@ -153,7 +157,7 @@ function quantizeSymmetric(w: ArrayLike<number>, rows: number, cols: number, gro
       }
       scales[r * ng + g] = sb;
       const s = F16_TO_F32[sb];
-      for (let i = 0; i < groupSize; i++) put(base + i, s !== 0 ? Math.min(L, Math.max(-L - 1, rne(w[base + i] / s))) : 0);
+      for (let i = 0; i < groupSize; i++) put(base + i, symmetricCode(w[base + i], s, L));
     }
     onRow(r + 1);
   }
