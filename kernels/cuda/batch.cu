@@ -1,29 +1,303 @@
 /*
- * batch.cu — ls_batch_step for the GPU: the same checks as the CPU library
- * (batch_rules.h), then each row in call order through this library's
- * ls_session_forward / ls_session_step. Every row's result is what it
- * would be alone (the GPU kernels are batch-invariant on their own), so the
- * contract holds; the rows do not yet share one pass over the weights.
+ * batch.cu — ls_batch_step for the GPU, on the plan of kernels/batch.c:
+ * the same checks (batch_rules.h), rows ordered shallowest first so the
+ * rows still running at loop l are a suffix of the block (a depth-ragged
+ * batch), cut into blocks of at most LS_CUDA_CHUNK rows that each run
+ * through all their loops before the next, and one output-head pass over
+ * every sampling row. Each launch covers every running row of the block,
+ * whatever session it belongs to: a matmul reads a weight row once per
+ * tile of tokens (ops.cu), and the K/V store and attention find each row's
+ * own cache through its lsc_row_cache. The GPU kernels are batch-invariant
+ * (ops.cu), so every row's logits and token are bit-identical to stepping
+ * its session alone with this library.
+ *
+ * Greedy rows pick on the device (sample.cu), from their own session's
+ * history; temperature rows copy their logits to the host for sample.c's
+ * ls_sample, as ls_session_step does.
  */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "cuda_internal.h"
 
 extern "C" {
 #include "batch_rules.h"
 }
 
+/* ls_batch_step's device scratch: one block's activations, the call's
+ * tokens, and the sampling rows' final states, logits and picks, which grow
+ * with the largest call seen. */
+struct lsc_batch {
+    lsc_block act;        /* (LS_CUDA_CHUNK, ...) */
+    float *rope_host;     /* (LS_CUDA_CHUNK, head_dim) */
+    lsc_row_cache rows_host[LS_CUDA_CHUNK];
+    int32_t *tokens;      /* (tokens_cap) */
+    int32_t tokens_cap;
+    float *last;          /* (rows_cap, dim) sampling rows' final hidden states */
+    float *normed;        /* (rows_cap, dim) */
+    float *logits;        /* (rows_cap, vocab) */
+    int32_t *ids;         /* (rows_cap) greedy picks */
+    float *logits_host;   /* (rows_cap, vocab) for host draws and logits_out */
+    int32_t rows_cap;
+};
+
+static void free_rows(lsc_batch *b) {
+    void *dev[] = {b->last, b->normed, b->logits, b->ids};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) cudaFree(dev[i]);
+    free(b->logits_host);
+    b->last = b->normed = b->logits = b->logits_host = NULL;
+    b->ids = NULL;
+    b->rows_cap = 0;
+}
+
+void lsc_batch_free(lsc_batch *b) {
+    if (!b) return;
+    lsc_block_free(&b->act);
+    free_rows(b);
+    if (b->tokens) cudaFree(b->tokens);
+    free(b->rope_host);
+    free(b);
+}
+
+/* The runtime's scratch, with room for n_tokens tokens and n_sample
+ * sampling rows; NULL when the GPU or host is out of memory. */
+static lsc_batch *scratch_for(ls_model *m, int32_t n_tokens, int32_t n_sample) {
+    ls_runtime *rt = m->rt;
+    const ls_model_info *mi = &m->info;
+    lsc_batch *b = rt->batch;
+    if (!b) {
+        b = (lsc_batch *)calloc(1, sizeof *b);
+        if (!b) return NULL;
+        b->rope_host = (float *)calloc((size_t)LS_CUDA_CHUNK * mi->head_dim, sizeof(float));
+        if (!b->rope_host || !lsc_block_alloc(&b->act, mi, LS_CUDA_CHUNK)) {
+            lsc_batch_free(b);
+            return NULL;
+        }
+        rt->batch = b;
+    }
+    if (n_tokens > b->tokens_cap) {
+        if (b->tokens) cudaFree(b->tokens);
+        b->tokens_cap = 0;
+        if (!lsc_dev_alloc((void **)&b->tokens, (size_t)n_tokens * sizeof(int32_t))) return NULL;
+        b->tokens_cap = n_tokens;
+    }
+    if (n_sample > b->rows_cap) {
+        free_rows(b);
+        size_t rows = (size_t)n_sample, dim = (size_t)mi->dim, vocab = (size_t)mi->vocab_size;
+        b->logits_host = (float *)malloc(rows * vocab * sizeof(float));
+        if (!b->logits_host || !lsc_dev_alloc((void **)&b->last, rows * dim * sizeof(float)) ||
+            !lsc_dev_alloc((void **)&b->normed, rows * dim * sizeof(float)) ||
+            !lsc_dev_alloc((void **)&b->logits, rows * vocab * sizeof(float)) ||
+            !lsc_dev_alloc((void **)&b->ids, rows * sizeof(int32_t))) {
+            free_rows(b);
+            return NULL;
+        }
+        b->rows_cap = n_sample;
+    }
+    return b;
+}
+
+/* One block's share of a row: n of its tokens at pos0.. of its session. */
+typedef struct {
+    int32_t row;   /* index into the call's rows */
+    int32_t first; /* first token, offset into the call's token array */
+    int32_t n, pos0, loops;
+    int32_t last;  /* the row's final piece */
+} piece;
+
+/* A failure after sessions began to change: every session of the call is
+ * left unknown, as ls_session_step leaves its own. */
+static int32_t fail_all(ls_session *const *sessions, int32_t n_rows, int32_t *out, const char *what, cudaError_t e) {
+    fprintf(stderr, "loopserve cuda: batch step: %s failed: %s\n", what, cudaGetErrorString(e));
+    for (int32_t i = 0; i < n_rows; i++) {
+        sessions[i]->failed = 1;
+        out[i] = LS_ERR_STATE;
+    }
+    return LS_ERR_STATE;
+}
+
+/* Runs one block of pieces through their loops; copies each sampling
+ * row's final hidden state to b->last[slot[row]]. */
+static cudaError_t run_block(ls_model *m, ls_session *const *sessions, const piece *pieces, int32_t n_pieces,
+                             const int32_t *tokens, lsc_batch *b, const int32_t *slot, const char **what) {
+    const ls_model_info *mi = &m->info;
+    const ls_runtime *rt = m->rt;
+    int32_t dim = mi->dim, hd = mi->head_dim, kv_dim = mi->n_kv_heads * hd;
+    cudaError_t e = cudaSuccess;
+    int32_t T = 0;
+    for (int32_t i = 0; i < n_pieces && e == cudaSuccess; i++) {
+        const piece *p = &pieces[i];
+        ls_session *s = sessions[p->row];
+        *what = "embedding";
+        e = lsc_embed(b->act.h + (size_t)T * dim, rt->tok_embeddings, b->tokens + p->first, p->n, dim);
+        if (e == cudaSuccess) {
+            *what = "copying the token history";
+            e = cudaMemcpyAsync(s->d_tokens + p->pos0, b->tokens + p->first, (size_t)p->n * sizeof(int32_t),
+                                cudaMemcpyDeviceToDevice, 0);
+        }
+        ls_rope_table(b->rope_host + (size_t)T * hd, p->n, p->pos0, hd, mi->rope_theta);
+        lsc_session_rows(b->rows_host + T, s, p->pos0, p->n);
+        T += p->n;
+    }
+    if (e != cudaSuccess) return e;
+    *what = "copying the RoPE table";
+    e = cudaMemcpy(b->act.rope, b->rope_host, (size_t)T * hd * sizeof(float), cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) return e;
+    *what = "copying the row caches";
+    e = cudaMemcpy(b->act.rows, b->rows_host, (size_t)T * sizeof(lsc_row_cache), cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) return e;
+
+    for (int32_t l = 0, lo = 0, start = 0;; l++) {
+        /* pieces are shallowest first: drop the ones whose loops are done */
+        while (lo < n_pieces && pieces[lo].loops <= l) start += pieces[lo++].n;
+        if (lo == n_pieces) break;
+        lsc_block view = {b->act.h + (size_t)start * dim, b->act.xb, b->act.q + (size_t)start * dim,
+                          b->act.k + (size_t)start * kv_dim, b->act.v + (size_t)start * kv_dim,
+                          b->act.att + (size_t)start * dim, b->act.g, b->act.u, b->act.rope + (size_t)start * hd,
+                          b->act.rows + start};
+        e = lsc_block_loop(m, &view, T - start, l, what);
+        if (e != cudaSuccess) return e;
+        for (int32_t i = lo; i < n_pieces; i++) {
+            ls_session *s = sessions[pieces[i].row];
+            ls_seq_advance(s->loop_len, s->loop_lo, l, pieces[i].pos0 + pieces[i].n, s->cap);
+        }
+    }
+    for (int32_t i = 0, r0 = 0; i < n_pieces; r0 += pieces[i].n, i++) {
+        const piece *p = &pieces[i];
+        ls_session *s = sessions[p->row];
+        memcpy(s->tokens + s->pos, tokens + p->first, (size_t)p->n * sizeof *tokens);
+        s->pos += p->n;
+        if (p->last && slot[p->row] >= 0) {
+            *what = "keeping a final state";
+            e = cudaMemcpyAsync(b->last + (size_t)slot[p->row] * dim, b->act.h + (size_t)(r0 + p->n - 1) * dim,
+                                (size_t)dim * sizeof(float), cudaMemcpyDeviceToDevice, 0);
+            if (e != cudaSuccess) return e;
+        }
+    }
+    return cudaSuccess;
+}
+
+/* Run order: shallowest first, stable. */
+static int row_before(const ls_batch_row *a, const ls_batch_row *b) { return a->step.loops < b->step.loops; }
+
+/* The head over every sampling row, then each row's draw: greedy rows on
+ * the device, temperature rows on the host from the copied logits. */
+static cudaError_t draw(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
+                        const int32_t *slot, int32_t n_sample, lsc_batch *b, float *logits_out, int32_t *out,
+                        const char **what) {
+    const ls_model_info *mi = &m->info;
+    int32_t dim = mi->dim, vocab = mi->vocab_size;
+    cudaError_t e;
+    *what = "rmsnorm";
+    if ((e = lsc_rmsnorm(b->normed, b->last, m->rt->norm, n_sample, dim, mi->norm_eps)) != cudaSuccess) return e;
+    *what = "output";
+    if ((e = lsc_matmul(b->logits, vocab, b->normed, dim, m->rt->output, dim, vocab, n_sample, 0)) != cudaSuccess)
+        return e;
+    int host = logits_out != NULL;
+    *what = "argmax";
+    for (int32_t i = 0; i < n_rows; i++) {
+        if (slot[i] < 0) continue;
+        const ls_sampling *sp = &rows[i].step.sampling;
+        if (sp->temperature != 0.0f) {
+            host = 1;
+            continue;
+        }
+        ls_session *s = sessions[i];
+        e = lsc_argmax(b->ids + slot[i], s->penalized, b->logits + (size_t)slot[i] * vocab, vocab, s->d_tokens, s->pos,
+                       sp->repetition_penalty);
+        if (e != cudaSuccess) return e;
+    }
+    int32_t ids[LS_BATCH_MAX_ROWS];
+    *what = "copying the picks";
+    if ((e = cudaMemcpy(ids, b->ids, (size_t)n_sample * sizeof(int32_t), cudaMemcpyDeviceToHost)) != cudaSuccess)
+        return e;
+    if (host) {
+        *what = "copying the logits";
+        e = cudaMemcpy(b->logits_host, b->logits, (size_t)n_sample * vocab * sizeof(float), cudaMemcpyDeviceToHost);
+        if (e != cudaSuccess) return e;
+    }
+    for (int32_t i = 0; i < n_rows; i++) {
+        out[i] = LS_OK;
+        if (slot[i] < 0) continue;
+        const float *lg = b->logits_host + (size_t)slot[i] * vocab;
+        if (logits_out) memcpy(logits_out + (size_t)i * vocab, lg, (size_t)vocab * sizeof(float));
+        const ls_session *s = sessions[i];
+        const ls_sampling *sp = &rows[i].step.sampling;
+        out[i] = sp->temperature == 0.0f ? ids[slot[i]] : ls_sample(lg, vocab, s->tokens, s->pos, sp, (uint64_t)s->pos);
+    }
+    return cudaSuccess;
+}
+
 extern "C" int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
                                  const int32_t *tokens, float *logits_out, int32_t *out) {
+    if (!m || !m->rt) return LS_ERR_ARG;
     int32_t rc = ls_check_batch(m, sessions, rows, n_rows, tokens, out);
     if (rc != LS_OK) return rc;
-    int32_t vocab = m->info.vocab_size;
-    for (int32_t i = 0, off = 0; i < n_rows; off += rows[i].n_tokens, i++) {
-        const ls_batch_row *r = &rows[i];
-        int32_t got = r->sample
-                          ? ls_session_step(sessions[i], tokens + off, r->n_tokens, &r->step,
-                                            logits_out ? logits_out + (size_t)i * vocab : NULL)
-                          : ls_session_forward(sessions[i], tokens + off, r->n_tokens, r->step.loops, NULL, 0);
-        out[i] = r->sample || got < 0 ? got : LS_OK;
-        if (got < 0 && rc == LS_OK) rc = got;
+    /* a session an earlier CUDA failure left unknown takes no more steps */
+    for (int32_t i = 0; i < n_rows; i++)
+        if (sessions[i]->failed) rc = out[i] = LS_ERR_STATE;
+    if (rc != LS_OK) return rc;
+
+    /* rows in run order, each with its first token; sampling rows numbered
+     * in call order for the head */
+    int32_t order[LS_BATCH_MAX_ROWS], first[LS_BATCH_MAX_ROWS], slot[LS_BATCH_MAX_ROWS], pos0[LS_BATCH_MAX_ROWS];
+    int32_t n_sample = 0, n_tokens = 0;
+    for (int32_t i = 0; i < n_rows; n_tokens += rows[i].n_tokens, i++) {
+        first[i] = n_tokens;
+        pos0[i] = sessions[i]->pos;
+        slot[i] = rows[i].sample ? n_sample++ : -1;
+        int32_t j = i;
+        while (j > 0 && row_before(&rows[i], &rows[order[j - 1]])) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = i;
     }
+    lsc_batch *b = scratch_for(m, n_tokens, n_sample > 0 ? n_sample : 1);
+    if (!b) {
+        cudaGetLastError(); // a failed allocation leaves no sticky error
+        for (int32_t i = 0; i < n_rows; i++) out[i] = LS_ERR_NOMEM;
+        return LS_ERR_NOMEM;
+    }
+    const char *what = "selecting the device";
+    cudaError_t e = cudaSetDevice(m->rt->device);
+    if (e == cudaSuccess) {
+        what = "copying the tokens";
+        e = cudaMemcpy(b->tokens, tokens, (size_t)n_tokens * sizeof(int32_t), cudaMemcpyHostToDevice);
+    }
+    if (e != cudaSuccess) return fail_all(sessions, n_rows, out, what, e);
+
+    /* cut the ordered rows into blocks of at most LS_CUDA_CHUNK rows */
+    piece pieces[LS_CUDA_CHUNK];
+    int32_t n_pieces = 0, block_rows = 0;
+    for (int32_t k = 0; k < n_rows && e == cudaSuccess; k++) {
+        int32_t i = order[k];
+        for (int32_t done = 0; done < rows[i].n_tokens && e == cudaSuccess;) {
+            int32_t n = rows[i].n_tokens - done;
+            if (n > LS_CUDA_CHUNK - block_rows) n = LS_CUDA_CHUNK - block_rows;
+            pieces[n_pieces++] = piece{i, first[i] + done, n, pos0[i] + done, rows[i].step.loops,
+                                       done + n == rows[i].n_tokens};
+            block_rows += n;
+            done += n;
+            if (block_rows == LS_CUDA_CHUNK) {
+                e = run_block(m, sessions, pieces, n_pieces, tokens, b, slot, &what);
+                n_pieces = block_rows = 0;
+            }
+        }
+    }
+    if (e == cudaSuccess && n_pieces > 0) e = run_block(m, sessions, pieces, n_pieces, tokens, b, slot, &what);
+    if (e == cudaSuccess && n_sample > 0) e = draw(m, sessions, rows, n_rows, slot, n_sample, b, logits_out, out, &what);
+    else if (e == cudaSuccess)
+        for (int32_t i = 0; i < n_rows; i++) out[i] = LS_OK;
+    /* surfaces an asynchronous kernel failure before the caller trusts the sessions */
+    if (e == cudaSuccess) {
+        what = "synchronising";
+        e = cudaDeviceSynchronize();
+    }
+    if (e != cudaSuccess) return fail_all(sessions, n_rows, out, what, e);
+    for (int32_t i = 0; i < n_rows; i++)
+        if (out[i] < 0 && rc == LS_OK) rc = out[i];
     return rc;
 }

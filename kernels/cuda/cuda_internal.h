@@ -46,6 +46,10 @@ extern "C" {
 #define LS_CUDA_BLOCK 256
 #define LS_CUDA_MAX_HEAD_DIM LS_CUDA_BLOCK
 
+/* batch.cu: ls_batch_step's device scratch, made on its first call. */
+struct lsc_batch;
+void lsc_batch_free(struct lsc_batch *b);
+
 struct ls_runtime {
     int device;
     /* fp16 weights on the device, same layouts as ls_weights */
@@ -61,7 +65,33 @@ struct ls_runtime {
     float *attn_norm;       /* (dim) fp32 */
     float *ffn_norm;        /* (dim) */
     float *norm;            /* (dim) */
+    struct lsc_batch *batch; /* NULL until ls_batch_step first runs */
 };
+
+/* Where one token row's K/V go and which positions it attends to: its
+ * session's caches (loop l starts loop_stride elements after loop l - 1),
+ * ring rows, window and the token's position. One per row of a block, so
+ * one launch stores and attends for rows of many sessions. */
+typedef struct {
+    __half *kc, *vc;
+    int64_t loop_stride;
+    int32_t cap, window, pos, unused;
+} lsc_row_cache;
+
+/* One block's activations on the device, (LS_CUDA_CHUNK, ...) rows: a
+ * session's own scratch, or the batch step's rows of many sessions. */
+typedef struct {
+    float *h;    /* (T, dim) residual stream */
+    float *xb;   /* (T, dim) normed sub-block input */
+    float *q;    /* (T, n_heads * head_dim) */
+    float *k;    /* (T, n_kv_heads * head_dim) */
+    float *v;    /* (T, n_kv_heads * head_dim) */
+    float *att;  /* (T, n_heads * head_dim) */
+    float *g;    /* (T, ffn_dim) gate, then silu(gate) * up */
+    float *u;    /* (T, ffn_dim) up */
+    float *rope; /* (T, head_dim / 2, 2) each row's cos, sin */
+    lsc_row_cache *rows; /* (T) each row's cache */
+} lsc_block;
 
 struct ls_session {
     ls_model *m;
@@ -83,15 +113,7 @@ struct ls_session {
     int32_t *d_tokens; /* (max_seq) the same history, for the device penalty */
     __half *kc;        /* (loops, n_kv_heads, cap, head_dim) keys, RoPE applied */
     __half *vc;        /* (loops, n_kv_heads, cap, head_dim) values */
-    float *h;          /* (LS_CUDA_CHUNK, dim) residual stream */
-    float *xb;         /* (LS_CUDA_CHUNK, dim) normed sub-block input */
-    float *q;          /* (LS_CUDA_CHUNK, n_heads * head_dim) */
-    float *k;          /* (LS_CUDA_CHUNK, n_kv_heads * head_dim) */
-    float *v;          /* (LS_CUDA_CHUNK, n_kv_heads * head_dim) */
-    float *att;        /* (LS_CUDA_CHUNK, n_heads * head_dim) */
-    float *g;          /* (LS_CUDA_CHUNK, ffn_dim) gate, then silu(gate) * up */
-    float *u;          /* (LS_CUDA_CHUNK, ffn_dim) up */
-    float *rope;       /* (LS_CUDA_CHUNK, head_dim / 2, 2) */
+    lsc_block act;     /* (LS_CUDA_CHUNK, ...) this session's activations */
     float *logits;     /* (LS_CUDA_CHUNK, vocab_size) */
     float *penalized;  /* (vocab_size) logits after the repetition penalty */
     int32_t *result;   /* (1) sampled id */
@@ -102,6 +124,25 @@ static inline ls_seq_view ls_session_view(const ls_session *s) {
     ls_seq_view v = {s->m, s->max_seq, s->loops, s->window, s->cap, LS_KV_FP16, s->pos, s->loop_len, s->loop_lo};
     return v;
 }
+
+/* ---- runtime.cu ---- */
+
+/* cudaMalloc + zero fill; false on failure or a 0-byte request. */
+bool lsc_dev_alloc(void **p, size_t bytes);
+
+/* Allocates the block scratch for `rows` rows of model info mi; false on
+ * failure (what is allocated is freed by lsc_block_free). */
+bool lsc_block_alloc(lsc_block *b, const ls_model_info *mi, size_t rows);
+void lsc_block_free(lsc_block *b);
+
+/* One loop of the shared block over the view's T rows, each launch for
+ * all of them: norms, matmuls (each weight row read once per tile of
+ * tokens), and the K/V store and attention of each row in its own
+ * session's cache (view->rows). On failure *what names the launch. */
+cudaError_t lsc_block_loop(const ls_model *m, const lsc_block *view, int32_t T, int32_t loop, const char **what);
+
+/* Fills n row descriptors of session s for positions pos0.. */
+void lsc_session_rows(lsc_row_cache *rows, const ls_session *s, int32_t pos0, int32_t n);
 
 /* ---- ops.cu: each launcher returns the launch's error (cudaGetLastError) ---- */
 
@@ -118,16 +159,16 @@ cudaError_t lsc_matmul(float *y, int32_t ldy, const float *x, int32_t ldx, const
 /* Rotates pairs (i, i + hd/2) of n_heads vectors per token; cs (T, hd/2, 2). */
 cudaError_t lsc_rope(float *x, int32_t ld, int32_t n_heads, int32_t hd, const float *cs, int32_t T);
 
-/* Stores T tokens' k, v (fp32, (T, n_kv*hd)) as fp16 into one loop's cache
- * (n_kv, cap, hd) at rows (pos0 + t) % cap. */
-cudaError_t lsc_kv_store(__half *kc, __half *vc, const float *k, const float *v, int32_t n_kv,
-                         int32_t hd, int32_t cap, int32_t pos0, int32_t T);
+/* Stores T tokens' k, v (fp32, (T, n_kv*hd)) as fp16 into loop `loop` of
+ * each token's cache (n_kv, cap, hd), at ring row rows[t].pos % cap. */
+cudaError_t lsc_kv_store(const lsc_row_cache *rows, int32_t loop, const float *k, const float *v, int32_t n_kv,
+                         int32_t hd, int32_t T);
 
-/* att[t, h] = softmax(q[t, h] · K / sqrt(hd)) · V over the positions token
- * pos0 + t sees (causal, last `window` when window > 0) in one loop's cache. */
-cudaError_t lsc_attention(float *att, const float *q, const __half *kc, const __half *vc,
-                          int32_t n_heads, int32_t n_kv, int32_t hd, int32_t cap, int32_t window,
-                          int32_t pos0, int32_t T);
+/* att[t, h] = softmax(q[t, h] · K / sqrt(hd)) · V over the positions token t
+ * sees (causal up to rows[t].pos, its last `window` when window > 0) in
+ * loop `loop` of its cache. */
+cudaError_t lsc_attention(float *att, const float *q, const lsc_row_cache *rows, int32_t loop, int32_t n_heads,
+                          int32_t n_kv, int32_t hd, int32_t T);
 
 /* Copies positions [lo, n) of one loop's cache (n_kv, cap, hd) from a ring
  * of scap rows to one of dcap rows (position p lives in row p % cap). */

@@ -88,32 +88,59 @@ cudaError_t lsc_rmsnorm(float *out, const float *x, const float *w, int32_t T, i
     return cudaGetLastError();
 }
 
-// ---- matmul: one warp per (token, output row) ----
+// ---- matmul: one warp per output row and tile of tokens ----
 
 #define MM_WARPS (LS_CUDA_BLOCK / 32)
 
+/* Each token's sum is the one fixed sequence a single token gets (lane
+ * stride, then the shuffle tree): a tile of TILE tokens shares the weight
+ * reads, never the arithmetic, so a row's result does not depend on the
+ * tile size or its tile mates. */
+template <int TILE>
 __global__ static void k_matmul(float *y, int32_t ldy, const float *x, int32_t ldx, const __half *w,
-                                int32_t in, int32_t rows, int add) {
+                                int32_t in, int32_t rows, int32_t T, int add) {
     int lane = threadIdx.x & 31;
     int32_t o = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
-    int32_t t = blockIdx.y;
+    int32_t t0 = blockIdx.y * TILE;
+    int32_t nt = T - t0 < TILE ? T - t0 : TILE;
     if (o >= rows) return; // the whole warp leaves together: no barrier below
     const __half *wr = w + (size_t)o * in;
-    const float *xr = x + (size_t)t * ldx;
-    float acc = 0.0f;
-    for (int32_t i = lane; i < in; i += 32) acc = fmaf(__half2float(wr[i]), xr[i], acc);
-    acc = warp_sum(acc);
-    if (lane == 0) {
-        float *yo = y + (size_t)t * ldy + o;
-        *yo = add ? *yo + acc : acc;
+    const float *xt = x + (size_t)t0 * ldx;
+    float acc[TILE];
+#pragma unroll
+    for (int j = 0; j < TILE; j++) acc[j] = 0.0f;
+    for (int32_t i = lane; i < in; i += 32) {
+        float wi = __half2float(wr[i]);
+#pragma unroll
+        for (int j = 0; j < TILE; j++)
+            if (j < nt) acc[j] = fmaf(wi, xt[(size_t)j * ldx + i], acc[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < TILE; j++) {
+        if (j >= nt) break; // nt is the same for the whole warp
+        float a = warp_sum(acc[j]);
+        if (lane == 0) {
+            float *yo = y + (size_t)(t0 + j) * ldy + o;
+            *yo = add ? *yo + a : a;
+        }
     }
 }
 
+template <int TILE>
+static cudaError_t matmul_tiles(float *y, int32_t ldy, const float *x, int32_t ldx, const __half *w, int32_t in,
+                                int32_t rows, int32_t T, int add) {
+    dim3 grid(blocks_for(rows, MM_WARPS), blocks_for(T, TILE));
+    k_matmul<TILE><<<grid, LS_CUDA_BLOCK>>>(y, ldy, x, ldx, w, in, rows, T, add);
+    return cudaGetLastError();
+}
+
+/* The smallest tile that takes every token at once, up to 8. */
 cudaError_t lsc_matmul(float *y, int32_t ldy, const float *x, int32_t ldx, const __half *w, int32_t in,
                        int32_t rows, int32_t T, int add) {
-    dim3 grid(blocks_for(rows, MM_WARPS), (unsigned)T);
-    k_matmul<<<grid, LS_CUDA_BLOCK>>>(y, ldy, x, ldx, w, in, rows, add);
-    return cudaGetLastError();
+    if (T == 1) return matmul_tiles<1>(y, ldy, x, ldx, w, in, rows, T, add);
+    if (T == 2) return matmul_tiles<2>(y, ldy, x, ldx, w, in, rows, T, add);
+    if (T <= 4) return matmul_tiles<4>(y, ldy, x, ldx, w, in, rows, T, add);
+    return matmul_tiles<8>(y, ldy, x, ldx, w, in, rows, T, add);
 }
 
 // ---- rope ----
@@ -139,22 +166,24 @@ cudaError_t lsc_rope(float *x, int32_t ld, int32_t n_heads, int32_t hd, const fl
 
 // ---- K/V cache store ----
 
-__global__ static void k_kv_store(__half *kc, __half *vc, const float *k, const float *v, int32_t n_kv,
-                                  int32_t hd, int32_t cap, int32_t pos0) {
+__global__ static void k_kv_store(const lsc_row_cache *rows, int32_t loop, const float *k, const float *v,
+                                  int32_t n_kv, int32_t hd) {
     int32_t t = blockIdx.x;
-    int32_t row = (pos0 + t) % cap;
+    const lsc_row_cache r = rows[t];
+    __half *kc = r.kc + loop * r.loop_stride, *vc = r.vc + loop * r.loop_stride;
+    int32_t row = r.pos % r.cap;
     int32_t kv_dim = n_kv * hd;
     for (int32_t idx = threadIdx.x; idx < kv_dim; idx += blockDim.x) {
         int32_t kvh = idx / hd, d = idx % hd;
-        size_t off = ((size_t)kvh * cap + row) * hd + d;
+        size_t off = ((size_t)kvh * r.cap + row) * hd + d;
         kc[off] = __float2half_rn(k[(size_t)t * kv_dim + idx]);
         vc[off] = __float2half_rn(v[(size_t)t * kv_dim + idx]);
     }
 }
 
-cudaError_t lsc_kv_store(__half *kc, __half *vc, const float *k, const float *v, int32_t n_kv,
-                         int32_t hd, int32_t cap, int32_t pos0, int32_t T) {
-    k_kv_store<<<T, LS_CUDA_BLOCK>>>(kc, vc, k, v, n_kv, hd, cap, pos0);
+cudaError_t lsc_kv_store(const lsc_row_cache *rows, int32_t loop, const float *k, const float *v, int32_t n_kv,
+                         int32_t hd, int32_t T) {
+    k_kv_store<<<T, LS_CUDA_BLOCK>>>(rows, loop, k, v, n_kv, hd);
     return cudaGetLastError();
 }
 
@@ -183,14 +212,15 @@ cudaError_t lsc_copy_rows(__half *dst, int32_t dcap, const __half *src, int32_t 
  * tile max and rescales the running sum and output (m, l, acc) to the new
  * max, then thread d adds p_j * V[j][d] over the tile's positions in order.
  * Thread d < head_dim owns output dimension d. */
-__global__ static void k_attention(float *att, const float *q, const __half *kc, const __half *vc,
-                                   int32_t n_heads, int32_t n_kv, int32_t hd, int32_t cap,
-                                   int32_t window, int32_t pos0) {
+__global__ static void k_attention(float *att, const float *q, const lsc_row_cache *rows, int32_t loop,
+                                   int32_t n_heads, int32_t n_kv, int32_t hd) {
     __shared__ float qs[LS_CUDA_MAX_HEAD_DIM];
     __shared__ float ps[LS_CUDA_BLOCK];
     __shared__ float red[32];
     int32_t head = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
-    int32_t p = pos0 + t;
+    const lsc_row_cache r = rows[t];
+    const __half *kc = r.kc + loop * r.loop_stride, *vc = r.vc + loop * r.loop_stride;
+    int32_t p = r.pos, window = r.window, cap = r.cap;
     int32_t lo = (window > 0 && p - window + 1 > 0) ? p - window + 1 : 0;
     int32_t cnt = p - lo + 1;
     int32_t kvh = head / (n_heads / n_kv);
@@ -230,11 +260,10 @@ __global__ static void k_attention(float *att, const float *q, const __half *kc,
     if (tid < hd) att[qo + tid] = acc / l;
 }
 
-cudaError_t lsc_attention(float *att, const float *q, const __half *kc, const __half *vc,
-                          int32_t n_heads, int32_t n_kv, int32_t hd, int32_t cap, int32_t window,
-                          int32_t pos0, int32_t T) {
+cudaError_t lsc_attention(float *att, const float *q, const lsc_row_cache *rows, int32_t loop, int32_t n_heads,
+                          int32_t n_kv, int32_t hd, int32_t T) {
     dim3 grid((unsigned)n_heads, (unsigned)T);
-    k_attention<<<grid, LS_CUDA_BLOCK>>>(att, q, kc, vc, n_heads, n_kv, hd, cap, window, pos0);
+    k_attention<<<grid, LS_CUDA_BLOCK>>>(att, q, rows, loop, n_heads, n_kv, hd);
     return cudaGetLastError();
 }
 

@@ -144,6 +144,7 @@ extern "C" int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd,
 extern "C" void ls_runtime_free(ls_model *m) {
     if (!m || !m->rt) return;
     ls_runtime *rt = m->rt;
+    lsc_batch_free(rt->batch);
     if (rt->output && rt->output != rt->tok_embeddings) cudaFree(rt->output);
     void *bufs[] = {rt->tok_embeddings, rt->wq, rt->wk, rt->wv, rt->wo, rt->w1,
                     rt->w2, rt->w3, rt->attn_norm, rt->ffn_norm, rt->norm};
@@ -155,9 +156,8 @@ extern "C" void ls_runtime_free(ls_model *m) {
 
 // ---- sessions ----
 
-/* cudaMalloc + zero fill (as the CPU library callocs): no buffer ever holds
- * undefined bytes. Returns false on failure (or on a 0-byte request). */
-static bool dev_alloc(void **p, size_t bytes) {
+/* Zero filled as the CPU library callocs: no buffer ever holds undefined bytes. */
+bool lsc_dev_alloc(void **p, size_t bytes) {
     *p = NULL;
     if (bytes == 0) return false;
     if (cudaMalloc(p, bytes) != cudaSuccess) {
@@ -165,6 +165,24 @@ static bool dev_alloc(void **p, size_t bytes) {
         return false;
     }
     return cudaMemset(*p, 0, bytes) == cudaSuccess;
+}
+
+bool lsc_block_alloc(lsc_block *b, const ls_model_info *mi, size_t rows) {
+    size_t dim = (size_t)mi->dim, kv_dim = (size_t)mi->n_kv_heads * mi->head_dim, ffn = (size_t)mi->ffn_dim;
+    size_t f = sizeof(float);
+    return lsc_dev_alloc((void **)&b->h, rows * dim * f) && lsc_dev_alloc((void **)&b->xb, rows * dim * f) &&
+           lsc_dev_alloc((void **)&b->q, rows * dim * f) && lsc_dev_alloc((void **)&b->k, rows * kv_dim * f) &&
+           lsc_dev_alloc((void **)&b->v, rows * kv_dim * f) && lsc_dev_alloc((void **)&b->att, rows * dim * f) &&
+           lsc_dev_alloc((void **)&b->g, rows * ffn * f) && lsc_dev_alloc((void **)&b->u, rows * ffn * f) &&
+           lsc_dev_alloc((void **)&b->rope, rows * (size_t)mi->head_dim * f) &&
+           lsc_dev_alloc((void **)&b->rows, rows * sizeof(lsc_row_cache));
+}
+
+void lsc_block_free(lsc_block *b) {
+    void *bufs[] = {b->h, b->xb, b->q, b->k, b->v, b->att, b->g, b->u, b->rope, b->rows};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) cudaFree(bufs[i]);
+    memset(b, 0, sizeof *b);
 }
 
 extern "C" int64_t ls_session_cache_bytes(const ls_model *m, const ls_session_params *params) {
@@ -208,8 +226,7 @@ extern "C" ls_session *ls_session_new(ls_model *m, const ls_session_params *para
     if (!s) return NULL;
     LS_SESSION_SHAPE(s, m, max_seq, loops, cache_window, LS_CUDA_CHUNK);
 
-    size_t C = LS_CUDA_CHUNK, dim = (size_t)mi->dim, hd = (size_t)mi->head_dim;
-    size_t kv_dim = (size_t)mi->n_kv_heads * hd, ffn = (size_t)mi->ffn_dim, vocab = (size_t)mi->vocab_size;
+    size_t C = LS_CUDA_CHUNK, hd = (size_t)mi->head_dim, vocab = (size_t)mi->vocab_size;
     size_t cache_bytes = ls_bytes_of((size_t)loops, (size_t)mi->n_kv_heads, (size_t)s->cap, hd, sizeof(__half));
 
     s->tokens = (int32_t *)calloc((size_t)max_seq, sizeof(int32_t));
@@ -218,20 +235,12 @@ extern "C" ls_session *ls_session_new(ls_model *m, const ls_session_params *para
     s->rope_host = (float *)calloc(C * hd, sizeof(float));
     s->logits_host = (float *)calloc(vocab, sizeof(float));
     bool host_ok = s->tokens && s->loop_len && s->loop_lo && s->rope_host && s->logits_host;
-    bool dev_ok = host_ok && dev_alloc((void **)&s->kc, cache_bytes) && dev_alloc((void **)&s->vc, cache_bytes) &&
-                  dev_alloc((void **)&s->d_tokens, (size_t)max_seq * sizeof(int32_t)) &&
-                  dev_alloc((void **)&s->h, C * dim * sizeof(float)) &&
-                  dev_alloc((void **)&s->xb, C * dim * sizeof(float)) &&
-                  dev_alloc((void **)&s->q, C * dim * sizeof(float)) &&
-                  dev_alloc((void **)&s->k, C * kv_dim * sizeof(float)) &&
-                  dev_alloc((void **)&s->v, C * kv_dim * sizeof(float)) &&
-                  dev_alloc((void **)&s->att, C * dim * sizeof(float)) &&
-                  dev_alloc((void **)&s->g, C * ffn * sizeof(float)) &&
-                  dev_alloc((void **)&s->u, C * ffn * sizeof(float)) &&
-                  dev_alloc((void **)&s->rope, C * hd * sizeof(float)) &&
-                  dev_alloc((void **)&s->logits, C * vocab * sizeof(float)) &&
-                  dev_alloc((void **)&s->penalized, vocab * sizeof(float)) &&
-                  dev_alloc((void **)&s->result, sizeof(int32_t));
+    bool dev_ok = host_ok && lsc_dev_alloc((void **)&s->kc, cache_bytes) &&
+                  lsc_dev_alloc((void **)&s->vc, cache_bytes) &&
+                  lsc_dev_alloc((void **)&s->d_tokens, (size_t)max_seq * sizeof(int32_t)) &&
+                  lsc_block_alloc(&s->act, mi, C) && lsc_dev_alloc((void **)&s->logits, C * vocab * sizeof(float)) &&
+                  lsc_dev_alloc((void **)&s->penalized, vocab * sizeof(float)) &&
+                  lsc_dev_alloc((void **)&s->result, sizeof(int32_t));
     if (!dev_ok) {
         if (!host_ok)
             ls_set_error(err, err_len, "out of memory allocating a session (max_seq %d, loops %d)", max_seq, loops);
@@ -248,10 +257,10 @@ extern "C" ls_session *ls_session_new(ls_model *m, const ls_session_params *para
 
 extern "C" void ls_session_free(ls_session *s) {
     if (!s) return;
-    void *dev[] = {s->kc, s->vc, s->d_tokens, s->h, s->xb, s->q, s->k, s->v, s->att,
-                   s->g, s->u, s->rope, s->logits, s->penalized, s->result};
+    void *dev[] = {s->kc, s->vc, s->d_tokens, s->logits, s->penalized, s->result};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
+    lsc_block_free(&s->act);
     void *host[] = {s->tokens, s->loop_len, s->loop_lo, s->rope_host, s->logits_host, s};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
 }
@@ -309,38 +318,60 @@ extern "C" int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src
 
 // ---- forward ----
 
-/* One chunk (T <= LS_CUDA_CHUNK) at positions pos0.. through loops [0, loops):
- * s->h holds the embeddings on entry and the last loop's output on return. */
-static int32_t forward_chunk(ls_session *s, int32_t T, int32_t pos0, int32_t loops) {
-    const ls_model_info *mi = &s->m->info;
-    const ls_runtime *rt = s->m->rt;
+#define STEP(name, call)          \
+    do {                          \
+        cudaError_t e_ = (call);  \
+        if (e_ != cudaSuccess) {  \
+            *what = name;         \
+            return e_;            \
+        }                         \
+    } while (0)
+
+cudaError_t lsc_block_loop(const ls_model *m, const lsc_block *b, int32_t T, int32_t loop, const char **what) {
+    const ls_model_info *mi = &m->info;
+    const ls_runtime *rt = m->rt;
     int32_t dim = mi->dim, hd = mi->head_dim, n_heads = mi->n_heads, n_kv = mi->n_kv_heads;
     int32_t kv_dim = n_kv * hd, ffn = mi->ffn_dim;
     float eps = mi->norm_eps;
-    size_t loop_cache = (size_t)n_kv * s->cap * hd;
+    // attention sub-block
+    STEP("rmsnorm", lsc_rmsnorm(b->xb, b->h, rt->attn_norm, T, dim, eps));
+    STEP("wq", lsc_matmul(b->q, dim, b->xb, dim, rt->wq, dim, dim, T, 0));
+    STEP("wk", lsc_matmul(b->k, kv_dim, b->xb, dim, rt->wk, dim, kv_dim, T, 0));
+    STEP("wv", lsc_matmul(b->v, kv_dim, b->xb, dim, rt->wv, dim, kv_dim, T, 0));
+    STEP("rope q", lsc_rope(b->q, dim, n_heads, hd, b->rope, T));
+    STEP("rope k", lsc_rope(b->k, kv_dim, n_kv, hd, b->rope, T));
+    STEP("kv store", lsc_kv_store(b->rows, loop, b->k, b->v, n_kv, hd, T));
+    STEP("attention", lsc_attention(b->att, b->q, b->rows, loop, n_heads, n_kv, hd, T));
+    STEP("wo", lsc_matmul(b->h, dim, b->att, dim, rt->wo, dim, dim, T, 1));
+    // feed-forward sub-block
+    STEP("rmsnorm", lsc_rmsnorm(b->xb, b->h, rt->ffn_norm, T, dim, eps));
+    STEP("w1", lsc_matmul(b->g, ffn, b->xb, dim, rt->w1, dim, ffn, T, 0));
+    STEP("w3", lsc_matmul(b->u, ffn, b->xb, dim, rt->w3, dim, ffn, T, 0));
+    STEP("swiglu", lsc_swiglu(b->g, b->u, (int64_t)T * ffn));
+    STEP("w2", lsc_matmul(b->h, dim, b->g, ffn, rt->w2, ffn, dim, T, 1));
+    return cudaSuccess;
+}
 
-    ls_rope_table(s->rope_host, T, pos0, hd, mi->rope_theta);
-    TRY("copying the RoPE table", cudaMemcpy(s->rope, s->rope_host, (size_t)T * hd * sizeof(float),
+void lsc_session_rows(lsc_row_cache *rows, const ls_session *s, int32_t pos0, int32_t n) {
+    const ls_model_info *mi = &s->m->info;
+    int64_t loop_stride = (int64_t)mi->n_kv_heads * s->cap * mi->head_dim;
+    for (int32_t t = 0; t < n; t++) rows[t] = lsc_row_cache{s->kc, s->vc, loop_stride, s->cap, s->window, pos0 + t, 0};
+}
+
+/* One chunk (T <= LS_CUDA_CHUNK) at positions pos0.. through loops [0, loops):
+ * s->act.h holds the embeddings on entry and the last loop's output on return. */
+static int32_t forward_chunk(ls_session *s, int32_t T, int32_t pos0, int32_t loops) {
+    const ls_model_info *mi = &s->m->info;
+    lsc_row_cache rows[LS_CUDA_CHUNK];
+    lsc_session_rows(rows, s, pos0, T);
+    ls_rope_table(s->rope_host, T, pos0, mi->head_dim, mi->rope_theta);
+    TRY("copying the RoPE table", cudaMemcpy(s->act.rope, s->rope_host, (size_t)T * mi->head_dim * sizeof(float),
                                              cudaMemcpyHostToDevice));
+    TRY("copying the row caches", cudaMemcpy(s->act.rows, rows, (size_t)T * sizeof *rows, cudaMemcpyHostToDevice));
     for (int32_t l = 0; l < loops; l++) {
-        __half *kc = s->kc + (size_t)l * loop_cache, *vc = s->vc + (size_t)l * loop_cache;
-        // attention sub-block
-        TRY("rmsnorm", lsc_rmsnorm(s->xb, s->h, rt->attn_norm, T, dim, eps));
-        TRY("wq", lsc_matmul(s->q, dim, s->xb, dim, rt->wq, dim, dim, T, 0));
-        TRY("wk", lsc_matmul(s->k, kv_dim, s->xb, dim, rt->wk, dim, kv_dim, T, 0));
-        TRY("wv", lsc_matmul(s->v, kv_dim, s->xb, dim, rt->wv, dim, kv_dim, T, 0));
-        TRY("rope q", lsc_rope(s->q, dim, n_heads, hd, s->rope, T));
-        TRY("rope k", lsc_rope(s->k, kv_dim, n_kv, hd, s->rope, T));
-        TRY("kv store", lsc_kv_store(kc, vc, s->k, s->v, n_kv, hd, s->cap, pos0, T));
-        TRY("attention", lsc_attention(s->att, s->q, kc, vc, n_heads, n_kv, hd, s->cap, s->window, pos0, T));
-        TRY("wo", lsc_matmul(s->h, dim, s->att, dim, rt->wo, dim, dim, T, 1));
-        // feed-forward sub-block
-        TRY("rmsnorm", lsc_rmsnorm(s->xb, s->h, rt->ffn_norm, T, dim, eps));
-        TRY("w1", lsc_matmul(s->g, ffn, s->xb, dim, rt->w1, dim, ffn, T, 0));
-        TRY("w3", lsc_matmul(s->u, ffn, s->xb, dim, rt->w3, dim, ffn, T, 0));
-        TRY("swiglu", lsc_swiglu(s->g, s->u, (int64_t)T * ffn));
-        TRY("w2", lsc_matmul(s->h, dim, s->g, ffn, rt->w2, ffn, dim, T, 1));
-
+        const char *what = "";
+        cudaError_t e = lsc_block_loop(s->m, &s->act, T, l, &what);
+        if (e != cudaSuccess) return fail(s, what, e);
         ls_seq_advance(s->loop_len, s->loop_lo, l, pos0 + T, s->cap);
     }
     return LS_OK;
@@ -359,7 +390,7 @@ static int32_t forward(ls_session *s, const int32_t *tokens, int32_t n, int32_t 
     int32_t first_logit = n - n_logits;
     for (int32_t c0 = 0; c0 < n; c0 += LS_CUDA_CHUNK) {
         int32_t T = n - c0 < LS_CUDA_CHUNK ? n - c0 : LS_CUDA_CHUNK;
-        TRY("embedding", lsc_embed(s->h, rt->tok_embeddings, s->d_tokens + s->pos, T, dim));
+        TRY("embedding", lsc_embed(s->act.h, rt->tok_embeddings, s->d_tokens + s->pos, T, dim));
         int32_t rc = forward_chunk(s, T, s->pos, loops);
         if (rc != LS_OK) return rc;
         memcpy(s->tokens + s->pos, tokens + c0, (size_t)T * sizeof *tokens);
@@ -367,8 +398,8 @@ static int32_t forward(ls_session *s, const int32_t *tokens, int32_t n, int32_t 
         int32_t lo = first_logit > c0 ? first_logit : c0;
         if (lo < c0 + T) {
             int32_t rows = c0 + T - lo;
-            TRY("rmsnorm", lsc_rmsnorm(s->xb, s->h + (size_t)(lo - c0) * dim, rt->norm, rows, dim, mi->norm_eps));
-            TRY("output", lsc_matmul(s->logits, vocab, s->xb, dim, rt->output, dim, vocab, rows, 0));
+            TRY("rmsnorm", lsc_rmsnorm(s->act.xb, s->act.h + (size_t)(lo - c0) * dim, rt->norm, rows, dim, mi->norm_eps));
+            TRY("output", lsc_matmul(s->logits, vocab, s->act.xb, dim, rt->output, dim, vocab, rows, 0));
             if (host)
                 TRY("copying the logits", cudaMemcpy(host + (size_t)(lo - first_logit) * vocab, s->logits,
                                                      (size_t)rows * vocab * sizeof(float), cudaMemcpyDeviceToHost));

@@ -8,8 +8,9 @@
 // file, logits within fp16-rounding tolerance, the same greedy tokens,
 // batch invariance on its own (a prompt's last logits are bit-identical
 // whether prefilled in one call or fed token by token), windowed caches,
-// rollback, prefix copies, and temperature draws that equal ls_sample on
-// the same logits (the draw is sample.c's code in both libraries).
+// rollback, prefix copies, temperature draws that equal ls_sample on the
+// same logits (the draw is sample.c's code in both libraries), and batched
+// steps whose every row is bit-identical to its session stepped alone.
 //
 // (It sits with the deployment tests because it is about which library a
 // host can run; test/kernels/ would be its home next to the CPU kernels.)
@@ -20,6 +21,8 @@ import { join, resolve } from "node:path";
 import { LS_SIMD_AVX2, LS_SIMD_CUDA } from "../../src/engine/abi.generated.ts";
 import { NativeModel } from "../../src/engine/binding.ts";
 import { CUDA_LIBRARY_NAME } from "../../src/engine/library.ts";
+import { expectSameAsSolo, plans } from "../helpers/batch.ts";
+import { tokensFor } from "../helpers/kernels.ts";
 import { tinyModelPath } from "../helpers/models.ts";
 
 const ROOT = resolve(import.meta.dir, "../..");
@@ -176,4 +179,17 @@ describe.skipIf(!built || devices === 0)("CUDA library against the CPU library",
       }
     }
   });
+
+  test("a batched step gives every row what it gets alone, bit for bit: mixed depths, windows, sampling, prompt chunks", () => {
+    const vocab = 512;
+    const m = NativeModel.load(CUDA_LIB, tinyModelPath({ vocabSize: vocab, loops: 6, seed: 3 }), 0, "auto");
+    try {
+      expectSameAsSolo(m, plans(vocab, 16, 1, [{ mode: "fp16" }]), "cuda, 16 requests");
+      // more rows than one block, and a prompt longer than several blocks
+      const many = plans(vocab, 70, 4, [{ mode: "fp16" }]).map((p, i) => ({ ...p, arrives: 0, chunk: i === 5 ? 400 : 1, prompt: i === 5 ? tokensFor(vocab, 300, 9) : p.prompt.slice(0, 3) }));
+      expectSameAsSolo(m, many, "cuda, 70 rows");
+    } finally {
+      m.close();
+    }
+  }, 120_000);
 });

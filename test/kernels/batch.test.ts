@@ -8,117 +8,14 @@
 import { beforeAll, describe, expect, test } from "bun:test";
 import { join } from "node:path";
 import { LS_BATCH_MAX_ROWS, LS_ERR_ARG, LS_ERR_FULL, LS_ERR_STATE } from "../../src/engine/abi.generated.ts";
-import { type BatchRow, type KvCacheSettings, NativeError, type NativeModel, type NativeSession, type StepSampling } from "../../src/engine/binding.ts";
+import { type BatchRow, type KvCacheSettings, NativeError, type NativeModel, type NativeSession } from "../../src/engine/binding.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
-import { ensureLibrary, expectBitIdentical, supportedPaths, tokensFor, withModel } from "../helpers/kernels.ts";
+import { expectSameAsSolo, GREEDY, plans } from "../helpers/batch.ts";
+import { ensureLibrary, supportedPaths, tokensFor, withModel } from "../helpers/kernels.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
 
 const VOCAB = 512;
 const SHAPE = { vocabSize: VOCAB, loops: 6, seed: 3 };
-
-/** One request as the batch sees it. */
-interface Plan {
-  prompt: number[];
-  loops: number;
-  window: number;
-  kv: KvCacheSettings;
-  sampling: StepSampling;
-  maxTokens: number;
-  chunk: number; // prompt tokens per call
-  arrives: number; // the call it joins at
-}
-
-const GREEDY: StepSampling = { temperature: 0, topK: 0, topP: 1, repetitionPenalty: 1, seed: 0 };
-
-/** A varied mix: prompt lengths 1..150, depths 1..6, windows, cache modes, greedy and seeded sampling. */
-function plans(count: number, salt: number, kvModes: KvCacheSettings[]): Plan[] {
-  return Array.from({ length: count }, (_, i) => {
-    const r = (k: number) => (i * 7919 + salt * 104729 + k * 31) % 9973;
-    const sampled = i % 3 === 1;
-    return {
-      prompt: tokensFor(VOCAB, 1 + (r(1) % 150), i + salt),
-      loops: 1 + (r(2) % 6),
-      window: i % 4 === 3 ? 8 + (r(3) % 20) : 0,
-      kv: kvModes[i % kvModes.length],
-      sampling: sampled
-        ? { temperature: 0.7 + (r(4) % 5) / 10, topK: r(5) % 3 === 0 ? 0 : 40, topP: r(6) % 2 === 0 ? 1 : 0.9, repetitionPenalty: i % 2 ? 1.2 : 1, seed: r(7) }
-        : { ...GREEDY, repetitionPenalty: i % 5 === 0 ? 1.3 : 1 },
-      maxTokens: 3 + (r(8) % 8),
-      chunk: [1, 7, 64, 100, 200][r(9) % 5],
-      arrives: r(10) % 6,
-    };
-  });
-}
-
-interface Trace {
-  tokens: number[];
-  logits: Float32Array[]; // the logits each sampled token was drawn from
-}
-
-function newSession(m: NativeModel, p: Plan): NativeSession {
-  return m.newSession(p.prompt.length + p.maxTokens, p.loops, p.window, p.kv);
-}
-
-/** The reference: the request alone, one ls_session_step per token. */
-function solo(m: NativeModel, p: Plan): Trace {
-  const s = newSession(m, p);
-  const trace: Trace = { tokens: [], logits: [] };
-  try {
-    let feed = Int32Array.from(p.prompt);
-    while (trace.tokens.length < p.maxTokens) {
-      const logits = new Float32Array(VOCAB);
-      const { temperature, topK, topP, repetitionPenalty, seed } = p.sampling;
-      const t = s.step(feed, p.loops, temperature, topK, topP, repetitionPenalty, seed, logits);
-      trace.tokens.push(t);
-      trace.logits.push(logits);
-      feed = Int32Array.of(t);
-    }
-  } finally {
-    s.close();
-  }
-  return trace;
-}
-
-/** Every request through ls_batch_step: each call takes a prompt chunk or the next token of every request that has arrived. */
-function batched(m: NativeModel, ps: Plan[]): Trace[] {
-  const sessions = ps.map((p) => newSession(m, p));
-  const traces: Trace[] = ps.map(() => ({ tokens: [], logits: [] }));
-  const fed = ps.map(() => 0); // prompt tokens fed so far
-  try {
-    for (let call = 0; traces.some((t, i) => t.tokens.length < ps[i].maxTokens); call++) {
-      const rows: BatchRow[] = [];
-      const who: number[] = [];
-      ps.forEach((p, i) => {
-        if (call < p.arrives || traces[i].tokens.length >= p.maxTokens) return;
-        const inPrompt = fed[i] < p.prompt.length;
-        const tokens = inPrompt ? p.prompt.slice(fed[i], fed[i] + p.chunk) : [traces[i].tokens.at(-1) as number];
-        if (inPrompt) fed[i] += tokens.length;
-        const samples = fed[i] === p.prompt.length;
-        rows.push({ session: sessions[i], tokens: Int32Array.from(tokens), loops: p.loops, sampling: samples ? p.sampling : null, logitsOut: samples ? new Float32Array(VOCAB) : null });
-        who.push(i);
-      });
-      if (rows.length === 0) continue;
-      const out = m.batchStep(rows);
-      rows.forEach((r, k) => {
-        if (!r.sampling) return expect(out[k]).toBe(0);
-        traces[who[k]].tokens.push(out[k]);
-        traces[who[k]].logits.push(r.logitsOut as Float32Array);
-      });
-    }
-  } finally {
-    for (const s of sessions) s.close();
-  }
-  return traces;
-}
-
-function expectSameAsSolo(m: NativeModel, ps: Plan[], what: string): void {
-  const together = batched(m, ps);
-  ps.forEach((p, i) => {
-    const alone = solo(m, p);
-    expect(together[i].tokens, `${what}: request ${i} tokens`).toEqual(alone.tokens);
-    expectBitIdentical(together[i].logits, alone.logits, `${what}: request ${i}`);
-  });
-}
 
 beforeAll(ensureLibrary);
 
@@ -127,20 +24,20 @@ describe("a batched step gives every row what it gets alone", () => {
   test("16 mixed requests, fp16 weights and cache, every SIMD path, 1 and 2 threads", () => {
     const path = tinyModelPath(SHAPE);
     for (const simd of supportedPaths(path))
-      for (const threads of [1, 2]) withModel(path, threads, simd, (m) => expectSameAsSolo(m, plans(16, 1, [FP16]), `${simd} x${threads}`));
+      for (const threads of [1, 2]) withModel(path, threads, simd, (m) => expectSameAsSolo(m, plans(VOCAB, 16, 1, [FP16]), `${simd} x${threads}`));
   }, 120_000);
 
   test("int4 weights, and sessions of every cache mode sharing one call", () => {
     const int4 = join(testTempDir(), "batch-int4.safetensors");
     quantizeModelFile(tinyModelPath(SHAPE), int4, { quant: "int4", head: "int8", groupSize: 32 });
     const modes: KvCacheSettings[] = [FP16, { mode: "int8" }, { mode: "int4" }, { mode: "fp16-h" }, { mode: "int8-h", fp16AttnQkv: true }, { mode: "int4-h" }];
-    for (const threads of [1, 2]) withModel(int4, threads, "auto", (m) => expectSameAsSolo(m, plans(18, 2, modes), `int4 x${threads}`));
-    withModel(tinyModelPath(SHAPE), 2, "auto", (m) => expectSameAsSolo(m, plans(12, 3, modes), "fp16 weights, mixed caches"));
+    for (const threads of [1, 2]) withModel(int4, threads, "auto", (m) => expectSameAsSolo(m, plans(VOCAB, 18, 2, modes), `int4 x${threads}`));
+    withModel(tinyModelPath(SHAPE), 2, "auto", (m) => expectSameAsSolo(m, plans(VOCAB, 12, 3, modes), "fp16 weights, mixed caches"));
   }, 120_000);
 
   test("more rows than one block (LS_CHUNK) and a prompt longer than several blocks", () => {
     withModel(tinyModelPath(SHAPE), 2, "auto", (m) => {
-      const many = plans(70, 4, [{ mode: "fp16" }]).map((p, i) => ({ ...p, arrives: 0, chunk: i === 5 ? 400 : 1, prompt: i === 5 ? tokensFor(VOCAB, 300, 9) : p.prompt.slice(0, 3) }));
+      const many = plans(VOCAB, 70, 4, [{ mode: "fp16" }]).map((p, i) => ({ ...p, arrives: 0, chunk: i === 5 ? 400 : 1, prompt: i === 5 ? tokensFor(VOCAB, 300, 9) : p.prompt.slice(0, 3) }));
       expectSameAsSolo(m, many, "70 rows");
     });
   }, 120_000);

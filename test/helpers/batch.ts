@@ -1,0 +1,112 @@
+// Requests as a batched step sees them, shared by the CPU and CUDA batch
+// tests: a varied plan of prompts, depths, windows and sampling; each
+// request run alone (the reference) and all of them through ls_batch_step,
+// joining at different calls, prompts fed in chunks beside decode rows.
+import { expect } from "bun:test";
+import type { BatchRow, KvCacheSettings, NativeModel, NativeSession, StepSampling } from "../../src/engine/binding.ts";
+import { expectBitIdentical, tokensFor } from "./kernels.ts";
+
+/** One request as the batch sees it. */
+export interface Plan {
+  prompt: number[];
+  loops: number;
+  window: number;
+  kv: KvCacheSettings;
+  sampling: StepSampling;
+  maxTokens: number;
+  chunk: number; // prompt tokens per call
+  arrives: number; // the call it joins at
+}
+
+export const GREEDY: StepSampling = { temperature: 0, topK: 0, topP: 1, repetitionPenalty: 1, seed: 0 };
+
+/** A varied mix over a vocabulary of `vocab`: prompt lengths 1..150, depths 1..6, windows, cache modes, greedy and seeded sampling. */
+export function plans(vocab: number, count: number, salt: number, kvModes: KvCacheSettings[]): Plan[] {
+  return Array.from({ length: count }, (_, i) => {
+    const r = (k: number) => (i * 7919 + salt * 104729 + k * 31) % 9973;
+    const sampled = i % 3 === 1;
+    return {
+      prompt: tokensFor(vocab, 1 + (r(1) % 150), i + salt),
+      loops: 1 + (r(2) % 6),
+      window: i % 4 === 3 ? 8 + (r(3) % 20) : 0,
+      kv: kvModes[i % kvModes.length],
+      sampling: sampled
+        ? { temperature: 0.7 + (r(4) % 5) / 10, topK: r(5) % 3 === 0 ? 0 : 40, topP: r(6) % 2 === 0 ? 1 : 0.9, repetitionPenalty: i % 2 ? 1.2 : 1, seed: r(7) }
+        : { ...GREEDY, repetitionPenalty: i % 5 === 0 ? 1.3 : 1 },
+      maxTokens: 3 + (r(8) % 8),
+      chunk: [1, 7, 64, 100, 200][r(9) % 5],
+      arrives: r(10) % 6,
+    };
+  });
+}
+
+interface Trace {
+  tokens: number[];
+  logits: Float32Array[]; // the logits each sampled token was drawn from
+}
+
+function newSession(m: NativeModel, p: Plan): NativeSession {
+  return m.newSession(p.prompt.length + p.maxTokens, p.loops, p.window, p.kv);
+}
+
+/** The reference: the request alone, one ls_session_step per token. */
+function solo(m: NativeModel, p: Plan): Trace {
+  const s = newSession(m, p);
+  const trace: Trace = { tokens: [], logits: [] };
+  try {
+    let feed = Int32Array.from(p.prompt);
+    while (trace.tokens.length < p.maxTokens) {
+      const logits = new Float32Array(m.info.vocabSize);
+      const { temperature, topK, topP, repetitionPenalty, seed } = p.sampling;
+      const t = s.step(feed, p.loops, temperature, topK, topP, repetitionPenalty, seed, logits);
+      trace.tokens.push(t);
+      trace.logits.push(logits);
+      feed = Int32Array.of(t);
+    }
+  } finally {
+    s.close();
+  }
+  return trace;
+}
+
+/** Every request through ls_batch_step: each call takes a prompt chunk or the next token of every request that has arrived. */
+function batched(m: NativeModel, ps: Plan[]): Trace[] {
+  const sessions = ps.map((p) => newSession(m, p));
+  const traces: Trace[] = ps.map(() => ({ tokens: [], logits: [] }));
+  const fed = ps.map(() => 0); // prompt tokens fed so far
+  try {
+    for (let call = 0; traces.some((t, i) => t.tokens.length < ps[i].maxTokens); call++) {
+      const rows: BatchRow[] = [];
+      const who: number[] = [];
+      ps.forEach((p, i) => {
+        if (call < p.arrives || traces[i].tokens.length >= p.maxTokens) return;
+        const inPrompt = fed[i] < p.prompt.length;
+        const tokens = inPrompt ? p.prompt.slice(fed[i], fed[i] + p.chunk) : [traces[i].tokens.at(-1) as number];
+        if (inPrompt) fed[i] += tokens.length;
+        const samples = fed[i] === p.prompt.length;
+        rows.push({ session: sessions[i], tokens: Int32Array.from(tokens), loops: p.loops, sampling: samples ? p.sampling : null, logitsOut: samples ? new Float32Array(m.info.vocabSize) : null });
+        who.push(i);
+      });
+      if (rows.length === 0) continue;
+      const out = m.batchStep(rows);
+      rows.forEach((r, k) => {
+        if (!r.sampling) return expect(out[k]).toBe(0);
+        traces[who[k]].tokens.push(out[k]);
+        traces[who[k]].logits.push(r.logitsOut as Float32Array);
+      });
+    }
+  } finally {
+    for (const s of sessions) s.close();
+  }
+  return traces;
+}
+
+/** Runs ps together through ls_batch_step and each alone: tokens equal, logits bit for bit. */
+export function expectSameAsSolo(m: NativeModel, ps: Plan[], what: string): void {
+  const together = batched(m, ps);
+  ps.forEach((p, i) => {
+    const alone = solo(m, p);
+    expect(together[i].tokens, `${what}: request ${i} tokens`).toEqual(alone.tokens);
+    expectBitIdentical(together[i].logits, alone.logits, `${what}: request ${i}`);
+  });
+}
