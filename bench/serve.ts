@@ -88,12 +88,17 @@ async function llamaServer(): Promise<Target> {
   };
 }
 
+/** The kernel paths loopserve's start-up lines named ("avx512", "cuda", ...). */
+const kernelPaths = new Set<string>();
+
 function loopserve(name: string, env: Record<string, string>): Target {
   return {
     name,
     path: "/generate",
     async start(format) {
       const s: TestServer = await startServer({ modelPath: MODELS[format], env: { SERVICE_THREADS: THREADS, SERVICE_MAX_SEQ_LEN: "4096", ...env } });
+      const simd = /simd (\w+)\)/.exec(s.output())?.[1];
+      if (simd) kernelPaths.add(simd);
       return { url: s.url, stop: () => s.stop() };
     },
     body: (prompt, tokens) => ({ prompt, max_tokens: tokens, temperature: 0, stream: true }),
@@ -254,8 +259,9 @@ async function main(): Promise<void> {
     };
   });
   const verdicts = targetsMet(rows);
-  const file = writeJson("serve", { threads: Number(THREADS), rounds: ROUNDS, requestsPerClient: REQUESTS_PER_CLIENT, rows, verdicts });
-  console.log(formatTable(`serving: ${ROUNDS} round(s), medians, ${THREADS} threads (${file})`, rows));
+  const kernels = [...kernelPaths].join(", ");
+  const file = writeJson("serve", { threads: Number(THREADS), kernels, rounds: ROUNDS, requestsPerClient: REQUESTS_PER_CLIENT, rows, verdicts });
+  console.log(formatTable(`serving: ${ROUNDS} round(s), medians, ${THREADS} threads, loopserve's kernels ${kernels} (${file})`, rows));
   console.log(`\n${formatTable("targets", verdicts)}`);
 }
 
