@@ -264,46 +264,55 @@ static void attn_scores_mq_avx512(float *const *scores, const float *const *q, c
 }
 
 /* Values for G queries: each converted value row feeds every query's running
- * sums; per query and dimension the chain is attn_values_avx512's (j
- * increasing, starting from out), for head dims that are a multiple of 64
- * (else one-query calls). */
+ * sums, E vectors of dimensions at a time; per query and dimension the chain
+ * is attn_values_avx512's (j increasing, starting from out), for head dims
+ * that are a multiple of 16 (else one-query calls). */
 static inline __attribute__((always_inline)) void values_mq(float *const *out, const float *const *p,
                                                             const uint16_t *v, int32_t hd, int32_t n,
-                                                            const int G) {
-    for (int32_t d0 = 0; d0 < hd; d0 += 4 * VL) {
+                                                            const int G, const int E) {
+    for (int32_t d0 = 0; d0 < hd; d0 += E * VL) {
         __m512 a[ATTN_MQ][4];
 #pragma GCC unroll 4
         for (int g = 0; g < G; g++)
 #pragma GCC unroll 4
-            for (int e = 0; e < 4; e++) a[g][e] = _mm512_loadu_ps(out[g] + d0 + e * VL);
+            for (int e = 0; e < E; e++) a[g][e] = _mm512_loadu_ps(out[g] + d0 + e * VL);
         const uint16_t *row = v + d0;
         for (int32_t j = 0; j < n; j++, row += hd) {
             __m512 w[4];
 #pragma GCC unroll 4
-            for (int e = 0; e < 4; e++) w[e] = v_load_f16(row + e * VL);
+            for (int e = 0; e < E; e++) w[e] = v_load_f16(row + e * VL);
 #pragma GCC unroll 4
             for (int g = 0; g < G; g++) {
                 __m512 pj = _mm512_set1_ps(p[g][j]);
 #pragma GCC unroll 4
-                for (int e = 0; e < 4; e++) a[g][e] = _mm512_fmadd_ps(pj, w[e], a[g][e]);
+                for (int e = 0; e < E; e++) a[g][e] = _mm512_fmadd_ps(pj, w[e], a[g][e]);
             }
         }
 #pragma GCC unroll 4
         for (int g = 0; g < G; g++)
 #pragma GCC unroll 4
-            for (int e = 0; e < 4; e++) _mm512_storeu_ps(out[g] + d0 + e * VL, a[g][e]);
+            for (int e = 0; e < E; e++) _mm512_storeu_ps(out[g] + d0 + e * VL, a[g][e]);
     }
 }
+
+/* Dimensions per pass: 4 vectors when the head holds a multiple of 64, else 2
+ * or 1 (a head of 32 is one pass of two vectors). */
+#define VALUES_MQ(E)                                             \
+    switch (G) {                                                 \
+    case 4: values_mq(out, p, v, hd, n, 4, E); return;           \
+    case 3: values_mq(out, p, v, hd, n, 3, E); return;           \
+    case 2: values_mq(out, p, v, hd, n, 2, E); return;           \
+    default: break;                                              \
+    }
 
 static void attn_values_mq_avx512(float *const *out, const float *const *p, const uint16_t *v, int32_t hd,
                                   int32_t n, int32_t G) {
     if (hd % (4 * VL) == 0) {
-        switch (G) {
-        case 4: values_mq(out, p, v, hd, n, 4); return;
-        case 3: values_mq(out, p, v, hd, n, 3); return;
-        case 2: values_mq(out, p, v, hd, n, 2); return;
-        default: break;
-        }
+        VALUES_MQ(4)
+    } else if (hd % (2 * VL) == 0) {
+        VALUES_MQ(2)
+    } else if (hd % VL == 0) {
+        VALUES_MQ(1)
     }
     for (int32_t g = 0; g < G; g++) attn_values_avx512(out[g], p[g], v, hd, n);
 }

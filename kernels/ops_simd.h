@@ -114,12 +114,24 @@ static ALWAYS_INLINE void scores_tile(float *scores, const float *q, const void 
     }
 }
 
+/* Tiles of 4 vectors, then one tile for the rest (1 to 4 vectors, the last
+ * maybe partial): the rest's chains run side by side, not one after another. */
 static ALWAYS_INLINE void scores_rows(float *scores, const float *q, const void *kt, int32_t ldk, const uint16_t *ks,
                                       int32_t hd, int32_t n, const int I8) {
     int32_t j = 0;
     for (; j + 4 * VL <= n; j += 4 * VL) scores_tile(scores, q, kt, ldk, ks, hd, j, VL, 4, 0, I8);
-    for (; j + VL <= n; j += VL) scores_tile(scores, q, kt, ldk, ks, hd, j, VL, 1, 0, I8);
-    if (j < n) scores_tile(scores, q, kt, ldk, ks, hd, j, n - j, 1, 1, I8);
+    int32_t m = (n - j) % VL, nv = (n - j) / VL + (m > 0);
+    if (m == 0) m = VL;
+    switch (nv * 2 + (m < VL)) {
+    case 2: scores_tile(scores, q, kt, ldk, ks, hd, j, m, 1, 0, I8); break;
+    case 3: scores_tile(scores, q, kt, ldk, ks, hd, j, m, 1, 1, I8); break;
+    case 4: scores_tile(scores, q, kt, ldk, ks, hd, j, m, 2, 0, I8); break;
+    case 5: scores_tile(scores, q, kt, ldk, ks, hd, j, m, 2, 1, I8); break;
+    case 6: scores_tile(scores, q, kt, ldk, ks, hd, j, m, 3, 0, I8); break;
+    case 7: scores_tile(scores, q, kt, ldk, ks, hd, j, m, 3, 1, I8); break;
+    case 9: scores_tile(scores, q, kt, ldk, ks, hd, j, m, 4, 1, I8); break;
+    default: break; /* nothing left */
+    }
 }
 
 /* Values into NV vectors of dimensions from d0 (with TAIL, the last holds
@@ -141,12 +153,25 @@ static ALWAYS_INLINE void values_tile(float *out, const float *p, const void *v,
     for (int e = 0; e < NV; e++) store_f32(out + d0 + e * VL, a[e], TAIL && e == NV - 1, m);
 }
 
+/* Tiles of 4 vectors of dimensions, then one tile for the rest, as
+ * scores_rows: a head of 32 dimensions is one pass of two chains on
+ * AVX-512, not two passes of one. */
 static ALWAYS_INLINE void values_rows(float *out, const float *p, const void *v, const uint16_t *vs, int32_t hd,
                                       int32_t n, const int I8) {
     int32_t d0 = 0;
     for (; d0 + 4 * VL <= hd; d0 += 4 * VL) values_tile(out, p, v, vs, hd, n, d0, VL, 4, 0, I8);
-    for (; d0 + VL <= hd; d0 += VL) values_tile(out, p, v, vs, hd, n, d0, VL, 1, 0, I8);
-    if (d0 < hd) values_tile(out, p, v, vs, hd, n, d0, hd - d0, 1, 1, I8);
+    int32_t m = (hd - d0) % VL, nv = (hd - d0) / VL + (m > 0);
+    if (m == 0) m = VL;
+    switch (nv * 2 + (m < VL)) {
+    case 2: values_tile(out, p, v, vs, hd, n, d0, m, 1, 0, I8); break;
+    case 3: values_tile(out, p, v, vs, hd, n, d0, m, 1, 1, I8); break;
+    case 4: values_tile(out, p, v, vs, hd, n, d0, m, 2, 0, I8); break;
+    case 5: values_tile(out, p, v, vs, hd, n, d0, m, 2, 1, I8); break;
+    case 6: values_tile(out, p, v, vs, hd, n, d0, m, 3, 0, I8); break;
+    case 7: values_tile(out, p, v, vs, hd, n, d0, m, 3, 1, I8); break;
+    case 9: values_tile(out, p, v, vs, hd, n, d0, m, 4, 1, I8); break;
+    default: break; /* nothing left */
+    }
 }
 
 static void OPS_NAME(attn_scores)(float *scores, const float *q, const uint16_t *kt, int32_t ldk, int32_t hd,
