@@ -128,6 +128,7 @@ void ls_runtime_free(ls_model *m) {
     if (!m || !m->rt) return;
     ls_runtime *rt = m->rt;
     ls_ext_free_all(rt->ext, LS_RUNTIME_EXT_N);
+    ls_bufpool_drain(&rt->bufs);
     ls_pool_free(rt->pool);
     free(rt->attn_norm);
     free(rt->ffn_norm);

@@ -367,7 +367,9 @@ typedef struct {
  * LS_FEATURE_KV_COMPRESSED) is refused: NULL and the reason in err. The
  * CPU library allocates the key/value cache in blocks as positions arrive:
  * a call that needs more room than the session holds grows it first, or
- * returns LS_ERR_NOMEM with the session unchanged. */
+ * returns LS_ERR_NOMEM with the session unchanged. Freed and outgrown
+ * buffers (up to 64 MiB) are kept by the model for its next sessions.
+ * Free every session of a model before the model. */
 ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *err, int32_t err_len);
 void ls_session_free(ls_session *s);
 

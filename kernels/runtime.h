@@ -1,13 +1,15 @@
 /*
  * runtime.h — what a loaded model runs with (forward.c sets it up in
  * ls_runtime_init): the thread pool, the SIMD kernels, the fp32 norms, the
- * profile counters, and the modules' extension slots. Not ABI.
+ * profile counters, the modules' extension slots and the freed session
+ * buffers kept for reuse. Not ABI.
  */
 #ifndef LS_RUNTIME_H
 #define LS_RUNTIME_H
 
 #include <stdint.h>
 
+#include "bufpool.h"
 #include "ext.h"
 #include "internal.h"
 #include "ops.h"
@@ -22,6 +24,7 @@ struct ls_runtime {
     float *norm;      /* (dim) */
 
     ls_ext ext[LS_RUNTIME_EXT_N]; /* e.g. the draft head (draft_head.c), built on first use */
+    ls_bufpool bufs;              /* freed session buffers, for the next sessions (session.c) */
 
     int32_t profile;          /* ls_model_set_profile */
     double prof[LS_PROF_N];   /* seconds per LS_PROF_* op */

@@ -3,7 +3,9 @@
  * int4 codes with their scales: kvcache.h), the token history, and scratch
  * for one chunk. The scratch is allocated once, in ls_session_new; the
  * caches start with room for LS_KV_FIRST_ROWS positions and grow as
- * positions arrive (ls_session_reserve). Positions per loop are tracked separately
+ * positions arrive (ls_session_reserve). Every buffer comes from the
+ * runtime's bufpool.c, and goes back there when freed or outgrown, so a
+ * new session reuses mapped pages. Positions per loop are tracked separately
  * (loop_len) so a speculative pass can fill loops [0, D) ahead of loops
  * [D, V); rollback truncates every loop.
  */
@@ -14,9 +16,10 @@
 #include "session.h"
 #include "batch_rules.h" /* after session.h: it reads sessions through ls_session_view */
 
-/* calloc so every buffer is defined memory (valgrind/ASan see no
- * uninitialised reads even in padding rows). */
-static void *alloc0(size_t bytes) { return bytes ? calloc(1, bytes) : NULL; }
+/* Zeroed, so every buffer is defined memory (valgrind/ASan see no
+ * uninitialised reads even in padding rows); NULL for 0 bytes. */
+static void *alloc0(const ls_model *m, size_t bytes) { return ls_bufpool_alloc0(&m->rt->bufs, bytes); }
+static void release(const ls_model *m, void *p) { ls_bufpool_free(&m->rt->bufs, p); }
 
 /* Where a session's K/V cache lives and how large each part is (kvcache.h
  * layouts); a size is 0 where ls_bytes_of overflowed. */
@@ -87,28 +90,28 @@ typedef struct {
     uint8_t *kq, *vq;
 } cache_bufs;
 
-static void free_cache(cache_bufs *b) {
+static void free_cache(const ls_model *m, cache_bufs *b) {
     void *bufs[] = {b->kc, b->vc, b->kp, b->vp, b->kq, b->vq};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) release(m, bufs[i]);
 }
 
 /* 1 when every buffer of the mode was allocated; else nothing is held. */
-static int alloc_cache(cache_bufs *b, const ls_model_info *mi, int32_t loops, int32_t n_rows, int32_t kv_mode) {
-    *b = (cache_bufs){.c = layout_of(mi, loops, n_rows, kv_mode)};
+static int alloc_cache(cache_bufs *b, const ls_model *m, int32_t loops, int32_t n_rows, int32_t kv_mode) {
+    *b = (cache_bufs){.c = layout_of(&m->info, loops, n_rows, kv_mode)};
     int ok;
     if (layout_bytes(&b->c) == 0) ok = 0;
     else if ((kv_mode & LS_KV_FORMAT_MASK) == LS_KV_FP16) {
-        b->kc = alloc0(b->c.kc);
-        b->vc = alloc0(b->c.vc);
+        b->kc = alloc0(m, b->c.kc);
+        b->vc = alloc0(m, b->c.vc);
         ok = b->kc && b->vc;
     } else {
-        b->kq = alloc0(b->c.kq);
-        b->kp = alloc0(b->c.kp);
-        b->vq = alloc0(b->c.vq);
-        b->vp = alloc0(b->c.vp);
+        b->kq = alloc0(m, b->c.kq);
+        b->kp = alloc0(m, b->c.kp);
+        b->vq = alloc0(m, b->c.vq);
+        b->vp = alloc0(m, b->c.vp);
         ok = b->kq && b->kp && b->vq && b->vp;
     }
-    if (!ok) free_cache(b);
+    if (!ok) free_cache(m, b);
     return ok;
 }
 
@@ -155,10 +158,10 @@ int32_t ls_session_reserve(ls_session *s, int32_t end) {
     want = (want + LS_KV_BLOCK - 1) / LS_KV_BLOCK * LS_KV_BLOCK;
     int32_t n_rows = (want < s->cap ? (int32_t)want : s->cap) + LS_KV_ROW_PAD;
     cache_bufs b;
-    if (!alloc_cache(&b, &s->m->info, s->loops, n_rows, s->kv_mode)) return LS_ERR_NOMEM;
+    if (!alloc_cache(&b, s->m, s->loops, n_rows, s->kv_mode)) return LS_ERR_NOMEM;
     copy_cache(s, &b, n_rows);
     cache_bufs old = {.kc = s->kc, .vc = s->vc, .kp = s->kp, .vp = s->vp, .kq = s->kq, .vq = s->vq};
-    free_cache(&old);
+    free_cache(s->m, &old);
     adopt_cache(s, &b, n_rows);
     return LS_OK;
 }
@@ -183,31 +186,31 @@ ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *e
     size_t kv_dim = (size_t)mi->n_kv_heads * hd, nth = (size_t)m->rt->n_threads;
     int32_t first_rows = (s->cap < LS_KV_FIRST_ROWS ? s->cap : LS_KV_FIRST_ROWS) + LS_KV_ROW_PAD;
     cache_bufs cache;
-    int cache_ok = alloc_cache(&cache, mi, loops, first_rows, kv_mode);
+    int cache_ok = alloc_cache(&cache, m, loops, first_rows, kv_mode);
     if (cache_ok) adopt_cache(s, &cache, first_rows);
     s->kv_nb = cache.c.nb;
     s->kv_np = cache.c.np;
     int quantized = s->kv_fmt != LS_KV_FP16;
     if (quantized) {
-        s->kv_codes = alloc0(ls_bytes_of(nth, hd, 1, 1, 1));
-        s->kv_params = alloc0(ls_bytes_of(nth, (size_t)cache.c.np, 1, 1, sizeof(uint16_t)));
+        s->kv_codes = alloc0(m, ls_bytes_of(nth, hd, 1, 1, 1));
+        s->kv_params = alloc0(m, ls_bytes_of(nth, (size_t)cache.c.np, 1, 1, sizeof(uint16_t)));
         cache_ok = cache_ok && s->kv_codes && s->kv_params;
     }
-    s->tokens = alloc0((size_t)max_seq * sizeof *s->tokens);
-    s->loop_len = alloc0((size_t)loops * sizeof *s->loop_len);
-    s->loop_lo = alloc0((size_t)loops * sizeof *s->loop_lo);
-    s->h = alloc0(C * dim * sizeof(float));
-    s->xb = alloc0(C * dim * sizeof(float));
-    s->q = alloc0(C * dim * sizeof(float));
-    s->k = alloc0(C * kv_dim * sizeof(float));
-    s->v = alloc0(C * kv_dim * sizeof(float));
-    s->k16 = alloc0(ls_bytes_of(nth, hd, 1, 1, sizeof(uint16_t)));
-    s->att = alloc0(C * dim * sizeof(float));
-    s->g = alloc0(C * (size_t)mi->ffn_dim * sizeof(float));
-    s->u = alloc0(C * (size_t)mi->ffn_dim * sizeof(float));
-    s->rope = alloc0(C * hd * sizeof(float));
-    s->scores = alloc0(ls_bytes_of((size_t)m->rt->n_threads * 4, (size_t)s->cap, 1, 1, sizeof(float))); /* 4: attention.c ATT_GROUP */
-    s->logits = alloc0((size_t)mi->vocab_size * sizeof(float));
+    s->tokens = alloc0(m, (size_t)max_seq * sizeof *s->tokens);
+    s->loop_len = alloc0(m, (size_t)loops * sizeof *s->loop_len);
+    s->loop_lo = alloc0(m, (size_t)loops * sizeof *s->loop_lo);
+    s->h = alloc0(m, C * dim * sizeof(float));
+    s->xb = alloc0(m, C * dim * sizeof(float));
+    s->q = alloc0(m, C * dim * sizeof(float));
+    s->k = alloc0(m, C * kv_dim * sizeof(float));
+    s->v = alloc0(m, C * kv_dim * sizeof(float));
+    s->k16 = alloc0(m, ls_bytes_of(nth, hd, 1, 1, sizeof(uint16_t)));
+    s->att = alloc0(m, C * dim * sizeof(float));
+    s->g = alloc0(m, C * (size_t)mi->ffn_dim * sizeof(float));
+    s->u = alloc0(m, C * (size_t)mi->ffn_dim * sizeof(float));
+    s->rope = alloc0(m, C * hd * sizeof(float));
+    s->scores = alloc0(m, ls_bytes_of((size_t)m->rt->n_threads * 4, (size_t)s->cap, 1, 1, sizeof(float))); /* 4: attention.c ATT_GROUP */
+    s->logits = alloc0(m, (size_t)mi->vocab_size * sizeof(float));
     if (!cache_ok || !s->tokens || !s->loop_len || !s->loop_lo || !s->h || !s->xb || !s->q || !s->k ||
         !s->v || !s->k16 || !s->att || !s->g || !s->u || !s->rope || !s->scores || !s->logits) {
         ls_set_error(err, err_len, "out of memory allocating a session (max_seq %d, loops %d, window %d)", max_seq,
@@ -223,8 +226,9 @@ void ls_session_free(ls_session *s) {
     ls_ext_free_all(s->ext, LS_SESSION_EXT_N);
     void *bufs[] = {s->tokens, s->loop_len, s->loop_lo, s->kc, s->vc, s->kq, s->kp, s->vq, s->vp,
                     s->kv_codes, s->kv_params, s->h, s->xb, s->q, s->k, s->v, s->k16, s->att, s->g, s->u,
-                    s->rope, s->scores, s->logits, s};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+                    s->rope, s->scores, s->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) release(s->m, bufs[i]);
+    free(s);
 }
 
 int32_t ls_session_pos(const ls_session *s) { return s ? s->pos : LS_ERR_ARG; }

@@ -219,7 +219,17 @@ export class NativeModel {
     const err = new Uint8Array(ERR_LEN);
     const s = this.lib.ls_session_new(this.pointer, params.bytes, err, ERR_LEN);
     if (!s) throw new NativeError(readError(err) || "cannot create session", LS_ERR_NOMEM);
-    return new NativeSession(this, s as Pointer);
+    const session = new NativeSession(this, s as Pointer);
+    this.open.add(session);
+    return session;
+  }
+
+  /** Sessions not yet closed: the library needs them freed before the model. */
+  private readonly open = new Set<NativeSession>();
+
+  /** @internal NativeSession.close's notice. */
+  forget(session: NativeSession): void {
+    this.open.delete(session);
   }
 
   /** Bytes of key/value cache newSession(...) would allocate (ls_session_cache_bytes); throws for parameters it would refuse. */
@@ -317,6 +327,7 @@ export class NativeModel {
   }
 
   close(): void {
+    for (const s of [...this.open]) s.close();
     if (this.handle) this.lib.ls_model_free(this.handle);
     this.handle = null;
   }
@@ -407,6 +418,7 @@ export class NativeSession {
   close(): void {
     if (this.handle) this.model.lib.ls_session_free(this.handle);
     this.handle = null;
+    this.model.forget(this);
   }
 }
 
