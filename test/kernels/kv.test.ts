@@ -364,6 +364,25 @@ describe("the cache is allocated in blocks as positions arrive", () => {
       }
     });
   });
+
+  test("a session made from the buffers freed sessions left behind computes what the model's first session did", () => {
+    const shape = SHAPES.hd64;
+    const vocab = shape.vocabSize;
+    const toks = tokensFor(vocab, 300, 8);
+    for (const kv of modesFor(shape)) {
+      const first = withModel(tinyModelPath(shape), 2, "auto", (m) => withSession(m, 300, 2, 0, (s) => feedInCalls(s, toks, 2, [300], vocab), kv));
+      withModel(tinyModelPath(shape), 2, "auto", (m) => {
+        // other sessions fill, grow and free buffers of every size first
+        for (const [n, window] of [[1400, 0], [300, 0], [700, 40]]) {
+          const other = m.newSession(n, 2, window, kv);
+          other.forward(Int32Array.from(tokensFor(vocab, n, 11)), 2);
+          other.close();
+        }
+        const later = withSession(m, 300, 2, 0, (s) => feedInCalls(s, toks, 2, [300], vocab), kv);
+        expectBitIdentical(later, first, `${label(kv)}: a session on reused buffers`);
+      });
+    }
+  });
 });
 
 describe("batch invariance in every cache mode", () => {
