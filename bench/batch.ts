@@ -7,10 +7,11 @@
 //
 //   bun bench/batch.ts [--lib build/libloopserve_cuda.so] [--threads 2]
 //                      [--rows 1,8,16,64] [--loops 8] [--steps 32] [--rounds 3]
-//                      [--dim 768]
+//                      [--dim 768 | --model FILE]
 //
 // The model is the benchmark shape (src/bench/models.ts) unless --dim names
-// another width (heads of 64, ffn 8/3 of dim, GPT-2 vocabulary).
+// another width (heads of 64, ffn 8/3 of dim, GPT-2 vocabulary) or --model
+// a model file (a quantized one, say).
 import { parseArgs } from "node:util";
 import { kernelLibrary } from "../src/bench/engine.ts";
 import { benchModel, promptOf } from "../src/bench/models.ts";
@@ -30,13 +31,14 @@ const { values } = parseArgs({
     steps: { type: "string", default: "32" },
     rounds: { type: "string", default: "3" },
     dim: { type: "string" },
+    model: { type: "string" },
   },
 });
 const ints = (s: string) => s.split(",").map((x) => Number.parseInt(x, 10));
 const lib = values.lib ?? kernelLibrary();
 const [threads, loops, steps, rounds] = [values.threads, values.loops, values.steps, values.rounds].map((s) => ints(s)[0]);
 const dim = values.dim ? ints(values.dim)[0] : undefined;
-const modelPath = await benchModel(dim ? { dim, nHeads: dim / 64, nKvHeads: dim / 64, ffnDim: Math.round((dim * 8) / 3 / 64) * 64 } : {});
+const modelPath = values.model ?? (await benchModel(dim ? { dim, nHeads: dim / 64, nKvHeads: dim / 64, ffnDim: Math.round((dim * 8) / 3 / 64) * 64 } : {}));
 
 const model = NativeModel.load(lib, modelPath, threads, "auto");
 
@@ -79,8 +81,10 @@ for (const n of ints(values.rows)) {
   const times: Record<"batched" | "turns", number[]> = { batched: [], turns: [] };
   decode(n, true); // warm-up: scratch, caches, clocks
   for (let r = 0; r < rounds; r++) {
-    const a = decode(n, true);
-    const b = decode(n, false);
+    // which mode goes first alternates: whatever the first run of a pair pays, both pay
+    const first = decode(n, r % 2 === 0);
+    const second = decode(n, r % 2 !== 0);
+    const [a, b] = r % 2 === 0 ? [first, second] : [second, first];
     if (a.tokens.join() !== b.tokens.join()) throw new Error(`${n} rows: the batched tokens differ from the tokens stepped in turn`);
     times.batched.push(a.seconds);
     times.turns.push(b.seconds);
@@ -90,7 +94,7 @@ for (const n of ints(values.rows)) {
   const turns = tokens / median(times.turns);
   table.push({ rows: n, "batched tok/s": batched, "in turn tok/s": turns, "batched x": batched / turns });
 }
-const title = `decode, ${model.info.simd} x${model.info.threads}, dim ${model.info.dim}, loops ${loops}, ${steps} steps after a ${PROMPT}-token prompt`;
+const title = `decode, ${model.info.simd} x${model.info.threads}, ${model.info.quant} dim ${model.info.dim}, loops ${loops}, ${steps} steps after a ${PROMPT}-token prompt`;
 printTable(title, table);
 console.log(`\nwrote ${writeJson("batch", { library: lib, title, rows: table })}`);
 model.close();

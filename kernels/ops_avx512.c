@@ -69,7 +69,7 @@ static inline vec v_pow2(vec p, vec n) { return _mm512_scalef_ps(p, n); }
 
 /* matmul tiles: at most TILE_MAX_R rows x TILE_MAX_T tokens */
 #define TILE_MAX_R 8
-#define TILE_MAX_T 6 /* R * TT <= 24: R * TT accumulators + R weights + 1 x in 32 registers */
+#define TILE_MAX_T 8 /* R * TT <= 24: R * TT accumulators + R weights + 1 x in 32 registers */
 
 #include "ops_simd.h"
 
@@ -88,7 +88,7 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
         wr[r] = w + (size_t)(o + r) * (size_t)in;
-#pragma GCC unroll 6
+#pragma GCC unroll 8
         for (int t = 0; t < TT; t++) a[r][t] = _mm512_setzero_ps();
     }
     int32_t i = 0;
@@ -99,7 +99,7 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
             if (PF) prefetch_ahead(wr[r] + i, (size_t)R * (size_t)in);
             w0[r] = v_load_f16(wr[r] + i);
         }
-#pragma GCC unroll 6
+#pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
             __m512 x0 = _mm512_loadu_ps(x + (size_t)t * (size_t)ldx + i);
             /* Keep x in a register for all R rows: left to itself GCC folds
@@ -113,7 +113,7 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
     if (i < in) tile_tail(a, wr, x, ldx, i, in - i, R, TT);
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
-#pragma GCC unroll 6
+#pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
             float s = _mm512_reduce_add_ps(a[r][t]);
             float *yo = y + (size_t)t * (size_t)ldy + o + r;
@@ -161,6 +161,21 @@ TILES_T(2)
 TILES_T(3)
 TILES_T(4)
 TILES_T(5)
+
+/* A decode batch of 7 or 8 tokens in one pass over the rows: 3 rows x 8
+ * tokens is what the registers hold. The output head streams from memory,
+ * so a batch of 8 split 6 + 2 read it twice. */
+#define TILES_R3(TT)                                                                             \
+    static void tile_r3_t##TT(float *y, int32_t ldy, const float *x, int32_t ldx,                \
+                              const uint16_t *w, int32_t in, int32_t o, int32_t add) {           \
+        tile(y, ldy, x, ldx, w, in, o, 3, TT, add, 1);                                           \
+    }                                                                                            \
+    static void tile_r1_t##TT(float *y, int32_t ldy, const float *x, int32_t ldx,                \
+                              const uint16_t *w, int32_t in, int32_t o, int32_t add) {           \
+        tile(y, ldy, x, ldx, w, in, o, 1, TT, add, 1);                                           \
+    }
+TILES_R3(7)
+TILES_R3(8)
 static void tile_dec(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
                      int32_t in, int32_t o, int32_t add) {
     tile(y, ldy, x, ldx, w, in, o, DEC_R, 1, add, 1);
@@ -180,6 +195,15 @@ static void matmul_f16_avx512(float *y, int32_t ldy, const float *x, int32_t ldx
     for (int32_t ob = o0; ob < o1; ob += rb) {
         int32_t oe = o1 - ob < rb ? o1 : ob + rb;
         int32_t t = 0;
+        /* decode batches: 8 tokens a pass while 7 or more are left */
+        for (int32_t n; T <= 16 && T - t >= 7; t += n) {
+            n = T - t >= 8 ? 8 : 7;
+            const float *xt = x + (size_t)t * (size_t)ldx;
+            float *yt = y + (size_t)t * (size_t)ldy;
+            int32_t o = ob;
+            for (; o + 3 <= oe; o += 3) (n == 8 ? tile_r3_t8 : tile_r3_t7)(yt, ldy, xt, ldx, w, in, o, add);
+            for (; o < oe; o++) (n == 8 ? tile_r1_t8 : tile_r1_t7)(yt, ldy, xt, ldx, w, in, o, add);
+        }
         for (; t + PRE_T <= T; t += PRE_T) {
             const float *xt = x + (size_t)t * (size_t)ldx;
             float *yt = y + (size_t)t * (size_t)ldy;

@@ -78,7 +78,7 @@ static ALWAYS_INLINE void tile_tail(vec acc[TILE_MAX_R][TILE_MAX_T], const uint1
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
         vec w1 = v_load_f16_n(wr[r] + i, n);
-#pragma GCC unroll 6
+#pragma GCC unroll 8
         for (int t = 0; t < TT; t++) acc[r][t] = v_fma(w1, v_load_n(x + (size_t)t * (size_t)ldx + i, n), acc[r][t]);
     }
 }

@@ -43,7 +43,7 @@
 #include "quant.h"
 
 #define TILE_MAX_P 4 /* row pairs per tile */
-#define TILE_MAX_T 4 /* tokens per tile */
+#define TILE_MAX_T 8 /* tokens per tile: 4 for the block, 8 for a head (kernels) */
 /* Pairs in blocks of this many bytes: 128 KB ran the 256 x 768 down
  * projection at 64 tokens 3% faster than 64 KB, the others alike. */
 #define L2_BLOCK_BYTES (128 * 1024)
@@ -301,7 +301,7 @@ static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MA
     const int CB = HEAD && BITS < 8 ? 32 : 64, INT2 = BITS == 2 && !HEAD; /* CB: chunk_bytes */
     const size_t xo = (size_t)g0 << L->v.lg;
     const uint8_t *wp[TILE_MAX_P], *hp[TILE_MAX_P], *mp[TILE_MAX_P];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int p = 0; p < P; p++) {
         wp[p] = L->codes + (size_t)(q + p) * L->v.pair_bytes + xo / 32 * CB;
         hp[p] = L->codes + (size_t)(q + p) * L->v.pair_bytes + L->v.hi_offset + xo / 2;
@@ -312,22 +312,22 @@ static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MA
     // accumulators' start value in 8-group windows, after the fold in
     // smaller ones.
     __m512i corr_t[TILE_MAX_T], corr_p[TILE_MAX_P];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int t = 0; t < TT && HEAD; t++)
         corr_t[t] = _mm512_slli_epi32(_mm512_broadcast_i32x8(_mm256_loadu_si256((const __m256i *)(L->qs[t] + 8 * slot))), BITS - 1);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int p = 0; p < P && !HEAD; p++)
         corr_p[p] = _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_load_si256((const __m256i *)(mp[p] + 32))), 7);
     __m512i gs[TILE_MAX_P][TILE_MAX_T];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int p = 0; p < P; p++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int t = 0; t < TT; t++)
             gs[p][t] = n == 8 ? _mm512_sub_epi32(_mm512_setzero_si512(), HEAD ? corr_t[t] : corr_p[p])
                               : _mm512_setzero_si512();
     for (int32_t c = 0; c < chunks; c++) {
         __m512i W[TILE_MAX_P], X[TILE_MAX_T];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int p = 0; p < P; p++) {
             W[p] = HEAD ? unpack_head(wp[p] + CB * (size_t)c, hp[p] + 16 * (size_t)c, BITS)
                         : _mm512_load_si512((const void *)(wp[p] + 64 * (size_t)c));
@@ -338,12 +338,12 @@ static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MA
             if (HEAD && BITS == 6 && (c & 3) == 0) /* a line of high bits serves 4 chunks */
                 _mm_prefetch((const char *)((uintptr_t)hp[p] + PREFETCH_PAIRS * L->v.pair_bytes + 16 * (size_t)c), _MM_HINT_T0);
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int t = 0; t < TT; t++)
             X[t] = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(L->x[t] + xo + 32 * (size_t)c)));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int p = 0; p < P; p++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int t = 0; t < TT; t++)
                 gs[p][t] = HEAD ? dpbusd(gs[p][t], W[p], X[t]) : dpbusd(gs[p][t], X[t], W[p]);
     }
@@ -351,15 +351,15 @@ static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MA
     // groups) or, once folded and moved, lanes off .. off + n - 1.
     const __mmask16 km = (__mmask16)(((1u << n) - 1u) << off) * 0x0101u;
     __m512 qf[TILE_MAX_T]; /* int2: the group sums of x, as floats */
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int t = 0; t < TT && INT2; t++)
         qf[t] = _mm512_cvtepi32_ps(_mm512_broadcast_i32x8(_mm256_loadu_si256((const __m256i *)(L->qs[t] + 8 * slot))));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int p = 0; p < P; p++) {
         const __m512 s = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)mp[p]));
         __m512 z = _mm512_setzero_ps();
         if (INT2) z = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(mp[p] + 64)));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
             __m512i g = gs[p][t];
             if (n < 8) g = _mm512_sub_epi32(fold_to(g, n, off), HEAD ? corr_t[t] : corr_p[p]);
@@ -375,7 +375,7 @@ static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MA
  * the same order: lane 2j + h of the result is half h of V[j]. */
 static inline __m512 hsum_halves8(const __m512 V[8]) {
     __m512 A[4], B[2];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int k = 0; k < 4; k++) /* quads: V[2k] half 0, half 1, V[2k+1] half 0, half 1; lane i: a_i + a_{i+4} */
         A[k] = _mm512_add_ps(_mm512_shuffle_f32x4(V[2 * k], V[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
                              _mm512_shuffle_f32x4(V[2 * k], V[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
@@ -414,7 +414,7 @@ static inline __attribute__((always_inline)) void pair_tile(float *y, int32_t ld
     // vector.
     const int NV = (2 * P * TT + 15) / 16;
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512 d4 = _mm512_zextps128_ps512(_mm_maskz_loadu_ps((__mmask8)((1u << TT) - 1u), L->d));
+    const __m512 d8 = _mm512_zextps256_ps512(_mm256_maskz_loadu_ps((__mmask8)((1u << TT) - 1u), L->d));
     __m512 out[2];
 #pragma GCC unroll 2
     for (int b = 0; b < NV; b++) {
@@ -425,11 +425,11 @@ static inline __attribute__((always_inline)) void pair_tile(float *y, int32_t ld
             V[j] = k < P * TT ? acc[k % P][k / P] : acc[0][0];
         }
         const __m512i tok = _mm512_srli_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(16 * b)), __builtin_ctz(2 * P));
-        out[b] = _mm512_mul_ps(hsum_halves8(V), _mm512_permutexvar_ps(tok, d4));
+        out[b] = _mm512_mul_ps(hsum_halves8(V), _mm512_permutexvar_ps(tok, d8));
     }
     float *yr = y + (size_t)t0 * (size_t)ldy + 2 * (size_t)q;
     const __mmask16 m = (__mmask16)rowmask;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int t = 0; t < TT; t++) {
         const int at = 2 * P * t;
         const __m512 v = at % 16 ? _mm512_permutexvar_ps(_mm512_add_epi32(lane, _mm512_set1_epi32(at % 16)), out[at / 16])
@@ -448,7 +448,7 @@ static inline __attribute__((always_inline)) int32_t pair_tiles(float *y, int32_
                                                                 int32_t add) {
     const layout v = layout_of(w);
     lanes L = {v, w->packed, w->packed + v.meta_offset, {0}, {0}, a->d + t0};
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int t = 0; t < TT; t++) {
         L.x[t] = a->q + (size_t)(t0 + t) * (size_t)a->ld;
         L.qs[t] = a->qsum + (size_t)(t0 + t) * (size_t)a->gld;
@@ -477,22 +477,38 @@ typedef int32_t (*tiles_fn)(float *, int32_t, const ls_qact *, const ls_qmat *, 
 #define TILES_BITS(B, H)                                                                          \
     TILES(4, 4, B, H) TILES(1, 4, B, H) TILES(2, 3, B, H) TILES(1, 3, B, H) TILES(4, 2, B, H)     \
     TILES(1, 2, B, H) TILES(4, 1, B, H) TILES(1, 1, B, H)
+/* A head also takes 5 to 8 tokens (a decode batch) in one pass: it streams
+ * from memory, and a batch of 8 split 4 + 4 read it twice. */
+#define TILES_WIDE(B, H)                                                                          \
+    TILES(2, 5, B, H) TILES(1, 5, B, H) TILES(2, 6, B, H) TILES(1, 6, B, H) TILES(2, 7, B, H)     \
+    TILES(1, 7, B, H) TILES(2, 8, B, H) TILES(1, 8, B, H)
 TILES_BITS(4, 0)
 TILES_BITS(2, 0)
 TILES_BITS(8, 1)
 TILES_BITS(6, 1)
 TILES_BITS(4, 1)
+TILES_WIDE(8, 1)
+TILES_WIDE(6, 1)
+TILES_WIDE(4, 1)
 
-/* wide[k], one[k]: the tiles for k + 1 tokens. */
+/* wide[k], one[k]: the tiles for k + 1 tokens, up to max_t. */
 typedef struct {
+    int32_t max_t;
     tiles_fn wide[TILE_MAX_T], one[TILE_MAX_T];
 } kernels;
 
 #define KERNELS(B, H)                                                                                  \
-    {{tiles_p4_t1_b##B##_h##H, tiles_p4_t2_b##B##_h##H, tiles_p2_t3_b##B##_h##H, tiles_p4_t4_b##B##_h##H}, \
+    {4,                                                                                                \
+     {tiles_p4_t1_b##B##_h##H, tiles_p4_t2_b##B##_h##H, tiles_p2_t3_b##B##_h##H, tiles_p4_t4_b##B##_h##H}, \
      {tiles_p1_t1_b##B##_h##H, tiles_p1_t2_b##B##_h##H, tiles_p1_t3_b##B##_h##H, tiles_p1_t4_b##B##_h##H}}
-static const kernels BLOCK4 = KERNELS(4, 0), BLOCK2 = KERNELS(2, 0), HEAD8 = KERNELS(8, 1), HEAD6 = KERNELS(6, 1),
-                     HEAD4 = KERNELS(4, 1);
+#define KERNELS_WIDE(B, H)                                                                             \
+    {8,                                                                                                \
+     {tiles_p4_t1_b##B##_h##H, tiles_p4_t2_b##B##_h##H, tiles_p2_t3_b##B##_h##H, tiles_p4_t4_b##B##_h##H, \
+      tiles_p2_t5_b##B##_h##H, tiles_p2_t6_b##B##_h##H, tiles_p2_t7_b##B##_h##H, tiles_p2_t8_b##B##_h##H}, \
+     {tiles_p1_t1_b##B##_h##H, tiles_p1_t2_b##B##_h##H, tiles_p1_t3_b##B##_h##H, tiles_p1_t4_b##B##_h##H, \
+      tiles_p1_t5_b##B##_h##H, tiles_p1_t6_b##B##_h##H, tiles_p1_t7_b##B##_h##H, tiles_p1_t8_b##B##_h##H}}
+static const kernels BLOCK4 = KERNELS(4, 0), BLOCK2 = KERNELS(2, 0), HEAD8 = KERNELS_WIDE(8, 1),
+                     HEAD6 = KERNELS_WIDE(6, 1), HEAD4 = KERNELS_WIDE(4, 1);
 
 static void matmul_avx512(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w, int32_t o0,
                           int32_t o1, int32_t add) {
@@ -506,7 +522,7 @@ static void matmul_avx512(float *y, int32_t ldy, const ls_qact *a, const ls_qmat
     for (int32_t qb = q0; qb < q1; qb += pb) {
         const int32_t qe = q1 - qb < pb ? q1 : qb + pb;
         for (int32_t t = 0; t < T;) {
-            const int32_t n = T - t < TILE_MAX_T ? T - t : TILE_MAX_T;
+            const int32_t n = T - t < k->max_t ? T - t : k->max_t;
             k->one[n - 1](y, ldy, a, w, k->wide[n - 1](y, ldy, a, w, qb, qe, t, o0, o1, add), qe, t, o0, o1, add);
             t += n;
         }
