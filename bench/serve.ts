@@ -20,6 +20,7 @@
 //   bun run bench:serve                          the full grid, loopserve only
 //   bun run bench:serve -- --peer                with llama-server (built once, ~12 minutes on 2 cores)
 //   bun run bench:serve -- --quick               concurrency 1 and 8, 64 tokens, 1 round
+//   bun run bench:serve -- --prefill-chunk 64    loopserve with SERVICE_PREFILL_CHUNK=64
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
@@ -40,6 +41,7 @@ const { values } = parseArgs({
     threads: { type: "string", default: "2" },
     quick: { type: "boolean", default: false },
     peer: { type: "boolean", default: false },
+    "prefill-chunk": { type: "string" },
   },
   strict: true,
 });
@@ -50,6 +52,8 @@ const TOKENS = values.quick ? [64] : list(values.tokens);
 const FORMATS = values.formats.split(",") as ("fp16" | "int4")[];
 const ROUNDS = values.quick ? 1 : Number(values.rounds);
 const THREADS = values.threads;
+/** SERVICE_PREFILL_CHUNK for loopserve, when given (else the server's default). */
+const PREFILL_CHUNK: Record<string, string> = values["prefill-chunk"] ? { SERVICE_PREFILL_CHUNK: values["prefill-chunk"] } : {};
 const REQUESTS_PER_CLIENT = 2;
 const LONG_PROMPT_WORDS = 2000; // 2,000 GPT-2 tokens (each word one token)
 
@@ -96,7 +100,7 @@ function loopserve(name: string, env: Record<string, string>): Target {
     name,
     path: "/generate",
     async start(format) {
-      const s: TestServer = await startServer({ modelPath: MODELS[format], env: { SERVICE_THREADS: THREADS, SERVICE_MAX_SEQ_LEN: "4096", ...env } });
+      const s: TestServer = await startServer({ modelPath: MODELS[format], env: { SERVICE_THREADS: THREADS, SERVICE_MAX_SEQ_LEN: "4096", ...PREFILL_CHUNK, ...env } });
       const simd = /simd (\w+)\)/.exec(s.output())?.[1];
       if (simd) kernelPaths.add(simd);
       return { url: s.url, stop: () => s.stop() };
@@ -260,8 +264,9 @@ async function main(): Promise<void> {
   });
   const verdicts = targetsMet(rows);
   const kernels = [...kernelPaths].join(", ");
-  const file = writeJson("serve", { threads: Number(THREADS), kernels, rounds: ROUNDS, requestsPerClient: REQUESTS_PER_CLIENT, rows, verdicts });
-  console.log(formatTable(`serving: ${ROUNDS} round(s), medians, ${THREADS} threads, loopserve's kernels ${kernels} (${file})`, rows));
+  const prefillChunk = values["prefill-chunk"] ?? "default";
+  const file = writeJson("serve", { threads: Number(THREADS), kernels, prefillChunk, rounds: ROUNDS, requestsPerClient: REQUESTS_PER_CLIENT, rows, verdicts });
+  console.log(formatTable(`serving: ${ROUNDS} round(s), medians, ${THREADS} threads, loopserve's kernels ${kernels}, prefill chunk ${prefillChunk} (${file})`, rows));
   console.log(`\n${formatTable("targets", verdicts)}`);
 }
 
