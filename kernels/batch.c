@@ -15,7 +15,7 @@
  * so among rows of one depth those that sample nothing come first and
  * sampling rows follow, longest first (a prompt's final chunk before
  * decode rows). The ordered rows are cut into blocks of at most LS_CHUNK
- * rows, each run through all its loops before the next, as
+ * rows (batch_rules.h), each run through all its loops before the next, as
  * ls_session_forward cuts a long prompt; a windowed ring holds window +
  * LS_CHUNK rows, so a block never overwrites a row it still attends to.
  * The output head then runs once over every sampling row.
@@ -77,19 +77,11 @@ static batch_scratch *scratch_for(ls_model *m, int32_t rows) {
     return b;
 }
 
-/* One block's share of a row: n of its tokens at pos0.. of its session. */
-typedef struct {
-    int32_t row;   /* index into the call's rows */
-    int32_t first; /* first token, offset into the call's token array */
-    int32_t n, pos0, loops;
-    int32_t last;  /* the row's final piece */
-} piece;
-
 /* The attention of a block at loop l: the pieces still running, [lo,
  * n_pieces), each over its own session, their rows from the start of view. */
 typedef struct {
     ls_session *const *sessions;
-    const piece *pieces;
+    const ls_batch_piece *pieces;
     int32_t lo, n_pieces;
     const ls_block *view;
     int32_t dim, kv_dim;
@@ -100,7 +92,7 @@ static void attend_block(void *ctx, int32_t loop, int32_t T, int32_t skip) {
     ls_att_rows runs[LS_ATT_MAX_RUNS];
     int32_t n = 0;
     for (int32_t i = a->lo, r0 = 0; i < a->n_pieces && r0 < T; r0 += a->pieces[i].n, i++) {
-        const piece *p = &a->pieces[i];
+        const ls_batch_piece *p = &a->pieces[i];
         size_t q0 = (size_t)r0 * a->dim, k0 = (size_t)r0 * a->kv_dim;
         int32_t cut = skip - r0 < 0 ? 0 : skip - r0 > p->n ? p->n : skip - r0;
         runs[n++] = (ls_att_rows){a->sessions[p->row], p->n, p->pos0, a->view->q + q0, a->view->k + k0,
@@ -111,17 +103,17 @@ static void attend_block(void *ctx, int32_t loop, int32_t T, int32_t skip) {
 
 /* True when a piece's final row is read after its last loop: the row's
  * sampled token comes from it. */
-static int needs_output(const piece *p, const int32_t *slot) { return p->last && slot[p->row] >= 0; }
+static int needs_output(const ls_batch_piece *p, const int32_t *slot) { return p->last && slot[p->row] >= 0; }
 
 /* Runs one block of pieces through their loops; keeps each sampling row's
  * final hidden state in b->last[slot[row]]. */
-static void run_block(ls_model *m, ls_session *const *sessions, const piece *pieces, int32_t n_pieces,
+static void run_block(ls_model *m, ls_session *const *sessions, const ls_batch_piece *pieces, int32_t n_pieces,
                       const int32_t *tokens, batch_scratch *b, const int32_t *slot) {
     const ls_model_info *mi = &m->info;
     int32_t dim = mi->dim, hd = mi->head_dim;
     int32_t T = 0;
     for (int32_t i = 0; i < n_pieces; i++) {
-        const piece *p = &pieces[i];
+        const ls_batch_piece *p = &pieces[i];
         ls_forward_embed(sessions[p->row], tokens + p->first, p->n, b->h + (size_t)T * dim);
         ls_rope_table(b->rope + (size_t)T * hd, p->n, p->pos0, hd, mi->rope_theta);
         T += p->n;
@@ -153,13 +145,28 @@ static void run_block(ls_model *m, ls_session *const *sessions, const piece *pie
         }
     }
     for (int32_t i = 0, r0 = 0; i < n_pieces; r0 += pieces[i].n, i++) {
-        const piece *p = &pieces[i];
+        const ls_batch_piece *p = &pieces[i];
         ls_session *s = sessions[p->row];
         memcpy(s->tokens + s->pos, tokens + p->first, (size_t)p->n * sizeof *tokens);
         s->pos += p->n;
         if (needs_output(p, slot))
             memcpy(b->last + (size_t)slot[p->row] * dim, b->h + (size_t)(r0 + p->n - 1) * dim, (size_t)dim * sizeof(float));
     }
+}
+
+/* run_block's arguments, as ls_batch_blocks hands blocks over. */
+typedef struct {
+    ls_model *m;
+    ls_session *const *sessions;
+    const int32_t *tokens;
+    batch_scratch *b;
+    const int32_t *slot;
+} block_call;
+
+static int run_block_call(void *ctx, const ls_batch_piece *pieces, int32_t n) {
+    const block_call *c = ctx;
+    run_block(c->m, c->sessions, pieces, n, c->tokens, c->b, c->slot);
+    return 0;
 }
 
 /* The draws of ls_batch_step's sampling rows (slot >= 0), one task a row. */
@@ -203,48 +210,18 @@ int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_r
     }
     if (rc != LS_OK) return rc;
 
-    /* rows in run order (row_before, stable), each with its first token;
-     * sampling rows numbered in call order for the head */
-    int32_t order[LS_BATCH_MAX_ROWS], first[LS_BATCH_MAX_ROWS], slot[LS_BATCH_MAX_ROWS], pos0[LS_BATCH_MAX_ROWS];
-    int32_t n_sample = 0;
-    for (int32_t i = 0, off = 0; i < n_rows; off += rows[i].n_tokens, i++) {
-        first[i] = off;
-        pos0[i] = sessions[i]->pos; /* blocks move it on as they run */
-        slot[i] = rows[i].sample ? n_sample++ : -1;
-        int32_t j = i;
-        while (j > 0 && row_before(&rows[i], &rows[order[j - 1]])) {
-            order[j] = order[j - 1];
-            j--;
-        }
-        order[j] = i;
-    }
-    batch_scratch *b = scratch_for(m, n_sample > 0 ? n_sample : 1);
+    ls_batch_plan plan;
+    ls_batch_plan_rows(&plan, sessions, rows, n_rows, row_before);
+    batch_scratch *b = scratch_for(m, plan.n_sample > 0 ? plan.n_sample : 1);
     if (!b) return LS_ERR_NOMEM;
-
-    /* cut the ordered rows into blocks of at most LS_CHUNK rows */
-    piece pieces[LS_CHUNK];
-    int32_t n_pieces = 0, block_rows = 0;
-    for (int32_t k = 0; k < n_rows; k++) {
-        int32_t i = order[k];
-        for (int32_t done = 0; done < rows[i].n_tokens;) {
-            int32_t n = rows[i].n_tokens - done;
-            if (n > LS_CHUNK - block_rows) n = LS_CHUNK - block_rows;
-            pieces[n_pieces++] = (piece){i, first[i] + done, n, pos0[i] + done, rows[i].step.loops,
-                                         done + n == rows[i].n_tokens};
-            block_rows += n;
-            done += n;
-            if (block_rows == LS_CHUNK) {
-                run_block(m, sessions, pieces, n_pieces, tokens, b, slot);
-                n_pieces = block_rows = 0;
-            }
-        }
-    }
-    if (n_pieces > 0) run_block(m, sessions, pieces, n_pieces, tokens, b, slot);
+    block_call call = {m, sessions, tokens, b, plan.slot};
+    ls_batch_piece pieces[LS_CHUNK];
+    ls_batch_blocks(&plan, rows, LS_CHUNK, pieces, run_block_call, &call);
 
     /* the head over every sampling row at once, then the rows' draws, one
      * pool task each (a draw reads only its own row and session) */
-    if (n_sample > 0) ls_forward_head(m, b->last, n_sample, b->xb, b->logits);
-    draw_job job = {sessions, rows, slot, b->logits, logits_out, m->info.vocab_size, out};
+    if (plan.n_sample > 0) ls_forward_head(m, b->last, plan.n_sample, b->xb, b->logits);
+    draw_job job = {sessions, rows, plan.slot, b->logits, logits_out, m->info.vocab_size, out};
     double t0 = ls_prof_now(m->rt);
     ls_pool_run(m->rt->pool, draw_task, &job, n_rows);
     ls_prof_add(m->rt, LS_PROF_SAMPLE, &t0);

@@ -1,7 +1,7 @@
 /*
- * batch_rules.h — ls_batch_step's checks of its arguments, shared by the
- * CPU library (batch.c) and the CUDA one. Include after the library's
- * session definition (ls_session_view). Not ABI.
+ * batch_rules.h — ls_batch_step's checks of its arguments and its plan (run
+ * order, blocks), shared by the CPU library (batch.c) and the CUDA one.
+ * Include after the library's session definition (ls_session_view). Not ABI.
  */
 #ifndef LS_BATCH_RULES_H
 #define LS_BATCH_RULES_H
@@ -37,6 +37,68 @@ static inline int32_t ls_check_batch(const ls_model *m, ls_session *const *sessi
         if (rc != LS_OK && first == LS_OK) first = rc;
     }
     return first;
+}
+
+/* One block's share of a row: n of its tokens at pos0.. of its session. */
+typedef struct {
+    int32_t row;   /* index into the call's rows */
+    int32_t first; /* first token, offset into the call's token array */
+    int32_t n, pos0, loops;
+    int32_t last; /* the row's final piece */
+} ls_batch_piece;
+
+/* A checked call's rows in run order (stable under `before`), each with its
+ * first token and its session's position before the call; sampling rows
+ * numbered in call order for the head (slot -1: samples nothing). */
+typedef struct {
+    int32_t order[LS_BATCH_MAX_ROWS], first[LS_BATCH_MAX_ROWS], pos0[LS_BATCH_MAX_ROWS], slot[LS_BATCH_MAX_ROWS];
+    int32_t n_rows, n_sample, n_tokens;
+} ls_batch_plan;
+
+typedef int (*ls_batch_before)(const ls_batch_row *a, const ls_batch_row *b);
+
+static inline void ls_batch_plan_rows(ls_batch_plan *p, ls_session *const *sessions, const ls_batch_row *rows,
+                                      int32_t n_rows, ls_batch_before before) {
+    p->n_rows = n_rows;
+    p->n_sample = p->n_tokens = 0;
+    for (int32_t i = 0; i < n_rows; p->n_tokens += rows[i].n_tokens, i++) {
+        p->first[i] = p->n_tokens;
+        p->pos0[i] = ls_session_view(sessions[i]).pos;
+        p->slot[i] = rows[i].sample ? p->n_sample++ : -1;
+        int32_t j = i;
+        while (j > 0 && before(&rows[i], &rows[p->order[j - 1]])) {
+            p->order[j] = p->order[j - 1];
+            j--;
+        }
+        p->order[j] = i;
+    }
+}
+
+/* Cuts the planned rows into blocks of at most `block` rows (a long row
+ * spans several), in run order, and hands each to run(ctx, pieces, n);
+ * stops at the first nonzero result and returns it. pieces holds `block`. */
+static inline int ls_batch_blocks(const ls_batch_plan *p, const ls_batch_row *rows, int32_t block,
+                                  ls_batch_piece *pieces, int (*run)(void *ctx, const ls_batch_piece *pieces, int32_t n),
+                                  void *ctx) {
+    int32_t n_pieces = 0, block_rows = 0;
+    for (int32_t k = 0; k < p->n_rows; k++) {
+        int32_t i = p->order[k];
+        for (int32_t done = 0; done < rows[i].n_tokens;) {
+            int32_t n = rows[i].n_tokens - done;
+            if (n > block - block_rows) n = block - block_rows;
+            ls_batch_piece piece = {i, p->first[i] + done, n, p->pos0[i] + done, rows[i].step.loops,
+                                    done + n == rows[i].n_tokens};
+            pieces[n_pieces++] = piece;
+            block_rows += n;
+            done += n;
+            if (block_rows == block) {
+                int rc = run(ctx, pieces, n_pieces);
+                if (rc) return rc;
+                n_pieces = block_rows = 0;
+            }
+        }
+    }
+    return n_pieces > 0 ? run(ctx, pieces, n_pieces) : 0;
 }
 
 #endif

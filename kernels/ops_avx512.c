@@ -146,17 +146,16 @@ static void tile_r1_pt(float *y, int32_t ldy, const float *x, int32_t ldx, const
 typedef void (*tile_fn)(float *, int32_t, const float *, int32_t, const uint16_t *, int32_t, int32_t, int32_t);
 _Static_assert(PRE_T == 6, "the remainder tiles below cover 2..5 tokens");
 
+/* A tile function of R rows x TT tokens that prefetches the next rows. */
+#define TILE_FN(R, TT)                                                                           \
+    static void tile_r##R##_t##TT(float *y, int32_t ldy, const float *x, int32_t ldx,            \
+                                  const uint16_t *w, int32_t in, int32_t o, int32_t add) {       \
+        tile(y, ldy, x, ldx, w, in, o, R, TT, add, 1);                                           \
+    }
+
 /* The last T % PRE_T tokens of a call (2..5) in one pass over the row
  * block: a verify batch of 5 tokens costs one weight pass, not 4 + 1. */
-#define TILES_T(TT)                                                                              \
-    static void tile_r4_t##TT(float *y, int32_t ldy, const float *x, int32_t ldx,                \
-                              const uint16_t *w, int32_t in, int32_t o, int32_t add) {           \
-        tile(y, ldy, x, ldx, w, in, o, 4, TT, add, 1);                                           \
-    }                                                                                            \
-    static void tile_r1_t##TT(float *y, int32_t ldy, const float *x, int32_t ldx,                \
-                              const uint16_t *w, int32_t in, int32_t o, int32_t add) {           \
-        tile(y, ldy, x, ldx, w, in, o, 1, TT, add, 1);                                           \
-    }
+#define TILES_T(TT) TILE_FN(4, TT) TILE_FN(1, TT)
 TILES_T(2)
 TILES_T(3)
 TILES_T(4)
@@ -165,15 +164,7 @@ TILES_T(5)
 /* A decode batch of 7 or 8 tokens in one pass over the rows: 3 rows x 8
  * tokens is what the registers hold. The output head streams from memory,
  * so a batch of 8 split 6 + 2 read it twice. */
-#define TILES_R3(TT)                                                                             \
-    static void tile_r3_t##TT(float *y, int32_t ldy, const float *x, int32_t ldx,                \
-                              const uint16_t *w, int32_t in, int32_t o, int32_t add) {           \
-        tile(y, ldy, x, ldx, w, in, o, 3, TT, add, 1);                                           \
-    }                                                                                            \
-    static void tile_r1_t##TT(float *y, int32_t ldy, const float *x, int32_t ldx,                \
-                              const uint16_t *w, int32_t in, int32_t o, int32_t add) {           \
-        tile(y, ldy, x, ldx, w, in, o, 1, TT, add, 1);                                           \
-    }
+#define TILES_R3(TT) TILE_FN(3, TT) TILE_FN(1, TT)
 TILES_R3(7)
 TILES_R3(8)
 static void tile_dec(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,

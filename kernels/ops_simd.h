@@ -114,24 +114,33 @@ static ALWAYS_INLINE void scores_tile(float *scores, const float *q, const void 
     }
 }
 
-/* Tiles of 4 vectors, then one tile for the rest (1 to 4 vectors, the last
- * maybe partial): the rest's chains run side by side, not one after another. */
+/* The rest of a row after its tiles of 4 vectors, `left` < 4 VL elements,
+ * as one tile: TILE(NV, TAIL) with m (declared here) the last vector's
+ * lanes. Its chains then run side by side, not one after another. */
+#define REST_TILE(left, m, TILE)                                  \
+    do {                                                          \
+        int32_t m = (left) % VL;                                  \
+        const int32_t nv_ = (left) / VL + (m > 0);                \
+        if (m == 0) m = VL;                                       \
+        switch (nv_ * 2 + (m < VL)) {                             \
+        case 2: TILE(1, 0); break;                                \
+        case 3: TILE(1, 1); break;                                \
+        case 4: TILE(2, 0); break;                                \
+        case 5: TILE(2, 1); break;                                \
+        case 6: TILE(3, 0); break;                                \
+        case 7: TILE(3, 1); break;                                \
+        case 9: TILE(4, 1); break;                                \
+        default: break; /* nothing left */                        \
+        }                                                         \
+    } while (0)
+
 static ALWAYS_INLINE void scores_rows(float *scores, const float *q, const void *kt, int32_t ldk, const uint16_t *ks,
                                       int32_t hd, int32_t n, const int I8) {
     int32_t j = 0;
     for (; j + 4 * VL <= n; j += 4 * VL) scores_tile(scores, q, kt, ldk, ks, hd, j, VL, 4, 0, I8);
-    int32_t m = (n - j) % VL, nv = (n - j) / VL + (m > 0);
-    if (m == 0) m = VL;
-    switch (nv * 2 + (m < VL)) {
-    case 2: scores_tile(scores, q, kt, ldk, ks, hd, j, m, 1, 0, I8); break;
-    case 3: scores_tile(scores, q, kt, ldk, ks, hd, j, m, 1, 1, I8); break;
-    case 4: scores_tile(scores, q, kt, ldk, ks, hd, j, m, 2, 0, I8); break;
-    case 5: scores_tile(scores, q, kt, ldk, ks, hd, j, m, 2, 1, I8); break;
-    case 6: scores_tile(scores, q, kt, ldk, ks, hd, j, m, 3, 0, I8); break;
-    case 7: scores_tile(scores, q, kt, ldk, ks, hd, j, m, 3, 1, I8); break;
-    case 9: scores_tile(scores, q, kt, ldk, ks, hd, j, m, 4, 1, I8); break;
-    default: break; /* nothing left */
-    }
+#define SCORES_REST(NV, TAIL) scores_tile(scores, q, kt, ldk, ks, hd, j, m, NV, TAIL, I8)
+    REST_TILE(n - j, m, SCORES_REST);
+#undef SCORES_REST
 }
 
 /* Values into NV vectors of dimensions from d0 (with TAIL, the last holds
@@ -153,25 +162,15 @@ static ALWAYS_INLINE void values_tile(float *out, const float *p, const void *v,
     for (int e = 0; e < NV; e++) store_f32(out + d0 + e * VL, a[e], TAIL && e == NV - 1, m);
 }
 
-/* Tiles of 4 vectors of dimensions, then one tile for the rest, as
- * scores_rows: a head of 32 dimensions is one pass of two chains on
- * AVX-512, not two passes of one. */
+/* Tiles of 4 vectors of dimensions, then the rest as one tile: a head of
+ * 32 dimensions is one pass of two chains on AVX-512, not two of one. */
 static ALWAYS_INLINE void values_rows(float *out, const float *p, const void *v, const uint16_t *vs, int32_t hd,
                                       int32_t n, const int I8) {
     int32_t d0 = 0;
     for (; d0 + 4 * VL <= hd; d0 += 4 * VL) values_tile(out, p, v, vs, hd, n, d0, VL, 4, 0, I8);
-    int32_t m = (hd - d0) % VL, nv = (hd - d0) / VL + (m > 0);
-    if (m == 0) m = VL;
-    switch (nv * 2 + (m < VL)) {
-    case 2: values_tile(out, p, v, vs, hd, n, d0, m, 1, 0, I8); break;
-    case 3: values_tile(out, p, v, vs, hd, n, d0, m, 1, 1, I8); break;
-    case 4: values_tile(out, p, v, vs, hd, n, d0, m, 2, 0, I8); break;
-    case 5: values_tile(out, p, v, vs, hd, n, d0, m, 2, 1, I8); break;
-    case 6: values_tile(out, p, v, vs, hd, n, d0, m, 3, 0, I8); break;
-    case 7: values_tile(out, p, v, vs, hd, n, d0, m, 3, 1, I8); break;
-    case 9: values_tile(out, p, v, vs, hd, n, d0, m, 4, 1, I8); break;
-    default: break; /* nothing left */
-    }
+#define VALUES_REST(NV, TAIL) values_tile(out, p, v, vs, hd, n, d0, m, NV, TAIL, I8)
+    REST_TILE(hd - d0, m, VALUES_REST);
+#undef VALUES_REST
 }
 
 static void OPS_NAME(attn_scores)(float *scores, const float *q, const uint16_t *kt, int32_t ldk, int32_t hd,

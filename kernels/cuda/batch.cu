@@ -99,14 +99,6 @@ static lsc_batch *scratch_for(ls_model *m, int32_t n_tokens, int32_t n_sample) {
     return b;
 }
 
-/* One block's share of a row: n of its tokens at pos0.. of its session. */
-typedef struct {
-    int32_t row;   /* index into the call's rows */
-    int32_t first; /* first token, offset into the call's token array */
-    int32_t n, pos0, loops;
-    int32_t last;  /* the row's final piece */
-} piece;
-
 /* A failure after sessions began to change: every session of the call is
  * left unknown, as ls_session_step leaves its own. */
 static int32_t fail_all(ls_session *const *sessions, int32_t n_rows, int32_t *out, const char *what, cudaError_t e) {
@@ -120,7 +112,7 @@ static int32_t fail_all(ls_session *const *sessions, int32_t n_rows, int32_t *ou
 
 /* Runs one block of pieces through their loops; copies each sampling
  * row's final hidden state to b->last[slot[row]]. */
-static cudaError_t run_block(ls_model *m, ls_session *const *sessions, const piece *pieces, int32_t n_pieces,
+static cudaError_t run_block(ls_model *m, ls_session *const *sessions, const ls_batch_piece *pieces, int32_t n_pieces,
                              const int32_t *tokens, lsc_batch *b, const int32_t *slot, const char **what) {
     const ls_model_info *mi = &m->info;
     const ls_runtime *rt = m->rt;
@@ -128,7 +120,7 @@ static cudaError_t run_block(ls_model *m, ls_session *const *sessions, const pie
     cudaError_t e = cudaSuccess;
     int32_t T = 0;
     for (int32_t i = 0; i < n_pieces && e == cudaSuccess; i++) {
-        const piece *p = &pieces[i];
+        const ls_batch_piece *p = &pieces[i];
         ls_session *s = sessions[p->row];
         *what = "embedding";
         e = lsc_embed(b->act.h + (size_t)T * dim, rt->tok_embeddings, b->tokens + p->first, p->n, dim);
@@ -165,7 +157,7 @@ static cudaError_t run_block(ls_model *m, ls_session *const *sessions, const pie
         }
     }
     for (int32_t i = 0, r0 = 0; i < n_pieces; r0 += pieces[i].n, i++) {
-        const piece *p = &pieces[i];
+        const ls_batch_piece *p = &pieces[i];
         ls_session *s = sessions[p->row];
         memcpy(s->tokens + s->pos, tokens + p->first, (size_t)p->n * sizeof *tokens);
         s->pos += p->n;
@@ -177,6 +169,24 @@ static cudaError_t run_block(ls_model *m, ls_session *const *sessions, const pie
         }
     }
     return cudaSuccess;
+}
+
+/* run_block's arguments, as ls_batch_blocks hands blocks over, and the
+ * first failure. */
+typedef struct {
+    ls_model *m;
+    ls_session *const *sessions;
+    const int32_t *tokens;
+    lsc_batch *b;
+    const int32_t *slot;
+    cudaError_t e;
+    const char *what;
+} block_call;
+
+static int run_block_call(void *ctx, const ls_batch_piece *pieces, int32_t n) {
+    block_call *c = (block_call *)ctx;
+    c->e = run_block(c->m, c->sessions, pieces, n, c->tokens, c->b, c->slot, &c->what);
+    return c->e != cudaSuccess;
 }
 
 /* Run order: shallowest first, stable. */
@@ -240,55 +250,26 @@ extern "C" int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const
         if (sessions[i]->failed) rc = out[i] = LS_ERR_STATE;
     if (rc != LS_OK) return rc;
 
-    /* rows in run order, each with its first token; sampling rows numbered
-     * in call order for the head */
-    int32_t order[LS_BATCH_MAX_ROWS], first[LS_BATCH_MAX_ROWS], slot[LS_BATCH_MAX_ROWS], pos0[LS_BATCH_MAX_ROWS];
-    int32_t n_sample = 0, n_tokens = 0;
-    for (int32_t i = 0; i < n_rows; n_tokens += rows[i].n_tokens, i++) {
-        first[i] = n_tokens;
-        pos0[i] = sessions[i]->pos;
-        slot[i] = rows[i].sample ? n_sample++ : -1;
-        int32_t j = i;
-        while (j > 0 && row_before(&rows[i], &rows[order[j - 1]])) {
-            order[j] = order[j - 1];
-            j--;
-        }
-        order[j] = i;
-    }
-    lsc_batch *b = scratch_for(m, n_tokens, n_sample > 0 ? n_sample : 1);
+    ls_batch_plan plan;
+    ls_batch_plan_rows(&plan, sessions, rows, n_rows, row_before);
+    lsc_batch *b = scratch_for(m, plan.n_tokens, plan.n_sample > 0 ? plan.n_sample : 1);
     if (!b) {
         cudaGetLastError(); // a failed allocation leaves no sticky error
         for (int32_t i = 0; i < n_rows; i++) out[i] = LS_ERR_NOMEM;
         return LS_ERR_NOMEM;
     }
-    const char *what = "selecting the device";
-    cudaError_t e = cudaSetDevice(m->rt->device);
-    if (e == cudaSuccess) {
-        what = "copying the tokens";
-        e = cudaMemcpy(b->tokens, tokens, (size_t)n_tokens * sizeof(int32_t), cudaMemcpyHostToDevice);
+    block_call call = {m, sessions, tokens, b, plan.slot, cudaSuccess, "selecting the device"};
+    call.e = cudaSetDevice(m->rt->device);
+    if (call.e == cudaSuccess) {
+        call.what = "copying the tokens";
+        call.e = cudaMemcpy(b->tokens, tokens, (size_t)plan.n_tokens * sizeof(int32_t), cudaMemcpyHostToDevice);
     }
-    if (e != cudaSuccess) return fail_all(sessions, n_rows, out, what, e);
-
-    /* cut the ordered rows into blocks of at most LS_CUDA_CHUNK rows */
-    piece pieces[LS_CUDA_CHUNK];
-    int32_t n_pieces = 0, block_rows = 0;
-    for (int32_t k = 0; k < n_rows && e == cudaSuccess; k++) {
-        int32_t i = order[k];
-        for (int32_t done = 0; done < rows[i].n_tokens && e == cudaSuccess;) {
-            int32_t n = rows[i].n_tokens - done;
-            if (n > LS_CUDA_CHUNK - block_rows) n = LS_CUDA_CHUNK - block_rows;
-            pieces[n_pieces++] = piece{i, first[i] + done, n, pos0[i] + done, rows[i].step.loops,
-                                       done + n == rows[i].n_tokens};
-            block_rows += n;
-            done += n;
-            if (block_rows == LS_CUDA_CHUNK) {
-                e = run_block(m, sessions, pieces, n_pieces, tokens, b, slot, &what);
-                n_pieces = block_rows = 0;
-            }
-        }
-    }
-    if (e == cudaSuccess && n_pieces > 0) e = run_block(m, sessions, pieces, n_pieces, tokens, b, slot, &what);
-    if (e == cudaSuccess && n_sample > 0) e = draw(m, sessions, rows, n_rows, slot, n_sample, b, logits_out, out, &what);
+    ls_batch_piece pieces[LS_CUDA_CHUNK];
+    if (call.e == cudaSuccess) ls_batch_blocks(&plan, rows, LS_CUDA_CHUNK, pieces, run_block_call, &call);
+    cudaError_t e = call.e;
+    const char *what = call.what;
+    if (e == cudaSuccess && plan.n_sample > 0)
+        e = draw(m, sessions, rows, n_rows, plan.slot, plan.n_sample, b, logits_out, out, &what);
     else if (e == cudaSuccess)
         for (int32_t i = 0; i < n_rows; i++) out[i] = LS_OK;
     /* surfaces an asynchronous kernel failure before the caller trusts the sessions */
