@@ -89,11 +89,13 @@ describe("round trip", () => {
       }
     });
 
-    test(`int2 group ${group}: the levels span the group (offset the min rounded down, scale the range / 3 rounded up), every weight at its nearest level`, () => {
+    test(`int2 group ${group}: codes 0..3, each weight at its nearest level or an end level, the searched range no worse (|w|-weighted) than spanning the group`, () => {
       const w = weights(rows * cols, group + 2);
       const q = quantizeInt2(w, rows, cols, group);
       const deq = dequantize(q);
       const ng = cols / group;
+      const used = new Set<number>();
+      let clipped = 0;
       for (let r = 0; r < rows; r++) {
         for (let g = 0; g < ng; g++) {
           let mn = Infinity;
@@ -104,15 +106,35 @@ describe("round trip", () => {
           }
           const z = F16_TO_F32[q.zeros![r * ng + g]];
           const s = groupScale(q, r, g);
-          expect(z).toBe(F16_TO_F32[f16BitsDown(mn)]);
-          expect(s).toBe(F16_TO_F32[f16BitsUp((mx - z) / 3)]);
+          expect(z).toBeGreaterThanOrEqual(F16_TO_F32[f16BitsDown(mn)]);
+          let e = 0;
           for (let i = g * group; i < (g + 1) * group; i++) {
+            const v = w[r * cols + i];
             const c = codeAt(q, r, i);
+            used.add(c);
             expect(c >= 0 && c <= 3).toBe(true);
-            expect(Math.abs(w[r * cols + i] - deq[r * cols + i])).toBeLessThanOrEqual(s / 2 + 1e-12);
+            const t = (v - z) / s;
+            if (t > 3.5) expect(c).toBe(3);
+            else if (t < -0.5) expect(c).toBe(0);
+            else expect(Math.abs(v - deq[r * cols + i])).toBeLessThanOrEqual(s / 2 + 1e-12);
+            if (t > 3.5 || t < -0.5) clipped++;
+            e += Math.abs(v) * (v - deq[r * cols + i]) ** 2;
           }
+          // The first candidate: the levels spanning the group.
+          const z0 = F16_TO_F32[f16BitsDown(mn)];
+          const s0 = F16_TO_F32[f16BitsUp((mx - z0) / 3)];
+          let e0 = 0;
+          for (let i = g * group; i < (g + 1) * group; i++) {
+            const v = w[r * cols + i];
+            const c = s0 > 0 ? Math.min(3, Math.max(0, Math.round((v - z0) / s0))) : 0;
+            e0 += Math.abs(v) * (v - (c * s0 + z0)) ** 2;
+          }
+          expect(e).toBeLessThanOrEqual(e0 * (1 + 1e-9));
         }
       }
+      expect([...used].sort()).toEqual([0, 1, 2, 3]);
+      // The search does trade extremes for the rest somewhere.
+      expect(clipped).toBeGreaterThan(0);
     });
   }
 
