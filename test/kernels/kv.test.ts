@@ -16,7 +16,7 @@
 // not part of the ABI the binding uses.
 import { beforeAll, describe, expect, test } from "bun:test";
 import { dlopen, FFIType } from "bun:ffi";
-import { type KvCacheSettings, NativeModel } from "../../src/engine/binding.ts";
+import { type KvCacheSettings, NativeError, NativeModel } from "../../src/engine/binding.ts";
 import { Engine } from "../../src/engine/engine.ts";
 import { EngineLoadError, EngineRequestError } from "../../src/engine/errors.ts";
 import type { GenerateRequest, SimdChoice } from "../../src/engine/types.ts";
@@ -363,6 +363,15 @@ describe("the cache is allocated in blocks as positions arrive", () => {
         expectBitIdentical(across, whole, `${label(kv)}: growth at position 512`);
       }
     });
+  });
+
+  test("closing a model frees its open sessions first; a closed session refuses calls", () => {
+    const m = NativeModel.load(LIB, tinyModelPath(SHAPES.hd64), 2, "auto");
+    const s = m.newSession(64, 2, 0);
+    s.forward(Int32Array.from(tokensFor(SHAPES.hd64.vocabSize, 20, 1)), 2);
+    m.close();
+    expect(() => s.forward(Int32Array.of(1), 2)).toThrow(NativeError);
+    s.close(); // already closed: nothing to do
   });
 
   test("a session made from the buffers freed sessions left behind computes what the model's first session did", () => {
