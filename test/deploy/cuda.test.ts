@@ -9,8 +9,10 @@
 // batch invariance on its own (a prompt's last logits are bit-identical
 // whether prefilled in one call or fed token by token), windowed caches,
 // rollback, prefix copies, temperature draws that equal ls_sample on the
-// same logits (the draw is sample.c's code in both libraries), and batched
-// steps whose every row is bit-identical to its session stepped alone.
+// same logits (the draw is sample.c's code in both libraries), batched
+// steps whose every row is bit-identical to its session stepped alone, and
+// the server, which picks the CUDA library on its own, giving concurrent
+// requests batched on the device exactly their one-at-a-time tokens.
 //
 // (It sits with the deployment tests because it is about which library a
 // host can run; test/kernels/ would be its home next to the CPU kernels.)
@@ -24,6 +26,9 @@ import { CUDA_LIBRARY_NAME } from "../../src/engine/library.ts";
 import { expectSameAsSolo, plans } from "../helpers/batch.ts";
 import { tokensFor } from "../helpers/kernels.ts";
 import { tinyModelPath } from "../helpers/models.ts";
+import { jsonBody } from "../helpers/http.ts";
+import { startServer } from "../helpers/server.ts";
+import { GenerateResponse } from "../../src/http/responses.ts";
 
 const ROOT = resolve(import.meta.dir, "../..");
 const CPU_LIB = join(ROOT, "build", "libloopserve.so");
@@ -191,5 +196,33 @@ describe.skipIf(!built || devices === 0)("CUDA library against the CPU library",
     } finally {
       m.close();
     }
+  }, 120_000);
+});
+
+describe.skipIf(!built || devices === 0)("the server on the GPU", () => {
+  test("concurrent requests batched on the device get exactly the tokens they get one at a time", async () => {
+    const bodies = Array.from({ length: 10 }, (_, i) => ({
+      prompt: `${["In the beginning", "And the LORD spake unto Moses", "The LORD is my shepherd", "Blessed are"][i % 4]} ${i}`.repeat(1 + (i % 3) * 4),
+      max_tokens: 8 + (i % 5) * 3,
+      loops: 1 + (i % 4),
+      ...(i % 3 === 1 ? { temperature: 0.8, top_k: 40, sample_seed: 100 + i } : {}),
+    }));
+    const generate = async (env: Record<string, string>, together: boolean) => {
+      const s = await startServer({ env: { SERVICE_MAX_SEQ_LEN: "512", SERVICE_PREFILL_CHUNK: "16", ...env } });
+      try {
+        expect(s.output()).toContain("simd cuda");
+        const one = async (body: (typeof bodies)[number]) => (await jsonBody(await s.post("/generate", body), GenerateResponse)).tokens;
+        if (together) return await Promise.all(bodies.map(one));
+        const out: number[][] = [];
+        for (const body of bodies) out.push(await one(body));
+        return out;
+      } finally {
+        await s.stop();
+      }
+    };
+    const alone = await generate({ SERVICE_MAX_BATCH: "1" }, false);
+    const batched = await generate({ SERVICE_MAX_BATCH: "8" }, true);
+    expect(batched).toEqual(alone);
+    expect(alone.every((t) => t.length > 0)).toBe(true);
   }, 120_000);
 });
