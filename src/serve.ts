@@ -36,7 +36,7 @@ environment:
   SERVICE_BUILD_DIR             where libloopserve.so is found (./build)
   SERVICE_COMMIT                reported as runtime.commit (unset)
   SERVICE_THREADS               kernel threads, 0 = all cores (0)
-  SERVICE_SIMD                  auto | portable | avx2 | avx512 (auto)
+  SERVICE_SIMD                  auto | portable | avx2 | avx512 (auto; a named path keeps a GPU host on the CPU)
   SERVICE_PROFILE               1: per-op kernel times in the log after each request
   SERVICE_KV_INT8, SERVICE_KV_INT4  key/value cache in int8 / int4 (at most one; default fp16)
   SERVICE_KV_H_MODE             rotate K/V (and q) per head by a Walsh-Hadamard transform

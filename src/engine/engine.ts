@@ -121,7 +121,8 @@ export class Engine {
   /**
    * The kernel library to load: SERVICE_BUILD_DIR first, else the one
    * embedded in the executable (extracted once to a cache directory); the
-   * CUDA library instead when it is present and sees a device.
+   * CUDA library instead when it is present and sees a device, unless the
+   * cache mode or a named SIMD path asks for the CPU kernels.
    */
   private static kernelLibrary(opts: EngineOptions, kv: KvCacheSettings): string {
     try {
@@ -131,6 +132,7 @@ export class Engine {
       const gpu = cuda !== null && cudaDeviceCount(cuda) > 0;
       // The CUDA kernels keep the fp16 cache only (kernels/cuda/runtime.cu).
       if (gpu && kv.mode !== "fp16") log.warn(`kv_cache_mode ${kv.mode} runs on the CPU kernels only: using them`);
+      else if (gpu && opts.simd !== "auto") log.info(`SERVICE_SIMD ${opts.simd} names a CPU path: using the CPU kernels, not the GPU`);
       else if (gpu) return cuda;
       else if (cuda) log.info("no usable CUDA device: using the CPU kernels");
       return cpu;

@@ -225,4 +225,15 @@ describe.skipIf(!built || devices === 0)("the server on the GPU", () => {
     expect(batched).toEqual(alone);
     expect(alone.every((t) => t.length > 0)).toBe(true);
   }, 120_000);
+
+  test("SERVICE_SIMD naming a CPU path keeps the server on the CPU kernels, where speculative decoding runs", async () => {
+    const s = await startServer({ env: { SERVICE_SIMD: "avx2" } });
+    try {
+      expect(s.output()).toContain("simd avx2");
+      const res = await s.post("/generate/speculative", { prompt: "In the beginning", max_tokens: 8, draft_loops: 1, verify_loops: 4 });
+      expect(res.status).toBe(200);
+    } finally {
+      await s.stop();
+    }
+  });
 });
