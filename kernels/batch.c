@@ -139,16 +139,11 @@ static void run_block(ls_model *m, ls_session *const *sessions, const ls_batch_p
         att.lo = lo;
         att.view = &view;
         ls_forward_block_loop(m, &view, T - start, skip, l, attend_block, &att);
-        for (int32_t i = lo; i < n_pieces; i++) {
-            ls_session *s = sessions[pieces[i].row];
-            ls_seq_advance(s->loop_len, s->loop_lo, l, pieces[i].pos0 + pieces[i].n, s->cap);
-        }
+        ls_batch_loop_done(sessions, pieces, lo, n_pieces, l);
     }
+    ls_batch_block_done(sessions, pieces, n_pieces, tokens);
     for (int32_t i = 0, r0 = 0; i < n_pieces; r0 += pieces[i].n, i++) {
         const ls_batch_piece *p = &pieces[i];
-        ls_session *s = sessions[p->row];
-        memcpy(s->tokens + s->pos, tokens + p->first, (size_t)p->n * sizeof *tokens);
-        s->pos += p->n;
         if (needs_output(p, slot))
             memcpy(b->last + (size_t)slot[p->row] * dim, b->h + (size_t)(r0 + p->n - 1) * dim, (size_t)dim * sizeof(float));
     }

@@ -1,10 +1,14 @@
 /*
- * batch_rules.h — ls_batch_step's checks of its arguments and its plan (run
- * order, blocks), shared by the CPU library (batch.c) and the CUDA one.
- * Include after the library's session definition (ls_session_view). Not ABI.
+ * batch_rules.h — ls_batch_step's checks of its arguments, its plan (run
+ * order, blocks) and its session bookkeeping, shared by the CPU library
+ * (batch.c) and the CUDA one. Include after the library's session
+ * definition: ls_session_view, and the fields both libraries' sessions
+ * name alike (pos, tokens, loop_len, loop_lo, cap). Not ABI.
  */
 #ifndef LS_BATCH_RULES_H
 #define LS_BATCH_RULES_H
+
+#include <string.h>
 
 #include "session_rules.h"
 
@@ -99,6 +103,26 @@ static inline int ls_batch_blocks(const ls_batch_plan *p, const ls_batch_row *ro
         }
     }
     return n_pieces > 0 ? run(ctx, pieces, n_pieces) : 0;
+}
+
+/* Loop l has run for pieces [lo, n): their sessions' loop l holds their positions. */
+static inline void ls_batch_loop_done(ls_session *const *sessions, const ls_batch_piece *pieces, int32_t lo,
+                                      int32_t n, int32_t l) {
+    for (int32_t i = lo; i < n; i++) {
+        ls_session *s = sessions[pieces[i].row];
+        ls_seq_advance(s->loop_len, s->loop_lo, l, pieces[i].pos0 + pieces[i].n, s->cap);
+    }
+}
+
+/* A block has run every loop: its pieces' tokens join their sessions' histories. */
+static inline void ls_batch_block_done(ls_session *const *sessions, const ls_batch_piece *pieces, int32_t n,
+                                       const int32_t *tokens) {
+    for (int32_t i = 0; i < n; i++) {
+        const ls_batch_piece *p = &pieces[i];
+        ls_session *s = sessions[p->row];
+        memcpy(s->tokens + s->pos, tokens + p->first, (size_t)p->n * sizeof *tokens);
+        s->pos += p->n;
+    }
 }
 
 #endif
