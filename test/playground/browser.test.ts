@@ -249,8 +249,11 @@ describe.skipIf(!haveChromium)("the playground in Chromium", () => {
     step = "stop";
     await page.click("#clear");
     await page.select("#k-mode", "generate");
-    await setField("#k-loops", "8");
-    // Greedy, so the reply is the same long one every run (no early end of text).
+    // 32 loops: four times the work per token of the default depth, so the
+    // 450-token reply is still streaming when Stop is clicked however fast
+    // the machine. Greedy, so the reply is the same long one every run (no
+    // early end of text).
+    await setField("#k-loops", "32");
     await setField("#k-temperature", "0");
     await setField("#k-max-tokens", "450");
     await setField("#prompt", "Speak at length.");
