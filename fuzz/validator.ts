@@ -18,17 +18,22 @@ import { rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describeModelFile } from "../src/engine/model_descriptor.ts";
 import {
+  BLOCK_BITS,
+  type BlockQuant,
   configToMetadata,
   expectedTensorShapes,
   GROUP_SIZES,
   loadModelFile,
   loadQuantModelFile,
+  matrixQuant,
   matrixShapes,
   HEAD_BITS,
   type ModelConfig,
   type ModelShape,
   type QuantizedHead,
   QUANT_MATRICES,
+  type QuantMatrixName,
+  type QuantMix,
   quantTensorShapes,
 } from "../src/model/format.ts";
 import { DTYPE_SIZES, type Dtype, ModelFormatError } from "../src/model/safetensors.ts";
@@ -97,6 +102,13 @@ type ValidConfig = ModelShape & {
   normEpsText: string;
 };
 
+/** The block matrices whose bit in `bits` is set, in the other block format than `quant`. */
+function mixOf(quant: BlockQuant, bits: number): QuantMix {
+  const other: BlockQuant = quant === "int4" ? "int2" : "int4";
+  const bit: Record<QuantMatrixName, number> = { wq: 0, wk: 1, wv: 2, wo: 3, w1: 4, w2: 5, w3: 4 };
+  return Object.fromEntries(QUANT_MATRICES.filter((m) => bits & (1 << bit[m])).map((m) => [m, other]));
+}
+
 /** A consistent config of a small model in any weight format. */
 const validConfig: fc.Arbitrary<ValidConfig> = fc
   .record({
@@ -112,6 +124,8 @@ const validConfig: fc.Arbitrary<ValidConfig> = fc
     normEps: normEpsText,
     groupSize: fc.constantFrom(...GROUP_SIZES.slice(0, 2)),
     output: fc.constantFrom<Output>("tied", "fp16", "int8", "int6", "int4"),
+    // Bit k puts block matrix k in the other block format (w1 and w3 share bit 4).
+    mixBits: fc.integer({ min: 0, max: 63 }),
   })
   .map((r) => {
     const nHeads = r.kvHeads * r.group;
@@ -137,6 +151,7 @@ const validConfig: fc.Arbitrary<ValidConfig> = fc
       quant: r.quant as ModelConfig["quant"],
       groupSize: quantized ? r.groupSize : 0,
       tokenizer: "gpt2" as const,
+      quantMix: quantized ? mixOf(r.quant as BlockQuant, r.mixBits) : {},
       // A quantized head needs dim a multiple of its group (int6: of 64).
       output: !quantized && r.output !== "tied" ? "fp16" : r.output === "int6" && dim % 64 !== 0 ? "int8" : r.output,
     };
@@ -151,8 +166,10 @@ function tensorsOf(c: ValidConfig): [string, Dtype, number[]][] {
   } else {
     for (const [name, shape] of f16) if (!/^block\.w[qkvo123]\./.test(name)) out.push([name, "F16", shape]);
     const shapes = matrixShapes(c);
-    const bits = c.quant === "int4" ? 4 : 2;
-    for (const m of QUANT_MATRICES) out.push(...quantTensorShapes(`block.${m}`, bits, shapes[m][0], shapes[m][1], c.groupSize));
+    for (const m of QUANT_MATRICES) {
+      const bits = BLOCK_BITS[matrixQuant(c, m) as BlockQuant];
+      out.push(...quantTensorShapes(`block.${m}`, bits, shapes[m][0], shapes[m][1], c.groupSize));
+    }
   }
   if (c.output !== "tied" && c.output !== "fp16") out.push(...quantTensorShapes("output", HEAD_BITS[c.output], c.vocabSize, c.dim, c.groupSize));
   if (c.output === "fp16") out.push(["output.weight", "F16", [c.vocabSize, c.dim]]);

@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define LS_ABI_VERSION 5
+#define LS_ABI_VERSION 6
 
 /* ---- status codes ---- */
 typedef enum {
@@ -80,6 +80,9 @@ typedef enum {
  * row (G in 32, 64, 128, 256; dim and ffn_dim multiples of G); tensors
  * `X.qweight`, `X.scales` (F16 [out, in / G], scale s of group g of row o at
  * [o, g]) and, int2 only, `X.zeros` (F16 [out, in / G]); no `X.weight`.
+ * Each matrix has its own format (block_bits, 4 or 2; w1 and w3 alike): a
+ * model's `quant` names most of them, and metadata `quant_mix` the others
+ * (an int2 model keeping wv, wo and w2 at int4, say).
  *   int4  X.qweight U8 [out, in / 2]. Code c in [-8, 7] (symmetric), stored
  *         as the nibble c + 8; input 2j of a row in the low nibble of the
  *         row's byte j, input 2j + 1 in the high nibble.
@@ -143,6 +146,7 @@ typedef struct {
     int32_t head_bits;      /* the output head's format: 8, 6, 4, or 0 (F16 or tied) */
     int32_t head_group;     /* its group (0 when head_bits is 0) */
     int32_t reserved;
+    int32_t block_bits[7];  /* each block matrix's format, wq wk wv wo w1 w2 w3: 4 or 2; 0 in an fp16 model */
 } ls_model_info;
 
 int32_t ls_abi_version(void);
@@ -194,6 +198,8 @@ typedef struct {
     int32_t group_size;     /* 0 for fp16; otherwise a power of two in [LS_QUANT_GROUP_MIN, LS_QUANT_GROUP_MAX] dividing dim and ffn_dim */
     int32_t head_bits;      /* 8, 6 or 4: output.qweight holds the head in that format; 0: F16 or tied head */
     int32_t head_group;     /* head_bits > 0: its group, a power of two in [LS_QUANT_GROUP_MIN, LS_QUANT_GROUP_MAX] dividing dim; else 0 */
+    int32_t block_bits[7];  /* each block matrix's format, wq wk wv wo w1 w2 w3: 4 (int4) or 2 (int2), w1 and w3
+                               alike, in an int4 or int2 model; all 0 in an fp16 model */
 } ls_model_config;
 
 /* Element types of the tensors a model holds (safetensors' names). */

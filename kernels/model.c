@@ -89,6 +89,17 @@ static int check_config(const ls_model_config *c, ls_model_info *info, char *err
                      c->head_bits, c->head_group, c->dim);
         return -1;
     }
+    for (int k = 0; k < 7; k++) {
+        const int32_t b = c->block_bits[k];
+        if (c->quant == LS_QUANT_FP16 ? b != 0 : (b != 4 && b != 2) || c->block_bits[6] != c->block_bits[4]) {
+            ls_set_error(err, err_len,
+                         "model descriptor: block_bits %d %d %d %d %d %d %d do not suit quant %s: 4 or 2 each, w1 and "
+                         "w3 alike, in an int4 or int2 model; 0 in an fp16 model",
+                         c->block_bits[0], c->block_bits[1], c->block_bits[2], c->block_bits[3], c->block_bits[4],
+                         c->block_bits[5], c->block_bits[6], quant_name(c->quant));
+            return -1;
+        }
+    }
     int32_t G = c->group_size;
     if (c->dim % c->n_heads != 0 || (c->dim / c->n_heads) % 2 != 0 || c->n_heads % c->n_kv_heads != 0 ||
         (G > 0 && (c->dim % G != 0 || c->ffn_dim % G != 0))) {
@@ -113,6 +124,7 @@ static int check_config(const ls_model_config *c, ls_model_info *info, char *err
     info->group_size = G;
     info->head_bits = c->head_bits;
     info->head_group = c->head_group;
+    memcpy(info->block_bits, c->block_bits, sizeof info->block_bits);
     return 0;
 }
 
@@ -144,7 +156,7 @@ static slot_rule f16_rule(presence need, int64_t rows, int64_t cols) {
 // dims are capped by check_config (<= 2^20 * 2^18 elements), so no product overflows.
 static slot_rule rule_of(const ls_model_info *in, int slot) {
     const int64_t dim = in->dim, vocab = in->vocab_size, G = in->group_size, hb = in->head_bits;
-    const int quantized = in->quant != LS_QUANT_FP16, bits = in->quant == LS_QUANT_INT4 ? 4 : 2;
+    const int quantized = in->quant != LS_QUANT_FP16;
     const slot_rule absent = {ABSENT, LS_DTYPE_NONE, 0, 0};
     switch (slot) {
     case LS_TENSOR_TOK_EMBEDDINGS: return f16_rule(REQUIRED, vocab, dim);
@@ -158,13 +170,14 @@ static slot_rule rule_of(const ls_model_info *in, int slot) {
     case LS_TENSOR_OUTPUT_SCALES: return hb ? f16_rule(REQUIRED, vocab, dim / in->head_group) : absent;
     default: break;
     }
+    const int k = (slot - LS_TENSOR_WQ_WEIGHT) / 4, bits = in->block_bits[k];
     int64_t rows, cols;
-    matrix_shape(in, (slot - LS_TENSOR_WQ_WEIGHT) / 4, &rows, &cols);
+    matrix_shape(in, k, &rows, &cols);
     switch ((slot - LS_TENSOR_WQ_WEIGHT) % 4) {
     case 0: return quantized ? absent : f16_rule(REQUIRED, rows, cols);
     case 1: return quantized ? (slot_rule){REQUIRED, LS_DTYPE_U8, (uint64_t)(rows * cols * bits / 8), 0} : absent;
     case 2: return quantized ? f16_rule(REQUIRED, rows, cols / G) : absent;
-    default: return in->quant == LS_QUANT_INT2 ? f16_rule(REQUIRED, rows, cols / G) : absent;
+    default: return bits == 2 ? f16_rule(REQUIRED, rows, cols / G) : absent;
     }
 }
 
@@ -203,8 +216,14 @@ static int check_slot(const ls_model_info *in, const ls_tensor_span *t, int slot
         return 0;
     }
     if (r.need == ABSENT) {
-        ls_set_error(err, err_len, "tensor '%s' does not belong in an %s model with %s", name, quant_name(in->quant),
-                     in->head_bits ? "a quantized output head (head_bits > 0)" : "an F16 or tied output head");
+        const int k = (slot - LS_TENSOR_WQ_WEIGHT) / 4;
+        if (slot >= LS_TENSOR_WQ_WEIGHT && slot < LS_TENSOR_OUTPUT_WEIGHT)
+            ls_set_error(err, err_len, "tensor '%s' does not belong in an %s model whose matrix is %s", name,
+                         quant_name(in->quant), in->block_bits[k] ? (in->block_bits[k] == 4 ? "int4" : "int2") : "fp16");
+        else
+            ls_set_error(err, err_len, "tensor '%s' does not belong in an %s model with %s", name,
+                         quant_name(in->quant),
+                         in->head_bits ? "a quantized output head (head_bits > 0)" : "an F16 or tied output head");
         return -1;
     }
     if (sp->dtype != r.dtype) {
@@ -311,7 +330,6 @@ static void wire_weights(ls_model *m, const ls_tensor_span *t, const uint8_t *ma
     w->norm = tensor_at(t, LS_TENSOR_NORM, map);
     const uint16_t **fp16[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w1, &w->w2, &w->w3};
     const ls_qmat **quant[7] = {&w->qwq, &w->qwk, &w->qwv, &w->qwo, &w->qw1, &w->qw2, &w->qw3};
-    const int bits = in->quant == LS_QUANT_INT4 ? 4 : 2;
     for (int k = 0; k < 7; k++) {
         const int base = LS_TENSOR_WQ_WEIGHT + 4 * k;
         *fp16[k] = tensor_at(t, base, map);
@@ -320,7 +338,7 @@ static void wire_weights(ls_model *m, const ls_tensor_span *t, const uint8_t *ma
         int64_t rows, cols;
         matrix_shape(in, k, &rows, &cols);
         m->qmats[k] = (ls_qmat){tensor_at(t, base + 1, map), tensor_at(t, base + 2, map), tensor_at(t, base + 3, map),
-                                (int32_t)rows, (int32_t)cols, in->group_size, bits, 0, NULL, NULL};
+                                (int32_t)rows, (int32_t)cols, in->group_size, in->block_bits[k], 0, NULL, NULL};
         *quant[k] = &m->qmats[k];
     }
     w->qoutput = NULL;

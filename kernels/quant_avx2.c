@@ -373,4 +373,4 @@ static void dot_u2_avx2(int32_t *isum, const uint8_t *codes, int32_t ldb, const 
     }
 }
 
-LS_QOPS_TABLE(avx2, LS_SIMD_AVX2, NULL);
+LS_QOPS_TABLE(avx2, LS_SIMD_AVX2, 1, NULL);

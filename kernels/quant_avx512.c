@@ -588,4 +588,4 @@ static void dot_u2_avx512(int32_t *isum, const uint8_t *codes, int32_t ldb, cons
     }
 }
 
-LS_QOPS_TABLE(avx512, LS_SIMD_AVX512, pack_avx512);
+LS_QOPS_TABLE(avx512, LS_SIMD_AVX512, 0, pack_avx512);

@@ -128,7 +128,7 @@ static void dot_u2_portable(int32_t *isum, const uint8_t *codes, int32_t ldb, co
     }
 }
 
-LS_QOPS_TABLE(portable, LS_SIMD_PORTABLE, NULL);
+LS_QOPS_TABLE(portable, LS_SIMD_PORTABLE, 0, NULL);
 
 // ---- dispatch ----
 

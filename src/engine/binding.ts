@@ -3,6 +3,7 @@
 // One FFI call per engine step: forward/step take whole token batches.
 import { dlopen, FFIType, type Pointer } from "bun:ffi";
 import { type KvCacheMode, kvModeCode, kvModeSpec } from "../model/kvcache.ts";
+import { type BlockQuant, QUANT_MATRICES, type QuantMix } from "../model/format.ts";
 import { ModelFormatError } from "../model/safetensors.ts";
 import {
   LS_ABI_VERSION,
@@ -59,6 +60,7 @@ const symbols = {
 export const SIMD_CODES: Record<SimdChoice, number> = { auto: LS_SIMD_AUTO, portable: LS_SIMD_PORTABLE, avx2: LS_SIMD_AVX2, avx512: LS_SIMD_AVX512 };
 
 const QUANT_NAMES: Record<number, ModelFileInfo["quant"]> = { [LS_QUANT_FP16]: "fp16", [LS_QUANT_INT4]: "int4", [LS_QUANT_INT2]: "int2" };
+const BLOCK_NAMES: Record<number, BlockQuant> = { 4: "int4", 2: "int2" };
 const HEAD_NAMES: Record<number, ModelFileInfo["headQuant"]> = { 0: "fp16", 8: "int8", 6: "int6", 4: "int4" };
 
 export class NativeError extends Error {
@@ -149,7 +151,19 @@ function fileInfo(raw: StructView<"ls_model_info">): ModelFileInfo {
     tiedOutput: field("tied_output") === 1,
     headQuant: HEAD_NAMES[field("head_bits")] ?? "fp16",
     headGroupSize: field("head_group"),
+    quantMix: quantMixOf(raw),
   };
+}
+
+/** The block matrices ls_model_info.block_bits puts in another format than its quant. */
+function quantMixOf(raw: StructView<"ls_model_info">): QuantMix {
+  const quant = QUANT_NAMES[raw.get("quant") as number];
+  const mix: QuantMix = {};
+  QUANT_MATRICES.forEach((m, k) => {
+    const format = BLOCK_NAMES[raw.get("block_bits", k) as number];
+    if (format !== undefined && format !== quant) mix[m] = format;
+  });
+  return mix;
 }
 
 /**

@@ -11,7 +11,7 @@ import { checkModelFile } from "../engine/binding.ts";
 import type { ModelFileInfo } from "../engine/types.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "../engine/library.ts";
 import { type ProgressStream, withProgress } from "../progress.ts";
-import { GROUP_SIZES, HEAD_QUANTS, MAX_LOOPS } from "./format.ts";
+import { formatQuantMix, GROUP_SIZES, HEAD_QUANTS, MAX_LOOPS, parseQuantMix, type QuantMix } from "./format.ts";
 import { exportGguf } from "./gguf.ts";
 import { DEFAULT_GROUP_SIZE, type HeadQuant, quantizeModelFile, type WeightQuant } from "./quantize.ts";
 import { DTYPE_SIZES, ModelFormatError, readSafetensors, type SafetensorsFile } from "./safetensors.ts";
@@ -84,6 +84,9 @@ shared block's seven matrices quantized in groups along their inputs:
   int4  symmetric, codes -8..7 and one fp16 scale per group
   int2  codes 0..3 with one fp16 scale and one fp16 offset per group
   fp16  kept as they are (quantize the output head only)
+A model may keep some matrices in the other of int4 and int2 (--mix): by
+default int2 keeps wv, wo and w2 at int4, as llama.cpp's Q2_K keeps them at
+more bits, which halves int2's quality cost on the trained model.
 The output head (vocab x dim, the largest matrix, read once per decoded
 token) becomes, per --head, symmetric codes with one fp16 scale per group:
   int8  codes -127..127      int6  codes -32..31 (dim a multiple of 64)
@@ -99,6 +102,9 @@ options (default in brackets):
                            output head format [int6; int8 when dim is not
                            a multiple of 64]
   --head-group-size N      the head's inputs per scale [--group-size]
+  --mix LIST|none          matrices in the other block format, as
+                           name=format pairs: wv=int4,wo=int4,w2=int4
+                           [int2: that list; int4: none]. w1 and w3 share one
   -h, --help               this help`;
 
 const EXPORT_GGUF_HELP = `usage: loopserve model export-gguf IN OUT [--loops N]
@@ -296,6 +302,11 @@ function printHeader(io: CommandIO, path: string, file: SafetensorsFile, json: b
   io.out(`total: ${elems} elements, ${bytes} bytes of tensor data`);
 }
 
+/** ", with wv=int4,..." for a model mixing block formats, else "". */
+function mixNote(mix: QuantMix): string {
+  return Object.keys(mix).length > 0 ? `, with ${formatQuantMix(mix)}` : "";
+}
+
 function cmdInspect(argv: string[], io: CommandIO): number {
   const p = parseArgs(argv, new Set(), new Set(["--json", "-h", "--help"]));
   if (p.flags.has("-h") || p.flags.has("--help")) {
@@ -314,7 +325,7 @@ function cmdInspect(argv: string[], io: CommandIO): number {
   if (!json) {
     const head = c.headQuant === "fp16" ? "" : `, output head ${c.headQuant} (group ${c.headGroupSize})`;
     io.out(
-      `loopserve model: ${c.quant}${c.quant === "fp16" ? "" : ` (group ${c.groupSize})`}${head}, dim ${c.dim}, heads ${c.nHeads} (kv ${c.nKvHeads}), head_dim ${c.headDim}, ` +
+      `loopserve model: ${c.quant}${c.quant === "fp16" ? "" : ` (group ${c.groupSize}${mixNote(c.quantMix)})`}${head}, dim ${c.dim}, heads ${c.nHeads} (kv ${c.nKvHeads}), head_dim ${c.headDim}, ` +
         `ffn ${c.ffnDim}, vocab ${c.vocabSize}, default loops ${c.defaultLoops}, ` +
         `output ${c.tiedOutput ? "tied to tok_embeddings" : "untied"}`,
     );
@@ -323,7 +334,7 @@ function cmdInspect(argv: string[], io: CommandIO): number {
 }
 
 function cmdQuantize(argv: string[], io: CommandIO): number {
-  const p = parseArgs(argv, new Set(["--quant", "--group-size", "--head", "--head-group-size"]), new Set(["-h", "--help"]));
+  const p = parseArgs(argv, new Set(["--quant", "--group-size", "--head", "--head-group-size", "--mix"]), new Set(["-h", "--help"]));
   if (p.flags.has("-h") || p.flags.has("--help")) {
     io.out(QUANTIZE_HELP);
     return 0;
@@ -344,6 +355,17 @@ function cmdQuantize(argv: string[], io: CommandIO): number {
   for (const [flag, g] of [["--group-size", groupSize], ["--head-group-size", headGroupSize]] as const) {
     if (!GROUP_SIZES.includes(g)) throw new UsageError(`${flag} must be 32, 64, 128 or 256, got ${g}`);
   }
+  const mixText = p.flags.get("--mix");
+  let mix: QuantMix | undefined;
+  if (mixText !== undefined) {
+    if (typeof mixText !== "string") throw new UsageError("--mix takes a list such as wv=int4,wo=int4,w2=int4, or none");
+    if (quant === "fp16" && mixText !== "none") throw new UsageError("--mix needs --quant int4 or int2 (fp16 keeps the block as it is)");
+    try {
+      mix = mixText === "none" ? {} : parseQuantMix(mixText, quant);
+    } catch (e) {
+      throw new UsageError(`--mix: ${(e as Error).message}`);
+    }
+  }
   const t0 = performance.now();
   const r = withProgress("quantize", io.progress, (onProgress) =>
     quantizeModelFile(inPath, outPath, {
@@ -351,13 +373,14 @@ function cmdQuantize(argv: string[], io: CommandIO): number {
       groupSize,
       head: head as HeadQuant | undefined,
       headGroupSize,
+      mix,
       onProgress,
     }),
   );
   const ms = performance.now() - t0;
   io.out(
     `wrote ${outPath}: ${r.bytes} bytes (${((100 * r.bytes) / r.inputBytes).toFixed(1)}% of ${r.inputBytes}), ` +
-      `${quant} block${quant === "fp16" ? "" : `, group ${groupSize}`}, output head ` +
+      `${quant} block${quant === "fp16" ? "" : `, group ${groupSize}`}${mixNote(r.config.quantMix)}, output head ` +
       `${r.head === "tied" ? "tied (fp16)" : r.head === "fp16" ? "fp16" : `${r.head}, group ${headGroupSize}`} in ${ms.toFixed(0)} ms`,
   );
   return 0;

@@ -59,6 +59,7 @@ export interface ModelConfig {
   tiedOutput: boolean; // true when output.weight is absent and tok_embeddings is reused
   headQuant: HeadQuant; // the output head's format (fp16 also when tied)
   headGroupSize: number; // its quantization group; 0 for an fp16 head
+  quantMix: QuantMix; // block matrices in another format than `quant` (metadata quant_mix); {} when none
 }
 
 /** What the metadata alone fixes: the config but for the output head, which the tensors decide. */
@@ -82,6 +83,7 @@ export function configToMetadata(c: ModelShape): Record<string, string> {
     quant: c.quant,
     group_size: String(c.groupSize),
     tokenizer: c.tokenizer,
+    ...(Object.keys(c.quantMix).length > 0 ? { quant_mix: formatQuantMix(c.quantMix) } : {}),
   };
 }
 
@@ -147,6 +149,51 @@ export interface QuantMatrix {
 /** The quantized block matrices, as named in the file ("block.wq", ...). */
 export const QUANT_MATRICES = ["wq", "wk", "wv", "wo", "w1", "w2", "w3"] as const;
 export type QuantMatrixName = (typeof QUANT_MATRICES)[number];
+
+/** A block matrix's format in a quantized model, and its bits per code. */
+export type BlockQuant = "int4" | "int2";
+export const BLOCK_BITS = { int4: 4, int2: 2 } as const;
+/** Block matrices stored in the other block format than the model's `quant` (metadata `quant_mix`). */
+export type QuantMix = Partial<Record<QuantMatrixName, BlockQuant>>;
+
+/** The format of block matrix m: the model's quant unless quant_mix names another. */
+export function matrixQuant(c: Pick<ModelShape, "quant" | "quantMix">, m: QuantMatrixName): Quant {
+  return c.quant === "fp16" ? "fp16" : (c.quantMix[m] ?? c.quant);
+}
+
+/** quant_mix as written: "name=format" for each matrix of the mix, in block order. */
+export function formatQuantMix(mix: QuantMix): string {
+  return QUANT_MATRICES.filter((m) => mix[m] !== undefined).map((m) => `${m}=${mix[m]}`).join(",");
+}
+
+/**
+ * Parses a quant_mix list ("wv=int4,wo=int4,w2=int4") for a model of format
+ * `quant`: the matrices whose format differs from it (entries naming quant
+ * itself change nothing). w1 and w3 run as one job, so they share a format.
+ * Throws a message (without the file's name) when the list is not one.
+ */
+export function parseQuantMix(text: string, quant: Quant): QuantMix {
+  const mix: QuantMix = {};
+  if (text.trim() === "") return mix;
+  if (quant === "fp16") throw new Error(`quant_mix "${text}" needs an int4 or int2 model (quant is fp16)`);
+  const seen = new Set<string>();
+  for (const entry of text.split(",")) {
+    const m = /^\s*(\w+)\s*=\s*(\w+)\s*$/.exec(entry);
+    if (!m) throw new Error(`quant_mix entry "${entry}" is not name=format (e.g. wv=int4)`);
+    const [, name, format] = m;
+    if (!(QUANT_MATRICES as readonly string[]).includes(name)) {
+      throw new Error(`quant_mix names "${name}", which is not a block matrix (${QUANT_MATRICES.join(", ")})`);
+    }
+    if (format !== "int4" && format !== "int2") throw new Error(`quant_mix gives ${name} the format "${format}": int4 or int2`);
+    if (seen.has(name)) throw new Error(`quant_mix names ${name} twice`);
+    seen.add(name);
+    if (format !== quant) mix[name as QuantMatrixName] = format;
+  }
+  if (matrixQuant({ quant, quantMix: mix }, "w1") !== matrixQuant({ quant, quantMix: mix }, "w3")) {
+    throw new Error(`quant_mix must give w1 and w3 the same format (the gate and up matrices run as one)`);
+  }
+  return mix;
+}
 
 /** [rows, cols] of each block matrix and of the output head. */
 export function matrixShapes(c: ModelShape): Record<QuantMatrixName | "output", [number, number]> {
@@ -286,6 +333,12 @@ export function parseModelMetadata(meta: Meta, where: string): ModelShape {
   if (nKvHeads > nHeads || nHeads % nKvHeads !== 0) {
     bad(`n_heads (${nHeads}) must be a multiple of n_kv_heads (${nKvHeads})`);
   }
+  let quantMix: QuantMix = {};
+  try {
+    quantMix = parseQuantMix(meta.quant_mix ?? "", quant);
+  } catch (e) {
+    bad((e as Error).message);
+  }
   return {
     arch: ARCH,
     formatVersion: FORMAT_VERSION,
@@ -302,6 +355,7 @@ export function parseModelMetadata(meta: Meta, where: string): ModelShape {
     quant,
     groupSize: quant === "fp16" ? 0 : groupSize, // fp16 has no groups, whatever the writer recorded
     tokenizer: TOKENIZER,
+    quantMix,
   };
 }
 
@@ -375,8 +429,9 @@ function parseHead(file: SafetensorsFile, base: ModelShape): Pick<ModelConfig, "
  * Validates a parsed safetensors file as a loopserve model (the rules of
  * docs/model-format.md): the metadata, then every tensor of its weight
  * format. fp16: the fp16 matrices. int4 / int2: fp16 embedding and norms;
- * block.X.qweight (U8), block.X.scales (F16) and, for int2, block.X.zeros
- * (F16) for each block matrix, with no block.X.weight beside them. Either
+ * block.X.qweight (U8), block.X.scales (F16) and, for an int2 matrix,
+ * block.X.zeros (F16) for each block matrix in its own format (quant, or
+ * quant_mix's), with no block.X.weight beside them. Either
  * kind: the output head as parseHead names it: output.weight (F16) or
  * neither head tensor (tied) for an fp16 head; output.qweight +
  * output.scales for a quantized one.
@@ -405,7 +460,6 @@ export function validateModel(file: SafetensorsFile): ValidatedModel {
       if (name !== "output.weight") check(name, shape);
     }
   } else {
-    const bits = base.quant === "int4" ? 4 : 2;
     for (const name of ["block.attn_norm.weight", "block.ffn_norm.weight", "norm.weight"]) check(name, [base.dim]);
     check("tok_embeddings.weight", [base.vocabSize, base.dim]);
     const shapes = matrixShapes(base);
@@ -418,6 +472,7 @@ export function validateModel(file: SafetensorsFile): ValidatedModel {
         );
       }
       const [rows, cols] = shapes[m];
+      const bits = BLOCK_BITS[matrixQuant(base, m) as BlockQuant];
       for (const [t, dtype, shape] of quantTensorShapes(name, bits, rows, cols, base.groupSize)) check(t, shape, dtype);
     }
   }
@@ -498,11 +553,11 @@ export function loadQuantModelFile(path: string): LoadedQuantModel {
   if (config.quant === "fp16") {
     throw ModelFormatError.about(path, `quant "fp16": use loadModelFile for unquantized models`);
   }
-  const bits = config.quant === "int4" ? 4 : 2;
   const shapes = matrixShapes(config);
   const get = (name: string) => asF16(file.tensors.get(name)!);
   const block = {} as Record<QuantMatrixName, QuantMatrix>;
   for (const m of QUANT_MATRICES) {
+    const bits = BLOCK_BITS[matrixQuant(config, m) as BlockQuant];
     block[m] = quantMatrixOf(file, `block.${m}`, bits, shapes[m][0], shapes[m][1], config.groupSize);
   }
   const tokEmbeddings = get("tok_embeddings.weight");

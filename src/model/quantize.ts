@@ -16,22 +16,27 @@ import { statSync } from "node:fs";
 import type { ProgressCallback } from "../progress.ts";
 import { bf16ArrayToF32, F16_TO_F32, f16ArrayToF32, f32ArrayToF16, f64ToF16Bits } from "./fp16.ts";
 import {
+  type BlockQuant,
   configToMetadata,
+  formatQuantMix,
   GROUP_SIZES,
   HEAD_QUANTS,
   type HeadQuant,
+  matrixQuant,
   matrixShapes,
   type ModelConfig,
   type ModelShape,
   parseModelMetadata,
+  parseQuantMix,
   QUANT_MATRICES,
   type QuantMatrix,
   type QuantizedHead,
+  type QuantMix,
 } from "./format.ts";
 import { ModelFormatError, readSafetensors, type TensorToWrite, type TensorView, writeSafetensors } from "./safetensors.ts";
 
-export type WeightQuant = "int4" | "int2";
-export type { HeadQuant };
+export type WeightQuant = BlockQuant;
+export type { HeadQuant, QuantMix };
 export const DEFAULT_GROUP_SIZE = 32;
 /**
  * The head `model quantize` writes unless told otherwise: int6, the smallest
@@ -43,6 +48,14 @@ export const DEFAULT_GROUP_SIZE = 32;
 export function defaultHead(dim: number): HeadQuant {
   return dim % 64 === 0 ? "int6" : "int8";
 }
+
+/**
+ * The block matrices `model quantize` keeps in the other format unless told
+ * otherwise. int2 keeps wv, wo and w2 at int4, as llama.cpp's Q2_K keeps
+ * them at 3 bits: on the trained model this brings int2's KL to fp16 below
+ * Q2_K's (docs/model-format.md), for 0.75 more bits per block weight.
+ */
+export const DEFAULT_MIX: Record<WeightQuant, QuantMix> = { int4: {}, int2: { wv: "int4", wo: "int4", w2: "int4" } };
 
 // ---- fp16 rounding with a direction ----
 
@@ -323,6 +336,8 @@ export interface QuantizeOptions {
   head?: HeadQuant;
   /** The head's group, default groupSize. */
   headGroupSize?: number;
+  /** Block matrices in the other block format than quant (default DEFAULT_MIX[quant]). */
+  mix?: QuantMix;
   /** Told the weights quantized so far, out of all the file's quantized weights. */
   onProgress?: ProgressCallback;
 }
@@ -381,7 +396,18 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
     throw new ModelFormatError(`${where}: already quantized (quant ${base.quant}); quantize the fp16/bf16/fp32 original`);
   }
   const groupSize = opts.quant === "fp16" ? 0 : blockGroup;
-  const config: ModelShape = { ...base, quant: opts.quant, groupSize };
+  const mix = opts.quant === "fp16" ? {} : (opts.mix ?? DEFAULT_MIX[opts.quant]);
+  if (opts.quant === "fp16" && opts.mix !== undefined && Object.keys(opts.mix).length > 0) {
+    throw new ModelFormatError("a mix of block formats needs quant int4 or int2 (fp16 keeps the block as it is)");
+  }
+  // Normalised by format.ts's rules: entries naming quant itself dropped, w1 and w3 alike.
+  let quantMix: QuantMix;
+  try {
+    quantMix = parseQuantMix(formatQuantMix(mix), opts.quant);
+  } catch (e) {
+    throw new ModelFormatError((e as Error).message);
+  }
+  const config: ModelShape = { ...base, quant: opts.quant, groupSize, quantMix };
   // The metadata rules (group size, dim and ffn_dim multiples of it) with this file's name.
   parseModelMetadata(configToMetadata(config), where);
   const headMeta: Record<string, string> =
@@ -406,15 +432,16 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
   const shapes = matrixShapes(config);
   const tensors: TensorToWrite[] = [f16("tok_embeddings.weight", [vocabSize, dim])];
   tensors.push(f16("block.attn_norm.weight", [dim]));
-  const quantize = opts.quant === "int4" ? quantizeInt4 : opts.quant === "int2" ? quantizeInt2 : null;
+  const QUANTIZERS = { int4: quantizeInt4, int2: quantizeInt2, fp16: null } as const;
   // Progress counts weights: the block's matrices, then the head (most of the work).
-  const total = (quantize ? QUANT_MATRICES.reduce((n, m) => n + shapes[m][0] * shapes[m][1], 0) : 0) + (head !== "fp16" ? vocabSize * dim : 0);
+  const total = (opts.quant !== "fp16" ? QUANT_MATRICES.reduce((n, m) => n + shapes[m][0] * shapes[m][1], 0) : 0) + (head !== "fp16" ? vocabSize * dim : 0);
   let before = 0;
   const rowsOf = (cols: number): RowDone => (rows) => opts.onProgress?.(before + rows * cols, total);
   for (const m of QUANT_MATRICES) {
     const [rows, cols] = shapes[m];
     const name = `block.${m}`;
     if (m === "w1") tensors.push(f16("block.ffn_norm.weight", [dim]));
+    const quantize = QUANTIZERS[matrixQuant(config, m)];
     if (!quantize) {
       tensors.push(f16(`${name}.weight`, [rows, cols]));
       continue;

@@ -245,6 +245,7 @@ export function writeSyntheticModel(path: string, opts: SyntheticOptions): Synth
     quant: "fp16",
     groupSize: 0,
     tokenizer: TOKENIZER,
+    quantMix: {},
   };
   const metadata = {
     ...configToMetadata(base),

@@ -32,11 +32,14 @@ export type SpanEdit = Partial<Record<FieldName<"ls_tensor_span">, number | bigi
 /** A copy of a descriptor with config fields and tensor spans changed. */
 export function editDescriptor(
   descriptor: Uint8Array,
-  edit: { config?: Partial<Record<ConfigField, number>>; tensors?: Record<string, SpanEdit> },
+  edit: { config?: Partial<Record<ConfigField, number | number[]>>; tensors?: Record<string, SpanEdit> },
 ): Uint8Array {
   const desc = new StructView("ls_model_desc", descriptor.slice());
   const config = desc.member("config", "ls_model_config");
-  for (const [field, value] of Object.entries(edit.config ?? {})) config.set(field as ConfigField, value);
+  for (const [field, value] of Object.entries(edit.config ?? {})) {
+    // An array field (block_bits) takes its elements in order.
+    for (const [i, v] of (Array.isArray(value) ? value : [value]).entries()) config.set(field as ConfigField, v, i);
+  }
   for (const [name, span] of Object.entries(edit.tensors ?? {})) {
     const view = tensorSpan(desc, name);
     for (const [field, value] of Object.entries(span)) view.set(field as FieldName<"ls_tensor_span">, value);

@@ -173,6 +173,7 @@ export const TINY_MODEL_INFO: ModelInfo = {
   tiedOutput: false,
   headQuant: "fp16",
   headGroupSize: 0,
+  quantMix: {},
   simd: "portable",
   threads: 1,
 };

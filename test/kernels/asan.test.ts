@@ -109,7 +109,7 @@ describe("model loading under ASan/UBSan: the descriptor against the file", () =
   });
 
   test("dimensions out of range or inconsistent", () => {
-    const cases: [Partial<Record<ConfigField, number>>, RegExp][] = [
+    const cases: [Partial<Record<ConfigField, number | number[]>>, RegExp][] = [
       [{ dim: 0 }, /model descriptor: dim 0 is outside 1\.\.65536/],
       [{ dim: 65537 }, /model descriptor: dim 65537 is outside 1\.\.65536/],
       [{ n_heads: -4 }, /n_heads -4 is outside 1\.\.4096/],
@@ -125,6 +125,10 @@ describe("model loading under ASan/UBSan: the descriptor against the file", () =
       [{ quant: 3 }, /quant 3 is not one of LS_QUANT_FP16\/INT4\/INT2/],
       [{ group_size: 32 }, /group_size 32 does not suit quant fp16/],
       [{ quant: 1, group_size: 48 }, /group_size 48 does not suit quant int4/],
+      [{ block_bits: [4, 0, 0, 0, 0, 0, 0] }, /block_bits 4 0 0 0 0 0 0 do not suit quant fp16/],
+      [{ quant: 1, group_size: 32 }, /block_bits 0 0 0 0 0 0 0 do not suit quant int4/],
+      [{ quant: 2, group_size: 32, block_bits: [2, 2, 4, 4, 2, 4, 3] }, /block_bits 2 2 4 4 2 4 3 do not suit quant int2/],
+      [{ quant: 2, group_size: 32, block_bits: [2, 2, 4, 4, 4, 4, 2] }, /block_bits 2 2 4 4 4 4 2 do not suit quant int2: 4 or 2 each, w1 and w3 alike/],
       [{ head_bits: 5, head_group: 32 }, /head_bits 5 with head_group 32 \(dim 32\) is not a head format/],
       [{ head_bits: 0, head_group: 32 }, /head_bits 0 with head_group 32/],
       [{ head_bits: 8, head_group: 64 }, /head_bits 8 with head_group 64 \(dim 32\)/], // the group must divide dim
@@ -134,7 +138,7 @@ describe("model loading under ASan/UBSan: the descriptor against the file", () =
       [{ n_kv_heads: 3 }, /inconsistent dimensions/],
       // Consistent, but not what the tensors hold.
       [{ vocab_size: 257 }, /tensor 'tok_embeddings\.weight': 16384 bytes, expected 16448/],
-      [{ quant: 1, group_size: 32 }, /tensor 'block\.wq\.weight' does not belong in an int4 model/],
+      [{ quant: 1, group_size: 32, block_bits: [4, 4, 4, 4, 4, 4, 4] }, /tensor 'block\.wq\.weight' does not belong in an int4 model whose matrix is int4/],
       [{ head_bits: 8, head_group: 32 }, /tensor 'output\.weight' does not belong in an fp16 model with a quantized output head/],
     ];
     for (const [config, message] of cases) expectRefused(variant("config", editDescriptor(validDesc, { config })), message);

@@ -43,9 +43,12 @@ beforeAll(async () => {
   writeSyntheticModel(src, SHAPE);
   for (const quant of ["int4", "int2"] as const) {
     files[quant] = tmpPath(quant);
-    quantizeModelFile(src, files[quant], { quant });
+    quantizeModelFile(src, files[quant], { quant }); // int2: wv, wo and w2 at int4 (the default mix)
     writeDescriptor(files[quant]);
   }
+  files["int2-pure"] = tmpPath("int2-pure");
+  quantizeModelFile(src, files["int2-pure"], { quant: "int2", mix: {} });
+  writeDescriptor(files["int2-pure"]);
   files["int4-fp16head"] = tmpPath("int4-fp16head");
   quantizeModelFile(src, files["int4-fp16head"], { quant: "int4", head: "fp16" });
   writeDescriptor(files["int4-fp16head"]);
@@ -60,7 +63,7 @@ function supportedPaths(path: string): string[] {
 }
 
 describe("quantized forward under ASan/UBSan", () => {
-  for (const name of ["int4", "int2", "int4-fp16head"]) {
+  for (const name of ["int4", "int2", "int2-pure", "int4-fp16head"]) {
     test(`${name}: clean on every SIMD path, within ${TOL} of the reference, bit-identical across call splits`, () => {
       const path = files[name];
       const want = ReferenceModel.load(path).forward(TOKENS, SHAPE.loops);
@@ -94,11 +97,27 @@ describe("quantized descriptors that do not fit the file, under ASan/UBSan", () 
     const cases: [Uint8Array, Record<string, SpanEdit>, RegExp][] = [
       [bytes.subarray(0, bytes.length - 1), {}, /tensor '[^']+': bytes \[\d+, \d+\) run past the end of the file/],
       [bytes, { "output.scales": { length: spanOf(desc, "output.scales").length - 2n } }, /tensor 'output\.scales': \d+ bytes, expected \d+/],
-      [bytes, { "block.wv.qweight": { length: 767n } }, /tensor 'block\.wv\.qweight': 767 bytes, expected 768/],
+      [bytes, { "block.wv.qweight": { length: 767n } }, /tensor 'block\.wv\.qweight': 767 bytes, expected 1536/], // int4: 32 x 96 / 2
+      [bytes, { "block.wq.qweight": { length: 767n } }, /tensor 'block\.wq\.qweight': 767 bytes, expected 2304/], // int2: 96 x 96 / 4
       [bytes, { "block.w1.scales": { dtype: 2 } }, /tensor 'block\.w1\.scales': dtype U8 \(2\), expected F16/],
       [bytes, { "output.qweight": { dtype: 2 } }, /tensor 'output\.qweight': dtype U8 \(2\), expected I8/],
       [bytes, { "block.wk.zeros": { offset: 0n, length: 0n, dtype: 0 } }, /tensor 'block\.wk\.zeros' missing from the model descriptor \(an int2 model needs it\)/],
     ];
+    // block_bits that do not match the tensors: wv said to be int2 (its bytes are
+    // int4's, and it has no zeros), or wv int4 with wk's zeros given as its own.
+    const mixed = (bits: number[], tensors: Record<string, SpanEdit> = {}) => editDescriptor(desc, { config: { block_bits: bits }, tensors });
+    const configCases: [Uint8Array, RegExp][] = [
+      [mixed([2, 2, 2, 4, 2, 4, 2]), /tensor 'block\.wv\.qweight': 1536 bytes, expected 768/],
+      [mixed([2, 2, 4, 4, 2, 4, 2], { "block.wv.zeros": spanOf(desc, "block.wk.zeros") }), /tensor 'block\.wv\.zeros' does not belong in an int2 model whose matrix is int4/],
+    ];
+    for (const [edited, message] of configCases) {
+      const path = tmpPath("corrupt-bits");
+      writeFileSync(path, bytes);
+      writeDescriptor(path, edited);
+      const r = run("load", path);
+      expect(r.stdout).toMatch(message);
+      expect(r.code).toBe(2);
+    }
     for (const [data, tensors, message] of cases) {
       const path = tmpPath("corrupt");
       writeFileSync(path, data);

@@ -62,6 +62,7 @@ describe("loopserve model format", () => {
       quant: "fp16",
       groupSize: 0,
       tokenizer: "gpt2",
+      quantMix: {},
       tiedOutput: false,
       headQuant: "fp16",
       headGroupSize: 0,

@@ -355,6 +355,7 @@ describe("GGUF export", () => {
         quant: "int4",
         groupSize: 32,
         tokenizer: "gpt2",
+        quantMix: {},
       }),
       [],
     );

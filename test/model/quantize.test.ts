@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { runModelCommand } from "../../src/model/cli.ts";
 import { F16_TO_F32 } from "../../src/model/fp16.ts";
 import { loadModelFile, loadQuantModelFile, type QuantMatrix } from "../../src/model/format.ts";
-import { f16BitsDown, f16BitsUp, quantizeInt2, quantizeInt4, quantizeInt6, quantizeInt8, quantizeModelFile } from "../../src/model/quantize.ts";
+import { DEFAULT_MIX, f16BitsDown, f16BitsUp, quantizeInt2, quantizeInt4, quantizeInt6, quantizeInt8, quantizeModelFile } from "../../src/model/quantize.ts";
 import { ModelFormatError, readSafetensors, writeSafetensors } from "../../src/model/safetensors.ts";
 import { ReferenceModel } from "../reference/forward.ts";
 import { codeAt, dequantize, quantizeActivations } from "../reference/quant.ts";
@@ -206,15 +206,21 @@ describe("quantized model files", () => {
       expect(r.head).toBe("int6"); // the default head where dim is a multiple of 64
       const f = readSafetensors(a);
       expect(f.metadata).toMatchObject({ quant, group_size: "32", output_quant: "int6", output_group_size: "32", format: "loopserve" });
-      expect(f.tensors.get("block.w2.qweight")).toMatchObject({ dtype: "U8", shape: [64, (96 * (quant === "int4" ? 4 : 2)) / 8] });
+      // int2 keeps wv, wo and w2 at int4 unless told otherwise (DEFAULT_MIX).
+      expect(f.metadata.quant_mix as string | undefined).toBe(quant === "int2" ? "wv=int4,wo=int4,w2=int4" : undefined);
+      expect(f.tensors.get("block.w1.qweight")).toMatchObject({ dtype: "U8", shape: [96, (64 * (quant === "int4" ? 4 : 2)) / 8] });
+      expect(f.tensors.get("block.w1.scales")).toMatchObject({ dtype: "F16", shape: [96, 2] });
+      expect(f.tensors.has("block.w1.zeros")).toBe(quant === "int2");
+      expect(f.tensors.get("block.w2.qweight")).toMatchObject({ dtype: "U8", shape: [64, 48] });
       expect(f.tensors.get("block.w2.scales")).toMatchObject({ dtype: "F16", shape: [64, 3] });
-      expect(f.tensors.has("block.w2.zeros")).toBe(quant === "int2");
+      expect(f.tensors.has("block.w2.zeros")).toBe(false);
       expect(f.tensors.get("output.qweight")).toMatchObject({ dtype: "U8", shape: [300, 48] });
       expect(f.tensors.get("tok_embeddings.weight")!.dtype).toBe("F16");
       expect(f.tensors.has("block.wq.weight")).toBe(false);
       const m = loadQuantModelFile(a);
-      expect(m.config).toMatchObject({ quant, groupSize: 32, tiedOutput: false });
-      expect(m.weights.block.wo.bits).toBe(quant === "int4" ? 4 : 2);
+      expect(m.config).toMatchObject({ quant, groupSize: 32, tiedOutput: false, quantMix: DEFAULT_MIX[quant] });
+      expect(m.weights.block.wo.bits).toBe(4);
+      expect(m.weights.block.wq.bits).toBe(quant === "int4" ? 4 : 2);
       expect(() => loadModelFile(a)).toThrow(/loadQuantModelFile reads it/);
     }
   });
@@ -387,6 +393,26 @@ describe("loopserve model quantize", () => {
     expect(readFileSync(again).equals(readFileSync(out))).toBe(true);
   });
 
+  test("--mix: int2's default keeps wv, wo, w2 at int4; none, a list, or the other way round", async () => {
+    const src = fp16Model();
+    const cases: [string[], string | undefined, string][] = [
+      [["--quant", "int2"], "wv=int4,wo=int4,w2=int4", "int2 (group 32, with wv=int4,wo=int4,w2=int4)"],
+      [["--quant", "int2", "--mix", "none"], undefined, "int2 (group 32)"],
+      [["--quant", "int2", "--mix", "w2=int4, wq=int2"], "w2=int4", "int2 (group 32, with w2=int4)"],
+      [["--quant", "int4", "--mix", "w1=int2,w3=int2"], "w1=int2,w3=int2", "int4 (group 32, with w1=int2,w3=int2)"],
+    ];
+    for (const [flags, mix, shown] of cases) {
+      const out = tmp("cli-mix.safetensors");
+      const q = await run("quantize", src, out, ...flags);
+      expect(q.code).toBe(0);
+      expect(q.out).toContain(mix === undefined ? `${flags[1]} block, group 32, output head` : `with ${mix}, output head`);
+      expect(readSafetensors(out).metadata.quant_mix as string | undefined).toBe(mix);
+      const i = await run("inspect", out);
+      expect(i.code).toBe(0);
+      expect(i.out).toContain(`loopserve model: ${shown}, output head int6`);
+    }
+  });
+
   test("bad arguments exit 2 with the reason; a bad input file exits 1", async () => {
     const src = fp16Model();
     const cases: [string[], RegExp][] = [
@@ -397,6 +423,10 @@ describe("loopserve model quantize", () => {
       [["quantize", src, tmp("a"), "--quant", "int4", "--head", "int5"], /--head must be one of fp16, int8, int6, int4, got "int5"/],
       [["quantize", src, tmp("a"), "--quant", "fp16", "--head", "fp16"], /--quant fp16 with --head fp16 leaves nothing to quantize/],
       [["quantize", src, "--quant", "int4"], /missing OUT path/],
+      [["quantize", src, tmp("a"), "--quant", "int2", "--mix", "wv=int8"], /--mix: quant_mix gives wv the format "int8": int4 or int2/],
+      [["quantize", src, tmp("a"), "--quant", "int2", "--mix", "w1=int4"], /--mix: quant_mix must give w1 and w3 the same format/],
+      [["quantize", src, tmp("a"), "--quant", "int2", "--mix", "ffn=int4"], /--mix: quant_mix names "ffn", which is not a block matrix/],
+      [["quantize", src, tmp("a"), "--quant", "fp16", "--mix", "wv=int4"], /--mix needs --quant int4 or int2/],
     ];
     for (const [argv, msg] of cases) {
       const r = await run(...argv);

@@ -30,6 +30,7 @@ function handModel(d: Dims, w: Record<string, number[]>, tied = false): Referenc
     quant: "fp16" as const,
     groupSize: 0,
     tokenizer: "gpt2" as const,
+    quantMix: {},
   };
   const tensors: TensorToWrite[] = [];
   for (const [name, shape] of expectedTensorShapes(base)) {
