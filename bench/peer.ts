@@ -764,7 +764,10 @@ async function main(): Promise<number> {
   console.log(`\n${boundModel}`);
   notes.push(boundModel);
   notes.push(`decode is ${o.decode} steps from an empty cache for both engines (llama-bench's tg${o.decode}); prefill is one ${o.prefill}-token batch`);
-  notes.push("llama-quantize's default recipes: Q4_0 and Q2_K keep some tensors (output) at higher precision, as users get them");
+  notes.push(
+    "both engines' default recipes, as users get them: llama-quantize's Q4_0 and Q2_K keep some tensors at higher precision " +
+      "(Q2_K: attn_v, attn_output, ffn_down at Q3_K), loopserve's int2 keeps wv, wo and w2 at int4 (model quantize's default mix)",
+  );
   const noisy = rows.filter((r) => typeof r["others (cores)"] === "number" && (r["others (cores)"] as number) > CONTENDED);
   if (noisy.length > 0) {
     const msg = `${noisy.length} of ${rows.length} rows ran while other processes used > ${CONTENDED} cores even after ${o.retries} retries (column "others"): their numbers are noisy, 2-thread llama.cpp worst of all (its threads spin at every op barrier)`;

@@ -25,7 +25,7 @@ import { KV_CACHE_MODES } from "../src/model/kvcache.ts";
 import { TRAINED_MODEL_PATH } from "../src/model/trained.ts";
 import { kjvTokens } from "./kjv.ts";
 import { Tally, withLse } from "./logits.ts";
-import { quantizedPath, type WeightFormat } from "./quant.ts";
+import { quantizedPath, type WeightFormat, weightsLabel } from "./quant.ts";
 import { writeJson } from "./report.ts";
 import { decode, GREEDY, type Run, same, type Sampling } from "./speculative.ts";
 
@@ -145,9 +145,11 @@ export interface QualityTables {
   speculative: Row[];
 }
 
-/** The weight formats of the variants table: each block format with each quantized head, and an fp16 block with one. */
+/** The weight formats of the variants table: each block format with each quantized head, and an fp16 block with one;
+ * int2 as model quantize writes it (wv, wo, w2 at int4) and with every matrix int2. */
 const QUALITY_FORMATS: WeightFormat[] = [
   ...(["int4", "int2"] as const).flatMap((quant) => (["int8", "int6", "int4"] as const).map((head) => ({ quant, head }))),
+  ...(["int8", "int6"] as const).map((head) => ({ quant: "int2" as const, head, mix: {} })),
   ...(["int8", "int6", "int4"] as const).map((head) => ({ quant: "fp16" as const, head })),
 ];
 
@@ -170,7 +172,7 @@ export async function measureQuality(opts: QualityOptions = {}): Promise<Quality
   const lib = o.library;
   const fp16 = NativeModel.load(lib, o.model, o.threads, "auto");
   const formats = QUALITY_FORMATS.map((f) => ({
-    name: `${f.quant} weights, ${f.head} head (group 32)`,
+    name: `${weightsLabel(f)} weights, ${f.head} head (group 32)`,
     model: NativeModel.load(lib, quantizedPath(o.model, f, 32), o.threads, "auto"),
   }));
   try {

@@ -13,7 +13,8 @@ import { benchModel } from "../src/bench/models.ts";
 import { printTable, type Row } from "../src/bench/table.ts";
 import { NativeModel } from "../src/engine/binding.ts";
 import type { SimdChoice } from "../src/engine/types.ts";
-import { type HeadQuant, quantizeModelFile, type WeightQuant } from "../src/model/quantize.ts";
+import { formatQuantMix } from "../src/model/format.ts";
+import { DEFAULT_MIX, type HeadQuant, type QuantMix, quantizeModelFile, type WeightQuant } from "../src/model/quantize.ts";
 import { argmax } from "../test/reference/forward.ts";
 import { klDivergence, logSumExp } from "./logits.ts";
 import { writeJson } from "./report.ts";
@@ -21,6 +22,15 @@ import { writeJson } from "./report.ts";
 export interface WeightFormat {
   quant: "fp16" | WeightQuant;
   head: HeadQuant;
+  /** Block matrices in the other block format (default: model quantize's, DEFAULT_MIX). */
+  mix?: QuantMix;
+}
+
+/** The block format's name in tables: "int2 (wv=int4,wo=int4,w2=int4)" for a mix, else the format. */
+export function weightsLabel(f: WeightFormat): string {
+  if (f.quant === "fp16") return f.quant;
+  const mix = formatQuantMix(f.mix ?? DEFAULT_MIX[f.quant]);
+  return mix ? `${f.quant} (${mix})` : f.quant;
 }
 
 export interface QuantBenchOptions {
@@ -51,10 +61,11 @@ export const QUANTIZER_SOURCE = join(import.meta.dir, "..", "src", "model", "qua
 /** The quantized copy of `src` (made once, cached beside it, remade when `src` or the quantizer is newer). */
 export function quantizedPath(src: string, f: WeightFormat, groupSize: number): string {
   if (f.quant === "fp16" && f.head === "fp16") return src;
-  const out = join(dirname(src), `${basename(src, ".safetensors")}-${f.quant}-g${groupSize}-head${f.head}.safetensors`);
+  const mix = f.mix === undefined ? "" : `-mix${formatQuantMix(f.mix).replace(/[=,]/g, "") || "none"}`;
+  const out = join(dirname(src), `${basename(src, ".safetensors")}-${f.quant}${mix}-g${groupSize}-head${f.head}.safetensors`);
   const newest = Math.max(statSync(src).mtimeMs, statSync(QUANTIZER_SOURCE).mtimeMs);
   if (!existsSync(out) || statSync(out).mtimeMs < newest) {
-    quantizeModelFile(src, out, { quant: f.quant, groupSize, head: f.head });
+    quantizeModelFile(src, out, { quant: f.quant, groupSize, head: f.head, mix: f.mix });
   }
   return out;
 }
@@ -125,7 +136,7 @@ export async function measureQuant(opts: QuantBenchOptions = {}): Promise<Row[]>
     });
     const q = f.quant === "fp16" ? { kl: 0, top1: 1 } : compareLogits(base, allLogits(o.library, path, o));
     rows.push({
-      weights: f.quant,
+      weights: weightsLabel(f),
       group: f.quant === "fp16" ? "-" : o.groupSize,
       head: f.head,
       "file MB": statSync(path).size / 1e6,
