@@ -7,6 +7,7 @@ import { type Config, ConfigError, type ConfigFlags, loadConfig } from "./config
 import { Engine } from "./engine/engine.ts";
 import { frontDoor } from "./http/front_door.ts";
 import { log } from "./log.ts";
+import { quantMixNote } from "./model/format.ts";
 import { ServiceMetrics } from "./metrics.ts";
 import { Scheduler } from "./scheduler/scheduler.ts";
 import { withAbsoluteUrl } from "./http/request_url.ts";
@@ -105,7 +106,7 @@ function startupLine(config: Config, loaded: Loaded, url: string): string {
   if (!engine) return `${base} — model NOT LOADED (${loadError}); /healthz and generation answer 503`;
   const i = engine.info;
   return (
-    `${base} — model ${config.modelPath} (quant ${i.quant}, kv ${config.kvCacheMode}, threads ${i.threads}, simd ${i.simd}); ` +
+    `${base} — model ${config.modelPath} (quant ${i.quant}${quantMixNote(i.quantMix)}, kv ${config.kvCacheMode}, threads ${i.threads}, simd ${i.simd}); ` +
     `batching up to ${config.maxBatch} requests, key/value cache budget ${config.kvCacheMb} MiB`
   );
 }

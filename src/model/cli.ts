@@ -11,7 +11,7 @@ import { checkModelFile } from "../engine/binding.ts";
 import type { ModelFileInfo } from "../engine/types.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "../engine/library.ts";
 import { type ProgressStream, withProgress } from "../progress.ts";
-import { formatQuantMix, GROUP_SIZES, HEAD_QUANTS, MAX_LOOPS, parseQuantMix, type QuantMix } from "./format.ts";
+import { GROUP_SIZES, HEAD_QUANTS, MAX_LOOPS, parseQuantMix, type QuantMix, quantMixNote } from "./format.ts";
 import { exportGguf } from "./gguf.ts";
 import { DEFAULT_GROUP_SIZE, type HeadQuant, quantizeModelFile, type WeightQuant } from "./quantize.ts";
 import { DTYPE_SIZES, ModelFormatError, readSafetensors, type SafetensorsFile } from "./safetensors.ts";
@@ -302,11 +302,6 @@ function printHeader(io: CommandIO, path: string, file: SafetensorsFile, json: b
   io.out(`total: ${elems} elements, ${bytes} bytes of tensor data`);
 }
 
-/** ", with wv=int4,..." for a model mixing block formats, else "". */
-function mixNote(mix: QuantMix): string {
-  return Object.keys(mix).length > 0 ? `, with ${formatQuantMix(mix)}` : "";
-}
-
 function cmdInspect(argv: string[], io: CommandIO): number {
   const p = parseArgs(argv, new Set(), new Set(["--json", "-h", "--help"]));
   if (p.flags.has("-h") || p.flags.has("--help")) {
@@ -325,7 +320,7 @@ function cmdInspect(argv: string[], io: CommandIO): number {
   if (!json) {
     const head = c.headQuant === "fp16" ? "" : `, output head ${c.headQuant} (group ${c.headGroupSize})`;
     io.out(
-      `loopserve model: ${c.quant}${c.quant === "fp16" ? "" : ` (group ${c.groupSize}${mixNote(c.quantMix)})`}${head}, dim ${c.dim}, heads ${c.nHeads} (kv ${c.nKvHeads}), head_dim ${c.headDim}, ` +
+      `loopserve model: ${c.quant}${c.quant === "fp16" ? "" : ` (group ${c.groupSize}${quantMixNote(c.quantMix)})`}${head}, dim ${c.dim}, heads ${c.nHeads} (kv ${c.nKvHeads}), head_dim ${c.headDim}, ` +
         `ffn ${c.ffnDim}, vocab ${c.vocabSize}, default loops ${c.defaultLoops}, ` +
         `output ${c.tiedOutput ? "tied to tok_embeddings" : "untied"}`,
     );
@@ -380,7 +375,7 @@ function cmdQuantize(argv: string[], io: CommandIO): number {
   const ms = performance.now() - t0;
   io.out(
     `wrote ${outPath}: ${r.bytes} bytes (${((100 * r.bytes) / r.inputBytes).toFixed(1)}% of ${r.inputBytes}), ` +
-      `${quant} block${quant === "fp16" ? "" : `, group ${groupSize}`}${mixNote(r.config.quantMix)}, output head ` +
+      `${quant} block${quant === "fp16" ? "" : `, group ${groupSize}`}${quantMixNote(r.config.quantMix)}, output head ` +
       `${r.head === "tied" ? "tied (fp16)" : r.head === "fp16" ? "fp16" : `${r.head}, group ${headGroupSize}`} in ${ms.toFixed(0)} ms`,
   );
   return 0;

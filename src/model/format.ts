@@ -161,6 +161,11 @@ export function matrixQuant(c: Pick<ModelShape, "quant" | "quantMix">, m: QuantM
   return c.quant === "fp16" ? "fp16" : (c.quantMix[m] ?? c.quant);
 }
 
+/** ", with wv=int4,..." for a model mixing block formats, else "" (for messages). */
+export function quantMixNote(mix: QuantMix): string {
+  return Object.keys(mix).length > 0 ? `, with ${formatQuantMix(mix)}` : "";
+}
+
 /** quant_mix as written: "name=format" for each matrix of the mix, in block order. */
 export function formatQuantMix(mix: QuantMix): string {
   return QUANT_MATRICES.filter((m) => mix[m] !== undefined).map((m) => `${m}=${mix[m]}`).join(",");
