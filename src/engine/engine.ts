@@ -38,6 +38,8 @@ export interface EngineOptions {
   prefillChunk?: number | null;
   /** Called after every batched kernel call (metrics). */
   onBatchStep?: (stats: BatchStepStats) => void;
+  /** false: the CPU kernels even where a GPU is usable (default true: the GPU then). */
+  gpu?: boolean;
 }
 
 
@@ -122,13 +124,13 @@ export class Engine {
    * The kernel library to load: SERVICE_BUILD_DIR first, else the one
    * embedded in the executable (extracted once to a cache directory); the
    * CUDA library instead when it is present and sees a device, unless the
-   * cache mode or a named SIMD path asks for the CPU kernels.
+   * cache mode, a named SIMD path or opts.gpu false asks for the CPU kernels.
    */
   private static kernelLibrary(opts: EngineOptions, kv: KvCacheSettings): string {
     try {
       const cacheDirs = cacheDirCandidates({ xdgCacheHome: opts.cacheHome });
       const cpu = resolveKernelLibrary(opts.buildDir, CPU_LIBRARY_NAME, cacheDirs);
-      const cuda = resolveCudaLibrary(opts.buildDir, cacheDirs);
+      const cuda = opts.gpu === false ? null : resolveCudaLibrary(opts.buildDir, cacheDirs);
       const gpu = cuda !== null && cudaDeviceCount(cuda) > 0;
       // The CUDA kernels keep the fp16 cache only (kernels/cuda/runtime.cu).
       if (gpu && kv.mode !== "fp16") log.warn(`kv_cache_mode ${kv.mode} runs on the CPU kernels only: using them`);

@@ -208,7 +208,7 @@ describe.skipIf(!built || devices === 0)("the server on the GPU", () => {
       ...(i % 3 === 1 ? { temperature: 0.8, top_k: 40, sample_seed: 100 + i } : {}),
     }));
     const generate = async (env: Record<string, string>, together: boolean) => {
-      const s = await startServer({ env: { SERVICE_MAX_SEQ_LEN: "512", SERVICE_PREFILL_CHUNK: "16", ...env } });
+      const s = await startServer({ gpu: true, env: { SERVICE_MAX_SEQ_LEN: "512", SERVICE_PREFILL_CHUNK: "16", ...env } });
       try {
         expect(s.output()).toContain("simd cuda");
         const one = async (body: (typeof bodies)[number]) => (await jsonBody(await s.post("/generate", body), GenerateResponse)).tokens;
@@ -227,7 +227,7 @@ describe.skipIf(!built || devices === 0)("the server on the GPU", () => {
   }, 120_000);
 
   test("SERVICE_SIMD naming a CPU path keeps the server on the CPU kernels, where speculative decoding runs", async () => {
-    const s = await startServer({ env: { SERVICE_SIMD: "avx2" } });
+    const s = await startServer({ gpu: true, env: { SERVICE_SIMD: "avx2" } });
     try {
       expect(s.output()).toContain("simd avx2");
       const res = await s.post("/generate/speculative", { prompt: "In the beginning", max_tokens: 8, draft_loops: 1, verify_loops: 4 });

@@ -26,7 +26,7 @@ const engine = (name: string) => engines.get(name) as Engine;
 beforeAll(() => {
   ensureLibrary();
   for (const [name, opts] of Object.entries(MODELS))
-    engines.set(name, Engine.load({ modelPath: tinyModelPath(opts), threads: 2, simd: "auto", buildDir: BUILD_DIR }));
+    engines.set(name, Engine.load({ modelPath: tinyModelPath(opts), threads: 2, simd: "auto", buildDir: BUILD_DIR, gpu: false }));
 });
 
 afterAll(() => {
@@ -205,6 +205,7 @@ describe("tree leaves", () => {
       threads: 2,
       simd: "auto",
       buildDir: BUILD_DIR,
+      gpu: false,
     });
     try {
       let leaves = 0;
@@ -230,7 +231,7 @@ describe("tree leaves", () => {
 
 describe("pruned trees", () => {
   test("leaves below the draft-probability threshold are not verified; output stays exact", async () => {
-    const pruned = Engine.load({ modelPath: tinyModelPath(MODELS.agreeing), threads: 2, simd: "auto", buildDir: BUILD_DIR, draft: { treeLeafMinProb: 0.02 } });
+    const pruned = Engine.load({ modelPath: tinyModelPath(MODELS.agreeing), threads: 2, simd: "auto", buildDir: BUILD_DIR, gpu: false, draft: { treeLeafMinProb: 0.02 } });
     try {
       let fewer = 0;
       for (const c of CASES.filter((x) => x.K > 2).slice(0, 12)) {
@@ -274,7 +275,7 @@ describe("speculative requests leave no trace", () => {
     await e.generate(request(PROMPTS[1], 8, 60, 0, [], { mode: "tree_speculative", draftLoops: 1, draftAhead: 8, kBranches: 8 }), () => {});
     await e.generate(request(PROMPTS[1], 8, 60, 0, [], { mode: "speculative", draftLoops: 3, draftAhead: 16 }, sampled), () => {});
     const after = [await run("random", probe), await run("random", probeSampled)];
-    const fresh = Engine.load({ modelPath: tinyModelPath(MODELS.random), threads: 2, simd: "auto", buildDir: BUILD_DIR });
+    const fresh = Engine.load({ modelPath: tinyModelPath(MODELS.random), threads: 2, simd: "auto", buildDir: BUILD_DIR, gpu: false });
     try {
       const clean = [await fresh.generate(probe, () => {}), await fresh.generate(probeSampled, () => {})];
       expect(after.map((r) => r.tokens)).toEqual(clean.map((r) => r.tokens));

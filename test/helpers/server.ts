@@ -48,6 +48,12 @@ export interface ServerOptions {
   baseEnv?: Record<string, string>;
   /** Fail unless /healthz answers 200 (the model loaded), instead of accepting a 503. */
   requireModel?: boolean;
+  /**
+   * Let the server see the host's GPUs. Without it CUDA_VISIBLE_DEVICES is
+   * empty: the suite's servers run the CPU kernels on every host, as in CI
+   * (the CUDA kernels lack speculative decoding and the compressed caches).
+   */
+  gpu?: boolean;
 }
 
 /** A port the OS just handed out, released for the server to take. */
@@ -81,6 +87,7 @@ export async function startServer(opts: ServerOptions = {}): Promise<TestServer>
     HOST: "127.0.0.1",
     PORT: String(port),
     ...(modelPath !== null ? { SERVICE_MODEL_PATH: modelPath } : {}),
+    ...(opts.gpu ? {} : { CUDA_VISIBLE_DEVICES: "" }),
     ...opts.env,
   };
   const proc = Bun.spawn(opts.command ?? [process.execPath, ...ENTRY], { cwd: opts.cwd ?? ROOT, env, stdout: "pipe", stderr: "pipe" });

@@ -521,7 +521,7 @@ describe("chain speculative decoding in every cache mode", () => {
   test("through the engine: mode speculative equals mode generate; tree_speculative is refused in a compressed mode", async () => {
     const path = tinyModelPath(AGREEING);
     for (const kv of modesFor(AGREEING)) {
-      const engine = Engine.load({ modelPath: path, threads: 2, simd: "auto", buildDir: BUILD_DIR, kvCacheMode: kv.mode, hModeFp16AttnQkv: kv.fp16AttnQkv });
+      const engine = Engine.load({ modelPath: path, threads: 2, simd: "auto", buildDir: BUILD_DIR, gpu: false, kvCacheMode: kv.mode, hModeFp16AttnQkv: kv.fp16AttnQkv });
       try {
         const run = async (extra: Partial<GenerateRequest>) => {
           const req: GenerateRequest = {
@@ -559,8 +559,8 @@ describe("modes a model cannot run are refused with a reason", () => {
       expect(() => m.newSession(8, 1, 0, { mode: "int4-h" })).toThrow(/power-of-two head_dim; this model's head_dim is 40/);
       m.newSession(8, 1, 0, { mode: "int4" }).close();
     });
-    expect(() => Engine.load({ modelPath: path, threads: 1, simd: "auto", buildDir: BUILD_DIR, kvCacheMode: "int8-h" })).toThrow(EngineLoadError);
-    expect(() => Engine.load({ modelPath: path, threads: 1, simd: "auto", buildDir: BUILD_DIR, kvCacheMode: "int8-h" })).toThrow(
+    expect(() => Engine.load({ modelPath: path, threads: 1, simd: "auto", buildDir: BUILD_DIR, gpu: false, kvCacheMode: "int8-h" })).toThrow(EngineLoadError);
+    expect(() => Engine.load({ modelPath: path, threads: 1, simd: "auto", buildDir: BUILD_DIR, gpu: false, kvCacheMode: "int8-h" })).toThrow(
       /kv_cache_mode int8-h .*power-of-two head_dim/,
     );
   });

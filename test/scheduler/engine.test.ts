@@ -32,7 +32,7 @@ describe("scheduler over the real engine", () => {
   let engine: Engine;
   beforeAll(() => {
     ensureLibrary();
-    engine = Engine.load({ modelPath: tinyModelPath(), threads: 1, simd: "auto", buildDir: BUILD_DIR });
+    engine = Engine.load({ modelPath: tinyModelPath(), threads: 1, simd: "auto", buildDir: BUILD_DIR, gpu: false });
   });
   afterAll(() => engine?.close());
 
