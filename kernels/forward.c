@@ -228,10 +228,11 @@ static int32_t rows_per_task(int32_t rows, int32_t n_threads, int32_t in, int32_
 
 static void mm_run(const ls_runtime *rt, mm_job *j) {
     // Matrices that cannot share one prepared activation (a q/k/v job of an
-    // int2 model keeping wv at int4, on a path whose layout follows the code
-    // width) run as consecutive jobs. The gate/up pair is one format (model.c).
+    // int2 model keeping wv at int4, on a path where their activations'
+    // forms differ) run as consecutive jobs. The gate/up pair is one format
+    // (model.c).
     for (int32_t i = 1; i < j->n_seg && j->seg[0].q; i++) {
-        if (ls_quant_act_shared(j->seg[0].q, j->seg[i].q)) continue;
+        if (ls_quant_act_shared(j->seg[0].q, j->seg[i].q, j->T)) continue;
         mm_job rest = *j;
         rest.n_seg = j->n_seg - i;
         memmove(rest.seg, j->seg + i, (size_t)rest.n_seg * sizeof rest.seg[0]);

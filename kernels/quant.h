@@ -99,7 +99,11 @@ struct ls_qact {
  * -1 when out of memory. */
 typedef struct ls_qops {
     int32_t simd;
-    int32_t layout_by_bits; /* quantize's layout follows the weights' code width (AVX2's spans) */
+    /* The form quantize writes a matrix's activations in for a call of T
+     * tokens (AVX2: spans by code width; VNNI: signed or offset by 128, per
+     * weight scheme); two matrices with the same form share one prepared
+     * activation. */
+    int32_t (*act_form)(const ls_qmat *w, int32_t T);
     int32_t (*pack)(ls_qmat *w);
     void (*quantize)(ls_qact *a, const float *x, int32_t ldx, int32_t T, const ls_qmat *w);
     /* y[t*ldy + o] (+)= row o of w times activation row t, t in [0, a->T), o in [o0, o1) */
@@ -115,11 +119,11 @@ typedef struct ls_qops {
 } ls_qops;
 
 /* A path's table, from its functions quantize_<sfx>, matmul_<sfx> and
- * dot_u2_<sfx>, its layout rule and its pack (or NULL). */
-#define LS_QOPS_TABLE(sfx, simd_, layout_by_bits_, pack_)                                               \
+ * dot_u2_<sfx>, its act_form and its pack (or NULL). */
+#define LS_QOPS_TABLE(sfx, simd_, act_form_, pack_)                                                     \
     const ls_qops ls_qops_##sfx = {                                                                     \
-        .simd = (simd_), .layout_by_bits = (layout_by_bits_), .pack = (pack_),                          \
-        .quantize = quantize_##sfx, .matmul = matmul_##sfx, .dot_u2 = dot_u2_##sfx,                     \
+        .simd = (simd_), .act_form = (act_form_), .pack = (pack_), .quantize = quantize_##sfx,          \
+        .matmul = matmul_##sfx, .dot_u2 = dot_u2_##sfx,                                                 \
     }
 
 extern const ls_qops ls_qops_portable;
@@ -137,12 +141,13 @@ void ls_quant_setup(ls_qact *a);
 /* Quantizes rows [0, T) of x into w->act (on the calling thread; after
  * ls_quant_setup). */
 void ls_quant_prepare(const ls_qmat *w, const float *x, int32_t ldx, int32_t T);
-/* Whether activations prepared for a serve b too (one ls_quant_prepare for
- * a job of several matrices): the same inputs and group, and the same code
- * width where the path's layout depends on it (an int2 model's int4 wv, say). */
-static inline int ls_quant_act_shared(const ls_qmat *a, const ls_qmat *b) {
+/* Whether activations prepared for a in a call of T tokens serve b too
+ * (one ls_quant_prepare for a job of several matrices): the same inputs and
+ * group, and the same form on this path (an int2 model's int4 wv has
+ * another on AVX2, and in decode on VNNI). */
+static inline int ls_quant_act_shared(const ls_qmat *a, const ls_qmat *b, int32_t T) {
     return a->act == b->act && a->in == b->in && a->group == b->group && a->head == b->head &&
-           (a->bits == b->bits || !a->act->ops->layout_by_bits);
+           a->act->ops->act_form(a, T) == a->act->ops->act_form(b, T);
 }
 /* Rows [o0, o1) of w against the prepared activations; safe on any thread. */
 void ls_quant_matmul(const ls_qmat *w, float *y, int32_t ldy, int32_t o0, int32_t o1, int32_t add);

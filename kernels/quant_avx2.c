@@ -373,4 +373,10 @@ static void dot_u2_avx2(int32_t *isum, const uint8_t *codes, int32_t ldb, const 
     }
 }
 
-LS_QOPS_TABLE(avx2, LS_SIMD_AVX2, 1, NULL);
+/* quantize's layout: spans of 64 (int4, int6), of 128 (int2), natural (int8). */
+static int32_t act_form_avx2(const ls_qmat *w, int32_t T) {
+    (void)T;
+    return w->bits == 2 ? 2 : w->bits == 8 ? 0 : 1;
+}
+
+LS_QOPS_TABLE(avx2, LS_SIMD_AVX2, act_form_avx2, NULL);

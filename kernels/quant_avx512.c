@@ -4,21 +4,21 @@
  * when the CPU has avx512vnni (else the AVX2 kernels run: same results).
  *
  * vpdpbusd multiplies unsigned bytes by signed bytes, four to a 32-bit
- * lane. pack copies every matrix once into its layout here:
- *   block int4 / int2  one byte per code, so the inner loop is loads and
- *                vpdpbusd and nothing else. The signed code c (int4 -8..7,
- *                int2 0..3) is the signed operand; the activations are
- *                stored as q + 128 (unsigned), and the offset is taken back
- *                per group with the code sums pack keeps:
- *                sum q c = sum (q + 128) c - 128 sum c.
- *                The block of a looped model is one layer's matrices, so the
- *                byte per code costs little memory.
- *   head int8 / int6 / int4  the code as u = c + B (B = 2^(bits-1)) is the
- *                unsigned operand, the activations signed q:
- *                sum q c = sum q u - B sum q. The head streams from memory
- *                once per step, so it keeps its stored width: int6 and int4
- *                are unpacked to bytes in registers (unpack_head) after
- *                each load.
+ * lane. pack copies every matrix once into one of two schemes:
+ *   wide (block int4 / int2)  one byte per code, so the inner loop is
+ *                loads and vpdpbusd and nothing else. The signed code c
+ *                (int4 -8..7, int2 0..3) is the signed operand; the
+ *                activations are stored as q + 128 (unsigned), and the
+ *                offset is taken back per group with the code sums pack
+ *                keeps: sum q c = sum (q + 128) c - 128 sum c.
+ *   narrow (head int8 / int6 / int4, block int4 in decode)  the code as
+ *                u = c + B (B = 2^(bits-1)) is the unsigned operand, the
+ *                activations signed q: sum q c = sum q u - B sum q. The
+ *                matrix keeps its stored width: int6 and int4 are unpacked
+ *                to bytes in registers (unpack_head) after each load. The
+ *                head streams from memory once per step, and in decode a
+ *                loop's block comes from the last-level cache once per loop,
+ *                where its bytes are the cost too (NARROW_BLOCK_MAX_T).
  *
  * Every int32 lane adds up one group. A row is cut into windows of 8
  * groups while 8 are left, then 4, 2, 1 (window_groups). In a window of n
@@ -43,7 +43,7 @@
 #include "quant.h"
 
 #define TILE_MAX_P 4 /* row pairs per tile */
-#define TILE_MAX_T 8 /* tokens per tile: 4 for the block, 8 for a head (kernels) */
+#define TILE_MAX_T 8 /* tokens per tile: 4 for the wide scheme, 8 for the narrow one (kernels) */
 /* Pairs in blocks of this many bytes: 128 KB ran the 256 x 768 down
  * projection at 64 tokens 3% faster than 64 KB, the others alike. */
 #define L2_BLOCK_BYTES (128 * 1024)
@@ -63,14 +63,33 @@ static inline int32_t window_groups(int32_t left) {
     return n;
 }
 
-/* Bytes of one 8-group slot of a pair's metadata: fp16 scales, then (block
- * int4, int2) int16 code sums, then (int2) fp16 offsets, 16 lanes each. */
-static inline int32_t slot_bytes(const ls_qmat *w) { return w->head ? 32 : 32 * (2 + (w->bits == 2)); }
+/* int4 block matrices keep both copies and take the narrow one for calls of
+ * at most this many tokens: reading a byte per code, one-token decode ran
+ * 28-37% slower (dim 768, loops 8), while the wide tiles run prefill-sized
+ * calls at 57-59% of the VNNI peak against the narrow ones' 47-53%. Batched
+ * steps of 4 and 8 rows measured alike either way (within this machine's
+ * noise), so they keep the wide copy. */
+#define NARROW_BLOCK_MAX_T 2
 
-/* Bytes of one pair's 64-code chunk: a byte per code, or a head's width
- * (int6: 32 bytes of nibbles here, 16 of high bits in the pair's second
- * stream). */
-static inline int32_t chunk_bytes(const ls_qmat *w) { return w->head && w->bits < 8 ? 32 : 64; }
+/* Whether a call of T tokens runs w in the narrow scheme (above): the head
+ * always, int4 block matrices for decode-sized calls. */
+static inline int narrow(const ls_qmat *w, int32_t T) { return w->head || (w->bits == 4 && T <= NARROW_BLOCK_MAX_T); }
+
+/* Which copies pack makes: the narrow one (heads, int4), the wide one (block matrices). */
+static inline int has_narrow(const ls_qmat *w) { return w->head || w->bits == 4; }
+static inline int has_wide(const ls_qmat *w) { return !w->head; }
+
+/* Bytes of one 8-group slot of a pair's metadata: fp16 scales, then (wide
+ * scheme) int16 code sums and fp16 offsets (int2), 16 lanes each. */
+static inline int32_t slot_bytes(const ls_qmat *w, int nar) { return nar ? 32 : 32 * (2 + (w->bits == 2)); }
+
+/* Bytes of one pair's 64-code chunk: a byte per code, or the narrow
+ * scheme's width (int6: 32 bytes of nibbles here, 16 of high bits in the
+ * pair's second stream). */
+static inline int32_t chunk_bytes(const ls_qmat *w, int nar) { return nar && w->bits < 8 ? 32 : 64; }
+
+/* The activations' form: signed for the narrow scheme, q + 128 for the wide one. */
+static int32_t act_form_avx512(const ls_qmat *w, int32_t T) { return narrow(w, T); }
 
 // ---- activations ----
 
@@ -86,7 +105,7 @@ static inline __m512i codes16(const float *p, __m512 id) {
 static void quantize_avx512(ls_qact *a, const float *x, int32_t ldx, int32_t T, const ls_qmat *w) {
     const int32_t in = w->in, group = w->group, bits = w->bits, G = group, ng = in / G;
     // Block matrices read the activations as the unsigned operand: q + 128.
-    const __m128i flip = _mm_set1_epi8(w->head ? 0 : (char)0x80);
+    const __m128i flip = _mm_set1_epi8(narrow(w, T) ? 0 : (char)0x80);
     for (int32_t t = 0; t < T; t++) {
         const float *xr = x + (size_t)t * (size_t)ldx;
         int8_t *qr = a->q + (size_t)t * (size_t)a->ld;
@@ -130,15 +149,16 @@ static void quantize_avx512(ls_qact *a, const float *x, int32_t ldx, int32_t T, 
 
 // ---- weights ----
 
-/* The byte vpdpbusd reads for input i of a stored row: a block's code c
- * (signed), a head's c + 2^(bits-1) (unsigned). */
-static inline uint8_t code_byte(const ls_qmat *w, const uint8_t *row, int32_t i) {
+/* The byte vpdpbusd reads for input i of a stored row: the wide scheme's
+ * code c (signed), the narrow scheme's c + 2^(bits-1) (unsigned). */
+static inline uint8_t code_byte(const ls_qmat *w, const uint8_t *row, int32_t i, int nar) {
     const int32_t c = ls_quant_code(row, w->in, i, w->bits);
-    return (uint8_t)(w->head ? c + (1 << (w->bits - 1)) : c);
+    return (uint8_t)(nar ? c + (1 << (w->bits - 1)) : c);
 }
 
-/* The packed copy: every pair's codes (chunks of chunk_bytes), then every
- * pair's metadata (slots of slot_bytes). */
+/* A packed copy in one scheme: every pair's codes (chunks of chunk_bytes),
+ * then every pair's metadata (slots of slot_bytes). A matrix with both
+ * copies holds the wide one first. */
 typedef struct {
     int32_t lg;           /* log2 G */
     int32_t ng;           /* groups per row */
@@ -149,17 +169,28 @@ typedef struct {
     size_t hi_offset;     /* head int6: where a pair's high-bit chunks start, after its nibbles */
 } layout;
 
-static inline layout layout_of(const ls_qmat *w) {
+static inline layout layout_of(const ls_qmat *w, int nar) {
     layout v;
     v.lg = __builtin_ctz((unsigned)w->group);
     v.ng = w->in >> v.lg;
-    /* in is a multiple of 32 (int6: 64), so a multiple of 32 bytes, and of 64 but for head int4 / int6 */
-    v.hi_offset = (size_t)w->in / 32 * (size_t)chunk_bytes(w);
-    v.pair_bytes = v.hi_offset + (w->head && w->bits == 6 ? (size_t)w->in / 2 : 0);
-    v.slot_bytes = slot_bytes(w);
+    /* in is a multiple of 32 (int6: 64), so a multiple of 32 bytes, and of 64 but for narrow int4 / int6 */
+    v.hi_offset = (size_t)w->in / 32 * (size_t)chunk_bytes(w, nar);
+    v.pair_bytes = v.hi_offset + (nar && w->bits == 6 ? (size_t)w->in / 2 : 0);
+    v.slot_bytes = slot_bytes(w, nar);
     v.meta_bytes = (size_t)((v.ng + 7) / 8) * (size_t)v.slot_bytes;
     v.meta_offset = (size_t)((w->rows + 1) / 2) * v.pair_bytes;
     return v;
+}
+
+/* Bytes of one copy, a multiple of 64 so the next starts aligned. */
+static inline size_t copy_bytes(const ls_qmat *w, int nar) {
+    const layout v = layout_of(w, nar);
+    return (v.meta_offset + (size_t)((w->rows + 1) / 2) * v.meta_bytes + 63) & ~(size_t)63;
+}
+
+/* Where the copy in scheme nar starts. */
+static inline const uint8_t *copy_of(const ls_qmat *w, int nar) {
+    return w->packed + (nar && has_wide(w) ? copy_bytes(w, 0) : 0);
 }
 
 /* One chunk of an int4 / int6 head pair (64 bytes u, a byte per code) at
@@ -173,25 +204,11 @@ static void narrow_chunk(uint8_t *lo, uint8_t *hi, const uint8_t *u, int32_t bit
                           ((u[48 + j] >> 4) & 3) << 6);
 }
 
-static int32_t pack_avx512(ls_qmat *w) {
-    if (!w->qweight) return 0; /* a slot the model leaves empty (an fp16 head) */
-    const int32_t G = w->group, pairs = (w->rows + 1) / 2, cb = chunk_bytes(w);
-    const layout v = layout_of(w);
+/* Writes w's copy in scheme nar at p (zeroed, copy_bytes long); full: 2 in bytes of scratch. */
+static void pack_copy(const ls_qmat *w, int nar, uint8_t *p, uint8_t *full) {
+    const int32_t G = w->group, pairs = (w->rows + 1) / 2, cb = chunk_bytes(w, nar);
+    const layout v = layout_of(w, nar);
     const size_t row_bytes = (size_t)w->in * (size_t)w->bits / 8;
-    // A copy that fills huge pages asks for them (the kernel may decline):
-    // the head streams from DRAM, and on 4 KB pages decode ran 5-10%
-    // slower (the file mapping it is copied from sits in huge pages).
-    const size_t used = v.meta_offset + (size_t)pairs * v.meta_bytes, huge = (size_t)2 << 20;
-    const size_t bytes = used >= huge ? (used + huge - 1) & ~(huge - 1) : (used + 63) & ~(size_t)63;
-    uint8_t *p = aligned_alloc(used >= huge ? huge : 64, bytes);
-    uint8_t *full = malloc(2 * (size_t)w->in); /* one pair, a byte per code */
-    if (!p || !full) {
-        free(p);
-        free(full);
-        return -1;
-    }
-    if (used >= huge) madvise(p, bytes, MADV_HUGEPAGE); /* advice only: failure changes nothing */
-    memset(p, 0, bytes); /* unused metadata lanes */
     for (int32_t q = 0; q < pairs; q++) {
         // The missing second row of an odd count: code bytes 0 (zero
         // weights on every path, whatever the offset), scale 0.
@@ -208,7 +225,7 @@ static int32_t pack_avx512(ls_qmat *w) {
                     for (int32_t l = 0; l < 8; l++)
                         for (int32_t b = 0; b < 4; b++) {
                             const int32_t g = g0 + l % n, u = (8 * c + l) / n;
-                            wc[64 * c + 4 * l + b] = code_byte(w, src, g * G + 4 * u + b);
+                            wc[64 * c + 4 * l + b] = code_byte(w, src, g * G + 4 * u + b, nar);
                         }
                 g0 += n;
             }
@@ -217,9 +234,9 @@ static int32_t pack_avx512(ls_qmat *w) {
                 uint8_t *slot = meta + (size_t)(g / 8) * (size_t)v.slot_bytes;
                 const int32_t lane = 8 * h + g % 8;
                 memcpy(slot + 2 * lane, &sc[g], 2);
-                if (w->head) continue;
+                if (nar) continue;
                 int16_t csum = 0;
-                for (int32_t i = 0; i < G; i++) csum = (int16_t)(csum + (int8_t)code_byte(w, src, g * G + i));
+                for (int32_t i = 0; i < G; i++) csum = (int16_t)(csum + (int8_t)code_byte(w, src, g * G + i, nar));
                 memcpy(slot + 32 + 2 * lane, &csum, 2);
                 if (w->bits == 2) memcpy(slot + 64 + 2 * lane, &w->zeros[(size_t)o * (size_t)v.ng + g], 2);
             }
@@ -230,6 +247,26 @@ static int32_t pack_avx512(ls_qmat *w) {
             for (int32_t c = 0; c < w->in / 32; c++)
                 narrow_chunk(out + (size_t)c * cb, out + v.hi_offset + 16 * (size_t)c, full + 64 * (size_t)c, w->bits);
     }
+}
+
+static int32_t pack_avx512(ls_qmat *w) {
+    if (!w->qweight) return 0; /* a slot the model leaves empty (an fp16 head) */
+    const size_t wide = has_wide(w) ? copy_bytes(w, 0) : 0, used = wide + (has_narrow(w) ? copy_bytes(w, 1) : 0);
+    // A copy that fills huge pages asks for them (the kernel may decline):
+    // the head streams from DRAM, and on 4 KB pages decode ran 5-10%
+    // slower (the file mapping it is copied from sits in huge pages).
+    const size_t huge = (size_t)2 << 20, bytes = used >= huge ? (used + huge - 1) & ~(huge - 1) : used;
+    uint8_t *p = aligned_alloc(used >= huge ? huge : 64, bytes);
+    uint8_t *full = malloc(2 * (size_t)w->in); /* one pair, a byte per code */
+    if (!p || !full) {
+        free(p);
+        free(full);
+        return -1;
+    }
+    if (used >= huge) madvise(p, bytes, MADV_HUGEPAGE); /* advice only: failure changes nothing */
+    memset(p, 0, bytes); /* unused metadata lanes */
+    if (has_wide(w)) pack_copy(w, 0, p, full);
+    if (has_narrow(w)) pack_copy(w, 1, p + wide, full);
     free(full);
     w->packed = p;
     return 0;
@@ -291,14 +328,14 @@ static inline __m512i unpack_head(const uint8_t *lo, const uint8_t *hi_bits, con
 /* One window of n groups at group g0 for pairs [q, q + P) x the TT tokens:
  * exact group sums, then quant.h's fp32 step into acc (which the first
  * window starts, so a row of one window keeps acc in registers). n is a
- * constant for the 8-group windows. HEAD: the head scheme at BITS (8, 6,
- * 4); else the block's byte per code, BITS 4 or 2. */
+ * constant for the 8-group windows. NARROW: the narrow scheme at BITS (8,
+ * 6, 4); else the wide scheme's byte per code (int2). */
 static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MAX_P][TILE_MAX_T],
                                                               const lanes *L, int32_t q, int32_t g0,
                                                               const int32_t n, const int first, const int P,
-                                                              const int TT, const int BITS, const int HEAD) {
+                                                              const int TT, const int BITS, const int NARROW) {
     const int32_t chunks = (n << L->v.lg) / 32, slot = g0 >> 3, off = g0 & 7;
-    const int CB = HEAD && BITS < 8 ? 32 : 64, INT2 = BITS == 2 && !HEAD; /* CB: chunk_bytes */
+    const int CB = NARROW && BITS < 8 ? 32 : 64, INT2 = BITS == 2 && !NARROW; /* CB: chunk_bytes */
     const size_t xo = (size_t)g0 << L->v.lg;
     const uint8_t *wp[TILE_MAX_P], *hp[TILE_MAX_P], *mp[TILE_MAX_P];
 #pragma GCC unroll 8
@@ -313,29 +350,29 @@ static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MA
     // smaller ones.
     __m512i corr_t[TILE_MAX_T], corr_p[TILE_MAX_P];
 #pragma GCC unroll 8
-    for (int t = 0; t < TT && HEAD; t++)
+    for (int t = 0; t < TT && NARROW; t++)
         corr_t[t] = _mm512_slli_epi32(_mm512_broadcast_i32x8(_mm256_loadu_si256((const __m256i *)(L->qs[t] + 8 * slot))), BITS - 1);
 #pragma GCC unroll 8
-    for (int p = 0; p < P && !HEAD; p++)
+    for (int p = 0; p < P && !NARROW; p++)
         corr_p[p] = _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_load_si256((const __m256i *)(mp[p] + 32))), 7);
     __m512i gs[TILE_MAX_P][TILE_MAX_T];
 #pragma GCC unroll 8
     for (int p = 0; p < P; p++)
 #pragma GCC unroll 8
         for (int t = 0; t < TT; t++)
-            gs[p][t] = n == 8 ? _mm512_sub_epi32(_mm512_setzero_si512(), HEAD ? corr_t[t] : corr_p[p])
+            gs[p][t] = n == 8 ? _mm512_sub_epi32(_mm512_setzero_si512(), NARROW ? corr_t[t] : corr_p[p])
                               : _mm512_setzero_si512();
     for (int32_t c = 0; c < chunks; c++) {
         __m512i W[TILE_MAX_P], X[TILE_MAX_T];
 #pragma GCC unroll 8
         for (int p = 0; p < P; p++) {
-            W[p] = HEAD ? unpack_head(wp[p] + CB * (size_t)c, hp[p] + 16 * (size_t)c, BITS)
+            W[p] = NARROW ? unpack_head(wp[p] + CB * (size_t)c, hp[p] + 16 * (size_t)c, BITS)
                         : _mm512_load_si512((const void *)(wp[p] + 64 * (size_t)c));
             // A prefetch never faults; the address is formed as an integer
             // to keep the arithmetic defined past the last pair.
-            if (HEAD)
+            if (NARROW)
                 _mm_prefetch((const char *)((uintptr_t)wp[p] + PREFETCH_PAIRS * L->v.pair_bytes + CB * (size_t)c), _MM_HINT_T0);
-            if (HEAD && BITS == 6 && (c & 3) == 0) /* a line of high bits serves 4 chunks */
+            if (NARROW && BITS == 6 && (c & 3) == 0) /* a line of high bits serves 4 chunks */
                 _mm_prefetch((const char *)((uintptr_t)hp[p] + PREFETCH_PAIRS * L->v.pair_bytes + 16 * (size_t)c), _MM_HINT_T0);
         }
 #pragma GCC unroll 8
@@ -345,7 +382,7 @@ static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MA
         for (int p = 0; p < P; p++)
 #pragma GCC unroll 8
             for (int t = 0; t < TT; t++)
-                gs[p][t] = HEAD ? dpbusd(gs[p][t], W[p], X[t]) : dpbusd(gs[p][t], X[t], W[p]);
+                gs[p][t] = NARROW ? dpbusd(gs[p][t], W[p], X[t]) : dpbusd(gs[p][t], X[t], W[p]);
     }
     // Lane l of each half is now group 8 slot + l % 8 of this window (8
     // groups) or, once folded and moved, lanes off .. off + n - 1.
@@ -362,7 +399,7 @@ static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MA
 #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
             __m512i g = gs[p][t];
-            if (n < 8) g = _mm512_sub_epi32(fold_to(g, n, off), HEAD ? corr_t[t] : corr_p[p]);
+            if (n < 8) g = _mm512_sub_epi32(fold_to(g, n, off), NARROW ? corr_t[t] : corr_p[p]);
             __m512 val = _mm512_mul_ps(_mm512_cvtepi32_ps(g), s);
             if (INT2) val = _mm512_add_ps(val, _mm512_mul_ps(qf[t], z));
             const __m512 prev = first ? _mm512_setzero_ps() : acc[p][t];
@@ -393,21 +430,21 @@ static inline __m512 hsum_halves8(const __m512 V[8]) {
  * r: row 2q + r). */
 static inline __attribute__((always_inline)) void pair_tile(float *y, int32_t ldy, const lanes *L, int32_t q,
                                                             int32_t t0, uint32_t rowmask, const int P,
-                                                            const int TT, const int BITS, const int HEAD,
+                                                            const int TT, const int BITS, const int NARROW,
                                                             int32_t add) {
     const int32_t ng = L->v.ng;
     __m512 acc[TILE_MAX_P][TILE_MAX_T];
     int32_t g0 = 0;
     if (ng >= 8) {
-        pair_window(acc, L, q, 0, 8, 1, P, TT, BITS, HEAD);
-        for (g0 = 8; g0 + 8 <= ng; g0 += 8) pair_window(acc, L, q, g0, 8, 0, P, TT, BITS, HEAD);
+        pair_window(acc, L, q, 0, 8, 1, P, TT, BITS, NARROW);
+        for (g0 = 8; g0 + 8 <= ng; g0 += 8) pair_window(acc, L, q, g0, 8, 0, P, TT, BITS, NARROW);
     } else {
-        pair_window(acc, L, q, 0, window_groups(ng), 1, P, TT, BITS, HEAD);
+        pair_window(acc, L, q, 0, window_groups(ng), 1, P, TT, BITS, NARROW);
         g0 = window_groups(ng);
     }
     while (g0 < ng) {
         const int32_t n = window_groups(ng - g0);
-        pair_window(acc, L, q, g0, n, 0, P, TT, BITS, HEAD);
+        pair_window(acc, L, q, g0, n, 0, P, TT, BITS, NARROW);
         g0 += n;
     }
     // Token t's 2P rows are lanes [2P t, 2P (t + 1)) of the sums, 16 to a
@@ -444,10 +481,11 @@ static inline __attribute__((always_inline)) void pair_tile(float *y, int32_t ld
 static inline __attribute__((always_inline)) int32_t pair_tiles(float *y, int32_t ldy, const ls_qact *a,
                                                                 const ls_qmat *w, int32_t q, int32_t q1,
                                                                 int32_t t0, int32_t o0, int32_t o1, const int P,
-                                                                const int TT, const int BITS, const int HEAD,
+                                                                const int TT, const int BITS, const int NARROW,
                                                                 int32_t add) {
-    const layout v = layout_of(w);
-    lanes L = {v, w->packed, w->packed + v.meta_offset, {0}, {0}, a->d + t0};
+    const layout v = layout_of(w, NARROW);
+    const uint8_t *codes = copy_of(w, NARROW);
+    lanes L = {v, codes, codes + v.meta_offset, {0}, {0}, a->d + t0};
 #pragma GCC unroll 8
     for (int t = 0; t < TT; t++) {
         L.x[t] = a->q + (size_t)(t0 + t) * (size_t)a->ld;
@@ -457,7 +495,7 @@ static inline __attribute__((always_inline)) int32_t pair_tiles(float *y, int32_
         // Rows 2q .. 2q + 2P - 1 that fall in [o0, o1).
         const int32_t lo = o0 - 2 * q > 0 ? o0 - 2 * q : 0, hi = o1 - 2 * q < 2 * P ? o1 - 2 * q : 2 * P;
         const uint32_t rowmask = ((1u << hi) - 1u) & ~((1u << lo) - 1u);
-        pair_tile(y, ldy, &L, q, t0, rowmask, P, TT, BITS, HEAD, add);
+        pair_tile(y, ldy, &L, q, t0, rowmask, P, TT, BITS, NARROW, add);
     }
     return q;
 }
@@ -477,8 +515,8 @@ typedef int32_t (*tiles_fn)(float *, int32_t, const ls_qact *, const ls_qmat *, 
 #define TILES_BITS(B, H)                                                                          \
     TILES(4, 4, B, H) TILES(1, 4, B, H) TILES(2, 3, B, H) TILES(1, 3, B, H) TILES(4, 2, B, H)     \
     TILES(1, 2, B, H) TILES(4, 1, B, H) TILES(1, 1, B, H)
-/* A head also takes 5 to 8 tokens (a decode batch) in one pass: it streams
- * from memory, and a batch of 8 split 4 + 4 read it twice. */
+/* The narrow scheme also takes 5 to 8 tokens (a decode batch) in one pass:
+ * the head streams from memory, and a batch of 8 split 4 + 4 read it twice. */
 #define TILES_WIDE(B, H)                                                                          \
     TILES(2, 5, B, H) TILES(1, 5, B, H) TILES(2, 6, B, H) TILES(1, 6, B, H) TILES(2, 7, B, H)     \
     TILES(1, 7, B, H) TILES(2, 8, B, H) TILES(1, 8, B, H)
@@ -507,14 +545,15 @@ typedef struct {
       tiles_p2_t5_b##B##_h##H, tiles_p2_t6_b##B##_h##H, tiles_p2_t7_b##B##_h##H, tiles_p2_t8_b##B##_h##H}, \
      {tiles_p1_t1_b##B##_h##H, tiles_p1_t2_b##B##_h##H, tiles_p1_t3_b##B##_h##H, tiles_p1_t4_b##B##_h##H, \
       tiles_p1_t5_b##B##_h##H, tiles_p1_t6_b##B##_h##H, tiles_p1_t7_b##B##_h##H, tiles_p1_t8_b##B##_h##H}}
-static const kernels BLOCK4 = KERNELS(4, 0), BLOCK2 = KERNELS(2, 0), HEAD8 = KERNELS_WIDE(8, 1),
-                     HEAD6 = KERNELS_WIDE(6, 1), HEAD4 = KERNELS_WIDE(4, 1);
+static const kernels WIDE4 = KERNELS(4, 0), WIDE2 = KERNELS(2, 0), NARROW8 = KERNELS_WIDE(8, 1),
+                     NARROW6 = KERNELS_WIDE(6, 1), NARROW4 = KERNELS_WIDE(4, 1);
 
 static void matmul_avx512(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w, int32_t o0,
                           int32_t o1, int32_t add) {
-    const kernels *k = w->head ? (w->bits == 8 ? &HEAD8 : w->bits == 6 ? &HEAD6 : &HEAD4)
-                               : (w->bits == 4 ? &BLOCK4 : &BLOCK2);
-    const layout v = layout_of(w);
+    const int nar = narrow(w, a->T);
+    const kernels *k = nar ? (w->bits == 8 ? &NARROW8 : w->bits == 6 ? &NARROW6 : &NARROW4)
+                           : (w->bits == 4 ? &WIDE4 : &WIDE2);
+    const layout v = layout_of(w, nar);
     const int32_t T = a->T, q0 = o0 / 2, q1 = (o1 + 1) / 2;
     // Pairs in blocks that stay in L2 while every group of tokens passes.
     int32_t pb = (int32_t)(L2_BLOCK_BYTES / (v.pair_bytes + v.meta_bytes));
@@ -588,4 +627,4 @@ static void dot_u2_avx512(int32_t *isum, const uint8_t *codes, int32_t ldb, cons
     }
 }
 
-LS_QOPS_TABLE(avx512, LS_SIMD_AVX512, 0, pack_avx512);
+LS_QOPS_TABLE(avx512, LS_SIMD_AVX512, act_form_avx512, pack_avx512);
