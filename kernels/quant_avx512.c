@@ -11,7 +11,7 @@
  *                activations are stored as q + 128 (unsigned), and the
  *                offset is taken back per group with the code sums pack
  *                keeps: sum q c = sum (q + 128) c - 128 sum c.
- *   narrow (head int8 / int6 / int4, block int4 in decode)  the code as
+ *   narrow (head int8 / int6 / int4, block int4 in decode steps)  the code as
  *                u = c + B (B = 2^(bits-1)) is the unsigned operand, the
  *                activations signed q: sum q c = sum q u - B sum q. The
  *                matrix keeps its stored width: int6 and int4 are unpacked
@@ -64,12 +64,13 @@ static inline int32_t window_groups(int32_t left) {
 }
 
 /* int4 block matrices keep both copies and take the narrow one for calls of
- * at most this many tokens: reading a byte per code, one-token decode ran
- * 28-37% slower (dim 768, loops 8), while the wide tiles run prefill-sized
- * calls at 57-59% of the VNNI peak against the narrow ones' 47-53%. Batched
- * steps of 4 and 8 rows measured alike either way (within this machine's
- * noise), so they keep the wide copy. */
-#define NARROW_BLOCK_MAX_T 2
+ * at most this many tokens (a decode step of up to 8 rows; the narrow tiles
+ * take 8 tokens in one pass). Reading a byte per code instead, one-token
+ * decode ran 28-37% slower (dim 768, loops 8) and an 8-row batched step
+ * 10-30% slower; the wide tiles run prefill-sized calls at 57-59% of the
+ * VNNI peak against the narrow ones' 47-53% (bench/run.ts gemm), though
+ * end to end this machine showed no prefill difference. */
+#define NARROW_BLOCK_MAX_T 8
 
 /* Whether a call of T tokens runs w in the narrow scheme (above): the head
  * always, int4 block matrices for decode-sized calls. */
