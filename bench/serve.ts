@@ -100,7 +100,8 @@ function loopserve(name: string, env: Record<string, string>): Target {
     name,
     path: "/generate",
     async start(format) {
-      const s: TestServer = await startServer({ modelPath: MODELS[format], env: { SERVICE_THREADS: THREADS, SERVICE_MAX_SEQ_LEN: "4096", ...PREFILL_CHUNK, ...env } });
+      // gpu: the server takes a GPU where it would in production (the kernel path is in the report).
+      const s: TestServer = await startServer({ modelPath: MODELS[format], gpu: true, env: { SERVICE_THREADS: THREADS, SERVICE_MAX_SEQ_LEN: "4096", ...PREFILL_CHUNK, ...env } });
       const simd = /simd (\w+)\)/.exec(s.output())?.[1];
       if (simd) kernelPaths.add(simd);
       return { url: s.url, stop: () => s.stop() };

@@ -311,7 +311,7 @@ function outcomeRows(records: Record_[]): Row[] {
 
 async function soak(): Promise<number> {
   const maxSeqLen = readSafetensors(TRAINED_MODEL_PATH).metadata.max_seq_len;
-  const server: TestServer = await startServer({ modelPath: TRAINED_MODEL_PATH, env: { SERVICE_MAX_SEQ_LEN: maxSeqLen } });
+  const server: TestServer = await startServer({ modelPath: TRAINED_MODEL_PATH, gpu: true, env: { SERVICE_MAX_SEQ_LEN: maxSeqLen } });
   console.log(`soak: ${REQUESTS} requests, concurrency ${CONCURRENCY}, server pid ${server.pid} on ${TRAINED_MODEL_PATH}`);
   const t0 = performance.now();
   const records: Record_[] = [];
