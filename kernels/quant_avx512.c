@@ -11,14 +11,16 @@
  *                activations are stored as q + 128 (unsigned), and the
  *                offset is taken back per group with the code sums pack
  *                keeps: sum q c = sum (q + 128) c - 128 sum c.
- *   narrow (head int8 / int6 / int4, block int4 in decode steps)  the code as
- *                u = c + B (B = 2^(bits-1)) is the unsigned operand, the
+ *   narrow (head int8 / int6 / int4, block int4 / int2 in decode steps)
+ *                the code as u = c + B is the unsigned operand (B =
+ *                2^(bits-1); int2's 0..3 code is its own, B = 0), the
  *                activations signed q: sum q c = sum q u - B sum q. The
- *                matrix keeps its stored width: int6 and int4 are unpacked
- *                to bytes in registers (unpack_head) after each load. The
- *                head streams from memory once per step, and in decode a
- *                loop's block comes from the last-level cache once per loop,
- *                where its bytes are the cost too (NARROW_BLOCK_MAX_T).
+ *                matrix keeps its stored width: int6, int4 and int2 are
+ *                unpacked to bytes in registers (unpack_head) after each
+ *                load. The head streams from memory once per step, and in
+ *                decode a loop's block comes from the last-level cache once
+ *                per loop, where its bytes are the cost too
+ *                (NARROW_BLOCK_MAX_T).
  *
  * Every int32 lane adds up one group. A row is cut into windows of 8
  * groups while 8 are left, then 4, 2, 1 (window_groups). In a window of n
@@ -63,31 +65,40 @@ static inline int32_t window_groups(int32_t left) {
     return n;
 }
 
-/* int4 block matrices keep both copies and take the narrow one for calls of
- * at most this many tokens (a decode step of up to 8 rows; the narrow tiles
- * take 8 tokens in one pass). Reading a byte per code instead, one-token
- * decode ran 28-37% slower (dim 768, loops 8) and an 8-row batched step
- * 10-30% slower; the wide tiles run prefill-sized calls at 57-59% of the
- * VNNI peak against the narrow ones' 47-53% (bench/run.ts gemm), though
- * end to end this machine showed no prefill difference. */
+/* Block matrices keep both copies and take the narrow one for calls of at
+ * most this many tokens (a decode step of up to 8 rows; the narrow tiles
+ * take 8 tokens in one pass). Reading int4 at a byte per code instead,
+ * one-token decode ran 28-37% slower (dim 768, loops 8) and an 8-row
+ * batched step 10-30% slower; int2 (wv, wo, w2 at int4) 16-30% slower. The
+ * wide tiles run prefill-sized int4 calls at 57-59% of the VNNI peak
+ * against the narrow ones' 47-53% (bench/run.ts gemm), though end to end
+ * this machine showed no prefill difference. */
 #define NARROW_BLOCK_MAX_T 8
 
 /* Whether a call of T tokens runs w in the narrow scheme (above): the head
- * always, int4 block matrices for decode-sized calls. */
-static inline int narrow(const ls_qmat *w, int32_t T) { return w->head || (w->bits == 4 && T <= NARROW_BLOCK_MAX_T); }
+ * always, block matrices in decode-sized calls. */
+static inline int narrow(const ls_qmat *w, int32_t T) { return w->head || T <= NARROW_BLOCK_MAX_T; }
 
-/* Which copies pack makes: the narrow one (heads, int4), the wide one (block matrices). */
-static inline int has_narrow(const ls_qmat *w) { return w->head || w->bits == 4; }
+/* Block matrices have a wide copy too (every matrix a narrow one). */
 static inline int has_wide(const ls_qmat *w) { return !w->head; }
 
-/* Bytes of one 8-group slot of a pair's metadata: fp16 scales, then (wide
- * scheme) int16 code sums and fp16 offsets (int2), 16 lanes each. */
-static inline int32_t slot_bytes(const ls_qmat *w, int nar) { return nar ? 32 : 32 * (2 + (w->bits == 2)); }
+/* The narrow scheme's offset B: the signed codes' 2^(bits-1); int2's codes
+ * are 0..3 already, its own unsigned operand. */
+static inline int32_t narrow_offset(int32_t bits) { return bits == 2 ? 0 : 1 << (bits - 1); }
+
+/* Bytes of one 8-group slot of a pair's metadata, 16 lanes each: fp16
+ * scales, then (wide scheme) int16 code sums, then (int2) fp16 offsets. */
+static inline int32_t slot_bytes(const ls_qmat *w, int nar) { return 32 * (1 + !nar + (w->bits == 2)); }
+
+/* Where a slot's int2 offsets start. */
+static inline int32_t zeros_at(int nar) { return nar ? 32 : 64; }
 
 /* Bytes of one pair's 64-code chunk: a byte per code, or the narrow
- * scheme's width (int6: 32 bytes of nibbles here, 16 of high bits in the
- * pair's second stream). */
-static inline int32_t chunk_bytes(const ls_qmat *w, int nar) { return nar && w->bits < 8 ? 32 : 64; }
+ * scheme's width (int4 32, int2 16; int6: 32 bytes of nibbles here, 16 of
+ * high bits in the pair's second stream). */
+static inline int32_t chunk_bytes(const ls_qmat *w, int nar) {
+    return !nar || w->bits == 8 ? 64 : w->bits == 2 ? 16 : 32;
+}
 
 /* The activations' form: signed for the narrow scheme, q + 128 for the wide one. */
 static int32_t act_form_avx512(const ls_qmat *w, int32_t T) { return narrow(w, T); }
@@ -151,10 +162,10 @@ static void quantize_avx512(ls_qact *a, const float *x, int32_t ldx, int32_t T, 
 // ---- weights ----
 
 /* The byte vpdpbusd reads for input i of a stored row: the wide scheme's
- * code c (signed), the narrow scheme's c + 2^(bits-1) (unsigned). */
+ * code c (signed), the narrow scheme's c + B (unsigned). */
 static inline uint8_t code_byte(const ls_qmat *w, const uint8_t *row, int32_t i, int nar) {
     const int32_t c = ls_quant_code(row, w->in, i, w->bits);
-    return (uint8_t)(nar ? c + (1 << (w->bits - 1)) : c);
+    return (uint8_t)(nar ? c + narrow_offset(w->bits) : c);
 }
 
 /* A packed copy in one scheme: every pair's codes (chunks of chunk_bytes),
@@ -179,7 +190,8 @@ static inline layout layout_of(const ls_qmat *w, int nar) {
     v.pair_bytes = v.hi_offset + (nar && w->bits == 6 ? (size_t)w->in / 2 : 0);
     v.slot_bytes = slot_bytes(w, nar);
     v.meta_bytes = (size_t)((v.ng + 7) / 8) * (size_t)v.slot_bytes;
-    v.meta_offset = (size_t)((w->rows + 1) / 2) * v.pair_bytes;
+    /* aligned for the slots' 32-byte loads (narrow int2 pairs are in / 2 bytes) */
+    v.meta_offset = ((size_t)((w->rows + 1) / 2) * v.pair_bytes + 63) & ~(size_t)63;
     return v;
 }
 
@@ -194,11 +206,16 @@ static inline const uint8_t *copy_of(const ls_qmat *w, int nar) {
     return w->packed + (nar && has_wide(w) ? copy_bytes(w, 0) : 0);
 }
 
-/* One chunk of an int4 / int6 head pair (64 bytes u, a byte per code) at
- * its stored width, as unpack_head reads it back: int4 byte j of lo holds
- * u[j] and u[32 + j] in its low and high nibble; int6 adds 16 bytes hi whose
- * byte j holds the high two bits of u[16 k + j] at bits 2k. */
+/* One chunk of a narrow pair (64 bytes u, a byte per code) at its stored
+ * width, as unpack_head reads it back: int2 byte j of lo holds u[16 k + j]
+ * at bits 2k; int4 byte j holds u[j] and u[32 + j] in its low and high
+ * nibble; int6 adds 16 bytes hi whose byte j holds the high two bits of
+ * u[16 k + j] at bits 2k. */
 static void narrow_chunk(uint8_t *lo, uint8_t *hi, const uint8_t *u, int32_t bits) {
+    if (bits == 2) {
+        for (int32_t j = 0; j < 16; j++) lo[j] = (uint8_t)(u[j] | u[16 + j] << 2 | u[32 + j] << 4 | u[48 + j] << 6);
+        return;
+    }
     for (int32_t j = 0; j < 32; j++) lo[j] = (uint8_t)((u[j] & 15) | (u[32 + j] & 15) << 4);
     for (int32_t j = 0; bits == 6 && j < 16; j++)
         hi[j] = (uint8_t)(((u[j] >> 4) & 3) | ((u[16 + j] >> 4) & 3) << 2 | ((u[32 + j] >> 4) & 3) << 4 |
@@ -235,11 +252,11 @@ static void pack_copy(const ls_qmat *w, int nar, uint8_t *p, uint8_t *full) {
                 uint8_t *slot = meta + (size_t)(g / 8) * (size_t)v.slot_bytes;
                 const int32_t lane = 8 * h + g % 8;
                 memcpy(slot + 2 * lane, &sc[g], 2);
+                if (w->bits == 2) memcpy(slot + zeros_at(nar) + 2 * lane, &w->zeros[(size_t)o * (size_t)v.ng + g], 2);
                 if (nar) continue;
                 int16_t csum = 0;
                 for (int32_t i = 0; i < G; i++) csum = (int16_t)(csum + (int8_t)code_byte(w, src, g * G + i, nar));
                 memcpy(slot + 32 + 2 * lane, &csum, 2);
-                if (w->bits == 2) memcpy(slot + 64 + 2 * lane, &w->zeros[(size_t)o * (size_t)v.ng + g], 2);
             }
         }
         uint8_t *out = p + (size_t)q * v.pair_bytes;
@@ -252,7 +269,7 @@ static void pack_copy(const ls_qmat *w, int nar, uint8_t *p, uint8_t *full) {
 
 static int32_t pack_avx512(ls_qmat *w) {
     if (!w->qweight) return 0; /* a slot the model leaves empty (an fp16 head) */
-    const size_t wide = has_wide(w) ? copy_bytes(w, 0) : 0, used = wide + (has_narrow(w) ? copy_bytes(w, 1) : 0);
+    const size_t wide = has_wide(w) ? copy_bytes(w, 0) : 0, used = wide + copy_bytes(w, 1);
     // A copy that fills huge pages asks for them (the kernel may decline):
     // the head streams from DRAM, and on 4 KB pages decode ran 5-10%
     // slower (the file mapping it is copied from sits in huge pages).
@@ -267,7 +284,7 @@ static int32_t pack_avx512(ls_qmat *w) {
     if (used >= huge) madvise(p, bytes, MADV_HUGEPAGE); /* advice only: failure changes nothing */
     memset(p, 0, bytes); /* unused metadata lanes */
     if (has_wide(w)) pack_copy(w, 0, p, full);
-    if (has_narrow(w)) pack_copy(w, 1, p + wide, full);
+    pack_copy(w, 1, p + wide, full);
     free(full);
     w->packed = p;
     return 0;
@@ -313,6 +330,10 @@ typedef struct {
  * to a byte per code. */
 static inline __m512i unpack_head(const uint8_t *lo, const uint8_t *hi_bits, const int BITS) {
     if (BITS == 8) return _mm512_load_si512((const void *)lo);
+    if (BITS == 2) /* lane k: bits 2k, 2k + 1 of every byte */
+        return _mm512_and_si512(_mm512_srlv_epi64(_mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)lo)),
+                                                  _mm512_setr_epi64(0, 0, 2, 2, 4, 4, 6, 6)),
+                                _mm512_set1_epi8(0x03));
     // The nibbles: bytes 0-31 low, 32-63 high.
     const __m512i nib = _mm512_and_si512(
         _mm512_srlv_epi64(_mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)lo)),
@@ -336,7 +357,9 @@ static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MA
                                                               const int32_t n, const int first, const int P,
                                                               const int TT, const int BITS, const int NARROW) {
     const int32_t chunks = (n << L->v.lg) / 32, slot = g0 >> 3, off = g0 & 7;
-    const int CB = NARROW && BITS < 8 ? 32 : 64, INT2 = BITS == 2 && !NARROW; /* CB: chunk_bytes */
+    const int CB = !NARROW || BITS == 8 ? 64 : BITS == 2 ? 16 : 32; /* chunk_bytes */
+    const int INT2 = BITS == 2, ZAT = NARROW ? 32 : 64;           /* int2: offsets; zeros_at */
+    const int CORR = !NARROW || BITS != 2;                         /* an offset B to take back */
     const size_t xo = (size_t)g0 << L->v.lg;
     const uint8_t *wp[TILE_MAX_P], *hp[TILE_MAX_P], *mp[TILE_MAX_P];
 #pragma GCC unroll 8
@@ -345,14 +368,16 @@ static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MA
         hp[p] = L->codes + (size_t)(q + p) * L->v.pair_bytes + L->v.hi_offset + xo / 2;
         mp[p] = L->meta + (size_t)(q + p) * L->v.meta_bytes + (size_t)slot * (size_t)L->v.slot_bytes;
     }
-    // The offset correction (-128 times the code sums, or for a head -B
-    // times the activation sums), a whole window's worth at once: as the
-    // accumulators' start value in 8-group windows, after the fold in
-    // smaller ones.
+    // The offset correction (-128 times the code sums, or in the narrow
+    // scheme -B times the activation sums), a whole window's worth at once:
+    // as the accumulators' start value in 8-group windows, after the fold
+    // in smaller ones.
     __m512i corr_t[TILE_MAX_T], corr_p[TILE_MAX_P];
+    if (NARROW && CORR) {
 #pragma GCC unroll 8
-    for (int t = 0; t < TT && NARROW; t++)
-        corr_t[t] = _mm512_slli_epi32(_mm512_broadcast_i32x8(_mm256_loadu_si256((const __m256i *)(L->qs[t] + 8 * slot))), BITS - 1);
+        for (int t = 0; t < TT; t++)
+            corr_t[t] = _mm512_slli_epi32(_mm512_broadcast_i32x8(_mm256_loadu_si256((const __m256i *)(L->qs[t] + 8 * slot))), BITS - 1);
+    }
 #pragma GCC unroll 8
     for (int p = 0; p < P && !NARROW; p++)
         corr_p[p] = _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_load_si256((const __m256i *)(mp[p] + 32))), 7);
@@ -361,8 +386,8 @@ static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MA
     for (int p = 0; p < P; p++)
 #pragma GCC unroll 8
         for (int t = 0; t < TT; t++)
-            gs[p][t] = n == 8 ? _mm512_sub_epi32(_mm512_setzero_si512(), NARROW ? corr_t[t] : corr_p[p])
-                              : _mm512_setzero_si512();
+            gs[p][t] = n == 8 && CORR ? _mm512_sub_epi32(_mm512_setzero_si512(), NARROW ? corr_t[t] : corr_p[p])
+                                      : _mm512_setzero_si512();
     for (int32_t c = 0; c < chunks; c++) {
         __m512i W[TILE_MAX_P], X[TILE_MAX_T];
 #pragma GCC unroll 8
@@ -396,11 +421,12 @@ static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MA
     for (int p = 0; p < P; p++) {
         const __m512 s = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)mp[p]));
         __m512 z = _mm512_setzero_ps();
-        if (INT2) z = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(mp[p] + 64)));
+        if (INT2) z = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(mp[p] + ZAT)));
 #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
             __m512i g = gs[p][t];
-            if (n < 8) g = _mm512_sub_epi32(fold_to(g, n, off), NARROW ? corr_t[t] : corr_p[p]);
+            if (n < 8) g = fold_to(g, n, off);
+            if (n < 8 && CORR) g = _mm512_sub_epi32(g, NARROW ? corr_t[t] : corr_p[p]);
             __m512 val = _mm512_mul_ps(_mm512_cvtepi32_ps(g), s);
             if (INT2) val = _mm512_add_ps(val, _mm512_mul_ps(qf[t], z));
             const __m512 prev = first ? _mm512_setzero_ps() : acc[p][t];
@@ -526,9 +552,11 @@ TILES_BITS(2, 0)
 TILES_BITS(8, 1)
 TILES_BITS(6, 1)
 TILES_BITS(4, 1)
+TILES_BITS(2, 1)
 TILES_WIDE(8, 1)
 TILES_WIDE(6, 1)
 TILES_WIDE(4, 1)
+TILES_WIDE(2, 1)
 
 /* wide[k], one[k]: the tiles for k + 1 tokens, up to max_t. */
 typedef struct {
@@ -547,12 +575,12 @@ typedef struct {
      {tiles_p1_t1_b##B##_h##H, tiles_p1_t2_b##B##_h##H, tiles_p1_t3_b##B##_h##H, tiles_p1_t4_b##B##_h##H, \
       tiles_p1_t5_b##B##_h##H, tiles_p1_t6_b##B##_h##H, tiles_p1_t7_b##B##_h##H, tiles_p1_t8_b##B##_h##H}}
 static const kernels WIDE4 = KERNELS(4, 0), WIDE2 = KERNELS(2, 0), NARROW8 = KERNELS_WIDE(8, 1),
-                     NARROW6 = KERNELS_WIDE(6, 1), NARROW4 = KERNELS_WIDE(4, 1);
+                     NARROW6 = KERNELS_WIDE(6, 1), NARROW4 = KERNELS_WIDE(4, 1), NARROW2 = KERNELS_WIDE(2, 1);
 
 static void matmul_avx512(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w, int32_t o0,
                           int32_t o1, int32_t add) {
     const int nar = narrow(w, a->T);
-    const kernels *k = nar ? (w->bits == 8 ? &NARROW8 : w->bits == 6 ? &NARROW6 : &NARROW4)
+    const kernels *k = nar ? (w->bits == 8 ? &NARROW8 : w->bits == 6 ? &NARROW6 : w->bits == 4 ? &NARROW4 : &NARROW2)
                            : (w->bits == 4 ? &WIDE4 : &WIDE2);
     const layout v = layout_of(w, nar);
     const int32_t T = a->T, q0 = o0 / 2, q1 = (o1 + 1) / 2;
