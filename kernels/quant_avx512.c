@@ -69,7 +69,7 @@ static inline int32_t window_groups(int32_t left) {
  * most this many tokens (a decode step of up to 8 rows; the narrow tiles
  * take 8 tokens in one pass). Reading int4 at a byte per code instead,
  * one-token decode ran 28-37% slower (dim 768, loops 8) and an 8-row
- * batched step 10-30% slower; int2 (wv, wo, w2 at int4) 16-30% slower. The
+ * batched step 10-30% slower; int2 (wv, wo, w2 at int4) 17-30% slower. The
  * wide tiles run prefill-sized int4 calls at 57-59% of the VNNI peak
  * against the narrow ones' 47-53% (bench/run.ts gemm), though end to end
  * this machine showed no prefill difference. */
@@ -116,7 +116,7 @@ static inline __m512i codes16(const float *p, __m512 id) {
 
 static void quantize_avx512(ls_qact *a, const float *x, int32_t ldx, int32_t T, const ls_qmat *w) {
     const int32_t in = w->in, group = w->group, bits = w->bits, G = group, ng = in / G;
-    // Block matrices read the activations as the unsigned operand: q + 128.
+    // The wide scheme reads the activations as the unsigned operand: q + 128.
     const __m128i flip = _mm_set1_epi8(narrow(w, T) ? 0 : (char)0x80);
     for (int32_t t = 0; t < T; t++) {
         const float *xr = x + (size_t)t * (size_t)ldx;
@@ -185,7 +185,7 @@ static inline layout layout_of(const ls_qmat *w, int nar) {
     layout v;
     v.lg = __builtin_ctz((unsigned)w->group);
     v.ng = w->in >> v.lg;
-    /* in is a multiple of 32 (int6: 64), so a multiple of 32 bytes, and of 64 but for narrow int4 / int6 */
+    /* in is a multiple of 32 (int6: 64): pairs of a multiple of 16 bytes (narrow int2), 32 (narrow int4, int6) or 64 */
     v.hi_offset = (size_t)w->in / 32 * (size_t)chunk_bytes(w, nar);
     v.pair_bytes = v.hi_offset + (nar && w->bits == 6 ? (size_t)w->in / 2 : 0);
     v.slot_bytes = slot_bytes(w, nar);
