@@ -18,20 +18,20 @@ import { rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describeModelFile } from "../src/engine/model_descriptor.ts";
 import {
-  BLOCK_BITS,
   type BlockQuant,
   configToMetadata,
   expectedTensorShapes,
   GROUP_SIZES,
   loadModelFile,
   loadQuantModelFile,
-  matrixQuant,
+  matrixBits,
   matrixShapes,
   HEAD_BITS,
   type ModelConfig,
   type ModelShape,
   type QuantizedHead,
   QUANT_MATRICES,
+  type QuantMatrix,
   type QuantMatrixName,
   type QuantMix,
   quantTensorShapes,
@@ -166,10 +166,7 @@ function tensorsOf(c: ValidConfig): [string, Dtype, number[]][] {
   } else {
     for (const [name, shape] of f16) if (!/^block\.w[qkvo123]\./.test(name)) out.push([name, "F16", shape]);
     const shapes = matrixShapes(c);
-    for (const m of QUANT_MATRICES) {
-      const bits = BLOCK_BITS[matrixQuant(c, m) as BlockQuant];
-      out.push(...quantTensorShapes(`block.${m}`, bits, shapes[m][0], shapes[m][1], c.groupSize));
-    }
+    for (const m of QUANT_MATRICES) out.push(...quantTensorShapes(`block.${m}`, matrixBits(c, m) as QuantMatrix["bits"], shapes[m][0], shapes[m][1], c.groupSize));
   }
   if (c.output !== "tied" && c.output !== "fp16") out.push(...quantTensorShapes("output", HEAD_BITS[c.output], c.vocabSize, c.dim, c.groupSize));
   if (c.output === "fp16") out.push(["output.weight", "F16", [c.vocabSize, c.dim]]);

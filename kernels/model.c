@@ -89,16 +89,18 @@ static int check_config(const ls_model_config *c, ls_model_info *info, char *err
                      c->head_bits, c->head_group, c->dim);
         return -1;
     }
+    int bits_ok = c->block_bits[4] == c->block_bits[6]; /* w1 and w3 run as one job */
     for (int k = 0; k < 7; k++) {
         const int32_t b = c->block_bits[k];
-        if (c->quant == LS_QUANT_FP16 ? b != 0 : (b != 4 && b != 2) || c->block_bits[6] != c->block_bits[4]) {
-            ls_set_error(err, err_len,
-                         "model descriptor: block_bits %d %d %d %d %d %d %d do not suit quant %s: 4 or 2 each, w1 and "
-                         "w3 alike, in an int4 or int2 model; 0 in an fp16 model",
-                         c->block_bits[0], c->block_bits[1], c->block_bits[2], c->block_bits[3], c->block_bits[4],
-                         c->block_bits[5], c->block_bits[6], quant_name(c->quant));
-            return -1;
-        }
+        bits_ok &= c->quant == LS_QUANT_FP16 ? b == 0 : b == 4 || b == 2;
+    }
+    if (!bits_ok) {
+        ls_set_error(err, err_len,
+                     "model descriptor: block_bits %d %d %d %d %d %d %d do not suit quant %s: 4 or 2 each, w1 and "
+                     "w3 alike, in an int4 or int2 model; 0 in an fp16 model",
+                     c->block_bits[0], c->block_bits[1], c->block_bits[2], c->block_bits[3], c->block_bits[4],
+                     c->block_bits[5], c->block_bits[6], quant_name(c->quant));
+        return -1;
     }
     int32_t G = c->group_size;
     if (c->dim % c->n_heads != 0 || (c->dim / c->n_heads) % 2 != 0 || c->n_heads % c->n_kv_heads != 0 ||

@@ -3,7 +3,7 @@
 // it — the dimensions, and for each tensor the model uses its byte range in
 // the file and its dtype. The library maps the file itself and checks every
 // range against the mapped bytes; it never parses the header.
-import { BLOCK_BITS, type BlockQuant, HEAD_BITS, matrixQuant, QUANT_MATRICES, type ValidatedModel, validateModel } from "../model/format.ts";
+import { HEAD_BITS, matrixBits, QUANT_MATRICES, type ValidatedModel, validateModel } from "../model/format.ts";
 import { readSafetensors } from "../model/safetensors.ts";
 import { LS_DTYPE_F16, LS_DTYPE_I8, LS_DTYPE_U8, LS_QUANT_FP16, LS_QUANT_INT2, LS_QUANT_INT4, LS_TENSORS } from "./abi.generated.ts";
 import { StructView } from "./abi_struct.ts";
@@ -22,7 +22,8 @@ export function tensorSpan(desc: StructView<"ls_model_desc">, name: string): Str
 export function encodeModelDescriptor(model: ValidatedModel): Uint8Array {
   const desc = new StructView("ls_model_desc");
   const c = model.config;
-  desc.member("config", "ls_model_config").fill({
+  const config = desc.member("config", "ls_model_config");
+  config.fill({
     dim: c.dim,
     n_heads: c.nHeads,
     n_kv_heads: c.nKvHeads,
@@ -37,10 +38,7 @@ export function encodeModelDescriptor(model: ValidatedModel): Uint8Array {
     head_bits: c.headQuant === "fp16" ? 0 : HEAD_BITS[c.headQuant],
     head_group: c.headGroupSize,
   });
-  QUANT_MATRICES.forEach((m, k) => {
-    const q = matrixQuant(c, m);
-    desc.member("config", "ls_model_config").set("block_bits", q === "fp16" ? 0 : BLOCK_BITS[q as BlockQuant], k);
-  });
+  QUANT_MATRICES.forEach((m, k) => config.set("block_bits", matrixBits(c, m), k));
   for (const [name, t] of model.tensors) {
     const code = DTYPE_CODES[t.dtype];
     if (code === undefined) throw new Error(`model tensor ${name} has dtype ${t.dtype}, which no descriptor slot holds`);

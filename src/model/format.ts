@@ -161,6 +161,12 @@ export function matrixQuant(c: Pick<ModelShape, "quant" | "quantMix">, m: QuantM
   return c.quant === "fp16" ? "fp16" : (c.quantMix[m] ?? c.quant);
 }
 
+/** Bits per code of block matrix m (kernels/loopserve.h block_bits): 4 or 2, 0 in an fp16 model. */
+export function matrixBits(c: Pick<ModelShape, "quant" | "quantMix">, m: QuantMatrixName): 0 | 2 | 4 {
+  const q = matrixQuant(c, m);
+  return q === "fp16" ? 0 : BLOCK_BITS[q];
+}
+
 /** ", with wv=int4,..." for a model mixing block formats, else "" (for messages). */
 export function quantMixNote(mix: QuantMix): string {
   return Object.keys(mix).length > 0 ? `, with ${formatQuantMix(mix)}` : "";
@@ -477,8 +483,7 @@ export function validateModel(file: SafetensorsFile): ValidatedModel {
         );
       }
       const [rows, cols] = shapes[m];
-      const bits = BLOCK_BITS[matrixQuant(base, m) as BlockQuant];
-      for (const [t, dtype, shape] of quantTensorShapes(name, bits, rows, cols, base.groupSize)) check(t, shape, dtype);
+      for (const [t, dtype, shape] of quantTensorShapes(name, matrixBits(base, m) as QuantMatrix["bits"], rows, cols, base.groupSize)) check(t, shape, dtype);
     }
   }
   if (head.headQuant !== "fp16") {
@@ -562,8 +567,7 @@ export function loadQuantModelFile(path: string): LoadedQuantModel {
   const get = (name: string) => asF16(file.tensors.get(name)!);
   const block = {} as Record<QuantMatrixName, QuantMatrix>;
   for (const m of QUANT_MATRICES) {
-    const bits = BLOCK_BITS[matrixQuant(config, m) as BlockQuant];
-    block[m] = quantMatrixOf(file, `block.${m}`, bits, shapes[m][0], shapes[m][1], config.groupSize);
+    block[m] = quantMatrixOf(file, `block.${m}`, matrixBits(config, m) as QuantMatrix["bits"], shapes[m][0], shapes[m][1], config.groupSize);
   }
   const tokEmbeddings = get("tok_embeddings.weight");
   const output = config.headQuant !== "fp16"

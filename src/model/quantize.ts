@@ -396,11 +396,8 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
     throw new ModelFormatError(`${where}: already quantized (quant ${base.quant}); quantize the fp16/bf16/fp32 original`);
   }
   const groupSize = opts.quant === "fp16" ? 0 : blockGroup;
-  const mix = opts.quant === "fp16" ? {} : (opts.mix ?? DEFAULT_MIX[opts.quant]);
-  if (opts.quant === "fp16" && opts.mix !== undefined && Object.keys(opts.mix).length > 0) {
-    throw new ModelFormatError("a mix of block formats needs quant int4 or int2 (fp16 keeps the block as it is)");
-  }
-  // Normalised by format.ts's rules: entries naming quant itself dropped, w1 and w3 alike.
+  const mix = opts.mix ?? (opts.quant === "fp16" ? {} : DEFAULT_MIX[opts.quant]);
+  // format.ts's rules (a mix needs int4 or int2, w1 and w3 alike); entries naming quant itself dropped.
   let quantMix: QuantMix;
   try {
     quantMix = parseQuantMix(formatQuantMix(mix), opts.quant);
