@@ -210,16 +210,26 @@ static void mm_task(void *ctx, int32_t task, int32_t thread) {
     }
 }
 
+/* A job of fewer multiply-adds than this runs on the calling thread alone:
+ * splitting a few microseconds of work costs more than it saves, as its
+ * inputs and outputs then cross between the cores' caches (a line's round
+ * trip took ~0.5 us on the 2-vCPU machines measured). At 1M the integer
+ * kernels' dim-256 decode step and 8-row batched step ran 17% faster, a
+ * dim-768 model's unchanged; fp16 takes about 4x longer per multiply-add,
+ * and a quarter of that ran its decode 3-6% faster. */
+#define SERIAL_MACS_INT ((int64_t)1 << 20)
+#define SERIAL_MACS_F16 (SERIAL_MACS_INT / 4)
+
 /* Rows per task: about 8 tasks per thread (dynamic claiming evens out the
  * load), each worth at least ~32K multiply-adds, a multiple of 4 rows. A
  * single token's matmuls take microseconds, where claiming a task (a cache
  * line passed between cores) is no longer free: 2 tasks per thread there
- * (int4 decode +7-10% against 8). */
-static int32_t rows_per_task(int32_t rows, int32_t n_threads, int32_t in, int32_t T) {
-    if (n_threads <= 1) return rows;
+ * (int4 decode +7-10% against 8). A small job is one task.
+ * macs_per_row: of all the job's matrices (the gate/up pair's two). */
+static int32_t rows_per_task(int32_t rows, int32_t n_threads, int64_t macs_per_row, int32_t T, int quant) {
+    if (n_threads <= 1 || macs_per_row * rows < (quant ? SERIAL_MACS_INT : SERIAL_MACS_F16)) return rows;
     int32_t target = n_threads * (T == 1 ? 2 : 8);
     int32_t rpt = (rows + target - 1) / target;
-    int64_t macs_per_row = (int64_t)in * T;
     int32_t min_rows = (int32_t)((32768 + macs_per_row - 1) / macs_per_row);
     if (rpt < min_rows) rpt = min_rows;
     rpt = (rpt + 3) & ~3;
@@ -244,7 +254,8 @@ static void mm_run(const ls_runtime *rt, mm_job *j) {
     int32_t total_rows = 0;
     for (int32_t i = 0; i < j->n_seg; i++) total_rows += j->seg[i].rows;
     j->ops = rt->ops;
-    j->rows_per_task = rows_per_task(total_rows, rt->n_threads, j->in, j->T);
+    const int64_t macs_per_row = (int64_t)j->in * j->T * (j->swiglu ? 2 : 1);
+    j->rows_per_task = rows_per_task(total_rows, rt->n_threads, macs_per_row, j->T, j->seg[0].q != NULL);
     j->first_task[0] = 0;
     for (int32_t i = 0; i < j->n_seg; i++)
         j->first_task[i + 1] = j->first_task[i] + (j->seg[i].rows + j->rows_per_task - 1) / j->rows_per_task;

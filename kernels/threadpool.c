@@ -69,26 +69,36 @@ static int64_t now_ns(void) {
 }
 
 /* Claims and runs tasks of generation `gen` until none is left or a newer
- * generation has been published. */
+ * generation has been published. Tasks are claimed in runs (guided
+ * scheduling): a claim takes 1/(2 n_threads) of what is left, at least one,
+ * so a job of many small tasks costs a few claims per thread rather than
+ * one each (a claim moves the `work` line between cores: ~0.3 us on a
+ * 2-vCPU VM), while the shrinking runs still even out the load. `done` is
+ * added once, when the thread finds nothing left: the caller cannot publish
+ * a newer generation before every task is counted, so none is lost. */
 static void run_tasks(ls_pool *p, uint32_t gen, int32_t thread) {
+    pool_slot *s = &p->slot[gen & 1];
+    int32_t ran = 0;
     for (;;) {
         uint64_t w = atomic_load_explicit(&p->work, memory_order_acquire);
-        if ((uint32_t)(w >> 32) != gen) return;
-        pool_slot *s = &p->slot[gen & 1];
+        if ((uint32_t)(w >> 32) != gen) break;
         ls_pool_fn fn = atomic_load_explicit(&s->fn, memory_order_acquire);
         void *ctx = atomic_load_explicit(&s->ctx, memory_order_acquire);
         int32_t n = atomic_load_explicit(&s->n_tasks, memory_order_acquire);
         uint32_t i = (uint32_t)w;
-        if ((int64_t)i >= n) return;
+        if ((int64_t)i >= n) break;
+        uint32_t take = ((uint32_t)n - i) / (2 * (uint32_t)p->n_threads);
+        if (take == 0) take = 1;
         /* Success proves `work` still held this generation, so the fields
          * read above belong to it (the next write to this slot happens only
          * after a newer generation is published). */
-        if (!atomic_compare_exchange_weak_explicit(&p->work, &w, w + 1, memory_order_acq_rel,
+        if (!atomic_compare_exchange_weak_explicit(&p->work, &w, w + take, memory_order_acq_rel,
                                                    memory_order_acquire))
             continue;
-        fn(ctx, (int32_t)i, thread);
-        atomic_fetch_add_explicit(&s->done, 1, memory_order_release);
+        for (uint32_t k = 0; k < take; k++) fn(ctx, (int32_t)(i + k), thread);
+        ran += (int32_t)take;
     }
+    if (ran) atomic_fetch_add_explicit(&s->done, ran, memory_order_release);
 }
 
 static void *worker_main(void *arg_) {

@@ -276,6 +276,23 @@ describe("ls_sample under ASan/UBSan", () => {
   test("greedy picks the lowest id on ties and invalid parameters are refused", () => {
     let r = run("sample", "0", "0", "1", "1", "0", "0", "1,3,2,3");
     expect(r.stdout.trim()).toBe("1");
+    // Vocabularies longer than the vectorized passes' blocks of 16: NaN and
+    // -inf skipped, the first of equal maxima across blocks (-0 equals 0), a
+    // maximum in the tail past the last whole block, +inf, nothing valid.
+    const greedy = (at: Record<number, string>, fill = "-1") =>
+      run("sample", "0", "0", "1", "1", "0", "0", Array.from({ length: 40 }, (_, i) => at[i] ?? fill).join(","));
+    for (const [at, want] of [
+      [{ 0: "nan", 17: "5", 33: "5", 34: "nan" }, "17"],
+      [{ 39: "0.5", 38: "0.25" }, "39"],
+      [{ 20: "inf", 30: "inf", 31: "nan" }, "20"],
+      [{ 18: "-0", 5: "nan", 19: "0", 2: "0" }, "2"],
+      [{ 19: "-0", 27: "0" }, "19"],
+    ] as const) {
+      r = greedy(at);
+      expect(r.stdout.trim()).toBe(want);
+    }
+    r = greedy({ 1: "nan", 9: "nan", 30: "nan" }, "-inf");
+    expect(r.stdout).toMatch(/^error: ls_sample returned -1/);
     for (const bad of [
       ["nan", "0", "1", "1"],
       ["-1", "0", "1", "1"],
