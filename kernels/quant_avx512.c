@@ -347,6 +347,15 @@ static inline __m512i unpack_head(const uint8_t *lo, const uint8_t *hi_bits, con
     return _mm512_ternarylogic_epi32(nib, hi, _mm512_set1_epi8(0x30), 0xF8); /* nib | (hi & 0x30) */
 }
 
+/* A narrow int4 chunk with the high nibbles left in place: the first row's
+ * codes in the low half, the second row's times 16 in the high half, one
+ * instruction instead of unpack_head's two. The high half's sums are then
+ * 16 times the true ones, exact, and taken back by a shift (pair_window). */
+static inline __m512i unpack_int4_x16(const uint8_t *lo) {
+    const __m512i keep = _mm512_inserti64x4(_mm512_set1_epi8(0x0f), _mm256_set1_epi8((char)0xf0), 1);
+    return _mm512_and_si512(_mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)lo)), keep);
+}
+
 /* One window of n groups at group g0 for pairs [q, q + P) x the TT tokens:
  * exact group sums, then quant.h's fp32 step into acc (which the first
  * window starts, so a row of one window keeps acc in registers). n is a
@@ -360,6 +369,12 @@ static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MA
     const int CB = !NARROW || BITS == 8 ? 64 : BITS == 2 ? 16 : 32; /* chunk_bytes */
     const int INT2 = BITS == 2, ZAT = NARROW ? 32 : 64;           /* int2: offsets; zeros_at */
     const int CORR = !NARROW || BITS != 2;                         /* an offset B to take back */
+    /* Narrow int4 with few tokens, where the unpack is most of the work per
+     * code: the second row's sums at 16 times (unpack_int4_x16), shifted
+     * back once per window. With 5-8 tokens the shifts cost more than the
+     * unpacks they save. */
+    const int X16 = NARROW && BITS == 4 && TT <= 4;
+    const __mmask16 HI = 0xFF00;
     const size_t xo = (size_t)g0 << L->v.lg;
     const uint8_t *wp[TILE_MAX_P], *hp[TILE_MAX_P], *mp[TILE_MAX_P];
 #pragma GCC unroll 8
@@ -386,14 +401,17 @@ static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MA
     for (int p = 0; p < P; p++)
 #pragma GCC unroll 8
         for (int t = 0; t < TT; t++)
-            gs[p][t] = n == 8 && CORR ? _mm512_sub_epi32(_mm512_setzero_si512(), NARROW ? corr_t[t] : corr_p[p])
+            gs[p][t] = n == 8 && CORR ? _mm512_sub_epi32(_mm512_setzero_si512(),
+                                                         NARROW ? (X16 ? _mm512_mask_slli_epi32(corr_t[t], HI, corr_t[t], 4) : corr_t[t])
+                                                                : corr_p[p])
                                       : _mm512_setzero_si512();
     for (int32_t c = 0; c < chunks; c++) {
         __m512i W[TILE_MAX_P], X[TILE_MAX_T];
 #pragma GCC unroll 8
         for (int p = 0; p < P; p++) {
-            W[p] = NARROW ? unpack_head(wp[p] + CB * (size_t)c, hp[p] + 16 * (size_t)c, BITS)
-                        : _mm512_load_si512((const void *)(wp[p] + 64 * (size_t)c));
+            W[p] = X16      ? unpack_int4_x16(wp[p] + CB * (size_t)c)
+                   : NARROW ? unpack_head(wp[p] + CB * (size_t)c, hp[p] + 16 * (size_t)c, BITS)
+                            : _mm512_load_si512((const void *)(wp[p] + 64 * (size_t)c));
             // A prefetch never faults; the address is formed as an integer
             // to keep the arithmetic defined past the last pair.
             if (NARROW)
@@ -410,6 +428,10 @@ static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MA
             for (int t = 0; t < TT; t++)
                 gs[p][t] = NARROW ? dpbusd(gs[p][t], W[p], X[t]) : dpbusd(gs[p][t], X[t], W[p]);
     }
+#pragma GCC unroll 8
+    for (int p = 0; p < P && X16; p++)
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) gs[p][t] = _mm512_mask_srai_epi32(gs[p][t], HI, gs[p][t], 4); /* exact: 16 x a sum */
     // Lane l of each half is now group 8 slot + l % 8 of this window (8
     // groups) or, once folded and moved, lanes off .. off + n - 1.
     const __mmask16 km = (__mmask16)(((1u << n) - 1u) << off) * 0x0101u;
