@@ -213,9 +213,7 @@ static int32_t runs_of(int32_t a, int32_t b, int32_t cap, slot_run *run) {
     return 1;
 }
 
-#define ATT_GROUP 4
-
-/* Prefill with an fp16 cache: one task per (head, group of up to ATT_GROUP
+/* Prefill with an fp16 cache: one task per (head, group of up to LS_ATT_GROUP
  * consecutive tokens). Token g of the group sees [lo_g, p_g]; the positions
  * every token of the group sees, [lo_last, p_first], go through the
  * multi-query kernels (each cache row loaded once for the group), the rest
@@ -232,23 +230,23 @@ static void att_group_task(void *ctx, int32_t task, int32_t thread) {
     int32_t n_heads = mi->n_heads, n_kv = mi->n_kv_heads, hd = mi->head_dim, cap = s->cap;
     /* last token groups (the longest) first: the pool claims tasks in order,
      * so the short ones fill in at the end */
-    int32_t n_groups = (r->T + ATT_GROUP - 1) / ATT_GROUP;
-    int32_t h = task % n_heads, t0 = (n_groups - 1 - task / n_heads) * ATT_GROUP;
-    int32_t G = r->T - t0 < ATT_GROUP ? r->T - t0 : ATT_GROUP;
+    int32_t n_groups = (r->T + LS_ATT_GROUP - 1) / LS_ATT_GROUP;
+    int32_t h = task % n_heads, t0 = (n_groups - 1 - task / n_heads) * LS_ATT_GROUP;
+    int32_t G = r->T - t0 < LS_ATT_GROUP ? r->T - t0 : LS_ATT_GROUP;
     int32_t kvh = h / (n_heads / n_kv);
     size_t head = (size_t)j->loop * n_kv + kvh;
     const uint16_t *Kt = s->kc + head * hd * (size_t)s->ldk;
     const uint16_t *V = s->vc + head * (size_t)s->rows * hd;
 
-    float *q[ATT_GROUP], *out[ATT_GROUP], *sc[ATT_GROUP];
-    int32_t p[ATT_GROUP] = {0}, lo[ATT_GROUP] = {0};
+    float *q[LS_ATT_GROUP], *out[LS_ATT_GROUP], *sc[LS_ATT_GROUP];
+    int32_t p[LS_ATT_GROUP] = {0}, lo[LS_ATT_GROUP] = {0};
     for (int32_t g = 0; g < G; g++) {
         int32_t t = t0 + g;
         p[g] = r->pos0 + t;
         lo[g] = ls_window_lo(p[g], s->window);
         q[g] = r->q + (size_t)t * n_heads * hd + (size_t)h * hd;
         out[g] = r->att + (size_t)t * n_heads * hd + (size_t)h * hd;
-        sc[g] = s->scores + ((size_t)thread * ATT_GROUP + g) * cap;
+        sc[g] = s->scores + ((size_t)thread * LS_ATT_GROUP + g) * cap;
         if (s->kv_mode & LS_KV_HADAMARD) {
             if (s->kv_mode & LS_KV_FP16_QKV)
                 for (int32_t d = 0; d < hd; d++) q[g][d] = ls_f16_to_f32(ls_f32_to_f16(q[g][d]));
@@ -273,14 +271,14 @@ static void att_group_task(void *ctx, int32_t task, int32_t thread) {
     }
     nr = runs_of(sa, sb, cap, run);
     for (int32_t r = 0, off = 0; r < nr; off += run[r].n, r++) {
-        float *scg[ATT_GROUP];
+        float *scg[LS_ATT_GROUP];
         for (int32_t g = 0; g < G; g++) scg[g] = sc[g] + (sa - lo[g]) + off;
         ops->attn_scores_mq(scg, (const float *const *)q, Kt + run[r].slot, s->ldk, hd, run[r].n, G);
     }
 
     /* softmax, per token exactly as attend() */
     float scale = 1.0f / sqrtf((float)hd);
-    float inv[ATT_GROUP];
+    float inv[LS_ATT_GROUP];
     for (int32_t g = 0; g < G; g++) {
         inv[g] = 1.0f / softmax_exp(ops, sc[g], p[g] - lo[g] + 1, scale);
         for (int32_t d = 0; d < hd; d++) out[g][d] = 0.0f;
@@ -295,7 +293,7 @@ static void att_group_task(void *ctx, int32_t task, int32_t thread) {
     }
     nr = runs_of(sa, sb, cap, run);
     for (int32_t r = 0, off = 0; r < nr; off += run[r].n, r++) {
-        const float *scg[ATT_GROUP];
+        const float *scg[LS_ATT_GROUP];
         for (int32_t g = 0; g < G; g++) scg[g] = sc[g] + (sa - lo[g]) + off;
         ops->attn_values_mq(out, scg, V + (size_t)run[r].slot * hd, hd, run[r].n, G);
     }
@@ -351,7 +349,7 @@ void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t loop) {
         ls_att_rows out = {r->s, r->T - r->skip, r->pos0 + r->skip, r->q + q0, NULL, NULL, r->att + q0, 0};
         if (grouped(&out)) {
             att_job j = {&out, loop}; /* ls_pool_run returns when every task is done */
-            ls_pool_run(pool, att_group_task, &j, (out.T + ATT_GROUP - 1) / ATT_GROUP * n_heads);
+            ls_pool_run(pool, att_group_task, &j, (out.T + LS_ATT_GROUP - 1) / LS_ATT_GROUP * n_heads);
         } else {
             single[ns] = out;
             first[ns + 1] = first[ns] + out.T * n_heads;

@@ -19,6 +19,10 @@
 
 #include <stdint.h>
 
+/* Prefill queries attended together, one head at a time (attention.c): the
+ * multi-query kernels below load each cache row once for all of them. */
+#define LS_ATT_GROUP 4
+
 typedef struct ls_ops {
     int32_t simd; /* LS_SIMD_* */
 
@@ -40,7 +44,7 @@ typedef struct ls_ops {
      * consecutive ranges equals one call on their union. */
     void (*attn_values)(float *out, const float *p, const uint16_t *v, int32_t hd, int32_t n);
 
-    /* Several queries (G <= 4) of one head over the same n positions, for
+    /* Several queries (G <= LS_ATT_GROUP) of one head over the same n positions, for
      * prefill: bit-identical to G calls of attn_scores / attn_values (each
      * query's arithmetic unchanged, loaded cache rows shared). NULL: the
      * caller makes the G one-query calls. */

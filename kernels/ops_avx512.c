@@ -222,17 +222,16 @@ static void matmul_f16_avx512(float *y, int32_t ldy, const float *x, int32_t ldx
     }
 }
 
-/* G (<= ATTN_MQ) queries of one head over the same positions: each loaded
+/* G (<= LS_ATT_GROUP) queries of one head over the same positions: each loaded
  * key vector is converted once and used for every query. Per query and
  * lane the FMA chain is attn_scores_avx512's (d increasing from zero), so
  * each score is bit-identical to a one-query call. */
-#define ATTN_MQ 4
 static inline __attribute__((always_inline)) void scores_mq(float *const *scores, const float *const *q,
                                                             const uint16_t *kt, int32_t ldk, int32_t hd,
                                                             int32_t n, const int G) {
     int32_t j = 0;
     for (; j + 2 * VL <= n; j += 2 * VL) {
-        __m512 a0[ATTN_MQ], a1[ATTN_MQ];
+        __m512 a0[LS_ATT_GROUP], a1[LS_ATT_GROUP];
 #pragma GCC unroll 4
         for (int g = 0; g < G; g++) a0[g] = a1[g] = _mm512_setzero_ps();
         const uint16_t *row = kt + j;
@@ -253,7 +252,7 @@ static inline __attribute__((always_inline)) void scores_mq(float *const *scores
     }
     for (; j < n; j += VL) {
         int32_t m = n - j < VL ? n - j : VL;
-        __m512 a[ATTN_MQ];
+        __m512 a[LS_ATT_GROUP];
 #pragma GCC unroll 4
         for (int g = 0; g < G; g++) a[g] = _mm512_setzero_ps();
         const uint16_t *row = kt + j;
@@ -286,7 +285,7 @@ static inline __attribute__((always_inline)) void values_mq(float *const *out, c
                                                             const uint16_t *v, int32_t hd, int32_t n,
                                                             const int G, const int E) {
     for (int32_t d0 = 0; d0 < hd; d0 += E * VL) {
-        __m512 a[ATTN_MQ][4];
+        __m512 a[LS_ATT_GROUP][4];
 #pragma GCC unroll 4
         for (int g = 0; g < G; g++)
 #pragma GCC unroll 4

@@ -209,7 +209,7 @@ ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *e
     s->g = alloc0(m, C * (size_t)mi->ffn_dim * sizeof(float));
     s->u = alloc0(m, C * (size_t)mi->ffn_dim * sizeof(float));
     s->rope = alloc0(m, C * hd * sizeof(float));
-    s->scores = alloc0(m, ls_bytes_of((size_t)m->rt->n_threads * 4, (size_t)s->cap, 1, 1, sizeof(float))); /* 4: attention.c ATT_GROUP */
+    s->scores = alloc0(m, ls_bytes_of((size_t)m->rt->n_threads * LS_ATT_GROUP, (size_t)s->cap, 1, 1, sizeof(float)));
     s->logits = alloc0(m, (size_t)mi->vocab_size * sizeof(float));
     if (!cache_ok || !s->tokens || !s->loop_len || !s->loop_lo || !s->h || !s->xb || !s->q || !s->k ||
         !s->v || !s->k16 || !s->att || !s->g || !s->u || !s->rope || !s->scores || !s->logits) {
