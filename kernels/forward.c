@@ -224,10 +224,9 @@ static void mm_task(void *ctx, int32_t task, int32_t thread) {
  * load), each worth at least ~32K multiply-adds, a multiple of 4 rows. A
  * single token's matmuls take microseconds, where claiming a task (a cache
  * line passed between cores) is no longer free: 2 tasks per thread there
- * (int4 decode +7-10% against 8). A small job is one task.
- * macs_per_row: of all the job's matrices (the gate/up pair's two). */
-static int32_t rows_per_task(int32_t rows, int32_t n_threads, int64_t macs_per_row, int32_t T, int quant) {
-    if (n_threads <= 1 || macs_per_row * rows < (quant ? SERIAL_MACS_INT : SERIAL_MACS_F16)) return rows;
+ * (int4 decode +7-10% against 8). macs_per_row: of all the job's matrices
+ * (the gate/up pair's two). */
+static int32_t rows_per_task(int32_t rows, int32_t n_threads, int64_t macs_per_row, int32_t T) {
     int32_t target = n_threads * (T == 1 ? 2 : 8);
     int32_t rpt = (rows + target - 1) / target;
     int32_t min_rows = (int32_t)((32768 + macs_per_row - 1) / macs_per_row);
@@ -255,12 +254,13 @@ static void mm_run(const ls_runtime *rt, mm_job *j) {
     for (int32_t i = 0; i < j->n_seg; i++) total_rows += j->seg[i].rows;
     j->ops = rt->ops;
     const int64_t macs_per_row = (int64_t)j->in * j->T * (j->swiglu ? 2 : 1);
-    j->rows_per_task = rows_per_task(total_rows, rt->n_threads, macs_per_row, j->T, j->seg[0].q != NULL);
+    const int serial = rt->n_threads <= 1 || macs_per_row * total_rows < (j->seg[0].q ? SERIAL_MACS_INT : SERIAL_MACS_F16);
+    j->rows_per_task = serial ? total_rows : rows_per_task(total_rows, rt->n_threads, macs_per_row, j->T);
     j->first_task[0] = 0;
     for (int32_t i = 0; i < j->n_seg; i++)
         j->first_task[i + 1] = j->first_task[i] + (j->seg[i].rows + j->rows_per_task - 1) / j->rows_per_task;
     if (j->seg[0].q) ls_quant_prepare(j->seg[0].q, j->x, j->ldx, j->T); /* activations, once per call */
-    ls_pool_run(rt->pool, mm_task, j, j->first_task[j->n_seg]);
+    ls_pool_run(serial ? NULL : rt->pool, mm_task, j, j->first_task[j->n_seg]); /* NULL: in turn here */
 }
 
 // ---- per-token work on the pool ----

@@ -27,8 +27,9 @@ ls_pool *ls_pool_new(int32_t n_threads);
 void ls_pool_free(ls_pool *p);
 int32_t ls_pool_threads(const ls_pool *p);
 
-/* Runs fn for every task and returns when all have finished. Not reentrant:
- * call from one thread at a time (the library's single caller). */
+/* Runs fn for every task and returns when all have finished; with p NULL,
+ * in turn on the calling thread. Not reentrant: call from one thread at a
+ * time (the library's single caller). */
 void ls_pool_run(ls_pool *p, ls_pool_fn fn, void *ctx, int32_t n_tasks);
 
 #endif
