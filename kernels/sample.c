@@ -178,14 +178,41 @@ void ls_penalise(float *v, const float *logits, int32_t vocab, const int32_t *hi
     }
 }
 
+/* The largest non-NaN value of v (-inf when there is none), in LANES
+ * interleaved running maxima. */
+static float greedy_max(const float *v, size_t V) {
+    enum { LANES = 16 };
+    float m[LANES];
+    for (int l = 0; l < LANES; l++) m[l] = -INFINITY;
+    size_t i = 0;
+    for (; i + LANES <= V; i += LANES)
+        for (int l = 0; l < LANES; l++) m[l] = v[i + l] > m[l] ? v[i + l] : m[l];
+    float vmax = -INFINITY;
+    for (; i < V; i++) vmax = v[i] > vmax ? v[i] : vmax;
+    for (int l = 0; l < LANES; l++) vmax = m[l] > vmax ? m[l] : vmax;
+    return vmax;
+}
+
+/* The first index of x in v, which holds it: whole blocks while none
+ * matches, then the matching block's elements. */
+static size_t first_equal(const float *v, size_t V, float x) {
+    enum { LANES = 16 };
+    size_t i = 0;
+    for (; i + LANES <= V; i += LANES) {
+        int hit = 0;
+        for (int l = 0; l < LANES; l++) hit |= v[i + l] == x;
+        if (hit) break;
+    }
+    while (v[i] != x) i++;
+    return i;
+}
+
 // Steps 1-3: v, and the first-ranked id (LS_ERR_ARG when its value is -inf).
 static int32_t penalised_best(float *v, const float *logits, int32_t vocab, const int32_t *history,
                               int32_t n_history, float penalty) {
     ls_penalise(v, logits, vocab, history, n_history, penalty);
-    int32_t best = 0;
-    for (int32_t i = 1; i < vocab; i++)
-        if (v[i] > v[best]) best = i;
-    return v[best] == -INFINITY ? LS_ERR_ARG : best;
+    const float vmax = greedy_max(v, (size_t)vocab);
+    return vmax == -INFINITY ? LS_ERR_ARG : (int32_t)first_equal(v, (size_t)vocab, vmax);
 }
 
 // Step 5 for temperature > 0 and a finite vmax: the kept set, either as a
@@ -247,35 +274,6 @@ int32_t ls_sample_weights(const float *logits, int32_t vocab, const int32_t *his
 }
 
 // ---- ls_sample ----
-
-/* The largest non-NaN value of v (-inf when there is none), in LANES
- * interleaved running maxima. */
-static float greedy_max(const float *v, size_t V) {
-    enum { LANES = 16 };
-    float m[LANES];
-    for (int l = 0; l < LANES; l++) m[l] = -INFINITY;
-    size_t i = 0;
-    for (; i + LANES <= V; i += LANES)
-        for (int l = 0; l < LANES; l++) m[l] = v[i + l] > m[l] ? v[i + l] : m[l];
-    float vmax = -INFINITY;
-    for (; i < V; i++) vmax = v[i] > vmax ? v[i] : vmax;
-    for (int l = 0; l < LANES; l++) vmax = m[l] > vmax ? m[l] : vmax;
-    return vmax;
-}
-
-/* The first index of x in v, which holds it: whole blocks while none
- * matches, then the matching block's elements. */
-static size_t first_equal(const float *v, size_t V, float x) {
-    enum { LANES = 16 };
-    size_t i = 0;
-    for (; i + LANES <= V; i += LANES) {
-        int hit = 0;
-        for (int l = 0; l < LANES; l++) hit |= v[i + l] == x;
-        if (hit) break;
-    }
-    while (v[i] != x) i++;
-    return i;
-}
 
 int32_t ls_sample(const float *logits, int32_t vocab, const int32_t *history, int32_t n_history,
                   const ls_sampling *sp, uint64_t counter) {

@@ -428,6 +428,8 @@ describe.skipIf(!haveChromium)("the playground on a server with an API key", () 
     expect(await p.$eval("#key-form", (n) => (n as HTMLFormElement).hidden)).toBe(true);
     expect(await p.$eval("#model-line", (n) => n.textContent ?? "")).toContain("default loops 8");
     await p.$eval("#prompt", (n) => ((n as HTMLTextAreaElement).value = "Who made the heaven and the earth?"));
+    // Greedy: a sampled reply may open with a newline, the chat's stop string, and be empty.
+    await p.$eval("#k-temperature", (n) => ((n as HTMLInputElement).value = "0"));
     await p.click("#send");
     await p.waitForFunction(() => [...document.querySelectorAll<HTMLElement>(".message.assistant")].at(-1)?.dataset.state === "done", {
       timeout: WAIT_MS,
