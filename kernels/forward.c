@@ -254,7 +254,8 @@ static void mm_run(const ls_runtime *rt, mm_job *j) {
     for (int32_t i = 0; i < j->n_seg; i++) total_rows += j->seg[i].rows;
     j->ops = rt->ops;
     const int64_t macs_per_row = (int64_t)j->in * j->T * (j->swiglu ? 2 : 1);
-    const int serial = rt->n_threads <= 1 || macs_per_row * total_rows < (j->seg[0].q ? SERIAL_MACS_INT : SERIAL_MACS_F16);
+    const int64_t serial_macs = j->seg[0].q ? SERIAL_MACS_INT : SERIAL_MACS_F16;
+    const int serial = rt->n_threads <= 1 || macs_per_row * total_rows < serial_macs;
     j->rows_per_task = serial ? total_rows : rows_per_task(total_rows, rt->n_threads, macs_per_row, j->T);
     j->first_task[0] = 0;
     for (int32_t i = 0; i < j->n_seg; i++)

@@ -396,14 +396,16 @@ static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MA
 #pragma GCC unroll 8
     for (int p = 0; p < P && !NARROW; p++)
         corr_p[p] = _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_load_si256((const __m256i *)(mp[p] + 32))), 7);
+    if (X16 && n == 8) { /* the start value of the second row's sums at 16 times too */
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; t++) corr_t[t] = _mm512_mask_slli_epi32(corr_t[t], HI, corr_t[t], 4);
+    }
     __m512i gs[TILE_MAX_P][TILE_MAX_T];
 #pragma GCC unroll 8
     for (int p = 0; p < P; p++)
 #pragma GCC unroll 8
         for (int t = 0; t < TT; t++)
-            gs[p][t] = n == 8 && CORR ? _mm512_sub_epi32(_mm512_setzero_si512(),
-                                                         NARROW ? (X16 ? _mm512_mask_slli_epi32(corr_t[t], HI, corr_t[t], 4) : corr_t[t])
-                                                                : corr_p[p])
+            gs[p][t] = n == 8 && CORR ? _mm512_sub_epi32(_mm512_setzero_si512(), NARROW ? corr_t[t] : corr_p[p])
                                       : _mm512_setzero_si512();
     for (int32_t c = 0; c < chunks; c++) {
         __m512i W[TILE_MAX_P], X[TILE_MAX_T];
@@ -431,7 +433,8 @@ static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MA
 #pragma GCC unroll 8
     for (int p = 0; p < P && X16; p++)
 #pragma GCC unroll 8
-        for (int t = 0; t < TT; t++) gs[p][t] = _mm512_mask_srai_epi32(gs[p][t], HI, gs[p][t], 4); /* exact: 16 x a sum */
+        for (int t = 0; t < TT; t++) /* exact: 16 times a sum */
+            gs[p][t] = _mm512_mask_srai_epi32(gs[p][t], HI, gs[p][t], 4);
     // Lane l of each half is now group 8 slot + l % 8 of this window (8
     // groups) or, once folded and moved, lanes off .. off + n - 1.
     const __mmask16 km = (__mmask16)(((1u << n) - 1u) << off) * 0x0101u;
