@@ -213,10 +213,10 @@ static void mm_task(void *ctx, int32_t task, int32_t thread) {
 /* A job of fewer multiply-adds than this runs on the calling thread alone:
  * splitting a few microseconds of work costs more than it saves, as its
  * inputs and outputs then cross between the cores' caches (a line's round
- * trip took ~0.5 us on the 2-vCPU machines measured). At 1M the integer
- * kernels' dim-256 decode step and 8-row batched step ran 17% faster, a
- * dim-768 model's unchanged; fp16 takes about 4x longer per multiply-add,
- * and a quarter of that ran its decode 3-6% faster. */
+ * trip took ~0.5 us on the 2-vCPU machines measured). At 1M the trained
+ * dim-256 int4 model's decode and 8-row batched steps ran faster (17% in
+ * one alternated run), a dim-768 model's about the same; fp16 takes about
+ * 4x longer per multiply-add, hence a quarter of that. */
 #define SERIAL_MACS_INT ((int64_t)1 << 20)
 #define SERIAL_MACS_F16 (SERIAL_MACS_INT / 4)
 
