@@ -207,12 +207,18 @@ static size_t first_equal(const float *v, size_t V, float x) {
     return i;
 }
 
+/* The first-ranked id of v (greater value first, lower id on ties, NaN
+ * skipped), or LS_ERR_ARG when no value is above -inf. */
+static int32_t first_ranked(const float *v, size_t V) {
+    const float vmax = greedy_max(v, V);
+    return vmax == -INFINITY ? LS_ERR_ARG : (int32_t)first_equal(v, V, vmax);
+}
+
 // Steps 1-3: v, and the first-ranked id (LS_ERR_ARG when its value is -inf).
 static int32_t penalised_best(float *v, const float *logits, int32_t vocab, const int32_t *history,
                               int32_t n_history, float penalty) {
     ls_penalise(v, logits, vocab, history, n_history, penalty);
-    const float vmax = greedy_max(v, (size_t)vocab);
-    return vmax == -INFINITY ? LS_ERR_ARG : (int32_t)first_equal(v, (size_t)vocab, vmax);
+    return first_ranked(v, (size_t)vocab);
 }
 
 // Step 5 for temperature > 0 and a finite vmax: the kept set, either as a
@@ -293,8 +299,7 @@ int32_t ls_sample(const float *logits, int32_t vocab, const int32_t *history, in
         // faster over the GPT-2 vocabulary than one pass keeping indices.
         // NaN never compares greater or equal, so it is skipped like -inf;
         // the lowest index wins a tie.
-        const float vmax = greedy_max(logits, V);
-        return vmax == -INFINITY ? LS_ERR_ARG : (int32_t)first_equal(logits, V, vmax);
+        return first_ranked(logits, V);
     }
 
     const size_t k = (top_k == 0 || top_k >= vocab) ? V : (size_t)top_k;

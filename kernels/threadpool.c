@@ -2,7 +2,8 @@
  * threadpool.c — persistent pthreads pool (see threadpool.h).
  *
  * Protocol. A job is published by storing `work` = (gen << 32 | 0); tasks are
- * claimed by CAS on that same word, (gen, i) -> (gen, i + 1). Because the
+ * claimed in runs by CAS on that same word, (gen, i) -> (gen, i + take)
+ * (run_tasks). Because the
  * generation is part of the word, a late worker that still holds an old
  * generation can never claim a task of the next job, so the caller never
  * waits for sleeping workers to wake up: it waits only until every task of
