@@ -1,5 +1,5 @@
 /*
- * attention.c — RoPE and causal attention over one loop's K/V cache.
+ * attention.c — causal attention over one loop's K/V cache.
  *
  * Every (token, head) pair is computed on its own, by one thread, reading
  * the cache in position order: its result depends only on its position and
@@ -29,21 +29,6 @@
 #include <stddef.h>
 
 #include "forward.h"
-
-// ---- rope ----
-
-void ls_rope_apply(float *x, int32_t n_heads, int32_t head_dim, const float *cs) {
-    int32_t half = head_dim / 2;
-    for (int32_t h = 0; h < n_heads; h++) {
-        float *v = x + (size_t)h * head_dim;
-        for (int32_t i = 0; i < half; i++) {
-            float c = cs[2 * i], s = cs[2 * i + 1];
-            float x0 = v[i], x1 = v[i + half];
-            v[i] = x0 * c - x1 * s;
-            v[i + half] = x1 * c + x0 * s;
-        }
-    }
-}
 
 // ---- attention ----
 
@@ -161,29 +146,28 @@ typedef struct {
     float *k, *v; /* (T, n_kv_heads * head_dim), used as scratch by ls_kv_store */
 } store_job;
 
-/* One (token, kv head) row pair into its ring slot: slot[t], or (pos0 + t)
- * % cap when slot is NULL. Each row's bytes depend on the row alone, so who
- * stores it does not matter. */
-static void store_one(const store_job *j, int32_t t, int32_t kvh, int32_t thread) {
-    ls_session *s = j->s;
-    int32_t n_kv = s->m->info.n_kv_heads, hd = s->m->info.head_dim;
-    int32_t row = j->slot ? j->slot[t] : (j->pos0 + t) % s->cap;
-    size_t off = (size_t)t * n_kv * hd + (size_t)kvh * hd;
-    ls_kv_store(s, j->loop, kvh, row, j->k + off, j->v + off, thread);
-}
-
 /* Tokens per store task: keys are stored transposed (one column per
  * position), so neighbouring positions of one head share cache lines; a task
- * owns a run of STORE_BLOCK positions of one kv head so two threads do not
- * keep stealing the same lines from each other. */
-#define STORE_BLOCK 32
-
+ * owns a run of LS_KV_STORE_ROWS positions of one kv head so two threads do
+ * not keep stealing the same lines from each other. */
 static void store_task(void *ctx, int32_t task, int32_t thread) {
     const store_job *j = ctx;
-    int32_t nb = (j->T + STORE_BLOCK - 1) / STORE_BLOCK;
-    int32_t kvh = task / nb, t0 = task % nb * STORE_BLOCK;
-    int32_t t1 = t0 + STORE_BLOCK < j->T ? t0 + STORE_BLOCK : j->T;
-    for (int32_t t = t0; t < t1; t++) store_one(j, t, kvh, thread);
+    ls_session *s = j->s;
+    int32_t n_kv = s->m->info.n_kv_heads, hd = s->m->info.head_dim;
+    int32_t nb = (j->T + LS_KV_STORE_ROWS - 1) / LS_KV_STORE_ROWS;
+    int32_t kvh = task / nb, t0 = task % nb * LS_KV_STORE_ROWS;
+    int32_t t1 = t0 + LS_KV_STORE_ROWS < j->T ? t0 + LS_KV_STORE_ROWS : j->T;
+    size_t ld = (size_t)n_kv * hd;
+    /* one ls_kv_store per run of consecutive ring slots: slot[t], or
+     * (pos0 + t) % cap when slot is NULL. Each row's bytes depend on the row
+     * alone, so who stores it, and with which others, does not matter. */
+    for (int32_t t = t0; t < t1;) {
+        int32_t row = j->slot ? j->slot[t] : (j->pos0 + t) % s->cap, n = 1;
+        while (t + n < t1 && (j->slot ? j->slot[t + n] : (j->pos0 + t + n) % s->cap) == row + n) n++;
+        size_t off = (size_t)t * ld + (size_t)kvh * hd;
+        ls_kv_store(s, j->loop, kvh, row, n, j->k + off, j->v + off, ld, thread);
+        t += n;
+    }
 }
 
 /* Writes the T rows' K/V into the cache before any token attends: a token
@@ -192,11 +176,11 @@ static void store_task(void *ctx, int32_t task, int32_t thread) {
 static void store_rows(ls_session *s, int32_t loop, int32_t T, int32_t pos0, const int32_t *slot, float *k,
                        float *v) {
     store_job j = {s, loop, pos0, slot, T, k, v};
-    int32_t n_kv = s->m->info.n_kv_heads;
+    int32_t n_kv = s->m->info.n_kv_heads, tasks = (T + LS_KV_STORE_ROWS - 1) / LS_KV_STORE_ROWS * n_kv;
     if (T > 1)
-        ls_pool_run(s->m->rt->pool, store_task, &j, (T + STORE_BLOCK - 1) / STORE_BLOCK * n_kv);
+        ls_pool_run(s->m->rt->pool, store_task, &j, tasks);
     else
-        for (int32_t kvh = 0; kvh < n_kv; kvh++) store_one(&j, 0, kvh, 0);
+        for (int32_t task = 0; task < tasks; task++) store_task(&j, task, 0);
 }
 
 /* Ring slot runs (at most two) holding positions [a, b], in position order. */

@@ -296,8 +296,8 @@ static void rope_task(void *ctx, int32_t task, int32_t thread) {
     int32_t t1 = (task + 1) * TOK_BLOCK < j->T ? (task + 1) * TOK_BLOCK : j->T;
     for (int32_t t = task * TOK_BLOCK; t < t1; t++) {
         const float *cs = j->rope + (size_t)t * j->hd;
-        ls_rope_apply(j->q + (size_t)t * j->dim, j->n_heads, j->hd, cs);
-        ls_rope_apply(j->k + (size_t)t * j->n_kv * j->hd, j->n_kv, j->hd, cs);
+        j->ops->rope(j->q + (size_t)t * j->dim, j->n_heads, j->hd, cs);
+        j->ops->rope(j->k + (size_t)t * j->n_kv * j->hd, j->n_kv, j->hd, cs);
     }
 }
 
@@ -337,7 +337,7 @@ void ls_forward_block_loop(const ls_model *m, const ls_block *b, int32_t T, int3
     mm_run(rt, &qkv);
     ls_prof_add(rt, LS_PROF_QKV, &t0);
     {
-        tok_job rj = {.dim = dim, .q = b->q, .k = b->k, .rope = b->rope, .n_heads = n_heads, .n_kv = n_kv, .hd = hd, .T = T};
+        tok_job rj = {.ops = rt->ops, .dim = dim, .q = b->q, .k = b->k, .rope = b->rope, .n_heads = n_heads, .n_kv = n_kv, .hd = hd, .T = T};
         ls_pool_run(rt->pool, rope_task, &rj, (T + TOK_BLOCK - 1) / TOK_BLOCK);
     }
     attention(ctx, l, T, skip);

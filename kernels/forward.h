@@ -96,9 +96,6 @@ void ls_forward_logits(ls_session *s, const float *h, int32_t n, float *logits);
 
 /* ---- attention.c ---- */
 
-/* Rotates pairs (i, i + head_dim/2) of each of n_heads vectors in x. */
-void ls_rope_apply(float *x, int32_t n_heads, int32_t head_dim, const float *cs);
-
 /* A run of T consecutive positions pos0.. of one session, with their rows
  * in caller-owned buffers: q (T, n_heads * head_dim), RoPE applied; k, v
  * (T, n_kv_heads * head_dim), RoPE applied to k (both used as scratch: the

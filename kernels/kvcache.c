@@ -156,37 +156,52 @@ static void round_to_f16(float *x, int32_t n) {
     for (int32_t i = 0; i < n; i++) x[i] = ls_f16_to_f32(ls_f32_to_f16(x[i]));
 }
 
-void ls_kv_store(ls_session *s, int32_t loop, int32_t kvh, int32_t slot, float *k, float *v, int32_t thread) {
+void ls_kv_store(ls_session *s, int32_t loop, int32_t kvh, int32_t slot, int32_t n, float *k, float *v, size_t ld,
+                 int32_t thread) {
     const ls_model_info *mi = &s->m->info;
     const ls_ops *ops = s->m->rt->ops;
     int32_t hd = mi->head_dim, rows = s->rows;
     size_t head = (size_t)loop * mi->n_kv_heads + kvh;
-    if (s->kv_mode & LS_KV_HADAMARD) {
-        if (s->kv_mode & LS_KV_FP16_QKV) {
-            round_to_f16(k, hd);
-            round_to_f16(v, hd);
+    if (s->kv_mode & LS_KV_HADAMARD)
+        for (int32_t t = 0; t < n; t++) {
+            float *kr = k + (size_t)t * ld, *vr = v + (size_t)t * ld;
+            if (s->kv_mode & LS_KV_FP16_QKV) {
+                round_to_f16(kr, hd);
+                round_to_f16(vr, hd);
+            }
+            ls_kv_wht(kr, hd);
+            ls_kv_wht(vr, hd);
         }
-        ls_kv_wht(k, hd);
-        ls_kv_wht(v, hd);
-    }
     if (s->kv_fmt == LS_KV_FP16) {
-        /* keys transposed, (hd, ldk) per head: one column per position */
-        uint16_t *k16 = s->k16 + (size_t)thread * hd;
-        ops->f32_to_f16(k16, k, hd);
+        /* keys transposed, (hd, ldk) per head: the run's keys go to fp16 rows
+         * of a staging tile, then each dimension's n positions are written
+         * side by side, so every cache line is filled by one pass instead of
+         * one element per row */
+        uint16_t *tile = s->k16 + (size_t)thread * LS_KV_STORE_ROWS * hd;
+        for (int32_t t = 0; t < n; t++) {
+            ops->f32_to_f16(tile + (size_t)t * hd, k + (size_t)t * ld, hd);
+            ops->f32_to_f16(s->vc + (head * rows + slot + t) * hd, v + (size_t)t * ld, hd);
+        }
         uint16_t *kt = s->kc + head * hd * (size_t)s->ldk + slot;
-        for (int32_t d = 0; d < hd; d++) kt[(size_t)d * s->ldk] = k16[d];
-        ops->f32_to_f16(s->vc + (head * rows + slot) * hd, v, hd);
+        for (int32_t d = 0; d < hd; d++) {
+            uint16_t *col = kt + (size_t)d * s->ldk;
+            for (int32_t t = 0; t < n; t++) col[t] = tile[(size_t)t * hd + d];
+        }
         return;
     }
     int32_t nb = s->kv_nb, np = s->kv_np;
     uint8_t *codes = s->kv_codes + (size_t)thread * hd;
     uint16_t *params = s->kv_params + (size_t)thread * np;
-    ls_kv_encode_row(s->kv_fmt, k, hd, codes, params);
-    uint8_t *kq = s->kq + head * nb * (size_t)s->ldq + slot;
-    for (int32_t b = 0; b < nb; b++) kq[(size_t)b * s->ldq] = codes[b];
-    uint16_t *kp = s->kp + head * np * (size_t)rows + slot;
-    for (int32_t r = 0; r < np; r++) kp[(size_t)r * rows] = params[r];
-    ls_kv_encode_row(s->kv_fmt, v, hd, s->vq + (head * rows + slot) * nb, s->vp + (head * rows + slot) * np);
+    for (int32_t t = 0; t < n; t++) {
+        int32_t row = slot + t;
+        ls_kv_encode_row(s->kv_fmt, k + (size_t)t * ld, hd, codes, params);
+        uint8_t *kq = s->kq + head * nb * (size_t)s->ldq + row;
+        for (int32_t b = 0; b < nb; b++) kq[(size_t)b * s->ldq] = codes[b];
+        uint16_t *kp = s->kp + head * np * (size_t)rows + row;
+        for (int32_t r = 0; r < np; r++) kp[(size_t)r * rows] = params[r];
+        ls_kv_encode_row(s->kv_fmt, v + (size_t)t * ld, hd, s->vq + (head * rows + row) * nb,
+                         s->vp + (head * rows + row) * np);
+    }
 }
 
 void ls_kv_copy_slot(ls_session *dst, int32_t to, const ls_session *src, int32_t from, int32_t l) {

@@ -32,6 +32,7 @@
 #ifndef LS_KVCACHE_H
 #define LS_KVCACHE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "loopserve.h"
@@ -62,12 +63,19 @@ void ls_kv_wht(float *x, int32_t n);
 /* Validates kv_mode for a model of head_dim hd; writes why into err. */
 int32_t ls_kv_check_mode(int32_t kv_mode, int32_t hd, char *err, int32_t err_len);
 
-/* Stores row `slot` of loop `loop`, kv head kvh: k and v (hd fp32 each,
- * RoPE applied), rotated and encoded as the session's mode says. k and v
- * are used as scratch (the rotation is in place); `thread` picks the
- * session's per-thread staging buffers, so pool tasks may store rows of
+/* Most rows one ls_kv_store call takes (the size of a thread's key staging
+ * tile, session.h k16). */
+#define LS_KV_STORE_ROWS 32
+
+/* Stores rows slot..slot+n-1 (1 <= n <= LS_KV_STORE_ROWS, consecutive ring
+ * slots) of loop `loop`, kv head kvh: row t's k and v (hd fp32 each, RoPE
+ * applied) start at k + t * ld and v + t * ld, and are rotated and encoded
+ * as the session's mode says. Each row's bytes depend on that row alone.
+ * k and v are used as scratch (the rotation is in place); `thread` picks
+ * the session's per-thread staging buffers, so pool tasks may store rows of
  * different slots at once. */
-void ls_kv_store(ls_session *s, int32_t loop, int32_t kvh, int32_t slot, float *k, float *v, int32_t thread);
+void ls_kv_store(ls_session *s, int32_t loop, int32_t kvh, int32_t slot, int32_t n, float *k, float *v, size_t ld,
+                 int32_t thread);
 
 /* Copies slot `from` of src to slot `to` of dst in loop l, every kv head
  * (dst may be src; both of the same mode and model). */

@@ -90,6 +90,14 @@ typedef struct ls_ops {
                            int32_t ldp, int32_t hd, int32_t n);
     void (*attn_values_i4)(float *out, const float *p, const uint8_t *v, const uint16_t *vp, int32_t hd, int32_t n);
 
+    /* RoPE of n_heads heads of head_dim values in place, with one token's
+     * table cs = (head_dim / 2) (cos, sin) pairs (rope.h): for i < half,
+     *   x[i]        = x[i] * c_i - x[i + half] * s_i
+     *   x[i + half] = x[i + half] * c_i + x[i] * s_i
+     * each product rounded, then the difference or sum (never fused), so
+     * every path gives the same bits. */
+    void (*rope)(float *x, int32_t n_heads, int32_t head_dim, const float *cs);
+
     /* out = x / sqrt(mean(x^2) + eps) * w (out may alias x). */
     void (*rmsnorm)(float *out, const float *x, const float *w, int32_t n, float eps);
 
@@ -104,7 +112,7 @@ typedef struct ls_ops {
     .matmul_f16 = matmul_f16_##sfx, .attn_scores = attn_scores_##sfx, .attn_values = attn_values_##sfx, \
     .attn_scores_i8 = attn_scores_i8_##sfx, .attn_values_i8 = attn_values_i8_##sfx,                     \
     .attn_scores_i4 = attn_scores_i4_##sfx, .attn_values_i4 = attn_values_i4_##sfx,                     \
-    .rmsnorm = rmsnorm_##sfx, .f16_to_f32 = f16_to_f32_##sfx, .f32_to_f16 = f32_to_f16_##sfx
+    .rope = rope_##sfx, .rmsnorm = rmsnorm_##sfx, .f16_to_f32 = f16_to_f32_##sfx, .f32_to_f16 = f32_to_f16_##sfx
 
 extern const ls_ops ls_ops_portable;
 extern const ls_ops ls_ops_avx2;

@@ -164,6 +164,19 @@ static void attn_values_i4_portable(float *out, const float *p, const uint8_t *v
     }
 }
 
+static void rope_portable(float *x, int32_t n_heads, int32_t head_dim, const float *cs) {
+    int32_t half = head_dim / 2;
+    for (int32_t h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * head_dim;
+        for (int32_t i = 0; i < half; i++) {
+            float c = cs[2 * i], s = cs[2 * i + 1];
+            float x0 = v[i], x1 = v[i + half];
+            v[i] = x0 * c - x1 * s;
+            v[i + half] = x1 * c + x0 * s;
+        }
+    }
+}
+
 static void rmsnorm_portable(float *out, const float *x, const float *w, int32_t n, float eps) {
     float acc[LANES] = {0};
     int32_t i = 0;

@@ -8,7 +8,7 @@
  *   EXP_NEG_MIN          exp_neg's clamp (the smallest argument it keeps)
  *   TILE_MAX_R, TILE_MAX_T  the largest matmul tile (rows x tokens)
  *   SIMD_VEC_OPS(P)      (simd_vec.h) with its intrinsics' prefix: v_zero, v_set1,
- *                        v_add, v_mul, v_div, v_max, v_load(p), v_store(p, a)
+ *                        v_add, v_sub, v_mul, v_div, v_max, v_load(p), v_store(p, a)
  *                        (VL floats), v_fma(a, b, c) = a * b + c and
  *                        v_fnma(a, b, c) = c - a * b (one rounding each)
  *   v_round(a)           to the nearest integer
@@ -314,6 +314,32 @@ static void OPS_NAME(swiglu)(float *g, const float *u, int32_t n) {
     int32_t i = 0;
     for (; i + VL <= n; i += VL) swiglu_vec(g + i, u + i, VL);
     if (i < n) swiglu_vec(g + i, u + i, n - i);
+}
+
+/* ops.h rope: the table's pairs are split into cos and sin runs once per
+ * block of 64, then every head's halves go a vector at a time; products and
+ * sums stay separate (v_mul, v_sub, v_add), as on the portable path. */
+static void OPS_NAME(rope)(float *x, int32_t n_heads, int32_t hd, const float *cs) {
+    enum { B = 64 };
+    float c[B], s[B];
+    int32_t half = hd / 2;
+    for (int32_t i0 = 0; i0 < half; i0 += B) {
+        int32_t m = half - i0 < B ? half - i0 : B;
+        for (int32_t i = 0; i < m; i++) {
+            c[i] = cs[2 * (i0 + i)];
+            s[i] = cs[2 * (i0 + i) + 1];
+        }
+        for (int32_t h = 0; h < n_heads; h++) {
+            float *lo = x + (size_t)h * hd + i0, *hi = lo + half;
+            for (int32_t i = 0; i < m; i += VL) {
+                int32_t n = m - i < VL ? m - i : VL;
+                vec x0 = v_load_n(lo + i, n), x1 = v_load_n(hi + i, n);
+                vec vc = v_load_n(c + i, n), vs = v_load_n(s + i, n);
+                v_store_n(lo + i, v_sub(v_mul(x0, vc), v_mul(x1, vs)), n);
+                v_store_n(hi + i, v_add(v_mul(x1, vc), v_mul(x0, vs)), n);
+            }
+        }
+    }
 }
 
 static void OPS_NAME(rmsnorm)(float *out, const float *x, const float *w, int32_t n, float eps) {

@@ -1,6 +1,6 @@
 /*
  * rope.h — the RoPE angle table, computed the same way by the CPU forward
- * pass (attention.c) and the CUDA library (kernels/cuda/runtime.cu), which
+ * pass (ops.h rope) and the CUDA library (kernels/cuda/runtime.cu), which
  * uploads it. Header-only so the CUDA library compiles it too. Not ABI.
  */
 #ifndef LS_ROPE_H

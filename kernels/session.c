@@ -204,7 +204,7 @@ ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *e
     s->q = alloc0(m, C * dim * sizeof(float));
     s->k = alloc0(m, C * kv_dim * sizeof(float));
     s->v = alloc0(m, C * kv_dim * sizeof(float));
-    s->k16 = alloc0(m, ls_bytes_of(nth, hd, 1, 1, sizeof(uint16_t)));
+    s->k16 = alloc0(m, ls_bytes_of(nth, LS_KV_STORE_ROWS, hd, 1, sizeof(uint16_t)));
     s->att = alloc0(m, C * dim * sizeof(float));
     s->g = alloc0(m, C * (size_t)mi->ffn_dim * sizeof(float));
     s->u = alloc0(m, C * (size_t)mi->ffn_dim * sizeof(float));

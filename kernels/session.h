@@ -57,7 +57,7 @@ struct ls_session {
     float *q;      /* (LS_CHUNK, n_heads * head_dim) */
     float *k;      /* (LS_CHUNK, n_kv_heads * head_dim) */
     float *v;      /* (LS_CHUNK, n_kv_heads * head_dim) */
-    uint16_t *k16; /* (n_threads, head_dim) per thread: one key in fp16 on its way into the transposed cache */
+    uint16_t *k16; /* (n_threads, LS_KV_STORE_ROWS, head_dim): keys in fp16 on their way into the transposed cache */
     float *att;    /* (LS_CHUNK, n_heads * head_dim) attention output */
     float *g;      /* (LS_CHUNK, ffn_dim) gate, then silu(gate) * up */
     float *u;      /* (LS_CHUNK, ffn_dim) up */

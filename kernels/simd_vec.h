@@ -27,6 +27,7 @@ static inline float ls_hsum256(__m256 v) {
     static inline vec v_zero(void) { return P##_setzero_ps(); }                             \
     static inline vec v_set1(float x) { return P##_set1_ps(x); }                            \
     static inline vec v_add(vec a, vec b) { return P##_add_ps(a, b); }                      \
+    static inline vec v_sub(vec a, vec b) { return P##_sub_ps(a, b); }                      \
     static inline vec v_mul(vec a, vec b) { return P##_mul_ps(a, b); }                      \
     static inline vec v_div(vec a, vec b) { return P##_div_ps(a, b); }                      \
     static inline vec v_max(vec a, vec b) { return P##_max_ps(a, b); }                      \

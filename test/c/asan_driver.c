@@ -23,6 +23,7 @@
  *                                      LOGITS, HISTORY: comma-separated
  *   sample-check                       ls_sample against a naive reference
  *   f16-check                          fp16 conversions at every rounding boundary
+ *   rope-check                         every SIMD path's RoPE against the portable one, bit for bit
  * SIMD is a LS_SIMD_* code (0..3) or auto/portable/avx2/avx512.
  */
 #define _GNU_SOURCE /* memfd_create, mkstemp */
@@ -35,6 +36,8 @@
 #include <unistd.h>
 
 #include "internal.h" /* ls_f16_to_f32, ls_f32_to_f16 */
+#include "ops.h"      /* each path's kernel table */
+#include "rope.h"
 #include "loopserve.h"
 #include "model_desc.h"
 
@@ -47,7 +50,8 @@ static int usage(void) {
             "       asan_driver fuzz FILE ITERATIONS SEED [-v]\n"
             "       asan_driver sample TEMP TOP_K TOP_P PENALTY SEED COUNTER LOGITS [HISTORY]\n"
             "       asan_driver sample-check\n"
-            "       asan_driver f16-check\n");
+            "       asan_driver f16-check\n"
+            "       asan_driver rope-check\n");
     return 1;
 }
 
@@ -896,6 +900,51 @@ static int cmd_f16_check(void) {
     return g_fail ? 2 : 0;
 }
 
+// ---- rope-check ----
+
+// ops.h promises the same bits on every path: each head dimension from 2 up
+// (masked tails, more than one 64-pair block), one and three heads, three
+// positions, inputs spanning many magnitudes. Buffers are allocated to
+// their exact size, so a lane past the row is an ASan report.
+static int cmd_rope_check(void) {
+    __builtin_cpu_init();
+    const ls_ops *paths[2];
+    const char *names[2];
+    int np = 0;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) paths[np] = &ls_ops_avx2, names[np++] = "avx2";
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq"))
+        paths[np] = &ls_ops_avx512, names[np++] = "avx512";
+    static const int32_t hds[] = {2, 4, 6, 8, 14, 16, 18, 30, 32, 34, 48, 62, 64, 96, 126, 128, 130, 256, 258};
+    static const int32_t positions[] = {0, 7, 4095};
+    uint32_t rng = 12345;
+    long compared = 0;
+    for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++)
+        for (int32_t heads = 1; heads <= 3; heads += 2)
+            for (size_t b = 0; b < sizeof positions / sizeof positions[0]; b++) {
+                int32_t hd = hds[a], n = heads * hd;
+                float *cs = malloc((size_t)hd * sizeof *cs), *x = malloc((size_t)n * sizeof *x);
+                float *want = malloc((size_t)n * sizeof *want), *got = malloc((size_t)n * sizeof *got);
+                ls_rope_table(cs, 1, positions[b], hd, 10000.0f);
+                for (int32_t i = 0; i < n; i++) {
+                    rng ^= rng << 13, rng ^= rng >> 17, rng ^= rng << 5;
+                    x[i] = ldexpf((float)(rng & 0xffff) / 32768.0f - 1.0f, (int)(rng >> 16) % 41 - 20);
+                }
+                memcpy(want, x, (size_t)n * sizeof *x);
+                ls_ops_portable.rope(want, heads, hd, cs);
+                for (int k = 0; k < np; k++) {
+                    memcpy(got, x, (size_t)n * sizeof *x);
+                    paths[k]->rope(got, heads, hd, cs);
+                    CHECK(memcmp(got, want, (size_t)n * sizeof *got) == 0, "%s rope differs: head_dim %d, %d heads, position %d",
+                          names[k], hd, heads, positions[b]);
+                    compared++;
+                }
+                free(cs), free(x), free(want), free(got);
+            }
+    if (g_fail == 0) printf("ok %ld rows match the portable path on %d SIMD paths\n", compared, np);
+    return g_fail ? 2 : 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return usage();
     const char *cmd = argv[1];
@@ -910,6 +959,10 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "f16-check") == 0) {
         if (argc != 0) return usage();
         return cmd_f16_check();
+    }
+    if (strcmp(cmd, "rope-check") == 0) {
+        if (argc != 0) return usage();
+        return cmd_rope_check();
     }
     if (strcmp(cmd, "sample-check") == 0) {
         if (argc != 0) return usage();

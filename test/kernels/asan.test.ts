@@ -264,6 +264,14 @@ describe("fp16 conversions under ASan/UBSan", () => {
   });
 });
 
+describe("RoPE under ASan/UBSan", () => {
+  test("every SIMD path rotates bit-identically to the portable path, head dims 2 to 258", () => {
+    const r = run("rope-check");
+    expect(r.stdout).toMatch(/^ok \d+ rows match the portable path on \d SIMD paths/);
+    expect(r.code).toBe(0);
+  });
+});
+
 // ---- sampling ----
 
 describe("ls_sample under ASan/UBSan", () => {
