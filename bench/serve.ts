@@ -234,7 +234,10 @@ async function main(): Promise<void> {
         for (const t of targets) {
           const server = await t.start(format, concurrency);
           try {
-            await runCell(t, server.url, 1, 8, false); // warm-up
+            // Warm-up at the cell's concurrency: a server just started runs
+            // its first concurrent requests with cold code paths (loopserve's
+            // JIT; first batches), which is not the steady state being measured.
+            await runCell(t, server.url, concurrency, 8, false);
             for (const tokens of TOKENS) {
               const longPrompt = concurrency === Math.max(...CONCURRENCY) && concurrency > 1;
               const r = await runCell(t, server.url, concurrency, tokens, longPrompt);
