@@ -97,17 +97,17 @@ static ALWAYS_INLINE void tile_tail(vec acc[TILE_MAX_R][TILE_MAX_T], const uint1
  * codes, each position's sum then times its fp16 scale ks[j]. */
 static ALWAYS_INLINE void scores_tile(float *scores, const float *q, const void *kt, int32_t ldk, const uint16_t *ks,
                                       int32_t hd, int32_t j, int32_t m, const int NV, const int TAIL, const int I8) {
-    vec a[4];
-#pragma GCC unroll 4
+    vec a[8];
+#pragma GCC unroll 8
     for (int v = 0; v < NV; v++) a[v] = v_zero();
     for (size_t d = 0, row = (size_t)j; d < (size_t)hd; d++, row += (size_t)ldk) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int v = 0; v < NV; v++) {
             vec k = load_cache(kt, I8, row + v * VL, TAIL && v == NV - 1, m); /* before q[d]: a copy is a call */
             a[v] = v_fma(v_set1(q[d]), k, a[v]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int v = 0; v < NV; v++) {
         int part = TAIL && v == NV - 1;
         store_f32(scores + j + v * VL, I8 ? v_mul(a[v], load_f16(ks + j + v * VL, part, m)) : a[v], part, m);
@@ -134,12 +134,37 @@ static ALWAYS_INLINE void scores_tile(float *scores, const float *q, const void 
         }                                                         \
     } while (0)
 
+/* Scores in tiles of 8 vectors, the rest as one tile of up to 8: a score is
+ * a chain of head_dim dependent FMAs, so a decode step's few positions
+ * need every chain they can get side by side (8 on two FMA units of four
+ * cycles' latency). */
 static ALWAYS_INLINE void scores_rows(float *scores, const float *q, const void *kt, int32_t ldk, const uint16_t *ks,
                                       int32_t hd, int32_t n, const int I8) {
     int32_t j = 0;
-    for (; j + 4 * VL <= n; j += 4 * VL) scores_tile(scores, q, kt, ldk, ks, hd, j, VL, 4, 0, I8);
+    for (; j + 8 * VL <= n; j += 8 * VL) scores_tile(scores, q, kt, ldk, ks, hd, j, VL, 8, 0, I8);
+    const int32_t left = n - j;
+    if (left == 0) return;
+    int32_t m = left % VL;
+    const int32_t nv = left / VL + (m > 0);
+    if (m == 0) m = VL;
 #define SCORES_REST(NV, TAIL) scores_tile(scores, q, kt, ldk, ks, hd, j, m, NV, TAIL, I8)
-    REST_TILE(n - j, m, SCORES_REST);
+    switch (nv * 2 + (m < VL)) {
+    case 2: SCORES_REST(1, 0); break;
+    case 3: SCORES_REST(1, 1); break;
+    case 4: SCORES_REST(2, 0); break;
+    case 5: SCORES_REST(2, 1); break;
+    case 6: SCORES_REST(3, 0); break;
+    case 7: SCORES_REST(3, 1); break;
+    case 8: SCORES_REST(4, 0); break;
+    case 9: SCORES_REST(4, 1); break;
+    case 10: SCORES_REST(5, 0); break;
+    case 11: SCORES_REST(5, 1); break;
+    case 12: SCORES_REST(6, 0); break;
+    case 13: SCORES_REST(6, 1); break;
+    case 14: SCORES_REST(7, 0); break;
+    case 15: SCORES_REST(7, 1); break;
+    default: SCORES_REST(8, 1); break; /* 17: eight vectors, the last partial */
+    }
 #undef SCORES_REST
 }
 
