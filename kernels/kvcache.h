@@ -4,8 +4,10 @@
  * session's cache (attention.c, session.c). Reading is the ops kernels'
  * (ops.h attn_*). Not ABI.
  *
- * Every function here works on one row (one loop, position and kv head) at
- * a time, in plain C with a fixed operation order (no SIMD dispatch; ISO C
+ * Every function here encodes one row (one loop, position and kv head) at
+ * a time (ls_kv_store takes a run of rows, each on its own), in plain C
+ * with a fixed operation order (no SIMD dispatch but the exact fp16
+ * conversion; ISO C
  * mode keeps a*b+c unfused), so a row's bytes depend on its own values only:
  * never on the batch, the thread count or the SIMD path. The TypeScript
  * reference (test/reference/kvcache.ts) repeats the arithmetic bit for bit.

@@ -114,9 +114,13 @@ static ALWAYS_INLINE void scores_tile(float *scores, const float *q, const void 
     }
 }
 
-/* The rest of a row after its tiles of 4 vectors, `left` < 4 VL elements,
+/* The rest of a row after its tiles of 8 vectors, `left` < 8 VL elements,
  * as one tile: TILE(NV, TAIL) with m (declared here) the last vector's
- * lanes. Its chains then run side by side, not one after another. */
+ * lanes. Its chains then run side by side, not one after another: a score
+ * is a chain of head_dim dependent FMAs and a value sum one of n, so a
+ * decode step's few positions (scores) or a head's few dimensions (values)
+ * need every chain they can get at once (8 keep two FMA units of four
+ * cycles' latency busy). */
 #define REST_TILE(left, m, TILE)                                  \
     do {                                                          \
         int32_t m = (left) % VL;                                  \
@@ -129,42 +133,25 @@ static ALWAYS_INLINE void scores_tile(float *scores, const float *q, const void 
         case 5: TILE(2, 1); break;                                \
         case 6: TILE(3, 0); break;                                \
         case 7: TILE(3, 1); break;                                \
+        case 8: TILE(4, 0); break;                                \
         case 9: TILE(4, 1); break;                                \
+        case 10: TILE(5, 0); break;                               \
+        case 11: TILE(5, 1); break;                               \
+        case 12: TILE(6, 0); break;                               \
+        case 13: TILE(6, 1); break;                               \
+        case 14: TILE(7, 0); break;                               \
+        case 15: TILE(7, 1); break;                               \
+        case 17: TILE(8, 1); break;                               \
         default: break; /* nothing left */                        \
         }                                                         \
     } while (0)
 
-/* Scores in tiles of 8 vectors, the rest as one tile of up to 8: a score is
- * a chain of head_dim dependent FMAs, so a decode step's few positions
- * need every chain they can get side by side (8 on two FMA units of four
- * cycles' latency). */
 static ALWAYS_INLINE void scores_rows(float *scores, const float *q, const void *kt, int32_t ldk, const uint16_t *ks,
                                       int32_t hd, int32_t n, const int I8) {
     int32_t j = 0;
     for (; j + 8 * VL <= n; j += 8 * VL) scores_tile(scores, q, kt, ldk, ks, hd, j, VL, 8, 0, I8);
-    const int32_t left = n - j;
-    if (left == 0) return;
-    int32_t m = left % VL;
-    const int32_t nv = left / VL + (m > 0);
-    if (m == 0) m = VL;
 #define SCORES_REST(NV, TAIL) scores_tile(scores, q, kt, ldk, ks, hd, j, m, NV, TAIL, I8)
-    switch (nv * 2 + (m < VL)) {
-    case 2: SCORES_REST(1, 0); break;
-    case 3: SCORES_REST(1, 1); break;
-    case 4: SCORES_REST(2, 0); break;
-    case 5: SCORES_REST(2, 1); break;
-    case 6: SCORES_REST(3, 0); break;
-    case 7: SCORES_REST(3, 1); break;
-    case 8: SCORES_REST(4, 0); break;
-    case 9: SCORES_REST(4, 1); break;
-    case 10: SCORES_REST(5, 0); break;
-    case 11: SCORES_REST(5, 1); break;
-    case 12: SCORES_REST(6, 0); break;
-    case 13: SCORES_REST(6, 1); break;
-    case 14: SCORES_REST(7, 0); break;
-    case 15: SCORES_REST(7, 1); break;
-    default: SCORES_REST(8, 1); break; /* 17: eight vectors, the last partial */
-    }
+    REST_TILE(n - j, m, SCORES_REST);
 #undef SCORES_REST
 }
 
@@ -174,25 +161,25 @@ static ALWAYS_INLINE void scores_rows(float *scores, const float *q, const void 
  * scale vs[j]. */
 static ALWAYS_INLINE void values_tile(float *out, const float *p, const void *v, const uint16_t *vs, int32_t hd,
                                       int32_t n, int32_t d0, int32_t m, const int NV, const int TAIL, const int I8) {
-    vec a[4];
-#pragma GCC unroll 4
+    vec a[8];
+#pragma GCC unroll 8
     for (int e = 0; e < NV; e++) a[e] = load_f32(out + d0 + e * VL, TAIL && e == NV - 1, m);
     for (int32_t j = 0; j < n; j++) {
         vec w = v_set1(I8 ? p[j] * _cvtsh_ss(vs[j]) : p[j]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int e = 0; e < NV; e++)
             a[e] = v_fma(w, load_cache(v, I8, (size_t)j * hd + d0 + e * VL, TAIL && e == NV - 1, m), a[e]);
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int e = 0; e < NV; e++) store_f32(out + d0 + e * VL, a[e], TAIL && e == NV - 1, m);
 }
 
-/* Tiles of 4 vectors of dimensions, then the rest as one tile: a head of
+/* Tiles of 8 vectors of dimensions, then the rest as one tile: a head of
  * 32 dimensions is one pass of two chains on AVX-512, not two of one. */
 static ALWAYS_INLINE void values_rows(float *out, const float *p, const void *v, const uint16_t *vs, int32_t hd,
                                       int32_t n, const int I8) {
     int32_t d0 = 0;
-    for (; d0 + 4 * VL <= hd; d0 += 4 * VL) values_tile(out, p, v, vs, hd, n, d0, VL, 4, 0, I8);
+    for (; d0 + 8 * VL <= hd; d0 += 8 * VL) values_tile(out, p, v, vs, hd, n, d0, VL, 8, 0, I8);
 #define VALUES_REST(NV, TAIL) values_tile(out, p, v, vs, hd, n, d0, m, NV, TAIL, I8)
     REST_TILE(hd - d0, m, VALUES_REST);
 #undef VALUES_REST
