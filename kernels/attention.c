@@ -146,6 +146,11 @@ typedef struct {
     float *k, *v; /* (T, n_kv_heads * head_dim), used as scratch by ls_kv_store */
 } store_job;
 
+/* Token t's ring slot: slot[t], or (pos0 + t) % cap when slot is NULL. */
+static int32_t slot_of(const store_job *j, int32_t t) {
+    return j->slot ? j->slot[t] : (j->pos0 + t) % j->s->cap;
+}
+
 /* Tokens per store task: keys are stored transposed (one column per
  * position), so neighbouring positions of one head share cache lines; a task
  * owns a run of LS_KV_STORE_ROWS positions of one kv head so two threads do
@@ -158,12 +163,12 @@ static void store_task(void *ctx, int32_t task, int32_t thread) {
     int32_t kvh = task / nb, t0 = task % nb * LS_KV_STORE_ROWS;
     int32_t t1 = t0 + LS_KV_STORE_ROWS < j->T ? t0 + LS_KV_STORE_ROWS : j->T;
     size_t ld = (size_t)n_kv * hd;
-    /* one ls_kv_store per run of consecutive ring slots: slot[t], or
-     * (pos0 + t) % cap when slot is NULL. Each row's bytes depend on the row
-     * alone, so who stores it, and with which others, does not matter. */
+    /* one ls_kv_store per run of consecutive ring slots. Each row's bytes
+     * depend on the row alone, so who stores it, and with which others,
+     * does not matter. */
     for (int32_t t = t0; t < t1;) {
-        int32_t row = j->slot ? j->slot[t] : (j->pos0 + t) % s->cap, n = 1;
-        while (t + n < t1 && (j->slot ? j->slot[t + n] : (j->pos0 + t + n) % s->cap) == row + n) n++;
+        int32_t row = slot_of(j, t), n = 1;
+        while (t + n < t1 && slot_of(j, t + n) == row + n) n++;
         size_t off = (size_t)t * ld + (size_t)kvh * hd;
         ls_kv_store(s, j->loop, kvh, row, n, j->k + off, j->v + off, ld, thread);
         t += n;

@@ -32,8 +32,7 @@ static int cpu_has_f16c(void) {
     return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
 }
 
-/* First feature the CPU lacks, or NULL when all are present. */
-static const char *missing_feature(int32_t simd) {
+const char *ls_simd_missing(int32_t simd) {
     __builtin_cpu_init();
     if (simd == LS_SIMD_AVX2) {
         cpu_feature f[] = {{"avx2", __builtin_cpu_supports("avx2")},
@@ -74,11 +73,11 @@ int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd, char *err,
     if (ls_check_model_shape(mi, err, err_len) != LS_OK) return LS_ERR_ARG;
     int32_t chosen;
     if (simd == LS_SIMD_AUTO) {
-        chosen = !missing_feature(LS_SIMD_AVX512) ? LS_SIMD_AVX512
-                 : !missing_feature(LS_SIMD_AVX2) ? LS_SIMD_AVX2
+        chosen = !ls_simd_missing(LS_SIMD_AVX512) ? LS_SIMD_AVX512
+                 : !ls_simd_missing(LS_SIMD_AVX2) ? LS_SIMD_AVX2
                                                   : LS_SIMD_PORTABLE;
     } else if (simd == LS_SIMD_PORTABLE || simd == LS_SIMD_AVX2 || simd == LS_SIMD_AVX512) {
-        const char *lack = missing_feature(simd);
+        const char *lack = ls_simd_missing(simd);
         if (lack) {
             ls_set_error(err, err_len, "simd path %s requested but the CPU lacks %s", ls_simd_name(simd),
                          lack);

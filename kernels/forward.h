@@ -54,6 +54,11 @@ typedef void (*ls_block_attention)(void *ctx, int32_t loop, int32_t T, int32_t s
  * last loop, where only the logit rows go on), so their h is left as it
  * was. Every row's arithmetic is independent of the other rows (batch
  * invariance), so skipping rows changes no other row's bits. */
+/* The first feature the CPU lacks for SIMD path simd (LS_SIMD_AVX2 /
+ * LS_SIMD_AVX512), or NULL when it has them all (and for the portable
+ * path). */
+const char *ls_simd_missing(int32_t simd);
+
 void ls_forward_block_loop(const ls_model *m, const ls_block *b, int32_t T, int32_t skip, int32_t l,
                            ls_block_attention attention, void *ctx);
 

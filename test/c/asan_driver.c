@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "internal.h" /* ls_f16_to_f32, ls_f32_to_f16 */
+#include "forward.h"  /* ls_simd_missing */
 #include "ops.h"      /* each path's kernel table */
 #include "rope.h"
 #include "loopserve.h"
@@ -907,14 +908,11 @@ static int cmd_f16_check(void) {
 // positions, inputs spanning many magnitudes. Buffers are allocated to
 // their exact size, so a lane past the row is an ASan report.
 static int cmd_rope_check(void) {
-    __builtin_cpu_init();
     const ls_ops *paths[2];
     const char *names[2];
     int np = 0;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) paths[np] = &ls_ops_avx2, names[np++] = "avx2";
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512dq"))
-        paths[np] = &ls_ops_avx512, names[np++] = "avx512";
+    if (!ls_simd_missing(LS_SIMD_AVX2)) paths[np] = &ls_ops_avx2, names[np++] = "avx2";
+    if (!ls_simd_missing(LS_SIMD_AVX512)) paths[np] = &ls_ops_avx512, names[np++] = "avx512";
     static const int32_t hds[] = {2, 4, 6, 8, 14, 16, 18, 30, 32, 34, 48, 62, 64, 96, 126, 128, 130, 256, 258};
     static const int32_t positions[] = {0, 7, 4095};
     uint32_t rng = 12345;
