@@ -66,7 +66,7 @@ static void attend(ls_session *s, int32_t loop, int32_t h, float *q, float *out,
     int32_t n_heads = mi->n_heads, n_kv = mi->n_kv_heads, hd = mi->head_dim, cap = s->cap;
     int32_t kvh = h / (n_heads / n_kv);
     size_t head = (size_t)loop * n_kv + kvh;
-    float *sc = s->scores + (size_t)thread * cap;
+    float *sc = s->scores + (size_t)thread * LS_ATT_GROUP * cap; /* the thread's first row of scratch (attend_group) */
     int32_t fmt = s->kv_fmt;
     if (s->kv_mode & LS_KV_HADAMARD) {
         if (s->kv_mode & LS_KV_FP16_QKV)
@@ -130,12 +130,6 @@ static void att_one(const ls_att_rows *r, int32_t loop, int32_t t, int32_t h, in
     float *q = r->q + (size_t)t * n_heads * hd + (size_t)h * hd;
     float *out = r->att + (size_t)t * n_heads * hd + (size_t)h * hd;
     attend(s, loop, h, q, out, run, cnt > n1 ? 2 : 1, cnt, thread);
-}
-
-static void att_task(void *ctx, int32_t task, int32_t thread) {
-    const att_job *j = ctx;
-    int32_t n_heads = j->r->s->m->info.n_heads;
-    att_one(j->r, j->loop, task / n_heads, task % n_heads, thread);
 }
 
 typedef struct {
@@ -202,39 +196,28 @@ static int32_t runs_of(int32_t a, int32_t b, int32_t cap, slot_run *run) {
     return 1;
 }
 
-/* Prefill with an fp16 cache: one task per (head, group of up to LS_ATT_GROUP
- * consecutive tokens). Token g of the group sees [lo_g, p_g]; the positions
- * every token of the group sees, [lo_last, p_first], go through the
- * multi-query kernels (each cache row loaded once for the group), the rest
- * through the one-query kernels, in position order. Scores are per
- * position and the value sums per dimension run in position order in both
- * kernels (ops.h), so each (token, head) result is bit-identical to
- * att_task's. */
-static void att_group_task(void *ctx, int32_t task, int32_t thread) {
-    const att_job *j = ctx;
-    const ls_att_rows *r = j->r;
-    ls_session *s = r->s;
+/* G (<= LS_ATT_GROUP) queries of one session and loop that read the same kv
+ * head kvh: query g (q[g], at position p[g], output out[g]), positions
+ * non-decreasing in g. Query g sees [lo_g, p_g]; the positions every query
+ * sees, [lo_last, p_first], go through the multi-query kernels (each cache
+ * row loaded once for the group), the rest through the one-query kernels,
+ * in position order. Scores are per position and the value sums per
+ * dimension run in position order in both kernels (ops.h), so each result
+ * is bit-identical to attend()'s. Groups are consecutive tokens of one head
+ * (prefill) or the query heads of one kv head at one token (decode). */
+static void attend_group(ls_session *s, int32_t loop, int32_t kvh, int32_t G, float *const *q, float *const *out,
+                         const int32_t *p, int32_t thread) {
     const ls_model_info *mi = &s->m->info;
     const ls_ops *ops = s->m->rt->ops;
-    int32_t n_heads = mi->n_heads, n_kv = mi->n_kv_heads, hd = mi->head_dim, cap = s->cap;
-    /* last token groups (the longest) first: the pool claims tasks in order,
-     * so the short ones fill in at the end */
-    int32_t n_groups = (r->T + LS_ATT_GROUP - 1) / LS_ATT_GROUP;
-    int32_t h = task % n_heads, t0 = (n_groups - 1 - task / n_heads) * LS_ATT_GROUP;
-    int32_t G = r->T - t0 < LS_ATT_GROUP ? r->T - t0 : LS_ATT_GROUP;
-    int32_t kvh = h / (n_heads / n_kv);
-    size_t head = (size_t)j->loop * n_kv + kvh;
+    int32_t n_kv = mi->n_kv_heads, hd = mi->head_dim, cap = s->cap;
+    size_t head = (size_t)loop * n_kv + kvh;
     const uint16_t *Kt = s->kc + head * hd * (size_t)s->ldk;
     const uint16_t *V = s->vc + head * (size_t)s->rows * hd;
 
-    float *q[LS_ATT_GROUP], *out[LS_ATT_GROUP], *sc[LS_ATT_GROUP];
-    int32_t p[LS_ATT_GROUP] = {0}, lo[LS_ATT_GROUP] = {0};
+    float *sc[LS_ATT_GROUP];
+    int32_t lo[LS_ATT_GROUP] = {0};
     for (int32_t g = 0; g < G; g++) {
-        int32_t t = t0 + g;
-        p[g] = r->pos0 + t;
         lo[g] = ls_window_lo(p[g], s->window);
-        q[g] = r->q + (size_t)t * n_heads * hd + (size_t)h * hd;
-        out[g] = r->att + (size_t)t * n_heads * hd + (size_t)h * hd;
         sc[g] = s->scores + ((size_t)thread * LS_ATT_GROUP + g) * cap;
         if (s->kv_mode & LS_KV_HADAMARD) {
             if (s->kv_mode & LS_KV_FP16_QKV)
@@ -242,7 +225,7 @@ static void att_group_task(void *ctx, int32_t task, int32_t thread) {
             ls_kv_wht(q[g], hd);
         }
     }
-    int32_t sa = lo[G - 1], sb = p[0]; /* shared positions [sa, sb] (lo, p increase with g) */
+    int32_t sa = lo[G - 1], sb = p[0]; /* shared positions [sa, sb] (lo, p never decrease with g) */
     slot_run run[2];
     int32_t nr;
 
@@ -265,7 +248,7 @@ static void att_group_task(void *ctx, int32_t task, int32_t thread) {
         ops->attn_scores_mq(scg, (const float *const *)q, Kt + run[r].slot, s->ldk, hd, run[r].n, G);
     }
 
-    /* softmax, per token exactly as attend() */
+    /* softmax, per query exactly as attend() */
     float scale = 1.0f / sqrtf((float)hd);
     float inv[LS_ATT_GROUP];
     for (int32_t g = 0; g < G; g++) {
@@ -298,13 +281,68 @@ static void att_group_task(void *ctx, int32_t task, int32_t thread) {
     }
 }
 
-/* Whether a run of rows goes through the grouped prefill kernels. */
-static int grouped(const ls_att_rows *r) {
-    return r->T > 1 && r->s->kv_fmt == LS_KV_FP16 && r->s->m->rt->ops->attn_scores_mq;
+/* Prefill with an fp16 cache: one task per (head, group of up to
+ * LS_ATT_GROUP consecutive tokens), through attend_group. */
+static void att_group_task(void *ctx, int32_t task, int32_t thread) {
+    const att_job *j = ctx;
+    const ls_att_rows *r = j->r;
+    int32_t n_heads = r->s->m->info.n_heads, n_kv = r->s->m->info.n_kv_heads, hd = r->s->m->info.head_dim;
+    /* last token groups (the longest) first: the pool claims tasks in order,
+     * so the short ones fill in at the end */
+    int32_t n_groups = (r->T + LS_ATT_GROUP - 1) / LS_ATT_GROUP;
+    int32_t h = task % n_heads, t0 = (n_groups - 1 - task / n_heads) * LS_ATT_GROUP;
+    int32_t G = r->T - t0 < LS_ATT_GROUP ? r->T - t0 : LS_ATT_GROUP;
+    float *q[LS_ATT_GROUP], *out[LS_ATT_GROUP];
+    int32_t p[LS_ATT_GROUP];
+    for (int32_t g = 0; g < G; g++) {
+        int32_t t = t0 + g;
+        p[g] = r->pos0 + t;
+        q[g] = r->q + (size_t)t * n_heads * hd + (size_t)h * hd;
+        out[g] = r->att + (size_t)t * n_heads * hd + (size_t)h * hd;
+    }
+    attend_group(r->s, j->loop, h / (n_heads / n_kv), G, q, out, p, thread);
 }
 
-/* The one-query (token, head) tasks of several runs of rows in one pool
- * run: task i belongs to the run whose [first[k], first[k+1]) holds it. */
+/* Whether the multi-query kernels serve this session's cache. */
+static int multi_query(const ls_session *s) { return s->kv_fmt == LS_KV_FP16 && s->m->rt->ops->attn_scores_mq; }
+
+/* Whether a run of rows goes through the grouped prefill kernels. */
+static int grouped(const ls_att_rows *r) { return r->T > 1 && multi_query(r->s); }
+
+/* One token's work for kv head kvh: its K/V row into the cache, then (unless
+ * the row is skipped) the attention of every query head that reads kvh, up
+ * to LS_ATT_GROUP of them a pass through the multi-query kernels. No other
+ * task of the call touches this part of the cache, so no store has to wait
+ * for the others (a decode step's rows). */
+static void att_token_kv(const ls_att_rows *r, int32_t loop, int32_t kvh, int32_t thread) {
+    ls_session *s = r->s;
+    const ls_model_info *mi = &s->m->info;
+    int32_t hd = mi->head_dim, per = mi->n_heads / mi->n_kv_heads, h0 = kvh * per;
+    store_job sj = {s, loop, r->pos0, NULL, 1, r->k, r->v};
+    store_task(&sj, kvh, thread); /* one token: task kvh is kv head kvh */
+    if (r->skip >= 1) return;
+    for (int32_t g0 = 0; g0 < per; g0 += LS_ATT_GROUP) {
+        int32_t G = per - g0 < LS_ATT_GROUP ? per - g0 : LS_ATT_GROUP;
+        if (G == 1 || !multi_query(s)) {
+            for (int32_t g = 0; g < G; g++) att_one(r, loop, 0, h0 + g0 + g, thread);
+            continue;
+        }
+        float *q[LS_ATT_GROUP], *out[LS_ATT_GROUP];
+        int32_t p[LS_ATT_GROUP];
+        for (int32_t g = 0; g < G; g++) {
+            q[g] = r->q + (size_t)(h0 + g0 + g) * hd;
+            out[g] = r->att + (size_t)(h0 + g0 + g) * hd;
+            p[g] = r->pos0;
+        }
+        attend_group(s, loop, kvh, G, q, out, p, thread);
+    }
+}
+
+/* The one-query work of several runs of rows in one pool run: task i
+ * belongs to the run whose [first[k], first[k+1]) holds it. A run of one
+ * token has a task per kv head (att_token_kv: it stores its own K/V); what
+ * is left of a longer run, whose rows were stored before (k NULL), a task
+ * per (token, head). */
 typedef struct {
     const ls_att_rows *runs;
     const int32_t *first; /* (n + 1) first task of each run */
@@ -317,22 +355,33 @@ static void att_runs_task(void *ctx, int32_t task, int32_t thread) {
     while (task >= j->first[k + 1]) k++;
     const ls_att_rows *r = &j->runs[k];
     int32_t n_heads = r->s->m->info.n_heads, i = task - j->first[k];
-    att_one(r, j->loop, i / n_heads, i % n_heads, thread);
+    if (r->k) /* a one-token run (longer runs' rows come cut, without k) */
+        att_token_kv(r, j->loop, i, thread);
+    else
+        att_one(r, j->loop, i / n_heads, i % n_heads, thread);
 }
 
 void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t loop) {
     if (n < 1) return;
     ls_pool *pool = runs[0].s->m->rt->pool;
-    int32_t n_heads = runs[0].s->m->info.n_heads;
-    for (int32_t k = 0; k < n; k++) store_rows(runs[k].s, loop, runs[k].T, runs[k].pos0, NULL, runs[k].k, runs[k].v);
+    int32_t n_heads = runs[0].s->m->info.n_heads, n_kv = runs[0].s->m->info.n_kv_heads;
+    /* a longer run's rows all go in before any of its tokens attends */
+    for (int32_t k = 0; k < n; k++)
+        if (runs[k].T > 1) store_rows(runs[k].s, loop, runs[k].T, runs[k].pos0, NULL, runs[k].k, runs[k].v);
     /* prefill runs: grouped, one pool run each; every other run shares one.
-     * A run's skipped rows are cut off its front (their K/V is in). */
+     * A longer run's skipped rows are cut off its front (their K/V is in). */
     int32_t first[LS_ATT_MAX_RUNS + 1];
     ls_att_rows single[LS_ATT_MAX_RUNS];
     int32_t ns = 0;
     first[0] = 0;
     for (int32_t k = 0; k < n; k++) {
         const ls_att_rows *r = &runs[k];
+        if (r->T == 1) { /* stores its own K/V, skipped or not */
+            single[ns] = *r;
+            first[ns + 1] = first[ns] + n_kv;
+            ns++;
+            continue;
+        }
         if (r->skip >= r->T) continue;
         size_t q0 = (size_t)r->skip * (size_t)n_heads * (size_t)r->s->m->info.head_dim;
         ls_att_rows out = {r->s, r->T - r->skip, r->pos0 + r->skip, r->q + q0, NULL, NULL, r->att + q0, 0};
@@ -345,10 +394,7 @@ void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t loop) {
             ns++;
         }
     }
-    if (ns == 1) {
-        att_job j = {&single[0], loop};
-        ls_pool_run(pool, att_task, &j, first[1]);
-    } else if (ns > 1) {
+    if (ns > 0) {
         att_runs_job j = {single, first, ns, loop};
         ls_pool_run(pool, att_runs_task, &j, first[ns]);
     }
@@ -371,7 +417,7 @@ typedef struct {
     const ls_tree_rows *rows;
 } tree_att_job;
 
-/* Same arithmetic as att_task, over the row's visible positions in position
+/* Same arithmetic as att_one, over the row's visible positions in position
  * order: attn_scores and attn_values give the same per-position results
  * however positions are split into calls (ops.h), so a row whose path is
  * scattered over the ring computes what one contiguous call would. */

@@ -20,6 +20,9 @@ const SHAPES: Record<string, SyntheticOptions> = {
   gqa: { dim: 48, nHeads: 6, nKvHeads: 2, ffnDim: 72, vocabSize: 97, loops: 3, seed: 11 },
   "mha-tied": { dim: 40, nHeads: 4, nKvHeads: 4, ffnDim: 56, vocabSize: 67, loops: 3, seed: 12, tiedOutput: true },
   mqa: { dim: 64, nHeads: 4, nKvHeads: 1, ffnDim: 136, vocabSize: 130, loops: 8, seed: 13 },
+  // five query heads to a kv head: a decode token's heads go four through
+  // the multi-query kernels, then one alone
+  "mqa-5": { dim: 80, nHeads: 5, nKvHeads: 1, ffnDim: 72, vocabSize: 89, loops: 3, seed: 17 },
 };
 
 // Head widths the attention kernels tile differently (mqa's 16 is one
@@ -112,7 +115,7 @@ describe("C logits match the TypeScript reference", () => {
 });
 
 describe("batch invariance", () => {
-  for (const [name, shape] of Object.entries({ gqa: SHAPES.gqa, mqa: SHAPES.mqa, ...HEAD_WIDTHS }))
+  for (const [name, shape] of Object.entries({ gqa: SHAPES.gqa, mqa: SHAPES.mqa, "mqa-5": SHAPES["mqa-5"], ...HEAD_WIDTHS }))
     test(`${name}: a token's logits are bit-identical for batches of 1, 7 and 64, decode, and 1 or 2 threads`, () => {
       const path = tinyModelPath(shape);
       const vocab = shape.vocabSize;
