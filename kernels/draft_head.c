@@ -189,7 +189,8 @@ int32_t ls_draft_head_coarse(ls_model *m, const float *h, float *logits, int32_t
     int32_t dim = m->info.dim, V = m->info.vocab_size;
     if (n > LS_DRAFT_BEST) n = LS_DRAFT_BEST;
     rt->ops->rmsnorm(d->xn, h, rt->norm, dim, m->info.norm_eps);
-    ls_quant_rows(d->act, d->xn, dim, 1, dim, dim, 8, 0, 1);
+    ls_quant_shape(d->act, 1, dim, dim, 8);
+    ls_quant_rows(d->act, d->xn, dim, 0, 1, dim, dim, 0, 1);
     int32_t tasks = rt->n_threads * 8 < MAX_TASKS ? rt->n_threads * 8 : MAX_TASKS;
     int32_t rpt = (V + tasks - 1) / tasks;
     rpt = rpt < 64 ? 64 : (rpt + 3) & ~3;

@@ -234,6 +234,40 @@ static int32_t rows_per_task(int32_t rows, int32_t n_threads, int64_t macs_per_r
     return rpt;
 }
 
+/* Inputs a call quantizes from before its rows are split over the pool
+ * (blocks of QUANT_BLOCK rows); a decode step's few rows stay on the
+ * calling thread, where a hand-off would cost about what it saves. Split,
+ * a 512-token prefill of the dim-768 model at loops 8 (chunks of 64 rows
+ * of 768 and 2048 inputs) took 2.5-7% less time at int4 and 3% at int2
+ * than with every row quantized on the calling thread, the other waiting. */
+#define QUANT_PARALLEL_INPUTS (1 << 15)
+#define QUANT_BLOCK 8
+
+typedef struct {
+    const ls_qmat *q;
+    const float *x;
+    int32_t ldx, T;
+} quant_job;
+
+static void quant_task(void *ctx, int32_t task, int32_t thread) {
+    (void)thread;
+    const quant_job *j = ctx;
+    int32_t t0 = task * QUANT_BLOCK, t1 = t0 + QUANT_BLOCK < j->T ? t0 + QUANT_BLOCK : j->T;
+    ls_quant_prepare_rows(j->q, j->x, j->ldx, t0, t1);
+}
+
+/* The call's activations: each row's bytes are the same whoever quantizes it. */
+static void quantize_rows(const ls_runtime *rt, const ls_qmat *q, const float *x, int32_t ldx, int32_t T,
+                          int serial) {
+    if (serial || (int64_t)T * q->in < QUANT_PARALLEL_INPUTS) {
+        ls_quant_prepare(q, x, ldx, T);
+        return;
+    }
+    ls_quant_begin(q, T);
+    quant_job j = {q, x, ldx, T};
+    ls_pool_run(rt->pool, quant_task, &j, (T + QUANT_BLOCK - 1) / QUANT_BLOCK);
+}
+
 static void mm_run(const ls_runtime *rt, mm_job *j) {
     // Matrices that cannot share one prepared activation (a q/k/v job of an
     // int2 model keeping wv at int4, on a path where their activations'
@@ -259,7 +293,7 @@ static void mm_run(const ls_runtime *rt, mm_job *j) {
     j->first_task[0] = 0;
     for (int32_t i = 0; i < j->n_seg; i++)
         j->first_task[i + 1] = j->first_task[i] + (j->seg[i].rows + j->rows_per_task - 1) / j->rows_per_task;
-    if (j->seg[0].q) ls_quant_prepare(j->seg[0].q, j->x, j->ldx, j->T); /* activations, once per call */
+    if (j->seg[0].q) quantize_rows(rt, j->seg[0].q, j->x, j->ldx, j->T, serial); /* activations, once per call */
     ls_pool_run(serial ? NULL : rt->pool, mm_task, j, j->first_task[j->n_seg]); /* NULL: in turn here */
 }
 

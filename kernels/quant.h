@@ -9,8 +9,9 @@
  *   ls_quant_prepare(w, x, ldx, T)        quantize the T input rows once
  *   ls_quant_matmul(w, y, ldy, o0, o1, add) rows [o0, o1), any thread
  *
- * (forward.c's mm_run calls prepare on the calling thread, then the pool runs
- * matmul on row ranges). Every matrix of a model shares one ls_qact scratch.
+ * (forward.c's mm_run prepares, a long call's rows on the pool through
+ * ls_quant_begin and ls_quant_prepare_rows, then the pool runs matmul on
+ * row ranges). Every matrix of a model shares one ls_qact scratch.
  * ls_quant_setup (at runtime init) picks the kernels and, where the path
  * has its own weight layout (AVX-512 VNNI), copies every matrix of the
  * model into it once (ls_qops.pack); the copies go with the scratch.
@@ -105,7 +106,11 @@ typedef struct ls_qops {
      * activation. */
     int32_t (*act_form)(const ls_qmat *w, int32_t T);
     int32_t (*pack)(ls_qmat *w);
-    void (*quantize)(ls_qact *a, const float *x, int32_t ldx, int32_t T, const ls_qmat *w);
+    /* Activation rows [t0, t1) of a call of T rows (whose form act_form
+     * gives), x pointing at row 0. Rows are independent: disjoint ranges
+     * may run on different threads. */
+    void (*quantize)(ls_qact *a, const float *x, int32_t ldx, int32_t T, int32_t t0, int32_t t1,
+                     const ls_qmat *w);
     /* y[t*ldy + o] (+)= row o of w times activation row t, t in [0, a->T), o in [o0, o1) */
     void (*matmul)(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w, int32_t o0, int32_t o1,
                    int32_t add);
@@ -141,6 +146,11 @@ void ls_quant_setup(ls_qact *a);
 /* Quantizes rows [0, T) of x into w->act (on the calling thread; after
  * ls_quant_setup). */
 void ls_quant_prepare(const ls_qmat *w, const float *x, int32_t ldx, int32_t T);
+/* The same in parts: ls_quant_begin records a call of T rows (on the
+ * calling thread), then ls_quant_prepare_rows quantizes rows [t0, t1), x
+ * pointing at row 0; disjoint ranges may run on different threads. */
+void ls_quant_begin(const ls_qmat *w, int32_t T);
+void ls_quant_prepare_rows(const ls_qmat *w, const float *x, int32_t ldx, int32_t t0, int32_t t1);
 /* Whether activations prepared for a in a call of T tokens serve b too
  * (one ls_quant_prepare for a job of several matrices): the same inputs and
  * group, and the same form on this path (an int2 model's int4 wv has
@@ -152,12 +162,21 @@ static inline int ls_quant_act_shared(const ls_qmat *a, const ls_qmat *b, int32_
 /* Rows [o0, o1) of w against the prepared activations; safe on any thread. */
 void ls_quant_matmul(const ls_qmat *w, float *y, int32_t ldy, int32_t o0, int32_t o1, int32_t add);
 
-/* The activation rule above in plain C, written in the given layout (span 0
- * = natural order): the portable path's quantize, and the definition the
- * SIMD quantizers must equal bit for bit (they round with cvtps2dq in the
- * default rounding mode, which is what the portable rounding does too). */
-void ls_quant_rows(ls_qact *a, const float *x, int32_t ldx, int32_t T, int32_t in, int32_t group,
-                   int32_t bits, int32_t span, int32_t planes);
+/* The activation rule above in plain C for rows [t0, t1) (x pointing at row
+ * 0), written in the given layout (span 0 = natural order): the portable
+ * path's quantize, and the definition the SIMD quantizers must equal bit for
+ * bit (they round with cvtps2dq in the default rounding mode, which is what
+ * the portable rounding does too). */
+void ls_quant_rows(ls_qact *a, const float *x, int32_t ldx, int32_t t0, int32_t t1, int32_t in, int32_t group,
+                   int32_t span, int32_t planes);
+/* Records the shape of the rows a holds: T rows of `in` inputs, for
+ * matrices of this group and code width. */
+static inline void ls_quant_shape(ls_qact *a, int32_t T, int32_t in, int32_t group, int32_t bits) {
+    a->T = T;
+    a->in = in;
+    a->group = group;
+    a->bits = bits;
+}
 /* Rearranges one zero-padded row of natural-order codes into the span layout. */
 void ls_quant_permute(int8_t *qr, int32_t in, int32_t span, int32_t planes);
 

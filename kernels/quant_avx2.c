@@ -37,11 +37,13 @@
  * max, the same fp32 multiply, cvtps2dq rounding to nearest even, NaN to 0,
  * so the codes are identical; the span layout is then made by
  * ls_quant_permute. */
-static void quantize_avx2(ls_qact *a, const float *x, int32_t ldx, int32_t T, const ls_qmat *w) {
+static void quantize_avx2(ls_qact *a, const float *x, int32_t ldx, int32_t T, int32_t t0, int32_t t1,
+                          const ls_qmat *w) {
+    (void)T; /* the layout follows the code width, whatever the call's size */
     const int32_t in = w->in, group = w->group, bits = w->bits;
     const int32_t ng = in / group, padded = (in + LS_QACT_PAD - 1) / LS_QACT_PAD * LS_QACT_PAD;
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    for (int32_t t = 0; t < T; t++) {
+    for (int32_t t = t0; t < t1; t++) {
         const float *xr = x + (size_t)t * (size_t)ldx;
         int8_t *qr = a->q + (size_t)t * (size_t)a->ld;
         int32_t *qs = a->qsum + (size_t)t * (size_t)a->gld;
@@ -80,10 +82,6 @@ static void quantize_avx2(ls_qact *a, const float *x, int32_t ldx, int32_t T, co
         if (bits == 4 || bits == 6) ls_quant_permute(qr, in, 64, 2);
         else if (bits == 2) ls_quant_permute(qr, in, 128, 4);
     }
-    a->T = T;
-    a->in = in;
-    a->group = group;
-    a->bits = bits;
 }
 
 // ---- integer part: 8 block sums per window ----

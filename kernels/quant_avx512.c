@@ -114,11 +114,13 @@ static inline __m512i codes16(const float *p, __m512 id) {
     return _mm512_min_epi32(_mm512_max_epi32(r, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
 }
 
-static void quantize_avx512(ls_qact *a, const float *x, int32_t ldx, int32_t T, const ls_qmat *w) {
-    const int32_t in = w->in, group = w->group, bits = w->bits, G = group, ng = in / G;
-    // The wide scheme reads the activations as the unsigned operand: q + 128.
+static void quantize_avx512(ls_qact *a, const float *x, int32_t ldx, int32_t T, int32_t t0, int32_t t1,
+                            const ls_qmat *w) {
+    const int32_t in = w->in, G = w->group, ng = in / G;
+    // The wide scheme (chosen by the call's size) reads the activations as
+    // the unsigned operand: q + 128.
     const __m128i flip = _mm_set1_epi8(narrow(w, T) ? 0 : (char)0x80);
-    for (int32_t t = 0; t < T; t++) {
+    for (int32_t t = t0; t < t1; t++) {
         const float *xr = x + (size_t)t * (size_t)ldx;
         int8_t *qr = a->q + (size_t)t * (size_t)a->ld;
         int32_t *qs = a->qsum + (size_t)t * (size_t)a->gld;
@@ -153,10 +155,6 @@ static void quantize_avx512(ls_qact *a, const float *x, int32_t ldx, int32_t T, 
             g0 += n;
         }
     }
-    a->T = T;
-    a->in = in;
-    a->group = group;
-    a->bits = bits;
 }
 
 // ---- weights ----

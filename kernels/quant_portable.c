@@ -32,11 +32,11 @@ void ls_quant_permute(int8_t *qr, int32_t in, int32_t span, int32_t planes) {
     }
 }
 
-void ls_quant_rows(ls_qact *a, const float *x, int32_t ldx, int32_t T, int32_t in, int32_t group,
-                   int32_t bits, int32_t span, int32_t planes) {
+void ls_quant_rows(ls_qact *a, const float *x, int32_t ldx, int32_t t0, int32_t t1, int32_t in, int32_t group,
+                   int32_t span, int32_t planes) {
     int32_t ng = in / group;
     int32_t padded = (in + LS_QACT_PAD - 1) / LS_QACT_PAD * LS_QACT_PAD;
-    for (int32_t t = 0; t < T; t++) {
+    for (int32_t t = t0; t < t1; t++) {
         const float *xr = x + (size_t)t * (size_t)ldx;
         int8_t *qr = a->q + (size_t)t * (size_t)a->ld;
         int32_t *qs = a->qsum + (size_t)t * (size_t)a->gld;
@@ -62,14 +62,12 @@ void ls_quant_rows(ls_qact *a, const float *x, int32_t ldx, int32_t T, int32_t i
         for (int32_t g = ng; g < a->gld; g++) qs[g] = 0;
         if (span > 0) ls_quant_permute(qr, in, span, planes);
     }
-    a->T = T;
-    a->in = in;
-    a->group = group;
-    a->bits = bits;
 }
 
-static void quantize_portable(ls_qact *a, const float *x, int32_t ldx, int32_t T, const ls_qmat *w) {
-    ls_quant_rows(a, x, ldx, T, w->in, w->group, w->bits, 0, 1);
+static void quantize_portable(ls_qact *a, const float *x, int32_t ldx, int32_t T, int32_t t0, int32_t t1,
+                              const ls_qmat *w) {
+    (void)T; /* one form whatever the call's size */
+    ls_quant_rows(a, x, ldx, t0, t1, w->in, w->group, 0, 1);
 }
 
 // ---- matmul ----
@@ -164,7 +162,7 @@ void ls_quant_setup(ls_qact *a) {
     a->ops = ops;
 }
 
-void ls_quant_prepare(const ls_qmat *w, const float *x, int32_t ldx, int32_t T) {
+void ls_quant_begin(const ls_qmat *w, int32_t T) {
     ls_qact *a = w->act;
     if (T > a->max_T || w->in > a->max_in) {
         // model.c sizes the scratch for LS_CHUNK rows of the widest input.
@@ -172,7 +170,17 @@ void ls_quant_prepare(const ls_qmat *w, const float *x, int32_t ldx, int32_t T) 
                 T, w->in, a->max_T, a->max_in);
         abort();
     }
-    a->ops->quantize(a, x, ldx, T, w);
+    ls_quant_shape(a, T, w->in, w->group, w->bits);
+}
+
+void ls_quant_prepare_rows(const ls_qmat *w, const float *x, int32_t ldx, int32_t t0, int32_t t1) {
+    ls_qact *a = w->act;
+    a->ops->quantize(a, x, ldx, a->T, t0, t1, w);
+}
+
+void ls_quant_prepare(const ls_qmat *w, const float *x, int32_t ldx, int32_t T) {
+    ls_quant_begin(w, T);
+    ls_quant_prepare_rows(w, x, ldx, 0, T);
 }
 
 void ls_quant_matmul(const ls_qmat *w, float *y, int32_t ldy, int32_t o0, int32_t o1, int32_t add) {

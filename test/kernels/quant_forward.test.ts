@@ -36,7 +36,11 @@ const SHAPES: Record<string, SyntheticOptions> = {
   // one: one code one apart moves this small model's logits up to 1.4e-2)
   tied: { dim: 96, nHeads: 6, nKvHeads: 6, ffnDim: 160, vocabSize: 67, loops: 2, seed: 27, tiedOutput: true },
 };
-const GROUP: Record<string, number> = { gqa: 32, "mqa-g64": 64, tied: 32 };
+// An FFN wide enough that a prefill chunk's down-projection activations are
+// quantized on the pool (forward.c: 64 rows of 512 inputs or more); not in
+// the reference tests.
+const WIDE: SyntheticOptions = { dim: 128, nHeads: 4, nKvHeads: 2, ffnDim: 1024, vocabSize: 97, loops: 2, seed: 23 };
+const GROUP: Record<string, number> = { gqa: 32, "mqa-g64": 64, tied: 32, wide: 32 };
 
 let paths: SimdChoice[] = [];
 
@@ -50,7 +54,7 @@ function quantized(shape: string, quant: WeightQuant | "fp16", head: HeadQuant, 
   let path = cache.get(key);
   if (!path) {
     const src = tmp(`${shape}.safetensors`);
-    writeSyntheticModel(src, SHAPES[shape]);
+    writeSyntheticModel(src, shape === "wide" ? WIDE : SHAPES[shape]);
     path = tmp(`${key}.safetensors`);
     quantizeModelFile(src, path, { quant, head, groupSize: GROUP[shape], mix });
     cache.set(key, path);
@@ -143,6 +147,27 @@ describe("quantized batch invariance", () => {
       }
     });
   }
+
+  test("a wide model's prefill chunks, their activations quantized on the pool: bit-identical at 1 and 2 threads and to shorter calls", () => {
+    for (const [quant, head, mix] of [FORMATS[0], FORMATS[10]]) {
+      const path = quantized("wide", quant, head, mix);
+      const toks = tokensFor(WIDE.vocabSize, 80);
+      for (const simd of paths) {
+        let base: Float32Array[] | null = null;
+        for (const threads of [1, 2]) {
+          withModel(path, threads, simd, (m) => {
+            for (const sizes of [[80], [7, 73]]) {
+              const s = m.newSession(96, WIDE.loops, 0);
+              const got = feedInCalls(s, toks, WIDE.loops, sizes, WIDE.vocabSize);
+              s.close();
+              if (base === null) base = got;
+              else expectBitIdentical(got, base, `${quant}/${head} ${simd} threads ${threads} calls ${sizes.join("+")}`);
+            }
+          });
+        }
+      }
+    }
+  }, 60_000);
 
   test("greedy decoding equals the reference's, and step-by-step equals one prefill", () => {
     const path = quantized("mqa-g64", "int4", "int8");
