@@ -114,22 +114,30 @@ typedef struct {
     int32_t loop;
 } att_job;
 
+/* Ring slot runs (at most two) holding positions [a, b], in position order. */
+static int32_t runs_of(int32_t a, int32_t b, int32_t cap, slot_run *run) {
+    int32_t cnt = b - a + 1;
+    if (cnt <= 0) return 0;
+    int32_t r0 = a % cap;
+    int32_t n1 = cnt < cap - r0 ? cnt : cap - r0;
+    run[0] = (slot_run){r0, n1};
+    if (cnt > n1) {
+        run[1] = (slot_run){0, cnt - n1};
+        return 2;
+    }
+    return 1;
+}
+
 /* Token t, head h of one run of rows (the one-query kernels). */
 static void att_one(const ls_att_rows *r, int32_t loop, int32_t t, int32_t h, int32_t thread) {
     ls_session *s = r->s;
     int32_t n_heads = s->m->info.n_heads, hd = s->m->info.head_dim;
-    int32_t p = r->pos0 + t;
-    int32_t lo = ls_window_lo(p, s->window);
-    int32_t cnt = p - lo + 1;
-    int32_t cap = s->cap;
-
-    /* positions lo..p occupy ring rows r0..cap-1 then 0.. (at most one wrap) */
-    int32_t r0 = lo % cap;
-    int32_t n1 = cnt < cap - r0 ? cnt : cap - r0;
-    slot_run run[2] = {{r0, n1}, {0, cnt - n1}};
+    int32_t p = r->pos0 + t, lo = ls_window_lo(p, s->window);
+    slot_run run[2];
+    int32_t nr = runs_of(lo, p, s->cap, run);
     float *q = r->q + (size_t)t * n_heads * hd + (size_t)h * hd;
     float *out = r->att + (size_t)t * n_heads * hd + (size_t)h * hd;
-    attend(s, loop, h, q, out, run, cnt > n1 ? 2 : 1, cnt, thread);
+    attend(s, loop, h, q, out, run, nr, p - lo + 1, thread);
 }
 
 typedef struct {
@@ -171,7 +179,8 @@ static void store_task(void *ctx, int32_t task, int32_t thread) {
 
 /* Writes the T rows' K/V into the cache before any token attends: a token
  * reads its own row back from the cache like every later token will. A
- * prefill chunk's rows are encoded on the pool; a decode step's few inline. */
+ * run of several rows is encoded on the pool, a single tree row inline (a
+ * decode token stores its own, att_token_kv). */
 static void store_rows(ls_session *s, int32_t loop, int32_t T, int32_t pos0, const int32_t *slot, float *k,
                        float *v) {
     store_job j = {s, loop, pos0, slot, T, k, v};
@@ -180,20 +189,6 @@ static void store_rows(ls_session *s, int32_t loop, int32_t T, int32_t pos0, con
         ls_pool_run(s->m->rt->pool, store_task, &j, tasks);
     else
         for (int32_t task = 0; task < tasks; task++) store_task(&j, task, 0);
-}
-
-/* Ring slot runs (at most two) holding positions [a, b], in position order. */
-static int32_t runs_of(int32_t a, int32_t b, int32_t cap, slot_run *run) {
-    int32_t cnt = b - a + 1;
-    if (cnt <= 0) return 0;
-    int32_t r0 = a % cap;
-    int32_t n1 = cnt < cap - r0 ? cnt : cap - r0;
-    run[0] = (slot_run){r0, n1};
-    if (cnt > n1) {
-        run[1] = (slot_run){0, cnt - n1};
-        return 2;
-    }
-    return 1;
 }
 
 /* G (<= LS_ATT_GROUP) queries of one session and loop that read the same kv
@@ -432,13 +427,7 @@ static void tree_att_task(void *ctx, int32_t task, int32_t thread) {
     int32_t cnt = p - lo + 1;
 
     slot_run run[TREE_MAX_RUNS];
-    int32_t nr = 0;
-    if (lo < base) { /* committed positions [lo, base): at most one ring wrap */
-        int32_t n = base - lo, r0 = lo % cap;
-        int32_t n1 = n < cap - r0 ? n : cap - r0;
-        run[nr++] = (slot_run){r0, n1};
-        if (n > n1) run[nr++] = (slot_run){0, n - n1};
-    }
+    int32_t nr = runs_of(lo, base - 1, cap, run); /* committed positions [lo, base), if any */
     const int32_t *chain = rows->chain + (size_t)t * rows->chain_ld;
     for (int32_t q = lo > base ? lo : base; q <= p; q++) {
         int32_t sl = chain[q - base];
