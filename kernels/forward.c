@@ -2,11 +2,13 @@
  * forward.c — runtime setup (pool, SIMD selection) and the forward pass of
  * the weight-shared looped block (docs/kernels.md).
  *
- * Work is split across output rows only (each task owns whole dot
- * products), so results do not depend on the thread count or on the task
- * split. Norms and RoPE run on the pool in blocks of tokens, each token's
- * arithmetic the same whoever runs it (attention.c does the same for cache
- * writes).
+ * A matmul's work is split across output rows (each task owns whole dot
+ * products) or, in prefill-sized passes, the pass's tokens are split into
+ * parts, each running whole matmuls over its own rows (token parts, below).
+ * Every kernel's result for a row is independent of the rows beside it, so
+ * results do not depend on the thread count or on either split. Norms and
+ * RoPE run in blocks of tokens, each token's arithmetic the same whoever
+ * runs it (attention.c does the same for cache writes).
  */
 #include <cpuid.h>
 #include <math.h>
@@ -113,9 +115,17 @@ int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd, char *err,
         return LS_ERR_NOMEM;
     }
     rt->n_threads = ls_pool_threads(rt->pool);
+    rt->n_parts = rt->n_threads <= LS_TOKEN_PARTS_MAX ? rt->n_threads : 1;
     if (m->qact) {
         m->qact->simd = chosen; /* the quantized kernels follow the fp16 choice */
         ls_quant_setup(m->qact);
+        for (int32_t p = 0; p < rt->n_parts && rt->n_parts > 1; p++) /* a part's quantized activations */
+            if (!(rt->part_act[p] = ls_qact_private(m->qact))) {
+                m->rt = rt;
+                ls_runtime_free(m);
+                ls_set_error(err, err_len, "out of memory allocating the quantized-activation scratch");
+                return LS_ERR_NOMEM;
+            }
     }
     mi->simd = chosen;
     mi->n_threads = rt->n_threads;
@@ -129,6 +139,7 @@ void ls_runtime_free(ls_model *m) {
     ls_ext_free_all(rt->ext, LS_RUNTIME_EXT_N);
     ls_bufpool_drain(&rt->bufs);
     ls_pool_free(rt->pool);
+    for (int32_t p = 0; p < LS_TOKEN_PARTS_MAX; p++) ls_qact_free(rt->part_act[p]);
     free(rt->attn_norm);
     free(rt->ffn_norm);
     free(rt->norm);
@@ -183,21 +194,21 @@ typedef struct {
     mm_seg seg[3];
     int32_t first_task[4]; /* task index where each segment starts */
     int32_t swiglu;        /* seg[0] = W1 -> gate, seg[1] = W3 -> up: one task does both */
+    const ls_qact *act;    /* the prepared activations: the model's scratch (NULL) or a token part's */
 } mm_job;
 
-static void mm_task(void *ctx, int32_t task, int32_t thread) {
-    (void)thread;
-    const mm_job *j = ctx;
-    int32_t si = 0;
-    while (task >= j->first_task[si + 1]) si++;
+static void quant_matmul(const mm_job *j, const mm_seg *sg, int32_t o0, int32_t o1, int32_t add) {
+    ls_quant_matmul_in(j->act ? j->act : sg->q->act, sg->q, sg->y, sg->ldy, o0, o1, add);
+}
+
+/* Rows [o0, o1) of segment si (and the up rows and SwiGLU of a gate/up job). */
+static void mm_rows(const mm_job *j, int32_t si, int32_t o0, int32_t o1) {
     const mm_seg *sg = &j->seg[si];
-    int32_t o0 = (task - j->first_task[si]) * j->rows_per_task;
-    int32_t o1 = o0 + j->rows_per_task < sg->rows ? o0 + j->rows_per_task : sg->rows;
-    if (sg->q) ls_quant_matmul(sg->q, sg->y, sg->ldy, o0, o1, j->add);
+    if (sg->q) quant_matmul(j, sg, o0, o1, j->add);
     else j->ops->matmul_f16(sg->y, sg->ldy, j->x, j->ldx, sg->w, j->in, j->T, o0, o1, j->add);
     if (j->swiglu) {
         const mm_seg *up = &j->seg[1];
-        if (up->q) ls_quant_matmul(up->q, up->y, up->ldy, o0, o1, 0);
+        if (up->q) quant_matmul(j, up, o0, o1, 0);
         else j->ops->matmul_f16(up->y, up->ldy, j->x, j->ldx, up->w, j->in, j->T, o0, o1, 0);
         for (int32_t t = 0; t < j->T; t++) {
             float *g = sg->y + (size_t)t * sg->ldy + o0;
@@ -207,6 +218,16 @@ static void mm_task(void *ctx, int32_t task, int32_t thread) {
                 for (int32_t o = 0; o < o1 - o0; o++) g[o] = g[o] / (1.0f + expf(-g[o])) * u[o];
         }
     }
+}
+
+static void mm_task(void *ctx, int32_t task, int32_t thread) {
+    (void)thread;
+    const mm_job *j = ctx;
+    int32_t si = 0;
+    while (task >= j->first_task[si + 1]) si++;
+    int32_t o0 = (task - j->first_task[si]) * j->rows_per_task;
+    int32_t o1 = o0 + j->rows_per_task < j->seg[si].rows ? o0 + j->rows_per_task : j->seg[si].rows;
+    mm_rows(j, si, o0, o1);
 }
 
 /* A job of fewer multiply-adds than this runs on the calling thread alone:
@@ -239,7 +260,9 @@ static int32_t rows_per_task(int32_t rows, int32_t n_threads, int64_t macs_per_r
  * calling thread, where a hand-off would cost about what it saves. Split,
  * a 512-token prefill of the dim-768 model at loops 8 (chunks of 64 rows
  * of 768 and 2048 inputs) took 2.5-7% less time at int4 and 3% at int2
- * than with every row quantized on the calling thread, the other waiting. */
+ * than with every row quantized on the calling thread, the other waiting;
+ * prefill now runs in token parts up to LS_TOKEN_PARTS_MAX threads, so
+ * this serves larger pools and batched steps of many rows. */
 #define QUANT_PARALLEL_INPUTS (1 << 15)
 #define QUANT_BLOCK 8
 
@@ -297,10 +320,22 @@ static void mm_run(const ls_runtime *rt, mm_job *j) {
     ls_pool_run(serial ? NULL : rt->pool, mm_task, j, j->first_task[j->n_seg]); /* NULL: in turn here */
 }
 
-// ---- per-token work on the pool ----
+/* The whole job on the calling thread, its activations prepared in act (a
+ * token part's scratch) for each segment that cannot share the last one's. */
+static void mm_on_thread(const ls_runtime *rt, mm_job *j, ls_qact *act) {
+    j->ops = rt->ops;
+    j->act = act;
+    for (int32_t i = 0; i < j->n_seg; i++) {
+        const ls_qmat *q = j->seg[i].q;
+        if (q && (i == 0 || !ls_quant_act_shared(j->seg[i - 1].q, q, j->T))) ls_quant_prepare_in(act, q, j->x, j->ldx, j->T);
+        mm_rows(j, i, 0, j->seg[i].rows);
+    }
+}
+
+// ---- per-token work ----
 
 /* rmsnorm of T rows, or RoPE of T tokens' q/k, in blocks of TOK_BLOCK
- * tokens: each token's arithmetic is the same whoever runs it. */
+ * tokens on the pool: each token's arithmetic is the same whoever runs it. */
 #define TOK_BLOCK 8
 
 typedef struct {
@@ -315,29 +350,162 @@ typedef struct {
     int32_t n_heads, n_kv, hd, T;
 } tok_job;
 
-static void norm_task(void *ctx, int32_t task, int32_t thread) {
-    (void)thread;
-    const tok_job *j = ctx;
-    int32_t t1 = (task + 1) * TOK_BLOCK < j->T ? (task + 1) * TOK_BLOCK : j->T;
-    for (int32_t t = task * TOK_BLOCK; t < t1; t++)
+static void norm_range(const tok_job *j, int32_t t0, int32_t t1) {
+    for (int32_t t = t0; t < t1; t++)
         j->ops->rmsnorm(j->out + (size_t)t * j->dim, j->x + (size_t)t * j->dim, j->w, j->dim, j->eps);
 }
 
-static void rope_task(void *ctx, int32_t task, int32_t thread) {
-    (void)thread;
-    const tok_job *j = ctx;
-    int32_t t1 = (task + 1) * TOK_BLOCK < j->T ? (task + 1) * TOK_BLOCK : j->T;
-    for (int32_t t = task * TOK_BLOCK; t < t1; t++) {
+static void rope_range(const tok_job *j, int32_t t0, int32_t t1) {
+    for (int32_t t = t0; t < t1; t++) {
         const float *cs = j->rope + (size_t)t * j->hd;
         j->ops->rope(j->q + (size_t)t * j->dim, j->n_heads, j->hd, cs);
         j->ops->rope(j->k + (size_t)t * j->n_kv * j->hd, j->n_kv, j->hd, cs);
     }
 }
 
-static void norm_rows(const ls_runtime *rt, float *out, const float *x, const float *w, int32_t dim, float eps,
-                      int32_t T) {
-    tok_job j = {.ops = rt->ops, .out = out, .x = x, .w = w, .dim = dim, .eps = eps, .T = T};
-    ls_pool_run(rt->pool, norm_task, &j, (T + TOK_BLOCK - 1) / TOK_BLOCK);
+static void norm_task(void *ctx, int32_t task, int32_t thread) {
+    (void)thread;
+    const tok_job *j = ctx;
+    norm_range(j, task * TOK_BLOCK, (task + 1) * TOK_BLOCK < j->T ? (task + 1) * TOK_BLOCK : j->T);
+}
+
+static void rope_task(void *ctx, int32_t task, int32_t thread) {
+    (void)thread;
+    const tok_job *j = ctx;
+    rope_range(j, task * TOK_BLOCK, (task + 1) * TOK_BLOCK < j->T ? (task + 1) * TOK_BLOCK : j->T);
+}
+
+// ---- token parts ----
+
+/* A pass over at least this many rows per thread splits its rows into one
+ * part per thread (up to LS_TOKEN_PARTS_MAX), each part running the
+ * sub-block's norms, matmuls and RoPE over its own rows on one thread,
+ * instead of every matmul splitting its output rows over the pool. The
+ * matmuls' arithmetic per row does not depend on the rows beside it (batch
+ * invariance), so the bits are the same either way; what changes is what
+ * crosses between the cores. Split by output rows, every matmul needs all
+ * of its input rows on every core and leaves each core a slice of every
+ * output row, so each step's data moves across; a 512-token prefill of the
+ * dim-768 int4 model at loops 8 ran the second thread at about 1.45x,
+ * while two cores on fixed halves of one matmul reach 1.6-2.0x. Split by
+ * tokens, only the attention reads what the other part wrote (the K/V rows
+ * of this chunk), and there are three pool hand-offs per loop instead of
+ * about ten. Each part reads all of the weights, from its own caches: the
+ * prefill-sized tiles reuse them across tokens. */
+#define PART_MIN_ROWS 16
+
+/* Parts for a pass of T rows: one per thread, or 1 (split by output rows)
+ * where that leaves a part fewer than PART_MIN_ROWS rows or the pool has
+ * more threads than LS_TOKEN_PARTS_MAX (a chunk's 64 rows would leave
+ * threads idle). */
+static int32_t parts_for(const ls_runtime *rt, int32_t T) {
+    return rt->n_parts > 1 && T >= PART_MIN_ROWS * rt->n_parts ? rt->n_parts : 1;
+}
+
+/* One sub-block's stages over rows [t0, t1): all on the calling thread (a
+ * token part, its quantized activations in act), or each stage over the
+ * whole pool. */
+typedef struct {
+    const ls_model *m;
+    const ls_block *b;
+    int on_thread;
+    ls_qact *act;  /* the part's scratch (quantized models) */
+    double *prof;  /* profile clock (the calling thread's), or NULL */
+} stage_ctx;
+
+static void stage_prof(const stage_ctx *c, int32_t op) {
+    if (c->prof) ls_prof_add(c->m->rt, op, c->prof);
+}
+
+static void stage_norm(const stage_ctx *c, float *out, const float *x, const float *w, int32_t T) {
+    const ls_runtime *rt = c->m->rt;
+    tok_job j = {.ops = rt->ops, .out = out, .x = x, .w = w, .dim = c->m->info.dim, .eps = c->m->info.norm_eps, .T = T};
+    if (c->on_thread) norm_range(&j, 0, T);
+    else ls_pool_run(rt->pool, norm_task, &j, (T + TOK_BLOCK - 1) / TOK_BLOCK);
+}
+
+static void stage_mm(const stage_ctx *c, mm_job *j) {
+    if (c->on_thread) mm_on_thread(c->m->rt, j, c->act);
+    else mm_run(c->m->rt, j);
+}
+
+/* The attention sub-block up to attention: norm, q/k/v, RoPE. */
+static void stage_attention_in(const stage_ctx *c, int32_t t0, int32_t t1) {
+    const ls_model *m = c->m;
+    const ls_model_info *mi = &m->info;
+    const ls_runtime *rt = m->rt;
+    const ls_block *b = c->b;
+    int32_t dim = mi->dim, hd = mi->head_dim, kv_dim = mi->n_kv_heads * hd, T = t1 - t0;
+    float *xb = b->xb + (size_t)t0 * dim, *q = b->q + (size_t)t0 * dim, *k = b->k + (size_t)t0 * kv_dim;
+    stage_norm(c, xb, b->h + (size_t)t0 * dim, rt->attn_norm, T);
+    stage_prof(c, LS_PROF_RMSNORM);
+    mm_job qkv = {.x = xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 3,
+                  .seg = {{m->w.wq, q, dim, dim, m->w.qwq},
+                          {m->w.wk, k, kv_dim, kv_dim, m->w.qwk},
+                          {m->w.wv, b->v + (size_t)t0 * kv_dim, kv_dim, kv_dim, m->w.qwv}}};
+    stage_mm(c, &qkv);
+    stage_prof(c, LS_PROF_QKV);
+    tok_job rj = {.ops = rt->ops, .dim = dim, .q = q, .k = k, .rope = b->rope + (size_t)t0 * hd, .n_heads = mi->n_heads,
+                  .n_kv = mi->n_kv_heads, .hd = hd, .T = T};
+    if (c->on_thread) rope_range(&rj, 0, T);
+    else ls_pool_run(rt->pool, rope_task, &rj, (T + TOK_BLOCK - 1) / TOK_BLOCK);
+}
+
+/* From the attention output on: wo and the residual, norm, the feed-forward
+ * and its residual. */
+static void stage_rest(const stage_ctx *c, int32_t t0, int32_t t1) {
+    const ls_model *m = c->m;
+    const ls_model_info *mi = &m->info;
+    const ls_runtime *rt = m->rt;
+    const ls_block *b = c->b;
+    int32_t dim = mi->dim, ffn = mi->ffn_dim, T = t1 - t0;
+    float *h = b->h + (size_t)t0 * dim;
+    mm_job wo = {.x = b->att + (size_t)t0 * dim, .ldx = dim, .in = dim, .T = T, .add = 1, .n_seg = 1,
+                 .seg = {{m->w.wo, h, dim, dim, m->w.qwo}}};
+    stage_mm(c, &wo);
+    stage_prof(c, LS_PROF_WO);
+    float *xb = b->xb + (size_t)t0 * dim, *g = b->g + (size_t)t0 * ffn;
+    stage_norm(c, xb, h, rt->ffn_norm, T);
+    stage_prof(c, LS_PROF_RMSNORM);
+    mm_job gate = {.x = xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 1, .swiglu = 1,
+                   .seg = {{m->w.w1, g, ffn, ffn, m->w.qw1}, {m->w.w3, b->u + (size_t)t0 * ffn, ffn, ffn, m->w.qw3}}};
+    stage_mm(c, &gate);
+    stage_prof(c, LS_PROF_FFN_GATE_UP);
+    mm_job down = {.x = g, .ldx = ffn, .in = ffn, .T = T, .add = 1, .n_seg = 1, .seg = {{m->w.w2, h, dim, dim, m->w.qw2}}};
+    stage_mm(c, &down);
+}
+
+/* A stage over rows [lo, T) in token parts on the pool. */
+typedef struct {
+    stage_ctx c;
+    void (*stage)(const stage_ctx *c, int32_t t0, int32_t t1);
+    int32_t lo, T, parts;
+} parts_job;
+
+static void part_task(void *ctx, int32_t part, int32_t thread) {
+    const parts_job *j = ctx;
+    stage_ctx c = j->c;
+    c.on_thread = 1;
+    c.act = j->c.m->rt->part_act[part];
+    if (thread != 0) c.prof = NULL; /* the profile is the calling thread's */
+    // Part boundaries at multiples of 4 rows, the quantized tiles' width.
+    int32_t n = j->T - j->lo, t0 = j->lo + (int32_t)((int64_t)n * part / j->parts) / 4 * 4;
+    int32_t t1 = part + 1 == j->parts ? j->T : j->lo + (int32_t)((int64_t)n * (part + 1) / j->parts) / 4 * 4;
+    j->stage(&c, t0, t1);
+}
+
+/* stage over rows [lo, T): in token parts where there are enough rows,
+ * else stage by stage over the pool (rows re-based at lo). */
+static void run_stage(const ls_model *m, const ls_block *b, void (*stage)(const stage_ctx *, int32_t, int32_t),
+                      int32_t lo, int32_t T, double *prof) {
+    stage_ctx c = {m, b, 0, NULL, m->rt->profile ? prof : NULL};
+    int32_t parts = parts_for(m->rt, T - lo);
+    if (parts > 1) {
+        parts_job j = {c, stage, lo, T, parts};
+        ls_pool_run(m->rt->pool, part_task, &j, parts);
+    } else {
+        stage(&c, lo, T);
+    }
 }
 
 // ---- forward ----
@@ -353,47 +521,14 @@ void ls_forward_embed(ls_session *s, const int32_t *tokens, int32_t n, float *h)
 
 void ls_forward_block_loop(const ls_model *m, const ls_block *b, int32_t T, int32_t skip, int32_t l,
                            ls_block_attention attention, void *ctx) {
-    const ls_model_info *mi = &m->info;
     ls_runtime *rt = m->rt;
     double t0 = ls_prof_now(rt);
-    int32_t dim = mi->dim, hd = mi->head_dim, n_heads = mi->n_heads, n_kv = mi->n_kv_heads;
-    int32_t kv_dim = n_kv * hd, ffn = mi->ffn_dim;
-    float eps = mi->norm_eps;
-
-    // attention sub-block
-    norm_rows(rt, b->xb, b->h, rt->attn_norm, dim, eps, T);
-    ls_prof_add(rt, LS_PROF_RMSNORM, &t0);
-    mm_job qkv = {.x = b->xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 3,
-                  .seg = {{m->w.wq, b->q, dim, dim, m->w.qwq},
-                          {m->w.wk, b->k, kv_dim, kv_dim, m->w.qwk},
-                          {m->w.wv, b->v, kv_dim, kv_dim, m->w.qwv}}};
-    mm_run(rt, &qkv);
-    ls_prof_add(rt, LS_PROF_QKV, &t0);
-    {
-        tok_job rj = {.ops = rt->ops, .dim = dim, .q = b->q, .k = b->k, .rope = b->rope, .n_heads = n_heads, .n_kv = n_kv, .hd = hd, .T = T};
-        ls_pool_run(rt->pool, rope_task, &rj, (T + TOK_BLOCK - 1) / TOK_BLOCK);
-    }
+    run_stage(m, b, stage_attention_in, 0, T, &t0);
     attention(ctx, l, T, skip);
     ls_prof_add(rt, LS_PROF_ATTN, &t0);
     if (skip >= T) return;
-    // The rows that go on: [skip, T), as a block of their own.
-    float *h = b->h + (size_t)skip * dim, *att = b->att + (size_t)skip * dim;
-    T -= skip;
-    mm_job wo = {.x = att, .ldx = dim, .in = dim, .T = T, .add = 1, .n_seg = 1,
-                 .seg = {{m->w.wo, h, dim, dim, m->w.qwo}}};
-    mm_run(rt, &wo);
-    ls_prof_add(rt, LS_PROF_WO, &t0);
-
-    // feed-forward sub-block
-    norm_rows(rt, b->xb, h, rt->ffn_norm, dim, eps, T);
-    ls_prof_add(rt, LS_PROF_RMSNORM, &t0);
-    mm_job gate = {.x = b->xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 1, .swiglu = 1,
-                   .seg = {{m->w.w1, b->g, ffn, ffn, m->w.qw1}, {m->w.w3, b->u, ffn, ffn, m->w.qw3}}};
-    mm_run(rt, &gate);
-    ls_prof_add(rt, LS_PROF_FFN_GATE_UP, &t0);
-    mm_job down = {.x = b->g, .ldx = ffn, .in = ffn, .T = T, .add = 1, .n_seg = 1,
-                   .seg = {{m->w.w2, h, dim, dim, m->w.qw2}}};
-    mm_run(rt, &down);
+    // The rows that go on: [skip, T).
+    run_stage(m, b, stage_rest, skip, T, &t0);
     ls_prof_add(rt, LS_PROF_FFN_DOWN, &t0);
 }
 

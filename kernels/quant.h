@@ -161,6 +161,12 @@ static inline int ls_quant_act_shared(const ls_qmat *a, const ls_qmat *b, int32_
 }
 /* Rows [o0, o1) of w against the prepared activations; safe on any thread. */
 void ls_quant_matmul(const ls_qmat *w, float *y, int32_t ldy, int32_t o0, int32_t o1, int32_t add);
+/* ls_quant_prepare and ls_quant_matmul on a scratch of the caller's own
+ * (ls_qact_private) instead of the model's: calls on different threads,
+ * each over its own rows, side by side. */
+void ls_quant_prepare_in(ls_qact *a, const ls_qmat *w, const float *x, int32_t ldx, int32_t T);
+void ls_quant_matmul_in(const ls_qact *a, const ls_qmat *w, float *y, int32_t ldy, int32_t o0, int32_t o1,
+                        int32_t add);
 
 /* The activation rule above in plain C for rows [t0, t1) (x pointing at row
  * 0), written in the given layout (span 0 = natural order): the portable
@@ -212,6 +218,17 @@ static inline ls_qact *ls_qact_new(int32_t max_T, int32_t max_in) {
         return NULL;
     }
     memset(a->q, 0, qbytes);
+    return a;
+}
+
+/* A scratch of the same capacity and kernels as the model's `shared` (after
+ * ls_quant_setup), holding no matrices: for ls_quant_prepare_in. */
+static inline ls_qact *ls_qact_private(const ls_qact *shared) {
+    ls_qact *a = ls_qact_new(shared->max_T, shared->max_in);
+    if (a) {
+        a->simd = shared->simd;
+        a->ops = shared->ops;
+    }
     return a;
 }
 

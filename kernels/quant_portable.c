@@ -162,8 +162,8 @@ void ls_quant_setup(ls_qact *a) {
     a->ops = ops;
 }
 
-void ls_quant_begin(const ls_qmat *w, int32_t T) {
-    ls_qact *a = w->act;
+/* Records a call of T rows of w's inputs in a. */
+static void begin_in(ls_qact *a, const ls_qmat *w, int32_t T) {
     if (T > a->max_T || w->in > a->max_in) {
         // model.c sizes the scratch for LS_CHUNK rows of the widest input.
         fprintf(stderr, "loopserve: quantized matmul of %d rows x %d inputs exceeds the scratch (%d x %d)\n",
@@ -173,17 +173,27 @@ void ls_quant_begin(const ls_qmat *w, int32_t T) {
     ls_quant_shape(a, T, w->in, w->group, w->bits);
 }
 
+void ls_quant_begin(const ls_qmat *w, int32_t T) { begin_in(w->act, w, T); }
+
 void ls_quant_prepare_rows(const ls_qmat *w, const float *x, int32_t ldx, int32_t t0, int32_t t1) {
     ls_qact *a = w->act;
     a->ops->quantize(a, x, ldx, a->T, t0, t1, w);
 }
 
+void ls_quant_prepare_in(ls_qact *a, const ls_qmat *w, const float *x, int32_t ldx, int32_t T) {
+    begin_in(a, w, T);
+    a->ops->quantize(a, x, ldx, T, 0, T, w);
+}
+
 void ls_quant_prepare(const ls_qmat *w, const float *x, int32_t ldx, int32_t T) {
-    ls_quant_begin(w, T);
-    ls_quant_prepare_rows(w, x, ldx, 0, T);
+    ls_quant_prepare_in(w->act, w, x, ldx, T);
+}
+
+void ls_quant_matmul_in(const ls_qact *a, const ls_qmat *w, float *y, int32_t ldy, int32_t o0, int32_t o1,
+                        int32_t add) {
+    if (o0 < o1) a->ops->matmul(y, ldy, a, w, o0, o1, add);
 }
 
 void ls_quant_matmul(const ls_qmat *w, float *y, int32_t ldy, int32_t o0, int32_t o1, int32_t add) {
-    const ls_qact *a = w->act;
-    if (o0 < o1) a->ops->matmul(y, ldy, a, w, o0, o1, add);
+    ls_quant_matmul_in(w->act, w, y, ldy, o0, o1, add);
 }

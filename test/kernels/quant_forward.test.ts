@@ -37,8 +37,9 @@ const SHAPES: Record<string, SyntheticOptions> = {
   tied: { dim: 96, nHeads: 6, nKvHeads: 6, ffnDim: 160, vocabSize: 67, loops: 2, seed: 27, tiedOutput: true },
 };
 // An FFN wide enough that a prefill chunk's down-projection activations are
-// quantized on the pool (forward.c: 64 rows of 512 inputs or more); not in
-// the reference tests.
+// quantized on the pool where the chunk is split by output rows (forward.c:
+// 64 rows of 512 inputs or more, more threads than token parts); not in the
+// reference tests.
 const WIDE: SyntheticOptions = { dim: 128, nHeads: 4, nKvHeads: 2, ffnDim: 1024, vocabSize: 97, loops: 2, seed: 23 };
 const GROUP: Record<string, number> = { gqa: 32, "mqa-g64": 64, tied: 32, wide: 32 };
 
@@ -148,13 +149,13 @@ describe("quantized batch invariance", () => {
     });
   }
 
-  test("a wide model's prefill chunks, their activations quantized on the pool: bit-identical at 1 and 2 threads and to shorter calls", () => {
+  test("a wide model's prefill chunks, in token parts (2, 3 threads) or their activations quantized on the pool (8 threads): bit-identical at every thread count and to shorter calls", () => {
     for (const [quant, head, mix] of [FORMATS[0], FORMATS[10]]) {
       const path = quantized("wide", quant, head, mix);
       const toks = tokensFor(WIDE.vocabSize, 80);
       for (const simd of paths) {
         let base: Float32Array[] | null = null;
-        for (const threads of [1, 2]) {
+        for (const threads of [1, 2, 3, 8]) {
           withModel(path, threads, simd, (m) => {
             for (const sizes of [[80], [7, 73]]) {
               const s = m.newSession(96, WIDE.loops, 0);
