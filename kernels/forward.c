@@ -12,6 +12,7 @@
  */
 #include <cpuid.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -480,10 +481,24 @@ typedef struct {
     stage_ctx c;
     void (*stage)(const stage_ctx *c, int32_t t0, int32_t t1);
     int32_t lo, T, parts;
+    _Atomic int32_t taken[LS_TOKEN_PARTS_MAX];
 } parts_job;
 
-static void part_task(void *ctx, int32_t part, int32_t thread) {
-    const parts_job *j = ctx;
+/* The part a task runs: thread t's own part t while it is free, so the
+ * same rows stay on the same core from stage to stage (the pool hands the
+ * job's first task to whichever thread claims first), else the first free
+ * one. There are as many tasks as parts, so each part runs once. */
+static int32_t claim_part(parts_job *j, int32_t thread) {
+    if (thread < j->parts && !atomic_exchange(&j->taken[thread], 1)) return thread;
+    int32_t p = 0;
+    while (p + 1 < j->parts && atomic_exchange(&j->taken[p], 1)) p++;
+    return p; /* the last part when every other is taken: then it is free */
+}
+
+static void part_task(void *ctx, int32_t task, int32_t thread) {
+    (void)task;
+    parts_job *j = ctx;
+    const int32_t part = claim_part(j, thread);
     stage_ctx c = j->c;
     c.on_thread = 1;
     c.act = j->c.m->rt->part_act[part];
@@ -501,7 +516,7 @@ static void run_stage(const ls_model *m, const ls_block *b, void (*stage)(const 
     stage_ctx c = {m, b, 0, NULL, m->rt->profile ? prof : NULL};
     int32_t parts = parts_for(m->rt, T - lo);
     if (parts > 1) {
-        parts_job j = {c, stage, lo, T, parts};
+        parts_job j = {c, stage, lo, T, parts, {0}};
         ls_pool_run(m->rt->pool, part_task, &j, parts);
     } else {
         stage(&c, lo, T);
