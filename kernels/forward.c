@@ -116,7 +116,7 @@ int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd, char *err,
         return LS_ERR_NOMEM;
     }
     rt->n_threads = ls_pool_threads(rt->pool);
-    rt->n_parts = rt->n_threads <= LS_TOKEN_PARTS_MAX ? rt->n_threads : 1;
+    rt->n_parts = mi->quant != LS_QUANT_FP16 && rt->n_threads <= LS_TOKEN_PARTS_MAX ? rt->n_threads : 1;
     if (m->qact) {
         m->qact->simd = chosen; /* the quantized kernels follow the fp16 choice */
         ls_quant_setup(m->qact);
@@ -378,27 +378,28 @@ static void rope_task(void *ctx, int32_t task, int32_t thread) {
 
 // ---- token parts ----
 
-/* A pass over at least this many rows per thread splits its rows into one
- * part per thread (up to LS_TOKEN_PARTS_MAX), each part running the
- * sub-block's norms, matmuls and RoPE over its own rows on one thread,
- * instead of every matmul splitting its output rows over the pool. The
- * matmuls' arithmetic per row does not depend on the rows beside it (batch
- * invariance), so the bits are the same either way; what changes is what
- * crosses between the cores. Split by output rows, every matmul needs all
- * of its input rows on every core and leaves each core a slice of every
- * output row, so each step's data moves across; a 512-token prefill of the
- * dim-768 int4 model at loops 8 ran the second thread at about 1.45x,
- * while two cores on fixed halves of one matmul reach 1.6-2.0x. Split by
- * tokens, only the attention reads what the other part wrote (the K/V rows
- * of this chunk), and there are three pool hand-offs per loop instead of
- * about ten. Each part reads all of the weights, from its own caches: the
- * prefill-sized tiles reuse them across tokens. */
+/* A quantized model's pass over at least this many rows per thread splits
+ * its rows into one part per thread (up to LS_TOKEN_PARTS_MAX), each part
+ * running the sub-block's norms, matmuls and RoPE over its own rows on one
+ * thread, instead of every matmul splitting its output rows over the pool.
+ * A matmul's arithmetic per row does not depend on the rows beside it
+ * (batch invariance), so the bits are the same either way; what changes is
+ * what crosses between the cores and how often they wait for each other.
+ * Split by output rows, every matmul needs all of its input rows on every
+ * core and leaves each core a slice of every output row, and a loop takes
+ * about ten pool hand-offs; in parts, only the attention reads what another
+ * part wrote, and a loop takes three. Each part reads all of the weights:
+ * a 512-token prefill at loops 8 of the dim-768 model ran 4-11% faster in
+ * parts at int4 and 0-8% at int2 while the machine was busy, the same
+ * while it was quiet, but 10% slower at fp16, whose weights are twice the
+ * bytes of the int4 copy the prefill tiles read, and whose 6-token tiles
+ * leave a remainder in a part of 32 rows: fp16 blocks stay split by rows. */
 #define PART_MIN_ROWS 16
 
-/* Parts for a pass of T rows: one per thread, or 1 (split by output rows)
- * where that leaves a part fewer than PART_MIN_ROWS rows or the pool has
- * more threads than LS_TOKEN_PARTS_MAX (a chunk's 64 rows would leave
- * threads idle). */
+/* Parts for a pass of T rows: rt->n_parts (one per thread; 1 for fp16
+ * blocks, or where the pool has more threads than LS_TOKEN_PARTS_MAX, as a
+ * chunk's 64 rows would leave threads idle), or 1 where that leaves a part
+ * fewer than PART_MIN_ROWS rows. */
 static int32_t parts_for(const ls_runtime *rt, int32_t T) {
     return rt->n_parts > 1 && T >= PART_MIN_ROWS * rt->n_parts ? rt->n_parts : 1;
 }

@@ -22,7 +22,7 @@ struct ls_runtime {
     ls_pool *pool;
     const ls_ops *ops;
     int32_t n_threads;
-    int32_t n_parts;  /* token parts a long pass splits into: n_threads, or 1 past LS_TOKEN_PARTS_MAX */
+    int32_t n_parts;  /* token parts a long pass splits into (forward.c parts_for) */
     ls_qact *part_act[LS_TOKEN_PARTS_MAX]; /* each part's quantized activations (quantized models) */
     float *attn_norm; /* (dim) fp32 copies of the fp16 norm weights */
     float *ffn_norm;  /* (dim) */

@@ -134,24 +134,6 @@ describe("batch invariance", () => {
       }
     });
 
-  test("prefill chunks split into token parts (2 to 4 threads) or by output rows (1, 8 threads) give the same bits", () => {
-    const shape = SHAPES.gqa;
-    const path = tinyModelPath(shape);
-    const vocab = shape.vocabSize;
-    const toks = tokensFor(vocab, 80);
-    for (const simd of paths) {
-      let base: Float32Array[] | null = null;
-      for (const threads of [1, 2, 3, 4, 8]) {
-        withModel(path, threads, simd, (m) => {
-          // 80 = a chunk of 64 (one part per thread at 2-4 threads) and one of 16 (split by rows)
-          const got = withSession(m, 96, 3, 0, (s) => feedInCalls(s, toks, 3, [80], vocab));
-          if (base === null) base = got;
-          else expectBitIdentical(got, base, `${simd} threads ${threads}`);
-        });
-      }
-    }
-  });
-
   test("logits do not depend on how many logit rows are requested", () => {
     const shape = SHAPES["mha-tied"];
     const path = tinyModelPath(shape);

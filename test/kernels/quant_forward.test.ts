@@ -149,13 +149,13 @@ describe("quantized batch invariance", () => {
     });
   }
 
-  test("a wide model's prefill chunks, in token parts (2, 3 threads) or their activations quantized on the pool (8 threads): bit-identical at every thread count and to shorter calls", () => {
+  test("a wide model's prefill chunks, in token parts (2 to 4 threads) or their activations quantized on the pool (8 threads): bit-identical at every thread count and to shorter calls", () => {
     for (const [quant, head, mix] of [FORMATS[0], FORMATS[10]]) {
       const path = quantized("wide", quant, head, mix);
       const toks = tokensFor(WIDE.vocabSize, 80);
       for (const simd of paths) {
         let base: Float32Array[] | null = null;
-        for (const threads of [1, 2, 3, 8]) {
+        for (const threads of [1, 2, 3, 4, 8]) {
           withModel(path, threads, simd, (m) => {
             for (const sizes of [[80], [7, 73]]) {
               const s = m.newSession(96, WIDE.loops, 0);
@@ -169,6 +169,29 @@ describe("quantized batch invariance", () => {
       }
     }
   }, 60_000);
+
+  test("a prompt fed with fewer logit rows, its last loop in token parts over the rows that go on: the same logits and caches", () => {
+    const path = quantized("gqa", "int4", "int8");
+    const vocab = SHAPES.gqa.vocabSize;
+    // 150 tokens: chunks of 64, 64 and 22. With 70 logit rows the second
+    // chunk's last loop goes on with 48 rows, [16, 64), two parts of 24.
+    const toks = Int32Array.from(tokensFor(vocab, 150));
+    const decoded = tokensFor(vocab, 4, 5);
+    for (const simd of paths) {
+      withModel(path, 2, simd, (m) => {
+        const run = (nLogits: number) => {
+          const s = m.newSession(160, 3, 0);
+          const b = new Float32Array(nLogits * vocab);
+          s.forward(toks, 3, b, nLogits);
+          const got = [b, ...feedInCalls(s, decoded, 3, [1], vocab)];
+          s.close();
+          return got;
+        };
+        const all = run(150);
+        expectBitIdentical(run(70), [all[0].slice(80 * vocab), ...all.slice(1)], `${simd} 70 logit rows`);
+      });
+    }
+  });
 
   test("greedy decoding equals the reference's, and step-by-step equals one prefill", () => {
     const path = quantized("mqa-g64", "int4", "int8");
