@@ -261,9 +261,10 @@ static int32_t rows_per_task(int32_t rows, int32_t n_threads, int64_t macs_per_r
  * calling thread, where a hand-off would cost about what it saves. Split,
  * a 512-token prefill of the dim-768 model at loops 8 (chunks of 64 rows
  * of 768 and 2048 inputs) took 2.5-7% less time at int4 and 3% at int2
- * than with every row quantized on the calling thread, the other waiting;
- * prefill now runs in token parts up to LS_TOKEN_PARTS_MAX threads, so
- * this serves larger pools and batched steps of many rows. */
+ * than with every row quantized on the calling thread, the other waiting.
+ * A quantized prefill at up to LS_TOKEN_PARTS_MAX threads runs in token
+ * parts instead (below): this serves larger pools, fp16 blocks' quantized
+ * heads and batched steps. */
 #define QUANT_PARALLEL_INPUTS (1 << 15)
 #define QUANT_BLOCK 8
 
@@ -328,7 +329,8 @@ static void mm_on_thread(const ls_runtime *rt, mm_job *j, ls_qact *act) {
     j->act = act;
     for (int32_t i = 0; i < j->n_seg; i++) {
         const ls_qmat *q = j->seg[i].q;
-        if (q && (i == 0 || !ls_quant_act_shared(j->seg[i - 1].q, q, j->T))) ls_quant_prepare_in(act, q, j->x, j->ldx, j->T);
+        if (q && (i == 0 || !j->seg[i - 1].q || !ls_quant_act_shared(j->seg[i - 1].q, q, j->T)))
+            ls_quant_prepare_in(act, q, j->x, j->ldx, j->T);
         mm_rows(j, i, 0, j->seg[i].rows);
     }
 }
@@ -389,11 +391,12 @@ static void rope_task(void *ctx, int32_t task, int32_t thread) {
  * core and leaves each core a slice of every output row, and a loop takes
  * about ten pool hand-offs; in parts, only the attention reads what another
  * part wrote, and a loop takes three. Each part reads all of the weights:
- * a 512-token prefill at loops 8 of the dim-768 model ran 4-11% faster in
- * parts at int4 and 0-8% at int2 while the machine was busy, the same
- * while it was quiet, but 10% slower at fp16, whose weights are twice the
- * bytes of the int4 copy the prefill tiles read, and whose 6-token tiles
- * leave a remainder in a part of 32 rows: fp16 blocks stay split by rows. */
+ * a 512-token prefill at loops 8 of the dim-768 model took 0-11% less
+ * time in parts at int4 (median 8%) and 0-8% at int2 while the machine was
+ * busy, the same while it was quiet, but 10% more at fp16, whose weights
+ * are twice the bytes of the int4 copy the prefill tiles read, and whose
+ * 6-token tiles leave a remainder in a part of 32 rows: fp16 blocks stay
+ * split by rows (docs/kernels.md). */
 #define PART_MIN_ROWS 16
 
 /* Parts for a pass of T rows: rt->n_parts (one per thread; 1 for fp16
@@ -473,7 +476,8 @@ static void stage_rest(const stage_ctx *c, int32_t t0, int32_t t1) {
                    .seg = {{m->w.w1, g, ffn, ffn, m->w.qw1}, {m->w.w3, b->u + (size_t)t0 * ffn, ffn, ffn, m->w.qw3}}};
     stage_mm(c, &gate);
     stage_prof(c, LS_PROF_FFN_GATE_UP);
-    mm_job down = {.x = g, .ldx = ffn, .in = ffn, .T = T, .add = 1, .n_seg = 1, .seg = {{m->w.w2, h, dim, dim, m->w.qw2}}};
+    mm_job down = {.x = g, .ldx = ffn, .in = ffn, .T = T, .add = 1, .n_seg = 1,
+                   .seg = {{m->w.w2, h, dim, dim, m->w.qw2}}};
     stage_mm(c, &down);
 }
 
@@ -511,7 +515,7 @@ static void part_task(void *ctx, int32_t task, int32_t thread) {
 }
 
 /* stage over rows [lo, T): in token parts where there are enough rows,
- * else stage by stage over the pool (rows re-based at lo). */
+ * else each of its steps over the whole pool. */
 static void run_stage(const ls_model *m, const ls_block *b, void (*stage)(const stage_ctx *, int32_t, int32_t),
                       int32_t lo, int32_t T, double *prof) {
     stage_ctx c = {m, b, 0, NULL, m->rt->profile ? prof : NULL};

@@ -50,7 +50,7 @@ typedef void (*ls_block_attention)(void *ctx, int32_t loop, int32_t T, int32_t s
 
 /* The T rows of b (T <= LS_CHUNK) through loop l of the shared block:
  * norms, matmuls and RoPE on the pool (by output rows, or in token parts
- * for prefill-sized T), attention by the callback. Rows
+ * for a quantized model's long passes), attention by the callback. Rows
  * [0, skip) only store their K/V: their output is not needed (a prompt's
  * last loop, where only the logit rows go on), so their h is left as it
  * was. Every row's arithmetic is independent of the other rows (batch
