@@ -3,8 +3,9 @@
  * the weight-shared looped block (docs/kernels.md).
  *
  * A matmul's work is split across output rows (each task owns whole dot
- * products) or, in prefill-sized passes, the pass's tokens are split into
- * parts, each running whole matmuls over its own rows (token parts, below).
+ * products) or, in a quantized model's long passes (prefill), the pass's
+ * tokens are split into parts, each running whole matmuls over its own rows
+ * (token parts, below).
  * Every kernel's result for a row is independent of the rows beside it, so
  * results do not depend on the thread count or on either split. Norms and
  * RoPE run in blocks of tokens, each token's arithmetic the same whoever
@@ -508,7 +509,7 @@ static void part_task(void *ctx, int32_t task, int32_t thread) {
     c.on_thread = 1;
     c.act = j->c.m->rt->part_act[part];
     if (thread != 0) c.prof = NULL; /* the profile is the calling thread's */
-    // Part boundaries at multiples of 4 rows, the quantized tiles' width.
+    // Parts start at lo plus a multiple of 4 rows, the quantized tiles' width.
     int32_t n = j->T - j->lo, t0 = j->lo + (int32_t)((int64_t)n * part / j->parts) / 4 * 4;
     int32_t t1 = part + 1 == j->parts ? j->T : j->lo + (int32_t)((int64_t)n * (part + 1) / j->parts) / 4 * 4;
     j->stage(&c, t0, t1);
