@@ -157,24 +157,34 @@ static int32_t slot_of(const store_job *j, int32_t t) {
  * position), so neighbouring positions of one head share cache lines; a task
  * owns a run of LS_KV_STORE_ROWS positions of one kv head so two threads do
  * not keep stealing the same lines from each other. */
-static void store_task(void *ctx, int32_t task, int32_t thread) {
-    const store_job *j = ctx;
-    ls_session *s = j->s;
-    int32_t n_kv = s->m->info.n_kv_heads, hd = s->m->info.head_dim;
-    int32_t nb = (j->T + LS_KV_STORE_ROWS - 1) / LS_KV_STORE_ROWS;
-    int32_t kvh = task / nb, t0 = task % nb * LS_KV_STORE_ROWS;
-    int32_t t1 = t0 + LS_KV_STORE_ROWS < j->T ? t0 + LS_KV_STORE_ROWS : j->T;
-    size_t ld = (size_t)n_kv * hd;
-    /* one ls_kv_store per run of consecutive ring slots. Each row's bytes
-     * depend on the row alone, so who stores it, and with which others,
-     * does not matter. */
+/* Rows [t0, t1) (at most LS_KV_STORE_ROWS) of kv head kvh, one
+ * ls_kv_store per run of consecutive ring slots. Each row's bytes depend on
+ * the row alone, so who stores it, and with which others, does not
+ * matter. */
+static void store_range(const store_job *j, int32_t kvh, int32_t t0, int32_t t1, int32_t thread) {
+    size_t ld = (size_t)j->s->m->info.n_kv_heads * j->s->m->info.head_dim;
     for (int32_t t = t0; t < t1;) {
         int32_t row = slot_of(j, t), n = 1;
         while (t + n < t1 && slot_of(j, t + n) == row + n) n++;
-        size_t off = (size_t)t * ld + (size_t)kvh * hd;
-        ls_kv_store(s, j->loop, kvh, row, n, j->k + off, j->v + off, ld, thread);
+        size_t off = (size_t)t * ld + (size_t)kvh * j->s->m->info.head_dim;
+        ls_kv_store(j->s, j->loop, kvh, row, n, j->k + off, j->v + off, ld, thread);
         t += n;
     }
+}
+
+static void store_task(void *ctx, int32_t task, int32_t thread) {
+    const store_job *j = ctx;
+    int32_t nb = (j->T + LS_KV_STORE_ROWS - 1) / LS_KV_STORE_ROWS;
+    int32_t kvh = task / nb, t0 = task % nb * LS_KV_STORE_ROWS;
+    store_range(j, kvh, t0, t0 + LS_KV_STORE_ROWS < j->T ? t0 + LS_KV_STORE_ROWS : j->T, thread);
+}
+
+void ls_attention_store(ls_session *s, int32_t loop, int32_t pos0, int32_t t0, int32_t t1, float *k, float *v,
+                        int32_t thread) {
+    store_job j = {s, loop, pos0, NULL, t1, k, v};
+    for (int32_t kvh = 0; kvh < s->m->info.n_kv_heads; kvh++)
+        for (int32_t t = t0; t < t1; t += LS_KV_STORE_ROWS)
+            store_range(&j, kvh, t, t + LS_KV_STORE_ROWS < t1 ? t + LS_KV_STORE_ROWS : t1, thread);
 }
 
 /* Writes the T rows' K/V into the cache before any token attends: a token
@@ -360,9 +370,11 @@ void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t loop) {
     if (n < 1) return;
     ls_pool *pool = runs[0].s->m->rt->pool;
     int32_t n_heads = runs[0].s->m->info.n_heads, n_kv = runs[0].s->m->info.n_kv_heads;
-    /* a longer run's rows all go in before any of its tokens attends */
+    /* a longer run's rows all go in before any of its tokens attends
+     * (unless the caller stored them: k NULL) */
     for (int32_t k = 0; k < n; k++)
-        if (runs[k].T > 1) store_rows(runs[k].s, loop, runs[k].T, runs[k].pos0, NULL, runs[k].k, runs[k].v);
+        if (runs[k].T > 1 && runs[k].k)
+            store_rows(runs[k].s, loop, runs[k].T, runs[k].pos0, NULL, runs[k].k, runs[k].v);
     /* prefill runs: grouped, one pool run each; every other run shares one.
      * A longer run's skipped rows are cut off its front (their K/V is in). */
     int32_t first[LS_ATT_MAX_RUNS + 1];
@@ -395,8 +407,8 @@ void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t loop) {
     }
 }
 
-void ls_attention(ls_session *s, int32_t loop, int32_t T, int32_t pos0, int32_t skip) {
-    ls_att_rows r = {s, T, pos0, s->q, s->k, s->v, s->att, skip};
+void ls_attention(ls_session *s, int32_t loop, int32_t T, int32_t pos0, int32_t skip, int32_t stored) {
+    ls_att_rows r = {s, T, pos0, s->q, stored ? NULL : s->k, stored ? NULL : s->v, s->att, skip};
     ls_attention_runs(&r, 1, loop);
 }
 

@@ -87,7 +87,8 @@ typedef struct {
     int32_t dim, kv_dim;
 } block_attention;
 
-static void attend_block(void *ctx, int32_t loop, int32_t T, int32_t skip) {
+static void attend_block(void *ctx, int32_t loop, int32_t T, int32_t skip, int32_t stored) {
+    (void)stored; /* 0: a block of pieces has no store callback, its runs store here */
     const block_attention *a = ctx;
     ls_att_rows runs[LS_ATT_MAX_RUNS];
     int32_t n = 0;
@@ -138,7 +139,7 @@ static void run_block(ls_model *m, ls_session *const *sessions, const ls_batch_p
                          b->v + start * kv_dim, b->att + (size_t)start * dim, b->g, b->u, b->rope + (size_t)start * hd};
         att.lo = lo;
         att.view = &view;
-        ls_forward_block_loop(m, &view, T - start, skip, l, attend_block, &att);
+        ls_forward_block_loop(m, &view, T - start, skip, l, attend_block, NULL, &att);
         ls_batch_loop_done(sessions, pieces, lo, n_pieces, l);
     }
     ls_batch_block_done(sessions, pieces, n_pieces, tokens);

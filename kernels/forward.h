@@ -43,25 +43,30 @@ typedef struct {
     const float *rope; /* (T, head_dim) */
 } ls_block;
 
-/* Stores the rows' K/V for `loop` and fills b->att from b->q for rows
- * [skip, T): the rows' attention, however they map to sessions and
- * positions. */
-typedef void (*ls_block_attention)(void *ctx, int32_t loop, int32_t T, int32_t skip);
+/* Stores the rows' K/V for `loop` (unless `stored`: the block's store
+ * callback has) and fills b->att from b->q for rows [skip, T): the rows'
+ * attention, however they map to sessions and positions. */
+typedef void (*ls_block_attention)(void *ctx, int32_t loop, int32_t T, int32_t skip, int32_t stored);
 
-/* The T rows of b (T <= LS_CHUNK) through loop l of the shared block:
- * norms, matmuls and RoPE on the pool (by output rows, or in token parts
- * for a quantized model's long passes), attention by the callback. Rows
- * [0, skip) only store their K/V: their output is not needed (a prompt's
- * last loop, where only the logit rows go on), so their h is left as it
- * was. Every row's arithmetic is independent of the other rows (batch
- * invariance), so skipping rows changes no other row's bits. */
+/* Stores the K/V of rows [t0, t1) for `loop` on the calling thread (pool
+ * index `thread`): a token part's own rows, right after their RoPE. */
+typedef void (*ls_block_store)(void *ctx, int32_t loop, int32_t t0, int32_t t1, int32_t thread);
+
 /* The first feature the CPU lacks for SIMD path simd (LS_SIMD_AVX2 /
  * LS_SIMD_AVX512), or NULL when it has them all (and for the portable
  * path). */
 const char *ls_simd_missing(int32_t simd);
 
+/* The T rows of b (T <= LS_CHUNK) through loop l of the shared block:
+ * norms, matmuls and RoPE on the pool (by output rows, or in token parts
+ * for a quantized model's long passes, each part then storing its rows'
+ * K/V through `store` where that is not NULL), attention by the callback.
+ * Rows [0, skip) only store their K/V: their output is not needed (a
+ * prompt's last loop, where only the logit rows go on), so their h is left
+ * as it was. Every row's arithmetic is independent of the other rows
+ * (batch invariance), so skipping rows changes no other row's bits. */
 void ls_forward_block_loop(const ls_model *m, const ls_block *b, int32_t T, int32_t skip, int32_t l,
-                           ls_block_attention attention, void *ctx);
+                           ls_block_attention attention, ls_block_store store, void *ctx);
 
 /* h[t] = E[tokens[t]] (fp16 -> fp32), h (n, dim). */
 void ls_forward_embed(ls_session *s, const int32_t *tokens, int32_t n, float *h);
@@ -105,8 +110,9 @@ void ls_forward_logits(ls_session *s, const float *h, int32_t n, float *logits);
 /* A run of T consecutive positions pos0.. of one session, with their rows
  * in caller-owned buffers: q (T, n_heads * head_dim), RoPE applied; k, v
  * (T, n_kv_heads * head_dim), RoPE applied to k (both used as scratch: the
- * H modes rotate them in place); att receives the output of rows [skip, T)
- * (every row's K/V is stored). */
+ * H modes rotate them in place), or NULL where the caller has stored them
+ * (ls_attention_store); att receives the output of rows [skip, T) (every
+ * row's K/V is stored). */
 typedef struct {
     ls_session *s;
     int32_t T, pos0;
@@ -120,16 +126,23 @@ typedef struct {
  * rows holds at most LS_CHUNK of them). */
 #define LS_ATT_MAX_RUNS LS_CHUNK
 
-/* Stores each run's k, v into loop's cache of its session in the session's
- * kv mode (kvcache.c), then computes att for every (token, head) from q
+/* Stores each run's k, v (where not NULL) into loop's cache of its session
+ * in the session's kv mode (kvcache.c), then computes att for every (token, head) from q
  * (rotated, and the output rotated back, in the H modes). Runs belong to
  * distinct sessions. Every (token, head) result is the same whatever else
  * shares the call. */
 void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t loop);
 
 /* ls_attention_runs of the session's own chunk scratch (s->q, s->k, s->v,
- * s->att). */
-void ls_attention(ls_session *s, int32_t loop, int32_t T, int32_t pos0, int32_t skip);
+ * s->att); `stored`: the rows' K/V are in already (ls_attention_store). */
+void ls_attention(ls_session *s, int32_t loop, int32_t T, int32_t pos0, int32_t skip, int32_t stored);
+
+/* Stores the K/V of rows [t0, t1) of a run at positions pos0.. (k, v as in
+ * ls_att_rows, row 0 at pos0) into loop's cache, on the calling thread
+ * (thread: its index in the pool, for the store's scratch): a token part's
+ * own rows, before the attention that reads them. */
+void ls_attention_store(ls_session *s, int32_t loop, int32_t pos0, int32_t t0, int32_t t1, float *k, float *v,
+                        int32_t thread);
 
 /* ls_attention for tree rows (rows already offset to this chunk). */
 void ls_attention_tree(ls_session *s, int32_t loop, int32_t T, const ls_tree_rows *rows);

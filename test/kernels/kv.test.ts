@@ -16,17 +16,19 @@
 // not part of the ABI the binding uses.
 import { beforeAll, describe, expect, test } from "bun:test";
 import { dlopen, FFIType } from "bun:ffi";
+import { join } from "node:path";
 import { type KvCacheSettings, NativeError, NativeModel } from "../../src/engine/binding.ts";
 import { Engine } from "../../src/engine/engine.ts";
 import { EngineLoadError, EngineRequestError } from "../../src/engine/errors.ts";
 import type { GenerateRequest, SimdChoice } from "../../src/engine/types.ts";
 import { f16BitsToNumber } from "../../src/model/fp16.ts";
 import { KV_CACHE_MODES, type KvCacheMode } from "../../src/model/kvcache.ts";
+import { quantizeModelFile } from "../../src/model/quantize.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
 import { ReferenceModel } from "../reference/forward.ts";
 import { decodeKvRow, encodeKvRow, KV_GROUP, kvBytesPerToken, whtF32 } from "../reference/kvcache.ts";
 import { BUILD_DIR, expectBitIdentical, feedInCalls, LIB, relErr, supportedPaths, tokensFor, withModel, withSession } from "../helpers/kernels.ts";
-import { tinyModelPath } from "../helpers/models.ts";
+import { testTempDir, tinyModelPath } from "../helpers/models.ts";
 
 
 // ---- tolerances: max|c - r| / max|r| over every position's logits ----
@@ -395,12 +397,16 @@ describe("the cache is allocated in blocks as positions arrive", () => {
 });
 
 describe("batch invariance in every cache mode", () => {
-  test("a token's logits are bit-identical for any split into calls, 1 or 3 threads, with and without a window", () => {
+  // The int4 model's 64-row chunks run in token parts at 3 threads, each
+  // part storing its own rows' K/V (forward.c), against 1 thread's row split.
+  test("a token's logits are bit-identical for any split into calls, 1 or 3 threads, with and without a window, fp16 and int4 weights", () => {
     const shape = SHAPES.hd64;
-    const path = tinyModelPath(shape);
+    const fp16 = tinyModelPath(shape);
+    const int4 = join(testTempDir(), "kv-hd64-int4.safetensors");
+    quantizeModelFile(fp16, int4, { quant: "int4", head: "int8", groupSize: 32 });
     const vocab = shape.vocabSize;
     const toks = tokensFor(vocab, 100);
-    for (const kv of modesFor(shape)) {
+    for (const [path, kv] of [fp16, int4].flatMap((p) => modesFor(shape).map((kv) => [p, kv] as const))) {
       for (const window of [0, 9]) {
         for (const simd of paths) {
           let base: Float32Array[] | null = null;
@@ -409,7 +415,8 @@ describe("batch invariance in every cache mode", () => {
               for (const sizes of threads === 1 ? [[100], [1]] : [[64, 7], [3, 64, 1, 12]]) {
                 const got = withSession(m, 100, 2, window, (s) => feedInCalls(s, toks, 2, sizes, vocab), kv);
                 if (base === null) base = got;
-                else expectBitIdentical(got, base, `${label(kv)} window ${window} ${simd} threads ${threads} calls ${sizes.join("+")}`);
+                else
+                  expectBitIdentical(got, base, `${path === int4 ? "int4" : "fp16"} ${label(kv)} window ${window} ${simd} threads ${threads} calls ${sizes.join("+")}`);
               }
             });
           }
