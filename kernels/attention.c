@@ -153,10 +153,6 @@ static int32_t slot_of(const store_job *j, int32_t t) {
     return j->slot ? j->slot[t] : (j->pos0 + t) % j->s->cap;
 }
 
-/* Tokens per store task: keys are stored transposed (one column per
- * position), so neighbouring positions of one head share cache lines; a task
- * owns a run of LS_KV_STORE_ROWS positions of one kv head so two threads do
- * not keep stealing the same lines from each other. */
 /* Rows [t0, t1) (at most LS_KV_STORE_ROWS) of kv head kvh, one
  * ls_kv_store per run of consecutive ring slots. Each row's bytes depend on
  * the row alone, so who stores it, and with which others, does not
@@ -172,6 +168,10 @@ static void store_range(const store_job *j, int32_t kvh, int32_t t0, int32_t t1,
     }
 }
 
+/* Tokens per store task: keys are stored transposed (one column per
+ * position), so neighbouring positions of one head share cache lines; a task
+ * owns a run of LS_KV_STORE_ROWS positions of one kv head so two threads do
+ * not keep stealing the same lines from each other. */
 static void store_task(void *ctx, int32_t task, int32_t thread) {
     const store_job *j = ctx;
     int32_t nb = (j->T + LS_KV_STORE_ROWS - 1) / LS_KV_STORE_ROWS;
