@@ -153,38 +153,39 @@ static int32_t slot_of(const store_job *j, int32_t t) {
     return j->slot ? j->slot[t] : (j->pos0 + t) % j->s->cap;
 }
 
-/* Rows [t0, t1) (at most LS_KV_STORE_ROWS) of kv head kvh, one
- * ls_kv_store per run of consecutive ring slots. Each row's bytes depend on
- * the row alone, so who stores it, and with which others, does not
- * matter. */
-static void store_range(const store_job *j, int32_t kvh, int32_t t0, int32_t t1, int32_t thread) {
-    size_t ld = (size_t)j->s->m->info.n_kv_heads * j->s->m->info.head_dim;
-    for (int32_t t = t0; t < t1;) {
-        int32_t row = slot_of(j, t), n = 1;
-        while (t + n < t1 && slot_of(j, t + n) == row + n) n++;
-        size_t off = (size_t)t * ld + (size_t)kvh * j->s->m->info.head_dim;
-        ls_kv_store(j->s, j->loop, kvh, row, n, j->k + off, j->v + off, ld, thread);
-        t += n;
-    }
-}
-
 /* Tokens per store task: keys are stored transposed (one column per
  * position), so neighbouring positions of one head share cache lines; a task
  * owns a run of LS_KV_STORE_ROWS positions of one kv head so two threads do
  * not keep stealing the same lines from each other. */
 static void store_task(void *ctx, int32_t task, int32_t thread) {
     const store_job *j = ctx;
+    ls_session *s = j->s;
+    int32_t n_kv = s->m->info.n_kv_heads, hd = s->m->info.head_dim;
     int32_t nb = (j->T + LS_KV_STORE_ROWS - 1) / LS_KV_STORE_ROWS;
     int32_t kvh = task / nb, t0 = task % nb * LS_KV_STORE_ROWS;
-    store_range(j, kvh, t0, t0 + LS_KV_STORE_ROWS < j->T ? t0 + LS_KV_STORE_ROWS : j->T, thread);
+    int32_t t1 = t0 + LS_KV_STORE_ROWS < j->T ? t0 + LS_KV_STORE_ROWS : j->T;
+    size_t ld = (size_t)n_kv * hd;
+    /* one ls_kv_store per run of consecutive ring slots. Each row's bytes
+     * depend on the row alone, so who stores it, and with which others,
+     * does not matter. */
+    for (int32_t t = t0; t < t1;) {
+        int32_t row = slot_of(j, t), n = 1;
+        while (t + n < t1 && slot_of(j, t + n) == row + n) n++;
+        size_t off = (size_t)t * ld + (size_t)kvh * hd;
+        ls_kv_store(s, j->loop, kvh, row, n, j->k + off, j->v + off, ld, thread);
+        t += n;
+    }
+}
+
+static int32_t store_tasks(const store_job *j) {
+    return (j->T + LS_KV_STORE_ROWS - 1) / LS_KV_STORE_ROWS * j->s->m->info.n_kv_heads;
 }
 
 void ls_attention_store(ls_session *s, int32_t loop, int32_t pos0, int32_t t0, int32_t t1, float *k, float *v,
                         int32_t thread) {
-    store_job j = {s, loop, pos0, NULL, t1, k, v};
-    for (int32_t kvh = 0; kvh < s->m->info.n_kv_heads; kvh++)
-        for (int32_t t = t0; t < t1; t += LS_KV_STORE_ROWS)
-            store_range(&j, kvh, t, t + LS_KV_STORE_ROWS < t1 ? t + LS_KV_STORE_ROWS : t1, thread);
+    size_t off = (size_t)t0 * s->m->info.n_kv_heads * s->m->info.head_dim;
+    store_job j = {s, loop, pos0 + t0, NULL, t1 - t0, k + off, v + off};
+    for (int32_t task = 0; task < store_tasks(&j); task++) store_task(&j, task, thread);
 }
 
 /* Writes the T rows' K/V into the cache before any token attends: a token
@@ -194,7 +195,7 @@ void ls_attention_store(ls_session *s, int32_t loop, int32_t pos0, int32_t t0, i
 static void store_rows(ls_session *s, int32_t loop, int32_t T, int32_t pos0, const int32_t *slot, float *k,
                        float *v) {
     store_job j = {s, loop, pos0, slot, T, k, v};
-    int32_t n_kv = s->m->info.n_kv_heads, tasks = (T + LS_KV_STORE_ROWS - 1) / LS_KV_STORE_ROWS * n_kv;
+    int32_t tasks = store_tasks(&j);
     if (T > 1)
         ls_pool_run(s->m->rt->pool, store_task, &j, tasks);
     else

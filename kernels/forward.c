@@ -294,17 +294,26 @@ static void quantize_rows(const ls_runtime *rt, const ls_qmat *q, const float *x
     ls_pool_run(rt->pool, quant_task, &j, (T + QUANT_BLOCK - 1) / QUANT_BLOCK);
 }
 
-static void mm_run(const ls_runtime *rt, mm_job *j) {
-    // Matrices that cannot share one prepared activation (a q/k/v job of an
-    // int2 model keeping wv at int4, on a path where their activations'
-    // forms differ) run as consecutive jobs. The gate/up pair is one format
-    // (model.c).
+/* Matrices that cannot share one prepared activation (a q/k/v job of an
+ * int2 model keeping wv at int4, on a path where their activations' forms
+ * differ) run as consecutive jobs: when some segment cannot use seg[0]'s,
+ * j keeps the segments before it and *rest gets the others (returns 1).
+ * The gate/up pair is one format (model.c). */
+static int split_unshared(mm_job *j, mm_job *rest) {
     for (int32_t i = 1; i < j->n_seg && j->seg[0].q; i++) {
         if (ls_quant_act_shared(j->seg[0].q, j->seg[i].q, j->T)) continue;
-        mm_job rest = *j;
-        rest.n_seg = j->n_seg - i;
-        memmove(rest.seg, j->seg + i, (size_t)rest.n_seg * sizeof rest.seg[0]);
+        *rest = *j;
+        rest->n_seg = j->n_seg - i;
+        memmove(rest->seg, j->seg + i, (size_t)rest->n_seg * sizeof rest->seg[0]);
         j->n_seg = i;
+        return 1;
+    }
+    return 0;
+}
+
+static void mm_run(const ls_runtime *rt, mm_job *j) {
+    mm_job rest;
+    if (split_unshared(j, &rest)) {
         mm_run(rt, j);
         mm_run(rt, &rest);
         return;
@@ -323,17 +332,19 @@ static void mm_run(const ls_runtime *rt, mm_job *j) {
     ls_pool_run(serial ? NULL : rt->pool, mm_task, j, j->first_task[j->n_seg]); /* NULL: in turn here */
 }
 
-/* The whole job on the calling thread, its activations prepared in act (a
- * token part's scratch) for each segment that cannot share the last one's. */
+/* The whole job on the calling thread, its activations prepared once in
+ * act (a token part's scratch). */
 static void mm_on_thread(const ls_runtime *rt, mm_job *j, ls_qact *act) {
+    mm_job rest;
+    if (split_unshared(j, &rest)) {
+        mm_on_thread(rt, j, act);
+        mm_on_thread(rt, &rest, act);
+        return;
+    }
     j->ops = rt->ops;
     j->act = act;
-    for (int32_t i = 0; i < j->n_seg; i++) {
-        const ls_qmat *q = j->seg[i].q;
-        if (q && (i == 0 || !j->seg[i - 1].q || !ls_quant_act_shared(j->seg[i - 1].q, q, j->T)))
-            ls_quant_prepare_in(act, q, j->x, j->ldx, j->T);
-        mm_rows(j, i, 0, j->seg[i].rows);
-    }
+    if (j->seg[0].q) ls_quant_prepare_in(act, j->seg[0].q, j->x, j->ldx, j->T);
+    for (int32_t i = 0; i < j->n_seg; i++) mm_rows(j, i, 0, j->seg[i].rows);
 }
 
 // ---- per-token work ----
