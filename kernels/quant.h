@@ -25,9 +25,9 @@
  *             the unsigned c + 2^(bits-1) to vpdpbusd / vpmaddubsw and
  *             subtract 2^(bits-1) times qsum, or move c's sign onto q)
  *     qsum  = sum_i q[i]               exact int32
- *     v_g   = (float)isum * s_g                        int4, int6, int8
- *     v_g   = (float)isum * s_g + (float)qsum * z_g    int2
- *   acc[g % 8] += v_g in increasing g (fp32, separate multiply and add);
+ *     a = acc[g % 8], groups in increasing g, fp32 fused multiply-adds:
+ *     a = fma((float)qsum, z_g, a)                     int2 only
+ *     a = fma((float)isum, s_g, a)
  *   y = (((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7))) * d
  * Integer sums are exact whatever order a path forms them in, and the fp32
  * steps are the same operations in the same order, so every path gives the

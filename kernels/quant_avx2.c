@@ -276,18 +276,12 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
             if (BITS == 2) z8 = load_f16x8(w->zeros + so, ngc);
             for (int t = 0; t < TT; t++) {
                 const __m256i qs = _mm256_loadu_si256((const __m256i *)(a->qsum + (size_t)(t0 + t) * (size_t)a->gld + g0));
-                __m256 v;
-                if (BITS == 2) {
-                    v = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(gs[r][t]), s8),
-                                      _mm256_mul_ps(_mm256_cvtepi32_ps(qs), z8));
-                } else {
-                    // int4 / int6 codes entered the integer dot product as c + 8 / c + 32:
-                    // take 8 (32) * sum(x) back.
-                    __m256i isum = gs[r][t];
-                    if (BITS == 4 || BITS == 6) isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(qs, BITS - 1));
-                    v = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), s8);
-                }
-                acc[r][t] = _mm256_add_ps(acc[r][t], v);
+                __m256i isum = gs[r][t];
+                if (BITS == 2) acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qs), z8, acc[r][t]);
+                // int4 / int6 codes entered the integer dot product as c + 8 / c + 32:
+                // take 8 (32) * sum(x) back.
+                if (BITS == 4 || BITS == 6) isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(qs, BITS - 1));
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), s8, acc[r][t]);
             }
         }
     }

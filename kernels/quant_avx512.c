@@ -31,8 +31,8 @@
  * the first row in lanes 0-7, the second in lanes 8-15, and is multiplied
  * by the activation chunk broadcast to both halves. So one 16-lane
  * accumulator holds 8 groups of two rows and the fp32 step (quant.h: the
- * groups into acc[g % 8] in increasing g) is three instructions per window
- * for two rows. Beside the codes, pack keeps each pair's fp16 scales, code
+ * groups into acc[g % 8] in increasing g) is two instructions per window
+ * for two rows (int2: three). Beside the codes, pack keeps each pair's fp16 scales, code
  * sums (int16) and int2 offsets per 8 groups in the same lane order.
  */
 #define _DEFAULT_SOURCE /* madvise under -std=c11 */
@@ -450,10 +450,10 @@ static inline __attribute__((always_inline)) void pair_window(__m512 acc[TILE_MA
             __m512i g = gs[p][t];
             if (n < 8) g = fold_to(g, n, off);
             if (n < 8 && CORR) g = _mm512_sub_epi32(g, NARROW ? corr_t[t] : corr_p[p]);
-            __m512 val = _mm512_mul_ps(_mm512_cvtepi32_ps(g), s);
-            if (INT2) val = _mm512_add_ps(val, _mm512_mul_ps(qf[t], z));
-            const __m512 prev = first ? _mm512_setzero_ps() : acc[p][t];
-            acc[p][t] = n == 8 ? _mm512_add_ps(prev, val) : _mm512_mask_add_ps(prev, km, prev, val);
+            __m512 prev = first ? _mm512_setzero_ps() : acc[p][t];
+            if (INT2) prev = n == 8 ? _mm512_fmadd_ps(qf[t], z, prev) : _mm512_mask3_fmadd_ps(qf[t], z, prev, km);
+            const __m512 gf = _mm512_cvtepi32_ps(g);
+            acc[p][t] = n == 8 ? _mm512_fmadd_ps(gf, s, prev) : _mm512_mask3_fmadd_ps(gf, s, prev, km);
         }
     }
 }

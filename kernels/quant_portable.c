@@ -96,14 +96,9 @@ static void matmul_portable(float *y, int32_t ldy, const ls_qact *a, const ls_qm
                 const int8_t *q = a->q + (size_t)t * (size_t)a->ld + (size_t)g * (size_t)G;
                 int32_t isum = 0;
                 for (int32_t i = 0; i < G; i++) isum += c[i] * q[i];
-                float v;
-                if (bits == 2) {
-                    int32_t qsum = a->qsum[(size_t)t * (size_t)a->gld + (size_t)g];
-                    v = (float)isum * s + (float)qsum * z;
-                } else {
-                    v = (float)isum * s;
-                }
-                acc[t][g & 7] += v;
+                float *lane = &acc[t][g & 7];
+                if (bits == 2) *lane = fmaf((float)a->qsum[(size_t)t * (size_t)a->gld + (size_t)g], z, *lane);
+                *lane = fmaf((float)isum, s, *lane);
             }
         }
         for (int32_t t = 0; t < T; t++) {
