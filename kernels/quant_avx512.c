@@ -32,8 +32,9 @@
  * by the activation chunk broadcast to both halves. So one 16-lane
  * accumulator holds 8 groups of two rows and the fp32 step (quant.h: the
  * groups into acc[g % 8] in increasing g) is two instructions per window
- * for two rows (int2: three). Beside the codes, pack keeps each pair's fp16 scales, code
- * sums (int16) and int2 offsets per 8 groups in the same lane order.
+ * for two rows (int2: three). Beside the codes, pack keeps each pair's
+ * fp16 scales, code sums (int16) and int2 offsets per 8 groups in the same
+ * lane order.
  */
 #define _DEFAULT_SOURCE /* madvise under -std=c11 */
 #include <immintrin.h>
