@@ -50,10 +50,12 @@ static void *data_of(void *block) { return (char *)block + HEADER; }
 
 /* Whether a block of this capacity is mapped on its own (else calloc's). */
 static int mapped(size_t cap) { return cap >= HUGE_PAGE - HEADER; }
-/* The mapping keeps at least 64 bytes past the buffer, poisoned for
+/* Bytes a mapping keeps past its buffer at least, poisoned for
  * AddressSanitizer like calloc's redzone, so a write past the end is
  * reported rather than landing in whatever is mapped next. */
-static size_t mapped_bytes(size_t cap) { return (HEADER + cap + 64 + PAGE - 1) & ~(PAGE - 1); }
+#define TAIL 64
+
+static size_t mapped_bytes(size_t cap) { return (HEADER + cap + TAIL + PAGE - 1) & ~(PAGE - 1); }
 
 /* A zeroed mapping of `len` bytes (a multiple of PAGE) that starts on a
  * huge-page boundary, advised into huge pages: the kernel backs each
