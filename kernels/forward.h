@@ -126,11 +126,11 @@ typedef struct {
  * rows holds at most LS_CHUNK of them). */
 #define LS_ATT_MAX_RUNS LS_CHUNK
 
-/* Stores each run's k, v (where not NULL) into loop's cache of its session
- * in the session's kv mode (kvcache.c), then computes att for every (token, head) from q
- * (rotated, and the output rotated back, in the H modes). Runs belong to
- * distinct sessions. Every (token, head) result is the same whatever else
- * shares the call. */
+/* Stores each run's k, v (where not NULL) into loop's cache of its
+ * session in the session's kv mode (kvcache.c), then computes att for
+ * every (token, head) from q (rotated, and the output rotated back, in the
+ * H modes). Runs belong to distinct sessions. Every (token, head) result
+ * is the same whatever else shares the call. */
 void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t loop);
 
 /* ls_attention_runs of the session's own chunk scratch (s->q, s->k, s->v,
