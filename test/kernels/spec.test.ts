@@ -526,10 +526,16 @@ describe("speculative sampling preserves the output distribution", () => {
 // on two cores).
 
 describe("speculative cycles under ASan/UBSan", () => {
+  // Compiling every kernel under the sanitizers takes minutes on two cores
+  // when no earlier test file of this process has done it.
+  let driver = "";
+  beforeAll(async () => {
+    driver = await sanitizedDriver("spec_asan_driver");
+  }, 300_000);
+
   test(
     "no sanitizer report, and greedy cycles equal plain stepping, on every SIMD path",
     async () => {
-      const driver = await sanitizedDriver("spec_asan_driver");
       const fp16 = tinyModelPath({ ...AGREEING, vocabSize: 4096 });
       const quantized = join(testTempDir(), "spec-asan-int4.safetensors"); // drafts from the stored int8 head
       quantizeModelFile(fp16, quantized, { quant: "int4", head: "int8", groupSize: 32 });
