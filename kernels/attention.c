@@ -293,10 +293,12 @@ static void att_group_task(void *ctx, int32_t task, int32_t thread) {
     const att_job *j = ctx;
     const ls_att_rows *r = j->r;
     int32_t n_heads = r->s->m->info.n_heads, n_kv = r->s->m->info.n_kv_heads, hd = r->s->m->info.head_dim;
-    /* last token groups (the longest) first: the pool claims tasks in order,
-     * so the short ones fill in at the end */
-    int32_t n_groups = (r->T + LS_ATT_GROUP - 1) / LS_ATT_GROUP;
-    int32_t h = task % n_heads, t0 = (n_groups - 1 - task / n_heads) * LS_ATT_GROUP;
+    /* token groups in the order last, first, second last, second, ...: a
+     * group's work grows with its position, so any run of consecutive pairs
+     * holds about the same work (the pool deals each thread a contiguous
+     * range), and the shortest come last, where idle threads steal */
+    int32_t n_groups = (r->T + LS_ATT_GROUP - 1) / LS_ATT_GROUP, k = task / n_heads;
+    int32_t h = task % n_heads, t0 = (k % 2 ? k / 2 : n_groups - 1 - k / 2) * LS_ATT_GROUP;
     int32_t G = r->T - t0 < LS_ATT_GROUP ? r->T - t0 : LS_ATT_GROUP;
     float *q[LS_ATT_GROUP], *out[LS_ATT_GROUP];
     int32_t p[LS_ATT_GROUP];

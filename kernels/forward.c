@@ -13,7 +13,6 @@
  */
 #include <cpuid.h>
 #include <math.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -246,11 +245,20 @@ static void mm_task(void *ctx, int32_t task, int32_t thread) {
  * load), each worth at least ~32K multiply-adds, a multiple of 4 rows. A
  * single token's matmuls take microseconds, where claiming a task (a cache
  * line passed between cores) is no longer free: 2 tasks per thread there
- * (int4 decode +7-10% against 8). macs_per_row: of all the job's matrices
- * (the gate/up pair's two). */
+ * (int4 decode +7-10% against 8). No task reads more than TASK_WEIGHTS
+ * weights, though: a task of the output head at 2 per thread runs for
+ * ~0.1 ms, and when one core is slowed (the other's traffic, a neighbour
+ * on the host) the other waits out the rest of it; in tasks of 1M weights
+ * (37 for a dim-768 head) a dim-768 int4 decode step on 2 threads took
+ * 5-15% less time. macs_per_row: of all the job's matrices (the gate/up
+ * pair's two) for T tokens. */
+#define TASK_WEIGHTS ((int64_t)1 << 20)
+
 static int32_t rows_per_task(int32_t rows, int32_t n_threads, int64_t macs_per_row, int32_t T) {
     int32_t target = n_threads * (T == 1 ? 2 : 8);
     int32_t rpt = (rows + target - 1) / target;
+    int32_t max_rows = (int32_t)(TASK_WEIGHTS / (macs_per_row / T));
+    if (rpt > max_rows) rpt = max_rows;
     int32_t min_rows = (int32_t)((32768 + macs_per_row - 1) / macs_per_row);
     if (rpt < min_rows) rpt = min_rows;
     rpt = (rpt + 3) & ~3;
@@ -499,29 +507,18 @@ static void stage_rest(const stage_ctx *c, int32_t t0, int32_t t1) {
     stage_mm(c, &down);
 }
 
-/* A stage over rows [lo, T) in token parts on the pool. */
+/* A stage over rows [lo, T) in token parts on the pool, part p its task p.
+ * The pool deals task t to thread t when there are as many tasks as
+ * threads, and to the same thread on every call otherwise, so a part's
+ * rows stay in one core's cache from stage to stage. */
 typedef struct {
     stage_ctx c;
     void (*stage)(const stage_ctx *c, int32_t t0, int32_t t1);
     int32_t lo, T, parts;
-    _Atomic int32_t taken[LS_TOKEN_PARTS_MAX];
 } parts_job;
 
-/* The part a task runs: thread t's own part t while it is free, so the
- * same rows stay on the same core from stage to stage (the pool hands the
- * job's first task to whichever thread claims first), else the first free
- * one. There are as many tasks as parts, so each part runs once. */
-static int32_t claim_part(parts_job *j, int32_t thread) {
-    if (thread < j->parts && !atomic_exchange(&j->taken[thread], 1)) return thread;
-    int32_t p = 0;
-    while (p + 1 < j->parts && atomic_exchange(&j->taken[p], 1)) p++;
-    return p; /* the last part when every other is taken: then it is free */
-}
-
-static void part_task(void *ctx, int32_t task, int32_t thread) {
-    (void)task;
-    parts_job *j = ctx;
-    const int32_t part = claim_part(j, thread);
+static void part_task(void *ctx, int32_t part, int32_t thread) {
+    const parts_job *j = ctx;
     stage_ctx c = j->c;
     c.on_thread = 1;
     c.thread = thread;
@@ -540,7 +537,7 @@ static int run_stage(const ls_model *m, const ls_block *b, void (*stage)(const s
     stage_ctx c = {m, b, 0, NULL, m->rt->profile ? prof : NULL, store, ctx, loop, 0};
     int32_t parts = parts_for(m->rt, T - lo);
     if (parts > 1) {
-        parts_job j = {c, stage, lo, T, parts, {0}};
+        parts_job j = {c, stage, lo, T, parts};
         ls_pool_run(m->rt->pool, part_task, &j, parts);
         return 1;
     }

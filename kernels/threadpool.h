@@ -7,9 +7,12 @@
  * microseconds apart) and then block on a condition variable, so cores are
  * not burned between requests.
  *
- * Tasks of one job are claimed dynamically; callers must make each task's
- * result independent of which thread runs it (every kernel here splits work
- * across output rows, never across a reduction, so this holds).
+ * A job's tasks are dealt out in contiguous ranges, thread t's range the
+ * same on every call of the same size (task t when there are as many tasks
+ * as threads); a thread that finishes its own range takes tasks from the
+ * back of the others'. Callers must make each task's result independent
+ * of which thread runs it (every kernel here splits work across output
+ * rows, never across a reduction, so this holds).
  */
 #ifndef LS_THREADPOOL_H
 #define LS_THREADPOOL_H

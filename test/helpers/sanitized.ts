@@ -71,6 +71,15 @@ export interface SanitizedRun {
   stderr: string;
 }
 
+/** Builds test/c/<name>.c with the given kernel sources under ThreadSanitizer
+ * (a race is reported on stderr, and the program then exits non-zero). */
+export async function threadSanitizedDriver(name: string, kernelSources: string[]): Promise<string> {
+  const out = join(mkdtempSync(join(testTempDir(), "tsan-")), name);
+  const sources = [join(ROOT, "test", "c", `${name}.c`), ...kernelSources.map((f) => join(KERNELS, f))];
+  await compile(["gcc", ...C_FLAGS, "-O1", "-g", "-pthread", "-fsanitize=thread", "-I", KERNELS, "-o", out, ...sources]);
+  return out;
+}
+
 /** Runs a sanitized driver; a sanitizer report is always a test failure. */
 export function runSanitized(exe: string, args: string[]): SanitizedRun {
   const r = Bun.spawnSync([exe, ...args], { env: SANITIZER_ENV, stdout: "pipe", stderr: "pipe" });
