@@ -21,8 +21,9 @@
  * so the caller never waits for sleeping workers to wake up: it waits only
  * until every task of the job has finished (`done` == n). A successful
  * claim also proves that the slot fields read before it belong to the
- * claimed generation: the slot is rewritten only two generations later,
- * after this job's every task (the one just claimed among them) is done.
+ * claimed generation: they were written before the range word it read,
+ * and the caller writes the next job's only after every task of this one
+ * (the task just claimed among them) is done.
  * Jobs of more than POOL_MAX_TASKS tasks run as consecutive jobs.
  *
  * Sleeping. A worker spins for LS_POOL_SPIN_NS after its last job, then
@@ -49,7 +50,6 @@ typedef struct {
     _Atomic(ls_pool_fn) fn;
     _Atomic(void *) ctx;
     _Atomic int32_t base; /* task index of the job's first task (jobs split at POOL_MAX_TASKS) */
-    _Atomic int32_t n_tasks;
     _Atomic int32_t done;
 } pool_slot;
 
@@ -201,7 +201,6 @@ ls_pool *ls_pool_new(int32_t n_threads) {
         atomic_init(&p->slot[i].fn, NULL);
         atomic_init(&p->slot[i].ctx, NULL);
         atomic_init(&p->slot[i].base, 0);
-        atomic_init(&p->slot[i].n_tasks, 0);
         atomic_init(&p->slot[i].done, 0);
     }
     if (pthread_mutex_init(&p->mu, NULL) != 0) {
@@ -261,7 +260,6 @@ static void run_job(ls_pool *p, ls_pool_fn fn, void *ctx, int32_t base, int32_t 
     atomic_store_explicit(&s->fn, fn, memory_order_release);
     atomic_store_explicit(&s->ctx, ctx, memory_order_release);
     atomic_store_explicit(&s->base, base, memory_order_release);
-    atomic_store_explicit(&s->n_tasks, n, memory_order_release);
     atomic_store_explicit(&s->done, 0, memory_order_release);
     int64_t nt = p->n_threads;
     for (int64_t t = 0; t < nt; t++)
