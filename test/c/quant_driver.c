@@ -32,6 +32,16 @@ static void *read_exact(FILE *f, size_t n) {
     return p;
 }
 
+/* y = w x in consecutive ranges of min to min + spread - 1 rows. */
+static void split_rows(const ls_qmat *w, float *y, int32_t rows, int32_t min, int32_t spread) {
+    for (int32_t o = 0; o < rows;) {
+        int32_t n = min + (o * 7 + 3) % spread;
+        int32_t e = o + n < rows ? o + n : rows;
+        ls_quant_matmul(w, y, rows, o, e, 0);
+        o = e;
+    }
+}
+
 static int same_bits(const float *a, const float *b, size_t n, const char *what) {
     if (memcmp(a, b, n * sizeof *a) == 0) return 1;
     for (size_t i = 0; i < n; i++)
@@ -108,15 +118,13 @@ int main(int argc, char **argv) {
     }
     ok &= same_bits(y, y1, ny, "one token per call vs all tokens");
 
-    // Uneven row ranges (as thread-pool tasks would take them).
+    // Uneven row ranges (as thread-pool tasks would take them): of 1 to 6
+    // rows, and of 15 to 24 (whole 8-pair tiles, cut at odd rows).
     ls_quant_prepare(&w, x, in, T);
-    for (int32_t o = 0; o < rows;) {
-        int32_t n = 1 + (o * 7 + 3) % 6;
-        int32_t e = o + n < rows ? o + n : rows;
-        ls_quant_matmul(&w, y2, rows, o, e, 0);
-        o = e;
-    }
+    split_rows(&w, y2, rows, 1, 6);
     ok &= same_bits(y, y2, ny, "split rows vs one range");
+    split_rows(&w, y2, rows, 15, 10);
+    ok &= same_bits(y, y2, ny, "split into longer ranges vs one range");
 
     // add != 0: the dot product is formed first, then added.
     for (size_t i = 0; i < ny; i++) {

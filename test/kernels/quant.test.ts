@@ -139,8 +139,10 @@ const FORMATS = {
 // 160), more than 8 groups (the fp32 lane order wraps), and every group
 // size. The AVX-512 layout cuts a row into windows of 8 groups, then 4, 2,
 // 1: 96/32 is 2 + 1, 352/32 is 8 + 2 + 1, 1216/64 is 16 + 2 + 1, 1440/32
-// is 40 + 4 + 1, 2176/128 is 16 + 1, 4864/256 is 16 + 2 + 1. Tokens 1 to 9
-// cover every remainder of the token tiles.
+// is 40 + 4 + 1, 2176/128 is 16 + 1, 4864/256 is 16 + 2 + 1. One-token
+// int4 runs whole 8-group windows in tiles of 8 row pairs: 37 x 768 (3
+// windows, 2 tiles and 3 pairs), 34 x 512 at group 64, 17 x 2048 at 256.
+// Tokens 1 to 9 cover every remainder of the token tiles.
 const SHAPES: [number, number, number][] = [
   [7, 96, 32],
   [33, 160, 32],
@@ -154,6 +156,9 @@ const SHAPES: [number, number, number][] = [
   [10, 1216, 64],
   [5, 2176, 128],
   [6, 4864, 256],
+  [37, 768, 32],
+  [34, 512, 64],
+  [17, 2048, 256],
 ];
 
 describe("quantized matmul kernels", () => {
