@@ -570,7 +570,7 @@ static inline __attribute__((always_inline)) int32_t pair_tiles(float *y, int32_
  * bits are the same. Against the 4-pair tiles, the trained dim-256 int4
  * model (its block in L2) decoded 4-6% faster at loops 8 and its extra loop
  * took 7% less time at 2 threads, 16% at 1 (with an int4 head, loops 1
- * 12% faster); the dim-768 model, whose block streams from L3 at about
+ * 5-12% faster); the dim-768 model, whose block streams from L3 at about
  * 125 GB/s on 2 threads either way, 0.95-1.02x the time, this machine's
  * noise. Returns the first pair not done. */
 #define T1_PAIRS 8
