@@ -357,6 +357,30 @@ typedef struct {
     int32_t n, loop;
 } att_runs_job;
 
+/* A one-query job reading fewer cached values than this (keys and values
+ * each) runs on the calling thread: its q/k/v and outputs would cross
+ * between the cores' caches, which costs more than half of it saves. The
+ * trained dim-256 model (8 heads of 32) decoding 128 tokens from an empty
+ * cache on 2 threads spent 3.3 us a loop in attention split over the pool
+ * and 1.9 on one thread; at this threshold (its first 128 positions) its
+ * int4 decode at loops 8 took 6-9% less time and its fp16 decode 2-5%
+ * less, while the dim-768 model (12 heads of 64: its first 42 positions)
+ * took 0.96-0.97x the time at int4 and the same at fp16. Past 800
+ * positions, attention always on one thread decoded 1.2x slower. */
+#define ATT_SERIAL_READS (1 << 15)
+
+/* Cached values the one-query (token, head) pairs of r read: heads x
+ * head_dim x each token's visible positions. */
+static int64_t att_reads(const ls_att_rows *r) {
+    const ls_model_info *mi = &r->s->m->info;
+    int64_t visible = 0;
+    for (int32_t t = 0; t < r->T; t++) {
+        int32_t p = r->pos0 + t;
+        visible += p - ls_window_lo(p, r->s->window) + 1;
+    }
+    return visible * mi->n_heads * mi->head_dim;
+}
+
 static void att_runs_task(void *ctx, int32_t task, int32_t thread) {
     const att_runs_job *j = ctx;
     int32_t k = 0;
@@ -405,8 +429,10 @@ void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t loop) {
         }
     }
     if (ns > 0) {
+        int64_t reads = 0;
+        for (int32_t k = 0; k < ns; k++) reads += att_reads(&single[k]);
         att_runs_job j = {single, first, ns, loop};
-        ls_pool_run(pool, att_runs_task, &j, first[ns]);
+        ls_pool_run(reads < ATT_SERIAL_READS ? NULL : pool, att_runs_task, &j, first[ns]);
     }
 }
 

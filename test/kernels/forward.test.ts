@@ -134,6 +134,25 @@ describe("batch invariance", () => {
       }
     });
 
+  test("decode attention reading 32K cached values or more a step, split over the pool, gives the one-thread bits", () => {
+    // 4 heads of 32 read 128 values a position: decode steps from position
+    // 256 on split over the pool, earlier ones run on the calling thread.
+    const shape = HEAD_WIDTHS["heads of 32"];
+    const path = tinyModelPath(shape);
+    const toks = tokensFor(shape.vocabSize, 262);
+    const sizes = [250, ...Array<number>(12).fill(1)];
+    for (const simd of paths) {
+      let base: Float32Array[] | null = null;
+      for (const threads of [1, 2, 3]) {
+        withModel(path, threads, simd, (m) => {
+          const got = withSession(m, 300, 3, 0, (s) => feedInCalls(s, toks, 3, sizes, shape.vocabSize));
+          if (base === null) base = got;
+          else expectBitIdentical(got, base, `${simd} threads ${threads}`);
+        });
+      }
+    }
+  });
+
   test("logits do not depend on how many logit rows are requested", () => {
     const shape = SHAPES["mha-tied"];
     const path = tinyModelPath(shape);
