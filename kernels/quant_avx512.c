@@ -487,6 +487,17 @@ static inline __m512 hsum_halves8(const __m512 V[8]) {
     return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), C);
 }
 
+/* Bit r: row 2q + r of a tile of P pairs from pair q, if it falls in [o0, o1). */
+static inline uint32_t tile_rows(int32_t q, int32_t o0, int32_t o1, int P) {
+    const int32_t lo = o0 - 2 * q > 0 ? o0 - 2 * q : 0, hi = o1 - 2 * q < 2 * P ? o1 - 2 * q : 2 * P;
+    return ((1u << hi) - 1u) & ~((1u << lo) - 1u);
+}
+
+/* The lanes of v in m to yt: added to what is there, or stored. */
+static inline void store_rows(float *yt, __mmask16 m, __m512 v, int32_t add) {
+    _mm512_mask_storeu_ps(yt, m, add ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, yt), v) : v);
+}
+
 /* Pairs [q, q + P) x tokens [t0, t0 + TT): y (+)= the rows in rowmask (bit
  * r: row 2q + r). */
 static inline __attribute__((always_inline)) void pair_tile(float *y, int32_t ldy, const lanes *L, int32_t q,
@@ -532,8 +543,7 @@ static inline __attribute__((always_inline)) void pair_tile(float *y, int32_t ld
         const int at = 2 * P * t;
         const __m512 v = at % 16 ? _mm512_permutexvar_ps(_mm512_add_epi32(lane, _mm512_set1_epi32(at % 16)), out[at / 16])
                                  : out[at / 16];
-        float *yt = yr + (size_t)t * (size_t)ldy;
-        _mm512_mask_storeu_ps(yt, m, add ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, yt), v) : v);
+        store_rows(yr + (size_t)t * (size_t)ldy, m, v, add);
     }
 }
 
@@ -552,12 +562,7 @@ static inline __attribute__((always_inline)) int32_t pair_tiles(float *y, int32_
         L.x[t] = a->q + (size_t)(t0 + t) * (size_t)a->ld;
         L.qs[t] = a->qsum + (size_t)(t0 + t) * (size_t)a->gld;
     }
-    for (; q + P <= q1; q += P) {
-        // Rows 2q .. 2q + 2P - 1 that fall in [o0, o1).
-        const int32_t lo = o0 - 2 * q > 0 ? o0 - 2 * q : 0, hi = o1 - 2 * q < 2 * P ? o1 - 2 * q : 2 * P;
-        const uint32_t rowmask = ((1u << hi) - 1u) & ~((1u << lo) - 1u);
-        pair_tile(y, ldy, &L, q, t0, rowmask, P, TT, BITS, NARROW, add);
-    }
+    for (; q + P <= q1; q += P) pair_tile(y, ldy, &L, q, t0, tile_rows(q, o0, o1, P), P, TT, BITS, NARROW, add);
     return q;
 }
 
@@ -624,11 +629,8 @@ static int32_t tiles_t1_int4(float *y, int32_t ldy, const ls_qact *a, const ls_q
             }
         }
         // Lanes 2p and 2p + 1: pair p's rows, as pair_tile leaves them.
-        const __m512 out = _mm512_mul_ps(hsum_halves8(acc), d);
-        const int32_t lo_r = o0 - 2 * q > 0 ? o0 - 2 * q : 0, hi_r = o1 - 2 * q < 2 * T1_PAIRS ? o1 - 2 * q : 2 * T1_PAIRS;
-        const __mmask16 m = (__mmask16)(((1u << hi_r) - 1u) & ~((1u << lo_r) - 1u));
-        float *yt = y + (size_t)t0 * (size_t)ldy + 2 * (size_t)q;
-        _mm512_mask_storeu_ps(yt, m, add ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, yt), out) : out);
+        store_rows(y + (size_t)t0 * (size_t)ldy + 2 * (size_t)q, (__mmask16)tile_rows(q, o0, o1, T1_PAIRS),
+                   _mm512_mul_ps(hsum_halves8(acc), d), add);
     }
     return q;
 }
