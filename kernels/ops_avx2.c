@@ -174,8 +174,8 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
 
 /* Prefill: 2 rows x 3 tokens (12 accumulators, 2 weight and 1 x
  * registers), over a row block in L2. Against 1 row x 4 tokens, a 2048 x
- * 768 matrix took 0.81x the time at 512 tokens and 0.71x at 12 (one
- * thread). No prefetch: the block is in L2. */
+ * 768 matrix took 0.81-0.90x the time at 512 tokens and 0.61x at 12 (one
+ * thread, Zen 3). No prefetch: the block is in L2. */
 static void tile_r2_t3(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
                        int32_t in, int32_t o, int32_t add) {
     tile(y, ldy, x, ldx, w, in, o, 2, 3, add, 0);
