@@ -97,24 +97,6 @@ static inline vec v_pow2(vec p, vec n) {
 // ---- fp16 matmul ----
 
 
-/* acc[r][t] += w[r][i..i+8) * x[t][i..i+8) for R rows x TT tokens: each
- * converted weight vector serves TT tokens and each x vector, held in a
- * register (left to itself GCC folds its load into every FMA), R rows, so a
- * 2 x 3 tile takes 5 loads for 6 FMAs. */
-static ALWAYS_INLINE void tile_half(vec acc[TILE_MAX_R][TILE_MAX_T], const uint16_t *const *wr, const float *x,
-                                    int32_t ldx, int32_t i, const int R, const int TT) {
-    vec w[TILE_MAX_R];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) w[r] = v_load_f16(wr[r] + i);
-#pragma GCC unroll 8
-    for (int t = 0; t < TT; t++) {
-        vec xv = _mm256_loadu_ps(x + (size_t)t * (size_t)ldx + i);
-        if (R > 1) __asm__("" : "+x"(xv));
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(w[r], xv, acc[r][t]);
-    }
-}
-
 static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, const float *x,
                                                        int32_t ldx, const uint16_t *w, int32_t in,
                                                        int32_t o, const int R, const int TT,
@@ -131,9 +113,10 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
         }
     }
     int32_t i = 0;
-    for (; TT > 1 && i + 2 * VL <= in; i += 2 * VL) { /* prefill: half a block at a time */
-        tile_half(a0, wr, x, ldx, i, R, TT);
-        tile_half(a1, wr, x, ldx, i + VL, R, TT);
+    /* prefill: half a block at a time, so a 2 x 3 tile takes 5 loads per 6 FMAs */
+    for (; TT > 1 && i + 2 * VL <= in; i += 2 * VL) {
+        tile_step(a0, wr, x, ldx, i, 0, R, TT);
+        tile_step(a1, wr, x, ldx, i + VL, 0, R, TT);
     }
     for (; i + 2 * VL <= in; i += 2 * VL) {
 #pragma GCC unroll 8

@@ -117,24 +117,7 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
         for (int t = 0; t < TT; t++) a[r][t] = _mm512_setzero_ps();
     }
     int32_t i = 0;
-    for (; i + VL <= in; i += VL) {
-        __m512 w0[TILE_MAX_R];
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            if (PF) prefetch_ahead(wr[r] + i, (size_t)R * (size_t)in);
-            w0[r] = v_load_f16(wr[r] + i);
-        }
-#pragma GCC unroll 8
-        for (int t = 0; t < TT; t++) {
-            __m512 x0 = _mm512_loadu_ps(x + (size_t)t * (size_t)ldx + i);
-            /* Keep x in a register for all R rows: left to itself GCC folds
-             * the load into every FMA, and the load ports, not the FMA
-             * units, become the limit. Changes no arithmetic. */
-            if (R > 1) __asm__("" : "+v"(x0));
-#pragma GCC unroll 8
-            for (int r = 0; r < R; r++) a[r][t] = _mm512_fmadd_ps(w0[r], x0, a[r][t]);
-        }
-    }
+    for (; i + VL <= in; i += VL) tile_step(a, wr, x, ldx, i, PF ? (size_t)R * (size_t)in : 0, R, TT);
     if (i < in) tile_tail(a, wr, x, ldx, i, in - i, R, TT);
     if (R * TT >= 8) { /* sixteen sums at a time (reduce16) */
         float s[TILE_MAX_R * TILE_MAX_T + 15];

@@ -83,6 +83,29 @@ static ALWAYS_INLINE void tile_tail(vec acc[TILE_MAX_R][TILE_MAX_T], const uint1
     }
 }
 
+/* One VL-input step of a matmul tile (the paths' tile functions):
+ * acc[r][t] += w[r][i..i+VL) * x[t][i..i+VL) (FMA) for R rows x TT tokens.
+ * Each converted weight vector serves every token and each x vector every
+ * row: x is held in a register, since left to itself GCC folds its load
+ * into every FMA and the load ports, not the FMA units, become the limit.
+ * pf != 0: each row first prefetches the same inputs pf elements on. */
+static ALWAYS_INLINE void tile_step(vec acc[TILE_MAX_R][TILE_MAX_T], const uint16_t *const *wr, const float *x,
+                                    int32_t ldx, int32_t i, size_t pf, const int R, const int TT) {
+    vec w[TILE_MAX_R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        if (pf) prefetch_ahead(wr[r] + i, pf);
+        w[r] = v_load_f16(wr[r] + i);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) {
+        vec xv = v_load(x + (size_t)t * (size_t)ldx + i);
+        if (R > 1) __asm__("" : "+v"(xv));
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) acc[r][t] = v_fma(w[r], xv, acc[r][t]);
+    }
+}
+
 // ---- attention over the cache (ops.h attn_scores / attn_values, _i8, _i4) ----
 //
 // Lane = position for scores (keys are cached dimension-major, so no
