@@ -90,14 +90,21 @@ static void quantize_avx2(ls_qact *a, const float *x, int32_t ldx, int32_t T, in
 
 // ---- integer part: 8 block sums per window ----
 
-/* Two blocks in V's 128-bit halves ... : V0 = (b0 x4 | b1 x4), V1 = (b2 | b3), ... -> (b0 .. b7).
- * Unpacks and adds, not vphaddd: on Zen 3 a vphaddd ymm issues once per 1.8
- * cycles, an unpack twice a cycle. */
+/* Per 128-bit half, (A0 + A2, B0 + B2, A1 + A3, B1 + B3): unpacks and
+ * adds, not vphaddd, which issues once per 1.8 cycles on Zen 3 (an unpack
+ * twice a cycle). */
+static inline __m256i pair_sums(__m256i A, __m256i B) {
+    return _mm256_add_epi32(_mm256_unpacklo_epi32(A, B), _mm256_unpackhi_epi32(A, B));
+}
+/* Per 128-bit half, the sums of V0 .. V3's four lanes in that half. */
+static inline __m256i half_sums(__m256i V0, __m256i V1, __m256i V2, __m256i V3) {
+    __m256i a = pair_sums(V0, V1), b = pair_sums(V2, V3);
+    return _mm256_add_epi32(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
+}
+
+/* Two blocks in V's 128-bit halves ... : V0 = (b0 x4 | b1 x4), V1 = (b2 | b3), ... -> (b0 .. b7) */
 static inline __m256i reduce_4x2x4(__m256i V0, __m256i V1, __m256i V2, __m256i V3) {
-    __m256i a = _mm256_add_epi32(_mm256_unpacklo_epi32(V0, V1), _mm256_unpackhi_epi32(V0, V1));
-    __m256i b = _mm256_add_epi32(_mm256_unpacklo_epi32(V2, V3), _mm256_unpackhi_epi32(V2, V3));
-    __m256i h = _mm256_add_epi32(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
-    return _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    return _mm256_permutevar8x32_epi32(half_sums(V0, V1, V2, V3), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
 /* Block b of V_i = 4i + b/2 in lanes ... : V0 = (b0 b0 b1 b1 b2 b2 b3 b3), V1 likewise b4..b7 */
@@ -107,8 +114,7 @@ static inline __m256i reduce_2x4x2(__m256i V0, __m256i V1) {
 
 /* Eight vectors of one block each -> (b0 .. b7). */
 static inline __m256i reduce_8x8(const __m256i V[8]) {
-    __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(V[0], V[1]), _mm256_hadd_epi32(V[2], V[3]));
-    __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(V[4], V[5]), _mm256_hadd_epi32(V[6], V[7]));
+    __m256i h0 = half_sums(V[0], V[1], V[2], V[3]), h1 = half_sums(V[4], V[5], V[6], V[7]);
     return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
 }
 
