@@ -91,6 +91,9 @@ static inline vec v_pow2(vec p, vec n) {
 /* matmul tiles: at most TILE_MAX_R rows x TILE_MAX_T tokens */
 #define TILE_MAX_R 8
 #define TILE_MAX_T 4
+/* multi-query attention: 4 queries x 2 vectors = 8 chains, 11 of 16 registers */
+#define MQ_SCORES_NV 2
+#define MQ_VALUES_E 2
 
 #include "ops_simd.h"
 
@@ -212,4 +215,7 @@ const ls_ops ls_ops_avx2 = {
     .simd = LS_SIMD_AVX2,
     LS_OPS_ENTRIES(avx2),
     .swiglu = swiglu_avx2,
+    .softmax_exp = softmax_exp_avx2,
+    .attn_scores_mq = attn_scores_mq_avx2,
+    .attn_values_mq = attn_values_mq_avx2,
 };

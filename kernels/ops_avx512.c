@@ -70,6 +70,9 @@ static inline vec v_pow2(vec p, vec n) { return _mm512_scalef_ps(p, n); }
 /* matmul tiles: at most TILE_MAX_R rows x TILE_MAX_T tokens */
 #define TILE_MAX_R 8
 #define TILE_MAX_T 8 /* R * TT <= 24: R * TT accumulators + R weights + 1 x in 32 registers */
+/* multi-query attention: 4 queries x 2 (scores) or 4 (values) vectors */
+#define MQ_SCORES_NV 2
+#define MQ_VALUES_E 4
 
 #include "ops_simd.h"
 
@@ -251,146 +254,6 @@ static void matmul_f16_avx512(float *y, int32_t ldy, const float *x, int32_t ldx
             for (; o < oe; o++) tile_r1_t1(yt, ldy, xt, ldx, w, in, o, add);
         }
     }
-}
-
-/* G (<= LS_ATT_GROUP) queries of one head over the same positions: each loaded
- * key vector is converted once and used for every query. Per query and
- * lane the FMA chain is attn_scores_avx512's (d increasing from zero), so
- * each score is bit-identical to a one-query call. */
-static inline __attribute__((always_inline)) void scores_mq(float *const *scores, const float *const *q,
-                                                            const uint16_t *kt, int32_t ldk, int32_t hd,
-                                                            int32_t n, const int G) {
-    int32_t j = 0;
-    for (; j + 2 * VL <= n; j += 2 * VL) {
-        __m512 a0[LS_ATT_GROUP], a1[LS_ATT_GROUP];
-#pragma GCC unroll 4
-        for (int g = 0; g < G; g++) a0[g] = a1[g] = _mm512_setzero_ps();
-        const uint16_t *row = kt + j;
-        for (int32_t d = 0; d < hd; d++, row += ldk) {
-            __m512 k0 = v_load_f16(row), k1 = v_load_f16(row + VL);
-#pragma GCC unroll 4
-            for (int g = 0; g < G; g++) {
-                __m512 qd = _mm512_set1_ps(q[g][d]);
-                a0[g] = _mm512_fmadd_ps(qd, k0, a0[g]);
-                a1[g] = _mm512_fmadd_ps(qd, k1, a1[g]);
-            }
-        }
-#pragma GCC unroll 4
-        for (int g = 0; g < G; g++) {
-            _mm512_storeu_ps(scores[g] + j, a0[g]);
-            _mm512_storeu_ps(scores[g] + j + VL, a1[g]);
-        }
-    }
-    for (; j < n; j += VL) {
-        int32_t m = n - j < VL ? n - j : VL;
-        __m512 a[LS_ATT_GROUP];
-#pragma GCC unroll 4
-        for (int g = 0; g < G; g++) a[g] = _mm512_setzero_ps();
-        const uint16_t *row = kt + j;
-        for (int32_t d = 0; d < hd; d++, row += ldk) {
-            __m512 k = v_load_f16_n(row, m);
-#pragma GCC unroll 4
-            for (int g = 0; g < G; g++) a[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g][d]), k, a[g]);
-        }
-#pragma GCC unroll 4
-        for (int g = 0; g < G; g++) _mm512_mask_storeu_ps(scores[g] + j, lanes(m), a[g]);
-    }
-}
-
-static void attn_scores_mq_avx512(float *const *scores, const float *const *q, const uint16_t *kt, int32_t ldk,
-                                  int32_t hd, int32_t n, int32_t G) {
-    switch (G) {
-    case 4: scores_mq(scores, q, kt, ldk, hd, n, 4); break;
-    case 3: scores_mq(scores, q, kt, ldk, hd, n, 3); break;
-    case 2: scores_mq(scores, q, kt, ldk, hd, n, 2); break;
-    default:
-        for (int32_t g = 0; g < G; g++) attn_scores_avx512(scores[g], q[g], kt, ldk, hd, n);
-    }
-}
-
-/* Values for G queries: each converted value row feeds every query's running
- * sums, E vectors of dimensions at a time; per query and dimension the chain
- * is attn_values_avx512's (j increasing, starting from out), for head dims
- * that are a multiple of 16 (else one-query calls). */
-static inline __attribute__((always_inline)) void values_mq(float *const *out, const float *const *p,
-                                                            const uint16_t *v, int32_t hd, int32_t n,
-                                                            const int G, const int E) {
-    for (int32_t d0 = 0; d0 < hd; d0 += E * VL) {
-        __m512 a[LS_ATT_GROUP][4];
-#pragma GCC unroll 4
-        for (int g = 0; g < G; g++)
-#pragma GCC unroll 4
-            for (int e = 0; e < E; e++) a[g][e] = _mm512_loadu_ps(out[g] + d0 + e * VL);
-        const uint16_t *row = v + d0;
-        for (int32_t j = 0; j < n; j++, row += hd) {
-            __m512 w[4];
-#pragma GCC unroll 4
-            for (int e = 0; e < E; e++) w[e] = v_load_f16(row + e * VL);
-#pragma GCC unroll 4
-            for (int g = 0; g < G; g++) {
-                __m512 pj = _mm512_set1_ps(p[g][j]);
-#pragma GCC unroll 4
-                for (int e = 0; e < E; e++) a[g][e] = _mm512_fmadd_ps(pj, w[e], a[g][e]);
-            }
-        }
-#pragma GCC unroll 4
-        for (int g = 0; g < G; g++)
-#pragma GCC unroll 4
-            for (int e = 0; e < E; e++) _mm512_storeu_ps(out[g] + d0 + e * VL, a[g][e]);
-    }
-}
-
-/* Dimensions per pass: 4 vectors when the head holds a multiple of 64, else 2
- * or 1 (a head of 32 is one pass of two vectors). */
-#define VALUES_MQ(E)                                             \
-    switch (G) {                                                 \
-    case 4: values_mq(out, p, v, hd, n, 4, E); return;           \
-    case 3: values_mq(out, p, v, hd, n, 3, E); return;           \
-    case 2: values_mq(out, p, v, hd, n, 2, E); return;           \
-    default: break;                                              \
-    }
-
-static void attn_values_mq_avx512(float *const *out, const float *const *p, const uint16_t *v, int32_t hd,
-                                  int32_t n, int32_t G) {
-    if (hd % (4 * VL) == 0) {
-        VALUES_MQ(4)
-    } else if (hd % (2 * VL) == 0) {
-        VALUES_MQ(2)
-    } else if (hd % VL == 0) {
-        VALUES_MQ(1)
-    }
-    for (int32_t g = 0; g < G; g++) attn_values_avx512(out[g], p[g], v, hd, n);
-}
-
-/* ops.h softmax_exp: lane-wise max and sum over 16-element blocks (the last
- * one masked), then the fixed reduce_add shuffle sequence. */
-static float softmax_exp_avx512(float *c, int32_t n, float scale) {
-    __m512 sc = _mm512_set1_ps(scale), mx = _mm512_set1_ps(-INFINITY);
-    int32_t i = 0;
-    for (; i + VL <= n; i += VL) {
-        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(c + i), sc);
-        _mm512_storeu_ps(c + i, v);
-        mx = _mm512_max_ps(mx, v);
-    }
-    __mmask16 mk = lanes(n - i);
-    if (i < n) {
-        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, c + i), sc);
-        _mm512_mask_storeu_ps(c + i, mk, v);
-        mx = _mm512_mask_max_ps(mx, mk, mx, v);
-    }
-    __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-    __m512 sum = _mm512_setzero_ps();
-    for (i = 0; i + VL <= n; i += VL) {
-        __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(c + i), m));
-        _mm512_storeu_ps(c + i, e);
-        sum = _mm512_add_ps(sum, e);
-    }
-    if (i < n) {
-        __m512 e = exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, c + i), m));
-        _mm512_mask_storeu_ps(c + i, mk, e);
-        sum = _mm512_mask_add_ps(sum, mk, sum, e);
-    }
-    return _mm512_reduce_add_ps(sum);
 }
 
 const ls_ops ls_ops_avx512 = {

@@ -7,6 +7,9 @@
  *   OPS_NAME(name)       name with the path's suffix (name##_avx2)
  *   EXP_NEG_MIN          exp_neg's clamp (the smallest argument it keeps)
  *   TILE_MAX_R, TILE_MAX_T  the largest matmul tile (rows x tokens)
+ *   MQ_SCORES_NV, MQ_VALUES_E  multi-query attention's vectors of positions
+ *                        (scores) and the most of dimensions (values, 2 or
+ *                        4) per query at a time
  *   SIMD_VEC_OPS(P)      (simd_vec.h) with its intrinsics' prefix: v_zero, v_set1,
  *                        v_add, v_sub, v_mul, v_div, v_max, v_load(p), v_store(p, a)
  *                        (VL floats), v_fma(a, b, c) = a * b + c and
@@ -34,9 +37,9 @@
 #define L2_BLOCK_BYTES (64 * 1024) /* weight rows revisited by every token group */
 
 /* Decode streams weight rows from memory once per token; asking for the
- * same columns of the next tile's rows (R rows ahead) while this tile
- * computes keeps more misses in flight than the hardware prefetcher does on
- * 4 parallel row streams (1-thread decode 155 -> 220 tok/s, dim 768). A prefetch
+ * next tile's rows while this tile computes keeps more misses in flight
+ * than the hardware prefetcher does on a tile's parallel row streams
+ * (tiles of 4 rows: 1-thread decode 155 -> 220 tok/s, dim 768). A prefetch
  * never faults, so running past the matrix end is harmless; the address is
  * formed as an integer to keep the pointer arithmetic defined. */
 static inline void prefetch_ahead(const uint16_t *p, size_t elems) {
@@ -217,6 +220,112 @@ static void OPS_NAME(attn_values)(float *out, const float *p, const uint16_t *v,
     values_rows(out, p, v, NULL, hd, n, 0);
 }
 
+/* G (<= LS_ATT_GROUP) queries of one head over the same positions (ops.h
+ * attn_scores_mq, prefill): each key vector is loaded once and used for
+ * every query. NV vectors of positions from j (with TAIL, the last holds
+ * only m < VL of them). Per query and lane the chain is scores_tile's (d
+ * increasing from zero), so each score is bit-identical to a one-query
+ * call. */
+static ALWAYS_INLINE void scores_mq_tile(float *const *scores, const float *const *q, const uint16_t *kt,
+                                         int32_t ldk, int32_t hd, int32_t j, int32_t m, const int G, const int NV,
+                                         const int TAIL) {
+    vec a[LS_ATT_GROUP][MQ_SCORES_NV];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) a[g][v] = v_zero();
+    for (size_t d = 0, row = (size_t)j; d < (size_t)hd; d++, row += (size_t)ldk) {
+        vec k[MQ_SCORES_NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) k[v] = load_f16(kt + row + v * VL, TAIL && v == NV - 1, m);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            vec qd = v_set1(q[g][d]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) a[g][v] = v_fma(qd, k[v], a[g][v]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) store_f32(scores[g] + j + v * VL, a[g][v], TAIL && v == NV - 1, m);
+}
+
+static ALWAYS_INLINE void scores_mq(float *const *scores, const float *const *q, const uint16_t *kt, int32_t ldk,
+                                    int32_t hd, int32_t n, const int G) {
+    int32_t j = 0;
+    for (; j + MQ_SCORES_NV * VL <= n; j += MQ_SCORES_NV * VL)
+        scores_mq_tile(scores, q, kt, ldk, hd, j, VL, G, MQ_SCORES_NV, 0);
+    for (; j + VL <= n; j += VL) scores_mq_tile(scores, q, kt, ldk, hd, j, VL, G, 1, 0);
+    if (j < n) scores_mq_tile(scores, q, kt, ldk, hd, j, n - j, G, 1, 1);
+}
+
+static void OPS_NAME(attn_scores_mq)(float *const *scores, const float *const *q, const uint16_t *kt, int32_t ldk,
+                                     int32_t hd, int32_t n, int32_t G) {
+    switch (G) {
+    case 4: scores_mq(scores, q, kt, ldk, hd, n, 4); break;
+    case 3: scores_mq(scores, q, kt, ldk, hd, n, 3); break;
+    case 2: scores_mq(scores, q, kt, ldk, hd, n, 2); break;
+    default:
+        for (int32_t g = 0; g < G; g++) OPS_NAME(attn_scores)(scores[g], q[g], kt, ldk, hd, n);
+    }
+}
+
+/* Values for G queries (ops.h attn_values_mq): each converted value row
+ * feeds every query's running sums, E vectors of dimensions a pass; per
+ * query and dimension the chain is values_tile's (j increasing, starting
+ * from out), for head dims that are a multiple of VL (else one-query
+ * calls). */
+static ALWAYS_INLINE void values_mq(float *const *out, const float *const *p, const uint16_t *v, int32_t hd,
+                                    int32_t n, const int G, const int E) {
+    for (int32_t d0 = 0; d0 < hd; d0 += E * VL) {
+        vec a[LS_ATT_GROUP][MQ_VALUES_E];
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++)
+#pragma GCC unroll 4
+            for (int e = 0; e < E; e++) a[g][e] = v_load(out[g] + d0 + e * VL);
+        const uint16_t *row = v + d0;
+        for (int32_t j = 0; j < n; j++, row += hd) {
+            vec w[MQ_VALUES_E];
+#pragma GCC unroll 4
+            for (int e = 0; e < E; e++) w[e] = v_load_f16(row + e * VL);
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++) {
+                vec pj = v_set1(p[g][j]);
+#pragma GCC unroll 4
+                for (int e = 0; e < E; e++) a[g][e] = v_fma(pj, w[e], a[g][e]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++)
+#pragma GCC unroll 4
+            for (int e = 0; e < E; e++) v_store(out[g] + d0 + e * VL, a[g][e]);
+    }
+}
+
+#define VALUES_MQ(E)                                   \
+    switch (G) {                                       \
+    case 4: values_mq(out, p, v, hd, n, 4, E); return; \
+    case 3: values_mq(out, p, v, hd, n, 3, E); return; \
+    case 2: values_mq(out, p, v, hd, n, 2, E); return; \
+    default: break;                                    \
+    }
+
+/* Dimensions per pass: MQ_VALUES_E vectors when the head holds a multiple
+ * of that many, else 2 or 1. */
+static void OPS_NAME(attn_values_mq)(float *const *out, const float *const *p, const uint16_t *v, int32_t hd,
+                                     int32_t n, int32_t G) {
+    if (MQ_VALUES_E == 4 && hd % (4 * VL) == 0) {
+        VALUES_MQ(MQ_VALUES_E)
+    } else if (hd % (2 * VL) == 0) {
+        VALUES_MQ(2)
+    } else if (hd % VL == 0) {
+        VALUES_MQ(1)
+    }
+    for (int32_t g = 0; g < G; g++) OPS_NAME(attn_values)(out[g], p[g], v, hd, n);
+}
+#undef VALUES_MQ
+
 static void OPS_NAME(attn_scores_i8)(float *scores, const float *q, const int8_t *kt, int32_t ldq,
                                      const uint16_t *ks, int32_t hd, int32_t n) {
     scores_rows(scores, q, kt, ldq, ks, hd, n, 1);
@@ -332,6 +441,38 @@ static inline vec exp_neg(vec x) {
     p = v_fma(p, r, v_set1(1.0f));
     p = v_fma(p, r, v_set1(1.0f));
     return v_pow2(p, n);
+}
+
+/* ops.h softmax_exp: the scaled scores' max (exact in any order), then
+ * exp(c - max) a vector at a time, summed lane-wise over VL-element blocks
+ * (the last one partial, its missing lanes zero) and then by the path's
+ * fixed horizontal sum: one order for a given n. */
+static float OPS_NAME(softmax_exp)(float *c, int32_t n, float scale) {
+    const vec sc = v_set1(scale);
+    vec mx = v_set1(-INFINITY);
+    int32_t i = 0, m = n % VL;
+    for (; i + VL <= n; i += VL) {
+        vec v = v_mul(v_load(c + i), sc);
+        v_store(c + i, v);
+        mx = v_max(mx, v);
+    }
+    if (m) v_store_n(c + i, v_mul(v_load_n(c + i, m), sc), m);
+    float mx_lanes[VL], top = -INFINITY;
+    v_store(mx_lanes, mx);
+    for (int32_t k = 0; k < VL; k++) top = mx_lanes[k] > top ? mx_lanes[k] : top;
+    for (int32_t k = i; k < n; k++) top = c[k] > top ? c[k] : top;
+    const vec top_v = v_set1(top);
+    vec sum = v_zero();
+    for (i = 0; i + VL <= n; i += VL) {
+        vec e = exp_neg(v_sub(v_load(c + i), top_v));
+        v_store(c + i, e);
+        sum = v_add(sum, e);
+    }
+    if (m) {
+        v_store_n(c + i, exp_neg(v_sub(v_load_n(c + i, m), top_v)), m);
+        sum = v_add(sum, v_load_n(c + i, m));
+    }
+    return v_hsum(sum);
 }
 
 /* silu(g) * u for m lanes: silu(g) = g * sigmoid(g), the sigmoid from
