@@ -3,11 +3,10 @@
  * called only after ls_runtime_init has checked the CPU.
  *
  * Dot product order (every (token, row) element, whatever T or row range):
- *   two 8-lane accumulators a0, a1; for each full 16-element block,
- *   a0 += w[i..i+8) * x[i..i+8), a1 += w[i+8..i+16) * x[i+8..i+16) (FMA);
- *   then one more full 8-block into a0 if present; then the last < 8
- *   elements, zero-padded, into a1; result = hsum(a0 + a1) with the fixed
- *   shuffle sequence of v_hsum below.
+ *   one 8-lane accumulator a; for each full 8-element block in order,
+ *   a += w[i..i+8) * x[i..i+8) (FMA); then the last < 8 elements,
+ *   zero-padded; result = hsum(a) with the fixed shuffle sequence of v_hsum
+ *   below.
  * Tiles of R rows x TT tokens only reuse loaded registers (see ops_avx512.c).
  */
 #include <immintrin.h>
@@ -104,80 +103,53 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
                                                        int32_t ldx, const uint16_t *w, int32_t in,
                                                        int32_t o, const int R, const int TT,
                                                        int32_t add, const int PF) {
-    __m256 a0[TILE_MAX_R][TILE_MAX_T], a1[TILE_MAX_R][TILE_MAX_T];
+    __m256 a[TILE_MAX_R][TILE_MAX_T];
     const uint16_t *wr[TILE_MAX_R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
         wr[r] = w + (size_t)(o + r) * (size_t)in;
 #pragma GCC unroll 8
-        for (int t = 0; t < TT; t++) {
-            a0[r][t] = _mm256_setzero_ps();
-            a1[r][t] = _mm256_setzero_ps();
-        }
+        for (int t = 0; t < TT; t++) a[r][t] = _mm256_setzero_ps();
     }
     int32_t i = 0;
-    /* prefill: half a block at a time, so a 2 x 3 tile takes 5 loads per 6 FMAs */
-    for (; TT > 1 && i + 2 * VL <= in; i += 2 * VL) {
-        tile_step(a0, wr, x, ldx, i, 0, R, TT);
-        tile_step(a1, wr, x, ldx, i + VL, 0, R, TT);
-    }
-    for (; i + 2 * VL <= in; i += 2 * VL) {
+    for (; i + VL <= in; i += VL) {
+        /* decode: the tile's rows are one contiguous span; ask for the
+         * next tile's in address order, as fast as this one is read */
+        if (PF && (i & (2 * VL - 1)) == 0) {
 #pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            /* The tile's rows are one contiguous span: ask for the next
-             * tile's span in order, as fast as this one is read (R / 2
-             * lines a step). */
-            if (PF && r < R / 2) prefetch_ahead(wr[0], (size_t)R * (size_t)(in + i) + (size_t)r * 32);
-            __m256 w0 = v_load_f16(wr[r] + i);
-            __m256 w1 = v_load_f16(wr[r] + i + VL);
-#pragma GCC unroll 8
-            for (int t = 0; t < TT; t++) {
-                const float *xt = x + (size_t)t * (size_t)ldx + i;
-                a0[r][t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xt), a0[r][t]);
-                a1[r][t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt + VL), a1[r][t]);
-            }
+            for (int r = 0; r < R / 2; r++) prefetch_ahead(wr[0], (size_t)R * (size_t)(in + i) + (size_t)r * 32);
         }
+        tile_step(a, wr, x, ldx, i, 0, R, TT);
     }
-    if (i + VL <= in) {
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            __m256 w0 = v_load_f16(wr[r] + i);
-#pragma GCC unroll 8
-            for (int t = 0; t < TT; t++)
-                a0[r][t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + (size_t)t * (size_t)ldx + i),
-                                           a0[r][t]);
-        }
-        i += VL;
-    }
-    if (i < in) tile_tail(a1, wr, x, ldx, i, in - i, R, TT);
+    if (i < in) tile_tail(a, wr, x, ldx, i, in - i, R, TT);
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
 #pragma GCC unroll 8
         for (int t = 0; t < TT; t++) {
-            float s = v_hsum(_mm256_add_ps(a0[r][t], a1[r][t]));
+            float s = v_hsum(a[r][t]);
             float *yo = y + (size_t)t * (size_t)ldy + o + r;
             *yo = add ? *yo + s : s;
         }
     }
 }
 
-/* Prefill: 2 rows x 3 tokens (12 accumulators, 2 weight and 1 x
- * registers), over a row block in L2. Against 1 row x 4 tokens, a 2048 x
- * 768 matrix took 0.81-0.90x the time at 512 tokens and 0.61x at 12 (one
- * thread, Zen 3). No prefetch: the block is in L2. */
-static void tile_r2_t3(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
+/* Prefill: 3 rows x 4 tokens (12 accumulators, 3 weight and 1 x
+ * registers), over a row block in L2: 7 loads per 12 FMAs. Against 2 x 3
+ * tiles with two accumulators each, 0.87-0.88x the time per matrix at 512
+ * tokens (Zen 3, one thread); 4 x 3 spills. No prefetch: the block is in
+ * L2. */
+static void tile_r3_t4(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
                        int32_t in, int32_t o, int32_t add) {
-    tile(y, ldy, x, ldx, w, in, o, 2, 3, add, 0);
+    tile(y, ldy, x, ldx, w, in, o, 3, 4, add, 0);
 }
-static void tile_r1_t3(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
+static void tile_r1_t4(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
                        int32_t in, int32_t o, int32_t add) {
-    tile(y, ldy, x, ldx, w, in, o, 1, 3, add, 0);
+    tile(y, ldy, x, ldx, w, in, o, 1, 4, add, 0);
 }
-/* Decode: 8 rows a tile, 8 weight streams in flight (fp16 decode at loops
- * 8: 6-10% faster than 4 rows on the dim-768 model, though 16 accumulators
- * fill every register). The next tile is prefetched in address order, 4
- * lines a step: against a prefetch per row per step (two per line), 0.58-
- * 0.84x the time per matrix on Zen 3 at 2 threads, from L2 to DRAM. */
+/* Decode: 8 rows a tile, 8 weight streams in flight; the next tile is
+ * prefetched in address order, 4 lines every two steps: against a prefetch
+ * per row per step (two per line), 0.58-0.84x the time per matrix on Zen 3
+ * at 2 threads, from L2 to DRAM. */
 static void tile_r8_t1(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
                        int32_t in, int32_t o, int32_t add) {
     tile(y, ldy, x, ldx, w, in, o, 8, 1, add, 1);
@@ -194,12 +166,12 @@ static void matmul_f16_avx2(float *y, int32_t ldy, const float *x, int32_t ldx, 
     for (int32_t ob = o0; ob < o1; ob += rb) {
         int32_t oe = o1 - ob < rb ? o1 : ob + rb;
         int32_t t = 0;
-        for (; t + 3 <= T; t += 3) {
+        for (; t + 4 <= T; t += 4) {
             const float *xt = x + (size_t)t * (size_t)ldx;
             float *yt = y + (size_t)t * (size_t)ldy;
             int32_t o = ob;
-            for (; o + 2 <= oe; o += 2) tile_r2_t3(yt, ldy, xt, ldx, w, in, o, add);
-            if (o < oe) tile_r1_t3(yt, ldy, xt, ldx, w, in, o, add);
+            for (; o + 3 <= oe; o += 3) tile_r3_t4(yt, ldy, xt, ldx, w, in, o, add);
+            for (; o < oe; o++) tile_r1_t4(yt, ldy, xt, ldx, w, in, o, add);
         }
         for (; t < T; t++) {
             const float *xt = x + (size_t)t * (size_t)ldx;
