@@ -220,6 +220,21 @@ static void OPS_NAME(attn_values)(float *out, const float *p, const uint16_t *v,
     values_rows(out, p, v, NULL, hd, n, 0);
 }
 
+#define MQ_VEC_MAX 4 /* the most vectors a query keeps in the multi-query kernels */
+
+/* a[g][v] += s[g][at] * x[v] (FMA) for G queries and N shared vectors: one
+ * step of the multi-query kernels below, each loaded cache vector used by
+ * every query. */
+static ALWAYS_INLINE void mq_fma(vec a[LS_ATT_GROUP][MQ_VEC_MAX], const vec *x, const float *const *s, size_t at,
+                                 const int G, const int N) {
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) {
+        vec c = v_set1(s[g][at]);
+#pragma GCC unroll 4
+        for (int v = 0; v < N; v++) a[g][v] = v_fma(c, x[v], a[g][v]);
+    }
+}
+
 /* G (<= LS_ATT_GROUP) queries of one head over the same positions (ops.h
  * attn_scores_mq, prefill): each key vector is loaded once and used for
  * every query. NV vectors of positions from j (with TAIL, the last holds
@@ -229,21 +244,16 @@ static void OPS_NAME(attn_values)(float *out, const float *p, const uint16_t *v,
 static ALWAYS_INLINE void scores_mq_tile(float *const *scores, const float *const *q, const uint16_t *kt,
                                          int32_t ldk, int32_t hd, int32_t j, int32_t m, const int G, const int NV,
                                          const int TAIL) {
-    vec a[LS_ATT_GROUP][MQ_SCORES_NV];
+    vec a[LS_ATT_GROUP][MQ_VEC_MAX];
 #pragma GCC unroll 4
     for (int g = 0; g < G; g++)
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++) a[g][v] = v_zero();
     for (size_t d = 0, row = (size_t)j; d < (size_t)hd; d++, row += (size_t)ldk) {
-        vec k[MQ_SCORES_NV];
+        vec k[MQ_VEC_MAX];
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++) k[v] = load_f16(kt + row + v * VL, TAIL && v == NV - 1, m);
-#pragma GCC unroll 4
-        for (int g = 0; g < G; g++) {
-            vec qd = v_set1(q[g][d]);
-#pragma GCC unroll 4
-            for (int v = 0; v < NV; v++) a[g][v] = v_fma(qd, k[v], a[g][v]);
-        }
+        mq_fma(a, k, q, d, G, NV);
     }
 #pragma GCC unroll 4
     for (int g = 0; g < G; g++)
@@ -279,22 +289,17 @@ static void OPS_NAME(attn_scores_mq)(float *const *scores, const float *const *q
 static ALWAYS_INLINE void values_mq(float *const *out, const float *const *p, const uint16_t *v, int32_t hd,
                                     int32_t n, const int G, const int E) {
     for (int32_t d0 = 0; d0 < hd; d0 += E * VL) {
-        vec a[LS_ATT_GROUP][MQ_VALUES_E];
+        vec a[LS_ATT_GROUP][MQ_VEC_MAX];
 #pragma GCC unroll 4
         for (int g = 0; g < G; g++)
 #pragma GCC unroll 4
             for (int e = 0; e < E; e++) a[g][e] = v_load(out[g] + d0 + e * VL);
         const uint16_t *row = v + d0;
         for (int32_t j = 0; j < n; j++, row += hd) {
-            vec w[MQ_VALUES_E];
+            vec w[MQ_VEC_MAX];
 #pragma GCC unroll 4
             for (int e = 0; e < E; e++) w[e] = v_load_f16(row + e * VL);
-#pragma GCC unroll 4
-            for (int g = 0; g < G; g++) {
-                vec pj = v_set1(p[g][j]);
-#pragma GCC unroll 4
-                for (int e = 0; e < E; e++) a[g][e] = v_fma(pj, w[e], a[g][e]);
-            }
+            mq_fma(a, w, p, (size_t)j, G, E);
         }
 #pragma GCC unroll 4
         for (int g = 0; g < G; g++)
