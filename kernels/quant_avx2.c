@@ -158,9 +158,9 @@ static inline __attribute__((always_inline)) void window_sums(
                 // Byte j of a span's 16 high-bit bytes: bits 0-3 for nibble
                 // lane j, bits 4-7 for lane j + 16; each lane's even input in
                 // its low two bits, the odd one above.
-                // Shifted left by 4 in the low half: each lane's even
-                // input's bits land at 4-5, the odd one's at 6-7 (two
-                // shifts a span, not three).
+                // The low half shifted left by 4 puts, in both halves, a
+                // lane's even input's bits at 4-5 and its odd one's at 6-7
+                // (two shifts a span, not three).
                 const __m256i m6 = _mm256_set1_epi8(0x30), half = _mm256_setr_epi32(4, 4, 4, 4, 0, 0, 0, 0);
                 const uint8_t *hp = window_bytes(wr[r] + high_offset(in, e), nv / 4, 64, hpad);
 #pragma GCC unroll 8
