@@ -17,7 +17,7 @@ import { regressionFiles } from "../../fuzz/regressions.ts";
 import { checkHealthy, type FuzzRequest, send } from "../../fuzz/requests.ts";
 import { checkImage } from "../../fuzz/validator.ts";
 import { testTempDir } from "../helpers/models.ts";
-import { runSanitized, sanitizedProgram } from "../helpers/sanitized.ts";
+import { runSanitized, SANITIZED_BUILD_MS, sanitizedProgram } from "../helpers/sanitized.ts";
 import { startServer } from "../helpers/server.ts";
 
 // Sanitized builds and runs are slow on a busy machine.
@@ -46,7 +46,7 @@ describe("saved model findings and the seed corpora", () => {
     expect(r.stderr).toBe("");
     expect(r.code).toBe(0);
     expect(r.stdout.trim().split("\n")).toEqual(files.map((f) => `ok ${f}`));
-  });
+  }, SANITIZED_BUILD_MS);
 
   test("the TypeScript loader: each file loads or is refused with a ModelFormatError", () => {
     const dir = mkdtempSync(join(testTempDir(), "fuzz-replay-"));

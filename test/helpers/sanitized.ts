@@ -22,6 +22,13 @@ export const SANITIZER_ENV = {
 };
 export const SANITIZER_REPORT = /ERROR: (AddressSanitizer|LeakSanitizer)|runtime error|SUMMARY: \w+Sanitizer/;
 
+/** How long the first caller of sanitizedDriver / sanitizedProgram in a
+ * process may wait: it compiles every kernel source under the sanitizers,
+ * and on two cores quant_avx512.c alone takes about 4 minutes at -O1. A
+ * hook cut short kills the compiler, and every sanitized test after it in
+ * the process fails with it. */
+export const SANITIZED_BUILD_MS = 600_000;
+
 async function compile(args: string[]): Promise<void> {
   const p = Bun.spawn(args, { stdout: "pipe", stderr: "pipe" });
   const [code, err] = await Promise.all([p.exited, new Response(p.stderr).text()]);

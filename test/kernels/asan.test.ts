@@ -12,7 +12,7 @@ import { type SyntheticOptions, writeSyntheticModel } from "../../src/model/synt
 import { type ConfigField, copyDescriptor, descriptorOf, editDescriptor, type SpanEdit, spanOf, writeDescriptor } from "../helpers/model_descriptor.ts";
 import { pathsWhere } from "../helpers/kernels.ts";
 import { testTempDir } from "../helpers/models.ts";
-import { runSanitized, type SanitizedRun, sanitizedDriver } from "../helpers/sanitized.ts";
+import { runSanitized, SANITIZED_BUILD_MS, type SanitizedRun, sanitizedDriver } from "../helpers/sanitized.ts";
 import { ReferenceModel } from "../reference/forward.ts";
 
 const TOL = 1e-3; // max|c - r| / max|r| against the float64 reference
@@ -62,7 +62,7 @@ beforeAll(async () => {
   validTied = modelPath("valid-tied", { ...SMALL, tiedOutput: true });
   validBytes = new Uint8Array(readFileSync(valid));
   validDesc = descriptorOf(valid);
-}, 240_000);
+}, SANITIZED_BUILD_MS);
 
 // ---- loading ----
 

@@ -4,13 +4,13 @@
 // or reused; a held buffer and the bytes past what was asked for are
 // poisoned, so a write past the end is reported for both kinds.
 import { beforeAll, describe, expect, test } from "bun:test";
-import { runSanitized, SANITIZER_ENV, sanitizedDriver } from "../helpers/sanitized.ts";
+import { runSanitized, SANITIZED_BUILD_MS, SANITIZER_ENV, sanitizedDriver } from "../helpers/sanitized.ts";
 
 let driver = "";
 
 beforeAll(async () => {
   driver = await sanitizedDriver("bufpool_driver");
-}, 240_000);
+}, SANITIZED_BUILD_MS);
 
 describe("session buffer pool under ASan/UBSan", () => {
   test("fresh and reused buffers are zeroed, held and past-the-end bytes poisoned, the pool's limits kept", () => {

@@ -10,7 +10,7 @@ import { LS_SIMD_AVX2, LS_SIMD_AVX512, LS_SIMD_PORTABLE } from "../../src/engine
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
 import { writeDescriptor } from "../helpers/model_descriptor.ts";
 import { tinyModelPath } from "../helpers/models.ts";
-import { runSanitized, sanitizedDriver } from "../helpers/sanitized.ts";
+import { runSanitized, SANITIZED_BUILD_MS, sanitizedDriver } from "../helpers/sanitized.ts";
 
 setDefaultTimeout(240_000);
 
@@ -24,7 +24,7 @@ let driver = "";
 
 beforeAll(async () => {
   driver = await sanitizedDriver("kv_driver");
-}, 240_000);
+}, SANITIZED_BUILD_MS);
 
 describe("cache modes under ASan/UBSan", () => {
   for (const [name, shape] of Object.entries(SHAPES)) {

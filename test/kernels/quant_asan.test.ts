@@ -14,7 +14,7 @@ import { type SyntheticOptions, writeSyntheticModel } from "../../src/model/synt
 import { descriptorOf, editDescriptor, type SpanEdit, spanOf, writeDescriptor } from "../helpers/model_descriptor.ts";
 import { pathsWhere } from "../helpers/kernels.ts";
 import { testTempDir } from "../helpers/models.ts";
-import { runSanitized, type SanitizedRun, sanitizedDriver } from "../helpers/sanitized.ts";
+import { runSanitized, SANITIZED_BUILD_MS, type SanitizedRun, sanitizedDriver } from "../helpers/sanitized.ts";
 import { ReferenceModel } from "../reference/forward.ts";
 
 const TOL = 2e-3; // as quant_forward.test.ts
@@ -52,7 +52,7 @@ beforeAll(async () => {
   files["int4-fp16head"] = tmpPath("int4-fp16head");
   quantizeModelFile(src, files["int4-fp16head"], { quant: "int4", head: "fp16" });
   writeDescriptor(files["int4-fp16head"]);
-}, 240_000);
+}, SANITIZED_BUILD_MS);
 
 /** The SIMD paths the sanitized build runs on this CPU. */
 function supportedPaths(path: string): string[] {

@@ -15,7 +15,7 @@ import { LS_SPEC_TEST_ACCEPT_ALL } from "../helpers/abi_testing.generated.ts";
 import { ensureLibrary, LIB, supportedPaths } from "../helpers/kernels.ts";
 import { writeDescriptor } from "../helpers/model_descriptor.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
-import { runSanitized, sanitizedDriver } from "../helpers/sanitized.ts";
+import { runSanitized, SANITIZED_BUILD_MS, sanitizedDriver } from "../helpers/sanitized.ts";
 
 // Shallow loops mostly agree with deep ones: most drafts are accepted.
 const AGREEING: Partial<SyntheticOptions> = { seed: 21, residualScale: 0.05 };
@@ -526,12 +526,10 @@ describe("speculative sampling preserves the output distribution", () => {
 // on two cores).
 
 describe("speculative cycles under ASan/UBSan", () => {
-  // Compiling every kernel under the sanitizers takes minutes on two cores
-  // when no earlier test file of this process has done it.
   let driver = "";
   beforeAll(async () => {
     driver = await sanitizedDriver("spec_asan_driver");
-  }, 300_000);
+  }, SANITIZED_BUILD_MS);
 
   test(
     "no sanitizer report, and greedy cycles equal plain stepping, on every SIMD path",
