@@ -221,6 +221,7 @@ static void OPS_NAME(attn_values)(float *out, const float *p, const uint16_t *v,
 }
 
 #define MQ_VEC_MAX 4 /* the most vectors a query keeps in the multi-query kernels */
+_Static_assert(MQ_SCORES_NV <= MQ_VEC_MAX && MQ_VALUES_E <= MQ_VEC_MAX, "multi-query vectors per query");
 
 /* a[g][v] += s[g][at] * x[v] (FMA) for G queries and N shared vectors: one
  * step of the multi-query kernels below, each loaded cache vector used by
