@@ -21,7 +21,7 @@ const SIMD_AVX512 = 3;
 function buildGemm(): string {
   const dir = join(ROOT, "build", "bench-gemm");
   mkdirSync(dir, { recursive: true });
-  const kernels = ["quant_portable.c", "quant_avx2.c", "quant_avx512.c", "util.c"].map((f) => join(ROOT, "kernels", f));
+  const kernels = ["quant_portable.c", "quant_pack.c", "quant_avx2.c", "quant_avx512.c", "util.c"].map((f) => join(ROOT, "kernels", f));
   const sources = [...kernels, join(import.meta.dir, "gemm", "gemm.c")];
   const objects = sources.map((src, i) => {
     const obj = join(dir, `${i}.o`);

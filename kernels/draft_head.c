@@ -190,7 +190,7 @@ int32_t ls_draft_head_coarse(ls_model *m, const float *h, float *logits, int32_t
     if (n > LS_DRAFT_BEST) n = LS_DRAFT_BEST;
     rt->ops->rmsnorm(d->xn, h, rt->norm, dim, m->info.norm_eps);
     ls_quant_shape(d->act, 1, dim, dim, 8);
-    ls_quant_rows(d->act, d->xn, dim, 0, 1, dim, dim, 0, 1);
+    ls_quant_rows(d->act, d->xn, dim, 0, 1, dim, dim);
     int32_t tasks = rt->n_threads * 8 < MAX_TASKS ? rt->n_threads * 8 : MAX_TASKS;
     int32_t rpt = (V + tasks - 1) / tasks;
     rpt = rpt < 64 ? 64 : (rpt + 3) & ~3;

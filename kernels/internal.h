@@ -31,7 +31,8 @@ typedef struct {
                                and paths with their own layout keep it at its stored width: it
                                streams from memory once per step, where bytes are the cost */
     ls_qact *act;           /* the model's activation scratch (see quant.h) */
-    uint8_t *packed;        /* qweight in the layout of act's kernels, or NULL (quant.h) */
+    uint8_t *packed;        /* qweight in the layout of act's kernels, or NULL (quant_pack.h) */
+    int32_t packed_wide;    /* packed holds the wide copy before the narrow one (quant_pack.h) */
 } ls_qmat;
 
 /* Weights point straight into the read-only mapping (fp16, row-major).

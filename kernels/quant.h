@@ -13,8 +13,9 @@
  * ls_quant_begin and ls_quant_prepare_rows, then the pool runs matmul on
  * row ranges). Every matrix of a model shares one ls_qact scratch.
  * ls_quant_setup (at runtime init) picks the kernels and, where the path
- * has its own weight layout (AVX-512 VNNI), copies every matrix of the
- * model into it once (ls_qops.pack); the copies go with the scratch.
+ * has its own weight layout (AVX2, AVX-512: quant_pack.h), copies every
+ * matrix of the model into it once (ls_qops.pack); the copies go with the
+ * scratch.
  *
  * The computation, identical on every path (portable, AVX2, AVX-512):
  *   amax = max_i |x[i]|;  d = amax / 127;
@@ -92,17 +93,14 @@ struct ls_qact {
     int32_t *qsum;        /* (max_T, gld) per-group sums of q, zero past the last group */
 };
 
-/* Per-path kernels. quantize writes a->q in the path's layout (described by
- * span/planes: within each span of `span` inputs, plane p holds the inputs
- * i with i % planes == p, in order; span 0 = natural order; the AVX-512
- * layout is in quant_avx512.c). pack, where the path has its own weight
- * layout (else NULL), sets w->packed to a copy of w->qweight in it, once;
- * -1 when out of memory. */
+/* Per-path kernels. quantize writes a->q in the path's layout (portable:
+ * natural order; AVX2 and AVX-512: quant_pack.h). pack, where the path has
+ * its own weight layout (else NULL), sets w->packed to a copy of w->qweight
+ * in it, once; -1 when out of memory. */
 typedef struct ls_qops {
     int32_t simd;
     /* The form quantize writes a matrix's activations in for a call of T
-     * tokens (AVX2: spans by code width; VNNI: signed or offset by 128, per
-     * weight scheme); two matrices with the same form share one prepared
+     * tokens (VNNI: signed or offset by 128, per weight scheme); two matrices with the same form share one prepared
      * activation. */
     int32_t (*act_form)(const ls_qmat *w, int32_t T);
     int32_t (*pack)(ls_qmat *w);
@@ -140,8 +138,9 @@ extern const ls_qops ls_qops_avx512;
 const ls_qops *ls_quant_ops_select(int32_t simd);
 
 /* Picks the kernels for a->simd and packs every attached matrix for them
- * (once, on the loading thread). Without memory for the packed copies the
- * AVX2 kernels read the weights as stored instead: the same bits. */
+ * (once, on the loading thread). Without memory for the packed copies it
+ * falls back to smaller ones, then to the portable kernels, which read the
+ * weights as stored: the same bits. */
 void ls_quant_setup(ls_qact *a);
 /* Quantizes rows [0, T) of x into w->act (on the calling thread; after
  * ls_quant_setup). */
@@ -169,12 +168,10 @@ void ls_quant_matmul_in(const ls_qact *a, const ls_qmat *w, float *y, int32_t ld
                         int32_t add);
 
 /* The activation rule above in plain C for rows [t0, t1) (x pointing at row
- * 0), written in the given layout (span 0 = natural order): the portable
- * path's quantize, and the definition the SIMD quantizers must equal bit for
- * bit (they round with cvtps2dq in the default rounding mode, which is what
- * the portable rounding does too). */
-void ls_quant_rows(ls_qact *a, const float *x, int32_t ldx, int32_t t0, int32_t t1, int32_t in, int32_t group,
-                   int32_t span, int32_t planes);
+ * 0), in natural order: the portable path's quantize, and the definition the
+ * SIMD quantizers must equal bit for bit (they round with cvtps2dq in the
+ * default rounding mode, which is what the portable rounding does too). */
+void ls_quant_rows(ls_qact *a, const float *x, int32_t ldx, int32_t t0, int32_t t1, int32_t in, int32_t group);
 /* Records the shape of the rows a holds: T rows of `in` inputs, for
  * matrices of this group and code width. */
 static inline void ls_quant_shape(ls_qact *a, int32_t T, int32_t in, int32_t group, int32_t bits) {
@@ -183,8 +180,6 @@ static inline void ls_quant_shape(ls_qact *a, int32_t T, int32_t in, int32_t gro
     a->group = group;
     a->bits = bits;
 }
-/* Rearranges one zero-padded row of natural-order codes into the span layout. */
-void ls_quant_permute(int8_t *qr, int32_t in, int32_t span, int32_t planes);
 
 /* ---- scratch allocation (static inline: model.c, also linked into the
  * CUDA library, must not reference the kernels' symbols) ---- */
@@ -195,6 +190,7 @@ static inline void ls_qact_free(ls_qact *a) {
     for (int32_t i = 0; i < a->n_mats; i++) {
         free(a->mats[i].packed);
         a->mats[i].packed = NULL;
+        a->mats[i].packed_wide = 0;
     }
     free(a->q);
     free(a->d);

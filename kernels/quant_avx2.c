@@ -2,49 +2,44 @@
  * quant_avx2.c — quantized matmul with AVX2 (vpmaddubsw + vpmaddwd). Built
  * with -mavx2 -mfma -mf16c; also the kernels of AVX-512 CPUs without VNNI.
  *
- * vpmaddubsw multiplies unsigned bytes by signed bytes and adds pairs into
- * saturating int16: int6 (u <= 63), int4 (u <= 15) and int2 (u <= 3) times
- * |q| <= 127 stay below 32767. int8 codes are signed, so the sign moves onto
- * the activation instead (|c| * sign(q, c), at most 2 * 128 * 127 per pair).
- * The offset of the unsigned int4 / int6 codes is taken back exactly per
- * group: sum q * c = sum q * u - 8 (32) * sum q.
+ * The weights are read from the narrow copy of quant_pack.h (pack): row
+ * pairs at the stored width, every int32 lane one group, the activations
+ * signed q in the window order. A chunk of a pair unpacks (unpack_pair) to
+ * 32 unsigned bytes u = c + B per row, each 4-byte word one group's four
+ * codes, against the activation chunk:
  *
- * Activation layout (written by quantize): int4 and int6 in spans of 64
- * inputs, even inputs first then odd ones (one 32-byte load of packed
- * weights = 64 inputs, split into low and high nibbles; int6's 16 bytes of
- * high bits for them line up with the nibbles); int2 in spans of 128 inputs
- * as four planes (input 4j + p in plane p); int8 in natural order.
+ *   vpmaddubsw  u * q, pairs added into int16: int4 (u <= 15) and int2
+ *               (u <= 3) stay below 8 * 2 * 15 * 127 < 32767 for the sums
+ *               of 8 chunks, int6 (u <= 63) for 2, so that many chunks add
+ *               up in int16 (CHUNKS_PER_I16) before
+ *   vpmaddwd    by ones: the word's sum into its group's lane.
  *
- * Every fixed-count loop of the tiles is unrolled by pragma: left to GCC at
- * -O2 their codes, sums and accumulators lived in stack arrays, stored and
- * reloaded around every vpmaddubsw (the tiles ran 1.4-1.8x slower).
+ * int8 codes are signed and take the whole byte, so the sign moves onto the
+ * activation instead (|c| * sign(q, c), at most 2 * 128 * 127 a pair), one
+ * chunk at a time. The offset B is taken back per group: sum q c = sum q u
+ * - B sum q.
  *
- * After the 8 exact block sums of a window of 256 inputs, the fp32 steps
- * are those of quant.h, the same operations in the same order as quant_avx512.c
- * (below: ls_hsum256, simd_vec.h, and tile).
+ * No lane ever needs a horizontal sum: after a window the 8 lanes are its
+ * groups' exact sums, and the fp32 steps are quant.h's, the same operations
+ * in the same order as the other paths (ls_hsum256 at the end).
  */
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "quant.h"
+#include "quant_pack.h"
 #include "simd_vec.h"
-
-#define TILE_MAX_R 4
-#define TILE_MAX_T 4
-#define L2_BLOCK_BYTES (64 * 1024)
 
 // ---- activations ----
 
 /* The rule of quant.h (ls_quant_rows is the scalar definition): the same
  * max, the same fp32 multiply, cvtps2dq rounding to nearest even, NaN to 0,
- * so the codes are identical; the span layout is then made by
- * ls_quant_permute. */
+ * so the codes are identical; then the window order of quant_pack.h. */
 static void quantize_avx2(ls_qact *a, const float *x, int32_t ldx, int32_t T, int32_t t0, int32_t t1,
                           const ls_qmat *w) {
-    (void)T; /* the layout follows the code width, whatever the call's size */
-    const int32_t in = w->in, group = w->group, bits = w->bits;
+    (void)T; /* one form whatever the call's size */
+    const int32_t in = w->in, group = w->group;
     const int32_t ng = in / group, padded = (in + LS_QACT_PAD - 1) / LS_QACT_PAD * LS_QACT_PAD;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int32_t t = t0; t < t1; t++) {
@@ -83,294 +78,255 @@ static void quantize_avx2(ls_qact *a, const float *x, int32_t ldx, int32_t T, in
         }
         memset(qr + in, 0, (size_t)(padded - in));
         for (int32_t g = ng; g < a->gld; g++) qs[g] = 0;
-        if (bits == 4 || bits == 6) ls_quant_permute(qr, in, 64, 2);
-        else if (bits == 2) ls_quant_permute(qr, in, 128, 4);
+        ls_quant_window_order(qr, in, group);
     }
 }
 
-// ---- integer part: 8 block sums per window ----
 
-/* Per 128-bit half, (A0 + A2, B0 + B2, A1 + A3, B1 + B3): unpacks and
- * adds, not vphaddd, which issues once per 1.8 cycles on Zen 3 (an unpack
- * twice a cycle). */
-static inline __m256i pair_sums(__m256i A, __m256i B) {
-    return _mm256_add_epi32(_mm256_unpacklo_epi32(A, B), _mm256_unpackhi_epi32(A, B));
-}
-/* Per 128-bit half, the sums of V0 .. V3's four lanes in that half. */
-static inline __m256i half_sums(__m256i V0, __m256i V1, __m256i V2, __m256i V3) {
-    __m256i a = pair_sums(V0, V1), b = pair_sums(V2, V3);
-    return _mm256_add_epi32(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
-}
+// ---- the tiles ----
 
-/* Two blocks in V's 128-bit halves ... : V0 = (b0 x4 | b1 x4), V1 = (b2 | b3), ... -> (b0 .. b7) */
-static inline __m256i reduce_4x2x4(__m256i V0, __m256i V1, __m256i V2, __m256i V3) {
-    return _mm256_permutevar8x32_epi32(half_sums(V0, V1, V2, V3), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
+/* Tokens per tile. A tile is one row pair: with two pairs a tile the int4
+ * model's decode at loops 1 (mostly the int6 head, from memory) took about
+ * 1.45x as long, with four 1.9x. */
+#define TILE_MAX_T 4
+/* Pairs in blocks of about this many bytes, which stay in L2 while every
+ * group of tokens passes. */
+#define L2_BLOCK_BYTES (64 * 1024)
+/* How far ahead (in row pairs) the one-token tiles prefetch: the head
+ * streams from memory in decode, more misses in flight than the hardware
+ * prefetcher keeps. */
+#define PREFETCH_PAIRS 8
 
-/* Block b of V_i = 4i + b/2 in lanes ... : V0 = (b0 b0 b1 b1 b2 b2 b3 b3), V1 likewise b4..b7 */
-static inline __m256i reduce_2x4x2(__m256i V0, __m256i V1) {
-    return _mm256_permute4x64_epi64(_mm256_hadd_epi32(V0, V1), 0xD8);
-}
+/* Chunks whose vpmaddubsw sums add up in int16 without overflow (above). */
+static inline int chunks_per_i16(const int BITS) { return BITS == 8 ? 1 : BITS == 6 ? 2 : 8; }
 
-/* Eight vectors of one block each -> (b0 .. b7). */
-static inline __m256i reduce_8x8(const __m256i V[8]) {
-    __m256i h0 = half_sums(V[0], V[1], V[2], V[3]), h1 = half_sums(V[4], V[5], V[6], V[7]);
-    return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
-}
+static int32_t pack_avx2(ls_qmat *w) { return ls_quant_pack(w, 0); }
 
-/* Where the bytes of inputs [e, e + n) of a row of `in` inputs start: the
- * codes (int6: the nibbles), and int6's high bits (loopserve.h). */
-static inline size_t code_offset(int32_t e, const int BITS) { return (size_t)e * (BITS == 6 ? 4 : BITS) / 8; }
-static inline size_t high_offset(int32_t in, int32_t e) { return (size_t)in / 2 + (size_t)e / 4; }
+/* What the tiles over tokens [t0, t0 + TT) read, worked out once per run of
+ * tiles. */
+typedef struct {
+    layout v;
+    const uint8_t *codes, *meta;   /* the narrow copy */
+    const int8_t *x[TILE_MAX_T];   /* activation rows */
+    const int32_t *qs[TILE_MAX_T]; /* their group sums */
+    const float *d;                /* their scales */
+} lanes;
 
-/* Bytes [at, at + n) of a row, or of a zero-padded copy in pad when n <
- * full: AVX2 has no byte-masked load, and the last row must not be read
- * past. */
-static inline const uint8_t *window_bytes(const uint8_t *at, int32_t n, int32_t full, uint8_t *pad) {
-    if (n >= full) return at;
-    memset(pad, 0, (size_t)full);
-    memcpy(pad, at, (size_t)n);
-    return pad;
-}
-
-/* out[r][t] = the 8 block sums of codes x activations for the window of
- * 256 inputs at input e of rows of `in` inputs, of which nv (a multiple of
- * 32; int6: of 64) are real. */
-static inline __attribute__((always_inline)) void window_sums(
-    __m256i out[TILE_MAX_R][TILE_MAX_T], const uint8_t *const *wr, const int8_t *const *xr, int32_t in,
-    int32_t e, int32_t nv, const int R, const int TT, const int BITS) {
-    const int CB = BITS == 6 ? 4 : BITS; /* bits per input in the code bytes */
-    const __m256i ones = _mm256_set1_epi16(1);
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-        uint8_t pad[256] __attribute__((aligned(32))), hpad[64] __attribute__((aligned(32)));
-        const uint8_t *wp = window_bytes(wr[r] + code_offset(e, BITS), nv * CB / 8, 32 * CB, pad);
-        if (BITS == 4 || BITS == 6) {
-            const __m256i m = _mm256_set1_epi8(0x0f);
-            __m256i lo[4], hi[4];
-#pragma GCC unroll 8
-            for (int i = 0; i < 4; i++) {
-                __m256i W = _mm256_loadu_si256((const __m256i *)(wp + 32 * i));
-                lo[i] = _mm256_and_si256(W, m);
-                hi[i] = _mm256_and_si256(_mm256_srli_epi16(W, 4), m);
-            }
-            if (BITS == 6) {
-                // Byte j of a span's 16 high-bit bytes: bits 0-3 for nibble
-                // lane j, bits 4-7 for lane j + 16; each lane's even input in
-                // its low two bits, the odd one above.
-                // The low half shifted left by 4 puts, in both halves, a
-                // lane's even input's bits at 4-5 and its odd one's at 6-7
-                // (two shifts a span, not three).
-                const __m256i m6 = _mm256_set1_epi8(0x30), half = _mm256_setr_epi32(4, 4, 4, 4, 0, 0, 0, 0);
-                const uint8_t *hp = window_bytes(wr[r] + high_offset(in, e), nv / 4, 64, hpad);
-#pragma GCC unroll 8
-                for (int i = 0; i < 4; i++) {
-                    __m256i S = _mm256_sllv_epi32(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(hp + 16 * i))), half);
-                    lo[i] = _mm256_or_si256(lo[i], _mm256_and_si256(S, m6));
-                    hi[i] = _mm256_or_si256(hi[i], _mm256_and_si256(_mm256_srli_epi16(S, 2), m6));
-                }
-            }
-#pragma GCC unroll 4
-            for (int t = 0; t < TT; t++) {
-                const int8_t *xp = xr[t] + e;
-                __m256i V[4];
-#pragma GCC unroll 8
-                for (int i = 0; i < 4; i++) {
-                    __m256i p = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(lo[i], _mm256_load_si256((const __m256i *)(xp + 64 * i))),
-                        _mm256_maddubs_epi16(hi[i], _mm256_load_si256((const __m256i *)(xp + 64 * i + 32))));
-                    V[i] = _mm256_madd_epi16(p, ones);
-                }
-                out[r][t] = reduce_4x2x4(V[0], V[1], V[2], V[3]);
-            }
-        } else if (BITS == 2) {
-            const __m256i m = _mm256_set1_epi8(0x03);
-            __m256i pl[2][4];
-#pragma GCC unroll 8
-            for (int i = 0; i < 2; i++) {
-                __m256i W = _mm256_loadu_si256((const __m256i *)(wp + 32 * i));
-                pl[i][0] = _mm256_and_si256(W, m);
-                pl[i][1] = _mm256_and_si256(_mm256_srli_epi16(W, 2), m);
-                pl[i][2] = _mm256_and_si256(_mm256_srli_epi16(W, 4), m);
-                pl[i][3] = _mm256_and_si256(_mm256_srli_epi16(W, 6), m);
-            }
-#pragma GCC unroll 4
-            for (int t = 0; t < TT; t++) {
-                const int8_t *xp = xr[t] + e;
-                __m256i V[2];
-#pragma GCC unroll 8
-                for (int i = 0; i < 2; i++) {
-                    const int8_t *xs = xp + 128 * i;
-                    __m256i p = _mm256_maddubs_epi16(pl[i][0], _mm256_load_si256((const __m256i *)xs));
-                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(pl[i][1], _mm256_load_si256((const __m256i *)(xs + 32))));
-                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(pl[i][2], _mm256_load_si256((const __m256i *)(xs + 64))));
-                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(pl[i][3], _mm256_load_si256((const __m256i *)(xs + 96))));
-                    V[i] = _mm256_madd_epi16(p, ones);
-                }
-                out[r][t] = reduce_2x4x2(V[0], V[1]);
-            }
-        } else {
-            __m256i W[8], A[8];
-#pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) {
-                W[i] = _mm256_loadu_si256((const __m256i *)(wp + 32 * i));
-                A[i] = _mm256_abs_epi8(W[i]);
-            }
-#pragma GCC unroll 4
-            for (int t = 0; t < TT; t++) {
-                const int8_t *xp = xr[t] + e;
-                __m256i V[8];
-#pragma GCC unroll 8
-                for (int i = 0; i < 8; i++) {
-                    __m256i s = _mm256_sign_epi8(_mm256_load_si256((const __m256i *)(xp + 32 * i)), W[i]);
-                    V[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(A[i], s), ones);
-                }
-                out[r][t] = reduce_8x8(V);
-            }
-        }
+/* A chunk of a pair at its stored width (narrow_chunk: lo, and int6's hi)
+ * back to a byte per code: u[0] the first row's, u[1] the second's (int8:
+ * the signed codes c). */
+static inline __attribute__((always_inline)) void unpack_pair(__m256i u[2], const uint8_t *lo,
+                                                               const uint8_t *hi, const int BITS) {
+    if (BITS == 8) {
+        const __m256i flip = _mm256_set1_epi8((char)0x80);
+        u[0] = _mm256_xor_si256(_mm256_load_si256((const __m256i *)lo), flip);
+        u[1] = _mm256_xor_si256(_mm256_load_si256((const __m256i *)(lo + 32)), flip);
+        return;
+    }
+    if (BITS == 2) { /* byte j, bits 2k: u[16 k + j]; each 64-bit quarter shifted by its k */
+        const __m256i B = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)lo)), m = _mm256_set1_epi8(3);
+        u[0] = _mm256_and_si256(_mm256_srlv_epi64(B, _mm256_setr_epi64x(0, 0, 2, 2)), m);
+        u[1] = _mm256_and_si256(_mm256_srlv_epi64(B, _mm256_setr_epi64x(4, 4, 6, 6)), m);
+        return;
+    }
+    const __m256i W = _mm256_load_si256((const __m256i *)lo), m = _mm256_set1_epi8(0x0f);
+    u[0] = _mm256_and_si256(W, m);
+    u[1] = _mm256_and_si256(_mm256_srli_epi16(W, 4), m);
+    if (BITS == 6) {
+        // High byte j, bits 2k: the high bits of u[16 k + j]. In each half
+        // of the broadcast, the row's k moved to bits 4-5 (a byte's bits
+        // stay within the byte where the mask keeps them).
+        const __m256i H = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)hi)), m6 = _mm256_set1_epi8(0x30);
+        u[0] = _mm256_or_si256(u[0], _mm256_and_si256(_mm256_sllv_epi32(H, _mm256_setr_epi32(4, 4, 4, 4, 2, 2, 2, 2)), m6));
+        u[1] = _mm256_or_si256(u[1], _mm256_and_si256(_mm256_srlv_epi32(H, _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2)), m6));
     }
 }
 
-// ---- fp32 part: the same operations in the same order as quant_avx512.c ----
-
-static inline __m256 load_f16x8(const uint16_t *p, int32_t n) {
-    if (n >= 8) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-    uint16_t tmp[8] = {0};
-    memcpy(tmp, p, (size_t)n * sizeof *p);
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tmp));
+/* Lanes j, j + n, j + 2n, ... (one group of an n-group window) added into
+ * lane j, then lane j moved to lane off + j (the group's lane in its
+ * 8-group slot). */
+static inline __m256i fold_to(__m256i s, int32_t n, int32_t off) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), seven = _mm256_set1_epi32(7);
+    for (int32_t k = 4; k >= n; k /= 2)
+        s = _mm256_add_epi32(s, _mm256_permutevar8x32_epi32(s, _mm256_and_si256(_mm256_add_epi32(lane, _mm256_set1_epi32(k)), seven)));
+    return _mm256_permutevar8x32_epi32(s, _mm256_and_si256(_mm256_sub_epi32(lane, _mm256_set1_epi32(off)), seven));
 }
 
-/* Rows [o, o + R) x tokens [t0, t0 + TT). */
-static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, const ls_qact *a,
-                                                       const ls_qmat *w, int32_t o, int32_t t0,
-                                                       const int R, const int TT, const int BITS,
-                                                       int32_t add) {
-    const int32_t in = w->in, G = w->group, ng = in / G, m = G / 32;
-    const size_t row_bytes = (size_t)in * BITS / 8;
-    const int CB = BITS == 6 ? 4 : BITS;
-    const uint8_t *wr[TILE_MAX_R];
-    const int8_t *xr[TILE_MAX_T];
-    __m256 acc[TILE_MAX_R][TILE_MAX_T];
-    __m256i gs[TILE_MAX_R][TILE_MAX_T];
+/* gs[h][t] += chunks [c, c + K) of the pair's row h (codes at wp, int6's
+ * high bits at hp) times token t: K chunks' products added in int16, then
+ * into the int32 group lanes. */
+static inline __attribute__((always_inline)) void chunk_sums(__m256i gs[2][TILE_MAX_T], const lanes *L,
+                                                             const uint8_t *wp, const uint8_t *hp, size_t xo,
+                                                             int32_t c, const int K, const int TT,
+                                                             const int BITS, const int PF) {
+    const int CB = BITS == 8 ? 64 : BITS == 2 ? 16 : 32; /* chunk_bytes */
+    // The chunk loop stays a loop: unrolled, GCC spilled the int16 sums.
+    __m256i ps[2][TILE_MAX_T];
 #pragma GCC unroll 4
-    for (int r = 0; r < R; r++) wr[r] = w->qweight + (size_t)(o + r) * row_bytes;
-#pragma GCC unroll 4
-    for (int t = 0; t < TT; t++) xr[t] = a->q + (size_t)(t0 + t) * (size_t)a->ld;
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int t = 0; t < TT; t++) acc[r][t] = _mm256_setzero_ps();
-
-    for (int32_t g0 = 0; g0 < ng; g0 += 8) {
-        const int32_t ngc = ng - g0 < 8 ? ng - g0 : 8;
-        if (TT == 1 && w->head) {
-            /* Decode streams the head from memory: ask for this window of
-             * the rows two tiles ahead, more misses in flight than the
-             * hardware prefetcher keeps. A prefetch never faults; the address
-             * is formed as an integer to keep the arithmetic defined. */
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                const uintptr_t ahead = (uintptr_t)wr[r] + 2 * (size_t)R * row_bytes;
-                for (size_t b = 0; b < (size_t)ngc * G * CB / 8; b += 64)
-                    _mm_prefetch((const char *)(ahead + code_offset(g0 * G, BITS) + b), _MM_HINT_T0);
-                for (size_t b = 0; BITS == 6 && b < (size_t)ngc * G / 4; b += 64)
-                    _mm_prefetch((const char *)(ahead + high_offset(in, g0 * G) + b), _MM_HINT_T0);
-            }
-        }
-        if (m == 1) {
-            window_sums(gs, wr, xr, in, g0 * 32, ngc * 32, R, TT, BITS);
-        } else {
-            // Groups of m blocks: block sums window by window, then added up.
-            int32_t bs[TILE_MAX_R][TILE_MAX_T][64] __attribute__((aligned(32)));
-            const int32_t nblk = ngc * m;
-            __m256i ws[TILE_MAX_R][TILE_MAX_T];
-            for (int32_t k0 = 0; k0 < nblk; k0 += 8) {
-                const int32_t nk = nblk - k0 < 8 ? nblk - k0 : 8;
-                window_sums(ws, wr, xr, in, g0 * G + k0 * 32, nk * 32, R, TT, BITS);
-#pragma GCC unroll 4
-                for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-                    for (int t = 0; t < TT; t++) _mm256_store_si256((__m256i *)&bs[r][t][k0], ws[r][t]);
-            }
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-                for (int t = 0; t < TT; t++) {
-                    int32_t g8[8] __attribute__((aligned(32))) = {0};
-                    for (int32_t g = 0; g < ngc; g++)
-                        for (int32_t b = 0; b < m; b++) g8[g] += bs[r][t][g * m + b];
-                    gs[r][t] = _mm256_load_si256((const __m256i *)g8);
-                }
-        }
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            const size_t so = (size_t)(o + r) * (size_t)ng + (size_t)g0;
-            const __m256 s8 = load_f16x8(w->scales + so, ngc);
-            __m256 z8 = _mm256_setzero_ps();
-            if (BITS == 2) z8 = load_f16x8(w->zeros + so, ngc);
-#pragma GCC unroll 4
-            for (int t = 0; t < TT; t++) {
-                const __m256i qs = _mm256_loadu_si256((const __m256i *)(a->qsum + (size_t)(t0 + t) * (size_t)a->gld + g0));
-                __m256i isum = gs[r][t];
-                if (BITS == 2) acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qs), z8, acc[r][t]);
-                // int4 / int6 codes entered the integer dot product as c + 8 / c + 32:
-                // take 8 (32) * sum(x) back.
-                if (BITS == 4 || BITS == 6) isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(qs, BITS - 1));
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), s8, acc[r][t]);
-            }
-        }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
+    for (int t = 0; t < TT; t++) ps[0][t] = ps[1][t] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+    for (const int32_t ce = c + K; c < ce; c++) {
+        __m256i U[2], A[2];
+        unpack_pair(U, wp + (size_t)CB * c, hp + 16 * (size_t)c, BITS);
+        // A prefetch a line, never faulting; the address is formed as an
+        // integer to keep the arithmetic defined past the last pair.
+        if (PF && (CB * c) % 64 == 0)
+            _mm_prefetch((const char *)((uintptr_t)wp + PREFETCH_PAIRS * L->v.pair_bytes + (size_t)CB * c), _MM_HINT_T0);
+        if (PF && BITS == 6 && c % 4 == 0)
+            _mm_prefetch((const char *)((uintptr_t)hp + PREFETCH_PAIRS * L->v.pair_bytes + 16 * (size_t)c), _MM_HINT_T0);
+        if (BITS == 8) A[0] = _mm256_abs_epi8(U[0]), A[1] = _mm256_abs_epi8(U[1]);
 #pragma GCC unroll 4
         for (int t = 0; t < TT; t++) {
-            float s = ls_hsum256(acc[r][t]) * a->d[t0 + t];
-            float *yo = y + (size_t)(t0 + t) * (size_t)ldy + o + r;
-            *yo = add ? *yo + s : s;
+            const __m256i X = _mm256_load_si256((const __m256i *)(L->x[t] + xo + 32 * (size_t)c));
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m256i m = BITS == 8 ? _mm256_maddubs_epi16(A[h], _mm256_sign_epi8(X, U[h]))
+                                            : _mm256_maddubs_epi16(U[h], X);
+                ps[h][t] = _mm256_add_epi16(ps[h][t], m);
+            }
         }
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++)
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; t++) gs[h][t] = _mm256_add_epi32(gs[h][t], _mm256_madd_epi16(ps[h][t], ones));
 }
 
-
-#define TILES(B)                                                                                    \
-    static void tile_r1_t4_b##B(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w,           \
-                                int32_t o, int32_t t0, int32_t add) {                               \
-        tile(y, ldy, a, w, o, t0, 1, 4, B, add);                                                    \
-    }                                                                                               \
-    static void tile_r4_t1_b##B(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w,           \
-                                int32_t o, int32_t t0, int32_t add) {                               \
-        tile(y, ldy, a, w, o, t0, 4, 1, B, add);                                                    \
-    }                                                                                               \
-    static void tile_r1_t1_b##B(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w,           \
-                                int32_t o, int32_t t0, int32_t add) {                               \
-        tile(y, ldy, a, w, o, t0, 1, 1, B, add);                                                    \
+/* One window of n groups at group g0 for pair q x the TT tokens: exact
+ * group sums, then quant.h's fp32 step into acc (which the first window
+ * starts). n is a constant for the 8-group windows. */
+static inline __attribute__((always_inline)) void pair_window(__m256 acc[2][TILE_MAX_T], const lanes *L,
+                                                              int32_t q, int32_t g0, const int32_t n,
+                                                              const int first, const int TT, const int BITS,
+                                                              const int PF) {
+    const int32_t chunks = (n << L->v.lg) / 32, slot = g0 >> 3, off = g0 & 7;
+    const int CB = BITS == 8 ? 64 : BITS == 2 ? 16 : 32, K = chunks_per_i16(BITS);
+    const size_t xo = (size_t)g0 << L->v.lg;
+    const uint8_t *wp = L->codes + (size_t)q * L->v.pair_bytes + xo / 32 * CB;
+    const uint8_t *hp = L->codes + (size_t)q * L->v.pair_bytes + L->v.hi_offset + xo / 2;
+    const uint8_t *mp = L->meta + (size_t)q * L->v.meta_bytes + (size_t)slot * (size_t)L->v.slot_bytes;
+    // chunks and K are powers of two: K at a time, or one at a time in a
+    // window shorter than K chunks.
+    __m256i gs[2][TILE_MAX_T];
+#pragma GCC unroll 4
+    for (int t = 0; t < TT; t++) gs[0][t] = gs[1][t] = _mm256_setzero_si256();
+    if (chunks >= K)
+        for (int32_t c = 0; c < chunks; c += K) chunk_sums(gs, L, wp, hp, xo, c, K, TT, BITS, PF);
+    else
+        for (int32_t c = 0; c < chunks; c++) chunk_sums(gs, L, wp, hp, xo, c, 1, TT, BITS, PF);
+    // Lane l is now group 8 slot + l % n of this window (8 groups) or, once
+    // folded and moved, lanes off .. off + n - 1.
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 km = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(lane, _mm256_set1_epi32(off - 1)),
+                                                           _mm256_cmpgt_epi32(_mm256_set1_epi32(off + n), lane)));
+    __m256i corr[TILE_MAX_T]; /* int4, int6: B times the activation sums */
+    __m256 qf[TILE_MAX_T];    /* int2: the activation sums, as floats */
+#pragma GCC unroll 4
+    for (int t = 0; t < TT; t++) {
+        const __m256i qs = _mm256_loadu_si256((const __m256i *)(L->qs[t] + 8 * slot));
+        if (BITS == 4 || BITS == 6) corr[t] = _mm256_slli_epi32(qs, BITS - 1);
+        if (BITS == 2) qf[t] = _mm256_cvtepi32_ps(qs);
     }
-TILES(2)
-TILES(4)
-TILES(6)
-TILES(8)
-
-typedef void (*tile_fn)(float *, int32_t, const ls_qact *, const ls_qmat *, int32_t, int32_t, int32_t);
-
-static void matmul_avx2(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w, int32_t o0,
-                        int32_t o1, int32_t add) {
-    tile_fn r1t4, r4t1, r1t1;
-    if (w->bits == 4) r1t4 = tile_r1_t4_b4, r4t1 = tile_r4_t1_b4, r1t1 = tile_r1_t1_b4;
-    else if (w->bits == 2) r1t4 = tile_r1_t4_b2, r4t1 = tile_r4_t1_b2, r1t1 = tile_r1_t1_b2;
-    else if (w->bits == 6) r1t4 = tile_r1_t4_b6, r4t1 = tile_r4_t1_b6, r1t1 = tile_r1_t1_b6;
-    else r1t4 = tile_r1_t4_b8, r4t1 = tile_r4_t1_b8, r1t1 = tile_r1_t1_b8;
-    const int32_t T = a->T;
-    int32_t rb = (int32_t)(L2_BLOCK_BYTES / ((size_t)w->in * (size_t)w->bits / 8));
-    rb = rb < 4 ? 4 : rb & ~3;
-    for (int32_t ob = o0; ob < o1; ob += rb) {
-        int32_t oe = o1 - ob < rb ? o1 : ob + rb;
-        int32_t t = 0;
-        for (; t + 4 <= T; t += 4)
-            for (int32_t o = ob; o < oe; o++) r1t4(y, ldy, a, w, o, t, add);
-        for (; t < T; t++) {
-            int32_t o = ob;
-            for (; o + 4 <= oe; o += 4) r4t1(y, ldy, a, w, o, t, add);
-            for (; o < oe; o++) r1t1(y, ldy, a, w, o, t, add);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *m = mp + 16 * h; /* the row's 8 lanes of the slot */
+        const __m256 s = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)m));
+        const __m256 z = BITS == 2 ? _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(m + zeros_at(1)))) : s;
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; t++) {
+            __m256i g = gs[h][t];
+            if (n < 8) g = fold_to(g, n, off);
+            if (BITS == 4 || BITS == 6) g = _mm256_sub_epi32(g, corr[t]);
+            const __m256 prev = first ? _mm256_setzero_ps() : acc[h][t];
+            __m256 v = prev;
+            if (BITS == 2) v = _mm256_fmadd_ps(qf[t], z, v);
+            v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g), s, v);
+            acc[h][t] = n == 8 ? v : _mm256_blendv_ps(prev, v, km);
         }
+    }
+}
+
+/* Pair q x tokens [t0, t0 + TT): y (+)= the rows that fall in [o0, o1). */
+static inline __attribute__((always_inline)) void pair_tile(float *y, int32_t ldy, const lanes *L, int32_t q,
+                                                            int32_t t0, int32_t o0, int32_t o1, const int TT,
+                                                            const int BITS, const int PF, int32_t add) {
+    const int32_t ng = L->v.ng;
+    __m256 acc[2][TILE_MAX_T];
+    int32_t g0 = 0;
+    if (ng >= 8) {
+        pair_window(acc, L, q, 0, 8, 1, TT, BITS, PF);
+        for (g0 = 8; g0 + 8 <= ng; g0 += 8) pair_window(acc, L, q, g0, 8, 0, TT, BITS, PF);
+    } else {
+        pair_window(acc, L, q, 0, window_groups(ng), 1, TT, BITS, PF);
+        g0 = window_groups(ng);
+    }
+    while (g0 < ng) {
+        const int32_t n = window_groups(ng - g0);
+        pair_window(acc, L, q, g0, n, 0, TT, BITS, PF);
+        g0 += n;
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const int32_t o = 2 * q + h;
+        if (o < o0 || o >= o1) continue;
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; t++) {
+            const float s = ls_hsum256(acc[h][t]) * L->d[t];
+            float *yo = y + (size_t)(t0 + t) * (size_t)ldy + o;
+            *yo = add ? *yo + s : s;
+        }
+    }
+}
+
+/* Pairs [q0, q1) x tokens [t0, t0 + TT), rows clipped to [o0, o1). The
+ * one-token tiles prefetch. */
+static inline __attribute__((always_inline)) void pair_tiles(float *y, int32_t ldy, const ls_qact *a,
+                                                             const ls_qmat *w, int32_t q0, int32_t q1,
+                                                             int32_t t0, int32_t o0, int32_t o1, const int TT,
+                                                             const int BITS, int32_t add) {
+    const layout v = layout_of(w, 1);
+    const uint8_t *codes = copy_of(w, 1);
+    lanes L = {v, codes, codes + v.meta_offset, {0}, {0}, a->d + t0};
+#pragma GCC unroll 4
+    for (int t = 0; t < TT; t++) {
+        L.x[t] = a->q + (size_t)(t0 + t) * (size_t)a->ld;
+        L.qs[t] = a->qsum + (size_t)(t0 + t) * (size_t)a->gld;
+    }
+    for (int32_t q = q0; q < q1; q++) pair_tile(y, ldy, &L, q, t0, o0, o1, TT, BITS, TT == 1, add);
+}
+
+// ---- the row / token loops ----
+
+typedef void (*tiles_fn)(float *, int32_t, const ls_qact *, const ls_qmat *, int32_t, int32_t, int32_t, int32_t,
+                         int32_t, int32_t);
+
+#define TILES(TT, B)                                                                                         \
+    static void tiles_t##TT##_b##B(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w, int32_t q0,    \
+                                   int32_t q1, int32_t t0, int32_t o0, int32_t o1, int32_t add) {            \
+        pair_tiles(y, ldy, a, w, q0, q1, t0, o0, o1, TT, B, add);                                            \
+    }
+#define TILES_BITS(B) TILES(1, B) TILES(2, B) TILES(3, B) TILES(4, B)
+TILES_BITS(8)
+TILES_BITS(6)
+TILES_BITS(4)
+TILES_BITS(2)
+
+/* [k]: the tiles for k + 1 tokens. */
+#define KERNELS(B) {tiles_t1_b##B, tiles_t2_b##B, tiles_t3_b##B, tiles_t4_b##B}
+static const tiles_fn K8[TILE_MAX_T] = KERNELS(8), K6[TILE_MAX_T] = KERNELS(6), K4[TILE_MAX_T] = KERNELS(4),
+                      K2[TILE_MAX_T] = KERNELS(2);
+
+static void matmul_avx2(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w, int32_t o0, int32_t o1,
+                        int32_t add) {
+    const tiles_fn *k = w->bits == 8 ? K8 : w->bits == 6 ? K6 : w->bits == 4 ? K4 : K2;
+    const layout v = layout_of(w, 1);
+    const int32_t T = a->T, q0 = o0 / 2, q1 = (o1 + 1) / 2;
+    int32_t pb = (int32_t)(L2_BLOCK_BYTES / (v.pair_bytes + v.meta_bytes));
+    pb = pb < 1 ? 1 : pb;
+    for (int32_t qb = q0; qb < q1; qb += pb) {
+        const int32_t qe = q1 - qb < pb ? q1 : qb + pb;
+        for (int32_t t = 0; t < T; t += TILE_MAX_T) k[(T - t < TILE_MAX_T ? T - t : TILE_MAX_T) - 1](y, ldy, a, w, qb, qe, t, o0, o1, add);
     }
 }
 
@@ -402,10 +358,11 @@ static void dot_u2_avx2(int32_t *isum, const uint8_t *codes, int32_t ldb, const 
     }
 }
 
-/* quantize's layout: spans of 64 (int4, int6), of 128 (int2), natural (int8). */
+/* quantize writes one form, the window order of quant_pack.h. */
 static int32_t act_form_avx2(const ls_qmat *w, int32_t T) {
+    (void)w;
     (void)T;
-    return w->bits == 2 ? 2 : w->bits == 8 ? 0 : 1;
+    return 0;
 }
 
-LS_QOPS_TABLE(avx2, LS_SIMD_AVX2, act_form_avx2, NULL);
+LS_QOPS_TABLE(avx2, LS_SIMD_AVX2, act_form_avx2, pack_avx2);

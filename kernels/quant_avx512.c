@@ -4,46 +4,28 @@
  * when the CPU has avx512vnni (else the AVX2 kernels run: same results).
  *
  * vpdpbusd multiplies unsigned bytes by signed bytes, four to a 32-bit
- * lane. pack copies every matrix once into one of two schemes:
- *   wide (block int4 / int2)  one byte per code, so the inner loop is
- *                loads and vpdpbusd and nothing else. The signed code c
- *                (int4 -8..7, int2 0..3) is the signed operand; the
- *                activations are stored as q + 128 (unsigned), and the
- *                offset is taken back per group with the code sums pack
- *                keeps: sum q c = sum (q + 128) c - 128 sum c.
- *   narrow (head int8 / int6 / int4, block int4 / int2 in decode steps)
- *                the code as u = c + B is the unsigned operand (B =
- *                2^(bits-1); int2's 0..3 code is its own, B = 0), the
- *                activations signed q: sum q c = sum q u - B sum q. The
- *                matrix keeps its stored width: int6, int4 and int2 are
- *                unpacked to bytes in registers (unpack_head) after each
- *                load. The head streams from memory once per step, and in
- *                decode a loop's block comes from the last-level cache once
- *                per loop, where its bytes are the cost too
- *                (NARROW_BLOCK_MAX_T).
+ * lane. The weights are read from the packed copies of quant_pack.h: block
+ * matrices keep the wide scheme (a byte per code, so the inner loop is
+ * loads and vpdpbusd and nothing else) for prefill-sized calls, and every
+ * matrix the narrow one (head int8 / int6 / int4, block int4 / int2 in
+ * decode steps), at its stored width: int6, int4 and int2 are unpacked to
+ * bytes in registers (unpack_head) after each load. The head streams from
+ * memory once per step, and in decode a loop's block comes from the
+ * last-level cache once per loop, where its bytes are the cost too
+ * (NARROW_BLOCK_MAX_T).
  *
- * Every int32 lane adds up one group. A row is cut into windows of 8
- * groups while 8 are left, then 4, 2, 1 (window_groups). In a window of n
- * groups the 4 inputs 4u .. 4u + 3 of group j (unit u) are word u n + j:
- * read as 32-byte chunks of 8 words, lane l of every chunk belongs to group
- * l % n. The activations are written (quantize) in that layout; the weights
- * (pack) go in row pairs: a 64-byte load holds the same chunk of two rows,
- * the first row in lanes 0-7, the second in lanes 8-15, and is multiplied
- * by the activation chunk broadcast to both halves. So one 16-lane
- * accumulator holds 8 groups of two rows and the fp32 step (quant.h: the
- * groups into acc[g % 8] in increasing g) is two instructions per window
- * for two rows (int2: three). Beside the codes, pack keeps each pair's
- * fp16 scales, code sums (int16) and int2 offsets per 8 groups in the same
- * lane order.
+ * A 64-byte load holds a chunk of a row pair, the first row in lanes 0-7,
+ * the second in lanes 8-15, and is multiplied by the activation chunk
+ * broadcast to both halves. So one 16-lane accumulator holds 8 groups of
+ * two rows and the fp32 step (quant.h: the groups into acc[g % 8] in
+ * increasing g) is two instructions per window for two rows (int2: three).
  */
-#define _DEFAULT_SOURCE /* madvise under -std=c11 */
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/mman.h>
 
-#include "quant.h"
+#include "quant_pack.h"
 
 #define TILE_MAX_P 4 /* row pairs per tile */
 #define TILE_MAX_T 8 /* tokens per tile: 4 for the wide scheme, 8 for the narrow one (kernels) */
@@ -55,16 +37,7 @@
  * prefetcher keeps. */
 #define PREFETCH_PAIRS 8
 
-// ---- windows ----
-
-/* Groups in the window that starts with `left` groups to go: 8, else the
- * largest power of two that fits. Every window starts at a multiple of its
- * size, and 8-group windows at a multiple of 8. */
-static inline int32_t window_groups(int32_t left) {
-    int32_t n = 8;
-    while (n > left) n /= 2;
-    return n;
-}
+// ---- schemes ----
 
 /* Block matrices keep both copies and take the narrow one for calls of at
  * most this many tokens (a decode step of up to 8 rows; the narrow tiles
@@ -79,27 +52,6 @@ static inline int32_t window_groups(int32_t left) {
 /* Whether a call of T tokens runs w in the narrow scheme (above): the head
  * always, block matrices in decode-sized calls. */
 static inline int narrow(const ls_qmat *w, int32_t T) { return w->head || T <= NARROW_BLOCK_MAX_T; }
-
-/* Block matrices have a wide copy too (every matrix a narrow one). */
-static inline int has_wide(const ls_qmat *w) { return !w->head; }
-
-/* The narrow scheme's offset B: the signed codes' 2^(bits-1); int2's codes
- * are 0..3 already, its own unsigned operand. */
-static inline int32_t narrow_offset(int32_t bits) { return bits == 2 ? 0 : 1 << (bits - 1); }
-
-/* Bytes of one 8-group slot of a pair's metadata, 16 lanes each: fp16
- * scales, then (wide scheme) int16 code sums, then (int2) fp16 offsets. */
-static inline int32_t slot_bytes(const ls_qmat *w, int nar) { return 32 * (1 + !nar + (w->bits == 2)); }
-
-/* Where a slot's int2 offsets start. */
-static inline int32_t zeros_at(int nar) { return nar ? 32 : 64; }
-
-/* Bytes of one pair's 64-code chunk: a byte per code, or the narrow
- * scheme's width (int4 32, int2 16; int6: 32 bytes of nibbles here, 16 of
- * high bits in the pair's second stream). */
-static inline int32_t chunk_bytes(const ls_qmat *w, int nar) {
-    return !nar || w->bits == 8 ? 64 : w->bits == 2 ? 16 : 32;
-}
 
 /* The activations' form: signed for the narrow scheme, q + 128 for the wide one. */
 static int32_t act_form_avx512(const ls_qmat *w, int32_t T) { return narrow(w, T); }
@@ -158,136 +110,8 @@ static void quantize_avx512(ls_qact *a, const float *x, int32_t ldx, int32_t T, 
     }
 }
 
-// ---- weights ----
-
-/* The byte vpdpbusd reads for input i of a stored row: the wide scheme's
- * code c (signed), the narrow scheme's c + B (unsigned). */
-static inline uint8_t code_byte(const ls_qmat *w, const uint8_t *row, int32_t i, int nar) {
-    const int32_t c = ls_quant_code(row, w->in, i, w->bits);
-    return (uint8_t)(nar ? c + narrow_offset(w->bits) : c);
-}
-
-/* A packed copy in one scheme: every pair's codes (chunks of chunk_bytes),
- * then every pair's metadata (slots of slot_bytes). A matrix with both
- * copies holds the wide one first. */
-typedef struct {
-    int32_t lg;           /* log2 G */
-    int32_t ng;           /* groups per row */
-    size_t pair_bytes;    /* codes of one row pair */
-    size_t meta_bytes;    /* metadata of one row pair */
-    int32_t slot_bytes;   /* metadata per 8 groups */
-    size_t meta_offset;   /* where the metadata starts */
-    size_t hi_offset;     /* head int6: where a pair's high-bit chunks start, after its nibbles */
-} layout;
-
-static inline layout layout_of(const ls_qmat *w, int nar) {
-    layout v;
-    v.lg = __builtin_ctz((unsigned)w->group);
-    v.ng = w->in >> v.lg;
-    /* in is a multiple of 32 (int6: 64): pairs of a multiple of 16 bytes (narrow int2), 32 (narrow int4, int6) or 64 */
-    v.hi_offset = (size_t)w->in / 32 * (size_t)chunk_bytes(w, nar);
-    v.pair_bytes = v.hi_offset + (nar && w->bits == 6 ? (size_t)w->in / 2 : 0);
-    v.slot_bytes = slot_bytes(w, nar);
-    v.meta_bytes = (size_t)((v.ng + 7) / 8) * (size_t)v.slot_bytes;
-    /* aligned for the slots' 32-byte loads (narrow int2 pairs are in / 2 bytes) */
-    v.meta_offset = ((size_t)((w->rows + 1) / 2) * v.pair_bytes + 63) & ~(size_t)63;
-    return v;
-}
-
-/* Bytes of one copy, a multiple of 64 so the next starts aligned. */
-static inline size_t copy_bytes(const ls_qmat *w, int nar) {
-    const layout v = layout_of(w, nar);
-    return (v.meta_offset + (size_t)((w->rows + 1) / 2) * v.meta_bytes + 63) & ~(size_t)63;
-}
-
-/* Where the copy in scheme nar starts. */
-static inline const uint8_t *copy_of(const ls_qmat *w, int nar) {
-    return w->packed + (nar && has_wide(w) ? copy_bytes(w, 0) : 0);
-}
-
-/* One chunk of a narrow pair (64 bytes u, a byte per code) at its stored
- * width, as unpack_head reads it back: int2 byte j of lo holds u[16 k + j]
- * at bits 2k; int4 byte j holds u[j] and u[32 + j] in its low and high
- * nibble; int6 adds 16 bytes hi whose byte j holds the high two bits of
- * u[16 k + j] at bits 2k. */
-static void narrow_chunk(uint8_t *lo, uint8_t *hi, const uint8_t *u, int32_t bits) {
-    if (bits == 2) {
-        for (int32_t j = 0; j < 16; j++) lo[j] = (uint8_t)(u[j] | u[16 + j] << 2 | u[32 + j] << 4 | u[48 + j] << 6);
-        return;
-    }
-    for (int32_t j = 0; j < 32; j++) lo[j] = (uint8_t)((u[j] & 15) | (u[32 + j] & 15) << 4);
-    for (int32_t j = 0; bits == 6 && j < 16; j++)
-        hi[j] = (uint8_t)(((u[j] >> 4) & 3) | ((u[16 + j] >> 4) & 3) << 2 | ((u[32 + j] >> 4) & 3) << 4 |
-                          ((u[48 + j] >> 4) & 3) << 6);
-}
-
-/* Writes w's copy in scheme nar at p (zeroed, copy_bytes long); full: 2 in bytes of scratch. */
-static void pack_copy(const ls_qmat *w, int nar, uint8_t *p, uint8_t *full) {
-    const int32_t G = w->group, pairs = (w->rows + 1) / 2, cb = chunk_bytes(w, nar);
-    const layout v = layout_of(w, nar);
-    const size_t row_bytes = (size_t)w->in * (size_t)w->bits / 8;
-    for (int32_t q = 0; q < pairs; q++) {
-        // The missing second row of an odd count: code bytes 0 (zero
-        // weights on every path, whatever the offset), scale 0.
-        memset(full, 0, 2 * (size_t)w->in);
-        uint8_t *meta = p + v.meta_offset + (size_t)q * v.meta_bytes;
-        for (int32_t h = 0; h < 2 && 2 * q + h < w->rows; h++) {
-            const int32_t o = 2 * q + h;
-            const uint8_t *src = w->qweight + (size_t)o * row_bytes;
-            uint8_t *codes = full + 32 * h; /* this row's half of each 64-byte chunk */
-            for (int32_t g0 = 0; g0 < v.ng;) {
-                const int32_t n = window_groups(v.ng - g0), chunks = (n * G) / 32;
-                uint8_t *wc = codes + 2 * ((size_t)g0 * G);
-                for (int32_t c = 0; c < chunks; c++)
-                    for (int32_t l = 0; l < 8; l++)
-                        for (int32_t b = 0; b < 4; b++) {
-                            const int32_t g = g0 + l % n, u = (8 * c + l) / n;
-                            wc[64 * c + 4 * l + b] = code_byte(w, src, g * G + 4 * u + b, nar);
-                        }
-                g0 += n;
-            }
-            const uint16_t *sc = w->scales + (size_t)o * (size_t)v.ng;
-            for (int32_t g = 0; g < v.ng; g++) {
-                uint8_t *slot = meta + (size_t)(g / 8) * (size_t)v.slot_bytes;
-                const int32_t lane = 8 * h + g % 8;
-                memcpy(slot + 2 * lane, &sc[g], 2);
-                if (w->bits == 2) memcpy(slot + zeros_at(nar) + 2 * lane, &w->zeros[(size_t)o * (size_t)v.ng + g], 2);
-                if (nar) continue;
-                int16_t csum = 0;
-                for (int32_t i = 0; i < G; i++) csum = (int16_t)(csum + (int8_t)code_byte(w, src, g * G + i, nar));
-                memcpy(slot + 32 + 2 * lane, &csum, 2);
-            }
-        }
-        uint8_t *out = p + (size_t)q * v.pair_bytes;
-        if (cb == 64) memcpy(out, full, 2 * (size_t)w->in); /* a byte per code: the pair as laid out */
-        else
-            for (int32_t c = 0; c < w->in / 32; c++)
-                narrow_chunk(out + (size_t)c * cb, out + v.hi_offset + 16 * (size_t)c, full + 64 * (size_t)c, w->bits);
-    }
-}
-
-static int32_t pack_avx512(ls_qmat *w) {
-    if (!w->qweight) return 0; /* a slot the model leaves empty (an fp16 head) */
-    const size_t wide = has_wide(w) ? copy_bytes(w, 0) : 0, used = wide + copy_bytes(w, 1);
-    // A copy that fills huge pages asks for them (the kernel may decline):
-    // the head streams from DRAM, and on 4 KB pages decode ran 5-10%
-    // slower (the file mapping it is copied from sits in huge pages).
-    const size_t huge = (size_t)2 << 20, bytes = used >= huge ? (used + huge - 1) & ~(huge - 1) : used;
-    uint8_t *p = aligned_alloc(used >= huge ? huge : 64, bytes);
-    uint8_t *full = malloc(2 * (size_t)w->in); /* one pair, a byte per code */
-    if (!p || !full) {
-        free(p);
-        free(full);
-        return -1;
-    }
-    if (used >= huge) madvise(p, bytes, MADV_HUGEPAGE); /* advice only: failure changes nothing */
-    memset(p, 0, bytes); /* unused metadata lanes */
-    if (has_wide(w)) pack_copy(w, 0, p, full);
-    pack_copy(w, 1, p + wide, full);
-    free(full);
-    w->packed = p;
-    return 0;
-}
+/* Every block matrix has the wide copy too (quant_pack.h). */
+static int32_t pack_avx512(ls_qmat *w) { return ls_quant_pack(w, 1); }
 
 // ---- the tiles ----
 

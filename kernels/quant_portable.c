@@ -22,18 +22,7 @@ _Static_assert(LS_CHUNK <= 64, "model.c sizes the activation scratch for LS_CHUN
  * nearbyintf, but a loop of it vectorises. */
 static inline float round_even(float v) { return (v + 12582912.0f) - 12582912.0f; }
 
-void ls_quant_permute(int8_t *qr, int32_t in, int32_t span, int32_t planes) {
-    int8_t nat[LS_QACT_PAD]; /* one span in natural order */
-    int32_t per = span / planes;
-    for (int32_t s0 = 0; s0 < in; s0 += span) {
-        memcpy(nat, qr + s0, (size_t)span); /* zeros past `in`: rows are padded */
-        for (int32_t p = 0; p < planes; p++)
-            for (int32_t j = 0; j < per; j++) qr[s0 + p * per + j] = nat[j * planes + p];
-    }
-}
-
-void ls_quant_rows(ls_qact *a, const float *x, int32_t ldx, int32_t t0, int32_t t1, int32_t in, int32_t group,
-                   int32_t span, int32_t planes) {
+void ls_quant_rows(ls_qact *a, const float *x, int32_t ldx, int32_t t0, int32_t t1, int32_t in, int32_t group) {
     int32_t ng = in / group;
     int32_t padded = (in + LS_QACT_PAD - 1) / LS_QACT_PAD * LS_QACT_PAD;
     for (int32_t t = t0; t < t1; t++) {
@@ -47,7 +36,7 @@ void ls_quant_rows(ls_qact *a, const float *x, int32_t ldx, int32_t t0, int32_t 
         }
         float id = amax > 0.0f ? 127.0f / amax : 0.0f;
         a->d[t] = amax / 127.0f;
-        // Codes in natural order first (|x * id| <= 127 up to rounding).
+        // |x * id| <= 127 up to rounding.
         for (int32_t i = 0; i < in; i++) {
             float r = round_even(xr[i] * id);
             r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r == r ? r : 0.0f; /* NaN -> 0 */
@@ -60,14 +49,13 @@ void ls_quant_rows(ls_qact *a, const float *x, int32_t ldx, int32_t t0, int32_t 
             qs[g] = sum;
         }
         for (int32_t g = ng; g < a->gld; g++) qs[g] = 0;
-        if (span > 0) ls_quant_permute(qr, in, span, planes);
     }
 }
 
 static void quantize_portable(ls_qact *a, const float *x, int32_t ldx, int32_t T, int32_t t0, int32_t t1,
                               const ls_qmat *w) {
     (void)T; /* one form whatever the call's size */
-    ls_quant_rows(a, x, ldx, t0, t1, w->in, w->group, 0, 1);
+    ls_quant_rows(a, x, ldx, t0, t1, w->in, w->group);
 }
 
 // ---- matmul ----
@@ -144,15 +132,25 @@ const ls_qops *ls_quant_ops_select(int32_t simd) {
     }
 }
 
+/* Frees the packed copies of a's first n matrices. */
+static void unpack_mats(ls_qact *a, int32_t n) {
+    for (int32_t k = 0; k < n; k++) {
+        free(a->mats[k].packed);
+        a->mats[k].packed = NULL;
+        a->mats[k].packed_wide = 0;
+    }
+}
+
 void ls_quant_setup(ls_qact *a) {
+    // Without memory for a path's packed copies, the next smaller ones
+    // (AVX-512's wide and narrow, AVX2's narrow), else the portable kernels
+    // on the weights as stored: the same bits on every path.
     const ls_qops *ops = ls_quant_ops_select(a->simd);
     for (int32_t i = 0; ops->pack && i < a->n_mats; i++) {
         if (ops->pack(&a->mats[i]) == 0) continue;
-        for (int32_t k = 0; k < i; k++) {
-            free(a->mats[k].packed);
-            a->mats[k].packed = NULL;
-        }
-        ops = &ls_qops_avx2;
+        unpack_mats(a, i);
+        ops = ops == &ls_qops_avx512 ? &ls_qops_avx2 : &ls_qops_portable;
+        i = -1;
     }
     a->ops = ops;
 }

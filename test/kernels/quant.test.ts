@@ -37,7 +37,7 @@ async function compile(args: string[]): Promise<void> {
 async function buildDriver(): Promise<void> {
   const objDir = mkdtempSync(join(testTempDir(), "quant-obj-"));
   const flags = [...C_FLAGS, "-O1", "-g", "-pthread", "-fsanitize=address,undefined", "-fno-omit-frame-pointer"];
-  const sources = ["quant_portable.c", "quant_avx2.c", "quant_avx512.c", "util.c"].map((f) => join(KERNELS, f));
+  const sources = ["quant_portable.c", "quant_pack.c", "quant_avx2.c", "quant_avx512.c", "util.c"].map((f) => join(KERNELS, f));
   sources.push(join(ROOT, "test", "c", "quant_driver.c"));
   const objects = sources.map((_, i) => join(objDir, `${i}.o`));
   await Promise.all(
