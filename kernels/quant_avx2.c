@@ -152,39 +152,51 @@ static inline __m256i fold_to(__m256i s, int32_t n, int32_t off) {
     return _mm256_permutevar8x32_epi32(s, _mm256_and_si256(_mm256_sub_epi32(lane, _mm256_set1_epi32(off)), seven));
 }
 
-/* gs[h][t] += chunks [c, c + K) of the pair's row h (codes at wp, int6's
- * high bits at hp) times token t: K chunks' products added in int16, then
- * into the int32 group lanes. */
+/* ps[h][t] += chunk c of the pair's row h (codes at wp, int6's high bits
+ * at hp) times token t, in int16. */
+static inline __attribute__((always_inline)) void chunk_products(__m256i ps[2][TILE_MAX_T], const lanes *L,
+                                                                 const uint8_t *wp, const uint8_t *hp,
+                                                                 size_t xo, int32_t c, const int TT,
+                                                                 const int BITS, const int PF) {
+    const int CB = BITS == 8 ? 64 : BITS == 2 ? 16 : 32; /* chunk_bytes */
+    __m256i U[2], A[2];
+    unpack_pair(U, wp + (size_t)CB * c, hp + 16 * (size_t)c, BITS);
+    // A prefetch a line, never faulting; the address is formed as an
+    // integer to keep the arithmetic defined past the last pair.
+    if (PF && (CB * c) % 64 == 0)
+        _mm_prefetch((const char *)((uintptr_t)wp + PREFETCH_PAIRS * L->v.pair_bytes + (size_t)CB * c), _MM_HINT_T0);
+    if (PF && BITS == 6 && c % 4 == 0)
+        _mm_prefetch((const char *)((uintptr_t)hp + PREFETCH_PAIRS * L->v.pair_bytes + 16 * (size_t)c), _MM_HINT_T0);
+    if (BITS == 8) A[0] = _mm256_abs_epi8(U[0]), A[1] = _mm256_abs_epi8(U[1]);
+#pragma GCC unroll 4
+    for (int t = 0; t < TT; t++) {
+        const __m256i X = _mm256_load_si256((const __m256i *)(L->x[t] + xo + 32 * (size_t)c));
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m256i m = BITS == 8 ? _mm256_maddubs_epi16(A[h], _mm256_sign_epi8(X, U[h]))
+                                        : _mm256_maddubs_epi16(U[h], X);
+            ps[h][t] = _mm256_add_epi16(ps[h][t], m);
+        }
+    }
+}
+
+/* gs[h][t] += chunks [c, c + K) of the pair's row h times token t: K
+ * chunks' products added in int16, then into the int32 group lanes. */
 static inline __attribute__((always_inline)) void chunk_sums(__m256i gs[2][TILE_MAX_T], const lanes *L,
                                                              const uint8_t *wp, const uint8_t *hp, size_t xo,
                                                              int32_t c, const int K, const int TT,
                                                              const int BITS, const int PF) {
-    const int CB = BITS == 8 ? 64 : BITS == 2 ? 16 : 32; /* chunk_bytes */
-    // The chunk loop stays a loop: unrolled, GCC spilled the int16 sums.
     __m256i ps[2][TILE_MAX_T];
 #pragma GCC unroll 4
     for (int t = 0; t < TT; t++) ps[0][t] = ps[1][t] = _mm256_setzero_si256();
+    // With several tokens the chunk loop stays a loop: unrolled, GCC
+    // spilled the int16 sums. One token's two fit.
+    if (TT == 1) {
+#pragma GCC unroll 8
+        for (int k = 0; k < K; k++) chunk_products(ps, L, wp, hp, xo, c + k, TT, BITS, PF);
+    } else {
 #pragma GCC unroll 1
-    for (const int32_t ce = c + K; c < ce; c++) {
-        __m256i U[2], A[2];
-        unpack_pair(U, wp + (size_t)CB * c, hp + 16 * (size_t)c, BITS);
-        // A prefetch a line, never faulting; the address is formed as an
-        // integer to keep the arithmetic defined past the last pair.
-        if (PF && (CB * c) % 64 == 0)
-            _mm_prefetch((const char *)((uintptr_t)wp + PREFETCH_PAIRS * L->v.pair_bytes + (size_t)CB * c), _MM_HINT_T0);
-        if (PF && BITS == 6 && c % 4 == 0)
-            _mm_prefetch((const char *)((uintptr_t)hp + PREFETCH_PAIRS * L->v.pair_bytes + 16 * (size_t)c), _MM_HINT_T0);
-        if (BITS == 8) A[0] = _mm256_abs_epi8(U[0]), A[1] = _mm256_abs_epi8(U[1]);
-#pragma GCC unroll 4
-        for (int t = 0; t < TT; t++) {
-            const __m256i X = _mm256_load_si256((const __m256i *)(L->x[t] + xo + 32 * (size_t)c));
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                const __m256i m = BITS == 8 ? _mm256_maddubs_epi16(A[h], _mm256_sign_epi8(X, U[h]))
-                                            : _mm256_maddubs_epi16(U[h], X);
-                ps[h][t] = _mm256_add_epi16(ps[h][t], m);
-            }
-        }
+        for (int k = 0; k < K; k++) chunk_products(ps, L, wp, hp, xo, c + k, TT, BITS, PF);
     }
     const __m256i ones = _mm256_set1_epi16(1);
 #pragma GCC unroll 2
