@@ -340,14 +340,14 @@ static void wire_weights(ls_model *m, const ls_tensor_span *t, const uint8_t *ma
         int64_t rows, cols;
         matrix_shape(in, k, &rows, &cols);
         m->qmats[k] = (ls_qmat){tensor_at(t, base + 1, map), tensor_at(t, base + 2, map), tensor_at(t, base + 3, map),
-                                (int32_t)rows, (int32_t)cols, in->group_size, in->block_bits[k], 0, NULL, NULL};
+                                (int32_t)rows, (int32_t)cols, in->group_size, in->block_bits[k], 0, NULL, NULL, 0};
         *quant[k] = &m->qmats[k];
     }
     w->qoutput = NULL;
     w->output = tensor_at(t, LS_TENSOR_OUTPUT_WEIGHT, map);
     if (t[LS_TENSOR_OUTPUT_QWEIGHT].dtype != LS_DTYPE_NONE) {
         m->qmats[7] = (ls_qmat){tensor_at(t, LS_TENSOR_OUTPUT_QWEIGHT, map), tensor_at(t, LS_TENSOR_OUTPUT_SCALES, map),
-                                NULL, in->vocab_size, in->dim, in->head_group, in->head_bits, 1, NULL, NULL};
+                                NULL, in->vocab_size, in->dim, in->head_group, in->head_bits, 1, NULL, NULL, 0};
         w->qoutput = &m->qmats[7];
     }
     m->info.tied_output = w->output == NULL && w->qoutput == NULL;

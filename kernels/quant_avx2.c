@@ -89,6 +89,7 @@ static void quantize_avx2(ls_qact *a, const float *x, int32_t ldx, int32_t T, in
  * model's decode at loops 1 (mostly the int6 head, from memory) took about
  * 1.45x as long, with four 1.9x. */
 #define TILE_MAX_T 4
+_Static_assert(TILE_MAX_T <= QTILE_MAX_T, "lanes holds a tile's tokens");
 /* Pairs in blocks of about this many bytes, which stay in L2 while every
  * group of tokens passes. */
 #define L2_BLOCK_BYTES (64 * 1024)
@@ -101,16 +102,6 @@ static void quantize_avx2(ls_qact *a, const float *x, int32_t ldx, int32_t T, in
 static inline int chunks_per_i16(const int BITS) { return BITS == 8 ? 1 : BITS == 6 ? 2 : 8; }
 
 static int32_t pack_avx2(ls_qmat *w) { return ls_quant_pack(w, 0); }
-
-/* What the tiles over tokens [t0, t0 + TT) read, worked out once per run of
- * tiles. */
-typedef struct {
-    layout v;
-    const uint8_t *codes, *meta;   /* the narrow copy */
-    const int8_t *x[TILE_MAX_T];   /* activation rows */
-    const int32_t *qs[TILE_MAX_T]; /* their group sums */
-    const float *d;                /* their scales */
-} lanes;
 
 /* A chunk of a pair at its stored width (narrow_chunk: lo, and int6's hi)
  * back to a byte per code: u[0] the first row's, u[1] the second's (int8:
@@ -305,14 +296,7 @@ static inline __attribute__((always_inline)) void pair_tiles(float *y, int32_t l
                                                              const ls_qmat *w, int32_t q0, int32_t q1,
                                                              int32_t t0, int32_t o0, int32_t o1, const int TT,
                                                              const int BITS, int32_t add) {
-    const layout v = layout_of(w, 1);
-    const uint8_t *codes = copy_of(w, 1);
-    lanes L = {v, codes, codes + v.meta_offset, {0}, {0}, a->d + t0};
-#pragma GCC unroll 4
-    for (int t = 0; t < TT; t++) {
-        L.x[t] = a->q + (size_t)(t0 + t) * (size_t)a->ld;
-        L.qs[t] = a->qsum + (size_t)(t0 + t) * (size_t)a->gld;
-    }
+    const lanes L = lanes_of(a, w, 1, t0, TT);
     for (int32_t q = q0; q < q1; q++) pair_tile(y, ldy, &L, q, t0, o0, o1, TT, BITS, TT == 1, add);
 }
 

@@ -29,6 +29,7 @@
 
 #define TILE_MAX_P 4 /* row pairs per tile */
 #define TILE_MAX_T 8 /* tokens per tile: 4 for the wide scheme, 8 for the narrow one (kernels) */
+_Static_assert(TILE_MAX_T <= QTILE_MAX_T, "lanes holds a tile's tokens");
 /* Pairs in blocks of this many bytes: 128 KB ran the 256 x 768 down
  * projection at 64 tokens 3% faster than 64 KB, the others alike. */
 #define L2_BLOCK_BYTES (128 * 1024)
@@ -147,17 +148,6 @@ static inline __m512i fold_to(__m512i s, int32_t n, int32_t off) {
     const __m512i rot = _mm512_or_si512(base, _mm512_and_si512(_mm512_sub_epi32(lane, _mm512_set1_epi32(off)), seven));
     return _mm512_permutexvar_epi32(rot, s);
 }
-
-/* What the tiles over tokens [t0, t0 + TT) read, worked out once per run
- * of tiles: the compiler cannot keep it in registers across the stores to
- * y (intrinsic stores may alias anything). */
-typedef struct {
-    layout v;
-    const uint8_t *codes, *meta;   /* the packed copy */
-    const int8_t *x[TILE_MAX_T];   /* activation rows */
-    const int32_t *qs[TILE_MAX_T]; /* their group sums */
-    const float *d;                /* their scales */
-} lanes;
 
 /* A head chunk at its stored width (narrow_chunk: lo, and int6's hi) back
  * to a byte per code. */
@@ -378,14 +368,7 @@ static inline __attribute__((always_inline)) int32_t pair_tiles(float *y, int32_
                                                                 int32_t t0, int32_t o0, int32_t o1, const int P,
                                                                 const int TT, const int BITS, const int NARROW,
                                                                 int32_t add) {
-    const layout v = layout_of(w, NARROW);
-    const uint8_t *codes = copy_of(w, NARROW);
-    lanes L = {v, codes, codes + v.meta_offset, {0}, {0}, a->d + t0};
-#pragma GCC unroll 8
-    for (int t = 0; t < TT; t++) {
-        L.x[t] = a->q + (size_t)(t0 + t) * (size_t)a->ld;
-        L.qs[t] = a->qsum + (size_t)(t0 + t) * (size_t)a->gld;
-    }
+    const lanes L = lanes_of(a, w, NARROW, t0, TT);
     for (; q + P <= q1; q += P) pair_tile(y, ldy, &L, q, t0, tile_rows(q, o0, o1, P), P, TT, BITS, NARROW, add);
     return q;
 }

@@ -7,11 +7,30 @@
 
 #include <sys/mman.h>
 
-/* The byte a kernel reads for input i of a stored row: the wide scheme's
- * code c (signed), the narrow scheme's c + B (unsigned). */
-static inline uint8_t code_byte(const ls_qmat *w, const uint8_t *row, int32_t i, int nar) {
-    const int32_t c = ls_quant_code(row, w->in, i, w->bits);
-    return (uint8_t)(nar ? c + narrow_offset(w->bits) : c);
+/* The bytes a kernel reads for the inputs of a stored row, in natural
+ * order: the wide scheme's code c (signed), the narrow scheme's c + B
+ * (unsigned). One loop per width, so each folds ls_quant_code's choice;
+ * int6 takes its high bits once per pair of inputs. */
+static void row_codes(const ls_qmat *w, const uint8_t *row, uint8_t *out, int nar) {
+    const int32_t in = w->in, b = nar ? narrow_offset(w->bits) : 0;
+#define ROW_CODES(BITS) \
+    for (int32_t i = 0; i < in; i++) out[i] = (uint8_t)(ls_quant_code(row, in, i, BITS) + b)
+    switch (w->bits) {
+    case 8: ROW_CODES(8); break;
+    case 4: ROW_CODES(4); break;
+    case 2: ROW_CODES(2); break;
+    default: /* 6, a 64-input block at a time: ls_quant_code's nibble and high bits per pair of inputs */
+        for (int32_t i0 = 0; i0 < in; i0 += 64) {
+            const uint8_t *nib = row + i0 / 2, *hb = row + in / 2 + i0 / 4;
+            for (int32_t j = 0; j < 32; j++) {
+                const int32_t hi = hb[j & 15] >> (4 * (j >> 4));
+                out[i0 + 2 * j] = (uint8_t)(((nib[j] & 15) | (hi & 3) << 4) - 32 + b);
+                out[i0 + 2 * j + 1] = (uint8_t)(((nib[j] >> 4) | (hi >> 2 & 3) << 4) - 32 + b);
+            }
+        }
+        break;
+    }
+#undef ROW_CODES
 }
 
 /* One chunk of a narrow pair (64 bytes u, a byte per code) at its stored
@@ -29,11 +48,13 @@ static void narrow_chunk(uint8_t *lo, uint8_t *hi, const uint8_t *u, int32_t bit
                           ((u[48 + j] >> 4) & 3) << 6);
 }
 
-/* Writes w's copy in scheme nar at p (zeroed, copy_bytes long); full: 2 in bytes of scratch. */
+/* Writes w's copy in scheme nar at p (zeroed, copy_bytes long); full: 3 in
+ * bytes of scratch (a pair a byte per code, then one row's codes). */
 static void pack_copy(const ls_qmat *w, int nar, uint8_t *p, uint8_t *full) {
     const int32_t G = w->group, pairs = (w->rows + 1) / 2, cb = chunk_bytes(w, nar);
     const layout v = layout_of(w, nar);
     const size_t row_bytes = (size_t)w->in * (size_t)w->bits / 8;
+    uint8_t *nat = full + 2 * (size_t)w->in;
     for (int32_t q = 0; q < pairs; q++) {
         // The missing second row of an odd count: code bytes 0 (zero
         // weights on every path, whatever the offset), scale 0.
@@ -41,17 +62,16 @@ static void pack_copy(const ls_qmat *w, int nar, uint8_t *p, uint8_t *full) {
         uint8_t *meta = p + v.meta_offset + (size_t)q * v.meta_bytes;
         for (int32_t h = 0; h < 2 && 2 * q + h < w->rows; h++) {
             const int32_t o = 2 * q + h;
-            const uint8_t *src = w->qweight + (size_t)o * row_bytes;
+            row_codes(w, w->qweight + (size_t)o * row_bytes, nat, nar);
             uint8_t *codes = full + 32 * h; /* this row's half of each 64-byte chunk */
             for (int32_t g0 = 0; g0 < v.ng;) {
-                const int32_t n = window_groups(v.ng - g0), chunks = (n * G) / 32;
+                const int32_t n = window_groups(v.ng - g0), chunks = (n * G) / 32, ln = __builtin_ctz((unsigned)n);
                 uint8_t *wc = codes + 2 * ((size_t)g0 * G);
                 for (int32_t c = 0; c < chunks; c++)
-                    for (int32_t l = 0; l < 8; l++)
-                        for (int32_t b = 0; b < 4; b++) {
-                            const int32_t g = g0 + l % n, u = (8 * c + l) / n;
-                            wc[64 * c + 4 * l + b] = code_byte(w, src, g * G + 4 * u + b, nar);
-                        }
+                    for (int32_t l = 0; l < 8; l++) {
+                        const int32_t g = g0 + (l & (n - 1)), u = (8 * c + l) >> ln; /* l % n, (8 c + l) / n */
+                        memcpy(wc + 64 * c + 4 * l, nat + (size_t)g * G + 4 * u, 4);
+                    }
                 g0 += n;
             }
             const uint16_t *sc = w->scales + (size_t)o * (size_t)v.ng;
@@ -62,7 +82,7 @@ static void pack_copy(const ls_qmat *w, int nar, uint8_t *p, uint8_t *full) {
                 if (w->bits == 2) memcpy(slot + zeros_at(nar) + 2 * lane, &w->zeros[(size_t)o * (size_t)v.ng + g], 2);
                 if (nar) continue;
                 int16_t csum = 0;
-                for (int32_t i = 0; i < G; i++) csum = (int16_t)(csum + (int8_t)code_byte(w, src, g * G + i, nar));
+                for (int32_t i = 0; i < G; i++) csum = (int16_t)(csum + (int8_t)nat[(size_t)g * G + i]);
                 memcpy(slot + 32 + 2 * lane, &csum, 2);
             }
         }
@@ -83,7 +103,7 @@ int32_t ls_quant_pack(ls_qmat *w, int wide) {
     // slower (the file mapping it is copied from sits in huge pages).
     const size_t huge = (size_t)2 << 20, bytes = used >= huge ? (used + huge - 1) & ~(huge - 1) : used;
     uint8_t *p = aligned_alloc(used >= huge ? huge : 64, bytes);
-    uint8_t *full = malloc(2 * (size_t)w->in); /* one pair, a byte per code */
+    uint8_t *full = malloc(3 * (size_t)w->in); /* pack_copy's scratch */
     if (!p || !full) {
         free(p);
         free(full);

@@ -101,6 +101,33 @@ static inline const uint8_t *copy_of(const ls_qmat *w, int nar) {
     return w->packed + (nar && w->packed_wide ? copy_bytes(w, 0) : 0);
 }
 
+/* The most tokens a tile of the SIMD kernels takes in one pass. */
+#define QTILE_MAX_T 8
+
+/* What the tiles over tokens [t0, t0 + TT) of one copy read, worked out
+ * once per run of tiles: the compiler cannot keep it in registers across
+ * the stores to y (intrinsic stores may alias anything). */
+typedef struct {
+    layout v;
+    const uint8_t *codes, *meta;     /* the copy */
+    const int8_t *x[QTILE_MAX_T];    /* activation rows */
+    const int32_t *qs[QTILE_MAX_T];  /* their group sums */
+    const float *d;                  /* their scales */
+} lanes;
+
+/* The lanes of w's copy in scheme nar for tokens [t0, t0 + TT) of a. */
+static inline __attribute__((always_inline)) lanes lanes_of(const ls_qact *a, const ls_qmat *w, int nar,
+                                                            int32_t t0, const int TT) {
+    lanes L = {layout_of(w, nar), copy_of(w, nar), NULL, {0}, {0}, a->d + t0};
+    L.meta = L.codes + L.v.meta_offset;
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; t++) {
+        L.x[t] = a->q + (size_t)(t0 + t) * (size_t)a->ld;
+        L.qs[t] = a->qsum + (size_t)(t0 + t) * (size_t)a->gld;
+    }
+    return L;
+}
+
 /* Sets w->packed to the narrow copy of w->qweight, and the wide one before
  * it when `wide` and w is a block matrix (not the head); 0, or -1 when out
  * of memory (w unchanged). */
