@@ -100,8 +100,8 @@ struct ls_qact {
 typedef struct ls_qops {
     int32_t simd;
     /* The form quantize writes a matrix's activations in for a call of T
-     * tokens (VNNI: signed or offset by 128, per weight scheme); two matrices with the same form share one prepared
-     * activation. */
+     * tokens (VNNI: signed or offset by 128, per weight scheme); two
+     * matrices with the same form share one prepared activation. */
     int32_t (*act_form)(const ls_qmat *w, int32_t T);
     int32_t (*pack)(ls_qmat *w);
     /* Activation rows [t0, t1) of a call of T rows (whose form act_form
@@ -184,14 +184,19 @@ static inline void ls_quant_shape(ls_qact *a, int32_t T, int32_t in, int32_t gro
 /* ---- scratch allocation (static inline: model.c, also linked into the
  * CUDA library, must not reference the kernels' symbols) ---- */
 
-/* Frees the scratch and the packed copies of its matrices. */
-static inline void ls_qact_free(ls_qact *a) {
-    if (!a) return;
-    for (int32_t i = 0; i < a->n_mats; i++) {
+/* Frees the packed copies of the scratch's first n matrices. */
+static inline void ls_qact_unpack(ls_qact *a, int32_t n) {
+    for (int32_t i = 0; i < n; i++) {
         free(a->mats[i].packed);
         a->mats[i].packed = NULL;
         a->mats[i].packed_wide = 0;
     }
+}
+
+/* Frees the scratch and the packed copies of its matrices. */
+static inline void ls_qact_free(ls_qact *a) {
+    if (!a) return;
+    ls_qact_unpack(a, a->n_mats);
     free(a->q);
     free(a->d);
     free(a->qsum);

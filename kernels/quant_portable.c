@@ -132,25 +132,17 @@ const ls_qops *ls_quant_ops_select(int32_t simd) {
     }
 }
 
-/* Frees the packed copies of a's first n matrices. */
-static void unpack_mats(ls_qact *a, int32_t n) {
-    for (int32_t k = 0; k < n; k++) {
-        free(a->mats[k].packed);
-        a->mats[k].packed = NULL;
-        a->mats[k].packed_wide = 0;
-    }
-}
-
 void ls_quant_setup(ls_qact *a) {
-    // Without memory for a path's packed copies, the next smaller ones
-    // (AVX-512's wide and narrow, AVX2's narrow), else the portable kernels
-    // on the weights as stored: the same bits on every path.
+    // Without memory for its packed copies a path gives way to one with
+    // smaller copies (AVX-512 keeps wide and narrow ones, AVX2 narrow ones
+    // only), and AVX2 to the portable kernels on the weights as stored: the
+    // same bits on every path.
     const ls_qops *ops = ls_quant_ops_select(a->simd);
     for (int32_t i = 0; ops->pack && i < a->n_mats; i++) {
         if (ops->pack(&a->mats[i]) == 0) continue;
-        unpack_mats(a, i);
+        ls_qact_unpack(a, i);
         ops = ops == &ls_qops_avx512 ? &ls_qops_avx2 : &ls_qops_portable;
-        i = -1;
+        i = -1; /* every matrix again, for the next path */
     }
     a->ops = ops;
 }
