@@ -25,6 +25,10 @@ export function simdFlags(file: string): string[] {
   return [];
 }
 
+// The quantized matmul kernels and what they link against, for the
+// programs that run them alone (the sanitized quant test driver, bench gemm).
+export const QUANT_KERNEL_SOURCES = ["quant_portable.c", "quant_pack.c", "quant_avx2.c", "quant_avx512.c", "util.c"];
+
 // C11, and no multiply and add fused into an FMA unless the code asks: the
 // quantized kernels' results are defined as separate operations (quant.h),
 // the same on every path. (-std=c11 implies it; stated so it stays.)

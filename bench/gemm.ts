@@ -5,7 +5,7 @@
 // batched decode, prefill chunks).
 import { mkdirSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { C_FLAGS, simdFlags } from "../build.ts";
+import { C_FLAGS, QUANT_KERNEL_SOURCES, simdFlags } from "../build.ts";
 import type { Row } from "../src/bench/table.ts";
 import { parseModelConfig } from "../src/model/format.ts";
 import { readSafetensors } from "../src/model/safetensors.ts";
@@ -21,7 +21,7 @@ const SIMD_AVX512 = 3;
 function buildGemm(): string {
   const dir = join(ROOT, "build", "bench-gemm");
   mkdirSync(dir, { recursive: true });
-  const kernels = ["quant_portable.c", "quant_pack.c", "quant_avx2.c", "quant_avx512.c", "util.c"].map((f) => join(ROOT, "kernels", f));
+  const kernels = QUANT_KERNEL_SOURCES.map((f) => join(ROOT, "kernels", f));
   const sources = [...kernels, join(import.meta.dir, "gemm", "gemm.c")];
   const objects = sources.map((src, i) => {
     const obj = join(dir, `${i}.o`);

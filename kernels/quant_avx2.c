@@ -156,8 +156,9 @@ static inline __m256i add_i16(__m256i acc, __m256i m) {
 static inline __attribute__((always_inline)) void chunk_products(__m256i ps[2][TILE_MAX_T], const lanes *L,
                                                                  const uint8_t *wp, const uint8_t *hp,
                                                                  size_t xo, int32_t c, const int TT,
-                                                                 const int BITS, const int PF) {
+                                                                 const int BITS) {
     const int CB = BITS == 8 ? 64 : BITS == 2 ? 16 : 32; /* chunk_bytes */
+    const int PF = TT == 1; /* decode: the head streams from memory */
     __m256i U[2], A[2];
     unpack_pair(U, wp + (size_t)CB * c, hp + 16 * (size_t)c, BITS);
     // A prefetch a line, never faulting; the address is formed as an
@@ -184,7 +185,7 @@ static inline __attribute__((always_inline)) void chunk_products(__m256i ps[2][T
 static inline __attribute__((always_inline)) void chunk_sums(__m256i gs[2][TILE_MAX_T], const lanes *L,
                                                              const uint8_t *wp, const uint8_t *hp, size_t xo,
                                                              int32_t c, const int K, const int TT,
-                                                             const int BITS, const int PF) {
+                                                             const int BITS) {
     __m256i ps[2][TILE_MAX_T];
 #pragma GCC unroll 4
     for (int t = 0; t < TT; t++) ps[0][t] = ps[1][t] = _mm256_setzero_si256();
@@ -192,10 +193,10 @@ static inline __attribute__((always_inline)) void chunk_sums(__m256i gs[2][TILE_
     // spilled the int16 sums. One token's two fit.
     if (TT == 1) {
 #pragma GCC unroll 8
-        for (int k = 0; k < K; k++) chunk_products(ps, L, wp, hp, xo, c + k, TT, BITS, PF);
+        for (int k = 0; k < K; k++) chunk_products(ps, L, wp, hp, xo, c + k, TT, BITS);
     } else {
 #pragma GCC unroll 1
-        for (int k = 0; k < K; k++) chunk_products(ps, L, wp, hp, xo, c + k, TT, BITS, PF);
+        for (int k = 0; k < K; k++) chunk_products(ps, L, wp, hp, xo, c + k, TT, BITS);
     }
     const __m256i ones = _mm256_set1_epi16(1);
 #pragma GCC unroll 2
@@ -209,8 +210,7 @@ static inline __attribute__((always_inline)) void chunk_sums(__m256i gs[2][TILE_
  * starts). n is a constant for the 8-group windows. */
 static inline __attribute__((always_inline)) void pair_window(__m256 acc[2][TILE_MAX_T], const lanes *L,
                                                               int32_t q, int32_t g0, const int32_t n,
-                                                              const int first, const int TT, const int BITS,
-                                                              const int PF) {
+                                                              const int first, const int TT, const int BITS) {
     const int32_t chunks = (n << L->v.lg) / 32, slot = g0 >> 3, off = g0 & 7;
     const int CB = BITS == 8 ? 64 : BITS == 2 ? 16 : 32, K = chunks_per_i16(BITS);
     const size_t xo = (size_t)g0 << L->v.lg;
@@ -223,9 +223,9 @@ static inline __attribute__((always_inline)) void pair_window(__m256 acc[2][TILE
 #pragma GCC unroll 4
     for (int t = 0; t < TT; t++) gs[0][t] = gs[1][t] = _mm256_setzero_si256();
     if (chunks >= K)
-        for (int32_t c = 0; c < chunks; c += K) chunk_sums(gs, L, wp, hp, xo, c, K, TT, BITS, PF);
+        for (int32_t c = 0; c < chunks; c += K) chunk_sums(gs, L, wp, hp, xo, c, K, TT, BITS);
     else
-        for (int32_t c = 0; c < chunks; c++) chunk_sums(gs, L, wp, hp, xo, c, 1, TT, BITS, PF);
+        for (int32_t c = 0; c < chunks; c++) chunk_sums(gs, L, wp, hp, xo, c, 1, TT, BITS);
     // Lane l is now group 8 slot + l % n of this window (8 groups) or, once
     // folded and moved, lanes off .. off + n - 1.
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -261,20 +261,20 @@ static inline __attribute__((always_inline)) void pair_window(__m256 acc[2][TILE
 /* Pair q x tokens [t0, t0 + TT): y (+)= the rows that fall in [o0, o1). */
 static inline __attribute__((always_inline)) void pair_tile(float *y, int32_t ldy, const lanes *L, int32_t q,
                                                             int32_t t0, int32_t o0, int32_t o1, const int TT,
-                                                            const int BITS, const int PF, int32_t add) {
+                                                            const int BITS, int32_t add) {
     const int32_t ng = L->v.ng;
     __m256 acc[2][TILE_MAX_T];
     int32_t g0 = 0;
     if (ng >= 8) {
-        pair_window(acc, L, q, 0, 8, 1, TT, BITS, PF);
-        for (g0 = 8; g0 + 8 <= ng; g0 += 8) pair_window(acc, L, q, g0, 8, 0, TT, BITS, PF);
+        pair_window(acc, L, q, 0, 8, 1, TT, BITS);
+        for (g0 = 8; g0 + 8 <= ng; g0 += 8) pair_window(acc, L, q, g0, 8, 0, TT, BITS);
     } else {
-        pair_window(acc, L, q, 0, window_groups(ng), 1, TT, BITS, PF);
+        pair_window(acc, L, q, 0, window_groups(ng), 1, TT, BITS);
         g0 = window_groups(ng);
     }
     while (g0 < ng) {
         const int32_t n = window_groups(ng - g0);
-        pair_window(acc, L, q, g0, n, 0, TT, BITS, PF);
+        pair_window(acc, L, q, g0, n, 0, TT, BITS);
         g0 += n;
     }
 #pragma GCC unroll 2
@@ -290,14 +290,13 @@ static inline __attribute__((always_inline)) void pair_tile(float *y, int32_t ld
     }
 }
 
-/* Pairs [q0, q1) x tokens [t0, t0 + TT), rows clipped to [o0, o1). The
- * one-token tiles prefetch. */
+/* Pairs [q0, q1) x tokens [t0, t0 + TT), rows clipped to [o0, o1). */
 static inline __attribute__((always_inline)) void pair_tiles(float *y, int32_t ldy, const ls_qact *a,
                                                              const ls_qmat *w, int32_t q0, int32_t q1,
                                                              int32_t t0, int32_t o0, int32_t o1, const int TT,
                                                              const int BITS, int32_t add) {
     const lanes L = lanes_of(a, w, 1, t0, TT);
-    for (int32_t q = q0; q < q1; q++) pair_tile(y, ldy, &L, q, t0, o0, o1, TT, BITS, TT == 1, add);
+    for (int32_t q = q0; q < q1; q++) pair_tile(y, ldy, &L, q, t0, o0, o1, TT, BITS, add);
 }
 
 // ---- the row / token loops ----

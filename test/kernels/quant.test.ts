@@ -9,7 +9,7 @@
 import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { C_FLAGS, simdFlags } from "../../build.ts";
+import { C_FLAGS, QUANT_KERNEL_SOURCES, simdFlags } from "../../build.ts";
 import type { QuantMatrix } from "../../src/model/format.ts";
 import { quantizeInt2, quantizeInt4, quantizeInt6, quantizeInt8 } from "../../src/model/quantize.ts";
 import { testTempDir } from "../helpers/models.ts";
@@ -37,7 +37,7 @@ async function compile(args: string[]): Promise<void> {
 async function buildDriver(): Promise<void> {
   const objDir = mkdtempSync(join(testTempDir(), "quant-obj-"));
   const flags = [...C_FLAGS, "-O1", "-g", "-pthread", "-fsanitize=address,undefined", "-fno-omit-frame-pointer"];
-  const sources = ["quant_portable.c", "quant_pack.c", "quant_avx2.c", "quant_avx512.c", "util.c"].map((f) => join(KERNELS, f));
+  const sources = QUANT_KERNEL_SOURCES.map((f) => join(KERNELS, f));
   sources.push(join(ROOT, "test", "c", "quant_driver.c"));
   const objects = sources.map((_, i) => join(objDir, `${i}.o`));
   await Promise.all(
