@@ -33,6 +33,7 @@ SIMD_VEC_OPS(_mm512)
 
 static inline vec v_round(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline float v_hsum(vec a) { return _mm512_reduce_add_ps(a); }
+static inline float v_hmax(vec a) { return _mm512_reduce_max_ps(a); }
 
 static inline vec v_load_n(const float *p, int32_t n) { return _mm512_maskz_loadu_ps(lanes(n), p); }
 static inline void v_store_n(float *p, vec a, int32_t n) { _mm512_mask_storeu_ps(p, lanes(n), a); }

@@ -16,6 +16,7 @@
  *                        v_fnma(a, b, c) = c - a * b (one rounding each)
  *   v_round(a)           to the nearest integer
  *   v_hsum(a)            the path's fixed horizontal sum
+ *   v_hmax(a)            the largest lane (exact in any order)
  *   v_load_n(p, n), v_store_n(p, a, n)   the first n <= VL lanes (zeros
  *                                        elsewhere on a load)
  *   v_load_f16(p), v_load_f16_n(p, n)    fp16 -> fp32
@@ -463,9 +464,7 @@ static float OPS_NAME(softmax_exp)(float *c, int32_t n, float scale) {
         mx = v_max(mx, v);
     }
     if (m) v_store_n(c + i, v_mul(v_load_n(c + i, m), sc), m);
-    float mx_lanes[VL], top = -INFINITY;
-    v_store(mx_lanes, mx);
-    for (int32_t k = 0; k < VL; k++) top = mx_lanes[k] > top ? mx_lanes[k] : top;
+    float top = v_hmax(mx);
     for (int32_t k = i; k < n; k++) top = c[k] > top ? c[k] : top;
     const vec top_v = v_set1(top);
     vec sum = v_zero();
