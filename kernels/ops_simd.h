@@ -128,6 +128,16 @@ static ALWAYS_INLINE void scores_tile(float *scores, const float *q, const void 
 #pragma GCC unroll 8
     for (int v = 0; v < NV; v++) a[v] = v_zero();
     for (size_t d = 0, row = (size_t)j; d < (size_t)hd; d++, row += (size_t)ldk) {
+        // A full tile reads hd rows of keys, each from its own place: more
+        // streams than the hardware prefetcher follows, so a decode step's
+        // keys (back from memory after the output head passed through the
+        // caches) came late. Each row asks for its part of the next tile,
+        // the address formed as an integer (a prefetch never faults).
+        // Decode attention, dim-768 int4 model, loops 8, 1024 positions, 2
+        // threads, Zen 3: 0.93x the time (two tiles ahead 0.95x, four 1.04x).
+        if (NV == 8 && !TAIL)
+            for (int b = 0; b < 8 * VL * (I8 ? 1 : 2); b += 64)
+                _mm_prefetch((const char *)((uintptr_t)kt + (row + 8 * VL) * (I8 ? 1 : 2) + (uintptr_t)b), _MM_HINT_T0);
 #pragma GCC unroll 8
         for (int v = 0; v < NV; v++) {
             vec k = load_cache(kt, I8, row + v * VL, TAIL && v == NV - 1, m); /* before q[d]: a copy is a call */
