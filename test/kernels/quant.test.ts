@@ -117,7 +117,11 @@ function runDriver(
   const outPath = join(testTempDir(), `quant-out-${n++}.bin`);
   writeFileSync(casePath, Buffer.concat(parts));
   const r = Bun.spawnSync([DRIVER, casePath, outPath], {
-    env: { ...process.env, ASAN_OPTIONS: `detect_leaks=1${asanOptions}`, UBSAN_OPTIONS: "halt_on_error=1:print_stacktrace=1" },
+    env: {
+      ...process.env,
+      ASAN_OPTIONS: `detect_leaks=1${asanOptions}`,
+      UBSAN_OPTIONS: "halt_on_error=1:print_stacktrace=1",
+    },
     stdout: "pipe",
     stderr: "pipe",
   });
@@ -130,7 +134,8 @@ function runDriver(
     throw new Error(`driver exit ${r.exitCode} (${simd}, bits ${q.bits}, ${q.rows}x${q.cols}, T ${T}):\n${out}${r.stderr}`);
   }
   const bytes = readFileSync(outPath);
-  return { y: new Float32Array(bytes.buffer, bytes.byteOffset, T * q.rows), ran: out.trim().split(" ")[1] }; // "ok <kernels>"
+  const ran = out.trim().split(" ")[1]; // "ok <kernels>"
+  return { y: new Float32Array(bytes.buffer, bytes.byteOffset, T * q.rows), ran };
 }
 
 /** runDriver for the kernel cases: every case of a path must run the kernels its probe ran. */
@@ -206,7 +211,8 @@ describe("quantized matmul kernels", () => {
           }
           if (!(d <= TOL * m)) throw new Error(`${fmt} ${rows}x${cols} g${group} T${T}: rel err ${d / m}`);
           for (const p of paths) {
-            if (!sameBits(runCase(q, x, T, p, head)!, base)) throw new Error(`${fmt} ${rows}x${cols} g${group} T${T}: ${p} differs from portable`);
+            if (!sameBits(runCase(q, x, T, p, head)!, base))
+              throw new Error(`${fmt} ${rows}x${cols} g${group} T${T}: ${p} differs from portable`);
           }
         }
       }
