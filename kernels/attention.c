@@ -232,6 +232,13 @@ static void attend_group(ls_session *s, int32_t loop, int32_t kvh, int32_t G, fl
         }
     }
     int32_t sa = lo[G - 1], sb = p[0]; /* shared positions [sa, sb] (lo, p never decrease with g) */
+    /* Where every query starts at sa and a scratch row holds [sa, p_last],
+     * the multi-query scores run on to p_last: a query's scores past its own
+     * position are computed and never read (its softmax covers [lo_g, p_g]),
+     * and a score depends on its position alone, so no score read changes.
+     * The last queries' few positions then take no one-query calls (each a
+     * chain of head_dim dependent FMAs on one vector). */
+    const int32_t se = lo[0] == sa && p[G - 1] - sa < cap ? p[G - 1] : sb;
     slot_run run[2];
     int32_t nr;
 
@@ -242,12 +249,12 @@ static void attend_group(ls_session *s, int32_t loop, int32_t kvh, int32_t G, fl
         for (int32_t r = 0, off = 0; r < nr; off += run[r].n, r++)
             ops->attn_scores(sc[g] + off, q[g], Kt + run[r].slot, s->ldk, hd, run[r].n);
         if (sa <= sb) {
-            nr = runs_of(sb + 1, p[g], cap, run); /* after it */
-            for (int32_t r = 0, off = sb + 1 - lo[g]; r < nr; off += run[r].n, r++)
+            nr = runs_of(se + 1, p[g], cap, run); /* after it */
+            for (int32_t r = 0, off = se + 1 - lo[g]; r < nr; off += run[r].n, r++)
                 ops->attn_scores(sc[g] + off, q[g], Kt + run[r].slot, s->ldk, hd, run[r].n);
         }
     }
-    nr = runs_of(sa, sb, cap, run);
+    nr = runs_of(sa, se, cap, run);
     for (int32_t r = 0, off = 0; r < nr; off += run[r].n, r++) {
         float *scg[LS_ATT_GROUP];
         for (int32_t g = 0; g < G; g++) scg[g] = sc[g] + (sa - lo[g]) + off;
