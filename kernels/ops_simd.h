@@ -507,9 +507,19 @@ static void OPS_NAME(swiglu)(float *g, const float *u, int32_t n) {
     if (i < n) swiglu_vec(g + i, u + i, n - i);
 }
 
+/* One vector of a head's halves (the first n lanes when part). */
+static ALWAYS_INLINE void rope_vec(float *lo, float *hi, const float *c, const float *s, int part, int32_t n) {
+    vec x0 = load_f32(lo, part, n), x1 = load_f32(hi, part, n);
+    vec vc = load_f32(c, part, n), vs = load_f32(s, part, n);
+    store_f32(lo, v_sub(v_mul(x0, vc), v_mul(x1, vs)), part, n);
+    store_f32(hi, v_add(v_mul(x1, vc), v_mul(x0, vs)), part, n);
+}
+
 /* ops.h rope: the table's pairs are split into cos and sin runs once per
  * block of 64, then every head's halves go a vector at a time; products and
- * sums stay separate (v_mul, v_sub, v_add), as on the portable path. */
+ * sums stay separate (v_mul, v_sub, v_add), as on the portable path. Whole
+ * vectors load as such: AVX2's partial loads copy through the stack, and
+ * every vector of a prefill's RoPE took one (2.4% of an int4 prefill). */
 static void OPS_NAME(rope)(float *x, int32_t n_heads, int32_t hd, const float *cs) {
     enum { B = 64 };
     float c[B], s[B];
@@ -522,13 +532,9 @@ static void OPS_NAME(rope)(float *x, int32_t n_heads, int32_t hd, const float *c
         }
         for (int32_t h = 0; h < n_heads; h++) {
             float *lo = x + (size_t)h * hd + i0, *hi = lo + half;
-            for (int32_t i = 0; i < m; i += VL) {
-                int32_t n = m - i < VL ? m - i : VL;
-                vec x0 = v_load_n(lo + i, n), x1 = v_load_n(hi + i, n);
-                vec vc = v_load_n(c + i, n), vs = v_load_n(s + i, n);
-                v_store_n(lo + i, v_sub(v_mul(x0, vc), v_mul(x1, vs)), n);
-                v_store_n(hi + i, v_add(v_mul(x1, vc), v_mul(x0, vs)), n);
-            }
+            int32_t i = 0;
+            for (; i + VL <= m; i += VL) rope_vec(lo + i, hi + i, c + i, s + i, 0, VL);
+            if (i < m) rope_vec(lo + i, hi + i, c + i, s + i, 1, m - i);
         }
     }
 }
