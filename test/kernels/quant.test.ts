@@ -9,17 +9,14 @@
 // one fallback there is, a path giving way when its packed copy finds no
 // memory, is tested on its own.
 import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
-import { join, resolve } from "node:path";
-import { C_FLAGS, QUANT_KERNEL_SOURCES, simdFlags } from "../../build.ts";
+import { readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import type { QuantMatrix } from "../../src/model/format.ts";
 import { quantizeInt2, quantizeInt4, quantizeInt6, quantizeInt8 } from "../../src/model/quantize.ts";
 import { testTempDir } from "../helpers/models.ts";
+import { SANITIZED_BUILD_MS, sanitizedDriver } from "../helpers/sanitized.ts";
 import { dequantize, quantizedMatvec } from "../reference/quant.ts";
 
-const ROOT = resolve(import.meta.dir, "../..");
-const KERNELS = join(ROOT, "kernels");
-const DRIVER = join(ROOT, "build", "quant_driver");
 // Kernel vs double-precision reference: the kernels add the per-group
 // products in fp32, so they differ by fp32 rounding only.
 const TOL = 1e-5; // max|c - r| / max|r|
@@ -27,44 +24,24 @@ const SIMD = { portable: 1, avx2: 2, avx512: 3 } as const;
 
 setDefaultTimeout(120_000);
 
-async function compile(args: string[]): Promise<void> {
-  const p = Bun.spawn(args, { stdout: "pipe", stderr: "pipe" });
-  const [code, err] = await Promise.all([p.exited, new Response(p.stderr).text()]);
-  if (code !== 0) throw new Error(`${args.join(" ")}\n${err}`);
-}
-
-// The kernel sources with build.ts's per-file SIMD flags, plus the driver,
-// in a private directory, renamed into place (parallel runs never link a
-// half-written binary).
-async function buildDriver(): Promise<void> {
-  const objDir = mkdtempSync(join(testTempDir(), "quant-obj-"));
-  const flags = [...C_FLAGS, "-O1", "-g", "-pthread", "-fsanitize=address,undefined", "-fno-omit-frame-pointer"];
-  const sources = QUANT_KERNEL_SOURCES.map((f) => join(KERNELS, f));
-  sources.push(join(ROOT, "test", "c", "quant_driver.c"));
-  const objects = sources.map((_, i) => join(objDir, `${i}.o`));
-  await Promise.all(
-    sources.map((src, i) => compile(["gcc", ...flags, ...simdFlags(src), "-I", KERNELS, "-c", src, "-o", objects[i]])),
-  );
-  mkdirSync(join(ROOT, "build"), { recursive: true });
-  const tmp = `${DRIVER}.tmp-${process.pid}`;
-  await compile(["gcc", "-fsanitize=address,undefined", "-pthread", "-o", tmp, ...objects, "-lm"]);
-  renameSync(tmp, DRIVER);
-  rmSync(objDir, { recursive: true, force: true });
-}
+/** The driver, linked with the sanitized kernel objects the other sanitizer
+ * tests share (test/helpers/sanitized.ts): compiling quant_avx512.c under
+ * ASan alone takes minutes. */
+let driver = "";
 
 let paths: (keyof typeof SIMD)[] = [];
 /** The kernels the driver reports for each path (set by the probe). */
 const kernels: Partial<Record<keyof typeof SIMD, string>> = {};
 
 beforeAll(async () => {
-  await buildDriver();
+  driver = await sanitizedDriver("quant_driver");
   // Paths this CPU has (the driver answers 3 for the others).
   const q = quantizeInt4(new Float32Array(32).fill(0.5), 1, 32);
   for (const p of Object.keys(SIMD) as (keyof typeof SIMD)[]) {
     if (runCase(q, new Float32Array(32).fill(1), 1, p) !== null) paths.push(p);
   }
   expect(paths).toContain("portable");
-}, 240_000);
+}, SANITIZED_BUILD_MS);
 
 // ---- cases ----
 
@@ -116,7 +93,7 @@ function runDriver(
   const casePath = join(testTempDir(), `quant-case-${n}.bin`);
   const outPath = join(testTempDir(), `quant-out-${n++}.bin`);
   writeFileSync(casePath, Buffer.concat(parts));
-  const r = Bun.spawnSync([DRIVER, casePath, outPath], {
+  const r = Bun.spawnSync([driver, casePath, outPath], {
     env: {
       ...process.env,
       ASAN_OPTIONS: `detect_leaks=1${asanOptions}`,
