@@ -14,7 +14,7 @@ import { join } from "node:path";
 import type { QuantMatrix } from "../../src/model/format.ts";
 import { quantizeInt2, quantizeInt4, quantizeInt6, quantizeInt8 } from "../../src/model/quantize.ts";
 import { testTempDir } from "../helpers/models.ts";
-import { SANITIZED_BUILD_MS, sanitizedDriver } from "../helpers/sanitized.ts";
+import { SANITIZED_BUILD_MS, SANITIZER_ENV, sanitizedDriver } from "../helpers/sanitized.ts";
 import { dequantize, quantizedMatvec } from "../reference/quant.ts";
 
 // Kernel vs double-precision reference: the kernels add the per-group
@@ -94,11 +94,7 @@ function runDriver(
   const outPath = join(testTempDir(), `quant-out-${n++}.bin`);
   writeFileSync(casePath, Buffer.concat(parts));
   const r = Bun.spawnSync([driver, casePath, outPath], {
-    env: {
-      ...process.env,
-      ASAN_OPTIONS: `detect_leaks=1${asanOptions}`,
-      UBSAN_OPTIONS: "halt_on_error=1:print_stacktrace=1",
-    },
+    env: { ...SANITIZER_ENV, ASAN_OPTIONS: `${SANITIZER_ENV.ASAN_OPTIONS}${asanOptions}` },
     stdout: "pipe",
     stderr: "pipe",
   });
