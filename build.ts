@@ -83,6 +83,11 @@ const CUDA_ARCH = [
   "-gencode", "arch=compute_90,code=compute_90", // PTX: JIT-compiled for newer GPUs
 ];
 
+// The per-thread default stream: launches without a stream argument go to a
+// stream that can be captured into a graph (kernels/cuda/batch.cu), which
+// the legacy default stream cannot.
+const CUDA_FLAGS = ["-O3", "-std=c++17", "--default-stream", "per-thread"];
+
 async function buildCudaLibrary(): Promise<string | null> {
   const cudaDir = join(kernelDir, "cuda");
   if (!existsSync(cudaDir)) return null;
@@ -106,7 +111,7 @@ async function buildCudaLibrary(): Promise<string | null> {
     const obj = join(cudaObj, file.replace(/\.cu$/, ".o"));
     objects.push(obj);
     if (newer([src, ...headers], obj))
-      jobs.push(run([nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC,-Wall", "-I", kernelDir, ...CUDA_ARCH, "-c", src, "-o", obj]));
+      jobs.push(run([nvcc, ...CUDA_FLAGS, "-Xcompiler", "-fPIC,-Wall", "-I", kernelDir, ...CUDA_ARCH, "-c", src, "-o", obj]));
   }
   const util = join(cudaObj, "util.o");
   if (newer([join(kernelDir, "util.c"), ...headers], util))

@@ -25,9 +25,29 @@ extern "C" {
 #include "batch_rules.h"
 }
 
+/* What a single-block step's launches depend on, and nothing else: each
+ * piece's token offset, token count, depth and final-state slot (-1: none),
+ * and the number of sampling rows. Session state reaches the kernels only
+ * through device buffers written before the launch (row caches, RoPE
+ * table, tokens), so one captured graph serves every step of that shape. */
+typedef struct {
+    int32_t n_pieces, n_sample;
+    int32_t piece[LS_CUDA_CHUNK][4];
+} lsc_step_shape;
+
+/* Graphs kept per runtime: enough for a steady mix of decode shapes. */
+#define LSC_STEP_GRAPHS 8
+
+typedef struct {
+    lsc_step_shape shape;
+    cudaGraphExec_t exec; /* NULL: empty slot */
+    uint64_t used;        /* last use, for eviction */
+} lsc_step_graph;
+
 /* ls_batch_step's device scratch: one block's activations, the call's
  * tokens, and the sampling rows' final states, logits and picks, which grow
- * with the largest call seen. */
+ * with the largest call seen; the captured single-block steps, which
+ * point into that scratch. */
 struct lsc_batch {
     lsc_block act;        /* (LS_CUDA_CHUNK, ...) */
     float *rope_host;     /* (LS_CUDA_CHUNK, head_dim) */
@@ -40,7 +60,19 @@ struct lsc_batch {
     int32_t *ids;         /* (rows_cap) greedy picks */
     float *logits_host;   /* (rows_cap, vocab) for host draws and logits_out */
     int32_t rows_cap;
+    lsc_step_graph graphs[LSC_STEP_GRAPHS];
+    lsc_step_shape previous; /* the last single-block step's shape */
+    uint64_t clock;
 };
+
+/* Graphs hold the scratch's addresses: dropped whenever a buffer moves. */
+static void drop_graphs(lsc_batch *b) {
+    for (int i = 0; i < LSC_STEP_GRAPHS; i++) {
+        if (b->graphs[i].exec) cudaGraphExecDestroy(b->graphs[i].exec);
+        b->graphs[i].exec = NULL;
+    }
+    b->previous.n_pieces = 0;
+}
 
 static void free_rows(lsc_batch *b) {
     void *dev[] = {b->last, b->normed, b->logits, b->ids};
@@ -54,6 +86,7 @@ static void free_rows(lsc_batch *b) {
 
 void lsc_batch_free(lsc_batch *b) {
     if (!b) return;
+    drop_graphs(b);
     lsc_block_free(&b->act);
     free_rows(b);
     if (b->tokens) cudaFree(b->tokens);
@@ -78,12 +111,14 @@ static lsc_batch *scratch_for(ls_model *m, int32_t n_tokens, int32_t n_sample) {
         rt->batch = b;
     }
     if (n_tokens > b->tokens_cap) {
+        drop_graphs(b);
         if (b->tokens) cudaFree(b->tokens);
         b->tokens_cap = 0;
         if (!lsc_dev_alloc((void **)&b->tokens, (size_t)n_tokens * sizeof(int32_t))) return NULL;
         b->tokens_cap = n_tokens;
     }
     if (n_sample > b->rows_cap) {
+        drop_graphs(b);
         free_rows(b);
         size_t rows = (size_t)n_sample, dim = (size_t)mi->dim, vocab = (size_t)mi->vocab_size;
         b->logits_host = (float *)malloc(rows * vocab * sizeof(float));
@@ -110,25 +145,20 @@ static int32_t fail_all(ls_session *const *sessions, int32_t n_rows, int32_t *ou
     return LS_ERR_STATE;
 }
 
-/* Runs one block of pieces through their loops; copies each sampling
- * row's final hidden state to b->last[slot[row]]. */
-static cudaError_t run_block(ls_model *m, ls_session *const *sessions, const ls_batch_piece *pieces, int32_t n_pieces,
-                             const int32_t *tokens, lsc_batch *b, const int32_t *slot, const char **what) {
+/* A block's inputs on the device: each piece's RoPE rows and row caches,
+ * and its tokens appended to its session's device history. */
+static cudaError_t upload_block(ls_model *m, ls_session *const *sessions, const ls_batch_piece *pieces,
+                                int32_t n_pieces, lsc_batch *b, const char **what) {
     const ls_model_info *mi = &m->info;
-    const ls_runtime *rt = m->rt;
-    int32_t dim = mi->dim, hd = mi->head_dim, kv_dim = mi->n_kv_heads * hd;
+    int32_t hd = mi->head_dim;
     cudaError_t e = cudaSuccess;
     int32_t T = 0;
     for (int32_t i = 0; i < n_pieces && e == cudaSuccess; i++) {
         const ls_batch_piece *p = &pieces[i];
         ls_session *s = sessions[p->row];
-        *what = "embedding";
-        e = lsc_embed(b->act.h + (size_t)T * dim, rt->tok_embeddings, b->tokens + p->first, p->n, dim);
-        if (e == cudaSuccess) {
-            *what = "copying the token history";
-            e = cudaMemcpyAsync(s->d_tokens + p->pos0, b->tokens + p->first, (size_t)p->n * sizeof(int32_t),
-                                cudaMemcpyDeviceToDevice, 0);
-        }
+        *what = "copying the token history";
+        e = cudaMemcpyAsync(s->d_tokens + p->pos0, b->tokens + p->first, (size_t)p->n * sizeof(int32_t),
+                            cudaMemcpyDeviceToDevice, cudaStreamPerThread);
         ls_rope_table(b->rope_host + (size_t)T * hd, p->n, p->pos0, hd, mi->rope_theta);
         lsc_session_rows(b->rows_host + T, s, p->pos0, p->n);
         T += p->n;
@@ -138,50 +168,159 @@ static cudaError_t run_block(ls_model *m, ls_session *const *sessions, const ls_
     e = cudaMemcpy(b->act.rope, b->rope_host, (size_t)T * hd * sizeof(float), cudaMemcpyHostToDevice);
     if (e != cudaSuccess) return e;
     *what = "copying the row caches";
-    e = cudaMemcpy(b->act.rows, b->rows_host, (size_t)T * sizeof(lsc_row_cache), cudaMemcpyHostToDevice);
-    if (e != cudaSuccess) return e;
+    return cudaMemcpy(b->act.rows, b->rows_host, (size_t)T * sizeof(lsc_row_cache), cudaMemcpyHostToDevice);
+}
 
+/* The launches of one uploaded block: embeddings, every loop over the rows
+ * still running, and each sampling row's final hidden state copied to
+ * b->last[slot[row]]. Stream work only: it may be captured. */
+static cudaError_t block_kernels(ls_model *m, const ls_batch_piece *pieces, int32_t n_pieces, lsc_batch *b,
+                                 const int32_t *slot, const char **what) {
+    const ls_model_info *mi = &m->info;
+    int32_t dim = mi->dim, hd = mi->head_dim;
+    cudaError_t e = cudaSuccess;
+    int32_t T = 0;
+    for (int32_t i = 0; i < n_pieces && e == cudaSuccess; T += pieces[i].n, i++) {
+        *what = "embedding";
+        e = lsc_embed(b->act.h + (size_t)T * dim, m->rt->tok_embeddings, b->tokens + pieces[i].first, pieces[i].n, dim);
+    }
+    if (e != cudaSuccess) return e;
     for (int32_t l = 0, lo = 0, start = 0;; l++) {
         /* pieces are shallowest first: drop the ones whose loops are done */
         while (lo < n_pieces && pieces[lo].loops <= l) start += pieces[lo++].n;
         if (lo == n_pieces) break;
-        lsc_block view = {b->act.h + (size_t)start * dim, b->act.xb, b->act.q + (size_t)start * dim,
-                          b->act.k + (size_t)start * kv_dim, b->act.v + (size_t)start * kv_dim,
-                          b->act.att + (size_t)start * dim, b->act.g, b->act.u, b->act.rope + (size_t)start * hd,
-                          b->act.rows + start};
+        /* the running rows' own state moves with the suffix; the rest is scratch */
+        lsc_block view = b->act;
+        view.h += (size_t)start * dim;
+        view.rope += (size_t)start * hd;
+        view.rows += start;
         e = lsc_block_loop(m, &view, T - start, l, what);
         if (e != cudaSuccess) return e;
-        ls_batch_loop_done(sessions, pieces, lo, n_pieces, l);
     }
-    ls_batch_block_done(sessions, pieces, n_pieces, tokens);
     for (int32_t i = 0, r0 = 0; i < n_pieces; r0 += pieces[i].n, i++) {
         const ls_batch_piece *p = &pieces[i];
         if (p->last && slot[p->row] >= 0) {
             *what = "keeping a final state";
             e = cudaMemcpyAsync(b->last + (size_t)slot[p->row] * dim, b->act.h + (size_t)(r0 + p->n - 1) * dim,
-                                (size_t)dim * sizeof(float), cudaMemcpyDeviceToDevice, 0);
+                                (size_t)dim * sizeof(float), cudaMemcpyDeviceToDevice, cudaStreamPerThread);
             if (e != cudaSuccess) return e;
         }
     }
     return cudaSuccess;
 }
 
-/* run_block's arguments, as ls_batch_blocks hands blocks over, and the
- * first failure. */
+/* The output head over the n_sample final states: b->logits. */
+static cudaError_t head_kernels(ls_model *m, lsc_batch *b, int32_t n_sample, const char **what) {
+    const ls_model_info *mi = &m->info;
+    int32_t dim = mi->dim;
+    *what = "rmsnorm";
+    cudaError_t e = lsc_rmsnorm(b->normed, b->last, m->rt->norm, n_sample, dim, mi->norm_eps);
+    if (e != cudaSuccess) return e;
+    *what = "output";
+    return lsc_matmul(b->logits, mi->vocab_size, b->normed, dim, m->rt->output, dim, mi->vocab_size, n_sample, 0);
+}
+
+static void shape_of(lsc_step_shape *sh, const ls_batch_piece *pieces, int32_t n_pieces, const int32_t *slot,
+                     int32_t n_sample) {
+    memset(sh, 0, sizeof *sh);
+    sh->n_pieces = n_pieces;
+    sh->n_sample = n_sample;
+    for (int32_t i = 0; i < n_pieces; i++) {
+        const ls_batch_piece *p = &pieces[i];
+        int32_t *e = sh->piece[i];
+        e[0] = p->first;
+        e[1] = p->n;
+        e[2] = p->loops;
+        e[3] = p->last ? slot[p->row] : -1;
+    }
+}
+
+static bool same_shape(const lsc_step_shape *a, const lsc_step_shape *b) {
+    return a->n_pieces == b->n_pieces && a->n_sample == b->n_sample &&
+           memcmp(a->piece, b->piece, (size_t)a->n_pieces * sizeof a->piece[0]) == 0;
+}
+
+/* The launches of a single-block step (block and head) as a graph: a
+ * token's ~70 launches cost one. A shape seen on two steps in a row is
+ * captured (a steady decode); one seen once runs eagerly (capturing costs
+ * more than it saves once). The graph replays exactly the launches it
+ * recorded, so a row's bits do not depend on which way its step ran. */
+static cudaError_t step_kernels(ls_model *m, const ls_batch_piece *pieces, int32_t n_pieces, lsc_batch *b,
+                                const int32_t *slot, int32_t n_sample, const char **what) {
+    lsc_step_shape shape;
+    shape_of(&shape, pieces, n_pieces, slot, n_sample);
+    b->clock++;
+    lsc_step_graph *slot_for = &b->graphs[0];
+    for (int i = 0; i < LSC_STEP_GRAPHS; i++) {
+        lsc_step_graph *g = &b->graphs[i];
+        if (g->exec && same_shape(&g->shape, &shape)) {
+            g->used = b->clock;
+            *what = "replaying a step";
+            return cudaGraphLaunch(g->exec, cudaStreamPerThread);
+        }
+        if (!g->exec || (slot_for->exec && g->used < slot_for->used)) slot_for = g;
+    }
+    bool seen = same_shape(&b->previous, &shape);
+    b->previous = shape;
+    if (!seen) {
+        cudaError_t e = block_kernels(m, pieces, n_pieces, b, slot, what);
+        return e == cudaSuccess && n_sample > 0 ? head_kernels(m, b, n_sample, what) : e;
+    }
+    *what = "capturing a step";
+    cudaError_t e = cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) return e;
+    const char *inner = *what;
+    e = block_kernels(m, pieces, n_pieces, b, slot, &inner);
+    if (e == cudaSuccess && n_sample > 0) e = head_kernels(m, b, n_sample, &inner);
+    cudaGraph_t graph = NULL;
+    cudaError_t end = cudaStreamEndCapture(cudaStreamPerThread, &graph);
+    if (e != cudaSuccess || end != cudaSuccess) {
+        if (graph) cudaGraphDestroy(graph);
+        if (e != cudaSuccess) *what = inner;
+        return e != cudaSuccess ? e : end;
+    }
+    if (slot_for->exec) cudaGraphExecDestroy(slot_for->exec);
+    slot_for->exec = NULL;
+    e = cudaGraphInstantiate(&slot_for->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+        slot_for->exec = NULL;
+        return e;
+    }
+    slot_for->shape = shape;
+    slot_for->used = b->clock;
+    *what = "replaying a step";
+    return cudaGraphLaunch(slot_for->exec, cudaStreamPerThread);
+}
+
+/* One call's blocks, as ls_batch_blocks hands them over, and the first
+ * failure. A call of one block runs it with the head as one step
+ * (step_kernels); longer calls run block by block, the head after. */
 typedef struct {
     ls_model *m;
     ls_session *const *sessions;
     const int32_t *tokens;
     lsc_batch *b;
     const int32_t *slot;
+    int32_t n_sample;
+    int single;
     cudaError_t e;
     const char *what;
 } block_call;
 
 static int run_block_call(void *ctx, const ls_batch_piece *pieces, int32_t n) {
     block_call *c = (block_call *)ctx;
-    c->e = run_block(c->m, c->sessions, pieces, n, c->tokens, c->b, c->slot, &c->what);
-    return c->e != cudaSuccess;
+    c->e = upload_block(c->m, c->sessions, pieces, n, c->b, &c->what);
+    if (c->e == cudaSuccess)
+        c->e = c->single ? step_kernels(c->m, pieces, n, c->b, c->slot, c->n_sample, &c->what)
+                         : block_kernels(c->m, pieces, n, c->b, c->slot, &c->what);
+    if (c->e != cudaSuccess) return 1;
+    for (int32_t l = 0, lo = 0; lo < n; l++) {
+        while (lo < n && pieces[lo].loops <= l) lo++;
+        if (lo < n) ls_batch_loop_done(c->sessions, pieces, lo, n, l);
+    }
+    ls_batch_block_done(c->sessions, pieces, n, c->tokens);
+    return 0;
 }
 
 /* Run order: shallowest first, stable. */
@@ -190,16 +329,11 @@ static int row_before(const ls_batch_row *a, const ls_batch_row *b) { return a->
 /* The head over every sampling row, then each row's draw: greedy rows on
  * the device, temperature rows on the host from the copied logits. */
 static cudaError_t draw(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
-                        const int32_t *slot, int32_t n_sample, lsc_batch *b, float *logits_out, int32_t *out,
-                        const char **what) {
-    const ls_model_info *mi = &m->info;
-    int32_t dim = mi->dim, vocab = mi->vocab_size;
+                        const int32_t *slot, int32_t n_sample, int head_done, lsc_batch *b, float *logits_out,
+                        int32_t *out, const char **what) {
+    int32_t vocab = m->info.vocab_size;
     cudaError_t e;
-    *what = "rmsnorm";
-    if ((e = lsc_rmsnorm(b->normed, b->last, m->rt->norm, n_sample, dim, mi->norm_eps)) != cudaSuccess) return e;
-    *what = "output";
-    if ((e = lsc_matmul(b->logits, vocab, b->normed, dim, m->rt->output, dim, vocab, n_sample, 0)) != cudaSuccess)
-        return e;
+    if (!head_done && (e = head_kernels(m, b, n_sample, what)) != cudaSuccess) return e;
     int host = logits_out != NULL;
     *what = "argmax";
     for (int32_t i = 0; i < n_rows; i++) {
@@ -253,7 +387,8 @@ extern "C" int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const
         for (int32_t i = 0; i < n_rows; i++) out[i] = LS_ERR_NOMEM;
         return LS_ERR_NOMEM;
     }
-    block_call call = {m, sessions, tokens, b, plan.slot, cudaSuccess, "selecting the device"};
+    int single = plan.n_tokens <= LS_CUDA_CHUNK; // ls_batch_blocks makes one block of it
+    block_call call = {m, sessions, tokens, b, plan.slot, plan.n_sample, single, cudaSuccess, "selecting the device"};
     call.e = cudaSetDevice(m->rt->device);
     if (call.e == cudaSuccess) {
         call.what = "copying the tokens";
@@ -264,7 +399,7 @@ extern "C" int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const
     cudaError_t e = call.e;
     const char *what = call.what;
     if (e == cudaSuccess && plan.n_sample > 0)
-        e = draw(m, sessions, rows, n_rows, plan.slot, plan.n_sample, b, logits_out, out, &what);
+        e = draw(m, sessions, rows, n_rows, plan.slot, plan.n_sample, single, b, logits_out, out, &what);
     else if (e == cudaSuccess)
         for (int32_t i = 0; i < n_rows; i++) out[i] = LS_OK;
     /* surfaces an asynchronous kernel failure before the caller trusts the sessions */

@@ -54,9 +54,7 @@ struct ls_runtime {
     int device;
     /* fp16 weights on the device, same layouts as ls_weights */
     __half *tok_embeddings; /* (vocab_size, dim) */
-    __half *wq;             /* (n_heads * head_dim, dim) */
-    __half *wk;             /* (n_kv_heads * head_dim, dim) */
-    __half *wv;             /* (n_kv_heads * head_dim, dim) */
+    __half *wqkv;           /* (n_heads * head_dim + 2 * kv_dim, dim): wq, wk, wv stacked, one matmul */
     __half *wo;             /* (dim, n_heads * head_dim) */
     __half *w1;             /* (ffn_dim, dim) gate */
     __half *w2;             /* (dim, ffn_dim) down */
@@ -83,12 +81,9 @@ typedef struct {
 typedef struct {
     float *h;    /* (T, dim) residual stream */
     float *xb;   /* (T, dim) normed sub-block input */
-    float *q;    /* (T, n_heads * head_dim) */
-    float *k;    /* (T, n_kv_heads * head_dim) */
-    float *v;    /* (T, n_kv_heads * head_dim) */
+    float *qkv;  /* (T, dim + 2 * kv_dim) each row's q, k, v side by side */
     float *att;  /* (T, n_heads * head_dim) */
-    float *g;    /* (T, ffn_dim) gate, then silu(gate) * up */
-    float *u;    /* (T, ffn_dim) up */
+    float *g;    /* (T, ffn_dim) silu(gate) * up */
     float *rope; /* (T, head_dim / 2, 2) each row's cos, sin */
     lsc_row_cache *rows; /* (T) each row's cache */
 } lsc_block;
@@ -156,27 +151,28 @@ cudaError_t lsc_rmsnorm(float *out, const float *x, const float *w, int32_t T, i
 cudaError_t lsc_matmul(float *y, int32_t ldy, const float *x, int32_t ldx, const __half *w, int32_t in,
                        int32_t rows, int32_t T, int add);
 
-/* Rotates pairs (i, i + hd/2) of n_heads vectors per token; cs (T, hd/2, 2). */
-cudaError_t lsc_rope(float *x, int32_t ld, int32_t n_heads, int32_t hd, const float *cs, int32_t T);
+/* g[t*ldg + o] = silu(a) * b with a = w1[o] . x[t], b = w3[o] . x[t]: the
+ * feed-forward's gate, up and SwiGLU in one pass over x. */
+cudaError_t lsc_matmul_swiglu(float *g, int32_t ldg, const float *x, int32_t ldx, const __half *w1, const __half *w3,
+                              int32_t in, int32_t rows, int32_t T);
 
-/* Stores T tokens' k, v (fp32, (T, n_kv*hd)) as fp16 into loop `loop` of
- * each token's cache (n_kv, cap, hd), at ring row rows[t].pos % cap. */
-cudaError_t lsc_kv_store(const lsc_row_cache *rows, int32_t loop, const float *k, const float *v, int32_t n_kv,
-                         int32_t hd, int32_t T);
+/* Rotates the query and key heads of T rows of qkv ((T, ld): q, k, v) in
+ * place (cs (T, hd/2, 2)), then stores the keys and values as fp16 into
+ * loop `loop` of each row's cache (n_kv, cap, hd), at ring row
+ * rows[t].pos % cap. */
+cudaError_t lsc_rope_store(float *qkv, int32_t ld, int32_t n_heads, int32_t n_kv, int32_t hd, const float *cs,
+                           const lsc_row_cache *rows, int32_t loop, int32_t T);
 
 /* att[t, h] = softmax(q[t, h] · K / sqrt(hd)) · V over the positions token t
  * sees (causal up to rows[t].pos, its last `window` when window > 0) in
- * loop `loop` of its cache. */
-cudaError_t lsc_attention(float *att, const float *q, const lsc_row_cache *rows, int32_t loop, int32_t n_heads,
-                          int32_t n_kv, int32_t hd, int32_t T);
+ * loop `loop` of its cache; q rows ldq apart, att rows packed. */
+cudaError_t lsc_attention(float *att, const float *q, int32_t ldq, const lsc_row_cache *rows, int32_t loop,
+                          int32_t n_heads, int32_t n_kv, int32_t hd, int32_t T);
 
 /* Copies positions [lo, n) of one loop's cache (n_kv, cap, hd) from a ring
  * of scap rows to one of dcap rows (position p lives in row p % cap). */
 cudaError_t lsc_copy_rows(__half *dst, int32_t dcap, const __half *src, int32_t scap, int32_t n_kv, int32_t hd,
                           int32_t lo, int32_t n);
-
-/* g[i] = silu(g[i]) * u[i], i < n. */
-cudaError_t lsc_swiglu(float *g, const float *u, int64_t n);
 
 /* ---- sample.cu ---- */
 

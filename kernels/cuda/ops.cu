@@ -17,13 +17,9 @@
 
 // ---- block reductions ----
 
-/* The two ways partial results combine, as functors so one reduction
- * serves both. */
+/* How partial results combine, as a functor so the reductions take any. */
 struct add_op {
     __device__ float operator()(float a, float b) const { return a + b; }
-};
-struct max_op {
-    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
 /* Reduction over a warp (shuffle tree; lane 0 holds the result). */
@@ -53,7 +49,6 @@ template <typename Op> __device__ static float block_reduce(float v, float *red,
 
 __device__ static float warp_sum(float v) { return warp_reduce(v, add_op()); }
 __device__ static float block_sum(float v, float *red) { return block_reduce(v, red, add_op(), 0.0f); }
-__device__ static float block_max(float v, float *red) { return block_reduce(v, red, max_op(), -INFINITY); }
 
 static unsigned blocks_for(int64_t n, int per_block) { return (unsigned)((n + per_block - 1) / per_block); }
 
@@ -92,64 +87,143 @@ cudaError_t lsc_rmsnorm(float *out, const float *x, const float *w, int32_t T, i
 
 #define MM_WARPS (LS_CUDA_BLOCK / 32)
 
-/* Each token's sum is the one fixed sequence a single token gets (lane
- * stride, then the shuffle tree): a tile of TILE tokens shares the weight
- * reads, never the arithmetic, so a row's result does not depend on the
- * tile size or its tile mates. */
-template <int TILE>
-__global__ static void k_matmul(float *y, int32_t ldy, const float *x, int32_t ldx, const __half *w,
-                                int32_t in, int32_t rows, int32_t T, int add) {
-    int lane = threadIdx.x & 31;
-    int32_t o = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
-    int32_t t0 = blockIdx.y * TILE;
-    int32_t nt = T - t0 < TILE ? T - t0 : TILE;
-    if (o >= rows) return; // the whole warp leaves together: no barrier below
-    const __half *wr = w + (size_t)o * in;
-    const float *xt = x + (size_t)t0 * ldx;
-    float acc[TILE];
+/* Eight fp16 weights (16 bytes) as fp32, read past L1: each weight is used
+ * once per tile. */
+__device__ static inline void load_w8(float wf[8], const __half *w) {
+    uint4 raw = __ldg(reinterpret_cast<const uint4 *>(w));
+    const __half2 *h2 = reinterpret_cast<const __half2 *>(&raw);
 #pragma unroll
-    for (int j = 0; j < TILE; j++) acc[j] = 0.0f;
-    for (int32_t i = lane; i < in; i += 32) {
+    for (int k = 0; k < 4; k++) {
+        float2 f = __half22float2(h2[k]);
+        wf[2 * k] = f.x;
+        wf[2 * k + 1] = f.y;
+    }
+}
+
+/* One lane's partial dot product of a weight row with TILE token rows.
+ * With VEC = 8 the lane takes 8-element chunks lane, lane + 32, ... (16-byte
+ * weight loads), then the elements past the last whole chunk one at a time;
+ * with VEC = 1 elements lane, lane + 32, ... Either way the sequence of
+ * FMAs is a function of `in` alone: a tile shares the weight reads, never
+ * the arithmetic. */
+template <int TILE, int VEC>
+__device__ static inline void dot_tile(float acc[TILE], const __half *__restrict__ wr, const float *__restrict__ xt,
+                                       int32_t ldx, int32_t in, int32_t nt, int lane) {
+    int32_t done = 0;
+    if (VEC == 8) {
+        int32_t chunks = in / 8;
+#pragma unroll 4
+        for (int32_t c = lane; c < chunks; c += 32) {
+            float wf[8];
+            load_w8(wf, wr + (size_t)c * 8);
+#pragma unroll
+            for (int j = 0; j < TILE; j++) {
+                if (j >= nt) break;
+                const float4 *xv = reinterpret_cast<const float4 *>(xt + (size_t)j * ldx + (size_t)c * 8);
+                float4 a = xv[0], b = xv[1];
+                float s = acc[j];
+                s = fmaf(wf[0], a.x, s);
+                s = fmaf(wf[1], a.y, s);
+                s = fmaf(wf[2], a.z, s);
+                s = fmaf(wf[3], a.w, s);
+                s = fmaf(wf[4], b.x, s);
+                s = fmaf(wf[5], b.y, s);
+                s = fmaf(wf[6], b.z, s);
+                s = fmaf(wf[7], b.w, s);
+                acc[j] = s;
+            }
+        }
+        done = chunks * 8;
+    }
+    for (int32_t i = done + lane; i < in; i += 32) {
         float wi = __half2float(wr[i]);
 #pragma unroll
         for (int j = 0; j < TILE; j++)
             if (j < nt) acc[j] = fmaf(wi, xt[(size_t)j * ldx + i], acc[j]);
     }
+}
+
+/* y = W x (EPI_STORE), y += W x (EPI_ADD), or, with the second matrix wb of
+ * the same shape, y = silu(W x) * (Wb x) (EPI_SWIGLU: the gate and up
+ * projections in one pass over x, as lsc_swiglu computes it). */
+enum { EPI_STORE, EPI_ADD, EPI_SWIGLU };
+
+template <int TILE, int VEC, int EPI>
+__global__ static void k_matmul(float *__restrict__ y, int32_t ldy, const float *__restrict__ x, int32_t ldx,
+                                const __half *__restrict__ w, const __half *__restrict__ wb, int32_t in, int32_t rows,
+                                int32_t T) {
+    int lane = threadIdx.x & 31;
+    int32_t o = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
+    int32_t t0 = blockIdx.y * TILE;
+    int32_t nt = T - t0 < TILE ? T - t0 : TILE;
+    if (o >= rows) return; // the whole warp leaves together: no barrier below
+    const float *xt = x + (size_t)t0 * ldx;
+    float acc[TILE], accb[TILE];
+#pragma unroll
+    for (int j = 0; j < TILE; j++) acc[j] = accb[j] = 0.0f;
+    dot_tile<TILE, VEC>(acc, w + (size_t)o * in, xt, ldx, in, nt, lane);
+    if (EPI == EPI_SWIGLU) dot_tile<TILE, VEC>(accb, wb + (size_t)o * in, xt, ldx, in, nt, lane);
 #pragma unroll
     for (int j = 0; j < TILE; j++) {
         if (j >= nt) break; // nt is the same for the whole warp
         float a = warp_sum(acc[j]);
+        float b = EPI == EPI_SWIGLU ? warp_sum(accb[j]) : 0.0f;
         if (lane == 0) {
             float *yo = y + (size_t)(t0 + j) * ldy + o;
-            *yo = add ? *yo + a : a;
+            if (EPI == EPI_ADD) *yo += a;
+            else if (EPI == EPI_SWIGLU) *yo = a / (1.0f + expf(-a)) * b;
+            else *yo = a;
         }
     }
 }
 
-template <int TILE>
-static cudaError_t matmul_tiles(float *y, int32_t ldy, const float *x, int32_t ldx, const __half *w, int32_t in,
-                                int32_t rows, int32_t T, int add) {
+template <int TILE, int EPI>
+static cudaError_t matmul_tiles(float *y, int32_t ldy, const float *x, int32_t ldx, const __half *w, const __half *wb,
+                                int32_t in, int32_t rows, int32_t T) {
     dim3 grid(blocks_for(rows, MM_WARPS), blocks_for(T, TILE));
-    k_matmul<TILE><<<grid, LS_CUDA_BLOCK>>>(y, ldy, x, ldx, w, in, rows, T, add);
+    /* 16-byte weight loads and float4 activation loads need rows that start
+     * on 16 bytes: whether they do depends on the shapes, never on T */
+    if (in % 8 == 0 && ldx % 4 == 0)
+        k_matmul<TILE, 8, EPI><<<grid, LS_CUDA_BLOCK>>>(y, ldy, x, ldx, w, wb, in, rows, T);
+    else
+        k_matmul<TILE, 1, EPI><<<grid, LS_CUDA_BLOCK>>>(y, ldy, x, ldx, w, wb, in, rows, T);
     return cudaGetLastError();
 }
 
 /* The smallest tile that takes every token at once, up to 8. */
-cudaError_t lsc_matmul(float *y, int32_t ldy, const float *x, int32_t ldx, const __half *w, int32_t in,
-                       int32_t rows, int32_t T, int add) {
-    if (T == 1) return matmul_tiles<1>(y, ldy, x, ldx, w, in, rows, T, add);
-    if (T == 2) return matmul_tiles<2>(y, ldy, x, ldx, w, in, rows, T, add);
-    if (T <= 4) return matmul_tiles<4>(y, ldy, x, ldx, w, in, rows, T, add);
-    return matmul_tiles<8>(y, ldy, x, ldx, w, in, rows, T, add);
+template <int EPI>
+static cudaError_t matmul_epi(float *y, int32_t ldy, const float *x, int32_t ldx, const __half *w, const __half *wb,
+                              int32_t in, int32_t rows, int32_t T) {
+    if (T == 1) return matmul_tiles<1, EPI>(y, ldy, x, ldx, w, wb, in, rows, T);
+    if (T == 2) return matmul_tiles<2, EPI>(y, ldy, x, ldx, w, wb, in, rows, T);
+    if (T <= 4) return matmul_tiles<4, EPI>(y, ldy, x, ldx, w, wb, in, rows, T);
+    return matmul_tiles<8, EPI>(y, ldy, x, ldx, w, wb, in, rows, T);
 }
 
-// ---- rope ----
+cudaError_t lsc_matmul(float *y, int32_t ldy, const float *x, int32_t ldx, const __half *w, int32_t in,
+                       int32_t rows, int32_t T, int add) {
+    return add ? matmul_epi<EPI_ADD>(y, ldy, x, ldx, w, NULL, in, rows, T)
+               : matmul_epi<EPI_STORE>(y, ldy, x, ldx, w, NULL, in, rows, T);
+}
 
-__global__ static void k_rope(float *x, int32_t ld, int32_t n_heads, int32_t hd, const float *cs) {
+cudaError_t lsc_matmul_swiglu(float *g, int32_t ldg, const float *x, int32_t ldx, const __half *w1, const __half *w3,
+                              int32_t in, int32_t rows, int32_t T) {
+    return matmul_epi<EPI_SWIGLU>(g, ldg, x, ldx, w1, w3, in, rows, T);
+}
+
+// ---- RoPE and the K/V cache store ----
+
+/* One block per token row of qkv ((T, ld): q, then k, then v): rotates
+ * pairs (i, i + hd/2) of the n_heads query and n_kv key vectors in place
+ * (cs: the row's (hd/2, 2) cos, sin), then stores the rotated keys and the
+ * values as fp16 into loop `loop` of the row's cache (n_kv, cap, hd), at
+ * ring row rows[t].pos % cap. */
+__global__ static void k_rope_store(float *qkv, int32_t ld, int32_t n_heads, int32_t n_kv, int32_t hd,
+                                    const float *cs, const lsc_row_cache *rows, int32_t loop) {
     int32_t t = blockIdx.x, half = hd / 2;
-    const float *c = cs + (size_t)t * hd; // (half, 2) per token
-    float *xt = x + (size_t)t * ld;
-    for (int32_t idx = threadIdx.x; idx < n_heads * half; idx += blockDim.x) {
+    const float *c = cs + (size_t)t * hd;
+    float *xt = qkv + (size_t)t * ld;
+    for (int32_t idx = threadIdx.x; idx < (n_heads + n_kv) * half; idx += blockDim.x) {
         int32_t head = idx / half, i = idx % half;
         float *v = xt + (size_t)head * hd;
         float co = c[2 * i], si = c[2 * i + 1];
@@ -157,33 +231,22 @@ __global__ static void k_rope(float *x, int32_t ld, int32_t n_heads, int32_t hd,
         v[i] = x0 * co - x1 * si;
         v[i + half] = x1 * co + x0 * si;
     }
-}
-
-cudaError_t lsc_rope(float *x, int32_t ld, int32_t n_heads, int32_t hd, const float *cs, int32_t T) {
-    k_rope<<<T, LS_CUDA_BLOCK>>>(x, ld, n_heads, hd, cs);
-    return cudaGetLastError();
-}
-
-// ---- K/V cache store ----
-
-__global__ static void k_kv_store(const lsc_row_cache *rows, int32_t loop, const float *k, const float *v,
-                                  int32_t n_kv, int32_t hd) {
-    int32_t t = blockIdx.x;
+    __syncthreads(); // the rotated keys are read by other threads below
     const lsc_row_cache r = rows[t];
     __half *kc = r.kc + loop * r.loop_stride, *vc = r.vc + loop * r.loop_stride;
-    int32_t row = r.pos % r.cap;
-    int32_t kv_dim = n_kv * hd;
+    int32_t row = r.pos % r.cap, kv_dim = n_kv * hd;
+    const float *k = xt + (size_t)n_heads * hd, *v = k + kv_dim;
     for (int32_t idx = threadIdx.x; idx < kv_dim; idx += blockDim.x) {
         int32_t kvh = idx / hd, d = idx % hd;
         size_t off = ((size_t)kvh * r.cap + row) * hd + d;
-        kc[off] = __float2half_rn(k[(size_t)t * kv_dim + idx]);
-        vc[off] = __float2half_rn(v[(size_t)t * kv_dim + idx]);
+        kc[off] = __float2half_rn(k[idx]);
+        vc[off] = __float2half_rn(v[idx]);
     }
 }
 
-cudaError_t lsc_kv_store(const lsc_row_cache *rows, int32_t loop, const float *k, const float *v, int32_t n_kv,
-                         int32_t hd, int32_t T) {
-    k_kv_store<<<T, LS_CUDA_BLOCK>>>(rows, loop, k, v, n_kv, hd);
+cudaError_t lsc_rope_store(float *qkv, int32_t ld, int32_t n_heads, int32_t n_kv, int32_t hd, const float *cs,
+                           const lsc_row_cache *rows, int32_t loop, int32_t T) {
+    k_rope_store<<<T, LS_CUDA_BLOCK>>>(qkv, ld, n_heads, n_kv, hd, cs, rows, loop);
     return cudaGetLastError();
 }
 
@@ -205,19 +268,24 @@ cudaError_t lsc_copy_rows(__half *dst, int32_t dcap, const __half *src, int32_t 
     return cudaGetLastError();
 }
 
-// ---- attention: one block per (head, token), online softmax over tiles ----
+// ---- attention: one block per (head, token), a warp per position ----
 
-/* Positions are visited in tiles of blockDim.x, in order. Per tile: each
- * thread scores one position (a head_dim dot product), the block takes the
- * tile max and rescales the running sum and output (m, l, acc) to the new
- * max, then thread d adds p_j * V[j][d] over the tile's positions in order.
- * Thread d < head_dim owns output dimension d. */
-__global__ static void k_attention(float *att, const float *q, const lsc_row_cache *rows, int32_t loop,
+#define ATT_WARPS (LS_CUDA_BLOCK / 32)
+#define ATT_SLOTS (LS_CUDA_MAX_HEAD_DIM / 32)
+
+/* Warp w visits positions w, w + ATT_WARPS, ... in order; lane holds
+ * dimensions lane, lane + 32, ... of q, of its running output and of each
+ * key and value row it reads (64-byte coalesced reads per slot). A score
+ * is the lanes' partial dot products summed by the shuffle tree; each warp
+ * keeps its own online softmax (max m, sum l, output acc), and the warps
+ * are merged in warp order at the end. Every order is fixed by the
+ * position count alone. */
+__global__ static void k_attention(float *att, const float *q, int32_t ldq, const lsc_row_cache *rows, int32_t loop,
                                    int32_t n_heads, int32_t n_kv, int32_t hd) {
-    __shared__ float qs[LS_CUDA_MAX_HEAD_DIM];
-    __shared__ float ps[LS_CUDA_BLOCK];
-    __shared__ float red[32];
-    int32_t head = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
+    __shared__ float ws_m[ATT_WARPS], ws_l[ATT_WARPS];
+    __shared__ float ws_acc[ATT_WARPS][LS_CUDA_MAX_HEAD_DIM];
+    int32_t head = blockIdx.x, t = blockIdx.y;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const lsc_row_cache r = rows[t];
     const __half *kc = r.kc + loop * r.loop_stride, *vc = r.vc + loop * r.loop_stride;
     int32_t p = r.pos, window = r.window, cap = r.cap;
@@ -226,55 +294,65 @@ __global__ static void k_attention(float *att, const float *q, const lsc_row_cac
     int32_t kvh = head / (n_heads / n_kv);
     const __half *K = kc + (size_t)kvh * cap * hd;
     const __half *V = vc + (size_t)kvh * cap * hd;
-    size_t qo = ((size_t)t * n_heads + head) * hd;
+    const float *qh = q + (size_t)t * ldq + (size_t)head * hd;
 
-    for (int32_t d = tid; d < hd; d += blockDim.x) qs[d] = q[qo + d];
-    __syncthreads();
-
+    float qr[ATT_SLOTS], acc[ATT_SLOTS];
+#pragma unroll
+    for (int k = 0; k < ATT_SLOTS; k++) {
+        int32_t d = lane + 32 * k;
+        qr[k] = d < hd ? qh[d] : 0.0f;
+        acc[k] = 0.0f;
+    }
     float scale = 1.0f / sqrtf((float)hd);
-    float m = -INFINITY, l = 0.0f, acc = 0.0f;
-    for (int32_t base = 0; base < cnt; base += blockDim.x) {
-        int32_t n = cnt - base < (int32_t)blockDim.x ? cnt - base : (int32_t)blockDim.x;
-        float s = -INFINITY;
-        if (tid < n) {
-            const __half *kr = K + (size_t)((lo + base + tid) % cap) * hd;
-            float dot = 0.0f;
-            for (int32_t d = 0; d < hd; d++) dot = fmaf(qs[d], __half2float(kr[d]), dot);
-            s = dot * scale;
+    float m = -INFINITY, l = 0.0f;
+    for (int32_t j = warp; j < cnt; j += ATT_WARPS) {
+        size_t row = (size_t)((lo + j) % cap) * hd;
+        float dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < ATT_SLOTS; k++) {
+            int32_t d = lane + 32 * k;
+            if (d < hd) dot = fmaf(qr[k], __half2float(K[row + d]), dot);
         }
-        float m_new = fmaxf(m, block_max(s, red));
-        float e = tid < n ? expf(s - m_new) : 0.0f;
-        ps[tid] = e;
-        float tile_sum = block_sum(e, red); // its barriers also publish ps
-        float corr = expf(m - m_new);       // 0 on the first tile (m = -inf)
-        l = l * corr + tile_sum;
-        if (tid < hd) {
-            float a = acc * corr;
-            for (int32_t j = 0; j < n; j++)
-                a = fmaf(ps[j], __half2float(V[(size_t)((lo + base + j) % cap) * hd + tid]), a);
-            acc = a;
+        float s = __shfl_sync(FULL_MASK, warp_sum(dot), 0) * scale;
+        float m_new = fmaxf(m, s);
+        float corr = expf(m - m_new); // 0 on the first position (m = -inf)
+        float e = expf(s - m_new);
+        l = l * corr + e;
+#pragma unroll
+        for (int k = 0; k < ATT_SLOTS; k++) {
+            int32_t d = lane + 32 * k;
+            if (d < hd) acc[k] = fmaf(e, __half2float(V[row + d]), acc[k] * corr);
         }
         m = m_new;
-        __syncthreads(); // ps is rewritten by the next tile
     }
-    if (tid < hd) att[qo + tid] = acc / l;
+    if (lane == 0) {
+        ws_m[warp] = m;
+        ws_l[warp] = l;
+    }
+#pragma unroll
+    for (int k = 0; k < ATT_SLOTS; k++) {
+        int32_t d = lane + 32 * k;
+        if (d < hd) ws_acc[warp][d] = acc[k];
+    }
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, ws_m[w]);
+    float L = 0.0f;
+    float f[ATT_WARPS];
+    for (int w = 0; w < ATT_WARPS; w++) {
+        f[w] = ws_l[w] > 0.0f ? expf(ws_m[w] - M) : 0.0f; // a warp with no position holds nothing
+        L = fmaf(ws_l[w], f[w], L);
+    }
+    for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int w = 0; w < ATT_WARPS; w++) o = fmaf(ws_acc[w][d], f[w], o);
+        att[(size_t)t * n_heads * hd + (size_t)head * hd + d] = o / L;
+    }
 }
 
-cudaError_t lsc_attention(float *att, const float *q, const lsc_row_cache *rows, int32_t loop, int32_t n_heads,
-                          int32_t n_kv, int32_t hd, int32_t T) {
+cudaError_t lsc_attention(float *att, const float *q, int32_t ldq, const lsc_row_cache *rows, int32_t loop,
+                          int32_t n_heads, int32_t n_kv, int32_t hd, int32_t T) {
     dim3 grid((unsigned)n_heads, (unsigned)T);
-    k_attention<<<grid, LS_CUDA_BLOCK>>>(att, q, rows, loop, n_heads, n_kv, hd);
-    return cudaGetLastError();
-}
-
-// ---- swiglu ----
-
-__global__ static void k_swiglu(float *g, const float *u, int64_t n) {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-}
-
-cudaError_t lsc_swiglu(float *g, const float *u, int64_t n) {
-    k_swiglu<<<blocks_for(n, LS_CUDA_BLOCK), LS_CUDA_BLOCK>>>(g, u, n);
+    k_attention<<<grid, LS_CUDA_BLOCK>>>(att, q, ldq, rows, loop, n_heads, n_kv, hd);
     return cudaGetLastError();
 }

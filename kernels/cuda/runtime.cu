@@ -59,6 +59,29 @@ static int upload_f16(__half **dst, const uint16_t *src, size_t n, const char *w
     return upload((void **)dst, src, n * sizeof(uint16_t), what, err, err_len);
 }
 
+/* wq, wk and wv stacked in one allocation, so one matmul computes a row's
+ * q, k and v. */
+static int upload_qkv(__half **dst, const ls_weights *w, size_t dim, size_t kv_dim, char *err, int32_t err_len) {
+    size_t n[3] = {dim * dim, kv_dim * dim, kv_dim * dim};
+    const uint16_t *parts[3] = {w->wq, w->wk, w->wv};
+    const char *names[3] = {"block.wq.weight", "block.wk.weight", "block.wv.weight"};
+    cudaError_t e = cudaMalloc((void **)dst, (n[0] + n[1] + n[2]) * sizeof(uint16_t));
+    if (e != cudaSuccess) {
+        *dst = NULL;
+        ls_set_error(err, err_len, "cannot allocate GPU memory for the attention projections: %s",
+                     cudaGetErrorString(e));
+        return -1;
+    }
+    for (size_t i = 0, at = 0; i < 3; at += n[i], i++) {
+        e = cudaMemcpy(*dst + at, parts[i], n[i] * sizeof(uint16_t), cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) {
+            ls_set_error(err, err_len, "cannot copy %s to the GPU: %s", names[i], cudaGetErrorString(e));
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* Norm weights as fp32, converted on the host with util.c's exact conversion. */
 static int upload_norm(float **dst, const uint16_t *src, int32_t n, const char *what, char *err, int32_t err_len) {
     float *tmp = (float *)malloc((size_t)n * sizeof(float));
@@ -116,9 +139,7 @@ extern "C" int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd,
     size_t ffn = (size_t)mi->ffn_dim, vocab = (size_t)mi->vocab_size;
     const ls_weights *w = &m->w;
     int bad = upload_f16(&rt->tok_embeddings, w->tok_embeddings, vocab * dim, "tok_embeddings.weight", err, err_len) ||
-              upload_f16(&rt->wq, w->wq, dim * dim, "block.wq.weight", err, err_len) ||
-              upload_f16(&rt->wk, w->wk, kv_dim * dim, "block.wk.weight", err, err_len) ||
-              upload_f16(&rt->wv, w->wv, kv_dim * dim, "block.wv.weight", err, err_len) ||
+              upload_qkv(&rt->wqkv, w, dim, kv_dim, err, err_len) ||
               upload_f16(&rt->wo, w->wo, dim * dim, "block.wo.weight", err, err_len) ||
               upload_f16(&rt->w1, w->w1, ffn * dim, "block.w1.weight", err, err_len) ||
               upload_f16(&rt->w2, w->w2, dim * ffn, "block.w2.weight", err, err_len) ||
@@ -146,8 +167,8 @@ extern "C" void ls_runtime_free(ls_model *m) {
     ls_runtime *rt = m->rt;
     lsc_batch_free(rt->batch);
     if (rt->output && rt->output != rt->tok_embeddings) cudaFree(rt->output);
-    void *bufs[] = {rt->tok_embeddings, rt->wq, rt->wk, rt->wv, rt->wo, rt->w1,
-                    rt->w2, rt->w3, rt->attn_norm, rt->ffn_norm, rt->norm};
+    void *bufs[] = {rt->tok_embeddings, rt->wqkv, rt->wo, rt->w1, rt->w2,
+                    rt->w3, rt->attn_norm, rt->ffn_norm, rt->norm};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     free(rt);
@@ -171,15 +192,14 @@ bool lsc_block_alloc(lsc_block *b, const ls_model_info *mi, size_t rows) {
     size_t dim = (size_t)mi->dim, kv_dim = (size_t)mi->n_kv_heads * mi->head_dim, ffn = (size_t)mi->ffn_dim;
     size_t f = sizeof(float);
     return lsc_dev_alloc((void **)&b->h, rows * dim * f) && lsc_dev_alloc((void **)&b->xb, rows * dim * f) &&
-           lsc_dev_alloc((void **)&b->q, rows * dim * f) && lsc_dev_alloc((void **)&b->k, rows * kv_dim * f) &&
-           lsc_dev_alloc((void **)&b->v, rows * kv_dim * f) && lsc_dev_alloc((void **)&b->att, rows * dim * f) &&
-           lsc_dev_alloc((void **)&b->g, rows * ffn * f) && lsc_dev_alloc((void **)&b->u, rows * ffn * f) &&
+           lsc_dev_alloc((void **)&b->qkv, rows * (dim + 2 * kv_dim) * f) &&
+           lsc_dev_alloc((void **)&b->att, rows * dim * f) && lsc_dev_alloc((void **)&b->g, rows * ffn * f) &&
            lsc_dev_alloc((void **)&b->rope, rows * (size_t)mi->head_dim * f) &&
            lsc_dev_alloc((void **)&b->rows, rows * sizeof(lsc_row_cache));
 }
 
 void lsc_block_free(lsc_block *b) {
-    void *bufs[] = {b->h, b->xb, b->q, b->k, b->v, b->att, b->g, b->u, b->rope, b->rows};
+    void *bufs[] = {b->h, b->xb, b->qkv, b->att, b->g, b->rope, b->rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     memset(b, 0, sizeof *b);
@@ -333,21 +353,16 @@ cudaError_t lsc_block_loop(const ls_model *m, const lsc_block *b, int32_t T, int
     int32_t dim = mi->dim, hd = mi->head_dim, n_heads = mi->n_heads, n_kv = mi->n_kv_heads;
     int32_t kv_dim = n_kv * hd, ffn = mi->ffn_dim;
     float eps = mi->norm_eps;
+    int32_t ld = dim + 2 * kv_dim; // a row of qkv
     // attention sub-block
     STEP("rmsnorm", lsc_rmsnorm(b->xb, b->h, rt->attn_norm, T, dim, eps));
-    STEP("wq", lsc_matmul(b->q, dim, b->xb, dim, rt->wq, dim, dim, T, 0));
-    STEP("wk", lsc_matmul(b->k, kv_dim, b->xb, dim, rt->wk, dim, kv_dim, T, 0));
-    STEP("wv", lsc_matmul(b->v, kv_dim, b->xb, dim, rt->wv, dim, kv_dim, T, 0));
-    STEP("rope q", lsc_rope(b->q, dim, n_heads, hd, b->rope, T));
-    STEP("rope k", lsc_rope(b->k, kv_dim, n_kv, hd, b->rope, T));
-    STEP("kv store", lsc_kv_store(b->rows, loop, b->k, b->v, n_kv, hd, T));
-    STEP("attention", lsc_attention(b->att, b->q, b->rows, loop, n_heads, n_kv, hd, T));
+    STEP("wqkv", lsc_matmul(b->qkv, ld, b->xb, dim, rt->wqkv, dim, ld, T, 0));
+    STEP("rope and kv store", lsc_rope_store(b->qkv, ld, n_heads, n_kv, hd, b->rope, b->rows, loop, T));
+    STEP("attention", lsc_attention(b->att, b->qkv, ld, b->rows, loop, n_heads, n_kv, hd, T));
     STEP("wo", lsc_matmul(b->h, dim, b->att, dim, rt->wo, dim, dim, T, 1));
     // feed-forward sub-block
     STEP("rmsnorm", lsc_rmsnorm(b->xb, b->h, rt->ffn_norm, T, dim, eps));
-    STEP("w1", lsc_matmul(b->g, ffn, b->xb, dim, rt->w1, dim, ffn, T, 0));
-    STEP("w3", lsc_matmul(b->u, ffn, b->xb, dim, rt->w3, dim, ffn, T, 0));
-    STEP("swiglu", lsc_swiglu(b->g, b->u, (int64_t)T * ffn));
+    STEP("w1 w3 swiglu", lsc_matmul_swiglu(b->g, ffn, b->xb, dim, rt->w1, rt->w3, dim, ffn, T));
     STEP("w2", lsc_matmul(b->h, dim, b->g, ffn, rt->w2, ffn, dim, T, 1));
     return cudaSuccess;
 }
