@@ -8,10 +8,12 @@
 // bandwidth). Writes bench/results/gpu.json (GPU name, commit, every cell,
 // the targets with their bars) and a dated copy under bench/gpu-runs/.
 //
-//   bun run bench:gpu [--quick] [--commit SHA] [--out DIR]
+//   bun run bench:gpu [--quick] [--profile] [--commit SHA] [--out DIR]
 //
-// --quick: loops 1 and 8 only, no Hugging Face peer. --out: also copy the
-// JSON and the log there.
+// --quick: loops 1 and 8 only, no Hugging Face peer. --profile: where
+// Nsight Compute (ncu) runs, each kernel's time in a stretch of one-stream
+// dim-2048 decode at loops 8, kept in the JSON. --out: also copy the JSON
+// and the log there.
 import { spawnSync } from "node:child_process";
 import { copyFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -23,7 +25,12 @@ import { writeJson } from "./report.ts";
 
 const ROOT = join(import.meta.dir, "..");
 const { values } = parseArgs({
-  options: { quick: { type: "boolean", default: false }, commit: { type: "string" }, out: { type: "string" } },
+  options: {
+    quick: { type: "boolean", default: false },
+    profile: { type: "boolean", default: false },
+    commit: { type: "string" },
+    out: { type: "string" },
+  },
 });
 const started = performance.now();
 const log: string[] = [];
@@ -93,6 +100,16 @@ for (const line of trainedPeer.split("\n"))
     if (r.tok_s) cells.push({ engine: r.engine, model: "trained", weights: "fp16", loops: r.loops, clients: r.rows, tok_s: r.tok_s });
   }
 
+/** Per-kernel times (ncu's summary) over a window of a one-stream decode: graph nodes are profiled one by one. */
+function profile(): string {
+  const out = sh(["ncu", "--clock-control", "none", "--target-processes", "all", "--launch-skip", "1500", "--launch-count", "160", "--print-summary", "per-kernel",
+    bun, "bench/batch.ts", "--lib", lib, "--model", models["dim-2048"], "--loops", "8", "--rows", "1", "--steps", "8", "--rounds", "1"], { allowFail: true });
+  const from = out.indexOf("k_");
+  return out.slice(Math.max(0, out.lastIndexOf("\n", from)));
+}
+const kernelProfile = values.profile ? profile() : "";
+if (kernelProfile) say(kernelProfile);
+
 const cell = (engine: string, model: string, loops: number, clients: number) =>
   cells.find((c) => c.engine === engine && c.model === model && c.loops === loops && c.clients === clients)?.tok_s ?? 0;
 
@@ -119,7 +136,7 @@ const targets: Target[] = [
   { name: "bench:gpu wall seconds", value: Math.round(seconds), bar: "< 360", met: seconds < 360 },
 ];
 
-const result = { gpu: gpuName, commit, date: new Date().toISOString(), copy_gb_s: copyGbS, dim2048_token_bytes: tokenBytes, tests, cells, targets };
+const result = { gpu: gpuName, commit, date: new Date().toISOString(), copy_gb_s: copyGbS, dim2048_token_bytes: tokenBytes, tests, cells, targets, profile: kernelProfile };
 const table: Row[] = cells.map((c) => ({ engine: c.engine, model: c.model, loops: c.loops, clients: c.clients, "tok/s": c.tok_s }));
 say(formatTable(`decode on ${gpuName} (${commit.slice(0, 10)}), fp16`, table));
 say(formatTable("targets", targets.map((t) => ({ target: t.name, value: t.value, bar: t.bar, met: t.met ? "yes" : "no" }))));

@@ -64,7 +64,7 @@ def graph_decode_tok_s(model, loops: int, rows: int, steps: int) -> float:
     def step():
         h = E[tok]  # (rows, dim)
         cos, sin = cos_all[pos], sin_all[pos]
-        mask = torch.arange(max_seq, device=dev) <= pos
+        mask = (torch.arange(max_seq, device=dev) <= pos).view(1, 1, 1, max_seq)
         for l in range(loops):
             qkv = F.linear(rms(h, an), wqkv)
             q = rope(qkv[:, :dq].view(rows, c.n_heads, 1, hd), cos, sin)

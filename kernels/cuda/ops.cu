@@ -272,8 +272,10 @@ cudaError_t lsc_copy_rows(__half *dst, int32_t dcap, const __half *src, int32_t 
 
 #define ATT_WARPS (LS_CUDA_BLOCK / 32)
 #define ATT_SLOTS (LS_CUDA_MAX_HEAD_DIM / 32)
+#define ATT_GROUP 4 /* positions a warp reads at once */
 
-/* Warp w visits positions w, w + ATT_WARPS, ... in order; lane holds
+/* Warp w visits positions w, w + ATT_WARPS, ... in order, ATT_GROUP of
+ * them at a time; lane holds
  * dimensions lane, lane + 32, ... of q, of its running output and of each
  * key and value row it reads (64-byte coalesced reads per slot). A score
  * is the lanes' partial dot products summed by the shuffle tree; each warp
@@ -305,23 +307,38 @@ __global__ static void k_attention(float *att, const float *q, int32_t ldq, cons
     }
     float scale = 1.0f / sqrtf((float)hd);
     float m = -INFINITY, l = 0.0f;
-    for (int32_t j = warp; j < cnt; j += ATT_WARPS) {
-        size_t row = (size_t)((lo + j) % cap) * hd;
-        float dot = 0.0f;
+    for (int32_t j = warp; j < cnt; j += ATT_WARPS * ATT_GROUP) {
+        /* a group's key and value reads are all issued before its first use */
+        float s[ATT_GROUP], vv[ATT_GROUP][ATT_SLOTS];
 #pragma unroll
-        for (int k = 0; k < ATT_SLOTS; k++) {
-            int32_t d = lane + 32 * k;
-            if (d < hd) dot = fmaf(qr[k], __half2float(K[row + d]), dot);
+        for (int u = 0; u < ATT_GROUP; u++) {
+            int32_t ju = j + u * ATT_WARPS;
+            bool in = ju < cnt; // the same for the whole warp
+            size_t row = in ? (size_t)((lo + ju) % cap) * hd : 0;
+            float dot = 0.0f;
+#pragma unroll
+            for (int k = 0; k < ATT_SLOTS; k++) {
+                int32_t d = lane + 32 * k;
+                bool use = in && d < hd;
+                dot = use ? fmaf(qr[k], __half2float(K[row + d]), dot) : dot;
+                vv[u][k] = use ? __half2float(V[row + d]) : 0.0f;
+            }
+            dot = __shfl_sync(FULL_MASK, warp_sum(dot), 0);
+            s[u] = in ? dot * scale : -INFINITY;
         }
-        float s = __shfl_sync(FULL_MASK, warp_sum(dot), 0) * scale;
-        float m_new = fmaxf(m, s);
-        float corr = expf(m - m_new); // 0 on the first position (m = -inf)
-        float e = expf(s - m_new);
-        l = l * corr + e;
+        float m_new = m;
 #pragma unroll
-        for (int k = 0; k < ATT_SLOTS; k++) {
-            int32_t d = lane + 32 * k;
-            if (d < hd) acc[k] = fmaf(e, __half2float(V[row + d]), acc[k] * corr);
+        for (int u = 0; u < ATT_GROUP; u++) m_new = fmaxf(m_new, s[u]);
+        float corr = expf(m - m_new); // 0 on the first group (m = -inf)
+        l *= corr;
+#pragma unroll
+        for (int k = 0; k < ATT_SLOTS; k++) acc[k] *= corr;
+#pragma unroll
+        for (int u = 0; u < ATT_GROUP; u++) {
+            float e = expf(s[u] - m_new); // 0 past the last position
+            l += e;
+#pragma unroll
+            for (int k = 0; k < ATT_SLOTS; k++) acc[k] = fmaf(e, vv[u][k], acc[k]);
         }
         m = m_new;
     }
