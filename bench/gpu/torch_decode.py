@@ -63,7 +63,7 @@ def graph_decode_tok_s(model, loops: int, rows: int, steps: int) -> float:
 
     def step():
         h = E[tok]  # (rows, dim)
-        cos, sin = cos_all[pos], sin_all[pos]
+        cos, sin = cos_all.index_select(0, pos.view(1)), sin_all.index_select(0, pos.view(1))  # no host sync
         mask = (torch.arange(max_seq, device=dev) <= pos).view(1, 1, 1, max_seq)
         for l in range(loops):
             qkv = F.linear(rms(h, an), wqkv)
@@ -149,19 +149,17 @@ def main() -> None:
     if "copy" in peers:
         print(json.dumps({"engine": "device copy", "gb_s": copy_gb_s()}), flush=True)
     model = load(a.model)
+    runs = {"graph": ("pytorch cuda graph", graph_decode_tok_s), "hf": ("hf transformers eager", hf_tok_s)}
     for loops in ints(a.loops):
         for rows in ints(a.rows):
-            if "graph" in peers:
-                tok_s = graph_decode_tok_s(model, loops, rows, a.steps)
-                print(json.dumps({"engine": "pytorch cuda graph", "model": name, "loops": loops, "rows": rows, "tok_s": tok_s}), flush=True)
-            if "hf" in peers:
+            for peer in (p for p in peers if p in runs):
+                engine, run = runs[peer]
                 try:
-                    tok_s = hf_tok_s(model, loops, rows, a.steps)
-                    print(json.dumps({"engine": "hf transformers eager", "model": name, "loops": loops, "rows": rows, "tok_s": tok_s}), flush=True)
-                except Exception as e:  # a transformers version that refuses the config: the other peers still run
-                    print(json.dumps({"engine": "hf transformers eager", "error": repr(e)}), flush=True)
-            torch.cuda.empty_cache()
-
+                    tok_s = run(model, loops, rows, a.steps)
+                    print(json.dumps({"engine": engine, "model": name, "loops": loops, "rows": rows, "tok_s": tok_s}), flush=True)
+                except Exception as e:  # one peer failing (a transformers version, memory) leaves the others
+                    print(json.dumps({"engine": engine, "loops": loops, "rows": rows, "error": repr(e)}), flush=True)
+                torch.cuda.empty_cache()
 
 if __name__ == "__main__":
     main()

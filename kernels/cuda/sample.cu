@@ -47,11 +47,22 @@ __global__ static void k_argmax(int32_t *out, const float *v, int32_t vocab) {
     __shared__ int32_t si[ARGMAX_THREADS];
     float bv = -INFINITY;
     int32_t bi = INT32_MAX; // any id ranks before it, -inf ones included
-    for (int32_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-        float x = usable(v[i]);
-        if (ranks_before(x, i, bv, bi)) {
-            bv = x;
-            bi = i;
+    /* four reads in flight per thread; the order of the comparisons does not
+     * matter, the rank order being strict and total */
+    for (int32_t base = threadIdx.x; base < vocab; base += 4 * blockDim.x) {
+        float x[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int32_t i = base + u * blockDim.x;
+            x[u] = i < vocab ? usable(v[i]) : -INFINITY;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int32_t i = base + u * blockDim.x;
+            if (i < vocab && ranks_before(x[u], i, bv, bi)) {
+                bv = x[u];
+                bi = i;
+            }
         }
     }
     sv[threadIdx.x] = bv;
