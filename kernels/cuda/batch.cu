@@ -55,6 +55,7 @@ struct lsc_batch {
     int32_t *tokens;      /* (tokens_cap) */
     int32_t tokens_cap;
     float *last;          /* (rows_cap, dim) sampling rows' final hidden states */
+    float *normed;        /* (rows_cap, dim) */
     float *logits;        /* (rows_cap, vocab) */
     int32_t *ids;         /* (rows_cap) greedy picks */
     float *logits_host;   /* (rows_cap, vocab) for host draws and logits_out */
@@ -74,11 +75,11 @@ static void drop_graphs(lsc_batch *b) {
 }
 
 static void free_rows(lsc_batch *b) {
-    void *dev[] = {b->last, b->logits, b->ids};
+    void *dev[] = {b->last, b->normed, b->logits, b->ids};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     free(b->logits_host);
-    b->last = b->logits = b->logits_host = NULL;
+    b->last = b->normed = b->logits = b->logits_host = NULL;
     b->ids = NULL;
     b->rows_cap = 0;
 }
@@ -122,6 +123,7 @@ static lsc_batch *scratch_for(ls_model *m, int32_t n_tokens, int32_t n_sample) {
         size_t rows = (size_t)n_sample, dim = (size_t)mi->dim, vocab = (size_t)mi->vocab_size;
         b->logits_host = (float *)malloc(rows * vocab * sizeof(float));
         if (!b->logits_host || !lsc_dev_alloc((void **)&b->last, rows * dim * sizeof(float)) ||
+            !lsc_dev_alloc((void **)&b->normed, rows * dim * sizeof(float)) ||
             !lsc_dev_alloc((void **)&b->logits, rows * vocab * sizeof(float)) ||
             !lsc_dev_alloc((void **)&b->ids, rows * sizeof(int32_t))) {
             free_rows(b);
@@ -210,9 +212,12 @@ static cudaError_t block_kernels(ls_model *m, const ls_batch_piece *pieces, int3
 /* The output head over the n_sample final states: b->logits. */
 static cudaError_t head_kernels(ls_model *m, lsc_batch *b, int32_t n_sample, const char **what) {
     const ls_model_info *mi = &m->info;
-    *what = "rmsnorm and output";
-    return lsc_matmul_normed(b->logits, mi->vocab_size, b->last, mi->dim, lsc_norm{m->rt->norm, mi->norm_eps},
-                             m->rt->output, mi->dim, mi->vocab_size, n_sample);
+    int32_t dim = mi->dim;
+    *what = "rmsnorm";
+    cudaError_t e = lsc_rmsnorm(b->normed, b->last, m->rt->norm, n_sample, dim, mi->norm_eps);
+    if (e != cudaSuccess) return e;
+    *what = "output";
+    return lsc_matmul(b->logits, mi->vocab_size, b->normed, dim, m->rt->output, dim, mi->vocab_size, n_sample, 0);
 }
 
 static void shape_of(lsc_step_shape *sh, const ls_batch_piece *pieces, int32_t n_pieces, const int32_t *slot,

@@ -80,6 +80,7 @@ typedef struct {
  * session's own scratch, or the batch step's rows of many sessions. */
 typedef struct {
     float *h;    /* (T, dim) residual stream */
+    float *xb;   /* (T, dim) normed sub-block input */
     float *qkv;  /* (T, dim + 2 * kv_dim) each row's q, k, v side by side */
     float *att;  /* (T, n_heads * head_dim) */
     float *g;    /* (T, ffn_dim) silu(gate) * up */
@@ -143,27 +144,17 @@ void lsc_session_rows(lsc_row_cache *rows, const ls_session *s, int32_t pos0, in
 /* h[t] = E[tokens[t]] as fp32; tokens already checked against the vocabulary. */
 cudaError_t lsc_embed(float *h, const __half *E, const int32_t *tokens, int32_t T, int32_t dim);
 
-/* An rmsnorm folded into a matmul's input: row x[t] of n is read as
- * x[t] / sqrt(mean(x[t]^2) + eps) * w. */
-typedef struct {
-    const float *w;
-    float eps;
-} lsc_norm;
+/* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, rows of n. */
+cudaError_t lsc_rmsnorm(float *out, const float *x, const float *w, int32_t T, int32_t n, float eps);
 
-/* y[t*ldy + o] = sum_i w[o*in + i] * x[t*ldx + i], o < rows, t < T;
- * _add adds to y, _normed reads x through an rmsnorm. */
+/* y[t*ldy + o] (+)= sum_i w[o*in + i] * x[t*ldx + i], o < rows, t < T. */
 cudaError_t lsc_matmul(float *y, int32_t ldy, const float *x, int32_t ldx, const __half *w, int32_t in,
-                       int32_t rows, int32_t T);
-cudaError_t lsc_matmul_add(float *y, int32_t ldy, const float *x, int32_t ldx, const __half *w, int32_t in,
-                           int32_t rows, int32_t T);
-cudaError_t lsc_matmul_normed(float *y, int32_t ldy, const float *x, int32_t ldx, lsc_norm norm, const __half *w,
-                              int32_t in, int32_t rows, int32_t T);
+                       int32_t rows, int32_t T, int add);
 
-/* g[t*ldg + o] = silu(a) * b with a = w1[o] . n(x[t]), b = w3[o] . n(x[t])
- * (n: the rmsnorm): the feed-forward's norm, gate, up and SwiGLU in one
- * pass. */
-cudaError_t lsc_matmul_swiglu(float *g, int32_t ldg, const float *x, int32_t ldx, lsc_norm norm, const __half *w1,
-                              const __half *w3, int32_t in, int32_t rows, int32_t T);
+/* g[t*ldg + o] = silu(a) * b with a = w1[o] . x[t], b = w3[o] . x[t]: the
+ * feed-forward's gate, up and SwiGLU in one pass over x. */
+cudaError_t lsc_matmul_swiglu(float *g, int32_t ldg, const float *x, int32_t ldx, const __half *w1, const __half *w3,
+                              int32_t in, int32_t rows, int32_t T);
 
 /* Rotates the query and key heads of T rows of qkv ((T, ld): q, k, v) in
  * place (cs (T, hd/2, 2)), then stores the keys and values as fp16 into

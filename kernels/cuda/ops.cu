@@ -1,14 +1,13 @@
 /*
  * ops.cu — the fp16 forward-pass kernels of libloopserve_cuda.so: embedding,
- * matmul (fp16 weights, fp32 accumulation; rmsnorm folded into the input
- * where one precedes it, SwiGLU into the gate/up pair), RoPE with the K/V
- * cache store, attention over the fp16 cache. They mirror kernels/ops_*.c
- * and kernels/attention.c; see cuda_internal.h for the design.
+ * rmsnorm, matmul (fp16 weights, fp32 accumulation), RoPE, K/V cache store,
+ * attention over the fp16 cache, SwiGLU. They mirror kernels/ops_*.c and
+ * kernels/attention.c; see cuda_internal.h for the design.
  *
  * Every reduction has a fixed shape that depends only on its length (lane
- * stride then a shuffle tree, or warps merged in order), never on how many
- * tokens or rows share the launch: one token's result is the same in a
- * prefill of 64 as in a decode step.
+ * stride then a shuffle tree, or a block tree), never on how many tokens or
+ * rows share the launch: one token's result is the same in a prefill of 64
+ * as in a decode step.
  */
 #include <math.h>
 
@@ -16,11 +15,40 @@
 
 #define FULL_MASK 0xffffffffu
 
-/* Sum over a warp (shuffle tree; lane 0 holds the result). */
-__device__ static float warp_sum(float v) {
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(FULL_MASK, v, off);
+// ---- block reductions ----
+
+/* How partial results combine, as a functor so the reductions take any. */
+struct add_op {
+    __device__ float operator()(float a, float b) const { return a + b; }
+};
+
+/* Reduction over a warp (shuffle tree; lane 0 holds the result). */
+template <typename Op> __device__ static float warp_reduce(float v, Op op) {
+    for (int off = 16; off > 0; off >>= 1) v = op(v, __shfl_down_sync(FULL_MASK, v, off));
     return v;
 }
+
+/* Reduction over the block, returned to every thread; `identity` fills the
+ * lanes past the last warp. blockDim.x is a multiple of 32; red holds 32
+ * floats. The leading barrier keeps a previous call's result readable until
+ * every thread has read it. */
+template <typename Op> __device__ static float block_reduce(float v, float *red, Op op, float identity) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    v = warp_reduce(v, op);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < n_warps ? red[lane] : identity;
+        v = warp_reduce(v, op);
+        if (lane == 0) red[0] = v;
+    }
+    __syncthreads();
+    return red[0];
+}
+
+__device__ static float warp_sum(float v) { return warp_reduce(v, add_op()); }
+__device__ static float block_sum(float v, float *red) { return block_reduce(v, red, add_op(), 0.0f); }
 
 static unsigned blocks_for(int64_t n, int per_block) { return (unsigned)((n + per_block - 1) / per_block); }
 
@@ -34,6 +62,24 @@ __global__ static void k_embed(float *h, const __half *E, const int32_t *tokens,
 
 cudaError_t lsc_embed(float *h, const __half *E, const int32_t *tokens, int32_t T, int32_t dim) {
     k_embed<<<T, LS_CUDA_BLOCK>>>(h, E, tokens, dim);
+    return cudaGetLastError();
+}
+
+// ---- rmsnorm ----
+
+__global__ static void k_rmsnorm(float *out, const float *x, const float *w, int32_t n, float eps) {
+    __shared__ float red[32];
+    const float *xr = x + (size_t)blockIdx.x * n;
+    float *yr = out + (size_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int32_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, red);
+    float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int32_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
+}
+
+cudaError_t lsc_rmsnorm(float *out, const float *x, const float *w, int32_t T, int32_t n, float eps) {
+    k_rmsnorm<<<T, LS_CUDA_BLOCK>>>(out, x, w, n, eps);
     return cudaGetLastError();
 }
 
@@ -54,45 +100,19 @@ __device__ static inline void load_w8(float wf[8], const __half *w) {
     }
 }
 
-/* 1 / rms of a row of n, the same in every warp that computes it: lane
- * strided sums (four at a time with VEC = 8), then the shuffle tree. */
-template <int VEC> __device__ static inline float rms_scale(const float *x, int32_t n, float eps, int lane) {
-    float ss = 0.0f;
-    int32_t done = 0;
-    if (VEC == 8) {
-        for (int32_t c = lane; c < n / 4; c += 32) {
-            float4 a = reinterpret_cast<const float4 *>(x)[c];
-            ss = fmaf(a.x, a.x, ss);
-            ss = fmaf(a.y, a.y, ss);
-            ss = fmaf(a.z, a.z, ss);
-            ss = fmaf(a.w, a.w, ss);
-        }
-        done = n / 4 * 4;
-    }
-    for (int32_t i = done + lane; i < n; i += 32) ss = fmaf(x[i], x[i], ss);
-    ss = __shfl_sync(FULL_MASK, warp_sum(ss), 0);
-    return 1.0f / sqrtf(ss / (float)n + eps);
-}
-
-/* x[i] as the matmul reads it: normed (x * scale * w[i]) when nw is set. */
-template <bool NORM> __device__ static inline float in_x(float x, float scale, const float *nw, int32_t i) {
-    return NORM ? x * scale * nw[i] : x;
-}
-
-/* One lane's partial dot products of a weight row with TILE token rows.
+/* One lane's partial dot product of a weight row with TILE token rows.
  * With VEC = 8 the lane takes 8-element chunks lane, lane + 32, ... (16-byte
  * weight loads), then the elements past the last whole chunk one at a time;
  * with VEC = 1 elements lane, lane + 32, ... Either way the sequence of
  * FMAs is a function of `in` alone: a tile shares the weight reads, never
  * the arithmetic. */
-template <int TILE, int VEC, bool NORM>
+template <int TILE, int VEC>
 __device__ static inline void dot_tile(float acc[TILE], const __half *__restrict__ wr, const float *__restrict__ xt,
-                                       int32_t ldx, const float *sc, const float *__restrict__ nw, int32_t in,
-                                       int32_t nt, int lane) {
+                                       int32_t ldx, int32_t in, int32_t nt, int lane) {
     int32_t done = 0;
     if (VEC == 8) {
         int32_t chunks = in / 8;
-#pragma unroll 8
+#pragma unroll 4
         for (int32_t c = lane; c < chunks; c += 32) {
             float wf[8];
             load_w8(wf, wr + (size_t)c * 8);
@@ -101,10 +121,15 @@ __device__ static inline void dot_tile(float acc[TILE], const __half *__restrict
                 if (j >= nt) break;
                 const float4 *xv = reinterpret_cast<const float4 *>(xt + (size_t)j * ldx + (size_t)c * 8);
                 float4 a = xv[0], b = xv[1];
-                float xs[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
                 float s = acc[j];
-#pragma unroll
-                for (int k = 0; k < 8; k++) s = fmaf(wf[k], in_x<NORM>(xs[k], sc[j], nw, c * 8 + k), s);
+                s = fmaf(wf[0], a.x, s);
+                s = fmaf(wf[1], a.y, s);
+                s = fmaf(wf[2], a.z, s);
+                s = fmaf(wf[3], a.w, s);
+                s = fmaf(wf[4], b.x, s);
+                s = fmaf(wf[5], b.y, s);
+                s = fmaf(wf[6], b.z, s);
+                s = fmaf(wf[7], b.w, s);
                 acc[j] = s;
             }
         }
@@ -114,33 +139,30 @@ __device__ static inline void dot_tile(float acc[TILE], const __half *__restrict
         float wi = __half2float(wr[i]);
 #pragma unroll
         for (int j = 0; j < TILE; j++)
-            if (j < nt) acc[j] = fmaf(wi, in_x<NORM>(xt[(size_t)j * ldx + i], sc[j], nw, i), acc[j]);
+            if (j < nt) acc[j] = fmaf(wi, xt[(size_t)j * ldx + i], acc[j]);
     }
 }
 
 /* y = W x (EPI_STORE), y += W x (EPI_ADD), or, with the second matrix wb of
  * the same shape, y = silu(W x) * (Wb x) (EPI_SWIGLU: the gate and up
- * projections in one pass). With NORM, x is rmsnormed on the way in. */
+ * projections in one pass over x, as lsc_swiglu computes it). */
 enum { EPI_STORE, EPI_ADD, EPI_SWIGLU };
 
-template <int TILE, int VEC, int EPI, bool NORM>
+template <int TILE, int VEC, int EPI>
 __global__ static void k_matmul(float *__restrict__ y, int32_t ldy, const float *__restrict__ x, int32_t ldx,
-                                lsc_norm norm, const __half *__restrict__ w, const __half *__restrict__ wb, int32_t in,
-                                int32_t rows, int32_t T) {
+                                const __half *__restrict__ w, const __half *__restrict__ wb, int32_t in, int32_t rows,
+                                int32_t T) {
     int lane = threadIdx.x & 31;
     int32_t o = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
     int32_t t0 = blockIdx.y * TILE;
     int32_t nt = T - t0 < TILE ? T - t0 : TILE;
     if (o >= rows) return; // the whole warp leaves together: no barrier below
     const float *xt = x + (size_t)t0 * ldx;
-    float acc[TILE], accb[TILE], sc[TILE];
+    float acc[TILE], accb[TILE];
 #pragma unroll
-    for (int j = 0; j < TILE; j++) {
-        acc[j] = accb[j] = 0.0f;
-        sc[j] = NORM && j < nt ? rms_scale<VEC>(xt + (size_t)j * ldx, in, norm.eps, lane) : 1.0f;
-    }
-    dot_tile<TILE, VEC, NORM>(acc, w + (size_t)o * in, xt, ldx, sc, norm.w, in, nt, lane);
-    if (EPI == EPI_SWIGLU) dot_tile<TILE, VEC, NORM>(accb, wb + (size_t)o * in, xt, ldx, sc, norm.w, in, nt, lane);
+    for (int j = 0; j < TILE; j++) acc[j] = accb[j] = 0.0f;
+    dot_tile<TILE, VEC>(acc, w + (size_t)o * in, xt, ldx, in, nt, lane);
+    if (EPI == EPI_SWIGLU) dot_tile<TILE, VEC>(accb, wb + (size_t)o * in, xt, ldx, in, nt, lane);
 #pragma unroll
     for (int j = 0; j < TILE; j++) {
         if (j >= nt) break; // nt is the same for the whole warp
@@ -155,47 +177,38 @@ __global__ static void k_matmul(float *__restrict__ y, int32_t ldy, const float 
     }
 }
 
-template <int TILE, int EPI, bool NORM>
-static cudaError_t matmul_tiles(float *y, int32_t ldy, const float *x, int32_t ldx, lsc_norm norm, const __half *w,
-                                const __half *wb, int32_t in, int32_t rows, int32_t T) {
+template <int TILE, int EPI>
+static cudaError_t matmul_tiles(float *y, int32_t ldy, const float *x, int32_t ldx, const __half *w, const __half *wb,
+                                int32_t in, int32_t rows, int32_t T) {
     dim3 grid(blocks_for(rows, MM_WARPS), blocks_for(T, TILE));
     /* 16-byte weight loads and float4 activation loads need rows that start
      * on 16 bytes: whether they do depends on the shapes, never on T */
     if (in % 8 == 0 && ldx % 4 == 0)
-        k_matmul<TILE, 8, EPI, NORM><<<grid, LS_CUDA_BLOCK>>>(y, ldy, x, ldx, norm, w, wb, in, rows, T);
+        k_matmul<TILE, 8, EPI><<<grid, LS_CUDA_BLOCK>>>(y, ldy, x, ldx, w, wb, in, rows, T);
     else
-        k_matmul<TILE, 1, EPI, NORM><<<grid, LS_CUDA_BLOCK>>>(y, ldy, x, ldx, norm, w, wb, in, rows, T);
+        k_matmul<TILE, 1, EPI><<<grid, LS_CUDA_BLOCK>>>(y, ldy, x, ldx, w, wb, in, rows, T);
     return cudaGetLastError();
 }
 
 /* The smallest tile that takes every token at once, up to 8. */
-template <int EPI, bool NORM>
-static cudaError_t matmul_epi(float *y, int32_t ldy, const float *x, int32_t ldx, lsc_norm norm, const __half *w,
-                              const __half *wb, int32_t in, int32_t rows, int32_t T) {
-    if (T == 1) return matmul_tiles<1, EPI, NORM>(y, ldy, x, ldx, norm, w, wb, in, rows, T);
-    if (T == 2) return matmul_tiles<2, EPI, NORM>(y, ldy, x, ldx, norm, w, wb, in, rows, T);
-    if (T <= 4) return matmul_tiles<4, EPI, NORM>(y, ldy, x, ldx, norm, w, wb, in, rows, T);
-    return matmul_tiles<8, EPI, NORM>(y, ldy, x, ldx, norm, w, wb, in, rows, T);
+template <int EPI>
+static cudaError_t matmul_epi(float *y, int32_t ldy, const float *x, int32_t ldx, const __half *w, const __half *wb,
+                              int32_t in, int32_t rows, int32_t T) {
+    if (T == 1) return matmul_tiles<1, EPI>(y, ldy, x, ldx, w, wb, in, rows, T);
+    if (T == 2) return matmul_tiles<2, EPI>(y, ldy, x, ldx, w, wb, in, rows, T);
+    if (T <= 4) return matmul_tiles<4, EPI>(y, ldy, x, ldx, w, wb, in, rows, T);
+    return matmul_tiles<8, EPI>(y, ldy, x, ldx, w, wb, in, rows, T);
 }
 
 cudaError_t lsc_matmul(float *y, int32_t ldy, const float *x, int32_t ldx, const __half *w, int32_t in,
-                       int32_t rows, int32_t T) {
-    return matmul_epi<EPI_STORE, false>(y, ldy, x, ldx, lsc_norm{NULL, 0.0f}, w, NULL, in, rows, T);
+                       int32_t rows, int32_t T, int add) {
+    return add ? matmul_epi<EPI_ADD>(y, ldy, x, ldx, w, NULL, in, rows, T)
+               : matmul_epi<EPI_STORE>(y, ldy, x, ldx, w, NULL, in, rows, T);
 }
 
-cudaError_t lsc_matmul_add(float *y, int32_t ldy, const float *x, int32_t ldx, const __half *w, int32_t in,
-                           int32_t rows, int32_t T) {
-    return matmul_epi<EPI_ADD, false>(y, ldy, x, ldx, lsc_norm{NULL, 0.0f}, w, NULL, in, rows, T);
-}
-
-cudaError_t lsc_matmul_normed(float *y, int32_t ldy, const float *x, int32_t ldx, lsc_norm norm, const __half *w,
+cudaError_t lsc_matmul_swiglu(float *g, int32_t ldg, const float *x, int32_t ldx, const __half *w1, const __half *w3,
                               int32_t in, int32_t rows, int32_t T) {
-    return matmul_epi<EPI_STORE, true>(y, ldy, x, ldx, norm, w, NULL, in, rows, T);
-}
-
-cudaError_t lsc_matmul_swiglu(float *g, int32_t ldg, const float *x, int32_t ldx, lsc_norm norm, const __half *w1,
-                              const __half *w3, int32_t in, int32_t rows, int32_t T) {
-    return matmul_epi<EPI_SWIGLU, true>(g, ldg, x, ldx, norm, w1, w3, in, rows, T);
+    return matmul_epi<EPI_SWIGLU>(g, ldg, x, ldx, w1, w3, in, rows, T);
 }
 
 // ---- RoPE and the K/V cache store ----

@@ -191,7 +191,7 @@ bool lsc_dev_alloc(void **p, size_t bytes) {
 bool lsc_block_alloc(lsc_block *b, const ls_model_info *mi, size_t rows) {
     size_t dim = (size_t)mi->dim, kv_dim = (size_t)mi->n_kv_heads * mi->head_dim, ffn = (size_t)mi->ffn_dim;
     size_t f = sizeof(float);
-    return lsc_dev_alloc((void **)&b->h, rows * dim * f) &&
+    return lsc_dev_alloc((void **)&b->h, rows * dim * f) && lsc_dev_alloc((void **)&b->xb, rows * dim * f) &&
            lsc_dev_alloc((void **)&b->qkv, rows * (dim + 2 * kv_dim) * f) &&
            lsc_dev_alloc((void **)&b->att, rows * dim * f) && lsc_dev_alloc((void **)&b->g, rows * ffn * f) &&
            lsc_dev_alloc((void **)&b->rope, rows * (size_t)mi->head_dim * f) &&
@@ -199,7 +199,7 @@ bool lsc_block_alloc(lsc_block *b, const ls_model_info *mi, size_t rows) {
 }
 
 void lsc_block_free(lsc_block *b) {
-    void *bufs[] = {b->h, b->qkv, b->att, b->g, b->rope, b->rows};
+    void *bufs[] = {b->h, b->xb, b->qkv, b->att, b->g, b->rope, b->rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     memset(b, 0, sizeof *b);
@@ -355,13 +355,15 @@ cudaError_t lsc_block_loop(const ls_model *m, const lsc_block *b, int32_t T, int
     float eps = mi->norm_eps;
     int32_t ld = dim + 2 * kv_dim; // a row of qkv
     // attention sub-block
-    STEP("rmsnorm and wqkv", lsc_matmul_normed(b->qkv, ld, b->h, dim, lsc_norm{rt->attn_norm, eps}, rt->wqkv, dim, ld, T));
+    STEP("rmsnorm", lsc_rmsnorm(b->xb, b->h, rt->attn_norm, T, dim, eps));
+    STEP("wqkv", lsc_matmul(b->qkv, ld, b->xb, dim, rt->wqkv, dim, ld, T, 0));
     STEP("rope and kv store", lsc_rope_store(b->qkv, ld, n_heads, n_kv, hd, b->rope, b->rows, loop, T));
     STEP("attention", lsc_attention(b->att, b->qkv, ld, b->rows, loop, n_heads, n_kv, hd, T));
-    STEP("wo", lsc_matmul_add(b->h, dim, b->att, dim, rt->wo, dim, dim, T));
+    STEP("wo", lsc_matmul(b->h, dim, b->att, dim, rt->wo, dim, dim, T, 1));
     // feed-forward sub-block
-    STEP("rmsnorm, w1, w3 and swiglu", lsc_matmul_swiglu(b->g, ffn, b->h, dim, lsc_norm{rt->ffn_norm, eps}, rt->w1, rt->w3, dim, ffn, T));
-    STEP("w2", lsc_matmul_add(b->h, dim, b->g, ffn, rt->w2, ffn, dim, T));
+    STEP("rmsnorm", lsc_rmsnorm(b->xb, b->h, rt->ffn_norm, T, dim, eps));
+    STEP("w1 w3 swiglu", lsc_matmul_swiglu(b->g, ffn, b->xb, dim, rt->w1, rt->w3, dim, ffn, T));
+    STEP("w2", lsc_matmul(b->h, dim, b->g, ffn, rt->w2, ffn, dim, T, 1));
     return cudaSuccess;
 }
 
@@ -411,8 +413,8 @@ static int32_t forward(ls_session *s, const int32_t *tokens, int32_t n, int32_t 
         int32_t lo = first_logit > c0 ? first_logit : c0;
         if (lo < c0 + T) {
             int32_t rows = c0 + T - lo;
-            TRY("rmsnorm and output", lsc_matmul_normed(s->logits, vocab, s->act.h + (size_t)(lo - c0) * dim, dim,
-                                                         lsc_norm{rt->norm, mi->norm_eps}, rt->output, dim, vocab, rows));
+            TRY("rmsnorm", lsc_rmsnorm(s->act.xb, s->act.h + (size_t)(lo - c0) * dim, rt->norm, rows, dim, mi->norm_eps));
+            TRY("output", lsc_matmul(s->logits, vocab, s->act.xb, dim, rt->output, dim, vocab, rows, 0));
             if (host)
                 TRY("copying the logits", cudaMemcpy(host + (size_t)(lo - first_logit) * vocab, s->logits,
                                                      (size_t)rows * vocab * sizeof(float), cudaMemcpyDeviceToHost));
