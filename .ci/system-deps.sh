@@ -17,15 +17,19 @@
 # one on port 80.
 set -uo pipefail
 
-need=()
-command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
-command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
-/usr/bin/python3 -c 'import torch.nn, numpy, tqdm' >/dev/null 2>&1 || need+=(python3-torch python3-numpy python3-tqdm)
-[ -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ] || need+=(libopenblas0-pthread)
-command -v bible >/dev/null 2>&1 || need+=(bible-kjv)
-command -v chromium >/dev/null 2>&1 || need+=(chromium)
-command -v clang >/dev/null 2>&1 || need+=(clang)
-ls /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || need+=(libclang-rt-14-dev)
+# Sets need to the packages whose tool or module is missing.
+find_missing() {
+  need=()
+  command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
+  command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+  /usr/bin/python3 -c 'import torch.nn, numpy, tqdm' >/dev/null 2>&1 || need+=(python3-torch python3-numpy python3-tqdm)
+  [ -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ] || need+=(libopenblas0-pthread)
+  command -v bible >/dev/null 2>&1 || need+=(bible-kjv)
+  command -v chromium >/dev/null 2>&1 || need+=(chromium)
+  command -v clang >/dev/null 2>&1 || need+=(clang)
+  ls /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || need+=(libclang-rt-14-dev)
+}
+find_missing
 
 if [ ${#need[@]} -eq 0 ]; then
   echo "system-deps: everything already present"
@@ -57,7 +61,7 @@ fi
 cleanup() { if [ "$own_policy" -eq 1 ]; then "${sudo[@]}" rm -f "$policy"; fi; }
 trap cleanup EXIT
 
-echo "system-deps: installing ${need[*]} (apt-get; PyTorch takes a few minutes)"
+echo "system-deps: installing ${need[*]} (apt-get; PyTorch and Chromium take minutes)"
 export DEBIAN_FRONTEND=noninteractive
 # Wait for another apt run (another checkout's tests, say) instead of failing.
 apt=("${sudo[@]}" apt-get -o DPkg::Lock::Timeout=600)
@@ -66,12 +70,19 @@ install() { "${apt[@]}" install -y -qq --no-install-recommends "$@" >/dev/null; 
 if [ -z "$(ls -A /var/lib/apt/lists 2>/dev/null | grep -v -e '^lock$' -e '^partial$' || true)" ]; then
   "${apt[@]}" update -qq
 fi
-if install "${need[@]}"; then echo "system-deps: done"; exit 0; fi
+# Names what is still missing after apt-get (a package this release lacks,
+# or one installed but unusable: a directory hidden, a file removed), else done.
+report() {
+  find_missing
+  if [ ${#need[@]} -eq 0 ]; then echo "system-deps: done"; else
+    echo "system-deps: still missing after apt-get: ${need[*]}; the tests that need them will be skipped" >&2
+  fi
+  exit 0
+}
+if install "${need[@]}"; then report; fi
 # Stale lists (404 on a superseded version): refresh once; then one package
 # at a time, so that one this release lacks does not keep out the others.
 "${apt[@]}" update -qq
-if install "${need[@]}"; then echo "system-deps: done"; exit 0; fi
-failed=()
-for p in "${need[@]}"; do install "$p" || failed+=("$p"); done
-if [ ${#failed[@]} -eq 0 ]; then echo "system-deps: done"; exit 0; fi
-echo "system-deps: could not install ${failed[*]}; the tests that need them will be skipped" >&2
+if install "${need[@]}"; then report; fi
+for p in "${need[@]}"; do install "$p" || true; done
+report
