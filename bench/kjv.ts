@@ -15,8 +15,13 @@ const CACHE = join(ROOT, ".cache", "kjv");
 export function kjvText(split: "train" | "val"): string {
   const text = join(CACHE, `${split}.txt`);
   if (!existsSync(text)) {
+    console.error(`writing the King James Bible's split into ${CACHE} (once; reused afterwards)`);
     mkdirSync(CACHE, { recursive: true });
-    runTorchModule("data", [CACHE]);
+    try {
+      runTorchModule("data", [CACHE]);
+    } catch (e) {
+      throw new Error(`the KJV text needs Debian's bible-kjv and python3-numpy (npm test installs them when run as root): ${(e as Error).message}`);
+    }
   }
   return text;
 }
@@ -26,6 +31,7 @@ export async function kjvTokens(split: "train" | "val"): Promise<Uint16Array> {
   const bin = join(CACHE, `${split}.bin`);
   if (!existsSync(bin)) {
     const text = kjvText(split);
+    console.error(`tokenizing ${text} into ${bin} (once; reused afterwards)`);
     if ((await runTokenizeCommand([text, bin])) !== 0) throw new Error(`loopserve tokenize ${text} failed`);
   }
   const bytes = readFileSync(bin);

@@ -15,6 +15,7 @@ import { NativeModel } from "../src/engine/binding.ts";
 import type { SimdChoice } from "../src/engine/types.ts";
 import { formatQuantMix } from "../src/model/format.ts";
 import { DEFAULT_MIX, type HeadQuant, type QuantMix, quantizeModelFile, type WeightQuant } from "../src/model/quantize.ts";
+import { withProgress } from "../src/progress.ts";
 import { argmax } from "../test/reference/forward.ts";
 import { klDivergence, logSumExp } from "./logits.ts";
 import { writeJson } from "./report.ts";
@@ -58,14 +59,19 @@ export const DEFAULT_FORMATS: WeightFormat[] = [
 /** The quantizer's source: a copy older than it was made by an earlier quantizer. */
 export const QUANTIZER_SOURCE = join(import.meta.dir, "..", "src", "model", "quantize.ts");
 
-/** The quantized copy of `src` (made once, cached beside it, remade when `src` or the quantizer is newer). */
+/**
+ * The quantized copy of `src` (made once, with its progress on stderr, cached
+ * beside it, remade when `src` or the quantizer is newer).
+ */
 export function quantizedPath(src: string, f: WeightFormat, groupSize: number): string {
   if (f.quant === "fp16" && f.head === "fp16") return src;
   const mix = f.mix === undefined ? "" : `-mix${formatQuantMix(f.mix).replace(/[=,]/g, "") || "none"}`;
   const out = join(dirname(src), `${basename(src, ".safetensors")}-${f.quant}${mix}-g${groupSize}-head${f.head}.safetensors`);
   const newest = Math.max(statSync(src).mtimeMs, statSync(QUANTIZER_SOURCE).mtimeMs);
   if (!existsSync(out) || statSync(out).mtimeMs < newest) {
-    quantizeModelFile(src, out, { quant: f.quant, groupSize, head: f.head, mix: f.mix });
+    withProgress(`quantizing ${out} (once; reused afterwards)`, process.stderr, (onProgress) =>
+      quantizeModelFile(src, out, { quant: f.quant, groupSize, head: f.head, mix: f.mix, onProgress }),
+    );
   }
   return out;
 }

@@ -21,14 +21,13 @@
 //   bun run bench:serve -- --peer                with llama-server (built once, ~12 minutes on 2 cores)
 //   bun run bench:serve -- --quick               concurrency 1 and 8, 64 tokens, 1 round
 //   bun run bench:serve -- --prefill-chunk 64    loopserve with SERVICE_PREFILL_CHUNK=64
-import { existsSync } from "node:fs";
-import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { formatTable, median, type Row } from "../src/bench/table.ts";
 import { parseModelConfig } from "../src/model/format.ts";
 import { readSafetensors } from "../src/model/safetensors.ts";
 import { TRAINED_MODEL_PATH } from "../src/model/trained.ts";
 import { startServer, type TestServer } from "../test/helpers/server.ts";
+import { quantizedPath } from "./quant.ts";
 import { writeJson } from "./report.ts";
 
 const { values } = parseArgs({
@@ -49,7 +48,15 @@ const { values } = parseArgs({
 const list = (s: string) => s.split(",").map((x) => Number(x.trim()));
 const CONCURRENCY = values.quick ? [1, 8] : list(values.concurrency);
 const TOKENS = values.quick ? [64] : list(values.tokens);
-const FORMATS = values.formats.split(",") as ("fp16" | "int4")[];
+type Format = "fp16" | "int4";
+const isFormat = (f: string): f is Format => f === "fp16" || f === "int4";
+const FORMAT_NAMES = values.formats.split(",").map((f) => f.trim());
+const unknownFormat = FORMAT_NAMES.find((f) => !isFormat(f));
+if (unknownFormat !== undefined) {
+  console.error(`bench:serve: unknown format ${unknownFormat} in --formats; choose from fp16, int4`);
+  process.exit(2);
+}
+const FORMATS = FORMAT_NAMES.filter(isFormat);
 const ROUNDS = values.quick ? 1 : Number(values.rounds);
 const THREADS = values.threads;
 /** SERVICE_PREFILL_CHUNK for loopserve, when given (else the server's default). */
@@ -57,10 +64,9 @@ const PREFILL_CHUNK: Record<string, string> = values["prefill-chunk"] ? { SERVIC
 const REQUESTS_PER_CLIENT = 2;
 const LONG_PROMPT_WORDS = 2000; // 2,000 GPT-2 tokens (each word one token)
 
-const MODELS: Record<"fp16" | "int4", string> = {
-  fp16: TRAINED_MODEL_PATH,
-  int4: join(import.meta.dir, "..", "models", "kjv-looped-256-int4-g32-headint8.safetensors"),
-};
+/** The trained model in a format: int4 is its quantized copy (int8 head, group 32), made on first use. */
+const modelFile = (format: Format): string =>
+  format === "fp16" ? TRAINED_MODEL_PATH : quantizedPath(TRAINED_MODEL_PATH, { quant: "int4", head: "int8" }, 32);
 
 const PROMPTS = [
   "In the beginning God created the heaven and the earth.",
@@ -73,7 +79,7 @@ const LONG_PROMPT = Array.from({ length: LONG_PROMPT_WORDS }, (_, i) => ["and", 
 /** One server under test: how to start it for a cell, and how to ask it for a stream. */
 interface Target {
   name: string;
-  start(format: "fp16" | "int4", concurrency: number): Promise<{ url: string; stop(): Promise<unknown> }>;
+  start(format: Format, concurrency: number): Promise<{ url: string; stop(): Promise<unknown> }>;
   /** Request body for a stream of exactly `tokens` tokens. */
   body(prompt: string, tokens: number): unknown;
   path: string;
@@ -101,7 +107,7 @@ function loopserve(name: string, env: Record<string, string>): Target {
     path: "/generate",
     async start(format) {
       // gpu: the server takes a GPU where it would in production (the kernel path is in the report).
-      const s: TestServer = await startServer({ modelPath: MODELS[format], gpu: true, env: { SERVICE_THREADS: THREADS, SERVICE_MAX_SEQ_LEN: "4096", ...PREFILL_CHUNK, ...env } });
+      const s: TestServer = await startServer({ modelPath: modelFile(format), gpu: true, env: { SERVICE_THREADS: THREADS, SERVICE_MAX_SEQ_LEN: "4096", ...PREFILL_CHUNK, ...env } });
       const simd = /simd (\w+)\)/.exec(s.output())?.[1];
       if (simd) kernelPaths.add(simd);
       return { url: s.url, stop: () => s.stop() };
@@ -228,7 +234,6 @@ async function main(): Promise<void> {
   if (values.peer) targets.push(await llamaServer());
   const results: Record<string, CellResult[]> = {};
   for (const format of FORMATS) {
-    if (!existsSync(MODELS[format])) throw new Error(`model for ${format} not found: ${MODELS[format]}`);
     for (const concurrency of CONCURRENCY)
       for (let round = 0; round < ROUNDS; round++)
         for (const t of targets) {

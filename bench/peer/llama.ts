@@ -8,6 +8,7 @@ import { existsSync, mkdirSync, readFileSync, statSync, unlinkSync } from "node:
 import { homedir } from "node:os";
 import { basename, join } from "node:path";
 import { exportGguf } from "../../src/model/gguf.ts";
+import { withProgress } from "../../src/progress.ts";
 import { CORES, median, PeerBenchError, requireTool, run } from "./system.ts";
 
 const PEER_PACKAGE = import.meta.dir;
@@ -102,12 +103,11 @@ export function ggufFor(tools: LlamaTools, fp16: string, loops: number, format: 
   const stem = join(dir, `${basename(fp16, ".safetensors")}-L${loops}`);
   const f16 = `${stem}-F16.gguf`;
   if (!fresh(f16, fp16, join(import.meta.dir, "..", "..", "src", "model", "gguf.ts"))) {
-    log(`exporting ${basename(f16)}`);
-    exportGguf(fp16, f16, { loops });
+    withProgress(`exporting ${f16} (once; reused afterwards)`, process.stderr, (onProgress) => exportGguf(fp16, f16, { loops, onProgress }));
   }
   if (format === "fp16") return f16;
   const q = `${stem}-${LLAMA_TYPE[format]}.gguf`;
-  if (!fresh(q, f16)) log(`llama-quantize ${basename(q)}`);
+  if (!fresh(q, f16)) log(`llama-quantize ${q} (once; reused afterwards)`);
   llamaQuantize(tools, f16, q, LLAMA_TYPE[format], CORES);
   return q;
 }

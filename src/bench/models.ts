@@ -29,6 +29,9 @@ export async function benchModel(opts: Partial<SyntheticOptions> = {}): Promise<
     .map(([k, v]) => `${k}${v}`)
     .join("-");
   const path = join(dir, `${name}.safetensors`);
-  if (!existsSync(path)) await writeSyntheticModel(path, o);
+  if (!existsSync(path)) {
+    console.error(`writing the benchmark model ${path} (once; reused afterwards)`);
+    writeSyntheticModel(path, o);
+  }
   return path;
 }

@@ -6,6 +6,7 @@ import { readFileSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { Tokenizer } from "../../src/tokenizer.ts";
 import { testTempDir } from "../helpers/models.ts";
+import { KJV_TEXT, skipReason } from "../helpers/system_packages.ts";
 import { runTorchModule } from "../helpers/torch.ts";
 
 const ROOT = resolve(import.meta.dir, "../..");
@@ -45,7 +46,7 @@ describe("loopserve tokenize", () => {
   });
 });
 
-describe("training text split (King James Bible)", () => {
+describe.skipIf(skipReason(KJV_TEXT) !== null)("training text split (King James Bible)", () => {
   test("every verse once, references stripped, every 20th block of 30 verses held out", () => {
     const dir = join(testTempDir(), "kjv");
     runTorchModule("data", [dir]);

@@ -1,7 +1,8 @@
 // The shipped trained model (models/kjv-looped-256.safetensors) served for
 // real: greedy continuations of Bible-style prompts are English in the
 // King James Bible's words, through the native API and the OpenAI-shaped
-// one, at the default depth and at a shallow one; and self-speculative
+// one, at the default depth and at a shallow one (judged against the
+// training text's words, so these need the KJV text); and self-speculative
 // decoding on it gives exactly the plain output.
 import { beforeAll, describe, expect, test } from "bun:test";
 import { readFileSync } from "node:fs";
@@ -11,6 +12,7 @@ import { TRAINED_MODEL_PATH } from "../../src/model/trained.ts";
 import { jsonBody } from "../helpers/http.ts";
 import { testTempDir } from "../helpers/models.ts";
 import { serverForTests } from "../helpers/server.ts";
+import { KJV_TEXT, skipReason } from "../helpers/system_packages.ts";
 import { runTorchModule } from "../helpers/torch.ts";
 
 const PROMPTS = ["And God said unto Moses,", "The LORD is my shepherd;", "And it came to pass, when the king"];
@@ -20,12 +22,6 @@ const words = (text: string) => text.toLowerCase().match(/[a-z]+/g) ?? [];
 
 const server = serverForTests({ modelPath: TRAINED_MODEL_PATH, env: { SERVICE_MAX_SEQ_LEN: "512" } });
 let vocabulary: Set<string>;
-
-beforeAll(async () => {
-  const dir = join(testTempDir(), "kjv-words");
-  runTorchModule("data", [dir]);
-  vocabulary = new Set(words(readFileSync(join(dir, "train.txt"), "utf8")));
-});
 
 async function generate(body: Record<string, unknown>, path = "/generate"): Promise<{ text: string; tokens: number[] }> {
   const schema = path === "/generate" ? GenerateResponse : SpeculativeResponse;
@@ -40,7 +36,13 @@ function knownShare(text: string): number {
   return w.filter((x) => vocabulary.has(x)).length / w.length;
 }
 
-describe("the trained demo model", () => {
+describe.skipIf(skipReason(KJV_TEXT) !== null)("the trained demo model writes the Bible's English", () => {
+  beforeAll(() => {
+    const dir = join(testTempDir(), "kjv-words");
+    runTorchModule("data", [dir]);
+    vocabulary = new Set(words(readFileSync(join(dir, "train.txt"), "utf8")));
+  });
+
   test("greedy continuations at the default depth are the Bible's English", async () => {
     for (const prompt of PROMPTS) {
       const { text } = await generate({ prompt });
@@ -64,7 +66,9 @@ describe("the trained demo model", () => {
     const j = await jsonBody(r, ChatCompletion);
     expect(knownShare(j.choices[0].message.content)).toBeGreaterThanOrEqual(0.9);
   });
+});
 
+describe("the trained demo model", () => {
   test("self-speculative greedy decoding gives the plain output token for token", async () => {
     const plain = await generate({ prompt: PROMPTS[1], loops: 8, max_tokens: 48 });
     for (const draft_loops of [1, 2, 4]) {

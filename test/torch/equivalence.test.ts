@@ -12,9 +12,11 @@ import { readSafetensors } from "../../src/model/safetensors.ts";
 import { writeSyntheticModel } from "../../src/model/synthetic.ts";
 import { ensureLibrary, LIB } from "../helpers/kernels.ts";
 import { testTempDir } from "../helpers/models.ts";
+import { PYTORCH, skipReason } from "../helpers/system_packages.ts";
 import { runPythonModule, runTorchModule, type TorchDepthResult, torchLogits } from "../helpers/torch.ts";
 import { argmax } from "../reference/forward.ts";
 
+const noTorch = skipReason(PYTORCH) !== null;
 const DEPTHS = [1, 4, 8];
 const GREEDY = 12;
 const PROMPT = [464, 7, 995, 318, 257, 133, 11, 290, 262, 6, 42, 0, 999, 13, 198, 50]; // ids < 1000, the test models' vocabulary
@@ -78,7 +80,7 @@ function expectEquivalent(path: string, label: string): void {
   }
 }
 
-describe("PyTorch <-> loopserve equivalence (fp16 models)", () => {
+describe.skipIf(noTorch)("PyTorch <-> loopserve equivalence (fp16 models)", () => {
   const dir = testTempDir();
   beforeAll(() => ensureLibrary());
 
@@ -116,7 +118,7 @@ describe("PyTorch <-> loopserve equivalence (fp16 models)", () => {
   });
 });
 
-describe("training", () => {
+describe.skipIf(noTorch)("training", () => {
   test("the out-of-text softmax used in training is the exported model's full-vocabulary loss", () => {
     const r = JSON.parse(runTorchModule("crosscheck", ["head"]));
     expect(r.full).toBeGreaterThan(1);
@@ -124,7 +126,7 @@ describe("training", () => {
   });
 });
 
-describe("the PyTorch package's own unit tests", () => {
+describe.skipIf(noTorch)("the PyTorch package's own unit tests", () => {
   test("save and load refuse what loopserve would refuse (python3 -m unittest)", () => {
     expect(() => runPythonModule("unittest", ["discover", "-s", "tests"])).not.toThrow();
   });
