@@ -111,6 +111,9 @@ function startupLine(config: Config, loaded: Loaded, url: string): string {
   );
 }
 
+/** How long a second signal leaves the halted streams to write their last events. */
+const HALT_FLUSH_MS = 100;
+
 /** Runs the server until SIGTERM/SIGINT; resolves to the process exit code. */
 export async function runServe(argv: string[]): Promise<number> {
   let config: Config;
@@ -172,13 +175,15 @@ export async function runServe(argv: string[]): Promise<number> {
     metrics,
     draining: () => draining,
   });
+  // Aborted by a second signal: open streams end with an error event and [DONE].
+  const halt = new AbortController();
   let server: ReturnType<typeof Bun.serve>;
   try {
     // idleTimeout 0: no server-side timeout (docs/http.md); a long non-streaming
     // generation sends nothing until it is done. Bun answers a body over
     // maxRequestBodySize itself with an empty 413, so its limit is kept above
     // SERVICE_MAX_BODY_BYTES and the app answers 413 in the error shape.
-    const door = frontDoor(config, (req) => app.handle(req));
+    const door = frontDoor(config, (req) => app.handle(req), halt.signal);
     server = Bun.serve({
       hostname: config.host,
       port: config.port,
@@ -196,7 +201,11 @@ export async function runServe(argv: string[]): Promise<number> {
   return new Promise<number>((resolve) => {
     const shutdown = async (signal: string) => {
       if (draining) {
-        // A second signal: stop waiting for in-flight requests.
+        // A second signal: stop waiting for in-flight requests. Streams are
+        // told why and closed first; the rest of the connections are dropped
+        // once their closing events have been written.
+        halt.abort();
+        await Bun.sleep(HALT_FLUSH_MS);
         server.stop(true);
         return;
       }

@@ -35,8 +35,19 @@ export class HttpError extends Error {
   }
 
   toResponse(): Response {
-    return Response.json(this.body(), { status: this.status });
+    const retryAfter = this.status === 503 ? retryAfterSeconds(this.code) : null;
+    return Response.json(this.body(), { status: this.status, headers: retryAfter === null ? {} : { "retry-after": String(retryAfter) } });
   }
+}
+
+// Retry-After on every 503, by reason: a full queue or an unmet latency
+// target frees up within a second; a draining server is replaced by its
+// orchestrator within seconds; a model that failed to load needs an operator.
+const RETRY_AFTER_S: Record<string, number> = { shutting_down: 5, model_not_loaded: 60 };
+const RETRY_AFTER_DEFAULT_S = 1;
+
+function retryAfterSeconds(code: string | null): number {
+  return (code !== null ? RETRY_AFTER_S[code] : undefined) ?? RETRY_AFTER_DEFAULT_S;
 }
 
 // ---- constructors for the kinds handlers raise ----
@@ -227,7 +238,10 @@ export function validatedBody<S extends TObject>(schema: S) {
   const check = TypeCompiler.Compile(CloneType(schema));
   return {
     body: schema,
-    transform({ body }: { body: unknown }) {
+    // An arrow function, not a method: Elysia reads each hook's source to
+    // infer what it uses, and misreads a minified method (`transform({body}){`),
+    // printing a multi-line warning into the log at the first request.
+    transform: ({ body }: { body: unknown }) => {
       if (!check.Check(body)) throw fromValidation([...check.Errors(body)]);
     },
   };

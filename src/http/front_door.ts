@@ -11,8 +11,8 @@ import { type RequestContext, requestId, requestPath, runInRequestContext } from
 
 export type Handler = (request: Request) => Response | Promise<Response>;
 
-/** Wraps the app's handler into the server's fetch handler. */
-export function frontDoor(config: Config, app: Handler): (request: Request) => Promise<Response> {
+/** Wraps the app's handler into the server's fetch handler; `halt` aborts when the server stops without waiting. */
+export function frontDoor(config: Config, app: Handler, halt?: AbortSignal): (request: Request) => Promise<Response> {
   const guard = browserGuard(config);
   const checkKey = apiKeyCheck(config);
 
@@ -40,7 +40,7 @@ export function frontDoor(config: Config, app: Handler): (request: Request) => P
 
   return (request) => {
     const startedAt = performance.now();
-    const context: RequestContext = { id: requestId(request), promptTokens: 0, completionTokens: 0 };
+    const context: RequestContext = { id: requestId(request), promptTokens: 0, completionTokens: 0, halt };
     return runInRequestContext(context, async () => {
       const path = requestPath(request);
       return logWhenDone(await answer(request, path), request, path, context, startedAt);

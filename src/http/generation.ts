@@ -45,10 +45,27 @@ export interface AppDeps {
   draining?: () => boolean;
 }
 
-/** The engine, or the 503 every generation endpoint answers without one. */
-export function requireEngine(deps: AppDeps): GenerationEngine {
+// A file path in a load error: characters without spaces or quotes around a
+// slash, with the "path: " that starts a loader's message.
+const LEADING_PATH = /^[^\s'"`]*\/[^\s'"`]*?: /;
+const FILE_PATH = /[^\s'"`]*\/[^\s'"`:]*/g;
+
+/** A load error without the server's file paths, which only API key holders may see (docs/security.md). */
+function withoutPaths(message: string): string {
+  return message.replace(LEADING_PATH, "").replace(FILE_PATH, "(a path)");
+}
+
+/**
+ * The engine, or the 503 every generation endpoint answers without one.
+ * `detail` "public" leaves file paths out of a load error: /healthz is open
+ * to callers without the API key.
+ */
+export function requireEngine(deps: AppDeps, detail: "full" | "public" = "full"): GenerationEngine {
   if (deps.draining?.()) throw unavailable("the server is shutting down", "shutting_down");
-  if (!deps.engine) throw unavailable(`model not loaded: ${deps.loadError ?? "unknown reason"}`, "model_not_loaded");
+  if (!deps.engine) {
+    const reason = deps.loadError ?? "unknown reason";
+    throw unavailable(`model not loaded: ${detail === "full" ? reason : withoutPaths(reason)}`, "model_not_loaded");
+  }
   return deps.engine;
 }
 

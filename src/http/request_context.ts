@@ -9,6 +9,8 @@ export interface RequestContext {
   readonly id: string;
   promptTokens: number;
   completionTokens: number;
+  /** Aborted when the server stops without waiting (a second SIGTERM): open streams end with an error event. */
+  readonly halt?: AbortSignal;
 }
 
 const storage = new AsyncLocalStorage<RequestContext>();
