@@ -32,6 +32,7 @@ environment:
   SERVICE_PREFILL_CHUNK         prompt tokens fed per step beside running streams (256)
   SERVICE_KV_CACHE_MB           key/value cache memory the running requests share (a quarter of RAM)
   SERVICE_MAX_BODY_BYTES        larger request bodies get 413 (8388608 = 8 MiB)
+  SERVICE_BODY_TIMEOUT_MS       a request body that stalls this long gets 408 (30000)
   SERVICE_DEFAULT_SLO_MS        latency target in ms (unset)
   SERVICE_PREFIX_POOL_CAPACITY  shared prefix pool entries (16)
   SERVICE_BUILD_DIR             where libloopserve.so is found (./build)
@@ -179,8 +180,9 @@ export async function runServe(argv: string[]): Promise<number> {
   const halt = new AbortController();
   let server: ReturnType<typeof Bun.serve>;
   try {
-    // idleTimeout 0: no server-side timeout (docs/http.md); a long non-streaming
-    // generation sends nothing until it is done. Bun answers a body over
+    // idleTimeout 0: no server-side timeout once the body is in (docs/http.md);
+    // a long non-streaming generation sends nothing until it is done. A body
+    // that stalls is timed out as it is read (SERVICE_BODY_TIMEOUT_MS). Bun answers a body over
     // maxRequestBodySize itself with an empty 413, so its limit is kept above
     // SERVICE_MAX_BODY_BYTES and the app answers 413 in the error shape.
     const door = frontDoor(config, (req) => app.handle(req), halt.signal);

@@ -16,7 +16,13 @@ export function createApp(deps: AppDeps) {
   // standardHostname false: the router finds the path after "http://" and the
   // host, whatever the host's length (src/http/request_url.ts).
   return new Elysia({ handler: { standardHostname: false } })
-    .onParse(jsonBodyParser(deps.config.maxBodyBytes))
+    .onParse(
+      jsonBodyParser({
+        maxBytes: deps.config.maxBodyBytes,
+        stallMs: deps.config.bodyTimeoutMs,
+        onStall: () => deps.metrics.bodyTimeouts.inc(),
+      }),
+    )
     .onError(errorResponse)
     .use(opsRoutes(deps))
     .use(playgroundRoutes())

@@ -7,6 +7,7 @@
 //   401  API key missing or wrong (SERVICE_API_KEY)
 //   403  a browser request from an origin, or to a Host, that is not allowed
 //   404  unknown route
+//   408  request body stalled for SERVICE_BODY_TIMEOUT_MS
 //   413  request body over SERVICE_MAX_BODY_BYTES
 //   503  model not loaded (or shutting down), queue full, latency target
 //   500  only a genuine bug: logged with its stack (src/log.ts)
@@ -35,9 +36,15 @@ export class HttpError extends Error {
   }
 
   toResponse(): Response {
-    const retryAfter = this.status === 503 ? retryAfterSeconds(this.code) : null;
-    return Response.json(this.body(), { status: this.status, headers: retryAfter === null ? {} : { "retry-after": String(retryAfter) } });
+    return Response.json(this.body(), { status: this.status, headers: extraHeaders(this) });
   }
+}
+
+function extraHeaders(error: HttpError): Record<string, string> {
+  if (error.status === 503) return { "retry-after": String(retryAfterSeconds(error.code)) };
+  // The rest of a stalled body is never read: the connection cannot carry another request.
+  if (error.status === 408) return { connection: "close" };
+  return {};
 }
 
 // Retry-After on every 503, by reason: a full queue or an unmet latency
@@ -66,6 +73,7 @@ export const notFound = (message: string) => new HttpError(404, message, "not_fo
 export const unauthorized = (message: string) => new HttpError(401, message, "invalid_request_error", null, "invalid_api_key");
 
 export const forbidden = (message: string, code: string) => new HttpError(403, message, "invalid_request_error", null, code);
+export const requestTimeout = (message: string) => new HttpError(408, message, "invalid_request_error", null, "request_timeout");
 export const payloadTooLarge = (message: string) => new HttpError(413, message, "invalid_request_error", null, "request_too_large");
 
 /** Request-validation failures that are values, not shapes: "`x` must be at most 8192, got 9000". */
