@@ -73,6 +73,8 @@ export const notFound = (message: string) => new HttpError(404, message, "not_fo
 export const unauthorized = (message: string) => new HttpError(401, message, "invalid_request_error", null, "invalid_api_key");
 
 export const forbidden = (message: string, code: string) => new HttpError(403, message, "invalid_request_error", null, code);
+/** nginx's 499: the client closed the connection before the answer; nobody reads it, the log line does. */
+export const clientClosed = (message: string) => new HttpError(499, message, "invalid_request_error", null, "client_closed_request");
 export const requestTimeout = (message: string) => new HttpError(408, message, "invalid_request_error", null, "request_timeout");
 export const payloadTooLarge = (message: string) => new HttpError(413, message, "invalid_request_error", null, "request_too_large");
 

@@ -49,7 +49,7 @@ export function frontDoor(config: Config, app: Handler, halt?: AbortSignal): (re
 
   return (request) => {
     const startedAt = performance.now();
-    const context: RequestContext = { id: requestId(request), promptTokens: 0, completionTokens: 0, halt };
+    const context: RequestContext = { id: requestId(request), promptTokens: 0, completionTokens: 0, signal: request.signal, halt };
     return runInRequestContext(context, async () => {
       const path = requestPath(request);
       return logWhenDone(await answer(request, path), request, path, context, startedAt);

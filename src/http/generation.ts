@@ -5,10 +5,10 @@
 import type { Config } from "../config.ts";
 import type { GenerateRequest, GenerateResult, ModelInfo, PromptLogprobSink, TokenLogprob, TokenSink } from "../engine/types.ts";
 import { TextStream } from "../text/stream.ts";
-import { type Tokenizer, TokenizerClosedError } from "../tokenizer.ts";
+import { TokenLimitExceeded, type Tokenizer, TokenizerCancelledError, TokenizerClosedError } from "../tokenizer.ts";
 import type { ServiceMetrics } from "../metrics.ts";
 import { SchedulerRejection } from "../scheduler/scheduler.ts";
-import { badRequest, HttpError, outOfRange, unavailable } from "./errors.ts";
+import { badRequest, clientClosed, HttpError, outOfRange, unavailable } from "./errors.ts";
 import { currentRequest } from "./request_context.ts";
 import type { FinishReason } from "./responses.ts";
 
@@ -89,9 +89,18 @@ async function encodePrompt(deps: AppDeps, text: string, param: string): Promise
       "context_length_exceeded",
     );
   try {
-    return await deps.tokenizer.encodeAsync(text);
+    // More than `max` prompt tokens can never fit: the encode stops there.
+    // The client's signal stops it too when the client goes away.
+    return await deps.tokenizer.encodeAsync(text, { limit: max, signal: currentRequest()?.signal });
   } catch (e) {
     if (e instanceof TokenizerClosedError) throw unavailable("the server is shutting down", "shutting_down");
+    if (e instanceof TokenLimitExceeded)
+      throw badRequest(
+        `\`${param}\` is at least ${e.atLeast} tokens, more than the maximum sequence length ${max}`,
+        param,
+        "context_length_exceeded",
+      );
+    if (e instanceof TokenizerCancelledError) throw clientClosed("the client went away while its prompt was being tokenized");
     throw e;
   }
 }
