@@ -25,6 +25,8 @@ export interface StalledAnswer {
   closedAfterMs: number;
 }
 
+const GIVE_UP_MS = 20_000;
+
 function stalled(port: number, head: string, body: string): { sent: Promise<void>; answer: Promise<StalledAnswer> } {
   let sentAt = 0;
   let markSent = () => {};
@@ -34,6 +36,8 @@ function stalled(port: number, head: string, body: string): { sent: Promise<void
   const answer = new Promise<StalledAnswer>((resolve) => {
     const socket = connect({ host: "127.0.0.1", port });
     const chunks: Buffer[] = [];
+    // A server that never closes the connection: given up on, reported with what came (status 0 if nothing).
+    const guard = setTimeout(() => socket.destroy(), GIVE_UP_MS);
     socket.on("connect", () => {
       socket.write(head);
       socket.write(body, () => {
@@ -44,6 +48,7 @@ function stalled(port: number, head: string, body: string): { sent: Promise<void
     socket.on("data", (c: Buffer) => chunks.push(c));
     socket.on("error", () => undefined); // a reset after the answer is a close like any other
     socket.on("close", () => {
+      clearTimeout(guard);
       markSent();
       const text = Buffer.concat(chunks).toString();
       const status = Number(/^HTTP\/1\.1 (\d{3})/.exec(text)?.[1] ?? 0);
