@@ -9,6 +9,7 @@
 //   404  unknown route
 //   408  request body stalled for SERVICE_BODY_TIMEOUT_MS
 //   413  request body over SERVICE_MAX_BODY_BYTES
+//   499  the client went away while its prompt was tokenized (only the log sees it)
 //   503  model not loaded (or shutting down), queue full, latency target
 //   500  only a genuine bug: logged with its stack (src/log.ts)
 import { CloneType, type TObject } from "@sinclair/typebox";
