@@ -9,6 +9,7 @@
 import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { ErrorBody, GenerateResponse } from "../../src/http/responses.ts";
 import { expectErrorShape, jsonBody } from "../helpers/http.ts";
+import { waitFor } from "../helpers/scheduling.ts";
 import { serverForTests } from "../helpers/server.ts";
 
 setDefaultTimeout(120_000);
@@ -100,6 +101,8 @@ describe("a slow prompt that fits", () => {
 
     abort.abort();
     expect(await slow).toBeInstanceOf(Error);
+    // The server saw the client go: its request ends as 499 in the log.
+    await waitFor("the 499 line", () => /request .*path=\/generate status=499 /.test(s.output()));
     // Heavy texts take one worker at a time: had the abandoned encode gone on
     // (about 30 s of BPE), this one would wait for it.
     const letters = await timed(generate(LETTERS));
