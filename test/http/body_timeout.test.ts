@@ -42,8 +42,8 @@ async function healthzWhile(until: Promise<unknown>): Promise<number[]> {
 
 /**
  * The answers to stalled requests sent from a process of their own, with the
- * /healthz latencies polled from when every body was sent until the server
- * closed the last connection.
+ * /healthz latencies polled throughout: from the first connection until the
+ * server closed the last one.
  */
 async function answersAndHealthz(spec: StalledSpec[]): Promise<{ answers: StalledAnswer[]; latencies: number[] }> {
   await (await fetch(`${s.url}/healthz`)).text(); // the polling connection, opened before the load
@@ -58,8 +58,8 @@ async function answersAndHealthz(spec: StalledSpec[]): Promise<{ answers: Stalle
       }
     }
   })();
-  expect((await lines.next()).value).toBe("sent");
   const answers = (async () => {
+    expect((await lines.next()).value).toBe("sent");
     const out: StalledAnswer[] = [];
     for await (const line of lines) out.push(JSON.parse(line) as StalledAnswer);
     return out;
