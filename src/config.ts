@@ -32,6 +32,8 @@ export interface Config {
   readonly kvCacheMb: number;
   /** SERVICE_MAX_BODY_BYTES: larger request bodies get 413. */
   readonly maxBodyBytes: number;
+  /** SERVICE_BODY_TIMEOUT_MS: a request body that sends nothing for this long gets 408 and its connection is closed. */
+  readonly bodyTimeoutMs: number;
   /** Latency target inherited by every submission; null = none. */
   readonly defaultSloMs: number | null;
   readonly prefixPoolCapacity: number;
@@ -92,6 +94,10 @@ const DEFAULT_PORT = 8000;
 // of at most 128 bytes each, even with every character \u-escaped in JSON).
 const DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024;
 const MIN_MAX_BODY_BYTES = 1024;
+// 30 s without a byte: far longer than any pause of a client that is still
+// sending (nginx waits 60 s between two reads of a body), short enough that
+// connections holding half-sent bodies do not pile up memory and descriptors.
+const DEFAULT_BODY_TIMEOUT_MS = 30_000;
 
 type Env = Record<string, string | undefined>;
 
@@ -240,6 +246,7 @@ export function loadConfig(env: Env = process.env, flags: ConfigFlags = {}): Con
     prefillChunk: integer(env, "SERVICE_PREFILL_CHUNK", DEFAULT_PREFILL_CHUNK, 1, 1 << 20),
     kvCacheMb: integer(env, "SERVICE_KV_CACHE_MB", defaultKvCacheMb(), 1, 1 << 30),
     maxBodyBytes: integer(env, "SERVICE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES),
+    bodyTimeoutMs: integer(env, "SERVICE_BODY_TIMEOUT_MS", DEFAULT_BODY_TIMEOUT_MS, 100, 3_600_000),
     defaultSloMs: positiveNumber(env, "SERVICE_DEFAULT_SLO_MS"),
     prefixPoolCapacity: integer(env, "SERVICE_PREFIX_POOL_CAPACITY", 16, 0),
     buildDir: libraryConfig(env).buildDir,

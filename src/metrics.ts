@@ -75,6 +75,7 @@ export class ServiceMetrics {
   readonly specAcceptedTokens: Counter;
   readonly generatedTokens: Counter;
   readonly promptTokensRun: Counter;
+  readonly bodyTimeouts: Counter;
 
   // ---- histograms (milliseconds; see the file header for each interval) ----
   readonly queueWaitMs: Histogram;
@@ -130,6 +131,11 @@ export class ServiceMetrics {
 
     this.generatedTokens = counter("service_generated_tokens_total", "Tokens sampled by batched engine steps (speculative cycles not included).");
     this.promptTokensRun = counter("service_prompt_tokens_total", "Prompt tokens run through the model by batched engine steps (pooled prefixes not included).");
+
+    this.bodyTimeouts = counter(
+      "service_request_body_timeouts_total",
+      "Requests whose body stalled for SERVICE_BODY_TIMEOUT_MS: answered 408, connection closed.",
+    );
 
     this.queueWaitMs = histogram(
       "service_queue_wait_ms",

@@ -32,6 +32,7 @@ environment:
   SERVICE_PREFILL_CHUNK         prompt tokens fed per step beside running streams (256)
   SERVICE_KV_CACHE_MB           key/value cache memory the running requests share (a quarter of RAM)
   SERVICE_MAX_BODY_BYTES        larger request bodies get 413 (8388608 = 8 MiB)
+  SERVICE_BODY_TIMEOUT_MS       a request body that stalls this long gets 408 (30000)
   SERVICE_DEFAULT_SLO_MS        latency target in ms (unset)
   SERVICE_PREFIX_POOL_CAPACITY  shared prefix pool entries (16)
   SERVICE_BUILD_DIR             where libloopserve.so is found (./build)
@@ -111,6 +112,9 @@ function startupLine(config: Config, loaded: Loaded, url: string): string {
   );
 }
 
+/** How long a second signal leaves the halted streams to write their last events. */
+const HALT_FLUSH_MS = 100;
+
 /** Runs the server until SIGTERM/SIGINT; resolves to the process exit code. */
 export async function runServe(argv: string[]): Promise<number> {
   let config: Config;
@@ -172,13 +176,16 @@ export async function runServe(argv: string[]): Promise<number> {
     metrics,
     draining: () => draining,
   });
+  // Aborted by a second signal: open streams end with an error event and [DONE].
+  const halt = new AbortController();
   let server: ReturnType<typeof Bun.serve>;
   try {
-    // idleTimeout 0: no server-side timeout (docs/http.md); a long non-streaming
-    // generation sends nothing until it is done. Bun answers a body over
+    // idleTimeout 0: no server-side timeout once the body is in (docs/http.md);
+    // a long non-streaming generation sends nothing until it is done. A body
+    // that stalls is timed out as it is read (SERVICE_BODY_TIMEOUT_MS). Bun answers a body over
     // maxRequestBodySize itself with an empty 413, so its limit is kept above
     // SERVICE_MAX_BODY_BYTES and the app answers 413 in the error shape.
-    const door = frontDoor(config, (req) => app.handle(req));
+    const door = frontDoor(config, (req) => app.handle(req), halt.signal);
     server = Bun.serve({
       hostname: config.host,
       port: config.port,
@@ -196,7 +203,11 @@ export async function runServe(argv: string[]): Promise<number> {
   return new Promise<number>((resolve) => {
     const shutdown = async (signal: string) => {
       if (draining) {
-        // A second signal: stop waiting for in-flight requests.
+        // A second signal: stop waiting for in-flight requests. Streams are
+        // told why and closed first; the rest of the connections are dropped
+        // once their closing events have been written.
+        halt.abort();
+        await Bun.sleep(HALT_FLUSH_MS);
         server.stop(true);
         return;
       }

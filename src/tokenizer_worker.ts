@@ -1,5 +1,6 @@
 // Entry point of a tokenizer pool worker (src/tokenizer_pool.ts): its own
-// Tokenizer over the same ranks, encoding one text at a time.
+// Tokenizer over the same ranks, encoding one text at a time within a token
+// limit.
 import { Tokenizer } from "./tokenizer.ts";
 import type { WorkerReply, WorkerRequest } from "./tokenizer_pool.ts";
 
@@ -10,13 +11,23 @@ let tokenizer: Promise<Tokenizer> | null = null;
 self.onmessage = async (event: MessageEvent<WorkerRequest>) => {
   const msg = event.data;
   if (msg.kind === "init") {
-    tokenizer = Tokenizer.load(msg.tokenizerHome);
+    // The count bound's trie is built at once, not on the first long prompt.
+    tokenizer = Tokenizer.load(msg.tokenizerHome).then((t) => {
+      t.bound();
+      return t;
+    });
     return;
   }
   let reply: WorkerReply;
   try {
     if (!tokenizer) throw new Error("encode before init");
-    const ids = Uint32Array.from((await tokenizer).encode(msg.text));
+    const out = (await tokenizer).encodeWithin(msg.text, msg.limit);
+    if ("atLeast" in out) {
+      reply = { id: msg.id, atLeast: out.atLeast };
+      self.postMessage(reply);
+      return;
+    }
+    const ids = Uint32Array.from(out.ids);
     reply = { id: msg.id, ids };
     self.postMessage(reply, [ids.buffer]);
   } catch (e) {

@@ -40,6 +40,7 @@ describe("configuration", () => {
       SERVICE_PREFILL_CHUNK: "64",
       SERVICE_KV_CACHE_MB: "512",
       SERVICE_MAX_BODY_BYTES: "65536",
+      SERVICE_BODY_TIMEOUT_MS: "5000",
       SERVICE_DEFAULT_SLO_MS: "250.5",
       SERVICE_PREFIX_POOL_CAPACITY: "0",
       SERVICE_BUILD_DIR: "/b",
@@ -58,6 +59,7 @@ describe("configuration", () => {
       prefillChunk: 64,
       kvCacheMb: 512,
       maxBodyBytes: 65536,
+      bodyTimeoutMs: 5000,
       defaultSloMs: 250.5,
       prefixPoolCapacity: 0,
       buildDir: "/b",
@@ -73,6 +75,12 @@ describe("configuration", () => {
   test("SERVICE_MAX_BODY_BYTES must be an integer of at least 1024", () => {
     expect(() => loadConfig({ SERVICE_MAX_BODY_BYTES: "8M" })).toThrow("SERVICE_MAX_BODY_BYTES must be an integer, got \"8M\"");
     expect(() => loadConfig({ SERVICE_MAX_BODY_BYTES: "100" })).toThrow("SERVICE_MAX_BODY_BYTES must be between 1024 and");
+  });
+
+  test("SERVICE_BODY_TIMEOUT_MS: 30 s by default, an integer of at least 100 ms", () => {
+    expect(loadConfig({}).bodyTimeoutMs).toBe(30_000);
+    expect(() => loadConfig({ SERVICE_BODY_TIMEOUT_MS: "30s" })).toThrow("SERVICE_BODY_TIMEOUT_MS must be an integer, got \"30s\"");
+    expect(() => loadConfig({ SERVICE_BODY_TIMEOUT_MS: "50" })).toThrow("SERVICE_BODY_TIMEOUT_MS must be between 100 and");
   });
 
   test("flags override HOST and PORT", () => {

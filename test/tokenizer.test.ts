@@ -2,7 +2,7 @@ import { beforeAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { IncrementalDetokenizer, RANK_FILE_NAME, Tokenizer, TokenizerClosedError, TokenizerError } from "../src/tokenizer.ts";
+import { IncrementalDetokenizer, RANK_FILE_NAME, TokenLimitExceeded, Tokenizer, TokenizerCancelledError, TokenizerClosedError, TokenizerError } from "../src/tokenizer.ts";
 
 let tok: Tokenizer;
 beforeAll(async () => {
@@ -99,6 +99,41 @@ describe("encoding off the event loop", () => {
     const all = Object.values(texts);
     const got = await Promise.all(all.map((t) => tok.encodeAsync(t)));
     got.forEach((ids, i) => expect(ids).toEqual(tok.encode(all[i])));
+  });
+
+  test("within a limit the fits get the same ids as encode(); the rest are refused with how many tokens they have at least", async () => {
+    for (const text of Object.values(texts)) {
+      const ids = tok.encode(text);
+      expect(await tok.encodeAsync(text, { limit: ids.length })).toEqual(ids);
+      const over = await tok.encodeAsync(text, { limit: ids.length - 1 }).catch((e) => e);
+      expect(over).toBeInstanceOf(TokenLimitExceeded);
+      expect(over.atLeast).toBeGreaterThan(ids.length - 1);
+      expect(over.atLeast).toBeLessThanOrEqual(ids.length);
+    }
+  });
+
+  test("encodeWithin cuts long prose into chunks and gets exactly the ids of encoding it whole", () => {
+    const prose = `${texts.prose}${texts.mixed} it's  a  test,\tand "quotes" 's 've  ${"word ".repeat(3000)}`;
+    expect(tok.encodeWithin(prose, 1e9)).toEqual({ ids: tok.encode(prose) });
+  });
+
+  test("the count bound is never above the real count, and equal on ordinary text", () => {
+    for (const text of [...Object.values(texts), "Hello world ünïcödé 🙂", "  \n\n  x", "😀😀😀 a😀b"]) {
+      const real = tok.encode(text).length;
+      const bound = tok.bound().suffixMinima(new TextEncoder().encode(text))[0];
+      expect(bound).toBeLessThanOrEqual(real);
+    }
+    expect(tok.bound().suffixMinima(new TextEncoder().encode(texts.prose))[0]).toBe(tok.encode(texts.prose).length);
+  });
+
+  test("an aborted signal cancels the encode", async () => {
+    const abort = new AbortController();
+    const running = tok.encodeAsync("ÃÂ".repeat(32 * 1000), { signal: abort.signal });
+    await Bun.sleep(50);
+    abort.abort();
+    expect(await running.catch((e) => e)).toBeInstanceOf(TokenizerCancelledError);
+    // The pool goes on with a fresh worker.
+    expect(await tok.encodeAsync(texts.prose)).toEqual(tok.encode(texts.prose));
   });
 
   test("a replacement rank file reaches the workers", async () => {

@@ -25,6 +25,16 @@ function loosePath(path: string): string {
 const API_PATH = /^\/+(v1|api|generate)/;
 const METRICS_PATH = /^\/+metrics/;
 
+type KeyVerdict = "held" | "missing" | "wrong";
+
+/** What the request carries of the configured key (which must be set). */
+function keyVerdict(request: Request, expected: Buffer): KeyVerdict {
+  const header = request.headers.get("authorization");
+  if (header === null) return "missing";
+  const bearer = /^bearer[ \t]+(\S+)[ \t]*$/i.exec(header);
+  return bearer !== null && timingSafeEqual(digest(bearer[1]), expected) ? "held" : "wrong";
+}
+
 /** A check of the request's key: the 401 to answer, or null to go on. Without a key configured it passes everything. */
 export function apiKeyCheck(config: Config): (request: Request, path: string) => HttpError | null {
   const key = config.apiKey;
@@ -34,10 +44,22 @@ export function apiKeyCheck(config: Config): (request: Request, path: string) =>
   return (request, path) => {
     const p = loosePath(path);
     if (!API_PATH.test(p) && !(config.apiKeyProtectsMetrics && METRICS_PATH.test(p))) return null;
-    const header = request.headers.get("authorization");
-    if (header === null) return unauthorized("missing API key: send it as the header `Authorization: Bearer <key>`");
-    const bearer = /^bearer[ \t]+(\S+)[ \t]*$/i.exec(header);
-    if (bearer === null || !timingSafeEqual(digest(bearer[1]), expected)) return unauthorized("invalid API key");
+    const verdict = keyVerdict(request, expected);
+    if (verdict === "missing") return unauthorized("missing API key: send it as the header `Authorization: Bearer <key>`");
+    if (verdict === "wrong") return unauthorized("invalid API key");
     return null;
   };
+}
+
+/**
+ * Whether a request on an open route (/healthz) may see what only key
+ * holders see, such as the server's file paths: true when no key is
+ * configured (the model list shows the path to everyone then) or the request
+ * carries the key.
+ */
+export function apiKeyHolder(config: Config): (request: Request) => boolean {
+  const key = config.apiKey;
+  if (key === null) return () => true;
+  const expected = digest(key);
+  return (request) => keyVerdict(request, expected) === "held";
 }

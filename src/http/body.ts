@@ -4,13 +4,14 @@
 // Every body of this API is a JSON object; anything else is a shape error
 // (422), reported here because the validator would only see it as {}.
 //
-// Two limits are enforced before JSON.parse ever runs (docs/limits.md):
+// Three limits are enforced before JSON.parse ever runs (docs/limits.md):
+// - the time a body may stall (SERVICE_BODY_TIMEOUT_MS): 408;
 // - the body size (SERVICE_MAX_BODY_BYTES): a declared Content-Length over it
 //   is refused unread, a chunked body as soon as it passes it (413);
 // - the nesting depth (MAX_JSON_DEPTH), measured by one linear scan of the
 //   text, because validating a deeply nested value recurses once per level
 //   and would overflow the stack (400).
-import { badRequest, payloadTooLarge, unprocessable, valueKind } from "./errors.ts";
+import { badRequest, payloadTooLarge, requestTimeout, unprocessable, valueKind } from "./errors.ts";
 
 /** Deepest array/object nesting a request body may have. */
 export const MAX_JSON_DEPTH = 64;
@@ -50,8 +51,35 @@ function tooLarge(maxBytes: number, what: string): never {
   throw payloadTooLarge(`request body ${what}, more than the limit of ${maxBytes} bytes (SERVICE_MAX_BODY_BYTES)`);
 }
 
-/** The body as text, refusing (413) one longer than maxBytes without reading past the limit. */
-async function readBodyText(request: Request, maxBytes: number): Promise<string> {
+/** How a request body is read. */
+export interface BodyLimits {
+  /** SERVICE_MAX_BODY_BYTES: a longer body gets 413. */
+  maxBytes: number;
+  /** SERVICE_BODY_TIMEOUT_MS: a body that sends nothing for this long gets 408. */
+  stallMs: number;
+  /** Called for each body that stalled (counted on /metrics). */
+  onStall(): void;
+}
+
+const STALLED = Symbol("stalled");
+
+/** The next chunk of the body, or STALLED when none came within stallMs. */
+function readOrStall(reader: ReadableStreamDefaultReader<Uint8Array>, stallMs: number) {
+  let timer: Timer | undefined;
+  const stalled = new Promise<typeof STALLED>((resolve) => {
+    timer = setTimeout(() => resolve(STALLED), stallMs);
+  });
+  return Promise.race([reader.read(), stalled]).finally(() => clearTimeout(timer));
+}
+
+/**
+ * The body as text, refusing one longer than maxBytes (413) without reading
+ * past the limit, and one that stalls (408): a client that sends headers and
+ * part of a body, then nothing, would otherwise hold its connection and what
+ * was buffered for as long as it likes.
+ */
+async function readBodyText(request: Request, limits: BodyLimits): Promise<string> {
+  const { maxBytes, stallMs } = limits;
   const declared = request.headers.get("content-length");
   if (declared !== null && /^[0-9]+$/.test(declared) && Number(declared) > maxBytes) tooLarge(maxBytes, `is ${declared} bytes`);
   if (request.body === null) return "";
@@ -59,7 +87,13 @@ async function readBodyText(request: Request, maxBytes: number): Promise<string>
   let size = 0;
   const reader = request.body.getReader();
   for (;;) {
-    const { done, value } = await reader.read();
+    const next = await readOrStall(reader, stallMs);
+    if (next === STALLED) {
+      limits.onStall();
+      reader.cancel().catch(() => undefined);
+      throw requestTimeout(`request body stalled: nothing received for ${stallMs} ms after ${size} bytes (SERVICE_BODY_TIMEOUT_MS)`);
+    }
+    const { done, value } = next;
     if (done) break;
     size += value.byteLength;
     if (size > maxBytes) {
@@ -73,9 +107,9 @@ async function readBodyText(request: Request, maxBytes: number): Promise<string>
 }
 
 /** Elysia's parse hook for every route: the JSON object of the body, within the limits. */
-export function jsonBodyParser(maxBytes: number) {
+export function jsonBodyParser(limits: BodyLimits) {
   return async function parseJsonBody({ request }: { request: Request }): Promise<unknown> {
-    const text = await readBodyText(request, maxBytes);
+    const text = await readBodyText(request, limits);
     if (text.trim() === "") throw badRequest("request body is empty: expected a JSON object", null, "invalid_json");
     if (nestsDeeperThan(text, MAX_JSON_DEPTH))
       throw badRequest(`request body nests arrays/objects more than ${MAX_JSON_DEPTH} levels deep (the limit)`, null, "json_too_deep");

@@ -7,7 +7,9 @@
 //   401  API key missing or wrong (SERVICE_API_KEY)
 //   403  a browser request from an origin, or to a Host, that is not allowed
 //   404  unknown route
+//   408  request body stalled for SERVICE_BODY_TIMEOUT_MS
 //   413  request body over SERVICE_MAX_BODY_BYTES
+//   499  the client went away while its prompt was tokenized (only the log sees it)
 //   503  model not loaded (or shutting down), queue full, latency target
 //   500  only a genuine bug: logged with its stack (src/log.ts)
 import { CloneType, type TObject } from "@sinclair/typebox";
@@ -35,8 +37,25 @@ export class HttpError extends Error {
   }
 
   toResponse(): Response {
-    return Response.json(this.body(), { status: this.status });
+    return Response.json(this.body(), { status: this.status, headers: extraHeaders(this) });
   }
+}
+
+function extraHeaders(error: HttpError): Record<string, string> {
+  if (error.status === 503) return { "retry-after": String(retryAfterSeconds(error.code)) };
+  // The rest of a stalled body is never read: the connection cannot carry another request.
+  if (error.status === 408) return { connection: "close" };
+  return {};
+}
+
+// Retry-After on every 503, by reason: a full queue or an unmet latency
+// target frees up within a second; a draining server is replaced by its
+// orchestrator within seconds; a model that failed to load needs an operator.
+const RETRY_AFTER_S: Record<string, number> = { shutting_down: 5, model_not_loaded: 60 };
+const RETRY_AFTER_DEFAULT_S = 1;
+
+function retryAfterSeconds(code: string | null): number {
+  return (code !== null ? RETRY_AFTER_S[code] : undefined) ?? RETRY_AFTER_DEFAULT_S;
 }
 
 // ---- constructors for the kinds handlers raise ----
@@ -55,6 +74,9 @@ export const notFound = (message: string) => new HttpError(404, message, "not_fo
 export const unauthorized = (message: string) => new HttpError(401, message, "invalid_request_error", null, "invalid_api_key");
 
 export const forbidden = (message: string, code: string) => new HttpError(403, message, "invalid_request_error", null, code);
+/** nginx's 499: the client closed the connection before the answer; nobody reads it, the log line does. */
+export const clientClosed = (message: string) => new HttpError(499, message, "invalid_request_error", null, "client_closed_request");
+export const requestTimeout = (message: string) => new HttpError(408, message, "invalid_request_error", null, "request_timeout");
 export const payloadTooLarge = (message: string) => new HttpError(413, message, "invalid_request_error", null, "request_too_large");
 
 /** Request-validation failures that are values, not shapes: "`x` must be at most 8192, got 9000". */
@@ -227,7 +249,10 @@ export function validatedBody<S extends TObject>(schema: S) {
   const check = TypeCompiler.Compile(CloneType(schema));
   return {
     body: schema,
-    transform({ body }: { body: unknown }) {
+    // An arrow function, not a method: Elysia reads each hook's source to
+    // infer what it uses, and misreads a minified method (`transform({body}){`),
+    // printing a multi-line warning into the log at the first request.
+    transform: ({ body }: { body: unknown }) => {
       if (!check.Check(body)) throw fromValidation([...check.Errors(body)]);
     },
   };

@@ -11,8 +11,13 @@ import { type RequestContext, requestId, requestPath, runInRequestContext } from
 
 export type Handler = (request: Request) => Response | Promise<Response>;
 
-/** Wraps the app's handler into the server's fetch handler. */
-export function frontDoor(config: Config, app: Handler): (request: Request) => Promise<Response> {
+function declaresBody(request: Request): boolean {
+  const length = request.headers.get("content-length");
+  return (length !== null && length !== "0") || request.headers.has("transfer-encoding");
+}
+
+/** Wraps the app's handler into the server's fetch handler; `halt` aborts when the server stops without waiting. */
+export function frontDoor(config: Config, app: Handler, halt?: AbortSignal): (request: Request) => Promise<Response> {
   const guard = browserGuard(config);
   const checkKey = apiKeyCheck(config);
 
@@ -35,12 +40,16 @@ export function frontDoor(config: Config, app: Handler): (request: Request) => P
     }
     // CORS headers on every answer to an allowed browser origin, 401s included, so its page can read why.
     for (const [name, value] of Object.entries(verdict.headers)) response.headers.set(name, value);
+    // A body nothing read (a GET that sent one, a refusal before the body):
+    // the connection would wait for all of it, however slowly it comes, before
+    // the next request. Closing it after the answer frees it at once.
+    if (declaresBody(request) && !request.bodyUsed) response.headers.set("connection", "close");
     return response;
   }
 
   return (request) => {
     const startedAt = performance.now();
-    const context: RequestContext = { id: requestId(request), promptTokens: 0, completionTokens: 0 };
+    const context: RequestContext = { id: requestId(request), promptTokens: 0, completionTokens: 0, signal: request.signal, halt };
     return runInRequestContext(context, async () => {
       const path = requestPath(request);
       return logWhenDone(await answer(request, path), request, path, context, startedAt);

@@ -5,10 +5,10 @@
 import type { Config } from "../config.ts";
 import type { GenerateRequest, GenerateResult, ModelInfo, PromptLogprobSink, TokenLogprob, TokenSink } from "../engine/types.ts";
 import { TextStream } from "../text/stream.ts";
-import { type Tokenizer, TokenizerClosedError } from "../tokenizer.ts";
+import { TokenLimitExceeded, type Tokenizer, TokenizerCancelledError, TokenizerClosedError } from "../tokenizer.ts";
 import type { ServiceMetrics } from "../metrics.ts";
 import { SchedulerRejection } from "../scheduler/scheduler.ts";
-import { badRequest, HttpError, outOfRange, unavailable } from "./errors.ts";
+import { badRequest, clientClosed, HttpError, outOfRange, unavailable } from "./errors.ts";
 import { currentRequest } from "./request_context.ts";
 import type { FinishReason } from "./responses.ts";
 
@@ -45,10 +45,27 @@ export interface AppDeps {
   draining?: () => boolean;
 }
 
-/** The engine, or the 503 every generation endpoint answers without one. */
-export function requireEngine(deps: AppDeps): GenerationEngine {
+// A file path in a load error: characters without spaces or quotes around a
+// slash, with the "path: " that starts a loader's message.
+const LEADING_PATH = /^[^\s'"`]*\/[^\s'"`]*?: /;
+const FILE_PATH = /[^\s'"`]*\/[^\s'"`:]*/g;
+
+/** A load error without the server's file paths, which only API key holders may see (docs/security.md). */
+function withoutPaths(message: string): string {
+  return message.replace(LEADING_PATH, "").replace(FILE_PATH, "(a path)");
+}
+
+/**
+ * The engine, or the 503 every generation endpoint answers without one.
+ * `detail` "public" leaves file paths out of a load error: /healthz is open
+ * to callers without the API key.
+ */
+export function requireEngine(deps: AppDeps, detail: "full" | "public" = "full"): GenerationEngine {
   if (deps.draining?.()) throw unavailable("the server is shutting down", "shutting_down");
-  if (!deps.engine) throw unavailable(`model not loaded: ${deps.loadError ?? "unknown reason"}`, "model_not_loaded");
+  if (!deps.engine) {
+    const reason = deps.loadError ?? "unknown reason";
+    throw unavailable(`model not loaded: ${detail === "full" ? reason : withoutPaths(reason)}`, "model_not_loaded");
+  }
   return deps.engine;
 }
 
@@ -72,9 +89,18 @@ async function encodePrompt(deps: AppDeps, text: string, param: string): Promise
       "context_length_exceeded",
     );
   try {
-    return await deps.tokenizer.encodeAsync(text);
+    // More than `max` prompt tokens can never fit: the encode stops there.
+    // The client's signal stops it too when the client goes away.
+    return await deps.tokenizer.encodeAsync(text, { limit: max, signal: currentRequest()?.signal });
   } catch (e) {
     if (e instanceof TokenizerClosedError) throw unavailable("the server is shutting down", "shutting_down");
+    if (e instanceof TokenLimitExceeded)
+      throw badRequest(
+        `\`${param}\` is at least ${e.atLeast} tokens, more than the maximum sequence length ${max}`,
+        param,
+        "context_length_exceeded",
+      );
+    if (e instanceof TokenizerCancelledError) throw clientClosed("the client went away while its prompt was being tokenized");
     throw e;
   }
 }

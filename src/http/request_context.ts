@@ -9,6 +9,10 @@ export interface RequestContext {
   readonly id: string;
   promptTokens: number;
   completionTokens: number;
+  /** The client's: aborted when it goes away, so work for it can stop. */
+  readonly signal?: AbortSignal;
+  /** Aborted when the server stops without waiting (a second SIGTERM): open streams end with an error event. */
+  readonly halt?: AbortSignal;
 }
 
 const storage = new AsyncLocalStorage<RequestContext>();

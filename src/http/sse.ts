@@ -2,7 +2,8 @@
 // one `data:` line per event, a blank line after it, `data: [DONE]` last.
 // A client that goes away aborts the signal handed to the producer, so the
 // engine stops at its next step.
-import { toHttpError } from "./errors.ts";
+import { toHttpError, unavailable } from "./errors.ts";
+import { currentRequest } from "./request_context.ts";
 
 export const SSE_DONE = "data: [DONE]\n\n";
 
@@ -20,12 +21,14 @@ export type SseSend = (event: string) => void;
 /**
  * A text/event-stream response whose events come from `produce`. The stream
  * always ends with [DONE]: after the last event, or after an error event when
- * `produce` throws. The signal aborts when the client disconnects.
+ * `produce` throws or the server halts (a second SIGTERM: 503 shutting_down).
+ * The signal aborts when the client disconnects or the server halts.
  */
 export function sseResponse(request: Request, produce: (send: SseSend, signal: AbortSignal) => Promise<void>): Response {
   const abort = new AbortController();
   const onClientGone = () => abort.abort();
   request.signal.addEventListener("abort", onClientGone, { once: true });
+  const halt = currentRequest()?.halt;
   const encoder = new TextEncoder();
   let open = true;
 
@@ -34,15 +37,25 @@ export function sseResponse(request: Request, produce: (send: SseSend, signal: A
       const send: SseSend = (event) => {
         if (open) controller.enqueue(encoder.encode(event));
       };
+      const end = () => {
+        send(SSE_DONE);
+        if (open) {
+          open = false;
+          controller.close();
+        }
+      };
+      const onHalt = () => {
+        send(sseErrorEvent(unavailable("the server is shutting down", "shutting_down"), request));
+        end();
+        abort.abort(); // the engine drops the generation at its next step
+      };
+      halt?.addEventListener("abort", onHalt, { once: true });
       produce(send, abort.signal)
         .catch((e) => send(sseErrorEvent(e, request)))
         .finally(() => {
-          send(SSE_DONE);
           request.signal.removeEventListener("abort", onClientGone);
-          if (open) {
-            open = false;
-            controller.close();
-          }
+          halt?.removeEventListener("abort", onHalt);
+          end();
         });
     },
     cancel() {

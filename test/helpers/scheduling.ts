@@ -82,6 +82,8 @@ export async function expect503(res: Response, code: string): Promise<ErrorBody>
   expectErrorShape(body);
   expect(body.error.type).toBe("service_unavailable_error");
   expect(body.error.code).toBe(code);
+  // Every 503 tells the client when to try again.
+  expect(Number(res.headers.get("retry-after"))).toBeGreaterThan(0);
   return body;
 }
 

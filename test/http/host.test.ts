@@ -74,3 +74,21 @@ describe("every route answers whatever the Host header", () => {
     expect(health.status).toBe(200);
   });
 });
+
+describe("the Host check decides first (docs/security.md)", () => {
+  test("on the default loopback address, Host `api` gets 403 host_not_allowed; listed in SERVICE_ALLOWED_HOSTS, it is served", async () => {
+    const guarded = await startServer();
+    const listed = await startServer({ env: { SERVICE_ALLOWED_HOSTS: "api" } });
+    try {
+      const refused = await rawRequest(portOf(guarded.url), requestText("GET", "/healthz", { Host: "api" }));
+      expect(refused.status).toBe(403);
+      expect(JSON.parse(refused.body).error.code).toBe("host_not_allowed");
+      const served = await rawRequest(portOf(listed.url), requestText("GET", "/healthz", { Host: "api" }));
+      expect(served.status).toBe(200);
+      expect(served.body).toBe("ok\n");
+    } finally {
+      await guarded.stop();
+      await listed.stop();
+    }
+  });
+});

@@ -7,8 +7,10 @@
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, spyOn, test } from "bun:test";
 import type { GenerationEngine } from "../../src/http/generation.ts";
 import { ErrorBody, GenerateResponse, TextCompletion } from "../../src/http/responses.ts";
+import { join, resolve } from "node:path";
 import { log } from "../../src/log.ts";
 import { jsonBody } from "../helpers/http.ts";
+import { testTempDir } from "../helpers/models.ts";
 import { cancelOpenStreams, expect503, openStream, PROMPT, slowModelPath, startBlocker, waitFor, waitForQueueDepth } from "../helpers/scheduling.ts";
 import { inProcessApp, serverForTests, startServer, TINY_MODEL_INFO, type TestServer } from "../helpers/server.ts";
 
@@ -189,6 +191,47 @@ describe("json format", () => {
     expect(await s.stop()).toBe(0);
     const all = jsonLines(s.output());
     expect(all.some((l) => String(l.msg).startsWith("SIGTERM"))).toBe(true);
+  });
+});
+
+describe("json format from the minified executable", () => {
+  // `bun run build` minifies the executable's code; Elysia reads each hook's
+  // source to infer what it uses, and a hook shape it misreads once the
+  // whitespace is gone printed a multi-line warning at the first /v1 POST,
+  // breaking the one-JSON-object-per-line log. Compiled here with the
+  // executable's minification (the kernel library is read from build/).
+  let s: TestServer;
+  beforeAll(async () => {
+    const out = join(testTempDir(), "minified-loopserve");
+    const root = resolve(import.meta.dir, "../..");
+    const build = Bun.spawnSync(
+      [process.execPath, "build", "--compile", "--minify-syntax", "--minify-whitespace", "--asset-naming=[name].[ext]",
+        "--root", join(root, "src"), join(root, "src/cli.ts"), join(root, "src/tokenizer_worker.ts"), "--outfile", out],
+      { stdout: "pipe", stderr: "pipe" },
+    );
+    if (build.exitCode !== 0) throw new Error(`bun build --compile failed:\n${build.stderr}`);
+    s = await startServer({ command: [out, "serve"], env: { SERVICE_LOG_FORMAT: "json" }, requireModel: true });
+  }, 120_000);
+  afterAll(async () => {
+    await s?.stop();
+  });
+
+  test("every line stays one JSON object through the first POST of every route family", async () => {
+    const chat = { model: "m", messages: [{ role: "user", content: "Hello" }], max_tokens: 2 };
+    const text = { model: "m", prompt: PROMPT, max_tokens: 2 };
+    for (const [path, body] of [
+      ["/v1/chat/completions", chat],
+      ["/v1/completions", text],
+      ["/api/v0/chat/completions", chat],
+      ["/api/v0/completions", text],
+      ["/generate", { prompt: PROMPT, max_tokens: 2 }],
+      ["/generate/speculative", { prompt: PROMPT, max_tokens: 2 }],
+      ["/generate/tree_speculative", { prompt: PROMPT, max_tokens: 2, K_branches: 2 }],
+    ] as const)
+      expect((await s.post(path, body)).status).toBe(200);
+    await waitFor("seven POST request lines", () => jsonLines(s.output()).filter((l) => l.msg === "request" && l.method === "POST").length === 7);
+    expect(await s.stop()).toBe(0);
+    expect(jsonLines(s.output()).length).toBeGreaterThan(8); // jsonLines throws on any line that is not JSON
   });
 });
 

@@ -2,7 +2,7 @@
 // SIGTERM stops accepting (healthz 503, new requests 503), refuses what is
 // queued with 503, lets the running request finish, then exits 0.
 import { describe, expect, setDefaultTimeout, test } from "bun:test";
-import { expectErrorShape } from "../helpers/http.ts";
+import { expectErrorShape, sseData } from "../helpers/http.ts";
 import {
   cancelOpenStreams,
   expect503,
@@ -10,6 +10,7 @@ import {
   PROMPT,
   slowModelPath,
   startBlocker,
+  waitFor,
   waitForQueueDepth,
 } from "../helpers/scheduling.ts";
 import { startServer } from "../helpers/server.ts";
@@ -60,6 +61,34 @@ describe("graceful shutdown", () => {
       expect(await fetch(`${s.url}/healthz`).then(() => "answered", () => "refused")).toBe("refused");
     } finally {
       await cancelOpenStreams(); // only when it failed half-way
+      await s.stop();
+    }
+  });
+
+  test("a second SIGTERM ends the running streams (native and /v1) with a shutting_down error event and [DONE], then exits 0", async () => {
+    const TOKENS = 6000; // far more than the test waits for
+    const s = await startServer({ modelPath: slowModelPath(), env: { SERVICE_MAX_BATCH: "2", SERVICE_MAX_SEQ_LEN: "8192" } });
+    try {
+      const native = await startBlocker(s, TOKENS);
+      const compat = await s.post("/v1/completions", { model: "m", prompt: PROMPT, max_tokens: TOKENS, stream: true });
+      expect(compat.status).toBe(200);
+      const compatText = compat.text();
+
+      const exited = s.stop(); // the first SIGTERM: draining, the streams keep running
+      await waitFor("draining", async () => (await fetch(`${s.url}/healthz`)).status === 503);
+      expect(await metric(s, "service_requests_in_flight")).toBe(2);
+      process.kill(s.pid, "SIGTERM");
+
+      for (const events of [await native.readAll(), sseData(await compatText)]) {
+        expect(events.at(-1)).toBe("[DONE]");
+        const error = JSON.parse(events.at(-2) as string);
+        expectErrorShape(error);
+        expect(error.error).toMatchObject({ type: "service_unavailable_error", code: "shutting_down" });
+        expect(events.length).toBeLessThan(TOKENS);
+      }
+      expect(await exited).toBe(0);
+    } finally {
+      await cancelOpenStreams();
       await s.stop();
     }
   });

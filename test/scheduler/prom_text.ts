@@ -150,6 +150,7 @@ export const SPEC_SERIES: Record<string, "gauge" | "counter" | "histogram"> = {
   service_requests_errored_total: "counter",
   service_requests_cancelled_total: "counter",
   service_prefix_pool_hits_total: "counter",
+  service_request_body_timeouts_total: "counter",
   service_queue_wait_ms: "histogram",
   service_dispatch_ms: "histogram",
   service_first_token_ms: "histogram",
