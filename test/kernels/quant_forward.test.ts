@@ -109,6 +109,7 @@ describe("quantized logits match the TypeScript reference", () => {
               expect(m.info.groupSize).toBe(quant === "fp16" ? 0 : GROUP[shape]);
               expect(m.info.headQuant).toBe(head);
               expect(m.info.headGroupSize).toBe(head === "fp16" ? 0 : GROUP[shape]);
+              expect(m.info.embeddingFromHead).toBe(shape === "tied" && head !== "fp16");
               const s = m.newSession(32, loops, 0);
               try {
                 const got = [...feedInCalls(s, prompt, loops, [prompt.length], vocab), ...feedInCalls(s, decoded, loops, [1], vocab)];
