@@ -93,10 +93,7 @@ static void head_row(const ls_model *m, int32_t r, float *f) {
         m->rt->ops->f16_to_f32(f, m->w.output + (size_t)r * dim, dim);
         return;
     }
-    const ls_qmat *q = m->w.qoutput;
-    const uint8_t *row = q->qweight + (size_t)r * dim * q->bits / 8;
-    const uint16_t *s = q->scales + (size_t)r * (dim / q->group);
-    for (int32_t i = 0; i < dim; i++) f[i] = (float)ls_quant_code(row, dim, i, q->bits) * ls_f16_to_f32(s[i / q->group]);
+    ls_quant_row_f32(m->w.qoutput, r, f);
 }
 
 /* The code u in 0..3 whose level u - 1.5 is nearest to t = w / s (NaN ->

@@ -561,8 +561,12 @@ void ls_forward_embed(ls_session *s, const int32_t *tokens, int32_t n, float *h)
     const ls_model *m = s->m;
     int32_t dim = m->info.dim;
     double t0 = ls_prof_now(m->rt);
-    for (int32_t t = 0; t < n; t++)
-        m->rt->ops->f16_to_f32(h + (size_t)t * dim, m->w.tok_embeddings + (size_t)tokens[t] * dim, dim);
+    for (int32_t t = 0; t < n; t++) {
+        if (m->w.tok_embeddings)
+            m->rt->ops->f16_to_f32(h + (size_t)t * dim, m->w.tok_embeddings + (size_t)tokens[t] * dim, dim);
+        else
+            ls_quant_row_f32(m->w.qoutput, tokens[t], h + (size_t)t * dim); /* tied to the quantized head */
+    }
     ls_prof_add(m->rt, LS_PROF_EMBED, &t0);
 }
 

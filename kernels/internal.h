@@ -41,7 +41,7 @@ typedef struct {
  * in an fp16 model they are NULL. The output head, in a model of either
  * kind, is ls_qmat qoutput when head_bits > 0, else the fp16 output. */
 typedef struct {
-    const uint16_t *tok_embeddings; /* (vocab_size, dim) */
+    const uint16_t *tok_embeddings; /* (vocab_size, dim), or NULL: rows of qoutput dequantized */
     const uint16_t *attn_norm;      /* (dim) */
     const uint16_t *wq;             /* (n_heads * head_dim, dim) */
     const uint16_t *wk;             /* (n_kv_heads * head_dim, dim) */

@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define LS_ABI_VERSION 6
+#define LS_ABI_VERSION 7
 
 /* ---- status codes ---- */
 typedef enum {
@@ -91,8 +91,8 @@ typedef enum {
  *   int2  X.qweight U8 [out, in / 4]. Code c in 0..3; input 4j + k of a row
  *         in bits 2k..2k+1 of the row's byte j (input 4j in the low bits).
  *         w = s * c + z (z from X.zeros: scale and offset per group).
- * The token embedding and the norms stay F16 (an embedding row is gathered,
- * never multiplied).
+ * The norms stay F16, and so does the token embedding where it is stored
+ * (an embedding row is gathered, never multiplied).
  *
  * The output head, in a model of any of these formats, is one of:
  *   F16    `output.weight` F16 [vocab, dim];
@@ -110,6 +110,11 @@ typedef enum {
  *           byte 16 b + j % 16 (so the 32 nibble bytes of 64 inputs and
  *           their 16 high-bit bytes line up for SIMD loads);
  *     int4  U8 [vocab, dim / 2], exactly as the block's int4 matrices.
+ *
+ * The token embedding is `tok_embeddings.weight` F16 [vocab, dim], or, in a
+ * model with a quantized head, absent: the head is then tied to it, and
+ * token t's embedding is row t of the head dequantized (s * c in fp32,
+ * exact), so a tied model keeps one copy of the matrix, quantized.
  *
  * Kernels (kernels/quant.h): each activation row is quantized to int8 with
  * one fp32 scale, each group is an exact integer dot product, and the
@@ -145,7 +150,7 @@ typedef struct {
     int32_t n_threads;      /* threads in the pool (including the caller) */
     int32_t head_bits;      /* the output head's format: 8, 6, 4, or 0 (F16 or tied) */
     int32_t head_group;     /* its group (0 when head_bits is 0) */
-    int32_t reserved;
+    int32_t embed_from_head; /* 1 when tok_embeddings is absent and the quantized head's rows serve as the embedding */
     int32_t block_bits[7];  /* each block matrix's format, wq wk wv wo w1 w2 w3: 4 or 2; 0 in an fp16 model */
 } ls_model_info;
 

@@ -161,7 +161,7 @@ static slot_rule rule_of(const ls_model_info *in, int slot) {
     const int quantized = in->quant != LS_QUANT_FP16;
     const slot_rule absent = {ABSENT, LS_DTYPE_NONE, 0, 0};
     switch (slot) {
-    case LS_TENSOR_TOK_EMBEDDINGS: return f16_rule(REQUIRED, vocab, dim);
+    case LS_TENSOR_TOK_EMBEDDINGS: return f16_rule(hb ? OPTIONAL : REQUIRED, vocab, dim); /* absent: the quantized head's rows */
     case LS_TENSOR_ATTN_NORM:
     case LS_TENSOR_FFN_NORM:
     case LS_TENSOR_NORM: return f16_rule(REQUIRED, 1, dim);
@@ -350,6 +350,7 @@ static void wire_weights(ls_model *m, const ls_tensor_span *t, const uint8_t *ma
                                 NULL, in->vocab_size, in->dim, in->head_group, in->head_bits, 1, NULL, NULL, 0};
         w->qoutput = &m->qmats[7];
     }
+    m->info.embed_from_head = w->tok_embeddings == NULL;
     m->info.tied_output = w->output == NULL && w->qoutput == NULL;
     if (m->info.tied_output) w->output = w->tok_embeddings;
 }

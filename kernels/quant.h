@@ -65,6 +65,15 @@ static inline int32_t ls_quant_code(const uint8_t *row, int32_t in, int32_t i, i
     }
 }
 
+/* Row r of w dequantized into out (w->in floats): s * c, exact in fp32 (an
+ * fp16 scale times a code of at most 8 bits), so the same on every path. */
+static inline void ls_quant_row_f32(const ls_qmat *w, int32_t r, float *out) {
+    const int32_t in = w->in;
+    const uint8_t *row = w->qweight + (size_t)r * in * w->bits / 8;
+    const uint16_t *s = w->scales + (size_t)r * (in / w->group);
+    for (int32_t i = 0; i < in; i++) out[i] = (float)ls_quant_code(row, in, i, w->bits) * ls_f16_to_f32(s[i / w->group]);
+}
+
 /* A quantized matrix format the kernels implement (loopserve.h): block int4
  * or int2; head int8, int6 (rows of a multiple of 64 inputs) or int4. */
 static inline int ls_quant_format_ok(int32_t bits, int32_t head, int32_t in) {

@@ -151,6 +151,7 @@ function fileInfo(raw: StructView<"ls_model_info">): ModelFileInfo {
     tiedOutput: field("tied_output") === 1,
     headQuant: HEAD_NAMES[field("head_bits")] ?? "fp16",
     headGroupSize: field("head_group"),
+    embeddingFromHead: field("embed_from_head") === 1,
     quantMix: quantMixOf(raw),
   };
 }

@@ -91,8 +91,10 @@ The output head (vocab x dim, the largest matrix, read once per decoded
 token) becomes, per --head, symmetric codes with one fp16 scale per group:
   int8  codes -127..127      int6  codes -32..31 (dim a multiple of 64)
   int4  codes -8..7          fp16  kept (a tied model stays tied)
-The embedding and the norms stay fp16. The same input and options give a
-byte-identical file.
+The norms stay fp16, and so does the embedding, except in a tied model with
+a quantized head: there the head's rows, dequantized, are the embedding, and
+the file keeps no fp16 copy. The output is smaller than the input. The same
+input and options give a byte-identical file.
 
 options (default in brackets):
   --quant int4|int2|fp16   block format (required)
@@ -322,7 +324,7 @@ function cmdInspect(argv: string[], io: CommandIO): number {
     io.out(
       `loopserve model: ${c.quant}${c.quant === "fp16" ? "" : ` (group ${c.groupSize}${quantMixNote(c.quantMix)})`}${head}, dim ${c.dim}, heads ${c.nHeads} (kv ${c.nKvHeads}), head_dim ${c.headDim}, ` +
         `ffn ${c.ffnDim}, vocab ${c.vocabSize}, default loops ${c.defaultLoops}, ` +
-        `output ${c.tiedOutput ? "tied to tok_embeddings" : "untied"}`,
+        `output ${c.tiedOutput ? "tied to tok_embeddings" : c.embeddingFromHead ? "tied (the embedding is the quantized head)" : "untied"}`,
     );
   }
   return 0;
@@ -376,7 +378,8 @@ function cmdQuantize(argv: string[], io: CommandIO): number {
   io.out(
     `wrote ${outPath}: ${r.bytes} bytes (${((100 * r.bytes) / r.inputBytes).toFixed(1)}% of ${r.inputBytes}), ` +
       `${quant} block${quant === "fp16" ? "" : `, group ${groupSize}`}${quantMixNote(r.config.quantMix)}, output head ` +
-      `${r.head === "tied" ? "tied (fp16)" : r.head === "fp16" ? "fp16" : `${r.head}, group ${headGroupSize}`} in ${ms.toFixed(0)} ms`,
+      `${r.head === "tied" ? "tied (fp16)" : r.head === "fp16" ? "fp16" : `${r.head}, group ${headGroupSize}`}` +
+      `${r.config.embeddingFromHead ? " (also the embedding)" : ""} in ${ms.toFixed(0)} ms`,
   );
   return 0;
 }

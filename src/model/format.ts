@@ -58,12 +58,13 @@ export interface ModelConfig {
   tokenizer: "gpt2";
   tiedOutput: boolean; // true when output.weight is absent and tok_embeddings is reused
   headQuant: HeadQuant; // the output head's format (fp16 also when tied)
+  embeddingFromHead: boolean; // true when tok_embeddings.weight is absent: token t's embedding is the quantized head's row t
   headGroupSize: number; // its quantization group; 0 for an fp16 head
   quantMix: QuantMix; // block matrices in another format than `quant` (metadata quant_mix); {} when none
 }
 
 /** What the metadata alone fixes: the config but for the output head, which the tensors decide. */
-export type ModelShape = Omit<ModelConfig, "tiedOutput" | "headQuant" | "headGroupSize">;
+export type ModelShape = Omit<ModelConfig, "tiedOutput" | "headQuant" | "headGroupSize" | "embeddingFromHead">;
 
 /** Metadata as the writer stores it; every value a string (the format requires it). */
 export function configToMetadata(c: ModelShape): Record<string, string> {
@@ -234,7 +235,8 @@ export function quantTensorShapes(base: string, bits: QuantMatrix["bits"], rows:
 
 /** Weights of a quantized (int4 / int2) model. */
 export interface QuantModelWeights {
-  tokEmbeddings: Uint16Array; // (vocab_size, dim) fp16: rows are gathered, never multiplied
+  /** (vocab_size, dim) fp16: rows are gathered, never multiplied; or the quantized head itself (embeddingFromHead). */
+  tokEmbeddings: Uint16Array | QuantMatrix;
   attnNorm: Uint16Array; // (dim)
   ffnNorm: Uint16Array; // (dim)
   norm: Uint16Array; // (dim)
@@ -439,13 +441,15 @@ function parseHead(file: SafetensorsFile, base: ModelShape): Pick<ModelConfig, "
 /**
  * Validates a parsed safetensors file as a loopserve model (the rules of
  * docs/model-format.md): the metadata, then every tensor of its weight
- * format. fp16: the fp16 matrices. int4 / int2: fp16 embedding and norms;
+ * format. fp16: the fp16 matrices. int4 / int2: fp16 norms;
  * block.X.qweight (U8), block.X.scales (F16) and, for an int2 matrix,
  * block.X.zeros (F16) for each block matrix in its own format (quant, or
  * quant_mix's), with no block.X.weight beside them. Either
  * kind: the output head as parseHead names it: output.weight (F16) or
  * neither head tensor (tied) for an fp16 head; output.qweight +
- * output.scales for a quantized one.
+ * output.scales for a quantized one; tok_embeddings.weight (F16), which
+ * beside a quantized head may be absent (the head's rows then serve as
+ * the embedding).
  */
 export function validateModel(file: SafetensorsFile): ValidatedModel {
   const where = file.path;
@@ -466,13 +470,15 @@ export function validateModel(file: SafetensorsFile): ValidatedModel {
     );
   }
   const tiedOutput = head.headQuant === "fp16" && !file.tensors.has("output.weight");
+  // A quantized head may stand in for the embedding too: one copy of a tied model's matrix.
+  const embeddingFromHead = head.headQuant !== "fp16" && !file.tensors.has("tok_embeddings.weight");
+  if (!embeddingFromHead) check("tok_embeddings.weight", [base.vocabSize, base.dim]);
   if (base.quant === "fp16") {
     for (const [name, shape] of expectedTensorShapes(base)) {
-      if (name !== "output.weight") check(name, shape);
+      if (name !== "output.weight" && name !== "tok_embeddings.weight") check(name, shape);
     }
   } else {
     for (const name of ["block.attn_norm.weight", "block.ffn_norm.weight", "norm.weight"]) check(name, [base.dim]);
-    check("tok_embeddings.weight", [base.vocabSize, base.dim]);
     const shapes = matrixShapes(base);
     for (const m of QUANT_MATRICES) {
       const name = `block.${m}`;
@@ -492,7 +498,7 @@ export function validateModel(file: SafetensorsFile): ValidatedModel {
   } else if (!tiedOutput) {
     check("output.weight", [base.vocabSize, base.dim]);
   }
-  return { config: { ...base, tiedOutput, ...head }, tensors: modelTensors(file, used) };
+  return { config: { ...base, tiedOutput, ...head, embeddingFromHead }, tensors: modelTensors(file, used) };
 }
 
 function modelTensors(file: SafetensorsFile, names: Set<string>): Map<string, TensorView> {
@@ -569,12 +575,9 @@ export function loadQuantModelFile(path: string): LoadedQuantModel {
   for (const m of QUANT_MATRICES) {
     block[m] = quantMatrixOf(file, `block.${m}`, matrixBits(config, m) as QuantMatrix["bits"], shapes[m][0], shapes[m][1], config.groupSize);
   }
-  const tokEmbeddings = get("tok_embeddings.weight");
-  const output = config.headQuant !== "fp16"
-    ? quantizedHead(file, config)
-    : config.tiedOutput
-      ? tokEmbeddings
-      : get("output.weight");
+  const head = config.headQuant !== "fp16" ? quantizedHead(file, config) : undefined;
+  const tokEmbeddings = config.embeddingFromHead ? head! : get("tok_embeddings.weight");
+  const output = head ?? (config.tiedOutput ? tokEmbeddings : get("output.weight"));
   const weights: QuantModelWeights = {
     tokEmbeddings,
     attnNorm: get("block.attn_norm.weight"),

@@ -332,7 +332,7 @@ export interface QuantizeOptions {
   /** The block's format; fp16 keeps the block and quantizes the head only. */
   quant: WeightQuant | "fp16";
   groupSize?: number; // the block's group, default 32
-  /** The output head: int8, int6, int4 or fp16 (default: defaultHead). A tied model stays tied (fp16) with fp16. */
+  /** The output head: int8, int6, int4 or fp16 (default: defaultHead). A tied model stays tied (fp16) with fp16; with a quantized head, the head is its embedding too. */
   head?: HeadQuant;
   /** The head's group, default groupSize. */
   headGroupSize?: number;
@@ -377,8 +377,10 @@ function quantTensors(base: string, q: QuantMatrix): TensorToWrite[] {
 /**
  * Quantizes an unquantized loopserve model (F16, BF16 or F32 tensors) and
  * writes it to `outPath`: the block's seven matrices int4 or int2 (or kept
- * fp16), the output head int8, int6, int4 (or fp16), the embedding and norms
- * fp16. Same input and options give a byte-identical file.
+ * fp16), the output head int8, int6, int4 (or fp16), the norms fp16, and
+ * the embedding fp16 or, in a tied model with a quantized head, that head
+ * itself: the output is always smaller than the input. Same input and
+ * options give a byte-identical file.
  */
 export function quantizeModelFile(inPath: string, outPath: string, opts: QuantizeOptions): QuantizeResult {
   const blockGroup = opts.groupSize ?? DEFAULT_GROUP_SIZE;
@@ -427,7 +429,11 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
 
   const { dim, vocabSize } = config;
   const shapes = matrixShapes(config);
-  const tensors: TensorToWrite[] = [f16("tok_embeddings.weight", [vocabSize, dim])];
+  const tied = !file.tensors.has("output.weight");
+  // A tied model with a quantized head keeps one copy of its matrix: the
+  // head's rows serve as the embedding too, so the file holds no fp16 copy.
+  const embeddingFromHead = tied && head !== "fp16";
+  const tensors: TensorToWrite[] = embeddingFromHead ? [] : [f16("tok_embeddings.weight", [vocabSize, dim])];
   tensors.push(f16("block.attn_norm.weight", [dim]));
   const QUANTIZERS = { int4: quantizeInt4, int2: quantizeInt2, fp16: null } as const;
   // Progress counts weights: the block's matrices, then the head (most of the work).
@@ -448,7 +454,6 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
   }
   tensors.push(f16("norm.weight", [dim]));
 
-  const tied = !file.tensors.has("output.weight");
   let headKind: HeadQuant | "tied";
   if (head !== "fp16") {
     // A tied model's head is the embedding: its quantized copy becomes output.qweight.
@@ -469,7 +474,7 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
     path: outPath,
     bytes,
     inputBytes: statSync(inPath).size,
-    config: { ...config, tiedOutput: headKind === "tied", headQuant: head, headGroupSize: head === "fp16" ? 0 : headGroupSize },
+    config: { ...config, tiedOutput: headKind === "tied", headQuant: head, headGroupSize: head === "fp16" ? 0 : headGroupSize, embeddingFromHead },
     head: headKind,
   };
 }

@@ -284,5 +284,5 @@ export function writeSyntheticModel(path: string, opts: SyntheticOptions): Synth
     parameters += count;
   }
   const bytes = writeSafetensors(path, metadata, tensors);
-  return { path, bytes, parameters, config: { ...base, tiedOutput: o.tiedOutput, headQuant: "fp16", headGroupSize: 0 } };
+  return { path, bytes, parameters, config: { ...base, tiedOutput: o.tiedOutput, headQuant: "fp16", headGroupSize: 0, embeddingFromHead: false } };
 }

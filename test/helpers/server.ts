@@ -180,6 +180,7 @@ export const TINY_MODEL_INFO: ModelInfo = {
   tiedOutput: false,
   headQuant: "fp16",
   headGroupSize: 0,
+  embeddingFromHead: false,
   quantMix: {},
   simd: "portable",
   threads: 1,

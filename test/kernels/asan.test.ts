@@ -149,6 +149,8 @@ describe("model loading under ASan/UBSan: the descriptor against the file", () =
     const wq = span("block.wq.weight");
     const cases: [Record<string, SpanEdit>, RegExp][] = [
       [{ "block.wk.weight": { offset: 0n, length: 0n, dtype: 0 } }, /tensor 'block\.wk\.weight' missing from the model descriptor \(an fp16 model needs it\)/],
+      // Only a quantized head may stand in for the embedding.
+      [{ "tok_embeddings.weight": { offset: 0n, length: 0n, dtype: 0 } }, /tensor 'tok_embeddings\.weight' missing from the model descriptor \(an fp16 model needs it\)/],
       [{ "block.wq.zeros": { length: 8n } }, /tensor 'block\.wq\.zeros' is absent but has a byte range/],
       [{ "block.wq.qweight": { ...wq, dtype: 2 } }, /tensor 'block\.wq\.qweight' does not belong in an fp16 model/],
       [{ "output.scales": { offset: 0n, length: 0n, dtype: 1 } }, /tensor 'output\.scales' does not belong in an fp16 model/],

@@ -52,6 +52,12 @@ beforeAll(async () => {
   files["int4-fp16head"] = tmpPath("int4-fp16head");
   quantizeModelFile(src, files["int4-fp16head"], { quant: "int4", head: "fp16" });
   writeDescriptor(files["int4-fp16head"]);
+  // A tied model: its int8 head is the embedding too (no tok_embeddings.weight).
+  const tied = tmpPath("fp16-tied");
+  writeSyntheticModel(tied, { ...SHAPE, tiedOutput: true });
+  files["int4-tied"] = tmpPath("int4-tied");
+  quantizeModelFile(tied, files["int4-tied"], { quant: "int4" });
+  writeDescriptor(files["int4-tied"]);
 }, SANITIZED_BUILD_MS);
 
 /** The SIMD paths the sanitized build runs on this CPU. */
@@ -63,7 +69,7 @@ function supportedPaths(path: string): string[] {
 }
 
 describe("quantized forward under ASan/UBSan", () => {
-  for (const name of ["int4", "int2", "int2-pure", "int4-fp16head"]) {
+  for (const name of ["int4", "int2", "int2-pure", "int4-fp16head", "int4-tied"]) {
     test(`${name}: clean on every SIMD path, within ${TOL} of the reference, bit-identical across call splits`, () => {
       const path = files[name];
       const want = ReferenceModel.load(path).forward(TOKENS, SHAPE.loops);

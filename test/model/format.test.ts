@@ -66,6 +66,7 @@ describe("loopserve model format", () => {
       tiedOutput: false,
       headQuant: "fp16",
       headGroupSize: 0,
+      embeddingFromHead: false,
     });
     expect(m.weights.wk.length).toBe(32 * 64);
     expect(m.weights.wo.length).toBe(64 * 64);

@@ -78,6 +78,7 @@ async function inspect(path: string): Promise<{ code: number; out: string; err: 
 let fp16 = "";
 let int4 = "";
 let int2 = "";
+let tiedInt4 = "";
 
 beforeAll(() => {
   ensureLibrary();
@@ -86,6 +87,8 @@ beforeAll(() => {
   quantizeModelFile(fp16, int4, { quant: "int4", groupSize: 32 });
   int2 = out("int2");
   quantizeModelFile(fp16, int2, { quant: "int2", groupSize: 32, head: "fp16" });
+  tiedInt4 = out("tied-int4");
+  quantizeModelFile(tinyModelPath({ vocabSize: 300, tiedOutput: true }), tiedInt4, { quant: "int4", groupSize: 32, head: "int8" });
 });
 
 describe("inspect and the server's loader agree", () => {
@@ -93,6 +96,18 @@ describe("inspect and the server's loader agree", () => {
     ["a valid fp16 model", () => fp16, null],
     ["a valid int4 model (int8 head)", () => int4, null],
     ["a valid int2 model (fp16 head)", () => int2, null],
+    ["a valid tied int4 model, its int8 head the embedding too", () => tiedInt4, null],
+    [
+      "no embedding and an fp16 head (the quantized one's tensors dropped)",
+      () =>
+        edited(tiedInt4, "no-embedding", (h) => {
+          h.__metadata__.output_quant = "fp16";
+          delete h["output.qweight"];
+          delete h["output.scales"];
+        }),
+      /^missing tensor "tok_embeddings\.weight" \(F16 \[300, 64\]\)$/,
+    ],
+    ["Inf in the scales of a head that is the embedding too", () => patched(tiedInt4, "output.scales", 7, F16_INF), /tensor 'output\.scales' holds a non-finite value \(\+Inf\)/],
     [
       "NaN in an fp16 matrix",
       () => patched(fp16, "block.wq.weight", 70, F16_NAN),
@@ -158,6 +173,13 @@ describe("inspect and the server's loader agree", () => {
         expect(r.err).toBe(`error: ${path}: ${verdict}`);
       }
     });
+
+  test("inspect names an embedding read from the quantized head", async () => {
+    const r = await inspect(tiedInt4);
+    expect(r.code).toBe(0);
+    expect(r.out).not.toContain("tok_embeddings.weight");
+    expect(r.out).toMatch(/, output tied \(the embedding is the quantized head\)$/m);
+  });
 
   test("a header with a duplicate key is refused by both, naming the key", async () => {
     const { header, data } = readRawSafetensors(fp16);

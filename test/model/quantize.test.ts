@@ -2,7 +2,7 @@
 // bound, the activation quantizer the kernels share, quantized files
 // (schema, loader, determinism, errors) and the `model quantize` CLI.
 import { describe, expect, test } from "bun:test";
-import { readFileSync, writeFileSync } from "node:fs";
+import { readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { runModelCommand } from "../../src/model/cli.ts";
 import { F16_TO_F32 } from "../../src/model/fp16.ts";
@@ -244,7 +244,10 @@ describe("quantized model files", () => {
     expect(loadQuantModelFile(t1).config.tiedOutput).toBe(true);
     const t2 = tmp("tied-int8.safetensors");
     quantizeModelFile(tied, t2, { quant: "int2" });
-    expect(loadQuantModelFile(t2).config.tiedOutput).toBe(false); // the embedding's quantized copy is the head
+    // The embedding's quantized copy is the head, and the only copy: it serves the embedding too.
+    const q2 = loadQuantModelFile(t2);
+    expect(q2.config).toMatchObject({ tiedOutput: false, embeddingFromHead: true });
+    expect(q2.weights.tokEmbeddings).toBe(q2.weights.output);
 
     // The same weights as F32 and BF16 tensors.
     const f = readSafetensors(src);
@@ -303,6 +306,48 @@ describe("quantized model files", () => {
     );
   });
 
+  test("every quantized file is smaller than its source, tied or untied: a tied model's quantized head is its embedding too", () => {
+    for (const tiedOutput of [false, true]) {
+      const src = fp16Model({ tiedOutput });
+      for (const quant of ["int4", "int2", "fp16"] as const) {
+        for (const head of ["int8", "int6", "int4", "fp16"] as const) {
+          if (quant === "fp16" && head === "fp16") continue; // nothing to quantize
+          const name = `${tiedOutput ? "tied" : "untied"} ${quant} block, ${head} head`;
+          const out = tmp(`${name.replace(/[ ,]+/g, "-")}.safetensors`);
+          const r = quantizeModelFile(src, out, { quant, head });
+          expect(r.inputBytes).toBe(statSync(src).size);
+          expect(r.bytes).toBe(statSync(out).size);
+          if (!(r.bytes < r.inputBytes)) throw new Error(`${name}: ${r.bytes} bytes from ${r.inputBytes}`);
+          const fromHead = tiedOutput && head !== "fp16";
+          expect(readSafetensors(out).tensors.has("tok_embeddings.weight")).toBe(!fromHead);
+          expect(r.config).toMatchObject({ tiedOutput: tiedOutput && head === "fp16", embeddingFromHead: fromHead });
+          expect(ReferenceModel.load(out).config).toEqual(r.config);
+        }
+      }
+    }
+  });
+
+  test("without tok_embeddings.weight a model needs a quantized head to stand in for it", () => {
+    const src = fp16Model({ tiedOutput: true });
+    const fromHead = tmp("from-head.safetensors");
+    quantizeModelFile(src, fromHead, { quant: "int4" });
+    const f = readSafetensors(fromHead);
+    const tensors = [...f.tensors].map(([name, t]) => ({ name, dtype: t.dtype, shape: t.shape, data: t.data }));
+    // The same file stating an fp16 head: the head's tensors no longer fit, and the embedding is missing.
+    const noHead = tmp("no-embedding.safetensors");
+    writeSafetensors(noHead, { ...f.metadata, output_quant: "fp16" }, tensors.filter((t) => !t.name.startsWith("output.")));
+    expect(() => loadQuantModelFile(noHead)).toThrow(/missing tensor "tok_embeddings.weight" \(F16 \[300, 64\]\)/);
+    // An fp16 model without its embedding.
+    const fp16 = readSafetensors(src);
+    const noEmbedding = tmp("fp16-no-embedding.safetensors");
+    writeSafetensors(
+      noEmbedding,
+      fp16.metadata,
+      [...fp16.tensors].filter(([name]) => name !== "tok_embeddings.weight").map(([name, t]) => ({ name, dtype: t.dtype, shape: t.shape, data: t.data })),
+    );
+    expect(() => loadModelFile(noEmbedding)).toThrow(/missing tensor "tok_embeddings.weight"/);
+  });
+
   test("an already quantized or malformed input is refused with the reason", () => {
     const src = fp16Model();
     const q = tmp("q.safetensors");
@@ -343,25 +388,28 @@ describe("quantized model files", () => {
     expect(() => loadQuantModelFile(meta)).toThrow(/group_size must be one of 32, 64, 128, 256 for quant int2, got 48/);
   });
 
-  test("the reference forward pass of a quantized model stays close to the fp16 model's", () => {
-    const src = fp16Model();
-    const fp = ReferenceModel.load(src);
+  test("the reference forward pass of a quantized model stays close to the fp16 model's, tied (the embedding read from the head) or not", () => {
     const toks = [1, 50, 200, 7, 99];
-    const want = fp.forward(toks, 2);
-    for (const [quant, tol] of [["int4", 0.3], ["int2", 1.5]] as const) {
-      const q = tmp(`ref-${quant}.safetensors`);
-      quantizeModelFile(src, q, { quant });
-      const got = ReferenceModel.load(q).forward(toks, 2);
-      let d = 0;
-      let m = 0;
-      for (let t = 0; t < toks.length; t++) {
-        for (let i = 0; i < 300; i++) {
-          d = Math.max(d, Math.abs(got[t][i] - want[t][i]));
-          m = Math.max(m, Math.abs(want[t][i]));
+    for (const tiedOutput of [false, true]) {
+      const src = fp16Model({ tiedOutput });
+      const want = ReferenceModel.load(src).forward(toks, 2);
+      for (const [quant, tol] of [["int4", 0.3], ["int2", 1.5]] as const) {
+        const q = tmp(`ref-${quant}.safetensors`);
+        quantizeModelFile(src, q, { quant });
+        const model = ReferenceModel.load(q);
+        expect(model.config.embeddingFromHead).toBe(tiedOutput);
+        const got = model.forward(toks, 2);
+        let d = 0;
+        let m = 0;
+        for (let t = 0; t < toks.length; t++) {
+          for (let i = 0; i < 300; i++) {
+            d = Math.max(d, Math.abs(got[t][i] - want[t][i]));
+            m = Math.max(m, Math.abs(want[t][i]));
+          }
         }
+        expect(d / m).toBeGreaterThan(0); // the quantization shows
+        if (!(d / m < tol)) throw new Error(`${tiedOutput ? "tied" : "untied"} ${quant}: rel err ${d / m}`);
       }
-      expect(d / m).toBeGreaterThan(0); // the quantization shows
-      expect(d / m).toBeLessThan(tol);
     }
   });
 });

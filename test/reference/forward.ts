@@ -124,13 +124,14 @@ export class ReferenceModel {
     const { config, tensors } = validateModel(file);
     if (config.quant !== "fp16") return ReferenceModel.loadQuantized(path);
     if (config.headQuant !== "fp16") {
-      // fp16 block, quantized head: the fp16 tensors by name, the head dequantized.
+      // fp16 block, quantized head: the fp16 tensors by name, the head dequantized (the embedding too where tied to it).
       const f = (name: string) => f16ArrayToF32(asF16(tensors.get(name)!));
       const m = (name: string) => f(`block.${name}.weight`);
+      const head = quantizedHead(file, config);
       return new ReferenceModel(
         config,
         {
-          tokEmbeddings: f("tok_embeddings.weight"),
+          tokEmbeddings: config.embeddingFromHead ? Float32Array.from(dequantize(head)) : f("tok_embeddings.weight"),
           attnNorm: f("block.attn_norm.weight"),
           wq: m("wq"),
           wk: m("wk"),
@@ -141,7 +142,7 @@ export class ReferenceModel {
           w2: m("w2"),
           w3: m("w3"),
           norm: f("norm.weight"),
-          output: dequantize(quantizedHead(file, config)),
+          output: dequantize(head),
         },
         new Set<MatrixKey>(["output"]),
       );
@@ -166,7 +167,8 @@ export class ReferenceModel {
 
   private static loadQuantized(path: string): ReferenceModel {
     const { config, weights: w } = loadQuantModelFile(path);
-    const tok = f16ArrayToF32(w.tokEmbeddings);
+    // An embedding tied to the quantized head: its rows dequantized (s * c, exact in fp32).
+    const tok = w.tokEmbeddings instanceof Uint16Array ? f16ArrayToF32(w.tokEmbeddings) : Float32Array.from(dequantize(w.tokEmbeddings));
     const quantized = new Set<MatrixKey>(QUANT_MATRICES);
     let output: RefMatrix;
     if (w.output instanceof Uint16Array) output = w.output === w.tokEmbeddings ? tok : f16ArrayToF32(w.output);

@@ -205,6 +205,9 @@ def load(path: str) -> LoopedLlama:
             raise ModelFileError(f"{path}: metadata: {key} must be {want!r}, got {meta.get(key)!r}")
     if _need(meta, "quant", path) != "fp16":
         raise ModelFileError(f"{path}: metadata: quant {meta['quant']!r}: this loader reads fp16 models")
+    # An fp16 block may carry a quantized head (and no output.weight): not a tied model.
+    if meta.get("output_quant", "fp16") != "fp16" or "output.qweight" in tensors:
+        raise ModelFileError(f"{path}: the output head is quantized: this loader reads fp16 models")
     model = LoopedLlama(_config(meta, path, tied="output.weight" not in tensors))
     with torch.no_grad():
         for name, param in model_tensors(model):

@@ -81,6 +81,7 @@ class SaveLoad(unittest.TestCase):
             ({"n_kv_heads": "3"}, "must be a multiple of n_kv_heads"),
             ({"vocab_size": str(1 << 21)}, r"vocab_size must be in \[1, 1048576\]"),
             ({"quant": "int4"}, "quant 'int4': this loader reads fp16 models"),
+            ({"output_quant": "int8"}, "the output head is quantized: this loader reads fp16 models"),
         ]
         for change, message in cases:
             save(small_model(), self.path)
