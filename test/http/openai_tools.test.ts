@@ -27,13 +27,13 @@ const TOOLS: OpenAI.Chat.ChatCompletionTool[] = [
 ];
 
 /** Every tool-calling field a client may send, asking for calls in earnest. */
-const TOOL_FIELDS = {
+const TOOL_FIELDS: Pick<OpenAI.Chat.ChatCompletionCreateParams, "tools" | "tool_choice" | "parallel_tool_calls" | "functions" | "function_call"> = {
   tools: TOOLS,
   tool_choice: "required",
   parallel_tool_calls: true,
   functions: [{ name: "lookup_verse", parameters: { type: "object" } }],
   function_call: "auto",
-} as const;
+};
 
 const server = serverForTests({ modelPath: TRAINED_MODEL_PATH, env: { SERVICE_MAX_SEQ_LEN: "512" } });
 const clients = new Map<string, OpenAI>();
