@@ -2,15 +2,20 @@
 // held-out text, the King James Bible's every 20th block of 30 verses,
 // which training never saw (bench/kjv.ts):
 //
-// 1. Perplexity at each loop depth, beside a unigram and an interpolated
-//    bigram model counted on the training split: what a user buys with
-//    `loops`, and proof that the model beats counting pairs.
+// 1. Perplexity at each loop depth, beside counting baselines from the
+//    training split (unigram, interpolated bigram, Kneser-Ney bigram and
+//    trigram): what a user buys with `loops`, and where the model stands
+//    against counting. The Kneser-Ney trigram is the baseline to beat.
 // 2. Weight formats (int4, int2 block; int8, int6, int4 head) and KV cache modes at the default depth:
 //    perplexity, mean KL(p_fp16 || p_variant) and top-1 agreement with
 //    fp16, teacher-forced at every position. Sliding cache windows are
 //    measured on 1024-token texts (twice the trained context) against the
 //    full cache on the same texts.
-// 3. Self-speculative decoding on prompts cut from the held-out text: tokens
+// 3. Generated text against held-out text: the share of token 4-grams that
+//    repeat earlier ones within a continuation, and of words the training
+//    text never uses, for greedy and sampled continuations of held-out
+//    prompts and for the held-out text that follows the same prompts.
+// 4. Self-speculative decoding on prompts cut from the held-out text: tokens
 //    per verify call, draft acceptance and speed-up over plain decoding at
 //    the same verify depth, greedy (asserted bit-identical to plain) and
 //    sampled at temperature 0.8 with one seed.
@@ -23,11 +28,15 @@ import { median, printTable, type Row } from "../src/bench/table.ts";
 import { type KvCacheSettings, NativeModel } from "../src/engine/binding.ts";
 import { KV_CACHE_MODES } from "../src/model/kvcache.ts";
 import { TRAINED_MODEL_PATH } from "../src/model/trained.ts";
-import { kjvTokens } from "./kjv.ts";
+import { readFileSync } from "node:fs";
+import { Tokenizer } from "../src/tokenizer.ts";
+import { kjvText, kjvTokens } from "./kjv.ts";
+import { KneserNey } from "./kneser_ney.ts";
 import { Tally, withLse } from "./logits.ts";
 import { quantizedPath, type WeightFormat, weightsLabel } from "./quant.ts";
 import { writeJson } from "./report.ts";
 import { decode, GREEDY, type Run, same, type Sampling } from "./speculative.ts";
+import { repeatedNgramShare, unknownWordShare, wordsOf } from "./text_stats.ts";
 
 export interface QualityOptions {
   model?: string; // default: the trained model
@@ -36,9 +45,9 @@ export interface QualityOptions {
   windows?: number; // held-out texts of max_seq_len tokens (default 32)
   longWindows?: number; // 1024-token texts for the sliding-window rows (default 8)
   cacheWindows?: number[]; // default 256, 512
-  specPrompts?: number; // default 8
+  specPrompts?: number; // held-out prompts of the generation and speculative rows (default 20)
   specPromptTokens?: number; // default 48
-  specTokens?: number; // tokens decoded per prompt (default 64)
+  specTokens?: number; // tokens decoded per prompt (default 128)
   draftLoops?: number[]; // default 1, 2, 4
   draftAhead?: number; // default 4 (the API's default)
   library?: string;
@@ -65,7 +74,21 @@ function texts(tokens: Uint16Array, len: number, count: number): Int32Array[] {
 
 // ---- counting baselines ----
 
-/** Unigram (add-one) and interpolated bigram perplexities of the same predicted positions. */
+/** Perplexity of a Kneser-Ney model of `order` counted on `train`, over the model's predicted positions. */
+function kneserNeyPerplexity(train: Uint16Array, evalTexts: Int32Array[], V: number, order: number): number {
+  const kn = new KneserNey(train, order, V);
+  let nll = 0;
+  let n = 0;
+  for (const t of evalTexts)
+    for (let i = 1; i < t.length; i++) {
+      // At a text's start the history is shorter than order - 1: the model backs off, as the looped model sees less context there too.
+      nll -= Math.log(kn.probability(t.subarray(Math.max(0, i - order + 1), i), t[i]));
+      n++;
+    }
+  return Math.exp(nll / n);
+}
+
+/** Unigram (add-one), interpolated bigram and Kneser-Ney bigram and trigram perplexities of the same predicted positions. */
 function countingBaselines(train: Uint16Array, evalTexts: Int32Array[], V: number): Row[] {
   const uni = new Float64Array(V);
   const bi = new Map<number, number>();
@@ -93,7 +116,36 @@ function countingBaselines(train: Uint16Array, evalTexts: Int32Array[], V: numbe
   return [
     { model: "unigram (add-one), training split counts", loops: "-", perplexity: Math.exp(uniNll / pairs.length) },
     { model: `interpolated bigram (λ ${best.lambda.toFixed(2)}), training split counts`, loops: "-", perplexity: Math.exp(best.nll / pairs.length) },
+    ...[2, 3].map((order) => ({
+      model: `Kneser-Ney ${order === 2 ? "bigram" : "trigram"} (interpolated, modified), training split counts`,
+      loops: "-",
+      perplexity: kneserNeyPerplexity(train, evalTexts, V, order),
+    })),
   ];
+}
+
+// ---- generated text ----
+
+/** The held-out continuation of each prompt, and the model's greedy and sampled ones, side by side. */
+async function generationRows(m: NativeModel, windows: Int32Array[], o: Required<QualityOptions>): Promise<Row[]> {
+  const tokenizer = await Tokenizer.load();
+  const vocabulary = new Set(wordsOf(readFileSync(kjvText("train"), "utf8")));
+  const L = m.info.defaultLoops;
+  const split = windows.map((w) => ({ prompt: w.slice(0, o.specPromptTokens), next: Array.from(w.subarray(o.specPromptTokens)) }));
+  const sources: [string, (prompt: Int32Array, next: number[]) => number[]][] = [
+    ["held-out text after the prompt", (_, next) => next],
+    [`greedy, loops ${L}`, (prompt) => decode(m, prompt, L, o.specTokens, null, GREEDY).tokens],
+    [`temperature 0.8, loops ${L}, seed 1`, (prompt) => decode(m, prompt, L, o.specTokens, null, { temperature: 0.8, seed: 1 }).tokens],
+  ];
+  return sources.map(([text, continuation]) => {
+    const outs = split.map(({ prompt, next }) => continuation(prompt, next));
+    const mean = (f: (tokens: number[]) => number) => outs.reduce((sum, t) => sum + f(t), 0) / outs.length;
+    return {
+      text,
+      [`repeated token 4-grams within ${o.specTokens} tokens`]: `${(100 * mean((t) => repeatedNgramShare(t, 4))).toFixed(1)}%`,
+      "words the training text never uses": `${(100 * mean((t) => unknownWordShare(tokenizer.decode(t), vocabulary))).toFixed(2)}%`,
+    };
+  });
 }
 
 // ---- speculative ----
@@ -142,6 +194,7 @@ function speculativeRows(m: NativeModel, prompts: Int32Array[], o: Required<Qual
 export interface QualityTables {
   depth: Row[];
   variants: Row[];
+  generation: Row[];
   speculative: Row[];
 }
 
@@ -161,9 +214,9 @@ export async function measureQuality(opts: QualityOptions = {}): Promise<Quality
     windows: 32,
     longWindows: 8,
     cacheWindows: [256, 512],
-    specPrompts: 8,
+    specPrompts: 20,
     specPromptTokens: 48,
-    specTokens: 64,
+    specTokens: 128,
     draftLoops: [1, 2, 4],
     draftAhead: 4,
     library: kernelLibrary(),
@@ -224,8 +277,15 @@ export async function measureQuality(opts: QualityOptions = {}): Promise<Quality
         "top-1 agree": `${(100 * t.top1).toFixed(1)}%`,
       })),
     ];
-    const prompts = texts(held, o.specPromptTokens, o.specPrompts);
-    return { depth: depthRows, variants: variantRows, speculative: speculativeRows(fp16, prompts, o) };
+    // prompts followed by the held-out text's own continuation of each
+    const windows = texts(held, o.specPromptTokens + o.specTokens, o.specPrompts);
+    const prompts = windows.map((w) => w.slice(0, o.specPromptTokens));
+    return {
+      depth: depthRows,
+      variants: variantRows,
+      generation: await generationRows(fp16, windows, o),
+      speculative: speculativeRows(fp16, prompts, o),
+    };
   } finally {
     fp16.close();
     for (const f of formats) f.model.close();
@@ -235,6 +295,7 @@ export async function measureQuality(opts: QualityOptions = {}): Promise<Quality
 export const QUALITY_TITLES = {
   depth: "trained model: held-out perplexity by loop depth, and counting baselines",
   variants: "trained model at its default depth: weight formats and KV cache modes against fp16 (held-out text, teacher-forced)",
+  generation: "trained model: continuations of held-out prompts against the held-out text (means over prompts)",
   speculative: "trained model: self-speculative decoding on held-out prompts (tok/s and speed-up: medians over prompts)",
 } as const;
 
@@ -242,6 +303,7 @@ if (import.meta.main) {
   const t = await measureQuality();
   printTable(QUALITY_TITLES.depth, t.depth);
   printTable(QUALITY_TITLES.variants, t.variants);
+  printTable(QUALITY_TITLES.generation, t.generation);
   printTable(QUALITY_TITLES.speculative, t.speculative);
   console.log(`\nwrote ${writeJson("quality", t)}`);
 }

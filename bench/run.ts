@@ -40,6 +40,7 @@ const sections: Record<string, () => Promise<[string, Row[]][]>> = {
     return [
       [QUALITY_TITLES.depth, t.depth],
       [QUALITY_TITLES.variants, t.variants],
+      [QUALITY_TITLES.generation, t.generation],
       [QUALITY_TITLES.speculative, t.speculative],
     ];
   },

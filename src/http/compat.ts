@@ -15,9 +15,10 @@
 //   for the echoed prompt (`echo`), where `max_tokens: 0` scores the prompt
 //   without generating. Every choice carries `logprobs` (null when not asked).
 // - `response_format` (any but null or {"type": "text"}, which is what the
-//   service produces anyway) and tool calling (`tools`, `tool_choice`,
-//   `functions`, `function_call`, beyond an empty list or "none") are a 400
-//   naming the field; text completions also refuse a non-empty `suffix`.
+//   service produces anyway) is a 400 naming the field; text completions
+//   also refuse a non-empty `suffix`. Tool-calling fields (`tools`,
+//   `tool_choice`, `parallel_tool_calls`, `functions`, `function_call`) are
+//   accepted and ignored (schemas.ts): the reply is the one without them.
 //   `best_of` and `n` must be 1 (schemas.ts).
 // - A message role outside system/user/assistant is a 400 (a value outside
 //   an enum); a missing role or content is a 422.
@@ -143,25 +144,12 @@ interface JobShape {
 
 const unsupported = (field: string, message: string) => badRequest(`\`${field}\` ${message}`, field, "unsupported_parameter");
 
-/** An empty tool list or a "none" choice asks for nothing the service lacks. */
-const TOOL_FIELDS = [
-  ["tools", (v: unknown) => Array.isArray(v) && v.length === 0],
-  ["functions", (v: unknown) => Array.isArray(v) && v.length === 0],
-  ["tool_choice", (v: unknown) => v === "none"],
-  ["function_call", (v: unknown) => v === "none"],
-] as const;
-
-/** Fields a client may send that the service cannot honour: refused, never silently ignored. */
-function refuseUnsupported(body: SamplingBody): void {
+/** A JSON response format cannot be honoured: refused, never silently answered with prose. */
+function refuseResponseFormat(body: SamplingBody): void {
   const format = body.response_format;
   const plainText = typeof format === "object" && format !== null && (format as { type?: unknown }).type === "text";
   if (format != null && !plainText)
     throw unsupported("response_format", 'is not supported: only plain text output ({"type": "text"}) is available');
-  for (const [field, harmless] of TOOL_FIELDS) {
-    const value = body[field];
-    if (value != null && !harmless(value))
-      throw unsupported(field, "is not supported: this model does not call tools or functions, it only writes text");
-  }
 }
 
 /**
@@ -224,7 +212,7 @@ function resolve(deps: AppDeps, body: SamplingBody, prompt: number[], shape: Job
 }
 
 async function chatJob(deps: AppDeps, body: ChatCompletionBody, ext?: Extension): Promise<CompatJob> {
-  refuseUnsupported(body);
+  refuseResponseFormat(body);
   if (body.top_logprobs != null && body.logprobs !== true)
     throw badRequest("`top_logprobs` needs `logprobs: true`", "top_logprobs");
   const maxTokens = requestedMaxTokens(body, false);
@@ -241,7 +229,7 @@ function firstPrompt(p: CompletionBody["prompt"]): { prompt: string | number[]; 
 }
 
 async function completionJob(deps: AppDeps, body: CompletionBody, ext?: Extension): Promise<CompatJob> {
-  refuseUnsupported(body);
+  refuseResponseFormat(body);
   if (body.suffix != null && body.suffix !== "")
     throw unsupported("suffix", "is not supported: this server only continues the prompt, it does not fill in text");
   const echoed = body.echo ?? false;

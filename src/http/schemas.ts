@@ -89,9 +89,11 @@ const CompatStop = T.Union([T.String({ minLength: 1 }), T.Array(T.String({ minLe
 /**
  * Sampling fields shared by chat and text completions (and, through them, the
  * extended family). Fields a standard client may send that are not listed
- * here (parallel_tool_calls, user, logit_bias, metadata, store,
- * service_tier, ...) are stripped by the validator: accepted and ignored
- * (docs/openai-compat.md).
+ * here are stripped by the validator: accepted and ignored
+ * (docs/openai-compat.md). Among them are the tool-calling fields (tools,
+ * tool_choice, parallel_tool_calls, functions, function_call), which agent
+ * frameworks send on every request: the model only writes text, so the
+ * reply is the one the request gets without them.
  */
 const CompatSamplingFields = {
   /** Echoed into the response; any string. */
@@ -112,13 +114,9 @@ const CompatSamplingFields = {
   frequency_penalty: optional(Penalty),
   /** Extension: loop depth; the model's default_loops when unset. */
   loops: optional(T.Integer({ minimum: 1, maximum: LS_MAX_LOOPS })),
-  // Declared only so the handlers see them and refuse them with a 400 naming
-  // the field (never silently ignored, docs/http.md); see compat.ts.
+  // Declared only so the handlers see it and refuse a JSON format with a 400
+  // naming the field: a client asking for JSON must not get prose; see compat.ts.
   response_format: T.Optional(T.Unknown()),
-  tools: T.Optional(T.Unknown()),
-  tool_choice: T.Optional(T.Unknown()),
-  functions: T.Optional(T.Unknown()),
-  function_call: T.Optional(T.Unknown()),
 };
 
 export const ChatRole = T.Union([T.Literal("system"), T.Literal("user"), T.Literal("assistant")]);

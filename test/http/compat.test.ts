@@ -12,6 +12,8 @@ import {
   ChatCompletion,
   ChatCompletionChunk,
   type ErrorBody,
+  ExtendedChatCompletion,
+  ExtendedTextCompletion,
   GenerateResponse,
   ModelEntry,
   ModelList,
@@ -276,31 +278,14 @@ describe("sampling fields", () => {
     expect(body.error.message).toContain("`max_completion_tokens` (2)");
   });
 
-  test.each([
-    ["tools", [{ type: "function", function: { name: "f", parameters: { type: "object" } } }]],
-    ["tool_choice", "auto"],
-    ["tool_choice", { type: "function", function: { name: "f" } }],
-    ["functions", [{ name: "g" }]],
-    ["function_call", "auto"],
-  ])("%s = %p is a 400 unsupported_parameter naming it", async (field, value) => {
-    for (const path of ["/v1/chat/completions", "/api/v0/chat/completions"]) {
-      const res = await server.post(path, { model: MODEL, messages: USER, max_tokens: 1, [field]: value });
-      expect(res.status).toBe(400);
-      const body = await res.json();
-      expectInvalidRequest(body, field);
-      expect(body.error.code).toBe("unsupported_parameter");
-      expect(body.error.message).toContain(`\`${field}\``);
-    }
-  });
-
-  test("tool fields that ask for nothing (null, an empty list, \"none\") and other unknown fields are accepted and ignored", async () => {
-    const plain = await chat({ max_tokens: 8, temperature: 0 });
+  test("tool-calling fields, whatever they ask, and other unknown fields are accepted and ignored on both families", async () => {
+    const tool = { type: "function", function: { name: "f", description: "calls f", parameters: { type: "object", properties: {} } } };
     const extras = {
-      tools: [],
-      tool_choice: "none",
-      parallel_tool_calls: false,
-      functions: null,
-      function_call: "none",
+      tools: [tool],
+      tool_choice: { type: "function", function: { name: "f" } },
+      parallel_tool_calls: true,
+      functions: [{ name: "g", parameters: { type: "object" } }],
+      function_call: "auto",
       user: "someone",
       logit_bias: { "50256": -100 },
       metadata: { a: "b" },
@@ -308,8 +293,27 @@ describe("sampling fields", () => {
       service_tier: "auto",
       something_new: [1, 2, 3],
     };
-    const r = await chat({ max_tokens: 8, temperature: 0, ...extras });
-    expect(r.choices[0].message.content).toBe(plain.choices[0].message.content);
+    for (const [path, schema] of [
+      ["/v1/chat/completions", ChatCompletion],
+      ["/api/v0/chat/completions", ExtendedChatCompletion],
+    ] as const) {
+      const request = { model: MODEL, messages: USER, max_tokens: 8, temperature: 0.9, seed: 7 };
+      const plain = await ok(path, request, schema);
+      const withTools = await ok(path, { ...request, ...extras }, schema);
+      expect(withTools.choices).toEqual(plain.choices);
+      expect(withTools.usage).toEqual(plain.usage);
+      expect(withTools.choices[0].message).not.toHaveProperty("tool_calls");
+    }
+    for (const [path, schema] of [
+      ["/v1/completions", TextCompletion],
+      ["/api/v0/completions", ExtendedTextCompletion],
+    ] as const) {
+      const request = { model: MODEL, prompt: PROMPT, max_tokens: 8, temperature: 0.9, seed: 7 };
+      const plain = await ok(path, request, schema);
+      const withTools = await ok(path, { ...request, ...extras }, schema);
+      expect(withTools.choices).toEqual(plain.choices);
+      expect(withTools.usage).toEqual(plain.usage);
+    }
   });
 
   test("an Authorization header or API key is accepted and ignored", async () => {
