@@ -42,7 +42,7 @@
 import { existsSync, mkdirSync } from "node:fs";
 import { basename, join } from "node:path";
 import { NativeModel } from "../src/engine/binding.ts";
-import { runModelCommand } from "../src/model/cli.ts";
+import { runModelCommand } from "../src/model_cli.ts";
 import { defaultHead } from "../src/model/quantize.ts";
 import { type ModelConfig, parseModelConfig } from "../src/model/format.ts";
 import { readSafetensors } from "../src/model/safetensors.ts";

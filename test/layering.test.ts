@@ -5,7 +5,9 @@
 //   needs from an engine; the engine satisfies it);
 // - the HTTP layer reaches neither the FFI binding nor the kernel library
 //   loader, not even through another module: it sees engine types and errors;
-// - no import cycle in src/, and no #include cycle in kernels/.
+// - no import cycle in src/, neither between files nor between folders (a
+//   folder of src/ is one layer: two folders never import each other, even
+//   through a third), and no #include cycle in kernels/.
 import { describe, expect, test } from "bun:test";
 import { readdirSync, readFileSync } from "node:fs";
 import { dirname, join, relative, resolve } from "node:path";
@@ -88,6 +90,25 @@ function reaches(graph: Graph, from: string, bad: (f: string) => boolean): strin
   return null;
 }
 
+/**
+ * The graph between the layers of a tree: each folder directly under its
+ * root stands for every file below it, and each file at the root for itself.
+ */
+function folderGraph(graph: Graph, root: string): Graph {
+  const layer = (file: string) => {
+    const parts = relative(root, file).split("/");
+    return parts.length > 1 ? join(root, parts[0]) : file;
+  };
+  const folders: Graph = new Map();
+  for (const [file, deps] of graph) {
+    const from = layer(file);
+    const to = new Set([...(folders.get(from) ?? []), ...deps.filter((d) => graph.has(d)).map(layer)]);
+    to.delete(from);
+    folders.set(from, [...to].sort());
+  }
+  return folders;
+}
+
 const src = tsGraph("src");
 const edges = [...src].flatMap(([file, deps]) => deps.map((dep) => `${file} -> ${dep}`));
 
@@ -139,6 +160,12 @@ describe("layers", () => {
     expect(cycles(src).map((c) => c.join(" -> "))).toEqual([]);
   });
 
+  test("no import cycle between the folders of src/", () => {
+    const folders = folderGraph(src, "src");
+    expect(folders.get("src/http")).toContain("src/engine");
+    expect(cycles(folders).map((c) => c.join(" -> "))).toEqual([]);
+  });
+
   test("no #include cycle in kernels/", () => {
     const kernels = includeGraph("kernels");
     expect([...kernels.values()].flat().length).toBeGreaterThan(0);
@@ -155,5 +182,25 @@ describe("layers", () => {
     expect(cycles(g)).toEqual([["a", "b", "c", "a"]]);
     expect(reaches(g, "a", (f) => f === "d")).toEqual(["a", "b", "c", "d"]);
     expect(reaches(new Map([["d", []]]), "d", (f) => f === "a")).toBeNull();
+  });
+
+  test("the folder graph joins a folder's files into one node and sees a cycle no file-level edge closes", () => {
+    const files: Graph = new Map([
+      ["src/a/x.ts", ["src/b/y.ts"]],
+      ["src/b/y.ts", []],
+      ["src/b/z.ts", ["src/a/w.ts", "src/top.ts"]],
+      ["src/a/w.ts", []],
+      ["src/top.ts", []],
+    ]);
+    expect(cycles(files)).toEqual([]);
+    const folders = folderGraph(files, "src");
+    expect(folders).toEqual(
+      new Map([
+        ["src/a", ["src/b"]],
+        ["src/b", ["src/a", "src/top.ts"]],
+        ["src/top.ts", []],
+      ]),
+    );
+    expect(cycles(folders)).toEqual([["src/a", "src/b", "src/a"]]);
   });
 });

@@ -23,8 +23,8 @@ import {
   LS_SIMD_PORTABLE,
   LS_SPEC_EXACT_DRAFT_HEAD,
   LS_STRUCTS,
-} from "./abi.generated.ts";
-import { type FieldName, StructView } from "./abi_struct.ts";
+} from "../abi/abi.generated.ts";
+import { type FieldName, StructView } from "../abi/abi_struct.ts";
 import { describeModelFile } from "./model_descriptor.ts";
 import type { ModelFileInfo, ModelInfo, SimdChoice } from "./types.ts";
 

@@ -8,7 +8,7 @@ import { existsSync } from "node:fs";
 import { log } from "../log.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveCudaLibrary, resolveKernelLibrary } from "./library.ts";
 import type { KvCacheMode } from "../model/kvcache.ts";
-import { LS_ERR_STATE, LS_MAX_LOOPS } from "./abi.generated.ts";
+import { LS_ERR_STATE, LS_MAX_LOOPS } from "../abi/abi.generated.ts";
 import { type BatchStepStats, StepBatcher } from "./batcher.ts";
 import { cudaDeviceCount, formatProfile, type KvCacheSettings, NativeError, NativeModel, type NativeSession, type StepSampling } from "./binding.ts";
 import { EngineLoadError, EngineRequestError } from "./errors.ts";

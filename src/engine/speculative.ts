@@ -9,7 +9,7 @@
 // returns 1..draftAhead+1 tokens. Tokens reach the sink one by one, and stop
 // ids / max_tokens cut a cycle's tokens where plain decoding would have
 // stopped; cycles never draft past max_tokens.
-import { LS_MAX_LOOPS, LS_SPEC_MAX_AHEAD, LS_SPEC_MAX_BRANCHES, LS_SPEC_MAX_NODES } from "./abi.generated.ts";
+import { LS_MAX_LOOPS, LS_SPEC_MAX_AHEAD, LS_SPEC_MAX_BRANCHES, LS_SPEC_MAX_NODES } from "../abi/abi.generated.ts";
 import { SPEC_FLAGS, type SpecCycleParams, type SpecCycleStats } from "./binding.ts";
 import { EngineRequestError } from "./errors.ts";
 import type { GenerateRequest, SpeculativeMode, SpeculativeStats } from "./types.ts";

@@ -17,7 +17,7 @@ import { ValueErrorType } from "@sinclair/typebox/errors";
 import { EngineRequestError } from "../engine/errors.ts";
 import { log } from "../log.ts";
 import { currentRequest, requestPath } from "./request_context.ts";
-import type { ErrorBody, ErrorType } from "./responses.ts";
+import type { ErrorBody, ErrorType } from "../wire/responses.ts";
 
 export class HttpError extends Error {
   constructor(

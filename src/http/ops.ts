@@ -1,7 +1,7 @@
 // Operational endpoints: GET /healthz and GET /metrics (docs/http.md#ops).
 import { Elysia } from "elysia";
 import { type AppDeps, requireEngine } from "./generation.ts";
-import type { HealthText } from "./responses.ts";
+import type { HealthText } from "../wire/responses.ts";
 
 export function opsRoutes(deps: AppDeps) {
   return new Elysia().get("/healthz", () => {

@@ -5,9 +5,9 @@
 // Optional fields also accept null, meaning "unset" (several optional fields
 // default to null, and many clients send null for "not set").
 import { type Static, type TSchema, Type as T } from "@sinclair/typebox";
-import { LS_MAX_LOOPS, LS_SPEC_MAX_AHEAD, LS_SPEC_MAX_BRANCHES } from "../engine/abi.generated.ts";
+import { LS_MAX_LOOPS, LS_SPEC_MAX_AHEAD, LS_SPEC_MAX_BRANCHES } from "../abi/abi.generated.ts";
 import { MAX_TOP_LOGPROBS } from "../engine/logprobs.ts";
-import { GENERATION_MODES } from "../engine/types.ts";
+import { GenerationModeSchema } from "../wire/responses.ts";
 
 const optional = <S extends TSchema>(schema: S) => T.Optional(T.Union([schema, T.Null()]));
 
@@ -179,8 +179,6 @@ export const CompletionBody = T.Object(CompletionFields);
 export type CompletionBody = Static<typeof CompletionBody>;
 
 // ---- extended family: /api/v0/* = compat fields + these ----
-
-export const GenerationModeSchema = T.Union(GENERATION_MODES.map((mode) => T.Literal(mode)));
 
 /** Self-speculative decoding knobs, the same on the native and extended families (docs/speculative.md). */
 export const SpeculativeFields = {

@@ -10,12 +10,12 @@
 import { type Static, Type as T } from "@sinclair/typebox";
 import { Elysia } from "elysia";
 import type { Config } from "../config.ts";
-import { LS_SPEC_MAX_NODES as MAX_TREE_NODES } from "../engine/abi.generated.ts";
+import { LS_SPEC_MAX_NODES as MAX_TREE_NODES } from "../abi/abi.generated.ts";
 import type { GenerateRequest, SpeculativeMode } from "../engine/types.ts";
 import { badRequest, validatedBody } from "./errors.ts";
 import { type AppDeps, type Completion, runGeneration } from "./generation.ts";
 import { nativeBody, nativeJob, nativeStats } from "./native.ts";
-import type { SpeculativeResponse, SpeculativeStats } from "./responses.ts";
+import type { SpeculativeResponse, SpeculativeStats } from "../wire/responses.ts";
 import { NATIVE_DEFAULTS as D, EXTENDED_DEFAULTS as E, GenerateBody, SpeculativeFields, type SpeculativeKnobs } from "./schemas.ts";
 
 // ---- request bodies: /generate's fields plus the knobs ----

@@ -20,7 +20,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { dlopen, FFIType } from "bun:ffi";
 import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { LS_SIMD_AVX2, LS_SIMD_CUDA } from "../../src/engine/abi.generated.ts";
+import { LS_SIMD_AVX2, LS_SIMD_CUDA } from "../../src/abi/abi.generated.ts";
 import { NativeModel } from "../../src/engine/binding.ts";
 import { CUDA_LIBRARY_NAME } from "../../src/engine/library.ts";
 import { expectSameAsSolo, plans } from "../helpers/batch.ts";
@@ -28,7 +28,7 @@ import { tokensFor } from "../helpers/kernels.ts";
 import { tinyModelPath } from "../helpers/models.ts";
 import { jsonBody } from "../helpers/http.ts";
 import { startServer } from "../helpers/server.ts";
-import { GenerateResponse } from "../../src/http/responses.ts";
+import { GenerateResponse } from "../../src/wire/responses.ts";
 
 const ROOT = resolve(import.meta.dir, "../..");
 const CPU_LIB = join(ROOT, "build", "libloopserve.so");

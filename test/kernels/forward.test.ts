@@ -3,7 +3,7 @@
 // the generation modes rely on: batch invariance (bit-identical logits
 // whatever the batch split or thread count), sliding window, rollback.
 import { beforeAll, describe, expect, test } from "bun:test";
-import { LS_ERR_ARG, LS_ERR_FULL, LS_ERR_STATE } from "../../src/engine/abi.generated.ts";
+import { LS_ERR_ARG, LS_ERR_FULL, LS_ERR_STATE } from "../../src/abi/abi.generated.ts";
 import { NativeError } from "../../src/engine/binding.ts";
 import type { SimdChoice } from "../../src/engine/types.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";

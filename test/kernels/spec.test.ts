@@ -10,7 +10,7 @@ import { NativeError, NativeModel, type NativeSession, type SpecCycleParams } fr
 import type { SimdChoice } from "../../src/engine/types.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
-import { LS_SIMD_AVX2, LS_SIMD_AVX512, LS_SIMD_PORTABLE } from "../../src/engine/abi.generated.ts";
+import { LS_SIMD_AVX2, LS_SIMD_AVX512, LS_SIMD_PORTABLE } from "../../src/abi/abi.generated.ts";
 import { LS_SPEC_TEST_ACCEPT_ALL } from "../helpers/abi_testing.generated.ts";
 import { ensureLibrary, LIB, supportedPaths } from "../helpers/kernels.ts";
 import { writeDescriptor } from "../helpers/model_descriptor.ts";
