@@ -7,7 +7,10 @@
 //   loader, not even through another module: it sees engine types and errors;
 // - no import cycle in src/, neither between files nor between folders (a
 //   folder of src/ is one layer: two folders never import each other, even
-//   through a third), and no #include cycle in kernels/.
+//   through a third), and no #include cycle in kernels/;
+// - no call cycle between the C files of kernels/: a file calls functions
+//   defined only in the files below it (runtime.c at the bottom, then the
+//   sessions, the forward pass, the step and batch entry points above).
 import { describe, expect, test } from "bun:test";
 import { readdirSync, readFileSync } from "node:fs";
 import { dirname, join, relative, resolve } from "node:path";
@@ -50,6 +53,36 @@ function includeGraph(dir: string): Graph {
       f,
       [...src.matchAll(/^\s*#\s*include\s*"([^"]+)"/gm)].map((m) => relative(ROOT, resolve(ROOT, dirname(f), m[1]))),
     );
+  }
+  return graph;
+}
+
+/** C source without comments, string and character literals (whose text could read as a call). */
+function cCode(source: string): string {
+  return source
+    .replace(/\/\*[\s\S]*?\*\//g, " ")
+    .replace(/\/\/.*$/gm, "")
+    .replace(/"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*'/g, '""');
+}
+
+// A function definition at file scope: at the start of a line, not static
+// (a static function cannot be called from another file), its parameter
+// list (over several lines too) followed by the opening brace.
+const C_DEFINITION = /^(?!static\b)[A-Za-z_][\w \t*]*?\b(\w+)\s*\([^;{}]*\)\s*\{/gm;
+
+/** Which C file calls a function another file defines: file -> the files whose functions it calls. */
+function cCallGraph(sources: Map<string, string>): Graph {
+  const code = new Map([...sources].map(([file, text]) => [file, cCode(text)]));
+  const definedIn = new Map<string, string>();
+  for (const [file, text] of code) for (const m of text.matchAll(C_DEFINITION)) definedIn.set(m[1], file);
+  const graph: Graph = new Map();
+  for (const [file, text] of code) {
+    const callees = new Set<string>();
+    for (const m of text.matchAll(/\b(\w+)\s*\(/g)) {
+      const home = definedIn.get(m[1]);
+      if (home !== undefined && home !== file) callees.add(home);
+    }
+    graph.set(file, [...callees].sort());
   }
   return graph;
 }
@@ -170,6 +203,31 @@ describe("layers", () => {
     const kernels = includeGraph("kernels");
     expect([...kernels.values()].flat().length).toBeGreaterThan(0);
     expect(cycles(kernels).map((c) => c.join(" -> "))).toEqual([]);
+  });
+
+  test("no call cycle between the C files of kernels/", () => {
+    const files = filesUnder("kernels", /\.c$/).filter((f) => dirname(f) === "kernels");
+    const calls = cCallGraph(new Map(files.map((f) => [f, readFileSync(join(ROOT, f), "utf8")])));
+    expect(calls.get("kernels/forward.c")).toContain("kernels/runtime.c");
+    expect(calls.get("kernels/step.c")).toEqual(expect.arrayContaining(["kernels/forward.c", "kernels/sample.c"]));
+    expect(cycles(calls).map((c) => c.join(" -> "))).toEqual([]);
+  });
+
+  test("the C call reader sees multi-line definitions and ignores static functions, comments and strings", () => {
+    const sources = new Map([
+      ["a.c", 'int32_t a_run(int x,\n              int y) {\n    return b_help(x) + quiet(y);\n}\nstatic int quiet(int y) { return y; }\n'],
+      ["b.c", 'int b_help(int x) {\n    /* a_run(x) */ puts("a_run(1)");\n    return c_leaf(x);\n}\n'],
+      ["c.c", "int c_leaf(int x) { return x; }\nvoid c_back(void) { a_run(1, 2); }\nstatic int quiet(int y) { return -y; }\n"],
+    ]);
+    const calls = cCallGraph(sources);
+    expect(calls).toEqual(
+      new Map([
+        ["a.c", ["b.c"]],
+        ["b.c", ["c.c"]],
+        ["c.c", ["a.c"]],
+      ]),
+    );
+    expect(cycles(calls)).toEqual([["a.c", "b.c", "c.c", "a.c"]]);
   });
 
   test("the cycle and reach checks catch what they look for", () => {

@@ -36,7 +36,7 @@
 #include <unistd.h>
 
 #include "internal.h" /* ls_f16_to_f32, ls_f32_to_f16 */
-#include "forward.h"  /* ls_simd_missing */
+#include "runtime.h"  /* ls_simd_missing */
 #include "ops.h"      /* each path's kernel table */
 #include "rope.h"
 #include "loopserve.h"
