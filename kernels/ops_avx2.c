@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "kvcache.h"
 #include "ops.h"
 #include "simd_vec.h"
 
@@ -166,7 +167,7 @@ static void tile_r1_t1(float *y, int32_t ldy, const float *x, int32_t ldx, const
 
 static void matmul_f16_avx2(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
                             int32_t in, int32_t T, int32_t o0, int32_t o1, int32_t add) {
-    int32_t rb = L2_BLOCK_BYTES / (in * 2);
+    int32_t rb = LS_L2_BLOCK_BYTES / (in * 2);
     rb = rb < 8 ? 8 : rb & ~7; /* whole decode tiles */
     for (int32_t ob = o0; ob < o1; ob += rb) {
         int32_t oe = o1 - ob < rb ? o1 : ob + rb;

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "internal.h"
+#include "kvcache.h"
 #include "ops.h"
 #include "simd_vec.h"
 
@@ -215,7 +216,7 @@ static void matmul_f16_avx512(float *y, int32_t ldy, const float *x, int32_t ldx
                               int32_t add) {
     /* Rows in blocks small enough to stay in L2 while every group of
      * tokens passes over them (prefill); irrelevant to the result. */
-    int32_t rb = L2_BLOCK_BYTES / (in * 2);
+    int32_t rb = LS_L2_BLOCK_BYTES / (in * 2);
     _Static_assert(DEC_R % PRE_R == 0, "row blocks are whole decode and prefill tiles");
     rb = rb < DEC_R ? DEC_R : rb - rb % DEC_R;
     for (int32_t ob = o0; ob < o1; ob += rb) {

@@ -90,9 +90,6 @@ static void quantize_avx2(ls_qact *a, const float *x, int32_t ldx, int32_t T, in
  * 1.45x as long, with four 1.9x. */
 #define TILE_MAX_T 4
 _Static_assert(TILE_MAX_T <= QTILE_MAX_T, "lanes holds a tile's tokens");
-/* Pairs in blocks of about this many bytes, which stay in L2 while every
- * group of tokens passes. */
-#define L2_BLOCK_BYTES (64 * 1024)
 /* How far ahead (in row pairs) the one-token tiles prefetch: the head
  * streams from memory in decode, more misses in flight than the hardware
  * prefetcher keeps. */
@@ -325,7 +322,7 @@ static void matmul_avx2(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *
     const tiles_fn *k = w->bits == 8 ? K8 : w->bits == 6 ? K6 : w->bits == 4 ? K4 : K2;
     const layout v = layout_of(w, 1);
     const int32_t T = a->T, q0 = o0 / 2, q1 = (o1 + 1) / 2;
-    int32_t pb = (int32_t)(L2_BLOCK_BYTES / (v.pair_bytes + v.meta_bytes));
+    int32_t pb = (int32_t)(LS_L2_BLOCK_BYTES / (v.pair_bytes + v.meta_bytes));
     pb = pb < 1 ? 1 : pb;
     for (int32_t qb = q0; qb < q1; qb += pb) {
         const int32_t qe = q1 - qb < pb ? q1 : qb + pb;

@@ -26,13 +26,14 @@
 #include <string.h>
 
 #include "quant_pack.h"
+#include "simd_vec.h"
 
 #define TILE_MAX_P 4 /* row pairs per tile */
 #define TILE_MAX_T 8 /* tokens per tile: 4 for the wide scheme, 8 for the narrow one (kernels) */
 _Static_assert(TILE_MAX_T <= QTILE_MAX_T, "lanes holds a tile's tokens");
-/* Pairs in blocks of this many bytes: 128 KB ran the 256 x 768 down
- * projection at 64 tokens 3% faster than 64 KB, the others alike. */
-#define L2_BLOCK_BYTES (128 * 1024)
+/* Pairs in blocks of twice the shared L2 block: the AVX-512 tiles go through
+ * a block faster, so a larger one pays (docs/kernels.md). */
+#define PAIR_BLOCK_BYTES (2 * LS_L2_BLOCK_BYTES)
 /* How far ahead (in row pairs) the int8 tiles prefetch the head, which
  * streams from memory in decode: more misses in flight than the hardware
  * prefetcher keeps. */
@@ -500,7 +501,7 @@ static void matmul_avx512(float *y, int32_t ldy, const ls_qact *a, const ls_qmat
     const layout v = layout_of(w, nar);
     const int32_t T = a->T, q0 = o0 / 2, q1 = (o1 + 1) / 2;
     // Pairs in blocks that stay in L2 while every group of tokens passes.
-    int32_t pb = (int32_t)(L2_BLOCK_BYTES / (v.pair_bytes + v.meta_bytes));
+    int32_t pb = (int32_t)(PAIR_BLOCK_BYTES / (v.pair_bytes + v.meta_bytes));
     pb = pb < 4 ? 4 : pb & ~3;
     for (int32_t qb = q0; qb < q1; qb += pb) {
         const int32_t qe = q1 - qb < pb ? q1 : qb + pb;
