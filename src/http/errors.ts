@@ -249,7 +249,7 @@ export function errorResponse({ code, error, request }: ElysiaErrorContext): Res
 /** The one mapping from anything thrown to an HTTP error (responses and in-stream error events). */
 export function toHttpError(code: string | number, error: unknown, request: Request): HttpError {
   if (error instanceof HttpError) return error;
-  if (error instanceof EngineRequestError) return badRequest(error.message);
+  if (error instanceof EngineRequestError) return badRequest(error.message, error.param, error.code ?? undefined);
   switch (code) {
     case "VALIDATION":
       return fromValidation((error as { all: ValueError[] }).all);
