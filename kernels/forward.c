@@ -77,26 +77,19 @@ static void mm_task(void *ctx, int32_t task, int32_t thread) {
 }
 
 /* A job of fewer multiply-adds than this runs on the calling thread alone:
- * splitting a few microseconds of work costs more than it saves, as its
- * inputs and outputs then cross between the cores' caches (a line's round
- * trip took ~0.5 us on the 2-vCPU machines measured). At 1M the trained
- * dim-256 int4 model's decode and 8-row batched steps ran faster (17% in
- * one alternated run), a dim-768 model's about the same; fp16 takes about
- * 4x longer per multiply-add, hence a quarter of that. */
+ * split, its inputs and outputs would cross between the cores' caches for
+ * more than it saves; fp16 costs more per multiply-add, hence a quarter
+ * (docs/kernels.md#tuning-figures). */
 #define SERIAL_MACS_INT ((int64_t)1 << 20)
 #define SERIAL_MACS_F16 (SERIAL_MACS_INT / 4)
 
 /* Rows per task: about 8 tasks per thread (dynamic claiming evens out the
- * load), each worth at least ~32K multiply-adds, a multiple of 4 rows. A
- * single token's matmuls take microseconds, where claiming a task (a cache
- * line passed between cores) is no longer free: 2 tasks per thread there
- * (int4 decode +7-10% against 8). No task reads more than TASK_WEIGHTS
- * weights, though: a task of the output head at 2 per thread runs for
- * ~0.1 ms, and when one core is slowed (the other's traffic, a neighbour
- * on the host) the other waits out the rest of it; in tasks of 1M weights
- * (37 for a dim-768 head) a dim-768 int4 decode step on 2 threads took
- * 5-15% less time. macs_per_row: of all the job's matrices (the gate/up
- * pair's two) for T tokens. */
+ * load), each worth at least ~32K multiply-adds, a multiple of 4 rows; 2
+ * per thread for one token, whose matmuls are too short for claims to be
+ * free. No task reads more than TASK_WEIGHTS weights, so a core slowed by
+ * its neighbour leaves the other little to wait out
+ * (docs/kernels.md#tuning-figures). macs_per_row: of all the job's
+ * matrices (the gate/up pair's two) for T tokens. */
 #define TASK_WEIGHTS ((int64_t)1 << 20)
 
 static int32_t rows_per_task(int32_t rows, int32_t n_threads, int64_t macs_per_row, int32_t T) {
@@ -112,11 +105,8 @@ static int32_t rows_per_task(int32_t rows, int32_t n_threads, int64_t macs_per_r
 
 /* Inputs a call quantizes from before its rows are split over the pool
  * (blocks of QUANT_BLOCK rows); a decode step's few rows stay on the
- * calling thread, where a hand-off would cost about what it saves. Split,
- * a 512-token prefill of the dim-768 model at loops 8 (chunks of 64 rows
- * of 768 and 2048 inputs) took 2.5-7% less time at int4 and 3% at int2
- * than with every row quantized on the calling thread, the other waiting.
- * A quantized prefill at up to LS_TOKEN_PARTS_MAX threads runs in token
+ * calling thread, where a hand-off would cost about what it saves
+ * (docs/kernels.md#tuning-figures). A quantized prefill at up to LS_TOKEN_PARTS_MAX threads runs in token
  * parts instead (below): this serves larger pools, fp16 blocks' quantized
  * heads and batched steps. */
 #define QUANT_PARALLEL_INPUTS (1 << 15)
@@ -181,10 +171,7 @@ static void mm_run(const ls_runtime *rt, mm_job *j) {
     j->first_task[0] = 0;
     for (int32_t i = 0; i < j->n_seg; i++) {
         /* A segment's tasks of one size, so the threads' contiguous ranges
-         * of tasks (threadpool.c) hold equal rows: a one-token q/k/v job of
-         * the dim-768 model in tasks of 576 rows had tasks of 576 and 192 in
-         * each matrix, and the caller 10.4 us of work to the worker's 7.3;
-         * in tasks of 384, 9.6 and 9.3. */
+         * of tasks (threadpool.c) hold equal rows (docs/kernels.md#tuning-figures). */
         mm_seg *sg = &j->seg[i];
         int32_t n = (sg->rows + rpt - 1) / rpt;
         sg->rows_per_task = ((sg->rows + n - 1) / n + 3) & ~3;
@@ -266,13 +253,9 @@ static void rope_task(void *ctx, int32_t task, int32_t thread) {
  * about ten pool hand-offs; in parts, only the attention reads what another
  * part wrote, and a loop takes three: a part also stores its own rows' K/V
  * (the store callback), so the attention job needs no store job before it.
- * Each part reads all of the weights:
- * a 512-token prefill at loops 8 of the dim-768 model took 0-11% less
- * time in parts at int4 (median 8%) and 0-8% at int2 while the machine was
- * busy, the same while it was quiet, but 10% more at fp16, whose weights
- * are twice the bytes of the int4 copy the prefill tiles read, and whose
- * 6-token tiles leave a remainder in a part of 32 rows: fp16 blocks stay
- * split by rows (docs/kernels.md). */
+ * Each part reads all of the weights, which pays for the quantized copies
+ * but not for fp16's twice-as-large ones: fp16 blocks stay split by rows
+ * (docs/kernels.md#tuning-figures). */
 #define PART_MIN_ROWS 16
 
 /* Parts for a pass of T rows: rt->n_parts (one per thread; 1 for fp16

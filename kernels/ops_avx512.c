@@ -159,10 +159,9 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
 #define PRE_T 6
 #endif
 /* Decode (one token): 8 rows a tile, each prefetching the same offset in
- * the next tile's row. Eight weight streams in flight instead of four cut
- * fp16 decode at loops 8 by 12-17% on the dim-768 model (the block's
- * matvecs read from L3, the head from DRAM); six rows were slower than
- * four. 8 sums reduce through reduce16. */
+ * the next tile's row: eight weight streams in flight keep more misses
+ * outstanding than four (docs/kernels.md#tuning-figures). 8 sums reduce
+ * through reduce16. */
 #ifndef DEC_R
 #define DEC_R 8
 #endif

@@ -38,7 +38,7 @@
 /* Decode streams weight rows from memory once per token; asking for the
  * next tile's rows while this tile computes keeps more misses in flight
  * than the hardware prefetcher does on a tile's parallel row streams
- * (tiles of 4 rows: 1-thread decode 155 -> 220 tok/s, dim 768). A prefetch
+ * (docs/kernels.md#tuning-figures). A prefetch
  * never faults, so running past the matrix end is harmless; the address is
  * formed as an integer to keep the pointer arithmetic defined. */
 static inline void prefetch_ahead(const uint16_t *p, size_t elems) {
@@ -129,9 +129,8 @@ static ALWAYS_INLINE void scores_tile(float *scores, const float *q, const void 
         // streams than the hardware prefetcher follows, so a decode step's
         // keys (back from memory after the output head passed through the
         // caches) came late. Each row asks for its part of the next tile,
-        // the address formed as an integer (a prefetch never faults).
-        // Decode attention, dim-768 int4 model, loops 8, 1024 positions, 2
-        // threads, Zen 3: 0.93x the time (two tiles ahead 0.95x, four 1.04x).
+        // the address formed as an integer (a prefetch never faults;
+        // docs/kernels.md#tuning-figures).
         if (NV == 8 && !TAIL)
             for (size_t b = 0; b < 8 * VL * es; b += 64)
                 _mm_prefetch((const char *)((uintptr_t)kt + (row + 8 * VL) * es + b), _MM_HINT_T0);
@@ -515,8 +514,8 @@ static ALWAYS_INLINE void rope_vec(float *lo, float *hi, const float *c, const f
 /* ops.h rope: the table's pairs are split into cos and sin runs once per
  * block of 64, then every head's halves go a vector at a time; products and
  * sums stay separate (v_mul, v_sub, v_add), as on the portable path. Whole
- * vectors load as such: AVX2's partial loads copy through the stack, and
- * every vector of a prefill's RoPE took one (2.4% of an int4 prefill). */
+ * vectors load as such: AVX2's partial loads copy through the stack
+ * (docs/kernels.md#tuning-figures). */
 static void OPS_NAME(rope)(float *x, int32_t n_heads, int32_t hd, const float *cs) {
     enum { B = 64 };
     float c[B], s[B];

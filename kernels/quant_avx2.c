@@ -85,9 +85,8 @@ static void quantize_avx2(ls_qact *a, const float *x, int32_t ldx, int32_t T, in
 
 // ---- the tiles ----
 
-/* Tokens per tile. A tile is one row pair: with two pairs a tile the int4
- * model's decode at loops 1 (mostly the int6 head, from memory) took about
- * 1.45x as long, with four 1.9x. */
+/* Tokens per tile. A tile is one row pair: more pairs a tile made decode
+ * slower (docs/kernels.md#tuning-figures). */
 #define TILE_MAX_T 4
 _Static_assert(TILE_MAX_T <= QTILE_MAX_T, "lanes holds a tile's tokens");
 /* How far ahead (in row pairs) the one-token tiles prefetch: the head
@@ -141,8 +140,8 @@ static inline __m256i fold_to(__m256i s, int32_t n, int32_t off) {
 }
 
 /* acc + m in int16 lanes (vpaddw). As asm, because GCC put each sum of the
- * chunk loop in a new register and copied it back, a move per add (without
- * them the int4 prefill tile took about 0.9x the time). */
+ * chunk loop in a new register and copied it back, a move per add
+ * (docs/kernels.md#tuning-figures). */
 static inline __m256i add_i16(__m256i acc, __m256i m) {
     __asm__("vpaddw %1, %0, %0" : "+x"(acc) : "x"(m));
     return acc;
