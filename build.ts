@@ -172,7 +172,7 @@ async function buildExecutable(libraries: string[]): Promise<void> {
 // kernels/loopserve.h is the only copy of every number that crosses the
 // C/TypeScript line: status codes, enums, limits, the X(ID, "name") lists
 // (tensor slots, profile ops) and the layout of each parameter struct are
-// read from it and written to src/engine/abi.generated.ts (and
+// read from it and written to src/abi/abi.generated.ts (and
 // kernels/testing.h's test hooks to test/helpers/abi_testing.generated.ts).
 // The generated files are committed, so `bun test`, tsc and
 // `bun build --compile` see them without a build step; every build rewrites
@@ -183,7 +183,7 @@ async function buildExecutable(libraries: string[]): Promise<void> {
 // structs of fixed-width fields.
 
 export const ABI_OUTPUTS = [
-  { header: join(kernelDir, "loopserve.h"), out: join(root, "src", "engine", "abi.generated.ts") },
+  { header: join(kernelDir, "loopserve.h"), out: join(root, "src", "abi", "abi.generated.ts") },
   { header: join(kernelDir, "testing.h"), out: join(root, "test", "helpers", "abi_testing.generated.ts") },
 ];
 

@@ -16,10 +16,10 @@ import { parseArgs } from "node:util";
 import { kernelLibrary } from "../src/bench/engine.ts";
 import { benchModel, promptOf } from "../src/bench/models.ts";
 import { median, printTable, type Row } from "../src/bench/table.ts";
-import { type BatchRow, NativeModel, type NativeSession, type StepSampling } from "../src/engine/binding.ts";
+import { type BatchRow, NativeModel, type NativeSession } from "../src/engine/binding.ts";
+import { GREEDY } from "../src/engine/types.ts";
 import { writeJson } from "./report.ts";
 
-const GREEDY: StepSampling = { temperature: 0, topK: 0, topP: 1, repetitionPenalty: 1, seed: 0 };
 const PROMPT = 64;
 
 const { values } = parseArgs({
@@ -49,7 +49,7 @@ function prefilled(n: number): { sessions: NativeSession[]; next: Int32Array } {
   for (let i = 0; i < n; i++) {
     const s = model.newSession(PROMPT + steps + 1, loops, 0);
     const prompt = promptOf(PROMPT + i, model.info.vocabSize).subarray(i);
-    next[i] = s.step(prompt, loops, 0, 0, 1, 1, 0);
+    next[i] = s.step(prompt, loops, GREEDY);
     sessions.push(s);
   }
   return { sessions, next };
@@ -66,7 +66,7 @@ function decode(n: number, batched: boolean): { seconds: number; tokens: number[
       next.set(model.batchStep(rows));
     } else {
       sessions.forEach((s, i) => {
-        next[i] = s.step(next.subarray(i, i + 1), loops, 0, 0, 1, 1, 0);
+        next[i] = s.step(next.subarray(i, i + 1), loops, GREEDY);
       });
     }
     tokens.push(...next);

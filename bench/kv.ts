@@ -12,7 +12,7 @@ import { kernelLibrary } from "../src/bench/engine.ts";
 import { benchModel } from "../src/bench/models.ts";
 import { median, printTable, type Row } from "../src/bench/table.ts";
 import { type KvCacheSettings, NativeModel } from "../src/engine/binding.ts";
-import type { SimdChoice } from "../src/engine/types.ts";
+import { GREEDY, type SimdChoice } from "../src/engine/types.ts";
 import { KV_CACHE_MODES } from "../src/model/kvcache.ts";
 import { kvBytesPerToken } from "../test/reference/kvcache.ts";
 import { compareLogits, prompt, quantizedPath, RUN_DEFAULTS } from "./quant.ts";
@@ -54,13 +54,13 @@ function speedOnce(m: NativeModel, kv: KvCacheSettings, o: Required<KvBenchOptio
   const tokens = prompt(99, o.prefillTokens, m.info.vocabSize);
   const s = m.newSession(o.prefillTokens + o.decodeTokens + 1, o.loops, 0, kv);
   let t = performance.now();
-  let next = s.step(tokens, o.loops, 0, 0, 1, 1, 0n);
+  let next = s.step(tokens, o.loops, GREEDY);
   const prefill = (o.prefillTokens * 1000) / (performance.now() - t);
   const one = new Int32Array(1);
   t = performance.now();
   for (let i = 0; i < o.decodeTokens; i++) {
     one[0] = next;
-    next = s.step(one, o.loops, 0, 0, 1, 1, 0n);
+    next = s.step(one, o.loops, GREEDY);
   }
   const decode = (o.decodeTokens * 1000) / (performance.now() - t);
   s.close();

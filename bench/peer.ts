@@ -42,7 +42,8 @@
 import { existsSync, mkdirSync } from "node:fs";
 import { basename, join } from "node:path";
 import { NativeModel } from "../src/engine/binding.ts";
-import { runModelCommand } from "../src/model/cli.ts";
+import { GREEDY } from "../src/engine/types.ts";
+import { runModelCommand } from "../src/model_cli.ts";
 import { defaultHead } from "../src/model/quantize.ts";
 import { type ModelConfig, parseModelConfig } from "../src/model/format.ts";
 import { readSafetensors } from "../src/model/safetensors.ts";
@@ -194,10 +195,10 @@ function measureLoopserve(model: NativeModel, loops: number, o: Options): Measur
   // Warm-up, as llama-bench does one: page in the weights, wake the pool.
   {
     const s = model.newSession(64, loops, 0);
-    s.step(prompt.subarray(0, 16), loops, 0, 0, 1, 1, 0n);
+    s.step(prompt.subarray(0, 16), loops, GREEDY);
     for (let i = 0; i < 4; i++) {
       one[0] = i + 1;
-      s.step(one, loops, 0, 0, 1, 1, 0n);
+      s.step(one, loops, GREEDY);
     }
     s.close();
   }
@@ -206,7 +207,7 @@ function measureLoopserve(model: NativeModel, loops: number, o: Options): Measur
   for (let r = 0; r < o.repeats; r++) {
     let s = model.newSession(o.prefill + 1, loops, 0);
     let t = performance.now();
-    s.step(prompt, loops, 0, 0, 1, 1, 0n);
+    s.step(prompt, loops, GREEDY);
     pp.push((o.prefill * 1000) / (performance.now() - t));
     s.close();
 
@@ -215,7 +216,7 @@ function measureLoopserve(model: NativeModel, loops: number, o: Options): Measur
     t = performance.now();
     for (let i = 0; i < o.decode; i++) {
       one[0] = next;
-      next = s.step(one, loops, 0, 0, 1, 1, 0n);
+      next = s.step(one, loops, GREEDY);
     }
     tg.push((o.decode * 1000) / (performance.now() - t));
     s.close();
@@ -318,11 +319,11 @@ async function equivalence(
     const prompt = tok.encode(text);
     // loopserve, free-running greedy
     const s = model.newSession(prompt.length + n + 1, loops, 0);
-    const mine: number[] = [s.step(Int32Array.from(prompt), loops, 0, 0, 1, 1, 0n)];
+    const mine: number[] = [s.step(Int32Array.from(prompt), loops, GREEDY)];
     const one = new Int32Array(1);
     while (mine.length < n) {
       one[0] = mine[mine.length - 1];
-      mine.push(s.step(one, loops, 0, 0, 1, 1, 0n));
+      mine.push(s.step(one, loops, GREEDY));
     }
     s.close();
     // llama.cpp, free-running greedy, with the logits it chose from

@@ -10,6 +10,7 @@
 //
 //   bun bench/speculative.ts            the full table (a few minutes on 2 cores)
 import { NativeModel, type NativeSession } from "../src/engine/binding.ts";
+import { GREEDY as PLAIN_GREEDY } from "../src/engine/types.ts";
 import { kernelLibrary } from "../src/bench/engine.ts";
 import { benchModel, promptOf } from "../src/bench/models.ts";
 import { median, printTable, type Row } from "../src/bench/table.ts";
@@ -57,9 +58,9 @@ export function decode(
   sampling: Sampling = GREEDY,
 ): Run {
   const session: NativeSession = m.newSession(prompt.length + n + 65, V, 0);
-  const { temperature, seed } = sampling;
+  const params = { ...PLAIN_GREEDY, ...sampling };
   try {
-    const tokens = [session.step(prompt, V, temperature, 0, 1, 1, BigInt(seed))];
+    const tokens = [session.step(prompt, V, params)];
     const out = new Int32Array(17);
     const stats = { drafted: 0, accepted: 0 };
     let drafted = 0;
@@ -69,7 +70,7 @@ export function decode(
     while (tokens.length < n) {
       const last = tokens[tokens.length - 1];
       if (!spec) {
-        tokens.push(session.step(Int32Array.of(last), V, temperature, 0, 1, 1, BigInt(seed)));
+        tokens.push(session.step(Int32Array.of(last), V, params));
         continue;
       }
       const got = session.specCycle(
@@ -80,11 +81,7 @@ export function decode(
           draftAhead: spec.k,
           kBranches: spec.K,
           maxNew: n - tokens.length,
-          temperature,
-          topK: 0,
-          topP: 1,
-          repetitionPenalty: 1,
-          seed,
+          sampling: params,
           leafMinProb: spec.leaf ?? 0,
         },
         out,

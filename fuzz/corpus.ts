@@ -11,7 +11,7 @@
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { LS_DTYPE_F16, LS_DTYPE_NONE, LS_DTYPE_U8 } from "../src/engine/abi.generated.ts";
+import { LS_DTYPE_F16, LS_DTYPE_NONE, LS_DTYPE_U8 } from "../src/abi/abi.generated.ts";
 import { describeModelFile } from "../src/engine/model_descriptor.ts";
 import { quantizeModelFile } from "../src/model/quantize.ts";
 import { type SyntheticOptions, writeSyntheticModel } from "../src/model/synthetic.ts";

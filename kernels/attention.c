@@ -366,14 +366,8 @@ typedef struct {
 
 /* A one-query job reading fewer cached values than this (keys and values
  * each) runs on the calling thread: its q/k/v and outputs would cross
- * between the cores' caches, which costs more than half of it saves. The
- * trained dim-256 model (8 heads of 32) decoding 128 tokens from an empty
- * cache on 2 threads spent 3.3 us a loop in attention split over the pool
- * and 1.9 on one thread; at this threshold (its first 128 positions) its
- * int4 decode at loops 8 took 6-9% less time and its fp16 decode 2-5%
- * less, while the dim-768 model (12 heads of 64: its first 42 positions)
- * took 0.96-0.97x the time at int4 and the same at fp16. Past 800
- * positions, attention always on one thread decoded 1.2x slower. */
+ * between the cores' caches, which costs more than half of it saves
+ * (docs/kernels.md#tuning-figures). */
 #define ATT_SERIAL_READS (1 << 15)
 
 /* Cached values the one-query (token, head) pairs of r read: heads x

@@ -3,16 +3,14 @@
  *
  * A session's K/V cache and chunk scratch are hundreds of KB to MBs. Fresh
  * from the allocator they are fresh pages, and the first touch of each is
- * a page fault: on virtual machines 1-4 us a page, which made a new
- * session's 128-token prefill twice as slow as the same prefill in a
- * reused one. A buffer given back here keeps its pages mapped; the next
+ * a page fault, slow on virtual machines (docs/kernels.md#tuning-figures).
+ * A buffer given back here keeps its pages mapped; the next
  * allocation of a similar size takes it, zeroed as calloc would be.
  *
  * Buffers of 2 MB and more (a session's K/V cache) are mapped on their
  * own and advised into transparent huge pages. Attention reads each head's
  * keys as one short run per dimension row, across megabytes: on 4 KB
- * pages a long context missed the TLB every few runs, and int4 decode
- * attention at a 1000-token context took 1.1x as long (docs/batching.md).
+ * pages a long context missed the TLB every few runs.
  * A huge page's first touch is also one fault instead of 512.
  *
  * Each buffer carries a header with its capacity. Held buffers are

@@ -1,6 +1,6 @@
 /*
- * forward.c — runtime setup (pool, SIMD selection) and the forward pass of
- * the weight-shared looped block (docs/kernels.md).
+ * forward.c — the forward pass of the weight-shared looped block
+ * (docs/kernels.md), run with what runtime.c set up.
  *
  * A matmul's work is split across output rows (each task owns whole dot
  * products) or, in a quantized model's long passes (prefill), the pass's
@@ -11,169 +11,13 @@
  * RoPE run in blocks of tokens, each token's arithmetic the same whoever
  * runs it (attention.c does the same for cache writes).
  */
-#include <cpuid.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "forward.h"
 #include "quant.h"
 #include "session.h"
-
-// ---- runtime: SIMD selection, pool, fp32 norms ----
-
-typedef struct {
-    const char *name;
-    int supported;
-} cpu_feature;
-
-/* CPUID leaf 1, ECX bit 29: clang before 15 (the fuzz build) has no "f16c"
- * in __builtin_cpu_supports. */
-static int cpu_has_f16c(void) {
-    unsigned a, b, c, d;
-    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
-}
-
-const char *ls_simd_missing(int32_t simd) {
-    __builtin_cpu_init();
-    if (simd == LS_SIMD_AVX2) {
-        cpu_feature f[] = {{"avx2", __builtin_cpu_supports("avx2")},
-                           {"fma", __builtin_cpu_supports("fma")},
-                           {"f16c", cpu_has_f16c()}};
-        for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-            if (!f[i].supported) return f[i].name;
-    } else if (simd == LS_SIMD_AVX512) {
-        cpu_feature f[] = {{"avx512f", __builtin_cpu_supports("avx512f")},
-                           {"avx512bw", __builtin_cpu_supports("avx512bw")},
-                           {"avx512vl", __builtin_cpu_supports("avx512vl")},
-                           {"avx512dq", __builtin_cpu_supports("avx512dq")},
-                           {"fma", __builtin_cpu_supports("fma")},
-                           {"f16c", cpu_has_f16c()}};
-        for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-            if (!f[i].supported) return f[i].name;
-    }
-    return NULL;
-}
-
-static const ls_ops *ops_for(int32_t simd) {
-    switch (simd) {
-    case LS_SIMD_AVX512: return &ls_ops_avx512;
-    case LS_SIMD_AVX2: return &ls_ops_avx2;
-    default: return &ls_ops_portable;
-    }
-}
-
-static float *norm_to_f32(const uint16_t *w, int32_t n) {
-    float *out = malloc((size_t)n * sizeof *out);
-    if (out)
-        for (int32_t i = 0; i < n; i++) out[i] = ls_f16_to_f32(w[i]);
-    return out;
-}
-
-int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd, char *err, int32_t err_len) {
-    ls_model_info *mi = &m->info;
-    if (ls_check_model_shape(mi, err, err_len) != LS_OK) return LS_ERR_ARG;
-    int32_t chosen;
-    if (simd == LS_SIMD_AUTO) {
-        chosen = !ls_simd_missing(LS_SIMD_AVX512) ? LS_SIMD_AVX512
-                 : !ls_simd_missing(LS_SIMD_AVX2) ? LS_SIMD_AVX2
-                                                  : LS_SIMD_PORTABLE;
-    } else if (simd == LS_SIMD_PORTABLE || simd == LS_SIMD_AVX2 || simd == LS_SIMD_AVX512) {
-        const char *lack = ls_simd_missing(simd);
-        if (lack) {
-            ls_set_error(err, err_len, "simd path %s requested but the CPU lacks %s", ls_simd_name(simd),
-                         lack);
-            return LS_ERR_ARG;
-        }
-        chosen = simd;
-    } else {
-        ls_set_error(err, err_len, "unknown simd path %d (expected 0 auto, 1 portable, 2 avx2, 3 avx512)",
-                     simd);
-        return LS_ERR_ARG;
-    }
-
-    ls_runtime *rt = calloc(1, sizeof *rt);
-    if (!rt) {
-        ls_set_error(err, err_len, "out of memory allocating the runtime");
-        return LS_ERR_NOMEM;
-    }
-    rt->ops = ops_for(chosen);
-    rt->attn_norm = norm_to_f32(m->w.attn_norm, mi->dim);
-    rt->ffn_norm = norm_to_f32(m->w.ffn_norm, mi->dim);
-    rt->norm = norm_to_f32(m->w.norm, mi->dim);
-    if (!rt->attn_norm || !rt->ffn_norm || !rt->norm) {
-        m->rt = rt;
-        ls_runtime_free(m);
-        ls_set_error(err, err_len, "out of memory converting the norm weights");
-        return LS_ERR_NOMEM;
-    }
-    rt->pool = ls_pool_new(n_threads);
-    if (!rt->pool) {
-        m->rt = rt;
-        ls_runtime_free(m);
-        ls_set_error(err, err_len, "could not start the thread pool (%d threads requested)", n_threads);
-        return LS_ERR_NOMEM;
-    }
-    rt->n_threads = ls_pool_threads(rt->pool);
-    rt->n_parts = mi->quant != LS_QUANT_FP16 && rt->n_threads <= LS_TOKEN_PARTS_MAX ? rt->n_threads : 1;
-    if (m->qact) {
-        m->qact->simd = chosen; /* the quantized kernels follow the fp16 choice */
-        ls_quant_setup(m->qact);
-        for (int32_t p = 0; p < rt->n_parts && rt->n_parts > 1; p++) /* a part's quantized activations */
-            if (!(rt->part_act[p] = ls_qact_private(m->qact))) {
-                m->rt = rt;
-                ls_runtime_free(m);
-                ls_set_error(err, err_len, "out of memory allocating the quantized-activation scratch");
-                return LS_ERR_NOMEM;
-            }
-    }
-    mi->simd = chosen;
-    mi->n_threads = rt->n_threads;
-    m->rt = rt;
-    return LS_OK;
-}
-
-void ls_runtime_free(ls_model *m) {
-    if (!m || !m->rt) return;
-    ls_runtime *rt = m->rt;
-    ls_ext_free_all(rt->ext, LS_RUNTIME_EXT_N);
-    ls_bufpool_drain(&rt->bufs);
-    ls_pool_free(rt->pool);
-    for (int32_t p = 0; p < LS_TOKEN_PARTS_MAX; p++) ls_qact_free(rt->part_act[p]);
-    free(rt->attn_norm);
-    free(rt->ffn_norm);
-    free(rt->norm);
-    free(rt);
-    m->rt = NULL;
-}
-
-// ---- profile (loopserve.h LS_PROF_*) ----
-
-double ls_prof_now(const ls_runtime *rt) {
-    if (!rt->profile) return 0.0;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-void ls_prof_add(ls_runtime *rt, int32_t op, double *t0) {
-    if (!rt->profile) return;
-    double t = ls_prof_now(rt);
-    rt->prof[op] += t - *t0;
-    *t0 = t;
-}
-
-void ls_model_set_profile(ls_model *m, int32_t on) {
-    if (m && m->rt) m->rt->profile = on != 0;
-}
-
-int32_t ls_model_profile_read(ls_model *m, double *out, int32_t n, int32_t reset) {
-    if (!m || !m->rt) return LS_ERR_ARG;
-    for (int32_t i = 0; i < n && i < LS_PROF_N; i++) out[i] = m->rt->prof[i];
-    if (reset) memset(m->rt->prof, 0, sizeof m->rt->prof);
-    return LS_PROF_N;
-}
 
 // ---- parallel matmuls ----
 
@@ -233,26 +77,19 @@ static void mm_task(void *ctx, int32_t task, int32_t thread) {
 }
 
 /* A job of fewer multiply-adds than this runs on the calling thread alone:
- * splitting a few microseconds of work costs more than it saves, as its
- * inputs and outputs then cross between the cores' caches (a line's round
- * trip took ~0.5 us on the 2-vCPU machines measured). At 1M the trained
- * dim-256 int4 model's decode and 8-row batched steps ran faster (17% in
- * one alternated run), a dim-768 model's about the same; fp16 takes about
- * 4x longer per multiply-add, hence a quarter of that. */
+ * split, its inputs and outputs would cross between the cores' caches for
+ * more than it saves; fp16 costs more per multiply-add, hence a quarter
+ * (docs/kernels.md#tuning-figures). */
 #define SERIAL_MACS_INT ((int64_t)1 << 20)
 #define SERIAL_MACS_F16 (SERIAL_MACS_INT / 4)
 
 /* Rows per task: about 8 tasks per thread (dynamic claiming evens out the
- * load), each worth at least ~32K multiply-adds, a multiple of 4 rows. A
- * single token's matmuls take microseconds, where claiming a task (a cache
- * line passed between cores) is no longer free: 2 tasks per thread there
- * (int4 decode +7-10% against 8). No task reads more than TASK_WEIGHTS
- * weights, though: a task of the output head at 2 per thread runs for
- * ~0.1 ms, and when one core is slowed (the other's traffic, a neighbour
- * on the host) the other waits out the rest of it; in tasks of 1M weights
- * (37 for a dim-768 head) a dim-768 int4 decode step on 2 threads took
- * 5-15% less time. macs_per_row: of all the job's matrices (the gate/up
- * pair's two) for T tokens. */
+ * load), each worth at least ~32K multiply-adds, a multiple of 4 rows; 2
+ * per thread for one token, whose matmuls are too short for claims to be
+ * free. No task reads more than TASK_WEIGHTS weights, so a core slowed by
+ * its neighbour leaves the other little to wait out
+ * (docs/kernels.md#tuning-figures). macs_per_row: of all the job's
+ * matrices (the gate/up pair's two) for T tokens. */
 #define TASK_WEIGHTS ((int64_t)1 << 20)
 
 static int32_t rows_per_task(int32_t rows, int32_t n_threads, int64_t macs_per_row, int32_t T) {
@@ -268,11 +105,8 @@ static int32_t rows_per_task(int32_t rows, int32_t n_threads, int64_t macs_per_r
 
 /* Inputs a call quantizes from before its rows are split over the pool
  * (blocks of QUANT_BLOCK rows); a decode step's few rows stay on the
- * calling thread, where a hand-off would cost about what it saves. Split,
- * a 512-token prefill of the dim-768 model at loops 8 (chunks of 64 rows
- * of 768 and 2048 inputs) took 2.5-7% less time at int4 and 3% at int2
- * than with every row quantized on the calling thread, the other waiting.
- * A quantized prefill at up to LS_TOKEN_PARTS_MAX threads runs in token
+ * calling thread, where a hand-off would cost about what it saves
+ * (docs/kernels.md#tuning-figures). A quantized prefill at up to LS_TOKEN_PARTS_MAX threads runs in token
  * parts instead (below): this serves larger pools, fp16 blocks' quantized
  * heads and batched steps. */
 #define QUANT_PARALLEL_INPUTS (1 << 15)
@@ -337,10 +171,7 @@ static void mm_run(const ls_runtime *rt, mm_job *j) {
     j->first_task[0] = 0;
     for (int32_t i = 0; i < j->n_seg; i++) {
         /* A segment's tasks of one size, so the threads' contiguous ranges
-         * of tasks (threadpool.c) hold equal rows: a one-token q/k/v job of
-         * the dim-768 model in tasks of 576 rows had tasks of 576 and 192 in
-         * each matrix, and the caller 10.4 us of work to the worker's 7.3;
-         * in tasks of 384, 9.6 and 9.3. */
+         * of tasks (threadpool.c) hold equal rows (docs/kernels.md#tuning-figures). */
         mm_seg *sg = &j->seg[i];
         int32_t n = (sg->rows + rpt - 1) / rpt;
         sg->rows_per_task = ((sg->rows + n - 1) / n + 3) & ~3;
@@ -422,13 +253,9 @@ static void rope_task(void *ctx, int32_t task, int32_t thread) {
  * about ten pool hand-offs; in parts, only the attention reads what another
  * part wrote, and a loop takes three: a part also stores its own rows' K/V
  * (the store callback), so the attention job needs no store job before it.
- * Each part reads all of the weights:
- * a 512-token prefill at loops 8 of the dim-768 model took 0-11% less
- * time in parts at int4 (median 8%) and 0-8% at int2 while the machine was
- * busy, the same while it was quiet, but 10% more at fp16, whose weights
- * are twice the bytes of the int4 copy the prefill tiles read, and whose
- * 6-token tiles leave a remainder in a part of 32 rows: fp16 blocks stay
- * split by rows (docs/kernels.md). */
+ * Each part reads all of the weights, which pays for the quantized copies
+ * but not for fp16's twice-as-large ones: fp16 blocks stay split by rows
+ * (docs/kernels.md#tuning-figures). */
 #define PART_MIN_ROWS 16
 
 /* Parts for a pass of T rows: rt->n_parts (one per thread; 1 for fp16

@@ -1,7 +1,7 @@
 /*
  * forward.h — the forward pass over a session (forward.c) and attention
- * over its cache (attention.c), as the session calls (session.c) and the
- * speculative cycle (spec.c) use them: ranges of loops, tree-shaped batches
+ * over its cache (attention.c), as a step (step.c), a batch (batch.c) and
+ * the speculative cycle (spec.c) use them: ranges of loops, tree-shaped batches
  * of rows, the output head on its own. Not ABI.
  */
 #ifndef LS_FORWARD_H
@@ -51,11 +51,6 @@ typedef void (*ls_block_attention)(void *ctx, int32_t loop, int32_t T, int32_t s
 /* Stores the K/V of rows [t0, t1) for `loop` on the calling thread (pool
  * index `thread`): a token part's own rows, right after their RoPE. */
 typedef void (*ls_block_store)(void *ctx, int32_t loop, int32_t t0, int32_t t1, int32_t thread);
-
-/* The first feature the CPU lacks for SIMD path simd (LS_SIMD_AVX2 /
- * LS_SIMD_AVX512), or NULL when it has them all (and for the portable
- * path). */
-const char *ls_simd_missing(int32_t simd);
 
 /* The T rows of b (T <= LS_CHUNK) through loop l of the shared block:
  * norms, matmuls and RoPE on the pool (by output rows, or in token parts

@@ -2,7 +2,7 @@
  * internal.h — shared between the library's own translation units; not ABI.
  *
  * model.c (loader) fills struct ls_model from the caller's model descriptor
- * checked against the mmapped file, then calls ls_runtime_init (forward.c
+ * checked against the mmapped file, then calls ls_runtime_init (runtime.c
  * side), which starts the pool, selects the SIMD kernels and prepares
  * anything derived from the weights.
  */
@@ -14,7 +14,7 @@
 
 #include "loopserve.h"
 
-typedef struct ls_runtime ls_runtime; /* owned by forward.c: pool, kernels, packed weights */
+typedef struct ls_runtime ls_runtime; /* owned by runtime.c: pool, kernels, packed weights */
 
 typedef struct ls_qact ls_qact; /* quant.h: quantized activations, one per model */
 
@@ -68,7 +68,7 @@ struct ls_model {
     ls_qact *qact;    /* activation scratch shared by the quantized matrices; NULL when none is */
 };
 
-/* Provided by forward.c. Called once by ls_model_load after the descriptor is
+/* Provided by runtime.c. Called once by ls_model_load after the descriptor is
  * checked; on failure writes err and returns a negative LS_ERR_*. */
 int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd, char *err, int32_t err_len);
 void ls_runtime_free(ls_model *m);

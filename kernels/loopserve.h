@@ -22,7 +22,7 @@
  *   - fp16 means IEEE 754 binary16, little-endian.
  *   - Nothing here reads the environment: the caller passes every setting.
  *   - The numbers below are the only copy: build.ts generates the binding's
- *     constants and struct layouts (src/engine/abi.generated.ts) from this
+ *     constants and struct layouts (src/abi/abi.generated.ts) from this
  *     file, so plain literals only (no expressions) in #defines and enums.
  *
  * Hooks that exist only for tests are in kernels/testing.h, not here.

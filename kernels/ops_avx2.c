@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "kvcache.h"
 #include "ops.h"
 #include "simd_vec.h"
 
@@ -138,35 +139,28 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
     }
 }
 
+/* One tile shape as a function of its own: R rows x TT tokens, PF
+ * prefetching the next tile. */
+#define TILE_FN(R, TT, PF)                                                                                 \
+    static void tile_r##R##_t##TT(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w, \
+                                  int32_t in, int32_t o, int32_t add) {                                    \
+        tile(y, ldy, x, ldx, w, in, o, R, TT, add, PF);                                                    \
+    }
+
 /* Prefill: 3 rows x 4 tokens (12 accumulators, 3 weight and 1 x
- * registers), over a row block in L2: 7 loads per 12 FMAs. Against 2 x 3
- * tiles with two accumulators each, 0.87-0.88x the time per matrix at 512
- * tokens (Zen 3, one thread); 4 x 3 spills. No prefetch: the block is in
- * L2. */
-static void tile_r3_t4(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
-                       int32_t in, int32_t o, int32_t add) {
-    tile(y, ldy, x, ldx, w, in, o, 3, 4, add, 0);
-}
-static void tile_r1_t4(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
-                       int32_t in, int32_t o, int32_t add) {
-    tile(y, ldy, x, ldx, w, in, o, 1, 4, add, 0);
-}
+ * registers), over a row block in L2: 7 loads per 12 FMAs; 4 x 3 spills
+ * (docs/kernels.md#tuning-figures). No prefetch: the block is in L2. */
+TILE_FN(3, 4, 0)
+TILE_FN(1, 4, 0)
 /* Decode: 8 rows a tile, 8 weight streams in flight; the next tile is
- * prefetched in address order, 4 lines every two steps: against a prefetch
- * per row per step (two per line), 0.58-0.84x the time per matrix on Zen 3
- * at 2 threads, from L2 to DRAM. */
-static void tile_r8_t1(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
-                       int32_t in, int32_t o, int32_t add) {
-    tile(y, ldy, x, ldx, w, in, o, 8, 1, add, 1);
-}
-static void tile_r1_t1(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
-                       int32_t in, int32_t o, int32_t add) {
-    tile(y, ldy, x, ldx, w, in, o, 1, 1, add, 0);
-}
+ * prefetched in address order, 4 lines every two steps, not a prefetch per
+ * row per step (docs/kernels.md#tuning-figures). */
+TILE_FN(8, 1, 1)
+TILE_FN(1, 1, 0)
 
 static void matmul_f16_avx2(float *y, int32_t ldy, const float *x, int32_t ldx, const uint16_t *w,
                             int32_t in, int32_t T, int32_t o0, int32_t o1, int32_t add) {
-    int32_t rb = L2_BLOCK_BYTES / (in * 2);
+    int32_t rb = LS_L2_BLOCK_BYTES / (in * 2);
     rb = rb < 8 ? 8 : rb & ~7; /* whole decode tiles */
     for (int32_t ob = o0; ob < o1; ob += rb) {
         int32_t oe = o1 - ob < rb ? o1 : ob + rb;

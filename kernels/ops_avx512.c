@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "internal.h"
+#include "kvcache.h"
 #include "ops.h"
 #include "simd_vec.h"
 
@@ -158,10 +159,9 @@ static inline __attribute__((always_inline)) void tile(float *y, int32_t ldy, co
 #define PRE_T 6
 #endif
 /* Decode (one token): 8 rows a tile, each prefetching the same offset in
- * the next tile's row. Eight weight streams in flight instead of four cut
- * fp16 decode at loops 8 by 12-17% on the dim-768 model (the block's
- * matvecs read from L3, the head from DRAM); six rows were slower than
- * four. 8 sums reduce through reduce16. */
+ * the next tile's row: eight weight streams in flight keep more misses
+ * outstanding than four (docs/kernels.md#tuning-figures). 8 sums reduce
+ * through reduce16. */
 #ifndef DEC_R
 #define DEC_R 8
 #endif
@@ -215,7 +215,7 @@ static void matmul_f16_avx512(float *y, int32_t ldy, const float *x, int32_t ldx
                               int32_t add) {
     /* Rows in blocks small enough to stay in L2 while every group of
      * tokens passes over them (prefill); irrelevant to the result. */
-    int32_t rb = L2_BLOCK_BYTES / (in * 2);
+    int32_t rb = LS_L2_BLOCK_BYTES / (in * 2);
     _Static_assert(DEC_R % PRE_R == 0, "row blocks are whole decode and prefill tiles");
     rb = rb < DEC_R ? DEC_R : rb - rb % DEC_R;
     for (int32_t ob = o0; ob < o1; ob += rb) {

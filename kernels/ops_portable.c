@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "kvcache.h"
 #include "ops.h"
 
 #define LANES 8
@@ -105,8 +106,6 @@ static void attn_values_portable(float *out, const float *p, const uint16_t *v, 
 
 // ---- quantized cache (ops.h attn_*_i8 / _i4; layouts in kvcache.h) ----
 
-#define KV_GROUP 32 /* LS_KV_GROUP */
-
 static void attn_scores_i8_portable(float *scores, const float *q, const int8_t *kt, int32_t ldq,
                                     const uint16_t *ks, int32_t hd, int32_t n) {
     for (int32_t j = 0; j < n; j++) scores[j] = 0.0f;
@@ -131,8 +130,8 @@ static void attn_scores_i4_portable(float *scores, const float *q, const uint8_t
                                     const uint16_t *kp, int32_t ldp, int32_t hd, int32_t n) {
     for (int32_t j = 0; j < n; j++) {
         float a = 0.0f;
-        for (int32_t g0 = 0, g = 0; g0 < hd; g0 += KV_GROUP, g++) {
-            int32_t half = ((g0 + KV_GROUP < hd ? g0 + KV_GROUP : hd) - g0) / 2;
+        for (int32_t g0 = 0, g = 0; g0 < hd; g0 += LS_KV_GROUP, g++) {
+            int32_t half = ((g0 + LS_KV_GROUP < hd ? g0 + LS_KV_GROUP : hd) - g0) / 2;
             float sg = h2f(kp[(size_t)(2 * g) * (size_t)ldp + j]), zg = h2f(kp[(size_t)(2 * g + 1) * (size_t)ldp + j]);
             const uint8_t *col = kt + (size_t)(g0 / 2) * (size_t)ldq + j;
             for (int32_t i = 0; i < half; i++, col += ldq) {
@@ -147,13 +146,13 @@ static void attn_scores_i4_portable(float *scores, const float *q, const uint8_t
 
 static void attn_values_i4_portable(float *out, const float *p, const uint8_t *v, const uint16_t *vp, int32_t hd,
                                     int32_t n) {
-    int32_t nb = hd / 2, np = 2 * ((hd + KV_GROUP - 1) / KV_GROUP);
+    int32_t nb = hd / 2, np = 2 * ((hd + LS_KV_GROUP - 1) / LS_KV_GROUP);
     for (int32_t j = 0; j < n; j++) {
         const uint8_t *row = v + (size_t)j * (size_t)nb;
         const uint16_t *par = vp + (size_t)j * (size_t)np;
         float w = p[j];
-        for (int32_t g0 = 0, g = 0; g0 < hd; g0 += KV_GROUP, g++) {
-            int32_t half = ((g0 + KV_GROUP < hd ? g0 + KV_GROUP : hd) - g0) / 2;
+        for (int32_t g0 = 0, g = 0; g0 < hd; g0 += LS_KV_GROUP, g++) {
+            int32_t half = ((g0 + LS_KV_GROUP < hd ? g0 + LS_KV_GROUP : hd) - g0) / 2;
             float sg = h2f(par[2 * g]), zg = h2f(par[2 * g + 1]);
             for (int32_t i = 0; i < half; i++) {
                 uint8_t c = row[g0 / 2 + i];

@@ -35,12 +35,10 @@
  * their horizontal sum.
  */
 
-#define L2_BLOCK_BYTES (64 * 1024) /* weight rows revisited by every token group */
-
 /* Decode streams weight rows from memory once per token; asking for the
  * next tile's rows while this tile computes keeps more misses in flight
  * than the hardware prefetcher does on a tile's parallel row streams
- * (tiles of 4 rows: 1-thread decode 155 -> 220 tok/s, dim 768). A prefetch
+ * (docs/kernels.md#tuning-figures). A prefetch
  * never faults, so running past the matrix end is harmless; the address is
  * formed as an integer to keep the pointer arithmetic defined. */
 static inline void prefetch_ahead(const uint16_t *p, size_t elems) {
@@ -117,8 +115,6 @@ static ALWAYS_INLINE void tile_step(vec acc[TILE_MAX_R][TILE_MAX_T], const uint1
 // runs over d (scores) or j (values) in order, so how positions or
 // dimensions are grouped into vectors cannot change a result.
 
-#define KV_GROUP 32 /* LS_KV_GROUP */
-
 /* Scores of NV vectors of positions from j (with TAIL, the last holds only
  * m < VL of them): sum_d q[d] * K[d][j..] over fp16 keys, or (I8) over int8
  * codes, each position's sum then times its fp16 scale ks[j]. */
@@ -133,9 +129,8 @@ static ALWAYS_INLINE void scores_tile(float *scores, const float *q, const void 
         // streams than the hardware prefetcher follows, so a decode step's
         // keys (back from memory after the output head passed through the
         // caches) came late. Each row asks for its part of the next tile,
-        // the address formed as an integer (a prefetch never faults).
-        // Decode attention, dim-768 int4 model, loops 8, 1024 positions, 2
-        // threads, Zen 3: 0.93x the time (two tiles ahead 0.95x, four 1.04x).
+        // the address formed as an integer (a prefetch never faults;
+        // docs/kernels.md#tuning-figures).
         if (NV == 8 && !TAIL)
             for (size_t b = 0; b < 8 * VL * es; b += 64)
                 _mm_prefetch((const char *)((uintptr_t)kt + (row + 8 * VL) * es + b), _MM_HINT_T0);
@@ -356,7 +351,7 @@ static void OPS_NAME(attn_values_i8)(float *out, const float *p, const int8_t *v
 
 /* Dims of the low (or high) nibbles of int4 group g0: half of the group. */
 static inline int32_t group_half(int32_t g0, int32_t hd) {
-    return ((g0 + KV_GROUP < hd ? g0 + KV_GROUP : hd) - g0) / 2;
+    return ((g0 + LS_KV_GROUP < hd ? g0 + LS_KV_GROUP : hd) - g0) / 2;
 }
 
 /* int4 key scores of NV vectors of positions from j (with TAIL, the last
@@ -367,7 +362,7 @@ static ALWAYS_INLINE void scores_i4_tile(float *scores, const float *q, const ui
     vec a[4];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; v++) a[v] = v_zero();
-    for (int32_t g0 = 0, g = 0; g0 < hd; g0 += KV_GROUP, g++) {
+    for (int32_t g0 = 0, g = 0; g0 < hd; g0 += LS_KV_GROUP, g++) {
         int32_t half = group_half(g0, hd);
         vec sg[4], zg[4];
 #pragma GCC unroll 4
@@ -403,8 +398,8 @@ static void OPS_NAME(attn_scores_i4)(float *scores, const float *q, const uint8_
  * high-nibble dims), in vectors of VL dims. */
 static ALWAYS_INLINE void values_i4_group(float *out, const float *p, const uint8_t *v, const uint16_t *vp,
                                           int32_t hd, int32_t n, int32_t g0, int32_t g, int32_t half) {
-    enum { NV_MAX = (KV_GROUP / 2 + VL - 1) / VL };
-    int32_t nb = hd / 2, np = 2 * ((hd + KV_GROUP - 1) / KV_GROUP), nv = (half + VL - 1) / VL;
+    enum { NV_MAX = (LS_KV_GROUP / 2 + VL - 1) / VL };
+    int32_t nb = hd / 2, np = 2 * ((hd + LS_KV_GROUP - 1) / LS_KV_GROUP), nv = (half + VL - 1) / VL;
     vec lo[NV_MAX], hi[NV_MAX];
     for (int32_t e = 0; e < NV_MAX; e++) lo[e] = hi[e] = v_zero(); /* (only [0, nv) are used) */
     for (int32_t e = 0; e < nv; e++) {
@@ -433,9 +428,9 @@ static ALWAYS_INLINE void values_i4_group(float *out, const float *p, const uint
 
 static void OPS_NAME(attn_values_i4)(float *out, const float *p, const uint8_t *v, const uint16_t *vp, int32_t hd,
                                      int32_t n) {
-    for (int32_t g0 = 0, g = 0; g0 < hd; g0 += KV_GROUP, g++) {
+    for (int32_t g0 = 0, g = 0; g0 < hd; g0 += LS_KV_GROUP, g++) {
         int32_t half = group_half(g0, hd);
-        if (half == KV_GROUP / 2) values_i4_group(out, p, v, vp, hd, n, g0, g, KV_GROUP / 2); /* a whole group */
+        if (half == LS_KV_GROUP / 2) values_i4_group(out, p, v, vp, hd, n, g0, g, LS_KV_GROUP / 2); /* a whole group */
         else values_i4_group(out, p, v, vp, hd, n, g0, g, half);
     }
 }
@@ -519,8 +514,8 @@ static ALWAYS_INLINE void rope_vec(float *lo, float *hi, const float *c, const f
 /* ops.h rope: the table's pairs are split into cos and sin runs once per
  * block of 64, then every head's halves go a vector at a time; products and
  * sums stay separate (v_mul, v_sub, v_add), as on the portable path. Whole
- * vectors load as such: AVX2's partial loads copy through the stack, and
- * every vector of a prefill's RoPE took one (2.4% of an int4 prefill). */
+ * vectors load as such: AVX2's partial loads copy through the stack
+ * (docs/kernels.md#tuning-figures). */
 static void OPS_NAME(rope)(float *x, int32_t n_heads, int32_t hd, const float *cs) {
     enum { B = 64 };
     float c[B], s[B];

@@ -44,9 +44,8 @@
 
 #include "internal.h"
 
-/* Group sizes the kernels handle (loader and quantizer enforce them). */
-#define LS_QUANT_GROUP_MIN 32
-#define LS_QUANT_GROUP_MAX 256
+/* A group size the kernels handle: loopserve.h's LS_QUANT_GROUP_MIN..MAX,
+ * a power of two (the loader and the quantizer enforce it). */
 static inline int ls_quant_group_ok(int32_t g) {
     return g >= LS_QUANT_GROUP_MIN && g <= LS_QUANT_GROUP_MAX && (g & (g - 1)) == 0;
 }

@@ -85,14 +85,10 @@ static void quantize_avx2(ls_qact *a, const float *x, int32_t ldx, int32_t T, in
 
 // ---- the tiles ----
 
-/* Tokens per tile. A tile is one row pair: with two pairs a tile the int4
- * model's decode at loops 1 (mostly the int6 head, from memory) took about
- * 1.45x as long, with four 1.9x. */
+/* Tokens per tile. A tile is one row pair: more pairs a tile made decode
+ * slower (docs/kernels.md#tuning-figures). */
 #define TILE_MAX_T 4
 _Static_assert(TILE_MAX_T <= QTILE_MAX_T, "lanes holds a tile's tokens");
-/* Pairs in blocks of about this many bytes, which stay in L2 while every
- * group of tokens passes. */
-#define L2_BLOCK_BYTES (64 * 1024)
 /* How far ahead (in row pairs) the one-token tiles prefetch: the head
  * streams from memory in decode, more misses in flight than the hardware
  * prefetcher keeps. */
@@ -144,8 +140,8 @@ static inline __m256i fold_to(__m256i s, int32_t n, int32_t off) {
 }
 
 /* acc + m in int16 lanes (vpaddw). As asm, because GCC put each sum of the
- * chunk loop in a new register and copied it back, a move per add (without
- * them the int4 prefill tile took about 0.9x the time). */
+ * chunk loop in a new register and copied it back, a move per add
+ * (docs/kernels.md#tuning-figures). */
 static inline __m256i add_i16(__m256i acc, __m256i m) {
     __asm__("vpaddw %1, %0, %0" : "+x"(acc) : "x"(m));
     return acc;
@@ -325,7 +321,7 @@ static void matmul_avx2(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *
     const tiles_fn *k = w->bits == 8 ? K8 : w->bits == 6 ? K6 : w->bits == 4 ? K4 : K2;
     const layout v = layout_of(w, 1);
     const int32_t T = a->T, q0 = o0 / 2, q1 = (o1 + 1) / 2;
-    int32_t pb = (int32_t)(L2_BLOCK_BYTES / (v.pair_bytes + v.meta_bytes));
+    int32_t pb = (int32_t)(LS_L2_BLOCK_BYTES / (v.pair_bytes + v.meta_bytes));
     pb = pb < 1 ? 1 : pb;
     for (int32_t qb = q0; qb < q1; qb += pb) {
         const int32_t qe = q1 - qb < pb ? q1 : qb + pb;

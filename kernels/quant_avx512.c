@@ -26,13 +26,14 @@
 #include <string.h>
 
 #include "quant_pack.h"
+#include "simd_vec.h"
 
 #define TILE_MAX_P 4 /* row pairs per tile */
 #define TILE_MAX_T 8 /* tokens per tile: 4 for the wide scheme, 8 for the narrow one (kernels) */
 _Static_assert(TILE_MAX_T <= QTILE_MAX_T, "lanes holds a tile's tokens");
-/* Pairs in blocks of this many bytes: 128 KB ran the 256 x 768 down
- * projection at 64 tokens 3% faster than 64 KB, the others alike. */
-#define L2_BLOCK_BYTES (128 * 1024)
+/* Pairs in blocks of twice the shared L2 block: the AVX-512 tiles go through
+ * a block faster, so a larger one pays (docs/kernels.md#quantized-weights). */
+#define PAIR_BLOCK_BYTES (2 * LS_L2_BLOCK_BYTES)
 /* How far ahead (in row pairs) the int8 tiles prefetch the head, which
  * streams from memory in decode: more misses in flight than the hardware
  * prefetcher keeps. */
@@ -42,12 +43,9 @@ _Static_assert(TILE_MAX_T <= QTILE_MAX_T, "lanes holds a tile's tokens");
 
 /* Block matrices keep both copies and take the narrow one for calls of at
  * most this many tokens (a decode step of up to 8 rows; the narrow tiles
- * take 8 tokens in one pass). Reading int4 at a byte per code instead,
- * one-token decode ran 28-37% slower (dim 768, loops 8) and an 8-row
- * batched step 10-30% slower; int2 (wv, wo, w2 at int4) 17-30% slower. The
- * wide tiles run prefill-sized int4 calls at 57-59% of the VNNI peak
- * against the narrow ones' 47-53% (bench/run.ts gemm), though end to end
- * this machine showed no prefill difference. */
+ * take 8 tokens in one pass): decode reads fewer bytes from the narrow
+ * copy, prefill runs nearer the peak on the wide one
+ * (docs/kernels.md#tuning-figures). */
 #define NARROW_BLOCK_MAX_T 8
 
 /* Whether a call of T tokens runs w in the narrow scheme (above): the head
@@ -127,9 +125,8 @@ static inline __m512i dpbusd(__m512i acc, __m512i u, __m512i x) {
 
 /* dpbusd with x in a register. Given the choice, GCC keeps the one-token
  * tiles' shared activation vector on the stack and reads it there for
- * every vpdpbusd (those tiles took half again as long); the wide tiles
- * read their codes best as a memory operand (58% of the VNNI peak at 64
- * tokens against 57% with this form). */
+ * every vpdpbusd; the wide tiles read their codes best as a memory operand
+ * (docs/kernels.md#tuning-figures). */
 static inline __m512i dpbusd_reg(__m512i acc, __m512i u, __m512i x) {
     __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(x));
     return acc;
@@ -379,12 +376,8 @@ static inline __attribute__((always_inline)) int32_t pair_tiles(float *y, int32_
  * the second), so a chunk costs half a load and half a mask instead of a
  * broadcast and a mask, and a pair has two chains of half the length. The
  * group sums are pair_window's and every fp32 step is pair_tile's, so the
- * bits are the same. Against the 4-pair tiles, the trained dim-256 int4
- * model (its block in L2) decoded 4-6% faster at loops 8 and its extra loop
- * took 7% less time at 2 threads, 16% at 1 (with an int4 head, loops 1
- * 5-12% faster); the dim-768 model, whose block streams from L3 at about
- * 125 GB/s on 2 threads either way, 0.95-1.02x the time, this machine's
- * noise. Returns the first pair not done. */
+ * bits are the same; a block in L2 decodes faster than in 4-pair tiles
+ * (docs/kernels.md#tuning-figures). Returns the first pair not done. */
 #define T1_PAIRS 8
 static int32_t tiles_t1_int4(float *y, int32_t ldy, const ls_qact *a, const ls_qmat *w, int32_t q, int32_t q1,
                              int32_t t0, int32_t o0, int32_t o1, int32_t add) {
@@ -500,7 +493,7 @@ static void matmul_avx512(float *y, int32_t ldy, const ls_qact *a, const ls_qmat
     const layout v = layout_of(w, nar);
     const int32_t T = a->T, q0 = o0 / 2, q1 = (o1 + 1) / 2;
     // Pairs in blocks that stay in L2 while every group of tokens passes.
-    int32_t pb = (int32_t)(L2_BLOCK_BYTES / (v.pair_bytes + v.meta_bytes));
+    int32_t pb = (int32_t)(PAIR_BLOCK_BYTES / (v.pair_bytes + v.meta_bytes));
     pb = pb < 4 ? 4 : pb & ~3;
     for (int32_t qb = q0; qb < q1; qb += pb) {
         const int32_t qe = q1 - qb < pb ? q1 : qb + pb;

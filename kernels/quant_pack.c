@@ -99,8 +99,8 @@ int32_t ls_quant_pack(ls_qmat *w, int wide) {
     wide = wide && !w->head;
     const size_t first = wide ? copy_bytes(w, 0) : 0, used = first + copy_bytes(w, 1);
     // A copy that fills huge pages asks for them (the kernel may decline):
-    // the head streams from DRAM, and on 4 KB pages decode ran 5-10%
-    // slower (the file mapping it is copied from sits in huge pages).
+    // the head streams from DRAM, where 4 KB pages slow decode
+    // (docs/kernels.md#tuning-figures).
     const size_t huge = (size_t)2 << 20, bytes = used >= huge ? (used + huge - 1) & ~(huge - 1) : used;
     uint8_t *p = aligned_alloc(used >= huge ? huge : 64, bytes);
     uint8_t *full = malloc(3 * (size_t)w->in); /* pack_copy's scratch */

@@ -1,5 +1,5 @@
 /*
- * runtime.h — what a loaded model runs with (forward.c sets it up in
+ * runtime.h — what a loaded model runs with (runtime.c sets it up in
  * ls_runtime_init): the thread pool, the SIMD kernels, the fp32 norms, the
  * profile counters, the modules' extension slots and the freed session
  * buffers kept for reuse. Not ABI.
@@ -34,6 +34,11 @@ struct ls_runtime {
     int32_t profile;          /* ls_model_set_profile */
     double prof[LS_PROF_N];   /* seconds per LS_PROF_* op */
 };
+
+/* The first feature the CPU lacks for SIMD path simd (LS_SIMD_AVX2 /
+ * LS_SIMD_AVX512), or NULL when it has them all (and for the portable
+ * path). */
+const char *ls_simd_missing(int32_t simd);
 
 /* Profile clock: 0 (and no clock read) when profiling is off. */
 double ls_prof_now(const ls_runtime *rt);

@@ -295,8 +295,8 @@ int32_t ls_sample(const float *logits, int32_t vocab, const int32_t *history, in
 
     if (temperature == 0.0f && !penalize) {
         // Greedy without penalty needs no copy: two branch-free passes the
-        // compiler vectorizes (the maximum, then its first index), 2.6x
-        // faster over the GPT-2 vocabulary than one pass keeping indices.
+        // compiler vectorizes (the maximum, then its first index), faster
+        // than one pass keeping indices (docs/kernels.md#tuning-figures).
         // NaN never compares greater or equal, so it is skipped like -inf;
         // the lowest index wins a tie.
         return first_ranked(logits, V);

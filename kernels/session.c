@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward.h"
+#include "runtime.h"
 #include "session.h"
 #include "batch_rules.h" /* after session.h: it reads sessions through ls_session_view */
 
@@ -255,22 +255,4 @@ int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src, int32_t n
     memcpy(dst->tokens, src->tokens, (size_t)n * sizeof *dst->tokens);
     dst->pos = n;
     return LS_OK;
-}
-
-int32_t ls_step_sample(const ls_session *s, const float *logits, const ls_step_params *p) {
-    return ls_sample(logits, s->m->info.vocab_size, s->tokens, s->pos, &p->sampling, (uint64_t)s->pos);
-}
-
-int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, const ls_step_params *params,
-                        float *logits_out) {
-    /* The sampling arguments are checked before the forward pass mutates the
-     * session (ls_sample checks them again). */
-    if (!s || !params || !ls_step_params_ok(params, 1)) return LS_ERR_ARG;
-    float *logits = logits_out ? logits_out : s->logits;
-    int32_t rc = ls_session_forward(s, tokens, n, params->loops, logits, 1);
-    if (rc != LS_OK) return rc;
-    double t0 = ls_prof_now(s->m->rt);
-    rc = ls_step_sample(s, logits, params);
-    ls_prof_add(s->m->rt, LS_PROF_SAMPLE, &t0);
-    return rc;
 }

@@ -79,9 +79,9 @@ static inline ls_seq_view ls_session_view(const ls_session *s) {
  * blocks of LS_KV_BLOCK rows, up to cap: memory follows the positions
  * actually fed, and the copies of growing sum to less than the final size.
  * A growth is one allocation and copy of the whole cache, and first
- * touches of fresh pages are slow on some hosts (1.5-3 ms for a 0.9 MB
- * cache on the 2-core test machine): the first allocation covers a
- * common request so that most never grow. */
+ * touches of fresh pages are slow on some hosts
+ * (docs/kernels.md#tuning-figures): the first allocation covers a common
+ * request so that most never grow. */
 #define LS_KV_BLOCK 64
 #define LS_KV_FIRST_ROWS 512
 /* Rows allocated past the last usable one: they keep the value rows of

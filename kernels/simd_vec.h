@@ -11,6 +11,10 @@
 
 #include <immintrin.h>
 
+/* Bytes of weight rows a tiled matmul keeps in L2 while every group of
+ * tokens passes over them (ops_simd.h, quant_avx2.c, quant_avx512.c). */
+#define LS_L2_BLOCK_BYTES (64 * 1024)
+
 /* The 8 lanes of v summed as ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)):
  * the order the AVX2 dot products and every path's quantized matmul
  * (quant.h) end with. */

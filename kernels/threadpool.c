@@ -8,9 +8,7 @@
  * the same rows of the same matrices on every call, which stay in that
  * core's caches, and a claim is a compare-and-swap on the thread's own
  * cache line instead of one shared line that every claim moved between
- * the cores. Against claiming runs of tasks from one shared counter, a
- * dim-768 int4 decode step on 2 threads took 12-14% less time
- * (docs/kernels.md).
+ * the cores (docs/kernels.md#tuning-figures).
  *
  * Protocol. Each thread's range is one word, gen << 32 | lo << 16 | hi:
  * the owner claims (gen, lo, hi) -> (gen, lo + 1, hi), a thief (gen, lo,
@@ -25,8 +23,7 @@
  * and the caller writes the next job's only after every task of this one
  * (the task just claimed among them) is done. So one slot would be
  * correct too; two keep the next job's writes off the line whose `done`
- * the workers have just added to (one slot decoded 1-6% slower by the
- * fastest rounds of two alternated runs).
+ * the workers have just added to.
  * Jobs of more than POOL_MAX_TASKS tasks run as consecutive jobs.
  *
  * Sleeping. A worker spins for LS_POOL_SPIN_NS after its last job, then

@@ -23,7 +23,7 @@ export async function main(argv: string[]): Promise<number> {
     case "serve":
       return (await import("./serve.ts")).runServe(rest);
     case "model":
-      return (await import("./model/cli.ts")).runModelCommand(rest);
+      return (await import("./model_cli.ts")).runModelCommand(rest);
     case "tokenize":
       return (await import("./data/tokenize.ts")).runTokenizeCommand(rest);
     case "bench":

@@ -6,9 +6,9 @@
 import { readFileSync } from "node:fs";
 import { totalmem } from "node:os";
 import pkg from "../package.json" with { type: "json" };
-import { LS_BATCH_MAX_ROWS } from "./engine/abi.generated.ts";
+import { LS_BATCH_MAX_ROWS } from "./abi/abi.generated.ts";
 import { SIMD_CHOICES, type SimdChoice } from "./engine/types.ts";
-import { normalizeHostPattern, normalizeOrigin } from "./http/origins.ts";
+import { normalizeHostPattern, normalizeOrigin } from "./origins.ts";
 import { LOG_FORMATS, type LogFormat } from "./log.ts";
 import { KV_CACHE_MODES, type KvCacheMode } from "./model/kvcache.ts";
 

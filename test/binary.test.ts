@@ -10,7 +10,7 @@ import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFile
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import pkg from "../package.json" with { type: "json" };
-import { ChatCompletion, GenerateResponse } from "../src/http/responses.ts";
+import { ChatCompletion, GenerateResponse } from "../src/wire/responses.ts";
 import { CPU_LIBRARY_NAME, cachedLibraryName, cacheDirCandidates, extractLibrary, findKernelLibrary, KernelLibraryError, resolveKernelLibrary } from "../src/engine/library.ts";
 import { jsonBody } from "./helpers/http.ts";
 import { startServer, type TestServer } from "./helpers/server.ts";

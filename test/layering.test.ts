@@ -5,7 +5,12 @@
 //   needs from an engine; the engine satisfies it);
 // - the HTTP layer reaches neither the FFI binding nor the kernel library
 //   loader, not even through another module: it sees engine types and errors;
-// - no import cycle in src/, and no #include cycle in kernels/.
+// - no import cycle in src/, neither between files nor between folders (a
+//   folder of src/ is one layer: two folders never import each other, even
+//   through a third), and no #include cycle in kernels/;
+// - no call cycle between the C files of kernels/: a file calls functions
+//   defined only in the files below it (runtime.c at the bottom, then the
+//   sessions, the forward pass, the step and batch entry points above).
 import { describe, expect, test } from "bun:test";
 import { readdirSync, readFileSync } from "node:fs";
 import { dirname, join, relative, resolve } from "node:path";
@@ -52,6 +57,36 @@ function includeGraph(dir: string): Graph {
   return graph;
 }
 
+/** C source without comments, string and character literals (whose text could read as a call). */
+function cCode(source: string): string {
+  return source
+    .replace(/\/\*[\s\S]*?\*\//g, " ")
+    .replace(/\/\/.*$/gm, "")
+    .replace(/"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*'/g, '""');
+}
+
+// A function definition at file scope: at the start of a line, not static
+// (a static function cannot be called from another file), its parameter
+// list (over several lines too) followed by the opening brace.
+const C_DEFINITION = /^(?!static\b)[A-Za-z_][\w \t*]*?\b(\w+)\s*\([^;{}]*\)\s*\{/gm;
+
+/** Which C file calls a function another file defines: file -> the files whose functions it calls. */
+function cCallGraph(sources: Map<string, string>): Graph {
+  const code = new Map([...sources].map(([file, text]) => [file, cCode(text)]));
+  const definedIn = new Map<string, string>();
+  for (const [file, text] of code) for (const m of text.matchAll(C_DEFINITION)) definedIn.set(m[1], file);
+  const graph: Graph = new Map();
+  for (const [file, text] of code) {
+    const callees = new Set<string>();
+    for (const m of text.matchAll(/\b(\w+)\s*\(/g)) {
+      const home = definedIn.get(m[1]);
+      if (home !== undefined && home !== file) callees.add(home);
+    }
+    graph.set(file, [...callees].sort());
+  }
+  return graph;
+}
+
 /** Every cycle found by a depth-first walk, each as the path that closes it. */
 function cycles(graph: Graph): string[][] {
   const found: string[][] = [];
@@ -86,6 +121,25 @@ function reaches(graph: Graph, from: string, bad: (f: string) => boolean): strin
     }
   }
   return null;
+}
+
+/**
+ * The graph between the layers of a tree: each folder directly under its
+ * root stands for every file below it, and each file at the root for itself.
+ */
+function folderGraph(graph: Graph, root: string): Graph {
+  const layer = (file: string) => {
+    const parts = relative(root, file).split("/");
+    return parts.length > 1 ? join(root, parts[0]) : file;
+  };
+  const folders: Graph = new Map();
+  for (const [file, deps] of graph) {
+    const from = layer(file);
+    const to = new Set([...(folders.get(from) ?? []), ...deps.filter((d) => graph.has(d)).map(layer)]);
+    to.delete(from);
+    folders.set(from, [...to].sort());
+  }
+  return folders;
 }
 
 const src = tsGraph("src");
@@ -139,10 +193,41 @@ describe("layers", () => {
     expect(cycles(src).map((c) => c.join(" -> "))).toEqual([]);
   });
 
+  test("no import cycle between the folders of src/", () => {
+    const folders = folderGraph(src, "src");
+    expect(folders.get("src/http")).toContain("src/engine");
+    expect(cycles(folders).map((c) => c.join(" -> "))).toEqual([]);
+  });
+
   test("no #include cycle in kernels/", () => {
     const kernels = includeGraph("kernels");
     expect([...kernels.values()].flat().length).toBeGreaterThan(0);
     expect(cycles(kernels).map((c) => c.join(" -> "))).toEqual([]);
+  });
+
+  test("no call cycle between the C files of kernels/", () => {
+    const files = filesUnder("kernels", /\.c$/).filter((f) => dirname(f) === "kernels");
+    const calls = cCallGraph(new Map(files.map((f) => [f, readFileSync(join(ROOT, f), "utf8")])));
+    expect(calls.get("kernels/forward.c")).toContain("kernels/runtime.c");
+    expect(calls.get("kernels/step.c")).toEqual(expect.arrayContaining(["kernels/forward.c", "kernels/sample.c"]));
+    expect(cycles(calls).map((c) => c.join(" -> "))).toEqual([]);
+  });
+
+  test("the C call reader sees multi-line definitions and ignores static functions, comments and strings", () => {
+    const sources = new Map([
+      ["a.c", 'int32_t a_run(int x,\n              int y) {\n    return b_help(x) + quiet(y);\n}\nstatic int quiet(int y) { return y; }\n'],
+      ["b.c", 'int b_help(int x) {\n    /* a_run(x) */ puts("a_run(1)");\n    return c_leaf(x);\n}\n'],
+      ["c.c", "int c_leaf(int x) { return x; }\nvoid c_back(void) { a_run(1, 2); }\nstatic int quiet(int y) { return -y; }\n"],
+    ]);
+    const calls = cCallGraph(sources);
+    expect(calls).toEqual(
+      new Map([
+        ["a.c", ["b.c"]],
+        ["b.c", ["c.c"]],
+        ["c.c", ["a.c"]],
+      ]),
+    );
+    expect(cycles(calls)).toEqual([["a.c", "b.c", "c.c", "a.c"]]);
   });
 
   test("the cycle and reach checks catch what they look for", () => {
@@ -155,5 +240,25 @@ describe("layers", () => {
     expect(cycles(g)).toEqual([["a", "b", "c", "a"]]);
     expect(reaches(g, "a", (f) => f === "d")).toEqual(["a", "b", "c", "d"]);
     expect(reaches(new Map([["d", []]]), "d", (f) => f === "a")).toBeNull();
+  });
+
+  test("the folder graph joins a folder's files into one node and sees a cycle no file-level edge closes", () => {
+    const files: Graph = new Map([
+      ["src/a/x.ts", ["src/b/y.ts"]],
+      ["src/b/y.ts", []],
+      ["src/b/z.ts", ["src/a/w.ts", "src/top.ts"]],
+      ["src/a/w.ts", []],
+      ["src/top.ts", []],
+    ]);
+    expect(cycles(files)).toEqual([]);
+    const folders = folderGraph(files, "src");
+    expect(folders).toEqual(
+      new Map([
+        ["src/a", ["src/b"]],
+        ["src/b", ["src/a", "src/top.ts"]],
+        ["src/top.ts", []],
+      ]),
+    );
+    expect(cycles(folders)).toEqual([["src/a", "src/b", "src/a"]]);
   });
 });

@@ -3,7 +3,7 @@
 import { join } from "node:path";
 import { formatProfile, NativeModel } from "../engine/binding.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "../engine/library.ts";
-import type { SimdChoice } from "../engine/types.ts";
+import { GREEDY, type SimdChoice } from "../engine/types.ts";
 import type { ProgressCallback } from "../progress.ts";
 import { promptOf } from "./models.ts";
 import { median, type Row } from "./table.ts";
@@ -44,7 +44,7 @@ export function measureEngine(modelPath: string, o: EngineBenchOptions): Row[] {
       const profiling = o.profile === true && r === 0 && model.setProfile(true);
       model.readProfile(true);
       let t = performance.now();
-      let next = session.step(promptOf(o.prefillTokens, vocab), o.loops, 0, 0, 1, 1, 0n);
+      let next = session.step(promptOf(o.prefillTokens, vocab), o.loops, GREEDY);
       prefill.push((o.prefillTokens * 1000) / (performance.now() - t));
       ran(o.prefillTokens);
       const pp = profiling ? model.readProfile(true) : null;
@@ -53,7 +53,7 @@ export function measureEngine(modelPath: string, o: EngineBenchOptions): Row[] {
       const one = new Int32Array(1);
       for (let i = 0; i < o.decodeTokens; i++) {
         one[0] = next;
-        next = session.step(one, o.loops, 0, 0, 1, 1, 0n);
+        next = session.step(one, o.loops, GREEDY);
         ran(1);
       }
       decode.push((o.decodeTokens * 1000) / (performance.now() - t));

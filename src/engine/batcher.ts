@@ -9,7 +9,7 @@
 // running streams by at most one chunk per step. Each row's result is what
 // it would be alone (ls_batch_step is exact), so who shares a step never
 // changes an output.
-import { LS_ERR_ARG, LS_ERR_FULL, LS_ERR_STATE } from "./abi.generated.ts";
+import { LS_ERR_ARG, LS_ERR_FULL, LS_ERR_STATE } from "../abi/abi.generated.ts";
 import { type BatchRow, NativeError, type NativeModel } from "./binding.ts";
 
 /** What one kernel call carried, for the metrics. */

@@ -23,10 +23,10 @@ import {
   LS_SIMD_PORTABLE,
   LS_SPEC_EXACT_DRAFT_HEAD,
   LS_STRUCTS,
-} from "./abi.generated.ts";
-import { type FieldName, StructView } from "./abi_struct.ts";
+} from "../abi/abi.generated.ts";
+import { type FieldName, StructView } from "../abi/abi_struct.ts";
 import { describeModelFile } from "./model_descriptor.ts";
-import type { ModelFileInfo, ModelInfo, SimdChoice } from "./types.ts";
+import type { ModelFileInfo, ModelInfo, SamplingParams, SimdChoice } from "./types.ts";
 
 const { i32, i64_fast, u64, ptr, void: none, cstring } = FFIType;
 
@@ -301,29 +301,10 @@ export class NativeModel {
     return out;
   }
 
-  /** Samples from logits with the C sampler (used by tests and host-side modes). */
-  sample(
-    logits: Float32Array,
-    history: Int32Array,
-    temperature: number,
-    topK: number,
-    topP: number,
-    repetitionPenalty: number,
-    seed: number | bigint,
-    counter: number | bigint,
-  ): number {
-    return check(
-      this.lib,
-      this.lib.ls_sample(
-        logits,
-        logits.length,
-        history,
-        history.length,
-        fillSampling(new StructView("ls_sampling"), { temperature, topK, topP, repetitionPenalty, seed }).bytes,
-        counter,
-      ),
-      "ls_sample",
-    );
+  /** Draws a token from logits with the C sampler, `counter` the RNG position (ls_sample). */
+  sample(logits: Float32Array, history: Int32Array, sampling: SamplingParams, counter: number): number {
+    const params = fillSampling(new StructView("ls_sampling"), sampling).bytes;
+    return check(this.lib, this.lib.ls_sample(logits, logits.length, history, history.length, params, counter), "ls_sample");
   }
 
   /** Turns the per-op time breakdown on or off (false when the library lacks LS_FEATURE_PROFILE). */
@@ -393,19 +374,10 @@ export class NativeSession {
     check(lib, lib.ls_session_forward(this.pointer, tokens, tokens.length, loops, logitsOut, logitsOut ? nLogits : 0), "ls_session_forward");
   }
 
-  /** Forward of `tokens` then sampling of the next token, in one FFI call. */
-  step(
-    tokens: Int32Array,
-    loops: number,
-    temperature: number,
-    topK: number,
-    topP: number,
-    repetitionPenalty: number,
-    seed: number | bigint,
-    logitsOut: Float32Array | null = null,
-  ): number {
+  /** Forward of `tokens` then sampling of the next token, in one FFI call; logitsOut receives the last row's logits. */
+  step(tokens: Int32Array, loops: number, sampling: SamplingParams, logitsOut: Float32Array | null = null): number {
     const params = new StructView("ls_step_params");
-    fillStepParams(params, loops, { temperature, topK, topP, repetitionPenalty, seed });
+    fillStepParams(params, loops, sampling);
     const { lib } = this.model;
     return check(lib, lib.ls_session_step(this.pointer, tokens, tokens.length, params.bytes, logitsOut), "ls_session_step");
   }
@@ -443,23 +415,14 @@ function sessionParams(maxSeq: number, loops: number, cacheWindow: number, kv: K
 }
 
 /** ls_step_params: the depth and, for a sampling step, how to draw. */
-function fillStepParams(p: StructView<"ls_step_params">, loops: number, sampling: StepSampling | null): void {
+function fillStepParams(p: StructView<"ls_step_params">, loops: number, sampling: SamplingParams | null): void {
   p.set("loops", loops);
   if (sampling) fillSampling(p.member("sampling", "ls_sampling"), sampling);
 }
 
 /** ls_sampling from its TypeScript shape. */
-function fillSampling(s: StructView<"ls_sampling">, { temperature, topK, topP, repetitionPenalty, seed }: StepSampling): StructView<"ls_sampling"> {
+function fillSampling(s: StructView<"ls_sampling">, { temperature, topK, topP, repetitionPenalty, seed }: SamplingParams): StructView<"ls_sampling"> {
   return s.fill({ temperature, top_k: topK, top_p: topP, repetition_penalty: repetitionPenalty, seed: BigInt(seed) });
-}
-
-/** How a step draws its token (ls_sample's parameters). */
-export interface StepSampling {
-  temperature: number;
-  topK: number;
-  topP: number;
-  repetitionPenalty: number;
-  seed: number | bigint;
 }
 
 /** One row of NativeModel.batchStep. */
@@ -469,7 +432,7 @@ export interface BatchRow {
   tokens: Int32Array;
   loops: number;
   /** Draws the next token as NativeSession.step does; null: forward only (a prompt chunk before its last). */
-  sampling: StepSampling | null;
+  sampling: SamplingParams | null;
   /** A sampling row's last logits, before any sampling transform. */
   logitsOut?: Float32Array | null;
 }
@@ -481,11 +444,7 @@ export interface SpecCycleParams {
   draftAhead: number;
   kBranches: number;
   maxNew: number;
-  temperature: number;
-  topK: number;
-  topP: number;
-  repetitionPenalty: number;
-  seed: number; // non-negative integer <= 2^53
+  sampling: SamplingParams;
   flags?: number; // SPEC_FLAGS
   /** Tree: a candidate becomes a leaf only with at least this draft probability (default 0: all top-K). */
   leafMinProb?: number;
@@ -506,6 +465,6 @@ export interface SpecCycleStats {
 function specParams(p: SpecCycleParams): Uint8Array {
   const shape = { draft_loops: p.draftLoops, verify_loops: p.verifyLoops, draft_ahead: p.draftAhead, k_branches: p.kBranches, max_new: p.maxNew };
   const params = new StructView("ls_spec_params").fill({ ...shape, flags: p.flags ?? 0, leaf_min_prob: p.leafMinProb ?? 0 });
-  fillSampling(params.member("sampling", "ls_sampling"), p);
+  fillSampling(params.member("sampling", "ls_sampling"), p.sampling);
   return params.bytes;
 }

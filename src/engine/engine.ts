@@ -8,13 +8,13 @@ import { existsSync } from "node:fs";
 import { log } from "../log.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveCudaLibrary, resolveKernelLibrary } from "./library.ts";
 import type { KvCacheMode } from "../model/kvcache.ts";
-import { LS_ERR_STATE, LS_MAX_LOOPS } from "./abi.generated.ts";
+import { LS_ERR_STATE, LS_MAX_LOOPS } from "../abi/abi.generated.ts";
 import { type BatchStepStats, StepBatcher } from "./batcher.ts";
-import { cudaDeviceCount, formatProfile, type KvCacheSettings, NativeError, NativeModel, type NativeSession, type StepSampling } from "./binding.ts";
+import { cudaDeviceCount, formatProfile, type KvCacheSettings, NativeError, NativeModel, type NativeSession } from "./binding.ts";
 import { EngineLoadError, EngineRequestError } from "./errors.ts";
 import { MAX_TOP_LOGPROBS, type TokenLogprob, tokenLogprob } from "./logprobs.ts";
-import { cycleParams, type DraftOptions, planSpeculative, SPEC_SESSION_SLACK, SpecCounter, type SpecPlan } from "./speculative.ts";
-import type { EngineRunOptions, FinishReason, GenerateRequest, GenerateResult, ModelInfo, SimdChoice, TokenSink } from "./types.ts";
+import { cycleParams, type DraftOptions, SPEC_SESSION_SLACK, SpecCounter } from "./speculative.ts";
+import type { EngineRunOptions, FinishReason, GenerateRequest, GenerateResult, ModelInfo, SamplingParams, SimdChoice, TokenSink } from "./types.ts";
 
 export interface EngineOptions {
   modelPath: string;
@@ -59,7 +59,8 @@ export class KvSnapshot {
 }
 
 /** The session a request runs in: room for its prompt and output, caches for every loop it runs. */
-function sessionShape(req: GenerateRequest, plan: SpecPlan | null): { maxSeq: number; loops: number } {
+function sessionShape(req: GenerateRequest): { maxSeq: number; loops: number } {
+  const plan = req.speculative;
   return {
     // A speculative cycle writes rows past the last token before rolling back.
     maxSeq: req.promptTokens.length + req.maxTokens + (plan ? SPEC_SESSION_SLACK : 0),
@@ -167,15 +168,15 @@ export class Engine {
   /** Bytes of key/value cache the request's session takes at most while it runs (0 for a request the engine will refuse). */
   kvCacheBytes(req: GenerateRequest): number {
     try {
-      const shape = sessionShape(req, planSpeculative(req));
+      const shape = sessionShape(req);
       return this.model.sessionCacheBytes(shape.maxSeq, shape.loops, req.cacheWindow, this.kv);
     } catch {
       return 0;
     }
   }
 
-  /** Checks the request; returns its speculative plan, or null for plain generation. */
-  private validate(req: GenerateRequest): SpecPlan | null {
+  /** Checks the request (its speculative plan was checked when it was made: planSpeculative). */
+  private validate(req: GenerateRequest): void {
     const { vocabSize } = this.info;
     if (req.promptTokens.length === 0) throw new EngineRequestError("prompt is empty");
     const bad = req.promptTokens.find((t) => !Number.isInteger(t) || t < 0 || t >= vocabSize);
@@ -187,15 +188,9 @@ export class Engine {
     if (top !== undefined && !(Number.isInteger(top) && top >= 0 && top <= MAX_TOP_LOGPROBS))
       throw new EngineRequestError(`logprobs must be between 0 and ${MAX_TOP_LOGPROBS}, got ${top}`);
     if (req.promptLogprobs && top === undefined) throw new EngineRequestError("promptLogprobs needs logprobs");
-    const plan = planSpeculative(req);
+    const plan = req.speculative;
     if (plan && !this.model.hasSpeculative)
       throw new EngineRequestError(`mode '${plan.mode}' is not available: this kernel library has no speculative decoding`);
-    // Tree verification moves accepted leaves' fp16 cache rows (kernels/spec.c): fp16 cache only.
-    if (plan?.mode === "tree_speculative" && this.kv.mode !== "fp16")
-      throw new EngineRequestError(
-        `tree_speculative needs the fp16 key/value cache, but this engine runs kv_cache_mode ${this.kv.mode} (use mode speculative)`,
-      );
-    return plan;
   }
 
   private async run(
@@ -204,14 +199,15 @@ export class Engine {
     signal: AbortSignal | undefined,
     { prefix, capture, onPromptLogprobs }: EngineRunOptions<KvSnapshot>,
   ): Promise<GenerateResult> {
-    const plan = this.validate(req);
+    this.validate(req);
+    const plan = req.speculative;
     const start = performance.now();
     let firstTokenMs = 0;
     const tokens: number[] = [];
     const stops = new Set(req.stopTokenIds);
     const s = req.sampling;
     const counter = plan ? new SpecCounter() : null;
-    const shape = sessionShape(req, plan);
+    const shape = sessionShape(req);
     const session = this.model.newSession(shape.maxSeq, shape.loops, req.cacheWindow, this.kv);
     this.live.add(session);
     // With logprobs, every step hands back its raw logits (a cycle: one row per new token).
@@ -253,16 +249,7 @@ export class Engine {
         if (capture) capture(this.snapshot(session, req));
         if (req.maxTokens === 0) return done("length");
         stepLogits?.set(scored.last);
-        next = this.model.sample(
-          scored.last,
-          Int32Array.from(req.promptTokens),
-          s.temperature,
-          s.topK,
-          s.topP,
-          s.repetitionPenalty,
-          BigInt(s.seed),
-          BigInt(req.promptTokens.length),
-        );
+        next = this.model.sample(scored.last, Int32Array.from(req.promptTokens), s, req.promptTokens.length);
       } else {
         // Prefill and the first token: the same steps in every mode.
         const first = await this.prefill(session, req.promptTokens.slice(reused), req.loops, s, stepLogits, signal);
@@ -281,7 +268,7 @@ export class Engine {
         if (plan && counter) {
           await nextTick();
           if (signal?.aborted) return done("cancelled");
-          const n = session.specCycle(next, cycleParams(plan, req, req.maxTokens - tokens.length, this.draft), out, cycle, cycleLogits);
+          const n = session.specCycle(next, cycleParams(plan, req.loops, s, req.maxTokens - tokens.length, this.draft), out, cycle, cycleLogits);
           counter.add(cycle, n);
           for (let i = 0; i < n && !end; i++) end = emit(out[i], cycleLogits && cycleLogits.subarray(i * vocab, (i + 1) * vocab));
           next = out[n - 1];
@@ -316,7 +303,7 @@ export class Engine {
     session: NativeSession,
     prompt: number[],
     loops: number,
-    sampling: StepSampling,
+    sampling: SamplingParams,
     logitsOut: Float32Array | null,
     signal: AbortSignal | undefined,
   ): Promise<number | null> {
@@ -367,7 +354,7 @@ export class Engine {
   /** The per-op time of the request that just ended (SERVICE_PROFILE=1), in the log. */
   private printProfile(req: GenerateRequest, generated: number): void {
     const p = this.model.readProfile(true);
-    const mode = req.mode ?? "generate";
+    const mode = req.speculative?.mode ?? "generate";
     if (p) log.info(formatProfile(p, `${mode}: ${req.promptTokens.length} prompt + ${generated} generated tokens, loops ${req.loops}`));
   }
 

@@ -5,5 +5,13 @@
 /** The model or kernel library cannot be loaded (start-up). */
 export class EngineLoadError extends Error {}
 
-/** A request the engine refuses (bad token id, loops beyond the model...). */
-export class EngineRequestError extends Error {}
+/** A request the engine refuses (bad token id, loops beyond the model...): `param` names the request field when one is to blame. */
+export class EngineRequestError extends Error {
+  constructor(
+    message: string,
+    readonly param: string | null = null,
+    readonly code: string | null = null,
+  ) {
+    super(message);
+  }
+}

@@ -5,8 +5,8 @@
 // range against the mapped bytes; it never parses the header.
 import { HEAD_BITS, matrixBits, QUANT_MATRICES, type ValidatedModel, validateModel } from "../model/format.ts";
 import { readSafetensors } from "../model/safetensors.ts";
-import { LS_DTYPE_F16, LS_DTYPE_I8, LS_DTYPE_U8, LS_QUANT_FP16, LS_QUANT_INT2, LS_QUANT_INT4, LS_TENSORS } from "./abi.generated.ts";
-import { StructView } from "./abi_struct.ts";
+import { LS_DTYPE_F16, LS_DTYPE_I8, LS_DTYPE_U8, LS_QUANT_FP16, LS_QUANT_INT2, LS_QUANT_INT4, LS_TENSORS } from "../abi/abi.generated.ts";
+import { StructView } from "../abi/abi_struct.ts";
 
 const DTYPE_CODES: Record<string, number> = { F16: LS_DTYPE_F16, U8: LS_DTYPE_U8, I8: LS_DTYPE_I8 };
 const QUANT_CODES = { fp16: LS_QUANT_FP16, int4: LS_QUANT_INT4, int2: LS_QUANT_INT2 } as const;

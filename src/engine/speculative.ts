@@ -1,5 +1,5 @@
-// Self-speculative decoding, engine side (docs/speculative.md): which requests run
-// speculatively and with what settings, and the per-request statistics. The
+// Self-speculative decoding, engine side (docs/speculative.md): a plan's
+// cycle settings and the per-request statistics (spec_plan.ts makes the plan). The
 // cycle itself — draft at draftLoops, one batched verify at loops, accept,
 // roll back — is one C call (ls_spec_cycle, kernels/spec.c) per step.
 //
@@ -9,19 +9,9 @@
 // returns 1..draftAhead+1 tokens. Tokens reach the sink one by one, and stop
 // ids / max_tokens cut a cycle's tokens where plain decoding would have
 // stopped; cycles never draft past max_tokens.
-import { LS_MAX_LOOPS, LS_SPEC_MAX_AHEAD, LS_SPEC_MAX_BRANCHES, LS_SPEC_MAX_NODES } from "./abi.generated.ts";
 import { SPEC_FLAGS, type SpecCycleParams, type SpecCycleStats } from "./binding.ts";
-import { EngineRequestError } from "./errors.ts";
-import type { GenerateRequest, SpeculativeMode, SpeculativeStats } from "./types.ts";
-
-export const SPEC_LIMITS = {
-  loops: LS_MAX_LOOPS, // draft and verify depth
-  draftAhead: LS_SPEC_MAX_AHEAD,
-  kBranches: LS_SPEC_MAX_BRANCHES,
-  nodes: LS_SPEC_MAX_NODES, // kBranches * draftAhead
-} as const;
-
-export const SPEC_DEFAULTS = { draftLoops: 2, draftAhead: 4, kBranches: 1 } as const;
+import { SPEC_LIMITS } from "./spec_plan.ts";
+import type { SamplingParams, SpeculativeStats, SpecPlan } from "./types.ts";
 
 /**
  * Positions a cycle may write past the request's last token: the tree's root
@@ -32,49 +22,6 @@ export const SPEC_SESSION_SLACK = 1 + SPEC_LIMITS.nodes;
 
 /** Which head proposes draft tokens (see kernels/spec.c: "Draft head"). */
 export type DraftHead = "shortlist" | "exact";
-
-/** A speculative request's resolved settings. */
-export interface SpecPlan {
-  mode: SpeculativeMode;
-  draftLoops: number;
-  verifyLoops: number;
-  draftAhead: number;
-  kBranches: number;
-}
-
-const isIntIn = (v: number, lo: number, hi: number) => Number.isInteger(v) && v >= lo && v <= hi;
-
-/**
- * The plan of a speculative request, null for plain generation. Throws
- * EngineRequestError (a 400 upstream) for settings the kernels refuse, with
- * the constraint named.
- */
-export function planSpeculative(req: GenerateRequest): SpecPlan | null {
-  const mode = req.mode ?? "generate";
-  if (mode === "generate") return null;
-  const verifyLoops = req.verifyLoops ?? req.loops;
-  if (verifyLoops !== req.loops)
-    throw new EngineRequestError(`verifyLoops (${verifyLoops}) must equal loops (${req.loops}) in the speculative modes`);
-  const draftLoops = req.draftLoops ?? Math.min(SPEC_DEFAULTS.draftLoops, verifyLoops);
-  const draftAhead = req.draftAhead ?? SPEC_DEFAULTS.draftAhead;
-  const kBranches = mode === "tree_speculative" ? (req.kBranches ?? SPEC_DEFAULTS.kBranches) : 1;
-  // A draft deeper than the verifier is allowed (kernels/spec.c): only slower.
-  if (!isIntIn(draftLoops, 1, SPEC_LIMITS.loops))
-    throw new EngineRequestError(`draft_loops must be between 1 and ${SPEC_LIMITS.loops}, got ${draftLoops}`);
-  if (!isIntIn(draftAhead, 1, SPEC_LIMITS.draftAhead))
-    throw new EngineRequestError(`draft_ahead must be between 1 and ${SPEC_LIMITS.draftAhead}, got ${draftAhead}`);
-  if (!isIntIn(kBranches, 1, SPEC_LIMITS.kBranches))
-    throw new EngineRequestError(`K_branches must be between 1 and ${SPEC_LIMITS.kBranches}, got ${kBranches}`);
-  if (kBranches * draftAhead > SPEC_LIMITS.nodes)
-    throw new EngineRequestError(
-      `K_branches * draft_ahead must be at most ${SPEC_LIMITS.nodes} (tree nodes verified in one call), got ${kBranches} * ${draftAhead} = ${kBranches * draftAhead}`,
-    );
-  if (mode === "tree_speculative" && req.sampling.temperature !== 0)
-    throw new EngineRequestError(
-      `tree_speculative is greedy only: temperature must be 0, got ${req.sampling.temperature} (use mode speculative to sample)`,
-    );
-  return { mode, draftLoops, verifyLoops, draftAhead, kBranches };
-}
 
 /** How the engine drafts (Engine options; the defaults suit every request). */
 export interface DraftOptions {
@@ -90,20 +37,15 @@ export interface DraftOptions {
   treeLeafMinProb?: number;
 }
 
-/** ls_spec_cycle's settings for one cycle that may return at most maxNew tokens. */
-export function cycleParams(plan: SpecPlan, req: GenerateRequest, maxNew: number, draft: DraftOptions = {}): SpecCycleParams {
-  const s = req.sampling;
+/** ls_spec_cycle's settings for one cycle at depth `loops` that may return at most maxNew tokens. */
+export function cycleParams(plan: SpecPlan, loops: number, sampling: SamplingParams, maxNew: number, draft: DraftOptions = {}): SpecCycleParams {
   return {
     draftLoops: plan.draftLoops,
-    verifyLoops: plan.verifyLoops,
+    verifyLoops: loops,
     draftAhead: plan.draftAhead,
     kBranches: plan.kBranches,
     maxNew,
-    temperature: s.temperature,
-    topK: s.topK,
-    topP: s.topP,
-    repetitionPenalty: s.repetitionPenalty,
-    seed: s.seed,
+    sampling,
     flags: draft.draftHead === "exact" ? SPEC_FLAGS.exactDraftHead : 0,
     leafMinProb: draft.treeLeafMinProb ?? 0,
   };

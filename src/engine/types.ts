@@ -26,10 +26,24 @@ export interface SamplingParams {
   seed: number; // non-negative integer
 }
 
+/** Greedy decoding: the most likely token, nothing else applied. */
+export const GREEDY: SamplingParams = { temperature: 0, topK: 0, topP: 1, repetitionPenalty: 1, seed: 0 };
+
 /** Generation paths (docs/speculative.md). */
 export const GENERATION_MODES = ["generate", "speculative", "tree_speculative"] as const;
 export type GenerationMode = (typeof GENERATION_MODES)[number];
 export type SpeculativeMode = Exclude<GenerationMode, "generate">;
+
+/** How a speculative request drafts, resolved and checked once (planSpeculative); its verify depth is the request's `loops`. */
+export interface SpecPlan {
+  readonly mode: SpeculativeMode;
+  /** Loop depth of the draft pass; deeper than the verify depth is allowed (slower, still exact). */
+  readonly draftLoops: number;
+  /** Tokens drafted per cycle (chain), or the tree's depth. */
+  readonly draftAhead: number;
+  /** The tree's branching factor; 1 for the chain. */
+  readonly kBranches: number;
+}
 
 export interface GenerateRequest {
   promptTokens: number[];
@@ -40,16 +54,8 @@ export interface GenerateRequest {
   sampling: SamplingParams;
   stopTokenIds: number[]; // generation ends (finish "stop") when one is sampled; it is not emitted
   cacheWindow: number; // 0 = full
-  /** Default "generate". The speculative modes take the four fields below. */
-  mode?: GenerationMode;
-  /** Loop depth of the draft pass, 1..64, deeper than loops allowed (default 2, capped at loops). */
-  draftLoops?: number;
-  /** Loop depth of the verify pass; when given it must equal `loops`. */
-  verifyLoops?: number;
-  /** Tokens drafted per cycle (chain) or tree depth, 1..16 (default 4). */
-  draftAhead?: number;
-  /** tree_speculative: branching factor 1..16 with kBranches * draftAhead <= 64; greedy only (default 1). */
-  kBranches?: number;
+  /** A speculative mode's settings, made by planSpeculative (speculative.ts) and run as given; absent: plain generation. */
+  speculative?: SpecPlan;
   /**
    * Log-probabilities of every generated token (handed to the sink with it),
    * with this many most likely alternatives, 0..MAX_TOP_LOGPROBS; unset: none.

@@ -23,7 +23,7 @@
 // Access-Control-Allow-Credentials: the API takes a bearer key, not cookies.
 import type { Config } from "../config.ts";
 import { forbidden, type HttpError } from "./errors.ts";
-import { hostMatches, isLoopbackName, normalizeOrigin, parseHost } from "./origins.ts";
+import { hostMatches, isLoopbackName, normalizeOrigin, parseHost } from "../origins.ts";
 
 export type GuardVerdict =
   | { kind: "refused"; error: HttpError }

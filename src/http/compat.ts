@@ -60,7 +60,7 @@ import type {
   TextCompletion,
   TextCompletionChunk,
   Usage,
-} from "./responses.ts";
+} from "../wire/responses.ts";
 import { ChatCompletionBody, COMPAT_DEFAULTS as D, CompletionBody } from "./schemas.ts";
 import { sseAfterAdmission, sseEvent } from "./sse.ts";
 

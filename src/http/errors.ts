@@ -19,7 +19,7 @@ import { ValueErrorType } from "@sinclair/typebox/errors";
 import { EngineRequestError } from "../engine/errors.ts";
 import { log } from "../log.ts";
 import { currentRequest, requestPath } from "./request_context.ts";
-import type { ErrorBody, ErrorType } from "./responses.ts";
+import type { ErrorBody, ErrorType } from "../wire/responses.ts";
 
 export class HttpError extends Error {
   constructor(
@@ -274,7 +274,7 @@ export function errorResponse({ code, error, request }: ElysiaErrorContext): Res
 /** The one mapping from anything thrown to an HTTP error (responses and in-stream error events). */
 export function toHttpError(code: string | number, error: unknown, request: Request): HttpError {
   if (error instanceof HttpError) return error;
-  if (error instanceof EngineRequestError) return badRequest(error.message);
+  if (error instanceof EngineRequestError) return badRequest(error.message, error.param, error.code ?? undefined);
   switch (code) {
     case "VALIDATION":
       return fromValidation((error as { all: ValueError[] }).all);

@@ -11,7 +11,7 @@ import { chatCompletion, type Extension, findModel, modelEntries, textCompletion
 import { validatedBody } from "./errors.ts";
 import { type AppDeps, checkCacheWindow } from "./generation.ts";
 import { nativeStats } from "./native.ts";
-import type { ExtendedModelEntry, ExtendedModelList, ModelInfoSection, RuntimeSection } from "./responses.ts";
+import type { ExtendedModelEntry, ExtendedModelList, ModelInfoSection, RuntimeSection } from "../wire/responses.ts";
 import { speculativeFields, speculativeStats } from "./speculative.ts";
 import {
   COMPAT_DEFAULTS,

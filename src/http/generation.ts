@@ -10,7 +10,7 @@ import type { ServiceMetrics } from "../metrics.ts";
 import { SchedulerRejection } from "../scheduler/scheduler.ts";
 import { badRequest, clientClosed, HttpError, outOfRange, unavailable } from "./errors.ts";
 import { currentRequest } from "./request_context.ts";
-import type { FinishReason } from "./responses.ts";
+import type { FinishReason } from "../wire/responses.ts";
 
 /** How a request asks to be scheduled (docs/scheduling.md). */
 export interface Scheduling {

@@ -7,7 +7,7 @@
 // OpenAI does).
 import type { TokenLogprob } from "../engine/logprobs.ts";
 import { IncrementalDetokenizer, type Tokenizer } from "../tokenizer.ts";
-import type { ChatLogprobs, CompletionLogprobs, NativeLogprob } from "./responses.ts";
+import type { ChatLogprobs, CompletionLogprobs, NativeLogprob } from "../wire/responses.ts";
 
 const tokenText = (tok: Tokenizer, id: number): string => tok.decode([id]);
 const tokenBytes = (tok: Tokenizer, id: number): number[] => Array.from(tok.tokenBytes(id));

@@ -17,7 +17,7 @@ import {
   stopTokenIds,
 } from "./generation.ts";
 import { nativeLogprobs } from "./logprobs.ts";
-import type { GenerateResponse, GenerateStreamEvent, NativeStats } from "./responses.ts";
+import type { GenerateResponse, GenerateStreamEvent, NativeStats } from "../wire/responses.ts";
 import { GenerateBody, NATIVE_DEFAULTS as D } from "./schemas.ts";
 import { sseAfterAdmission, sseEvent } from "./sse.ts";
 

@@ -2,7 +2,7 @@
 import { Elysia } from "elysia";
 import { apiKeyHolder } from "./api_key.ts";
 import { type AppDeps, requireEngine } from "./generation.ts";
-import type { HealthText } from "./responses.ts";
+import type { HealthText } from "../wire/responses.ts";
 
 export function opsRoutes(deps: AppDeps) {
   const holdsKey = apiKeyHolder(deps.config);

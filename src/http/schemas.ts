@@ -5,9 +5,10 @@
 // Optional fields also accept null, meaning "unset" (several optional fields
 // default to null, and many clients send null for "not set").
 import { type Static, type TSchema, Type as T } from "@sinclair/typebox";
-import { LS_MAX_LOOPS, LS_SPEC_MAX_AHEAD, LS_SPEC_MAX_BRANCHES } from "../engine/abi.generated.ts";
+import { LS_MAX_LOOPS } from "../abi/abi.generated.ts";
 import { MAX_TOP_LOGPROBS } from "../engine/logprobs.ts";
-import { GENERATION_MODES } from "../engine/types.ts";
+import { SPEC_LIMITS } from "../engine/spec_plan.ts";
+import { GenerationModeSchema } from "../wire/responses.ts";
 
 const optional = <S extends TSchema>(schema: S) => T.Optional(T.Union([schema, T.Null()]));
 
@@ -178,26 +179,21 @@ export type CompletionBody = Static<typeof CompletionBody>;
 
 // ---- extended family: /api/v0/* = compat fields + these ----
 
-export const GenerationModeSchema = T.Union(GENERATION_MODES.map((mode) => T.Literal(mode)));
-
 /** Self-speculative decoding knobs, the same on the native and extended families (docs/speculative.md). */
 export const SpeculativeFields = {
-  draft_loops: optional(T.Integer({ minimum: 1, maximum: 32 })),
-  verify_loops: optional(T.Integer({ minimum: 1, maximum: LS_MAX_LOOPS })),
-  draft_ahead: optional(T.Integer({ minimum: 1, maximum: LS_SPEC_MAX_AHEAD })),
-  K_branches: optional(T.Integer({ minimum: 1, maximum: LS_SPEC_MAX_BRANCHES })),
+  draft_loops: optional(T.Integer({ minimum: 1, maximum: SPEC_LIMITS.draftLoops })),
+  verify_loops: optional(T.Integer({ minimum: 1, maximum: SPEC_LIMITS.verifyLoops })),
+  draft_ahead: optional(T.Integer({ minimum: 1, maximum: SPEC_LIMITS.draftAhead })),
+  K_branches: optional(T.Integer({ minimum: 1, maximum: SPEC_LIMITS.kBranches })),
 };
 
 const SpeculativeKnobs = T.Object(SpeculativeFields);
 /** The speculative knobs as the handlers read them (both speculative families). */
 export type SpeculativeKnobs = Static<typeof SpeculativeKnobs>;
 
+/** The extended family's own defaults; the speculative knobs' are the engine's (SPEC_DEFAULTS). */
 export const EXTENDED_DEFAULTS = {
   mode: "generate",
-  draft_loops: 2,
-  verify_loops: 8,
-  draft_ahead: 4,
-  K_branches: 1,
   cache_window: 0,
 } as const;
 

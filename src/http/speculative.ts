@@ -10,13 +10,13 @@
 import { type Static, Type as T } from "@sinclair/typebox";
 import { Elysia } from "elysia";
 import type { Config } from "../config.ts";
-import { LS_SPEC_MAX_NODES as MAX_TREE_NODES } from "../engine/abi.generated.ts";
+import { planSpeculative, SPEC_DEFAULTS } from "../engine/spec_plan.ts";
 import type { GenerateRequest, SpeculativeMode } from "../engine/types.ts";
-import { badRequest, validatedBody } from "./errors.ts";
+import { validatedBody } from "./errors.ts";
 import { type AppDeps, type Completion, runGeneration } from "./generation.ts";
 import { nativeBody, nativeJob, nativeStats } from "./native.ts";
-import type { SpeculativeResponse, SpeculativeStats } from "./responses.ts";
-import { NATIVE_DEFAULTS as D, EXTENDED_DEFAULTS as E, GenerateBody, SpeculativeFields, type SpeculativeKnobs } from "./schemas.ts";
+import type { SpeculativeResponse, SpeculativeStats } from "../wire/responses.ts";
+import { NATIVE_DEFAULTS as D, GenerateBody, SpeculativeFields, type SpeculativeKnobs } from "./schemas.ts";
 
 // ---- request bodies: /generate's fields plus the knobs ----
 
@@ -30,42 +30,20 @@ export type TreeSpeculativeBody = Static<typeof TreeSpeculativeBody>;
 
 // ---- knobs → engine request fields (shared with the extended family) ----
 
-/** The GenerateRequest fields a speculative request sets (loops is the verify depth). */
-export type SpeculativeRequestFields = Required<Pick<GenerateRequest, "mode" | "loops" | "draftLoops" | "verifyLoops" | "draftAhead" | "kBranches">>;
+/** The GenerateRequest fields a speculative request sets: the verify depth as `loops`, and the plan. */
+export type SpeculativeRequestFields = Required<Pick<GenerateRequest, "loops" | "speculative">>;
 
 /**
- * Range checks that go beyond each field's own bounds (400 naming the
- * constraint), before the length check (docs/http.md#validation-order): for the tree,
- * K_branches * draft_ahead <= LS_SPEC_MAX_NODES, greedy sampling and the fp16 key/value
- * cache. draft_loops and verify_loops are independent: a draft deeper than
- * the verifier is slower but exact (kernels/spec.c).
+ * The knobs resolved into the engine's plan (defaults, ranges and the
+ * combinations it refuses: a 400 naming the field, before the length check,
+ * docs/http.md#validation-order). The verify depth is the request's depth.
  */
 export function speculativeFields(config: Config, mode: SpeculativeMode, knobs: SpeculativeKnobs, temperature: number): SpeculativeRequestFields {
-  const verifyLoops = knobs.verify_loops ?? E.verify_loops;
-  const draftLoops = knobs.draft_loops ?? E.draft_loops;
-  const draftAhead = knobs.draft_ahead ?? E.draft_ahead;
-  const kBranches = mode === "tree_speculative" ? (knobs.K_branches ?? E.K_branches) : 1;
-  if (mode === "tree_speculative") {
-    if (kBranches * draftAhead > MAX_TREE_NODES)
-      throw badRequest(
-        `\`K_branches\` * \`draft_ahead\` must be at most ${MAX_TREE_NODES} (tree nodes verified in one call), got ${kBranches} * ${draftAhead} = ${kBranches * draftAhead}`,
-        "K_branches",
-      );
-    if (temperature !== 0)
-      throw badRequest(
-        `tree_speculative is greedy only: \`temperature\` must be 0.0, got ${temperature} (mode speculative samples)`,
-        "temperature",
-        "unsupported_parameter",
-      );
-    if (config.kvCacheMode !== "fp16")
-      throw badRequest(
-        `tree_speculative needs the fp16 key/value cache, but this server runs kv_cache_mode ${config.kvCacheMode} ` +
-          "(unset SERVICE_KV_INT8 / SERVICE_KV_INT4 / SERVICE_KV_H_MODE, or use mode speculative)",
-        "mode",
-        "unsupported_cache_mode",
-      );
-  }
-  return { mode, loops: verifyLoops, draftLoops, verifyLoops, draftAhead, kBranches };
+  const settings = { mode, draftLoops: knobs.draft_loops ?? undefined, draftAhead: knobs.draft_ahead ?? undefined, kBranches: knobs.K_branches ?? undefined };
+  return {
+    loops: knobs.verify_loops ?? SPEC_DEFAULTS.verifyLoops,
+    speculative: planSpeculative(settings, { temperature, kvCacheMode: config.kvCacheMode }),
+  };
 }
 
 /** Response stats of a speculative request: /generate's plus the acceptance figures. */
@@ -87,7 +65,7 @@ async function generate(deps: AppDeps, body: TreeSpeculativeBody, httpRequest: R
   const { engine, request: plain, stopStrings, scheduling } = await nativeJob(deps, body);
   const request: GenerateRequest = { ...plain, ...spec };
   const done = await runGeneration(engine, deps.tokenizer, request, stopStrings, httpRequest.signal, undefined, scheduling);
-  return Response.json(nativeBody(deps, request, done, speculativeStats(done, mode, spec.verifyLoops)) satisfies SpeculativeResponse);
+  return Response.json(nativeBody(deps, request, done, speculativeStats(done, mode, spec.loops)) satisfies SpeculativeResponse);
 }
 
 export function speculativeRoutes(deps: AppDeps) {

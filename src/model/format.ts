@@ -15,7 +15,7 @@ import {
   LS_MAX_VOCAB,
   LS_QUANT_GROUP_MAX,
   LS_QUANT_GROUP_MIN,
-} from "../engine/abi.generated.ts";
+} from "../abi/abi.generated.ts";
 import { DTYPE_SIZES, type Dtype, ModelFormatError, readSafetensors, type SafetensorsFile, type TensorView } from "./safetensors.ts";
 
 // ---- schema ----

@@ -2,7 +2,7 @@
 // kernels/loopserve.h next to LS_KV_*): the names the configuration takes
 // and the kv_mode bits a session is opened with. The row encodings as the
 // kernels compute them are reproduced for the tests (test/reference/kvcache.ts).
-import { LS_KV_FP16, LS_KV_FP16_QKV, LS_KV_HADAMARD, LS_KV_INT4, LS_KV_INT8 } from "../engine/abi.generated.ts";
+import { LS_KV_FP16, LS_KV_FP16_QKV, LS_KV_HADAMARD, LS_KV_INT4, LS_KV_INT8 } from "../abi/abi.generated.ts";
 
 export type KvCacheMode = "fp16" | "int8" | "int4" | "fp16-h" | "int8-h" | "int4-h";
 export type KvFormat = "fp16" | "int8" | "int4";

@@ -1,7 +1,7 @@
 // The playground's requests. Every URL is relative to the page, so the page
 // works wherever it is served from (the root, or a path behind a proxy) and
 // never talks to another origin.
-import type { ExtendedModelList } from "../http/responses.ts";
+import type { ExtendedModelList } from "../wire/responses.ts";
 import { sseData } from "./sse.ts";
 
 /** A request the server refused or that failed, with the server's message. */

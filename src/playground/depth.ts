@@ -4,7 +4,7 @@
 // a native streaming /generate request (its events carry token ids), run
 // one after another so their timings do not share the machine: the deepest
 // first, as every other column is compared with it token by token.
-import type { GenerateStreamEvent } from "../http/responses.ts";
+import type { GenerateStreamEvent } from "../wire/responses.ts";
 import { agreement } from "./agreement.ts";
 import { ApiError, type ModelSummary, postStream } from "./api.ts";
 import { byId, el, numberOf, stat } from "./dom.ts";

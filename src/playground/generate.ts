@@ -3,7 +3,7 @@
 // the extended API's modes (plain, speculative, tree speculative) and each
 // reply's statistics, live while it streams and the server's at the end.
 import type { GenerationMode } from "../engine/types.ts";
-import type { ExtendedChatCompletionChunk, ExtendedSections, ExtendedTextCompletionChunk } from "../http/responses.ts";
+import type { ExtendedChatCompletionChunk, ExtendedSections, ExtendedTextCompletionChunk } from "../wire/responses.ts";
 import { ApiError, type ModelSummary, postStream } from "./api.ts";
 import { byId, el, numberOf, stat } from "./dom.ts";
 import { ReplyTiming, timingStats } from "./timing.ts";

@@ -3,7 +3,8 @@
  * descriptor (loopserve.h, ls_model_desc) that only the TypeScript
  * validator makes, so the test that writes a model file also writes its
  * descriptor beside it, as FILE.desc (test/helpers/model_descriptor.ts:
- * the struct's bytes exactly). Header-only: each driver is one .c file.
+ * the struct's bytes exactly). Header-only: a driver includes it in the
+ * file that loads models.
  */
 #ifndef LS_TEST_MODEL_DESC_H
 #define LS_TEST_MODEL_DESC_H

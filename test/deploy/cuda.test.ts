@@ -20,15 +20,16 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { dlopen, FFIType } from "bun:ffi";
 import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { LS_SIMD_AVX2, LS_SIMD_CUDA } from "../../src/engine/abi.generated.ts";
+import { LS_SIMD_AVX2, LS_SIMD_CUDA } from "../../src/abi/abi.generated.ts";
 import { NativeModel } from "../../src/engine/binding.ts";
+import { GREEDY } from "../../src/engine/types.ts";
 import { CUDA_LIBRARY_NAME } from "../../src/engine/library.ts";
 import { expectSameAsSolo, plans } from "../helpers/batch.ts";
 import { tokensFor } from "../helpers/kernels.ts";
 import { tinyModelPath } from "../helpers/models.ts";
 import { jsonBody } from "../helpers/http.ts";
 import { startServer } from "../helpers/server.ts";
-import { GenerateResponse } from "../../src/http/responses.ts";
+import { GenerateResponse } from "../../src/wire/responses.ts";
 
 const ROOT = resolve(import.meta.dir, "../..");
 const CPU_LIB = join(ROOT, "build", "libloopserve.so");
@@ -131,7 +132,7 @@ describe.skipIf(!built || devices === 0)("CUDA library against the CPU library",
       const tokens: number[] = [];
       let input = prompt;
       for (let i = 0; i < 16; i++) {
-        const t = s.step(input, 4, 0, 0, 1, 1.1, 0);
+        const t = s.step(input, 4, { ...GREEDY, repetitionPenalty: 1.1 });
         tokens.push(t);
         input = Int32Array.of(t);
       }
@@ -177,9 +178,10 @@ describe.skipIf(!built || devices === 0)("CUDA library against the CPU library",
       for (let seed = 1; seed <= 5; seed++) {
         const s = gpu.newSession(prompt.length + 1, 2, 0);
         const logits = new Float32Array(gpu.info.vocabSize);
-        const token = s.step(prompt, 2, temperature, topK, topP, 1, seed, logits);
+        const sampling = { ...GREEDY, temperature, topK, topP, seed };
+        const token = s.step(prompt, 2, sampling, logits);
         s.close();
-        const expected = cpu.sample(logits, prompt, temperature, topK, topP, 1, seed, prompt.length);
+        const expected = cpu.sample(logits, prompt, sampling, prompt.length);
         expect(token).toBe(expected);
       }
     }

@@ -15,7 +15,7 @@ import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import OpenAI from "openai";
-import { ErrorBody, GenerateResponse } from "../../src/http/responses.ts";
+import { ErrorBody, GenerateResponse } from "../../src/wire/responses.ts";
 import { shippedEnv, shippedInstanceEnv } from "../helpers/deploy.ts";
 import { expectSchema, jsonBody } from "../helpers/http.ts";
 import { startServer, type TestServer } from "../helpers/server.ts";

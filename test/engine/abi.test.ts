@@ -7,7 +7,7 @@ import { beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { ABI_OUTPUTS, abiModule, readAbi } from "../../build.ts";
-import * as abi from "../../src/engine/abi.generated.ts";
+import * as abi from "../../src/abi/abi.generated.ts";
 import { openKernelLibrary } from "../../src/engine/binding.ts";
 import * as testing from "../helpers/abi_testing.generated.ts";
 import { ensureLibrary, LIB } from "../helpers/kernels.ts";

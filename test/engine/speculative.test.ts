@@ -1,4 +1,4 @@
-// The engine's speculative modes (src/engine/speculative.ts, kernels/spec.c):
+// The engine's speculative modes (src/engine/spec_plan.ts, speculative.ts, kernels/spec.c):
 // greedy output is token-for-token the plain mode's at loops = verify_loops,
 // across prompts, draft/verify depths, draft lengths, tree widths, sliding
 // windows, stop ids and max_tokens that land mid-cycle; K_branches = 1 is the
@@ -6,7 +6,8 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { Engine, type KvSnapshot } from "../../src/engine/engine.ts";
 import { EngineRequestError } from "../../src/engine/errors.ts";
-import type { GenerateRequest, GenerateResult, GenerationMode, SamplingParams } from "../../src/engine/types.ts";
+import { planSpeculative, type SpecSettings } from "../../src/engine/spec_plan.ts";
+import type { GenerateRequest, GenerateResult, SamplingParams } from "../../src/engine/types.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
 import { BUILD_DIR, ensureLibrary } from "../helpers/kernels.ts";
 import { tinyModelPath } from "../helpers/models.ts";
@@ -41,15 +42,10 @@ const PROMPTS = [
 
 const GREEDY: SamplingParams = { temperature: 0, topK: 50, topP: 0.9, repetitionPenalty: 1, seed: 0 };
 
-interface Spec {
-  mode?: GenerationMode;
-  draftLoops?: number;
-  draftAhead?: number;
-  kBranches?: number;
-}
-
-function request(prompt: number[], loops: number, maxTokens: number, window: number, stops: number[], spec: Spec = {}, sampling = GREEDY): GenerateRequest {
-  return { promptTokens: prompt, maxTokens, loops, sampling, stopTokenIds: stops, cacheWindow: window, ...spec };
+/** A request at `loops`; with spec, speculative at that verify depth (its plan made as the HTTP layer makes it). */
+function request(prompt: number[], loops: number, maxTokens: number, window: number, stops: number[], spec: SpecSettings | null = null, sampling = GREEDY): GenerateRequest {
+  const plain: GenerateRequest = { promptTokens: prompt, maxTokens, loops, sampling, stopTokenIds: stops, cacheWindow: window };
+  return spec ? { ...plain, speculative: planSpeculative(spec, { temperature: sampling.temperature, kvCacheMode: "fp16" }) } : plain;
 }
 
 const run = (name: string, req: GenerateRequest) => engine(name).generate(req, () => {});
@@ -109,7 +105,7 @@ for (const model of Object.keys(MODELS))
 const label = (c: Case) => `${c.model} p${c.prompt} D${c.D} V${c.V} k${c.k} K${c.K} W${c.window} n${c.maxTokens} rp${c.penalty}`;
 const greedy = (c: Case): SamplingParams => ({ ...GREEDY, repetitionPenalty: c.penalty });
 
-function specOf(c: Case): Spec {
+function specOf(c: Case): SpecSettings {
   return { mode: c.K === 1 && c.k % 2 === 0 ? "speculative" : "tree_speculative", draftLoops: c.D, draftAhead: c.k, kBranches: c.K };
 }
 
@@ -122,7 +118,7 @@ describe("greedy speculative output equals plain decoding at verify_loops", () =
     const perCycle: number[] = [];
     for (const c of CASES) {
       const prompt = PROMPTS[c.prompt];
-      const plain = await run(c.model, request(prompt, c.V, c.maxTokens, c.window, [], {}, greedy(c)));
+      const plain = await run(c.model, request(prompt, c.V, c.maxTokens, c.window, [], null, greedy(c)));
       const spec = await run(c.model, request(prompt, c.V, c.maxTokens, c.window, [], specOf(c), greedy(c)));
       expect(spec.tokens, label(c)).toEqual(plain.tokens);
       expect(spec.finishReason, label(c)).toBe(plain.finishReason);
@@ -152,12 +148,12 @@ describe("greedy speculative output equals plain decoding at verify_loops", () =
     let checked = 0;
     for (const c of CASES.filter((_, i) => i % 4 === 0)) {
       const prompt = PROMPTS[c.prompt];
-      const free = await run(c.model, request(prompt, c.V, 40, c.window, [], {}, greedy(c)));
+      const free = await run(c.model, request(prompt, c.V, 40, c.window, [], null, greedy(c)));
       // A stop id: the first occurrence of a token 5..15 tokens in.
       const at = free.tokens.findIndex((t, i) => i >= 5 && i <= 15 && free.tokens.indexOf(t) === i);
       if (at >= 0) {
         const stop = [free.tokens[at]];
-        const plain = await run(c.model, request(prompt, c.V, 40, c.window, stop, {}, greedy(c)));
+        const plain = await run(c.model, request(prompt, c.V, 40, c.window, stop, null, greedy(c)));
         const spec = await run(c.model, request(prompt, c.V, 40, c.window, stop, specOf(c), greedy(c)));
         expect(plain.tokens).toEqual(free.tokens.slice(0, at));
         expect(plain.finishReason).toBe("stop");
@@ -215,10 +211,11 @@ describe("tree leaves", () => {
           [6, 0.5],
         ]) {
           const prompt = Array.from({ length: 5 + pr * 3 }, (_, i) => (i * 131 + pr * 977) % VOCAB);
-          const req = request(prompt, V, 64, 0, [], {}, { ...GREEDY, topK: 0, topP: 1, repetitionPenalty: penalty });
-          const plain = await e.generate(req, () => {});
-          const tree = await e.generate({ ...req, mode: "tree_speculative", draftLoops: 1, draftAhead: 4, kBranches: 16 }, () => {});
-          const chain = await e.generate({ ...req, mode: "speculative", draftLoops: 1, draftAhead: 4 }, () => {});
+          const sampling = { ...GREEDY, topK: 0, topP: 1, repetitionPenalty: penalty };
+          const plain = await e.generate(request(prompt, V, 64, 0, [], null, sampling), () => {});
+          const treeSpec: SpecSettings = { mode: "tree_speculative", draftLoops: 1, draftAhead: 4, kBranches: 16 };
+          const tree = await e.generate(request(prompt, V, 64, 0, [], treeSpec, sampling), () => {});
+          const chain = await e.generate(request(prompt, V, 64, 0, [], { mode: "speculative", draftLoops: 1, draftAhead: 4 }, sampling), () => {});
           expect(tree.tokens, `prompt ${pr} V ${V}`).toEqual(plain.tokens);
           leaves += (tree.speculative?.acceptedTokens ?? 0) - (chain.speculative?.acceptedTokens ?? 0);
         }
@@ -237,7 +234,7 @@ describe("pruned trees", () => {
       for (const c of CASES.filter((x) => x.K > 2).slice(0, 12)) {
         const prompt = PROMPTS[c.prompt];
         const req = request(prompt, c.V, c.maxTokens, c.window, [], specOf(c), greedy(c));
-        const plain = await run(c.model, request(prompt, c.V, c.maxTokens, c.window, [], {}, greedy(c)));
+        const plain = await run(c.model, request(prompt, c.V, c.maxTokens, c.window, [], null, greedy(c)));
         const full = await run(c.model, req);
         const cut = await pruned.generate(req, () => {});
         expect(cut.tokens, label(c)).toEqual(plain.tokens);
@@ -270,7 +267,7 @@ describe("speculative requests leave no trace", () => {
 
   test("after speculative requests a plain request gives what it gives on a fresh engine", async () => {
     const probe = request(PROMPTS[1], 8, 40, 0, []);
-    const probeSampled = request(PROMPTS[2], 6, 40, 7, [], {}, sampled);
+    const probeSampled = request(PROMPTS[2], 6, 40, 7, [], null, sampled);
     const e = engine("random");
     await e.generate(request(PROMPTS[1], 8, 60, 0, [], { mode: "tree_speculative", draftLoops: 1, draftAhead: 8, kBranches: 8 }), () => {});
     await e.generate(request(PROMPTS[1], 8, 60, 0, [], { mode: "speculative", draftLoops: 3, draftAhead: 16 }, sampled), () => {});
@@ -313,7 +310,7 @@ describe("speculative requests leave no trace", () => {
 describe("sampled speculative decoding", () => {
   test("is deterministic per seed, and seeds differ", async () => {
     const s = (seed: number): SamplingParams => ({ temperature: 1, topK: 0, topP: 1, repetitionPenalty: 1, seed });
-    const spec: Spec = { mode: "speculative", draftLoops: 2, draftAhead: 4 };
+    const spec: SpecSettings = { mode: "speculative", draftLoops: 2, draftAhead: 4 };
     const a = await run("agreeing", request(PROMPTS[0], 8, 30, 0, [], spec, s(1)));
     const b = await run("agreeing", request(PROMPTS[0], 8, 30, 0, [], spec, s(1)));
     const c = await run("agreeing", request(PROMPTS[0], 8, 30, 0, [], spec, s(2)));
@@ -323,17 +320,34 @@ describe("sampled speculative decoding", () => {
   });
 });
 
-describe("the engine refuses speculative settings the kernels cannot run", () => {
-  const cases: [string, Spec, SamplingParams, RegExp][] = [
-    ["draft_loops 65", { mode: "speculative", draftLoops: 65, draftAhead: 4 }, GREEDY, /draft_loops must be between 1 and 64/],
-    ["draft_ahead 17", { mode: "speculative", draftLoops: 2, draftAhead: 17 }, GREEDY, /draft_ahead must be between 1 and 16/],
-    ["K_branches * draft_ahead 65", { mode: "tree_speculative", draftLoops: 2, draftAhead: 13, kBranches: 5 }, GREEDY, /at most 64/],
-    ["sampled tree", { mode: "tree_speculative", draftLoops: 2, draftAhead: 4, kBranches: 2 }, { ...GREEDY, temperature: 0.5 }, /greedy only/],
+describe("a speculative plan is resolved once", () => {
+  const fp16 = (temperature = 0) => ({ temperature, kvCacheMode: "fp16" as const });
+
+  test("unset settings take the defaults; the chain has one branch whatever K_branches says", () => {
+    expect(planSpeculative({ mode: "speculative", kBranches: 5 }, fp16(0.7))).toEqual({ mode: "speculative", draftLoops: 2, draftAhead: 4, kBranches: 1 });
+    expect(planSpeculative({ mode: "tree_speculative" }, fp16())).toEqual({ mode: "tree_speculative", draftLoops: 2, draftAhead: 4, kBranches: 1 });
+    expect(planSpeculative({ mode: "tree_speculative", draftLoops: 32, draftAhead: 4, kBranches: 16 }, fp16()).kBranches).toBe(16);
+  });
+
+  const cases: [string, SpecSettings, { temperature: number; kvCacheMode: "fp16" | "int8" }, string, RegExp][] = [
+    ["draft_loops 33", { mode: "speculative", draftLoops: 33 }, fp16(), "draft_loops", /`draft_loops` must be between 1 and 32, got 33/],
+    ["draft_loops 0", { mode: "speculative", draftLoops: 0 }, fp16(), "draft_loops", /between 1 and 32, got 0/],
+    ["draft_ahead 17", { mode: "speculative", draftAhead: 17 }, fp16(), "draft_ahead", /`draft_ahead` must be between 1 and 16/],
+    ["K_branches 17", { mode: "tree_speculative", kBranches: 17, draftAhead: 1 }, fp16(), "K_branches", /`K_branches` must be between 1 and 16/],
+    ["K_branches * draft_ahead 65", { mode: "tree_speculative", draftAhead: 13, kBranches: 5 }, fp16(), "K_branches", /at most 64.*5 \* 13 = 65/],
+    ["sampled tree", { mode: "tree_speculative", kBranches: 2 }, fp16(0.5), "temperature", /greedy only/],
+    ["tree on an int8 cache", { mode: "tree_speculative", kBranches: 2 }, { temperature: 0, kvCacheMode: "int8" }, "mode", /fp16 key\/value cache.*int8/],
   ];
-  for (const [name, spec, sampling, message] of cases)
-    test(name, async () => {
-      const p = run("agreeing", request(PROMPTS[0], 8, 10, 0, [], spec, sampling));
-      await expect(p).rejects.toThrow(EngineRequestError);
-      await expect(p).rejects.toThrow(message);
+  for (const [name, spec, context, param, message] of cases)
+    test(`refuses ${name}, naming the field`, () => {
+      let error: unknown = null;
+      try {
+        planSpeculative(spec, context);
+      } catch (e) {
+        error = e;
+      }
+      expect(error).toBeInstanceOf(EngineRequestError);
+      expect((error as EngineRequestError).param).toBe(param);
+      expect((error as EngineRequestError).message).toMatch(message);
     });
 });

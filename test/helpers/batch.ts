@@ -3,7 +3,8 @@
 // request run alone (the reference) and all of them through ls_batch_step,
 // joining at different calls, prompts fed in chunks beside decode rows.
 import { expect } from "bun:test";
-import type { BatchRow, KvCacheSettings, NativeModel, NativeSession, StepSampling } from "../../src/engine/binding.ts";
+import type { BatchRow, KvCacheSettings, NativeModel, NativeSession } from "../../src/engine/binding.ts";
+import { GREEDY, type SamplingParams } from "../../src/engine/types.ts";
 import { expectBitIdentical, tokensFor } from "./kernels.ts";
 
 /** One request as the batch sees it. */
@@ -12,13 +13,12 @@ export interface Plan {
   loops: number;
   window: number;
   kv: KvCacheSettings;
-  sampling: StepSampling;
+  sampling: SamplingParams;
   maxTokens: number;
   chunk: number; // prompt tokens per call
   arrives: number; // the call it joins at
 }
 
-export const GREEDY: StepSampling = { temperature: 0, topK: 0, topP: 1, repetitionPenalty: 1, seed: 0 };
 
 /** A varied mix over a vocabulary of `vocab`: prompt lengths 1..150, depths 1..6, windows, cache modes, greedy and seeded sampling. */
 export function plans(vocab: number, count: number, salt: number, kvModes: KvCacheSettings[]): Plan[] {
@@ -57,8 +57,7 @@ function solo(m: NativeModel, p: Plan): Trace {
     let feed = Int32Array.from(p.prompt);
     while (trace.tokens.length < p.maxTokens) {
       const logits = new Float32Array(m.info.vocabSize);
-      const { temperature, topK, topP, repetitionPenalty, seed } = p.sampling;
-      const t = s.step(feed, p.loops, temperature, topK, topP, repetitionPenalty, seed, logits);
+      const t = s.step(feed, p.loops, p.sampling, logits);
       trace.tokens.push(t);
       trace.logits.push(logits);
       feed = Int32Array.of(t);

@@ -1,11 +1,11 @@
 // What the HTTP tests share about responses. The bodies' types and schemas
-// are the server's own (src/http/responses.ts: the handlers build them);
+// are the server's own (src/wire/responses.ts: the handlers build them);
 // this reads responses and streams, and checks bodies against those
 // schemas, whose objects are closed: a body that matches has nothing more.
 import { expect } from "bun:test";
 import type { Static, TSchema } from "@sinclair/typebox";
 import { TypeCheck, TypeCompiler } from "@sinclair/typebox/compiler";
-import { ErrorBody } from "../../src/http/responses.ts";
+import { ErrorBody } from "../../src/wire/responses.ts";
 
 const compiled = new WeakMap<TSchema, TypeCheck<TSchema>>();
 

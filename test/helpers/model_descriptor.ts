@@ -3,7 +3,7 @@
 // (src/engine/model_descriptor.ts, after the TypeScript validator). Tests of
 // the library's own checks edit those bytes before writing them.
 import { copyFileSync, writeFileSync } from "node:fs";
-import { type FieldName, StructView } from "../../src/engine/abi_struct.ts";
+import { type FieldName, StructView } from "../../src/abi/abi_struct.ts";
 import { describeModelFile, tensorSpan } from "../../src/engine/model_descriptor.ts";
 
 /** The descriptor of the (valid) model file at path. */

@@ -6,7 +6,7 @@
 // LS_LOAD_TO_HEAP makes the loader read a model file into an exactly-sized
 // heap buffer instead of mapping it: ASan does not track mapped pages, so
 // only then is a read past the end of the file reported.
-import { mkdtempSync, readdirSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync } from "node:fs";
 import { basename, join, resolve } from "node:path";
 import { C_FLAGS, simdFlags } from "../../build.ts";
 import { testTempDir } from "./models.ts";
@@ -52,9 +52,15 @@ function sanitizedKernels(): Promise<{ dir: string; objects: string[] }> {
 
 const drivers = new Map<string, Promise<string>>();
 
-/** Builds (once per process) test/c/<name>.c linked with the sanitized kernels; resolves to the executable. */
+/**
+ * Builds (once per process) the driver test/c/<name>.c, or the one split
+ * into the files of test/c/<name>/, linked with the sanitized kernels;
+ * resolves to the executable.
+ */
 export function sanitizedDriver(name: string): Promise<string> {
-  return sanitizedProgram(name, [join(ROOT, "test", "c", `${name}.c`)]);
+  const dir = join(ROOT, "test", "c", name);
+  const sources = existsSync(dir) ? readdirSync(dir).filter((f) => f.endsWith(".c")).sort().map((f) => join(dir, f)) : [`${dir}.c`];
+  return sanitizedProgram(name, sources);
 }
 
 /** Builds (once per process) the C sources linked with the sanitized kernels into an executable called name. */

@@ -5,7 +5,7 @@
 import { expect } from "bun:test";
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { type ErrorBody, GenerateResponse } from "../../src/http/responses.ts";
+import { type ErrorBody, GenerateResponse } from "../../src/wire/responses.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
 import { type Family, parsePrometheusText, sampleValue } from "../scheduler/prom_text.ts";
 import { expectErrorShape, jsonBody } from "./http.ts";

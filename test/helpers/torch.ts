@@ -6,16 +6,21 @@ import { resolve } from "node:path";
 export const PYTHON = "/usr/bin/python3";
 const TORCH_DIR = resolve(import.meta.dir, "../../torch");
 
-/** Runs `python3 -m <module> ...args` in torch/; returns stdout, throws with stderr on failure. */
-export function runPythonModule(module: string, args: string[]): string {
-  const r = Bun.spawnSync([PYTHON, "-m", module, ...args], {
+/** Runs `python3 ...args` in torch/; returns stdout, throws with stderr on failure. */
+export function runPython(args: string[]): string {
+  const r = Bun.spawnSync([PYTHON, ...args], {
     cwd: TORCH_DIR,
     env: { ...process.env, OMP_NUM_THREADS: "1" },
     stdout: "pipe",
     stderr: "pipe",
   });
-  if (r.exitCode !== 0) throw new Error(`python3 -m ${module} ${args.join(" ")} exited ${r.exitCode}:\n${r.stderr.toString()}`);
+  if (r.exitCode !== 0) throw new Error(`python3 ${args.join(" ")} exited ${r.exitCode}:\n${r.stderr.toString()}`);
   return r.stdout.toString();
+}
+
+/** Runs `python3 -m <module> ...args` in torch/. */
+export function runPythonModule(module: string, args: string[]): string {
+  return runPython(["-m", module, ...args]);
 }
 
 /** Runs `python3 -m loopserve_torch.<module> ...args`. */

@@ -5,7 +5,7 @@
 // a request waits in the queue while its key/value cache does not fit the
 // budget, and one larger than the whole budget is refused.
 import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { GenerateResponse, GenerateStreamEvent, SpeculativeResponse } from "../../src/http/responses.ts";
+import { GenerateResponse, GenerateStreamEvent, SpeculativeResponse } from "../../src/wire/responses.ts";
 import { TRAINED_MODEL_PATH } from "../../src/model/trained.ts";
 import { expectErrorShape, jsonBody, sseEvents } from "../helpers/http.ts";
 import { NativeModel } from "../../src/engine/binding.ts";

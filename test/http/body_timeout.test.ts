@@ -6,7 +6,7 @@
 // answers promptly throughout.
 import { describe, expect, setDefaultTimeout, test } from "bun:test";
 import { join } from "node:path";
-import { GenerateResponse } from "../../src/http/responses.ts";
+import { GenerateResponse } from "../../src/wire/responses.ts";
 import { expectErrorShape, jsonBody } from "../helpers/http.ts";
 import { portOf } from "../helpers/raw_http.ts";
 import { metric } from "../helpers/scheduling.ts";

@@ -19,7 +19,7 @@ import {
   ModelList,
   TextCompletion,
   TextCompletionChunk,
-} from "../../src/http/responses.ts";
+} from "../../src/wire/responses.ts";
 import { IncrementalDetokenizer, Tokenizer } from "../../src/tokenizer.ts";
 import { expectInvalidRequest, jsonBody, sseEvents } from "../helpers/http.ts";
 import { TINY } from "../helpers/models.ts";

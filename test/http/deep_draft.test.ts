@@ -3,7 +3,7 @@
 // every speculative route, and on the shipped trained model greedy output
 // is /generate's at loops = verify_loops, token for token.
 import { describe, expect, setDefaultTimeout, test } from "bun:test";
-import { ExtendedTextCompletion, GenerateResponse, SpeculativeResponse } from "../../src/http/responses.ts";
+import { ExtendedTextCompletion, GenerateResponse, SpeculativeResponse } from "../../src/wire/responses.ts";
 import { TRAINED_MODEL_PATH } from "../../src/model/trained.ts";
 import { jsonBody } from "../helpers/http.ts";
 import { serverForTests } from "../helpers/server.ts";

@@ -21,7 +21,7 @@ import {
   ModelList,
   SpeculativeStats,
   type Usage,
-} from "../../src/http/responses.ts";
+} from "../../src/wire/responses.ts";
 import { Tokenizer } from "../../src/tokenizer.ts";
 import { expectInvalidRequest, expectSchema, jsonBody, sseEvents } from "../helpers/http.ts";
 import { TINY, testTempDir } from "../helpers/models.ts";

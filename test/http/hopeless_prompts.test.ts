@@ -7,7 +7,7 @@
 // and a text with a long run without spaces takes only one of the two
 // workers, so ordinary prompts keep being served.
 import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { ErrorBody, GenerateResponse } from "../../src/http/responses.ts";
+import { ErrorBody, GenerateResponse } from "../../src/wire/responses.ts";
 import { expectErrorShape, jsonBody } from "../helpers/http.ts";
 import { waitFor } from "../helpers/scheduling.ts";
 import { serverForTests } from "../helpers/server.ts";

@@ -4,7 +4,7 @@
 // decoding), tree speculation is refused with a 400 naming the constraint,
 // and a mode the model cannot run is reported at the start.
 import { describe, expect, test } from "bun:test";
-import { ErrorBody, ExtendedModelList, ExtendedTextCompletion, GenerateResponse, SpeculativeResponse } from "../../src/http/responses.ts";
+import { ErrorBody, ExtendedModelList, ExtendedTextCompletion, GenerateResponse, SpeculativeResponse } from "../../src/wire/responses.ts";
 import { jsonBody } from "../helpers/http.ts";
 import { tinyModelPath } from "../helpers/models.ts";
 import { serverForTests, startServer } from "../helpers/server.ts";

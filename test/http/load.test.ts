@@ -5,7 +5,7 @@
 // well-formed 503; the lifecycle counters must add up and agree with what the
 // clients saw.
 import { describe, expect, setDefaultTimeout, test } from "bun:test";
-import { GenerateResponse, GenerateStreamEvent } from "../../src/http/responses.ts";
+import { GenerateResponse, GenerateStreamEvent } from "../../src/wire/responses.ts";
 import { expectErrorShape, expectSchema, sseEvents } from "../helpers/http.ts";
 import { generateOk, LIFECYCLE, metrics } from "../helpers/scheduling.ts";
 import { startServer, type TestServer } from "../helpers/server.ts";

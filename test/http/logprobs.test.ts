@@ -23,7 +23,7 @@ import {
   SpeculativeResponse,
   TextCompletion,
   TextCompletionChunk,
-} from "../../src/http/responses.ts";
+} from "../../src/wire/responses.ts";
 import { TRAINED_MODEL_PATH } from "../../src/model/trained.ts";
 import { Tokenizer } from "../../src/tokenizer.ts";
 import { jsonBody, sseEvents } from "../helpers/http.ts";
@@ -105,7 +105,7 @@ function greedy(prompt: number[], n: number, loops = LOOPS): number[] {
   return out;
 }
 
-/** Each route's response body, and its stream events (src/http/responses.ts). */
+/** Each route's response body, and its stream events (src/wire/responses.ts). */
 const BODY: Record<string, TSchema> = {
   "/v1/chat/completions": ChatCompletion,
   "/v1/completions": TextCompletion,

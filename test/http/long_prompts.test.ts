@@ -5,7 +5,7 @@
 // token (128 bytes) could hold is refused unread, on every family, and a
 // long text is tokenized on a worker thread with the same ids.
 import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { ErrorBody, GenerateResponse, TextCompletion } from "../../src/http/responses.ts";
+import { ErrorBody, GenerateResponse, TextCompletion } from "../../src/wire/responses.ts";
 import { Tokenizer } from "../../src/tokenizer.ts";
 import { expectErrorShape, jsonBody } from "../helpers/http.ts";
 import { serverForTests, startServer } from "../helpers/server.ts";

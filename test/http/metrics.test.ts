@@ -3,7 +3,7 @@
 // with their types, and its counters, gauges and histograms follow what
 // requests do: complete, error, get rejected or cancelled.
 import { afterAll, afterEach, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { GenerateResponse } from "../../src/http/responses.ts";
+import { GenerateResponse } from "../../src/wire/responses.ts";
 import { expectErrorShape, expectSchema } from "../helpers/http.ts";
 import {
   cancelOpenStreams,

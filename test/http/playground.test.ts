@@ -3,7 +3,7 @@
 // inline script and style and requests to its own origin. The page driven
 // in a browser: test/playground/browser.test.ts.
 import { describe, expect, test } from "bun:test";
-import { ErrorBody } from "../../src/http/responses.ts";
+import { ErrorBody } from "../../src/wire/responses.ts";
 import { jsonBody } from "../helpers/http.ts";
 import { serverForTests } from "../helpers/server.ts";
 

@@ -7,7 +7,7 @@ import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { statSync } from "node:fs";
 import { join } from "node:path";
 import OpenAI from "openai";
-import { GenerateResponse } from "../../src/http/responses.ts";
+import { GenerateResponse } from "../../src/wire/responses.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
 import { TRAINED_MODEL_PATH } from "../../src/model/trained.ts";
 import { Tokenizer } from "../../src/tokenizer.ts";

@@ -6,7 +6,7 @@
 // a real fault (500) with exactly one.
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, spyOn, test } from "bun:test";
 import type { GenerationEngine } from "../../src/http/generation.ts";
-import { ErrorBody, GenerateResponse, TextCompletion } from "../../src/http/responses.ts";
+import { ErrorBody, GenerateResponse, TextCompletion } from "../../src/wire/responses.ts";
 import { join, resolve } from "node:path";
 import { log } from "../../src/log.ts";
 import { jsonBody } from "../helpers/http.ts";

@@ -9,7 +9,7 @@
 // and cancels the blocker to let the queue drain. Nothing here depends on a
 // sleep being long enough.
 import { afterEach, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { GenerateResponse } from "../../src/http/responses.ts";
+import { GenerateResponse } from "../../src/wire/responses.ts";
 import { jsonBody } from "../helpers/http.ts";
 import {
   cancelOpenStreams,

@@ -6,7 +6,7 @@ import { describe, expect, test } from "bun:test";
 import { loadConfig } from "../../src/config.ts";
 import type { GenerateResult } from "../../src/engine/types.ts";
 import type { GenerationEngine } from "../../src/http/generation.ts";
-import { type ErrorBody, GenerateResponse, SpeculativeResponse } from "../../src/http/responses.ts";
+import { type ErrorBody, GenerateResponse, SpeculativeResponse } from "../../src/wire/responses.ts";
 import { tinyModelPath } from "../helpers/models.ts";
 import { jsonBody } from "../helpers/http.ts";
 import { inProcessApp, serverForTests, startServer, TINY_MODEL_INFO, type TestServer } from "../helpers/server.ts";

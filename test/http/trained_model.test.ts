@@ -7,7 +7,7 @@
 import { beforeAll, describe, expect, test } from "bun:test";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { ChatCompletion, GenerateResponse, SpeculativeResponse } from "../../src/http/responses.ts";
+import { ChatCompletion, GenerateResponse, SpeculativeResponse } from "../../src/wire/responses.ts";
 import { TRAINED_MODEL_PATH } from "../../src/model/trained.ts";
 import { jsonBody } from "../helpers/http.ts";
 import { testTempDir } from "../helpers/models.ts";

@@ -1,5 +1,5 @@
 // The kernels under AddressSanitizer + UndefinedBehaviorSanitizer, driven by
-// test/c/asan_driver.c: every model descriptor that does not fit its file
+// test/c/asan_driver/: every model descriptor that does not fit its file
 // (the file's own format is the TypeScript validator's, test/model/) must be
 // refused with exit code 2 and a message naming the problem, never a crash,
 // an out-of-bounds read or a leak; the forward pass on every SIMD path must match the

@@ -7,10 +7,11 @@
 // changes.
 import { beforeAll, describe, expect, test } from "bun:test";
 import { join } from "node:path";
-import { LS_BATCH_MAX_ROWS, LS_ERR_ARG, LS_ERR_FULL, LS_ERR_STATE } from "../../src/engine/abi.generated.ts";
+import { LS_BATCH_MAX_ROWS, LS_ERR_ARG, LS_ERR_FULL, LS_ERR_STATE } from "../../src/abi/abi.generated.ts";
 import { type BatchRow, type KvCacheSettings, NativeError, type NativeModel, type NativeSession } from "../../src/engine/binding.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
-import { expectSameAsSolo, GREEDY, plans } from "../helpers/batch.ts";
+import { GREEDY } from "../../src/engine/types.ts";
+import { expectSameAsSolo, plans } from "../helpers/batch.ts";
 import { ensureLibrary, supportedPaths, tokensFor, withModel } from "../helpers/kernels.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
 

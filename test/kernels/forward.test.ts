@@ -3,9 +3,9 @@
 // the generation modes rely on: batch invariance (bit-identical logits
 // whatever the batch split or thread count), sliding window, rollback.
 import { beforeAll, describe, expect, test } from "bun:test";
-import { LS_ERR_ARG, LS_ERR_FULL, LS_ERR_STATE } from "../../src/engine/abi.generated.ts";
+import { LS_ERR_ARG, LS_ERR_FULL, LS_ERR_STATE } from "../../src/abi/abi.generated.ts";
 import { NativeError } from "../../src/engine/binding.ts";
-import type { SimdChoice } from "../../src/engine/types.ts";
+import { GREEDY, type SimdChoice } from "../../src/engine/types.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
 import { expectBitIdentical, feedInCalls, relErr, supportedPaths, tokensFor, withModel, withSession } from "../helpers/kernels.ts";
 import { tinyModelPath } from "../helpers/models.ts";
@@ -101,11 +101,11 @@ describe("C logits match the TypeScript reference", () => {
         withSession(m, 32, 3, 0, (s) => {
           const got: number[] = [];
           const logits = new Float32Array(shape.vocabSize);
-          let next = s.step(Int32Array.from(prompt), 3, 0, 0, 1, 1, 0, logits);
+          let next = s.step(Int32Array.from(prompt), 3, GREEDY, logits);
           expect(next).toBe(argmax(logits));
           while (got.length < 10) {
             got.push(next);
-            if (got.length < 10) next = s.step(Int32Array.of(next), 3, 0, 0, 1, 1, 0, null);
+            if (got.length < 10) next = s.step(Int32Array.of(next), 3, GREEDY, null);
           }
           expect(got).toEqual(want);
         }),
@@ -305,7 +305,7 @@ describe("argument checks", () => {
         s.rollback(0); // truncates every loop: all three loops usable again
         s.forward(Int32Array.of(1, 2, 3, 4, 5, 6, 7, 8), 3);
         expect(code(() => s.forward(Int32Array.of(1), 3))).toBe(LS_ERR_FULL);
-        expect(code(() => s.step(Int32Array.of(1), 3, -1, 0, 1, 1, 0))).toBe(LS_ERR_ARG);
+        expect(code(() => s.step(Int32Array.of(1), 3, { ...GREEDY, temperature: -1 }))).toBe(LS_ERR_ARG);
       }),
     );
   });

@@ -20,7 +20,8 @@ import { join } from "node:path";
 import { type KvCacheSettings, NativeError, NativeModel } from "../../src/engine/binding.ts";
 import { Engine } from "../../src/engine/engine.ts";
 import { EngineLoadError, EngineRequestError } from "../../src/engine/errors.ts";
-import type { GenerateRequest, SimdChoice } from "../../src/engine/types.ts";
+import { planSpeculative, type SpecSettings } from "../../src/engine/spec_plan.ts";
+import { GREEDY, type GenerateRequest, type SimdChoice } from "../../src/engine/types.ts";
 import { f16BitsToNumber } from "../../src/model/fp16.ts";
 import { KV_CACHE_MODES, type KvCacheMode } from "../../src/model/kvcache.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
@@ -473,8 +474,8 @@ function plainGreedy(m: NativeModel, kv: KvCacheSettings, V: number, n: number, 
     V,
     window,
     (s) => {
-      const out = [s.step(Int32Array.from(PROMPT), V, 0, 0, 1, 1, 0n)];
-      while (out.length < n) out.push(s.step(Int32Array.of(out[out.length - 1]), V, 0, 0, 1, 1, 0n));
+      const out = [s.step(Int32Array.from(PROMPT), V, GREEDY)];
+      while (out.length < n) out.push(s.step(Int32Array.of(out[out.length - 1]), V, GREEDY));
       return out;
     },
     kv,
@@ -488,12 +489,12 @@ function speculativeGreedy(m: NativeModel, kv: KvCacheSettings, D: number, V: nu
     V,
     window,
     (s) => {
-      const out = [s.step(Int32Array.from(PROMPT), V, 0, 0, 1, 1, 0n)];
+      const out = [s.step(Int32Array.from(PROMPT), V, GREEDY)];
       const buf = new Int32Array(17);
       const stats = { drafted: 0, accepted: 0 };
       let accepted = 0;
       while (out.length < n) {
-        const p = { draftLoops: D, verifyLoops: V, draftAhead: k, kBranches: 1, maxNew: n - out.length, temperature: 0, topK: 0, topP: 1, repetitionPenalty: 1, seed: 0 };
+        const p = { draftLoops: D, verifyLoops: V, draftAhead: k, kBranches: 1, maxNew: n - out.length, sampling: GREEDY };
         const got = s.specCycle(out[out.length - 1], p, buf, stats);
         accepted += stats.accepted;
         out.push(...buf.subarray(0, got));
@@ -530,26 +531,18 @@ describe("chain speculative decoding in every cache mode", () => {
     for (const kv of modesFor(AGREEING)) {
       const engine = Engine.load({ modelPath: path, threads: 2, simd: "auto", buildDir: BUILD_DIR, gpu: false, kvCacheMode: kv.mode, hModeFp16AttnQkv: kv.fp16AttnQkv });
       try {
+        const plan = (spec: SpecSettings) => planSpeculative(spec, { temperature: 0, kvCacheMode: kv.mode });
         const run = async (extra: Partial<GenerateRequest>) => {
-          const req: GenerateRequest = {
-            promptTokens: PROMPT,
-            maxTokens: 40,
-            loops: 4,
-            sampling: { temperature: 0, topK: 0, topP: 1, repetitionPenalty: 1, seed: 0 },
-            stopTokenIds: [],
-            cacheWindow: 0,
-            ...extra,
-          };
+          const req: GenerateRequest = { promptTokens: PROMPT, maxTokens: 40, loops: 4, sampling: GREEDY, stopTokenIds: [], cacheWindow: 0, ...extra };
           return (await engine.generate(req, () => true)).tokens;
         };
         for (const cacheWindow of [0, 5]) {
           const plain = await run({ cacheWindow });
-          expect(await run({ cacheWindow, mode: "speculative", draftLoops: 2, draftAhead: 4 })).toEqual(plain);
+          expect(await run({ cacheWindow, speculative: plan({ mode: "speculative", draftLoops: 2, draftAhead: 4 }) })).toEqual(plain);
         }
-        const tree = run({ mode: "tree_speculative", draftLoops: 2, draftAhead: 4, kBranches: 2 });
-        if (kv.mode === "fp16") expect((await tree).length).toBe(40);
-        else await expect(tree).rejects.toThrow(EngineRequestError);
-        if (kv.mode !== "fp16") await expect(run({ mode: "tree_speculative", kBranches: 2 })).rejects.toThrow(/fp16 key\/value cache/);
+        const tree = () => plan({ mode: "tree_speculative", draftLoops: 2, draftAhead: 4, kBranches: 2 });
+        if (kv.mode === "fp16") expect(await run({ speculative: tree() })).toHaveLength(40);
+        else expect(tree).toThrow(EngineRequestError);
       } finally {
         engine.close();
       }

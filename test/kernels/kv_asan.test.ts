@@ -6,7 +6,7 @@
 // vector tails (head_dim 40: a short int4 group and a partial vector; 16 and
 // 64). No sanitizer report, and the driver's own bit-exactness checks pass.
 import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { LS_SIMD_AVX2, LS_SIMD_AVX512, LS_SIMD_PORTABLE } from "../../src/engine/abi.generated.ts";
+import { LS_SIMD_AVX2, LS_SIMD_AVX512, LS_SIMD_PORTABLE } from "../../src/abi/abi.generated.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
 import { writeDescriptor } from "../helpers/model_descriptor.ts";
 import { tinyModelPath } from "../helpers/models.ts";

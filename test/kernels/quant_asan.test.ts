@@ -1,5 +1,5 @@
 // Quantized models under AddressSanitizer + UBSan, through the same driver
-// as asan.test.ts (test/c/asan_driver.c, every kernel source, the loader
+// as asan.test.ts (test/c/asan_driver/, every kernel source, the loader
 // reading the file into an exactly-sized heap buffer): descriptors that do
 // not fit a quantized file are refused with exit 2 and a message, never an
 // out-of-bounds read; the quantized forward pass (partial windows, row and

@@ -7,8 +7,8 @@
 import { beforeAll, describe, expect, test } from "bun:test";
 import { join } from "node:path";
 import { NativeModel } from "../../src/engine/binding.ts";
-import type { SimdChoice } from "../../src/engine/types.ts";
-import { runModelCommand } from "../../src/model/cli.ts";
+import { GREEDY, type SimdChoice } from "../../src/engine/types.ts";
+import { runModelCommand } from "../../src/model_cli.ts";
 import { formatQuantMix } from "../../src/model/format.ts";
 import { DEFAULT_MIX, type HeadQuant, type QuantMix, quantizeModelFile, type WeightQuant } from "../../src/model/quantize.ts";
 import { type SyntheticOptions, writeSyntheticModel } from "../../src/model/synthetic.ts";
@@ -204,10 +204,10 @@ describe("quantized batch invariance", () => {
       withModel(path, 2, simd, (m) => {
         const s = m.newSession(32, 4, 0);
         const got: number[] = [];
-        let next = s.step(Int32Array.from(prompt), 4, 0, 0, 1, 1, 0n);
+        let next = s.step(Int32Array.from(prompt), 4, GREEDY);
         while (got.length < 8) {
           got.push(next);
-          if (got.length < 8) next = s.step(Int32Array.of(next), 4, 0, 0, 1, 1, 0n);
+          if (got.length < 8) next = s.step(Int32Array.of(next), 4, GREEDY);
         }
         s.close();
         expect(got).toEqual(want);
@@ -329,10 +329,10 @@ describe("model quantize round trip", () => {
       expect(m.info.groupSize).toBe(32);
       const s = m.newSession(16, 3, 0);
       const got: number[] = [];
-      let next = s.step(Int32Array.of(3, 14, 15), 3, 0, 0, 1, 1, 0n);
+      let next = s.step(Int32Array.of(3, 14, 15), 3, GREEDY);
       while (got.length < 6) {
         got.push(next);
-        if (got.length < 6) next = s.step(Int32Array.of(next), 3, 0, 0, 1, 1, 0n);
+        if (got.length < 6) next = s.step(Int32Array.of(next), 3, GREEDY);
       }
       s.close();
       expect(got).toEqual(want);

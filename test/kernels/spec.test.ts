@@ -7,10 +7,10 @@
 import { beforeAll, describe, expect, test } from "bun:test";
 import { join } from "node:path";
 import { NativeError, NativeModel, type NativeSession, type SpecCycleParams } from "../../src/engine/binding.ts";
-import type { SimdChoice } from "../../src/engine/types.ts";
+import type { SamplingParams, SimdChoice } from "../../src/engine/types.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
-import { LS_SIMD_AVX2, LS_SIMD_AVX512, LS_SIMD_PORTABLE } from "../../src/engine/abi.generated.ts";
+import { LS_SIMD_AVX2, LS_SIMD_AVX512, LS_SIMD_PORTABLE } from "../../src/abi/abi.generated.ts";
 import { LS_SPEC_TEST_ACCEPT_ALL } from "../helpers/abi_testing.generated.ts";
 import { ensureLibrary, LIB, supportedPaths } from "../helpers/kernels.ts";
 import { writeDescriptor } from "../helpers/model_descriptor.ts";
@@ -43,24 +43,17 @@ interface Sampling {
 }
 const GREEDY: Sampling = { temperature: 0, topK: 0, topP: 1, penalty: 1 };
 
+/** The binding's sampling parameters for s drawn with seed. */
+function samplingOf(s: Sampling, seed: number): SamplingParams {
+  return { temperature: s.temperature, topK: s.topK, topP: s.topP, repetitionPenalty: s.penalty, seed };
+}
+
 function params(D: number, V: number, k: number, K: number, maxNew: number, s: Sampling, seed: number, flags = 0): SpecCycleParams {
-  return {
-    draftLoops: D,
-    verifyLoops: V,
-    draftAhead: k,
-    kBranches: K,
-    maxNew,
-    temperature: s.temperature,
-    topK: s.topK,
-    topP: s.topP,
-    repetitionPenalty: s.penalty,
-    seed,
-    flags,
-  };
+  return { draftLoops: D, verifyLoops: V, draftAhead: k, kBranches: K, maxNew, sampling: samplingOf(s, seed), flags };
 }
 
 function plainStep(session: NativeSession, tokens: number[], V: number, s: Sampling, seed: number): number {
-  return session.step(Int32Array.from(tokens), V, s.temperature, s.topK, s.topP, s.penalty, BigInt(seed));
+  return session.step(Int32Array.from(tokens), V, samplingOf(s, seed));
 }
 
 /** Plain decoding: n tokens after the prompt. */
@@ -195,7 +188,7 @@ describe("ls_spec_cycle_logits hands back the verifier's logits", () => {
     const session = m.newSession(PROMPT.length + n + 65, V, 0);
     try {
       const first = new Float32Array(vocab);
-      const out = [session.step(Int32Array.from(PROMPT), V, s.temperature, s.topK, s.topP, s.penalty, 3n, first)];
+      const out = [session.step(Int32Array.from(PROMPT), V, samplingOf(s, 3), first)];
       const rows = [first];
       const buf = new Int32Array(17);
       const logits = new Float32Array(17 * vocab);

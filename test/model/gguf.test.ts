@@ -1,7 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { runModelCommand } from "../../src/model/cli.ts";
+import { runModelCommand } from "../../src/model_cli.ts";
 import { F16_TO_F32 } from "../../src/model/fp16.ts";
 import { configToMetadata, loadModelFile } from "../../src/model/format.ts";
 import {

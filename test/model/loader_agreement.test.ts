@@ -8,8 +8,8 @@
 import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { join } from "node:path";
 import { NativeModel } from "../../src/engine/binding.ts";
-import { ErrorBody } from "../../src/http/responses.ts";
-import { runModelCommand } from "../../src/model/cli.ts";
+import { ErrorBody } from "../../src/wire/responses.ts";
+import { runModelCommand } from "../../src/model_cli.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
 import { jsonBody } from "../helpers/http.ts";
 import { ensureLibrary, LIB } from "../helpers/kernels.ts";

@@ -12,7 +12,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, mkdirSync } from "node:fs";
 import { join, resolve } from "node:path";
 import puppeteer, { type Browser, type Page } from "puppeteer-core";
-import { GenerateResponse } from "../../src/http/responses.ts";
+import { GenerateResponse } from "../../src/wire/responses.ts";
 import { TRAINED_MODEL_PATH } from "../../src/model/trained.ts";
 import { agreement } from "../../src/playground/agreement.ts";
 import { jsonBody } from "../helpers/http.ts";

@@ -7,7 +7,7 @@
 // difference, product or quotient of two fp32 values computed in float64 and
 // then rounded to fp32 is the correctly rounded fp32 result (53 >= 2 * 24 + 2),
 // so this is exact, not approximate.
-import { LS_KV_INT4_GROUP } from "../../src/engine/abi.generated.ts";
+import { LS_KV_INT4_GROUP } from "../../src/abi/abi.generated.ts";
 import { f16BitsToNumber, f32ToF16Bits, roundToF16 } from "../../src/model/fp16.ts";
 import { type KvCacheMode, type KvFormat, type KvModeSpec, kvModeSpec } from "../../src/model/kvcache.ts";
 

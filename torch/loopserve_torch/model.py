@@ -25,11 +25,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-MAX_LOOPS = 64
 GPT2_VOCAB = 50257
-# The kernels' loader caps (kernels/model.c): a config beyond them would
-# write a file loopserve refuses.
+# The kernels' caps on a model (kernels/loopserve.h, LS_MAX_*): a config
+# beyond them would write a file loopserve refuses. The header is their one
+# source; test/torch/limits.test.ts fails when these differ from it.
+MAX_LOOPS = 64
 LIMITS = {"dim": 65536, "n_heads": 4096, "n_kv_heads": 4096, "ffn_dim": 262144, "vocab_size": 1 << 20, "max_seq_len": 1 << 20}
+MAX_ROPE_THETA = 1e12  # rope_theta < this
+MAX_NORM_EPS = 1.0  # norm_eps < this
 
 
 @dataclass
@@ -49,10 +52,10 @@ class LoopedConfig:
         for key, cap in LIMITS.items():
             if not 1 <= getattr(self, key) <= cap:
                 raise ValueError(f"{key} must be in [1, {cap}], got {getattr(self, key)}")
-        if not 0 < self.rope_theta < 1e12:
-            raise ValueError(f"rope_theta must be in (0, 1e12), got {self.rope_theta}")
-        if not 0 < self.norm_eps < 1:
-            raise ValueError(f"norm_eps must be in (0, 1), got {self.norm_eps}")
+        if not 0 < self.rope_theta < MAX_ROPE_THETA:
+            raise ValueError(f"rope_theta must be in (0, {MAX_ROPE_THETA:g}), got {self.rope_theta}")
+        if not 0 < self.norm_eps < MAX_NORM_EPS:
+            raise ValueError(f"norm_eps must be in (0, {MAX_NORM_EPS:g}), got {self.norm_eps}")
         if self.dim % self.n_heads:
             raise ValueError(f"dim ({self.dim}) must be a multiple of n_heads ({self.n_heads})")
         if (self.dim // self.n_heads) % 2:

@@ -1,9 +1,10 @@
 // The syntax of what browsers send about where a request comes from and
 // where it goes: the Origin header ("https://app.example:8443") and the Host
 // header ("localhost:8000", "[::1]:8000"), and of the allow-list entries
-// that name them. Policy lives in browser_guard.ts; config.ts validates the
-// allow-lists with these same functions, so a setting is refused at start
-// exactly when it could never match.
+// that name them. Policy lives in http/browser_guard.ts; config.ts validates
+// the allow-lists with these same functions, so a setting is refused at
+// start exactly when it could never match. Below both, so that the settings
+// do not import the HTTP layer.
 
 /**
  * The serialized origin (scheme://host[:port], lower-case, default port

@@ -1,17 +1,20 @@
 // Response bodies as TypeBox schemas, family by family (the requests are in
-// schemas.ts): the handlers build their bodies as these static types, and
+// src/http/schemas.ts). They sit below both the HTTP handlers and the web
+// playground, which reads the same bodies: the handlers build their bodies as these static types, and
 // the tests import the same types and check the bodies a server sends
 // against the schemas. Objects are closed (additionalProperties: false), so
 // a check also proves that nothing else is sent.
 import { type Static, type TProperties, type TSchema, Type as T } from "@sinclair/typebox";
-import type { ModelInfo } from "../engine/types.ts";
+import { GENERATION_MODES, type ModelInfo } from "../engine/types.ts";
 import { KV_CACHE_MODES } from "../model/kvcache.ts";
-import { GenerationModeSchema } from "./schemas.ts";
 
 const closed = <P extends TProperties>(properties: P) => T.Object(properties, { additionalProperties: false });
 const Nullable = <S extends TSchema>(schema: S) => T.Union([schema, T.Null()]);
 
-// ---- every family: the error body (errors.ts) ----
+/** The generation modes a request may ask for and a response reports. */
+export const GenerationModeSchema = T.Union(GENERATION_MODES.map((mode) => T.Literal(mode)));
+
+// ---- every family: the error body (src/http/errors.ts) ----
 
 export const ErrorType = T.Union([
   T.Literal("invalid_request_error"),
