@@ -28,7 +28,7 @@ import { median, printTable, type Row } from "../src/bench/table.ts";
 import { type KvCacheSettings, NativeModel } from "../src/engine/binding.ts";
 import { KV_CACHE_MODES } from "../src/model/kvcache.ts";
 import { TRAINED_MODEL_PATH } from "../src/model/trained.ts";
-import { readFileSync } from "node:fs";
+import { readFileSync, statSync } from "node:fs";
 import { Tokenizer } from "../src/tokenizer.ts";
 import { kjvText, kjvTokens } from "./kjv.ts";
 import { KneserNey } from "./kneser_ney.ts";
@@ -224,10 +224,12 @@ export async function measureQuality(opts: QualityOptions = {}): Promise<Quality
   };
   const lib = o.library;
   const fp16 = NativeModel.load(lib, o.model, o.threads, "auto");
-  const formats = QUALITY_FORMATS.map((f) => ({
-    name: `${weightsLabel(f)} weights, ${f.head} head (group 32)`,
-    model: NativeModel.load(lib, quantizedPath(o.model, f, 32), o.threads, "auto"),
-  }));
+  const formats = QUALITY_FORMATS.map((f) => {
+    const path = quantizedPath(o.model, f, 32);
+    return { name: `${weightsLabel(f)} weights, ${f.head} head (group 32)`, model: NativeModel.load(lib, path, o.threads, "auto"), bytes: statSync(path).size };
+  });
+  const fileMb = (bytes: number) => (bytes / 1e6).toFixed(1);
+  const sizeOf = new Map(formats.map((f) => [f.name, fileMb(f.bytes)]));
   try {
     const { vocabSize: V, defaultLoops: L, maxSeqLen: T } = fp16.info;
     const held = await kjvTokens("val");
@@ -262,16 +264,18 @@ export async function measureQuality(opts: QualityOptions = {}): Promise<Quality
     ];
     const fp16Ppl = depth.get(L)!.perplexity;
     const variantRows: Row[] = [
-      { variant: `fp16 weights, fp16 cache (${predicted} positions)`, perplexity: fp16Ppl, "KL vs fp16": "0", "top-1 agree": "100%" },
+      { variant: `fp16 weights, fp16 cache (${predicted} positions)`, "file MB": fileMb(statSync(o.model).size), perplexity: fp16Ppl, "KL vs fp16": "0", "top-1 agree": "100%" },
       ...[...variants].map(([name, t]) => ({
         variant: name,
+        "file MB": sizeOf.get(name) ?? "-",
         perplexity: t.perplexity,
         "KL vs fp16": t.meanKl.toExponential(2),
         "top-1 agree": `${(100 * t.top1).toFixed(1)}%`,
       })),
-      { variant: `full cache, ${2 * T}-token texts (${long.length * (2 * T - 1)} positions)`, perplexity: fullLong.perplexity, "KL vs fp16": "0", "top-1 agree": "100%" },
+      { variant: `full cache, ${2 * T}-token texts (${long.length * (2 * T - 1)} positions)`, "file MB": "-", perplexity: fullLong.perplexity, "KL vs fp16": "0", "top-1 agree": "100%" },
       ...[...windowed].map(([w, t]) => ({
         variant: `cache_window ${w}, ${2 * T}-token texts`,
+        "file MB": "-",
         perplexity: t.perplexity,
         "KL vs fp16": t.meanKl.toExponential(2),
         "top-1 agree": `${(100 * t.top1).toFixed(1)}%`,
