@@ -150,7 +150,7 @@ const compat: Fields = {
   user: text,
 };
 
-/** Fields the OpenAI routes refuse or only partly support: only in mixed bodies. */
+/** Fields the OpenAI routes refuse, ignore (tool calling) or only partly support: only in mixed bodies. */
 const compatRefused: Fields = {
   n: fc.integer({ min: 0, max: 4 }),
   logprobs: fc.boolean(),

@@ -36,14 +36,14 @@ function knownShare(text: string): number {
   return w.filter((x) => vocabulary.has(x)).length / w.length;
 }
 
-describe.skipIf(skipReason(KJV_TEXT) !== null)("the trained demo model writes the Bible's English", () => {
+describe.skipIf(skipReason(KJV_TEXT) !== null)("the trained demo model writes the training text's vocabulary", () => {
   beforeAll(() => {
     const dir = join(testTempDir(), "kjv-words");
     runTorchModule("data", [dir]);
     vocabulary = new Set(words(readFileSync(join(dir, "train.txt"), "utf8")));
   });
 
-  test("greedy continuations at the default depth are the Bible's English", async () => {
+  test("greedy continuations at the default depth use the words of the training text", async () => {
     for (const prompt of PROMPTS) {
       const { text } = await generate({ prompt });
       console.log(`${prompt} →${text}`);

@@ -4,6 +4,7 @@
 // test/engine/abi.test.ts keeps current), and its checks use them.
 import { expect, setDefaultTimeout, test } from "bun:test";
 import * as abi from "../../src/abi/abi.generated.ts";
+import { PYTORCH, skipReason } from "../helpers/system_packages.ts";
 import { runPython } from "../helpers/torch.ts";
 
 setDefaultTimeout(60_000); // importing torch takes seconds on a busy machine
@@ -25,7 +26,7 @@ print(json.dumps({"caps": caps, "verdicts": [verdict(c) for c in json.loads(${JS
   return JSON.parse(runPython(["-c", code]));
 }
 
-test("the PyTorch package's model caps are kernels/loopserve.h's LS_MAX_*, and its config checks use them", () => {
+test.skipIf(skipReason(PYTORCH) !== null)("the PyTorch package's model caps are kernels/loopserve.h's LS_MAX_*, and its config checks use them", () => {
   const { caps, verdicts } = readPackage([
     { default_loops: abi.LS_MAX_LOOPS },
     { default_loops: abi.LS_MAX_LOOPS + 1 },
