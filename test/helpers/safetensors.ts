@@ -2,7 +2,9 @@
 // edited as a JS object (or given as text), the data region as bytes. The
 // real writer (src/model/safetensors.ts) refuses to write what these tests
 // feed the validator.
+import { expect } from "bun:test";
 import { readFileSync, writeFileSync } from "node:fs";
+import { ModelFormatError } from "../../src/model/safetensors.ts";
 
 /** A header as JSON.parse reads it: tensor entries and __metadata__. */
 export type RawHeader = Record<string, any>;
@@ -45,4 +47,16 @@ export function rawSafetensorsImage(header: RawHeader | string, data: Uint8Array
 export function writeRawSafetensors(path: string, header: RawHeader | string, data?: Uint8Array, opts?: RawOptions): string {
   writeFileSync(path, rawSafetensorsImage(header, data, opts));
   return path;
+}
+
+/** The message of the ModelFormatError that fn throws; the test fails when it throws anything else, or nothing. */
+export function modelFormatMessage(fn: () => unknown): string {
+  let err: unknown;
+  try {
+    fn();
+  } catch (e) {
+    err = e;
+  }
+  expect(err).toBeInstanceOf(ModelFormatError);
+  return (err as Error).message;
 }

@@ -10,8 +10,6 @@ import { expectErrorShape, expectSchema, sseEvents } from "../helpers/http.ts";
 import { generateOk, LIFECYCLE, metrics } from "../helpers/scheduling.ts";
 import { startServer, type TestServer } from "../helpers/server.ts";
 
-// bunfig.toml's [test] timeout is not read by this Bun (the 5 s default
-// applies), and these tests start server processes: set it here.
 setDefaultTimeout(60_000);
 
 const REQUESTS = 200;

@@ -26,8 +26,6 @@ import { TINY } from "../helpers/models.ts";
 import { serverForTests, startServer, type TestServer } from "../helpers/server.ts";
 import { BATCHING_SERIES, type Family, SPEC_SERIES, SPECULATIVE_SERIES } from "../scheduler/prom_text.ts";
 
-// bunfig.toml's [test] timeout is not read by this Bun (the 5 s default
-// applies), and these tests start server processes: set it here.
 setDefaultTimeout(60_000);
 afterEach(cancelOpenStreams);
 

@@ -28,8 +28,6 @@ import {
 } from "../helpers/scheduling.ts";
 import { serverForTests } from "../helpers/server.ts";
 
-// bunfig.toml's [test] timeout is not read by this Bun (the 5 s default
-// applies), and these tests start server processes: set it here.
 setDefaultTimeout(60_000);
 afterEach(cancelOpenStreams);
 

@@ -2,8 +2,9 @@ import { describe, expect, test } from "bun:test";
 import { join } from "node:path";
 import { expectedTensorShapes, loadModelFile, parseModelConfig, parseModelMetadata, validateModel } from "../../src/model/format.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
-import { ModelFormatError, readSafetensors, type TensorToWrite, writeSafetensors } from "../../src/model/safetensors.ts";
+import { readSafetensors, type TensorToWrite, writeSafetensors } from "../../src/model/safetensors.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
+import { modelFormatMessage } from "../helpers/safetensors.ts";
 
 // A small vocabulary keeps the rewritten copies small; the schema is the same.
 const SMALL = { vocabSize: 300 };
@@ -25,14 +26,7 @@ function rewrite(
 }
 
 function expectLoadError(path: string, pattern: RegExp) {
-  let err: unknown;
-  try {
-    loadModelFile(path);
-  } catch (e) {
-    err = e;
-  }
-  expect(err).toBeInstanceOf(ModelFormatError);
-  expect((err as Error).message).toMatch(pattern);
+  expect(modelFormatMessage(() => loadModelFile(path))).toMatch(pattern);
 }
 
 const withMeta = (key: string, value: string | undefined) =>

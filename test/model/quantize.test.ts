@@ -14,6 +14,14 @@ import { codeAt, dequantize, quantizeActivations } from "../reference/quant.ts";
 import { writeSyntheticModel } from "../../src/model/synthetic.ts";
 import { testTempDir } from "../helpers/models.ts";
 
+/** A copy of the file at src without one tensor, written to dest. */
+function withoutTensor(src: string, dest: string, tensor: string): string {
+  const f = readSafetensors(src);
+  const kept = [...f.tensors].filter(([name]) => name !== tensor).map(([name, t]) => ({ name, dtype: t.dtype, shape: t.shape, data: t.data }));
+  writeSafetensors(dest, f.metadata, kept);
+  return dest;
+}
+
 let n = 0;
 const tmp = (name: string) => join(testTempDir(), `quantize-${n++}-${name}`);
 
@@ -338,13 +346,7 @@ describe("quantized model files", () => {
     writeSafetensors(noHead, { ...f.metadata, output_quant: "fp16" }, tensors.filter((t) => !t.name.startsWith("output.")));
     expect(() => loadQuantModelFile(noHead)).toThrow(/missing tensor "tok_embeddings.weight" \(F16 \[300, 64\]\)/);
     // An fp16 model without its embedding.
-    const fp16 = readSafetensors(src);
-    const noEmbedding = tmp("fp16-no-embedding.safetensors");
-    writeSafetensors(
-      noEmbedding,
-      fp16.metadata,
-      [...fp16.tensors].filter(([name]) => name !== "tok_embeddings.weight").map(([name, t]) => ({ name, dtype: t.dtype, shape: t.shape, data: t.data })),
-    );
+    const noEmbedding = withoutTensor(src, tmp("fp16-no-embedding.safetensors"), "tok_embeddings.weight");
     expect(() => loadModelFile(noEmbedding)).toThrow(/missing tensor "tok_embeddings.weight"/);
   });
 
@@ -353,13 +355,7 @@ describe("quantized model files", () => {
     const q = tmp("q.safetensors");
     quantizeModelFile(src, q, { quant: "int4" });
     expect(() => quantizeModelFile(q, tmp("qq.safetensors"), { quant: "int2" })).toThrow(/already quantized/);
-    const f = readSafetensors(src);
-    const broken = tmp("broken.safetensors");
-    writeSafetensors(
-      broken,
-      f.metadata,
-      [...f.tensors].filter(([name]) => name !== "block.w3.weight").map(([name, t]) => ({ name, dtype: t.dtype, shape: t.shape, data: t.data })),
-    );
+    const broken = withoutTensor(src, tmp("broken.safetensors"), "block.w3.weight");
     expect(() => quantizeModelFile(broken, tmp("x.safetensors"), { quant: "int4" })).toThrow(/missing tensor "block.w3.weight"/);
   });
 

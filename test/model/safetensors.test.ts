@@ -1,9 +1,9 @@
 import { describe, expect, test } from "bun:test";
 import { readFileSync, truncateSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { ModelFormatError, readSafetensors, writeSafetensors } from "../../src/model/safetensors.ts";
+import { readSafetensors, writeSafetensors } from "../../src/model/safetensors.ts";
 import { testTempDir } from "../helpers/models.ts";
-import { type RawHeader, writeRawSafetensors } from "../helpers/safetensors.ts";
+import { modelFormatMessage, type RawHeader, writeRawSafetensors } from "../helpers/safetensors.ts";
 
 let n = 0;
 const tmp = (name: string) => join(testTempDir(), `st-${n++}-${name}.safetensors`);
@@ -15,14 +15,7 @@ function rawFile(header: RawHeader | null, data: Uint8Array = new Uint8Array(0),
 
 /** Expects readSafetensors(path) to throw a ModelFormatError whose message matches every pattern. */
 function expectBad(path: string, ...patterns: (string | RegExp)[]) {
-  let err: unknown;
-  try {
-    readSafetensors(path);
-  } catch (e) {
-    err = e;
-  }
-  expect(err).toBeInstanceOf(ModelFormatError);
-  const msg = (err as Error).message;
+  const msg = modelFormatMessage(() => readSafetensors(path));
   expect(msg).toContain(path);
   for (const p of patterns) expect(msg).toMatch(p);
 }

@@ -76,20 +76,25 @@ static int vi_sum(vi v) {
 #define HAVE_VNNI 0
 #endif
 
+/* One step of the twelve chains a0..a11 (a multiply-add on x and y each),
+ * and their sum: the same for the fp32 and the int8 peak. */
+#define CHAINS_STEP(OP)                                                                       \
+    do {                                                                                      \
+        a0 = OP(a0, x, y); a1 = OP(a1, x, y); a2 = OP(a2, x, y); a3 = OP(a3, x, y);           \
+        a4 = OP(a4, x, y); a5 = OP(a5, x, y); a6 = OP(a6, x, y); a7 = OP(a7, x, y);           \
+        a8 = OP(a8, x, y); a9 = OP(a9, x, y); a10 = OP(a10, x, y); a11 = OP(a11, x, y);       \
+    } while (0)
+#define CHAINS_SUM(SUM) \
+    (SUM(a0) + SUM(a1) + SUM(a2) + SUM(a3) + SUM(a4) + SUM(a5) + SUM(a6) + SUM(a7) + SUM(a8) + SUM(a9) + SUM(a10) + SUM(a11))
+
 static double run_fma(double *sink) {
     // Distinct starting values: equal chains would be merged by the compiler.
     vf a0 = VF_SET1(0.f), a1 = VF_SET1(1.f), a2 = VF_SET1(2.f), a3 = VF_SET1(3.f), a4 = VF_SET1(4.f),
        a5 = VF_SET1(5.f), a6 = VF_SET1(6.f), a7 = VF_SET1(7.f), a8 = VF_SET1(8.f), a9 = VF_SET1(9.f),
        a10 = VF_SET1(10.f), a11 = VF_SET1(11.f);
     const vf x = VF_SET1(0.999999f), y = VF_SET1(1e-7f);
-    for (int i = 0; i < ITERS; i++) {
-        a0 = VF_FMA(a0, x, y); a1 = VF_FMA(a1, x, y); a2 = VF_FMA(a2, x, y);
-        a3 = VF_FMA(a3, x, y); a4 = VF_FMA(a4, x, y); a5 = VF_FMA(a5, x, y);
-        a6 = VF_FMA(a6, x, y); a7 = VF_FMA(a7, x, y); a8 = VF_FMA(a8, x, y);
-        a9 = VF_FMA(a9, x, y); a10 = VF_FMA(a10, x, y); a11 = VF_FMA(a11, x, y);
-    }
-    *sink += vf_sum(a0) + vf_sum(a1) + vf_sum(a2) + vf_sum(a3) + vf_sum(a4) + vf_sum(a5) + vf_sum(a6) +
-             vf_sum(a7) + vf_sum(a8) + vf_sum(a9) + vf_sum(a10) + vf_sum(a11);
+    for (int i = 0; i < ITERS; i++) CHAINS_STEP(VF_FMA);
+    *sink += CHAINS_SUM(vf_sum);
     return (double) ITERS * 12 * VF_LANES * 2;
 }
 
@@ -98,14 +103,8 @@ static double run_vnni(double *sink) {
     vi a0 = VI_SET1(0), a1 = VI_SET1(1), a2 = VI_SET1(2), a3 = VI_SET1(3), a4 = VI_SET1(4), a5 = VI_SET1(5),
        a6 = VI_SET1(6), a7 = VI_SET1(7), a8 = VI_SET1(8), a9 = VI_SET1(9), a10 = VI_SET1(10), a11 = VI_SET1(11);
     const vi x = VI_SET1(0x01010101), y = VI_SET1(0x01ff01ff);
-    for (int i = 0; i < ITERS; i++) {
-        a0 = VI_DP(a0, x, y); a1 = VI_DP(a1, x, y); a2 = VI_DP(a2, x, y);
-        a3 = VI_DP(a3, x, y); a4 = VI_DP(a4, x, y); a5 = VI_DP(a5, x, y);
-        a6 = VI_DP(a6, x, y); a7 = VI_DP(a7, x, y); a8 = VI_DP(a8, x, y);
-        a9 = VI_DP(a9, x, y); a10 = VI_DP(a10, x, y); a11 = VI_DP(a11, x, y);
-    }
-    *sink += vi_sum(a0) + vi_sum(a1) + vi_sum(a2) + vi_sum(a3) + vi_sum(a4) + vi_sum(a5) + vi_sum(a6) +
-             vi_sum(a7) + vi_sum(a8) + vi_sum(a9) + vi_sum(a10) + vi_sum(a11);
+    for (int i = 0; i < ITERS; i++) CHAINS_STEP(VI_DP);
+    *sink += CHAINS_SUM(vi_sum);
     return (double) ITERS * 12 * VI_BYTES * 2; // VI_BYTES multiply-accumulates per instruction
 }
 #endif
