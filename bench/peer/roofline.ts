@@ -22,7 +22,8 @@ import { mkdirSync, openSync, readSync, closeSync, statSync } from "node:fs";
 import { join } from "node:path";
 import type { ModelConfig } from "../../src/model/format.ts";
 import { DTYPE_SIZES, readSafetensors } from "../../src/model/safetensors.ts";
-import { cacheDir } from "./llama.ts";
+import { printTable, type Row } from "../../src/bench/table.ts";
+import { cacheDir, type Format } from "./llama.ts";
 import { PeerBenchError, requireTool, run, waitForQuiet } from "./system.ts";
 
 export interface Roofline {
@@ -122,6 +123,44 @@ export class RooflineProbe {
     }
     return v;
   }
+
+  /**
+   * Every probe again, once the measured runs are done, the working sets of
+   * `blockBytes` too: each bound keeps the best of both passes (a bound is
+   * what the machine can do when nobody else runs).
+   */
+  async measureAgain(threads: number[], wait: boolean, blockBytes: number[]): Promise<void> {
+    await this.measure(threads, wait);
+    for (const bytes of blockBytes) {
+      for (const t of threads) {
+        if (wait) await waitForQuiet(10);
+        this.cacheBandwidth(bytes, t);
+      }
+    }
+  }
+}
+
+/** The probes' figures by thread count, printed with how the bounds use them; returns that explanation. */
+export function rooflineTable(probe: RooflineProbe, models: { format: Format; cost: ModelCost }[], threads: number[]): string {
+  const roof: Row[] = threads.map((t) => ({
+    threads: t,
+    "DRAM GB/s": probe.r.dramGBps[t],
+    ...Object.fromEntries(
+      models.map((m) => [`${m.format} block ${(m.cost.blockBytes / 2 ** 20).toFixed(1)} MiB GB/s`, probe.cacheBandwidth(m.cost.blockBytes, t)]),
+    ),
+    [`FMA fp32 GFLOP/s (${probe.r.fmaIsa})`]: probe.r.fmaGflops[t],
+    [`VNNI int8 GOP/s (${probe.r.vnniIsa})`]: probe.r.vnniGops?.[t] ?? "n/a",
+  }));
+  printTable(`roofline probes (L3 ${(probe.r.l3Bytes / 2 ** 20).toFixed(0)} MiB)`, roof);
+  const boundModel =
+    "loop bound ms: one pass over the block at the bandwidth measured for its working set. " +
+    "Above 100% of a bound means the model is pessimistic (e.g. part of the head survived in L3). " +
+    "decode bound: loopserve reads the head + one block pass from DRAM per token and loops-1 block passes + the KV cache " +
+    "at the bandwidth measured for the block's working set; llama.cpp reads every layer copy and the head from DRAM. " +
+    "prefill bound: FLOPs (2 x matmul params x tokens x loops + causal attention + one head row) / peak " +
+    "(fp32 FMA for fp16 weights, int8 VNNI for int4/int2).";
+  console.log(`\n${boundModel}`);
+  return boundModel;
 }
 
 // ---- what a model reads and computes ----

@@ -1,9 +1,13 @@
 // Process and machine helpers for bench/peer.ts: running tools with clear
-// errors, and telling how busy the rest of the machine was while a number
-// was taken (other engineers share the 2 cores; a 2-thread llama.cpp run
-// with one core taken collapses, so each row says how much CPU others used).
+// errors, progress lines, and telling how busy the rest of the machine was
+// while a number was taken (other engineers share the 2 cores; a 2-thread
+// llama.cpp run with one core taken collapses, so each row says how much CPU
+// others used).
 import { readFileSync } from "node:fs";
 import { cpus } from "node:os";
+
+/** Progress on stderr, so stdout holds only the report. */
+export const log = (s: string) => process.stderr.write(`[peer] ${s}\n`);
 
 export class PeerBenchError extends Error {
   override name = "PeerBenchError";
