@@ -7,7 +7,7 @@
 //   bun build.ts --lib    library only (what the tests need)
 //   bun build.ts --asan   library instrumented with AddressSanitizer (build/asan/)
 import { existsSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
-import { basename, join, relative } from "node:path";
+import { basename, dirname, join, relative } from "node:path";
 
 const root = import.meta.dir;
 const kernelDir = join(root, "kernels");
@@ -16,18 +16,48 @@ const asan = args.has("--asan");
 const buildDir = join(root, "build", asan ? "asan" : "");
 const objDir = join(buildDir, "obj");
 
-// Per-file flags: only the *_avx2.c / *_avx512.c translation units may use
-// those instructions; the library picks one at load time (runtime dispatch).
+// Per-folder flags: only the files of kernels/cpu/avx2/ and kernels/cpu/avx512/
+// may use those instructions; the library picks one path at load time
+// (runtime dispatch), and kernels/cpu/portable/ and the shared files are
+// built for the baseline CPU.
+const ISA_FLAGS: Record<string, string[]> = {
+  avx2: ["-mavx2", "-mfma", "-mf16c"],
+  avx512: ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c", "-mfma"],
+};
+
 export function simdFlags(file: string): string[] {
-  if (file.endsWith("_avx512.c"))
-    return ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c", "-mfma"];
-  if (file.endsWith("_avx2.c")) return ["-mavx2", "-mfma", "-mf16c"];
-  return [];
+  return ISA_FLAGS[basename(dirname(file))] ?? [];
 }
 
 // The quantized matmul kernels and what they link against, for the
-// programs that run them alone (the sanitized quant test driver, bench gemm).
-export const QUANT_KERNEL_SOURCES = ["quant_portable.c", "quant_pack.c", "quant_avx2.c", "quant_avx512.c", "util.c"];
+// programs that run them alone (bench gemm), relative to kernels/.
+export const QUANT_KERNEL_SOURCES = [
+  "cpu/portable/quant_portable.c", "quant_pack.c", "cpu/avx2/quant_avx2.c", "cpu/avx512/quant_avx512.c", "util.c",
+];
+
+/** The files of kernels/ with this extension that the CPU library is built from (all but kernels/cuda/'s), relative to kernels/. */
+function cpuKernelFiles(ext: string): string[] {
+  return readdirSync(kernelDir, { recursive: true, encoding: "utf8" }).filter((f) => f.endsWith(ext) && !f.startsWith("cuda/"));
+}
+
+/** Every header a CPU kernel source may include. */
+export function cpuKernelHeaders(): string[] {
+  return cpuKernelFiles(".h").map((f) => join(kernelDir, f));
+}
+
+/**
+ * The CPU library's C sources, relative to kernels/, in the order they are
+ * linked: by file name (unique across the folders, see kernelObject), not
+ * path, so that which folder a file sits in does not change the library.
+ */
+export function cpuKernelSources(): string[] {
+  return cpuKernelFiles(".c").sort((a, b) => (basename(a) < basename(b) ? -1 : 1));
+}
+
+/** A kernel source's object file in dir, named by the source's file name: the objects of every folder share dir. */
+export function kernelObject(dir: string, source: string): string {
+  return join(dir, basename(source).replace(/\.c$/, ".o"));
+}
 
 // C11, and no multiply and add fused into an FMA unless the code asks: the
 // quantized kernels' results are defined as separate operations (quant.h),
@@ -51,15 +81,16 @@ export async function run(cmd: string[]): Promise<void> {
 
 async function buildCpuLibrary(): Promise<string> {
   mkdirSync(objDir, { recursive: true });
-  const headers = readdirSync(kernelDir).filter((f) => f.endsWith(".h")).map((f) => join(kernelDir, f));
-  const sources = readdirSync(kernelDir).filter((f) => f.endsWith(".c")).sort();
+  const headers = cpuKernelHeaders();
   const objects: string[] = [];
   const jobs: Promise<void>[] = [];
-  for (const file of sources) {
+  for (const file of cpuKernelSources()) {
     const src = join(kernelDir, file);
-    const obj = join(objDir, file.replace(/\.c$/, ".o"));
+    const obj = kernelObject(objDir, file);
     objects.push(obj);
-    if (newer([src, ...headers], obj)) jobs.push(run(["gcc", ...baseFlags, ...simdFlags(file), "-c", src, "-o", obj]));
+    // -I kernels/: the files of kernels/cpu/ include the shared headers above them.
+    if (newer([src, ...headers], obj))
+      jobs.push(run(["gcc", ...baseFlags, ...simdFlags(file), "-I", kernelDir, "-c", src, "-o", obj]));
   }
   await Promise.all(jobs);
   const lib = join(buildDir, "libloopserve.so");
@@ -101,7 +132,7 @@ async function buildCudaLibrary(): Promise<string | null> {
   const cudaObj = join(objDir, "cuda");
   mkdirSync(cudaObj, { recursive: true });
   const headers = [
-    ...readdirSync(kernelDir).filter((f) => f.endsWith(".h")).map((f) => join(kernelDir, f)),
+    ...cpuKernelHeaders(),
     ...readdirSync(cudaDir).filter((f) => f.endsWith(".h") || f.endsWith(".cuh")).map((f) => join(cudaDir, f)),
   ];
   const objects: string[] = [];
@@ -118,7 +149,7 @@ async function buildCudaLibrary(): Promise<string | null> {
     jobs.push(run(["gcc", ...baseFlags, "-Dls_simd_name=ls_cpu_simd_name", "-c", join(kernelDir, "util.c"), "-o", util]));
   await Promise.all(jobs);
   // The CPU build above has just compiled these with -fPIC.
-  const host = CUDA_HOST_SOURCES.map((f) => join(objDir, f.replace(/\.c$/, ".o")));
+  const host = CUDA_HOST_SOURCES.map((f) => kernelObject(objDir, f));
   const lib = join(buildDir, "libloopserve_cuda.so");
   if (newer([...objects, util, ...host], lib)) {
     // cudart (nvcc's default), libstdc++ and libgcc are linked statically, so

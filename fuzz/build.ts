@@ -6,9 +6,9 @@
 // a model into an exactly-sized heap buffer so ASan sees reads past its end.
 //
 //   bun fuzz/build.ts     build/fuzz/<target> and its seed corpus build/fuzz/seeds/<target>/
-import { existsSync, mkdirSync, readdirSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { C_FLAGS, newer, run, simdFlags } from "../build.ts";
+import { C_FLAGS, cpuKernelHeaders, cpuKernelSources, kernelObject, newer, run, simdFlags } from "../build.ts";
 import { writeSeedCorpus } from "./corpus.ts";
 
 const ROOT = resolve(import.meta.dir, "..");
@@ -48,14 +48,15 @@ export async function libFuzzerMissing(): Promise<string | null> {
 async function kernelObjects(): Promise<string[]> {
   const objDir = join(FUZZ_BUILD, "obj");
   mkdirSync(objDir, { recursive: true });
-  const headers = readdirSync(KERNELS).filter((f) => f.endsWith(".h")).map((f) => join(KERNELS, f));
-  const sources = readdirSync(KERNELS).filter((f) => f.endsWith(".c")).sort();
-  const objects = sources.map((f) => join(objDir, f.replace(/\.c$/, ".o")));
+  const headers = cpuKernelHeaders();
+  const sources = cpuKernelSources();
+  const objects = sources.map((f) => kernelObject(objDir, f));
   await Promise.all(
     sources.map((f, i) => {
       const src = join(KERNELS, f);
       if (!newer([src, ...headers], objects[i])) return;
-      return run(["clang", ...FLAGS, optimisation(f), "-fsanitize=fuzzer-no-link", SANITIZE, ...simdFlags(f), "-c", src, "-o", objects[i]]);
+      const flags = [optimisation(f), "-fsanitize=fuzzer-no-link", SANITIZE, ...simdFlags(f), "-I", KERNELS];
+      return run(["clang", ...FLAGS, ...flags, "-c", src, "-o", objects[i]]);
     }),
   );
   return objects;

@@ -8,7 +8,7 @@
 // only then is a read past the end of the file reported.
 import { existsSync, mkdtempSync, readdirSync } from "node:fs";
 import { basename, join, resolve } from "node:path";
-import { C_FLAGS, simdFlags } from "../../build.ts";
+import { C_FLAGS, cpuKernelSources, kernelObject, simdFlags } from "../../build.ts";
 import { testTempDir } from "./models.ts";
 
 const ROOT = resolve(import.meta.dir, "../..");
@@ -40,8 +40,8 @@ let kernelObjects: Promise<{ dir: string; objects: string[] }> | null = null;
 function sanitizedKernels(): Promise<{ dir: string; objects: string[] }> {
   kernelObjects ??= (async () => {
     const dir = mkdtempSync(join(testTempDir(), "sanitized-"));
-    const sources = readdirSync(KERNELS).filter((f) => f.endsWith(".c")).sort();
-    const objects = sources.map((f) => join(dir, f.replace(/\.c$/, ".o")));
+    const sources = cpuKernelSources();
+    const objects = sources.map((f) => kernelObject(dir, f));
     await Promise.all(
       sources.map((f, i) => compile(["gcc", ...FLAGS, ...simdFlags(f), "-I", KERNELS, "-c", join(KERNELS, f), "-o", objects[i]])),
     );
