@@ -293,26 +293,19 @@ describe("sampling fields", () => {
       service_tier: "auto",
       something_new: [1, 2, 3],
     };
-    for (const [path, schema] of [
-      ["/v1/chat/completions", ChatCompletion],
-      ["/api/v0/chat/completions", ExtendedChatCompletion],
+    const chat = { model: MODEL, messages: USER, max_tokens: 8, temperature: 0.9, seed: 7 };
+    const text = { model: MODEL, prompt: PROMPT, max_tokens: 8, temperature: 0.9, seed: 7 };
+    for (const [path, schema, request] of [
+      ["/v1/chat/completions", ChatCompletion, chat],
+      ["/api/v0/chat/completions", ExtendedChatCompletion, chat],
+      ["/v1/completions", TextCompletion, text],
+      ["/api/v0/completions", ExtendedTextCompletion, text],
     ] as const) {
-      const request = { model: MODEL, messages: USER, max_tokens: 8, temperature: 0.9, seed: 7 };
       const plain = await ok(path, request, schema);
       const withTools = await ok(path, { ...request, ...extras }, schema);
       expect(withTools.choices).toEqual(plain.choices);
       expect(withTools.usage).toEqual(plain.usage);
-      expect(withTools.choices[0].message).not.toHaveProperty("tool_calls");
-    }
-    for (const [path, schema] of [
-      ["/v1/completions", TextCompletion],
-      ["/api/v0/completions", ExtendedTextCompletion],
-    ] as const) {
-      const request = { model: MODEL, prompt: PROMPT, max_tokens: 8, temperature: 0.9, seed: 7 };
-      const plain = await ok(path, request, schema);
-      const withTools = await ok(path, { ...request, ...extras }, schema);
-      expect(withTools.choices).toEqual(plain.choices);
-      expect(withTools.usage).toEqual(plain.usage);
+      expect(JSON.stringify(withTools.choices)).not.toContain("tool_calls");
     }
   });
 
