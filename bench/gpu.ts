@@ -72,12 +72,10 @@ type Cell = { engine: string; model: string; weights: string; loops: number; cli
 const cells: Cell[] = [];
 
 /** loopserve's batched decode of `rows` sessions through ls_batch_step (the server's path). */
-function loopserve(model: keyof typeof models, loops: number, rows: number): number {
+function loopserve(model: keyof typeof models, loops: number, rows: number): void {
   sh([bun, "bench/batch.ts", "--lib", lib, "--model", models[model], "--loops", String(loops), "--rows", String(rows), "--steps", "64", "--rounds", "3"]);
   const res = JSON.parse(readFileSync(join(ROOT, "bench", "results", "batch.json"), "utf8"));
-  const tok = Number(res.rows[0]["batched tok/s"]);
-  cells.push({ engine: "loopserve", model, weights: "fp16", loops, clients: rows, tok_s: tok });
-  return tok;
+  cells.push({ engine: "loopserve", model, weights: "fp16", loops, clients: rows, tok_s: Number(res.rows[0]["batched tok/s"]) });
 }
 
 for (const model of Object.keys(models) as (keyof typeof models)[]) {
@@ -85,20 +83,20 @@ for (const model of Object.keys(models) as (keyof typeof models)[]) {
   loopserve(model, 8, 64);
 }
 
-const peerOut = sh(["python3", "bench/gpu/torch_decode.py", models["dim-2048"], "--loops", "8", "--rows", "1,64", "--peers", values.quick ? "graph,copy" : "graph,hf,copy"], { allowFail: true });
-let copyGbS = 0;
-for (const line of peerOut.split("\n")) {
-  if (!line.startsWith("{")) continue;
-  const r = JSON.parse(line);
-  if (r.engine === "device copy") copyGbS = r.gb_s;
-  else if (r.tok_s) cells.push({ engine: r.engine, model: "dim-2048", weights: "fp16", loops: r.loops, clients: r.rows, tok_s: r.tok_s });
-}
-const trainedPeer = sh(["python3", "bench/gpu/torch_decode.py", models.trained, "--loops", "8", "--rows", "1", "--peers", "graph"], { allowFail: true });
-for (const line of trainedPeer.split("\n"))
-  if (line.startsWith("{")) {
+/** Runs bench/gpu/torch_decode.py on one model; its decode cells join `cells`, and the copy probe's GB/s is returned (0 when not asked). */
+function peers(model: keyof typeof models, rows: string, which: string): number {
+  const out = sh(["python3", "bench/gpu/torch_decode.py", models[model], "--loops", "8", "--rows", rows, "--peers", which], { allowFail: true });
+  let gbS = 0;
+  for (const line of out.split("\n")) {
+    if (!line.startsWith("{")) continue;
     const r = JSON.parse(line);
-    if (r.tok_s) cells.push({ engine: r.engine, model: "trained", weights: "fp16", loops: r.loops, clients: r.rows, tok_s: r.tok_s });
+    if (r.engine === "device copy") gbS = r.gb_s;
+    else if (r.tok_s) cells.push({ engine: r.engine, model, weights: "fp16", loops: r.loops, clients: r.rows, tok_s: r.tok_s });
   }
+  return gbS;
+}
+const copyGbS = peers("dim-2048", "1,64", values.quick ? "graph,copy" : "graph,hf,copy");
+peers("trained", "1", "graph");
 
 /** Per-kernel times (ncu's summary) over a window of a one-stream decode: graph nodes are profiled one by one. */
 function profile(): string {

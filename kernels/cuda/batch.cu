@@ -220,6 +220,13 @@ static cudaError_t head_kernels(ls_model *m, lsc_batch *b, int32_t n_sample, con
     return lsc_matmul(b->logits, mi->vocab_size, b->normed, dim, m->rt->output, dim, mi->vocab_size, n_sample, 0);
 }
 
+/* Every launch of a single-block step: the block, then the head when a row samples. */
+static cudaError_t step_launches(ls_model *m, const ls_batch_piece *pieces, int32_t n_pieces, lsc_batch *b,
+                                 const int32_t *slot, int32_t n_sample, const char **what) {
+    cudaError_t e = block_kernels(m, pieces, n_pieces, b, slot, what);
+    return e == cudaSuccess && n_sample > 0 ? head_kernels(m, b, n_sample, what) : e;
+}
+
 static void shape_of(lsc_step_shape *sh, const ls_batch_piece *pieces, int32_t n_pieces, const int32_t *slot,
                      int32_t n_sample) {
     memset(sh, 0, sizeof *sh);
@@ -250,7 +257,8 @@ static cudaError_t step_kernels(ls_model *m, const ls_batch_piece *pieces, int32
     lsc_step_shape shape;
     shape_of(&shape, pieces, n_pieces, slot, n_sample);
     b->clock++;
-    lsc_step_graph *slot_for = &b->graphs[0];
+    /* the graph of this shape, else the slot to capture into: an empty one, or the least recently used */
+    lsc_step_graph *victim = &b->graphs[0];
     for (int i = 0; i < LSC_STEP_GRAPHS; i++) {
         lsc_step_graph *g = &b->graphs[i];
         if (g->exec && same_shape(&g->shape, &shape)) {
@@ -258,20 +266,16 @@ static cudaError_t step_kernels(ls_model *m, const ls_batch_piece *pieces, int32
             *what = "replaying a step";
             return cudaGraphLaunch(g->exec, cudaStreamPerThread);
         }
-        if (!g->exec || (slot_for->exec && g->used < slot_for->used)) slot_for = g;
+        if (victim->exec && (!g->exec || g->used < victim->used)) victim = g;
     }
     bool seen = same_shape(&b->previous, &shape);
     b->previous = shape;
-    if (!seen) {
-        cudaError_t e = block_kernels(m, pieces, n_pieces, b, slot, what);
-        return e == cudaSuccess && n_sample > 0 ? head_kernels(m, b, n_sample, what) : e;
-    }
+    if (!seen) return step_launches(m, pieces, n_pieces, b, slot, n_sample, what);
     *what = "capturing a step";
     cudaError_t e = cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) return e;
     const char *inner = *what;
-    e = block_kernels(m, pieces, n_pieces, b, slot, &inner);
-    if (e == cudaSuccess && n_sample > 0) e = head_kernels(m, b, n_sample, &inner);
+    e = step_launches(m, pieces, n_pieces, b, slot, n_sample, &inner);
     cudaGraph_t graph = NULL;
     cudaError_t end = cudaStreamEndCapture(cudaStreamPerThread, &graph);
     if (e != cudaSuccess || end != cudaSuccess) {
@@ -279,18 +283,18 @@ static cudaError_t step_kernels(ls_model *m, const ls_batch_piece *pieces, int32
         if (e != cudaSuccess) *what = inner;
         return e != cudaSuccess ? e : end;
     }
-    if (slot_for->exec) cudaGraphExecDestroy(slot_for->exec);
-    slot_for->exec = NULL;
-    e = cudaGraphInstantiate(&slot_for->exec, graph, 0);
+    if (victim->exec) cudaGraphExecDestroy(victim->exec);
+    victim->exec = NULL;
+    e = cudaGraphInstantiate(&victim->exec, graph, 0);
     cudaGraphDestroy(graph);
     if (e != cudaSuccess) {
-        slot_for->exec = NULL;
+        victim->exec = NULL;
         return e;
     }
-    slot_for->shape = shape;
-    slot_for->used = b->clock;
+    victim->shape = shape;
+    victim->used = b->clock;
     *what = "replaying a step";
-    return cudaGraphLaunch(slot_for->exec, cudaStreamPerThread);
+    return cudaGraphLaunch(victim->exec, cudaStreamPerThread);
 }
 
 /* One call's blocks, as ls_batch_blocks hands them over, and the first
