@@ -35,6 +35,7 @@ import {
   type QuantMatrixName,
   type QuantMix,
   quantTensorShapes,
+  SINGLE_BLOCK,
 } from "../src/model/format.ts";
 import { DTYPE_SIZES, type Dtype, ModelFormatError } from "../src/model/safetensors.ts";
 import { rawSafetensorsImage } from "../test/helpers/safetensors.ts";
@@ -136,6 +137,7 @@ const validConfig: fc.Arbitrary<ValidConfig> = fc
     return {
       arch: "looped-llama" as const,
       formatVersion: 1 as const,
+      ...SINGLE_BLOCK,
       dim,
       nHeads,
       nKvHeads: r.kvHeads,
@@ -150,7 +152,6 @@ const validConfig: fc.Arbitrary<ValidConfig> = fc
       normEpsText: r.normEps,
       quant: r.quant as ModelConfig["quant"],
       groupSize: quantized ? r.groupSize : 0,
-      tokenizer: "gpt2" as const,
       quantMix: quantized ? mixOf(r.quant as BlockQuant, r.mixBits) : {},
       // A quantized head needs dim a multiple of its group (int6: of 64).
       output: !quantized && r.output !== "tied" ? "fp16" : r.output === "int6" && dim % 64 !== 0 ? "int8" : r.output,

@@ -19,11 +19,20 @@
  * ls_session_forward cuts a long prompt; a windowed ring holds window +
  * LS_CHUNK rows, so a block never overwrites a row it still attends to.
  * The output head then runs once over every sampling row.
+ *
+ * A row that exits early (ls_step_params.exit_threshold, a model with an
+ * exit gate) has its sampled token as a piece of its own; after each step
+ * its gate decides, and an exiting piece moves (with its hidden state and
+ * RoPE rows) to the front of the rows still running, which the next loop
+ * then drops like any piece whose loops are done. Its deeper cache units
+ * are filled once the block has run (loopserve.h, learned early exit).
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "forward.h"
+#include "kvcache.h"
 #include "batch_rules.h" /* after forward.h (session.h): it reads sessions through ls_session_view */
 
 /* The runtime's batch scratch (its LS_RUNTIME_EXT_BATCH slot), allocated on
@@ -106,33 +115,110 @@ static void attend_block(void *ctx, int32_t loop, int32_t T, int32_t skip, int32
  * sampled token comes from it. */
 static int needs_output(const ls_batch_piece *p, const int32_t *slot) { return p->last && slot[p->row] >= 0; }
 
+/* The exit gate's probability for a hidden state h (dim): fp32, in a fixed order. */
+static float exit_lambda(const ls_model *m, const float *h) {
+    const int32_t dim = m->info.dim;
+    const float *w = m->rt->exit_gate;
+    float z = w[dim];
+    for (int32_t i = 0; i < dim; i++) z += h[i] * w[i];
+    return 1.0f / (1.0f + expf(-z));
+}
+
+/* An early-exiting piece's running exit distribution. */
+typedef struct {
+    float threshold; /* 0: the piece runs its loops */
+    float remaining; /* probability of not having exited yet */
+    float cdf;       /* of exiting by now */
+    int32_t units;   /* the loops it was given (units), before any exit */
+} exit_state;
+
+/* After a step's last unit `done` (units run so far): each early-exiting
+ * piece of [lo, n) not at its last step asks its gate; those that exit get
+ * loops = done and move, with their rows of h and rope, to the front of
+ * [lo, n) (rows from `start`), the others keeping their order. */
+static void decide_exits(const ls_model *m, ls_batch_piece *pc, exit_state *ex, int32_t lo, int32_t n, int32_t start,
+                         int32_t done, batch_scratch *b) {
+    const int32_t dim = m->info.dim, hd = m->info.head_dim;
+    int32_t moved = 0;
+    for (int32_t k = lo, r = start; k < n; r += pc[k].n, k++) {
+        exit_state *e = &ex[k];
+        if (e->threshold <= 0.0f || pc[k].loops <= done) continue;
+        const float lambda = exit_lambda(m, b->h + (size_t)r * dim);
+        const float p = lambda * e->remaining;
+        e->remaining = e->remaining * (1.0f - lambda);
+        e->cdf = e->cdf + p;
+        if (e->cdf >= e->threshold) {
+            pc[k].loops = done;
+            moved++;
+        }
+    }
+    if (moved == 0) return;
+    /* stable partition through scratch that is free between loops (xb, q) */
+    ls_batch_piece tmp_pc[LS_CHUNK];
+    exit_state tmp_ex[LS_CHUNK];
+    int32_t out = 0, row = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int32_t k = lo, r = start; k < n; r += pc[k].n, k++) {
+            if ((pc[k].loops == done) != (pass == 0)) continue;
+            memcpy(b->xb + (size_t)row * dim, b->h + (size_t)r * dim, (size_t)pc[k].n * dim * sizeof(float));
+            memcpy(b->q + (size_t)row * hd, b->rope + (size_t)r * hd, (size_t)pc[k].n * hd * sizeof(float));
+            tmp_pc[out] = pc[k];
+            tmp_ex[out++] = ex[k];
+            row += pc[k].n;
+        }
+    memcpy(b->h + (size_t)start * dim, b->xb, (size_t)row * dim * sizeof(float));
+    memcpy(b->rope + (size_t)start * hd, b->q, (size_t)row * hd * sizeof(float));
+    memcpy(pc + lo, tmp_pc, (size_t)out * sizeof *pc);
+    memcpy(ex + lo, tmp_ex, (size_t)out * sizeof *ex);
+}
+
+/* A piece that exited after `pc->loops` of its `units`: every deeper unit
+ * of its session gets, at its position, the keys/values of the same layer
+ * in its exit step. */
+static void fill_exited(ls_session *s, const ls_batch_piece *pc, int32_t units) {
+    const int32_t L = s->m->info.n_layers, last_step = pc->loops - L, pos = pc->pos0, slot = pos % s->cap;
+    for (int32_t u = pc->loops; u < units; u++) {
+        ls_kv_copy_row(s, u, slot, s, last_step + u % L, slot);
+        ls_seq_advance(s->loop_len, s->loop_lo, u, pos + 1, s->cap);
+    }
+}
+
 /* Runs one block of pieces through their loops; keeps each sampling row's
- * final hidden state in b->last[slot[row]]. */
-static void run_block(ls_model *m, ls_session *const *sessions, const ls_batch_piece *pieces, int32_t n_pieces,
-                      const int32_t *tokens, batch_scratch *b, const int32_t *slot) {
+ * final hidden state in b->last[slot[row]] and the steps it ran in its
+ * session. */
+static void run_block(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows,
+                      const ls_batch_piece *pieces, int32_t n_pieces, const int32_t *tokens, batch_scratch *b,
+                      const int32_t *slot) {
     const ls_model_info *mi = &m->info;
-    int32_t dim = mi->dim, hd = mi->head_dim;
+    int32_t dim = mi->dim, hd = mi->head_dim, L = mi->n_layers;
+    ls_batch_piece pc[LS_CHUNK];
+    exit_state ex[LS_CHUNK];
+    int any_exit = 0;
     int32_t T = 0;
     for (int32_t i = 0; i < n_pieces; i++) {
         const ls_batch_piece *p = &pieces[i];
+        pc[i] = *p;
+        const int exits = p->last && ls_step_exits(m, &rows[p->row].step, rows[p->row].sample);
+        ex[i] = (exit_state){exits ? rows[p->row].step.exit_threshold : 0.0f, 1.0f, 0.0f, p->loops};
+        any_exit |= exits;
         ls_forward_embed(sessions[p->row], tokens + p->first, p->n, b->h + (size_t)T * dim);
         ls_rope_table(b->rope + (size_t)T * hd, p->n, p->pos0, hd, mi->rope_theta);
         T += p->n;
     }
-    block_attention att = {sessions, pieces, 0, n_pieces, NULL, dim, mi->n_kv_heads * hd};
+    block_attention att = {sessions, pc, 0, n_pieces, NULL, dim, mi->n_kv_heads * hd};
     for (int32_t l = 0, lo = 0, start = 0; ; l++) {
         /* pieces are shallowest first: drop the ones whose loops are done */
-        while (lo < n_pieces && pieces[lo].loops <= l) start += pieces[lo++].n;
+        while (lo < n_pieces && pc[lo].loops <= l) start += pc[lo++].n;
         if (lo == n_pieces) break;
         /* the pieces ending at this loop lead; their rows up to the first
          * one a sampled token reads only store K/V */
         int32_t skip = 0;
-        for (int32_t k = lo; k < n_pieces && pieces[k].loops == l + 1; k++) {
-            if (needs_output(&pieces[k], slot)) {
-                skip += pieces[k].n - 1;
+        for (int32_t k = lo; k < n_pieces && pc[k].loops == l + 1; k++) {
+            if (needs_output(&pc[k], slot)) {
+                skip += pc[k].n - 1;
                 break;
             }
-            skip += pieces[k].n;
+            skip += pc[k].n;
         }
         size_t kv_dim = (size_t)att.kv_dim;
         ls_block view = {b->h + (size_t)start * dim, b->xb, b->q + (size_t)start * dim, b->k + start * kv_dim,
@@ -140,13 +226,16 @@ static void run_block(ls_model *m, ls_session *const *sessions, const ls_batch_p
         att.lo = lo;
         att.view = &view;
         ls_forward_block_loop(m, &view, T - start, skip, l, attend_block, NULL, &att);
-        ls_batch_loop_done(sessions, pieces, lo, n_pieces, l);
+        ls_batch_loop_done(sessions, pc, lo, n_pieces, l);
+        if (any_exit && (l + 1) % L == 0) decide_exits(m, pc, ex, lo, n_pieces, start, l + 1, b);
     }
-    ls_batch_block_done(sessions, pieces, n_pieces, tokens);
-    for (int32_t i = 0, r0 = 0; i < n_pieces; r0 += pieces[i].n, i++) {
-        const ls_batch_piece *p = &pieces[i];
-        if (needs_output(p, slot))
-            memcpy(b->last + (size_t)slot[p->row] * dim, b->h + (size_t)(r0 + p->n - 1) * dim, (size_t)dim * sizeof(float));
+    ls_batch_block_done(sessions, pc, n_pieces, tokens);
+    for (int32_t i = 0, r0 = 0; i < n_pieces; r0 += pc[i].n, i++) {
+        const ls_batch_piece *p = &pc[i];
+        if (ex[i].threshold > 0.0f) fill_exited(sessions[p->row], p, ex[i].units);
+        if (!needs_output(p, slot)) continue;
+        memcpy(b->last + (size_t)slot[p->row] * dim, b->h + (size_t)(r0 + p->n - 1) * dim, (size_t)dim * sizeof(float));
+        sessions[p->row]->last_steps = p->loops / L;
     }
 }
 
@@ -154,6 +243,7 @@ static void run_block(ls_model *m, ls_session *const *sessions, const ls_batch_p
 typedef struct {
     ls_model *m;
     ls_session *const *sessions;
+    const ls_batch_row *rows;
     const int32_t *tokens;
     batch_scratch *b;
     const int32_t *slot;
@@ -161,7 +251,7 @@ typedef struct {
 
 static int run_block_call(void *ctx, const ls_batch_piece *pieces, int32_t n) {
     const block_call *c = ctx;
-    run_block(c->m, c->sessions, pieces, n, c->tokens, c->b, c->slot);
+    run_block(c->m, c->sessions, c->rows, pieces, n, c->tokens, c->b, c->slot);
     return 0;
 }
 
@@ -210,7 +300,7 @@ int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_r
     ls_batch_plan_rows(&plan, sessions, rows, n_rows, row_before);
     batch_scratch *b = scratch_for(m, plan.n_sample > 0 ? plan.n_sample : 1);
     if (!b) return LS_ERR_NOMEM;
-    block_call call = {m, sessions, tokens, b, plan.slot};
+    block_call call = {m, sessions, rows, tokens, b, plan.slot};
     ls_batch_piece pieces[LS_CHUNK];
     ls_batch_blocks(&plan, rows, LS_CHUNK, pieces, run_block_call, &call);
 

@@ -15,8 +15,12 @@
 /* A step's settings as ls_session_step accepts them (sampling checked only
  * when the row samples). */
 static inline int ls_step_params_ok(const ls_step_params *p, int32_t sample) {
-    return p->reserved == 0 &&
-           (!sample || ls_sampling_ok(&p->sampling));
+    return p->exit_threshold >= 0.0f && p->exit_threshold <= 1.0f && (!sample || ls_sampling_ok(&p->sampling));
+}
+
+/* The row exits early: it samples, asks for a threshold, and the model has a gate. */
+static inline int ls_step_exits(const ls_model *m, const ls_step_params *p, int32_t sample) {
+    return sample && p->exit_threshold > 0.0f && m->info.exit_gate;
 }
 
 /* Checks every row before anything runs: distinct sessions of model m, each
@@ -31,7 +35,7 @@ static inline int32_t ls_check_batch(const ls_model *m, ls_session *const *sessi
         const ls_batch_row *r = &rows[i];
         int32_t rc = LS_OK;
         if (!sessions[i] || ls_session_view(sessions[i]).m != m || r->n_tokens < 1 || (r->sample != 0 && r->sample != 1) ||
-            !ls_step_params_ok(&r->step, r->sample))
+            !ls_step_params_ok(&r->step, r->sample) || (r->step.exit_threshold > 0.0f && !m->info.exit_gate))
             rc = LS_ERR_ARG;
         for (int32_t j = 0; j < i && rc == LS_OK; j++)
             if (sessions[j] == sessions[i]) rc = LS_ERR_ARG;
@@ -57,6 +61,8 @@ typedef struct {
 typedef struct {
     int32_t order[LS_BATCH_MAX_ROWS], first[LS_BATCH_MAX_ROWS], pos0[LS_BATCH_MAX_ROWS], slot[LS_BATCH_MAX_ROWS];
     int32_t n_rows, n_sample, n_tokens;
+    int32_t layers; /* the model's: a row's loops run loops x layers units */
+    int32_t exits[LS_BATCH_MAX_ROWS]; /* 1: the row exits early (ls_step_exits); its last token is a piece of its own */
 } ls_batch_plan;
 
 typedef int (*ls_batch_before)(const ls_batch_row *a, const ls_batch_row *b);
@@ -65,10 +71,12 @@ static inline void ls_batch_plan_rows(ls_batch_plan *p, ls_session *const *sessi
                                       int32_t n_rows, ls_batch_before before) {
     p->n_rows = n_rows;
     p->n_sample = p->n_tokens = 0;
+    p->layers = ls_session_view(sessions[0]).layers;
     for (int32_t i = 0; i < n_rows; p->n_tokens += rows[i].n_tokens, i++) {
         p->first[i] = p->n_tokens;
         p->pos0[i] = ls_session_view(sessions[i]).pos;
         p->slot[i] = rows[i].sample ? p->n_sample++ : -1;
+        p->exits[i] = ls_step_exits(ls_session_view(sessions[i]).m, &rows[i].step, rows[i].sample);
         int32_t j = i;
         while (j > 0 && before(&rows[i], &rows[p->order[j - 1]])) {
             p->order[j] = p->order[j - 1];
@@ -89,9 +97,10 @@ static inline int ls_batch_blocks(const ls_batch_plan *p, const ls_batch_row *ro
         int32_t i = p->order[k];
         for (int32_t done = 0; done < rows[i].n_tokens;) {
             int32_t n = rows[i].n_tokens - done;
+            if (p->exits[i] && n > 1) n--; /* the exiting token on its own */
             if (n > block - block_rows) n = block - block_rows;
-            ls_batch_piece piece = {i, p->first[i] + done, n, p->pos0[i] + done, rows[i].step.loops,
-                                    done + n == rows[i].n_tokens};
+            ls_batch_piece piece = {i, p->first[i] + done, n, p->pos0[i] + done,
+                                    rows[i].step.loops * p->layers, done + n == rows[i].n_tokens};
             pieces[n_pieces++] = piece;
             block_rows += n;
             done += n;

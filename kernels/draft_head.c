@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "draft_head.h"
+#include "forward.h"
 #include "quant.h"
 #include "runtime.h"
 #include "sampling.h"
@@ -185,7 +186,7 @@ int32_t ls_draft_head_coarse(ls_model *m, const float *h, float *logits, int32_t
     ls_draft_head *d = head_of(rt);
     int32_t dim = m->info.dim, V = m->info.vocab_size;
     if (n > LS_DRAFT_BEST) n = LS_DRAFT_BEST;
-    rt->ops->rmsnorm(d->xn, h, rt->norm, dim, m->info.norm_eps);
+    ls_head_input(m, d->xn, h);
     ls_quant_shape(d->act, 1, dim, dim, 8);
     ls_quant_rows(d->act, d->xn, dim, 0, 1, dim, dim);
     int32_t tasks = rt->n_threads * 8 < MAX_TASKS ? rt->n_threads * 8 : MAX_TASKS;

@@ -5,4 +5,6 @@
  */
 #include "loopserve.h"
 
-int32_t ls_features(void) { return LS_FEATURE_SPECULATIVE | LS_FEATURE_PROFILE | LS_FEATURE_KV_COMPRESSED; }
+int32_t ls_features(void) {
+    return LS_FEATURE_SPECULATIVE | LS_FEATURE_PROFILE | LS_FEATURE_KV_COMPRESSED | LS_FEATURE_STACKS;
+}

@@ -303,13 +303,15 @@ static void stage_attention_in(const stage_ctx *c, int32_t t0, int32_t t1) {
     const ls_runtime *rt = m->rt;
     const ls_block *b = c->b;
     int32_t dim = mi->dim, hd = mi->head_dim, kv_dim = mi->n_kv_heads * hd, T = t1 - t0;
+    const int32_t layer = LS_UNIT_LAYER(m, c->loop);
+    const ls_layer_weights *w = &m->w.layers[layer];
     float *xb = b->xb + (size_t)t0 * dim, *q = b->q + (size_t)t0 * dim, *k = b->k + (size_t)t0 * kv_dim;
-    stage_norm(c, xb, b->h + (size_t)t0 * dim, rt->attn_norm, T);
+    stage_norm(c, xb, b->h + (size_t)t0 * dim, ls_layer_norm(rt, dim, layer, LS_NORM_ATTN), T);
     stage_prof(c, LS_PROF_RMSNORM);
     mm_job qkv = {.x = xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 3,
-                  .seg = {{m->w.wq, q, dim, dim, m->w.qwq},
-                          {m->w.wk, k, kv_dim, kv_dim, m->w.qwk},
-                          {m->w.wv, b->v + (size_t)t0 * kv_dim, kv_dim, kv_dim, m->w.qwv}}};
+                  .seg = {{w->wq, q, dim, dim, w->qwq},
+                          {w->wk, k, kv_dim, kv_dim, w->qwk},
+                          {w->wv, b->v + (size_t)t0 * kv_dim, kv_dim, kv_dim, w->qwv}}};
     stage_mm(c, &qkv);
     stage_prof(c, LS_PROF_QKV);
     tok_job rj = {.ops = rt->ops, .dim = dim, .q = q, .k = k, .rope = b->rope + (size_t)t0 * hd, .n_heads = mi->n_heads,
@@ -319,29 +321,52 @@ static void stage_attention_in(const stage_ctx *c, int32_t t0, int32_t t1) {
     if (c->on_thread && c->store) c->store(c->ctx, c->loop, t0, t1, c->thread);
 }
 
+/* h += x (T rows of dim). */
+static void residual_add(float *h, const float *x, int32_t T, int32_t dim) {
+    for (size_t i = 0; i < (size_t)T * (size_t)dim; i++) h[i] += x[i];
+}
+
+/* A sublayer's output y (T rows, in the block's xb) onto the residual h:
+ * added by the matmul itself, or, with sandwich norms, normed first. */
+static void sublayer_out(const stage_ctx *c, mm_job *j, float *h, int32_t T, const float *out_norm) {
+    const int32_t dim = c->m->info.dim;
+    if (!c->m->info.sandwich_norm) {
+        j->seg[0].y = h;
+        j->add = 1;
+        stage_mm(c, j);
+        return;
+    }
+    float *y = j->seg[0].y;
+    j->add = 0;
+    stage_mm(c, j);
+    stage_norm(c, y, y, out_norm, T);
+    residual_add(h, y, T, dim);
+}
+
 /* From the attention output on: wo and the residual, norm, the feed-forward
- * and its residual. */
+ * and its residual; after a step's last layer, the step norm. */
 static void stage_rest(const stage_ctx *c, int32_t t0, int32_t t1) {
     const ls_model *m = c->m;
     const ls_model_info *mi = &m->info;
     const ls_runtime *rt = m->rt;
     const ls_block *b = c->b;
     int32_t dim = mi->dim, ffn = mi->ffn_dim, T = t1 - t0;
-    float *h = b->h + (size_t)t0 * dim;
-    mm_job wo = {.x = b->att + (size_t)t0 * dim, .ldx = dim, .in = dim, .T = T, .add = 1, .n_seg = 1,
-                 .seg = {{m->w.wo, h, dim, dim, m->w.qwo}}};
-    stage_mm(c, &wo);
+    const int32_t layer = LS_UNIT_LAYER(m, c->loop);
+    const ls_layer_weights *w = &m->w.layers[layer];
+    float *h = b->h + (size_t)t0 * dim, *xb = b->xb + (size_t)t0 * dim, *g = b->g + (size_t)t0 * ffn;
+    mm_job wo = {.x = b->att + (size_t)t0 * dim, .ldx = dim, .in = dim, .T = T, .n_seg = 1,
+                 .seg = {{w->wo, xb, dim, dim, w->qwo}}};
+    sublayer_out(c, &wo, h, T, ls_layer_norm(rt, dim, layer, LS_NORM_ATTN_OUT));
     stage_prof(c, LS_PROF_WO);
-    float *xb = b->xb + (size_t)t0 * dim, *g = b->g + (size_t)t0 * ffn;
-    stage_norm(c, xb, h, rt->ffn_norm, T);
+    stage_norm(c, xb, h, ls_layer_norm(rt, dim, layer, LS_NORM_FFN), T);
     stage_prof(c, LS_PROF_RMSNORM);
     mm_job gate = {.x = xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 1, .swiglu = 1,
-                   .seg = {{m->w.w1, g, ffn, ffn, m->w.qw1}, {m->w.w3, b->u + (size_t)t0 * ffn, ffn, ffn, m->w.qw3}}};
+                   .seg = {{w->w1, g, ffn, ffn, w->qw1}, {w->w3, b->u + (size_t)t0 * ffn, ffn, ffn, w->qw3}}};
     stage_mm(c, &gate);
     stage_prof(c, LS_PROF_FFN_GATE_UP);
-    mm_job down = {.x = g, .ldx = ffn, .in = ffn, .T = T, .add = 1, .n_seg = 1,
-                   .seg = {{m->w.w2, h, dim, dim, m->w.qw2}}};
-    stage_mm(c, &down);
+    mm_job down = {.x = g, .ldx = ffn, .in = ffn, .T = T, .n_seg = 1, .seg = {{w->w2, xb, dim, dim, w->qw2}}};
+    sublayer_out(c, &down, h, T, ls_layer_norm(rt, dim, layer, LS_NORM_FFN_OUT));
+    if (mi->step_norm && layer == mi->n_layers - 1) stage_norm(c, h, h, rt->norm, T);
 }
 
 /* A stage over rows [lo, T) in token parts on the pool, part p its task p.
@@ -510,14 +535,19 @@ void ls_forward_tree(ls_session *s, float *h, int32_t n, const ls_tree_rows *row
     }
 }
 
+void ls_head_input(const ls_model *m, float *out, const float *h) {
+    const int32_t dim = m->info.dim;
+    if (m->info.step_norm) memcpy(out, h, (size_t)dim * sizeof *out); /* normed at the end of its step */
+    else m->rt->ops->rmsnorm(out, h, m->rt->norm, dim, m->info.norm_eps);
+}
+
 void ls_forward_head(const ls_model *m, const float *h, int32_t n, float *xb, float *logits) {
     ls_runtime *rt = m->rt;
     int32_t dim = m->info.dim, vocab = m->info.vocab_size;
     double t0 = ls_prof_now(rt);
     for (int32_t c0 = 0; c0 < n; c0 += LS_CHUNK) {
         int32_t T = n - c0 < LS_CHUNK ? n - c0 : LS_CHUNK;
-        for (int32_t t = 0; t < T; t++)
-            rt->ops->rmsnorm(xb + (size_t)t * dim, h + (size_t)(c0 + t) * dim, rt->norm, dim, m->info.norm_eps);
+        for (int32_t t = 0; t < T; t++) ls_head_input(m, xb + (size_t)t * dim, h + (size_t)(c0 + t) * dim);
         mm_job out = {.x = xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 1,
                       .seg = {{m->w.output, logits + (size_t)c0 * vocab, vocab, vocab, m->w.qoutput}}};
         mm_run(rt, &out);
@@ -544,7 +574,7 @@ int32_t ls_session_forward(ls_session *s, const int32_t *tokens, int32_t n, int3
         ls_forward_embed(s, tokens + c0, T, s->h);
         // Positions before the first logit row only feed the caches: their
         // last loop stops after storing K/V.
-        rc = forward_loops_from(s, s->h, T, s->pos, 0, loops, first_logit - c0);
+        rc = forward_loops_from(s, s->h, T, s->pos, 0, loops * s->m->info.n_layers, first_logit - c0);
         if (rc != LS_OK) return rc; /* unreachable after the checks and the reserve above */
         memcpy(s->tokens + s->pos, tokens + c0, (size_t)T * sizeof *tokens);
         s->pos += T;

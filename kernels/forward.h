@@ -93,7 +93,11 @@ int32_t ls_forward_deepen(ls_session *s, int32_t la, int32_t lb);
  * the slots and commits the accepted path itself. */
 void ls_forward_tree(ls_session *s, float *h, int32_t n, const ls_tree_rows *rows, int32_t la, int32_t lb);
 
-/* logits[t] = rmsnorm(h[t], norm) · Wout for t in [0, n), logits (n, vocab);
+/* The head's input for a final hidden state h (dim): rmsnorm(h, norm), or h
+ * itself in a model that norms after every step (its step norm did). */
+void ls_head_input(const ls_model *m, float *out, const float *h);
+
+/* logits[t] = head_input(h[t]) · Wout for t in [0, n), logits (n, vocab);
  * xb: (LS_CHUNK, dim) scratch. */
 void ls_forward_head(const ls_model *m, const float *h, int32_t n, float *xb, float *logits);
 

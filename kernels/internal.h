@@ -35,28 +35,42 @@ typedef struct {
     int32_t packed_wide;    /* packed holds the wide copy before the narrow one (quant_pack.h) */
 } ls_qmat;
 
-/* Weights point straight into the read-only mapping (fp16, row-major).
- * In a quantized model (quant int4/int2) the block's seven matrices are
+/* One layer's weights, pointing straight into the read-only mapping (fp16,
+ * row-major). In a quantized model (quant int4/int2) the seven matrices are
  * ls_qmat instead: their q* pointer is set and their fp16 pointer is NULL;
- * in an fp16 model they are NULL. The output head, in a model of either
- * kind, is ls_qmat qoutput when head_bits > 0, else the fp16 output. */
+ * in an fp16 model they are NULL. */
 typedef struct {
-    const uint16_t *tok_embeddings; /* (vocab_size, dim), or NULL: rows of qoutput dequantized */
     const uint16_t *attn_norm;      /* (dim) */
+    const uint16_t *ffn_norm;       /* (dim) */
+    const uint16_t *attn_out_norm;  /* (dim) sandwich norms, or NULL */
+    const uint16_t *ffn_out_norm;   /* (dim) */
     const uint16_t *wq;             /* (n_heads * head_dim, dim) */
     const uint16_t *wk;             /* (n_kv_heads * head_dim, dim) */
     const uint16_t *wv;             /* (n_kv_heads * head_dim, dim) */
     const uint16_t *wo;             /* (dim, n_heads * head_dim) */
-    const uint16_t *ffn_norm;       /* (dim) */
     const uint16_t *w1;             /* (ffn_dim, dim) gate */
     const uint16_t *w2;             /* (dim, ffn_dim) down */
     const uint16_t *w3;             /* (ffn_dim, dim) up */
-    const uint16_t *norm;           /* (dim) */
-    const uint16_t *output;         /* (vocab_size, dim); == tok_embeddings when tied */
     const ls_qmat *qwq, *qwk, *qwv, *qwo; /* as wq..wo, quantized */
     const ls_qmat *qw1, *qw2, *qw3;       /* as w1..w3, quantized */
-    const ls_qmat *qoutput;               /* (vocab_size, dim) int8 / int6 / int4 head, or NULL */
+} ls_layer_weights;
+
+/* The model's weights: its layers (n_layers of them) and the model-wide
+ * tensors. The output head, in a model of either kind, is ls_qmat qoutput
+ * when head_bits > 0, else the fp16 output. */
+typedef struct {
+    const uint16_t *tok_embeddings; /* (vocab_size, dim), or NULL: rows of qoutput dequantized */
+    const uint16_t *norm;           /* (dim) */
+    const uint16_t *output;         /* (vocab_size, dim); == tok_embeddings when tied */
+    const ls_qmat *qoutput;         /* (vocab_size, dim) int8 / int6 / int4 head, or NULL */
+    const uint16_t *exit_w;         /* (dim) exit gate, or NULL */
+    const uint16_t *exit_b;         /* (1) */
+    ls_layer_weights *layers;       /* (n_layers) */
 } ls_weights;
+
+/* The layer a unit runs: unit u of a session is step u / n_layers of layer
+ * u % n_layers, and has its own key/value cache (docs/kernels.md). */
+#define LS_UNIT_LAYER(m, u) ((u) % (m)->info.n_layers)
 
 struct ls_model {
     ls_model_info info;
@@ -64,7 +78,8 @@ struct ls_model {
     void *map;        /* mmap base */
     size_t map_len;
     ls_runtime *rt;
-    ls_qmat qmats[8]; /* storage behind ls_weights' q* pointers */
+    ls_qmat *qmats;   /* (7 n_layers + 1) storage behind the q* pointers: layer i's at 7 i.., the head last */
+    int32_t n_qmats;
     ls_qact *qact;    /* activation scratch shared by the quantized matrices; NULL when none is */
 };
 

@@ -204,27 +204,27 @@ void ls_kv_store(ls_session *s, int32_t loop, int32_t kvh, int32_t slot, int32_t
     }
 }
 
-void ls_kv_copy_slot(ls_session *dst, int32_t to, const ls_session *src, int32_t from, int32_t l) {
+void ls_kv_copy_row(ls_session *dst, int32_t lt, int32_t to, const ls_session *src, int32_t lf, int32_t from) {
     const ls_model_info *mi = &dst->m->info;
     size_t hd = (size_t)mi->head_dim, nkv = (size_t)mi->n_kv_heads;
     size_t ds = (size_t)to, ss = (size_t)from;
     for (size_t h = 0; h < nkv; h++) {
-        size_t head = (size_t)l * nkv + h;
+        size_t head = (size_t)lt * nkv + h, shead = (size_t)lf * nkv + h;
         if (dst->kv_fmt == LS_KV_FP16) {
-            const uint16_t *sk = src->kc + head * hd * (size_t)src->ldk;
+            const uint16_t *sk = src->kc + shead * hd * (size_t)src->ldk;
             uint16_t *dk = dst->kc + head * hd * (size_t)dst->ldk;
             for (size_t d = 0; d < hd; d++) dk[d * (size_t)dst->ldk + ds] = sk[d * (size_t)src->ldk + ss];
-            memcpy(dst->vc + (head * dst->rows + ds) * hd, src->vc + (head * src->rows + ss) * hd, hd * sizeof *dst->vc);
+            memcpy(dst->vc + (head * dst->rows + ds) * hd, src->vc + (shead * src->rows + ss) * hd, hd * sizeof *dst->vc);
             continue;
         }
         size_t nb = (size_t)dst->kv_nb, np = (size_t)dst->kv_np;
-        const uint8_t *sq = src->kq + head * nb * (size_t)src->ldq;
+        const uint8_t *sq = src->kq + shead * nb * (size_t)src->ldq;
         uint8_t *dq = dst->kq + head * nb * (size_t)dst->ldq;
         for (size_t b = 0; b < nb; b++) dq[b * (size_t)dst->ldq + ds] = sq[b * (size_t)src->ldq + ss];
-        const uint16_t *sp = src->kp + head * np * (size_t)src->rows;
+        const uint16_t *sp = src->kp + shead * np * (size_t)src->rows;
         uint16_t *dp = dst->kp + head * np * (size_t)dst->rows;
         for (size_t r = 0; r < np; r++) dp[r * (size_t)dst->rows + ds] = sp[r * (size_t)src->rows + ss];
-        memcpy(dst->vq + (head * dst->rows + ds) * nb, src->vq + (head * src->rows + ss) * nb, nb);
-        memcpy(dst->vp + (head * dst->rows + ds) * np, src->vp + (head * src->rows + ss) * np, np * sizeof *dst->vp);
+        memcpy(dst->vq + (head * dst->rows + ds) * nb, src->vq + (shead * src->rows + ss) * nb, nb);
+        memcpy(dst->vp + (head * dst->rows + ds) * np, src->vp + (shead * src->rows + ss) * np, np * sizeof *dst->vp);
     }
 }

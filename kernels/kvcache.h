@@ -70,7 +70,7 @@ int32_t ls_kv_check_mode(int32_t kv_mode, int32_t hd, char *err, int32_t err_len
 #define LS_KV_STORE_ROWS 32
 
 /* Stores rows slot..slot+n-1 (1 <= n <= LS_KV_STORE_ROWS, consecutive ring
- * slots) of loop `loop`, kv head kvh: row t's k and v (hd fp32 each, RoPE
+ * slots) of cache unit `loop`, kv head kvh: row t's k and v (hd fp32 each, RoPE
  * applied) start at k + t * ld and v + t * ld, and are rotated and encoded
  * as the session's mode says. Each row's bytes depend on that row alone.
  * k and v are used as scratch (the rotation is in place); `thread` picks
@@ -79,8 +79,8 @@ int32_t ls_kv_check_mode(int32_t kv_mode, int32_t hd, char *err, int32_t err_len
 void ls_kv_store(ls_session *s, int32_t loop, int32_t kvh, int32_t slot, int32_t n, float *k, float *v, size_t ld,
                  int32_t thread);
 
-/* Copies slot `from` of src to slot `to` of dst in loop l, every kv head
- * (dst may be src; both of the same mode and model). */
-void ls_kv_copy_slot(ls_session *dst, int32_t to, const ls_session *src, int32_t from, int32_t l);
+/* Copies slot `from` of src's unit lf to slot `to` of dst's unit lt, every
+ * kv head (dst may be src; both of the same mode and model). */
+void ls_kv_copy_row(ls_session *dst, int32_t lt, int32_t to, const ls_session *src, int32_t lf, int32_t from);
 
 #endif

@@ -2,7 +2,9 @@
  * loopserve.h — the whole ABI of libloopserve.so (and of libloopserve_cuda.so;
  * docs/abi.md is the map).
  *
- * One weight-shared Llama-style block applied `loops` times (docs/kernels.md).
+ * A looped transformer: a stack of n_layers Llama-style layers (one, the
+ * weight-shared block, in most models) applied `loops` times, each
+ * application of the stack a step (docs/kernels.md, docs/model-format.md).
  * Every function is called from one thread (the server's JS thread); the
  * library parallelises internally with its own persistent thread pool.
  *
@@ -36,7 +38,7 @@
 extern "C" {
 #endif
 
-#define LS_ABI_VERSION 7
+#define LS_ABI_VERSION 8
 
 /* ---- status codes ---- */
 typedef enum {
@@ -57,6 +59,7 @@ typedef enum {
     LS_FEATURE_SPECULATIVE = 1,   /* ls_spec_cycle, ls_spec_cycle_logits */
     LS_FEATURE_PROFILE = 2,       /* ls_model_set_profile, ls_model_profile_read */
     LS_FEATURE_KV_COMPRESSED = 4, /* kv_mode other than LS_KV_FP16 */
+    LS_FEATURE_STACKS = 8,        /* n_layers > 1, sandwich and step norms, the exit gate (ls_model_config) */
 } ls_feature;
 
 /* The LS_FEATURE_* bits this library implements. */
@@ -152,6 +155,10 @@ typedef struct {
     int32_t head_group;     /* its group (0 when head_bits is 0) */
     int32_t embed_from_head; /* 1 when tok_embeddings is absent and the quantized head's rows serve as the embedding */
     int32_t block_bits[7];  /* each block matrix's format, wq wk wv wo w1 w2 w3: 4 or 2; 0 in an fp16 model */
+    int32_t n_layers;       /* distinct layers applied in order each step (loop) */
+    int32_t sandwich_norm;  /* 1: each sublayer's output is normed before the residual add */
+    int32_t step_norm;      /* 1: h = rmsnorm(h, norm) after every step; the head then norms no further */
+    int32_t exit_gate;      /* 1: the model has a learned exit gate (ls_step_params.exit_threshold) */
 } ls_model_info;
 
 int32_t ls_abi_version(void);
@@ -181,6 +188,7 @@ const char *ls_simd_name(int32_t simd);
 #define LS_MAX_VOCAB 1048576
 #define LS_MAX_SEQ_LEN 1048576
 #define LS_MAX_LOOPS 64
+#define LS_MAX_LAYERS 128
 #define LS_MAX_ROPE_THETA 1e12 /* rope_theta < this */
 #define LS_MAX_NORM_EPS 1.0    /* norm_eps < this */
 
@@ -204,7 +212,12 @@ typedef struct {
     int32_t head_bits;      /* 8, 6 or 4: output.qweight holds the head in that format; 0: F16 or tied head */
     int32_t head_group;     /* head_bits > 0: its group, a power of two in [LS_QUANT_GROUP_MIN, LS_QUANT_GROUP_MAX] dividing dim; else 0 */
     int32_t block_bits[7];  /* each block matrix's format, wq wk wv wo w1 w2 w3: 4 (int4) or 2 (int2), w1 and w3
-                               alike, in an int4 or int2 model; all 0 in an fp16 model */
+                               alike, in an int4 or int2 model; all 0 in an fp16 model (every layer alike) */
+    int32_t n_layers;       /* 1..LS_MAX_LAYERS layers per step; default 0 reads as 1 */
+    int32_t sandwich_norm;  /* 0 or 1: attn_out_norm / ffn_out_norm norm each sublayer's output before its
+                               residual add (the layers' ATTN_OUT_NORM / FFN_OUT_NORM slots) */
+    int32_t step_norm;      /* 0 or 1: norm.weight is applied to h after every step, whose output goes on to
+                               the next step and to the head (which then applies no norm of its own) */
 } ls_model_config;
 
 /* Element types of the tensors a model holds (safetensors' names). */
@@ -215,53 +228,71 @@ typedef enum {
     LS_DTYPE_I8 = 3,
 } ls_dtype;
 
-/* Every tensor a model may hold, as X(ID, "name in the file"); the
- * descriptor has one slot per entry, LS_TENSOR_<ID>. The block's seven
- * matrices come in the same four-slot pattern (weight, qweight, scales,
- * zeros), in the order wq wk wv wo w1 w2 w3. Which slots a weight format
- * fills, and with what, is written down at LS_QUANT_* above. */
+/* Every tensor a model may hold, as X(ID, "name in the file"): the
+ * model-wide ones here (slot LS_TENSOR_<ID> of ls_model_desc.tensors), each
+ * layer's in LS_LAYER_TENSORS. */
 #define LS_TENSORS(X)                           \
     X(TOK_EMBEDDINGS, "tok_embeddings.weight")  \
-    X(ATTN_NORM, "block.attn_norm.weight")      \
-    X(FFN_NORM, "block.ffn_norm.weight")        \
     X(NORM, "norm.weight")                      \
-    X(WQ_WEIGHT, "block.wq.weight")             \
-    X(WQ_QWEIGHT, "block.wq.qweight")           \
-    X(WQ_SCALES, "block.wq.scales")             \
-    X(WQ_ZEROS, "block.wq.zeros")               \
-    X(WK_WEIGHT, "block.wk.weight")             \
-    X(WK_QWEIGHT, "block.wk.qweight")           \
-    X(WK_SCALES, "block.wk.scales")             \
-    X(WK_ZEROS, "block.wk.zeros")               \
-    X(WV_WEIGHT, "block.wv.weight")             \
-    X(WV_QWEIGHT, "block.wv.qweight")           \
-    X(WV_SCALES, "block.wv.scales")             \
-    X(WV_ZEROS, "block.wv.zeros")               \
-    X(WO_WEIGHT, "block.wo.weight")             \
-    X(WO_QWEIGHT, "block.wo.qweight")           \
-    X(WO_SCALES, "block.wo.scales")             \
-    X(WO_ZEROS, "block.wo.zeros")               \
-    X(W1_WEIGHT, "block.w1.weight")             \
-    X(W1_QWEIGHT, "block.w1.qweight")           \
-    X(W1_SCALES, "block.w1.scales")             \
-    X(W1_ZEROS, "block.w1.zeros")               \
-    X(W2_WEIGHT, "block.w2.weight")             \
-    X(W2_QWEIGHT, "block.w2.qweight")           \
-    X(W2_SCALES, "block.w2.scales")             \
-    X(W2_ZEROS, "block.w2.zeros")               \
-    X(W3_WEIGHT, "block.w3.weight")             \
-    X(W3_QWEIGHT, "block.w3.qweight")           \
-    X(W3_SCALES, "block.w3.scales")             \
-    X(W3_ZEROS, "block.w3.zeros")               \
     X(OUTPUT_WEIGHT, "output.weight")           \
     X(OUTPUT_QWEIGHT, "output.qweight")         \
-    X(OUTPUT_SCALES, "output.scales")
+    X(OUTPUT_SCALES, "output.scales")           \
+    X(EXIT_GATE_WEIGHT, "exit_gate.weight")     \
+    X(EXIT_GATE_BIAS, "exit_gate.bias")
 
 enum {
 #define LS_TENSOR_ENUM_(id, name) LS_TENSOR_##id,
     LS_TENSORS(LS_TENSOR_ENUM_)
 #undef LS_TENSOR_ENUM_
     LS_TENSOR_N
+};
+
+/* One layer's tensors: slot LS_LAYER_TENSOR_<ID> of ls_model_desc.layers[i],
+ * named in the file "block." + name in a one-layer model and "layers.<i>." +
+ * name otherwise. The seven matrices come in the same four-slot pattern
+ * (weight, qweight, scales, zeros), in the order wq wk wv wo w1 w2 w3. Which
+ * slots a weight format fills, and with what, is written down at LS_QUANT_*
+ * above. The exit gate (EXIT_GATE_WEIGHT F16 [1, dim], EXIT_GATE_BIAS F16
+ * [1]) is both present or both absent. */
+#define LS_LAYER_TENSORS(X)               \
+    X(ATTN_NORM, "attn_norm.weight")      \
+    X(FFN_NORM, "ffn_norm.weight")        \
+    X(ATTN_OUT_NORM, "attn_out_norm.weight") \
+    X(FFN_OUT_NORM, "ffn_out_norm.weight") \
+    X(WQ_WEIGHT, "wq.weight")             \
+    X(WQ_QWEIGHT, "wq.qweight")           \
+    X(WQ_SCALES, "wq.scales")             \
+    X(WQ_ZEROS, "wq.zeros")               \
+    X(WK_WEIGHT, "wk.weight")             \
+    X(WK_QWEIGHT, "wk.qweight")           \
+    X(WK_SCALES, "wk.scales")             \
+    X(WK_ZEROS, "wk.zeros")               \
+    X(WV_WEIGHT, "wv.weight")             \
+    X(WV_QWEIGHT, "wv.qweight")           \
+    X(WV_SCALES, "wv.scales")             \
+    X(WV_ZEROS, "wv.zeros")               \
+    X(WO_WEIGHT, "wo.weight")             \
+    X(WO_QWEIGHT, "wo.qweight")           \
+    X(WO_SCALES, "wo.scales")             \
+    X(WO_ZEROS, "wo.zeros")               \
+    X(W1_WEIGHT, "w1.weight")             \
+    X(W1_QWEIGHT, "w1.qweight")           \
+    X(W1_SCALES, "w1.scales")             \
+    X(W1_ZEROS, "w1.zeros")               \
+    X(W2_WEIGHT, "w2.weight")             \
+    X(W2_QWEIGHT, "w2.qweight")           \
+    X(W2_SCALES, "w2.scales")             \
+    X(W2_ZEROS, "w2.zeros")               \
+    X(W3_WEIGHT, "w3.weight")             \
+    X(W3_QWEIGHT, "w3.qweight")           \
+    X(W3_SCALES, "w3.scales")             \
+    X(W3_ZEROS, "w3.zeros")
+
+enum {
+#define LS_LAYER_TENSOR_ENUM_(id, name) LS_LAYER_TENSOR_##id,
+    LS_LAYER_TENSORS(LS_LAYER_TENSOR_ENUM_)
+#undef LS_LAYER_TENSOR_ENUM_
+    LS_LAYER_TENSOR_N
 };
 
 /* Where one tensor's bytes lie in the file. */
@@ -272,9 +303,15 @@ typedef struct {
     int32_t reserved; /* 0 */
 } ls_tensor_span;
 
+/* One layer's tensors, indexed by LS_LAYER_TENSOR_*. */
+typedef struct {
+    ls_tensor_span t[LS_LAYER_TENSOR_N];
+} ls_layer_spans;
+
 typedef struct {
     ls_model_config config;
-    ls_tensor_span tensors[LS_TENSOR_N]; /* indexed by LS_TENSOR_* */
+    ls_tensor_span tensors[LS_TENSOR_N];   /* indexed by LS_TENSOR_* */
+    ls_layer_spans layers[LS_MAX_LAYERS];  /* [0, n_layers) describe the layers; the rest all absent */
 } ls_model_desc;
 
 /* Maps the model file at path, checks desc against it (see above), starts
@@ -431,10 +468,26 @@ typedef struct {
  * step depends on is the session's own: its position, window, cache mode
  * and token history. A batched step (ls_batch_step) takes one per row. */
 typedef struct {
-    int32_t loops;        /* 1..the session's loops */
-    int32_t reserved;     /* 0 */
+    int32_t loops;        /* 1..the session's loops: the most steps the token runs */
+    float exit_threshold; /* default 0 = fixed depth; in (0, 1] with a model that has an exit gate: learned
+                           * early exit (below) */
     ls_sampling sampling;
 } ls_step_params;
+
+/* Learned early exit (docs/early-exit.md). After each step s of the token
+ * whose logits are sampled, the gate gives lambda_s = sigmoid(h . w + b)
+ * (fp32) and the exit distribution p_s = lambda_s * r_s, r_{s+1} = r_s *
+ * (1 - lambda_s), r_0 = 1, with p = r at the last step (loops - 1). The
+ * token stops after the first step whose cumulative p reaches
+ * exit_threshold; its logits come from that step's h. Every deeper step's
+ * cache slot of each layer then receives a copy of the keys/values that
+ * the token stored in the exit step's slot of the same layer, so later
+ * tokens attend to it at every depth. The other tokens of a call (prompt
+ * positions before the last) run all `loops` steps. */
+
+/* Steps the session's last sampled token ran (its exit step + 1; the
+ * call's loops without early exit), or LS_ERR_ARG for NULL. */
+int32_t ls_session_last_steps(const ls_session *s);
 
 /* One generation step in one call: ls_session_forward of the n tokens at
  * params->loops, then ls_sample on the last token's logits with the

@@ -32,6 +32,25 @@ static const char *const tensor_names[LS_TENSOR_N] = {
 #undef LS_TENSOR_NAME_
 };
 
+static const char *const layer_tensor_names[LS_LAYER_TENSOR_N] = {
+#define LS_LAYER_TENSOR_NAME_(id, name) name,
+    LS_LAYER_TENSORS(LS_LAYER_TENSOR_NAME_)
+#undef LS_LAYER_TENSOR_NAME_
+};
+
+/* A descriptor slot: model-wide (layer -1) or one layer's; named in messages
+ * as the file names it. */
+typedef struct {
+    int32_t layer, slot;
+} slot_id;
+
+static const char *slot_name(const ls_model_info *in, slot_id id, char *buf, size_t len) {
+    if (id.layer < 0) return tensor_names[id.slot];
+    if (in->n_layers == 1) snprintf(buf, len, "block.%s", layer_tensor_names[id.slot]);
+    else snprintf(buf, len, "layers.%d.%s", id.layer, layer_tensor_names[id.slot]);
+    return buf;
+}
+
 static const char *dtype_name(int32_t dtype) {
     switch (dtype) {
     case LS_DTYPE_F16: return "F16";
@@ -102,6 +121,11 @@ static int check_config(const ls_model_config *c, ls_model_info *info, char *err
                      c->block_bits[5], c->block_bits[6], quant_name(c->quant));
         return -1;
     }
+    const int32_t n_layers = c->n_layers == 0 ? 1 : c->n_layers;
+    if (check_range("n_layers", n_layers, 1, LS_MAX_LAYERS, err, err_len) != 0 ||
+        check_range("sandwich_norm", c->sandwich_norm, 0, 1, err, err_len) != 0 ||
+        check_range("step_norm", c->step_norm, 0, 1, err, err_len) != 0)
+        return -1;
     int32_t G = c->group_size;
     if (c->dim % c->n_heads != 0 || (c->dim / c->n_heads) % 2 != 0 || c->n_heads % c->n_kv_heads != 0 ||
         (G > 0 && (c->dim % G != 0 || c->ffn_dim % G != 0))) {
@@ -127,6 +151,9 @@ static int check_config(const ls_model_config *c, ls_model_info *info, char *err
     info->head_bits = c->head_bits;
     info->head_group = c->head_group;
     memcpy(info->block_bits, c->block_bits, sizeof info->block_bits);
+    info->n_layers = n_layers;
+    info->sandwich_norm = c->sandwich_norm;
+    info->step_norm = c->step_norm;
     return 0;
 }
 
@@ -156,26 +183,35 @@ static slot_rule f16_rule(presence need, int64_t rows, int64_t cols) {
 }
 
 // dims are capped by check_config (<= 2^20 * 2^18 elements), so no product overflows.
-static slot_rule rule_of(const ls_model_info *in, int slot) {
+static slot_rule rule_of(const ls_model_info *in, slot_id id) {
     const int64_t dim = in->dim, vocab = in->vocab_size, G = in->group_size, hb = in->head_bits;
     const int quantized = in->quant != LS_QUANT_FP16;
     const slot_rule absent = {ABSENT, LS_DTYPE_NONE, 0, 0};
-    switch (slot) {
-    case LS_TENSOR_TOK_EMBEDDINGS: return f16_rule(hb ? OPTIONAL : REQUIRED, vocab, dim); /* absent: the quantized head's rows */
-    case LS_TENSOR_ATTN_NORM:
-    case LS_TENSOR_FFN_NORM:
-    case LS_TENSOR_NORM: return f16_rule(REQUIRED, 1, dim);
-    case LS_TENSOR_OUTPUT_WEIGHT: return hb ? absent : f16_rule(OPTIONAL, vocab, dim);
-    case LS_TENSOR_OUTPUT_QWEIGHT:
-        return hb ? (slot_rule){REQUIRED, hb == 8 ? LS_DTYPE_I8 : LS_DTYPE_U8, (uint64_t)(vocab * dim * hb / 8), 0}
-                  : absent;
-    case LS_TENSOR_OUTPUT_SCALES: return hb ? f16_rule(REQUIRED, vocab, dim / in->head_group) : absent;
+    if (id.layer < 0) {
+        switch (id.slot) {
+        case LS_TENSOR_TOK_EMBEDDINGS: return f16_rule(hb ? OPTIONAL : REQUIRED, vocab, dim); /* absent: the quantized head's rows */
+        case LS_TENSOR_NORM: return f16_rule(REQUIRED, 1, dim);
+        case LS_TENSOR_OUTPUT_WEIGHT: return hb ? absent : f16_rule(OPTIONAL, vocab, dim);
+        case LS_TENSOR_OUTPUT_QWEIGHT:
+            return hb ? (slot_rule){REQUIRED, hb == 8 ? LS_DTYPE_I8 : LS_DTYPE_U8, (uint64_t)(vocab * dim * hb / 8), 0}
+                      : absent;
+        case LS_TENSOR_OUTPUT_SCALES: return hb ? f16_rule(REQUIRED, vocab, dim / in->head_group) : absent;
+        case LS_TENSOR_EXIT_GATE_WEIGHT: return f16_rule(OPTIONAL, 1, dim); /* the pair: check_tensors */
+        default: return f16_rule(OPTIONAL, 1, 1);                            /* EXIT_GATE_BIAS */
+        }
+    }
+    if (id.layer >= in->n_layers) return absent;
+    switch (id.slot) {
+    case LS_LAYER_TENSOR_ATTN_NORM:
+    case LS_LAYER_TENSOR_FFN_NORM: return f16_rule(REQUIRED, 1, dim);
+    case LS_LAYER_TENSOR_ATTN_OUT_NORM:
+    case LS_LAYER_TENSOR_FFN_OUT_NORM: return in->sandwich_norm ? f16_rule(REQUIRED, 1, dim) : absent;
     default: break;
     }
-    const int k = (slot - LS_TENSOR_WQ_WEIGHT) / 4, bits = in->block_bits[k];
+    const int k = (id.slot - LS_LAYER_TENSOR_WQ_WEIGHT) / 4, bits = in->block_bits[k];
     int64_t rows, cols;
     matrix_shape(in, k, &rows, &cols);
-    switch ((slot - LS_TENSOR_WQ_WEIGHT) % 4) {
+    switch ((id.slot - LS_LAYER_TENSOR_WQ_WEIGHT) % 4) {
     case 0: return quantized ? absent : f16_rule(REQUIRED, rows, cols);
     case 1: return quantized ? (slot_rule){REQUIRED, LS_DTYPE_U8, (uint64_t)(rows * cols * bits / 8), 0} : absent;
     case 2: return quantized ? f16_rule(REQUIRED, rows, cols / G) : absent;
@@ -183,8 +219,24 @@ static slot_rule rule_of(const ls_model_info *in, int slot) {
     }
 }
 
+/* The span of a slot in the descriptor. */
+static const ls_tensor_span *span_of(const ls_model_desc *d, slot_id id) {
+    return id.layer < 0 ? &d->tensors[id.slot] : &d->layers[id.layer].t[id.slot];
+}
+
+/* Calls fn on every slot of the descriptor, model-wide first; stops at the
+ * first nonzero result. */
+#define FOR_EACH_SLOT(id, ...)                                                          \
+    do {                                                                                \
+        for (int32_t l_ = -1; l_ < LS_MAX_LAYERS; l_++)                                 \
+            for (int32_t s_ = 0; s_ < (l_ < 0 ? LS_TENSOR_N : LS_LAYER_TENSOR_N); s_++) { \
+                slot_id id = {l_, s_};                                                   \
+                __VA_ARGS__                                                              \
+            }                                                                            \
+    } while (0)
+
 typedef struct {
-    int slot;
+    slot_id id;
     uint64_t begin, end;
 } span;
 
@@ -196,11 +248,11 @@ static int span_cmp(const void *a, const void *b) {
 
 // One slot against its rule and the file: given when needed (and only
 // then), of the right dtype and length, inside the file, aligned.
-static int check_slot(const ls_model_info *in, const ls_tensor_span *t, int slot, uint64_t size, char *err,
+static int check_slot(const ls_model_info *in, const ls_tensor_span *sp, slot_id id, uint64_t size, char *err,
                       int32_t err_len) {
-    const ls_tensor_span *sp = &t[slot];
-    const char *name = tensor_names[slot];
-    slot_rule r = rule_of(in, slot);
+    char buf[64];
+    const char *name = slot_name(in, id, buf, sizeof buf);
+    slot_rule r = rule_of(in, id);
     if (sp->reserved != 0) {
         ls_set_error(err, err_len, "tensor '%s': reserved descriptor field is %d, expected 0", name, sp->reserved);
         return -1;
@@ -218,10 +270,15 @@ static int check_slot(const ls_model_info *in, const ls_tensor_span *t, int slot
         return 0;
     }
     if (r.need == ABSENT) {
-        const int k = (slot - LS_TENSOR_WQ_WEIGHT) / 4;
-        if (slot >= LS_TENSOR_WQ_WEIGHT && slot < LS_TENSOR_OUTPUT_WEIGHT)
+        const int k = (id.slot - LS_LAYER_TENSOR_WQ_WEIGHT) / 4;
+        if (id.layer >= in->n_layers)
+            ls_set_error(err, err_len, "tensor '%s' given for layer %d of a %d-layer model", name, id.layer,
+                         in->n_layers);
+        else if (id.layer >= 0 && id.slot >= LS_LAYER_TENSOR_WQ_WEIGHT)
             ls_set_error(err, err_len, "tensor '%s' does not belong in an %s model whose matrix is %s", name,
                          quant_name(in->quant), in->block_bits[k] ? (in->block_bits[k] == 4 ? "int4" : "int2") : "fp16");
+        else if (id.layer >= 0)
+            ls_set_error(err, err_len, "tensor '%s' does not belong in a model without sandwich norms", name);
         else
             ls_set_error(err, err_len, "tensor '%s' does not belong in an %s model with %s", name,
                          quant_name(in->quant),
@@ -254,26 +311,38 @@ static int check_slot(const ls_model_info *in, const ls_tensor_span *t, int slot
 
 // Every slot, then overlaps: two tensors sharing bytes point at a corrupt
 // or hand-edited file, better refused than half-trusted.
-static int check_tensors(const ls_model_info *in, const ls_tensor_span *t, uint64_t size, char *err,
+static int check_tensors(const ls_model_info *in, const ls_model_desc *d, uint64_t size, char *err,
                          int32_t err_len) {
-    span spans[LS_TENSOR_N];
-    int n = 0;
-    for (int slot = 0; slot < LS_TENSOR_N; slot++) {
-        if (check_slot(in, t, slot, size, err, err_len) != 0) return -1;
-        if (t[slot].dtype != LS_DTYPE_NONE)
-            spans[n++] = (span){slot, t[slot].offset, t[slot].offset + t[slot].length};
+    enum { MAX_SPANS = LS_TENSOR_N + LS_MAX_LAYERS * LS_LAYER_TENSOR_N };
+    span *spans = malloc(MAX_SPANS * sizeof *spans);
+    if (!spans) {
+        ls_set_error(err, err_len, "out of memory checking the model descriptor");
+        return -1;
     }
-    qsort(spans, (size_t)n, sizeof spans[0], span_cmp);
-    for (int i = 1; i < n; i++) {
+    int n = 0, rc = 0;
+    FOR_EACH_SLOT(id, {
+        const ls_tensor_span *sp = span_of(d, id);
+        if (rc == 0 && check_slot(in, sp, id, size, err, err_len) != 0) rc = -1;
+        if (rc == 0 && sp->dtype != LS_DTYPE_NONE) spans[n++] = (span){id, sp->offset, sp->offset + sp->length};
+    });
+    if (rc == 0 && (d->tensors[LS_TENSOR_EXIT_GATE_WEIGHT].dtype == LS_DTYPE_NONE) !=
+                       (d->tensors[LS_TENSOR_EXIT_GATE_BIAS].dtype == LS_DTYPE_NONE)) {
+        ls_set_error(err, err_len, "tensors 'exit_gate.weight' and 'exit_gate.bias' come together: one is missing");
+        rc = -1;
+    }
+    if (rc == 0) qsort(spans, (size_t)n, sizeof spans[0], span_cmp);
+    for (int i = 1; i < n && rc == 0; i++) {
         const span *a = &spans[i - 1], *c = &spans[i];
         if (c->begin < a->end) {
-            ls_set_error(err, err_len, "tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap", tensor_names[a->slot],
-                         (unsigned long long)a->begin, (unsigned long long)a->end, tensor_names[c->slot],
-                         (unsigned long long)c->begin, (unsigned long long)c->end);
-            return -1;
+            char ba[64], bc[64];
+            ls_set_error(err, err_len, "tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap",
+                         slot_name(in, a->id, ba, sizeof ba), (unsigned long long)a->begin, (unsigned long long)a->end,
+                         slot_name(in, c->id, bc, sizeof bc), (unsigned long long)c->begin, (unsigned long long)c->end);
+            rc = -1;
         }
     }
-    return 0;
+    free(spans);
+    return rc;
 }
 
 // Index of the first Inf or NaN among n fp16 values, or -1. An fp16 value is
@@ -297,65 +366,96 @@ static int64_t first_nonfinite_f16(const uint16_t *p, uint64_t n) {
 // report healthy and fail every request. Every F16 tensor of the model
 // (fp16 weights, norms, quantization scales and offsets) is scanned once;
 // the message names the tensor and where in it.
-static int check_finite(const ls_model_info *in, const ls_tensor_span *t, const uint8_t *map, char *err,
+static int check_finite(const ls_model_info *in, const ls_model_desc *d, const uint8_t *map, char *err,
                         int32_t err_len) {
-    for (int slot = 0; slot < LS_TENSOR_N; slot++) {
-        if (t[slot].dtype != LS_DTYPE_F16) continue;
-        const uint16_t *p = (const uint16_t *)(const void *)(map + t[slot].offset);
-        int64_t at = first_nonfinite_f16(p, t[slot].length / 2);
+    int rc = 0;
+    FOR_EACH_SLOT(id, {
+        const ls_tensor_span *sp = span_of(d, id);
+        if (rc != 0 || sp->dtype != LS_DTYPE_F16) continue;
+        const uint16_t *p = (const uint16_t *)(const void *)(map + sp->offset);
+        int64_t at = first_nonfinite_f16(p, sp->length / 2);
         if (at < 0) continue;
-        int64_t cols = rule_of(in, slot).cols;
+        int64_t cols = rule_of(in, id).cols;
         uint16_t h = p[at];
         const char *what = (h & 0x03ff) ? "NaN" : (h & 0x8000) ? "-Inf" : "+Inf";
+        char buf[64];
         ls_set_error(err, err_len,
                      "tensor '%s' holds a non-finite value (%s) at element %lld (row %lld, column %lld): "
                      "the weights are corrupt",
-                     tensor_names[slot], what, (long long)at, (long long)(at / cols), (long long)(at % cols));
-        return -1;
-    }
-    return 0;
+                     slot_name(in, id, buf, sizeof buf), what, (long long)at, (long long)(at / cols),
+                     (long long)(at % cols));
+        rc = -1;
+    });
+    return rc;
 }
 
 // ---- weights ----
 
-static const void *tensor_at(const ls_tensor_span *t, int slot, const uint8_t *map) {
-    return t[slot].dtype == LS_DTYPE_NONE ? NULL : map + t[slot].offset;
+static const void *tensor_at(const ls_tensor_span *sp, const uint8_t *map) {
+    return sp->dtype == LS_DTYPE_NONE ? NULL : map + sp->offset;
 }
 
-// Points the model's weights into the map (every slot already checked).
-static void wire_weights(ls_model *m, const ls_tensor_span *t, const uint8_t *map) {
+// Points the model's weights into the map (every slot already checked);
+// the layers and the quantized matrices' records are allocated here.
+static int wire_weights(ls_model *m, const ls_model_desc *d, const uint8_t *map, char *err, int32_t err_len) {
     const ls_model_info *in = &m->info;
+    const int32_t L = in->n_layers;
     ls_weights *w = &m->w;
-    w->tok_embeddings = tensor_at(t, LS_TENSOR_TOK_EMBEDDINGS, map);
-    w->attn_norm = tensor_at(t, LS_TENSOR_ATTN_NORM, map);
-    w->ffn_norm = tensor_at(t, LS_TENSOR_FFN_NORM, map);
-    w->norm = tensor_at(t, LS_TENSOR_NORM, map);
-    const uint16_t **fp16[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w1, &w->w2, &w->w3};
-    const ls_qmat **quant[7] = {&w->qwq, &w->qwk, &w->qwv, &w->qwo, &w->qw1, &w->qw2, &w->qw3};
-    for (int k = 0; k < 7; k++) {
-        const int base = LS_TENSOR_WQ_WEIGHT + 4 * k;
-        *fp16[k] = tensor_at(t, base, map);
-        *quant[k] = NULL;
-        if (in->quant == LS_QUANT_FP16) continue;
-        int64_t rows, cols;
-        matrix_shape(in, k, &rows, &cols);
-        m->qmats[k] = (ls_qmat){tensor_at(t, base + 1, map), tensor_at(t, base + 2, map), tensor_at(t, base + 3, map),
-                                (int32_t)rows, (int32_t)cols, in->group_size, in->block_bits[k], 0, NULL, NULL, 0};
-        *quant[k] = &m->qmats[k];
+    w->layers = calloc((size_t)L, sizeof *w->layers);
+    m->n_qmats = 7 * L + 1;
+    m->qmats = calloc((size_t)m->n_qmats, sizeof *m->qmats);
+    if (!w->layers || !m->qmats) {
+        ls_set_error(err, err_len, "out of memory wiring the weights of %d layers", L);
+        return -1;
+    }
+    const ls_tensor_span *t = d->tensors;
+    w->tok_embeddings = tensor_at(&t[LS_TENSOR_TOK_EMBEDDINGS], map);
+    w->norm = tensor_at(&t[LS_TENSOR_NORM], map);
+    w->exit_w = tensor_at(&t[LS_TENSOR_EXIT_GATE_WEIGHT], map);
+    w->exit_b = tensor_at(&t[LS_TENSOR_EXIT_GATE_BIAS], map);
+    for (int32_t i = 0; i < L; i++) {
+        const ls_tensor_span *lt = d->layers[i].t;
+        ls_layer_weights *lw = &w->layers[i];
+        lw->attn_norm = tensor_at(&lt[LS_LAYER_TENSOR_ATTN_NORM], map);
+        lw->ffn_norm = tensor_at(&lt[LS_LAYER_TENSOR_FFN_NORM], map);
+        lw->attn_out_norm = tensor_at(&lt[LS_LAYER_TENSOR_ATTN_OUT_NORM], map);
+        lw->ffn_out_norm = tensor_at(&lt[LS_LAYER_TENSOR_FFN_OUT_NORM], map);
+        const uint16_t **fp16[7] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->w1, &lw->w2, &lw->w3};
+        const ls_qmat **quant[7] = {&lw->qwq, &lw->qwk, &lw->qwv, &lw->qwo, &lw->qw1, &lw->qw2, &lw->qw3};
+        for (int k = 0; k < 7; k++) {
+            const int base = LS_LAYER_TENSOR_WQ_WEIGHT + 4 * k;
+            *fp16[k] = tensor_at(&lt[base], map);
+            *quant[k] = NULL;
+            if (in->quant == LS_QUANT_FP16) continue;
+            int64_t rows, cols;
+            matrix_shape(in, k, &rows, &cols);
+            ls_qmat *q = &m->qmats[7 * i + k];
+            *q = (ls_qmat){tensor_at(&lt[base + 1], map), tensor_at(&lt[base + 2], map), tensor_at(&lt[base + 3], map),
+                           (int32_t)rows, (int32_t)cols, in->group_size, in->block_bits[k], 0, NULL, NULL, 0};
+            *quant[k] = q;
+        }
     }
     w->qoutput = NULL;
-    w->output = tensor_at(t, LS_TENSOR_OUTPUT_WEIGHT, map);
+    w->output = tensor_at(&t[LS_TENSOR_OUTPUT_WEIGHT], map);
     if (t[LS_TENSOR_OUTPUT_QWEIGHT].dtype != LS_DTYPE_NONE) {
-        m->qmats[7] = (ls_qmat){tensor_at(t, LS_TENSOR_OUTPUT_QWEIGHT, map), tensor_at(t, LS_TENSOR_OUTPUT_SCALES, map),
-                                NULL, in->vocab_size, in->dim, in->head_group, in->head_bits, 1, NULL, NULL, 0};
-        w->qoutput = &m->qmats[7];
+        ls_qmat *q = &m->qmats[7 * L];
+        *q = (ls_qmat){tensor_at(&t[LS_TENSOR_OUTPUT_QWEIGHT], map), tensor_at(&t[LS_TENSOR_OUTPUT_SCALES], map),
+                       NULL, in->vocab_size, in->dim, in->head_group, in->head_bits, 1, NULL, NULL, 0};
+        w->qoutput = q;
     }
     m->info.embed_from_head = w->tok_embeddings == NULL;
     m->info.tied_output = w->output == NULL && w->qoutput == NULL;
+    m->info.exit_gate = w->exit_w != NULL;
     if (m->info.tied_output) w->output = w->tok_embeddings;
+    return 0;
 }
 
-// ---- mapping ----
+static void unwire_weights(ls_model *m) {
+    free(m->w.layers);
+    free(m->qmats);
+    m->w.layers = NULL;
+    m->qmats = NULL;
+}
 
 #ifdef LS_LOAD_TO_HEAP
 /* Sanitizer builds (test/kernels/asan.test.ts, fuzz/) read the file into a heap
@@ -400,11 +500,10 @@ static int validate(const ls_model_desc *desc, const uint8_t *map, uint64_t size
         return -1;
     }
     if (check_config(&desc->config, &m->info, err, err_len) != 0 ||
-        check_tensors(&m->info, desc->tensors, size, err, err_len) != 0 ||
-        check_finite(&m->info, desc->tensors, map, err, err_len) != 0)
+        check_tensors(&m->info, desc, size, err, err_len) != 0 ||
+        check_finite(&m->info, desc, map, err, err_len) != 0)
         return -1;
-    wire_weights(m, desc->tensors, map);
-    return 0;
+    return wire_weights(m, desc, map, err, err_len);
 }
 
 // Opens and maps the file at path; NULL with err written on failure.
@@ -460,6 +559,7 @@ int32_t ls_model_check(const char *path, const ls_model_desc *desc, ls_model_inf
     ls_model m;
     memset(&m, 0, sizeof m);
     int rc = validate(desc, map, size, &m, err, err_len);
+    unwire_weights(&m);
     unmap_file(map, size);
     if (rc != 0) return LS_ERR_ARG;
     if (info) *info = m.info;
@@ -486,6 +586,7 @@ ls_model *ls_model_load(const char *path, const ls_model_desc *desc, int32_t n_t
     m->map = map;
     m->map_len = size;
     if (validate(desc, map, size, m, err, err_len) != 0) {
+        unwire_weights(m);
         unmap_file(map, size);
         free(m);
         return NULL;
@@ -497,11 +598,12 @@ ls_model *ls_model_load(const char *path, const ls_model_desc *desc, int32_t n_t
         m->qact = ls_qact_new(LS_CHUNK, widest);
         if (!m->qact) {
             ls_set_error(err, err_len, "out of memory allocating the quantized-activation scratch");
+            unwire_weights(m);
             unmap_file(map, size);
             free(m);
             return NULL;
         }
-        ls_qact_attach(m->qact, m->qmats, (int32_t)(sizeof m->qmats / sizeof m->qmats[0]));
+        ls_qact_attach(m->qact, m->qmats, m->n_qmats);
     }
     // ls_runtime_init overwrites these with what it actually starts.
     m->info.simd = simd;
@@ -511,6 +613,7 @@ ls_model *ls_model_load(const char *path, const ls_model_desc *desc, int32_t n_t
         if (err != NULL && err_len > 0 && err[0] == '\0')
             ls_set_error(err, err_len, "runtime initialisation failed");
         ls_qact_free(m->qact);
+        unwire_weights(m);
         unmap_file(map, size);
         free(m);
         return NULL;
@@ -522,6 +625,7 @@ void ls_model_free(ls_model *m) {
     if (m == NULL) return;
     ls_runtime_free(m);
     ls_qact_free(m->qact);
+    unwire_weights(m);
     if (m->map != NULL) unmap_file(m->map, m->map_len);
     free(m);
 }

@@ -56,11 +56,29 @@ static const ls_ops *ops_for(int32_t simd) {
     }
 }
 
-static float *norm_to_f32(const uint16_t *w, int32_t n) {
-    float *out = malloc((size_t)n * sizeof *out);
-    if (out)
+static void f16_to_f32(float *out, const uint16_t *w, int32_t n) {
+    if (w)
         for (int32_t i = 0; i < n; i++) out[i] = ls_f16_to_f32(w[i]);
-    return out;
+}
+
+/* The fp32 copies of every norm and of the exit gate; 0 on failure. */
+static int norms_to_f32(ls_runtime *rt, const ls_model *m) {
+    const int32_t dim = m->info.dim, L = m->info.n_layers;
+    rt->layer_norms = calloc((size_t)L * LS_NORMS_PER_LAYER * (size_t)dim, sizeof(float));
+    rt->norm = malloc((size_t)dim * sizeof(float));
+    if (m->w.exit_w) rt->exit_gate = malloc(((size_t)dim + 1) * sizeof(float));
+    if (!rt->layer_norms || !rt->norm || (m->w.exit_w && !rt->exit_gate)) return 0;
+    for (int32_t i = 0; i < L; i++) {
+        const ls_layer_weights *lw = &m->w.layers[i];
+        const uint16_t *w[LS_NORMS_PER_LAYER] = {lw->attn_norm, lw->ffn_norm, lw->attn_out_norm, lw->ffn_out_norm};
+        for (int32_t k = 0; k < LS_NORMS_PER_LAYER; k++) f16_to_f32((float *)ls_layer_norm(rt, dim, i, k), w[k], dim);
+    }
+    f16_to_f32(rt->norm, m->w.norm, dim);
+    if (rt->exit_gate) {
+        f16_to_f32(rt->exit_gate, m->w.exit_w, dim);
+        f16_to_f32(rt->exit_gate + dim, m->w.exit_b, 1);
+    }
+    return 1;
 }
 
 int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd, char *err, int32_t err_len) {
@@ -91,10 +109,7 @@ int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd, char *err,
         return LS_ERR_NOMEM;
     }
     rt->ops = ops_for(chosen);
-    rt->attn_norm = norm_to_f32(m->w.attn_norm, mi->dim);
-    rt->ffn_norm = norm_to_f32(m->w.ffn_norm, mi->dim);
-    rt->norm = norm_to_f32(m->w.norm, mi->dim);
-    if (!rt->attn_norm || !rt->ffn_norm || !rt->norm) {
+    if (!norms_to_f32(rt, m)) {
         m->rt = rt;
         ls_runtime_free(m);
         ls_set_error(err, err_len, "out of memory converting the norm weights");
@@ -133,9 +148,9 @@ void ls_runtime_free(ls_model *m) {
     ls_bufpool_drain(&rt->bufs);
     ls_pool_free(rt->pool);
     for (int32_t p = 0; p < LS_TOKEN_PARTS_MAX; p++) ls_qact_free(rt->part_act[p]);
-    free(rt->attn_norm);
-    free(rt->ffn_norm);
+    free(rt->layer_norms);
     free(rt->norm);
+    free(rt->exit_gate);
     free(rt);
     m->rt = NULL;
 }

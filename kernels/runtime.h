@@ -24,9 +24,10 @@ struct ls_runtime {
     int32_t n_threads;
     int32_t n_parts;  /* token parts a long pass splits into (forward.c parts_for) */
     ls_qact *part_act[LS_TOKEN_PARTS_MAX]; /* each part's quantized activations (quantized models) */
-    float *attn_norm; /* (dim) fp32 copies of the fp16 norm weights */
-    float *ffn_norm;  /* (dim) */
-    float *norm;      /* (dim) */
+    float *layer_norms; /* (n_layers, LS_NORMS_PER_LAYER, dim) fp32 copies of each layer's fp16 norm weights
+                         * (ls_layer_norm); a norm the model lacks stays zero and is never read */
+    float *norm;        /* (dim) */
+    float *exit_gate;   /* (dim + 1) the exit gate's weights, then its bias; NULL without a gate */
 
     ls_ext ext[LS_RUNTIME_EXT_N]; /* e.g. the draft head (draft_head.c), built on first use */
     ls_bufpool bufs;              /* freed session buffers, for the next sessions (session.c) */
@@ -34,6 +35,13 @@ struct ls_runtime {
     int32_t profile;          /* ls_model_set_profile */
     double prof[LS_PROF_N];   /* seconds per LS_PROF_* op */
 };
+
+/* A layer's norms in rt->layer_norms, in this order. */
+enum { LS_NORM_ATTN, LS_NORM_FFN, LS_NORM_ATTN_OUT, LS_NORM_FFN_OUT, LS_NORMS_PER_LAYER };
+
+static inline const float *ls_layer_norm(const ls_runtime *rt, int32_t dim, int32_t layer, int32_t which) {
+    return rt->layer_norms + ((size_t)layer * LS_NORMS_PER_LAYER + (size_t)which) * (size_t)dim;
+}
 
 /* The first feature the CPU lacks for SIMD path simd (LS_SIMD_AVX2 /
  * LS_SIMD_AVX512), or NULL when it has them all (and for the portable

@@ -72,7 +72,7 @@ int64_t ls_session_cache_bytes(const ls_model *m, const ls_session_params *param
         ls_kv_check_mode(params->kv_mode, m->info.head_dim, NULL, 0) != LS_OK)
         return LS_ERR_ARG;
     int32_t cap = ls_ring_rows(params->max_seq, params->cache_window, LS_CHUNK);
-    cache_layout c = layout_of(&m->info, params->loops, cap + LS_KV_ROW_PAD, params->kv_mode);
+    cache_layout c = layout_of(&m->info, params->loops * m->info.n_layers, cap + LS_KV_ROW_PAD, params->kv_mode);
     size_t total = layout_bytes(&c);
     return total > 0 && total <= INT64_MAX ? (int64_t)total : LS_ERR_NOMEM;
 }
@@ -186,7 +186,7 @@ ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *e
     size_t kv_dim = (size_t)mi->n_kv_heads * hd, nth = (size_t)m->rt->n_threads;
     int32_t first_rows = (s->cap < LS_KV_FIRST_ROWS ? s->cap : LS_KV_FIRST_ROWS) + LS_KV_ROW_PAD;
     cache_bufs cache;
-    int cache_ok = alloc_cache(&cache, m, loops, first_rows, kv_mode);
+    int cache_ok = alloc_cache(&cache, m, s->loops, first_rows, kv_mode);
     if (cache_ok) adopt_cache(s, &cache, first_rows);
     s->kv_nb = cache.c.nb;
     s->kv_np = cache.c.np;
@@ -197,8 +197,8 @@ ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *e
         cache_ok = cache_ok && s->kv_codes && s->kv_params;
     }
     s->tokens = alloc0(m, (size_t)max_seq * sizeof *s->tokens);
-    s->loop_len = alloc0(m, (size_t)loops * sizeof *s->loop_len);
-    s->loop_lo = alloc0(m, (size_t)loops * sizeof *s->loop_lo);
+    s->loop_len = alloc0(m, (size_t)s->loops * sizeof *s->loop_len);
+    s->loop_lo = alloc0(m, (size_t)s->loops * sizeof *s->loop_lo);
     s->h = alloc0(m, C * dim * sizeof(float));
     s->xb = alloc0(m, C * dim * sizeof(float));
     s->q = alloc0(m, C * dim * sizeof(float));
@@ -233,6 +233,8 @@ void ls_session_free(ls_session *s) {
 
 int32_t ls_session_pos(const ls_session *s) { return s ? s->pos : LS_ERR_ARG; }
 
+int32_t ls_session_last_steps(const ls_session *s) { return s ? s->last_steps : LS_ERR_ARG; }
+
 int32_t ls_session_rollback(ls_session *s, int32_t pos) {
     if (!s) return LS_ERR_ARG;
     int32_t rc = ls_rollback_loops(s->loop_len, s->loop_lo, s->loops, s->window, s->pos, pos);
@@ -248,7 +250,7 @@ int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src, int32_t n
     if (rc != LS_OK) return rc;
     for (int32_t l = 0; l < dst->loops; l++) {
         int32_t lo = ls_prefix_lo(src->loop_lo[l], n, dst->cap);
-        for (int32_t p = lo; p < n; p++) ls_kv_copy_slot(dst, p % dst->cap, src, p % src->cap, l);
+        for (int32_t p = lo; p < n; p++) ls_kv_copy_row(dst, l, p % dst->cap, src, l, p % src->cap);
         dst->loop_len[l] = n;
         dst->loop_lo[l] = lo;
     }

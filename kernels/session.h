@@ -23,7 +23,8 @@
 struct ls_session {
     ls_model *m;
     int32_t max_seq;  /* most positions ever held */
-    int32_t loops;    /* loops the caches exist for */
+    int32_t loops;    /* cache units: the session's loops (steps) x the model's n_layers; unit u is
+                       * layer u % n_layers of step u / n_layers, with its own K/V cache */
     int32_t window;   /* 0 = full attention, else W */
     int32_t cap;      /* ring rows per loop: max_seq, or min(max_seq, W + LS_CHUNK); position p is slot p % cap */
     int32_t rows;     /* cache rows allocated per loop and kv head: at most cap usable plus
@@ -31,6 +32,7 @@ struct ls_session {
                        * below are rows' */
     int32_t ldk;      /* row stride of the transposed key cache (>= rows) */
     int32_t pos;      /* tokens fed (history length) */
+    int32_t last_steps; /* steps the last sampled token ran (ls_session_last_steps) */
     int32_t *tokens;  /* (max_seq) token history */
     int32_t *loop_len; /* (loops) positions [0, loop_len) written in loop l's cache */
     int32_t *loop_lo;  /* (loops) oldest position the ring still holds for loop l */
@@ -70,7 +72,8 @@ struct ls_session {
 
 /* The session's bookkeeping as session_rules.h reads it. */
 static inline ls_seq_view ls_session_view(const ls_session *s) {
-    ls_seq_view v = {s->m, s->max_seq, s->loops, s->window, s->cap, s->kv_mode, s->pos, s->loop_len, s->loop_lo};
+    ls_seq_view v = {s->m, s->max_seq, s->loops, s->m->info.n_layers, s->window, s->cap, s->kv_mode, s->pos,
+                     s->loop_len, s->loop_lo};
     return v;
 }
 

@@ -24,14 +24,18 @@
 typedef struct {
     const ls_model *m;
     int32_t max_seq;          /* most positions ever held */
-    int32_t loops;            /* loops the caches exist for */
+    int32_t loops;            /* cache units the session holds: loops (steps) x the model's layers */
+    int32_t layers;           /* the model's n_layers: units per step */
     int32_t window;           /* 0 = full attention, else W */
-    int32_t cap;              /* cache rows per loop (ls_ring_rows) */
+    int32_t cap;              /* cache rows per unit (ls_ring_rows) */
     int32_t kv_mode;          /* LS_KV_* */
     int32_t pos;              /* positions held */
-    const int32_t *loop_len;  /* (loops) positions [0, loop_len) written in loop l's cache */
-    const int32_t *loop_lo;   /* (loops) oldest position the ring still holds for loop l */
+    const int32_t *loop_len;  /* (loops) positions [0, loop_len) written in unit l's cache */
+    const int32_t *loop_lo;   /* (loops) oldest position the ring still holds for unit l */
 } ls_seq_view;
+
+/* Most cache units (steps x layers) one session may hold. */
+#define LS_MAX_UNITS 65536
 
 /* The model shape the forward pass relies on (ls_runtime_init checks it
  * before any session exists): head_dim even and n_heads * head_dim == dim,
@@ -74,6 +78,11 @@ static inline int32_t ls_check_session_args(const ls_model *m, int32_t max_seq, 
         ls_set_error(err, err_len, "loops must be at least 1, got %d", loops);
         return LS_ERR_ARG;
     }
+    if ((int64_t)loops * m->info.n_layers > LS_MAX_UNITS) {
+        ls_set_error(err, err_len, "loops %d x %d layers is more than the %d cache units a session may hold", loops,
+                     m->info.n_layers, LS_MAX_UNITS);
+        return LS_ERR_ARG;
+    }
     if (cache_window < 0) {
         ls_set_error(err, err_len, "cache_window must be 0 (full) or positive, got %d", cache_window);
         return LS_ERR_ARG;
@@ -99,14 +108,14 @@ static inline void *ls_session_calloc(size_t size, char *err, int32_t err_len) {
 }
 
 /* Stores the bookkeeping every library's session starts from: its model,
- * capacity, loops, window and ring rows (ls_ring_rows with the library's
+ * capacity, cache units (loops x the model's layers), window and ring rows (ls_ring_rows with the library's
  * chunk). A macro: each library has its own session struct, with these
  * field names. */
 #define LS_SESSION_SHAPE(s, model, max_seq_, loops_, window_, chunk)                                       \
     do {                                                                                                 \
         (s)->m = (model);                                                                                \
         (s)->max_seq = (max_seq_);                                                                       \
-        (s)->loops = (loops_);                                                                           \
+        (s)->loops = (loops_) * (model)->info.n_layers;                                                  \
         (s)->window = (window_);                                                                         \
         (s)->cap = ls_ring_rows((max_seq_), (window_), (chunk));                                         \
     } while (0)
@@ -142,17 +151,17 @@ static inline void ls_seq_advance(int32_t *loop_len, int32_t *loop_lo, int32_t l
     if (len - cap > loop_lo[l]) loop_lo[l] = len - cap;
 }
 
-/* The checks of appending n tokens through `loops` loops (ls_session_forward
+/* The checks of appending n tokens through `loops` loops (steps; ls_session_forward
  * and ls_session_step), in order: LS_ERR_ARG for a bad argument or token
- * id, LS_ERR_FULL without room, LS_ERR_STATE when the loops do not all
+ * id, LS_ERR_FULL without room, LS_ERR_STATE when the units do not all
  * hold the session's positions. */
 static inline int32_t ls_check_feed(ls_seq_view s, const int32_t *tokens, int32_t n, int32_t loops) {
-    if (!tokens || n < 1 || loops < 1 || loops > s.loops) return LS_ERR_ARG;
+    if (!tokens || n < 1 || loops < 1 || (int64_t)loops * s.layers > s.loops) return LS_ERR_ARG;
     int32_t vocab = s.m->info.vocab_size;
     for (int32_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= vocab) return LS_ERR_ARG;
     if (s.pos > s.max_seq - n) return LS_ERR_FULL;
-    return ls_loops_hold(s.loop_len, s.loop_lo, 0, loops, s.pos, s.window) ? LS_OK : LS_ERR_STATE;
+    return ls_loops_hold(s.loop_len, s.loop_lo, 0, loops * s.layers, s.pos, s.window) ? LS_OK : LS_ERR_STATE;
 }
 
 /* ls_session_rollback on the bookkeeping: forgets positions >= pos in

@@ -502,7 +502,7 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
 
     // commit: a leaf's rows move from its slot to its position's slot
     if (u > k) {
-        for (int32_t l = 0; l < c->L; l++) ls_kv_copy_slot(s, (p + j) % cap, s, x->slot[u], l);
+        for (int32_t l = 0; l < c->L; l++) ls_kv_copy_row(s, l, (p + j) % cap, s, l, x->slot[u]);
         s->tokens[p + j] = tok[u];
     }
     // output: the accepted path (row 0 excluded), then the verifier's token;
@@ -546,7 +546,11 @@ int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_param
         .leaf_min_prob = prm->leaf_min_prob,
         .sp = prm->sampling,
     };
-    if (c.D < 1 || c.V < 1 || c.D > s->loops || c.V > s->loops) return LS_ERR_ARG;
+    /* the cycle runs cache units: a step is the model's n_layers of them */
+    const int64_t layers = mi->n_layers;
+    if (c.D < 1 || c.V < 1 || c.D * layers > s->loops || c.V * layers > s->loops) return LS_ERR_ARG;
+    c.D *= (int32_t)layers;
+    c.V *= (int32_t)layers;
     c.M = c.D < c.V ? c.D : c.V;
     c.L = c.D > c.V ? c.D : c.V;
     if (prm->draft_ahead < 1 || prm->draft_ahead > MAX_AHEAD || c.K < 1 || c.K > MAX_BRANCH ||

@@ -17,9 +17,18 @@ int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, const l
     /* The sampling arguments are checked before the forward pass mutates the
      * session (ls_sample checks them again). */
     if (!s || !params || !ls_step_params_ok(params, 1)) return LS_ERR_ARG;
+    if (ls_step_exits(s->m, params, 1)) {
+        /* a step that may exit early is a batch of one (batch.c decides the exits) */
+        ls_batch_row row = {n, 1, *params};
+        int32_t out = 0;
+        int32_t rc = ls_batch_step(s->m, &s, &row, 1, tokens, logits_out, &out);
+        return rc != LS_OK ? rc : out;
+    }
+    if (params->exit_threshold > 0.0f) return LS_ERR_ARG; /* the model has no exit gate */
     float *logits = logits_out ? logits_out : s->logits;
     int32_t rc = ls_session_forward(s, tokens, n, params->loops, logits, 1);
     if (rc != LS_OK) return rc;
+    s->last_steps = params->loops;
     double t0 = ls_prof_now(s->m->rt);
     rc = ls_step_sample(s, logits, params);
     ls_prof_add(s->m->rt, LS_PROF_SAMPLE, &t0);

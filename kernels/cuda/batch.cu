@@ -412,7 +412,9 @@ extern "C" int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const
         e = cudaDeviceSynchronize();
     }
     if (e != cudaSuccess) return fail_all(sessions, n_rows, out, what, e);
-    for (int32_t i = 0; i < n_rows; i++)
+    for (int32_t i = 0; i < n_rows; i++) {
+        if (rows[i].sample) sessions[i]->last_steps = rows[i].step.loops;
         if (out[i] < 0 && rc == LS_OK) rc = out[i];
+    }
     return rc;
 }

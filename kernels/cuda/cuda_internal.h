@@ -95,6 +95,7 @@ struct ls_session {
     int32_t window;    /* 0 = full attention, else W */
     int32_t cap;       /* cache rows per loop: max_seq, or W + LS_CUDA_CHUNK */
     int32_t pos;       /* tokens fed (history length) */
+    int32_t last_steps; /* loops of the last sampled token (ls_session_last_steps) */
     int32_t failed;    /* a CUDA call failed mid-step: the caches are unknown */
 
     /* host */
@@ -116,7 +117,7 @@ struct ls_session {
 
 /* The session's bookkeeping as session_rules.h reads it (fp16 cache only). */
 static inline ls_seq_view ls_session_view(const ls_session *s) {
-    ls_seq_view v = {s->m, s->max_seq, s->loops, s->window, s->cap, LS_KV_FP16, s->pos, s->loop_len, s->loop_lo};
+    ls_seq_view v = {s->m, s->max_seq, s->loops, s->m->info.n_layers, s->window, s->cap, LS_KV_FP16, s->pos, s->loop_len, s->loop_lo};
     return v;
 }
 

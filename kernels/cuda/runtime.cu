@@ -61,7 +61,7 @@ static int upload_f16(__half **dst, const uint16_t *src, size_t n, const char *w
 
 /* wq, wk and wv stacked in one allocation, so one matmul computes a row's
  * q, k and v. */
-static int upload_qkv(__half **dst, const ls_weights *w, size_t dim, size_t kv_dim, char *err, int32_t err_len) {
+static int upload_qkv(__half **dst, const ls_layer_weights *w, size_t dim, size_t kv_dim, char *err, int32_t err_len) {
     size_t n[3] = {dim * dim, kv_dim * dim, kv_dim * dim};
     const uint16_t *parts[3] = {w->wq, w->wk, w->wv};
     const char *names[3] = {"block.wq.weight", "block.wk.weight", "block.wv.weight"};
@@ -108,6 +108,14 @@ extern "C" int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd,
                      mi->head_bits);
         return LS_ERR_ARG;
     }
+    if (mi->n_layers != 1 || mi->sandwich_norm || mi->step_norm || mi->exit_gate) {
+        ls_set_error(err, err_len,
+                     "a stacked model (%d layers%s%s%s) is not supported by the CUDA kernels yet: serve it with the "
+                     "CPU library",
+                     mi->n_layers, mi->sandwich_norm ? ", sandwich norms" : "", mi->step_norm ? ", a norm per step" : "",
+                     mi->exit_gate ? ", an exit gate" : "");
+        return LS_ERR_ARG;
+    }
     if (ls_check_model_shape(mi, err, err_len) != LS_OK) return LS_ERR_ARG;
     if (mi->head_dim > LS_CUDA_MAX_HEAD_DIM) {
         ls_set_error(err, err_len, "head_dim %d is larger than the CUDA attention kernel supports (%d)",
@@ -138,14 +146,15 @@ extern "C" int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd,
     size_t dim = (size_t)mi->dim, kv_dim = (size_t)mi->n_kv_heads * mi->head_dim;
     size_t ffn = (size_t)mi->ffn_dim, vocab = (size_t)mi->vocab_size;
     const ls_weights *w = &m->w;
+    const ls_layer_weights *lw = &w->layers[0];
     int bad = upload_f16(&rt->tok_embeddings, w->tok_embeddings, vocab * dim, "tok_embeddings.weight", err, err_len) ||
-              upload_qkv(&rt->wqkv, w, dim, kv_dim, err, err_len) ||
-              upload_f16(&rt->wo, w->wo, dim * dim, "block.wo.weight", err, err_len) ||
-              upload_f16(&rt->w1, w->w1, ffn * dim, "block.w1.weight", err, err_len) ||
-              upload_f16(&rt->w2, w->w2, dim * ffn, "block.w2.weight", err, err_len) ||
-              upload_f16(&rt->w3, w->w3, ffn * dim, "block.w3.weight", err, err_len) ||
-              upload_norm(&rt->attn_norm, w->attn_norm, mi->dim, "block.attn_norm.weight", err, err_len) ||
-              upload_norm(&rt->ffn_norm, w->ffn_norm, mi->dim, "block.ffn_norm.weight", err, err_len) ||
+              upload_qkv(&rt->wqkv, lw, dim, kv_dim, err, err_len) ||
+              upload_f16(&rt->wo, lw->wo, dim * dim, "block.wo.weight", err, err_len) ||
+              upload_f16(&rt->w1, lw->w1, ffn * dim, "block.w1.weight", err, err_len) ||
+              upload_f16(&rt->w2, lw->w2, dim * ffn, "block.w2.weight", err, err_len) ||
+              upload_f16(&rt->w3, lw->w3, ffn * dim, "block.w3.weight", err, err_len) ||
+              upload_norm(&rt->attn_norm, lw->attn_norm, mi->dim, "block.attn_norm.weight", err, err_len) ||
+              upload_norm(&rt->ffn_norm, lw->ffn_norm, mi->dim, "block.ffn_norm.weight", err, err_len) ||
               upload_norm(&rt->norm, w->norm, mi->dim, "norm.weight", err, err_len);
     if (!bad) {
         if (mi->tied_output || w->output == w->tok_embeddings)
@@ -442,9 +451,11 @@ extern "C" int32_t ls_session_forward(ls_session *s, const int32_t *tokens, int3
     return forward(s, tokens, n, loops, logits_out, logits_out ? n_logits : 0);
 }
 
+extern "C" int32_t ls_session_last_steps(const ls_session *s) { return s ? s->last_steps : LS_ERR_ARG; }
+
 extern "C" int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, const ls_step_params *p,
                                    float *logits_out) {
-    if (!s || !p || p->reserved != 0) return LS_ERR_ARG;
+    if (!s || !p || p->exit_threshold != 0.0f) return LS_ERR_ARG; /* no exit gate: stacks are CPU-only */
     /* Check the sampling arguments before the forward pass mutates the
      * session, as session.c does. */
     if (!ls_sampling_ok(&p->sampling)) return LS_ERR_ARG;
@@ -452,6 +463,7 @@ extern "C" int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t
     if (rc != LS_OK) return rc;
     rc = forward(s, tokens, n, p->loops, logits_out, 1);
     if (rc != LS_OK) return rc;
+    s->last_steps = p->loops;
     int32_t vocab = s->m->info.vocab_size;
     if (p->sampling.temperature == 0.0f) {
         int32_t id = LS_ERR_ARG;

@@ -46,6 +46,7 @@ const symbols = {
   ls_session_new: { args: [ptr, ptr, ptr, i32], returns: ptr },
   ls_session_free: { args: [ptr], returns: none },
   ls_session_pos: { args: [ptr], returns: i32 },
+  ls_session_last_steps: { args: [ptr], returns: i32 },
   ls_session_rollback: { args: [ptr, i32], returns: i32 },
   ls_session_copy_prefix: { args: [ptr, ptr, i32], returns: i32 },
   ls_session_forward: { args: [ptr, ptr, i32, i32, ptr, i32], returns: i32 },
@@ -153,6 +154,10 @@ function fileInfo(raw: StructView<"ls_model_info">): ModelFileInfo {
     headGroupSize: field("head_group"),
     embeddingFromHead: field("embed_from_head") === 1,
     quantMix: quantMixOf(raw),
+    nLayers: field("n_layers"),
+    normLayout: field("sandwich_norm") === 1 ? "sandwich" : "pre",
+    stepNorm: field("step_norm") === 1,
+    exitGate: field("exit_gate") === 1,
   };
 }
 
@@ -281,7 +286,7 @@ export class NativeModel {
       if (r.session.model !== this) throw new NativeError(`batch row ${i}: the session belongs to another model`, LS_ERR_ARG);
       if (r.logitsOut && r.logitsOut.length < vocab) throw new NativeError(`batch row ${i}: logits buffer too small`, LS_ERR_ARG);
       const row = new StructView("ls_batch_row", params, i * size).fill({ n_tokens: r.tokens.length, sample: r.sampling ? 1 : 0 });
-      fillStepParams(row.member("step", "ls_step_params"), r.loops, r.sampling);
+      fillStepParams(row.member("step", "ls_step_params"), r.loops, r.sampling, r.exitThreshold ?? 0);
       sessions[i] = BigInt(r.session.pointer);
       tokens.set(r.tokens, at);
       at += r.tokens.length;
@@ -361,6 +366,12 @@ export class NativeSession {
     return check(lib, Number(lib.ls_session_cache_bytes_held(this.pointer)), "ls_session_cache_bytes_held");
   }
 
+  /** Steps the last sampled token ran (ls_session_last_steps): its exit step + 1, or its loops. */
+  get lastSteps(): number {
+    const { lib } = this.model;
+    return check(lib, lib.ls_session_last_steps(this.pointer), "ls_session_last_steps");
+  }
+
   rollback(pos: number): void {
     const { lib } = this.model;
     check(lib, lib.ls_session_rollback(this.pointer, pos), "ls_session_rollback");
@@ -374,10 +385,14 @@ export class NativeSession {
     check(lib, lib.ls_session_forward(this.pointer, tokens, tokens.length, loops, logitsOut, logitsOut ? nLogits : 0), "ls_session_forward");
   }
 
-  /** Forward of `tokens` then sampling of the next token, in one FFI call; logitsOut receives the last row's logits. */
-  step(tokens: Int32Array, loops: number, sampling: SamplingParams, logitsOut: Float32Array | null = null): number {
+  /**
+   * Forward of `tokens` then sampling of the next token, in one FFI call; logitsOut receives the last row's logits.
+   * exitThreshold > 0 (a model with an exit gate): the sampled token stops at the first step whose cumulative exit
+   * probability reaches it, within `loops` steps (lastSteps says where).
+   */
+  step(tokens: Int32Array, loops: number, sampling: SamplingParams, logitsOut: Float32Array | null = null, exitThreshold = 0): number {
     const params = new StructView("ls_step_params");
-    fillStepParams(params, loops, sampling);
+    fillStepParams(params, loops, sampling, exitThreshold);
     const { lib } = this.model;
     return check(lib, lib.ls_session_step(this.pointer, tokens, tokens.length, params.bytes, logitsOut), "ls_session_step");
   }
@@ -414,9 +429,9 @@ function sessionParams(maxSeq: number, loops: number, cacheWindow: number, kv: K
   return new StructView("ls_session_params").fill({ max_seq: maxSeq, loops, cache_window: cacheWindow, kv_mode: kvMode });
 }
 
-/** ls_step_params: the depth and, for a sampling step, how to draw. */
-function fillStepParams(p: StructView<"ls_step_params">, loops: number, sampling: SamplingParams | null): void {
-  p.set("loops", loops);
+/** ls_step_params: the depth, the early-exit threshold (0: fixed depth) and, for a sampling step, how to draw. */
+function fillStepParams(p: StructView<"ls_step_params">, loops: number, sampling: SamplingParams | null, exitThreshold: number): void {
+  p.set("loops", loops).set("exit_threshold", exitThreshold);
   if (sampling) fillSampling(p.member("sampling", "ls_sampling"), sampling);
 }
 
@@ -433,6 +448,8 @@ export interface BatchRow {
   loops: number;
   /** Draws the next token as NativeSession.step does; null: forward only (a prompt chunk before its last). */
   sampling: SamplingParams | null;
+  /** A sampling row's early-exit threshold (NativeSession.step); absent or 0: fixed depth. */
+  exitThreshold?: number;
   /** A sampling row's last logits, before any sampling transform. */
   logitsOut?: Float32Array | null;
 }

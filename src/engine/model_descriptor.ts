@@ -5,17 +5,24 @@
 // range against the mapped bytes; it never parses the header.
 import { HEAD_BITS, matrixBits, QUANT_MATRICES, type ValidatedModel, validateModel } from "../model/format.ts";
 import { readSafetensors } from "../model/safetensors.ts";
-import { LS_DTYPE_F16, LS_DTYPE_I8, LS_DTYPE_U8, LS_QUANT_FP16, LS_QUANT_INT2, LS_QUANT_INT4, LS_TENSORS } from "../abi/abi.generated.ts";
+import { LS_DTYPE_F16, LS_DTYPE_I8, LS_DTYPE_U8, LS_LAYER_TENSORS, LS_QUANT_FP16, LS_QUANT_INT2, LS_QUANT_INT4, LS_TENSORS } from "../abi/abi.generated.ts";
 import { StructView } from "../abi/abi_struct.ts";
 
 const DTYPE_CODES: Record<string, number> = { F16: LS_DTYPE_F16, U8: LS_DTYPE_U8, I8: LS_DTYPE_I8 };
 const QUANT_CODES = { fp16: LS_QUANT_FP16, int4: LS_QUANT_INT4, int2: LS_QUANT_INT2 } as const;
 
-/** The ls_tensor_span of tensor `name` (a name of LS_TENSORS) in a descriptor. */
+/**
+ * The ls_tensor_span of tensor `name` in a descriptor: a model-wide tensor
+ * (LS_TENSORS), or a layer's ("block." + a name of LS_LAYER_TENSORS in a
+ * one-layer model, "layers.<i>." + it in a stack).
+ */
 export function tensorSpan(desc: StructView<"ls_model_desc">, name: string): StructView<"ls_tensor_span"> {
   const slot = (LS_TENSORS as readonly string[]).indexOf(name);
-  if (slot < 0) throw new Error(`no descriptor slot for tensor ${name}`);
-  return desc.member("tensors", "ls_tensor_span", slot);
+  if (slot >= 0) return desc.member("tensors", "ls_tensor_span", slot);
+  const m = /^(?:block|layers\.(\d+))\.(.+)$/.exec(name);
+  const layerSlot = m ? (LS_LAYER_TENSORS as readonly string[]).indexOf(m[2]) : -1;
+  if (!m || layerSlot < 0) throw new Error(`no descriptor slot for tensor ${name}`);
+  return desc.member("layers", "ls_layer_spans", Number(m[1] ?? 0)).member("t", "ls_tensor_span", layerSlot);
 }
 
 /** ls_model_desc of a validated model, as the bytes the library reads. */
@@ -37,6 +44,9 @@ export function encodeModelDescriptor(model: ValidatedModel): Uint8Array {
     group_size: c.groupSize,
     head_bits: c.headQuant === "fp16" ? 0 : HEAD_BITS[c.headQuant],
     head_group: c.headGroupSize,
+    n_layers: c.nLayers,
+    sandwich_norm: c.normLayout === "sandwich" ? 1 : 0,
+    step_norm: c.stepNorm ? 1 : 0,
   });
   QUANT_MATRICES.forEach((m, k) => config.set("block_bits", matrixBits(c, m), k));
   for (const [name, t] of model.tensors) {

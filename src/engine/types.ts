@@ -10,7 +10,8 @@ export const SIMD_CHOICES = ["auto", "portable", "avx2", "avx512"] as const;
 export type SimdChoice = (typeof SIMD_CHOICES)[number];
 
 /** What a model file says about itself, as the loader read it. */
-export type ModelFileInfo = Omit<ModelConfig, "formatVersion" | "tokenizer">;
+/** What the kernel library reports of a model file (the file's exit_threshold default and tokenizer are read from its metadata). */
+export type ModelFileInfo = Omit<ModelConfig, "formatVersion" | "tokenizer" | "exitThreshold">;
 
 /** A loaded model: its file's description and the runtime serving it. */
 export interface ModelInfo extends ModelFileInfo {

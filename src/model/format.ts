@@ -6,6 +6,7 @@
 
 import {
   LS_MAX_DIM,
+  LS_MAX_LAYERS,
   LS_MAX_FFN_DIM,
   LS_MAX_HEADS,
   LS_MAX_LOOPS,
@@ -35,14 +36,21 @@ export const GROUP_SIZES: readonly number[] = Array.from(
 );
 
 export const FORMAT_NAME = "loopserve";
-export const FORMAT_VERSION = 1;
+/** Format revisions: 2 adds stacks of layers, sandwich and step norms, the exit gate and model-carried tokenizers. */
+export const FORMAT_VERSIONS = [1, 2] as const;
+export type FormatVersion = (typeof FORMAT_VERSIONS)[number];
 export const ARCH = "looped-llama";
 export const TOKENIZER = "gpt2";
+/** Token ids: GPT-2 BPE (the default), or the byte-level BPE the file carries (metadata tokenizer_json). */
+export type TokenizerKind = "gpt2" | "bpe";
 export const MAX_LOOPS = LS_MAX_LOOPS;
+export const MAX_LAYERS = LS_MAX_LAYERS;
+/** How a layer norms: before each sublayer only (Llama), or its output too (sandwich, as Ouro). */
+export type NormLayout = "pre" | "sandwich";
 
 export interface ModelConfig {
   arch: "looped-llama";
-  formatVersion: 1;
+  formatVersion: FormatVersion;
   dim: number; // residual width
   nHeads: number; // query heads
   nKvHeads: number; // key/value heads (GQA: nHeads % nKvHeads == 0)
@@ -55,7 +63,12 @@ export interface ModelConfig {
   normEps: number;
   quant: Quant;
   groupSize: number; // quantization group; 0 for fp16
-  tokenizer: "gpt2";
+  tokenizer: TokenizerKind;
+  nLayers: number; // distinct layers applied in order each step (loop); 1 = the weight-shared block
+  normLayout: NormLayout;
+  stepNorm: boolean; // norm.weight applied after every step; the head then norms no further
+  exitThreshold: number | null; // the exit gate's default threshold (metadata exit_threshold); null: fixed depth
+  exitGate: boolean; // exit_gate.weight / exit_gate.bias present
   tiedOutput: boolean; // true when output.weight is absent and tok_embeddings is reused
   headQuant: HeadQuant; // the output head's format (fp16 also when tied)
   embeddingFromHead: boolean; // true when tok_embeddings.weight is absent: token t's embedding is the quantized head's row t
@@ -64,13 +77,30 @@ export interface ModelConfig {
 }
 
 /** What the metadata alone fixes: the config but for the output head, which the tensors decide. */
-export type ModelShape = Omit<ModelConfig, "tiedOutput" | "headQuant" | "headGroupSize" | "embeddingFromHead">;
+export type ModelShape = Omit<ModelConfig, "tiedOutput" | "headQuant" | "headGroupSize" | "embeddingFromHead" | "exitGate">;
+
+/** The shape fields of a single-block GPT-2 model (format version 1), for writers that build one. */
+export const SINGLE_BLOCK = { nLayers: 1, normLayout: "pre", stepNorm: false, exitThreshold: null, tokenizer: TOKENIZER } as const;
+
+/** The format revision a model needs: 2 when it uses anything version 1 lacks. */
+export function formatVersionOf(c: Pick<ModelShape, "nLayers" | "normLayout" | "stepNorm" | "exitThreshold" | "tokenizer">, exitGate = false): FormatVersion {
+  return c.nLayers !== 1 || c.normLayout !== "pre" || c.stepNorm || c.exitThreshold !== null || c.tokenizer !== "gpt2" || exitGate ? 2 : 1;
+}
+
+/** Where layer i's tensors are named: "block." in a one-layer model, "layers.<i>." otherwise. */
+export function layerPrefix(c: Pick<ModelShape, "nLayers">, i: number): string {
+  return c.nLayers === 1 ? "block." : `layers.${i}.`;
+}
 
 /** Metadata as the writer stores it; every value a string (the format requires it). */
 export function configToMetadata(c: ModelShape): Record<string, string> {
   return {
     format: FORMAT_NAME,
     format_version: String(c.formatVersion),
+    ...(c.nLayers !== 1 ? { n_layers: String(c.nLayers) } : {}),
+    ...(c.normLayout !== "pre" ? { norm_layout: c.normLayout } : {}),
+    ...(c.stepNorm ? { step_norm: "1" } : {}),
+    ...(c.exitThreshold !== null ? { exit_threshold: String(c.exitThreshold) } : {}),
     arch: c.arch,
     dim: String(c.dim),
     n_heads: String(c.nHeads),
@@ -88,24 +118,29 @@ export function configToMetadata(c: ModelShape): Record<string, string> {
   };
 }
 
-/** Every fp16 tensor of a model and its shape. `output.weight` is optional. */
-export function expectedTensorShapes(c: ModelShape): [string, number[]][] {
-  const q = c.nHeads * c.headDim;
-  const kv = c.nKvHeads * c.headDim;
-  return [
-    ["tok_embeddings.weight", [c.vocabSize, c.dim]],
-    ["block.attn_norm.weight", [c.dim]],
-    ["block.wq.weight", [q, c.dim]],
-    ["block.wk.weight", [kv, c.dim]],
-    ["block.wv.weight", [kv, c.dim]],
-    ["block.wo.weight", [c.dim, q]],
-    ["block.ffn_norm.weight", [c.dim]],
-    ["block.w1.weight", [c.ffnDim, c.dim]],
-    ["block.w2.weight", [c.dim, c.ffnDim]],
-    ["block.w3.weight", [c.ffnDim, c.dim]],
-    ["norm.weight", [c.dim]],
-    ["output.weight", [c.vocabSize, c.dim]],
-  ];
+/** One layer's norms (with sandwich norms, four), as named after the layer's prefix. */
+export function layerNorms(c: Pick<ModelShape, "normLayout">): string[] {
+  return c.normLayout === "sandwich" ? ["attn_norm", "attn_out_norm", "ffn_norm", "ffn_out_norm"] : ["attn_norm", "ffn_norm"];
+}
+
+/** Every fp16 tensor of a model and its shape, layer by layer. `output.weight` is optional; the exit gate's two are listed when exitGate. */
+export function expectedTensorShapes(c: ModelShape, exitGate = false): [string, number[]][] {
+  const shapes = matrixShapes(c);
+  const out: [string, number[]][] = [["tok_embeddings.weight", [c.vocabSize, c.dim]]];
+  const sandwich = c.normLayout === "sandwich";
+  for (let i = 0; i < c.nLayers; i++) {
+    const p = layerPrefix(c, i);
+    const norm = (n: string): [string, number[]] => [`${p}${n}.weight`, [c.dim]];
+    const mat = (m: QuantMatrixName): [string, number[]] => [`${p}${m}.weight`, shapes[m]];
+    out.push(norm("attn_norm"), mat("wq"), mat("wk"), mat("wv"), mat("wo"));
+    if (sandwich) out.push(norm("attn_out_norm"));
+    out.push(norm("ffn_norm"), mat("w1"), mat("w2"), mat("w3"));
+    if (sandwich) out.push(norm("ffn_out_norm"));
+  }
+  out.push(["norm.weight", [c.dim]]);
+  if (exitGate) out.push(["exit_gate.weight", [1, c.dim]], ["exit_gate.bias", [1]]);
+  out.push(["output.weight", [c.vocabSize, c.dim]]);
+  return out;
 }
 
 /** Weights as fp16 bit patterns, row-major [out, in]. */
@@ -308,9 +343,38 @@ function expectString(meta: Meta, key: string, expected: string, where: string):
  */
 export function parseModelMetadata(meta: Meta, where: string): ModelShape {
   expectString(meta, "format", FORMAT_NAME, where);
-  expectString(meta, "format_version", String(FORMAT_VERSION), where);
+  const version = need(meta, "format_version", where);
+  if (!FORMAT_VERSIONS.map(String).includes(version)) {
+    throw ModelFormatError.about(where, `metadata: format_version must be one of ${FORMAT_VERSIONS.join(", ")}, got "${version}"`);
+  }
+  const formatVersion = Number(version) as FormatVersion;
   expectString(meta, "arch", ARCH, where);
-  expectString(meta, "tokenizer", TOKENIZER, where);
+  const tokenizer = need(meta, "tokenizer", where);
+  if (tokenizer !== "gpt2" && tokenizer !== "bpe") {
+    throw ModelFormatError.about(where, `metadata: tokenizer must be "gpt2" or "bpe", got "${tokenizer}"`);
+  }
+  if (tokenizer === "bpe" && !meta.tokenizer_json) {
+    throw ModelFormatError.about(where, `metadata: tokenizer "bpe" needs tokenizer_json (the tokenizer.json text)`);
+  }
+  const nLayers = meta.n_layers === undefined ? 1 : parseInt32(meta, "n_layers", where, 1, LS_MAX_LAYERS);
+  const normLayout = meta.norm_layout ?? "pre";
+  if (normLayout !== "pre" && normLayout !== "sandwich") {
+    throw ModelFormatError.about(where, `metadata: norm_layout must be "pre" or "sandwich", got "${normLayout}"`);
+  }
+  const stepNorm = meta.step_norm ?? "0";
+  if (stepNorm !== "0" && stepNorm !== "1") throw ModelFormatError.about(where, `metadata: step_norm must be "0" or "1", got "${stepNorm}"`);
+  let exitThreshold: number | null = null;
+  if (meta.exit_threshold !== undefined) {
+    exitThreshold = parsePositiveFloat(meta, "exit_threshold", where, 2);
+    if (exitThreshold > 1) throw ModelFormatError.about(where, `metadata: exit_threshold must be in (0, 1], got "${meta.exit_threshold}"`);
+  }
+  const stack = { nLayers, normLayout, stepNorm: stepNorm === "1", exitThreshold, tokenizer } as const;
+  if (formatVersion === 1 && formatVersionOf(stack) !== 1) {
+    throw ModelFormatError.about(
+      where,
+      `metadata: format_version 1 cannot carry n_layers, norm_layout, step_norm, exit_threshold or a tokenizer other than gpt2 (format_version 2 can)`,
+    );
+  }
   // The kernels' limits (kernels/loopserve.h LS_MAX_*): they keep sizes far from overflow.
   const dim = parseInt32(meta, "dim", where, 1, LS_MAX_DIM);
   const nHeads = parseInt32(meta, "n_heads", where, 1, LS_MAX_HEADS);
@@ -354,7 +418,8 @@ export function parseModelMetadata(meta: Meta, where: string): ModelShape {
   }
   return {
     arch: ARCH,
-    formatVersion: FORMAT_VERSION,
+    formatVersion,
+    ...stack,
     dim,
     nHeads,
     nKvHeads,
@@ -367,7 +432,6 @@ export function parseModelMetadata(meta: Meta, where: string): ModelShape {
     normEps,
     quant,
     groupSize: quant === "fp16" ? 0 : groupSize, // fp16 has no groups, whatever the writer recorded
-    tokenizer: TOKENIZER,
     quantMix,
   };
 }
@@ -472,25 +536,47 @@ export function validateModel(file: SafetensorsFile): ValidatedModel {
   const tiedOutput = head.headQuant === "fp16" && !file.tensors.has("output.weight");
   // A quantized head may stand in for the embedding too: one copy of a tied model's matrix.
   const embeddingFromHead = head.headQuant !== "fp16" && !file.tensors.has("tok_embeddings.weight");
+  const exitGate = file.tensors.has("exit_gate.weight") || file.tensors.has("exit_gate.bias");
+  if (exitGate && base.formatVersion === 1) {
+    throw ModelFormatError.about(where, `tensor "exit_gate.weight": an exit gate needs format_version 2`);
+  }
+  if (!exitGate && base.exitThreshold !== null) {
+    throw ModelFormatError.about(where, `metadata: exit_threshold given, but the model has no exit gate (exit_gate.weight, exit_gate.bias)`);
+  }
   if (!embeddingFromHead) check("tok_embeddings.weight", [base.vocabSize, base.dim]);
-  if (base.quant === "fp16") {
-    for (const [name, shape] of expectedTensorShapes(base)) {
-      if (name !== "output.weight" && name !== "tok_embeddings.weight") check(name, shape);
-    }
-  } else {
-    for (const name of ["block.attn_norm.weight", "block.ffn_norm.weight", "norm.weight"]) check(name, [base.dim]);
-    const shapes = matrixShapes(base);
+  // Layer tensors the metadata does not account for mean a mislabelled file: named, not ignored.
+  const stray = [...file.tensors.keys()].find((n) => {
+    const layer = /^layers\.(\d+)\./.exec(n);
+    return base.nLayers === 1 ? layer !== null : n.startsWith("block.") || (layer !== null && Number(layer[1]) >= base.nLayers);
+  });
+  if (stray !== undefined) {
+    const expected = base.nLayers === 1 ? `block.*` : `layers.0.* .. layers.${base.nLayers - 1}.*`;
+    throw ModelFormatError.about(where, `tensor "${stray}" does not belong in a ${base.nLayers}-layer model (n_layers ${base.nLayers}: ${expected})`);
+  }
+  const shapes = matrixShapes(base);
+  for (let i = 0; i < base.nLayers; i++) {
+    const p = layerPrefix(base, i);
+    for (const n of layerNorms(base)) check(`${p}${n}.weight`, [base.dim]);
     for (const m of QUANT_MATRICES) {
-      const name = `block.${m}`;
+      const name = `${p}${m}`;
+      const [rows, cols] = shapes[m];
+      if (base.quant === "fp16") {
+        check(`${name}.weight`, [rows, cols]);
+        continue;
+      }
       if (file.tensors.has(`${name}.weight`)) {
         throw ModelFormatError.about(
           where,
           `tensor "${name}.weight" present in an ${base.quant} model: expected "${name}.qweight" and "${name}.scales" instead`,
         );
       }
-      const [rows, cols] = shapes[m];
       for (const [t, dtype, shape] of quantTensorShapes(name, matrixBits(base, m) as QuantMatrix["bits"], rows, cols, base.groupSize)) check(t, shape, dtype);
     }
+  }
+  check("norm.weight", [base.dim]);
+  if (exitGate) {
+    check("exit_gate.weight", [1, base.dim]);
+    check("exit_gate.bias", [1]);
   }
   if (head.headQuant !== "fp16") {
     const shapes = quantTensorShapes("output", HEAD_BITS[head.headQuant], base.vocabSize, base.dim, head.headGroupSize);
@@ -498,7 +584,7 @@ export function validateModel(file: SafetensorsFile): ValidatedModel {
   } else if (!tiedOutput) {
     check("output.weight", [base.vocabSize, base.dim]);
   }
-  return { config: { ...base, tiedOutput, ...head, embeddingFromHead }, tensors: modelTensors(file, used) };
+  return { config: { ...base, tiedOutput, ...head, embeddingFromHead, exitGate }, tensors: modelTensors(file, used) };
 }
 
 function modelTensors(file: SafetensorsFile, names: Set<string>): Map<string, TensorView> {
@@ -510,10 +596,17 @@ export function parseModelConfig(file: SafetensorsFile): ModelConfig {
   return validateModel(file).config;
 }
 
-/** Reads, maps and validates an fp16 loopserve model file. */
+/** A stacked model (format version 2's layers, norms or gate) refused by a reader of single-block weights. */
+function refuseStack(path: string, config: ModelConfig, reader: string): void {
+  if (config.nLayers === 1 && config.normLayout === "pre" && !config.stepNorm && !config.exitGate) return;
+  throw ModelFormatError.about(path, `${reader} reads single-block models; this one has ${config.nLayers} layer(s)${config.normLayout === "sandwich" ? ", sandwich norms" : ""}${config.stepNorm ? ", a norm per step" : ""}${config.exitGate ? ", an exit gate" : ""}`);
+}
+
+/** Reads, maps and validates an fp16 loopserve model file of one block. */
 export function loadModelFile(path: string): LoadedModel {
   const file = readSafetensors(path);
   const config = parseModelConfig(file);
+  refuseStack(path, config, "the TypeScript loader of fp16 weights (loadModelFile)");
   if (config.quant !== "fp16") {
     throw ModelFormatError.about(
       path,
@@ -562,10 +655,11 @@ export function quantizedHead(file: SafetensorsFile, config: ModelConfig): Quant
   return quantMatrixOf(file, "output", HEAD_BITS[config.headQuant], config.vocabSize, config.dim, config.headGroupSize);
 }
 
-/** Reads, maps and validates an int4 / int2 loopserve model file. */
+/** Reads, maps and validates an int4 / int2 loopserve model file of one block. */
 export function loadQuantModelFile(path: string): LoadedQuantModel {
   const file = readSafetensors(path);
   const config = parseModelConfig(file);
+  refuseStack(path, config, "the TypeScript loader of quantized weights (loadQuantModelFile)");
   if (config.quant === "fp16") {
     throw ModelFormatError.about(path, `quant "fp16": use loadModelFile for unquantized models`);
   }

@@ -22,6 +22,7 @@ import {
   GROUP_SIZES,
   HEAD_QUANTS,
   type HeadQuant,
+  layerPrefix,
   matrixQuant,
   matrixShapes,
   type ModelConfig,
@@ -434,25 +435,36 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
   // head's rows serve as the embedding too, so the file holds no fp16 copy.
   const embeddingFromHead = tied && head !== "fp16";
   const tensors: TensorToWrite[] = embeddingFromHead ? [] : [f16("tok_embeddings.weight", [vocabSize, dim])];
-  tensors.push(f16("block.attn_norm.weight", [dim]));
   const QUANTIZERS = { int4: quantizeInt4, int2: quantizeInt2, fp16: null } as const;
-  // Progress counts weights: the block's matrices, then the head (most of the work).
-  const total = (opts.quant !== "fp16" ? QUANT_MATRICES.reduce((n, m) => n + shapes[m][0] * shapes[m][1], 0) : 0) + (head !== "fp16" ? vocabSize * dim : 0);
+  // Progress counts weights: every layer's matrices, then the head (most of the work).
+  const perLayer = opts.quant !== "fp16" ? QUANT_MATRICES.reduce((n, m) => n + shapes[m][0] * shapes[m][1], 0) : 0;
+  const total = perLayer * config.nLayers + (head !== "fp16" ? vocabSize * dim : 0);
   let before = 0;
   const rowsOf = (cols: number): RowDone => (rows) => opts.onProgress?.(before + rows * cols, total);
-  for (const m of QUANT_MATRICES) {
-    const [rows, cols] = shapes[m];
-    const name = `block.${m}`;
-    if (m === "w1") tensors.push(f16("block.ffn_norm.weight", [dim]));
-    const quantize = QUANTIZERS[matrixQuant(config, m)];
-    if (!quantize) {
-      tensors.push(f16(`${name}.weight`, [rows, cols]));
-      continue;
+  const sandwich = config.normLayout === "sandwich";
+  for (let i = 0; i < config.nLayers; i++) {
+    const p = layerPrefix(config, i);
+    tensors.push(f16(`${p}attn_norm.weight`, [dim]));
+    for (const m of QUANT_MATRICES) {
+      const [rows, cols] = shapes[m];
+      const name = `${p}${m}`;
+      if (m === "w1") {
+        if (sandwich) tensors.push(f16(`${p}attn_out_norm.weight`, [dim]));
+        tensors.push(f16(`${p}ffn_norm.weight`, [dim]));
+      }
+      const quantize = QUANTIZERS[matrixQuant(config, m)];
+      if (!quantize) {
+        tensors.push(f16(`${name}.weight`, [rows, cols]));
+        continue;
+      }
+      tensors.push(...quantTensors(name, quantize(get(`${name}.weight`, [rows, cols]), rows, cols, groupSize, `${where}: ${name}`, rowsOf(cols))));
+      before += rows * cols;
     }
-    tensors.push(...quantTensors(name, quantize(get(`${name}.weight`, [rows, cols]), rows, cols, groupSize, `${where}: ${name}`, rowsOf(cols))));
-    before += rows * cols;
+    if (sandwich) tensors.push(f16(`${p}ffn_out_norm.weight`, [dim]));
   }
   tensors.push(f16("norm.weight", [dim]));
+  const exitGate = file.tensors.has("exit_gate.weight");
+  if (exitGate) tensors.push(f16("exit_gate.weight", [1, dim]), f16("exit_gate.bias", [1]));
 
   let headKind: HeadQuant | "tied";
   if (head !== "fp16") {
@@ -474,7 +486,7 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
     path: outPath,
     bytes,
     inputBytes: statSync(inPath).size,
-    config: { ...config, tiedOutput: headKind === "tied", headQuant: head, headGroupSize: head === "fp16" ? 0 : headGroupSize, embeddingFromHead },
+    config: { ...config, tiedOutput: headKind === "tied", headQuant: head, headGroupSize: head === "fp16" ? 0 : headGroupSize, embeddingFromHead, exitGate },
     head: headKind,
   };
 }

@@ -15,7 +15,8 @@ import {
   ARCH,
   configToMetadata,
   expectedTensorShapes,
-  FORMAT_VERSION,
+  formatVersionOf,
+  MAX_LAYERS,
   MAX_LOOPS,
   type ModelConfig,
   type ModelShape,
@@ -42,6 +43,13 @@ export interface SyntheticOptions {
    * in input and output token): use untied models for speculative tests.
    */
   residualScale?: number;
+  /** A stack (format version 2): layers per step (default 1), sandwich norms, a norm after every step, an exit gate. */
+  nLayers?: number;
+  sandwichNorm?: boolean;
+  stepNorm?: boolean;
+  exitGate?: boolean;
+  /** The model's default exit threshold (needs exitGate); default none: fixed depth. */
+  exitThreshold?: number | null;
 }
 
 export interface SyntheticResult {
@@ -192,7 +200,15 @@ export function resolveSyntheticOptions(o: SyntheticOptions): Required<Synthetic
     ropeTheta: checkNumber("ropeTheta", o.ropeTheta ?? 10000, true),
     normEps: checkNumber("normEps", o.normEps ?? 1e-5, true),
     residualScale: checkNumber("residualScale", o.residualScale ?? 1, false),
+    nLayers: checkInt("nLayers", o.nLayers ?? 1, 1, MAX_LAYERS),
+    sandwichNorm: o.sandwichNorm ?? false,
+    stepNorm: o.stepNorm ?? false,
+    exitGate: o.exitGate ?? false,
+    exitThreshold: o.exitThreshold ?? null,
   };
+  if (r.exitThreshold !== null && !(r.exitGate && r.exitThreshold > 0 && r.exitThreshold <= 1)) {
+    throw new ModelFormatError(`synthetic model: exitThreshold must be in (0, 1] and needs exitGate, got ${String(r.exitThreshold)}`);
+  }
   if (typeof r.tiedOutput !== "boolean") throw new ModelFormatError(`synthetic model: tiedOutput must be a boolean`);
   if (r.dim % r.nHeads !== 0) {
     throw new ModelFormatError(`synthetic model: dim (${r.dim}) must be a multiple of nHeads (${r.nHeads})`);
@@ -229,9 +245,17 @@ function tiedFinalNorm(w: Uint16Array, magnitude: number, seed: number): void {
 /** Writes a deterministic fp16 synthetic model to `path`. */
 export function writeSyntheticModel(path: string, opts: SyntheticOptions): SyntheticResult {
   const o = resolveSyntheticOptions(opts);
+  const stack = {
+    nLayers: o.nLayers,
+    normLayout: o.sandwichNorm ? "sandwich" : "pre",
+    stepNorm: o.stepNorm,
+    exitThreshold: o.exitThreshold,
+    tokenizer: TOKENIZER,
+  } as const;
   const base: ModelShape = {
     arch: ARCH,
-    formatVersion: FORMAT_VERSION,
+    formatVersion: formatVersionOf(stack, o.exitGate),
+    ...stack,
     dim: o.dim,
     nHeads: o.nHeads,
     nKvHeads: o.nKvHeads,
@@ -244,7 +268,6 @@ export function writeSyntheticModel(path: string, opts: SyntheticOptions): Synth
     normEps: o.normEps,
     quant: "fp16",
     groupSize: 0,
-    tokenizer: TOKENIZER,
     quantMix: {},
   };
   const metadata = {
@@ -256,33 +279,39 @@ export function writeSyntheticModel(path: string, opts: SyntheticOptions): Synth
 
   const outStd = EMBED_GAIN / Math.sqrt(o.dim);
   const qDim = o.nHeads * base.headDim;
-  // name -> [mean, std]; fan_in scaling keeps every projection's output O(1).
+  // name (after a layer's prefix) -> [mean, std]; fan_in scaling keeps every projection's output O(1).
   const dist: Record<string, [number, number]> = {
     "tok_embeddings.weight": [0, 1],
-    "block.attn_norm.weight": [1, NORM_JITTER],
-    "block.wq.weight": [0, 1 / Math.sqrt(o.dim)],
-    "block.wk.weight": [0, 1 / Math.sqrt(o.dim)],
-    "block.wv.weight": [0, 1 / Math.sqrt(o.dim)],
-    "block.wo.weight": [0, o.residualScale / Math.sqrt(qDim)],
-    "block.ffn_norm.weight": [1, NORM_JITTER],
-    "block.w1.weight": [0, 1 / Math.sqrt(o.dim)],
-    "block.w2.weight": [0, o.residualScale / Math.sqrt(o.ffnDim)],
-    "block.w3.weight": [0, 1 / Math.sqrt(o.dim)],
+    "attn_norm.weight": [1, NORM_JITTER],
+    "attn_out_norm.weight": [1, NORM_JITTER],
+    "wq.weight": [0, 1 / Math.sqrt(o.dim)],
+    "wk.weight": [0, 1 / Math.sqrt(o.dim)],
+    "wv.weight": [0, 1 / Math.sqrt(o.dim)],
+    "wo.weight": [0, o.residualScale / Math.sqrt(qDim)],
+    "ffn_norm.weight": [1, NORM_JITTER],
+    "ffn_out_norm.weight": [1, NORM_JITTER],
+    "w1.weight": [0, 1 / Math.sqrt(o.dim)],
+    "w2.weight": [0, o.residualScale / Math.sqrt(o.ffnDim)],
+    "w3.weight": [0, 1 / Math.sqrt(o.dim)],
     "norm.weight": [1, NORM_JITTER],
+    // a gate of this scale exits at varied steps on unit-rms hidden states
+    "exit_gate.weight": [0, 1 / Math.sqrt(o.dim)],
+    "exit_gate.bias": [0, 1],
     "output.weight": [0, outStd],
   };
 
   const tensors: TensorToWrite[] = [];
   let parameters = 0;
-  for (const [name, shape] of expectedTensorShapes(base)) {
+  for (const [name, shape] of expectedTensorShapes(base, o.exitGate)) {
     if (name === "output.weight" && o.tiedOutput) continue;
     const count = shape.reduce((a, b) => a * b, 1);
-    const [mean, std] = dist[name];
+    const [mean, std] = dist[name.replace(/^(block|layers\.\d+)\./, "")];
+    // a one-layer model's streams are named as they always were (its files unchanged)
     const w = randomF16(count, mean, std, o.seed, name);
     if (name === "norm.weight" && o.tiedOutput) tiedFinalNorm(w, outStd, o.seed);
     tensors.push({ name, dtype: "F16", shape, data: new Uint8Array(w.buffer, w.byteOffset, w.byteLength) });
     parameters += count;
   }
   const bytes = writeSafetensors(path, metadata, tensors);
-  return { path, bytes, parameters, config: { ...base, tiedOutput: o.tiedOutput, headQuant: "fp16", headGroupSize: 0, embeddingFromHead: false } };
+  return { path, bytes, parameters, config: { ...base, tiedOutput: o.tiedOutput, headQuant: "fp16", headGroupSize: 0, embeddingFromHead: false, exitGate: o.exitGate } };
 }

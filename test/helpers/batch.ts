@@ -17,6 +17,7 @@ export interface Plan {
   maxTokens: number;
   chunk: number; // prompt tokens per call
   arrives: number; // the call it joins at
+  exitThreshold?: number; // learned early exit of each sampled token (a model with an exit gate)
 }
 
 
@@ -40,9 +41,10 @@ export function plans(vocab: number, count: number, salt: number, kvModes: KvCac
   });
 }
 
-interface Trace {
+export interface Trace {
   tokens: number[];
   logits: Float32Array[]; // the logits each sampled token was drawn from
+  steps: number[]; // the steps each sampled token's position ran (ls_session_last_steps)
 }
 
 function newSession(m: NativeModel, p: Plan): NativeSession {
@@ -52,14 +54,15 @@ function newSession(m: NativeModel, p: Plan): NativeSession {
 /** The reference: the request alone, one ls_session_step per token. */
 function solo(m: NativeModel, p: Plan): Trace {
   const s = newSession(m, p);
-  const trace: Trace = { tokens: [], logits: [] };
+  const trace: Trace = { tokens: [], logits: [], steps: [] };
   try {
     let feed = Int32Array.from(p.prompt);
     while (trace.tokens.length < p.maxTokens) {
       const logits = new Float32Array(m.info.vocabSize);
-      const t = s.step(feed, p.loops, p.sampling, logits);
+      const t = s.step(feed, p.loops, p.sampling, logits, p.exitThreshold ?? 0);
       trace.tokens.push(t);
       trace.logits.push(logits);
+      trace.steps.push(s.lastSteps);
       feed = Int32Array.of(t);
     }
   } finally {
@@ -71,7 +74,7 @@ function solo(m: NativeModel, p: Plan): Trace {
 /** Every request through ls_batch_step: each call takes a prompt chunk or the next token of every request that has arrived. */
 function batched(m: NativeModel, ps: Plan[]): Trace[] {
   const sessions = ps.map((p) => newSession(m, p));
-  const traces: Trace[] = ps.map(() => ({ tokens: [], logits: [] }));
+  const traces: Trace[] = ps.map(() => ({ tokens: [], logits: [], steps: [] }));
   const fed = ps.map(() => 0); // prompt tokens fed so far
   try {
     for (let call = 0; traces.some((t, i) => t.tokens.length < ps[i].maxTokens); call++) {
@@ -83,7 +86,14 @@ function batched(m: NativeModel, ps: Plan[]): Trace[] {
         const tokens = inPrompt ? p.prompt.slice(fed[i], fed[i] + p.chunk) : [traces[i].tokens.at(-1) as number];
         if (inPrompt) fed[i] += tokens.length;
         const samples = fed[i] === p.prompt.length;
-        rows.push({ session: sessions[i], tokens: Int32Array.from(tokens), loops: p.loops, sampling: samples ? p.sampling : null, logitsOut: samples ? new Float32Array(m.info.vocabSize) : null });
+        rows.push({
+          session: sessions[i],
+          tokens: Int32Array.from(tokens),
+          loops: p.loops,
+          sampling: samples ? p.sampling : null,
+          logitsOut: samples ? new Float32Array(m.info.vocabSize) : null,
+          exitThreshold: samples ? p.exitThreshold : undefined,
+        });
         who.push(i);
       });
       if (rows.length === 0) continue;
@@ -92,6 +102,7 @@ function batched(m: NativeModel, ps: Plan[]): Trace[] {
         if (!r.sampling) return expect(out[k]).toBe(0);
         traces[who[k]].tokens.push(out[k]);
         traces[who[k]].logits.push(r.logitsOut as Float32Array);
+        traces[who[k]].steps.push(r.session.lastSteps);
       });
     }
   } finally {
@@ -100,12 +111,14 @@ function batched(m: NativeModel, ps: Plan[]): Trace[] {
   return traces;
 }
 
-/** Runs ps together through ls_batch_step and each alone: tokens equal, logits bit for bit. */
-export function expectSameAsSolo(m: NativeModel, ps: Plan[], what: string): void {
+/** Runs ps together through ls_batch_step and each alone: tokens and steps run equal, logits bit for bit. Returns the batched traces. */
+export function expectSameAsSolo(m: NativeModel, ps: Plan[], what: string): Trace[] {
   const together = batched(m, ps);
   ps.forEach((p, i) => {
     const alone = solo(m, p);
     expect(together[i].tokens, `${what}: request ${i} tokens`).toEqual(alone.tokens);
+    expect(together[i].steps, `${what}: request ${i} steps`).toEqual(alone.steps);
     expectBitIdentical(together[i].logits, alone.logits, `${what}: request ${i}`);
   });
+  return together;
 }

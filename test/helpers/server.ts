@@ -182,6 +182,10 @@ export const TINY_MODEL_INFO: ModelInfo = {
   headGroupSize: 0,
   embeddingFromHead: false,
   quantMix: {},
+  nLayers: 1,
+  normLayout: "pre",
+  stepNorm: false,
+  exitGate: false,
   simd: "portable",
   threads: 1,
 };

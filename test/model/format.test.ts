@@ -56,6 +56,11 @@ describe("loopserve model format", () => {
       quant: "fp16",
       groupSize: 0,
       tokenizer: "gpt2",
+      nLayers: 1,
+      normLayout: "pre",
+      stepNorm: false,
+      exitThreshold: null,
+      exitGate: false,
       quantMix: {},
       tiedOutput: false,
       headQuant: "fp16",
@@ -116,9 +121,9 @@ describe("loopserve model format", () => {
 
   test("fixed strings and value ranges", () => {
     expectLoadError(withMeta("format", "gguf"), /format must be "loopserve", got "gguf"/);
-    expectLoadError(withMeta("format_version", "2"), /format_version must be "1", got "2"/);
+    expectLoadError(withMeta("format_version", "3"), /format_version must be one of 1, 2, got "3"/);
     expectLoadError(withMeta("arch", "llama"), /arch must be "looped-llama"/);
-    expectLoadError(withMeta("tokenizer", "llama3"), /tokenizer must be "gpt2"/);
+    expectLoadError(withMeta("tokenizer", "llama3"), /tokenizer must be "gpt2" or "bpe", got "llama3"/);
     expectLoadError(withMeta("quant", "int8"), /quant must be one of fp16, int4, int2, got "int8"/);
     expectLoadError(withMeta("default_loops", "0"), /default_loops must be in \[1, 64\], got 0/);
     expectLoadError(withMeta("default_loops", "65"), /default_loops must be in \[1, 64\], got 65/);
@@ -127,6 +132,26 @@ describe("loopserve model format", () => {
       expectLoadError(withMeta("rope_theta", bad), /rope_theta must be a positive finite number/);
     }
     expectLoadError(withMeta("norm_eps", "0"), /norm_eps must be a positive finite number/);
+  });
+
+  test("a version-1 file carries none of version 2's keys; version 2's are checked", () => {
+    expectLoadError(withMeta("n_layers", "2"), /format_version 1 cannot carry n_layers/);
+    const v2 = (key: string, value: string) =>
+      rewrite(tinyModelPath(SMALL), {
+        meta: (m) => {
+          m.format_version = "2";
+          m[key] = value;
+        },
+      });
+    expectLoadError(v2("n_layers", "0"), /n_layers must be in \[1, 128\], got 0/);
+    expectLoadError(v2("norm_layout", "post"), /norm_layout must be "pre" or "sandwich", got "post"/);
+    expectLoadError(v2("step_norm", "yes"), /step_norm must be "0" or "1", got "yes"/);
+    expectLoadError(v2("exit_threshold", "1.5"), /exit_threshold must be in \(0, 1\]/);
+    expectLoadError(v2("exit_threshold", "0.5"), /exit_threshold given, but the model has no exit gate/);
+    expectLoadError(v2("tokenizer", "bpe"), /tokenizer "bpe" needs tokenizer_json/);
+    // a one-block file relabelled as two layers names the tensors it lacks
+    expectLoadError(v2("n_layers", "2"), /does not belong in a 2-layer model/);
+    expectLoadError(v2("norm_layout", "sandwich"), /missing tensor "block.attn_out_norm.weight"/);
   });
 
   test("floats accept the forms other writers produce", () => {

@@ -3,7 +3,7 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { runModelCommand } from "../../src/model_cli.ts";
 import { F16_TO_F32 } from "../../src/model/fp16.ts";
-import { configToMetadata, loadModelFile } from "../../src/model/format.ts";
+import { SINGLE_BLOCK, configToMetadata, loadModelFile } from "../../src/model/format.ts";
 import {
   byteToUnicode,
   exportGguf,
@@ -342,6 +342,7 @@ describe("GGUF export", () => {
       configToMetadata({
         arch: "looped-llama",
         formatVersion: 1,
+        ...SINGLE_BLOCK,
         dim: 64,
         nHeads: 4,
         nKvHeads: 4,

@@ -1,7 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { join } from "node:path";
 import { f16ArrayToF32, f64ArrayToF16, roundToF16 } from "../../src/model/fp16.ts";
-import { configToMetadata, expectedTensorShapes, type ModelConfig } from "../../src/model/format.ts";
+import { SINGLE_BLOCK, configToMetadata, expectedTensorShapes, type ModelConfig } from "../../src/model/format.ts";
 import { readSafetensors, type TensorToWrite, writeSafetensors } from "../../src/model/safetensors.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
 import { applyRope, argmax, ReferenceModel } from "./forward.ts";
@@ -29,7 +29,7 @@ function handModel(d: Dims, w: Record<string, number[]>, tied = false): Referenc
     normEps: d.normEps ?? 1e-5,
     quant: "fp16" as const,
     groupSize: 0,
-    tokenizer: "gpt2" as const,
+    ...SINGLE_BLOCK,
     quantMix: {},
   };
   const tensors: TensorToWrite[] = [];

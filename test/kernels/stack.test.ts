@@ -1,0 +1,275 @@
+// Stacked models (format version 2): n_layers distinct layers applied each
+// step, sandwich norms, a norm after every step, the learned exit gate. The
+// kernels against the float64 reference (test/reference/stack.ts) at every
+// depth, with and without early exit (exit decisions equal token by
+// token); and every feature of single-block models on a stack: batches of
+// mixed depths, exits and cache modes bit-identical to each row alone,
+// self-speculative decoding equal to plain decoding, int4 weights, prefix
+// copies, windows.
+import { beforeAll, describe, expect, test } from "bun:test";
+import { join } from "node:path";
+import { NativeError, type NativeModel, type NativeSession } from "../../src/engine/binding.ts";
+import { GREEDY } from "../../src/engine/types.ts";
+import type { SyntheticOptions } from "../../src/model/synthetic.ts";
+import { quantizeModelFile } from "../../src/model/quantize.ts";
+import { readSafetensors, type TensorToWrite, writeSafetensors } from "../../src/model/safetensors.ts";
+import { expectSameAsSolo, plans } from "../helpers/batch.ts";
+import { ensureLibrary, feedInCalls, relErr, supportedPaths, tokensFor, withModel } from "../helpers/kernels.ts";
+import { testTempDir, tinyModelPath } from "../helpers/models.ts";
+import { argmax } from "../reference/forward.ts";
+import { StackReference } from "../reference/stack.ts";
+
+const VOCAB = 384;
+const TOL = 1e-3; // max|c - r| / max|r| against the float64 reference
+// Ouro's layout: three layers, sandwich norms, a norm after every step, an exit gate.
+const OURO_LIKE: Partial<SyntheticOptions> = { vocabSize: VOCAB, loops: 4, seed: 17, nLayers: 3, sandwichNorm: true, stepNorm: true, exitGate: true };
+// A plain Llama-style stack: two layers, pre-norms only, no gate.
+const PLAIN_STACK: Partial<SyntheticOptions> = { vocabSize: VOCAB, loops: 3, seed: 5, nLayers: 2 };
+
+beforeAll(ensureLibrary);
+
+/** Greedy decoding of n tokens after the prompt, one step per token: tokens, their logits and the steps each ran. */
+function decode(m: NativeModel, prompt: number[], loops: number, n: number, exitThreshold = 0) {
+  const s = m.newSession(prompt.length + n, loops, 0);
+  try {
+    const out = { tokens: [] as number[], logits: [] as Float32Array[], steps: [] as number[] };
+    let feed = prompt;
+    while (out.tokens.length < n) {
+      const logits = new Float32Array(m.info.vocabSize);
+      const t = s.step(Int32Array.from(feed), loops, GREEDY, logits, exitThreshold);
+      out.tokens.push(t);
+      out.logits.push(logits);
+      out.steps.push(s.lastSteps);
+      feed = [t];
+    }
+    return out;
+  } finally {
+    s.close();
+  }
+}
+
+/** The reference's greedy decoding, as decode. */
+function referenceDecode(ref: StackReference, prompt: number[], loops: number, n: number, exitThreshold = 0) {
+  const s = ref.session(loops);
+  for (const t of prompt.slice(0, -1)) s.feed(t);
+  const out = { tokens: [] as number[], logits: [] as Float32Array[], steps: [] as number[] };
+  let r = s.feed(prompt[prompt.length - 1], exitThreshold);
+  while (out.tokens.length < n) {
+    const t = argmax(r.logits);
+    out.tokens.push(t);
+    out.logits.push(r.logits);
+    out.steps.push(r.steps);
+    if (out.tokens.length < n) r = s.feed(t, exitThreshold);
+  }
+  return out;
+}
+
+describe("a stack against the float64 reference", () => {
+  for (const [name, opts] of [["Ouro-like (sandwich, step norm, gate)", OURO_LIKE], ["plain two-layer stack", PLAIN_STACK]] as const) {
+    test(`${name}: every position's logits at steps 1-4 and 8, prompts fed in calls of any size`, () => {
+      const path = tinyModelPath(opts);
+      const ref = StackReference.load(path);
+      const toks = tokensFor(VOCAB, 40, 3);
+      withModel(path, 2, "auto", (m) => {
+        expect(m.info.nLayers).toBe(opts.nLayers as number);
+        for (const loops of [1, 2, 3, 4, 8]) {
+          const s = m.newSession(toks.length, loops, 0);
+          try {
+            const got = feedInCalls(s, toks, loops, [1, 7, 32], VOCAB);
+            const rs = ref.session(loops);
+            toks.forEach((t, i) => expect(relErr(got[i], rs.feed(t).logits), `steps ${loops}, position ${i}`).toBeLessThan(TOL));
+          } finally {
+            s.close();
+          }
+        }
+      });
+    }, 120_000);
+  }
+
+  test("greedy decoding with and without early exit: tokens and the steps each ran equal the reference's", () => {
+    const path = tinyModelPath(OURO_LIKE);
+    const ref = StackReference.load(path);
+    const prompt = tokensFor(VOCAB, 12, 8);
+    withModel(path, 2, "auto", (m) => {
+      expect(m.info.exitGate).toBe(true);
+      const seen = new Set<number>();
+      for (const [loops, threshold] of [[4, 0], [8, 0], [4, 0.3], [4, 0.6], [8, 0.5], [3, 0.9]] as const) {
+        const got = decode(m, prompt, loops, 16, threshold);
+        const want = referenceDecode(ref, prompt, loops, 16, threshold);
+        expect(got.steps, `loops ${loops}, threshold ${threshold}`).toEqual(want.steps);
+        expect(got.tokens, `loops ${loops}, threshold ${threshold}`).toEqual(want.tokens);
+        got.logits.forEach((l, i) => expect(relErr(l, want.logits[i])).toBeLessThan(TOL));
+        for (const s of got.steps) seen.add(s);
+        if (threshold === 0) expect(new Set(got.steps)).toEqual(new Set([loops]));
+      }
+      // the gate of this model exits at more than one depth: the test exercises real exits
+      expect(seen.size).toBeGreaterThan(2);
+    });
+  }, 120_000);
+
+  test("an exiting token's logits are its exit step's: the first token equals fixed-depth decoding at that depth", () => {
+    const path = tinyModelPath(OURO_LIKE);
+    const prompt = tokensFor(VOCAB, 9, 4);
+    withModel(path, 1, "auto", (m) => {
+      for (const threshold of [0.2, 0.5, 0.8]) {
+        const exit = decode(m, prompt, 6, 1, threshold);
+        const fixed = decode(m, prompt, exit.steps[0], 1);
+        expect(new Uint32Array(exit.logits[0].buffer)).toEqual(new Uint32Array(fixed.logits[0].buffer));
+      }
+    });
+  });
+});
+
+describe("every feature on a stack", () => {
+  test("batches of mixed depths, exits, windows, cache modes and sampling: each row bit-identical to running alone", () => {
+    const path = tinyModelPath(OURO_LIKE);
+    for (const simd of supportedPaths(path))
+      for (const threads of [1, 2])
+        withModel(path, threads, simd, (m) => {
+          const ps = plans(VOCAB, 14, 5, [{ mode: "fp16" }, { mode: "int8" }, { mode: "int4-h" }]).map((p, i) => ({ ...p, exitThreshold: [0, 0.3, 0.6, 0.9][i % 4] }));
+          const traces = expectSameAsSolo(m, ps, `${simd} x${threads}`);
+          const exited = traces.some((t, i) => t.steps.some((s) => s < ps[i].loops));
+          expect(exited).toBe(true);
+        });
+  }, 120_000);
+
+  test("more rows than one block, a long prompt beside decode rows that exit", () => {
+    withModel(tinyModelPath(OURO_LIKE), 2, "auto", (m) => {
+      const many = plans(VOCAB, 70, 4, [{ mode: "fp16" }]).map((p, i) => ({
+        ...p,
+        arrives: 0,
+        chunk: i === 5 ? 400 : 1 + (i % 3),
+        prompt: i === 5 ? tokensFor(VOCAB, 300, 9) : p.prompt.slice(0, 4),
+        exitThreshold: i % 2 ? 0.5 : 0,
+      }));
+      expectSameAsSolo(m, many, "70 rows");
+    });
+  }, 120_000);
+
+  test("int4 weights: rows alone and batched agree bit for bit, exits included", () => {
+    const int4 = join(testTempDir(), "stack-int4.safetensors");
+    quantizeModelFile(tinyModelPath(OURO_LIKE), int4, { quant: "int4", head: "int8", groupSize: 32 });
+    withModel(int4, 2, "auto", (m) => {
+      expect(m.info.quant).toBe("int4");
+      expect(m.info.nLayers).toBe(3);
+      expectSameAsSolo(m, plans(VOCAB, 10, 7, [{ mode: "fp16" }]).map((p, i) => ({ ...p, exitThreshold: i % 2 ? 0.5 : 0 })), "int4 stack");
+    });
+  }, 120_000);
+
+  // A stack of L copies of one block is that block looped L times as often: the
+  // same arithmetic unit for unit, so the logits are the same bits. This pins
+  // the layer and cache-unit bookkeeping of every weight format.
+  test.each(["fp16", "int4", "int2"] as const)("%s: a stack of 3 copies of a block at 2 steps is the block at 6 loops, bit for bit", (quant) => {
+    const block = tinyModelPath({ vocabSize: VOCAB, loops: 2, seed: 23 });
+    const copies = join(testTempDir(), `stack-copies-${quant}.safetensors`);
+    writeLayerCopies(block, copies, 3);
+    const [one, three] = quant === "fp16" ? [block, copies] : [block, copies].map((p, i) => {
+      const out = join(testTempDir(), `stack-copies-${quant}-${i}.safetensors`);
+      quantizeModelFile(p, out, { quant, head: "int8", groupSize: 32 });
+      return out;
+    });
+    const toks = tokensFor(VOCAB, 24, 5);
+    const want = withModel(one, 2, "auto", (m) => withSessionLogits(m, toks, 6));
+    const got = withModel(three, 2, "auto", (m) => withSessionLogits(m, toks, 2));
+    got.forEach((g, i) => expect(new Uint32Array(g.buffer), `position ${i}`).toEqual(new Uint32Array(want[i].buffer)));
+  }, 120_000);
+
+  test("self-speculative decoding (chain and tree, drafting at fewer steps) equals plain decoding", () => {
+    withModel(tinyModelPath({ ...PLAIN_STACK, residualScale: 0.05 }), 2, "auto", (m) => {
+      const prompt = tokensFor(VOCAB, 10, 1);
+      const want = decode(m, prompt, 3, 24).tokens;
+      for (const [D, K] of [[1, 1], [2, 1], [1, 3], [4, 1]]) {
+        const s = m.newSession(prompt.length + 24 + 64, Math.max(3, D), 0);
+        try {
+          const first = s.step(Int32Array.from(prompt), 3, GREEDY);
+          expect(speculate(s, first, 24, D, 3, K)).toEqual(want);
+        } finally {
+          s.close();
+        }
+      }
+    });
+  }, 120_000);
+
+  test("a prefix copied from a stack session continues as the original", () => {
+    withModel(tinyModelPath(OURO_LIKE), 2, "auto", (m) => {
+      const toks = tokensFor(VOCAB, 30, 6);
+      const src = m.newSession(40, 4, 0);
+      const dst = m.newSession(40, 4, 0);
+      try {
+        src.forward(Int32Array.from(toks.slice(0, 20)), 4);
+        dst.copyPrefixFrom(src, 20);
+        const a = new Float32Array(VOCAB);
+        const b = new Float32Array(VOCAB);
+        src.step(Int32Array.from(toks.slice(20)), 4, GREEDY, a, 0.5);
+        dst.step(Int32Array.from(toks.slice(20)), 4, GREEDY, b, 0.5);
+        expect(new Uint32Array(a.buffer)).toEqual(new Uint32Array(b.buffer));
+        expect(dst.lastSteps).toBe(src.lastSteps);
+      } finally {
+        src.close();
+        dst.close();
+      }
+    });
+  });
+
+  test("a session's cache grows with the layers: steps x layers units", () => {
+    withModel(tinyModelPath(OURO_LIKE), 1, "auto", (m) => {
+      withModel(tinyModelPath({ ...OURO_LIKE, nLayers: 1 }), 1, "auto", (one) => {
+        expect(m.sessionCacheBytes(100, 4, 0)).toBe(3 * one.sessionCacheBytes(100, 4, 0));
+      });
+    });
+  });
+
+  test("an exit threshold on a model without a gate, or out of range, is refused", () => {
+    withModel(tinyModelPath(PLAIN_STACK), 1, "auto", (m) => {
+      const s = m.newSession(16, 3, 0);
+      try {
+        expect(() => s.step(Int32Array.of(1, 2), 3, GREEDY, null, 0.5)).toThrow(NativeError);
+        expect(s.pos).toBe(0);
+      } finally {
+        s.close();
+      }
+    });
+    withModel(tinyModelPath(OURO_LIKE), 1, "auto", (m) => {
+      const s = m.newSession(16, 3, 0);
+      try {
+        for (const bad of [-0.1, 1.5, Number.NaN]) expect(() => s.step(Int32Array.of(1, 2), 3, GREEDY, null, bad)).toThrow(NativeError);
+        expect(s.pos).toBe(0);
+      } finally {
+        s.close();
+      }
+    });
+  });
+});
+
+/** The single-block model at `from` rewritten as a stack of n copies of its block (format version 2). */
+function writeLayerCopies(from: string, to: string, n: number): void {
+  const file = readSafetensors(from);
+  const tensors: TensorToWrite[] = [];
+  for (const [name, t] of file.tensors) {
+    const copies = name.startsWith("block.") ? Array.from({ length: n }, (_, i) => name.replace(/^block\./, `layers.${i}.`)) : [name];
+    for (const c of copies) tensors.push({ name: c, dtype: t.dtype, shape: t.shape, data: t.data });
+  }
+  writeSafetensors(to, { ...file.metadata, format_version: "2", n_layers: String(n) }, tensors);
+}
+
+function withSessionLogits(m: NativeModel, toks: number[], loops: number): Float32Array[] {
+  const s = m.newSession(toks.length, loops, 0);
+  try {
+    return feedInCalls(s, toks, loops, [toks.length], m.info.vocabSize);
+  } finally {
+    s.close();
+  }
+}
+
+/** Greedy speculative decoding on s (the prompt in, `first` pending) until n tokens. */
+function speculate(s: NativeSession, first: number, n: number, D: number, V: number, K: number): number[] {
+  const out = [first];
+  const buf = new Int32Array(17);
+  const stats = { drafted: 0, accepted: 0 };
+  while (out.length < n) {
+    const p = { draftLoops: D, verifyLoops: V, draftAhead: 4, kBranches: K, maxNew: n - out.length, sampling: GREEDY, flags: 0 };
+    const got = s.specCycle(out[out.length - 1], p, buf, stats);
+    out.push(...buf.subarray(0, got));
+  }
+  return out;
+}
