@@ -135,10 +135,11 @@ class ConfigReader {
     return v as number;
   }
 
-  num(key: string, min: number, max: number, dflt: number, openMin = true): number {
+  /** A number in (min, max]. */
+  num(key: string, min: number, max: number, dflt: number): number {
     const v = this.c[key] ?? dflt;
-    if (typeof v !== "number" || !Number.isFinite(v) || (openMin ? v <= min : v < min) || v > max) {
-      this.fail(`${key} must be a number in ${openMin ? "(" : "["}${min}, ${max}], got ${JSON.stringify(v)}`);
+    if (typeof v !== "number" || !Number.isFinite(v) || v <= min || v > max) {
+      this.fail(`${key} must be a number in (${min}, ${max}], got ${JSON.stringify(v)}`);
     }
     return v as number;
   }
@@ -418,9 +419,10 @@ function matchTensors(dir: string, arch: HfArch, m: HfModelShape, located: Map<s
     out.push({ name: e.name, target: e.target, dtype: t.dtype, shape: t.shape, file: t.file, offset: t.offset, bytes: t.bytes });
   }
   // A tied model may still carry the head (a copy of the embedding): not needed, not an error.
+  // Nor are RoPE frequency buffers, which some exporters save: loopserve computes them from rope_theta.
   const ignorable = new Set(m.tiedOutput ? [arch === "ouro" ? "lm_head.weight" : "output.weight"] : []);
   for (const [name, t] of located) {
-    if (!used.has(name) && !ignorable.has(name)) {
+    if (!used.has(name) && !ignorable.has(name) && !name.endsWith("rotary_emb.inv_freq")) {
       throw ModelFormatError.about(t.file, `unexpected tensor "${name}" [${t.shape.join(", ")}] (not part of a ${arch} model with this config)`);
     }
   }

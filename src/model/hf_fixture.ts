@@ -47,7 +47,7 @@ export interface HfFixtureResult {
   parameters: number;
 }
 
-/** Ouro-1.4B's shape (ByteDance/Ouro-1.4B config.json). */
+/** Ouro-1.4B's shape: 24 layers, hidden 2048, ffn 5632, 16 heads (no GQA), vocab 49152, 4 steps. */
 export const OURO_1_4B = {
   dim: 2048,
   nHeads: 16,

@@ -18,7 +18,7 @@
 
 import { closeSync, openSync, readSync } from "node:fs";
 import type { ProgressCallback } from "../progress.ts";
-import { f16BitsToNumber, f32BitsToF16Bits } from "./fp16.ts";
+import { bf16BitsToNumber, f16BitsToNumber, f32BitsToF16Bits } from "./fp16.ts";
 import { type HfCheckpoint, type HfDtype, type HfTensor, readHfCheckpoint, specialTokenText, tokenId } from "./hf_checkpoint.ts";
 import { DTYPE_SIZES, ModelFormatError, writeSafetensorsStream } from "./safetensors.ts";
 
@@ -58,7 +58,7 @@ function sourceValue(dtype: HfDtype, src: Uint8Array, i: number): number {
   const dv = new DataView(src.buffer, src.byteOffset, src.byteLength);
   if (dtype === "F32") return dv.getFloat32(i * 4, true);
   if (dtype === "F16") return f16BitsToNumber(dv.getUint16(i * 2, true));
-  return new Float32Array(new Uint32Array([dv.getUint16(i * 2, true) << 16]).buffer)[0];
+  return bf16BitsToNumber(dv.getUint16(i * 2, true));
 }
 
 /**

@@ -272,8 +272,23 @@ describe("import-hf: errors name the problem", () => {
   test("a shard lacking a tensor the index maps to it, and a tensor the index does not list", () => {
     const dir = fixture({ shards: 2 });
     const indexPath = join(dir, "model.safetensors.index.json");
-    editJson(indexPath, (v) => ((v.weight_map as Record<string, string>)["model.norm.weight"] = "model-00001-of-00002.safetensors"));
-    expectError(() => readHfCheckpoint(dir), "model.norm.weight");
+    const original = readFileSync(indexPath, "utf8");
+    editJson(indexPath, (v) => ((v.weight_map as Record<string, string>)["model.layers.0.extra.weight"] = "model-00001-of-00002.safetensors"));
+    expectError(() => readHfCheckpoint(dir), "model-00001-of-00002.safetensors", 'lacks tensor "model.layers.0.extra.weight"');
+    writeFileSync(indexPath, original);
+    // model.norm.weight is in the second shard (the fixture splits in state_dict order).
+    editJson(indexPath, (v) => delete (v.weight_map as Record<string, string>)["model.norm.weight"]);
+    expectError(() => readHfCheckpoint(dir), "model-00002-of-00002.safetensors", 'holds tensor "model.norm.weight", which model.safetensors.index.json does not map');
+  });
+
+  test("RoPE inv_freq buffers some exporters save are ignored", () => {
+    const dir = fixture();
+    const path = join(dir, "model.safetensors");
+    const src = readSafetensors(path);
+    const tensors = [...src.tensors].map(([name, t]) => ({ name, dtype: t.dtype, shape: t.shape, data: t.data.slice() }));
+    tensors.push({ name: "model.layers.0.self_attn.rotary_emb.inv_freq", dtype: "F32", shape: [8], data: new Uint8Array(32) });
+    writeSafetensors(path, {}, tensors);
+    expect(readHfCheckpoint(dir).tensors.some((t) => t.name.includes("inv_freq"))).toBe(false);
   });
 
   test("an index entry that is a path, not a file name", () => {
