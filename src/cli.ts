@@ -10,6 +10,7 @@ usage:
   loopserve model inspect FILE              print a model file's header
   loopserve model quantize IN OUT --quant int4|int2   quantize an fp16/bf16/fp32 model
   loopserve model export-gguf IN OUT [--loops N]      write the unrolled model as a Llama GGUF
+  loopserve model import-hf DIR OUT         import a Hugging Face checkpoint (Ouro) as fp16
   loopserve tokenize IN OUT [--eot]         write a text file's GPT-2 token ids (uint16) for training
   loopserve bench [--model FILE]            prefill and decode tokens/s of this build
   loopserve --version                       print the version

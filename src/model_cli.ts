@@ -1,5 +1,6 @@
 // `loopserve model ...`: write synthetic models, inspect model files,
-// quantize them (int4 / int2), export a model to GGUF for llama.cpp-based tools.
+// quantize them (int4 / int2), export a model to GGUF for llama.cpp-based tools,
+// import a Hugging Face checkpoint (Ouro, or loopserve's own layout).
 //
 // Exit codes: 0 done, 1 the work failed (bad file, cannot write), 2 bad
 // arguments. src/cli.ts dispatches here with the arguments after `model`;
@@ -13,6 +14,7 @@ import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "./en
 import { type ProgressStream, withProgress } from "./progress.ts";
 import { GROUP_SIZES, HEAD_QUANTS, MAX_LOOPS, parseQuantMix, type QuantMix, quantMixNote } from "./model/format.ts";
 import { exportGguf } from "./model/gguf.ts";
+import { importHfCheckpoint } from "./model/import_hf.ts";
 import { DEFAULT_GROUP_SIZE, type HeadQuant, quantizeModelFile, type WeightQuant } from "./model/quantize.ts";
 import { DTYPE_SIZES, ModelFormatError, readSafetensors, type SafetensorsFile } from "./model/safetensors.ts";
 import { resolveSyntheticOptions, type SyntheticOptions, writeSyntheticModel } from "./model/synthetic.ts";
@@ -41,6 +43,9 @@ commands:
                  write the fp16/bf16/fp32 model IN with int4 or int2 weights
   export-gguf IN OUT
                  write the fp16 model IN unrolled as a Llama GGUF (llama.cpp)
+  import-hf DIR OUT
+                 write the Hugging Face checkpoint in DIR (Ouro) as the
+                 fp16 model OUT
 
 Run \`loopserve model <command> --help\` for a command's options.`;
 
@@ -120,6 +125,27 @@ the bundled tokenizer data. Quantize the result with llama-quantize.
 
 options:
   --loops N    layers to unroll, 1..${MAX_LOOPS} [the model's default_loops]
+  -h, --help   this help`;
+
+const IMPORT_HF_HELP = `usage: loopserve model import-hf DIR OUT
+
+Writes the Hugging Face checkpoint directory DIR as one loopserve fp16 model
+file OUT (format_version 2), replacing any file there. DIR holds config.json,
+model.safetensors or shards listed by model.safetensors.index.json (BF16,
+F16 or F32), tokenizer.json and tokenizer_config.json, as published.
+
+Accepted: Ouro (model_type "ouro", OuroForCausalLM): its layers, sandwich
+norms, per-step final norm and early-exit gate, looped total_ut_steps times
+by default; and loopserve's own layout (model_type "loopserve").
+The tokenizer (tokenizer.json verbatim), chat template, end-of-sequence
+and beginning-of-sequence tokens are stored in OUT's metadata.
+
+Every value is rounded to fp16 (nearest, ties to even); one that fp16
+cannot hold (|x| >= 65520, or not finite) is an error naming the tensor and
+element. Tensors stream through: memory does not grow with the model.
+See docs/import-hf.md.
+
+options:
   -h, --help   this help`;
 
 // ---- argument parsing ----
@@ -407,6 +433,26 @@ function cmdExportGguf(argv: string[], io: CommandIO): number {
   return 0;
 }
 
+function cmdImportHf(argv: string[], io: CommandIO): number {
+  const p = parseArgs(argv, new Set(), new Set(["-h", "--help"]));
+  if (p.flags.has("-h") || p.flags.has("--help")) {
+    io.out(IMPORT_HF_HELP);
+    return 0;
+  }
+  const [dir, outPath] = paths(p, ["DIR", "OUT"]);
+  const t0 = performance.now();
+  const r = withProgress("import-hf", io.progress, (onProgress) => importHfCheckpoint(dir, outPath, { onProgress }));
+  const ms = performance.now() - t0;
+  const m = r.checkpoint.model;
+  io.out(
+    `wrote ${outPath}: ${r.bytes} bytes, ${r.tensors} tensors, ${r.parameters} parameters ` +
+      `(${r.checkpoint.arch}: dim ${m.dim}, ${m.nLayers} layers, heads ${m.nHeads}/${m.nKvHeads} kv, ffn ${m.ffnDim}, ` +
+      `vocab ${m.vocabSize}, default loops ${m.defaultLoops}, ${m.tiedOutput ? "tied" : "untied"} output, ` +
+      `${m.exitGate ? `exit gate${m.exitThreshold !== null ? `, threshold ${m.exitThreshold}` : ""}` : "no exit gate"}) in ${ms.toFixed(0)} ms`,
+  );
+  return 0;
+}
+
 // ---- entry ----
 
 /** Runs `loopserve model <argv...>`; returns the exit code. */
@@ -430,13 +476,15 @@ export async function runModelCommand(argv: string[], io: CommandIO = defaultIO)
         return cmdExportGguf(rest, io);
       case "quantize":
         return cmdQuantize(rest, io);
+      case "import-hf":
+        return cmdImportHf(rest, io);
       default:
-        throw new UsageError(`unknown command "${cmd}" (expected new, inspect, quantize or export-gguf)`);
+        throw new UsageError(`unknown command "${cmd}" (expected new, inspect, quantize, export-gguf or import-hf)`);
     }
   } catch (e) {
     if (e instanceof UsageError) {
       io.err(`error: ${e.message}`);
-      const known = cmd === "new" || cmd === "inspect" || cmd === "export-gguf" || cmd === "quantize";
+      const known = cmd === "new" || cmd === "inspect" || cmd === "export-gguf" || cmd === "quantize" || cmd === "import-hf";
       io.err(`run \`loopserve model ${known ? `${cmd} ` : ""}--help\` for usage`);
       return 2;
     }

@@ -371,6 +371,50 @@ function align8(n: number): number {
  * crash it).
  */
 export function writeSafetensors(path: string, metadata: Record<string, string>, tensors: TensorToWrite[]): number {
+  for (const t of tensors) {
+    const bytes = tensorBytes(path, t);
+    if (t.data.byteLength !== bytes) {
+      throw new ModelFormatError(
+        `${path}: tensor "${t.name}": ${t.dtype} ${describe(t.shape)} needs ${bytes} bytes, data has ${t.data.byteLength}`,
+      );
+    }
+  }
+  return writeSafetensorsStream(path, metadata, tensors, (_t, i, write) => write(tensors[i].data));
+}
+
+/** A tensor's name, dtype and shape: its header entry without the offsets. */
+export interface TensorSpec {
+  name: string;
+  dtype: Dtype;
+  shape: number[];
+}
+
+/** Bytes of a tensor's data; throws on a bad dtype or dimension. */
+function tensorBytes(path: string, t: TensorSpec): number {
+  const what = `tensor "${t.name}"`;
+  if (!isDtype(t.dtype)) throw new ModelFormatError(`${path}: ${what}: unknown dtype ${describe(t.dtype)}`);
+  let count = 1;
+  for (const d of t.shape) {
+    if (!Number.isSafeInteger(d) || d < 0) throw new ModelFormatError(`${path}: ${what}: bad dimension ${describe(d)} in shape`);
+    count *= d;
+  }
+  return count * DTYPE_SIZES[t.dtype];
+}
+
+/**
+ * Writes a safetensors file whose tensor data come from `fill`, one tensor
+ * at a time in the given order, so a file larger than memory streams through
+ * (src/model/import_hf.ts). The header is computed from the specs and
+ * written first; `fill(t, i, write)` then writes exactly tensor i's bytes, in
+ * as many pieces as it likes. Same layout and atomic replacement as
+ * writeSafetensors (which is this with each tensor's data in one piece).
+ */
+export function writeSafetensorsStream(
+  path: string,
+  metadata: Record<string, string>,
+  tensors: TensorSpec[],
+  fill: (t: TensorSpec, index: number, write: (buf: Uint8Array) => void) => void,
+): number {
   const fail = (msg: string): never => {
     throw new ModelFormatError(`${path}: ${msg}`);
   };
@@ -382,24 +426,15 @@ export function writeSafetensors(path: string, metadata: Record<string, string>,
     header["__metadata__"] = metadata;
   }
   let offset = 0;
-  const placed: { t: TensorToWrite; begin: number }[] = [];
+  const placed: { begin: number; bytes: number }[] = [];
   for (const t of tensors) {
     const what = `tensor "${t.name}"`;
     if (t.name === "__metadata__" || t.name.length === 0) fail(`${what}: reserved or empty name`);
     if (Object.prototype.hasOwnProperty.call(header, t.name)) fail(`${what}: duplicate name`);
-    if (!isDtype(t.dtype)) fail(`${what}: unknown dtype ${describe(t.dtype)}`);
-    let count = 1;
-    for (const d of t.shape) {
-      if (!Number.isSafeInteger(d) || d < 0) fail(`${what}: bad dimension ${describe(d)} in shape`);
-      count *= d;
-    }
-    const bytes = count * DTYPE_SIZES[t.dtype];
-    if (t.data.byteLength !== bytes) {
-      fail(`${what}: ${t.dtype} ${describe(t.shape)} needs ${bytes} bytes, data has ${t.data.byteLength}`);
-    }
+    const bytes = tensorBytes(path, t);
     const begin = align8(offset);
     header[t.name] = { dtype: t.dtype, shape: t.shape, data_offsets: [begin, begin + bytes] };
-    placed.push({ t, begin });
+    placed.push({ begin, bytes });
     offset = begin + bytes;
   }
 
@@ -418,11 +453,18 @@ export function writeSafetensors(path: string, metadata: Record<string, string>,
     writeAll(json);
     let pos = 0;
     const zeros = new Uint8Array(8);
-    for (const { t, begin } of placed) {
+    tensors.forEach((t, i) => {
+      const { begin, bytes } = placed[i];
       if (begin > pos) writeAll(zeros.subarray(0, begin - pos));
-      writeAll(t.data);
-      pos = begin + t.data.byteLength;
-    }
+      let written = 0;
+      fill(t, i, (buf) => {
+        if (written + buf.byteLength > bytes) fail(`tensor "${t.name}": given more than its ${bytes} bytes`);
+        writeAll(buf);
+        written += buf.byteLength;
+      });
+      if (written !== bytes) fail(`tensor "${t.name}": given ${written} of its ${bytes} bytes`);
+      pos = begin + bytes;
+    });
     return 8 + json.length + pos;
   });
 }

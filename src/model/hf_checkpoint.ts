@@ -1,0 +1,510 @@
+// A Hugging Face checkpoint directory, read as published: config.json, the
+// weights (model.safetensors, or shards listed by model.safetensors.index.json),
+// tokenizer.json and tokenizer_config.json.
+//
+// Two architectures are understood (docs/import-hf.md):
+// - Ouro (config model_type "ouro", architectures ["OuroForCausalLM"]): a
+//   stack of sandwich-norm layers looped total_ut_steps times, named and
+//   mapped as /work/stack_spec.md's "Hugging Face Ouro mapping" says.
+// - loopserve's own (model_type "loopserve", architectures
+//   ["LoopedLlamaForCausalLM"]): config keys are loopserve's metadata keys
+//   and tensor names are loopserve's already.
+//
+// Reading checks everything that can be checked without reading the weights:
+// the config against loopserve's limits, every tensor's name, shape and dtype
+// against the config, every shard named by the index present and holding
+// what the index says. Weight bytes are not touched here: each tensor is
+// located (file, offset) so the importer can stream it.
+
+import { existsSync, readFileSync, statSync } from "node:fs";
+import { basename, join } from "node:path";
+import { LS_MAX_DIM, LS_MAX_FFN_DIM, LS_MAX_HEADS, LS_MAX_LOOPS, LS_MAX_ROPE_THETA, LS_MAX_SEQ_LEN, LS_MAX_VOCAB } from "../abi/abi.generated.ts";
+import { DTYPE_SIZES, ModelFormatError, readSafetensors } from "./safetensors.ts";
+
+// ---- types ----
+
+export type HfArch = "ouro" | "loopserve";
+
+/** Source dtypes the importer converts to fp16. */
+export const HF_DTYPES = ["BF16", "F16", "F32"] as const;
+export type HfDtype = (typeof HF_DTYPES)[number];
+
+/** The most layers a stack may have (stack_spec.md: n_layers "1".."128"). */
+export const MAX_LAYERS = 128;
+
+/** The model a checkpoint describes, in loopserve's terms. */
+export interface HfModelShape {
+  dim: number; // hidden_size
+  nHeads: number;
+  nKvHeads: number;
+  headDim: number; // dim / nHeads
+  ffnDim: number; // intermediate_size
+  vocabSize: number;
+  nLayers: number; // distinct layers per step
+  defaultLoops: number; // steps through the stack (Ouro total_ut_steps)
+  maxSeqLen: number;
+  ropeTheta: number;
+  normEps: number;
+  sandwich: boolean; // attn_out_norm / ffn_out_norm after each sublayer
+  stepNorm: boolean; // `norm` after every step
+  exitGate: boolean; // exit_gate.weight [1, dim] and exit_gate.bias [1]
+  exitThreshold: number | null; // default early-exit threshold, in (0, 1]
+  tiedOutput: boolean; // no output.weight: logits use tok_embeddings
+}
+
+/** One tensor of the checkpoint, where the importer finds it. */
+export interface HfTensor {
+  name: string; // the checkpoint's name
+  target: string; // loopserve's name
+  dtype: HfDtype;
+  shape: number[];
+  file: string; // the shard's path
+  offset: number; // of the first byte in that file
+  bytes: number;
+}
+
+export interface HfTokenizer {
+  /** tokenizer.json, verbatim. */
+  json: string;
+  /** tokenizer.json parsed (for token ids). */
+  parsed: Record<string, unknown>;
+  /** tokenizer_config.json, or {} when the directory has none. */
+  config: Record<string, unknown>;
+  /** tokenizer_config.json's chat_template when a string, else chat_template.jinja's text, else null. */
+  chatTemplate: string | null;
+}
+
+export interface HfCheckpoint {
+  dir: string;
+  arch: HfArch;
+  /** config.json, parsed. */
+  config: Record<string, unknown>;
+  model: HfModelShape;
+  /** In loopserve's order (tok_embeddings, the layers, norm, output, exit gate). */
+  tensors: HfTensor[];
+  /** The weight files, in the order the index (or the directory) gives them. */
+  shards: string[];
+  /** null only for a loopserve checkpoint without tokenizer.json (it uses the GPT-2 tokenizer). */
+  tokenizer: HfTokenizer | null;
+}
+
+// ---- small readers ----
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === "object" && v !== null && !Array.isArray(v);
+}
+
+function readJsonObject(path: string, what: string): { text: string; value: Record<string, unknown> } {
+  let text: string;
+  try {
+    text = readFileSync(path, "utf8");
+  } catch (e) {
+    throw ModelFormatError.about(path, `cannot read ${what}: ${(e as Error).message}`);
+  }
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (e) {
+    throw ModelFormatError.about(path, `${what} is not valid JSON: ${(e as Error).message}`);
+  }
+  if (!isObject(value)) throw ModelFormatError.about(path, `${what} must be a JSON object`);
+  return { text, value };
+}
+
+/** Reads typed config values, each failure naming config.json and the key. */
+class ConfigReader {
+  constructor(
+    private readonly path: string,
+    private readonly c: Record<string, unknown>,
+  ) {}
+
+  fail(reason: string): never {
+    throw ModelFormatError.about(this.path, reason);
+  }
+
+  has(key: string): boolean {
+    return this.c[key] !== undefined && this.c[key] !== null;
+  }
+
+  int(key: string, min: number, max: number, dflt?: number): number {
+    const v = this.c[key] ?? dflt;
+    if (v === undefined) this.fail(`${key} is required`);
+    if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) {
+      this.fail(`${key} must be an integer in [${min}, ${max}], got ${JSON.stringify(v)}`);
+    }
+    return v as number;
+  }
+
+  /** A number in (min, max]. */
+  num(key: string, min: number, max: number, dflt: number): number {
+    const v = this.c[key] ?? dflt;
+    if (typeof v !== "number" || !Number.isFinite(v) || v <= min || v > max) {
+      this.fail(`${key} must be a number in (${min}, ${max}], got ${JSON.stringify(v)}`);
+    }
+    return v as number;
+  }
+
+  bool(key: string, dflt: boolean): boolean {
+    const v = this.c[key] ?? dflt;
+    if (typeof v !== "boolean") this.fail(`${key} must be true or false, got ${JSON.stringify(v)}`);
+    return v as boolean;
+  }
+}
+
+// ---- architecture ----
+
+const OURO_ARCH = "OuroForCausalLM";
+const LOOPSERVE_ARCH = "LoopedLlamaForCausalLM";
+
+function detectArch(path: string, c: Record<string, unknown>): HfArch {
+  const archs = Array.isArray(c.architectures) ? c.architectures : [];
+  const modelType = c.model_type;
+  if (modelType === "ouro" || archs.includes(OURO_ARCH)) return "ouro";
+  if (modelType === "loopserve" || archs.includes(LOOPSERVE_ARCH)) return "loopserve";
+  const named = [
+    modelType !== undefined ? `model_type ${JSON.stringify(modelType)}` : "no model_type",
+    archs.length > 0 ? `architectures ${JSON.stringify(archs)}` : "no architectures",
+  ].join(", ");
+  throw ModelFormatError.about(
+    path,
+    `unknown architecture (${named}): import-hf reads Ouro (model_type "ouro", ${OURO_ARCH}) and loopserve (model_type "loopserve", ${LOOPSERVE_ARCH}) checkpoints`,
+  );
+}
+
+/** The checks both architectures share: divisibility and loopserve's limits. */
+function checkShape(r: ConfigReader, m: HfModelShape, names: Record<"dim" | "nHeads" | "nKvHeads", string>): void {
+  if (m.dim % m.nHeads !== 0) r.fail(`${names.dim} (${m.dim}) must be a multiple of ${names.nHeads} (${m.nHeads})`);
+  if (m.headDim % 2 !== 0) r.fail(`head_dim = ${names.dim} / ${names.nHeads} = ${m.headDim} must be even (RoPE rotates pairs)`);
+  if (m.nKvHeads > m.nHeads || m.nHeads % m.nKvHeads !== 0) {
+    r.fail(`${names.nHeads} (${m.nHeads}) must be a multiple of ${names.nKvHeads} (${m.nKvHeads})`);
+  }
+}
+
+/** Ouro's config.json, with OuroConfig's defaults for the keys it may leave out. */
+function ouroShape(r: ConfigReader, c: Record<string, unknown>): HfModelShape {
+  const dim = r.int("hidden_size", 2, LS_MAX_DIM);
+  const nHeads = r.int("num_attention_heads", 1, LS_MAX_HEADS);
+  const m: HfModelShape = {
+    dim,
+    nHeads,
+    nKvHeads: r.int("num_key_value_heads", 1, LS_MAX_HEADS, nHeads),
+    headDim: dim / nHeads,
+    ffnDim: r.int("intermediate_size", 1, LS_MAX_FFN_DIM),
+    vocabSize: r.int("vocab_size", 1, LS_MAX_VOCAB),
+    nLayers: r.int("num_hidden_layers", 1, MAX_LAYERS),
+    defaultLoops: r.int("total_ut_steps", 1, LS_MAX_LOOPS, 4),
+    maxSeqLen: r.int("max_position_embeddings", 1, LS_MAX_SEQ_LEN, 32768),
+    ropeTheta: r.num("rope_theta", 0, LS_MAX_ROPE_THETA, 10000),
+    normEps: r.num("rms_norm_eps", 0, 1, 1e-6),
+    sandwich: true,
+    stepNorm: true,
+    exitGate: true,
+    exitThreshold: r.has("early_exit_threshold") ? r.num("early_exit_threshold", 0, 1, 1) : null,
+    tiedOutput: r.bool("tie_word_embeddings", false),
+  };
+  const names = { dim: "hidden_size", nHeads: "num_attention_heads", nKvHeads: "num_key_value_heads" };
+  checkShape(r, m, names);
+  if (r.has("head_dim") && c.head_dim !== m.headDim) {
+    r.fail(`head_dim (${JSON.stringify(c.head_dim)}) must equal hidden_size / num_attention_heads = ${m.headDim}`);
+  }
+  // What loopserve's kernels do not compute: refuse rather than serve another function.
+  if (r.has("hidden_act") && c.hidden_act !== "silu") r.fail(`hidden_act must be "silu", got ${JSON.stringify(c.hidden_act)}`);
+  if (c.attention_bias === true) r.fail("attention_bias must be false (loopserve's projections have no bias)");
+  if (r.has("partial_rotary_factor") && c.partial_rotary_factor !== 1) {
+    r.fail(`partial_rotary_factor must be 1, got ${JSON.stringify(c.partial_rotary_factor)}`);
+  }
+  const scaling = c.rope_scaling;
+  if (scaling !== undefined && scaling !== null) {
+    const type = isObject(scaling) ? (scaling.rope_type ?? scaling.type) : undefined;
+    if (type !== "default") r.fail(`rope_scaling ${JSON.stringify(scaling)} is not supported (plain RoPE only)`);
+  }
+  const sliding = Array.isArray(c.layer_types) && c.layer_types.some((t) => t !== "full_attention");
+  if (c.use_sliding_window === true || sliding) r.fail("sliding-window attention is not supported (use_sliding_window / layer_types)");
+  return m;
+}
+
+/** loopserve's own config.json: its metadata keys as JSON values (docs/import-hf.md). */
+function loopserveShape(r: ConfigReader, c: Record<string, unknown>): HfModelShape {
+  const dim = r.int("dim", 2, LS_MAX_DIM);
+  const nHeads = r.int("n_heads", 1, LS_MAX_HEADS);
+  const layout = c.norm_layout ?? "pre";
+  if (layout !== "pre" && layout !== "sandwich") r.fail(`norm_layout must be "pre" or "sandwich", got ${JSON.stringify(layout)}`);
+  const m: HfModelShape = {
+    dim,
+    nHeads,
+    nKvHeads: r.int("n_kv_heads", 1, LS_MAX_HEADS, nHeads),
+    headDim: dim / nHeads,
+    ffnDim: r.int("ffn_dim", 1, LS_MAX_FFN_DIM),
+    vocabSize: r.int("vocab_size", 1, LS_MAX_VOCAB),
+    nLayers: r.int("n_layers", 1, MAX_LAYERS, 1),
+    defaultLoops: r.int("default_loops", 1, LS_MAX_LOOPS),
+    maxSeqLen: r.int("max_seq_len", 1, LS_MAX_SEQ_LEN, 2048),
+    ropeTheta: r.num("rope_theta", 0, LS_MAX_ROPE_THETA, 10000),
+    normEps: r.num("norm_eps", 0, 1, 1e-5),
+    sandwich: layout === "sandwich",
+    stepNorm: r.bool("step_norm", false),
+    exitGate: false, // decided by the tensors (both or neither)
+    exitThreshold: r.has("exit_threshold") ? r.num("exit_threshold", 0, 1, 1) : null,
+    tiedOutput: false, // decided by the tensors
+  };
+  checkShape(r, m, { dim: "dim", nHeads: "n_heads", nKvHeads: "n_kv_heads" });
+  return m;
+}
+
+// ---- tensor names ----
+
+/** A tensor the model needs: its name in the checkpoint, in loopserve, and its shape. */
+interface ExpectedTensor {
+  name: string;
+  target: string;
+  shape: number[];
+}
+
+/** loopserve's tensors for a model, in file order: [target name, shape]. */
+export function loopserveTensorShapes(m: HfModelShape): [string, number[]][] {
+  const q = m.nHeads * m.headDim;
+  const kv = m.nKvHeads * m.headDim;
+  const out: [string, number[]][] = [["tok_embeddings.weight", [m.vocabSize, m.dim]]];
+  for (let i = 0; i < m.nLayers; i++) {
+    const p = m.nLayers === 1 ? "block." : `layers.${i}.`;
+    out.push(
+      [`${p}attn_norm.weight`, [m.dim]],
+      [`${p}wq.weight`, [q, m.dim]],
+      [`${p}wk.weight`, [kv, m.dim]],
+      [`${p}wv.weight`, [kv, m.dim]],
+      [`${p}wo.weight`, [m.dim, q]],
+    );
+    if (m.sandwich) out.push([`${p}attn_out_norm.weight`, [m.dim]]);
+    out.push(
+      [`${p}ffn_norm.weight`, [m.dim]],
+      [`${p}w1.weight`, [m.ffnDim, m.dim]],
+      [`${p}w2.weight`, [m.dim, m.ffnDim]],
+      [`${p}w3.weight`, [m.ffnDim, m.dim]],
+    );
+    if (m.sandwich) out.push([`${p}ffn_out_norm.weight`, [m.dim]]);
+  }
+  out.push(["norm.weight", [m.dim]]);
+  if (!m.tiedOutput) out.push(["output.weight", [m.vocabSize, m.dim]]);
+  if (m.exitGate) out.push(["exit_gate.weight", [1, m.dim]], ["exit_gate.bias", [1]]);
+  return out;
+}
+
+/** Ouro's name of each loopserve tensor (stack_spec.md), layer by layer. */
+const OURO_LAYER_NAMES: Record<string, string> = {
+  "attn_norm.weight": "input_layernorm.weight",
+  "wq.weight": "self_attn.q_proj.weight",
+  "wk.weight": "self_attn.k_proj.weight",
+  "wv.weight": "self_attn.v_proj.weight",
+  "wo.weight": "self_attn.o_proj.weight",
+  "attn_out_norm.weight": "input_layernorm_2.weight",
+  "ffn_norm.weight": "post_attention_layernorm.weight",
+  "w1.weight": "mlp.gate_proj.weight",
+  "w2.weight": "mlp.down_proj.weight",
+  "w3.weight": "mlp.up_proj.weight",
+  "ffn_out_norm.weight": "post_attention_layernorm_2.weight",
+};
+const OURO_GLOBAL_NAMES: Record<string, string> = {
+  "tok_embeddings.weight": "model.embed_tokens.weight",
+  "norm.weight": "model.norm.weight",
+  "output.weight": "lm_head.weight",
+  "exit_gate.weight": "model.early_exit_gate.weight",
+  "exit_gate.bias": "model.early_exit_gate.bias",
+};
+
+/** The Hugging Face Ouro name of loopserve tensor `target`. */
+export function ouroName(target: string): string {
+  const global = OURO_GLOBAL_NAMES[target];
+  if (global !== undefined) return global;
+  const m = /^(?:block\.|layers\.(\d+)\.)(.+)$/.exec(target);
+  const local = m ? OURO_LAYER_NAMES[m[2]] : undefined;
+  if (!m || local === undefined) throw new Error(`no Ouro name for ${target}`);
+  return `model.layers.${m[1] ?? "0"}.${local}`;
+}
+
+function expectedTensors(arch: HfArch, m: HfModelShape): ExpectedTensor[] {
+  return loopserveTensorShapes(m).map(([target, shape]) => ({ name: arch === "ouro" ? ouroName(target) : target, target, shape }));
+}
+
+// ---- weight files ----
+
+interface Located {
+  dtype: string;
+  shape: number[];
+  file: string;
+  offset: number;
+  bytes: number;
+}
+
+const INDEX_FILE = "model.safetensors.index.json";
+const SINGLE_FILE = "model.safetensors";
+
+/** Every tensor of the weight files by name, and the files, in order. */
+function locateTensors(dir: string): { located: Map<string, Located>; shards: string[] } {
+  const located = new Map<string, Located>();
+  const addFile = (path: string, expect: Set<string> | null, indexPath: string) => {
+    const f = readSafetensors(path);
+    for (const [name, t] of f.tensors) {
+      if (expect !== null && !expect.has(name)) {
+        throw ModelFormatError.about(path, `holds tensor "${name}", which ${INDEX_FILE} does not map to this file`);
+      }
+      if (located.has(name)) throw ModelFormatError.about(path, `tensor "${name}" is also in ${basename(located.get(name)!.file)}`);
+      located.set(name, { dtype: t.dtype, shape: t.shape, file: path, offset: t.offset, bytes: t.data.byteLength });
+    }
+    if (expect !== null) {
+      for (const name of expect) {
+        if (!f.tensors.has(name)) throw ModelFormatError.about(path, `lacks tensor "${name}", which ${indexPath} maps to it`);
+      }
+    }
+  };
+
+  const indexPath = join(dir, INDEX_FILE);
+  if (existsSync(indexPath)) {
+    const { value } = readJsonObject(indexPath, INDEX_FILE);
+    const map = value.weight_map;
+    if (!isObject(map)) throw ModelFormatError.about(indexPath, "weight_map must be an object of tensor name -> file name");
+    const byFile = new Map<string, Set<string>>();
+    for (const [name, file] of Object.entries(map)) {
+      // A file name, never a path: the index must not reach outside the directory.
+      if (typeof file !== "string" || file === "" || file.includes("/") || file.includes("\\") || file === "." || file === "..") {
+        throw ModelFormatError.about(indexPath, `weight_map["${name}"] must be a file name in the checkpoint directory, got ${JSON.stringify(file)}`);
+      }
+      if (!byFile.has(file)) byFile.set(file, new Set());
+      byFile.get(file)!.add(name);
+    }
+    if (byFile.size === 0) throw ModelFormatError.about(indexPath, "weight_map is empty");
+    const shards = [...byFile.keys()];
+    for (const file of shards) {
+      const path = join(dir, file);
+      if (!existsSync(path)) {
+        const first = byFile.get(file)!.values().next().value;
+        throw ModelFormatError.about(dir, `shard ${file} is missing (${INDEX_FILE} maps ${byFile.get(file)!.size} tensors to it, "${first}" first)`);
+      }
+    }
+    for (const file of shards) addFile(join(dir, file), byFile.get(file)!, INDEX_FILE);
+    return { located, shards: shards.map((f) => join(dir, f)) };
+  }
+  const single = join(dir, SINGLE_FILE);
+  if (existsSync(single)) {
+    addFile(single, null, "");
+    return { located, shards: [single] };
+  }
+  const hint = existsSync(join(dir, "pytorch_model.bin")) || existsSync(join(dir, "pytorch_model.bin.index.json"))
+    ? " (pytorch_model.bin is not read: convert the checkpoint to safetensors)"
+    : "";
+  throw ModelFormatError.about(dir, `no ${SINGLE_FILE} and no ${INDEX_FILE}${hint}`);
+}
+
+function isHfDtype(s: string): s is HfDtype {
+  return (HF_DTYPES as readonly string[]).includes(s);
+}
+
+/** The located tensors checked against the expected set: names, shapes, dtypes; none extra. */
+function matchTensors(dir: string, arch: HfArch, m: HfModelShape, located: Map<string, Located>): HfTensor[] {
+  const expected = expectedTensors(arch, m);
+  const out: HfTensor[] = [];
+  const used = new Set<string>();
+  for (const e of expected) {
+    const t = located.get(e.name);
+    if (t === undefined) throw ModelFormatError.about(dir, `tensor "${e.name}" is missing (expected shape [${e.shape.join(", ")}])`);
+    used.add(e.name);
+    if (t.shape.length !== e.shape.length || t.shape.some((d, i) => d !== e.shape[i])) {
+      throw ModelFormatError.about(
+        t.file,
+        `tensor "${e.name}" has shape [${t.shape.join(", ")}], the config says [${e.shape.join(", ")}]`,
+      );
+    }
+    if (!isHfDtype(t.dtype)) {
+      throw ModelFormatError.about(t.file, `tensor "${e.name}" has dtype ${t.dtype}: import-hf converts ${HF_DTYPES.join(", ")}`);
+    }
+    out.push({ name: e.name, target: e.target, dtype: t.dtype, shape: t.shape, file: t.file, offset: t.offset, bytes: t.bytes });
+  }
+  // A tied model may still carry the head (a copy of the embedding): not needed, not an error.
+  // Nor are RoPE frequency buffers, which some exporters save: loopserve computes them from rope_theta.
+  const ignorable = new Set(m.tiedOutput ? [arch === "ouro" ? "lm_head.weight" : "output.weight"] : []);
+  for (const [name, t] of located) {
+    if (!used.has(name) && !ignorable.has(name) && !name.endsWith("rotary_emb.inv_freq")) {
+      throw ModelFormatError.about(t.file, `unexpected tensor "${name}" [${t.shape.join(", ")}] (not part of a ${arch} model with this config)`);
+    }
+  }
+  return out;
+}
+
+// ---- tokenizer ----
+
+function readTokenizer(dir: string, required: boolean): HfTokenizer | null {
+  const path = join(dir, "tokenizer.json");
+  if (!existsSync(path)) {
+    if (required) throw ModelFormatError.about(dir, "tokenizer.json is missing (the model's tokenizer is stored in the imported file)");
+    return null;
+  }
+  const { text, value } = readJsonObject(path, "tokenizer.json");
+  if (!isObject(value.model)) throw ModelFormatError.about(path, "tokenizer.json has no model object");
+  const configPath = join(dir, "tokenizer_config.json");
+  const config = existsSync(configPath) ? readJsonObject(configPath, "tokenizer_config.json").value : {};
+  let chatTemplate: string | null = typeof config.chat_template === "string" ? config.chat_template : null;
+  const jinja = join(dir, "chat_template.jinja");
+  if (chatTemplate === null && existsSync(jinja)) chatTemplate = readFileSync(jinja, "utf8");
+  return { json: text, parsed: value, config, chatTemplate };
+}
+
+/** A token's id by its text: tokenizer.json's added_tokens first, then the model's vocabulary. */
+export function tokenId(tok: HfTokenizer, content: string): number | null {
+  const added = Array.isArray(tok.parsed.added_tokens) ? tok.parsed.added_tokens : [];
+  for (const a of added) {
+    if (isObject(a) && a.content === content && typeof a.id === "number") return a.id;
+  }
+  const model = tok.parsed.model as Record<string, unknown>;
+  const vocab = model.vocab;
+  if (isObject(vocab) && typeof vocab[content] === "number") return vocab[content] as number;
+  return null;
+}
+
+/** tokenizer_config's special token `key` as text: a string, or an AddedToken object's content. */
+export function specialTokenText(tok: HfTokenizer, key: string): string | null {
+  const v = tok.config[key];
+  if (typeof v === "string") return v;
+  if (isObject(v) && typeof v.content === "string") return v.content;
+  return null;
+}
+
+// ---- entry ----
+
+/** Reads and checks a checkpoint directory; weights are located, not read. */
+export function readHfCheckpoint(dir: string): HfCheckpoint {
+  let st;
+  try {
+    st = statSync(dir);
+  } catch (e) {
+    throw ModelFormatError.about(dir, `cannot open: ${(e as Error).message}`);
+  }
+  if (!st.isDirectory()) throw ModelFormatError.about(dir, "not a directory (give the checkpoint's directory)");
+  const configPath = join(dir, "config.json");
+  if (!existsSync(configPath)) throw ModelFormatError.about(dir, "config.json is missing");
+  const { value: config } = readJsonObject(configPath, "config.json");
+  const arch = detectArch(configPath, config);
+  const r = new ConfigReader(configPath, config);
+  const model = arch === "ouro" ? ouroShape(r, config) : loopserveShape(r, config);
+
+  const { located, shards } = locateTensors(dir);
+  if (arch === "ouro") {
+    // Tied when the config says so or the head is absent (HF then ties it).
+    if (!located.has("lm_head.weight")) model.tiedOutput = true;
+  } else {
+    model.tiedOutput = !located.has("output.weight");
+    const w = located.has("exit_gate.weight");
+    if (w !== located.has("exit_gate.bias")) {
+      throw ModelFormatError.about(dir, `exit_gate.weight and exit_gate.bias come together: the checkpoint has only ${w ? "the weight" : "the bias"}`);
+    }
+    model.exitGate = w;
+  }
+  if (model.exitThreshold !== null && !model.exitGate) {
+    r.fail("exit_threshold needs the exit gate (exit_gate.weight and exit_gate.bias)");
+  }
+  const tensors = matchTensors(dir, arch, model, located);
+  for (const t of tensors) {
+    const count = t.shape.reduce((a, b) => a * b, 1);
+    if (t.bytes !== count * DTYPE_SIZES[t.dtype]) throw ModelFormatError.about(t.file, `tensor "${t.name}": size does not match its shape`);
+  }
+  const tokenizer = readTokenizer(dir, arch === "ouro");
+  return { dir, arch, config, model, tensors, shards, tokenizer };
+}

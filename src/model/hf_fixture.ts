@@ -1,0 +1,378 @@
+// Random-weight checkpoints in the exact Hugging Face Ouro layout (or
+// loopserve's own, model_type "loopserve"), for import-hf's tests and its
+// benchmark: config.json, weights as one model.safetensors or as shards with
+// model.safetensors.index.json, tokenizer.json and tokenizer_config.json.
+//
+// Deterministic: the same options give byte-identical files. Each tensor
+// draws from its own stream (seed, tensor name), from xoshiro128** with
+// Irwin-Hall normals (integer arithmetic only, as src/model/synthetic.ts does,
+// so no platform's Math.log can change a bit).
+//
+// Scales keep a forward pass in fp16 sane: matrices and the embedding
+// N(0, 0.02) (Ouro's initializer_range), norms 1 + N(0, 0.05), the exit
+// gate's bias N(0, 0.02). Weights are streamed to disk tensor by tensor, so a
+// 1.4B fixture (2.8 GB of bf16) needs no more memory than a small one.
+
+import { mkdirSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import type { ProgressCallback } from "../progress.ts";
+import { f32BitsToF16Bits } from "./fp16.ts";
+import { type HfArch, type HfDtype, type HfModelShape, loopserveTensorShapes, ouroName } from "./hf_checkpoint.ts";
+import { DTYPE_SIZES, ModelFormatError, type TensorSpec, writeSafetensorsStream } from "./safetensors.ts";
+
+export interface HfFixtureOptions {
+  arch?: HfArch; // default "ouro"
+  dim: number;
+  nHeads: number;
+  nKvHeads?: number; // default nHeads
+  ffnDim: number;
+  vocabSize: number;
+  nLayers: number;
+  totalUtSteps: number;
+  seed: number;
+  dtype?: HfDtype; // default BF16
+  shards?: number; // 1 (default): model.safetensors; more: model-0000k-of-0000n.safetensors + index
+  tied?: boolean; // tie_word_embeddings, no lm_head.weight
+  earlyExitThreshold?: number | null; // default absent
+  maxPositionEmbeddings?: number; // default 2048
+  ropeTheta?: number; // default 10000
+  rmsNormEps?: number; // default 1e-6
+  onProgress?: ProgressCallback; // bytes of weights written
+}
+
+export interface HfFixtureResult {
+  dir: string;
+  files: string[]; // weight files
+  bytes: number; // of the weight files
+  parameters: number;
+}
+
+/** Ouro-1.4B's shape: 24 layers, hidden 2048, ffn 5632, 16 heads (no GQA), vocab 49152, 4 steps. */
+export const OURO_1_4B = {
+  dim: 2048,
+  nHeads: 16,
+  nKvHeads: 16,
+  ffnDim: 5632,
+  vocabSize: 49152,
+  nLayers: 24,
+  totalUtSteps: 4,
+} as const;
+
+// ---- PRNG ----
+
+/** splitmix32-style mixer (32-bit integer arithmetic only). */
+function mix32(x: number): number {
+  x = (x + 0x9e3779b9) | 0;
+  x = Math.imul(x ^ (x >>> 16), 0x85ebca6b);
+  x = Math.imul(x ^ (x >>> 13), 0xc2b2ae35);
+  return (x ^ (x >>> 16)) >>> 0;
+}
+
+function fnv1a32(s: string): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < s.length; i++) h = Math.imul(h ^ s.charCodeAt(i), 0x01000193) >>> 0;
+  return h;
+}
+
+/** xoshiro128** state for (seed, stream name); never all zero. */
+function streamState(seed: number, name: string): Uint32Array {
+  const s = new Uint32Array(4);
+  let x = mix32((seed >>> 0) ^ mix32(Math.floor(seed / 2 ** 32))) ^ fnv1a32(name);
+  for (let i = 0; i < 4; i++) {
+    x = mix32(x + i);
+    s[i] = x;
+  }
+  if ((s[0] | s[1] | s[2] | s[3]) === 0) s[0] = 1;
+  return s;
+}
+
+const IH_MEAN = 2 * 65535;
+const IH_INV_STD = 1 / Math.sqrt((65536 * 65536 - 1) / 3);
+
+/** out[i] = mean + std * N(0, 1) (Irwin-Hall of four 16-bit uniforms), advancing s. */
+function fillNormal(out: Float32Array, mean: number, std: number, s: Uint32Array): void {
+  let s0 = s[0] | 0;
+  let s1 = s[1] | 0;
+  let s2 = s[2] | 0;
+  let s3 = s[3] | 0;
+  const scale = std * IH_INV_STD;
+  for (let i = 0; i < out.length; i++) {
+    let sum = 0;
+    for (let k = 0; k < 2; k++) {
+      let r = Math.imul(s1, 5);
+      r = Math.imul((r << 7) | (r >>> 25), 9) >>> 0;
+      const t = s1 << 9;
+      s2 ^= s0;
+      s3 ^= s1;
+      s1 ^= s2;
+      s0 ^= s3;
+      s2 ^= t;
+      s3 = (s3 << 11) | (s3 >>> 21);
+      sum += (r & 0xffff) + (r >>> 16);
+    }
+    out[i] = mean + (sum - IH_MEAN) * scale;
+  }
+  s[0] = s0;
+  s[1] = s1;
+  s[2] = s2;
+  s[3] = s3;
+}
+
+/** fp32 -> bf16 bits, round to nearest even (values here are finite). */
+function f32ToBf16Bits(f: number): number {
+  return ((f + 0x7fff + ((f >>> 16) & 1)) >>> 16) & 0xffff;
+}
+
+// ---- tokenizer ----
+
+/** GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to U+0100.. */
+function byteToUnicode(): string[] {
+  const table = new Array<string>(256);
+  const printable = (b: number) => (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+  let n = 0;
+  for (let b = 0; b < 256; b++) table[b] = String.fromCodePoint(printable(b) ? b : 256 + n++);
+  return table;
+}
+
+/** Special tokens at ids 0..2, as in Ouro's (SmolLM2's) tokenizer. */
+export const FIXTURE_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] as const;
+const FIXTURE_MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s", "r e", "a n"];
+
+/**
+ * A small valid byte-level BPE tokenizer.json: the three special tokens, the
+ * 256 byte tokens (ids 3..258, GPT-2's byte-to-unicode strings), then one
+ * token per merge. Loads in Hugging Face `tokenizers`.
+ */
+export function fixtureTokenizerJson(): string {
+  const vocab: Record<string, number> = {};
+  FIXTURE_SPECIAL_TOKENS.forEach((t, i) => (vocab[t] = i));
+  for (const ch of byteToUnicode()) vocab[ch] = Object.keys(vocab).length;
+  for (const m of FIXTURE_MERGES) vocab[m.replace(" ", "")] = Object.keys(vocab).length;
+  const byteLevel = { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true };
+  return JSON.stringify(
+    {
+      version: "1.0",
+      truncation: null,
+      padding: null,
+      added_tokens: FIXTURE_SPECIAL_TOKENS.map((content, id) => ({
+        id,
+        content,
+        single_word: false,
+        lstrip: false,
+        rstrip: false,
+        normalized: false,
+        special: true,
+      })),
+      normalizer: null,
+      pre_tokenizer: byteLevel,
+      post_processor: byteLevel,
+      decoder: byteLevel,
+      model: {
+        type: "BPE",
+        dropout: null,
+        unk_token: null,
+        continuing_subword_prefix: null,
+        end_of_word_suffix: null,
+        fuse_unk: false,
+        byte_fallback: false,
+        ignore_merges: false,
+        vocab,
+        merges: FIXTURE_MERGES,
+      },
+    },
+    null,
+    2,
+  );
+}
+
+/** A ChatML template in the form Ouro's tokenizer_config.json carries. */
+export const FIXTURE_CHAT_TEMPLATE =
+  "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}" +
+  "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+export function fixtureTokenizerConfig(): Record<string, unknown> {
+  return {
+    add_bos_token: false,
+    add_prefix_space: false,
+    bos_token: "<|im_start|>",
+    eos_token: "<|im_end|>",
+    pad_token: "<|im_end|>",
+    unk_token: "<|endoftext|>",
+    model_max_length: 2048,
+    tokenizer_class: "GPT2Tokenizer",
+    clean_up_tokenization_spaces: false,
+    chat_template: FIXTURE_CHAT_TEMPLATE,
+  };
+}
+
+// ---- config ----
+
+function shapeOf(o: HfFixtureOptions): HfModelShape {
+  const nKvHeads = o.nKvHeads ?? o.nHeads;
+  return {
+    dim: o.dim,
+    nHeads: o.nHeads,
+    nKvHeads,
+    headDim: o.dim / o.nHeads,
+    ffnDim: o.ffnDim,
+    vocabSize: o.vocabSize,
+    nLayers: o.nLayers,
+    defaultLoops: o.totalUtSteps,
+    maxSeqLen: o.maxPositionEmbeddings ?? 2048,
+    ropeTheta: o.ropeTheta ?? 10000,
+    normEps: o.rmsNormEps ?? 1e-6,
+    sandwich: true,
+    stepNorm: true,
+    exitGate: true,
+    exitThreshold: o.earlyExitThreshold ?? null,
+    tiedOutput: o.tied ?? false,
+  };
+}
+
+/** config.json as Ouro's transformers code writes it. */
+function ouroConfig(m: HfModelShape, dtype: HfDtype): Record<string, unknown> {
+  const config: Record<string, unknown> = {
+    architectures: ["OuroForCausalLM"],
+    attention_dropout: 0.0,
+    bos_token_id: 0,
+    eos_token_id: 0,
+    hidden_act: "silu",
+    hidden_size: m.dim,
+    initializer_range: 0.02,
+    intermediate_size: m.ffnDim,
+    layer_types: Array.from({ length: m.nLayers }, () => "full_attention"),
+    max_position_embeddings: m.maxSeqLen,
+    max_window_layers: m.nLayers,
+    model_type: "ouro",
+    num_attention_heads: m.nHeads,
+    num_hidden_layers: m.nLayers,
+    num_key_value_heads: m.nKvHeads,
+    rms_norm_eps: m.normEps,
+    rope_scaling: null,
+    rope_theta: m.ropeTheta,
+    sliding_window: null,
+    tie_word_embeddings: m.tiedOutput,
+    torch_dtype: { BF16: "bfloat16", F16: "float16", F32: "float32" }[dtype],
+    total_ut_steps: m.defaultLoops,
+    transformers_version: "4.55.0",
+    use_cache: true,
+    use_sliding_window: false,
+    vocab_size: m.vocabSize,
+  };
+  if (m.exitThreshold !== null) config.early_exit_threshold = m.exitThreshold;
+  return config;
+}
+
+/** config.json of a loopserve checkpoint: its metadata keys as JSON values. */
+function loopserveConfig(m: HfModelShape): Record<string, unknown> {
+  const config: Record<string, unknown> = {
+    architectures: ["LoopedLlamaForCausalLM"],
+    model_type: "loopserve",
+    dim: m.dim,
+    n_heads: m.nHeads,
+    n_kv_heads: m.nKvHeads,
+    ffn_dim: m.ffnDim,
+    vocab_size: m.vocabSize,
+    n_layers: m.nLayers,
+    default_loops: m.defaultLoops,
+    max_seq_len: m.maxSeqLen,
+    rope_theta: m.ropeTheta,
+    norm_eps: m.normEps,
+    norm_layout: "sandwich",
+    step_norm: true,
+    eos_token_id: 0,
+  };
+  if (m.exitThreshold !== null) config.exit_threshold = m.exitThreshold;
+  return config;
+}
+
+// ---- writer ----
+
+/** [mean, std] of a tensor by its loopserve name. */
+function distribution(target: string): [number, number] {
+  if (target.endsWith("norm.weight")) return [1, 0.05];
+  return [0, 0.02];
+}
+
+/** Tensors in Ouro's state_dict order (embedding, layers, norm, gate, head), split into `n` runs of about equal bytes. */
+function splitIntoShards<T extends { bytes: number }>(tensors: T[], n: number): T[][] {
+  const total = tensors.reduce((a, t) => a + t.bytes, 0);
+  const shards: T[][] = [[]];
+  let acc = 0;
+  for (const t of tensors) {
+    const cur = shards[shards.length - 1];
+    if (cur.length > 0 && shards.length < n && acc + t.bytes / 2 > (total * shards.length) / n) shards.push([]);
+    shards[shards.length - 1].push(t);
+    acc += t.bytes;
+  }
+  return shards;
+}
+
+/** Writes a random checkpoint directory (created if needed); returns its weight files. */
+export function writeHfFixture(dir: string, o: HfFixtureOptions): HfFixtureResult {
+  const arch = o.arch ?? "ouro";
+  const dtype = o.dtype ?? "BF16";
+  const m = shapeOf(o);
+  if (!Number.isInteger(m.headDim)) throw new ModelFormatError(`hf fixture: dim ${m.dim} is not a multiple of nHeads ${m.nHeads}`);
+  mkdirSync(dir, { recursive: true });
+
+  const size = DTYPE_SIZES[dtype];
+  const all = loopserveTensorShapes(m).map(([target, shape]) => {
+    const count = shape.reduce((a, b) => a * b, 1);
+    return { target, name: arch === "ouro" ? ouroName(target) : target, shape, count, bytes: count * size };
+  });
+  // Ouro's state_dict puts the gate before lm_head (model.* first).
+  if (arch === "ouro") all.sort((a, b) => Number(a.name === "lm_head.weight") - Number(b.name === "lm_head.weight"));
+
+  const nShards = Math.max(1, Math.min(o.shards ?? 1, all.length));
+  const groups = splitIntoShards(all, nShards);
+  const pad = (k: number) => String(k).padStart(5, "0");
+  const fileNames = groups.length === 1 ? ["model.safetensors"] : groups.map((_, k) => `model-${pad(k + 1)}-of-${pad(groups.length)}.safetensors`);
+
+  const total = all.reduce((a, t) => a + t.bytes, 0);
+  const CHUNK = 1 << 20;
+  const f32 = new Float32Array(CHUNK);
+  const bits = new Uint32Array(f32.buffer);
+  const out16 = new Uint16Array(CHUNK);
+  let done = 0;
+  let bytes = 0;
+  const weightMap: Record<string, string> = {};
+  groups.forEach((group, k) => {
+    const specs: TensorSpec[] = group.map((t) => ({ name: t.name, dtype, shape: t.shape }));
+    bytes += writeSafetensorsStream(join(dir, fileNames[k]), { format: "pt" }, specs, (_s, i, write) => {
+      const t = group[i];
+      weightMap[t.name] = fileNames[k];
+      const [mean, std] = distribution(t.target);
+      const state = streamState(o.seed, t.target);
+      for (let off = 0; off < t.count; off += CHUNK) {
+        const n = Math.min(CHUNK, t.count - off);
+        const chunk = f32.subarray(0, n);
+        fillNormal(chunk, mean, std, state);
+        if (dtype === "F32") {
+          write(new Uint8Array(f32.buffer, 0, n * 4));
+        } else {
+          if (dtype === "BF16") for (let j = 0; j < n; j++) out16[j] = f32ToBf16Bits(bits[j]);
+          else for (let j = 0; j < n; j++) out16[j] = f32BitsToF16Bits(bits[j]);
+          write(new Uint8Array(out16.buffer, 0, n * 2));
+        }
+        done += n * size;
+        o.onProgress?.(done, total);
+      }
+    });
+  });
+
+  const json = (name: string, v: unknown) => writeFileSync(join(dir, name), `${JSON.stringify(v, null, 2)}\n`);
+  if (groups.length > 1) {
+    const sorted = Object.fromEntries(Object.entries(weightMap).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
+    json("model.safetensors.index.json", { metadata: { total_size: total }, weight_map: sorted });
+  }
+  json("config.json", arch === "ouro" ? ouroConfig(m, dtype) : loopserveConfig(m));
+  writeFileSync(join(dir, "tokenizer.json"), fixtureTokenizerJson());
+  json("tokenizer_config.json", fixtureTokenizerConfig());
+  return {
+    dir,
+    files: fileNames.map((f) => join(dir, f)),
+    bytes,
+    parameters: all.reduce((a, t) => a + t.count, 0),
+  };
+}
