@@ -36,6 +36,8 @@ export const LATENCY_BUCKETS_MS = [
 
 /** Rows per batched kernel call: 1 to LS_BATCH_MAX_ROWS. */
 const BATCH_ROWS_BUCKETS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256] as const;
+/** Steps of a token under early exit: every depth up to 8, then coarser up to LS_MAX_LOOPS. */
+const EXIT_STEPS_BUCKETS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64] as const;
 
 /** Dispatch overhead is normally well under a millisecond: finer low buckets. */
 const DISPATCH_BUCKETS_MS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000] as const;
@@ -83,6 +85,7 @@ export class ServiceMetrics {
   readonly firstTokenMs: Histogram;
   readonly requestWallMs: Histogram;
   readonly batchRows: Histogram;
+  readonly exitSteps: Histogram;
 
   constructor(opts: ServiceMetricsOptions) {
     const registers = [this.registry];
@@ -159,6 +162,11 @@ export class ServiceMetrics {
     );
 
     this.batchRows = histogram("service_batch_rows", "Requests advanced by each batched kernel call.", BATCH_ROWS_BUCKETS);
+    this.exitSteps = histogram(
+      "service_exit_steps",
+      "Steps each generated token of an early-exit request ran before its exit gate stopped it (exit_threshold).",
+      EXIT_STEPS_BUCKETS,
+    );
 
     this.maxSeqLen.set(opts.maxSeqLen);
     this.defaultLoops.set(opts.defaultLoops);

@@ -132,8 +132,8 @@ export interface KvCacheSettings {
 
 export const FP16_CACHE: KvCacheSettings = { mode: "fp16" };
 
-/** ls_model_info without the runtime's simd and threads. */
-function fileInfo(raw: StructView<"ls_model_info">): ModelFileInfo {
+/** ls_model_info without the runtime's simd and threads, and the file's default exit threshold. */
+function fileInfo(raw: StructView<"ls_model_info">, exitThreshold: number | null): ModelFileInfo {
   const field = (f: FieldName<"ls_model_info">) => raw.get(f) as number;
   return {
     arch: "looped-llama",
@@ -158,6 +158,7 @@ function fileInfo(raw: StructView<"ls_model_info">): ModelFileInfo {
     normLayout: field("sandwich_norm") === 1 ? "sandwich" : "pre",
     stepNorm: field("step_norm") === 1,
     exitGate: field("exit_gate") === 1,
+    exitThreshold,
   };
 }
 
@@ -177,9 +178,10 @@ function quantMixOf(raw: StructView<"ls_model_info">): QuantMix {
  * validates the file); a file that is not a valid model is a NativeError
  * with the validator's reason, like the library's own refusals.
  */
-function modelDescriptor(modelPath: string): Uint8Array {
+function modelDescriptor(modelPath: string): { descriptor: Uint8Array; exitThreshold: number | null } {
   try {
-    return describeModelFile(modelPath).descriptor;
+    const { model, descriptor } = describeModelFile(modelPath);
+    return { descriptor, exitThreshold: model.config.exitThreshold };
   } catch (e) {
     if (e instanceof ModelFormatError) throw new NativeError(e.reason, LS_ERR_ARG);
     throw e;
@@ -193,12 +195,12 @@ function modelDescriptor(modelPath: string): Uint8Array {
  */
 export function checkModelFile(libraryPath: string, modelPath: string): ModelFileInfo {
   const lib = openKernelLibrary(libraryPath);
-  const desc = modelDescriptor(modelPath);
+  const { descriptor, exitThreshold } = modelDescriptor(modelPath);
   const info = new StructView("ls_model_info");
   const err = new Uint8Array(ERR_LEN);
-  if (lib.ls_model_check(cString(modelPath), desc, info.bytes, err, ERR_LEN) < 0)
+  if (lib.ls_model_check(cString(modelPath), descriptor, info.bytes, err, ERR_LEN) < 0)
     throw new NativeError(readError(err) || `cannot load ${modelPath}`, LS_ERR_ARG);
-  return fileInfo(info);
+  return fileInfo(info, exitThreshold);
 }
 
 export class NativeModel {
@@ -210,22 +212,23 @@ export class NativeModel {
   private constructor(
     readonly lib: Lib,
     handle: Pointer,
+    exitThreshold: number | null,
   ) {
     this.handle = handle;
     const info = new StructView("ls_model_info");
     lib.ls_model_info_get(handle, info.bytes);
-    this.info = { ...fileInfo(info), simd: String(lib.ls_simd_name(info.get("simd") as number)), threads: info.get("n_threads") as number };
+    this.info = { ...fileInfo(info, exitThreshold), simd: String(lib.ls_simd_name(info.get("simd") as number)), threads: info.get("n_threads") as number };
     this.features = lib.ls_features();
   }
 
   /** Loads a model file; throws NativeError with the loader's message. */
   static load(libraryPath: string, modelPath: string, threads: number, simd: SimdChoice): NativeModel {
     const lib = openKernelLibrary(libraryPath);
-    const desc = modelDescriptor(modelPath);
+    const { descriptor, exitThreshold } = modelDescriptor(modelPath);
     const err = new Uint8Array(ERR_LEN);
-    const handle = lib.ls_model_load(cString(modelPath), desc, threads, SIMD_CODES[simd], err, ERR_LEN);
+    const handle = lib.ls_model_load(cString(modelPath), descriptor, threads, SIMD_CODES[simd], err, ERR_LEN);
     if (!handle) throw new NativeError(readError(err) || `cannot load ${modelPath}`, LS_ERR_ARG);
-    return new NativeModel(lib, handle as Pointer);
+    return new NativeModel(lib, handle as Pointer, exitThreshold);
   }
 
   get pointer(): Pointer {

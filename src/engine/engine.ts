@@ -69,6 +69,16 @@ function sessionShape(req: GenerateRequest): { maxSeq: number; loops: number } {
   };
 }
 
+/**
+ * Prompt positions a run's pooled snapshot holds: all of them, but for the
+ * last under early exit, whose deeper cache units hold its exit step's
+ * keys/values (a later prompt extending this one runs that position at
+ * full depth).
+ */
+export function pooledPromptLength(req: GenerateRequest): number {
+  return req.exitThreshold ? req.promptTokens.length - 1 : req.promptTokens.length;
+}
+
 const nextTick = () => new Promise<void>((resolve) => setImmediate(resolve));
 
 export class Engine {
@@ -191,6 +201,12 @@ export class Engine {
     const plan = req.speculative;
     if (plan && !this.model.hasSpeculative)
       throw new EngineRequestError(`mode '${plan.mode}' is not available: this kernel library has no speculative decoding`);
+    const exit = req.exitThreshold ?? 0;
+    if (exit !== 0) {
+      if (!(exit > 0 && exit <= 1)) throw new EngineRequestError(`exit_threshold must be in (0, 1], got ${exit}`);
+      if (!this.info.exitGate) throw new EngineRequestError("exit_threshold needs a model with an exit gate; this model has none");
+      if (plan) throw new EngineRequestError(`exit_threshold cannot be combined with mode '${plan.mode}': speculative decoding runs fixed depths`);
+    }
   }
 
   private async run(
@@ -207,6 +223,8 @@ export class Engine {
     const stops = new Set(req.stopTokenIds);
     const s = req.sampling;
     const counter = plan ? new SpecCounter() : null;
+    const exitThreshold = req.exitThreshold || undefined;
+    const exitSteps: number[] | undefined = exitThreshold ? [] : undefined;
     const shape = sessionShape(req);
     const session = this.model.newSession(shape.maxSeq, shape.loops, req.cacheWindow, this.kv);
     this.live.add(session);
@@ -224,11 +242,13 @@ export class Engine {
       firstTokenMs,
       ...(counter ? { speculative: counter.stats() } : {}),
       ...(promptLogprobs ? { promptLogprobs } : {}),
+      ...(exitSteps ? { exitSteps } : {}),
     });
     /** Hands one token on (with its log-probability from `logits`); returns the finish reason when generation ends with it. */
     const emit = (next: number, logits: Float32Array | null): FinishReason | null => {
       if (stops.has(next)) return "stop";
       tokens.push(next);
+      exitSteps?.push(session.lastSteps);
       if (sink(next, logits && top !== undefined ? tokenLogprob(logits, next, top) : undefined) === false) return "stop";
       if (tokens.length >= req.maxTokens) return "length";
       return null;
@@ -252,10 +272,10 @@ export class Engine {
         next = this.model.sample(scored.last, Int32Array.from(req.promptTokens), s, req.promptTokens.length);
       } else {
         // Prefill and the first token: the same steps in every mode.
-        const first = await this.prefill(session, req.promptTokens.slice(reused), req.loops, s, stepLogits, signal);
+        const first = await this.prefill(session, req.promptTokens.slice(reused), req.loops, s, stepLogits, signal, exitThreshold);
         if (first === null) return done("cancelled");
         next = first;
-        if (capture) capture(this.snapshot(session, req));
+        if (capture && pooledPromptLength(req) > 0) capture(this.snapshot(session, req));
       }
       firstTokenMs = performance.now() - start;
       let end = emit(next, stepLogits);
@@ -274,7 +294,7 @@ export class Engine {
           next = out[n - 1];
         } else {
           if (signal?.aborted) return done("cancelled");
-          next = await this.batcher.step({ session, tokens: Int32Array.of(next), loops: req.loops, sampling: s, logitsOut: stepLogits }, false);
+          next = await this.batcher.step({ session, tokens: Int32Array.of(next), loops: req.loops, sampling: s, logitsOut: stepLogits, exitThreshold }, false);
           if (signal?.aborted) return done("cancelled");
           end = emit(next, stepLogits);
         }
@@ -306,11 +326,12 @@ export class Engine {
     sampling: SamplingParams,
     logitsOut: Float32Array | null,
     signal: AbortSignal | undefined,
+    exitThreshold: number | undefined,
   ): Promise<number | null> {
     for (let at = 0; ; at += this.prefillChunk) {
       const last = at + this.prefillChunk >= prompt.length;
       const tokens = Int32Array.from(prompt.slice(at, last ? prompt.length : at + this.prefillChunk));
-      const token = await this.batcher.step({ session, tokens, loops, sampling: last ? sampling : null, logitsOut }, true);
+      const token = await this.batcher.step({ session, tokens, loops, sampling: last ? sampling : null, logitsOut, exitThreshold: last ? exitThreshold : undefined }, true);
       if (last) return token;
       if (signal?.aborted) return null;
     }
@@ -373,11 +394,12 @@ export class Engine {
     }
   }
 
-  /** A copy of the prompt now in `session`'s cache, for the prefix pool. */
+  /** A copy of the prompt now in `session`'s cache (pooledPromptLength(req) positions), for the prefix pool. */
   private snapshot(session: NativeSession, req: GenerateRequest): KvSnapshot {
-    const copy = this.model.newSession(req.promptTokens.length, req.loops, req.cacheWindow, this.kv);
+    const n = pooledPromptLength(req);
+    const copy = this.model.newSession(n, req.loops, req.cacheWindow, this.kv);
     try {
-      copy.copyPrefixFrom(session, req.promptTokens.length);
+      copy.copyPrefixFrom(session, n);
     } catch (e) {
       copy.close();
       throw e;

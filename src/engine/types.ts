@@ -10,8 +10,8 @@ export const SIMD_CHOICES = ["auto", "portable", "avx2", "avx512"] as const;
 export type SimdChoice = (typeof SIMD_CHOICES)[number];
 
 /** What a model file says about itself, as the loader read it. */
-/** What the kernel library reports of a model file (the file's exit_threshold default and tokenizer are read from its metadata). */
-export type ModelFileInfo = Omit<ModelConfig, "formatVersion" | "tokenizer" | "exitThreshold">;
+/** A model file as the kernel library reports it, with the file's default exit threshold. */
+export type ModelFileInfo = Omit<ModelConfig, "formatVersion" | "tokenizer">;
 
 /** A loaded model: its file's description and the runtime serving it. */
 export interface ModelInfo extends ModelFileInfo {
@@ -66,6 +66,12 @@ export interface GenerateRequest {
   logprobs?: number;
   /** With logprobs: also score the prompt (GenerateResult.promptLogprobs). The prefix pool is not used. */
   promptLogprobs?: boolean;
+  /**
+   * Learned early exit (a model with an exit gate, plain generation): each
+   * sampled token stops once its cumulative exit probability reaches this,
+   * within `loops` steps (docs/early-exit.md). Unset or 0: fixed depth.
+   */
+  exitThreshold?: number;
 }
 
 /** What the speculative modes did for one request. */
@@ -89,6 +95,8 @@ export interface GenerateResult {
   speculative?: SpeculativeStats; // set by the speculative modes
   /** With promptLogprobs: one entry per prompt token, null for the first (nothing precedes it). */
   promptLogprobs?: (TokenLogprob | null)[];
+  /** With exitThreshold: the steps each generated token was computed with (its exit step + 1). */
+  exitSteps?: number[];
 }
 
 // Called once per generated token, in order, with its log-probability when

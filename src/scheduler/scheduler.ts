@@ -363,11 +363,13 @@ export class Scheduler<S extends Snapshot = Snapshot> {
     try {
       // Scoring a prompt needs the logits of every prompt position, which a pooled prefix does not hold.
       hit = req.promptLogprobs ? null : pool.lookup(req.promptTokens, req.loops, this.cacheMode, req.cacheWindow);
-      const wantCapture = pool.wants(req.promptTokens, req.loops, this.cacheMode, req.cacheWindow);
+      // Under early exit the prompt's last position is not pooled (pooledPromptLength).
+      const pooled = req.exitThreshold ? req.promptTokens.slice(0, -1) : req.promptTokens;
+      const wantCapture = pooled.length > 0 && pool.wants(pooled, req.loops, this.cacheMode, req.cacheWindow);
       const options: EngineRunOptions<S> = { onPromptLogprobs: job.onPromptLogprobs };
       if (hit) options.prefix = { snapshot: hit.snapshot, length: hit.length };
       if (wantCapture)
-        options.capture = (snap) => void pool.insert(req.promptTokens, req.loops, this.cacheMode, req.cacheWindow, snap);
+        options.capture = (snap) => void pool.insert(pooled, req.loops, this.cacheMode, req.cacheWindow, snap);
       const sink: TokenSink = (id, logprob) => {
         if (rec.times.firstToken === undefined) rec.times.firstToken = performance.now();
         job.tokens.push(id);
@@ -390,6 +392,7 @@ export class Scheduler<S extends Snapshot = Snapshot> {
           this.metrics.specDraftTokens.inc(res.speculative.draftTokens);
           this.metrics.specAcceptedTokens.inc(res.speculative.acceptedTokens);
         }
+        for (const steps of res.exitSteps ?? []) this.metrics.exitSteps.observe(steps);
         transition(rec, "completed", this.metrics, now);
       }
       job.settleResult(res);

@@ -186,6 +186,7 @@ export const TINY_MODEL_INFO: ModelInfo = {
   normLayout: "pre",
   stepNorm: false,
   exitGate: false,
+  exitThreshold: null,
   simd: "portable",
   threads: 1,
 };
