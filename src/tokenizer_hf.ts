@@ -3,7 +3,7 @@
 // gives the ids of the `tokenizers` library's `encode(text)` (what
 // `tokenizer(text)` gives in transformers): added tokens (special or not,
 // <|im_start|> included) are matched in the text first, the text between
-// them is normalized, pre-tokenized (src/text/pretokenize.ts) and each piece
+// them is normalized, pre-tokenized (src/tokenizer_pretokenize.ts) and each piece
 // BPE-merged by merge rank.
 //
 // Only the configurations byte-level BPE models use are accepted; any other
@@ -25,7 +25,7 @@ import {
   splitStage,
   type Stage,
   translatePattern,
-} from "./pretokenize.ts";
+} from "./tokenizer_pretokenize.ts";
 
 export class HfTokenizerError extends Error {}
 
@@ -96,7 +96,7 @@ function parseNormalizer(node: unknown, where = "normalizer"): boolean {
 }
 
 /** The pre-tokenizer stages of a tokenizer.json `pre_tokenizer`; a ByteLevel stage must come last (it maps bytes to the vocabulary's characters). */
-export function parsePreTokenizer(node: unknown, where = "pre_tokenizer"): Stage[] {
+export function parsePreTokenizer(node: unknown, where = "pre_tokenizer"): { stages: Stage[]; removesText: boolean } {
   if (!isObject(node)) fail(where, "must be an object (byte-level BPE needs a ByteLevel pre-tokenizer)");
   const flat: [Json, string][] = [];
   const flatten = (n: unknown, w: string) => {
@@ -109,7 +109,8 @@ export function parsePreTokenizer(node: unknown, where = "pre_tokenizer"): Stage
   const last = flat.at(-1);
   if (last === undefined || typeOf(last[0], last[1]) !== "ByteLevel")
     fail(where, "must end with a ByteLevel pre-tokenizer (only byte-level BPE is supported)");
-  return flat.map(([n, w], i) => {
+  const removesText = flat.some(([n]) => n.type === "Split" && n.behavior === "Removed");
+  const stages = flat.map(([n, w], i) => {
     const type = typeOf(n, w);
     if (type === "ByteLevel") {
       if (i !== flat.length - 1) fail(w, "ByteLevel must be the last pre-tokenizer");
@@ -137,6 +138,7 @@ export function parsePreTokenizer(node: unknown, where = "pre_tokenizer"): Stage
     }
     return fail(w, `type ${JSON.stringify(type)} is not supported (only ByteLevel, Split, Digits and Sequence)`);
   });
+  return { stages, removesText };
 }
 
 function checkDecoder(node: unknown, where = "decoder"): void {
@@ -245,6 +247,8 @@ export class HfByteLevelBpe {
   readonly vocabSize: number;
   /** Texts are NFC-normalized before pre-tokenization. */
   readonly nfc: boolean;
+  /** A Split stage removes text (its ids then cover less than the text). */
+  readonly removesText: boolean;
   /** Each id's bytes; holes for ids neither the vocabulary nor the added tokens have. */
   private readonly bytesById: (Uint8Array | undefined)[] = [];
   private readonly vocab: Map<string, number>;
@@ -274,7 +278,7 @@ export class HfByteLevelBpe {
     if (!isObject(root)) fail("root", "must be a JSON object");
     for (const key of ["truncation", "padding"]) if (root[key] !== null && root[key] !== undefined) fail(key, "must be null (the server neither truncates nor pads)");
     this.nfc = parseNormalizer(root.normalizer);
-    this.stages = parsePreTokenizer(root.pre_tokenizer);
+    ({ stages: this.stages, removesText: this.removesText } = parsePreTokenizer(root.pre_tokenizer));
     checkDecoder(root.decoder);
     checkPostProcessor(root.post_processor);
     this.added = parseAddedTokens(root.added_tokens);
@@ -335,14 +339,9 @@ export class HfByteLevelBpe {
     for (const t of this.added) this.bytesById[t.id] = new TextEncoder().encode(t.content);
   }
 
-  /** The ids of the added tokens (those text matches as a whole). */
-  addedIds(): number[] {
-    return this.added.map((t) => t.id);
-  }
-
-  /** The id of an added token by its content, or of a vocabulary entry; undefined when neither has it. */
-  idOf(content: string): number | undefined {
-    return this.added.find((t) => t.content === content)?.id ?? this.vocab.get(content);
+  /** The id of the added token `content` (matched whole in text), if there is one. */
+  addedTokenId(content: string): number | undefined {
+    return this.added.find((t) => t.content === content)?.id;
   }
 
   /** Raw bytes of one token; no bytes for an id the tokenizer does not have. */
