@@ -18,7 +18,7 @@ async function refusal(meta: Record<string, string>): Promise<string> {
 
 describe("the model file's tokenizer", () => {
   test("without tokenizer keys (or tokenizer gpt2) it is GPT-2's, plain chat, end-of-text 50256", async () => {
-    for (const meta of [{}, { tokenizer: "gpt2" }]) {
+    for (const meta of [{}, { tokenizer: "gpt2" }] as Record<string, string>[]) {
       const t = await load(meta);
       expect(t.source).toBe("bundled");
       expect(t.conventions).toEqual({ eosIds: [50256], bosId: null, chatFormat: "plain" });
