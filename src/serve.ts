@@ -1,4 +1,4 @@
-// `loopserve serve`: configuration → tokenizer → engine → HTTP server, then
+// `loopserve serve`: configuration → the model file's tokenizer → engine → HTTP server, then
 // wait for SIGTERM/SIGINT. A model that cannot be loaded does not stop the
 // process: it logs why and answers 503 on /healthz and every generation
 // endpoint, so an orchestrator sees an unhealthy service with a reason
@@ -12,6 +12,8 @@ import { ServiceMetrics } from "./metrics.ts";
 import { Scheduler } from "./scheduler/scheduler.ts";
 import { withAbsoluteUrl } from "./http/request_url.ts";
 import { createApp } from "./server.ts";
+import { ModelFormatError, readSafetensors } from "./model/safetensors.ts";
+import { loadModelTokenizer } from "./text/model_tokenizer.ts";
 import { Tokenizer, TokenizerError } from "./tokenizer.ts";
 
 const USAGE = `usage: loopserve serve [--host HOST] [--port PORT]
@@ -50,7 +52,8 @@ environment:
   SERVICE_API_KEY_FILE          ... the key read from this file instead
   SERVICE_API_KEY_PROTECT_METRICS  1: /metrics needs the key too
   SERVICE_LOG_FORMAT            text | json (text)
-  TOKENIZER_HOME                directory holding a replacement gpt2.tiktoken
+  TOKENIZER_HOME                directory holding a replacement gpt2.tiktoken (for models
+                                without their own tokenizer)
 `;
 
 type Parsed = { help: true } | { help: false; flags: ConfigFlags };
@@ -74,8 +77,33 @@ interface Loaded {
   loadError: string | null;
 }
 
-function loadEngine(config: Config, metrics: ServiceMetrics): Loaded {
+/**
+ * The tokenizer the model file names in its metadata (GPT-2's unless it
+ * carries its own, docs/tokenizers.md). A file that cannot be read gets
+ * GPT-2's (the engine's load then says what is wrong with it); one whose
+ * tokenizer is refused gets GPT-2's and that refusal as the load error.
+ */
+async function loadTokenizer(config: Config): Promise<{ tokenizer: Tokenizer; loadError: string | null }> {
+  let meta: Record<string, string> | null = null;
+  try {
+    if (config.modelPath !== null) meta = readSafetensors(config.modelPath).metadata;
+  } catch (e) {
+    if (!(e instanceof ModelFormatError)) throw e;
+  }
+  if (meta !== null && config.modelPath !== null) {
+    try {
+      return { tokenizer: await loadModelTokenizer(meta, config.modelPath, config.tokenizerHome), loadError: null };
+    } catch (e) {
+      if (!(e instanceof ModelFormatError)) throw e;
+      return { tokenizer: await Tokenizer.load(config.tokenizerHome), loadError: e.message };
+    }
+  }
+  return { tokenizer: await Tokenizer.load(config.tokenizerHome), loadError: null };
+}
+
+function loadEngine(config: Config, metrics: ServiceMetrics, tokenizerError: string | null): Loaded {
   if (config.modelPath === null) return { engine: null, loadError: "SERVICE_MODEL_PATH is not set" };
+  if (tokenizerError !== null) return { engine: null, loadError: tokenizerError };
   try {
     const engine = Engine.load({
       modelPath: config.modelPath,
@@ -119,6 +147,7 @@ const HALT_FLUSH_MS = 100;
 export async function runServe(argv: string[]): Promise<number> {
   let config: Config;
   let tokenizer: Tokenizer;
+  let tokenizerError: string | null;
   try {
     const parsed = parseArgs(argv);
     if (parsed.help) {
@@ -127,7 +156,7 @@ export async function runServe(argv: string[]): Promise<number> {
     }
     config = loadConfig(process.env, parsed.flags);
     log.setFormat(config.logFormat);
-    tokenizer = await Tokenizer.load(config.tokenizerHome);
+    ({ tokenizer, loadError: tokenizerError } = await loadTokenizer(config));
   } catch (e) {
     if (!(e instanceof ConfigError || e instanceof TokenizerError)) throw e;
     console.error(`loopserve: ${e.message}`);
@@ -136,11 +165,11 @@ export async function runServe(argv: string[]): Promise<number> {
   }
 
   const metrics = new ServiceMetrics({ maxSeqLen: config.maxSeqLen, defaultLoops: 0 });
-  const loaded = loadEngine(config, metrics);
+  const loaded = loadEngine(config, metrics, tokenizerError);
   if (loaded.engine) metrics.defaultLoops.set(loaded.engine.info.defaultLoops);
   if (loaded.loadError) log.error(`model not loaded: ${loaded.loadError}`);
   const longestPrompt = config.maxSeqLen * tokenizer.maxTokenBytes;
-  if (config.maxBodyBytes < longestPrompt)
+  if (Number.isFinite(longestPrompt) && config.maxBodyBytes < longestPrompt)
     log.warn(
       `SERVICE_MAX_BODY_BYTES=${config.maxBodyBytes} is below the longest prompt ` +
         `SERVICE_MAX_SEQ_LEN=${config.maxSeqLen} admits (${longestPrompt} bytes of text): such prompts get 413`,

@@ -1,14 +1,23 @@
-// GPT-2 byte-pair encoding via tiktoken's WASM build, bundled so nothing is
-// ever downloaded and the same code works under `bun run` and inside the
-// `bun build --compile` executable (there the package's default import
-// cannot find its WASM: it must be imported as a file from tiktoken/lite and
-// instantiated from its bytes).
+// Text <-> token ids for every endpoint. One Tokenizer class holds what all
+// tokenizers share (the length bounds, encoding long texts in worker
+// threads, byte-level decoding) over an Encoding, the part that differs:
+// - GPT-2's byte-pair encoding (the default: a model file without its own
+//   tokenizer), via tiktoken's WASM build, bundled so nothing is ever
+//   downloaded and the same code works under `bun run` and inside the
+//   `bun build --compile` executable (there the package's default import
+//   cannot find its WASM: it must be imported as a file from tiktoken/lite and
+//   instantiated from its bytes);
+// - a model's own byte-level BPE from the Hugging Face tokenizer.json its file
+//   carries (src/tokenizer_hf.ts, docs/tokenizers.md).
+// The tokenizer also carries the model's text conventions: the ids that end
+// generation, the id put before every text prompt, the chat format.
 //
-// Choices:
+// GPT-2 choices:
 // - Text is encoded as ordinary text: a literal "<|endoftext|>" in a prompt
 //   is the 7 tokens of that string, never the special id 50256, so no client
 //   text can inject an end-of-text marker. Clients that want the special id
-//   send pre-tokenised ids.
+//   send pre-tokenised ids. (A model's own tokenizer matches its added tokens
+//   in text, as its `tokenizers` library does: its chat template needs that.)
 // - Ids the rank table does not know (a model vocabulary padded beyond
 //   50257) decode to no bytes: they have no text.
 // - TOKENIZER_HOME: if `$TOKENIZER_HOME/gpt2.tiktoken` exists (tiktoken's rank
@@ -20,14 +29,15 @@ import wasmFile from "tiktoken/lite/tiktoken_bg.wasm" with { type: "file" };
 import gpt2 from "tiktoken/encoders/gpt2.json" with { type: "json" };
 import { init, Tiktoken } from "tiktoken/lite/init";
 import { TokenCountBound } from "./tokenizer_bound.ts";
-import { type LimitedIds, TokenizerCancelledError, TokenizerClosedError, TokenizerPool } from "./tokenizer_pool.ts";
+import { HfByteLevelBpe, HfTokenizerError } from "./tokenizer_hf.ts";
+import { type LimitedIds, TokenizerCancelledError, TokenizerClosedError, TokenizerPool, type TokenizerSpec } from "./tokenizer_pool.ts";
 
 export const RANK_FILE_NAME = "gpt2.tiktoken";
 export const END_OF_TEXT = "<|endoftext|>";
 
 export class TokenizerError extends Error {}
 
-export { TokenizerCancelledError, TokenizerClosedError };
+export { TokenizerCancelledError, TokenizerClosedError, type TokenizerSpec };
 
 /** A text that encodes to more tokens than the limit it was encoded under: it has at least `atLeast`. */
 export class TokenLimitExceeded extends Error {
@@ -150,65 +160,266 @@ function replacementRanks(path: string): Ranks {
   return { bpeRanks: lines.join("\n"), vocabSize: eot + 1, known, source: path };
 }
 
-// ---- tokenizer ----
+// ---- encodings ----
 
-export class Tokenizer {
+/** One step of an encode within a limit: the ids it added and the offset in `tiled` bytes it reached. */
+export interface EncodeStep {
+  ids: Iterable<number>;
+  end: number;
+}
+
+/** What differs between tokenizers: ids <-> bytes. */
+export interface Encoding {
+  /** Ids [0, vocabSize) may have bytes; ids past it never do. */
+  readonly vocabSize: number;
+  /** "bundled", a rank file's path, or "model" (the model file's own tokenizer). */
+  readonly source: string;
+  /**
+   * How many bytes of prompt text one byte of a token can stand for at most:
+   * 1, more where normalization shortens text, Infinity where pre-tokenization
+   * removes text (no length bound from bytes).
+   */
+  readonly textBytesPerTokenByte: number;
+  /** Raw bytes of one token; none for an id the encoding lacks. */
+  tokenBytes(id: number): Uint8Array;
+  /** True for the ids text can encode to (the length bounds count only those). */
+  isTextToken(id: number): boolean;
+  /** The id of the added token whose content text matches as a whole ("<|im_start|>"), if any. */
+  addedTokenId(content: string): number | undefined;
+  encode(text: string): number[];
+  /**
+   * The encode in steps, for stopping at a limit: `tiled` are the bytes the
+   * ids cover in order (a token count bound is computed over them), and each
+   * step's ids end at byte `end` of them. The steps' ids together equal
+   * encode(text).
+   */
+  steps(text: string): { tiled: Uint8Array; steps: Iterable<EncodeStep> };
+}
+
+class Gpt2Encoding implements Encoding {
   private readonly bytesById: (Uint8Array | undefined)[] = [];
-  private longestToken: number | null = null;
-  private countBound: TokenCountBound | null = null;
-  private pool: TokenizerPool | null = null;
-  private closed = false;
+  readonly textBytesPerTokenByte = 1;
 
-  private constructor(
+  constructor(
     private readonly bpe: Tiktoken,
-    /** Ids [0, vocabSize) have bytes; the special token is the last one. */
     readonly vocabSize: number,
-    /** "bundled" or the path of the replacement rank file. */
     readonly source: string,
-    /** What load() was given: the pool's workers load the same ranks. */
-    private readonly tokenizerHome: string | null,
     /** Ids the rank table has (null: all below vocabSize). */
     private readonly known: Set<number> | null,
   ) {}
 
-  /** Initialises the WASM once and builds the BPE tables (~100-250 ms): call at start-up. */
-  static async load(tokenizerHome: string | null = null): Promise<Tokenizer> {
-    const replacement = tokenizerHome ? join(tokenizerHome, RANK_FILE_NAME) : null;
-    const ranks = replacement && existsSync(replacement) ? replacementRanks(replacement) : bundledRanks();
-    await initWasm();
-    let bpe: Tiktoken;
-    try {
-      bpe = new Tiktoken(ranks.bpeRanks, gpt2.special_tokens, gpt2.pat_str);
-    } catch (e) {
-      throw new TokenizerError(`cannot build the tokenizer from ${ranks.source}: ${(e as Error).message}`);
-    }
-    return new Tokenizer(bpe, ranks.vocabSize, ranks.source, tokenizerHome, ranks.known);
+  isTextToken(id: number): boolean {
+    return id !== gpt2.special_tokens[END_OF_TEXT];
   }
 
-  get endOfTextId(): number {
-    return gpt2.special_tokens[END_OF_TEXT];
+  /** Text is always ordinary text here: no token is matched whole. */
+  addedTokenId(): undefined {
+    return undefined;
   }
 
   encode(text: string): number[] {
     return Array.from(this.bpe.encode_ordinary(text));
   }
 
+  steps(text: string): { tiled: Uint8Array; steps: Iterable<EncodeStep> } {
+    const bpe = this.bpe;
+    function* steps(): Generator<EncodeStep> {
+      let end = 0;
+      for (const chunk of pieceAlignedChunks(text, CHUNK_CHARS)) {
+        end += Buffer.byteLength(chunk, "utf8");
+        yield { ids: bpe.encode_ordinary(chunk), end };
+      }
+    }
+    return { tiled: new TextEncoder().encode(text), steps: steps() };
+  }
+
+  tokenBytes(id: number): Uint8Array {
+    if (!Number.isInteger(id) || id < 0 || id >= this.vocabSize) return EMPTY;
+    let bytes = this.bytesById[id];
+    if (bytes === undefined) {
+      // Never ask the WASM for an id it lacks (a gap in a replacement rank
+      // file): its error escapes mid-call and leaves its memory corrupt.
+      bytes = this.known === null || this.known.has(id) ? this.bpe.decode_single_token_bytes(id) : EMPTY;
+      this.bytesById[id] = bytes;
+    }
+    return bytes;
+  }
+}
+
+/** Texts' pieces are encoded in steps of about this many bytes. */
+const STEP_BYTES = 4096;
+
+/** A model's own byte-level BPE as an Encoding. */
+class HfEncoding implements Encoding {
+  readonly source = "model";
+
+  constructor(private readonly bpe: HfByteLevelBpe) {}
+
+  get vocabSize(): number {
+    return this.bpe.vocabSize;
+  }
+
+  get textBytesPerTokenByte(): number {
+    // NFC composes at most three UTF-8 bytes into one (Hangul jamo L V T into a syllable).
+    return this.bpe.removesText ? Number.POSITIVE_INFINITY : this.bpe.nfc ? 3 : 1;
+  }
+
+  tokenBytes(id: number): Uint8Array {
+    return this.bpe.tokenBytes(id);
+  }
+
+  /** Added tokens are matched in text, so every id may come from text. */
+  isTextToken(): boolean {
+    return true;
+  }
+
+  addedTokenId(content: string): number | undefined {
+    return this.bpe.addedTokenId(content);
+  }
+
+  encode(text: string): number[] {
+    return this.bpe.encode(text);
+  }
+
+  steps(text: string): { tiled: Uint8Array; steps: Iterable<EncodeStep> } {
+    // The units the ids cover: added tokens and pre-tokenized pieces (these
+    // may hold a prefix space the text lacks, and lack removed text).
+    const units: (number | string)[] = [];
+    for (const s of this.bpe.segments(text)) {
+      if ("id" in s) units.push(s.id);
+      else units.push(...s.pieces);
+    }
+    const encoder = new TextEncoder();
+    const unitBytes = units.map((u) => (typeof u === "number" ? this.bpe.tokenBytes(u) : encoder.encode(u)));
+    const tiled = new Uint8Array(unitBytes.reduce((n, b) => n + b.length, 0));
+    let at = 0;
+    for (const b of unitBytes) {
+      tiled.set(b, at);
+      at += b.length;
+    }
+    const bpe = this.bpe;
+    function* steps(): Generator<EncodeStep> {
+      let ids: number[] = [];
+      let end = 0;
+      let since = 0;
+      for (let i = 0; i < units.length; i++) {
+        const u = units[i];
+        if (typeof u === "number") ids.push(u);
+        else for (const id of bpe.encodePiece(u)) ids.push(id);
+        end += unitBytes[i].length;
+        since += unitBytes[i].length;
+        if (since >= STEP_BYTES || i === units.length - 1) {
+          yield { ids, end };
+          ids = [];
+          since = 0;
+        }
+      }
+    }
+    return { tiled, steps: steps() };
+  }
+}
+
+// ---- what a tokenizer is built from ----
+
+/** How a model's chat messages become one prompt (src/http/chat_template.ts). */
+export type ChatFormat = "plain" | "chatml";
+
+/** A model's text conventions beside its tokenizer. */
+export interface TextConventions {
+  /** Ids that end generation (GPT-2: <|endoftext|>). */
+  eosIds: readonly number[];
+  /** Put before every text prompt when set. */
+  bosId: number | null;
+  chatFormat: ChatFormat;
+}
+
+export const GPT2_CONVENTIONS: TextConventions = { eosIds: [gpt2.special_tokens[END_OF_TEXT]], bosId: null, chatFormat: "plain" };
+
+async function loadEncoding(spec: TokenizerSpec): Promise<Encoding> {
+  if (spec.kind === "bpe") {
+    try {
+      return new HfEncoding(new HfByteLevelBpe(spec.json));
+    } catch (e) {
+      if (e instanceof HfTokenizerError) throw new TokenizerError(e.message);
+      throw e;
+    }
+  }
+  const replacement = spec.tokenizerHome ? join(spec.tokenizerHome, RANK_FILE_NAME) : null;
+  const ranks = replacement && existsSync(replacement) ? replacementRanks(replacement) : bundledRanks();
+  await initWasm();
+  let bpe: Tiktoken;
+  try {
+    bpe = new Tiktoken(ranks.bpeRanks, gpt2.special_tokens, gpt2.pat_str);
+  } catch (e) {
+    throw new TokenizerError(`cannot build the tokenizer from ${ranks.source}: ${(e as Error).message}`);
+  }
+  return new Gpt2Encoding(bpe, ranks.vocabSize, ranks.source, ranks.known);
+}
+
+// ---- tokenizer ----
+
+export class Tokenizer {
+  private longestToken: number | null = null;
+  private countBound: TokenCountBound | null = null;
+  private pool: TokenizerPool | null = null;
+  private closed = false;
+
+  private constructor(
+    private readonly encoding: Encoding,
+    /** What the pool's workers build their own copy from. */
+    readonly spec: TokenizerSpec,
+    readonly conventions: TextConventions,
+  ) {}
+
+  /** GPT-2's tokenizer: initialises the WASM once and builds the BPE tables (~100-250 ms): call at start-up. */
+  static async load(tokenizerHome: string | null = null): Promise<Tokenizer> {
+    return Tokenizer.fromSpec({ kind: "gpt2", tokenizerHome }, GPT2_CONVENTIONS);
+  }
+
+  /** The tokenizer `spec` describes; TokenizerError when it cannot be built (a refused tokenizer.json). */
+  static async fromSpec(spec: TokenizerSpec, conventions: TextConventions = GPT2_CONVENTIONS): Promise<Tokenizer> {
+    return new Tokenizer(await loadEncoding(spec), spec, conventions);
+  }
+
+  /** Ids [0, vocabSize) may have bytes. */
+  get vocabSize(): number {
+    return this.encoding.vocabSize;
+  }
+
+  /** "bundled" or the path of the replacement rank file (GPT-2), "model" for a model's own tokenizer. */
+  get source(): string {
+    return this.encoding.source;
+  }
+
+  /** The first end-of-sequence id (GPT-2: <|endoftext|>, 50256). */
+  get endOfTextId(): number {
+    return this.conventions.eosIds[0];
+  }
+
+  /** The id text containing `content` gets for it, when `content` is an added token ("<|im_start|>") text matches whole. */
+  addedTokenId(content: string): number | undefined {
+    return this.encoding.addedTokenId(content);
+  }
+
+  encode(text: string): number[] {
+    return this.encoding.encode(text);
+  }
+
   /**
    * encode(), stopped as soon as the text is known to have more than `limit`
    * tokens: refused at once when even the fewest tokens its bytes could make
-   * are too many (src/tokenizer_bound.ts), else encoded chunk by chunk until
+   * are too many (src/tokenizer_bound.ts), else encoded step by step until
    * the ids so far plus the fewest the rest could make pass the limit.
    */
   encodeWithin(text: string, limit: number): LimitedIds {
     if (!Number.isFinite(limit)) return { ids: this.encode(text) };
-    const rest = this.bound().suffixMinima(new TextEncoder().encode(text));
+    const { tiled, steps } = this.encoding.steps(text);
+    const rest = this.bound().suffixMinima(tiled);
     if (rest[0] > limit) return { atLeast: rest[0] };
     const ids: number[] = [];
-    let byteAt = 0;
-    for (const chunk of pieceAlignedChunks(text, CHUNK_CHARS)) {
-      for (const id of this.bpe.encode_ordinary(chunk)) ids.push(id);
-      byteAt += Buffer.byteLength(chunk, "utf8");
-      const atLeast = ids.length + rest[byteAt];
+    for (const step of steps) {
+      for (const id of step.ids) ids.push(id);
+      const atLeast = ids.length + rest[step.end];
       if (atLeast > limit) return { atLeast };
     }
     return { ids };
@@ -218,7 +429,7 @@ export class Tokenizer {
   bound(): TokenCountBound {
     if (this.countBound === null) {
       const tokens: Uint8Array[] = [];
-      for (let id = 0; id < this.vocabSize; id++) if (id !== this.endOfTextId) tokens.push(this.tokenBytes(id));
+      for (let id = 0; id < this.vocabSize; id++) if (this.encoding.isTextToken(id)) tokens.push(this.tokenBytes(id));
       this.countBound = TokenCountBound.build(tokens);
     }
     return this.countBound;
@@ -226,16 +437,16 @@ export class Tokenizer {
 
   /**
    * encode() without holding up the event loop: a text longer than
-   * INLINE_MAX_CHARS is encoded by a worker thread (the same ranks, so the
-   * same ids), within `limit` (encodeWithin: TokenLimitExceeded beyond it)
-   * and cancelled when `signal` aborts (TokenizerCancelledError). A text with
-   * a long run without spaces may take only one of the workers. Rejects with
-   * TokenizerClosedError after close().
+   * INLINE_MAX_CHARS is encoded by a worker thread (the same tokenizer, so
+   * the same ids), within `limit` (encodeWithin: TokenLimitExceeded beyond
+   * it) and cancelled when `signal` aborts (TokenizerCancelledError). A text
+   * with a long run without spaces may take only one of the workers. Rejects
+   * with TokenizerClosedError after close().
    */
   async encodeAsync(text: string, opts: EncodeOptions = {}): Promise<number[]> {
     if (this.closed) throw new TokenizerClosedError("the tokenizer is closed");
     if (text.length <= INLINE_MAX_CHARS) return this.encode(text);
-    this.pool ??= new TokenizerPool(this.tokenizerHome, POOL_SIZE);
+    this.pool ??= new TokenizerPool(this.spec, POOL_SIZE);
     const limit = opts.limit ?? Number.POSITIVE_INFINITY;
     const heavy = longestRunWithoutSpace(text) > HEAVY_RUN_CHARS;
     const out = await this.pool.encode(text, { limit, heavy, signal: opts.signal });
@@ -250,31 +461,24 @@ export class Tokenizer {
   }
 
   /**
-   * Bytes of the longest token text can encode to (128 for GPT-2's ranks): a
-   * text of n tokens is never longer than n times this. Computed once, on
-   * first use; the special token is left out (text never encodes to it).
+   * Bytes of prompt text one token can stand for at most (128 for GPT-2's
+   * ranks): a text of n tokens is never longer than n times this (Infinity
+   * when the tokenizer removes text). Computed once, on first use; ids text
+   * never encodes to are left out.
    */
   get maxTokenBytes(): number {
     if (this.longestToken === null) {
       let longest = 0;
       for (let id = 0; id < this.vocabSize; id++)
-        if (id !== this.endOfTextId) longest = Math.max(longest, this.tokenBytes(id).length);
-      this.longestToken = longest;
+        if (this.encoding.isTextToken(id)) longest = Math.max(longest, this.tokenBytes(id).length);
+      this.longestToken = longest * this.encoding.textBytesPerTokenByte;
     }
     return this.longestToken;
   }
 
   /** Raw bytes of one token: a token may hold part of a UTF-8 character. */
   tokenBytes(id: number): Uint8Array {
-    if (!Number.isInteger(id) || id < 0 || id >= this.vocabSize) return EMPTY;
-    let bytes = this.bytesById[id];
-    if (bytes === undefined) {
-      // Never ask the WASM for an id it lacks (a gap in a replacement rank
-      // file): its error escapes mid-call and leaves its memory corrupt.
-      bytes = this.known === null || this.known.has(id) ? this.bpe.decode_single_token_bytes(id) : EMPTY;
-      this.bytesById[id] = bytes;
-    }
-    return bytes;
+    return this.encoding.tokenBytes(id);
   }
 
   decodeBytes(ids: readonly number[]): Uint8Array {

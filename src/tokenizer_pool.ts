@@ -14,14 +14,17 @@ export class TokenizerClosedError extends Error {}
 /** An encode stopped because its signal aborted. */
 export class TokenizerCancelledError extends Error {}
 
+/** A tokenizer's description (src/tokenizer.ts), from which each worker builds its own copy. */
+export type TokenizerSpec = { kind: "gpt2"; tokenizerHome: string | null } | { kind: "bpe"; json: string };
+
 /** A text's ids, or, once they passed the limit, how many it has at least. */
 export type LimitedIds = { ids: number[] } | { atLeast: number };
 
 // Bun's Worker has unref(); the DOM typing (in the program for the playground's page) lacks it.
 type BunWorker = Worker & { unref(): void };
 
-/** To a worker: load the ranks first, then encode texts within a token limit. */
-export type WorkerRequest = { kind: "init"; tokenizerHome: string | null } | { kind: "encode"; id: number; text: string; limit: number };
+/** To a worker: build the tokenizer first, then encode texts within a token limit. */
+export type WorkerRequest = { kind: "init"; spec: TokenizerSpec } | { kind: "encode"; id: number; text: string; limit: number };
 /** From a worker: the ids of one text, how many it has at least (over the limit), or why it failed. */
 export type WorkerReply = { id: number; ids: Uint32Array } | { id: number; atLeast: number } | { id: number; error: string };
 
@@ -56,7 +59,8 @@ export class TokenizerPool {
   private closed = false;
 
   constructor(
-    private readonly tokenizerHome: string | null,
+    /** The tokenizer every worker builds its own copy of (the same ids). */
+    private readonly spec: TokenizerSpec,
     private readonly size: number,
   ) {}
 
@@ -157,7 +161,7 @@ export class TokenizerPool {
     };
     // A worker that died takes its encode with it; the next one starts a new worker.
     w.worker.onerror = (event: ErrorEvent) => this.retire(w, new Error(`tokenizer worker failed: ${event.message}`));
-    w.worker.postMessage({ kind: "init", tokenizerHome: this.tokenizerHome } satisfies WorkerRequest);
+    w.worker.postMessage({ kind: "init", spec: this.spec } satisfies WorkerRequest);
     this.workers.push(w);
   }
 }

@@ -1,5 +1,6 @@
 // Entry point of a tokenizer pool worker (src/tokenizer_pool.ts): its own
-// Tokenizer over the same ranks, encoding one text at a time within a token
+// Tokenizer built from the same description (GPT-2's ranks or the model's
+// tokenizer.json), encoding one text at a time within a token
 // limit.
 import { Tokenizer } from "./tokenizer.ts";
 import type { WorkerReply, WorkerRequest } from "./tokenizer_pool.ts";
@@ -12,7 +13,7 @@ self.onmessage = async (event: MessageEvent<WorkerRequest>) => {
   const msg = event.data;
   if (msg.kind === "init") {
     // The count bound's trie is built at once, not on the first long prompt.
-    tokenizer = Tokenizer.load(msg.tokenizerHome).then((t) => {
+    tokenizer = Tokenizer.fromSpec(msg.spec).then((t) => {
       t.bound();
       return t;
     });

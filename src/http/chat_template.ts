@@ -1,11 +1,17 @@
-// Chat messages → one prompt text (docs/http.md#requests). The model has no
-// chat-tuned tokenizer or special tokens, so the template is plain text:
-// one line per message, `System: …`, `User: …` or `Assistant: …`, then
-// `Assistant:` on its own line to prompt the reply. For example
+// Chat messages → one prompt text (docs/http.md#requests), in the model's
+// chat format (its metadata chat_format, docs/tokenizers.md):
+// - "plain" (a model without chat special tokens, GPT-2's): one line per
+//   message, `System: …`, `User: …` or `Assistant: …`, then `Assistant:` on
+//   its own line to prompt the reply. For example
 //
-//   [{role: "system", content: "Be brief."}, {role: "user", content: "Hi"}]
+//     [{role: "system", content: "Be brief."}, {role: "user", content: "Hi"}]
 //
-// renders as "System: Be brief.\nUser: Hi\nAssistant:".
+//   renders as "System: Be brief.\nUser: Hi\nAssistant:".
+// - "chatml": `<|im_start|>{role}\n{content}<|im_end|>\n` per message, then
+//   `<|im_start|>assistant\n` (transformers' add_generation_prompt). The
+//   model's tokenizer matches <|im_start|> and <|im_end|> in the text as its
+//   special ids.
+import type { ChatFormat } from "../tokenizer.ts";
 import { badRequest, unprocessable } from "./errors.ts";
 import type { ChatMessage, ChatRole } from "./schemas.ts";
 
@@ -37,9 +43,11 @@ function messageText(content: ChatMessage["content"], param: string): string {
     .join(PART_SEPARATOR);
 }
 
-/** The prompt for a conversation: its messages, one line each, then `Assistant:`. */
-export function renderChat(messages: readonly ChatMessage[]): string {
-  const lines = messages.map((m, i) => `${LABEL[m.role]}: ${messageText(m.content, `messages[${i}].content`)}`);
+/** The prompt for a conversation in `format`: its messages, then the opening of the assistant's reply. */
+export function renderChat(messages: readonly ChatMessage[], format: ChatFormat = "plain"): string {
+  const texts = messages.map((m, i) => messageText(m.content, `messages[${i}].content`));
+  if (format === "chatml") return `${messages.map((m, i) => `<|im_start|>${m.role}\n${texts[i]}<|im_end|>\n`).join("")}<|im_start|>assistant\n`;
+  const lines = messages.map((m, i) => `${LABEL[m.role]}: ${texts[i]}`);
   lines.push(`${LABEL.assistant}:`);
   return lines.join("\n");
 }

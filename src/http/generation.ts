@@ -72,13 +72,13 @@ export function requireEngine(deps: AppDeps, detail: "full" | "public" = "full")
 // ---- prompt and limits (validation order: range, then length; docs/http.md) ----
 
 /**
- * The ids of a text prompt, encoded off the event loop when long. A text of
+ * The ids of a text prompt, encoded off the event loop when long, at most
+ * `max` of them (the context less the model's beginning token). A text of
  * more bytes than SERVICE_MAX_SEQ_LEN tokens of the longest token could hold
  * cannot fit the context whatever it says: refused before encoding, whose
  * cost grows with the square of a run without spaces.
  */
-async function encodePrompt(deps: AppDeps, text: string, param: string): Promise<number[]> {
-  const max = deps.config.maxSeqLen;
+async function encodePrompt(deps: AppDeps, text: string, param: string, max: number): Promise<number[]> {
   const maxBytes = max * deps.tokenizer.maxTokenBytes;
   const bytes = Buffer.byteLength(text, "utf8");
   if (bytes > maxBytes)
@@ -96,7 +96,7 @@ async function encodePrompt(deps: AppDeps, text: string, param: string): Promise
     if (e instanceof TokenizerClosedError) throw unavailable("the server is shutting down", "shutting_down");
     if (e instanceof TokenLimitExceeded)
       throw badRequest(
-        `\`${param}\` is at least ${e.atLeast} tokens, more than the maximum sequence length ${max}`,
+        `\`${param}\` is at least ${e.atLeast} tokens, more than the maximum sequence length ${deps.config.maxSeqLen}`,
         param,
         "context_length_exceeded",
       );
@@ -105,16 +105,22 @@ async function encodePrompt(deps: AppDeps, text: string, param: string): Promise
   }
 }
 
-/** Token ids of a text or pre-tokenised prompt; ids must exist in the model's vocabulary. */
+/**
+ * Token ids of a text or pre-tokenised prompt; ids must exist in the model's
+ * vocabulary. A text prompt starts with the model's beginning-of-sequence id
+ * when it has one (bos_token_id); pre-tokenised ids are taken as they are.
+ */
 export async function promptTokens(deps: AppDeps, prompt: string | number[], param = "prompt"): Promise<number[]> {
-  const ids = typeof prompt === "string" ? await encodePrompt(deps, prompt, param) : prompt;
-  if (ids.length === 0) throw badRequest(`\`${param}\` must not be empty`, param);
+  const { bosId } = deps.tokenizer.conventions;
+  const bos = typeof prompt === "string" && bosId !== null ? [bosId] : [];
+  const ids = typeof prompt === "string" ? [...bos, ...(await encodePrompt(deps, prompt, param, deps.config.maxSeqLen - bos.length))] : prompt;
+  if (ids.length === bos.length) throw badRequest(`\`${param}\` must not be empty`, param);
   // Without a loaded model the vocabulary is unknown; the 503 comes next anyway.
   const vocab = deps.engine?.info.vocabSize ?? Number.POSITIVE_INFINITY;
   const at = ids.findIndex((id) => id < 0 || id >= vocab);
   if (at < 0) return ids;
   const range = Number.isFinite(vocab) ? `[0, ${vocab})` : "[0, vocabulary size)";
-  // A text prompt can only fail this with a model whose vocabulary is smaller than GPT-2's.
+  // A text prompt can only fail this with a model whose vocabulary is smaller than its tokenizer's (GPT-2's: a model file with its own is checked at load).
   const where = typeof prompt === "string" ? param : `${param}[${at}]`;
   const what = typeof prompt === "string" ? "contains token id" : "is token id";
   throw badRequest(`\`${where}\` ${what} ${ids[at]}, outside the model's vocabulary ${range}`, where);
@@ -136,11 +142,11 @@ export function checkLength(deps: AppDeps, promptLength: number, maxTokens: numb
     );
 }
 
-/** Explicit stop ids plus end-of-text, which ends generation as in every GPT-2 server. */
+/** Explicit stop ids plus the model's end-of-sequence ids (GPT-2: end-of-text, as in every GPT-2 server). */
 export function stopTokenIds(deps: AppDeps, explicit: readonly number[] = []): number[] {
   const ids = new Set(explicit);
-  const eot = deps.tokenizer.endOfTextId;
-  if (eot < (deps.engine?.info.vocabSize ?? 0)) ids.add(eot);
+  const vocab = deps.engine?.info.vocabSize ?? 0;
+  for (const eos of deps.tokenizer.conventions.eosIds) if (eos < vocab) ids.add(eos);
   return [...ids];
 }
 

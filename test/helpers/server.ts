@@ -198,10 +198,13 @@ export interface InProcessApp {
   post(path: string, body: unknown): Promise<Response>;
 }
 
-/** The server's app in this process (no port, no model file), around `engine`; the configuration of an empty environment by default. */
-export async function inProcessApp(engine: GenerationEngine, config: Config = loadConfig({})): Promise<InProcessApp> {
+/**
+ * The server's app in this process (no port, no model file), around `engine`;
+ * the configuration of an empty environment and GPT-2's tokenizer by default.
+ */
+export async function inProcessApp(engine: GenerationEngine, config: Config = loadConfig({}), tokenizer?: Tokenizer): Promise<InProcessApp> {
   const metrics = new ServiceMetrics({ maxSeqLen: config.maxSeqLen, defaultLoops: engine.info.defaultLoops, processMetrics: false });
-  const app = createApp({ config, tokenizer: await Tokenizer.load(), engine, loadError: null, metrics });
+  const app = createApp({ config, tokenizer: tokenizer ?? (await Tokenizer.load()), engine, loadError: null, metrics });
   const handle = frontDoor(config, (req) => app.handle(req));
   return {
     handle,

@@ -1,0 +1,223 @@
+// The pre-tokenizers of a Hugging Face tokenizer.json that byte-level BPE
+// models use (ByteLevel, Split, Digits and Sequences of them), with the
+// semantics of the `tokenizers` library: a text is cut into pieces, each
+// stage cutting every piece of the previous one, and BPE then runs on each
+// piece alone. Anything else in the configuration is refused by the loader
+// (src/tokenizer_hf.ts), never approximated.
+//
+// The library runs its regular expressions with Oniguruma; they are
+// translated here into JavaScript ones of the same meaning where the two
+// differ for these patterns: `\s` is Unicode White_Space (JavaScript's adds
+// U+FEFF and lacks U+0085), `.` stops only at "\n", and `\d` `\w` are
+// Unicode classes. A construct without a faithful translation (anchors,
+// possessive quantifiers, atomic groups) is refused.
+
+// ---- regex translation ----
+
+/** Unicode White_Space, the meaning of Oniguruma's `\s`, as class content. */
+const WHITE_SPACE = "\\t\\n\\v\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
+const DIGIT = "\\p{Nd}";
+// Oniguruma's `\w` differs inside a class (Unicode's word characters) and
+// outside (every number too: "x²" is one word), as the library runs it.
+const WORD = "\\p{L}\\p{M}\\p{N}\\p{Pc}";
+const WORD_IN_CLASS = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}";
+/** Characters that keep their backslash in a `u`-mode pattern. */
+const SYNTAX = new Set("^$\\.*+?()[]{}|/-".split(""));
+
+export class PatternError extends Error {}
+
+/** An Oniguruma pattern of a tokenizer.json as a JavaScript RegExp (flags `gu`) of the same matches. */
+export function translatePattern(pattern: string): RegExp {
+  let out = "";
+  let inClass = false;
+  for (let i = 0; i < pattern.length; i++) {
+    const c = pattern[i];
+    if (c === "\\") {
+      const e = pattern[++i];
+      if (e === undefined) throw new PatternError("the pattern ends in a lone backslash");
+      const cls = { s: WHITE_SPACE, d: DIGIT, w: inClass ? WORD_IN_CLASS : WORD }[e.toLowerCase()];
+      if (cls !== undefined) {
+        const negated = e !== e.toLowerCase();
+        if (inClass && negated) throw new PatternError(`\\${e} inside a character class is not supported`);
+        out += inClass ? cls : `[${negated ? "^" : ""}${cls}]`;
+      } else if (e === "p" || e === "P") {
+        const end = pattern.indexOf("}", i);
+        if (pattern[i + 1] !== "{" || end < 0) throw new PatternError(`\\${e} must be followed by {Property}`);
+        out += pattern.slice(i - 1, end + 1);
+        i = end;
+      } else if (/[A-Za-z0-9]/.test(e)) {
+        // \r \n \t \f \v \x.. \u.... mean the same in both; others (\A, \z, \h, \K, \G, back-references) are refused.
+        if (!/[rntfvxu]/.test(e)) throw new PatternError(`the escape \\${e} is not supported`);
+        out += `\\${e}`;
+      } else {
+        out += SYNTAX.has(e) ? `\\${e}` : e;
+      }
+      continue;
+    }
+    if (inClass) {
+      if (c === "]") inClass = false;
+      else if (c === "[") throw new PatternError("nested character classes are not supported");
+      out += c;
+      continue;
+    }
+    if (c === "[") {
+      inClass = true;
+      out += c;
+      if (pattern[i + 1] === "^") out += pattern[++i];
+      // A "]" first in a class is a literal in Oniguruma.
+      if (pattern[i + 1] === "]") {
+        out += "\\]";
+        i++;
+      }
+    } else if (c === "^" || c === "$") {
+      throw new PatternError(`the anchor ${c} is not supported`);
+    } else if (c === ".") {
+      out += "[^\\n]";
+    } else if (c === "(" && pattern[i + 1] === "?" && pattern[i + 2] === ">") {
+      throw new PatternError("atomic groups (?>...) are not supported");
+    } else if ((c === "+" || c === "*" || c === "?" || c === "}") && pattern[i + 1] === "+") {
+      throw new PatternError("possessive quantifiers are not supported");
+    } else {
+      out += c;
+    }
+  }
+  if (inClass) throw new PatternError("unterminated character class");
+  try {
+    return new RegExp(out, "gu");
+  } catch (e) {
+    throw new PatternError(`not a pattern this server can run: ${(e as Error).message}`);
+  }
+}
+
+// ---- splitting ----
+
+/** How the matches of a split stage become pieces (the library's SplitDelimiterBehavior). */
+export type SplitBehavior = "Removed" | "Isolated" | "MergedWithPrevious" | "MergedWithNext" | "Contiguous";
+export const SPLIT_BEHAVIORS: readonly SplitBehavior[] = ["Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"];
+
+/** [start, end, isMatch] in UTF-16 units; the segments cover the text in order. */
+type Segment = [number, number, boolean];
+
+/** The text cut at every match of `re` (which has the g flag), as the library's find_matches does for a regex. */
+function regexSegments(text: string, re: RegExp): Segment[] {
+  const out: Segment[] = [];
+  let prev = 0;
+  re.lastIndex = 0;
+  for (let m = re.exec(text); m !== null; m = re.exec(text)) {
+    const start = m.index;
+    const end = start + m[0].length;
+    // An empty match moves on by one character; it makes no piece (empty pieces are dropped).
+    if (end === start) {
+      re.lastIndex = start + ((text.codePointAt(start) ?? 0) > 0xffff ? 2 : 1);
+      continue;
+    }
+    if (start > prev) out.push([prev, start, false]);
+    out.push([start, end, true]);
+    prev = end;
+  }
+  if (prev < text.length) out.push([prev, text.length, false]);
+  return out;
+}
+
+/** Every character of `re`'s class a match of its own, as the library's find_matches does for a char predicate. */
+function charSegments(text: string, isMatch: RegExp): Segment[] {
+  const out: Segment[] = [];
+  let prev = 0;
+  let at = 0;
+  for (const ch of text) {
+    const end = at + ch.length;
+    if (isMatch.test(ch)) {
+      if (prev < at) out.push([prev, at, false]);
+      out.push([at, end, true]);
+      prev = end;
+    }
+    at = end;
+  }
+  if (prev < text.length) out.push([prev, text.length, false]);
+  return out;
+}
+
+/** The pieces of `text` given its segments, under `behavior` (the library's NormalizedString::split). */
+function applyBehavior(text: string, segments: Segment[], behavior: SplitBehavior): string[] {
+  let spans: [number, number][];
+  switch (behavior) {
+    case "Removed":
+      spans = segments.filter((s) => !s[2]).map(([a, b]) => [a, b]);
+      break;
+    case "Isolated":
+      spans = segments.map(([a, b]) => [a, b]);
+      break;
+    case "MergedWithPrevious": {
+      spans = [];
+      let previousMatch = false;
+      for (const [a, b, isMatch] of segments) {
+        if (isMatch && !previousMatch && spans.length > 0) spans[spans.length - 1][1] = b;
+        else spans.push([a, b]);
+        previousMatch = isMatch;
+      }
+      break;
+    }
+    case "MergedWithNext": {
+      spans = [];
+      let nextMatch = false;
+      for (let i = segments.length - 1; i >= 0; i--) {
+        const [a, b, isMatch] = segments[i];
+        if (isMatch && !nextMatch && spans.length > 0) spans[spans.length - 1][0] = a;
+        else spans.push([a, b]);
+        nextMatch = isMatch;
+      }
+      spans.reverse();
+      break;
+    }
+    case "Contiguous": {
+      spans = [];
+      let previousMatch = false;
+      for (const [a, b, isMatch] of segments) {
+        if (isMatch === previousMatch && spans.length > 0) spans[spans.length - 1][1] = b;
+        else spans.push([a, b]);
+        previousMatch = isMatch;
+      }
+      break;
+    }
+  }
+  return spans.filter(([a, b]) => b > a).map(([a, b]) => text.slice(a, b));
+}
+
+// ---- stages ----
+
+/** One pre-tokenizer stage: a piece to the pieces it is cut into. */
+export type Stage = (piece: string) => string[];
+
+/** The regex ByteLevel runs when use_regex is set: GPT-2's. */
+export const GPT2_PATTERN = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+export function splitStage(re: RegExp, behavior: SplitBehavior, invert: boolean): Stage {
+  return (piece) => {
+    const segments = regexSegments(piece, re);
+    if (invert) for (const s of segments) s[2] = !s[2];
+    return applyBehavior(piece, segments, behavior);
+  };
+}
+
+// Rust's char::is_numeric: the general categories Nd, Nl and No.
+const NUMERIC = /^\p{N}$/u;
+
+export function digitsStage(individual: boolean): Stage {
+  return (piece) => applyBehavior(piece, charSegments(piece, NUMERIC), individual ? "Isolated" : "Contiguous");
+}
+
+/** ByteLevel's own cutting (its byte-to-character mapping is the BPE's first step). */
+export function byteLevelStage(addPrefixSpace: boolean, useRegex: boolean): Stage {
+  const re = useRegex ? translatePattern(GPT2_PATTERN) : null;
+  return (piece) => {
+    const p = addPrefixSpace && !piece.startsWith(" ") ? ` ${piece}` : piece;
+    return re === null ? [p] : applyBehavior(p, regexSegments(p, re), "Isolated");
+  };
+}
+
+/** The pieces of `text` after every stage in turn. */
+export function pretokenize(text: string, stages: readonly Stage[]): string[] {
+  let pieces = text.length > 0 ? [text] : [];
+  for (const stage of stages) pieces = pieces.flatMap(stage);
+  return pieces;
+}
