@@ -9,7 +9,7 @@ import { type Config, SERVICE_NAME } from "../config.ts";
 import type { ModelInfo } from "../engine/types.ts";
 import { chatCompletion, type Extension, findModel, modelEntries, textCompletion } from "./compat.ts";
 import { validatedBody } from "./errors.ts";
-import { type AppDeps, checkCacheWindow } from "./generation.ts";
+import { type AppDeps, checkCacheWindow, exitRequest } from "./generation.ts";
 import { nativeStats } from "./native.ts";
 import type { ExtendedModelEntry, ExtendedModelList, ModelInfoSection, RuntimeSection } from "../wire/responses.ts";
 import { speculativeFields, speculativeStats } from "./speculative.ts";
@@ -31,6 +31,9 @@ function modelInfoSection(info: ModelInfo, config: Config): ModelInfoSection {
     ffn_dim: info.ffnDim,
     vocab_size: info.vocabSize,
     default_loops: info.defaultLoops,
+    n_layers: info.nLayers,
+    exit_gate: info.exitGate,
+    exit_threshold: info.exitThreshold,
     quant: info.quant,
     kv_cache_mode: config.kvCacheMode,
   };
@@ -62,7 +65,7 @@ function extension(deps: AppDeps, knobs: ExtendedKnobs & { temperature?: number 
     repetitionPenalty: knobs.repetition_penalty,
     cacheWindow,
     scheduling: { priority: knobs.priority, sloMs: knobs.slo_ms },
-    request: spec,
+    request: { ...spec, ...exitRequest(deps, knobs.exit_threshold, mode) },
     sections: (done, request) => ({
       // loops_used: verify_loops for the speculative modes, loops for plain generate.
       stats: mode === "generate" ? nativeStats(done, mode, request.loops) : speculativeStats(done, mode, request.loops),

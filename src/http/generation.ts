@@ -3,7 +3,7 @@
 // the generated ids into text deltas with whole-string stop matching.
 // Families differ only in their request fields and their response framing.
 import type { Config } from "../config.ts";
-import type { GenerateRequest, GenerateResult, ModelInfo, PromptLogprobSink, TokenLogprob, TokenSink } from "../engine/types.ts";
+import type { GenerateRequest, GenerateResult, GenerationMode, ModelInfo, PromptLogprobSink, TokenLogprob, TokenSink } from "../engine/types.ts";
 import { TextStream } from "../text/stream.ts";
 import { TokenLimitExceeded, type Tokenizer, TokenizerCancelledError, TokenizerClosedError } from "../tokenizer.ts";
 import type { ServiceMetrics } from "../metrics.ts";
@@ -124,6 +124,20 @@ export async function promptTokens(deps: AppDeps, prompt: string | number[], par
   const where = typeof prompt === "string" ? param : `${param}[${at}]`;
   const what = typeof prompt === "string" ? "contains token id" : "is token id";
   throw badRequest(`\`${where}\` ${what} ${ids[at]}, outside the model's vocabulary ${range}`, where);
+}
+
+/**
+ * A request's early exit (docs/early-exit.md): the threshold asked for, or
+ * in plain generation the model's default. 400 where it cannot apply: a
+ * model without an exit gate, or a speculative mode (fixed depths).
+ */
+export function exitRequest(deps: AppDeps, asked: number | null | undefined, mode: GenerationMode): Pick<GenerateRequest, "exitThreshold"> {
+  const info = deps.engine?.info;
+  if (asked == null) return mode === "generate" && info?.exitThreshold ? { exitThreshold: info.exitThreshold } : {};
+  if (asked === 0) return {};
+  if (info && !info.exitGate) throw outOfRange("exit_threshold", "needs a model with an exit gate; this model has none");
+  if (mode !== "generate") throw outOfRange("exit_threshold", `cannot be combined with mode ${mode}: speculative decoding runs fixed depths`);
+  return { exitThreshold: asked };
 }
 
 export function checkCacheWindow(deps: AppDeps, cacheWindow: number): void {

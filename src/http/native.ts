@@ -4,6 +4,7 @@
 import { Elysia } from "elysia";
 import type { GenerateRequest, GenerationMode } from "../engine/types.ts";
 import {
+  exitRequest,
   type AppDeps,
   type Completion,
   type GenerationEngine,
@@ -58,6 +59,7 @@ export async function nativeJob(deps: AppDeps, body: GenerateBody): Promise<Nati
       stopTokenIds: stopTokenIds(deps, stopIds),
       cacheWindow,
       ...(body.logprobs == null ? {} : { logprobs: body.logprobs }),
+      ...exitRequest(deps, body.exit_threshold, "generate"),
     },
     stopStrings,
     stream: body.stream ?? D.stream,
@@ -85,6 +87,7 @@ export function nativeStats(c: Completion, mode: GenerationMode, loopsUsed: numb
     completion_tokens: c.tokens.length,
     mode,
     loops_used: loopsUsed,
+    ...(c.result.exitSteps?.length ? { mean_steps: c.result.exitSteps.reduce((a, b) => a + b, 0) / c.result.exitSteps.length } : {}),
   };
 }
 

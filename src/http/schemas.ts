@@ -42,6 +42,13 @@ export const NATIVE_DEFAULTS = {
 /** Text (tokenised server-side) or pre-tokenised ids; never empty. */
 export const Prompt = T.Union([T.String({ minLength: 1 }), T.Array(T.Integer(), { minItems: 1 })]);
 
+/**
+ * Learned early exit (docs/early-exit.md): a model with an exit gate stops
+ * each token once its cumulative exit probability reaches this; 0 = fixed
+ * depth; unset = the model's default (fixed depth when it has none).
+ */
+const ExitField = { exit_threshold: optional(T.Number({ minimum: 0, maximum: 1 })) };
+
 /** Stop strings (whole-string match on the decoded text) or stop token ids. */
 const NativeStop = T.Union([
   T.String({ minLength: 1 }),
@@ -64,6 +71,7 @@ export const GenerateBody = T.Object({
   cache_window: optional(T.Integer({ minimum: 0 })),
   /** Log-probability of each generated token with this many most likely alternatives (docs/openai-compat.md). */
   logprobs: optional(T.Integer({ minimum: 0, maximum: MAX_TOP_LOGPROBS })),
+  ...ExitField,
   ...SchedulingFields,
 });
 export type GenerateBody = Static<typeof GenerateBody>;
@@ -204,6 +212,7 @@ const ExtendedFields = {
   cache_window: optional(T.Integer({ minimum: 0 })),
   /** When given, replaces the penalty folded from presence/frequency_penalty. */
   repetition_penalty: optional(T.Number({ minimum: 0.5, maximum: 2 })),
+  ...ExitField,
   ...SchedulingFields,
 };
 

@@ -50,6 +50,8 @@ export const NativeStats = closed({
   mode: GenerationModeSchema,
   /** The depth the output comes from: loops, or verify_loops in the speculative modes. */
   loops_used: T.Integer(),
+  /** Under early exit (exit_threshold): the mean steps the generated tokens ran. */
+  mean_steps: T.Optional(T.Number()),
 });
 export type NativeStats = Static<typeof NativeStats>;
 
@@ -185,6 +187,11 @@ export const ModelInfoSection = closed({
   ffn_dim: T.Integer(),
   vocab_size: T.Integer(),
   default_loops: T.Integer(),
+  /** Distinct layers applied each step (loop): 1 for a weight-shared block. */
+  n_layers: T.Integer(),
+  /** Whether the model has a learned exit gate, and its default exit_threshold (null: fixed depth). */
+  exit_gate: T.Boolean(),
+  exit_threshold: Nullable(T.Number()),
   quant: T.Unsafe<ModelInfo["quant"]>(T.String()),
   kv_cache_mode: T.Union(KV_CACHE_MODES.map((mode) => T.Literal(mode))),
 });

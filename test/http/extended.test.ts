@@ -42,6 +42,9 @@ const TINY_INFO: ModelInfoSection = {
   ffn_dim: TINY.ffnDim,
   vocab_size: TINY.vocabSize,
   default_loops: TINY.loops,
+  n_layers: 1,
+  exit_gate: false,
+  exit_threshold: null,
   quant: "fp16",
   kv_cache_mode: "fp16",
 };
