@@ -1,0 +1,99 @@
+// A looped model as people publish it, served end to end: a random-weight
+// checkpoint in Hugging Face's Ouro layout (bf16 shards, config.json, its
+// own byte-level BPE and ChatML template) is imported with `model
+// import-hf` and served by a real server process. Its greedy tokens equal
+// the float64 reference's on the imported file, at fixed depth and with the
+// learned early exit (the steps each token ran too); the official `openai`
+// client talks to it unchanged; exit_threshold, stats.mean_steps,
+// service_exit_steps and model_info work; misuse is a clear 400.
+import { describe, expect, test } from "bun:test";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import OpenAI from "openai";
+import { writeHfFixture } from "../../src/model/hf_fixture.ts";
+import { importHfCheckpoint } from "../../src/model/import_hf.ts";
+import { testTempDir } from "../helpers/models.ts";
+import { serverForTests } from "../helpers/server.ts";
+import { argmax } from "../reference/forward.ts";
+import { StackReference } from "../reference/stack.ts";
+
+const STEPS = 4;
+const EOS = [0, 2]; // <|endoftext|>, <|im_end|>: the fixture tokenizer's end ids
+
+function importedOuro(): string {
+  const dir = join(testTempDir(), "ouro-hf");
+  mkdirSync(dir, { recursive: true });
+  writeHfFixture(dir, { dim: 64, nHeads: 4, nKvHeads: 2, ffnDim: 128, vocabSize: 512, nLayers: 3, totalUtSteps: STEPS, seed: 9, shards: 2 });
+  const out = join(testTempDir(), "ouro-imported.safetensors");
+  importHfCheckpoint(dir, out);
+  return out;
+}
+
+const MODEL_PATH = importedOuro();
+const server = serverForTests({ modelPath: MODEL_PATH, env: { SERVICE_MAX_SEQ_LEN: "256" } });
+
+/** The reference's greedy tokens (and steps) after `prompt`, stopping at an end id as the server does. */
+function referenceGreedy(prompt: number[], n: number, exitThreshold = 0): { tokens: number[]; steps: number[] } {
+  const s = StackReference.load(MODEL_PATH).session(STEPS);
+  for (const t of prompt.slice(0, -1)) s.feed(t);
+  let r = s.feed(prompt[prompt.length - 1], exitThreshold);
+  const out = { tokens: [] as number[], steps: [] as number[] };
+  while (out.tokens.length < n) {
+    const t = argmax(r.logits);
+    if (EOS.includes(t)) break;
+    out.tokens.push(t);
+    out.steps.push(r.steps);
+    r = s.feed(t, exitThreshold);
+  }
+  return out;
+}
+
+const PROMPT = [300, 17, 42, 99, 250, 7, 13];
+
+describe("an imported Ouro-layout checkpoint, served", () => {
+  test("/generate: greedy tokens equal the reference's at fixed depth and under early exit, with the steps it reports", async () => {
+    let exited = false;
+    for (const exit of [0, 0.4, 0.7]) {
+      const res = await server.post("/generate", { prompt: PROMPT, max_tokens: 16, temperature: 0, loops: STEPS, exit_threshold: exit });
+      expect(res.status).toBe(200);
+      const body = await res.json();
+      const want = referenceGreedy(PROMPT, 16, exit);
+      expect(body.tokens, `exit_threshold ${exit}`).toEqual(want.tokens);
+      if (exit === 0) expect(body.stats.mean_steps).toBeUndefined();
+      else if (want.steps.length > 0) expect(body.stats.mean_steps).toBeCloseTo(want.steps.reduce((a, b) => a + b, 0) / want.steps.length, 9);
+      exited ||= want.steps.some((s) => s < STEPS);
+    }
+    expect(exited).toBe(true); // the gate stopped some token early: the exits were exercised
+  }, 60_000);
+
+  test("the official openai client: chat (ChatML) and text completions", async () => {
+    const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "unused" });
+    const chat = await client.chat.completions.create({ model: "ouro", messages: [{ role: "user", content: "Hi there" }], max_tokens: 8, temperature: 0 });
+    expect(chat.choices[0].message.role).toBe("assistant");
+    expect(typeof chat.choices[0].message.content).toBe("string");
+    expect(chat.usage?.prompt_tokens).toBeGreaterThan(4); // the ChatML markers are in the prompt
+    const text = await client.completions.create({ model: "ouro", prompt: "In the beginning", max_tokens: 6, temperature: 0 });
+    expect(["stop", "length"]).toContain(text.choices[0].finish_reason);
+  }, 60_000);
+
+  test("model_info names the stack and the gate; exit_threshold in a speculative mode is a 400 naming the field", async () => {
+    const res = await server.post("/api/v0/completions", { model: "ouro", prompt: "a", max_tokens: 2, exit_threshold: 0.5 });
+    expect(res.status).toBe(200);
+    const body = await res.json();
+    expect(body.model_info).toMatchObject({ n_layers: 3, exit_gate: true, exit_threshold: null, default_loops: STEPS });
+    expect(typeof body.stats.mean_steps).toBe("number");
+    const spec = await server.post("/api/v0/completions", { model: "ouro", prompt: "a", max_tokens: 2, mode: "speculative", exit_threshold: 0.5 });
+    expect(spec.status).toBe(400);
+    expect((await spec.json()).error.param).toBe("exit_threshold");
+    const bad = await server.post("/generate", { prompt: PROMPT, exit_threshold: 1.5 });
+    expect(bad.status).toBe(400);
+  }, 60_000);
+
+  test("/metrics: a histogram of the steps each early-exit token ran", async () => {
+    await server.post("/generate", { prompt: PROMPT, max_tokens: 8, temperature: 0, exit_threshold: 0.5 });
+    const metrics = await (await fetch(`${server.url}/metrics`)).text();
+    const count = /^service_exit_steps_count (\d+)/m.exec(metrics);
+    expect(Number(count?.[1])).toBeGreaterThan(0);
+    expect(metrics).toContain(`service_exit_steps_bucket{le="${STEPS}"}`);
+  }, 60_000);
+});
