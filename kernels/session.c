@@ -231,6 +231,10 @@ void ls_session_free(ls_session *s) {
     free(s);
 }
 
+int32_t ls_step_sample(const ls_session *s, const float *logits, const ls_step_params *p) {
+    return ls_sample(logits, s->m->info.vocab_size, s->tokens, s->pos, &p->sampling, (uint64_t)s->pos);
+}
+
 int32_t ls_session_pos(const ls_session *s) { return s ? s->pos : LS_ERR_ARG; }
 
 int32_t ls_session_last_steps(const ls_session *s) { return s ? s->last_steps : LS_ERR_ARG; }

@@ -1,16 +1,13 @@
 /*
  * step.c — one generation step in one call (ls_session_step): the forward
  * pass of the fed tokens, then the draw from the last row's logits. Above
- * both the forward pass (forward.c) and the session (session.c).
+ * both the forward pass (forward.c) and the session (session.c); a step
+ * that may exit early runs as a batch of one (batch.c).
  */
 #include "forward.h"
 #include "runtime.h"
 #include "session.h"
 #include "batch_rules.h" /* after session.h: it reads sessions through ls_session_view */
-
-int32_t ls_step_sample(const ls_session *s, const float *logits, const ls_step_params *p) {
-    return ls_sample(logits, s->m->info.vocab_size, s->tokens, s->pos, &p->sampling, (uint64_t)s->pos);
-}
 
 int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, const ls_step_params *params,
                         float *logits_out) {

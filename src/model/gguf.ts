@@ -471,6 +471,9 @@ export function exportGguf(inPath: string, outPath: string, opts: GgufExportOpti
         `(export the fp16 model, then quantize the GGUF with llama-quantize)`,
     );
   }
+  if (header.tokenizer !== "gpt2") {
+    throw new ModelFormatError(`${inPath}: export-gguf writes GPT-2's vocabulary; this model carries its own tokenizer (${header.tokenizer})`);
+  }
   const model = loadModelFile(inPath);
   const c = model.config;
   const loops = opts.loops ?? c.defaultLoops;

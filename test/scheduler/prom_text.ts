@@ -157,9 +157,11 @@ export const SPEC_SERIES: Record<string, "gauge" | "counter" | "histogram"> = {
   service_request_wall_ms: "histogram",
 };
 // And the speculative-decoding token counters (src/metrics.ts).
-export const SPECULATIVE_SERIES: Record<string, "counter"> = {
+export const SPECULATIVE_SERIES: Record<string, "counter" | "histogram"> = {
   service_spec_draft_tokens_total: "counter",
   service_spec_accepted_tokens_total: "counter",
+  // and learned early exit's (docs/early-exit.md)
+  service_exit_steps: "histogram",
 };
 // And the batching series (docs/batching.md).
 export const BATCHING_SERIES: Record<string, "gauge" | "counter" | "histogram"> = {
