@@ -103,3 +103,17 @@ export class KneserNey {
     return p;
   }
 }
+
+/** Perplexity of a Kneser-Ney model of `order` counted on `train`, over the model's predicted positions. */
+export function kneserNeyPerplexity(train: Uint16Array, evalTexts: Int32Array[], V: number, order: number): number {
+  const kn = new KneserNey(train, order, V);
+  let nll = 0;
+  let n = 0;
+  for (const t of evalTexts)
+    for (let i = 1; i < t.length; i++) {
+      // At a text's start the history is shorter than order - 1: the model backs off, as the looped model sees less context there too.
+      nll -= Math.log(kn.probability(t.subarray(Math.max(0, i - order + 1), i), t[i]));
+      n++;
+    }
+  return Math.exp(nll / n);
+}

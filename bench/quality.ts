@@ -31,7 +31,7 @@ import { TRAINED_MODEL_PATH } from "../src/model/trained.ts";
 import { readFileSync, statSync } from "node:fs";
 import { Tokenizer } from "../src/tokenizer.ts";
 import { kjvText, kjvTokens } from "./kjv.ts";
-import { KneserNey } from "./kneser_ney.ts";
+import { kneserNeyPerplexity } from "./kneser_ney.ts";
 import { Tally, withLse } from "./logits.ts";
 import { quantizedPath, type WeightFormat, weightsLabel } from "./quant.ts";
 import { writeJson } from "./report.ts";
@@ -73,20 +73,6 @@ function texts(tokens: Uint16Array, len: number, count: number): Int32Array[] {
 }
 
 // ---- counting baselines ----
-
-/** Perplexity of a Kneser-Ney model of `order` counted on `train`, over the model's predicted positions. */
-function kneserNeyPerplexity(train: Uint16Array, evalTexts: Int32Array[], V: number, order: number): number {
-  const kn = new KneserNey(train, order, V);
-  let nll = 0;
-  let n = 0;
-  for (const t of evalTexts)
-    for (let i = 1; i < t.length; i++) {
-      // At a text's start the history is shorter than order - 1: the model backs off, as the looped model sees less context there too.
-      nll -= Math.log(kn.probability(t.subarray(Math.max(0, i - order + 1), i), t[i]));
-      n++;
-    }
-  return Math.exp(nll / n);
-}
 
 /** Unigram (add-one), interpolated bigram and Kneser-Ney bigram and trigram perplexities of the same predicted positions. */
 function countingBaselines(train: Uint16Array, evalTexts: Int32Array[], V: number): Row[] {

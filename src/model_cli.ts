@@ -12,7 +12,7 @@ import { checkModelFile } from "./engine/binding.ts";
 import type { ModelFileInfo } from "./engine/types.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "./engine/library.ts";
 import { type ProgressStream, withProgress } from "./progress.ts";
-import { GROUP_SIZES, HEAD_QUANTS, MAX_LOOPS, parseQuantMix, type QuantMix, quantMixNote } from "./model/format.ts";
+import { GROUP_SIZES, HEAD_QUANTS, MAX_LOOPS, type ModelConfig, parseQuantMix, type QuantMix, quantMixNote } from "./model/format.ts";
 import { exportGguf } from "./model/gguf.ts";
 import { importHfCheckpoint } from "./model/import_hf.ts";
 import { DEFAULT_GROUP_SIZE, type HeadQuant, quantizeModelFile, type WeightQuant } from "./model/quantize.ts";
@@ -68,6 +68,11 @@ options (default in brackets):
   --residual-scale X   multiplies Wo and W2; small values make shallow
                        loops agree with deep ones [1]
   --tied               no output.weight: logits use tok_embeddings
+  --layers N           a stack of N distinct layers per loop (step) [1]
+  --sandwich           each sublayer's output normed before its residual add
+  --step-norm          the final norm applied after every step
+  --exit-gate          a learned exit gate (exit_gate.weight, exit_gate.bias)
+  --exit-threshold X   the model's default exit threshold, in (0, 1] (needs --exit-gate)
   -h, --help           this help`;
 
 const INSPECT_HELP = `usage: loopserve model inspect FILE [--json]
@@ -234,8 +239,10 @@ function cmdNew(argv: string[], io: CommandIO): number {
       "--rope-theta",
       "--norm-eps",
       "--residual-scale",
+      "--layers",
+      "--exit-threshold",
     ]),
-    new Set(["--tied", "-h", "--help"]),
+    new Set(["--tied", "--sandwich", "--step-norm", "--exit-gate", "-h", "--help"]),
   );
   if (p.flags.has("-h") || p.flags.has("--help")) {
     io.out(NEW_HELP);
@@ -256,6 +263,11 @@ function cmdNew(argv: string[], io: CommandIO): number {
     normEps: numFlag(p, "--norm-eps", 1e-5),
     residualScale: numFlag(p, "--residual-scale", 1),
     tiedOutput: p.flags.has("--tied"),
+    nLayers: intFlag(p, "--layers", 1),
+    sandwichNorm: p.flags.has("--sandwich"),
+    stepNorm: p.flags.has("--step-norm"),
+    exitGate: p.flags.has("--exit-gate"),
+    exitThreshold: p.flags.has("--exit-threshold") ? numFlag(p, "--exit-threshold", 0) : null,
   };
   try {
     resolveSyntheticOptions(opts);
@@ -274,6 +286,8 @@ function cmdNew(argv: string[], io: CommandIO): number {
         ropeTheta: "--rope-theta",
         normEps: "--norm-eps",
         residualScale: "--residual-scale",
+        nLayers: "--layers",
+        exitThreshold: "--exit-threshold",
       };
       const msg = e.message.replace(/^synthetic model: /, "").replace(/\b(\w+)\b/g, (w) => flagOf[w] ?? w);
       throw new UsageError(msg);
@@ -287,9 +301,20 @@ function cmdNew(argv: string[], io: CommandIO): number {
   io.out(
     `wrote ${out}: ${r.bytes} bytes, ${r.parameters} parameters ` +
       `(dim ${c.dim}, heads ${c.nHeads}/${c.nKvHeads} kv, ffn ${c.ffnDim}, vocab ${c.vocabSize}, ` +
-      `loops ${c.defaultLoops}, ${c.tiedOutput ? "tied" : "untied"} output, seed ${opts.seed}) in ${ms.toFixed(0)} ms`,
+      `loops ${c.defaultLoops}, ${c.tiedOutput ? "tied" : "untied"} output${stackNote(c)}, seed ${opts.seed}) in ${ms.toFixed(0)} ms`,
   );
   return 0;
+}
+
+/** ", 4 layers per step, sandwich norms, ..." for a stack; "" for a single block. */
+function stackNote(c: Pick<ModelConfig, "nLayers" | "normLayout" | "stepNorm" | "exitGate" | "exitThreshold">): string {
+  const parts = [
+    ...(c.nLayers > 1 ? [`${c.nLayers} layers per step`] : []),
+    ...(c.normLayout === "sandwich" ? ["sandwich norms"] : []),
+    ...(c.stepNorm ? ["a norm after every step"] : []),
+    ...(c.exitGate ? [`an exit gate${c.exitThreshold !== null ? ` (default threshold ${c.exitThreshold})` : ""}`] : []),
+  ];
+  return parts.map((p) => `, ${p}`).join("");
 }
 
 /** The server's verdict on a model file: its loader's description, or its reason to refuse it. */
@@ -350,7 +375,7 @@ function cmdInspect(argv: string[], io: CommandIO): number {
     io.out(
       `loopserve model: ${c.quant}${c.quant === "fp16" ? "" : ` (group ${c.groupSize}${quantMixNote(c.quantMix)})`}${head}, dim ${c.dim}, heads ${c.nHeads} (kv ${c.nKvHeads}), head_dim ${c.headDim}, ` +
         `ffn ${c.ffnDim}, vocab ${c.vocabSize}, default loops ${c.defaultLoops}, ` +
-        `output ${c.tiedOutput ? "tied to tok_embeddings" : c.embeddingFromHead ? "tied (the embedding is the quantized head)" : "untied"}`,
+        `output ${c.tiedOutput ? "tied to tok_embeddings" : c.embeddingFromHead ? "tied (the embedding is the quantized head)" : "untied"}${stackNote(c)}`,
     );
   }
   return 0;

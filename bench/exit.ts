@@ -1,0 +1,173 @@
+// Learned early exit on a trained looped model with an exit gate
+// (docs/early-exit.md): held-out perplexity and single-stream decode speed
+// at every fixed depth and under adaptive exit at several thresholds, side
+// by side in one run, beside a single-block model and the Kneser-Ney
+// trigram counted on the same training split.
+//
+//   bun bench/exit.ts --model FILE [--compare FILE] [--thresholds 0.5,0.7,0.9]
+//                     [--texts 16] [--len 256] [--prompts 8] [--decode 128] [--threads 2]
+//
+// Perplexity is teacher-forced over the same held-out texts as bench/quality.ts
+// (the KJV validation split): at a fixed depth each text runs in one call; under
+// early exit every position is fed as a sampled token is (one step each, its
+// logits from its exit step), which is what generation does. Speed: greedy
+// decoding of --decode tokens after each of --prompts held-out prompts, one
+// ls_session_step per token (the kernels alone, no HTTP).
+import { kernelLibrary } from "../src/bench/engine.ts";
+import { printTable, type Row } from "../src/bench/table.ts";
+import { NativeModel } from "../src/engine/binding.ts";
+import { GREEDY } from "../src/engine/types.ts";
+import { TRAINED_MODEL_PATH } from "../src/model/trained.ts";
+import { kjvTokens } from "./kjv.ts";
+import { kneserNeyPerplexity } from "./kneser_ney.ts";
+import { Tally } from "./logits.ts";
+import { writeJson } from "./report.ts";
+
+interface Options {
+  model: string;
+  compare: string;
+  thresholds: number[];
+  texts: number;
+  len: number;
+  prompts: number;
+  decode: number;
+  threads: number;
+}
+
+function parseArgs(argv: string[]): Options {
+  const o: Options = { model: "", compare: TRAINED_MODEL_PATH, thresholds: [0.5, 0.7, 0.9], texts: 16, len: 256, prompts: 8, decode: 128, threads: 2 };
+  for (let i = 0; i < argv.length; i += 2) {
+    const [flag, value] = [argv[i], argv[i + 1]];
+    if (value === undefined) throw new Error(`${flag} needs a value`);
+    const int = () => {
+      const n = Number(value);
+      if (!Number.isInteger(n) || n < 1) throw new Error(`${flag} takes a positive integer, got ${value}`);
+      return n;
+    };
+    if (flag === "--model") o.model = value;
+    else if (flag === "--compare") o.compare = value;
+    else if (flag === "--thresholds") o.thresholds = value.split(",").map(Number);
+    else if (flag === "--texts") o.texts = int();
+    else if (flag === "--len") o.len = int();
+    else if (flag === "--prompts") o.prompts = int();
+    else if (flag === "--decode") o.decode = int();
+    else if (flag === "--threads") o.threads = int();
+    else throw new Error(`unknown flag ${flag}`);
+  }
+  if (!o.model) throw new Error("--model FILE (a model with an exit gate) is required");
+  if (o.thresholds.some((t) => !(t > 0 && t <= 1))) throw new Error("--thresholds are numbers in (0, 1]");
+  return o;
+}
+
+/** `count` texts of `len` tokens spread evenly over `tokens`. */
+function texts(tokens: Uint16Array, len: number, count: number): Int32Array[] {
+  const stride = Math.floor(tokens.length / len / count);
+  return Array.from({ length: count }, (_, i) => Int32Array.from(tokens.subarray(i * stride * len, (i * stride + 1) * len)));
+}
+
+/** Teacher-forced perplexity at a fixed depth: each text in one call. */
+function fixedPerplexity(m: NativeModel, evalTexts: Int32Array[], loops: number): number {
+  const V = m.info.vocabSize;
+  const tally = new Tally();
+  for (const text of evalTexts) {
+    const out = new Float32Array(text.length * V);
+    const s = m.newSession(text.length, loops, 0);
+    try {
+      s.forward(text, loops, out, text.length);
+    } finally {
+      s.close();
+    }
+    tally.add(out, text, V, null);
+  }
+  return tally.perplexity;
+}
+
+/** Teacher-forced perplexity under early exit, and the mean steps the positions ran. */
+function exitPerplexity(m: NativeModel, evalTexts: Int32Array[], loops: number, threshold: number): { perplexity: number; meanSteps: number } {
+  const V = m.info.vocabSize;
+  const tally = new Tally();
+  let steps = 0;
+  let n = 0;
+  for (const text of evalTexts) {
+    const out = new Float32Array(text.length * V);
+    const s = m.newSession(text.length, loops, 0);
+    try {
+      for (let t = 0; t < text.length; t++) {
+        s.step(text.subarray(t, t + 1), loops, GREEDY, out.subarray(t * V, (t + 1) * V), threshold);
+        steps += s.lastSteps;
+        n++;
+      }
+    } finally {
+      s.close();
+    }
+    tally.add(out, text, V, null);
+  }
+  return { perplexity: tally.perplexity, meanSteps: steps / n };
+}
+
+/** Greedy decode tokens/s after each prompt (prefill not counted), and the mean steps per token. */
+function decodeSpeed(m: NativeModel, prompts: Int32Array[], loops: number, n: number, threshold: number): { tokPerS: number; meanSteps: number } {
+  let ms = 0;
+  let tokens = 0;
+  let steps = 0;
+  for (const prompt of prompts) {
+    const s = m.newSession(prompt.length + n + 1, loops, 0);
+    try {
+      let next = s.step(prompt, loops, GREEDY, null, threshold);
+      const t0 = performance.now();
+      for (let i = 0; i < n; i++) {
+        next = s.step(Int32Array.of(next), loops, GREEDY, null, threshold);
+        steps += s.lastSteps;
+      }
+      ms += performance.now() - t0;
+      tokens += n;
+    } finally {
+      s.close();
+    }
+  }
+  return { tokPerS: tokens / (ms / 1000), meanSteps: steps / tokens };
+}
+
+async function main(): Promise<void> {
+  const o = parseArgs(process.argv.slice(2));
+  const lib = kernelLibrary();
+  const m = NativeModel.load(lib, o.model, o.threads, "auto");
+  const base = NativeModel.load(lib, o.compare, o.threads, "auto");
+  try {
+    if (!m.info.exitGate) throw new Error(`${o.model} has no exit gate`);
+    const held = await kjvTokens("val");
+    const evalTexts = texts(held, o.len, o.texts);
+    const prompts = texts(held.subarray(held.length >> 1), 48, o.prompts);
+    const T = m.info.defaultLoops;
+    const rows: Row[] = [];
+    const record: Record<string, unknown>[] = [];
+    const add = (setting: string, steps: number, perplexity: number, meanSteps: number, tokPerS: number, fixedT: number) => {
+      rows.push({ model: setting, steps: steps, "mean steps": meanSteps.toFixed(2), perplexity: perplexity.toFixed(2), "decode tok/s": tokPerS.toFixed(0), [`vs T=${T}`]: (tokPerS / fixedT).toFixed(2) + "x" });
+      record.push({ setting, steps, perplexity, meanSteps, tokPerS });
+    };
+    let fixedT = 0;
+    const fixed = [];
+    for (let d = 1; d <= T; d++) {
+      const speed = decodeSpeed(m, prompts, d, o.decode, 0);
+      fixed.push({ d, perplexity: fixedPerplexity(m, evalTexts, d), speed });
+      if (d === T) fixedT = speed.tokPerS;
+    }
+    for (const f of fixed) add(`fixed depth`, f.d, f.perplexity, f.d, f.speed.tokPerS, fixedT);
+    for (const th of o.thresholds) {
+      const q = exitPerplexity(m, evalTexts, T, th);
+      const speed = decodeSpeed(m, prompts, T, o.decode, th);
+      add(`exit_threshold ${th}`, T, q.perplexity, q.meanSteps, speed.tokPerS, fixedT);
+    }
+    const baseSpeed = decodeSpeed(base, prompts, base.info.defaultLoops, o.decode, 0);
+    add(`single block (${o.compare.split("/").pop()})`, base.info.defaultLoops, fixedPerplexity(base, evalTexts, base.info.defaultLoops), base.info.defaultLoops, baseSpeed.tokPerS, fixedT);
+    const kn = kneserNeyPerplexity(await kjvTokens("train"), evalTexts, m.info.vocabSize, 3);
+    rows.push({ model: "Kneser-Ney trigram, training split counts", steps: "-", "mean steps": "-", perplexity: kn.toFixed(2), "decode tok/s": "-", [`vs T=${T}`]: "-" });
+    printTable(`Early exit on ${o.model.split("/").pop()} (${o.texts} held-out texts of ${o.len} tokens; decode: ${o.prompts} prompts x ${o.decode} tokens, ${o.threads} threads)`, rows);
+    console.log(`\nwrote ${writeJson("exit", { model: o.model, options: o, rows: record, kneserNeyTrigram: kn })}`);
+  } finally {
+    m.close();
+    base.close();
+  }
+}
+
+await main();
