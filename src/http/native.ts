@@ -31,7 +31,7 @@ interface NativeJob {
 }
 
 /** A /generate body (or a speculative one, whose knobs the caller lays over the request) resolved into an engine job. */
-export async function nativeJob(deps: AppDeps, body: GenerateBody): Promise<NativeJob> {
+export async function nativeJob(deps: AppDeps, body: GenerateBody, mode: GenerationMode = "generate"): Promise<NativeJob> {
   const maxTokens = body.max_tokens ?? D.max_tokens;
   const cacheWindow = body.cache_window ?? D.cache_window;
   const stops = body.stop == null ? [] : Array.isArray(body.stop) ? body.stop : [body.stop];
@@ -59,7 +59,7 @@ export async function nativeJob(deps: AppDeps, body: GenerateBody): Promise<Nati
       stopTokenIds: stopTokenIds(deps, stopIds),
       cacheWindow,
       ...(body.logprobs == null ? {} : { logprobs: body.logprobs }),
-      ...exitRequest(deps, body.exit_threshold, "generate"),
+      ...exitRequest(deps, body.exit_threshold, mode),
     },
     stopStrings,
     stream: body.stream ?? D.stream,

@@ -62,7 +62,7 @@ export function speculativeStats(c: Completion, mode: SpeculativeMode, verifyLoo
 async function generate(deps: AppDeps, body: TreeSpeculativeBody, httpRequest: Request, mode: SpeculativeMode): Promise<Response> {
   // Validation order (docs/http.md#validation-order): (schema, done) → range (the knobs first) → length → engine loaded → admission.
   const spec = speculativeFields(deps.config, mode, body, body.temperature ?? D.temperature);
-  const { engine, request: plain, stopStrings, scheduling } = await nativeJob(deps, body);
+  const { engine, request: plain, stopStrings, scheduling } = await nativeJob(deps, body, mode);
   const request: GenerateRequest = { ...plain, ...spec };
   const done = await runGeneration(engine, deps.tokenizer, request, stopStrings, httpRequest.signal, undefined, scheduling);
   return Response.json(nativeBody(deps, request, done, speculativeStats(done, mode, spec.loops)) satisfies SpeculativeResponse);

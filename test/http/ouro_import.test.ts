@@ -12,7 +12,7 @@ import { join } from "node:path";
 import OpenAI from "openai";
 import { writeHfFixture } from "../../src/model/hf_fixture.ts";
 import { importHfCheckpoint } from "../../src/model/import_hf.ts";
-import { testTempDir } from "../helpers/models.ts";
+import { testTempDir, tinyModelPath } from "../helpers/models.ts";
 import { serverForTests } from "../helpers/server.ts";
 import { argmax } from "../reference/forward.ts";
 import { StackReference } from "../reference/stack.ts";
@@ -85,6 +85,9 @@ describe("an imported Ouro-layout checkpoint, served", () => {
     const spec = await server.post("/api/v0/completions", { model: "ouro", prompt: "a", max_tokens: 2, mode: "speculative", exit_threshold: 0.5 });
     expect(spec.status).toBe(400);
     expect((await spec.json()).error.param).toBe("exit_threshold");
+    const native = await server.post("/generate/speculative", { prompt: PROMPT, max_tokens: 2, exit_threshold: 0.5 });
+    expect(native.status).toBe(400);
+    expect((await native.json()).error.param).toBe("exit_threshold");
     const bad = await server.post("/generate", { prompt: PROMPT, exit_threshold: 1.5 });
     expect(bad.status).toBe(400);
   }, 60_000);
@@ -95,5 +98,23 @@ describe("an imported Ouro-layout checkpoint, served", () => {
     const count = /^service_exit_steps_count (\d+)/m.exec(metrics);
     expect(Number(count?.[1])).toBeGreaterThan(0);
     expect(metrics).toContain(`service_exit_steps_bucket{le="${STEPS}"}`);
+  }, 60_000);
+});
+
+describe("a model whose file names a default exit threshold", () => {
+  const gated = serverForTests(() => ({
+    modelPath: tinyModelPath({ vocabSize: 50257, loops: 4, seed: 3, nLayers: 2, sandwichNorm: true, stepNorm: true, exitGate: true, exitThreshold: 0.6 }),
+    env: { SERVICE_MAX_SEQ_LEN: "256" },
+  }));
+
+  test("plain generation exits by default; 0 asks for fixed depth; the speculative modes run fixed depths", async () => {
+    const byDefault = await (await gated.post("/generate", { prompt: PROMPT, max_tokens: 8, temperature: 0, loops: 4 })).json();
+    expect(typeof byDefault.stats.mean_steps).toBe("number");
+    const fixed = await (await gated.post("/generate", { prompt: PROMPT, max_tokens: 8, temperature: 0, loops: 4, exit_threshold: 0 })).json();
+    expect(fixed.stats.mean_steps).toBeUndefined();
+    const spec = await gated.post("/generate/speculative", { prompt: PROMPT, max_tokens: 8, temperature: 0, verify_loops: 4, draft_loops: 1 });
+    expect(spec.status).toBe(200);
+    const info = (await (await gated.post("/api/v0/completions", { model: "m", prompt: "a", max_tokens: 1 })).json()).model_info;
+    expect(info).toMatchObject({ n_layers: 2, exit_gate: true, exit_threshold: 0.6 });
   }, 60_000);
 });
