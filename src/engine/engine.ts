@@ -225,6 +225,8 @@ export class Engine {
     const counter = plan ? new SpecCounter() : null;
     const exitThreshold = req.exitThreshold || undefined;
     const exitSteps: number[] | undefined = exitThreshold ? [] : undefined;
+    // A scored prompt runs at full depth, the first token drawn from it too: no step reports its steps.
+    let scoredFirst = false;
     const shape = sessionShape(req);
     const session = this.model.newSession(shape.maxSeq, shape.loops, req.cacheWindow, this.kv);
     this.live.add(session);
@@ -248,7 +250,8 @@ export class Engine {
     const emit = (next: number, logits: Float32Array | null): FinishReason | null => {
       if (stops.has(next)) return "stop";
       tokens.push(next);
-      exitSteps?.push(session.lastSteps);
+      exitSteps?.push(scoredFirst ? req.loops : session.lastSteps);
+      scoredFirst = false;
       if (sink(next, logits && top !== undefined ? tokenLogprob(logits, next, top) : undefined) === false) return "stop";
       if (tokens.length >= req.maxTokens) return "length";
       return null;
@@ -270,6 +273,7 @@ export class Engine {
         if (req.maxTokens === 0) return done("length");
         stepLogits?.set(scored.last);
         next = this.model.sample(scored.last, Int32Array.from(req.promptTokens), s, req.promptTokens.length);
+        scoredFirst = true;
       } else {
         // Prefill and the first token: the same steps in every mode.
         const first = await this.prefill(session, req.promptTokens.slice(reused), req.loops, s, stepLogits, signal, exitThreshold);
