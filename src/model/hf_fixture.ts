@@ -18,6 +18,7 @@ import { join } from "node:path";
 import type { ProgressCallback } from "../progress.ts";
 import { f32BitsToF16Bits } from "./fp16.ts";
 import { type HfArch, type HfDtype, type HfModelShape, loopserveTensorShapes, ouroName } from "./hf_checkpoint.ts";
+import { fillNormal, streamState } from "./normal_stream.ts";
 import { DTYPE_SIZES, ModelFormatError, type TensorSpec, writeSafetensorsStream } from "./safetensors.ts";
 
 export interface HfFixtureOptions {
@@ -58,65 +59,6 @@ export const OURO_1_4B = {
   totalUtSteps: 4,
 } as const;
 
-// ---- PRNG ----
-
-/** splitmix32-style mixer (32-bit integer arithmetic only). */
-function mix32(x: number): number {
-  x = (x + 0x9e3779b9) | 0;
-  x = Math.imul(x ^ (x >>> 16), 0x85ebca6b);
-  x = Math.imul(x ^ (x >>> 13), 0xc2b2ae35);
-  return (x ^ (x >>> 16)) >>> 0;
-}
-
-function fnv1a32(s: string): number {
-  let h = 0x811c9dc5;
-  for (let i = 0; i < s.length; i++) h = Math.imul(h ^ s.charCodeAt(i), 0x01000193) >>> 0;
-  return h;
-}
-
-/** xoshiro128** state for (seed, stream name); never all zero. */
-function streamState(seed: number, name: string): Uint32Array {
-  const s = new Uint32Array(4);
-  let x = mix32((seed >>> 0) ^ mix32(Math.floor(seed / 2 ** 32))) ^ fnv1a32(name);
-  for (let i = 0; i < 4; i++) {
-    x = mix32(x + i);
-    s[i] = x;
-  }
-  if ((s[0] | s[1] | s[2] | s[3]) === 0) s[0] = 1;
-  return s;
-}
-
-const IH_MEAN = 2 * 65535;
-const IH_INV_STD = 1 / Math.sqrt((65536 * 65536 - 1) / 3);
-
-/** out[i] = mean + std * N(0, 1) (Irwin-Hall of four 16-bit uniforms), advancing s. */
-function fillNormal(out: Float32Array, mean: number, std: number, s: Uint32Array): void {
-  let s0 = s[0] | 0;
-  let s1 = s[1] | 0;
-  let s2 = s[2] | 0;
-  let s3 = s[3] | 0;
-  const scale = std * IH_INV_STD;
-  for (let i = 0; i < out.length; i++) {
-    let sum = 0;
-    for (let k = 0; k < 2; k++) {
-      let r = Math.imul(s1, 5);
-      r = Math.imul((r << 7) | (r >>> 25), 9) >>> 0;
-      const t = s1 << 9;
-      s2 ^= s0;
-      s3 ^= s1;
-      s1 ^= s2;
-      s0 ^= s3;
-      s2 ^= t;
-      s3 = (s3 << 11) | (s3 >>> 21);
-      sum += (r & 0xffff) + (r >>> 16);
-    }
-    out[i] = mean + (sum - IH_MEAN) * scale;
-  }
-  s[0] = s0;
-  s[1] = s1;
-  s[2] = s2;
-  s[3] = s3;
-}
 
 /** fp32 -> bf16 bits, round to nearest even (values here are finite). */
 function f32ToBf16Bits(f: number): number {
