@@ -21,7 +21,9 @@ import {
   type BlockQuant,
   configToMetadata,
   expectedTensorShapes,
+  formatVersionOf,
   GROUP_SIZES,
+  layerPrefix,
   loadModelFile,
   loadQuantModelFile,
   matrixBits,
@@ -55,9 +57,10 @@ export type Verdict = { loaded: true } | { loaded: false; message: string };
  */
 export function loadWithTypeScript(path: string): Verdict {
   try {
-    const { quant, headQuant } = describeModelFile(path).model.config;
+    const { quant, headQuant, nLayers, normLayout, stepNorm, exitGate } = describeModelFile(path).model.config;
+    // A stack, or an fp16 block with a quantized head, has no TypeScript weight loader: validation is the check.
+    if (nLayers > 1 || normLayout !== "pre" || stepNorm || exitGate) return { loaded: true };
     if (quant === "int4" || quant === "int2") loadQuantModelFile(path);
-    // An fp16 block with a quantized head has no TypeScript weight loader: validation is the check.
     else if (headQuant === "fp16") loadModelFile(path);
     return { loaded: true };
   } catch (e) {
@@ -98,6 +101,7 @@ const normEpsText = numberText(["1e-05", "1e-6", "0.5", "5E-1", "+.5", ".25"], 0
 type Output = "tied" | "fp16" | QuantizedHead;
 type ValidConfig = ModelShape & {
   output: Output;
+  exitGate: boolean;
   /** rope_theta and norm_eps as written: any decimal form the format accepts. */
   ropeThetaText: string;
   normEpsText: string;
@@ -127,6 +131,10 @@ const validConfig: fc.Arbitrary<ValidConfig> = fc
     output: fc.constantFrom<Output>("tied", "fp16", "int8", "int6", "int4"),
     // Bit k puts block matrix k in the other block format (w1 and w3 share bit 4).
     mixBits: fc.integer({ min: 0, max: 63 }),
+    // A stack (format version 2) half the time.
+    stack: fc.option(
+      fc.record({ nLayers: fc.integer({ min: 1, max: 3 }), sandwich: fc.boolean(), stepNorm: fc.boolean(), exitGate: fc.boolean(), threshold: fc.option(fc.constantFrom(0.25, 0.5, 1)) }),
+    ),
   })
   .map((r) => {
     const nHeads = r.kvHeads * r.group;
@@ -134,10 +142,16 @@ const validConfig: fc.Arbitrary<ValidConfig> = fc
     // Quantized: dim and ffn_dim multiples of the group size.
     const headDim = quantized ? r.groupSize : 2 * r.headDimHalf;
     const dim = nHeads * headDim;
+    const st = r.stack;
+    const stack = st
+      ? { nLayers: st.nLayers, normLayout: st.sandwich ? ("sandwich" as const) : ("pre" as const), stepNorm: st.stepNorm, exitThreshold: st.exitGate ? st.threshold : null, tokenizer: "gpt2" as const }
+      : SINGLE_BLOCK;
+    const exitGate = st?.exitGate ?? false;
     return {
       arch: "looped-llama" as const,
-      formatVersion: 1 as const,
-      ...SINGLE_BLOCK,
+      formatVersion: formatVersionOf(stack, exitGate),
+      ...stack,
+      exitGate,
       dim,
       nHeads,
       nKvHeads: r.kvHeads,
@@ -161,13 +175,14 @@ const validConfig: fc.Arbitrary<ValidConfig> = fc
 /** Every tensor (name, dtype, shape) a file of this config holds. */
 function tensorsOf(c: ValidConfig): [string, Dtype, number[]][] {
   const out: [string, Dtype, number[]][] = [];
-  const f16 = expectedTensorShapes(c).filter(([name]) => name !== "output.weight");
+  const f16 = expectedTensorShapes(c, c.exitGate).filter(([name]) => name !== "output.weight");
   if (c.quant === "fp16") {
     for (const [name, shape] of f16) out.push([name, "F16", shape]);
   } else {
-    for (const [name, shape] of f16) if (!/^block\.w[qkvo123]\./.test(name)) out.push([name, "F16", shape]);
+    for (const [name, shape] of f16) if (!/^(block|layers\.\d+)\.w[qkvo123]\./.test(name)) out.push([name, "F16", shape]);
     const shapes = matrixShapes(c);
-    for (const m of QUANT_MATRICES) out.push(...quantTensorShapes(`block.${m}`, matrixBits(c, m) as QuantMatrix["bits"], shapes[m][0], shapes[m][1], c.groupSize));
+    for (let i = 0; i < c.nLayers; i++)
+      for (const m of QUANT_MATRICES) out.push(...quantTensorShapes(`${layerPrefix(c, i)}${m}`, matrixBits(c, m) as QuantMatrix["bits"], shapes[m][0], shapes[m][1], c.groupSize));
   }
   if (c.output !== "tied" && c.output !== "fp16") out.push(...quantTensorShapes("output", HEAD_BITS[c.output], c.vocabSize, c.dim, c.groupSize));
   if (c.output === "fp16") out.push(["output.weight", "F16", [c.vocabSize, c.dim]]);
