@@ -11,7 +11,7 @@
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { LS_DTYPE_F16, LS_DTYPE_NONE, LS_DTYPE_U8 } from "../src/abi/abi.generated.ts";
+import { LS_DTYPE_F16, LS_DTYPE_NONE, LS_DTYPE_U8, LS_MAX_LAYERS, LS_STRUCTS } from "../src/abi/abi.generated.ts";
 import { describeModelFile } from "../src/engine/model_descriptor.ts";
 import { quantizeModelFile } from "../src/model/quantize.ts";
 import { type SyntheticOptions, writeSyntheticModel } from "../src/model/synthetic.ts";
@@ -76,7 +76,10 @@ export function validSeeds(): ModelImage[] {
     quantizeModelFile(path("quant-base"), path("fp16-head-int4"), { quant: "fp16", groupSize: 32, head: "int4" });
     writeSyntheticModel(path("int6-base"), INT6_SHAPE);
     quantizeModelFile(path("int6-base"), path("int4-head-int6"), { quant: "int4", groupSize: 32, head: "int6" });
-    validCache = ["fp16", "fp16-tied", "int4-head-int8", "int2-head-fp16", "fp16-head-int4", "int4-head-int6"].map((name) => ({
+    // a stack as Ouro lays it out (format version 2), fp16 and int4
+    writeSyntheticModel(path("stack-gated"), { ...QUANT_SHAPE, seed: 6, nLayers: 2, sandwichNorm: true, stepNorm: true, exitGate: true });
+    quantizeModelFile(path("stack-gated"), path("stack-int4"), { quant: "int4", groupSize: 32, head: "int8" });
+    validCache = ["fp16", "fp16-tied", "int4-head-int8", "int2-head-fp16", "fp16-head-int4", "int4-head-int6", "stack-gated", "stack-int4"].map((name) => ({
       name,
       bytes: new Uint8Array(readFileSync(path(name))),
     }));
@@ -141,11 +144,23 @@ export function modelSeeds(): ModelImage[] {
 
 // ---- descriptor images (the libFuzzer target's input) ----
 
-/** A libFuzzer input: the descriptor's bytes, then the file's. */
+/**
+ * A libFuzzer input (fuzz/model_load.c): the descriptor up to its layers,
+ * one byte counting the layer slots that follow, those slots (through the
+ * last one that holds a span), then the file's bytes. The full descriptor
+ * is mostly empty layer slots, larger than the fuzzer's inputs.
+ */
 function descriptorImage(descriptor: Uint8Array, file: Uint8Array): Uint8Array {
-  const out = new Uint8Array(descriptor.length + file.length);
-  out.set(descriptor);
-  out.set(file, descriptor.length);
+  const head = LS_STRUCTS.ls_model_desc.fields.layers.offset;
+  const slot = LS_STRUCTS.ls_layer_spans.size;
+  let layers = 0;
+  for (let i = 0; i < LS_MAX_LAYERS; i++) if (descriptor.subarray(head + i * slot, head + (i + 1) * slot).some((b) => b !== 0)) layers = i + 1;
+  const kept = head + layers * slot;
+  const out = new Uint8Array(kept + 1 + file.length);
+  out.set(descriptor.subarray(0, head));
+  out[head] = layers;
+  out.set(descriptor.subarray(head, kept), head + 1);
+  out.set(file, kept + 1);
   return out;
 }
 
@@ -189,6 +204,10 @@ export function descriptorSeeds(): ModelImage[] {
     ["span-dtype", edit({}, { "norm.weight": { dtype: LS_DTYPE_U8 } })],
     ["span-missing", edit({}, { "block.wk.weight": { offset: 0, length: 0, dtype: LS_DTYPE_NONE } })],
     ["span-foreign", edit({}, { "block.wq.zeros": { dtype: LS_DTYPE_F16 } })],
+    ["layers-beyond-limit", edit({ n_layers: 129 })],
+    ["layers-more-than-given", edit({ n_layers: 2 })],
+    ["layer-not-counted", edit({}, { "layers.1.attn_norm.weight": { ...spanOf(desc, "block.attn_norm.weight"), dtype: LS_DTYPE_F16 } })],
+    ["sandwich-norms-missing", edit({ sandwich_norm: 1 })],
     ["nan-weight", edit({}, {}, nan)],
   ];
   return [...valid, ...variants.map(([name, bytes]) => ({ name: `corrupt-${name}`, bytes }))];

@@ -5,8 +5,11 @@
  * byte range and dtype) against the mapped model file. The file's own
  * format is validated in TypeScript, fuzzed by fuzz/validator.ts.
  *
- * Each input is a descriptor's bytes followed by the model file's bytes
- * (an input shorter than a descriptor leaves the rest of it zero). The file
+ * Each input is the descriptor up to its layers (ls_model_desc.layers), one
+ * byte k, k layer slots (ls_layer_spans, at most LS_MAX_LAYERS), then the
+ * model file's bytes; what an input lacks of the descriptor stays zero. The
+ * whole descriptor is mostly empty layer slots and larger than the fuzzer's
+ * inputs: the count keeps the file within reach. The file
  * goes through the public entry point, ls_model_load, by path: it is written
  * to an in-memory file (memfd) reopened through /proc/self/fd, so what is
  * fuzzed is exactly what the server runs. A model the loader accepts is then
@@ -23,6 +26,7 @@
  */
 #define _GNU_SOURCE /* memfd_create */
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,10 +102,18 @@ static void run_loaded(ls_model *m, size_t file_size) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (scratch_fd < 0) open_scratch();
-    ls_model_desc desc;
+    static ls_model_desc desc;
     memset(&desc, 0, sizeof desc);
-    size_t desc_bytes = size < sizeof desc ? size : sizeof desc;
+    const size_t head = offsetof(ls_model_desc, layers);
+    size_t desc_bytes = size < head ? size : head;
     memcpy(&desc, data, desc_bytes);
+    if (size > head) {
+        size_t k = data[head] < LS_MAX_LAYERS ? data[head] : LS_MAX_LAYERS;
+        size_t layer_bytes = k * sizeof desc.layers[0];
+        if (layer_bytes > size - head - 1) layer_bytes = size - head - 1;
+        memcpy(desc.layers, data + head + 1, layer_bytes);
+        desc_bytes = head + 1 + layer_bytes;
+    }
     write_scratch(data + desc_bytes, size - desc_bytes);
     char err[512];
     memset(err, 'x', sizeof err);

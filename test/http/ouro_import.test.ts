@@ -12,6 +12,8 @@ import { join } from "node:path";
 import OpenAI from "openai";
 import { writeHfFixture } from "../../src/model/hf_fixture.ts";
 import { importHfCheckpoint } from "../../src/model/import_hf.ts";
+import { GREEDY } from "../../src/engine/types.ts";
+import { withModel } from "../helpers/kernels.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
 import { serverForTests } from "../helpers/server.ts";
 import { argmax } from "../reference/forward.ts";
@@ -102,10 +104,30 @@ describe("an imported Ouro-layout checkpoint, served", () => {
 });
 
 describe("a model whose file names a default exit threshold", () => {
-  const gated = serverForTests(() => ({
-    modelPath: tinyModelPath({ vocabSize: 50257, loops: 4, seed: 3, nLayers: 2, sandwichNorm: true, stepNorm: true, exitGate: true, exitThreshold: 0.6 }),
-    env: { SERVICE_MAX_SEQ_LEN: "256" },
-  }));
+  const GATED = { vocabSize: 50257, loops: 4, seed: 3, nLayers: 2, sandwichNorm: true, stepNorm: true, exitGate: true, exitThreshold: 0.6 };
+  const gated = serverForTests(() => ({ modelPath: tinyModelPath(GATED), env: { SERVICE_MAX_SEQ_LEN: "256", SERVICE_PREFIX_POOL_CAPACITY: "4" } }));
+
+  test("a pooled prefix under early exit: the prompt's last position is not reused, and the output equals a run alone", async () => {
+    const first = [464, 3290, 318, 257, 922, 1110, 11, 290];
+    const longer = [...first, 3290, 318];
+    const hits = async () => Number(/^service_prefix_pool_hits_total (\d+)/m.exec(await (await fetch(`${gated.url}/metrics`)).text())?.[1]);
+    await gated.post("/generate", { prompt: first, max_tokens: 4, temperature: 0, loops: 4 });
+    const before = await hits();
+    const body = await (await gated.post("/generate", { prompt: longer, max_tokens: 12, temperature: 0, loops: 4 })).json();
+    expect(await hits()).toBe(before + 1);
+    const alone = withModel(tinyModelPath(GATED), 1, "auto", (m) => {
+      const s = m.newSession(longer.length + 12, 4, 0);
+      const out: number[] = [];
+      let feed = Int32Array.from(longer);
+      while (out.length < 12) {
+        out.push(s.step(feed, 4, GREEDY, null, 0.6));
+        feed = Int32Array.of(out[out.length - 1]);
+      }
+      s.close();
+      return out;
+    });
+    expect(body.tokens).toEqual(alone);
+  }, 60_000);
 
   test("plain generation exits by default; 0 asks for fixed depth; the speculative modes run fixed depths", async () => {
     const byDefault = await (await gated.post("/generate", { prompt: PROMPT, max_tokens: 8, temperature: 0, loops: 4 })).json();
