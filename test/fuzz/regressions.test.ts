@@ -53,7 +53,7 @@ describe("saved model findings and the seed corpora", () => {
     const verdicts = [...modelSeeds, ...regressionFiles("validator")].map((f) => ({ f, v: checkImage(new Uint8Array(readFileSync(f)), dir) }));
     // The valid seeds load; the corrupted seeds and the findings are refused.
     for (const { f, v } of verdicts) {
-      const loads = /\/(fp16|fp16-tied|int4-head-int8|int2-head-fp16|fp16-head-int4|int4-head-int6)\.safetensors$/.test(f);
+      const loads = /\/(fp16|fp16-tied|int4-head-int8|int2-head-fp16|fp16-head-int4|int4-head-int6|stack-gated|stack-int4)\.safetensors$/.test(f);
       expect({ f, loaded: v.loaded }).toEqual({ f, loaded: loads });
     }
   });
