@@ -275,7 +275,8 @@ class LoopedLlama(nn.Module):
     def init_weights(self, seed: int) -> None:
         """Small-normal initialisation; the residual projections are scaled down
         by the number of layer applications at the default depth, since every
-        one adds to the same stream. The exit gate starts with bias 0."""
+        one adds to the same stream. The exit gate's bias starts where lambda is
+        1/default_loops."""
         g = torch.Generator().manual_seed(seed)
         c = self.config
         with torch.no_grad():
@@ -283,8 +284,8 @@ class LoopedLlama(nn.Module):
                 if name.endswith("norm.weight"):
                     p.fill_(1.0)
                     continue
-                if name == "exit_gate.bias":
-                    p.zero_()
+                if name == "exit_gate.bias":  # lambda = 1/default_loops at first
+                    p.fill_(-math.log(max(1, c.default_loops - 1)))
                     continue
                 std = 0.02
                 if name.endswith(("wo.weight", "w2.weight")):

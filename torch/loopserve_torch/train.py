@@ -163,6 +163,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--step-norm", action="store_true", help="rmsnorm(h, norm) after every step (Ouro)")
     ap.add_argument("--exit-gate", action="store_true", help="train the exit gate (Ouro stage 1, then --gate-steps of stage 2)")
     ap.add_argument("--beta", type=float, default=0.05, help="stage 1 entropy weight")
+    ap.add_argument("--uniform-steps", type=int, default=0,
+                    help="stage 1 opens with this many steps of the mean loss over all depths (a uniform exit "
+                         "distribution, gate untouched): without it a small model's gate collapses onto step 1 "
+                         "while step 1 is still the best, and the deeper steps never learn")
     ap.add_argument("--gate-steps", type=int, default=0, help="stage 2 steps (gate only) after --steps")
     ap.add_argument("--gate-margin", type=float, default=0.02, help="stage 2: stop when the next step improves the loss by less (nats)")
     ap.add_argument("--gate-lr", type=float, default=1e-3)
@@ -307,6 +311,10 @@ def main(argv: list[str] | None = None) -> None:
             depth = a.loops
             if stage2:
                 loss, extra = stage2_loss(model, head, x, y, depth, a.gate_margin)
+            elif step < a.uniform_steps:
+                nll, _ = head.step_nll(model, x, y, depth)
+                loss = nll.mean()
+                extra = {"ce_last": nll[-1].mean().item(), "mean_steps": (depth + 1) / 2}
             else:
                 loss, extra = stage1_loss(model, head, x, y, depth, a.beta)
         else:
