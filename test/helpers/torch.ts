@@ -36,3 +36,16 @@ export function torchLogits(model: string, tokens: number[], loops: number[], gr
     runTorchModule("crosscheck", ["logits", model, "--tokens", tokens.join(","), "--loops", loops.join(","), "--greedy", String(greedy)]),
   );
 }
+
+/** Per depth with early exit (crosscheck logits --exit-threshold): also the exit
+ * step (0-based) and the logits of the position that chose each greedy token,
+ * and the closest any exit decision came to the threshold (null: none decided). */
+export type TorchExitResult = TorchDepthResult & { exit_steps: number[]; greedy_logits: number[][]; margin: number | null };
+
+export function torchExitLogits(model: string, tokens: number[], loops: number[], greedy: number, threshold: number): Record<string, TorchExitResult> {
+  return JSON.parse(
+    runTorchModule("crosscheck", [
+      "logits", model, "--tokens", tokens.join(","), "--loops", loops.join(","), "--greedy", String(greedy), "--exit-threshold", String(threshold),
+    ]),
+  );
+}

@@ -5,10 +5,23 @@
         it back with `load` and fails unless every tensor comes back equal to
         the saved fp16 values; prints {"path", "tensors", "max_roundtrip_diff"}.
 
-    python3 -m loopserve_torch.crosscheck logits MODEL --tokens 1,2,3 --loops 1,4,8 [--greedy N]
-        loads MODEL (any loopserve fp16 file) and prints, per depth, the logits
-        of every prompt position and N greedy tokens (lowest id on ties), with
-        K and V rounded to fp16 as loopserve's cache holds them.
+        Stacks (format version 2): --layers N, --sandwich, --step-norm,
+        --exit-gate [--exit-threshold T].
+
+    python3 -m loopserve_torch.crosscheck make-hf DIR [--dtype BF16|F16|F32] [--shards N] ...
+        the same random model with sandwich norms, step norm and exit gate,
+        written as a Hugging Face Ouro checkpoint (config.json, safetensors);
+        prints {"path", "tensors"}.
+
+    python3 -m loopserve_torch.crosscheck logits MODEL --tokens 1,2,3 --loops 1,4,8 [--greedy N] [--exit-threshold T]
+        loads MODEL (any loopserve fp16 file, or an Ouro checkpoint directory)
+        and prints, per depth, the logits of every prompt position and N
+        greedy tokens (lowest id on ties), with K and V rounded to fp16 as
+        loopserve's cache holds them. With --exit-threshold (a model with the
+        exit gate) decoding is incremental with early exit (model.Decoder):
+        per depth also "exit_steps" (the exit step, 0-based, of the position
+        whose logits chose each greedy token), "greedy_logits" (those logits)
+        and "margin" (the closest any exit decision came to the threshold).
 
     python3 -m loopserve_torch.crosscheck head
         checks that training's out-of-text softmax (train.OutOfTextHead) is the
@@ -27,7 +40,8 @@ import sys
 
 import torch
 
-from .model import LoopedConfig, LoopedLlama
+from .hf import load_any, write_ouro
+from .model import LoopedConfig, LoopedLlama, generate
 from .safetensors_io import load, model_tensors, save
 
 
@@ -43,6 +57,10 @@ def random_model(c: LoopedConfig, seed: int) -> LoopedLlama:
                 p.copy_(1 + 0.05 * torch.randn(p.shape, generator=g))
             elif name == "tok_embeddings.weight":
                 p.copy_(torch.randn(p.shape, generator=g))
+            elif name == "exit_gate.bias":  # with the weight below, z ~ N(-1, ~4): tokens exit at different steps
+                p.copy_(-1.0 + torch.randn(p.shape, generator=g) * 0.5)
+            elif name == "exit_gate.weight":
+                p.copy_(torch.randn(p.shape, generator=g) * (2 / math.sqrt(p.shape[1])))
             elif name == "output.weight":  # logits of std ~3, as a tied head's are larger still
                 p.copy_(torch.randn(p.shape, generator=g) * (3 / math.sqrt(p.shape[1])))
             else:
@@ -62,6 +80,13 @@ def depth_logits(model: LoopedLlama, tokens: list[int], loops: int, greedy: int)
         out.append(nxt)
         seq.append(nxt)
     return {"logits": logits.tolist(), "greedy": out}
+
+
+@torch.no_grad()
+def exit_logits(model: LoopedLlama, tokens: list[int], loops: int, greedy: int, threshold: float) -> dict:
+    r = generate(model, tokens, greedy, loops, threshold, kv_fp16=True)
+    return {"logits": r["prompt_logits"].tolist(), "greedy": r["tokens"], "exit_steps": r["exit_steps"],
+            "greedy_logits": r["logits"].tolist(), "margin": r["margin"] if math.isfinite(r["margin"]) else None}
 
 
 @torch.no_grad()
@@ -97,20 +122,47 @@ def main(argv: list[str] | None = None) -> int:
     mk.add_argument("--loops", type=int, default=8)
     mk.add_argument("--untied", action="store_true")
     mk.add_argument("--bf16", action="store_true", help="hold the weights in bf16 before saving")
+    hf = sub.add_parser("make-hf")
+    hf.add_argument("out")
+    hf.add_argument("--dtype", choices=("BF16", "F16", "F32"), default="BF16")
+    hf.add_argument("--shards", type=int, default=1)
+    for p in (mk, hf):
+        if p is hf:
+            for name, default in (("--seed", 1), ("--dim", 64), ("--heads", 4), ("--kv-heads", 2), ("--ffn", 192), ("--vocab", 1000), ("--loops", 4)):
+                p.add_argument(name, type=int, default=default)
+            p.add_argument("--untied", action="store_true")
+        p.add_argument("--layers", type=int, default=3 if p is hf else 1)
+        p.add_argument("--exit-threshold", type=float, default=None)
+        p.add_argument("--max-seq", type=int, default=256)
+    mk.add_argument("--sandwich", action="store_true")
+    mk.add_argument("--step-norm", action="store_true")
+    mk.add_argument("--exit-gate", action="store_true")
     lg = sub.add_parser("logits")
     lg.add_argument("model")
     lg.add_argument("--tokens", required=True)
     lg.add_argument("--loops", default="1,4,8")
     lg.add_argument("--greedy", type=int, default=0)
+    lg.add_argument("--exit-threshold", type=float, default=None)
     sub.add_parser("head")
     a = ap.parse_args(argv)
 
     if a.cmd == "head":
         return check_out_of_text_head()
 
+    if a.cmd == "make-hf":
+        c = LoopedConfig(dim=a.dim, n_heads=a.heads, n_kv_heads=a.kv_heads, ffn_dim=a.ffn, vocab_size=a.vocab,
+                         default_loops=a.loops, max_seq_len=a.max_seq, tied_output=not a.untied, n_layers=a.layers,
+                         norm_layout="sandwich", step_norm=True, exit_gate=True, exit_threshold=a.exit_threshold)
+        model = random_model(c, a.seed)
+        write_ouro(model, a.out, a.dtype, a.shards)
+        print(json.dumps({"path": a.out, "tensors": len(model_tensors(model))}))
+        return 0
+
     if a.cmd == "make":
         c = LoopedConfig(dim=a.dim, n_heads=a.heads, n_kv_heads=a.kv_heads, ffn_dim=a.ffn, vocab_size=a.vocab,
-                         default_loops=a.loops, max_seq_len=256, tied_output=not a.untied)
+                         default_loops=a.loops, max_seq_len=a.max_seq, tied_output=not a.untied, n_layers=a.layers,
+                         norm_layout="sandwich" if a.sandwich else "pre", step_norm=a.step_norm, exit_gate=a.exit_gate,
+                         exit_threshold=a.exit_threshold)
         model = random_model(c, a.seed)
         if a.bf16:
             model = model.to(torch.bfloat16)
@@ -123,9 +175,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"path": a.out, "tensors": len(model_tensors(model)), "max_roundtrip_diff": worst}))
         return 0 if worst == 0.0 else 1
 
-    model = load(a.model)
+    model = load_any(a.model)
     tokens = [int(t) for t in a.tokens.split(",")]
     depths = [int(d) for d in a.loops.split(",")]
+    if a.exit_threshold is not None:
+        if not model.config.exit_gate:
+            raise SystemExit(f"{a.model}: --exit-threshold needs a model with the exit gate")
+        json.dump({str(d): exit_logits(model, tokens, d, a.greedy, a.exit_threshold) for d in depths}, sys.stdout)
+        return 0
     json.dump({str(d): depth_logits(model, tokens, d, a.greedy) for d in depths}, sys.stdout)
     return 0
 

@@ -1,19 +1,37 @@
 """LoopedLlama: the function loopserve serves, in PyTorch.
 
-One Llama-style block applied `loops` times with the same weights:
+A stack of `n_layers` Llama-style layers (distinct weights) applied `loops`
+times ("steps"); the single-block model of format version 1 is n_layers = 1:
 
     h = E[token]
-    for l in range(loops):
-        x = rmsnorm(h, attn_norm)
-        q, k, v = x Wq^T, x Wk^T, x Wv^T; rope(q, k, pos)     GQA: n_kv_heads
-        h = h + attention(q, k, v) Wo^T                      causal, 1/sqrt(head_dim)
-        x = rmsnorm(h, ffn_norm)
-        h = h + (silu(x W1^T) * (x W3^T)) W2^T               SwiGLU
-    logits = rmsnorm(h, norm) Wout^T                         Wout = E when tied
+    for s in range(loops):
+        for layer i in range(n_layers):                        KV cache slot (s, i)
+            x = rmsnorm(h, attn_norm_i)
+            q, k, v = x Wq^T, x Wk^T, x Wv^T; rope(q, k, pos)  GQA: n_kv_heads
+            a = attention(q, k, v) Wo^T                        causal, 1/sqrt(head_dim)
+            if sandwich: a = rmsnorm(a, attn_out_norm_i)
+            h = h + a
+            x = rmsnorm(h, ffn_norm_i)
+            f = (silu(x W1^T) * (x W3^T)) W2^T                 SwiGLU
+            if sandwich: f = rmsnorm(f, ffn_out_norm_i)
+            h = h + f
+        if step_norm: h = rmsnorm(h, norm)                     carried into the next step
+        if exit gate: lambda_s = sigmoid(h . w_gate + b_gate)  fp32
+    logits = (h if step_norm else rmsnorm(h, norm)) Wout^T     Wout = E when tied
 
 rmsnorm(x, w) = x / sqrt(mean(x^2) + eps) * w. RoPE rotates the pairs
 (i, i + head_dim/2) by pos * theta^(-2i / head_dim), as Hugging Face's Llama
 does. Matrices are [out_features, in_features], as nn.Linear keeps them.
+
+Early exit (/work/stack_spec.md, "the contract"; a model with the gate and a
+threshold in (0, 1]): per token, remaining = 1, cdf = 0; after step s < the
+last, p = lambda_s * remaining, remaining *= 1 - lambda_s, cdf += p; at the
+last allowed step cdf = 1. The token exits after the first step whose
+cdf >= threshold and its logits come from that step. The slots (s', i) of
+the deeper steps s' of an exited token hold copies of its K/V of step s.
+Only tokens whose logits are sampled exit; the other prompt positions run
+every step. `exit_forward` computes this for a whole sequence at once;
+`Decoder` does it the way a server does, one token at a time with a cache.
 """
 
 from __future__ import annotations
@@ -33,6 +51,8 @@ MAX_LOOPS = 64
 LIMITS = {"dim": 65536, "n_heads": 4096, "n_kv_heads": 4096, "ffn_dim": 262144, "vocab_size": 1 << 20, "max_seq_len": 1 << 20}
 MAX_ROPE_THETA = 1e12  # rope_theta < this
 MAX_NORM_EPS = 1.0  # norm_eps < this
+MAX_LAYERS = 128  # the contract's n_layers range, 1..128
+NORM_LAYOUTS = ("pre", "sandwich")
 
 
 @dataclass
@@ -47,6 +67,12 @@ class LoopedConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     tied_output: bool = True
+    # format version 2 (stacks); the defaults are the single-block model
+    n_layers: int = 1
+    norm_layout: str = "pre"
+    step_norm: bool = False
+    exit_gate: bool = False
+    exit_threshold: float | None = None  # the default threshold of requests naming none (needs the gate)
 
     def __post_init__(self) -> None:
         for key, cap in LIMITS.items():
@@ -64,15 +90,33 @@ class LoopedConfig:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         if not 1 <= self.default_loops <= MAX_LOOPS:
             raise ValueError(f"default_loops must be in [1, {MAX_LOOPS}], got {self.default_loops}")
+        if not 1 <= self.n_layers <= MAX_LAYERS:
+            raise ValueError(f"n_layers must be in [1, {MAX_LAYERS}], got {self.n_layers}")
+        if self.norm_layout not in NORM_LAYOUTS:
+            raise ValueError(f"norm_layout must be one of {', '.join(NORM_LAYOUTS)}, got {self.norm_layout!r}")
+        if self.exit_threshold is not None:
+            if not self.exit_gate:
+                raise ValueError("exit_threshold needs the exit gate")
+            check_threshold(self.exit_threshold)
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
 
+    @property
+    def stacked(self) -> bool:
+        """Whether the config uses anything of format version 2."""
+        return self.n_layers != 1 or self.norm_layout != "pre" or self.step_norm or self.exit_gate or self.exit_threshold is not None
+
     @classmethod
     def from_dict(cls, d: dict) -> "LoopedConfig":
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def check_threshold(t: float) -> None:
+    if not 0 < t <= 1:
+        raise ValueError(f"exit_threshold must be in (0, 1], got {t}")
 
 
 class RMSNorm(nn.Module):
@@ -100,7 +144,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
 
 
+def causal_mask(past: int, new: int, device: torch.device | None = None) -> torch.Tensor:
+    """(new, past + new) True where key position > query position (masked out)."""
+    keys = torch.arange(past + new, device=device)
+    queries = past + torch.arange(new, device=device)
+    return keys[None, :] > queries[:, None]
+
+
 class Block(nn.Module):
+    """One layer of the stack."""
+
     def __init__(self, c: LoopedConfig) -> None:
         super().__init__()
         self.c = c
@@ -114,8 +167,22 @@ class Block(nn.Module):
         self.w1 = nn.Linear(c.dim, c.ffn_dim, bias=False)
         self.w2 = nn.Linear(c.ffn_dim, c.dim, bias=False)
         self.w3 = nn.Linear(c.dim, c.ffn_dim, bias=False)
+        if c.norm_layout == "sandwich":
+            self.attn_out_norm = RMSNorm(c.dim, c.norm_eps)
+            self.ffn_out_norm = RMSNorm(c.dim, c.norm_eps)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, kv_fp16: bool) -> torch.Tensor:
+    def tensor_names(self) -> list[str]:
+        """The layer's tensors in file order (without the layer prefix and `.weight`)."""
+        names = ["attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w1", "w2", "w3"]
+        if self.c.norm_layout == "sandwich":
+            names += ["attn_out_norm", "ffn_out_norm"]
+        return names
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, kv_fp16: bool,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None, kv_hook=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(new h, K, V of the new positions). `past`: the cache's K and V of the
+        earlier positions, (B, n_kv_heads, P, head_dim); `kv_hook(k, v)` may
+        replace the new positions' K and V before attention reads them."""
         c = self.c
         B, T, _ = h.shape
         hd = c.head_dim
@@ -128,6 +195,12 @@ class Block(nn.Module):
         if kv_fp16:  # loopserve's cache holds K and V in fp16
             k = k.half().float()
             v = v.half().float()
+        if kv_hook is not None:
+            k, v = kv_hook(k, v)
+        new_k, new_v = k, v
+        if past is not None:
+            k = torch.cat((past[0], k), dim=2)
+            v = torch.cat((past[1], v), dim=2)
         group = c.n_heads // c.n_kv_heads
         if group > 1:  # query head j reads key/value head j // group
             k = k.repeat_interleave(group, dim=1)
@@ -135,9 +208,47 @@ class Block(nn.Module):
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
         probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
         att = (probs @ v).transpose(1, 2).reshape(B, T, c.n_heads * hd)
-        h = h + self.wo(att)
+        a = self.wo(att)
+        if c.norm_layout == "sandwich":
+            a = self.attn_out_norm(a)
+        h = h + a
         x = self.ffn_norm(h)
-        return h + self.w2(F.silu(self.w1(x)) * self.w3(x))
+        f = self.w2(F.silu(self.w1(x)) * self.w3(x))
+        if c.norm_layout == "sandwich":
+            f = self.ffn_out_norm(f)
+        return h + f, new_k, new_v
+
+
+def gate_lambda(model: "LoopedLlama", h: torch.Tensor) -> torch.Tensor:
+    """lambda = 1/(1+exp(-z)), z = h . w + b, in fp32; h (..., dim) -> (...)."""
+    g = model.exit_gate
+    z = h.float() @ g.weight.float()[0] + g.bias.float()[0]
+    return 1.0 / (1.0 + torch.exp(-z))
+
+
+class ExitState:
+    """The contract's exit rule for a set of tokens, updated step by step in fp32."""
+
+    def __init__(self, shape: tuple[int, ...], threshold: float, loops: int, device=None) -> None:
+        check_threshold(threshold)
+        self.threshold = torch.tensor(threshold, dtype=torch.float32)
+        self.loops = loops
+        self.remaining = torch.ones(shape, dtype=torch.float32, device=device)
+        self.cdf = torch.zeros(shape, dtype=torch.float32, device=device)
+        # the closest any decision came to the threshold: |cdf - threshold| over the steps decided
+        # by the gate (not the last); a kernel summing in another order can only differ where it is tiny
+        self.margin = torch.full(shape, float("inf"), dtype=torch.float32, device=device)
+
+    def update(self, s: int, lam: torch.Tensor) -> torch.Tensor:
+        """After step s: True where the token exits now (or has already)."""
+        if s < self.loops - 1:
+            p = lam * self.remaining
+            self.remaining = self.remaining * (1 - lam)
+            self.cdf = self.cdf + p
+            self.margin = torch.minimum(self.margin, (self.cdf - self.threshold).abs())
+        else:
+            self.cdf = torch.ones_like(self.cdf)
+        return self.cdf >= self.threshold
 
 
 class LoopedLlama(nn.Module):
@@ -145,13 +256,27 @@ class LoopedLlama(nn.Module):
         super().__init__()
         self.config = c
         self.tok_embeddings = nn.Embedding(c.vocab_size, c.dim)
-        self.block = Block(c)
+        if c.n_layers == 1:
+            self.block = Block(c)
+        else:
+            self.layers = nn.ModuleList(Block(c) for _ in range(c.n_layers))
         self.norm = RMSNorm(c.dim, c.norm_eps)
         self.output = None if c.tied_output else nn.Linear(c.dim, c.vocab_size, bias=False)
+        if c.exit_gate:
+            self.exit_gate = nn.Linear(c.dim, 1, bias=True)
+
+    @property
+    def stack(self) -> list[Block]:
+        return [self.block] if self.config.n_layers == 1 else list(self.layers)
+
+    def layer_prefix(self, i: int) -> str:
+        return "block." if self.config.n_layers == 1 else f"layers.{i}."
 
     def init_weights(self, seed: int) -> None:
         """Small-normal initialisation; the residual projections are scaled down
-        by the default depth, since every loop adds to the same stream."""
+        by the number of layer applications at the default depth, since every
+        one adds to the same stream. The exit gate's bias starts where lambda is
+        1/default_loops."""
         g = torch.Generator().manual_seed(seed)
         c = self.config
         with torch.no_grad():
@@ -159,31 +284,50 @@ class LoopedLlama(nn.Module):
                 if name.endswith("norm.weight"):
                     p.fill_(1.0)
                     continue
+                if name == "exit_gate.bias":  # lambda = 1/default_loops at first
+                    p.fill_(-math.log(max(1, c.default_loops - 1)))
+                    continue
                 std = 0.02
-                if name in ("block.wo.weight", "block.w2.weight"):
-                    std = 0.02 / math.sqrt(2 * c.default_loops)
+                if name.endswith(("wo.weight", "w2.weight")):
+                    std = 0.02 / math.sqrt(2 * c.default_loops * c.n_layers)
                 p.copy_(torch.randn(p.shape, generator=g) * std)
 
     def head_weight(self) -> torch.Tensor:
         return self.tok_embeddings.weight if self.output is None else self.output.weight
 
-    def hidden(self, tokens: torch.Tensor, loops: int, kv_fp16: bool = False, h: torch.Tensor | None = None) -> torch.Tensor:
-        """The final rmsnorm'd hidden state, (B, T, dim), for tokens (B, T) at
-        positions 0..T-1; `h` replaces the embedding lookup when given."""
+    def head_input(self, h: torch.Tensor) -> torch.Tensor:
+        """What the head multiplies after a step: h itself with step_norm (already normed), else rmsnorm(h)."""
+        return h if self.config.step_norm else self.norm(h)
+
+    def _end_step(self, h: torch.Tensor) -> torch.Tensor:
+        return self.norm(h) if self.config.step_norm else h
+
+    def step_states(self, tokens: torch.Tensor, loops: int, kv_fp16: bool = False, h: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """h after each step s = 0..loops-1 (after the step norm when the model
+        has one), each (B, T, dim), for tokens (B, T) at positions 0..T-1;
+        `h` replaces the embedding lookup when given."""
         if not 1 <= loops <= MAX_LOOPS:
             raise ValueError(f"loops must be in [1, {MAX_LOOPS}], got {loops}")
         T = tokens.shape[1]
         cos, sin = rope_tables(self.config.head_dim, torch.arange(T), self.config.rope_theta)
         cos, sin = cos.to(tokens.device), sin.to(tokens.device)
-        mask = torch.ones(T, T, dtype=torch.bool, device=tokens.device).triu(1)
+        mask = causal_mask(0, T, tokens.device)
         if h is None:
             h = self.tok_embeddings(tokens)
+        out = []
         for _ in range(loops):
-            h = self.block(h, cos, sin, mask, kv_fp16)
-        return self.norm(h)
+            for layer in self.stack:
+                h, _, _ = layer(h, cos, sin, mask, kv_fp16)
+            h = self._end_step(h)
+            out.append(h)
+        return out
+
+    def hidden(self, tokens: torch.Tensor, loops: int, kv_fp16: bool = False, h: torch.Tensor | None = None) -> torch.Tensor:
+        """The head's input, (B, T, dim), after `loops` steps (no early exit)."""
+        return self.head_input(self.step_states(tokens, loops, kv_fp16, h)[-1])
 
     def forward(self, tokens: torch.Tensor, loops: int | None = None, kv_fp16: bool = False) -> torch.Tensor:
-        """Logits (B, T, vocab_size)."""
+        """Logits (B, T, vocab_size) at a fixed depth."""
         x = self.hidden(tokens, self.config.default_loops if loops is None else loops, kv_fp16)
         return x @ self.head_weight().t()
 
@@ -191,3 +335,137 @@ class LoopedLlama(nn.Module):
         """Mean next-token cross-entropy in nats."""
         logits = self.forward(tokens, loops)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    def exit_forward(self, tokens: torch.Tensor, loops: int, threshold: float | None, exits: torch.Tensor | None = None,
+                     kv_fp16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits (B, T, vocab), exit step (B, T)) with early exit, for a whole
+        sequence at once, as if each position in `exits` (bool (B, T); default:
+        every position) were a sampled token decoded one at a time: such a token
+        stops after the step the rule names, and the deeper steps' attention
+        reads copies of its K/V from that step. The others run every step.
+        threshold None: no exit (every position runs `loops` steps)."""
+        if not 1 <= loops <= MAX_LOOPS:
+            raise ValueError(f"loops must be in [1, {MAX_LOOPS}], got {loops}")
+        if threshold is not None and not self.config.exit_gate:
+            raise ValueError("this model has no exit gate")
+        B, T = tokens.shape
+        cos, sin = rope_tables(self.config.head_dim, torch.arange(T), self.config.rope_theta)
+        mask = causal_mask(0, T, tokens.device)
+        if exits is None:
+            exits = torch.ones(B, T, dtype=torch.bool)
+        h = self.tok_embeddings(tokens)
+        done = torch.zeros(B, T, dtype=torch.bool)
+        step = torch.full((B, T), loops - 1, dtype=torch.long)
+        final = torch.zeros_like(h)
+        state = ExitState((B, T), threshold, loops) if threshold is not None else None
+        frozen: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * self.config.n_layers
+        for s in range(loops):
+            for i, layer in enumerate(self.stack):
+                def hook(k: torch.Tensor, v: torch.Tensor, i: int = i) -> tuple[torch.Tensor, torch.Tensor]:
+                    if frozen[i] is None or not done.any():
+                        return k, v
+                    m = done[:, None, :, None]
+                    return torch.where(m, frozen[i][0], k), torch.where(m, frozen[i][1], v)
+                h, k, v = layer(h, cos, sin, mask, kv_fp16, kv_hook=hook)
+                frozen[i] = (k, v)
+            h = self._end_step(h)
+            final = torch.where(done[..., None], final, self.head_input(h))
+            if state is not None:
+                now = state.update(s, gate_lambda(self, h)) & exits & ~done
+                step = torch.where(now, torch.full_like(step, s), step)
+                done = done | now
+        return final @ self.head_weight().t(), step
+
+
+class Decoder:
+    """Incremental decoding with a KV cache of loops * n_layers slots, slot
+    (s, i) at index s * n_layers + i, as the server runs a model: `prefill`
+    the prompt (every position runs every step; the last one, whose logits
+    are sampled, exits by the rule), then `step` one token at a time."""
+
+    def __init__(self, model: LoopedLlama, loops: int, threshold: float | None = None, kv_fp16: bool = True) -> None:
+        if not 1 <= loops <= MAX_LOOPS:
+            raise ValueError(f"loops must be in [1, {MAX_LOOPS}], got {loops}")
+        if threshold is not None and not model.config.exit_gate:
+            raise ValueError("this model has no exit gate")
+        self.model, self.loops, self.threshold, self.kv_fp16 = model, loops, threshold, kv_fp16
+        c = model.config
+        empty = torch.zeros(1, c.n_kv_heads, 0, c.head_dim)
+        self.k = [empty] * (loops * c.n_layers)
+        self.v = [empty] * (loops * c.n_layers)
+        self.pos = 0
+        self.last_margin = float("inf")  # ExitState.margin of the last token that could exit
+
+    @torch.no_grad()
+    def _run(self, tokens: list[int]) -> tuple[torch.Tensor, int]:
+        """Runs `tokens` at the next positions; (logits of each (T, vocab), exit
+        step of the last). Only a single token (T = 1) may exit."""
+        m, c, L = self.model, self.model.config, self.model.config.n_layers
+        T, P = len(tokens), self.pos
+        cos, sin = rope_tables(c.head_dim, torch.arange(P, P + T), c.rope_theta)
+        mask = causal_mask(P, T)
+        h = m.tok_embeddings(torch.tensor([tokens]))
+        state = ExitState((1,), self.threshold, self.loops) if self.threshold is not None and T == 1 else None
+        self.last_margin = float("inf")
+        logits, exit_step = None, self.loops - 1
+        for s in range(self.loops):
+            for i, layer in enumerate(m.stack):
+                slot = s * L + i
+                h, k, v = layer(h, cos, sin, mask, self.kv_fp16, past=(self.k[slot], self.v[slot]))
+                self.k[slot] = torch.cat((self.k[slot], k), dim=2)
+                self.v[slot] = torch.cat((self.v[slot], v), dim=2)
+            h = m._end_step(h)
+            if state is not None and s < self.loops - 1:
+                stop = bool(state.update(s, gate_lambda(m, h[0, -1:]))[0])
+                self.last_margin = float(state.margin[0])
+                if stop:
+                    exit_step = s
+                    break
+        logits = m.head_input(h[0]) @ m.head_weight().t()
+        for s2 in range(exit_step + 1, self.loops):  # an exited token: the deeper slots get its last K/V
+            for i in range(L):
+                src, dst = exit_step * L + i, s2 * L + i
+                self.k[dst] = torch.cat((self.k[dst], self.k[src][:, :, -1:]), dim=2)
+                self.v[dst] = torch.cat((self.v[dst], self.v[src][:, :, -1:]), dim=2)
+        self.pos += T
+        return logits, exit_step
+
+    def prefill(self, tokens: list[int]) -> tuple[torch.Tensor, int]:
+        """Logits of every prompt position (T, vocab) and the exit step of the
+        last; the other positions run every step. With exit, the last position
+        runs on its own after the others (the same values as one batch: no
+        earlier position reads it)."""
+        if self.threshold is None or len(tokens) == 1:
+            return self._run(tokens)
+        head, _ = self._run(tokens[:-1])
+        last, step = self._run(tokens[-1:])
+        return torch.cat((head, last)), step
+
+    def step(self, token: int) -> tuple[torch.Tensor, int]:
+        """Logits (vocab,) of one more token and its exit step."""
+        logits, s = self._run([token])
+        return logits[-1], s
+
+
+@torch.no_grad()
+def generate(model: LoopedLlama, prompt: list[int], n: int, loops: int, threshold: float | None = None,
+             kv_fp16: bool = True) -> dict:
+    """Greedy decoding (lowest id on ties): {"prompt_logits" (T, vocab),
+    "tokens" [n], "exit_steps" [n] (of the position whose logits chose each
+    token), "logits" (n, vocab) (those logits), "margin" (the closest an exit
+    decision came to the threshold; inf without exit)}."""
+    d = Decoder(model, loops, threshold, kv_fp16)
+    prompt_logits, step = d.prefill(prompt)
+    margin = d.last_margin
+    last = prompt_logits[-1]
+    tokens, steps, rows = [], [], []
+    for j in range(n):
+        nxt = int(torch.argmax(last).item())  # first maximum
+        tokens.append(nxt)
+        steps.append(step)
+        rows.append(last)
+        if j + 1 < n:
+            last, step = d.step(nxt)
+            margin = min(margin, d.last_margin)
+    return {"prompt_logits": prompt_logits, "tokens": tokens, "exit_steps": steps, "margin": margin,
+            "logits": torch.stack(rows) if rows else torch.zeros(0, model.config.vocab_size)}

@@ -9,6 +9,7 @@ in place).
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import re
 import struct
@@ -20,9 +21,13 @@ import torch
 from .model import LoopedConfig, LoopedLlama
 
 FORMAT_NAME = "loopserve"
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "1"  # what a single-block file is written as
+FORMAT_VERSION_STACK = "2"  # a file using any of the stack keys (n_layers, norm_layout, ...)
+FORMAT_VERSIONS = ("1", "2")
 ARCH = "looped-llama"
 TOKENIZER = "gpt2"
+TOKENIZERS = ("gpt2", "bpe")  # this package works on token ids: either loads
+STACK_KEYS = ("n_layers", "norm_layout", "step_norm", "exit_threshold")
 
 # safetensors dtype name -> numpy dtype (bf16 read as raw uint16 then widened;
 # U8/I8 hold quantized codes, which `load` refuses by the metadata)
@@ -36,10 +41,12 @@ class ModelFileError(ValueError):
 
 
 def config_metadata(c: LoopedConfig) -> dict[str, str]:
-    """The metadata loopserve requires, every value a string."""
-    return {
+    """The metadata loopserve requires, every value a string: format version 1
+    exactly as before for a single-block model, version 2 with the stack keys
+    when the config uses any of them (/work/stack_spec.md)."""
+    meta = {
         "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
+        "format_version": FORMAT_VERSION_STACK if c.stacked else FORMAT_VERSION,
         "arch": ARCH,
         "dim": str(c.dim),
         "n_heads": str(c.n_heads),
@@ -54,16 +61,26 @@ def config_metadata(c: LoopedConfig) -> dict[str, str]:
         "group_size": "0",
         "tokenizer": TOKENIZER,
     }
+    if c.stacked:
+        meta["n_layers"] = str(c.n_layers)
+        meta["norm_layout"] = c.norm_layout
+        meta["step_norm"] = "1" if c.step_norm else "0"
+        if c.exit_threshold is not None:
+            meta["exit_threshold"] = repr(float(c.exit_threshold))
+    return meta
 
 
 def model_tensors(model: LoopedLlama) -> list[tuple[str, torch.Tensor]]:
-    """(file name, tensor) in the order loopserve's writer uses."""
-    b = model.block
+    """(file name, tensor) in the order loopserve's writer uses: layers under
+    `block.` (one layer) or `layers.<i>.`, the exit gate last."""
     out = [("tok_embeddings.weight", model.tok_embeddings.weight)]
-    out += [(f"block.{n}.weight", getattr(b, n).weight) for n in BLOCK_TENSORS]
+    for i, b in enumerate(model.stack):
+        out += [(f"{model.layer_prefix(i)}{n}.weight", getattr(b, n).weight) for n in b.tensor_names()]
     out.append(("norm.weight", model.norm.weight))
     if model.output is not None:
         out.append(("output.weight", model.output.weight))
+    if model.config.exit_gate:
+        out += [("exit_gate.weight", model.exit_gate.weight), ("exit_gate.bias", model.exit_gate.bias)]
     return out
 
 
@@ -125,8 +142,8 @@ def save(model: LoopedLlama, path: str, metadata: dict[str, str] | None = None) 
 
 def read_safetensors(path: str) -> tuple[dict[str, str], dict[str, np.ndarray]]:
     """(metadata, name -> array) of a safetensors file with F16, BF16, F32, U8 or I8 tensors."""
-    with open(path, "rb") as f:
-        raw = f.read()
+    with open(path, "rb") as f:  # mapped, not read: a Hugging Face shard is gigabytes
+        raw = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(f.fileno()).st_size else b""
     if len(raw) < 8:
         raise ModelFileError(f"{path}: {len(raw)} bytes, too short for a safetensors header")
     (n,) = struct.unpack("<Q", raw[:8])
@@ -176,8 +193,29 @@ def _float(meta: dict[str, str], key: str, path: str) -> float:
     return float(s)
 
 
-def _config(meta: dict[str, str], path: str, tied: bool) -> LoopedConfig:
+def _stack_fields(meta: dict[str, str], path: str, gate: bool) -> dict:
+    """The stack keys of format version 2 (absent: the single-block defaults)."""
+    used = [k for k in STACK_KEYS if k in meta]
+    if meta.get("format_version") == "1" and (used or gate):
+        what = used[0] if used else "tensor 'exit_gate.weight'"
+        raise ModelFileError(f"{path}: metadata: format_version '1' may not use {what} (format_version '2' introduces it)")
+    out: dict = {"exit_gate": gate}
+    if "n_layers" in meta:
+        out["n_layers"] = _int(meta, "n_layers", path)
+    if "norm_layout" in meta:
+        out["norm_layout"] = meta["norm_layout"]
+    if "step_norm" in meta:
+        if meta["step_norm"] not in ("0", "1"):
+            raise ModelFileError(f"{path}: metadata: step_norm must be '0' or '1', got {meta['step_norm']!r}")
+        out["step_norm"] = meta["step_norm"] == "1"
+    if "exit_threshold" in meta:
+        out["exit_threshold"] = _float(meta, "exit_threshold", path)
+    return out
+
+
+def _config(meta: dict[str, str], path: str, tied: bool, gate: bool = False) -> LoopedConfig:
     """The config of a file's metadata; every key required, as loopserve requires it."""
+    stack = _stack_fields(meta, path, gate)
     try:
         return LoopedConfig(
             dim=_int(meta, "dim", path),
@@ -190,6 +228,7 @@ def _config(meta: dict[str, str], path: str, tied: bool) -> LoopedConfig:
             rope_theta=_float(meta, "rope_theta", path),
             norm_eps=_float(meta, "norm_eps", path),
             tied_output=tied,
+            **stack,
         )
     except ModelFileError:
         raise
@@ -200,15 +239,20 @@ def _config(meta: dict[str, str], path: str, tied: bool) -> LoopedConfig:
 def load(path: str) -> LoopedLlama:
     """Reads a loopserve fp16 model file into a float32 LoopedLlama (eval mode)."""
     meta, tensors = read_safetensors(path)
-    for key, want in (("format", FORMAT_NAME), ("format_version", FORMAT_VERSION), ("arch", ARCH), ("tokenizer", TOKENIZER)):
+    for key, want in (("format", FORMAT_NAME), ("arch", ARCH)):
         if meta.get(key) != want:
             raise ModelFileError(f"{path}: metadata: {key} must be {want!r}, got {meta.get(key)!r}")
+    for key, allowed in (("format_version", FORMAT_VERSIONS), ("tokenizer", TOKENIZERS)):
+        if meta.get(key, "gpt2" if key == "tokenizer" else None) not in allowed:
+            want = " or ".join(repr(a) for a in allowed)
+            raise ModelFileError(f"{path}: metadata: {key} must be {want}, got {meta.get(key)!r}")
     if _need(meta, "quant", path) != "fp16":
         raise ModelFileError(f"{path}: metadata: quant {meta['quant']!r}: this loader reads fp16 models")
     # An fp16 block may carry a quantized head (and no output.weight): not a tied model.
     if meta.get("output_quant", "fp16") != "fp16" or "output.qweight" in tensors:
         raise ModelFileError(f"{path}: the output head is quantized: this loader reads fp16 models")
-    model = LoopedLlama(_config(meta, path, tied="output.weight" not in tensors))
+    gate = "exit_gate.weight" in tensors or "exit_gate.bias" in tensors
+    model = LoopedLlama(_config(meta, path, tied="output.weight" not in tensors, gate=gate))
     with torch.no_grad():
         for name, param in model_tensors(model):
             if name not in tensors:
@@ -217,4 +261,8 @@ def load(path: str) -> LoopedLlama:
             if list(arr.shape) != list(param.shape):
                 raise ModelFileError(f"{path}: tensor {name!r}: shape must be {list(param.shape)}, got {list(arr.shape)}")
             param.copy_(torch.from_numpy(arr.astype(np.float32)))
+    known = {name for name, _ in model_tensors(model)}
+    extra = sorted(set(tensors) - known)
+    if extra:
+        raise ModelFileError(f"{path}: unexpected tensor {extra[0]!r} for this config ({len(extra)} unexpected in all)")
     return model.eval()

@@ -74,7 +74,7 @@ class SaveLoad(unittest.TestCase):
 
     def test_load_refusals(self) -> None:
         cases = [
-            ({"format_version": "2"}, "format_version must be '1'"),
+            ({"format_version": "3"}, "format_version must be '1' or '2'"),
             ({"rope_theta": None}, "missing required key 'rope_theta'"),
             ({"dim": "+16"}, "dim must be a decimal integer"),
             ({"norm_eps": "1e-5x"}, "norm_eps must be a decimal number"),

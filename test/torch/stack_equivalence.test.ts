@@ -1,0 +1,207 @@
+// PyTorch <-> loopserve for stacked models (format version 2, /work/stack_spec.md):
+// n_layers distinct layers per step, sandwich and step norms, the exit gate.
+// PyTorch (torch/loopserve_torch, model.py) runs in float32 with K and V
+// rounded to fp16 as the cache holds them; the kernels sum in another order,
+// so logits agree to a small tolerance against their spread (as in
+// equivalence.test.ts), and greedy tokens and exit steps agree exactly. With
+// early exit PyTorch decodes token by token as a server does (model.Decoder:
+// the prompt's positions before the last run every step, each sampled token
+// stops after the first step whose exit cdf reaches the threshold, and the
+// deeper steps' cache slots of every layer get copies of its K/V from that
+// step). The fixture's exit decisions are checked to lie well away from the
+// threshold, so a different summation order cannot flip one.
+//
+// Needs the stacked kernels (LS_FEATURE_STACKS) and the binding's early-exit
+// surface; the calls the test makes of the binding are in `ExitSession`.
+import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { existsSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { NativeModel, type NativeSession } from "../../src/engine/binding.ts";
+import { GREEDY, type SamplingParams } from "../../src/engine/types.ts";
+import { readSafetensors } from "../../src/model/safetensors.ts";
+import { ensureLibrary, LIB } from "../helpers/kernels.ts";
+import { testTempDir } from "../helpers/models.ts";
+import { PYTORCH, skipReason } from "../helpers/system_packages.ts";
+import { runTorchModule, type TorchDepthResult, torchExitLogits, torchLogits } from "../helpers/torch.ts";
+import { argmax } from "../reference/forward.ts";
+
+setDefaultTimeout(120_000);
+
+const noTorch = skipReason(PYTORCH) !== null;
+const DEPTHS = [1, 2, 3, 4, 8];
+const THRESHOLDS = [0.5, 0.7];
+const GREEDY_TOKENS = 12;
+const PROMPT = [464, 7, 995, 318, 257, 133, 11, 290, 262, 6, 42, 0, 999, 13, 198, 50]; // ids < 1000, the test models' vocabulary
+const ROOT = resolve(import.meta.dir, "../..");
+
+/** The binding's early exit: ls_step_params.exit_threshold and ls_session_last_steps. */
+interface ExitSession {
+  step(tokens: Int32Array, loops: number, sampling: SamplingParams, logitsOut: Float32Array | null, exitThreshold?: number): number;
+  /** Steps the last sampled token ran: its exit step + 1. */
+  lastSteps(): number;
+}
+
+function exitSession(s: NativeSession): ExitSession {
+  const e = s as unknown as Partial<ExitSession>;
+  if (typeof e.lastSteps !== "function")
+    throw new Error("the binding has no NativeSession.lastSteps (ls_session_last_steps): the stacked kernels' binding is not in this checkout");
+  return s as unknown as ExitSession;
+}
+
+/** Fixed depth: logits of every prompt position and greedy tokens, one forward at a time. */
+function kernelRun(path: string, loops: number): { logits: Float32Array[]; greedy: number[] } {
+  const m = NativeModel.load(LIB, path, 2, "auto");
+  try {
+    const vocab = m.info.vocabSize;
+    const s = m.newSession(256, loops, 0);
+    const all = new Float32Array(PROMPT.length * vocab);
+    s.forward(Int32Array.from(PROMPT), loops, all, PROMPT.length);
+    const logits = PROMPT.map((_, i) => all.slice(i * vocab, (i + 1) * vocab));
+    const greedy: number[] = [];
+    let last = logits[logits.length - 1];
+    const out = new Float32Array(vocab);
+    while (greedy.length < GREEDY_TOKENS) {
+      const next = argmax(last);
+      greedy.push(next);
+      s.forward(Int32Array.of(next), loops, out, 1);
+      last = out;
+    }
+    s.close();
+    return { logits, greedy };
+  } finally {
+    m.close();
+  }
+}
+
+/** Early exit: greedy steps through the kernels' sampler, each step's logits and exit step. */
+function kernelExitRun(path: string, loops: number, threshold: number): { logits: Float32Array[]; greedy: number[]; exitSteps: number[] } {
+  const m = NativeModel.load(LIB, path, 2, "auto");
+  try {
+    const vocab = m.info.vocabSize;
+    const native = m.newSession(256, loops, 0);
+    const s = exitSession(native);
+    const out = new Float32Array(vocab);
+    const logits: Float32Array[] = [];
+    const greedy: number[] = [];
+    const exitSteps: number[] = [];
+    let feed = Int32Array.from(PROMPT);
+    while (greedy.length < GREEDY_TOKENS) {
+      const next = s.step(feed, loops, GREEDY, out, threshold);
+      greedy.push(next);
+      exitSteps.push(s.lastSteps() - 1);
+      logits.push(out.slice());
+      feed = Int32Array.of(next);
+    }
+    native.close();
+    return { logits, greedy, exitSteps };
+  } finally {
+    m.close();
+  }
+}
+
+function maxDiffAndSpread(torch: number[][], kernels: Float32Array[]): { maxAbsDiff: number; spread: number } {
+  let maxAbsDiff = 0;
+  let sum = 0;
+  let sumSq = 0;
+  let n = 0;
+  torch.forEach((row, p) => {
+    expect(kernels[p].length).toBe(row.length);
+    row.forEach((v, i) => {
+      maxAbsDiff = Math.max(maxAbsDiff, Math.abs(v - kernels[p][i]));
+      sum += v;
+      sumSq += v * v;
+      n++;
+    });
+  });
+  return { maxAbsDiff, spread: Math.sqrt(sumSq / n - (sum / n) ** 2) };
+}
+
+function expectClose(label: string, torch: number[][], kernels: Float32Array[]): void {
+  const a = maxDiffAndSpread(torch, kernels);
+  console.log(`${label}: max |Δlogit| ${a.maxAbsDiff.toExponential(2)}, logit std ${a.spread.toFixed(2)}`);
+  expect(a.spread).toBeGreaterThan(1);
+  expect(a.maxAbsDiff).toBeLessThan(1e-3 * a.spread);
+}
+
+function expectFixedDepthEquivalent(path: string, label: string): void {
+  const torch: Record<string, TorchDepthResult> = torchLogits(path, PROMPT, DEPTHS, GREEDY_TOKENS);
+  for (const loops of DEPTHS) {
+    const k = kernelRun(path, loops);
+    expectClose(`${label} loops ${loops}`, torch[String(loops)].logits, k.logits);
+    expect(k.greedy).toEqual(torch[String(loops)].greedy);
+  }
+}
+
+function expectExitEquivalent(path: string, label: string): void {
+  const depthsExiting = new Set<number>();
+  for (const threshold of THRESHOLDS) {
+    const torch = torchExitLogits(path, PROMPT, DEPTHS, GREEDY_TOKENS, threshold);
+    for (const loops of DEPTHS) {
+      const t = torch[String(loops)];
+      if (t.margin !== null) expect(t.margin).toBeGreaterThan(5e-3); // the fixture: no decision near the threshold
+      if (t.exit_steps.some((s) => s < loops - 1)) depthsExiting.add(loops);
+      const k = kernelExitRun(path, loops, threshold);
+      expect(k.greedy).toEqual(t.greedy);
+      expect(k.exitSteps).toEqual(t.exit_steps);
+      expectClose(`${label} loops ${loops} exit_threshold ${threshold}`, t.greedy_logits, k.logits);
+    }
+  }
+  expect(depthsExiting.size).toBeGreaterThan(2); // tokens really exit early, at several depths
+}
+
+describe.skipIf(noTorch)("PyTorch <-> loopserve equivalence, stacked models (format version 2)", () => {
+  const dir = testTempDir();
+  beforeAll(() => ensureLibrary());
+
+  const ouroLike = () => {
+    const path = join(dir, "torch-ouro-like.safetensors");
+    if (!existsSync(path)) {
+      const made = JSON.parse(runTorchModule("crosscheck", ["make", path, "--seed", "5", "--layers", "3", "--sandwich", "--step-norm", "--exit-gate"]));
+      expect(made.max_roundtrip_diff).toBe(0);
+    }
+    return path;
+  };
+
+  test("3 layers, sandwich and step norms, exit gate (GQA, tied): same logits and greedy tokens at steps 1, 2, 3, 4, 8", () => {
+    const path = ouroLike();
+    const f = readSafetensors(path);
+    expect(f.metadata.format_version).toBe("2");
+    expect(f.tensors.has("layers.2.ffn_out_norm.weight")).toBe(true);
+    expect(f.tensors.has("exit_gate.bias")).toBe(true);
+    expectFixedDepthEquivalent(path, "ouro-like");
+  });
+
+  test("the same model with early exit at thresholds 0.5 and 0.7: same greedy tokens, exit steps and logits", () => {
+    expectExitEquivalent(ouroLike(), "ouro-like");
+  });
+
+  test("2 pre-norm layers without step norm or gate, untied head: same logits and greedy tokens", () => {
+    const path = join(dir, "torch-stack-pre.safetensors");
+    const made = JSON.parse(runTorchModule("crosscheck", ["make", path, "--seed", "7", "--layers", "2", "--untied", "--kv-heads", "4"]));
+    expect(made.max_roundtrip_diff).toBe(0);
+    expectFixedDepthEquivalent(path, "pre-norm stack");
+  });
+
+  test("one layer with sandwich, step norm and gate (version 2, block. names): same logits and greedy tokens", () => {
+    const path = join(dir, "torch-one-layer-v2.safetensors");
+    const made = JSON.parse(runTorchModule("crosscheck", ["make", path, "--seed", "5", "--sandwich", "--step-norm", "--exit-gate"]));
+    expect(made.max_roundtrip_diff).toBe(0);
+    expect(readSafetensors(path).tensors.has("block.attn_out_norm.weight")).toBe(true);
+    expectFixedDepthEquivalent(path, "one layer v2");
+  });
+
+  test("a Hugging Face Ouro checkpoint (bf16, 2 shards) imported by `model import-hf` serves what PyTorch computes from the checkpoint", () => {
+    const hf = join(dir, "ouro-hf");
+    runTorchModule("crosscheck", ["make-hf", hf, "--seed", "5", "--shards", "2", "--dtype", "BF16"]);
+    const out = join(dir, "ouro-imported.safetensors");
+    const r = Bun.spawnSync([process.execPath, "src/cli.ts", "model", "import-hf", hf, out], { cwd: ROOT, stdout: "pipe", stderr: "pipe" });
+    if (r.exitCode !== 0) throw new Error(`model import-hf exited ${r.exitCode}: ${r.stderr.toString()}`);
+    // PyTorch reads the checkpoint directory itself: the importer's mapping and fp16 rounding are under test too
+    const torch: Record<string, TorchDepthResult> = torchLogits(hf, PROMPT, [1, 4], GREEDY_TOKENS);
+    for (const loops of [1, 4]) {
+      const k = kernelRun(out, loops);
+      expectClose(`import-hf loops ${loops}`, torch[String(loops)].logits, k.logits);
+      expect(k.greedy).toEqual(torch[String(loops)].greedy);
+    }
+  });
+});
