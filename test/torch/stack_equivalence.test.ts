@@ -14,10 +14,11 @@
 // Needs the stacked kernels (LS_FEATURE_STACKS) and the binding's early-exit
 // surface; the calls the test makes of the binding are in `ExitSession`.
 import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
-import { existsSync } from "node:fs";
+import { existsSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { NativeModel, type NativeSession } from "../../src/engine/binding.ts";
-import { GREEDY, type SamplingParams } from "../../src/engine/types.ts";
+import { NativeModel } from "../../src/engine/binding.ts";
+import { GREEDY } from "../../src/engine/types.ts";
+import { fixtureTokenizerConfig, fixtureTokenizerJson } from "../../src/model/hf_fixture.ts";
 import { readSafetensors } from "../../src/model/safetensors.ts";
 import { ensureLibrary, LIB } from "../helpers/kernels.ts";
 import { testTempDir } from "../helpers/models.ts";
@@ -33,20 +34,6 @@ const THRESHOLDS = [0.5, 0.7];
 const GREEDY_TOKENS = 12;
 const PROMPT = [464, 7, 995, 318, 257, 133, 11, 290, 262, 6, 42, 0, 999, 13, 198, 50]; // ids < 1000, the test models' vocabulary
 const ROOT = resolve(import.meta.dir, "../..");
-
-/** The binding's early exit: ls_step_params.exit_threshold and ls_session_last_steps. */
-interface ExitSession {
-  step(tokens: Int32Array, loops: number, sampling: SamplingParams, logitsOut: Float32Array | null, exitThreshold?: number): number;
-  /** Steps the last sampled token ran: its exit step + 1. */
-  lastSteps(): number;
-}
-
-function exitSession(s: NativeSession): ExitSession {
-  const e = s as unknown as Partial<ExitSession>;
-  if (typeof e.lastSteps !== "function")
-    throw new Error("the binding has no NativeSession.lastSteps (ls_session_last_steps): the stacked kernels' binding is not in this checkout");
-  return s as unknown as ExitSession;
-}
 
 /** Fixed depth: logits of every prompt position and greedy tokens, one forward at a time. */
 function kernelRun(path: string, loops: number): { logits: Float32Array[]; greedy: number[] } {
@@ -78,8 +65,7 @@ function kernelExitRun(path: string, loops: number, threshold: number): { logits
   const m = NativeModel.load(LIB, path, 2, "auto");
   try {
     const vocab = m.info.vocabSize;
-    const native = m.newSession(256, loops, 0);
-    const s = exitSession(native);
+    const s = m.newSession(256, loops, 0);
     const out = new Float32Array(vocab);
     const logits: Float32Array[] = [];
     const greedy: number[] = [];
@@ -88,11 +74,11 @@ function kernelExitRun(path: string, loops: number, threshold: number): { logits
     while (greedy.length < GREEDY_TOKENS) {
       const next = s.step(feed, loops, GREEDY, out, threshold);
       greedy.push(next);
-      exitSteps.push(s.lastSteps() - 1);
+      exitSteps.push(s.lastSteps - 1);
       logits.push(out.slice());
       feed = Int32Array.of(next);
     }
-    native.close();
+    s.close();
     return { logits, greedy, exitSteps };
   } finally {
     m.close();
@@ -133,20 +119,20 @@ function expectFixedDepthEquivalent(path: string, label: string): void {
 }
 
 function expectExitEquivalent(path: string, label: string): void {
-  const depthsExiting = new Set<number>();
+  const earlyExits = new Set<number>(); // the steps tokens stopped at before their last, across depths and thresholds
   for (const threshold of THRESHOLDS) {
     const torch = torchExitLogits(path, PROMPT, DEPTHS, GREEDY_TOKENS, threshold);
     for (const loops of DEPTHS) {
       const t = torch[String(loops)];
       if (t.margin !== null) expect(t.margin).toBeGreaterThan(5e-3); // the fixture: no decision near the threshold
-      if (t.exit_steps.some((s) => s < loops - 1)) depthsExiting.add(loops);
+      for (const s of t.exit_steps) if (s < loops - 1) earlyExits.add(s);
       const k = kernelExitRun(path, loops, threshold);
       expect(k.greedy).toEqual(t.greedy);
       expect(k.exitSteps).toEqual(t.exit_steps);
       expectClose(`${label} loops ${loops} exit_threshold ${threshold}`, t.greedy_logits, k.logits);
     }
   }
-  expect(depthsExiting.size).toBeGreaterThan(2); // tokens really exit early, at several depths
+  expect(earlyExits.size).toBeGreaterThan(1); // tokens really exit early, at more than one step
 }
 
 describe.skipIf(noTorch)("PyTorch <-> loopserve equivalence, stacked models (format version 2)", () => {
@@ -193,6 +179,9 @@ describe.skipIf(noTorch)("PyTorch <-> loopserve equivalence, stacked models (for
   test("a Hugging Face Ouro checkpoint (bf16, 2 shards) imported by `model import-hf` serves what PyTorch computes from the checkpoint", () => {
     const hf = join(dir, "ouro-hf");
     runTorchModule("crosscheck", ["make-hf", hf, "--seed", "5", "--shards", "2", "--dtype", "BF16"]);
+    // the checkpoint as published carries its tokenizer, which the importer stores in the model file
+    writeFileSync(join(hf, "tokenizer.json"), fixtureTokenizerJson());
+    writeFileSync(join(hf, "tokenizer_config.json"), JSON.stringify(fixtureTokenizerConfig()));
     const out = join(dir, "ouro-imported.safetensors");
     const r = Bun.spawnSync([process.execPath, "src/cli.ts", "model", "import-hf", hf, out], { cwd: ROOT, stdout: "pipe", stderr: "pipe" });
     if (r.exitCode !== 0) throw new Error(`model import-hf exited ${r.exitCode}: ${r.stderr.toString()}`);
