@@ -409,7 +409,7 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
   }
   const config: ModelShape = { ...base, quant: opts.quant, groupSize, quantMix };
   // The metadata rules (group size, dim and ffn_dim multiples of it) with this file's name.
-  parseModelMetadata(configToMetadata(config), where);
+  parseModelMetadata({ ...file.metadata, ...configToMetadata(config) }, where);
   const headMeta: Record<string, string> =
     head === "fp16" ? { output_quant: "fp16" } : { output_quant: head, output_group_size: String(headGroupSize) };
 

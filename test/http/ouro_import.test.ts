@@ -12,6 +12,8 @@ import { join } from "node:path";
 import OpenAI from "openai";
 import { writeHfFixture } from "../../src/model/hf_fixture.ts";
 import { importHfCheckpoint } from "../../src/model/import_hf.ts";
+import { quantizeModelFile } from "../../src/model/quantize.ts";
+import { readSafetensors } from "../../src/model/safetensors.ts";
 import { GREEDY } from "../../src/engine/types.ts";
 import { withModel } from "../helpers/kernels.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
@@ -93,6 +95,22 @@ describe("an imported Ouro-layout checkpoint, served", () => {
     const bad = await server.post("/generate", { prompt: PROMPT, exit_threshold: 1.5 });
     expect(bad.status).toBe(400);
   }, 60_000);
+
+  test("int4 of the imported model keeps its tokenizer and runs, exits included", () => {
+    const int4 = join(testTempDir(), "ouro-imported-int4.safetensors");
+    quantizeModelFile(MODEL_PATH, int4, { quant: "int4", head: "int8", groupSize: 32 });
+    const meta = readSafetensors(int4).metadata;
+    expect(meta.tokenizer).toBe("bpe");
+    expect(meta.tokenizer_json).toBe(readSafetensors(MODEL_PATH).metadata.tokenizer_json);
+    withModel(int4, 1, "auto", (m) => {
+      expect(m.info).toMatchObject({ quant: "int4", nLayers: 3, exitGate: true });
+      const s = m.newSession(PROMPT.length + 4, STEPS, 0);
+      const first = s.step(Int32Array.from(PROMPT), STEPS, GREEDY, null, 0.5);
+      expect(first).toBeGreaterThanOrEqual(0);
+      expect(s.lastSteps).toBeGreaterThanOrEqual(1);
+      s.close();
+    });
+  });
 
   test("/metrics: a histogram of the steps each early-exit token ran", async () => {
     await server.post("/generate", { prompt: PROMPT, max_tokens: 8, temperature: 0, exit_threshold: 0.5 });
