@@ -224,8 +224,9 @@ static const ls_tensor_span *span_of(const ls_model_desc *d, slot_id id) {
     return id.layer < 0 ? &d->tensors[id.slot] : &d->layers[id.layer].t[id.slot];
 }
 
-/* Calls fn on every slot of the descriptor, model-wide first; stops at the
- * first nonzero result. */
+/* Runs the statements after `id` once for every slot of the descriptor
+ * (model-wide first, then each of the LS_MAX_LAYERS layers' slots), with
+ * `id` naming the slot. */
 #define FOR_EACH_SLOT(id, ...)                                                          \
     do {                                                                                \
         for (int32_t l_ = -1; l_ < LS_MAX_LAYERS; l_++)                                 \

@@ -108,9 +108,9 @@ static inline void *ls_session_calloc(size_t size, char *err, int32_t err_len) {
 }
 
 /* Stores the bookkeeping every library's session starts from: its model,
- * capacity, cache units (loops x the model's layers), window and ring rows (ls_ring_rows with the library's
- * chunk). A macro: each library has its own session struct, with these
- * field names. */
+ * capacity, cache units (loops x the model's layers), window and ring rows
+ * (ls_ring_rows with the library's chunk). A macro: each library has its
+ * own session struct, with these field names. */
 #define LS_SESSION_SHAPE(s, model, max_seq_, loops_, window_, chunk)                                       \
     do {                                                                                                 \
         (s)->m = (model);                                                                                \
