@@ -20,7 +20,7 @@ import OpenAI from "openai";
 import { NativeModel } from "../src/engine/binding.ts";
 import { GREEDY } from "../src/engine/types.ts";
 import { OURO_1_4B, writeHfFixture } from "../src/model/hf_fixture.ts";
-import { readSafetensors, writeSafetensors } from "../src/model/safetensors.ts";
+import { argmax, relErr } from "../test/reference/forward.ts";
 import { StackReference } from "../test/reference/stack.ts";
 
 function flag(name: string, dflt: string): string {
@@ -37,7 +37,6 @@ const dir = process.argv.includes("--dir") ? flag("--dir", "") : mkdtempSync(joi
 const ckpt = join(dir, "ouro-1.4b-random");
 const fp16Path = join(dir, "ouro-1.4b.safetensors");
 const int4Path = join(dir, "ouro-1.4b-int4.safetensors");
-const gpt2Path = join(dir, "ouro-1.4b-gpt2meta.safetensors");
 
 const STEPS = 4;
 const EXIT = 0.5;
@@ -68,22 +67,6 @@ async function phase(name: string, fn: () => Promise<void> | void): Promise<void
   }
 }
 
-function relErr(c: ArrayLike<number>, r: ArrayLike<number>): number {
-  // as test/helpers/kernels.ts: max|c - r| / max|r|
-  let d = 0;
-  let m = 0;
-  for (let i = 0; i < r.length; i++) {
-    d = Math.max(d, Math.abs(c[i] - r[i]));
-    m = Math.max(m, Math.abs(r[i]));
-  }
-  return d / m;
-}
-
-function argmax(x: ArrayLike<number>): number {
-  let b = 0;
-  for (let i = 1; i < x.length; i++) if (x[i] > x[b]) b = i;
-  return b;
-}
 
 const mib = (bytes: number) => `${(bytes / 2 ** 20).toFixed(0)} MiB`;
 
@@ -272,39 +255,8 @@ try {
 
   await phase("(5) int4", async () => {
     const args = (inp: string) => ["model", "quantize", inp, int4Path, "--quant", "int4", "--head", "int8", "--group-size", "32"];
-    let r: ReturnType<typeof runCli>;
-    let restoreTokenizer = false;
-    try {
-      r = runCli(args(fp16Path));
-    } catch (e) {
-      const msg = (e as Error).message;
-      failures.push(`(5) quantize of the imported file: ${msg}`);
-      log(`quantize of the imported file FAILED:\n${msg}`);
-      if (!msg.includes('tokenizer "bpe" needs tokenizer_json')) throw e;
-      // Workaround, the bench's own (src/model/quantize.ts is not changed): quantize a copy
-      // whose metadata says tokenizer "gpt2" (no tokenizer_json), then put the bpe tokenizer back.
-      const t0 = performance.now();
-      const f = readSafetensors(fp16Path);
-      const { tokenizer_json: _json, ...rest } = f.metadata;
-      const tensors = [...f.tensors.entries()].map(([name, t]) => ({ name, dtype: t.dtype, shape: t.shape, data: t.data }));
-      writeSafetensors(gpt2Path, { ...rest, tokenizer: "gpt2" }, tensors);
-      log(`workaround: wrote ${gpt2Path} (tokenizer gpt2) in ${secs(t0).toFixed(1)} s`);
-      r = runCli(args(gpt2Path));
-      rmSync(gpt2Path, { force: true });
-      restoreTokenizer = true;
-    }
-    note(
-      `quantize int4 (head int8, group 32)${restoreTokenizer ? " [via gpt2-metadata copy]" : ""}`,
-      `${r.seconds.toFixed(1)} s wall (fresh CLI process), peak RSS ${r.maxRssMiB.toFixed(0)} MiB, output ${statSync(int4Path).size} bytes`,
-    );
-    if (restoreTokenizer) {
-      const t0 = performance.now();
-      const src = readSafetensors(fp16Path).metadata;
-      const q = readSafetensors(int4Path);
-      const tensors = [...q.tensors.entries()].map(([name, t]) => ({ name, dtype: t.dtype, shape: t.shape, data: t.data }));
-      writeSafetensors(int4Path, { ...q.metadata, tokenizer: src.tokenizer, tokenizer_json: src.tokenizer_json }, tensors);
-      log(`workaround: put tokenizer "bpe" and tokenizer_json back into ${int4Path} in ${secs(t0).toFixed(1)} s (${statSync(int4Path).size} bytes)`);
-    }
+    const r = runCli(args(fp16Path));
+    note("quantize int4 (head int8, group 32)", `${r.seconds.toFixed(1)} s wall (fresh CLI process), peak RSS ${r.maxRssMiB.toFixed(0)} MiB, output ${statSync(int4Path).size} bytes`);
     const t0 = performance.now();
     const m = NativeModel.load(LIB, int4Path, threads, "auto");
     note("int4 load", `${secs(t0).toFixed(1)} s; quant ${m.info.quant}, head ${m.info.headQuant}, simd ${m.info.simd}`);

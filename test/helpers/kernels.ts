@@ -57,16 +57,8 @@ export function tokensFor(vocab: number, n: number, salt = 0): number[] {
   return Array.from({ length: n }, (_, i) => (i * 37 + 5 + salt * 11) % vocab);
 }
 
-/** max|c - r| / max|r| */
-export function relErr(c: ArrayLike<number>, r: ArrayLike<number>): number {
-  let d = 0;
-  let m = 0;
-  for (let i = 0; i < r.length; i++) {
-    d = Math.max(d, Math.abs(c[i] - r[i]));
-    m = Math.max(m, Math.abs(r[i]));
-  }
-  return d / m;
-}
+/** max|c - r| / max|r| (the reference module's, shared with the benchmarks). */
+export { relErr } from "../reference/forward.ts";
 
 export function withModel<T>(path: string, threads: number, simd: SimdChoice, fn: (m: NativeModel) => T): T {
   const m = NativeModel.load(LIB, path, threads, simd);

@@ -223,6 +223,17 @@ export class ReferenceModel {
   }
 }
 
+/** max|c - r| / max|r|: how far computed logits are from the reference's. */
+export function relErr(c: ArrayLike<number>, r: ArrayLike<number>): number {
+  let d = 0;
+  let m = 0;
+  for (let i = 0; i < r.length; i++) {
+    d = Math.max(d, Math.abs(c[i] - r[i]));
+    m = Math.max(m, Math.abs(r[i]));
+  }
+  return d / m;
+}
+
 /** Index of the largest value, lowest index on ties. */
 export function argmax(v: ArrayLike<number>): number {
   let best = 0;
