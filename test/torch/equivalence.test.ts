@@ -6,76 +6,24 @@
 // tolerance against their spread, and greedy tokens agree exactly.
 import { beforeAll, describe, expect, test } from "bun:test";
 import { join } from "node:path";
-import { NativeModel } from "../../src/engine/binding.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
 import { readSafetensors } from "../../src/model/safetensors.ts";
 import { writeSyntheticModel } from "../../src/model/synthetic.ts";
-import { ensureLibrary, LIB } from "../helpers/kernels.ts";
+import { ensureLibrary } from "../helpers/kernels.ts";
 import { testTempDir } from "../helpers/models.ts";
 import { PYTORCH, skipReason } from "../helpers/system_packages.ts";
-import { runPythonModule, runTorchModule, type TorchDepthResult, torchLogits } from "../helpers/torch.ts";
-import { argmax } from "../reference/forward.ts";
+import { EQUIVALENCE_PROMPT, expectClose, kernelRun, runPythonModule, runTorchModule, torchLogits } from "../helpers/torch.ts";
 
 const noTorch = skipReason(PYTORCH) !== null;
 const DEPTHS = [1, 4, 8];
 const GREEDY = 12;
-const PROMPT = [464, 7, 995, 318, 257, 133, 11, 290, 262, 6, 42, 0, 999, 13, 198, 50]; // ids < 1000, the test models' vocabulary
-
-/** Logits of every prompt position and GREEDY greedy tokens from the kernels. */
-function kernelRun(path: string, loops: number): { logits: Float32Array[]; greedy: number[] } {
-  const m = NativeModel.load(LIB, path, 2, "auto");
-  try {
-    const vocab = m.info.vocabSize;
-    const s = m.newSession(256, loops, 0);
-    const all = new Float32Array(PROMPT.length * vocab);
-    s.forward(Int32Array.from(PROMPT), loops, all, PROMPT.length);
-    const logits = PROMPT.map((_, i) => all.slice(i * vocab, (i + 1) * vocab));
-    const greedy: number[] = [];
-    let last = logits[logits.length - 1];
-    const out = new Float32Array(vocab);
-    while (greedy.length < GREEDY) {
-      const next = argmax(last);
-      greedy.push(next);
-      s.forward(Int32Array.of(next), loops, out, 1);
-      last = out;
-    }
-    s.close();
-    return { logits, greedy };
-  } finally {
-    m.close();
-  }
-}
-
-interface Agreement {
-  maxAbsDiff: number;
-  spread: number; // standard deviation of the PyTorch logits
-}
-
-function compare(torch: TorchDepthResult, kernels: Float32Array[]): Agreement {
-  let maxAbsDiff = 0;
-  let sum = 0;
-  let sumSq = 0;
-  let n = 0;
-  torch.logits.forEach((row, p) => {
-    expect(kernels[p].length).toBe(row.length);
-    row.forEach((v, i) => {
-      maxAbsDiff = Math.max(maxAbsDiff, Math.abs(v - kernels[p][i]));
-      sum += v;
-      sumSq += v * v;
-      n++;
-    });
-  });
-  return { maxAbsDiff, spread: Math.sqrt(sumSq / n - (sum / n) ** 2) };
-}
+const PROMPT = EQUIVALENCE_PROMPT;
 
 function expectEquivalent(path: string, label: string): void {
   const torch = torchLogits(path, PROMPT, DEPTHS, GREEDY);
   for (const loops of DEPTHS) {
-    const k = kernelRun(path, loops);
-    const a = compare(torch[String(loops)], k.logits);
-    console.log(`${label} loops ${loops}: max |Δlogit| ${a.maxAbsDiff.toExponential(2)}, logit std ${a.spread.toFixed(2)}`);
-    expect(a.spread).toBeGreaterThan(1);
-    expect(a.maxAbsDiff).toBeLessThan(1e-3 * a.spread);
+    const k = kernelRun(path, loops, GREEDY, PROMPT);
+    expectClose(`${label} loops ${loops}`, torch[String(loops)].logits, k.logits);
     expect(k.greedy).toEqual(torch[String(loops)].greedy);
   }
 }

@@ -23,8 +23,7 @@ import { readSafetensors } from "../../src/model/safetensors.ts";
 import { ensureLibrary, LIB } from "../helpers/kernels.ts";
 import { testTempDir } from "../helpers/models.ts";
 import { PYTORCH, skipReason } from "../helpers/system_packages.ts";
-import { runTorchModule, type TorchDepthResult, torchExitLogits, torchLogits } from "../helpers/torch.ts";
-import { argmax } from "../reference/forward.ts";
+import { EQUIVALENCE_PROMPT, expectClose, kernelRun, runTorchModule, type TorchDepthResult, torchExitLogits, torchLogits } from "../helpers/torch.ts";
 
 setDefaultTimeout(120_000);
 
@@ -32,33 +31,8 @@ const noTorch = skipReason(PYTORCH) !== null;
 const DEPTHS = [1, 2, 3, 4, 8];
 const THRESHOLDS = [0.5, 0.7];
 const GREEDY_TOKENS = 12;
-const PROMPT = [464, 7, 995, 318, 257, 133, 11, 290, 262, 6, 42, 0, 999, 13, 198, 50]; // ids < 1000, the test models' vocabulary
+const PROMPT = EQUIVALENCE_PROMPT;
 const ROOT = resolve(import.meta.dir, "../..");
-
-/** Fixed depth: logits of every prompt position and greedy tokens, one forward at a time. */
-function kernelRun(path: string, loops: number): { logits: Float32Array[]; greedy: number[] } {
-  const m = NativeModel.load(LIB, path, 2, "auto");
-  try {
-    const vocab = m.info.vocabSize;
-    const s = m.newSession(256, loops, 0);
-    const all = new Float32Array(PROMPT.length * vocab);
-    s.forward(Int32Array.from(PROMPT), loops, all, PROMPT.length);
-    const logits = PROMPT.map((_, i) => all.slice(i * vocab, (i + 1) * vocab));
-    const greedy: number[] = [];
-    let last = logits[logits.length - 1];
-    const out = new Float32Array(vocab);
-    while (greedy.length < GREEDY_TOKENS) {
-      const next = argmax(last);
-      greedy.push(next);
-      s.forward(Int32Array.of(next), loops, out, 1);
-      last = out;
-    }
-    s.close();
-    return { logits, greedy };
-  } finally {
-    m.close();
-  }
-}
 
 /** Early exit: greedy steps through the kernels' sampler, each step's logits and exit step. */
 function kernelExitRun(path: string, loops: number, threshold: number): { logits: Float32Array[]; greedy: number[]; exitSteps: number[] } {
@@ -85,34 +59,10 @@ function kernelExitRun(path: string, loops: number, threshold: number): { logits
   }
 }
 
-function maxDiffAndSpread(torch: number[][], kernels: Float32Array[]): { maxAbsDiff: number; spread: number } {
-  let maxAbsDiff = 0;
-  let sum = 0;
-  let sumSq = 0;
-  let n = 0;
-  torch.forEach((row, p) => {
-    expect(kernels[p].length).toBe(row.length);
-    row.forEach((v, i) => {
-      maxAbsDiff = Math.max(maxAbsDiff, Math.abs(v - kernels[p][i]));
-      sum += v;
-      sumSq += v * v;
-      n++;
-    });
-  });
-  return { maxAbsDiff, spread: Math.sqrt(sumSq / n - (sum / n) ** 2) };
-}
-
-function expectClose(label: string, torch: number[][], kernels: Float32Array[]): void {
-  const a = maxDiffAndSpread(torch, kernels);
-  console.log(`${label}: max |Δlogit| ${a.maxAbsDiff.toExponential(2)}, logit std ${a.spread.toFixed(2)}`);
-  expect(a.spread).toBeGreaterThan(1);
-  expect(a.maxAbsDiff).toBeLessThan(1e-3 * a.spread);
-}
-
 function expectFixedDepthEquivalent(path: string, label: string): void {
   const torch: Record<string, TorchDepthResult> = torchLogits(path, PROMPT, DEPTHS, GREEDY_TOKENS);
   for (const loops of DEPTHS) {
-    const k = kernelRun(path, loops);
+    const k = kernelRun(path, loops, GREEDY_TOKENS);
     expectClose(`${label} loops ${loops}`, torch[String(loops)].logits, k.logits);
     expect(k.greedy).toEqual(torch[String(loops)].greedy);
   }
@@ -188,7 +138,7 @@ describe.skipIf(noTorch)("PyTorch <-> loopserve equivalence, stacked models (for
     // PyTorch reads the checkpoint directory itself: the importer's mapping and fp16 rounding are under test too
     const torch: Record<string, TorchDepthResult> = torchLogits(hf, PROMPT, [1, 4], GREEDY_TOKENS);
     for (const loops of [1, 4]) {
-      const k = kernelRun(out, loops);
+      const k = kernelRun(out, loops, GREEDY_TOKENS);
       expectClose(`import-hf loops ${loops}`, torch[String(loops)].logits, k.logits);
       expect(k.greedy).toEqual(torch[String(loops)].greedy);
     }
