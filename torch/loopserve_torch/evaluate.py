@@ -41,10 +41,14 @@ def windows(tokens: np.ndarray, length: int, count: int) -> list[np.ndarray]:
     return [tokens[i * stride * length : (i * stride + 1) * length] for i in range(count)]
 
 
-def nll_sum(logits: torch.Tensor, text: torch.Tensor) -> float:
-    """Summed NLL of text[1:] given logits (T, V) of positions 0..T-2 (float64 log-softmax)."""
+def nll(logits: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+    """NLL of each of text[1:] given logits (T, V) of positions 0..T-2 (float64 log-softmax)."""
     lp = torch.log_softmax(logits[:-1].double(), dim=-1)
-    return -lp.gather(1, text[1:, None]).sum().item()
+    return -lp.gather(1, text[1:, None])[:, 0]
+
+
+def nll_sum(logits: torch.Tensor, text: torch.Tensor) -> float:
+    return nll(logits, text).sum().item()
 
 
 @torch.no_grad()
@@ -76,8 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     for k, text in enumerate(texts):
         x = text[None]
         states = model.step_states(x, deepest, kv_fp16=True)
+        per_step = {d: nll(model.head_input(states[d - 1][0]) @ W.t(), text) for d in sorted(set(depths) | set(range(1, deepest + 1) if thresholds else []))}
         for d in depths:
-            fixed[d] += nll_sum(model.head_input(states[d - 1][0]) @ W.t(), text)
+            fixed[d] += per_step[d].sum().item()
         if thresholds:
             L = c.default_loops
             lams = [gate_lambda(model, states[s][0]) for s in range(L)]
@@ -89,9 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                     now = st.update(s, lams[s]) & ~done
                     step[now] = s
                     done |= now
-                rows = torch.stack([model.head_input(states[s][0]) for s in range(L)])  # (L, T, dim)
-                h = rows[step, torch.arange(x.shape[1])]
-                gathered[t][0] += nll_sum(h @ W.t(), text)
+                table = torch.stack([per_step[s + 1] for s in range(L)])  # (L, T - 1)
+                gathered[t][0] += table[step[:-1], torch.arange(x.shape[1] - 1)].sum().item()
                 gathered[t][1] += (step[:-1] + 1).sum().item()
                 logits, exit_step = model.exit_forward(x, L, t, kv_fp16=True)
                 decoded[t][0] += nll_sum(logits[0], text)
