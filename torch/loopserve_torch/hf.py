@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 
 import numpy as np
 import torch
 
 from .model import LoopedConfig, LoopedLlama
-from .safetensors_io import ModelFileError, read_safetensors
+from .safetensors_io import ModelFileError, fill_parameters, model_tensors, read_safetensors
 
 # loopserve layer tensor -> Ouro's name under model.layers.<i>.
 LAYER_NAMES = {
@@ -72,17 +73,25 @@ def ouro_config(d: dict, where: str = "config.json") -> LoopedConfig:
         raise ModelFileError(f"{where}: {e}") from None
 
 
+# loopserve's model-wide tensors -> Ouro's names.
+GLOBAL_NAMES = {
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "exit_gate.weight": "model.early_exit_gate.weight",
+    "exit_gate.bias": "model.early_exit_gate.bias",
+}
+
+
+def ouro_name(name: str) -> str:
+    """Ouro's name of a loopserve tensor name (`block.` or `layers.<i>.` prefixes for layers)."""
+    m = re.fullmatch(r"(?:block|layers\.(\d+))\.(\w+)\.weight", name)
+    return f"model.layers.{m[1] or 0}.{LAYER_NAMES[m[2]]}.weight" if m else GLOBAL_NAMES[name]
+
+
 def ouro_names(model: LoopedLlama) -> list[tuple[str, torch.Tensor]]:
-    """(Ouro tensor name, parameter) for every parameter of `model`."""
-    out = [("model.embed_tokens.weight", model.tok_embeddings.weight)]
-    for i, layer in enumerate(model.stack):
-        out += [(f"model.layers.{i}.{LAYER_NAMES[n]}.weight", getattr(layer, n).weight) for n in layer.tensor_names()]
-    out.append(("model.norm.weight", model.norm.weight))
-    if model.output is not None:
-        out.append(("lm_head.weight", model.output.weight))
-    if model.config.exit_gate:
-        out += [("model.early_exit_gate.weight", model.exit_gate.weight), ("model.early_exit_gate.bias", model.exit_gate.bias)]
-    return out
+    """(Ouro tensor name, parameter) for every parameter of `model`, in loopserve's order."""
+    return [(ouro_name(n), t) for n, t in model_tensors(model)]
 
 
 def _read_tensors(directory: str) -> dict[str, np.ndarray]:
@@ -119,16 +128,7 @@ def load_ouro(directory: str) -> LoopedLlama:
     if "lm_head.weight" in tensors and config.tied_output:
         config.tied_output = False  # a head stored beside tie_word_embeddings: serve the stored one
     model = LoopedLlama(config)
-    with torch.no_grad():
-        for name, param in ouro_names(model):
-            if name not in tensors:
-                raise ModelFileError(f"{directory}: missing tensor {name!r}")
-            arr = tensors[name]
-            if list(arr.shape) != list(param.shape):
-                raise ModelFileError(f"{directory}: tensor {name!r}: shape must be {list(param.shape)}, got {list(arr.shape)}")
-            if arr.dtype not in (np.float16, np.float32):
-                raise ModelFileError(f"{directory}: tensor {name!r}: dtype {arr.dtype} (BF16, F16 or F32 only)")
-            param.copy_(torch.from_numpy(arr.astype(np.float32)))
+    fill_parameters(ouro_names(model), tensors, directory)
     extra = sorted(set(tensors) - {n for n, _ in ouro_names(model)})
     if extra:
         raise ModelFileError(f"{directory}: unexpected tensor {extra[0]!r} ({len(extra)} unexpected in all)")

@@ -253,13 +253,20 @@ def load(path: str) -> LoopedLlama:
         raise ModelFileError(f"{path}: the output head is quantized: this loader reads fp16 models")
     gate = "exit_gate.weight" in tensors or "exit_gate.bias" in tensors
     model = LoopedLlama(_config(meta, path, tied="output.weight" not in tensors, gate=gate))
-    with torch.no_grad():
-        for name, param in model_tensors(model):
-            if name not in tensors:
-                raise ModelFileError(f"{path}: missing tensor {name!r}")
-            arr = tensors[name]
-            if list(arr.shape) != list(param.shape):
-                raise ModelFileError(f"{path}: tensor {name!r}: shape must be {list(param.shape)}, got {list(arr.shape)}")
-            param.copy_(torch.from_numpy(arr.astype(np.float32)))
+    fill_parameters(model_tensors(model), tensors, path)
     # Tensors beyond the config's are ignored, as loopserve ignores them (docs/model-format.md).
     return model.eval()
+
+
+def fill_parameters(named: list[tuple[str, torch.Tensor]], tensors: dict[str, np.ndarray], where: str) -> None:
+    """Copies each named parameter from `tensors` (arrays by file name), which must hold it in its shape as F16 or F32 values."""
+    with torch.no_grad():
+        for name, param in named:
+            if name not in tensors:
+                raise ModelFileError(f"{where}: missing tensor {name!r}")
+            arr = tensors[name]
+            if list(arr.shape) != list(param.shape):
+                raise ModelFileError(f"{where}: tensor {name!r}: shape must be {list(param.shape)}, got {list(arr.shape)}")
+            if arr.dtype not in (np.float16, np.float32):
+                raise ModelFileError(f"{where}: tensor {name!r}: dtype {arr.dtype} (BF16, F16 or F32 only)")
+            param.copy_(torch.from_numpy(arr.astype(np.float32)))

@@ -4,7 +4,6 @@ a cache) agreeing. Run: /usr/bin/python3 -m unittest discover -s tests"""
 
 import json
 import os
-import struct
 import tempfile
 import unittest
 
@@ -14,6 +13,7 @@ from loopserve_torch.crosscheck import random_model
 from loopserve_torch.hf import load_ouro, write_ouro
 from loopserve_torch.model import Decoder, LoopedConfig, generate
 from loopserve_torch.safetensors_io import ModelFileError, load, read_safetensors, save
+from test_safetensors_io import rewrite_metadata
 
 torch.set_num_threads(1)
 
@@ -27,22 +27,6 @@ def ouro_model(seed: int = 5, **changes):
 
 def tokens(n: int, seed: int = 2) -> torch.Tensor:
     return torch.randint(0, 120, (1, n), generator=torch.Generator().manual_seed(seed))
-
-
-def rewrite_metadata(path: str, **changes: str | None) -> None:
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8 : 8 + n])
-    for k, v in changes.items():
-        if v is None:
-            header["__metadata__"].pop(k)
-        else:
-            header["__metadata__"][k] = v
-    head = json.dumps(header).encode()
-    head += b" " * ((-len(head)) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(head)) + head + raw[8 + n :])
 
 
 class Files(unittest.TestCase):
