@@ -5,7 +5,7 @@
 // Two architectures are understood (docs/import-hf.md):
 // - Ouro (config model_type "ouro", architectures ["OuroForCausalLM"]): a
 //   stack of sandwich-norm layers looped total_ut_steps times, named and
-//   mapped as /work/stack_spec.md's "Hugging Face Ouro mapping" says.
+//   mapped as docs/import-hf.md's table says.
 // - loopserve's own (model_type "loopserve", architectures
 //   ["LoopedLlamaForCausalLM"]): config keys are loopserve's metadata keys
 //   and tensor names are loopserve's already.
@@ -18,7 +18,7 @@
 
 import { existsSync, readFileSync, statSync } from "node:fs";
 import { basename, join } from "node:path";
-import { LS_MAX_DIM, LS_MAX_FFN_DIM, LS_MAX_HEADS, LS_MAX_LOOPS, LS_MAX_ROPE_THETA, LS_MAX_SEQ_LEN, LS_MAX_VOCAB } from "../abi/abi.generated.ts";
+import { LS_MAX_DIM, LS_MAX_FFN_DIM, LS_MAX_HEADS, LS_MAX_LAYERS, LS_MAX_LOOPS, LS_MAX_ROPE_THETA, LS_MAX_SEQ_LEN, LS_MAX_VOCAB } from "../abi/abi.generated.ts";
 import { DTYPE_SIZES, ModelFormatError, readSafetensors } from "./safetensors.ts";
 
 // ---- types ----
@@ -29,8 +29,8 @@ export type HfArch = "ouro" | "loopserve";
 export const HF_DTYPES = ["BF16", "F16", "F32"] as const;
 export type HfDtype = (typeof HF_DTYPES)[number];
 
-/** The most layers a stack may have (stack_spec.md: n_layers "1".."128"). */
-export const MAX_LAYERS = 128;
+/** The most layers a stack may have (kernels/loopserve.h LS_MAX_LAYERS). */
+export const MAX_LAYERS = LS_MAX_LAYERS;
 
 /** The model a checkpoint describes, in loopserve's terms. */
 export interface HfModelShape {
@@ -289,7 +289,7 @@ export function loopserveTensorShapes(m: HfModelShape): [string, number[]][] {
   return out;
 }
 
-/** Ouro's name of each loopserve tensor (stack_spec.md), layer by layer. */
+/** Ouro's name of each loopserve tensor (docs/import-hf.md), layer by layer. */
 const OURO_LAYER_NAMES: Record<string, string> = {
   "attn_norm.weight": "input_layernorm.weight",
   "wq.weight": "self_attn.q_proj.weight",

@@ -1,6 +1,6 @@
 // `loopserve model import-hf DIR OUT`: a Hugging Face checkpoint directory
 // (src/model/hf_checkpoint.ts reads and checks it) written as one loopserve
-// fp16 model file, format_version 2 (stack_spec.md, docs/import-hf.md).
+// fp16 model file, format_version 2 (docs/model-format.md, docs/import-hf.md).
 //
 // Streaming: a 1.4B checkpoint is ~2.8 GB of bf16, so no tensor is ever held
 // whole. The output header is computed first (names, shapes, offsets), then
@@ -148,7 +148,7 @@ function bosTokenId(ck: HfCheckpoint): number | null {
   return id;
 }
 
-/** The output file's metadata (stack_spec.md: format_version 2). */
+/** The output file's metadata (docs/model-format.md: format version 2). */
 export function importMetadata(ck: HfCheckpoint): Record<string, string> {
   const m = ck.model;
   const meta: Record<string, string> = {

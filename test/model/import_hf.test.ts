@@ -1,7 +1,6 @@
 // model import-hf: Hugging Face checkpoints (Ouro layout, written by
-// src/model/hf_fixture.ts) into one loopserve fp16 file. The imported file is
-// read back with readSafetensors, not validateModel: format_version 2 is the
-// validator's to accept (stack_spec.md), and this test should not wait on it.
+// src/model/hf_fixture.ts) into one loopserve fp16 file, read back byte for
+// byte with readSafetensors (test/http/ouro_import.test.ts serves one).
 import { describe, expect, test } from "bun:test";
 import { closeSync, existsSync, openSync, readdirSync, readFileSync, rmSync, unlinkSync, writeFileSync, writeSync } from "node:fs";
 import { join } from "node:path";
@@ -34,7 +33,7 @@ function sourceTensors(dir: string): Map<string, { file: SafetensorsFile; name: 
   return out;
 }
 
-/** The fp16 bits the contract asks for, one element at a time through the scalar f64 path. */
+/** The fp16 bits the format asks for, one element at a time through the scalar f64 path. */
 function expectedBits(dtype: string, data: Uint8Array): Uint16Array {
   const dv = new DataView(data.buffer, data.byteOffset, data.byteLength);
   const size = dtype === "F32" ? 4 : 2;
@@ -98,7 +97,7 @@ function patchElement(dir: string, name: string, index: number, bytes: Uint8Arra
 }
 
 describe("import-hf: Ouro checkpoints", () => {
-  test("a sharded bf16 checkpoint: contract metadata, and every tensor's fp16 bits are the rounded bf16 values", () => {
+  test("a sharded bf16 checkpoint: the format's metadata, and every tensor's fp16 bits are the rounded bf16 values", () => {
     const dir = fixture({ shards: 3, earlyExitThreshold: 0.9 });
     expect(existsSync(join(dir, "model.safetensors.index.json"))).toBe(true);
     expect(readdirSync(dir).filter((f) => /^model-0000\d-of-00003\.safetensors$/.test(f))).toHaveLength(3);

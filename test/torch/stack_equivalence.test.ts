@@ -1,4 +1,4 @@
-// PyTorch <-> loopserve for stacked models (format version 2, /work/stack_spec.md):
+// PyTorch <-> loopserve for stacked models (format version 2, docs/model-format.md):
 // n_layers distinct layers per step, sandwich and step norms, the exit gate.
 // PyTorch (torch/loopserve_torch, model.py) runs in float32 with K and V
 // rounded to fp16 as the cache holds them; the kernels sum in another order,

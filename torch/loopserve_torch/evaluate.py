@@ -11,7 +11,7 @@ cache holds them.
 
 Per fixed depth: perplexity. With the exit gate, per threshold: perplexity
 and mean steps when every position decodes as a sampled token (the
-contract's rule, deeper cache slots of an exited token filled with copies:
+server's rule, docs/early-exit.md; deeper cache slots of an exited token filled with copies:
 model.exit_forward), and, for comparison, when every step is computed for
 every position and each position's logits are taken from its exit step (Hugging
 Face OuroForCausalLM's exit_threshold evaluation: no copies).
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     W = model.head_weight()
     fixed = {d: 0.0 for d in depths}
     gathered = {t: [0.0, 0] for t in thresholds}  # HF-style: all steps, logits gathered at the exit step
-    decoded = {t: [0.0, 0] for t in thresholds}  # the contract's decoding rule
+    decoded = {t: [0.0, 0] for t in thresholds}  # the server's decoding rule
     n = 0
     started = time.perf_counter()
     for k, text in enumerate(texts):

@@ -3,7 +3,7 @@
 
 `load_ouro(DIR)` reads config.json and model.safetensors, or the shards a
 model.safetensors.index.json names (BF16, F16 or F32), into a float32
-LoopedLlama through the contract's name mapping (/work/stack_spec.md):
+LoopedLlama through the name mapping of docs/import-hf.md:
 sandwich norms, the step norm and the exit gate. `write_ouro` writes a
 model in that layout (the tests make small checkpoints with it).
 """

@@ -23,7 +23,7 @@ rmsnorm(x, w) = x / sqrt(mean(x^2) + eps) * w. RoPE rotates the pairs
 (i, i + head_dim/2) by pos * theta^(-2i / head_dim), as Hugging Face's Llama
 does. Matrices are [out_features, in_features], as nn.Linear keeps them.
 
-Early exit (/work/stack_spec.md, "the contract"; a model with the gate and a
+Early exit (docs/early-exit.md; a model with the gate and a
 threshold in (0, 1]): per token, remaining = 1, cdf = 0; after step s < the
 last, p = lambda_s * remaining, remaining *= 1 - lambda_s, cdf += p; at the
 last allowed step cdf = 1. The token exits after the first step whose
@@ -51,7 +51,7 @@ MAX_LOOPS = 64
 LIMITS = {"dim": 65536, "n_heads": 4096, "n_kv_heads": 4096, "ffn_dim": 262144, "vocab_size": 1 << 20, "max_seq_len": 1 << 20}
 MAX_ROPE_THETA = 1e12  # rope_theta < this
 MAX_NORM_EPS = 1.0  # norm_eps < this
-MAX_LAYERS = 128  # the contract's n_layers range, 1..128
+MAX_LAYERS = 128  # the format's n_layers range, 1..128 (kernels/loopserve.h LS_MAX_LAYERS)
 NORM_LAYOUTS = ("pre", "sandwich")
 
 
@@ -227,7 +227,7 @@ def gate_lambda(model: "LoopedLlama", h: torch.Tensor) -> torch.Tensor:
 
 
 class ExitState:
-    """The contract's exit rule for a set of tokens, updated step by step in fp32."""
+    """The server's exit rule (docs/early-exit.md) for a set of tokens, updated step by step in fp32."""
 
     def __init__(self, shape: tuple[int, ...], threshold: float, loops: int, device=None) -> None:
         check_threshold(threshold)

@@ -43,7 +43,7 @@ class ModelFileError(ValueError):
 def config_metadata(c: LoopedConfig) -> dict[str, str]:
     """The metadata loopserve requires, every value a string: format version 1
     exactly as before for a single-block model, version 2 with the stack keys
-    when the config uses any of them (/work/stack_spec.md)."""
+    when the config uses any of them (docs/model-format.md)."""
     meta = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION_STACK if c.stacked else FORMAT_VERSION,

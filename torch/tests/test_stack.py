@@ -144,7 +144,7 @@ class EarlyExit(unittest.TestCase):
 
 
 class HuggingFace(unittest.TestCase):
-    def test_ouro_checkpoint_loads_with_the_contract_mapping(self) -> None:
+    def test_ouro_checkpoint_loads_with_the_documented_mapping(self) -> None:
         m = ouro_model(tied_output=False)
         with tempfile.TemporaryDirectory() as d:
             for dtype, shards in (("BF16", 2), ("F32", 1)):
