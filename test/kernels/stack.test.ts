@@ -174,8 +174,11 @@ describe("every feature on a stack", () => {
     got.forEach((g, i) => expect(new Uint32Array(g.buffer), `position ${i}`).toEqual(new Uint32Array(want[i].buffer)));
   }, 120_000);
 
-  test("self-speculative decoding (chain and tree, drafting at fewer steps) equals plain decoding", () => {
-    withModel(tinyModelPath({ ...PLAIN_STACK, residualScale: 0.05 }), 2, "auto", (m) => {
+  test.each([
+    ["a plain stack", { ...PLAIN_STACK, residualScale: 0.05 }],
+    ["an Ouro-like stack (the draft head after a step norm)", { ...OURO_LIKE, residualScale: 0.05 }],
+  ] as const)("self-speculative decoding on %s (chain and tree, drafting at fewer steps) equals plain decoding", (_, opts) => {
+    withModel(tinyModelPath(opts), 2, "auto", (m) => {
       const prompt = tokensFor(VOCAB, 10, 1);
       const want = decode(m, prompt, 3, 24).tokens;
       for (const [D, K] of [[1, 1], [2, 1], [1, 3], [4, 1]]) {
