@@ -16,10 +16,12 @@ import { statSync } from "node:fs";
 import type { ProgressCallback } from "../progress.ts";
 import { bf16ArrayToF32, F16_TO_F32, f16ArrayToF32, f32ArrayToF16, f64ToF16Bits } from "./fp16.ts";
 import {
+  BLOCK_BITS,
   type BlockQuant,
   configToMetadata,
   formatQuantMix,
   GROUP_SIZES,
+  HEAD_BITS,
   HEAD_QUANTS,
   type HeadQuant,
   layerPrefix,
@@ -33,8 +35,9 @@ import {
   type QuantMatrix,
   type QuantizedHead,
   type QuantMix,
+  quantTensorShapes,
 } from "./format.ts";
-import { ModelFormatError, readSafetensors, type TensorToWrite, type TensorView, writeSafetensors } from "./safetensors.ts";
+import { ModelFormatError, readSafetensors, type TensorSpec, type TensorToWrite, type TensorView, writeSafetensorsStream } from "./safetensors.ts";
 
 export type WeightQuant = BlockQuant;
 export type { HeadQuant, QuantMix };
@@ -362,8 +365,12 @@ function toF32(t: TensorView, name: string, where: string): Float32Array {
   throw new ModelFormatError(`${where}: tensor "${name}": dtype must be F16, BF16 or F32 to quantize, got ${t.dtype}`);
 }
 
+function bytesOf(data: Uint8Array | Uint16Array): Uint8Array {
+  return new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+}
+
 function tensorOf(name: string, dtype: "U8" | "I8" | "F16", shape: number[], data: Uint8Array | Uint16Array): TensorToWrite {
-  return { name, dtype, shape, data: new Uint8Array(data.buffer, data.byteOffset, data.byteLength) };
+  return { name, dtype, shape, data: bytesOf(data) };
 }
 
 function quantTensors(base: string, q: QuantMatrix): TensorToWrite[] {
@@ -413,75 +420,113 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
   const headMeta: Record<string, string> =
     head === "fp16" ? { output_quant: "fp16" } : { output_quant: head, output_group_size: String(headGroupSize) };
 
-  const get = (name: string, shape: number[]): Float32Array => {
+  const check = (name: string, shape: number[]): TensorView => {
     const t = file.tensors.get(name);
     if (t === undefined) throw new ModelFormatError(`${where}: missing tensor "${name}" (${shape.join(" x ")})`);
     if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
       throw new ModelFormatError(`${where}: tensor "${name}": shape must be [${shape.join(", ")}], got [${t.shape.join(", ")}]`);
     }
-    return toF32(t, name, where);
+    return t;
   };
-  // Tensors that stay fp16: F16 input is copied bit for bit, BF16 / F32 rounded to nearest.
-  const f16 = (name: string, shape: number[]): TensorToWrite => {
-    const values = get(name, shape);
-    const t = file.tensors.get(name)!;
-    return t.dtype === "F16" ? { name, dtype: "F16", shape, data: t.data } : tensorOf(name, "F16", shape, f32ArrayToF16(values));
-  };
+  const get = (name: string, shape: number[]): Float32Array => toF32(check(name, shape), name, where);
 
+  // The output is written as it is made (writeSafetensorsStream): each part
+  // (a tensor kept fp16, or a quantized matrix's two or three tensors) is
+  // checked now and computed when the writer reaches it, so memory holds one
+  // matrix at a time, not the whole output.
+  interface Part {
+    specs: TensorSpec[];
+    make(): Uint8Array[];
+  }
+  const parts: Part[] = [];
+  // Tensors that stay fp16: F16 input is copied bit for bit, BF16 / F32 rounded to nearest.
+  const f16 = (name: string, shape: number[]): void => {
+    const t = check(name, shape);
+    parts.push({
+      specs: [{ name, dtype: "F16", shape }],
+      make: () => [t.dtype === "F16" ? t.data : bytesOf(f32ArrayToF16(get(name, shape)))],
+    });
+  };
   const { dim, vocabSize } = config;
   const shapes = matrixShapes(config);
-  const tied = !file.tensors.has("output.weight");
-  // A tied model with a quantized head keeps one copy of its matrix: the
-  // head's rows serve as the embedding too, so the file holds no fp16 copy.
-  const embeddingFromHead = tied && head !== "fp16";
-  const tensors: TensorToWrite[] = embeddingFromHead ? [] : [f16("tok_embeddings.weight", [vocabSize, dim])];
-  const QUANTIZERS = { int4: quantizeInt4, int2: quantizeInt2, fp16: null } as const;
   // Progress counts weights: every layer's matrices, then the head (most of the work).
   const perLayer = opts.quant !== "fp16" ? QUANT_MATRICES.reduce((n, m) => n + shapes[m][0] * shapes[m][1], 0) : 0;
   const total = perLayer * config.nLayers + (head !== "fp16" ? vocabSize * dim : 0);
   let before = 0;
   const rowsOf = (cols: number): RowDone => (rows) => opts.onProgress?.(before + rows * cols, total);
+  const quantized = (base: string, bits: QuantMatrix["bits"], rows: number, cols: number, group: number, quantize: () => QuantMatrix): void => {
+    parts.push({
+      specs: quantTensorShapes(base, bits, rows, cols, group).map(([name, dtype, shape]) => ({ name, dtype, shape })),
+      make: () => {
+        const q = quantize();
+        before += rows * cols;
+        return quantTensors(base, q).map((t) => t.data);
+      },
+    });
+  };
+
+  const tied = !file.tensors.has("output.weight");
+  // A tied model with a quantized head keeps one copy of its matrix: the
+  // head's rows serve as the embedding too, so the file holds no fp16 copy.
+  const embeddingFromHead = tied && head !== "fp16";
+  if (!embeddingFromHead) f16("tok_embeddings.weight", [vocabSize, dim]);
+  const QUANTIZERS = { int4: quantizeInt4, int2: quantizeInt2, fp16: null } as const;
   const sandwich = config.normLayout === "sandwich";
   for (let i = 0; i < config.nLayers; i++) {
     const p = layerPrefix(config, i);
-    tensors.push(f16(`${p}attn_norm.weight`, [dim]));
+    f16(`${p}attn_norm.weight`, [dim]);
     for (const m of QUANT_MATRICES) {
       const [rows, cols] = shapes[m];
       const name = `${p}${m}`;
       if (m === "w1") {
-        if (sandwich) tensors.push(f16(`${p}attn_out_norm.weight`, [dim]));
-        tensors.push(f16(`${p}ffn_norm.weight`, [dim]));
+        if (sandwich) f16(`${p}attn_out_norm.weight`, [dim]);
+        f16(`${p}ffn_norm.weight`, [dim]);
       }
-      const quantize = QUANTIZERS[matrixQuant(config, m)];
+      const format = matrixQuant(config, m);
+      const quantize = QUANTIZERS[format];
       if (!quantize) {
-        tensors.push(f16(`${name}.weight`, [rows, cols]));
+        f16(`${name}.weight`, [rows, cols]);
         continue;
       }
-      tensors.push(...quantTensors(name, quantize(get(`${name}.weight`, [rows, cols]), rows, cols, groupSize, `${where}: ${name}`, rowsOf(cols))));
-      before += rows * cols;
+      check(`${name}.weight`, [rows, cols]);
+      quantized(name, BLOCK_BITS[format as WeightQuant], rows, cols, groupSize, () =>
+        quantize(get(`${name}.weight`, [rows, cols]), rows, cols, groupSize, `${where}: ${name}`, rowsOf(cols)),
+      );
     }
-    if (sandwich) tensors.push(f16(`${p}ffn_out_norm.weight`, [dim]));
+    if (sandwich) f16(`${p}ffn_out_norm.weight`, [dim]);
   }
-  tensors.push(f16("norm.weight", [dim]));
+  f16("norm.weight", [dim]);
   const exitGate = file.tensors.has("exit_gate.weight");
-  if (exitGate) tensors.push(f16("exit_gate.weight", [1, dim]), f16("exit_gate.bias", [1]));
+  if (exitGate) {
+    f16("exit_gate.weight", [1, dim]);
+    f16("exit_gate.bias", [1]);
+  }
 
   let headKind: HeadQuant | "tied";
   if (head !== "fp16") {
     // A tied model's head is the embedding: its quantized copy becomes output.qweight.
     const src = tied ? "tok_embeddings.weight" : "output.weight";
-    const q = HEAD_QUANTIZERS[head](get(src, [vocabSize, dim]), vocabSize, dim, headGroupSize, `${where}: ${src} (${head} head)`, rowsOf(dim));
-    tensors.push(...quantTensors("output", q));
+    check(src, [vocabSize, dim]);
+    quantized("output", HEAD_BITS[head], vocabSize, dim, headGroupSize, () =>
+      HEAD_QUANTIZERS[head](get(src, [vocabSize, dim]), vocabSize, dim, headGroupSize, `${where}: ${src} (${head} head)`, rowsOf(dim)),
+    );
     headKind = head;
   } else if (tied) {
     headKind = "tied";
   } else {
-    tensors.push(f16("output.weight", [vocabSize, dim]));
+    f16("output.weight", [vocabSize, dim]);
     headKind = "fp16";
   }
 
   const metadata: Record<string, string> = { ...file.metadata, ...configToMetadata(config), ...headMeta };
-  const bytes = writeSafetensors(outPath, metadata, tensors);
+  const specs = parts.flatMap((part) => part.specs);
+  const partOf = parts.flatMap((part) => part.specs.map((_, k) => ({ part, k })));
+  let made: Uint8Array[] = [];
+  const bytes = writeSafetensorsStream(outPath, metadata, specs, (_, i, write) => {
+    const { part, k } = partOf[i];
+    if (k === 0) made = part.make();
+    write(made[k]);
+  });
   return {
     path: outPath,
     bytes,
