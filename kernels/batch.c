@@ -186,7 +186,7 @@ static void fill_exited(ls_session *s, const ls_batch_piece *pc, int32_t units) 
 /* Runs one block of pieces through their loops; keeps each sampling row's
  * final hidden state in b->last[slot[row]] and the steps it ran in its
  * session. */
-static void run_block(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows,
+static void run_block(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, const int32_t *exits,
                       const ls_batch_piece *pieces, int32_t n_pieces, const int32_t *tokens, batch_scratch *b,
                       const int32_t *slot) {
     const ls_model_info *mi = &m->info;
@@ -198,9 +198,9 @@ static void run_block(ls_model *m, ls_session *const *sessions, const ls_batch_r
     for (int32_t i = 0; i < n_pieces; i++) {
         const ls_batch_piece *p = &pieces[i];
         pc[i] = *p;
-        const int exits = p->last && ls_step_exits(m, &rows[p->row].step, rows[p->row].sample);
-        ex[i] = (exit_state){exits ? rows[p->row].step.exit_threshold : 0.0f, 1.0f, 0.0f, p->loops};
-        any_exit |= exits;
+        const int exit_piece = p->last && exits[p->row]; /* the plan split its token off */
+        ex[i] = (exit_state){exit_piece ? rows[p->row].step.exit_threshold : 0.0f, 1.0f, 0.0f, p->loops};
+        any_exit |= exit_piece;
         ls_forward_embed(sessions[p->row], tokens + p->first, p->n, b->h + (size_t)T * dim);
         ls_rope_table(b->rope + (size_t)T * hd, p->n, p->pos0, hd, mi->rope_theta);
         T += p->n;
@@ -244,6 +244,7 @@ typedef struct {
     ls_model *m;
     ls_session *const *sessions;
     const ls_batch_row *rows;
+    const int32_t *exits;
     const int32_t *tokens;
     batch_scratch *b;
     const int32_t *slot;
@@ -251,7 +252,7 @@ typedef struct {
 
 static int run_block_call(void *ctx, const ls_batch_piece *pieces, int32_t n) {
     const block_call *c = ctx;
-    run_block(c->m, c->sessions, c->rows, pieces, n, c->tokens, c->b, c->slot);
+    run_block(c->m, c->sessions, c->rows, c->exits, pieces, n, c->tokens, c->b, c->slot);
     return 0;
 }
 
@@ -300,7 +301,7 @@ int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_r
     ls_batch_plan_rows(&plan, sessions, rows, n_rows, row_before);
     batch_scratch *b = scratch_for(m, plan.n_sample > 0 ? plan.n_sample : 1);
     if (!b) return LS_ERR_NOMEM;
-    block_call call = {m, sessions, rows, tokens, b, plan.slot};
+    block_call call = {m, sessions, rows, plan.exits, tokens, b, plan.slot};
     ls_batch_piece pieces[LS_CHUNK];
     ls_batch_blocks(&plan, rows, LS_CHUNK, pieces, run_block_call, &call);
 

@@ -14,7 +14,7 @@ import { cudaDeviceCount, formatProfile, type KvCacheSettings, NativeError, Nati
 import { EngineLoadError, EngineRequestError } from "./errors.ts";
 import { MAX_TOP_LOGPROBS, type TokenLogprob, tokenLogprob } from "./logprobs.ts";
 import { cycleParams, type DraftOptions, SPEC_SESSION_SLACK, SpecCounter } from "./speculative.ts";
-import type { EngineRunOptions, FinishReason, GenerateRequest, GenerateResult, ModelInfo, SamplingParams, SimdChoice, TokenSink } from "./types.ts";
+import { type EngineRunOptions, type FinishReason, type GenerateRequest, type GenerateResult, type ModelInfo, pooledPromptLength, type SamplingParams, type SimdChoice, type TokenSink } from "./types.ts";
 
 export interface EngineOptions {
   modelPath: string;
@@ -67,16 +67,6 @@ function sessionShape(req: GenerateRequest): { maxSeq: number; loops: number } {
     // A draft deeper than the verify depth keeps caches for its extra loops too.
     loops: Math.max(req.loops, plan?.draftLoops ?? 0),
   };
-}
-
-/**
- * Prompt positions a run's pooled snapshot holds: all of them, but for the
- * last under early exit, whose deeper cache units hold its exit step's
- * keys/values (a later prompt extending this one runs that position at
- * full depth).
- */
-export function pooledPromptLength(req: GenerateRequest): number {
-  return req.exitThreshold ? req.promptTokens.length - 1 : req.promptTokens.length;
 }
 
 const nextTick = () => new Promise<void>((resolve) => setImmediate(resolve));

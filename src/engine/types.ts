@@ -130,3 +130,13 @@ export interface EngineRunOptions<S> {
   /** Passed on from SubmitOptions: where a prompt-scoring request's prompt log-probabilities go first. */
   onPromptLogprobs?: PromptLogprobSink;
 }
+
+/**
+ * Prompt positions a run's pooled snapshot holds: all of them, but for the
+ * last under early exit, whose deeper cache units hold its exit step's
+ * keys/values (a later prompt extending this one runs that position at
+ * full depth).
+ */
+export function pooledPromptLength(req: GenerateRequest): number {
+  return req.exitThreshold ? req.promptTokens.length - 1 : req.promptTokens.length;
+}

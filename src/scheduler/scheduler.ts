@@ -9,7 +9,7 @@
 // Admission is synchronous: enqueue() either returns a ticket or throws a
 // SchedulerRejection before anything is sent to the client, so the HTTP
 // layer can answer 503 instead of opening a stream.
-import type { EngineRunOptions, GenerateRequest, GenerateResult, PromptLogprobSink, TokenSink } from "../engine/types.ts";
+import { type EngineRunOptions, type GenerateRequest, type GenerateResult, type PromptLogprobSink, pooledPromptLength, type TokenSink } from "../engine/types.ts";
 import type { ServiceMetrics } from "../metrics.ts";
 import { createRequest, type RequestRecord, type RequestState, transition } from "./lifecycle.ts";
 import { LatencyPredictor, type Work } from "./predictor.ts";
@@ -363,8 +363,7 @@ export class Scheduler<S extends Snapshot = Snapshot> {
     try {
       // Scoring a prompt needs the logits of every prompt position, which a pooled prefix does not hold.
       hit = req.promptLogprobs ? null : pool.lookup(req.promptTokens, req.loops, this.cacheMode, req.cacheWindow);
-      // Under early exit the prompt's last position is not pooled (pooledPromptLength).
-      const pooled = req.exitThreshold ? req.promptTokens.slice(0, -1) : req.promptTokens;
+      const pooled = req.promptTokens.slice(0, pooledPromptLength(req));
       const wantCapture = pooled.length > 0 && pool.wants(pooled, req.loops, this.cacheMode, req.cacheWindow);
       const options: EngineRunOptions<S> = { onPromptLogprobs: job.onPromptLogprobs };
       if (hit) options.prefix = { snapshot: hit.snapshot, length: hit.length };
