@@ -77,6 +77,7 @@ export class ServiceMetrics {
   readonly specAcceptedTokens: Counter;
   readonly generatedTokens: Counter;
   readonly promptTokensRun: Counter;
+  readonly engineStepSeconds: Counter;
   readonly bodyTimeouts: Counter;
 
   // ---- histograms (milliseconds; see the file header for each interval) ----
@@ -133,6 +134,10 @@ export class ServiceMetrics {
     );
 
     this.generatedTokens = counter("service_generated_tokens_total", "Tokens sampled by batched engine steps (speculative cycles not included).");
+    this.engineStepSeconds = counter(
+      "service_engine_step_seconds_total",
+      "Seconds spent inside batched kernel calls. The event loop waits for each call, so the process CPU time beyond this is the server's own work (HTTP, streams, text, scheduling).",
+    );
     this.promptTokensRun = counter("service_prompt_tokens_total", "Prompt tokens run through the model by batched engine steps (pooled prefixes not included).");
 
     this.bodyTimeouts = counter(

@@ -120,6 +120,7 @@ function loadEngine(config: Config, metrics: ServiceMetrics, tokenizerError: str
         metrics.batchRows.observe(st.rows);
         metrics.generatedTokens.inc(st.sampled);
         metrics.promptTokensRun.inc(st.promptTokens);
+        metrics.engineStepSeconds.inc(st.seconds);
       },
     });
     metrics.watchKvCacheAllocated(() => engine.kvCacheBytesHeld());

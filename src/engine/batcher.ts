@@ -17,6 +17,8 @@ export interface BatchStepStats {
   rows: number;
   promptTokens: number;
   sampled: number;
+  /** Wall seconds the call took (the event loop was inside the kernels). */
+  seconds: number;
 }
 
 interface Waiting {
@@ -74,8 +76,10 @@ export class StepBatcher {
     }
     if (take.length === 0) return;
     try {
+      const started = performance.now();
       const out = this.model.batchStep(take.map((w) => w.row));
-      this.onStep({ rows: take.length, promptTokens, sampled: take.filter((w) => w.row.sampling).length });
+      const seconds = (performance.now() - started) / 1000;
+      this.onStep({ rows: take.length, promptTokens, sampled: take.filter((w) => w.row.sampling).length, seconds });
       take.forEach((w, i) => w.resolve(out[i]));
     } catch (e) {
       // A refused call changed nothing: run the rows one by one, so only

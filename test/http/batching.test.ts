@@ -79,17 +79,24 @@ describe("every request of a busy batch is bit-identical to its solo run", () =>
       env: { ...BASE, SERVICE_MAX_BATCH: "16", SERVICE_PREFILL_CHUNK: "16", SERVICE_THREADS: threads },
     });
     test(`20 concurrent mixed requests, ${threads} thread(s)`, async () => {
-      const before = await metrics(batched, ["service_batch_rows_count", "service_batch_rows_sum", "service_prefix_pool_hits_total"]);
+      const series = ["service_batch_rows_count", "service_batch_rows_sum", "service_prefix_pool_hits_total", "service_engine_step_seconds_total"];
+      const before = await metrics(batched, series);
+      const started = performance.now();
       const all = jobs();
       const got = await Promise.all(all.map(async (job) => (await Bun.sleep(job.delayMs), run(batched, job))));
       all.forEach((job, i) => expect(got[i], `request ${i}: ${JSON.stringify(job.body)}`).toEqual(reference[i]));
-      const after = await metrics(batched, ["service_batch_rows_count", "service_batch_rows_sum", "service_prefix_pool_hits_total"]);
+      const wallSeconds = (performance.now() - started) / 1000;
+      const after = await metrics(batched, series);
       const calls = after.service_batch_rows_count - before.service_batch_rows_count;
       const rows = after.service_batch_rows_sum - before.service_batch_rows_sum;
       // Requests really shared calls: fewer kernel calls than rows.
       expect(calls).toBeGreaterThan(0);
       expect(rows / calls).toBeGreaterThan(1.5);
       expect(after.service_prefix_pool_hits_total).toBeGreaterThan(before.service_prefix_pool_hits_total);
+      // The kernel calls took time, and no more than the run itself.
+      const kernelSeconds = after.service_engine_step_seconds_total - before.service_engine_step_seconds_total;
+      expect(kernelSeconds).toBeGreaterThan(0);
+      expect(kernelSeconds).toBeLessThan(wallSeconds);
     });
   }
 });

@@ -170,5 +170,6 @@ export const BATCHING_SERIES: Record<string, "gauge" | "counter" | "histogram"> 
   service_kv_cache_bytes_allocated: "gauge",
   service_generated_tokens_total: "counter",
   service_prompt_tokens_total: "counter",
+  service_engine_step_seconds_total: "counter",
   service_batch_rows: "histogram",
 };
