@@ -481,6 +481,23 @@ export class Tokenizer {
     return this.encoding.tokenBytes(id);
   }
 
+  private readonly wholeTexts: (string | null)[] = [];
+
+  /**
+   * The token's text when its bytes end on a character boundary (a decoder
+   * fed them holds nothing back), else null. Made once per id: streaming
+   * decodes most tokens through this instead of a decoder call.
+   */
+  wholeText(id: number): string | null {
+    const known = this.wholeTexts[id];
+    if (known !== undefined) return known;
+    const decoder = utf8Decoder();
+    const text = decoder.decode(this.tokenBytes(id), { stream: true });
+    const whole = decoder.decode() === "" ? text : null;
+    if (Number.isInteger(id) && id >= 0 && id < this.vocabSize) this.wholeTexts[id] = whole;
+    return whole;
+  }
+
   decodeBytes(ids: readonly number[]): Uint8Array {
     const parts = ids.map((id) => this.tokenBytes(id));
     const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
@@ -512,14 +529,45 @@ function utf8Decoder(): TextDecoder {
  */
 export class IncrementalDetokenizer {
   private readonly decoder = utf8Decoder();
+  /** The bytes the decoder holds: the start of a character a later token completes. */
+  private held: Uint8Array = EMPTY;
 
   constructor(private readonly tokenizer: Tokenizer) {}
 
   push(id: number): string {
-    return this.decoder.decode(this.tokenizer.tokenBytes(id), { stream: true });
+    if (this.held.length === 0) {
+      const whole = this.tokenizer.wholeText(id);
+      if (whole !== null) return whole;
+    }
+    const bytes = this.tokenizer.tokenBytes(id);
+    const text = this.decoder.decode(bytes, { stream: true });
+    this.held = incompleteTail(concatBytes(this.held, bytes));
+    return text;
   }
 
   flush(): string {
+    this.held = EMPTY;
     return this.decoder.decode();
   }
+}
+
+function concatBytes(a: Uint8Array, b: Uint8Array): Uint8Array {
+  const out = new Uint8Array(a.length + b.length);
+  out.set(a);
+  out.set(b, a.length);
+  return out;
+}
+
+/**
+ * The bytes a streaming UTF-8 decoder holds after `bytes`: the suffix that
+ * starts a character and does not finish it (at most 3 bytes; a decoder
+ * always begins a new character at a lead byte, so such a suffix is never
+ * part of an earlier one).
+ */
+function incompleteTail(bytes: Uint8Array): Uint8Array {
+  for (let k = Math.min(3, bytes.length); k > 0; k--) {
+    const suffix = bytes.subarray(bytes.length - k);
+    if (utf8Decoder().decode(suffix, { stream: true }) === "") return suffix.slice();
+  }
+  return EMPTY;
 }

@@ -191,3 +191,35 @@ describe("TOKENIZER_HOME", () => {
     expect(String(err.message)).toContain(`${RANK_FILE_NAME}:2`);
   });
 });
+
+describe("incremental detokenization", () => {
+  /** What a plain streaming decoder makes of the same ids, token by token. */
+  function reference(ids: number[]): { pieces: string[]; tail: string } {
+    const d = new TextDecoder("utf-8", { fatal: false, ignoreBOM: true });
+    return { pieces: ids.map((id) => d.decode(tok.tokenBytes(id), { stream: true })), tail: d.decode() };
+  }
+
+  test("every delta equals a streaming decoder's, split characters and stray bytes included", () => {
+    // Tokens that hold part of a character (lead bytes, continuation bytes), whole ones, and ids of no bytes.
+    const partial: number[] = [];
+    for (let id = 0; id < tok.vocabSize && partial.length < 200; id++) if (tok.wholeText(id) === null) partial.push(id);
+    expect(partial.length).toBeGreaterThan(50);
+    const whole = tok.encode("Hello world ünïcödé 🙂 速い茶色の狐 \uFEFF done");
+    const pool = [...partial, ...whole, ...tok.encode("🦊🙂"), 50256, 50257];
+    let seed = 7;
+    const next = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31), seed);
+    for (let run = 0; run < 300; run++) {
+      const ids = Array.from({ length: 1 + (next() % 24) }, () => pool[next() % pool.length]);
+      expect(detokenize(ids), `ids ${ids.join(",")}`).toEqual(reference(ids));
+    }
+  });
+
+  test("a character split across tokens appears once whole", () => {
+    const ids = tok.encode("🙂");
+    expect(ids.length).toBeGreaterThan(1);
+    const { pieces, tail } = detokenize(ids);
+    expect(pieces.slice(0, -1).every((p) => p === "")).toBe(true);
+    expect(pieces.at(-1)).toBe("🙂");
+    expect(tail).toBe("");
+  });
+});

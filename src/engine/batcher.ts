@@ -79,7 +79,9 @@ export class StepBatcher {
       const started = performance.now();
       const out = this.model.batchStep(take.map((w) => w.row));
       const seconds = (performance.now() - started) / 1000;
-      this.onStep({ rows: take.length, promptTokens, sampled: take.filter((w) => w.row.sampling).length, seconds });
+      let sampled = 0;
+      for (const w of take) if (w.row.sampling) sampled++;
+      this.onStep({ rows: take.length, promptTokens, sampled, seconds });
       take.forEach((w, i) => w.resolve(out[i]));
     } catch (e) {
       // A refused call changed nothing: run the rows one by one, so only

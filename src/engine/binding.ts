@@ -77,6 +77,8 @@ export class NativeError extends Error {
 type Lib = ReturnType<typeof dlopen<typeof symbols>>["symbols"];
 
 const ERR_LEN = 1024;
+/** Where a batch row's token count sits in its ls_batch_row. */
+const N_TOKENS_OFFSET = LS_STRUCTS.ls_batch_row.fields.n_tokens.offset;
 const cString = (s: string) => Buffer.from(`${s}\0`, "utf8");
 function readError(buf: Uint8Array): string {
   const end = buf.indexOf(0);
@@ -267,6 +269,19 @@ export class NativeModel {
   }
 
   private batchLogits = new Float32Array(0);
+  /** A sampling row's ls_batch_row bytes (n_tokens aside) by its sampling settings: a request's rows differ only in their tokens from step to step. */
+  private readonly sampledRowBytes = new WeakMap<SamplingParams, { loops: number; exit: number; bytes: Uint8Array }>();
+
+  /** ls_batch_row of `r` with n_tokens left 0; SamplingParams are never changed once made, so their bytes are kept. */
+  private rowBytes(r: BatchRow): Uint8Array {
+    const exit = r.exitThreshold ?? 0;
+    const kept = r.sampling ? this.sampledRowBytes.get(r.sampling) : undefined;
+    if (kept && kept.loops === r.loops && kept.exit === exit) return kept.bytes;
+    const row = new StructView("ls_batch_row").fill({ sample: r.sampling ? 1 : 0 });
+    fillStepParams(row.member("step", "ls_step_params"), r.loops, r.sampling, exit);
+    if (r.sampling) this.sampledRowBytes.set(r.sampling, { loops: r.loops, exit, bytes: row.bytes });
+    return row.bytes;
+  }
 
   /**
    * Advances every row's session by one call (ls_batch_step): each row's
@@ -279,21 +294,24 @@ export class NativeModel {
     if (n < 1 || n > LS_BATCH_MAX_ROWS) throw new NativeError(`a batch takes 1 to ${LS_BATCH_MAX_ROWS} rows, got ${n}`, LS_ERR_ARG);
     const size = LS_STRUCTS.ls_batch_row.size;
     const params = new Uint8Array(n * size);
+    const paramView = new DataView(params.buffer);
     const sessions = new BigUint64Array(n);
-    const tokens = new Int32Array(rows.reduce((a, r) => a + r.tokens.length, 0));
     const vocab = this.info.vocabSize;
-    const wantLogits = rows.some((r) => r.sampling && r.logitsOut);
-    if (wantLogits && this.batchLogits.length < n * vocab) this.batchLogits = new Float32Array(n * vocab);
-    let at = 0;
-    rows.forEach((r, i) => {
+    let nTokens = 0;
+    let wantLogits = false;
+    for (let i = 0; i < n; i++) {
+      const r = rows[i];
       if (r.session.model !== this) throw new NativeError(`batch row ${i}: the session belongs to another model`, LS_ERR_ARG);
       if (r.logitsOut && r.logitsOut.length < vocab) throw new NativeError(`batch row ${i}: logits buffer too small`, LS_ERR_ARG);
-      const row = new StructView("ls_batch_row", params, i * size).fill({ n_tokens: r.tokens.length, sample: r.sampling ? 1 : 0 });
-      fillStepParams(row.member("step", "ls_step_params"), r.loops, r.sampling, r.exitThreshold ?? 0);
+      params.set(this.rowBytes(r), i * size);
+      paramView.setInt32(i * size + N_TOKENS_OFFSET, r.tokens.length, true);
       sessions[i] = BigInt(r.session.pointer);
-      tokens.set(r.tokens, at);
-      at += r.tokens.length;
-    });
+      nTokens += r.tokens.length;
+      wantLogits ||= r.sampling !== null && !!r.logitsOut;
+    }
+    if (wantLogits && this.batchLogits.length < n * vocab) this.batchLogits = new Float32Array(n * vocab);
+    const tokens = new Int32Array(nTokens);
+    for (let i = 0, at = 0; i < n; at += rows[i].tokens.length, i++) tokens.set(rows[i].tokens, at);
     const out = new Int32Array(n);
     const logits = wantLogits ? this.batchLogits : null;
     const rc = this.lib.ls_batch_step(this.pointer, sessions, params, n, tokens, logits, out);

@@ -9,15 +9,12 @@ const isStream = (response: Response) =>
 
 /**
  * Marks the response with the request id and logs the request once the
- * response has ended. A stream's body is passed through chunk by chunk, as
- * it is produced, so the end (or the client's cancel) is seen.
+ * response has ended: a stream tells its end through the request context
+ * (sse.ts), so its body reaches the client unwrapped.
  */
 export function logWhenDone(response: Response, request: Request, path: string, context: RequestContext, startedAt: number): Response {
   response.headers.set("x-request-id", context.id);
-  let logged = false;
-  const finish = (cancelled: boolean) => {
-    if (logged) return;
-    logged = true;
+  const finish = (cancelled: boolean) =>
     log.request({
       request_id: context.id,
       method: request.method,
@@ -28,29 +25,7 @@ export function logWhenDone(response: Response, request: Request, path: string, 
       ms: Math.round((performance.now() - startedAt) * 10) / 10,
       outcome: cancelled || request.signal.aborted ? "cancelled" : "complete",
     });
-  };
-  if (!isStream(response)) {
-    finish(false);
-    return response;
-  }
-
-  const reader = (response.body as ReadableStream<Uint8Array>).getReader();
-  const body = new ReadableStream<Uint8Array>({
-    async pull(controller) {
-      try {
-        const { done, value } = await reader.read();
-        if (!done) return controller.enqueue(value);
-        controller.close();
-        finish(false);
-      } catch (e) {
-        finish(false);
-        controller.error(e);
-      }
-    },
-    cancel(reason) {
-      finish(true);
-      return reader.cancel(reason);
-    },
-  });
-  return new Response(body, { status: response.status, statusText: response.statusText, headers: response.headers });
+  if (isStream(response)) context.streamEnd.onEnd(finish);
+  else finish(false);
+  return response;
 }

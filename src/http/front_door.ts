@@ -7,7 +7,7 @@ import { logWhenDone } from "./access_log.ts";
 import { apiKeyCheck } from "./api_key.ts";
 import { browserGuard } from "./browser_guard.ts";
 import { toHttpError } from "./errors.ts";
-import { type RequestContext, requestId, requestPath, runInRequestContext } from "./request_context.ts";
+import { type RequestContext, requestId, requestPath, runInRequestContext, StreamEnd } from "./request_context.ts";
 
 export type Handler = (request: Request) => Response | Promise<Response>;
 
@@ -49,7 +49,14 @@ export function frontDoor(config: Config, app: Handler, halt?: AbortSignal): (re
 
   return (request) => {
     const startedAt = performance.now();
-    const context: RequestContext = { id: requestId(request), promptTokens: 0, completionTokens: 0, signal: request.signal, halt };
+    const context: RequestContext = {
+      id: requestId(request),
+      promptTokens: 0,
+      completionTokens: 0,
+      signal: request.signal,
+      halt,
+      streamEnd: new StreamEnd(),
+    };
     return runInRequestContext(context, async () => {
       const path = requestPath(request);
       return logWhenDone(await answer(request, path), request, path, context, startedAt);

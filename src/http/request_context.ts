@@ -13,6 +13,27 @@ export interface RequestContext {
   readonly signal?: AbortSignal;
   /** Aborted when the server stops without waiting (a second SIGTERM): open streams end with an error event. */
   readonly halt?: AbortSignal;
+  /** A streamed body's end: the stream tells it, the access log hears it. */
+  readonly streamEnd: StreamEnd;
+}
+
+/** The end of a streamed response body, told by the stream and heard by one listener, in either order. */
+export class StreamEnd {
+  private cancelled: boolean | null = null;
+  private listener: ((cancelled: boolean) => void) | null = null;
+
+  /** The body ended; `cancelled`: the client went away first. Only the first call counts. */
+  end(cancelled: boolean): void {
+    if (this.cancelled !== null) return;
+    this.cancelled = cancelled;
+    this.listener?.(cancelled);
+  }
+
+  /** Calls `fn` once the body has ended: at once when it already has. */
+  onEnd(fn: (cancelled: boolean) => void): void {
+    if (this.cancelled !== null) fn(this.cancelled);
+    else this.listener = fn;
+  }
 }
 
 const storage = new AsyncLocalStorage<RequestContext>();
