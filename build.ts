@@ -107,7 +107,7 @@ async function buildCpuLibrary(): Promise<string> {
 // and kernels/cuda/*.cu provide the runtime, sessions and forward pass.
 // util.c is compiled once more with ls_simd_name renamed, so the CUDA
 // library's own ls_simd_name can also name the "cuda" path.
-const CUDA_HOST_SOURCES = ["model.c", "sample.c"];
+const CUDA_HOST_SOURCES = ["model.c", "sample.c", "step_async.c"];
 const CUDA_ARCH = [
   "-gencode", "arch=compute_80,code=sm_80",
   "-gencode", "arch=compute_90,code=sm_90",
@@ -160,7 +160,7 @@ async function buildCudaLibrary(): Promise<string | null> {
     // link fails here instead of dlopen failing on a GPU host.
     await run([
       nvcc, "-shared", ...CUDA_ARCH, "-Xcompiler", "-static-libstdc++,-static-libgcc", "-Xlinker", "-z,nodelete,-z,defs",
-      "-o", lib, ...objects, util, ...host, "-lm",
+      "-o", lib, ...objects, util, ...host, "-lm", "-lpthread",
     ]);
   }
   return lib;

@@ -16,6 +16,7 @@
 //
 //   bun run bench:overhead                    64 and 256 clients, every route, 3 rounds
 //   bun run bench:overhead -- --quick         256 clients, /generate, 1 round
+//   bun run bench:overhead -- --pipeline      with SERVICE_PIPELINE_STEPS=1
 import { mkdirSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -33,6 +34,7 @@ const { values } = parseArgs({
     tokens: { type: "string", default: "128" },
     rounds: { type: "string", default: "3" },
     quick: { type: "boolean", default: false },
+    pipeline: { type: "boolean", default: false },
   },
   strict: true,
 });
@@ -137,7 +139,7 @@ async function runCell(s: TestServer, route: Route, clients: number): Promise<Ce
 const server = await startServer({
   modelPath: tinyModel(),
   requireModel: true,
-  env: { SERVICE_MAX_BATCH: "256", SERVICE_THREADS: "1", SERVICE_MAX_QUEUE_DEPTH: "4096" },
+  env: { SERVICE_MAX_BATCH: "256", SERVICE_THREADS: "1", SERVICE_MAX_QUEUE_DEPTH: "4096", SERVICE_PIPELINE_STEPS: values.pipeline ? "1" : "0" },
 });
 const cells: Cell[] = [];
 try {

@@ -16,8 +16,9 @@
  * Each buffer carries a header with its capacity. Held buffers are
  * poisoned for AddressSanitizer, and so is the part of a reused one past
  * the bytes asked for, or of a mapped one's last page, so neither hides an
- * overflow. Not thread-safe: the ABI calls every function from one thread
- * (loopserve.h).
+ * overflow. A lock guards the pool: a session may be made or freed on the
+ * caller's thread while a begun step (step_async.c) grows other sessions'
+ * caches on the model's.
  */
 #define _DEFAULT_SOURCE /* mmap, madvise under -std=c11 */
 #include "bufpool.h"
@@ -78,8 +79,15 @@ static void release_block(void *block) {
     munmap(block, mapped_bytes(cap));
 }
 
+bool ls_bufpool_init(ls_bufpool *bp) {
+    bp->n = 0;
+    bp->bytes = 0;
+    return pthread_mutex_init(&bp->mu, NULL) == 0;
+}
+
 void *ls_bufpool_alloc0(ls_bufpool *bp, size_t bytes) {
     if (bytes == 0 || bytes > SIZE_MAX / 2) return NULL; /* none that large exists; the sums below cannot wrap */
+    pthread_mutex_lock(&bp->mu);
     int32_t best = -1;
     if (bytes >= LS_BUFPOOL_MIN_BYTES)
         for (int32_t i = 0; i < bp->n; i++) {
@@ -90,10 +98,12 @@ void *ls_bufpool_alloc0(ls_bufpool *bp, size_t bytes) {
         void *block = bp->block[best];
         bp->block[best] = bp->block[--bp->n];
         bp->bytes -= capacity_of(block);
+        pthread_mutex_unlock(&bp->mu);
         UNPOISON(data_of(block), bytes);
         memset(data_of(block), 0, bytes);
         return data_of(block);
     }
+    pthread_mutex_unlock(&bp->mu);
     void *block = mapped(bytes) ? map_huge(mapped_bytes(bytes)) : calloc(1, HEADER + bytes);
     if (!block) return NULL;
     *(size_t *)block = bytes;
@@ -105,17 +115,20 @@ void ls_bufpool_free(ls_bufpool *bp, void *p) {
     if (!p) return;
     void *block = (char *)p - HEADER;
     size_t cap = capacity_of(block);
-    if (cap < LS_BUFPOOL_MIN_BYTES || bp->n == LS_BUFPOOL_SLOTS || cap > LS_BUFPOOL_MAX_BYTES - bp->bytes) {
-        release_block(block);
-        return;
+    pthread_mutex_lock(&bp->mu);
+    int held = cap >= LS_BUFPOOL_MIN_BYTES && bp->n < LS_BUFPOOL_SLOTS && cap <= LS_BUFPOOL_MAX_BYTES - bp->bytes;
+    if (held) {
+        POISON(p, cap);
+        bp->block[bp->n++] = block;
+        bp->bytes += cap;
     }
-    POISON(p, cap);
-    bp->block[bp->n++] = block;
-    bp->bytes += cap;
+    pthread_mutex_unlock(&bp->mu);
+    if (!held) release_block(block);
 }
 
 void ls_bufpool_drain(ls_bufpool *bp) {
     for (int32_t i = 0; i < bp->n; i++) release_block(bp->block[i]);
     bp->n = 0;
     bp->bytes = 0;
+    pthread_mutex_destroy(&bp->mu);
 }

@@ -5,6 +5,8 @@
 #ifndef LS_BUFPOOL_H
 #define LS_BUFPOOL_H
 
+#include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -13,10 +15,14 @@
 #define LS_BUFPOOL_MIN_BYTES (64u << 10) /* smaller buffers go straight back to the allocator */
 
 typedef struct {
+    pthread_mutex_t mu; /* sessions are made and freed while a begun step (step_async.c) grows caches */
     void *block[LS_BUFPOOL_SLOTS]; /* each starts with its header (bufpool.c) */
     int32_t n;
     size_t bytes; /* capacity of the held blocks */
 } ls_bufpool;
+
+/* An empty pool; false when its lock cannot be made. */
+bool ls_bufpool_init(ls_bufpool *bp);
 
 /* `bytes` zeroed bytes (NULL when bytes is 0 or memory is short): a held
  * buffer of at least that size, at most twice it, else a fresh one. */
@@ -26,7 +32,7 @@ void *ls_bufpool_alloc0(ls_bufpool *bp, size_t bytes);
  * next allocation while there is room, else freed. */
 void ls_bufpool_free(ls_bufpool *bp, void *p);
 
-/* Frees every held buffer. */
+/* Frees every held buffer, and the lock: the runtime's end. */
 void ls_bufpool_drain(ls_bufpool *bp);
 
 #endif

@@ -104,7 +104,8 @@ int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd, char *err,
     }
 
     ls_runtime *rt = calloc(1, sizeof *rt);
-    if (!rt) {
+    if (!rt || !ls_bufpool_init(&rt->bufs)) {
+        free(rt);
         ls_set_error(err, err_len, "out of memory allocating the runtime");
         return LS_ERR_NOMEM;
     }

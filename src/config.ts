@@ -51,6 +51,8 @@ export interface Config {
   readonly threads: number;
   /** SERVICE_PROFILE=1: a per-op kernel time table in the log after each request. */
   readonly profile: boolean;
+  /** SERVICE_PIPELINE_STEPS=1: each batched step runs on the kernel library's thread while the previous step's tokens stream. */
+  readonly pipelineSteps: boolean;
   readonly simd: SimdChoice;
   readonly host: string;
   readonly port: number;
@@ -257,6 +259,7 @@ export function loadConfig(env: Env = process.env, flags: ConfigFlags = {}): Con
     hModeFp16AttnQkv: kv.fp16AttnQkv,
     threads: integer(env, "SERVICE_THREADS", 0, 0, 4096),
     profile: flag(env, "SERVICE_PROFILE"),
+    pipelineSteps: flag(env, "SERVICE_PIPELINE_STEPS"),
     simd: simdRaw as SimdChoice,
     host,
     port,

@@ -116,6 +116,7 @@ function loadEngine(config: Config, metrics: ServiceMetrics, tokenizerError: str
       hModeFp16AttnQkv: config.hModeFp16AttnQkv,
       // With one request at a time there is nothing to interleave a prompt with.
       prefillChunk: config.maxBatch > 1 ? config.prefillChunk : null,
+      pipelineSteps: config.pipelineSteps,
       onBatchStep: (st) => {
         metrics.batchRows.observe(st.rows);
         metrics.generatedTokens.inc(st.sampled);

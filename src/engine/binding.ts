@@ -52,6 +52,8 @@ const symbols = {
   ls_session_forward: { args: [ptr, ptr, i32, i32, ptr, i32], returns: i32 },
   ls_session_step: { args: [ptr, ptr, i32, ptr, ptr], returns: i32 },
   ls_batch_step: { args: [ptr, ptr, ptr, i32, ptr, ptr, ptr], returns: i32 },
+  ls_batch_begin: { args: [ptr, ptr, ptr, i32, ptr, ptr, ptr], returns: i32 },
+  ls_batch_end: { args: [ptr], returns: i32 },
   ls_session_cache_bytes: { args: [ptr, ptr], returns: i64_fast },
   ls_session_cache_bytes_held: { args: [ptr], returns: i64_fast },
   ls_sample: { args: [ptr, i32, ptr, i32, ptr, u64], returns: i32 },
@@ -252,6 +254,11 @@ export class NativeModel {
   /** Sessions not yet closed: the library needs them freed before the model. */
   private readonly open = new Set<NativeSession>();
 
+  /** How many sessions are not yet freed (a closed one in a begun step counts until the step ends). */
+  get openSessions(): number {
+    return this.open.size;
+  }
+
   /** @internal NativeSession.close's notice. */
   forget(session: NativeSession): void {
     this.open.delete(session);
@@ -269,6 +276,7 @@ export class NativeModel {
   }
 
   private batchLogits = new Float32Array(0);
+  private begunLogits = new Float32Array(0);
   /** A sampling row's ls_batch_row bytes (n_tokens aside) by its sampling settings: a request's rows differ only in their tokens from step to step. */
   private readonly sampledRowBytes = new WeakMap<SamplingParams, { loops: number; exit: number; bytes: Uint8Array }>();
 
@@ -283,13 +291,8 @@ export class NativeModel {
     return row.bytes;
   }
 
-  /**
-   * Advances every row's session by one call (ls_batch_step): each row's
-   * logits and token are bit-identical to running it alone. Returns each
-   * row's sampled token (0 for a forward-only row). A bad row throws
-   * NativeError naming it, and no session changes.
-   */
-  batchStep(rows: BatchRow[]): Int32Array {
+  /** The call's arrays for `rows`: what ls_batch_step and ls_batch_begin take. */
+  private batchCall(rows: BatchRow[], begun: boolean): BatchCall {
     const n = rows.length;
     if (n < 1 || n > LS_BATCH_MAX_ROWS) throw new NativeError(`a batch takes 1 to ${LS_BATCH_MAX_ROWS} rows, got ${n}`, LS_ERR_ARG);
     const size = LS_STRUCTS.ls_batch_row.size;
@@ -309,22 +312,82 @@ export class NativeModel {
       nTokens += r.tokens.length;
       wantLogits ||= r.sampling !== null && !!r.logitsOut;
     }
-    if (wantLogits && this.batchLogits.length < n * vocab) this.batchLogits = new Float32Array(n * vocab);
+    // A begun step's logits wait for batchEnd in their own buffer, whatever batchStep does meanwhile.
+    const buffer = begun ? "begunLogits" : "batchLogits";
+    if (wantLogits && this[buffer].length < n * vocab) this[buffer] = new Float32Array(n * vocab);
     const tokens = new Int32Array(nTokens);
     for (let i = 0, at = 0; i < n; at += rows[i].tokens.length, i++) tokens.set(rows[i].tokens, at);
-    const out = new Int32Array(n);
-    const logits = wantLogits ? this.batchLogits : null;
-    const rc = this.lib.ls_batch_step(this.pointer, sessions, params, n, tokens, logits, out);
+    return { rows, sessions, params, tokens, logits: wantLogits ? this[buffer] : null, out: new Int32Array(n), rc: null };
+  }
+
+  /** After the library wrote a call's outputs: each sampling row's steps, then its status, logits and tokens. */
+  private batchResult(call: BatchCall): Int32Array {
+    const { rows, out, logits } = call;
+    const rc = call.rc ?? LS_ERR_STATE;
     if (rc < 0) {
       const bad = [...out.keys()].filter((i) => out[i] < 0);
       const rowsSaid = bad.map((i) => `row ${i}: ${this.lib.ls_status_str(out[i])}`).join(", ");
       throw new NativeError(`ls_batch_step: ${this.lib.ls_status_str(rc)}${rowsSaid ? ` (${rowsSaid})` : ""}`, rc);
     }
-    if (logits)
-      rows.forEach((r, i) => {
-        if (r.sampling && r.logitsOut) r.logitsOut.set(logits.subarray(i * vocab, (i + 1) * vocab));
-      });
+    const vocab = this.info.vocabSize;
+    rows.forEach((r, i) => {
+      if (r.sampling && logits && r.logitsOut) r.logitsOut.set(logits.subarray(i * vocab, (i + 1) * vocab));
+    });
     return out;
+  }
+
+  /** Each sampling row's steps, read while its session is as the call left it. */
+  private recordSteps(call: BatchCall): void {
+    for (const r of call.rows) if (r.sampling) r.steps = r.exitThreshold ? r.session.lastStepsNow() : r.loops;
+  }
+
+  /**
+   * Advances every row's session by one call (ls_batch_step): each row's
+   * logits and token are bit-identical to running it alone. Returns each
+   * row's sampled token (0 for a forward-only row). A bad row throws
+   * NativeError naming it, and no session changes.
+   */
+  batchStep(rows: BatchRow[]): Int32Array {
+    this.settle();
+    const c = this.batchCall(rows, false);
+    c.rc = this.lib.ls_batch_step(this.pointer, c.sessions, c.params, rows.length, c.tokens, c.logits, c.out);
+    if (c.rc >= 0) this.recordSteps(c);
+    return this.batchResult(c);
+  }
+
+  /** The step batchBegin handed to the library's thread, until batchEnd takes its results. */
+  private begun: BatchCall | null = null;
+
+  /**
+   * batchStep in two halves (ls_batch_begin, ls_batch_end): the step runs on
+   * the library's own thread and this one is free until batchEnd. Meanwhile
+   * any other call on this model or its sessions first waits for the step
+   * (settle), and a session closed meanwhile is freed once the step is done.
+   */
+  batchBegin(rows: BatchRow[]): void {
+    if (this.begun) throw new NativeError("a begun batch step has not been ended", LS_ERR_STATE);
+    const c = this.batchCall(rows, true);
+    check(this.lib, this.lib.ls_batch_begin(this.pointer, c.sessions, c.params, rows.length, c.tokens, c.logits, c.out), "ls_batch_begin");
+    for (const r of rows) r.session.inStep = true;
+    this.begun = c;
+  }
+
+  /** The begun step's tokens (waiting for it when it still runs); throws as batchStep does. */
+  batchEnd(): Int32Array {
+    const c = this.begun;
+    if (!c) throw new NativeError("no batch step was begun", LS_ERR_STATE);
+    this.settle();
+    this.begun = null;
+    return this.batchResult(c);
+  }
+
+  /** Waits for a begun step that still runs: what every other call does first. */
+  settle(): void {
+    const c = this.begun;
+    if (!c || c.rc !== null) return;
+    c.rc = this.lib.ls_batch_end(this.pointer);
+    if (c.rc >= 0) this.recordSteps(c);
+    for (const r of c.rows) r.session.stepEnded();
   }
 
   /** Draws a token from logits with the C sampler, `counter` the RNG position (ls_sample). */
@@ -336,6 +399,7 @@ export class NativeModel {
   /** Turns the per-op time breakdown on or off (false when the library lacks LS_FEATURE_PROFILE). */
   setProfile(on: boolean): boolean {
     if ((this.features & LS_FEATURE_PROFILE) === 0) return false;
+    this.settle();
     this.lib.ls_model_set_profile(this.pointer, on ? 1 : 0);
     return true;
   }
@@ -343,12 +407,14 @@ export class NativeModel {
   /** Seconds per op since the last reset (null when the library lacks LS_FEATURE_PROFILE). */
   readProfile(reset = true): OpProfile | null {
     if ((this.features & LS_FEATURE_PROFILE) === 0) return null;
+    this.settle();
     const out = new Float64Array(PROFILE_OPS.length);
     check(this.lib, this.lib.ls_model_profile_read(this.pointer, out, out.length, reset ? 1 : 0), "ls_model_profile_read");
     return Object.fromEntries(PROFILE_OPS.map((k, i) => [k, out[i]])) as OpProfile;
   }
 
   close(): void {
+    this.settle();
     for (const s of [...this.open]) s.close();
     if (this.handle) this.lib.ls_model_free(this.handle);
     this.handle = null;
@@ -357,6 +423,9 @@ export class NativeModel {
 
 export class NativeSession {
   private handle: Pointer | null;
+  /** @internal in a step begun by NativeModel.batchBegin that has not ended */
+  inStep = false;
+  private closeAfterStep = false;
 
   constructor(
     readonly model: NativeModel,
@@ -371,29 +440,45 @@ export class NativeSession {
     return this.handle;
   }
 
+  /** @internal NativeModel.settle's notice that the library is done with this session's step. */
+  stepEnded(): void {
+    this.inStep = false;
+    if (this.closeAfterStep) this.close();
+  }
+
   /** Takes positions [0, n) from src (this session must be empty). */
   copyPrefixFrom(src: NativeSession, n: number): void {
+    this.model.settle();
     const { lib } = this.model;
     check(lib, lib.ls_session_copy_prefix(this.pointer, src.pointer, n), "ls_session_copy_prefix");
   }
 
   get pos(): number {
+    this.model.settle();
     return this.model.lib.ls_session_pos(this.pointer);
   }
 
   /** Bytes of key/value cache the session holds now (ls_session_cache_bytes_held): it grows as positions arrive. */
   get cacheBytesHeld(): number {
+    this.model.settle();
     const { lib } = this.model;
     return check(lib, Number(lib.ls_session_cache_bytes_held(this.pointer)), "ls_session_cache_bytes_held");
   }
 
   /** Steps the last sampled token ran (ls_session_last_steps): its exit step + 1, or its loops. */
   get lastSteps(): number {
+    this.model.settle();
+    return this.lastStepsNow();
+  }
+
+  /** @internal lastSteps without waiting for a begun step: NativeModel reads it as a step ends. */
+  lastStepsNow(): number {
     const { lib } = this.model;
     return check(lib, lib.ls_session_last_steps(this.pointer), "ls_session_last_steps");
   }
 
   rollback(pos: number): void {
+    this.model.settle();
     const { lib } = this.model;
     check(lib, lib.ls_session_rollback(this.pointer, pos), "ls_session_rollback");
   }
@@ -402,6 +487,7 @@ export class NativeSession {
   forward(tokens: Int32Array, loops: number, logitsOut: Float32Array | null = null, nLogits = 0): void {
     if (logitsOut && logitsOut.length < nLogits * this.model.info.vocabSize)
       throw new NativeError("logits buffer too small", LS_ERR_ARG);
+    this.model.settle();
     const { lib } = this.model;
     check(lib, lib.ls_session_forward(this.pointer, tokens, tokens.length, loops, logitsOut, logitsOut ? nLogits : 0), "ls_session_forward");
   }
@@ -414,6 +500,7 @@ export class NativeSession {
   step(tokens: Int32Array, loops: number, sampling: SamplingParams, logitsOut: Float32Array | null = null, exitThreshold = 0): number {
     const params = new StructView("ls_step_params");
     fillStepParams(params, loops, sampling, exitThreshold);
+    this.model.settle();
     const { lib } = this.model;
     return check(lib, lib.ls_session_step(this.pointer, tokens, tokens.length, params.bytes, logitsOut), "ls_session_step");
   }
@@ -431,6 +518,7 @@ export class NativeSession {
     if (logitsOut && logitsOut.length < (p.draftAhead + 1) * this.model.info.vocabSize)
       throw new NativeError("spec logits buffer too small", LS_ERR_ARG);
     const st = new Int32Array(2);
+    this.model.settle();
     const { lib } = this.model;
     const n = check(lib, lib.ls_spec_cycle_logits(this.pointer, pending, specParams(p), out, st, logitsOut), "ls_spec_cycle");
     stats.drafted = st[0];
@@ -438,7 +526,12 @@ export class NativeSession {
     return n;
   }
 
+  /** Frees the session; one in a begun step is freed as that step ends. */
   close(): void {
+    if (this.inStep) {
+      this.closeAfterStep = true;
+      return;
+    }
     if (this.handle) this.model.lib.ls_session_free(this.handle);
     this.handle = null;
     this.model.forget(this);
@@ -461,6 +554,17 @@ function fillSampling(s: StructView<"ls_sampling">, { temperature, topK, topP, r
   return s.fill({ temperature, top_k: topK, top_p: topP, repetition_penalty: repetitionPenalty, seed: BigInt(seed) });
 }
 
+/** One batched call's arrays, kept alive while the library may read or write them; rc once it returned. */
+interface BatchCall {
+  rows: BatchRow[];
+  sessions: BigUint64Array;
+  params: Uint8Array;
+  tokens: Int32Array;
+  logits: Float32Array | null;
+  out: Int32Array;
+  rc: number | null;
+}
+
 /** One row of NativeModel.batchStep. */
 export interface BatchRow {
   session: NativeSession;
@@ -473,6 +577,8 @@ export interface BatchRow {
   exitThreshold?: number;
   /** A sampling row's last logits, before any sampling transform. */
   logitsOut?: Float32Array | null;
+  /** Written by the step for a sampling row: the steps its token ran (under exitThreshold its exit step + 1, else loops). */
+  steps?: number;
 }
 
 /** ls_spec_params (kernels/loopserve.h) as the binding fills it. */

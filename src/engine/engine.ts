@@ -10,7 +10,7 @@ import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveCudaLibrary, resolveKernel
 import type { KvCacheMode } from "../model/kvcache.ts";
 import { LS_ERR_STATE, LS_MAX_LOOPS } from "../abi/abi.generated.ts";
 import { type BatchStepStats, StepBatcher } from "./batcher.ts";
-import { cudaDeviceCount, formatProfile, type KvCacheSettings, NativeError, NativeModel, type NativeSession } from "./binding.ts";
+import { type BatchRow, cudaDeviceCount, formatProfile, type KvCacheSettings, NativeError, NativeModel, type NativeSession } from "./binding.ts";
 import { EngineLoadError, EngineRequestError } from "./errors.ts";
 import { MAX_TOP_LOGPROBS, type TokenLogprob, tokenLogprob } from "./logprobs.ts";
 import { cycleParams, type DraftOptions, SPEC_SESSION_SLACK, SpecCounter } from "./speculative.ts";
@@ -38,6 +38,12 @@ export interface EngineOptions {
   prefillChunk?: number | null;
   /** Called after every batched kernel call (metrics). */
   onBatchStep?: (stats: BatchStepStats) => void;
+  /**
+   * SERVICE_PIPELINE_STEPS: each batched step runs on the kernel library's
+   * own thread while the tokens of the step before are streamed
+   * (docs/serving-overhead.md); default false.
+   */
+  pipelineSteps?: boolean;
   /** false: the CPU kernels even where a GPU is usable (default true: the GPU then). */
   gpu?: boolean;
 }
@@ -89,10 +95,11 @@ export class Engine {
     readonly kv: KvCacheSettings = { mode: "fp16" },
     prefillChunk: number | null = null,
     onBatchStep?: (stats: BatchStepStats) => void,
+    pipelineSteps = false,
   ) {
     this.info = model.info;
     this.prefillChunk = prefillChunk ?? Number.POSITIVE_INFINITY;
-    this.batcher = new StepBatcher(model, this.prefillChunk, onBatchStep);
+    this.batcher = new StepBatcher(model, this.prefillChunk, onBatchStep, pipelineSteps);
   }
 
   static load(opts: EngineOptions): Engine {
@@ -113,7 +120,7 @@ export class Engine {
       model.close();
       throw new EngineLoadError(`kv_cache_mode ${kv.mode} cannot serve ${opts.modelPath}: ${(e as Error).message}`);
     }
-    const engine = new Engine(model, opts.draft, kv, opts.prefillChunk, opts.onBatchStep);
+    const engine = new Engine(model, opts.draft, kv, opts.prefillChunk, opts.onBatchStep, opts.pipelineSteps);
     if (opts.profile) {
       engine.profiling = model.setProfile(true);
       if (!engine.profiling) log.warn("this kernel library cannot profile: SERVICE_PROFILE ignored");
@@ -215,8 +222,6 @@ export class Engine {
     const counter = plan ? new SpecCounter() : null;
     const exitThreshold = req.exitThreshold || undefined;
     const exitSteps: number[] | undefined = exitThreshold ? [] : undefined;
-    // A scored prompt runs at full depth, the first token drawn from it too: no step reports its steps.
-    let scoredFirst = false;
     const shape = sessionShape(req);
     const session = this.model.newSession(shape.maxSeq, shape.loops, req.cacheWindow, this.kv);
     this.live.add(session);
@@ -236,12 +241,11 @@ export class Engine {
       ...(promptLogprobs ? { promptLogprobs } : {}),
       ...(exitSteps ? { exitSteps } : {}),
     });
-    /** Hands one token on (with its log-probability from `logits`); returns the finish reason when generation ends with it. */
-    const emit = (next: number, logits: Float32Array | null): FinishReason | null => {
+    /** Hands one token on (with its log-probability from `logits` and the steps it ran); returns the finish reason when generation ends with it. */
+    const emit = (next: number, logits: Float32Array | null, steps: number): FinishReason | null => {
       if (stops.has(next)) return "stop";
       tokens.push(next);
-      exitSteps?.push(scoredFirst ? req.loops : session.lastSteps);
-      scoredFirst = false;
+      exitSteps?.push(steps);
       if (sink(next, logits && top !== undefined ? tokenLogprob(logits, next, top) : undefined) === false) return "stop";
       if (tokens.length >= req.maxTokens) return "length";
       return null;
@@ -252,6 +256,7 @@ export class Engine {
       const reused = prefix && !req.promptLogprobs && this.reusePrefix(session, prefix.snapshot, prefix.length) ? prefix.length : 0;
       if (signal?.aborted) return done("cancelled");
       let next: number;
+      let steps = req.loops; // a scored prompt runs at full depth, the first token drawn from it too
       if (req.promptLogprobs) {
         // Prefill that scores every prompt token, then the first token drawn
         // from the last row as ls_session_step draws it.
@@ -263,16 +268,16 @@ export class Engine {
         if (req.maxTokens === 0) return done("length");
         stepLogits?.set(scored.last);
         next = this.model.sample(scored.last, Int32Array.from(req.promptTokens), s, req.promptTokens.length);
-        scoredFirst = true;
       } else {
         // Prefill and the first token: the same steps in every mode.
         const first = await this.prefill(session, req.promptTokens.slice(reused), req.loops, s, stepLogits, signal, exitThreshold);
         if (first === null) return done("cancelled");
-        next = first;
+        next = first.token;
+        steps = first.steps;
         if (capture && pooledPromptLength(req) > 0) capture(this.snapshot(session, req));
       }
       firstTokenMs = performance.now() - start;
-      let end = emit(next, stepLogits);
+      let end = emit(next, stepLogits, steps);
       // One FFI call per step: a plain decode step, or a whole speculative
       // cycle whose tokens are then handed on one by one (cut at a stop id,
       // max_tokens or a sink that says stop, as plain decoding would be).
@@ -284,13 +289,14 @@ export class Engine {
           if (signal?.aborted) return done("cancelled");
           const n = session.specCycle(next, cycleParams(plan, req.loops, s, req.maxTokens - tokens.length, this.draft), out, cycle, cycleLogits);
           counter.add(cycle, n);
-          for (let i = 0; i < n && !end; i++) end = emit(out[i], cycleLogits && cycleLogits.subarray(i * vocab, (i + 1) * vocab));
+          for (let i = 0; i < n && !end; i++) end = emit(out[i], cycleLogits && cycleLogits.subarray(i * vocab, (i + 1) * vocab), req.loops);
           next = out[n - 1];
         } else {
           if (signal?.aborted) return done("cancelled");
-          next = await this.batcher.step({ session, tokens: Int32Array.of(next), loops: req.loops, sampling: s, logitsOut: stepLogits, exitThreshold }, false);
+          const row: BatchRow = { session, tokens: Int32Array.of(next), loops: req.loops, sampling: s, logitsOut: stepLogits, exitThreshold };
+          next = await this.batcher.step(row, { prompt: false, continues: tokens.length + 1 < req.maxTokens });
           if (signal?.aborted) return done("cancelled");
-          end = emit(next, stepLogits);
+          end = emit(next, stepLogits, row.steps ?? req.loops);
         }
       }
       return done(end);
@@ -310,8 +316,8 @@ export class Engine {
 
   /**
    * Feeds the prompt in steps of at most prefillChunk tokens (the last one
-   * samples the first token, into logitsOut when given); null when
-   * cancelled between chunks.
+   * samples the first token, into logitsOut when given, and says the steps
+   * it ran); null when cancelled between chunks.
    */
   private async prefill(
     session: NativeSession,
@@ -321,12 +327,13 @@ export class Engine {
     logitsOut: Float32Array | null,
     signal: AbortSignal | undefined,
     exitThreshold: number | undefined,
-  ): Promise<number | null> {
+  ): Promise<{ token: number; steps: number } | null> {
     for (let at = 0; ; at += this.prefillChunk) {
       const last = at + this.prefillChunk >= prompt.length;
       const tokens = Int32Array.from(prompt.slice(at, last ? prompt.length : at + this.prefillChunk));
-      const token = await this.batcher.step({ session, tokens, loops, sampling: last ? sampling : null, logitsOut, exitThreshold: last ? exitThreshold : undefined }, true);
-      if (last) return token;
+      const row: BatchRow = { session, tokens, loops, sampling: last ? sampling : null, logitsOut, exitThreshold: last ? exitThreshold : undefined };
+      const token = await this.batcher.step(row, { prompt: true });
+      if (last) return { token, steps: row.steps ?? loops };
       if (signal?.aborted) return null;
     }
   }

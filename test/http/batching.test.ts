@@ -1,7 +1,7 @@
 // Continuous batching through HTTP (docs/batching.md), on the trained model:
 // many concurrent requests of every kind, arriving at different times, each
 // get exactly the tokens they get when the server runs one request at a
-// time, with 1 and with 2 kernel threads. The batch metrics count what ran,
+// time, with 1 and with 2 kernel threads, with steps pipelined or not. The batch metrics count what ran,
 // a request waits in the queue while its key/value cache does not fit the
 // budget, and one larger than the whole budget is refused.
 import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
@@ -73,12 +73,12 @@ beforeAll(async () => {
 });
 
 describe("every request of a busy batch is bit-identical to its solo run", () => {
-  for (const threads of ["1", "2"]) {
+  for (const [threads, pipelined] of [["1", false], ["2", false], ["1", true], ["2", true]] as const) {
     const batched = serverForTests({
       modelPath: TRAINED_MODEL_PATH,
-      env: { ...BASE, SERVICE_MAX_BATCH: "16", SERVICE_PREFILL_CHUNK: "16", SERVICE_THREADS: threads },
+      env: { ...BASE, SERVICE_MAX_BATCH: "16", SERVICE_PREFILL_CHUNK: "16", SERVICE_THREADS: threads, SERVICE_PIPELINE_STEPS: pipelined ? "1" : "0" },
     });
-    test(`20 concurrent mixed requests, ${threads} thread(s)`, async () => {
+    test(`20 concurrent mixed requests, ${threads} thread(s)${pipelined ? ", steps pipelined" : ""}`, async () => {
       const series = ["service_batch_rows_count", "service_batch_rows_sum", "service_prefix_pool_hits_total", "service_engine_step_seconds_total"];
       const before = await metrics(batched, series);
       const started = performance.now();

@@ -1,0 +1,126 @@
+/*
+ * step_async.c — ls_batch_begin / ls_batch_end (docs/serving-overhead.md).
+ *
+ * ls_batch_step on a thread of the model's own, so the caller's thread is
+ * free while the step runs: a server streams the previous step's tokens
+ * meanwhile. The step is the library's own ls_batch_step, called with the
+ * caller's arrays as given, so its results are bit-identical to calling it
+ * directly. Both libraries link this file.
+ *
+ * One step at a time per model: begin hands it over, end waits for it. The
+ * thread starts at the first begin and is joined by ls_model_free.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+enum { IDLE, QUEUED, DONE, QUIT };
+
+typedef struct ls_stepper {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int state;
+    /* the call handed over (valid while QUEUED) */
+    ls_model *m;
+    ls_session *const *sessions;
+    const ls_batch_row *rows;
+    int32_t n_rows;
+    const int32_t *tokens;
+    float *logits_out;
+    int32_t *out;
+    int32_t rc;
+} ls_stepper;
+
+static void *step_thread(void *arg) {
+    ls_stepper *st = arg;
+    pthread_mutex_lock(&st->mu);
+    for (;;) {
+        while (st->state != QUEUED && st->state != QUIT) pthread_cond_wait(&st->cv, &st->mu);
+        if (st->state == QUIT) break;
+        pthread_mutex_unlock(&st->mu);
+        int32_t rc = ls_batch_step(st->m, st->sessions, st->rows, st->n_rows, st->tokens, st->logits_out, st->out);
+        pthread_mutex_lock(&st->mu);
+        st->rc = rc;
+        st->state = DONE;
+        pthread_cond_broadcast(&st->cv);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return NULL;
+}
+
+static ls_stepper *stepper_of(ls_model *m) {
+    if (m->stepper != NULL) return m->stepper;
+    ls_stepper *st = calloc(1, sizeof *st);
+    if (st == NULL) return NULL;
+    st->state = IDLE;
+    if (pthread_mutex_init(&st->mu, NULL) != 0) goto fail_mu;
+    if (pthread_cond_init(&st->cv, NULL) != 0) goto fail_cv;
+    if (pthread_create(&st->thread, NULL, step_thread, st) != 0) goto fail_thread;
+    m->stepper = st;
+    return st;
+fail_thread:
+    pthread_cond_destroy(&st->cv);
+fail_cv:
+    pthread_mutex_destroy(&st->mu);
+fail_mu:
+    free(st);
+    return NULL;
+}
+
+int32_t ls_batch_begin(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
+                       const int32_t *tokens, float *logits_out, int32_t *out) {
+    if (m == NULL) return LS_ERR_ARG;
+    ls_stepper *st = stepper_of(m);
+    if (st == NULL) return LS_ERR_NOMEM;
+    pthread_mutex_lock(&st->mu);
+    int32_t rc = LS_OK;
+    if (st->state != IDLE) {
+        rc = LS_ERR_STATE; /* the step begun before has not been ended */
+    } else {
+        st->m = m;
+        st->sessions = sessions;
+        st->rows = rows;
+        st->n_rows = n_rows;
+        st->tokens = tokens;
+        st->logits_out = logits_out;
+        st->out = out;
+        st->state = QUEUED;
+        pthread_cond_broadcast(&st->cv);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int32_t ls_batch_end(ls_model *m) {
+    if (m == NULL) return LS_ERR_ARG;
+    ls_stepper *st = m->stepper;
+    if (st == NULL) return LS_ERR_STATE;
+    pthread_mutex_lock(&st->mu);
+    int32_t rc;
+    if (st->state == IDLE) {
+        rc = LS_ERR_STATE; /* nothing was begun */
+    } else {
+        while (st->state != DONE) pthread_cond_wait(&st->cv, &st->mu);
+        rc = st->rc;
+        st->state = IDLE;
+    }
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+void ls_stepper_free(ls_model *m) {
+    ls_stepper *st = m->stepper;
+    if (st == NULL) return;
+    pthread_mutex_lock(&st->mu);
+    while (st->state == QUEUED) pthread_cond_wait(&st->cv, &st->mu); /* a step still running finishes first */
+    st->state = QUIT;
+    pthread_cond_broadcast(&st->cv);
+    pthread_mutex_unlock(&st->mu);
+    pthread_join(st->thread, NULL);
+    pthread_cond_destroy(&st->cv);
+    pthread_mutex_destroy(&st->mu);
+    free(st);
+    m->stepper = NULL;
+}
