@@ -21,6 +21,7 @@
 //   bun run bench:serve -- --peer                with llama-server (built once, ~12 minutes on 2 cores)
 //   bun run bench:serve -- --quick               concurrency 1 and 8, 64 tokens, 1 round
 //   bun run bench:serve -- --prefill-chunk 64    loopserve with SERVICE_PREFILL_CHUNK=64
+//   bun run bench:serve -- --pipeline            loopserve with SERVICE_PIPELINE_STEPS=1 as well, alternated
 import { parseArgs } from "node:util";
 import { formatTable, median, type Row } from "../src/bench/table.ts";
 import { parseModelConfig } from "../src/model/format.ts";
@@ -41,6 +42,7 @@ const { values } = parseArgs({
     quick: { type: "boolean", default: false },
     peer: { type: "boolean", default: false },
     "prefill-chunk": { type: "string" },
+    pipeline: { type: "boolean", default: false },
   },
   strict: true,
 });
@@ -231,6 +233,7 @@ function targetsMet(rows: Row[]): Row[] {
 
 async function main(): Promise<void> {
   const targets: Target[] = [loopserve("loopserve", {}), loopserve("loopserve batch=1", { SERVICE_MAX_BATCH: "1" })];
+  if (values.pipeline) targets.push(loopserve("loopserve pipelined", { SERVICE_PIPELINE_STEPS: "1" }));
   if (values.peer) targets.push(await llamaServer());
   const results: Record<string, CellResult[]> = {};
   for (const format of FORMATS) {
