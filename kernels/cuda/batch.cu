@@ -394,6 +394,14 @@ extern "C" int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const
     int single = plan.n_tokens <= LS_CUDA_CHUNK; // ls_batch_blocks makes one block of it
     block_call call = {m, sessions, tokens, b, plan.slot, plan.n_sample, single, cudaSuccess, "selecting the device"};
     call.e = cudaSetDevice(m->rt->device);
+    /* Work another thread queued for these sessions (a new session's zero
+     * fill, a prefix copy) finishes first: with per-thread default streams
+     * nothing else orders it before this step when it runs on the model's
+     * step thread (ls_batch_begin). */
+    if (call.e == cudaSuccess) {
+        call.what = "waiting for the device";
+        call.e = cudaDeviceSynchronize();
+    }
     if (call.e == cudaSuccess) {
         call.what = "copying the tokens";
         call.e = cudaMemcpy(b->tokens, tokens, (size_t)plan.n_tokens * sizeof(int32_t), cudaMemcpyHostToDevice);
