@@ -15,12 +15,13 @@
 // dim-2048 decode at loops 8, kept in the JSON. --out: also copy the JSON
 // and the log there.
 import { spawnSync } from "node:child_process";
-import { copyFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { copyFileSync, existsSync, mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { benchModel } from "../src/bench/models.ts";
 import { formatTable, type Row } from "../src/bench/table.ts";
 import { CUDA_LIBRARY_NAME } from "../src/engine/library.ts";
+import { kernelDecode, torchPeers } from "./gpu/kernel.ts";
 import { writeJson } from "./report.ts";
 
 const ROOT = join(import.meta.dir, "..");
@@ -73,9 +74,7 @@ const cells: Cell[] = [];
 
 /** loopserve's batched decode of `rows` sessions through ls_batch_step (the server's path). */
 function loopserve(model: keyof typeof models, loops: number, rows: number): void {
-  sh([bun, "bench/batch.ts", "--lib", lib, "--model", models[model], "--loops", String(loops), "--rows", String(rows), "--steps", "64", "--rounds", "3"]);
-  const res = JSON.parse(readFileSync(join(ROOT, "bench", "results", "batch.json"), "utf8"));
-  cells.push({ engine: "loopserve", model, weights: "fp16", loops, clients: rows, tok_s: Number(res.rows[0]["batched tok/s"]) });
+  cells.push({ engine: "loopserve", model, weights: "fp16", loops, clients: rows, tok_s: kernelDecode(sh, lib, models[model], loops, rows) });
 }
 
 for (const model of Object.keys(models) as (keyof typeof models)[]) {
@@ -85,15 +84,9 @@ for (const model of Object.keys(models) as (keyof typeof models)[]) {
 
 /** Runs bench/gpu/torch_decode.py on one model; its decode cells join `cells`, and the copy probe's GB/s is returned (0 when not asked). */
 function peers(model: keyof typeof models, rows: string, which: string): number {
-  const out = sh(["python3", "bench/gpu/torch_decode.py", models[model], "--loops", "8", "--rows", rows, "--peers", which], { allowFail: true });
-  let gbS = 0;
-  for (const line of out.split("\n")) {
-    if (!line.startsWith("{")) continue;
-    const r = JSON.parse(line);
-    if (r.engine === "device copy") gbS = r.gb_s;
-    else if (r.tok_s) cells.push({ engine: r.engine, model, weights: "fp16", loops: r.loops, clients: r.rows, tok_s: r.tok_s });
-  }
-  return gbS;
+  const run = torchPeers(sh, models[model], 8, rows, which);
+  for (const r of run.cells) cells.push({ engine: r.engine, model, weights: "fp16", loops: r.loops, clients: r.rows, tok_s: r.tok_s });
+  return run.copyGbS;
 }
 const copyGbS = peers("dim-2048", "1,64", values.quick ? "graph,copy" : "graph,hf,copy");
 peers("trained", "1", "graph");

@@ -22,8 +22,25 @@
 //   bun run bench:serve -- --quick               concurrency 1 and 8, 64 tokens, 1 round
 //   bun run bench:serve -- --prefill-chunk 64    loopserve with SERVICE_PREFILL_CHUNK=64
 //   bun run bench:serve -- --pipeline            loopserve with SERVICE_PIPELINE_STEPS=1 as well, alternated
+//
+// On a GPU host, `bun run bench:serve -- --gpu` (one device run, about 8
+// minutes): the trained model and a dim-2048 model (GQA 16/4, ffn 5632) in
+// fp16 on the GPU, clients 1, 8, 64 and 256, 128- and 512-token
+// completions, one request per client, the long prompt mid-run from 64
+// clients up; loopserve plain and pipelined against llama-server built with
+// its CUDA backend (cached between runs), SERVICE_MAX_BATCH=1 at one client;
+// the GPU's utilization sampled through each cell (nvidia-smi); and the
+// kernel-level grid (bench/batch.ts on the CUDA library at 1, 8, 64 and 256
+// rows beside bench/gpu/torch_decode.py's CUDA-graph decode). Writes
+// bench/results/serve-gpu.json with the GPU's name, the commit, every cell
+// and the targets, and a dated copy under bench/gpu-runs/ to commit.
+import { spawnSync } from "node:child_process";
+import { copyFileSync, mkdirSync } from "node:fs";
+import { join } from "node:path";
 import { parseArgs } from "node:util";
+import { benchModel } from "../src/bench/models.ts";
 import { formatTable, median, type Row } from "../src/bench/table.ts";
+import { CUDA_LIBRARY_NAME } from "../src/engine/library.ts";
 import { parseModelConfig } from "../src/model/format.ts";
 import { readSafetensors } from "../src/model/safetensors.ts";
 import { TRAINED_MODEL_PATH } from "../src/model/trained.ts";
@@ -43,13 +60,21 @@ const { values } = parseArgs({
     peer: { type: "boolean", default: false },
     "prefill-chunk": { type: "string" },
     pipeline: { type: "boolean", default: false },
+    gpu: { type: "boolean", default: false },
   },
   strict: true,
 });
+const GPU = values.gpu;
+/** The GPU's name (nvidia-smi) with --gpu. */
+const GPU_NAME = GPU ? (spawnSync("nvidia-smi", ["--query-gpu=name", "--format=csv,noheader"], { encoding: "utf8" }).stdout ?? "").trim().split("\n")[0] : "";
+if (GPU && !GPU_NAME) {
+  console.error("bench:serve --gpu: no NVIDIA GPU here (nvidia-smi answered nothing)");
+  process.exit(2);
+}
 
 const list = (s: string) => s.split(",").map((x) => Number(x.trim()));
-const CONCURRENCY = values.quick ? [1, 8] : list(values.concurrency);
-const TOKENS = values.quick ? [64] : list(values.tokens);
+const CONCURRENCY = values.quick ? [1, 8] : GPU ? [1, 8, 64, 256] : list(values.concurrency);
+const TOKENS = values.quick ? [64] : GPU ? [128, 512] : list(values.tokens);
 type Format = "fp16" | "int4";
 const isFormat = (f: string): f is Format => f === "fp16" || f === "int4";
 const FORMAT_NAMES = values.formats.split(",").map((f) => f.trim());
@@ -58,17 +83,40 @@ if (unknownFormat !== undefined) {
   console.error(`bench:serve: unknown format ${unknownFormat} in --formats; choose from fp16, int4`);
   process.exit(2);
 }
-const FORMATS = FORMAT_NAMES.filter(isFormat);
-const ROUNDS = values.quick ? 1 : Number(values.rounds);
+const ROUNDS = values.quick || GPU ? 1 : Number(values.rounds);
 const THREADS = values.threads;
 /** SERVICE_PREFILL_CHUNK for loopserve, when given (else the server's default). */
 const PREFILL_CHUNK: Record<string, string> = values["prefill-chunk"] ? { SERVICE_PREFILL_CHUNK: values["prefill-chunk"] } : {};
-const REQUESTS_PER_CLIENT = 2;
+const REQUESTS_PER_CLIENT = GPU ? 1 : 2;
 const LONG_PROMPT_WORDS = 2000; // 2,000 GPT-2 tokens (each word one token)
+/** From this many clients up a cell has the long prompt arrive mid-run (on a CPU host: the highest concurrency only). */
+const LONG_PROMPT_FROM = GPU ? 64 : Math.max(2, ...CONCURRENCY);
 
-/** The trained model in a format: int4 is its quantized copy (int8 head, group 32), made on first use. */
-const modelFile = (format: Format): string =>
-  format === "fp16" ? TRAINED_MODEL_PATH : quantizedPath(TRAINED_MODEL_PATH, { quant: "int4", head: "int8" }, 32);
+/** One model the servers are measured on: its file, the fp16 file a GGUF is exported from, the llama.cpp format, its depth. */
+interface ModelCase {
+  label: string;
+  path: string;
+  fp16: string;
+  format: Format;
+  loops: number;
+}
+
+const TRAINED_LOOPS = parseModelConfig(readSafetensors(TRAINED_MODEL_PATH)).defaultLoops;
+/** On a CPU host the trained model in each format (int4: its quantized copy, int8 head, group 32, made on first use); on a GPU the trained model and a dim-2048 one, fp16. */
+const MODELS: ModelCase[] = GPU
+  ? [
+      { label: "trained fp16", path: TRAINED_MODEL_PATH, fp16: TRAINED_MODEL_PATH, format: "fp16", loops: TRAINED_LOOPS },
+      ...[await benchModel({ dim: 2048, nHeads: 16, nKvHeads: 4, ffnDim: 5632, loops: 8 })].map(
+        (path): ModelCase => ({ label: "dim-2048 fp16", path, fp16: path, format: "fp16", loops: 8 }),
+      ),
+    ]
+  : FORMAT_NAMES.filter(isFormat).map((format) => ({
+      label: format,
+      path: format === "fp16" ? TRAINED_MODEL_PATH : quantizedPath(TRAINED_MODEL_PATH, { quant: "int4", head: "int8" }, 32),
+      fp16: TRAINED_MODEL_PATH,
+      format,
+      loops: TRAINED_LOOPS,
+    }));
 
 const PROMPTS = [
   "In the beginning God created the heaven and the earth.",
@@ -81,21 +129,32 @@ const LONG_PROMPT = Array.from({ length: LONG_PROMPT_WORDS }, (_, i) => ["and", 
 /** One server under test: how to start it for a cell, and how to ask it for a stream. */
 interface Target {
   name: string;
-  start(format: Format, concurrency: number): Promise<{ url: string; stop(): Promise<unknown> }>;
+  start(model: ModelCase, concurrency: number): Promise<{ url: string; stop(): Promise<unknown> }>;
   /** Request body for a stream of exactly `tokens` tokens. */
   body(prompt: string, tokens: number): unknown;
   path: string;
+  /** Only at one client (SERVICE_MAX_BATCH=1 on a GPU host, where more would take minutes a cell). */
+  oneClientOnly?: boolean;
 }
 
 async function llamaServer(): Promise<Target> {
-  const { llamaTools } = await import("./peer/llama.ts");
+  const { ggufF16, ggufFor, llamaServerCuda, llamaTools } = await import("./peer/llama.ts");
   const { llamaCompletionBody, startLlamaServer } = await import("./peer/llama_server.ts");
+  if (GPU) {
+    const cuda = llamaServerCuda();
+    return {
+      name: `llama-server ${cuda.version}`,
+      path: "/completion",
+      start: (m, concurrency) => startLlamaServer(cuda.server, ggufF16(m.fp16, m.loops), concurrency, THREADS, true),
+      body: llamaCompletionBody,
+    };
+  }
   const tools = llamaTools();
-  const loops = parseModelConfig(readSafetensors(TRAINED_MODEL_PATH)).defaultLoops;
   return {
     name: `llama-server ${tools.version}`,
     path: "/completion",
-    start: (format, concurrency) => startLlamaServer(tools, TRAINED_MODEL_PATH, loops, format, concurrency, THREADS),
+    start: (m, concurrency) =>
+      startLlamaServer(tools.server, ggufFor(tools, m.fp16, m.loops, m.format, (s) => console.error(`[serve] ${s}`)), concurrency, THREADS),
     body: llamaCompletionBody,
   };
 }
@@ -103,13 +162,19 @@ async function llamaServer(): Promise<Target> {
 /** The kernel paths loopserve's start-up lines named ("avx512", "cuda", ...). */
 const kernelPaths = new Set<string>();
 
-function loopserve(name: string, env: Record<string, string>): Target {
+function loopserve(name: string, env: Record<string, string>, oneClientOnly = false): Target {
   return {
     name,
     path: "/generate",
-    async start(format) {
+    oneClientOnly,
+    async start(m) {
       // gpu: the server takes a GPU where it would in production (the kernel path is in the report).
-      const s: TestServer = await startServer({ modelPath: modelFile(format), gpu: true, env: { SERVICE_THREADS: THREADS, SERVICE_MAX_SEQ_LEN: "4096", ...PREFILL_CHUNK, ...env } });
+      const maxBatch: Record<string, string> = GPU ? { SERVICE_MAX_BATCH: "256", SERVICE_MAX_QUEUE_DEPTH: "1024" } : {};
+      const s: TestServer = await startServer({
+        modelPath: m.path,
+        gpu: true,
+        env: { SERVICE_THREADS: THREADS, SERVICE_MAX_SEQ_LEN: "4096", ...maxBatch, ...PREFILL_CHUNK, ...env },
+      });
       const simd = /simd (\w+)\)/.exec(s.output())?.[1];
       if (simd) kernelPaths.add(simd);
       return { url: s.url, stop: () => s.stop() };
@@ -199,58 +264,117 @@ async function runCell(t: Target, url: string, concurrency: number, tokens: numb
   };
 }
 
+/** Samples the GPU's utilization (nvidia-smi, every 200 ms) until stopped; resolves to the mean percentage. */
+function gpuUtilization(): { stop(): Promise<number> } {
+  const proc = Bun.spawn(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "200"], { stdout: "pipe", stderr: "ignore" });
+  const text = new Response(proc.stdout).text();
+  return {
+    async stop() {
+      proc.kill();
+      const samples = (await text).split("\n").map(Number).filter((x) => Number.isFinite(x) && x >= 0);
+      return samples.length ? samples.reduce((a, b) => a + b, 0) / samples.length : Number.NaN;
+    },
+  };
+}
+
+type Verdict = { target: string; value: string; limit: string; met: string };
+
 /**
- * The batching targets, per format and completion length: 8 clients against
+ * The batching targets, per model and completion length: 8 clients against
  * llama-server and against one client; one client's time per output token
- * against SERVICE_MAX_BATCH=1's; the inter-token p99 at the highest
- * concurrency against one client's time per output token.
+ * against SERVICE_MAX_BATCH=1's; the inter-token p99 under load (the long
+ * prompt mid-run) against one client's time per output token. On a GPU also
+ * the aggregate at 64 and 256 clients and 64 clients against llama-server.
  */
-function targetsMet(rows: Row[]): Row[] {
-  const out: Row[] = [];
-  const find = (server: (s: string) => boolean, format: string, clients: number, tokens: number) =>
-    rows.find((r) => server(String(r.server)) && r.format === format && r.clients === clients && r.tokens === tokens);
+function targetsMet(rows: Row[]): Verdict[] {
+  const out: Verdict[] = [];
+  const find = (server: (s: string) => boolean, model: string, clients: number, tokens: number) =>
+    rows.find((r) => server(String(r.server)) && r.model === model && r.clients === clients && r.tokens === tokens);
   const ours = (s: string) => s === "loopserve";
+  const peer = (s: string) => s.startsWith("llama-server");
   const check = (what: string, value: number | undefined, limit: number, atLeast: boolean) => {
     if (value === undefined || Number.isNaN(value)) return;
     out.push({ target: what, value: value.toFixed(2), limit: `${atLeast ? ">=" : "<="} ${limit}`, met: (atLeast ? value >= limit : value <= limit) ? "yes" : "NO" });
   };
-  const top = Math.max(...CONCURRENCY);
-  for (const format of FORMATS)
+  const tps = (r: Row | undefined) => (r ? Number(r["tok/s"]) : undefined);
+  const busyAt = GPU ? 64 : Math.max(...CONCURRENCY);
+  for (const { label } of MODELS)
     for (const tokens of TOKENS) {
-      const tps = (r: Row | undefined) => (r ? Number(r["tok/s"]) : undefined);
-      const eight = tps(find(ours, format, 8, tokens));
-      const one = find(ours, format, 1, tokens);
-      const peer8 = tps(find((s) => s.startsWith("llama-server"), format, 8, tokens));
-      check(`${format} ${tokens} tok: 8 clients / llama-server's`, eight && peer8 ? eight / peer8 : undefined, 2, true);
-      check(`${format} ${tokens} tok: 8 clients / 1 client`, eight && one ? eight / Number(one["tok/s"]) : undefined, 2.5, true);
-      const solo = find((s) => s === "loopserve batch=1", format, 1, tokens);
-      check(`${format} ${tokens} tok: 1 client time per token, batching / batch=1`, one && solo ? Number(one["tpot ms"]) / Number(solo["tpot ms"]) : undefined, 1.05, false);
-      const busy = find(ours, format, top, tokens);
-      check(`${format} ${tokens} tok: ITL p99 at ${top} clients / 1 client's time per token`, busy && one ? Number(busy["itl p99 ms"]) / Number(one["tpot ms"]) : undefined, 3, false);
+      const at = (n: number) => `${label} ${tokens} tok: ${n} client${n === 1 ? "" : "s"}`;
+      const one = find(ours, label, 1, tokens);
+      const solo = find((s) => s === "loopserve batch=1", label, 1, tokens);
+      check(`${at(1)}, time per token, batching / batch=1`, one && solo ? Number(one["tpot ms"]) / Number(solo["tpot ms"]) : undefined, 1.05, false);
+      const busy = find(ours, label, busyAt, tokens);
+      check(`${at(busyAt)}, ITL p99 / 1 client's time per token`, busy && one ? Number(busy["itl p99 ms"]) / Number(one["tpot ms"]) : undefined, 3, false);
+      if (GPU) {
+        const many = tps(busy);
+        const peerMany = tps(find(peer, label, 64, tokens));
+        check(`${at(64)}, tok/s / llama-server CUDA's`, many && peerMany ? many / peerMany : undefined, 2, true);
+        if (label.startsWith("dim-2048")) {
+          check(`${at(64)}, tok/s`, many, 40_000, true);
+          check(`${at(256)}, tok/s`, tps(find(ours, label, 256, tokens)), 80_000, true);
+        }
+      } else {
+        const eight = tps(find(ours, label, 8, tokens));
+        const peer8 = tps(find(peer, label, 8, tokens));
+        check(`${at(8)} / llama-server's`, eight && peer8 ? eight / peer8 : undefined, 2, true);
+        check(`${at(8)} / 1 client`, eight && one ? eight / Number(one["tok/s"]) : undefined, 2.5, true);
+      }
     }
   return out;
 }
 
+/** On a GPU host: the kernel-level grid (ls_batch_step on the CUDA library beside the PyTorch CUDA-graph decode), cells and targets. */
+async function kernelGrid(): Promise<{ cells: Row[]; verdicts: Verdict[] }> {
+  const { kernelDecode, torchPeers } = await import("./gpu/kernel.ts");
+  const sh = (cmd: string[], opts: { allowFail?: boolean } = {}) => {
+    const r = spawnSync(cmd[0], cmd.slice(1), { cwd: join(import.meta.dir, ".."), encoding: "utf8", maxBuffer: 1 << 26 });
+    const out = `${r.stdout ?? ""}${r.stderr ?? ""}`;
+    if (r.status !== 0 && !opts.allowFail) throw new Error(`${cmd.join(" ")} exited ${r.status}:\n${out.slice(-4000)}`);
+    return out;
+  };
+  const lib = join(import.meta.dir, "..", "build", CUDA_LIBRARY_NAME);
+  const rows = [1, 8, 64, 256];
+  const cells: Row[] = [];
+  const verdicts: Verdict[] = [];
+  for (const m of MODELS) {
+    const graph = torchPeers(sh, m.path, m.loops, rows.join(","), "graph").cells;
+    for (const n of rows) {
+      const ours = kernelDecode(sh, lib, m.path, m.loops, n);
+      const theirs = graph.find((c) => c.rows === n)?.tok_s ?? Number.NaN;
+      cells.push({ model: m.label, loops: m.loops, rows: n, "loopserve tok/s": ours, "pytorch cuda graph tok/s": theirs });
+      if (m.label.startsWith("dim-2048") && n >= 64) {
+        const ratio = ours / theirs;
+        verdicts.push({ target: `kernel level ${m.label} loops ${m.loops}, ${n} rows, x pytorch cuda graph`, value: ratio.toFixed(2), limit: ">= 1.5", met: ratio >= 1.5 ? "yes" : "NO" });
+      }
+    }
+  }
+  return { cells, verdicts };
+}
+
 async function main(): Promise<void> {
-  const targets: Target[] = [loopserve("loopserve", {}), loopserve("loopserve batch=1", { SERVICE_MAX_BATCH: "1" })];
-  if (values.pipeline) targets.push(loopserve("loopserve pipelined", { SERVICE_PIPELINE_STEPS: "1" }));
-  if (values.peer) targets.push(await llamaServer());
-  const results: Record<string, CellResult[]> = {};
-  for (const format of FORMATS) {
+  const started = performance.now();
+  const targets: Target[] = [loopserve("loopserve", {}), loopserve("loopserve batch=1", { SERVICE_MAX_BATCH: "1" }, GPU)];
+  if (values.pipeline || GPU) targets.push(loopserve("loopserve pipelined", { SERVICE_PIPELINE_STEPS: "1" }));
+  if (values.peer || GPU) targets.push(await llamaServer());
+  const results: Record<string, (CellResult & { gpuUtil: number })[]> = {};
+  for (const m of MODELS) {
     for (const concurrency of CONCURRENCY)
       for (let round = 0; round < ROUNDS; round++)
         for (const t of targets) {
-          const server = await t.start(format, concurrency);
+          if (t.oneClientOnly && concurrency > 1) continue;
+          const server = await t.start(m, concurrency);
           try {
             // Warm-up at the cell's concurrency: a server just started runs
             // its first concurrent requests with cold code paths (loopserve's
             // JIT; first batches), which is not the steady state being measured.
             await runCell(t, server.url, concurrency, 8, false);
             for (const tokens of TOKENS) {
-              const longPrompt = concurrency === Math.max(...CONCURRENCY) && concurrency > 1;
-              const r = await runCell(t, server.url, concurrency, tokens, longPrompt);
-              const key = `${t.name}|${format}|${concurrency}|${tokens}`;
-              (results[key] ??= []).push(r);
+              const util = GPU ? gpuUtilization() : null;
+              const r = await runCell(t, server.url, concurrency, tokens, concurrency >= LONG_PROMPT_FROM && concurrency > 1);
+              const gpuUtil = util ? await util.stop() : Number.NaN;
+              const key = `${t.name}|${m.label}|${concurrency}|${tokens}`;
+              (results[key] ??= []).push({ ...r, gpuUtil });
               console.error(`${key} round ${round + 1}: ${r.tokensPerSecond.toFixed(0)} tok/s, itl p99 ${r.itlP99.toFixed(2)} ms`);
             }
           } finally {
@@ -259,11 +383,11 @@ async function main(): Promise<void> {
         }
   }
   const rows: Row[] = Object.entries(results).map(([key, rs]) => {
-    const [server, format, concurrency, tokens] = key.split("|");
-    const m = (f: (r: CellResult) => number) => median(rs.map(f));
+    const [server, model, concurrency, tokens] = key.split("|");
+    const m = (f: (r: CellResult & { gpuUtil: number }) => number) => median(rs.map(f));
     return {
       server,
-      format,
+      model,
       clients: Number(concurrency),
       tokens: Number(tokens),
       "tok/s": m((r) => r.tokensPerSecond),
@@ -272,14 +396,32 @@ async function main(): Promise<void> {
       "itl p50 ms": m((r) => r.itlP50),
       "itl p99 ms": m((r) => r.itlP99),
       "tpot ms": m((r) => r.tpot),
+      ...(GPU ? { "gpu util %": m((r) => r.gpuUtil) } : {}),
     };
   });
   const verdicts = targetsMet(rows);
   const kernels = [...kernelPaths].join(", ");
   const prefillChunk = values["prefill-chunk"] ?? "default";
-  const file = writeJson("serve", { threads: Number(THREADS), kernels, prefillChunk, rounds: ROUNDS, requestsPerClient: REQUESTS_PER_CLIENT, rows, verdicts });
-  console.log(formatTable(`serving: ${ROUNDS} round(s), medians, ${THREADS} threads, loopserve's kernels ${kernels}, prefill chunk ${prefillChunk} (${file})`, rows));
-  console.log(`\n${formatTable("targets", verdicts)}`);
+  console.log(formatTable(`serving: ${ROUNDS} round(s), medians, ${THREADS} threads, loopserve's kernels ${kernels}, prefill chunk ${prefillChunk}`, rows));
+  if (!GPU) {
+    const file = writeJson("serve", { threads: Number(THREADS), kernels, prefillChunk, rounds: ROUNDS, requestsPerClient: REQUESTS_PER_CLIENT, rows, verdicts });
+    console.log(`\n${formatTable("targets", verdicts)}\n(${file})`);
+    return;
+  }
+  const grid = await kernelGrid();
+  console.log(`\n${formatTable(`kernel level on ${GPU_NAME}`, grid.cells)}`);
+  const seconds = (performance.now() - started) / 1000;
+  const all = [...verdicts, ...grid.verdicts, { target: "bench:serve --gpu wall seconds", value: seconds.toFixed(0), limit: "< 480", met: seconds < 480 ? "yes" : "NO" }];
+  console.log(`\n${formatTable("targets", all)}`);
+  const commit = spawnSync("git", ["rev-parse", "HEAD"], { encoding: "utf8" }).stdout?.trim() || "unknown";
+  const date = new Date().toISOString();
+  const file = writeJson("serve-gpu", { gpu: GPU_NAME, commit, date, threads: Number(THREADS), kernels, rows, kernelLevel: grid.cells, targets: all });
+  const runs = join(import.meta.dir, "gpu-runs");
+  mkdirSync(runs, { recursive: true });
+  const slug = String(GPU_NAME).replace(/^NVIDIA /, "").replace(/[^A-Za-z0-9]+/g, "-").toLowerCase();
+  const copy = join(runs, `serve-${date.slice(0, 10)}-${slug}.json`);
+  copyFileSync(file, copy);
+  console.log(`wrote ${file} and ${copy}`);
 }
 
 await main();

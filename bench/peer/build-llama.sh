@@ -2,21 +2,32 @@
 # Builds llama.cpp's llama-bench, llama-quantize, llama-server (for
 # bench:serve), llama-perplexity (bench:peer's quality columns) and loopserve's greedy/logits probe (llama-greedy.cpp beside this script) from the source bundle that the
 # node-llama-cpp npm package ships (bench/peer's own dependency, installed by
-# bench/peer/llama.ts on first use), for the native CPU, CPU only. Built once
-# per bundle and cached outside the repository; never commit what it makes.
+# bench/peer/llama.ts on first use), for the native CPU, CPU only; or, with
+# VARIANT cuda, llama-server alone with the CUDA backend for the GPU of this
+# host (`bench:serve -- --gpu`; needs nvcc and cuBLAS). Built once per
+# bundle and variant and cached outside the repository; never commit what
+# it makes.
 #
-# usage: build-llama.sh BUNDLE CACHE_DIR
+# usage: build-llama.sh BUNDLE CACHE_DIR [cpu|cuda]
 #   BUNDLE     bench/peer/node_modules/node-llama-cpp/llama/gitRelease.bundle
 #   CACHE_DIR  e.g. ~/.cache/loopserve-peer
-# Prints the directory holding the five executables as its last line.
+# Prints the directory holding the executables as its last line.
 # Environment: LLAMA_BUILD_JOBS (default: nproc).
 set -euo pipefail
 
 die() { echo "build-llama: $*" >&2; exit 1; }
 
-[ $# -eq 2 ] || die "usage: build-llama.sh BUNDLE CACHE_DIR"
+[ $# -eq 2 ] || [ $# -eq 3 ] || die "usage: build-llama.sh BUNDLE CACHE_DIR [cpu|cuda]"
 BUNDLE=$1
 CACHE=$2
+VARIANT=${3:-cpu}
+case $VARIANT in
+  cpu) TARGETS=(llama-bench llama-quantize llama-server llama-perplexity); BACKEND=(-DGGML_NATIVE=ON -DGGML_CUDA=OFF) ;;
+  cuda)
+    command -v nvcc >/dev/null || die "the cuda variant needs nvcc (the CUDA toolkit)"
+    TARGETS=(llama-server); BACKEND=(-DGGML_NATIVE=ON -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=native) ;;
+  *) die "unknown variant $VARIANT (cpu or cuda)" ;;
+esac
 HERE=$(cd "$(dirname "$0")" && pwd)
 GREEDY_SRC=$HERE/llama-greedy.cpp
 
@@ -31,9 +42,13 @@ done
 HEAD=$(git bundle list-heads "$BUNDLE" | awk 'NR==1{print $1}')
 [ -n "$HEAD" ] || die "$BUNDLE is not a git bundle with a head"
 KEY=$(cat "$0" "$GREEDY_SRC" | sha256sum | cut -c1-12)
-ROOT=$CACHE/llama-${HEAD:0:12}-$KEY
+ROOT=$CACHE/llama-${HEAD:0:12}-$KEY$([ "$VARIANT" = cpu ] || echo "-$VARIANT")
 BIN=$ROOT/bin
-if [ -x "$BIN/llama-bench" ] && [ -x "$BIN/llama-quantize" ] && [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-perplexity" ] && [ -x "$BIN/llama-greedy" ]; then
+EXES=("${TARGETS[@]}")
+[ "$VARIANT" = cpu ] && EXES+=(llama-greedy)
+built=1
+for exe in "${EXES[@]}"; do [ -x "$BIN/$exe" ] || built=0; done
+if [ $built = 1 ]; then
   echo "$BIN"
   exit 0
 fi
@@ -49,18 +64,28 @@ fi
 JOBS=${LLAMA_BUILD_JOBS:-$(nproc)}
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
-echo "build-llama: configuring llama.cpp ${HEAD:0:12} in $ROOT/build (native CPU, CPU only)" >&2
+echo "build-llama: configuring llama.cpp ${HEAD:0:12} in $ROOT/build (native CPU, $VARIANT)" >&2
 cmake -S "$SRC" -B "$ROOT/build" "${GEN[@]}" \
   -DCMAKE_BUILD_TYPE=Release \
   -DBUILD_SHARED_LIBS=OFF \
-  -DGGML_NATIVE=ON \
-  -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_HIP=OFF -DGGML_SYCL=OFF -DGGML_OPENCL=OFF \
+  "${BACKEND[@]}" \
+  -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_HIP=OFF -DGGML_SYCL=OFF -DGGML_OPENCL=OFF \
   -DGGML_BLAS=OFF \
   -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
   -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_APP=OFF >&2
-echo "build-llama: building llama-bench, llama-quantize, llama-server, llama-perplexity with $JOBS jobs (8-12 minutes on 2 cores)" >&2
-cmake --build "$ROOT/build" --target llama-bench llama-quantize llama-server llama-perplexity llama -j "$JOBS" >&2
+echo "build-llama: building ${TARGETS[*]} with $JOBS jobs (cpu: 8-12 minutes on 2 cores)" >&2
+cmake --build "$ROOT/build" --target "${TARGETS[@]}" llama -j "$JOBS" >&2
+mkdir -p "$BIN.tmp"
+if [ "$VARIANT" = cuda ]; then
+  f=$(find "$ROOT/build" -type f -name llama-server -perm -u+x -print -quit)
+  [ -n "$f" ] || die "build finished without llama-server"
+  cp "$f" "$BIN.tmp/llama-server"
+  rm -rf "$BIN"
+  mv "$BIN.tmp" "$BIN"
+  echo "$BIN"
+  exit 0
+fi
 
 # The probe links the static libraries the build just made.
 LIBS=()
@@ -70,7 +95,6 @@ for lib in libllama.a libggml.a libggml-cpu.a libggml-base.a; do
   LIBS+=("$f")
 done
 echo "build-llama: compiling llama-greedy" >&2
-mkdir -p "$BIN.tmp"
 c++ -O2 -std=c++17 -I"$SRC/include" -I"$SRC/ggml/include" "$GREEDY_SRC" \
   -Wl,--start-group "${LIBS[@]}" -Wl,--end-group -fopenmp -lpthread -ldl -o "$BIN.tmp/llama-greedy"
 for exe in llama-bench llama-quantize llama-server llama-perplexity; do

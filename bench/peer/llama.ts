@@ -52,14 +52,35 @@ export interface LlamaTools {
   version: string;
 }
 
-/** Builds (first time: 5-10 minutes on 2 cores) or finds the cached llama.cpp tools. */
-export function llamaTools(): LlamaTools {
+/** build-llama.sh for a variant: the directory of its executables, and llama.cpp's tag and commit. */
+function buildLlama(variant: "cpu" | "cuda"): { bin: string; version: string } {
   ensureLlamaBundle();
   const hint = "Debian: apt-get install git cmake build-essential";
   for (const t of ["git", "cmake", "c++", "cc"]) requireTool(t, hint);
   const script = join(import.meta.dir, "build-llama.sh");
-  const r = run(["bash", script, BUNDLE, cacheDir()], { stderrToTerminal: true });
+  const r = run(["bash", script, BUNDLE, cacheDir(), variant], { stderrToTerminal: true });
   const bin = r.stdout.trim().split("\n").pop() ?? "";
+  let tag = "?";
+  try {
+    tag = JSON.parse(readFileSync(join(BUNDLE, "..", "llama.cpp.info.json"), "utf8")).tag;
+  } catch {
+    // informational only
+  }
+  const commit = bin.match(/llama-([0-9a-f]{12})-/)?.[1] ?? "?";
+  return { bin, version: `${tag} (${commit})` };
+}
+
+/** llama-server built with the CUDA backend for this host's GPU (first time: minutes), and its version. */
+export function llamaServerCuda(): { server: string; version: string } {
+  const { bin, version } = buildLlama("cuda");
+  const server = join(bin, "llama-server");
+  if (!existsSync(server)) throw new PeerBenchError(`build-llama.sh reported ${bin}, but ${server} is missing`);
+  return { server, version: `${version} CUDA` };
+}
+
+/** Builds (first time: 5-10 minutes on 2 cores) or finds the cached llama.cpp tools. */
+export function llamaTools(): LlamaTools {
+  const { bin, version } = buildLlama("cpu");
   const tools = {
     bench: join(bin, "llama-bench"),
     quantize: join(bin, "llama-quantize"),
@@ -70,14 +91,7 @@ export function llamaTools(): LlamaTools {
   for (const p of Object.values(tools)) {
     if (!existsSync(p)) throw new PeerBenchError(`build-llama.sh reported ${bin}, but ${p} is missing`);
   }
-  let tag = "?";
-  try {
-    tag = JSON.parse(readFileSync(join(BUNDLE, "..", "llama.cpp.info.json"), "utf8")).tag;
-  } catch {
-    // informational only
-  }
-  const commit = bin.match(/llama-([0-9a-f]{12})-/)?.[1] ?? "?";
-  return { ...tools, version: `${tag} (${commit})` };
+  return { ...tools, version };
 }
 
 /** True when `out` exists and is newer than every input. */
@@ -92,21 +106,26 @@ export function fresh(out: string, ...inputs: string[]): boolean {
 export type Format = "fp16" | "int4" | "int2";
 export const LLAMA_TYPE: Record<Format, string> = { fp16: "F16", int4: "Q4_0", int2: "Q2_K" };
 
+/** The F16 GGUF of a loopserve fp16 model at a loop depth, exported once into the cache. */
+export function ggufF16(fp16: string, loops: number): string {
+  const dir = join(cacheDir(), "models");
+  mkdirSync(dir, { recursive: true });
+  const f16 = join(dir, `${basename(fp16, ".safetensors")}-L${loops}-F16.gguf`);
+  if (!fresh(f16, fp16, join(import.meta.dir, "..", "..", "src", "model", "gguf.ts"))) {
+    withProgress(`exporting ${f16} (once; reused afterwards)`, process.stderr, (onProgress) => exportGguf(fp16, f16, { loops, onProgress }));
+  }
+  return f16;
+}
+
 /**
  * The GGUF llama.cpp runs for a loopserve fp16 model at a loop depth (the
  * loops unrolled into layers, src/model/gguf.ts), in the llama.cpp type
  * matching `format`; exported and quantized once into the cache.
  */
 export function ggufFor(tools: LlamaTools, fp16: string, loops: number, format: Format, log: (s: string) => void = () => {}): string {
-  const dir = join(cacheDir(), "models");
-  mkdirSync(dir, { recursive: true });
-  const stem = join(dir, `${basename(fp16, ".safetensors")}-L${loops}`);
-  const f16 = `${stem}-F16.gguf`;
-  if (!fresh(f16, fp16, join(import.meta.dir, "..", "..", "src", "model", "gguf.ts"))) {
-    withProgress(`exporting ${f16} (once; reused afterwards)`, process.stderr, (onProgress) => exportGguf(fp16, f16, { loops, onProgress }));
-  }
+  const f16 = ggufF16(fp16, loops);
   if (format === "fp16") return f16;
-  const q = `${stem}-${LLAMA_TYPE[format]}.gguf`;
+  const q = `${f16.slice(0, -"F16.gguf".length)}${LLAMA_TYPE[format]}.gguf`;
   if (!fresh(q, f16)) log(`llama-quantize ${q} (once; reused afterwards)`);
   llamaQuantize(tools, f16, q, LLAMA_TYPE[format], CORES);
   return q;

@@ -1,12 +1,12 @@
-// llama.cpp's llama-server as a bench:serve target: the trained model
-// exported to GGUF at its loop depth (each loop one layer), F16 or Q4_0,
-// started per concurrency with one slot per client (-np) and continuous
-// batching, on the same threads as loopserve.
+// llama.cpp's llama-server as a bench:serve target: a model exported to
+// GGUF at its loop depth (each loop one layer, bench/peer/llama.ts), started
+// per concurrency with one slot per client (-np) and continuous batching, on
+// the same threads as loopserve, every layer on the GPU when asked.
 import { rmSync } from "node:fs";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
 import { freePort } from "../../test/helpers/server.ts";
-import { cacheDir, ggufFor, type LlamaTools } from "./llama.ts";
+import { cacheDir } from "./llama.ts";
 
 /** Context per slot: the long prompt (~2,100 tokens) plus the longest completion. */
 const SLOT_CONTEXT = 4096;
@@ -17,10 +17,10 @@ export interface LlamaServer {
   stop(): Promise<unknown>;
 }
 
-export async function startLlamaServer(tools: LlamaTools, fp16: string, loops: number, format: "fp16" | "int4", slots: number, threads: string): Promise<LlamaServer> {
-  const gguf = ggufFor(tools, fp16, loops, format, (s) => console.error(`[serve] ${s}`));
+export async function startLlamaServer(server: string, gguf: string, slots: number, threads: string, gpu = false): Promise<LlamaServer> {
   const port = freePort();
-  const args = [tools.server, "-m", gguf, "--host", "127.0.0.1", "--port", String(port), "-t", threads, "-tb", threads];
+  const args = [server, "-m", gguf, "--host", "127.0.0.1", "--port", String(port), "-t", threads, "-tb", threads];
+  if (gpu) args.push("-ngl", "999");
   args.push("-np", String(slots), "-c", String(slots * SLOT_CONTEXT), "--cont-batching", "--no-webui");
   // The model was trained on 512 positions; like loopserve here (SERVICE_MAX_SEQ_LEN=4096), it is
   // allowed past them, or the long prompt would be refused.
