@@ -324,6 +324,11 @@ ls_model *ls_model_load(const char *path, const ls_model_desc *desc, int32_t n_t
 void ls_model_free(ls_model *m);
 void ls_model_info_get(const ls_model *m, ls_model_info *out);
 
+/* The memory of the device the model runs on, its weights loaded: bytes
+ * free and in all. LS_ERR_UNSUPPORTED from a library whose models live in
+ * host memory (the CPU library), which has no device to report. */
+int32_t ls_model_device_memory(const ls_model *m, uint64_t *free_bytes, uint64_t *total_bytes);
+
 /* Checks desc against the model file exactly as ls_model_load does, without
  * starting a runtime: with the caller's validation of the file, what
  * `loopserve model inspect` reports. Returns LS_OK and fills info (nullable;

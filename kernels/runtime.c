@@ -182,3 +182,8 @@ int32_t ls_model_profile_read(ls_model *m, double *out, int32_t n, int32_t reset
     if (reset) memset(m->rt->prof, 0, sizeof m->rt->prof);
     return LS_PROF_N;
 }
+
+int32_t ls_model_device_memory(const ls_model *m, uint64_t *free_bytes, uint64_t *total_bytes) {
+    (void)m, (void)free_bytes, (void)total_bytes;
+    return LS_ERR_UNSUPPORTED; /* the weights and caches are in host memory */
+}

@@ -28,8 +28,8 @@ export interface Config {
   readonly maxBatch: number;
   /** SERVICE_PREFILL_CHUNK: prompt tokens fed per step while other requests run. */
   readonly prefillChunk: number;
-  /** SERVICE_KV_CACHE_MB: key/value cache memory all running requests share, in MiB. */
-  readonly kvCacheMb: number;
+  /** SERVICE_KV_CACHE_MB: key/value cache memory all running requests share, in MiB; null: kvCacheBudgetMb's default. */
+  readonly kvCacheMb: number | null;
   /** SERVICE_MAX_BODY_BYTES: larger request bodies get 413. */
   readonly maxBodyBytes: number;
   /** SERVICE_BODY_TIMEOUT_MS: a request body that sends nothing for this long gets 408 and its connection is closed. */
@@ -76,8 +76,16 @@ export interface Config {
  */
 export const DEFAULT_MAX_BATCH = 8;
 export const DEFAULT_PREFILL_CHUNK = 256;
-/** The default cache budget: a quarter of the machine's memory. */
+/** The default cache budget on the CPU kernels: a quarter of the machine's memory. */
 export const defaultKvCacheMb = (): number => Math.max(64, Math.floor(totalmem() / 4 / 2 ** 20));
+/** Of a GPU's memory free once the weights are loaded, the share the default budget takes (the rest: scratch, graphs, other processes). */
+export const DEVICE_KV_CACHE_SHARE = 0.9;
+
+/** The cache budget in MiB: SERVICE_KV_CACHE_MB when set, else a share of the GPU's free memory, else a quarter of RAM. */
+export function kvCacheBudgetMb(config: Config, device: { free: number } | null): number {
+  if (config.kvCacheMb !== null) return config.kvCacheMb;
+  return device ? Math.max(64, Math.floor((device.free * DEVICE_KV_CACHE_SHARE) / 2 ** 20)) : defaultKvCacheMb();
+}
 
 /** Command-line flags that override their environment variables. */
 export interface ConfigFlags {
@@ -246,7 +254,7 @@ export function loadConfig(env: Env = process.env, flags: ConfigFlags = {}): Con
     maxQueueDepth: integer(env, "SERVICE_MAX_QUEUE_DEPTH", 128, 1),
     maxBatch: integer(env, "SERVICE_MAX_BATCH", DEFAULT_MAX_BATCH, 1, LS_BATCH_MAX_ROWS),
     prefillChunk: integer(env, "SERVICE_PREFILL_CHUNK", DEFAULT_PREFILL_CHUNK, 1, 1 << 20),
-    kvCacheMb: integer(env, "SERVICE_KV_CACHE_MB", defaultKvCacheMb(), 1, 1 << 30),
+    kvCacheMb: read(env, "SERVICE_KV_CACHE_MB") === undefined ? null : integer(env, "SERVICE_KV_CACHE_MB", 0, 1, 1 << 30),
     maxBodyBytes: integer(env, "SERVICE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES),
     bodyTimeoutMs: integer(env, "SERVICE_BODY_TIMEOUT_MS", DEFAULT_BODY_TIMEOUT_MS, 100, 3_600_000),
     defaultSloMs: positiveNumber(env, "SERVICE_DEFAULT_SLO_MS"),

@@ -3,7 +3,7 @@
 // process: it logs why and answers 503 on /healthz and every generation
 // endpoint, so an orchestrator sees an unhealthy service with a reason
 // rather than a crash loop. A bad configuration does stop it (exit 2).
-import { type Config, ConfigError, type ConfigFlags, loadConfig } from "./config.ts";
+import { type Config, ConfigError, type ConfigFlags, kvCacheBudgetMb, loadConfig } from "./config.ts";
 import { Engine } from "./engine/engine.ts";
 import { frontDoor } from "./http/front_door.ts";
 import { log } from "./log.ts";
@@ -131,14 +131,14 @@ function loadEngine(config: Config, metrics: ServiceMetrics, tokenizerError: str
   }
 }
 
-function startupLine(config: Config, loaded: Loaded, url: string): string {
+function startupLine(config: Config, loaded: Loaded, kvBudgetMb: number, url: string): string {
   const base = `version ${config.version}, listening on ${url}`;
   const { engine, loadError } = loaded;
   if (!engine) return `${base} — model NOT LOADED (${loadError}); /healthz and generation answer 503`;
   const i = engine.info;
   return (
     `${base} — model ${config.modelPath} (quant ${i.quant}${quantMixNote(i.quantMix)}, kv ${config.kvCacheMode}, threads ${i.threads}, simd ${i.simd}); ` +
-    `batching up to ${config.maxBatch} requests, key/value cache budget ${config.kvCacheMb} MiB`
+    `batching up to ${config.maxBatch} requests, key/value cache budget ${kvBudgetMb} MiB${config.kvCacheMb === null && engine.deviceMemory() ? " (of the GPU's free memory)" : ""}`
   );
 }
 
@@ -182,6 +182,8 @@ export async function runServe(argv: string[]): Promise<number> {
         `${loaded.engine.info.maxSeqLen}; output beyond it may degrade`,
     );
 
+  // The cache budget, unless set: most of the GPU's memory left free by the weights, else a quarter of RAM.
+  const kvBudgetMb = kvCacheBudgetMb(config, loaded.engine?.deviceMemory() ?? null);
   let draining = false;
   const loadedEngine = loaded.engine;
   const scheduler = loadedEngine
@@ -192,7 +194,7 @@ export async function runServe(argv: string[]): Promise<number> {
         prefixPoolCapacity: config.prefixPoolCapacity,
         cacheMode: config.kvCacheMode,
         maxBatch: config.maxBatch,
-        kvCache: { budgetBytes: config.kvCacheMb * 2 ** 20, bytesFor: (req) => loadedEngine.kvCacheBytes(req) },
+        kvCache: { budgetBytes: kvBudgetMb * 2 ** 20, bytesFor: (req) => loadedEngine.kvCacheBytes(req) },
       })
     : null;
   const engine =
@@ -229,7 +231,7 @@ export async function runServe(argv: string[]): Promise<number> {
     loaded.engine?.close();
     return 1;
   }
-  log.info(startupLine(config, loaded, server.url.href.replace(/\/$/, "")));
+  log.info(startupLine(config, loaded, kvBudgetMb, server.url.href.replace(/\/$/, "")));
 
   return new Promise<number>((resolve) => {
     const shutdown = async (signal: string) => {

@@ -3,9 +3,17 @@ import { chmodSync, mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import pkg from "../package.json" with { type: "json" };
-import { ConfigError, DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, defaultKvCacheMb, loadConfig } from "../src/config.ts";
+import { ConfigError, DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, DEVICE_KV_CACHE_SHARE, defaultKvCacheMb, kvCacheBudgetMb, loadConfig } from "../src/config.ts";
 
 describe("configuration", () => {
+  test("the cache budget: SERVICE_KV_CACHE_MB when set, else most of a GPU's free memory, else a quarter of RAM", () => {
+    const gpu = { free: 40 * 2 ** 30 };
+    expect(kvCacheBudgetMb(loadConfig({ SERVICE_KV_CACHE_MB: "512" }), gpu)).toBe(512);
+    expect(kvCacheBudgetMb(loadConfig({ SERVICE_KV_CACHE_MB: "512" }), null)).toBe(512);
+    expect(kvCacheBudgetMb(loadConfig({}), gpu)).toBe(Math.floor(40 * 1024 * DEVICE_KV_CACHE_SHARE));
+    expect(kvCacheBudgetMb(loadConfig({}), null)).toBe(defaultKvCacheMb());
+  });
+
   test("defaults match the README's settings table", () => {
     const c = loadConfig({});
     expect(c).toMatchObject({
@@ -14,7 +22,7 @@ describe("configuration", () => {
       maxQueueDepth: 128,
       maxBatch: DEFAULT_MAX_BATCH,
       prefillChunk: DEFAULT_PREFILL_CHUNK,
-      kvCacheMb: defaultKvCacheMb(),
+      kvCacheMb: null,
       maxBodyBytes: 8 * 1024 * 1024,
       defaultSloMs: null,
       prefixPoolCapacity: 16,

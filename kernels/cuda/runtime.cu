@@ -32,6 +32,18 @@ extern "C" int32_t ls_cuda_device_count(void) {
     return n > 0 ? n : 0;
 }
 
+extern "C" int32_t ls_model_device_memory(const ls_model *m, uint64_t *free_bytes, uint64_t *total_bytes) {
+    if (m == NULL || m->rt == NULL || free_bytes == NULL || total_bytes == NULL) return LS_ERR_ARG;
+    size_t free_b = 0, total_b = 0;
+    if (cudaSetDevice(m->rt->device) != cudaSuccess || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        cudaGetLastError();
+        return LS_ERR_STATE;
+    }
+    *free_bytes = free_b;
+    *total_bytes = total_b;
+    return LS_OK;
+}
+
 /* util.c's ls_simd_name, renamed at compile time by build.ts. */
 extern "C" const char *ls_cpu_simd_name(int32_t simd);
 

@@ -11,6 +11,7 @@ import {
   LS_ERR_ARG,
   LS_ERR_NOMEM,
   LS_ERR_STATE,
+  LS_ERR_UNSUPPORTED,
   LS_FEATURE_PROFILE,
   LS_FEATURE_SPECULATIVE,
   LS_PROFILE_OPS,
@@ -40,6 +41,7 @@ const symbols = {
   ls_model_load: { args: [ptr, ptr, i32, i32, ptr, i32], returns: ptr },
   ls_model_free: { args: [ptr], returns: none },
   ls_model_info_get: { args: [ptr, ptr], returns: none },
+  ls_model_device_memory: { args: [ptr, ptr, ptr], returns: i32 },
   ls_model_check: { args: [ptr, ptr, ptr, ptr, i32], returns: i32 },
   ls_model_set_profile: { args: [ptr, i32], returns: none },
   ls_model_profile_read: { args: [ptr, ptr, i32, i32], returns: i32 },
@@ -262,6 +264,16 @@ export class NativeModel {
   /** @internal NativeSession.close's notice. */
   forget(session: NativeSession): void {
     this.open.delete(session);
+  }
+
+  /** The device's memory, bytes free and in all, with the weights loaded; null for a library whose models live in host memory. */
+  deviceMemory(): { free: number; total: number } | null {
+    const free = new BigUint64Array(1);
+    const total = new BigUint64Array(1);
+    const rc = this.lib.ls_model_device_memory(this.pointer, free, total);
+    if (rc === LS_ERR_UNSUPPORTED) return null;
+    check(this.lib, rc, "ls_model_device_memory");
+    return { free: Number(free[0]), total: Number(total[0]) };
   }
 
   /** Bytes of key/value cache newSession(...) would allocate (ls_session_cache_bytes); throws for parameters it would refuse. */

@@ -165,6 +165,11 @@ export class Engine {
     return this.run(req, sink, signal, options);
   }
 
+  /** The GPU's memory, bytes free and in all, with the weights loaded; null on the CPU kernels. */
+  deviceMemory(): { free: number; total: number } | null {
+    return this.model.deviceMemory();
+  }
+
   /** Bytes of key/value cache the running requests' sessions hold now. */
   kvCacheBytesHeld(): number {
     let bytes = 0;

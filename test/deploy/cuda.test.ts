@@ -78,6 +78,13 @@ describe.skipIf(!built || devices === 0)("CUDA library against the CPU library",
     gpu?.close();
   });
 
+  test("reports the device's memory (the server's default cache budget): some free, no more than in all", () => {
+    const mem = gpu.deviceMemory();
+    expect(mem).not.toBeNull();
+    expect(mem?.free).toBeGreaterThan(0);
+    expect(mem?.free).toBeLessThanOrEqual(mem?.total ?? 0);
+  });
+
   test("reports the cuda path and the same model shape", () => {
     expect(gpu.info.simd).toBe("cuda");
     const { simd: _a, threads: _b, ...g } = gpu.info;

@@ -8,10 +8,10 @@ import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { ABI_OUTPUTS, abiModule, readAbi } from "../../build.ts";
 import * as abi from "../../src/abi/abi.generated.ts";
-import { openKernelLibrary } from "../../src/engine/binding.ts";
+import { NativeModel, openKernelLibrary } from "../../src/engine/binding.ts";
 import * as testing from "../helpers/abi_testing.generated.ts";
 import { ensureLibrary, LIB } from "../helpers/kernels.ts";
-import { testTempDir } from "../helpers/models.ts";
+import { testTempDir, tinyModelPath } from "../helpers/models.ts";
 
 const ROOT = resolve(import.meta.dir, "../..");
 const KERNELS = join(ROOT, "kernels");
@@ -78,6 +78,15 @@ describe("the libraries answer the ABI's queries", () => {
     const lib = openKernelLibrary(cuda); // every ABI symbol resolves, or dlopen throws
     expect(lib.ls_abi_version()).toBe(abi.LS_ABI_VERSION);
     expect(lib.ls_features()).toBe(0);
+  });
+
+  test("the CPU library has no device memory to report (the server's cache budget then comes from RAM)", () => {
+    const m = NativeModel.load(LIB, tinyModelPath(), 1, "auto");
+    try {
+      expect(m.deviceMemory()).toBeNull();
+    } finally {
+      m.close();
+    }
   });
 
   test("a library of another ABI version is refused by its version, even when it lacks this version's symbols", () => {
