@@ -71,6 +71,8 @@ const sameRow = (a: BatchRow, b: BatchRow) =>
 export class StepBatcher {
   private waiting: Waiting[] = [];
   private scheduled = false;
+  /** Sessions a dropped prediction advanced past what their request saw: no row may follow on them. */
+  private readonly overrun = new WeakSet<NativeSession>();
   /** Pipelined: the step on the library's thread, and its predicted rows by session. */
   private running: { take: Waiting[]; promptTokens: number; started: number; predicted: Map<NativeSession, Waiting> } | null = null;
 
@@ -94,6 +96,7 @@ export class StepBatcher {
         else reject(new Error(`internal: the row sent after a step differs from its prediction`));
         return;
       }
+      if (this.overrun.has(row.session)) return reject(new Error("internal: a row came after its session's prediction was dropped"));
       this.waiting.push({ row, kind, claim });
       this.schedule();
     });
@@ -185,9 +188,12 @@ export class StepBatcher {
     this.onStep({ rows: take.length, promptTokens, sampled, seconds: (performance.now() - started) / 1000 });
   }
 
-  /** Hands a row's token to its continuation; an unclaimed prediction's token is dropped. */
+  /** Hands a row's token to its continuation; an unclaimed prediction's token is dropped, and its session is done. */
   private deliver(w: Waiting, token: number): void {
-    if (!w.claim) return;
+    if (!w.claim) {
+      this.overrun.add(w.row.session);
+      return;
+    }
     if (w.claim.row !== w.row) w.claim.row.steps = w.row.steps;
     w.claim.resolve(token);
   }
