@@ -5,19 +5,21 @@
 // next turn, so a batch holds every running request at every step.
 //
 // A step carries every decode row plus prompt chunks up to a budget of
-// prompt tokens (the oldest chunk always), so a long prompt delays the
-// running streams by at most one chunk per step. Each row's result is what
-// it would be alone (ls_batch_step is exact), so who shares a step never
-// changes an output.
+// prompt tokens (the oldest prompt's chunk always), so a long prompt delays
+// the running streams by at most one chunk per step. The batcher feeds each
+// prompt chunk by chunk itself (prefill). Each row's result is what it would
+// be alone (ls_batch_step is exact), so who shares a step never changes an
+// output.
 //
 // Pipelined (docs/serving-overhead.md): the step runs on the library's own
 // thread (NativeModel.batchBegin) while the continuations of the step
 // before it run on this one. A decode row's next row is known before its
-// continuation runs (the same session fed the token it just sampled), so
-// as one step ends the next begins at once with that row predicted, and
-// the continuation's row claims the prediction instead of queuing. A
-// request that ended instead leaves its prediction unclaimed: that step's
-// token for it is dropped and its session freed as the step ends.
+// continuation runs (the same session fed the token it just sampled), and
+// so is a prompt's next chunk, so as one step ends the next begins at once
+// with them; a continuation's row then claims its prediction instead of
+// queuing. A request that ended instead leaves its prediction unclaimed:
+// that step's token for it is dropped and its session freed as the step
+// ends.
 import { LS_ERR_ARG, LS_ERR_FULL, LS_ERR_STATE } from "../abi/abi.generated.ts";
 import { type BatchRow, NativeError, type NativeModel, type NativeSession } from "./binding.ts";
 
@@ -26,21 +28,27 @@ export interface BatchStepStats {
   rows: number;
   promptTokens: number;
   sampled: number;
-  /** Wall seconds the event loop waited inside the kernel call. */
+  /** Wall seconds the step took (pipelined: from its begin to its end). */
   seconds: number;
 }
 
-/** What step() is told of a row. */
-export interface RowKind {
-  /** The row feeds prompt tokens (counted against the step's prompt budget) rather than the last sampled token. */
-  prompt: boolean;
-  /** A decode row whose request, unless it stops, sends the same session's next row fed the token this one samples. */
-  continues?: boolean;
+/** A prompt being fed chunk by chunk: `at` tokens done; `pending`: a chunk is in a step that has not ended. */
+interface Prefill {
+  row: BatchRow;
+  at: number;
+  pending: boolean;
+  signal?: AbortSignal;
+  resolve(first: { token: number; steps: number } | null): void;
+  reject(e: unknown): void;
 }
 
 interface Waiting {
   row: BatchRow;
-  kind: RowKind;
+  /** The prompt this row is a chunk of (absent for a decode row), and whether the chunk's tokens are counted in it yet. */
+  prefill?: Prefill;
+  advanced?: boolean;
+  /** A decode row whose request, unless it stops, sends the same session's next row fed the token this one samples. */
+  continues: boolean;
   /** The continuation waiting for the row's token; null for a prediction nobody claimed (yet). */
   claim: { row: BatchRow; resolve(token: number): void; reject(e: unknown): void } | null;
 }
@@ -69,35 +77,55 @@ const sameRow = (a: BatchRow, b: BatchRow) =>
   (a.exitThreshold ?? 0) === (b.exitThreshold ?? 0);
 
 export class StepBatcher {
+  /** Decode rows for the next step. */
   private waiting: Waiting[] = [];
+  /** Prompts still being fed, oldest first. */
+  private prefills: Prefill[] = [];
   private scheduled = false;
   /** Sessions a dropped prediction advanced past what their request saw: no row may follow on them. */
   private readonly overrun = new WeakSet<NativeSession>();
-  /** Pipelined: the step on the library's thread, and its predicted rows by session. */
+  /** Pipelined: the step on the library's thread, and its predicted decode rows by session. */
   private running: { take: Waiting[]; promptTokens: number; started: number; predicted: Map<NativeSession, Waiting> } | null = null;
 
   constructor(
     private readonly model: NativeModel,
-    /** Prompt tokens one step may carry besides its decode rows. */
+    /** Prompt tokens one step may carry besides its decode rows (each prompt's chunk is at most this). */
     private readonly promptBudget: number,
     private readonly onStep: (stats: BatchStepStats) => void = () => {},
     /** Run each step on the library's thread while the continuations of the one before run here. */
     private readonly pipelined = false,
   ) {}
 
-  /** Queues a row for the next batched call; resolves with its sampled token (0 for a forward-only row). */
-  step(row: BatchRow, kind: RowKind): Promise<number> {
+  /**
+   * Feeds `row.tokens` (a whole prompt) to its session in chunks, step by
+   * step beside the other rows; the last chunk samples as `row` says.
+   * Resolves with that token and the steps it ran, or null when the signal
+   * aborted between chunks.
+   */
+  prefill(row: BatchRow, signal?: AbortSignal): Promise<{ token: number; steps: number } | null> {
+    return new Promise((resolve, reject) => {
+      this.prefills.push({ row, at: 0, pending: false, signal, resolve, reject });
+      this.schedule();
+    });
+  }
+
+  /**
+   * Queues a decode row for the next batched call; resolves with its sampled
+   * token. `continues`: unless it stops, the request sends the same session's
+   * next row fed this token (pipelined, that row is predicted).
+   */
+  step(row: BatchRow, continues: boolean): Promise<number> {
     return new Promise<number>((resolve, reject) => {
       const claim = { row, resolve, reject };
-      const predicted = kind.prompt ? undefined : this.running?.predicted.get(row.session);
+      const predicted = this.running?.predicted.get(row.session);
       if (predicted && predicted.claim === null) {
         this.running?.predicted.delete(row.session);
         if (sameRow(predicted.row, row)) predicted.claim = claim;
-        else reject(new Error(`internal: the row sent after a step differs from its prediction`));
+        else reject(new Error("internal: the row sent after a step differs from its prediction"));
         return;
       }
       if (this.overrun.has(row.session)) return reject(new Error("internal: a row came after its session's prediction was dropped"));
-      this.waiting.push({ row, kind, claim });
+      this.waiting.push({ row, continues, claim });
       this.schedule();
     });
   }
@@ -108,27 +136,74 @@ export class StepBatcher {
     setImmediate(() => this.flush());
   }
 
-  /** The waiting rows one step takes (every decode row, prompt chunks within the budget); the rest stay. */
+  /** One step's rows from what waits: every decode row, then the next chunk of each prompt while the budget allows (the first always). */
   private takeWaiting(): { take: Waiting[]; promptTokens: number } {
-    const take: Waiting[] = [];
-    const later: Waiting[] = [];
+    const take = this.waiting;
+    this.waiting = [];
     let promptTokens = 0;
-    for (const w of this.waiting) {
-      if (!w.kind.prompt) take.push(w);
-      else if (promptTokens === 0 || promptTokens + w.row.tokens.length <= this.promptBudget) {
-        take.push(w);
-        promptTokens += w.row.tokens.length;
-      } else later.push(w);
+    for (const p of [...this.prefills]) {
+      if (p.pending || p.at === p.row.tokens.length) continue; // a chunk in a step, or all fed and the first token on its way
+      if (p.signal?.aborted) {
+        this.drop(p);
+        p.resolve(null);
+        continue;
+      }
+      const n = Math.min(p.row.tokens.length - p.at, this.promptBudget);
+      if (promptTokens > 0 && promptTokens + n > this.promptBudget) continue;
+      take.push(this.chunk(p, n));
+      promptTokens += n;
     }
-    this.waiting = later;
     return { take, promptTokens };
+  }
+
+  /** The row feeding a prompt's next n tokens; the last chunk samples. */
+  private chunk(p: Prefill, n: number): Waiting {
+    const last = p.at + n === p.row.tokens.length;
+    const row: BatchRow = {
+      session: p.row.session,
+      tokens: p.row.tokens.subarray(p.at, p.at + n),
+      loops: p.row.loops,
+      sampling: last ? p.row.sampling : null,
+      logitsOut: p.row.logitsOut,
+      exitThreshold: last ? p.row.exitThreshold : undefined,
+    };
+    p.pending = true;
+    const w: Waiting = { row, prefill: p, continues: false, claim: null };
+    const fail = (e: unknown) => {
+      this.drop(p);
+      p.reject(e);
+    };
+    w.claim = { row, resolve: (token) => this.chunkDone(w, token), reject: fail };
+    return w;
+  }
+
+  private drop(p: Prefill): void {
+    this.prefills = this.prefills.filter((q) => q !== p);
+  }
+
+  /** A chunk's step ended: its tokens are in the session, and the prompt may send its next chunk. */
+  private advance(w: Waiting): void {
+    const p = w.prefill;
+    if (!p || w.advanced) return;
+    w.advanced = true;
+    p.at += w.row.tokens.length;
+    p.pending = false;
+  }
+
+  /** After a chunk: the prompt's first token when it was the last, else null when cancelled, else more chunks. */
+  private chunkDone(w: Waiting, token: number): void {
+    const p = w.prefill as Prefill;
+    this.advance(w);
+    const finished = p.at === p.row.tokens.length;
+    if (!finished && !p.signal?.aborted) return this.schedule();
+    this.drop(p);
+    p.resolve(finished ? { token, steps: w.row.steps ?? w.row.loops } : null);
   }
 
   private flush(): void {
     this.scheduled = false;
     if (this.pipelined) return this.flushPipelined();
     const { take, promptTokens } = this.takeWaiting();
-    if (this.waiting.length > 0) this.schedule();
     if (take.length === 0) return;
     const started = performance.now();
     let out: Int32Array;
@@ -139,6 +214,7 @@ export class StepBatcher {
     }
     this.stepped(take, promptTokens, started);
     take.forEach((w, i) => this.deliver(w, out[i]));
+    if (this.prefills.length > 0) this.schedule();
   }
 
   /** Ends the running step and delivers its tokens; begins the next step first, so it runs while they are handed on. */
@@ -157,13 +233,14 @@ export class StepBatcher {
         );
       }
     }
-    // The next step: each continuing decode row's successor, then what waits.
+    // The next step: each continuing decode row's successor, each prompt's next chunk, then what waits.
     const next: Waiting[] = [];
     const predicted = new Map<NativeSession, Waiting>();
     if (ended && out)
       ended.take.forEach((w, i) => {
-        if (!w.claim || w.kind.prompt || !w.kind.continues) return;
-        const p: Waiting = { row: successor(w.claim.row, out[i]), kind: w.kind, claim: null };
+        if (w.prefill) return this.advance(w);
+        if (!w.claim || !w.continues) return;
+        const p: Waiting = { row: successor(w.claim.row, out[i]), continues: true, claim: null };
         next.push(p);
         predicted.set(p.row.session, p);
       });
@@ -178,7 +255,7 @@ export class StepBatcher {
         this.failed(take, e); // a prediction's own continuation, when it comes, queues its row anew
       }
     }
-    if (this.running || this.waiting.length > 0) this.schedule();
+    if (this.running || this.prefills.length > 0) this.schedule();
     if (ended && out) ended.take.forEach((w, i) => this.deliver(w, (out as Int32Array)[i]));
   }
 

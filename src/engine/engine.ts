@@ -14,7 +14,7 @@ import { type BatchRow, cudaDeviceCount, formatProfile, type KvCacheSettings, Na
 import { EngineLoadError, EngineRequestError } from "./errors.ts";
 import { MAX_TOP_LOGPROBS, type TokenLogprob, tokenLogprob } from "./logprobs.ts";
 import { cycleParams, type DraftOptions, SPEC_SESSION_SLACK, SpecCounter } from "./speculative.ts";
-import { type EngineRunOptions, type FinishReason, type GenerateRequest, type GenerateResult, type ModelInfo, pooledPromptLength, type SamplingParams, type SimdChoice, type TokenSink } from "./types.ts";
+import { type EngineRunOptions, type FinishReason, type GenerateRequest, type GenerateResult, type ModelInfo, pooledPromptLength, type SimdChoice, type TokenSink } from "./types.ts";
 
 export interface EngineOptions {
   modelPath: string;
@@ -82,7 +82,6 @@ export class Engine {
   readonly supportsPrefixSnapshots = true;
   private readonly batcher: StepBatcher;
   /** Prompt tokens per step; Infinity: the whole prompt in one step. */
-  private readonly prefillChunk: number;
 
   private profiling = false;
   /** The running requests' sessions (their caches grow as positions arrive). */
@@ -98,8 +97,7 @@ export class Engine {
     pipelineSteps = false,
   ) {
     this.info = model.info;
-    this.prefillChunk = prefillChunk ?? Number.POSITIVE_INFINITY;
-    this.batcher = new StepBatcher(model, this.prefillChunk, onBatchStep, pipelineSteps);
+    this.batcher = new StepBatcher(model, prefillChunk ?? Number.POSITIVE_INFINITY, onBatchStep, pipelineSteps);
   }
 
   static load(opts: EngineOptions): Engine {
@@ -275,7 +273,9 @@ export class Engine {
         next = this.model.sample(scored.last, Int32Array.from(req.promptTokens), s, req.promptTokens.length);
       } else {
         // Prefill and the first token: the same steps in every mode.
-        const first = await this.prefill(session, req.promptTokens.slice(reused), req.loops, s, stepLogits, signal, exitThreshold);
+        // The batcher feeds the prompt a chunk per step; the last chunk samples the first token.
+        const prompt = Int32Array.from(req.promptTokens.slice(reused));
+        const first = await this.batcher.prefill({ session, tokens: prompt, loops: req.loops, sampling: s, logitsOut: stepLogits, exitThreshold }, signal);
         if (first === null) return done("cancelled");
         next = first.token;
         steps = first.steps;
@@ -299,7 +299,7 @@ export class Engine {
         } else {
           if (signal?.aborted) return done("cancelled");
           const row: BatchRow = { session, tokens: Int32Array.of(next), loops: req.loops, sampling: s, logitsOut: stepLogits, exitThreshold };
-          next = await this.batcher.step(row, { prompt: false, continues: tokens.length + 1 < req.maxTokens });
+          next = await this.batcher.step(row, tokens.length + 1 < req.maxTokens);
           if (signal?.aborted) return done("cancelled");
           end = emit(next, stepLogits, row.steps ?? req.loops);
         }
@@ -319,29 +319,6 @@ export class Engine {
     }
   }
 
-  /**
-   * Feeds the prompt in steps of at most prefillChunk tokens (the last one
-   * samples the first token, into logitsOut when given, and says the steps
-   * it ran); null when cancelled between chunks.
-   */
-  private async prefill(
-    session: NativeSession,
-    prompt: number[],
-    loops: number,
-    sampling: SamplingParams,
-    logitsOut: Float32Array | null,
-    signal: AbortSignal | undefined,
-    exitThreshold: number | undefined,
-  ): Promise<{ token: number; steps: number } | null> {
-    for (let at = 0; ; at += this.prefillChunk) {
-      const last = at + this.prefillChunk >= prompt.length;
-      const tokens = Int32Array.from(prompt.slice(at, last ? prompt.length : at + this.prefillChunk));
-      const row: BatchRow = { session, tokens, loops, sampling: last ? sampling : null, logitsOut, exitThreshold: last ? exitThreshold : undefined };
-      const token = await this.batcher.step(row, { prompt: true });
-      if (last) return { token, steps: row.steps ?? loops };
-      if (signal?.aborted) return null;
-    }
-  }
 
   /**
    * Prefills the whole prompt SCORE_CHUNK tokens at a time with every row's

@@ -4,7 +4,9 @@
 // concurrent requests of every kind (greedy and sampled, log-probabilities,
 // learned early exit, stop ids, windows, a sink that stops early, a client
 // that goes away) get exactly what each gets alone; the steps really were
-// begun on the library's thread; no session is left behind.
+// begun on the library's thread; no session is left behind. A prompt beside
+// a running stream goes in a chunk a step; one whose client left before its
+// first chunk ends cancelled.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import type { NativeModel } from "../../src/engine/binding.ts";
 import { Engine } from "../../src/engine/engine.ts";
@@ -131,5 +133,39 @@ describe("pipelined steps", () => {
     expect(steps).toBeLessThan(tokens);
     // Every session is freed, those whose last predicted step was dropped included.
     expect((piped as unknown as { model: NativeModel }).model.openSessions).toBe(0);
+  });
+
+  test("a prompt whose client goes away before its first chunk ends cancelled, with or without pipelining", async () => {
+    for (const engine of [solo, piped]) {
+      const abort = new AbortController();
+      const running = engine.generate(jobs()[3].req, () => true, abort.signal);
+      abort.abort(); // the prompt is queued in the batcher by now
+      const result = await running;
+      expect(result.finishReason).toBe("cancelled");
+      expect(result.tokens).toEqual([]);
+      await Bun.sleep(10);
+      expect((engine as unknown as { model: NativeModel }).model.openSessions).toBe(0);
+    }
+  });
+
+  test("beside a running stream, a prompt goes in a chunk a step: the next chunk is begun as soon as one ends", async () => {
+    const model = (piped as unknown as { model: NativeModel }).model;
+    const chunked: boolean[] = []; // per begun step: does it carry a prompt chunk (a row of several tokens)?
+    const begin = model.batchBegin;
+    model.batchBegin = (rows) => (chunked.push(rows.some((r) => r.tokens.length > 1)), begin(rows));
+    try {
+      const prompt = (n: number, salt: number) => Array.from({ length: n }, (_, k) => (k * 97 + salt) % VOCAB);
+      const stream = piped.generate({ promptTokens: prompt(3, 1), maxTokens: 400, loops: 2, sampling: GREEDY, stopTokenIds: [], cacheWindow: 0 }, () => true);
+      await Bun.sleep(5); // the stream is decoding
+      const first = await piped.generate({ promptTokens: prompt(40, 3), maxTokens: 1, loops: 2, sampling: GREEDY, stopTokenIds: [], cacheWindow: 0 }, () => true);
+      await stream;
+      expect(first.tokens.length).toBe(1);
+      const at = chunked.flatMap((c, i) => (c ? [i] : []));
+      const prompt40 = at.slice(-5); // 40 tokens in chunks of 8
+      expect(prompt40.length).toBe(5);
+      expect(prompt40.at(-1)! - prompt40[0]).toBe(4); // five steps in a row
+    } finally {
+      model.batchBegin = begin;
+    }
   });
 });
