@@ -136,7 +136,7 @@ export class ServiceMetrics {
     this.generatedTokens = counter("service_generated_tokens_total", "Tokens sampled by batched engine steps (speculative cycles not included).");
     this.engineStepSeconds = counter(
       "service_engine_step_seconds_total",
-      "Seconds spent inside batched kernel calls. The event loop waits for each call, so the process CPU time beyond this is the server's own work (HTTP, streams, text, scheduling).",
+      "Seconds the batched kernel steps took. Without pipelined steps the event loop waits for each, so process CPU time beyond this is the server's own work (HTTP, streams, text, scheduling); pipelined, a step counts from its begin to its end.",
     );
     this.promptTokensRun = counter("service_prompt_tokens_total", "Prompt tokens run through the model by batched engine steps (pooled prefixes not included).");
 
