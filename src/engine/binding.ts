@@ -332,7 +332,7 @@ export class NativeModel {
     return { rows, sessions, params, tokens, logits: wantLogits ? this[buffer] : null, out: new Int32Array(n), rc: null };
   }
 
-  /** After the library wrote a call's outputs: each sampling row's steps, then its status, logits and tokens. */
+  /** After the library wrote a call's outputs: its status (a bad row named), each sampling row's logits, the tokens. */
   private batchResult(call: BatchCall): Int32Array {
     const { rows, out, logits } = call;
     const rc = call.rc ?? LS_ERR_STATE;
