@@ -6,7 +6,7 @@
 // exported to GGUF, F16 / Q4_0; -np = concurrency, continuous batching on).
 // The servers alternate round by round within each cell.
 //
-// Per cell (server, format, concurrency, completion length): aggregate
+// Per cell (server, model, concurrency, completion length): aggregate
 // generated tokens/s, time to first token p50/p99, inter-token latency
 // p50/p99 (the gap between consecutive token events of one stream) and time
 // per output token (a stream's first to last token over its gaps, the mean

@@ -81,8 +81,6 @@ export class Engine {
   readonly info: ModelInfo;
   readonly supportsPrefixSnapshots = true;
   private readonly batcher: StepBatcher;
-  /** Prompt tokens per step; Infinity: the whole prompt in one step. */
-
   private profiling = false;
   /** The running requests' sessions (their caches grow as positions arrive). */
   private readonly live = new Set<NativeSession>();
@@ -318,7 +316,6 @@ export class Engine {
       if (this.profiling) this.printProfile(req, tokens.length);
     }
   }
-
 
   /**
    * Prefills the whole prompt SCORE_CHUNK tokens at a time with every row's
