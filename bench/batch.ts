@@ -9,13 +9,13 @@
 //                      [--rows 1,8,16,64] [--loops 8] [--steps 32] [--rounds 3]
 //                      [--dim 768 | --model FILE]
 //
-// The model is the benchmark shape (src/bench/models.ts) unless --dim names
+// The model is the benchmark shape (src/cli/bench/models.ts) unless --dim names
 // another width (heads of 64, ffn 8/3 of dim, GPT-2 vocabulary) or --model
 // a model file (a quantized one, say).
 import { parseArgs } from "node:util";
-import { kernelLibrary } from "../src/bench/engine.ts";
-import { benchModel, promptOf } from "../src/bench/models.ts";
-import { median, printTable, type Row } from "../src/bench/table.ts";
+import { kernelLibrary } from "../src/cli/bench/engine.ts";
+import { benchModel, promptOf } from "../src/cli/bench/models.ts";
+import { median, printTable, type Row } from "../src/cli/bench/table.ts";
 import { type BatchRow, NativeModel, type NativeSession } from "../src/engine/binding.ts";
 import { GREEDY } from "../src/engine/types.ts";
 import { writeJson } from "./report.ts";

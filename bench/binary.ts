@@ -15,8 +15,8 @@
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
-import { benchModel } from "../src/bench/models.ts";
-import { median, printTable, type Row } from "../src/bench/table.ts";
+import { benchModel } from "../src/cli/bench/models.ts";
+import { median, printTable, type Row } from "../src/cli/bench/table.ts";
 import { freePort } from "../test/helpers/server.ts";
 import { writeJson } from "./report.ts";
 
@@ -28,7 +28,7 @@ export interface BinaryBenchOptions {
   binary?: string;
   /** Run `bun build.ts` first. Default: only when the binary is missing. */
   build?: boolean;
-  /** Model served; default the benchmark model (src/bench/models.ts). */
+  /** Model served; default the benchmark model (src/cli/bench/models.ts). */
   modelPath?: string;
   /** Starts per case; the median is reported. */
   runs?: number;

@@ -1,8 +1,8 @@
 // The C kernels against the TypeScript reference on the same file, and the
-// engine throughput table of the benchmark model (src/bench/engine.ts).
-import { kernelLibrary, measureEngine } from "../src/bench/engine.ts";
-import { benchModel, promptOf } from "../src/bench/models.ts";
-import { printTable, type Row } from "../src/bench/table.ts";
+// engine throughput table of the benchmark model (src/cli/bench/engine.ts).
+import { kernelLibrary, measureEngine } from "../src/cli/bench/engine.ts";
+import { benchModel, promptOf } from "../src/cli/bench/models.ts";
+import { printTable, type Row } from "../src/cli/bench/table.ts";
 import { NativeModel } from "../src/engine/binding.ts";
 import { ReferenceModel } from "../test/reference/forward.ts";
 

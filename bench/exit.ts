@@ -13,8 +13,8 @@
 // logits from its exit step), which is what generation does. Speed: greedy
 // decoding of --decode tokens after each of --prompts held-out prompts, one
 // ls_session_step per token (the kernels alone, no HTTP).
-import { kernelLibrary } from "../src/bench/engine.ts";
-import { printTable, type Row } from "../src/bench/table.ts";
+import { kernelLibrary } from "../src/cli/bench/engine.ts";
+import { printTable, type Row } from "../src/cli/bench/table.ts";
 import { NativeModel } from "../src/engine/binding.ts";
 import { GREEDY } from "../src/engine/types.ts";
 import { TRAINED_MODEL_PATH } from "../src/model/trained.ts";

@@ -6,7 +6,7 @@
 import { mkdirSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { C_FLAGS, QUANT_KERNEL_SOURCES, simdFlags } from "../build.ts";
-import type { Row } from "../src/bench/table.ts";
+import type { Row } from "../src/cli/bench/table.ts";
 import { parseModelConfig } from "../src/model/format.ts";
 import { readSafetensors } from "../src/model/safetensors.ts";
 import { TRAINED_MODEL_PATH } from "../src/model/trained.ts";

@@ -1,7 +1,7 @@
 // `model import-hf` on an Ouro-1.4B-shaped checkpoint (24 layers, hidden 2048,
 // ffn 5632, 16 heads, vocab 49152: 1.43 G parameters, 2.9 GB of bf16): writes
-// a random-weight checkpoint in Ouro's exact layout (src/model/hf_fixture.ts),
-// then times the CLI importing it (a fresh `bun src/cli.ts model import-hf`
+// a random-weight checkpoint in Ouro's exact layout (test/helpers/hf_fixture.ts),
+// then times the CLI importing it (a fresh `bun src/cli/main.ts model import-hf`
 // process, so start-up is counted) and reads its peak resident memory, then
 // deletes both (about 6 GB under /tmp while it runs).
 //
@@ -20,7 +20,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { formatDuration, withProgress } from "../src/progress.ts";
 import { readSafetensors } from "../src/model/safetensors.ts";
-import { OURO_1_4B, writeHfFixture } from "../src/model/hf_fixture.ts";
+import { OURO_1_4B, writeHfFixture } from "../test/helpers/hf_fixture.ts";
 import { writeJson } from "./report.ts";
 
 function flag(name: string, dflt: string): string {

@@ -5,7 +5,7 @@
 // python3; docs/training.md).
 import { existsSync, mkdirSync, readFileSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { runTokenizeCommand } from "../src/data/tokenize.ts";
+import { runTokenizeCommand } from "../src/cli/tokenize.ts";
 import { runTorchModule } from "../test/helpers/torch.ts";
 
 const ROOT = resolve(import.meta.dir, "..");

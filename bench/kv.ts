@@ -8,9 +8,9 @@
 //
 // `bun bench/kv.ts` prints the table and writes bench/results/kv.json;
 // bench/run.ts can call measureKv() for its own report.
-import { kernelLibrary } from "../src/bench/engine.ts";
-import { benchModel } from "../src/bench/models.ts";
-import { median, printTable, type Row } from "../src/bench/table.ts";
+import { kernelLibrary } from "../src/cli/bench/engine.ts";
+import { benchModel } from "../src/cli/bench/models.ts";
+import { median, printTable, type Row } from "../src/cli/bench/table.ts";
 import { type KvCacheSettings, NativeModel } from "../src/engine/binding.ts";
 import { GREEDY, type SimdChoice } from "../src/engine/types.ts";
 import { KV_CACHE_MODES } from "../src/model/kvcache.ts";

@@ -19,7 +19,7 @@ import { join, resolve } from "node:path";
 import OpenAI from "openai";
 import { NativeModel } from "../src/engine/binding.ts";
 import { GREEDY } from "../src/engine/types.ts";
-import { OURO_1_4B, writeHfFixture } from "../src/model/hf_fixture.ts";
+import { OURO_1_4B, writeHfFixture } from "../test/helpers/hf_fixture.ts";
 import { argmax, relErr } from "../test/reference/forward.ts";
 import { StackReference } from "../test/reference/stack.ts";
 

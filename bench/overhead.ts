@@ -21,7 +21,7 @@ import { mkdirSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { formatTable, median, type Row } from "../src/bench/table.ts";
+import { formatTable, median, type Row } from "../src/cli/bench/table.ts";
 import { writeSyntheticModel } from "../src/model/synthetic.ts";
 import { parsePrometheusText, sampleValue } from "../test/scheduler/prom_text.ts";
 import { startServer, type TestServer } from "../test/helpers/server.ts";

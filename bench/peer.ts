@@ -43,7 +43,7 @@
 // Each step lives in bench/peer/: options.ts, provision.ts (builds, models),
 // quality_section.ts, speed.ts and speed_tables.ts, speculative.ts,
 // equivalence.ts, roofline.ts.
-import { BENCH_SHAPE } from "../src/bench/models.ts";
+import { BENCH_SHAPE } from "../src/cli/bench/models.ts";
 import { writeJson } from "./report.ts";
 import { equivalenceSection } from "./peer/equivalence.ts";
 import { parseOptions } from "./peer/options.ts";

@@ -23,13 +23,13 @@
 // Texts are windows of max_seq_len tokens; each predicts its tokens 2..T.
 //
 //   bun bench/quality.ts     the tables; writes bench/results/quality.json
-import { kernelLibrary } from "../src/bench/engine.ts";
-import { median, printTable, type Row } from "../src/bench/table.ts";
+import { kernelLibrary } from "../src/cli/bench/engine.ts";
+import { median, printTable, type Row } from "../src/cli/bench/table.ts";
 import { type KvCacheSettings, NativeModel } from "../src/engine/binding.ts";
 import { KV_CACHE_MODES } from "../src/model/kvcache.ts";
 import { TRAINED_MODEL_PATH } from "../src/model/trained.ts";
 import { readFileSync, statSync } from "node:fs";
-import { Tokenizer } from "../src/tokenizer.ts";
+import { Tokenizer } from "../src/tokenizer/tokenizer.ts";
 import { kjvText, kjvTokens } from "./kjv.ts";
 import { kneserNeyPerplexity } from "./kneser_ney.ts";
 import { Tally, withLse } from "./logits.ts";

@@ -8,9 +8,9 @@
 // bench/run.ts can call measureQuant() for its own report.
 import { existsSync, statSync } from "node:fs";
 import { basename, dirname, join } from "node:path";
-import { kernelLibrary, measureEngine } from "../src/bench/engine.ts";
-import { benchModel } from "../src/bench/models.ts";
-import { printTable, type Row } from "../src/bench/table.ts";
+import { kernelLibrary, measureEngine } from "../src/cli/bench/engine.ts";
+import { benchModel } from "../src/cli/bench/models.ts";
+import { printTable, type Row } from "../src/cli/bench/table.ts";
 import { NativeModel } from "../src/engine/binding.ts";
 import type { SimdChoice } from "../src/engine/types.ts";
 import { formatQuantMix } from "../src/model/format.ts";

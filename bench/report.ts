@@ -1,5 +1,5 @@
 // The benchmarks' rows as JSON under bench/results/, so runs can be compared
-// (the text tables come from src/bench/table.ts).
+// (the text tables come from src/cli/bench/table.ts).
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 

@@ -3,9 +3,9 @@
 //   bun bench/run.ts engine gemm quant kv quality speculative binary
 // Figures are quoted as ratios measured side by side in one run: the
 // machines are shared and absolute tokens/s move from run to run.
-import { measureEngine } from "../src/bench/engine.ts";
-import { benchModel } from "../src/bench/models.ts";
-import { printTable, type Row } from "../src/bench/table.ts";
+import { measureEngine } from "../src/cli/bench/engine.ts";
+import { benchModel } from "../src/cli/bench/models.ts";
+import { printTable, type Row } from "../src/cli/bench/table.ts";
 import { measureBinary } from "./binary.ts";
 import { measureReferenceRatio } from "./engine.ts";
 import { measureGemm } from "./gemm.ts";

@@ -26,7 +26,7 @@ import { TRAINED_MODEL_PATH } from "../src/model/trained.ts";
 import { parsePrometheusText, sampleValue } from "../test/scheduler/prom_text.ts";
 import { describeCounters, identityHolds, type RequestCounters, settledRequestCounters } from "../test/helpers/request_counters.ts";
 import { startServer, type TestServer } from "../test/helpers/server.ts";
-import { formatTable, type Row } from "../src/bench/table.ts";
+import { formatTable, type Row } from "../src/cli/bench/table.ts";
 import { writeJson } from "./report.ts";
 
 // ---- settings ----

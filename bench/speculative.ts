@@ -11,9 +11,9 @@
 //   bun bench/speculative.ts            the full table (a few minutes on 2 cores)
 import { NativeModel, type NativeSession } from "../src/engine/binding.ts";
 import { GREEDY as PLAIN_GREEDY } from "../src/engine/types.ts";
-import { kernelLibrary } from "../src/bench/engine.ts";
-import { benchModel, promptOf } from "../src/bench/models.ts";
-import { median, printTable, type Row } from "../src/bench/table.ts";
+import { kernelLibrary } from "../src/cli/bench/engine.ts";
+import { benchModel, promptOf } from "../src/cli/bench/models.ts";
+import { median, printTable, type Row } from "../src/cli/bench/table.ts";
 
 export interface SpeculativeBenchOptions {
   threads?: number; // kernel threads (default 2)

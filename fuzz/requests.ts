@@ -106,7 +106,7 @@ const hostile: fc.Arbitrary<unknown> = fc.oneof(
 /** Mostly a plausible value, sometimes a hostile one (for fields inside fields). */
 const field = (plausible: fc.Arbitrary<unknown>) => fc.oneof({ weight: 4, arbitrary: plausible }, { weight: 1, arbitrary: hostile });
 
-// ---- fields of each family (src/http/schemas.ts) ----
+// ---- fields of each family (src/wire/requests.ts) ----
 
 type Fields = Record<string, fc.Arbitrary<unknown>>;
 

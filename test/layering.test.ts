@@ -169,9 +169,9 @@ describe("the import reader", () => {
   });
 
   test("finds the edges the server is wired with", () => {
-    expect(edges).toContain("src/server.ts -> src/http/compat.ts");
-    expect(edges).toContain("src/serve.ts -> src/engine/engine.ts");
-    expect(edges).toContain("src/cli.ts -> src/serve.ts");
+    expect(edges).toContain("src/http/app.ts -> src/http/compat.ts");
+    expect(edges).toContain("src/cli/serve.ts -> src/engine/engine.ts");
+    expect(edges).toContain("src/cli/main.ts -> src/cli/serve.ts");
   });
 });
 

@@ -64,13 +64,13 @@ function expectSkipped(r: { output: string; exitCode: number | null }, reason: s
 
 describe.skipIf(unavailable !== null)("the PyTorch and KJV tests with a package hidden", () => {
   test("without PyTorch: its tests skip with the reason and the Debian packages, the rest pass", () => {
-    const r = runWithHidden(existsSync(TORCH_DIR) ? TORCH_DIR : null, ["test/torch", "test/data"]);
+    const r = runWithHidden(existsSync(TORCH_DIR) ? TORCH_DIR : null, ["test/torch", "test/cli/tokenize.test.ts"]);
     // 6: the equivalence, training and unittest checks
     expectSkipped(r, "skipping the tests that need PyTorch", "python3-torch", 6);
   });
 
   test("without bible-kjv: the KJV split and the trained model's English checks skip with the reason, the rest pass", () => {
-    const r = runWithHidden(Bun.which("bible"), ["test/data", "test/http/trained_model.test.ts"]);
+    const r = runWithHidden(Bun.which("bible"), ["test/cli/tokenize.test.ts", "test/http/trained_model.test.ts"]);
     expectSkipped(r, "skipping the tests that need the King James Bible text", "bible-kjv", 4);
   });
 });

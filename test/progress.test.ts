@@ -119,7 +119,7 @@ describe("the bar (a terminal)", () => {
 // ---- the commands, as a user runs them with stderr redirected ----
 
 function runCli(args: string[]) {
-  const p = Bun.spawnSync([process.execPath, join(ROOT, "src/cli.ts"), ...args], {
+  const p = Bun.spawnSync([process.execPath, join(ROOT, "src/cli/main.ts"), ...args], {
     cwd: ROOT,
     env: { ...process.env, SERVICE_BUILD_DIR: join(ROOT, "build") },
     stdout: "pipe",

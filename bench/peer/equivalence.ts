@@ -4,9 +4,9 @@
 import { basename } from "node:path";
 import { NativeModel } from "../../src/engine/binding.ts";
 import { GREEDY } from "../../src/engine/types.ts";
-import { Tokenizer } from "../../src/tokenizer.ts";
-import { BENCH_SHAPE } from "../../src/bench/models.ts";
-import { printTable, type Row } from "../../src/bench/table.ts";
+import { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
+import { BENCH_SHAPE } from "../../src/cli/bench/models.ts";
+import { printTable, type Row } from "../../src/cli/bench/table.ts";
 import { ggufFor, llamaGreedy, type LlamaTools } from "./llama.ts";
 import { LIBRARY } from "./provision.ts";
 import { CORES, log } from "./system.ts";

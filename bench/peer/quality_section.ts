@@ -4,8 +4,8 @@
 import { parseModelConfig } from "../../src/model/format.ts";
 import { readSafetensors } from "../../src/model/safetensors.ts";
 import { TRAINED_MODEL_PATH } from "../../src/model/trained.ts";
-import { Tokenizer } from "../../src/tokenizer.ts";
-import { printTable } from "../../src/bench/table.ts";
+import { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
+import { printTable } from "../../src/cli/bench/table.ts";
 import { kjvText } from "../kjv.ts";
 import type { Format, LlamaTools } from "./llama.ts";
 import type { Options } from "./options.ts";

@@ -22,7 +22,7 @@ import { mkdirSync, openSync, readSync, closeSync, statSync } from "node:fs";
 import { join } from "node:path";
 import type { ModelConfig } from "../../src/model/format.ts";
 import { DTYPE_SIZES, readSafetensors } from "../../src/model/safetensors.ts";
-import { printTable, type Row } from "../../src/bench/table.ts";
+import { printTable, type Row } from "../../src/cli/bench/table.ts";
 import { cacheDir, type Format } from "./llama.ts";
 import { PeerBenchError, requireTool, run, waitForQuiet } from "./system.ts";
 

@@ -3,8 +3,8 @@
 // against llama-bench's plain decode of the same model exported, each run
 // checked token for token against loopserve's plain decoding.
 import { NativeModel } from "../../src/engine/binding.ts";
-import { BENCH_SHAPE, benchModel, promptOf } from "../../src/bench/models.ts";
-import { printTable, type Row } from "../../src/bench/table.ts";
+import { BENCH_SHAPE, benchModel, promptOf } from "../../src/cli/bench/models.ts";
+import { printTable, type Row } from "../../src/cli/bench/table.ts";
 import { decode, same } from "../speculative.ts";
 import { type Format, ggufFor, LLAMA_TYPE, type LlamaTools } from "./llama.ts";
 import type { Options } from "./options.ts";

@@ -3,7 +3,7 @@
 // bench/peer.ts says why pairs, and why a contended pair is taken again).
 import { NativeModel } from "../../src/engine/binding.ts";
 import { GREEDY } from "../../src/engine/types.ts";
-import { promptOf } from "../../src/bench/models.ts";
+import { promptOf } from "../../src/cli/bench/models.ts";
 import { LLAMA_TYPE, llamaBench, type LlamaTools } from "./llama.ts";
 import { CONTENDED, type Options } from "./options.ts";
 import { type FormatModels, LIBRARY } from "./provision.ts";

@@ -1,7 +1,7 @@
 // bench:peer's speed tables, from the side-by-side points: each point beside
 // its roofline bound, the cost of one more loop against one more layer, the
 // speed targets, and the notes that say how to read them.
-import { printTable, type Row } from "../../src/bench/table.ts";
+import { printTable, type Row } from "../../src/cli/bench/table.ts";
 import { type Format, LLAMA_TYPE } from "./llama.ts";
 import { CONTENDED, type Options } from "./options.ts";
 import type { FormatModels } from "./provision.ts";

@@ -11,9 +11,9 @@
 //   `<|im_start|>assistant\n` (transformers' add_generation_prompt). The
 //   model's tokenizer matches <|im_start|> and <|im_end|> in the text as its
 //   special ids.
-import type { ChatFormat } from "../tokenizer.ts";
+import type { ChatFormat } from "../tokenizer/tokenizer.ts";
 import { badRequest, unprocessable } from "./errors.ts";
-import type { ChatMessage, ChatRole } from "./schemas.ts";
+import type { ChatMessage, ChatRole } from "../wire/requests.ts";
 
 const LABEL: Record<ChatRole, string> = { system: "System", user: "User", assistant: "Assistant" };
 

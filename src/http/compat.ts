@@ -18,8 +18,8 @@
 //   service produces anyway) is a 400 naming the field; text completions
 //   also refuse a non-empty `suffix`. Tool-calling fields (`tools`,
 //   `tool_choice`, `parallel_tool_calls`, `functions`, `function_call`) are
-//   accepted and ignored (schemas.ts): the reply is the one without them.
-//   `best_of` and `n` must be 1 (schemas.ts).
+//   accepted and ignored (src/wire/requests.ts): the reply is the one without them.
+//   `best_of` and `n` must be 1 (src/wire/requests.ts).
 // - A message role outside system/user/assistant is a 400 (a value outside
 //   an enum); a missing role or content is a 422.
 // - Streams: the role chunk is held until the scheduler starts the request,
@@ -29,7 +29,7 @@
 import { Elysia } from "elysia";
 import { SERVICE_NAME } from "../config.ts";
 import type { GenerateRequest, TokenLogprob } from "../engine/types.ts";
-import type { Tokenizer } from "../tokenizer.ts";
+import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import { renderChat } from "./chat_template.ts";
 import { badRequest, notFound, outOfRange, validatedBody } from "./errors.ts";
 import {
@@ -61,7 +61,7 @@ import type {
   TextCompletionChunk,
   Usage,
 } from "../wire/responses.ts";
-import { ChatCompletionBody, COMPAT_DEFAULTS as D, CompletionBody } from "./schemas.ts";
+import { ChatCompletionBody, COMPAT_DEFAULTS as D, CompletionBody } from "../wire/requests.ts";
 import { sseAfterAdmission, sseEvent } from "./sse.ts";
 
 /** Unix seconds at the service start: the `created` of the model entry. */

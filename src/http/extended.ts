@@ -19,7 +19,7 @@ import {
   ExtendedChatCompletionBody,
   ExtendedCompletionBody,
   type ExtendedKnobs,
-} from "./schemas.ts";
+} from "../wire/requests.ts";
 
 // ---- response sections ----
 

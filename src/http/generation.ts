@@ -5,7 +5,7 @@
 import type { Config } from "../config.ts";
 import type { GenerateRequest, GenerateResult, GenerationMode, ModelInfo, PromptLogprobSink, TokenLogprob, TokenSink } from "../engine/types.ts";
 import { TextStream } from "../text/stream.ts";
-import { TokenLimitExceeded, type Tokenizer, TokenizerCancelledError, TokenizerClosedError } from "../tokenizer.ts";
+import { TokenLimitExceeded, type Tokenizer, TokenizerCancelledError, TokenizerClosedError } from "../tokenizer/tokenizer.ts";
 import type { ServiceMetrics } from "../metrics.ts";
 import { SchedulerRejection } from "../scheduler/scheduler.ts";
 import { badRequest, clientClosed, HttpError, outOfRange, unavailable } from "./errors.ts";

@@ -6,7 +6,7 @@
 // of a UTF-8 character reads as U+FFFD while its `bytes` are exact (what
 // OpenAI does).
 import type { TokenLogprob } from "../engine/logprobs.ts";
-import { IncrementalDetokenizer, type Tokenizer } from "../tokenizer.ts";
+import { IncrementalDetokenizer, type Tokenizer } from "../tokenizer/tokenizer.ts";
 import type { ChatLogprobs, CompletionLogprobs, NativeLogprob } from "../wire/responses.ts";
 
 const tokenText = (tok: Tokenizer, id: number): string => tok.decode([id]);

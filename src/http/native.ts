@@ -19,7 +19,7 @@ import {
 } from "./generation.ts";
 import { nativeLogprobs } from "./logprobs.ts";
 import type { GenerateResponse, GenerateStreamEvent, NativeStats } from "../wire/responses.ts";
-import { GenerateBody, NATIVE_DEFAULTS as D } from "./schemas.ts";
+import { GenerateBody, NATIVE_DEFAULTS as D } from "../wire/requests.ts";
 import { sseAfterAdmission, sseEvent } from "./sse.ts";
 
 interface NativeJob {

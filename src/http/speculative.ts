@@ -16,7 +16,7 @@ import { validatedBody } from "./errors.ts";
 import { type AppDeps, type Completion, runGeneration } from "./generation.ts";
 import { nativeBody, nativeJob, nativeStats } from "./native.ts";
 import type { SpeculativeResponse, SpeculativeStats } from "../wire/responses.ts";
-import { NATIVE_DEFAULTS as D, GenerateBody, SpeculativeFields, type SpeculativeKnobs } from "./schemas.ts";
+import { NATIVE_DEFAULTS as D, GenerateBody, SpeculativeFields, type SpeculativeKnobs } from "../wire/requests.ts";
 
 // ---- request bodies: /generate's fields plus the knobs ----
 

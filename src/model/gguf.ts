@@ -35,6 +35,7 @@ import type { ProgressCallback } from "../progress.ts";
 import { F16_TO_F32 } from "./fp16.ts";
 import { loadModelFile, MAX_LOOPS, type ModelConfig, parseModelMetadata } from "./format.ts";
 import { ModelFormatError, readSafetensors, writeFileAtomically } from "./safetensors.ts";
+import { BYTE_CHARS } from "../tokenizer/byte_chars.ts";
 
 // ---- GGUF constants ----
 
@@ -264,15 +265,6 @@ export function writeGguf(path: string, metadata: [string, GgufValue][], tensors
 
 // ---- GPT-2 vocabulary ----
 
-/** GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to U+0100.. */
-export function byteToUnicode(): string[] {
-  const table = new Array<string>(256);
-  const printable = (b: number) => (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-  let n = 0;
-  for (let b = 0; b < 256; b++) table[b] = String.fromCodePoint(printable(b) ? b : 256 + n++);
-  return table;
-}
-
 export interface Gpt2Vocab {
   /** Token strings in id order (byte-to-unicode form); the last is <|endoftext|>. */
   tokens: string[];
@@ -304,9 +296,8 @@ let vocabCache: Gpt2Vocab | null = null;
 /** The GPT-2 vocabulary and merges from the bundled tiktoken ranks (built once, ~100 ms). */
 export function gpt2Vocab(): Gpt2Vocab {
   if (vocabCache) return vocabCache;
-  const b2u = byteToUnicode();
   const ranks = bundledRankBytes();
-  const tokens = ranks.map((bytes) => Array.from(bytes, (b) => b2u[b]).join(""));
+  const tokens = ranks.map((bytes) => Array.from(bytes, (b) => BYTE_CHARS[b]).join(""));
   const rankOf = new Map<string, number>();
   tokens.forEach((t, i) => rankOf.set(t, i));
   if (rankOf.size !== tokens.length) throw new ModelFormatError("bundled GPT-2 ranks hold a duplicate token");

@@ -3,7 +3,7 @@
 // by whole-string stop matching (text that might start a stop string is held
 // back until it is known not to). The deltas of push() and finish() together
 // are exactly the response text.
-import { IncrementalDetokenizer, type Tokenizer } from "../tokenizer.ts";
+import { IncrementalDetokenizer, type Tokenizer } from "../tokenizer/tokenizer.ts";
 import { StopStringMatcher } from "./stop.ts";
 
 export interface TextDelta {

@@ -1,5 +1,5 @@
-// Response bodies as TypeBox schemas, family by family (the requests are in
-// src/http/schemas.ts). They sit below both the HTTP handlers and the web
+// Response bodies as TypeBox schemas, family by family (the requests are
+// beside them, in requests.ts). They sit below both the HTTP handlers and the web
 // playground, which reads the same bodies: the handlers build their bodies as these static types, and
 // the tests import the same types and check the bodies a server sends
 // against the schemas. Objects are closed (additionalProperties: false), so

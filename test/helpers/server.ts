@@ -1,4 +1,4 @@
-// Starts a REAL loopserve process (`bun src/cli.ts serve`, or the compiled
+// Starts a REAL loopserve process (`bun src/cli/main.ts serve`, or the compiled
 // executable) on 127.0.0.1 and a free port, with a tiny synthetic model by
 // default, and waits until it answers /healthz (200, or 503 when it was
 // started without a usable model). Every test that runs a server shares this
@@ -14,12 +14,12 @@ import type { ModelInfo } from "../../src/engine/types.ts";
 import { frontDoor } from "../../src/http/front_door.ts";
 import type { GenerationEngine } from "../../src/http/generation.ts";
 import { ServiceMetrics } from "../../src/metrics.ts";
-import { createApp } from "../../src/server.ts";
-import { Tokenizer } from "../../src/tokenizer.ts";
+import { createApp } from "../../src/http/app.ts";
+import { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { TINY, tinyModelPath } from "./models.ts";
 
 const ROOT = resolve(import.meta.dir, "../..");
-const ENTRY = existsSync(join(ROOT, "src/cli.ts")) ? ["src/cli.ts", "serve"] : ["src/serve.ts"];
+const ENTRY = existsSync(join(ROOT, "src/cli/main.ts")) ? ["src/cli/main.ts", "serve"] : ["src/cli/serve.ts"];
 const START_TIMEOUT_MS = 30_000;
 
 export interface TestServer {
@@ -40,7 +40,7 @@ export interface ServerOptions {
   modelPath?: string | null;
   /** Extra environment (SERVICE_MAX_SEQ_LEN, ...). */
   env?: Record<string, string>;
-  /** What to run, with its arguments: default this checkout's CLI (`bun src/cli.ts serve`). */
+  /** What to run, with its arguments: default this checkout's CLI (`bun src/cli/main.ts serve`). */
   command?: string[];
   /** Working directory; default the repository. */
   cwd?: string;

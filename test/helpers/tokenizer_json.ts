@@ -1,16 +1,16 @@
 // Tokenizer fixtures for the tests of a model's own tokenizer
-// (src/tokenizer_hf.ts): the committed tokenizer.json files and their
+// (src/tokenizer/hf_bpe.ts): the committed tokenizer.json files and their
 // reference ids from the Hugging Face `tokenizers` library
-// (test/text/fixtures/make_tokenizers.py), GPT-2's tokenizer.json rebuilt from
+// (test/tokenizer/fixtures/make_tokenizers.py), GPT-2's tokenizer.json rebuilt from
 // tiktoken's ranks, and a model file that carries a tokenizer.
 import { readFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { readSafetensors, writeSafetensors } from "../../src/model/safetensors.ts";
-import { BYTE_CHARS } from "../../src/tokenizer_hf.ts";
-import type { Tokenizer } from "../../src/tokenizer.ts";
+import { BYTE_CHARS } from "../../src/tokenizer/byte_chars.ts";
+import type { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { testTempDir } from "./models.ts";
 
-const FIXTURES = resolve(import.meta.dir, "../text/fixtures");
+const FIXTURES = resolve(import.meta.dir, "../tokenizer/fixtures");
 
 export type FixtureName = "smol_style" | "split_style";
 

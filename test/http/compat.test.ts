@@ -20,7 +20,7 @@ import {
   TextCompletion,
   TextCompletionChunk,
 } from "../../src/wire/responses.ts";
-import { IncrementalDetokenizer, Tokenizer } from "../../src/tokenizer.ts";
+import { IncrementalDetokenizer, Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { expectInvalidRequest, jsonBody, sseEvents } from "../helpers/http.ts";
 import { TINY } from "../helpers/models.ts";
 import { serverForTests } from "../helpers/server.ts";

@@ -2,7 +2,7 @@ import { describe, expect, test } from "bun:test";
 import { Type as T } from "@sinclair/typebox";
 import { Value } from "@sinclair/typebox/value";
 import { fromValidation, paramName } from "../../src/http/errors.ts";
-import { GenerateBody } from "../../src/http/schemas.ts";
+import { GenerateBody } from "../../src/wire/requests.ts";
 
 /** The HTTP error a body would get from the /generate schema. */
 function check(body: unknown) {

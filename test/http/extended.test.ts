@@ -22,7 +22,7 @@ import {
   SpeculativeStats,
   type Usage,
 } from "../../src/wire/responses.ts";
-import { Tokenizer } from "../../src/tokenizer.ts";
+import { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { expectInvalidRequest, expectSchema, jsonBody, sseEvents } from "../helpers/http.ts";
 import { TINY, testTempDir } from "../helpers/models.ts";
 import { serverForTests, startServer } from "../helpers/server.ts";

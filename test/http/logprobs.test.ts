@@ -25,7 +25,7 @@ import {
   TextCompletionChunk,
 } from "../../src/wire/responses.ts";
 import { TRAINED_MODEL_PATH } from "../../src/model/trained.ts";
-import { Tokenizer } from "../../src/tokenizer.ts";
+import { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { jsonBody, sseEvents } from "../helpers/http.ts";
 import { ensureLibrary, LIB } from "../helpers/kernels.ts";
 import { startServer, type TestServer } from "../helpers/server.ts";

@@ -6,7 +6,7 @@
 // long text is tokenized on a worker thread with the same ids.
 import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { ErrorBody, GenerateResponse, TextCompletion } from "../../src/wire/responses.ts";
-import { Tokenizer } from "../../src/tokenizer.ts";
+import { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { expectErrorShape, jsonBody } from "../helpers/http.ts";
 import { serverForTests, startServer } from "../helpers/server.ts";
 

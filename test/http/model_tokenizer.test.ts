@@ -8,7 +8,7 @@ import { loadConfig } from "../../src/config.ts";
 import type { GenerateRequest, TokenSink } from "../../src/engine/types.ts";
 import { renderChat } from "../../src/http/chat_template.ts";
 import type { GenerationEngine } from "../../src/http/generation.ts";
-import { type TextConventions, Tokenizer } from "../../src/tokenizer.ts";
+import { type TextConventions, Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { tinyModelPath } from "../helpers/models.ts";
 import { inProcessApp, serverForTests, startServer, TINY_MODEL_INFO } from "../helpers/server.ts";
 import { bpeMetadata, fixtureJson, withMetadata } from "../helpers/tokenizer_json.ts";

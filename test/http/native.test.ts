@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { type ErrorBody, GenerateResponse, GenerateStreamEvent } from "../../src/wire/responses.ts";
-import { IncrementalDetokenizer, Tokenizer } from "../../src/tokenizer.ts";
+import { IncrementalDetokenizer, Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { expectErrorShape, expectInvalidRequest, jsonBody, sseData, sseEvents } from "../helpers/http.ts";
 import { testTempDir } from "../helpers/models.ts";
 import { serverForTests, startServer, type TestServer } from "../helpers/server.ts";

@@ -4,7 +4,7 @@
 // the same greedy non-streamed request says.
 import { beforeAll, describe, expect, test } from "bun:test";
 import OpenAI from "openai";
-import { Tokenizer } from "../../src/tokenizer.ts";
+import { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { TINY } from "../helpers/models.ts";
 import { serverForTests } from "../helpers/server.ts";
 

@@ -10,7 +10,7 @@ import { describe, expect, test } from "bun:test";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import OpenAI from "openai";
-import { writeHfFixture } from "../../src/model/hf_fixture.ts";
+import { writeHfFixture } from "../helpers/hf_fixture.ts";
 import { importHfCheckpoint } from "../../src/model/import_hf.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
 import { readSafetensors } from "../../src/model/safetensors.ts";

@@ -10,7 +10,7 @@ import OpenAI from "openai";
 import { GenerateResponse } from "../../src/wire/responses.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
 import { TRAINED_MODEL_PATH } from "../../src/model/trained.ts";
-import { Tokenizer } from "../../src/tokenizer.ts";
+import { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { jsonBody } from "../helpers/http.ts";
 import { testTempDir } from "../helpers/models.ts";
 import { serverForTests } from "../helpers/server.ts";

@@ -206,7 +206,7 @@ describe("json format from the minified executable", () => {
     const root = resolve(import.meta.dir, "../..");
     const build = Bun.spawnSync(
       [process.execPath, "build", "--compile", "--minify-syntax", "--minify-whitespace", "--asset-naming=[name].[ext]",
-        "--root", join(root, "src"), join(root, "src/cli.ts"), join(root, "src/tokenizer_worker.ts"), "--outfile", out],
+        "--root", join(root, "src/tokenizer"), join(root, "src/cli/main.ts"), join(root, "src/tokenizer/worker.ts"), "--outfile", out],
       { stdout: "pipe", stderr: "pipe" },
     );
     if (build.exitCode !== 0) throw new Error(`bun build --compile failed:\n${build.stderr}`);

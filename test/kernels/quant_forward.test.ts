@@ -8,7 +8,7 @@ import { beforeAll, describe, expect, test } from "bun:test";
 import { join } from "node:path";
 import { NativeModel } from "../../src/engine/binding.ts";
 import { GREEDY, type SimdChoice } from "../../src/engine/types.ts";
-import { runModelCommand } from "../../src/model_cli.ts";
+import { runModelCommand } from "../../src/cli/model.ts";
 import { formatQuantMix } from "../../src/model/format.ts";
 import { DEFAULT_MIX, type HeadQuant, type QuantMix, quantizeModelFile, type WeightQuant } from "../../src/model/quantize.ts";
 import { type SyntheticOptions, writeSyntheticModel } from "../../src/model/synthetic.ts";

@@ -1,11 +1,10 @@
 import { describe, expect, test } from "bun:test";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { runModelCommand } from "../../src/model_cli.ts";
+import { runModelCommand } from "../../src/cli/model.ts";
 import { F16_TO_F32 } from "../../src/model/fp16.ts";
 import { SINGLE_BLOCK, configToMetadata, loadModelFile } from "../../src/model/format.ts";
 import {
-  byteToUnicode,
   exportGguf,
   GGUF_ALIGNMENT,
   gpt2Vocab,
@@ -14,7 +13,8 @@ import {
   unpermuteRopeRows,
 } from "../../src/model/gguf.ts";
 import { ModelFormatError, writeSafetensors } from "../../src/model/safetensors.ts";
-import { Tokenizer } from "../../src/tokenizer.ts";
+import { BYTE_CHARS } from "../../src/tokenizer/byte_chars.ts";
+import { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
 import { applyRope } from "../reference/forward.ts";
 
@@ -280,7 +280,7 @@ describe("GGUF export", () => {
 
     // Token strings are the tokenizer's bytes through bytes_to_unicode.
     const tok = await Tokenizer.load();
-    const b2u = byteToUnicode();
+    const b2u = BYTE_CHARS;
     for (const id of [0, 255, 256, 1000, 6184, 26884, 50255]) {
       expect(tokens[id]).toBe(Array.from(tok.tokenBytes(id), (b) => b2u[b]).join(""));
     }

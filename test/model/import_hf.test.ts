@@ -1,13 +1,13 @@
 // model import-hf: Hugging Face checkpoints (Ouro layout, written by
-// src/model/hf_fixture.ts) into one loopserve fp16 file, read back byte for
+// test/helpers/hf_fixture.ts) into one loopserve fp16 file, read back byte for
 // byte with readSafetensors (test/http/ouro_import.test.ts serves one).
 import { describe, expect, test } from "bun:test";
 import { closeSync, existsSync, openSync, readdirSync, readFileSync, rmSync, unlinkSync, writeFileSync, writeSync } from "node:fs";
 import { join } from "node:path";
-import { runModelCommand } from "../../src/model_cli.ts";
+import { runModelCommand } from "../../src/cli/model.ts";
 import { bf16BitsToNumber, f16BitsToNumber, f64ToF16Bits } from "../../src/model/fp16.ts";
 import { ouroName, readHfCheckpoint } from "../../src/model/hf_checkpoint.ts";
-import { fixtureTokenizerJson, type HfFixtureOptions, writeHfFixture } from "../../src/model/hf_fixture.ts";
+import { fixtureTokenizerJson, type HfFixtureOptions, writeHfFixture } from "../helpers/hf_fixture.ts";
 import { convertToF16, importHfCheckpoint } from "../../src/model/import_hf.ts";
 import { ModelFormatError, readSafetensors, type SafetensorsFile, writeSafetensors } from "../../src/model/safetensors.ts";
 import { testTempDir } from "../helpers/models.ts";

@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from "
 import { join } from "node:path";
 import { NativeModel } from "../../src/engine/binding.ts";
 import { ErrorBody } from "../../src/wire/responses.ts";
-import { runModelCommand } from "../../src/model_cli.ts";
+import { runModelCommand } from "../../src/cli/model.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
 import { jsonBody } from "../helpers/http.ts";
 import { ensureLibrary, LIB } from "../helpers/kernels.ts";

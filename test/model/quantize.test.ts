@@ -4,7 +4,7 @@
 import { describe, expect, test } from "bun:test";
 import { readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { runModelCommand } from "../../src/model_cli.ts";
+import { runModelCommand } from "../../src/cli/model.ts";
 import { F16_TO_F32 } from "../../src/model/fp16.ts";
 import { loadModelFile, loadQuantModelFile, type QuantMatrix } from "../../src/model/format.ts";
 import { DEFAULT_MIX, f16BitsDown, f16BitsUp, quantizeInt2, quantizeInt4, quantizeInt6, quantizeInt8, quantizeModelFile } from "../../src/model/quantize.ts";

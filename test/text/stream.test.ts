@@ -1,6 +1,6 @@
 import { beforeAll, describe, expect, test } from "bun:test";
 import { TextStream } from "../../src/text/stream.ts";
-import { Tokenizer } from "../../src/tokenizer.ts";
+import { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 
 let tok: Tokenizer;
 beforeAll(async () => {

@@ -18,7 +18,7 @@ import { existsSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { NativeModel } from "../../src/engine/binding.ts";
 import { GREEDY } from "../../src/engine/types.ts";
-import { fixtureTokenizerConfig, fixtureTokenizerJson } from "../../src/model/hf_fixture.ts";
+import { fixtureTokenizerConfig, fixtureTokenizerJson } from "../helpers/hf_fixture.ts";
 import { readSafetensors } from "../../src/model/safetensors.ts";
 import { ensureLibrary, LIB } from "../helpers/kernels.ts";
 import { testTempDir } from "../helpers/models.ts";
@@ -133,7 +133,7 @@ describe.skipIf(noTorch)("PyTorch <-> loopserve equivalence, stacked models (for
     writeFileSync(join(hf, "tokenizer.json"), fixtureTokenizerJson());
     writeFileSync(join(hf, "tokenizer_config.json"), JSON.stringify(fixtureTokenizerConfig()));
     const out = join(dir, "ouro-imported.safetensors");
-    const r = Bun.spawnSync([process.execPath, "src/cli.ts", "model", "import-hf", hf, out], { cwd: ROOT, stdout: "pipe", stderr: "pipe" });
+    const r = Bun.spawnSync([process.execPath, "src/cli/main.ts", "model", "import-hf", hf, out], { cwd: ROOT, stdout: "pipe", stderr: "pipe" });
     if (r.exitCode !== 0) throw new Error(`model import-hf exited ${r.exitCode}: ${r.stderr.toString()}`);
     // PyTorch reads the checkpoint directory itself: the importer's mapping and fp16 rounding are under test too
     const torch: Record<string, TorchDepthResult> = torchLogits(hf, PROMPT, [1, 4], GREEDY_TOKENS);

@@ -1,15 +1,15 @@
-// A model's own byte-level BPE (src/tokenizer_hf.ts) against the Hugging Face
+// A model's own byte-level BPE (src/tokenizer/hf_bpe.ts) against the Hugging Face
 // `tokenizers` library: the ids of two trained fixtures and the pieces of
 // many pre-tokenizer configurations were computed by the library itself
-// (test/text/fixtures/make_tokenizers.py), and GPT-2's tokenizer.json rebuilt
+// (test/tokenizer/fixtures/make_tokenizers.py), and GPT-2's tokenizer.json rebuilt
 // from tiktoken's ranks must give tiktoken's ids.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { renderChat } from "../src/http/chat_template.ts";
-import { TextStream } from "../src/text/stream.ts";
-import { HfByteLevelBpe, HfTokenizerError, parsePreTokenizer } from "../src/tokenizer_hf.ts";
-import { pretokenize } from "../src/tokenizer_pretokenize.ts";
-import { IncrementalDetokenizer, TokenLimitExceeded, Tokenizer, TokenizerError } from "../src/tokenizer.ts";
-import { byteLevel, type FixtureName, fixtureJson, gpt2TokenizerJson, reference } from "./helpers/tokenizer_json.ts";
+import { renderChat } from "../../src/http/chat_template.ts";
+import { TextStream } from "../../src/text/stream.ts";
+import { HfByteLevelBpe, HfTokenizerError, parsePreTokenizer } from "../../src/tokenizer/hf_bpe.ts";
+import { pretokenize } from "../../src/tokenizer/pretokenize.ts";
+import { IncrementalDetokenizer, TokenLimitExceeded, Tokenizer, TokenizerError } from "../../src/tokenizer/tokenizer.ts";
+import { byteLevel, type FixtureName, fixtureJson, gpt2TokenizerJson, reference } from "../helpers/tokenizer_json.ts";
 
 const ref = reference();
 const FIXTURES: FixtureName[] = ["smol_style", "split_style"];

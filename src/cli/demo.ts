@@ -3,8 +3,8 @@
 // King James Bible), so a newcomer has a running service that writes
 // English after `npm install && npm run demo`.
 import { existsSync } from "node:fs";
-import { readSafetensors } from "./model/safetensors.ts";
-import { TRAINED_MODEL_PATH } from "./model/trained.ts";
+import { readSafetensors } from "../model/safetensors.ts";
+import { TRAINED_MODEL_PATH } from "../model/trained.ts";
 import { runServe } from "./serve.ts";
 
 if (process.env.SERVICE_MODEL_PATH === undefined) {

@@ -3,21 +3,21 @@
 // import a Hugging Face checkpoint (Ouro, or loopserve's own layout).
 //
 // Exit codes: 0 done, 1 the work failed (bad file, cannot write), 2 bad
-// arguments. src/cli.ts dispatches here with the arguments after `model`;
-// `bun src/model_cli.ts ...` runs it directly.
+// arguments. src/cli/main.ts dispatches here with the arguments after `model`;
+// `bun src/cli/model.ts ...` runs it directly.
 
 import { statSync } from "node:fs";
-import { libraryConfig } from "./config.ts";
-import { checkModelFile } from "./engine/binding.ts";
-import type { ModelFileInfo } from "./engine/types.ts";
-import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "./engine/library.ts";
-import { type ProgressStream, withProgress } from "./progress.ts";
-import { GROUP_SIZES, HEAD_QUANTS, MAX_LOOPS, type ModelConfig, parseQuantMix, type QuantMix, quantMixNote } from "./model/format.ts";
-import { exportGguf } from "./model/gguf.ts";
-import { importHfCheckpoint } from "./model/import_hf.ts";
-import { DEFAULT_GROUP_SIZE, type HeadQuant, quantizeModelFile, type WeightQuant } from "./model/quantize.ts";
-import { DTYPE_SIZES, ModelFormatError, readSafetensors, type SafetensorsFile } from "./model/safetensors.ts";
-import { resolveSyntheticOptions, type SyntheticOptions, writeSyntheticModel } from "./model/synthetic.ts";
+import { libraryConfig } from "../config.ts";
+import { checkModelFile } from "../engine/binding.ts";
+import type { ModelFileInfo } from "../engine/types.ts";
+import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "../engine/library.ts";
+import { type ProgressStream, withProgress } from "../progress.ts";
+import { GROUP_SIZES, HEAD_QUANTS, MAX_LOOPS, type ModelConfig, parseQuantMix, type QuantMix, quantMixNote } from "../model/format.ts";
+import { exportGguf } from "../model/gguf.ts";
+import { importHfCheckpoint } from "../model/import_hf.ts";
+import { DEFAULT_GROUP_SIZE, type HeadQuant, quantizeModelFile, type WeightQuant } from "../model/quantize.ts";
+import { DTYPE_SIZES, ModelFormatError, readSafetensors, type SafetensorsFile } from "../model/safetensors.ts";
+import { resolveSyntheticOptions, type SyntheticOptions, writeSyntheticModel } from "../model/synthetic.ts";
 
 export interface CommandIO {
   out: (line: string) => void;

@@ -1,7 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { runModelCommand } from "../../src/model_cli.ts";
+import { runModelCommand } from "../../src/cli/model.ts";
 import { loadModelFile } from "../../src/model/format.ts";
 import { writeSafetensors } from "../../src/model/safetensors.ts";
 import { testTempDir } from "../helpers/models.ts";
@@ -146,9 +146,9 @@ describe("loopserve model CLI", () => {
     expect((await run("new", "--help")).out).toContain("--residual-scale");
   });
 
-  test("runs as a script: bun src/model_cli.ts new ... / inspect ...", async () => {
+  test("runs as a script: bun src/cli/model.ts new ... / inspect ...", async () => {
     const path = tmp("spawn.safetensors");
-    const script = join(import.meta.dir, "../../src/model_cli.ts");
+    const script = join(import.meta.dir, "../../src/cli/model.ts");
     const made = Bun.spawnSync([process.execPath, script, "new", path, "--dim", "16", "--heads", "2", "--ffn", "32", "--vocab", "50"]);
     expect(made.exitCode).toBe(0);
     const shown = Bun.spawnSync([process.execPath, script, "inspect", path]);

@@ -3,7 +3,7 @@
 // semantics of the `tokenizers` library: a text is cut into pieces, each
 // stage cutting every piece of the previous one, and BPE then runs on each
 // piece alone. Anything else in the configuration is refused by the loader
-// (src/tokenizer_hf.ts), never approximated.
+// (src/tokenizer/hf_bpe.ts), never approximated.
 //
 // The library runs its regular expressions with Oniguruma; they are
 // translated here into JavaScript ones of the same meaning where the two

@@ -7,7 +7,7 @@
 
 import { readFileSync } from "node:fs";
 import { writeFileAtomically } from "../model/safetensors.ts";
-import { Tokenizer } from "../tokenizer.ts";
+import { Tokenizer } from "../tokenizer/tokenizer.ts";
 
 const HELP = `usage: loopserve tokenize IN OUT [--eot]
 

@@ -4,7 +4,7 @@
 import { describe, expect, test } from "bun:test";
 import { readFileSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { Tokenizer } from "../../src/tokenizer.ts";
+import { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { testTempDir } from "../helpers/models.ts";
 import { KJV_TEXT, skipReason } from "../helpers/system_packages.ts";
 import { runTorchModule } from "../helpers/torch.ts";
@@ -12,7 +12,7 @@ import { runTorchModule } from "../helpers/torch.ts";
 const ROOT = resolve(import.meta.dir, "../..");
 
 function cli(args: string[]): { code: number; out: string; err: string } {
-  const r = Bun.spawnSync([process.execPath, "src/cli.ts", ...args], { cwd: ROOT, stdout: "pipe", stderr: "pipe" });
+  const r = Bun.spawnSync([process.execPath, "src/cli/main.ts", ...args], { cwd: ROOT, stdout: "pipe", stderr: "pipe" });
   return { code: r.exitCode ?? -1, out: r.stdout.toString(), err: r.stderr.toString() };
 }
 

@@ -2,15 +2,15 @@
 // parser and one error mapping (src/http/errors.ts) shared by all of them.
 // No FFI here: the engine arrives through deps as a GenerationEngine.
 import { Elysia } from "elysia";
-import { jsonBodyParser } from "./http/body.ts";
-import { compatRoutes } from "./http/compat.ts";
-import { errorResponse } from "./http/errors.ts";
-import { extendedRoutes } from "./http/extended.ts";
-import type { AppDeps } from "./http/generation.ts";
-import { nativeRoutes } from "./http/native.ts";
-import { opsRoutes } from "./http/ops.ts";
-import { playgroundRoutes } from "./http/playground.ts";
-import { speculativeRoutes } from "./http/speculative.ts";
+import { jsonBodyParser } from "./body.ts";
+import { compatRoutes } from "./compat.ts";
+import { errorResponse } from "./errors.ts";
+import { extendedRoutes } from "./extended.ts";
+import type { AppDeps } from "./generation.ts";
+import { nativeRoutes } from "./native.ts";
+import { opsRoutes } from "./ops.ts";
+import { playgroundRoutes } from "./playground.ts";
+import { speculativeRoutes } from "./speculative.ts";
 
 export function createApp(deps: AppDeps) {
   // standardHostname false: the router finds the path after "http://" and the

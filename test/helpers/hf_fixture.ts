@@ -15,11 +15,12 @@
 
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import type { ProgressCallback } from "../progress.ts";
-import { f32BitsToF16Bits } from "./fp16.ts";
-import { type HfArch, type HfDtype, type HfModelShape, loopserveTensorShapes, ouroName } from "./hf_checkpoint.ts";
-import { fillNormal, streamState } from "./normal_stream.ts";
-import { DTYPE_SIZES, ModelFormatError, type TensorSpec, writeSafetensorsStream } from "./safetensors.ts";
+import type { ProgressCallback } from "../../src/progress.ts";
+import { f32BitsToF16Bits } from "../../src/model/fp16.ts";
+import { type HfArch, type HfDtype, type HfModelShape, loopserveTensorShapes, ouroName } from "../../src/model/hf_checkpoint.ts";
+import { fillNormal, streamState } from "../../src/model/normal_stream.ts";
+import { DTYPE_SIZES, ModelFormatError, type TensorSpec, writeSafetensorsStream } from "../../src/model/safetensors.ts";
+import { BYTE_CHARS } from "../../src/tokenizer/byte_chars.ts";
 
 export interface HfFixtureOptions {
   arch?: HfArch; // default "ouro"
@@ -67,15 +68,6 @@ function f32ToBf16Bits(f: number): number {
 
 // ---- tokenizer ----
 
-/** GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to U+0100.. */
-function byteToUnicode(): string[] {
-  const table = new Array<string>(256);
-  const printable = (b: number) => (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-  let n = 0;
-  for (let b = 0; b < 256; b++) table[b] = String.fromCodePoint(printable(b) ? b : 256 + n++);
-  return table;
-}
-
 /** Special tokens at ids 0..2, as in Ouro's (SmolLM2's) tokenizer. */
 export const FIXTURE_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] as const;
 const FIXTURE_MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s", "r e", "a n"];
@@ -88,7 +80,7 @@ const FIXTURE_MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "�
 export function fixtureTokenizerJson(): string {
   const vocab: Record<string, number> = {};
   FIXTURE_SPECIAL_TOKENS.forEach((t, i) => (vocab[t] = i));
-  for (const ch of byteToUnicode()) vocab[ch] = Object.keys(vocab).length;
+  for (const ch of BYTE_CHARS) vocab[ch] = Object.keys(vocab).length;
   for (const m of FIXTURE_MERGES) vocab[m.replace(" ", "")] = Object.keys(vocab).length;
   const byteLevel = { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true };
   return JSON.stringify(

@@ -1,15 +1,15 @@
 // Engine throughput: prefill and decode tokens/s of the C kernels on a model
 // file, one row per thread count (`loopserve bench`, `bun run bench`).
 import { join } from "node:path";
-import { formatProfile, NativeModel } from "../engine/binding.ts";
-import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "../engine/library.ts";
-import { GREEDY, type SimdChoice } from "../engine/types.ts";
-import type { ProgressCallback } from "../progress.ts";
+import { formatProfile, NativeModel } from "../../engine/binding.ts";
+import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "../../engine/library.ts";
+import { GREEDY, type SimdChoice } from "../../engine/types.ts";
+import type { ProgressCallback } from "../../progress.ts";
 import { promptOf } from "./models.ts";
 import { median, type Row } from "./table.ts";
 
 /** The kernel library of this checkout, or the one embedded in the executable. */
-export function kernelLibrary(buildDir = join(import.meta.dir, "..", "..", "build")): string {
+export function kernelLibrary(buildDir = join(import.meta.dir, "..", "..", "..", "build")): string {
   return resolveKernelLibrary(buildDir, CPU_LIBRARY_NAME, cacheDirCandidates());
 }
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bun
-// loopserve command line: `serve` (default), `model ...`, `--version`, `--help`.
-import pkg from "../package.json" with { type: "json" };
+// loopserve command line: `serve` (default), `model ...`, `tokenize`, `bench`,
+// `--version`, `--help`; each command lives in its own module beside this one.
+import pkg from "../../package.json" with { type: "json" };
 
 const USAGE = `loopserve ${pkg.version} — serves a weight-shared looped transformer over HTTP
 
@@ -24,11 +25,11 @@ export async function main(argv: string[]): Promise<number> {
     case "serve":
       return (await import("./serve.ts")).runServe(rest);
     case "model":
-      return (await import("./model_cli.ts")).runModelCommand(rest);
+      return (await import("./model.ts")).runModelCommand(rest);
     case "tokenize":
-      return (await import("./data/tokenize.ts")).runTokenizeCommand(rest);
+      return (await import("./tokenize.ts")).runTokenizeCommand(rest);
     case "bench":
-      return (await import("./bench/cli.ts")).runBench(rest);
+      return (await import("./bench/command.ts")).runBench(rest);
     case "--version":
     case "-v":
       console.log(pkg.version);

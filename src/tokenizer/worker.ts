@@ -1,9 +1,9 @@
-// Entry point of a tokenizer pool worker (src/tokenizer_pool.ts): its own
+// Entry point of a tokenizer pool worker (src/tokenizer/pool.ts): its own
 // Tokenizer built from the same description (GPT-2's ranks or the model's
 // tokenizer.json), encoding one text at a time within a token
 // limit.
 import { Tokenizer } from "./tokenizer.ts";
-import type { WorkerReply, WorkerRequest } from "./tokenizer_pool.ts";
+import type { WorkerReply, WorkerRequest } from "./pool.ts";
 
 declare const self: Worker;
 

@@ -8,7 +8,7 @@
 //   cannot find its WASM: it must be imported as a file from tiktoken/lite and
 //   instantiated from its bytes);
 // - a model's own byte-level BPE from the Hugging Face tokenizer.json its file
-//   carries (src/tokenizer_hf.ts, docs/tokenizers.md).
+//   carries (src/tokenizer/hf_bpe.ts, docs/tokenizers.md).
 // The tokenizer also carries the model's text conventions: the ids that end
 // generation, the id put before every text prompt, the chat format.
 //
@@ -28,9 +28,9 @@ import { join } from "node:path";
 import wasmFile from "tiktoken/lite/tiktoken_bg.wasm" with { type: "file" };
 import gpt2 from "tiktoken/encoders/gpt2.json" with { type: "json" };
 import { init, Tiktoken } from "tiktoken/lite/init";
-import { TokenCountBound } from "./tokenizer_bound.ts";
-import { HfByteLevelBpe, HfTokenizerError } from "./tokenizer_hf.ts";
-import { type LimitedIds, TokenizerCancelledError, TokenizerClosedError, TokenizerPool, type TokenizerSpec } from "./tokenizer_pool.ts";
+import { TokenCountBound } from "./count_bound.ts";
+import { HfByteLevelBpe, HfTokenizerError } from "./hf_bpe.ts";
+import { type LimitedIds, TokenizerCancelledError, TokenizerClosedError, TokenizerPool, type TokenizerSpec } from "./pool.ts";
 
 export const RANK_FILE_NAME = "gpt2.tiktoken";
 export const END_OF_TEXT = "<|endoftext|>";
@@ -408,7 +408,7 @@ export class Tokenizer {
   /**
    * encode(), stopped as soon as the text is known to have more than `limit`
    * tokens: refused at once when even the fewest tokens its bytes could make
-   * are too many (src/tokenizer_bound.ts), else encoded step by step until
+   * are too many (src/tokenizer/count_bound.ts), else encoded step by step until
    * the ids so far plus the fewest the rest could make pass the limit.
    */
   encodeWithin(text: string, limit: number): LimitedIds {

@@ -1,9 +1,8 @@
-// A model file's metadata selects its tokenizer (src/text/model_tokenizer.ts):
+// A model file's metadata selects its tokenizer (src/tokenizer/from_metadata.ts):
 // GPT-2's by default, else its own tokenizer.json, checked against the
 // model's vocabulary, with its end and beginning ids and chat format.
 import { describe, expect, test } from "bun:test";
-import { ModelFormatError } from "../../src/model/safetensors.ts";
-import { loadModelTokenizer } from "../../src/text/model_tokenizer.ts";
+import { loadModelTokenizer, ModelTokenizerError } from "../../src/tokenizer/from_metadata.ts";
 import { bpeMetadata } from "../helpers/tokenizer_json.ts";
 
 const WHERE = "/models/m.safetensors";
@@ -11,7 +10,7 @@ const load = (meta: Record<string, string>) => loadModelTokenizer({ vocab_size: 
 
 async function refusal(meta: Record<string, string>): Promise<string> {
   const err = await load(meta).catch((e) => e);
-  expect(err).toBeInstanceOf(ModelFormatError);
+  expect(err).toBeInstanceOf(ModelTokenizerError);
   expect(err.message).toStartWith(`${WHERE}: metadata: `);
   return err.message as string;
 }
@@ -50,11 +49,11 @@ describe("the model file's tokenizer", () => {
 
   test("a tokenizer with ids past the model's vocabulary is refused", async () => {
     const err = await loadModelTokenizer({ ...bpeMetadata(), vocab_size: "1000" }, WHERE).catch((e) => e);
-    expect(err).toBeInstanceOf(ModelFormatError);
+    expect(err).toBeInstanceOf(ModelTokenizerError);
     expect(err.message).toContain("tokenizer_json has token ids up to 1999, outside the model's vocabulary [0, 1000) (vocab_size must be at least 2000)");
   });
 
-  test("a refused tokenizer.json is a ModelFormatError naming the piece", async () => {
+  test("a refused tokenizer.json is a ModelTokenizerError naming the piece", async () => {
     const json = JSON.parse(bpeMetadata().tokenizer_json);
     json.normalizer = { type: "Lowercase" };
     expect(await refusal(bpeMetadata({ tokenizer_json: JSON.stringify(json) }))).toContain(`tokenizer_json: tokenizer.json normalizer: type "Lowercase" is not supported`);

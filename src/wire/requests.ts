@@ -1,6 +1,6 @@
 // Request bodies as TypeBox schemas: the one source of each request's static
 // type (Static<>), its validation and its bounds. Shape failures (missing
-// property, wrong type) become 422 and bound failures 400 in errors.ts.
+// property, wrong type) become 422 and bound failures 400 in src/http/errors.ts.
 //
 // Optional fields also accept null, meaning "unset" (several optional fields
 // default to null, and many clients send null for "not set").
@@ -8,7 +8,7 @@ import { type Static, type TSchema, Type as T } from "@sinclair/typebox";
 import { LS_MAX_LOOPS } from "../abi/abi.generated.ts";
 import { MAX_TOP_LOGPROBS } from "../engine/logprobs.ts";
 import { SPEC_LIMITS } from "../engine/spec_plan.ts";
-import { GenerationModeSchema } from "../wire/responses.ts";
+import { GenerationModeSchema } from "./responses.ts";
 
 const optional = <S extends TSchema>(schema: S) => T.Optional(T.Union([schema, T.Null()]));
 

@@ -1,5 +1,5 @@
 // Worker threads that run the tokenizer's encode off the event loop
-// (src/tokenizer_worker.ts is their entry point). The workers start together
+// (src/tokenizer/worker.ts is their entry point). The workers start together
 // on first use and take one text at a time from a queue, in order. A heavy text (a long
 // run without spaces, whose BPE cost is its square) may occupy all workers
 // but one, so an ordinary prompt never waits behind two of them. An encode
@@ -14,7 +14,7 @@ export class TokenizerClosedError extends Error {}
 /** An encode stopped because its signal aborted. */
 export class TokenizerCancelledError extends Error {}
 
-/** A tokenizer's description (src/tokenizer.ts), from which each worker builds its own copy. */
+/** A tokenizer's description (src/tokenizer/tokenizer.ts), from which each worker builds its own copy. */
 export type TokenizerSpec = { kind: "gpt2"; tokenizerHome: string | null } | { kind: "bpe"; json: string };
 
 /** A text's ids, or, once they passed the limit, how many it has at least. */
@@ -50,7 +50,7 @@ interface PoolWorker {
   job: Job | null;
 }
 
-const WORKER_URL = new URL("./tokenizer_worker.ts", import.meta.url);
+const WORKER_URL = new URL("./worker.ts", import.meta.url);
 
 export class TokenizerPool {
   private readonly workers: PoolWorker[] = [];

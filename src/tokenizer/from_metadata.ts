@@ -9,9 +9,11 @@
 //   bos_token_id    an id put before every text prompt (optional)
 // Every id must be inside the model's vocabulary (metadata vocab_size): the
 // model has no embedding for an id past it, so a tokenizer that can produce
-// one is refused. Errors are ModelFormatErrors naming the file and the key.
-import { ModelFormatError } from "../model/safetensors.ts";
-import { type ChatFormat, type TextConventions, Tokenizer, TokenizerError } from "../tokenizer.ts";
+// one is refused. Errors are ModelTokenizerErrors naming the file and the key.
+import { type ChatFormat, type TextConventions, Tokenizer, TokenizerError } from "./tokenizer.ts";
+
+/** Tokenizer metadata a model file cannot be served with; the message names the file and the key. */
+export class ModelTokenizerError extends Error {}
 
 /** The keys only a model with its own tokenizer has. */
 const BPE_KEYS = ["tokenizer_json", "chat_format", "chat_template", "eos_token_ids", "bos_token_id"];
@@ -27,7 +29,7 @@ const ID = /^(0|[1-9][0-9]{0,8})$/;
  */
 export async function loadModelTokenizer(meta: Record<string, string>, where: string, tokenizerHome: string | null = null): Promise<Tokenizer> {
   const bad = (msg: string): never => {
-    throw ModelFormatError.about(where, `metadata: ${msg}`);
+    throw new ModelTokenizerError(`${where}: metadata: ${msg}`);
   };
   const kind = meta.tokenizer ?? "gpt2";
   if (kind === "gpt2") {

@@ -2,7 +2,7 @@ import { beforeAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { IncrementalDetokenizer, RANK_FILE_NAME, TokenLimitExceeded, Tokenizer, TokenizerCancelledError, TokenizerClosedError, TokenizerError } from "../src/tokenizer.ts";
+import { IncrementalDetokenizer, RANK_FILE_NAME, TokenLimitExceeded, Tokenizer, TokenizerCancelledError, TokenizerClosedError, TokenizerError } from "../../src/tokenizer/tokenizer.ts";
 
 let tok: Tokenizer;
 beforeAll(async () => {

@@ -7,7 +7,7 @@
 // position, a token is at most 128 bytes long). A prompt whose bound is over
 // the context is refused without running BPE at all; one within it is
 // encoded piece by piece and stopped as soon as the ids so far plus the
-// bound of the rest pass the limit (src/tokenizer.ts).
+// bound of the rest pass the limit (src/tokenizer/tokenizer.ts).
 
 /** The token byte strings of a vocabulary as a trie, its edges in flat arrays. */
 export class TokenCountBound {

@@ -1,6 +1,6 @@
 // `loopserve bench`: prefill and decode tokens/s of this build on a model
 // file (or a generated benchmark-shape model), at each requested thread count.
-import { withProgress } from "../progress.ts";
+import { withProgress } from "../../progress.ts";
 import { measureEngine } from "./engine.ts";
 import { benchModel } from "./models.ts";
 import { printTable } from "./table.ts";

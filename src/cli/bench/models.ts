@@ -2,7 +2,7 @@
 import { existsSync, mkdirSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { writeSyntheticModel, type SyntheticOptions } from "../model/synthetic.ts";
+import { writeSyntheticModel, type SyntheticOptions } from "../../model/synthetic.ts";
 
 /** The benchmark shape: dim 768, 12 heads, ffn 2048, GPT-2 vocab, loops 8. */
 export const BENCH_SHAPE: SyntheticOptions = {

@@ -3,18 +3,18 @@
 // process: it logs why and answers 503 on /healthz and every generation
 // endpoint, so an orchestrator sees an unhealthy service with a reason
 // rather than a crash loop. A bad configuration does stop it (exit 2).
-import { type Config, ConfigError, type ConfigFlags, kvCacheBudgetMb, loadConfig } from "./config.ts";
-import { Engine } from "./engine/engine.ts";
-import { frontDoor } from "./http/front_door.ts";
-import { log } from "./log.ts";
-import { quantMixNote } from "./model/format.ts";
-import { ServiceMetrics } from "./metrics.ts";
-import { Scheduler } from "./scheduler/scheduler.ts";
-import { withAbsoluteUrl } from "./http/request_url.ts";
-import { createApp } from "./server.ts";
-import { ModelFormatError, readSafetensors } from "./model/safetensors.ts";
-import { loadModelTokenizer } from "./text/model_tokenizer.ts";
-import { Tokenizer, TokenizerError } from "./tokenizer.ts";
+import { type Config, ConfigError, type ConfigFlags, kvCacheBudgetMb, loadConfig } from "../config.ts";
+import { Engine } from "../engine/engine.ts";
+import { frontDoor } from "../http/front_door.ts";
+import { log } from "../log.ts";
+import { quantMixNote } from "../model/format.ts";
+import { ServiceMetrics } from "../metrics.ts";
+import { Scheduler } from "../scheduler/scheduler.ts";
+import { withAbsoluteUrl } from "../http/request_url.ts";
+import { createApp } from "../http/app.ts";
+import { ModelFormatError, readSafetensors } from "../model/safetensors.ts";
+import { loadModelTokenizer, ModelTokenizerError } from "../tokenizer/from_metadata.ts";
+import { Tokenizer, TokenizerError } from "../tokenizer/tokenizer.ts";
 
 const USAGE = `usage: loopserve serve [--host HOST] [--port PORT]
 
@@ -94,7 +94,7 @@ async function loadTokenizer(config: Config): Promise<{ tokenizer: Tokenizer; lo
     try {
       return { tokenizer: await loadModelTokenizer(meta, config.modelPath, config.tokenizerHome), loadError: null };
     } catch (e) {
-      if (!(e instanceof ModelFormatError)) throw e;
+      if (!(e instanceof ModelTokenizerError)) throw e;
       return { tokenizer: await Tokenizer.load(config.tokenizerHome), loadError: e.message };
     }
   }

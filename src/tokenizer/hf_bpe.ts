@@ -3,7 +3,7 @@
 // gives the ids of the `tokenizers` library's `encode(text)` (what
 // `tokenizer(text)` gives in transformers): added tokens (special or not,
 // <|im_start|> included) are matched in the text first, the text between
-// them is normalized, pre-tokenized (src/tokenizer_pretokenize.ts) and each piece
+// them is normalized, pre-tokenized (src/tokenizer/pretokenize.ts) and each piece
 // BPE-merged by merge rank.
 //
 // Only the configurations byte-level BPE models use are accepted; any other
@@ -25,22 +25,14 @@ import {
   splitStage,
   type Stage,
   translatePattern,
-} from "./tokenizer_pretokenize.ts";
+} from "./pretokenize.ts";
+import { BYTE_CHARS } from "./byte_chars.ts";
 
 export class HfTokenizerError extends Error {}
 
 const EMPTY = new Uint8Array(0);
 
 // ---- GPT-2's byte <-> character mapping ----
-
-/** The character each byte stands for in byte-level vocabularies (GPT-2's bytes_to_unicode). */
-export const BYTE_CHARS: readonly string[] = (() => {
-  const printable = (b: number) => (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-  const out: string[] = [];
-  let n = 0;
-  for (let b = 0; b < 256; b++) out.push(String.fromCharCode(printable(b) ? b : 256 + n++));
-  return out;
-})();
 
 const CHAR_BYTE = new Map(BYTE_CHARS.map((c, b) => [c, b]));
 
@@ -188,7 +180,7 @@ function parseAddedTokens(node: unknown): AddedToken[] {
     if (!Number.isInteger(t.id) || (t.id as number) < 0) fail(w, `id must be a non-negative integer, got ${JSON.stringify(t.id)}`);
     if (typeof t.content !== "string" || t.content === "") fail(w, "content must be a non-empty string");
     // Stripping would let one token take any amount of whitespace, which the
-    // prompt-length bounds (src/tokenizer_bound.ts) cannot allow for.
+    // prompt-length bounds (src/tokenizer/count_bound.ts) cannot allow for.
     only(t, "lstrip", [false], w);
     only(t, "rstrip", [false], w);
     const special = bool(t, "special", false, w);
