@@ -1,6 +1,6 @@
 // Stacked models (format version 2): n_layers distinct layers applied each
 // step, sandwich norms, a norm after every step, the learned exit gate. The
-// kernels against the float64 reference (test/reference/stack.ts) at every
+// kernels against the float64 reference (test/reference/forward.ts) at every
 // depth, with and without early exit (exit decisions equal token by
 // token); and every feature of single-block models on a stack: batches of
 // mixed depths, exits and cache modes bit-identical to each row alone,
@@ -16,8 +16,7 @@ import { readSafetensors, type TensorToWrite, writeSafetensors } from "../../src
 import { expectSameAsSolo, plans } from "../helpers/batch.ts";
 import { ensureLibrary, feedInCalls, relErr, supportedPaths, tokensFor, withModel } from "../helpers/kernels.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
-import { argmax } from "../reference/forward.ts";
-import { StackReference } from "../reference/stack.ts";
+import { argmax, ReferenceModel } from "../reference/forward.ts";
 
 const VOCAB = 384;
 const TOL = 1e-3; // max|c - r| / max|r| against the float64 reference
@@ -49,17 +48,17 @@ function decode(m: NativeModel, prompt: number[], loops: number, n: number, exit
 }
 
 /** The reference's greedy decoding, as decode. */
-function referenceDecode(ref: StackReference, prompt: number[], loops: number, n: number, exitThreshold = 0) {
+function referenceDecode(ref: ReferenceModel, prompt: number[], loops: number, n: number, exitThreshold = 0) {
   const s = ref.session(loops);
   for (const t of prompt.slice(0, -1)) s.feed(t);
   const out = { tokens: [] as number[], logits: [] as Float32Array[], steps: [] as number[] };
-  let r = s.feed(prompt[prompt.length - 1], exitThreshold);
+  let logits = s.feed(prompt[prompt.length - 1], exitThreshold);
   while (out.tokens.length < n) {
-    const t = argmax(r.logits);
+    const t = argmax(logits);
     out.tokens.push(t);
-    out.logits.push(r.logits);
-    out.steps.push(r.steps);
-    if (out.tokens.length < n) r = s.feed(t, exitThreshold);
+    out.logits.push(logits);
+    out.steps.push(s.lastSteps);
+    if (out.tokens.length < n) logits = s.feed(t, exitThreshold);
   }
   return out;
 }
@@ -68,7 +67,7 @@ describe("a stack against the float64 reference", () => {
   for (const [name, opts] of [["Ouro-like (sandwich, step norm, gate)", OURO_LIKE], ["plain two-layer stack", PLAIN_STACK]] as const) {
     test(`${name}: every position's logits at steps 1-4 and 8, prompts fed in calls of any size`, () => {
       const path = tinyModelPath(opts);
-      const ref = StackReference.load(path);
+      const ref = ReferenceModel.load(path);
       const toks = tokensFor(VOCAB, 40, 3);
       withModel(path, 2, "auto", (m) => {
         expect(m.info.nLayers).toBe(opts.nLayers as number);
@@ -77,7 +76,7 @@ describe("a stack against the float64 reference", () => {
           try {
             const got = feedInCalls(s, toks, loops, [1, 7, 32], VOCAB);
             const rs = ref.session(loops);
-            toks.forEach((t, i) => expect(relErr(got[i], rs.feed(t).logits), `steps ${loops}, position ${i}`).toBeLessThan(TOL));
+            toks.forEach((t, i) => expect(relErr(got[i], rs.feed(t)), `steps ${loops}, position ${i}`).toBeLessThan(TOL));
           } finally {
             s.close();
           }
@@ -88,7 +87,7 @@ describe("a stack against the float64 reference", () => {
 
   test("greedy decoding with and without early exit: tokens and the steps each ran equal the reference's", () => {
     const path = tinyModelPath(OURO_LIKE);
-    const ref = StackReference.load(path);
+    const ref = ReferenceModel.load(path);
     const prompt = tokensFor(VOCAB, 12, 8);
     withModel(path, 2, "auto", (m) => {
       expect(m.info.exitGate).toBe(true);
