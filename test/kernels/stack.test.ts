@@ -1,12 +1,11 @@
 // Stacked models (format version 2): n_layers distinct layers applied each
 // step, sandwich norms, a norm after every step, the learned exit gate. The
 // kernels against the float64 reference (test/reference/forward.ts) at every
-// depth, with and without early exit (exit decisions equal token by
-// token), in every weight format and key/value cache mode; and every
-// feature of single-block models on a stack: batches of
-// mixed depths, exits and cache modes bit-identical to each row alone,
-// self-speculative decoding equal to plain decoding, int4 weights, prefix
-// copies, windows.
+// depth, with and without early exit (exit decisions equal token by token),
+// in every weight format and key/value cache mode; and every feature of
+// single-block models on a stack: batches of mixed depths, exits and cache
+// modes bit-identical to each row alone, self-speculative decoding equal to
+// plain decoding, int4 weights, prefix copies, windows.
 import { beforeAll, describe, expect, test } from "bun:test";
 import { join } from "node:path";
 import { FP16_CACHE, type KvCacheSettings, NativeError, type NativeModel, type NativeSession } from "../../src/engine/binding.ts";

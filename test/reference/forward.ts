@@ -23,7 +23,8 @@
 //       K[u][pos], V[u][pos] = fp16(k), fp16(v)  (or the cache mode's stored rows)
 //       a = attention(q, K[u], V[u]) · Wo_i^T;  sandwich: a = rmsnorm(a, attn_out_norm_i)
 //       h += a
-//       f = (silu(x·W1_i^T) * (x·W3_i^T)) · W2_i^T with x = rmsnorm(h, ffn_norm_i);  sandwich: f = rmsnorm(f, ffn_out_norm_i)
+//       x = rmsnorm(h, ffn_norm_i)
+//       f = (silu(x·W1_i^T) * (x·W3_i^T)) · W2_i^T;  sandwich: f = rmsnorm(f, ffn_out_norm_i)
 //       h += f
 //     step_norm: h = rmsnorm(h, norm)
 //     exit gate (a threshold given, the step not the last): lambda = sigmoid(h·w + b); stop once
