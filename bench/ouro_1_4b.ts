@@ -1,7 +1,7 @@
 // The Ouro-1.4B target end to end: a random-weight checkpoint of Ouro-1.4B's
 // shape in Hugging Face layout (24 layers, hidden 2048, ffn 5632, 16 heads,
 // T = 4, vocab 49152, bf16, 3 shards) is written, imported, checked against
-// the float64 reference (test/reference/stack.ts), served by a real server
+// the float64 reference (test/reference/forward.ts), served by a real server
 // process to the official openai client, quantized to int4 and decoded at
 // kernel level. Prints a summary table; deletes the big files at the end.
 //
@@ -20,8 +20,7 @@ import OpenAI from "openai";
 import { NativeModel } from "../src/engine/binding.ts";
 import { GREEDY } from "../src/engine/types.ts";
 import { OURO_1_4B, writeHfFixture } from "../test/helpers/hf_fixture.ts";
-import { argmax, relErr } from "../test/reference/forward.ts";
-import { StackReference } from "../test/reference/stack.ts";
+import { argmax, ReferenceModel, relErr } from "../test/reference/forward.ts";
 
 function flag(name: string, dflt: string): string {
   const i = process.argv.indexOf(name);
@@ -282,7 +281,7 @@ try {
 
   await phase("(3b) float64 reference vs fp16 kernels", () => {
     let t0 = performance.now();
-    const ref = StackReference.load(fp16Path);
+    const ref = ReferenceModel.load(fp16Path);
     note("reference load", `${secs(t0).toFixed(1)} s, process RSS ${mib(process.memoryUsage().rss)}`);
     // steps 1 (cheap)
     t0 = performance.now();
@@ -291,7 +290,7 @@ try {
     PROMPT.forEach((tok, i) => {
       const r = s1.feed(tok);
       const k = kernel.steps1[i];
-      errs1.push(`${relErr(k, r.logits).toExponential(2)}${argmax(k) === argmax(r.logits) ? "" : `(argmax ${argmax(k)}!=${argmax(r.logits)})`}`);
+      errs1.push(`${relErr(k, r).toExponential(2)}${argmax(k) === argmax(r) ? "" : `(argmax ${argmax(k)}!=${argmax(r)})`}`);
     });
     note("steps 1: relErr per position (argmax all equal unless noted)", `${errs1.join(", ")}  [reference ${secs(t0).toFixed(0)} s]`);
     // steps 4
@@ -303,9 +302,9 @@ try {
       const t1 = performance.now();
       const r = s4.feed(tok);
       const k = kernel.steps4[i];
-      const same = argmax(k) === argmax(r.logits);
+      const same = argmax(k) === argmax(r);
       allArgmax &&= same;
-      errs4.push(`${relErr(k, r.logits).toExponential(2)}${same ? "" : `(argmax ${argmax(k)}!=${argmax(r.logits)})`}`);
+      errs4.push(`${relErr(k, r).toExponential(2)}${same ? "" : `(argmax ${argmax(k)}!=${argmax(r)})`}`);
       log(`  reference steps 4, position ${i}: ${secs(t1).toFixed(1)} s`);
     });
     note("steps 4: relErr per position", `${errs4.join(", ")}; argmax all equal: ${allArgmax}  [reference ${secs(t0).toFixed(0)} s]`);
@@ -321,11 +320,11 @@ try {
     let r = sg.feed(PROMPT[PROMPT.length - 1], EXIT);
     const kg = kernel.greedy;
     while (want.tokens.length < GEN) {
-      const t = argmax(r.logits);
+      const t = argmax(r);
       const i = want.tokens.length;
       want.tokens.push(t);
-      want.steps.push(r.steps);
-      if (kg && kg.logits[i]) want.errs.push(relErr(kg.logits[i], r.logits).toExponential(2));
+      want.steps.push(sg.lastSteps);
+      if (kg && kg.logits[i]) want.errs.push(relErr(kg.logits[i], r).toExponential(2));
       // feed the kernel's token (the same unless they diverged) so positions stay comparable
       if (want.tokens.length < GEN) r = sg.feed(kg ? kg.tokens[i] : t, EXIT);
     }

@@ -9,8 +9,8 @@
 //     of nesting, duplicate keys, "__proto__" as a name).
 // Each image is written to a file, validated and described as the server
 // does before the kernel library sees it (describeModelFile), then loaded
-// the way the TypeScript side loads a model (ReferenceModel.load's dispatch:
-// loadModelFile or loadQuantModelFile). It must load or be refused with a
+// the way the TypeScript side loads a single-block model's weights
+// (loadModelFile or loadQuantModelFile). It must load or be refused with a
 // ModelFormatError that has a message; any other exception (TypeError,
 // RangeError, ...) or a load that takes seconds is a finding.
 import fc from "fast-check";

@@ -18,8 +18,7 @@ import { GREEDY } from "../../src/engine/types.ts";
 import { withModel } from "../helpers/kernels.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
 import { serverForTests } from "../helpers/server.ts";
-import { argmax } from "../reference/forward.ts";
-import { StackReference } from "../reference/stack.ts";
+import { argmax, ReferenceModel } from "../reference/forward.ts";
 
 const STEPS = 4;
 const EOS = [0, 2]; // <|endoftext|>, <|im_end|>: the fixture tokenizer's end ids
@@ -38,16 +37,16 @@ const server = serverForTests({ modelPath: MODEL_PATH, env: { SERVICE_MAX_SEQ_LE
 
 /** The reference's greedy tokens (and steps) after `prompt`, stopping at an end id as the server does. */
 function referenceGreedy(prompt: number[], n: number, exitThreshold = 0): { tokens: number[]; steps: number[] } {
-  const s = StackReference.load(MODEL_PATH).session(STEPS);
+  const s = ReferenceModel.load(MODEL_PATH).session(STEPS);
   for (const t of prompt.slice(0, -1)) s.feed(t);
-  let r = s.feed(prompt[prompt.length - 1], exitThreshold);
+  let logits = s.feed(prompt[prompt.length - 1], exitThreshold);
   const out = { tokens: [] as number[], steps: [] as number[] };
   while (out.tokens.length < n) {
-    const t = argmax(r.logits);
+    const t = argmax(logits);
     if (EOS.includes(t)) break;
     out.tokens.push(t);
-    out.steps.push(r.steps);
-    r = s.feed(t, exitThreshold);
+    out.steps.push(s.lastSteps);
+    logits = s.feed(t, exitThreshold);
   }
   return out;
 }

@@ -1,7 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { join } from "node:path";
 import { f16ArrayToF32, f64ArrayToF16, roundToF16 } from "../../src/model/fp16.ts";
-import { SINGLE_BLOCK, configToMetadata, expectedTensorShapes, type ModelConfig } from "../../src/model/format.ts";
+import { SINGLE_BLOCK, configToMetadata, expectedTensorShapes, formatVersionOf, type ModelConfig, type ModelShape } from "../../src/model/format.ts";
 import { readSafetensors, type TensorToWrite, writeSafetensors } from "../../src/model/safetensors.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
 import { applyRope, argmax, ReferenceModel } from "./forward.ts";
@@ -12,15 +12,21 @@ let n = 0;
 const tmp = (name: string) => join(testTempDir(), `ref-${n++}-${name}.safetensors`);
 
 type Dims = Pick<ModelConfig, "dim" | "nHeads" | "nKvHeads" | "ffnDim" | "vocabSize"> & { normEps?: number };
+/** A stack's layout (default: a single block) and whether it has an exit gate. */
+type Layout = Partial<Pick<ModelShape, "nLayers" | "normLayout" | "stepNorm">> & { exitGate?: boolean };
 
 /**
- * Writes a model with hand-chosen weights (values must be exact in fp16).
- * Matrices default to zero, norms to one; `output` absent = tied.
+ * Writes a model with hand-chosen weights (values must be exact in fp16),
+ * named as in the file without ".weight" ("wv" in a single block,
+ * "layers.1.wv" in a stack). Matrices default to zero, norms to one;
+ * `output` absent = tied.
  */
-function handModel(d: Dims, w: Record<string, number[]>, tied = false): ReferenceModel {
+function handModel(d: Dims, w: Record<string, number[]>, tied = false, layout: Layout = {}): ReferenceModel {
+  const { exitGate = false, ...stack } = layout;
+  const stackShape = { ...SINGLE_BLOCK, ...stack };
   const base = {
     arch: "looped-llama" as const,
-    formatVersion: 1 as const,
+    formatVersion: formatVersionOf(stackShape, exitGate),
     ...d,
     headDim: d.dim / d.nHeads,
     defaultLoops: 1,
@@ -29,11 +35,11 @@ function handModel(d: Dims, w: Record<string, number[]>, tied = false): Referenc
     normEps: d.normEps ?? 1e-5,
     quant: "fp16" as const,
     groupSize: 0,
-    ...SINGLE_BLOCK,
+    ...stackShape,
     quantMix: {},
   };
   const tensors: TensorToWrite[] = [];
-  for (const [name, shape] of expectedTensorShapes(base)) {
+  for (const [name, shape] of expectedTensorShapes(base, exitGate)) {
     if (name === "output.weight" && tied) continue;
     const count = shape.reduce((a, b) => a * b, 1);
     const key = name.replace(/^block\./, "").replace(/\.weight$/, "");
@@ -197,6 +203,70 @@ describe("reference forward pass: hand-computed cases", () => {
   });
 });
 
+// ---- stacks: layers, sandwich and step norms, the exit gate ----
+
+describe("reference forward pass: stacks", () => {
+  // dim 4, one head; Wq = Wk = 0 and Wv = Wo = I: a lone token's attention output is its own cached value row.
+  const D4 = { dim: 4, nHeads: 1, nKvHeads: 1, ffnDim: 4, vocabSize: 4 };
+  const E = [1, 2, 3, 4, /**/ -1, 0.5, 0, 2, /**/ 4, -2, 1, 0.25, /**/ 0, 0, 1, 0];
+  const eps = 1e-5;
+  const normed = (x: number[], w: number[]) => rmsnormPlain(x, eps).map((v, i) => v * w[i]);
+
+  test("sandwich norms norm each sublayer's output before the residual add, each layer with its own weights; the step norm norms h after every step, and the head norms no further", () => {
+    const outNorms = [[1, 2, 1, 1], [1, 1, 0.5, 1]];
+    const stepNorm = [1, 1, 1, 2];
+    const w: Record<string, number[]> = { tok_embeddings: E, norm: stepNorm, output: eye(4) };
+    for (const i of [0, 1]) Object.assign(w, { [`layers.${i}.wv`]: eye(4), [`layers.${i}.wo`]: eye(4), [`layers.${i}.attn_out_norm`]: outNorms[i] });
+    const m = handModel(D4, w, false, { nLayers: 2, normLayout: "sandwich", stepNorm: true });
+    for (const loops of [1, 2])
+      for (const t of [0, 2]) {
+        let h = E.slice(t * 4, t * 4 + 4);
+        for (let step = 0; step < loops; step++) {
+          for (const i of [0, 1]) {
+            const a = normed(rmsnormPlain(h, eps).map(roundToF16), outNorms[i]); // the fp16 value row, sandwich-normed
+            h = h.map((x, j) => x + a[j]); // the feed-forward adds rmsnorm(0) = 0 (W2 = 0)
+          }
+          h = normed(h, stepNorm);
+        }
+        expectClose(m.forward([t], loops)[0], h, 3e-7);
+      }
+  });
+
+  test("the exit gate: the token stops after the first step whose cumulative exit probability reaches the threshold, with that depth's logits; the deeper units of each layer hold the exit step's keys and values", () => {
+    // gate weight 0, bias 0: lambda = 1/2 after every step, so the exit probability by step s is 0.5, 0.75, 0.875, ...
+    const w = { tok_embeddings: E, "layers.0.wk": eye(4), "layers.0.wv": eye(4), "layers.1.wv": eye(4), output: eye(4) };
+    const m = handModel(D4, w, false, { nLayers: 2, stepNorm: true, exitGate: true });
+    for (const [threshold, steps] of [[0.5, 1], [0.7, 2], [0.75, 2], [0.9, 4], [1, 4], [0, 4]]) {
+      const s = m.session(4);
+      s.feed(1);
+      const logits = s.feed(3, threshold);
+      expect(s.lastSteps, `threshold ${threshold}`).toBe(steps);
+      expect(logits).toEqual(m.forward([1, 3], steps)[1]);
+      // unit u = step * 2 + layer; the units past the exit step copy the exit step's rows of the same layer
+      for (let u = 2 * steps; u < 8; u++) {
+        expect(s.keys[u][1]).toBe(s.keys[2 * (steps - 1) + (u % 2)][1]);
+        expect(s.values[u][1]).toBe(s.values[2 * (steps - 1) + (u % 2)][1]);
+      }
+      expect(s.keys.map((unit) => unit.length)).toEqual(new Array(8).fill(2));
+    }
+    for (const bad of [-0.1, 1.5, Number.NaN]) expect(() => m.session(2).feed(0, bad)).toThrow(RangeError);
+  });
+
+  test("rollback truncates every cache unit of a stack; feeding on equals a fresh session, exits included", () => {
+    const ref = ReferenceModel.load(tinyModelPath({ vocabSize: 384, loops: 4, seed: 17, nLayers: 3, sandwichNorm: true, stepNorm: true, exitGate: true }));
+    const toks = PROMPT.map((t) => t % 384);
+    const s = ref.session(3);
+    const steps = toks.slice(0, 8).map((t) => (s.feed(t, 0.5), s.lastSteps));
+    expect(new Set(steps).size).toBeGreaterThan(1); // real exits
+    s.rollback(4);
+    expect(s.keys.map((unit) => unit.length)).toEqual(new Array(9).fill(4));
+    const tail = toks.slice(10).map((t) => s.feed(t, 0.5));
+    const fresh = ref.session(3);
+    const want = [...toks.slice(0, 4), ...toks.slice(10)].map((t) => fresh.feed(t, 0.5));
+    tail.forEach((l, i) => expect(l).toEqual(want[4 + i]));
+  });
+});
+
 // ---- properties of a synthetic model (GQA: 4 query heads over 2 kv heads) ----
 
 describe("reference forward pass: properties", () => {
@@ -310,5 +380,6 @@ describe("reference forward pass: properties", () => {
     expect(() => ref.forward([1], 0)).toThrow(RangeError);
     expect(() => ref.forward([1], 65)).toThrow(RangeError);
     expect(() => ref.forward([1], 1, { cacheWindow: -1 })).toThrow(RangeError);
+    expect(() => ref.session(1).feed(1, 0.5)).toThrow(RangeError); // an exit threshold needs a gate
   });
 });

@@ -1,35 +1,50 @@
 // Reference forward pass in plain TypeScript: the test oracle for the C
-// kernels (docs/kernels.md). Written to be obviously correct, not fast: one
+// kernels (docs/kernels.md, docs/model-format.md, docs/early-exit.md), for
+// every model the format describes: a stack of n_layers layers applied
+// `loops` times (steps), a single-block file being the stack of one layer
+// (its loops the steps, its cache units the loops), in every weight format
+// and key/value cache mode. Written to be obviously correct, not fast: one
 // token at a time, float64 arithmetic, no tricks. The only places it rounds
 // on purpose are where the kernels do: K and V are stored in an fp16 cache
 // (or, in a compressed cache mode, rotated / quantized exactly as the
-// kernels store them: kvcache.ts storedKvRow), and in a quantized model
-// (int4 / int2 block, int8 head) each input row of a quantized matrix is
+// kernels store them: kvcache.ts storedKvRow); each input row of a
+// quantized matrix (int4 / int2 layers, int8 / int6 / int4 head) is
 // quantized to int8 as the kernels do it (quant.ts: quantizedMatvec),
-// against the exactly dequantized weights. In the H cache modes q is
-// rotated by the same Walsh–Hadamard transform and each head's output
-// rotated back (in float64: the rotation is orthonormal).
+// against the exactly dequantized weights; and the exit gate decides in
+// fp32, as the kernels decide. In the H cache modes q is rotated by the
+// same Walsh–Hadamard transform and each head's output rotated back (in
+// float64: the rotation is orthonormal).
 //
 //   h = E[token]
-//   for l in 0..loops-1 (same weights every loop):
-//     x = rmsnorm(h, attn_norm)
-//     q, k, v = x·Wq^T, x·Wk^T, x·Wv^T; rope(q, k, pos)
-//     K[l][pos], V[l][pos] = fp16(k), fp16(v)      (or the cache mode's stored rows)
-//     h += attention(q, K[l], V[l]) · Wo^T
-//     x = rmsnorm(h, ffn_norm)
-//     h += (silu(x·W1^T) * (x·W3^T)) · W2^T
-//   logits = rmsnorm(h, norm) · Wout^T
+//   for s in 0..loops-1:                         a step
+//     for i in 0..n_layers-1:                    layer i's own weights; cache unit u = s * n_layers + i
+//       x = rmsnorm(h, attn_norm_i)
+//       q, k, v = x·Wq_i^T, x·Wk_i^T, x·Wv_i^T; rope(q, k, pos)
+//       K[u][pos], V[u][pos] = fp16(k), fp16(v)  (or the cache mode's stored rows)
+//       a = attention(q, K[u], V[u]) · Wo_i^T;  sandwich: a = rmsnorm(a, attn_out_norm_i)
+//       h += a
+//       x = rmsnorm(h, ffn_norm_i)
+//       f = (silu(x·W1_i^T) * (x·W3_i^T)) · W2_i^T;  sandwich: f = rmsnorm(f, ffn_out_norm_i)
+//       h += f
+//     step_norm: h = rmsnorm(h, norm)
+//     exit gate (a threshold given, the step not the last): lambda = sigmoid(h·w + b); stop once
+//       the cumulative exit probability reaches the threshold; the deeper units of each layer
+//       get the exit step's keys/values
+//   logits = (step_norm ? h : rmsnorm(h, norm)) · Wout^T
 
 import { f16ArrayToF32, roundToF16 } from "../../src/model/fp16.ts";
 import {
   asF16,
-  loadModelFile,
-  loadQuantModelFile,
+  layerPrefix,
   MAX_LOOPS,
+  matrixBits,
+  matrixShapes,
   type ModelConfig,
-  type ModelWeights,
   QUANT_MATRICES,
+  type QuantMatrix,
+  type QuantMatrixName,
   quantizedHead,
+  quantTensorShapes,
   validateModel,
 } from "../../src/model/format.ts";
 import { type KvCacheMode, type KvModeSpec, kvModeSpec } from "../../src/model/kvcache.ts";
@@ -37,10 +52,10 @@ import { readSafetensors } from "../../src/model/safetensors.ts";
 import { storedKvRow, whtF64 } from "./kvcache.ts";
 import { dequantize, quantizedMatvec } from "./quant.ts";
 
-// ---- building blocks (exported for tests) ----
+// ---- building blocks ----
 
 /** x / sqrt(mean(x^2) + eps) * w */
-export function rmsnorm(x: Float64Array, w: Float32Array, eps: number): Float64Array {
+function rmsnorm(x: Float64Array, w: Float32Array, eps: number): Float64Array {
   let ss = 0;
   for (let i = 0; i < x.length; i++) ss += x[i] * x[i];
   const inv = 1 / Math.sqrt(ss / x.length + eps);
@@ -50,7 +65,7 @@ export function rmsnorm(x: Float64Array, w: Float32Array, eps: number): Float64A
 }
 
 /** y = W x for W stored row-major [rows, cols] ([out_features, in_features]). */
-export function matvec(w: Float32Array | Float64Array, rows: number, cols: number, x: Float64Array): Float64Array {
+function matvec(w: RefMatrix, rows: number, cols: number, x: Float64Array): Float64Array {
   const y = new Float64Array(rows);
   for (let r = 0; r < rows; r++) {
     let s = 0;
@@ -82,145 +97,16 @@ export function applyRope(v: Float64Array, nHeads: number, headDim: number, pos:
   }
 }
 
-export function silu(x: number): number {
+function silu(x: number): number {
   return x / (1 + Math.exp(-x));
 }
 
-// ---- model ----
-
-export interface ForwardOptions {
-  /** 0 (default) = full causal attention; W > 0 = position p sees [p-W+1, p]. */
-  cacheWindow?: number;
-  /** Key/value cache mode (default fp16), as the kernels' ls_session_params.kv_mode. */
-  kvCacheMode?: KvCacheMode;
-  /** With an H mode: q, k, v rounded to fp16 before the rotation (SERVICE_H_MODE_FP16_ATTN_QKV). */
-  fp16AttnQkv?: boolean;
-}
-
-/** A weight matrix: fp16 decoded exactly to float32, or a quantized one dequantized exactly to float64. */
-type RefMatrix = Float32Array | Float64Array;
-type MatrixKey = "wq" | "wk" | "wv" | "wo" | "w1" | "w2" | "w3" | "output";
-
-/** Weights decoded exactly from the file (shapes: format.ts ModelWeights; output is tokEmbeddings when tied). */
-type RefWeights = { [K in keyof ModelWeights]: K extends MatrixKey ? RefMatrix : Float32Array };
-
-export class ReferenceModel {
-  private constructor(
-    readonly config: ModelConfig,
-    readonly weights: RefWeights,
-    /** Matrices stored quantized: their inputs are quantized to int8 per row, as the kernels do. */
-    readonly quantized: ReadonlySet<MatrixKey> = new Set(),
-  ) {}
-
-  /** y = W x for one of the model's matrices, the way the kernels compute it. */
-  apply(key: MatrixKey, rows: number, cols: number, x: Float64Array): Float64Array {
-    const w = this.weights[key];
-    return this.quantized.has(key) ? quantizedMatvec(w, rows, cols, x) : matvec(w, rows, cols, x);
-  }
-
-  /** Loads and validates a model (fp16, int4 or int2, any output head; see format.ts). */
-  static load(path: string): ReferenceModel {
-    const file = readSafetensors(path);
-    const { config, tensors } = validateModel(file);
-    if (config.quant !== "fp16") return ReferenceModel.loadQuantized(path);
-    if (config.headQuant !== "fp16") {
-      // fp16 block, quantized head: the fp16 tensors by name, the head dequantized (the embedding too where tied to it).
-      const f = (name: string) => f16ArrayToF32(asF16(tensors.get(name)!));
-      const m = (name: string) => f(`block.${name}.weight`);
-      const head = quantizedHead(file, config);
-      return new ReferenceModel(
-        config,
-        {
-          tokEmbeddings: config.embeddingFromHead ? Float32Array.from(dequantize(head)) : f("tok_embeddings.weight"),
-          attnNorm: f("block.attn_norm.weight"),
-          wq: m("wq"),
-          wk: m("wk"),
-          wv: m("wv"),
-          wo: m("wo"),
-          ffnNorm: f("block.ffn_norm.weight"),
-          w1: m("w1"),
-          w2: m("w2"),
-          w3: m("w3"),
-          norm: f("norm.weight"),
-          output: dequantize(head),
-        },
-        new Set<MatrixKey>(["output"]),
-      );
-    }
-    const { weights: w } = loadModelFile(path);
-    const tok = f16ArrayToF32(w.tokEmbeddings);
-    return new ReferenceModel(config, {
-      tokEmbeddings: tok,
-      attnNorm: f16ArrayToF32(w.attnNorm),
-      wq: f16ArrayToF32(w.wq),
-      wk: f16ArrayToF32(w.wk),
-      wv: f16ArrayToF32(w.wv),
-      wo: f16ArrayToF32(w.wo),
-      ffnNorm: f16ArrayToF32(w.ffnNorm),
-      w1: f16ArrayToF32(w.w1),
-      w2: f16ArrayToF32(w.w2),
-      w3: f16ArrayToF32(w.w3),
-      norm: f16ArrayToF32(w.norm),
-      output: config.tiedOutput ? tok : f16ArrayToF32(w.output),
-    });
-  }
-
-  private static loadQuantized(path: string): ReferenceModel {
-    const { config, weights: w } = loadQuantModelFile(path);
-    // An embedding tied to the quantized head: its rows dequantized (s * c, exact in fp32).
-    const tok = w.tokEmbeddings instanceof Uint16Array ? f16ArrayToF32(w.tokEmbeddings) : Float32Array.from(dequantize(w.tokEmbeddings));
-    const quantized = new Set<MatrixKey>(QUANT_MATRICES);
-    let output: RefMatrix;
-    if (w.output instanceof Uint16Array) output = w.output === w.tokEmbeddings ? tok : f16ArrayToF32(w.output);
-    else {
-      output = dequantize(w.output);
-      quantized.add("output");
-    }
-    const b = w.block;
-    return new ReferenceModel(
-      config,
-      {
-        tokEmbeddings: tok,
-        attnNorm: f16ArrayToF32(w.attnNorm),
-        wq: dequantize(b.wq),
-        wk: dequantize(b.wk),
-        wv: dequantize(b.wv),
-        wo: dequantize(b.wo),
-        ffnNorm: f16ArrayToF32(w.ffnNorm),
-        w1: dequantize(b.w1),
-        w2: dequantize(b.w2),
-        w3: dequantize(b.w3),
-        norm: f16ArrayToF32(w.norm),
-        output,
-      },
-      quantized,
-    );
-  }
-
-  /** A fresh incremental session (empty cache) running `loops` loops per token. */
-  session(loops: number, opts: ForwardOptions = {}): ReferenceSession {
-    return new ReferenceSession(this, loops, opts.cacheWindow ?? 0, kvModeSpec(opts.kvCacheMode ?? "fp16", opts.fp16AttnQkv ?? false));
-  }
-
-  /** Logits (vocab_size floats) for every token of `tokens`, from an empty cache. */
-  forward(tokens: number[], loops: number, opts: ForwardOptions = {}): Float32Array[] {
-    const s = this.session(loops, opts);
-    return tokens.map((t) => s.feed(t));
-  }
-
-  /** Greedy continuation (lowest id on ties, as ls_sample does). */
-  greedy(prompt: number[], maxTokens: number, loops: number, opts: ForwardOptions = {}): number[] {
-    const s = this.session(loops, opts);
-    let logits: Float32Array | null = null;
-    for (const t of prompt) logits = s.feed(t);
-    const out: number[] = [];
-    while (logits !== null && out.length < maxTokens) {
-      const next = argmax(logits);
-      out.push(next);
-      if (out.length < maxTokens) logits = s.feed(next);
-    }
-    return out;
-  }
+/** The exit gate's lambda = sigmoid(h·w + b) in fp32, summed in order, as the kernels compute it (batch.c exit_lambda). */
+function exitLambda(h: Float64Array, gate: { w: Float32Array; b: number }): number {
+  const f = Math.fround;
+  let z = f(gate.b);
+  for (let d = 0; d < h.length; d++) z = f(z + f(f(h[d]) * gate.w[d]));
+  return f(1 / f(1 + f(Math.exp(-z))));
 }
 
 /** max|c - r| / max|r|: how far computed logits are from the reference's. */
@@ -241,10 +127,120 @@ export function argmax(v: ArrayLike<number>): number {
   return best;
 }
 
+// ---- model ----
+
+export interface ForwardOptions {
+  /** 0 (default) = full causal attention; W > 0 = position p sees [p-W+1, p]. */
+  cacheWindow?: number;
+  /** Key/value cache mode (default fp16), as the kernels' ls_session_params.kv_mode. */
+  kvCacheMode?: KvCacheMode;
+  /** With an H mode: q, k, v rounded to fp16 before the rotation (SERVICE_H_MODE_FP16_ATTN_QKV). */
+  fp16AttnQkv?: boolean;
+}
+
+/** A weight matrix: fp16 decoded exactly to float32, or a quantized one dequantized exactly to float64. */
+type RefMatrix = Float32Array | Float64Array;
+
+/** One layer's weights, decoded exactly from the file (shapes: format.ts matrixShapes). */
+export interface ReferenceLayer {
+  attnNorm: Float32Array;
+  ffnNorm: Float32Array;
+  /** Sandwich norms of the sublayers' outputs; null in the pre-norm layout. */
+  attnOutNorm: Float32Array | null;
+  ffnOutNorm: Float32Array | null;
+  matrices: Record<QuantMatrixName, RefMatrix>;
+}
+
+export class ReferenceModel {
+  private constructor(
+    readonly config: ModelConfig,
+    readonly layers: ReferenceLayer[],
+    readonly tokEmbeddings: Float32Array,
+    readonly norm: Float32Array,
+    /** The head; tokEmbeddings itself when tied to an fp16 embedding. */
+    readonly output: RefMatrix,
+    readonly gate: { w: Float32Array; b: number } | null,
+  ) {}
+
+  /** Loads a model of any number of layers, weight format and output head (validated as the server validates it). */
+  static load(path: string): ReferenceModel {
+    const file = readSafetensors(path);
+    const { config: c, tensors } = validateModel(file);
+    const f32 = (name: string) => f16ArrayToF32(asF16(tensors.get(name)!));
+    const shapes = matrixShapes(c);
+    const matrix = (prefix: string, m: QuantMatrixName): RefMatrix => {
+      if (c.quant === "fp16") return f32(`${prefix}${m}.weight`);
+      const [rows, cols] = shapes[m];
+      const bits = matrixBits(c, m) as QuantMatrix["bits"];
+      const [qweight, scales, zeros] = quantTensorShapes(`${prefix}${m}`, bits, rows, cols, c.groupSize).map(([name]) => tensors.get(name)!);
+      return dequantize({ bits, rows, cols, groupSize: c.groupSize, qweight: qweight.data, scales: asF16(scales), zeros: zeros && asF16(zeros) });
+    };
+    const sandwich = c.normLayout === "sandwich";
+    const layers = Array.from({ length: c.nLayers }, (_, i): ReferenceLayer => {
+      const p = layerPrefix(c, i);
+      return {
+        attnNorm: f32(`${p}attn_norm.weight`),
+        ffnNorm: f32(`${p}ffn_norm.weight`),
+        attnOutNorm: sandwich ? f32(`${p}attn_out_norm.weight`) : null,
+        ffnOutNorm: sandwich ? f32(`${p}ffn_out_norm.weight`) : null,
+        matrices: Object.fromEntries(QUANT_MATRICES.map((m) => [m, matrix(p, m)])) as Record<QuantMatrixName, RefMatrix>,
+      };
+    });
+    const head = c.headQuant === "fp16" ? null : dequantize(quantizedHead(file, c));
+    // An embedding tied to the quantized head: its rows dequantized (s * c, exact in fp32).
+    const tok = c.embeddingFromHead ? Float32Array.from(head!) : f32("tok_embeddings.weight");
+    const output = head ?? (c.tiedOutput ? tok : f32("output.weight"));
+    const gate = c.exitGate ? { w: f32("exit_gate.weight"), b: f32("exit_gate.bias")[0] } : null;
+    return new ReferenceModel(c, layers, tok, f32("norm.weight"), output, gate);
+  }
+
+  /** y = W x for a layer matrix, the way the kernels compute it: a quantized matrix takes its input quantized to int8 per row. */
+  layerMatvec(w: RefMatrix, rows: number, cols: number, x: Float64Array): Float64Array {
+    return this.config.quant !== "fp16" ? quantizedMatvec(w, rows, cols, x) : matvec(w, rows, cols, x);
+  }
+
+  /** logits = Wout x, as layerMatvec for the head's own format. */
+  head(x: Float64Array): Float32Array {
+    const { vocabSize, dim, headQuant } = this.config;
+    return Float32Array.from(headQuant !== "fp16" ? quantizedMatvec(this.output, vocabSize, dim, x) : matvec(this.output, vocabSize, dim, x));
+  }
+
+  /** A fresh incremental session (empty cache) running `loops` steps per token. */
+  session(loops: number, opts: ForwardOptions = {}): ReferenceSession {
+    return new ReferenceSession(this, loops, opts.cacheWindow ?? 0, kvModeSpec(opts.kvCacheMode ?? "fp16", opts.fp16AttnQkv ?? false));
+  }
+
+  /** Logits (vocab_size floats) for every token of `tokens`, from an empty cache, at full depth. */
+  forward(tokens: number[], loops: number, opts: ForwardOptions = {}): Float32Array[] {
+    const s = this.session(loops, opts);
+    return tokens.map((t) => s.feed(t));
+  }
+
+  /** Greedy continuation at full depth (lowest id on ties, as ls_sample does). */
+  greedy(prompt: number[], maxTokens: number, loops: number, opts: ForwardOptions = {}): number[] {
+    const s = this.session(loops, opts);
+    let logits: Float32Array | null = null;
+    for (const t of prompt) logits = s.feed(t);
+    const out: number[] = [];
+    while (logits !== null && out.length < maxTokens) {
+      const next = argmax(logits);
+      out.push(next);
+      if (out.length < maxTokens) logits = s.feed(next);
+    }
+    return out;
+  }
+}
+
 export class ReferenceSession {
-  /** keys[l][pos], values[l][pos]: rows of n_kv_heads * head_dim as attention reads them back (fp16 values). */
+  /**
+   * keys[u][pos], values[u][pos]: cache unit u = step * n_layers + layer (a
+   * single block: u = the loop); rows of n_kv_heads * head_dim as attention
+   * reads them back (fp16 values, or the cache mode's decoded rows).
+   */
   readonly keys: Float64Array[][] = [];
   readonly values: Float64Array[][] = [];
+  /** Steps the last fed token ran: `loops`, or its exit step + 1 (ls_session_last_steps). */
+  lastSteps = 0;
 
   constructor(
     readonly model: ReferenceModel,
@@ -258,7 +254,7 @@ export class ReferenceSession {
     if (!Number.isInteger(cacheWindow) || cacheWindow < 0) {
       throw new RangeError(`cacheWindow must be a non-negative integer, got ${cacheWindow}`);
     }
-    for (let l = 0; l < loops; l++) {
+    for (let u = 0; u < loops * model.config.nLayers; u++) {
       this.keys.push([]);
       this.values.push([]);
     }
@@ -274,95 +270,134 @@ export class ReferenceSession {
     if (!Number.isInteger(pos) || pos < 0 || pos > this.position) {
       throw new RangeError(`rollback position must be in [0, ${this.position}], got ${pos}`);
     }
-    for (let l = 0; l < this.loops; l++) {
-      this.keys[l].length = pos;
-      this.values[l].length = pos;
+    for (let u = 0; u < this.keys.length; u++) {
+      this.keys[u].length = pos;
+      this.values[u].length = pos;
     }
   }
 
-  /** Runs one token at the next position; returns its logits. */
-  feed(token: number): Float32Array {
+  /**
+   * Runs one token at the next position; returns its logits. exitThreshold
+   * in (0, 1] (a model with a gate): the token stops after the first step
+   * whose cumulative exit probability reaches it, as the kernels' sampled
+   * token does; 0 runs every step.
+   */
+  feed(token: number, exitThreshold = 0): Float32Array {
     const c = this.model.config;
-    const w = this.model.weights;
-    const mv = (key: MatrixKey, rows: number, cols: number, x: Float64Array) => this.model.apply(key, rows, cols, x);
     if (!Number.isInteger(token) || token < 0 || token >= c.vocabSize) {
       throw new RangeError(`token id must be an integer in [0, ${c.vocabSize}), got ${token}`);
     }
+    if (exitThreshold !== 0 && !(this.model.gate && exitThreshold > 0 && exitThreshold <= 1)) {
+      throw new RangeError(`exitThreshold must be 0, or in (0, 1] with a model that has an exit gate, got ${exitThreshold}`);
+    }
+    const L = c.nLayers;
     const pos = this.position;
+    const h = Float64Array.from(this.model.tokEmbeddings.subarray(token * c.dim, (token + 1) * c.dim));
+    // The exit distribution (loopserve.h, learned early exit), in fp32 as the kernels keep it:
+    // p_s = lambda_s * r_s, r_{s+1} = r_s * (1 - lambda_s); the token exits once sum p reaches the threshold.
+    let remaining = 1;
+    let cdf = 0;
+    let ran = this.loops;
+    for (let s = 0; s < this.loops; s++) {
+      for (let i = 0; i < L; i++) this.layer(h, s * L + i, this.model.layers[i], pos);
+      if (c.stepNorm) h.set(rmsnorm(h, this.model.norm, c.normEps));
+      if (exitThreshold > 0 && s < this.loops - 1) {
+        const lambda = exitLambda(h, this.model.gate!);
+        const p = Math.fround(lambda * remaining);
+        remaining = Math.fround(remaining * Math.fround(1 - lambda));
+        cdf = Math.fround(cdf + p);
+        if (cdf >= exitThreshold) {
+          ran = s + 1;
+          break;
+        }
+      }
+    }
+    // The deeper units of each layer hold the exit step's rows, so later tokens see this one at every depth.
+    for (let u = ran * L; u < this.loops * L; u++) {
+      this.keys[u].push(this.keys[(ran - 1) * L + (u % L)][pos]);
+      this.values[u].push(this.values[(ran - 1) * L + (u % L)][pos]);
+    }
+    this.lastSteps = ran;
+    return this.model.head(c.stepNorm ? h : rmsnorm(h, this.model.norm, c.normEps));
+  }
+
+  /** One layer on h in place, storing its keys and values in cache unit `unit`. */
+  private layer(h: Float64Array, unit: number, w: ReferenceLayer, pos: number): void {
+    const c = this.model.config;
+    const mv = (m: QuantMatrixName, rows: number, cols: number, x: Float64Array) => this.model.layerMatvec(w.matrices[m], rows, cols, x);
     const { dim, nHeads, nKvHeads, headDim: hd, ffnDim } = c;
     const qDim = nHeads * hd;
     const kvDim = nKvHeads * hd;
+
+    // ---- attention ----
+    let x = rmsnorm(h, w.attnNorm, c.normEps);
+    const q = mv("wq", qDim, dim, x);
+    const k = mv("wk", kvDim, dim, x);
+    const v = mv("wv", kvDim, dim, x);
+    applyRope(q, nHeads, hd, pos, c.ropeTheta);
+    applyRope(k, nKvHeads, hd, pos, c.ropeTheta);
+    // The current token reads its own entry back from the cache like
+    // every other: fp16, or the cache mode's rotated / quantized row.
+    if (this.kv.format === "fp16" && !this.kv.hadamard) {
+      this.keys[unit].push(k.map(roundToF16));
+      this.values[unit].push(v.map(roundToF16));
+    } else {
+      const ks = new Float64Array(kvDim);
+      const vs = new Float64Array(kvDim);
+      for (let o = 0; o < kvDim; o += hd) {
+        ks.set(storedKvRow(this.kv, k.subarray(o, o + hd), hd), o);
+        vs.set(storedKvRow(this.kv, v.subarray(o, o + hd), hd), o);
+      }
+      this.keys[unit].push(ks);
+      this.values[unit].push(vs);
+    }
+    if (this.kv.hadamard)
+      for (let o = 0; o < qDim; o += hd) {
+        if (this.kv.fp16Qkv) for (let i = o; i < o + hd; i++) q[i] = roundToF16(q[i]);
+        whtF64(q, o, hd);
+      }
+    const att = this.attention(q, this.keys[unit], this.values[unit], pos);
+    let a = mv("wo", dim, qDim, att);
+    if (w.attnOutNorm) a = rmsnorm(a, w.attnOutNorm, c.normEps);
+    for (let i = 0; i < dim; i++) h[i] += a[i];
+
+    // ---- SwiGLU feed-forward ----
+    x = rmsnorm(h, w.ffnNorm, c.normEps);
+    const gate = mv("w1", ffnDim, dim, x);
+    const up = mv("w3", ffnDim, dim, x);
+    const act = new Float64Array(ffnDim);
+    for (let i = 0; i < ffnDim; i++) act[i] = silu(gate[i]) * up[i];
+    let f = mv("w2", dim, ffnDim, act);
+    if (w.ffnOutNorm) f = rmsnorm(f, w.ffnOutNorm, c.normEps);
+    for (let i = 0; i < dim; i++) h[i] += f[i];
+  }
+
+  /** Each head's softmax(q·K / sqrt(head_dim)) · V over the positions in the window (GQA: query head j reads kv head j / group). */
+  private attention(q: Float64Array, K: Float64Array[], V: Float64Array[], pos: number): Float64Array {
+    const { nHeads, nKvHeads, headDim: hd } = this.model.config;
     const group = nHeads / nKvHeads;
     const first = this.cacheWindow > 0 ? Math.max(0, pos - this.cacheWindow + 1) : 0;
+    // The kernels multiply by the fp32 1/sqrt(head_dim) (attention.c); in float64 the same product.
     const scale = 1 / Math.sqrt(hd);
-
-    const h = Float64Array.from(w.tokEmbeddings.subarray(token * dim, (token + 1) * dim));
-
-    for (let l = 0; l < this.loops; l++) {
-      // ---- attention ----
-      let x = rmsnorm(h, w.attnNorm, c.normEps);
-      const q = mv("wq", qDim, dim, x);
-      const k = mv("wk", kvDim, dim, x);
-      const v = mv("wv", kvDim, dim, x);
-      applyRope(q, nHeads, hd, pos, c.ropeTheta);
-      applyRope(k, nKvHeads, hd, pos, c.ropeTheta);
-      // The current token reads its own entry back from the cache like
-      // every other: fp16, or the cache mode's rotated / quantized row.
-      if (this.kv.format === "fp16" && !this.kv.hadamard) {
-        this.keys[l].push(k.map(roundToF16));
-        this.values[l].push(v.map(roundToF16));
-      } else {
-        const ks = new Float64Array(kvDim);
-        const vs = new Float64Array(kvDim);
-        for (let o = 0; o < kvDim; o += hd) {
-          ks.set(storedKvRow(this.kv, k.subarray(o, o + hd), hd), o);
-          vs.set(storedKvRow(this.kv, v.subarray(o, o + hd), hd), o);
-        }
-        this.keys[l].push(ks);
-        this.values[l].push(vs);
+    const att = new Float64Array(nHeads * hd);
+    for (let head = 0; head < nHeads; head++) {
+      const kvOff = Math.floor(head / group) * hd;
+      const qOff = head * hd;
+      const scores: number[] = [];
+      for (let j = first; j <= pos; j++) {
+        let s = 0;
+        for (let i = 0; i < hd; i++) s += q[qOff + i] * K[j][kvOff + i];
+        scores.push(s * scale);
       }
-      if (this.kv.hadamard)
-        for (let o = 0; o < qDim; o += hd) {
-          if (this.kv.fp16Qkv) for (let i = o; i < o + hd; i++) q[i] = roundToF16(q[i]);
-          whtF64(q, o, hd);
-        }
-      const K = this.keys[l];
-      const V = this.values[l];
-
-      const att = new Float64Array(qDim);
-      for (let head = 0; head < nHeads; head++) {
-        const kvOff = Math.floor(head / group) * hd;
-        const qOff = head * hd;
-        const scores: number[] = [];
-        for (let j = first; j <= pos; j++) {
-          let s = 0;
-          for (let i = 0; i < hd; i++) s += q[qOff + i] * K[j][kvOff + i];
-          scores.push(s * scale);
-        }
-        const m = scores.reduce((a, b) => Math.max(a, b), -Infinity);
-        const e = scores.map((s) => Math.exp(s - m));
-        const z = e.reduce((a, b) => a + b, 0);
-        for (let j = first; j <= pos; j++) {
-          const p = e[j - first] / z;
-          for (let i = 0; i < hd; i++) att[qOff + i] += p * V[j][kvOff + i];
-        }
-        if (this.kv.hadamard) whtF64(att, qOff, hd);
+      const m = scores.reduce((a, b) => Math.max(a, b), -Infinity);
+      const e = scores.map((s) => Math.exp(s - m));
+      const z = e.reduce((a, b) => a + b, 0);
+      for (let j = first; j <= pos; j++) {
+        const p = e[j - first] / z;
+        for (let i = 0; i < hd; i++) att[qOff + i] += p * V[j][kvOff + i];
       }
-      const o = mv("wo", dim, qDim, att);
-      for (let i = 0; i < dim; i++) h[i] += o[i];
-
-      // ---- SwiGLU feed-forward ----
-      x = rmsnorm(h, w.ffnNorm, c.normEps);
-      const gate = mv("w1", ffnDim, dim, x);
-      const up = mv("w3", ffnDim, dim, x);
-      const act = new Float64Array(ffnDim);
-      for (let i = 0; i < ffnDim; i++) act[i] = silu(gate[i]) * up[i];
-      const down = mv("w2", dim, ffnDim, act);
-      for (let i = 0; i < dim; i++) h[i] += down[i];
+      if (this.kv.hadamard) whtF64(att, qOff, hd);
     }
-
-    // ---- output ----
-    const xf = rmsnorm(h, w.norm, c.normEps);
-    return Float32Array.from(mv("output", c.vocabSize, dim, xf));
+    return att;
   }
 }
