@@ -116,8 +116,11 @@ const CUDA_ARCH = [
 
 // The per-thread default stream: launches without a stream argument go to a
 // stream that can be captured into a graph (kernels/cuda/batch.cu), which
-// the legacy default stream cannot.
-const CUDA_FLAGS = ["-O3", "-std=c++17", "--default-stream", "per-thread"];
+// the legacy default stream cannot. --objdir-as-tempdir: nvcc names its
+// intermediate files, whose names the objects keep, after the object
+// instead of its own process id, so that the same sources give the same
+// library.
+const CUDA_FLAGS = ["-O3", "-std=c++17", "--default-stream", "per-thread", "--objdir-as-tempdir"];
 
 async function buildCudaLibrary(): Promise<string | null> {
   const cudaDir = join(kernelDir, "cuda");
