@@ -14,11 +14,7 @@
 #include "kvcache.h"
 #include "runtime.h"
 #include "session_rules.h"
-
-/* Largest number of tokens pushed through the block in one internal step.
- * Longer calls are split; batch invariance makes the split invisible. It
- * also bounds the ring: a windowed cache holds window + LS_CHUNK positions. */
-#define LS_CHUNK 64
+#include "sizes.h"
 
 struct ls_session {
     ls_model *m;
