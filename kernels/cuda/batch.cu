@@ -1,5 +1,5 @@
 /*
- * batch.cu — ls_batch_step for the GPU, on the plan of kernels/batch.c:
+ * batch.cu — ls_batch_step for the GPU, on the plan of kernels/cpu/batch.c:
  * the same checks (batch_rules.h), rows ordered shallowest first so the
  * rows still running at loop l are a suffix of the block (a depth-ragged
  * batch), cut into blocks of at most LS_CHUNK rows that each run
