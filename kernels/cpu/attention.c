@@ -28,7 +28,7 @@
 #include <math.h>
 #include <stddef.h>
 
-#include "forward.h"
+#include "attention.h"
 
 // ---- attention ----
 
