@@ -9,7 +9,7 @@
 
 #include <stdint.h>
 
-#include "session.h"
+#include "session_state.h"
 
 /* ---- runs of consecutive positions ---- */
 

@@ -17,7 +17,7 @@
 
 /* The rows one pass of the shared block runs over: T rows of the residual
  * stream and their scratch, laid out as the session's chunk scratch
- * (session.h), and each row's RoPE table (cos, sin for its position). */
+ * (session_state.h), and each row's RoPE table (cos, sin for its position). */
 typedef struct {
     float *h; /* (T, dim) in and out */
     float *xb, *q, *k, *v, *att, *g, *u;

@@ -68,6 +68,7 @@
 
 #include "draft_head.h"
 #include "forward.h"
+#include "kvcache.h"
 #include "sampling.h"
 #include "session_rules.h"
 #include "testing.h" /* LS_SPEC_TEST_ACCEPT_ALL */
