@@ -1,7 +1,17 @@
 // Build: regenerates the TypeScript ABI constants from kernels/loopserve.h,
-// compiles kernels/ into build/libloopserve.so (and kernels/cuda/ into
+// compiles the kernels into build/libloopserve.so (and
 // build/libloopserve_cuda.so when nvcc is present), then, unless --lib is
 // given, compiles the CLI into the single executable dist/loopserve.
+//
+// The folders of kernels/ say which file goes into which library:
+//   kernels/*        the ABI (loopserve.h, testing.h) and the code both
+//                    libraries share: in both;
+//   kernels/cpu/**   the CPU backend, its instruction-set folders under it:
+//                    libloopserve.so;
+//   kernels/cuda/*   the CUDA backend: libloopserve_cuda.so.
+// Every kernel build passes -I kernels/: a file names a header beside it by
+// its name, any other by its path under kernels/ ("internal.h",
+// "cpu/ops.h").
 //
 //   bun build.ts          library + executable
 //   bun build.ts --lib    library only (what the tests need)
@@ -32,12 +42,24 @@ export function simdFlags(file: string): string[] {
 // The quantized matmul kernels and what they link against, for the
 // programs that run them alone (bench gemm), relative to kernels/.
 export const QUANT_KERNEL_SOURCES = [
-  "cpu/portable/quant_portable.c", "quant_pack.c", "cpu/avx2/quant_avx2.c", "cpu/avx512/quant_avx512.c", "util.c",
+  "cpu/portable/quant_portable.c", "cpu/quant_pack.c", "cpu/avx2/quant_avx2.c", "cpu/avx512/quant_avx512.c", "util.c",
 ];
 
-/** The files of kernels/ with this extension that the CPU library is built from (all but kernels/cuda/'s), relative to kernels/. */
+/** The files directly in kernels/ with this extension: what both libraries share. */
+function sharedKernelFiles(ext: string): string[] {
+  return readdirSync(kernelDir).filter((f) => f.endsWith(ext));
+}
+
+/** The files of a backend's folder (cpu, cuda) and the folders under it with this extension, relative to kernels/. */
+function backendKernelFiles(backend: string, ext: string): string[] {
+  const dir = join(kernelDir, backend);
+  if (!existsSync(dir)) return [];
+  return readdirSync(dir, { recursive: true, encoding: "utf8" }).filter((f) => f.endsWith(ext)).map((f) => join(backend, f));
+}
+
+/** The files the CPU library is built from with this extension (the shared ones and the CPU backend's), relative to kernels/. */
 function cpuKernelFiles(ext: string): string[] {
-  return readdirSync(kernelDir, { recursive: true, encoding: "utf8" }).filter((f) => f.endsWith(ext) && !f.startsWith("cuda/"));
+  return [...sharedKernelFiles(ext), ...backendKernelFiles("cpu", ext)];
 }
 
 /** Every header a CPU kernel source may include. */
@@ -51,7 +73,16 @@ export function cpuKernelHeaders(): string[] {
  * path, so that which folder a file sits in does not change the library.
  */
 export function cpuKernelSources(): string[] {
-  return cpuKernelFiles(".c").sort((a, b) => (basename(a) < basename(b) ? -1 : 1));
+  return cpuKernelFiles(".c").sort(byFileName);
+}
+
+/** The shared C sources (kernels/*.c), in the same order. */
+function sharedKernelSources(): string[] {
+  return sharedKernelFiles(".c").sort(byFileName);
+}
+
+function byFileName(a: string, b: string): number {
+  return basename(a) < basename(b) ? -1 : 1;
 }
 
 /** A kernel source's object file in dir, named by the source's file name: the objects of every folder share dir. */
@@ -88,7 +119,6 @@ async function buildCpuLibrary(): Promise<string> {
     const src = join(kernelDir, file);
     const obj = kernelObject(objDir, file);
     objects.push(obj);
-    // -I kernels/: the files of kernels/cpu/ include the shared headers above them.
     if (newer([src, ...headers], obj))
       jobs.push(run(["gcc", ...baseFlags, ...simdFlags(file), "-I", kernelDir, "-c", src, "-o", obj]));
   }
@@ -102,12 +132,13 @@ async function buildCpuLibrary(): Promise<string> {
 }
 
 // The CUDA library implements the same ABI (kernels/loopserve.h) plus
-// ls_cuda_device_count. Loading is not duplicated: the CPU library's loader
-// (the descriptor checks of model.c), utilities and sampler objects are linked in,
-// and kernels/cuda/*.cu provide the runtime, sessions and forward pass.
-// util.c is compiled once more with ls_simd_name renamed, so the CUDA
-// library's own ls_simd_name can also name the "cuda" path.
-const CUDA_HOST_SOURCES = ["model.c", "sample.c", "step_async.c"];
+// ls_cuda_device_count. Loading is not duplicated: the shared sources
+// (kernels/*.c: the loader's descriptor checks in model.c, the sampler,
+// the step thread, the utilities) are linked in as the CPU build compiled
+// them, and kernels/cuda/*.cu provide the runtime, sessions and forward
+// pass. util.c is compiled once more with ls_simd_name renamed, so the
+// CUDA library's own ls_simd_name can also name the "cuda" path.
+const CUDA_RENAMED_SOURCE = "util.c";
 const CUDA_ARCH = [
   "-gencode", "arch=compute_80,code=sm_80",
   "-gencode", "arch=compute_90,code=sm_90",
@@ -116,13 +147,14 @@ const CUDA_ARCH = [
 
 // The per-thread default stream: launches without a stream argument go to a
 // stream that can be captured into a graph (kernels/cuda/batch.cu), which
-// the legacy default stream cannot.
-const CUDA_FLAGS = ["-O3", "-std=c++17", "--default-stream", "per-thread"];
+// the legacy default stream cannot. --objdir-as-tempdir: nvcc names its
+// intermediate files, whose names the objects keep, after the object
+// instead of its own process id, so that the same sources give the same
+// library.
+const CUDA_FLAGS = ["-O3", "-std=c++17", "--default-stream", "per-thread", "--objdir-as-tempdir"];
 
 async function buildCudaLibrary(): Promise<string | null> {
-  const cudaDir = join(kernelDir, "cuda");
-  if (!existsSync(cudaDir)) return null;
-  const sources = readdirSync(cudaDir).filter((f) => f.endsWith(".cu")).sort();
+  const sources = backendKernelFiles("cuda", ".cu").sort();
   if (sources.length === 0) return null;
   const nvcc = Bun.which("nvcc") ?? (existsSync("/usr/local/cuda/bin/nvcc") ? "/usr/local/cuda/bin/nvcc" : null);
   if (!nvcc) {
@@ -131,25 +163,26 @@ async function buildCudaLibrary(): Promise<string | null> {
   }
   const cudaObj = join(objDir, "cuda");
   mkdirSync(cudaObj, { recursive: true });
-  const headers = [
-    ...cpuKernelHeaders(),
-    ...readdirSync(cudaDir).filter((f) => f.endsWith(".h") || f.endsWith(".cuh")).map((f) => join(cudaDir, f)),
-  ];
+  const cudaHeaders = [...backendKernelFiles("cuda", ".h"), ...backendKernelFiles("cuda", ".cuh")];
+  const headers = [...sharedKernelFiles(".h"), ...cudaHeaders].map((f) => join(kernelDir, f));
   const objects: string[] = [];
   const jobs: Promise<void>[] = [];
   for (const file of sources) {
-    const src = join(cudaDir, file);
-    const obj = join(cudaObj, file.replace(/\.cu$/, ".o"));
+    const src = join(kernelDir, file);
+    const obj = join(cudaObj, basename(file).replace(/\.cu$/, ".o"));
     objects.push(obj);
     if (newer([src, ...headers], obj))
       jobs.push(run([nvcc, ...CUDA_FLAGS, "-Xcompiler", "-fPIC,-Wall", "-I", kernelDir, ...CUDA_ARCH, "-c", src, "-o", obj]));
   }
-  const util = join(cudaObj, "util.o");
-  if (newer([join(kernelDir, "util.c"), ...headers], util))
-    jobs.push(run(["gcc", ...baseFlags, "-Dls_simd_name=ls_cpu_simd_name", "-c", join(kernelDir, "util.c"), "-o", util]));
+  const util = kernelObject(cudaObj, CUDA_RENAMED_SOURCE);
+  const utilSrc = join(kernelDir, CUDA_RENAMED_SOURCE);
+  if (newer([utilSrc, ...headers], util))
+    jobs.push(run(["gcc", ...baseFlags, "-Dls_simd_name=ls_cpu_simd_name", "-c", utilSrc, "-o", util]));
   await Promise.all(jobs);
   // The CPU build above has just compiled these with -fPIC.
-  const host = CUDA_HOST_SOURCES.map((f) => kernelObject(objDir, f));
+  const host = sharedKernelSources()
+    .filter((f) => f !== CUDA_RENAMED_SOURCE)
+    .map((f) => kernelObject(objDir, f));
   const lib = join(buildDir, "libloopserve_cuda.so");
   if (newer([...objects, util, ...host], lib)) {
     // cudart (nvcc's default), libstdc++ and libgcc are linked statically, so

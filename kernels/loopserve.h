@@ -383,7 +383,7 @@ int32_t ls_model_profile_read(ls_model *m, double *out, int32_t n, int32_t reset
  *               group of L values holds value i in the low nibble and value
  *               L/2 + i in the high nibble.
  * Attention dequantizes in registers (c * s (+ z) in fp32) as it reads the
- * codes. kernels/kvcache.h has the layouts.
+ * codes. kernels/cpu/kvcache.h has the layouts.
  * Flags:
  *   LS_KV_HADAMARD  K and V rows are rotated by the normalized Walsh-Hadamard
  *                   transform (head_dim must be a power of two) before they

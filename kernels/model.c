@@ -24,7 +24,7 @@
 
 #include "internal.h"
 #include "quant.h"
-#include "session.h" /* LS_CHUNK: rows per matmul call, for the activation scratch */
+#include "sizes.h" /* LS_CHUNK: rows per matmul call, for the activation scratch */
 
 static const char *const tensor_names[LS_TENSOR_N] = {
 #define LS_TENSOR_NAME_(id, name) name,

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 
 #include "internal.h"
+#include "sizes.h"
 
 /* A session's position bookkeeping as the rules read it. Each library fills
  * one from its own session struct (ls_session_view). */
@@ -33,9 +34,6 @@ typedef struct {
     const int32_t *loop_len;  /* (loops) positions [0, loop_len) written in unit l's cache */
     const int32_t *loop_lo;   /* (loops) oldest position the ring still holds for unit l */
 } ls_seq_view;
-
-/* Most cache units (steps x layers) one session may hold. */
-#define LS_MAX_UNITS 65536
 
 /* The model shape the forward pass relies on (ls_runtime_init checks it
  * before any session exists): head_dim even and n_heads * head_dim == dim,

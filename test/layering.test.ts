@@ -10,7 +10,17 @@
 //   through a third), and no #include cycle in kernels/;
 // - no call cycle between the C files of kernels/: a file calls functions
 //   defined only in the files below it (runtime.c at the bottom, then the
-//   sessions, the forward pass, the step and batch entry points above).
+//   sessions, the forward pass, the step and batch entry points above);
+// - no #include points back up the folders of kernels/: a file includes
+//   only files of its own folder and of the folders around it, so the
+//   shared code (kernels/*) includes no backend file, the CPU and CUDA
+//   backends (kernels/cpu/, kernels/cuda/) include none of each other's,
+//   and an instruction-set folder of the CPU backend none of another's;
+// - no #include points back up the order of the files: a module (a .c and
+//   the .h of its name) uses another by including its header or calling its
+//   functions, and no module uses itself through others. So a file never
+//   includes the header of a file that calls it, nor one that brings its
+//   own header back in.
 import { describe, expect, test } from "bun:test";
 import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { dirname, join, relative, resolve } from "node:path";
@@ -47,7 +57,7 @@ function tsGraph(dir: string): Graph {
 
 /**
  * kernels/: `#include "x"` resolved as the compiler does, next to the
- * including file first, else in dir itself (every kernel build's -I).
+ * including file first, else under dir itself (every kernel build's -I).
  */
 function includeGraph(dir: string): Graph {
   const graph: Graph = new Map();
@@ -90,6 +100,40 @@ function cCallGraph(sources: Map<string, string>): Graph {
     graph.set(file, [...callees].sort());
   }
   return graph;
+}
+
+/**
+ * The includes of a file outside its own folder and the folders around it
+ * (kernels/cpu/avx2/x.c may include from kernels/cpu/avx2/, kernels/cpu/
+ * and kernels/), each as "file -> included".
+ */
+function includesAcrossFolders(graph: Graph): string[] {
+  const out: string[] = [];
+  for (const [file, deps] of graph)
+    for (const dep of deps) {
+      const from = dirname(file);
+      const to = dirname(dep);
+      if (to !== from && !from.startsWith(`${to}/`)) out.push(`${file} -> ${dep}`);
+    }
+  return out;
+}
+
+/**
+ * The modules of kernels/ and which others each uses: a .c and the .h of
+ * the same name are one module (a header with no .c of its name is a module
+ * of its own), and a module uses another by including its header or by
+ * calling a function its .c defines.
+ */
+function moduleGraph(includes: Graph, calls: Graph): Graph {
+  const moduleOf = (file: string) => file.replace(/\.(c|h|cu|cuh)$/, "");
+  const modules: Graph = new Map();
+  for (const [file, deps] of [...includes, ...calls]) {
+    const from = moduleOf(file);
+    const to = new Set([...(modules.get(from) ?? []), ...deps.map(moduleOf)]);
+    to.delete(from);
+    modules.set(from, [...to].sort());
+  }
+  return modules;
 }
 
 /** Every cycle found by a depth-first walk, each as the path that closes it. */
@@ -149,6 +193,9 @@ function folderGraph(graph: Graph, root: string): Graph {
 
 const src = tsGraph("src");
 const edges = [...src].flatMap(([file, deps]) => deps.map((dep) => `${file} -> ${dep}`));
+const kernels = includeGraph("kernels");
+const cpuSources = cpuKernelSources().map((f) => join("kernels", f));
+const calls = cCallGraph(new Map(cpuSources.map((f) => [f, readFileSync(join(ROOT, f), "utf8")])));
 
 describe("the import reader", () => {
   test("sees single-line, multi-line, re-export, side-effect and dynamic imports, and no packages", () => {
@@ -204,19 +251,33 @@ describe("layers", () => {
     expect(cycles(folders).map((c) => c.join(" -> "))).toEqual([]);
   });
 
+  test("every #include in kernels/ names a file of kernels/", () => {
+    const missing = [...kernels].flatMap(([file, deps]) => deps.filter((d) => !kernels.has(d)).map((d) => `${file} -> ${d}`));
+    expect(missing).toEqual([]);
+  });
+
   test("no #include cycle in kernels/", () => {
-    const kernels = includeGraph("kernels");
-    expect(kernels.get("kernels/cpu/avx2/ops_avx2.c")).toContain("kernels/ops_simd.h");
+    expect(kernels.get("kernels/cpu/avx2/ops_avx2.c")).toContain("kernels/cpu/ops_simd.h");
     expect(kernels.get("kernels/cuda/cuda_internal.h")).toContain("kernels/internal.h");
     expect(cycles(kernels).map((c) => c.join(" -> "))).toEqual([]);
   });
 
   test("no call cycle between the C files of kernels/", () => {
-    const files = cpuKernelSources().map((f) => join("kernels", f));
-    const calls = cCallGraph(new Map(files.map((f) => [f, readFileSync(join(ROOT, f), "utf8")])));
-    expect(calls.get("kernels/forward.c")).toContain("kernels/runtime.c");
-    expect(calls.get("kernels/step.c")).toEqual(expect.arrayContaining(["kernels/forward.c", "kernels/batch.c"]));
+    expect(calls.get("kernels/cpu/forward.c")).toContain("kernels/cpu/runtime.c");
+    expect(calls.get("kernels/cpu/step.c")).toEqual(expect.arrayContaining(["kernels/cpu/forward.c", "kernels/cpu/batch.c"]));
     expect(cycles(calls).map((c) => c.join(" -> "))).toEqual([]);
+  });
+
+  test("a file of kernels/ includes only from its folder and the folders around it: shared code no backend, no backend the other, no instruction-set folder another", () => {
+    expect(kernels.get("kernels/cpu/avx2/quant_avx2.c")).toEqual(expect.arrayContaining(["kernels/cpu/quant_pack.h"]));
+    expect(kernels.get("kernels/cpu/portable/quant_portable.c")).toContain("kernels/quant.h");
+    expect(includesAcrossFolders(kernels)).toEqual([]);
+  });
+
+  test("no module of kernels/ uses itself through others: no #include points back up the order of the files", () => {
+    const modules = moduleGraph(kernels, calls);
+    expect(modules.get("kernels/cpu/forward")).toEqual(expect.arrayContaining(["kernels/cpu/attention", "kernels/cpu/session"]));
+    expect(cycles(modules).map((c) => c.join(" -> "))).toEqual([]);
   });
 
   test("the C call reader sees multi-line definitions and ignores static functions, comments and strings", () => {
@@ -246,6 +307,56 @@ describe("layers", () => {
     expect(cycles(g)).toEqual([["a", "b", "c", "a"]]);
     expect(reaches(g, "a", (f) => f === "d")).toEqual(["a", "b", "c", "d"]);
     expect(reaches(new Map([["d", []]]), "d", (f) => f === "a")).toBeNull();
+  });
+
+  test("the folder check accepts the folders around a file and catches shared code including a backend, a backend the other, a folder another beside or below it", () => {
+    const includes: Graph = new Map([
+      ["kernels/cpu/avx2/a.c", ["kernels/cpu/avx2/a.h", "kernels/cpu/ops.h", "kernels/internal.h", "kernels/cpu/avx512/b.h"]],
+      ["kernels/cpu/session.h", ["kernels/internal.h", "kernels/cpu/avx2/a.h"]],
+      ["kernels/cuda/c.cu", ["kernels/internal.h", "kernels/cpu/session.h"]],
+      ["kernels/model.c", ["kernels/internal.h", "kernels/cpu/session.h", "kernels/cuda/c.h"]],
+    ]);
+    expect(includesAcrossFolders(includes)).toEqual([
+      "kernels/cpu/avx2/a.c -> kernels/cpu/avx512/b.h",
+      "kernels/cpu/session.h -> kernels/cpu/avx2/a.h",
+      "kernels/cuda/c.cu -> kernels/cpu/session.h",
+      "kernels/model.c -> kernels/cpu/session.h",
+      "kernels/model.c -> kernels/cuda/c.h",
+    ]);
+  });
+
+  test("the module graph sees an include against the calls and a header that brings its includer's own header back", () => {
+    // forward.c calls attention.c, whose file includes forward.h: a cycle of
+    // modules that neither the include nor the call graph has alone.
+    const againstCalls = moduleGraph(
+      new Map([
+        ["a/forward.c", ["a/forward.h"]],
+        ["a/forward.h", []],
+        ["a/attention.c", ["a/forward.h"]],
+      ]),
+      new Map([["a/forward.c", ["a/attention.c"]]]),
+    );
+    expect(cycles(againstCalls)).toEqual([["a/forward", "a/attention", "a/forward"]]);
+    // kvcache.c includes session.h, which includes kvcache.h.
+    const ownHeaderBack = moduleGraph(
+      new Map([
+        ["a/kvcache.c", ["a/kvcache.h", "a/session.h"]],
+        ["a/session.h", ["a/kvcache.h"]],
+        ["a/kvcache.h", []],
+      ]),
+      new Map(),
+    );
+    expect(cycles(ownHeaderBack)).toEqual([["a/kvcache", "a/session", "a/kvcache"]]);
+    // A header of plain definitions below both is no cycle.
+    const stateBelow = moduleGraph(
+      new Map([
+        ["a/kvcache.c", ["a/kvcache.h", "a/session_state.h"]],
+        ["a/session.h", ["a/session_state.h"]],
+        ["a/session.c", ["a/session.h", "a/kvcache.h"]],
+      ]),
+      new Map([["a/session.c", ["a/kvcache.c"]]]),
+    );
+    expect(cycles(stateBelow)).toEqual([]);
   });
 
   test("the folder graph joins a folder's files into one node and sees a cycle no file-level edge closes", () => {

@@ -1,8 +1,8 @@
 /*
- * batch.cu — ls_batch_step for the GPU, on the plan of kernels/batch.c:
+ * batch.cu — ls_batch_step for the GPU, on the plan of kernels/cpu/batch.c:
  * the same checks (batch_rules.h), rows ordered shallowest first so the
  * rows still running at loop l are a suffix of the block (a depth-ragged
- * batch), cut into blocks of at most LS_CUDA_CHUNK rows that each run
+ * batch), cut into blocks of at most LS_CHUNK rows that each run
  * through all their loops before the next, and one output-head pass over
  * every sampling row. Each launch covers every running row of the block,
  * whatever session it belongs to: a matmul reads a weight row once per
@@ -32,7 +32,7 @@ extern "C" {
  * table, tokens), so one captured graph serves every step of that shape. */
 typedef struct {
     int32_t n_pieces, n_sample;
-    int32_t piece[LS_CUDA_CHUNK][4];
+    int32_t piece[LS_CHUNK][4];
 } lsc_step_shape;
 
 /* Graphs kept per runtime: enough for a steady mix of decode shapes. */
@@ -49,9 +49,9 @@ typedef struct {
  * with the largest call seen; the captured single-block steps, which
  * point into that scratch. */
 struct lsc_batch {
-    lsc_block act;        /* (LS_CUDA_CHUNK, ...) */
-    float *rope_host;     /* (LS_CUDA_CHUNK, head_dim) */
-    lsc_row_cache rows_host[LS_CUDA_CHUNK];
+    lsc_block act;        /* (LS_CHUNK, ...) */
+    float *rope_host;     /* (LS_CHUNK, head_dim) */
+    lsc_row_cache rows_host[LS_CHUNK];
     int32_t *tokens;      /* (tokens_cap) */
     int32_t tokens_cap;
     float *last;          /* (rows_cap, dim) sampling rows' final hidden states */
@@ -103,8 +103,8 @@ static lsc_batch *scratch_for(ls_model *m, int32_t n_tokens, int32_t n_sample) {
     if (!b) {
         b = (lsc_batch *)calloc(1, sizeof *b);
         if (!b) return NULL;
-        b->rope_host = (float *)calloc((size_t)LS_CUDA_CHUNK * mi->head_dim, sizeof(float));
-        if (!b->rope_host || !lsc_block_alloc(&b->act, mi, LS_CUDA_CHUNK)) {
+        b->rope_host = (float *)calloc((size_t)LS_CHUNK * mi->head_dim, sizeof(float));
+        if (!b->rope_host || !lsc_block_alloc(&b->act, mi, LS_CHUNK)) {
             lsc_batch_free(b);
             return NULL;
         }
@@ -391,7 +391,7 @@ extern "C" int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const
         for (int32_t i = 0; i < n_rows; i++) out[i] = LS_ERR_NOMEM;
         return LS_ERR_NOMEM;
     }
-    int single = plan.n_tokens <= LS_CUDA_CHUNK; // ls_batch_blocks makes one block of it
+    int single = plan.n_tokens <= LS_CHUNK; // ls_batch_blocks makes one block of it
     block_call call = {m, sessions, tokens, b, plan.slot, plan.n_sample, single, cudaSuccess, "selecting the device"};
     call.e = cudaSetDevice(m->rt->device);
     /* Work another thread queued for these sessions (a new session's zero
@@ -406,8 +406,8 @@ extern "C" int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const
         call.what = "copying the tokens";
         call.e = cudaMemcpy(b->tokens, tokens, (size_t)plan.n_tokens * sizeof(int32_t), cudaMemcpyHostToDevice);
     }
-    ls_batch_piece pieces[LS_CUDA_CHUNK];
-    if (call.e == cudaSuccess) ls_batch_blocks(&plan, rows, LS_CUDA_CHUNK, pieces, run_block_call, &call);
+    ls_batch_piece pieces[LS_CHUNK];
+    if (call.e == cudaSuccess) ls_batch_blocks(&plan, rows, LS_CHUNK, pieces, run_block_call, &call);
     cudaError_t e = call.e;
     const char *what = call.what;
     if (e == cudaSuccess && plan.n_sample > 0)

@@ -34,12 +34,8 @@ extern "C" {
 #include "internal.h"
 #include "rope.h"
 #include "session_rules.h"
+#include "sizes.h"
 }
-
-/* Tokens per internal step (as LS_CHUNK in kernels/session.h): bounds the
- * scratch buffers and, with a window W, the ring of W + LS_CUDA_CHUNK rows
- * (ls_ring_rows). */
-#define LS_CUDA_CHUNK 64
 
 /* Threads per block of the row-wise kernels; attention keeps one output
  * dimension per thread, so head_dim may not exceed it. */
@@ -76,7 +72,7 @@ typedef struct {
     int32_t cap, window, pos, unused;
 } lsc_row_cache;
 
-/* One block's activations on the device, (LS_CUDA_CHUNK, ...) rows: a
+/* One block's activations on the device, (LS_CHUNK, ...) rows: a
  * session's own scratch, or the batch step's rows of many sessions. */
 typedef struct {
     float *h;    /* (T, dim) residual stream */
@@ -93,7 +89,7 @@ struct ls_session {
     int32_t max_seq;   /* most positions ever held */
     int32_t loops;     /* loops the caches exist for */
     int32_t window;    /* 0 = full attention, else W */
-    int32_t cap;       /* cache rows per loop: max_seq, or W + LS_CUDA_CHUNK */
+    int32_t cap;       /* cache rows per loop: max_seq, or W + LS_CHUNK */
     int32_t pos;       /* tokens fed (history length) */
     int32_t last_steps; /* loops of the last sampled token (ls_session_last_steps) */
     int32_t failed;    /* a CUDA call failed mid-step: the caches are unknown */
@@ -102,15 +98,15 @@ struct ls_session {
     int32_t *tokens;   /* (max_seq) token history, for ls_sample's penalty */
     int32_t *loop_len; /* (loops) positions [0, loop_len) written in loop l */
     int32_t *loop_lo;  /* (loops) oldest position the ring still holds for loop l */
-    float *rope_host;  /* (LS_CUDA_CHUNK, head_dim / 2, 2) cos, sin */
+    float *rope_host;  /* (LS_CHUNK, head_dim / 2, 2) cos, sin */
     float *logits_host; /* (vocab_size) for a host-side draw */
 
     /* device */
     int32_t *d_tokens; /* (max_seq) the same history, for the device penalty */
     __half *kc;        /* (loops, n_kv_heads, cap, head_dim) keys, RoPE applied */
     __half *vc;        /* (loops, n_kv_heads, cap, head_dim) values */
-    lsc_block act;     /* (LS_CUDA_CHUNK, ...) this session's activations */
-    float *logits;     /* (LS_CUDA_CHUNK, vocab_size) */
+    lsc_block act;     /* (LS_CHUNK, ...) this session's activations */
+    float *logits;     /* (LS_CHUNK, vocab_size) */
     float *penalized;  /* (vocab_size) logits after the repetition penalty */
     int32_t *result;   /* (1) sampled id */
 };

@@ -1,8 +1,9 @@
 /*
  * ops.cu — the fp16 forward-pass kernels of libloopserve_cuda.so: embedding,
  * rmsnorm, matmul (fp16 weights, fp32 accumulation), RoPE, K/V cache store,
- * attention over the fp16 cache, SwiGLU. They mirror kernels/ops_*.c and
- * kernels/attention.c; see cuda_internal.h for the design.
+ * attention over the fp16 cache, SwiGLU. They mirror the CPU backend's
+ * ops_<path>.c and kernels/cpu/attention.c; see cuda_internal.h for the
+ * design.
  *
  * Every reduction has a fixed shape that depends only on its length (lane
  * stride then a shuffle tree, or a block tree), never on how many tokens or

@@ -230,7 +230,7 @@ extern "C" int64_t ls_session_cache_bytes(const ls_model *m, const ls_session_pa
     if (!params || ls_check_session_args(m, params->max_seq, params->loops, params->cache_window, NULL, 0) != LS_OK ||
         params->kv_mode != LS_KV_FP16)
         return LS_ERR_ARG;
-    int32_t cap = ls_ring_rows(params->max_seq, params->cache_window, LS_CUDA_CHUNK);
+    int32_t cap = ls_ring_rows(params->max_seq, params->cache_window, LS_CHUNK);
     size_t half = ls_bytes_of((size_t)params->loops, (size_t)m->info.n_kv_heads, (size_t)cap, (size_t)m->info.head_dim,
                               sizeof(__half));
     return half > 0 ? 2 * (int64_t)half : LS_ERR_NOMEM;
@@ -265,9 +265,9 @@ extern "C" ls_session *ls_session_new(ls_model *m, const ls_session_params *para
     const ls_model_info *mi = &m->info;
     ls_session *s = (ls_session *)ls_session_calloc(sizeof *s, err, err_len);
     if (!s) return NULL;
-    LS_SESSION_SHAPE(s, m, max_seq, loops, cache_window, LS_CUDA_CHUNK);
+    LS_SESSION_SHAPE(s, m, max_seq, loops, cache_window, LS_CHUNK);
 
-    size_t C = LS_CUDA_CHUNK, hd = (size_t)mi->head_dim, vocab = (size_t)mi->vocab_size;
+    size_t C = LS_CHUNK, hd = (size_t)mi->head_dim, vocab = (size_t)mi->vocab_size;
     size_t cache_bytes = ls_bytes_of((size_t)loops, (size_t)mi->n_kv_heads, (size_t)s->cap, hd, sizeof(__half));
 
     s->tokens = (int32_t *)calloc((size_t)max_seq, sizeof(int32_t));
@@ -394,11 +394,11 @@ void lsc_session_rows(lsc_row_cache *rows, const ls_session *s, int32_t pos0, in
     for (int32_t t = 0; t < n; t++) rows[t] = lsc_row_cache{s->kc, s->vc, loop_stride, s->cap, s->window, pos0 + t, 0};
 }
 
-/* One chunk (T <= LS_CUDA_CHUNK) at positions pos0.. through loops [0, loops):
+/* One chunk (T <= LS_CHUNK) at positions pos0.. through loops [0, loops):
  * s->act.h holds the embeddings on entry and the last loop's output on return. */
 static int32_t forward_chunk(ls_session *s, int32_t T, int32_t pos0, int32_t loops) {
     const ls_model_info *mi = &s->m->info;
-    lsc_row_cache rows[LS_CUDA_CHUNK];
+    lsc_row_cache rows[LS_CHUNK];
     lsc_session_rows(rows, s, pos0, T);
     ls_rope_table(s->rope_host, T, pos0, mi->head_dim, mi->rope_theta);
     TRY("copying the RoPE table", cudaMemcpy(s->act.rope, s->rope_host, (size_t)T * mi->head_dim * sizeof(float),
@@ -424,8 +424,8 @@ static int32_t forward(ls_session *s, const int32_t *tokens, int32_t n, int32_t 
     TRY("copying the tokens", cudaMemcpy(s->d_tokens + s->pos, tokens, (size_t)n * sizeof(int32_t),
                                          cudaMemcpyHostToDevice));
     int32_t first_logit = n - n_logits;
-    for (int32_t c0 = 0; c0 < n; c0 += LS_CUDA_CHUNK) {
-        int32_t T = n - c0 < LS_CUDA_CHUNK ? n - c0 : LS_CUDA_CHUNK;
+    for (int32_t c0 = 0; c0 < n; c0 += LS_CHUNK) {
+        int32_t T = n - c0 < LS_CHUNK ? n - c0 : LS_CHUNK;
         TRY("embedding", lsc_embed(s->act.h, rt->tok_embeddings, s->d_tokens + s->pos, T, dim));
         int32_t rc = forward_chunk(s, T, s->pos, loops);
         if (rc != LS_OK) return rc;

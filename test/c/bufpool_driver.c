@@ -1,5 +1,5 @@
 /*
- * bufpool_driver.c — the session buffer pool (kernels/bufpool.c) under
+ * bufpool_driver.c — the session buffer pool (kernels/cpu/bufpool.c) under
  * AddressSanitizer + UndefinedBehaviorSanitizer (test/kernels/bufpool_asan.test.ts).
  *
  *   bufpool_driver check           every rule below; exit 0 with one "ok" line each
@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bufpool.h"
+#include "cpu/bufpool.h"
 
 #define MB ((size_t)1 << 20)
 

@@ -1,5 +1,5 @@
 /*
- * pool_driver.c — the thread pool (kernels/threadpool.c) under
+ * pool_driver.c — the thread pool (kernels/cpu/threadpool.c) under
  * ThreadSanitizer. Prints "ok <check>" per passed check and "fail: ..." on
  * the first broken one (exit code 1).
  *
@@ -18,7 +18,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "threadpool.h"
+#include "cpu/threadpool.h"
 
 #define MAX_TASKS 70001
 

@@ -1,6 +1,7 @@
 /*
- * quant_driver.c — runs the quantized matmul kernels (kernels/quant_*.c) on
- * one case written by test/kernels/quant.test.ts, for one SIMD path.
+ * quant_driver.c — runs the quantized matmul kernels (quant_<path>.c in each
+ * SIMD folder of kernels/cpu/) on one case written by
+ * test/kernels/quant.test.ts, for one SIMD path.
  *
  *   quant_driver CASE OUT
  *

@@ -1,4 +1,4 @@
-// The engine's speculative modes (src/engine/spec_plan.ts, speculative.ts, kernels/spec.c):
+// The engine's speculative modes (src/engine/spec_plan.ts, speculative.ts, kernels/cpu/spec.c):
 // greedy output is token-for-token the plain mode's at loops = verify_loops,
 // across prompts, draft/verify depths, draft lengths, tree widths, sliding
 // windows, stop ids and max_tokens that land mid-cycle; K_branches = 1 is the

@@ -1,4 +1,4 @@
-// ls_batch_step (kernels/batch.c): many sessions advanced by one call, each
+// ls_batch_step (kernels/cpu/batch.c): many sessions advanced by one call, each
 // row's logits and token bit-identical to the same session stepped alone,
 // whatever else shares the call: prompts fed in chunks beside decode rows,
 // rows of different loop depths, windows, cache modes and sampling, rows

@@ -1,4 +1,4 @@
-// The pool of session buffers (kernels/bufpool.c) under ASan/UBSan, through
+// The pool of session buffers (kernels/cpu/bufpool.c) under ASan/UBSan, through
 // test/c/bufpool_driver.c: buffers under 2 MB (calloc's) and those mapped
 // on their own into huge pages (a session's K/V cache) come zeroed, fresh
 // or reused; a held buffer and the bytes past what was asked for are

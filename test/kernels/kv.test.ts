@@ -1,4 +1,4 @@
-// Key/value cache modes (docs/kv-cache.md; kernels/kvcache.c, test/reference/kvcache.ts):
+// Key/value cache modes (docs/kv-cache.md; kernels/cpu/kvcache.c, test/reference/kvcache.ts):
 //
 // - one row's encoding: the C encoder and the TypeScript one agree bit for
 //   bit, and the round-trip error stays within each format's bound;

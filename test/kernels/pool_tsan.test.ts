@@ -1,4 +1,4 @@
-// The thread pool (kernels/threadpool.c) under ThreadSanitizer, through
+// The thread pool (kernels/cpu/threadpool.c) under ThreadSanitizer, through
 // test/c/pool_driver.c: every task of a job runs exactly once at any thread
 // count and job size (past the 65535 tasks one job word holds), back-to-back
 // jobs lose none across generations, a stalled thread's range is finished
@@ -11,7 +11,7 @@ import { runSanitized, threadSanitizedDriver } from "../helpers/sanitized.ts";
 let driver = "";
 
 beforeAll(async () => {
-  driver = await threadSanitizedDriver("pool_driver", ["threadpool.c"]);
+  driver = await threadSanitizedDriver("pool_driver", ["cpu/threadpool.c"]);
 }, 120_000);
 
 describe("thread pool under ThreadSanitizer", () => {

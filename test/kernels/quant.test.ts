@@ -1,4 +1,4 @@
-// The quantized matmul kernels (kernels/quant_*.c) on their own, through
+// The quantized matmul kernels (kernels/cpu/*/quant_*.c) on their own, through
 // test/c/quant_driver.c built with AddressSanitizer + UBSan: every format
 // (int4, int2 block; int8, int6, int4 head) on odd shapes against the TypeScript reference
 // (dequantize, quantize the activations as the kernels do, multiply in

@@ -1,4 +1,4 @@
-// ls_spec_cycle (kernels/spec.c) through the binding: a session continues
+// ls_spec_cycle (kernels/cpu/spec.c) through the binding: a session continues
 // exactly as plain decoding after speculative cycles, bad settings are
 // refused without touching the session, every SIMD path and thread count
 // gives the same tokens, and speculative sampling draws from plain

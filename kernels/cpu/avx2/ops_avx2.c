@@ -15,10 +15,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu/kvcache.h"
+#include "cpu/ops.h"
+#include "cpu/simd_vec.h"
 #include "internal.h"
-#include "kvcache.h"
-#include "ops.h"
-#include "simd_vec.h"
 
 typedef __m256 vec;
 #define VL 8
@@ -100,7 +100,7 @@ static inline vec v_pow2(vec p, vec n) {
 #define MQ_SCORES_NV 2
 #define MQ_VALUES_E 2
 
-#include "ops_simd.h"
+#include "cpu/ops_simd.h"
 
 // ---- fp16 matmul ----
 

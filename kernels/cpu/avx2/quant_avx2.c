@@ -28,8 +28,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "quant_pack.h"
-#include "simd_vec.h"
+#include "cpu/quant_pack.h"
+#include "cpu/simd_vec.h"
 
 // ---- activations ----
 

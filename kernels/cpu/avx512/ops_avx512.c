@@ -18,10 +18,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cpu/kvcache.h"
+#include "cpu/ops.h"
+#include "cpu/simd_vec.h"
 #include "internal.h"
-#include "kvcache.h"
-#include "ops.h"
-#include "simd_vec.h"
 
 typedef __m512 vec;
 #define VL 16
@@ -76,7 +76,7 @@ static inline vec v_pow2(vec p, vec n) { return _mm512_scalef_ps(p, n); }
 #define MQ_SCORES_NV 2
 #define MQ_VALUES_E 4
 
-#include "ops_simd.h"
+#include "cpu/ops_simd.h"
 
 // ---- fp16 matmul ----
 

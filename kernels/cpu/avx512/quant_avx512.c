@@ -25,8 +25,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "quant_pack.h"
-#include "simd_vec.h"
+#include "cpu/quant_pack.h"
+#include "cpu/simd_vec.h"
 
 #define TILE_MAX_P 4 /* row pairs per tile */
 #define TILE_MAX_T 8 /* tokens per tile: 4 for the wide scheme, 8 for the narrow one (kernels) */

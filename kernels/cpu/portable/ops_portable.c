@@ -11,9 +11,9 @@
 #include <math.h>
 #include <string.h>
 
+#include "cpu/kvcache.h"
+#include "cpu/ops.h"
 #include "internal.h"
-#include "kvcache.h"
-#include "ops.h"
 
 #define LANES 8
 #define KBLOCK 256 /* weights converted to fp32 this many at a time (multiple of LANES) */

@@ -10,7 +10,7 @@
 #include <stdio.h>
 
 #include "quant.h"
-#include "session.h" /* LS_CHUNK: the most rows a matmul call carries */
+#include "sizes.h" /* LS_CHUNK: the most rows a matmul call carries */
 
 _Static_assert(LS_CHUNK <= 64, "model.c sizes the activation scratch for LS_CHUNK rows");
 

@@ -9,7 +9,8 @@
  * Build (what the test does):
  *   gcc -std=c11 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer \
  *       -DLS_LOAD_TO_HEAP -Ikernels test/c/asan_driver/<every .c> kernels/<every .c> \
- *       (+ per-file SIMD flags) -lm -pthread -o build/asan_driver
+ *       kernels/cpu/<every .c, in every folder> (+ per-file SIMD flags) -lm -pthread \
+ *       -o build/asan_driver
  * LS_LOAD_TO_HEAP (model.c) reads the model into an exactly-sized heap buffer
  * instead of mapping it, so ASan sees any read past the end of the file.
  *

@@ -3,11 +3,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/ops.h"     /* each path's kernel table */
+#include "cpu/runtime.h" /* ls_simd_missing */
 #include "driver.h"
-#include "internal.h" /* ls_f16_to_f32, ls_f32_to_f16 */
-#include "ops.h"      /* each path's kernel table */
+#include "internal.h"    /* ls_f16_to_f32, ls_f32_to_f16 */
 #include "rope.h"
-#include "runtime.h"  /* ls_simd_missing */
 
 // ---- f16-check ----
 

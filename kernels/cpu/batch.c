@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.h"
 #include "forward.h"
 #include "kvcache.h"
 #include "batch_rules.h" /* after forward.h (session.h): it reads sessions through ls_session_view */

@@ -13,7 +13,7 @@
  * so scores for 16 consecutive positions are one vector of FMAs with no
  * horizontal sum (ldk >= rows, padded off powers of two so the head_dim rows
  * read together do not all fall in one L1 set); values (rows, head_dim),
- * rows being what the session has allocated so far (session.h).
+ * rows being what the session has allocated so far (session_state.h).
  * Position p lives in ring slot p % cap. With a window W the ring holds W + LS_CHUNK rows, so writing
  * a chunk never overwrites a row a token of that chunk still attends to.
  *
@@ -28,7 +28,9 @@
 #include <math.h>
 #include <stddef.h>
 
-#include "forward.h"
+#include "attention.h"
+#include "kvcache.h"
+#include "runtime.h"
 
 // ---- attention ----
 

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvcache.h"
 #include "runtime.h"
 #include "session.h"
 #include "batch_rules.h" /* after session.h: it reads sessions through ls_session_view */

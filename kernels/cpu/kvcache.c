@@ -14,7 +14,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "session.h"
+#include "kvcache.h"
+#include "runtime.h"
+#include "session_state.h"
 
 // ---- rows ----
 

@@ -2,7 +2,7 @@
  * ext.h — state a module keeps on the runtime or on a session without the
  * holder knowing its layout. Not ABI.
  *
- * The runtime (runtime.h) and every session (session.h) hold one slot per
+ * The runtime (runtime.h) and every session (session_state.h) hold one slot per
  * module that needs one. The module allocates its state on first use, puts
  * it in its slot with the hook that frees it, and reads it back through its
  * own accessor; the holder only calls the hooks when it goes away. So the

@@ -12,13 +12,13 @@
  * never on the batch, the thread count or the SIMD path. The TypeScript
  * reference (test/reference/kvcache.ts) repeats the arithmetic bit for bit.
  *
- * Layouts of a quantized session (fp16 modes keep session.h's kc / vc):
+ * Layouts of a quantized session (fp16 modes keep session_state.h's kc / vc):
  *   kq (loops, n_kv_heads, nb, ldq)  key codes, transposed: byte b of the
  *                                    row of position p at [b][p % cap]
  *   kp (loops, n_kv_heads, np, rows) key parameters, transposed likewise
  *   vq (loops, n_kv_heads, rows, nb) value codes, one row per slot
  *   vp (loops, n_kv_heads, rows, np) value parameters
- * (rows: the session's allocated rows, at most cap; session.h)
+ * (rows: the session's allocated rows, at most cap; session_state.h)
  * nb = code bytes per row (int8: head_dim, int4: head_dim / 2), np = fp16
  * parameters per row (int8: the scale; int4: scale, offset per group).
  * Keys are transposed for the same reason as the fp16 cache: the score
@@ -66,7 +66,7 @@ void ls_kv_wht(float *x, int32_t n);
 int32_t ls_kv_check_mode(int32_t kv_mode, int32_t hd, char *err, int32_t err_len);
 
 /* Most rows one ls_kv_store call takes (the size of a thread's key staging
- * tile, session.h k16). */
+ * tile, session_state.h k16). */
 #define LS_KV_STORE_ROWS 32
 
 /* Stores rows slot..slot+n-1 (1 <= n <= LS_KV_STORE_ROWS, consecutive ring

@@ -68,6 +68,7 @@
 
 #include "draft_head.h"
 #include "forward.h"
+#include "kvcache.h"
 #include "sampling.h"
 #include "session_rules.h"
 #include "testing.h" /* LS_SPEC_TEST_ACCEPT_ALL */
@@ -81,7 +82,7 @@
 _Static_assert(LS_SPEC_MAX_AHEAD == MAX_AHEAD && LS_SPEC_MAX_NODES == MAX_NODES &&
                    LS_SPEC_MAX_BRANCHES == MAX_BRANCH && LS_TREE_MAX_DEPTH >= MAX_AHEAD &&
                    LS_TREE_MAX_ROWS >= 1 + MAX_NODES && LS_CHUNK >= MAX_AHEAD + 1,
-               "speculative limits out of step with loopserve.h / forward.h / session.h");
+               "speculative limits out of step with loopserve.h / attention.h / sizes.h");
 
 /* One cycle's settings, checked. */
 typedef struct {

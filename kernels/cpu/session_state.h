@@ -1,24 +1,20 @@
 /*
- * session.h — a session's state (session.c allocates it): positions per
- * loop, the token history, the K/V cache in the session's mode (layouts in
- * kvcache.h), scratch for one chunk, and the modules' extension slots. Not
- * ABI. The forward pass over it is forward.h's.
+ * session_state.h — a session's state as the CPU files read it: positions
+ * per loop, the token history, the K/V cache in the session's mode
+ * (layouts in kvcache.h), scratch for one chunk, and the modules'
+ * extension slots. session.c allocates and grows it (session.h); the
+ * forward pass (forward.h), attention (attention.h) and the K/V store
+ * (kvcache.h) work on it. Not ABI.
  */
-#ifndef LS_SESSION_H
-#define LS_SESSION_H
+#ifndef LS_SESSION_STATE_H
+#define LS_SESSION_STATE_H
 
 #include <stdint.h>
 
 #include "ext.h"
 #include "internal.h"
-#include "kvcache.h"
-#include "runtime.h"
 #include "session_rules.h"
-
-/* Largest number of tokens pushed through the block in one internal step.
- * Longer calls are split; batch invariance makes the split invisible. It
- * also bounds the ring: a windowed cache holds window + LS_CHUNK positions. */
-#define LS_CHUNK 64
+#include "sizes.h"
 
 struct ls_session {
     ls_model *m;
@@ -76,31 +72,5 @@ static inline ls_seq_view ls_session_view(const ls_session *s) {
                      s->loop_len, s->loop_lo};
     return v;
 }
-
-/* A session's K/V cache starts with room for LS_KV_FIRST_ROWS positions
- * (or its cap) and, when a call needs more, at least doubles, in whole
- * blocks of LS_KV_BLOCK rows, up to cap: memory follows the positions
- * actually fed, and the copies of growing sum to less than the final size.
- * A growth is one allocation and copy of the whole cache, and first
- * touches of fresh pages are slow on some hosts
- * (docs/kernels.md#tuning-figures): the first allocation covers a common
- * request so that most never grow. */
-#define LS_KV_BLOCK 64
-#define LS_KV_FIRST_ROWS 512
-/* Rows allocated past the last usable one: they keep the value rows of
- * consecutive heads off power-of-two strides, which would put one position
- * of every head in the same cache sets. */
-#define LS_KV_ROW_PAD 8
-
-/* Makes room for positions [0, end) (slots below min(end, cap)) before a
- * call writes them: LS_OK, or LS_ERR_NOMEM with the session unchanged.
- * Every entry point that stores K/V calls it before changing anything. */
-int32_t ls_session_reserve(ls_session *s, int32_t end);
-
-/* Draws the next token from logits, the last row the session was fed, as
- * ls_session_step does (history: the session's tokens; RNG counter: its
- * position). Shared by ls_session_step and ls_batch_step; reads only s, so
- * several sessions may draw at once on different threads. */
-int32_t ls_step_sample(const ls_session *s, const float *logits, const ls_step_params *p);
 
 #endif
