@@ -1,5 +1,5 @@
 /*
- * gemm.c — times the quantized matmul kernels (kernels/quant_*.c) alone, one
+ * gemm.c — times the quantized matmul kernels (kernels/cpu/*/quant_*.c) alone, one
  * thread, on one shape, for bench/gemm.ts.
  *
  *   gemm BITS GROUP ROWS IN T SIMD SECONDS

@@ -608,7 +608,7 @@ export interface SpecCycleParams {
 
 /** ls_spec_params.flags */
 export const SPEC_FLAGS = {
-  /** Draft with the model's own output head instead of the shortlist head (kernels/draft_head.c). */
+  /** Draft with the model's own output head instead of the shortlist head (kernels/cpu/draft_head.c). */
   exactDraftHead: LS_SPEC_EXACT_DRAFT_HEAD,
 } as const;
 

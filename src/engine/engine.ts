@@ -23,7 +23,7 @@ export interface EngineOptions {
   buildDir: string;
   /** $XDG_CACHE_HOME, where an embedded kernel library is extracted (null: ~/.cache). */
   cacheHome?: string | null;
-  /** How speculative requests draft (src/engine/speculative.ts; kernels/spec.c explains the choices). */
+  /** How speculative requests draft (src/engine/speculative.ts; kernels/cpu/spec.c explains the choices). */
   draft?: DraftOptions;
   /** Key/value cache mode of every session (docs/kv-cache.md; default fp16). */
   kvCacheMode?: KvCacheMode;

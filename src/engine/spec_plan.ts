@@ -33,7 +33,7 @@ export interface SpecSettings {
 export interface SpecContext {
   /** The request's sampling temperature: the tree is greedy only. */
   temperature: number;
-  /** The key/value cache the engine runs: the tree moves fp16 rows only (kernels/spec.c). */
+  /** The key/value cache the engine runs: the tree moves fp16 rows only (kernels/cpu/spec.c). */
   kvCacheMode: KvCacheMode;
 }
 

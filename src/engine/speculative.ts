@@ -1,7 +1,7 @@
 // Self-speculative decoding, engine side (docs/speculative.md): a plan's
 // cycle settings and the per-request statistics (spec_plan.ts makes the plan). The
 // cycle itself — draft at draftLoops, one batched verify at loops, accept,
-// roll back — is one C call (ls_spec_cycle, kernels/spec.c) per step.
+// roll back — is one C call (ls_spec_cycle, kernels/cpu/spec.c) per step.
 //
 // How a speculative request runs (engine.ts): the prompt is prefilled at the
 // verify depth and the first token sampled exactly as plain generation does
@@ -20,7 +20,7 @@ import type { SamplingParams, SpeculativeStats, SpecPlan } from "./types.ts";
  */
 export const SPEC_SESSION_SLACK = 1 + SPEC_LIMITS.nodes;
 
-/** Which head proposes draft tokens (see kernels/spec.c: "Draft head"). */
+/** Which head proposes draft tokens (see kernels/cpu/spec.c: "Draft head"). */
 export type DraftHead = "shortlist" | "exact";
 
 /** How the engine drafts (Engine options; the defaults suit every request). */

@@ -1,5 +1,5 @@
 // The key/value cache row encodings and the Walsh–Hadamard rotation exactly
-// as kernels/kvcache.c computes them (the modes: src/model/kvcache.ts), so
+// as kernels/cpu/kvcache.c computes them (the modes: src/model/kvcache.ts), so
 // the reference forward pass stores what the kernels store and tests can
 // compare the C encoder with this one bit for bit.
 //
@@ -36,7 +36,7 @@ export function kvBytesPerToken(mode: KvCacheMode, shape: { loops: number; nKvHe
   return shape.loops * shape.nKvHeads * 2 * kvRowBytes(kvModeSpec(mode).format, shape.headDim);
 }
 
-// ---- rows (kernels/kvcache.c) ----
+// ---- rows (kernels/cpu/kvcache.c) ----
 
 const f = Math.fround;
 

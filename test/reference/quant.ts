@@ -44,7 +44,7 @@ export interface QuantizedRow {
 }
 
 /**
- * One activation row quantized exactly as kernels/quant_portable.c does it
+ * One activation row quantized exactly as kernels/cpu/portable/quant_portable.c does it
  * in fp32: amax = max|x|, d = amax / 127, q = rne(x * (127 / amax)). The
  * inputs are rounded to fp32 first (the kernels hold activations in fp32),
  * and each fp32 operation is emulated with Math.fround.
