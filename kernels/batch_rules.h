@@ -3,7 +3,7 @@
  * order, blocks) and its session bookkeeping, shared by the CPU library
  * (batch.c) and the CUDA one. Include after the library's session
  * definition: ls_session_view, and the fields both libraries' sessions
- * name alike (pos, tokens, loop_len, loop_lo, cap). Not ABI.
+ * name alike (pos, tokens, unit_len, unit_lo, cap). Not ABI.
  */
 #ifndef LS_BATCH_RULES_H
 #define LS_BATCH_RULES_H
@@ -51,7 +51,7 @@ static inline int32_t ls_check_batch(const ls_model *m, ls_session *const *sessi
 typedef struct {
     int32_t row;   /* index into the call's rows */
     int32_t first; /* first token, offset into the call's token array */
-    int32_t n, pos0, loops;
+    int32_t n, pos0, units; /* units: the cache units (steps x layers) the piece runs */
     int32_t last; /* the row's final piece */
 } ls_batch_piece;
 
@@ -114,16 +114,16 @@ static inline int ls_batch_blocks(const ls_batch_plan *p, const ls_batch_row *ro
     return n_pieces > 0 ? run(ctx, pieces, n_pieces) : 0;
 }
 
-/* Loop l has run for pieces [lo, n): their sessions' loop l holds their positions. */
-static inline void ls_batch_loop_done(ls_session *const *sessions, const ls_batch_piece *pieces, int32_t lo,
+/* Unit l has run for pieces [lo, n): their sessions' unit l holds their positions. */
+static inline void ls_batch_unit_done(ls_session *const *sessions, const ls_batch_piece *pieces, int32_t lo,
                                       int32_t n, int32_t l) {
     for (int32_t i = lo; i < n; i++) {
         ls_session *s = sessions[pieces[i].row];
-        ls_seq_advance(s->loop_len, s->loop_lo, l, pieces[i].pos0 + pieces[i].n, s->cap);
+        ls_seq_advance(s->unit_len, s->unit_lo, l, pieces[i].pos0 + pieces[i].n, s->cap);
     }
 }
 
-/* A block has run every loop: its pieces' tokens join their sessions' histories. */
+/* A block has run every unit: its pieces' tokens join their sessions' histories. */
 static inline void ls_batch_block_done(ls_session *const *sessions, const ls_batch_piece *pieces, int32_t n,
                                        const int32_t *tokens) {
     for (int32_t i = 0; i < n; i++) {

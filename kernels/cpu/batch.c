@@ -7,11 +7,11 @@
  * would do for it alone (the kernels are batch-invariant: a row's results
  * never depend on the other rows of a call, docs/kernels.md).
  *
- * Rows are ordered by loop depth, shallowest first, so at loop l the rows
+ * Rows are ordered by loop depth, shallowest first, so at unit l the rows
  * still running are a suffix of the block and the matmuls shrink as
  * shallow rows leave (a depth-ragged batch). In a row's last loop only its
  * sampled row needs the attention output, FFN and residual; the others
- * just store their K/V. ls_forward_block_loop skips a prefix of its rows,
+ * just store their K/V. ls_forward_unit skips a prefix of its rows,
  * so among rows of one depth those that sample nothing come first and
  * sampling rows follow, longest first (a prompt's final chunk before
  * decode rows). The ordered rows are cut into blocks of at most LS_CHUNK
@@ -87,7 +87,7 @@ static batch_scratch *scratch_for(ls_model *m, int32_t rows) {
     return b;
 }
 
-/* The attention of a block at loop l: the pieces still running, [lo,
+/* The attention of a block at unit l: the pieces still running, [lo,
  * n_pieces), each over its own session, their rows from the start of view. */
 typedef struct {
     ls_session *const *sessions;
@@ -97,7 +97,7 @@ typedef struct {
     int32_t dim, kv_dim;
 } block_attention;
 
-static void attend_block(void *ctx, int32_t loop, int32_t T, int32_t skip, int32_t stored) {
+static void attend_block(void *ctx, int32_t unit, int32_t T, int32_t skip, int32_t stored) {
     (void)stored; /* 0: a block of pieces has no store callback, its runs store here */
     const block_attention *a = ctx;
     ls_att_rows runs[LS_ATT_MAX_RUNS];
@@ -109,7 +109,7 @@ static void attend_block(void *ctx, int32_t loop, int32_t T, int32_t skip, int32
         runs[n++] = (ls_att_rows){a->sessions[p->row], p->n, p->pos0, a->view->q + q0, a->view->k + k0,
                                   a->view->v + k0, a->view->att + q0, cut};
     }
-    ls_attention_runs(runs, n, loop);
+    ls_attention_runs(runs, n, unit);
 }
 
 /* True when a piece's final row is read after its last loop: the row's
@@ -143,13 +143,13 @@ static void decide_exits(const ls_model *m, ls_batch_piece *pc, exit_state *ex, 
     int32_t moved = 0;
     for (int32_t k = lo, r = start; k < n; r += pc[k].n, k++) {
         exit_state *e = &ex[k];
-        if (e->threshold <= 0.0f || pc[k].loops <= done) continue;
+        if (e->threshold <= 0.0f || pc[k].units <= done) continue;
         const float lambda = exit_lambda(m, b->h + (size_t)r * dim);
         const float p = lambda * e->remaining;
         e->remaining = e->remaining * (1.0f - lambda);
         e->cdf = e->cdf + p;
         if (e->cdf >= e->threshold) {
-            pc[k].loops = done;
+            pc[k].units = done;
             moved++;
         }
     }
@@ -160,7 +160,7 @@ static void decide_exits(const ls_model *m, ls_batch_piece *pc, exit_state *ex, 
     int32_t out = 0, row = 0;
     for (int pass = 0; pass < 2; pass++)
         for (int32_t k = lo, r = start; k < n; r += pc[k].n, k++) {
-            if ((pc[k].loops == done) != (pass == 0)) continue;
+            if ((pc[k].units == done) != (pass == 0)) continue;
             memcpy(b->xb + (size_t)row * dim, b->h + (size_t)r * dim, (size_t)pc[k].n * dim * sizeof(float));
             memcpy(b->q + (size_t)row * hd, b->rope + (size_t)r * hd, (size_t)pc[k].n * hd * sizeof(float));
             tmp_pc[out] = pc[k];
@@ -173,14 +173,14 @@ static void decide_exits(const ls_model *m, ls_batch_piece *pc, exit_state *ex, 
     memcpy(ex + lo, tmp_ex, (size_t)out * sizeof *ex);
 }
 
-/* A piece that exited after `pc->loops` of its `units`: every deeper unit
+/* A piece that exited after `pc->units` of its `units`: every deeper unit
  * of its session gets, at its position, the keys/values of the same layer
  * in its exit step. */
 static void fill_exited(ls_session *s, const ls_batch_piece *pc, int32_t units) {
-    const int32_t L = s->m->info.n_layers, last_step = pc->loops - L, pos = pc->pos0, slot = pos % s->cap;
-    for (int32_t u = pc->loops; u < units; u++) {
+    const int32_t L = s->m->info.n_layers, last_step = pc->units - L, pos = pc->pos0, slot = pos % s->cap;
+    for (int32_t u = pc->units; u < units; u++) {
         ls_kv_copy_row(s, u, slot, s, last_step + u % L, slot);
-        ls_seq_advance(s->loop_len, s->loop_lo, u, pos + 1, s->cap);
+        ls_seq_advance(s->unit_len, s->unit_lo, u, pos + 1, s->cap);
     }
 }
 
@@ -200,7 +200,7 @@ static void run_block(ls_model *m, ls_session *const *sessions, const ls_batch_r
         const ls_batch_piece *p = &pieces[i];
         pc[i] = *p;
         const int exit_piece = p->last && exits[p->row]; /* the plan split its token off */
-        ex[i] = (exit_state){exit_piece ? rows[p->row].step.exit_threshold : 0.0f, 1.0f, 0.0f, p->loops};
+        ex[i] = (exit_state){exit_piece ? rows[p->row].step.exit_threshold : 0.0f, 1.0f, 0.0f, p->units};
         any_exit |= exit_piece;
         ls_forward_embed(sessions[p->row], tokens + p->first, p->n, b->h + (size_t)T * dim);
         ls_rope_table(b->rope + (size_t)T * hd, p->n, p->pos0, hd, mi->rope_theta);
@@ -209,12 +209,12 @@ static void run_block(ls_model *m, ls_session *const *sessions, const ls_batch_r
     block_attention att = {sessions, pc, 0, n_pieces, NULL, dim, mi->n_kv_heads * hd};
     for (int32_t l = 0, lo = 0, start = 0; ; l++) {
         /* pieces are shallowest first: drop the ones whose loops are done */
-        while (lo < n_pieces && pc[lo].loops <= l) start += pc[lo++].n;
+        while (lo < n_pieces && pc[lo].units <= l) start += pc[lo++].n;
         if (lo == n_pieces) break;
         /* the pieces ending at this loop lead; their rows up to the first
          * one a sampled token reads only store K/V */
         int32_t skip = 0;
-        for (int32_t k = lo; k < n_pieces && pc[k].loops == l + 1; k++) {
+        for (int32_t k = lo; k < n_pieces && pc[k].units == l + 1; k++) {
             if (needs_output(&pc[k], slot)) {
                 skip += pc[k].n - 1;
                 break;
@@ -226,8 +226,8 @@ static void run_block(ls_model *m, ls_session *const *sessions, const ls_batch_r
                          b->v + start * kv_dim, b->att + (size_t)start * dim, b->g, b->u, b->rope + (size_t)start * hd};
         att.lo = lo;
         att.view = &view;
-        ls_forward_block_loop(m, &view, T - start, skip, l, attend_block, NULL, &att);
-        ls_batch_loop_done(sessions, pc, lo, n_pieces, l);
+        ls_forward_unit(m, &view, T - start, skip, l, attend_block, NULL, &att);
+        ls_batch_unit_done(sessions, pc, lo, n_pieces, l);
         if (any_exit && (l + 1) % L == 0) decide_exits(m, pc, ex, lo, n_pieces, start, l + 1, b);
     }
     ls_batch_block_done(sessions, pc, n_pieces, tokens);
@@ -236,7 +236,7 @@ static void run_block(ls_model *m, ls_session *const *sessions, const ls_batch_r
         if (ex[i].threshold > 0.0f) fill_exited(sessions[p->row], p, ex[i].units);
         if (!needs_output(p, slot)) continue;
         memcpy(b->last + (size_t)slot[p->row] * dim, b->h + (size_t)(r0 + p->n - 1) * dim, (size_t)dim * sizeof(float));
-        sessions[p->row]->last_steps = p->loops / L;
+        sessions[p->row]->last_steps = p->units / L;
     }
 }
 

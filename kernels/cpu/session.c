@@ -1,13 +1,13 @@
 /*
- * session.c — a request's state: one K/V cache per loop (fp16, or int8 /
+ * session.c — a request's state: one K/V cache per unit (fp16, or int8 /
  * int4 codes with their scales: kvcache.h), the token history, and scratch
  * for one chunk. The scratch is allocated once, in ls_session_new; the
  * caches start with room for LS_KV_FIRST_ROWS positions and grow as
  * positions arrive (ls_session_reserve). Every buffer comes from the
  * runtime's bufpool.c, and goes back there when freed or outgrown, so a
- * new session reuses mapped pages. Positions per loop are tracked separately
- * (loop_len) so a speculative pass can fill loops [0, D) ahead of loops
- * [D, V); rollback truncates every loop.
+ * new session reuses mapped pages. Positions per unit are tracked separately
+ * (unit_len) so a speculative pass can fill loops [0, D) ahead of loops
+ * [D, V); rollback truncates every unit.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -80,7 +80,7 @@ int64_t ls_session_cache_bytes(const ls_model *m, const ls_session_params *param
 
 int64_t ls_session_cache_bytes_held(const ls_session *s) {
     if (!s) return LS_ERR_ARG;
-    cache_layout c = layout_of(&s->m->info, s->loops, s->rows, s->kv_mode);
+    cache_layout c = layout_of(&s->m->info, s->units, s->rows, s->kv_mode);
     return (int64_t)layout_bytes(&c);
 }
 
@@ -116,11 +116,11 @@ static int alloc_cache(cache_bufs *b, const ls_model *m, int32_t loops, int32_t 
     return ok;
 }
 
-/* Copies the session's rows [0, s->rows) of every loop and head into b
+/* Copies the session's rows [0, s->rows) of every unit and head into b
  * (which has at least as many rows), each part at b's strides. */
 static void copy_cache(const ls_session *s, const cache_bufs *b, int32_t n_rows) {
     const ls_model_info *mi = &s->m->info;
-    size_t heads = (size_t)s->loops * (size_t)mi->n_kv_heads, hd = (size_t)mi->head_dim;
+    size_t heads = (size_t)s->units * (size_t)mi->n_kv_heads, hd = (size_t)mi->head_dim;
     size_t old = (size_t)s->rows, rows = (size_t)n_rows, nb = (size_t)s->kv_nb, np = (size_t)s->kv_np;
     for (size_t head = 0; head < heads; head++) {
         if (s->kv_fmt == LS_KV_FP16) {
@@ -159,7 +159,7 @@ int32_t ls_session_reserve(ls_session *s, int32_t end) {
     want = (want + LS_KV_BLOCK - 1) / LS_KV_BLOCK * LS_KV_BLOCK;
     int32_t n_rows = (want < s->cap ? (int32_t)want : s->cap) + LS_KV_ROW_PAD;
     cache_bufs b;
-    if (!alloc_cache(&b, s->m, s->loops, n_rows, s->kv_mode)) return LS_ERR_NOMEM;
+    if (!alloc_cache(&b, s->m, s->units, n_rows, s->kv_mode)) return LS_ERR_NOMEM;
     copy_cache(s, &b, n_rows);
     cache_bufs old = {.kc = s->kc, .vc = s->vc, .kp = s->kp, .vp = s->vp, .kq = s->kq, .vq = s->vq};
     free_cache(s->m, &old);
@@ -187,7 +187,7 @@ ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *e
     size_t kv_dim = (size_t)mi->n_kv_heads * hd, nth = (size_t)m->rt->n_threads;
     int32_t first_rows = (s->cap < LS_KV_FIRST_ROWS ? s->cap : LS_KV_FIRST_ROWS) + LS_KV_ROW_PAD;
     cache_bufs cache;
-    int cache_ok = alloc_cache(&cache, m, s->loops, first_rows, kv_mode);
+    int cache_ok = alloc_cache(&cache, m, s->units, first_rows, kv_mode);
     if (cache_ok) adopt_cache(s, &cache, first_rows);
     s->kv_nb = cache.c.nb;
     s->kv_np = cache.c.np;
@@ -198,8 +198,8 @@ ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *e
         cache_ok = cache_ok && s->kv_codes && s->kv_params;
     }
     s->tokens = alloc0(m, (size_t)max_seq * sizeof *s->tokens);
-    s->loop_len = alloc0(m, (size_t)s->loops * sizeof *s->loop_len);
-    s->loop_lo = alloc0(m, (size_t)s->loops * sizeof *s->loop_lo);
+    s->unit_len = alloc0(m, (size_t)s->units * sizeof *s->unit_len);
+    s->unit_lo = alloc0(m, (size_t)s->units * sizeof *s->unit_lo);
     s->h = alloc0(m, C * dim * sizeof(float));
     s->xb = alloc0(m, C * dim * sizeof(float));
     s->q = alloc0(m, C * dim * sizeof(float));
@@ -212,7 +212,7 @@ ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *e
     s->rope = alloc0(m, C * hd * sizeof(float));
     s->scores = alloc0(m, ls_bytes_of((size_t)m->rt->n_threads * LS_ATT_GROUP, (size_t)s->cap, 1, 1, sizeof(float)));
     s->logits = alloc0(m, (size_t)mi->vocab_size * sizeof(float));
-    if (!cache_ok || !s->tokens || !s->loop_len || !s->loop_lo || !s->h || !s->xb || !s->q || !s->k ||
+    if (!cache_ok || !s->tokens || !s->unit_len || !s->unit_lo || !s->h || !s->xb || !s->q || !s->k ||
         !s->v || !s->k16 || !s->att || !s->g || !s->u || !s->rope || !s->scores || !s->logits) {
         ls_set_error(err, err_len, "out of memory allocating a session (max_seq %d, loops %d, window %d)", max_seq,
                      loops, cache_window);
@@ -225,7 +225,7 @@ ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *e
 void ls_session_free(ls_session *s) {
     if (!s) return;
     ls_ext_free_all(s->ext, LS_SESSION_EXT_N);
-    void *bufs[] = {s->tokens, s->loop_len, s->loop_lo, s->kc, s->vc, s->kq, s->kp, s->vq, s->vp,
+    void *bufs[] = {s->tokens, s->unit_len, s->unit_lo, s->kc, s->vc, s->kq, s->kp, s->vq, s->vp,
                     s->kv_codes, s->kv_params, s->h, s->xb, s->q, s->k, s->v, s->k16, s->att, s->g, s->u,
                     s->rope, s->scores, s->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) release(s->m, bufs[i]);
@@ -242,7 +242,7 @@ int32_t ls_session_last_steps(const ls_session *s) { return s ? s->last_steps : 
 
 int32_t ls_session_rollback(ls_session *s, int32_t pos) {
     if (!s) return LS_ERR_ARG;
-    int32_t rc = ls_rollback_loops(s->loop_len, s->loop_lo, s->loops, s->window, s->pos, pos);
+    int32_t rc = ls_rollback_units(s->unit_len, s->unit_lo, s->units, s->window, s->pos, pos);
     if (rc == LS_OK) s->pos = pos;
     return rc;
 }
@@ -253,11 +253,11 @@ int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src, int32_t n
     if (rc != LS_OK) return rc;
     rc = ls_session_reserve(dst, n);
     if (rc != LS_OK) return rc;
-    for (int32_t l = 0; l < dst->loops; l++) {
-        int32_t lo = ls_prefix_lo(src->loop_lo[l], n, dst->cap);
+    for (int32_t l = 0; l < dst->units; l++) {
+        int32_t lo = ls_prefix_lo(src->unit_lo[l], n, dst->cap);
         for (int32_t p = lo; p < n; p++) ls_kv_copy_row(dst, l, p % dst->cap, src, l, p % src->cap);
-        dst->loop_len[l] = n;
-        dst->loop_lo[l] = lo;
+        dst->unit_len[l] = n;
+        dst->unit_lo[l] = lo;
     }
     memcpy(dst->tokens, src->tokens, (size_t)n * sizeof *dst->tokens);
     dst->pos = n;
