@@ -33,6 +33,8 @@ typedef struct {
     int32_t pos;              /* positions held */
     const int32_t *unit_len;  /* (units) positions [0, unit_len) written in unit l's cache */
     const int32_t *unit_lo;   /* (units) oldest position the ring still holds for unit l */
+    const int32_t *def_units; /* (pos) exact early exit: the units position p had computed when its hidden
+                               * state was kept, its later units deferred; NULL in a session without them */
 } ls_seq_view;
 
 /* The model shape the forward pass relies on (ls_runtime_init checks it
@@ -145,8 +147,47 @@ static inline int ls_units_hold(const int32_t *unit_len, const int32_t *unit_lo,
 /* Unit l now holds positions [0, len): a ring of cap rows keeps only the
  * last cap of them. */
 static inline void ls_seq_advance(int32_t *unit_len, int32_t *unit_lo, int32_t l, int32_t len, int32_t cap) {
+    if (len <= unit_len[l]) return; /* a call that wrote only positions below it (deferred units) */
     unit_len[l] = len;
     if (len - cap > unit_lo[l]) unit_lo[l] = len - cap;
+}
+
+/* Positions [0, pos) of units [0, need) are each held, or deferred (exact
+ * early exit, loopserve.h): a position lacking a unit lacks every unit
+ * after it, whole steps at a time, and its kept state is the input of its
+ * first missing unit, so a call can compute them first. Deferred units
+ * never exist with a window. */
+static inline int ls_units_complete(ls_seq_view s, int32_t pos, int32_t need) {
+    int32_t prev = pos;
+    for (int32_t u = 0; u < need; u++) {
+        int32_t len = s.unit_len[u] < pos ? s.unit_len[u] : pos;
+        if (u % s.layers != 0) {
+            if (len != prev) return 0; /* a step's units hold the same positions */
+            continue;
+        }
+        if (len > prev) return 0; /* a deeper step holds a position a shallower one lacks */
+        if (len < prev && (!s.def_units || s.window > 0)) return 0;
+        for (int32_t p = len; p < prev; p++)
+            if (s.def_units[p] != u) return 0;
+        prev = len;
+    }
+    return 1;
+}
+
+/* Units [0, need) are ready for a call appending at the session's position:
+ * complete (above), and each ring still holds the rows a query there
+ * attends to. */
+static inline int ls_units_ready(ls_seq_view s, int32_t need) {
+    int32_t need_lo = ls_window_lo(s.pos, s.window);
+    for (int32_t u = 0; u < need; u++)
+        if (s.unit_len[u] > s.pos || s.unit_lo[u] > need_lo) return 0;
+    return ls_units_complete(s, s.pos, need);
+}
+
+/* Positions whose units a call at depth `need` (units) computes first: those
+ * lacking unit need - 1. */
+static inline int32_t ls_units_deferred(ls_seq_view s, int32_t need) {
+    return s.def_units && need > 0 ? s.pos - s.unit_len[need - 1] : 0;
 }
 
 /* The checks of appending n tokens through `loops` loops (steps; ls_session_forward
@@ -159,7 +200,7 @@ static inline int32_t ls_check_feed(ls_seq_view s, const int32_t *tokens, int32_
     for (int32_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= vocab) return LS_ERR_ARG;
     if (s.pos > s.max_seq - n) return LS_ERR_FULL;
-    return ls_units_hold(s.unit_len, s.unit_lo, 0, loops * s.layers, s.pos, s.window) ? LS_OK : LS_ERR_STATE;
+    return ls_units_ready(s, loops * s.layers) ? LS_OK : LS_ERR_STATE;
 }
 
 /* ls_session_rollback on the bookkeeping: forgets positions >= pos in
@@ -198,8 +239,8 @@ static inline int32_t ls_check_copy_prefix(ls_seq_view dst, ls_seq_view src, int
     if (n > src.pos || n > dst.max_seq) return LS_ERR_ARG;
     int32_t need_lo = ls_window_lo(n, dst.window);
     for (int32_t l = 0; l < dst.units; l++)
-        if (src.unit_len[l] < n || ls_prefix_lo(src.unit_lo[l], n, dst.cap) > need_lo) return LS_ERR_STATE;
-    return LS_OK;
+        if (ls_prefix_lo(src.unit_lo[l], n, dst.cap) > need_lo) return LS_ERR_STATE;
+    return ls_units_complete(src, n, dst.units) ? LS_OK : LS_ERR_STATE;
 }
 
 #endif

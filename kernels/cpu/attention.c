@@ -336,7 +336,7 @@ static void att_token_kv(const ls_att_rows *r, int32_t unit, int32_t kvh, int32_
     const ls_model_info *mi = &s->m->info;
     int32_t hd = mi->head_dim, per = mi->n_heads / mi->n_kv_heads, h0 = kvh * per;
     store_job sj = {s, unit, r->pos0, NULL, 1, r->k, r->v};
-    store_task(&sj, kvh, thread); /* one token: task kvh is kv head kvh */
+    if (r->k) store_task(&sj, kvh, thread); /* one token: task kvh is kv head kvh; k NULL: stored already */
     if (r->skip >= 1) return;
     for (int32_t g0 = 0; g0 < per; g0 += LS_ATT_GROUP) {
         int32_t G = per - g0 < LS_ATT_GROUP ? per - g0 : LS_ATT_GROUP;
@@ -413,7 +413,7 @@ void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t unit) {
     first[0] = 0;
     for (int32_t k = 0; k < n; k++) {
         const ls_att_rows *r = &runs[k];
-        if (r->T == 1) { /* stores its own K/V, skipped or not */
+        if (r->T == 1 && r->k) { /* stores its own K/V, skipped or not */
             single[ns] = *r;
             first[ns + 1] = first[ns] + n_kv;
             ns++;

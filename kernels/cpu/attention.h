@@ -35,8 +35,10 @@ typedef struct {
 /* Stores each run's k, v (where not NULL) into unit's cache of its
  * session in the session's kv mode (kvcache.c), then computes att for
  * every (token, head) from q (rotated, and the output rotated back, in the
- * H modes). Runs belong to distinct sessions. Every (token, head) result
- * is the same whatever else shares the call. */
+ * H modes). A session's runs cover distinct positions, and a run whose
+ * rows another run of its session reads has its K/V stored before the
+ * call (k NULL): a batch's deferred rows (batch.c). Every (token, head)
+ * result is the same whatever else shares the call. */
 void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t unit);
 
 /* ls_attention_runs of the session's own chunk scratch (s->q, s->k, s->v,

@@ -525,6 +525,24 @@ int32_t ls_forward_deepen(ls_session *s, int32_t la, int32_t lb) {
     return LS_OK;
 }
 
+void ls_forward_settle_step(ls_session *s, int32_t a, int32_t b, int32_t u) {
+    const int32_t L = s->m->info.n_layers, dim = s->m->info.dim;
+    /* in chunks, each through the whole step: a chunk attends to the chunks before it, done */
+    for (int32_t c0 = a; c0 < b; c0 += LS_CHUNK) {
+        int32_t T = b - c0 < LS_CHUNK ? b - c0 : LS_CHUNK;
+        memcpy(s->h, s->def_h + (size_t)c0 * dim, (size_t)T * dim * sizeof *s->h);
+        forward_chunk(s, s->h, T, c0, u, u + L, NULL, 0);
+        for (int32_t t = 0; t < T; t++) ls_session_defer(s, c0 + t, u + L, s->h + (size_t)t * dim);
+    }
+}
+
+int32_t ls_forward_settle(ls_session *s, int32_t need) {
+    if (!s || need < 1 || need > s->units) return LS_ERR_ARG;
+    if (!ls_units_ready(ls_session_view(s), need)) return LS_ERR_STATE;
+    for (int32_t u = 0; u < need; u += s->m->info.n_layers) ls_forward_settle_step(s, s->unit_len[u], s->pos, u);
+    return LS_OK;
+}
+
 void ls_forward_tree(ls_session *s, float *h, int32_t n, const ls_tree_rows *rows, int32_t la, int32_t lb) {
     int32_t dim = s->m->info.dim;
     for (int32_t c0 = 0; c0 < n; c0 += LS_CHUNK) {
@@ -565,6 +583,7 @@ int32_t ls_session_forward(ls_session *s, const int32_t *tokens, int32_t n, int3
     if (logits_out && (n_logits < 1 || n_logits > n)) return LS_ERR_ARG;
     int32_t rc = ls_check_feed(ls_session_view(s), tokens, n, loops);
     if (rc == LS_OK) rc = ls_session_reserve(s, s->pos + n); /* all of it before the first chunk runs */
+    if (rc == LS_OK) rc = ls_forward_settle(s, loops * s->m->info.n_layers); /* deferred units it reads */
     if (rc != LS_OK) return rc;
 
     int32_t dim = s->m->info.dim, vocab = s->m->info.vocab_size;

@@ -67,6 +67,17 @@ int32_t ls_forward_units(ls_session *s, float *h, int32_t n, int32_t pos0, int32
  * LS_ERR_ARG / LS_ERR_STATE. */
 int32_t ls_forward_deepen(ls_session *s, int32_t la, int32_t lb);
 
+/* Computes the units [0, need) that earlier exact early exits deferred
+ * (loopserve.h) for every position lacking them, step by step, each from
+ * its kept state; afterwards units [0, need) hold every position. Returns
+ * LS_OK (also when none are deferred), or LS_ERR_ARG / LS_ERR_STATE. */
+int32_t ls_forward_settle(ls_session *s, int32_t need);
+
+/* One step of ls_forward_settle: positions [a, b), which lack the step
+ * beginning at unit u and hold every unit before it, through that step from
+ * their kept states, which then hold the next step's input. */
+void ls_forward_settle_step(ls_session *s, int32_t a, int32_t b, int32_t u);
+
 /* Tree variant of ls_forward_units: n rows described by `rows` through units
  * [la, lb). Rows must be ordered so that every ancestor precedes its
  * descendants (chunks of LS_CHUNK then see their ancestors' rows). Touches

@@ -68,6 +68,9 @@ static size_t layout_bytes(const cache_layout *c) {
     return total;
 }
 
+/* Bytes a position's deferred units keep: its hidden state and its unit count. */
+static size_t deferred_bytes(const ls_model_info *mi) { return (size_t)mi->dim * sizeof(float) + sizeof(int32_t); }
+
 int64_t ls_session_cache_bytes(const ls_model *m, const ls_session_params *params) {
     if (!params || ls_check_session_args(m, params->max_seq, params->loops, params->cache_window, NULL, 0) != LS_OK ||
         ls_kv_check_mode(params->kv_mode, m->info.head_dim, NULL, 0) != LS_OK)
@@ -75,13 +78,15 @@ int64_t ls_session_cache_bytes(const ls_model *m, const ls_session_params *param
     int32_t cap = ls_ring_rows(params->max_seq, params->cache_window, LS_CHUNK);
     cache_layout c = layout_of(&m->info, params->loops * m->info.n_layers, cap + LS_KV_ROW_PAD, params->kv_mode);
     size_t total = layout_bytes(&c);
+    /* a model with an exit gate may keep a hidden state per position (exact early exit) */
+    if (m->info.exit_gate && total > 0) total += (size_t)params->max_seq * deferred_bytes(&m->info);
     return total > 0 && total <= INT64_MAX ? (int64_t)total : LS_ERR_NOMEM;
 }
 
 int64_t ls_session_cache_bytes_held(const ls_session *s) {
     if (!s) return LS_ERR_ARG;
     cache_layout c = layout_of(&s->m->info, s->units, s->rows, s->kv_mode);
-    return (int64_t)layout_bytes(&c);
+    return (int64_t)(layout_bytes(&c) + (size_t)s->def_cap * deferred_bytes(&s->m->info));
 }
 
 /* One allocation of a session's K/V cache, for n_rows rows. */
@@ -167,6 +172,38 @@ int32_t ls_session_reserve(ls_session *s, int32_t end) {
     return LS_OK;
 }
 
+int32_t ls_session_defer_reserve(ls_session *s, int32_t end) {
+    if (end <= s->def_cap) return LS_OK;
+    if (end > s->max_seq) return LS_ERR_ARG;
+    int32_t cap = s->def_cap < LS_KV_BLOCK ? LS_KV_BLOCK : s->def_cap;
+    while (cap < end) cap = cap > s->max_seq / 2 ? s->max_seq : 2 * cap;
+    if (cap > s->max_seq) cap = s->max_seq;
+    size_t dim = (size_t)s->m->info.dim;
+    float *h = alloc0(s->m, (size_t)cap * dim * sizeof *h);
+    int32_t *units = alloc0(s->m, (size_t)cap * sizeof *units);
+    if (!h || !units) {
+        release(s->m, h);
+        release(s->m, units);
+        return LS_ERR_NOMEM;
+    }
+    if (s->def_cap > 0) {
+        memcpy(h, s->def_h, (size_t)s->def_cap * dim * sizeof *h);
+        memcpy(units, s->def_units, (size_t)s->def_cap * sizeof *units);
+    }
+    release(s->m, s->def_h);
+    release(s->m, s->def_units);
+    s->def_h = h;
+    s->def_units = units;
+    s->def_cap = cap;
+    return LS_OK;
+}
+
+void ls_session_defer(ls_session *s, int32_t pos, int32_t units, const float *h) {
+    const size_t dim = (size_t)s->m->info.dim;
+    memcpy(s->def_h + (size_t)pos * dim, h, dim * sizeof *h);
+    s->def_units[pos] = units;
+}
+
 ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *err, int32_t err_len) {
     if (!params) {
         ls_set_error(err, err_len, "no session parameters given");
@@ -225,7 +262,7 @@ ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *e
 void ls_session_free(ls_session *s) {
     if (!s) return;
     ls_ext_free_all(s->ext, LS_SESSION_EXT_N);
-    void *bufs[] = {s->tokens, s->unit_len, s->unit_lo, s->kc, s->vc, s->kq, s->kp, s->vq, s->vp,
+    void *bufs[] = {s->tokens, s->unit_len, s->unit_lo, s->def_h, s->def_units, s->kc, s->vc, s->kq, s->kp, s->vq, s->vp,
                     s->kv_codes, s->kv_params, s->h, s->xb, s->q, s->k, s->v, s->k16, s->att, s->g, s->u,
                     s->rope, s->scores, s->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) release(s->m, bufs[i]);
@@ -252,13 +289,17 @@ int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src, int32_t n
     int32_t rc = ls_check_copy_prefix(ls_session_view(dst), ls_session_view(src), n);
     if (rc != LS_OK) return rc;
     rc = ls_session_reserve(dst, n);
+    /* positions lacking dst's deepest unit keep their deferred states */
+    int32_t held = src->unit_len[dst->units - 1] < n ? src->unit_len[dst->units - 1] : n;
+    if (rc == LS_OK && held < n) rc = ls_session_defer_reserve(dst, n);
     if (rc != LS_OK) return rc;
     for (int32_t l = 0; l < dst->units; l++) {
-        int32_t lo = ls_prefix_lo(src->unit_lo[l], n, dst->cap);
-        for (int32_t p = lo; p < n; p++) ls_kv_copy_row(dst, l, p % dst->cap, src, l, p % src->cap);
-        dst->unit_len[l] = n;
+        int32_t lo = ls_prefix_lo(src->unit_lo[l], n, dst->cap), len = src->unit_len[l] < n ? src->unit_len[l] : n;
+        for (int32_t p = lo; p < len; p++) ls_kv_copy_row(dst, l, p % dst->cap, src, l, p % src->cap);
+        dst->unit_len[l] = len;
         dst->unit_lo[l] = lo;
     }
+    for (int32_t p = held; p < n; p++) ls_session_defer(dst, p, src->def_units[p], src->def_h + (size_t)p * dst->m->info.dim);
     memcpy(dst->tokens, src->tokens, (size_t)n * sizeof *dst->tokens);
     dst->pos = n;
     return LS_OK;

@@ -32,6 +32,10 @@ struct ls_session {
     int32_t *tokens;  /* (max_seq) token history */
     int32_t *unit_len; /* (units) positions [0, unit_len) written in unit l's cache */
     int32_t *unit_lo;  /* (units) oldest position the ring still holds for unit l */
+    float *def_h;       /* (def_cap, dim) exact early exit: position p's hidden state entering unit def_units[p] */
+    int32_t *def_units; /* (def_cap) the units position p had computed when its state was kept (its later
+                         * units deferred, loopserve.h); NULL until the session first keeps one */
+    int32_t def_cap;    /* positions def_h and def_units have room for */
     uint16_t *kc;     /* (units, n_kv_heads, head_dim, ldk) fp16 keys (RoPE applied), transposed;
                        * NULL in a quantized mode */
     uint16_t *vc;     /* (units, n_kv_heads, rows, head_dim) fp16 values; NULL in a quantized mode */
@@ -69,7 +73,7 @@ struct ls_session {
 /* The session's bookkeeping as session_rules.h reads it. */
 static inline ls_seq_view ls_session_view(const ls_session *s) {
     ls_seq_view v = {s->m, s->max_seq, s->units, s->m->info.n_layers, s->window, s->cap, s->kv_mode, s->pos,
-                     s->unit_len, s->unit_lo};
+                     s->unit_len, s->unit_lo, s->def_units};
     return v;
 }
 

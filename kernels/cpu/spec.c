@@ -567,7 +567,7 @@ int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_param
     if (!(c.leaf_min_prob >= 0.0f && c.leaf_min_prob <= 1.0f)) return LS_ERR_ARG;
 
     int32_t p = s->pos;
-    if (!ls_units_hold(s->unit_len, s->unit_lo, 0, c.V, p, s->window)) return LS_ERR_STATE;
+    if (!ls_units_ready(ls_session_view(s), c.V)) return LS_ERR_STATE;
     c.k = prm->draft_ahead < prm->max_new - 1 ? prm->draft_ahead : prm->max_new - 1;
     if (c.k == 0) c.K = 1;
     /* every row of the cycle needs its own position (tree leaves: their own
@@ -575,6 +575,8 @@ int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_param
      * overwrites a row the cycle or the next one reads */
     if (p + 1 + c.k * c.K > s->max_seq) return LS_ERR_FULL;
     int32_t rc = ls_session_reserve(s, p + 1 + c.k * c.K);
+    /* units earlier exact exits deferred: as deep as the draft goes where they exist that deep */
+    if (rc == LS_OK) rc = ls_forward_settle(s, ls_units_ready(ls_session_view(s), c.L) ? c.L : c.V);
     if (rc == LS_OK && c.D > c.V) rc = ls_forward_deepen(s, c.V, c.D);
     if (rc == LS_OK) rc = ensure_scratch(s);
     if (rc == LS_OK && !c.exact_draft && c.k > 0) rc = ls_draft_head_build(s->m);

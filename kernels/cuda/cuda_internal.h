@@ -113,7 +113,7 @@ struct ls_session {
 
 /* The session's bookkeeping as session_rules.h reads it (fp16 cache only). */
 static inline ls_seq_view ls_session_view(const ls_session *s) {
-    ls_seq_view v = {s->m, s->max_seq, s->units, s->m->info.n_layers, s->window, s->cap, LS_KV_FP16, s->pos, s->unit_len, s->unit_lo};
+    ls_seq_view v = {s->m, s->max_seq, s->units, s->m->info.n_layers, s->window, s->cap, LS_KV_FP16, s->pos, s->unit_len, s->unit_lo, NULL};
     return v;
 }
 

@@ -14,7 +14,7 @@ import { type BatchRow, cudaDeviceCount, formatProfile, type KvCacheSettings, Na
 import { EngineLoadError, EngineRequestError } from "./errors.ts";
 import { MAX_TOP_LOGPROBS, type TokenLogprob, tokenLogprob } from "./logprobs.ts";
 import { cycleParams, type DraftOptions, SPEC_SESSION_SLACK, SpecCounter } from "./speculative.ts";
-import { type EngineRunOptions, type FinishReason, type GenerateRequest, type GenerateResult, type ModelInfo, pooledPromptLength, type SimdChoice, type TokenSink } from "./types.ts";
+import { type EngineRunOptions, type ExitRule, type FinishReason, type GenerateRequest, type GenerateResult, type ModelInfo, pooledPromptLength, type SimdChoice, type TokenSink } from "./types.ts";
 
 export interface EngineOptions {
   modelPath: string;
@@ -221,8 +221,8 @@ export class Engine {
     const stops = new Set(req.stopTokenIds);
     const s = req.sampling;
     const counter = plan ? new SpecCounter() : null;
-    const exitThreshold = req.exitThreshold || undefined;
-    const exitSteps: number[] | undefined = exitThreshold ? [] : undefined;
+    const exit: ExitRule | undefined = req.exitThreshold ? { threshold: req.exitThreshold, policy: "exact" } : undefined;
+    const exitSteps: number[] | undefined = exit ? [] : undefined;
     const shape = sessionShape(req);
     const session = this.model.newSession(shape.maxSeq, shape.loops, req.cacheWindow, this.kv);
     this.live.add(session);
@@ -273,7 +273,7 @@ export class Engine {
         // Prefill and the first token: the same steps in every mode.
         // The batcher feeds the prompt a chunk per step; the last chunk samples the first token.
         const prompt = Int32Array.from(req.promptTokens.slice(reused));
-        const first = await this.batcher.prefill({ session, tokens: prompt, loops: req.loops, sampling: s, logitsOut: stepLogits, exitThreshold }, signal);
+        const first = await this.batcher.prefill({ session, tokens: prompt, loops: req.loops, sampling: s, logitsOut: stepLogits, exit }, signal);
         if (first === null) return done("cancelled");
         next = first.token;
         steps = first.steps;
@@ -296,7 +296,7 @@ export class Engine {
           next = out[n - 1];
         } else {
           if (signal?.aborted) return done("cancelled");
-          const row: BatchRow = { session, tokens: Int32Array.of(next), loops: req.loops, sampling: s, logitsOut: stepLogits, exitThreshold };
+          const row: BatchRow = { session, tokens: Int32Array.of(next), loops: req.loops, sampling: s, logitsOut: stepLogits, exit };
           next = await this.batcher.step(row, tokens.length + 1 < req.maxTokens);
           if (signal?.aborted) return done("cancelled");
           end = emit(next, stepLogits, row.steps ?? req.loops);

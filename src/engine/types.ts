@@ -30,6 +30,23 @@ export interface SamplingParams {
 /** Greedy decoding: the most likely token, nothing else applied. */
 export const GREEDY: SamplingParams = { temperature: 0, topK: 0, topP: 1, repetitionPenalty: 1, seed: 0 };
 
+/** How a sampled token's early exit treats the steps it skips (docs/early-exit.md). */
+export const EXIT_POLICIES = ["exact", "copy"] as const;
+export type ExitPolicy = (typeof EXIT_POLICIES)[number];
+
+/**
+ * Learned early exit (a model with an exit gate): each sampled token stops
+ * after the first step whose cumulative exit probability reaches
+ * `threshold` (0..1; 0: after the first step). "exact": a later token that
+ * goes deeper first computes the steps earlier tokens skipped, so outputs
+ * equal computing every step for every token; "copy": the skipped steps'
+ * cache units receive copies of the exit step's keys/values.
+ */
+export interface ExitRule {
+  threshold: number;
+  policy: ExitPolicy;
+}
+
 /** Generation paths (docs/speculative.md). */
 export const GENERATION_MODES = ["generate", "speculative", "tree_speculative"] as const;
 export type GenerationMode = (typeof GENERATION_MODES)[number];
