@@ -377,20 +377,30 @@ class LoopedLlama(nn.Module):
         return final @ self.head_weight().t(), step
 
 
+EXIT_POLICIES = ("exact", "copy")
+
+
 class Decoder:
     """Incremental decoding with a KV cache of loops * n_layers slots, slot
     (s, i) at index s * n_layers + i, as the server runs a model: `prefill`
     the prompt (every position runs every step; the last one, whose logits
-    are sampled, exits by the rule), then `step` one token at a time.
+    are sampled, exits by the rule), then `step` one token at a time. An
+    exiting token's logits come from its exit step; with the "exact" policy
+    it still runs every step (every step, select: the published Ouro code),
+    with "copy" it stops and its deeper slots get its exit step's K/V.
     `kv_hook` (Block.forward's) replaces the new positions' K and V before
     the cache stores them."""
 
-    def __init__(self, model: LoopedLlama, loops: int, threshold: float | None = None, kv_fp16: bool = True, kv_hook=None) -> None:
+    def __init__(self, model: LoopedLlama, loops: int, threshold: float | None = None, kv_fp16: bool = True, kv_hook=None,
+                 policy: str = "exact") -> None:
         if not 1 <= loops <= MAX_LOOPS:
             raise ValueError(f"loops must be in [1, {MAX_LOOPS}], got {loops}")
         if threshold is not None and not model.config.exit_gate:
             raise ValueError("this model has no exit gate")
+        if policy not in EXIT_POLICIES:
+            raise ValueError(f"policy must be one of {EXIT_POLICIES}, got {policy!r}")
         self.model, self.loops, self.threshold, self.kv_fp16, self.kv_hook = model, loops, threshold, kv_fp16, kv_hook
+        self.policy = policy
         c = model.config
         empty = torch.zeros(1, c.n_kv_heads, 0, c.head_dim, dtype=model.tok_embeddings.weight.dtype)
         self.k = [empty] * (loops * c.n_layers)
@@ -409,7 +419,7 @@ class Decoder:
         h = m.tok_embeddings(torch.tensor([tokens]))
         state = ExitState((1,), self.threshold, self.loops) if self.threshold is not None and T == 1 else None
         self.last_margin = float("inf")
-        logits, exit_step = None, self.loops - 1
+        exit_step, selected = self.loops - 1, None
         for s in range(self.loops):
             for i, layer in enumerate(m.stack):
                 slot = s * L + i
@@ -417,14 +427,16 @@ class Decoder:
                 self.k[slot] = torch.cat((self.k[slot], k), dim=2)
                 self.v[slot] = torch.cat((self.v[slot], v), dim=2)
             h = m._end_step(h)
-            if state is not None and s < self.loops - 1:
+            if state is not None and selected is None and s < self.loops - 1:
                 stop = bool(state.update(s, gate_lambda(m, h[0, -1:]))[0])
                 self.last_margin = float(state.margin[0])
                 if stop:
-                    exit_step = s
-                    break
-        logits = m.head_input(h[0]) @ m.head_weight().t()
-        for s2 in range(exit_step + 1, self.loops):  # an exited token: the deeper slots get its last K/V
+                    exit_step, selected = s, h
+                    if self.policy == "copy":
+                        break
+        logits = m.head_input((h if selected is None else selected)[0]) @ m.head_weight().t()
+        copied = range(exit_step + 1, self.loops) if self.policy == "copy" else ()
+        for s2 in copied:  # an exited token's deeper slots get its last K/V
             for i in range(L):
                 src, dst = exit_step * L + i, s2 * L + i
                 self.k[dst] = torch.cat((self.k[dst], self.k[src][:, :, -1:]), dim=2)
@@ -451,14 +463,14 @@ class Decoder:
 
 @torch.no_grad()
 def generate(model: LoopedLlama, prompt: list[int], n: int, loops: int, threshold: float | None = None,
-             kv_fp16: bool = True, forced: list[int] | None = None, kv_hook=None) -> dict:
+             kv_fp16: bool = True, forced: list[int] | None = None, kv_hook=None, policy: str = "exact") -> dict:
     """Greedy decoding (lowest id on ties): {"prompt_logits" (T, vocab),
     "tokens" [n], "exit_steps" [n] (of the position whose logits chose each
     token), "logits" (n, vocab) (those logits), "margin" (the closest an exit
     decision came to the threshold; inf without exit)}. `forced`: decode
     these n tokens instead of the greedy choices (another run's, to compare
-    the logits position by position); `kv_hook`: Decoder's."""
-    d = Decoder(model, loops, threshold, kv_fp16, kv_hook)
+    the logits position by position); `kv_hook`, `policy`: Decoder's."""
+    d = Decoder(model, loops, threshold, kv_fp16, kv_hook, policy)
     prompt_logits, step = d.prefill(prompt)
     margin = d.last_margin
     last = prompt_logits[-1]
