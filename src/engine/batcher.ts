@@ -63,7 +63,7 @@ const successor = (row: BatchRow, token: number): BatchRow => ({
   loops: row.loops,
   sampling: row.sampling,
   logitsOut: row.logitsOut,
-  exitThreshold: row.exitThreshold,
+  exit: row.exit,
 });
 
 const sameRow = (a: BatchRow, b: BatchRow) =>
@@ -74,7 +74,7 @@ const sameRow = (a: BatchRow, b: BatchRow) =>
   a.loops === b.loops &&
   a.sampling === b.sampling &&
   (a.logitsOut ?? null) === (b.logitsOut ?? null) &&
-  (a.exitThreshold ?? 0) === (b.exitThreshold ?? 0);
+  a.exit === b.exit;
 
 export class StepBatcher {
   /** Decode rows for the next step. */
@@ -165,7 +165,7 @@ export class StepBatcher {
       loops: p.row.loops,
       sampling: last ? p.row.sampling : null,
       logitsOut: p.row.logitsOut,
-      exitThreshold: last ? p.row.exitThreshold : undefined,
+      exit: last ? p.row.exit : undefined,
     };
     p.pending = true;
     const w: Waiting = { row, prefill: p, continues: false, claim: null };

@@ -27,7 +27,7 @@ import {
 } from "../abi/abi.generated.ts";
 import { type FieldName, StructView } from "../abi/abi_struct.ts";
 import { describeModelFile } from "./model_descriptor.ts";
-import type { ModelFileInfo, ModelInfo, SamplingParams, SimdChoice } from "./types.ts";
+import type { ExitPlan, ModelFileInfo, ModelInfo, SamplingParams, SimdChoice } from "./types.ts";
 
 const { i32, i64_fast, u64, ptr, void: none, cstring } = FFIType;
 
@@ -294,7 +294,8 @@ export class NativeModel {
 
   /** ls_batch_row of `r` with n_tokens left 0; SamplingParams are never changed once made, so their bytes are kept. */
   private rowBytes(r: BatchRow): Uint8Array {
-    const exit = r.exitThreshold ?? 0;
+    // Today's ls_step_params carries the threshold alone (0: fixed depth); the policy is not sent yet.
+    const exit = r.exit?.threshold ?? 0;
     const kept = r.sampling ? this.sampledRowBytes.get(r.sampling) : undefined;
     if (kept && kept.loops === r.loops && kept.exit === exit) return kept.bytes;
     const row = new StructView("ls_batch_row").fill({ sample: r.sampling ? 1 : 0 });
@@ -350,7 +351,7 @@ export class NativeModel {
 
   /** Each sampling row's steps, read while its session is as the call left it. */
   private recordSteps(call: BatchCall): void {
-    for (const r of call.rows) if (r.sampling) r.steps = r.exitThreshold ? r.session.lastStepsNow() : r.loops;
+    for (const r of call.rows) if (r.sampling) r.steps = r.exit ? r.session.lastStepsNow() : r.loops;
   }
 
   /**
@@ -585,11 +586,11 @@ export interface BatchRow {
   loops: number;
   /** Draws the next token as NativeSession.step does; null: forward only (a prompt chunk before its last). */
   sampling: SamplingParams | null;
-  /** A sampling row's early-exit threshold (NativeSession.step); absent or 0: fixed depth. */
-  exitThreshold?: number;
+  /** A sampling row's early exit (NativeSession.step); absent: fixed depth. */
+  exit?: ExitPlan;
   /** A sampling row's last logits, before any sampling transform. */
   logitsOut?: Float32Array | null;
-  /** Written by the step for a sampling row: the steps its token ran (under exitThreshold its exit step + 1, else loops). */
+  /** Written by the step for a sampling row: the steps its token ran (under exit its exit step + 1, else loops). */
   steps?: number;
 }
 

@@ -28,6 +28,7 @@
 //   last chunk with empty `choices` carries the usage, as OpenAI sends it.
 import { Elysia } from "elysia";
 import { SERVICE_NAME } from "../config.ts";
+import { defaultExitThreshold, type DepthPlan } from "../engine/depth_plan.ts";
 import type { GenerateRequest, TokenLogprob } from "../engine/types.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import { renderChat } from "./chat_template.ts";
@@ -40,8 +41,9 @@ import {
   type Scheduling,
   checkLength,
   completedForStream,
+  loadedEngine,
   promptTokens,
-  requireEngine,
+  resolveDepth,
   runGeneration,
   stopTokenIds,
 } from "./generation.ts";
@@ -73,6 +75,7 @@ const STARTED_AT = Math.floor(Date.now() / 1000);
 export function modelEntries(deps: AppDeps): ModelEntry[] {
   const id = deps.config.modelPath;
   if (id === null) return [];
+  const info = deps.engine?.info;
   return [
     {
       id,
@@ -80,7 +83,8 @@ export function modelEntries(deps: AppDeps): ModelEntry[] {
       created: STARTED_AT,
       owned_by: SERVICE_NAME,
       max_model_len: deps.config.maxSeqLen,
-      default_loops: deps.engine?.info.defaultLoops ?? null,
+      default_loops: info?.defaultLoops ?? null,
+      exit_threshold: info ? defaultExitThreshold(info) : null,
     },
   ];
 }
@@ -110,8 +114,8 @@ export interface Extension {
   repetitionPenalty?: number | null;
   cacheWindow: number;
   scheduling: Scheduling;
-  /** Generation-mode fields (speculative knobs) laid over the compat request. */
-  request?: Partial<GenerateRequest>;
+  /** The request's depth, its knobs included (resolveDepth); null without a model. */
+  depth: DepthPlan | null;
   /** Sections added to the response body, or to the final chunk of a stream. */
   sections(done: Completion, request: GenerateRequest): ExtendedSections;
 }
@@ -179,8 +183,11 @@ function randomSeed(): number {
 
 function resolve(deps: AppDeps, body: SamplingBody, prompt: number[], shape: JobShape, ext: Extension | undefined): CompatJob {
   const { maxTokens } = shape;
+  const temperature = body.temperature ?? D.temperature;
+  // /v1 names only `loops`: the mode is plain generation and the exit the model's default.
+  const resolved = ext ? ext.depth : resolveDepth(deps, "generate", { loops: body.loops }, temperature);
   checkLength(deps, prompt.length, maxTokens);
-  const engine = requireEngine(deps);
+  const { engine, depth } = loadedEngine(deps, resolved);
   const stopStrings = body.stop == null ? [] : Array.isArray(body.stop) ? body.stop : [body.stop];
   const penalty = foldPenalties(body.presence_penalty ?? D.presence_penalty, body.frequency_penalty ?? D.frequency_penalty);
   const stream = body.stream ?? D.stream;
@@ -189,9 +196,8 @@ function resolve(deps: AppDeps, body: SamplingBody, prompt: number[], shape: Job
     request: {
       promptTokens: prompt,
       maxTokens,
-      loops: body.loops ?? engine.info.defaultLoops,
       sampling: {
-        temperature: body.temperature ?? D.temperature,
+        temperature,
         topK: D.top_k,
         topP: body.top_p ?? D.top_p,
         repetitionPenalty: ext?.repetitionPenalty ?? penalty,
@@ -200,7 +206,7 @@ function resolve(deps: AppDeps, body: SamplingBody, prompt: number[], shape: Job
       stopTokenIds: stopTokenIds(deps),
       cacheWindow: ext?.cacheWindow ?? 0,
       ...(shape.logprobs === undefined ? {} : { logprobs: shape.logprobs, promptLogprobs: shape.promptLogprobs }),
-      ...ext?.request,
+      ...depth,
     },
     stopStrings,
     stream,

@@ -3,7 +3,8 @@
 // the generated ids into text deltas with whole-string stop matching.
 // Families differ only in their request fields and their response framing.
 import type { Config } from "../config.ts";
-import type { GenerateRequest, GenerateResult, GenerationMode, ModelInfo, PromptLogprobSink, TokenLogprob, TokenSink } from "../engine/types.ts";
+import { type DepthPlan, planDepth } from "../engine/depth_plan.ts";
+import type { ExitPolicy, GenerateRequest, GenerateResult, GenerationMode, ModelInfo, PromptLogprobSink, TokenLogprob, TokenSink } from "../engine/types.ts";
 import { TextStream } from "../text/stream.ts";
 import { TokenLimitExceeded, type Tokenizer, TokenizerCancelledError, TokenizerClosedError } from "../tokenizer/tokenizer.ts";
 import type { ServiceMetrics } from "../metrics.ts";
@@ -126,18 +127,42 @@ export async function promptTokens(deps: AppDeps, prompt: string | number[], par
   throw badRequest(`\`${where}\` ${what} ${ids[at]}, outside the model's vocabulary ${range}`, where);
 }
 
+/** A request's depth fields as its body carries them (every family names them alike). */
+export interface DepthFields {
+  loops?: number | null;
+  verify_loops?: number | null;
+  draft_loops?: number | null;
+  draft_ahead?: number | null;
+  K_branches?: number | null;
+  exit_threshold?: number | null;
+  exit_policy?: ExitPolicy | null;
+}
+
 /**
- * A request's early exit (docs/early-exit.md): the threshold asked for, or
- * in plain generation the model's default. 400 where it cannot apply: a
- * model without an exit gate, or a speculative mode (fixed depths).
+ * The request's depth (steps, speculative plan, early exit) resolved once,
+ * at the range stage (src/engine/depth_plan.ts): defaults from the model,
+ * refusals as 400s naming the field. Null only when no model is loaded
+ * (loadedEngine then answers 503, after the length check).
  */
-export function exitRequest(deps: AppDeps, asked: number | null | undefined, mode: GenerationMode): Pick<GenerateRequest, "exitThreshold"> {
-  const info = deps.engine?.info;
-  if (asked == null) return mode === "generate" && info?.exitThreshold ? { exitThreshold: info.exitThreshold } : {};
-  if (asked === 0) return {};
-  if (info && !info.exitGate) throw outOfRange("exit_threshold", "needs a model with an exit gate; this model has none");
-  if (mode !== "generate") throw outOfRange("exit_threshold", `cannot be combined with mode ${mode}: speculative decoding runs fixed depths`);
-  return { exitThreshold: asked };
+export function resolveDepth(deps: AppDeps, mode: GenerationMode, body: DepthFields, temperature: number): DepthPlan | null {
+  const settings = {
+    mode,
+    loops: body.loops ?? undefined,
+    verifyLoops: body.verify_loops ?? undefined,
+    draftLoops: body.draft_loops ?? undefined,
+    draftAhead: body.draft_ahead ?? undefined,
+    kBranches: body.K_branches ?? undefined,
+    exitThreshold: body.exit_threshold, // null: no early exit
+    exitPolicy: body.exit_policy ?? undefined,
+  };
+  return planDepth(settings, { model: deps.engine?.info ?? null, temperature, kvCacheMode: deps.config.kvCacheMode });
+}
+
+/** The engine and the request's depth, resolved against its model: the 503 of a server without one. */
+export function loadedEngine(deps: AppDeps, depth: DepthPlan | null): { engine: GenerationEngine; depth: DepthPlan } {
+  const engine = requireEngine(deps);
+  if (depth === null) throw new Error("internal: a request was resolved without the model that is loaded");
+  return { engine, depth };
 }
 
 export function checkCacheWindow(deps: AppDeps, cacheWindow: number): void {

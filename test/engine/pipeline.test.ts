@@ -71,7 +71,7 @@ function jobs(): Job[] {
       cacheWindow: i % 6 === 3 ? 8 : 0,
     };
     if (i % 4 === 0) req.logprobs = 3;
-    if (i % 4 === 2) req.exitThreshold = 0.6;
+    if (i % 4 === 2) req.exit = { threshold: 0.6, policy: "exact" };
     const job: Job = { req };
     if (i % 7 === 5) job.stopAfter = 3;
     if (i === 11) job.abortAfter = 4;

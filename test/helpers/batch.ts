@@ -92,7 +92,8 @@ function batched(m: NativeModel, ps: Plan[]): Trace[] {
           loops: p.loops,
           sampling: samples ? p.sampling : null,
           logitsOut: samples ? new Float32Array(m.info.vocabSize) : null,
-          exitThreshold: samples ? p.exitThreshold : undefined,
+          // Today's kernels: copy policy, threshold 0 = fixed depth, as NativeSession.step takes it.
+          exit: samples && p.exitThreshold !== undefined ? { threshold: p.exitThreshold, policy: "copy" } : undefined,
         });
         who.push(i);
       });

@@ -81,6 +81,7 @@ describe("GET /v1/models", () => {
       owned_by: "loopserve",
       max_model_len: MAX_SEQ_LEN,
       default_loops: DEFAULT_LOOPS,
+      exit_threshold: null,
     });
     expect(Number.isInteger(m.created)).toBe(true);
     expect(Math.abs(m.created - Date.now() / 1000)).toBeLessThan(600);

@@ -56,13 +56,15 @@ const PROMPT = [300, 17, 42, 99, 250, 7, 13];
 describe("an imported Ouro-layout checkpoint, served", () => {
   test("/generate: greedy tokens equal the reference's at fixed depth and under early exit, with the steps it reports", async () => {
     let exited = false;
-    for (const exit of [0, 0.4, 0.7]) {
+    // null: no early exit; 1: every step, the fixed-depth path.
+    for (const exit of [null, 1, 0.4, 0.7]) {
       const res = await server.post("/generate", { prompt: PROMPT, max_tokens: 16, temperature: 0, loops: STEPS, exit_threshold: exit });
       expect(res.status).toBe(200);
       const body = await res.json();
-      const want = referenceGreedy(PROMPT, 16, exit);
+      const fixed = exit === null || exit === 1;
+      const want = referenceGreedy(PROMPT, 16, fixed ? 0 : exit);
       expect(body.tokens, `exit_threshold ${exit}`).toEqual(want.tokens);
-      if (exit === 0) expect(body.stats.mean_steps).toBeUndefined();
+      if (fixed) expect(body.stats.mean_steps).toBeUndefined();
       else if (want.steps.length > 0) expect(body.stats.mean_steps).toBeCloseTo(want.steps.reduce((a, b) => a + b, 0) / want.steps.length, 9);
       exited ||= want.steps.some((s) => s < STEPS);
     }
@@ -93,6 +95,11 @@ describe("an imported Ouro-layout checkpoint, served", () => {
     expect((await native.json()).error.param).toBe("exit_threshold");
     const bad = await server.post("/generate", { prompt: PROMPT, exit_threshold: 1.5 });
     expect(bad.status).toBe(400);
+    const policy = await server.post("/generate", { prompt: PROMPT, exit_threshold: 0.5, exit_policy: "fast" });
+    expect(policy.status).toBe(400);
+    expect((await policy.json()).error.param).toBe("exit_policy");
+    for (const exit_policy of ["exact", "copy"])
+      expect((await server.post("/generate", { prompt: PROMPT, max_tokens: 2, exit_threshold: 0.5, exit_policy })).status).toBe(200);
   }, 60_000);
 
   test("int4 of the imported model keeps its tokenizer and runs, exits included", () => {
@@ -146,14 +153,28 @@ describe("a model whose file names a default exit threshold", () => {
     expect(body.tokens).toEqual(alone);
   }, 60_000);
 
-  test("plain generation exits by default; 0 asks for fixed depth; the speculative modes run fixed depths", async () => {
+  test("plain generation exits by default; null and 1 ask for fixed depth; the speculative modes run fixed depths", async () => {
     const byDefault = await (await gated.post("/generate", { prompt: PROMPT, max_tokens: 8, temperature: 0, loops: 4 })).json();
     expect(typeof byDefault.stats.mean_steps).toBe("number");
-    const fixed = await (await gated.post("/generate", { prompt: PROMPT, max_tokens: 8, temperature: 0, loops: 4, exit_threshold: 0 })).json();
-    expect(fixed.stats.mean_steps).toBeUndefined();
+    for (const exit_threshold of [null, 1]) {
+      const fixed = await (await gated.post("/generate", { prompt: PROMPT, max_tokens: 8, temperature: 0, loops: 4, exit_threshold })).json();
+      expect(fixed.stats.mean_steps).toBeUndefined();
+    }
     const spec = await gated.post("/generate/speculative", { prompt: PROMPT, max_tokens: 8, temperature: 0, verify_loops: 4, draft_loops: 1 });
     expect(spec.status).toBe(200);
     const info = (await (await gated.post("/api/v0/completions", { model: "m", prompt: "a", max_tokens: 1 })).json()).model_info;
     expect(info).toMatchObject({ n_layers: 2, exit_gate: true, exit_threshold: 0.6 });
+  }, 60_000);
+
+  test("a request that names no depth gets the model's, on every route; /v1/models says which", async () => {
+    const [entry] = (await (await fetch(`${gated.url}/v1/models`)).json()).data;
+    expect(entry).toMatchObject({ default_loops: GATED.loops, exit_threshold: GATED.exitThreshold });
+    const plain = await (await gated.post("/generate", { prompt: PROMPT, max_tokens: 4, temperature: 0 })).json();
+    expect(plain.stats.loops_used).toBe(GATED.loops);
+    expect(typeof plain.stats.mean_steps).toBe("number");
+    const spec = await (await gated.post("/generate/speculative", { prompt: PROMPT, max_tokens: 4, temperature: 0, draft_loops: 1 })).json();
+    expect(spec.stats.loops_used).toBe(GATED.loops);
+    const extended = await (await gated.post("/api/v0/completions", { model: "m", prompt: "a", max_tokens: 4, temperature: 0, mode: "speculative" })).json();
+    expect(extended.stats.loops_used).toBe(GATED.loops);
   }, 60_000);
 });
