@@ -54,8 +54,8 @@ const symbols = {
   ls_session_forward: { args: [ptr, ptr, i32, i32, ptr, i32], returns: i32 },
   ls_session_step: { args: [ptr, ptr, i32, ptr, ptr], returns: i32 },
   ls_batch_step: { args: [ptr, ptr, ptr, i32, ptr, ptr, ptr], returns: i32 },
-  ls_batch_begin: { args: [ptr, ptr, ptr, i32, ptr, ptr, ptr], returns: i32 },
-  ls_batch_end: { args: [ptr], returns: i32 },
+  ls_pipeline_begin: { args: [ptr, ptr, ptr, i32, ptr, ptr, ptr], returns: i32 },
+  ls_pipeline_end: { args: [ptr], returns: i32 },
   ls_session_cache_bytes: { args: [ptr, ptr], returns: i64_fast },
   ls_session_cache_bytes_held: { args: [ptr], returns: i64_fast },
   ls_sample: { args: [ptr, i32, ptr, i32, ptr, u64], returns: i32 },
@@ -304,7 +304,7 @@ export class NativeModel {
     return row.bytes;
   }
 
-  /** The call's arrays for `rows`: what ls_batch_step and ls_batch_begin take. */
+  /** The call's arrays for `rows`: what ls_batch_step and ls_pipeline_begin take. */
   private batchCall(rows: BatchRow[], begun: boolean): BatchCall {
     const n = rows.length;
     if (n < 1 || n > LS_BATCH_MAX_ROWS) throw new NativeError(`a batch takes 1 to ${LS_BATCH_MAX_ROWS} rows, got ${n}`, LS_ERR_ARG);
@@ -325,7 +325,7 @@ export class NativeModel {
       nTokens += r.tokens.length;
       wantLogits ||= r.sampling !== null && !!r.logitsOut;
     }
-    // A begun step's logits wait for batchEnd in their own buffer, whatever batchStep does meanwhile.
+    // A begun step's logits wait for pipelineEnd in their own buffer, whatever batchStep does meanwhile.
     const buffer = begun ? "begunLogits" : "batchLogits";
     if (wantLogits && this[buffer].length < n * vocab) this[buffer] = new Float32Array(n * vocab);
     const tokens = new Int32Array(nTokens);
@@ -368,25 +368,26 @@ export class NativeModel {
     return this.batchResult(c);
   }
 
-  /** The step batchBegin handed to the library's thread, until batchEnd takes its results. */
+  /** The step pipelineBegin handed to the library's thread, until pipelineEnd takes its results. */
   private begun: BatchCall | null = null;
 
   /**
-   * batchStep in two halves (ls_batch_begin, ls_batch_end): the step runs on
-   * the library's own thread and this one is free until batchEnd. Meanwhile
-   * any other call on this model or its sessions first waits for the step
-   * (settle), and a session closed meanwhile is freed once the step is done.
+   * batchStep in two halves, pipelined (ls_pipeline_begin, ls_pipeline_end):
+   * the step runs on the library's own thread and this one is free until
+   * pipelineEnd. Meanwhile any other call on this model or its sessions
+   * first waits for the step (settle), and a session closed meanwhile is
+   * freed once the step is done.
    */
-  batchBegin(rows: BatchRow[]): void {
+  pipelineBegin(rows: BatchRow[]): void {
     if (this.begun) throw new NativeError("a begun batch step has not been ended", LS_ERR_STATE);
     const c = this.batchCall(rows, true);
-    check(this.lib, this.lib.ls_batch_begin(this.pointer, c.sessions, c.params, rows.length, c.tokens, c.logits, c.out), "ls_batch_begin");
+    check(this.lib, this.lib.ls_pipeline_begin(this.pointer, c.sessions, c.params, rows.length, c.tokens, c.logits, c.out), "ls_pipeline_begin");
     for (const r of rows) r.session.inStep = true;
     this.begun = c;
   }
 
   /** The begun step's tokens (waiting for it when it still runs); throws as batchStep does. */
-  batchEnd(): Int32Array {
+  pipelineEnd(): Int32Array {
     const c = this.begun;
     if (!c) throw new NativeError("no batch step was begun", LS_ERR_STATE);
     this.settle();
@@ -398,7 +399,7 @@ export class NativeModel {
   settle(): void {
     const c = this.begun;
     if (!c || c.rc !== null) return;
-    c.rc = this.lib.ls_batch_end(this.pointer);
+    c.rc = this.lib.ls_pipeline_end(this.pointer);
     if (c.rc >= 0) this.recordSteps(c);
     for (const r of c.rows) r.session.stepEnded();
   }
@@ -436,7 +437,7 @@ export class NativeModel {
 
 export class NativeSession {
   private handle: Pointer | null;
-  /** @internal in a step begun by NativeModel.batchBegin that has not ended */
+  /** @internal in a step begun by NativeModel.pipelineBegin that has not ended */
   inStep = false;
   private closeAfterStep = false;
 
