@@ -39,9 +39,8 @@ import {
   type DeltaSink,
   type GenerationEngine,
   type Scheduling,
-  checkLength,
   completedForStream,
-  loadedEngine,
+  engineRequest,
   promptTokens,
   resolveDepth,
   runGeneration,
@@ -182,33 +181,29 @@ function randomSeed(): number {
 }
 
 function resolve(deps: AppDeps, body: SamplingBody, prompt: number[], shape: JobShape, ext: Extension | undefined): CompatJob {
-  const { maxTokens } = shape;
   const temperature = body.temperature ?? D.temperature;
   // /v1 names only `loops`: the mode is plain generation and the exit the model's default.
-  const resolved = ext ? ext.depth : resolveDepth(deps, "generate", { loops: body.loops }, temperature);
-  checkLength(deps, prompt.length, maxTokens);
-  const { engine, depth } = loadedEngine(deps, resolved);
-  const stopStrings = body.stop == null ? [] : Array.isArray(body.stop) ? body.stop : [body.stop];
+  const depth = ext ? ext.depth : resolveDepth(deps, "generate", { loops: body.loops }, temperature);
   const penalty = foldPenalties(body.presence_penalty ?? D.presence_penalty, body.frequency_penalty ?? D.frequency_penalty);
+  const { engine, request } = engineRequest(deps, depth, {
+    promptTokens: prompt,
+    maxTokens: shape.maxTokens,
+    sampling: {
+      temperature,
+      topK: D.top_k,
+      topP: body.top_p ?? D.top_p,
+      repetitionPenalty: ext?.repetitionPenalty ?? penalty,
+      seed: body.seed ?? randomSeed(),
+    },
+    stopTokenIds: stopTokenIds(deps),
+    cacheWindow: ext?.cacheWindow ?? 0,
+    ...(shape.logprobs === undefined ? {} : { logprobs: shape.logprobs, promptLogprobs: shape.promptLogprobs }),
+  });
   const stream = body.stream ?? D.stream;
   return {
     engine,
-    request: {
-      promptTokens: prompt,
-      maxTokens,
-      sampling: {
-        temperature,
-        topK: D.top_k,
-        topP: body.top_p ?? D.top_p,
-        repetitionPenalty: ext?.repetitionPenalty ?? penalty,
-        seed: body.seed ?? randomSeed(),
-      },
-      stopTokenIds: stopTokenIds(deps),
-      cacheWindow: ext?.cacheWindow ?? 0,
-      ...(shape.logprobs === undefined ? {} : { logprobs: shape.logprobs, promptLogprobs: shape.promptLogprobs }),
-      ...depth,
-    },
-    stopStrings,
+    request,
+    stopStrings: body.stop == null ? [] : Array.isArray(body.stop) ? body.stop : [body.stop],
     stream,
     includeUsage: stream && (body.stream_options?.include_usage ?? false),
     model: body.model,

@@ -158,11 +158,20 @@ export function resolveDepth(deps: AppDeps, mode: GenerationMode, body: DepthFie
   return planDepth(settings, { model: deps.engine?.info ?? null, temperature, kvCacheMode: deps.config.kvCacheMode });
 }
 
-/** The engine and the request's depth, resolved against its model: the 503 of a server without one. */
-export function loadedEngine(deps: AppDeps, depth: DepthPlan | null): { engine: GenerationEngine; depth: DepthPlan } {
+/**
+ * The last checks every family makes, in order (the length, then the model
+ * loaded: its 503), and the engine request they let through: `fields` with
+ * the depth resolveDepth resolved.
+ */
+export function engineRequest(
+  deps: AppDeps,
+  depth: DepthPlan | null,
+  fields: Omit<GenerateRequest, keyof DepthPlan>,
+): { engine: GenerationEngine; request: GenerateRequest } {
+  checkLength(deps, fields.promptTokens.length, fields.maxTokens);
   const engine = requireEngine(deps);
   if (depth === null) throw new Error("internal: a request was resolved without the model that is loaded");
-  return { engine, depth };
+  return { engine, request: { ...fields, ...depth } };
 }
 
 export function checkCacheWindow(deps: AppDeps, cacheWindow: number): void {

@@ -10,10 +10,9 @@ import {
   type GenerationEngine,
   type Scheduling,
   checkCacheWindow,
-  checkLength,
   completedForStream,
   type DepthFields,
-  loadedEngine,
+  engineRequest,
   promptTokens,
   resolveDepth,
   runGeneration,
@@ -41,29 +40,25 @@ export async function nativeJob(deps: AppDeps, body: GenerateBody & DepthFields,
   const stopStrings = stops.filter((s): s is string => typeof s === "string");
   const stopIds = stops.filter((s): s is number => typeof s === "number");
 
-  const resolved = resolveDepth(deps, mode, body, temperature);
+  const depth = resolveDepth(deps, mode, body, temperature);
   checkCacheWindow(deps, cacheWindow);
-  const prompt = await promptTokens(deps, body.prompt);
-  checkLength(deps, prompt.length, maxTokens);
-  const { engine, depth } = loadedEngine(deps, resolved);
-
+  const { engine, request } = engineRequest(deps, depth, {
+    promptTokens: await promptTokens(deps, body.prompt),
+    maxTokens,
+    sampling: {
+      temperature,
+      topK: body.top_k ?? D.top_k,
+      topP: body.top_p ?? D.top_p,
+      repetitionPenalty: body.repetition_penalty ?? D.repetition_penalty,
+      seed: body.sample_seed ?? D.sample_seed,
+    },
+    stopTokenIds: stopTokenIds(deps, stopIds),
+    cacheWindow,
+    ...(body.logprobs == null ? {} : { logprobs: body.logprobs }),
+  });
   return {
     engine,
-    request: {
-      promptTokens: prompt,
-      maxTokens,
-      sampling: {
-        temperature,
-        topK: body.top_k ?? D.top_k,
-        topP: body.top_p ?? D.top_p,
-        repetitionPenalty: body.repetition_penalty ?? D.repetition_penalty,
-        seed: body.sample_seed ?? D.sample_seed,
-      },
-      stopTokenIds: stopTokenIds(deps, stopIds),
-      cacheWindow,
-      ...(body.logprobs == null ? {} : { logprobs: body.logprobs }),
-      ...depth,
-    },
+    request,
     stopStrings,
     stream: body.stream ?? D.stream,
     scheduling: { priority: body.priority, sloMs: body.slo_ms },
