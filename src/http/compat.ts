@@ -44,7 +44,6 @@ import {
   promptTokens,
   resolveDepth,
   runGeneration,
-  stopTokenIds,
 } from "./generation.ts";
 import { chatLogprobs, CompletionLogprobWriter, joinChatLogprobs, joinCompletionLogprobs } from "./logprobs.ts";
 import type {
@@ -195,7 +194,7 @@ function resolve(deps: AppDeps, body: SamplingBody, prompt: number[], shape: Job
       repetitionPenalty: ext?.repetitionPenalty ?? penalty,
       seed: body.seed ?? randomSeed(),
     },
-    stopTokenIds: stopTokenIds(deps),
+    stopTokenIds: [],
     cacheWindow: ext?.cacheWindow ?? 0,
     ...(shape.logprobs === undefined ? {} : { logprobs: shape.logprobs, promptLogprobs: shape.promptLogprobs }),
   });

@@ -161,7 +161,7 @@ export function resolveDepth(deps: AppDeps, mode: GenerationMode, body: DepthFie
 /**
  * The last checks every family makes, in order (the length, then the model
  * loaded: its 503), and the engine request they let through: `fields` with
- * the depth resolveDepth resolved.
+ * the depth resolveDepth resolved and the model's end ids among the stop ids.
  */
 export function engineRequest(
   deps: AppDeps,
@@ -171,7 +171,7 @@ export function engineRequest(
   checkLength(deps, fields.promptTokens.length, fields.maxTokens);
   const engine = requireEngine(deps);
   if (depth === null) throw new Error("internal: a request was resolved without the model that is loaded");
-  return { engine, request: { ...fields, ...depth } };
+  return { engine, request: { ...fields, stopTokenIds: stopTokenIds(deps, fields.stopTokenIds), ...depth } };
 }
 
 export function checkCacheWindow(deps: AppDeps, cacheWindow: number): void {
@@ -179,7 +179,7 @@ export function checkCacheWindow(deps: AppDeps, cacheWindow: number): void {
   if (cacheWindow > max) throw outOfRange("cache_window", `must be at most SERVICE_MAX_SEQ_LEN (${max}), got ${cacheWindow}`);
 }
 
-export function checkLength(deps: AppDeps, promptLength: number, maxTokens: number): void {
+function checkLength(deps: AppDeps, promptLength: number, maxTokens: number): void {
   const max = deps.config.maxSeqLen;
   if (promptLength + maxTokens > max)
     throw badRequest(
@@ -191,7 +191,7 @@ export function checkLength(deps: AppDeps, promptLength: number, maxTokens: numb
 }
 
 /** Explicit stop ids plus the model's end-of-sequence ids (GPT-2: end-of-text, as in every GPT-2 server). */
-export function stopTokenIds(deps: AppDeps, explicit: readonly number[] = []): number[] {
+function stopTokenIds(deps: AppDeps, explicit: readonly number[]): number[] {
   const ids = new Set(explicit);
   const vocab = deps.engine?.info.vocabSize ?? 0;
   for (const eos of deps.tokenizer.conventions.eosIds) if (eos < vocab) ids.add(eos);

@@ -16,7 +16,6 @@ import {
   promptTokens,
   resolveDepth,
   runGeneration,
-  stopTokenIds,
 } from "./generation.ts";
 import { nativeLogprobs } from "./logprobs.ts";
 import type { GenerateResponse, GenerateStreamEvent, NativeStats } from "../wire/responses.ts";
@@ -52,7 +51,7 @@ export async function nativeJob(deps: AppDeps, body: GenerateBody & DepthFields,
       repetitionPenalty: body.repetition_penalty ?? D.repetition_penalty,
       seed: body.sample_seed ?? D.sample_seed,
     },
-    stopTokenIds: stopTokenIds(deps, stopIds),
+    stopTokenIds: stopIds,
     cacheWindow,
     ...(body.logprobs == null ? {} : { logprobs: body.logprobs }),
   });
