@@ -142,7 +142,7 @@ export interface DepthFields {
  * The request's depth (steps, speculative plan, early exit) resolved once,
  * at the range stage (src/engine/depth_plan.ts): defaults from the model,
  * refusals as 400s naming the field. Null only when no model is loaded
- * (loadedEngine then answers 503, after the length check).
+ * (engineRequest then answers 503, after the length check).
  */
 export function resolveDepth(deps: AppDeps, mode: GenerationMode, body: DepthFields, temperature: number): DepthPlan | null {
   const settings = {
