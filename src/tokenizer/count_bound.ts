@@ -77,9 +77,18 @@ export class TokenCountBound {
    * as none (the bound stays a bound).
    */
   suffixMinima(bytes: Uint8Array): Int32Array {
+    const fewest = new Int32Array(bytes.length + 1);
+    this.fill(bytes, fewest, 0, bytes.length);
+    return fewest;
+  }
+
+  /**
+   * suffixMinima's entries [from, to), given those from `to` on: filled
+   * right to left in slices, they make the whole array a slice at a time.
+   */
+  fill(bytes: Uint8Array, fewest: Int32Array, from: number, to: number): void {
     const n = bytes.length;
-    const fewest = new Int32Array(n + 1);
-    for (let i = n - 1; i >= 0; i--) {
+    for (let i = to - 1; i >= from; i--) {
       let best = fewest[i + 1];
       let covered = false;
       let node = 0;
@@ -94,6 +103,5 @@ export class TokenCountBound {
       }
       fewest[i] = best;
     }
-    return fewest;
   }
 }
