@@ -508,9 +508,10 @@ export class Tokenizer {
    * encode() without holding up the event loop: a text longer than
    * INLINE_MAX_CHARS is encoded by a worker thread (the same tokenizer, so
    * the same ids), within `limit` (encodeWithin: TokenLimitExceeded beyond
-   * it) and cancelled when `signal` aborts (TokenizerCancelledError). Where
-   * the bound on its tokens needs no encoding (GPT-2's), a text whose bound
-   * is over `limit` is refused before it reaches a worker. A long text may
+   * it) and cancelled when `signal` aborts (TokenizerCancelledError). A text
+   * whose bytes alone need more than `limit` tokens, or, where the count
+   * bound needs no encoding (GPT-2's), whose bound is over `limit`, is
+   * refused before it reaches a worker. A long text may
    * take only one of the workers. Rejects with TokenizerClosedError after
    * close().
    */
@@ -518,6 +519,9 @@ export class Tokenizer {
     if (this.closed) throw new TokenizerClosedError("the tokenizer is closed");
     if (text.length <= INLINE_MAX_CHARS) return this.encode(text);
     const limit = opts.limit ?? Number.POSITIVE_INFINITY;
+    // No token stands for more than maxTokenBytes of text: the cheapest bound, at once.
+    const fewest = Math.ceil(Buffer.byteLength(text, "utf8") / this.maxTokenBytes);
+    if (fewest > limit) throw new TokenLimitExceeded(fewest, limit);
     let rest: Int32Array | undefined;
     if (Number.isFinite(limit) && this.encoding.tilesText) {
       rest = await this.boundInSlices(text, opts.signal);
@@ -532,17 +536,15 @@ export class Tokenizer {
   /** The count bound's suffix minima over the text's UTF-8, a slice per turn of the event loop. */
   private async boundInSlices(text: string, signal: AbortSignal | undefined): Promise<Int32Array> {
     const bytes = new TextEncoder().encode(text);
-    const bound = this.bound();
-    const fewest = new Int32Array(bytes.length + 1);
-    for (let to = bytes.length; to > 0; ) {
-      const from = Math.max(0, to - BOUND_SLICE_BYTES);
-      bound.fill(bytes, fewest, from, to);
-      to = from;
-      if (to > 0) await new Promise((resolve) => setImmediate(resolve));
+    const minima = this.bound().minima(bytes);
+    for (let from = bytes.length; from > 0; ) {
+      from = Math.max(0, from - BOUND_SLICE_BYTES);
+      minima.fillTo(from);
+      if (from > 0) await new Promise((resolve) => setImmediate(resolve));
       if (signal?.aborted) throw new TokenizerCancelledError("the encode was cancelled");
       if (this.closed) throw new TokenizerClosedError("the tokenizer was closed");
     }
-    return fewest;
+    return minima.fewest;
   }
 
   /** Stops the worker threads; encodes in progress there reject with TokenizerClosedError. */

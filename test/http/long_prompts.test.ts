@@ -63,10 +63,11 @@ describe("a prompt longer than the context could hold is refused before tokeniza
     const over = `${LONGEST_TOKEN.repeat(MAX_SEQ_LEN - 1)}${"a".repeat(129)}`;
     expect(Buffer.byteLength(over)).toBe(LIMIT_BYTES + 1);
     await expectTooLong(await server.post("/generate", { prompt: over, max_tokens: 1 }), "prompt", LIMIT_BYTES + 1);
-    // At the limit: tokenized (512 tokens), then refused by the token count as before.
+    // At the limit: not refused by its bytes, but its 512 tokens leave no room for max_tokens, which is the field named.
     const at = LONGEST_TOKEN.repeat(MAX_SEQ_LEN);
     const refused = await jsonBody(await server.post("/generate", { prompt: at, max_tokens: 1 }), ErrorBody, 400);
-    expect(refused.error.message).toContain("prompt (512 tokens) plus `max_tokens` (1) is 513 tokens");
+    expect(refused.error).toMatchObject({ code: "context_length_exceeded", param: "max_tokens" });
+    expect(refused.error.message).toBe(`prompt (at least 512 tokens) plus \`max_tokens\` (1) is more than the maximum sequence length ${MAX_SEQ_LEN}`);
   });
 
   test("/healthz answers alongside a 1 MB prompt; the server keeps serving", async () => {
