@@ -326,6 +326,8 @@ export interface Match {
 export class LinearRegex {
   private readonly tests: CharTest[];
   private readonly programs: Program[];
+  /** Each program's memo, kept from text to text (grown as needed, cleared as far as a text uses it). */
+  private readonly memos: Memo[];
 
   /** `source`: a JavaScript pattern (flags `u`); PatternError when it is not one this engine runs. */
   constructor(readonly source: string) {
@@ -340,6 +342,7 @@ export class LinearRegex {
     const compiler = new Compiler();
     compiler.program(tree, false);
     this.programs = compiler.programs;
+    this.memos = this.programs.map((p, i) => new Memo(p.op.length, i > 0));
   }
 
   /**
@@ -348,15 +351,17 @@ export class LinearRegex {
    * one character further). `checkpoint` is called every so many steps: it
    * may throw to stop the search.
    */
-  *matches(text: string, checkpoint?: () => void): Generator<Match> {
-    const run = new Run(text, this.programs, this.tests, checkpoint);
+  matches(text: string, checkpoint?: () => void): Match[] {
+    const run = new Run(text, this.programs, this.tests, this.memos, checkpoint);
+    const out: Match[] = [];
     let from = 0;
     while (from <= text.length) {
       const m = run.search(from);
-      if (m === null) return;
-      yield m;
+      if (m === null) break;
+      out.push(m);
       from = m.end > m.start ? m.end : m.end + codePointLength(text, m.end);
     }
+    return out;
   }
 }
 
@@ -364,18 +369,39 @@ function codePointLength(text: string, at: number): number {
   return (text.codePointAt(at) ?? 0) > 0xffff ? 2 : 1;
 }
 
-/** The memo of one program over one text: states explored (and, for a lookaround, those that lead to a match). */
+/** The memo of one program: states explored (and, for a lookaround, those that lead to a match), over one text at a time. */
 class Memo {
-  readonly visited: Uint32Array;
-  readonly succeeds: Uint32Array | null;
+  visited = new Uint32Array(0);
+  succeeds = new Uint32Array(0);
   /** Lookarounds: the answer at each position, 0 not asked, 1 no, 2 yes. */
-  readonly answers: Uint8Array | null;
+  answers = new Uint8Array(0);
+  /** The text it was last cleared for. */
+  run: Run | null = null;
 
-  constructor(size: number, positions: number, lookaround: boolean) {
-    const words = Math.ceil((size * positions) / 32);
-    this.visited = new Uint32Array(words);
-    this.succeeds = lookaround ? new Uint32Array(words) : null;
-    this.answers = lookaround ? new Uint8Array(positions) : null;
+  constructor(
+    private readonly size: number,
+    readonly lookaround: boolean,
+  ) {}
+
+  /** Cleared for `positions` positions of a new text. */
+  clear(positions: number, run: Run): void {
+    const words = Math.ceil((this.size * positions) / 32);
+    // Grown to the longest text so far; given back after a far shorter one.
+    if (this.visited.length < words || this.visited.length > 4 * words + 65_536) {
+      this.visited = new Uint32Array(words);
+      if (this.lookaround) {
+        this.succeeds = new Uint32Array(words);
+        this.answers = new Uint8Array(positions);
+      }
+    } else {
+      this.visited.fill(0, 0, words);
+      if (this.lookaround) {
+        this.succeeds.fill(0, 0, words);
+        if (this.answers.length < positions) this.answers = new Uint8Array(positions);
+        else this.answers.fill(0, 0, positions);
+      }
+    }
+    this.run = run;
   }
 }
 
@@ -388,21 +414,19 @@ const clear = (bits: Uint32Array, i: number) => {
 };
 
 class Run {
-  private readonly memos: (Memo | null)[];
   private steps = 0;
   // The explicit backtracking stack: an alternative's instruction, position and path length.
-  private stackPc: number[] = [];
-  private stackPos: number[] = [];
-  private stackPath: number[] = [];
+  private readonly stackPc: number[] = [];
+  private readonly stackPos: number[] = [];
+  private readonly stackPath: number[] = [];
 
   constructor(
     private readonly text: string,
     private readonly programs: Program[],
     private readonly tests: CharTest[],
+    private readonly memos: Memo[],
     private readonly checkpoint: (() => void) | undefined,
-  ) {
-    this.memos = programs.map(() => null);
-  }
+  ) {}
 
   search(from: number): Match | null {
     const n = this.text.length;
@@ -414,17 +438,13 @@ class Run {
   }
 
   private memo(index: number): Memo {
-    let memo = this.memos[index];
-    if (memo === null) {
-      memo = new Memo(this.programs[index].op.length, this.text.length + 1, index > 0);
-      this.memos[index] = memo;
-    }
+    const memo = this.memos[index];
+    if (memo.run !== this) memo.clear(this.text.length + 1, this);
     return memo;
   }
 
   private lookaround(index: number, pos: number): boolean {
-    const memo = this.memo(index);
-    const answers = memo.answers as Uint8Array;
+    const answers = this.memo(index).answers;
     if (answers[pos] === 0) answers[pos] = this.run(index, pos) >= 0 ? 2 : 1;
     return answers[pos] === 2;
   }
@@ -433,7 +453,7 @@ class Run {
   private run(index: number, start: number): number {
     const { op, a, b, backward } = this.programs[index];
     const memo = this.memo(index);
-    const { visited, succeeds } = memo;
+    const { visited, lookaround } = memo;
     const size = op.length;
     const text = this.text;
     const n = text.length;
@@ -450,7 +470,7 @@ class Run {
         if (++this.steps % CHECKPOINT_STEPS === 0) this.checkpoint?.();
         const state = pos * size + pc;
         if (has(visited, state)) {
-          if (succeeds !== null && has(succeeds, state)) return this.matched(path, memo, pos, base);
+          if (lookaround && has(memo.succeeds, state)) return this.matched(path, memo, pos, base);
           break;
         }
         set(visited, state);
@@ -497,7 +517,7 @@ class Run {
 
   /** A match at `pos`: the states of its path lead to it, so they are not failures. */
   private matched(path: number[], memo: Memo, pos: number, base: number): number {
-    if (memo.succeeds !== null) for (const s of path) set(memo.succeeds, s);
+    if (memo.lookaround) for (const s of path) set(memo.succeeds, s);
     else for (const s of path) clear(memo.visited, s);
     this.stackPc.length = base;
     this.stackPos.length = base;

@@ -509,9 +509,10 @@ export class Tokenizer {
    * INLINE_MAX_CHARS is encoded by a worker thread (the same tokenizer, so
    * the same ids), within `limit` (encodeWithin: TokenLimitExceeded beyond
    * it) and cancelled when `signal` aborts (TokenizerCancelledError). A text
-   * whose bytes alone need more than `limit` tokens, or, where the count
-   * bound needs no encoding (GPT-2's), whose bound is over `limit`, is
-   * refused before it reaches a worker. A long text may
+   * whose count bound is over `limit` (GPT-2's, computed here a slice per
+   * turn of the event loop; a model's tokenizer must pre-tokenize first, so
+   * there the bound from its bytes alone) is refused before it reaches a
+   * worker. A long text may
    * take only one of the workers. Rejects with TokenizerClosedError after
    * close().
    */
@@ -519,13 +520,14 @@ export class Tokenizer {
     if (this.closed) throw new TokenizerClosedError("the tokenizer is closed");
     if (text.length <= INLINE_MAX_CHARS) return this.encode(text);
     const limit = opts.limit ?? Number.POSITIVE_INFINITY;
-    // No token stands for more than maxTokenBytes of text: the cheapest bound, at once.
-    const fewest = Math.ceil(Buffer.byteLength(text, "utf8") / this.maxTokenBytes);
-    if (fewest > limit) throw new TokenLimitExceeded(fewest, limit);
     let rest: Int32Array | undefined;
     if (Number.isFinite(limit) && this.encoding.tilesText) {
       rest = await this.boundInSlices(text, opts.signal);
       if (rest[0] > limit) throw new TokenLimitExceeded(rest[0], limit);
+    } else {
+      // No token stands for more than maxTokenBytes of text: a bound without encoding.
+      const fewest = Math.ceil(Buffer.byteLength(text, "utf8") / this.maxTokenBytes);
+      if (fewest > limit) throw new TokenLimitExceeded(fewest, limit);
     }
     this.pool ??= new TokenizerPool(this.spec, POOL_SIZE);
     const out = await this.pool.encode(text, { limit, heavy: text.length > HEAVY_CHARS, signal: opts.signal, rest });
