@@ -10,23 +10,12 @@ import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { tinyModelPath } from "../helpers/models.ts";
 import { serverForTests } from "../helpers/server.ts";
-import { bpeMetadata, fixtureJson, withMetadata } from "../helpers/tokenizer_json.ts";
+import { backtrackingTokenizerJson, bpeMetadata, withMetadata } from "../helpers/tokenizer_json.ts";
 
 setDefaultTimeout(120_000);
 
 const MAX_SEQ_LEN = 2048;
 
-function backtrackingTokenizerJson(): string {
-  const tok = JSON.parse(fixtureJson("smol_style"));
-  tok.pre_tokenizer = {
-    type: "Sequence",
-    pretokenizers: [
-      { type: "Split", pattern: { Regex: "(a+)+b|\\s*[\\r\\n]+" }, behavior: "Isolated", invert: false },
-      { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true },
-    ],
-  };
-  return JSON.stringify(tok);
-}
 
 const server = serverForTests(() => ({
   modelPath: withMetadata(tinyModelPath({ vocabSize: 2048 }), bpeMetadata({ tokenizer_json: backtrackingTokenizerJson() }), "backtracking-tokenizer.safetensors"),

@@ -7,29 +7,19 @@
 // Also: GPT-2's long pieces, merged here rather than by tiktoken, get
 // tiktoken's own ids; and a model's pattern runs on an engine whose matches
 // are RegExp's.
-import { beforeAll, describe, expect, test } from "bun:test";
+import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import wasmFile from "tiktoken/lite/tiktoken_bg.wasm" with { type: "file" };
 import gpt2 from "tiktoken/encoders/gpt2.json" with { type: "json" };
 import { init, Tiktoken } from "tiktoken/lite/init";
 import { LinearRegex, PatternError } from "../../src/tokenizer/linear_regex.ts";
 import { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
-import { fixtureJson } from "../helpers/tokenizer_json.ts";
+import { backtrackingTokenizerJson } from "../helpers/tokenizer_json.ts";
+
+setDefaultTimeout(120_000); // five encodes of up to 256 K characters per shape
 
 let gpt2Tok: Tokenizer;
 let tiktoken: Tiktoken;
 
-/** A model tokenizer whose Split pattern backtracks exponentially under RegExp. */
-function backtrackingTokenizerJson(): string {
-  const tok = JSON.parse(fixtureJson("smol_style"));
-  tok.pre_tokenizer = {
-    type: "Sequence",
-    pretokenizers: [
-      { type: "Split", pattern: { Regex: "(a+)+b|\\s*[\\r\\n]+" }, behavior: "Isolated", invert: false },
-      { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true },
-    ],
-  };
-  return JSON.stringify(tok);
-}
 
 beforeAll(async () => {
   gpt2Tok = await Tokenizer.load();
