@@ -19,6 +19,7 @@ import type { LinearRegex } from "./linear_regex.ts";
 import {
   byteLevelStage,
   digitsStage,
+  gpt2Pattern,
   literalPattern,
   PatternError,
   pretokenize,
@@ -91,7 +92,7 @@ function parseNormalizer(node: unknown, where = "normalizer"): boolean {
 }
 
 /** The pre-tokenizer stages of a tokenizer.json `pre_tokenizer`; a ByteLevel stage must come last (it maps bytes to the vocabulary's characters). */
-export function parsePreTokenizer(node: unknown, where = "pre_tokenizer"): { stages: Stage[]; removesText: boolean } {
+export function parsePreTokenizer(node: unknown, where = "pre_tokenizer"): { stages: Stage[]; removesText: boolean; patternSteps: number } {
   if (!isObject(node)) fail(where, "must be an object (byte-level BPE needs a ByteLevel pre-tokenizer)");
   const flat: [Json, string][] = [];
   const flatten = (n: unknown, w: string) => {
@@ -105,11 +106,14 @@ export function parsePreTokenizer(node: unknown, where = "pre_tokenizer"): { sta
   if (last === undefined || typeOf(last[0], last[1]) !== "ByteLevel")
     fail(where, "must end with a ByteLevel pre-tokenizer (only byte-level BPE is supported)");
   const removesText = flat.some(([n]) => n.type === "Split" && n.behavior === "Removed");
+  let patternSteps = 0;
   const stages = flat.map(([n, w], i) => {
     const type = typeOf(n, w);
     if (type === "ByteLevel") {
       if (i !== flat.length - 1) fail(w, "ByteLevel must be the last pre-tokenizer");
-      return byteLevelStage(bool(n, "add_prefix_space", true, w), bool(n, "use_regex", true, w));
+      const useRegex = bool(n, "use_regex", true, w);
+      if (useRegex) patternSteps += gpt2Pattern().size;
+      return byteLevelStage(bool(n, "add_prefix_space", true, w), useRegex);
     }
     if (type === "Digits") return digitsStage(bool(n, "individual_digits", false, w));
     if (type === "Split") {
@@ -125,11 +129,12 @@ export function parsePreTokenizer(node: unknown, where = "pre_tokenizer"): { sta
         if (e instanceof PatternError) fail(w, `pattern ${JSON.stringify(source)}: ${e.message}`);
         throw e;
       }
+      patternSteps += re.size;
       return splitStage(re, behavior, bool(n, "invert", false, w));
     }
     return fail(w, `type ${JSON.stringify(type)} is not supported (only ByteLevel, Split, Digits and Sequence)`);
   });
-  return { stages, removesText };
+  return { stages, removesText, patternSteps };
 }
 
 function checkDecoder(node: unknown, where = "decoder"): void {
@@ -240,6 +245,8 @@ export class HfByteLevelBpe {
   readonly nfc: boolean;
   /** A Split stage removes text (its ids then cover less than the text). */
   readonly removesText: boolean;
+  /** The steps of its pre-tokenizers' patterns together: pre-tokenizing costs at most this many per character. */
+  readonly patternSteps: number;
   /** Each id's bytes; holes for ids neither the vocabulary nor the added tokens have. */
   private readonly bytesById: (Uint8Array | undefined)[] = [];
   private readonly vocab: Map<string, number>;
@@ -269,7 +276,7 @@ export class HfByteLevelBpe {
     if (!isObject(root)) fail("root", "must be a JSON object");
     for (const key of ["truncation", "padding"]) if (root[key] !== null && root[key] !== undefined) fail(key, "must be null (the server neither truncates nor pads)");
     this.nfc = parseNormalizer(root.normalizer);
-    ({ stages: this.stages, removesText: this.removesText } = parsePreTokenizer(root.pre_tokenizer));
+    ({ stages: this.stages, removesText: this.removesText, patternSteps: this.patternSteps } = parsePreTokenizer(root.pre_tokenizer));
     checkDecoder(root.decoder);
     checkPostProcessor(root.post_processor);
     this.added = parseAddedTokens(root.added_tokens);

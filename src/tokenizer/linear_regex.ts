@@ -244,7 +244,7 @@ interface Program {
 
 class Compiler {
   readonly programs: Program[] = [];
-  private size = 0;
+  size = 0;
 
   program(node: Node, backward: boolean): number {
     const p: Program = { op: [], a: [], b: [], backward };
@@ -328,6 +328,8 @@ export class LinearRegex {
   private readonly programs: Program[];
   /** Each program's memo, kept from text to text (grown as needed, cleared as far as a text uses it). */
   private readonly memos: Memo[];
+  /** Its steps (instructions, lookarounds' included): a search costs at most this many per character. */
+  readonly size: number;
 
   /** `source`: a JavaScript pattern (flags `u`); PatternError when it is not one this engine runs. */
   constructor(readonly source: string) {
@@ -342,6 +344,7 @@ export class LinearRegex {
     const compiler = new Compiler();
     compiler.program(tree, false);
     this.programs = compiler.programs;
+    this.size = compiler.size;
     this.memos = this.programs.map((p, i) => new Memo(p.op.length, i > 0));
   }
 

@@ -213,9 +213,17 @@ export function digitsStage(individual: boolean): Stage {
   return (piece) => applyBehavior(piece, charSegments(piece, NUMERIC), individual ? "Isolated" : "Contiguous");
 }
 
+let gpt2Regex: LinearRegex | null = null;
+
+/** GPT-2's pattern compiled, once: every ByteLevel stage shares it. */
+export function gpt2Pattern(): LinearRegex {
+  gpt2Regex ??= translatePattern(GPT2_PATTERN);
+  return gpt2Regex;
+}
+
 /** ByteLevel's own cutting (its byte-to-character mapping is the BPE's first step). */
 export function byteLevelStage(addPrefixSpace: boolean, useRegex: boolean): Stage {
-  const re = useRegex ? translatePattern(GPT2_PATTERN) : null;
+  const re = useRegex ? gpt2Pattern() : null;
   return (piece, checkpoint) => {
     const p = addPrefixSpace && !piece.startsWith(" ") ? ` ${piece}` : piece;
     return re === null ? [p] : applyBehavior(p, regexSegments(p, re, checkpoint), "Isolated");

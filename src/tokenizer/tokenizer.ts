@@ -62,8 +62,10 @@ const EMPTY = new Uint8Array(0);
 
 // Texts this short are encoded on the calling thread (a few ms at worst,
 // tiktoken's square of a 2048-character run included); longer ones go to the
-// worker pool.
+// worker pool. A model's patterns cost up to their size per character: a
+// text is kept inline only while that makes at most INLINE_PATTERN_STEPS.
 const INLINE_MAX_CHARS = 2048;
+const INLINE_PATTERN_STEPS = 2048 * 128;
 // Two workers: a long text in one leaves the other free. Each holds its own
 // copy of the BPE tables.
 const POOL_SIZE = 2;
@@ -218,6 +220,8 @@ export interface Encoding {
   steps(text: string, checkpoint?: () => void): { tiled: Uint8Array; steps: Iterable<EncodeStep> };
   /** Builds what encoding long texts needs, ahead of the first one. */
   prepare(): void;
+  /** The longest text encoded on the calling thread. */
+  readonly inlineMaxChars: number;
 }
 
 class Gpt2Encoding implements Encoding {
@@ -225,6 +229,7 @@ class Gpt2Encoding implements Encoding {
   private rankBpe: RankBpe | null = null;
   readonly textBytesPerTokenByte = 1;
   readonly tilesText = true;
+  readonly inlineMaxChars = INLINE_MAX_CHARS;
 
   constructor(
     private readonly bpe: Tiktoken,
@@ -316,6 +321,10 @@ class HfEncoding implements Encoding {
 
   get vocabSize(): number {
     return this.bpe.vocabSize;
+  }
+
+  get inlineMaxChars(): number {
+    return Math.min(INLINE_MAX_CHARS, Math.floor(INLINE_PATTERN_STEPS / Math.max(1, this.bpe.patternSteps)));
   }
 
   get textBytesPerTokenByte(): number {
@@ -505,8 +514,8 @@ export class Tokenizer {
   }
 
   /**
-   * encode() without holding up the event loop: a text longer than
-   * INLINE_MAX_CHARS is encoded by a worker thread (the same tokenizer, so
+   * encode() without holding up the event loop: a text longer than the
+   * encoding's inlineMaxChars is encoded by a worker thread (the same tokenizer, so
    * the same ids), within `limit` (encodeWithin: TokenLimitExceeded beyond
    * it) and cancelled when `signal` aborts (TokenizerCancelledError). A text
    * whose count bound is over `limit` (GPT-2's, computed here a slice per
@@ -518,7 +527,7 @@ export class Tokenizer {
    */
   async encodeAsync(text: string, opts: EncodeOptions = {}): Promise<number[]> {
     if (this.closed) throw new TokenizerClosedError("the tokenizer is closed");
-    if (text.length <= INLINE_MAX_CHARS) return this.encode(text);
+    if (text.length <= this.encoding.inlineMaxChars) return this.encode(text);
     const limit = opts.limit ?? Number.POSITIVE_INFINITY;
     let rest: Int32Array | undefined;
     if (Number.isFinite(limit) && this.encoding.tilesText) {
