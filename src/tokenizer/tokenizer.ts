@@ -172,13 +172,19 @@ function replacementRanks(path: string): Ranks {
   let maxRank = -1;
   const eot = gpt2.special_tokens[END_OF_TEXT];
   const known = new Set([eot]);
+  const singleBytes = new Set<number>();
   lines.forEach((line, i) => {
     const m = /^([A-Za-z0-9+/]+={0,2}) ([0-9]+)$/.exec(line.trim());
     if (!m) throw new TokenizerError(`${path}:${i + 1}: expected "<base64 token bytes> <rank>", got ${JSON.stringify(line.slice(0, 80))}`);
     maxRank = Math.max(maxRank, Number(m[2]));
     known.add(Number(m[2]));
+    const bytes = Buffer.from(m[1], "base64");
+    if (bytes.length === 1) singleBytes.add(bytes[0]);
   });
   if (maxRank >= eot) throw new TokenizerError(`${path}: rank ${maxRank} collides with the special token ${END_OF_TEXT} (${eot})`);
+  // Every text is merged up from single bytes: one without a rank could not be encoded.
+  const missing = Array.from({ length: 256 }, (_, b) => b).find((b) => !singleBytes.has(b));
+  if (missing !== undefined) throw new TokenizerError(`${path}: the single byte 0x${missing.toString(16).padStart(2, "0")} has no rank (every byte needs one)`);
   return { bpeRanks: lines.join("\n"), vocabSize: eot + 1, known, source: path };
 }
 

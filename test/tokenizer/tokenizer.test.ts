@@ -192,6 +192,10 @@ describe("TOKENIZER_HOME", () => {
     const err = await Tokenizer.load(home).catch((e) => e);
     expect(err).toBeInstanceOf(TokenizerError);
     expect(String(err.message)).toContain(`${RANK_FILE_NAME}:2`);
+    // Every byte needs a rank of its own: text holding one without could not be encoded.
+    const lines = Array.from({ length: 256 }, (_, b) => `${Buffer.from([b]).toString("base64")} ${b}`).filter((_, b) => b !== 0x41);
+    writeFileSync(join(home, RANK_FILE_NAME), `${lines.join("\n")}\n`);
+    expect(String((await Tokenizer.load(home).catch((e) => e)).message)).toContain("the single byte 0x41 has no rank");
   });
 });
 
