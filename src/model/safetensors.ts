@@ -281,6 +281,7 @@ function headerEntries(h: Uint8Array, fail: (msg: string) => never): HeaderEntry
           if (h[i] === 0x5c) i++;
           if (i - start > cap) over();
         }
+        if (i >= h.length) fail(`header is not valid JSON: ${what} is not closed`);
       } else if (b === 0x7b || b === 0x5b) depth++;
       else if (b === 0x7d || b === 0x5d) depth--;
       else if (depth === 0 && (b === 0x2c || isJsonSpace(b))) break;
@@ -364,7 +365,12 @@ export function parseSafetensors(map: Uint8Array, where: string): SafetensorsFil
   };
   const header = new Map<string, unknown>();
   for (const e of entries) {
-    const name = JSON.parse(decode(e.key)) as string;
+    let name: string;
+    try {
+      name = JSON.parse(decode(e.key)) as string;
+    } catch (err) {
+      return fail(`header is not valid JSON: ${(err as Error).message}`);
+    }
     if (header.has(name)) fail(`header repeats the key ${describe(name)} (duplicate keys are ambiguous)`);
     const text = decode(e.value);
     try {
