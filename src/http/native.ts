@@ -39,7 +39,7 @@ export async function nativeJob(deps: AppDeps, body: GenerateBody, mode: Generat
   const stopIds = stops.filter((s): s is number => typeof s === "number");
 
   checkCacheWindow(deps, cacheWindow);
-  const prompt = await promptTokens(deps, body.prompt);
+  const prompt = await promptTokens(deps, body.prompt, "prompt", maxTokens);
   checkLength(deps, prompt.length, maxTokens);
   const engine = requireEngine(deps);
 
