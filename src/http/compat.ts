@@ -217,7 +217,7 @@ async function chatJob(deps: AppDeps, body: ChatCompletionBody, ext?: Extension)
     throw badRequest("`top_logprobs` needs `logprobs: true`", "top_logprobs");
   const maxTokens = requestedMaxTokens(body, false);
   const logprobs = body.logprobs === true ? (body.top_logprobs ?? 0) : undefined;
-  const prompt = await promptTokens(deps, renderChat(body.messages, deps.tokenizer.conventions.chatFormat), "messages");
+  const prompt = await promptTokens(deps, renderChat(body.messages, deps.tokenizer.conventions.chatFormat), "messages", maxTokens);
   return resolve(deps, body, prompt, { maxTokens, echo: "", logprobs, promptLogprobs: false }, ext);
 }
 
@@ -235,7 +235,7 @@ async function completionJob(deps: AppDeps, body: CompletionBody, ext?: Extensio
   const echoed = body.echo ?? false;
   const maxTokens = requestedMaxTokens(body, echoed);
   const { prompt, param } = firstPrompt(body.prompt);
-  const ids = await promptTokens(deps, prompt, param);
+  const ids = await promptTokens(deps, prompt, param, maxTokens);
   // A text prompt echoes as sent, unless the model's beginning id was put before it: then as its ids read.
   const asSent = typeof prompt === "string" && deps.tokenizer.conventions.bosId === null;
   const echo = echoed ? (asSent ? prompt : deps.tokenizer.decode(ids)) : "";

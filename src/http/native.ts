@@ -42,7 +42,7 @@ export async function nativeJob(deps: AppDeps, body: GenerateBody & DepthFields,
   const depth = resolveDepth(deps, mode, body, temperature);
   checkCacheWindow(deps, cacheWindow);
   const { engine, request } = engineRequest(deps, depth, {
-    promptTokens: await promptTokens(deps, body.prompt),
+    promptTokens: await promptTokens(deps, body.prompt, "prompt", maxTokens),
     maxTokens,
     sampling: {
       temperature,

@@ -253,6 +253,22 @@ describe("POST /generate validation", () => {
     expectErrorShape(await res.json());
   });
 
+  test("a prompt longer than the context names the prompt, not max_tokens: token ids and text alike", async () => {
+    const ids = Array.from({ length: MAX_SEQ_LEN + 1 }, () => 464);
+    for (const [path, body] of [
+      ["/generate", { prompt: ids, max_tokens: 1 }],
+      ["/v1/completions", { model: "m", prompt: ids, max_tokens: 1 }],
+      ["/generate", { prompt: " the".repeat(MAX_SEQ_LEN + 1), max_tokens: 1 }],
+    ] as const) {
+      const json = await (await server.post(path, body)).json();
+      expect(json.error).toMatchObject({ code: "context_length_exceeded", param: "prompt" });
+      expect(json.error.message).toBe(`\`prompt\` is ${MAX_SEQ_LEN + 1} tokens, more than the maximum sequence length ${MAX_SEQ_LEN}`);
+    }
+    // A prompt that fits alone, with no room left for max_tokens, names max_tokens.
+    const json = await (await server.post("/generate", { prompt: ids.slice(0, MAX_SEQ_LEN), max_tokens: 1 })).json();
+    expect(json.error).toMatchObject({ code: "context_length_exceeded", param: "max_tokens" });
+  });
+
   test("prompt + max_tokens over SERVICE_MAX_SEQ_LEN is a 400", async () => {
     const prompt = Array.from({ length: 100 }, () => 464);
     const fits = await server.post("/generate", { prompt, max_tokens: MAX_SEQ_LEN - 100 - 150 });

@@ -17,6 +17,7 @@ import { readSafetensors } from "../../src/model/safetensors.ts";
 import { GREEDY } from "../../src/engine/types.ts";
 import { withModel } from "../helpers/kernels.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
+import { waitFor } from "../helpers/scheduling.ts";
 import { serverForTests } from "../helpers/server.ts";
 import { argmax, ReferenceModel } from "../reference/forward.ts";
 
@@ -151,6 +152,28 @@ describe("a model whose file names a default exit threshold", () => {
       return out;
     });
     expect(body.tokens).toEqual(alone);
+  }, 60_000);
+
+  test("service_exit_steps counts the tokens of a request whose client left, as it counts a finished one's", async () => {
+    const count = async () => Number(/^service_exit_steps_count (\d+)/m.exec(await (await fetch(`${gated.url}/metrics`)).text())?.[1] ?? 0);
+    const before = await count();
+    const abort = new AbortController();
+    const res = await fetch(`${gated.url}/generate`, {
+      method: "POST",
+      body: JSON.stringify({ prompt: PROMPT, max_tokens: 200, temperature: 0, loops: 4, stream: true }),
+      signal: abort.signal,
+    });
+    const reader = (res.body as ReadableStream<Uint8Array>).getReader();
+    let seen = "";
+    for (let chunk = await reader.read(); !chunk.done && !seen.includes("[DONE]"); chunk = await reader.read()) {
+      seen += new TextDecoder().decode(chunk.value);
+      if ((seen.match(/"token_id"/g) ?? []).length >= 5) break;
+    }
+    const received = (seen.match(/"token_id"/g) ?? []).length;
+    expect(received).toBeGreaterThan(0);
+    abort.abort();
+    await reader.cancel().catch(() => {});
+    await waitFor("the cancelled request's steps", async () => (await count()) >= before + received);
   }, 60_000);
 
   test("plain generation exits by default; null and 1 ask for fixed depth; the speculative modes run fixed depths", async () => {

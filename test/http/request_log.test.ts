@@ -194,6 +194,26 @@ describe("json format", () => {
   });
 });
 
+describe("json format: a configuration that stops the start", () => {
+  test.each<[string, Record<string, string>, string]>([
+    ["a setting that is not a number", { SERVICE_MAX_SEQ_LEN: "abc" }, "SERVICE_MAX_SEQ_LEN must be an integer"],
+    ["an empty API key", { SERVICE_API_KEY: "" }, "SERVICE_API_KEY is empty"],
+    ["an unknown SIMD path", { SERVICE_SIMD: "sse9" }, "SERVICE_SIMD must be one of"],
+    ["too many threads", { SERVICE_THREADS: "100000" }, "SERVICE_THREADS must be between"],
+    ["an unreadable key file", { SERVICE_API_KEY_FILE: "/nonexistent/key" }, "SERVICE_API_KEY_FILE: cannot read"],
+    ["conflicting cache modes", { SERVICE_KV_INT4: "1", SERVICE_KV_INT8: "1" }, "SERVICE_KV_INT4=1 and SERVICE_KV_INT8=1 conflict"],
+  ])("%s: exit 2, and the reason is a JSON error line", async (_, env, reason) => {
+    const err = await startServer({ env: { SERVICE_LOG_FORMAT: "json", ...env } }).catch((e: Error) => e);
+    expect(err).toBeInstanceOf(Error);
+    const [first, ...output] = (err as Error).message.split("\n");
+    expect(first).toContain("exited with 2");
+    const lines = jsonLines(output.join("\n")); // throws on any line that is not JSON
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatchObject({ level: "error" });
+    expect(String(lines[0].msg)).toContain(reason);
+  });
+});
+
 describe("json format from the minified executable", () => {
   // `bun run build` minifies the executable's code; Elysia reads each hook's
   // source to infer what it uses, and a hook shape it misreads once the

@@ -1,11 +1,14 @@
 // PyTorch <-> loopserve for stacked models (format version 2, docs/model-format.md):
 // n_layers distinct layers per step, sandwich and step norms, the exit gate.
-// PyTorch (torch/loopserve_torch, model.py) runs in float32 with K and V
-// rounded to fp16 as the cache holds them; the kernels sum in another order,
-// so logits agree to a small tolerance against their spread (as in
-// equivalence.test.ts), and greedy tokens and exit steps agree exactly. With
-// early exit PyTorch decodes token by token as a server does (model.Decoder:
-// the prompt's positions before the last run every step, each sampled token
+// PyTorch (torch/loopserve_torch, model.py) is the reference: float64 with K
+// and V rounded to fp16 as the cache holds them. The kernels compute in
+// float32, in another order; in a deep stack (3 layers times 8 steps) the
+// fp16 roundings of K and V that the two decide differently compound, so
+// logits agree to a tolerance that grows with that noise, measured on the
+// reference (test/helpers/torch.ts says why), greedy tokens wherever the
+// reference's choice is clear of it, and exit steps exactly. PyTorch decodes
+// token by token as a server does (model.Decoder; with early exit the
+// prompt's positions before the last run every step, each sampled token
 // stops after the first step whose exit cdf reaches the threshold, and the
 // deeper steps' cache slots of every layer get copies of its K/V from that
 // step). The fixture's exit decisions are checked to lie well away from the
@@ -23,25 +26,33 @@ import { readSafetensors } from "../../src/model/safetensors.ts";
 import { ensureLibrary, LIB } from "../helpers/kernels.ts";
 import { testTempDir } from "../helpers/models.ts";
 import { PYTORCH, skipReason } from "../helpers/system_packages.ts";
-import { EQUIVALENCE_PROMPT, expectClose, kernelRun, runTorchModule, type TorchDepthResult, torchExitLogits, torchLogits } from "../helpers/torch.ts";
+import {
+  EQUIVALENCE_GREEDY_TOKENS,
+  EQUIVALENCE_PROMPT,
+  expectKernelsMatchTorch,
+  expectMatchesReference,
+  type KernelRun,
+  runTorchModule,
+  torchExitLogits,
+} from "../helpers/torch.ts";
 
 setDefaultTimeout(120_000);
 
 const noTorch = skipReason(PYTORCH) !== null;
 const DEPTHS = [1, 2, 3, 4, 8];
 const THRESHOLDS = [0.5, 0.7];
-const GREEDY_TOKENS = 12;
+const GREEDY_TOKENS = EQUIVALENCE_GREEDY_TOKENS;
 const PROMPT = EQUIVALENCE_PROMPT;
 const ROOT = resolve(import.meta.dir, "../..");
 
 /** Early exit: greedy steps through the kernels' sampler, each step's logits and exit step. */
-function kernelExitRun(path: string, loops: number, threshold: number): { logits: Float32Array[]; greedy: number[]; exitSteps: number[] } {
+function kernelExitRun(path: string, loops: number, threshold: number): KernelRun {
   const m = NativeModel.load(LIB, path, 2, "auto");
   try {
     const vocab = m.info.vocabSize;
     const s = m.newSession(256, loops, 0);
     const out = new Float32Array(vocab);
-    const logits: Float32Array[] = [];
+    const greedyLogits: Float32Array[] = [];
     const greedy: number[] = [];
     const exitSteps: number[] = [];
     let feed = Int32Array.from(PROMPT);
@@ -49,22 +60,13 @@ function kernelExitRun(path: string, loops: number, threshold: number): { logits
       const next = s.step(feed, loops, GREEDY, out, threshold);
       greedy.push(next);
       exitSteps.push(s.lastSteps - 1);
-      logits.push(out.slice());
+      greedyLogits.push(out.slice());
       feed = Int32Array.of(next);
     }
     s.close();
-    return { logits, greedy, exitSteps };
+    return { greedy, greedyLogits, exitSteps };
   } finally {
     m.close();
-  }
-}
-
-function expectFixedDepthEquivalent(path: string, label: string): void {
-  const torch: Record<string, TorchDepthResult> = torchLogits(path, PROMPT, DEPTHS, GREEDY_TOKENS);
-  for (const loops of DEPTHS) {
-    const k = kernelRun(path, loops, GREEDY_TOKENS);
-    expectClose(`${label} loops ${loops}`, torch[String(loops)].logits, k.logits);
-    expect(k.greedy).toEqual(torch[String(loops)].greedy);
   }
 }
 
@@ -76,10 +78,7 @@ function expectExitEquivalent(path: string, label: string): void {
       const t = torch[String(loops)];
       if (t.margin !== null) expect(t.margin).toBeGreaterThan(5e-3); // the fixture: no decision near the threshold
       for (const s of t.exit_steps) if (s < loops - 1) earlyExits.add(s);
-      const k = kernelExitRun(path, loops, threshold);
-      expect(k.greedy).toEqual(t.greedy);
-      expect(k.exitSteps).toEqual(t.exit_steps);
-      expectClose(`${label} loops ${loops} exit_threshold ${threshold}`, t.greedy_logits, k.logits);
+      expectMatchesReference(`${label} loops ${loops} exit_threshold ${threshold}`, t, kernelExitRun(path, loops, threshold));
     }
   }
   expect(earlyExits.size).toBeGreaterThan(1); // tokens really exit early, at more than one step
@@ -104,7 +103,7 @@ describe.skipIf(noTorch)("PyTorch <-> loopserve equivalence, stacked models (for
     expect(f.metadata.format_version).toBe("2");
     expect(f.tensors.has("layers.2.ffn_out_norm.weight")).toBe(true);
     expect(f.tensors.has("exit_gate.bias")).toBe(true);
-    expectFixedDepthEquivalent(path, "ouro-like");
+    expectKernelsMatchTorch("ouro-like", path, path, DEPTHS);
   });
 
   test("the same model with early exit at thresholds 0.5 and 0.7: same greedy tokens, exit steps and logits", () => {
@@ -115,7 +114,7 @@ describe.skipIf(noTorch)("PyTorch <-> loopserve equivalence, stacked models (for
     const path = join(dir, "torch-stack-pre.safetensors");
     const made = JSON.parse(runTorchModule("crosscheck", ["make", path, "--seed", "7", "--layers", "2", "--untied", "--kv-heads", "4"]));
     expect(made.max_roundtrip_diff).toBe(0);
-    expectFixedDepthEquivalent(path, "pre-norm stack");
+    expectKernelsMatchTorch("pre-norm stack", path, path, DEPTHS);
   });
 
   test("one layer with sandwich, step norm and gate (version 2, block. names): same logits and greedy tokens", () => {
@@ -123,7 +122,7 @@ describe.skipIf(noTorch)("PyTorch <-> loopserve equivalence, stacked models (for
     const made = JSON.parse(runTorchModule("crosscheck", ["make", path, "--seed", "5", "--sandwich", "--step-norm", "--exit-gate"]));
     expect(made.max_roundtrip_diff).toBe(0);
     expect(readSafetensors(path).tensors.has("block.attn_out_norm.weight")).toBe(true);
-    expectFixedDepthEquivalent(path, "one layer v2");
+    expectKernelsMatchTorch("one layer v2", path, path, DEPTHS);
   });
 
   test("a Hugging Face Ouro checkpoint (bf16, 2 shards) imported by `model import-hf` serves what PyTorch computes from the checkpoint", () => {
@@ -136,11 +135,6 @@ describe.skipIf(noTorch)("PyTorch <-> loopserve equivalence, stacked models (for
     const r = Bun.spawnSync([process.execPath, "src/cli/main.ts", "model", "import-hf", hf, out], { cwd: ROOT, stdout: "pipe", stderr: "pipe" });
     if (r.exitCode !== 0) throw new Error(`model import-hf exited ${r.exitCode}: ${r.stderr.toString()}`);
     // PyTorch reads the checkpoint directory itself: the importer's mapping and fp16 rounding are under test too
-    const torch: Record<string, TorchDepthResult> = torchLogits(hf, PROMPT, [1, 4], GREEDY_TOKENS);
-    for (const loops of [1, 4]) {
-      const k = kernelRun(out, loops, GREEDY_TOKENS);
-      expectClose(`import-hf loops ${loops}`, torch[String(loops)].logits, k.logits);
-      expect(k.greedy).toEqual(torch[String(loops)].greedy);
-    }
+    expectKernelsMatchTorch("import-hf", hf, out, [1, 4]);
   });
 });

@@ -14,14 +14,21 @@
         prints {"path", "tensors"}.
 
     python3 -m loopserve_torch.crosscheck logits MODEL --tokens 1,2,3 --loops 1,4,8 [--greedy N] [--exit-threshold T]
-        loads MODEL (any loopserve fp16 file, or an Ouro checkpoint directory)
-        and prints, per depth, the logits of every prompt position and N
-        greedy tokens (lowest id on ties), with K and V rounded to fp16 as
-        loopserve's cache holds them. With --exit-threshold (a model with the
-        exit gate) decoding is incremental with early exit (model.Decoder):
+        loads MODEL (any loopserve fp16 file, or an Ouro checkpoint directory),
+        computes in float64 (free of float32's summation-order noise) with K
+        and V rounded to fp16 as loopserve's cache holds them, and decodes
+        token by token with a cache as a server does (model.Decoder). Prints,
+        per depth: "logits" (of every prompt position), "greedy" (N greedy
+        tokens, lowest id on ties), "greedy_logits" (the logits that chose
+        each), "greedy_margins" (their top-2 differences) and "rounding_noise"
+        (the largest |logit| change of all those positions over NUDGED_RUNS
+        runs that nudge every K and V value by a random ±NUDGE, relative,
+        before rounding it: how far float32 noise can move the logits by
+        deciding the cache's roundings the other way).
+        With --exit-threshold (a model with the exit gate) tokens exit early;
         per depth also "exit_steps" (the exit step, 0-based, of the position
-        whose logits chose each greedy token), "greedy_logits" (those logits)
-        and "margin" (the closest any exit decision came to the threshold).
+        whose logits chose each greedy token) and "margin" (the closest any
+        exit decision came to the threshold).
 
     python3 -m loopserve_torch.crosscheck head
         checks that training's out-of-text softmax (train.OutOfTextHead) is the
@@ -43,6 +50,12 @@ import torch
 from .hf import load_any, write_ouro
 from .model import LoopedConfig, LoopedLlama, generate
 from .safetensors_io import load, model_tensors, save
+
+# `logits`' rounding noise: a float32 dot product of a layer's width errs by
+# about this much, relative (some 16 float32 ulps); more runs than one, since
+# which roundings flip, and how much that moves the logits, is chaotic.
+NUDGE = 1e-6
+NUDGED_RUNS = 8
 
 
 def random_model(c: LoopedConfig, seed: int) -> LoopedLlama:
@@ -68,25 +81,38 @@ def random_model(c: LoopedConfig, seed: int) -> LoopedLlama:
     return model.eval()
 
 
-@torch.no_grad()
-def depth_logits(model: LoopedLlama, tokens: list[int], loops: int, greedy: int) -> dict:
-    x = torch.tensor([tokens])
-    logits = model(x, loops, kv_fp16=True)[0]
-    seq = list(tokens)
-    out: list[int] = []
-    for _ in range(greedy):  # recomputed from scratch each step: simple, and exact
-        last = model(torch.tensor([seq]), loops, kv_fp16=True)[0, -1]
-        nxt = int(torch.argmax(last).item())  # first maximum: lowest id on ties
-        out.append(nxt)
-        seq.append(nxt)
-    return {"logits": logits.tolist(), "greedy": out}
+def nudged_fp16(seed: int):
+    """A kv_hook rounding K and V to fp16 after multiplying each value by 1 ± NUDGE (random signs)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def hook(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def nudge(x: torch.Tensor) -> torch.Tensor:
+            signs = torch.randint(0, 2, x.shape, generator=g).to(x.dtype) * 2 - 1
+            return (x * (1 + NUDGE * signs)).half().to(x.dtype)
+
+        return nudge(k), nudge(v)
+
+    return hook
 
 
 @torch.no_grad()
-def exit_logits(model: LoopedLlama, tokens: list[int], loops: int, greedy: int, threshold: float) -> dict:
+def reference(model: LoopedLlama, tokens: list[int], loops: int, greedy: int, threshold: float | None) -> dict:
+    """`crosscheck logits` at one depth; `model` in float64."""
     r = generate(model, tokens, greedy, loops, threshold, kv_fp16=True)
-    return {"logits": r["prompt_logits"].tolist(), "greedy": r["tokens"], "exit_steps": r["exit_steps"],
-            "greedy_logits": r["logits"].tolist(), "margin": r["margin"] if math.isfinite(r["margin"]) else None}
+    rows = torch.cat((r["prompt_logits"], r["logits"]))
+    noise = 0.0
+    for seed in range(NUDGED_RUNS):
+        nudged = generate(model, tokens, greedy, loops, threshold, kv_fp16=False, forced=r["tokens"], kv_hook=nudged_fp16(seed))
+        if nudged["exit_steps"] != r["exit_steps"]:
+            raise SystemExit(f"loops {loops}: an exit decision is within float32 noise of the threshold (exit steps "
+                             f"{r['exit_steps']}, nudged {nudged['exit_steps']}): choose a prompt or model further from it")
+        noise = max(noise, (rows - torch.cat((nudged["prompt_logits"], nudged["logits"]))).abs().max().item())
+    top2 = r["logits"].topk(min(2, r["logits"].shape[-1]), dim=-1).values
+    out = {"logits": r["prompt_logits"].tolist(), "greedy": r["tokens"], "greedy_logits": r["logits"].tolist(),
+           "greedy_margins": (top2[:, 0] - top2[:, -1]).tolist(), "rounding_noise": noise}
+    if threshold is not None:
+        out |= {"exit_steps": r["exit_steps"], "margin": r["margin"] if math.isfinite(r["margin"]) else None}
+    return out
 
 
 @torch.no_grad()
@@ -175,15 +201,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"path": a.out, "tensors": len(model_tensors(model)), "max_roundtrip_diff": worst}))
         return 0 if worst == 0.0 else 1
 
-    model = load_any(a.model)
+    model = load_any(a.model).double()
     tokens = [int(t) for t in a.tokens.split(",")]
     depths = [int(d) for d in a.loops.split(",")]
-    if a.exit_threshold is not None:
-        if not model.config.exit_gate:
-            raise SystemExit(f"{a.model}: --exit-threshold needs a model with the exit gate")
-        json.dump({str(d): exit_logits(model, tokens, d, a.greedy, a.exit_threshold) for d in depths}, sys.stdout)
-        return 0
-    json.dump({str(d): depth_logits(model, tokens, d, a.greedy) for d in depths}, sys.stdout)
+    if a.exit_threshold is not None and not model.config.exit_gate:
+        raise SystemExit(f"{a.model}: --exit-threshold needs a model with the exit gate")
+    json.dump({str(d): reference(model, tokens, d, a.greedy, a.exit_threshold) for d in depths}, sys.stdout)
     return 0
 
 

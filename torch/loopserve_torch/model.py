@@ -192,9 +192,9 @@ class Block(nn.Module):
         v = self.wv(x).view(B, T, c.n_kv_heads, hd).transpose(1, 2)
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
-        if kv_fp16:  # loopserve's cache holds K and V in fp16
-            k = k.half().float()
-            v = v.half().float()
+        if kv_fp16:  # loopserve's cache holds K and V in fp16 (read back in the model's dtype)
+            k = k.half().to(h.dtype)
+            v = v.half().to(h.dtype)
         if kv_hook is not None:
             k, v = kv_hook(k, v)
         new_k, new_v = k, v
@@ -381,16 +381,18 @@ class Decoder:
     """Incremental decoding with a KV cache of loops * n_layers slots, slot
     (s, i) at index s * n_layers + i, as the server runs a model: `prefill`
     the prompt (every position runs every step; the last one, whose logits
-    are sampled, exits by the rule), then `step` one token at a time."""
+    are sampled, exits by the rule), then `step` one token at a time.
+    `kv_hook` (Block.forward's) replaces the new positions' K and V before
+    the cache stores them."""
 
-    def __init__(self, model: LoopedLlama, loops: int, threshold: float | None = None, kv_fp16: bool = True) -> None:
+    def __init__(self, model: LoopedLlama, loops: int, threshold: float | None = None, kv_fp16: bool = True, kv_hook=None) -> None:
         if not 1 <= loops <= MAX_LOOPS:
             raise ValueError(f"loops must be in [1, {MAX_LOOPS}], got {loops}")
         if threshold is not None and not model.config.exit_gate:
             raise ValueError("this model has no exit gate")
-        self.model, self.loops, self.threshold, self.kv_fp16 = model, loops, threshold, kv_fp16
+        self.model, self.loops, self.threshold, self.kv_fp16, self.kv_hook = model, loops, threshold, kv_fp16, kv_hook
         c = model.config
-        empty = torch.zeros(1, c.n_kv_heads, 0, c.head_dim)
+        empty = torch.zeros(1, c.n_kv_heads, 0, c.head_dim, dtype=model.tok_embeddings.weight.dtype)
         self.k = [empty] * (loops * c.n_layers)
         self.v = [empty] * (loops * c.n_layers)
         self.pos = 0
@@ -411,7 +413,7 @@ class Decoder:
         for s in range(self.loops):
             for i, layer in enumerate(m.stack):
                 slot = s * L + i
-                h, k, v = layer(h, cos, sin, mask, self.kv_fp16, past=(self.k[slot], self.v[slot]))
+                h, k, v = layer(h, cos, sin, mask, self.kv_fp16, past=(self.k[slot], self.v[slot]), kv_hook=self.kv_hook)
                 self.k[slot] = torch.cat((self.k[slot], k), dim=2)
                 self.v[slot] = torch.cat((self.v[slot], v), dim=2)
             h = m._end_step(h)
@@ -449,18 +451,20 @@ class Decoder:
 
 @torch.no_grad()
 def generate(model: LoopedLlama, prompt: list[int], n: int, loops: int, threshold: float | None = None,
-             kv_fp16: bool = True) -> dict:
+             kv_fp16: bool = True, forced: list[int] | None = None, kv_hook=None) -> dict:
     """Greedy decoding (lowest id on ties): {"prompt_logits" (T, vocab),
     "tokens" [n], "exit_steps" [n] (of the position whose logits chose each
     token), "logits" (n, vocab) (those logits), "margin" (the closest an exit
-    decision came to the threshold; inf without exit)}."""
-    d = Decoder(model, loops, threshold, kv_fp16)
+    decision came to the threshold; inf without exit)}. `forced`: decode
+    these n tokens instead of the greedy choices (another run's, to compare
+    the logits position by position); `kv_hook`: Decoder's."""
+    d = Decoder(model, loops, threshold, kv_fp16, kv_hook)
     prompt_logits, step = d.prefill(prompt)
     margin = d.last_margin
     last = prompt_logits[-1]
     tokens, steps, rows = [], [], []
     for j in range(n):
-        nxt = int(torch.argmax(last).item())  # first maximum
+        nxt = int(torch.argmax(last).item()) if forced is None else forced[j]  # first maximum
         tokens.append(nxt)
         steps.append(step)
         rows.append(last)
