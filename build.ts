@@ -134,7 +134,7 @@ async function buildCpuLibrary(): Promise<string> {
 // The CUDA library implements the same ABI (kernels/loopserve.h) plus
 // ls_cuda_device_count. Loading is not duplicated: the shared sources
 // (kernels/*.c: the loader's descriptor checks in model.c, the sampler,
-// the step thread, the utilities) are linked in as the CPU build compiled
+// the pipeline thread, the utilities) are linked in as the CPU build compiled
 // them, and kernels/cuda/*.cu provide the runtime, sessions and forward
 // pass. util.c is compiled once more with ls_simd_name renamed, so the
 // CUDA library's own ls_simd_name can also name the "cuda" path.

@@ -22,7 +22,7 @@
 import { kernelLibrary } from "../src/cli/bench/engine.ts";
 import { printTable, type Row } from "../src/cli/bench/table.ts";
 import { NativeModel } from "../src/engine/binding.ts";
-import { EXIT_POLICIES, type ExitRule, GREEDY } from "../src/engine/types.ts";
+import { EXIT_POLICIES, type ExitPlan, GREEDY } from "../src/engine/types.ts";
 import { TRAINED_MODEL_PATH } from "../src/model/trained.ts";
 import { kjvTokens } from "./kjv.ts";
 import { kneserNeyPerplexity } from "./kneser_ney.ts";
@@ -97,7 +97,7 @@ function fixedPerplexity(m: NativeModel, evalTexts: Int32Array[], loops: number)
 }
 
 /** Teacher-forced perplexity under an exit rule, the mean steps the positions ran, and each text's exit steps. */
-function exitPerplexity(m: NativeModel, evalTexts: Int32Array[], loops: number, exit: ExitRule) {
+function exitPerplexity(m: NativeModel, evalTexts: Int32Array[], loops: number, exit: ExitPlan) {
   const V = m.info.vocabSize;
   const tally = new Tally();
   const exitSteps: Int32Array[] = [];
@@ -139,7 +139,7 @@ function everyStepSelectPerplexity(m: NativeModel, evalTexts: Int32Array[], exit
 }
 
 /** Greedy decode tokens/s after each prompt (prefill not counted), and the mean steps per token. */
-function decodeSpeed(m: NativeModel, prompts: Int32Array[], loops: number, n: number, exit?: ExitRule): { tokPerS: number; meanSteps: number } {
+function decodeSpeed(m: NativeModel, prompts: Int32Array[], loops: number, n: number, exit?: ExitPlan): { tokPerS: number; meanSteps: number } {
   let ms = 0;
   let tokens = 0;
   let steps = 0;

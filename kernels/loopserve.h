@@ -558,16 +558,17 @@ typedef struct {
 int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
                       const int32_t *tokens, float *logits_out, int32_t *out);
 
-/* ls_batch_step in two halves, so the caller's thread is free while the
- * step runs (docs/serving-overhead.md): ls_batch_begin hands the call, as
- * given, to a thread of the model's own and returns at once (LS_ERR_STATE
- * while a step begun before has not been ended); ls_batch_end waits for it
- * and returns what ls_batch_step returned, its outputs written. Until then
- * every array passed stays valid and unchanged, and the caller makes no
- * other call on m or its sessions. Results are ls_batch_step's, bit for bit. */
-int32_t ls_batch_begin(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
-                       const int32_t *tokens, float *logits_out, int32_t *out);
-int32_t ls_batch_end(ls_model *m);
+/* Pipelined steps: ls_batch_step in two halves, so the caller's thread is
+ * free while the step runs (docs/serving-overhead.md): ls_pipeline_begin
+ * hands the call, as given, to a thread of the model's own and returns at
+ * once (LS_ERR_STATE while a step begun before has not been ended);
+ * ls_pipeline_end waits for it and returns what ls_batch_step returned, its
+ * outputs written. Until then every array passed stays valid and unchanged,
+ * and the caller makes no other call on m or its sessions. Results are
+ * ls_batch_step's, bit for bit. */
+int32_t ls_pipeline_begin(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
+                          const int32_t *tokens, float *logits_out, int32_t *out);
+int32_t ls_pipeline_end(ls_model *m);
 
 /* ---- sampling ---- */
 

@@ -228,6 +228,16 @@ export function libraryConfig(env: Env = process.env): Pick<Config, "buildDir" |
 
 // ---- the whole configuration ----
 
+/**
+ * SERVICE_LOG_FORMAT as far as it can be read ahead of the rest, so that an
+ * error in any other setting is reported in the format the collector
+ * expects (text when the format is itself the error).
+ */
+export function logFormatOf(env: Env = process.env): LogFormat {
+  const raw = read(env, "SERVICE_LOG_FORMAT");
+  return LOG_FORMATS.includes(raw as LogFormat) ? (raw as LogFormat) : "text";
+}
+
 export function loadConfig(env: Env = process.env, flags: ConfigFlags = {}): Config {
   const simdRaw = read(env, "SERVICE_SIMD") ?? "auto";
   if (!SIMD_CHOICES.includes(simdRaw as SimdChoice))

@@ -397,7 +397,7 @@ extern "C" int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const
     /* Work another thread queued for these sessions (a new session's zero
      * fill, a prefix copy) finishes first: with per-thread default streams
      * nothing else orders it before this step when it runs on the model's
-     * step thread (ls_batch_begin). */
+     * pipeline thread (ls_pipeline_begin). */
     if (call.e == cudaSuccess) {
         call.what = "waiting for the device";
         call.e = cudaDeviceSynchronize();

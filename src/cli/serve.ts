@@ -3,7 +3,7 @@
 // process: it logs why and answers 503 on /healthz and every generation
 // endpoint, so an orchestrator sees an unhealthy service with a reason
 // rather than a crash loop. A bad configuration does stop it (exit 2).
-import { type Config, ConfigError, type ConfigFlags, kvCacheBudgetMb, loadConfig } from "../config.ts";
+import { type Config, ConfigError, type ConfigFlags, kvCacheBudgetMb, loadConfig, logFormatOf } from "../config.ts";
 import { Engine } from "../engine/engine.ts";
 import { frontDoor } from "../http/front_door.ts";
 import { log } from "../log.ts";
@@ -150,6 +150,7 @@ export async function runServe(argv: string[]): Promise<number> {
   let config: Config;
   let tokenizer: Tokenizer;
   let tokenizerError: string | null;
+  log.setFormat(logFormatOf(process.env));
   try {
     const parsed = parseArgs(argv);
     if (parsed.help) {
@@ -159,10 +160,11 @@ export async function runServe(argv: string[]): Promise<number> {
     config = loadConfig(process.env, parsed.flags);
     log.setFormat(config.logFormat);
     ({ tokenizer, loadError: tokenizerError } = await loadTokenizer(config));
+    // The prompt-length bound's trie (~0.3 s), built before the first long prompt needs it.
+    tokenizer.bound();
   } catch (e) {
     if (!(e instanceof ConfigError || e instanceof TokenizerError)) throw e;
-    console.error(`loopserve: ${e.message}`);
-    if (e instanceof ConfigError) console.error(`run 'loopserve serve --help' for the settings`);
+    log.error(e instanceof ConfigError ? `${e.message} (run 'loopserve serve --help' for the settings)` : e.message);
     return 2;
   }
 

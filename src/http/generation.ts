@@ -3,12 +3,14 @@
 // the generated ids into text deltas with whole-string stop matching.
 // Families differ only in their request fields and their response framing.
 import type { Config } from "../config.ts";
-import type { GenerateRequest, GenerateResult, GenerationMode, ModelInfo, PromptLogprobSink, TokenLogprob, TokenSink } from "../engine/types.ts";
+import { type DepthPlan, planDepth } from "../engine/depth_plan.ts";
+import type { ExitPolicy, GenerateRequest, GenerateResult, GenerationMode, ModelInfo, PromptLogprobSink, TokenLogprob, TokenSink } from "../engine/types.ts";
 import { TextStream } from "../text/stream.ts";
 import { TokenLimitExceeded, type Tokenizer, TokenizerCancelledError, TokenizerClosedError } from "../tokenizer/tokenizer.ts";
 import type { ServiceMetrics } from "../metrics.ts";
 import { SchedulerRejection } from "../scheduler/scheduler.ts";
 import { badRequest, clientClosed, HttpError, outOfRange, unavailable } from "./errors.ts";
+import { withoutPaths } from "./redact_paths.ts";
 import { currentRequest } from "./request_context.ts";
 import type { FinishReason } from "../wire/responses.ts";
 
@@ -45,16 +47,6 @@ export interface AppDeps {
   draining?: () => boolean;
 }
 
-// A file path in a load error: characters without spaces or quotes around a
-// slash, with the "path: " that starts a loader's message.
-const LEADING_PATH = /^[^\s'"`]*\/[^\s'"`]*?: /;
-const FILE_PATH = /[^\s'"`]*\/[^\s'"`:]*/g;
-
-/** A load error without the server's file paths, which only API key holders may see (docs/security.md). */
-function withoutPaths(message: string): string {
-  return message.replace(LEADING_PATH, "").replace(FILE_PATH, "(a path)");
-}
-
 /**
  * The engine, or the 503 every generation endpoint answers without one.
  * `detail` "public" leaves file paths out of a load error: /healthz is open
@@ -64,7 +56,7 @@ export function requireEngine(deps: AppDeps, detail: "full" | "public" = "full")
   if (deps.draining?.()) throw unavailable("the server is shutting down", "shutting_down");
   if (!deps.engine) {
     const reason = deps.loadError ?? "unknown reason";
-    throw unavailable(`model not loaded: ${detail === "full" ? reason : withoutPaths(reason)}`, "model_not_loaded");
+    throw unavailable(`model not loaded: ${detail === "full" ? reason : withoutPaths(reason, [deps.config.modelPath, deps.config.tokenizerHome])}`, "model_not_loaded");
   }
   return deps.engine;
 }
@@ -75,10 +67,10 @@ export function requireEngine(deps: AppDeps, detail: "full" | "public" = "full")
  * The ids of a text prompt, encoded off the event loop when long, at most
  * `max` of them (the context less the model's beginning token). A text of
  * more bytes than SERVICE_MAX_SEQ_LEN tokens of the longest token could hold
- * cannot fit the context whatever it says: refused before encoding, whose
- * cost grows with the square of a run without spaces.
+ * cannot fit the context whatever it says: refused unread. The encode stops
+ * as soon as the prompt is known to leave no room for `maxTokens`.
  */
-async function encodePrompt(deps: AppDeps, text: string, param: string, max: number): Promise<number[]> {
+async function encodePrompt(deps: AppDeps, text: string, param: string, max: number, maxTokens: number): Promise<number[]> {
   const maxBytes = max * deps.tokenizer.maxTokenBytes;
   const bytes = Buffer.byteLength(text, "utf8");
   if (bytes > maxBytes)
@@ -89,15 +81,22 @@ async function encodePrompt(deps: AppDeps, text: string, param: string, max: num
       "context_length_exceeded",
     );
   try {
-    // More than `max` prompt tokens can never fit: the encode stops there.
-    // The client's signal stops it too when the client goes away.
-    return await deps.tokenizer.encodeAsync(text, { limit: max, signal: currentRequest()?.signal });
+    // A prompt with no room left for max_tokens can never run, as the final
+    // check (checkLength) would say: the encode stops there. The client's
+    // signal stops it too when the client goes away.
+    return await deps.tokenizer.encodeAsync(text, { limit: max - maxTokens, signal: currentRequest()?.signal });
   } catch (e) {
     if (e instanceof TokenizerClosedError) throw unavailable("the server is shutting down", "shutting_down");
-    if (e instanceof TokenLimitExceeded)
+    if (e instanceof TokenLimitExceeded && e.atLeast > max)
       throw badRequest(
         `\`${param}\` is at least ${e.atLeast} tokens, more than the maximum sequence length ${deps.config.maxSeqLen}`,
         param,
+        "context_length_exceeded",
+      );
+    if (e instanceof TokenLimitExceeded)
+      throw badRequest(
+        `prompt (at least ${e.atLeast} tokens) plus \`max_tokens\` (${maxTokens}) is more than the maximum sequence length ${deps.config.maxSeqLen}`,
+        "max_tokens",
         "context_length_exceeded",
       );
     if (e instanceof TokenizerCancelledError) throw clientClosed("the client went away while its prompt was being tokenized");
@@ -109,12 +108,17 @@ async function encodePrompt(deps: AppDeps, text: string, param: string, max: num
  * Token ids of a text or pre-tokenised prompt; ids must exist in the model's
  * vocabulary. A text prompt starts with the model's beginning-of-sequence id
  * when it has one (bos_token_id); pre-tokenised ids are taken as they are.
+ * A prompt longer than the context is refused naming the prompt; one that
+ * leaves no room for `maxTokens` may be refused naming max_tokens.
  */
-export async function promptTokens(deps: AppDeps, prompt: string | number[], param = "prompt"): Promise<number[]> {
+export async function promptTokens(deps: AppDeps, prompt: string | number[], param = "prompt", maxTokens = 0): Promise<number[]> {
   const { bosId } = deps.tokenizer.conventions;
+  const { maxSeqLen } = deps.config;
   const bos = typeof prompt === "string" && bosId !== null ? [bosId] : [];
-  const ids = typeof prompt === "string" ? [...bos, ...(await encodePrompt(deps, prompt, param, deps.config.maxSeqLen - bos.length))] : prompt;
+  const ids = typeof prompt === "string" ? [...bos, ...(await encodePrompt(deps, prompt, param, maxSeqLen - bos.length, maxTokens))] : prompt;
   if (ids.length === bos.length) throw badRequest(`\`${param}\` must not be empty`, param);
+  if (ids.length > maxSeqLen)
+    throw badRequest(`\`${param}\` is ${ids.length} tokens, more than the maximum sequence length ${maxSeqLen}`, param, "context_length_exceeded");
   // Without a loaded model the vocabulary is unknown; the 503 comes next anyway.
   const vocab = deps.engine?.info.vocabSize ?? Number.POSITIVE_INFINITY;
   const at = ids.findIndex((id) => id < 0 || id >= vocab);
@@ -126,18 +130,51 @@ export async function promptTokens(deps: AppDeps, prompt: string | number[], par
   throw badRequest(`\`${where}\` ${what} ${ids[at]}, outside the model's vocabulary ${range}`, where);
 }
 
+/** A request's depth fields as its body carries them (every family names them alike). */
+export interface DepthFields {
+  loops?: number | null;
+  verify_loops?: number | null;
+  draft_loops?: number | null;
+  draft_ahead?: number | null;
+  K_branches?: number | null;
+  exit_threshold?: number | null;
+  exit_policy?: ExitPolicy | null;
+}
+
 /**
- * A request's early exit (docs/early-exit.md): the threshold asked for, or
- * in plain generation the model's default. 400 where it cannot apply: a
- * model without an exit gate, or a speculative mode (fixed depths).
+ * The request's depth (steps, speculative plan, early exit) resolved once,
+ * at the range stage (src/engine/depth_plan.ts): defaults from the model,
+ * refusals as 400s naming the field. Null only when no model is loaded
+ * (engineRequest then answers 503, after the length check).
  */
-export function exitRequest(deps: AppDeps, asked: number | null | undefined, mode: GenerationMode): Pick<GenerateRequest, "exitThreshold"> {
-  const info = deps.engine?.info;
-  if (asked == null) return mode === "generate" && info?.exitThreshold ? { exitThreshold: info.exitThreshold } : {};
-  if (asked === 0) return {};
-  if (info && !info.exitGate) throw outOfRange("exit_threshold", "needs a model with an exit gate; this model has none");
-  if (mode !== "generate") throw outOfRange("exit_threshold", `cannot be combined with mode ${mode}: speculative decoding runs fixed depths`);
-  return { exitThreshold: asked };
+export function resolveDepth(deps: AppDeps, mode: GenerationMode, body: DepthFields, temperature: number): DepthPlan | null {
+  const settings = {
+    mode,
+    loops: body.loops ?? undefined,
+    verifyLoops: body.verify_loops ?? undefined,
+    draftLoops: body.draft_loops ?? undefined,
+    draftAhead: body.draft_ahead ?? undefined,
+    kBranches: body.K_branches ?? undefined,
+    exitThreshold: body.exit_threshold, // null: no early exit
+    exitPolicy: body.exit_policy ?? undefined,
+  };
+  return planDepth(settings, { model: deps.engine?.info ?? null, temperature, kvCacheMode: deps.config.kvCacheMode });
+}
+
+/**
+ * The last checks every family makes, in order (the length, then the model
+ * loaded: its 503), and the engine request they let through: `fields` with
+ * the depth resolveDepth resolved and the model's end ids among the stop ids.
+ */
+export function engineRequest(
+  deps: AppDeps,
+  depth: DepthPlan | null,
+  fields: Omit<GenerateRequest, keyof DepthPlan>,
+): { engine: GenerationEngine; request: GenerateRequest } {
+  checkLength(deps, fields.promptTokens.length, fields.maxTokens);
+  const engine = requireEngine(deps);
+  if (depth === null) throw new Error("internal: a request was resolved without the model that is loaded");
+  return { engine, request: { ...fields, stopTokenIds: stopTokenIds(deps, fields.stopTokenIds), ...depth } };
 }
 
 export function checkCacheWindow(deps: AppDeps, cacheWindow: number): void {
@@ -145,7 +182,7 @@ export function checkCacheWindow(deps: AppDeps, cacheWindow: number): void {
   if (cacheWindow > max) throw outOfRange("cache_window", `must be at most SERVICE_MAX_SEQ_LEN (${max}), got ${cacheWindow}`);
 }
 
-export function checkLength(deps: AppDeps, promptLength: number, maxTokens: number): void {
+function checkLength(deps: AppDeps, promptLength: number, maxTokens: number): void {
   const max = deps.config.maxSeqLen;
   if (promptLength + maxTokens > max)
     throw badRequest(
@@ -157,7 +194,7 @@ export function checkLength(deps: AppDeps, promptLength: number, maxTokens: numb
 }
 
 /** Explicit stop ids plus the model's end-of-sequence ids (GPT-2: end-of-text, as in every GPT-2 server). */
-export function stopTokenIds(deps: AppDeps, explicit: readonly number[] = []): number[] {
+function stopTokenIds(deps: AppDeps, explicit: readonly number[]): number[] {
   const ids = new Set(explicit);
   const vocab = deps.engine?.info.vocabSize ?? 0;
   for (const eos of deps.tokenizer.conventions.eosIds) if (eos < vocab) ids.add(eos);

@@ -16,10 +16,13 @@
 // what the index says. Weight bytes are not touched here: each tensor is
 // located (file, offset) so the importer can stream it.
 
-import { existsSync, readFileSync, statSync } from "node:fs";
+import { existsSync } from "node:fs";
 import { basename, join } from "node:path";
 import { LS_MAX_DIM, LS_MAX_FFN_DIM, LS_MAX_HEADS, LS_MAX_LAYERS, LS_MAX_LOOPS, LS_MAX_ROPE_THETA, LS_MAX_SEQ_LEN, LS_MAX_VOCAB } from "../abi/abi.generated.ts";
+import { CheckpointDir, FILE_CAPS } from "./checkpoint_files.ts";
+import { exitThresholdRefusal } from "./format.ts";
 import { DTYPE_SIZES, ModelFormatError, readSafetensors } from "./safetensors.ts";
+import { HfByteLevelBpe, HfTokenizerError } from "../tokenizer/hf_bpe.ts";
 
 // ---- types ----
 
@@ -94,13 +97,11 @@ function isObject(v: unknown): v is Record<string, unknown> {
   return typeof v === "object" && v !== null && !Array.isArray(v);
 }
 
-function readJsonObject(path: string, what: string): { text: string; value: Record<string, unknown> } {
-  let text: string;
-  try {
-    text = readFileSync(path, "utf8");
-  } catch (e) {
-    throw ModelFormatError.about(path, `cannot read ${what}: ${(e as Error).message}`);
-  }
+/** The JSON object in the checkpoint's file `what`, read under `cap` bytes (src/model/checkpoint_files.ts); null when there is no such file. */
+function readJsonObject(files: CheckpointDir, what: string, cap: number): { text: string; value: Record<string, unknown> } | null {
+  const path = join(files.dir, what);
+  const text = files.readText(what, cap);
+  if (text === null) return null;
   let value: unknown;
   try {
     value = JSON.parse(text);
@@ -109,6 +110,11 @@ function readJsonObject(path: string, what: string): { text: string; value: Reco
   }
   if (!isObject(value)) throw ModelFormatError.about(path, `${what} must be a JSON object`);
   return { text, value };
+}
+
+/** A config value for a message: JSON, except numbers JSON cannot write (1e400 parses to Infinity). */
+function shown(v: unknown): string {
+  return typeof v === "number" && !Number.isFinite(v) ? `${v} (beyond a double's range)` : JSON.stringify(v);
 }
 
 /** Reads typed config values, each failure naming config.json and the key. */
@@ -130,7 +136,7 @@ class ConfigReader {
     const v = this.c[key] ?? dflt;
     if (v === undefined) this.fail(`${key} is required`);
     if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) {
-      this.fail(`${key} must be an integer in [${min}, ${max}], got ${JSON.stringify(v)}`);
+      this.fail(`${key} must be an integer in [${min}, ${max}], got ${shown(v)}`);
     }
     return v as number;
   }
@@ -139,8 +145,17 @@ class ConfigReader {
   num(key: string, min: number, max: number, dflt: number): number {
     const v = this.c[key] ?? dflt;
     if (typeof v !== "number" || !Number.isFinite(v) || v <= min || v > max) {
-      this.fail(`${key} must be a number in (${min}, ${max}], got ${JSON.stringify(v)}`);
+      this.fail(`${key} must be a number in (${min}, ${max}], got ${shown(v)}`);
     }
+    return v as number;
+  }
+
+  /** The model's default exit threshold at `key`, or null when absent (the gate is judged with the tensors). */
+  exitThreshold(key: string): number | null {
+    if (!this.has(key)) return null;
+    const v = this.c[key];
+    const refused = typeof v === "number" ? exitThresholdRefusal(v, true) : `must be a number, got ${JSON.stringify(v)}`;
+    if (refused) this.fail(`${key} ${refused}`);
     return v as number;
   }
 
@@ -199,7 +214,7 @@ function ouroShape(r: ConfigReader, c: Record<string, unknown>): HfModelShape {
     sandwich: true,
     stepNorm: true,
     exitGate: true,
-    exitThreshold: r.has("early_exit_threshold") ? r.num("early_exit_threshold", 0, 1, 1) : null,
+    exitThreshold: r.exitThreshold("early_exit_threshold"),
     tiedOutput: r.bool("tie_word_embeddings", false),
   };
   const names = { dim: "hidden_size", nHeads: "num_attention_heads", nKvHeads: "num_key_value_heads" };
@@ -244,7 +259,7 @@ function loopserveShape(r: ConfigReader, c: Record<string, unknown>): HfModelSha
     sandwich: layout === "sandwich",
     stepNorm: r.bool("step_norm", false),
     exitGate: false, // decided by the tensors (both or neither)
-    exitThreshold: r.has("exit_threshold") ? r.num("exit_threshold", 0, 1, 1) : null,
+    exitThreshold: r.exitThreshold("exit_threshold"),
     tiedOutput: false, // decided by the tensors
   };
   checkShape(r, m, { dim: "dim", nHeads: "n_heads", nKvHeads: "n_kv_heads" });
@@ -339,7 +354,8 @@ const INDEX_FILE = "model.safetensors.index.json";
 const SINGLE_FILE = "model.safetensors";
 
 /** Every tensor of the weight files by name, and the files, in order. */
-function locateTensors(dir: string): { located: Map<string, Located>; shards: string[] } {
+function locateTensors(files: CheckpointDir): { located: Map<string, Located>; shards: string[] } {
+  const dir = files.dir;
   const located = new Map<string, Located>();
   const addFile = (path: string, expect: Set<string> | null, indexPath: string) => {
     const f = readSafetensors(path);
@@ -358,8 +374,9 @@ function locateTensors(dir: string): { located: Map<string, Located>; shards: st
   };
 
   const indexPath = join(dir, INDEX_FILE);
-  if (existsSync(indexPath)) {
-    const { value } = readJsonObject(indexPath, INDEX_FILE);
+  const index = readJsonObject(files, INDEX_FILE, FILE_CAPS.index);
+  if (index !== null) {
+    const { value } = index;
     const map = value.weight_map;
     if (!isObject(map)) throw ModelFormatError.about(indexPath, "weight_map must be an object of tensor name -> file name");
     const byFile = new Map<string, Set<string>>();
@@ -374,8 +391,7 @@ function locateTensors(dir: string): { located: Map<string, Located>; shards: st
     if (byFile.size === 0) throw ModelFormatError.about(indexPath, "weight_map is empty");
     const shards = [...byFile.keys()];
     for (const file of shards) {
-      const path = join(dir, file);
-      if (!existsSync(path)) {
+      if (files.locate(file) === null) {
         const first = byFile.get(file)!.values().next().value;
         throw ModelFormatError.about(dir, `shard ${file} is missing (${INDEX_FILE} maps ${byFile.get(file)!.size} tensors to it, "${first}" first)`);
       }
@@ -384,7 +400,7 @@ function locateTensors(dir: string): { located: Map<string, Located>; shards: st
     return { located, shards: shards.map((f) => join(dir, f)) };
   }
   const single = join(dir, SINGLE_FILE);
-  if (existsSync(single)) {
+  if (files.locate(SINGLE_FILE) !== null) {
     addFile(single, null, "");
     return { located, shards: [single] };
   }
@@ -431,19 +447,26 @@ function matchTensors(dir: string, arch: HfArch, m: HfModelShape, located: Map<s
 
 // ---- tokenizer ----
 
-function readTokenizer(dir: string, required: boolean): HfTokenizer | null {
+function readTokenizer(files: CheckpointDir, required: boolean): HfTokenizer | null {
+  const dir = files.dir;
   const path = join(dir, "tokenizer.json");
-  if (!existsSync(path)) {
+  const tokenizer = readJsonObject(files, "tokenizer.json", FILE_CAPS.tokenizer);
+  if (tokenizer === null) {
     if (required) throw ModelFormatError.about(dir, "tokenizer.json is missing (the model's tokenizer is stored in the imported file)");
     return null;
   }
-  const { text, value } = readJsonObject(path, "tokenizer.json");
+  const { text, value } = tokenizer;
   if (!isObject(value.model)) throw ModelFormatError.about(path, "tokenizer.json has no model object");
-  const configPath = join(dir, "tokenizer_config.json");
-  const config = existsSync(configPath) ? readJsonObject(configPath, "tokenizer_config.json").value : {};
+  // What the server would refuse at load is refused here, before a model file is written.
+  try {
+    new HfByteLevelBpe(text);
+  } catch (e) {
+    if (e instanceof HfTokenizerError) throw ModelFormatError.about(path, e.message);
+    throw e;
+  }
+  const config = readJsonObject(files, "tokenizer_config.json", FILE_CAPS.config)?.value ?? {};
   let chatTemplate: string | null = typeof config.chat_template === "string" ? config.chat_template : null;
-  const jinja = join(dir, "chat_template.jinja");
-  if (chatTemplate === null && existsSync(jinja)) chatTemplate = readFileSync(jinja, "utf8");
+  if (chatTemplate === null) chatTemplate = files.readText("chat_template.jinja", FILE_CAPS.template);
   return { json: text, parsed: value, config, chatTemplate };
 }
 
@@ -471,21 +494,16 @@ export function specialTokenText(tok: HfTokenizer, key: string): string | null {
 
 /** Reads and checks a checkpoint directory; weights are located, not read. */
 export function readHfCheckpoint(dir: string): HfCheckpoint {
-  let st;
-  try {
-    st = statSync(dir);
-  } catch (e) {
-    throw ModelFormatError.about(dir, `cannot open: ${(e as Error).message}`);
-  }
-  if (!st.isDirectory()) throw ModelFormatError.about(dir, "not a directory (give the checkpoint's directory)");
+  const files = new CheckpointDir(dir);
   const configPath = join(dir, "config.json");
-  if (!existsSync(configPath)) throw ModelFormatError.about(dir, "config.json is missing");
-  const { value: config } = readJsonObject(configPath, "config.json");
+  const configFile = readJsonObject(files, "config.json", FILE_CAPS.config);
+  if (configFile === null) throw ModelFormatError.about(dir, "config.json is missing");
+  const config = configFile.value;
   const arch = detectArch(configPath, config);
   const r = new ConfigReader(configPath, config);
   const model = arch === "ouro" ? ouroShape(r, config) : loopserveShape(r, config);
 
-  const { located, shards } = locateTensors(dir);
+  const { located, shards } = locateTensors(files);
   if (arch === "ouro") {
     // Tied when the config says so or the head is absent (HF then ties it).
     if (!located.has("lm_head.weight")) model.tiedOutput = true;
@@ -497,14 +515,13 @@ export function readHfCheckpoint(dir: string): HfCheckpoint {
     }
     model.exitGate = w;
   }
-  if (model.exitThreshold !== null && !model.exitGate) {
-    r.fail("exit_threshold needs the exit gate (exit_gate.weight and exit_gate.bias)");
-  }
+  const refused = model.exitThreshold === null ? null : exitThresholdRefusal(model.exitThreshold, model.exitGate);
+  if (refused) r.fail(`exit_threshold ${refused}`);
   const tensors = matchTensors(dir, arch, model, located);
   for (const t of tensors) {
     const count = t.shape.reduce((a, b) => a * b, 1);
     if (t.bytes !== count * DTYPE_SIZES[t.dtype]) throw ModelFormatError.about(t.file, `tensor "${t.name}": size does not match its shape`);
   }
-  const tokenizer = readTokenizer(dir, arch === "ouro");
+  const tokenizer = readTokenizer(files, arch === "ouro");
   return { dir, arch, config, model, tensors, shards, tokenizer };
 }

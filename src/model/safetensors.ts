@@ -95,6 +95,15 @@ export interface TensorToWrite {
 
 /** The format caps the header at 100 MB; a larger claim is a corrupt file. */
 const MAX_HEADER_BYTES = 100 * 1024 * 1024;
+/**
+ * Caps on a header's top level, checked as it is scanned, before any of it
+ * is parsed: a 60 MB header of a million junk entries cost over a gigabyte
+ * when parsed whole. The largest published checkpoints hold a few thousand
+ * tensors per file, each entry about a hundred bytes; __metadata__ (the
+ * loopserve format keeps the tokenizer there) has only the header's cap.
+ */
+const MAX_HEADER_ENTRIES = 65_536;
+const MAX_ENTRY_BYTES = 64 * 1024;
 
 // ---- mapping ----
 
@@ -234,6 +243,89 @@ function firstRepeatedKey(json: string): string | null {
   return null;
 }
 
+/** Where one entry of a header's top level lies: its key (a JSON string) and its value, as byte ranges of the header. */
+interface HeaderEntry {
+  key: Uint8Array;
+  value: Uint8Array;
+}
+
+const isJsonSpace = (b: number) => b === 0x20 || b === 0x09 || b === 0x0a || b === 0x0d;
+
+/**
+ * The top-level entries of a header, found by one scan of its bytes that
+ * parses nothing: strings are skipped to their closing quote, nested values
+ * to their closing bracket (JSON.parse of each entry's bytes checks the
+ * rest). The caps on entries and on an entry's bytes are checked as the
+ * scan goes, so a hostile header is refused long before it is read through.
+ */
+function headerEntries(h: Uint8Array, fail: (msg: string) => never): HeaderEntry[] {
+  let i = 0;
+  const space = () => {
+    while (i < h.length && isJsonSpace(h[i])) i++;
+  };
+  const expect = (byte: number, what: string) => {
+    space();
+    if (h[i] !== byte) fail(`header is not valid JSON: expected ${what} at byte ${i} of the header`);
+    i++;
+  };
+  /** Skips the value at i, failing once it runs past `cap` bytes. */
+  const skipValue = (cap: number, what: string) => {
+    const start = i;
+    const over = () => fail(`${what} is over ${cap} bytes: more than a header entry may have`);
+    let depth = 0;
+    do {
+      if (i - start > cap) over();
+      const b = h[i];
+      if (b === 0x22) {
+        for (i++; i < h.length && h[i] !== 0x22; i++) {
+          if (h[i] === 0x5c) i++;
+          if (i - start > cap) over();
+        }
+        if (i >= h.length) fail(`header is not valid JSON: ${what} is not closed`);
+      } else if (b === 0x7b || b === 0x5b) depth++;
+      else if (b === 0x7d || b === 0x5d) depth--;
+      else if (depth === 0 && (b === 0x2c || isJsonSpace(b))) break;
+      i++;
+    } while (i < h.length && depth > 0);
+    if (depth > 0) fail(`header is not valid JSON: ${what} is not closed`);
+    if (i - start > cap) over();
+  };
+  space();
+  if (h[i] !== 0x7b) {
+    const text = new TextDecoder().decode(h.subarray(i, i + 64)).trimEnd();
+    fail(`header must be a JSON object, got ${text.length > 60 ? `${text.slice(0, 57)}...` : text}`);
+  }
+  i++;
+  const entries: HeaderEntry[] = [];
+  space();
+  if (h[i] === 0x7d) i++;
+  else
+    for (;;) {
+      if (entries.length === MAX_HEADER_ENTRIES) fail(`header has more than ${MAX_HEADER_ENTRIES} entries`);
+      space();
+      const keyStart = i;
+      if (h[i] !== 0x22) fail(`header is not valid JSON: expected a key at byte ${i} of the header`);
+      skipValue(MAX_ENTRY_BYTES, `a key at byte ${keyStart} of the header`);
+      const key = h.subarray(keyStart, i);
+      expect(0x3a, '":"');
+      space();
+      const valueStart = i;
+      const metadata = new TextDecoder().decode(key) === '"__metadata__"';
+      skipValue(metadata ? MAX_HEADER_BYTES : MAX_ENTRY_BYTES, `the entry ${new TextDecoder().decode(key.subarray(0, 60))}`);
+      entries.push({ key, value: h.subarray(valueStart, i) });
+      space();
+      if (h[i] === 0x2c) {
+        i++;
+        continue;
+      }
+      expect(0x7d, '"," or "}"');
+      break;
+    }
+  space();
+  if (i < h.length) fail(`header is not valid JSON: unexpected data after the object at byte ${i} of the header`);
+  return entries;
+}
+
 /** Reads and validates a safetensors file; tensor data are views into an mmap. */
 export function readSafetensors(path: string): SafetensorsFile {
   const map = mapFile(path);
@@ -262,24 +354,36 @@ export function parseSafetensors(map: Uint8Array, where: string): SafetensorsFil
   const dataStart = 8 + headerLen;
   const dataLen = size - dataStart;
 
-  let text: string;
-  try {
-    text = new TextDecoder("utf-8", { fatal: true }).decode(map.subarray(8, dataStart));
-  } catch {
-    return fail("header is not valid UTF-8");
+  const entries = headerEntries(map.subarray(8, dataStart), fail);
+  const utf8 = new TextDecoder("utf-8", { fatal: true });
+  const decode = (bytes: Uint8Array): string => {
+    try {
+      return utf8.decode(bytes);
+    } catch {
+      return fail("header is not valid UTF-8");
+    }
+  };
+  const header = new Map<string, unknown>();
+  for (const e of entries) {
+    let name: string;
+    try {
+      name = JSON.parse(decode(e.key)) as string;
+    } catch (err) {
+      return fail(`header is not valid JSON: ${(err as Error).message}`);
+    }
+    if (header.has(name)) fail(`header repeats the key ${describe(name)} (duplicate keys are ambiguous)`);
+    const text = decode(e.value);
+    try {
+      header.set(name, JSON.parse(text));
+    } catch (err) {
+      return fail(`header is not valid JSON: ${(err as Error).message}`);
+    }
+    const repeated = firstRepeatedKey(text);
+    if (repeated !== null) fail(`header repeats the key ${describe(repeated)} (duplicate keys are ambiguous)`);
   }
-  let header: unknown;
-  try {
-    header = JSON.parse(text);
-  } catch (e) {
-    return fail(`header is not valid JSON: ${(e as Error).message}`);
-  }
-  if (!isPlainObject(header)) return fail(`header must be a JSON object, got ${describe(header)}`);
-  const repeated = firstRepeatedKey(text);
-  if (repeated !== null) fail(`header repeats the key ${describe(repeated)} (duplicate keys are ambiguous)`);
 
   const metadata: Record<string, string> = {};
-  const rawMeta = header["__metadata__"];
+  const rawMeta = header.get("__metadata__");
   if (rawMeta !== undefined) {
     if (!isPlainObject(rawMeta)) fail(`__metadata__ must be an object of strings, got ${describe(rawMeta)}`);
     for (const [k, v] of Object.entries(rawMeta as Record<string, unknown>)) {
@@ -290,7 +394,7 @@ export function parseSafetensors(map: Uint8Array, where: string): SafetensorsFil
 
   const tensors = new Map<string, TensorView>();
   const spans: { name: string; begin: number; end: number }[] = [];
-  for (const [name, entry] of Object.entries(header)) {
+  for (const [name, entry] of header) {
     if (name === "__metadata__") continue;
     const t = `tensor "${name}"`;
     if (!isPlainObject(entry)) fail(`${t}: entry must be an object, got ${describe(entry)}`);

@@ -381,6 +381,8 @@ export class Scheduler<S extends Snapshot = Snapshot> {
       rec.times.engineStarted = Math.max(rec.times.started ?? now, now - res.wallMs);
       if (rec.times.firstToken === undefined && res.finishReason === "stop" && res.firstTokenMs > 0)
         rec.times.firstToken = rec.times.engineStarted + res.firstTokenMs; // the first sampled token was a stop
+      // Every token the model ran counts, a cancelled request's too.
+      for (const steps of res.exitSteps ?? []) this.metrics.exitSteps.observe(steps);
       if (res.finishReason === "cancelled") {
         transition(rec, "cancelled", this.metrics, now);
       } else if (res.finishReason === "error") {
@@ -391,7 +393,6 @@ export class Scheduler<S extends Snapshot = Snapshot> {
           this.metrics.specDraftTokens.inc(res.speculative.draftTokens);
           this.metrics.specAcceptedTokens.inc(res.speculative.acceptedTokens);
         }
-        for (const steps of res.exitSteps ?? []) this.metrics.exitSteps.observe(steps);
         transition(rec, "completed", this.metrics, now);
       }
       job.settleResult(res);

@@ -15,9 +15,12 @@
 // (an added token's are its content's UTF-8), so a character split across
 // tokens is put together by the caller's streaming UTF-8 decoder.
 
+import type { LinearRegex } from "./linear_regex.ts";
 import {
   byteLevelStage,
   digitsStage,
+  gpt2Pattern,
+  literalPattern,
   PatternError,
   pretokenize,
   SPLIT_BEHAVIORS,
@@ -27,6 +30,7 @@ import {
   translatePattern,
 } from "./pretokenize.ts";
 import { BYTE_CHARS } from "./byte_chars.ts";
+import { mergeByRank, PieceTooLongError } from "./merge.ts";
 
 export class HfTokenizerError extends Error {}
 
@@ -88,7 +92,7 @@ function parseNormalizer(node: unknown, where = "normalizer"): boolean {
 }
 
 /** The pre-tokenizer stages of a tokenizer.json `pre_tokenizer`; a ByteLevel stage must come last (it maps bytes to the vocabulary's characters). */
-export function parsePreTokenizer(node: unknown, where = "pre_tokenizer"): { stages: Stage[]; removesText: boolean } {
+export function parsePreTokenizer(node: unknown, where = "pre_tokenizer"): { stages: Stage[]; removesText: boolean; patternSteps: number } {
   if (!isObject(node)) fail(where, "must be an object (byte-level BPE needs a ByteLevel pre-tokenizer)");
   const flat: [Json, string][] = [];
   const flatten = (n: unknown, w: string) => {
@@ -102,35 +106,35 @@ export function parsePreTokenizer(node: unknown, where = "pre_tokenizer"): { sta
   if (last === undefined || typeOf(last[0], last[1]) !== "ByteLevel")
     fail(where, "must end with a ByteLevel pre-tokenizer (only byte-level BPE is supported)");
   const removesText = flat.some(([n]) => n.type === "Split" && n.behavior === "Removed");
+  let patternSteps = 0;
   const stages = flat.map(([n, w], i) => {
     const type = typeOf(n, w);
     if (type === "ByteLevel") {
       if (i !== flat.length - 1) fail(w, "ByteLevel must be the last pre-tokenizer");
-      return byteLevelStage(bool(n, "add_prefix_space", true, w), bool(n, "use_regex", true, w));
+      const useRegex = bool(n, "use_regex", true, w);
+      if (useRegex) patternSteps += gpt2Pattern().size;
+      return byteLevelStage(bool(n, "add_prefix_space", true, w), useRegex);
     }
     if (type === "Digits") return digitsStage(bool(n, "individual_digits", false, w));
     if (type === "Split") {
       const behavior = n.behavior as SplitBehavior;
       if (!SPLIT_BEHAVIORS.includes(behavior)) fail(w, `behavior ${JSON.stringify(n.behavior)} is not one of ${SPLIT_BEHAVIORS.join(", ")}`);
       const pattern = n.pattern;
-      let re: RegExp;
-      if (isObject(pattern) && typeof pattern.Regex === "string") {
-        try {
-          re = translatePattern(pattern.Regex);
-        } catch (e) {
-          if (e instanceof PatternError) fail(w, `pattern ${JSON.stringify(pattern.Regex)}: ${e.message}`);
-          throw e;
-        }
-      } else if (isObject(pattern) && typeof pattern.String === "string") {
-        re = new RegExp(pattern.String.replace(/[\\^$.*+?()[\]{}|/-]/g, "\\$&"), "gu");
-      } else {
-        return fail(w, `pattern must be {"Regex": "..."} or {"String": "..."}, got ${JSON.stringify(pattern)}`);
+      let re: LinearRegex;
+      const source = isObject(pattern) ? (pattern.Regex ?? pattern.String) : undefined;
+      if (typeof source !== "string") return fail(w, `pattern must be {"Regex": "..."} or {"String": "..."}, got ${JSON.stringify(pattern)}`);
+      try {
+        re = typeof (pattern as Json).Regex === "string" ? translatePattern(source) : literalPattern(source);
+      } catch (e) {
+        if (e instanceof PatternError) fail(w, `pattern ${JSON.stringify(source)}: ${e.message}`);
+        throw e;
       }
+      patternSteps += re.size;
       return splitStage(re, behavior, bool(n, "invert", false, w));
     }
     return fail(w, `type ${JSON.stringify(type)} is not supported (only ByteLevel, Split, Digits and Sequence)`);
   });
-  return { stages, removesText };
+  return { stages, removesText, patternSteps };
 }
 
 function checkDecoder(node: unknown, where = "decoder"): void {
@@ -241,6 +245,8 @@ export class HfByteLevelBpe {
   readonly nfc: boolean;
   /** A Split stage removes text (its ids then cover less than the text). */
   readonly removesText: boolean;
+  /** The steps of its pre-tokenizers' patterns together: pre-tokenizing costs at most this many per character. */
+  readonly patternSteps: number;
   /** Each id's bytes; holes for ids neither the vocabulary nor the added tokens have. */
   private readonly bytesById: (Uint8Array | undefined)[] = [];
   private readonly vocab: Map<string, number>;
@@ -270,7 +276,7 @@ export class HfByteLevelBpe {
     if (!isObject(root)) fail("root", "must be a JSON object");
     for (const key of ["truncation", "padding"]) if (root[key] !== null && root[key] !== undefined) fail(key, "must be null (the server neither truncates nor pads)");
     this.nfc = parseNormalizer(root.normalizer);
-    ({ stages: this.stages, removesText: this.removesText } = parsePreTokenizer(root.pre_tokenizer));
+    ({ stages: this.stages, removesText: this.removesText, patternSteps: this.patternSteps } = parsePreTokenizer(root.pre_tokenizer));
     checkDecoder(root.decoder);
     checkPostProcessor(root.post_processor);
     this.added = parseAddedTokens(root.added_tokens);
@@ -342,8 +348,8 @@ export class HfByteLevelBpe {
     return this.bytesById[id] ?? EMPTY;
   }
 
-  /** The text cut into added tokens and pre-tokenized pieces, in order. */
-  segments(text: string): EncodedSegment[] {
+  /** The text cut into added tokens and pre-tokenized pieces, in order; `checkpoint` may throw to stop. */
+  segments(text: string, checkpoint?: () => void): EncodedSegment[] {
     const out: EncodedSegment[] = [];
     for (const part of splitAdded(text, this.added, this.rawMatcher)) {
       if (typeof part === "number") {
@@ -353,26 +359,26 @@ export class HfByteLevelBpe {
       const normalized = this.nfc ? part.normalize("NFC") : part;
       for (const inner of splitAdded(normalized, this.added, this.normalizedMatcher)) {
         if (typeof inner === "number") out.push({ id: inner, text: "" });
-        else out.push({ pieces: pretokenize(inner, this.stages) });
+        else out.push({ pieces: pretokenize(inner, this.stages, checkpoint) });
       }
     }
     return out;
   }
 
-  encode(text: string): number[] {
+  encode(text: string, checkpoint?: () => void): number[] {
     const ids: number[] = [];
-    for (const s of this.segments(text)) {
+    for (const s of this.segments(text, checkpoint)) {
       if ("id" in s) ids.push(s.id);
-      else for (const p of s.pieces) for (const id of this.encodePiece(p)) ids.push(id);
+      else for (const p of s.pieces) for (const id of this.encodePiece(p, checkpoint)) ids.push(id);
     }
     return ids;
   }
 
   /** The BPE ids of one pre-tokenized piece. */
-  encodePiece(piece: string): readonly number[] {
+  encodePiece(piece: string, checkpoint?: () => void): readonly number[] {
     const cached = this.cache.get(piece);
     if (cached !== undefined) return cached;
-    const ids = this.bpe(piece);
+    const ids = this.bpe(piece, checkpoint);
     if (piece.length <= CACHE_MAX_PIECE) {
       if (this.cache.size >= CACHE_ENTRIES) this.cache.clear();
       this.cache.set(piece, ids);
@@ -380,7 +386,7 @@ export class HfByteLevelBpe {
     return ids;
   }
 
-  private bpe(piece: string): number[] {
+  private bpe(piece: string, checkpoint?: () => void): number[] {
     const bytes = new TextEncoder().encode(piece);
     if (this.ignoreMerges) {
       let mapped = "";
@@ -404,7 +410,13 @@ export class HfByteLevelBpe {
     }
     const n = ids.length;
     if (n < 2) return ids;
-    return n <= 8 ? this.mergeShort(ids) : this.mergeHeap(ids);
+    if (n <= 8) return this.mergeShort(ids);
+    try {
+      return mergeByRank(ids, (l, r) => this.rankOf(l, r), (rank) => this.mergeResult[rank], checkpoint);
+    } catch (e) {
+      if (e instanceof PieceTooLongError) throw new HfTokenizerError(e.message);
+      throw e;
+    }
   }
 
   private rankOf(left: number, right: number): number {
@@ -426,90 +438,5 @@ export class HfByteLevelBpe {
       if (best < 0) return ids;
       ids.splice(at, 2, this.mergeResult[best]);
     }
-  }
-
-  /**
-   * The same merge order with a priority queue over (rank, position) and a
-   * linked list of symbols: n log n, for long pieces (a run of 10k emoji).
-   * A queued pair whose symbols changed since is skipped when it comes up.
-   */
-  private mergeHeap(ids: number[]): number[] {
-    const n = ids.length;
-    const sym = Int32Array.from(ids);
-    const next = new Int32Array(n);
-    const prev = new Int32Array(n);
-    for (let i = 0; i < n; i++) {
-      next[i] = i + 1 < n ? i + 1 : -1;
-      prev[i] = i - 1;
-    }
-    // Entries are rank * POS + position: one number orders by rank, then position.
-    const POS = 2 ** 24;
-    if (n >= POS) throw new HfTokenizerError(`a piece of ${n} bytes is too long to encode`);
-    const heap = new MinHeap();
-    const push = (i: number) => {
-      const j = next[i];
-      if (j < 0) return;
-      const r = this.rankOf(sym[i], sym[j]);
-      if (r >= 0) heap.push(r * POS + i);
-    };
-    for (let i = 0; i + 1 < n; i++) push(i);
-    while (heap.size > 0) {
-      const top = heap.pop();
-      const rank = Math.floor(top / POS);
-      const i = top - rank * POS;
-      const j = next[i];
-      if (sym[i] < 0 || j < 0 || this.rankOf(sym[i], sym[j]) !== rank) continue;
-      sym[i] = this.mergeResult[rank];
-      sym[j] = -1;
-      const k = next[j];
-      next[i] = k;
-      if (k >= 0) prev[k] = i;
-      if (prev[i] >= 0) push(prev[i]);
-      push(i);
-    }
-    const out: number[] = [];
-    for (let i = 0; i >= 0; i = next[i]) out.push(sym[i]);
-    return out;
-  }
-}
-
-/** A binary min-heap of numbers. */
-class MinHeap {
-  private readonly items: number[] = [];
-
-  get size(): number {
-    return this.items.length;
-  }
-
-  push(v: number): void {
-    const a = this.items;
-    a.push(v);
-    let i = a.length - 1;
-    while (i > 0) {
-      const p = (i - 1) >> 1;
-      if (a[p] <= v) break;
-      a[i] = a[p];
-      i = p;
-    }
-    a[i] = v;
-  }
-
-  pop(): number {
-    const a = this.items;
-    const top = a[0];
-    const last = a.pop() as number;
-    if (a.length > 0) {
-      let i = 0;
-      for (;;) {
-        const l = 2 * i + 1;
-        if (l >= a.length) break;
-        const c = l + 1 < a.length && a[l + 1] < a[l] ? l + 1 : l;
-        if (a[c] >= last) break;
-        a[i] = a[c];
-        i = c;
-      }
-      a[i] = last;
-    }
-    return top;
   }
 }

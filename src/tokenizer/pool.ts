@@ -1,12 +1,15 @@
 // Worker threads that run the tokenizer's encode off the event loop
 // (src/tokenizer/worker.ts is their entry point). The workers start together
-// on first use and take one text at a time from a queue, in order. A heavy text (a long
-// run without spaces, whose BPE cost is its square) may occupy all workers
-// but one, so an ordinary prompt never waits behind two of them. An encode
-// whose signal aborts (its client went away) leaves the queue, or, when it
-// is running, its worker is terminated (BPE cannot be interrupted) and a new
-// one starts for the next text. build.ts lists the worker as an entry point
-// of the executable, so the same URL resolves inside it.
+// on first use and take one text at a time from a queue, in order. A long
+// text may occupy all workers but one, so an ordinary prompt never waits
+// behind two of them. An encode whose signal aborts (its client went away)
+// leaves the queue, or, when it is running, is stopped by its worker: each
+// worker shares a flag with the pool that its encoder reads at every
+// checkpoint (a few ms apart), and the worker counts as busy until it says
+// the encode has stopped, so a cancelled text holds its place in the limit
+// on long texts until its CPU is free. (Terminating a worker does not stop
+// an encode in progress.) build.ts lists the worker as an entry point of the
+// executable, so the same URL resolves inside it.
 
 /** An encode refused or cut short because the pool was closed (shutdown). */
 export class TokenizerClosedError extends Error {}
@@ -23,15 +26,26 @@ export type LimitedIds = { ids: number[] } | { atLeast: number };
 // Bun's Worker has unref(); the DOM typing (in the program for the playground's page) lacks it.
 type BunWorker = Worker & { unref(): void };
 
-/** To a worker: build the tokenizer first, then encode texts within a token limit. */
-export type WorkerRequest = { kind: "init"; spec: TokenizerSpec } | { kind: "encode"; id: number; text: string; limit: number };
-/** From a worker: the ids of one text, how many it has at least (over the limit), or why it failed. */
-export type WorkerReply = { id: number; ids: Uint32Array } | { id: number; atLeast: number } | { id: number; error: string };
+/**
+ * To a worker: build the tokenizer first (`cancelled` holds the id of the
+ * encode to stop), then encode texts within a token limit (`rest`: the
+ * count bound's suffix minima of the text's UTF-8, when already computed).
+ */
+export type WorkerRequest =
+  | { kind: "init"; spec: TokenizerSpec; cancelled: Int32Array }
+  | { kind: "encode"; id: number; text: string; limit: number; rest?: Int32Array };
+/** From a worker: the ids of one text, how many it has at least (over the limit), that it stopped, or why it failed. */
+export type WorkerReply =
+  | { id: number; ids: Uint32Array }
+  | { id: number; atLeast: number }
+  | { id: number; cancelled: true }
+  | { id: number; error: string };
 
 export interface PoolEncodeOptions {
   limit: number;
   heavy: boolean;
   signal?: AbortSignal;
+  rest?: Int32Array;
 }
 
 interface Job {
@@ -39,6 +53,9 @@ interface Job {
   text: string;
   limit: number;
   heavy: boolean;
+  rest?: Int32Array;
+  /** Its promise is settled (cancelled): a reply is only the worker saying it is free. */
+  settled: boolean;
   resolve(out: LimitedIds): void;
   reject(e: Error): void;
   /** Removes the abort listener. */
@@ -47,6 +64,8 @@ interface Job {
 
 interface PoolWorker {
   worker: BunWorker;
+  /** The id of the encode this worker is to stop (shared with it). */
+  cancelled: Int32Array;
   job: Job | null;
 }
 
@@ -74,6 +93,8 @@ export class TokenizerPool {
         text,
         limit: opts.limit,
         heavy: opts.heavy,
+        rest: opts.rest,
+        settled: false,
         resolve,
         reject,
         release: () => signal?.removeEventListener("abort", onAbort),
@@ -112,24 +133,23 @@ export class TokenizerPool {
       if (w === undefined) return;
       this.queue.splice(i, 1);
       w.job = job;
-      w.worker.postMessage({ kind: "encode", id: job.id, text: job.text, limit: job.limit } satisfies WorkerRequest);
+      const request: WorkerRequest = { kind: "encode", id: job.id, text: job.text, limit: job.limit, rest: job.rest };
+      w.worker.postMessage(request, job.rest ? [job.rest.buffer] : []);
+      job.rest = undefined;
     }
   }
 
+  /** A queued job leaves the queue; a running one is asked to stop, and its worker stays busy until it has. */
   private cancel(job: Job): void {
     const error = new TokenizerCancelledError("the encode was cancelled");
     const queued = this.queue.indexOf(job);
-    if (queued >= 0) {
-      this.queue.splice(queued, 1);
-      this.settle(job, error);
-      return;
-    }
+    if (queued >= 0) this.queue.splice(queued, 1);
     const w = this.workers.find((it) => it.job === job);
-    if (!w) return; // already settled
-    this.retire(w, error);
+    if (w) Atomics.store(w.cancelled, 0, job.id);
+    if (queued >= 0 || w) this.settle(job, error);
   }
 
-  /** Ends a worker (dead, or running a cancelled encode); its job fails with `error`; queued jobs go on. */
+  /** Ends a dead worker; its job fails with `error`; queued jobs go on. */
   private retire(w: PoolWorker, error: Error): void {
     w.worker.terminate();
     const at = this.workers.indexOf(w);
@@ -140,13 +160,16 @@ export class TokenizerPool {
   }
 
   private settle(job: Job, outcome: LimitedIds | Error): void {
+    if (job.settled) return;
+    job.settled = true;
     job.release();
     if (outcome instanceof Error) job.reject(outcome);
     else job.resolve(outcome);
   }
 
   private start(): void {
-    const w: PoolWorker = { worker: new Worker(WORKER_URL) as BunWorker, job: null };
+    const cancelled = new Int32Array(new SharedArrayBuffer(4)).fill(-1);
+    const w: PoolWorker = { worker: new Worker(WORKER_URL) as BunWorker, cancelled, job: null };
     // Idle workers must not keep a finished command-line process alive.
     w.worker.unref();
     w.worker.onmessage = (event: MessageEvent<WorkerReply>) => {
@@ -156,12 +179,13 @@ export class TokenizerPool {
       w.job = null;
       if ("ids" in reply) this.settle(job, { ids: Array.from(reply.ids) });
       else if ("atLeast" in reply) this.settle(job, { atLeast: reply.atLeast });
+      else if ("cancelled" in reply) this.settle(job, new TokenizerCancelledError("the encode was cancelled"));
       else this.settle(job, new Error(`tokenizer worker: ${reply.error}`));
       this.dispatch();
     };
     // A worker that died takes its encode with it; the next one starts a new worker.
     w.worker.onerror = (event: ErrorEvent) => this.retire(w, new Error(`tokenizer worker failed: ${event.message}`));
-    w.worker.postMessage({ kind: "init", spec: this.spec } satisfies WorkerRequest);
+    w.worker.postMessage({ kind: "init", spec: this.spec, cancelled } satisfies WorkerRequest);
     this.workers.push(w);
   }
 }

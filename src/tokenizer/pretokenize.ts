@@ -10,12 +10,26 @@
 // differ for these patterns: `\s` is Unicode White_Space (JavaScript's adds
 // U+FEFF and lacks U+0085), `.` stops only at "\n", and `\d` `\w` are
 // Unicode classes. A construct without a faithful translation (anchors,
-// possessive quantifiers, atomic groups) is refused.
+// possessive quantifiers, atomic groups) is refused. The translated pattern
+// runs on src/tokenizer/linear_regex.ts, never on RegExp's backtracking:
+// a tokenizer.json is untrusted, and its pattern meets every prompt.
+
+import { LinearRegex, PatternError } from "./linear_regex.ts";
+
+export { PatternError };
 
 // ---- regex translation ----
 
 /** Unicode White_Space, the meaning of Oniguruma's `\s`, as class content. */
 const WHITE_SPACE = "\\t\\n\\v\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
+
+/** Whether a UTF-16 unit is Unicode White_Space (every such character is one unit). */
+export function isWhiteSpace(c: number): boolean {
+  return (
+    (c >= 0x09 && c <= 0x0d) || c === 0x20 || c === 0x85 || c === 0xa0 || c === 0x1680 || (c >= 0x2000 && c <= 0x200a) ||
+    c === 0x2028 || c === 0x2029 || c === 0x202f || c === 0x205f || c === 0x3000
+  );
+}
 const DIGIT = "\\p{Nd}";
 // Oniguruma's `\w` differs inside a class (Unicode's word characters) and
 // outside (every number too: "x²" is one word), as the library runs it.
@@ -24,10 +38,8 @@ const WORD_IN_CLASS = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}";
 /** Characters that keep their backslash in a `u`-mode pattern. */
 const SYNTAX = new Set("^$\\.*+?()[]{}|/-".split(""));
 
-export class PatternError extends Error {}
-
-/** An Oniguruma pattern of a tokenizer.json as a JavaScript RegExp (flags `gu`) of the same matches. */
-export function translatePattern(pattern: string): RegExp {
+/** An Oniguruma pattern of a tokenizer.json, translated to JavaScript's syntax (flags `u`) with the same matches, compiled. */
+export function translatePattern(pattern: string): LinearRegex {
   let out = "";
   let inClass = false;
   for (let i = 0; i < pattern.length; i++) {
@@ -82,11 +94,12 @@ export function translatePattern(pattern: string): RegExp {
     }
   }
   if (inClass) throw new PatternError("unterminated character class");
-  try {
-    return new RegExp(out, "gu");
-  } catch (e) {
-    throw new PatternError(`not a pattern this server can run: ${(e as Error).message}`);
-  }
+  return new LinearRegex(out);
+}
+
+/** A literal String pattern of a tokenizer.json, compiled. */
+export function literalPattern(text: string): LinearRegex {
+  return new LinearRegex(text.replace(/[\\^$.*+?()[\]{}|/]/g, "\\$&"));
 }
 
 // ---- splitting ----
@@ -98,19 +111,13 @@ export const SPLIT_BEHAVIORS: readonly SplitBehavior[] = ["Removed", "Isolated",
 /** [start, end, isMatch] in UTF-16 units; the segments cover the text in order. */
 type Segment = [number, number, boolean];
 
-/** The text cut at every match of `re` (which has the g flag), as the library's find_matches does for a regex. */
-function regexSegments(text: string, re: RegExp): Segment[] {
+/** The text cut at every match of `re`, as the library's find_matches does for a regex. */
+function regexSegments(text: string, re: LinearRegex, checkpoint?: () => void): Segment[] {
   const out: Segment[] = [];
   let prev = 0;
-  re.lastIndex = 0;
-  for (let m = re.exec(text); m !== null; m = re.exec(text)) {
-    const start = m.index;
-    const end = start + m[0].length;
-    // An empty match moves on by one character; it makes no piece (empty pieces are dropped).
-    if (end === start) {
-      re.lastIndex = start + ((text.codePointAt(start) ?? 0) > 0xffff ? 2 : 1);
-      continue;
-    }
+  for (const { start, end } of re.matches(text, checkpoint)) {
+    // An empty match makes no piece (empty pieces are dropped).
+    if (end === start) continue;
     if (start > prev) out.push([prev, start, false]);
     out.push([start, end, true]);
     prev = end;
@@ -185,15 +192,15 @@ function applyBehavior(text: string, segments: Segment[], behavior: SplitBehavio
 
 // ---- stages ----
 
-/** One pre-tokenizer stage: a piece to the pieces it is cut into. */
-export type Stage = (piece: string) => string[];
+/** One pre-tokenizer stage: a piece to the pieces it is cut into; `checkpoint` may throw to stop a long one. */
+export type Stage = (piece: string, checkpoint?: () => void) => string[];
 
 /** The regex ByteLevel runs when use_regex is set: GPT-2's. */
 export const GPT2_PATTERN = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-export function splitStage(re: RegExp, behavior: SplitBehavior, invert: boolean): Stage {
-  return (piece) => {
-    const segments = regexSegments(piece, re);
+export function splitStage(re: LinearRegex, behavior: SplitBehavior, invert: boolean): Stage {
+  return (piece, checkpoint) => {
+    const segments = regexSegments(piece, re, checkpoint);
     if (invert) for (const s of segments) s[2] = !s[2];
     return applyBehavior(piece, segments, behavior);
   };
@@ -206,18 +213,26 @@ export function digitsStage(individual: boolean): Stage {
   return (piece) => applyBehavior(piece, charSegments(piece, NUMERIC), individual ? "Isolated" : "Contiguous");
 }
 
+let gpt2Regex: LinearRegex | null = null;
+
+/** GPT-2's pattern compiled, once: every ByteLevel stage shares it. */
+export function gpt2Pattern(): LinearRegex {
+  gpt2Regex ??= translatePattern(GPT2_PATTERN);
+  return gpt2Regex;
+}
+
 /** ByteLevel's own cutting (its byte-to-character mapping is the BPE's first step). */
 export function byteLevelStage(addPrefixSpace: boolean, useRegex: boolean): Stage {
-  const re = useRegex ? translatePattern(GPT2_PATTERN) : null;
-  return (piece) => {
+  const re = useRegex ? gpt2Pattern() : null;
+  return (piece, checkpoint) => {
     const p = addPrefixSpace && !piece.startsWith(" ") ? ` ${piece}` : piece;
-    return re === null ? [p] : applyBehavior(p, regexSegments(p, re), "Isolated");
+    return re === null ? [p] : applyBehavior(p, regexSegments(p, re, checkpoint), "Isolated");
   };
 }
 
 /** The pieces of `text` after every stage in turn. */
-export function pretokenize(text: string, stages: readonly Stage[]): string[] {
+export function pretokenize(text: string, stages: readonly Stage[], checkpoint?: () => void): string[] {
   let pieces = text.length > 0 ? [text] : [];
-  for (const stage of stages) pieces = pieces.flatMap(stage);
+  for (const stage of stages) pieces = pieces.flatMap((piece) => stage(piece, checkpoint));
   return pieces;
 }

@@ -30,6 +30,8 @@ import gpt2 from "tiktoken/encoders/gpt2.json" with { type: "json" };
 import { init, Tiktoken } from "tiktoken/lite/init";
 import { TokenCountBound } from "./count_bound.ts";
 import { HfByteLevelBpe, HfTokenizerError } from "./hf_bpe.ts";
+import { isWhiteSpace } from "./pretokenize.ts";
+import { RankBpe } from "./rank_bpe.ts";
 import { type LimitedIds, TokenizerCancelledError, TokenizerClosedError, TokenizerPool, type TokenizerSpec } from "./pool.ts";
 
 export const RANK_FILE_NAME = "gpt2.tiktoken";
@@ -58,20 +60,31 @@ export interface EncodeOptions {
 
 const EMPTY = new Uint8Array(0);
 
-// BPE time grows with the square of the longest run without spaces (64 KB of
-// emoji take about 1 s), so only texts this short are encoded on the calling
-// thread (a few ms at worst); longer ones go to the worker pool.
+// Texts this short are encoded on the calling thread (a few ms at worst,
+// tiktoken's square of a 2048-character run included); longer ones go to the
+// worker pool. A model's patterns cost up to their size per character: a
+// text is kept inline only while that makes at most INLINE_PATTERN_STEPS.
 const INLINE_MAX_CHARS = 2048;
+const INLINE_PATTERN_STEPS = 2048 * 128;
 // Two workers: a long text in one leaves the other free. Each holds its own
 // copy of the BPE tables.
 const POOL_SIZE = 2;
-// A run this long without whitespace is one pre-tokenized piece costing tens
-// of ms or more of BPE (its square): such texts may take only one worker, so
-// the other stays free for ordinary prompts.
-const HEAVY_RUN_CHARS = 2048;
-// Long texts are encoded in pieces of about this many characters, the count
-// checked against the limit after each.
+// A text this long takes tens of ms to encode: such texts may take only one
+// worker, so the other stays free for ordinary prompts.
+const HEAVY_CHARS = 16_384;
+// Long texts are encoded in pieces of about this many characters (steps of
+// about this many bytes), the count checked against the limit after each.
 const CHUNK_CHARS = 4096;
+const STEP_BYTES = 4096;
+// The bound on a long prompt's tokens is computed on the event loop this
+// many bytes at a time (about 2 ms each), so other requests go on meanwhile.
+const BOUND_SLICE_BYTES = 16_384;
+// tiktoken merges a piece in the square of its length: a chunk with a piece
+// longer than this (UTF-16 units, at most 3 bytes each), or a chunk longer
+// than TIKTOKEN_MAX_CHUNK (one WASM call cannot be stopped midway), is
+// encoded by src/tokenizer/rank_bpe.ts instead, in n log n.
+const TIKTOKEN_MAX_PIECE = 128;
+const TIKTOKEN_MAX_CHUNK = 4 * CHUNK_CHARS;
 // A boundary of GPT-2's pre-tokenizer whatever the fine print of its regex:
 // before a space that follows a printable ASCII character and precedes an
 // ASCII letter (that space starts the next word's piece, " word"). Encoding
@@ -92,18 +105,27 @@ function* pieceAlignedChunks(text: string, size: number): Generator<string> {
   yield text.slice(start);
 }
 
-function isWhitespace(c: number): boolean {
-  return c === 0x20 || (c >= 0x09 && c <= 0x0d);
-}
-
-function longestRunWithoutSpace(text: string): number {
+/**
+ * A bound on the longest piece GPT-2's pattern cuts from `text` (UTF-16
+ * units): a piece is a run of White_Space characters, or of others after at
+ * most one space.
+ */
+function longestPiece(text: string): number {
   let longest = 0;
   let run = 0;
+  let white = false;
   for (let i = 0; i < text.length; i++) {
-    run = isWhitespace(text.charCodeAt(i)) ? 0 : run + 1;
+    const w = isWhiteSpace(text.charCodeAt(i));
+    run = w === white ? run + 1 : 1;
+    white = w;
     if (run > longest) longest = run;
   }
-  return longest;
+  return longest + 1;
+}
+
+/** tiktoken costs little on `chunk`: it is short, or no piece of it is long. */
+function tiktokenFits(chunk: string): boolean {
+  return chunk.length <= INLINE_MAX_CHARS || (chunk.length <= TIKTOKEN_MAX_CHUNK && longestPiece(chunk) <= TIKTOKEN_MAX_PIECE);
 }
 
 // A `type: "file"` import is the file's path (inside a compiled binary, a path
@@ -150,13 +172,19 @@ function replacementRanks(path: string): Ranks {
   let maxRank = -1;
   const eot = gpt2.special_tokens[END_OF_TEXT];
   const known = new Set([eot]);
+  const singleBytes = new Set<number>();
   lines.forEach((line, i) => {
     const m = /^([A-Za-z0-9+/]+={0,2}) ([0-9]+)$/.exec(line.trim());
     if (!m) throw new TokenizerError(`${path}:${i + 1}: expected "<base64 token bytes> <rank>", got ${JSON.stringify(line.slice(0, 80))}`);
     maxRank = Math.max(maxRank, Number(m[2]));
     known.add(Number(m[2]));
+    const bytes = Buffer.from(m[1], "base64");
+    if (bytes.length === 1) singleBytes.add(bytes[0]);
   });
   if (maxRank >= eot) throw new TokenizerError(`${path}: rank ${maxRank} collides with the special token ${END_OF_TEXT} (${eot})`);
+  // Every text is merged up from single bytes: one without a rank could not be encoded.
+  const missing = Array.from({ length: 256 }, (_, b) => b).find((b) => !singleBytes.has(b));
+  if (missing !== undefined) throw new TokenizerError(`${path}: the single byte 0x${missing.toString(16).padStart(2, "0")} has no rank (every byte needs one)`);
   return { bpeRanks: lines.join("\n"), vocabSize: eot + 1, known, source: path };
 }
 
@@ -186,19 +214,28 @@ export interface Encoding {
   isTextToken(id: number): boolean;
   /** The id of the added token whose content text matches as a whole ("<|im_start|>"), if any. */
   addedTokenId(content: string): number | undefined;
+  /** `tiled` (below) is always the text's UTF-8: a bound over it can be computed before any encoding. */
+  readonly tilesText: boolean;
   encode(text: string): number[];
   /**
    * The encode in steps, for stopping at a limit: `tiled` are the bytes the
    * ids cover in order (a token count bound is computed over them), and each
    * step's ids end at byte `end` of them. The steps' ids together equal
-   * encode(text).
+   * encode(text). `checkpoint` is called often; it may throw to stop.
    */
-  steps(text: string): { tiled: Uint8Array; steps: Iterable<EncodeStep> };
+  steps(text: string, checkpoint?: () => void): { tiled: Uint8Array; steps: Iterable<EncodeStep> };
+  /** Builds what encoding long texts needs, ahead of the first one. */
+  prepare(): void;
+  /** The longest text encoded on the calling thread. */
+  readonly inlineMaxChars: number;
 }
 
 class Gpt2Encoding implements Encoding {
   private readonly bytesById: (Uint8Array | undefined)[] = [];
+  private rankBpe: RankBpe | null = null;
   readonly textBytesPerTokenByte = 1;
+  readonly tilesText = true;
+  readonly inlineMaxChars = INLINE_MAX_CHARS;
 
   constructor(
     private readonly bpe: Tiktoken,
@@ -218,19 +255,54 @@ class Gpt2Encoding implements Encoding {
   }
 
   encode(text: string): number[] {
-    return Array.from(this.bpe.encode_ordinary(text));
+    const ids: number[] = [];
+    for (const chunk of this.chunks(text)) for (const id of chunk.ids) ids.push(id);
+    return ids;
   }
 
-  steps(text: string): { tiled: Uint8Array; steps: Iterable<EncodeStep> } {
-    const bpe = this.bpe;
+  steps(text: string, checkpoint?: () => void): { tiled: Uint8Array; steps: Iterable<EncodeStep> } {
+    const chunks = this.chunks(text, checkpoint);
     function* steps(): Generator<EncodeStep> {
       let end = 0;
-      for (const chunk of pieceAlignedChunks(text, CHUNK_CHARS)) {
-        end += Buffer.byteLength(chunk, "utf8");
-        yield { ids: bpe.encode_ordinary(chunk), end };
+      for (const chunk of chunks) {
+        end += chunk.bytes;
+        yield { ids: chunk.ids, end };
       }
     }
     return { tiled: new TextEncoder().encode(text), steps: steps() };
+  }
+
+  prepare(): void {
+    this.ranked();
+  }
+
+  /** The text's ids a chunk at a time, each with how many bytes of the text it covers. */
+  private *chunks(text: string, checkpoint?: () => void): Generator<{ ids: Iterable<number>; bytes: number }> {
+    for (const chunk of pieceAlignedChunks(text, CHUNK_CHARS)) {
+      if (tiktokenFits(chunk)) {
+        yield { ids: this.bpe.encode_ordinary(chunk), bytes: Buffer.byteLength(chunk, "utf8") };
+        continue;
+      }
+      const ranked = this.ranked();
+      let ids: number[] = [];
+      let bytes = 0;
+      for (const piece of ranked.pieces(chunk, checkpoint)) {
+        for (const id of ranked.encodePiece(piece, checkpoint)) ids.push(id);
+        bytes += Buffer.byteLength(piece, "utf8");
+        if (bytes >= STEP_BYTES) {
+          yield { ids, bytes };
+          ids = [];
+          bytes = 0;
+        }
+      }
+      if (bytes > 0) yield { ids, bytes };
+    }
+  }
+
+  /** GPT-2's encoding for long pieces, built on first use (~50 ms; each worker builds it at start). */
+  private ranked(): RankBpe {
+    this.rankBpe ??= new RankBpe((rank) => this.tokenBytes(rank), gpt2.special_tokens[END_OF_TEXT]);
+    return this.rankBpe;
   }
 
   tokenBytes(id: number): Uint8Array {
@@ -246,17 +318,19 @@ class Gpt2Encoding implements Encoding {
   }
 }
 
-/** Texts' pieces are encoded in steps of about this many bytes. */
-const STEP_BYTES = 4096;
-
 /** A model's own byte-level BPE as an Encoding. */
 class HfEncoding implements Encoding {
   readonly source = "model";
+  readonly tilesText = false;
 
   constructor(private readonly bpe: HfByteLevelBpe) {}
 
   get vocabSize(): number {
     return this.bpe.vocabSize;
+  }
+
+  get inlineMaxChars(): number {
+    return Math.min(INLINE_MAX_CHARS, Math.floor(INLINE_PATTERN_STEPS / Math.max(1, this.bpe.patternSteps)));
   }
 
   get textBytesPerTokenByte(): number {
@@ -281,13 +355,15 @@ class HfEncoding implements Encoding {
     return this.bpe.encode(text);
   }
 
-  steps(text: string): { tiled: Uint8Array; steps: Iterable<EncodeStep> } {
+  prepare(): void {}
+
+  steps(text: string, checkpoint?: () => void): { tiled: Uint8Array; steps: Iterable<EncodeStep> } {
     // The units the ids cover: added tokens and pre-tokenized pieces (these
     // may hold a prefix space the text lacks, and lack removed text).
     const units: (number | string)[] = [];
-    for (const s of this.bpe.segments(text)) {
+    for (const s of this.bpe.segments(text, checkpoint)) {
       if ("id" in s) units.push(s.id);
-      else units.push(...s.pieces);
+      else for (const piece of s.pieces) units.push(piece);
     }
     const encoder = new TextEncoder();
     const unitBytes = units.map((u) => (typeof u === "number" ? this.bpe.tokenBytes(u) : encoder.encode(u)));
@@ -305,7 +381,7 @@ class HfEncoding implements Encoding {
       for (let i = 0; i < units.length; i++) {
         const u = units[i];
         if (typeof u === "number") ids.push(u);
-        else for (const id of bpe.encodePiece(u)) ids.push(id);
+        else for (const id of bpe.encodePiece(u, checkpoint)) ids.push(id);
         end += unitBytes[i].length;
         since += unitBytes[i].length;
         if (since >= STEP_BYTES || i === units.length - 1) {
@@ -408,18 +484,20 @@ export class Tokenizer {
   /**
    * encode(), stopped as soon as the text is known to have more than `limit`
    * tokens: refused at once when even the fewest tokens its bytes could make
-   * are too many (src/tokenizer/count_bound.ts), else encoded step by step until
-   * the ids so far plus the fewest the rest could make pass the limit.
+   * are too many (src/tokenizer/count_bound.ts; `rest` when already computed
+   * over the text's UTF-8), else encoded step by step until the ids so far
+   * plus the fewest the rest could make pass the limit. `checkpoint` is
+   * called often; it may throw to stop the encode.
    */
-  encodeWithin(text: string, limit: number): LimitedIds {
-    if (!Number.isFinite(limit)) return { ids: this.encode(text) };
-    const { tiled, steps } = this.encoding.steps(text);
-    const rest = this.bound().suffixMinima(tiled);
-    if (rest[0] > limit) return { atLeast: rest[0] };
+  encodeWithin(text: string, limit: number, opts: { checkpoint?: () => void; rest?: Int32Array } = {}): LimitedIds {
+    const { tiled, steps } = this.encoding.steps(text, opts.checkpoint);
+    const rest = Number.isFinite(limit) ? (opts.rest ?? this.bound().suffixMinima(tiled)) : null;
+    if (rest !== null && rest[0] > limit) return { atLeast: rest[0] };
     const ids: number[] = [];
     for (const step of steps) {
+      opts.checkpoint?.();
       for (const id of step.ids) ids.push(id);
-      const atLeast = ids.length + rest[step.end];
+      const atLeast = rest === null ? 0 : ids.length + rest[step.end];
       if (atLeast > limit) return { atLeast };
     }
     return { ids };
@@ -435,23 +513,55 @@ export class Tokenizer {
     return this.countBound;
   }
 
+  /** Builds what long texts need (the count bound's trie, GPT-2's long-piece tables) ahead of the first. */
+  prepare(): void {
+    this.bound();
+    this.encoding.prepare();
+  }
+
   /**
-   * encode() without holding up the event loop: a text longer than
-   * INLINE_MAX_CHARS is encoded by a worker thread (the same tokenizer, so
+   * encode() without holding up the event loop: a text longer than the
+   * encoding's inlineMaxChars is encoded by a worker thread (the same tokenizer, so
    * the same ids), within `limit` (encodeWithin: TokenLimitExceeded beyond
    * it) and cancelled when `signal` aborts (TokenizerCancelledError). A text
-   * with a long run without spaces may take only one of the workers. Rejects
-   * with TokenizerClosedError after close().
+   * whose count bound is over `limit` (GPT-2's, computed here a slice per
+   * turn of the event loop; a model's tokenizer must pre-tokenize first, so
+   * there the bound from its bytes alone) is refused before it reaches a
+   * worker. A long text may
+   * take only one of the workers. Rejects with TokenizerClosedError after
+   * close().
    */
   async encodeAsync(text: string, opts: EncodeOptions = {}): Promise<number[]> {
     if (this.closed) throw new TokenizerClosedError("the tokenizer is closed");
-    if (text.length <= INLINE_MAX_CHARS) return this.encode(text);
-    this.pool ??= new TokenizerPool(this.spec, POOL_SIZE);
+    if (text.length <= this.encoding.inlineMaxChars) return this.encode(text);
     const limit = opts.limit ?? Number.POSITIVE_INFINITY;
-    const heavy = longestRunWithoutSpace(text) > HEAVY_RUN_CHARS;
-    const out = await this.pool.encode(text, { limit, heavy, signal: opts.signal });
+    let rest: Int32Array | undefined;
+    if (Number.isFinite(limit) && this.encoding.tilesText) {
+      rest = await this.boundInSlices(text, opts.signal);
+      if (rest[0] > limit) throw new TokenLimitExceeded(rest[0], limit);
+    } else {
+      // No token stands for more than maxTokenBytes of text: a bound without encoding.
+      const fewest = Math.ceil(Buffer.byteLength(text, "utf8") / this.maxTokenBytes);
+      if (fewest > limit) throw new TokenLimitExceeded(fewest, limit);
+    }
+    this.pool ??= new TokenizerPool(this.spec, POOL_SIZE);
+    const out = await this.pool.encode(text, { limit, heavy: text.length > HEAVY_CHARS, signal: opts.signal, rest });
     if ("atLeast" in out) throw new TokenLimitExceeded(out.atLeast, limit);
     return out.ids;
+  }
+
+  /** The count bound's suffix minima over the text's UTF-8, a slice per turn of the event loop. */
+  private async boundInSlices(text: string, signal: AbortSignal | undefined): Promise<Int32Array> {
+    const bytes = new TextEncoder().encode(text);
+    const minima = this.bound().minima(bytes);
+    for (let from = bytes.length; from > 0; ) {
+      from = Math.max(0, from - BOUND_SLICE_BYTES);
+      minima.fillTo(from);
+      if (from > 0) await new Promise((resolve) => setImmediate(resolve));
+      if (signal?.aborted) throw new TokenizerCancelledError("the encode was cancelled");
+      if (this.closed) throw new TokenizerClosedError("the tokenizer was closed");
+    }
+    return minima.fewest;
   }
 
   /** Stops the worker threads; encodes in progress there reject with TokenizerClosedError. */

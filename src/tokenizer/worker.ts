@@ -1,28 +1,38 @@
 // Entry point of a tokenizer pool worker (src/tokenizer/pool.ts): its own
 // Tokenizer built from the same description (GPT-2's ranks or the model's
-// tokenizer.json), encoding one text at a time within a token
-// limit.
+// tokenizer.json), encoding one text at a time within a token limit, and
+// stopping at the encoder's next checkpoint once the pool marks the encode
+// cancelled.
 import { Tokenizer } from "./tokenizer.ts";
 import type { WorkerReply, WorkerRequest } from "./pool.ts";
 
 declare const self: Worker;
 
 let tokenizer: Promise<Tokenizer> | null = null;
+let cancelled: Int32Array<ArrayBufferLike> = new Int32Array(1).fill(-1);
+
+class Stopped extends Error {}
 
 self.onmessage = async (event: MessageEvent<WorkerRequest>) => {
   const msg = event.data;
   if (msg.kind === "init") {
-    // The count bound's trie is built at once, not on the first long prompt.
+    cancelled = msg.cancelled;
+    // The count bound's trie and the long-piece tables are built at once, not on the first long prompt.
     tokenizer = Tokenizer.fromSpec(msg.spec).then((t) => {
-      t.bound();
+      t.prepare();
       return t;
     });
     return;
   }
   let reply: WorkerReply;
+  const checkpoint = () => {
+    if (Atomics.load(cancelled, 0) === msg.id) throw new Stopped();
+  };
   try {
     if (!tokenizer) throw new Error("encode before init");
-    const out = (await tokenizer).encodeWithin(msg.text, msg.limit);
+    const t = await tokenizer;
+    checkpoint();
+    const out = t.encodeWithin(msg.text, msg.limit, { checkpoint, rest: msg.rest });
     if ("atLeast" in out) {
       reply = { id: msg.id, atLeast: out.atLeast };
       self.postMessage(reply);
@@ -32,7 +42,7 @@ self.onmessage = async (event: MessageEvent<WorkerRequest>) => {
     reply = { id: msg.id, ids };
     self.postMessage(reply, [ids.buffer]);
   } catch (e) {
-    reply = { id: msg.id, error: (e as Error).message };
+    reply = e instanceof Stopped ? { id: msg.id, cancelled: true } : { id: msg.id, error: (e as Error).message };
     self.postMessage(reply);
   }
 };

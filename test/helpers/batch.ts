@@ -4,7 +4,7 @@
 // joining at different calls, prompts fed in chunks beside decode rows.
 import { expect } from "bun:test";
 import type { BatchRow, KvCacheSettings, NativeModel, NativeSession } from "../../src/engine/binding.ts";
-import { type ExitRule, GREEDY, type SamplingParams } from "../../src/engine/types.ts";
+import { type ExitPlan, GREEDY, type SamplingParams } from "../../src/engine/types.ts";
 import { expectBitIdentical, tokensFor } from "./kernels.ts";
 
 /** One request as the batch sees it. */
@@ -17,7 +17,7 @@ export interface Plan {
   maxTokens: number;
   chunk: number; // prompt tokens per call
   arrives: number; // the call it joins at
-  exit?: ExitRule; // learned early exit of each sampled token (a model with an exit gate)
+  exit?: ExitPlan; // learned early exit of each sampled token (a model with an exit gate)
 }
 
 

@@ -88,6 +88,23 @@ export function gpt2TokenizerJson(gpt2: Tokenizer): string {
   });
 }
 
+/**
+ * The smol_style tokenizer with a Split pattern written to backtrack: RegExp
+ * takes 2^n steps on n letters without a "b" and the square of a run of
+ * spaces (the linear engine, src/tokenizer/linear_regex.ts, neither).
+ */
+export function backtrackingTokenizerJson(): string {
+  const tok = JSON.parse(fixtureJson("smol_style"));
+  tok.pre_tokenizer = {
+    type: "Sequence",
+    pretokenizers: [
+      { type: "Split", pattern: { Regex: "(a+)+b|\\s*[\\r\\n]+" }, behavior: "Isolated", invert: false },
+      { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true },
+    ],
+  };
+  return JSON.stringify(tok);
+}
+
 /** The metadata that gives a model file the smol_style tokenizer with ChatML, as the importer writes it. */
 export function bpeMetadata(overrides: Record<string, string> = {}): Record<string, string> {
   return {

@@ -4,7 +4,7 @@
 import { expect } from "bun:test";
 import { resolve } from "node:path";
 import { NativeModel } from "../../src/engine/binding.ts";
-import type { ExitRule } from "../../src/engine/types.ts";
+import type { ExitPlan } from "../../src/engine/types.ts";
 import { argmax } from "../reference/forward.ts";
 import { LIB } from "./kernels.ts";
 
@@ -58,7 +58,7 @@ export function torchLogits(model: string, tokens: number[], loops: number[], gr
  * any exit decision came to the threshold (null: none decided). */
 export type TorchExitResult = TorchDepthResult & { exit_steps: number[]; margin: number | null };
 
-export function torchExitLogits(model: string, tokens: number[], loops: number[], greedy: number, exit: ExitRule): Record<string, TorchExitResult> {
+export function torchExitLogits(model: string, tokens: number[], loops: number[], greedy: number, exit: ExitPlan): Record<string, TorchExitResult> {
   return JSON.parse(
     runTorchModule("crosscheck", [
       "logits", model, "--tokens", tokens.join(","), "--loops", loops.join(","), "--greedy", String(greedy),

@@ -3,11 +3,12 @@
 // only in the log and for callers holding the API key; without a key
 // configured the model list shows the path to everyone, so /healthz does too.
 import { describe, expect, setDefaultTimeout, test } from "bun:test";
+import { copyFileSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
 import { readRawSafetensors, writeRawSafetensors } from "../helpers/safetensors.ts";
 import { expect503 } from "../helpers/scheduling.ts";
-import { serverForTests } from "../helpers/server.ts";
+import { serverForTests, startServer } from "../helpers/server.ts";
 
 setDefaultTimeout(60_000);
 
@@ -55,6 +56,34 @@ describe("with an API key configured", () => {
 
   test("a 503 for a model that did not load says to retry in a minute", async () => {
     expect((await fetch(`${s.url}/healthz`)).headers.get("retry-after")).toBe("60");
+  });
+});
+
+describe("with an API key: a model path with spaces, and a bare file name", () => {
+  const ROOT = join(import.meta.dir, "../..");
+
+  test("neither shows any part of the path", async () => {
+    const dir = join(testTempDir(), "models with spaces");
+    mkdirSync(dir, { recursive: true });
+    const spaced = join(dir, "my nan model.safetensors");
+    copyFileSync(nanModelPath(), spaced);
+    const bare = "healthz-bare-nan.safetensors";
+    copyFileSync(nanModelPath(), join(testTempDir(), bare));
+    for (const [modelPath, cwd, parts] of [
+      [spaced, ROOT, ["models with spaces", "my nan model", "with spaces", "nan model"]],
+      [bare, testTempDir(), [bare, "healthz-bare-nan"]],
+    ] as const) {
+      const s = await startServer({ modelPath, cwd, command: [process.execPath, join(ROOT, "src/cli/main.ts"), "serve"], env: { SERVICE_API_KEY: KEY } });
+      try {
+        const body = await expect503(await fetch(`${s.url}/healthz`), "model_not_loaded");
+        expect(body.error.message).toContain(REASON);
+        for (const part of parts) expect(body.error.message).not.toContain(part);
+        const full = await expect503(await fetch(`${s.url}/healthz`, { headers: { authorization: `Bearer ${KEY}` } }), "model_not_loaded");
+        expect(full.error.message).toContain(modelPath);
+      } finally {
+        await s.stop();
+      }
+    }
   });
 });
 

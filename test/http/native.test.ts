@@ -6,7 +6,7 @@ import { join } from "node:path";
 import { type ErrorBody, GenerateResponse, GenerateStreamEvent } from "../../src/wire/responses.ts";
 import { IncrementalDetokenizer, Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { expectErrorShape, expectInvalidRequest, jsonBody, sseData, sseEvents } from "../helpers/http.ts";
-import { testTempDir } from "../helpers/models.ts";
+import { testTempDir, TINY } from "../helpers/models.ts";
 import { serverForTests, startServer, type TestServer } from "../helpers/server.ts";
 
 const MAX_SEQ_LEN = 256;
@@ -63,7 +63,7 @@ describe("POST /generate", () => {
     expect(r.stats.prompt_tokens).toBe(prompt.length);
     expect(r.stats.completion_tokens).toBe(5);
     expect(r.stats.mode).toBe("generate");
-    expect(r.stats.loops_used).toBe(8);
+    expect(r.stats.loops_used).toBe(TINY.loops); // the model's default_loops
     expect(r.stats.wall_ms).toBeGreaterThan(0);
     expect(r.stats.tokens_per_second).toBeGreaterThan(0);
   });
@@ -251,6 +251,22 @@ describe("POST /generate validation", () => {
     const res = await server.post("/generate", "[1, 2]");
     expect(res.status).toBe(422);
     expectErrorShape(await res.json());
+  });
+
+  test("a prompt longer than the context names the prompt, not max_tokens: token ids and text alike", async () => {
+    const ids = Array.from({ length: MAX_SEQ_LEN + 1 }, () => 464);
+    for (const [path, body] of [
+      ["/generate", { prompt: ids, max_tokens: 1 }],
+      ["/v1/completions", { model: "m", prompt: ids, max_tokens: 1 }],
+      ["/generate", { prompt: " the".repeat(MAX_SEQ_LEN + 1), max_tokens: 1 }],
+    ] as const) {
+      const json = await (await server.post(path, body)).json();
+      expect(json.error).toMatchObject({ code: "context_length_exceeded", param: "prompt" });
+      expect(json.error.message).toBe(`\`prompt\` is ${MAX_SEQ_LEN + 1} tokens, more than the maximum sequence length ${MAX_SEQ_LEN}`);
+    }
+    // A prompt that fits alone, with no room left for max_tokens, names max_tokens.
+    const json = await (await server.post("/generate", { prompt: ids.slice(0, MAX_SEQ_LEN), max_tokens: 1 })).json();
+    expect(json.error).toMatchObject({ code: "context_length_exceeded", param: "max_tokens" });
   });
 
   test("prompt + max_tokens over SERVICE_MAX_SEQ_LEN is a 400", async () => {

@@ -11,7 +11,7 @@ import { join, resolve } from "node:path";
 import { log } from "../../src/log.ts";
 import { jsonBody } from "../helpers/http.ts";
 import { testTempDir } from "../helpers/models.ts";
-import { cancelOpenStreams, expect503, openStream, PROMPT, slowModelPath, startBlocker, waitFor, waitForQueueDepth } from "../helpers/scheduling.ts";
+import { cancelOpenStreams, expect503, openStream, PROMPT, queueingServer, startBlocker, waitFor, waitForQueueDepth } from "../helpers/scheduling.ts";
 import { inProcessApp, serverForTests, startServer, TINY_MODEL_INFO, type TestServer } from "../helpers/server.ts";
 
 setDefaultTimeout(60_000);
@@ -69,7 +69,7 @@ describe("text format (the default)", () => {
   const lines = () => textRequestLines(s.output());
 
   beforeAll(async () => {
-    s = await startServer({ modelPath: slowModelPath(), env: { SERVICE_MAX_BATCH: "1", SERVICE_MAX_QUEUE_DEPTH: "1", SERVICE_MAX_SEQ_LEN: "4096" } });
+    s = await startServer(queueingServer({ SERVICE_MAX_QUEUE_DEPTH: "1" }));
   });
   afterAll(async () => {
     await cancelOpenStreams();
@@ -191,6 +191,26 @@ describe("json format", () => {
     expect(await s.stop()).toBe(0);
     const all = jsonLines(s.output());
     expect(all.some((l) => String(l.msg).startsWith("SIGTERM"))).toBe(true);
+  });
+});
+
+describe("json format: a configuration that stops the start", () => {
+  test.each<[string, Record<string, string>, string]>([
+    ["a setting that is not a number", { SERVICE_MAX_SEQ_LEN: "abc" }, "SERVICE_MAX_SEQ_LEN must be an integer"],
+    ["an empty API key", { SERVICE_API_KEY: "" }, "SERVICE_API_KEY is empty"],
+    ["an unknown SIMD path", { SERVICE_SIMD: "sse9" }, "SERVICE_SIMD must be one of"],
+    ["too many threads", { SERVICE_THREADS: "100000" }, "SERVICE_THREADS must be between"],
+    ["an unreadable key file", { SERVICE_API_KEY_FILE: "/nonexistent/key" }, "SERVICE_API_KEY_FILE: cannot read"],
+    ["conflicting cache modes", { SERVICE_KV_INT4: "1", SERVICE_KV_INT8: "1" }, "SERVICE_KV_INT4=1 and SERVICE_KV_INT8=1 conflict"],
+  ])("%s: exit 2, and the reason is a JSON error line", async (_, env, reason) => {
+    const err = await startServer({ env: { SERVICE_LOG_FORMAT: "json", ...env } }).catch((e: Error) => e);
+    expect(err).toBeInstanceOf(Error);
+    const [first, ...output] = (err as Error).message.split("\n");
+    expect(first).toContain("exited with 2");
+    const lines = jsonLines(output.join("\n")); // throws on any line that is not JSON
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatchObject({ level: "error" });
+    expect(String(lines[0].msg)).toContain(reason);
   });
 });
 

@@ -11,7 +11,7 @@
 // cycle, or after a prefix copy.
 import { beforeAll, describe, expect, test } from "bun:test";
 import { type NativeModel, type NativeSession, SPEC_FLAGS } from "../../src/engine/binding.ts";
-import { type ExitRule, GREEDY } from "../../src/engine/types.ts";
+import { type ExitPlan, GREEDY } from "../../src/engine/types.ts";
 import { ensureLibrary, expectBitIdentical, supportedPaths, tokensFor, withModel } from "../helpers/kernels.ts";
 import { tinyModelPath } from "../helpers/models.ts";
 
@@ -21,7 +21,7 @@ const ONE_LAYER = { ...OURO_LIKE, nLayers: 1, seed: 29 };
 
 beforeAll(ensureLibrary);
 
-const exact = (threshold: number): ExitRule => ({ threshold, policy: "exact" });
+const exact = (threshold: number): ExitPlan => ({ threshold, policy: "exact" });
 
 interface Decoded {
   fed: number[]; // every token fed, prompt first
@@ -30,7 +30,7 @@ interface Decoded {
 }
 
 /** Greedy decoding of n tokens after the prompt under `exit`, one step a token; `session` is left holding them. */
-function decodeExact(s: NativeSession, prompt: number[], loops: number, n: number, exit: (i: number) => ExitRule | undefined): Decoded {
+function decodeExact(s: NativeSession, prompt: number[], loops: number, n: number, exit: (i: number) => ExitPlan | undefined): Decoded {
   const out: Decoded = { fed: [...prompt], logits: [], steps: [] };
   let feed = prompt;
   for (let i = 0; i < n; i++) {

@@ -9,7 +9,7 @@
 import { beforeAll, describe, expect, test } from "bun:test";
 import { join } from "node:path";
 import { FP16_CACHE, type KvCacheSettings, NativeError, type NativeModel, type NativeSession } from "../../src/engine/binding.ts";
-import { type ExitRule, GREEDY } from "../../src/engine/types.ts";
+import { type ExitPlan, GREEDY } from "../../src/engine/types.ts";
 import { formatQuantMix } from "../../src/model/format.ts";
 import { KV_CACHE_MODES, kvModeSpec } from "../../src/model/kvcache.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
@@ -30,7 +30,7 @@ const PLAIN_STACK: Partial<SyntheticOptions> = { vocabSize: VOCAB, loops: 3, see
 beforeAll(ensureLibrary);
 
 /** Greedy decoding of n tokens after the prompt, one step per token: tokens, their logits and the steps each ran. */
-function decode(m: NativeModel, prompt: number[], loops: number, n: number, exit?: ExitRule, kv: KvCacheSettings = FP16_CACHE) {
+function decode(m: NativeModel, prompt: number[], loops: number, n: number, exit?: ExitPlan, kv: KvCacheSettings = FP16_CACHE) {
   const s = m.newSession(prompt.length + n, loops, 0, kv);
   try {
     const out = { tokens: [] as number[], logits: [] as Float32Array[], steps: [] as number[] };
@@ -50,7 +50,7 @@ function decode(m: NativeModel, prompt: number[], loops: number, n: number, exit
 }
 
 /** The reference's greedy decoding, as decode. */
-function referenceDecode(ref: ReferenceModel, prompt: number[], loops: number, n: number, exit?: ExitRule, kv: KvCacheSettings = FP16_CACHE) {
+function referenceDecode(ref: ReferenceModel, prompt: number[], loops: number, n: number, exit?: ExitPlan, kv: KvCacheSettings = FP16_CACHE) {
   const s = ref.session(loops, { kvCacheMode: kv.mode, fp16AttnQkv: kv.fp16AttnQkv });
   for (const t of prompt.slice(0, -1)) s.feed(t);
   const out = { tokens: [] as number[], logits: [] as Float32Array[], steps: [] as number[] };
@@ -66,10 +66,10 @@ function referenceDecode(ref: ReferenceModel, prompt: number[], loops: number, n
 }
 
 /** Depths and exit rules the decoding tests run: none, each policy at several thresholds (0: every token after one step). */
-const EXIT_CASES: [number, ExitRule | undefined][] = [
+const EXIT_CASES: [number, ExitPlan | undefined][] = [
   [4, undefined],
   [8, undefined],
-  ...(["exact", "copy"] as const).flatMap((policy): [number, ExitRule][] => [
+  ...(["exact", "copy"] as const).flatMap((policy): [number, ExitPlan][] => [
     [4, { threshold: 0.3, policy }],
     [4, { threshold: 0.6, policy }],
     [8, { threshold: 0.5, policy }],
@@ -227,7 +227,7 @@ describe("a stack in every weight format and cache mode against the float64 refe
 });
 
 /** A batch's rows: no exit, or each policy at several thresholds (copy where the row has a window, which exact refuses). */
-function mixedExit(i: number, window: number): ExitRule | undefined {
+function mixedExit(i: number, window: number): ExitPlan | undefined {
   if (i % 4 === 0) return undefined;
   return { threshold: [0.3, 0.6, 0.9][(i % 4) - 1], policy: window > 0 || i % 8 > 4 ? "copy" : "exact" };
 }

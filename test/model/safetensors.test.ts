@@ -135,6 +135,22 @@ describe("safetensors validation: every bad file is a ModelFormatError naming th
     expectBad(rawFile([1, 2]), /header must be a JSON object/);
   });
 
+  test("a header's top level is capped as it is scanned: entries, and bytes per entry; refused in well under a second, without parsing it", () => {
+    const w = JSON.stringify(goodTensor);
+    const entries = (n: number) => `{${Array.from({ length: n }, (_, i) => `"t${i}":${w}`).join(",")}}`;
+    expectBad(rawFile(null, undefined, { text: entries(65_537) }), /header has more than 65536 entries/);
+    expectBad(rawFile(null, undefined, { text: `{"w":{"dtype":"F16","shape":[2,2],"data_offsets":[0,8],"junk":"${"x".repeat(70_000)}"}}` }), /the entry "w" is over 65536 bytes/);
+    // A 60 MB header of a million junk entries: refused at entry 65,537, its memory never more than the mapping.
+    const junk = rawFile(null, undefined, { text: `{${Array.from({ length: 1_000_000 }, (_, i) => `"k${i}":[${"0,".repeat(25)}0]`).join(",")}}` });
+    expect(readFileSync(junk).length).toBeGreaterThan(50_000_000);
+    const t0 = performance.now();
+    expectBad(junk, /header has more than 65536 entries/);
+    expect(performance.now() - t0).toBeLessThan(1000); // generous: about 20 ms
+    // The metadata entry is capped only by the header's own limit (a model's tokenizer lives there).
+    const big = { __metadata__: { tokenizer_json: "x".repeat(200_000) }, w: goodTensor };
+    expect(readSafetensors(rawFile(big, new Uint8Array(8))).metadata.tokenizer_json).toHaveLength(200_000);
+  });
+
   test("__metadata__ must be an object of strings", () => {
     expectBad(rawFile({ __metadata__: "x" }), /__metadata__ must be an object/);
     expectBad(rawFile({ __metadata__: { dim: 64 } }), /__metadata__\.dim must be a string, got 64/);
@@ -147,7 +163,8 @@ describe("safetensors validation: every bad file is a ModelFormatError naming th
     const n = 200_000;
     expectBad(rawFile(null, undefined, { text: deep(n) }), /header must be a JSON object, got \[{57}\.\.\.$/);
     expectBad(rawFile(null, undefined, { text: `{"__metadata__":{"dim":${deepObject(n)}}}` }), /__metadata__\.dim must be a string, got (\{"a":){11}\{"\.\.\.$/);
-    expectBad(rawFile(null, undefined, { text: `{"w":{"dtype":"F16","shape":${deep(n)},"data_offsets":[0,0]}}` }), /tensor "w": shape \[{57}\.\.\. has a dimension that is not a non-negative integer: \[{57}\.\.\.$/);
+    // A tensor's entry may hold 64 KiB at most: 30,000 levels.
+    expectBad(rawFile(null, undefined, { text: `{"w":{"dtype":"F16","shape":${deep(30_000)},"data_offsets":[0,0]}}` }), /tensor "w": shape \[{57}\.\.\. has a dimension that is not a non-negative integer: \[{57}\.\.\.$/);
   });
 
   test("tensor entries: not an object, bad dtype, bad shape, bad offsets", () => {

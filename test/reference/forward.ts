@@ -48,7 +48,7 @@ import {
   quantTensorShapes,
   validateModel,
 } from "../../src/model/format.ts";
-import type { ExitRule } from "../../src/engine/types.ts";
+import type { ExitPlan } from "../../src/engine/types.ts";
 import { type KvCacheMode, type KvModeSpec, kvModeSpec } from "../../src/model/kvcache.ts";
 import { readSafetensors } from "../../src/model/safetensors.ts";
 import { storedKvRow, whtF64 } from "./kvcache.ts";
@@ -287,7 +287,7 @@ export class ReferenceSession {
    * gives the deeper units of each layer the exit step's keys/values.
    * Without one every step runs.
    */
-  feed(token: number, exit?: ExitRule): Float32Array {
+  feed(token: number, exit?: ExitPlan): Float32Array {
     const c = this.model.config;
     if (!Number.isInteger(token) || token < 0 || token >= c.vocabSize) {
       throw new RangeError(`token id must be an integer in [0, ${c.vocabSize}), got ${token}`);

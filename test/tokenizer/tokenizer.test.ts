@@ -126,15 +126,18 @@ describe("encoding off the event loop", () => {
     expect(tok.bound().suffixMinima(new TextEncoder().encode(texts.prose))[0]).toBe(tok.encode(texts.prose).length);
   });
 
-  test("an aborted signal cancels the encode", async () => {
+  test("an aborted signal cancels the encode; its worker stops and takes the next text", async () => {
     const abort = new AbortController();
-    const running = tok.encodeAsync("ÃÂ".repeat(32 * 1000), { signal: abort.signal });
-    await Bun.sleep(50);
+    // A million characters in one piece: seconds of work, none of it done after the abort.
+    const running = tok.encodeAsync("ÃÂ".repeat(1 << 19), { signal: abort.signal });
+    const other = tok.encodeAsync("ÃÂ".repeat(1 << 19));
+    await Bun.sleep(100);
     abort.abort();
     expect(await running.catch((e) => e)).toBeInstanceOf(TokenizerCancelledError);
-    // The pool goes on with a fresh worker.
     expect(await tok.encodeAsync(texts.prose)).toEqual(tok.encode(texts.prose));
-  });
+    // The long text queued behind the cancelled one (one long text at a time) runs once its worker has stopped.
+    expect(await other).toHaveLength(1 << 14);
+  }, 60_000);
 
   test("a replacement rank file reaches the workers", async () => {
     const home = mkdtempSync(join(tmpdir(), "tok-"));
@@ -189,6 +192,10 @@ describe("TOKENIZER_HOME", () => {
     const err = await Tokenizer.load(home).catch((e) => e);
     expect(err).toBeInstanceOf(TokenizerError);
     expect(String(err.message)).toContain(`${RANK_FILE_NAME}:2`);
+    // Every byte needs a rank of its own: text holding one without could not be encoded.
+    const lines = Array.from({ length: 256 }, (_, b) => `${Buffer.from([b]).toString("base64")} ${b}`).filter((_, b) => b !== 0x41);
+    writeFileSync(join(home, RANK_FILE_NAME), `${lines.join("\n")}\n`);
+    expect(String((await Tokenizer.load(home).catch((e) => e)).message)).toContain("the single byte 0x41 has no rank");
   });
 });
 

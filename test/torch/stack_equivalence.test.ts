@@ -22,7 +22,7 @@ import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { existsSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { NativeModel } from "../../src/engine/binding.ts";
-import { type ExitRule, GREEDY } from "../../src/engine/types.ts";
+import { type ExitPlan, GREEDY } from "../../src/engine/types.ts";
 import { fixtureTokenizerConfig, fixtureTokenizerJson } from "../helpers/hf_fixture.ts";
 import { readSafetensors } from "../../src/model/safetensors.ts";
 import { ensureLibrary, LIB } from "../helpers/kernels.ts";
@@ -42,13 +42,13 @@ setDefaultTimeout(120_000);
 
 const noTorch = skipReason(PYTORCH) !== null;
 const DEPTHS = [1, 2, 3, 4, 8];
-const EXITS: ExitRule[] = (["exact", "copy"] as const).flatMap((policy) => [0.5, 0.7].map((threshold) => ({ threshold, policy })));
+const EXITS: ExitPlan[] = (["exact", "copy"] as const).flatMap((policy) => [0.5, 0.7].map((threshold) => ({ threshold, policy })));
 const GREEDY_TOKENS = EQUIVALENCE_GREEDY_TOKENS;
 const PROMPT = EQUIVALENCE_PROMPT;
 const ROOT = resolve(import.meta.dir, "../..");
 
 /** Early exit: greedy steps through the kernels' sampler, each step's logits and exit step. */
-function kernelExitRun(path: string, loops: number, exit: ExitRule): KernelRun {
+function kernelExitRun(path: string, loops: number, exit: ExitPlan): KernelRun {
   const m = NativeModel.load(LIB, path, 2, "auto");
   try {
     const vocab = m.info.vocabSize;
