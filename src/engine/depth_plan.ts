@@ -25,6 +25,8 @@ export interface DepthSettings {
   /** undefined: the model's default (plain generation only); null: no early exit. */
   exitThreshold?: number | null;
   exitPolicy?: ExitPolicy;
+  /** The request's cache window (0 or undefined: full attention): the exact exit policy needs none. */
+  cacheWindow?: number;
 }
 
 /** What a model contributes: its default depth, its exit gate and the file's default threshold. */
@@ -50,8 +52,24 @@ export function defaultExitThreshold(model: DepthModel): number | null {
   return model.exitGate && t !== null && exits(t) ? t : null;
 }
 
-/** The exit a request asks for, or none: absent takes the model's default in plain generation; null and 1 are fixed depth. */
+/**
+ * The exit a request asks for, or none: absent takes the model's default in
+ * plain generation; null and 1 are fixed depth. The exact policy computes
+ * earlier tokens' skipped steps when a later token needs them, which reads
+ * keys and values a cache window has dropped: the two are refused together.
+ */
 function planExit(settings: DepthSettings, model: DepthModel | null): ExitPlan | undefined {
+  const plan = askedExit(settings, model);
+  if (plan?.policy === "exact" && (settings.cacheWindow ?? 0) > 0)
+    throw new EngineRequestError(
+      "`cache_window` cannot be combined with the exact exit policy (the steps it computes late would read positions the window dropped): " +
+        'ask for `exit_policy: "copy"` or `exit_threshold: null` with a window',
+      "cache_window",
+    );
+  return plan;
+}
+
+function askedExit(settings: DepthSettings, model: DepthModel | null): ExitPlan | undefined {
   const policy = settings.exitPolicy ?? DEFAULT_EXIT_POLICY;
   const asked = settings.exitThreshold;
   if (asked === undefined) {

@@ -139,6 +139,7 @@ export interface DepthFields {
   K_branches?: number | null;
   exit_threshold?: number | null;
   exit_policy?: ExitPolicy | null;
+  cache_window?: number | null;
 }
 
 /**
@@ -157,6 +158,7 @@ export function resolveDepth(deps: AppDeps, mode: GenerationMode, body: DepthFie
     kBranches: body.K_branches ?? undefined,
     exitThreshold: body.exit_threshold, // null: no early exit
     exitPolicy: body.exit_policy ?? undefined,
+    cacheWindow: body.cache_window ?? undefined,
   };
   return planDepth(settings, { model: deps.engine?.info ?? null, temperature, kvCacheMode: deps.config.kvCacheMode });
 }

@@ -105,6 +105,11 @@ describe("an imported Ouro-layout checkpoint, served", () => {
     expect((await policy.json()).error.param).toBe("exit_policy");
     for (const exit_policy of ["exact", "copy"])
       expect((await server.post("/generate", { prompt: PROMPT, max_tokens: 2, exit_threshold: 0.5, exit_policy })).status).toBe(200);
+    // the exact policy computes skipped steps late, from rows a window drops: refused together, naming the window
+    const windowed = await server.post("/generate", { prompt: PROMPT, max_tokens: 2, exit_threshold: 0.5, cache_window: 4 });
+    expect(windowed.status).toBe(400);
+    expect((await windowed.json()).error.param).toBe("cache_window");
+    expect((await server.post("/generate", { prompt: PROMPT, max_tokens: 2, exit_threshold: 0.5, exit_policy: "copy", cache_window: 4 })).status).toBe(200);
   }, 60_000);
 
   test("int4 of the imported model keeps its tokenizer and runs, exits included", () => {
