@@ -1,7 +1,13 @@
 // Random-weight checkpoints in the exact Hugging Face Ouro layout (or
 // loopserve's own, model_type "loopserve"), for import-hf's tests and its
-// benchmark: config.json, weights as one model.safetensors or as shards with
-// model.safetensors.index.json, tokenizer.json and tokenizer_config.json.
+// benchmark: config.json, generation_config.json, weights as one
+// model.safetensors or as shards with model.safetensors.index.json,
+// tokenizer.json and tokenizer_config.json. As the published Ouro
+// checkpoints are: bos, eos and pad <|endoftext|> in config.json and
+// tokenizer_config.json, <|im_end|> (the end of a chat turn) named as an end
+// id only in generation_config.json, and a ChatML template with a default
+// system turn; the Thinking variant (`thinking`) has <think> and </think>
+// tokens and a template that opens the reasoning.
 //
 // Deterministic: the same options give byte-identical files. Each tensor
 // draws from its own stream (seed, tensor name), from xoshiro128** with
@@ -36,6 +42,10 @@ export interface HfFixtureOptions {
   shards?: number; // 1 (default): model.safetensors; more: model-0000k-of-0000n.safetensors + index
   tied?: boolean; // tie_word_embeddings, no lm_head.weight
   earlyExitThreshold?: number | null; // default absent
+  earlyExitStep?: number; // Ouro's early_exit_step; default absent
+  thinking?: boolean; // the Thinking variant: <think>, </think> tokens; the template opens the reasoning
+  /** Rows of the output head scaled by `scale`, so that greedy decoding emits those tokens often (tests of text that must hold them); untied heads only. */
+  headBoost?: { ids: number[]; scale: number };
   maxPositionEmbeddings?: number; // default 2048
   ropeTheta?: number; // default 10000
   rmsNormEps?: number; // default 1e-6
@@ -71,31 +81,39 @@ function f32ToBf16Bits(f: number): number {
 /** Special tokens at ids 0..2, as in Ouro's (SmolLM2's) tokenizer. */
 export const FIXTURE_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] as const;
 const FIXTURE_MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s", "r e", "a n"];
+/** The Thinking variant's reasoning tokens, after the merges (added, not special, as Qwen 3 has them). */
+export const FIXTURE_THINK_TOKENS = ["<think>", "</think>"] as const;
+/** Ids of the fixture's tokens by text. */
+export const FIXTURE_IDS = { endoftext: 0, imStart: 1, imEnd: 2, think: 3 + 256 + FIXTURE_MERGES.length, thinkEnd: 4 + 256 + FIXTURE_MERGES.length } as const;
 
 /**
  * A small valid byte-level BPE tokenizer.json: the three special tokens, the
  * 256 byte tokens (ids 3..258, GPT-2's byte-to-unicode strings), then one
- * token per merge. Loads in Hugging Face `tokenizers`.
+ * token per merge, then (`thinking`) <think> and </think>. Loads in Hugging
+ * Face `tokenizers`.
  */
-export function fixtureTokenizerJson(): string {
+export function fixtureTokenizerJson(thinking = false): string {
   const vocab: Record<string, number> = {};
   FIXTURE_SPECIAL_TOKENS.forEach((t, i) => (vocab[t] = i));
   for (const ch of BYTE_CHARS) vocab[ch] = Object.keys(vocab).length;
   for (const m of FIXTURE_MERGES) vocab[m.replace(" ", "")] = Object.keys(vocab).length;
+  const first = Object.keys(vocab).length;
+  const think = thinking ? FIXTURE_THINK_TOKENS.map((content, i) => ({ id: first + i, content, special: false })) : [];
+  for (const t of think) vocab[t.content] = t.id;
   const byteLevel = { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true };
   return JSON.stringify(
     {
       version: "1.0",
       truncation: null,
       padding: null,
-      added_tokens: FIXTURE_SPECIAL_TOKENS.map((content, id) => ({
-        id,
-        content,
+      added_tokens: [...FIXTURE_SPECIAL_TOKENS.map((content, id) => ({ id, content, special: true })), ...think].map((t) => ({
+        id: t.id,
+        content: t.content,
         single_word: false,
         lstrip: false,
         rstrip: false,
         normalized: false,
-        special: true,
+        special: t.special,
       })),
       normalizer: null,
       pre_tokenizer: byteLevel,
@@ -119,24 +137,37 @@ export function fixtureTokenizerJson(): string {
   );
 }
 
-/** A ChatML template in the form Ouro's tokenizer_config.json carries. */
-export const FIXTURE_CHAT_TEMPLATE =
-  "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}" +
-  "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+/** The system turn the template puts first when the conversation has none. */
+export const FIXTURE_SYSTEM_TURN = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n";
 
-export function fixtureTokenizerConfig(): Record<string, unknown> {
+/** A ChatML template in the form Ouro's tokenizer_config.json carries: a default system turn, then the messages; the Thinking variant opens the reasoning. */
+export function fixtureChatTemplate(thinking = false): string {
+  return (
+    "{% for message in messages %}" +
+    `{% if loop.first and messages[0]['role'] != 'system' %}{{ ${JSON.stringify(FIXTURE_SYSTEM_TURN)} }}{% endif %}` +
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}" +
+    `{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n${thinking ? "<think>\\n" : ""}' }}{% endif %}`
+  );
+}
+
+export function fixtureTokenizerConfig(thinking = false): Record<string, unknown> {
   return {
     add_bos_token: false,
     add_prefix_space: false,
-    bos_token: "<|im_start|>",
-    eos_token: "<|im_end|>",
-    pad_token: "<|im_end|>",
+    bos_token: "<|endoftext|>",
+    eos_token: "<|endoftext|>",
+    pad_token: "<|endoftext|>",
     unk_token: "<|endoftext|>",
     model_max_length: 2048,
     tokenizer_class: "GPT2Tokenizer",
     clean_up_tokenization_spaces: false,
-    chat_template: FIXTURE_CHAT_TEMPLATE,
+    chat_template: fixtureChatTemplate(thinking),
   };
+}
+
+/** generation_config.json as published beside an Ouro config: <|im_end|> is an end id only here. */
+function generationConfig(): Record<string, unknown> {
+  return { bos_token_id: 0, eos_token_id: FIXTURE_IDS.imEnd, pad_token_id: 0, transformers_version: "4.55.0" };
 }
 
 // ---- config ----
@@ -164,7 +195,7 @@ function shapeOf(o: HfFixtureOptions): HfModelShape {
 }
 
 /** config.json as Ouro's transformers code writes it. */
-function ouroConfig(m: HfModelShape, dtype: HfDtype): Record<string, unknown> {
+function ouroConfig(m: HfModelShape, dtype: HfDtype, earlyExitStep: number | undefined): Record<string, unknown> {
   const config: Record<string, unknown> = {
     architectures: ["OuroForCausalLM"],
     attention_dropout: 0.0,
@@ -181,6 +212,7 @@ function ouroConfig(m: HfModelShape, dtype: HfDtype): Record<string, unknown> {
     num_attention_heads: m.nHeads,
     num_hidden_layers: m.nLayers,
     num_key_value_heads: m.nKvHeads,
+    pad_token_id: 0,
     rms_norm_eps: m.normEps,
     rope_scaling: null,
     rope_theta: m.ropeTheta,
@@ -194,6 +226,7 @@ function ouroConfig(m: HfModelShape, dtype: HfDtype): Record<string, unknown> {
     vocab_size: m.vocabSize,
   };
   if (m.exitThreshold !== null) config.early_exit_threshold = m.exitThreshold;
+  if (earlyExitStep !== undefined) config.early_exit_step = earlyExitStep;
   return config;
 }
 
@@ -242,12 +275,22 @@ function splitIntoShards<T extends { bytes: number }>(tensors: T[], n: number): 
   return shards;
 }
 
+/** Scales the elements of `chunk` (elements from `offset` of a [rows, dim] matrix) that lie in the boosted rows. */
+function boostRows(chunk: Float32Array, offset: number, dim: number, boost: { ids: number[]; scale: number }): void {
+  for (const id of boost.ids) {
+    const lo = Math.max(id * dim, offset);
+    const hi = Math.min((id + 1) * dim, offset + chunk.length);
+    for (let e = lo; e < hi; e++) chunk[e - offset] *= boost.scale;
+  }
+}
+
 /** Writes a random checkpoint directory (created if needed); returns its weight files. */
 export function writeHfFixture(dir: string, o: HfFixtureOptions): HfFixtureResult {
   const arch = o.arch ?? "ouro";
   const dtype = o.dtype ?? "BF16";
   const m = shapeOf(o);
   if (!Number.isInteger(m.headDim)) throw new ModelFormatError(`hf fixture: dim ${m.dim} is not a multiple of nHeads ${m.nHeads}`);
+  if (o.headBoost && m.tiedOutput) throw new ModelFormatError("hf fixture: headBoost scales the rows of an untied head");
   mkdirSync(dir, { recursive: true });
 
   const size = DTYPE_SIZES[dtype];
@@ -282,6 +325,7 @@ export function writeHfFixture(dir: string, o: HfFixtureOptions): HfFixtureResul
         const n = Math.min(CHUNK, t.count - off);
         const chunk = f32.subarray(0, n);
         fillNormal(chunk, mean, std, state);
+        if (t.target === "output.weight" && o.headBoost) boostRows(chunk, off, m.dim, o.headBoost);
         if (dtype === "F32") {
           write(new Uint8Array(f32.buffer, 0, n * 4));
         } else {
@@ -300,9 +344,10 @@ export function writeHfFixture(dir: string, o: HfFixtureOptions): HfFixtureResul
     const sorted = Object.fromEntries(Object.entries(weightMap).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
     json("model.safetensors.index.json", { metadata: { total_size: total }, weight_map: sorted });
   }
-  json("config.json", arch === "ouro" ? ouroConfig(m, dtype) : loopserveConfig(m));
-  writeFileSync(join(dir, "tokenizer.json"), fixtureTokenizerJson());
-  json("tokenizer_config.json", fixtureTokenizerConfig());
+  json("config.json", arch === "ouro" ? ouroConfig(m, dtype, o.earlyExitStep) : loopserveConfig(m));
+  json("generation_config.json", generationConfig());
+  writeFileSync(join(dir, "tokenizer.json"), fixtureTokenizerJson(o.thinking));
+  json("tokenizer_config.json", fixtureTokenizerConfig(o.thinking));
   return {
     dir,
     files: fileNames.map((f) => join(dir, f)),

@@ -125,7 +125,8 @@ describe("import-hf: Ouro checkpoints", () => {
       source_arch: "ouro",
       tokenizer: "bpe",
       chat_format: "chatml",
-      eos_token_ids: "0,2", // config eos_token_id 0, then tokenizer_config's eos_token <|im_end|>
+      special_tokens: JSON.stringify({ bos_token: "<|endoftext|>", eos_token: "<|endoftext|>", unk_token: "<|endoftext|>", pad_token: "<|endoftext|>" }),
+      eos_token_ids: "0,2", // config.json's eos_token_id 0, generation_config.json's 2 (<|im_end|>), tokenizer_config's eos_token <|endoftext|> (0)
     });
     expect(tokenizer_json).toBe(readFileSync(join(dir, "tokenizer.json"), "utf8"));
     expect(chat_template).toBe(JSON.parse(readFileSync(join(dir, "tokenizer_config.json"), "utf8")).chat_template);
@@ -201,6 +202,7 @@ describe("import-hf: Ouro checkpoints", () => {
     const dir = fixture();
     editJson(join(dir, "tokenizer_config.json"), (c) => {
       c.add_bos_token = true;
+      c.bos_token = "<|im_start|>";
       c.chat_template = "{{ messages[0]['content'] }}";
       c.eos_token = { content: "<|endoftext|>", special: true };
     });
