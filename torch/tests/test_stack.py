@@ -169,7 +169,7 @@ class HuggingFace(unittest.TestCase):
             cfg["model_type"] = "llama"
             with open(os.path.join(d, "config.json"), "w") as f:
                 json.dump(cfg, f)
-            with self.assertRaisesRegex(ModelFileError, "model_type must be 'ouro'"):
+            with self.assertRaisesRegex(ModelFileError, "unknown architecture"):
                 load_ouro(d)
 
 
