@@ -187,7 +187,7 @@ class HuggingFace(unittest.TestCase):
                 load_ouro(d)
             with open(os.path.join(d, "config.json")) as f:
                 cfg = json.load(f)
-            cfg["model_type"] = "llama"
+            cfg["model_type"], cfg["architectures"] = "llama", ["LlamaForCausalLM"]
             with open(os.path.join(d, "config.json"), "w") as f:
                 json.dump(cfg, f)
             with self.assertRaisesRegex(ModelFileError, "unknown architecture"):
