@@ -319,7 +319,14 @@ const CHAT: Framing<ChatLogprobs, ChatCompletion, ChatCompletionChunk, ChatChunk
   idPrefix: "chatcmpl-",
   whole: (head, reply, finishReason, logprobs, usage) => ({
     ...opening(head, "chat.completion"),
-    choices: [{ index: 0, message: { role: "assistant", ...reply }, logprobs, finish_reason: finishReason }],
+    choices: [
+      {
+        index: 0,
+        message: { role: "assistant", content: reply.content, ...(reply.reasoning === undefined ? {} : { reasoning_content: reply.reasoning }) },
+        logprobs,
+        finish_reason: finishReason,
+      },
+    ],
     usage,
   }),
   chunk: chunkOf("chat.completion.chunk"),

@@ -5,48 +5,24 @@
 // server tests run a real process on a model file carrying the tokenizer.
 import { describe, expect, test } from "bun:test";
 import { loadConfig } from "../../src/config.ts";
-import type { GenerateRequest, TokenSink } from "../../src/engine/types.ts";
+import type { GenerateRequest } from "../../src/engine/types.ts";
 import { renderChat } from "../../src/http/chat_template.ts";
-import type { GenerationEngine } from "../../src/http/generation.ts";
 import { modelChat } from "../../src/text/chat.ts";
 import { GPT2_CONVENTIONS, type TextConventions, Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { tinyModelPath } from "../helpers/models.ts";
-import { inProcessApp, serverForTests, startServer, TINY_MODEL_INFO } from "../helpers/server.ts";
+import { scriptedEngine } from "../helpers/scripted_engine.ts";
+import { inProcessApp, serverForTests, startServer } from "../helpers/server.ts";
 import { bpeMetadata, fixtureJson, withMetadata } from "../helpers/tokenizer_json.ts";
 
 const CHATML: TextConventions = { ...GPT2_CONVENTIONS, eosIds: [0, 2], chatFormat: "chatml" };
 const REPLY = "Hi 🐙 there, 12 fish.";
 
-/** An engine that records each request and answers with `reply`'s ids, then <|im_end|> (a stop id: not emitted). */
-function scriptedEngine(tok: Tokenizer, seen: GenerateRequest[]): GenerationEngine {
-  const script = [...tok.encode(REPLY), 2, ...tok.encode(" never sent")];
-  return {
-    info: TINY_MODEL_INFO,
-    enqueue(req, _opts, sink: TokenSink) {
-      seen.push(req);
-      const tokens: number[] = [];
-      let finishReason: "stop" | "length" = "length";
-      for (const id of script.slice(0, req.maxTokens)) {
-        if (req.stopTokenIds.includes(id)) {
-          finishReason = "stop";
-          break;
-        }
-        tokens.push(id);
-        if (sink(id) === false) {
-          finishReason = "stop";
-          break;
-        }
-      }
-      const result = { tokens, finishReason, promptTokens: req.promptTokens.length, wallMs: 1, firstTokenMs: 1 };
-      return { started: Promise.resolve(), result: Promise.resolve(result) };
-    },
-  };
-}
-
 async function app(conventions: TextConventions = CHATML) {
   const tok = await Tokenizer.fromSpec({ kind: "bpe", json: fixtureJson("smol_style") }, conventions);
   const seen: GenerateRequest[] = [];
-  return { tok, seen, ...(await inProcessApp(scriptedEngine(tok, seen), loadConfig({}), tok)) };
+  // The reply, then <|im_end|> (a stop id: not emitted).
+  const script = [...tok.encode(REPLY), 2, ...tok.encode(" never sent")];
+  return { tok, seen, ...(await inProcessApp(scriptedEngine(script, seen), loadConfig({}), tok)) };
 }
 
 const MESSAGES = [
