@@ -44,8 +44,14 @@ export interface HfFixtureOptions {
   earlyExitThreshold?: number | null; // default absent
   earlyExitStep?: number; // Ouro's early_exit_step; default absent
   thinking?: boolean; // the Thinking variant: <think>, </think> tokens; the template opens the reasoning
-  /** Rows of the output head scaled by `scale`, so that greedy decoding emits those tokens often (tests of text that must hold them); untied heads only. */
-  headBoost?: { ids: number[]; scale: number };
+  /**
+   * A token greedy decoding is pulled towards: every embedding's first
+   * component is STEER_EMBEDDING, which the residual stream carries to the
+   * head, and the head's row for this id reads it with weight STEER_HEAD.
+   * Where the last hidden state keeps that component positive (tests check
+   * it with the reference) the token wins by a wide margin. Untied heads only.
+   */
+  steerTo?: number;
   maxPositionEmbeddings?: number; // default 2048
   ropeTheta?: number; // default 10000
   rmsNormEps?: number; // default 1e-6
@@ -275,12 +281,15 @@ function splitIntoShards<T extends { bytes: number }>(tensors: T[], n: number): 
   return shards;
 }
 
-/** Scales the elements of `chunk` (elements from `offset` of a [rows, dim] matrix) that lie in the boosted rows. */
-function boostRows(chunk: Float32Array, offset: number, dim: number, boost: { ids: number[]; scale: number }): void {
-  for (const id of boost.ids) {
-    const lo = Math.max(id * dim, offset);
-    const hi = Math.min((id + 1) * dim, offset + chunk.length);
-    for (let e = lo; e < hi; e++) chunk[e - offset] *= boost.scale;
+/** The first component of every embedding, and the weight the steered token's head row reads it with (steerTo). */
+const STEER_EMBEDDING = 1;
+const STEER_HEAD = 20;
+
+/** `chunk` (the elements from `offset` of a [rows, dim] tensor) with the steering of `steerTo` written in. */
+function steer(chunk: Float32Array, offset: number, dim: number, target: string, steerTo: number): void {
+  for (let e = offset; e < offset + chunk.length; e++) {
+    if (target === "tok_embeddings.weight" && e % dim === 0) chunk[e - offset] = STEER_EMBEDDING;
+    if (target === "output.weight" && e === steerTo * dim) chunk[e - offset] = STEER_HEAD;
   }
 }
 
@@ -290,7 +299,7 @@ export function writeHfFixture(dir: string, o: HfFixtureOptions): HfFixtureResul
   const dtype = o.dtype ?? "BF16";
   const m = shapeOf(o);
   if (!Number.isInteger(m.headDim)) throw new ModelFormatError(`hf fixture: dim ${m.dim} is not a multiple of nHeads ${m.nHeads}`);
-  if (o.headBoost && m.tiedOutput) throw new ModelFormatError("hf fixture: headBoost scales the rows of an untied head");
+  if (o.steerTo !== undefined && m.tiedOutput) throw new ModelFormatError("hf fixture: steerTo needs an untied head");
   mkdirSync(dir, { recursive: true });
 
   const size = DTYPE_SIZES[dtype];
@@ -325,7 +334,7 @@ export function writeHfFixture(dir: string, o: HfFixtureOptions): HfFixtureResul
         const n = Math.min(CHUNK, t.count - off);
         const chunk = f32.subarray(0, n);
         fillNormal(chunk, mean, std, state);
-        if (t.target === "output.weight" && o.headBoost) boostRows(chunk, off, m.dim, o.headBoost);
+        if (o.steerTo !== undefined) steer(chunk, off, m.dim, t.target, o.steerTo);
         if (dtype === "F32") {
           write(new Uint8Array(f32.buffer, 0, n * 4));
         } else {
