@@ -55,7 +55,7 @@ class _Config:
     def has(self, key: str) -> bool:
         return self.d.get(key) is not None
 
-    def int(self, key: str, lo: int, hi: int, default: int | None = None) -> int:
+    def integer(self, key: str, lo: int, hi: int, default: int | None = None) -> int:
         v = self.d.get(key)
         v = default if v is None else v
         if v is None:
@@ -74,7 +74,7 @@ class _Config:
             self.fail(f"{key} must be a positive number below {below:g}, got {v!r}")
         return float(v)
 
-    def bool(self, key: str, default: bool) -> bool:
+    def boolean(self, key: str, default: bool) -> bool:
         v = self.d.get(key)
         v = default if v is None else v
         if not isinstance(v, bool):
@@ -125,17 +125,17 @@ def ouro_config(d: dict, where: str = "config.json") -> LoopedConfig:
     if d.get("model_type") != "ouro" and "OuroForCausalLM" not in archs:
         raise ModelFileError(f"{where}: unknown architecture (model_type {d.get('model_type')!r}, architectures {archs!r}): an Ouro config is read")
     r = _Config(d, where)
-    dim = r.int("hidden_size", 2, LIMITS["dim"])
-    heads = r.int("num_attention_heads", 1, LIMITS["n_heads"])
-    kv = r.int("num_key_value_heads", 1, LIMITS["n_kv_heads"], heads)
-    ffn = r.int("intermediate_size", 1, LIMITS["ffn_dim"])
-    vocab = r.int("vocab_size", 1, LIMITS["vocab_size"])
-    layers = r.int("num_hidden_layers", 1, MAX_LAYERS)
-    loops, threshold = _ouro_exit(r, r.int("total_ut_steps", 1, MAX_LOOPS, 4))
-    max_seq_len = r.int("max_position_embeddings", 1, LIMITS["max_seq_len"], 32768)
+    dim = r.integer("hidden_size", 2, LIMITS["dim"])
+    heads = r.integer("num_attention_heads", 1, LIMITS["n_heads"])
+    kv = r.integer("num_key_value_heads", 1, LIMITS["n_kv_heads"], heads)
+    ffn = r.integer("intermediate_size", 1, LIMITS["ffn_dim"])
+    vocab = r.integer("vocab_size", 1, LIMITS["vocab_size"])
+    layers = r.integer("num_hidden_layers", 1, MAX_LAYERS)
+    loops, threshold = _ouro_exit(r, r.integer("total_ut_steps", 1, MAX_LOOPS, 4))
+    max_seq_len = r.integer("max_position_embeddings", 1, LIMITS["max_seq_len"], 32768)
     rope_theta = r.positive("rope_theta", MAX_ROPE_THETA, 10000.0)
     norm_eps = r.positive("rms_norm_eps", MAX_NORM_EPS, 1e-6)
-    tied = r.bool("tie_word_embeddings", False)
+    tied = r.boolean("tie_word_embeddings", False)
     if dim % heads:
         r.fail(f"hidden_size ({dim}) must be a multiple of num_attention_heads ({heads})")
     if (dim // heads) % 2:
