@@ -5,7 +5,7 @@
 # cuBLAS); Python with PyTorch only for the peers. No bun, npm or network,
 # and no models/ (the shipped models are used where present).
 #
-#   bench/gpu/validate.sh [--no-gpu] [--quick] [--out DIR] [--commit SHA]
+#   bench/gpu/validate.sh [--no-gpu] [--quick] [--out DIR] [--build DIR] [--budget SECONDS] [--commit SHA]
 #
 # Stages, each recorded as JSON lines (bench/gpu/driver/report.c) and
 # gathered by bench/gpu/report.awk into DIR/gpu.json, with a summary table
@@ -17,19 +17,24 @@
 #   checks     the driver: the CUDA library held to the CPU library on every
 #              model case (bench/gpu/driver/cases.c), and what it reports
 #              and refuses
-#   sanitizer  compute-sanitizer memcheck and racecheck on the driver's
-#              short run of every kernel path
 #   figures    loopserve's decode (one stream at loops 1, 8 and 16, 64
 #              rows), the PyTorch CUDA-graph decode of the same block and a
 #              copy probe (bench/gpu/torch_decode.py)
+#   sanitizer  compute-sanitizer memcheck and racecheck on the driver's
+#              short run of every kernel path, in the time the run has left
 # Without a usable GPU (or with --no-gpu) the GPU stages are reported as not
 # available and the driver runs every check with the CPU library against
 # itself (its best SIMD path against the portable one), so CI proves the
 # script, the driver and the harness (test/deploy/cuda.test.ts).
 #
-# --quick: the small models only (CI). --out: where gpu.json and
-# validate.log go (default bench/results). --commit: the commit to name
-# when the tree has no .git. Exit status 0 when every check passed.
+# --quick: the checks' short run only (compute-sanitizer's four small
+# models). --out: where gpu.json and validate.log go (default
+# bench/results). --build: the build folder (default build/gpu; build/
+# reuses what build.ts compiled). --budget: the seconds the run may take
+# before its last stage (default 540: a GPU host's command limit is 10
+# minutes). --commit: the commit to name when the tree has no .git. Models
+# are written under $TMPDIR/loopserve-gpu-validate. Exit status 0 when
+# every check passed.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -38,19 +43,23 @@ OUT=$ROOT/bench/results
 NO_GPU=0
 QUICK=0
 COMMIT=""
+BUILD=$ROOT/build/gpu
+BUDGET=540
 while [ $# -gt 0 ]; do
   case $1 in
     --no-gpu) NO_GPU=1 ;;
     --quick) QUICK=1 ;;
     --out) OUT=$2; shift ;;
     --commit) COMMIT=$2; shift ;;
-    *) echo "usage: bench/gpu/validate.sh [--no-gpu] [--quick] [--out DIR] [--commit SHA]" >&2; exit 2 ;;
+    --build) BUILD=$2; shift ;;
+    --budget) BUDGET=$2; shift ;;
+    *) echo "usage: bench/gpu/validate.sh [--no-gpu] [--quick] [--out DIR] [--build DIR] [--budget SECONDS] [--commit SHA]" >&2; exit 2 ;;
   esac
   shift
 done
 
 STARTED=$(date +%s)
-BUILD=${LOOPSERVE_GPU_BUILD:-$ROOT/build/gpu}
+DEADLINE=$(( STARTED + BUDGET ))
 TMP=${TMPDIR:-/tmp}/loopserve-gpu-validate
 MODELS=$ROOT/models
 mkdir -p "$OUT" "$TMP" "$BUILD"
@@ -113,30 +122,6 @@ if [ -x "$BUILD/gpu_driver" ] && [ -f "$BUILD/libloopserve.so" ]; then
   [ $rc -le 1 ] || record driver/checks fail "the driver stopped (exit $rc): see validate.log" $(( $(date +%s) - t0 ))
 fi
 
-# ---- sanitizer ----
-sanitize() { # tool
-  local name=sanitizer/$1 t0
-  t0=$(date +%s)
-  if [ $GPU = 0 ]; then record "$name" skip "not available: no GPU" 0 "0 errors"; return; fi
-  local cs
-  cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-  if [ -z "$cs" ]; then record "$name" skip "not available: compute-sanitizer is not installed" 0 "0 errors"; return; fi
-  local out=$TMP/sanitizer-$1.txt
-  timeout 240 "$cs" --tool "$1" --error-exitcode 99 "$BUILD/gpu_driver" checks "$BUILD/libloopserve.so" "$CUDA_LIB" \
-    "$TMP" "$MODELS" --quick >"$out" 2>&1
-  local rc=$?
-  cat "$out" >>"$LOG"
-  local summary
-  summary=$(grep -m1 'ERROR SUMMARY' "$out" || true)
-  if [ $rc = 0 ] && [ -n "$summary" ]; then record "$name" pass "$summary" $(( $(date +%s) - t0 )) "0 errors"
-  elif grep -q 'Device not supported\|not supported on this platform' "$out"; then
-    record "$name" skip "not available: compute-sanitizer refused the device: $(grep -m1 'not supported' "$out")" $(( $(date +%s) - t0 )) "0 errors"
-  else record "$name" fail "exit $rc; ${summary:-no summary}: $(grep -m3 '=========.*\(Invalid\|Race\|Error\)' "$out" | tr '\n' ' ')" $(( $(date +%s) - t0 )) "0 errors"
-  fi
-}
-sanitize memcheck
-sanitize racecheck
-
 # ---- figures ----
 if [ -x "$BUILD/gpu_driver" ] && [ -f "$BUILD/libloopserve.so" ]; then
   records_of "$BUILD/gpu_driver" figures "$BUILD/libloopserve.so" "$CUDA_LIB" "$TMP" "$MODELS" $CPU_FLAG
@@ -157,6 +142,35 @@ fi
 # llama.cpp's CUDA build needs bench/peer's source bundle (npm) and the
 # unrolled GGUF (written by bun): bench:serve -- --gpu runs it where they are.
 record figures/llama-cpp skip "not run here: needs bench/peer's llama.cpp source bundle (npm) and bun to write the unrolled GGUF; bench:serve -- --gpu runs it" 0 "present"
+
+# ---- sanitizer ----
+# Last of the stages, each with a share of the time left (a sanitized run is
+# the slowest part): what ran before it is kept whatever happens here.
+sanitize() { # tool, runs left after this one
+  local name=sanitizer/$1 t0 budget
+  t0=$(date +%s)
+  budget=$(( (DEADLINE - t0) / ($2 + 1) ))
+  if [ $GPU = 0 ]; then record "$name" skip "not available: no GPU" 0 "0 errors"; return; fi
+  if [ $budget -lt 30 ]; then record "$name" skip "not run: the run's time budget is spent" 0 "0 errors"; return; fi
+  local cs
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  if [ -z "$cs" ]; then record "$name" skip "not available: compute-sanitizer is not installed" 0 "0 errors"; return; fi
+  local out=$TMP/sanitizer-$1.txt
+  timeout "$budget" "$cs" --tool "$1" --error-exitcode 99 "$BUILD/gpu_driver" checks "$BUILD/libloopserve.so" "$CUDA_LIB" \
+    "$TMP" "$MODELS" --quick >"$out" 2>&1
+  local rc=$?
+  cat "$out" >>"$LOG"
+  local summary
+  summary=$(grep -m1 'ERROR SUMMARY' "$out" || true)
+  if [ $rc = 0 ] && [ -n "$summary" ]; then record "$name" pass "$summary" $(( $(date +%s) - t0 )) "0 errors"
+  elif grep -q 'Device not supported\|not supported on this platform' "$out"; then
+    record "$name" skip "not available: compute-sanitizer refused the device: $(grep -m1 'not supported' "$out")" $(( $(date +%s) - t0 )) "0 errors"
+  elif [ $rc = 124 ]; then record "$name" fail "timed out after $budget s" $(( $(date +%s) - t0 )) "0 errors"
+  else record "$name" fail "exit $rc; ${summary:-no summary}: $(grep -m3 '=========.*\(Invalid\|Race\|Error\)' "$out" | tr '\n' ' ')" $(( $(date +%s) - t0 )) "0 errors"
+  fi
+}
+sanitize memcheck 1
+sanitize racecheck 0
 
 # ---- the report ----
 SECONDS_TOTAL=$(( $(date +%s) - STARTED ))

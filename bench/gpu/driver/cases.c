@@ -135,9 +135,20 @@ static void run_case(run_ctx *ctx, const model_case *mc) {
     ctx->ref.model_free(ref);
 }
 
+/* The short run's cases (compute-sanitizer's): between them every kernel
+ * path, fp16 and each quantized format, head and group path, on small models. */
+static const char *const QUICK[] = {"fp16", "int4-g32-head-int4-embedded", "int2-g32-mix-head-int6", "int4-g256-head-int8-g128"};
+
+static int in_quick_run(const model_case *mc) {
+    for (size_t i = 0; i < sizeof QUICK / sizeof QUICK[0]; i++)
+        if (strcmp(mc->name, QUICK[i]) == 0) return 1;
+    return 0;
+}
+
 void run_cases(run_ctx *ctx) {
     for (size_t i = 0; i < N_CASES; i++)
-        if (!ctx->only || strstr(CASES[i].name, ctx->only)) run_case(ctx, &CASES[i]);
+        if ((!ctx->only || strstr(CASES[i].name, ctx->only)) && (!ctx->quick || in_quick_run(&CASES[i])))
+            run_case(ctx, &CASES[i]);
 }
 
 // ---- timings ----

