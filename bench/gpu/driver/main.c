@@ -6,6 +6,9 @@
 //   gpu_driver write   SPEC FILE           writes a model file from a synth.c spec
 //   gpu_driver desc    FILE                writes FILE's ls_model_desc bytes to stdout
 //   gpu_driver devices CUDA_LIB            prints the CUDA devices the library can use (0 without)
+//   gpu_driver decode  LIB TMP MODELS CASE LOOPS ROWS STEPS
+//                                          one decode timing on LIB alone (unverified families
+//                                          enabled), e.g. under Nsight Compute
 //
 // CUDA_LIB is "-" where the CUDA library is not built. With a usable GPU
 // the candidate is the CUDA library against the CPU library; without one
@@ -30,7 +33,8 @@ static int usage(void) {
             "       gpu_driver model CASE TMP MODELS\n"
             "       gpu_driver write SPEC FILE\n"
             "       gpu_driver desc FILE\n"
-            "       gpu_driver devices CUDA_LIB\n");
+            "       gpu_driver devices CUDA_LIB\n"
+            "       gpu_driver decode LIB TMP MODELS CASE LOOPS ROWS STEPS\n");
     return 2;
 }
 
@@ -123,6 +127,33 @@ static int cmd_devices(int argc, char **argv) {
     return 0;
 }
 
+static int cmd_decode(int argc, char **argv) {
+    if (argc != 7) return usage();
+    ls_api api;
+    char err[512], path[2048];
+    const model_case *mc = case_named(argv[3]);
+    run_ctx ctx = {0};
+    ctx.tmp = argv[1];
+    ctx.models_dir = argv[2];
+    if (!mc || api_open(&api, argv[0], LS_SIMD_AUTO, 0, err, sizeof err) != 0) {
+        fprintf(stderr, "gpu_driver: %s\n", mc ? err : "no such model case");
+        return 2;
+    }
+    if (api.cuda_kernels) api.cuda_kernels(LS_CUDA_KERNELS_ALL);
+    ls_model *m = case_model_path(&ctx, mc, path, sizeof path, err, sizeof err) ? api_load(&api, path, err, sizeof err) : NULL;
+    double tok_s = m ? decode_tok_s(&api, m, atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), 1, err, sizeof err) : -1.0;
+    if (tok_s < 0) {
+        fprintf(stderr, "gpu_driver: %s\n", err);
+        return 2;
+    }
+    ls_model_info info;
+    api.model_info_get(m, &info);
+    const char *weights = info.quant == LS_QUANT_INT4 ? "int4" : info.quant == LS_QUANT_INT2 ? "int2" : "fp16";
+    report_figure("loopserve", mc->name, weights, atoi(argv[4]), atoi(argv[5]), tok_s);
+    api.model_free(m);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return usage();
     const char *cmd = argv[1];
@@ -132,6 +163,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "desc") == 0) return cmd_desc(argc, argv);
     if (strcmp(cmd, "write") == 0) return cmd_write(argc, argv);
     if (strcmp(cmd, "devices") == 0) return cmd_devices(argc, argv);
+    if (strcmp(cmd, "decode") == 0) return cmd_decode(argc, argv);
     if ((strcmp(cmd, "checks") != 0 && strcmp(cmd, "figures") != 0) || argc < 4) return usage();
     run_ctx ctx;
     ls_api cuda;
