@@ -77,11 +77,6 @@ export function cpuKernelSources(): string[] {
   return cpuKernelFiles(".c").sort(byFileName);
 }
 
-/** The shared C sources (kernels/*.c), in the same order. */
-function sharedKernelSources(): string[] {
-  return sharedKernelFiles(".c").sort(byFileName);
-}
-
 function byFileName(a: string, b: string): number {
   return basename(a) < basename(b) ? -1 : 1;
 }

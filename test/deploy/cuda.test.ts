@@ -145,7 +145,7 @@ describe("the GPU validation run, on a host without a GPU", () => {
     for (const file of files) {
       const r = spawnSync(DRIVER, ["desc", file], { maxBuffer: 1 << 24 });
       expect(r.status).toBe(0);
-      expect(new Uint8Array(r.stdout)).toEqual(descriptorOf(file)); // descriptorOf validates the file first
+      expect(Uint8Array.from(r.stdout)).toEqual(Uint8Array.from(descriptorOf(file))); // descriptorOf validates the file first
     }
   });
 

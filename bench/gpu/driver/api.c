@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "driver.h"
@@ -76,4 +77,10 @@ ls_session *api_session(const ls_api *api, ls_model *m, int32_t max_seq, int32_t
     ls_session *s = api->session_new(m, &p, err, sizeof err);
     if (!s) fprintf(stderr, "%s: session (max_seq %d, loops %d, window %d): %s\n", api->path, max_seq, loops, window, err);
     return s;
+}
+
+void api_free_sessions(const ls_api *api, ls_session **s, int32_t n) {
+    for (int32_t i = 0; s && i < n; i++)
+        if (s[i]) api->session_free(s[i]);
+    free(s);
 }

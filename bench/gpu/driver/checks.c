@@ -167,6 +167,21 @@ static check_status check_sample(model_env *e, char *detail, size_t len, double 
 
 // ---- the candidate's own guarantees ----
 
+/* A bit-identity check's verdict: the calls' status rc, then the first
+ * logit at which the two ways (named) differ; covered is the pass's detail. */
+static check_status bit_verdict(const ls_api *api, int32_t rc, const char *what, const float *a, const char *a_way,
+                                const float *b, const char *b_way, int32_t n, const char *covered, char *detail,
+                                size_t len) {
+    if (rc != LS_OK) return lib_error(api, rc, what, detail, len);
+    int64_t at = first_diff(a, b, n);
+    if (at < 0) {
+        snprintf(detail, len, "%s", covered);
+        return ST_PASS;
+    }
+    snprintf(detail, len, "logit %lld: %.9g %s, %.9g %s", (long long)at, a[at], a_way, b[at], b_way);
+    return ST_FAIL;
+}
+
 static check_status check_prefill(model_env *e, char *detail, size_t len, double *value) {
     const ls_api *api = &e->ctx->cand;
     const int32_t vocab = e->info.vocab_size, loops = depth(e);
@@ -178,14 +193,9 @@ static check_status check_prefill(model_env *e, char *detail, size_t len, double
     for (int32_t i = 0; s && rc == LS_OK && i < PROMPT_LEN; i++) rc = api->session_forward(s, prompt + i, 1, loops, steps, 1);
     if (s) api->session_free(s);
     else if (rc == LS_OK) rc = LS_ERR_NOMEM;
-    check_status st = rc != LS_OK ? lib_error(api, rc, "forward", detail, len) : ST_PASS;
-    int64_t at = st == ST_PASS ? first_diff(whole, steps, vocab) : -1;
-    if (at >= 0) {
-        snprintf(detail, len, "logit %lld: %.9g in one call, %.9g token by token", (long long)at, whole[at], steps[at]);
-        st = ST_FAIL;
-    } else if (st == ST_PASS) {
-        snprintf(detail, len, "an %d-token prompt at loops %d", PROMPT_LEN, loops);
-    }
+    char covered[64];
+    snprintf(covered, sizeof covered, "an %d-token prompt at loops %d", PROMPT_LEN, loops);
+    check_status st = bit_verdict(api, rc, "forward", whole, "in one call", steps, "token by token", vocab, covered, detail, len);
     *value = NAN;
     free(whole);
     free(steps);
@@ -204,14 +214,8 @@ static check_status check_rollback(model_env *e, char *detail, size_t len, doubl
     if (rc == LS_OK && api->session_pos(s) != PROMPT_LEN - 3) rc = LS_ERR_STATE;
     if (rc == LS_OK) rc = api->session_forward(s, prompt + PROMPT_LEN - 3, 3, 2, b, 1);
     if (s) api->session_free(s);
-    check_status st = rc != LS_OK ? lib_error(api, rc, "rollback", detail, len) : ST_PASS;
-    int64_t at = st == ST_PASS ? first_diff(a, b, vocab) : -1;
-    if (at >= 0) {
-        snprintf(detail, len, "logit %lld: %.9g, re-fed after the rollback %.9g", (long long)at, a[at], b[at]);
-        st = ST_FAIL;
-    } else if (st == ST_PASS) {
-        snprintf(detail, len, "three positions rolled back and fed again");
-    }
+    check_status st = bit_verdict(api, rc, "rollback", a, "before", b, "re-fed after the rollback", vocab,
+                                  "three positions rolled back and fed again", detail, len);
     *value = NAN;
     free(a);
     free(b);
@@ -233,14 +237,10 @@ static check_status check_prefix(model_env *e, char *detail, size_t len, double 
     if (rc == LS_OK) rc = last_logits(api, e->cand, prompt, PROMPT_LEN, loops, 0, whole);
     if (src) api->session_free(src);
     if (dst) api->session_free(dst);
-    check_status st = rc != LS_OK ? lib_error(api, rc, "prefix copy", detail, len) : ST_PASS;
-    int64_t at = st == ST_PASS ? first_diff(whole, copied, vocab) : -1;
-    if (at >= 0) {
-        snprintf(detail, len, "logit %lld: %.9g after the copy, %.9g in one session", (long long)at, copied[at], whole[at]);
-        st = ST_FAIL;
-    } else if (st == ST_PASS) {
-        snprintf(detail, len, "%d positions copied, 2 fed after them, loops %d", PROMPT_LEN - 2, loops);
-    }
+    char covered[80];
+    snprintf(covered, sizeof covered, "%d positions copied, 2 fed after them, loops %d", PROMPT_LEN - 2, loops);
+    check_status st = bit_verdict(api, rc, "prefix copy", copied, "after the copy", whole, "in one session", vocab,
+                                  covered, detail, len);
     *value = NAN;
     free(copied);
     free(whole);
@@ -300,9 +300,7 @@ static int32_t row_run(const ls_api *api, ls_model *m, int32_t n, int32_t loops,
         }
         tokens[k] = out[t];
     }
-    for (int32_t i = 0; s && i < rows; i++)
-        if (s[i]) api->session_free(s[i]);
-    free(s);
+    api_free_sessions(api, s, rows);
     free(row);
     free(feed);
     free(out);

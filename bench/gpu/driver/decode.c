@@ -48,9 +48,7 @@ static double one_round(const ls_api *api, ls_model *m, int32_t vocab, int32_t l
     } else if (!err[0]) {
         snprintf(err, err_len, "cannot make %d sessions", rows);
     }
-    for (int32_t i = 0; s && i < rows; i++)
-        if (s[i]) api->session_free(s[i]);
-    free(s);
+    api_free_sessions(api, s, rows);
     free(row);
     free(next);
     free(out);

@@ -62,6 +62,8 @@ void api_close(ls_api *api);
 ls_model *api_load(const ls_api *api, const char *path, char *err, size_t err_len);
 /* A session of max_seq positions and loops caches (fp16, full attention unless window). */
 ls_session *api_session(const ls_api *api, ls_model *m, int32_t max_seq, int32_t loops, int32_t window);
+/* Frees the sessions of the array s (n slots, NULL ones skipped) and the array. */
+void api_free_sessions(const ls_api *api, ls_session **s, int32_t n);
 
 // ---- model_file.c ----
 
