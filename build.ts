@@ -140,8 +140,8 @@ export const GPU_MAKEFILE = join(root, "bench", "gpu", "Makefile");
 async function buildCudaLibrary(): Promise<string | null> {
   if (backendKernelFiles("cuda", ".cu").length === 0) return null;
   const nvcc = Bun.which("nvcc") ?? (existsSync("/usr/local/cuda/bin/nvcc") ? "/usr/local/cuda/bin/nvcc" : null);
-  if (!nvcc) {
-    console.log("nvcc not found: skipping libloopserve_cuda.so (the CPU library serves everywhere)");
+  if (!nvcc || !Bun.which("make")) {
+    console.log(`${nvcc ? "make" : "nvcc"} not found: skipping libloopserve_cuda.so (the CPU library serves everywhere)`);
     return null;
   }
   // The CPU build above has just compiled the shared objects into build/obj/, where the Makefile finds them.
