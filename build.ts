@@ -130,7 +130,7 @@ async function buildCpuLibrary(): Promise<string> {
 // The CUDA library implements the same ABI (kernels/loopserve.h) plus
 // kernels/cuda/loopserve_cuda.h. Loading is not duplicated: the shared
 // sources (kernels/*.c: the loader's descriptor checks in model.c, the
-// sampler, the step thread, the utilities) are linked in as the CPU build
+// sampler, the pipeline thread, the utilities) are linked in as the CPU build
 // compiled them, and kernels/cuda/*.cu provide the runtime, sessions and
 // forward pass. bench/gpu/Makefile builds it, with the rules a bare GPU host
 // uses (bench/gpu/validate.sh): its flags are written there once, and the

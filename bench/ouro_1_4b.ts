@@ -18,7 +18,7 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import OpenAI from "openai";
 import { NativeModel } from "../src/engine/binding.ts";
-import { GREEDY } from "../src/engine/types.ts";
+import { type ExitPlan, GREEDY } from "../src/engine/types.ts";
 import { OURO_1_4B, writeHfFixture } from "../test/helpers/hf_fixture.ts";
 import { argmax, ReferenceModel, relErr } from "../test/reference/forward.ts";
 
@@ -39,6 +39,7 @@ const int4Path = join(dir, "ouro-1.4b-int4.safetensors");
 
 const STEPS = 4;
 const EXIT = 0.5;
+const EXIT_PLAN: ExitPlan = { threshold: EXIT, policy: "exact" };
 const SMALL = { dim: 64, nHeads: 4, nKvHeads: 4, ffnDim: 128, vocabSize: 512, nLayers: 3, totalUtSteps: 4 };
 const PROMPT = process.argv.includes("--small") ? [300, 17, 42, 99, 400, 7] : [300, 17, 42, 99, 40000, 7];
 const GEN = 3;
@@ -79,7 +80,7 @@ function runCli(args: string[]): { seconds: number; maxRssMiB: number; stdout: s
 }
 
 /** Greedy decode at kernel level: tokens, steps, each sampled token's logits, decode seconds (after the prompt call). */
-function kernelGreedy(m: NativeModel, prompt: number[], n: number, exitThreshold: number) {
+function kernelGreedy(m: NativeModel, prompt: number[], n: number, exit?: ExitPlan) {
   const s = m.newSession(prompt.length + n + 1, STEPS, 0);
   try {
     const out = { tokens: [] as number[], steps: [] as number[], logits: [] as Float32Array[], promptSeconds: 0, decodeSeconds: 0 };
@@ -87,7 +88,7 @@ function kernelGreedy(m: NativeModel, prompt: number[], n: number, exitThreshold
     while (out.tokens.length < n) {
       const logits = new Float32Array(m.info.vocabSize);
       const t0 = performance.now();
-      const t = s.step(Int32Array.from(feed), STEPS, GREEDY, logits, exitThreshold);
+      const t = s.step(Int32Array.from(feed), STEPS, GREEDY, logits, exit);
       if (out.tokens.length === 0) out.promptSeconds = secs(t0);
       else out.decodeSeconds += secs(t0);
       out.tokens.push(t);
@@ -235,15 +236,15 @@ try {
         else kernel.steps1 = rows;
         note(`fp16 forward, ${PROMPT.length}-token prompt, steps ${steps}`, `${sec.toFixed(2)} s (${(PROMPT.length / sec).toFixed(2)} tok/s prefill)`);
       }
-      const g = kernelGreedy(m, PROMPT, GEN, EXIT);
+      const g = kernelGreedy(m, PROMPT, GEN, EXIT_PLAN);
       kernel.greedy = g;
       note(`fp16 kernel greedy, exit ${EXIT}`, `tokens ${JSON.stringify(g.tokens)}, steps ${JSON.stringify(g.steps)}`);
-      const g0 = kernelGreedy(m, PROMPT, 6, 0);
+      const g0 = kernelGreedy(m, PROMPT, 6);
       note(
         "fp16 kernel decode, steps 4, no exit",
         `tokens ${JSON.stringify(g0.tokens)}; ${(5 / g0.decodeSeconds).toFixed(2)} tok/s over 5 decoded tokens (prompt call ${g0.promptSeconds.toFixed(2)} s)`,
       );
-      const ge = kernelGreedy(m, PROMPT, 6, EXIT);
+      const ge = kernelGreedy(m, PROMPT, 6, EXIT_PLAN);
       note(`fp16 kernel decode, exit ${EXIT}`, `steps ${JSON.stringify(ge.steps)}; ${(5 / ge.decodeSeconds).toFixed(2)} tok/s over 5 decoded tokens`);
     } finally {
       m.close();
@@ -261,7 +262,7 @@ try {
     note("int4 load", `${secs(t0).toFixed(1)} s; quant ${m.info.quant}, head ${m.info.headQuant}, simd ${m.info.simd}`);
     try {
       for (const exit of [0, EXIT]) {
-        const g = kernelGreedy(m, PROMPT, INT4_GEN, exit);
+        const g = kernelGreedy(m, PROMPT, INT4_GEN, exit ? EXIT_PLAN : undefined);
         const decoded = INT4_GEN - 1;
         note(
           `int4 kernel greedy, steps 4, exit ${exit || "none"}`,
@@ -317,7 +318,7 @@ try {
       sg.values[u].push(...s4.values[u].slice(0, PROMPT.length - 1));
     }
     const want = { tokens: [] as number[], steps: [] as number[], errs: [] as string[] };
-    let r = sg.feed(PROMPT[PROMPT.length - 1], EXIT);
+    let r = sg.feed(PROMPT[PROMPT.length - 1], EXIT_PLAN);
     const kg = kernel.greedy;
     while (want.tokens.length < GEN) {
       const t = argmax(r);
@@ -326,7 +327,7 @@ try {
       want.steps.push(sg.lastSteps);
       if (kg && kg.logits[i]) want.errs.push(relErr(kg.logits[i], r).toExponential(2));
       // feed the kernel's token (the same unless they diverged) so positions stay comparable
-      if (want.tokens.length < GEN) r = sg.feed(kg ? kg.tokens[i] : t, EXIT);
+      if (want.tokens.length < GEN) r = sg.feed(kg ? kg.tokens[i] : t, EXIT_PLAN);
     }
     note(
       `greedy ${GEN} tokens, exit ${EXIT}: reference`,

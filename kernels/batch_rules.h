@@ -3,7 +3,7 @@
  * order, blocks) and its session bookkeeping, shared by the CPU library
  * (batch.c) and the CUDA one. Include after the library's session
  * definition: ls_session_view, and the fields both libraries' sessions
- * name alike (pos, tokens, loop_len, loop_lo, cap). Not ABI.
+ * name alike (pos, tokens, unit_len, unit_lo, cap). Not ABI.
  */
 #ifndef LS_BATCH_RULES_H
 #define LS_BATCH_RULES_H
@@ -15,12 +15,21 @@
 /* A step's settings as ls_session_step accepts them (sampling checked only
  * when the row samples). */
 static inline int ls_step_params_ok(const ls_step_params *p, int32_t sample) {
-    return p->exit_threshold >= 0.0f && p->exit_threshold <= 1.0f && (!sample || ls_sampling_ok(&p->sampling));
+    return p->exit_policy >= LS_EXIT_NONE && p->exit_policy <= LS_EXIT_COPY && p->reserved == 0 &&
+           (p->exit_policy == LS_EXIT_NONE || (p->exit_threshold >= 0.0f && p->exit_threshold <= 1.0f)) &&
+           (!sample || ls_sampling_ok(&p->sampling));
 }
 
-/* The row exits early: it samples, asks for a threshold, and the model has a gate. */
+/* An exit policy the session can run: the model has a gate, and the exact
+ * policy a session without a window (loopserve.h). */
+static inline int ls_step_exit_ok(ls_seq_view s, const ls_step_params *p) {
+    return p->exit_policy == LS_EXIT_NONE ||
+           (s.m->info.exit_gate && (p->exit_policy != LS_EXIT_EXACT || s.window == 0));
+}
+
+/* The row exits early: it samples under an exit policy (which the model's gate allows). */
 static inline int ls_step_exits(const ls_model *m, const ls_step_params *p, int32_t sample) {
-    return sample && p->exit_threshold > 0.0f && m->info.exit_gate;
+    return sample && p->exit_policy != LS_EXIT_NONE && m->info.exit_gate;
 }
 
 /* Checks every row before anything runs: distinct sessions of model m, each
@@ -35,7 +44,7 @@ static inline int32_t ls_check_batch(const ls_model *m, ls_session *const *sessi
         const ls_batch_row *r = &rows[i];
         int32_t rc = LS_OK;
         if (!sessions[i] || ls_session_view(sessions[i]).m != m || r->n_tokens < 1 || (r->sample != 0 && r->sample != 1) ||
-            !ls_step_params_ok(&r->step, r->sample) || (r->step.exit_threshold > 0.0f && !m->info.exit_gate))
+            !ls_step_params_ok(&r->step, r->sample) || !ls_step_exit_ok(ls_session_view(sessions[i]), &r->step))
             rc = LS_ERR_ARG;
         for (int32_t j = 0; j < i && rc == LS_OK; j++)
             if (sessions[j] == sessions[i]) rc = LS_ERR_ARG;
@@ -51,7 +60,7 @@ static inline int32_t ls_check_batch(const ls_model *m, ls_session *const *sessi
 typedef struct {
     int32_t row;   /* index into the call's rows */
     int32_t first; /* first token, offset into the call's token array */
-    int32_t n, pos0, loops;
+    int32_t n, pos0, units; /* units: the cache units (steps x layers) the piece runs */
     int32_t last; /* the row's final piece */
 } ls_batch_piece;
 
@@ -63,7 +72,12 @@ typedef struct {
     int32_t n_rows, n_sample, n_tokens;
     int32_t layers; /* the model's: a row's loops run loops x layers units */
     int32_t exits[LS_BATCH_MAX_ROWS]; /* 1: the row exits early (ls_step_exits); its last token is a piece of its own */
+    int32_t deferred[LS_BATCH_MAX_ROWS]; /* rows its block keeps for the session's deferred positions */
 } ls_batch_plan;
+
+/* Most rows a block keeps for one session's deferred positions: more are
+ * computed before the block reaches them, in chunks of their own. */
+#define LS_BATCH_DEFERRED_ROWS 16
 
 typedef int (*ls_batch_before)(const ls_batch_row *a, const ls_batch_row *b);
 
@@ -77,6 +91,8 @@ static inline void ls_batch_plan_rows(ls_batch_plan *p, ls_session *const *sessi
         p->pos0[i] = ls_session_view(sessions[i]).pos;
         p->slot[i] = rows[i].sample ? p->n_sample++ : -1;
         p->exits[i] = ls_step_exits(ls_session_view(sessions[i]).m, &rows[i].step, rows[i].sample);
+        int32_t d = ls_units_deferred(ls_session_view(sessions[i]), rows[i].step.loops * p->layers);
+        p->deferred[i] = d < LS_BATCH_DEFERRED_ROWS ? d : 0;
         int32_t j = i;
         while (j > 0 && before(&rows[i], &rows[p->order[j - 1]])) {
             p->order[j] = p->order[j - 1];
@@ -95,6 +111,13 @@ static inline int ls_batch_blocks(const ls_batch_plan *p, const ls_batch_row *ro
     int32_t n_pieces = 0, block_rows = 0;
     for (int32_t k = 0; k < p->n_rows; k++) {
         int32_t i = p->order[k];
+        /* room for the row's deferred positions in the block of its first piece */
+        if (p->deferred[i] > 0 && block_rows > 0 && block_rows + p->deferred[i] >= block) {
+            int rc = run(ctx, pieces, n_pieces);
+            if (rc) return rc;
+            n_pieces = block_rows = 0;
+        }
+        block_rows += p->deferred[i];
         for (int32_t done = 0; done < rows[i].n_tokens;) {
             int32_t n = rows[i].n_tokens - done;
             if (p->exits[i] && n > 1) n--; /* the exiting token on its own */
@@ -114,21 +137,22 @@ static inline int ls_batch_blocks(const ls_batch_plan *p, const ls_batch_row *ro
     return n_pieces > 0 ? run(ctx, pieces, n_pieces) : 0;
 }
 
-/* Loop l has run for pieces [lo, n): their sessions' loop l holds their positions. */
-static inline void ls_batch_loop_done(ls_session *const *sessions, const ls_batch_piece *pieces, int32_t lo,
+/* Unit l has run for pieces [lo, n): their sessions' unit l holds their positions. */
+static inline void ls_batch_unit_done(ls_session *const *sessions, const ls_batch_piece *pieces, int32_t lo,
                                       int32_t n, int32_t l) {
     for (int32_t i = lo; i < n; i++) {
         ls_session *s = sessions[pieces[i].row];
-        ls_seq_advance(s->loop_len, s->loop_lo, l, pieces[i].pos0 + pieces[i].n, s->cap);
+        ls_seq_advance(s->unit_len, s->unit_lo, l, pieces[i].pos0 + pieces[i].n, s->cap);
     }
 }
 
-/* A block has run every loop: its pieces' tokens join their sessions' histories. */
+/* A block has run every unit: its pieces' tokens join their sessions' histories. */
 static inline void ls_batch_block_done(ls_session *const *sessions, const ls_batch_piece *pieces, int32_t n,
                                        const int32_t *tokens) {
     for (int32_t i = 0; i < n; i++) {
         const ls_batch_piece *p = &pieces[i];
         ls_session *s = sessions[p->row];
+        if (p->first < 0) continue; /* deferred rows: positions it holds already */
         memcpy(s->tokens + s->pos, tokens + p->first, (size_t)p->n * sizeof *tokens);
         s->pos += p->n;
     }

@@ -81,11 +81,11 @@ struct ls_model {
     ls_qmat *qmats;   /* (7 n_layers + 1) storage behind the q* pointers: layer i's at 7 i.., the head last */
     int32_t n_qmats;
     ls_qact *qact;    /* activation scratch shared by the quantized matrices; NULL when none is */
-    struct ls_stepper *stepper; /* step_async.c: the thread of ls_batch_begin; NULL until the first */
+    struct ls_pipeline *pipeline; /* pipeline.c: the thread of ls_pipeline_begin; NULL until the first */
 };
 
-/* step_async.c: ends the model's step thread (after a step it runs). */
-void ls_stepper_free(ls_model *m);
+/* pipeline.c: ends the model's pipeline thread (after a step it runs). */
+void ls_pipeline_free(ls_model *m);
 
 /* Provided by runtime.c. Called once by ls_model_load after the descriptor is
  * checked; on failure writes err and returns a negative LS_ERR_*. */

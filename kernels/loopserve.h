@@ -38,7 +38,7 @@
 extern "C" {
 #endif
 
-#define LS_ABI_VERSION 9
+#define LS_ABI_VERSION 10
 
 /* ---- status codes ---- */
 typedef enum {
@@ -470,13 +470,26 @@ typedef struct {
     uint64_t seed;
 } ls_sampling;
 
-/* One step's settings: the loop depth and the sampling. Everything else a
- * step depends on is the session's own: its position, window, cache mode
- * and token history. A batched step (ls_batch_step) takes one per row. */
+/* How a sampled token may stop before its `loops` steps (a model with an
+ * exit gate; docs/early-exit.md). */
+typedef enum {
+    LS_EXIT_NONE = 0,  /* fixed depth: every token runs `loops` steps */
+    LS_EXIT_EXACT = 1, /* learned exit; a later token that goes deeper first computes the skipped steps
+                        * of the tokens before it, so every output equals computing every step for
+                        * every token and taking each token's logits from its exit step */
+    LS_EXIT_COPY = 2,  /* learned exit; the skipped steps' cache units receive copies of the exit
+                        * step's keys/values (cheaper, outputs differ from every-step) */
+} ls_exit_policy;
+
+/* One step's settings: the depth, the exit rule and the sampling.
+ * Everything else a step depends on is the session's own: its position,
+ * window, cache mode and token history. A batched step (ls_batch_step)
+ * takes one per row. */
 typedef struct {
-    int32_t loops;        /* 1..the session's loops: the most steps the token runs */
-    float exit_threshold; /* default 0 = fixed depth; in (0, 1] with a model that has an exit gate: learned
-                           * early exit (below) */
+    int32_t loops;          /* 1..the session's loops: the most steps the token runs */
+    int32_t exit_policy;    /* LS_EXIT_*, default 0 = fixed depth; another needs a model with an exit gate */
+    float exit_threshold;   /* 0..1 with an exit policy (below); ignored without one */
+    int32_t reserved;       /* 0 */
     ls_sampling sampling;
 } ls_step_params;
 
@@ -485,11 +498,20 @@ typedef struct {
  * (fp32) and the exit distribution p_s = lambda_s * r_s, r_{s+1} = r_s *
  * (1 - lambda_s), r_0 = 1, with p = r at the last step (loops - 1). The
  * token stops after the first step whose cumulative p reaches
- * exit_threshold; its logits come from that step's h. Every deeper step's
- * cache slot of each layer then receives a copy of the keys/values that
- * the token stored in the exit step's slot of the same layer, so later
- * tokens attend to it at every depth. The other tokens of a call (prompt
- * positions before the last) run all `loops` steps. */
+ * exit_threshold (0: after the first step); its logits come from that
+ * step's h. The other tokens of a call (prompt positions before the last)
+ * run all `loops` steps.
+ *
+ * LS_EXIT_EXACT keeps the exiting token's hidden state; the units of its
+ * skipped steps are computed when a later token of the session first needs
+ * them (every token at step s attends to every earlier token's step-s
+ * keys/values), as extra rows of the step that needs them, or, for many
+ * positions, in chunks before it. A session holding such deferred units
+ * (ls_session_cache_bytes counts their states) serves every entry point:
+ * each computes what it needs first. Not with a cache window (LS_ERR_ARG):
+ * a window drops rows the deferred steps would read.
+ * LS_EXIT_COPY gives every deeper unit of each layer a copy of the
+ * keys/values the token stored in its exit step's unit of the same layer. */
 
 /* Steps the session's last sampled token ran (its exit step + 1; the
  * call's loops without early exit), or LS_ERR_ARG for NULL. */
@@ -537,16 +559,17 @@ typedef struct {
 int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
                       const int32_t *tokens, float *logits_out, int32_t *out);
 
-/* ls_batch_step in two halves, so the caller's thread is free while the
- * step runs (docs/serving-overhead.md): ls_batch_begin hands the call, as
- * given, to a thread of the model's own and returns at once (LS_ERR_STATE
- * while a step begun before has not been ended); ls_batch_end waits for it
- * and returns what ls_batch_step returned, its outputs written. Until then
- * every array passed stays valid and unchanged, and the caller makes no
- * other call on m or its sessions. Results are ls_batch_step's, bit for bit. */
-int32_t ls_batch_begin(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
-                       const int32_t *tokens, float *logits_out, int32_t *out);
-int32_t ls_batch_end(ls_model *m);
+/* Pipelined steps: ls_batch_step in two halves, so the caller's thread is
+ * free while the step runs (docs/serving-overhead.md): ls_pipeline_begin
+ * hands the call, as given, to a thread of the model's own and returns at
+ * once (LS_ERR_STATE while a step begun before has not been ended);
+ * ls_pipeline_end waits for it and returns what ls_batch_step returned, its
+ * outputs written. Until then every array passed stays valid and unchanged,
+ * and the caller makes no other call on m or its sessions. Results are
+ * ls_batch_step's, bit for bit. */
+int32_t ls_pipeline_begin(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
+                          const int32_t *tokens, float *logits_out, int32_t *out);
+int32_t ls_pipeline_end(ls_model *m);
 
 /* ---- sampling ---- */
 

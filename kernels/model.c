@@ -624,7 +624,7 @@ ls_model *ls_model_load(const char *path, const ls_model_desc *desc, int32_t n_t
 
 void ls_model_free(ls_model *m) {
     if (m == NULL) return;
-    ls_stepper_free(m);
+    ls_pipeline_free(m);
     ls_runtime_free(m);
     ls_qact_free(m->qact);
     unwire_weights(m);

@@ -2,7 +2,7 @@
  * session_rules.h — the session rules every library applies the same way,
  * written once: the model shape they run, which arguments a session and a
  * sampling step accept, how far back a window reaches, how many cache rows
- * a ring keeps, and which positions the loops must hold before a call may
+ * a ring keeps, and which positions the units must hold before a call may
  * go on. session.c, forward.c and spec.c use them, and so does the CUDA
  * library (kernels/cuda/runtime.cu), whose session keeps the same
  * bookkeeping on the host next to its device cache. Header-only so the
@@ -25,14 +25,16 @@
 typedef struct {
     const ls_model *m;
     int32_t max_seq;          /* most positions ever held */
-    int32_t loops;            /* cache units the session holds: loops (steps) x the model's layers */
+    int32_t units;            /* cache units the session holds: its loops (steps) x the model's layers */
     int32_t layers;           /* the model's n_layers: units per step */
     int32_t window;           /* 0 = full attention, else W */
     int32_t cap;              /* cache rows per unit (ls_ring_rows) */
     int32_t kv_mode;          /* LS_KV_* */
     int32_t pos;              /* positions held */
-    const int32_t *loop_len;  /* (loops) positions [0, loop_len) written in unit l's cache */
-    const int32_t *loop_lo;   /* (loops) oldest position the ring still holds for unit l */
+    const int32_t *unit_len;  /* (units) positions [0, unit_len) written in unit l's cache */
+    const int32_t *unit_lo;   /* (units) oldest position the ring still holds for unit l */
+    const int32_t *def_units; /* (pos) exact early exit: the units position p had computed when its hidden
+                               * state was kept, its later units deferred; NULL in a session without them */
 } ls_seq_view;
 
 /* The model shape the forward pass relies on (ls_runtime_init checks it
@@ -113,12 +115,12 @@ static inline void *ls_session_calloc(size_t size, char *err, int32_t err_len) {
     do {                                                                                                 \
         (s)->m = (model);                                                                                \
         (s)->max_seq = (max_seq_);                                                                       \
-        (s)->loops = (loops_) * (model)->info.n_layers;                                                  \
+        (s)->units = (loops_) * (model)->info.n_layers;                                                  \
         (s)->window = (window_);                                                                         \
         (s)->cap = ls_ring_rows((max_seq_), (window_), (chunk));                                         \
     } while (0)
 
-/* Cache rows per loop: every position, or with a window W the W positions
+/* Cache rows per unit: every position, or with a window W the W positions
  * a query sees plus the chunk being written (chunk: the library's most
  * tokens per internal step), so writing a chunk never overwrites a row one
  * of its tokens still attends to. */
@@ -134,19 +136,58 @@ static inline int32_t ls_window_lo(int32_t pos, int32_t window) {
 /* Loops [la, lb) each hold exactly pos positions, and their rings still the
  * rows a query at pos attends to: the state a call that appends at pos
  * needs. */
-static inline int ls_loops_hold(const int32_t *loop_len, const int32_t *loop_lo, int32_t la, int32_t lb, int32_t pos,
+static inline int ls_units_hold(const int32_t *unit_len, const int32_t *unit_lo, int32_t la, int32_t lb, int32_t pos,
                                 int32_t window) {
     int32_t need_lo = ls_window_lo(pos, window);
     for (int32_t l = la; l < lb; l++)
-        if (loop_len[l] != pos || loop_lo[l] > need_lo) return 0;
+        if (unit_len[l] != pos || unit_lo[l] > need_lo) return 0;
     return 1;
 }
 
-/* Loop l now holds positions [0, len): a ring of cap rows keeps only the
+/* Unit l now holds positions [0, len): a ring of cap rows keeps only the
  * last cap of them. */
-static inline void ls_seq_advance(int32_t *loop_len, int32_t *loop_lo, int32_t l, int32_t len, int32_t cap) {
-    loop_len[l] = len;
-    if (len - cap > loop_lo[l]) loop_lo[l] = len - cap;
+static inline void ls_seq_advance(int32_t *unit_len, int32_t *unit_lo, int32_t l, int32_t len, int32_t cap) {
+    if (len <= unit_len[l]) return; /* a call that wrote only positions below it (deferred units) */
+    unit_len[l] = len;
+    if (len - cap > unit_lo[l]) unit_lo[l] = len - cap;
+}
+
+/* Positions [0, pos) of units [0, need) are each held, or deferred (exact
+ * early exit, loopserve.h): a position lacking a unit lacks every unit
+ * after it, whole steps at a time, and its kept state is the input of its
+ * first missing unit, so a call can compute them first. Deferred units
+ * never exist with a window. */
+static inline int ls_units_complete(ls_seq_view s, int32_t pos, int32_t need) {
+    int32_t prev = pos;
+    for (int32_t u = 0; u < need; u++) {
+        int32_t len = s.unit_len[u] < pos ? s.unit_len[u] : pos;
+        if (u % s.layers != 0) {
+            if (len != prev) return 0; /* a step's units hold the same positions */
+            continue;
+        }
+        if (len > prev) return 0; /* a deeper step holds a position a shallower one lacks */
+        if (len < prev && (!s.def_units || s.window > 0)) return 0;
+        for (int32_t p = len; p < prev; p++)
+            if (s.def_units[p] != u) return 0;
+        prev = len;
+    }
+    return 1;
+}
+
+/* Units [0, need) are ready for a call appending at the session's position:
+ * complete (above), and each ring still holds the rows a query there
+ * attends to. */
+static inline int ls_units_ready(ls_seq_view s, int32_t need) {
+    int32_t need_lo = ls_window_lo(s.pos, s.window);
+    for (int32_t u = 0; u < need; u++)
+        if (s.unit_len[u] > s.pos || s.unit_lo[u] > need_lo) return 0;
+    return ls_units_complete(s, s.pos, need);
+}
+
+/* Positions whose units a call at depth `need` (units) computes first: those
+ * lacking unit need - 1. */
+static inline int32_t ls_units_deferred(ls_seq_view s, int32_t need) {
+    return s.def_units && need > 0 ? s.pos - s.unit_len[need - 1] : 0;
 }
 
 /* The checks of appending n tokens through `loops` loops (steps; ls_session_forward
@@ -154,32 +195,32 @@ static inline void ls_seq_advance(int32_t *loop_len, int32_t *loop_lo, int32_t l
  * id, LS_ERR_FULL without room, LS_ERR_STATE when the units do not all
  * hold the session's positions. */
 static inline int32_t ls_check_feed(ls_seq_view s, const int32_t *tokens, int32_t n, int32_t loops) {
-    if (!tokens || n < 1 || loops < 1 || (int64_t)loops * s.layers > s.loops) return LS_ERR_ARG;
+    if (!tokens || n < 1 || loops < 1 || (int64_t)loops * s.layers > s.units) return LS_ERR_ARG;
     int32_t vocab = s.m->info.vocab_size;
     for (int32_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= vocab) return LS_ERR_ARG;
     if (s.pos > s.max_seq - n) return LS_ERR_FULL;
-    return ls_loops_hold(s.loop_len, s.loop_lo, 0, loops * s.layers, s.pos, s.window) ? LS_OK : LS_ERR_STATE;
+    return ls_units_ready(s, loops * s.layers) ? LS_OK : LS_ERR_STATE;
 }
 
 /* ls_session_rollback on the bookkeeping: forgets positions >= pos in
- * every loop (loop_len[l] capped at pos); the caller then sets its pos.
+ * every unit (unit_len[l] capped at pos); the caller then sets its pos.
  * A windowed ring keeps only the last cap positions: rolling back further
  * than its oldest row allows would need rows that were overwritten, so
  * that is refused (LS_ERR_STATE) rather than attending to the wrong rows. */
-static inline int32_t ls_rollback_loops(int32_t *loop_len, const int32_t *loop_lo, int32_t loops, int32_t window,
+static inline int32_t ls_rollback_units(int32_t *unit_len, const int32_t *unit_lo, int32_t loops, int32_t window,
                                         int32_t held, int32_t pos) {
     if (pos < 0 || pos > held) return LS_ERR_ARG;
     int32_t need_lo = ls_window_lo(pos, window);
     for (int32_t l = 0; l < loops; l++)
-        if (loop_len[l] >= pos && loop_lo[l] > need_lo) return LS_ERR_STATE;
+        if (unit_len[l] >= pos && unit_lo[l] > need_lo) return LS_ERR_STATE;
     for (int32_t l = 0; l < loops; l++)
-        if (loop_len[l] > pos) loop_len[l] = pos;
+        if (unit_len[l] > pos) unit_len[l] = pos;
     return LS_OK;
 }
 
 /* First position of positions [0, n) that a copy into a ring of dst_cap
- * rows takes from a loop whose oldest held row is src_lo. A future
+ * rows takes from a unit whose oldest held row is src_lo. A future
  * position attends back window - 1 rows (all rows without a window); the
  * copy takes every row the destination ring can hold, so it can itself
  * serve shorter prefixes later. */
@@ -189,17 +230,17 @@ static inline int32_t ls_prefix_lo(int32_t src_lo, int32_t n, int32_t dst_cap) {
 }
 
 /* ls_session_copy_prefix's checks, in order (loopserve.h): LS_ERR_ARG,
- * LS_ERR_STATE, or LS_OK when every loop of dst can take positions [0, n)
+ * LS_ERR_STATE, or LS_OK when every unit of dst can take positions [0, n)
  * from src, checked before anything is written. */
 static inline int32_t ls_check_copy_prefix(ls_seq_view dst, ls_seq_view src, int32_t n) {
     if (dst.m != src.m || n < 0) return LS_ERR_ARG;
-    if (dst.pos != 0 || dst.window != src.window || dst.kv_mode != src.kv_mode || dst.loops > src.loops)
+    if (dst.pos != 0 || dst.window != src.window || dst.kv_mode != src.kv_mode || dst.units > src.units)
         return LS_ERR_STATE;
     if (n > src.pos || n > dst.max_seq) return LS_ERR_ARG;
     int32_t need_lo = ls_window_lo(n, dst.window);
-    for (int32_t l = 0; l < dst.loops; l++)
-        if (src.loop_len[l] < n || ls_prefix_lo(src.loop_lo[l], n, dst.cap) > need_lo) return LS_ERR_STATE;
-    return LS_OK;
+    for (int32_t l = 0; l < dst.units; l++)
+        if (ls_prefix_lo(src.unit_lo[l], n, dst.cap) > need_lo) return LS_ERR_STATE;
+    return ls_units_complete(src, n, dst.units) ? LS_OK : LS_ERR_STATE;
 }
 
 #endif

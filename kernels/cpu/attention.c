@@ -9,7 +9,7 @@
  * length (ops.h softmax_exp), and the
  * output accumulates V rows in position order (ops.h attn_*).
  *
- * Cache layout per loop and kv head: keys (head_dim, ldk), dimension-major,
+ * Cache layout per unit and kv head: keys (head_dim, ldk), dimension-major,
  * so scores for 16 consecutive positions are one vector of FMAs with no
  * horizontal sum (ldk >= rows, padded off powers of two so the head_dim rows
  * read together do not all fall in one L1 set); values (rows, head_dim),
@@ -58,16 +58,16 @@ typedef struct {
 } slot_run;
 
 /* Attention of query head h (q, rotated here in the H modes) over the cnt
- * visible positions of loop `loop`, given in position order as runs of ring
+ * visible positions of loop `unit`, given in position order as runs of ring
  * slots; writes the head's output to out. Scores, softmax and value sums
  * run in position order with the ops kernels, whatever the runs. */
-static void attend(ls_session *s, int32_t loop, int32_t h, float *q, float *out, const slot_run *run,
+static void attend(ls_session *s, int32_t unit, int32_t h, float *q, float *out, const slot_run *run,
                    int32_t nr, int32_t cnt, int32_t thread) {
     const ls_model_info *mi = &s->m->info;
     const ls_ops *ops = s->m->rt->ops;
     int32_t n_heads = mi->n_heads, n_kv = mi->n_kv_heads, hd = mi->head_dim, cap = s->cap;
     int32_t kvh = h / (n_heads / n_kv);
-    size_t head = (size_t)loop * n_kv + kvh;
+    size_t head = (size_t)unit * n_kv + kvh;
     float *sc = s->scores + (size_t)thread * LS_ATT_GROUP * cap; /* the thread's first row of scratch (attend_group) */
     int32_t fmt = s->kv_fmt;
     if (s->kv_mode & LS_KV_HADAMARD) {
@@ -113,7 +113,7 @@ static void attend(ls_session *s, int32_t loop, int32_t h, float *q, float *out,
 
 typedef struct {
     const ls_att_rows *r;
-    int32_t loop;
+    int32_t unit;
 } att_job;
 
 /* Ring slot runs (at most two) holding positions [a, b], in position order. */
@@ -131,7 +131,7 @@ static int32_t runs_of(int32_t a, int32_t b, int32_t cap, slot_run *run) {
 }
 
 /* Token t, head h of one run of rows (the one-query kernels). */
-static void att_one(const ls_att_rows *r, int32_t loop, int32_t t, int32_t h, int32_t thread) {
+static void att_one(const ls_att_rows *r, int32_t unit, int32_t t, int32_t h, int32_t thread) {
     ls_session *s = r->s;
     int32_t n_heads = s->m->info.n_heads, hd = s->m->info.head_dim;
     int32_t p = r->pos0 + t, lo = ls_window_lo(p, s->window);
@@ -139,12 +139,12 @@ static void att_one(const ls_att_rows *r, int32_t loop, int32_t t, int32_t h, in
     int32_t nr = runs_of(lo, p, s->cap, run);
     float *q = r->q + (size_t)t * n_heads * hd + (size_t)h * hd;
     float *out = r->att + (size_t)t * n_heads * hd + (size_t)h * hd;
-    attend(s, loop, h, q, out, run, nr, p - lo + 1, thread);
+    attend(s, unit, h, q, out, run, nr, p - lo + 1, thread);
 }
 
 typedef struct {
     ls_session *s;
-    int32_t loop, pos0;
+    int32_t unit, pos0;
     const int32_t *slot;
     int32_t T;
     float *k, *v; /* (T, n_kv_heads * head_dim), used as scratch by ls_kv_store */
@@ -174,7 +174,7 @@ static void store_task(void *ctx, int32_t task, int32_t thread) {
         int32_t row = slot_of(j, t), n = 1;
         while (t + n < t1 && slot_of(j, t + n) == row + n) n++;
         size_t off = (size_t)t * ld + (size_t)kvh * hd;
-        ls_kv_store(s, j->loop, kvh, row, n, j->k + off, j->v + off, ld, thread);
+        ls_kv_store(s, j->unit, kvh, row, n, j->k + off, j->v + off, ld, thread);
         t += n;
     }
 }
@@ -183,10 +183,10 @@ static int32_t store_tasks(const store_job *j) {
     return (j->T + LS_KV_STORE_ROWS - 1) / LS_KV_STORE_ROWS * j->s->m->info.n_kv_heads;
 }
 
-void ls_attention_store(ls_session *s, int32_t loop, int32_t pos0, int32_t t0, int32_t t1, float *k, float *v,
+void ls_attention_store(ls_session *s, int32_t unit, int32_t pos0, int32_t t0, int32_t t1, float *k, float *v,
                         int32_t thread) {
     size_t off = (size_t)t0 * s->m->info.n_kv_heads * s->m->info.head_dim;
-    store_job j = {s, loop, pos0 + t0, NULL, t1 - t0, k + off, v + off};
+    store_job j = {s, unit, pos0 + t0, NULL, t1 - t0, k + off, v + off};
     for (int32_t task = 0; task < store_tasks(&j); task++) store_task(&j, task, thread);
 }
 
@@ -194,9 +194,9 @@ void ls_attention_store(ls_session *s, int32_t loop, int32_t pos0, int32_t t0, i
  * reads its own row back from the cache like every later token will. A
  * run of several rows is encoded on the pool, a single tree row inline (a
  * decode token stores its own, att_token_kv). */
-static void store_rows(ls_session *s, int32_t loop, int32_t T, int32_t pos0, const int32_t *slot, float *k,
+static void store_rows(ls_session *s, int32_t unit, int32_t T, int32_t pos0, const int32_t *slot, float *k,
                        float *v) {
-    store_job j = {s, loop, pos0, slot, T, k, v};
+    store_job j = {s, unit, pos0, slot, T, k, v};
     int32_t tasks = store_tasks(&j);
     if (T > 1)
         ls_pool_run(s->m->rt->pool, store_task, &j, tasks);
@@ -213,12 +213,12 @@ static void store_rows(ls_session *s, int32_t loop, int32_t T, int32_t pos0, con
  * dimension run in position order in both kernels (ops.h), so each result
  * is bit-identical to attend()'s. Groups are consecutive tokens of one head
  * (prefill) or the query heads of one kv head at one token (decode). */
-static void attend_group(ls_session *s, int32_t loop, int32_t kvh, int32_t G, float *const *q, float *const *out,
+static void attend_group(ls_session *s, int32_t unit, int32_t kvh, int32_t G, float *const *q, float *const *out,
                          const int32_t *p, int32_t thread) {
     const ls_model_info *mi = &s->m->info;
     const ls_ops *ops = s->m->rt->ops;
     int32_t n_kv = mi->n_kv_heads, hd = mi->head_dim, cap = s->cap;
-    size_t head = (size_t)loop * n_kv + kvh;
+    size_t head = (size_t)unit * n_kv + kvh;
     const uint16_t *Kt = s->kc + head * hd * (size_t)s->ldk;
     const uint16_t *V = s->vc + head * (size_t)s->rows * hd;
 
@@ -317,7 +317,7 @@ static void att_group_task(void *ctx, int32_t task, int32_t thread) {
         q[g] = r->q + (size_t)t * n_heads * hd + (size_t)h * hd;
         out[g] = r->att + (size_t)t * n_heads * hd + (size_t)h * hd;
     }
-    attend_group(r->s, j->loop, h / (n_heads / n_kv), G, q, out, p, thread);
+    attend_group(r->s, j->unit, h / (n_heads / n_kv), G, q, out, p, thread);
 }
 
 /* Whether the multi-query kernels serve this session's cache. */
@@ -331,17 +331,17 @@ static int grouped(const ls_att_rows *r) { return r->T > 1 && multi_query(r->s);
  * to LS_ATT_GROUP of them a pass through the multi-query kernels. No other
  * task of the call touches this part of the cache, so no store has to wait
  * for the others (a decode step's rows). */
-static void att_token_kv(const ls_att_rows *r, int32_t loop, int32_t kvh, int32_t thread) {
+static void att_token_kv(const ls_att_rows *r, int32_t unit, int32_t kvh, int32_t thread) {
     ls_session *s = r->s;
     const ls_model_info *mi = &s->m->info;
     int32_t hd = mi->head_dim, per = mi->n_heads / mi->n_kv_heads, h0 = kvh * per;
-    store_job sj = {s, loop, r->pos0, NULL, 1, r->k, r->v};
-    store_task(&sj, kvh, thread); /* one token: task kvh is kv head kvh */
+    store_job sj = {s, unit, r->pos0, NULL, 1, r->k, r->v};
+    if (r->k) store_task(&sj, kvh, thread); /* one token: task kvh is kv head kvh; k NULL: stored already */
     if (r->skip >= 1) return;
     for (int32_t g0 = 0; g0 < per; g0 += LS_ATT_GROUP) {
         int32_t G = per - g0 < LS_ATT_GROUP ? per - g0 : LS_ATT_GROUP;
         if (G == 1 || !multi_query(s)) {
-            for (int32_t g = 0; g < G; g++) att_one(r, loop, 0, h0 + g0 + g, thread);
+            for (int32_t g = 0; g < G; g++) att_one(r, unit, 0, h0 + g0 + g, thread);
             continue;
         }
         float *q[LS_ATT_GROUP], *out[LS_ATT_GROUP];
@@ -351,7 +351,7 @@ static void att_token_kv(const ls_att_rows *r, int32_t loop, int32_t kvh, int32_
             out[g] = r->att + (size_t)(h0 + g0 + g) * hd;
             p[g] = r->pos0;
         }
-        attend_group(s, loop, kvh, G, q, out, p, thread);
+        attend_group(s, unit, kvh, G, q, out, p, thread);
     }
 }
 
@@ -363,7 +363,7 @@ static void att_token_kv(const ls_att_rows *r, int32_t loop, int32_t kvh, int32_
 typedef struct {
     const ls_att_rows *runs;
     const int32_t *first; /* (n + 1) first task of each run */
-    int32_t n, loop;
+    int32_t n, unit;
 } att_runs_job;
 
 /* A one-query job reading fewer cached values than this (keys and values
@@ -391,12 +391,12 @@ static void att_runs_task(void *ctx, int32_t task, int32_t thread) {
     const ls_att_rows *r = &j->runs[k];
     int32_t n_heads = r->s->m->info.n_heads, i = task - j->first[k];
     if (r->k) /* a one-token run (longer runs' rows come cut, without k) */
-        att_token_kv(r, j->loop, i, thread);
+        att_token_kv(r, j->unit, i, thread);
     else
-        att_one(r, j->loop, i / n_heads, i % n_heads, thread);
+        att_one(r, j->unit, i / n_heads, i % n_heads, thread);
 }
 
-void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t loop) {
+void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t unit) {
     if (n < 1) return;
     ls_pool *pool = runs[0].s->m->rt->pool;
     int32_t n_heads = runs[0].s->m->info.n_heads, n_kv = runs[0].s->m->info.n_kv_heads;
@@ -404,7 +404,7 @@ void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t loop) {
      * (unless the caller stored them: k NULL) */
     for (int32_t k = 0; k < n; k++)
         if (runs[k].T > 1 && runs[k].k)
-            store_rows(runs[k].s, loop, runs[k].T, runs[k].pos0, NULL, runs[k].k, runs[k].v);
+            store_rows(runs[k].s, unit, runs[k].T, runs[k].pos0, NULL, runs[k].k, runs[k].v);
     /* prefill runs: grouped, one pool run each; every other run shares one.
      * A longer run's skipped rows are cut off its front (their K/V is in). */
     int32_t first[LS_ATT_MAX_RUNS + 1];
@@ -413,7 +413,7 @@ void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t loop) {
     first[0] = 0;
     for (int32_t k = 0; k < n; k++) {
         const ls_att_rows *r = &runs[k];
-        if (r->T == 1) { /* stores its own K/V, skipped or not */
+        if (r->T == 1 && r->k) { /* stores its own K/V, skipped or not */
             single[ns] = *r;
             first[ns + 1] = first[ns] + n_kv;
             ns++;
@@ -423,7 +423,7 @@ void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t loop) {
         size_t q0 = (size_t)r->skip * (size_t)n_heads * (size_t)r->s->m->info.head_dim;
         ls_att_rows out = {r->s, r->T - r->skip, r->pos0 + r->skip, r->q + q0, NULL, NULL, r->att + q0, 0};
         if (grouped(&out)) {
-            att_job j = {&out, loop}; /* ls_pool_run returns when every task is done */
+            att_job j = {&out, unit}; /* ls_pool_run returns when every task is done */
             ls_pool_run(pool, att_group_task, &j, (out.T + LS_ATT_GROUP - 1) / LS_ATT_GROUP * n_heads);
         } else {
             single[ns] = out;
@@ -434,14 +434,14 @@ void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t loop) {
     if (ns > 0) {
         int64_t reads = 0;
         for (int32_t k = 0; k < ns; k++) reads += att_reads(&single[k]);
-        att_runs_job j = {single, first, ns, loop};
+        att_runs_job j = {single, first, ns, unit};
         ls_pool_run(reads < ATT_SERIAL_READS ? NULL : pool, att_runs_task, &j, first[ns]);
     }
 }
 
-void ls_attention(ls_session *s, int32_t loop, int32_t T, int32_t pos0, int32_t skip, int32_t stored) {
+void ls_attention(ls_session *s, int32_t unit, int32_t T, int32_t pos0, int32_t skip, int32_t stored) {
     ls_att_rows r = {s, T, pos0, s->q, stored ? NULL : s->k, stored ? NULL : s->v, s->att, skip};
-    ls_attention_runs(&r, 1, loop);
+    ls_attention_runs(&r, 1, unit);
 }
 
 // ---- tree attention (speculative verification) ----
@@ -452,7 +452,7 @@ void ls_attention(ls_session *s, int32_t loop, int32_t T, int32_t pos0, int32_t 
 
 typedef struct {
     ls_session *s;
-    int32_t loop;
+    int32_t unit;
     const ls_tree_rows *rows;
 } tree_att_job;
 
@@ -483,13 +483,13 @@ static void tree_att_task(void *ctx, int32_t task, int32_t thread) {
 
     float *q = s->q + (size_t)t * n_heads * hd + (size_t)h * hd;
     float *out = s->att + (size_t)t * n_heads * hd + (size_t)h * hd;
-    attend(s, j->loop, h, q, out, run, nr, cnt, thread);
+    attend(s, j->unit, h, q, out, run, nr, cnt, thread);
 }
 
-void ls_attention_tree(ls_session *s, int32_t loop, int32_t T, const ls_tree_rows *rows) {
+void ls_attention_tree(ls_session *s, int32_t unit, int32_t T, const ls_tree_rows *rows) {
     /* As in ls_attention: every row's K/V goes in first (a row's ancestors in
      * this chunk precede it), then each row reads only its own path. */
-    store_rows(s, loop, T, 0, rows->slot, s->k, s->v);
-    tree_att_job j = {s, loop, rows};
+    store_rows(s, unit, T, 0, rows->slot, s->k, s->v);
+    tree_att_job j = {s, unit, rows};
     ls_pool_run(s->m->rt->pool, tree_att_task, &j, T * s->m->info.n_heads);
 }

@@ -32,27 +32,29 @@ typedef struct {
  * rows holds at most LS_CHUNK of them). */
 #define LS_ATT_MAX_RUNS LS_CHUNK
 
-/* Stores each run's k, v (where not NULL) into loop's cache of its
+/* Stores each run's k, v (where not NULL) into unit's cache of its
  * session in the session's kv mode (kvcache.c), then computes att for
  * every (token, head) from q (rotated, and the output rotated back, in the
- * H modes). Runs belong to distinct sessions. Every (token, head) result
- * is the same whatever else shares the call. */
-void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t loop);
+ * H modes). A session's runs cover distinct positions, and a run whose
+ * rows another run of its session reads has its K/V stored before the
+ * call (k NULL): a batch's deferred rows (batch.c). Every (token, head)
+ * result is the same whatever else shares the call. */
+void ls_attention_runs(const ls_att_rows *runs, int32_t n, int32_t unit);
 
 /* ls_attention_runs of the session's own chunk scratch (s->q, s->k, s->v,
  * s->att); `stored`: the rows' K/V are in already (ls_attention_store). */
-void ls_attention(ls_session *s, int32_t loop, int32_t T, int32_t pos0, int32_t skip, int32_t stored);
+void ls_attention(ls_session *s, int32_t unit, int32_t T, int32_t pos0, int32_t skip, int32_t stored);
 
 /* Stores the K/V of rows [t0, t1) of a run at positions pos0.. (k, v as in
- * ls_att_rows, row 0 at pos0) into loop's cache, on the calling thread
+ * ls_att_rows, row 0 at pos0) into unit's cache, on the calling thread
  * (thread: its index in the pool, for the store's scratch): a token part's
  * own rows, before the attention that reads them. */
-void ls_attention_store(ls_session *s, int32_t loop, int32_t pos0, int32_t t0, int32_t t1, float *k, float *v,
+void ls_attention_store(ls_session *s, int32_t unit, int32_t pos0, int32_t t0, int32_t t1, float *k, float *v,
                         int32_t thread);
 
 /* ---- tree rows (speculative verification) ----
  * A batch of rows that are not consecutive positions: row t sits at position
- * pos[t] >= base, writes its K/V into ring slot slot[t] of each loop, and
+ * pos[t] >= base, writes its K/V into ring slot slot[t] of each unit, and
  * attends to the committed positions [.., base) (ring slots q % cap) plus its
  * ancestors: chain[t * chain_ld + (q - base)] is the slot holding position q
  * of row t's path for q in [base, pos[t]] (the row's own slot last). Scores,
@@ -71,6 +73,6 @@ typedef struct {
 } ls_tree_rows;
 
 /* ls_attention for tree rows (rows already offset to this chunk). */
-void ls_attention_tree(ls_session *s, int32_t loop, int32_t T, const ls_tree_rows *rows);
+void ls_attention_tree(ls_session *s, int32_t unit, int32_t T, const ls_tree_rows *rows);
 
 #endif

@@ -7,11 +7,11 @@
  * would do for it alone (the kernels are batch-invariant: a row's results
  * never depend on the other rows of a call, docs/kernels.md).
  *
- * Rows are ordered by loop depth, shallowest first, so at loop l the rows
+ * Rows are ordered by loop depth, shallowest first, so at unit l the rows
  * still running are a suffix of the block and the matmuls shrink as
  * shallow rows leave (a depth-ragged batch). In a row's last loop only its
  * sampled row needs the attention output, FFN and residual; the others
- * just store their K/V. ls_forward_block_loop skips a prefix of its rows,
+ * just store their K/V. ls_forward_unit skips a prefix of its rows,
  * so among rows of one depth those that sample nothing come first and
  * sampling rows follow, longest first (a prompt's final chunk before
  * decode rows). The ordered rows are cut into blocks of at most LS_CHUNK
@@ -87,7 +87,12 @@ static batch_scratch *scratch_for(ls_model *m, int32_t rows) {
     return b;
 }
 
-/* The attention of a block at loop l: the pieces still running, [lo,
+/* A piece of deferred rows (first < 0): earlier positions of a session
+ * whose units the session's pieces in the block need, computed beside them
+ * from their kept states (exact early exit). */
+static int deferred(const ls_batch_piece *p) { return p->first < 0; }
+
+/* The attention of a block at unit l: the pieces still running, [lo,
  * n_pieces), each over its own session, their rows from the start of view. */
 typedef struct {
     ls_session *const *sessions;
@@ -97,7 +102,7 @@ typedef struct {
     int32_t dim, kv_dim;
 } block_attention;
 
-static void attend_block(void *ctx, int32_t loop, int32_t T, int32_t skip, int32_t stored) {
+static void attend_block(void *ctx, int32_t unit, int32_t T, int32_t skip, int32_t stored) {
     (void)stored; /* 0: a block of pieces has no store callback, its runs store here */
     const block_attention *a = ctx;
     ls_att_rows runs[LS_ATT_MAX_RUNS];
@@ -106,15 +111,15 @@ static void attend_block(void *ctx, int32_t loop, int32_t T, int32_t skip, int32
         const ls_batch_piece *p = &a->pieces[i];
         size_t q0 = (size_t)r0 * a->dim, k0 = (size_t)r0 * a->kv_dim;
         int32_t cut = skip - r0 < 0 ? 0 : skip - r0 > p->n ? p->n : skip - r0;
-        runs[n++] = (ls_att_rows){a->sessions[p->row], p->n, p->pos0, a->view->q + q0, a->view->k + k0,
-                                  a->view->v + k0, a->view->att + q0, cut};
+        float *k = a->view->k + k0, *v = a->view->v + k0;
+        if (deferred(p)) { /* its session's other rows read them: in before any attends */
+            ls_attention_store(a->sessions[p->row], unit, p->pos0, 0, p->n, k, v, 0);
+            k = v = NULL;
+        }
+        runs[n++] = (ls_att_rows){a->sessions[p->row], p->n, p->pos0, a->view->q + q0, k, v, a->view->att + q0, cut};
     }
-    ls_attention_runs(runs, n, loop);
+    ls_attention_runs(runs, n, unit);
 }
-
-/* True when a piece's final row is read after its last loop: the row's
- * sampled token comes from it. */
-static int needs_output(const ls_batch_piece *p, const int32_t *slot) { return p->last && slot[p->row] >= 0; }
 
 /* The exit gate's probability for a hidden state h (dim): fp32, in a fixed order. */
 static float exit_lambda(const ls_model *m, const float *h) {
@@ -125,66 +130,140 @@ static float exit_lambda(const ls_model *m, const float *h) {
     return 1.0f / (1.0f + expf(-z));
 }
 
-/* An early-exiting piece's running exit distribution. */
+/* A piece's exit rule and its running exit distribution. */
 typedef struct {
-    float threshold; /* 0: the piece runs its loops */
+    int32_t policy;  /* LS_EXIT_*: NONE for a piece that runs its units */
+    float threshold;
     float remaining; /* probability of not having exited yet */
     float cdf;       /* of exiting by now */
-    int32_t units;   /* the loops it was given (units), before any exit */
+    int32_t units;   /* the units it was given, before any exit */
 } exit_state;
 
-/* After a step's last unit `done` (units run so far): each early-exiting
- * piece of [lo, n) not at its last step asks its gate; those that exit get
- * loops = done and move, with their rows of h and rope, to the front of
- * [lo, n) (rows from `start`), the others keeping their order. */
-static void decide_exits(const ls_model *m, ls_batch_piece *pc, exit_state *ex, int32_t lo, int32_t n, int32_t start,
-                         int32_t done, batch_scratch *b) {
+/* True when a piece's final row is read after its last unit: the row's
+ * sampled token comes from it. */
+static int needs_output(const ls_batch_piece *p, const int32_t *slot) { return p->last && slot[p->row] >= 0; }
+
+/* Puts the running pieces [lo, n) (rows from `start`) in order of the unit
+ * they end at, stable, moving their rows of h and rope along (through xb
+ * and q, free between units): the next units then drop them from the
+ * front. */
+static void order_running(const ls_model *m, ls_batch_piece *pc, exit_state *ex, int32_t lo, int32_t n, int32_t start,
+                          batch_scratch *b) {
+    int sorted = 1;
+    for (int32_t k = lo + 1; k < n && sorted; k++) sorted = pc[k - 1].units <= pc[k].units;
+    if (sorted) return;
     const int32_t dim = m->info.dim, hd = m->info.head_dim;
-    int32_t moved = 0;
-    for (int32_t k = lo, r = start; k < n; r += pc[k].n, k++) {
-        exit_state *e = &ex[k];
-        if (e->threshold <= 0.0f || pc[k].loops <= done) continue;
-        const float lambda = exit_lambda(m, b->h + (size_t)r * dim);
-        const float p = lambda * e->remaining;
-        e->remaining = e->remaining * (1.0f - lambda);
-        e->cdf = e->cdf + p;
-        if (e->cdf >= e->threshold) {
-            pc[k].loops = done;
-            moved++;
-        }
-    }
-    if (moved == 0) return;
-    /* stable partition through scratch that is free between loops (xb, q) */
     ls_batch_piece tmp_pc[LS_CHUNK];
     exit_state tmp_ex[LS_CHUNK];
-    int32_t out = 0, row = 0;
-    for (int pass = 0; pass < 2; pass++)
-        for (int32_t k = lo, r = start; k < n; r += pc[k].n, k++) {
-            if ((pc[k].loops == done) != (pass == 0)) continue;
-            memcpy(b->xb + (size_t)row * dim, b->h + (size_t)r * dim, (size_t)pc[k].n * dim * sizeof(float));
-            memcpy(b->q + (size_t)row * hd, b->rope + (size_t)r * hd, (size_t)pc[k].n * hd * sizeof(float));
-            tmp_pc[out] = pc[k];
-            tmp_ex[out++] = ex[k];
-            row += pc[k].n;
-        }
+    int32_t first_row[LS_CHUNK], out = 0, row = 0, taken[LS_CHUNK] = {0};
+    for (int32_t k = lo, r = start; k < n; r += pc[k].n, k++) first_row[k] = r;
+    while (out < n - lo) {
+        int32_t best = -1;
+        for (int32_t k = lo; k < n; k++)
+            if (!taken[k - lo] && (best < 0 || pc[k].units < pc[best].units)) best = k;
+        taken[best - lo] = 1;
+        memcpy(b->xb + (size_t)row * dim, b->h + (size_t)first_row[best] * dim, (size_t)pc[best].n * dim * sizeof(float));
+        memcpy(b->q + (size_t)row * hd, b->rope + (size_t)first_row[best] * hd, (size_t)pc[best].n * hd * sizeof(float));
+        tmp_pc[out] = pc[best];
+        tmp_ex[out++] = ex[best];
+        row += pc[best].n;
+    }
     memcpy(b->h + (size_t)start * dim, b->xb, (size_t)row * dim * sizeof(float));
     memcpy(b->rope + (size_t)start * hd, b->q, (size_t)row * hd * sizeof(float));
     memcpy(pc + lo, tmp_pc, (size_t)out * sizeof *pc);
     memcpy(ex + lo, tmp_ex, (size_t)out * sizeof *ex);
 }
 
-/* A piece that exited after `pc->loops` of its `units`: every deeper unit
- * of its session gets, at its position, the keys/values of the same layer
- * in its exit step. */
+/* The unit the block's pieces of row r run to (their deepest), and their
+ * first position (the session's position when the block began). */
+static int32_t row_end(const ls_batch_piece *pc, int32_t n, int32_t r, int32_t *first_pos) {
+    int32_t end = 0, pos = INT32_MAX;
+    for (int32_t k = 0; k < n; k++)
+        if (pc[k].row == r) {
+            if (!deferred(&pc[k]) && pc[k].units > end) end = pc[k].units;
+            if (pc[k].pos0 < pos) pos = pc[k].pos0;
+        }
+    *first_pos = pos;
+    return end;
+}
+
+/* After a step's last unit `done` (units run so far): each early-exiting
+ * piece of [lo, n) not at its last step asks its gate, and one that exits
+ * gets units = done; the deferred rows of each session then end with the
+ * session's deepest piece. */
+static void decide_exits(const ls_model *m, ls_batch_piece *pc, exit_state *ex, int32_t lo, int32_t n, int32_t start,
+                         int32_t done, batch_scratch *b) {
+    const int32_t dim = m->info.dim;
+    int moved = 0;
+    for (int32_t k = lo, r = start; k < n; r += pc[k].n, k++) {
+        exit_state *e = &ex[k];
+        if (e->policy == LS_EXIT_NONE || pc[k].units <= done) continue;
+        const float lambda = exit_lambda(m, b->h + (size_t)r * dim);
+        const float p = lambda * e->remaining;
+        e->remaining = e->remaining * (1.0f - lambda);
+        e->cdf = e->cdf + p;
+        if (e->cdf >= e->threshold) {
+            pc[k].units = done;
+            moved = 1;
+        }
+    }
+    if (!moved) return;
+    for (int32_t k = lo; k < n; k++) {
+        int32_t first_pos;
+        if (deferred(&pc[k])) pc[k].units = row_end(pc, n, pc[k].row, &first_pos);
+    }
+    order_running(m, pc, ex, lo, n, start, b);
+}
+
+/* Before step `l / L` (unit l a step's first): the positions of each
+ * session going on into this step that lack the step's units join the
+ * block as a piece of deferred rows, in the room the block has (the plan
+ * reserved it), or else are computed through the step on their own first.
+ * Returns the block's rows; *n_pieces grows. */
+static int32_t join_deferred(ls_model *m, ls_session *const *sessions, ls_batch_piece *pc, exit_state *ex,
+                             int32_t *n_pieces, int32_t lo, int32_t start, int32_t T, int32_t l, batch_scratch *b) {
+    const ls_model_info *mi = &m->info;
+    const int32_t dim = mi->dim, hd = mi->head_dim, n = *n_pieces;
+    int32_t added = 0;
+    for (int32_t k = lo; k < n; k++) {
+        const int32_t r = pc[k].row;
+        if (deferred(&pc[k]) || pc[k].units <= l) continue;
+        int seen = 0;
+        for (int32_t j = lo; j < k && !seen; j++) seen = pc[j].row == r && !deferred(&pc[j]) && pc[j].units > l;
+        ls_session *s = sessions[r];
+        if (seen || !s->def_units) continue;
+        int32_t first_pos, end = row_end(pc, *n_pieces, r, &first_pos);
+        int32_t a = s->unit_len[l], cnt = first_pos - a; /* positions [a, first_pos) lack unit l */
+        if (cnt <= 0) continue;
+        if (T + cnt > LS_CHUNK || *n_pieces == LS_CHUNK) {
+            ls_forward_settle_step(s, a, first_pos, l);
+            continue;
+        }
+        ls_batch_piece d = {r, -1, cnt, a, end, 0};
+        for (int32_t t = 0; t < cnt; t++) memcpy(b->h + (size_t)(T + t) * dim, s->def_h + (size_t)(a + t) * dim, (size_t)dim * sizeof(float));
+        ls_rope_table(b->rope + (size_t)T * hd, cnt, a, hd, mi->rope_theta);
+        pc[*n_pieces] = d;
+        ex[*n_pieces] = (exit_state){LS_EXIT_NONE, 0.0f, 1.0f, 0.0f, end};
+        (*n_pieces)++;
+        T += cnt;
+        added = 1;
+    }
+    if (added) order_running(m, pc, ex, lo, *n_pieces, start, b);
+    return T;
+}
+
+/* A piece that exited after `pc->units` of its `units` (LS_EXIT_COPY):
+ * every deeper unit of its session gets, at its position, the keys/values
+ * of the same layer in its exit step. */
 static void fill_exited(ls_session *s, const ls_batch_piece *pc, int32_t units) {
-    const int32_t L = s->m->info.n_layers, last_step = pc->loops - L, pos = pc->pos0, slot = pos % s->cap;
-    for (int32_t u = pc->loops; u < units; u++) {
+    const int32_t L = s->m->info.n_layers, last_step = pc->units - L, pos = pc->pos0, slot = pos % s->cap;
+    for (int32_t u = pc->units; u < units; u++) {
         ls_kv_copy_row(s, u, slot, s, last_step + u % L, slot);
-        ls_seq_advance(s->loop_len, s->loop_lo, u, pos + 1, s->cap);
+        ls_seq_advance(s->unit_len, s->unit_lo, u, pos + 1, s->cap);
     }
 }
 
-/* Runs one block of pieces through their loops; keeps each sampling row's
+/* Runs one block of pieces through their units; keeps each sampling row's
  * final hidden state in b->last[slot[row]] and the steps it ran in its
  * session. */
 static void run_block(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, const int32_t *exits,
@@ -198,9 +277,10 @@ static void run_block(ls_model *m, ls_session *const *sessions, const ls_batch_r
     int32_t T = 0;
     for (int32_t i = 0; i < n_pieces; i++) {
         const ls_batch_piece *p = &pieces[i];
+        const ls_step_params *sp = &rows[p->row].step;
         pc[i] = *p;
         const int exit_piece = p->last && exits[p->row]; /* the plan split its token off */
-        ex[i] = (exit_state){exit_piece ? rows[p->row].step.exit_threshold : 0.0f, 1.0f, 0.0f, p->loops};
+        ex[i] = (exit_state){exit_piece ? sp->exit_policy : LS_EXIT_NONE, sp->exit_threshold, 1.0f, 0.0f, p->units};
         any_exit |= exit_piece;
         ls_forward_embed(sessions[p->row], tokens + p->first, p->n, b->h + (size_t)T * dim);
         ls_rope_table(b->rope + (size_t)T * hd, p->n, p->pos0, hd, mi->rope_theta);
@@ -208,13 +288,14 @@ static void run_block(ls_model *m, ls_session *const *sessions, const ls_batch_r
     }
     block_attention att = {sessions, pc, 0, n_pieces, NULL, dim, mi->n_kv_heads * hd};
     for (int32_t l = 0, lo = 0, start = 0; ; l++) {
-        /* pieces are shallowest first: drop the ones whose loops are done */
-        while (lo < n_pieces && pc[lo].loops <= l) start += pc[lo++].n;
+        if (l % L == 0) T = join_deferred(m, sessions, pc, ex, &n_pieces, lo, start, T, l, b);
+        /* pieces are ordered by the unit they end at: drop the ones done */
+        while (lo < n_pieces && pc[lo].units <= l) start += pc[lo++].n;
         if (lo == n_pieces) break;
-        /* the pieces ending at this loop lead; their rows up to the first
-         * one a sampled token reads only store K/V */
+        /* the pieces ending at this unit lead; their rows up to the first
+         * one a sampled token or a later unit reads only store K/V */
         int32_t skip = 0;
-        for (int32_t k = lo; k < n_pieces && pc[k].loops == l + 1; k++) {
+        for (int32_t k = lo; k < n_pieces && pc[k].units == l + 1 && !deferred(&pc[k]); k++) {
             if (needs_output(&pc[k], slot)) {
                 skip += pc[k].n - 1;
                 break;
@@ -225,18 +306,23 @@ static void run_block(ls_model *m, ls_session *const *sessions, const ls_batch_r
         ls_block view = {b->h + (size_t)start * dim, b->xb, b->q + (size_t)start * dim, b->k + start * kv_dim,
                          b->v + start * kv_dim, b->att + (size_t)start * dim, b->g, b->u, b->rope + (size_t)start * hd};
         att.lo = lo;
+        att.n_pieces = n_pieces;
         att.view = &view;
-        ls_forward_block_loop(m, &view, T - start, skip, l, attend_block, NULL, &att);
-        ls_batch_loop_done(sessions, pc, lo, n_pieces, l);
+        ls_forward_unit(m, &view, T - start, skip, l, attend_block, NULL, &att);
+        ls_batch_unit_done(sessions, pc, lo, n_pieces, l);
         if (any_exit && (l + 1) % L == 0) decide_exits(m, pc, ex, lo, n_pieces, start, l + 1, b);
     }
     ls_batch_block_done(sessions, pc, n_pieces, tokens);
     for (int32_t i = 0, r0 = 0; i < n_pieces; r0 += pc[i].n, i++) {
         const ls_batch_piece *p = &pc[i];
-        if (ex[i].threshold > 0.0f) fill_exited(sessions[p->row], p, ex[i].units);
+        ls_session *s = sessions[p->row];
+        /* deferred rows, and an exact exit's token, keep the state their next unit starts from */
+        if (deferred(p) || (ex[i].policy == LS_EXIT_EXACT && p->units < ex[i].units))
+            for (int32_t t = 0; t < p->n; t++) ls_session_defer(s, p->pos0 + t, p->units, b->h + (size_t)(r0 + t) * dim);
+        if (ex[i].policy == LS_EXIT_COPY) fill_exited(s, p, ex[i].units);
         if (!needs_output(p, slot)) continue;
         memcpy(b->last + (size_t)slot[p->row] * dim, b->h + (size_t)(r0 + p->n - 1) * dim, (size_t)dim * sizeof(float));
-        sessions[p->row]->last_steps = p->loops / L;
+        s->last_steps = p->units / L;
     }
 }
 
@@ -293,7 +379,10 @@ int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_r
     if (rc != LS_OK) return rc;
     /* cache room for every row before any runs (a grown cache holds the same positions) */
     for (int32_t i = 0; i < n_rows; i++) {
-        out[i] = ls_session_reserve(sessions[i], sessions[i]->pos + rows[i].n_tokens);
+        int32_t end = sessions[i]->pos + rows[i].n_tokens;
+        out[i] = ls_session_reserve(sessions[i], end);
+        if (out[i] == LS_OK && rows[i].step.exit_policy == LS_EXIT_EXACT && ls_step_exits(m, &rows[i].step, rows[i].sample))
+            out[i] = ls_session_defer_reserve(sessions[i], end); /* the exiting token may keep its state */
         if (out[i] != LS_OK) rc = out[i];
     }
     if (rc != LS_OK) return rc;

@@ -17,7 +17,7 @@
  * poisoned for AddressSanitizer, and so is the part of a reused one past
  * the bytes asked for, or of a mapped one's last page, so neither hides an
  * overflow. A lock guards the pool: a session may be made or freed on the
- * caller's thread while a begun step (step_async.c) grows other sessions'
+ * caller's thread while a begun step (pipeline.c) grows other sessions'
  * caches on the model's.
  */
 #define _DEFAULT_SOURCE /* mmap, madvise under -std=c11 */

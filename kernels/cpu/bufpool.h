@@ -15,7 +15,7 @@
 #define LS_BUFPOOL_MIN_BYTES (64u << 10) /* smaller buffers go straight back to the allocator */
 
 typedef struct {
-    pthread_mutex_t mu; /* sessions are made and freed while a begun step (step_async.c) grows caches */
+    pthread_mutex_t mu; /* sessions are made and freed while a begun step (pipeline.c) grows caches */
     void *block[LS_BUFPOOL_SLOTS]; /* each starts with its header (bufpool.c) */
     int32_t n;
     size_t bytes; /* capacity of the held blocks */

@@ -277,7 +277,7 @@ typedef struct {
     double *prof;         /* profile clock (the calling thread's), or NULL */
     ls_block_store store; /* a part stores its rows' K/V after RoPE, or NULL */
     void *ctx;            /* store's */
-    int32_t loop, thread;
+    int32_t unit, thread;
 } stage_ctx;
 
 static void stage_prof(const stage_ctx *c, int32_t op) {
@@ -303,7 +303,7 @@ static void stage_attention_in(const stage_ctx *c, int32_t t0, int32_t t1) {
     const ls_runtime *rt = m->rt;
     const ls_block *b = c->b;
     int32_t dim = mi->dim, hd = mi->head_dim, kv_dim = mi->n_kv_heads * hd, T = t1 - t0;
-    const int32_t layer = LS_UNIT_LAYER(m, c->loop);
+    const int32_t layer = LS_UNIT_LAYER(m, c->unit);
     const ls_layer_weights *w = &m->w.layers[layer];
     float *xb = b->xb + (size_t)t0 * dim, *q = b->q + (size_t)t0 * dim, *k = b->k + (size_t)t0 * kv_dim;
     stage_norm(c, xb, b->h + (size_t)t0 * dim, ls_layer_norm(rt, dim, layer, LS_NORM_ATTN), T);
@@ -318,7 +318,7 @@ static void stage_attention_in(const stage_ctx *c, int32_t t0, int32_t t1) {
                   .n_kv = mi->n_kv_heads, .hd = hd, .T = T};
     if (c->on_thread) rope_range(&rj, 0, T);
     else ls_pool_run(rt->pool, rope_task, &rj, (T + TOK_BLOCK - 1) / TOK_BLOCK);
-    if (c->on_thread && c->store) c->store(c->ctx, c->loop, t0, t1, c->thread);
+    if (c->on_thread && c->store) c->store(c->ctx, c->unit, t0, t1, c->thread);
 }
 
 /* h += x (T rows of dim). */
@@ -351,7 +351,7 @@ static void stage_rest(const stage_ctx *c, int32_t t0, int32_t t1) {
     const ls_runtime *rt = m->rt;
     const ls_block *b = c->b;
     int32_t dim = mi->dim, ffn = mi->ffn_dim, T = t1 - t0;
-    const int32_t layer = LS_UNIT_LAYER(m, c->loop);
+    const int32_t layer = LS_UNIT_LAYER(m, c->unit);
     const ls_layer_weights *w = &m->w.layers[layer];
     float *h = b->h + (size_t)t0 * dim, *xb = b->xb + (size_t)t0 * dim, *g = b->g + (size_t)t0 * ffn;
     mm_job wo = {.x = b->att + (size_t)t0 * dim, .ldx = dim, .in = dim, .T = T, .n_seg = 1,
@@ -395,8 +395,8 @@ static void part_task(void *ctx, int32_t part, int32_t thread) {
 /* stage over rows [lo, T): in token parts where there are enough rows
  * (returns 1), else each of its steps over the whole pool (0). */
 static int run_stage(const ls_model *m, const ls_block *b, void (*stage)(const stage_ctx *, int32_t, int32_t),
-                     int32_t lo, int32_t T, double *prof, ls_block_store store, void *ctx, int32_t loop) {
-    stage_ctx c = {m, b, 0, NULL, m->rt->profile ? prof : NULL, store, ctx, loop, 0};
+                     int32_t lo, int32_t T, double *prof, ls_block_store store, void *ctx, int32_t unit) {
+    stage_ctx c = {m, b, 0, NULL, m->rt->profile ? prof : NULL, store, ctx, unit, 0};
     int32_t parts = parts_for(m->rt, T - lo);
     if (parts > 1) {
         parts_job j = {c, stage, lo, T, parts};
@@ -422,7 +422,7 @@ void ls_forward_embed(ls_session *s, const int32_t *tokens, int32_t n, float *h)
     ls_prof_add(m->rt, LS_PROF_EMBED, &t0);
 }
 
-void ls_forward_block_loop(const ls_model *m, const ls_block *b, int32_t T, int32_t skip, int32_t l,
+void ls_forward_unit(const ls_model *m, const ls_block *b, int32_t T, int32_t skip, int32_t l,
                            ls_block_attention attention, ls_block_store store, void *ctx) {
     ls_runtime *rt = m->rt;
     double t0 = ls_prof_now(rt);
@@ -443,25 +443,25 @@ typedef struct {
     const ls_tree_rows *tree;
 } chunk_attention;
 
-static void attend_chunk(void *ctx, int32_t loop, int32_t T, int32_t skip, int32_t stored) {
+static void attend_chunk(void *ctx, int32_t unit, int32_t T, int32_t skip, int32_t stored) {
     const chunk_attention *c = ctx;
     if (c->tree)
-        ls_attention_tree(c->s, loop, T, c->tree); /* forward_tree never skips; its rows have no store */
+        ls_attention_tree(c->s, unit, T, c->tree); /* forward_tree never skips; its rows have no store */
     else
-        ls_attention(c->s, loop, T, c->pos0, skip, stored);
+        ls_attention(c->s, unit, T, c->pos0, skip, stored);
 }
 
 /* A token part's rows of consecutive positions (tree rows keep their
  * cache bookkeeping in ls_attention_tree). */
-static void store_chunk(void *ctx, int32_t loop, int32_t t0, int32_t t1, int32_t thread) {
+static void store_chunk(void *ctx, int32_t unit, int32_t t0, int32_t t1, int32_t thread) {
     const chunk_attention *c = ctx;
-    ls_attention_store(c->s, loop, c->pos0, t0, t1, c->s->k, c->s->v, thread);
+    ls_attention_store(c->s, unit, c->pos0, t0, t1, c->s->k, c->s->v, thread);
 }
 
-/* One chunk (T <= LS_CHUNK) through loops [la, lb): consecutive positions
+/* One chunk (T <= LS_CHUNK) through units [la, lb): consecutive positions
  * pos0.. when tree is NULL, else the tree rows (offset to this chunk), whose
  * cache bookkeeping is the caller's. Rows [0, skip) of the last loop only
- * store their K/V (their loop-lb output is not needed). */
+ * store their K/V (their unit-lb output is not needed). */
 static void forward_chunk(ls_session *s, float *h, int32_t T, int32_t pos0, int32_t la, int32_t lb,
                           const ls_tree_rows *tree, int32_t skip) {
     const ls_model_info *mi = &s->m->info;
@@ -474,17 +474,17 @@ static void forward_chunk(ls_session *s, float *h, int32_t T, int32_t pos0, int3
     ls_block b = {h, s->xb, s->q, s->k, s->v, s->att, s->g, s->u, s->rope};
     chunk_attention att = {s, pos0, tree};
     for (int32_t l = la; l < lb; l++) {
-        ls_forward_block_loop(s->m, &b, T, l == lb - 1 ? skip : 0, l, attend_chunk, tree ? NULL : store_chunk, &att);
-        if (!tree) ls_seq_advance(s->loop_len, s->loop_lo, l, pos0 + T, s->cap);
+        ls_forward_unit(s->m, &b, T, l == lb - 1 ? skip : 0, l, attend_chunk, tree ? NULL : store_chunk, &att);
+        if (!tree) ls_seq_advance(s->unit_len, s->unit_lo, l, pos0 + T, s->cap);
     }
 }
 
-/* ls_forward_loops where only rows [keep, n) need their loop-lb output. */
-static int32_t forward_loops_from(ls_session *s, float *h, int32_t n, int32_t pos0, int32_t la, int32_t lb,
+/* ls_forward_units where only rows [keep, n) need their unit-lb output. */
+static int32_t forward_units_from(ls_session *s, float *h, int32_t n, int32_t pos0, int32_t la, int32_t lb,
                                   int32_t keep) {
-    if (!s || !h || n < 1 || la < 0 || lb > s->loops || la >= lb || pos0 < 0) return LS_ERR_ARG;
+    if (!s || !h || n < 1 || la < 0 || lb > s->units || la >= lb || pos0 < 0) return LS_ERR_ARG;
     if (pos0 > s->max_seq - n) return LS_ERR_FULL;
-    if (!ls_loops_hold(s->loop_len, s->loop_lo, la, lb, pos0, s->window)) return LS_ERR_STATE;
+    if (!ls_units_hold(s->unit_len, s->unit_lo, la, lb, pos0, s->window)) return LS_ERR_STATE;
     int32_t rc = ls_session_reserve(s, pos0 + n);
     if (rc != LS_OK) return rc;
     int32_t dim = s->m->info.dim;
@@ -496,17 +496,17 @@ static int32_t forward_loops_from(ls_session *s, float *h, int32_t n, int32_t po
     return LS_OK;
 }
 
-int32_t ls_forward_loops(ls_session *s, float *h, int32_t n, int32_t pos0, int32_t la, int32_t lb) {
-    return forward_loops_from(s, h, n, pos0, la, lb, 0);
+int32_t ls_forward_units(ls_session *s, float *h, int32_t n, int32_t pos0, int32_t la, int32_t lb) {
+    return forward_units_from(s, h, n, pos0, la, lb, 0);
 }
 
 int32_t ls_forward_deepen(ls_session *s, int32_t la, int32_t lb) {
-    if (!s || la < 1 || lb > s->loops || la >= lb) return LS_ERR_ARG;
-    int32_t p = s->pos, q = s->loop_len[la];
+    if (!s || la < 1 || lb > s->units || la >= lb) return LS_ERR_ARG;
+    int32_t p = s->pos, q = s->unit_len[la];
     for (int32_t l = la; l < lb; l++)
-        if (s->loop_len[l] != q) return LS_ERR_STATE;
+        if (s->unit_len[l] != q) return LS_ERR_STATE;
     for (int32_t l = 0; l < la; l++)
-        if (s->loop_len[l] != p) return LS_ERR_STATE;
+        if (s->unit_len[l] != p) return LS_ERR_STATE;
     if (q > p) return LS_ERR_STATE;
     if (q == p) return LS_OK;
     /* position q attends back to q - window + 1 (rows from q on are rewritten
@@ -514,14 +514,32 @@ int32_t ls_forward_deepen(ls_session *s, int32_t la, int32_t lb) {
      * every position is recomputed from the start, which needs none */
     int32_t need_lo = ls_window_lo(q, s->window);
     for (int32_t l = 0; l < lb; l++)
-        if (s->loop_lo[l] > need_lo) q = 0;
+        if (s->unit_lo[l] > need_lo) q = 0;
     for (int32_t c0 = q; c0 < p; c0 += LS_CHUNK) {
         int32_t T = p - c0 < LS_CHUNK ? p - c0 : LS_CHUNK;
         ls_forward_embed(s, s->tokens + c0, T, s->h);
         forward_chunk(s, s->h, T, c0, 0, lb, NULL, 0);
     }
-    /* forward_chunk moved loops [0, la) back to each chunk's end; all now hold p */
-    for (int32_t l = 0; l < la; l++) s->loop_len[l] = p;
+    /* forward_chunk moved units [0, la) back to each chunk's end; all now hold p */
+    for (int32_t l = 0; l < la; l++) s->unit_len[l] = p;
+    return LS_OK;
+}
+
+void ls_forward_settle_step(ls_session *s, int32_t a, int32_t b, int32_t u) {
+    const int32_t L = s->m->info.n_layers, dim = s->m->info.dim;
+    /* in chunks, each through the whole step: a chunk attends to the chunks before it, done */
+    for (int32_t c0 = a; c0 < b; c0 += LS_CHUNK) {
+        int32_t T = b - c0 < LS_CHUNK ? b - c0 : LS_CHUNK;
+        memcpy(s->h, s->def_h + (size_t)c0 * dim, (size_t)T * dim * sizeof *s->h);
+        forward_chunk(s, s->h, T, c0, u, u + L, NULL, 0);
+        for (int32_t t = 0; t < T; t++) ls_session_defer(s, c0 + t, u + L, s->h + (size_t)t * dim);
+    }
+}
+
+int32_t ls_forward_settle(ls_session *s, int32_t need) {
+    if (!s || need < 1 || need > s->units) return LS_ERR_ARG;
+    if (!ls_units_ready(ls_session_view(s), need)) return LS_ERR_STATE;
+    for (int32_t u = 0; u < need; u += s->m->info.n_layers) ls_forward_settle_step(s, s->unit_len[u], s->pos, u);
     return LS_OK;
 }
 
@@ -565,6 +583,7 @@ int32_t ls_session_forward(ls_session *s, const int32_t *tokens, int32_t n, int3
     if (logits_out && (n_logits < 1 || n_logits > n)) return LS_ERR_ARG;
     int32_t rc = ls_check_feed(ls_session_view(s), tokens, n, loops);
     if (rc == LS_OK) rc = ls_session_reserve(s, s->pos + n); /* all of it before the first chunk runs */
+    if (rc == LS_OK) rc = ls_forward_settle(s, loops * s->m->info.n_layers); /* deferred units it reads */
     if (rc != LS_OK) return rc;
 
     int32_t dim = s->m->info.dim, vocab = s->m->info.vocab_size;
@@ -574,7 +593,7 @@ int32_t ls_session_forward(ls_session *s, const int32_t *tokens, int32_t n, int3
         ls_forward_embed(s, tokens + c0, T, s->h);
         // Positions before the first logit row only feed the caches: their
         // last loop stops after storing K/V.
-        rc = forward_loops_from(s, s->h, T, s->pos, 0, loops * s->m->info.n_layers, first_logit - c0);
+        rc = forward_units_from(s, s->h, T, s->pos, 0, loops * s->m->info.n_layers, first_logit - c0);
         if (rc != LS_OK) return rc; /* unreachable after the checks and the reserve above */
         memcpy(s->tokens + s->pos, tokens + c0, (size_t)T * sizeof *tokens);
         s->pos += T;

@@ -24,16 +24,16 @@ typedef struct {
     const float *rope; /* (T, head_dim) */
 } ls_block;
 
-/* Stores the rows' K/V for `loop` (unless `stored`: the block's store
+/* Stores the rows' K/V for `unit` (unless `stored`: the block's store
  * callback has) and fills b->att from b->q for rows [skip, T): the rows'
  * attention, however they map to sessions and positions. */
-typedef void (*ls_block_attention)(void *ctx, int32_t loop, int32_t T, int32_t skip, int32_t stored);
+typedef void (*ls_block_attention)(void *ctx, int32_t unit, int32_t T, int32_t skip, int32_t stored);
 
-/* Stores the K/V of rows [t0, t1) for `loop` on the calling thread (pool
+/* Stores the K/V of rows [t0, t1) for `unit` on the calling thread (pool
  * index `thread`): a token part's own rows, right after their RoPE. */
-typedef void (*ls_block_store)(void *ctx, int32_t loop, int32_t t0, int32_t t1, int32_t thread);
+typedef void (*ls_block_store)(void *ctx, int32_t unit, int32_t t0, int32_t t1, int32_t thread);
 
-/* The T rows of b (T <= LS_CHUNK) through loop l of the shared block:
+/* The T rows of b (T <= LS_CHUNK) through unit l of the shared block:
  * norms, matmuls and RoPE on the pool (by output rows, or in token parts
  * for a quantized model's long passes, each part then storing its rows'
  * K/V through `store` where that is not NULL), attention by the callback.
@@ -41,36 +41,47 @@ typedef void (*ls_block_store)(void *ctx, int32_t loop, int32_t t0, int32_t t1, 
  * prompt's last loop, where only the logit rows go on), so their h is left
  * as it was. Every row's arithmetic is independent of the other rows
  * (batch invariance), so skipping rows changes no other row's bits. */
-void ls_forward_block_loop(const ls_model *m, const ls_block *b, int32_t T, int32_t skip, int32_t l,
+void ls_forward_unit(const ls_model *m, const ls_block *b, int32_t T, int32_t skip, int32_t l,
                            ls_block_attention attention, ls_block_store store, void *ctx);
 
 /* h[t] = E[tokens[t]] (fp16 -> fp32), h (n, dim). */
 void ls_forward_embed(ls_session *s, const int32_t *tokens, int32_t n, float *h);
 
-/* Runs the n tokens at positions [pos0, pos0 + n) through loops [la, lb) of
- * the shared block: h (n, dim) holds their loop-la input and receives their
- * loop-lb output. Appends their K/V to the caches of loops la..lb-1, which
- * must each hold exactly pos0 positions (loop_len[l] == pos0); lower loops
+/* Runs the n tokens at positions [pos0, pos0 + n) through units [la, lb) of
+ * the shared block: h (n, dim) holds their unit-la input and receives their
+ * unit-lb output. Appends their K/V to the caches of units la..lb-1, which
+ * must each hold exactly pos0 positions (unit_len[l] == pos0); lower units
  * are not read. This is the entry point a speculative verify pass uses to
  * resume drafted tokens at loop D. Does not touch the token history.
  * Returns LS_OK or LS_ERR_STATE / LS_ERR_ARG / LS_ERR_FULL. */
-int32_t ls_forward_loops(ls_session *s, float *h, int32_t n, int32_t pos0, int32_t la, int32_t lb);
+int32_t ls_forward_units(ls_session *s, float *h, int32_t n, int32_t pos0, int32_t la, int32_t lb);
 
-/* Brings loops [la, lb), which all hold the same q <= s->pos positions, up
- * to s->pos. The positions' loop-la inputs are recomputed by running their
- * tokens through loops [0, la) again, which rewrites those loops' rows with
+/* Brings units [la, lb), which all hold the same q <= s->pos positions, up
+ * to s->pos. The positions' unit-la inputs are recomputed by running their
+ * tokens through units [0, la) again, which rewrites those units' rows with
  * the values they already hold (every kernel is batch-invariant). For a
  * speculative draft deeper than its verifier (spec.c): plain decoding at the
- * verify depth never writes the loops beyond it. Loops [0, la) must hold
+ * verify depth never writes the units beyond it. Units [0, la) must hold
  * s->pos positions. When a windowed ring no longer holds the rows position q
  * attends to, every position is recomputed from 0. Returns LS_OK or
  * LS_ERR_ARG / LS_ERR_STATE. */
 int32_t ls_forward_deepen(ls_session *s, int32_t la, int32_t lb);
 
-/* Tree variant of ls_forward_loops: n rows described by `rows` through loops
+/* Computes the units [0, need) that earlier exact early exits deferred
+ * (loopserve.h) for every position lacking them, step by step, each from
+ * its kept state; afterwards units [0, need) hold every position. Returns
+ * LS_OK (also when none are deferred), or LS_ERR_ARG / LS_ERR_STATE. */
+int32_t ls_forward_settle(ls_session *s, int32_t need);
+
+/* One step of ls_forward_settle: positions [a, b), which lack the step
+ * beginning at unit u and hold every unit before it, through that step from
+ * their kept states, which then hold the next step's input. */
+void ls_forward_settle_step(ls_session *s, int32_t a, int32_t b, int32_t u);
+
+/* Tree variant of ls_forward_units: n rows described by `rows` through units
  * [la, lb). Rows must be ordered so that every ancestor precedes its
  * descendants (chunks of LS_CHUNK then see their ancestors' rows). Touches
- * neither loop_len / loop_lo nor the history: the caller (spec.c) checked
+ * neither unit_len / unit_lo nor the history: the caller (spec.c) checked
  * the slots and commits the accepted path itself. */
 void ls_forward_tree(ls_session *s, float *h, int32_t n, const ls_tree_rows *rows, int32_t la, int32_t lb);
 

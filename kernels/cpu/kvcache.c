@@ -158,12 +158,12 @@ static void round_to_f16(float *x, int32_t n) {
     for (int32_t i = 0; i < n; i++) x[i] = ls_f16_to_f32(ls_f32_to_f16(x[i]));
 }
 
-void ls_kv_store(ls_session *s, int32_t loop, int32_t kvh, int32_t slot, int32_t n, float *k, float *v, size_t ld,
+void ls_kv_store(ls_session *s, int32_t unit, int32_t kvh, int32_t slot, int32_t n, float *k, float *v, size_t ld,
                  int32_t thread) {
     const ls_model_info *mi = &s->m->info;
     const ls_ops *ops = s->m->rt->ops;
     int32_t hd = mi->head_dim, rows = s->rows;
-    size_t head = (size_t)loop * mi->n_kv_heads + kvh;
+    size_t head = (size_t)unit * mi->n_kv_heads + kvh;
     if (s->kv_mode & LS_KV_HADAMARD)
         for (int32_t t = 0; t < n; t++) {
             float *kr = k + (size_t)t * ld, *vr = v + (size_t)t * ld;

@@ -4,7 +4,7 @@
  * session's cache (attention.c, session.c). Reading is the ops kernels'
  * (ops.h attn_*). Not ABI.
  *
- * Every function here encodes one row (one loop, position and kv head) at
+ * Every function here encodes one row (one unit, position and kv head) at
  * a time (ls_kv_store takes a run of rows, each on its own), in plain C
  * with a fixed operation order (no SIMD dispatch but the exact fp16
  * conversion; ISO C
@@ -13,11 +13,11 @@
  * reference (test/reference/kvcache.ts) repeats the arithmetic bit for bit.
  *
  * Layouts of a quantized session (fp16 modes keep session_state.h's kc / vc):
- *   kq (loops, n_kv_heads, nb, ldq)  key codes, transposed: byte b of the
+ *   kq (units, n_kv_heads, nb, ldq)  key codes, transposed: byte b of the
  *                                    row of position p at [b][p % cap]
- *   kp (loops, n_kv_heads, np, rows) key parameters, transposed likewise
- *   vq (loops, n_kv_heads, rows, nb) value codes, one row per slot
- *   vp (loops, n_kv_heads, rows, np) value parameters
+ *   kp (units, n_kv_heads, np, rows) key parameters, transposed likewise
+ *   vq (units, n_kv_heads, rows, nb) value codes, one row per slot
+ *   vp (units, n_kv_heads, rows, np) value parameters
  * (rows: the session's allocated rows, at most cap; session_state.h)
  * nb = code bytes per row (int8: head_dim, int4: head_dim / 2), np = fp16
  * parameters per row (int8: the scale; int4: scale, offset per group).
@@ -70,13 +70,13 @@ int32_t ls_kv_check_mode(int32_t kv_mode, int32_t hd, char *err, int32_t err_len
 #define LS_KV_STORE_ROWS 32
 
 /* Stores rows slot..slot+n-1 (1 <= n <= LS_KV_STORE_ROWS, consecutive ring
- * slots) of cache unit `loop`, kv head kvh: row t's k and v (hd fp32 each, RoPE
+ * slots) of cache unit `unit`, kv head kvh: row t's k and v (hd fp32 each, RoPE
  * applied) start at k + t * ld and v + t * ld, and are rotated and encoded
  * as the session's mode says. Each row's bytes depend on that row alone.
  * k and v are used as scratch (the rotation is in place); `thread` picks
  * the session's per-thread staging buffers, so pool tasks may store rows of
  * different slots at once. */
-void ls_kv_store(ls_session *s, int32_t loop, int32_t kvh, int32_t slot, int32_t n, float *k, float *v, size_t ld,
+void ls_kv_store(ls_session *s, int32_t unit, int32_t kvh, int32_t slot, int32_t n, float *k, float *v, size_t ld,
                  int32_t thread);
 
 /* Copies slot `from` of src's unit lf to slot `to` of dst's unit lt, every

@@ -1,13 +1,13 @@
 /*
- * session.c — a request's state: one K/V cache per loop (fp16, or int8 /
+ * session.c — a request's state: one K/V cache per unit (fp16, or int8 /
  * int4 codes with their scales: kvcache.h), the token history, and scratch
  * for one chunk. The scratch is allocated once, in ls_session_new; the
  * caches start with room for LS_KV_FIRST_ROWS positions and grow as
  * positions arrive (ls_session_reserve). Every buffer comes from the
  * runtime's bufpool.c, and goes back there when freed or outgrown, so a
- * new session reuses mapped pages. Positions per loop are tracked separately
- * (loop_len) so a speculative pass can fill loops [0, D) ahead of loops
- * [D, V); rollback truncates every loop.
+ * new session reuses mapped pages. Positions per unit are tracked separately
+ * (unit_len) so a speculative pass can fill loops [0, D) ahead of loops
+ * [D, V); rollback truncates every unit.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +68,9 @@ static size_t layout_bytes(const cache_layout *c) {
     return total;
 }
 
+/* Bytes a position's deferred units keep: its hidden state and its unit count. */
+static size_t deferred_bytes(const ls_model_info *mi) { return (size_t)mi->dim * sizeof(float) + sizeof(int32_t); }
+
 int64_t ls_session_cache_bytes(const ls_model *m, const ls_session_params *params) {
     if (!params || ls_check_session_args(m, params->max_seq, params->loops, params->cache_window, NULL, 0) != LS_OK ||
         ls_kv_check_mode(params->kv_mode, m->info.head_dim, NULL, 0) != LS_OK)
@@ -75,13 +78,15 @@ int64_t ls_session_cache_bytes(const ls_model *m, const ls_session_params *param
     int32_t cap = ls_ring_rows(params->max_seq, params->cache_window, LS_CHUNK);
     cache_layout c = layout_of(&m->info, params->loops * m->info.n_layers, cap + LS_KV_ROW_PAD, params->kv_mode);
     size_t total = layout_bytes(&c);
+    /* a model with an exit gate may keep a hidden state per position (exact early exit) */
+    if (m->info.exit_gate && total > 0) total += (size_t)params->max_seq * deferred_bytes(&m->info);
     return total > 0 && total <= INT64_MAX ? (int64_t)total : LS_ERR_NOMEM;
 }
 
 int64_t ls_session_cache_bytes_held(const ls_session *s) {
     if (!s) return LS_ERR_ARG;
-    cache_layout c = layout_of(&s->m->info, s->loops, s->rows, s->kv_mode);
-    return (int64_t)layout_bytes(&c);
+    cache_layout c = layout_of(&s->m->info, s->units, s->rows, s->kv_mode);
+    return (int64_t)(layout_bytes(&c) + (size_t)s->def_cap * deferred_bytes(&s->m->info));
 }
 
 /* One allocation of a session's K/V cache, for n_rows rows. */
@@ -116,11 +121,11 @@ static int alloc_cache(cache_bufs *b, const ls_model *m, int32_t loops, int32_t 
     return ok;
 }
 
-/* Copies the session's rows [0, s->rows) of every loop and head into b
+/* Copies the session's rows [0, s->rows) of every unit and head into b
  * (which has at least as many rows), each part at b's strides. */
 static void copy_cache(const ls_session *s, const cache_bufs *b, int32_t n_rows) {
     const ls_model_info *mi = &s->m->info;
-    size_t heads = (size_t)s->loops * (size_t)mi->n_kv_heads, hd = (size_t)mi->head_dim;
+    size_t heads = (size_t)s->units * (size_t)mi->n_kv_heads, hd = (size_t)mi->head_dim;
     size_t old = (size_t)s->rows, rows = (size_t)n_rows, nb = (size_t)s->kv_nb, np = (size_t)s->kv_np;
     for (size_t head = 0; head < heads; head++) {
         if (s->kv_fmt == LS_KV_FP16) {
@@ -159,12 +164,44 @@ int32_t ls_session_reserve(ls_session *s, int32_t end) {
     want = (want + LS_KV_BLOCK - 1) / LS_KV_BLOCK * LS_KV_BLOCK;
     int32_t n_rows = (want < s->cap ? (int32_t)want : s->cap) + LS_KV_ROW_PAD;
     cache_bufs b;
-    if (!alloc_cache(&b, s->m, s->loops, n_rows, s->kv_mode)) return LS_ERR_NOMEM;
+    if (!alloc_cache(&b, s->m, s->units, n_rows, s->kv_mode)) return LS_ERR_NOMEM;
     copy_cache(s, &b, n_rows);
     cache_bufs old = {.kc = s->kc, .vc = s->vc, .kp = s->kp, .vp = s->vp, .kq = s->kq, .vq = s->vq};
     free_cache(s->m, &old);
     adopt_cache(s, &b, n_rows);
     return LS_OK;
+}
+
+int32_t ls_session_defer_reserve(ls_session *s, int32_t end) {
+    if (end <= s->def_cap) return LS_OK;
+    if (end > s->max_seq) return LS_ERR_ARG;
+    int32_t cap = s->def_cap < LS_KV_BLOCK ? LS_KV_BLOCK : s->def_cap;
+    while (cap < end) cap = cap > s->max_seq / 2 ? s->max_seq : 2 * cap;
+    if (cap > s->max_seq) cap = s->max_seq;
+    size_t dim = (size_t)s->m->info.dim;
+    float *h = alloc0(s->m, (size_t)cap * dim * sizeof *h);
+    int32_t *units = alloc0(s->m, (size_t)cap * sizeof *units);
+    if (!h || !units) {
+        release(s->m, h);
+        release(s->m, units);
+        return LS_ERR_NOMEM;
+    }
+    if (s->def_cap > 0) {
+        memcpy(h, s->def_h, (size_t)s->def_cap * dim * sizeof *h);
+        memcpy(units, s->def_units, (size_t)s->def_cap * sizeof *units);
+    }
+    release(s->m, s->def_h);
+    release(s->m, s->def_units);
+    s->def_h = h;
+    s->def_units = units;
+    s->def_cap = cap;
+    return LS_OK;
+}
+
+void ls_session_defer(ls_session *s, int32_t pos, int32_t units, const float *h) {
+    const size_t dim = (size_t)s->m->info.dim;
+    memcpy(s->def_h + (size_t)pos * dim, h, dim * sizeof *h);
+    s->def_units[pos] = units;
 }
 
 ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *err, int32_t err_len) {
@@ -187,7 +224,7 @@ ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *e
     size_t kv_dim = (size_t)mi->n_kv_heads * hd, nth = (size_t)m->rt->n_threads;
     int32_t first_rows = (s->cap < LS_KV_FIRST_ROWS ? s->cap : LS_KV_FIRST_ROWS) + LS_KV_ROW_PAD;
     cache_bufs cache;
-    int cache_ok = alloc_cache(&cache, m, s->loops, first_rows, kv_mode);
+    int cache_ok = alloc_cache(&cache, m, s->units, first_rows, kv_mode);
     if (cache_ok) adopt_cache(s, &cache, first_rows);
     s->kv_nb = cache.c.nb;
     s->kv_np = cache.c.np;
@@ -198,8 +235,8 @@ ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *e
         cache_ok = cache_ok && s->kv_codes && s->kv_params;
     }
     s->tokens = alloc0(m, (size_t)max_seq * sizeof *s->tokens);
-    s->loop_len = alloc0(m, (size_t)s->loops * sizeof *s->loop_len);
-    s->loop_lo = alloc0(m, (size_t)s->loops * sizeof *s->loop_lo);
+    s->unit_len = alloc0(m, (size_t)s->units * sizeof *s->unit_len);
+    s->unit_lo = alloc0(m, (size_t)s->units * sizeof *s->unit_lo);
     s->h = alloc0(m, C * dim * sizeof(float));
     s->xb = alloc0(m, C * dim * sizeof(float));
     s->q = alloc0(m, C * dim * sizeof(float));
@@ -212,7 +249,7 @@ ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *e
     s->rope = alloc0(m, C * hd * sizeof(float));
     s->scores = alloc0(m, ls_bytes_of((size_t)m->rt->n_threads * LS_ATT_GROUP, (size_t)s->cap, 1, 1, sizeof(float)));
     s->logits = alloc0(m, (size_t)mi->vocab_size * sizeof(float));
-    if (!cache_ok || !s->tokens || !s->loop_len || !s->loop_lo || !s->h || !s->xb || !s->q || !s->k ||
+    if (!cache_ok || !s->tokens || !s->unit_len || !s->unit_lo || !s->h || !s->xb || !s->q || !s->k ||
         !s->v || !s->k16 || !s->att || !s->g || !s->u || !s->rope || !s->scores || !s->logits) {
         ls_set_error(err, err_len, "out of memory allocating a session (max_seq %d, loops %d, window %d)", max_seq,
                      loops, cache_window);
@@ -225,7 +262,7 @@ ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *e
 void ls_session_free(ls_session *s) {
     if (!s) return;
     ls_ext_free_all(s->ext, LS_SESSION_EXT_N);
-    void *bufs[] = {s->tokens, s->loop_len, s->loop_lo, s->kc, s->vc, s->kq, s->kp, s->vq, s->vp,
+    void *bufs[] = {s->tokens, s->unit_len, s->unit_lo, s->def_h, s->def_units, s->kc, s->vc, s->kq, s->kp, s->vq, s->vp,
                     s->kv_codes, s->kv_params, s->h, s->xb, s->q, s->k, s->v, s->k16, s->att, s->g, s->u,
                     s->rope, s->scores, s->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) release(s->m, bufs[i]);
@@ -242,7 +279,7 @@ int32_t ls_session_last_steps(const ls_session *s) { return s ? s->last_steps : 
 
 int32_t ls_session_rollback(ls_session *s, int32_t pos) {
     if (!s) return LS_ERR_ARG;
-    int32_t rc = ls_rollback_loops(s->loop_len, s->loop_lo, s->loops, s->window, s->pos, pos);
+    int32_t rc = ls_rollback_units(s->unit_len, s->unit_lo, s->units, s->window, s->pos, pos);
     if (rc == LS_OK) s->pos = pos;
     return rc;
 }
@@ -252,13 +289,17 @@ int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src, int32_t n
     int32_t rc = ls_check_copy_prefix(ls_session_view(dst), ls_session_view(src), n);
     if (rc != LS_OK) return rc;
     rc = ls_session_reserve(dst, n);
+    /* positions lacking dst's deepest unit keep their deferred states */
+    int32_t held = src->unit_len[dst->units - 1] < n ? src->unit_len[dst->units - 1] : n;
+    if (rc == LS_OK && held < n) rc = ls_session_defer_reserve(dst, n);
     if (rc != LS_OK) return rc;
-    for (int32_t l = 0; l < dst->loops; l++) {
-        int32_t lo = ls_prefix_lo(src->loop_lo[l], n, dst->cap);
-        for (int32_t p = lo; p < n; p++) ls_kv_copy_row(dst, l, p % dst->cap, src, l, p % src->cap);
-        dst->loop_len[l] = n;
-        dst->loop_lo[l] = lo;
+    for (int32_t l = 0; l < dst->units; l++) {
+        int32_t lo = ls_prefix_lo(src->unit_lo[l], n, dst->cap), len = src->unit_len[l] < n ? src->unit_len[l] : n;
+        for (int32_t p = lo; p < len; p++) ls_kv_copy_row(dst, l, p % dst->cap, src, l, p % src->cap);
+        dst->unit_len[l] = len;
+        dst->unit_lo[l] = lo;
     }
+    for (int32_t p = held; p < n; p++) ls_session_defer(dst, p, src->def_units[p], src->def_h + (size_t)p * dst->m->info.dim);
     memcpy(dst->tokens, src->tokens, (size_t)n * sizeof *dst->tokens);
     dst->pos = n;
     return LS_OK;

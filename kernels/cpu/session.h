@@ -32,6 +32,15 @@
  * Every entry point that stores K/V calls it before changing anything. */
 int32_t ls_session_reserve(ls_session *s, int32_t end);
 
+/* Makes room for the deferred-unit states (exact early exit) of positions
+ * [0, end): LS_OK, or LS_ERR_NOMEM with the session unchanged. Every entry
+ * point that may keep a state calls it before changing anything. */
+int32_t ls_session_defer_reserve(ls_session *s, int32_t end);
+
+/* Keeps position pos's hidden state h (dim), the input of its unit `units`,
+ * whose units from there on are deferred; room reserved. */
+void ls_session_defer(ls_session *s, int32_t pos, int32_t units, const float *h);
+
 /* Draws the next token from logits, the last row the session was fed, as
  * ls_session_step does (history: the session's tokens; RNG counter: its
  * position). Shared by ls_session_step and ls_batch_step; reads only s, so

@@ -1,6 +1,6 @@
 /*
  * session_state.h — a session's state as the CPU files read it: positions
- * per loop, the token history, the K/V cache in the session's mode
+ * per unit, the token history, the K/V cache in the session's mode
  * (layouts in kvcache.h), scratch for one chunk, and the modules'
  * extension slots. session.c allocates and grows it (session.h); the
  * forward pass (forward.h), attention (attention.h) and the K/V store
@@ -19,22 +19,26 @@
 struct ls_session {
     ls_model *m;
     int32_t max_seq;  /* most positions ever held */
-    int32_t loops;    /* cache units: the session's loops (steps) x the model's n_layers; unit u is
+    int32_t units;    /* cache units: the session's loops (steps) x the model's n_layers; unit u is
                        * layer u % n_layers of step u / n_layers, with its own K/V cache */
     int32_t window;   /* 0 = full attention, else W */
-    int32_t cap;      /* ring rows per loop: max_seq, or min(max_seq, W + LS_CHUNK); position p is slot p % cap */
-    int32_t rows;     /* cache rows allocated per loop and kv head: at most cap usable plus
+    int32_t cap;      /* ring rows per unit: max_seq, or min(max_seq, W + LS_CHUNK); position p is slot p % cap */
+    int32_t rows;     /* cache rows allocated per unit and kv head: at most cap usable plus
                        * LS_KV_ROW_PAD, grown in blocks by ls_session_reserve; the strides
                        * below are rows' */
     int32_t ldk;      /* row stride of the transposed key cache (>= rows) */
     int32_t pos;      /* tokens fed (history length) */
     int32_t last_steps; /* steps the last sampled token ran (ls_session_last_steps) */
     int32_t *tokens;  /* (max_seq) token history */
-    int32_t *loop_len; /* (loops) positions [0, loop_len) written in loop l's cache */
-    int32_t *loop_lo;  /* (loops) oldest position the ring still holds for loop l */
-    uint16_t *kc;     /* (loops, n_kv_heads, head_dim, ldk) fp16 keys (RoPE applied), transposed;
+    int32_t *unit_len; /* (units) positions [0, unit_len) written in unit l's cache */
+    int32_t *unit_lo;  /* (units) oldest position the ring still holds for unit l */
+    float *def_h;       /* (def_cap, dim) exact early exit: position p's hidden state entering unit def_units[p] */
+    int32_t *def_units; /* (def_cap) the units position p had computed when its state was kept (its later
+                         * units deferred, loopserve.h); NULL until the session first keeps one */
+    int32_t def_cap;    /* positions def_h and def_units have room for */
+    uint16_t *kc;     /* (units, n_kv_heads, head_dim, ldk) fp16 keys (RoPE applied), transposed;
                        * NULL in a quantized mode */
-    uint16_t *vc;     /* (loops, n_kv_heads, rows, head_dim) fp16 values; NULL in a quantized mode */
+    uint16_t *vc;     /* (units, n_kv_heads, rows, head_dim) fp16 values; NULL in a quantized mode */
 
     /* key/value cache mode (loopserve.h LS_KV_*, layouts in kvcache.h) */
     int32_t kv_mode;  /* ls_session_params.kv_mode */
@@ -42,10 +46,10 @@ struct ls_session {
     int32_t kv_nb;    /* quantized: code bytes per row */
     int32_t kv_np;    /* quantized: fp16 parameters per row */
     int32_t ldq;      /* quantized: row stride (bytes) of the transposed key codes (>= rows) */
-    uint8_t *kq;      /* (loops, n_kv_heads, kv_nb, ldq) key codes, transposed; NULL in fp16 modes */
-    uint16_t *kp;     /* (loops, n_kv_heads, kv_np, rows) key scales / offsets, transposed */
-    uint8_t *vq;      /* (loops, n_kv_heads, rows, kv_nb) value codes */
-    uint16_t *vp;     /* (loops, n_kv_heads, rows, kv_np) value scales / offsets */
+    uint8_t *kq;      /* (units, n_kv_heads, kv_nb, ldq) key codes, transposed; NULL in fp16 modes */
+    uint16_t *kp;     /* (units, n_kv_heads, kv_np, rows) key scales / offsets, transposed */
+    uint8_t *vq;      /* (units, n_kv_heads, rows, kv_nb) value codes */
+    uint16_t *vp;     /* (units, n_kv_heads, rows, kv_np) value scales / offsets */
     uint8_t *kv_codes;  /* (n_threads, head_dim) per thread: one key row on its way into the cache */
     uint16_t *kv_params; /* (n_threads, kv_np) */
 
@@ -68,8 +72,8 @@ struct ls_session {
 
 /* The session's bookkeeping as session_rules.h reads it. */
 static inline ls_seq_view ls_session_view(const ls_session *s) {
-    ls_seq_view v = {s->m, s->max_seq, s->loops, s->m->info.n_layers, s->window, s->cap, s->kv_mode, s->pos,
-                     s->loop_len, s->loop_lo};
+    ls_seq_view v = {s->m, s->max_seq, s->units, s->m->info.n_layers, s->window, s->cap, s->kv_mode, s->pos,
+                     s->unit_len, s->unit_lo, s->def_units};
     return v;
 }
 

@@ -5,7 +5,7 @@
  * [0, V) and in the history, plus a pending token x (sampled, not yet fed).
  * One cycle:
  *
- *   draft   x, d1, ..., dk go through loops [0, D) one token at a time; the
+ *   draft   x, d1, ..., dk go through units [0, D) one token at a time; the
  *           draft head on token i's loop-D state proposes d(i+1). Each
  *           token's loop-D hidden state is kept.
  *   verify  ONE batched pass resumes those k+1 states at loop D and runs
@@ -19,7 +19,7 @@
  *
  * A draft deeper than the verifier (D > V) is allowed: each drafted token
  * runs loops [0, V) once, which is already its verifier state (no verify
- * pass), and its draft state goes on through loops [V, D). The caches of
+ * pass), and its draft state goes on through units [V, D). The caches of
  * loops [V, D) then follow the committed positions like the others; plain
  * decoding at V (the prompt's prefill) never wrote them, so the first such
  * cycle fills them in (ls_forward_deepen).
@@ -251,7 +251,7 @@ static int32_t head_batch(const scratch *x, int32_t r0, int32_t n) {
 /* Commits positions [p, p + n) (history already written) in loops [0, L). */
 static void commit(ls_session *s, int32_t L, int32_t p, int32_t n) {
     s->pos = p + n;
-    for (int32_t l = 0; l < L; l++) s->loop_len[l] = p + n;
+    for (int32_t l = 0; l < L; l++) s->unit_len[l] = p + n;
 }
 
 /* Undoes a failed cycle: nothing past p was committed. */
@@ -270,15 +270,15 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
     int32_t *tok = x->tok;
     tok[0] = pending;
 
-    // draft: one token at a time through loops [0, D); with D > V the
+    // draft: one token at a time through units [0, D); with D > V the
     // loop-V state stays in h (the verifier's) and a copy goes on to loop D
     for (int32_t i = 0; i <= k; i++) {
         float *hi = x->h + (size_t)i * dim, *hd = c->D > c->V ? x->hb : hi;
         ls_forward_embed(s, &tok[i], 1, hi);
-        int32_t rc = ls_forward_loops(s, hi, 1, p + i, 0, c->M);
+        int32_t rc = ls_forward_units(s, hi, 1, p + i, 0, c->M);
         if (rc == LS_OK && hd != hi) {
             memcpy(hd, hi, (size_t)dim * sizeof *hd);
-            rc = ls_forward_loops(s, hd, 1, p + i, c->V, c->D);
+            rc = ls_forward_units(s, hd, 1, p + i, c->V, c->D);
         }
         if (rc != LS_OK) return abandon(s, c->L, p, rc);
         s->tokens[p + i] = tok[i];
@@ -301,7 +301,7 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
 
     // verify: one batched pass over loops [D, V) from the kept loop-D states
     if (c->V > c->D) {
-        int32_t rc = ls_forward_loops(s, x->h, k + 1, p, c->D, c->V);
+        int32_t rc = ls_forward_units(s, x->h, k + 1, p, c->D, c->V);
         if (rc != LS_OK) return abandon(s, c->L, p, rc);
     }
 
@@ -402,10 +402,10 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
     // the spine's loop-D state is kept in hb row 0, as the passes below leave it)
     tok[0] = pending;
     ls_forward_embed(s, &tok[0], 1, x->h);
-    int32_t rc = ls_forward_loops(s, x->h, 1, p, 0, c->M);
+    int32_t rc = ls_forward_units(s, x->h, 1, p, 0, c->M);
     if (rc == LS_OK && c->D > c->V) {
         memcpy(x->hb, x->h, (size_t)dim * sizeof *x->hb);
-        rc = ls_forward_loops(s, x->hb, 1, p, c->V, c->D);
+        rc = ls_forward_units(s, x->hb, 1, p, c->V, c->D);
     }
     if (rc != LS_OK) return abandon(s, c->L, p, rc);
     s->tokens[p] = pending;
@@ -456,7 +456,7 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
         s->tokens[p + d] = tok[d];
     }
 
-    // verify: every row through loops [D, V) in one masked pass
+    // verify: every row through units [D, V) in one masked pass
     if (c->V > c->D) {
         ls_tree_rows all = {x->pos, x->slot, x->chain, CHAIN_LD, p};
         ls_forward_tree(s, x->h, n_rows, &all, c->D, c->V);
@@ -521,7 +521,7 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
     x->last_accepted = j;
     /* leaves wrote ring slots up to position p + n_rows - 1 */
     for (int32_t l = 0; l < c->L; l++)
-        if (p + n_rows - cap > s->loop_lo[l]) s->loop_lo[l] = p + n_rows - cap;
+        if (p + n_rows - cap > s->unit_lo[l]) s->unit_lo[l] = p + n_rows - cap;
     if (stats) {
         stats[0] = n_rows - 1;
         stats[1] = j;
@@ -549,7 +549,7 @@ int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_param
     };
     /* the cycle runs cache units: a step is the model's n_layers of them */
     const int64_t layers = mi->n_layers;
-    if (c.D < 1 || c.V < 1 || c.D * layers > s->loops || c.V * layers > s->loops) return LS_ERR_ARG;
+    if (c.D < 1 || c.V < 1 || c.D * layers > s->units || c.V * layers > s->units) return LS_ERR_ARG;
     c.D *= (int32_t)layers;
     c.V *= (int32_t)layers;
     c.M = c.D < c.V ? c.D : c.V;
@@ -567,7 +567,7 @@ int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_param
     if (!(c.leaf_min_prob >= 0.0f && c.leaf_min_prob <= 1.0f)) return LS_ERR_ARG;
 
     int32_t p = s->pos;
-    if (!ls_loops_hold(s->loop_len, s->loop_lo, 0, c.V, p, s->window)) return LS_ERR_STATE;
+    if (!ls_units_ready(ls_session_view(s), c.V)) return LS_ERR_STATE;
     c.k = prm->draft_ahead < prm->max_new - 1 ? prm->draft_ahead : prm->max_new - 1;
     if (c.k == 0) c.K = 1;
     /* every row of the cycle needs its own position (tree leaves: their own
@@ -575,6 +575,8 @@ int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_param
      * overwrites a row the cycle or the next one reads */
     if (p + 1 + c.k * c.K > s->max_seq) return LS_ERR_FULL;
     int32_t rc = ls_session_reserve(s, p + 1 + c.k * c.K);
+    /* units earlier exact exits deferred: as deep as the draft goes where they exist that deep */
+    if (rc == LS_OK) rc = ls_forward_settle(s, ls_units_ready(ls_session_view(s), c.L) ? c.L : c.V);
     if (rc == LS_OK && c.D > c.V) rc = ls_forward_deepen(s, c.V, c.D);
     if (rc == LS_OK) rc = ensure_scratch(s);
     if (rc == LS_OK && !c.exact_draft && c.k > 0) rc = ls_draft_head_build(s->m);

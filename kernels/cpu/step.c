@@ -21,7 +21,7 @@ int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, const l
         int32_t rc = ls_batch_step(s->m, &s, &row, 1, tokens, logits_out, &out);
         return rc != LS_OK ? rc : out;
     }
-    if (params->exit_threshold > 0.0f) return LS_ERR_ARG; /* the model has no exit gate */
+    if (params->exit_policy != LS_EXIT_NONE) return LS_ERR_ARG; /* the model has no exit gate */
     float *logits = logits_out ? logits_out : s->logits;
     int32_t rc = ls_session_forward(s, tokens, n, params->loops, logits, 1);
     if (rc != LS_OK) return rc;

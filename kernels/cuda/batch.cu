@@ -1,7 +1,7 @@
 /*
  * batch.cu — ls_batch_step for the GPU, on the plan of kernels/cpu/batch.c:
  * the same checks (batch_rules.h), rows ordered shallowest first so the
- * rows still running at loop l are a suffix of the block (a depth-ragged
+ * rows still running at unit l are a suffix of the block (a depth-ragged
  * batch), cut into blocks of at most LS_CHUNK rows that each run
  * through all their loops before the next, and one output-head pass over
  * every sampling row. Each launch covers every running row of the block,
@@ -177,7 +177,7 @@ static cudaError_t upload_block(ls_model *m, ls_session *const *sessions, const 
     return cudaMemcpy(b->act.rows, b->rows_host, (size_t)T * sizeof(lsc_row_cache), cudaMemcpyHostToDevice);
 }
 
-/* The launches of one uploaded block: embeddings, every loop over the rows
+/* The launches of one uploaded block: embeddings, every unit over the rows
  * still running, and each sampling row's final hidden state copied to
  * b->last[slot[row]]. Stream work only: it may be captured. */
 static cudaError_t block_kernels(ls_model *m, const ls_batch_piece *pieces, int32_t n_pieces, lsc_batch *b,
@@ -193,14 +193,14 @@ static cudaError_t block_kernels(ls_model *m, const ls_batch_piece *pieces, int3
     if (e != cudaSuccess) return e;
     for (int32_t l = 0, lo = 0, start = 0;; l++) {
         /* pieces are shallowest first: drop the ones whose loops are done */
-        while (lo < n_pieces && pieces[lo].loops <= l) start += pieces[lo++].n;
+        while (lo < n_pieces && pieces[lo].units <= l) start += pieces[lo++].n;
         if (lo == n_pieces) break;
         /* the running rows' own state moves with the suffix; the rest is scratch */
         lsc_block view = b->act;
         view.h += (size_t)start * dim;
         view.rope += (size_t)start * hd;
         view.rows += start;
-        e = lsc_block_loop(m, &view, T - start, l, what);
+        e = lsc_block_unit(m, &view, T - start, l, what);
         if (e != cudaSuccess) return e;
     }
     for (int32_t i = 0, r0 = 0; i < n_pieces; r0 += pieces[i].n, i++) {
@@ -237,7 +237,7 @@ static void shape_of(lsc_step_shape *sh, const ls_batch_piece *pieces, int32_t n
         int32_t *e = sh->piece[i];
         e[0] = p->first;
         e[1] = p->n;
-        e[2] = p->loops;
+        e[2] = p->units;
         e[3] = p->last ? slot[p->row] : -1;
     }
 }
@@ -320,8 +320,8 @@ static int run_block_call(void *ctx, const ls_batch_piece *pieces, int32_t n) {
                          : block_kernels(c->m, pieces, n, c->b, c->slot, &c->what);
     if (c->e != cudaSuccess) return 1;
     for (int32_t l = 0, lo = 0; lo < n; l++) {
-        while (lo < n && pieces[lo].loops <= l) lo++;
-        if (lo < n) ls_batch_loop_done(c->sessions, pieces, lo, n, l);
+        while (lo < n && pieces[lo].units <= l) lo++;
+        if (lo < n) ls_batch_unit_done(c->sessions, pieces, lo, n, l);
     }
     ls_batch_block_done(c->sessions, pieces, n, c->tokens);
     return 0;
@@ -397,7 +397,7 @@ extern "C" int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const
     /* Work another thread queued for these sessions (a new session's zero
      * fill, a prefix copy) finishes first: with per-thread default streams
      * nothing else orders it before this step when it runs on the model's
-     * step thread (ls_batch_begin). */
+     * pipeline thread (ls_pipeline_begin). */
     if (call.e == cudaSuccess) {
         call.what = "waiting for the device";
         call.e = cudaDeviceSynchronize();

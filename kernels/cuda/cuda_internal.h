@@ -84,7 +84,7 @@ struct ls_runtime {
 };
 
 /* Where one token row's K/V go and which positions it attends to: its
- * session's caches (loop l starts loop_stride elements after loop l - 1),
+ * session's caches (unit l starts loop_stride elements after unit l - 1),
  * ring rows, window and the token's position. One per row of a block, so
  * one launch stores and attends for rows of many sessions. */
 typedef struct {
@@ -110,24 +110,24 @@ typedef struct {
 struct ls_session {
     ls_model *m;
     int32_t max_seq;   /* most positions ever held */
-    int32_t loops;     /* loops the caches exist for */
+    int32_t units;     /* cache units (steps x layers) the caches exist for */
     int32_t window;    /* 0 = full attention, else W */
-    int32_t cap;       /* cache rows per loop: max_seq, or W + LS_CHUNK */
+    int32_t cap;       /* cache rows per unit: max_seq, or W + LS_CHUNK */
     int32_t pos;       /* tokens fed (history length) */
     int32_t last_steps; /* loops of the last sampled token (ls_session_last_steps) */
     int32_t failed;    /* a CUDA call failed mid-step: the caches are unknown */
 
     /* host */
     int32_t *tokens;   /* (max_seq) token history, for ls_sample's penalty */
-    int32_t *loop_len; /* (loops) positions [0, loop_len) written in loop l */
-    int32_t *loop_lo;  /* (loops) oldest position the ring still holds for loop l */
+    int32_t *unit_len; /* (units) positions [0, unit_len) written in unit l */
+    int32_t *unit_lo;  /* (units) oldest position the ring still holds for unit l */
     float *rope_host;  /* (LS_CHUNK, head_dim / 2, 2) cos, sin */
     float *logits_host; /* (vocab_size) for a host-side draw */
 
     /* device */
     int32_t *d_tokens; /* (max_seq) the same history, for the device penalty */
-    __half *kc;        /* (loops, n_kv_heads, cap, head_dim) keys, RoPE applied */
-    __half *vc;        /* (loops, n_kv_heads, cap, head_dim) values */
+    __half *kc;        /* (units, n_kv_heads, cap, head_dim) keys, RoPE applied */
+    __half *vc;        /* (units, n_kv_heads, cap, head_dim) values */
     lsc_block act;     /* (LS_CHUNK, ...) this session's activations */
     float *logits;     /* (LS_CHUNK, vocab_size) */
     float *penalized;  /* (vocab_size) logits after the repetition penalty */
@@ -136,7 +136,7 @@ struct ls_session {
 
 /* The session's bookkeeping as session_rules.h reads it (fp16 cache only). */
 static inline ls_seq_view ls_session_view(const ls_session *s) {
-    ls_seq_view v = {s->m, s->max_seq, s->loops, s->m->info.n_layers, s->window, s->cap, LS_KV_FP16, s->pos, s->loop_len, s->loop_lo};
+    ls_seq_view v = {s->m, s->max_seq, s->units, s->m->info.n_layers, s->window, s->cap, LS_KV_FP16, s->pos, s->unit_len, s->unit_lo, NULL};
     return v;
 }
 
@@ -154,7 +154,7 @@ void lsc_block_free(lsc_block *b);
  * all of them: norms, matmuls (each weight row read once per tile of
  * tokens), and the K/V store and attention of each row in its own
  * session's cache (view->rows). On failure *what names the launch. */
-cudaError_t lsc_block_loop(const ls_model *m, const lsc_block *view, int32_t T, int32_t loop, const char **what);
+cudaError_t lsc_block_unit(const ls_model *m, const lsc_block *view, int32_t T, int32_t unit, const char **what);
 
 /* Fills n row descriptors of session s for positions pos0.. */
 void lsc_session_rows(lsc_row_cache *rows, const ls_session *s, int32_t pos0, int32_t n);
@@ -188,18 +188,18 @@ cudaError_t lsc_matmul_swiglu(float *g, int32_t ldg, const float *x, int32_t ldx
 
 /* Rotates the query and key heads of T rows of qkv ((T, ld): q, k, v) in
  * place (cs (T, hd/2, 2)), then stores the keys and values as fp16 into
- * loop `loop` of each row's cache (n_kv, cap, hd), at ring row
+ * loop `unit` of each row's cache (n_kv, cap, hd), at ring row
  * rows[t].pos % cap. */
 cudaError_t lsc_rope_store(float *qkv, int32_t ld, int32_t n_heads, int32_t n_kv, int32_t hd, const float *cs,
-                           const lsc_row_cache *rows, int32_t loop, int32_t T);
+                           const lsc_row_cache *rows, int32_t unit, int32_t T);
 
 /* att[t, h] = softmax(q[t, h] · K / sqrt(hd)) · V over the positions token t
  * sees (causal up to rows[t].pos, its last `window` when window > 0) in
- * loop `loop` of its cache; q rows ldq apart, att rows packed. */
-cudaError_t lsc_attention(float *att, const float *q, int32_t ldq, const lsc_row_cache *rows, int32_t loop,
+ * loop `unit` of its cache; q rows ldq apart, att rows packed. */
+cudaError_t lsc_attention(float *att, const float *q, int32_t ldq, const lsc_row_cache *rows, int32_t unit,
                           int32_t n_heads, int32_t n_kv, int32_t hd, int32_t T);
 
-/* Copies positions [lo, n) of one loop's cache (n_kv, cap, hd) from a ring
+/* Copies positions [lo, n) of one unit's cache (n_kv, cap, hd) from a ring
  * of scap rows to one of dcap rows (position p lives in row p % cap). */
 cudaError_t lsc_copy_rows(__half *dst, int32_t dcap, const __half *src, int32_t scap, int32_t n_kv, int32_t hd,
                           int32_t lo, int32_t n);

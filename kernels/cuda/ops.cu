@@ -177,10 +177,10 @@ cudaError_t lsc_matmul_swiglu(float *g, int32_t ldg, const float *x, int32_t ldx
 /* One block per token row of qkv ((T, ld): q, then k, then v): rotates
  * pairs (i, i + hd/2) of the n_heads query and n_kv key vectors in place
  * (cs: the row's (hd/2, 2) cos, sin), then stores the rotated keys and the
- * values as fp16 into loop `loop` of the row's cache (n_kv, cap, hd), at
+ * values as fp16 into loop `unit` of the row's cache (n_kv, cap, hd), at
  * ring row rows[t].pos % cap. */
 __global__ static void k_rope_store(float *qkv, int32_t ld, int32_t n_heads, int32_t n_kv, int32_t hd,
-                                    const float *cs, const lsc_row_cache *rows, int32_t loop) {
+                                    const float *cs, const lsc_row_cache *rows, int32_t unit) {
     int32_t t = blockIdx.x, half = hd / 2;
     const float *c = cs + (size_t)t * hd;
     float *xt = qkv + (size_t)t * ld;
@@ -194,7 +194,7 @@ __global__ static void k_rope_store(float *qkv, int32_t ld, int32_t n_heads, int
     }
     __syncthreads(); // the rotated keys are read by other threads below
     const lsc_row_cache r = rows[t];
-    __half *kc = r.kc + loop * r.loop_stride, *vc = r.vc + loop * r.loop_stride;
+    __half *kc = r.kc + unit * r.loop_stride, *vc = r.vc + unit * r.loop_stride;
     int32_t row = r.pos % r.cap, kv_dim = n_kv * hd;
     const float *k = xt + (size_t)n_heads * hd, *v = k + kv_dim;
     for (int32_t idx = threadIdx.x; idx < kv_dim; idx += blockDim.x) {
@@ -206,8 +206,8 @@ __global__ static void k_rope_store(float *qkv, int32_t ld, int32_t n_heads, int
 }
 
 cudaError_t lsc_rope_store(float *qkv, int32_t ld, int32_t n_heads, int32_t n_kv, int32_t hd, const float *cs,
-                           const lsc_row_cache *rows, int32_t loop, int32_t T) {
-    k_rope_store<<<T, LS_CUDA_BLOCK>>>(qkv, ld, n_heads, n_kv, hd, cs, rows, loop);
+                           const lsc_row_cache *rows, int32_t unit, int32_t T) {
+    k_rope_store<<<T, LS_CUDA_BLOCK>>>(qkv, ld, n_heads, n_kv, hd, cs, rows, unit);
     return cudaGetLastError();
 }
 
@@ -244,14 +244,14 @@ cudaError_t lsc_copy_rows(__half *dst, int32_t dcap, const __half *src, int32_t 
  * keeps its own online softmax (max m, sum l, output acc), and the warps
  * are merged in warp order at the end. Every order is fixed by the
  * position count alone. */
-__global__ static void __launch_bounds__(ATT_THREADS) k_attention(float *att, const float *q, int32_t ldq, const lsc_row_cache *rows, int32_t loop,
+__global__ static void __launch_bounds__(ATT_THREADS) k_attention(float *att, const float *q, int32_t ldq, const lsc_row_cache *rows, int32_t unit,
                                    int32_t n_heads, int32_t n_kv, int32_t hd) {
     __shared__ float ws_m[ATT_WARPS], ws_l[ATT_WARPS], ws_f[ATT_WARPS];
     __shared__ float ws_acc[ATT_WARPS][LS_CUDA_MAX_HEAD_DIM];
     int32_t head = blockIdx.x, t = blockIdx.y;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const lsc_row_cache r = rows[t];
-    const __half *kc = r.kc + loop * r.loop_stride, *vc = r.vc + loop * r.loop_stride;
+    const __half *kc = r.kc + unit * r.loop_stride, *vc = r.vc + unit * r.loop_stride;
     int32_t p = r.pos, window = r.window, cap = r.cap;
     int32_t lo = (window > 0 && p - window + 1 > 0) ? p - window + 1 : 0;
     int32_t cnt = p - lo + 1;
@@ -330,9 +330,9 @@ __global__ static void __launch_bounds__(ATT_THREADS) k_attention(float *att, co
     }
 }
 
-cudaError_t lsc_attention(float *att, const float *q, int32_t ldq, const lsc_row_cache *rows, int32_t loop,
+cudaError_t lsc_attention(float *att, const float *q, int32_t ldq, const lsc_row_cache *rows, int32_t unit,
                           int32_t n_heads, int32_t n_kv, int32_t hd, int32_t T) {
     dim3 grid((unsigned)n_heads, (unsigned)T);
-    k_attention<<<grid, ATT_THREADS>>>(att, q, ldq, rows, loop, n_heads, n_kv, hd);
+    k_attention<<<grid, ATT_THREADS>>>(att, q, ldq, rows, unit, n_heads, n_kv, hd);
     return cudaGetLastError();
 }

@@ -1,5 +1,5 @@
 /*
- * runtime.cu — libloopserve_cuda.so's sessions (fp16 K/V cache per loop on
+ * runtime.cu — libloopserve_cuda.so's sessions (fp16 K/V cache per unit on
  * the device) and the forward pass (the weights on the device: weights.cu),
  * behind the ABI of kernels/loopserve.h. The session logic (positions per
  * loop, the windowed ring, rollback rules, argument checks and error codes)
@@ -97,7 +97,7 @@ extern "C" int64_t ls_session_cache_bytes(const ls_model *m, const ls_session_pa
  * ls_session_cache_bytes says from the start. */
 extern "C" int64_t ls_session_cache_bytes_held(const ls_session *s) {
     if (!s) return LS_ERR_ARG;
-    size_t half = ls_bytes_of((size_t)s->loops, (size_t)s->m->info.n_kv_heads, (size_t)s->cap,
+    size_t half = ls_bytes_of((size_t)s->units, (size_t)s->m->info.n_kv_heads, (size_t)s->cap,
                               (size_t)s->m->info.head_dim, sizeof(__half));
     return 2 * (int64_t)half;
 }
@@ -127,11 +127,11 @@ extern "C" ls_session *ls_session_new(ls_model *m, const ls_session_params *para
     size_t cache_bytes = ls_bytes_of((size_t)loops, (size_t)mi->n_kv_heads, (size_t)s->cap, hd, sizeof(__half));
 
     s->tokens = (int32_t *)calloc((size_t)max_seq, sizeof(int32_t));
-    s->loop_len = (int32_t *)calloc((size_t)loops, sizeof(int32_t));
-    s->loop_lo = (int32_t *)calloc((size_t)loops, sizeof(int32_t));
+    s->unit_len = (int32_t *)calloc((size_t)loops, sizeof(int32_t));
+    s->unit_lo = (int32_t *)calloc((size_t)loops, sizeof(int32_t));
     s->rope_host = (float *)calloc(C * hd, sizeof(float));
     s->logits_host = (float *)calloc(vocab, sizeof(float));
-    bool host_ok = s->tokens && s->loop_len && s->loop_lo && s->rope_host && s->logits_host;
+    bool host_ok = s->tokens && s->unit_len && s->unit_lo && s->rope_host && s->logits_host;
     bool dev_ok = host_ok && lsc_dev_alloc((void **)&s->kc, cache_bytes) &&
                   lsc_dev_alloc((void **)&s->vc, cache_bytes) &&
                   lsc_dev_alloc((void **)&s->d_tokens, (size_t)max_seq * sizeof(int32_t)) &&
@@ -158,7 +158,7 @@ extern "C" void ls_session_free(ls_session *s) {
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     lsc_block_free(&s->act);
-    void *host[] = {s->tokens, s->loop_len, s->loop_lo, s->rope_host, s->logits_host, s};
+    void *host[] = {s->tokens, s->unit_len, s->unit_lo, s->rope_host, s->logits_host, s};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
 }
 
@@ -167,7 +167,7 @@ extern "C" int32_t ls_session_pos(const ls_session *s) { return s ? s->pos : LS_
 extern "C" int32_t ls_session_rollback(ls_session *s, int32_t pos) {
     if (!s || pos < 0 || pos > s->pos) return LS_ERR_ARG;
     if (s->failed) return LS_ERR_STATE;
-    int32_t rc = ls_rollback_loops(s->loop_len, s->loop_lo, s->loops, s->window, s->pos, pos);
+    int32_t rc = ls_rollback_units(s->unit_len, s->unit_lo, s->units, s->window, s->pos, pos);
     if (rc == LS_OK) s->pos = pos;
     return rc;
 }
@@ -195,14 +195,14 @@ extern "C" int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src
     int32_t hd = mi->head_dim, n_kv = mi->n_kv_heads;
     ls_session *s = dst; /* TRY marks the destination failed */
     size_t src_loop = (size_t)n_kv * src->cap * hd, dst_loop = (size_t)n_kv * dst->cap * hd;
-    for (int32_t l = 0; l < dst->loops; l++) {
-        int32_t lo = ls_prefix_lo(src->loop_lo[l], n, dst->cap);
+    for (int32_t l = 0; l < dst->units; l++) {
+        int32_t lo = ls_prefix_lo(src->unit_lo[l], n, dst->cap);
         TRY("copying keys", lsc_copy_rows(dst->kc + l * dst_loop, dst->cap, src->kc + l * src_loop, src->cap, n_kv,
                                           hd, lo, n));
         TRY("copying values", lsc_copy_rows(dst->vc + l * dst_loop, dst->cap, src->vc + l * src_loop, src->cap,
                                             n_kv, hd, lo, n));
-        dst->loop_len[l] = n;
-        dst->loop_lo[l] = lo;
+        dst->unit_len[l] = n;
+        dst->unit_lo[l] = lo;
     }
     if (n > 0)
         TRY("copying the token history", cudaMemcpy(dst->d_tokens, src->d_tokens, (size_t)n * sizeof(int32_t),
@@ -226,7 +226,7 @@ extern "C" int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src
 
 /* The attention and feed-forward matmuls of a quantized block: each input
  * quantized once (q, k and v share theirs), then its matrices. */
-static cudaError_t quantized_loop(const ls_model *m, const lsc_block *b, int32_t T, int32_t loop, const char **what) {
+static cudaError_t quantized_unit(const ls_model *m, const lsc_block *b, int32_t T, int32_t unit, const char **what) {
     const ls_model_info *mi = &m->info;
     const ls_runtime *rt = m->rt;
     const lsc_qblock *w = rt->qblock;
@@ -238,8 +238,8 @@ static cudaError_t quantized_loop(const ls_model *m, const lsc_block *b, int32_t
     STEP("wq", lsc_qmatmul(b->qkv, ld, b->q, b->qd, &w->wq, T, 0));
     STEP("wk", lsc_qmatmul(b->qkv + dim, ld, b->q, b->qd, &w->wk, T, 0));
     STEP("wv", lsc_qmatmul(b->qkv + dim + kv_dim, ld, b->q, b->qd, &w->wv, T, 0));
-    STEP("rope and kv store", lsc_rope_store(b->qkv, ld, n_heads, n_kv, hd, b->rope, b->rows, loop, T));
-    STEP("attention", lsc_attention(b->att, b->qkv, ld, b->rows, loop, n_heads, n_kv, hd, T));
+    STEP("rope and kv store", lsc_rope_store(b->qkv, ld, n_heads, n_kv, hd, b->rope, b->rows, unit, T));
+    STEP("attention", lsc_attention(b->att, b->qkv, ld, b->rows, unit, n_heads, n_kv, hd, T));
     STEP("quantizing the attention output", lsc_quantize(b->q, b->qd, b->att, dim, dim, T));
     STEP("wo", lsc_qmatmul(b->h, dim, b->q, b->qd, &w->wo, T, 1));
     STEP("rmsnorm", lsc_rmsnorm(b->xb, b->h, rt->ffn_norm, T, dim, mi->norm_eps));
@@ -250,8 +250,8 @@ static cudaError_t quantized_loop(const ls_model *m, const lsc_block *b, int32_t
     return cudaSuccess;
 }
 
-cudaError_t lsc_block_loop(const ls_model *m, const lsc_block *b, int32_t T, int32_t loop, const char **what) {
-    if (m->rt->qblock) return quantized_loop(m, b, T, loop, what);
+cudaError_t lsc_block_unit(const ls_model *m, const lsc_block *b, int32_t T, int32_t unit, const char **what) {
+    if (m->rt->qblock) return quantized_unit(m, b, T, unit, what);
     const ls_model_info *mi = &m->info;
     const ls_runtime *rt = m->rt;
     int32_t dim = mi->dim, hd = mi->head_dim, n_heads = mi->n_heads, n_kv = mi->n_kv_heads;
@@ -261,8 +261,8 @@ cudaError_t lsc_block_loop(const ls_model *m, const lsc_block *b, int32_t T, int
     // attention sub-block
     STEP("rmsnorm", lsc_rmsnorm(b->xb, b->h, rt->attn_norm, T, dim, eps));
     STEP("wqkv", lsc_matmul(b->qkv, ld, b->xb, dim, rt->wqkv, dim, ld, T, 0));
-    STEP("rope and kv store", lsc_rope_store(b->qkv, ld, n_heads, n_kv, hd, b->rope, b->rows, loop, T));
-    STEP("attention", lsc_attention(b->att, b->qkv, ld, b->rows, loop, n_heads, n_kv, hd, T));
+    STEP("rope and kv store", lsc_rope_store(b->qkv, ld, n_heads, n_kv, hd, b->rope, b->rows, unit, T));
+    STEP("attention", lsc_attention(b->att, b->qkv, ld, b->rows, unit, n_heads, n_kv, hd, T));
     STEP("wo", lsc_matmul(b->h, dim, b->att, dim, rt->wo, dim, dim, T, 1));
     // feed-forward sub-block
     STEP("rmsnorm", lsc_rmsnorm(b->xb, b->h, rt->ffn_norm, T, dim, eps));
@@ -298,7 +298,7 @@ void lsc_session_rows(lsc_row_cache *rows, const ls_session *s, int32_t pos0, in
     for (int32_t t = 0; t < n; t++) rows[t] = lsc_row_cache{s->kc, s->vc, loop_stride, s->cap, s->window, pos0 + t, 0};
 }
 
-/* One chunk (T <= LS_CHUNK) at positions pos0.. through loops [0, loops):
+/* One chunk (T <= LS_CHUNK) at positions pos0.. through units [0, loops):
  * s->act.h holds the embeddings on entry and the last loop's output on return. */
 static int32_t forward_chunk(ls_session *s, int32_t T, int32_t pos0, int32_t loops) {
     const ls_model_info *mi = &s->m->info;
@@ -310,9 +310,9 @@ static int32_t forward_chunk(ls_session *s, int32_t T, int32_t pos0, int32_t loo
     TRY("copying the row caches", cudaMemcpy(s->act.rows, rows, (size_t)T * sizeof *rows, cudaMemcpyHostToDevice));
     for (int32_t l = 0; l < loops; l++) {
         const char *what = "";
-        cudaError_t e = lsc_block_loop(s->m, &s->act, T, l, &what);
+        cudaError_t e = lsc_block_unit(s->m, &s->act, T, l, &what);
         if (e != cudaSuccess) return fail(s, what, e);
-        ls_seq_advance(s->loop_len, s->loop_lo, l, pos0 + T, s->cap);
+        ls_seq_advance(s->unit_len, s->unit_lo, l, pos0 + T, s->cap);
     }
     return LS_OK;
 }

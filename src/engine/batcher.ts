@@ -11,15 +11,17 @@
 // be alone (ls_batch_step is exact), so who shares a step never changes an
 // output.
 //
-// Pipelined (docs/serving-overhead.md): the step runs on the library's own
-// thread (NativeModel.batchBegin) while the continuations of the step
-// before it run on this one. A decode row's next row is known before its
+// Pipelined steps (SERVICE_PIPELINE_STEPS, docs/serving-overhead.md) are a
+// parameter of the same path: each step runs on the library's own thread
+// (NativeModel.pipelineBegin) while the continuations of the step before
+// it run on this one. A decode row's next row is known before its
 // continuation runs (the same session fed the token it just sampled), and
 // so is a prompt's next chunk, so as one step ends the next begins at once
 // with them; a continuation's row then claims its prediction instead of
 // queuing. A request that ended instead leaves its prediction unclaimed:
 // that step's token for it is dropped and its session freed as the step
-// ends.
+// ends. Not pipelined, a step begins and ends in the same turn, and no row
+// is predicted.
 import { LS_ERR_ARG, LS_ERR_FULL, LS_ERR_STATE } from "../abi/abi.generated.ts";
 import { type BatchRow, NativeError, type NativeModel, type NativeSession } from "./binding.ts";
 
@@ -53,6 +55,20 @@ interface Waiting {
   claim: { row: BatchRow; resolve(token: number): void; reject(e: unknown): void } | null;
 }
 
+/** A step handed to the kernels: its rows, the prompt tokens among them, when it began, and its predicted decode rows by session. */
+interface Step {
+  take: Waiting[];
+  promptTokens: number;
+  started: number;
+  predicted: Map<NativeSession, Waiting>;
+}
+
+/** A step that ended, with each row's token. */
+interface Ended {
+  step: Step;
+  out: Int32Array;
+}
+
 /** A refusal ls_batch_step makes before changing any session. */
 const refusedUnchanged = (e: unknown) => e instanceof NativeError && [LS_ERR_ARG, LS_ERR_FULL, LS_ERR_STATE].includes(e.code);
 
@@ -63,7 +79,7 @@ const successor = (row: BatchRow, token: number): BatchRow => ({
   loops: row.loops,
   sampling: row.sampling,
   logitsOut: row.logitsOut,
-  exitThreshold: row.exitThreshold,
+  exit: row.exit,
 });
 
 const sameRow = (a: BatchRow, b: BatchRow) =>
@@ -74,7 +90,7 @@ const sameRow = (a: BatchRow, b: BatchRow) =>
   a.loops === b.loops &&
   a.sampling === b.sampling &&
   (a.logitsOut ?? null) === (b.logitsOut ?? null) &&
-  (a.exitThreshold ?? 0) === (b.exitThreshold ?? 0);
+  a.exit === b.exit;
 
 export class StepBatcher {
   /** Decode rows for the next step. */
@@ -84,8 +100,8 @@ export class StepBatcher {
   private scheduled = false;
   /** Sessions a dropped prediction advanced past what their request saw: no row may follow on them. */
   private readonly overrun = new WeakSet<NativeSession>();
-  /** Pipelined: the step on the library's thread, and its predicted decode rows by session. */
-  private running: { take: Waiting[]; promptTokens: number; started: number; predicted: Map<NativeSession, Waiting> } | null = null;
+  /** Pipelined: the step on the library's thread. */
+  private running: Step | null = null;
 
   constructor(
     private readonly model: NativeModel,
@@ -165,7 +181,7 @@ export class StepBatcher {
       loops: p.row.loops,
       sampling: last ? p.row.sampling : null,
       logitsOut: p.row.logitsOut,
-      exitThreshold: last ? p.row.exitThreshold : undefined,
+      exit: last ? p.row.exit : undefined,
     };
     p.pending = true;
     const w: Waiting = { row, prefill: p, continues: false, claim: null };
@@ -200,63 +216,68 @@ export class StepBatcher {
     p.resolve(finished ? { token, steps: w.row.steps ?? w.row.loops } : null);
   }
 
+  /**
+   * One turn: the step in flight ends (pipelined, the one the turn before
+   * began), the next begins (each continuing decode row's successor, each
+   * prompt's next chunk, then what waits), and then the ended step's tokens
+   * are handed on, so that, pipelined, the next step runs meanwhile. Not
+   * pipelined, the step begun in a turn ends in it.
+   */
   private flush(): void {
     this.scheduled = false;
-    if (this.pipelined) return this.flushPipelined();
-    const { take, promptTokens } = this.takeWaiting();
-    if (take.length === 0) return;
-    const started = performance.now();
-    let out: Int32Array;
-    try {
-      out = this.model.batchStep(take.map((w) => w.row));
-    } catch (e) {
-      return this.failed(take, e);
-    }
-    this.stepped(take, promptTokens, started);
-    take.forEach((w, i) => this.deliver(w, out[i]));
-    if (this.prefills.length > 0) this.schedule();
+    const ended = this.endRunning();
+    const next = this.nextStep(ended);
+    const done = next && this.begin(next);
+    for (const e of [ended, done]) e?.step.take.forEach((w, i) => this.deliver(w, e.out[i]));
+    if (this.running || this.prefills.length > 0) this.schedule();
   }
 
-  /** Ends the running step and delivers its tokens; begins the next step first, so it runs while they are handed on. */
-  private flushPipelined(): void {
-    const ended = this.running;
-    this.running = null;
-    let out: Int32Array | null = null;
-    if (ended) {
-      try {
-        out = this.model.batchEnd();
-        this.stepped(ended.take, ended.promptTokens, ended.started);
-      } catch (e) {
-        this.failed(
-          ended.take.filter((w) => w.claim),
-          e,
-        );
-      }
-    }
-    // The next step: each continuing decode row's successor, each prompt's next chunk, then what waits.
-    const next: Waiting[] = [];
+  /** The next step's rows: the successors of the ended step's continuing decode rows (predicted), then what waits; null when there are none. */
+  private nextStep(ended: Ended | null): Step | null {
+    const take: Waiting[] = [];
     const predicted = new Map<NativeSession, Waiting>();
-    if (ended && out)
-      ended.take.forEach((w, i) => {
-        if (w.prefill) return this.advance(w);
-        if (!w.claim || !w.continues) return;
-        const p: Waiting = { row: successor(w.claim.row, out[i]), continues: true, claim: null };
-        next.push(p);
-        predicted.set(p.row.session, p);
-      });
-    const { take, promptTokens } = this.takeWaiting();
-    next.push(...take);
-    if (next.length > 0) {
-      try {
-        const started = performance.now();
-        this.model.batchBegin(next.map((w) => w.row));
-        this.running = { take: next, promptTokens, started, predicted };
-      } catch (e) {
-        this.failed(take, e); // a prediction's own continuation, when it comes, queues its row anew
-      }
+    ended?.step.take.forEach((w, i) => {
+      if (w.prefill || !w.claim || !w.continues) return;
+      const p: Waiting = { row: successor(w.claim.row, ended.out[i]), continues: true, claim: null };
+      take.push(p);
+      predicted.set(p.row.session, p);
+    });
+    const waiting = this.takeWaiting();
+    take.push(...waiting.take);
+    return take.length === 0 ? null : { take, promptTokens: waiting.promptTokens, started: performance.now(), predicted };
+  }
+
+  /** Hands a step to the kernels: pipelined, it runs on the library's thread until the next turn ends it; else it runs now and ends here. */
+  private begin(step: Step): Ended | null {
+    const rows = step.take.map((w) => w.row);
+    try {
+      if (!this.pipelined) return this.ended(step, this.model.batchStep(rows));
+      this.model.pipelineBegin(rows);
+      this.running = step;
+    } catch (e) {
+      this.failed(step.take, e);
     }
-    if (this.running || this.prefills.length > 0) this.schedule();
-    if (ended && out) ended.take.forEach((w, i) => this.deliver(w, (out as Int32Array)[i]));
+    return null;
+  }
+
+  /** Pipelined: ends the step the turn before began; null when none was running or it failed. */
+  private endRunning(): Ended | null {
+    const step = this.running;
+    this.running = null;
+    if (!step) return null;
+    try {
+      return this.ended(step, this.model.pipelineEnd());
+    } catch (e) {
+      this.failed(step.take, e);
+      return null;
+    }
+  }
+
+  /** A step's tokens are in: counted for the metrics, and each prompt chunk's tokens in its prompt, which may then send its next chunk. */
+  private ended(step: Step, out: Int32Array): Ended {
+    this.stepped(step.take, step.promptTokens, step.started);
+    for (const w of step.take) this.advance(w);
+    return { step, out };
   }
 
   private stepped(take: Waiting[], promptTokens: number, started: number): void {
@@ -277,9 +298,12 @@ export class StepBatcher {
 
   /**
    * A call that threw: a refusal changed nothing, so the rows run one by
-   * one and only the bad one fails; any other failure fails every row.
+   * one and only the bad one fails; any other failure fails every row. A
+   * prediction nobody claimed yet is left out: its continuation, when it
+   * comes, queues its row anew.
    */
-  private failed(take: Waiting[], e: unknown): void {
+  private failed(step: Waiting[], e: unknown): void {
+    const take = step.filter((w) => w.claim);
     if (take.length === 1 || !refusedUnchanged(e)) {
       for (const w of take) w.claim?.reject(e);
       return;

@@ -12,6 +12,9 @@ import {
   LS_ERR_NOMEM,
   LS_ERR_STATE,
   LS_ERR_UNSUPPORTED,
+  LS_EXIT_COPY,
+  LS_EXIT_EXACT,
+  LS_EXIT_NONE,
   LS_FEATURE_PROFILE,
   LS_FEATURE_SPECULATIVE,
   LS_PROFILE_OPS,
@@ -27,7 +30,7 @@ import {
 } from "../abi/abi.generated.ts";
 import { type FieldName, StructView } from "../abi/abi_struct.ts";
 import { describeModelFile } from "./model_descriptor.ts";
-import type { ModelFileInfo, ModelInfo, SamplingParams, SimdChoice } from "./types.ts";
+import type { ExitPlan, ExitPolicy, ModelFileInfo, ModelInfo, SamplingParams, SimdChoice } from "./types.ts";
 
 const { i32, i64_fast, u64, ptr, void: none, cstring } = FFIType;
 
@@ -54,8 +57,8 @@ const symbols = {
   ls_session_forward: { args: [ptr, ptr, i32, i32, ptr, i32], returns: i32 },
   ls_session_step: { args: [ptr, ptr, i32, ptr, ptr], returns: i32 },
   ls_batch_step: { args: [ptr, ptr, ptr, i32, ptr, ptr, ptr], returns: i32 },
-  ls_batch_begin: { args: [ptr, ptr, ptr, i32, ptr, ptr, ptr], returns: i32 },
-  ls_batch_end: { args: [ptr], returns: i32 },
+  ls_pipeline_begin: { args: [ptr, ptr, ptr, i32, ptr, ptr, ptr], returns: i32 },
+  ls_pipeline_end: { args: [ptr], returns: i32 },
   ls_session_cache_bytes: { args: [ptr, ptr], returns: i64_fast },
   ls_session_cache_bytes_held: { args: [ptr], returns: i64_fast },
   ls_sample: { args: [ptr, i32, ptr, i32, ptr, u64], returns: i32 },
@@ -290,11 +293,11 @@ export class NativeModel {
   private batchLogits = new Float32Array(0);
   private begunLogits = new Float32Array(0);
   /** A sampling row's ls_batch_row bytes (n_tokens aside) by its sampling settings: a request's rows differ only in their tokens from step to step. */
-  private readonly sampledRowBytes = new WeakMap<SamplingParams, { loops: number; exit: number; bytes: Uint8Array }>();
+  private readonly sampledRowBytes = new WeakMap<SamplingParams, { loops: number; exit: ExitPlan | undefined; bytes: Uint8Array }>();
 
   /** ls_batch_row of `r` with n_tokens left 0; SamplingParams are never changed once made, so their bytes are kept. */
   private rowBytes(r: BatchRow): Uint8Array {
-    const exit = r.exitThreshold ?? 0;
+    const exit = r.exit;
     const kept = r.sampling ? this.sampledRowBytes.get(r.sampling) : undefined;
     if (kept && kept.loops === r.loops && kept.exit === exit) return kept.bytes;
     const row = new StructView("ls_batch_row").fill({ sample: r.sampling ? 1 : 0 });
@@ -303,7 +306,7 @@ export class NativeModel {
     return row.bytes;
   }
 
-  /** The call's arrays for `rows`: what ls_batch_step and ls_batch_begin take. */
+  /** The call's arrays for `rows`: what ls_batch_step and ls_pipeline_begin take. */
   private batchCall(rows: BatchRow[], begun: boolean): BatchCall {
     const n = rows.length;
     if (n < 1 || n > LS_BATCH_MAX_ROWS) throw new NativeError(`a batch takes 1 to ${LS_BATCH_MAX_ROWS} rows, got ${n}`, LS_ERR_ARG);
@@ -324,7 +327,7 @@ export class NativeModel {
       nTokens += r.tokens.length;
       wantLogits ||= r.sampling !== null && !!r.logitsOut;
     }
-    // A begun step's logits wait for batchEnd in their own buffer, whatever batchStep does meanwhile.
+    // A begun step's logits wait for pipelineEnd in their own buffer, whatever batchStep does meanwhile.
     const buffer = begun ? "begunLogits" : "batchLogits";
     if (wantLogits && this[buffer].length < n * vocab) this[buffer] = new Float32Array(n * vocab);
     const tokens = new Int32Array(nTokens);
@@ -350,7 +353,7 @@ export class NativeModel {
 
   /** Each sampling row's steps, read while its session is as the call left it. */
   private recordSteps(call: BatchCall): void {
-    for (const r of call.rows) if (r.sampling) r.steps = r.exitThreshold ? r.session.lastStepsNow() : r.loops;
+    for (const r of call.rows) if (r.sampling) r.steps = r.exit ? r.session.lastStepsNow() : r.loops;
   }
 
   /**
@@ -367,25 +370,26 @@ export class NativeModel {
     return this.batchResult(c);
   }
 
-  /** The step batchBegin handed to the library's thread, until batchEnd takes its results. */
+  /** The step pipelineBegin handed to the library's thread, until pipelineEnd takes its results. */
   private begun: BatchCall | null = null;
 
   /**
-   * batchStep in two halves (ls_batch_begin, ls_batch_end): the step runs on
-   * the library's own thread and this one is free until batchEnd. Meanwhile
-   * any other call on this model or its sessions first waits for the step
-   * (settle), and a session closed meanwhile is freed once the step is done.
+   * batchStep in two halves, pipelined (ls_pipeline_begin, ls_pipeline_end):
+   * the step runs on the library's own thread and this one is free until
+   * pipelineEnd. Meanwhile any other call on this model or its sessions
+   * first waits for the step (settle), and a session closed meanwhile is
+   * freed once the step is done.
    */
-  batchBegin(rows: BatchRow[]): void {
+  pipelineBegin(rows: BatchRow[]): void {
     if (this.begun) throw new NativeError("a begun batch step has not been ended", LS_ERR_STATE);
     const c = this.batchCall(rows, true);
-    check(this.lib, this.lib.ls_batch_begin(this.pointer, c.sessions, c.params, rows.length, c.tokens, c.logits, c.out), "ls_batch_begin");
+    check(this.lib, this.lib.ls_pipeline_begin(this.pointer, c.sessions, c.params, rows.length, c.tokens, c.logits, c.out), "ls_pipeline_begin");
     for (const r of rows) r.session.inStep = true;
     this.begun = c;
   }
 
   /** The begun step's tokens (waiting for it when it still runs); throws as batchStep does. */
-  batchEnd(): Int32Array {
+  pipelineEnd(): Int32Array {
     const c = this.begun;
     if (!c) throw new NativeError("no batch step was begun", LS_ERR_STATE);
     this.settle();
@@ -397,7 +401,7 @@ export class NativeModel {
   settle(): void {
     const c = this.begun;
     if (!c || c.rc !== null) return;
-    c.rc = this.lib.ls_batch_end(this.pointer);
+    c.rc = this.lib.ls_pipeline_end(this.pointer);
     if (c.rc >= 0) this.recordSteps(c);
     for (const r of c.rows) r.session.stepEnded();
   }
@@ -435,7 +439,7 @@ export class NativeModel {
 
 export class NativeSession {
   private handle: Pointer | null;
-  /** @internal in a step begun by NativeModel.batchBegin that has not ended */
+  /** @internal in a step begun by NativeModel.pipelineBegin that has not ended */
   inStep = false;
   private closeAfterStep = false;
 
@@ -506,12 +510,12 @@ export class NativeSession {
 
   /**
    * Forward of `tokens` then sampling of the next token, in one FFI call; logitsOut receives the last row's logits.
-   * exitThreshold > 0 (a model with an exit gate): the sampled token stops at the first step whose cumulative exit
-   * probability reaches it, within `loops` steps (lastSteps says where).
+   * With an exit rule (a model with an exit gate), the sampled token may stop before `loops` steps (lastSteps says
+   * where).
    */
-  step(tokens: Int32Array, loops: number, sampling: SamplingParams, logitsOut: Float32Array | null = null, exitThreshold = 0): number {
+  step(tokens: Int32Array, loops: number, sampling: SamplingParams, logitsOut: Float32Array | null = null, exit?: ExitPlan): number {
     const params = new StructView("ls_step_params");
-    fillStepParams(params, loops, sampling, exitThreshold);
+    fillStepParams(params, loops, sampling, exit);
     this.model.settle();
     const { lib } = this.model;
     return check(lib, lib.ls_session_step(this.pointer, tokens, tokens.length, params.bytes, logitsOut), "ls_session_step");
@@ -555,9 +559,12 @@ function sessionParams(maxSeq: number, loops: number, cacheWindow: number, kv: K
   return new StructView("ls_session_params").fill({ max_seq: maxSeq, loops, cache_window: cacheWindow, kv_mode: kvMode });
 }
 
-/** ls_step_params: the depth, the early-exit threshold (0: fixed depth) and, for a sampling step, how to draw. */
-function fillStepParams(p: StructView<"ls_step_params">, loops: number, sampling: SamplingParams | null, exitThreshold: number): void {
-  p.set("loops", loops).set("exit_threshold", exitThreshold);
+/** ls_exit_policy of each rule's policy. */
+const EXIT_POLICY_CODE: Record<ExitPolicy, number> = { exact: LS_EXIT_EXACT, copy: LS_EXIT_COPY };
+
+/** ls_step_params: the depth, the exit rule (none: fixed depth) and, for a sampling step, how to draw. */
+function fillStepParams(p: StructView<"ls_step_params">, loops: number, sampling: SamplingParams | null, exit: ExitPlan | undefined): void {
+  p.set("loops", loops).set("exit_policy", exit ? EXIT_POLICY_CODE[exit.policy] : LS_EXIT_NONE).set("exit_threshold", exit?.threshold ?? 0);
   if (sampling) fillSampling(p.member("sampling", "ls_sampling"), sampling);
 }
 
@@ -585,11 +592,11 @@ export interface BatchRow {
   loops: number;
   /** Draws the next token as NativeSession.step does; null: forward only (a prompt chunk before its last). */
   sampling: SamplingParams | null;
-  /** A sampling row's early-exit threshold (NativeSession.step); absent or 0: fixed depth. */
-  exitThreshold?: number;
+  /** A sampling row's exit rule (NativeSession.step); absent: fixed depth. */
+  exit?: ExitPlan;
   /** A sampling row's last logits, before any sampling transform. */
   logitsOut?: Float32Array | null;
-  /** Written by the step for a sampling row: the steps its token ran (under exitThreshold its exit step + 1, else loops). */
+  /** Written by the step for a sampling row: the steps its token ran (under an exit rule its exit step + 1, else loops). */
   steps?: number;
 }
 

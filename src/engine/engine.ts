@@ -8,11 +8,11 @@ import { existsSync } from "node:fs";
 import { log } from "../log.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveCudaLibrary, resolveKernelLibrary } from "./library.ts";
 import type { KvCacheMode } from "../model/kvcache.ts";
-import { LS_ERR_STATE, LS_MAX_LOOPS } from "../abi/abi.generated.ts";
+import { LS_ERR_STATE } from "../abi/abi.generated.ts";
 import { type BatchStepStats, StepBatcher } from "./batcher.ts";
 import { type BatchRow, cudaDeviceCount, formatProfile, type KvCacheSettings, NativeError, NativeModel, type NativeSession } from "./binding.ts";
 import { EngineLoadError, EngineRequestError } from "./errors.ts";
-import { MAX_TOP_LOGPROBS, type TokenLogprob, tokenLogprob } from "./logprobs.ts";
+import { type TokenLogprob, tokenLogprob } from "./logprobs.ts";
 import { cycleParams, type DraftOptions, SPEC_SESSION_SLACK, SpecCounter } from "./speculative.ts";
 import { type EngineRunOptions, type FinishReason, type GenerateRequest, type GenerateResult, type ModelInfo, pooledPromptLength, type SimdChoice, type TokenSink } from "./types.ts";
 
@@ -183,28 +183,20 @@ export class Engine {
     }
   }
 
-  /** Checks the request (its speculative plan was checked when it was made: planSpeculative). */
+  /**
+   * What only the engine can check: its prompt against the vocabulary (for
+   * callers that build requests themselves) and its mode against the kernel
+   * library. Every other field was resolved and checked where the request
+   * was made (planDepth, the HTTP layer), and the kernels check their ABI.
+   */
   private validate(req: GenerateRequest): void {
     const { vocabSize } = this.info;
     if (req.promptTokens.length === 0) throw new EngineRequestError("prompt is empty");
     const bad = req.promptTokens.find((t) => !Number.isInteger(t) || t < 0 || t >= vocabSize);
     if (bad !== undefined) throw new EngineRequestError(`prompt token id ${bad} is outside the vocabulary [0, ${vocabSize})`);
-    if (req.loops < 1 || req.loops > LS_MAX_LOOPS) throw new EngineRequestError(`loops must be between 1 and ${LS_MAX_LOOPS}, got ${req.loops}`);
-    if (!Number.isInteger(req.maxTokens) || req.maxTokens < 0)
-      throw new EngineRequestError(`maxTokens must be a non-negative integer, got ${req.maxTokens}`);
-    const top = req.logprobs;
-    if (top !== undefined && !(Number.isInteger(top) && top >= 0 && top <= MAX_TOP_LOGPROBS))
-      throw new EngineRequestError(`logprobs must be between 0 and ${MAX_TOP_LOGPROBS}, got ${top}`);
-    if (req.promptLogprobs && top === undefined) throw new EngineRequestError("promptLogprobs needs logprobs");
     const plan = req.speculative;
     if (plan && !this.model.hasSpeculative)
       throw new EngineRequestError(`mode '${plan.mode}' is not available: this kernel library has no speculative decoding`);
-    const exit = req.exitThreshold ?? 0;
-    if (exit !== 0) {
-      if (!(exit > 0 && exit <= 1)) throw new EngineRequestError(`exit_threshold must be in (0, 1], got ${exit}`);
-      if (!this.info.exitGate) throw new EngineRequestError("exit_threshold needs a model with an exit gate; this model has none");
-      if (plan) throw new EngineRequestError(`exit_threshold cannot be combined with mode '${plan.mode}': speculative decoding runs fixed depths`);
-    }
   }
 
   private async run(
@@ -221,8 +213,8 @@ export class Engine {
     const stops = new Set(req.stopTokenIds);
     const s = req.sampling;
     const counter = plan ? new SpecCounter() : null;
-    const exitThreshold = req.exitThreshold || undefined;
-    const exitSteps: number[] | undefined = exitThreshold ? [] : undefined;
+    const { exit } = req;
+    const exitSteps: number[] | undefined = exit ? [] : undefined;
     const shape = sessionShape(req);
     const session = this.model.newSession(shape.maxSeq, shape.loops, req.cacheWindow, this.kv);
     this.live.add(session);
@@ -273,7 +265,7 @@ export class Engine {
         // Prefill and the first token: the same steps in every mode.
         // The batcher feeds the prompt a chunk per step; the last chunk samples the first token.
         const prompt = Int32Array.from(req.promptTokens.slice(reused));
-        const first = await this.batcher.prefill({ session, tokens: prompt, loops: req.loops, sampling: s, logitsOut: stepLogits, exitThreshold }, signal);
+        const first = await this.batcher.prefill({ session, tokens: prompt, loops: req.loops, sampling: s, logitsOut: stepLogits, exit }, signal);
         if (first === null) return done("cancelled");
         next = first.token;
         steps = first.steps;
@@ -296,7 +288,7 @@ export class Engine {
           next = out[n - 1];
         } else {
           if (signal?.aborted) return done("cancelled");
-          const row: BatchRow = { session, tokens: Int32Array.of(next), loops: req.loops, sampling: s, logitsOut: stepLogits, exitThreshold };
+          const row: BatchRow = { session, tokens: Int32Array.of(next), loops: req.loops, sampling: s, logitsOut: stepLogits, exit };
           next = await this.batcher.step(row, tokens.length + 1 < req.maxTokens);
           if (signal?.aborted) return done("cancelled");
           end = emit(next, stepLogits, row.steps ?? req.loops);

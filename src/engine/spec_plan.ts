@@ -1,8 +1,8 @@
 // A speculative request's settings, resolved once (docs/speculative.md):
 // defaults, ranges and the combinations the kernels refuse, in the words of
-// the request's fields. The HTTP layer and direct callers both plan through
-// here; the engine then runs the plan as given. No FFI here: the HTTP layer
-// imports it.
+// the request's fields. planDepth (depth_plan.ts) plans every request's
+// depth through here; the engine then runs the plan as given. No FFI here:
+// the HTTP layer imports it.
 import { LS_MAX_LOOPS, LS_SPEC_MAX_AHEAD, LS_SPEC_MAX_BRANCHES, LS_SPEC_MAX_NODES } from "../abi/abi.generated.ts";
 import type { KvCacheMode } from "../model/kvcache.ts";
 import { EngineRequestError } from "./errors.ts";
@@ -18,7 +18,8 @@ export const SPEC_LIMITS = {
   nodes: LS_SPEC_MAX_NODES, // kBranches * draftAhead
 } as const;
 
-export const SPEC_DEFAULTS = { draftLoops: 2, verifyLoops: 8, draftAhead: 4, kBranches: 1 } as const;
+/** The draft's defaults; the verify depth's is the model's default_loops (planDepth). */
+export const SPEC_DEFAULTS = { draftLoops: 2, draftAhead: 4, kBranches: 1 } as const;
 
 /** A speculative request's settings as asked for: unset ones take SPEC_DEFAULTS. */
 export interface SpecSettings {
@@ -37,7 +38,8 @@ export interface SpecContext {
   kvCacheMode: KvCacheMode;
 }
 
-function checkRange(param: string, value: number, max: number): number {
+/** An integer knob in [1, max], or a refusal naming its field. */
+export function checkRange(param: string, value: number, max: number): number {
   if (!(Number.isInteger(value) && value >= 1 && value <= max)) throw new EngineRequestError(`\`${param}\` must be between 1 and ${max}, got ${value}`, param);
   return value;
 }

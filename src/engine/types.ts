@@ -35,6 +35,22 @@ export const GENERATION_MODES = ["generate", "speculative", "tree_speculative"] 
 export type GenerationMode = (typeof GENERATION_MODES)[number];
 export type SpeculativeMode = Exclude<GenerationMode, "generate">;
 
+/**
+ * What fills the cache units of the steps an exiting token skipped
+ * (docs/early-exit.md): "exact" computes them when a later token first needs
+ * them, so every token equals computing every step and selecting its exit
+ * step; "copy" gives them copies of the exit step's keys and values.
+ */
+export const EXIT_POLICIES = ["exact", "copy"] as const;
+export type ExitPolicy = (typeof EXIT_POLICIES)[number];
+
+/** A request's learned early exit, resolved once (planDepth): the engine runs it as given. */
+export interface ExitPlan {
+  /** Each sampled token stops at the first step whose cumulative exit probability reaches this; in [0, 1) (1 is fixed depth: no plan). */
+  readonly threshold: number;
+  readonly policy: ExitPolicy;
+}
+
 /** How a speculative request drafts, resolved and checked once (planSpeculative); its verify depth is the request's `loops`. */
 export interface SpecPlan {
   readonly mode: SpeculativeMode;
@@ -67,11 +83,12 @@ export interface GenerateRequest {
   /** With logprobs: also score the prompt (GenerateResult.promptLogprobs). The prefix pool is not used. */
   promptLogprobs?: boolean;
   /**
-   * Learned early exit (a model with an exit gate, plain generation): each
-   * sampled token stops once its cumulative exit probability reaches this,
-   * within `loops` steps (docs/early-exit.md). Unset or 0: fixed depth.
+   * Learned early exit (a model with an exit gate, plain generation), made
+   * by planDepth (depth_plan.ts) and run as given: each sampled token stops
+   * once its cumulative exit probability reaches the threshold, within
+   * `loops` steps (docs/early-exit.md). Absent: fixed depth.
    */
-  exitThreshold?: number;
+  exit?: ExitPlan;
 }
 
 /** What the speculative modes did for one request. */
@@ -95,7 +112,7 @@ export interface GenerateResult {
   speculative?: SpeculativeStats; // set by the speculative modes
   /** With promptLogprobs: one entry per prompt token, null for the first (nothing precedes it). */
   promptLogprobs?: (TokenLogprob | null)[];
-  /** With exitThreshold: the steps each generated token was computed with (its exit step + 1). */
+  /** With exit: the steps each generated token was computed with (its exit step + 1). */
   exitSteps?: number[];
 }
 
@@ -132,11 +149,12 @@ export interface EngineRunOptions<S> {
 }
 
 /**
- * Prompt positions a run's pooled snapshot holds: all of them, but for the
- * last under early exit, whose deeper cache units hold its exit step's
- * keys/values (a later prompt extending this one runs that position at
- * full depth).
+ * Prompt positions a run's pooled snapshot holds: all of them (under the
+ * exact exit policy the last one's deferred steps travel with the copy), but
+ * for the last under the copy policy, whose deeper cache units hold copies
+ * rather than its own keys/values (a later prompt extending this one runs
+ * that position at full depth).
  */
 export function pooledPromptLength(req: GenerateRequest): number {
-  return req.exitThreshold ? req.promptTokens.length - 1 : req.promptTokens.length;
+  return req.exit?.policy === "copy" ? req.promptTokens.length - 1 : req.promptTokens.length;
 }

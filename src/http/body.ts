@@ -16,12 +16,8 @@ import { badRequest, payloadTooLarge, requestTimeout, unprocessable, valueKind }
 /** Deepest array/object nesting a request body may have. */
 export const MAX_JSON_DEPTH = 64;
 
-const OPEN_BRACE = 0x7b;
-const OPEN_BRACKET = 0x5b;
-const CLOSE_BRACE = 0x7d;
-const CLOSE_BRACKET = 0x5d;
-const QUOTE = 0x22;
-const BACKSLASH = 0x5c;
+/** The characters the nesting scan looks at, as the char codes it compares. */
+const [OPEN_BRACE, OPEN_BRACKET, CLOSE_BRACE, CLOSE_BRACKET, QUOTE, BACKSLASH] = [..."{[}]\"\\"].map((c) => c.charCodeAt(0));
 
 /**
  * True when the JSON text nests arrays/objects more than `limit` deep. One

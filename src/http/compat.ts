@@ -28,6 +28,7 @@
 //   last chunk with empty `choices` carries the usage, as OpenAI sends it.
 import { Elysia } from "elysia";
 import { SERVICE_NAME } from "../config.ts";
+import { defaultExitThreshold, type DepthPlan } from "../engine/depth_plan.ts";
 import type { GenerateRequest, TokenLogprob } from "../engine/types.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import { renderChat } from "./chat_template.ts";
@@ -38,12 +39,11 @@ import {
   type DeltaSink,
   type GenerationEngine,
   type Scheduling,
-  checkLength,
   completedForStream,
+  engineRequest,
   promptTokens,
-  requireEngine,
+  resolveDepth,
   runGeneration,
-  stopTokenIds,
 } from "./generation.ts";
 import { chatLogprobs, CompletionLogprobWriter, joinChatLogprobs, joinCompletionLogprobs } from "./logprobs.ts";
 import type {
@@ -73,6 +73,7 @@ const STARTED_AT = Math.floor(Date.now() / 1000);
 export function modelEntries(deps: AppDeps): ModelEntry[] {
   const id = deps.config.modelPath;
   if (id === null) return [];
+  const info = deps.engine?.info;
   return [
     {
       id,
@@ -80,7 +81,8 @@ export function modelEntries(deps: AppDeps): ModelEntry[] {
       created: STARTED_AT,
       owned_by: SERVICE_NAME,
       max_model_len: deps.config.maxSeqLen,
-      default_loops: deps.engine?.info.defaultLoops ?? null,
+      default_loops: info?.defaultLoops ?? null,
+      exit_threshold: info ? defaultExitThreshold(info) : null,
     },
   ];
 }
@@ -110,8 +112,8 @@ export interface Extension {
   repetitionPenalty?: number | null;
   cacheWindow: number;
   scheduling: Scheduling;
-  /** Generation-mode fields (speculative knobs) laid over the compat request. */
-  request?: Partial<GenerateRequest>;
+  /** The request's depth, its knobs included (resolveDepth); null without a model. */
+  depth: DepthPlan | null;
   /** Sections added to the response body, or to the final chunk of a stream. */
   sections(done: Completion, request: GenerateRequest): ExtendedSections;
 }
@@ -178,31 +180,29 @@ function randomSeed(): number {
 }
 
 function resolve(deps: AppDeps, body: SamplingBody, prompt: number[], shape: JobShape, ext: Extension | undefined): CompatJob {
-  const { maxTokens } = shape;
-  checkLength(deps, prompt.length, maxTokens);
-  const engine = requireEngine(deps);
-  const stopStrings = body.stop == null ? [] : Array.isArray(body.stop) ? body.stop : [body.stop];
+  const temperature = body.temperature ?? D.temperature;
+  // /v1 names only `loops`: the mode is plain generation and the exit the model's default.
+  const depth = ext ? ext.depth : resolveDepth(deps, "generate", { loops: body.loops }, temperature);
   const penalty = foldPenalties(body.presence_penalty ?? D.presence_penalty, body.frequency_penalty ?? D.frequency_penalty);
+  const { engine, request } = engineRequest(deps, depth, {
+    promptTokens: prompt,
+    maxTokens: shape.maxTokens,
+    sampling: {
+      temperature,
+      topK: D.top_k,
+      topP: body.top_p ?? D.top_p,
+      repetitionPenalty: ext?.repetitionPenalty ?? penalty,
+      seed: body.seed ?? randomSeed(),
+    },
+    stopTokenIds: [],
+    cacheWindow: ext?.cacheWindow ?? 0,
+    ...(shape.logprobs === undefined ? {} : { logprobs: shape.logprobs, promptLogprobs: shape.promptLogprobs }),
+  });
   const stream = body.stream ?? D.stream;
   return {
     engine,
-    request: {
-      promptTokens: prompt,
-      maxTokens,
-      loops: body.loops ?? engine.info.defaultLoops,
-      sampling: {
-        temperature: body.temperature ?? D.temperature,
-        topK: D.top_k,
-        topP: body.top_p ?? D.top_p,
-        repetitionPenalty: ext?.repetitionPenalty ?? penalty,
-        seed: body.seed ?? randomSeed(),
-      },
-      stopTokenIds: stopTokenIds(deps),
-      cacheWindow: ext?.cacheWindow ?? 0,
-      ...(shape.logprobs === undefined ? {} : { logprobs: shape.logprobs, promptLogprobs: shape.promptLogprobs }),
-      ...ext?.request,
-    },
-    stopStrings,
+    request,
+    stopStrings: body.stop == null ? [] : Array.isArray(body.stop) ? body.stop : [body.stop],
     stream,
     includeUsage: stream && (body.stream_options?.include_usage ?? false),
     model: body.model,

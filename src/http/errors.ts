@@ -153,25 +153,26 @@ function name(path: string): string {
   return p === null ? "request body" : `\`${p}\``;
 }
 
+/** A number's bounds: the schema keyword each error type names, and how the message says it (the same for numbers and integers). */
+const NUMBER_BOUNDS = new Map<ValueErrorType, [keyword: string, says: string]>([
+  [ValueErrorType.NumberMaximum, ["maximum", "must be at most"]],
+  [ValueErrorType.IntegerMaximum, ["maximum", "must be at most"]],
+  [ValueErrorType.NumberMinimum, ["minimum", "must be at least"]],
+  [ValueErrorType.IntegerMinimum, ["minimum", "must be at least"]],
+  [ValueErrorType.NumberExclusiveMaximum, ["exclusiveMaximum", "must be less than"]],
+  [ValueErrorType.IntegerExclusiveMaximum, ["exclusiveMaximum", "must be less than"]],
+  [ValueErrorType.NumberExclusiveMinimum, ["exclusiveMinimum", "must be greater than"]],
+  [ValueErrorType.IntegerExclusiveMinimum, ["exclusiveMinimum", "must be greater than"]],
+  [ValueErrorType.NumberMultipleOf, ["multipleOf", "must be a multiple of"]],
+  [ValueErrorType.IntegerMultipleOf, ["multipleOf", "must be a multiple of"]],
+]);
+
 function boundMessage(e: ValueError): string | null {
   const s = e.schema as Record<string, unknown>;
   const got = `got ${valueKind(e.value)}`;
+  const number = NUMBER_BOUNDS.get(e.type);
+  if (number) return `${number[1]} ${s[number[0]]}, ${got}`;
   switch (e.type) {
-    case ValueErrorType.NumberMaximum:
-    case ValueErrorType.IntegerMaximum:
-      return `must be at most ${s.maximum}, ${got}`;
-    case ValueErrorType.NumberMinimum:
-    case ValueErrorType.IntegerMinimum:
-      return `must be at least ${s.minimum}, ${got}`;
-    case ValueErrorType.NumberExclusiveMaximum:
-    case ValueErrorType.IntegerExclusiveMaximum:
-      return `must be less than ${s.exclusiveMaximum}, ${got}`;
-    case ValueErrorType.NumberExclusiveMinimum:
-    case ValueErrorType.IntegerExclusiveMinimum:
-      return `must be greater than ${s.exclusiveMinimum}, ${got}`;
-    case ValueErrorType.NumberMultipleOf:
-    case ValueErrorType.IntegerMultipleOf:
-      return `must be a multiple of ${s.multipleOf}, ${got}`;
     case ValueErrorType.StringMinLength:
       return s.minLength === 1 ? "must not be empty" : `must be at least ${s.minLength} characters long`;
     case ValueErrorType.StringMaxLength:

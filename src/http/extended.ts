@@ -6,13 +6,14 @@
 // carries on its final chunk (the one with finish_reason).
 import { Elysia } from "elysia";
 import { type Config, SERVICE_NAME } from "../config.ts";
+import { defaultExitThreshold } from "../engine/depth_plan.ts";
 import type { ModelInfo } from "../engine/types.ts";
 import { chatCompletion, type Extension, findModel, modelEntries, textCompletion } from "./compat.ts";
 import { validatedBody } from "./errors.ts";
-import { type AppDeps, checkCacheWindow, exitRequest } from "./generation.ts";
+import { type AppDeps, checkCacheWindow, resolveDepth } from "./generation.ts";
 import { nativeStats } from "./native.ts";
 import type { ExtendedModelEntry, ExtendedModelList, ModelInfoSection, RuntimeSection } from "../wire/responses.ts";
-import { speculativeFields, speculativeStats } from "./speculative.ts";
+import { speculativeStats } from "./speculative.ts";
 import {
   COMPAT_DEFAULTS,
   EXTENDED_DEFAULTS as E,
@@ -33,7 +34,7 @@ function modelInfoSection(info: ModelInfo, config: Config): ModelInfoSection {
     default_loops: info.defaultLoops,
     n_layers: info.nLayers,
     exit_gate: info.exitGate,
-    exit_threshold: info.exitThreshold,
+    exit_threshold: defaultExitThreshold(info),
     quant: info.quant,
     kv_cache_mode: config.kvCacheMode,
   };
@@ -52,20 +53,19 @@ function runtimeSection(config: Config): RuntimeSection {
 
 /**
  * Range-checks the extended knobs (400s, before the length check) and turns
- * them into an Extension: the speculative modes take the same fields and
- * checks as /generate/speculative and /generate/tree_speculative.
+ * them into an Extension: the depth, speculative knobs included, is
+ * resolved as on the native routes.
  */
-function extension(deps: AppDeps, knobs: ExtendedKnobs & { temperature?: number | null }): Extension {
+function extension(deps: AppDeps, knobs: ExtendedKnobs & { temperature?: number | null; loops?: number | null }): Extension {
   const mode = knobs.mode ?? E.mode;
-  const spec =
-    mode === "generate" ? undefined : speculativeFields(deps.config, mode, knobs, knobs.temperature ?? COMPAT_DEFAULTS.temperature);
+  const depth = resolveDepth(deps, mode, knobs, knobs.temperature ?? COMPAT_DEFAULTS.temperature);
   const cacheWindow = knobs.cache_window ?? E.cache_window;
   checkCacheWindow(deps, cacheWindow);
   return {
     repetitionPenalty: knobs.repetition_penalty,
     cacheWindow,
     scheduling: { priority: knobs.priority, sloMs: knobs.slo_ms },
-    request: { ...spec, ...exitRequest(deps, knobs.exit_threshold, mode) },
+    depth,
     sections: (done, request) => ({
       // loops_used: verify_loops for the speculative modes, loops for plain generate.
       stats: mode === "generate" ? nativeStats(done, mode, request.loops) : speculativeStats(done, mode, request.loops),

@@ -3,7 +3,8 @@
 // the generated ids into text deltas with whole-string stop matching.
 // Families differ only in their request fields and their response framing.
 import type { Config } from "../config.ts";
-import type { GenerateRequest, GenerateResult, GenerationMode, ModelInfo, PromptLogprobSink, TokenLogprob, TokenSink } from "../engine/types.ts";
+import { type DepthPlan, planDepth } from "../engine/depth_plan.ts";
+import type { ExitPolicy, GenerateRequest, GenerateResult, GenerationMode, ModelInfo, PromptLogprobSink, TokenLogprob, TokenSink } from "../engine/types.ts";
 import { TextStream } from "../text/stream.ts";
 import { TokenLimitExceeded, type Tokenizer, TokenizerCancelledError, TokenizerClosedError } from "../tokenizer/tokenizer.ts";
 import type { ServiceMetrics } from "../metrics.ts";
@@ -129,18 +130,53 @@ export async function promptTokens(deps: AppDeps, prompt: string | number[], par
   throw badRequest(`\`${where}\` ${what} ${ids[at]}, outside the model's vocabulary ${range}`, where);
 }
 
+/** A request's depth fields as its body carries them (every family names them alike). */
+export interface DepthFields {
+  loops?: number | null;
+  verify_loops?: number | null;
+  draft_loops?: number | null;
+  draft_ahead?: number | null;
+  K_branches?: number | null;
+  exit_threshold?: number | null;
+  exit_policy?: ExitPolicy | null;
+  cache_window?: number | null;
+}
+
 /**
- * A request's early exit (docs/early-exit.md): the threshold asked for, or
- * in plain generation the model's default. 400 where it cannot apply: a
- * model without an exit gate, or a speculative mode (fixed depths).
+ * The request's depth (steps, speculative plan, early exit) resolved once,
+ * at the range stage (src/engine/depth_plan.ts): defaults from the model,
+ * refusals as 400s naming the field. Null only when no model is loaded
+ * (engineRequest then answers 503, after the length check).
  */
-export function exitRequest(deps: AppDeps, asked: number | null | undefined, mode: GenerationMode): Pick<GenerateRequest, "exitThreshold"> {
-  const info = deps.engine?.info;
-  if (asked == null) return mode === "generate" && info?.exitThreshold ? { exitThreshold: info.exitThreshold } : {};
-  if (asked === 0) return {};
-  if (info && !info.exitGate) throw outOfRange("exit_threshold", "needs a model with an exit gate; this model has none");
-  if (mode !== "generate") throw outOfRange("exit_threshold", `cannot be combined with mode ${mode}: speculative decoding runs fixed depths`);
-  return { exitThreshold: asked };
+export function resolveDepth(deps: AppDeps, mode: GenerationMode, body: DepthFields, temperature: number): DepthPlan | null {
+  const settings = {
+    mode,
+    loops: body.loops ?? undefined,
+    verifyLoops: body.verify_loops ?? undefined,
+    draftLoops: body.draft_loops ?? undefined,
+    draftAhead: body.draft_ahead ?? undefined,
+    kBranches: body.K_branches ?? undefined,
+    exitThreshold: body.exit_threshold, // null: no early exit
+    exitPolicy: body.exit_policy ?? undefined,
+    cacheWindow: body.cache_window ?? undefined,
+  };
+  return planDepth(settings, { model: deps.engine?.info ?? null, temperature, kvCacheMode: deps.config.kvCacheMode });
+}
+
+/**
+ * The last checks every family makes, in order (the length, then the model
+ * loaded: its 503), and the engine request they let through: `fields` with
+ * the depth resolveDepth resolved and the model's end ids among the stop ids.
+ */
+export function engineRequest(
+  deps: AppDeps,
+  depth: DepthPlan | null,
+  fields: Omit<GenerateRequest, keyof DepthPlan>,
+): { engine: GenerationEngine; request: GenerateRequest } {
+  checkLength(deps, fields.promptTokens.length, fields.maxTokens);
+  const engine = requireEngine(deps);
+  if (depth === null) throw new Error("internal: a request was resolved without the model that is loaded");
+  return { engine, request: { ...fields, stopTokenIds: stopTokenIds(deps, fields.stopTokenIds), ...depth } };
 }
 
 export function checkCacheWindow(deps: AppDeps, cacheWindow: number): void {
@@ -148,7 +184,7 @@ export function checkCacheWindow(deps: AppDeps, cacheWindow: number): void {
   if (cacheWindow > max) throw outOfRange("cache_window", `must be at most SERVICE_MAX_SEQ_LEN (${max}), got ${cacheWindow}`);
 }
 
-export function checkLength(deps: AppDeps, promptLength: number, maxTokens: number): void {
+function checkLength(deps: AppDeps, promptLength: number, maxTokens: number): void {
   const max = deps.config.maxSeqLen;
   if (promptLength + maxTokens > max)
     throw badRequest(
@@ -160,7 +196,7 @@ export function checkLength(deps: AppDeps, promptLength: number, maxTokens: numb
 }
 
 /** Explicit stop ids plus the model's end-of-sequence ids (GPT-2: end-of-text, as in every GPT-2 server). */
-export function stopTokenIds(deps: AppDeps, explicit: readonly number[] = []): number[] {
+function stopTokenIds(deps: AppDeps, explicit: readonly number[]): number[] {
   const ids = new Set(explicit);
   const vocab = deps.engine?.info.vocabSize ?? 0;
   for (const eos of deps.tokenizer.conventions.eosIds) if (eos < vocab) ids.add(eos);

@@ -1,21 +1,21 @@
 // Native family: POST /generate (docs/http.md, native stream framing included).
 // Handlers stay thin: resolve the body into an engine request (schema →
-// range → length → engine loaded), run it, frame the result.
+// range, the depth resolved once → length → engine loaded), run it, frame
+// the result.
 import { Elysia } from "elysia";
 import type { GenerateRequest, GenerationMode } from "../engine/types.ts";
 import {
-  exitRequest,
   type AppDeps,
   type Completion,
   type GenerationEngine,
   type Scheduling,
   checkCacheWindow,
-  checkLength,
   completedForStream,
+  type DepthFields,
+  engineRequest,
   promptTokens,
-  requireEngine,
+  resolveDepth,
   runGeneration,
-  stopTokenIds,
 } from "./generation.ts";
 import { nativeLogprobs } from "./logprobs.ts";
 import type { GenerateResponse, GenerateStreamEvent, NativeStats } from "../wire/responses.ts";
@@ -30,37 +30,34 @@ interface NativeJob {
   scheduling: Scheduling;
 }
 
-/** A /generate body (or a speculative one, whose knobs the caller lays over the request) resolved into an engine job. */
-export async function nativeJob(deps: AppDeps, body: GenerateBody, mode: GenerationMode = "generate"): Promise<NativeJob> {
+/** A /generate body, or a speculative route's (its knobs beside), resolved into an engine job. */
+export async function nativeJob(deps: AppDeps, body: GenerateBody & DepthFields, mode: GenerationMode = "generate"): Promise<NativeJob> {
   const maxTokens = body.max_tokens ?? D.max_tokens;
+  const temperature = body.temperature ?? D.temperature;
   const cacheWindow = body.cache_window ?? D.cache_window;
   const stops = body.stop == null ? [] : Array.isArray(body.stop) ? body.stop : [body.stop];
   const stopStrings = stops.filter((s): s is string => typeof s === "string");
   const stopIds = stops.filter((s): s is number => typeof s === "number");
 
+  const depth = resolveDepth(deps, mode, body, temperature);
   checkCacheWindow(deps, cacheWindow);
-  const prompt = await promptTokens(deps, body.prompt, "prompt", maxTokens);
-  checkLength(deps, prompt.length, maxTokens);
-  const engine = requireEngine(deps);
-
+  const { engine, request } = engineRequest(deps, depth, {
+    promptTokens: await promptTokens(deps, body.prompt, "prompt", maxTokens),
+    maxTokens,
+    sampling: {
+      temperature,
+      topK: body.top_k ?? D.top_k,
+      topP: body.top_p ?? D.top_p,
+      repetitionPenalty: body.repetition_penalty ?? D.repetition_penalty,
+      seed: body.sample_seed ?? D.sample_seed,
+    },
+    stopTokenIds: stopIds,
+    cacheWindow,
+    ...(body.logprobs == null ? {} : { logprobs: body.logprobs }),
+  });
   return {
     engine,
-    request: {
-      promptTokens: prompt,
-      maxTokens,
-      loops: body.loops ?? D.loops,
-      sampling: {
-        temperature: body.temperature ?? D.temperature,
-        topK: body.top_k ?? D.top_k,
-        topP: body.top_p ?? D.top_p,
-        repetitionPenalty: body.repetition_penalty ?? D.repetition_penalty,
-        seed: body.sample_seed ?? D.sample_seed,
-      },
-      stopTokenIds: stopTokenIds(deps, stopIds),
-      cacheWindow,
-      ...(body.logprobs == null ? {} : { logprobs: body.logprobs }),
-      ...exitRequest(deps, body.exit_threshold, mode),
-    },
+    request,
     stopStrings,
     stream: body.stream ?? D.stream,
     scheduling: { priority: body.priority, sloMs: body.slo_ms },

@@ -332,6 +332,17 @@ function parsePositiveFloat(meta: Meta, key: string, where: string, max: number)
   return n;
 }
 
+/**
+ * A model's default early-exit threshold (docs/early-exit.md), checked here
+ * for every reader of one (model files, Hugging Face configs, synthetic
+ * models): in (0, 1], and only beside an exit gate. Returns why it is
+ * refused, to follow the setting's name, or null.
+ */
+export function exitThresholdRefusal(threshold: number, exitGate: boolean): string | null {
+  if (!(Number.isFinite(threshold) && threshold > 0 && threshold <= 1)) return `must be in (0, 1], got ${threshold}`;
+  return exitGate ? null : "given, but the model has no exit gate (exit_gate.weight, exit_gate.bias)";
+}
+
 function expectString(meta: Meta, key: string, expected: string, where: string): void {
   const s = need(meta, key, where);
   if (s !== expected) throw ModelFormatError.about(where, `metadata: ${key} must be "${expected}", got "${s}"`);
@@ -366,7 +377,9 @@ export function parseModelMetadata(meta: Meta, where: string): ModelShape {
   let exitThreshold: number | null = null;
   if (meta.exit_threshold !== undefined) {
     exitThreshold = parsePositiveFloat(meta, "exit_threshold", where, 2);
-    if (exitThreshold > 1) throw ModelFormatError.about(where, `metadata: exit_threshold must be in (0, 1], got "${meta.exit_threshold}"`);
+    // The gate is judged with the tensors (validateModel).
+    const refused = exitThresholdRefusal(exitThreshold, true);
+    if (refused) throw ModelFormatError.about(where, `metadata: exit_threshold ${refused}`);
   }
   const stack = { nLayers, normLayout, stepNorm: stepNorm === "1", exitThreshold, tokenizer } as const;
   if (formatVersion === 1 && formatVersionOf(stack) !== 1) {
@@ -540,9 +553,8 @@ export function validateModel(file: SafetensorsFile): ValidatedModel {
   if (exitGate && base.formatVersion === 1) {
     throw ModelFormatError.about(where, `tensor "exit_gate.weight": an exit gate needs format_version 2`);
   }
-  if (!exitGate && base.exitThreshold !== null) {
-    throw ModelFormatError.about(where, `metadata: exit_threshold given, but the model has no exit gate (exit_gate.weight, exit_gate.bias)`);
-  }
+  const refused = base.exitThreshold === null ? null : exitThresholdRefusal(base.exitThreshold, exitGate);
+  if (refused) throw ModelFormatError.about(where, `metadata: exit_threshold ${refused}`);
   if (!embeddingFromHead) check("tok_embeddings.weight", [base.vocabSize, base.dim]);
   // Layer tensors the metadata does not account for mean a mislabelled file: named, not ignored.
   const stray = [...file.tensors.keys()].find((n) => {

@@ -20,6 +20,7 @@ import { existsSync } from "node:fs";
 import { basename, join } from "node:path";
 import { LS_MAX_DIM, LS_MAX_FFN_DIM, LS_MAX_HEADS, LS_MAX_LAYERS, LS_MAX_LOOPS, LS_MAX_ROPE_THETA, LS_MAX_SEQ_LEN, LS_MAX_VOCAB } from "../abi/abi.generated.ts";
 import { CheckpointDir, FILE_CAPS } from "./checkpoint_files.ts";
+import { exitThresholdRefusal } from "./format.ts";
 import { DTYPE_SIZES, ModelFormatError, readSafetensors } from "./safetensors.ts";
 import { HfByteLevelBpe, HfTokenizerError } from "../tokenizer/hf_bpe.ts";
 
@@ -149,6 +150,15 @@ class ConfigReader {
     return v as number;
   }
 
+  /** The model's default exit threshold at `key`, or null when absent (the gate is judged with the tensors). */
+  exitThreshold(key: string): number | null {
+    if (!this.has(key)) return null;
+    const v = this.c[key];
+    const refused = typeof v === "number" ? exitThresholdRefusal(v, true) : `must be a number, got ${JSON.stringify(v)}`;
+    if (refused) this.fail(`${key} ${refused}`);
+    return v as number;
+  }
+
   bool(key: string, dflt: boolean): boolean {
     const v = this.c[key] ?? dflt;
     if (typeof v !== "boolean") this.fail(`${key} must be true or false, got ${JSON.stringify(v)}`);
@@ -204,7 +214,7 @@ function ouroShape(r: ConfigReader, c: Record<string, unknown>): HfModelShape {
     sandwich: true,
     stepNorm: true,
     exitGate: true,
-    exitThreshold: r.has("early_exit_threshold") ? r.num("early_exit_threshold", 0, 1, 1) : null,
+    exitThreshold: r.exitThreshold("early_exit_threshold"),
     tiedOutput: r.bool("tie_word_embeddings", false),
   };
   const names = { dim: "hidden_size", nHeads: "num_attention_heads", nKvHeads: "num_key_value_heads" };
@@ -249,7 +259,7 @@ function loopserveShape(r: ConfigReader, c: Record<string, unknown>): HfModelSha
     sandwich: layout === "sandwich",
     stepNorm: r.bool("step_norm", false),
     exitGate: false, // decided by the tensors (both or neither)
-    exitThreshold: r.has("exit_threshold") ? r.num("exit_threshold", 0, 1, 1) : null,
+    exitThreshold: r.exitThreshold("exit_threshold"),
     tiedOutput: false, // decided by the tensors
   };
   checkShape(r, m, { dim: "dim", nHeads: "n_heads", nKvHeads: "n_kv_heads" });
@@ -505,9 +515,8 @@ export function readHfCheckpoint(dir: string): HfCheckpoint {
     }
     model.exitGate = w;
   }
-  if (model.exitThreshold !== null && !model.exitGate) {
-    r.fail("exit_threshold needs the exit gate (exit_gate.weight and exit_gate.bias)");
-  }
+  const refused = model.exitThreshold === null ? null : exitThresholdRefusal(model.exitThreshold, model.exitGate);
+  if (refused) r.fail(`exit_threshold ${refused}`);
   const tensors = matchTensors(dir, arch, model, located);
   for (const t of tensors) {
     const count = t.shape.reduce((a, b) => a * b, 1);

@@ -15,6 +15,7 @@ import { fillNormal, streamState } from "./normal_stream.ts";
 import {
   ARCH,
   configToMetadata,
+  exitThresholdRefusal,
   expectedTensorShapes,
   formatVersionOf,
   MAX_LAYERS,
@@ -134,9 +135,8 @@ export function resolveSyntheticOptions(o: SyntheticOptions): Required<Synthetic
     exitGate: o.exitGate ?? false,
     exitThreshold: o.exitThreshold ?? null,
   };
-  if (r.exitThreshold !== null && !(r.exitGate && r.exitThreshold > 0 && r.exitThreshold <= 1)) {
-    throw new ModelFormatError(`synthetic model: exitThreshold must be in (0, 1] and needs exitGate, got ${String(r.exitThreshold)}`);
-  }
+  const refused = r.exitThreshold === null ? null : exitThresholdRefusal(r.exitThreshold, r.exitGate);
+  if (refused) throw new ModelFormatError(`synthetic model: exitThreshold ${refused}`);
   if (typeof r.tiedOutput !== "boolean") throw new ModelFormatError(`synthetic model: tiedOutput must be a boolean`);
   if (r.dim % r.nHeads !== 0) {
     throw new ModelFormatError(`synthetic model: dim (${r.dim}) must be a multiple of nHeads (${r.nHeads})`);

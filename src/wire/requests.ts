@@ -3,10 +3,14 @@
 // property, wrong type) become 422 and bound failures 400 in src/http/errors.ts.
 //
 // Optional fields also accept null, meaning "unset" (several optional fields
-// default to null, and many clients send null for "not set").
+// default to null, and many clients send null for "not set"), but for
+// exit_threshold, whose null asks for no early exit over the model's default.
+// Defaults that come from the model (loops, verify_loops, exit_threshold)
+// are applied where the request is resolved (src/engine/depth_plan.ts).
 import { type Static, type TSchema, Type as T } from "@sinclair/typebox";
 import { LS_MAX_LOOPS } from "../abi/abi.generated.ts";
 import { MAX_TOP_LOGPROBS } from "../engine/logprobs.ts";
+import { EXIT_POLICIES } from "../engine/types.ts";
 import { SPEC_LIMITS } from "../engine/spec_plan.ts";
 import { GenerationModeSchema } from "./responses.ts";
 
@@ -29,7 +33,6 @@ const SchedulingFields = {
 
 export const NATIVE_DEFAULTS = {
   max_tokens: 128,
-  loops: 8,
   temperature: 0,
   top_k: 50,
   top_p: 0.9,
@@ -43,11 +46,17 @@ export const NATIVE_DEFAULTS = {
 export const Prompt = T.Union([T.String({ minLength: 1 }), T.Array(T.Integer(), { minItems: 1 })]);
 
 /**
- * Learned early exit (docs/early-exit.md): a model with an exit gate stops
- * each token once its cumulative exit probability reaches this; 0 = fixed
- * depth; unset = the model's default (fixed depth when it has none).
+ * Learned early exit (docs/early-exit.md), as the published Ouro code means
+ * it: a model with an exit gate stops each token at the first step whose
+ * cumulative exit probability reaches exit_threshold (0: after the first
+ * step; 1: every step, the fixed-depth path); null: no early exit; absent:
+ * the model's default. exit_policy says what fills the skipped steps' cache
+ * units: "exact" (the default) or "copy".
  */
-const ExitField = { exit_threshold: optional(T.Number({ minimum: 0, maximum: 1 })) };
+const ExitFields = {
+  exit_threshold: optional(T.Number({ minimum: 0, maximum: 1 })),
+  exit_policy: optional(T.Union(EXIT_POLICIES.map((policy) => T.Literal(policy)))),
+};
 
 /** Stop strings (whole-string match on the decoded text) or stop token ids. */
 const NativeStop = T.Union([
@@ -71,7 +80,7 @@ export const GenerateBody = T.Object({
   cache_window: optional(T.Integer({ minimum: 0 })),
   /** Log-probability of each generated token with this many most likely alternatives (docs/openai-compat.md). */
   logprobs: optional(T.Integer({ minimum: 0, maximum: MAX_TOP_LOGPROBS })),
-  ...ExitField,
+  ...ExitFields,
   ...SchedulingFields,
 });
 export type GenerateBody = Static<typeof GenerateBody>;
@@ -121,7 +130,7 @@ const CompatSamplingFields = {
   seed: optional(T.Integer({ minimum: 0, maximum: Number.MAX_SAFE_INTEGER })),
   presence_penalty: optional(Penalty),
   frequency_penalty: optional(Penalty),
-  /** Extension: loop depth; the model's default_loops when unset. */
+  /** Extension: the depth in steps; the model's default_loops when unset. */
   loops: optional(T.Integer({ minimum: 1, maximum: LS_MAX_LOOPS })),
   // Declared only so the handlers see it and refuse a JSON format with a 400
   // naming the field: a client asking for JSON must not get prose; see compat.ts.
@@ -199,7 +208,7 @@ const SpeculativeKnobs = T.Object(SpeculativeFields);
 /** The speculative knobs as the handlers read them (both speculative families). */
 export type SpeculativeKnobs = Static<typeof SpeculativeKnobs>;
 
-/** The extended family's own defaults; the speculative knobs' are the engine's (SPEC_DEFAULTS). */
+/** The extended family's own defaults; the speculative knobs' are the engine's (src/engine/depth_plan.ts). */
 export const EXTENDED_DEFAULTS = {
   mode: "generate",
   cache_window: 0,
@@ -212,7 +221,7 @@ const ExtendedFields = {
   cache_window: optional(T.Integer({ minimum: 0 })),
   /** When given, replaces the penalty folded from presence/frequency_penalty. */
   repetition_penalty: optional(T.Number({ minimum: 0.5, maximum: 2 })),
-  ...ExitField,
+  ...ExitFields,
   ...SchedulingFields,
 };
 

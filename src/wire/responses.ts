@@ -97,8 +97,10 @@ export const ModelEntry = closed({
   owned_by: T.String(),
   /** Most prompt + generated tokens a request may use (SERVICE_MAX_SEQ_LEN); vLLM's name for it. */
   max_model_len: T.Integer(),
-  /** Loop depth of a request that sets none; null while the model is not loaded. */
+  /** Depth in steps of a request that sets none; null while the model is not loaded. */
   default_loops: Nullable(T.Integer()),
+  /** Early-exit threshold of a request that sets none (docs/early-exit.md); null: fixed depth, or no model loaded. */
+  exit_threshold: Nullable(T.Number()),
 });
 export type ModelEntry = Static<typeof ModelEntry>;
 
@@ -189,7 +191,7 @@ export const ModelInfoSection = closed({
   default_loops: T.Integer(),
   /** Distinct layers applied each step (loop): 1 for a weight-shared block. */
   n_layers: T.Integer(),
-  /** Whether the model has a learned exit gate, and its default exit_threshold (null: fixed depth). */
+  /** Whether the model has a learned exit gate, and the exit_threshold a request gets when it sets none (null: fixed depth). */
   exit_gate: T.Boolean(),
   exit_threshold: Nullable(T.Number()),
   quant: T.Unsafe<ModelInfo["quant"]>(T.String()),

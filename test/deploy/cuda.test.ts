@@ -236,7 +236,7 @@ describe.skipIf(!built || devices === 0)("on a GPU host", () => {
     const batched = await generate({ SERVICE_MAX_BATCH: "8" }, true);
     expect(batched).toEqual(alone);
     expect(alone.every((t) => t.length > 0)).toBe(true);
-    // Steps on the library's thread (ls_batch_begin) while the previous step's tokens stream.
+    // Steps on the library's thread (ls_pipeline_begin) while the previous step's tokens stream.
     const pipelined = await generate({ SERVICE_MAX_BATCH: "8", SERVICE_PIPELINE_STEPS: "1" }, true);
     expect(pipelined).toEqual(alone);
   }, 120_000);

@@ -38,9 +38,9 @@ beforeAll(() => {
   });
   // Count how the pipelined engine reaches the library.
   const model = (piped as unknown as { model: NativeModel }).model;
-  const begin = model.batchBegin.bind(model);
+  const begin = model.pipelineBegin.bind(model);
   const step = model.batchStep.bind(model);
-  model.batchBegin = (rows) => (calls.begin++, begin(rows));
+  model.pipelineBegin = (rows) => (calls.begin++, begin(rows));
   model.batchStep = (rows) => (calls.step++, step(rows));
 });
 
@@ -71,7 +71,7 @@ function jobs(): Job[] {
       cacheWindow: i % 6 === 3 ? 8 : 0,
     };
     if (i % 4 === 0) req.logprobs = 3;
-    if (i % 4 === 2) req.exitThreshold = 0.6;
+    if (i % 4 === 2) req.exit = { threshold: 0.6, policy: "exact" };
     const job: Job = { req };
     if (i % 7 === 5) job.stopAfter = 3;
     if (i === 11) job.abortAfter = 4;
@@ -151,8 +151,8 @@ describe("pipelined steps", () => {
   test("beside a running stream, a prompt goes in a chunk a step: the next chunk is begun as soon as one ends", async () => {
     const model = (piped as unknown as { model: NativeModel }).model;
     const chunked: boolean[] = []; // per begun step: does it carry a prompt chunk (a row of several tokens)?
-    const begin = model.batchBegin;
-    model.batchBegin = (rows) => (chunked.push(rows.some((r) => r.tokens.length > 1)), begin(rows));
+    const begin = model.pipelineBegin;
+    model.pipelineBegin = (rows) => (chunked.push(rows.some((r) => r.tokens.length > 1)), begin(rows));
     try {
       const prompt = (n: number, salt: number) => Array.from({ length: n }, (_, k) => (k * 97 + salt) % VOCAB);
       const stream = piped.generate({ promptTokens: prompt(3, 1), maxTokens: 400, loops: 2, sampling: GREEDY, stopTokenIds: [], cacheWindow: 0 }, () => true);
@@ -165,7 +165,7 @@ describe("pipelined steps", () => {
       expect(prompt40.length).toBe(5);
       expect(prompt40.at(-1)! - prompt40[0]).toBe(4); // five steps in a row
     } finally {
-      model.batchBegin = begin;
+      model.pipelineBegin = begin;
     }
   });
 });

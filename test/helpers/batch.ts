@@ -4,7 +4,7 @@
 // joining at different calls, prompts fed in chunks beside decode rows.
 import { expect } from "bun:test";
 import type { BatchRow, KvCacheSettings, NativeModel, NativeSession } from "../../src/engine/binding.ts";
-import { GREEDY, type SamplingParams } from "../../src/engine/types.ts";
+import { type ExitPlan, GREEDY, type SamplingParams } from "../../src/engine/types.ts";
 import { expectBitIdentical, tokensFor } from "./kernels.ts";
 
 /** One request as the batch sees it. */
@@ -17,7 +17,7 @@ export interface Plan {
   maxTokens: number;
   chunk: number; // prompt tokens per call
   arrives: number; // the call it joins at
-  exitThreshold?: number; // learned early exit of each sampled token (a model with an exit gate)
+  exit?: ExitPlan; // learned early exit of each sampled token (a model with an exit gate)
 }
 
 
@@ -59,7 +59,7 @@ function solo(m: NativeModel, p: Plan): Trace {
     let feed = Int32Array.from(p.prompt);
     while (trace.tokens.length < p.maxTokens) {
       const logits = new Float32Array(m.info.vocabSize);
-      const t = s.step(feed, p.loops, p.sampling, logits, p.exitThreshold ?? 0);
+      const t = s.step(feed, p.loops, p.sampling, logits, p.exit);
       trace.tokens.push(t);
       trace.logits.push(logits);
       trace.steps.push(s.lastSteps);
@@ -92,7 +92,7 @@ function batched(m: NativeModel, ps: Plan[]): Trace[] {
           loops: p.loops,
           sampling: samples ? p.sampling : null,
           logitsOut: samples ? new Float32Array(m.info.vocabSize) : null,
-          exitThreshold: samples ? p.exitThreshold : undefined,
+          exit: samples ? p.exit : undefined,
         });
         who.push(i);
       });

@@ -1,8 +1,9 @@
 // Shared pieces of the HTTP-level scheduler tests (test/http/scheduling,
-// metrics, load, shutdown): /metrics scraping, polling for a server-side
+// metrics, load, shutdown): the set-up they share (a queueing server, the
+// probes they read it by), /metrics scraping, polling for a server-side
 // state, a long-running "blocker" stream that keeps the engine busy, the
 // 503 answer, and a model whose every generation is an engine error.
-import { expect } from "bun:test";
+import { afterEach, expect, setDefaultTimeout } from "bun:test";
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { type ErrorBody, GenerateResponse } from "../../src/wire/responses.ts";
@@ -10,7 +11,7 @@ import type { SyntheticOptions } from "../../src/model/synthetic.ts";
 import { type Family, parsePrometheusText, sampleValue } from "../scheduler/prom_text.ts";
 import { expectErrorShape, jsonBody } from "./http.ts";
 import { testTempDir, tinyModelPath } from "./models.ts";
-import type { TestServer } from "./server.ts";
+import { type ServerOptions, serverForTests, type TestServer } from "./server.ts";
 
 /**
  * A model slow enough (about 1 ms per decode step on one core; the GPT-2
@@ -20,9 +21,58 @@ import type { TestServer } from "./server.ts";
  */
 export const SLOW: Partial<SyntheticOptions> = { dim: 256, nHeads: 4, nKvHeads: 2, ffnDim: 1024, maxSeqLen: 8192 };
 
+/** SERVICE_MAX_SEQ_LEN of a queueing server: the slow model's whole length. */
+export const QUEUE_MAX_SEQ_LEN = 8192;
+
 export const slowModelPath = () => tinyModelPath(SLOW);
 
 export const PROMPT = "The looped transformer said";
+
+// ---- the set-up ----
+
+/**
+ * What a test file of the scheduler over HTTP registers first: a minute per
+ * test (a blocker holds the engine for seconds) and no stream left open
+ * after a test, even one that failed half-way.
+ */
+export function schedulingTests(): void {
+  setDefaultTimeout(60_000);
+  afterEach(cancelOpenStreams);
+}
+
+/**
+ * A server on the slow model that runs one request at a time, with room for
+ * a blocker of thousands of tokens: whatever is sent while one runs waits
+ * in its queue. `env` adds to its settings or overrides them.
+ */
+export function queueingServer(env: Record<string, string> = {}): ServerOptions {
+  return { modelPath: slowModelPath(), env: { SERVICE_MAX_BATCH: "1", SERVICE_MAX_SEQ_LEN: String(QUEUE_MAX_SEQ_LEN), ...env } };
+}
+
+/** A server with the probes these tests read it by, each the function of the same name below. */
+export type ProbedServer = TestServer & ReturnType<typeof probes>;
+
+function probes(server: TestServer) {
+  return {
+    scrape: () => scrape(server),
+    metric: (sample: string) => metric(server, sample),
+    metrics: <K extends string>(samples: readonly K[]) => metrics(server, samples),
+    waitForQueueDepth: (depth: number) => waitForQueueDepth(server, depth),
+    generateOk: (body: Record<string, unknown>) => generateOk(server, body),
+    openStream: (body: Record<string, unknown>) => openStream(server, body),
+    startBlocker: (maxTokens: number, extra: Record<string, unknown> = {}) => startBlocker(server, maxTokens, extra),
+  };
+}
+
+/** `server` (a handle of serverForTests too: nothing of it is read here) with the probes. */
+export function probed(server: TestServer): ProbedServer {
+  return Object.assign(server, probes(server));
+}
+
+/** A queueing server (`env` added) for the tests of the enclosing file or describe block (serverForTests), with the probes. */
+export function queueingServerForTests(env: Record<string, string> = {}): ProbedServer {
+  return probed(serverForTests(() => queueingServer(env)));
+}
 
 // ---- /metrics ----
 

@@ -7,6 +7,7 @@
 // gives), inProcessApp builds the same app in this process around a
 // stand-in engine.
 import { afterAll, beforeAll } from "bun:test";
+import type { Static, TSchema } from "@sinclair/typebox";
 import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { type Config, loadConfig } from "../../src/config.ts";
@@ -16,6 +17,7 @@ import type { GenerationEngine } from "../../src/http/generation.ts";
 import { ServiceMetrics } from "../../src/metrics.ts";
 import { createApp } from "../../src/http/app.ts";
 import { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
+import { jsonBody } from "./http.ts";
 import { TINY, tinyModelPath } from "./models.ts";
 
 const ROOT = resolve(import.meta.dir, "../..");
@@ -31,6 +33,8 @@ export interface TestServer {
   output(): string;
   /** POSTs a JSON body (or a raw string sent as-is) to `path`. */
   post(path: string, body: unknown, headers?: Record<string, string>): Promise<Response>;
+  /** POSTs a JSON body to `path` and returns the 200 response's body, checked against `schema` (jsonBody). */
+  postOk<S extends TSchema>(path: string, body: unknown, schema: S): Promise<Static<S>>;
   /** SIGTERM, then waits for the exit; resolves to the exit code. */
   stop(): Promise<number>;
 }
@@ -114,16 +118,18 @@ export async function startServer(opts: ServerOptions = {}): Promise<TestServer>
     await Bun.sleep(50);
   }
 
+  const post: TestServer["post"] = (path, body, headers = { "content-type": "application/json" }) =>
+    fetch(`${url}${path}`, {
+      method: "POST",
+      headers,
+      body: typeof body === "string" ? body : JSON.stringify(body),
+    });
   return {
     url,
     pid: proc.pid,
     output,
-    post: (path, body, headers = { "content-type": "application/json" }) =>
-      fetch(`${url}${path}`, {
-        method: "POST",
-        headers,
-        body: typeof body === "string" ? body : JSON.stringify(body),
-      }),
+    post,
+    postOk: async (path, body, schema) => jsonBody(await post(path, body), schema),
     async stop() {
       if (proc.exitCode === null) proc.kill("SIGTERM");
       return await proc.exited;
@@ -158,6 +164,7 @@ export function serverForTests(opts: ServerOptions | (() => ServerOptions) = {})
     },
     output: () => live().output(),
     post: (path, body, headers) => live().post(path, body, headers),
+    postOk: (path, body, schema) => live().postOk(path, body, schema),
     stop: () => live().stop(),
   };
 }

@@ -4,6 +4,7 @@
 import { expect } from "bun:test";
 import { resolve } from "node:path";
 import { NativeModel } from "../../src/engine/binding.ts";
+import type { ExitPlan } from "../../src/engine/types.ts";
 import { argmax } from "../reference/forward.ts";
 import { LIB } from "./kernels.ts";
 
@@ -52,15 +53,16 @@ export function torchLogits(model: string, tokens: number[], loops: number[], gr
   );
 }
 
-/** Per depth with early exit (crosscheck logits --exit-threshold): also the exit
+/** Per depth with early exit (crosscheck logits --exit-threshold --exit-policy): also the exit
  * step (0-based) of the position that chose each greedy token, and the closest
  * any exit decision came to the threshold (null: none decided). */
 export type TorchExitResult = TorchDepthResult & { exit_steps: number[]; margin: number | null };
 
-export function torchExitLogits(model: string, tokens: number[], loops: number[], greedy: number, threshold: number): Record<string, TorchExitResult> {
+export function torchExitLogits(model: string, tokens: number[], loops: number[], greedy: number, exit: ExitPlan): Record<string, TorchExitResult> {
   return JSON.parse(
     runTorchModule("crosscheck", [
-      "logits", model, "--tokens", tokens.join(","), "--loops", loops.join(","), "--greedy", String(greedy), "--exit-threshold", String(threshold),
+      "logits", model, "--tokens", tokens.join(","), "--loops", loops.join(","), "--greedy", String(greedy),
+      "--exit-threshold", String(exit.threshold), "--exit-policy", exit.policy,
     ]),
   );
 }

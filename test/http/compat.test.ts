@@ -34,19 +34,13 @@ const USER = [{ role: "user", content: PROMPT }];
 const USER_RENDERED = `User: ${PROMPT}\nAssistant:`;
 
 const server = serverForTests({ env: { SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } });
-let tok: Tokenizer;
-
-beforeAll(async () => {
-  tok = await Tokenizer.load();
-});
+const tok = await Tokenizer.load();
 
 // ---- helpers ----
 
-const ok = async <S extends TSchema>(path: string, body: unknown, schema: S) => jsonBody(await server.post(path, body), schema);
-
-const chat = (body: Record<string, unknown>) => ok("/v1/chat/completions", { model: MODEL, messages: USER, ...body }, ChatCompletion);
-const complete = (body: Record<string, unknown>) => ok("/v1/completions", { model: MODEL, prompt: PROMPT, ...body }, TextCompletion);
-const native = (body: Record<string, unknown>) => ok("/generate", body, GenerateResponse);
+const chat = (body: Record<string, unknown>) => server.postOk("/v1/chat/completions", { model: MODEL, messages: USER, ...body }, ChatCompletion);
+const complete = (body: Record<string, unknown>) => server.postOk("/v1/completions", { model: MODEL, prompt: PROMPT, ...body }, TextCompletion);
+const native = (body: Record<string, unknown>) => server.postOk("/generate", body, GenerateResponse);
 
 /** The native request a compat request's defaults map to: top-k 50, top_p 1, penalty 1. */
 const nativeDefaults = { loops: DEFAULT_LOOPS, temperature: 1, top_k: 50, top_p: 1, repetition_penalty: 1 };
@@ -81,6 +75,7 @@ describe("GET /v1/models", () => {
       owned_by: "loopserve",
       max_model_len: MAX_SEQ_LEN,
       default_loops: DEFAULT_LOOPS,
+      exit_threshold: null,
     });
     expect(Number.isInteger(m.created)).toBe(true);
     expect(Math.abs(m.created - Date.now() / 1000)).toBeLessThan(600);
@@ -100,17 +95,22 @@ describe("GET /v1/models", () => {
 
 // ---- response objects ----
 
+/** A whole response's fields, in OpenAI's order, and the ones every response starts with: an id with its prefix, the object, created (Unix seconds), the model echoed. */
+function expectHead(r: { id: string; object: string; created: number; model: string }, idPrefix: string, object: string): void {
+  expect(Object.keys(r)).toEqual(["id", "object", "created", "model", "choices", "usage"]);
+  expect(r.id).toMatch(new RegExp(`^${idPrefix}[0-9a-f]+$`));
+  expect(r.object).toBe(object);
+  expect(Number.isInteger(r.created)).toBe(true);
+  expect(r.model).toBe(MODEL);
+}
+
 describe("POST /v1/chat/completions response", () => {
   test("has the chat.completion shape with one choice and consistent usage", async () => {
     const before = Math.floor(Date.now() / 1000);
     const r = await chat({ max_tokens: 6, temperature: 0 });
-    expect(Object.keys(r)).toEqual(["id", "object", "created", "model", "choices", "usage"]);
-    expect(r.id).toMatch(/^chatcmpl-[0-9a-f]+$/);
-    expect(r.object).toBe("chat.completion");
-    expect(Number.isInteger(r.created)).toBe(true);
+    expectHead(r, "chatcmpl-", "chat.completion");
     expect(r.created).toBeGreaterThanOrEqual(before);
     expect(r.created).toBeLessThanOrEqual(Math.ceil(Date.now() / 1000));
-    expect(r.model).toBe(MODEL);
     expect(r.choices).toHaveLength(1);
     expect(r.choices[0]).toEqual({ index: 0, message: { role: "assistant", content: expect.any(String) }, logprobs: null, finish_reason: "length" });
     expect(r.usage).toEqual({ prompt_tokens: tok.encode(USER_RENDERED).length, completion_tokens: 6, total_tokens: tok.encode(USER_RENDERED).length + 6 });
@@ -124,7 +124,7 @@ describe("POST /v1/chat/completions response", () => {
 
   test("model is echoed whatever it says", async () => {
     for (const model of ["gpt-4o", "", "some/path with spaces ✓"]) {
-      const r = await ok("/v1/chat/completions", { model, messages: USER, max_tokens: 1 }, ChatCompletion);
+      const r = await server.postOk("/v1/chat/completions", { model, messages: USER, max_tokens: 1 }, ChatCompletion);
       expect(r.model).toBe(model);
     }
   });
@@ -133,11 +133,7 @@ describe("POST /v1/chat/completions response", () => {
 describe("POST /v1/completions response", () => {
   test("has the text_completion shape with one choice and consistent usage", async () => {
     const r = await complete({ max_tokens: 5, temperature: 0 });
-    expect(Object.keys(r)).toEqual(["id", "object", "created", "model", "choices", "usage"]);
-    expect(r.id).toMatch(/^cmpl-[0-9a-f]+$/);
-    expect(r.object).toBe("text_completion");
-    expect(Number.isInteger(r.created)).toBe(true);
-    expect(r.model).toBe(MODEL);
+    expectHead(r, "cmpl-", "text_completion");
     expect(r.choices).toEqual([{ text: expect.any(String), index: 0, logprobs: null, finish_reason: "length" }]);
     const n = tok.encode(PROMPT).length;
     expect(r.usage).toEqual({ prompt_tokens: n, completion_tokens: 5, total_tokens: n + 5 });
@@ -301,8 +297,8 @@ describe("sampling fields", () => {
       ["/v1/completions", TextCompletion, text],
       ["/api/v0/completions", ExtendedTextCompletion, text],
     ] as const) {
-      const plain = await ok(path, request, schema);
-      const withTools = await ok(path, { ...request, ...extras }, schema);
+      const plain = await server.postOk(path, request, schema);
+      const withTools = await server.postOk(path, { ...request, ...extras }, schema);
       expect(withTools.choices).toEqual(plain.choices);
       expect(withTools.usage).toEqual(plain.usage);
       expect(JSON.stringify(withTools.choices)).not.toContain("tool_calls");

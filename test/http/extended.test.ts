@@ -3,7 +3,7 @@
 // request knobs, and both families on a server without a usable model.
 // The compat fields and limits shared with /v1 are checked for both families
 // in compat.test.ts.
-import { beforeAll, describe, expect, test } from "bun:test";
+import { describe, expect, test } from "bun:test";
 import pkg from "../../package.json" with { type: "json" };
 import type { Static, TSchema } from "@sinclair/typebox";
 import {
@@ -51,17 +51,11 @@ const TINY_INFO: ModelInfoSection = {
 
 // One request at a time, so the priority test can queue requests behind a long one.
 const server = serverForTests({ env: { SERVICE_MAX_BATCH: "1", SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN), SERVICE_COMMIT: COMMIT } });
-let tok: Tokenizer;
+const tok = await Tokenizer.load();
 
-beforeAll(async () => {
-  tok = await Tokenizer.load();
-});
-
-const ok = async <S extends TSchema>(path: string, body: unknown, schema: S) => jsonBody(await server.post(path, body), schema);
-
-const chat = (body: Record<string, unknown>) => ok("/api/v0/chat/completions", { model: MODEL, messages: USER, ...body }, ExtendedChatCompletion);
-const complete = (body: Record<string, unknown>) => ok("/api/v0/completions", { model: MODEL, prompt: PROMPT, ...body }, ExtendedTextCompletion);
-const native = (body: Record<string, unknown>) => ok("/generate", body, GenerateResponse);
+const chat = (body: Record<string, unknown>) => server.postOk("/api/v0/chat/completions", { model: MODEL, messages: USER, ...body }, ExtendedChatCompletion);
+const complete = (body: Record<string, unknown>) => server.postOk("/api/v0/completions", { model: MODEL, prompt: PROMPT, ...body }, ExtendedTextCompletion);
+const native = (body: Record<string, unknown>) => server.postOk("/generate", body, GenerateResponse);
 
 async function streamChunks<S extends TSchema>(path: string, body: unknown, schema: S): Promise<Static<S>[]> {
   const res = await server.post(path, body);
@@ -130,7 +124,7 @@ describe("extended response sections", () => {
 
   test("the generated text equals the compat family's for the same request", async () => {
     const req = { model: MODEL, messages: USER, max_tokens: 12, temperature: 0.8, seed: 9 };
-    const v1 = await ok("/v1/chat/completions", req, ChatCompletion);
+    const v1 = await server.postOk("/v1/chat/completions", req, ChatCompletion);
     const v0 = await chat(req);
     expect(v0.choices).toEqual(v1.choices);
     expect(v0.usage).toEqual(v1.usage);

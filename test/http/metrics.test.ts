@@ -2,36 +2,28 @@
 // the exposition parses as Prometheus text, carries exactly the documented series
 // with their types, and its counters, gauges and histograms follow what
 // requests do: complete, error, get rejected or cancelled.
-import { afterAll, afterEach, beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
+import { beforeAll, describe, expect, test } from "bun:test";
 import { GenerateResponse } from "../../src/wire/responses.ts";
 import { expectErrorShape, expectSchema } from "../helpers/http.ts";
 import {
-  cancelOpenStreams,
   delta,
   expect503,
-  generateOk,
   LIFECYCLE,
-  metric,
-  metrics,
-  openStream,
   poisonedModelPath,
   PROMPT,
-  scrape,
-  slowModelPath,
+  probed,
+  QUEUE_MAX_SEQ_LEN,
+  queueingServerForTests,
+  schedulingTests,
   SLOW,
-  startBlocker,
-  waitForQueueDepth,
 } from "../helpers/scheduling.ts";
 import { TINY } from "../helpers/models.ts";
-import { serverForTests, startServer, type TestServer } from "../helpers/server.ts";
+import { serverForTests } from "../helpers/server.ts";
 import { BATCHING_SERIES, type Family, SPEC_SERIES, SPECULATIVE_SERIES } from "../scheduler/prom_text.ts";
 
-setDefaultTimeout(60_000);
-afterEach(cancelOpenStreams);
+schedulingTests();
 
 const HISTOGRAMS = Object.keys(SPEC_SERIES).filter((n) => SPEC_SERIES[n] === "histogram");
-
-const MAX_SEQ_LEN = 8192;
 
 /** Every documented series is declared with its exact type and a HELP line, and histograms are complete. */
 function expectSpecFamilies(families: Map<string, Family>): void {
@@ -59,29 +51,25 @@ function expectSpecFamilies(families: Map<string, Family>): void {
 }
 
 describe("/metrics with a model loaded", () => {
-  let s: TestServer;
   let startedAt: number;
-  beforeAll(async () => {
-    startedAt = Date.now() / 1000;
-    s = await startServer({ modelPath: slowModelPath(), env: { SERVICE_MAX_BATCH: "1", SERVICE_MAX_SEQ_LEN: String(MAX_SEQ_LEN) } });
+  beforeAll(() => {
+    startedAt = Date.now() / 1000; // before the server's own beforeAll starts it
   });
-  afterAll(async () => {
-    await s?.stop();
-  });
+  const s = queueingServerForTests();
 
   test("parses as Prometheus text format with every documented series, its exact TYPE and a HELP line", async () => {
     const res = await fetch(`${s.url}/metrics`);
     expect(res.status).toBe(200);
     expect(res.headers.get("content-type")).toStartWith("text/plain");
-    const families = await scrape(s);
+    const families = await s.scrape();
     expectSpecFamilies(families);
     // prom-client's default process metrics are there too.
     expect(families.get("process_cpu_seconds_total")?.type).toBe("counter");
   });
 
   test("gauges report the configuration: service_max_seq_len, service_default_loops, service_up_timestamp_seconds", async () => {
-    const m = await metrics(s, ["service_max_seq_len", "service_default_loops", "service_up_timestamp_seconds"]);
-    expect(m.service_max_seq_len).toBe(MAX_SEQ_LEN);
+    const m = await s.metrics(["service_max_seq_len", "service_default_loops", "service_up_timestamp_seconds"]);
+    expect(m.service_max_seq_len).toBe(QUEUE_MAX_SEQ_LEN);
     expect(m.service_default_loops).toBe(SLOW.loops ?? TINY.loops);
     expect(m.service_up_timestamp_seconds).toBeGreaterThanOrEqual(Math.floor(startedAt));
     expect(m.service_up_timestamp_seconds).toBeLessThanOrEqual(Date.now() / 1000);
@@ -89,12 +77,12 @@ describe("/metrics with a model loaded", () => {
 
   test("completed requests move submitted, completed and every histogram's _count and _sum", async () => {
     const keys = [...LIFECYCLE, ...HISTOGRAMS.flatMap((h) => [`${h}_count`, `${h}_sum`])];
-    const before = await metrics(s, keys);
-    await generateOk(s, { prompt: PROMPT, max_tokens: 4 });
-    await generateOk(s, { prompt: [464, 2068, 7586], max_tokens: 3 });
-    const events = await (await openStream(s, { prompt: PROMPT, max_tokens: 5 })).readAll();
+    const before = await s.metrics(keys);
+    await s.generateOk({ prompt: PROMPT, max_tokens: 4 });
+    await s.generateOk({ prompt: [464, 2068, 7586], max_tokens: 3 });
+    const events = await (await s.openStream({ prompt: PROMPT, max_tokens: 5 })).readAll();
     expect(events.at(-1)).toBe("[DONE]");
-    const after = await metrics(s, keys);
+    const after = await s.metrics(keys);
     expect(after.service_requests_submitted_total - before.service_requests_submitted_total).toBe(3);
     expect(after.service_requests_completed_total - before.service_requests_completed_total).toBe(3);
     for (const k of ["rejected", "errored", "cancelled"])
@@ -105,33 +93,33 @@ describe("/metrics with a model loaded", () => {
     }
     // The wall time of three generations on this model is real time, not zero.
     expect(after.service_request_wall_ms_sum).toBeGreaterThan(before.service_request_wall_ms_sum);
-    const rest = await metrics(s, ["service_queue_depth", "service_requests_in_flight"]);
+    const rest = await s.metrics(["service_queue_depth", "service_requests_in_flight"]);
     expect(rest).toEqual({ service_queue_depth: 0, service_requests_in_flight: 0 });
   });
 
   test("service_requests_in_flight and service_queue_depth count the running and the waiting requests", async () => {
-    const blocker = await startBlocker(s, 8000);
-    expect(await metric(s, "service_requests_in_flight")).toBe(1);
-    expect(await metric(s, "service_queue_depth")).toBe(0);
-    const queued = [generateOk(s, { prompt: PROMPT, max_tokens: 2 }), generateOk(s, { prompt: PROMPT, max_tokens: 2 })];
-    await waitForQueueDepth(s, 2);
-    expect(await metric(s, "service_requests_in_flight")).toBe(1);
-    const before = await metric(s, "service_requests_cancelled_total");
+    const blocker = await s.startBlocker(8000);
+    expect(await s.metric("service_requests_in_flight")).toBe(1);
+    expect(await s.metric("service_queue_depth")).toBe(0);
+    const queued = [s.generateOk({ prompt: PROMPT, max_tokens: 2 }), s.generateOk({ prompt: PROMPT, max_tokens: 2 })];
+    await s.waitForQueueDepth(2);
+    expect(await s.metric("service_requests_in_flight")).toBe(1);
+    const before = await s.metric("service_requests_cancelled_total");
     await blocker.cancel();
     await Promise.all(queued);
-    const after = await metrics(s, ["service_queue_depth", "service_requests_in_flight", "service_requests_cancelled_total"]);
+    const after = await s.metrics(["service_queue_depth", "service_requests_in_flight", "service_requests_cancelled_total"]);
     expect(after).toEqual({ service_queue_depth: 0, service_requests_in_flight: 0, service_requests_cancelled_total: before + 1 });
   });
 
   test("a rejected request moves submitted and rejected only; a request failing validation never reaches the scheduler", async () => {
-    await generateOk(s, { prompt: PROMPT, max_tokens: 16 }); // the latency predictor is primed
+    await s.generateOk({ prompt: PROMPT, max_tokens: 16 }); // the latency predictor is primed
     const keys = [...LIFECYCLE, "service_request_wall_ms_count", "service_queue_wait_ms_count"] as const;
-    const before = await metrics(s, keys);
+    const before = await s.metrics(keys);
     await expect503(await s.post("/generate", { prompt: PROMPT, max_tokens: 4000, slo_ms: 1 }), "latency_target");
     // 400 (length) and 422 (shape) are answered before admission.
-    expect((await s.post("/generate", { prompt: PROMPT, max_tokens: MAX_SEQ_LEN })).status).toBe(400);
+    expect((await s.post("/generate", { prompt: PROMPT, max_tokens: QUEUE_MAX_SEQ_LEN })).status).toBe(400);
     expect((await s.post("/generate", { max_tokens: 4 })).status).toBe(422);
-    expect(delta(await metrics(s, keys), before)).toEqual({
+    expect(delta(await s.metrics(keys), before)).toEqual({
       service_requests_submitted_total: 1,
       service_requests_rejected_total: 1,
       service_requests_completed_total: 0,
@@ -144,11 +132,11 @@ describe("/metrics with a model loaded", () => {
 });
 
 describe("/metrics when the engine fails", () => {
-  const s = serverForTests(() => ({ modelPath: poisonedModelPath() }));
+  const s = probed(serverForTests(() => ({ modelPath: poisonedModelPath() })));
 
   test("an engine error moves submitted and errored, not completed, and no completion latency is recorded", async () => {
     const keys = [...LIFECYCLE, "service_request_wall_ms_count"] as const;
-    const before = await metrics(s, keys);
+    const before = await s.metrics(keys);
     // Non-streaming: finish_reason "error" is allowed there; otherwise an error status in the common shape.
     const res = await s.post("/generate", { prompt: PROMPT, max_tokens: 4 });
     const body: unknown = await res.json();
@@ -158,10 +146,10 @@ describe("/metrics when the engine fails", () => {
       expect(body.finish_reason).toBe("error");
     }
     // Streaming: the stream was opened, so the error arrives as an event before [DONE].
-    const events = await (await openStream(s, { prompt: PROMPT, max_tokens: 4 })).readAll();
+    const events = await (await s.openStream({ prompt: PROMPT, max_tokens: 4 })).readAll();
     expect(events.at(-1)).toBe("[DONE]");
     expectErrorShape(JSON.parse(events.at(-2) as string));
-    expect(delta(await metrics(s, keys), before)).toMatchObject({
+    expect(delta(await s.metrics(keys), before)).toMatchObject({
       service_requests_submitted_total: 2,
       service_requests_errored_total: 2,
       service_requests_completed_total: 0,
@@ -173,14 +161,14 @@ describe("/metrics when the engine fails", () => {
 });
 
 describe("/metrics without a model", () => {
-  const s = serverForTests({ modelPath: null });
+  const s = probed(serverForTests({ modelPath: null }));
 
   test("still answers 200 in Prometheus text with every documented series while /healthz and /generate answer 503", async () => {
     expect((await fetch(`${s.url}/healthz`)).status).toBe(503);
     await expect503(await s.post("/generate", { prompt: PROMPT, max_tokens: 4 }), "model_not_loaded");
-    const families = await scrape(s);
+    const families = await s.scrape();
     expectSpecFamilies(families);
-    const m = await metrics(s, [...LIFECYCLE, "service_max_seq_len", "service_queue_depth", "service_requests_in_flight"]);
+    const m = await s.metrics([...LIFECYCLE, "service_max_seq_len", "service_queue_depth", "service_requests_in_flight"]);
     expect(m.service_max_seq_len).toBe(2048); // SERVICE_MAX_SEQ_LEN's default
     // Nothing reached a scheduler: there is none.
     for (const k of LIFECYCLE) expect({ k, v: m[k] }).toEqual({ k, v: 0 });

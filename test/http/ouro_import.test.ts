@@ -14,7 +14,7 @@ import { writeHfFixture } from "../helpers/hf_fixture.ts";
 import { importHfCheckpoint } from "../../src/model/import_hf.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
 import { readSafetensors } from "../../src/model/safetensors.ts";
-import { GREEDY } from "../../src/engine/types.ts";
+import { type ExitPlan, type ExitPolicy, GREEDY } from "../../src/engine/types.ts";
 import { withModel } from "../helpers/kernels.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
 import { waitFor } from "../helpers/scheduling.ts";
@@ -37,17 +37,17 @@ const MODEL_PATH = importedOuro();
 const server = serverForTests({ modelPath: MODEL_PATH, env: { SERVICE_MAX_SEQ_LEN: "256" } });
 
 /** The reference's greedy tokens (and steps) after `prompt`, stopping at an end id as the server does. */
-function referenceGreedy(prompt: number[], n: number, exitThreshold = 0): { tokens: number[]; steps: number[] } {
+function referenceGreedy(prompt: number[], n: number, exit?: ExitPlan): { tokens: number[]; steps: number[] } {
   const s = ReferenceModel.load(MODEL_PATH).session(STEPS);
   for (const t of prompt.slice(0, -1)) s.feed(t);
-  let logits = s.feed(prompt[prompt.length - 1], exitThreshold);
+  let logits = s.feed(prompt[prompt.length - 1], exit);
   const out = { tokens: [] as number[], steps: [] as number[] };
   while (out.tokens.length < n) {
     const t = argmax(logits);
     if (EOS.includes(t)) break;
     out.tokens.push(t);
     out.steps.push(s.lastSteps);
-    logits = s.feed(t, exitThreshold);
+    logits = s.feed(t, exit);
   }
   return out;
 }
@@ -55,15 +55,21 @@ function referenceGreedy(prompt: number[], n: number, exitThreshold = 0): { toke
 const PROMPT = [300, 17, 42, 99, 250, 7, 13];
 
 describe("an imported Ouro-layout checkpoint, served", () => {
-  test("/generate: greedy tokens equal the reference's at fixed depth and under early exit, with the steps it reports", async () => {
+  test("/generate: greedy tokens equal the reference's at fixed depth and under early exit (every step, select; or copies), with the steps it reports", async () => {
     let exited = false;
-    for (const exit of [0, 0.4, 0.7]) {
-      const res = await server.post("/generate", { prompt: PROMPT, max_tokens: 16, temperature: 0, loops: STEPS, exit_threshold: exit });
+    // null: no early exit; 1: every step, the fixed-depth path; 0: every token after its first step.
+    const cases: { exit: number | null; policy: ExitPolicy }[] = [
+      ...[null, 1, 0, 0.4, 0.5, 0.7].map((exit) => ({ exit, policy: "exact" as const })),
+      { exit: 0.4, policy: "copy" },
+    ];
+    for (const { exit, policy } of cases) {
+      const res = await server.post("/generate", { prompt: PROMPT, max_tokens: 16, temperature: 0, loops: STEPS, exit_threshold: exit, exit_policy: policy });
       expect(res.status).toBe(200);
       const body = await res.json();
-      const want = referenceGreedy(PROMPT, 16, exit);
-      expect(body.tokens, `exit_threshold ${exit}`).toEqual(want.tokens);
-      if (exit === 0) expect(body.stats.mean_steps).toBeUndefined();
+      const fixed = exit === null || exit === 1;
+      const want = referenceGreedy(PROMPT, 16, fixed ? undefined : { threshold: exit, policy });
+      expect(body.tokens, `exit_threshold ${exit}, ${policy}`).toEqual(want.tokens);
+      if (fixed) expect(body.stats.mean_steps).toBeUndefined();
       else if (want.steps.length > 0) expect(body.stats.mean_steps).toBeCloseTo(want.steps.reduce((a, b) => a + b, 0) / want.steps.length, 9);
       exited ||= want.steps.some((s) => s < STEPS);
     }
@@ -94,6 +100,16 @@ describe("an imported Ouro-layout checkpoint, served", () => {
     expect((await native.json()).error.param).toBe("exit_threshold");
     const bad = await server.post("/generate", { prompt: PROMPT, exit_threshold: 1.5 });
     expect(bad.status).toBe(400);
+    const policy = await server.post("/generate", { prompt: PROMPT, exit_threshold: 0.5, exit_policy: "fast" });
+    expect(policy.status).toBe(400);
+    expect((await policy.json()).error.param).toBe("exit_policy");
+    for (const exit_policy of ["exact", "copy"])
+      expect((await server.post("/generate", { prompt: PROMPT, max_tokens: 2, exit_threshold: 0.5, exit_policy })).status).toBe(200);
+    // the exact policy computes skipped steps late, from rows a window drops: refused together, naming the window
+    const windowed = await server.post("/generate", { prompt: PROMPT, max_tokens: 2, exit_threshold: 0.5, cache_window: 4 });
+    expect(windowed.status).toBe(400);
+    expect((await windowed.json()).error.param).toBe("cache_window");
+    expect((await server.post("/generate", { prompt: PROMPT, max_tokens: 2, exit_threshold: 0.5, exit_policy: "copy", cache_window: 4 })).status).toBe(200);
   }, 60_000);
 
   test("int4 of the imported model keeps its tokenizer and runs, exits included", () => {
@@ -105,7 +121,7 @@ describe("an imported Ouro-layout checkpoint, served", () => {
     withModel(int4, 1, "auto", (m) => {
       expect(m.info).toMatchObject({ quant: "int4", nLayers: 3, exitGate: true });
       const s = m.newSession(PROMPT.length + 4, STEPS, 0);
-      const first = s.step(Int32Array.from(PROMPT), STEPS, GREEDY, null, 0.5);
+      const first = s.step(Int32Array.from(PROMPT), STEPS, GREEDY, null, { threshold: 0.5, policy: "exact" });
       expect(first).toBeGreaterThanOrEqual(0);
       expect(s.lastSteps).toBeGreaterThanOrEqual(1);
       s.close();
@@ -125,20 +141,20 @@ describe("a model whose file names a default exit threshold", () => {
   const GATED = { vocabSize: 50257, loops: 4, seed: 3, nLayers: 2, sandwichNorm: true, stepNorm: true, exitGate: true, exitThreshold: 0.6 };
   const gated = serverForTests(() => ({ modelPath: tinyModelPath(GATED), env: { SERVICE_MAX_SEQ_LEN: "256", SERVICE_PREFIX_POOL_CAPACITY: "4" } }));
 
-  test("a pooled prefix under early exit: the prompt's last position is not reused, and the output equals a run alone", async () => {
-    const first = [464, 3290, 318, 257, 922, 1110, 11, 290];
+  test.each(["exact", "copy"] as const)("a pooled prefix under early exit (%s policy): reused, and the output equals a run alone", async (policy) => {
+    const first = policy === "exact" ? [464, 3290, 318, 257, 922, 1110, 11, 290] : [464, 3290, 318, 257, 922, 1110, 11, 291];
     const longer = [...first, 3290, 318];
     const hits = async () => Number(/^service_prefix_pool_hits_total (\d+)/m.exec(await (await fetch(`${gated.url}/metrics`)).text())?.[1]);
-    await gated.post("/generate", { prompt: first, max_tokens: 4, temperature: 0, loops: 4 });
+    await gated.post("/generate", { prompt: first, max_tokens: 4, temperature: 0, loops: 4, exit_policy: policy });
     const before = await hits();
-    const body = await (await gated.post("/generate", { prompt: longer, max_tokens: 12, temperature: 0, loops: 4 })).json();
+    const body = await (await gated.post("/generate", { prompt: longer, max_tokens: 12, temperature: 0, loops: 4, exit_policy: policy })).json();
     expect(await hits()).toBe(before + 1);
     const alone = withModel(tinyModelPath(GATED), 1, "auto", (m) => {
       const s = m.newSession(longer.length + 12, 4, 0);
       const out: number[] = [];
       let feed = Int32Array.from(longer);
       while (out.length < 12) {
-        out.push(s.step(feed, 4, GREEDY, null, 0.6));
+        out.push(s.step(feed, 4, GREEDY, null, { threshold: 0.6, policy }));
         feed = Int32Array.of(out[out.length - 1]);
       }
       s.close();
@@ -169,14 +185,28 @@ describe("a model whose file names a default exit threshold", () => {
     await waitFor("the cancelled request's steps", async () => (await count()) >= before + received);
   }, 60_000);
 
-  test("plain generation exits by default; 0 asks for fixed depth; the speculative modes run fixed depths", async () => {
+  test("plain generation exits by default; null and 1 ask for fixed depth; the speculative modes run fixed depths", async () => {
     const byDefault = await (await gated.post("/generate", { prompt: PROMPT, max_tokens: 8, temperature: 0, loops: 4 })).json();
     expect(typeof byDefault.stats.mean_steps).toBe("number");
-    const fixed = await (await gated.post("/generate", { prompt: PROMPT, max_tokens: 8, temperature: 0, loops: 4, exit_threshold: 0 })).json();
-    expect(fixed.stats.mean_steps).toBeUndefined();
+    for (const exit_threshold of [null, 1]) {
+      const fixed = await (await gated.post("/generate", { prompt: PROMPT, max_tokens: 8, temperature: 0, loops: 4, exit_threshold })).json();
+      expect(fixed.stats.mean_steps).toBeUndefined();
+    }
     const spec = await gated.post("/generate/speculative", { prompt: PROMPT, max_tokens: 8, temperature: 0, verify_loops: 4, draft_loops: 1 });
     expect(spec.status).toBe(200);
     const info = (await (await gated.post("/api/v0/completions", { model: "m", prompt: "a", max_tokens: 1 })).json()).model_info;
     expect(info).toMatchObject({ n_layers: 2, exit_gate: true, exit_threshold: 0.6 });
+  }, 60_000);
+
+  test("a request that names no depth gets the model's, on every route; /v1/models says which", async () => {
+    const [entry] = (await (await fetch(`${gated.url}/v1/models`)).json()).data;
+    expect(entry).toMatchObject({ default_loops: GATED.loops, exit_threshold: GATED.exitThreshold });
+    const plain = await (await gated.post("/generate", { prompt: PROMPT, max_tokens: 4, temperature: 0 })).json();
+    expect(plain.stats.loops_used).toBe(GATED.loops);
+    expect(typeof plain.stats.mean_steps).toBe("number");
+    const spec = await (await gated.post("/generate/speculative", { prompt: PROMPT, max_tokens: 4, temperature: 0, draft_loops: 1 })).json();
+    expect(spec.stats.loops_used).toBe(GATED.loops);
+    const extended = await (await gated.post("/api/v0/completions", { model: "m", prompt: "a", max_tokens: 4, temperature: 0, mode: "speculative" })).json();
+    expect(extended.stats.loops_used).toBe(GATED.loops);
   }, 60_000);
 });

@@ -11,7 +11,7 @@ import { join, resolve } from "node:path";
 import { log } from "../../src/log.ts";
 import { jsonBody } from "../helpers/http.ts";
 import { testTempDir } from "../helpers/models.ts";
-import { cancelOpenStreams, expect503, openStream, PROMPT, slowModelPath, startBlocker, waitFor, waitForQueueDepth } from "../helpers/scheduling.ts";
+import { cancelOpenStreams, expect503, openStream, PROMPT, queueingServer, startBlocker, waitFor, waitForQueueDepth } from "../helpers/scheduling.ts";
 import { inProcessApp, serverForTests, startServer, TINY_MODEL_INFO, type TestServer } from "../helpers/server.ts";
 
 setDefaultTimeout(60_000);
@@ -69,7 +69,7 @@ describe("text format (the default)", () => {
   const lines = () => textRequestLines(s.output());
 
   beforeAll(async () => {
-    s = await startServer({ modelPath: slowModelPath(), env: { SERVICE_MAX_BATCH: "1", SERVICE_MAX_QUEUE_DEPTH: "1", SERVICE_MAX_SEQ_LEN: "4096" } });
+    s = await startServer(queueingServer({ SERVICE_MAX_QUEUE_DEPTH: "1" }));
   });
   afterAll(async () => {
     await cancelOpenStreams();

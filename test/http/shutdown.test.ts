@@ -3,16 +3,7 @@
 // queued with 503, lets the running request finish, then exits 0.
 import { describe, expect, setDefaultTimeout, test } from "bun:test";
 import { expectErrorShape, sseData } from "../helpers/http.ts";
-import {
-  cancelOpenStreams,
-  expect503,
-  metric,
-  PROMPT,
-  slowModelPath,
-  startBlocker,
-  waitFor,
-  waitForQueueDepth,
-} from "../helpers/scheduling.ts";
+import { cancelOpenStreams, expect503, PROMPT, probed, queueingServer, waitFor } from "../helpers/scheduling.ts";
 import { startServer } from "../helpers/server.ts";
 
 setDefaultTimeout(60_000);
@@ -21,13 +12,13 @@ describe("graceful shutdown", () => {
   test("SIGTERM during a stream: it finishes with every token and [DONE], queued requests and new ones get 503, /healthz says 503 while draining, exit code 0", async () => {
     // ~1 ms per token on the slow model: the stream outlasts the checks made while draining.
     const TOKENS = 600;
-    const s = await startServer({ modelPath: slowModelPath(), env: { SERVICE_MAX_BATCH: "1", SERVICE_MAX_SEQ_LEN: "2048" } });
+    const s = probed(await startServer(queueingServer()));
     try {
-      const stream = await startBlocker(s, TOKENS);
+      const stream = await s.startBlocker(TOKENS);
       const queuedPlain = s.post("/generate", { prompt: PROMPT, max_tokens: 4 });
       const queuedStream = s.post("/generate", { prompt: PROMPT, max_tokens: 4, stream: true });
-      await waitForQueueDepth(s, 2);
-      const rejectedBefore = await metric(s, "service_requests_rejected_total");
+      await s.waitForQueueDepth(2);
+      const rejectedBefore = await s.metric("service_requests_rejected_total");
 
       const exited = s.stop(); // SIGTERM, then the exit code
 
@@ -43,8 +34,8 @@ describe("graceful shutdown", () => {
       await expect503(await s.post("/generate", { prompt: PROMPT, max_tokens: 4 }), "shutting_down");
       await expect503(await s.post("/generate", { prompt: PROMPT, max_tokens: 4, stream: true }), "shutting_down");
       // The refusals of the queued requests are counted; the running one still runs.
-      expect(await metric(s, "service_requests_rejected_total")).toBe(rejectedBefore + 2);
-      expect(await metric(s, "service_requests_in_flight")).toBe(1);
+      expect(await s.metric("service_requests_rejected_total")).toBe(rejectedBefore + 2);
+      expect(await s.metric("service_requests_in_flight")).toBe(1);
 
       // The running stream is complete: every token, the token_id -1 tail, [DONE].
       const events = await stream.readAll();
@@ -65,16 +56,16 @@ describe("graceful shutdown", () => {
 
   test("a second SIGTERM ends the running streams (native and /v1) with a shutting_down error event and [DONE], then exits 0", async () => {
     const TOKENS = 6000; // far more than the test waits for
-    const s = await startServer({ modelPath: slowModelPath(), env: { SERVICE_MAX_BATCH: "2", SERVICE_MAX_SEQ_LEN: "8192" } });
+    const s = probed(await startServer(queueingServer({ SERVICE_MAX_BATCH: "2" })));
     try {
-      const native = await startBlocker(s, TOKENS);
+      const native = await s.startBlocker(TOKENS);
       const compat = await s.post("/v1/completions", { model: "m", prompt: PROMPT, max_tokens: TOKENS, stream: true });
       expect(compat.status).toBe(200);
       const compatText = compat.text();
 
       const exited = s.stop(); // the first SIGTERM: draining, the streams keep running
       await waitFor("draining", async () => (await fetch(`${s.url}/healthz`)).status === 503);
-      expect(await metric(s, "service_requests_in_flight")).toBe(2);
+      expect(await s.metric("service_requests_in_flight")).toBe(2);
       process.kill(s.pid, "SIGTERM");
 
       for (const events of [await native.readAll(), sseData(await compatText)]) {
@@ -92,7 +83,7 @@ describe("graceful shutdown", () => {
   });
 
   test("SIGTERM on an idle server exits 0 at once", async () => {
-    const s = await startServer({ modelPath: slowModelPath() });
+    const s = await startServer(queueingServer());
     expect((await fetch(`${s.url}/healthz`)).status).toBe(200);
     const t0 = performance.now();
     expect(await s.stop()).toBe(0);

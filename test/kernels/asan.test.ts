@@ -189,6 +189,7 @@ describe("model loading under ASan/UBSan: the descriptor against the file", () =
 
 const FWD: Record<string, SyntheticOptions> = {
   gqa: { dim: 64, nHeads: 4, nKvHeads: 2, ffnDim: 96, vocabSize: 300, loops: 3, seed: 21 },
+  stack: { dim: 64, nHeads: 4, nKvHeads: 2, ffnDim: 96, vocabSize: 300, loops: 4, seed: 23, nLayers: 2, sandwichNorm: true, stepNorm: true, exitGate: true },
   "mha-tied": { dim: 40, nHeads: 4, nKvHeads: 4, ffnDim: 56, vocabSize: 67, loops: 2, seed: 22, tiedOutput: true },
 };
 const TOKENS = [1, 7, 42, 13, 0, 5, 5, 29, 66];
@@ -239,9 +240,9 @@ describe("forward pass under ASan/UBSan", () => {
     });
   }
 
-  test("batched steps of mixed sessions (depths, windows, cache modes, prompt chunks, sampling) equal each session alone, every SIMD path", () => {
-    const path = modelPath("batch", FWD.gqa);
-    const prompt = Array.from({ length: 90 }, (_, i) => String((i * 13 + 5) % FWD.gqa.vocabSize)); // longer than one block
+  test.each(["gqa", "stack"])("batched steps of mixed sessions (depths, windows, cache modes, prompt chunks, sampling; a stack's exit policies) equal each session alone, every SIMD path: %s", (name) => {
+    const path = modelPath(`batch-${name}`, FWD[name]);
+    const prompt = Array.from({ length: 90 }, (_, i) => String((i * 13 + 5) % FWD[name].vocabSize)); // longer than one block
     for (const simd of supportedPaths(path)) {
       const r = run("batch", path, simd, ...prompt);
       expect(r.stdout).toMatch(/^ok /);

@@ -9,7 +9,7 @@
 import { beforeAll, describe, expect, test } from "bun:test";
 import { join } from "node:path";
 import { FP16_CACHE, type KvCacheSettings, NativeError, type NativeModel, type NativeSession } from "../../src/engine/binding.ts";
-import { GREEDY } from "../../src/engine/types.ts";
+import { type ExitPlan, GREEDY } from "../../src/engine/types.ts";
 import { formatQuantMix } from "../../src/model/format.ts";
 import { KV_CACHE_MODES, kvModeSpec } from "../../src/model/kvcache.ts";
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
@@ -30,14 +30,14 @@ const PLAIN_STACK: Partial<SyntheticOptions> = { vocabSize: VOCAB, loops: 3, see
 beforeAll(ensureLibrary);
 
 /** Greedy decoding of n tokens after the prompt, one step per token: tokens, their logits and the steps each ran. */
-function decode(m: NativeModel, prompt: number[], loops: number, n: number, exitThreshold = 0, kv: KvCacheSettings = FP16_CACHE) {
+function decode(m: NativeModel, prompt: number[], loops: number, n: number, exit?: ExitPlan, kv: KvCacheSettings = FP16_CACHE) {
   const s = m.newSession(prompt.length + n, loops, 0, kv);
   try {
     const out = { tokens: [] as number[], logits: [] as Float32Array[], steps: [] as number[] };
     let feed = prompt;
     while (out.tokens.length < n) {
       const logits = new Float32Array(m.info.vocabSize);
-      const t = s.step(Int32Array.from(feed), loops, GREEDY, logits, exitThreshold);
+      const t = s.step(Int32Array.from(feed), loops, GREEDY, logits, exit);
       out.tokens.push(t);
       out.logits.push(logits);
       out.steps.push(s.lastSteps);
@@ -50,20 +50,33 @@ function decode(m: NativeModel, prompt: number[], loops: number, n: number, exit
 }
 
 /** The reference's greedy decoding, as decode. */
-function referenceDecode(ref: ReferenceModel, prompt: number[], loops: number, n: number, exitThreshold = 0, kv: KvCacheSettings = FP16_CACHE) {
+function referenceDecode(ref: ReferenceModel, prompt: number[], loops: number, n: number, exit?: ExitPlan, kv: KvCacheSettings = FP16_CACHE) {
   const s = ref.session(loops, { kvCacheMode: kv.mode, fp16AttnQkv: kv.fp16AttnQkv });
   for (const t of prompt.slice(0, -1)) s.feed(t);
   const out = { tokens: [] as number[], logits: [] as Float32Array[], steps: [] as number[] };
-  let logits = s.feed(prompt[prompt.length - 1], exitThreshold);
+  let logits = s.feed(prompt[prompt.length - 1], exit);
   while (out.tokens.length < n) {
     const t = argmax(logits);
     out.tokens.push(t);
     out.logits.push(logits);
     out.steps.push(s.lastSteps);
-    if (out.tokens.length < n) logits = s.feed(t, exitThreshold);
+    if (out.tokens.length < n) logits = s.feed(t, exit);
   }
   return out;
 }
+
+/** Depths and exit rules the decoding tests run: none, each policy at several thresholds (0: every token after one step). */
+const EXIT_CASES: [number, ExitPlan | undefined][] = [
+  [4, undefined],
+  [8, undefined],
+  ...(["exact", "copy"] as const).flatMap((policy): [number, ExitPlan][] => [
+    [4, { threshold: 0.3, policy }],
+    [4, { threshold: 0.6, policy }],
+    [8, { threshold: 0.5, policy }],
+    [3, { threshold: 0.9, policy }],
+    [4, { threshold: 0, policy }],
+  ]),
+];
 
 describe("a stack against the float64 reference", () => {
   for (const [name, opts] of [["Ouro-like (sandwich, step norm, gate)", OURO_LIKE], ["plain two-layer stack", PLAIN_STACK]] as const) {
@@ -94,14 +107,15 @@ describe("a stack against the float64 reference", () => {
     withModel(path, 2, "auto", (m) => {
       expect(m.info.exitGate).toBe(true);
       const seen = new Set<number>();
-      for (const [loops, threshold] of [[4, 0], [8, 0], [4, 0.3], [4, 0.6], [8, 0.5], [3, 0.9]] as const) {
-        const got = decode(m, prompt, loops, 16, threshold);
-        const want = referenceDecode(ref, prompt, loops, 16, threshold);
-        expect(got.steps, `loops ${loops}, threshold ${threshold}`).toEqual(want.steps);
-        expect(got.tokens, `loops ${loops}, threshold ${threshold}`).toEqual(want.tokens);
+      for (const [loops, exit] of EXIT_CASES) {
+        const got = decode(m, prompt, loops, 16, exit);
+        const want = referenceDecode(ref, prompt, loops, 16, exit);
+        const what = `loops ${loops}, ${exit ? `${exit.policy} exit at ${exit.threshold}` : "no exit"}`;
+        expect(got.steps, what).toEqual(want.steps);
+        expect(got.tokens, what).toEqual(want.tokens);
         got.logits.forEach((l, i) => expect(relErr(l, want.logits[i])).toBeLessThan(TOL));
         for (const s of got.steps) seen.add(s);
-        if (threshold === 0) expect(new Set(got.steps)).toEqual(new Set([loops]));
+        if (!exit) expect(new Set(got.steps)).toEqual(new Set([loops]));
       }
       // the gate of this model exits at more than one depth: the test exercises real exits
       expect(seen.size).toBeGreaterThan(2);
@@ -113,7 +127,7 @@ describe("a stack against the float64 reference", () => {
     const prompt = tokensFor(VOCAB, 9, 4);
     withModel(path, 1, "auto", (m) => {
       for (const threshold of [0.2, 0.5, 0.8]) {
-        const exit = decode(m, prompt, 6, 1, threshold);
+        const exit = decode(m, prompt, 6, 1, { threshold, policy: "exact" });
         const fixed = decode(m, prompt, exit.steps[0], 1);
         expect(new Uint32Array(exit.logits[0].buffer)).toEqual(new Uint32Array(fixed.logits[0].buffer));
       }
@@ -195,13 +209,14 @@ describe("a stack in every weight format and cache mode against the float64 refe
     const prompt = tokensFor(VOCAB, 12, 8);
     const kv: KvCacheSettings = { mode: "int8" };
     const seen = new Set<number>();
-    for (const [loops, threshold] of [[4, 0], [4, 0.3], [4, 0.6], [8, 0.5]] as const) {
-      const want = referenceDecode(ref, prompt, loops, 16, threshold, kv);
+    for (const [loops, exit] of [[4, undefined], [4, { threshold: 0.3, policy: "exact" }], [4, { threshold: 0.6, policy: "copy" }], [8, { threshold: 0.5, policy: "exact" }]] as const) {
+      const want = referenceDecode(ref, prompt, loops, 16, exit, kv);
       for (const simd of supportedPaths(path))
         withModel(path, 2, simd, (m) => {
-          const got = decode(m, prompt, loops, 16, threshold, kv);
-          expect(got.steps, `${simd}, loops ${loops}, threshold ${threshold}`).toEqual(want.steps);
-          expect(got.tokens, `${simd}, loops ${loops}, threshold ${threshold}`).toEqual(want.tokens);
+          const got = decode(m, prompt, loops, 16, exit, kv);
+          const what = `${simd}, loops ${loops}, ${exit ? `${exit.policy} exit at ${exit.threshold}` : "no exit"}`;
+          expect(got.steps, what).toEqual(want.steps);
+          expect(got.tokens, what).toEqual(want.tokens);
           got.logits.forEach((l, i) => expect(relErr(l, want.logits[i])).toBeLessThan(TOL));
         });
       for (const s of want.steps) seen.add(s);
@@ -211,13 +226,19 @@ describe("a stack in every weight format and cache mode against the float64 refe
   }, 120_000);
 });
 
+/** A batch's rows: no exit, or each policy at several thresholds (copy where the row has a window, which exact refuses). */
+function mixedExit(i: number, window: number): ExitPlan | undefined {
+  if (i % 4 === 0) return undefined;
+  return { threshold: [0.3, 0.6, 0.9][(i % 4) - 1], policy: window > 0 || i % 8 > 4 ? "copy" : "exact" };
+}
+
 describe("every feature on a stack", () => {
   test("batches of mixed depths, exits, windows, cache modes and sampling: each row bit-identical to running alone", () => {
     const path = tinyModelPath(OURO_LIKE);
     for (const simd of supportedPaths(path))
       for (const threads of [1, 2])
         withModel(path, threads, simd, (m) => {
-          const ps = plans(VOCAB, 14, 5, [{ mode: "fp16" }, { mode: "int8" }, { mode: "int4-h" }]).map((p, i) => ({ ...p, exitThreshold: [0, 0.3, 0.6, 0.9][i % 4] }));
+          const ps = plans(VOCAB, 14, 5, [{ mode: "fp16" }, { mode: "int8" }, { mode: "int4-h" }]).map((p, i) => ({ ...p, exit: mixedExit(i, p.window) }));
           const traces = expectSameAsSolo(m, ps, `${simd} x${threads}`);
           const exited = traces.some((t, i) => t.steps.some((s) => s < ps[i].loops));
           expect(exited).toBe(true);
@@ -231,7 +252,7 @@ describe("every feature on a stack", () => {
         arrives: 0,
         chunk: i === 5 ? 400 : 1 + (i % 3),
         prompt: i === 5 ? tokensFor(VOCAB, 300, 9) : p.prompt.slice(0, 4),
-        exitThreshold: i % 2 ? 0.5 : 0,
+        exit: i % 2 ? ({ threshold: 0.5, policy: i % 4 === 1 ? "exact" : "copy" } as const) : undefined,
       }));
       expectSameAsSolo(m, many, "70 rows");
     });
@@ -243,7 +264,7 @@ describe("every feature on a stack", () => {
     withModel(int4, 2, "auto", (m) => {
       expect(m.info.quant).toBe("int4");
       expect(m.info.nLayers).toBe(3);
-      expectSameAsSolo(m, plans(VOCAB, 10, 7, [{ mode: "fp16" }]).map((p, i) => ({ ...p, exitThreshold: i % 2 ? 0.5 : 0 })), "int4 stack");
+      expectSameAsSolo(m, plans(VOCAB, 10, 7, [{ mode: "fp16" }]).map((p, i) => ({ ...p, exit: mixedExit(i, p.window) })), "int4 stack");
     });
   }, 120_000);
 
@@ -294,8 +315,8 @@ describe("every feature on a stack", () => {
         dst.copyPrefixFrom(src, 20);
         const a = new Float32Array(VOCAB);
         const b = new Float32Array(VOCAB);
-        src.step(Int32Array.from(toks.slice(20)), 4, GREEDY, a, 0.5);
-        dst.step(Int32Array.from(toks.slice(20)), 4, GREEDY, b, 0.5);
+        src.step(Int32Array.from(toks.slice(20)), 4, GREEDY, a, { threshold: 0.5, policy: "exact" });
+        dst.step(Int32Array.from(toks.slice(20)), 4, GREEDY, b, { threshold: 0.5, policy: "exact" });
         expect(new Uint32Array(a.buffer)).toEqual(new Uint32Array(b.buffer));
         expect(dst.lastSteps).toBe(src.lastSteps);
       } finally {
@@ -305,19 +326,25 @@ describe("every feature on a stack", () => {
     });
   });
 
-  test("a session's cache grows with the layers: steps x layers units", () => {
+  test("a session's cache grows with the layers: steps x layers units, beside one kept state per position for exact exits", () => {
     withModel(tinyModelPath(OURO_LIKE), 1, "auto", (m) => {
       withModel(tinyModelPath({ ...OURO_LIKE, nLayers: 1 }), 1, "auto", (one) => {
-        expect(m.sessionCacheBytes(100, 4, 0)).toBe(3 * one.sessionCacheBytes(100, 4, 0));
+        const kept = 100 * (m.info.dim * 4 + 4); // a hidden state and its unit count per position (a model with a gate)
+        expect(m.sessionCacheBytes(100, 4, 0) - kept).toBe(3 * (one.sessionCacheBytes(100, 4, 0) - kept));
+      });
+      withModel(tinyModelPath(PLAIN_STACK), 1, "auto", (plain) => {
+        withModel(tinyModelPath({ ...PLAIN_STACK, nLayers: 1 }), 1, "auto", (one) => {
+          expect(plain.sessionCacheBytes(100, 3, 0)).toBe(2 * one.sessionCacheBytes(100, 3, 0)); // no gate: nothing kept
+        });
       });
     });
   });
 
-  test("an exit threshold on a model without a gate, or out of range, is refused", () => {
+  test("an exit rule on a model without a gate, a threshold out of range, or the exact policy with a window, is refused", () => {
     withModel(tinyModelPath(PLAIN_STACK), 1, "auto", (m) => {
       const s = m.newSession(16, 3, 0);
       try {
-        expect(() => s.step(Int32Array.of(1, 2), 3, GREEDY, null, 0.5)).toThrow(NativeError);
+        for (const policy of ["exact", "copy"] as const) expect(() => s.step(Int32Array.of(1, 2), 3, GREEDY, null, { threshold: 0.5, policy })).toThrow(NativeError);
         expect(s.pos).toBe(0);
       } finally {
         s.close();
@@ -326,11 +353,17 @@ describe("every feature on a stack", () => {
     withModel(tinyModelPath(OURO_LIKE), 1, "auto", (m) => {
       const s = m.newSession(16, 3, 0);
       try {
-        for (const bad of [-0.1, 1.5, Number.NaN]) expect(() => s.step(Int32Array.of(1, 2), 3, GREEDY, null, bad)).toThrow(NativeError);
+        for (const bad of [-0.1, 1.5, Number.NaN]) expect(() => s.step(Int32Array.of(1, 2), 3, GREEDY, null, { threshold: bad, policy: "exact" })).toThrow(NativeError);
         expect(s.pos).toBe(0);
       } finally {
         s.close();
       }
+      withSession(m, 16, 3, 4, (w) => {
+        expect(() => w.step(Int32Array.of(1, 2), 3, GREEDY, null, { threshold: 0.5, policy: "exact" })).toThrow(NativeError);
+        expect(w.pos).toBe(0);
+        w.step(Int32Array.of(1, 2), 3, GREEDY, null, { threshold: 0.5, policy: "copy" });
+        expect(w.pos).toBe(2);
+      });
     });
   });
 });

@@ -232,37 +232,48 @@ describe("reference forward pass: stacks", () => {
       }
   });
 
-  test("the exit gate: the token stops after the first step whose cumulative exit probability reaches the threshold, with that depth's logits; the deeper units of each layer hold the exit step's keys and values", () => {
+  test("the exit gate: the token's logits are the first step's whose cumulative exit probability reaches the threshold; exact runs every step, copy gives the deeper units of each layer the exit step's keys and values", () => {
     // gate weight 0, bias 0: lambda = 1/2 after every step, so the exit probability by step s is 0.5, 0.75, 0.875, ...
     const w = { tok_embeddings: E, "layers.0.wk": eye(4), "layers.0.wv": eye(4), "layers.1.wv": eye(4), output: eye(4) };
     const m = handModel(D4, w, false, { nLayers: 2, stepNorm: true, exitGate: true });
-    for (const [threshold, steps] of [[0.5, 1], [0.7, 2], [0.75, 2], [0.9, 4], [1, 4], [0, 4]]) {
-      const s = m.session(4);
-      s.feed(1);
-      const logits = s.feed(3, threshold);
-      expect(s.lastSteps, `threshold ${threshold}`).toBe(steps);
-      expect(logits).toEqual(m.forward([1, 3], steps)[1]);
+    for (const [threshold, steps] of [[0.5, 1], [0.7, 2], [0.75, 2], [0.9, 4], [1, 4], [0, 1]]) {
+      const exact = m.session(4);
+      exact.feed(1);
+      const fromExact = exact.feed(3, { threshold, policy: "exact" });
+      expect(exact.lastSteps, `threshold ${threshold}`).toBe(steps);
+      expect(fromExact).toEqual(m.forward([1, 3], steps)[1]);
+      // every unit of the exiting token computed: the same rows as a run at full depth
+      const full = m.session(4);
+      full.feed(1);
+      full.feed(3);
+      expect(exact.keys).toEqual(full.keys);
+      expect(exact.values).toEqual(full.values);
+
+      const copy = m.session(4);
+      copy.feed(1);
+      expect(copy.feed(3, { threshold, policy: "copy" })).toEqual(fromExact);
       // unit u = step * 2 + layer; the units past the exit step copy the exit step's rows of the same layer
       for (let u = 2 * steps; u < 8; u++) {
-        expect(s.keys[u][1]).toBe(s.keys[2 * (steps - 1) + (u % 2)][1]);
-        expect(s.values[u][1]).toBe(s.values[2 * (steps - 1) + (u % 2)][1]);
+        expect(copy.keys[u][1]).toBe(copy.keys[2 * (steps - 1) + (u % 2)][1]);
+        expect(copy.values[u][1]).toBe(copy.values[2 * (steps - 1) + (u % 2)][1]);
       }
-      expect(s.keys.map((unit) => unit.length)).toEqual(new Array(8).fill(2));
+      expect(copy.keys.map((unit) => unit.length)).toEqual(new Array(8).fill(2));
     }
-    for (const bad of [-0.1, 1.5, Number.NaN]) expect(() => m.session(2).feed(0, bad)).toThrow(RangeError);
+    for (const bad of [-0.1, 1.5, Number.NaN]) expect(() => m.session(2).feed(0, { threshold: bad, policy: "exact" })).toThrow(RangeError);
   });
 
   test("rollback truncates every cache unit of a stack; feeding on equals a fresh session, exits included", () => {
     const ref = ReferenceModel.load(tinyModelPath({ vocabSize: 384, loops: 4, seed: 17, nLayers: 3, sandwichNorm: true, stepNorm: true, exitGate: true }));
     const toks = PROMPT.map((t) => t % 384);
     const s = ref.session(3);
-    const steps = toks.slice(0, 8).map((t) => (s.feed(t, 0.5), s.lastSteps));
+    const exit = { threshold: 0.5, policy: "copy" } as const;
+    const steps = toks.slice(0, 8).map((t) => (s.feed(t, exit), s.lastSteps));
     expect(new Set(steps).size).toBeGreaterThan(1); // real exits
     s.rollback(4);
     expect(s.keys.map((unit) => unit.length)).toEqual(new Array(9).fill(4));
-    const tail = toks.slice(10).map((t) => s.feed(t, 0.5));
+    const tail = toks.slice(10).map((t) => s.feed(t, exit));
     const fresh = ref.session(3);
-    const want = [...toks.slice(0, 4), ...toks.slice(10)].map((t) => fresh.feed(t, 0.5));
+    const want = [...toks.slice(0, 4), ...toks.slice(10)].map((t) => fresh.feed(t, exit));
     tail.forEach((l, i) => expect(l).toEqual(want[4 + i]));
   });
 });
@@ -380,6 +391,6 @@ describe("reference forward pass: properties", () => {
     expect(() => ref.forward([1], 0)).toThrow(RangeError);
     expect(() => ref.forward([1], 65)).toThrow(RangeError);
     expect(() => ref.forward([1], 1, { cacheWindow: -1 })).toThrow(RangeError);
-    expect(() => ref.session(1).feed(1, 0.5)).toThrow(RangeError); // an exit threshold needs a gate
+    expect(() => ref.session(1).feed(1, { threshold: 0.5, policy: "exact" })).toThrow(RangeError); // an exit rule needs a gate
   });
 });

@@ -27,9 +27,10 @@
 //       f = (silu(x·W1_i^T) * (x·W3_i^T)) · W2_i^T;  sandwich: f = rmsnorm(f, ffn_out_norm_i)
 //       h += f
 //     step_norm: h = rmsnorm(h, norm)
-//     exit gate (a threshold given, the step not the last): lambda = sigmoid(h·w + b); stop once
-//       the cumulative exit probability reaches the threshold; the deeper units of each layer
-//       get the exit step's keys/values
+//     exit gate (an exit rule given, the step not the last): lambda = sigmoid(h·w + b); the
+//       logits come from the first step whose cumulative exit probability reaches the
+//       threshold; "exact": every step still runs (the published Ouro code's every-step,
+//       select), "copy": the deeper units of each layer get the exit step's keys/values
 //   logits = (step_norm ? h : rmsnorm(h, norm)) · Wout^T
 
 import { f16ArrayToF32, roundToF16 } from "../../src/model/fp16.ts";
@@ -47,6 +48,7 @@ import {
   quantTensorShapes,
   validateModel,
 } from "../../src/model/format.ts";
+import type { ExitPlan } from "../../src/engine/types.ts";
 import { type KvCacheMode, type KvModeSpec, kvModeSpec } from "../../src/model/kvcache.ts";
 import { readSafetensors } from "../../src/model/safetensors.ts";
 import { storedKvRow, whtF64 } from "./kvcache.ts";
@@ -277,18 +279,21 @@ export class ReferenceSession {
   }
 
   /**
-   * Runs one token at the next position; returns its logits. exitThreshold
-   * in (0, 1] (a model with a gate): the token stops after the first step
-   * whose cumulative exit probability reaches it, as the kernels' sampled
-   * token does; 0 runs every step.
+   * Runs one token at the next position; returns its logits. With an exit
+   * rule (a model with a gate), the token's logits come from the first step
+   * whose cumulative exit probability reaches the threshold, as the
+   * kernels' sampled token does: "exact" computes every step of the token
+   * regardless (what the published Ouro code does), "copy" stops there and
+   * gives the deeper units of each layer the exit step's keys/values.
+   * Without one every step runs.
    */
-  feed(token: number, exitThreshold = 0): Float32Array {
+  feed(token: number, exit?: ExitPlan): Float32Array {
     const c = this.model.config;
     if (!Number.isInteger(token) || token < 0 || token >= c.vocabSize) {
       throw new RangeError(`token id must be an integer in [0, ${c.vocabSize}), got ${token}`);
     }
-    if (exitThreshold !== 0 && !(this.model.gate && exitThreshold > 0 && exitThreshold <= 1)) {
-      throw new RangeError(`exitThreshold must be 0, or in (0, 1] with a model that has an exit gate, got ${exitThreshold}`);
+    if (exit && !(this.model.gate && exit.threshold >= 0 && exit.threshold <= 1)) {
+      throw new RangeError(`an exit threshold must be in [0, 1], with a model that has an exit gate, got ${exit.threshold}`);
     }
     const L = c.nLayers;
     const pos = this.position;
@@ -298,27 +303,31 @@ export class ReferenceSession {
     let remaining = 1;
     let cdf = 0;
     let ran = this.loops;
+    let exitState: Float64Array | null = null;
     for (let s = 0; s < this.loops; s++) {
       for (let i = 0; i < L; i++) this.layer(h, s * L + i, this.model.layers[i], pos);
       if (c.stepNorm) h.set(rmsnorm(h, this.model.norm, c.normEps));
-      if (exitThreshold > 0 && s < this.loops - 1) {
+      if (exit && exitState === null && s < this.loops - 1) {
         const lambda = exitLambda(h, this.model.gate!);
         const p = Math.fround(lambda * remaining);
         remaining = Math.fround(remaining * Math.fround(1 - lambda));
         cdf = Math.fround(cdf + p);
-        if (cdf >= exitThreshold) {
+        if (cdf >= exit.threshold) {
           ran = s + 1;
-          break;
+          exitState = Float64Array.from(h);
+          if (exit.policy === "copy") break;
         }
       }
     }
-    // The deeper units of each layer hold the exit step's rows, so later tokens see this one at every depth.
-    for (let u = ran * L; u < this.loops * L; u++) {
-      this.keys[u].push(this.keys[(ran - 1) * L + (u % L)][pos]);
-      this.values[u].push(this.values[(ran - 1) * L + (u % L)][pos]);
-    }
+    // copy: the deeper units of each layer hold the exit step's rows, so later tokens see this one at every depth
+    if (exit?.policy === "copy")
+      for (let u = ran * L; u < this.loops * L; u++) {
+        this.keys[u].push(this.keys[(ran - 1) * L + (u % L)][pos]);
+        this.values[u].push(this.values[(ran - 1) * L + (u % L)][pos]);
+      }
     this.lastSteps = ran;
-    return this.model.head(c.stepNorm ? h : rmsnorm(h, this.model.norm, c.normEps));
+    const out = exitState ?? h;
+    return this.model.head(c.stepNorm ? out : rmsnorm(out, this.model.norm, c.normEps));
   }
 
   /** One layer on h in place, storing its keys and values in cache unit `unit`. */

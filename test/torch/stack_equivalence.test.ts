@@ -8,11 +8,13 @@
 // reference (test/helpers/torch.ts says why), greedy tokens wherever the
 // reference's choice is clear of it, and exit steps exactly. PyTorch decodes
 // token by token as a server does (model.Decoder; with early exit the
-// prompt's positions before the last run every step, each sampled token
-// stops after the first step whose exit cdf reaches the threshold, and the
-// deeper steps' cache slots of every layer get copies of its K/V from that
-// step). The fixture's exit decisions are checked to lie well away from the
-// threshold, so a different summation order cannot flip one.
+// prompt's positions before the last run every step; each sampled token's
+// logits come from the first step whose exit cdf reaches the threshold, and
+// under the exact policy it still runs every step, while under the copy
+// policy it stops there and the deeper steps' cache slots of every layer
+// get copies of its K/V from that step). The fixture's exit decisions are
+// checked to lie well away from the threshold, so a different summation
+// order cannot flip one.
 //
 // Needs the stacked kernels (LS_FEATURE_STACKS) and the binding's early-exit
 // surface; the calls the test makes of the binding are in `ExitSession`.
@@ -20,7 +22,7 @@ import { beforeAll, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { existsSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { NativeModel } from "../../src/engine/binding.ts";
-import { GREEDY } from "../../src/engine/types.ts";
+import { type ExitPlan, GREEDY } from "../../src/engine/types.ts";
 import { fixtureTokenizerConfig, fixtureTokenizerJson } from "../helpers/hf_fixture.ts";
 import { readSafetensors } from "../../src/model/safetensors.ts";
 import { ensureLibrary, LIB } from "../helpers/kernels.ts";
@@ -40,13 +42,19 @@ setDefaultTimeout(120_000);
 
 const noTorch = skipReason(PYTORCH) !== null;
 const DEPTHS = [1, 2, 3, 4, 8];
-const THRESHOLDS = [0.5, 0.7];
+// Thresholds whose decisions on the fixture lie well away from them under each policy (checked below).
+const EXITS: ExitPlan[] = [
+  { threshold: 0.6, policy: "exact" },
+  { threshold: 0.7, policy: "exact" },
+  { threshold: 0.5, policy: "copy" },
+  { threshold: 0.7, policy: "copy" },
+];
 const GREEDY_TOKENS = EQUIVALENCE_GREEDY_TOKENS;
 const PROMPT = EQUIVALENCE_PROMPT;
 const ROOT = resolve(import.meta.dir, "../..");
 
 /** Early exit: greedy steps through the kernels' sampler, each step's logits and exit step. */
-function kernelExitRun(path: string, loops: number, threshold: number): KernelRun {
+function kernelExitRun(path: string, loops: number, exit: ExitPlan): KernelRun {
   const m = NativeModel.load(LIB, path, 2, "auto");
   try {
     const vocab = m.info.vocabSize;
@@ -57,7 +65,7 @@ function kernelExitRun(path: string, loops: number, threshold: number): KernelRu
     const exitSteps: number[] = [];
     let feed = Int32Array.from(PROMPT);
     while (greedy.length < GREEDY_TOKENS) {
-      const next = s.step(feed, loops, GREEDY, out, threshold);
+      const next = s.step(feed, loops, GREEDY, out, exit);
       greedy.push(next);
       exitSteps.push(s.lastSteps - 1);
       greedyLogits.push(out.slice());
@@ -72,13 +80,13 @@ function kernelExitRun(path: string, loops: number, threshold: number): KernelRu
 
 function expectExitEquivalent(path: string, label: string): void {
   const earlyExits = new Set<number>(); // the steps tokens stopped at before their last, across depths and thresholds
-  for (const threshold of THRESHOLDS) {
-    const torch = torchExitLogits(path, PROMPT, DEPTHS, GREEDY_TOKENS, threshold);
+  for (const exit of EXITS) {
+    const torch = torchExitLogits(path, PROMPT, DEPTHS, GREEDY_TOKENS, exit);
     for (const loops of DEPTHS) {
       const t = torch[String(loops)];
       if (t.margin !== null) expect(t.margin).toBeGreaterThan(5e-3); // the fixture: no decision near the threshold
       for (const s of t.exit_steps) if (s < loops - 1) earlyExits.add(s);
-      expectMatchesReference(`${label} loops ${loops} exit_threshold ${threshold}`, t, kernelExitRun(path, loops, threshold));
+      expectMatchesReference(`${label} loops ${loops}, ${exit.policy} exit at ${exit.threshold}`, t, kernelExitRun(path, loops, exit));
     }
   }
   expect(earlyExits.size).toBeGreaterThan(1); // tokens really exit early, at more than one step
@@ -106,7 +114,7 @@ describe.skipIf(noTorch)("PyTorch <-> loopserve equivalence, stacked models (for
     expectKernelsMatchTorch("ouro-like", path, path, DEPTHS);
   });
 
-  test("the same model with early exit at thresholds 0.5 and 0.7: same greedy tokens, exit steps and logits", () => {
+  test("the same model with early exit under both policies (exact: every step, select; copy), two thresholds each: same greedy tokens, exit steps and logits", () => {
     expectExitEquivalent(ouroLike(), "ouro-like");
   });
 

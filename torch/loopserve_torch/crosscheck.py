@@ -14,6 +14,7 @@
         prints {"path", "tensors"}.
 
     python3 -m loopserve_torch.crosscheck logits MODEL --tokens 1,2,3 --loops 1,4,8 [--greedy N] [--exit-threshold T]
+                                                   [--exit-policy exact|copy]
         loads MODEL (any loopserve fp16 file, or an Ouro checkpoint directory),
         computes in float64 (free of float32's summation-order noise) with K
         and V rounded to fp16 as loopserve's cache holds them, and decodes
@@ -25,7 +26,9 @@
         runs that nudge every K and V value by a random ±NUDGE, relative,
         before rounding it: how far float32 noise can move the logits by
         deciding the cache's roundings the other way).
-        With --exit-threshold (a model with the exit gate) tokens exit early;
+        With --exit-threshold (a model with the exit gate) tokens exit early
+        (--exit-policy: "exact", every step computed and the exit step's logits
+        taken, the default; or "copy", model.Decoder's);
         per depth also "exit_steps" (the exit step, 0-based, of the position
         whose logits chose each greedy token) and "margin" (the closest any
         exit decision came to the threshold).
@@ -48,7 +51,7 @@ import sys
 import torch
 
 from .hf import load_any, write_ouro
-from .model import LoopedConfig, LoopedLlama, generate
+from .model import EXIT_POLICIES, LoopedConfig, LoopedLlama, generate
 from .safetensors_io import load, model_tensors, save
 
 # `logits`' rounding noise: a float32 dot product of a layer's width errs by
@@ -96,13 +99,15 @@ def nudged_fp16(seed: int):
 
 
 @torch.no_grad()
-def reference(model: LoopedLlama, tokens: list[int], loops: int, greedy: int, threshold: float | None) -> dict:
+def reference(model: LoopedLlama, tokens: list[int], loops: int, greedy: int, threshold: float | None,
+              policy: str = "exact") -> dict:
     """`crosscheck logits` at one depth; `model` in float64."""
-    r = generate(model, tokens, greedy, loops, threshold, kv_fp16=True)
+    r = generate(model, tokens, greedy, loops, threshold, kv_fp16=True, policy=policy)
     rows = torch.cat((r["prompt_logits"], r["logits"]))
     noise = 0.0
     for seed in range(NUDGED_RUNS):
-        nudged = generate(model, tokens, greedy, loops, threshold, kv_fp16=False, forced=r["tokens"], kv_hook=nudged_fp16(seed))
+        nudged = generate(model, tokens, greedy, loops, threshold, kv_fp16=False, forced=r["tokens"],
+                          kv_hook=nudged_fp16(seed), policy=policy)
         if nudged["exit_steps"] != r["exit_steps"]:
             raise SystemExit(f"loops {loops}: an exit decision is within float32 noise of the threshold (exit steps "
                              f"{r['exit_steps']}, nudged {nudged['exit_steps']}): choose a prompt or model further from it")
@@ -169,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     lg.add_argument("--loops", default="1,4,8")
     lg.add_argument("--greedy", type=int, default=0)
     lg.add_argument("--exit-threshold", type=float, default=None)
+    lg.add_argument("--exit-policy", choices=EXIT_POLICIES, default="exact")
     sub.add_parser("head")
     a = ap.parse_args(argv)
 
@@ -206,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     depths = [int(d) for d in a.loops.split(",")]
     if a.exit_threshold is not None and not model.config.exit_gate:
         raise SystemExit(f"{a.model}: --exit-threshold needs a model with the exit gate")
-    json.dump({str(d): reference(model, tokens, d, a.greedy, a.exit_threshold) for d in depths}, sys.stdout)
+    json.dump({str(d): reference(model, tokens, d, a.greedy, a.exit_threshold, a.exit_policy) for d in depths}, sys.stdout)
     return 0
 
 

@@ -27,11 +27,13 @@ Early exit (docs/early-exit.md; a model with the gate and a
 threshold in (0, 1]): per token, remaining = 1, cdf = 0; after step s < the
 last, p = lambda_s * remaining, remaining *= 1 - lambda_s, cdf += p; at the
 last allowed step cdf = 1. The token exits after the first step whose
-cdf >= threshold and its logits come from that step. The slots (s', i) of
-the deeper steps s' of an exited token hold copies of its K/V of step s.
-Only tokens whose logits are sampled exit; the other prompt positions run
-every step. `exit_forward` computes this for a whole sequence at once;
-`Decoder` does it the way a server does, one token at a time with a cache.
+cdf >= threshold and its logits come from that step. Under the "exact"
+policy it still runs every step (every step, select: the published Ouro
+code); under "copy" it stops, and the slots (s', i) of its deeper steps s'
+hold copies of its K/V of step s. Only tokens whose logits are sampled
+exit; the other prompt positions run every step. `exit_forward` computes
+this for a whole sequence at once; `Decoder` does it the way a server does,
+one token at a time with a cache.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ MAX_NORM_EPS = 1.0  # norm_eps < this
 MAX_LAYERS = 128  # the format's n_layers range, 1..128 (kernels/loopserve.h LS_MAX_LAYERS)
 NORM_LAYOUTS = ("pre", "sandwich")
 
+
+# What fills an exited token's deeper cache slots (module docstring).
+EXIT_POLICIES = ("exact", "copy")
 
 @dataclass
 class LoopedConfig:
@@ -337,13 +342,16 @@ class LoopedLlama(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
     def exit_forward(self, tokens: torch.Tensor, loops: int, threshold: float | None, exits: torch.Tensor | None = None,
-                     kv_fp16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                     kv_fp16: bool = False, policy: str = "exact") -> tuple[torch.Tensor, torch.Tensor]:
         """(logits (B, T, vocab), exit step (B, T)) with early exit, for a whole
         sequence at once, as if each position in `exits` (bool (B, T); default:
-        every position) were a sampled token decoded one at a time: such a token
-        stops after the step the rule names, and the deeper steps' attention
-        reads copies of its K/V from that step. The others run every step.
-        threshold None: no exit (every position runs `loops` steps)."""
+        every position) were a sampled token decoded one at a time: such a
+        token's logits come from the step the rule names; under "copy" the
+        deeper steps' attention reads copies of its K/V from that step, under
+        "exact" every step runs. The others run every step. threshold None: no
+        exit (every position runs `loops` steps)."""
+        if policy not in EXIT_POLICIES:
+            raise ValueError(f"policy must be one of {EXIT_POLICIES}, got {policy!r}")
         if not 1 <= loops <= MAX_LOOPS:
             raise ValueError(f"loops must be in [1, {MAX_LOOPS}], got {loops}")
         if threshold is not None and not self.config.exit_gate:
@@ -362,7 +370,7 @@ class LoopedLlama(nn.Module):
         for s in range(loops):
             for i, layer in enumerate(self.stack):
                 def hook(k: torch.Tensor, v: torch.Tensor, i: int = i) -> tuple[torch.Tensor, torch.Tensor]:
-                    if frozen[i] is None or not done.any():
+                    if policy == "exact" or frozen[i] is None or not done.any():
                         return k, v
                     m = done[:, None, :, None]
                     return torch.where(m, frozen[i][0], k), torch.where(m, frozen[i][1], v)
@@ -381,16 +389,23 @@ class Decoder:
     """Incremental decoding with a KV cache of loops * n_layers slots, slot
     (s, i) at index s * n_layers + i, as the server runs a model: `prefill`
     the prompt (every position runs every step; the last one, whose logits
-    are sampled, exits by the rule), then `step` one token at a time.
+    are sampled, exits by the rule), then `step` one token at a time. An
+    exiting token's logits come from its exit step; with the "exact" policy
+    it still runs every step (every step, select: the published Ouro code),
+    with "copy" it stops and its deeper slots get its exit step's K/V.
     `kv_hook` (Block.forward's) replaces the new positions' K and V before
     the cache stores them."""
 
-    def __init__(self, model: LoopedLlama, loops: int, threshold: float | None = None, kv_fp16: bool = True, kv_hook=None) -> None:
+    def __init__(self, model: LoopedLlama, loops: int, threshold: float | None = None, kv_fp16: bool = True, kv_hook=None,
+                 policy: str = "exact") -> None:
         if not 1 <= loops <= MAX_LOOPS:
             raise ValueError(f"loops must be in [1, {MAX_LOOPS}], got {loops}")
         if threshold is not None and not model.config.exit_gate:
             raise ValueError("this model has no exit gate")
+        if policy not in EXIT_POLICIES:
+            raise ValueError(f"policy must be one of {EXIT_POLICIES}, got {policy!r}")
         self.model, self.loops, self.threshold, self.kv_fp16, self.kv_hook = model, loops, threshold, kv_fp16, kv_hook
+        self.policy = policy
         c = model.config
         empty = torch.zeros(1, c.n_kv_heads, 0, c.head_dim, dtype=model.tok_embeddings.weight.dtype)
         self.k = [empty] * (loops * c.n_layers)
@@ -409,7 +424,7 @@ class Decoder:
         h = m.tok_embeddings(torch.tensor([tokens]))
         state = ExitState((1,), self.threshold, self.loops) if self.threshold is not None and T == 1 else None
         self.last_margin = float("inf")
-        logits, exit_step = None, self.loops - 1
+        exit_step, selected = self.loops - 1, None
         for s in range(self.loops):
             for i, layer in enumerate(m.stack):
                 slot = s * L + i
@@ -417,14 +432,16 @@ class Decoder:
                 self.k[slot] = torch.cat((self.k[slot], k), dim=2)
                 self.v[slot] = torch.cat((self.v[slot], v), dim=2)
             h = m._end_step(h)
-            if state is not None and s < self.loops - 1:
+            if state is not None and selected is None and s < self.loops - 1:
                 stop = bool(state.update(s, gate_lambda(m, h[0, -1:]))[0])
                 self.last_margin = float(state.margin[0])
                 if stop:
-                    exit_step = s
-                    break
-        logits = m.head_input(h[0]) @ m.head_weight().t()
-        for s2 in range(exit_step + 1, self.loops):  # an exited token: the deeper slots get its last K/V
+                    exit_step, selected = s, h
+                    if self.policy == "copy":
+                        break
+        logits = m.head_input((h if selected is None else selected)[0]) @ m.head_weight().t()
+        copied = range(exit_step + 1, self.loops) if self.policy == "copy" else ()
+        for s2 in copied:  # an exited token's deeper slots get its last K/V
             for i in range(L):
                 src, dst = exit_step * L + i, s2 * L + i
                 self.k[dst] = torch.cat((self.k[dst], self.k[src][:, :, -1:]), dim=2)
@@ -451,14 +468,14 @@ class Decoder:
 
 @torch.no_grad()
 def generate(model: LoopedLlama, prompt: list[int], n: int, loops: int, threshold: float | None = None,
-             kv_fp16: bool = True, forced: list[int] | None = None, kv_hook=None) -> dict:
+             kv_fp16: bool = True, forced: list[int] | None = None, kv_hook=None, policy: str = "exact") -> dict:
     """Greedy decoding (lowest id on ties): {"prompt_logits" (T, vocab),
     "tokens" [n], "exit_steps" [n] (of the position whose logits chose each
     token), "logits" (n, vocab) (those logits), "margin" (the closest an exit
     decision came to the threshold; inf without exit)}. `forced`: decode
     these n tokens instead of the greedy choices (another run's, to compare
-    the logits position by position); `kv_hook`: Decoder's."""
-    d = Decoder(model, loops, threshold, kv_fp16, kv_hook)
+    the logits position by position); `kv_hook`, `policy`: Decoder's."""
+    d = Decoder(model, loops, threshold, kv_fp16, kv_hook, policy)
     prompt_logits, step = d.prefill(prompt)
     margin = d.last_margin
     last = prompt_logits[-1]

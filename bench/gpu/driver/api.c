@@ -72,7 +72,7 @@ ls_model *api_load(const ls_api *api, const char *path, char *err, size_t err_le
 }
 
 ls_session *api_session(const ls_api *api, ls_model *m, int32_t max_seq, int32_t loops, int32_t window) {
-    ls_session_params p = {max_seq, loops, window, LS_KV_FP16};
+    ls_session_params p = {.max_seq = max_seq, .loops = loops, .cache_window = window, .kv_mode = LS_KV_FP16};
     char err[256];
     ls_session *s = api->session_new(m, &p, err, sizeof err);
     if (!s) fprintf(stderr, "%s: session (max_seq %d, loops %d, window %d): %s\n", api->path, max_seq, loops, window, err);

@@ -2,6 +2,7 @@
 // GPU issues extend these: a model case per format or feature (with the
 // kernel family it needs, or the refusal that names it until then), a
 // figure per measurement their targets read.
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,29 +56,37 @@ static int exists(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* The shipped model a case is or is made from, or NULL. */
+static const char *shipped_file(const model_case *mc) {
+    return mc->file ? mc->file : strstr(mc->spec, "{models}") ? TRAINED : NULL;
+}
+
+int shipped_absent(const run_ctx *ctx, const model_case *mc, char *why, size_t why_len) {
+    char path[2048];
+    if (!shipped_file(mc)) return 0;
+    snprintf(path, sizeof path, "%s/%s", ctx->models_dir, shipped_file(mc));
+    if (exists(path)) return 0;
+    snprintf(why, why_len, "%s is absent (the shipped models are not needed: this case runs where they are)", path);
+    return 1;
+}
+
 const char *case_model_path(const run_ctx *ctx, const model_case *mc, char *path, size_t path_len, char *why,
                             size_t why_len) {
+    if (shipped_absent(ctx, mc, why, why_len)) return NULL;
     if (mc->file) {
         snprintf(path, path_len, "%s/%s", ctx->models_dir, mc->file);
-        if (exists(path)) return path;
-        snprintf(why, why_len, "%s is absent (the shipped models are not needed: this case runs where they are)", path);
-        return NULL;
+        return path;
     }
     char spec[2048];
     const char *at = strstr(mc->spec, "{models}");
-    if (at) {
-        snprintf(spec, sizeof spec, "%.*s%s%s", (int)(at - mc->spec), mc->spec, ctx->models_dir, at + 8);
-        char src[1024];
-        snprintf(src, sizeof src, "%s/%s", ctx->models_dir, TRAINED);
-        if (!exists(src)) {
-            snprintf(why, why_len, "%s is absent (the shipped models are not needed: this case runs where they are)", src);
-            return NULL;
-        }
-    } else {
-        snprintf(spec, sizeof spec, "%s", mc->spec);
-    }
+    if (at) snprintf(spec, sizeof spec, "%.*s%s%s", (int)(at - mc->spec), mc->spec, ctx->models_dir, at + 8);
+    else snprintf(spec, sizeof spec, "%s", mc->spec);
     snprintf(path, path_len, "%s/%s.safetensors", ctx->tmp, mc->name);
     if (exists(path)) return path; /* written earlier in this run's folder */
+    if (mkdir(ctx->tmp, 0755) != 0 && errno != EEXIST) {
+        snprintf(why, why_len, "cannot create the folder %s", ctx->tmp);
+        return NULL;
+    }
     if (synth_write(spec, path, why, why_len) != 0) return NULL;
     return path;
 }
@@ -98,8 +107,12 @@ static void run_case(run_ctx *ctx, const model_case *mc) {
         report_check(name, ST_SKIP, NAN, "loads", "a dim-2048 model runs on a GPU host only (CPU against CPU proves nothing the small shapes do not)", 0);
         return;
     }
+    if (shipped_absent(ctx, mc, why, sizeof why)) {
+        report_check(name, ST_SKIP, NAN, "loads", why, 0);
+        return;
+    }
     if (!case_model_path(ctx, mc, path, sizeof path, why, sizeof why)) {
-        report_check(name, mc->file || strstr(mc->spec, "{models}") ? ST_SKIP : ST_FAIL, NAN, "loads", why, now_seconds() - t0);
+        report_check(name, ST_FAIL, NAN, "loads", why, now_seconds() - t0);
         return;
     }
     ls_model *cand = api_load(&ctx->cand, path, err, sizeof err);

@@ -99,7 +99,7 @@ static check_status check_window(model_env *e, char *detail, size_t len, double 
 static int32_t greedy_run(const ls_api *api, ls_model *m, const int32_t *prompt, int32_t loops, int32_t *out, int32_t n) {
     ls_session *s = api_session(api, m, PROMPT_LEN + n + 1, loops, 0);
     if (!s) return LS_ERR_NOMEM;
-    const ls_step_params p = {loops, 0.0f, {0.0f, 0, 1.0f, 1.1f, 0}};
+    const ls_step_params p = {.loops = loops, .sampling = {.top_p = 1.0f, .repetition_penalty = 1.1f}};
     int32_t rc = LS_OK, fed = PROMPT_LEN;
     const int32_t *input = prompt;
     for (int32_t i = 0; i < n && rc == LS_OK; i++) {
@@ -132,8 +132,8 @@ static check_status check_greedy(model_env *e, char *detail, size_t len, double 
 }
 
 static check_status check_sample(model_env *e, char *detail, size_t len, double *value) {
-    const ls_sampling settings[] = {{0.8f, 0, 1.0f, 1.0f, 0}, {1.0f, 40, 1.0f, 1.0f, 0}, {0.7f, 0, 0.9f, 1.0f, 0},
-                                    {1.2f, 50, 0.8f, 1.0f, 0}, {0.9f, 0, 0.0f, 1.0f, 0}};
+    /* temperature, top_k, top_p (repetition penalty 1) */
+    const float settings[][3] = {{0.8f, 0, 1.0f}, {1.0f, 40, 1.0f}, {0.7f, 0, 0.9f}, {1.2f, 50, 0.8f}, {0.9f, 0, 0.0f}};
     const int32_t vocab = e->info.vocab_size;
     int32_t prompt[PROMPT_LEN];
     prompt_of(prompt, PROMPT_LEN, vocab, 1);
@@ -142,8 +142,9 @@ static check_status check_sample(model_env *e, char *detail, size_t len, double 
     int32_t draws = 0;
     for (size_t k = 0; k < sizeof settings / sizeof settings[0] && st == ST_PASS; k++)
         for (uint64_t seed = 1; seed <= 3 && st == ST_PASS; seed++) {
-            ls_step_params p = {2, 0.0f, settings[k]};
-            p.sampling.seed = seed;
+            const ls_step_params p = {.loops = 2,
+                                      .sampling = {.temperature = settings[k][0], .top_k = (int32_t)settings[k][1],
+                                                   .top_p = settings[k][2], .repetition_penalty = 1.0f, .seed = seed}};
             ls_session *s = api_session(&e->ctx->cand, e->cand, PROMPT_LEN + 1, 2, 0);
             int32_t got = s ? e->ctx->cand.session_step(s, prompt, PROMPT_LEN, &p, logits) : LS_ERR_NOMEM;
             if (s) e->ctx->cand.session_free(s);
@@ -257,8 +258,9 @@ static void row_plan(int32_t i, int32_t t, int32_t vocab, int32_t loops, int32_t
                      ls_step_params *p) {
     *plen = i == t ? TARGET_PROMPT : 1 + (i * 5) % 11;
     prompt_of(prompt, *plen, vocab, i == t ? 0 : i + 1);
-    ls_sampling greedy = {0.0f, 0, 1.0f, 1.1f, 0}, warm = {0.8f, 40, 1.0f, 1.0f, (uint64_t)i};
-    *p = (ls_step_params){i == t ? loops : 1 + i % loops, 0.0f, i != t && i % 3 == 1 ? warm : greedy};
+    const ls_sampling greedy = {.top_p = 1.0f, .repetition_penalty = 1.1f},
+                      warm = {.temperature = 0.8f, .top_k = 40, .top_p = 1.0f, .repetition_penalty = 1.0f, .seed = (uint64_t)i};
+    *p = (ls_step_params){.loops = i == t ? loops : 1 + i % loops, .sampling = i != t && i % 3 == 1 ? warm : greedy};
 }
 
 /* The target row's logits and tokens over ROW_STEPS steps in batches of n
@@ -287,7 +289,7 @@ static int32_t row_run(const ls_api *api, ls_model *m, int32_t n, int32_t loops,
             int32_t nt = k == 0 ? plen[i] : 1;
             if (k == 0) memcpy(feed + at, prompt, (size_t)nt * sizeof *feed);
             else feed[at] = out[i];
-            row[i] = (ls_batch_row){nt, 1, p[i]};
+            row[i] = (ls_batch_row){.n_tokens = nt, .sample = 1, .step = p[i]};
             at += nt;
         }
         if (n == 0) {

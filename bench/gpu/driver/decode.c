@@ -24,7 +24,7 @@ static double one_round(const ls_api *api, ls_model *m, int32_t vocab, int32_t l
     double seconds = -1.0;
     int ok = s && row && next && out;
     for (int32_t i = 0; i < PROMPT + LS_BATCH_MAX_ROWS; i++) prompt[i] = (i * 7919 + 13) % vocab;
-    const ls_step_params greedy = {loops, 0.0f, {0.0f, 0, 1.0f, 1.0f, 0}};
+    const ls_step_params greedy = {.loops = loops, .sampling = {.top_p = 1.0f, .repetition_penalty = 1.0f}};
     for (int32_t i = 0; ok && i < rows; i++) {
         ok = (s[i] = api_session(api, m, PROMPT + steps + 1, loops, 0)) != NULL;
         if (ok) next[i] = api->session_step(s[i], prompt + i, PROMPT, &greedy, NULL);
@@ -32,7 +32,7 @@ static double one_round(const ls_api *api, ls_model *m, int32_t vocab, int32_t l
             snprintf(err, err_len, "prefill: %s", api->status_str(next[i]));
             ok = 0;
         }
-        row[i] = (ls_batch_row){1, 1, greedy};
+        row[i] = (ls_batch_row){.n_tokens = 1, .sample = 1, .step = greedy};
     }
     if (ok) {
         double t0 = now_seconds();

@@ -144,8 +144,11 @@ typedef struct {
     float tol;           /* logits: largest difference relative to their scale */
 } model_case;
 
-/* The model of a case, generated into ctx->tmp when it is not a shipped
- * file; NULL with the reason in why (a shipped file that is absent, say). */
+/* Whether the case needs a shipped model that ctx->models_dir lacks (the
+ * reason in why): such a case is skipped, not failed. */
+int shipped_absent(const run_ctx *ctx, const model_case *mc, char *why, size_t why_len);
+/* The model of a case, generated into ctx->tmp (made if need be) when it is
+ * not a shipped file; NULL with the reason in why. */
 const char *case_model_path(const run_ctx *ctx, const model_case *mc, char *path, size_t path_len, char *why,
                             size_t why_len);
 /* The case named name, or NULL. */

@@ -81,14 +81,15 @@ static void refusals(const run_ctx *ctx) {
         check("library/cuda-kv-refused", 0, "refused by name", why[0] ? why : err, t0);
         return;
     }
-    ls_session_params p = {32, 2, 0, LS_KV_INT8};
+    ls_session_params p = {.max_seq = 32, .loops = 2, .kv_mode = LS_KV_INT8};
     ls_session *s = ctx->cand.session_new(m, &p, err, sizeof err);
     snprintf(detail, sizeof detail, "kv_mode int8: %s", s ? "a session was made" : err);
     check("library/cuda-kv-refused", !s && strstr(err, "fp16 key/value cache"), "refused by name", detail, t0);
     if (s) ctx->cand.session_free(s);
     t0 = now_seconds();
     s = api_session(&ctx->cand, m, 32, 2, 0);
-    ls_spec_params sp = {1, 2, 2, 1, 4, 0, 0.0f, 0, {0.0f, 0, 1.0f, 1.0f, 0}};
+    ls_spec_params sp = {.draft_loops = 1, .verify_loops = 2, .draft_ahead = 2, .k_branches = 1, .max_new = 4,
+                         .sampling = {.top_p = 1.0f, .repetition_penalty = 1.0f}};
     int32_t out[LS_SPEC_MAX_AHEAD + 1], rc = s ? ctx->cand.spec_cycle(s, 0, &sp, out, NULL) : LS_ERR_NOMEM;
     snprintf(detail, sizeof detail, "ls_spec_cycle: %s", ctx->cand.status_str(rc));
     check("library/cuda-speculative-unsupported", rc == LS_ERR_UNSUPPORTED, "LS_ERR_UNSUPPORTED", detail, t0);

@@ -19,6 +19,14 @@ static ls_session *batch_session(const fwd_args *a, int32_t k, ls_step_params *p
     *chunk = chunks[k];
     *p = (ls_step_params){.loops = 1 + k % a->loops, .sampling = {.top_p = 1.0f, .repetition_penalty = k == 4 ? 1.3f : 1.0f}};
     if (k % 3 == 1) p->sampling = (ls_sampling){.temperature = 0.8f, .top_k = 20, .top_p = 0.9f, .repetition_penalty = 1.0f, .seed = 77u + (uint64_t)k};
+    /* a model with an exit gate: both exit policies, the exact one where there is no window, and deferred
+     * units of many positions (threshold 0: every token after one step) */
+    static const int32_t policies[] = {LS_EXIT_EXACT, LS_EXIT_EXACT, LS_EXIT_COPY, LS_EXIT_NONE, LS_EXIT_COPY, LS_EXIT_EXACT};
+    static const float thresholds[] = {0.0f, 0.5f, 0.6f, 0.0f, 0.3f, 0.8f};
+    if (a->info.exit_gate) {
+        p->exit_policy = policies[k];
+        p->exit_threshold = thresholds[k];
+    }
     char err[256];
     ls_session_params sp = {.max_seq = *prompt_len + BATCH_NEW, .loops = a->loops, .cache_window = windows[k], .kv_mode = modes[k]};
     ls_session *s = ls_session_new(a->m, &sp, err, sizeof err);

@@ -1,5 +1,6 @@
 /*
- * step_async.c — ls_batch_begin / ls_batch_end (docs/serving-overhead.md).
+ * pipeline.c — pipelined steps: ls_pipeline_begin / ls_pipeline_end
+ * (docs/serving-overhead.md).
  *
  * ls_batch_step on a thread of the model's own, so the caller's thread is
  * free while the step runs: a server streams the previous step's tokens
@@ -17,7 +18,7 @@
 
 enum { IDLE, QUEUED, DONE, QUIT };
 
-typedef struct ls_stepper {
+typedef struct ls_pipeline {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -31,10 +32,10 @@ typedef struct ls_stepper {
     float *logits_out;
     int32_t *out;
     int32_t rc;
-} ls_stepper;
+} ls_pipeline;
 
-static void *step_thread(void *arg) {
-    ls_stepper *st = arg;
+static void *pipeline_thread(void *arg) {
+    ls_pipeline *st = arg;
     pthread_mutex_lock(&st->mu);
     for (;;) {
         while (st->state != QUEUED && st->state != QUIT) pthread_cond_wait(&st->cv, &st->mu);
@@ -50,15 +51,15 @@ static void *step_thread(void *arg) {
     return NULL;
 }
 
-static ls_stepper *stepper_of(ls_model *m) {
-    if (m->stepper != NULL) return m->stepper;
-    ls_stepper *st = calloc(1, sizeof *st);
+static ls_pipeline *pipeline_of(ls_model *m) {
+    if (m->pipeline != NULL) return m->pipeline;
+    ls_pipeline *st = calloc(1, sizeof *st);
     if (st == NULL) return NULL;
     st->state = IDLE;
     if (pthread_mutex_init(&st->mu, NULL) != 0) goto fail_mu;
     if (pthread_cond_init(&st->cv, NULL) != 0) goto fail_cv;
-    if (pthread_create(&st->thread, NULL, step_thread, st) != 0) goto fail_thread;
-    m->stepper = st;
+    if (pthread_create(&st->thread, NULL, pipeline_thread, st) != 0) goto fail_thread;
+    m->pipeline = st;
     return st;
 fail_thread:
     pthread_cond_destroy(&st->cv);
@@ -69,10 +70,10 @@ fail_mu:
     return NULL;
 }
 
-int32_t ls_batch_begin(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
-                       const int32_t *tokens, float *logits_out, int32_t *out) {
+int32_t ls_pipeline_begin(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
+                          const int32_t *tokens, float *logits_out, int32_t *out) {
     if (m == NULL) return LS_ERR_ARG;
-    ls_stepper *st = stepper_of(m);
+    ls_pipeline *st = pipeline_of(m);
     if (st == NULL) return LS_ERR_NOMEM;
     pthread_mutex_lock(&st->mu);
     int32_t rc = LS_OK;
@@ -93,9 +94,9 @@ int32_t ls_batch_begin(ls_model *m, ls_session *const *sessions, const ls_batch_
     return rc;
 }
 
-int32_t ls_batch_end(ls_model *m) {
+int32_t ls_pipeline_end(ls_model *m) {
     if (m == NULL) return LS_ERR_ARG;
-    ls_stepper *st = m->stepper;
+    ls_pipeline *st = m->pipeline;
     if (st == NULL) return LS_ERR_STATE;
     pthread_mutex_lock(&st->mu);
     int32_t rc;
@@ -110,8 +111,8 @@ int32_t ls_batch_end(ls_model *m) {
     return rc;
 }
 
-void ls_stepper_free(ls_model *m) {
-    ls_stepper *st = m->stepper;
+void ls_pipeline_free(ls_model *m) {
+    ls_pipeline *st = m->pipeline;
     if (st == NULL) return;
     pthread_mutex_lock(&st->mu);
     while (st->state == QUEUED) pthread_cond_wait(&st->cv, &st->mu); /* a step still running finishes first */
@@ -122,5 +123,5 @@ void ls_stepper_free(ls_model *m) {
     pthread_cond_destroy(&st->cv);
     pthread_mutex_destroy(&st->mu);
     free(st);
-    m->stepper = NULL;
+    m->pipeline = NULL;
 }
