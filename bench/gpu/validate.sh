@@ -31,8 +31,9 @@
 # models). --out: where gpu.json and validate.log go (default
 # bench/results). --build: the build folder (default build/gpu; build/
 # reuses what build.ts compiled). --budget: the seconds the run may take
-# before its last stage (default 540: a GPU host's command limit is 10
-# minutes). --commit: the commit to name when the tree has no .git. Models
+# (default 540: a GPU host's command limit is 10 minutes); a stage still
+# running then is stopped and recorded, and the report is written all the
+# same. --commit: the commit to name when the tree has no .git. Models
 # are written under $TMPDIR/loopserve-gpu-validate. Exit status 0 when
 # every check passed.
 set -uo pipefail
@@ -76,9 +77,12 @@ record() {
   printf '{"kind":"check","name":"%s","status":"%s","value":null,"bar":"%s","seconds":%s,"detail":"%s"}\n' \
     "$1" "$2" "${5:-}" "$4" "$(printf '%s' "$detail" | tr '\n\t' '  ')" >>"$RECORDS"
 }
-# Runs a command, its output to the log; JSON lines it prints join the records.
+# Seconds left before the deadline (at least 1).
+left() { local s=$(( DEADLINE - $(date +%s) )); echo $(( s > 0 ? s : 1 )); }
+# Runs a command within the time left, its output to the log; JSON lines it
+# prints join the records. Returns the command's status (124: out of time).
 records_of() {
-  "$@" 2>>"$LOG" | tee -a "$LOG" | grep '^{' >>"$RECORDS"
+  timeout "$(left)" "$@" 2>>"$LOG" | tee -a "$LOG" | grep '^{' >>"$RECORDS"
   return "${PIPESTATUS[0]}"
 }
 
@@ -119,7 +123,7 @@ if [ -x "$BUILD/harness" ]; then records_of "$BUILD/harness"; fi
 if [ -x "$BUILD/gpu_driver" ] && [ -f "$BUILD/libloopserve.so" ]; then
   records_of "$BUILD/gpu_driver" checks "$BUILD/libloopserve.so" "$CUDA_LIB" "$TMP" "$MODELS" $CPU_FLAG $QUICK_FLAG
   rc=$?
-  [ $rc -le 1 ] || record driver/checks fail "the driver stopped (exit $rc): see validate.log" $(( $(date +%s) - t0 ))
+  [ $rc -le 1 ] || record driver/checks fail "the driver stopped (exit $rc$([ $rc = 124 ] && echo ': out of time')): see validate.log" $(( $(date +%s) - t0 ))
 fi
 
 # ---- figures ----
@@ -129,7 +133,7 @@ fi
 peers() { # case rows peers
   local file
   file=$("$BUILD/gpu_driver" model "$1" "$TMP" "$MODELS" 2>>"$LOG") || return 0
-  PYTHONUNBUFFERED=1 timeout 300 python3 "$HERE/torch_decode.py" "$file" --name "$1" --loops 8 --rows "$2" --peers "$3" \
+  PYTHONUNBUFFERED=1 timeout "$(left)" python3 "$HERE/torch_decode.py" "$file" --name "$1" --loops 8 --rows "$2" --peers "$3" \
     2>>"$LOG" | tee -a "$LOG" | grep '^{' | sed 's/^{/{"kind":"peer",/' >>"$RECORDS"
 }
 if [ $GPU = 1 ] && python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>>"$LOG"; then
