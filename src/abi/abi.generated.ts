@@ -28,6 +28,7 @@ export const LS_FEATURE_SPECULATIVE = 1;
 export const LS_FEATURE_PROFILE = 2;
 export const LS_FEATURE_KV_COMPRESSED = 4;
 export const LS_FEATURE_STACKS = 8;
+export const LS_FEATURE_QUANTIZED = 16;
 export const LS_SIMD_AUTO = 0;
 export const LS_SIMD_PORTABLE = 1;
 export const LS_SIMD_AVX2 = 2;
