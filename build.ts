@@ -222,11 +222,12 @@ async function buildExecutable(libraries: string[]): Promise<void> {
   // src/engine/library.ts finds them. The tokenizer's WASM and ranks are
   // embedded through src/tokenizer/tokenizer.ts's imports; its pool's worker is an
   // entry point of its own, and --root src/tokenizer puts it beside the main
-  // module, where src/tokenizer/pool.ts's URL for it points.
+  // module, where src/tokenizer/pool.ts's URL for it points. The format
+  // compiler's worker (src/grammar/compile_worker.ts) is one too.
   await run([
     process.execPath, "build", "--compile", "--minify-syntax", "--minify-whitespace", "--target=bun-linux-x64-baseline",
     "--asset-naming=[name].[ext]", "--root", join(root, "src", "tokenizer"),
-    join(root, "src", "cli", "main.ts"), join(root, "src", "tokenizer", "worker.ts"), ...extraLibraries,
+    join(root, "src", "cli", "main.ts"), join(root, "src", "tokenizer", "worker.ts"), join(root, "src", "grammar", "compile_worker.ts"), ...extraLibraries,
     "--outfile", join(root, "dist", "loopserve"),
   ]);
 }
