@@ -345,7 +345,10 @@ export class NativeModel {
     if (wantLogits && this[buffer].length < n * vocab) this[buffer] = new Float32Array(n * vocab);
     const tokens = new Int32Array(nTokens);
     for (let i = 0, at = 0; i < n; at += rows[i].tokens.length, i++) tokens.set(rows[i].tokens, at);
-    const masks = masked ? new Uint32Array(n * maskWords(vocab)) : null;
+    // On an ArrayBuffer of its own: the storage of a small typed array made
+    // directly may move when a view of it is first taken (fillMasks does,
+    // after a pipelined step has its pointer).
+    const masks = masked ? new Uint32Array(new ArrayBuffer(n * maskWords(vocab) * 4)) : null;
     return { rows, sessions, params, tokens, masks, logits: wantLogits ? this[buffer] : null, out: new Int32Array(n), rc: null };
   }
 
