@@ -137,7 +137,7 @@ describe("the compiled executable, alone in an empty directory", () => {
 
       // Structured output: the grammar engine's WebAssembly and the format compiler's worker are in the executable too.
       const schema = { type: "object", properties: { answer: { enum: ["yes", "no"] } }, required: ["answer"] };
-      const format = await a.post("/generate", { prompt: "Hello", max_tokens: 20, response_format: { type: "json_schema", json_schema: { name: "a", schema } } });
+      const format = await a.post("/generate", { prompt: "Hello", max_tokens: 20, response_format: { type: "json_schema", json_schema: { name: "a", schema, strict: true } } });
       const f = await jsonBody(format, GenerateResponse);
       expect(f.finish_reason).toBe("stop");
       expect(["yes", "no"]).toContain(JSON.parse(f.text).answer);

@@ -17,6 +17,7 @@ import type { CompileReply, CompileRequest } from "./compile_worker.ts";
 import { type CompiledFormat, GrammarEngine, GrammarEngineError, type GrammarSource } from "./engine.ts";
 import { checkSchema, SchemaError } from "./schema_check.ts";
 import { grammarVocabulary } from "./vocabulary.ts";
+import { workerUrl } from "../worker_url.ts";
 
 /** A format the server cannot constrain output to; the message says what and where. */
 export class FormatError extends Error {}
@@ -30,7 +31,7 @@ export const MAX_FORMAT_BYTES = 65_536;
 // Bun's Worker has unref(); the DOM typing lacks it.
 type BunWorker = Worker & { unref(): void };
 
-const WORKER_URL = new URL("./compile_worker.ts", import.meta.url);
+const WORKER_URL = workerUrl("grammar/compile_worker.ts");
 
 export interface FormatCompilerOptions {
   /** Longest a compile may take (SERVICE_FORMAT_COMPILE_MS). */
@@ -116,15 +117,26 @@ export class FormatCompiler {
     return new Promise<void>((resolve, reject) => {
       const timer = setTimeout(() => {
         // The engine cannot be stopped mid-compile: the worker goes, and the next compile gets a fresh one.
-        worker.removeEventListener("message", onReply);
+        settle();
         worker.terminate();
         if (this.worker === worker) this.worker = null;
         reject(new FormatError(`compiling it took longer than ${this.opts.compileMs} ms (SERVICE_FORMAT_COMPILE_MS): it is too large or complex`));
       }, this.opts.compileMs);
-      const onReply = (event: MessageEvent<CompileReply>) => {
-        if (event.data.id !== id) return;
+      const settle = () => {
         clearTimeout(timer);
         worker.removeEventListener("message", onReply);
+        worker.removeEventListener("error", onError);
+      };
+      // A worker that cannot run at all is the server's fault, not the format's: a plain error (500).
+      const onError = (event: ErrorEvent) => {
+        settle();
+        worker.terminate();
+        if (this.worker === worker) this.worker = null;
+        reject(new Error(`the format compiler's worker failed: ${event.message}`));
+      };
+      const onReply = (event: MessageEvent<CompileReply>) => {
+        if (event.data.id !== id) return;
+        settle();
         if ("ok" in event.data) return resolve();
         // An abort leaves the worker's engine unusable: a fresh one for the next compile.
         if (event.data.aborted) {
@@ -134,6 +146,7 @@ export class FormatCompiler {
         reject(new FormatError(event.data.error));
       };
       worker.addEventListener("message", onReply);
+      worker.addEventListener("error", onError);
       const request: CompileRequest = { kind: "compile", id, source };
       worker.postMessage(request);
     });
