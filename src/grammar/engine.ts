@@ -8,7 +8,8 @@
 // The package's WASM is inlined in its JavaScript, so it works the same
 // under `bun run` and inside the compiled executable. Two things its
 // TypeScript surface does not offer are reached here, with the version
-// pinned in package.json (test/grammar/engine.test.ts checks both):
+// pinned in package.json (test/grammar/engine.test.ts checks both against
+// the package's public answers):
 // - the token mask synchronously: the package's getNextTokenBitmask is
 //   async, but the kernels ask for masks inside a synchronous FFI call (a
 //   speculative cycle's paths) and while a pipelined step runs. The
