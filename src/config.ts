@@ -115,7 +115,7 @@ const MIN_MAX_BODY_BYTES = 1024;
 // sending (nginx waits 60 s between two reads of a body), short enough that
 // connections holding half-sent bodies do not pile up memory and descriptors.
 const DEFAULT_BODY_TIMEOUT_MS = 30_000;
-/** Compile bounds of a response format (docs/structured-output.md#compile-time). */
+/** Compile bounds of a response format (docs/structured-output.md#how-it-works). */
 const DEFAULT_FORMAT_COMPILE_MS = 2000;
 const DEFAULT_FORMAT_CACHE = 256;
 
