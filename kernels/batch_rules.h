@@ -12,10 +12,10 @@
 
 #include "session_rules.h"
 
-/* A step's settings as ls_session_step accepts them (sampling checked only
- * when the row samples). */
+/* A step's settings as ls_batch_step accepts them (sampling checked only
+ * when the row samples, which a masked row must). */
 static inline int ls_step_params_ok(const ls_step_params *p, int32_t sample) {
-    return p->exit_policy >= LS_EXIT_NONE && p->exit_policy <= LS_EXIT_COPY && p->reserved == 0 &&
+    return p->exit_policy >= LS_EXIT_NONE && p->exit_policy <= LS_EXIT_COPY && (p->masked == 0 || (p->masked == 1 && sample)) &&
            (p->exit_policy == LS_EXIT_NONE || (p->exit_threshold >= 0.0f && p->exit_threshold <= 1.0f)) &&
            (!sample || ls_sampling_ok(&p->sampling));
 }
@@ -33,10 +33,11 @@ static inline int ls_step_exits(const ls_model *m, const ls_step_params *p, int3
 }
 
 /* Checks every row before anything runs: distinct sessions of model m, each
- * row's tokens, depth and room as ls_session_step checks them. Writes each
- * row's status to out; returns the first error, or LS_OK. */
+ * row's tokens, depth and room as ls_session_step checks them, and a mask
+ * for each masked row. Writes each row's status to out; returns the first
+ * error, or LS_OK. */
 static inline int32_t ls_check_batch(const ls_model *m, ls_session *const *sessions, const ls_batch_row *rows,
-                                     int32_t n_rows, const int32_t *tokens, int32_t *out) {
+                                     int32_t n_rows, const int32_t *tokens, const uint32_t *masks, int32_t *out) {
     if (!m || !sessions || !rows || !tokens || !out || n_rows < 1 || n_rows > LS_BATCH_MAX_ROWS) return LS_ERR_ARG;
     int32_t first = LS_OK;
     int64_t off = 0;
@@ -44,7 +45,8 @@ static inline int32_t ls_check_batch(const ls_model *m, ls_session *const *sessi
         const ls_batch_row *r = &rows[i];
         int32_t rc = LS_OK;
         if (!sessions[i] || ls_session_view(sessions[i]).m != m || r->n_tokens < 1 || (r->sample != 0 && r->sample != 1) ||
-            !ls_step_params_ok(&r->step, r->sample) || !ls_step_exit_ok(ls_session_view(sessions[i]), &r->step))
+            !ls_step_params_ok(&r->step, r->sample) || !ls_step_exit_ok(ls_session_view(sessions[i]), &r->step) ||
+            (r->step.masked && !masks))
             rc = LS_ERR_ARG;
         for (int32_t j = 0; j < i && rc == LS_OK; j++)
             if (sessions[j] == sessions[i]) rc = LS_ERR_ARG;

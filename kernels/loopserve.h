@@ -38,7 +38,7 @@
 extern "C" {
 #endif
 
-#define LS_ABI_VERSION 10
+#define LS_ABI_VERSION 11
 
 /* ---- status codes ---- */
 typedef enum {
@@ -61,6 +61,7 @@ typedef enum {
     LS_FEATURE_KV_COMPRESSED = 4, /* kv_mode other than LS_KV_FP16 */
     LS_FEATURE_STACKS = 8,        /* n_layers > 1, sandwich and step norms, the exit gate (ls_model_config) */
     LS_FEATURE_QUANTIZED = 16,    /* int4 / int2 weights and int8 / int6 / int4 output heads (LS_QUANT_*, head_bits) */
+    LS_FEATURE_TOKEN_MASK = 32,   /* masked draws: ls_step_params.masked, ls_spec_cycle_masked (token masks, below) */
 } ls_feature;
 
 /* The LS_FEATURE_* bits this library implements. */
@@ -489,9 +490,20 @@ typedef struct {
     int32_t loops;          /* 1..the session's loops: the most steps the token runs */
     int32_t exit_policy;    /* LS_EXIT_*, default 0 = fixed depth; another needs a model with an exit gate */
     float exit_threshold;   /* 0..1 with an exit policy (below); ignored without one */
-    int32_t reserved;       /* 0 */
+    int32_t masked;         /* default 0; 1: the draw is restricted to the tokens the row's token mask allows
+                             * (ls_batch_step's masks; a sampling row only, LS_FEATURE_TOKEN_MASK) */
     ls_sampling sampling;
 } ls_step_params;
+
+/* Token masks (structured output, docs/structured-output.md): which tokens a
+ * draw may return. A mask is (vocab_size + 31) / 32 uint32 words; token t is
+ * allowed when bit t % 32 of word t / 32 is set (bits past vocab_size are
+ * ignored). A masked draw first sets every logit the mask does not allow to
+ * -inf, then draws as ls_sample does: greedy picks the best allowed token,
+ * sampling draws from the distribution renormalised over the allowed ones.
+ * The logits a masked step hands back (logits_out) are the masked logits,
+ * so log-probabilities computed from them are the masked distribution's.
+ * A mask that allows no token makes the draw fail (LS_ERR_ARG). */
 
 /* Learned early exit (docs/early-exit.md). After each step s of the token
  * whose logits are sampled, the gate gives lambda_s = sigmoid(h . w + b)
@@ -517,7 +529,8 @@ typedef struct {
  * call's loops without early exit), or LS_ERR_ARG for NULL. */
 int32_t ls_session_last_steps(const ls_session *s);
 
-/* One generation step in one call: ls_session_forward of the n tokens at
+/* One generation step in one call (params->masked 0: a masked step goes
+ * through ls_batch_step): ls_session_forward of the n tokens at
  * params->loops, then ls_sample on the last token's logits with the
  * session's whole token history (prompt + generated) for the repetition
  * penalty, and the RNG counter = the position the sampled token will
@@ -542,9 +555,12 @@ typedef struct {
 /* Advances n_rows distinct sessions of model m in one call: row i feeds
  * its tokens to sessions[i] at rows[i].step.loops and, when it samples,
  * draws out[i] exactly as ls_session_step would (out[i] = 0 otherwise).
- * The tokens of all rows lie one after another in `tokens`. logits_out:
- * NULL, or (n_rows, vocab) floats whose row i receives a sampling row's
- * last logits before any sampling transform (other rows untouched).
+ * The tokens of all rows lie one after another in `tokens`. masks: NULL
+ * when no row is masked, else n_rows token masks one after another (row
+ * i's at i * words, read only for rows with step.masked 1): a masked row
+ * draws under its mask. logits_out: NULL, or (n_rows, vocab) floats whose
+ * row i receives a sampling row's last logits before any sampling transform
+ * but the mask (other rows untouched).
  *
  * Every row's logits and token are bit-identical to running it alone with
  * ls_session_step / ls_session_forward: the matmuls read the weights once
@@ -557,7 +573,7 @@ typedef struct {
  * session whose cache cannot grow for its row gives LS_ERR_NOMEM the same
  * way, before any row runs. */
 int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
-                      const int32_t *tokens, float *logits_out, int32_t *out);
+                      const int32_t *tokens, const uint32_t *masks, float *logits_out, int32_t *out);
 
 /* Pipelined steps: ls_batch_step in two halves, so the caller's thread is
  * free while the step runs (docs/serving-overhead.md): ls_pipeline_begin
@@ -565,10 +581,16 @@ int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_r
  * once (LS_ERR_STATE while a step begun before has not been ended);
  * ls_pipeline_end waits for it and returns what ls_batch_step returned, its
  * outputs written. Until then every array passed stays valid and unchanged,
- * and the caller makes no other call on m or its sessions. Results are
- * ls_batch_step's, bit for bit. */
+ * and the caller makes no other call on m or its sessions, with one
+ * exception: the masks. A step with masked rows runs its forward pass and
+ * then waits, before its draws, for ls_pipeline_masks_ready; until that
+ * call the caller may still write `masks` (so a server computes the next
+ * token masks while the step's forward pass runs). ls_pipeline_end makes
+ * the masks ready if that call has not. Results are ls_batch_step's, bit
+ * for bit, with the masks as they were when made ready. */
 int32_t ls_pipeline_begin(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
-                          const int32_t *tokens, float *logits_out, int32_t *out);
+                          const int32_t *tokens, const uint32_t *masks, float *logits_out, int32_t *out);
+int32_t ls_pipeline_masks_ready(ls_model *m);
 int32_t ls_pipeline_end(ls_model *m);
 
 /* ---- sampling ---- */
@@ -640,7 +662,8 @@ int32_t ls_spec_cycle(ls_session *s, int32_t pending, const ls_spec_params *para
                       int32_t *out_stats);
 
 /* ls_spec_cycle, also handing back the verifier's distribution of every
- * returned token (for log-probabilities). logits_out: NULL, or room for
+ * returned token (for log-probabilities): ls_spec_cycle_masked without a
+ * mask. logits_out: NULL, or room for
  * (draft_ahead + 1) * vocab_size floats; row i receives the logits at
  * verify_loops that out_tokens[i] was accepted or drawn against (the
  * position before it, on the accepted path), before any sampling
@@ -648,6 +671,30 @@ int32_t ls_spec_cycle(ls_session *s, int32_t pending, const ls_spec_params *para
  * plain decoding reaches that position. Written only on success. */
 int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_params *params, int32_t *out_tokens,
                              int32_t *out_stats, float *logits_out);
+
+/* The token mask after a path (structured output): writes into `mask` the
+ * mask of the token that may follow the cycle's pending token and then the
+ * n tokens of path, and returns 1; returns 0, mask unwritten, when no token
+ * may follow that path (the format is complete there, or the path left it);
+ * a negative LS_ERR_* fails the cycle with it. Called on the cycle's thread
+ * (the caller's), never concurrently. */
+typedef int32_t (*ls_mask_fn)(void *ctx, const int32_t *path, int32_t n, uint32_t *mask);
+
+/* ls_spec_cycle_logits under token masks: every draft and every verifier
+ * draw at a position is masked by mask_fn's mask for the path before it
+ * (the drafts, and the verification of each row, in the chain and the
+ * tree), and logits_out holds the masked logits, so greedy output is
+ * bit-identical to masked ls_batch_step decoding at verify_loops and
+ * sampled output has its distribution. mask_fn NULL: no mask. A draft
+ * reaching a path no token may follow drafts on unmasked (its rows are
+ * never accepted); when the verifier reaches such a path (after j >= 1
+ * tokens; the pending token's own path must allow a token) the cycle ends
+ * there: it returns those j tokens, the last the next pending one, with no
+ * token of the verifier's own, and commits j positions. mask_fn is asked
+ * only for paths the cycle needs. LS_ERR_UNSUPPORTED from a library without
+ * LS_FEATURE_TOKEN_MASK when mask_fn is set. */
+int32_t ls_spec_cycle_masked(ls_session *s, int32_t pending, const ls_spec_params *params, ls_mask_fn mask_fn,
+                             void *mask_ctx, int32_t *out_tokens, int32_t *out_stats, float *logits_out);
 
 #ifdef __cplusplus
 }

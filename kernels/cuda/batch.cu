@@ -13,7 +13,8 @@
  *
  * Greedy rows pick on the device (sample.cu), from their own session's
  * history; temperature rows copy their logits to the host for sample.c's
- * ls_sample, as ls_session_step does.
+ * ls_sample, as ls_session_step does. Token masks (LS_FEATURE_TOKEN_MASK)
+ * are not implemented here: a masked row is LS_ERR_UNSUPPORTED.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -374,9 +375,18 @@ static cudaError_t draw(ls_model *m, ls_session *const *sessions, const ls_batch
 }
 
 extern "C" int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
-                                 const int32_t *tokens, float *logits_out, int32_t *out) {
+                                 const int32_t *tokens, const uint32_t *masks, float *logits_out, int32_t *out) {
+    return ls_batch_step_gated(m, sessions, rows, n_rows, tokens, masks, logits_out, out, NULL, NULL);
+}
+
+extern "C" int32_t ls_batch_step_gated(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows,
+                                       int32_t n_rows, const int32_t *tokens, const uint32_t *masks,
+                                       float *logits_out, int32_t *out, void (*gate)(void *), void *gate_ctx) {
     if (!m || !m->rt) return LS_ERR_ARG;
-    int32_t rc = ls_check_batch(m, sessions, rows, n_rows, tokens, out);
+    int32_t rc = ls_check_batch(m, sessions, rows, n_rows, tokens, masks, out);
+    if (rc != LS_OK) return rc;
+    for (int32_t i = 0; i < n_rows; i++)
+        if (rows[i].step.masked) rc = out[i] = LS_ERR_UNSUPPORTED;
     if (rc != LS_OK) return rc;
     /* a session an earlier CUDA failure left unknown takes no more steps */
     for (int32_t i = 0; i < n_rows; i++)
@@ -410,6 +420,7 @@ extern "C" int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const
     if (call.e == cudaSuccess) ls_batch_blocks(&plan, rows, LS_CHUNK, pieces, run_block_call, &call);
     cudaError_t e = call.e;
     const char *what = call.what;
+    if (gate) gate(gate_ctx);
     if (e == cudaSuccess && plan.n_sample > 0)
         e = draw(m, sessions, rows, n_rows, plan.slot, plan.n_sample, single, b, logits_out, out, &what);
     else if (e == cudaSuccess)

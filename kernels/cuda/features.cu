@@ -4,8 +4,8 @@
  * have not yet passed a validation run on a GPU (loopserve_cuda.h,
  * ls_cuda_kernels).
  *
- * It lacks speculative decoding, the per-op profile and the compressed
- * key/value cache modes. Their entry points exist all the same, so one
+ * It lacks speculative decoding, the per-op profile, the compressed
+ * key/value cache modes and token masks. Their entry points exist all the same, so one
  * binding opens either library; they answer LS_ERR_UNSUPPORTED
  * (ls_session_new refuses a compressed kv_mode with a message).
  */
@@ -43,15 +43,23 @@ extern "C" int32_t ls_model_profile_read(ls_model *m, double *out, int32_t n, in
     return LS_ERR_UNSUPPORTED;
 }
 
-extern "C" int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_params *params,
-                                        int32_t *out_tokens, int32_t *out_stats, float *logits_out) {
+extern "C" int32_t ls_spec_cycle_masked(ls_session *s, int32_t pending, const ls_spec_params *params,
+                                        ls_mask_fn mask_fn, void *mask_ctx, int32_t *out_tokens, int32_t *out_stats,
+                                        float *logits_out) {
     (void)s;
     (void)pending;
     (void)params;
+    (void)mask_fn;
+    (void)mask_ctx;
     (void)out_tokens;
     (void)out_stats;
     (void)logits_out;
     return LS_ERR_UNSUPPORTED;
+}
+
+extern "C" int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_params *params,
+                                        int32_t *out_tokens, int32_t *out_stats, float *logits_out) {
+    return ls_spec_cycle_masked(s, pending, params, NULL, NULL, out_tokens, out_stats, logits_out);
 }
 
 extern "C" int32_t ls_spec_cycle(ls_session *s, int32_t pending, const ls_spec_params *params, int32_t *out_tokens,

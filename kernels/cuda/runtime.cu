@@ -373,7 +373,8 @@ extern "C" int32_t ls_session_last_steps(const ls_session *s) { return s ? s->la
 
 extern "C" int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, const ls_step_params *p,
                                    float *logits_out) {
-    if (!s || !p || p->exit_threshold != 0.0f) return LS_ERR_ARG; /* no exit gate: stacks are CPU-only */
+    /* no exit gate (stacks are CPU-only); a masked step goes through ls_batch_step */
+    if (!s || !p || p->exit_threshold != 0.0f || p->masked) return LS_ERR_ARG;
     /* Check the sampling arguments before the forward pass mutates the
      * session, as session.c does. */
     if (!ls_sampling_ok(&p->sampling)) return LS_ERR_ARG;

@@ -297,7 +297,7 @@ static int32_t row_run(const ls_api *api, ls_model *m, int32_t n, int32_t loops,
             rc = id < 0 ? id : LS_OK;
             out[0] = id;
         } else {
-            rc = api->batch_step(m, s, row, rows, feed, all, out);
+            rc = api->batch_step(m, s, row, rows, feed, NULL, all, out);
             if (rc == LS_OK) memcpy(logits + (size_t)k * vocab, all + (size_t)t * vocab, (size_t)vocab * sizeof *all);
         }
         tokens[k] = out[t];

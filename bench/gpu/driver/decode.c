@@ -37,7 +37,7 @@ static double one_round(const ls_api *api, ls_model *m, int32_t vocab, int32_t l
     if (ok) {
         double t0 = now_seconds();
         for (int32_t k = 0; ok && k < steps; k++) {
-            int32_t rc = api->batch_step(m, s, row, rows, next, NULL, out);
+            int32_t rc = api->batch_step(m, s, row, rows, next, NULL, NULL, out);
             if (rc != LS_OK) {
                 snprintf(err, err_len, "ls_batch_step: %s", api->status_str(rc));
                 ok = 0;

@@ -31,24 +31,24 @@ typedef struct {
     void *handle;
     int32_t simd;    /* the LS_SIMD_* models are loaded with */
     int32_t threads; /* 0: every core */
-    int32_t (*abi_version)(void);
-    int32_t (*features)(void);
-    const char *(*status_str)(int32_t);
-    ls_model *(*model_load)(const char *, const ls_model_desc *, int32_t, int32_t, char *, int32_t);
-    void (*model_free)(ls_model *);
-    void (*model_info_get)(const ls_model *, ls_model_info *);
-    int32_t (*model_device_memory)(const ls_model *, uint64_t *, uint64_t *);
-    ls_session *(*session_new)(ls_model *, const ls_session_params *, char *, int32_t);
-    void (*session_free)(ls_session *);
-    int32_t (*session_pos)(const ls_session *);
-    int32_t (*session_rollback)(ls_session *, int32_t);
-    int32_t (*session_copy_prefix)(ls_session *, const ls_session *, int32_t);
-    int32_t (*session_forward)(ls_session *, const int32_t *, int32_t, int32_t, float *, int32_t);
-    int32_t (*session_step)(ls_session *, const int32_t *, int32_t, const ls_step_params *, float *);
-    int32_t (*batch_step)(ls_model *, ls_session *const *, const ls_batch_row *, int32_t, const int32_t *, float *,
-                          int32_t *);
-    int32_t (*sample)(const float *, int32_t, const int32_t *, int32_t, const ls_sampling *, uint64_t);
-    int32_t (*spec_cycle)(ls_session *, int32_t, const ls_spec_params *, int32_t *, int32_t *);
+    /* each entry typed by the header's own prototype, so the driver cannot drift from the ABI */
+    __typeof__(&ls_abi_version) abi_version;
+    __typeof__(&ls_features) features;
+    __typeof__(&ls_status_str) status_str;
+    __typeof__(&ls_model_load) model_load;
+    __typeof__(&ls_model_free) model_free;
+    __typeof__(&ls_model_info_get) model_info_get;
+    __typeof__(&ls_model_device_memory) model_device_memory;
+    __typeof__(&ls_session_new) session_new;
+    __typeof__(&ls_session_free) session_free;
+    __typeof__(&ls_session_pos) session_pos;
+    __typeof__(&ls_session_rollback) session_rollback;
+    __typeof__(&ls_session_copy_prefix) session_copy_prefix;
+    __typeof__(&ls_session_forward) session_forward;
+    __typeof__(&ls_session_step) session_step;
+    __typeof__(&ls_batch_step) batch_step;
+    __typeof__(&ls_sample) sample;
+    __typeof__(&ls_spec_cycle) spec_cycle;
     int32_t (*cuda_device_count)(void);
     int32_t (*cuda_kernels)(int32_t);
     int32_t (*cuda_kernels_verified)(void);
