@@ -46,6 +46,24 @@ cudaError_t lsc_rmsnorm(float *out, const float *x, const float *w, int32_t T, i
     return cudaGetLastError();
 }
 
+/* k_rmsnorm's norm of y, each value rounded before it is added to h (the
+ * CPU library norms the sublayer's output, then adds it). */
+__global__ static void k_rmsnorm_add(float *h, const float *y, const float *w, int32_t n, float eps) {
+    __shared__ float red[32];
+    const float *yr = y + (size_t)blockIdx.x * n;
+    float *hr = h + (size_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int32_t i = threadIdx.x; i < n; i += blockDim.x) ss += yr[i] * yr[i];
+    ss = block_sum(ss, red);
+    float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int32_t i = threadIdx.x; i < n; i += blockDim.x) hr[i] = __fadd_rn(hr[i], yr[i] * scale * w[i]);
+}
+
+cudaError_t lsc_rmsnorm_add(float *h, const float *y, const float *w, int32_t T, int32_t n, float eps) {
+    k_rmsnorm_add<<<T, LS_CUDA_BLOCK>>>(h, y, w, n, eps);
+    return cudaGetLastError();
+}
+
 // ---- matmul: one warp per output row and tile of tokens ----
 
 /* Eight fp16 weights (16 bytes) as fp32, read past L1: each weight is used

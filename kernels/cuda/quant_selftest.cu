@@ -1,5 +1,6 @@
 /*
- * quant_selftest.cu — ls_cuda_selftest (loopserve_cuda.h): the device half
+ * quant_selftest.cu — the quantized kernels' share of ls_cuda_selftest
+ * (loopserve_cuda.h, features.cu): the device half
  * of the proof that the quantized matmuls are the CPU library's, bit for bit
  * (quant_math.h says how the proof is split). quant.cu's kernels run on
  * generated inputs and are compared with the host execution of the same
@@ -164,17 +165,7 @@ void run_case(selftest &st, int32_t bits, int32_t group, int32_t in) {
 
 } // namespace
 
-extern "C" int32_t ls_cuda_selftest(char *report, int32_t report_len) {
-    if (!report || report_len < 1) return LS_ERR_ARG;
-    report[0] = 0;
-    if (ls_cuda_device_count() < 1) {
-        snprintf(report, (size_t)report_len, "no usable CUDA device");
-        return LS_ERR_STATE;
-    }
-    if (!(lsc_kernels_on() & LS_CUDA_KERNELS_QUANT)) {
-        snprintf(report, (size_t)report_len, "no kernel family with a self-test is enabled");
-        return 0;
-    }
+int32_t lsc_quant_selftest(char *report, int32_t report_len) {
     selftest st{report, report_len};
     const int32_t formats[][2] = {{4, 32}, {2, 32}, {8, 32}, {6, 64}}; /* bits, smallest group (int6: rows of 64) */
     for (const auto &f : formats)
