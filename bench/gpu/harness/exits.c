@@ -11,7 +11,8 @@
  *                  to the CPU library's ls_batch_step over sequences of
  *                  batched steps on models with an exit gate: every row's
  *                  token, logits and exit step, and each session's
- *                  key/value caches, kept states and bookkeeping, bit for bit.
+ *                  key/value caches, kept states and bookkeeping, bit for
+ *                  bit; and the CPU library's histories hold the tokens fed.
  * The device kernels themselves are held to the CPU library by the
  * validation driver on a GPU.
  */
@@ -267,9 +268,7 @@ static int session_differs(const ls_session *a, const ls_session *b, char *why, 
         return 1;
     }
     if (memcmp(a->tokens, b->tokens, (size_t)a->pos * sizeof *a->tokens) != 0) {
-        int32_t d = 0;
-        while (a->tokens[d] == b->tokens[d]) d++;
-        snprintf(why, len, "the token histories differ at %d: %d vs %d (pos %d)", d, a->tokens[d], b->tokens[d], a->pos);
+        snprintf(why, len, "the token histories differ");
         return 1;
     }
     for (int32_t u = 0; u < a->units; u++)
@@ -391,6 +390,8 @@ static int schedule_run(ls_model *m, int32_t seed, char *detail, size_t len, int
         if (n_rows == 0) continue;
         int32_t pos_before[SESSIONS];
         for (int32_t k = 0; k < n_rows; k++) pos_before[k] = sa[k]->pos;
+        int32_t pos0[SESSIONS];
+        for (int32_t k = 0; k < n_rows; k++) pos0[k] = sa[k]->pos;
         int32_t rc_a = ls_batch_step(m, sa, rows, n_rows, tokens, la, out_a);
         for (int32_t k = 0, off = 0; k < n_rows; off += rows[k].n_tokens, k++)
             for (int32_t t = 0; t < rows[k].n_tokens; t++)
@@ -403,10 +404,14 @@ static int schedule_run(ls_model *m, int32_t seed, char *detail, size_t len, int
             bad = 1;
             break;
         }
-        for (int32_t k = 0; k < n_rows && !bad; k++) {
+        for (int32_t k = 0, fed = 0; k < n_rows && !bad; fed += rows[k].n_tokens, k++) {
             const int32_t i = who[k];
             char why[160];
-            if (out_a[k] != out_b[k]) {
+            if (memcmp(ref[i]->tokens + pos0[k], tokens + fed, (size_t)rows[k].n_tokens * sizeof *tokens) != 0) {
+                snprintf(detail, len, "seed %d call %d session %d: the CPU library's history is not the tokens fed", seed,
+                         call, i);
+                bad = 1;
+            } else if (out_a[k] != out_b[k]) {
                 snprintf(detail, len, "seed %d call %d session %d: token %d, the CPU library's %d", seed, call, i, out_b[k],
                          out_a[k]);
                 bad = 1;
