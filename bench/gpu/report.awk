@@ -28,7 +28,7 @@ function esc(s) {
 }
 function fig(engine, model, loops, rows) { return figures[engine SUBSEP model SUBSEP loops SUBSEP rows SUBSEP ""] + 0 }
 # A figure exiting by the gate ("exact 0.7"), and the mean steps its tokens ran.
-function fig_exit(engine, model, loops, rows, exit) { return figures[engine SUBSEP model SUBSEP loops SUBSEP rows SUBSEP exit] + 0 }
+function fig_exit(engine, model, loops, rows, rule) { return figures[engine SUBSEP model SUBSEP loops SUBSEP rows SUBSEP rule] + 0 }
 function target(name, value, bar, met, shown) {
     n_targets++
     t_name[n_targets] = name
@@ -149,6 +149,6 @@ END {
         }
     }
     if (copy_gb_s > 0) printf "device copy: %.0f GB/s (bytes read and written)\n", copy_gb_s
-    printf "\n%-70s %14s %-36s %s\n", "target", "value", "bar", "met"
-    for (i = 1; i <= n_targets; i++) printf "%-70s %14s %-36s %s\n", t_name[i], t_shown[i], t_bar[i], t_met[i] ? "yes" : "no"
+    printf "\n%-78s %14s %-36s %s\n", "target", "value", "bar", "met"
+    for (i = 1; i <= n_targets; i++) printf "%-78s %14s %-36s %s\n", t_name[i], t_shown[i], t_bar[i], t_met[i] ? "yes" : "no"
 }

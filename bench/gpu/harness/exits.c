@@ -469,7 +469,7 @@ static void check_schedule_on(char *const *models, int32_t n_models) {
     report("exit-schedule", ok, detail);
 }
 
-void check_exits(char *const *models, int32_t n_models) {
+void check_early_exit(char *const *models, int32_t n_models) {
     check_gate_exp();
     check_schedule_on(models, n_models);
 }

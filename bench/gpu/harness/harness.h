@@ -32,7 +32,7 @@ static inline int same_float(float a, float b) { return memcmp(&a, &b, sizeof a)
 void check_quant(void);
 
 /* exits.c: models: paths of models with an exit gate. */
-void check_exits(char *const *models, int32_t n_models);
+void check_early_exit(char *const *models, int32_t n_models);
 
 /* Checks failed so far (main.c). */
 extern int failures;

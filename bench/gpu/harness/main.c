@@ -26,6 +26,6 @@ void report_bar(const char *check, int ok, const char *bar, const char *detail) 
 
 int main(int argc, char **argv) {
     check_quant();
-    check_exits(argv + 1, argc - 1);
+    check_early_exit(argv + 1, argc - 1);
     return failures == 0 ? 0 : 1;
 }
