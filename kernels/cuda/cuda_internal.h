@@ -24,6 +24,10 @@
  *   - quantized matmuls (quant.cu) compute quant.h's integer group sums and
  *     fp32 fold through kernels/cuda/quant_math.h: for the same inputs,
  *     bit for bit the CPU library's;
+ *   - a stack keeps each layer's weights (lsc_layer) and a cache unit per
+ *     layer and step; a batched step whose rows may exit early runs its
+ *     blocks on the CPU library's schedule (block_steps.h), each gate
+ *     decided on the device between steps (exits.cu, exit_math.h);
  *   - a kernel family that has not passed a validation run on a GPU is off
  *     by default (loopserve_cuda.h, ls_cuda_kernels; features.cu).
  */
