@@ -258,18 +258,6 @@ cudaError_t lsc_gather_rows(float *dst, const float *src, const int32_t *from, i
 cudaError_t lsc_copy_units(__half *kc, __half *vc, int64_t loop_stride, int32_t cap, int32_t row, int32_t from,
                            int32_t to, int32_t layers, int32_t n_kv, int32_t hd);
 
-/* ---- the self-test's shares (ls_cuda_selftest, features.cu) ---- */
-
-/* quant_selftest.cu: the quantized kernels against the host execution of
- * quant_math.h, bit for bit. */
-int32_t lsc_quant_selftest(char *report, int32_t report_len);
-
-/* exits.cu: the gate kernel against the host execution of exit_math.h on
- * generated states and gates over several steps, bit for bit. Each: the
- * number of failed cases (the first difference, or a summary, in report),
- * or LS_ERR_STATE on a CUDA error. */
-int32_t lsc_exit_selftest(char *report, int32_t report_len);
-
 /* ---- quant.cu: the quantized matmuls (quant_math.h's arithmetic) ---- */
 
 /* q (T, in) int8 codes and d (T) scales of the T rows of x (rows ldx apart),

@@ -10,9 +10,6 @@
  * binding opens either library; they answer LS_ERR_UNSUPPORTED
  * (ls_session_new refuses a compressed kv_mode with a message).
  */
-#include <stdio.h>
-#include <string.h>
-
 #include "cuda_internal.h"
 
 /* The families a validation run on a GPU has passed with: on for every
@@ -35,32 +32,6 @@ int32_t lsc_kernels_on(void) { return LSC_KERNELS_VERIFIED | enabled_families; }
 extern "C" int32_t ls_features(void) {
     const int32_t on = lsc_kernels_on();
     return (on & LS_CUDA_KERNELS_QUANT ? LS_FEATURE_QUANTIZED : 0) | (on & LS_CUDA_KERNELS_STACKS ? LS_FEATURE_STACKS : 0);
-}
-
-extern "C" int32_t ls_cuda_selftest(char *report, int32_t report_len) {
-    if (!report || report_len < 1) return LS_ERR_ARG;
-    report[0] = 0;
-    if (ls_cuda_device_count() < 1) {
-        snprintf(report, (size_t)report_len, "no usable CUDA device");
-        return LS_ERR_STATE;
-    }
-    /* each enabled family's share, their reports joined */
-    int32_t (*const parts[])(char *, int32_t) = {lsc_quant_selftest, lsc_exit_selftest};
-    const int32_t families[] = {LS_CUDA_KERNELS_QUANT, LS_CUDA_KERNELS_STACKS};
-    int32_t failed = 0, ran = 0;
-    for (int i = 0; i < 2; i++) {
-        if (!(lsc_kernels_on() & families[i])) continue;
-        size_t used = strlen(report);
-        if (used + 3 >= (size_t)report_len) break;
-        if (used) strcat(report, "; ");
-        used = strlen(report);
-        int32_t rc = parts[i](report + used, report_len - (int32_t)used);
-        if (rc < 0) return rc;
-        failed += rc;
-        ran++;
-    }
-    if (ran == 0) snprintf(report, (size_t)report_len, "no kernel family with a self-test is enabled");
-    return failed;
 }
 
 extern "C" void ls_model_set_profile(ls_model *m, int32_t on) {

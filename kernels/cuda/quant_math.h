@@ -8,7 +8,7 @@
  *   - the CPU harness (bench/gpu/harness/quant.c, run in CI) runs them on the
  *     host against the CPU library's own kernels (quant.h), bit for bit,
  *     and checks the warp schedule's index math exhaustively;
- *   - the CUDA library's self-test (quant_selftest.cu, run by the
+ *   - the CUDA library's self-test (selftest.cu, run by the
  *     validation script on a GPU) runs the device kernels against the host
  *     execution of these functions, bit for bit.
  *
