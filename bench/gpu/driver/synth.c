@@ -6,7 +6,8 @@
 //   mix=wv:int4+wo:int4                     block matrices in the other block format (quant_mix)
 //   head=fp16|tied|int8|int6|int4 hgroup=G  the output head (default fp16; hgroup default group)
 //   embed=0                                 no tok_embeddings: the quantized head's rows serve
-//   layers=N sandwich=1 stepnorm=1 gate=1   a stack (format version 2); gatebias=B: the gate's bias mean (-1)
+//   layers=N sandwich=1 stepnorm=1 gate=1   a stack (format version 2); the gate's bias ~N(-1, 0.5), or
+//                                           gatebias=B exactly
 //   theta=T eps=E                           rope_theta (10000) and norm_eps (1e-05)
 //   from=FILE                               the shape and fp16 weights of a model file (a single block or
 //                                           a stack), quantized to quant/head (round to nearest, per group)
@@ -68,7 +69,7 @@ typedef struct {
     int32_t head_bits, hgroup;    /* 0 = fp16 */
     int32_t tied, embed;          /* tied fp16 head; embed 0 = no tok_embeddings */
     int32_t layers, sandwich, stepnorm, gate, ouro;
-    double gate_bias, theta, eps;
+    double gate_bias, gate_bias_sd, theta, eps;
     char from[1024];
 } spec;
 
@@ -89,6 +90,7 @@ static int parse_spec(const char *text, spec *s, char *err, size_t err_len) {
     s->embed = 1;
     s->layers = 1;
     s->gate_bias = -1.0;
+    s->gate_bias_sd = 0.5;
     s->theta = 10000.0;
     s->eps = 1e-5;
     char buf[2048];
@@ -118,7 +120,10 @@ static int parse_spec(const char *text, spec *s, char *err, size_t err_len) {
         else if (strcmp(k, "sandwich") == 0) s->sandwich = n;
         else if (strcmp(k, "stepnorm") == 0) s->stepnorm = n;
         else if (strcmp(k, "gate") == 0) s->gate = n;
-        else if (strcmp(k, "gatebias") == 0) s->gate_bias = strtod(v, NULL);
+        else if (strcmp(k, "gatebias") == 0) {
+            s->gate_bias = strtod(v, NULL);
+            s->gate_bias_sd = 0.0;
+        }
         else if (strcmp(k, "theta") == 0) s->theta = strtod(v, NULL);
         else if (strcmp(k, "eps") == 0) s->eps = strtod(v, NULL);
         else if (strcmp(k, "ouro") == 0) s->ouro = n;
@@ -383,7 +388,7 @@ int synth_write(const char *spec_text, const char *path, char *err, size_t err_l
         for (int k = 0; k < 2; k++) {
             uint16_t *from = src ? st_read_f16(src, names[k], &count, err, err_len) : NULL;
             fp16_tensor(ts, names[k], 1, k == 0 ? dim : 0, from, k == 0 ? 0.0 : s.gate_bias,
-                        k == 0 ? 1.0 / sqrt((double)dim) : 0.5, &gr);
+                        k == 0 ? 1.0 / sqrt((double)dim) : s.gate_bias_sd, &gr);
             free(from);
         }
     }
