@@ -148,15 +148,17 @@ static inline void ls_batch_unit_done(ls_session *const *sessions, const ls_batc
     }
 }
 
-/* A block has run every unit: its pieces' tokens join their sessions' histories. */
+/* A block has run every unit: its pieces' tokens join their sessions'
+ * histories, each at its own positions (an exiting token's piece may have
+ * moved ahead of the rest of its row). */
 static inline void ls_batch_block_done(ls_session *const *sessions, const ls_batch_piece *pieces, int32_t n,
                                        const int32_t *tokens) {
     for (int32_t i = 0; i < n; i++) {
         const ls_batch_piece *p = &pieces[i];
         ls_session *s = sessions[p->row];
         if (p->first < 0) continue; /* deferred rows: positions it holds already */
-        memcpy(s->tokens + s->pos, tokens + p->first, (size_t)p->n * sizeof *tokens);
-        s->pos += p->n;
+        memcpy(s->tokens + p->pos0, tokens + p->first, (size_t)p->n * sizeof *tokens);
+        if (p->pos0 + p->n > s->pos) s->pos = p->pos0 + p->n;
     }
 }
 

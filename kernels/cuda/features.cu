@@ -5,8 +5,9 @@
  * ls_cuda_kernels).
  *
  * It lacks speculative decoding, the per-op profile, the compressed
- * key/value cache modes and token masks. Their entry points exist all the same, so one
- * binding opens either library; they answer LS_ERR_UNSUPPORTED
+ * key/value cache modes and token masks; quantized weights and stacks
+ * come with their kernel families. Their entry points exist all the same,
+ * so one binding opens either library; they answer LS_ERR_UNSUPPORTED
  * (ls_session_new refuses a compressed kv_mode with a message).
  */
 #include "cuda_internal.h"
@@ -28,7 +29,10 @@ extern "C" int32_t ls_cuda_kernels(int32_t families) {
 
 int32_t lsc_kernels_on(void) { return LSC_KERNELS_VERIFIED | enabled_families; }
 
-extern "C" int32_t ls_features(void) { return lsc_kernels_on() & LS_CUDA_KERNELS_QUANT ? LS_FEATURE_QUANTIZED : 0; }
+extern "C" int32_t ls_features(void) {
+    const int32_t on = lsc_kernels_on();
+    return (on & LS_CUDA_KERNELS_QUANT ? LS_FEATURE_QUANTIZED : 0) | (on & LS_CUDA_KERNELS_STACKS ? LS_FEATURE_STACKS : 0);
+}
 
 extern "C" void ls_model_set_profile(ls_model *m, int32_t on) {
     (void)m;
