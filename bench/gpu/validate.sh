@@ -174,7 +174,8 @@ sanitize() { # tool, runs left after this one
   local rc=$?
   cat "$out" >>"$LOG"
   local summary
-  summary=$(grep -m1 'ERROR SUMMARY' "$out" || true)
+  # memcheck ends with "ERROR SUMMARY: N errors", racecheck with "RACECHECK SUMMARY: N hazards displayed (...)"
+  summary=$(grep -m1 'ERROR SUMMARY\|RACECHECK SUMMARY' "$out" || true)
   if [ $rc = 0 ] && [ -n "$summary" ]; then record "$name" pass "$summary" $(( $(date +%s) - t0 )) "0 errors"
   elif grep -q 'Device not supported\|not supported on this platform' "$out"; then
     record "$name" skip "not available: compute-sanitizer refused the device: $(grep -m1 'not supported' "$out")" $(( $(date +%s) - t0 )) "0 errors"

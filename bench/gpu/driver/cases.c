@@ -28,6 +28,9 @@
 #define Q LS_CUDA_KERNELS_QUANT
 #define S LS_CUDA_KERNELS_STACKS
 #define FP16_TOL 1e-3f
+/* 96 layer applications of random weights (24 layers, 4 steps): the CPU library's own best and portable
+ * paths differ by more than FP16_TOL on this shape (docs/gpu.md), so the bar is theirs with room */
+#define DEEP_STACK_TOL 5e-3f
 #define QUANT_TOL 5e-2f
 
 static const model_case CASES[] = {
@@ -77,7 +80,7 @@ static const model_case CASES[] = {
     {.name = "dim2048-fp16", .spec = D2048, .big = 1, .tol = FP16_TOL},
     {.name = "dim2048-int4", .spec = D2048 ",quant=int4,group=128,head=int8,hgroup=128", .families = Q,
      .refusal = "int4 weights", .big = 1, .tol = QUANT_TOL},
-    {.name = "ouro-1.4b", .spec = OURO_1_4B, .families = S, .refusal = "stacked model", .big = 1, .tol = FP16_TOL,
+    {.name = "ouro-1.4b", .spec = OURO_1_4B, .families = S, .refusal = "stacked model", .big = 1, .tol = DEEP_STACK_TOL,
      .checks = "logits,prefill-vs-steps,rows,deferred,device-memory"},
 };
 #define N_CASES (sizeof CASES / sizeof CASES[0])
