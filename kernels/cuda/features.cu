@@ -15,7 +15,7 @@
 /* The families a validation run on a GPU has passed with: on for every
  * model. A family joins this set in the change that commits the JSON of
  * its first passing run (bench/gpu-runs/). */
-#define LSC_KERNELS_VERIFIED 0
+#define LSC_KERNELS_VERIFIED (LS_CUDA_KERNELS_QUANT | LS_CUDA_KERNELS_STACKS) /* gpu-2026-11-28-h200.json */
 
 /* The unverified families the caller enabled (ls_cuda_kernels). */
 static int32_t enabled_families;

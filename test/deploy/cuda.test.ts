@@ -135,15 +135,14 @@ describe("the GPU validation run, on a host without a GPU", () => {
     for (const model of ["dim2048-fp16", "ouro-1.4b"]) expect(check(`${model}/load`)?.status).toBe("skip");
   });
 
-  test("the CUDA library keeps an unverified kernel family off by default and refuses its models by name", () => {
+  test("the CUDA library serves its verified kernel families by default, and reports them", () => {
     if (!built) return;
     expect(check("library/cuda-device-count")?.status).toBe("pass");
-    expect(check("library/cuda-gating-off")?.detail).toContain("int4 weights: not served by the CUDA kernels by default yet");
-    expect(check("library/cuda-gating-on")?.detail).toContain("no usable CUDA device");
-    expect(check("library/cuda-stacks-gating-off")?.detail).toContain(
-      "a stacked model (2 layers, sandwich norms, a norm per step, an exit gate): not served by the CUDA kernels by default yet",
-    );
-    expect(check("library/cuda-stacks-gating-on")?.detail).toContain("no usable CUDA device");
+    // quantized weights and stacks passed a validation run on a GPU (bench/gpu-runs/gpu-2026-11-28-h200.json)
+    for (const family of ["gating", "stacks-gating"]) {
+      expect(check(`library/cuda-${family}-off`)).toMatchObject({ status: "pass", detail: "the family is verified: on by default" });
+      expect(check(`library/cuda-${family}-on`)?.detail).toContain("no usable CUDA device");
+    }
     expect(check("library/cuda-features")?.status).toBe("pass");
   });
 
