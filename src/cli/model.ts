@@ -126,13 +126,14 @@ const EXPORT_GGUF_HELP = `usage: loopserve model export-gguf IN OUT [--loops N]
 
 Writes the fp16 model IN as a GGUF v3 file OUT that llama.cpp-based tools
 load as a plain Llama model: the shared block unrolled into N identical
-layers (GGUF cannot share tensor data, so each layer holds a copy), F16
-matrices, F32 norms, Wq/Wk rows permuted for llama.cpp's RoPE pairing (as
-its convert_hf_to_gguf.py does), and the GPT-2 vocabulary and merges from
-the bundled tokenizer data. Quantize the result with llama-quantize.
+layers (GGUF cannot share tensor data, so each layer holds a copy; a stack
+of pre-norm layers unrolls into N copies of the stack), F16 matrices, F32
+norms, Wq/Wk rows permuted for llama.cpp's RoPE pairing (as its
+convert_hf_to_gguf.py does), and the GPT-2 vocabulary and merges from the
+bundled tokenizer data. Quantize the result with llama-quantize.
 
 options:
-  --loops N    layers to unroll, 1..${MAX_LOOPS} [the model's default_loops]
+  --loops N    loops to unroll, 1..${MAX_LOOPS} [the model's default_loops]
   -h, --help   this help`;
 
 const IMPORT_HF_HELP = `usage: loopserve model import-hf DIR OUT
