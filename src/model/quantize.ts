@@ -410,18 +410,28 @@ export interface QuantizeResult {
  */
 const CHUNK_BYTES = 8 << 20;
 
+/** A buffer reused for one thing at a time, grown to the largest asked for. */
+class Scratch {
+  private buf = new ArrayBuffer(0);
+
+  /** `bytes` bytes (at the start of the buffer), valid until the next take. */
+  take(bytes: number): Uint8Array {
+    if (this.buf.byteLength < bytes) this.buf = new ArrayBuffer(bytes);
+    return new Uint8Array(this.buf, 0, bytes);
+  }
+}
+
 /** The input file, read a range at a time into one reused buffer (never mapped: memory holds one chunk of it); opened by the first read. */
 class SourceReader {
   private fd = -1;
-  private buf = new Uint8Array(0);
+  private readonly buf = new Scratch();
 
   constructor(private readonly path: string) {}
 
   /** `bytes` bytes from `offset` of the file, in a buffer valid until the next read. */
   read(offset: number, bytes: number): Uint8Array {
     if (this.fd < 0) this.fd = openSync(this.path, "r");
-    if (this.buf.length < bytes) this.buf = new Uint8Array(Math.max(bytes, CHUNK_BYTES));
-    const out = this.buf.subarray(0, bytes);
+    const out = this.buf.take(bytes);
     for (let done = 0; done < bytes; ) {
       const n = readSync(this.fd, out, done, bytes - done, offset + done);
       if (n <= 0) throw new ModelFormatError(`${this.path}: short read at byte ${offset + done}`);
@@ -505,6 +515,9 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
   }
   const parts: Part[] = [];
   const source = new SourceReader(inPath);
+  // One matrix's outputs at a time, in buffers every matrix reuses (a new
+  // buffer per matrix would leave the garbage collector a file's worth to find).
+  const outputs = { qweight: new Scratch(), scales: new Scratch(), zeros: new Scratch() };
   // Tensors that stay fp16: F16 input is copied bit for bit, BF16 / F32 rounded to nearest.
   const f16 = (name: string, shape: number[]): void => {
     const t = check(name, shape);
@@ -540,9 +553,9 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
         if (k === 0) {
           const ng = cols / group;
           const out: QuantRows = {
-            qweight: new Uint8Array((rows * cols * bits) / 8),
-            scales: new Uint16Array(rows * ng),
-            zeros: bits === 2 ? new Uint16Array(rows * ng) : undefined,
+            qweight: outputs.qweight.take((rows * cols * bits) / 8),
+            scales: new Uint16Array(outputs.scales.take(rows * ng * 2).buffer, 0, rows * ng),
+            zeros: bits === 2 ? new Uint16Array(outputs.zeros.take(rows * ng * 2).buffer, 0, rows * ng) : undefined,
           };
           const per = Math.max(1, Math.floor(CHUNK_BYTES / rowBytes));
           for (let r = 0; r < rows; r += per) {
