@@ -28,6 +28,11 @@ export interface PeerModel {
  * llama.cpp's Llama graph runs, so both engines run the same model), at 1 and
  * 4 steps. Real sizes take 64-token prefills, fewer decode steps, 2 threads.
  */
+/** A real size: 2 threads, fp16 and int4, 64-token prefills, the side sections off. */
+function realSize(shape: SyntheticOptions, label: string, loops: number[], decode: number): PeerModel {
+  return { shape, label, loops, threads: [2], formats: ["fp16", "int4"], prefill: 64, decode, sideSections: false };
+}
+
 export const PEER_MODELS: Record<"bench" | "dim2048" | "ouro", PeerModel> = {
   bench: {
     shape: BENCH_SHAPE,
@@ -39,26 +44,18 @@ export const PEER_MODELS: Record<"bench" | "dim2048" | "ouro", PeerModel> = {
     decode: 128,
     sideSections: true,
   },
-  dim2048: {
-    shape: { ...BENCH_SHAPE, dim: 2048, nHeads: 16, nKvHeads: 4, ffnDim: 5632, seed: 1 },
-    label: "dim 2048 (16 heads over 4 kv, ffn 5632, vocab 50257)",
-    loops: [1, 8],
-    threads: [2],
-    formats: ["fp16", "int4"],
-    prefill: 64,
-    decode: 64,
-    sideSections: false,
-  },
-  ouro: {
-    shape: { ...BENCH_SHAPE, dim: 2048, nHeads: 16, nKvHeads: 16, ffnDim: 5632, vocabSize: 49152, nLayers: 24, loops: 4, seed: 1 },
-    label: "Ouro-1.4B-shaped stack (24 layers of dim 2048, ffn 5632, vocab 49152)",
-    loops: [1, 4],
-    threads: [2],
-    formats: ["fp16", "int4"],
-    prefill: 64,
-    decode: 32,
-    sideSections: false,
-  },
+  dim2048: realSize(
+    { ...BENCH_SHAPE, dim: 2048, nHeads: 16, nKvHeads: 4, ffnDim: 5632, seed: 1 },
+    "dim 2048 (16 heads over 4 kv, ffn 5632, vocab 50257)",
+    [1, 8],
+    64,
+  ),
+  ouro: realSize(
+    { ...BENCH_SHAPE, dim: 2048, nHeads: 16, nKvHeads: 16, ffnDim: 5632, vocabSize: 49152, nLayers: 24, loops: 4, seed: 1 },
+    "Ouro-1.4B-shaped stack (24 layers of dim 2048, ffn 5632, vocab 49152)",
+    [1, 4],
+    32,
+  ),
 };
 export type PeerModelName = keyof typeof PEER_MODELS;
 

@@ -5,14 +5,18 @@
  *
  *   vd, vm, VL           the vector of doubles, its lane mask, its lanes
  *   QZ_NAME(name)        name with the path's suffix (name##_avx2)
- *   vd_set1, vd_load, vd_store (aligned), vd_add, vd_sub, vd_mul, vd_div,
- *   vd_min(a, b), vd_max(a, b)  (b where either is NaN, as minpd / maxpd),
+ *   QZ_P(name)           the intrinsic's name with the path's prefix
+ *                        (_mm256_##name), for the ops below that are one
+ *                        intrinsic on either path
  *   vd_abs, vd_rint (to nearest even),
  *   vm_lt, vm_le, vm_gt (ordered: false with a NaN), vm_and, vm_andnot(a, b)
  *   (b and not a), vm_bits(m) (lane i in bit i), vd_select(m, a, b) (m ? b : a),
  *   vd_f16_up(x, &bits), vd_f16_down(x, &bits)  the fp16 at or above / at or
  *                        below each lane (quantize_search.h), its value and its bits
  *                        (as doubles)
+ *   F32_VL, f32_from_halves(out, h, input)  F32_VL fp16 (LS_QUANTIZE_F16) or
+ *                        bf16 values as fp32
+ * and then names its table with QZ_OPS_TABLE(suffix, LS_SIMD_*).
  *
  * A lane runs the portable path's chain of double operations for its group
  * (quantize_portable.c) with one change that gives the same bits: a
@@ -36,6 +40,17 @@
 #include <string.h>
 
 #include "cpu/quantize_search.h"
+
+/* vd_min(a, b), vd_max(a, b): b where either is NaN (minpd / maxpd). */
+static inline vd vd_set1(double x) { return QZ_P(set1_pd)(x); }
+static inline vd vd_load(const double *p) { return QZ_P(load_pd)(p); }
+static inline void vd_store(double *p, vd a) { QZ_P(store_pd)(p, a); }
+static inline vd vd_add(vd a, vd b) { return QZ_P(add_pd)(a, b); }
+static inline vd vd_sub(vd a, vd b) { return QZ_P(sub_pd)(a, b); }
+static inline vd vd_mul(vd a, vd b) { return QZ_P(mul_pd)(a, b); }
+static inline vd vd_div(vd a, vd b) { return QZ_P(div_pd)(a, b); }
+static inline vd vd_min(vd a, vd b) { return QZ_P(min_pd)(a, b); }
+static inline vd vd_max(vd a, vd b) { return QZ_P(max_pd)(a, b); }
 
 /* An offset candidate's product this close to a half may round the other
  * way than its quotient (|quotient| < 2^6: a few units in its last place
@@ -214,3 +229,21 @@ static int64_t QZ_NAME(offset)(const float *w, int64_t n, int32_t group, uint16_
     }
     return -1;
 }
+
+/* ---- input ---- */
+
+static void QZ_NAME(to_f32)(float *out, const void *src, int32_t input, int64_t n) {
+    if (input == LS_QUANTIZE_F32) {
+        memcpy(out, src, (size_t)n * sizeof *out);
+        return;
+    }
+    const uint16_t *h = src;
+    int64_t i = 0;
+    for (; i + F32_VL <= n; i += F32_VL) f32_from_halves(out + i, h + i, input);
+    ls_qz_ops_portable.to_f32(out + i, h + i, input, n - i);
+}
+
+#define QZ_OPS_TABLE(sfx, simd_)                                                                           \
+    const ls_qz_ops ls_qz_ops_##sfx = {                                                                    \
+        .simd = (simd_), .symmetric = symmetric_##sfx, .offset = offset_##sfx, .to_f32 = to_f32_##sfx,     \
+    }
