@@ -131,7 +131,7 @@ export function parseOptions(argv: string[]): Options {
     else if (a === "--spec-ahead") o.specAhead = list(argv[++i], a);
     else if (a === "--no-wait") o.wait = false;
     else if (a === "--quick") {
-      o.loops = [o.loops[0], o.loops[o.loops.length - 1]];
+      o.loops = [1, m.shape.loops]; // the model's own depth, where the targets are
       o.rounds = 2;
     } else throw new PeerBenchError(`unknown option ${a} (see the header of bench/peer.ts)`);
   }

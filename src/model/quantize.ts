@@ -10,7 +10,10 @@
 //
 // Everything here is deterministic: plain IEEE double arithmetic (+ - * /,
 // comparisons), no Math.log/exp, fixed iteration counts, so the same input
-// gives byte-identical output on every machine.
+// gives byte-identical output on every machine. These functions are the
+// reference quantizer: `model quantize` runs the kernel library's
+// (ls_quantize, kernels/cpu/quantize.c), which gives their bytes many times
+// faster; quantizeModelFile streams a file through either (RowQuantizer).
 
 import { closeSync, openSync, readSync, statSync } from "node:fs";
 import type { ProgressCallback } from "../progress.ts";
@@ -87,10 +90,6 @@ export function rne(v: number): number {
   return f % 2 === 0 ? f : f + 1;
 }
 
-/** Told the rows of a matrix quantized so far (progress of a long quantization). */
-export type RowDone = (rows: number) => void;
-const noRows: RowDone = () => {};
-
 /** The format's rules for rows of `cols` inputs: a group size it has, dividing cols; int6 rows a multiple of 64. */
 function checkFormat(what: string, bits: QuantMatrix["bits"], cols: number, groupSize: number): void {
   if (!GROUP_SIZES.includes(groupSize)) {
@@ -150,7 +149,7 @@ function symmetricError(w: ArrayLike<number>, base: number, n: number, s: number
  * largest weight and 2.32e-3 searched. put(idx, c) stores the code of
  * weight idx.
  */
-function quantizeSymmetric(w: ArrayLike<number>, rows: number, cols: number, groupSize: number, what: string, onRow: RowDone, L: number, scales: Uint16Array, put: (idx: number, c: number) => void): void {
+function quantizeSymmetric(w: ArrayLike<number>, rows: number, cols: number, groupSize: number, what: string, L: number, scales: Uint16Array, put: (idx: number, c: number) => void): void {
   const ng = cols / groupSize;
   for (let r = 0; r < rows; r++) {
     for (let g = 0; g < ng; g++) {
@@ -181,16 +180,15 @@ function quantizeSymmetric(w: ArrayLike<number>, rows: number, cols: number, gro
       const s = F16_TO_F32[sb];
       for (let i = 0; i < groupSize; i++) put(base + i, symmetricCode(w[base + i], s, L));
     }
-    onRow(r + 1);
   }
 }
 
 /** int4 per group (quantizeSymmetric with L = 7): the nibble c + 8, input 2j in the low nibble of byte j. */
-export function quantizeInt4(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int4", onRow: RowDone = noRows): QuantMatrix {
+export function quantizeInt4(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int4"): QuantMatrix {
   checkShape(what, 4, w, rows, cols, groupSize);
   const qweight = new Uint8Array((rows * cols) / 2);
   const scales = new Uint16Array((rows * cols) / groupSize);
-  quantizeSymmetric(w, rows, cols, groupSize, what, onRow, 7, scales, (idx, c) => {
+  quantizeSymmetric(w, rows, cols, groupSize, what, 7, scales, (idx, c) => {
     qweight[idx >> 1] |= (c + 8) << ((idx & 1) * 4);
   });
   return { bits: 4, rows, cols, groupSize, qweight, scales };
@@ -204,12 +202,12 @@ export function quantizeInt4(w: ArrayLike<number>, rows: number, cols: number, g
  * bytes of u's high two bits, those of input 64b + 2j + e (j < 32) at bits
  * 4 (j >> 4) + 2e of byte 16b + (j & 15). cols must be a multiple of 64.
  */
-export function quantizeInt6(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int6", onRow: RowDone = noRows): QuantMatrix {
+export function quantizeInt6(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int6"): QuantMatrix {
   checkShape(what, 6, w, rows, cols, groupSize);
   const rowBytes = (cols * 3) / 4;
   const qweight = new Uint8Array(rows * rowBytes);
   const scales = new Uint16Array((rows * cols) / groupSize);
-  quantizeSymmetric(w, rows, cols, groupSize, what, onRow, 31, scales, (idx, c) => {
+  quantizeSymmetric(w, rows, cols, groupSize, what, 31, scales, (idx, c) => {
     const r = Math.floor(idx / cols);
     const i = idx - r * cols;
     const row = r * rowBytes;
@@ -257,7 +255,7 @@ function offsetError(w: ArrayLike<number>, base: number, n: number, s: number, z
  * 5.97e-2); this search lowered it, weights alone, from 4.92e-2 spanning
  * each group to 4.08e-2.
  */
-export function quantizeInt2(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int2", onRow: RowDone = noRows): QuantMatrix {
+export function quantizeInt2(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int2"): QuantMatrix {
   checkShape(what, 2, w, rows, cols, groupSize);
   const ng = cols / groupSize;
   const qweight = new Uint8Array((rows * cols) / 4);
@@ -300,7 +298,6 @@ export function quantizeInt2(w: ArrayLike<number>, rows: number, cols: number, g
         qweight[idx >> 2] |= offsetCode(w[idx], s, z) << ((idx & 3) * 2);
       }
     }
-    onRow(r + 1);
   }
   return { bits: 2, rows, cols, groupSize, qweight, scales, zeros };
 }
@@ -308,7 +305,7 @@ export function quantizeInt2(w: ArrayLike<number>, rows: number, cols: number, g
 // ---- int8 (output head) ----
 
 /** Symmetric int8 per group: s = max|w| / 127 rounded up to fp16, c = rne(w / s). */
-export function quantizeInt8(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int8", onRow: RowDone = noRows): QuantMatrix {
+export function quantizeInt8(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int8"): QuantMatrix {
   checkShape(what, 8, w, rows, cols, groupSize);
   const ng = cols / groupSize;
   const qweight = new Uint8Array(rows * cols);
@@ -326,7 +323,6 @@ export function quantizeInt8(w: ArrayLike<number>, rows: number, cols: number, g
         codes[base + i] = s > 0 ? Math.min(127, Math.max(-127, rne(w[base + i] / s))) : 0;
       }
     }
-    onRow(r + 1);
   }
   return { bits: 8, rows, cols, groupSize, qweight, scales };
 }
