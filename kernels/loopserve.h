@@ -38,7 +38,7 @@
 extern "C" {
 #endif
 
-#define LS_ABI_VERSION 11
+#define LS_ABI_VERSION 12
 
 /* ---- status codes ---- */
 typedef enum {
@@ -62,6 +62,7 @@ typedef enum {
     LS_FEATURE_STACKS = 8,        /* n_layers > 1, sandwich and step norms, the exit gate (ls_model_config) */
     LS_FEATURE_QUANTIZED = 16,    /* int4 / int2 weights and int8 / int6 / int4 output heads (LS_QUANT_*, head_bits) */
     LS_FEATURE_TOKEN_MASK = 32,   /* masked draws: ls_step_params.masked, ls_spec_cycle_masked (token masks, below) */
+    LS_FEATURE_QUANTIZE = 64,     /* ls_quantizer_new, ls_quantize: the weight quantizer */
 } ls_feature;
 
 /* The LS_FEATURE_* bits this library implements. */
@@ -695,6 +696,53 @@ typedef int32_t (*ls_mask_fn)(void *ctx, const int32_t *path, int32_t n, uint32_
  * LS_FEATURE_TOKEN_MASK when mask_fn is set. */
 int32_t ls_spec_cycle_masked(ls_session *s, int32_t pending, const ls_spec_params *params, ls_mask_fn mask_fn,
                              void *mask_ctx, int32_t *out_tokens, int32_t *out_stats, float *logits_out);
+
+/* ---- weight quantization (kernels/cpu/quantize.c, docs/model-format.md) ----
+ *
+ * What `loopserve model quantize` runs: one matrix at a time, rows of an
+ * F32, F16 or BF16 matrix [rows, cols] into a format of "weight formats"
+ * above (qweight, scales and, int2 only, zeros, laid out as the file holds
+ * them). Each group's scale (int2: scale and offset) is searched among
+ * fixed candidates for the least squared error; the procedure and its
+ * arithmetic are written down in src/model/quantize.ts, the reference
+ * quantizer, whose bytes these are: every SIMD path and thread count gives
+ * the same output. */
+
+/* The element type of the rows ls_quantize reads. */
+typedef enum {
+    LS_QUANTIZE_F32 = 0,
+    LS_QUANTIZE_F16 = 1,
+    LS_QUANTIZE_BF16 = 2,
+} ls_quantize_input;
+
+/* One matrix's format. */
+typedef struct {
+    int32_t bits;  /* 4 or 2 (a block matrix's int4 / int2), 8 or 6 (the head's int8 / int6); int4 heads are 4 */
+    int32_t group; /* inputs per scale: a power of two in [LS_QUANT_GROUP_MIN, LS_QUANT_GROUP_MAX] dividing cols */
+    int32_t cols;  /* inputs per row, 1..LS_MAX_FFN_DIM; with bits 6 a multiple of 64 */
+    int32_t input; /* LS_QUANTIZE_*: src's element type */
+} ls_quantize_params;
+
+typedef struct ls_quantizer ls_quantizer;
+
+/* A quantizer with its own pool of n_threads threads (<= 0: every online
+ * core) and SIMD path (LS_SIMD_AUTO: the best the CPU has; a path it lacks
+ * is refused). NULL with the reason in err on failure, or without
+ * LS_FEATURE_QUANTIZE. */
+ls_quantizer *ls_quantizer_new(int32_t n_threads, int32_t simd, char *err, int32_t err_len);
+void ls_quantizer_free(ls_quantizer *q);
+
+/* The LS_SIMD_* path q runs. */
+int32_t ls_quantizer_simd(const ls_quantizer *q);
+
+/* Quantizes `rows` rows of src (rows * cols elements of p->input) into
+ * qweight (rows * cols * bits / 8 bytes), scales (rows * cols / group fp16)
+ * and, bits 2 only, zeros (as many; NULL otherwise). Returns 0, or
+ * LS_ERR_ARG for bad parameters or weights the format cannot hold (a
+ * group's scale or offset beyond fp16: too large, infinite, or an int8
+ * group holding a NaN), the reason in err; the outputs are then undefined. */
+int32_t ls_quantize(ls_quantizer *q, const ls_quantize_params *p, const void *src, int32_t rows, uint8_t *qweight,
+                    uint16_t *scales, uint16_t *zeros, char *err, int32_t err_len);
 
 #ifdef __cplusplus
 }

@@ -5,7 +5,8 @@
  * ls_cuda_kernels).
  *
  * It lacks speculative decoding, the per-op profile, the compressed
- * key/value cache modes and token masks; quantized weights and stacks
+ * key/value cache modes, token masks and the weight quantizer (which the
+ * command line runs on the CPU library); quantized weights and stacks
  * come with their kernel families. Their entry points exist all the same,
  * so one binding opens either library; they answer LS_ERR_UNSUPPORTED
  * (ls_session_new refuses a compressed kv_mode with a message).
@@ -69,4 +70,32 @@ extern "C" int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls
 extern "C" int32_t ls_spec_cycle(ls_session *s, int32_t pending, const ls_spec_params *params, int32_t *out_tokens,
                                  int32_t *out_stats) {
     return ls_spec_cycle_logits(s, pending, params, out_tokens, out_stats, NULL);
+}
+
+extern "C" ls_quantizer *ls_quantizer_new(int32_t n_threads, int32_t simd, char *err, int32_t err_len) {
+    (void)n_threads;
+    (void)simd;
+    ls_set_error(err, err_len, "the CUDA library has no weight quantizer (LS_FEATURE_QUANTIZE); use libloopserve.so");
+    return NULL;
+}
+
+extern "C" void ls_quantizer_free(ls_quantizer *q) { (void)q; }
+
+extern "C" int32_t ls_quantizer_simd(const ls_quantizer *q) {
+    (void)q;
+    return LS_ERR_UNSUPPORTED;
+}
+
+extern "C" int32_t ls_quantize(ls_quantizer *q, const ls_quantize_params *p, const void *src, int32_t rows,
+                               uint8_t *qweight, uint16_t *scales, uint16_t *zeros, char *err, int32_t err_len) {
+    (void)q;
+    (void)p;
+    (void)src;
+    (void)rows;
+    (void)qweight;
+    (void)scales;
+    (void)zeros;
+    (void)err;
+    (void)err_len;
+    return LS_ERR_UNSUPPORTED;
 }

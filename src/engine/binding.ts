@@ -4,6 +4,7 @@
 import { dlopen, FFIType, JSCallback, type Pointer, toArrayBuffer } from "bun:ffi";
 import { type KvCacheMode, kvModeCode, kvModeSpec } from "../model/kvcache.ts";
 import { type BlockQuant, QUANT_MATRICES, type QuantMix } from "../model/format.ts";
+import type { MatrixFormat, QuantRows, RowQuantizer, SourceDtype } from "../model/quantize.ts";
 import { ModelFormatError } from "../model/safetensors.ts";
 import {
   LS_ABI_VERSION,
@@ -22,6 +23,9 @@ import {
   LS_QUANT_FP16,
   LS_QUANT_INT2,
   LS_QUANT_INT4,
+  LS_QUANTIZE_BF16,
+  LS_QUANTIZE_F16,
+  LS_QUANTIZE_F32,
   LS_SIMD_AUTO,
   LS_SIMD_AVX2,
   LS_SIMD_AVX512,
@@ -65,6 +69,10 @@ const symbols = {
   ls_session_cache_bytes_held: { args: [ptr], returns: i64_fast },
   ls_sample: { args: [ptr, i32, ptr, i32, ptr, u64], returns: i32 },
   ls_spec_cycle_masked: { args: [ptr, i32, ptr, ptr, ptr, ptr, ptr, ptr], returns: i32 },
+  ls_quantizer_new: { args: [i32, i32, ptr, i32], returns: ptr },
+  ls_quantizer_free: { args: [ptr], returns: none },
+  ls_quantizer_simd: { args: [ptr], returns: i32 },
+  ls_quantize: { args: [ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, i32], returns: i32 },
 } as const;
 
 export const SIMD_CODES: Record<SimdChoice, number> = { auto: LS_SIMD_AUTO, portable: LS_SIMD_PORTABLE, avx2: LS_SIMD_AVX2, avx512: LS_SIMD_AVX512 };
@@ -736,4 +744,46 @@ function specParams(p: SpecCycleParams): Uint8Array {
   const params = new StructView("ls_spec_params").fill({ ...shape, flags: p.flags ?? 0, leaf_min_prob: p.leafMinProb ?? 0 });
   fillSampling(params.member("sampling", "ls_sampling"), p.sampling);
   return params.bytes;
+}
+
+const QUANTIZE_INPUT: Record<SourceDtype, number> = { F32: LS_QUANTIZE_F32, F16: LS_QUANTIZE_F16, BF16: LS_QUANTIZE_BF16 };
+const SIMD_NAMES = Object.fromEntries(Object.entries(SIMD_CODES).map(([name, code]) => [code, name])) as Record<number, SimdChoice>;
+
+/** The library's weight quantizer (ls_quantize) on a pool of its own: the reference quantizer's bytes (src/model/quantize.ts). */
+export class NativeQuantizer implements RowQuantizer {
+  private handle: Pointer | null;
+  private readonly params = new StructView("ls_quantize_params");
+  private readonly err = new Uint8Array(ERR_LEN);
+  /** The SIMD path it runs. */
+  readonly simd: SimdChoice;
+
+  /** threads <= 0: every core. Throws NativeError when the library has no quantizer or the CPU lacks `simd`. */
+  constructor(
+    private readonly lib: Lib,
+    threads: number,
+    simd: SimdChoice = "auto",
+  ) {
+    const handle = lib.ls_quantizer_new(threads, SIMD_CODES[simd], this.err, ERR_LEN);
+    if (!handle) throw new NativeError(readError(this.err) || "cannot start the quantizer", LS_ERR_UNSUPPORTED);
+    this.handle = handle as Pointer;
+    this.simd = SIMD_NAMES[lib.ls_quantizer_simd(this.handle)];
+  }
+
+  static open(libraryPath: string, threads: number, simd: SimdChoice = "auto"): NativeQuantizer {
+    return new NativeQuantizer(openKernelLibrary(libraryPath), threads, simd);
+  }
+
+  quantizeRows(f: MatrixFormat, dtype: SourceDtype, src: Uint8Array, rows: number, out: QuantRows, what: string): void {
+    if (!this.handle) throw new NativeError("quantizer closed", LS_ERR_STATE);
+    if (rows === 0) return;
+    this.params.fill({ bits: f.bits, group: f.groupSize, cols: f.cols, input: QUANTIZE_INPUT[dtype] });
+    const rc = this.lib.ls_quantize(this.handle, this.params.bytes, src, rows, out.qweight, out.scales, out.zeros ?? null, this.err, ERR_LEN);
+    if (rc === LS_ERR_ARG) throw new ModelFormatError(`${what}: ${readError(this.err)}`);
+    check(this.lib, rc, `ls_quantize: ${readError(this.err)}`);
+  }
+
+  close(): void {
+    if (this.handle) this.lib.ls_quantizer_free(this.handle);
+    this.handle = null;
+  }
 }

@@ -19,7 +19,7 @@ static void features(const run_ctx *ctx) {
     double t0 = now_seconds();
     char detail[256];
     const int32_t all = LS_FEATURE_SPECULATIVE | LS_FEATURE_PROFILE | LS_FEATURE_KV_COMPRESSED | LS_FEATURE_STACKS |
-                        LS_FEATURE_QUANTIZED | LS_FEATURE_TOKEN_MASK;
+                        LS_FEATURE_QUANTIZED | LS_FEATURE_TOKEN_MASK | LS_FEATURE_QUANTIZE;
     int32_t cpu = ctx->ref.features();
     snprintf(detail, sizeof detail, "features 0x%x", cpu);
     check("library/cpu-features", cpu == all, "every LS_FEATURE_*", detail, t0);
