@@ -42,6 +42,25 @@ function measured(name, v, bar, met, fmt) {
     if (v > 0) target(name, v, bar, met, sprintf(fmt, v))
     else target(name, "\"not measured\"", bar, 0, "not measured")
 }
+# Issue 56's one-stream targets from one engine's cells (names prefixed by what the engine adds): int4 x
+# fp16, fp16 loops 8 tok/s and its fraction of the copy bandwidth, an extra loop in fp16 and int4, the
+# trained model, the Ouro-1.4B shape's fraction. Sets one (fp16 loops 8 tok/s) for the caller.
+function stream_targets(l, label,    d, q, frac, extra, extra4, trained, ofrac) {
+    d = "dim2048-fp16"; q = "dim2048-int4"; one = fig(l, d, 8, 1)
+    measured(label "int4 dim-2048 one stream loops 8 x its fp16", one > 0 ? fig(l, q, 8, 1) / one : 0,
+             ">= 1.5", one > 0 && fig(l, q, 8, 1) / one >= 1.5, "%.2f")
+    measured(label "one stream dim-2048 fp16 loops 8 tok/s", one, ">= 3000", one >= 3000, "%.0f")
+    frac = copy_gb_s > 0 ? one * token_bytes / (copy_gb_s * 1e9) : 0
+    measured(label "one stream dim-2048 fp16 loops 8: fraction of the copy bandwidth", frac, ">= 0.65", frac >= 0.65, "%.2f")
+    extra = fig(l, d, 16, 1) > 0 && one > 0 ? (1000 / fig(l, d, 16, 1) - 1000 / one) / 8 : 0
+    measured(label "extra loop dim-2048 fp16 ms (loops 8 -> 16)", extra, "<= 0.040", extra > 0 && extra <= 0.040, "%.4f")
+    extra4 = fig(l, q, 16, 1) > 0 && fig(l, q, 8, 1) > 0 ? (1000 / fig(l, q, 16, 1) - 1000 / fig(l, q, 8, 1)) / 8 : 0
+    measured(label "extra loop dim-2048 int4 ms (loops 8 -> 16)", extra4, "<= 0.015", extra4 > 0 && extra4 <= 0.015, "%.4f")
+    trained = fig(l, "trained", 8, 1)
+    measured(label "one stream trained model loops 8 tok/s", trained, ">= 8000", trained >= 8000, "%.0f")
+    ofrac = copy_gb_s > 0 ? fig(l, "ouro-1.4b", 4, 1) * ouro_bytes / (copy_gb_s * 1e9) : 0
+    measured(label "Ouro-1.4B shape one stream 4 steps fp16: fraction of the copy bandwidth", ofrac, ">= 0.50", ofrac >= 0.5, "%.2f")
+}
 
 /^\{"kind":"check"/ {
     n_checks++
@@ -81,38 +100,30 @@ END {
     verified = check_value["library/cuda-features"]
     target("int4 and int2 on by default on the GPU (verified kernel families)", verified + 0, "includes LS_CUDA_KERNELS_QUANT (1)",
            verified % 2 == 1, verified + 0)
-    l = "loopserve"; d = "dim2048-fp16"; q = "dim2048-int4"
-    measured("int4 dim-2048 one stream loops 8 x its fp16", fig(l, d, 8, 1) > 0 ? fig(l, q, 8, 1) / fig(l, d, 8, 1) : 0,
-             ">= 1.5", fig(l, d, 8, 1) > 0 && fig(l, q, 8, 1) / fig(l, d, 8, 1) >= 1.5, "%.2f")
-    one = fig(l, d, 8, 1)
-    measured("one stream dim-2048 fp16 loops 8 tok/s", one, ">= 3000", one >= 3000, "%.0f")
-    peer = fig("pytorch cuda graph", d, 8, 1)
-    measured("one stream dim-2048 fp16 loops 8 x pytorch cuda graph", peer > 0 ? one / peer : 0, ">= 3", peer > 0 && one / peer >= 3, "%.2f")
     # bytes a dim-2048 token reads at loops 8: the block 8 times, the head once
     dm = 2048; kv = 512; ffn = 5632; vocab = 50257
     token_bytes = 8 * 2 * (2 * dm * dm + 2 * kv * dm + 3 * ffn * dm) + 2 * vocab * dm
-    frac = copy_gb_s > 0 ? one * token_bytes / (copy_gb_s * 1e9) : 0
-    measured("one stream dim-2048 fp16 loops 8: fraction of the copy bandwidth", frac, ">= 0.65", frac >= 0.65, "%.2f")
-    extra = fig(l, d, 16, 1) > 0 && one > 0 ? (1000 / fig(l, d, 16, 1) - 1000 / one) / 8 : 0
-    measured("extra loop dim-2048 fp16 ms (loops 8 -> 16)", extra, "<= 0.040", extra > 0 && extra <= 0.040, "%.4f")
-    extra4 = fig(l, q, 16, 1) > 0 && fig(l, q, 8, 1) > 0 ? (1000 / fig(l, q, 16, 1) - 1000 / fig(l, q, 8, 1)) / 8 : 0
-    measured("extra loop dim-2048 int4 ms (loops 8 -> 16)", extra4, "<= 0.015", extra4 > 0 && extra4 <= 0.015, "%.4f")
-    trained = fig(l, "trained", 8, 1)
-    measured("one stream trained model loops 8 tok/s", trained, ">= 8000", trained >= 8000, "%.0f")
+    # bytes an Ouro-1.4B-shaped token reads at 4 steps: the 24 layers 4 times (16 kv heads), the head once
+    ouro_bytes = 4 * 24 * 2 * (4 * dm * dm + 3 * ffn * dm) + 2 * 49152 * dm
+    l = "loopserve"; d = "dim2048-fp16"
+    stream_targets(l, "")
+    peer = fig("pytorch cuda graph", d, 8, 1)
+    measured("one stream dim-2048 fp16 loops 8 x pytorch cuda graph", peer > 0 ? one / peer : 0, ">= 3", peer > 0 && one / peer >= 3, "%.2f")
     rows64 = fig("pytorch cuda graph", d, 8, 64) > 0 ? fig(l, d, 8, 64) / fig("pytorch cuda graph", d, 8, 64) : 0
     measured("64 rows dim-2048 fp16 loops 8 x pytorch cuda graph (kernel level)", rows64, ">= 1.5", rows64 >= 1.5, "%.2f")
     # issue 54: stacks and the exit gate
     target("stacks and the exit gate on by default on the GPU (verified kernel families)", verified + 0,
            "includes LS_CUDA_KERNELS_STACKS (2)", int(verified / 2) % 2 == 1, verified + 0)
-    # bytes an Ouro-1.4B-shaped token reads at 4 steps: the 24 layers 4 times (16 kv heads), the head once
     o = "ouro-1.4b"; ofull = fig(l, o, 4, 1)
-    ouro_bytes = 4 * 24 * 2 * (4 * dm * dm + 3 * ffn * dm) + 2 * 49152 * dm
-    ofrac = copy_gb_s > 0 ? ofull * ouro_bytes / (copy_gb_s * 1e9) : 0
-    measured("Ouro-1.4B shape one stream 4 steps fp16: fraction of the copy bandwidth", ofrac, ">= 0.50", ofrac >= 0.5, "%.2f")
     oexact = ofull > 0 ? fig_exit(l, o, 4, 1, "exact 0.7") / ofull : 0
     measured("Ouro-1.4B shape one stream: exit at 0.7 (exact) x 4 steps tok/s", oexact, "> 1", oexact > 1, "%.2f")
     ocopy = ofull > 0 ? fig_exit(l, o, 4, 1, "copy 0.7") / ofull : 0
     measured("Ouro-1.4B shape one stream: exit at 0.7 (copy) x 4 steps tok/s", ocopy, "> 1", ocopy > 1, "%.2f")
+    # issue 56's first steps: the same cells with LS_CUDA_KERNELS_RESIDENT (off above, on here)
+    stream_targets("loopserve resident", "resident: ")
+    resident_peer = peer > 0 ? one / peer : 0
+    measured("resident: one stream dim-2048 fp16 loops 8 x pytorch cuda graph", resident_peer, ">= 3",
+             resident_peer >= 3, "%.2f")
     target("llama.cpp CUDA peer beside loopserve", check_status["figures/llama-cpp"] == "pass" ? "true" : "false", "present",
            check_status["figures/llama-cpp"] == "pass", check_status["figures/llama-cpp"] == "pass" ? "yes" : "no")
 
@@ -149,6 +160,6 @@ END {
         }
     }
     if (copy_gb_s > 0) printf "device copy: %.0f GB/s (bytes read and written)\n", copy_gb_s
-    printf "\n%-78s %14s %-36s %s\n", "target", "value", "bar", "met"
-    for (i = 1; i <= n_targets; i++) printf "%-78s %14s %-36s %s\n", t_name[i], t_shown[i], t_bar[i], t_met[i] ? "yes" : "no"
+    printf "\n%-86s %14s %-36s %s\n", "target", "value", "bar", "met"
+    for (i = 1; i <= n_targets; i++) printf "%-86s %14s %-36s %s\n", t_name[i], t_shown[i], t_bar[i], t_met[i] ? "yes" : "no"
 }

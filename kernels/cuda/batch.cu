@@ -64,6 +64,8 @@ struct lsc_batch {
     lsc_row_cache rows_host[LS_CHUNK];
     int32_t *tokens;      /* (tokens_cap) */
     int32_t tokens_cap;
+    const int32_t *tok;   /* where this call's tokens are on the device: tokens, or act.tokens when staged */
+    struct lsc_uploader *up; /* a resident model's pinned stage (stage.cu), or NULL */
     float *last;          /* (rows_cap, dim) sampling rows' final hidden states */
     float *normed;        /* (rows_cap, dim) */
     int8_t *head_q;       /* (rows_cap, dim) a quantized head's activation codes, else NULL */
@@ -113,6 +115,7 @@ void lsc_batch_free(lsc_batch *b) {
     void *dev[] = {b->tokens, b->exit_states, b->asks, b->exited, b->from};
     for (void *p : dev)
         if (p) cudaFree(p);
+    lsc_uploader_free(b->up);
     free(b->rope_host);
     free(b);
 }
@@ -131,7 +134,8 @@ static lsc_batch *scratch_for(ls_model *m, int32_t n_tokens, int32_t n_sample) {
             !lsc_dev_alloc((void **)&b->exit_states, LS_BATCH_MAX_ROWS * sizeof(lsx_exit_state)) ||
             !lsc_dev_alloc((void **)&b->asks, 2 * LS_CHUNK * sizeof(int32_t)) ||
             !lsc_dev_alloc((void **)&b->exited, LS_CHUNK * sizeof(int32_t)) ||
-            !lsc_dev_alloc((void **)&b->from, LS_CHUNK * sizeof(int32_t))) {
+            !lsc_dev_alloc((void **)&b->from, LS_CHUNK * sizeof(int32_t)) ||
+            (rt->resident && !(b->up = lsc_uploader_new(mi->head_dim)))) {
             lsc_batch_free(b);
             return NULL;
         }
@@ -174,30 +178,51 @@ static int32_t fail_all(ls_session *const *sessions, int32_t n_rows, int32_t *ou
     return LS_ERR_STATE;
 }
 
-/* A block's inputs on the device: each piece's RoPE rows and row caches,
- * and its tokens appended to its session's device history. */
-static cudaError_t upload_block(ls_model *m, ls_session *const *sessions, const ls_batch_piece *pieces,
-                                int32_t n_pieces, lsc_batch *b, const char **what) {
+/* The pieces' row caches and RoPE rows to b->act; with a resident model's
+ * pinned stage, n_tokens of the call's tokens with them (to act.tokens),
+ * all in one copy. */
+static cudaError_t upload_rows(const ls_model *m, ls_session *const *sessions, const ls_batch_piece *pieces,
+                               int32_t n_pieces, lsc_batch *b, const int32_t *tokens, int32_t n_tokens,
+                               const char **what) {
     const ls_model_info *mi = &m->info;
-    int32_t hd = mi->head_dim;
-    cudaError_t e = cudaSuccess;
+    const int32_t hd = mi->head_dim;
+    lsc_row_cache *rows = b->rows_host;
+    float *rope = b->rope_host;
+    int32_t *staged = NULL;
+    cudaError_t e;
+    *what = "waiting for the last upload";
+    if (b->up && (e = lsc_uploader_ready(b->up, &rows, &staged, &rope)) != cudaSuccess) return e;
     int32_t T = 0;
-    for (int32_t i = 0; i < n_pieces && e == cudaSuccess; i++) {
+    for (int32_t i = 0; i < n_pieces; T += pieces[i].n, i++) {
         const ls_batch_piece *p = &pieces[i];
-        ls_session *s = sessions[p->row];
-        *what = "copying the token history";
-        e = cudaMemcpyAsync(s->d_tokens + p->pos0, b->tokens + p->first, (size_t)p->n * sizeof(int32_t),
-                            cudaMemcpyDeviceToDevice, cudaStreamPerThread);
-        ls_rope_table(b->rope_host + (size_t)T * hd, p->n, p->pos0, hd, mi->rope_theta);
-        lsc_session_rows(b->rows_host + T, s, p->pos0, p->n);
-        T += p->n;
+        ls_rope_table(rope + (size_t)T * hd, p->n, p->pos0, hd, mi->rope_theta);
+        lsc_session_rows(rows + T, sessions[p->row], p->pos0, p->n);
     }
-    if (e != cudaSuccess) return e;
+    if (b->up) {
+        if (n_tokens > 0) memcpy(staged, tokens, (size_t)n_tokens * sizeof *tokens);
+        *what = "uploading the block's inputs";
+        return lsc_upload_staged(b->up, &b->act, T, hd);
+    }
     *what = "copying the RoPE table";
-    e = cudaMemcpy(b->act.rope, b->rope_host, (size_t)T * hd * sizeof(float), cudaMemcpyHostToDevice);
+    e = cudaMemcpy(b->act.rope, rope, (size_t)T * hd * sizeof(float), cudaMemcpyHostToDevice);
     if (e != cudaSuccess) return e;
     *what = "copying the row caches";
-    return cudaMemcpy(b->act.rows, b->rows_host, (size_t)T * sizeof(lsc_row_cache), cudaMemcpyHostToDevice);
+    return cudaMemcpy(b->act.rows, rows, (size_t)T * sizeof(lsc_row_cache), cudaMemcpyHostToDevice);
+}
+
+/* A block's inputs on the device (upload_rows), and its tokens appended
+ * to each piece's session's device history. */
+static cudaError_t upload_block(ls_model *m, ls_session *const *sessions, const ls_batch_piece *pieces,
+                                int32_t n_pieces, lsc_batch *b, const int32_t *tokens, int32_t n_tokens,
+                                const char **what) {
+    cudaError_t e = upload_rows(m, sessions, pieces, n_pieces, b, tokens, n_tokens, what);
+    for (int32_t i = 0; i < n_pieces && e == cudaSuccess; i++) {
+        const ls_batch_piece *p = &pieces[i];
+        *what = "copying the token history";
+        e = cudaMemcpyAsync(sessions[p->row]->d_tokens + p->pos0, b->tok + p->first, (size_t)p->n * sizeof(int32_t),
+                            cudaMemcpyDeviceToDevice, cudaStreamPerThread);
+    }
+    return e;
 }
 
 /* The launches of one uploaded block: embeddings, every unit over the rows
@@ -211,7 +236,7 @@ static cudaError_t block_kernels(ls_model *m, const ls_batch_piece *pieces, int3
     int32_t T = 0;
     for (int32_t i = 0; i < n_pieces && e == cudaSuccess; T += pieces[i].n, i++) {
         *what = "embedding";
-        e = lsc_embed_tokens(m, b->act.h + (size_t)T * dim, b->tokens + pieces[i].first, pieces[i].n);
+        e = lsc_embed_tokens(m, b->act.h + (size_t)T * dim, b->tok + pieces[i].first, pieces[i].n);
     }
     if (e != cudaSuccess) return e;
     for (int32_t l = 0, lo = 0, start = 0;; l++) {
@@ -298,9 +323,12 @@ static cudaError_t step_kernels(ls_model *m, const ls_batch_piece *pieces, int32
     cudaError_t e = cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) return e;
     const char *inner = *what;
+    lsc_resident_capture_begin(m);
     e = step_launches(m, pieces, n_pieces, b, slot, n_sample, &inner);
     cudaGraph_t graph = NULL;
     cudaError_t end = cudaStreamEndCapture(cudaStreamPerThread, &graph);
+    /* each kernel node given the L2 window of its layer (or the head's) before the graph is made */
+    lsc_resident_graph(m, e == cudaSuccess && end == cudaSuccess ? graph : NULL);
     if (e != cudaSuccess || end != cudaSuccess) {
         if (graph) cudaGraphDestroy(graph);
         if (e != cudaSuccess) *what = inner;
@@ -344,11 +372,11 @@ static float *row_of(steps_ctx *c, float *base, int32_t row) { return base + (si
 static int32_t op_embed(void *ctx, int32_t row, const ls_batch_piece *p) {
     steps_ctx *c = (steps_ctx *)ctx;
     ls_session *s = c->sessions[p->row];
-    if (check(c, cudaMemcpyAsync(s->d_tokens + p->pos0, c->b->tokens + p->first, (size_t)p->n * sizeof(int32_t),
+    if (check(c, cudaMemcpyAsync(s->d_tokens + p->pos0, c->b->tok + p->first, (size_t)p->n * sizeof(int32_t),
                                  cudaMemcpyDeviceToDevice, cudaStreamPerThread),
               "copying the token history"))
         return 1;
-    return check(c, lsc_embed_tokens(c->m, row_of(c, c->b->act.h, row), c->b->tokens + p->first, p->n), "embedding");
+    return check(c, lsc_embed_tokens(c->m, row_of(c, c->b->act.h, row), c->b->tok + p->first, p->n), "embedding");
 }
 
 static int32_t op_load(void *ctx, int32_t row, ls_session *s, int32_t pos0, int32_t n) {
@@ -369,18 +397,8 @@ static int32_t op_keep(void *ctx, int32_t row, ls_session *s, int32_t pos0, int3
 
 static int32_t op_rows(void *ctx, const ls_batch_piece *pc, int32_t n_pieces) {
     steps_ctx *c = (steps_ctx *)ctx;
-    const ls_model_info *mi = &c->m->info;
-    const int32_t hd = mi->head_dim;
-    lsc_batch *b = c->b;
-    int32_t T = 0;
-    for (int32_t i = 0; i < n_pieces; T += pc[i].n, i++) {
-        ls_rope_table(b->rope_host + (size_t)T * hd, pc[i].n, pc[i].pos0, hd, mi->rope_theta);
-        lsc_session_rows(b->rows_host + T, c->sessions[pc[i].row], pc[i].pos0, pc[i].n);
-    }
-    return check(c, cudaMemcpy(b->act.rope, b->rope_host, (size_t)T * hd * sizeof(float), cudaMemcpyHostToDevice),
-                 "copying the RoPE table") ||
-           check(c, cudaMemcpy(b->act.rows, b->rows_host, (size_t)T * sizeof(lsc_row_cache), cudaMemcpyHostToDevice),
-                 "copying the row caches");
+    const char *what = "";
+    return check(c, upload_rows(c->m, c->sessions, pc, n_pieces, c->b, NULL, 0, &what), what);
 }
 
 static int32_t op_unit(void *ctx, const ls_batch_piece *pc, int32_t lo, int32_t n_pieces, int32_t start, int32_t T,
@@ -471,6 +489,7 @@ typedef struct {
     const int32_t *slot;
     int32_t n_sample;
     int single;
+    int32_t staged_tokens; /* the call's tokens go up with its single block's inputs (a resident model), or 0 */
     const lsb_call *steps; /* or NULL */
     steps_ctx *steps_ctx;
     cudaError_t e;
@@ -485,7 +504,7 @@ static int run_block_call(void *ctx, const ls_batch_piece *pieces, int32_t n) {
         c->what = c->steps_ctx->what;
         return 1;
     }
-    c->e = upload_block(c->m, c->sessions, pieces, n, c->b, &c->what);
+    c->e = upload_block(c->m, c->sessions, pieces, n, c->b, c->tokens, c->staged_tokens, &c->what);
     if (c->e == cudaSuccess)
         c->e = c->single ? step_kernels(c->m, pieces, n, c->b, c->slot, c->n_sample, &c->what)
                          : block_kernels(c->m, pieces, n, c->b, c->slot, &c->what);
@@ -593,8 +612,11 @@ extern "C" int32_t ls_batch_step_gated(ls_model *m, ls_session *const *sessions,
     const lsb_ops ops = {&sctx,   op_embed,  op_load,    op_keep,        op_rows,       op_unit,
                          op_exit_begin, op_decide, op_permute, op_settle_step, op_copy_units, op_last};
     const lsb_call steps = {&ops, sessions, rows, plan.exits, plan.slot, tokens, m->info.n_layers};
-    block_call call = {m,      sessions, tokens, b,           plan.slot, plan.n_sample, single,
-                       plain ? NULL : &steps, &sctx, cudaSuccess, "selecting the device"};
+    /* a resident model's single block takes its tokens up with its other inputs */
+    const int32_t staged = b->up && single ? plan.n_tokens : 0;
+    b->tok = staged ? b->act.tokens : b->tokens;
+    block_call call = {m,      sessions, tokens, b,      plan.slot, plan.n_sample, single,
+                       staged, plain ? NULL : &steps, &sctx, cudaSuccess, "selecting the device"};
     call.e = cudaSetDevice(m->rt->device);
     /* Work another thread queued for these sessions (a new session's zero
      * fill, a prefix copy) finishes first: with per-thread default streams
@@ -604,7 +626,7 @@ extern "C" int32_t ls_batch_step_gated(ls_model *m, ls_session *const *sessions,
         call.what = "waiting for the device";
         call.e = cudaDeviceSynchronize();
     }
-    if (call.e == cudaSuccess) {
+    if (call.e == cudaSuccess && !staged) {
         call.what = "copying the tokens";
         call.e = cudaMemcpy(b->tokens, tokens, (size_t)plan.n_tokens * sizeof(int32_t), cudaMemcpyHostToDevice);
     }
@@ -620,7 +642,7 @@ extern "C" int32_t ls_batch_step_gated(ls_model *m, ls_session *const *sessions,
     /* surfaces an asynchronous kernel failure before the caller trusts the sessions */
     if (e == cudaSuccess) {
         what = "synchronising";
-        e = cudaDeviceSynchronize();
+        e = b->up ? cudaStreamSynchronize(cudaStreamPerThread) : cudaDeviceSynchronize(); /* a resident model: its own stream */
     }
     if (e != cudaSuccess) return fail_all(sessions, n_rows, out, what, e);
     for (int32_t i = 0; i < n_rows; i++)

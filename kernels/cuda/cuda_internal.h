@@ -29,7 +29,11 @@
  *     blocks on the CPU library's schedule (block_steps.h), each gate
  *     decided on the device between steps (exits.cu, exit_math.h);
  *   - a kernel family that has not passed a validation run on a GPU is off
- *     by default (loopserve_cuda.h, ls_cuda_kernels; features.cu).
+ *     by default (loopserve_cuda.h, ls_cuda_kernels; features.cu);
+ *   - with LS_CUDA_KERNELS_RESIDENT a layer's weights share one allocation
+ *     whose L2 access policy window persists in the cache (resident.cu), and
+ *     a step's small inputs go up in one pinned copy (stage.cu): where bytes
+ *     come from and when the host waits change, never what is computed.
  */
 #ifndef LS_CUDA_INTERNAL_H
 #define LS_CUDA_INTERNAL_H
@@ -62,6 +66,9 @@ void lsc_batch_free(struct lsc_batch *b);
 /* features.cu: the LS_CUDA_KERNELS_* families models loaded now may use. */
 int32_t lsc_kernels_on(void);
 
+/* resident.cu: a model's L2 windows, NULL when LS_CUDA_KERNELS_RESIDENT was off at load. */
+struct lsc_resident;
+
 /* A layer's seven matrices in a quantized model, on the device. */
 typedef struct {
     lsq_matrix wq, wk, wv, wo, w1, w2, w3;
@@ -81,7 +88,12 @@ typedef struct {
     float *ffn_norm;        /* (dim) */
     float *attn_out_norm;   /* (dim) sandwich norms, or NULL */
     float *ffn_out_norm;    /* (dim) */
+    void *arena;            /* the buffers above in one allocation (resident.cu), or NULL: each its own */
+    size_t arena_bytes;
 } lsc_layer;
+
+/* The most device buffers a layer has: 4 norms and 7 matrices of 3 parts. */
+#define LSC_LAYER_BUFFERS 25
 
 struct ls_runtime {
     int device;
@@ -96,6 +108,7 @@ struct ls_runtime {
     int quantized;          /* the layers' matrices are quantized (lsc_layer.q) */
     lsq_matrix *qhead;      /* quantized output head (head_bits > 0), or NULL */
     struct lsc_batch *batch; /* NULL until ls_batch_step first runs */
+    struct lsc_resident *resident; /* LS_CUDA_KERNELS_RESIDENT's state, or NULL */
 };
 
 /* Where one token row's K/V go and which positions it attends to: its
@@ -110,14 +123,22 @@ typedef struct {
 
 /* One block's activations on the device, (LS_CHUNK, ...) rows: a
  * session's own scratch, or the batch step's rows of many sessions. */
+/* A block's staged inputs, one allocation (stage) laid out as the pinned
+ * host copy (stage.cu) so that one copy uploads them: rows, tokens, RoPE. */
+#define LSC_STAGE_ROWS ((size_t)LS_CHUNK * sizeof(lsc_row_cache))
+#define LSC_STAGE_TOKENS ((size_t)LS_CHUNK * sizeof(int32_t))
+#define LSC_STAGE_BYTES(head_dim) (LSC_STAGE_ROWS + LSC_STAGE_TOKENS + (size_t)LS_CHUNK * (head_dim) * sizeof(float))
+
 typedef struct {
     float *h;    /* (T, dim) residual stream */
     float *xb;   /* (T, dim) normed sub-block input */
     float *qkv;  /* (T, dim + 2 * kv_dim) each row's q, k, v side by side */
     float *att;  /* (T, n_heads * head_dim) */
     float *g;    /* (T, ffn_dim) silu(gate) * up */
-    float *rope; /* (T, head_dim / 2, 2) each row's cos, sin */
-    lsc_row_cache *rows; /* (T) each row's cache */
+    float *rope; /* (T, head_dim / 2, 2) each row's cos, sin (in stage) */
+    lsc_row_cache *rows; /* (T) each row's cache (in stage) */
+    int32_t *tokens; /* (T) the rows' tokens when staged with them (in stage) */
+    void *stage; /* rows, tokens, rope: LSC_STAGE_BYTES */
     int8_t *q;   /* (T, max(dim, ffn_dim)) a matmul's activation codes (quantized models) */
     float *qd;   /* (T) their scales */
 } lsc_block;
@@ -151,6 +172,7 @@ struct ls_session {
     float *logits;     /* (LS_CHUNK, vocab_size) */
     float *penalized;  /* (vocab_size) logits after the repetition penalty */
     int32_t *result;   /* (1) sampled id */
+    struct lsc_uploader *up; /* the pinned staging of a resident model's session, or NULL */
 };
 
 /* The session's bookkeeping as session_rules.h reads it (fp16 cache only). */
@@ -159,6 +181,39 @@ static inline ls_seq_view ls_session_view(const ls_session *s) {
                      s->unit_len, s->unit_lo, s->def_units};
     return v;
 }
+
+/* ---- stage.cu: a block's small inputs (rows, tokens, RoPE) in one pinned upload ---- */
+
+/* NULL when pinned memory or an event cannot be had. */
+struct lsc_uploader *lsc_uploader_new(int32_t head_dim);
+void lsc_uploader_free(struct lsc_uploader *u);
+/* The host copy of the stage, once the previous upload has left it. */
+cudaError_t lsc_uploader_ready(struct lsc_uploader *u, lsc_row_cache **rows, int32_t **tokens, float **rope);
+/* Rows, tokens and the RoPE rows of T rows to b's stage, one asynchronous copy. */
+cudaError_t lsc_upload_staged(struct lsc_uploader *u, const lsc_block *b, int32_t T, int32_t head_dim);
+
+/* ---- resident.cu: LS_CUDA_KERNELS_RESIDENT's L2 windows ---- */
+
+/* The window the next launches read under: a layer's, or the head's (LSC_HEAD). */
+#define LSC_HEAD (-1)
+
+/* At load, after the weights are up: each layer's buffers gathered into one
+ * arena, the persisting set-aside sized, the windows chosen. Never fails
+ * the load: what it cannot do, the report says. */
+void lsc_resident_init(ls_model *m);
+void lsc_resident_free(ls_runtime *rt);
+/* The launches that follow read layer `which`'s weights, or the head's:
+ * the per-thread stream's window (eager launches), or, while a step is
+ * being captured, a mark that lsc_resident_graph turns into node windows. */
+void lsc_resident_use(const ls_model *m, int32_t which);
+/* Around the capture of a step: marks collected, then each kernel node of
+ * the captured graph given the window of its launch (graph NULL: the
+ * capture failed, the marks are dropped). */
+void lsc_resident_capture_begin(const ls_model *m);
+void lsc_resident_graph(const ls_model *m, cudaGraph_t graph);
+
+/* weights.cu: a layer's device buffers (their slots, bytes), NULL ones left out; the count. */
+int lsc_layer_buffers(lsc_layer *l, const ls_model_info *mi, void **slots[LSC_LAYER_BUFFERS], size_t bytes[LSC_LAYER_BUFFERS]);
 
 /* ---- runtime.cu ---- */
 

@@ -28,7 +28,12 @@ int32_t ls_cuda_device_count(void);
  * caller enables it here: the validation driver does; a server never does. */
 #define LS_CUDA_KERNELS_QUANT 1  /* int4 / int2 block matrices and int8 / int6 / int4 output heads */
 #define LS_CUDA_KERNELS_STACKS 2 /* stacks of layers, sandwich and step norms, the exit gate and its policies */
-#define LS_CUDA_KERNELS_ALL 3    /* every family this build has */
+/* the looped block's weights kept in the L2 cache's persisting set-aside and
+ * the head streamed past it; a step's small inputs in one pinned upload.
+ * Serves the same models with the same arithmetic: nothing is refused while
+ * it is off, only slower (docs/gpu.md) */
+#define LS_CUDA_KERNELS_RESIDENT 4
+#define LS_CUDA_KERNELS_ALL 7    /* every family this build has */
 
 /* Enables the families of `families` (LS_CUDA_KERNELS_* bits; the others
  * off) for the models loaded after the call; -1 changes nothing. Returns the
@@ -48,6 +53,16 @@ int32_t ls_cuda_kernels_verified(void);
  * difference) to report. Returns the number of failed cases, or a negative
  * LS_ERR_* when the device cannot run it (LS_ERR_STATE: no device). */
 int32_t ls_cuda_selftest(char *report, int32_t report_len);
+
+struct ls_model;
+
+/* What LS_CUDA_KERNELS_RESIDENT did for a loaded model: the device's L2,
+ * its persisting set-aside and window limits, the bytes of each layer
+ * pinned, the head's streaming window, whether the stream carries the
+ * windows, and how many kernel nodes of the captured steps were given one.
+ * Writes a one-line summary to report. Returns the bytes pinned (0 when the
+ * family was off at load), or LS_ERR_ARG. */
+int64_t ls_cuda_resident_report(const struct ls_model *m, char *report, int32_t report_len);
 
 #ifdef __cplusplus
 }

@@ -71,17 +71,19 @@ bool lsc_block_alloc(lsc_block *b, const ls_model_info *mi, size_t rows) {
     size_t dim = (size_t)mi->dim, kv_dim = (size_t)mi->n_kv_heads * mi->head_dim, ffn = (size_t)mi->ffn_dim;
     size_t f = sizeof(float);
     bool quantized = mi->quant != LS_QUANT_FP16 || mi->head_bits != 0;
+    if (!lsc_dev_alloc(&b->stage, LSC_STAGE_BYTES(mi->head_dim))) return false;
+    b->rows = (lsc_row_cache *)b->stage;
+    b->tokens = (int32_t *)((char *)b->stage + LSC_STAGE_ROWS);
+    b->rope = (float *)((char *)b->stage + LSC_STAGE_ROWS + LSC_STAGE_TOKENS);
     return lsc_dev_alloc((void **)&b->h, rows * dim * f) && lsc_dev_alloc((void **)&b->xb, rows * dim * f) &&
            lsc_dev_alloc((void **)&b->qkv, rows * (dim + 2 * kv_dim) * f) &&
            lsc_dev_alloc((void **)&b->att, rows * dim * f) && lsc_dev_alloc((void **)&b->g, rows * ffn * f) &&
-           lsc_dev_alloc((void **)&b->rope, rows * (size_t)mi->head_dim * f) &&
-           lsc_dev_alloc((void **)&b->rows, rows * sizeof(lsc_row_cache)) &&
            (!quantized || (lsc_dev_alloc((void **)&b->q, rows * (dim > ffn ? dim : ffn)) &&
                            lsc_dev_alloc((void **)&b->qd, rows * f)));
 }
 
 void lsc_block_free(lsc_block *b) {
-    void *bufs[] = {b->h, b->xb, b->qkv, b->att, b->g, b->rope, b->rows, b->q, b->qd};
+    void *bufs[] = {b->h, b->xb, b->qkv, b->att, b->g, b->stage, b->q, b->qd};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     memset(b, 0, sizeof *b);
@@ -167,7 +169,8 @@ extern "C" ls_session *ls_session_new(ls_model *m, const ls_session_params *para
                   lsc_dev_alloc((void **)&s->d_tokens, (size_t)max_seq * sizeof(int32_t)) &&
                   lsc_block_alloc(&s->act, mi, C) && lsc_dev_alloc((void **)&s->logits, C * vocab * sizeof(float)) &&
                   lsc_dev_alloc((void **)&s->penalized, vocab * sizeof(float)) &&
-                  lsc_dev_alloc((void **)&s->result, sizeof(int32_t));
+                  lsc_dev_alloc((void **)&s->result, sizeof(int32_t)) &&
+                  (!m->rt->resident || (s->up = lsc_uploader_new(mi->head_dim)) != NULL);
     if (!dev_ok) {
         if (!host_ok)
             ls_set_error(err, err_len, "out of memory allocating a session (max_seq %d, loops %d)", max_seq, loops);
@@ -189,6 +192,7 @@ extern "C" void ls_session_free(ls_session *s) {
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     lsc_block_free(&s->act);
+    lsc_uploader_free(s->up);
     void *host[] = {s->tokens, s->unit_len, s->unit_lo, s->def_units, s->rope_host, s->logits_host, s};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
 }
@@ -288,6 +292,7 @@ cudaError_t lsc_block_unit(const ls_model *m, const lsc_block *b, int32_t T, int
     int32_t kv_dim = n_kv * hd, ffn = mi->ffn_dim;
     float eps = mi->norm_eps;
     int32_t ld = dim + 2 * kv_dim; // a row of qkv
+    lsc_resident_use(m, layer);
     // attention sub-block
     STEP("rmsnorm", lsc_rmsnorm(b->xb, b->h, w->attn_norm, T, dim, eps));
     if (quant) {
@@ -338,6 +343,7 @@ cudaError_t lsc_head(const ls_model *m, float *logits, float *normed, const floa
     const ls_model_info *mi = &m->info;
     const ls_runtime *rt = m->rt;
     int32_t dim = mi->dim, vocab = mi->vocab_size;
+    lsc_resident_use(m, LSC_HEAD);
     if (mi->step_norm) normed = (float *)x; /* normed at the end of its step; read only below */
     else STEP("rmsnorm", lsc_rmsnorm(normed, x, rt->norm, T, dim, mi->norm_eps));
     if (!rt->qhead) {
@@ -355,17 +361,38 @@ void lsc_session_rows(lsc_row_cache *rows, const ls_session *s, int32_t pos0, in
     for (int32_t t = 0; t < n; t++) rows[t] = lsc_row_cache{s->kc, s->vc, loop_stride, s->cap, s->window, pos0 + t, 0};
 }
 
-/* One chunk (T <= LS_CHUNK) at positions pos0.. through units [la, lb):
- * s->act.h holds their unit-la input on entry and their unit-lb output on
- * return. */
-static int32_t forward_units(ls_session *s, int32_t T, int32_t pos0, int32_t la, int32_t lb) {
+/* The row caches and RoPE rows of a chunk (T <= LS_CHUNK) at positions
+ * pos0.. to s->act; with the session's pinned stage (a resident model)
+ * its tokens too, in one copy, then appended to the device history. */
+static int32_t upload_chunk(ls_session *s, int32_t T, int32_t pos0, const int32_t *tokens) {
     const ls_model_info *mi = &s->m->info;
+    const int32_t hd = mi->head_dim;
+    if (s->up) {
+        lsc_row_cache *rows;
+        int32_t *staged;
+        float *rope;
+        TRY("waiting for the last upload", lsc_uploader_ready(s->up, &rows, &staged, &rope));
+        lsc_session_rows(rows, s, pos0, T);
+        ls_rope_table(rope, T, pos0, hd, mi->rope_theta);
+        if (tokens) memcpy(staged, tokens, (size_t)T * sizeof *tokens);
+        TRY("uploading the chunk's inputs", lsc_upload_staged(s->up, &s->act, T, hd));
+        if (tokens)
+            TRY("copying the token history", cudaMemcpyAsync(s->d_tokens + pos0, s->act.tokens, (size_t)T * sizeof(int32_t),
+                                                              cudaMemcpyDeviceToDevice, cudaStreamPerThread));
+        return LS_OK;
+    }
     lsc_row_cache rows[LS_CHUNK];
     lsc_session_rows(rows, s, pos0, T);
-    ls_rope_table(s->rope_host, T, pos0, mi->head_dim, mi->rope_theta);
-    TRY("copying the RoPE table", cudaMemcpy(s->act.rope, s->rope_host, (size_t)T * mi->head_dim * sizeof(float),
+    ls_rope_table(s->rope_host, T, pos0, hd, mi->rope_theta);
+    TRY("copying the RoPE table", cudaMemcpy(s->act.rope, s->rope_host, (size_t)T * hd * sizeof(float),
                                              cudaMemcpyHostToDevice));
     TRY("copying the row caches", cudaMemcpy(s->act.rows, rows, (size_t)T * sizeof *rows, cudaMemcpyHostToDevice));
+    return LS_OK;
+}
+
+/* Units [la, lb) over the uploaded chunk of T rows at pos0..: s->act.h
+ * holds their unit-la input on entry and their unit-lb output on return. */
+static int32_t run_units(ls_session *s, int32_t T, int32_t pos0, int32_t la, int32_t lb) {
     for (int32_t l = la; l < lb; l++) {
         const char *what = "";
         cudaError_t e = lsc_block_unit(s->m, &s->act, T, l, &what);
@@ -382,7 +409,8 @@ int32_t lsc_settle_step(ls_session *s, int32_t a, int32_t b, int32_t u) {
         int32_t T = b - c0 < LS_CHUNK ? b - c0 : LS_CHUNK;
         TRY("reading kept states", cudaMemcpyAsync(s->act.h, s->def_h + (size_t)c0 * dim, (size_t)T * dim * sizeof(float),
                                                    cudaMemcpyDeviceToDevice, cudaStreamPerThread));
-        int32_t rc = forward_units(s, T, c0, u, u + L);
+        int32_t rc = upload_chunk(s, T, c0, NULL);
+        if (rc == LS_OK) rc = run_units(s, T, c0, u, u + L);
         if (rc != LS_OK) return rc;
         TRY("keeping states", cudaMemcpyAsync(s->def_h + (size_t)c0 * dim, s->act.h, (size_t)T * dim * sizeof(float),
                                               cudaMemcpyDeviceToDevice, cudaStreamPerThread));
@@ -409,16 +437,19 @@ static int32_t forward(ls_session *s, const int32_t *tokens, int32_t n, int32_t 
     const ls_runtime *rt = s->m->rt;
     int32_t dim = mi->dim, vocab = mi->vocab_size;
     TRY("selecting the device", cudaSetDevice(rt->device));
-    TRY("copying the tokens", cudaMemcpy(s->d_tokens + s->pos, tokens, (size_t)n * sizeof(int32_t),
-                                         cudaMemcpyHostToDevice));
+    if (!s->up) /* else each chunk's go up with its other inputs */
+        TRY("copying the tokens", cudaMemcpy(s->d_tokens + s->pos, tokens, (size_t)n * sizeof(int32_t),
+                                             cudaMemcpyHostToDevice));
     const int32_t units = loops * mi->n_layers;
     int32_t rc = settle(s, units); /* the deferred units these tokens read */
     if (rc != LS_OK) return rc;
     int32_t first_logit = n - n_logits;
     for (int32_t c0 = 0; c0 < n; c0 += LS_CHUNK) {
         int32_t T = n - c0 < LS_CHUNK ? n - c0 : LS_CHUNK;
-        TRY("embedding", lsc_embed_tokens(s->m, s->act.h, s->d_tokens + s->pos, T));
-        rc = forward_units(s, T, s->pos, 0, units);
+        rc = upload_chunk(s, T, s->pos, s->up ? tokens + c0 : NULL);
+        if (rc != LS_OK) return rc;
+        TRY("embedding", lsc_embed_tokens(s->m, s->act.h, s->up ? s->act.tokens : s->d_tokens + s->pos, T));
+        rc = run_units(s, T, s->pos, 0, units);
         if (rc != LS_OK) return rc;
         memcpy(s->tokens + s->pos, tokens + c0, (size_t)T * sizeof *tokens);
         s->pos += T;
@@ -434,8 +465,9 @@ static int32_t forward(ls_session *s, const int32_t *tokens, int32_t n, int32_t 
                                                      (size_t)rows * vocab * sizeof(float), cudaMemcpyDeviceToHost));
         }
     }
-    // Surfaces an asynchronous kernel failure before the caller trusts the state.
-    TRY("synchronising", cudaDeviceSynchronize());
+    // Surfaces an asynchronous kernel failure before the caller trusts the state
+    // (a resident model waits for its own stream only).
+    TRY("synchronising", s->up ? cudaStreamSynchronize(cudaStreamPerThread) : cudaDeviceSynchronize());
     return LS_OK;
 }
 

@@ -132,12 +132,42 @@ static int upload_layer(lsc_layer *dst, const ls_layer_weights *lw, const ls_mod
     return 0;
 }
 
-static void free_layer(lsc_layer *l) {
-    void *bufs[] = {l->wqkv, l->wo, l->w1, l->w2, l->w3, l->attn_norm, l->ffn_norm, l->attn_out_norm, l->ffn_out_norm};
-    for (void *p : bufs)
-        if (p) cudaFree(p);
+int lsc_layer_buffers(lsc_layer *l, const ls_model_info *mi, void **slots[LSC_LAYER_BUFFERS],
+                      size_t bytes[LSC_LAYER_BUFFERS]) {
+    const size_t dim = (size_t)mi->dim, kv_dim = (size_t)mi->n_kv_heads * mi->head_dim, ffn = (size_t)mi->ffn_dim;
+    int n = 0;
+    auto add = [&](void **slot, size_t b) {
+        if (!*slot) return;
+        slots[n] = slot;
+        bytes[n++] = b;
+    };
+    float **norms[4] = {&l->attn_norm, &l->ffn_norm, &l->attn_out_norm, &l->ffn_out_norm};
+    for (float **p : norms) add((void **)p, dim * sizeof(float));
+    const size_t h = sizeof(__half);
+    add((void **)&l->wqkv, (dim + 2 * kv_dim) * dim * h);
+    add((void **)&l->wo, dim * dim * h);
+    add((void **)&l->w1, ffn * dim * h);
+    add((void **)&l->w2, dim * ffn * h);
+    add((void **)&l->w3, ffn * dim * h);
     lsq_matrix *mats[7] = {&l->q.wq, &l->q.wk, &l->q.wv, &l->q.wo, &l->q.w1, &l->q.w2, &l->q.w3};
-    for (lsq_matrix *q : mats) free_quantized(q);
+    for (lsq_matrix *q : mats) {
+        const size_t groups = (size_t)q->rows * (size_t)(q->group ? q->in / q->group : 0) * sizeof(uint16_t);
+        add((void **)&q->qweight, (size_t)q->rows * (size_t)(q->qweight ? lsq_row_bytes(q->in, q->bits) : 0));
+        add((void **)&q->scales, groups);
+        add((void **)&q->zeros, groups);
+    }
+    return n;
+}
+
+/* A layer's buffers: its arena, or each of its own. */
+static void free_layer(lsc_layer *l, const ls_model_info *mi) {
+    if (l->arena) {
+        cudaFree(l->arena);
+        return;
+    }
+    void **slots[LSC_LAYER_BUFFERS];
+    size_t bytes[LSC_LAYER_BUFFERS];
+    for (int i = 0, n = lsc_layer_buffers(l, mi, slots, bytes); i < n; i++) cudaFree(*slots[i]);
 }
 
 /* The exit gate's weights then its bias, fp32 (the CPU library's layout). */
@@ -237,6 +267,7 @@ extern "C" int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd,
         ls_runtime_free(m);
         return LS_ERR_NOMEM;
     }
+    if (lsc_kernels_on() & LS_CUDA_KERNELS_RESIDENT) lsc_resident_init(m);
     mi->simd = LS_SIMD_CUDA;
     mi->n_threads = 1;
     return LS_OK;
@@ -250,7 +281,8 @@ extern "C" void ls_runtime_free(ls_model *m) {
     void *bufs[] = {rt->tok_embeddings, rt->norm, rt->exit_gate};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
-    for (int32_t i = 0; i < m->info.n_layers; i++) free_layer(&rt->layers[i]);
+    lsc_resident_free(rt);
+    for (int32_t i = 0; i < m->info.n_layers; i++) free_layer(&rt->layers[i], &m->info);
     free(rt->layers);
     if (rt->qhead) {
         free_quantized(rt->qhead);

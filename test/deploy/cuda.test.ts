@@ -143,6 +143,11 @@ describe("the GPU validation run, on a host without a GPU", () => {
       expect(check(`library/cuda-${family}-off`)).toMatchObject({ status: "pass", detail: "the family is verified: on by default" });
       expect(check(`library/cuda-${family}-on`)?.detail).toContain("no usable CUDA device");
     }
+    // L2 residency and the packed upload await their first validation run: off by default, nothing refused while off
+    expect(check("library/cuda-resident-gating-off")).toMatchObject({ status: "pass", bar: "served while off, the family not in use" });
+    expect(check("library/cuda-resident-gating-off")?.detail).toContain("no usable CUDA device");
+    expect(check("library/cuda-resident-gating-on")?.status).toBe("pass");
+    expect(check("library/cuda-resident-same-bits")).toBeUndefined(); // compared on a GPU only
     expect(check("library/cuda-features")?.status).toBe("pass");
   });
 
@@ -155,6 +160,7 @@ describe("the GPU validation run, on a host without a GPU", () => {
     expect(report.figures[0].tok_s).toBeGreaterThan(0);
     const target = (name: string) => report.targets.find((t) => t.name === name);
     expect(target("one stream dim-2048 fp16 loops 8 tok/s")).toMatchObject({ value: "not measured", met: false });
+    expect(target("resident: extra loop dim-2048 int4 ms (loops 8 -> 16)")).toMatchObject({ value: "not measured", met: false });
     expect(target("Ouro-1.4B shape one stream: exit at 0.7 (exact) x 4 steps tok/s")).toMatchObject({ value: "not measured", met: false });
     expect(target("checks failing")).toMatchObject({ value: 0, met: true });
   });

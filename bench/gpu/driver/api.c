@@ -51,6 +51,7 @@ int api_open(ls_api *api, const char *path, int32_t simd, int32_t threads, char 
     SYM(cuda_kernels, "ls_cuda_kernels", 0);
     SYM(cuda_kernels_verified, "ls_cuda_kernels_verified", 0);
     SYM(cuda_selftest, "ls_cuda_selftest", 0);
+    SYM(cuda_resident_report, "ls_cuda_resident_report", 0);
     if (api->abi_version() != LS_ABI_VERSION) {
         snprintf(err, err_len, "%s: ABI version %d, this driver is built for %d", path, api->abi_version(),
                  LS_ABI_VERSION);

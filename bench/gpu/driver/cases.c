@@ -217,20 +217,29 @@ typedef struct {
     int32_t loops, rows;
     int32_t exit_policy; /* LS_EXIT_* */
     float exit_threshold;
+    int resident; /* with LS_CUDA_KERNELS_RESIDENT (engine "loopserve resident"); the other cells without */
 } figure;
 
 /* bench:gpu's cells: one stream at loops 1, 8 and 16 (an extra loop's cost), 64 rows at loops 8; the
- * Ouro-1.4B-shaped stack's one stream at 4 steps and exiting by its gate at 0.7 under either policy. */
-#define FIXED LS_EXIT_NONE, 0.0f
+ * Ouro-1.4B-shaped stack's one stream at 4 steps and exiting by its gate at 0.7 under either policy;
+ * after each model's, its one-stream cells that issue 56's targets read again with the resident family
+ * (the model loaded once more with it), so one run measures the family off and on side by side. */
+#define FIXED LS_EXIT_NONE, 0.0f, 0
+#define RESIDENT LS_EXIT_NONE, 0.0f, 1
 static const figure FIGURES[] = {
     {"trained", "fp16", 1, 1, FIXED},       {"trained", "fp16", 8, 1, FIXED},
     {"trained", "fp16", 16, 1, FIXED},      {"trained", "fp16", 8, 64, FIXED},
+    {"trained", "fp16", 8, 1, RESIDENT},
     {"dim2048-fp16", "fp16", 1, 1, FIXED},  {"dim2048-fp16", "fp16", 8, 1, FIXED},
     {"dim2048-fp16", "fp16", 16, 1, FIXED}, {"dim2048-fp16", "fp16", 8, 64, FIXED},
+    {"dim2048-fp16", "fp16", 8, 1, RESIDENT}, {"dim2048-fp16", "fp16", 16, 1, RESIDENT},
     {"dim2048-int4", "int4", 8, 1, FIXED},  {"dim2048-int4", "int4", 16, 1, FIXED},
-    {"dim2048-int4", "int4", 8, 64, FIXED}, {"ouro-1.4b", "fp16", 4, 1, FIXED},
-    {"ouro-1.4b", "fp16", 4, 1, LS_EXIT_EXACT, 0.7f},
-    {"ouro-1.4b", "fp16", 4, 1, LS_EXIT_COPY, 0.7f},
+    {"dim2048-int4", "int4", 8, 64, FIXED}, {"dim2048-int4", "int4", 8, 1, RESIDENT},
+    {"dim2048-int4", "int4", 16, 1, RESIDENT},
+    {"ouro-1.4b", "fp16", 4, 1, FIXED},
+    {"ouro-1.4b", "fp16", 4, 1, LS_EXIT_EXACT, 0.7f, 0},
+    {"ouro-1.4b", "fp16", 4, 1, LS_EXIT_COPY, 0.7f, 0},
+    {"ouro-1.4b", "fp16", 4, 1, RESIDENT},
 };
 
 void exit_name(char *out, size_t len, int32_t policy, float threshold) {
@@ -238,20 +247,37 @@ void exit_name(char *out, size_t len, int32_t policy, float threshold) {
     else snprintf(out, len, "%s %g", policy == LS_EXIT_EXACT ? "exact" : "copy", threshold);
 }
 
+/* What the resident family did for a model the figures ran (ls_cuda_resident_report), as a check:
+ * it passes when some of the block's bytes were pinned. */
+static void resident_report(const run_ctx *ctx, const char *model, ls_model *m) {
+    char detail[512] = "", name[96];
+    int64_t pinned = ctx->cand.cuda_resident_report(m, detail, sizeof detail);
+    snprintf(name, sizeof name, "figures/resident-%s", model);
+    report_check(name, pinned > 0 ? ST_PASS : ST_FAIL, pinned > 0 ? (double)pinned / 1048576.0 : NAN, "MB pinned > 0",
+                 detail, 0.0);
+}
+
 void run_figures(run_ctx *ctx) {
     const char *engine = ctx->gpu ? "loopserve" : "loopserve (cpu smoke run)";
     char path[2048], why[512], err[512];
     const char *loaded_name = NULL;
+    int loaded_resident = 0;
     ls_model *m = NULL;
-    for (size_t i = 0; i < sizeof FIGURES / sizeof FIGURES[0]; i++) {
-        const figure *f = &FIGURES[i];
+    for (size_t i = 0; i <= sizeof FIGURES / sizeof FIGURES[0]; i++) {
+        const figure *f = i < sizeof FIGURES / sizeof FIGURES[0] ? &FIGURES[i] : NULL;
         /* without a GPU: one small decode, so that CI runs this code too */
-        const model_case *mc = case_named(ctx->gpu ? f->model : "fp16");
-        if (!ctx->gpu && i > 0) break;
-        if (!loaded_name || strcmp(loaded_name, mc->name) != 0) {
+        const model_case *mc = f ? case_named(ctx->gpu ? f->model : "fp16") : NULL;
+        if (!ctx->gpu && i > 0) f = NULL;
+        if (!f || !loaded_name || strcmp(loaded_name, mc->name) != 0 || loaded_resident != f->resident) {
+            if (m && loaded_resident) resident_report(ctx, loaded_name, m);
             if (m) ctx->cand.model_free(m);
             m = NULL;
+            if (!f) break;
             loaded_name = mc->name;
+            loaded_resident = f->resident;
+            /* the family in use for the models loaded from here on */
+            if (ctx->cand.cuda_kernels)
+                ctx->cand.cuda_kernels(f->resident ? LS_CUDA_KERNELS_ALL : LS_CUDA_KERNELS_ALL & ~LS_CUDA_KERNELS_RESIDENT);
             if (case_model_path(ctx, mc, path, sizeof path, why, sizeof why)) m = api_load(&ctx->cand, path, why, sizeof why);
             if (!m) fprintf(stderr, "figures: %s: %s\n", mc->name, why);
         }
@@ -262,7 +288,6 @@ void run_figures(run_ctx *ctx) {
         exit_name(exit, sizeof exit, d.exit_policy, d.exit_threshold);
         double mean_steps = NAN, tok_s = decode_tok_s(&ctx->cand, m, &d, &mean_steps, err, sizeof err);
         if (tok_s < 0) fprintf(stderr, "figures: %s loops %d rows %d %s: %s\n", mc->name, d.loops, d.rows, exit, err);
-        else report_figure(engine, mc->name, f->weights, d.loops, d.rows, exit, tok_s, mean_steps);
+        else report_figure(f->resident ? "loopserve resident" : engine, mc->name, f->weights, d.loops, d.rows, exit, tok_s, mean_steps);
     }
-    if (m) ctx->cand.model_free(m);
 }

@@ -55,6 +55,7 @@ typedef struct {
     int32_t (*cuda_kernels)(int32_t);
     int32_t (*cuda_kernels_verified)(void);
     int32_t (*cuda_selftest)(char *, int32_t);
+    int64_t (*cuda_resident_report)(const ls_model *, char *, int32_t);
 } ls_api;
 
 /* Opens the library at path; 0, or -1 with the reason in err. */
