@@ -128,6 +128,15 @@ extern "C" int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd,
                      mi->exit_gate ? ", an exit gate" : "");
         return LS_ERR_ARG;
     }
+    if (mi->n_prelude || mi->n_coda || mi->injection || mi->mid_norm || mi->rope_interleaved || mi->qk_bias ||
+        mi->embed_scale != 1.0f || mi->n_heads * mi->head_dim != mi->dim) {
+        ls_set_error(err, err_len,
+                     "a recurrent-depth model (Huginn's prelude, coda and input injection; q/k biases, interleaved "
+                     "RoPE, an embedding scale or head_dim %d x %d heads other than dim %d: Nanbeige4.2's) is not "
+                     "supported by the CUDA kernels yet: serve it with the CPU library",
+                     mi->head_dim, mi->n_heads, mi->dim);
+        return LS_ERR_ARG;
+    }
     if (ls_check_model_shape(mi, err, err_len) != LS_OK) return LS_ERR_ARG;
     if (mi->head_dim > LS_CUDA_MAX_HEAD_DIM) {
         ls_set_error(err, err_len, "head_dim %d is larger than the CUDA attention kernel supports (%d)",
@@ -228,7 +237,7 @@ void lsc_block_free(lsc_block *b) {
 
 extern "C" int64_t ls_session_cache_bytes(const ls_model *m, const ls_session_params *params) {
     if (!params || ls_check_session_args(m, params->max_seq, params->loops, params->cache_window, NULL, 0) != LS_OK ||
-        params->kv_mode != LS_KV_FP16)
+        params->kv_mode != LS_KV_FP16 || params->cache_steps != 0)
         return LS_ERR_ARG;
     int32_t cap = ls_ring_rows(params->max_seq, params->cache_window, LS_CHUNK);
     size_t half = ls_bytes_of((size_t)params->loops, (size_t)m->info.n_kv_heads, (size_t)cap, (size_t)m->info.head_dim,
@@ -253,6 +262,10 @@ extern "C" ls_session *ls_session_new(ls_model *m, const ls_session_params *para
     }
     const int32_t max_seq = params->max_seq, loops = params->loops, cache_window = params->cache_window;
     if (ls_check_session_args(m, max_seq, loops, cache_window, err, err_len) != LS_OK) return NULL;
+    if (params->cache_steps != 0) { /* shared steps' caches (LS_FEATURE_RECURRENT) are the CPU library's */
+        ls_set_error(err, err_len, "cache_steps %d is not supported by the CUDA kernels", params->cache_steps);
+        return NULL;
+    }
     /* The CUDA kernels keep the fp16 cache only: a compressed mode is refused
      * with a message (the server then runs that mode on the CPU library). */
     if (params->kv_mode != LS_KV_FP16) {
