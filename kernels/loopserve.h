@@ -248,7 +248,7 @@ typedef struct {
     float state_std;        /* LS_INJECT_ADAPTER: std of the first step's state, >= 0 (0: zeros). state0(pos)
                                element i is state_std * z, z the standard normal truncated to [-3, 3] of
                                (pos, i) written out below: the same for every request */
-    int32_t mid_norm;       /* 0 or 1: norm.weight applied to the core's output before the coda */
+    int32_t mid_norm;       /* 0 or 1 (with a coda): norm.weight applied to the core's output before the coda */
     int32_t rope_interleaved; /* 0: RoPE rotates (i, i + head_dim / 2) (Llama); 1: (2i, 2i + 1) */
     int32_t qk_bias;        /* 0 or 1: every layer's WQ_BIAS / WK_BIAS slots hold biases added before RoPE */
 } ls_model_config;
@@ -303,7 +303,7 @@ enum {
 };
 
 /* One layer's tensors: slot LS_LAYER_TENSOR_<ID> of ls_model_desc.layers[i],
- * named in the file "block." + name in a one-layer model and "layers.<i>." +
+ * named in the file "block." + name in a one-layer core and "layers.<i>." +
  * name otherwise; the prelude's layers (descriptor layers n_layers + i) are
  * "prelude.<i>." + name, the coda's (n_layers + n_prelude + i) "coda.<i>." +
  * name. The seven matrices come in the same four-slot pattern

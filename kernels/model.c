@@ -46,11 +46,11 @@ typedef struct {
 
 static const char *slot_name(const ls_model_info *in, slot_id id, char *buf, size_t len) {
     if (id.layer < 0) return tensor_names[id.slot];
-    const int32_t L = in->n_layers, P = in->n_prelude, core_only = L == 1 && P == 0 && in->n_coda == 0;
+    const int32_t L = in->n_layers, P = in->n_prelude;
     if (id.layer >= L + P && id.layer < L + P + in->n_coda)
         snprintf(buf, len, "coda.%d.%s", id.layer - L - P, layer_tensor_names[id.slot]);
     else if (id.layer >= L && id.layer < L + P) snprintf(buf, len, "prelude.%d.%s", id.layer - L, layer_tensor_names[id.slot]);
-    else if (core_only) snprintf(buf, len, "block.%s", layer_tensor_names[id.slot]);
+    else if (L == 1 && id.layer == 0) snprintf(buf, len, "block.%s", layer_tensor_names[id.slot]);
     else snprintf(buf, len, "layers.%d.%s", id.layer, layer_tensor_names[id.slot]);
     return buf;
 }
@@ -145,11 +145,11 @@ static int check_config(const ls_model_config *c, ls_model_info *info, char *err
     // Written so that NaN fails too; 0 reads as the default.
     const float embed_scale = c->embed_scale == 0.0f ? 1.0f : c->embed_scale;
     if (!(embed_scale > 0.0f && embed_scale < 3.0e38f) || !(c->state_std >= 0.0f && c->state_std < 3.0e38f) ||
-        (c->state_std != 0.0f && c->injection != LS_INJECT_ADAPTER)) {
+        (c->state_std != 0.0f && c->injection != LS_INJECT_ADAPTER) || (c->mid_norm && c->n_coda == 0)) {
         ls_set_error(err, err_len,
                      "model descriptor: embed_scale %g must be finite and > 0, state_std %g finite and >= 0 (and "
-                     "0 without LS_INJECT_ADAPTER)",
-                     (double)c->embed_scale, (double)c->state_std);
+                     "0 without LS_INJECT_ADAPTER), mid_norm %d only with a coda",
+                     (double)c->embed_scale, (double)c->state_std, c->mid_norm);
         return -1;
     }
     int32_t G = c->group_size;

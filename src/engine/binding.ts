@@ -3,7 +3,7 @@
 // One FFI call per engine step: forward/step take whole token batches.
 import { dlopen, FFIType, type Pointer } from "bun:ffi";
 import { type KvCacheMode, kvModeCode, kvModeSpec } from "../model/kvcache.ts";
-import { type BlockQuant, QUANT_MATRICES, type QuantMix } from "../model/format.ts";
+import { type BlockQuant, NORM_LAYOUTS, QUANT_MATRICES, type QuantMix } from "../model/format.ts";
 import { ModelFormatError } from "../model/safetensors.ts";
 import {
   LS_ABI_VERSION,
@@ -15,7 +15,10 @@ import {
   LS_EXIT_COPY,
   LS_EXIT_EXACT,
   LS_EXIT_NONE,
+  LS_EXIT_RULE_ENTROPY,
+  LS_EXIT_RULE_KL,
   LS_FEATURE_PROFILE,
+  LS_INJECT_ADAPTER,
   LS_FEATURE_SPECULATIVE,
   LS_PROFILE_OPS,
   LS_QUANT_FP16,
@@ -30,7 +33,7 @@ import {
 } from "../abi/abi.generated.ts";
 import { type FieldName, StructView } from "../abi/abi_struct.ts";
 import { describeModelFile } from "./model_descriptor.ts";
-import type { ExitPlan, ExitPolicy, ModelFileInfo, ModelInfo, SamplingParams, SimdChoice } from "./types.ts";
+import type { ExitPlan, ExitPolicy, ExitRule, ModelFileInfo, ModelInfo, SamplingParams, SimdChoice } from "./types.ts";
 
 const { i32, i64_fast, u64, ptr, void: none, cstring } = FFIType;
 
@@ -137,6 +140,8 @@ export interface KvCacheSettings {
   mode: KvCacheMode;
   /** With an H mode: q, k, v rounded to fp16 before the rotation (SERVICE_H_MODE_FP16_ATTN_QKV). */
   fp16AttnQkv?: boolean;
+  /** 0 / absent: every step its own cache; S: the core's units share S steps of caches (ls_session_params.cache_steps). */
+  cacheSteps?: number;
 }
 
 export const FP16_CACHE: KvCacheSettings = { mode: "fp16" };
@@ -164,10 +169,18 @@ function fileInfo(raw: StructView<"ls_model_info">, exitThreshold: number | null
     embeddingFromHead: field("embed_from_head") === 1,
     quantMix: quantMixOf(raw),
     nLayers: field("n_layers"),
-    normLayout: field("sandwich_norm") === 1 ? "sandwich" : "pre",
+    normLayout: NORM_LAYOUTS[field("sandwich_norm")] ?? "pre",
     stepNorm: field("step_norm") === 1,
     exitGate: field("exit_gate") === 1,
     exitThreshold,
+    nPrelude: field("n_prelude"),
+    nCoda: field("n_coda"),
+    injection: field("injection") === LS_INJECT_ADAPTER ? "adapter" : "none",
+    embedScale: field("embed_scale"),
+    stateStd: field("state_std"),
+    midNorm: field("mid_norm") === 1,
+    ropeLayout: field("rope_interleaved") === 1 ? "interleaved" : "half",
+    qkBias: field("qk_bias") === 1,
   };
 }
 
@@ -556,15 +569,17 @@ export class NativeSession {
 
 function sessionParams(maxSeq: number, loops: number, cacheWindow: number, kv: KvCacheSettings): StructView<"ls_session_params"> {
   const kvMode = kvModeCode(kvModeSpec(kv.mode, kv.fp16AttnQkv ?? false));
-  return new StructView("ls_session_params").fill({ max_seq: maxSeq, loops, cache_window: cacheWindow, kv_mode: kvMode });
+  return new StructView("ls_session_params").fill({ max_seq: maxSeq, loops, cache_window: cacheWindow, kv_mode: kvMode, cache_steps: kv.cacheSteps ?? 0 });
 }
 
-/** ls_exit_policy of each rule's policy. */
+/** ls_exit_policy of each policy, and the bits of each rule ORed to it. */
 const EXIT_POLICY_CODE: Record<ExitPolicy, number> = { exact: LS_EXIT_EXACT, copy: LS_EXIT_COPY };
+const EXIT_RULE_CODE: Record<ExitRule, number> = { gate: 0, kl: LS_EXIT_RULE_KL, entropy: LS_EXIT_RULE_ENTROPY };
 
 /** ls_step_params: the depth, the exit rule (none: fixed depth) and, for a sampling step, how to draw. */
 function fillStepParams(p: StructView<"ls_step_params">, loops: number, sampling: SamplingParams | null, exit: ExitPlan | undefined): void {
-  p.set("loops", loops).set("exit_policy", exit ? EXIT_POLICY_CODE[exit.policy] : LS_EXIT_NONE).set("exit_threshold", exit?.threshold ?? 0);
+  const policy = exit ? EXIT_POLICY_CODE[exit.policy] | EXIT_RULE_CODE[exit.rule ?? "gate"] : LS_EXIT_NONE;
+  p.set("loops", loops).set("exit_policy", policy).set("exit_threshold", exit?.threshold ?? 0);
   if (sampling) fillSampling(p.member("sampling", "ls_sampling"), sampling);
 }
 

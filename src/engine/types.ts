@@ -43,12 +43,20 @@ export type SpeculativeMode = Exclude<GenerationMode, "generate">;
  */
 export const EXIT_POLICIES = ["exact", "copy"] as const;
 export type ExitPolicy = (typeof EXIT_POLICIES)[number];
+/** What decides a token's exit: the model's learned gate, or a zero-shot rule between successive steps' distributions (docs/early-exit.md). */
+export const EXIT_RULES = ["gate", "kl", "entropy"] as const;
+export type ExitRule = (typeof EXIT_RULES)[number];
 
-/** A request's learned early exit, resolved once (planDepth): the engine runs it as given. */
+/** A request's early exit, resolved once (planDepth): the engine runs it as given. */
 export interface ExitPlan {
-  /** Each sampled token stops at the first step whose cumulative exit probability reaches this; in [0, 1) (1 is fixed depth: no plan). */
+  /**
+   * The gate's rule: each sampled token stops at the first step whose cumulative exit probability reaches this, in [0, 1)
+   * (1 is fixed depth: no plan). A zero-shot rule: at the first step whose value is below this, > 0 (0 is fixed depth).
+   */
   readonly threshold: number;
   readonly policy: ExitPolicy;
+  /** Absent: the gate. */
+  readonly rule?: ExitRule;
 }
 
 /** How a speculative request drafts, resolved and checked once (planSpeculative); its verify depth is the request's `loops`. */

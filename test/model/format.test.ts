@@ -1,6 +1,6 @@
 import { describe, expect, test } from "bun:test";
 import { join } from "node:path";
-import { expectedTensorShapes, loadModelFile, parseModelConfig, parseModelMetadata, validateModel } from "../../src/model/format.ts";
+import { expectedTensorShapes, loadModelFile, NO_RECURRENCE, parseModelConfig, parseModelMetadata, validateModel } from "../../src/model/format.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
 import { readSafetensors, type TensorToWrite, writeSafetensors } from "../../src/model/safetensors.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
@@ -60,6 +60,7 @@ describe("loopserve model format", () => {
       normLayout: "pre",
       stepNorm: false,
       exitThreshold: null,
+      ...NO_RECURRENCE,
       exitGate: false,
       quantMix: {},
       tiedOutput: false,
