@@ -587,7 +587,10 @@ typedef struct {
  * each computes what it needs first. Not with a cache window (LS_ERR_ARG):
  * a window drops rows the deferred steps would read.
  * LS_EXIT_COPY gives every deeper unit of each layer a copy of the
- * keys/values the token stored in its exit step's unit of the same layer.
+ * keys/values the token stored in its exit step's unit of the same layer
+ * (with cache_steps, only the shared slots its steps did not reach; one
+ * they reached keeps its latest write, as the published Huginn code's
+ * compress-s cache with its latest-m4 lookup reads it).
  *
  * Zero-shot rules (LS_EXIT_RULE_KL, LS_EXIT_RULE_ENTROPY: the published
  * Huginn code's criteria, no gate needed). After each step s but the last of

@@ -394,11 +394,13 @@ static int32_t join_deferred(ls_model *m, ls_session *const *sessions, ls_batch_
 
 /* A piece that exited after `pc->units` of its `units` (LS_EXIT_COPY):
  * every deeper unit of its session gets, at its position, the keys/values
- * of the same layer in its exit step. */
+ * of the same layer in its exit step. With shared steps (cache_steps) only
+ * the slots its steps did not reach: one it wrote keeps its latest write,
+ * as the published compress-s cache with its latest lookup reads it. */
 static void fill_exited(ls_session *s, const ls_batch_piece *pc, int32_t units) {
     const int32_t L = s->m->info.n_layers, last_step = pc->units - L, pos = pc->pos0, slot = pos % s->cap;
     for (int32_t u = pc->units; u < units; u++) {
-        ls_kv_copy_row(s, u, slot, s, last_step + u % L, slot);
+        if (u < s->core_slots) ls_kv_copy_row(s, u, slot, s, last_step + u % L, slot);
         ls_seq_advance(s->unit_len, s->unit_lo, u, pos + 1, s->cap);
     }
 }

@@ -12,7 +12,8 @@ import { checkModelFile } from "../engine/binding.ts";
 import type { ModelFileInfo } from "../engine/types.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "../engine/library.ts";
 import { type ProgressStream, withProgress } from "../progress.ts";
-import { GROUP_SIZES, HEAD_QUANTS, MAX_LOOPS, type ModelConfig, parseQuantMix, type QuantMix, quantMixNote } from "../model/format.ts";
+import { GROUP_SIZES, HEAD_QUANTS, isRecurrent, MAX_LOOPS, type ModelConfig, parseQuantMix, type QuantMix, quantMixNote } from "../model/format.ts";
+import { FAMILY_TITLES } from "../model/family.ts";
 import { exportGguf } from "../model/gguf.ts";
 import { importHfCheckpoint } from "../model/import_hf.ts";
 import { DEFAULT_GROUP_SIZE, type HeadQuant, quantizeModelFile, type WeightQuant } from "../model/quantize.ts";
@@ -80,8 +81,9 @@ const INSPECT_HELP = `usage: loopserve model inspect FILE [--json]
 Prints the safetensors header of FILE (metadata, then each tensor's name,
 dtype, shape and byte size), then checks the file with the server's own
 loader (the kernel library: header, metadata, tensors, and every fp16
-weight and quantization scale finite). Exit status 1 when the server would
-refuse to load it, with the loader's reason.
+weight and quantization scale finite) and names the model's family (the
+published one it was imported from, else its layout). Exit status 1 when
+the server would refuse to load it, with the loader's reason.
 
 options:
   --json       print the header as one JSON object
@@ -317,6 +319,23 @@ function stackNote(c: Pick<ModelConfig, "nLayers" | "normLayout" | "stepNorm" | 
   return parts.map((p) => `, ${p}`).join("");
 }
 
+/** The recurrent-depth layout (docs/model-format.md), when the model has one. */
+function recurrenceNote(c: ModelFileInfo): string {
+  if (!isRecurrent(c)) return "";
+  const parts = [
+    ...(c.nPrelude > 0 ? [`${c.nPrelude} prelude layers`] : []),
+    ...(c.nCoda > 0 ? [`${c.nCoda} coda layers`] : []),
+    ...(c.injection === "adapter" ? [`the prelude's output injected every step (adapter; first state std ${Number(c.stateStd.toPrecision(6))})`] : []),
+    ...(c.embedScale !== 1 ? [`embeddings scaled by ${Number(c.embedScale.toPrecision(6))}`] : []),
+    ...(c.midNorm ? ["a norm between the core and the coda"] : []),
+    ...(c.normLayout === "sandwich_sum" ? ["sandwich norms of the residual sums"] : []),
+    ...(c.ropeLayout === "interleaved" ? ["RoPE on adjacent pairs"] : []),
+    ...(c.qkBias ? ["q/k biases"] : []),
+    ...(c.headDim * c.nHeads !== c.dim ? [`head_dim ${c.headDim}`] : []),
+  ];
+  return parts.map((p) => `; ${p}`).join("");
+}
+
 /** The server's verdict on a model file: its loader's description, or its reason to refuse it. */
 function checkWithServerLoader(path: string): ModelFileInfo {
   const { buildDir, cacheHome } = libraryConfig();
@@ -377,6 +396,7 @@ function cmdInspect(argv: string[], io: CommandIO): number {
         `ffn ${c.ffnDim}, vocab ${c.vocabSize}, default loops ${c.defaultLoops}, ` +
         `output ${c.tiedOutput ? "tied to tok_embeddings" : c.embeddingFromHead ? "tied (the embedding is the quantized head)" : "untied"}${stackNote(c)}`,
     );
+    io.out(`family: ${c.family}, ${FAMILY_TITLES[c.family]}${recurrenceNote(c)}`);
   }
   return 0;
 }

@@ -4,6 +4,7 @@
 import { dlopen, FFIType, type Pointer } from "bun:ffi";
 import { type KvCacheMode, kvModeCode, kvModeSpec } from "../model/kvcache.ts";
 import { type BlockQuant, NORM_LAYOUTS, QUANT_MATRICES, type QuantMix } from "../model/format.ts";
+import type { ModelFamily } from "../model/family.ts";
 import { ModelFormatError } from "../model/safetensors.ts";
 import {
   LS_ABI_VERSION,
@@ -147,10 +148,14 @@ export interface KvCacheSettings {
 export const FP16_CACHE: KvCacheSettings = { mode: "fp16" };
 
 /** ls_model_info without the runtime's simd and threads, and the file's default exit threshold. */
-function fileInfo(raw: StructView<"ls_model_info">, exitThreshold: number | null): ModelFileInfo {
+/** What the file says beside the library's description of it. */
+type FromFile = { exitThreshold: number | null; family: ModelFamily };
+
+function fileInfo(raw: StructView<"ls_model_info">, { exitThreshold, family }: FromFile): ModelFileInfo {
   const field = (f: FieldName<"ls_model_info">) => raw.get(f) as number;
   return {
     arch: "looped-llama",
+    family,
     dim: field("dim"),
     nHeads: field("n_heads"),
     nKvHeads: field("n_kv_heads"),
@@ -200,10 +205,10 @@ function quantMixOf(raw: StructView<"ls_model_info">): QuantMix {
  * validates the file); a file that is not a valid model is a NativeError
  * with the validator's reason, like the library's own refusals.
  */
-function modelDescriptor(modelPath: string): { descriptor: Uint8Array; exitThreshold: number | null } {
+function modelDescriptor(modelPath: string): { descriptor: Uint8Array; fromFile: FromFile } {
   try {
-    const { model, descriptor } = describeModelFile(modelPath);
-    return { descriptor, exitThreshold: model.config.exitThreshold };
+    const { model, descriptor, family } = describeModelFile(modelPath);
+    return { descriptor, fromFile: { exitThreshold: model.config.exitThreshold, family } };
   } catch (e) {
     if (e instanceof ModelFormatError) throw new NativeError(e.reason, LS_ERR_ARG);
     throw e;
@@ -217,12 +222,12 @@ function modelDescriptor(modelPath: string): { descriptor: Uint8Array; exitThres
  */
 export function checkModelFile(libraryPath: string, modelPath: string): ModelFileInfo {
   const lib = openKernelLibrary(libraryPath);
-  const { descriptor, exitThreshold } = modelDescriptor(modelPath);
+  const { descriptor, fromFile } = modelDescriptor(modelPath);
   const info = new StructView("ls_model_info");
   const err = new Uint8Array(ERR_LEN);
   if (lib.ls_model_check(cString(modelPath), descriptor, info.bytes, err, ERR_LEN) < 0)
     throw new NativeError(readError(err) || `cannot load ${modelPath}`, LS_ERR_ARG);
-  return fileInfo(info, exitThreshold);
+  return fileInfo(info, fromFile);
 }
 
 export class NativeModel {
@@ -234,23 +239,23 @@ export class NativeModel {
   private constructor(
     readonly lib: Lib,
     handle: Pointer,
-    exitThreshold: number | null,
+    fromFile: FromFile,
   ) {
     this.handle = handle;
     const info = new StructView("ls_model_info");
     lib.ls_model_info_get(handle, info.bytes);
-    this.info = { ...fileInfo(info, exitThreshold), simd: String(lib.ls_simd_name(info.get("simd") as number)), threads: info.get("n_threads") as number };
+    this.info = { ...fileInfo(info, fromFile), simd: String(lib.ls_simd_name(info.get("simd") as number)), threads: info.get("n_threads") as number };
     this.features = lib.ls_features();
   }
 
   /** Loads a model file; throws NativeError with the loader's message. */
   static load(libraryPath: string, modelPath: string, threads: number, simd: SimdChoice): NativeModel {
     const lib = openKernelLibrary(libraryPath);
-    const { descriptor, exitThreshold } = modelDescriptor(modelPath);
+    const { descriptor, fromFile } = modelDescriptor(modelPath);
     const err = new Uint8Array(ERR_LEN);
     const handle = lib.ls_model_load(cString(modelPath), descriptor, threads, SIMD_CODES[simd], err, ERR_LEN);
     if (!handle) throw new NativeError(readError(err) || `cannot load ${modelPath}`, LS_ERR_ARG);
-    return new NativeModel(lib, handle as Pointer, exitThreshold);
+    return new NativeModel(lib, handle as Pointer, fromFile);
   }
 
   get pointer(): Pointer {

@@ -5,6 +5,7 @@
 // range against the mapped bytes; it never parses the header.
 import { HEAD_BITS, matrixBits, type ModelConfig, NORM_LAYOUTS, QUANT_MATRICES, type ValidatedModel, validateModel } from "../model/format.ts";
 import { readSafetensors } from "../model/safetensors.ts";
+import { type ModelFamily, modelFamily } from "../model/family.ts";
 import {
   LS_DTYPE_F16,
   LS_DTYPE_I8,
@@ -80,7 +81,8 @@ export function encodeModelDescriptor(model: ValidatedModel): Uint8Array {
 }
 
 /** Reads and validates the model file at path (ModelFormatError when it is not one) and describes it. */
-export function describeModelFile(path: string): { model: ValidatedModel; descriptor: Uint8Array } {
-  const model = validateModel(readSafetensors(path));
-  return { model, descriptor: encodeModelDescriptor(model) };
+export function describeModelFile(path: string): { model: ValidatedModel; descriptor: Uint8Array; family: ModelFamily } {
+  const file = readSafetensors(path);
+  const model = validateModel(file);
+  return { model, descriptor: encodeModelDescriptor(model), family: modelFamily(file.metadata.source_arch, model.config) };
 }

@@ -1,6 +1,7 @@
 // The engine's contract with everything above it (scheduler, HTTP). No FFI
 // pointers cross this line; no HTTP objects cross it the other way.
 import type { ModelConfig } from "../model/format.ts";
+import type { ModelFamily } from "../model/family.ts";
 import type { TokenLogprob } from "./logprobs.ts";
 
 export type { TokenLogprob } from "./logprobs.ts";
@@ -11,7 +12,8 @@ export type SimdChoice = (typeof SIMD_CHOICES)[number];
 
 /** What a model file says about itself, as the loader read it. */
 /** A model file as the kernel library reports it, with the file's default exit threshold. */
-export type ModelFileInfo = Omit<ModelConfig, "formatVersion" | "tokenizer">;
+/** A model file as the loader describes it, and the family it belongs to (src/model/family.ts). */
+export type ModelFileInfo = Omit<ModelConfig, "formatVersion" | "tokenizer"> & { family: ModelFamily };
 
 /** A loaded model: its file's description and the runtime serving it. */
 export interface ModelInfo extends ModelFileInfo {

@@ -20,6 +20,7 @@ import { closeSync, openSync, readSync } from "node:fs";
 import type { ProgressCallback } from "../progress.ts";
 import { bf16BitsToNumber, f16BitsToNumber, f32BitsToF16Bits } from "./fp16.ts";
 import { type HfCheckpoint, type HfDtype, type HfTensor, readHfCheckpoint, specialTokenText, tokenId } from "./hf_checkpoint.ts";
+import { HF_FAMILIES } from "./hf_families.ts";
 import { DTYPE_SIZES, ModelFormatError, writeSafetensorsStream } from "./safetensors.ts";
 
 export interface ImportOptions {
@@ -129,6 +130,10 @@ function eosTokenIds(ck: HfCheckpoint): number[] {
     if (id === null) throw ModelFormatError.about(ck.dir, `tokenizer_config.json eos_token ${JSON.stringify(text)} is not a token of tokenizer.json`);
     add(id, `the id of eos_token ${JSON.stringify(text)}`);
   }
+  for (const stop of HF_FAMILIES.find((f) => f.arch === ck.arch)?.stopTokens ?? []) {
+    const id = tok ? tokenId(tok, stop) : null;
+    if (id !== null) add(id, `the id of ${JSON.stringify(stop)}`);
+  }
   return ids;
 }
 
@@ -171,6 +176,7 @@ export function importMetadata(ck: HfCheckpoint): Record<string, string> {
     step_norm: m.stepNorm ? "1" : "0",
   };
   if (m.exitThreshold !== null) meta.exit_threshold = num(m.exitThreshold);
+  Object.assign(meta, ck.layout);
   meta.generator = "loopserve import-hf";
   meta.source_arch = ck.arch;
   const tok = ck.tokenizer;
@@ -204,7 +210,7 @@ function preadFully(fd: number, buf: Uint8Array, position: number, file: string)
 
 /** Imports the checkpoint in `dir` into the loopserve model file `out` (replaced atomically). */
 export function importHfCheckpoint(dir: string, out: string, opts: ImportOptions = {}): ImportResult {
-  const ck = readHfCheckpoint(dir);
+  const ck = readHfCheckpoint(dir, HF_FAMILIES);
   const metadata = importMetadata(ck);
   const specs = ck.tensors.map((t) => ({ name: t.target, dtype: "F16" as const, shape: t.shape }));
   const counts = ck.tensors.map((t) => t.shape.reduce((a, b) => a * b, 1));

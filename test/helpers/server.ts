@@ -194,6 +194,7 @@ export const TINY_MODEL_INFO: ModelInfo = {
   normLayout: "pre",
   stepNorm: false,
   ...NO_RECURRENCE,
+  family: "block",
   exitGate: false,
   exitThreshold: null,
   simd: "portable",

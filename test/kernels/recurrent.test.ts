@@ -271,6 +271,25 @@ describe("the bounded cache (cache_steps: the core's units share steps' caches)"
     });
   }, 120_000);
 
+  test("the copy policy: an exit fills only the shared slots its steps did not reach (tokens, exit steps, logits as the reference's)", () => {
+    const path = tinyModelPath(HUGINN_LIKE);
+    const ref = ReferenceModel.load(path);
+    const ran = new Set<number>();
+    withModel(path, 1, "auto", (m) => {
+      for (const exit of ZERO_SHOT.filter((e) => e.policy === "copy")) {
+        // a one-token prompt: the reference feeds a token at a time, which a longer prompt in one call is not under sharing
+        const got = decode(m, [7], 6, 16, exit, { mode: "fp16", cacheSteps: 3 });
+        const want = referenceDecode(ref, [7], 6, 16, exit, 3);
+        expect(got.steps, JSON.stringify(exit)).toEqual(want.steps);
+        expect(got.tokens).toEqual(want.tokens);
+        got.logits.forEach((l, i) => expect(relErr(l, want.logits[i])).toBeLessThan(3 * TOL));
+        for (const s of got.steps) ran.add(s);
+      }
+    });
+    // exits before the shared steps were all written (copies) and after (none)
+    expect([...ran].some((s) => s < 3) && [...ran].some((s) => s >= 3 && s < 6)).toBe(true);
+  });
+
   test("holds a quarter of the unbounded cache or less, counted and held; gated with the copy policy", () => {
     withModel(tinyModelPath(HUGINN_LIKE), 1, "auto", (m) => {
       const full = m.sessionCacheBytes(256, 32, 0);

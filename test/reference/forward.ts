@@ -457,8 +457,9 @@ export class ReferenceSession {
       }
     }
     // copy: the deeper units of each layer hold the exit step's rows, so later tokens see this one at every depth
+    // (with shared steps, in the slots its steps did not reach: one they reached keeps its latest write)
     if (exit?.policy === "copy")
-      for (let u = ran * L; u < this.loops * L; u++) {
+      for (let u = ran * L; u < Math.min(this.loops * L, this.coreSlots); u++) {
         const from = this.slot((ran - 1) * L + (u % L));
         this.keys[this.slot(u)][pos] = this.keys[from][pos];
         this.values[this.slot(u)][pos] = this.values[from][pos];
