@@ -19,6 +19,7 @@ import {
   LS_EXIT_RULE_ENTROPY,
   LS_EXIT_RULE_KL,
   LS_FEATURE_PROFILE,
+  LS_FEATURE_RECURRENT,
   LS_INJECT_ADAPTER,
   LS_FEATURE_SPECULATIVE,
   LS_PROFILE_OPS,
@@ -301,6 +302,11 @@ export class NativeModel {
   sessionCacheBytes(maxSeq: number, loops: number, cacheWindow: number, kv: KvCacheSettings = FP16_CACHE): number {
     const params = sessionParams(maxSeq, loops, cacheWindow, kv);
     return check(this.lib, Number(this.lib.ls_session_cache_bytes(this.pointer, params.bytes)), "ls_session_cache_bytes");
+  }
+
+  /** True when the kernel library implements recurrent depth: its layouts, the zero-shot exit rules, cache_steps (LS_FEATURE_RECURRENT). */
+  get hasRecurrent(): boolean {
+    return (this.features & LS_FEATURE_RECURRENT) !== 0;
   }
 
   /** True when the kernel library implements speculative decoding (LS_FEATURE_SPECULATIVE). */

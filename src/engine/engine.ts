@@ -177,7 +177,7 @@ export class Engine {
   kvCacheBytes(req: GenerateRequest): number {
     try {
       const shape = sessionShape(req);
-      return this.model.sessionCacheBytes(shape.maxSeq, shape.loops, req.cacheWindow, this.kv);
+      return this.model.sessionCacheBytes(shape.maxSeq, shape.loops, req.cacheWindow, this.kvFor(req));
     } catch {
       return 0;
     }
@@ -197,6 +197,13 @@ export class Engine {
     const plan = req.speculative;
     if (plan && !this.model.hasSpeculative)
       throw new EngineRequestError(`mode '${plan.mode}' is not available: this kernel library has no speculative decoding`);
+    if ((req.cacheSteps || (req.exit?.rule ?? "gate") !== "gate") && !this.model.hasRecurrent)
+      throw new EngineRequestError("`cache_steps` and the zero-shot exit rules are not available: this kernel library has no recurrent depth");
+  }
+
+  /** The service's cache mode, with the request's shared steps. */
+  private kvFor(req: GenerateRequest): KvCacheSettings {
+    return req.cacheSteps ? { ...this.kv, cacheSteps: req.cacheSteps } : this.kv;
   }
 
   private async run(
@@ -216,7 +223,7 @@ export class Engine {
     const { exit } = req;
     const exitSteps: number[] | undefined = exit ? [] : undefined;
     const shape = sessionShape(req);
-    const session = this.model.newSession(shape.maxSeq, shape.loops, req.cacheWindow, this.kv);
+    const session = this.model.newSession(shape.maxSeq, shape.loops, req.cacheWindow, this.kvFor(req));
     this.live.add(session);
     // With logprobs, every step hands back its raw logits (a cycle: one row per new token).
     const top = req.logprobs;
@@ -265,7 +272,9 @@ export class Engine {
         // Prefill and the first token: the same steps in every mode.
         // The batcher feeds the prompt a chunk per step; the last chunk samples the first token.
         const prompt = Int32Array.from(req.promptTokens.slice(reused));
-        const first = await this.batcher.prefill({ session, tokens: prompt, loops: req.loops, sampling: s, logitsOut: stepLogits, exit }, signal);
+        // A zero-shot rule never exits the prompt's last position (the published Huginn code's rule): its first token runs every step.
+        const promptExit = (exit?.rule ?? "gate") === "gate" ? exit : undefined;
+        const first = await this.batcher.prefill({ session, tokens: prompt, loops: req.loops, sampling: s, logitsOut: stepLogits, exit: promptExit }, signal);
         if (first === null) return done("cancelled");
         next = first.token;
         steps = first.steps;

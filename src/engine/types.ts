@@ -81,6 +81,8 @@ export interface GenerateRequest {
   sampling: SamplingParams;
   stopTokenIds: number[]; // generation ends (finish "stop") when one is sampled; it is not emitted
   cacheWindow: number; // 0 = full
+  /** The core's units share this many steps of caches (docs/kv-cache.md, made by planDepth); absent: every step its own. */
+  cacheSteps?: number;
   /** A speculative mode's settings, made by planSpeculative (speculative.ts) and run as given; absent: plain generation. */
   speculative?: SpecPlan;
   /**
@@ -163,8 +165,15 @@ export interface EngineRunOptions<S> {
  * exact exit policy the last one's deferred steps travel with the copy), but
  * for the last under the copy policy, whose deeper cache units hold copies
  * rather than its own keys/values (a later prompt extending this one runs
- * that position at full depth).
+ * that position at full depth); none with shared steps' caches, which the
+ * kernels do not copy.
  */
 export function pooledPromptLength(req: GenerateRequest): number {
+  if (req.cacheSteps) return 0;
   return req.exit?.policy === "copy" ? req.promptTokens.length - 1 : req.promptTokens.length;
+}
+
+/** Whether a request may start from a pooled prefix: not when scoring its prompt (a prefix has no logits) nor with shared steps' caches (not copied). */
+export function usesPrefixPool(req: GenerateRequest): boolean {
+  return !req.promptLogprobs && !req.cacheSteps;
 }
