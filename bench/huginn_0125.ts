@@ -3,7 +3,9 @@
 // hidden 5280, 55 heads, ffn 17920, vocabulary 65536, 2 prelude + 4 core +
 // 2 coda layers, 3.5 billion parameters; Ouro-1.4B: test/helpers/
 // hf_fixture.ts OURO_1_4B) are written in their Hugging Face layouts,
-// imported, and decoded greedily by the kernels (fp16 weights, fp16 cache).
+// imported, and decoded greedily by the kernels (fp16 weights, fp16 cache),
+// the two models' speeds interleaved over rounds (medians) so that both see
+// the same load on a shared machine.
 // Reported per model: the bytes a token reads (its weights, from the file's
 // tensor sizes: the prelude, coda and head once, the core and the adapter
 // once per step) and holds (key/value cache per position,
@@ -15,7 +17,7 @@
 // default threshold (5e-4). Prints a table, writes
 // bench/results/huginn_0125.json, deletes the big files unless --keep.
 //
-//   bun bench/huginn_0125.ts [--dir DIR] [--keep] [--threads N] [--tokens N] [--small]
+//   bun bench/huginn_0125.ts [--dir DIR] [--keep] [--threads N] [--tokens N] [--rounds N] [--small]
 //
 // --small: the same on models of the same layouts at dim 64 (a smoke test).
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
@@ -37,7 +39,8 @@ const LIB = join(ROOT, "build", "libloopserve.so");
 const small = process.argv.includes("--small");
 const keep = process.argv.includes("--keep");
 const threads = Number(flag("--threads", "2"));
-const decodeTokens = Number(flag("--tokens", small ? "8" : "4"));
+const decodeTokens = Number(flag("--tokens", small ? "8" : "3"));
+const rounds = Number(flag("--rounds", "3"));
 const dir = process.argv.includes("--dir") ? flag("--dir", "") : mkdtempSync(join(tmpdir(), "loopserve-huginn-"));
 mkdirSync(dir, { recursive: true });
 
@@ -140,58 +143,71 @@ const argmax = (a: Float64Array) => a.reduce((best, v, i) => (v > a[best] ? i : 
 const mb = (b: number) => `${(b / 2 ** 20).toFixed(2)} MiB`;
 const gb = (b: number) => `${(b / 1e9).toFixed(2)} GB`;
 
-function measure(name: string, path: string, steps: number, bounded: boolean): void {
-  const m = NativeModel.load(LIB, path, threads, "auto");
-  try {
-    const weights = weightBytesPerToken(path, steps);
-    const full: KvCacheSettings = { mode: "fp16" };
-    const perPosition = (kv: KvCacheSettings) => m.sessionCacheBytes(4096, steps, 0, kv) / 4096;
-    const kvFull = perPosition(full);
-    const plain = decode(m, steps, decodeTokens, full);
-    log(`${name}: ${plain.tokensPerSecond.toFixed(3)} tok/s at ${steps} steps (${decodeTokens} tokens, prompt call ${plain.promptSeconds.toFixed(1)} s)`);
-    const r: Record<string, unknown> = {
-      steps, simd: m.info.simd, weightBytesPerToken: weights, kvBytesPerPosition: kvFull, tokensPerSecond: plain.tokensPerSecond, tokens: plain.tokens,
-    };
-    rows.push([name, `${steps} steps, fp16`, `${gb(weights.total)} weights read + ${mb(kvFull)} cache held per token; ${plain.tokensPerSecond.toFixed(3)} tok/s`]);
-    if (bounded) {
-      const shared: KvCacheSettings = { mode: "fp16", cacheSteps: SHARED };
-      const kvShared = perPosition(shared);
-      const b = decode(m, steps, decodeTokens, shared);
-      log(`${name}: cache_steps ${SHARED}: ${b.tokensPerSecond.toFixed(3)} tok/s`);
-      // the cost: the unbounded run's greedy tokens fed to both
-      const forced = decode(m, steps, TEACHER, full).tokens.slice(0, TEACHER);
-      const p = teacherForced(m, steps, forced, full);
-      const q = teacherForced(m, steps, forced, shared);
-      const kls = p.map((row, i) => klDivergence(row, q[i]));
-      const agree = p.filter((row, i) => argmax(row) === argmax(q[i])).length;
-      const meanKl = kls.reduce((a, v) => a + v, 0) / kls.length;
-      log(`${name}: bounded cache KL mean ${meanKl.toExponential(2)}, max ${Math.max(...kls).toExponential(2)}; argmax agrees ${agree}/${TEACHER}`);
-      const exit = decode(m, steps, decodeTokens, full, { rule: "kl", threshold: KL_EXIT, policy: "exact" });
-      const exitCopy = decode(m, steps, decodeTokens, shared, { rule: "kl", threshold: KL_EXIT, policy: "copy" });
-      log(`${name}: kl < ${KL_EXIT}: ${exit.tokensPerSecond.toFixed(3)} tok/s at ${exit.meanSteps} mean steps; with cache_steps ${SHARED} (copy) ${exitCopy.tokensPerSecond.toFixed(3)} tok/s`);
-      Object.assign(r, {
-        bounded: { cacheSteps: SHARED, kvBytesPerPosition: kvShared, ratio: kvShared / kvFull, tokensPerSecond: b.tokensPerSecond, klMean: meanKl, klMax: Math.max(...kls), argmaxAgree: agree, positions: TEACHER },
-        klExit: { threshold: KL_EXIT, exact: { tokensPerSecond: exit.tokensPerSecond, meanSteps: exit.meanSteps }, sharedCopy: { tokensPerSecond: exitCopy.tokensPerSecond, meanSteps: exitCopy.meanSteps } },
-      });
-      rows.push([name, `cache_steps ${SHARED}`, `${mb(kvShared)} cache per token (${((100 * kvShared) / kvFull).toFixed(1)}% of unbounded); ${b.tokensPerSecond.toFixed(3)} tok/s; KL from unbounded mean ${meanKl.toExponential(2)}, max ${Math.max(...kls).toExponential(2)}, argmax equal ${agree}/${TEACHER}`]);
-      rows.push([name, `exit_rule kl < ${KL_EXIT}`, `${exit.tokensPerSecond.toFixed(3)} tok/s at ${exit.meanSteps.toFixed(2)} mean steps (exact); ${exitCopy.tokensPerSecond.toFixed(3)} tok/s at ${exitCopy.meanSteps.toFixed(2)} with cache_steps ${SHARED} (copy)`]);
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+
+/** Decode speeds of every setting interleaved over rounds (the machine is shared: each round sees the same load), medians reported. */
+function speeds(runs: { label: string; run: () => number }[]): Map<string, number> {
+  const seen = new Map<string, number[]>(runs.map((r) => [r.label, []]));
+  for (let round = 0; round < rounds; round++) {
+    for (const r of runs) {
+      const v = r.run();
+      seen.get(r.label)!.push(v);
+      log(`round ${round + 1}: ${r.label} ${v.toFixed(3)} tok/s`);
     }
-    results[name] = r;
-  } finally {
-    m.close();
   }
+  return new Map([...seen].map(([k, v]) => [k, median(v)]));
 }
 
 try {
-  log(`dir ${dir}, threads ${threads}, ${decodeTokens} decoded tokens per measurement`);
-  const huginn = prepare("huginn-0125", small ? HUGINN_SMALL : HUGINN_0125);
-  measure("Huginn-0125", huginn, STEPS, true);
-  if (!keep) rmSync(huginn, { force: true });
-  const ouro = prepare("ouro-1.4b", small ? OURO_SMALL : OURO);
-  measure("Ouro-1.4B", ouro, 4, false);
-  if (!keep) rmSync(ouro, { force: true });
+  log(`dir ${dir}, threads ${threads}, ${decodeTokens} decoded tokens per measurement, ${rounds} rounds`);
+  const huginnPath = prepare("huginn-0125", small ? HUGINN_SMALL : HUGINN_0125);
+  const ouroPath = prepare("ouro-1.4b", small ? OURO_SMALL : OURO);
+  const huginn = NativeModel.load(LIB, huginnPath, threads, "auto");
+  const ouro = NativeModel.load(LIB, ouroPath, threads, "auto");
+  try {
+    const full: KvCacheSettings = { mode: "fp16" };
+    const shared: KvCacheSettings = { mode: "fp16", cacheSteps: SHARED };
+    const perPosition = (m: NativeModel, steps: number, kv: KvCacheSettings) => m.sessionCacheBytes(4096, steps, 0, kv) / 4096;
+    const hw = weightBytesPerToken(huginnPath, STEPS);
+    const ow = weightBytesPerToken(ouroPath, 4);
+    const kv = { huginn: perPosition(huginn, STEPS, full), shared: perPosition(huginn, STEPS, shared), ouro: perPosition(ouro, 4, full) };
+    const tps = speeds([
+      { label: "Huginn-0125, 32 steps", run: () => decode(huginn, STEPS, decodeTokens, full).tokensPerSecond },
+      { label: `Huginn-0125, 32 steps, cache_steps ${SHARED}`, run: () => decode(huginn, STEPS, decodeTokens, shared).tokensPerSecond },
+      { label: "Ouro-1.4B, 4 steps", run: () => decode(ouro, 4, decodeTokens, full).tokensPerSecond },
+    ]);
+    const [tH, tS, tO] = [...tps.values()];
+    rows.push(["Huginn-0125", "32 steps, fp16", `${gb(hw.total)} weights read (${gb(hw.perStep)} a step) + ${mb(kv.huginn)} cache held per token; ${tH.toFixed(3)} tok/s`]);
+    rows.push(["Huginn-0125", `32 steps, cache_steps ${SHARED}`, `${mb(kv.shared)} cache per token (${((100 * kv.shared) / kv.huginn).toFixed(1)}% of unbounded); ${tS.toFixed(3)} tok/s`]);
+    rows.push(["Ouro-1.4B", "4 steps, fp16", `${gb(ow.total)} weights read + ${mb(kv.ouro)} cache held per token; ${tO.toFixed(3)} tok/s`]);
+    Object.assign(results, {
+      huginn: { steps: STEPS, simd: huginn.info.simd, weightBytesPerToken: hw, kvBytesPerPosition: kv.huginn, tokensPerSecond: tH },
+      bounded: { cacheSteps: SHARED, kvBytesPerPosition: kv.shared, ratio: kv.shared / kv.huginn, tokensPerSecond: tS },
+      ouro: { steps: 4, weightBytesPerToken: ow, kvBytesPerPosition: kv.ouro, tokensPerSecond: tO },
+    });
+
+    // the bounded cache's cost: the unbounded run's greedy tokens fed to both
+    const forced = decode(huginn, STEPS, TEACHER, full).tokens.slice(0, TEACHER);
+    const p = teacherForced(huginn, STEPS, forced, full);
+    const q = teacherForced(huginn, STEPS, forced, shared);
+    const kls = p.map((r, i) => klDivergence(r, q[i]));
+    const agree = p.filter((r, i) => argmax(r) === argmax(q[i])).length;
+    const klMean = kls.reduce((a, v) => a + v, 0) / kls.length;
+    log(`bounded cache: KL mean ${klMean.toExponential(2)}, max ${Math.max(...kls).toExponential(2)}; argmax agrees ${agree}/${TEACHER}`);
+    rows.push(["Huginn-0125", `cache_steps ${SHARED}: its cost`, `KL from the unbounded distribution mean ${klMean.toExponential(2)} nats, max ${Math.max(...kls).toExponential(2)}; argmax equal ${agree}/${TEACHER} (teacher-forced)`]);
+    Object.assign(results.bounded as object, { klMean, klMax: Math.max(...kls), argmaxAgree: agree, positions: TEACHER });
+
+    // the zero-shot exit at the published default: its steps and its probes' cost
+    const exit = decode(huginn, STEPS, decodeTokens, full, { rule: "kl", threshold: KL_EXIT, policy: "exact" });
+    log(`kl < ${KL_EXIT}: ${exit.tokensPerSecond.toFixed(3)} tok/s at ${exit.meanSteps} mean steps`);
+    rows.push(["Huginn-0125", `exit_rule kl < ${KL_EXIT}`, `${exit.tokensPerSecond.toFixed(3)} tok/s at ${exit.meanSteps.toFixed(2)} mean steps (exact policy)`]);
+    results.klExit = { threshold: KL_EXIT, tokensPerSecond: exit.tokensPerSecond, meanSteps: exit.meanSteps };
+  } finally {
+    huginn.close();
+    ouro.close();
+  }
 } finally {
-  if (!keep && !process.argv.includes("--dir")) rmSync(dir, { recursive: true, force: true });
+  if (!keep) rmSync(dir, { recursive: true, force: true });
 }
 
 console.log("\n| model | setting | measured |\n|---|---|---|");

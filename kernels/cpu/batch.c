@@ -26,6 +26,14 @@
  * RoPE rows) to the front of the rows still running, which the next loop
  * then drops like any piece whose loops are done. Its deeper cache units
  * are filled once the block has run (loopserve.h, learned early exit).
+ * The zero-shot rules decide the same way from a probe of each step (the
+ * mid norm, the coda and the head over the piece's rows: a side pass).
+ *
+ * Recurrent depth: every piece of a block runs the prelude's units first
+ * (run_prelude: its session keeps the outputs e, and with injection its
+ * rows start from the first state), the core's steps take adapter .
+ * concat[h, e] at each step's start, and the sampling rows run the coda's
+ * units once their core is done (run_coda), before the head.
  */
 #include <math.h>
 #include <stdlib.h>

@@ -5,7 +5,8 @@
 // and run by the kernels, beside torch/loopserve_torch/published.py, a
 // float64 reference written from a reading of each family's published code
 // that reads the checkpoint directory itself (so the importer's mapping is
-// under test too). Greedy tokens equal at several depths; logits within
+// under test too), and beside loopserve's own PyTorch model of the format
+// (model.py's LoopedLlama) reading the imported file. Greedy tokens equal at several depths; logits within
 // fp16 tolerance; Huginn's zero-shot exits (KL, entropy) with both cache
 // policies after an exit (exact: every step, select; copy: the published
 // loop's stop with its latest-m4 lookup) and its bounded cache (compress-s,
@@ -27,7 +28,7 @@ import { type HfFixtureOptions, writeHfFixture } from "../helpers/hf_fixture.ts"
 import { ensureLibrary, LIB } from "../helpers/kernels.ts";
 import { testTempDir } from "../helpers/models.ts";
 import { PYTORCH, skipReason } from "../helpers/system_packages.ts";
-import { runTorchModule } from "../helpers/torch.ts";
+import { runTorchModule, torchLogits } from "../helpers/torch.ts";
 import { argmax } from "../reference/forward.ts";
 
 setDefaultTimeout(180_000);
@@ -145,6 +146,12 @@ function expectDepths(label: string, model: string, ref: Record<string, Publishe
   let compared = 0;
   for (const d of depths) compared += expectPublished(`${label} ${d} steps`, ref[String(d)], kernels(model, d)).same;
   expect(compared).toBeGreaterThanOrEqual(0.8 * depths.length * GREEDY_TOKENS);
+  // loopserve's own PyTorch model (model.py's LoopedLlama, K and V in fp16) reads the imported file alike
+  const looped = torchLogits(model, PROMPT, depths, GREEDY_TOKENS);
+  for (const d of depths) {
+    const r = looped[String(d)];
+    expectPublished(`${label} ${d} steps, LoopedLlama`, { ...r, exit_steps: r.greedy.map(() => d), exit_margin: null }, kernels(model, d));
+  }
 }
 
 describe.skipIf(skipReason(PYTORCH) !== null)("the published families, imported, against their published code", () => {

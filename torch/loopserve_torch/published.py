@@ -73,40 +73,9 @@ import torch
 import torch.nn.functional as F
 
 from .hf import _read_tensors
+from .state0 import state0
 
 DTYPE = torch.float64
-
-
-# ---- loopserve's first state (kernels/loopserve.h) ----
-
-M64 = (1 << 64) - 1
-
-
-def _mix64(z: int) -> int:
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
-    return z ^ (z >> 31)
-
-
-def _uniform(seed: int, counter: int) -> float:
-    x = _mix64((_mix64(seed) + (counter + 1) * 0x9E3779B97F4A7C15) & M64)
-    return (x >> 11) * 2.0**-53
-
-
-def state0(pos: int, dim: int, std: float) -> torch.Tensor:
-    """std x the standard normal truncated to [-3, 3] of (pos, i), as loopserve.h writes it out, rounded to fp32."""
-    seed = _mix64(0x7374617465 ^ pos)
-    out = []
-    for i in range(dim):
-        z = 0.0
-        for a in range(64):
-            c = 2 * (i * 64 + a)
-            v = math.sqrt(-2.0 * math.log(1.0 - _uniform(seed, c))) * math.cos(6.283185307179586 * _uniform(seed, c + 1))
-            if abs(v) <= 3.0:
-                z = v
-                break
-        out.append(std * z)
-    return torch.tensor(out, dtype=torch.float32).to(DTYPE)
 
 
 # ---- shared pieces ----
