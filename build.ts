@@ -17,6 +17,7 @@
 //   bun build.ts --lib    library only (what the tests need)
 //   bun build.ts --asan   library instrumented with AddressSanitizer (build/asan/)
 import { existsSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { availableParallelism } from "node:os";
 import { basename, dirname, join, relative } from "node:path";
 
 const root = import.meta.dir;
@@ -76,11 +77,6 @@ export function cpuKernelSources(): string[] {
   return cpuKernelFiles(".c").sort(byFileName);
 }
 
-/** The shared C sources (kernels/*.c), in the same order. */
-function sharedKernelSources(): string[] {
-  return sharedKernelFiles(".c").sort(byFileName);
-}
-
 function byFileName(a: string, b: string): number {
   return basename(a) < basename(b) ? -1 : 1;
 }
@@ -132,71 +128,25 @@ async function buildCpuLibrary(): Promise<string> {
 }
 
 // The CUDA library implements the same ABI (kernels/loopserve.h) plus
-// ls_cuda_device_count. Loading is not duplicated: the shared sources
-// (kernels/*.c: the loader's descriptor checks in model.c, the sampler,
-// the pipeline thread, the utilities) are linked in as the CPU build compiled
-// them, and kernels/cuda/*.cu provide the runtime, sessions and forward
-// pass. util.c is compiled once more with ls_simd_name renamed, so the
-// CUDA library's own ls_simd_name can also name the "cuda" path.
-const CUDA_RENAMED_SOURCE = "util.c";
-const CUDA_ARCH = [
-  "-gencode", "arch=compute_80,code=sm_80",
-  "-gencode", "arch=compute_90,code=sm_90",
-  "-gencode", "arch=compute_90,code=compute_90", // PTX: JIT-compiled for newer GPUs
-];
-
-// The per-thread default stream: launches without a stream argument go to a
-// stream that can be captured into a graph (kernels/cuda/batch.cu), which
-// the legacy default stream cannot. --objdir-as-tempdir: nvcc names its
-// intermediate files, whose names the objects keep, after the object
-// instead of its own process id, so that the same sources give the same
-// library.
-const CUDA_FLAGS = ["-O3", "-std=c++17", "--default-stream", "per-thread", "--objdir-as-tempdir"];
+// kernels/cuda/loopserve_cuda.h. Loading is not duplicated: the shared
+// sources (kernels/*.c: the loader's descriptor checks in model.c, the
+// sampler, the pipeline thread, the utilities) are linked in as the CPU build
+// compiled them, and kernels/cuda/*.cu provide the runtime, sessions and
+// forward pass. bench/gpu/Makefile builds it, with the rules a bare GPU host
+// uses (bench/gpu/validate.sh): its flags are written there once, and the
+// build fails on any register spill in a kernel (ptxas -v).
+export const GPU_MAKEFILE = join(root, "bench", "gpu", "Makefile");
 
 async function buildCudaLibrary(): Promise<string | null> {
-  const sources = backendKernelFiles("cuda", ".cu").sort();
-  if (sources.length === 0) return null;
+  if (backendKernelFiles("cuda", ".cu").length === 0) return null;
   const nvcc = Bun.which("nvcc") ?? (existsSync("/usr/local/cuda/bin/nvcc") ? "/usr/local/cuda/bin/nvcc" : null);
-  if (!nvcc) {
-    console.log("nvcc not found: skipping libloopserve_cuda.so (the CPU library serves everywhere)");
+  if (!nvcc || !Bun.which("make")) {
+    console.log(`${nvcc ? "make" : "nvcc"} not found: skipping libloopserve_cuda.so (the CPU library serves everywhere)`);
     return null;
   }
-  const cudaObj = join(objDir, "cuda");
-  mkdirSync(cudaObj, { recursive: true });
-  const cudaHeaders = [...backendKernelFiles("cuda", ".h"), ...backendKernelFiles("cuda", ".cuh")];
-  const headers = [...sharedKernelFiles(".h"), ...cudaHeaders].map((f) => join(kernelDir, f));
-  const objects: string[] = [];
-  const jobs: Promise<void>[] = [];
-  for (const file of sources) {
-    const src = join(kernelDir, file);
-    const obj = join(cudaObj, basename(file).replace(/\.cu$/, ".o"));
-    objects.push(obj);
-    if (newer([src, ...headers], obj))
-      jobs.push(run([nvcc, ...CUDA_FLAGS, "-Xcompiler", "-fPIC,-Wall", "-I", kernelDir, ...CUDA_ARCH, "-c", src, "-o", obj]));
-  }
-  const util = kernelObject(cudaObj, CUDA_RENAMED_SOURCE);
-  const utilSrc = join(kernelDir, CUDA_RENAMED_SOURCE);
-  if (newer([utilSrc, ...headers], util))
-    jobs.push(run(["gcc", ...baseFlags, "-Dls_simd_name=ls_cpu_simd_name", "-c", utilSrc, "-o", util]));
-  await Promise.all(jobs);
-  // The CPU build above has just compiled these with -fPIC.
-  const host = sharedKernelSources()
-    .filter((f) => f !== CUDA_RENAMED_SOURCE)
-    .map((f) => kernelObject(objDir, f));
-  const lib = join(buildDir, "libloopserve_cuda.so");
-  if (newer([...objects, util, ...host], lib)) {
-    // cudart (nvcc's default), libstdc++ and libgcc are linked statically, so
-    // the library needs only libc and, to find a GPU, the driver; a host
-    // without either still loads it and gets ls_cuda_device_count() == 0.
-    // nodelete as for the CPU library (cudart's exit handlers outlive an unload);
-    // -z defs: should a linked host file come to need a CPU-only one, the
-    // link fails here instead of dlopen failing on a GPU host.
-    await run([
-      nvcc, "-shared", ...CUDA_ARCH, "-Xcompiler", "-static-libstdc++,-static-libgcc", "-Xlinker", "-z,nodelete,-z,defs",
-      "-o", lib, ...objects, util, ...host, "-lm", "-lpthread",
-    ]);
-  }
-  return lib;
+  // The CPU build above has just compiled the shared objects into build/obj/, where the Makefile finds them.
+  await run(["make", "--no-print-directory", "-s", "-f", GPU_MAKEFILE, `-j${availableParallelism()}`, `BUILD=${buildDir}`, `NVCC=${nvcc}`, "cuda-lib"]);
+  return join(buildDir, "libloopserve_cuda.so");
 }
 
 /**

@@ -6,7 +6,7 @@
 // the Kneser-Ney trigram counted on the same training split.
 //
 //   bun bench/exit.ts --model FILE [--head fp16|int4] [--compare FILE] [--thresholds 0.5,0.7,0.9]
-//                     [--texts 16] [--len 256] [--prompts 8] [--decode 128] [--threads 2]
+//                     [--texts 16] [--len 256] [--prompts 8] [--decode 128] [--threads 2] [--rounds 3]
 //
 // --head int4 measures the models with their output head quantized to int4
 // (made once beside each file, `model quantize --quant fp16 --head int4`).
@@ -18,7 +18,9 @@
 // step (the exact policy's exit steps; the kernels' tests hold them equal to
 // the gate's decisions over every step). Speed: greedy decoding of --decode
 // tokens after each of --prompts held-out prompts, one ls_session_step per
-// token (the kernels alone, no HTTP).
+// token (the kernels alone, no HTTP), every setting interleaved with the
+// others in each of --rounds rounds: the median round is reported, and each
+// ratio to fixed depth T is taken within a round.
 import { kernelLibrary } from "../src/cli/bench/engine.ts";
 import { printTable, type Row } from "../src/cli/bench/table.ts";
 import { NativeModel } from "../src/engine/binding.ts";
@@ -40,10 +42,11 @@ interface Options {
   prompts: number;
   decode: number;
   threads: number;
+  rounds: number;
 }
 
 function parseArgs(argv: string[]): Options {
-  const o: Options = { model: "", head: "fp16", compare: TRAINED_MODEL_PATH, thresholds: [0.5, 0.7, 0.9], texts: 16, len: 256, prompts: 8, decode: 128, threads: 2 };
+  const o: Options = { model: "", head: "fp16", compare: TRAINED_MODEL_PATH, thresholds: [0.5, 0.7, 0.9], texts: 16, len: 256, prompts: 8, decode: 128, threads: 2, rounds: 3 };
   for (let i = 0; i < argv.length; i += 2) {
     const [flag, value] = [argv[i], argv[i + 1]];
     if (value === undefined) throw new Error(`${flag} needs a value`);
@@ -64,6 +67,7 @@ function parseArgs(argv: string[]): Options {
     else if (flag === "--prompts") o.prompts = int();
     else if (flag === "--decode") o.decode = int();
     else if (flag === "--threads") o.threads = int();
+    else if (flag === "--rounds") o.rounds = int();
     else throw new Error(`unknown flag ${flag}`);
   }
   if (!o.model) throw new Error("--model FILE (a model with an exit gate) is required");
@@ -138,27 +142,48 @@ function everyStepSelectPerplexity(m: NativeModel, evalTexts: Int32Array[], exit
   return tally.perplexity;
 }
 
-/** Greedy decode tokens/s after each prompt (prefill not counted), and the mean steps per token. */
-function decodeSpeed(m: NativeModel, prompts: Int32Array[], loops: number, n: number, exit?: ExitPlan): { tokPerS: number; meanSteps: number } {
-  let ms = 0;
-  let tokens = 0;
-  let steps = 0;
-  for (const prompt of prompts) {
-    const s = m.newSession(prompt.length + n + 1, loops, 0);
-    try {
-      let next = s.step(prompt, loops, GREEDY, null, exit);
-      const t0 = performance.now();
-      for (let i = 0; i < n; i++) {
-        next = s.step(Int32Array.of(next), loops, GREEDY, null, exit);
-        steps += s.lastSteps;
-      }
-      ms += performance.now() - t0;
-      tokens += n;
-    } finally {
-      s.close();
-    }
+/** One decode setting of the speed comparison. */
+interface SpeedSetting {
+  m: NativeModel;
+  loops: number;
+  exit?: ExitPlan;
+}
+
+/** Greedy decode of n tokens after `prompt` (prefill not counted): milliseconds. */
+function decodeMs(x: SpeedSetting, prompt: Int32Array, n: number): number {
+  const s = x.m.newSession(prompt.length + n + 1, x.loops, 0);
+  try {
+    let next = s.step(prompt, x.loops, GREEDY, null, x.exit);
+    const t0 = performance.now();
+    for (let i = 0; i < n; i++) next = s.step(Int32Array.of(next), x.loops, GREEDY, null, x.exit);
+    return performance.now() - t0;
+  } finally {
+    s.close();
   }
-  return { tokPerS: tokens / (ms / 1000), meanSteps: steps / tokens };
+}
+
+const median = (xs: number[]) => xs.toSorted((a, b) => a - b)[xs.length >> 1];
+
+/**
+ * Decode tokens/s of every setting, interleaved: each round decodes every
+ * prompt under every setting in turn (the order rotating from prompt to
+ * prompt), so a change in the machine's load falls on all settings alike.
+ * Per setting, the median over rounds of its tokens/s and of its ratio to
+ * `base`'s in the same round.
+ */
+function interleavedSpeeds(settings: SpeedSetting[], base: number, prompts: Int32Array[], n: number, rounds: number) {
+  const perRound = settings.map(() => [] as number[]);
+  for (let r = 0; r < rounds; r++) {
+    const ms = settings.map(() => 0);
+    prompts.forEach((prompt, p) => {
+      for (let k = 0; k < settings.length; k++) {
+        const i = (k + p) % settings.length;
+        ms[i] += decodeMs(settings[i], prompt, n);
+      }
+    });
+    ms.forEach((t, i) => perRound[i].push((prompts.length * n) / (t / 1000)));
+  }
+  return perRound.map((tps) => ({ tokPerS: median(tps), vsBase: median(tps.map((t, r) => t / perRound[base][r])) }));
 }
 
 async function main(): Promise<void> {
@@ -175,39 +200,43 @@ async function main(): Promise<void> {
     const T = m.info.defaultLoops;
     const rows: Row[] = [];
     const record: Record<string, unknown>[] = [];
-    const add = (setting: string, steps: number, perplexity: number, meanSteps: number, tokPerS: number | null, fixedT: number) => {
-      rows.push({
-        model: setting,
-        steps,
-        "mean steps": meanSteps.toFixed(2),
-        perplexity: perplexity.toFixed(2),
-        "decode tok/s": tokPerS === null ? "-" : tokPerS.toFixed(0),
-        [`vs T=${T}`]: tokPerS === null ? "-" : (tokPerS / fixedT).toFixed(2) + "x",
-      });
-      record.push({ setting, steps, perplexity, meanSteps, tokPerS });
+    // quality first, then the speeds of every setting interleaved
+    const settings: SpeedSetting[] = [];
+    const lines: { setting: string; steps: number; perplexity: number; meanSteps: number; speed: number | null }[] = [];
+    const line = (setting: string, steps: number, perplexity: number, meanSteps: number, speed: SpeedSetting | null) => {
+      lines.push({ setting, steps, perplexity, meanSteps, speed: speed ? settings.push(speed) - 1 : null });
     };
-    const fixed = [];
-    for (let d = 1; d <= T; d++) fixed.push({ d, perplexity: fixedPerplexity(m, evalTexts, d), speed: decodeSpeed(m, prompts, d, o.decode) });
-    const fixedT = fixed[T - 1].speed.tokPerS;
-    for (const f of fixed) add("fixed depth", f.d, f.perplexity, f.d, f.speed.tokPerS, fixedT);
-    for (const threshold of o.thresholds) {
-      let selected = false;
+    for (let d = 1; d <= T; d++) line("fixed depth", d, fixedPerplexity(m, evalTexts, d), d, { m, loops: d });
+    const fixedT = T - 1; // the speed index of fixed depth T
+    for (const threshold of o.thresholds)
       for (const policy of EXIT_POLICIES) {
         const exit = { threshold, policy };
         const q = exitPerplexity(m, evalTexts, T, exit);
-        const speed = decodeSpeed(m, prompts, T, o.decode, exit);
-        add(`exit_threshold ${threshold}, ${policy}`, T, q.perplexity, q.meanSteps, speed.tokPerS, fixedT);
-        if (policy === "exact" && !selected) {
-          add(`exit_threshold ${threshold}, every step, select`, T, everyStepSelectPerplexity(m, evalTexts, q.exitSteps), q.meanSteps, null, fixedT);
-          selected = true;
-        }
+        line(`exit_threshold ${threshold}, ${policy}`, T, q.perplexity, q.meanSteps, { m, loops: T, exit });
+        if (policy === "exact") line(`exit_threshold ${threshold}, every step, select`, T, everyStepSelectPerplexity(m, evalTexts, q.exitSteps), q.meanSteps, null);
       }
+    const B = base.info.defaultLoops;
+    line(`single block (${o.compare.split("/").pop()})`, B, fixedPerplexity(base, evalTexts, B), B, { m: base, loops: B });
+    const speeds = interleavedSpeeds(settings, fixedT, prompts, o.decode, o.rounds);
+    for (const l of lines) {
+      const sp = l.speed === null ? null : speeds[l.speed];
+      rows.push({
+        model: l.setting,
+        steps: l.steps,
+        "mean steps": l.meanSteps.toFixed(2),
+        perplexity: l.perplexity.toFixed(2),
+        "decode tok/s": sp ? sp.tokPerS.toFixed(0) : "-",
+        [`vs T=${T}`]: sp ? `${sp.vsBase.toFixed(2)}x` : "-",
+      });
+      record.push({ setting: l.setting, steps: l.steps, perplexity: l.perplexity, meanSteps: l.meanSteps, tokPerS: sp?.tokPerS ?? null, vsFixedT: sp?.vsBase ?? null });
     }
-    const baseSpeed = decodeSpeed(base, prompts, base.info.defaultLoops, o.decode);
-    add(`single block (${o.compare.split("/").pop()})`, base.info.defaultLoops, fixedPerplexity(base, evalTexts, base.info.defaultLoops), base.info.defaultLoops, baseSpeed.tokPerS, fixedT);
     const kn = kneserNeyPerplexity(await kjvTokens("train"), evalTexts, m.info.vocabSize, 3);
     rows.push({ model: "Kneser-Ney trigram, training split counts", steps: "-", "mean steps": "-", perplexity: kn.toFixed(2), "decode tok/s": "-", [`vs T=${T}`]: "-" });
-    printTable(`Early exit on ${o.model.split("/").pop()}, ${o.head} head (${o.texts} held-out texts of ${o.len} tokens; decode: ${o.prompts} prompts x ${o.decode} tokens, ${o.threads} threads)`, rows);
+    printTable(
+      `Early exit on ${o.model.split("/").pop()}, ${o.head} head (${o.texts} held-out texts of ${o.len} tokens; decode: ${o.prompts} prompts x ${o.decode} tokens, ` +
+        `${o.threads} threads, the median of ${o.rounds} interleaved rounds)`,
+      rows,
+    );
     console.log(`\nwrote ${writeJson("exit", { model: o.model, options: o, rows: record, kneserNeyTrigram: kn })}`);
   } finally {
     m.close();

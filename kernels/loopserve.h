@@ -60,7 +60,8 @@ typedef enum {
     LS_FEATURE_PROFILE = 2,       /* ls_model_set_profile, ls_model_profile_read */
     LS_FEATURE_KV_COMPRESSED = 4, /* kv_mode other than LS_KV_FP16 */
     LS_FEATURE_STACKS = 8,        /* n_layers > 1, sandwich and step norms, the exit gate (ls_model_config) */
-    LS_FEATURE_RECURRENT = 16,    /* recurrent depth (ls_model_config): a prelude and a coda, input injection,
+    LS_FEATURE_QUANTIZED = 16,    /* int4 / int2 weights and int8 / int6 / int4 output heads (LS_QUANT_*, head_bits) */
+    LS_FEATURE_RECURRENT = 32,    /* recurrent depth (ls_model_config): a prelude and a coda, input injection,
                                    * q/k biases, interleaved RoPE, head_dim other than dim / n_heads; the
                                    * zero-shot exit rules and cache_steps */
 } ls_feature;

@@ -226,6 +226,11 @@ export function libraryConfig(env: Env = process.env): Pick<Config, "buildDir" |
   return { buildDir: read(env, "SERVICE_BUILD_DIR") ?? "./build", cacheHome: read(env, "XDG_CACHE_HOME") ?? null };
 }
 
+/** TOKENIZER_HOME, also for the commands that read a model's tokenizer without serving it (model inspect). */
+export function tokenizerHomeOf(env: Env = process.env): string | null {
+  return read(env, "TOKENIZER_HOME") ?? null;
+}
+
 // ---- the whole configuration ----
 
 /**
@@ -271,7 +276,7 @@ export function loadConfig(env: Env = process.env, flags: ConfigFlags = {}): Con
     prefixPoolCapacity: integer(env, "SERVICE_PREFIX_POOL_CAPACITY", 16, 0),
     buildDir: libraryConfig(env).buildDir,
     commit: read(env, "SERVICE_COMMIT") ?? null,
-    tokenizerHome: read(env, "TOKENIZER_HOME") ?? null,
+    tokenizerHome: tokenizerHomeOf(env),
     cacheHome: libraryConfig(env).cacheHome,
     kvCacheMode: kv.mode,
     hModeFp16AttnQkv: kv.fp16AttnQkv,

@@ -2,7 +2,9 @@
 // copied ALONE into an empty directory and run there with a bare environment
 // (no node_modules, no build directory, no source tree), it writes a model,
 // serves it, and answers a chat completion, a native generation, /metrics
-// and the playground page at /, using the kernel library it carries
+// and the playground page at /, imports a Hugging Face checkpoint and
+// serves its chat through the model's own template (the Jinja engine it
+// carries), using the kernel library it carries
 // (extracted once to its cache directory under a content-hashed name,
 // safely when two start at once).
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
@@ -12,7 +14,9 @@ import { join, resolve } from "node:path";
 import pkg from "../package.json" with { type: "json" };
 import { ChatCompletion, GenerateResponse } from "../src/wire/responses.ts";
 import { CPU_LIBRARY_NAME, cachedLibraryName, cacheDirCandidates, extractLibrary, findKernelLibrary, KernelLibraryError, resolveKernelLibrary } from "../src/engine/library.ts";
+import { FIXTURE_SYSTEM_TURN, fixtureTokenizerJson, writeHfFixture } from "./helpers/hf_fixture.ts";
 import { jsonBody } from "./helpers/http.ts";
+import { Tokenizer } from "../src/tokenizer/tokenizer.ts";
 import { startServer, type TestServer } from "./helpers/server.ts";
 
 const ROOT = resolve(import.meta.dir, "..");
@@ -160,6 +164,21 @@ describe("the compiled executable, alone in an empty directory", () => {
     expect(libs.length).toBe(1);
     expect(libs[0].endsWith(cachedLibraryName(CPU_LIBRARY_NAME, new Uint8Array(readFileSync(libs[0]))))).toBe(true);
     expect(readdirSync(join(libs[0], "..")).filter((f) => f.endsWith(".tmp"))).toEqual([]);
+  }, 120_000);
+
+  test("imports a Hugging Face checkpoint and serves its chat through the model's own template", async () => {
+    writeHfFixture(join(work, "ouro"), { dim: 64, nHeads: 4, ffnDim: 128, vocabSize: 300, nLayers: 2, totalUtSteps: 2, seed: 1 });
+    const imported = runBinary(["model", "import-hf", "ouro", "ouro.safetensors"]);
+    expect({ code: imported.code, out: imported.out }).toEqual({ code: 0, out: expect.stringContaining("wrote ouro.safetensors") });
+    const s = await serveBinary(join(work, "ouro.safetensors"));
+    try {
+      const chat = await s.post("/v1/chat/completions", { model: "ouro", messages: [{ role: "user", content: "Hello" }], max_tokens: 2, temperature: 0 });
+      const tok = await Tokenizer.fromSpec({ kind: "bpe", json: fixtureTokenizerJson() });
+      const rendered = `${FIXTURE_SYSTEM_TURN}<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n`;
+      expect((await jsonBody(chat, ChatCompletion)).usage.prompt_tokens).toBe(tok.encode(rendered).length);
+    } finally {
+      expect(await s.stop()).toBe(0);
+    }
   }, 120_000);
 });
 

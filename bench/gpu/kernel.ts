@@ -1,8 +1,9 @@
-// The kernel-level GPU measurements bench:gpu and `bench:serve -- --gpu`
-// share: loopserve's batched decode through ls_batch_step on the CUDA
-// library (bench/batch.ts), and bench/gpu/torch_decode.py's peers of the
-// same block (a PyTorch decode captured as one CUDA graph, transformers
-// eager, a device copy for the bandwidth).
+// The kernel-level GPU grid of `bench:serve -- --gpu`: loopserve's batched
+// decode through ls_batch_step on the CUDA library (bench/batch.ts), and
+// bench/gpu/torch_decode.py's peers of the same block (a PyTorch decode
+// captured as one CUDA graph, transformers eager, a device copy for the
+// bandwidth). The validation run (bench/gpu/validate.sh) measures the same
+// decode through its C driver.
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 

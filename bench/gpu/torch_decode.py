@@ -1,4 +1,4 @@
-"""The GPU peers of `bun run bench:gpu`, on a loopserve model file:
+"""The GPU peers of the validation run (bench/gpu/validate.sh), on a loopserve model file:
 
   graph  a plain PyTorch decode of the same looped block: fp16 weights,
          a static key/value cache per loop, cuBLAS matmuls, SDPA, and the
@@ -9,9 +9,11 @@
          greedy `generate`, batch `rows`;
   copy   the device-to-device copy bandwidth (bytes read + written).
 
-Prints one JSON object per line: {"engine", "loops", "rows", "tok_s", ...}.
+Prints one JSON object per line: {"engine", "model", "loops", "rows", "tok_s"}
+or, for the copy, {"engine", "gb_s"}; --name labels the model (default: the
+file's name).
 
-  python3 bench/gpu/torch_decode.py MODEL --loops 1,8 --rows 1,64 [--peers graph,hf,copy]
+  python3 bench/gpu/torch_decode.py MODEL --loops 1,8 --rows 1,64 [--peers graph,hf,copy] [--name NAME]
 """
 
 from __future__ import annotations
@@ -141,10 +143,11 @@ def main() -> None:
     ap.add_argument("--rows", default="1")
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--peers", default="graph,hf,copy")
+    ap.add_argument("--name")
     a = ap.parse_args()
     peers = a.peers.split(",")
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
-    name = os.path.basename(a.model)
+    name = a.name or os.path.basename(a.model)
     if "copy" in peers:
         print(json.dumps({"engine": "device copy", "gb_s": copy_gb_s()}), flush=True)
     model = load(a.model)
@@ -157,7 +160,7 @@ def main() -> None:
                     tok_s = run(model, loops, rows, a.steps)
                     print(json.dumps({"engine": engine, "model": name, "loops": loops, "rows": rows, "tok_s": tok_s}), flush=True)
                 except Exception as e:  # one peer failing (a transformers version, memory) leaves the others
-                    print(json.dumps({"engine": engine, "loops": loops, "rows": rows, "error": repr(e)}), flush=True)
+                    print(json.dumps({"engine": engine, "model": name, "loops": loops, "rows": rows, "error": repr(e)}), flush=True)
                 torch.cuda.empty_cache()
 
 if __name__ == "__main__":

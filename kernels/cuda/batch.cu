@@ -56,6 +56,8 @@ struct lsc_batch {
     int32_t tokens_cap;
     float *last;          /* (rows_cap, dim) sampling rows' final hidden states */
     float *normed;        /* (rows_cap, dim) */
+    int8_t *head_q;       /* (rows_cap, dim) a quantized head's activation codes, else NULL */
+    float *head_qd;       /* (rows_cap) their scales */
     float *logits;        /* (rows_cap, vocab) */
     int32_t *ids;         /* (rows_cap) greedy picks */
     float *logits_host;   /* (rows_cap, vocab) for host draws and logits_out */
@@ -75,12 +77,14 @@ static void drop_graphs(lsc_batch *b) {
 }
 
 static void free_rows(lsc_batch *b) {
-    void *dev[] = {b->last, b->normed, b->logits, b->ids};
+    void *dev[] = {b->last, b->normed, b->logits, b->ids, b->head_q, b->head_qd};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     free(b->logits_host);
     b->last = b->normed = b->logits = b->logits_host = NULL;
     b->ids = NULL;
+    b->head_q = NULL;
+    b->head_qd = NULL;
     b->rows_cap = 0;
 }
 
@@ -125,7 +129,9 @@ static lsc_batch *scratch_for(ls_model *m, int32_t n_tokens, int32_t n_sample) {
         if (!b->logits_host || !lsc_dev_alloc((void **)&b->last, rows * dim * sizeof(float)) ||
             !lsc_dev_alloc((void **)&b->normed, rows * dim * sizeof(float)) ||
             !lsc_dev_alloc((void **)&b->logits, rows * vocab * sizeof(float)) ||
-            !lsc_dev_alloc((void **)&b->ids, rows * sizeof(int32_t))) {
+            !lsc_dev_alloc((void **)&b->ids, rows * sizeof(int32_t)) ||
+            (rt->qhead && (!lsc_dev_alloc((void **)&b->head_q, rows * dim) ||
+                           !lsc_dev_alloc((void **)&b->head_qd, rows * sizeof(float))))) {
             free_rows(b);
             return NULL;
         }
@@ -182,7 +188,7 @@ static cudaError_t block_kernels(ls_model *m, const ls_batch_piece *pieces, int3
     int32_t T = 0;
     for (int32_t i = 0; i < n_pieces && e == cudaSuccess; T += pieces[i].n, i++) {
         *what = "embedding";
-        e = lsc_embed(b->act.h + (size_t)T * dim, m->rt->tok_embeddings, b->tokens + pieces[i].first, pieces[i].n, dim);
+        e = lsc_embed_tokens(m, b->act.h + (size_t)T * dim, b->tokens + pieces[i].first, pieces[i].n);
     }
     if (e != cudaSuccess) return e;
     for (int32_t l = 0, lo = 0, start = 0;; l++) {
@@ -211,13 +217,7 @@ static cudaError_t block_kernels(ls_model *m, const ls_batch_piece *pieces, int3
 
 /* The output head over the n_sample final states: b->logits. */
 static cudaError_t head_kernels(ls_model *m, lsc_batch *b, int32_t n_sample, const char **what) {
-    const ls_model_info *mi = &m->info;
-    int32_t dim = mi->dim;
-    *what = "rmsnorm";
-    cudaError_t e = lsc_rmsnorm(b->normed, b->last, m->rt->norm, n_sample, dim, mi->norm_eps);
-    if (e != cudaSuccess) return e;
-    *what = "output";
-    return lsc_matmul(b->logits, mi->vocab_size, b->normed, dim, m->rt->output, dim, mi->vocab_size, n_sample, 0);
+    return lsc_head(m, b->logits, b->normed, b->last, n_sample, b->head_q, b->head_qd, what);
 }
 
 /* Every launch of a single-block step: the block, then the head when a row samples. */

@@ -2,14 +2,15 @@
  * cuda_internal.h — shared by the .cu files of libloopserve_cuda.so; not ABI.
  *
  * libloopserve_cuda.so implements kernels/loopserve.h exactly like
- * libloopserve.so, plus `ls_cuda_device_count`. Loading and validation are
+ * libloopserve.so, plus loopserve_cuda.h's exports. Loading and validation are
  * the CPU library's own code (model.c, util.c, sample.c are linked
  * in, see build.ts); this directory provides what internal.h leaves to the
  * runtime: ls_runtime_init/free, the sessions and the forward pass.
  *
  * Design, kept deliberately plain (it is compiled in CI but can only run on
  * a GPU host):
- *   - weights are copied to the device once, fp16 as stored; norms as fp32;
+ *   - weights are copied to the device once, as stored (fp16, or the
+ *     quantized codes and fp16 scales); norms as fp32;
  *   - every kernel runs on the legacy default stream, so launches are
  *     ordered and each cudaMemcpy to the host is the synchronisation point;
  *   - each output element is one fixed-order reduction by one warp or block,
@@ -19,7 +20,12 @@
  *   - greedy sampling (argmax, repetition penalty) runs on the device; a
  *     temperature draw copies the logits to the host and runs sample.c's
  *     ls_sample, so the RNG contract is not re-implemented but shared: the
- *     same logits, seed and counter give the same token on both libraries.
+ *     same logits, seed and counter give the same token on both libraries;
+ *   - quantized matmuls (quant.cu) compute quant.h's integer group sums and
+ *     fp32 fold through kernels/cuda/quant_math.h: for the same inputs,
+ *     bit for bit the CPU library's;
+ *   - a kernel family that has not passed a validation run on a GPU is off
+ *     by default (loopserve_cuda.h, ls_cuda_kernels; features.cu).
  */
 #ifndef LS_CUDA_INTERNAL_H
 #define LS_CUDA_INTERNAL_H
@@ -36,6 +42,8 @@ extern "C" {
 #include "session_rules.h"
 #include "sizes.h"
 }
+#include "loopserve_cuda.h"
+#include "quant_math.h"
 
 /* Threads per block of the row-wise kernels; attention keeps one output
  * dimension per thread, so head_dim may not exceed it. */
@@ -46,9 +54,20 @@ extern "C" {
 struct lsc_batch;
 void lsc_batch_free(struct lsc_batch *b);
 
+/* features.cu: the LS_CUDA_KERNELS_* families models loaded now may use. */
+int32_t lsc_kernels_on(void);
+
+/* The block's seven matrices of a quantized model, on the device. */
+typedef struct {
+    lsq_matrix wq, wk, wv, wo, w1, w2, w3;
+} lsc_qblock;
+
 struct ls_runtime {
     int device;
-    /* fp16 weights on the device, same layouts as ls_weights */
+    /* fp16 weights on the device, same layouts as ls_weights; in a quantized
+     * model the block's are NULL (qblock), and so are tok_embeddings when
+     * the quantized head serves as the embedding and output when the head
+     * is quantized */
     __half *tok_embeddings; /* (vocab_size, dim) */
     __half *wqkv;           /* (n_heads * head_dim + 2 * kv_dim, dim): wq, wk, wv stacked, one matmul */
     __half *wo;             /* (dim, n_heads * head_dim) */
@@ -59,6 +78,8 @@ struct ls_runtime {
     float *attn_norm;       /* (dim) fp32 */
     float *ffn_norm;        /* (dim) */
     float *norm;            /* (dim) */
+    lsc_qblock *qblock;     /* quantized block matrices, or NULL (fp16 model) */
+    lsq_matrix *qhead;      /* quantized output head (head_bits > 0), or NULL */
     struct lsc_batch *batch; /* NULL until ls_batch_step first runs */
 };
 
@@ -82,6 +103,8 @@ typedef struct {
     float *g;    /* (T, ffn_dim) silu(gate) * up */
     float *rope; /* (T, head_dim / 2, 2) each row's cos, sin */
     lsc_row_cache *rows; /* (T) each row's cache */
+    int8_t *q;   /* (T, max(dim, ffn_dim)) a matmul's activation codes (quantized models) */
+    float *qd;   /* (T) their scales */
 } lsc_block;
 
 struct ls_session {
@@ -136,6 +159,16 @@ cudaError_t lsc_block_unit(const ls_model *m, const lsc_block *view, int32_t T, 
 /* Fills n row descriptors of session s for positions pos0.. */
 void lsc_session_rows(lsc_row_cache *rows, const ls_session *s, int32_t pos0, int32_t n);
 
+/* h[t] = the embedding of tokens[t], t < T (tok_embeddings, or the
+ * quantized head's row dequantized). */
+cudaError_t lsc_embed_tokens(const ls_model *m, float *h, const int32_t *tokens, int32_t T);
+
+/* The output head over T rows: normed = rmsnorm(x) (T, dim), then
+ * logits (T, vocab) = head(normed); q, qd: activation scratch for T rows
+ * of dim codes (a quantized head). On failure *what names the launch. */
+cudaError_t lsc_head(const ls_model *m, float *logits, float *normed, const float *x, int32_t T, int8_t *q, float *qd,
+                     const char **what);
+
 /* ---- ops.cu: each launcher returns the launch's error (cudaGetLastError) ---- */
 
 /* h[t] = E[tokens[t]] as fp32; tokens already checked against the vocabulary. */
@@ -170,6 +203,24 @@ cudaError_t lsc_attention(float *att, const float *q, int32_t ldq, const lsc_row
  * of scap rows to one of dcap rows (position p lives in row p % cap). */
 cudaError_t lsc_copy_rows(__half *dst, int32_t dcap, const __half *src, int32_t scap, int32_t n_kv, int32_t hd,
                           int32_t lo, int32_t n);
+
+/* ---- quant.cu: the quantized matmuls (quant_math.h's arithmetic) ---- */
+
+/* q (T, in) int8 codes and d (T) scales of the T rows of x (rows ldx apart),
+ * as ls_quant_rows makes them. */
+cudaError_t lsc_quantize(int8_t *q, float *d, const float *x, int32_t ldx, int32_t in, int32_t T);
+
+/* y[t*ldy + o] (+)= row o of w times activation row t (q, d from
+ * lsc_quantize over w->in inputs), o < w->rows, t < T. */
+cudaError_t lsc_qmatmul(float *y, int32_t ldy, const int8_t *q, const float *d, const lsq_matrix *w, int32_t T,
+                        int add);
+
+/* g[t*ldg + o] = silu(w1[o] . x[t]) * (w3[o] . x[t]), each product as lsc_qmatmul's. */
+cudaError_t lsc_qmatmul_swiglu(float *g, int32_t ldg, const int8_t *q, const float *d, const lsq_matrix *w1,
+                               const lsq_matrix *w3, int32_t T);
+
+/* h[t] = row tokens[t] of the quantized head, dequantized (s * c, exact), t < T. */
+cudaError_t lsc_embed_quantized(float *h, const lsq_matrix *head, const int32_t *tokens, int32_t T);
 
 /* ---- sample.cu ---- */
 

@@ -1,13 +1,34 @@
 /*
- * features.cu — what libloopserve_cuda.so lacks, as the ABI reports it
- * (loopserve.h, ls_features): speculative decoding, the per-op profile and
- * the compressed key/value cache modes. Their entry points exist all the
- * same, so one binding opens either library; they answer LS_ERR_UNSUPPORTED
+ * features.cu — what libloopserve_cuda.so does, as the ABI reports it
+ * (loopserve.h, ls_features), and the selector of the kernel families that
+ * have not yet passed a validation run on a GPU (loopserve_cuda.h,
+ * ls_cuda_kernels).
+ *
+ * It lacks speculative decoding, the per-op profile and the compressed
+ * key/value cache modes. Their entry points exist all the same, so one
+ * binding opens either library; they answer LS_ERR_UNSUPPORTED
  * (ls_session_new refuses a compressed kv_mode with a message).
  */
 #include "cuda_internal.h"
 
-extern "C" int32_t ls_features(void) { return 0; }
+/* The families a validation run on a GPU has passed with: on for every
+ * model. A family joins this set in the change that commits the JSON of
+ * its first passing run (bench/gpu-runs/). */
+#define LSC_KERNELS_VERIFIED 0
+
+/* The unverified families the caller enabled (ls_cuda_kernels). */
+static int32_t enabled_families;
+
+extern "C" int32_t ls_cuda_kernels_verified(void) { return LSC_KERNELS_VERIFIED; }
+
+extern "C" int32_t ls_cuda_kernels(int32_t families) {
+    if (families != -1) enabled_families = families & LS_CUDA_KERNELS_ALL;
+    return lsc_kernels_on();
+}
+
+int32_t lsc_kernels_on(void) { return LSC_KERNELS_VERIFIED | enabled_families; }
+
+extern "C" int32_t ls_features(void) { return lsc_kernels_on() & LS_CUDA_KERNELS_QUANT ? LS_FEATURE_QUANTIZED : 0; }
 
 extern "C" void ls_model_set_profile(ls_model *m, int32_t on) {
     (void)m;

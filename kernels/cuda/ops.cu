@@ -13,45 +13,7 @@
 #include <math.h>
 
 #include "cuda_internal.h"
-
-#define FULL_MASK 0xffffffffu
-
-// ---- block reductions ----
-
-/* How partial results combine, as a functor so the reductions take any. */
-struct add_op {
-    __device__ float operator()(float a, float b) const { return a + b; }
-};
-
-/* Reduction over a warp (shuffle tree; lane 0 holds the result). */
-template <typename Op> __device__ static float warp_reduce(float v, Op op) {
-    for (int off = 16; off > 0; off >>= 1) v = op(v, __shfl_down_sync(FULL_MASK, v, off));
-    return v;
-}
-
-/* Reduction over the block, returned to every thread; `identity` fills the
- * lanes past the last warp. blockDim.x is a multiple of 32; red holds 32
- * floats. The leading barrier keeps a previous call's result readable until
- * every thread has read it. */
-template <typename Op> __device__ static float block_reduce(float v, float *red, Op op, float identity) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-    v = warp_reduce(v, op);
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < n_warps ? red[lane] : identity;
-        v = warp_reduce(v, op);
-        if (lane == 0) red[0] = v;
-    }
-    __syncthreads();
-    return red[0];
-}
-
-__device__ static float warp_sum(float v) { return warp_reduce(v, add_op()); }
-__device__ static float block_sum(float v, float *red) { return block_reduce(v, red, add_op(), 0.0f); }
-
-static unsigned blocks_for(int64_t n, int per_block) { return (unsigned)((n + per_block - 1) / per_block); }
+#include "reduce.cuh"
 
 // ---- embedding ----
 
@@ -85,8 +47,6 @@ cudaError_t lsc_rmsnorm(float *out, const float *x, const float *w, int32_t T, i
 }
 
 // ---- matmul: one warp per output row and tile of tokens ----
-
-#define MM_WARPS (LS_CUDA_BLOCK / 32)
 
 /* Eight fp16 weights (16 bytes) as fp32, read past L1: each weight is used
  * once per tile. */

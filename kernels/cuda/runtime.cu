@@ -1,6 +1,6 @@
 /*
- * runtime.cu — libloopserve_cuda.so's runtime (weights on the device),
- * sessions (fp16 K/V cache per unit on the device) and the forward pass,
+ * runtime.cu — libloopserve_cuda.so's sessions (fp16 K/V cache per unit on
+ * the device) and the forward pass (the weights on the device: weights.cu),
  * behind the ABI of kernels/loopserve.h. The session logic (positions per
  * loop, the windowed ring, rollback rules, argument checks and error codes)
  * is the CPU library's own, from kernels/session_rules.h; only where the
@@ -49,162 +49,6 @@ extern "C" const char *ls_cpu_simd_name(int32_t simd);
 
 extern "C" const char *ls_simd_name(int32_t simd) { return simd == LS_SIMD_CUDA ? "cuda" : ls_cpu_simd_name(simd); }
 
-// ---- runtime ----
-
-static int upload(void **dst, const void *src, size_t bytes, const char *what, char *err, int32_t err_len) {
-    cudaError_t e = cudaMalloc(dst, bytes);
-    if (e != cudaSuccess) {
-        *dst = NULL;
-        ls_set_error(err, err_len, "cannot allocate %zu bytes of GPU memory for %s: %s", bytes, what,
-                     cudaGetErrorString(e));
-        return -1;
-    }
-    e = cudaMemcpy(*dst, src, bytes, cudaMemcpyHostToDevice);
-    if (e != cudaSuccess) {
-        ls_set_error(err, err_len, "cannot copy %s (%zu bytes) to the GPU: %s", what, bytes, cudaGetErrorString(e));
-        return -1;
-    }
-    return 0;
-}
-
-static int upload_f16(__half **dst, const uint16_t *src, size_t n, const char *what, char *err, int32_t err_len) {
-    return upload((void **)dst, src, n * sizeof(uint16_t), what, err, err_len);
-}
-
-/* wq, wk and wv stacked in one allocation, so one matmul computes a row's
- * q, k and v. */
-static int upload_qkv(__half **dst, const ls_layer_weights *w, size_t dim, size_t kv_dim, char *err, int32_t err_len) {
-    size_t n[3] = {dim * dim, kv_dim * dim, kv_dim * dim};
-    const uint16_t *parts[3] = {w->wq, w->wk, w->wv};
-    const char *names[3] = {"block.wq.weight", "block.wk.weight", "block.wv.weight"};
-    cudaError_t e = cudaMalloc((void **)dst, (n[0] + n[1] + n[2]) * sizeof(uint16_t));
-    if (e != cudaSuccess) {
-        *dst = NULL;
-        ls_set_error(err, err_len, "cannot allocate GPU memory for the attention projections: %s",
-                     cudaGetErrorString(e));
-        return -1;
-    }
-    for (size_t i = 0, at = 0; i < 3; at += n[i], i++) {
-        e = cudaMemcpy(*dst + at, parts[i], n[i] * sizeof(uint16_t), cudaMemcpyHostToDevice);
-        if (e != cudaSuccess) {
-            ls_set_error(err, err_len, "cannot copy %s to the GPU: %s", names[i], cudaGetErrorString(e));
-            return -1;
-        }
-    }
-    return 0;
-}
-
-/* Norm weights as fp32, converted on the host with util.c's exact conversion. */
-static int upload_norm(float **dst, const uint16_t *src, int32_t n, const char *what, char *err, int32_t err_len) {
-    float *tmp = (float *)malloc((size_t)n * sizeof(float));
-    if (!tmp) {
-        ls_set_error(err, err_len, "out of memory converting %s", what);
-        return -1;
-    }
-    for (int32_t i = 0; i < n; i++) tmp[i] = ls_f16_to_f32(src[i]);
-    int rc = upload((void **)dst, tmp, (size_t)n * sizeof(float), what, err, err_len);
-    free(tmp);
-    return rc;
-}
-
-extern "C" int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd, char *err, int32_t err_len) {
-    (void)n_threads; // one host thread drives the GPU
-    (void)simd;      // a CPU notion; model.c has already checked its range
-    ls_model_info *mi = &m->info;
-    if (mi->quant != LS_QUANT_FP16) {
-        ls_set_error(err, err_len, "quant %d is not supported by the CUDA kernels (fp16 only)", mi->quant);
-        return LS_ERR_ARG;
-    }
-    if (mi->head_bits != 0) {
-        ls_set_error(err, err_len, "a quantized output head (int%d) is not supported by the CUDA kernels (F16 only)",
-                     mi->head_bits);
-        return LS_ERR_ARG;
-    }
-    if (mi->n_layers != 1 || mi->sandwich_norm || mi->step_norm || mi->exit_gate) {
-        ls_set_error(err, err_len,
-                     "a stacked model (%d layers%s%s%s) is not supported by the CUDA kernels yet: serve it with the "
-                     "CPU library",
-                     mi->n_layers, mi->sandwich_norm ? ", sandwich norms" : "", mi->step_norm ? ", a norm per step" : "",
-                     mi->exit_gate ? ", an exit gate" : "");
-        return LS_ERR_ARG;
-    }
-    if (mi->n_prelude || mi->n_coda || mi->injection || mi->mid_norm || mi->rope_interleaved || mi->qk_bias ||
-        mi->embed_scale != 1.0f || mi->n_heads * mi->head_dim != mi->dim) {
-        ls_set_error(err, err_len,
-                     "a recurrent-depth model (Huginn's prelude, coda and input injection; q/k biases, interleaved "
-                     "RoPE, an embedding scale or head_dim %d x %d heads other than dim %d: Nanbeige4.2's) is not "
-                     "supported by the CUDA kernels yet: serve it with the CPU library",
-                     mi->head_dim, mi->n_heads, mi->dim);
-        return LS_ERR_ARG;
-    }
-    if (ls_check_model_shape(mi, err, err_len) != LS_OK) return LS_ERR_ARG;
-    if (mi->head_dim > LS_CUDA_MAX_HEAD_DIM) {
-        ls_set_error(err, err_len, "head_dim %d is larger than the CUDA attention kernel supports (%d)",
-                     mi->head_dim, LS_CUDA_MAX_HEAD_DIM);
-        return LS_ERR_ARG;
-    }
-    int n_dev = 0;
-    cudaError_t e = cudaGetDeviceCount(&n_dev);
-    if (e != cudaSuccess || n_dev < 1) {
-        ls_set_error(err, err_len, "no usable CUDA device: %s",
-                     e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports 0 devices");
-        cudaGetLastError();
-        return LS_ERR_STATE;
-    }
-    e = cudaSetDevice(0);
-    if (e != cudaSuccess) {
-        ls_set_error(err, err_len, "cannot select CUDA device 0: %s", cudaGetErrorString(e));
-        return LS_ERR_STATE;
-    }
-
-    ls_runtime *rt = (ls_runtime *)calloc(1, sizeof *rt);
-    if (!rt) {
-        ls_set_error(err, err_len, "out of memory allocating the runtime");
-        return LS_ERR_NOMEM;
-    }
-    m->rt = rt;
-    rt->device = 0;
-    size_t dim = (size_t)mi->dim, kv_dim = (size_t)mi->n_kv_heads * mi->head_dim;
-    size_t ffn = (size_t)mi->ffn_dim, vocab = (size_t)mi->vocab_size;
-    const ls_weights *w = &m->w;
-    const ls_layer_weights *lw = &w->layers[0];
-    int bad = upload_f16(&rt->tok_embeddings, w->tok_embeddings, vocab * dim, "tok_embeddings.weight", err, err_len) ||
-              upload_qkv(&rt->wqkv, lw, dim, kv_dim, err, err_len) ||
-              upload_f16(&rt->wo, lw->wo, dim * dim, "block.wo.weight", err, err_len) ||
-              upload_f16(&rt->w1, lw->w1, ffn * dim, "block.w1.weight", err, err_len) ||
-              upload_f16(&rt->w2, lw->w2, dim * ffn, "block.w2.weight", err, err_len) ||
-              upload_f16(&rt->w3, lw->w3, ffn * dim, "block.w3.weight", err, err_len) ||
-              upload_norm(&rt->attn_norm, lw->attn_norm, mi->dim, "block.attn_norm.weight", err, err_len) ||
-              upload_norm(&rt->ffn_norm, lw->ffn_norm, mi->dim, "block.ffn_norm.weight", err, err_len) ||
-              upload_norm(&rt->norm, w->norm, mi->dim, "norm.weight", err, err_len);
-    if (!bad) {
-        if (mi->tied_output || w->output == w->tok_embeddings)
-            rt->output = rt->tok_embeddings;
-        else
-            bad = upload_f16(&rt->output, w->output, vocab * dim, "output.weight", err, err_len);
-    }
-    if (bad) {
-        ls_runtime_free(m);
-        return LS_ERR_NOMEM;
-    }
-    mi->simd = LS_SIMD_CUDA;
-    mi->n_threads = 1;
-    return LS_OK;
-}
-
-extern "C" void ls_runtime_free(ls_model *m) {
-    if (!m || !m->rt) return;
-    ls_runtime *rt = m->rt;
-    lsc_batch_free(rt->batch);
-    if (rt->output && rt->output != rt->tok_embeddings) cudaFree(rt->output);
-    void *bufs[] = {rt->tok_embeddings, rt->wqkv, rt->wo, rt->w1, rt->w2,
-                    rt->w3, rt->attn_norm, rt->ffn_norm, rt->norm};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        if (bufs[i]) cudaFree(bufs[i]);
-    free(rt);
-    m->rt = NULL;
-}
-
 // ---- sessions ----
 
 /* Zero filled as the CPU library callocs: no buffer ever holds undefined bytes. */
@@ -221,15 +65,18 @@ bool lsc_dev_alloc(void **p, size_t bytes) {
 bool lsc_block_alloc(lsc_block *b, const ls_model_info *mi, size_t rows) {
     size_t dim = (size_t)mi->dim, kv_dim = (size_t)mi->n_kv_heads * mi->head_dim, ffn = (size_t)mi->ffn_dim;
     size_t f = sizeof(float);
+    bool quantized = mi->quant != LS_QUANT_FP16 || mi->head_bits != 0;
     return lsc_dev_alloc((void **)&b->h, rows * dim * f) && lsc_dev_alloc((void **)&b->xb, rows * dim * f) &&
            lsc_dev_alloc((void **)&b->qkv, rows * (dim + 2 * kv_dim) * f) &&
            lsc_dev_alloc((void **)&b->att, rows * dim * f) && lsc_dev_alloc((void **)&b->g, rows * ffn * f) &&
            lsc_dev_alloc((void **)&b->rope, rows * (size_t)mi->head_dim * f) &&
-           lsc_dev_alloc((void **)&b->rows, rows * sizeof(lsc_row_cache));
+           lsc_dev_alloc((void **)&b->rows, rows * sizeof(lsc_row_cache)) &&
+           (!quantized || (lsc_dev_alloc((void **)&b->q, rows * (dim > ffn ? dim : ffn)) &&
+                           lsc_dev_alloc((void **)&b->qd, rows * f)));
 }
 
 void lsc_block_free(lsc_block *b) {
-    void *bufs[] = {b->h, b->xb, b->qkv, b->att, b->g, b->rope, b->rows};
+    void *bufs[] = {b->h, b->xb, b->qkv, b->att, b->g, b->rope, b->rows, b->q, b->qd};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     memset(b, 0, sizeof *b);
@@ -381,7 +228,34 @@ extern "C" int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src
         }                         \
     } while (0)
 
+/* The attention and feed-forward matmuls of a quantized block: each input
+ * quantized once (q, k and v share theirs), then its matrices. */
+static cudaError_t quantized_unit(const ls_model *m, const lsc_block *b, int32_t T, int32_t unit, const char **what) {
+    const ls_model_info *mi = &m->info;
+    const ls_runtime *rt = m->rt;
+    const lsc_qblock *w = rt->qblock;
+    int32_t dim = mi->dim, hd = mi->head_dim, n_heads = mi->n_heads, n_kv = mi->n_kv_heads;
+    int32_t kv_dim = n_kv * hd, ffn = mi->ffn_dim;
+    int32_t ld = dim + 2 * kv_dim; // a row of qkv
+    STEP("rmsnorm", lsc_rmsnorm(b->xb, b->h, rt->attn_norm, T, dim, mi->norm_eps));
+    STEP("quantizing the attention input", lsc_quantize(b->q, b->qd, b->xb, dim, dim, T));
+    STEP("wq", lsc_qmatmul(b->qkv, ld, b->q, b->qd, &w->wq, T, 0));
+    STEP("wk", lsc_qmatmul(b->qkv + dim, ld, b->q, b->qd, &w->wk, T, 0));
+    STEP("wv", lsc_qmatmul(b->qkv + dim + kv_dim, ld, b->q, b->qd, &w->wv, T, 0));
+    STEP("rope and kv store", lsc_rope_store(b->qkv, ld, n_heads, n_kv, hd, b->rope, b->rows, unit, T));
+    STEP("attention", lsc_attention(b->att, b->qkv, ld, b->rows, unit, n_heads, n_kv, hd, T));
+    STEP("quantizing the attention output", lsc_quantize(b->q, b->qd, b->att, dim, dim, T));
+    STEP("wo", lsc_qmatmul(b->h, dim, b->q, b->qd, &w->wo, T, 1));
+    STEP("rmsnorm", lsc_rmsnorm(b->xb, b->h, rt->ffn_norm, T, dim, mi->norm_eps));
+    STEP("quantizing the feed-forward input", lsc_quantize(b->q, b->qd, b->xb, dim, dim, T));
+    STEP("w1 w3 swiglu", lsc_qmatmul_swiglu(b->g, ffn, b->q, b->qd, &w->w1, &w->w3, T));
+    STEP("quantizing the feed-forward hidden state", lsc_quantize(b->q, b->qd, b->g, ffn, ffn, T));
+    STEP("w2", lsc_qmatmul(b->h, dim, b->q, b->qd, &w->w2, T, 1));
+    return cudaSuccess;
+}
+
 cudaError_t lsc_block_unit(const ls_model *m, const lsc_block *b, int32_t T, int32_t unit, const char **what) {
+    if (m->rt->qblock) return quantized_unit(m, b, T, unit, what);
     const ls_model_info *mi = &m->info;
     const ls_runtime *rt = m->rt;
     int32_t dim = mi->dim, hd = mi->head_dim, n_heads = mi->n_heads, n_kv = mi->n_kv_heads;
@@ -398,6 +272,27 @@ cudaError_t lsc_block_unit(const ls_model *m, const lsc_block *b, int32_t T, int
     STEP("rmsnorm", lsc_rmsnorm(b->xb, b->h, rt->ffn_norm, T, dim, eps));
     STEP("w1 w3 swiglu", lsc_matmul_swiglu(b->g, ffn, b->xb, dim, rt->w1, rt->w3, dim, ffn, T));
     STEP("w2", lsc_matmul(b->h, dim, b->g, ffn, rt->w2, ffn, dim, T, 1));
+    return cudaSuccess;
+}
+
+cudaError_t lsc_embed_tokens(const ls_model *m, float *h, const int32_t *tokens, int32_t T) {
+    const ls_runtime *rt = m->rt;
+    return rt->tok_embeddings ? lsc_embed(h, rt->tok_embeddings, tokens, T, m->info.dim)
+                              : lsc_embed_quantized(h, rt->qhead, tokens, T);
+}
+
+cudaError_t lsc_head(const ls_model *m, float *logits, float *normed, const float *x, int32_t T, int8_t *q, float *qd,
+                     const char **what) {
+    const ls_model_info *mi = &m->info;
+    const ls_runtime *rt = m->rt;
+    int32_t dim = mi->dim, vocab = mi->vocab_size;
+    STEP("rmsnorm", lsc_rmsnorm(normed, x, rt->norm, T, dim, mi->norm_eps));
+    if (!rt->qhead) {
+        STEP("output", lsc_matmul(logits, vocab, normed, dim, rt->output, dim, vocab, T, 0));
+        return cudaSuccess;
+    }
+    STEP("quantizing the output head's input", lsc_quantize(q, qd, normed, dim, dim, T));
+    STEP("output", lsc_qmatmul(logits, vocab, q, qd, rt->qhead, T, 0));
     return cudaSuccess;
 }
 
@@ -439,7 +334,7 @@ static int32_t forward(ls_session *s, const int32_t *tokens, int32_t n, int32_t 
     int32_t first_logit = n - n_logits;
     for (int32_t c0 = 0; c0 < n; c0 += LS_CHUNK) {
         int32_t T = n - c0 < LS_CHUNK ? n - c0 : LS_CHUNK;
-        TRY("embedding", lsc_embed(s->act.h, rt->tok_embeddings, s->d_tokens + s->pos, T, dim));
+        TRY("embedding", lsc_embed_tokens(s->m, s->act.h, s->d_tokens + s->pos, T));
         int32_t rc = forward_chunk(s, T, s->pos, loops);
         if (rc != LS_OK) return rc;
         memcpy(s->tokens + s->pos, tokens + c0, (size_t)T * sizeof *tokens);
@@ -447,8 +342,10 @@ static int32_t forward(ls_session *s, const int32_t *tokens, int32_t n, int32_t 
         int32_t lo = first_logit > c0 ? first_logit : c0;
         if (lo < c0 + T) {
             int32_t rows = c0 + T - lo;
-            TRY("rmsnorm", lsc_rmsnorm(s->act.xb, s->act.h + (size_t)(lo - c0) * dim, rt->norm, rows, dim, mi->norm_eps));
-            TRY("output", lsc_matmul(s->logits, vocab, s->act.xb, dim, rt->output, dim, vocab, rows, 0));
+            const char *what = "";
+            cudaError_t e = lsc_head(s->m, s->logits, s->act.xb, s->act.h + (size_t)(lo - c0) * dim, rows, s->act.q,
+                                     s->act.qd, &what);
+            if (e != cudaSuccess) return fail(s, what, e);
             if (host)
                 TRY("copying the logits", cudaMemcpy(host + (size_t)(lo - first_logit) * vocab, s->logits,
                                                      (size_t)rows * vocab * sizeof(float), cudaMemcpyDeviceToHost));

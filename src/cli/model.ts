@@ -7,7 +7,7 @@
 // `bun src/cli/model.ts ...` runs it directly.
 
 import { statSync } from "node:fs";
-import { libraryConfig } from "../config.ts";
+import { libraryConfig, tokenizerHomeOf } from "../config.ts";
 import { checkModelFile } from "../engine/binding.ts";
 import type { ModelFileInfo } from "../engine/types.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "../engine/library.ts";
@@ -19,6 +19,8 @@ import { importHfCheckpoint } from "../model/import_hf.ts";
 import { DEFAULT_GROUP_SIZE, type HeadQuant, quantizeModelFile, type WeightQuant } from "../model/quantize.ts";
 import { DTYPE_SIZES, ModelFormatError, readSafetensors, type SafetensorsFile } from "../model/safetensors.ts";
 import { resolveSyntheticOptions, type SyntheticOptions, writeSyntheticModel } from "../model/synthetic.ts";
+import { modelChat } from "../text/chat.ts";
+import { loadModelTokenizer, ModelTokenizerError } from "../tokenizer/from_metadata.ts";
 
 export interface CommandIO {
   out: (line: string) => void;
@@ -81,9 +83,11 @@ const INSPECT_HELP = `usage: loopserve model inspect FILE [--json]
 Prints the safetensors header of FILE (metadata, then each tensor's name,
 dtype, shape and byte size), then checks the file with the server's own
 loader (the kernel library: header, metadata, tensors, and every fp16
-weight and quantization scale finite) and names the model's family (the
-published one it was imported from, else its layout). Exit status 1 when
-the server would refuse to load it, with the loader's reason.
+weight and quantization scale finite, then the tokenizer), names the
+model's family (the published one it was imported from, else its layout)
+and lists the ids that end generation and those that also end a chat reply
+(the chat template's end of turn). Exit status 1 when the server would
+refuse to load it, with the loader's reason.
 
 options:
   --json       print the header as one JSON object
@@ -346,18 +350,48 @@ function checkWithServerLoader(path: string): ModelFileInfo {
   }
 }
 
-function printHeader(io: CommandIO, path: string, file: SafetensorsFile, json: boolean): void {
-  const size = statSync(path).size;
-  const rows = [...file.tensors].map(([name, t]) => ({
+/** The ids that end generation, and those that also end a chat reply, as the server reads them from a model file's metadata. */
+async function endIds(path: string, meta: Record<string, string>): Promise<{ eos: number[]; chatTurn: number[]; text: (id: number) => string }> {
+  let tokenizer: Awaited<ReturnType<typeof loadModelTokenizer>>;
+  try {
+    tokenizer = await loadModelTokenizer(meta, path, tokenizerHomeOf());
+  } catch (e) {
+    if (e instanceof ModelTokenizerError) throw new ModelFormatError(e.message);
+    throw e;
+  }
+  try {
+    const chat = modelChat(tokenizer);
+    const decoded = new Map([...tokenizer.conventions.eosIds, ...chat.turnEndIds].map((id) => [id, tokenizer.decode([id])]));
+    return { eos: [...tokenizer.conventions.eosIds], chatTurn: [...chat.turnEndIds], text: (id) => decoded.get(id) ?? "" };
+  } finally {
+    tokenizer.close();
+  }
+}
+
+/** "0 "<|endoftext|>", 2 "<|im_end|>"", or "none". */
+function idList(ids: number[], text: (id: number) => string): string {
+  return ids.length === 0 ? "none" : ids.map((id) => `${id} ${JSON.stringify(text(id))}`).join(", ");
+}
+
+interface HeaderRow {
+  name: string;
+  dtype: string;
+  shape: number[];
+  bytes: number;
+}
+
+function headerRows(file: SafetensorsFile): HeaderRow[] {
+  return [...file.tensors].map(([name, t]) => ({
     name,
     dtype: t.dtype,
     shape: t.shape,
     bytes: t.shape.reduce((a, b) => a * b, 1) * DTYPE_SIZES[t.dtype],
   }));
-  if (json) {
-    io.out(JSON.stringify({ path, bytes: size, data_start: file.dataStart, metadata: file.metadata, tensors: rows }));
-    return;
-  }
+}
+
+function printHeader(io: CommandIO, path: string, file: SafetensorsFile): void {
+  const size = statSync(path).size;
+  const rows = headerRows(file);
   io.out(`${path}: ${size} bytes, header ${file.dataStart - 8} bytes, data at offset ${file.dataStart}`);
   const meta = Object.entries(file.metadata);
   io.out(`metadata (${meta.length}):`);
@@ -374,7 +408,7 @@ function printHeader(io: CommandIO, path: string, file: SafetensorsFile, json: b
   io.out(`total: ${elems} elements, ${bytes} bytes of tensor data`);
 }
 
-function cmdInspect(argv: string[], io: CommandIO): number {
+async function cmdInspect(argv: string[], io: CommandIO): Promise<number> {
   const p = parseArgs(argv, new Set(), new Set(["--json", "-h", "--help"]));
   if (p.flags.has("-h") || p.flags.has("--help")) {
     io.out(INSPECT_HELP);
@@ -387,17 +421,30 @@ function cmdInspect(argv: string[], io: CommandIO): number {
   // about a file; the listing is of any well-formed safetensors header, so a
   // file that is not a loopserve model is still shown before it is refused.
   const file: SafetensorsFile = readSafetensors(path);
-  printHeader(io, path, file, json);
-  const c = checkWithServerLoader(path);
-  if (!json) {
-    const head = c.headQuant === "fp16" ? "" : `, output head ${c.headQuant} (group ${c.headGroupSize})`;
-    io.out(
-      `loopserve model: ${c.quant}${c.quant === "fp16" ? "" : ` (group ${c.groupSize}${quantMixNote(c.quantMix)})`}${head}, dim ${c.dim}, heads ${c.nHeads} (kv ${c.nKvHeads}), head_dim ${c.headDim}, ` +
-        `ffn ${c.ffnDim}, vocab ${c.vocabSize}, default loops ${c.defaultLoops}, ` +
-        `output ${c.tiedOutput ? "tied to tok_embeddings" : c.embeddingFromHead ? "tied (the embedding is the quantized head)" : "untied"}${stackNote(c)}`,
-    );
-    io.out(`family: ${c.family}, ${FAMILY_TITLES[c.family]}${recurrenceNote(c)}`);
+  if (json) {
+    // One object: the header, with the end ids when the file is a model the server loads.
+    const header = { path, bytes: statSync(path).size, data_start: file.dataStart, metadata: file.metadata, tensors: headerRows(file) };
+    let ends: Awaited<ReturnType<typeof endIds>> | null = null;
+    let family: string | null = null;
+    try {
+      family = checkWithServerLoader(path).family;
+      ends = await endIds(path, file.metadata);
+    } finally {
+      io.out(JSON.stringify({ ...header, ...(family ? { family } : {}), ...(ends ? { end_ids: ends.eos, chat_end_ids: ends.chatTurn } : {}) }));
+    }
+    return 0;
   }
+  printHeader(io, path, file);
+  const c = checkWithServerLoader(path);
+  const head = c.headQuant === "fp16" ? "" : `, output head ${c.headQuant} (group ${c.headGroupSize})`;
+  io.out(
+    `loopserve model: ${c.quant}${c.quant === "fp16" ? "" : ` (group ${c.groupSize}${quantMixNote(c.quantMix)})`}${head}, dim ${c.dim}, heads ${c.nHeads} (kv ${c.nKvHeads}), head_dim ${c.headDim}, ` +
+      `ffn ${c.ffnDim}, vocab ${c.vocabSize}, default loops ${c.defaultLoops}, ` +
+      `output ${c.tiedOutput ? "tied to tok_embeddings" : c.embeddingFromHead ? "tied (the embedding is the quantized head)" : "untied"}${stackNote(c)}`,
+  );
+  io.out(`family: ${c.family}, ${FAMILY_TITLES[c.family]}${recurrenceNote(c)}`);
+  const ends = await endIds(path, file.metadata);
+  io.out(`end ids: ${idList(ends.eos, ends.text)}; end of a chat turn: ${idList(ends.chatTurn, ends.text)}`);
   return 0;
 }
 
@@ -493,7 +540,8 @@ function cmdImportHf(argv: string[], io: CommandIO): number {
     `wrote ${outPath}: ${r.bytes} bytes, ${r.tensors} tensors, ${r.parameters} parameters ` +
       `(${r.checkpoint.arch}: dim ${m.dim}, ${m.nLayers} layers, heads ${m.nHeads}/${m.nKvHeads} kv, ffn ${m.ffnDim}, ` +
       `vocab ${m.vocabSize}, default loops ${m.defaultLoops}, ${m.tiedOutput ? "tied" : "untied"} output, ` +
-      `${m.exitGate ? `exit gate${m.exitThreshold !== null ? `, threshold ${m.exitThreshold}` : ""}` : "no exit gate"}) in ${ms.toFixed(0)} ms`,
+      `${m.exitGate ? `exit gate${m.exitThreshold !== null ? `, threshold ${m.exitThreshold}` : ""}` : "no exit gate"}` +
+      `${r.checkpoint.tokenizer ? `, end ids ${r.checkpoint.eosIds.join(", ")}` : ""}) in ${ms.toFixed(0)} ms`,
   );
   return 0;
 }
@@ -516,7 +564,7 @@ export async function runModelCommand(argv: string[], io: CommandIO = defaultIO)
       case "new":
         return cmdNew(rest, io);
       case "inspect":
-        return cmdInspect(rest, io);
+        return await cmdInspect(rest, io);
       case "export-gguf":
         return cmdExportGguf(rest, io);
       case "quantize":

@@ -1,21 +1,9 @@
-// Chat messages → one prompt text (docs/http.md#requests), in the model's
-// chat format (its metadata chat_format, docs/tokenizers.md):
-// - "plain" (a model without chat special tokens, GPT-2's): one line per
-//   message, `System: …`, `User: …` or `Assistant: …`, then `Assistant:` on
-//   its own line to prompt the reply. For example
-//
-//     [{role: "system", content: "Be brief."}, {role: "user", content: "Hi"}]
-//
-//   renders as "System: Be brief.\nUser: Hi\nAssistant:".
-// - "chatml": `<|im_start|>{role}\n{content}<|im_end|>\n` per message, then
-//   `<|im_start|>assistant\n` (transformers' add_generation_prompt). The
-//   model's tokenizer matches <|im_start|> and <|im_end|> in the text as its
-//   special ids.
-import type { ChatFormat } from "../tokenizer/tokenizer.ts";
+// Chat messages → one prompt text (docs/http.md#requests), by the model's
+// own chat template or its chat format (src/text/chat.ts). Here: the
+// messages' content as text, and a template that fails as a 400 naming it.
+import { ChatTemplateError, type ModelChat } from "../text/chat.ts";
 import { badRequest, unprocessable } from "./errors.ts";
-import type { ChatMessage, ChatRole } from "../wire/requests.ts";
-
-const LABEL: Record<ChatRole, string> = { system: "System", user: "User", assistant: "Assistant" };
+import type { ChatMessage } from "../wire/requests.ts";
 
 /** Separator between the texts of several content parts, as vLLM joins them. */
 const PART_SEPARATOR = "\n";
@@ -43,11 +31,13 @@ function messageText(content: ChatMessage["content"], param: string): string {
     .join(PART_SEPARATOR);
 }
 
-/** The prompt for a conversation in `format`: its messages, then the opening of the assistant's reply. */
-export function renderChat(messages: readonly ChatMessage[], format: ChatFormat = "plain"): string {
-  const texts = messages.map((m, i) => messageText(m.content, `messages[${i}].content`));
-  if (format === "chatml") return `${messages.map((m, i) => `<|im_start|>${m.role}\n${texts[i]}<|im_end|>\n`).join("")}<|im_start|>assistant\n`;
-  const lines = messages.map((m, i) => `${LABEL[m.role]}: ${texts[i]}`);
-  lines.push(`${LABEL.assistant}:`);
-  return lines.join("\n");
+/** The prompt for a conversation in the model's chat conventions: its messages, then the opening of the assistant's reply. */
+export function renderChat(messages: readonly ChatMessage[], chat: ModelChat): string {
+  const turns = messages.map((m, i) => ({ role: m.role, content: messageText(m.content, `messages[${i}].content`) }));
+  try {
+    return chat.render(turns);
+  } catch (e) {
+    if (e instanceof ChatTemplateError) throw badRequest(`the model's chat template ${e.message}`, "messages", "chat_template_error");
+    throw e;
+  }
 }

@@ -22,6 +22,12 @@
 //   `best_of` and `n` must be 1 (src/wire/requests.ts).
 // - A message role outside system/user/assistant is a 400 (a value outside
 //   an enum); a missing role or content is a 422.
+// - Chat prompts are the model's own chat template rendered, or its chat
+//   format (src/text/chat.ts); a template that fails is a 400 naming it. A
+//   chat reply also ends at the template's end of turn. A model that reasons
+//   (<think>…</think>) returns its reasoning in `reasoning_content`, apart
+//   from the answer, unless the request sets `include_reasoning: false`
+//   (src/text/reasoning.ts).
 // - Streams: the role chunk is held until the scheduler starts the request,
 //   so a request refused in the queue still gets a plain 503. With
 //   `stream_options.include_usage` every chunk carries `usage: null` and a
@@ -30,6 +36,8 @@ import { Elysia } from "elysia";
 import { SERVICE_NAME } from "../config.ts";
 import { defaultExitThreshold, type DepthPlan } from "../engine/depth_plan.ts";
 import type { GenerateRequest, TokenLogprob } from "../engine/types.ts";
+import { modelChat } from "../text/chat.ts";
+import { opensReasoning, type ReplyPart, ReasoningSplitter, splitReasoning } from "../text/reasoning.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import { renderChat } from "./chat_template.ts";
 import { badRequest, notFound, outOfRange, validatedBody } from "./errors.ts";
@@ -132,6 +140,15 @@ interface CompatJob {
   /** Text that precedes the generated text in the response: the prompt, when `echo` is set. */
   echo: string;
   scheduling: Scheduling;
+  /** A reasoning model's chat reply: sorted into reasoning and answer; null: all answer. */
+  reasoning: ReasoningReply | null;
+}
+
+interface ReasoningReply {
+  /** The prompt opened the reasoning: the reply starts inside it. */
+  startsInside: boolean;
+  /** Return the reasoning (`include_reasoning`), or leave it out. */
+  include: boolean;
 }
 
 /** What a chat or text completion asks beyond its sampling fields. */
@@ -142,6 +159,9 @@ interface JobShape {
   logprobs?: number;
   /** Score the prompt too (text completions with `echo`). */
   promptLogprobs: boolean;
+  /** Ids that end the reply beside the model's end-of-sequence ids (a chat turn's end). */
+  stopTokenIds?: readonly number[];
+  reasoning?: ReasoningReply | null;
 }
 
 const unsupported = (field: string, message: string) => badRequest(`\`${field}\` ${message}`, field, "unsupported_parameter");
@@ -194,7 +214,7 @@ function resolve(deps: AppDeps, body: SamplingBody, prompt: number[], shape: Job
       repetitionPenalty: ext?.repetitionPenalty ?? penalty,
       seed: body.seed ?? randomSeed(),
     },
-    stopTokenIds: [],
+    stopTokenIds: [...(shape.stopTokenIds ?? [])],
     cacheWindow: ext?.cacheWindow ?? 0,
     ...(shape.logprobs === undefined ? {} : { logprobs: shape.logprobs, promptLogprobs: shape.promptLogprobs }),
   });
@@ -208,6 +228,7 @@ function resolve(deps: AppDeps, body: SamplingBody, prompt: number[], shape: Job
     model: body.model,
     echo: shape.echo,
     scheduling: ext?.scheduling ?? {},
+    reasoning: shape.reasoning ?? null,
   };
 }
 
@@ -217,8 +238,11 @@ async function chatJob(deps: AppDeps, body: ChatCompletionBody, ext?: Extension)
     throw badRequest("`top_logprobs` needs `logprobs: true`", "top_logprobs");
   const maxTokens = requestedMaxTokens(body, false);
   const logprobs = body.logprobs === true ? (body.top_logprobs ?? 0) : undefined;
-  const prompt = await promptTokens(deps, renderChat(body.messages, deps.tokenizer.conventions.chatFormat), "messages", maxTokens);
-  return resolve(deps, body, prompt, { maxTokens, echo: "", logprobs, promptLogprobs: false }, ext);
+  const chat = modelChat(deps.tokenizer);
+  const text = renderChat(body.messages, chat);
+  const prompt = await promptTokens(deps, text, "messages", maxTokens, chat.addsBos);
+  const reasoning = chat.reasons ? { startsInside: opensReasoning(text), include: body.include_reasoning ?? true } : null;
+  return resolve(deps, body, prompt, { maxTokens, echo: "", logprobs, promptLogprobs: false, stopTokenIds: chat.turnEndIds, reasoning }, ext);
 }
 
 /** Of several prompts, only the first is used; an id array is one prompt. */
@@ -257,16 +281,22 @@ interface LogprobWriter<S> {
 /** What a response and each of its chunks begin with. */
 type Head = Pick<ChatCompletion, "id" | "created" | "model">;
 
+/** A whole reply: its answer, and a reasoning model's reasoning (null: it had none; absent: not returned). */
+interface Reply {
+  content: string;
+  reasoning?: string | null;
+}
+
 interface Framing<S, Whole, Chunk, ChunkChoice> {
   idPrefix: string;
   /** The whole (non-streamed) response, before any extended sections. */
-  whole(head: Head, text: string, finishReason: FinishReason, logprobs: S | null, usage: Usage): Whole;
+  whole(head: Head, reply: Reply, finishReason: FinishReason, logprobs: S | null, usage: Usage): Whole;
   /** A stream chunk with these choices; `usage` only with stream_options.include_usage. */
   chunk(head: Head, choices: ChunkChoice[], usage?: Usage | null): Chunk;
   /** The stream's first choice, before any text (chat: the role), or null. */
   opening: ChunkChoice | null;
   /** A stream choice carrying text (and the log-probabilities of the tokens it completes). */
-  delta(text: string, logprobs: S | null): ChunkChoice;
+  delta(part: ReplyPart, logprobs: S | null): ChunkChoice;
   /** The stream's closing choice. */
   end(finishReason: FinishReason, logprobs: S | null): ChunkChoice;
   /** A writer for one response; echo is the text before the generated text. */
@@ -287,28 +317,40 @@ const chunkOf =
 
 const CHAT: Framing<ChatLogprobs, ChatCompletion, ChatCompletionChunk, ChatChunkChoice> = {
   idPrefix: "chatcmpl-",
-  whole: (head, text, finishReason, logprobs, usage) => ({
+  whole: (head, reply, finishReason, logprobs, usage) => ({
     ...opening(head, "chat.completion"),
-    choices: [{ index: 0, message: { role: "assistant", content: text }, logprobs, finish_reason: finishReason }],
+    choices: [
+      {
+        index: 0,
+        message: { role: "assistant", content: reply.content, ...(reply.reasoning === undefined ? {} : { reasoning_content: reply.reasoning }) },
+        logprobs,
+        finish_reason: finishReason,
+      },
+    ],
     usage,
   }),
   chunk: chunkOf("chat.completion.chunk"),
   opening: { index: 0, delta: { role: "assistant" }, logprobs: null, finish_reason: null },
-  delta: (text, logprobs) => ({ index: 0, delta: { content: text }, logprobs, finish_reason: null }),
+  delta: (part, logprobs) => ({
+    index: 0,
+    delta: { ...(part.reasoning === "" ? {} : { reasoning_content: part.reasoning }), ...(part.content === "" ? {} : { content: part.content }) },
+    logprobs,
+    finish_reason: null,
+  }),
   end: (finishReason, logprobs) => ({ index: 0, delta: {}, logprobs, finish_reason: finishReason }),
   logprobs: (tokenizer) => ({ generated: (_, entries) => chatLogprobs(tokenizer, entries), join: joinChatLogprobs }),
 };
 
 const TEXT: Framing<CompletionLogprobs, TextCompletion, TextCompletionChunk, TextChunkChoice> = {
   idPrefix: "cmpl-",
-  whole: (head, text, finishReason, logprobs, usage) => ({
+  whole: (head, reply, finishReason, logprobs, usage) => ({
     ...opening(head, "text_completion"),
-    choices: [{ text, index: 0, logprobs, finish_reason: finishReason }],
+    choices: [{ text: reply.content, index: 0, logprobs, finish_reason: finishReason }],
     usage,
   }),
   chunk: chunkOf("text_completion"),
   opening: null,
-  delta: (text, logprobs) => ({ text, index: 0, logprobs, finish_reason: null }),
+  delta: (part, logprobs) => ({ text: part.content, index: 0, logprobs, finish_reason: null }),
   end: (finishReason, logprobs) => ({ text: "", index: 0, logprobs, finish_reason: finishReason }),
   logprobs: (tokenizer, echo) => {
     const writer = new CompletionLogprobWriter(tokenizer, echo);
@@ -328,6 +370,23 @@ function usage(job: CompatJob, done: Completion): Usage {
   const prompt = job.request.promptTokens.length;
   const completion = done.tokens.length;
   return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
+}
+
+/** A whole reply's text, sorted when the model reasons. */
+function wholeReply(job: CompatJob, text: string): Reply {
+  if (!job.reasoning) return { content: text };
+  const split = splitReasoning(text, job.reasoning.startsInside);
+  if (!job.reasoning.include) return { content: split.content };
+  return { content: split.content, reasoning: split.hadReasoning ? split.reasoning : null };
+}
+
+/** A stream's text sorted as it comes (reasoning withheld when not asked for); all answer for other replies. */
+function streamSorter(job: CompatJob): { push(text: string): ReplyPart; finish(): ReplyPart } {
+  const r = job.reasoning;
+  if (!r) return { push: (content) => ({ reasoning: "", content }), finish: () => ({ reasoning: "", content: "" }) };
+  const splitter = new ReasoningSplitter(r.startsInside);
+  const kept = (p: ReplyPart) => (r.include ? p : { reasoning: "", content: p.content });
+  return { push: (text) => kept(splitter.push(text)), finish: () => kept(splitter.finish()) };
 }
 
 /** The whole response's log-probabilities: the scored prompt's (echo), then the generated tokens'. */
@@ -354,7 +413,7 @@ async function respond<S, Whole extends ChatCompletion | TextCompletion, Chunk e
     const done = await runGeneration(engine, deps.tokenizer, request, stopStrings, http.signal, undefined, scheduling);
     const logprobs = writer && wholeLogprobs(writer, request, done);
     return Response.json({
-      ...framing.whole(head, job.echo + done.text, done.finishReason, logprobs, usage(job, done)),
+      ...framing.whole(head, wholeReply(job, job.echo + done.text), done.finishReason, logprobs, usage(job, done)),
       ...ext?.sections(done, request),
     });
   }
@@ -369,9 +428,11 @@ async function respond<S, Whole extends ChatCompletion | TextCompletion, Chunk e
     // token whose text is still held back waits for the next chunk.
     const pending: S[] = [];
     const takePending = () => (writer && pending.length > 0 ? writer.join(pending.splice(0)) : null);
-    const text = (t: string) => {
-      if (t !== "") send(chunk(framing.delta(t, takePending()))); // no empty deltas
+    const sorter = streamSorter(job);
+    const sendPart = (part: ReplyPart) => {
+      if (part.content !== "" || part.reasoning !== "") send(chunk(framing.delta(part, takePending()))); // no empty deltas
     };
+    const text = (t: string) => sendPart(sorter.push(t));
     const onToken: DeltaSink = (id, t, logprob) => {
       if (writer && logprob) pending.push(writer.generated([id], [logprob]));
       text(t);
@@ -388,6 +449,7 @@ async function respond<S, Whole extends ChatCompletion | TextCompletion, Chunk e
     const run = runGeneration(engine, deps.tokenizer, request, stopStrings, signal, onToken, scheduling, onPromptLogprobs);
     const done = run.then(completedForStream).then((c) => {
       text(c.tail);
+      sendPart(sorter.finish());
       send(chunk(framing.end(c.finishReason, takePending()), ext?.sections(c, request)));
       if (job.includeUsage) send(sseEvent(framing.chunk(head, [], usage(job, c))));
     });

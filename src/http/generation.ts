@@ -107,14 +107,15 @@ async function encodePrompt(deps: AppDeps, text: string, param: string, max: num
 /**
  * Token ids of a text or pre-tokenised prompt; ids must exist in the model's
  * vocabulary. A text prompt starts with the model's beginning-of-sequence id
- * when it has one (bos_token_id); pre-tokenised ids are taken as they are.
- * A prompt longer than the context is refused naming the prompt; one that
- * leaves no room for `maxTokens` may be refused naming max_tokens.
+ * when it has one (bos_token_id) unless `withBos` is false (a prompt from the
+ * model's chat template, which writes its own); pre-tokenised ids are taken
+ * as they are. A prompt longer than the context is refused naming the
+ * prompt; one that leaves no room for `maxTokens` may be refused naming max_tokens.
  */
-export async function promptTokens(deps: AppDeps, prompt: string | number[], param = "prompt", maxTokens = 0): Promise<number[]> {
+export async function promptTokens(deps: AppDeps, prompt: string | number[], param = "prompt", maxTokens = 0, withBos = true): Promise<number[]> {
   const { bosId } = deps.tokenizer.conventions;
   const { maxSeqLen } = deps.config;
-  const bos = typeof prompt === "string" && bosId !== null ? [bosId] : [];
+  const bos = typeof prompt === "string" && bosId !== null && withBos ? [bosId] : [];
   const ids = typeof prompt === "string" ? [...bos, ...(await encodePrompt(deps, prompt, param, maxSeqLen - bos.length, maxTokens))] : prompt;
   if (ids.length === bos.length) throw badRequest(`\`${param}\` must not be empty`, param);
   if (ids.length > maxSeqLen)

@@ -1,6 +1,7 @@
-// A Hugging Face checkpoint directory, read as published: config.json, the
-// weights (model.safetensors, or shards listed by model.safetensors.index.json),
-// tokenizer.json and tokenizer_config.json.
+// A Hugging Face checkpoint directory, read as published: config.json,
+// generation_config.json, the weights (model.safetensors, or shards listed by
+// model.safetensors.index.json), tokenizer.json and tokenizer_config.json (or
+// chat_template.jinja).
 //
 // Two architectures are understood (docs/import-hf.md):
 // - Ouro (config model_type "ouro", architectures ["OuroForCausalLM"]): a
@@ -13,16 +14,31 @@
 // Reading checks everything that can be checked without reading the weights:
 // the config against loopserve's limits, every tensor's name, shape and dtype
 // against the config, every shard named by the index present and holding
-// what the index says. Weight bytes are not touched here: each tensor is
-// located (file, offset) so the importer can stream it.
+// what the index says, every end id a token of the vocabulary, the chat
+// template parsed and run on a conversation. Weight bytes are not touched
+// here: each tensor is located (file, offset) so the importer can stream it.
+// torch/loopserve_torch/hf.py reads configs alike; one table of cases holds
+// the two to the same defaults and refusals (torch/tests/hf_config_cases.json).
 
 import { existsSync } from "node:fs";
 import { basename, join } from "node:path";
-import { LS_MAX_DIM, LS_MAX_FFN_DIM, LS_MAX_HEADS, LS_MAX_LAYERS, LS_MAX_LOOPS, LS_MAX_ROPE_THETA, LS_MAX_SEQ_LEN, LS_MAX_VOCAB } from "../abi/abi.generated.ts";
+import {
+  LS_MAX_DIM,
+  LS_MAX_FFN_DIM,
+  LS_MAX_HEADS,
+  LS_MAX_LAYERS,
+  LS_MAX_LOOPS,
+  LS_MAX_NORM_EPS,
+  LS_MAX_ROPE_THETA,
+  LS_MAX_SEQ_LEN,
+  LS_MAX_VOCAB,
+} from "../abi/abi.generated.ts";
 import { CheckpointDir, FILE_CAPS } from "./checkpoint_files.ts";
 import { exitThresholdRefusal } from "./format.ts";
 import { DTYPE_SIZES, ModelFormatError, readSafetensors } from "./safetensors.ts";
+import { ChatTemplate, ChatTemplateError } from "../text/jinja_template.ts";
 import { HfByteLevelBpe, HfTokenizerError } from "../tokenizer/hf_bpe.ts";
+import type { SpecialTokens } from "../tokenizer/tokenizer.ts";
 
 // ---- types ----
 
@@ -45,14 +61,14 @@ export interface HfModelShape {
   ffnDim: number; // intermediate_size
   vocabSize: number;
   nLayers: number; // distinct layers per step
-  defaultLoops: number; // steps through the stack (Ouro total_ut_steps)
+  defaultLoops: number; // steps through the stack (Ouro total_ut_steps, or early_exit_step + 1)
   maxSeqLen: number;
   ropeTheta: number;
   normEps: number;
   sandwich: boolean; // attn_out_norm / ffn_out_norm after each sublayer
   stepNorm: boolean; // `norm` after every step
   exitGate: boolean; // exit_gate.weight [1, dim] and exit_gate.bias [1]
-  exitThreshold: number | null; // default early-exit threshold, in (0, 1]
+  exitThreshold: number | null; // default early-exit threshold, in (0, 1); null: fixed depth
   tiedOutput: boolean; // no output.weight: logits use tok_embeddings
 }
 
@@ -74,8 +90,10 @@ export interface HfTokenizer {
   parsed: Record<string, unknown>;
   /** tokenizer_config.json, or {} when the directory has none. */
   config: Record<string, unknown>;
-  /** tokenizer_config.json's chat_template when a string, else chat_template.jinja's text, else null. */
+  /** tokenizer_config.json's chat_template (a string, or the list's "default"), else chat_template.jinja's text, else null. */
   chatTemplate: string | null;
+  /** tokenizer_config.json's special tokens as text, by name: what the chat template reads. */
+  specialTokens: SpecialTokens;
 }
 
 export interface HfCheckpoint {
@@ -92,6 +110,12 @@ export interface HfCheckpoint {
   shards: string[];
   /** null only for a loopserve checkpoint without tokenizer.json (it uses the GPT-2 tokenizer). */
   tokenizer: HfTokenizer | null;
+  /**
+   * The ids that end generation: config.json's eos_token_id (a number or a
+   * list), generation_config.json's, then the id of tokenizer_config.json's
+   * eos_token; each once.
+   */
+  eosIds: number[];
 }
 
 // ---- small readers ----
@@ -144,22 +168,25 @@ export class ConfigReader {
     return v as number;
   }
 
-  /** A number in (min, max]. */
-  num(key: string, min: number, max: number, dflt: number): number {
+  /** A positive number below `max`, also once rounded to fp32: what a model file's metadata may hold (src/model/format.ts). */
+  positive(key: string, max: number, dflt: number): number {
     const v = this.c[key] ?? dflt;
-    if (typeof v !== "number" || !Number.isFinite(v) || v <= min || v > max) {
-      this.fail(`${key} must be a number in (${min}, ${max}], got ${shown(v)}`);
-    }
+    const f = typeof v === "number" ? Math.fround(v) : Number.NaN;
+    if (typeof v !== "number" || !(f > 0 && v < max && f < max)) this.fail(`${key} must be a positive number below ${max}, got ${shown(v)}`);
     return v as number;
   }
 
-  /** The model's default exit threshold at `key`, or null when absent (the gate is judged with the tensors). */
+  /**
+   * The model's default exit threshold at `key`: null when absent, and when 1
+   * (the gate's cumulative probability reaches 1 only at the last step: every
+   * step, the fixed depth). The gate is judged with the tensors.
+   */
   exitThreshold(key: string): number | null {
     if (!this.has(key)) return null;
     const v = this.c[key];
     const refused = typeof v === "number" ? exitThresholdRefusal(v, true) : `must be a number, got ${JSON.stringify(v)}`;
     if (refused) this.fail(`${key} ${refused}`);
-    return v as number;
+    return v === 1 ? null : (v as number);
   }
 
   bool(key: string, dflt: boolean): boolean {
@@ -222,6 +249,24 @@ export function checkShape(r: ConfigReader, m: HfModelShape, names: Record<"dim"
   }
 }
 
+/**
+ * Ouro's exit settings as the published OuroForCausalLM reads them:
+ * early_exit_step k (0-based) takes the head's input from step k for every
+ * token, before any threshold. A token's step j attends only to earlier
+ * tokens' step-j keys and values, so stopping every token after step k is
+ * that computation exactly: a fixed depth of k + 1 steps, with no default
+ * threshold (docs/import-hf.md#exits). The published code ignores a step
+ * outside [0, total_ut_steps); here that is refused, naming the key.
+ */
+function ouroExit(r: ConfigReader, c: Record<string, unknown>, steps: number): Pick<HfModelShape, "defaultLoops" | "exitThreshold"> {
+  const threshold = r.exitThreshold("early_exit_threshold");
+  if (!r.has("early_exit_step")) return { defaultLoops: steps, exitThreshold: threshold };
+  const k = c.early_exit_step;
+  if (typeof k !== "number" || !Number.isInteger(k) || k < 0 || k >= steps)
+    r.fail(`early_exit_step must be an integer in [0, ${steps}) (a 0-based step of total_ut_steps ${steps}), got ${shown(k)}`);
+  return { defaultLoops: (k as number) + 1, exitThreshold: null };
+}
+
 /** Ouro's config.json, with OuroConfig's defaults for the keys it may leave out. */
 function ouroShape(r: ConfigReader, c: Record<string, unknown>): HfModelShape {
   const dim = r.int("hidden_size", 2, LS_MAX_DIM);
@@ -234,14 +279,13 @@ function ouroShape(r: ConfigReader, c: Record<string, unknown>): HfModelShape {
     ffnDim: r.int("intermediate_size", 1, LS_MAX_FFN_DIM),
     vocabSize: r.int("vocab_size", 1, LS_MAX_VOCAB),
     nLayers: r.int("num_hidden_layers", 1, MAX_LAYERS),
-    defaultLoops: r.int("total_ut_steps", 1, LS_MAX_LOOPS, 4),
+    ...ouroExit(r, c, r.int("total_ut_steps", 1, LS_MAX_LOOPS, 4)),
     maxSeqLen: r.int("max_position_embeddings", 1, LS_MAX_SEQ_LEN, 32768),
-    ropeTheta: r.num("rope_theta", 0, LS_MAX_ROPE_THETA, 10000),
-    normEps: r.num("rms_norm_eps", 0, 1, 1e-6),
+    ropeTheta: r.positive("rope_theta", LS_MAX_ROPE_THETA, 10000),
+    normEps: r.positive("rms_norm_eps", LS_MAX_NORM_EPS, 1e-6),
     sandwich: true,
     stepNorm: true,
     exitGate: true,
-    exitThreshold: r.exitThreshold("early_exit_threshold"),
     tiedOutput: r.bool("tie_word_embeddings", false),
   };
   const names = { dim: "hidden_size", nHeads: "num_attention_heads", nKvHeads: "num_key_value_heads" };
@@ -281,8 +325,8 @@ function loopserveShape(r: ConfigReader, c: Record<string, unknown>): HfModelSha
     nLayers: r.int("n_layers", 1, MAX_LAYERS, 1),
     defaultLoops: r.int("default_loops", 1, LS_MAX_LOOPS),
     maxSeqLen: r.int("max_seq_len", 1, LS_MAX_SEQ_LEN, 2048),
-    ropeTheta: r.num("rope_theta", 0, LS_MAX_ROPE_THETA, 10000),
-    normEps: r.num("norm_eps", 0, 1, 1e-5),
+    ropeTheta: r.positive("rope_theta", LS_MAX_ROPE_THETA, 10000),
+    normEps: r.positive("norm_eps", LS_MAX_NORM_EPS, 1e-5),
     sandwich: layout === "sandwich",
     stepNorm: r.bool("step_norm", false),
     exitGate: false, // decided by the tensors (both or neither)
@@ -483,6 +527,73 @@ function matchTensors(dir: string, arch: HfArch, m: HfModelShape, located: Map<s
 
 // ---- tokenizer ----
 
+/** The special tokens tokenizer_config.json names with one text each (transformers' SPECIAL_TOKENS_ATTRIBUTES). */
+const SPECIAL_TOKEN_KEYS = ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"];
+const ADDITIONAL_TOKENS = "additional_special_tokens";
+
+/** A special token's text: a string, or an AddedToken object's content; undefined when it is neither. */
+function tokenText(v: unknown): string | undefined {
+  if (typeof v === "string") return v;
+  if (isObject(v) && typeof v.content === "string") return v.content;
+  return undefined;
+}
+
+/** tokenizer_config.json's special tokens as text, by name; a value that is no token text is refused naming its key. */
+function readSpecialTokens(path: string, config: Record<string, unknown>): SpecialTokens {
+  const out: SpecialTokens = {};
+  const bad = (key: string, v: unknown): never => {
+    throw ModelFormatError.about(path, `${key} must be a token's text or an object with its "content", got ${JSON.stringify(v)}`);
+  };
+  for (const key of SPECIAL_TOKEN_KEYS) {
+    const v = config[key];
+    if (v !== undefined && v !== null) out[key] = tokenText(v) ?? bad(key, v);
+  }
+  const more = config[ADDITIONAL_TOKENS];
+  if (Array.isArray(more)) out[ADDITIONAL_TOKENS] = more.map((v, i) => tokenText(v) ?? bad(`${ADDITIONAL_TOKENS}[${i}]`, v));
+  else if (more !== undefined && more !== null) bad(ADDITIONAL_TOKENS, more);
+  return out;
+}
+
+/** The conversation a template must render at import: one user message, then the opening of the reply. */
+const TEMPLATE_CHECK = [{ role: "user", content: "Hello" }];
+
+/**
+ * The model's chat template: tokenizer_config.json's chat_template (a
+ * string, or the entry named "default" of a list of {name, template}, as
+ * transformers picks it), else chat_template.jinja. It must parse and render
+ * a conversation; a failure is refused naming the file and the field.
+ */
+function readChatTemplate(files: CheckpointDir, config: Record<string, unknown>, specialTokens: SpecialTokens): string | null {
+  const configPath = join(files.dir, "tokenizer_config.json");
+  let source: string | null = null;
+  let file = configPath;
+  let field = "chat_template ";
+  const v = config.chat_template;
+  if (typeof v === "string") source = v;
+  else if (Array.isArray(v)) {
+    const at = v.findIndex((t) => isObject(t) && t.name === "default");
+    const entry = v[at];
+    if (!isObject(entry) || typeof entry.template !== "string")
+      throw ModelFormatError.about(configPath, 'chat_template is a list without a {"name": "default", "template": "..."} entry');
+    source = entry.template;
+    field = `chat_template[${at}].template `;
+  } else if (v !== undefined && v !== null) {
+    throw ModelFormatError.about(configPath, `chat_template must be a string or a list of {"name", "template"} objects, got ${JSON.stringify(v)}`);
+  } else {
+    source = files.readText("chat_template.jinja", FILE_CAPS.template);
+    file = join(files.dir, "chat_template.jinja");
+    field = "";
+  }
+  if (source === null) return null;
+  try {
+    ChatTemplate.compile(source, specialTokens).render(TEMPLATE_CHECK);
+  } catch (e) {
+    if (e instanceof ChatTemplateError) throw ModelFormatError.about(file, `${field}${e.message}`);
+    throw e;
+  }
+  return source;
+}
+
 function readTokenizer(files: CheckpointDir, required: boolean): HfTokenizer | null {
   const dir = files.dir;
   const path = join(dir, "tokenizer.json");
@@ -501,9 +612,8 @@ function readTokenizer(files: CheckpointDir, required: boolean): HfTokenizer | n
     throw e;
   }
   const config = readJsonObject(files, "tokenizer_config.json", FILE_CAPS.config)?.value ?? {};
-  let chatTemplate: string | null = typeof config.chat_template === "string" ? config.chat_template : null;
-  if (chatTemplate === null) chatTemplate = files.readText("chat_template.jinja", FILE_CAPS.template);
-  return { json: text, parsed: value, config, chatTemplate };
+  const specialTokens = readSpecialTokens(join(dir, "tokenizer_config.json"), config);
+  return { json: text, parsed: value, config, chatTemplate: readChatTemplate(files, config, specialTokens), specialTokens };
 }
 
 /** A token's id by its text: tokenizer.json's added_tokens first, then the model's vocabulary. */
@@ -518,12 +628,34 @@ export function tokenId(tok: HfTokenizer, content: string): number | null {
   return null;
 }
 
-/** tokenizer_config's special token `key` as text: a string, or an AddedToken object's content. */
-export function specialTokenText(tok: HfTokenizer, key: string): string | null {
-  const v = tok.config[key];
-  if (typeof v === "string") return v;
-  if (isObject(v) && typeof v.content === "string") return v.content;
-  return null;
+// ---- end ids ----
+
+/**
+ * Every id that ends generation, in order, each once: config.json's
+ * eos_token_id (a number or a list), generation_config.json's (what
+ * `generate` stops at: a published Ouro checkpoint names <|im_end|> only
+ * there), then the id of the tokenizer's eos_token. A value that is no id of
+ * the vocabulary is refused naming the file and the key.
+ */
+function endTokenIds(dir: string, sources: [string, Record<string, unknown>][], tok: HfTokenizer | null, vocabSize: number): number[] {
+  const ids: number[] = [];
+  const add = (id: unknown, file: string, key: string) => {
+    if (typeof id !== "number" || !Number.isInteger(id) || id < 0 || id >= vocabSize)
+      throw ModelFormatError.about(join(dir, file), `${key} must be a token id in [0, ${vocabSize}), got ${shown(id)}`);
+    if (!ids.includes(id)) ids.push(id);
+  };
+  for (const [file, c] of sources) {
+    const e = c.eos_token_id;
+    if (Array.isArray(e)) e.forEach((id, i) => add(id, file, `eos_token_id[${i}]`));
+    else if (e !== undefined && e !== null) add(e, file, "eos_token_id");
+  }
+  const text = tok?.specialTokens.eos_token;
+  if (tok && typeof text === "string") {
+    const id = tokenId(tok, text);
+    if (id === null) throw ModelFormatError.about(join(dir, "tokenizer_config.json"), `eos_token ${JSON.stringify(text)} is not a token of tokenizer.json`);
+    add(id, "tokenizer_config.json", `the id of eos_token ${JSON.stringify(text)}`);
+  }
+  return ids;
 }
 
 // ---- entry ----
@@ -539,6 +671,7 @@ export function readHfCheckpoint(dir: string, families: readonly HfFamily[] = []
   const family = families.find((f) => f.arch === arch);
   const r = new ConfigReader(configPath, config);
   const model = family ? family.shape(r, config) : arch === "ouro" ? ouroShape(r, config) : loopserveShape(r, config);
+  const generation = readJsonObject(files, "generation_config.json", FILE_CAPS.config)?.value ?? {};
 
   const { located, shards } = locateTensors(files);
   let layout: Record<string, string> = {};
@@ -565,5 +698,15 @@ export function readHfCheckpoint(dir: string, families: readonly HfFamily[] = []
     if (t.bytes !== count * DTYPE_SIZES[t.dtype]) throw ModelFormatError.about(t.file, `tensor "${t.name}": size does not match its shape`);
   }
   const tokenizer = readTokenizer(files, arch !== "loopserve");
-  return { dir, arch, config, model, layout, tensors, shards, tokenizer };
+  const sources: [string, Record<string, unknown>][] = [
+    ["config.json", config],
+    ["generation_config.json", generation],
+  ];
+  const eosIds = endTokenIds(dir, sources, tokenizer, model.vocabSize);
+  // what the family's published generate stops at too, where the tokenizer has it
+  for (const stop of family?.stopTokens ?? []) {
+    const id = tokenizer ? tokenId(tokenizer, stop) : null;
+    if (id !== null && !eosIds.includes(id)) eosIds.push(id);
+  }
+  return { dir, arch, config, model, layout, tensors, shards, tokenizer, eosIds };
 }

@@ -72,8 +72,8 @@ export const HUGINN: HfFamily = {
       defaultLoops: r.int("mean_recurrence", 1, LS_MAX_LOOPS, 32),
       maxSeqLen: r.int("block_size", 1, LS_MAX_SEQ_LEN, 4096),
       // the retrofitted checkpoints' Llama RoPE reads rope_theta; Huginn's own, rope_base
-      ropeTheta: r.has("rope_theta") ? r.num("rope_theta", 0, LS_MAX_ROPE_THETA, 10000) : r.num("rope_base", 0, LS_MAX_ROPE_THETA, 50000),
-      normEps: r.num("norm_eps", 0, 1, 1e-6),
+      ropeTheta: r.has("rope_theta") ? r.positive("rope_theta", LS_MAX_ROPE_THETA, 10000) : r.positive("rope_base", LS_MAX_ROPE_THETA, 50000),
+      normEps: r.positive("norm_eps", 1, 1e-6),
       sandwich: false, // the layout's norm_layout says which
       stepNorm: false,
       exitGate: false,

@@ -64,8 +64,8 @@ export const NANBEIGE: HfFamily = {
       nLayers: r.int("num_hidden_layers", 1, MAX_LAYERS),
       defaultLoops: r.int("num_loops", 1, LS_MAX_LOOPS, 1),
       maxSeqLen: r.int("max_position_embeddings", 1, LS_MAX_SEQ_LEN, 262144),
-      ropeTheta: r.num("rope_theta", 0, LS_MAX_ROPE_THETA, 10000),
-      normEps: r.num("rms_norm_eps", 0, 1, 1e-5),
+      ropeTheta: r.positive("rope_theta", LS_MAX_ROPE_THETA, 10000),
+      normEps: r.positive("rms_norm_eps", 1, 1e-5),
       sandwich: false,
       // model.norm at every loop boundary, or only after the last loop
       stepNorm: !r.bool("skip_loop_final_norm", false),

@@ -19,7 +19,7 @@
 import { closeSync, openSync, readSync } from "node:fs";
 import type { ProgressCallback } from "../progress.ts";
 import { bf16BitsToNumber, f16BitsToNumber, f32BitsToF16Bits } from "./fp16.ts";
-import { type HfCheckpoint, type HfDtype, type HfTensor, readHfCheckpoint, specialTokenText, tokenId } from "./hf_checkpoint.ts";
+import { type HfCheckpoint, type HfDtype, type HfTensor, readHfCheckpoint, tokenId } from "./hf_checkpoint.ts";
 import { HF_FAMILIES } from "./hf_families.ts";
 import { DTYPE_SIZES, ModelFormatError, writeSafetensorsStream } from "./safetensors.ts";
 
@@ -111,39 +111,13 @@ function num(x: number): string {
   return String(x);
 }
 
-/** eos ids: config.eos_token_id (a number or a list), then tokenizer_config's eos_token; each once. */
-function eosTokenIds(ck: HfCheckpoint): number[] {
-  const ids: number[] = [];
-  const add = (id: unknown, what: string) => {
-    if (typeof id !== "number" || !Number.isInteger(id) || id < 0 || id >= ck.model.vocabSize) {
-      throw ModelFormatError.about(ck.dir, `${what} must be a token id in [0, ${ck.model.vocabSize}), got ${JSON.stringify(id)}`);
-    }
-    if (!ids.includes(id)) ids.push(id);
-  };
-  const e = ck.config.eos_token_id;
-  if (Array.isArray(e)) e.forEach((id, i) => add(id, `config.json eos_token_id[${i}]`));
-  else if (e !== undefined && e !== null) add(e, "config.json eos_token_id");
-  const tok = ck.tokenizer;
-  const text = tok ? specialTokenText(tok, "eos_token") : null;
-  if (tok && text !== null) {
-    const id = tokenId(tok, text);
-    if (id === null) throw ModelFormatError.about(ck.dir, `tokenizer_config.json eos_token ${JSON.stringify(text)} is not a token of tokenizer.json`);
-    add(id, `the id of eos_token ${JSON.stringify(text)}`);
-  }
-  for (const stop of HF_FAMILIES.find((f) => f.arch === ck.arch)?.stopTokens ?? []) {
-    const id = tok ? tokenId(tok, stop) : null;
-    if (id !== null) add(id, `the id of ${JSON.stringify(stop)}`);
-  }
-  return ids;
-}
-
 /** bos id, only when tokenizer_config.json says to prepend it (add_bos_token true). */
 function bosTokenId(ck: HfCheckpoint): number | null {
   const tok = ck.tokenizer;
   if (!tok || tok.config.add_bos_token !== true) return null;
-  const text = specialTokenText(tok, "bos_token");
+  const text = tok.specialTokens.bos_token;
   let id: unknown = ck.config.bos_token_id;
-  if (text !== null) {
+  if (typeof text === "string") {
     id = tokenId(tok, text);
     if (id === null) throw ModelFormatError.about(ck.dir, `tokenizer_config.json bos_token ${JSON.stringify(text)} is not a token of tokenizer.json`);
   }
@@ -187,9 +161,10 @@ export function importMetadata(ck: HfCheckpoint): Record<string, string> {
   meta.tokenizer = "bpe";
   meta.chat_format = tok.chatTemplate?.includes("<|im_start|>") ? "chatml" : "plain";
   if (tok.chatTemplate !== null) meta.chat_template = tok.chatTemplate;
-  const eos = eosTokenIds(ck);
-  if (eos.length === 0) throw ModelFormatError.about(ck.dir, "no end-of-sequence token: config.json has no eos_token_id and tokenizer_config.json no eos_token");
-  meta.eos_token_ids = eos.join(",");
+  if (Object.keys(tok.specialTokens).length > 0) meta.special_tokens = JSON.stringify(tok.specialTokens);
+  if (ck.eosIds.length === 0)
+    throw ModelFormatError.about(ck.dir, "no end-of-sequence token: neither config.json nor generation_config.json has an eos_token_id, and tokenizer_config.json no eos_token");
+  meta.eos_token_ids = ck.eosIds.join(",");
   const bos = bosTokenId(ck);
   if (bos !== null) meta.bos_token_id = num(bos);
   meta.tokenizer_json = tok.json; // last: by far the longest value

@@ -3,24 +3,41 @@
 //   tokenizer       "gpt2" (default: GPT-2's BPE, the chat template plain text)
 //                   | "bpe": the model's own byte-level BPE, then
 //   tokenizer_json  the Hugging Face tokenizer.json text (required)
-//   chat_format     "chatml" | "plain" (default plain)
-//   chat_template   the original Jinja template (informational, not run)
+//   chat_format     "chatml" | "plain" (default plain): chat prompts of a
+//                   model without a template
+//   chat_template   the model's Jinja chat template, run for chat prompts
+//   special_tokens  JSON: the special tokens the template reads by name
+//                   ({"bos_token": "<|endoftext|>", ...}; optional)
 //   eos_token_ids   comma-separated ids that end generation, e.g. "0,2" (required)
 //   bos_token_id    an id put before every text prompt (optional)
 // Every id must be inside the model's vocabulary (metadata vocab_size): the
 // model has no embedding for an id past it, so a tokenizer that can produce
 // one is refused. Errors are ModelTokenizerErrors naming the file and the key.
-import { type ChatFormat, type TextConventions, Tokenizer, TokenizerError } from "./tokenizer.ts";
+import { type ChatFormat, type SpecialTokens, type TextConventions, Tokenizer, TokenizerError } from "./tokenizer.ts";
 
 /** Tokenizer metadata a model file cannot be served with; the message names the file and the key. */
 export class ModelTokenizerError extends Error {}
 
 /** The keys only a model with its own tokenizer has. */
-const BPE_KEYS = ["tokenizer_json", "chat_format", "chat_template", "eos_token_ids", "bos_token_id"];
+const BPE_KEYS = ["tokenizer_json", "chat_format", "chat_template", "special_tokens", "eos_token_ids", "bos_token_id"];
 /** The special tokens a ChatML prompt is made of (src/http/chat_template.ts). */
 export const CHATML_TOKENS = ["<|im_start|>", "<|im_end|>"];
 
 const ID = /^(0|[1-9][0-9]{0,8})$/;
+
+/** The special_tokens metadata, or null when it is not an object of texts and lists of texts. */
+function parseSpecialTokens(text: string): SpecialTokens | null {
+  let v: unknown;
+  try {
+    v = JSON.parse(text);
+  } catch {
+    return null;
+  }
+  if (typeof v !== "object" || v === null || Array.isArray(v)) return null;
+  const isText = (t: unknown) => typeof t === "string";
+  const ok = Object.values(v).every((t) => isText(t) || (Array.isArray(t) && t.every(isText)));
+  return ok ? (v as SpecialTokens) : null;
+}
 
 /**
  * The tokenizer the metadata of the model file `where` names, built and
@@ -56,7 +73,8 @@ export async function loadModelTokenizer(meta: Record<string, string>, where: st
   const chatFormat = (meta.chat_format ?? "plain") as ChatFormat;
   if (chatFormat !== "plain" && chatFormat !== "chatml") bad(`chat_format must be "chatml" or "plain", got "${meta.chat_format}"`);
 
-  const conventions: TextConventions = { eosIds, bosId, chatFormat };
+  const specialTokens = meta.special_tokens === undefined ? {} : (parseSpecialTokens(meta.special_tokens) ?? bad(`special_tokens must be a JSON object of token names to texts (or lists of texts)`));
+  const conventions: TextConventions = { eosIds, bosId, chatFormat, chatTemplate: meta.chat_template ?? null, specialTokens };
   let tokenizer: Tokenizer;
   try {
     tokenizer = await Tokenizer.fromSpec({ kind: "bpe", json }, conventions);

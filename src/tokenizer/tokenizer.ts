@@ -397,8 +397,11 @@ class HfEncoding implements Encoding {
 
 // ---- what a tokenizer is built from ----
 
-/** How a model's chat messages become one prompt (src/http/chat_template.ts). */
+/** How a model without a chat template renders chat messages as one prompt (src/text/chat.ts). */
 export type ChatFormat = "plain" | "chatml";
+
+/** tokenizer_config.json's special tokens by name, as a chat template reads them: "<|endoftext|>", or a list (additional_special_tokens). */
+export type SpecialTokens = Record<string, string | string[]>;
 
 /** A model's text conventions beside its tokenizer. */
 export interface TextConventions {
@@ -406,10 +409,21 @@ export interface TextConventions {
   eosIds: readonly number[];
   /** Put before every text prompt when set. */
   bosId: number | null;
+  /** The rendering of chat messages when the model has no chat template. */
   chatFormat: ChatFormat;
+  /** The model's own chat template (Jinja), run for chat prompts (src/text/chat.ts); null: none. */
+  chatTemplate: string | null;
+  /** The special tokens the template reads. */
+  specialTokens: SpecialTokens;
 }
 
-export const GPT2_CONVENTIONS: TextConventions = { eosIds: [gpt2.special_tokens[END_OF_TEXT]], bosId: null, chatFormat: "plain" };
+export const GPT2_CONVENTIONS: TextConventions = {
+  eosIds: [gpt2.special_tokens[END_OF_TEXT]],
+  bosId: null,
+  chatFormat: "plain",
+  chatTemplate: null,
+  specialTokens: {},
+};
 
 async function loadEncoding(spec: TokenizerSpec): Promise<Encoding> {
   if (spec.kind === "bpe") {

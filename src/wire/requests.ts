@@ -164,6 +164,8 @@ const ChatFields = {
   logprobs: optional(T.Boolean()),
   /** Most likely alternatives per token; needs `logprobs: true`. */
   top_logprobs: optional(T.Integer({ minimum: 0, maximum: MAX_TOP_LOGPROBS })),
+  /** A reasoning model's reasoning in `reasoning_content` (true, the default), or left out of the reply (vLLM's field). */
+  include_reasoning: optional(T.Boolean()),
 };
 
 /** Text, several texts (only the first is used), pre-tokenised ids, or several id lists (likewise). */

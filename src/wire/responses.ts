@@ -135,7 +135,13 @@ const head = { id: T.String(), created: T.Integer(), model: T.String() };
 
 export const ChatChoice = closed({
   index: T.Literal(0),
-  message: closed({ role: T.Literal("assistant"), content: T.String() }),
+  message: closed({
+    role: T.Literal("assistant"),
+    /** The answer; for a model that reasons, the text after its reasoning. */
+    content: T.String(),
+    /** A reasoning model's reasoning (docs/openai-compat.md#reasoning), null when the reply had none; absent for other models and with include_reasoning false. */
+    reasoning_content: T.Optional(Nullable(T.String())),
+  }),
   logprobs: Nullable(ChatLogprobs),
   finish_reason: FinishReason,
 });
@@ -144,10 +150,10 @@ export type ChatChoice = Static<typeof ChatChoice>;
 export const ChatCompletion = closed({ ...head, object: T.Literal("chat.completion"), choices: T.Array(ChatChoice), usage: Usage });
 export type ChatCompletion = Static<typeof ChatCompletion>;
 
-/** A stream's choice: the role first, then content deltas, then an empty delta with the finish reason. */
+/** A stream's choice: the role first, then content (and reasoning) deltas, then an empty delta with the finish reason. */
 export const ChatChunkChoice = closed({
   index: T.Literal(0),
-  delta: closed({ role: T.Optional(T.Literal("assistant")), content: T.Optional(T.String()) }),
+  delta: closed({ role: T.Optional(T.Literal("assistant")), content: T.Optional(T.String()), reasoning_content: T.Optional(T.String()) }),
   logprobs: Nullable(ChatLogprobs),
   finish_reason: Nullable(FinishReason),
 });

@@ -1,39 +1,42 @@
-// libloopserve_cuda.so (kernels/cuda/): built whenever nvcc is present.
+// libloopserve_cuda.so (kernels/cuda/) and its validation.
 //
-// On every host that has the library: it loads without a GPU or a driver,
-// reports 0 devices instead of failing, and refuses a model with a clear
-// message, which is what lets the server probe it and fall back to the CPU.
+// The CUDA library is held to the CPU library by one set of checks, the
+// GPU validation run (bench/gpu/validate.sh and its C driver,
+// bench/gpu/driver/; docs/gpu.md), which a bare GPU host runs without bun.
+// Here, on any host, that run is proven: without a GPU it builds everything
+// with make alone, runs the CPU harness of the quantized kernels and every
+// check of the driver with the CPU library against itself, checks what the
+// CUDA library reports and refuses, and reports the GPU stages as not
+// available. On a GPU host the driver's checks run on the GPU.
 //
-// On a GPU host it is held to the CPU library (the reference): same model
-// file, logits within fp16-rounding tolerance, the same greedy tokens,
-// batch invariance on its own (a prompt's last logits are bit-identical
-// whether prefilled in one call or fed token by token), windowed caches,
-// rollback, prefix copies, temperature draws that equal ls_sample on the
-// same logits (the draw is sample.c's code in both libraries), batched
-// steps whose every row is bit-identical to its session stepped alone, and
-// the server, which picks the CUDA library on its own, giving concurrent
-// requests batched on the device exactly their one-at-a-time tokens.
+// Also here: what the server's binding sees of the CUDA library on any host
+// (it loads without a GPU or a driver, reports 0 devices, refuses a model
+// with a clear message), and on a GPU host the server picking the CUDA
+// library by itself.
 //
 // (It sits with the deployment tests because it is about which library a
-// host can run; test/kernels/ would be its home next to the CPU kernels.)
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+// host can run.)
+import { beforeAll, describe, expect, test } from "bun:test";
 import { dlopen, FFIType } from "bun:ffi";
-import { existsSync } from "node:fs";
+import { spawnSync } from "node:child_process";
+import { existsSync, mkdtempSync, readdirSync, readFileSync } from "node:fs";
 import { join, resolve } from "node:path";
+import { C_FLAGS, GPU_MAKEFILE, simdFlags } from "../../build.ts";
 import { LS_SIMD_AVX2, LS_SIMD_CUDA } from "../../src/abi/abi.generated.ts";
 import { NativeModel } from "../../src/engine/binding.ts";
-import { GREEDY } from "../../src/engine/types.ts";
 import { CUDA_LIBRARY_NAME } from "../../src/engine/library.ts";
-import { expectSameAsSolo, plans } from "../helpers/batch.ts";
-import { tokensFor } from "../helpers/kernels.ts";
-import { tinyModelPath } from "../helpers/models.ts";
 import { jsonBody } from "../helpers/http.ts";
+import { descriptorOf } from "../helpers/model_descriptor.ts";
+import { testTempDir, tinyModelPath } from "../helpers/models.ts";
 import { startServer } from "../helpers/server.ts";
 import { GenerateResponse } from "../../src/wire/responses.ts";
 
 const ROOT = resolve(import.meta.dir, "../..");
-const CPU_LIB = join(ROOT, "build", "libloopserve.so");
-const CUDA_LIB = join(ROOT, "build", CUDA_LIBRARY_NAME);
+const BUILD = join(ROOT, "build");
+const CPU_LIB = join(BUILD, "libloopserve.so");
+const CUDA_LIB = join(BUILD, CUDA_LIBRARY_NAME);
+const VALIDATE = join(ROOT, "bench", "gpu", "validate.sh");
+const DRIVER = join(BUILD, "gpu_driver");
 
 const built = existsSync(CUDA_LIB);
 const probe = built
@@ -43,10 +46,149 @@ const probe = built
     }).symbols
   : null;
 const devices = probe ? probe.ls_cuda_device_count() : 0;
-if (!built) console.warn(`skipping CUDA library tests: ${CUDA_LIBRARY_NAME} is not built (no nvcc on this host)`);
-else if (devices === 0) console.warn("skipping CUDA agreement tests: no usable GPU on this host");
+if (!built) console.warn(`the CUDA library is not built (no nvcc on this host): its own checks are skipped`);
+else if (devices === 0) console.warn("no usable GPU on this host: the driver's checks run CPU against CPU");
 
-describe.skipIf(!built)("CUDA library on any host", () => {
+interface Check {
+  name: string;
+  status: "pass" | "fail" | "skip";
+  value: number | null;
+  detail: string;
+}
+
+/** The JSON lines of a command's stdout. */
+function records(stdout: string): Check[] {
+  return stdout
+    .split("\n")
+    .filter((l) => l.startsWith("{"))
+    .map((l) => JSON.parse(l));
+}
+
+function run(cmd: string[], env: Record<string, string> = {}): { code: number; stdout: string; stderr: string } {
+  const r = spawnSync(cmd[0], cmd.slice(1), { cwd: ROOT, encoding: "utf8", env: { ...process.env, ...env }, maxBuffer: 1 << 26 });
+  return { code: r.status ?? -1, stdout: r.stdout ?? "", stderr: r.stderr ?? "" };
+}
+
+describe("the GPU validation run, on a host without a GPU", () => {
+  // build/ is shared with build.ts: the objects it compiled are reused, so only the driver and the harness build here
+  const out = mkdtempSync(join(testTempDir(), "validate-"));
+  const env = { TMPDIR: out };
+  let report: {
+    mode: string;
+    summary: { pass: number; fail: number; skip: number };
+    checks: Check[];
+    figures: { engine: string; tok_s: number }[];
+    targets: { name: string; met: boolean; value: unknown }[];
+  };
+  let code = -1;
+  let stderr = "";
+
+  beforeAll(() => {
+    const r = run(["bash", VALIDATE, "--no-gpu", "--out", out, "--build", BUILD], env);
+    code = r.code;
+    stderr = r.stderr;
+    report = JSON.parse(readFileSync(join(out, "gpu.json"), "utf8"));
+  }, 600_000);
+
+  const check = (name: string) => report.checks.find((c) => c.name === name);
+
+  test("passes, and every check it reports ran or says why not", () => {
+    expect(stderr).toContain("mode: no-gpu");
+    expect(report.mode).toBe("no-gpu");
+    expect(report.checks.filter((c) => c.status === "fail")).toEqual([]);
+    expect(code).toBe(0);
+    expect(report.summary.pass).toBeGreaterThan(100);
+    for (const c of report.checks.filter((c) => c.status === "skip")) expect(c.detail).not.toBe("");
+  });
+
+  test("the CPU harness holds the quantized kernels' arithmetic to the CPU library, and the build to no register spills", () => {
+    for (const name of ["codes", "act", "amax", "matmul", "schedule"]) expect(check(`harness/${name}`)?.status).toBe("pass");
+    expect(check("build/libraries")?.status).toBe("pass");
+    if (built) expect(check("build/no-register-spills")?.status).toBe("pass");
+  });
+
+  test("every weight format and feature of the driver's cases is checked, CPU against CPU", () => {
+    for (const model of ["fp16", "fp16-tied", "fp16-head-int8", "int4-g32", "int2-g32-mix-head-int6", "int4-g256-head-int8-g128"]) {
+      for (const c of ["load", "logits", "window", "sample", "prefill-vs-steps", "rollback", "prefix-copy", "rows"])
+        expect(check(`${model}/${c}`)?.status).toBe("pass");
+    }
+    // the shipped trained models, and quantized copies of one, where models/ has them
+    if (existsSync(join(ROOT, "models", "kjv-looped-256.safetensors")))
+      for (const model of ["trained", "trained-int4", "trained-int2-mix"]) expect(check(`${model}/greedy`)?.status).toBe("pass");
+    expect(check("dim2048-fp16/load")?.status).toBe("skip");
+  });
+
+  test("the CUDA library keeps an unverified kernel family off by default and refuses its models by name", () => {
+    if (!built) return;
+    expect(check("library/cuda-device-count")?.status).toBe("pass");
+    expect(check("library/cuda-gating-off")?.detail).toContain("int4 weights: not served by the CUDA kernels by default yet");
+    expect(check("library/cuda-gating-on")?.detail).toContain("no usable CUDA device");
+    expect(check("library/cuda-features")?.status).toBe("pass");
+  });
+
+  test("the GPU stages are reported as not available, the figures as a CPU smoke run, the targets unmet", () => {
+    for (const name of ["sanitizer/memcheck", "sanitizer/racecheck", "figures/pytorch-peer"]) {
+      expect(check(name)?.status).toBe("skip");
+      expect(check(name)?.detail).toContain("not available");
+    }
+    expect(report.figures.map((f) => f.engine)).toEqual(["loopserve (cpu smoke run)"]);
+    expect(report.figures[0].tok_s).toBeGreaterThan(0);
+    const target = (name: string) => report.targets.find((t) => t.name === name);
+    expect(target("one stream dim-2048 fp16 loops 8 tok/s")).toMatchObject({ value: "not measured", met: false });
+    expect(target("checks failing")).toMatchObject({ value: 0, met: true });
+  });
+
+  test("the driver's model descriptors are the TypeScript loader's, byte for byte: the shipped models and every format it writes", () => {
+    const files = readdirSync(join(out, "loopserve-gpu-validate")).filter((f) => f.endsWith(".safetensors")).map((f) => join(out, "loopserve-gpu-validate", f));
+    for (const f of readdirSync(join(ROOT, "models")).filter((f) => f.endsWith(".safetensors"))) files.push(join(ROOT, "models", f));
+    expect(files.length).toBeGreaterThan(10);
+    for (const file of files) {
+      const r = spawnSync(DRIVER, ["desc", file], { maxBuffer: 1 << 24 });
+      expect(r.status).toBe(0);
+      expect(Uint8Array.from(r.stdout)).toEqual(Uint8Array.from(descriptorOf(file))); // descriptorOf validates the file first
+    }
+  });
+
+  test("the driver needs no models/: without them the shipped models' cases are skipped, naming what is absent", () => {
+    const r = run([DRIVER, "checks", CPU_LIB, "-", join(out, "drv"), join(out, "no-models"), "--cpu", "--only=trained"]);
+    expect(r.code).toBe(0);
+    const got = records(r.stdout);
+    expect(got.map((c) => [c.name, c.status])).toEqual([
+      ["library/cpu-features", "pass"],
+      ["trained/load", "skip"],
+      ["trained-int4/load", "skip"],
+      ["trained-int2-mix/load", "skip"],
+      ["trained-ouro/load", "skip"],
+    ]);
+    expect(got[1].detail).toContain("no-models/kjv-looped-256.safetensors is absent");
+  });
+});
+
+describe("the GPU build", () => {
+  test("builds the CPU library with build.ts's flags (the Makefile a bare GPU host uses)", () => {
+    const r = run(["make", "--no-print-directory", "-s", "-f", GPU_MAKEFILE, "print-flags"]);
+    expect(r.code).toBe(0);
+    const lines = r.stdout.split("\n");
+    expect(lines).toContain(`C_FLAGS ${C_FLAGS.join(" ")}`);
+    expect(lines).toContain(`ISA avx2 ${simdFlags("cpu/avx2/quant_avx2.c").join(" ")}`);
+    expect(lines).toContain(`ISA avx512 ${simdFlags("cpu/avx512/quant_avx512.c").join(" ")}`);
+  });
+
+  test("fails on a register spill, naming the kernel; the CUDA kernels have none", () => {
+    const log = join(testTempDir(), "spill.ptxas");
+    Bun.write(log, "ptxas info    : Compiling entry function '_Z6k_testPf' for 'sm_90'\nptxas info    : Function properties for _Z6k_testPf\n    8 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\n");
+    const awk = join(ROOT, "bench", "gpu", "spills.awk");
+    const spill = run(["awk", "-f", awk, log]);
+    expect(spill.code).toBe(1);
+    expect(spill.stdout).toContain("_Z6k_testPf 'sm_90': 8 bytes of spill stores");
+    if (!built) return;
+    const logs = readdirSync(join(BUILD, "obj", "cuda")).filter((f) => f.endsWith(".ptxas"));
+    expect(logs.length).toBeGreaterThan(5);
+    expect(run(["awk", "-f", awk, ...logs.map((f) => join(BUILD, "obj", "cuda", f))]).code).toBe(0);
+  });
+});
+
+describe.skipIf(!built)("the CUDA library through the server's binding, on any host", () => {
   test("loads and reports its device count without failing", () => {
     expect(Number.isInteger(devices)).toBe(true);
     expect(devices).toBeGreaterThanOrEqual(0);
@@ -63,152 +205,13 @@ describe.skipIf(!built)("CUDA library on any host", () => {
   });
 });
 
-describe.skipIf(!built || devices === 0)("CUDA library against the CPU library", () => {
-  let cpu: NativeModel;
-  let gpu: NativeModel;
-  const prompt = Int32Array.from([15496, 995, 11, 314, 716, 257, 1332, 286, 262, 6427, 13]);
+describe.skipIf(!built || devices === 0)("on a GPU host", () => {
+  test("the driver's checks pass with the CUDA library against the CPU library", () => {
+    const r = run([DRIVER, "checks", CPU_LIB, CUDA_LIB, mkdtempSync(join(testTempDir(), "gpu-")), join(ROOT, "models")]);
+    expect(records(r.stdout).filter((c) => c.status === "fail")).toEqual([]);
+    expect(r.code).toBe(0);
+  }, 600_000);
 
-  beforeAll(() => {
-    const path = tinyModelPath();
-    cpu = NativeModel.load(CPU_LIB, path, 2, "portable");
-    gpu = NativeModel.load(CUDA_LIB, path, 0, "auto");
-  });
-  afterAll(() => {
-    cpu?.close();
-    gpu?.close();
-  });
-
-  test("reports the device's memory (the server's default cache budget): some free, no more than in all", () => {
-    const mem = gpu.deviceMemory();
-    expect(mem).not.toBeNull();
-    expect(mem?.free).toBeGreaterThan(0);
-    expect(mem?.free).toBeLessThanOrEqual(mem?.total ?? 0);
-  });
-
-  test("reports the cuda path and the same model shape", () => {
-    expect(gpu.info.simd).toBe("cuda");
-    const { simd: _a, threads: _b, ...g } = gpu.info;
-    const { simd: _c, threads: _d, ...c } = cpu.info;
-    expect(g).toEqual(c);
-  });
-
-  function lastLogits(model: NativeModel, tokens: Int32Array, loops: number, window = 0): Float32Array<ArrayBuffer> {
-    const s = model.newSession(tokens.length + 8, loops, window);
-    try {
-      const out = new Float32Array(model.info.vocabSize);
-      s.forward(tokens, loops, out, 1);
-      return out;
-    } finally {
-      s.close();
-    }
-  }
-
-  function maxRelDiff(a: Float32Array, b: Float32Array): number {
-    let scale = 0;
-    let diff = 0;
-    for (let i = 0; i < a.length; i++) {
-      scale = Math.max(scale, Math.abs(a[i]));
-      diff = Math.max(diff, Math.abs(a[i] - b[i]));
-    }
-    return diff / Math.max(scale, 1e-6);
-  }
-
-  for (const loops of [1, 4]) {
-    test(`logits agree with the CPU library within 1e-3 of their scale (loops ${loops})`, () => {
-      expect(maxRelDiff(lastLogits(cpu, prompt, loops), lastLogits(gpu, prompt, loops))).toBeLessThan(1e-3);
-    });
-  }
-
-  test("a windowed cache agrees with the CPU library", () => {
-    const long = Int32Array.from({ length: 150 }, (_, i) => (i * 7919 + 13) % 50257);
-    expect(maxRelDiff(lastLogits(cpu, long, 2, 16), lastLogits(gpu, long, 2, 16))).toBeLessThan(1e-3);
-  });
-
-  test("batch invariant: one prefill call equals feeding token by token, bit for bit", () => {
-    const whole = lastLogits(gpu, prompt, 4);
-    const s = gpu.newSession(prompt.length, 4, 0);
-    const out = new Float32Array(gpu.info.vocabSize);
-    for (let i = 0; i < prompt.length; i++) s.forward(prompt.subarray(i, i + 1), 4, out, 1);
-    s.close();
-    expect(out).toEqual(whole);
-  });
-
-  test("greedy decoding gives the CPU library's tokens", () => {
-    const run = (m: NativeModel) => {
-      const s = m.newSession(prompt.length + 16, 4, 0);
-      const tokens: number[] = [];
-      let input = prompt;
-      for (let i = 0; i < 16; i++) {
-        const t = s.step(input, 4, { ...GREEDY, repetitionPenalty: 1.1 });
-        tokens.push(t);
-        input = Int32Array.of(t);
-      }
-      s.close();
-      return tokens;
-    };
-    expect(run(gpu)).toEqual(run(cpu));
-  });
-
-  test("rollback then re-feeding reproduces the same logits", () => {
-    const s = gpu.newSession(prompt.length + 4, 2, 0);
-    const a = new Float32Array(gpu.info.vocabSize);
-    const b = new Float32Array(gpu.info.vocabSize);
-    s.forward(prompt, 2, a, 1);
-    s.rollback(prompt.length - 3);
-    expect(s.pos).toBe(prompt.length - 3);
-    s.forward(prompt.subarray(prompt.length - 3), 2, b, 1);
-    s.close();
-    expect(b).toEqual(a);
-  });
-
-  test("a copied prefix continues exactly as the original session would", () => {
-    const src = gpu.newSession(prompt.length + 2, 4, 0);
-    src.forward(prompt, 4);
-    const dst = gpu.newSession(prompt.length + 2, 4, 0);
-    dst.copyPrefixFrom(src, prompt.length - 2);
-    expect(dst.pos).toBe(prompt.length - 2);
-    const copied = new Float32Array(gpu.info.vocabSize);
-    dst.forward(prompt.subarray(prompt.length - 2), 4, copied, 1);
-    src.close();
-    dst.close();
-    expect(copied).toEqual(lastLogits(gpu, prompt, 4));
-  });
-
-  test("a temperature draw equals ls_sample on the same logits (shared RNG contract)", () => {
-    for (const [temperature, topK, topP] of [
-      [0.8, 0, 1],
-      [1.0, 40, 1],
-      [0.7, 0, 0.9],
-      [1.2, 50, 0.8],
-      [0.9, 0, 0], // top_p 0 keeps the most likely token: accepted as ls_sample accepts it
-    ] as const) {
-      for (let seed = 1; seed <= 5; seed++) {
-        const s = gpu.newSession(prompt.length + 1, 2, 0);
-        const logits = new Float32Array(gpu.info.vocabSize);
-        const sampling = { ...GREEDY, temperature, topK, topP, seed };
-        const token = s.step(prompt, 2, sampling, logits);
-        s.close();
-        const expected = cpu.sample(logits, prompt, sampling, prompt.length);
-        expect(token).toBe(expected);
-      }
-    }
-  });
-
-  test("a batched step gives every row what it gets alone, bit for bit: mixed depths, windows, sampling, prompt chunks", () => {
-    const vocab = 512;
-    const m = NativeModel.load(CUDA_LIB, tinyModelPath({ vocabSize: vocab, loops: 6, seed: 3 }), 0, "auto");
-    try {
-      expectSameAsSolo(m, plans(vocab, 16, 1, [{ mode: "fp16" }]), "cuda, 16 requests");
-      // more rows than one block, and a prompt longer than several blocks
-      const many = plans(vocab, 70, 4, [{ mode: "fp16" }]).map((p, i) => ({ ...p, arrives: 0, chunk: i === 5 ? 400 : 1, prompt: i === 5 ? tokensFor(vocab, 300, 9) : p.prompt.slice(0, 3) }));
-      expectSameAsSolo(m, many, "cuda, 70 rows");
-    } finally {
-      m.close();
-    }
-  }, 120_000);
-});
-
-describe.skipIf(!built || devices === 0)("the server on the GPU", () => {
   test("concurrent requests batched on the device get exactly the tokens they get one at a time", async () => {
     const bodies = Array.from({ length: 10 }, (_, i) => ({
       prompt: `${["In the beginning", "And the LORD spake unto Moses", "The LORD is my shepherd", "Blessed are"][i % 4]} ${i}`.repeat(1 + (i % 3) * 4),

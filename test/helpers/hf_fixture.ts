@@ -2,8 +2,14 @@
 // (Ouro's; Huginn-0125's and Nanbeige4.2's, as their published config.json,
 // tensor names, fused matrices, dtypes, shards and tokenizer files are laid
 // out; loopserve's own, model_type "loopserve"), for import-hf's tests and
-// its benchmarks: config.json, weights as one model.safetensors or as shards
-// with model.safetensors.index.json, tokenizer.json and tokenizer_config.json.
+// its benchmarks: config.json, generation_config.json (Ouro's), weights as
+// one model.safetensors or as shards with model.safetensors.index.json,
+// tokenizer.json and tokenizer_config.json. As the published Ouro
+// checkpoints are: bos, eos and pad <|endoftext|> in config.json and
+// tokenizer_config.json, <|im_end|> (the end of a chat turn) named as an end
+// id only in generation_config.json, and a ChatML template with a default
+// system turn; the Thinking variant (`thinking`) has <think> and </think>
+// tokens and a template that opens the reasoning.
 //
 // Deterministic: the same options give byte-identical files. Each tensor
 // draws from its own stream (seed, tensor name), from xoshiro128** with
@@ -47,6 +53,16 @@ export interface HfFixtureOptions {
   shards?: number; // 1 (default): model.safetensors; more: model-0000k-of-0000n.safetensors + index
   tied?: boolean; // tie_word_embeddings, no lm_head.weight
   earlyExitThreshold?: number | null; // default absent
+  earlyExitStep?: number; // Ouro's early_exit_step; default absent
+  thinking?: boolean; // the Thinking variant: <think>, </think> tokens; the template opens the reasoning
+  /**
+   * A token greedy decoding is pulled towards: every embedding's first
+   * component is STEER_EMBEDDING, which the residual stream carries to the
+   * head, and the head's row for this id reads it with weight STEER_HEAD.
+   * Where the last hidden state keeps that component positive (tests check
+   * it with the reference) the token wins by a wide margin. Untied heads only.
+   */
+  steerTo?: number;
   maxPositionEmbeddings?: number; // default 2048
   ropeTheta?: number; // default 10000
   rmsNormEps?: number; // default 1e-6
@@ -82,34 +98,42 @@ function f32ToBf16Bits(f: number): number {
 /** Special tokens at ids 0..2, as in Ouro's (SmolLM2's) tokenizer. */
 export const FIXTURE_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] as const;
 const FIXTURE_MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s", "r e", "a n"];
+/** The Thinking variant's reasoning tokens, after the merges (added, not special, as Qwen 3 has them). */
+export const FIXTURE_THINK_TOKENS = ["<think>", "</think>"] as const;
+/** Ids of the fixture's tokens by text. */
+export const FIXTURE_IDS = { endoftext: 0, imStart: 1, imEnd: 2, think: 3 + 256 + FIXTURE_MERGES.length, thinkEnd: 4 + 256 + FIXTURE_MERGES.length } as const;
 
 /**
  * A small valid byte-level BPE tokenizer.json: the special tokens (by
- * default Ouro's three at ids 0..2; `leading` of them before the byte
+ * default Ouro's three at ids 0..2; those numbered from 0 before the byte
  * tokens, the rest at the ids given), the 256 byte tokens (GPT-2's
  * byte-to-unicode strings, after the leading specials), then one token per
- * merge. Loads in Hugging Face `tokenizers`.
+ * merge, then (`thinking`) <think> and </think>. Loads in Hugging Face
+ * `tokenizers`.
  */
-export function fixtureTokenizerJson(specials: readonly { content: string; id: number }[] = FIXTURE_SPECIAL_TOKENS.map((content, id) => ({ content, id }))): string {
+export function fixtureTokenizerJson(thinking = false, specials: readonly { content: string; id: number }[] = FIXTURE_SPECIAL_TOKENS.map((content, id) => ({ content, id }))): string {
   const vocab: Record<string, number> = {};
   const leading = specials.filter((t) => t.id < specials.length && specials.slice(0, t.id + 1).every((u, i) => u.id === i));
   leading.forEach((t) => (vocab[t.content] = t.id));
   for (const ch of BYTE_CHARS) vocab[ch] = Object.keys(vocab).length;
   for (const m of FIXTURE_MERGES) vocab[m.replace(" ", "")] = Object.keys(vocab).length;
+  const first = Object.keys(vocab).length;
+  const think = thinking ? FIXTURE_THINK_TOKENS.map((content, i) => ({ id: first + i, content, special: false })) : [];
+  for (const t of think) vocab[t.content] = t.id;
   const byteLevel = { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true };
   return JSON.stringify(
     {
       version: "1.0",
       truncation: null,
       padding: null,
-      added_tokens: specials.map(({ content, id }) => ({
-        id,
-        content,
+      added_tokens: [...specials.map(({ content, id }) => ({ id, content, special: true })), ...think].map((t) => ({
+        id: t.id,
+        content: t.content,
         single_word: false,
         lstrip: false,
         rstrip: false,
         normalized: false,
-        special: true,
+        special: t.special,
       })),
       normalizer: null,
       pre_tokenizer: byteLevel,
@@ -133,23 +157,31 @@ export function fixtureTokenizerJson(specials: readonly { content: string; id: n
   );
 }
 
-/** A ChatML template in the form Ouro's tokenizer_config.json carries. */
-export const FIXTURE_CHAT_TEMPLATE =
-  "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}" +
-  "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+/** The system turn the template puts first when the conversation has none. */
+export const FIXTURE_SYSTEM_TURN = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n";
 
-export function fixtureTokenizerConfig(): Record<string, unknown> {
+/** A ChatML template in the form Ouro's tokenizer_config.json carries: a default system turn, then the messages; the Thinking variant opens the reasoning. */
+export function fixtureChatTemplate(thinking = false): string {
+  return (
+    "{% for message in messages %}" +
+    `{% if loop.first and messages[0]['role'] != 'system' %}{{ ${JSON.stringify(FIXTURE_SYSTEM_TURN)} }}{% endif %}` +
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}" +
+    `{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n${thinking ? "<think>\\n" : ""}' }}{% endif %}`
+  );
+}
+
+export function fixtureTokenizerConfig(thinking = false): Record<string, unknown> {
   return {
     add_bos_token: false,
     add_prefix_space: false,
-    bos_token: "<|im_start|>",
-    eos_token: "<|im_end|>",
-    pad_token: "<|im_end|>",
+    bos_token: "<|endoftext|>",
+    eos_token: "<|endoftext|>",
+    pad_token: "<|endoftext|>",
     unk_token: "<|endoftext|>",
     model_max_length: 2048,
     tokenizer_class: "GPT2Tokenizer",
     clean_up_tokenization_spaces: false,
-    chat_template: FIXTURE_CHAT_TEMPLATE,
+    chat_template: fixtureChatTemplate(thinking),
   };
 }
 
@@ -185,7 +217,7 @@ export const NANBEIGE_CHAT_TEMPLATE =
 function familyTokenizer(arch: "huginn" | "nanbeige", vocab: number, retrofit: boolean): { json: string; config: Record<string, unknown> } {
   if (retrofit) {
     const specials = "<unk> <s> </s>".split(" ").map((content, id) => ({ content, id }));
-    return { json: fixtureTokenizerJson(specials), config: { add_bos_token: true, bos_token: "<s>", eos_token: "</s>", unk_token: "<unk>", tokenizer_class: "LlamaTokenizer" } };
+    return { json: fixtureTokenizerJson(false, specials), config: { add_bos_token: true, bos_token: "<s>", eos_token: "</s>", unk_token: "<unk>", tokenizer_class: "LlamaTokenizer" } };
   }
   const specials = arch === "huginn" ? HUGINN_SPECIALS.map((content, k) => ({ content, id: vocab - 32 + k })) : nanbeigeSpecials(vocab);
   const decoder = Object.fromEntries(specials.map(({ content, id }) => [String(id), { content, lstrip: false, normalized: false, rstrip: false, single_word: false, special: true }]));
@@ -193,7 +225,12 @@ function familyTokenizer(arch: "huginn" | "nanbeige", vocab: number, retrofit: b
     arch === "huginn"
       ? { added_tokens_decoder: decoder, bos_token: "<|begin_text|>", chat_template: HUGINN_CHAT_TEMPLATE, clean_up_tokenization_spaces: true, eos_token: "<|end_text|>", pad_token: "<|pad|>", tokenizer_class: "PreTrainedTokenizerFast" }
       : { add_bos_token: false, added_tokens_decoder: decoder, bos_token: "<|im_start|>", chat_template: NANBEIGE_CHAT_TEMPLATE, eos_token: "<|im_end|>", pad_token: "<|endoftext|>", unk_token: "<unk>", tokenizer_class: "LlamaTokenizer" };
-  return { json: fixtureTokenizerJson(specials), config };
+  return { json: fixtureTokenizerJson(false, specials), config };
+}
+
+/** generation_config.json as published beside an Ouro config: <|im_end|> is an end id only here. */
+function generationConfig(): Record<string, unknown> {
+  return { bos_token_id: 0, eos_token_id: FIXTURE_IDS.imEnd, pad_token_id: 0, transformers_version: "4.55.0" };
 }
 
 // ---- config ----
@@ -326,7 +363,7 @@ function nanbeigeConfig(m: HfModelShape, dtype: HfDtype): Record<string, unknown
 }
 
 /** config.json as Ouro's transformers code writes it. */
-function ouroConfig(m: HfModelShape, dtype: HfDtype): Record<string, unknown> {
+function ouroConfig(m: HfModelShape, dtype: HfDtype, earlyExitStep: number | undefined): Record<string, unknown> {
   const config: Record<string, unknown> = {
     architectures: ["OuroForCausalLM"],
     attention_dropout: 0.0,
@@ -343,6 +380,7 @@ function ouroConfig(m: HfModelShape, dtype: HfDtype): Record<string, unknown> {
     num_attention_heads: m.nHeads,
     num_hidden_layers: m.nLayers,
     num_key_value_heads: m.nKvHeads,
+    pad_token_id: 0,
     rms_norm_eps: m.normEps,
     rope_scaling: null,
     rope_theta: m.ropeTheta,
@@ -356,6 +394,7 @@ function ouroConfig(m: HfModelShape, dtype: HfDtype): Record<string, unknown> {
     vocab_size: m.vocabSize,
   };
   if (m.exitThreshold !== null) config.early_exit_threshold = m.exitThreshold;
+  if (earlyExitStep !== undefined) config.early_exit_step = earlyExitStep;
   return config;
 }
 
@@ -431,12 +470,25 @@ function splitIntoShards<T extends { bytes: number }>(tensors: T[], n: number): 
   return shards;
 }
 
+/** The first component of every embedding, and the weight the steered token's head row reads it with (steerTo). */
+const STEER_EMBEDDING = 1;
+const STEER_HEAD = 20;
+
+/** `chunk` (the elements from `offset` of a [rows, dim] tensor) with the steering of `steerTo` written in. */
+function steer(chunk: Float32Array, offset: number, dim: number, target: string, steerTo: number): void {
+  for (let e = offset; e < offset + chunk.length; e++) {
+    if (target === "tok_embeddings.weight" && e % dim === 0) chunk[e - offset] = STEER_EMBEDDING;
+    if (target === "output.weight" && e === steerTo * dim) chunk[e - offset] = STEER_HEAD;
+  }
+}
+
 /** Writes a random checkpoint directory (created if needed); returns its weight files. */
 export function writeHfFixture(dir: string, o: HfFixtureOptions): HfFixtureResult {
   const arch = o.arch ?? "ouro";
   const dtype = o.dtype ?? "BF16";
   const m = shapeOf(o);
   if (!Number.isInteger(m.headDim)) throw new ModelFormatError(`hf fixture: dim ${m.dim} is not a multiple of nHeads ${m.nHeads}`);
+  if (o.steerTo !== undefined && m.tiedOutput) throw new ModelFormatError("hf fixture: steerTo needs an untied head");
   mkdirSync(dir, { recursive: true });
 
   const family = FAMILIES[arch];
@@ -474,6 +526,7 @@ export function writeHfFixture(dir: string, o: HfFixtureOptions): HfFixtureResul
         const n = Math.min(CHUNK, t.count - off);
         const chunk = f32.subarray(0, n);
         fillNormal(chunk, mean, std, state);
+        if (o.steerTo !== undefined) steer(chunk, off, m.dim, t.target, o.steerTo);
         if (t.dtype === "F32") {
           write(new Uint8Array(f32.buffer, 0, n * 4));
         } else {
@@ -492,9 +545,10 @@ export function writeHfFixture(dir: string, o: HfFixtureOptions): HfFixtureResul
     const sorted = Object.fromEntries(Object.entries(weightMap).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
     json("model.safetensors.index.json", { metadata: { total_size: total }, weight_map: sorted });
   }
-  const config = arch === "huginn" ? huginnConfig(m, o, dtype) : arch === "nanbeige" ? nanbeigeConfig(m, dtype) : arch === "ouro" ? ouroConfig(m, dtype) : loopserveConfig(m);
+  const config = arch === "huginn" ? huginnConfig(m, o, dtype) : arch === "nanbeige" ? nanbeigeConfig(m, dtype) : arch === "ouro" ? ouroConfig(m, dtype, o.earlyExitStep) : loopserveConfig(m);
   json("config.json", config);
-  const tokenizer = family ? familyTokenizer(family.arch as "huginn" | "nanbeige", m.vocabSize, o.retrofit ?? false) : { json: fixtureTokenizerJson(), config: fixtureTokenizerConfig() };
+  if (!family) json("generation_config.json", generationConfig());
+  const tokenizer = family ? familyTokenizer(family.arch as "huginn" | "nanbeige", m.vocabSize, o.retrofit ?? false) : { json: fixtureTokenizerJson(o.thinking), config: fixtureTokenizerConfig(o.thinking) };
   writeFileSync(join(dir, "tokenizer.json"), tokenizer.json);
   json("tokenizer_config.json", tokenizer.config);
   return {

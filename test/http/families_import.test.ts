@@ -15,10 +15,12 @@ import OpenAI from "openai";
 import { type ExitPlan, GREEDY } from "../../src/engine/types.ts";
 import { tokenLogprob } from "../../src/engine/logprobs.ts";
 import { importHfCheckpoint } from "../../src/model/import_hf.ts";
+import { readSafetensors } from "../../src/model/safetensors.ts";
+import { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { type HfFixtureOptions, writeHfFixture } from "../helpers/hf_fixture.ts";
 import { withModel } from "../helpers/kernels.ts";
 import { testTempDir } from "../helpers/models.ts";
-import { serverForTests } from "../helpers/server.ts";
+import { serverForTests, type TestServer } from "../helpers/server.ts";
 import { argmax, ReferenceModel } from "../reference/forward.ts";
 
 const PROMPT = [300, 17, 42, 99, 250, 7, 13];
@@ -51,6 +53,23 @@ function referenceGreedy(path: string, ends: number[], loops: number, exit?: Exi
     logits = s.feed(t, exit);
   }
   return out;
+}
+
+/**
+ * A chat through the official client is the model's own template rendered (`rendered`, as transformers'
+ * apply_chat_template writes it for one user turn), counted as the prompt, and the reply is what /generate
+ * continues from exactly those ids.
+ */
+async function expectChatThroughTemplate(server: TestServer, path: string, model: string, rendered: string): Promise<void> {
+  const tokenizer = await Tokenizer.fromSpec({ kind: "bpe", json: readSafetensors(path).metadata.tokenizer_json });
+  const ids = tokenizer.encode(rendered);
+  const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "unused" });
+  const chat = await client.chat.completions.create({ model, messages: [{ role: "user", content: "Hi there" }], max_tokens: 8, temperature: 0 });
+  expect(chat.choices[0].message.role).toBe("assistant");
+  expect(chat.usage?.prompt_tokens).toBe(ids.length);
+  const gen = await (await server.post("/generate", { prompt: ids, max_tokens: 8, temperature: 0 })).json();
+  expect(chat.choices[0].message.content).toBe(gen.text);
+  expect(chat.usage?.completion_tokens).toBe(gen.tokens.length);
 }
 
 const HUGINN_PATH = imported("huginn", HUGINN);
@@ -119,11 +138,9 @@ describe("an imported Huginn-0125-layout checkpoint, served", () => {
     }
   }, 60_000);
 
-  test("the official openai client: chat (the model's template as rendered today) and text completions; model_info names the family", async () => {
+  test("the official openai client: chat through the model's own template (its headers and <|end_turn|>), text completions; model_info names the family", async () => {
+    await expectChatThroughTemplate(server, HUGINN_PATH, "huginn", "<|begin_text|><|begin_header|>user<|end_header|>\n\nHi there<|end_turn|><|begin_header|>Huginn<|end_header|>\n\n");
     const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "unused" });
-    const chat = await client.chat.completions.create({ model: "huginn", messages: [{ role: "user", content: "Hi there" }], max_tokens: 8, temperature: 0 });
-    expect(chat.choices[0].message.role).toBe("assistant");
-    expect(typeof chat.choices[0].message.content).toBe("string");
     const text = await client.completions.create({ model: "huginn", prompt: "In the beginning", max_tokens: 6, temperature: 0 });
     expect(["stop", "length"]).toContain(text.choices[0].finish_reason);
     const info = (await (await server.post("/api/v0/completions", { model: "huginn", prompt: "a", max_tokens: 1 })).json()).model_info;
@@ -166,11 +183,8 @@ describe("an imported Nanbeige4.2-layout checkpoint, served", () => {
   }, 60_000);
 
   test("the official openai client: chat through its own ChatML template, text completions; model_info names the family", async () => {
+    await expectChatThroughTemplate(server, NANBEIGE_PATH, "nanbeige", "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n");
     const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "unused" });
-    const chat = await client.chat.completions.create({ model: "nanbeige", messages: [{ role: "user", content: "Hi there" }], max_tokens: 8, temperature: 0 });
-    expect(chat.choices[0].message.role).toBe("assistant");
-    expect(typeof chat.choices[0].message.content).toBe("string");
-    expect(chat.usage?.prompt_tokens).toBeGreaterThan(4); // the ChatML markers are in the prompt
     const text = await client.completions.create({ model: "nanbeige", prompt: "In the beginning", max_tokens: 6, temperature: 0 });
     expect(["stop", "length"]).toContain(text.choices[0].finish_reason);
     const info = (await (await server.post("/api/v0/completions", { model: "nanbeige", prompt: "a", max_tokens: 1 })).json()).model_info;

@@ -5,47 +5,24 @@
 // server tests run a real process on a model file carrying the tokenizer.
 import { describe, expect, test } from "bun:test";
 import { loadConfig } from "../../src/config.ts";
-import type { GenerateRequest, TokenSink } from "../../src/engine/types.ts";
+import type { GenerateRequest } from "../../src/engine/types.ts";
 import { renderChat } from "../../src/http/chat_template.ts";
-import type { GenerationEngine } from "../../src/http/generation.ts";
-import { type TextConventions, Tokenizer } from "../../src/tokenizer/tokenizer.ts";
+import { modelChat } from "../../src/text/chat.ts";
+import { GPT2_CONVENTIONS, type TextConventions, Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { tinyModelPath } from "../helpers/models.ts";
-import { inProcessApp, serverForTests, startServer, TINY_MODEL_INFO } from "../helpers/server.ts";
+import { scriptedEngine } from "../helpers/scripted_engine.ts";
+import { inProcessApp, serverForTests, startServer } from "../helpers/server.ts";
 import { bpeMetadata, fixtureJson, withMetadata } from "../helpers/tokenizer_json.ts";
 
-const CHATML: TextConventions = { eosIds: [0, 2], bosId: null, chatFormat: "chatml" };
+const CHATML: TextConventions = { ...GPT2_CONVENTIONS, eosIds: [0, 2], chatFormat: "chatml" };
 const REPLY = "Hi 🐙 there, 12 fish.";
-
-/** An engine that records each request and answers with `reply`'s ids, then <|im_end|> (a stop id: not emitted). */
-function scriptedEngine(tok: Tokenizer, seen: GenerateRequest[]): GenerationEngine {
-  const script = [...tok.encode(REPLY), 2, ...tok.encode(" never sent")];
-  return {
-    info: TINY_MODEL_INFO,
-    enqueue(req, _opts, sink: TokenSink) {
-      seen.push(req);
-      const tokens: number[] = [];
-      let finishReason: "stop" | "length" = "length";
-      for (const id of script.slice(0, req.maxTokens)) {
-        if (req.stopTokenIds.includes(id)) {
-          finishReason = "stop";
-          break;
-        }
-        tokens.push(id);
-        if (sink(id) === false) {
-          finishReason = "stop";
-          break;
-        }
-      }
-      const result = { tokens, finishReason, promptTokens: req.promptTokens.length, wallMs: 1, firstTokenMs: 1 };
-      return { started: Promise.resolve(), result: Promise.resolve(result) };
-    },
-  };
-}
 
 async function app(conventions: TextConventions = CHATML) {
   const tok = await Tokenizer.fromSpec({ kind: "bpe", json: fixtureJson("smol_style") }, conventions);
   const seen: GenerateRequest[] = [];
-  return { tok, seen, ...(await inProcessApp(scriptedEngine(tok, seen), loadConfig({}), tok)) };
+  // The reply, then <|im_end|> (a stop id: not emitted).
+  const script = [...tok.encode(REPLY), 2, ...tok.encode(" never sent")];
+  return { tok, seen, ...(await inProcessApp(scriptedEngine(script, seen), loadConfig({}), tok)) };
 }
 
 const MESSAGES = [
@@ -62,7 +39,7 @@ describe("in process, around a stand-in engine", () => {
     expect(body.choices[0].message.content).toBe(REPLY);
     expect(body.choices[0].finish_reason).toBe("stop");
     const prompt = seen[0].promptTokens;
-    expect(prompt).toEqual(tok.encode(renderChat(MESSAGES as never, "chatml")));
+    expect(prompt).toEqual(tok.encode(renderChat(MESSAGES as never, modelChat(tok))));
     expect(prompt[0]).toBe(1);
     expect(prompt.slice(-1 - tok.encode("assistant\n").length)).toEqual([1, ...tok.encode("assistant\n")]);
     expect(seen[0].stopTokenIds).toEqual(expect.arrayContaining([0, 2]));
@@ -120,7 +97,7 @@ describe("a real server on a model file carrying its tokenizer", () => {
       const res = await s.post("/v1/chat/completions", { model: "m", messages: MESSAGES, max_tokens: 8 });
       expect(res.status).toBe(200);
       const body = await res.json();
-      expect(body.usage.prompt_tokens).toBe(tok.encode(renderChat(MESSAGES as never, "chatml")).length);
+      expect(body.usage.prompt_tokens).toBe(tok.encode(renderChat(MESSAGES as never, modelChat(tok))).length);
       const gen = await (await s.post("/generate", { prompt: "Hello", max_tokens: 8 })).json();
       expect(gen.text).toBe(tok.decode(gen.tokens));
       for (const id of gen.tokens) expect([0, 2]).not.toContain(id);

@@ -1,16 +1,20 @@
 // A looped model as people publish it, served end to end: a random-weight
-// checkpoint in Hugging Face's Ouro layout (bf16 shards, config.json, its
-// own byte-level BPE and ChatML template) is imported with `model
+// checkpoint in Hugging Face's Ouro layout (bf16 shards, config.json and
+// generation_config.json, its own byte-level BPE and ChatML template with a
+// default system turn; a Thinking variant) is imported with `model
 // import-hf` and served by a real server process. Its greedy tokens equal
 // the float64 reference's on the imported file, at fixed depth and with the
 // learned early exit (the steps each token ran too); the official `openai`
 // client talks to it unchanged; exit_threshold, stats.mean_steps,
-// service_exit_steps and model_info work; misuse is a clear 400.
+// service_exit_steps and model_info work; misuse is a clear 400. Chat
+// prompts are the model's template rendered; <|im_end|>, an end id only
+// generation_config.json names, ends text completions too; a Thinking
+// model's reasoning comes back in reasoning_content.
 import { describe, expect, test } from "bun:test";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import OpenAI from "openai";
-import { writeHfFixture } from "../helpers/hf_fixture.ts";
+import { FIXTURE_IDS, FIXTURE_SYSTEM_TURN, fixtureTokenizerJson, type HfFixtureOptions, writeHfFixture } from "../helpers/hf_fixture.ts";
 import { importHfCheckpoint } from "../../src/model/import_hf.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
 import { readSafetensors } from "../../src/model/safetensors.ts";
@@ -19,21 +23,23 @@ import { withModel } from "../helpers/kernels.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
 import { waitFor } from "../helpers/scheduling.ts";
 import { serverForTests } from "../helpers/server.ts";
+import { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { argmax, ReferenceModel } from "../reference/forward.ts";
 
 const STEPS = 4;
 const EOS = [0, 2]; // <|endoftext|>, <|im_end|>: the fixture tokenizer's end ids
 
-function importedOuro(): string {
-  const dir = join(testTempDir(), "ouro-hf");
+/** A checkpoint of the Ouro layout written and imported; the imported file's path. */
+function importedOuro(name: string, options: Partial<HfFixtureOptions> = {}): string {
+  const dir = join(testTempDir(), name);
   mkdirSync(dir, { recursive: true });
-  writeHfFixture(dir, { dim: 64, nHeads: 4, nKvHeads: 2, ffnDim: 128, vocabSize: 512, nLayers: 3, totalUtSteps: STEPS, seed: 9, shards: 2 });
-  const out = join(testTempDir(), "ouro-imported.safetensors");
+  writeHfFixture(dir, { dim: 64, nHeads: 4, nKvHeads: 2, ffnDim: 128, vocabSize: 512, nLayers: 3, totalUtSteps: STEPS, seed: 9, shards: 2, ...options });
+  const out = join(testTempDir(), `${name}.safetensors`);
   importHfCheckpoint(dir, out);
   return out;
 }
 
-const MODEL_PATH = importedOuro();
+const MODEL_PATH = importedOuro("ouro-hf");
 const server = serverForTests({ modelPath: MODEL_PATH, env: { SERVICE_MAX_SEQ_LEN: "256" } });
 
 /** The reference's greedy tokens (and steps) after `prompt`, stopping at an end id as the server does. */
@@ -209,4 +215,78 @@ describe("a model whose file names a default exit threshold", () => {
     const extended = await (await gated.post("/api/v0/completions", { model: "m", prompt: "a", max_tokens: 4, temperature: 0, mode: "speculative" })).json();
     expect(extended.stats.loops_used).toBe(GATED.loops);
   }, 60_000);
+});
+
+describe("the published layout's chat: the model's template, its end ids, its reasoning", () => {
+  const chatPrompt = (user: string, opening = "") => `${FIXTURE_SYSTEM_TURN}<|im_start|>user\n${user}<|im_end|>\n<|im_start|>assistant\n${opening}`;
+  const tokenizer = (thinking = false) => Tokenizer.fromSpec({ kind: "bpe", json: fixtureTokenizerJson(thinking) });
+
+  test("a chat prompt is the model's template rendered, its default system turn included and counted; the reply continues exactly those ids", async () => {
+    const ids = (await tokenizer()).encode(chatPrompt("Hi there"));
+    const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "unused" });
+    const chat = await client.chat.completions.create({ model: "ouro", messages: [{ role: "user", content: "Hi there" }], max_tokens: 12, temperature: 0 });
+    expect(chat.usage?.prompt_tokens).toBe(ids.length);
+    const gen = await (await server.post("/generate", { prompt: ids, max_tokens: 12, temperature: 0 })).json();
+    expect(chat.choices[0].message.content).toBe(gen.text);
+    expect(chat.usage?.completion_tokens).toBe(gen.tokens.length);
+    expect(chat.choices[0].message).not.toHaveProperty("reasoning_content"); // the model does not reason
+  }, 60_000);
+
+  describe("a model whose greedy reply is <|im_end|>", () => {
+    const steered = importedOuro("ouro-steered", { seed: 5, steerTo: FIXTURE_IDS.imEnd });
+    const steeredServer = serverForTests({ modelPath: steered, env: { SERVICE_MAX_SEQ_LEN: "256" } });
+
+    test("a text completion stops at <|im_end|>, an end id only generation_config.json names", async () => {
+      expect(readSafetensors(steered).metadata.eos_token_ids).toBe("0,2");
+      const prompt = (await tokenizer()).encode("In the beginning");
+      // The model's first token, as the reference computes it without stopping, is <|im_end|> by a wide margin.
+      const s = ReferenceModel.load(steered).session(STEPS);
+      for (const t of prompt.slice(0, -1)) s.feed(t);
+      const logits = s.feed(prompt[prompt.length - 1]);
+      const [best, second] = [...logits].sort((a, b) => b - a);
+      expect({ first: argmax(logits), margin: best - second > 1 }).toEqual({ first: FIXTURE_IDS.imEnd, margin: true });
+      const client = new OpenAI({ baseURL: `${steeredServer.url}/v1`, apiKey: "unused" });
+      const text = await client.completions.create({ model: "ouro", prompt: "In the beginning", max_tokens: 8, temperature: 0 });
+      expect({ text: text.choices[0].text, finish: text.choices[0].finish_reason, tokens: text.usage?.completion_tokens }).toEqual({ text: "", finish: "stop", tokens: 0 });
+      const chat = await client.chat.completions.create({ model: "ouro", messages: [{ role: "user", content: "Hi" }], max_tokens: 8, temperature: 0 });
+      expect({ content: chat.choices[0].message.content, finish: chat.choices[0].finish_reason }).toEqual({ content: "", finish: "stop" });
+    }, 60_000);
+  });
+
+  describe("the Thinking variant", () => {
+    const thinking = importedOuro("ouro-thinking", { thinking: true, vocabSize: 272 });
+    const thinkingServer = serverForTests({ modelPath: thinking, env: { SERVICE_MAX_SEQ_LEN: "256" } });
+    type Delta = OpenAI.Chat.ChatCompletionChunk.Choice.Delta & { reasoning_content?: string };
+    type Message = OpenAI.Chat.ChatCompletionMessage & { reasoning_content?: string | null };
+
+    test("the template opens the reasoning: the reply comes back in reasoning_content apart from the answer, whole and streamed; include_reasoning false leaves it out", async () => {
+      const tok = await tokenizer(true);
+      const ids = tok.encode(chatPrompt("Count to three", "<think>\n"));
+      const gen = await (await thinkingServer.post("/generate", { prompt: ids, max_tokens: 16, temperature: 0 })).json();
+      // What the reply means, read from its ids: reasoning up to </think>, the answer after it.
+      const close = gen.tokens.indexOf(FIXTURE_IDS.thinkEnd);
+      const want = close < 0 ? { reasoning: gen.text, content: "" } : { reasoning: tok.decode(gen.tokens.slice(0, close)), content: tok.decode(gen.tokens.slice(close + 1)) };
+      expect(want.reasoning).not.toBe("");
+
+      const client = new OpenAI({ baseURL: `${thinkingServer.url}/v1`, apiKey: "unused" });
+      const request = { model: "ouro", messages: [{ role: "user" as const, content: "Count to three" }], max_tokens: 16, temperature: 0 };
+      const whole = await client.chat.completions.create(request);
+      expect(whole.usage?.prompt_tokens).toBe(ids.length);
+      const message = whole.choices[0].message as Message;
+      expect({ reasoning: message.reasoning_content, content: message.content }).toEqual(want);
+
+      const got = { reasoning: "", content: "" };
+      for await (const chunk of await client.chat.completions.create({ ...request, stream: true })) {
+        const delta = (chunk.choices[0]?.delta ?? {}) as Delta;
+        got.reasoning += delta.reasoning_content ?? "";
+        got.content += delta.content ?? "";
+      }
+      expect(got).toEqual(want);
+
+      const without = { ...request, include_reasoning: false };
+      const answer = (await client.chat.completions.create(without)).choices[0].message as Message;
+      expect(answer).not.toHaveProperty("reasoning_content");
+      expect(answer.content).toBe(want.content);
+    }, 60_000);
+  });
 });

@@ -105,7 +105,10 @@ describe("text format (the default)", () => {
     const usage = JSON.parse(text.split("\n\n").filter((e) => e.includes('"usage":{')).at(-1)?.slice(6) as string).usage;
     const line = await lineFor(s, textRequestLines, id);
     // The path without its query string.
-    expectRequestLine(line, { method: "POST", path: "/v1/chat/completions", status: 200, prompt_tokens: usage.prompt_tokens, completion_tokens: 5, outcome: "complete" });
+    // a sampled reply may end at an end id before max_tokens: the line says what the usage says
+    expect(usage.completion_tokens).toBeGreaterThan(0);
+    expect(usage.completion_tokens).toBeLessThanOrEqual(5);
+    expectRequestLine(line, { method: "POST", path: "/v1/chat/completions", status: 200, prompt_tokens: usage.prompt_tokens, completion_tokens: usage.completion_tokens, outcome: "complete" });
   });
 
   test("a stream the client abandons is logged as cancelled, with the tokens generated until then", async () => {

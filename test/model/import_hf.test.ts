@@ -125,7 +125,8 @@ describe("import-hf: Ouro checkpoints", () => {
       source_arch: "ouro",
       tokenizer: "bpe",
       chat_format: "chatml",
-      eos_token_ids: "0,2", // config eos_token_id 0, then tokenizer_config's eos_token <|im_end|>
+      special_tokens: JSON.stringify({ bos_token: "<|endoftext|>", eos_token: "<|endoftext|>", unk_token: "<|endoftext|>", pad_token: "<|endoftext|>" }),
+      eos_token_ids: "0,2", // config.json's eos_token_id 0, generation_config.json's 2 (<|im_end|>), tokenizer_config's eos_token <|endoftext|> (0)
     });
     expect(tokenizer_json).toBe(readFileSync(join(dir, "tokenizer.json"), "utf8"));
     expect(chat_template).toBe(JSON.parse(readFileSync(join(dir, "tokenizer_config.json"), "utf8")).chat_template);
@@ -201,6 +202,7 @@ describe("import-hf: Ouro checkpoints", () => {
     const dir = fixture();
     editJson(join(dir, "tokenizer_config.json"), (c) => {
       c.add_bos_token = true;
+      c.bos_token = "<|im_start|>";
       c.chat_template = "{{ messages[0]['content'] }}";
       c.eos_token = { content: "<|endoftext|>", special: true };
     });
@@ -217,6 +219,38 @@ describe("import-hf: Ouro checkpoints", () => {
     importHfCheckpoint(dir, outPath);
     expect(readSafetensors(outPath).metadata.chat_template).toBeUndefined();
     expect(readSafetensors(outPath).metadata.chat_format).toBe("plain");
+  });
+
+  test("the chat template: a list's default entry, chat_template.jinja when tokenizer_config.json has none; special tokens kept for it", () => {
+    const dir = fixture();
+    editJson(join(dir, "tokenizer_config.json"), (c) => {
+      c.chat_template = [
+        { name: "tool_use", template: "{{ tools }}" },
+        { name: "default", template: "{{ bos_token }}{{ messages[0].content }}" },
+      ];
+      c.additional_special_tokens = ["<|im_start|>", { content: "<|im_end|>", special: true }];
+    });
+    const outPath = tmp("out.safetensors");
+    importHfCheckpoint(dir, outPath);
+    const m = readSafetensors(outPath).metadata;
+    expect(m.chat_template).toBe("{{ bos_token }}{{ messages[0].content }}");
+    expect(JSON.parse(m.special_tokens)).toMatchObject({ bos_token: "<|endoftext|>", additional_special_tokens: ["<|im_start|>", "<|im_end|>"] });
+    editJson(join(dir, "tokenizer_config.json"), (c) => delete c.chat_template);
+    writeFileSync(join(dir, "chat_template.jinja"), "{{ messages[0].content }}\n");
+    importHfCheckpoint(dir, outPath);
+    expect(readSafetensors(outPath).metadata.chat_template).toBe("{{ messages[0].content }}\n");
+  });
+
+  test("early_exit_step k: default_loops k + 1 and no exit_threshold; early_exit_threshold 1: no exit_threshold", () => {
+    const outPath = tmp("out.safetensors");
+    importHfCheckpoint(fixture({ earlyExitStep: 1, earlyExitThreshold: 0.5 }), outPath);
+    const m = readSafetensors(outPath).metadata;
+    expect(m.default_loops).toBe("2");
+    expect(m.exit_threshold).toBeUndefined();
+    importHfCheckpoint(fixture({ earlyExitThreshold: 1 }), outPath);
+    const every = readSafetensors(outPath).metadata;
+    expect(every.default_loops).toBe("4");
+    expect(every.exit_threshold).toBeUndefined();
   });
 
   test("fixtures are deterministic: the same seed writes the same bytes", () => {
@@ -353,6 +387,51 @@ describe("import-hf: errors name the problem", () => {
     expectError(() => readHfCheckpoint(dir), "tokenizer.json is missing");
   });
 
+  test("a malformed generation_config.json is refused naming the file and the field", () => {
+    const dir = fixture();
+    const path = join(dir, "generation_config.json");
+    writeFileSync(path, "{ eos_token_id: 2 }");
+    expectError(() => readHfCheckpoint(dir), path, "is not valid JSON");
+    writeFileSync(path, "[2]");
+    expectError(() => readHfCheckpoint(dir), path, "must be a JSON object");
+    writeFileSync(path, JSON.stringify({ eos_token_id: [2, 9999] }));
+    expectError(() => readHfCheckpoint(dir), path, "eos_token_id[1] must be a token id in [0, 300), got 9999");
+  });
+
+  test("a malformed chat template is refused at import naming the file and the field", () => {
+    const cases: [unknown, string][] = [
+      ["{% for m in messages %}{{ m.content }}", "chat_template does not parse"],
+      ["{{ raise_exception('Conversation roles must alternate') }}", "chat_template failed to render: Conversation roles must alternate"],
+      ["{{ messages[0].nothing() }}", "chat_template failed to render"],
+      [42, "chat_template must be a string or a list"],
+      [[{ name: "tool_use", template: "x" }], 'chat_template is a list without a {"name": "default"'],
+    ];
+    for (const [template, message] of cases) {
+      const dir = fixture();
+      editJson(join(dir, "tokenizer_config.json"), (c) => (c.chat_template = template));
+      const outPath = tmp("out.safetensors");
+      expectError(() => importHfCheckpoint(dir, outPath), join(dir, "tokenizer_config.json"), message);
+      expect(existsSync(outPath)).toBe(false);
+    }
+    const dir = fixture();
+    editJson(join(dir, "tokenizer_config.json"), (c) => (c.chat_template = [{ name: "default", template: "{% if %}" }]));
+    expectError(() => readHfCheckpoint(dir), "tokenizer_config.json: chat_template[0].template does not parse");
+    editJson(join(dir, "tokenizer_config.json"), (c) => delete c.chat_template);
+    writeFileSync(join(dir, "chat_template.jinja"), "{{ messages[0]['content'] ");
+    expectError(() => readHfCheckpoint(dir), join(dir, "chat_template.jinja"), "does not parse");
+  });
+
+  test("a special token that is no text is refused naming the key", () => {
+    const dir = fixture();
+    editJson(join(dir, "tokenizer_config.json"), (c) => (c.bos_token = ["<|endoftext|>"]));
+    expectError(() => readHfCheckpoint(dir), "tokenizer_config.json", "bos_token must be a token's text");
+    editJson(join(dir, "tokenizer_config.json"), (c) => {
+      c.bos_token = "<|endoftext|>";
+      c.additional_special_tokens = ["<|im_start|>", 7];
+    });
+    expectError(() => readHfCheckpoint(dir), "tokenizer_config.json", "additional_special_tokens[1] must be a token's text");
+  });
+
   test("config values loopserve does not compute: sliding windows, RoPE scaling, another activation", () => {
     for (const [key, value, msg] of [
       ["use_sliding_window", true, "sliding-window"],
@@ -401,7 +480,20 @@ describe("loopserve model import-hf (CLI)", () => {
     expect(r.code).toBe(0);
     expect(r.err).toBe("");
     expect(r.out).toContain(`wrote ${outPath}:`);
-    expect(r.out).toContain("ouro: dim 64, 3 layers, heads 4/2 kv, ffn 96, vocab 300, default loops 4, untied output, exit gate");
+    expect(r.out).toContain("ouro: dim 64, 3 layers, heads 4/2 kv, ffn 96, vocab 300, default loops 4, untied output, exit gate, end ids 0, 2)");
+  });
+
+  test("model inspect lists the end ids (generation_config.json's <|im_end|> among them) and the chat template's end of turn", async () => {
+    const dir = fixture();
+    const outPath = tmp("inspected.safetensors");
+    expect((await run("import-hf", dir, outPath)).code).toBe(0);
+    const r = await run("inspect", outPath);
+    expect(r.code).toBe(0);
+    expect(r.out).toContain('end ids: 0 "<|endoftext|>", 2 "<|im_end|>"; end of a chat turn: 2 "<|im_end|>"');
+    rmSync(join(dir, "generation_config.json"));
+    expect((await run("import-hf", dir, outPath)).code).toBe(0);
+    const j = JSON.parse((await run("inspect", outPath, "--json")).out);
+    expect([j.end_ids, j.chat_end_ids]).toEqual([[0], [2]]);
   });
 
   test("a bad checkpoint is exit 1 with one error line; a missing path is a usage error", async () => {

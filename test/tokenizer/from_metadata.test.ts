@@ -20,15 +20,19 @@ describe("the model file's tokenizer", () => {
     for (const meta of [{}, { tokenizer: "gpt2" }] as Record<string, string>[]) {
       const t = await load(meta);
       expect(t.source).toBe("bundled");
-      expect(t.conventions).toEqual({ eosIds: [50256], bosId: null, chatFormat: "plain" });
+      expect(t.conventions).toEqual({ eosIds: [50256], bosId: null, chatFormat: "plain", chatTemplate: null, specialTokens: {} });
       expect(t.encode("Hello world")).toEqual([15496, 995]);
     }
   });
 
-  test("tokenizer bpe: the model's tokenizer.json, its eos ids, bos id and chat format", async () => {
+  test("tokenizer bpe: the model's tokenizer.json, its eos ids, bos id, chat format, template and special tokens", async () => {
     const t = await load(bpeMetadata({ bos_token_id: "0" }));
     expect(t.source).toBe("model");
-    expect(t.conventions).toEqual({ eosIds: [0, 2], bosId: 0, chatFormat: "chatml" });
+    expect(t.conventions).toEqual({ eosIds: [0, 2], bosId: 0, chatFormat: "chatml", chatTemplate: null, specialTokens: {} });
+    const template = "{{ bos_token }}{{ messages[0].content }}";
+    const special = { bos_token: "<|im_start|>", additional_special_tokens: ["<|im_end|>"] };
+    const own = await load(bpeMetadata({ chat_template: template, special_tokens: JSON.stringify(special) }));
+    expect(own.conventions).toMatchObject({ chatTemplate: template, specialTokens: special });
     expect(t.encode("<|im_start|>")).toEqual([1]);
     const { chat_format: _, ...withoutChat } = bpeMetadata();
     expect((await load(withoutChat)).conventions.chatFormat).toBe("plain");
@@ -39,6 +43,8 @@ describe("the model file's tokenizer", () => {
     expect(await refusal({ tokenizer: "gpt2", chat_format: "chatml" })).toContain(`chat_format only go with tokenizer "bpe"`);
     expect(await refusal(bpeMetadata({ format_version: "1" }))).toContain(`needs format_version "2"`);
     expect(await refusal(bpeMetadata({ tokenizer_json: "" }))).toContain("needs tokenizer_json");
+    for (const special_tokens of ["[]", '{"bos_token": 1}', '{"additional_special_tokens": [1]}', "{"])
+      expect(await refusal(bpeMetadata({ special_tokens }))).toContain("special_tokens must be a JSON object of token names to texts");
     const { eos_token_ids: __, ...withoutEos } = bpeMetadata();
     expect(await refusal(withoutEos)).toContain("needs eos_token_ids");
     expect(await refusal(bpeMetadata({ eos_token_ids: "0,x" }))).toContain(`eos_token_ids must hold token ids (decimal integers), got "x"`);

@@ -5,15 +5,16 @@
 // from tiktoken's ranks must give tiktoken's ids.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { renderChat } from "../../src/http/chat_template.ts";
+import { modelChat } from "../../src/text/chat.ts";
 import { TextStream } from "../../src/text/stream.ts";
 import { HfByteLevelBpe, HfTokenizerError, parsePreTokenizer } from "../../src/tokenizer/hf_bpe.ts";
 import { pretokenize } from "../../src/tokenizer/pretokenize.ts";
-import { IncrementalDetokenizer, TokenLimitExceeded, Tokenizer, TokenizerError } from "../../src/tokenizer/tokenizer.ts";
+import { GPT2_CONVENTIONS, IncrementalDetokenizer, TokenLimitExceeded, Tokenizer, TokenizerError } from "../../src/tokenizer/tokenizer.ts";
 import { byteLevel, type FixtureName, fixtureJson, gpt2TokenizerJson, reference } from "../helpers/tokenizer_json.ts";
 
 const ref = reference();
 const FIXTURES: FixtureName[] = ["smol_style", "split_style"];
-const CHATML = { eosIds: [0, 2], bosId: null, chatFormat: "chatml" as const };
+const CHATML = { ...GPT2_CONVENTIONS, eosIds: [0, 2], chatFormat: "chatml" as const };
 
 const tokenizers = new Map<FixtureName, Tokenizer>();
 beforeAll(async () => {
@@ -156,13 +157,14 @@ describe("ChatML", () => {
     { role: "user" as const, content: "Hi 🦊" },
   ];
 
-  test("messages render as ChatML ending with the assistant's opening", () => {
-    expect(renderChat(messages, "chatml")).toBe("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi 🦊<|im_end|>\n<|im_start|>assistant\n");
-    expect(renderChat(messages)).toBe("System: Be brief.\nUser: Hi 🦊\nAssistant:");
+  test("messages render as ChatML ending with the assistant's opening; <|im_end|> ends the turn", () => {
+    const chat = modelChat(tok("smol_style"));
+    expect(renderChat(messages, chat)).toBe("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi 🦊<|im_end|>\n<|im_start|>assistant\n");
+    expect(chat.turnEndIds).toEqual([2]);
   });
 
   test("the rendered prompt holds the real special ids", () => {
-    const ids = tok("smol_style").encode(renderChat(messages, "chatml"));
+    const ids = tok("smol_style").encode(renderChat(messages, modelChat(tok("smol_style"))));
     expect(ids.filter((id) => id === 1)).toHaveLength(3);
     expect(ids.filter((id) => id === 2)).toHaveLength(2);
     expect(ids[0]).toBe(1);

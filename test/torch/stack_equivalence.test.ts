@@ -42,7 +42,13 @@ setDefaultTimeout(120_000);
 
 const noTorch = skipReason(PYTORCH) !== null;
 const DEPTHS = [1, 2, 3, 4, 8];
-const EXITS: ExitPlan[] = (["exact", "copy"] as const).flatMap((policy) => [0.5, 0.7].map((threshold) => ({ threshold, policy })));
+// Thresholds whose decisions on the fixture lie well away from them under each policy (checked below).
+const EXITS: ExitPlan[] = [
+  { threshold: 0.6, policy: "exact" },
+  { threshold: 0.7, policy: "exact" },
+  { threshold: 0.5, policy: "copy" },
+  { threshold: 0.7, policy: "copy" },
+];
 const GREEDY_TOKENS = EQUIVALENCE_GREEDY_TOKENS;
 const PROMPT = EQUIVALENCE_PROMPT;
 const ROOT = resolve(import.meta.dir, "../..");
@@ -108,7 +114,7 @@ describe.skipIf(noTorch)("PyTorch <-> loopserve equivalence, stacked models (for
     expectKernelsMatchTorch("ouro-like", path, path, DEPTHS);
   });
 
-  test("the same model with early exit at thresholds 0.5 and 0.7, both policies (exact: every step, select): same greedy tokens, exit steps and logits", () => {
+  test("the same model with early exit under both policies (exact: every step, select; copy), two thresholds each: same greedy tokens, exit steps and logits", () => {
     expectExitEquivalent(ouroLike(), "ouro-like");
   });
 

@@ -11,10 +11,12 @@ cache holds them.
 
 Per fixed depth: perplexity. With the exit gate, per threshold: perplexity
 and mean steps when every position decodes as a sampled token (the
-server's rule, docs/early-exit.md; deeper cache slots of an exited token filled with copies:
-model.exit_forward), and, for comparison, when every step is computed for
-every position and each position's logits are taken from its exit step (Hugging
-Face OuroForCausalLM's exit_threshold evaluation: no copies).
+server's rule, docs/early-exit.md, model.exit_forward) under each exit
+policy ("exact": every step runs and the exit step's logits are taken;
+"copy": the deeper cache slots of an exited token hold copies), and, as an
+independent check of "exact", every step computed for every position and
+each position's logits gathered at its exit step (Hugging Face
+OuroForCausalLM's exit_threshold evaluation).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import torch
 
 from .data import read_tokens
 from .hf import load_any
-from .model import ExitState, gate_lambda
+from .model import EXIT_POLICIES, ExitState, gate_lambda
 
 
 def windows(tokens: np.ndarray, length: int, count: int) -> list[np.ndarray]:
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     W = model.head_weight()
     fixed = {d: 0.0 for d in depths}
     gathered = {t: [0.0, 0] for t in thresholds}  # HF-style: all steps, logits gathered at the exit step
-    decoded = {t: [0.0, 0] for t in thresholds}  # the server's decoding rule
+    decoded = {t: {policy: [0.0, 0] for policy in EXIT_POLICIES} for t in thresholds}  # the server's decoding rule, each policy
     n = 0
     started = time.perf_counter()
     for k, text in enumerate(texts):
@@ -97,15 +99,17 @@ def main(argv: list[str] | None = None) -> int:
                 table = torch.stack([per_step[s + 1] for s in range(L)])  # (L, T - 1)
                 gathered[t][0] += table[step[:-1], torch.arange(x.shape[1] - 1)].sum().item()
                 gathered[t][1] += (step[:-1] + 1).sum().item()
-                logits, exit_step = model.exit_forward(x, L, t, kv_fp16=True)
-                decoded[t][0] += nll_sum(logits[0], text)
-                decoded[t][1] += (exit_step[0, :-1] + 1).sum().item()
+                for policy in EXIT_POLICIES:
+                    logits, exit_step = model.exit_forward(x, L, t, kv_fp16=True, policy=policy)
+                    decoded[t][policy][0] += nll_sum(logits[0], text)
+                    decoded[t][policy][1] += (exit_step[0, :-1] + 1).sum().item()
         n += len(text) - 1
         print(f"window {k + 1}/{len(texts)}, {time.perf_counter() - started:.0f} s", file=sys.stderr)
     result = {
         "model": a.model, "windows": len(texts), "window_tokens": c.max_seq_len, "positions": n,
         "fixed": {str(d): math.exp(v / n) for d, v in fixed.items()},
-        "exit": {str(t): {"perplexity": math.exp(decoded[t][0] / n), "mean_steps": decoded[t][1] / n,
+        "exit": {str(t): {**{policy: {"perplexity": math.exp(decoded[t][policy][0] / n), "mean_steps": decoded[t][policy][1] / n}
+                             for policy in EXIT_POLICIES},
                           "hf_gather_perplexity": math.exp(gathered[t][0] / n), "hf_gather_mean_steps": gathered[t][1] / n}
                  for t in thresholds},
     }

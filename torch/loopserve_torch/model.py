@@ -37,11 +37,13 @@ Early exit (docs/early-exit.md; a model with the gate and a
 threshold in (0, 1]): per token, remaining = 1, cdf = 0; after step s < the
 last, p = lambda_s * remaining, remaining *= 1 - lambda_s, cdf += p; at the
 last allowed step cdf = 1. The token exits after the first step whose
-cdf >= threshold and its logits come from that step. The slots (s', i) of
-the deeper steps s' of an exited token hold copies of its K/V of step s.
-Only tokens whose logits are sampled exit; the other prompt positions run
-every step. `exit_forward` computes this for a whole sequence at once;
-`Decoder` does it the way a server does, one token at a time with a cache.
+cdf >= threshold and its logits come from that step. Under the "exact"
+policy it still runs every step (every step, select: the published Ouro
+code); under "copy" it stops, and the slots (s', i) of its deeper steps s'
+hold copies of its K/V of step s. Only tokens whose logits are sampled
+exit; the other prompt positions run every step. `exit_forward` computes
+this for a whole sequence at once; `Decoder` does it the way a server does,
+one token at a time with a cache.
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ NORM_LAYOUTS = ("pre", "sandwich", "sandwich_sum")
 ROPE_LAYOUTS = ("half", "interleaved")
 INJECTIONS = ("none", "adapter")
 
+
+# What fills an exited token's deeper cache slots (module docstring).
+EXIT_POLICIES = ("exact", "copy")
 
 @dataclass
 class LoopedConfig:
@@ -443,13 +448,16 @@ class LoopedLlama(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
     def exit_forward(self, tokens: torch.Tensor, loops: int, threshold: float | None, exits: torch.Tensor | None = None,
-                     kv_fp16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                     kv_fp16: bool = False, policy: str = "exact") -> tuple[torch.Tensor, torch.Tensor]:
         """(logits (B, T, vocab), exit step (B, T)) with early exit, for a whole
         sequence at once, as if each position in `exits` (bool (B, T); default:
-        every position) were a sampled token decoded one at a time: such a token
-        stops after the step the rule names, and the deeper steps' attention
-        reads copies of its K/V from that step. The others run every step.
-        threshold None: no exit (every position runs `loops` steps)."""
+        every position) were a sampled token decoded one at a time: such a
+        token's logits come from the step the rule names; under "copy" the
+        deeper steps' attention reads copies of its K/V from that step, under
+        "exact" every step runs. The others run every step. threshold None: no
+        exit (every position runs `loops` steps)."""
+        if policy not in EXIT_POLICIES:
+            raise ValueError(f"policy must be one of {EXIT_POLICIES}, got {policy!r}")
         if not 1 <= loops <= MAX_LOOPS:
             raise ValueError(f"loops must be in [1, {MAX_LOOPS}], got {loops}")
         if threshold is not None and not self.config.exit_gate:
@@ -470,7 +478,7 @@ class LoopedLlama(nn.Module):
         for s in range(loops):
             for i, layer in enumerate(self.stack):
                 def hook(k: torch.Tensor, v: torch.Tensor, i: int = i) -> tuple[torch.Tensor, torch.Tensor]:
-                    if frozen[i] is None or not done.any():
+                    if policy == "exact" or frozen[i] is None or not done.any():
                         return k, v
                     m = done[:, None, :, None]
                     return torch.where(m, frozen[i][0], k), torch.where(m, frozen[i][1], v)
@@ -483,9 +491,6 @@ class LoopedLlama(nn.Module):
                 step = torch.where(now, torch.full_like(step, s), step)
                 done = done | now
         return final @ self.head_weight().t(), step
-
-
-EXIT_POLICIES = ("exact", "copy")
 
 
 class Decoder:

@@ -2,6 +2,7 @@
 early exit computed two ways (whole sequence at once, and token by token with
 a cache) agreeing. Run: /usr/bin/python3 -m unittest discover -s tests"""
 
+import itertools
 import json
 import os
 import tempfile
@@ -96,23 +97,24 @@ class EarlyExit(unittest.TestCase):
 
     def test_exit_whole_sequence_equals_token_by_token(self) -> None:
         """exit_forward (every position after the prompt exits as a sampled token) and the
-        decoder (one token at a time, deeper slots of an exited token filled with copies) agree."""
+        decoder (one token at a time) agree under either policy: exact (every step runs, the
+        exit step selected) and copy (deeper slots of an exited token filled with copies)."""
         m, x = ouro_model(), tokens(16)
         exits = torch.zeros(1, 16, dtype=torch.bool)
         exits[0, 5:] = True  # positions 0..4 are a prompt; its last (4) is sampled, so it exits too
         exits[0, 4] = True
         seen = set()
         with torch.no_grad():
-            for loops, thr in ((4, 0.5), (4, 0.9), (8, 0.7), (3, 1.0)):
-                lg, steps = m.exit_forward(x, loops, thr, exits)
-                d = Decoder(m, loops, thr, kv_fp16=False)
+            for (loops, thr), policy in itertools.product(((4, 0.5), (4, 0.9), (8, 0.7), (3, 1.0)), ("exact", "copy")):
+                lg, steps = m.exit_forward(x, loops, thr, exits, policy=policy)
+                d = Decoder(m, loops, thr, kv_fp16=False, policy=policy)
                 first, s0 = d.prefill(x[0, :5].tolist())
                 rows, got = [first], [s0]
                 for t in x[0, 5:].tolist():
                     row, s = d.step(t)
                     rows.append(row[None])
                     got.append(s)
-                self.assertEqual(got, steps[0, 4:].tolist(), (loops, thr))
+                self.assertEqual(got, steps[0, 4:].tolist(), (loops, thr, policy))
                 self.assertTrue((steps[0, :4] == loops - 1).all())
                 torch.testing.assert_close(torch.cat(rows), lg[0], rtol=0, atol=1e-4)
                 seen |= set(got)
@@ -122,7 +124,7 @@ class EarlyExit(unittest.TestCase):
         m = ouro_model()
         with torch.no_grad():
             for t in range(30):
-                d = Decoder(m, 4, 0.5)
+                d = Decoder(m, 4, 0.5, policy="copy")
                 d.prefill([t, t + 1, t + 2])
                 _, s = d.step(t + 3)
                 if s < 3:
@@ -134,6 +136,25 @@ class EarlyExit(unittest.TestCase):
                     self.assertTrue(torch.equal(d.k[s2 * L + i][:, :, -1], d.k[s * L + i][:, :, -1]))
                     self.assertTrue(torch.equal(d.v[s2 * L + i][:, :, -1], d.v[s * L + i][:, :, -1]))
             self.assertTrue(all(k.shape[2] == 4 for k in d.k))
+
+    def test_exact_exit_is_every_step_select(self) -> None:
+        """The exact policy's logits are each position's at its exit step of a full-depth run
+        (the published code's every step, select), and its cache equals a full-depth run's."""
+        m, x = ouro_model(), tokens(12)
+        with torch.no_grad():
+            states = m.step_states(x, 4)
+            lg, steps = m.exit_forward(x, 4, 0.5, policy="exact")
+            for t in range(12):
+                want = m.head_input(states[int(steps[0, t])][0, t]) @ m.head_weight().t()
+                torch.testing.assert_close(lg[0, t], want, rtol=0, atol=1e-5)
+            d, full = Decoder(m, 4, 0.5, policy="exact"), Decoder(m, 4, None)
+            d.prefill(x[0, :6].tolist())
+            full.prefill(x[0, :6].tolist())
+            for t in x[0, 6:].tolist():
+                d.step(t)
+                full.step(t)
+            for a, b in zip(d.k + d.v, full.k + full.v):
+                self.assertTrue(torch.equal(a, b))
 
     def test_threshold_one_is_fixed_depth(self) -> None:
         m = ouro_model()
@@ -166,10 +187,10 @@ class HuggingFace(unittest.TestCase):
                 load_ouro(d)
             with open(os.path.join(d, "config.json")) as f:
                 cfg = json.load(f)
-            cfg["model_type"] = "llama"
+            cfg["model_type"], cfg["architectures"] = "llama", ["LlamaForCausalLM"]
             with open(os.path.join(d, "config.json"), "w") as f:
                 json.dump(cfg, f)
-            with self.assertRaisesRegex(ModelFileError, "model_type must be 'ouro'"):
+            with self.assertRaisesRegex(ModelFileError, "unknown architecture"):
                 load_ouro(d)
 
 

@@ -1,0 +1,121 @@
+// The checks of the libraries as a whole: what the CUDA library reports
+// and refuses (on any host where it is built: the gating of unverified
+// kernel families is checked without a GPU too), and on a GPU its
+// self-test of the device kernels against their host arithmetic.
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda/loopserve_cuda.h"
+#include "driver.h"
+
+static void check(const char *name, int ok, const char *bar, const char *detail, double t0) {
+    report_check(name, ok ? ST_PASS : ST_FAIL, NAN, bar, detail, now_seconds() - t0);
+}
+
+/* ls_features of each library: the CPU library every feature, the CUDA
+ * library those of its kernel families in use. */
+static void features(const run_ctx *ctx) {
+    double t0 = now_seconds();
+    char detail[256];
+    const int32_t all = LS_FEATURE_SPECULATIVE | LS_FEATURE_PROFILE | LS_FEATURE_KV_COMPRESSED | LS_FEATURE_STACKS |
+                        LS_FEATURE_QUANTIZED;
+    int32_t cpu = ctx->ref.features();
+    snprintf(detail, sizeof detail, "features 0x%x", cpu);
+    check("library/cpu-features", cpu == all, "every LS_FEATURE_*", detail, t0);
+    if (!ctx->cuda) return;
+    const ls_api *cuda = ctx->cuda;
+    int32_t on = cuda->cuda_kernels(-1);
+    int32_t want = on & LS_CUDA_KERNELS_QUANT ? LS_FEATURE_QUANTIZED : 0;
+    snprintf(detail, sizeof detail, "features 0x%x with kernel families 0x%x in use (0x%x verified)", cuda->features(),
+             on, cuda->cuda_kernels_verified());
+    /* the value: the verified families, which the report's target reads */
+    report_check("library/cuda-features", cuda->features() == want ? ST_PASS : ST_FAIL, cuda->cuda_kernels_verified(),
+                 "the families in use", detail, now_seconds() - t0);
+}
+
+/* An unverified family is off by default and its model refused by name;
+ * enabled, the model gets past the refusal (to the device check without a
+ * GPU). The selector is left as found. */
+static void gating(const run_ctx *ctx) {
+    if (!ctx->cuda) return;
+    const ls_api *cuda = ctx->cuda;
+    char path[2048], why[512] = "", err[1024] = "", detail[1400];
+    double t0 = now_seconds();
+    const model_case *mc = case_named("int4-g32");
+    if (!case_model_path(ctx, mc, path, sizeof path, why, sizeof why)) {
+        check("library/cuda-gating", 0, "refused by name while off", why, t0);
+        return;
+    }
+    int32_t was = cuda->cuda_kernels(-1), verified = cuda->cuda_kernels_verified();
+    cuda->cuda_kernels(0);
+    ls_model *m = api_load(cuda, path, err, sizeof err);
+    int refused = !m && strstr(err, "int4 weights") && strstr(err, "validation run");
+    int features_off = cuda->features() == ((verified & LS_CUDA_KERNELS_QUANT) ? LS_FEATURE_QUANTIZED : 0);
+    if (m) cuda->model_free(m);
+    snprintf(detail, sizeof detail, "off: %s", m ? "loaded" : err);
+    if (verified & LS_CUDA_KERNELS_QUANT) {
+        snprintf(detail, sizeof detail, "the quantized kernels are verified: on by default");
+        refused = 1;
+    }
+    check("library/cuda-gating-off", refused && features_off, "refused by name while off", detail, t0);
+    t0 = now_seconds();
+    cuda->cuda_kernels(LS_CUDA_KERNELS_QUANT);
+    m = api_load(cuda, path, err, sizeof err);
+    int passed = m || (!ctx->gpu && strstr(err, "no usable CUDA device"));
+    int features_on = cuda->features() == LS_FEATURE_QUANTIZED;
+    snprintf(detail, sizeof detail, "enabled: %s", m ? "loaded" : err);
+    if (m) cuda->model_free(m);
+    check("library/cuda-gating-on", passed && features_on, ctx->gpu ? "loads" : "gets to the device check", detail, t0);
+    cuda->cuda_kernels(was);
+}
+
+/* What the CUDA library still refuses, on a GPU: compressed caches, speculative cycles. */
+static void refusals(const run_ctx *ctx) {
+    if (!ctx->gpu) return;
+    char path[2048], why[512] = "", err[1024] = "", detail[1100];
+    double t0 = now_seconds();
+    const model_case *mc = case_named("fp16");
+    ls_model *m = case_model_path(ctx, mc, path, sizeof path, why, sizeof why) ? api_load(&ctx->cand, path, err, sizeof err) : NULL;
+    if (!m) {
+        check("library/cuda-kv-refused", 0, "refused by name", why[0] ? why : err, t0);
+        return;
+    }
+    ls_session_params p = {.max_seq = 32, .loops = 2, .kv_mode = LS_KV_INT8};
+    ls_session *s = ctx->cand.session_new(m, &p, err, sizeof err);
+    snprintf(detail, sizeof detail, "kv_mode int8: %s", s ? "a session was made" : err);
+    check("library/cuda-kv-refused", !s && strstr(err, "fp16 key/value cache"), "refused by name", detail, t0);
+    if (s) ctx->cand.session_free(s);
+    t0 = now_seconds();
+    s = api_session(&ctx->cand, m, 32, 2, 0);
+    ls_spec_params sp = {.draft_loops = 1, .verify_loops = 2, .draft_ahead = 2, .k_branches = 1, .max_new = 4,
+                         .sampling = {.top_p = 1.0f, .repetition_penalty = 1.0f}};
+    int32_t out[LS_SPEC_MAX_AHEAD + 1], rc = s ? ctx->cand.spec_cycle(s, 0, &sp, out, NULL) : LS_ERR_NOMEM;
+    snprintf(detail, sizeof detail, "ls_spec_cycle: %s", ctx->cand.status_str(rc));
+    check("library/cuda-speculative-unsupported", rc == LS_ERR_UNSUPPORTED, "LS_ERR_UNSUPPORTED", detail, t0);
+    if (s) ctx->cand.session_free(s);
+    ctx->cand.model_free(m);
+}
+
+static void selftest(const run_ctx *ctx) {
+    if (!ctx->gpu || ctx->quick) return; /* the short run's cases take every kernel path already */
+    char detail[512];
+    double t0 = now_seconds();
+    int32_t failed = ctx->cand.cuda_selftest(detail, sizeof detail);
+    report_check("library/cuda-selftest", failed == 0 ? ST_PASS : ST_FAIL, failed, "bit-identical to the host", detail,
+                 now_seconds() - t0);
+}
+
+void run_library_checks(run_ctx *ctx) {
+    double t0 = now_seconds();
+    char detail[160];
+    if (ctx->cuda) {
+        int32_t n = ctx->cuda->cuda_device_count();
+        snprintf(detail, sizeof detail, "%d device(s)", n);
+        check("library/cuda-device-count", ctx->gpu ? n > 0 : n == 0, ctx->gpu ? ">= 1" : "0 without a GPU", detail, t0);
+    }
+    features(ctx);
+    gating(ctx);
+    refusals(ctx);
+    selftest(ctx);
+}
