@@ -170,13 +170,14 @@ async function buildExecutable(libraries: string[]): Promise<void> {
   // The libraries are extra entry points: Bun embeds them as files, listed in
   // Bun.embeddedFiles under their own names (--asset-naming), which is where
   // src/engine/library.ts finds them. The tokenizer's WASM and ranks are
-  // embedded through src/tokenizer/tokenizer.ts's imports; its pool's worker is an
-  // entry point of its own, and --root src/tokenizer puts it beside the main
-  // module, where src/tokenizer/pool.ts's URL for it points.
+  // embedded through src/tokenizer/tokenizer.ts's imports. Each worker thread's
+  // module is an entry point of its own (the tokenizer pool's, the format
+  // compiler's), and --root src puts it under its path below src/, where
+  // src/worker_url.ts's URL for it points.
   await run([
     process.execPath, "build", "--compile", "--minify-syntax", "--minify-whitespace", "--target=bun-linux-x64-baseline",
-    "--asset-naming=[name].[ext]", "--root", join(root, "src", "tokenizer"),
-    join(root, "src", "cli", "main.ts"), join(root, "src", "tokenizer", "worker.ts"), ...extraLibraries,
+    "--asset-naming=[name].[ext]", "--root", join(root, "src"),
+    join(root, "src", "cli", "main.ts"), join(root, "src", "tokenizer", "worker.ts"), join(root, "src", "grammar", "compile_worker.ts"), ...extraLibraries,
     "--outfile", join(root, "dist", "loopserve"),
   ]);
 }

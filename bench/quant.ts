@@ -11,7 +11,7 @@ import { basename, dirname, join } from "node:path";
 import { kernelLibrary, measureEngine } from "../src/cli/bench/engine.ts";
 import { benchModel } from "../src/cli/bench/models.ts";
 import { printTable, type Row } from "../src/cli/bench/table.ts";
-import { NativeModel } from "../src/engine/binding.ts";
+import { NativeModel, NativeQuantizer } from "../src/engine/binding.ts";
 import type { SimdChoice } from "../src/engine/types.ts";
 import { formatQuantMix } from "../src/model/format.ts";
 import { DEFAULT_MIX, type HeadQuant, type QuantMix, quantizeModelFile, type WeightQuant } from "../src/model/quantize.ts";
@@ -69,9 +69,14 @@ export function quantizedPath(src: string, f: WeightFormat, groupSize: number): 
   const out = join(dirname(src), `${basename(src, ".safetensors")}-${f.quant}${mix}-g${groupSize}-head${f.head}.safetensors`);
   const newest = Math.max(statSync(src).mtimeMs, statSync(QUANTIZER_SOURCE).mtimeMs);
   if (!existsSync(out) || statSync(out).mtimeMs < newest) {
-    withProgress(`quantizing ${out} (once; reused afterwards)`, process.stderr, (onProgress) =>
-      quantizeModelFile(src, out, { quant: f.quant, groupSize, head: f.head, mix: f.mix, onProgress }),
-    );
+    const quantizer = NativeQuantizer.open(kernelLibrary(), 0);
+    try {
+      withProgress(`quantizing ${out} (once; reused afterwards)`, process.stderr, (onProgress) =>
+        quantizeModelFile(src, out, { quant: f.quant, groupSize, head: f.head, mix: f.mix, onProgress, quantizer }),
+      );
+    } finally {
+      quantizer.close();
+    }
   }
   return out;
 }

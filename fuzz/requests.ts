@@ -106,6 +106,26 @@ const hostile: fc.Arbitrary<unknown> = fc.oneof(
 /** Mostly a plausible value, sometimes a hostile one (for fields inside fields). */
 const field = (plausible: fc.Arbitrary<unknown>) => fc.oneof({ weight: 4, arbitrary: plausible }, { weight: 1, arbitrary: hostile });
 
+/** A JSON Schema, plausible or hostile: keywords with values of any shape, patterns, references, nesting. */
+const schemaKeyword = fc.constantFrom("type", "properties", "required", "items", "enum", "pattern", "format", "$ref", "anyOf", "oneOf", "minimum", "maxLength", "additionalProperties", "x-vendor");
+const schemaLike: fc.Arbitrary<unknown> = fc.letrec<{ schema: unknown }>((tie) => ({
+  schema: fc.oneof(
+    { depthSize: "small", withCrossShrink: true },
+    fc.constantFrom({ type: "string" }, { type: "integer", minimum: 0 }, { type: "string", pattern: "^[a-z]{2,5}$" }, { $ref: "#/$defs/x" }, { enum: ["a", 1, null] }, true),
+    fc.dictionary(schemaKeyword, fc.oneof(tie("schema"), hostile, fc.array(tie("schema"), { maxLength: 3 }), text), { maxKeys: 4 }),
+  ),
+})).schema;
+
+/** A response format: OpenAI's shapes, well formed or not. */
+const responseFormat = fc.oneof(
+  fc.record({ type: fc.constantFrom("text", "json_object") }),
+  fc.record({ type: fc.constant("json_schema"), json_schema: fc.record({ name: text, schema: schemaLike, strict: field(fc.boolean()) }, { requiredKeys: [] }) }),
+  hostile,
+);
+
+/** An EBNF grammar, well formed or not. */
+const grammar = fc.oneof(fc.constantFrom('root ::= "yes" | "no"', "root ::= [0-9]+", "root ::= missing", 'root ::= "a"{2,3}'), text);
+
 // ---- fields of each family (src/wire/requests.ts) ----
 
 type Fields = Record<string, fc.Arbitrary<unknown>>;
@@ -135,6 +155,8 @@ const native: Fields = {
   sample_seed: fc.nat(),
   stop: fc.oneof(text, fc.array(text, { maxLength: 3 }), fc.array(fc.nat({ max: 50_300 }), { maxLength: 3 })),
   cache_window: fc.integer({ min: 0, max: 300 }),
+  response_format: responseFormat,
+  grammar,
 };
 
 const compat: Fields = {
@@ -155,7 +177,7 @@ const compatRefused: Fields = {
   n: fc.integer({ min: 0, max: 4 }),
   logprobs: fc.boolean(),
   top_logprobs: fc.integer({ min: 0, max: 20 }),
-  response_format: fc.record({ type: fc.constantFrom("text", "json_object") }),
+  response_format: responseFormat,
   tools: fc.array(fc.record({ type: fc.constant("function") }), { maxLength: 1 }),
   suffix: text,
   best_of: fc.integer({ min: 0, max: 3 }),

@@ -16,10 +16,10 @@
 static inline int32_t ls_exit_policy_of(const ls_step_params *p) { return p->exit_policy & LS_EXIT_POLICY_MASK; }
 static inline int32_t ls_exit_rule_of(const ls_step_params *p) { return p->exit_policy & ~LS_EXIT_POLICY_MASK; }
 
-/* A step's settings as ls_session_step accepts them (sampling checked only
- * when the row samples): a policy, at most one zero-shot rule, and a
- * threshold in the rule's range (the gate's [0, 1], a zero-shot rule's
- * finite >= 0). */
+/* A step's settings as ls_batch_step accepts them (sampling checked only
+ * when the row samples, which a masked row must): a policy, at most one
+ * zero-shot rule, and a threshold in the rule's range (the gate's [0, 1], a
+ * zero-shot rule's finite >= 0). */
 static inline int ls_step_params_ok(const ls_step_params *p, int32_t sample) {
     const int32_t policy = ls_exit_policy_of(p), rule = ls_exit_rule_of(p);
     const float t = p->exit_threshold;
@@ -27,7 +27,7 @@ static inline int ls_step_params_ok(const ls_step_params *p, int32_t sample) {
                         : rule == LS_EXIT_RULE_KL || rule == LS_EXIT_RULE_ENTROPY
                             ? policy != LS_EXIT_NONE && t >= 0.0f && !isinf(t)
                             : 0;
-    return policy >= LS_EXIT_NONE && policy <= LS_EXIT_COPY && rule_ok && p->reserved == 0 &&
+    return policy >= LS_EXIT_NONE && policy <= LS_EXIT_COPY && rule_ok && (p->masked == 0 || (p->masked == 1 && sample)) &&
            (!sample || ls_sampling_ok(&p->sampling));
 }
 
@@ -49,10 +49,11 @@ static inline int ls_step_exits(const ls_model *m, const ls_step_params *p, int3
 }
 
 /* Checks every row before anything runs: distinct sessions of model m, each
- * row's tokens, depth and room as ls_session_step checks them. Writes each
- * row's status to out; returns the first error, or LS_OK. */
+ * row's tokens, depth and room as ls_session_step checks them, and a mask
+ * for each masked row. Writes each row's status to out; returns the first
+ * error, or LS_OK. */
 static inline int32_t ls_check_batch(const ls_model *m, ls_session *const *sessions, const ls_batch_row *rows,
-                                     int32_t n_rows, const int32_t *tokens, int32_t *out) {
+                                     int32_t n_rows, const int32_t *tokens, const uint32_t *masks, int32_t *out) {
     if (!m || !sessions || !rows || !tokens || !out || n_rows < 1 || n_rows > LS_BATCH_MAX_ROWS) return LS_ERR_ARG;
     int32_t first = LS_OK;
     int64_t off = 0;
@@ -60,7 +61,8 @@ static inline int32_t ls_check_batch(const ls_model *m, ls_session *const *sessi
         const ls_batch_row *r = &rows[i];
         int32_t rc = LS_OK;
         if (!sessions[i] || ls_session_view(sessions[i]).m != m || r->n_tokens < 1 || (r->sample != 0 && r->sample != 1) ||
-            !ls_step_params_ok(&r->step, r->sample) || !ls_step_exit_ok(ls_session_view(sessions[i]), &r->step))
+            !ls_step_params_ok(&r->step, r->sample) || !ls_step_exit_ok(ls_session_view(sessions[i]), &r->step) ||
+            (r->step.masked && !masks))
             rc = LS_ERR_ARG;
         for (int32_t j = 0; j < i && rc == LS_OK; j++)
             if (sessions[j] == sessions[i]) rc = LS_ERR_ARG;
@@ -172,15 +174,17 @@ static inline void ls_batch_unit_done(ls_session *const *sessions, const ls_batc
     }
 }
 
-/* A block has run every unit: its pieces' tokens join their sessions' histories. */
+/* A block has run every unit: its pieces' tokens join their sessions'
+ * histories, each at its own positions (an exiting token's piece may have
+ * moved ahead of the rest of its row). */
 static inline void ls_batch_block_done(ls_session *const *sessions, const ls_batch_piece *pieces, int32_t n,
                                        const int32_t *tokens) {
     for (int32_t i = 0; i < n; i++) {
         const ls_batch_piece *p = &pieces[i];
         ls_session *s = sessions[p->row];
         if (p->first < 0) continue; /* deferred rows: positions it holds already */
-        memcpy(s->tokens + s->pos, tokens + p->first, (size_t)p->n * sizeof *tokens);
-        s->pos += p->n;
+        memcpy(s->tokens + p->pos0, tokens + p->first, (size_t)p->n * sizeof *tokens);
+        if (p->pos0 + p->n > s->pos) s->pos = p->pos0 + p->n;
     }
 }
 

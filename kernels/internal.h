@@ -98,6 +98,13 @@ struct ls_model {
 /* pipeline.c: ends the model's pipeline thread (after a step it runs). */
 void ls_pipeline_free(ls_model *m);
 
+/* ls_batch_step with a gate, which each backend's batch step provides:
+ * gate(gate_ctx), when gate is set, is called once after the forward pass
+ * and before the draws (pipeline.c waits there for the caller's masks). */
+int32_t ls_batch_step_gated(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
+                            const int32_t *tokens, const uint32_t *masks, float *logits_out, int32_t *out,
+                            void (*gate)(void *), void *gate_ctx);
+
 /* Provided by runtime.c. Called once by ls_model_load after the descriptor is
  * checked; on failure writes err and returns a negative LS_ERR_*. */
 int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd, char *err, int32_t err_len);

@@ -38,7 +38,7 @@
 extern "C" {
 #endif
 
-#define LS_ABI_VERSION 11
+#define LS_ABI_VERSION 13
 
 /* ---- status codes ---- */
 typedef enum {
@@ -61,7 +61,9 @@ typedef enum {
     LS_FEATURE_KV_COMPRESSED = 4, /* kv_mode other than LS_KV_FP16 */
     LS_FEATURE_STACKS = 8,        /* n_layers > 1, sandwich and step norms, the exit gate (ls_model_config) */
     LS_FEATURE_QUANTIZED = 16,    /* int4 / int2 weights and int8 / int6 / int4 output heads (LS_QUANT_*, head_bits) */
-    LS_FEATURE_RECURRENT = 32,    /* recurrent depth (ls_model_config): a prelude and a coda, input injection,
+    LS_FEATURE_TOKEN_MASK = 32,   /* masked draws: ls_step_params.masked, ls_spec_cycle_masked (token masks, below) */
+    LS_FEATURE_QUANTIZE = 64,     /* ls_quantizer_new, ls_quantize: the weight quantizer */
+    LS_FEATURE_RECURRENT = 128,   /* recurrent depth (ls_model_config): a prelude and a coda, input injection,
                                    * q/k biases, interleaved RoPE, head_dim other than dim / n_heads; the
                                    * zero-shot exit rules and cache_steps */
 } ls_feature;
@@ -566,9 +568,20 @@ typedef struct {
     int32_t exit_policy;    /* LS_EXIT_*, default 0 = fixed depth; the gate's rule needs a model with an exit gate */
     float exit_threshold;   /* with an exit policy (below): 0..1 for the gate, finite >= 0 for a zero-shot rule;
                              * ignored without one */
-    int32_t reserved;       /* 0 */
+    int32_t masked;         /* default 0; 1: the draw is restricted to the tokens the row's token mask allows
+                             * (ls_batch_step's masks; a sampling row only, LS_FEATURE_TOKEN_MASK) */
     ls_sampling sampling;
 } ls_step_params;
+
+/* Token masks (structured output, docs/structured-output.md): which tokens a
+ * draw may return. A mask is (vocab_size + 31) / 32 uint32 words; token t is
+ * allowed when bit t % 32 of word t / 32 is set (bits past vocab_size are
+ * ignored). A masked draw first sets every logit the mask does not allow to
+ * -inf, then draws as ls_sample does: greedy picks the best allowed token,
+ * sampling draws from the distribution renormalised over the allowed ones.
+ * The logits a masked step hands back (logits_out) are the masked logits,
+ * so log-probabilities computed from them are the masked distribution's.
+ * A mask that allows no token makes the draw fail (LS_ERR_ARG). */
 
 /* Learned early exit (docs/early-exit.md). After each step s of the token
  * whose logits are sampled, the gate gives lambda_s = sigmoid(h . w + b)
@@ -608,7 +621,8 @@ typedef struct {
  * call's loops without early exit), or LS_ERR_ARG for NULL. */
 int32_t ls_session_last_steps(const ls_session *s);
 
-/* One generation step in one call: ls_session_forward of the n tokens at
+/* One generation step in one call (params->masked 0: a masked step goes
+ * through ls_batch_step): ls_session_forward of the n tokens at
  * params->loops, then ls_sample on the last token's logits with the
  * session's whole token history (prompt + generated) for the repetition
  * penalty, and the RNG counter = the position the sampled token will
@@ -633,9 +647,12 @@ typedef struct {
 /* Advances n_rows distinct sessions of model m in one call: row i feeds
  * its tokens to sessions[i] at rows[i].step.loops and, when it samples,
  * draws out[i] exactly as ls_session_step would (out[i] = 0 otherwise).
- * The tokens of all rows lie one after another in `tokens`. logits_out:
- * NULL, or (n_rows, vocab) floats whose row i receives a sampling row's
- * last logits before any sampling transform (other rows untouched).
+ * The tokens of all rows lie one after another in `tokens`. masks: NULL
+ * when no row is masked, else n_rows token masks one after another (row
+ * i's at i * words, read only for rows with step.masked 1): a masked row
+ * draws under its mask. logits_out: NULL, or (n_rows, vocab) floats whose
+ * row i receives a sampling row's last logits before any sampling transform
+ * but the mask (other rows untouched).
  *
  * Every row's logits and token are bit-identical to running it alone with
  * ls_session_step / ls_session_forward: the matmuls read the weights once
@@ -648,7 +665,7 @@ typedef struct {
  * session whose cache cannot grow for its row gives LS_ERR_NOMEM the same
  * way, before any row runs. */
 int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
-                      const int32_t *tokens, float *logits_out, int32_t *out);
+                      const int32_t *tokens, const uint32_t *masks, float *logits_out, int32_t *out);
 
 /* Pipelined steps: ls_batch_step in two halves, so the caller's thread is
  * free while the step runs (docs/serving-overhead.md): ls_pipeline_begin
@@ -656,10 +673,16 @@ int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_r
  * once (LS_ERR_STATE while a step begun before has not been ended);
  * ls_pipeline_end waits for it and returns what ls_batch_step returned, its
  * outputs written. Until then every array passed stays valid and unchanged,
- * and the caller makes no other call on m or its sessions. Results are
- * ls_batch_step's, bit for bit. */
+ * and the caller makes no other call on m or its sessions, with one
+ * exception: the masks. A step with masked rows runs its forward pass and
+ * then waits, before its draws, for ls_pipeline_masks_ready; until that
+ * call the caller may still write `masks` (so a server computes the next
+ * token masks while the step's forward pass runs). ls_pipeline_end makes
+ * the masks ready if that call has not. Results are ls_batch_step's, bit
+ * for bit, with the masks as they were when made ready. */
 int32_t ls_pipeline_begin(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
-                          const int32_t *tokens, float *logits_out, int32_t *out);
+                          const int32_t *tokens, const uint32_t *masks, float *logits_out, int32_t *out);
+int32_t ls_pipeline_masks_ready(ls_model *m);
 int32_t ls_pipeline_end(ls_model *m);
 
 /* ---- sampling ---- */
@@ -731,7 +754,8 @@ int32_t ls_spec_cycle(ls_session *s, int32_t pending, const ls_spec_params *para
                       int32_t *out_stats);
 
 /* ls_spec_cycle, also handing back the verifier's distribution of every
- * returned token (for log-probabilities). logits_out: NULL, or room for
+ * returned token (for log-probabilities): ls_spec_cycle_masked without a
+ * mask. logits_out: NULL, or room for
  * (draft_ahead + 1) * vocab_size floats; row i receives the logits at
  * verify_loops that out_tokens[i] was accepted or drawn against (the
  * position before it, on the accepted path), before any sampling
@@ -739,6 +763,77 @@ int32_t ls_spec_cycle(ls_session *s, int32_t pending, const ls_spec_params *para
  * plain decoding reaches that position. Written only on success. */
 int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_params *params, int32_t *out_tokens,
                              int32_t *out_stats, float *logits_out);
+
+/* The token mask after a path (structured output): writes into `mask` the
+ * mask of the token that may follow the cycle's pending token and then the
+ * n tokens of path, and returns 1; returns 0, mask unwritten, when no token
+ * may follow that path (the format is complete there, or the path left it);
+ * a negative LS_ERR_* fails the cycle with it. Called on the cycle's thread
+ * (the caller's), never concurrently. */
+typedef int32_t (*ls_mask_fn)(void *ctx, const int32_t *path, int32_t n, uint32_t *mask);
+
+/* ls_spec_cycle_logits under token masks: every draft and every verifier
+ * draw at a position is masked by mask_fn's mask for the path before it
+ * (the drafts, and the verification of each row, in the chain and the
+ * tree), and logits_out holds the masked logits, so greedy output is
+ * bit-identical to masked ls_batch_step decoding at verify_loops and
+ * sampled output has its distribution. mask_fn NULL: no mask. A draft
+ * reaching a path no token may follow drafts on unmasked (its rows are
+ * never accepted); when the verifier reaches such a path (after j >= 1
+ * tokens; the pending token's own path must allow a token) the cycle ends
+ * there: it returns those j tokens, the last the next pending one, with no
+ * token of the verifier's own, and commits j positions. mask_fn is asked
+ * only for paths the cycle needs. LS_ERR_UNSUPPORTED from a library without
+ * LS_FEATURE_TOKEN_MASK when mask_fn is set. */
+int32_t ls_spec_cycle_masked(ls_session *s, int32_t pending, const ls_spec_params *params, ls_mask_fn mask_fn,
+                             void *mask_ctx, int32_t *out_tokens, int32_t *out_stats, float *logits_out);
+
+/* ---- weight quantization (kernels/cpu/quantize.c, docs/model-format.md) ----
+ *
+ * What `loopserve model quantize` runs: one matrix at a time, rows of an
+ * F32, F16 or BF16 matrix [rows, cols] into a format of "weight formats"
+ * above (qweight, scales and, int2 only, zeros, laid out as the file holds
+ * them). Each group's scale (int2: scale and offset) is searched among
+ * fixed candidates for the least squared error; the procedure and its
+ * arithmetic are written down in src/model/quantize.ts, the reference
+ * quantizer, whose bytes these are: every SIMD path and thread count gives
+ * the same output. */
+
+/* The element type of the rows ls_quantize reads. */
+typedef enum {
+    LS_QUANTIZE_F32 = 0,
+    LS_QUANTIZE_F16 = 1,
+    LS_QUANTIZE_BF16 = 2,
+} ls_quantize_input;
+
+/* One matrix's format. */
+typedef struct {
+    int32_t bits;  /* 4 or 2 (a block matrix's int4 / int2), 8 or 6 (the head's int8 / int6); int4 heads are 4 */
+    int32_t group; /* inputs per scale: a power of two in [LS_QUANT_GROUP_MIN, LS_QUANT_GROUP_MAX] dividing cols */
+    int32_t cols;  /* inputs per row, 1..LS_MAX_FFN_DIM; with bits 6 a multiple of 64 */
+    int32_t input; /* LS_QUANTIZE_*: src's element type */
+} ls_quantize_params;
+
+typedef struct ls_quantizer ls_quantizer;
+
+/* A quantizer with its own pool of n_threads threads (<= 0: every online
+ * core) and SIMD path (LS_SIMD_AUTO: the best the CPU has; a path it lacks
+ * is refused). NULL with the reason in err on failure, or without
+ * LS_FEATURE_QUANTIZE. */
+ls_quantizer *ls_quantizer_new(int32_t n_threads, int32_t simd, char *err, int32_t err_len);
+void ls_quantizer_free(ls_quantizer *q);
+
+/* The LS_SIMD_* path q runs. */
+int32_t ls_quantizer_simd(const ls_quantizer *q);
+
+/* Quantizes `rows` rows of src (rows * cols elements of p->input) into
+ * qweight (rows * cols * bits / 8 bytes), scales (rows * cols / group fp16)
+ * and, bits 2 only, zeros (as many; NULL otherwise). Returns 0, or
+ * LS_ERR_ARG for bad parameters or weights the format cannot hold (a
+ * group's scale or offset beyond fp16: too large, infinite, or an int8
+ * group holding a NaN), the reason in err; the outputs are then undefined. */
+int32_t ls_quantize(ls_quantizer *q, const ls_quantize_params *p, const void *src, int32_t rows, uint8_t *qweight,
+                    uint16_t *scales, uint16_t *zeros, char *err, int32_t err_len);
 
 #ifdef __cplusplus
 }

@@ -9,7 +9,9 @@
  * directly. Both libraries link this file.
  *
  * One step at a time per model: begin hands it over, end waits for it. The
- * thread starts at the first begin and is joined by ls_model_free.
+ * thread starts at the first begin and is joined by ls_model_free. A step
+ * with token masks waits between its forward pass and its draws until the
+ * caller has made the masks ready (ls_pipeline_masks_ready, or end).
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -29,10 +31,20 @@ typedef struct ls_pipeline {
     const ls_batch_row *rows;
     int32_t n_rows;
     const int32_t *tokens;
+    const uint32_t *masks;
     float *logits_out;
     int32_t *out;
     int32_t rc;
+    int masks_ready; /* the caller wrote the masks: the draws may read them */
 } ls_pipeline;
+
+/* The step's gate (ls_batch_step_gated): the draws wait for the masks. */
+static void wait_for_masks(void *arg) {
+    ls_pipeline *st = arg;
+    pthread_mutex_lock(&st->mu);
+    while (!st->masks_ready) pthread_cond_wait(&st->cv, &st->mu);
+    pthread_mutex_unlock(&st->mu);
+}
 
 static void *pipeline_thread(void *arg) {
     ls_pipeline *st = arg;
@@ -41,7 +53,8 @@ static void *pipeline_thread(void *arg) {
         while (st->state != QUEUED && st->state != QUIT) pthread_cond_wait(&st->cv, &st->mu);
         if (st->state == QUIT) break;
         pthread_mutex_unlock(&st->mu);
-        int32_t rc = ls_batch_step(st->m, st->sessions, st->rows, st->n_rows, st->tokens, st->logits_out, st->out);
+        int32_t rc = ls_batch_step_gated(st->m, st->sessions, st->rows, st->n_rows, st->tokens, st->masks,
+                                         st->logits_out, st->out, st->masks ? wait_for_masks : NULL, st);
         pthread_mutex_lock(&st->mu);
         st->rc = rc;
         st->state = DONE;
@@ -71,7 +84,7 @@ fail_mu:
 }
 
 int32_t ls_pipeline_begin(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
-                          const int32_t *tokens, float *logits_out, int32_t *out) {
+                          const int32_t *tokens, const uint32_t *masks, float *logits_out, int32_t *out) {
     if (m == NULL) return LS_ERR_ARG;
     ls_pipeline *st = pipeline_of(m);
     if (st == NULL) return LS_ERR_NOMEM;
@@ -85,6 +98,8 @@ int32_t ls_pipeline_begin(ls_model *m, ls_session *const *sessions, const ls_bat
         st->rows = rows;
         st->n_rows = n_rows;
         st->tokens = tokens;
+        st->masks = masks;
+        st->masks_ready = masks == NULL;
         st->logits_out = logits_out;
         st->out = out;
         st->state = QUEUED;
@@ -94,15 +109,31 @@ int32_t ls_pipeline_begin(ls_model *m, ls_session *const *sessions, const ls_bat
     return rc;
 }
 
+/* Lets the begun step's draws read its masks; LS_ERR_STATE when none was begun. */
+static int32_t release_masks(ls_pipeline *st) {
+    if (st->state == IDLE) return LS_ERR_STATE;
+    st->masks_ready = 1;
+    pthread_cond_broadcast(&st->cv);
+    return LS_OK;
+}
+
+int32_t ls_pipeline_masks_ready(ls_model *m) {
+    if (m == NULL) return LS_ERR_ARG;
+    ls_pipeline *st = m->pipeline;
+    if (st == NULL) return LS_ERR_STATE;
+    pthread_mutex_lock(&st->mu);
+    int32_t rc = release_masks(st);
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
 int32_t ls_pipeline_end(ls_model *m) {
     if (m == NULL) return LS_ERR_ARG;
     ls_pipeline *st = m->pipeline;
     if (st == NULL) return LS_ERR_STATE;
     pthread_mutex_lock(&st->mu);
-    int32_t rc;
-    if (st->state == IDLE) {
-        rc = LS_ERR_STATE; /* nothing was begun */
-    } else {
+    int32_t rc = release_masks(st); /* nothing was begun: LS_ERR_STATE */
+    if (rc == LS_OK) {
         while (st->state != DONE) pthread_cond_wait(&st->cv, &st->mu);
         rc = st->rc;
         st->state = IDLE;
@@ -115,6 +146,8 @@ void ls_pipeline_free(ls_model *m) {
     ls_pipeline *st = m->pipeline;
     if (st == NULL) return;
     pthread_mutex_lock(&st->mu);
+    st->masks_ready = 1; /* a step waiting for its masks draws with them as they are */
+    pthread_cond_broadcast(&st->cv);
     while (st->state == QUEUED) pthread_cond_wait(&st->cv, &st->mu); /* a step still running finishes first */
     st->state = QUIT;
     pthread_cond_broadcast(&st->cv);

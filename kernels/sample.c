@@ -167,6 +167,16 @@ static inline uint64_t weight(float vi, float vmax, float temperature) {
 /* Up to this top_k, a size-k heap beats quickselect. */
 #define HEAP_K_MAX 128
 
+void ls_mask_logits(float *logits, int32_t vocab, const uint32_t *mask) {
+    for (int32_t w = 0; w < (int32_t)ls_mask_words(vocab); w++) {
+        uint32_t bits = mask[w];
+        if (bits == UINT32_MAX) continue; /* a whole word allowed: the common case inside a string */
+        int32_t base = w * 32, n = vocab - base < 32 ? vocab - base : 32;
+        for (int32_t b = 0; b < n; b++)
+            if (!((bits >> b) & 1u)) logits[base + b] = -INFINITY;
+    }
+}
+
 void ls_penalise(float *v, const float *logits, int32_t vocab, const int32_t *history, int32_t n_history,
                  float penalty) {
     for (int32_t i = 0; i < vocab; i++) v[i] = logits[i] != logits[i] ? -INFINITY : logits[i];

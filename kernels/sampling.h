@@ -9,6 +9,7 @@
 #define LS_SAMPLING_H
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "loopserve.h"
@@ -49,6 +50,12 @@ static inline float ls_penalised(float l, float penalty) {
     if (l != l) return -INFINITY;
     return l > 0.0f ? l / penalty : l * penalty;
 }
+
+/* Words of a token mask over vocab entries (loopserve.h, token masks). */
+static inline size_t ls_mask_words(int32_t vocab) { return ((size_t)vocab + 31) / 32; }
+
+/* Sets logits[i] to -inf for every token i < vocab the mask does not allow. */
+void ls_mask_logits(float *logits, int32_t vocab, const uint32_t *mask);
 
 /* v[i] = logits[i] with NaN read as -inf, and ls_penalised once per
  * distinct history id in [0, vocab). */

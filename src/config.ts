@@ -34,6 +34,13 @@ export interface Config {
   readonly maxBodyBytes: number;
   /** SERVICE_BODY_TIMEOUT_MS: a request body that sends nothing for this long gets 408 and its connection is closed. */
   readonly bodyTimeoutMs: number;
+  /**
+   * SERVICE_FORMAT_COMPILE_MS: a response format (JSON Schema or grammar) whose
+   * compile takes longer than this is refused with a 400 (docs/structured-output.md).
+   */
+  readonly formatCompileMs: number;
+  /** SERVICE_FORMAT_CACHE: compiled response formats kept, most recently used first. */
+  readonly formatCache: number;
   /** Latency target inherited by every submission; null = none. */
   readonly defaultSloMs: number | null;
   readonly prefixPoolCapacity: number;
@@ -108,6 +115,9 @@ const MIN_MAX_BODY_BYTES = 1024;
 // sending (nginx waits 60 s between two reads of a body), short enough that
 // connections holding half-sent bodies do not pile up memory and descriptors.
 const DEFAULT_BODY_TIMEOUT_MS = 30_000;
+/** Compile bounds of a response format (docs/structured-output.md#how-it-works). */
+const DEFAULT_FORMAT_COMPILE_MS = 2000;
+const DEFAULT_FORMAT_CACHE = 256;
 
 type Env = Record<string, string | undefined>;
 
@@ -272,6 +282,8 @@ export function loadConfig(env: Env = process.env, flags: ConfigFlags = {}): Con
     kvCacheMb: read(env, "SERVICE_KV_CACHE_MB") === undefined ? null : integer(env, "SERVICE_KV_CACHE_MB", 0, 1, 1 << 30),
     maxBodyBytes: integer(env, "SERVICE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, MIN_MAX_BODY_BYTES),
     bodyTimeoutMs: integer(env, "SERVICE_BODY_TIMEOUT_MS", DEFAULT_BODY_TIMEOUT_MS, 100, 3_600_000),
+    formatCompileMs: integer(env, "SERVICE_FORMAT_COMPILE_MS", DEFAULT_FORMAT_COMPILE_MS, 10, 600_000),
+    formatCache: integer(env, "SERVICE_FORMAT_CACHE", DEFAULT_FORMAT_CACHE, 1, 100_000),
     defaultSloMs: positiveNumber(env, "SERVICE_DEFAULT_SLO_MS"),
     prefixPoolCapacity: integer(env, "SERVICE_PREFIX_POOL_CAPACITY", 16, 0),
     buildDir: libraryConfig(env).buildDir,

@@ -1,10 +1,10 @@
 // The single executable (docs/architecture.md#build): `bun run build` makes dist/loopserve;
 // copied ALONE into an empty directory and run there with a bare environment
 // (no node_modules, no build directory, no source tree), it writes a model,
-// serves it, and answers a chat completion, a native generation, /metrics
-// and the playground page at /, imports a Hugging Face checkpoint and
-// serves its chat through the model's own template (the Jinja engine it
-// carries), using the kernel library it carries
+// serves it, and answers a chat completion, a native generation (free and
+// under a JSON Schema), /metrics and the playground page at /, imports a
+// Hugging Face checkpoint and serves its chat through the model's own
+// template (the Jinja engine it carries), using the kernel library it carries
 // (extracted once to its cache directory under a content-hashed name,
 // safely when two start at once).
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
@@ -137,6 +137,13 @@ describe("the compiled executable, alone in an empty directory", () => {
       // A prompt past the inline limit is tokenized by the worker thread the executable embeds.
       const long = await a.post("/generate", { prompt: "ÃÂ".repeat(32 * 300), max_tokens: 1 }); // GPT-2 token 35496, 300 times
       expect((await jsonBody(long, GenerateResponse)).stats.prompt_tokens).toBe(300);
+
+      // Structured output: the grammar engine's WebAssembly and the format compiler's worker are in the executable too.
+      const schema = { type: "object", properties: { answer: { enum: ["yes", "no"] } }, required: ["answer"] };
+      const format = await a.post("/generate", { prompt: "Hello", max_tokens: 20, response_format: { type: "json_schema", json_schema: { name: "a", schema, strict: true } } });
+      const f = await jsonBody(format, GenerateResponse);
+      expect(f.finish_reason).toBe("stop");
+      expect(["yes", "no"]).toContain(JSON.parse(f.text).answer);
 
       const metrics = await fetch(`${a.url}/metrics`);
       expect(metrics.status).toBe(200);

@@ -26,7 +26,9 @@ function esc(s) {
     gsub(/"/, "\\\"", s)
     return s
 }
-function fig(engine, model, loops, rows) { return figures[engine SUBSEP model SUBSEP loops SUBSEP rows] + 0 }
+function fig(engine, model, loops, rows) { return figures[engine SUBSEP model SUBSEP loops SUBSEP rows SUBSEP ""] + 0 }
+# A figure exiting by the gate ("exact 0.7"), and the mean steps its tokens ran.
+function fig_exit(engine, model, loops, rows, rule) { return figures[engine SUBSEP model SUBSEP loops SUBSEP rows SUBSEP rule] + 0 }
 function target(name, value, bar, met, shown) {
     n_targets++
     t_name[n_targets] = name
@@ -54,7 +56,7 @@ function measured(name, v, bar, met, fmt) {
     next
 }
 /^\{"kind":"figure"/ {
-    figures[str($0, "engine") SUBSEP str($0, "model") SUBSEP num($0, "loops") SUBSEP num($0, "rows")] = num($0, "tok_s")
+    figures[str($0, "engine") SUBSEP str($0, "model") SUBSEP num($0, "loops") SUBSEP num($0, "rows") SUBSEP str($0, "exit")] = num($0, "tok_s")
     fig_lines[++n_figs] = $0
     next
 }
@@ -64,7 +66,7 @@ function measured(name, v, bar, met, fmt) {
     if (str($0, "error") != "" || num($0, "tok_s") == "") { peer_errors[++n_peer_errors] = engine ": " str($0, "error"); next }
     line = sprintf("{\"kind\":\"figure\",\"engine\":\"%s\",\"model\":\"%s\",\"weights\":\"fp16\",\"loops\":%d,\"rows\":%d,\"tok_s\":%.6g}",
                    esc(engine), esc(str($0, "model")), num($0, "loops"), num($0, "rows"), num($0, "tok_s"))
-    figures[engine SUBSEP str($0, "model") SUBSEP num($0, "loops") SUBSEP num($0, "rows")] = num($0, "tok_s")
+    figures[engine SUBSEP str($0, "model") SUBSEP num($0, "loops") SUBSEP num($0, "rows") SUBSEP ""] = num($0, "tok_s")
     fig_lines[++n_figs] = line
     next
 }
@@ -99,6 +101,18 @@ END {
     measured("one stream trained model loops 8 tok/s", trained, ">= 8000", trained >= 8000, "%.0f")
     rows64 = fig("pytorch cuda graph", d, 8, 64) > 0 ? fig(l, d, 8, 64) / fig("pytorch cuda graph", d, 8, 64) : 0
     measured("64 rows dim-2048 fp16 loops 8 x pytorch cuda graph (kernel level)", rows64, ">= 1.5", rows64 >= 1.5, "%.2f")
+    # issue 54: stacks and the exit gate
+    target("stacks and the exit gate on by default on the GPU (verified kernel families)", verified + 0,
+           "includes LS_CUDA_KERNELS_STACKS (2)", int(verified / 2) % 2 == 1, verified + 0)
+    # bytes an Ouro-1.4B-shaped token reads at 4 steps: the 24 layers 4 times (16 kv heads), the head once
+    o = "ouro-1.4b"; ofull = fig(l, o, 4, 1)
+    ouro_bytes = 4 * 24 * 2 * (4 * dm * dm + 3 * ffn * dm) + 2 * 49152 * dm
+    ofrac = copy_gb_s > 0 ? ofull * ouro_bytes / (copy_gb_s * 1e9) : 0
+    measured("Ouro-1.4B shape one stream 4 steps fp16: fraction of the copy bandwidth", ofrac, ">= 0.50", ofrac >= 0.5, "%.2f")
+    oexact = ofull > 0 ? fig_exit(l, o, 4, 1, "exact 0.7") / ofull : 0
+    measured("Ouro-1.4B shape one stream: exit at 0.7 (exact) x 4 steps tok/s", oexact, "> 1", oexact > 1, "%.2f")
+    ocopy = ofull > 0 ? fig_exit(l, o, 4, 1, "copy 0.7") / ofull : 0
+    measured("Ouro-1.4B shape one stream: exit at 0.7 (copy) x 4 steps tok/s", ocopy, "> 1", ocopy > 1, "%.2f")
     target("llama.cpp CUDA peer beside loopserve", check_status["figures/llama-cpp"] == "pass" ? "true" : "false", "present",
            check_status["figures/llama-cpp"] == "pass", check_status["figures/llama-cpp"] == "pass" ? "yes" : "no")
 
@@ -106,7 +120,8 @@ END {
     printf("{\n  \"gpu\": \"%s\",\n  \"commit\": \"%s\",\n  \"date\": \"%s\",\n  \"mode\": \"%s\",\n  \"seconds\": %d,\n",
            esc(gpu), esc(commit), date, mode, seconds) > json
     printf("  \"summary\": {\"pass\": %d, \"fail\": %d, \"skip\": %d},\n", count["pass"], count["fail"], count["skip"]) > json
-    printf("  \"copy_gb_s\": %s,\n  \"dim2048_token_bytes\": %d,\n", (copy_gb_s > 0 ? copy_gb_s : "null"), token_bytes) > json
+    printf("  \"copy_gb_s\": %s,\n  \"dim2048_token_bytes\": %d,\n  \"ouro_1_4b_token_bytes\": %.0f,\n", (copy_gb_s > 0 ? copy_gb_s : "null"),
+           token_bytes, ouro_bytes) > json
     printf("  \"checks\": [\n") > json
     for (i = 1; i <= n_checks; i++) printf("    %s%s\n", checks[i], (i < n_checks ? "," : "")) > json
     printf("  ],\n  \"figures\": [\n") > json
@@ -125,12 +140,15 @@ END {
     for (i = 1; i <= n_skipped; i++) printf "  skip %s\n", skipped[i]
     for (i = 1; i <= n_peer_errors; i++) printf "  peer error %s\n", peer_errors[i]
     if (n_figs > 0) {
-        printf "\n%-28s %-16s %-8s %5s %5s %12s\n", "engine", "model", "weights", "loops", "rows", "tok/s"
-        for (i = 1; i <= n_figs; i++)
-            printf "%-28s %-16s %-8s %5d %5d %12.1f\n", str(fig_lines[i], "engine"), str(fig_lines[i], "model"),
-                   str(fig_lines[i], "weights"), num(fig_lines[i], "loops"), num(fig_lines[i], "rows"), num(fig_lines[i], "tok_s")
+        printf "\n%-28s %-16s %-8s %5s %5s %-10s %12s %6s\n", "engine", "model", "weights", "loops", "rows", "exit", "tok/s", "steps"
+        for (i = 1; i <= n_figs; i++) {
+            steps = num(fig_lines[i], "mean_steps")
+            printf "%-28s %-16s %-8s %5d %5d %-10s %12.1f %6s\n", str(fig_lines[i], "engine"), str(fig_lines[i], "model"),
+                   str(fig_lines[i], "weights"), num(fig_lines[i], "loops"), num(fig_lines[i], "rows"), str(fig_lines[i], "exit"),
+                   num(fig_lines[i], "tok_s"), steps == "" ? "" : sprintf("%.2f", steps)
+        }
     }
     if (copy_gb_s > 0) printf "device copy: %.0f GB/s (bytes read and written)\n", copy_gb_s
-    printf "\n%-70s %14s %-36s %s\n", "target", "value", "bar", "met"
-    for (i = 1; i <= n_targets; i++) printf "%-70s %14s %-36s %s\n", t_name[i], t_shown[i], t_bar[i], t_met[i] ? "yes" : "no"
+    printf "\n%-78s %14s %-36s %s\n", "target", "value", "bar", "met"
+    for (i = 1; i <= n_targets; i++) printf "%-78s %14s %-36s %s\n", t_name[i], t_shown[i], t_bar[i], t_met[i] ? "yes" : "no"
 }

@@ -12,8 +12,10 @@
 # printed last:
 #   build      both libraries (bench/gpu/Makefile: the CUDA library fails on a
 #              register spill), the driver and the CPU harness
-#   harness    the quantized kernels' arithmetic on the host against the CPU
-#              library (kernels/cuda/quant_math.h), bit for bit
+#   harness    the CUDA library's arithmetic and schedules on the host against
+#              the CPU library, bit for bit: the quantized kernels'
+#              (kernels/cuda/quant_math.h), the exit gate's (exit_math.h) and
+#              the schedule of blocks where rows exit early (block_steps.h)
 #   checks     the driver: the CUDA library held to the CPU library on every
 #              model case (bench/gpu/driver/cases.c), and what it reports
 #              and refuses
@@ -119,7 +121,14 @@ say "mode: $MODE"
 
 # ---- harness and checks ----
 t0=$(date +%s)
-if [ -x "$BUILD/harness" ]; then records_of "$BUILD/harness"; fi
+if [ -x "$BUILD/harness" ]; then
+  # the exit schedule's models: the driver's stack, and the shipped one where models/ has it
+  stacks=()
+  for c in stack-2-layers trained-ouro; do
+    f=$("$BUILD/gpu_driver" model "$c" "$TMP" "$MODELS" 2>>"$LOG") && stacks+=("$f")
+  done
+  records_of "$BUILD/harness" ${stacks[@]+"${stacks[@]}"}
+fi
 if [ -x "$BUILD/gpu_driver" ] && [ -f "$BUILD/libloopserve.so" ]; then
   records_of "$BUILD/gpu_driver" checks "$BUILD/libloopserve.so" "$CUDA_LIB" "$TMP" "$MODELS" $CPU_FLAG $QUICK_FLAG
   rc=$?
@@ -165,7 +174,8 @@ sanitize() { # tool, runs left after this one
   local rc=$?
   cat "$out" >>"$LOG"
   local summary
-  summary=$(grep -m1 'ERROR SUMMARY' "$out" || true)
+  # memcheck ends with "ERROR SUMMARY: N errors", racecheck with "RACECHECK SUMMARY: N hazards displayed (...)"
+  summary=$(grep -m1 'ERROR SUMMARY\|RACECHECK SUMMARY' "$out" || true)
   if [ $rc = 0 ] && [ -n "$summary" ]; then record "$name" pass "$summary" $(( $(date +%s) - t0 )) "0 errors"
   elif grep -q 'Device not supported\|not supported on this platform' "$out"; then
     record "$name" skip "not available: compute-sanitizer refused the device: $(grep -m1 'not supported' "$out")" $(( $(date +%s) - t0 )) "0 errors"

@@ -136,26 +136,59 @@ export function llamaQuantize(tools: LlamaTools, inGguf: string, outGguf: string
   run([tools.quantize, inGguf, outGguf, type, String(threads)]);
 }
 
+/**
+ * Weight repacking off, for a llama.cpp that crashes in its repacked (AMX,
+ * interleaved Q4_0) kernels: every tensor in the plain CPU buffer. llama-bench
+ * has no --no-repack; a tensor override to the CPU buffer type is the same.
+ */
+export const REPACK_OFF = { bench: ["-ot", ".*=CPU"], perplexity: ["--no-repack"] };
+
+/** A llama.cpp figure and the way it was taken ("" by default, else e.g. "repack off"), or how every way failed. */
+export type Survived<T> = { value: T; way: string } | { crashed: string };
+
+/**
+ * Runs each way in turn until one succeeds: a tool that crashes (or fails)
+ * the default way becomes a marked cell instead of ending the benchmark.
+ */
+export function firstThatRuns<T>(what: string, ways: [string, () => T][], log: (s: string) => void): Survived<T> {
+  const failures: string[] = [];
+  for (const [way, go] of ways) {
+    try {
+      return { value: go(), way };
+    } catch (e) {
+      if (!(e instanceof PeerBenchError)) throw e;
+      const how = /exited with (signal \w+|\d+)/.exec(e.message)?.[1] ?? e.message.split("\n")[0];
+      failures.push(`${way || "default"}: ${how}`);
+      log(`${what} failed (${way || "default"}: ${how})`);
+    }
+  }
+  return { crashed: failures.join(", ") };
+}
+
 export interface LlamaBenchResult {
-  ppTokS: number; // median of the repeats
-  tgTokS: number;
-  ppSamples: number[];
-  tgSamples: number[];
+  tokS: number; // median of the repeats
+  samples: number[];
   modelBytes: number;
   cpuS: number;
   wallS: number;
 }
 
-/** One llama-bench process: -p P -n N -t T -r R, JSON output. */
-export function llamaBench(tools: LlamaTools, gguf: string, o: { prompt: number; gen: number; threads: number; repeats: number }): LlamaBenchResult {
+/** One llama-bench process running one test: pp (-p tokens -n 0) or tg (-p 0 -n tokens), -t T -r R, JSON output. */
+export function llamaBench(
+  tools: LlamaTools,
+  gguf: string,
+  o: { test: "pp" | "tg"; tokens: number; threads: number; repeats: number; extra?: string[] },
+): LlamaBenchResult {
+  const [p, n] = o.test === "pp" ? [o.tokens, 0] : [0, o.tokens];
   const r = run([
     tools.bench,
     "-m", gguf,
-    "-p", String(o.prompt),
-    "-n", String(o.gen),
+    "-p", String(p),
+    "-n", String(n),
     "-t", String(o.threads),
     "-r", String(o.repeats),
     "-o", "json",
+    ...(o.extra ?? []),
   ]);
   let rows: { n_prompt: number; n_gen: number; samples_ts: number[]; model_size: number }[];
   try {
@@ -163,18 +196,9 @@ export function llamaBench(tools: LlamaTools, gguf: string, o: { prompt: number;
   } catch {
     throw new PeerBenchError(`llama-bench printed no JSON for ${gguf}:\n${r.stdout.slice(0, 500)}\n${r.stderr.slice(-500)}`);
   }
-  const pp = rows.find((x) => x.n_prompt === o.prompt && x.n_gen === 0);
-  const tg = rows.find((x) => x.n_gen === o.gen && x.n_prompt === 0);
-  if (!pp || !tg) throw new PeerBenchError(`llama-bench output lacks the pp${o.prompt} or tg${o.gen} row for ${gguf}`);
-  return {
-    ppTokS: median(pp.samples_ts),
-    tgTokS: median(tg.samples_ts),
-    ppSamples: pp.samples_ts,
-    tgSamples: tg.samples_ts,
-    modelBytes: pp.model_size,
-    cpuS: r.cpuS,
-    wallS: r.wallS,
-  };
+  const row = rows.find((x) => x.n_prompt === p && x.n_gen === n);
+  if (!row) throw new PeerBenchError(`llama-bench output lacks the ${o.test}${o.tokens} row for ${gguf}`);
+  return { tokS: median(row.samples_ts), samples: row.samples_ts, modelBytes: row.model_size, cpuS: r.cpuS, wallS: r.wallS };
 }
 
 export interface GreedyResult {

@@ -11,7 +11,7 @@ import { runModelCommand } from "../../src/cli/model.ts";
 import { benchModel } from "../../src/cli/bench/models.ts";
 import { QUANTIZER_SOURCE } from "../quant.ts";
 import { BUNDLE, cacheDir, fresh, type Format, ggufFor, LLAMA_TYPE, type LlamaTools, llamaTools } from "./llama.ts";
-import type { Options } from "./options.ts";
+import { type Options, PEER_MODELS } from "./options.ts";
 import { type ModelCost, modelCost } from "./roofline.ts";
 import { log, PeerBenchError, run } from "./system.ts";
 
@@ -63,11 +63,11 @@ export async function loopserveQuantized(fp16: string, format: "int4" | "int2"):
   return { path: out };
 }
 
-/** The benchmark model in each of o.formats; `skipped` says why a format loopserve cannot quantize or load is left out. */
+/** The model of o.model in each of o.formats; `skipped` says why a format loopserve cannot quantize or load is left out. */
 export async function benchModels(tools: LlamaTools, o: Options): Promise<{ fp16: string; models: FormatModels[]; skipped: string[] }> {
   mkdirSync(join(cacheDir(), "models"), { recursive: true });
-  const fp16 = await benchModel();
-  log(`benchmark model ${fp16}`);
+  const fp16 = await benchModel(PEER_MODELS[o.model].shape);
+  log(`${PEER_MODELS[o.model].label}: ${fp16}`);
   const models: FormatModels[] = [];
   const skipped: string[] = [];
   for (const format of o.formats) {

@@ -23,7 +23,7 @@ import { readFileSync, unlinkSync } from "node:fs";
 import { join } from "node:path";
 import { NativeModel } from "../../src/engine/binding.ts";
 import { Tally, withLse } from "../logits.ts";
-import { cacheDir, type Format, ggufFor, LLAMA_TYPE, type LlamaTools } from "./llama.ts";
+import { cacheDir, firstThatRuns, type Format, ggufFor, LLAMA_TYPE, type LlamaTools, REPACK_OFF } from "./llama.ts";
 import { PeerBenchError, run } from "./system.ts";
 
 export interface QualityVariant {
@@ -45,6 +45,8 @@ export interface QualityOptions {
 }
 
 export interface QualityFigures {
+  /** llama.cpp's: "" (its defaults), "repack off", or "crashed (...)" with the figures NaN. */
+  way?: string;
   perplexity: number;
   kl: number; // mean KL(p_fp16 || p_format), nats per position, by llama-perplexity's rule
   top1: number; // fraction of positions whose argmax agrees with fp16
@@ -95,8 +97,8 @@ export interface QualityRow {
   llamaType: string;
   loopserve: QualityFigures;
   llama: QualityFigures;
-  /** loopserve's KL to its fp16 is at most llama.cpp's to its F16 (fp16: trivially). */
-  holds: boolean;
+  /** loopserve's KL to its fp16 is at most llama.cpp's to its F16 (fp16: trivially); null where llama.cpp crashed. */
+  holds: boolean | null;
 }
 
 export interface QualityResult {
@@ -125,32 +127,45 @@ function figure(out: string, label: RegExp, what: string): number {
 
 const NUM = "([-+0-9.eE]+|nan|inf)";
 
-function llamaPerplexity(tools: LlamaTools, args: string[], threads: number): string {
-  const r = run([tools.perplexity, ...args, "-t", String(threads), "--no-warmup"]);
-  return `${r.stdout}\n${r.stderr}`;
+/** llama-perplexity's output; a crash (its repacked kernels, on some hosts) is taken again with repacking off. */
+function llamaPerplexity(tools: LlamaTools, what: string, args: string[], o: QualityOptions): { out: string; way: string } | { crashed: string } {
+  const once = (extra: string[]) => {
+    const r = run([tools.perplexity, ...args, ...extra, "-t", String(o.threads), "--no-warmup"]);
+    return `${r.stdout}\n${r.stderr}`;
+  };
+  const r = firstThatRuns(`llama-perplexity ${what}`, [["", () => once([])], ["repack off", () => once(REPACK_OFF.perplexity)]], o.log);
+  return "crashed" in r ? r : { out: r.value, way: r.way };
 }
 
-/** llama.cpp: the F16 base, then each quantized type against it. */
+const CRASHED = (how: string): QualityFigures => ({ way: `crashed (${how})`, perplexity: NaN, kl: NaN, top1: NaN });
+
+/** llama.cpp: the F16 base (which writes baseFile), then each quantized type against it. */
 function measureLlama(tools: LlamaTools, o: QualityOptions, baseFile: string): Map<Format, QualityFigures> {
   const out = new Map<Format, QualityFigures>();
   const f16 = ggufFor(tools, o.fp16, o.loops, "fp16", o.log);
   o.log(`llama-perplexity ${LLAMA_TYPE.fp16} (base)`);
-  const base = llamaPerplexity(
-    tools,
-    ["-m", f16, "-f", o.text, "-c", String(o.nCtx), "--chunks", String(o.chunks), "--kl-divergence-base", baseFile],
-    o.threads,
-  );
-  out.set("fp16", { perplexity: figure(base, new RegExp(`Final estimate: PPL = ${NUM}`), "final perplexity"), kl: 0, top1: 1 });
+  const base = llamaPerplexity(tools, `${LLAMA_TYPE.fp16} base`, ["-m", f16, "-f", o.text, "-c", String(o.nCtx), "--chunks", String(o.chunks), "--kl-divergence-base", baseFile], o);
+  if ("crashed" in base) {
+    for (const v of o.variants) out.set(v.format, CRASHED(base.crashed));
+    return out;
+  }
+  out.set("fp16", { way: base.way, perplexity: figure(base.out, new RegExp(`Final estimate: PPL = ${NUM}`), "final perplexity"), kl: 0, top1: 1 });
   for (const v of o.variants) {
     if (v.format === "fp16") continue;
     const gguf = ggufFor(tools, o.fp16, o.loops, v.format, o.log);
     o.log(`llama-perplexity ${LLAMA_TYPE[v.format]} --kl-divergence`);
-    const q = llamaPerplexity(tools, ["-m", gguf, "-c", String(o.nCtx), "--kl-divergence-base", baseFile, "--kl-divergence"], o.threads);
-    out.set(v.format, {
-      perplexity: figure(q, new RegExp(`Mean PPL\\(Q\\)\\s*:\\s*${NUM}`), "Mean PPL(Q)"),
-      kl: figure(q, new RegExp(`Mean\\s+KLD:\\s*${NUM}`), "Mean KLD"),
-      top1: figure(q, new RegExp(`Same top p:\\s*${NUM}`), "Same top p") / 100,
-    });
+    const q = llamaPerplexity(tools, `${LLAMA_TYPE[v.format]} --kl-divergence`, ["-m", gguf, "-c", String(o.nCtx), "--kl-divergence-base", baseFile, "--kl-divergence"], o);
+    out.set(
+      v.format,
+      "crashed" in q
+        ? CRASHED(q.crashed)
+        : {
+            way: q.way,
+            perplexity: figure(q.out, new RegExp(`Mean PPL\\(Q\\)\\s*:\\s*${NUM}`), "Mean PPL(Q)"),
+            kl: figure(q.out, new RegExp(`Mean\\s+KLD:\\s*${NUM}`), "Mean KLD"),
+            top1: figure(q.out, new RegExp(`Same top p:\\s*${NUM}`), "Same top p") / 100,
+          },
+    );
   }
   return out;
 }
@@ -198,6 +213,18 @@ function measureLoopserve(o: QualityOptions, tokens: Int32Array, chunks: number)
   }
 }
 
+/**
+ * The tokens both engines score: those llama-perplexity's base run wrote, or,
+ * where it crashed every way, loopserve's own tokens of the text in chunks of
+ * n_ctx (loopserve is then scored alone).
+ */
+function scoredTokens(o: QualityOptions, baseFile: string, llamaRan: boolean): ReturnType<typeof baseFileTokens> {
+  if (llamaRan) return baseFileTokens(baseFile);
+  const ours = o.tokenize(readFileSync(o.text, "utf8"));
+  const chunks = Math.min(o.chunks, Math.floor(ours.length / o.nCtx));
+  return { nCtx: o.nCtx, chunks, tokens: ours.subarray(0, chunks * o.nCtx) };
+}
+
 export function equalQuality(tools: LlamaTools, o: QualityOptions): QualityResult {
   if (o.variants[0]?.format !== "fp16") throw new PeerBenchError("equalQuality: the fp16 variant comes first");
   const baseFile = join(cacheDir(), `kld-base-${process.pid}.bin`);
@@ -205,7 +232,7 @@ export function equalQuality(tools: LlamaTools, o: QualityOptions): QualityResul
   let base: ReturnType<typeof baseFileTokens>;
   try {
     llama = measureLlama(tools, o, baseFile);
-    base = baseFileTokens(baseFile);
+    base = scoredTokens(o, baseFile, !llama.get("fp16")?.way?.startsWith("crashed"));
   } finally {
     try {
       unlinkSync(baseFile);
@@ -217,12 +244,12 @@ export function equalQuality(tools: LlamaTools, o: QualityOptions): QualityResul
   if (nCtx !== o.nCtx) throw new PeerBenchError(`llama-perplexity scored chunks of ${nCtx} tokens, ${o.nCtx} asked for`);
   const ours = o.tokenize(readFileSync(o.text, "utf8")).subarray(0, tokens.length);
   const sameTokens = ours.length === tokens.length && ours.every((t, i) => t === tokens[i]);
-  o.log(`loopserve on llama-perplexity's ${chunks} chunks of ${nCtx} tokens`);
+  o.log(`loopserve on ${chunks} chunks of ${nCtx} tokens`);
   const loopserve = measureLoopserve(o, tokens, chunks);
   const rows = o.variants.map((v) => {
     const ls = loopserve.get(v.format)!;
     const ll = llama.get(v.format)!;
-    return { format: v.format, llamaType: LLAMA_TYPE[v.format], loopserve: ls, llama: ll, holds: ls.kl <= ll.kl };
+    return { format: v.format, llamaType: LLAMA_TYPE[v.format], loopserve: ls, llama: ll, holds: Number.isNaN(ll.kl) ? null : ls.kl <= ll.kl };
   });
   return { rows, positions: chunks * (nCtx - 1 - (nCtx >> 1)), sameTokens };
 }

@@ -46,7 +46,7 @@ async function scoreTrainedModel(tools: LlamaTools, formats: Format[], o: Option
 export function qualityHolds(quality: QualityResult | null, format: Format): string {
   if (format === "fp16") return "-";
   const r = quality?.rows.find((x) => x.format === format);
-  return r ? (r.holds ? "yes" : "NO") : "?";
+  return r && r.holds !== null ? (r.holds ? "yes" : "NO") : "?";
 }
 
 /** Equal quality on the trained model, its table printed. */
@@ -60,12 +60,12 @@ export async function qualitySection(tools: LlamaTools, formats: Format[], o: Op
     quality.rows.map((r) => ({
       format: `${r.format}/${r.llamaType}`,
       "ls ppl": r.loopserve.perplexity,
-      "llama ppl": r.llama.perplexity,
+      "llama ppl": r.llama.way?.startsWith("crashed") ? r.llama.way : r.llama.way ? `${r.llama.perplexity.toFixed(2)} (${r.llama.way})` : r.llama.perplexity,
       "ls KL": r.loopserve.kl.toExponential(2),
-      "llama KL": r.llama.kl.toExponential(2),
+      "llama KL": Number.isNaN(r.llama.kl) ? "-" : r.llama.kl.toExponential(2),
       "ls KL exact": (r.loopserve.klExact ?? 0).toExponential(2),
       "ls top-1": `${(100 * r.loopserve.top1).toFixed(1)}%`,
-      "llama top-1": `${(100 * r.llama.top1).toFixed(1)}%`,
+      "llama top-1": Number.isNaN(r.llama.top1) ? "-" : `${(100 * r.llama.top1).toFixed(1)}%`,
       "ls KL <= llama": qualityHolds(quality, r.format),
     })),
   );

@@ -8,10 +8,11 @@
 //
 // Bound models (stated in the report too):
 //   decode, loopserve: per token the output head and one pass over the block
-//     come from DRAM (streaming the ~77 MB fp16 head evicts the L3 every
-//     token, so the first loop re-reads the block), the other loops - 1 block
-//     passes and the KV cache come from the cache level the block fits in, at
-//     the bandwidth measured for a working set of the block's size.
+//     (a stack: over its layers) come from DRAM (streaming the fp16 head
+//     evicts the L3 every token, so the first loop re-reads the block), the
+//     other loops - 1 block passes and the KV cache come from the cache level
+//     the block fits in, at the bandwidth measured for a working set of the
+//     block's size (DRAM's, for a stack larger than the caches).
 //   decode, llama.cpp: every layer is its own copy of the block, so all
 //     layer weights and the head come from DRAM (token_embd: one row).
 //   prefill: FLOPs / peak. fp16 weights are widened to fp32 and FMA'd, so
@@ -166,12 +167,13 @@ export function rooflineTable(probe: RooflineProbe, models: { format: Format; co
 // ---- what a model reads and computes ----
 
 export interface ModelCost {
-  blockBytes: number; // every block.* tensor as stored
+  blockBytes: number; // every layer's tensors as stored (block.*, or a stack's layers.*): one step's weights
   headBytes: number; // output.* (or tok_embeddings when tied)
   blockMatmulParams: number;
   headParams: number;
   qDim: number;
   kvDim: number;
+  nLayers: number;
 }
 
 /** Bytes and parameters per component, from the safetensors file itself (any quant). */
@@ -182,7 +184,7 @@ export function modelCost(path: string, c: ModelConfig): ModelCost {
   let embedBytes = 0;
   for (const [name, t] of f.tensors) {
     const bytes = t.shape.reduce((a, b) => a * b, 1) * DTYPE_SIZES[t.dtype];
-    if (name.startsWith("block.")) blockBytes += bytes;
+    if (name.startsWith("block.") || name.startsWith("layers.")) blockBytes += bytes;
     else if (name.startsWith("output.")) headBytes += bytes;
     else if (name.startsWith("tok_embeddings.")) embedBytes += bytes;
   }
@@ -192,11 +194,17 @@ export function modelCost(path: string, c: ModelConfig): ModelCost {
   return {
     blockBytes,
     headBytes,
-    blockMatmulParams: c.dim * qDim * 2 + c.dim * kvDim * 2 + 3 * c.dim * c.ffnDim,
+    blockMatmulParams: c.nLayers * (c.dim * qDim * 2 + c.dim * kvDim * 2 + 3 * c.dim * c.ffnDim),
     headParams: c.vocabSize * c.dim,
     qDim,
     kvDim,
+    nLayers: c.nLayers,
   };
+}
+
+/** Weight bytes one decoded token reads at `loops` steps: the head and every step's layers (a layer copy each, unrolled). */
+export function decodeWeightBytes(m: ModelCost, loops: number): number {
+  return m.headBytes + loops * m.blockBytes;
 }
 
 /** Seconds per decoded token at the bound (see the header). */
@@ -207,7 +215,7 @@ export function loopserveDecodeBoundS(
   dramGBps: number,
   cacheGBps: number,
 ): number {
-  const kvBytes = loops * 2 * m.kvDim * 2 * meanPos; // fp16 K and V rows read per token
+  const kvBytes = loops * m.nLayers * 2 * m.kvDim * 2 * meanPos; // fp16 K and V rows read per token
   const fromDram = m.headBytes + m.blockBytes;
   const fromCache = (loops - 1) * m.blockBytes + kvBytes;
   return fromDram / (dramGBps * 1e9) + fromCache / (cacheGBps * 1e9);

@@ -73,7 +73,7 @@ export async function speculativeSection(tools: LlamaTools, formats: Format[], o
         if (o.wait) await waitForQuiet(10);
         const ls = measureSpeculative(model, loops, ahead, o);
         if (o.wait) await waitForQuiet(10);
-        rounds.push({ ls, ll: measureLlama(tools, gguf, threads, o) });
+        rounds.push({ ls, ll: measureLlama(tools, gguf, threads, o, { pp: "", tg: "" }) });
       }
       const ls = {
         plainTokS: median(rounds.map((r) => r.ls.plainTokS)),

@@ -4,17 +4,20 @@
 import { NativeModel } from "../../src/engine/binding.ts";
 import { GREEDY } from "../../src/engine/types.ts";
 import { promptOf } from "../../src/cli/bench/models.ts";
-import { LLAMA_TYPE, llamaBench, type LlamaTools } from "./llama.ts";
+import { firstThatRuns, LLAMA_TYPE, llamaBench, type LlamaTools, REPACK_OFF } from "./llama.ts";
 import { CONTENDED, type Options } from "./options.ts";
 import { type FormatModels, LIBRARY } from "./provision.ts";
 import { ggufDecodeBytes } from "./roofline.ts";
 import { LoadMeter, log, median, ownCpuS, waitForQuiet } from "./system.ts";
 
 export interface Measured {
-  ppTokS: number;
+  ppTokS: number; // NaN where the engine crashed
   tgTokS: number;
   cpuS: number;
   othersCores: number;
+  /** How llama.cpp's figure was taken: "" (its defaults), "repack off", or "crashed (...)" (loopserve: always ""). */
+  ppWay: string;
+  tgWay: string;
 }
 
 function measureLoopserve(model: NativeModel, loops: number, o: Options): Measured {
@@ -53,23 +56,52 @@ function measureLoopserve(model: NativeModel, loops: number, o: Options): Measur
     s.close();
   }
   const cpuS = ownCpuS() - c0;
-  return { ppTokS: median(pp), tgTokS: median(tg), cpuS, othersCores: meter.othersCores(cpuS) };
+  return { ppTokS: median(pp), tgTokS: median(tg), cpuS, othersCores: meter.othersCores(cpuS), ppWay: "", tgWay: "" };
 }
 
-/** Rounds of one engine's measurement: median tokens/s, total CPU time, the busiest round's load. */
+/** The median of the numbers that are not NaN (NaN when none is). */
+function medianOfRun(xs: number[]): number {
+  return median(xs.filter((x) => !Number.isNaN(x)));
+}
+
+/** Rounds of one engine's measurement: median tokens/s, total CPU time, the busiest round's load, the last round's ways. */
 function mergeRounds(rs: Measured[]): Measured {
   return {
-    ppTokS: median(rs.map((r) => r.ppTokS)),
-    tgTokS: median(rs.map((r) => r.tgTokS)),
+    ppTokS: medianOfRun(rs.map((r) => r.ppTokS)),
+    tgTokS: medianOfRun(rs.map((r) => r.tgTokS)),
     cpuS: rs.reduce((a, r) => a + r.cpuS, 0),
     othersCores: Math.max(...rs.map((r) => r.othersCores || 0)),
+    ppWay: rs[rs.length - 1].ppWay,
+    tgWay: rs[rs.length - 1].tgWay,
   };
 }
 
-export function measureLlama(tools: LlamaTools, gguf: string, threads: number, o: Options): Measured & { bytes: number } {
+/**
+ * llama-bench's prefill and decode, each its own process, so that a crash
+ * in one (llama.cpp's repacked Q4_0 prefill crashes on some AMX hosts)
+ * leaves the other; a crashed test is taken again with repacking off, and
+ * failing that is a marked cell. Once a way had to be taken, later rounds
+ * start from it.
+ */
+export function measureLlama(tools: LlamaTools, gguf: string, threads: number, o: Options, start: { pp: string; tg: string }): Measured & { bytes: number } {
   const meter = new LoadMeter();
-  const r = llamaBench(tools, gguf, { prompt: o.prefill, gen: o.decode, threads, repeats: o.repeats });
-  return { ppTokS: r.ppTokS, tgTokS: r.tgTokS, cpuS: r.cpuS, othersCores: meter.othersCores(r.cpuS), bytes: ggufDecodeBytes(gguf) };
+  let cpuS = 0;
+  const test = (kind: "pp" | "tg", tokens: number) => {
+    const bench = (extra: string[]) => {
+      const r = llamaBench(tools, gguf, { test: kind, tokens, threads, repeats: o.repeats, extra });
+      cpuS += r.cpuS;
+      return r.tokS;
+    };
+    const ways: [string, () => number][] = [
+      ["", () => bench([])],
+      ["repack off", () => bench(REPACK_OFF.bench)],
+    ];
+    const r = firstThatRuns(`llama-bench ${kind}${tokens}`, ways.slice(Math.max(0, ways.findIndex(([w]) => w === start[kind]))), log);
+    return "crashed" in r ? { tokS: NaN, way: `crashed (${r.crashed})` } : { tokS: r.value, way: r.way };
+  };
+  const pp = test("pp", o.prefill);
+  const tg = test("tg", o.decode);
+  return { ppTokS: pp.tokS, tgTokS: tg.tokS, cpuS, othersCores: meter.othersCores(cpuS), ppWay: pp.way, tgWay: tg.way, bytes: ggufDecodeBytes(gguf) };
 }
 
 /** One point of the grid: each engine's medians over the rounds, and the median of the per-pair ratios. */
@@ -100,9 +132,14 @@ export async function measureSpeed(tools: LlamaTools, models: FormatModels[], o:
           if (o.wait) await waitForQuiet(10);
           return measureLoopserve(model, loops, o);
         };
+        // A way llama.cpp had to be run in (repack off) is where its next rounds start.
+        const start = { pp: "", tg: "" };
         const doLl = async () => {
           if (o.wait) await waitForQuiet(10);
-          return measureLlama(tools, gguf, threads, o);
+          const r = measureLlama(tools, gguf, threads, o, start);
+          if (!r.ppWay.startsWith("crashed")) start.pp = r.ppWay;
+          if (!r.tgWay.startsWith("crashed")) start.tg = r.tgWay;
+          return r;
         };
         const pair = async () => {
           if (turn++ % 2 === 0) {
@@ -134,8 +171,8 @@ export async function measureSpeed(tools: LlamaTools, models: FormatModels[], o:
           attempts,
           ls: mergeRounds(pairs.map((p) => p.ls)),
           ll: { ...mergeRounds(pairs.map((p) => p.ll)), bytes: pairs[0].ll.bytes },
-          ppX: median(pairs.map((p) => p.ls.ppTokS / p.ll.ppTokS)),
-          tgX: median(pairs.map((p) => p.ls.tgTokS / p.ll.tgTokS)),
+          ppX: medianOfRun(pairs.map((p) => p.ls.ppTokS / p.ll.ppTokS)),
+          tgX: medianOfRun(pairs.map((p) => p.ls.tgTokS / p.ll.tgTokS)),
         });
       }
       model.close();

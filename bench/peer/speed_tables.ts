@@ -3,11 +3,11 @@
 // speed targets, and the notes that say how to read them.
 import { printTable, type Row } from "../../src/cli/bench/table.ts";
 import { type Format, LLAMA_TYPE } from "./llama.ts";
-import { CONTENDED, type Options } from "./options.ts";
+import { CONTENDED, type Options, PEER_MODELS } from "./options.ts";
 import type { FormatModels } from "./provision.ts";
 import { qualityHolds } from "./quality_section.ts";
 import type { QualityResult } from "./quality.ts";
-import { loopserveDecodeBoundS, prefillFlops, type RooflineProbe } from "./roofline.ts";
+import { decodeWeightBytes, loopserveDecodeBoundS, prefillFlops, type RooflineProbe } from "./roofline.ts";
 import type { Measured, SpeedPoint } from "./speed.ts";
 import { linearFit } from "./system.ts";
 
@@ -30,7 +30,17 @@ export interface SpeedRecord {
     peakGops: number;
     loopservePrefillGflops: number;
     llamaPrefillGflops: number;
+    /** Weight bytes a decoded token reads (both engines: the head and every step's layers) times tokens/s. */
+    loopserveDecodeGBps: number;
+    llamaDecodeGBps: number;
+    dramGBps: number;
   };
+}
+
+/** A llama.cpp figure's cell: the number, marked when taken another way than its defaults, or why there is none. */
+function llamaCell(x: number, way: string): string | number {
+  if (way.startsWith("crashed")) return way;
+  return way ? `${x.toFixed(2)} (${way})` : x;
 }
 
 /** Each point with its bounds (the probes' best figures), printed; the rows and their records. */
@@ -54,16 +64,21 @@ export function speedTable(
     const lsPpGflops = (flops * ls.ppTokS) / o.prefill / 1e9;
     const llPpGflops = (flops * ll.ppTokS) / o.prefill / 1e9;
     const others = Math.max(ls.othersCores, ll.othersCores);
+    const lsGBps = (ls.tgTokS * decodeWeightBytes(m.cost, loops)) / 1e9;
+    const llGBps = (ll.tgTokS * ll.bytes) / 1e9;
     rows.push({
       format: `${m.format}/${LLAMA_TYPE[m.format]}`,
       thr: threads,
       loops,
       "ls pp t/s": ls.ppTokS,
-      "llama pp t/s": ll.ppTokS,
-      "pp x": ppX,
+      "llama pp t/s": llamaCell(ll.ppTokS, ll.ppWay),
+      "pp x": Number.isNaN(ppX) ? "-" : ppX,
       "ls tg t/s": ls.tgTokS,
-      "llama tg t/s": ll.tgTokS,
-      "tg x": tgX,
+      "llama tg t/s": llamaCell(ll.tgTokS, ll.tgWay),
+      "tg x": Number.isNaN(tgX) ? "-" : tgX,
+      "ls tg GB/s": lsGBps,
+      "llama tg GB/s": Number.isNaN(llGBps) ? "-" : llGBps,
+      "DRAM GB/s": dram,
       "KL ok": qualityHolds(quality, m.format),
       "ls tg %bnd": 100 * ls.tgTokS * lsBound,
       "llama tg %bnd": 100 * ll.tgTokS * llBound,
@@ -89,11 +104,14 @@ export function speedTable(
         peakGops: peak,
         loopservePrefillGflops: lsPpGflops,
         llamaPrefillGflops: llPpGflops,
+        loopserveDecodeGBps: lsGBps,
+        llamaDecodeGBps: llGBps,
+        dramGBps: dram,
       },
     });
   }
   printTable(
-    `loopserve (ls) vs llama.cpp ${llamaVersion}: prefill ${o.prefill} / decode ${o.decode} tokens/s, same GGUF-exported model`,
+    `loopserve (ls) vs llama.cpp ${llamaVersion}, ${PEER_MODELS[o.model].label}: prefill ${o.prefill} / decode ${o.decode} tokens/s, the same model exported to GGUF (unrolled); decode GB/s = weight bytes a token reads x tokens/s`,
     rows,
   );
   return { rows, raw };
@@ -131,35 +149,58 @@ export function slopeTable(raw: SpeedRecord[], models: FormatModels[], probe: Ro
   return slopes;
 }
 
+/** A speed target: a ratio (or, `share`, the decode GB/s over the DRAM probe's) at or above `min`. */
+interface Target {
+  format: Format;
+  loops: number;
+  what: "decode" | "prefill" | "decode GB/s of DRAM";
+  min: number;
+}
+
 /**
- * Decode >= 2.0x at loops 8 and >= 1.3x at loops 1; prefill >= 1.3x (fp16)
- * and >= 2.0x (int4) at loops 8, >= 1.0x at loops 1; a quantized format's
- * ratios count only where its quality holds against llama.cpp's. Printed.
+ * Each model's targets at 2 threads. bench: decode >= 2.0x at loops 8 and
+ * >= 1.3x at loops 1; prefill >= 1.3x (fp16) and >= 2.0x (int4) at loops 8,
+ * >= 1.0x at loops 1. dim2048, loops 8: decode fp16 >= 2.0x, int4 >= 2.5x,
+ * prefill fp16 >= 1.5x. ouro, 4 steps: fp16 decode's effective GB/s within
+ * 15% of the DRAM probe's.
  */
-export function targetTable(raw: SpeedRecord[], quality: QualityResult | null): Row[] {
+function targetsOf(model: Options["model"]): Target[] {
+  if (model === "dim2048")
+    return [
+      { format: "fp16", loops: 8, what: "decode", min: 2.0 },
+      { format: "int4", loops: 8, what: "decode", min: 2.5 },
+      { format: "fp16", loops: 8, what: "prefill", min: 1.5 },
+    ];
+  if (model === "ouro") return [{ format: "fp16", loops: 4, what: "decode GB/s of DRAM", min: 0.85 }];
+  return (["fp16", "int4", "int2"] as const).flatMap((format): Target[] => [
+    { format, loops: 8, what: "decode", min: 2.0 },
+    { format, loops: 1, what: "decode", min: 1.3 },
+    ...(format === "int2" ? [] : [{ format, loops: 8, what: "prefill" as const, min: format === "fp16" ? 1.3 : 2.0 }]),
+    { format, loops: 1, what: "prefill", min: 1.0 },
+  ]);
+}
+
+/** The model's targets against the measured points (2 threads); a quantized format's ratios count only where its quality holds. Printed. */
+export function targetTable(raw: SpeedRecord[], quality: QualityResult | null, o: Options): Row[] {
   const targets: Row[] = [];
-  const verdict = (x: number, target: number | null, holds: string) =>
-    target === null ? "-" : x < target ? "MISSED" : holds === "NO" ? "not claimed (quality)" : holds === "?" ? "met (quality unmeasured)" : "met";
-  for (const r of raw.filter((r) => r.threads === 2 && (r.loops === 8 || r.loops === 1))) {
-    const x = r.ratios;
-    const format = r.format;
-    const deep = r.loops === 8;
-    const decodeTarget = deep ? 2.0 : 1.3;
-    const prefillTarget = deep ? ({ fp16: 1.3, int4: 2.0, int2: null } as const)[format] : 1.0;
-    const holds = qualityHolds(quality, format);
-    targets.push({
-      format: `${format}/${r.llamaType}`,
-      loops: r.loops,
-      "decode x": x.decode,
-      "decode target": decodeTarget,
-      decode: verdict(x.decode, decodeTarget, holds),
-      "prefill x": x.prefill,
-      "prefill target": prefillTarget ?? "-",
-      prefill: verdict(x.prefill, prefillTarget, holds),
-      "ls KL <= llama": holds,
-    });
+  for (const t of targetsOf(o.model)) {
+    const r = raw.find((x) => x.threads === 2 && x.format === t.format && x.loops === t.loops);
+    if (!r) continue;
+    const x =
+      t.what === "decode" ? r.ratios.decode : t.what === "prefill" ? r.ratios.prefill : r.bounds.loopserveDecodeGBps / r.bounds.dramGBps;
+    const holds = t.what === "decode GB/s of DRAM" ? "-" : qualityHolds(quality, t.format);
+    const verdict = Number.isNaN(x)
+      ? "unmeasured (llama.cpp crashed)"
+      : x < t.min
+        ? "MISSED"
+        : holds === "NO"
+          ? "not claimed (quality)"
+          : holds === "?"
+            ? "met (quality unmeasured)"
+            : "met";
+    targets.push({ format: `${t.format}/${r.llamaType}`, loops: t.loops, target: `${t.what} >= ${t.min}`, measured: Number.isNaN(x) ? "-" : x, verdict, "ls KL <= llama": holds });
   }
-  printTable("speed targets against llama.cpp at 2 threads", targets);
+  printTable(`speed targets at 2 threads, ${PEER_MODELS[o.model].label}`, targets);
   return targets;
 }
 

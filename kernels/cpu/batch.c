@@ -42,6 +42,7 @@
 #include "attention.h"
 #include "forward.h"
 #include "kvcache.h"
+#include "sampling.h"
 #include "batch_rules.h" /* after forward.h (session.h): it reads sessions through ls_session_view */
 
 /* The runtime's batch scratch (its LS_RUNTIME_EXT_BATCH slot), allocated on
@@ -540,8 +541,9 @@ typedef struct {
     ls_session *const *sessions;
     const ls_batch_row *rows;
     const int32_t *slot;
-    const float *logits; /* the head's rows, by slot */
-    float *logits_out;   /* or NULL */
+    float *logits;          /* the head's rows, by slot (a masked row's is masked in place) */
+    const uint32_t *masks;  /* or NULL: no row is masked */
+    float *logits_out;      /* or NULL */
     int32_t vocab;
     int32_t *out;
 } draw_job;
@@ -551,7 +553,8 @@ static void draw_task(void *ctx, int32_t i, int32_t thread) {
     const draw_job *j = ctx;
     j->out[i] = LS_OK;
     if (j->slot[i] < 0) return;
-    const float *lg = j->logits + (size_t)j->slot[i] * (size_t)j->vocab;
+    float *lg = j->logits + (size_t)j->slot[i] * (size_t)j->vocab;
+    if (j->rows[i].step.masked) ls_mask_logits(lg, j->vocab, j->masks + (size_t)i * ls_mask_words(j->vocab));
     if (j->logits_out) memcpy(j->logits_out + (size_t)i * (size_t)j->vocab, lg, (size_t)j->vocab * sizeof(float));
     j->out[i] = ls_step_sample(j->sessions[i], lg, &j->rows[i].step);
 }
@@ -565,9 +568,15 @@ static int row_before(const ls_batch_row *a, const ls_batch_row *b) {
 }
 
 int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
-                      const int32_t *tokens, float *logits_out, int32_t *out) {
+                      const int32_t *tokens, const uint32_t *masks, float *logits_out, int32_t *out) {
+    return ls_batch_step_gated(m, sessions, rows, n_rows, tokens, masks, logits_out, out, NULL, NULL);
+}
+
+int32_t ls_batch_step_gated(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
+                            const int32_t *tokens, const uint32_t *masks, float *logits_out, int32_t *out,
+                            void (*gate)(void *), void *gate_ctx) {
     if (!m || !m->rt) return LS_ERR_ARG;
-    int32_t rc = ls_check_batch(m, sessions, rows, n_rows, tokens, out);
+    int32_t rc = ls_check_batch(m, sessions, rows, n_rows, tokens, masks, out);
     if (rc != LS_OK) return rc;
     /* cache room for every row before any runs (a grown cache holds the same positions) */
     int32_t kl = 0;
@@ -594,7 +603,8 @@ int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_r
     /* the head over every sampling row at once, then the rows' draws, one
      * pool task each (a draw reads only its own row and session) */
     if (plan.n_sample > 0) ls_forward_head(m, b->last, plan.n_sample, b->xb, b->logits);
-    draw_job job = {sessions, rows, plan.slot, b->logits, logits_out, m->info.vocab_size, out};
+    if (gate) gate(gate_ctx);
+    draw_job job = {sessions, rows, plan.slot, b->logits, masks, logits_out, m->info.vocab_size, out};
     double t0 = ls_prof_now(m->rt);
     ls_pool_run(m->rt->pool, draw_task, &job, n_rows);
     ls_prof_add(m->rt, LS_PROF_SAMPLE, &t0);

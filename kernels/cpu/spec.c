@@ -54,6 +54,14 @@
  * Verification always uses the model's head. LS_SPEC_EXACT_DRAFT_HEAD
  * drafts with the model's head everywhere.
  *
+ * Token masks (ls_spec_cycle_masked, structured output): the mask after a
+ * path is asked of the caller's mask_fn when first needed, once per spine
+ * row (path tok[1..i]) and per leaf the walk reaches. A draft at a position
+ * draws from the masked draft logits, and the verifier from the masked
+ * verifier logits with the same mask, so the accepted tokens are those
+ * masked plain decoding gives (greedy) or has the distribution of
+ * (sampled). A path no token may follow ends the verification there.
+ *
  * Randomness (temperature > 0): the counter-based generator of sample.c,
  * counter = the position the token is for, in three streams derived from
  * the seed (draft draws, accept tests, residual draws); bonus tokens use
@@ -90,6 +98,8 @@ typedef struct {
     int32_t M, L;   /* min(D, V): loops every row runs first; max(D, V): loops the cycle's rows fill */
     float leaf_min_prob;
     ls_sampling sp;
+    ls_mask_fn mask_fn; /* NULL: no token mask */
+    void *mask_ctx;
 } cycle;
 
 // ---- scratch (the session's LS_SESSION_EXT_SPEC slot) ----
@@ -109,6 +119,9 @@ typedef struct {
     uint64_t *wp;    /* (vocab) integer weights of the verifier distribution */
     uint64_t *wq;    /* (vocab) integer weights of the draft distribution */
     int32_t *ids;    /* (vocab) rank scratch */
+    uint32_t *masks; /* (MAX_AHEAD + 1, mask words) the mask after each spine row's path */
+    uint32_t *leaf_mask; /* (mask words) the mask after a leaf's path */
+    int32_t mask_state[MAX_AHEAD + 1]; /* per spine row: MASK_UNKNOWN, or mask_fn's answer */
     /* tree rows: 0 = pending token, 1..k spine, then leaves depth by depth */
     int32_t tok[LS_TREE_MAX_ROWS];
     int32_t depth[LS_TREE_MAX_ROWS];
@@ -120,7 +133,8 @@ typedef struct {
 
 static void scratch_free(void *state) {
     scratch *x = state;
-    void *bufs[] = {x->h, x->hb, x->hv, x->e, x->eb, x->dlogits, x->vlogits, x->alogits, x->v, x->wp, x->wq, x->ids, x};
+    void *bufs[] = {x->h,  x->hb, x->hv, x->e,   x->eb,  x->dlogits, x->vlogits, x->alogits,
+                    x->v,  x->wp, x->wq, x->ids, x->masks, x->leaf_mask, x};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
 
@@ -147,8 +161,10 @@ static int32_t ensure_scratch(ls_session *s) {
     x->wp = calloc(V, sizeof(uint64_t));
     x->wq = calloc(V, sizeof(uint64_t));
     x->ids = calloc(V, sizeof(int32_t));
+    x->masks = calloc((MAX_AHEAD + 1) * ls_mask_words(mi->vocab_size), sizeof(uint32_t));
+    x->leaf_mask = calloc(ls_mask_words(mi->vocab_size), sizeof(uint32_t));
     if (!x->h || !x->hb || !x->hv || !x->e || !x->eb || !x->dlogits || !x->vlogits || !x->alogits || !x->v ||
-        !x->wp || !x->wq || !x->ids) {
+        !x->wp || !x->wq || !x->ids || !x->masks || !x->leaf_mask) {
         scratch_free(x);
         return LS_ERR_NOMEM;
     }
@@ -163,6 +179,44 @@ static int32_t ensure_scratch(ls_session *s) {
 #define STREAM_RESID 0x7265736964ull    /* "resid" */
 
 static uint64_t stream_seed(uint64_t seed, uint64_t stream) { return ls_mix64(seed ^ ls_mix64(stream)); }
+
+// ---- token masks ----
+
+#define MASK_UNKNOWN 2 /* not asked yet; mask_fn answers 1 (written), 0 (the path ended) or < 0 */
+
+/* Masks logits by the mask after spine row i's path (tok[1..i]), asking
+ * mask_fn the first time: 1 masked, 0 the path ended (logits untouched),
+ * < 0 mask_fn's error. Without mask_fn: 1, nothing masked. */
+static int32_t mask_spine(scratch *x, const cycle *c, int32_t i, float *logits) {
+    if (!c->mask_fn) return 1;
+    uint32_t *mask = x->masks + (size_t)i * ls_mask_words(x->vocab);
+    if (x->mask_state[i] == MASK_UNKNOWN) x->mask_state[i] = c->mask_fn(c->mask_ctx, x->tok + 1, i, mask);
+    if (x->mask_state[i] == 1) ls_mask_logits(logits, x->vocab, mask);
+    return x->mask_state[i];
+}
+
+/* Masks logits by the mask after tree row u's path: its ancestors on the
+ * spine, then its own token (as mask_spine answers). */
+static int32_t mask_row(scratch *x, const cycle *c, int32_t u, int32_t depth, int32_t k, float *logits) {
+    if (u <= k || !c->mask_fn) return mask_spine(x, c, depth, logits);
+    int32_t path[MAX_AHEAD];
+    memcpy(path, x->tok + 1, (size_t)(depth - 1) * sizeof *path);
+    path[depth - 1] = x->tok[u];
+    int32_t rc = c->mask_fn(c->mask_ctx, path, depth, x->leaf_mask);
+    if (rc == 1) ls_mask_logits(logits, x->vocab, x->leaf_mask);
+    return rc;
+}
+
+/* Keeps the candidates ids[0, n) the mask after spine row i allows (all
+ * without a mask, or when that path ended); returns how many. */
+static int32_t allowed_candidates(const scratch *x, const cycle *c, int32_t i, int32_t *ids, int32_t n) {
+    if (!c->mask_fn || x->mask_state[i] != 1) return n;
+    const uint32_t *mask = x->masks + (size_t)i * ls_mask_words(x->vocab);
+    int32_t kept = 0;
+    for (int32_t a = 0; a < n; a++)
+        if ((mask[ids[a] / 32] >> (ids[a] % 32)) & 1u) ids[kept++] = ids[a];
+    return kept;
+}
 
 // ---- sampling distributions ----
 
@@ -182,10 +236,12 @@ static int32_t best_candidate(const float *logits, const int32_t *ids, int32_t n
     return ids[best];
 }
 
-/* The n first-ranked ids of v, best first (n <= MAX_BRANCH). */
+/* The n first-ranked ids of v, best first (n <= MAX_BRANCH), leaving out
+ * -inf ones (masked) unless every one is. */
 static int32_t top_ids(const float *v, int32_t vocab, int32_t n, int32_t *best) {
     int32_t have = 0;
     for (int32_t i = 0; i < vocab; i++) ls_rank_insert(v, i, best, &have, n < vocab ? n : vocab);
+    while (have > 1 && v[best[have - 1]] == -INFINITY) have--;
     return have;
 }
 
@@ -305,6 +361,9 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
         float *dl = x->dlogits + (size_t)i * V;
         int32_t cand[DRAFT_EXACT];
         int32_t n_cand = draft_logits(s, hd, p + i, dl, c->exact_draft, cand);
+        rc = mask_spine(x, c, i, dl);
+        if (rc < 0) return abandon(s, c->L, p, rc);
+        n_cand = allowed_candidates(x, c, i, cand, n_cand);
         if (!sampled && n_cand > 0) {
             tok[i + 1] = best_candidate(dl, cand, n_cand, s->tokens, p + i + 1, c->sp.repetition_penalty);
         } else if (!sampled) {
@@ -327,12 +386,19 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
     verify_finish(s, k + 1, p, NULL);
 
     // accept: head rows a group at a time, stopping at the first rejection
-    int32_t j = 0, next = -1;
-    for (int32_t g0 = 0, gn; g0 <= k && next < 0; g0 += gn) {
+    // (or at a path no token may follow: `ended`, the drafts up to it kept)
+    int32_t j = 0, next = -1, ended = 0;
+    for (int32_t g0 = 0, gn; g0 <= k && next < 0 && !ended; g0 += gn) {
         gn = head_batch(x, g0, k + 1);
         ls_forward_logits(s, x->hv + (size_t)g0 * dim, gn, x->vlogits + (size_t)g0 * V);
         for (int32_t r = g0; r < g0 + gn; r++) {
-            const float *L = x->vlogits + (size_t)r * V;
+            float *L = x->vlogits + (size_t)r * V;
+            int32_t ms = mask_spine(x, c, r, L);
+            if (ms < 0 || (ms == 0 && r == 0)) return abandon(s, c->L, p, ms < 0 ? ms : LS_ERR_ARG);
+            if (ms == 0) {
+                ended = 1;
+                break;
+            }
             uint64_t counter = (uint64_t)(p + r + 1); /* position of the token drawn here */
             int32_t n_hist = p + r + 1;
             if (!sampled || r == k) {
@@ -361,17 +427,18 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
         }
     }
 
+    const int32_t n_out = ended ? j : j + 1;
     for (int32_t i = 0; i < j; i++) out[i] = tok[i + 1];
-    out[j] = next;
-    /* rows 0..j decided out[0..j] and are all still in vlogits */
-    if (logits_out) memcpy(logits_out, x->vlogits, (size_t)(j + 1) * V * sizeof(float));
-    commit(s, c->L, p, j + 1);
+    if (!ended) out[j] = next;
+    /* rows 0..n_out-1 decided out[0..n_out-1] and are all still in vlogits */
+    if (logits_out) memcpy(logits_out, x->vlogits, (size_t)n_out * V * sizeof(float));
+    commit(s, c->L, p, n_out);
     x->last_accepted = j;
     if (stats) {
         stats[0] = k;
         stats[1] = j;
     }
-    return j + 1;
+    return n_out;
 }
 
 /* Verifier's token after tree row u, its logits in L; the history holds the
@@ -440,6 +507,8 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
         float *dl = x->dlogits;
         int32_t cand[DRAFT_EXACT];
         draft_logits(s, c->D > c->V ? x->hb : x->h + (size_t)i * dim, p + i, dl, c->exact_draft, cand);
+        rc = mask_spine(x, c, i, dl);
+        if (rc < 0) return abandon(s, c->L, p, rc);
         ls_penalise(x->v, dl, V, s->tokens, p + i + 1, c->sp.repetition_penalty);
         int32_t got = top_ids(x->v, V, K, best);
         if (c->leaf_min_prob > 0.0f) draft_probs(x->v, V, best, got, c->leaf_min_prob, prob);
@@ -487,10 +556,10 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
 
     // walk: along the spine while the verifier agrees; at the first
     // disagreement a leaf holding the verifier's token is accepted too
-    int32_t u = 0, j = 0, next = -1, g_end = 0;
+    int32_t u = 0, j = 0, next = -1, g_end = 0, ended = 0;
     for (;;) {
         int32_t dep = x->depth[u];
-        const float *L;
+        float *L;
         if (u <= k) {
             if (u >= g_end) {
                 int32_t gn = head_batch(x, u, k + 1);
@@ -502,6 +571,12 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
             ls_forward_logits(s, x->hv + (size_t)u * dim, 1, x->alogits);
             L = x->alogits;
             s->tokens[p + dep] = tok[u]; /* the leaf's path for the penalty */
+        }
+        int32_t ms = mask_row(x, c, u, dep, k, L);
+        if (ms < 0 || (ms == 0 && u == 0)) return abandon(s, c->L, p, ms < 0 ? ms : LS_ERR_ARG);
+        if (ms == 0) {
+            ended = 1;
+            break;
         }
         int32_t t = verifier_token(s, c, L, p + dep + 1);
         if (t < 0) return abandon(s, c->L, p, t);
@@ -524,9 +599,10 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
         break;
     }
 
-    // commit: a leaf's rows move from its slot to its position's slot; the
+    // commit: a leaf's rows move from its slot to its position's slot (an
+    // ended walk's last row is the next pending token, not fed: no move); the
     // path's prelude outputs become the session's
-    if (u > k) {
+    if (u > k && !ended) {
         for (int32_t l = -s->fixed; l < c->L; l++) ls_kv_copy_row(s, l, (p + j) % cap, s, l, x->slot[u]);
         s->tokens[p + j] = tok[u];
     }
@@ -534,16 +610,18 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
         memcpy(s->e + (size_t)(p + q) * dim, x->e + (size_t)(q < j ? q : u) * dim, (size_t)dim * sizeof *s->e);
     // output: the accepted path (row 0 excluded), then the verifier's token;
     // every ancestor of the last row is a spine row, whose index is its depth
+    const int32_t n_out = ended ? j : j + 1;
     for (int32_t i = 0; i + 1 < j; i++) out[i] = tok[i + 1];
     if (j > 0) out[j - 1] = tok[u];
-    out[j] = next;
+    if (!ended) out[j] = next;
     /* out[i] was decided on the path's row at depth i: spine rows 0..j-1,
      * then the last row (spine row j, or the accepted leaf's own logits) */
     if (logits_out) {
         memcpy(logits_out, x->vlogits, (size_t)j * V * sizeof(float));
-        memcpy(logits_out + (size_t)j * V, u <= k ? x->vlogits + (size_t)u * V : x->alogits, (size_t)V * sizeof(float));
+        if (!ended)
+            memcpy(logits_out + (size_t)j * V, u <= k ? x->vlogits + (size_t)u * V : x->alogits, (size_t)V * sizeof(float));
     }
-    commit(s, c->L, p, j + 1);
+    commit(s, c->L, p, n_out);
     x->last_accepted = j;
     /* leaves wrote ring slots up to position p + n_rows - 1 */
     for (int32_t l = -s->fixed; l < c->L; l++) {
@@ -554,7 +632,7 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
         stats[0] = n_rows - 1;
         stats[1] = j;
     }
-    return j + 1;
+    return n_out;
 }
 
 int32_t ls_spec_cycle(ls_session *s, int32_t pending, const ls_spec_params *prm, int32_t *out_tokens,
@@ -564,6 +642,11 @@ int32_t ls_spec_cycle(ls_session *s, int32_t pending, const ls_spec_params *prm,
 
 int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_params *prm, int32_t *out_tokens,
                              int32_t *out_stats, float *logits_out) {
+    return ls_spec_cycle_masked(s, pending, prm, NULL, NULL, out_tokens, out_stats, logits_out);
+}
+
+int32_t ls_spec_cycle_masked(ls_session *s, int32_t pending, const ls_spec_params *prm, ls_mask_fn mask_fn,
+                             void *mask_ctx, int32_t *out_tokens, int32_t *out_stats, float *logits_out) {
     if (!s || !prm || !out_tokens) return LS_ERR_ARG;
     const ls_model_info *mi = &s->m->info;
     cycle c = {
@@ -574,6 +657,8 @@ int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_param
         .accept_all = (prm->flags & LS_SPEC_TEST_ACCEPT_ALL) != 0,
         .leaf_min_prob = prm->leaf_min_prob,
         .sp = prm->sampling,
+        .mask_fn = mask_fn,
+        .mask_ctx = mask_ctx,
     };
     /* the cycle runs cache units: a step is the model's n_layers of them */
     const int64_t layers = mi->n_layers;
@@ -610,6 +695,8 @@ int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_param
     if (rc == LS_OK) rc = ensure_scratch(s);
     if (rc == LS_OK && !c.exact_draft && c.k > 0) rc = ls_draft_head_build(s->m);
     if (rc != LS_OK) return rc;
+    scratch *x = scratch_of(s);
+    for (int32_t i = 0; i <= MAX_AHEAD; i++) x->mask_state[i] = MASK_UNKNOWN;
     return c.K == 1 ? run_chain(s, &c, pending, out_tokens, out_stats, logits_out)
                     : run_tree(s, &c, pending, out_tokens, out_stats, logits_out);
 }

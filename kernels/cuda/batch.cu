@@ -13,7 +13,16 @@
  *
  * Greedy rows pick on the device (sample.cu), from their own session's
  * history; temperature rows copy their logits to the host for sample.c's
- * ls_sample, as ls_session_step does.
+ * ls_sample, as ls_session_step does. Token masks (LS_FEATURE_TOKEN_MASK)
+ * are not implemented here: a masked row is LS_ERR_UNSUPPORTED.
+ *
+ * A call where a row may exit early (a model with an exit gate) or a
+ * session holds deferred units runs its blocks through block_steps.h, the
+ * CPU library's schedule for them, with the operations below: each gate
+ * and exit decided on the device between steps (exits.cu), the decisions
+ * read back so that exiting rows leave the block at their own step and
+ * deferred rows join the step that needs them. Such blocks run their
+ * launches eagerly; every other call as before.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +33,7 @@
 extern "C" {
 #include "batch_rules.h"
 }
+#include "block_steps.h"
 
 /* What a single-block step's launches depend on, and nothing else: each
  * piece's token offset, token count, depth and final-state slot (-1: none),
@@ -65,6 +75,13 @@ struct lsc_batch {
     lsc_step_graph graphs[LSC_STEP_GRAPHS];
     lsc_step_shape previous; /* the last single-block step's shape */
     uint64_t clock;
+    /* early exit (block_steps.h's operations) */
+    lsx_exit_state *exit_states;                /* (LS_BATCH_MAX_ROWS) each call row's distribution, on the device */
+    lsx_exit_state exit_host[LS_BATCH_MAX_ROWS]; /* rows begun since the last upload, [exit_lo, exit_hi) */
+    int32_t exit_lo, exit_hi;
+    int32_t *asks;    /* (LS_CHUNK, 2) the rows a gate is asked about */
+    int32_t *exited;  /* (LS_CHUNK) its answers */
+    int32_t *from;    /* (LS_CHUNK) a permutation of rows */
 };
 
 /* Graphs hold the scratch's addresses: dropped whenever a buffer moves. */
@@ -93,7 +110,9 @@ void lsc_batch_free(lsc_batch *b) {
     drop_graphs(b);
     lsc_block_free(&b->act);
     free_rows(b);
-    if (b->tokens) cudaFree(b->tokens);
+    void *dev[] = {b->tokens, b->exit_states, b->asks, b->exited, b->from};
+    for (void *p : dev)
+        if (p) cudaFree(p);
     free(b->rope_host);
     free(b);
 }
@@ -108,7 +127,11 @@ static lsc_batch *scratch_for(ls_model *m, int32_t n_tokens, int32_t n_sample) {
         b = (lsc_batch *)calloc(1, sizeof *b);
         if (!b) return NULL;
         b->rope_host = (float *)calloc((size_t)LS_CHUNK * mi->head_dim, sizeof(float));
-        if (!b->rope_host || !lsc_block_alloc(&b->act, mi, LS_CHUNK)) {
+        if (!b->rope_host || !lsc_block_alloc(&b->act, mi, LS_CHUNK) ||
+            !lsc_dev_alloc((void **)&b->exit_states, LS_BATCH_MAX_ROWS * sizeof(lsx_exit_state)) ||
+            !lsc_dev_alloc((void **)&b->asks, 2 * LS_CHUNK * sizeof(int32_t)) ||
+            !lsc_dev_alloc((void **)&b->exited, LS_CHUNK * sizeof(int32_t)) ||
+            !lsc_dev_alloc((void **)&b->from, LS_CHUNK * sizeof(int32_t))) {
             lsc_batch_free(b);
             return NULL;
         }
@@ -297,9 +320,149 @@ static cudaError_t step_kernels(ls_model *m, const ls_batch_piece *pieces, int32
     return cudaGraphLaunch(victim->exec, cudaStreamPerThread);
 }
 
+// ---- blocks where rows exit early or deferred rows join (block_steps.h) ----
+
+/* The operations' state: the call, and the first failure. */
+typedef struct {
+    ls_model *m;
+    ls_session *const *sessions;
+    lsc_batch *b;
+    cudaError_t e;
+    const char *what;
+} steps_ctx;
+
+/* 0, or 1 with the failure recorded. */
+static int32_t check(steps_ctx *c, cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return 0;
+    c->e = e;
+    c->what = what;
+    return 1;
+}
+
+static float *row_of(steps_ctx *c, float *base, int32_t row) { return base + (size_t)row * c->m->info.dim; }
+
+static int32_t op_embed(void *ctx, int32_t row, const ls_batch_piece *p) {
+    steps_ctx *c = (steps_ctx *)ctx;
+    ls_session *s = c->sessions[p->row];
+    if (check(c, cudaMemcpyAsync(s->d_tokens + p->pos0, c->b->tokens + p->first, (size_t)p->n * sizeof(int32_t),
+                                 cudaMemcpyDeviceToDevice, cudaStreamPerThread),
+              "copying the token history"))
+        return 1;
+    return check(c, lsc_embed_tokens(c->m, row_of(c, c->b->act.h, row), c->b->tokens + p->first, p->n), "embedding");
+}
+
+static int32_t op_load(void *ctx, int32_t row, ls_session *s, int32_t pos0, int32_t n) {
+    steps_ctx *c = (steps_ctx *)ctx;
+    const size_t bytes = (size_t)n * c->m->info.dim * sizeof(float);
+    return check(c, cudaMemcpyAsync(row_of(c, c->b->act.h, row), row_of(c, s->def_h, pos0), bytes,
+                                    cudaMemcpyDeviceToDevice, cudaStreamPerThread),
+                 "reading kept states");
+}
+
+static int32_t op_keep(void *ctx, int32_t row, ls_session *s, int32_t pos0, int32_t n) {
+    steps_ctx *c = (steps_ctx *)ctx;
+    const size_t bytes = (size_t)n * c->m->info.dim * sizeof(float);
+    return check(c, cudaMemcpyAsync(row_of(c, s->def_h, pos0), row_of(c, c->b->act.h, row), bytes,
+                                    cudaMemcpyDeviceToDevice, cudaStreamPerThread),
+                 "keeping states");
+}
+
+static int32_t op_rows(void *ctx, const ls_batch_piece *pc, int32_t n_pieces) {
+    steps_ctx *c = (steps_ctx *)ctx;
+    const ls_model_info *mi = &c->m->info;
+    const int32_t hd = mi->head_dim;
+    lsc_batch *b = c->b;
+    int32_t T = 0;
+    for (int32_t i = 0; i < n_pieces; T += pc[i].n, i++) {
+        ls_rope_table(b->rope_host + (size_t)T * hd, pc[i].n, pc[i].pos0, hd, mi->rope_theta);
+        lsc_session_rows(b->rows_host + T, c->sessions[pc[i].row], pc[i].pos0, pc[i].n);
+    }
+    return check(c, cudaMemcpy(b->act.rope, b->rope_host, (size_t)T * hd * sizeof(float), cudaMemcpyHostToDevice),
+                 "copying the RoPE table") ||
+           check(c, cudaMemcpy(b->act.rows, b->rows_host, (size_t)T * sizeof(lsc_row_cache), cudaMemcpyHostToDevice),
+                 "copying the row caches");
+}
+
+static int32_t op_unit(void *ctx, const ls_batch_piece *pc, int32_t lo, int32_t n_pieces, int32_t start, int32_t T,
+                       int32_t l) {
+    (void)pc;
+    (void)lo;
+    (void)n_pieces;
+    steps_ctx *c = (steps_ctx *)ctx;
+    lsc_block view = c->b->act;
+    view.h += (size_t)start * c->m->info.dim;
+    view.rope += (size_t)start * c->m->info.head_dim;
+    view.rows += start;
+    const char *what = "";
+    return check(c, lsc_block_unit(c->m, &view, T - start, l, &what), what);
+}
+
+static int32_t op_exit_begin(void *ctx, int32_t call_row, float threshold) {
+    lsc_batch *b = ((steps_ctx *)ctx)->b;
+    b->exit_host[call_row] = lsx_exit_state{threshold, 1.0f, 0.0f};
+    if (b->exit_lo >= b->exit_hi) b->exit_lo = b->exit_hi = call_row;
+    if (call_row < b->exit_lo) b->exit_lo = call_row;
+    if (call_row + 1 > b->exit_hi) b->exit_hi = call_row + 1;
+    return 0;
+}
+
+static int32_t op_decide(void *ctx, const lsb_ask *asks, int32_t n, int32_t *exited) {
+    steps_ctx *c = (steps_ctx *)ctx;
+    lsc_batch *b = c->b;
+    if (b->exit_lo < b->exit_hi) { /* the rows begun in this block (the others in the range are done) */
+        size_t count = (size_t)(b->exit_hi - b->exit_lo);
+        if (check(c, cudaMemcpy(b->exit_states + b->exit_lo, b->exit_host + b->exit_lo, count * sizeof(lsx_exit_state),
+                                cudaMemcpyHostToDevice),
+                  "copying exit rules"))
+            return 1;
+        b->exit_lo = b->exit_hi = 0;
+    }
+    static_assert(sizeof(lsb_ask) == 2 * sizeof(int32_t), "an ask is two int32");
+    return check(c, cudaMemcpy(b->asks, asks, (size_t)n * sizeof *asks, cudaMemcpyHostToDevice), "copying the gate's rows") ||
+           check(c, lsc_exit_decide(b->exited, b->asks, n, b->act.h, c->m->rt->exit_gate, c->m->info.dim, b->exit_states),
+                 "exit gate") ||
+           check(c, cudaMemcpy(exited, b->exited, (size_t)n * sizeof *exited, cudaMemcpyDeviceToHost),
+                 "reading the exit decisions");
+}
+
+static int32_t op_permute(void *ctx, int32_t start, const int32_t *from, int32_t n) {
+    steps_ctx *c = (steps_ctx *)ctx;
+    lsc_batch *b = c->b;
+    float *h = row_of(c, b->act.h, start), *tmp = row_of(c, b->act.xb, start); /* xb: free between units */
+    return check(c, cudaMemcpy(b->from, from, (size_t)n * sizeof *from, cudaMemcpyHostToDevice), "copying a row order") ||
+           check(c, lsc_gather_rows(tmp, h, b->from, n, c->m->info.dim), "moving rows") ||
+           check(c, cudaMemcpyAsync(h, tmp, (size_t)n * c->m->info.dim * sizeof(float), cudaMemcpyDeviceToDevice,
+                                    cudaStreamPerThread),
+                 "moving rows");
+}
+
+static int32_t op_settle_step(void *ctx, ls_session *s, int32_t a, int32_t b, int32_t u) {
+    /* a failure is printed and the session marked by runtime.cu */
+    return lsc_settle_step(s, a, b, u) == LS_OK ? 0 : check((steps_ctx *)ctx, cudaErrorUnknown, "computing deferred units");
+}
+
+static int32_t op_copy_units(void *ctx, ls_session *s, int32_t pos, int32_t from, int32_t to) {
+    steps_ctx *c = (steps_ctx *)ctx;
+    const ls_model_info *mi = &c->m->info;
+    const int64_t loop_stride = (int64_t)mi->n_kv_heads * s->cap * mi->head_dim;
+    return check(c, lsc_copy_units(s->kc, s->vc, loop_stride, s->cap, pos % s->cap, from, to, mi->n_layers,
+                                   mi->n_kv_heads, mi->head_dim),
+                 "copying an exit step's keys and values");
+}
+
+static int32_t op_last(void *ctx, int32_t row, int32_t slot) {
+    steps_ctx *c = (steps_ctx *)ctx;
+    return check(c, cudaMemcpyAsync(row_of(c, c->b->last, slot), row_of(c, c->b->act.h, row),
+                                    (size_t)c->m->info.dim * sizeof(float), cudaMemcpyDeviceToDevice,
+                                    cudaStreamPerThread),
+                 "keeping a final state");
+}
+
 /* One call's blocks, as ls_batch_blocks hands them over, and the first
  * failure. A call of one block runs it with the head as one step
- * (step_kernels); longer calls run block by block, the head after. */
+ * (step_kernels); longer calls run block by block, the head after; a call
+ * where rows exit early or read deferred units through block_steps.h
+ * (steps), the head after. */
 typedef struct {
     ls_model *m;
     ls_session *const *sessions;
@@ -308,12 +471,20 @@ typedef struct {
     const int32_t *slot;
     int32_t n_sample;
     int single;
+    const lsb_call *steps; /* or NULL */
+    steps_ctx *steps_ctx;
     cudaError_t e;
     const char *what;
 } block_call;
 
 static int run_block_call(void *ctx, const ls_batch_piece *pieces, int32_t n) {
     block_call *c = (block_call *)ctx;
+    if (c->steps) {
+        if (lsb_run(c->steps, pieces, n) == 0) return 0;
+        c->e = c->steps_ctx->e;
+        c->what = c->steps_ctx->what;
+        return 1;
+    }
     c->e = upload_block(c->m, c->sessions, pieces, n, c->b, &c->what);
     if (c->e == cudaSuccess)
         c->e = c->single ? step_kernels(c->m, pieces, n, c->b, c->slot, c->n_sample, &c->what)
@@ -324,11 +495,20 @@ static int run_block_call(void *ctx, const ls_batch_piece *pieces, int32_t n) {
         if (lo < n) ls_batch_unit_done(c->sessions, pieces, lo, n, l);
     }
     ls_batch_block_done(c->sessions, pieces, n, c->tokens);
+    for (int32_t i = 0; i < n; i++)
+        if (pieces[i].last && c->slot[pieces[i].row] >= 0)
+            c->sessions[pieces[i].row]->last_steps = pieces[i].units / c->m->info.n_layers;
     return 0;
 }
 
-/* Run order: shallowest first, stable. */
-static int row_before(const ls_batch_row *a, const ls_batch_row *b) { return a->step.loops < b->step.loops; }
+/* Whether the call's rows run as they were planned: none exits early, and
+ * no session holds deferred units a row would read. */
+static int plain_call(const ls_batch_plan *plan, ls_session *const *sessions, const ls_batch_row *rows) {
+    for (int32_t i = 0; i < plan->n_rows; i++)
+        if (plan->exits[i] || ls_units_deferred(ls_session_view(sessions[i]), rows[i].step.loops * plan->layers) > 0)
+            return 0;
+    return 1;
+}
 
 /* The head over every sampling row, then each row's draw: greedy rows on
  * the device, temperature rows on the host from the copied logits. */
@@ -374,25 +554,48 @@ static cudaError_t draw(ls_model *m, ls_session *const *sessions, const ls_batch
 }
 
 extern "C" int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows, int32_t n_rows,
-                                 const int32_t *tokens, float *logits_out, int32_t *out) {
+                                 const int32_t *tokens, const uint32_t *masks, float *logits_out, int32_t *out) {
+    return ls_batch_step_gated(m, sessions, rows, n_rows, tokens, masks, logits_out, out, NULL, NULL);
+}
+
+extern "C" int32_t ls_batch_step_gated(ls_model *m, ls_session *const *sessions, const ls_batch_row *rows,
+                                       int32_t n_rows, const int32_t *tokens, const uint32_t *masks,
+                                       float *logits_out, int32_t *out, void (*gate)(void *), void *gate_ctx) {
     if (!m || !m->rt) return LS_ERR_ARG;
-    int32_t rc = ls_check_batch(m, sessions, rows, n_rows, tokens, out);
+    int32_t rc = ls_check_batch(m, sessions, rows, n_rows, tokens, masks, out);
+    if (rc != LS_OK) return rc;
+    /* token masks and the zero-shot exit rules (LS_FEATURE_RECURRENT) are the CPU library's */
+    for (int32_t i = 0; i < n_rows; i++)
+        if (rows[i].step.masked || ls_exit_rule_of(&rows[i].step) != 0) rc = out[i] = LS_ERR_UNSUPPORTED;
     if (rc != LS_OK) return rc;
     /* a session an earlier CUDA failure left unknown takes no more steps */
     for (int32_t i = 0; i < n_rows; i++)
         if (sessions[i]->failed) rc = out[i] = LS_ERR_STATE;
     if (rc != LS_OK) return rc;
 
+    /* room for the states an exact exit keeps, before any row runs */
+    for (int32_t i = 0; i < n_rows; i++)
+        if (rows[i].step.exit_policy == LS_EXIT_EXACT && ls_step_exits(m, &rows[i].step, rows[i].sample, rows[i].n_tokens) &&
+            lsc_defer_reserve(sessions[i]) != LS_OK)
+            rc = out[i] = LS_ERR_NOMEM;
+    if (rc != LS_OK) return rc;
+
     ls_batch_plan plan;
-    ls_batch_plan_rows(&plan, sessions, rows, n_rows, row_before);
+    ls_batch_plan_rows(&plan, sessions, rows, n_rows, lsb_row_before);
     lsc_batch *b = scratch_for(m, plan.n_tokens, plan.n_sample > 0 ? plan.n_sample : 1);
     if (!b) {
         cudaGetLastError(); // a failed allocation leaves no sticky error
         for (int32_t i = 0; i < n_rows; i++) out[i] = LS_ERR_NOMEM;
         return LS_ERR_NOMEM;
     }
-    int single = plan.n_tokens <= LS_CHUNK; // ls_batch_blocks makes one block of it
-    block_call call = {m, sessions, tokens, b, plan.slot, plan.n_sample, single, cudaSuccess, "selecting the device"};
+    const int plain = plain_call(&plan, sessions, rows);
+    int single = plain && plan.n_tokens <= LS_CHUNK; // ls_batch_blocks makes one block of it
+    steps_ctx sctx = {m, sessions, b, cudaSuccess, ""};
+    const lsb_ops ops = {&sctx,   op_embed,  op_load,    op_keep,        op_rows,       op_unit,
+                         op_exit_begin, op_decide, op_permute, op_settle_step, op_copy_units, op_last};
+    const lsb_call steps = {&ops, sessions, rows, plan.exits, plan.slot, tokens, m->info.n_layers};
+    block_call call = {m,      sessions, tokens, b,           plan.slot, plan.n_sample, single,
+                       plain ? NULL : &steps, &sctx, cudaSuccess, "selecting the device"};
     call.e = cudaSetDevice(m->rt->device);
     /* Work another thread queued for these sessions (a new session's zero
      * fill, a prefix copy) finishes first: with per-thread default streams
@@ -410,6 +613,7 @@ extern "C" int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const
     if (call.e == cudaSuccess) ls_batch_blocks(&plan, rows, LS_CHUNK, pieces, run_block_call, &call);
     cudaError_t e = call.e;
     const char *what = call.what;
+    if (gate) gate(gate_ctx);
     if (e == cudaSuccess && plan.n_sample > 0)
         e = draw(m, sessions, rows, n_rows, plan.slot, plan.n_sample, single, b, logits_out, out, &what);
     else if (e == cudaSuccess)
@@ -420,9 +624,7 @@ extern "C" int32_t ls_batch_step(ls_model *m, ls_session *const *sessions, const
         e = cudaDeviceSynchronize();
     }
     if (e != cudaSuccess) return fail_all(sessions, n_rows, out, what, e);
-    for (int32_t i = 0; i < n_rows; i++) {
-        if (rows[i].sample) sessions[i]->last_steps = rows[i].step.loops;
+    for (int32_t i = 0; i < n_rows; i++)
         if (out[i] < 0 && rc == LS_OK) rc = out[i];
-    }
     return rc;
 }

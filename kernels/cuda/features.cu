@@ -4,9 +4,11 @@
  * have not yet passed a validation run on a GPU (loopserve_cuda.h,
  * ls_cuda_kernels).
  *
- * It lacks speculative decoding, the per-op profile and the compressed
- * key/value cache modes. Their entry points exist all the same, so one
- * binding opens either library; they answer LS_ERR_UNSUPPORTED
+ * It lacks speculative decoding, the per-op profile, the compressed
+ * key/value cache modes, token masks and the weight quantizer (which the
+ * command line runs on the CPU library); quantized weights and stacks
+ * come with their kernel families. Their entry points exist all the same,
+ * so one binding opens either library; they answer LS_ERR_UNSUPPORTED
  * (ls_session_new refuses a compressed kv_mode with a message).
  */
 #include "cuda_internal.h"
@@ -14,7 +16,7 @@
 /* The families a validation run on a GPU has passed with: on for every
  * model. A family joins this set in the change that commits the JSON of
  * its first passing run (bench/gpu-runs/). */
-#define LSC_KERNELS_VERIFIED 0
+#define LSC_KERNELS_VERIFIED (LS_CUDA_KERNELS_QUANT | LS_CUDA_KERNELS_STACKS) /* gpu-2026-11-28-h200.json */
 
 /* The unverified families the caller enabled (ls_cuda_kernels). */
 static int32_t enabled_families;
@@ -28,7 +30,10 @@ extern "C" int32_t ls_cuda_kernels(int32_t families) {
 
 int32_t lsc_kernels_on(void) { return LSC_KERNELS_VERIFIED | enabled_families; }
 
-extern "C" int32_t ls_features(void) { return lsc_kernels_on() & LS_CUDA_KERNELS_QUANT ? LS_FEATURE_QUANTIZED : 0; }
+extern "C" int32_t ls_features(void) {
+    const int32_t on = lsc_kernels_on();
+    return (on & LS_CUDA_KERNELS_QUANT ? LS_FEATURE_QUANTIZED : 0) | (on & LS_CUDA_KERNELS_STACKS ? LS_FEATURE_STACKS : 0);
+}
 
 extern "C" void ls_model_set_profile(ls_model *m, int32_t on) {
     (void)m;
@@ -43,18 +48,54 @@ extern "C" int32_t ls_model_profile_read(ls_model *m, double *out, int32_t n, in
     return LS_ERR_UNSUPPORTED;
 }
 
-extern "C" int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_params *params,
-                                        int32_t *out_tokens, int32_t *out_stats, float *logits_out) {
+extern "C" int32_t ls_spec_cycle_masked(ls_session *s, int32_t pending, const ls_spec_params *params,
+                                        ls_mask_fn mask_fn, void *mask_ctx, int32_t *out_tokens, int32_t *out_stats,
+                                        float *logits_out) {
     (void)s;
     (void)pending;
     (void)params;
+    (void)mask_fn;
+    (void)mask_ctx;
     (void)out_tokens;
     (void)out_stats;
     (void)logits_out;
     return LS_ERR_UNSUPPORTED;
 }
 
+extern "C" int32_t ls_spec_cycle_logits(ls_session *s, int32_t pending, const ls_spec_params *params,
+                                        int32_t *out_tokens, int32_t *out_stats, float *logits_out) {
+    return ls_spec_cycle_masked(s, pending, params, NULL, NULL, out_tokens, out_stats, logits_out);
+}
+
 extern "C" int32_t ls_spec_cycle(ls_session *s, int32_t pending, const ls_spec_params *params, int32_t *out_tokens,
                                  int32_t *out_stats) {
     return ls_spec_cycle_logits(s, pending, params, out_tokens, out_stats, NULL);
+}
+
+extern "C" ls_quantizer *ls_quantizer_new(int32_t n_threads, int32_t simd, char *err, int32_t err_len) {
+    (void)n_threads;
+    (void)simd;
+    ls_set_error(err, err_len, "the CUDA library has no weight quantizer (LS_FEATURE_QUANTIZE); use libloopserve.so");
+    return NULL;
+}
+
+extern "C" void ls_quantizer_free(ls_quantizer *q) { (void)q; }
+
+extern "C" int32_t ls_quantizer_simd(const ls_quantizer *q) {
+    (void)q;
+    return LS_ERR_UNSUPPORTED;
+}
+
+extern "C" int32_t ls_quantize(ls_quantizer *q, const ls_quantize_params *p, const void *src, int32_t rows,
+                               uint8_t *qweight, uint16_t *scales, uint16_t *zeros, char *err, int32_t err_len) {
+    (void)q;
+    (void)p;
+    (void)src;
+    (void)rows;
+    (void)qweight;
+    (void)scales;
+    (void)zeros;
+    (void)err;
+    (void)err_len;
+    return LS_ERR_UNSUPPORTED;
 }

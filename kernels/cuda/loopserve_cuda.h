@@ -26,8 +26,9 @@ int32_t ls_cuda_device_count(void);
  * commits that run's JSON. Until then the library refuses, by name, what
  * the family would serve (ls_model_load of an int4 model, say), unless the
  * caller enables it here: the validation driver does; a server never does. */
-#define LS_CUDA_KERNELS_QUANT 1 /* int4 / int2 block matrices and int8 / int6 / int4 output heads */
-#define LS_CUDA_KERNELS_ALL 1   /* every family this build has */
+#define LS_CUDA_KERNELS_QUANT 1  /* int4 / int2 block matrices and int8 / int6 / int4 output heads */
+#define LS_CUDA_KERNELS_STACKS 2 /* stacks of layers, sandwich and step norms, the exit gate and its policies */
+#define LS_CUDA_KERNELS_ALL 3    /* every family this build has */
 
 /* Enables the families of `families` (LS_CUDA_KERNELS_* bits; the others
  * off) for the models loaded after the call; -1 changes nothing. Returns the
@@ -40,11 +41,12 @@ int32_t ls_cuda_kernels_verified(void);
 
 /* Runs the device kernels of the enabled families on generated inputs
  * against the host execution of the same arithmetic (kernels/cuda/
- * quant_math.h), bit for bit: activation codes and scales, every quantized
- * matrix format, group and row length, 1 to 64 tokens per launch, the
- * embedding read from a quantized head. Writes a one-line summary (or the
- * first difference) to report. Returns the number of failed cases, or a
- * negative LS_ERR_* when the device cannot run it (LS_ERR_STATE: no device). */
+ * quant_math.h, exit_math.h), bit for bit: activation codes and scales,
+ * every quantized matrix format, group and row length, 1 to 64 tokens per
+ * launch, the embedding read from a quantized head; the exit gate's
+ * decisions over several steps. Writes a one-line summary (or the first
+ * difference) to report. Returns the number of failed cases, or a negative
+ * LS_ERR_* when the device cannot run it (LS_ERR_STATE: no device). */
 int32_t ls_cuda_selftest(char *report, int32_t report_len);
 
 #ifdef __cplusplus

@@ -30,19 +30,39 @@ cudaError_t lsc_embed(float *h, const __half *E, const int32_t *tokens, int32_t 
 
 // ---- rmsnorm ----
 
+/* 1 / rms of a row of n (every thread of the block gets it). */
+__device__ static inline float rms_scale(const float *xr, int32_t n, float eps, float *red) {
+    float ss = 0.0f;
+    for (int32_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, red);
+    return 1.0f / sqrtf(ss / (float)n + eps);
+}
+
 __global__ static void k_rmsnorm(float *out, const float *x, const float *w, int32_t n, float eps) {
     __shared__ float red[32];
     const float *xr = x + (size_t)blockIdx.x * n;
     float *yr = out + (size_t)blockIdx.x * n;
-    float ss = 0.0f;
-    for (int32_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = block_sum(ss, red);
-    float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    float scale = rms_scale(xr, n, eps, red);
     for (int32_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
 }
 
 cudaError_t lsc_rmsnorm(float *out, const float *x, const float *w, int32_t T, int32_t n, float eps) {
     k_rmsnorm<<<T, LS_CUDA_BLOCK>>>(out, x, w, n, eps);
+    return cudaGetLastError();
+}
+
+/* k_rmsnorm's norm of y, each value rounded before it is added to h (the
+ * CPU library norms the sublayer's output, then adds it). */
+__global__ static void k_rmsnorm_add(float *h, const float *y, const float *w, int32_t n, float eps) {
+    __shared__ float red[32];
+    const float *yr = y + (size_t)blockIdx.x * n;
+    float *hr = h + (size_t)blockIdx.x * n;
+    float scale = rms_scale(yr, n, eps, red);
+    for (int32_t i = threadIdx.x; i < n; i += blockDim.x) hr[i] = __fadd_rn(hr[i], yr[i] * scale * w[i]);
+}
+
+cudaError_t lsc_rmsnorm_add(float *h, const float *y, const float *w, int32_t T, int32_t n, float eps) {
+    k_rmsnorm_add<<<T, LS_CUDA_BLOCK>>>(h, y, w, n, eps);
     return cudaGetLastError();
 }
 

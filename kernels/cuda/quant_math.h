@@ -5,10 +5,10 @@
  * device and the host. Plain C11 as well as CUDA C++: the device kernels
  * (quant.cu) call these functions, and so do two host programs that hold
  * them to the CPU library in halves:
- *   - the CPU harness (bench/gpu/harness.c, run in CI) runs them on the
+ *   - the CPU harness (bench/gpu/harness/quant.c, run in CI) runs them on the
  *     host against the CPU library's own kernels (quant.h), bit for bit,
  *     and checks the warp schedule's index math exhaustively;
- *   - the CUDA library's self-test (quant_selftest.cu, run by the
+ *   - the CUDA library's self-test (selftest.cu, run by the
  *     validation script on a GPU) runs the device kernels against the host
  *     execution of these functions, bit for bit.
  *

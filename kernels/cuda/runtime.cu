@@ -1,9 +1,10 @@
 /*
  * runtime.cu — libloopserve_cuda.so's sessions (fp16 K/V cache per unit on
- * the device) and the forward pass (the weights on the device: weights.cu),
- * behind the ABI of kernels/loopserve.h. The session logic (positions per
- * loop, the windowed ring, rollback rules, argument checks and error codes)
- * is the CPU library's own, from kernels/session_rules.h; only where the
+ * the device, the kept states of exact early exit) and the forward pass
+ * (the weights on the device: weights.cu), behind the ABI of
+ * kernels/loopserve.h. The session logic (positions per unit, the windowed
+ * ring, deferred units, rollback rules, argument checks and error codes) is
+ * the CPU library's own, from kernels/session_rules.h; only where the
  * numbers are computed differs.
  *
  * CUDA failures after a session exists (a launch or copy failing mid-step)
@@ -17,6 +18,10 @@
 #include <string.h>
 
 #include "cuda_internal.h"
+
+extern "C" {
+#include "batch_rules.h"
+}
 
 // ---- device discovery and names ----
 
@@ -82,24 +87,49 @@ void lsc_block_free(lsc_block *b) {
     memset(b, 0, sizeof *b);
 }
 
+/* Bytes a position's kept state takes (its hidden state and unit count), as
+ * the CPU library counts them (session.c). */
+static size_t deferred_bytes(const ls_model_info *mi) { return (size_t)mi->dim * sizeof(float) + sizeof(int32_t); }
+
+/* Bytes of one session's keys (or values): units x kv heads x rows x head_dim, 0 on overflow. */
+static size_t half_cache_bytes(const ls_model *m, int32_t units, int32_t cap) {
+    return ls_bytes_of((size_t)units, (size_t)m->info.n_kv_heads, (size_t)cap, (size_t)m->info.head_dim, sizeof(__half));
+}
+
 extern "C" int64_t ls_session_cache_bytes(const ls_model *m, const ls_session_params *params) {
     if (!params || ls_check_session_args(m, params->max_seq, params->loops, params->cache_window, NULL, 0) != LS_OK ||
         params->kv_mode != LS_KV_FP16 || params->cache_steps != 0)
         return LS_ERR_ARG;
     int32_t cap = ls_ring_rows(params->max_seq, params->cache_window, LS_CHUNK);
-    size_t half = ls_bytes_of((size_t)params->loops, (size_t)m->info.n_kv_heads, (size_t)cap, (size_t)m->info.head_dim,
-                              sizeof(__half));
-    return half > 0 ? 2 * (int64_t)half : LS_ERR_NOMEM;
+    size_t half = half_cache_bytes(m, params->loops * m->info.n_layers, cap);
+    if (half == 0) return LS_ERR_NOMEM;
+    int64_t total = 2 * (int64_t)half;
+    /* a model with an exit gate may keep a hidden state per position (exact early exit) */
+    if (m->info.exit_gate) total += (int64_t)params->max_seq * (int64_t)deferred_bytes(&m->info);
+    return total;
 }
 
 /* The device cache is allocated whole when the session is made (growing it
  * would need a device-side copy per step boundary): it holds what
- * ls_session_cache_bytes says from the start. */
+ * ls_session_cache_bytes says from the start, the kept states once the
+ * session first keeps one. */
 extern "C" int64_t ls_session_cache_bytes_held(const ls_session *s) {
     if (!s) return LS_ERR_ARG;
-    size_t half = ls_bytes_of((size_t)s->units, (size_t)s->m->info.n_kv_heads, (size_t)s->cap,
-                              (size_t)s->m->info.head_dim, sizeof(__half));
-    return 2 * (int64_t)half;
+    return 2 * (int64_t)half_cache_bytes(s->m, s->units, s->cap) + (int64_t)s->def_cap * (int64_t)deferred_bytes(&s->m->info);
+}
+
+int32_t lsc_defer_reserve(ls_session *s) {
+    if (s->def_cap > 0) return LS_OK;
+    const size_t n = (size_t)s->max_seq;
+    s->def_units = (int32_t *)calloc(n, sizeof(int32_t));
+    if (!s->def_units || !lsc_dev_alloc((void **)&s->def_h, n * (size_t)s->m->info.dim * sizeof(float))) {
+        free(s->def_units);
+        s->def_units = NULL;
+        cudaGetLastError(); // a failed allocation leaves no sticky error
+        return LS_ERR_NOMEM;
+    }
+    s->def_cap = s->max_seq;
+    return LS_OK;
 }
 
 extern "C" ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *err, int32_t err_len) {
@@ -128,15 +158,15 @@ extern "C" ls_session *ls_session_new(ls_model *m, const ls_session_params *para
     LS_SESSION_SHAPE(s, m, max_seq, loops, cache_window, LS_CHUNK);
 
     size_t C = LS_CHUNK, hd = (size_t)mi->head_dim, vocab = (size_t)mi->vocab_size;
-    size_t cache_bytes = ls_bytes_of((size_t)loops, (size_t)mi->n_kv_heads, (size_t)s->cap, hd, sizeof(__half));
+    size_t cache_bytes = half_cache_bytes(m, s->units, s->cap);
 
     s->tokens = (int32_t *)calloc((size_t)max_seq, sizeof(int32_t));
-    s->unit_len = (int32_t *)calloc((size_t)loops, sizeof(int32_t));
-    s->unit_lo = (int32_t *)calloc((size_t)loops, sizeof(int32_t));
+    s->unit_len = (int32_t *)calloc((size_t)s->units, sizeof(int32_t));
+    s->unit_lo = (int32_t *)calloc((size_t)s->units, sizeof(int32_t));
     s->rope_host = (float *)calloc(C * hd, sizeof(float));
     s->logits_host = (float *)calloc(vocab, sizeof(float));
     bool host_ok = s->tokens && s->unit_len && s->unit_lo && s->rope_host && s->logits_host;
-    bool dev_ok = host_ok && lsc_dev_alloc((void **)&s->kc, cache_bytes) &&
+    bool dev_ok = host_ok && cache_bytes > 0 && lsc_dev_alloc((void **)&s->kc, cache_bytes) &&
                   lsc_dev_alloc((void **)&s->vc, cache_bytes) &&
                   lsc_dev_alloc((void **)&s->d_tokens, (size_t)max_seq * sizeof(int32_t)) &&
                   lsc_block_alloc(&s->act, mi, C) && lsc_dev_alloc((void **)&s->logits, C * vocab * sizeof(float)) &&
@@ -147,9 +177,10 @@ extern "C" ls_session *ls_session_new(ls_model *m, const ls_session_params *para
             ls_set_error(err, err_len, "out of memory allocating a session (max_seq %d, loops %d)", max_seq, loops);
         else
             ls_set_error(err, err_len,
-                         "out of GPU memory allocating a session (max_seq %d, loops %d, window %d: %zu bytes of "
-                         "K/V cache): %s",
-                         max_seq, loops, cache_window, 2 * cache_bytes, cudaGetErrorString(cudaGetLastError()));
+                         "out of GPU memory allocating a session (max_seq %d, loops %d x %d layers, window %d: %zu "
+                         "bytes of K/V cache): %s",
+                         max_seq, loops, mi->n_layers, cache_window, 2 * cache_bytes,
+                         cudaGetErrorString(cudaGetLastError()));
         ls_session_free(s);
         return NULL;
     }
@@ -158,11 +189,11 @@ extern "C" ls_session *ls_session_new(ls_model *m, const ls_session_params *para
 
 extern "C" void ls_session_free(ls_session *s) {
     if (!s) return;
-    void *dev[] = {s->kc, s->vc, s->d_tokens, s->logits, s->penalized, s->result};
+    void *dev[] = {s->kc, s->vc, s->def_h, s->d_tokens, s->logits, s->penalized, s->result};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     lsc_block_free(&s->act);
-    void *host[] = {s->tokens, s->unit_len, s->unit_lo, s->rope_host, s->logits_host, s};
+    void *host[] = {s->tokens, s->unit_len, s->unit_lo, s->def_units, s->rope_host, s->logits_host, s};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
 }
 
@@ -189,24 +220,33 @@ static int32_t fail(ls_session *s, const char *what, cudaError_t e) {
     } while (0)
 
 /* session.c's ls_session_copy_prefix: the same checks (session_rules.h),
- * then the rows copied on the device. */
+ * then the rows copied on the device, the kept states of the positions
+ * whose deeper units are deferred with them. */
 extern "C" int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src, int32_t n) {
     if (!dst || !src || dst == src) return LS_ERR_ARG;
     int32_t rc = ls_check_copy_prefix(ls_session_view(dst), ls_session_view(src), n);
     if (rc != LS_OK) return rc;
     if (dst->failed || src->failed) return LS_ERR_STATE;
+    /* positions lacking dst's deepest unit keep their deferred states */
+    const int32_t held = src->unit_len[dst->units - 1] < n ? src->unit_len[dst->units - 1] : n;
+    if (held < n && lsc_defer_reserve(dst) != LS_OK) return LS_ERR_NOMEM;
     const ls_model_info *mi = &dst->m->info;
-    int32_t hd = mi->head_dim, n_kv = mi->n_kv_heads;
+    int32_t hd = mi->head_dim, n_kv = mi->n_kv_heads, dim = mi->dim;
     ls_session *s = dst; /* TRY marks the destination failed */
     size_t src_loop = (size_t)n_kv * src->cap * hd, dst_loop = (size_t)n_kv * dst->cap * hd;
     for (int32_t l = 0; l < dst->units; l++) {
-        int32_t lo = ls_prefix_lo(src->unit_lo[l], n, dst->cap);
+        int32_t lo = ls_prefix_lo(src->unit_lo[l], n, dst->cap), len = src->unit_len[l] < n ? src->unit_len[l] : n;
         TRY("copying keys", lsc_copy_rows(dst->kc + l * dst_loop, dst->cap, src->kc + l * src_loop, src->cap, n_kv,
-                                          hd, lo, n));
+                                          hd, lo, len));
         TRY("copying values", lsc_copy_rows(dst->vc + l * dst_loop, dst->cap, src->vc + l * src_loop, src->cap,
-                                            n_kv, hd, lo, n));
-        dst->unit_len[l] = n;
+                                            n_kv, hd, lo, len));
+        dst->unit_len[l] = len;
         dst->unit_lo[l] = lo;
+    }
+    if (held < n) {
+        TRY("copying the kept states", cudaMemcpy(dst->def_h + (size_t)held * dim, src->def_h + (size_t)held * dim,
+                                                  (size_t)(n - held) * dim * sizeof(float), cudaMemcpyDeviceToDevice));
+        memcpy(dst->def_units + held, src->def_units + held, (size_t)(n - held) * sizeof *dst->def_units);
     }
     if (n > 0)
         TRY("copying the token history", cudaMemcpy(dst->d_tokens, src->d_tokens, (size_t)n * sizeof(int32_t),
@@ -228,50 +268,66 @@ extern "C" int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src
         }                         \
     } while (0)
 
-/* The attention and feed-forward matmuls of a quantized block: each input
- * quantized once (q, k and v share theirs), then its matrices. */
-static cudaError_t quantized_unit(const ls_model *m, const lsc_block *b, int32_t T, int32_t unit, const char **what) {
-    const ls_model_info *mi = &m->info;
-    const ls_runtime *rt = m->rt;
-    const lsc_qblock *w = rt->qblock;
-    int32_t dim = mi->dim, hd = mi->head_dim, n_heads = mi->n_heads, n_kv = mi->n_kv_heads;
-    int32_t kv_dim = n_kv * hd, ffn = mi->ffn_dim;
-    int32_t ld = dim + 2 * kv_dim; // a row of qkv
-    STEP("rmsnorm", lsc_rmsnorm(b->xb, b->h, rt->attn_norm, T, dim, mi->norm_eps));
-    STEP("quantizing the attention input", lsc_quantize(b->q, b->qd, b->xb, dim, dim, T));
-    STEP("wq", lsc_qmatmul(b->qkv, ld, b->q, b->qd, &w->wq, T, 0));
-    STEP("wk", lsc_qmatmul(b->qkv + dim, ld, b->q, b->qd, &w->wk, T, 0));
-    STEP("wv", lsc_qmatmul(b->qkv + dim + kv_dim, ld, b->q, b->qd, &w->wv, T, 0));
-    STEP("rope and kv store", lsc_rope_store(b->qkv, ld, n_heads, n_kv, hd, b->rope, b->rows, unit, T));
-    STEP("attention", lsc_attention(b->att, b->qkv, ld, b->rows, unit, n_heads, n_kv, hd, T));
-    STEP("quantizing the attention output", lsc_quantize(b->q, b->qd, b->att, dim, dim, T));
-    STEP("wo", lsc_qmatmul(b->h, dim, b->q, b->qd, &w->wo, T, 1));
-    STEP("rmsnorm", lsc_rmsnorm(b->xb, b->h, rt->ffn_norm, T, dim, mi->norm_eps));
-    STEP("quantizing the feed-forward input", lsc_quantize(b->q, b->qd, b->xb, dim, dim, T));
-    STEP("w1 w3 swiglu", lsc_qmatmul_swiglu(b->g, ffn, b->q, b->qd, &w->w1, &w->w3, T));
-    STEP("quantizing the feed-forward hidden state", lsc_quantize(b->q, b->qd, b->g, ffn, ffn, T));
-    STEP("w2", lsc_qmatmul(b->h, dim, b->q, b->qd, &w->w2, T, 1));
+/* A sublayer's output projection onto the residual h: added by the matmul
+ * itself, or, with sandwich norms, into xb, then normed and added. */
+template <typename Project>
+static cudaError_t sublayer_out(const ls_model *m, const lsc_block *b, int32_t T, const float *out_norm,
+                                Project project, const char *name, const char **what) {
+    if (!out_norm) {
+        STEP(name, project(b->h, 1));
+        return cudaSuccess;
+    }
+    STEP(name, project(b->xb, 0));
+    STEP("sandwich norm", lsc_rmsnorm_add(b->h, b->xb, out_norm, T, m->info.dim, m->info.norm_eps));
     return cudaSuccess;
 }
 
 cudaError_t lsc_block_unit(const ls_model *m, const lsc_block *b, int32_t T, int32_t unit, const char **what) {
-    if (m->rt->qblock) return quantized_unit(m, b, T, unit, what);
     const ls_model_info *mi = &m->info;
     const ls_runtime *rt = m->rt;
+    const int32_t layer = LS_UNIT_LAYER(m, unit);
+    const lsc_layer *w = &rt->layers[layer];
+    const bool quant = rt->quantized; /* each matmul input quantized once: q, k and v share theirs */
     int32_t dim = mi->dim, hd = mi->head_dim, n_heads = mi->n_heads, n_kv = mi->n_kv_heads;
     int32_t kv_dim = n_kv * hd, ffn = mi->ffn_dim;
     float eps = mi->norm_eps;
     int32_t ld = dim + 2 * kv_dim; // a row of qkv
     // attention sub-block
-    STEP("rmsnorm", lsc_rmsnorm(b->xb, b->h, rt->attn_norm, T, dim, eps));
-    STEP("wqkv", lsc_matmul(b->qkv, ld, b->xb, dim, rt->wqkv, dim, ld, T, 0));
+    STEP("rmsnorm", lsc_rmsnorm(b->xb, b->h, w->attn_norm, T, dim, eps));
+    if (quant) {
+        STEP("quantizing the attention input", lsc_quantize(b->q, b->qd, b->xb, dim, dim, T));
+        STEP("wq", lsc_qmatmul(b->qkv, ld, b->q, b->qd, &w->q.wq, T, 0));
+        STEP("wk", lsc_qmatmul(b->qkv + dim, ld, b->q, b->qd, &w->q.wk, T, 0));
+        STEP("wv", lsc_qmatmul(b->qkv + dim + kv_dim, ld, b->q, b->qd, &w->q.wv, T, 0));
+    } else {
+        STEP("wqkv", lsc_matmul(b->qkv, ld, b->xb, dim, w->wqkv, dim, ld, T, 0));
+    }
     STEP("rope and kv store", lsc_rope_store(b->qkv, ld, n_heads, n_kv, hd, b->rope, b->rows, unit, T));
     STEP("attention", lsc_attention(b->att, b->qkv, ld, b->rows, unit, n_heads, n_kv, hd, T));
-    STEP("wo", lsc_matmul(b->h, dim, b->att, dim, rt->wo, dim, dim, T, 1));
+    if (quant) STEP("quantizing the attention output", lsc_quantize(b->q, b->qd, b->att, dim, dim, T));
+    auto wo = [&](float *y, int add) {
+        return quant ? lsc_qmatmul(y, dim, b->q, b->qd, &w->q.wo, T, add)
+                     : lsc_matmul(y, dim, b->att, dim, w->wo, dim, dim, T, add);
+    };
+    cudaError_t e = sublayer_out(m, b, T, w->attn_out_norm, wo, "wo", what);
+    if (e != cudaSuccess) return e;
     // feed-forward sub-block
-    STEP("rmsnorm", lsc_rmsnorm(b->xb, b->h, rt->ffn_norm, T, dim, eps));
-    STEP("w1 w3 swiglu", lsc_matmul_swiglu(b->g, ffn, b->xb, dim, rt->w1, rt->w3, dim, ffn, T));
-    STEP("w2", lsc_matmul(b->h, dim, b->g, ffn, rt->w2, ffn, dim, T, 1));
+    STEP("rmsnorm", lsc_rmsnorm(b->xb, b->h, w->ffn_norm, T, dim, eps));
+    if (quant) {
+        STEP("quantizing the feed-forward input", lsc_quantize(b->q, b->qd, b->xb, dim, dim, T));
+        STEP("w1 w3 swiglu", lsc_qmatmul_swiglu(b->g, ffn, b->q, b->qd, &w->q.w1, &w->q.w3, T));
+        STEP("quantizing the feed-forward hidden state", lsc_quantize(b->q, b->qd, b->g, ffn, ffn, T));
+    } else {
+        STEP("w1 w3 swiglu", lsc_matmul_swiglu(b->g, ffn, b->xb, dim, w->w1, w->w3, dim, ffn, T));
+    }
+    auto w2 = [&](float *y, int add) {
+        return quant ? lsc_qmatmul(y, dim, b->q, b->qd, &w->q.w2, T, add)
+                     : lsc_matmul(y, dim, b->g, ffn, w->w2, ffn, dim, T, add);
+    };
+    e = sublayer_out(m, b, T, w->ffn_out_norm, w2, "w2", what);
+    if (e != cudaSuccess) return e;
+    /* after a step's last layer, the step norm: its output goes on to the next step and to the head */
+    if (mi->step_norm && layer == mi->n_layers - 1) STEP("step norm", lsc_rmsnorm(b->h, b->h, rt->norm, T, dim, eps));
     return cudaSuccess;
 }
 
@@ -286,7 +342,8 @@ cudaError_t lsc_head(const ls_model *m, float *logits, float *normed, const floa
     const ls_model_info *mi = &m->info;
     const ls_runtime *rt = m->rt;
     int32_t dim = mi->dim, vocab = mi->vocab_size;
-    STEP("rmsnorm", lsc_rmsnorm(normed, x, rt->norm, T, dim, mi->norm_eps));
+    if (mi->step_norm) normed = (float *)x; /* normed at the end of its step; read only below */
+    else STEP("rmsnorm", lsc_rmsnorm(normed, x, rt->norm, T, dim, mi->norm_eps));
     if (!rt->qhead) {
         STEP("output", lsc_matmul(logits, vocab, normed, dim, rt->output, dim, vocab, T, 0));
         return cudaSuccess;
@@ -302,9 +359,10 @@ void lsc_session_rows(lsc_row_cache *rows, const ls_session *s, int32_t pos0, in
     for (int32_t t = 0; t < n; t++) rows[t] = lsc_row_cache{s->kc, s->vc, loop_stride, s->cap, s->window, pos0 + t, 0};
 }
 
-/* One chunk (T <= LS_CHUNK) at positions pos0.. through units [0, loops):
- * s->act.h holds the embeddings on entry and the last loop's output on return. */
-static int32_t forward_chunk(ls_session *s, int32_t T, int32_t pos0, int32_t loops) {
+/* One chunk (T <= LS_CHUNK) at positions pos0.. through units [la, lb):
+ * s->act.h holds their unit-la input on entry and their unit-lb output on
+ * return. */
+static int32_t forward_units(ls_session *s, int32_t T, int32_t pos0, int32_t la, int32_t lb) {
     const ls_model_info *mi = &s->m->info;
     lsc_row_cache rows[LS_CHUNK];
     lsc_session_rows(rows, s, pos0, T);
@@ -312,11 +370,37 @@ static int32_t forward_chunk(ls_session *s, int32_t T, int32_t pos0, int32_t loo
     TRY("copying the RoPE table", cudaMemcpy(s->act.rope, s->rope_host, (size_t)T * mi->head_dim * sizeof(float),
                                              cudaMemcpyHostToDevice));
     TRY("copying the row caches", cudaMemcpy(s->act.rows, rows, (size_t)T * sizeof *rows, cudaMemcpyHostToDevice));
-    for (int32_t l = 0; l < loops; l++) {
+    for (int32_t l = la; l < lb; l++) {
         const char *what = "";
         cudaError_t e = lsc_block_unit(s->m, &s->act, T, l, &what);
         if (e != cudaSuccess) return fail(s, what, e);
         ls_seq_advance(s->unit_len, s->unit_lo, l, pos0 + T, s->cap);
+    }
+    return LS_OK;
+}
+
+int32_t lsc_settle_step(ls_session *s, int32_t a, int32_t b, int32_t u) {
+    const int32_t L = s->m->info.n_layers, dim = s->m->info.dim;
+    /* in chunks, each through the whole step: a chunk attends to the chunks before it, done */
+    for (int32_t c0 = a; c0 < b; c0 += LS_CHUNK) {
+        int32_t T = b - c0 < LS_CHUNK ? b - c0 : LS_CHUNK;
+        TRY("reading kept states", cudaMemcpyAsync(s->act.h, s->def_h + (size_t)c0 * dim, (size_t)T * dim * sizeof(float),
+                                                   cudaMemcpyDeviceToDevice, cudaStreamPerThread));
+        int32_t rc = forward_units(s, T, c0, u, u + L);
+        if (rc != LS_OK) return rc;
+        TRY("keeping states", cudaMemcpyAsync(s->def_h + (size_t)c0 * dim, s->act.h, (size_t)T * dim * sizeof(float),
+                                              cudaMemcpyDeviceToDevice, cudaStreamPerThread));
+        for (int32_t t = 0; t < T; t++) s->def_units[c0 + t] = u + L;
+    }
+    return LS_OK;
+}
+
+/* forward.c's ls_forward_settle: the units [0, need) that earlier exact
+ * exits deferred, step by step, for every position lacking them. */
+static int32_t settle(ls_session *s, int32_t need) {
+    for (int32_t u = 0; u < need; u += s->m->info.n_layers) {
+        int32_t rc = lsc_settle_step(s, s->unit_len[u], s->pos, u);
+        if (rc != LS_OK) return rc;
     }
     return LS_OK;
 }
@@ -331,11 +415,14 @@ static int32_t forward(ls_session *s, const int32_t *tokens, int32_t n, int32_t 
     TRY("selecting the device", cudaSetDevice(rt->device));
     TRY("copying the tokens", cudaMemcpy(s->d_tokens + s->pos, tokens, (size_t)n * sizeof(int32_t),
                                          cudaMemcpyHostToDevice));
+    const int32_t units = loops * mi->n_layers;
+    int32_t rc = settle(s, units); /* the deferred units these tokens read */
+    if (rc != LS_OK) return rc;
     int32_t first_logit = n - n_logits;
     for (int32_t c0 = 0; c0 < n; c0 += LS_CHUNK) {
         int32_t T = n - c0 < LS_CHUNK ? n - c0 : LS_CHUNK;
         TRY("embedding", lsc_embed_tokens(s->m, s->act.h, s->d_tokens + s->pos, T));
-        int32_t rc = forward_chunk(s, T, s->pos, loops);
+        rc = forward_units(s, T, s->pos, 0, units);
         if (rc != LS_OK) return rc;
         memcpy(s->tokens + s->pos, tokens + c0, (size_t)T * sizeof *tokens);
         s->pos += T;
@@ -377,10 +464,19 @@ extern "C" int32_t ls_session_last_steps(const ls_session *s) { return s ? s->la
 
 extern "C" int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, const ls_step_params *p,
                                    float *logits_out) {
-    if (!s || !p || p->exit_threshold != 0.0f) return LS_ERR_ARG; /* no exit gate: stacks are CPU-only */
-    /* Check the sampling arguments before the forward pass mutates the
-     * session, as session.c does. */
-    if (!ls_sampling_ok(&p->sampling)) return LS_ERR_ARG;
+    /* The sampling arguments are checked before the forward pass mutates the
+     * session, as step.c does. */
+    /* a masked step goes through ls_batch_step */
+    if (!s || !p || p->masked || !ls_step_params_ok(p, 1)) return LS_ERR_ARG;
+    if (ls_exit_rule_of(p) != 0) return LS_ERR_UNSUPPORTED; /* the zero-shot exit rules are the CPU library's */
+    if (ls_step_exits(s->m, p, 1, n)) {
+        /* a step that may exit early is a batch of one (batch.cu decides the exits) */
+        ls_batch_row row = {n, 1, *p};
+        int32_t out = 0;
+        int32_t rc = ls_batch_step(s->m, &s, &row, 1, tokens, NULL, logits_out, &out);
+        return rc != LS_OK ? rc : out;
+    }
+    if (p->exit_policy != LS_EXIT_NONE) return LS_ERR_ARG; /* the model has no exit gate */
     int32_t rc = check_forward(s, tokens, n, p->loops);
     if (rc != LS_OK) return rc;
     rc = forward(s, tokens, n, p->loops, logits_out, 1);

@@ -32,22 +32,23 @@ static int upload_f16(__half **dst, const uint16_t *src, size_t n, const char *w
 }
 
 /* wq, wk and wv stacked in one allocation, so one matmul computes a row's
- * q, k and v. */
-static int upload_qkv(__half **dst, const ls_layer_weights *w, size_t dim, size_t kv_dim, char *err, int32_t err_len) {
+ * q, k and v; prefix names the layer in messages ("layers.3."). */
+static int upload_qkv(__half **dst, const ls_layer_weights *w, size_t dim, size_t kv_dim, const char *prefix, char *err,
+                      int32_t err_len) {
     size_t n[3] = {dim * dim, kv_dim * dim, kv_dim * dim};
     const uint16_t *parts[3] = {w->wq, w->wk, w->wv};
-    const char *names[3] = {"block.wq.weight", "block.wk.weight", "block.wv.weight"};
+    const char *names[3] = {"wq", "wk", "wv"};
     cudaError_t e = cudaMalloc((void **)dst, (n[0] + n[1] + n[2]) * sizeof(uint16_t));
     if (e != cudaSuccess) {
         *dst = NULL;
-        ls_set_error(err, err_len, "cannot allocate GPU memory for the attention projections: %s",
+        ls_set_error(err, err_len, "cannot allocate GPU memory for the attention projections of %s: %s", prefix,
                      cudaGetErrorString(e));
         return -1;
     }
     for (size_t i = 0, at = 0; i < 3; at += n[i], i++) {
         e = cudaMemcpy(*dst + at, parts[i], n[i] * sizeof(uint16_t), cudaMemcpyHostToDevice);
         if (e != cudaSuccess) {
-            ls_set_error(err, err_len, "cannot copy %s to the GPU: %s", names[i], cudaGetErrorString(e));
+            ls_set_error(err, err_len, "cannot copy %s%s.weight to the GPU: %s", prefix, names[i], cudaGetErrorString(e));
             return -1;
         }
     }
@@ -68,7 +69,7 @@ static int upload_norm(float **dst, const uint16_t *src, int32_t n, const char *
 }
 
 /* A quantized matrix's codes, scales and (int2) offsets on the device; name
- * is the file's ("block.wq", "output"). */
+ * is the file's ("layers.3.wq", "output"). */
 static int upload_quantized(lsq_matrix *dst, const ls_qmat *src, const char *name, char *err, int32_t err_len) {
     char what[64];
     const size_t groups = (size_t)src->rows * (size_t)(src->in / src->group) * sizeof(uint16_t);
@@ -89,43 +90,99 @@ static void free_quantized(lsq_matrix *w) {
         if (p) cudaFree(const_cast<void *>(p));
 }
 
-/* The block's seven quantized matrices (their formats may differ: an int2 model's int4 wv, say). */
-static int upload_qblock(lsc_qblock *dst, const ls_layer_weights *lw, char *err, int32_t err_len) {
+/* A layer's seven quantized matrices (their formats may differ: an int2
+ * model's int4 wv, say); prefix names the layer ("layers.3."). */
+static int upload_qblock(lsc_qblock *dst, const ls_layer_weights *lw, const char *prefix, char *err, int32_t err_len) {
     lsq_matrix *to[7] = {&dst->wq, &dst->wk, &dst->wv, &dst->wo, &dst->w1, &dst->w2, &dst->w3};
     const ls_qmat *from[7] = {lw->qwq, lw->qwk, lw->qwv, lw->qwo, lw->qw1, lw->qw2, lw->qw3};
-    const char *names[7] = {"block.wq", "block.wk", "block.wv", "block.wo", "block.w1", "block.w2", "block.w3"};
-    for (int i = 0; i < 7; i++)
-        if (upload_quantized(to[i], from[i], names[i], err, err_len) != 0) return -1;
+    const char *names[7] = {"wq", "wk", "wv", "wo", "w1", "w2", "w3"};
+    char name[48];
+    for (int i = 0; i < 7; i++) {
+        snprintf(name, sizeof name, "%s%s", prefix, names[i]);
+        if (upload_quantized(to[i], from[i], name, err, err_len) != 0) return -1;
+    }
     return 0;
+}
+
+/* One layer's weights: its norms, and its matrices as stored. */
+static int upload_layer(lsc_layer *dst, const ls_layer_weights *lw, const ls_model_info *mi, int32_t i, char *err,
+                        int32_t err_len) {
+    char prefix[32], what[64];
+    if (mi->n_layers == 1) snprintf(prefix, sizeof prefix, "block.");
+    else snprintf(prefix, sizeof prefix, "layers.%d.", i);
+    const uint16_t *norms[4] = {lw->attn_norm, lw->ffn_norm, lw->attn_out_norm, lw->ffn_out_norm};
+    float **to[4] = {&dst->attn_norm, &dst->ffn_norm, &dst->attn_out_norm, &dst->ffn_out_norm};
+    const char *names[4] = {"attn_norm", "ffn_norm", "attn_out_norm", "ffn_out_norm"};
+    for (int k = 0; k < 4; k++) {
+        if (!norms[k]) continue; /* the sandwich norms of a model without them */
+        snprintf(what, sizeof what, "%s%s.weight", prefix, names[k]);
+        if (upload_norm(to[k], norms[k], mi->dim, what, err, err_len) != 0) return -1;
+    }
+    if (mi->quant != LS_QUANT_FP16) return upload_qblock(&dst->q, lw, prefix, err, err_len);
+    size_t dim = (size_t)mi->dim, kv_dim = (size_t)mi->n_kv_heads * mi->head_dim, ffn = (size_t)mi->ffn_dim;
+    if (upload_qkv(&dst->wqkv, lw, dim, kv_dim, prefix, err, err_len) != 0) return -1;
+    const uint16_t *mats[4] = {lw->wo, lw->w1, lw->w2, lw->w3};
+    __half **mto[4] = {&dst->wo, &dst->w1, &dst->w2, &dst->w3};
+    const char *mnames[4] = {"wo", "w1", "w2", "w3"};
+    const size_t sizes[4] = {dim * dim, ffn * dim, dim * ffn, ffn * dim};
+    for (int k = 0; k < 4; k++) {
+        snprintf(what, sizeof what, "%s%s.weight", prefix, mnames[k]);
+        if (upload_f16(mto[k], mats[k], sizes[k], what, err, err_len) != 0) return -1;
+    }
+    return 0;
+}
+
+static void free_layer(lsc_layer *l) {
+    void *bufs[] = {l->wqkv, l->wo, l->w1, l->w2, l->w3, l->attn_norm, l->ffn_norm, l->attn_out_norm, l->ffn_out_norm};
+    for (void *p : bufs)
+        if (p) cudaFree(p);
+    lsq_matrix *mats[7] = {&l->q.wq, &l->q.wk, &l->q.wv, &l->q.wo, &l->q.w1, &l->q.w2, &l->q.w3};
+    for (lsq_matrix *q : mats) free_quantized(q);
+}
+
+/* The exit gate's weights then its bias, fp32 (the CPU library's layout). */
+static int upload_gate(float **dst, const ls_weights *w, int32_t dim, char *err, int32_t err_len) {
+    float *tmp = (float *)malloc(((size_t)dim + 1) * sizeof(float));
+    if (!tmp) {
+        ls_set_error(err, err_len, "out of memory converting the exit gate");
+        return -1;
+    }
+    for (int32_t i = 0; i < dim; i++) tmp[i] = ls_f16_to_f32(w->exit_w[i]);
+    tmp[dim] = ls_f16_to_f32(w->exit_b[0]);
+    int rc = upload((void **)dst, tmp, ((size_t)dim + 1) * sizeof(float), "exit_gate", err, err_len);
+    free(tmp);
+    return rc;
 }
 
 /* What the model needs that the kernels in use cannot serve, named, or
  * NULL: the reason for a refusal at load. */
 static const char *unserved(const ls_model_info *mi, int32_t kernels, char *buf, size_t len) {
-    if (mi->n_layers != 1 || mi->sandwich_norm || mi->step_norm || mi->exit_gate) {
+    static const char *const AWAIT = "not served by the CUDA kernels by default yet (their kernels await a passing "
+                                     "validation run on a GPU, bench/gpu/validate.sh)";
+    /* Recurrent depth first: its stacks pass the stacks family's check below,
+     * yet none of its parts has a CUDA kernel. */
+    if (mi->n_prelude || mi->n_coda || mi->injection || mi->mid_norm || mi->rope_interleaved || mi->qk_bias ||
+        mi->sandwich_norm == LS_NORM_SANDWICH_SUM || mi->embed_scale != 1.0f || mi->n_heads * mi->head_dim != mi->dim) {
         snprintf(buf, len,
-                 "a stacked model (%d layers%s%s%s) is not supported by the CUDA kernels yet: serve it with the CPU "
-                 "library",
-                 mi->n_layers, mi->sandwich_norm ? ", sandwich norms" : "", mi->step_norm ? ", a norm per step" : "",
-                 mi->exit_gate ? ", an exit gate" : "");
+                 "a recurrent-depth model (Huginn's prelude, coda, input injection and summed sandwich norms; q/k "
+                 "biases, interleaved RoPE, an embedding scale, a norm between loops or head_dim %d x %d heads other "
+                 "than dim %d: Nanbeige4.2's) is not supported by the CUDA kernels yet: serve it with the CPU library",
+                 mi->head_dim, mi->n_heads, mi->dim);
         return buf;
     }
-    if (mi->n_prelude || mi->n_coda || mi->injection || mi->mid_norm || mi->rope_interleaved || mi->qk_bias ||
-        mi->embed_scale != 1.0f || mi->n_heads * mi->head_dim != mi->dim) {
-        snprintf(buf, len,
-                 "a recurrent-depth model (Huginn's prelude, coda and input injection; q/k biases, interleaved RoPE, "
-                 "an embedding scale or head_dim %d x %d heads other than dim %d: Nanbeige4.2's) is not supported by "
-                 "the CUDA kernels yet: serve it with the CPU library",
-                 mi->head_dim, mi->n_heads, mi->dim);
+    const int stacked = mi->n_layers != 1 || mi->sandwich_norm || mi->step_norm || mi->exit_gate;
+    if (stacked && !(kernels & LS_CUDA_KERNELS_STACKS)) {
+        snprintf(buf, len, "a stacked model (%d layers%s%s%s): %s: serve it with the CPU library", mi->n_layers,
+                 mi->sandwich_norm ? ", sandwich norms" : "", mi->step_norm ? ", a norm per step" : "",
+                 mi->exit_gate ? ", an exit gate" : "", AWAIT);
         return buf;
     }
     if ((mi->quant != LS_QUANT_FP16 || mi->head_bits != 0) && !(kernels & LS_CUDA_KERNELS_QUANT)) {
         char head[40] = "";
         if (mi->head_bits) snprintf(head, sizeof head, "%san int%d output head", mi->quant ? " with " : "", mi->head_bits);
-        snprintf(buf, len,
-                 "%s%s: not served by the CUDA kernels by default yet (their kernels await a passing validation run "
-                 "on a GPU, bench/gpu/validate.sh): serve this model with the CPU library",
-                 mi->quant == LS_QUANT_INT4 ? "int4 weights" : mi->quant == LS_QUANT_INT2 ? "int2 weights" : "", head);
+        snprintf(buf, len, "%s%s: %s: serve this model with the CPU library",
+                 mi->quant == LS_QUANT_INT4 ? "int4 weights" : mi->quant == LS_QUANT_INT2 ? "int2 weights" : "", head,
+                 AWAIT);
         return buf;
     }
     return NULL;
@@ -135,7 +192,7 @@ extern "C" int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd,
     (void)n_threads; // one host thread drives the GPU
     (void)simd;      // a CPU notion; model.c has already checked its range
     ls_model_info *mi = &m->info;
-    char why[320];
+    char why[400];
     if (unserved(mi, lsc_kernels_on(), why, sizeof why)) {
         ls_set_error(err, err_len, "%s", why);
         return LS_ERR_ARG;
@@ -161,32 +218,22 @@ extern "C" int32_t ls_runtime_init(ls_model *m, int32_t n_threads, int32_t simd,
     }
 
     ls_runtime *rt = (ls_runtime *)calloc(1, sizeof *rt);
-    if (!rt) {
+    if (rt) rt->layers = (lsc_layer *)calloc((size_t)mi->n_layers, sizeof *rt->layers);
+    if (!rt || !rt->layers) {
+        free(rt);
         ls_set_error(err, err_len, "out of memory allocating the runtime");
         return LS_ERR_NOMEM;
     }
     m->rt = rt;
     rt->device = 0;
-    size_t dim = (size_t)mi->dim, kv_dim = (size_t)mi->n_kv_heads * mi->head_dim;
-    size_t ffn = (size_t)mi->ffn_dim, vocab = (size_t)mi->vocab_size;
+    rt->quantized = mi->quant != LS_QUANT_FP16;
+    size_t dim = (size_t)mi->dim, vocab = (size_t)mi->vocab_size;
     const ls_weights *w = &m->w;
-    const ls_layer_weights *lw = &w->layers[0];
-    int bad = upload_norm(&rt->attn_norm, lw->attn_norm, mi->dim, "block.attn_norm.weight", err, err_len) ||
-              upload_norm(&rt->ffn_norm, lw->ffn_norm, mi->dim, "block.ffn_norm.weight", err, err_len) ||
-              upload_norm(&rt->norm, w->norm, mi->dim, "norm.weight", err, err_len);
+    int bad = upload_norm(&rt->norm, w->norm, mi->dim, "norm.weight", err, err_len);
+    if (!bad && w->exit_w) bad = upload_gate(&rt->exit_gate, w, mi->dim, err, err_len);
     if (!bad && w->tok_embeddings) /* else the quantized head's rows are the embedding */
         bad = upload_f16(&rt->tok_embeddings, w->tok_embeddings, vocab * dim, "tok_embeddings.weight", err, err_len);
-    if (!bad && mi->quant != LS_QUANT_FP16) {
-        rt->qblock = (lsc_qblock *)calloc(1, sizeof *rt->qblock);
-        bad = !rt->qblock || upload_qblock(rt->qblock, lw, err, err_len);
-        if (!rt->qblock) ls_set_error(err, err_len, "out of memory allocating the runtime");
-    } else if (!bad) {
-        bad = upload_qkv(&rt->wqkv, lw, dim, kv_dim, err, err_len) ||
-              upload_f16(&rt->wo, lw->wo, dim * dim, "block.wo.weight", err, err_len) ||
-              upload_f16(&rt->w1, lw->w1, ffn * dim, "block.w1.weight", err, err_len) ||
-              upload_f16(&rt->w2, lw->w2, dim * ffn, "block.w2.weight", err, err_len) ||
-              upload_f16(&rt->w3, lw->w3, ffn * dim, "block.w3.weight", err, err_len);
-    }
+    for (int32_t i = 0; i < mi->n_layers && !bad; i++) bad = upload_layer(&rt->layers[i], &w->layers[i], mi, i, err, err_len);
     if (!bad && w->qoutput) {
         rt->qhead = (lsq_matrix *)calloc(1, sizeof *rt->qhead);
         bad = !rt->qhead || upload_quantized(rt->qhead, w->qoutput, "output", err, err_len);
@@ -211,16 +258,11 @@ extern "C" void ls_runtime_free(ls_model *m) {
     ls_runtime *rt = m->rt;
     lsc_batch_free(rt->batch);
     if (rt->output && rt->output != rt->tok_embeddings) cudaFree(rt->output);
-    void *bufs[] = {rt->tok_embeddings, rt->wqkv, rt->wo, rt->w1, rt->w2,
-                    rt->w3, rt->attn_norm, rt->ffn_norm, rt->norm};
+    void *bufs[] = {rt->tok_embeddings, rt->norm, rt->exit_gate};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
-    if (rt->qblock) {
-        lsq_matrix *mats[7] = {&rt->qblock->wq, &rt->qblock->wk, &rt->qblock->wv, &rt->qblock->wo,
-                               &rt->qblock->w1, &rt->qblock->w2, &rt->qblock->w3};
-        for (lsq_matrix *q : mats) free_quantized(q);
-        free(rt->qblock);
-    }
+    for (int32_t i = 0; i < m->info.n_layers; i++) free_layer(&rt->layers[i]);
+    free(rt->layers);
     if (rt->qhead) {
         free_quantized(rt->qhead);
         free(rt->qhead);

@@ -8,7 +8,7 @@
 
 import { statSync } from "node:fs";
 import { libraryConfig, tokenizerHomeOf } from "../config.ts";
-import { checkModelFile } from "../engine/binding.ts";
+import { checkModelFile, NativeQuantizer } from "../engine/binding.ts";
 import type { ModelFileInfo } from "../engine/types.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "../engine/library.ts";
 import { type ProgressStream, withProgress } from "../progress.ts";
@@ -16,7 +16,7 @@ import { GROUP_SIZES, HEAD_QUANTS, isRecurrent, MAX_LOOPS, type ModelConfig, par
 import { FAMILY_TITLES } from "../model/family.ts";
 import { exportGguf } from "../model/gguf.ts";
 import { importHfCheckpoint } from "../model/import_hf.ts";
-import { DEFAULT_GROUP_SIZE, type HeadQuant, quantizeModelFile, type WeightQuant } from "../model/quantize.ts";
+import { DEFAULT_GROUP_SIZE, type HeadQuant, type QuantizeResult, quantizeModelFile, type WeightQuant } from "../model/quantize.ts";
 import { DTYPE_SIZES, ModelFormatError, readSafetensors, type SafetensorsFile } from "../model/safetensors.ts";
 import { resolveSyntheticOptions, type SyntheticOptions, writeSyntheticModel } from "../model/synthetic.ts";
 import { modelChat } from "../text/chat.ts";
@@ -110,7 +110,9 @@ token) becomes, per --head, symmetric codes with one fp16 scale per group:
 The norms stay fp16, and so does the embedding, except in a tied model with
 a quantized head: there the head's rows, dequantized, are the embedding, and
 the file keeps no fp16 copy. The output is smaller than the input. The same
-input and options give a byte-identical file.
+input and options give a byte-identical file, whatever the thread count.
+The kernel library quantizes (SERVICE_BUILD_DIR, as the server finds it),
+reading the input a chunk at a time; the output appears only once complete.
 
 options (default in brackets):
   --quant int4|int2|fp16   block format (required)
@@ -123,19 +125,21 @@ options (default in brackets):
   --mix LIST|none          matrices in the other block format, as
                            name=format pairs: wv=int4,wo=int4,w2=int4
                            [int2: that list; int4: none]. w1 and w3 share one
+  --threads N              threads quantizing [every core]
   -h, --help               this help`;
 
 const EXPORT_GGUF_HELP = `usage: loopserve model export-gguf IN OUT [--loops N]
 
 Writes the fp16 model IN as a GGUF v3 file OUT that llama.cpp-based tools
 load as a plain Llama model: the shared block unrolled into N identical
-layers (GGUF cannot share tensor data, so each layer holds a copy), F16
-matrices, F32 norms, Wq/Wk rows permuted for llama.cpp's RoPE pairing (as
-its convert_hf_to_gguf.py does), and the GPT-2 vocabulary and merges from
-the bundled tokenizer data. Quantize the result with llama-quantize.
+layers (GGUF cannot share tensor data, so each layer holds a copy; a stack
+of pre-norm layers unrolls into N copies of the stack), F16 matrices, F32
+norms, Wq/Wk rows permuted for llama.cpp's RoPE pairing (as its
+convert_hf_to_gguf.py does), and the GPT-2 vocabulary and merges from the
+bundled tokenizer data. Quantize the result with llama-quantize.
 
 options:
-  --loops N    layers to unroll, 1..${MAX_LOOPS} [the model's default_loops]
+  --loops N    loops to unroll, 1..${MAX_LOOPS} [the model's default_loops]
   -h, --help   this help`;
 
 const IMPORT_HF_HELP = `usage: loopserve model import-hf DIR OUT
@@ -448,8 +452,18 @@ async function cmdInspect(argv: string[], io: CommandIO): Promise<number> {
   return 0;
 }
 
+/** The kernel library's quantizer, the library found as the server finds it; a missing library is the command's error. */
+function openQuantizer(threads: number): NativeQuantizer {
+  const { buildDir, cacheHome } = libraryConfig();
+  try {
+    return NativeQuantizer.open(resolveKernelLibrary(buildDir, CPU_LIBRARY_NAME, cacheDirCandidates({ xdgCacheHome: cacheHome })), threads);
+  } catch (e) {
+    throw new ModelFormatError(`cannot quantize: ${(e as Error).message}`);
+  }
+}
+
 function cmdQuantize(argv: string[], io: CommandIO): number {
-  const p = parseArgs(argv, new Set(["--quant", "--group-size", "--head", "--head-group-size", "--mix"]), new Set(["-h", "--help"]));
+  const p = parseArgs(argv, new Set(["--quant", "--group-size", "--head", "--head-group-size", "--mix", "--threads"]), new Set(["-h", "--help"]));
   if (p.flags.has("-h") || p.flags.has("--help")) {
     io.out(QUANTIZE_HELP);
     return 0;
@@ -481,17 +495,25 @@ function cmdQuantize(argv: string[], io: CommandIO): number {
       throw new UsageError(`--mix: ${(e as Error).message}`);
     }
   }
+  const threads = intFlag(p, "--threads", 0);
   const t0 = performance.now();
-  const r = withProgress("quantize", io.progress, (onProgress) =>
-    quantizeModelFile(inPath, outPath, {
-      quant: quant as WeightQuant | "fp16",
-      groupSize,
-      head: head as HeadQuant | undefined,
-      headGroupSize,
-      mix,
-      onProgress,
-    }),
-  );
+  const quantizer = openQuantizer(threads);
+  let r: QuantizeResult;
+  try {
+    r = withProgress("quantize", io.progress, (onProgress) =>
+      quantizeModelFile(inPath, outPath, {
+        quant: quant as WeightQuant | "fp16",
+        groupSize,
+        head: head as HeadQuant | undefined,
+        headGroupSize,
+        mix,
+        onProgress,
+        quantizer,
+      }),
+    );
+  } finally {
+    quantizer.close();
+  }
   const ms = performance.now() - t0;
   io.out(
     `wrote ${outPath}: ${r.bytes} bytes (${((100 * r.bytes) / r.inputBytes).toFixed(1)}% of ${r.inputBytes}), ` +

@@ -11,6 +11,7 @@ import { quantMixNote } from "../model/format.ts";
 import { ServiceMetrics } from "../metrics.ts";
 import { Scheduler } from "../scheduler/scheduler.ts";
 import { withAbsoluteUrl } from "../http/request_url.ts";
+import { FormatCompiler } from "../grammar/formats.ts";
 import { createApp } from "../http/app.ts";
 import { ModelFormatError, readSafetensors } from "../model/safetensors.ts";
 import { loadModelTokenizer, ModelTokenizerError } from "../tokenizer/from_metadata.ts";
@@ -142,6 +143,19 @@ function startupLine(config: Config, loaded: Loaded, kvBudgetMb: number, url: st
   );
 }
 
+/**
+ * The response formats' compiler over the model's vocabulary (structured
+ * output, docs/structured-output.md), or why there is none: a kernel
+ * library without token masks.
+ */
+async function formatCompiler(config: Config, tokenizer: Tokenizer, engine: Engine): Promise<{ formats: FormatCompiler | null; formatsUnavailable?: string }> {
+  if (!engine.supportsFormats) return { formats: null, formatsUnavailable: "the kernel library in use (the CUDA one) has no token masks" };
+  const vocab = engine.info.vocabSize;
+  const endIds = tokenizer.conventions.eosIds.filter((id) => id < vocab);
+  const formats = await FormatCompiler.create(tokenizer, vocab, endIds, { compileMs: config.formatCompileMs, cacheSize: config.formatCache });
+  return { formats };
+}
+
 /** How long a second signal leaves the halted streams to write their last events. */
 const HALT_FLUSH_MS = 100;
 
@@ -203,6 +217,7 @@ export async function runServe(argv: string[]): Promise<number> {
     loaded.engine && scheduler
       ? { info: loaded.engine.info, enqueue: scheduler.enqueue.bind(scheduler) }
       : null;
+  const formats = loadedEngine ? await formatCompiler(config, tokenizer, loadedEngine) : { formats: null };
   const app = createApp({
     config,
     tokenizer,
@@ -210,6 +225,7 @@ export async function runServe(argv: string[]): Promise<number> {
     loadError: loaded.loadError,
     metrics,
     draining: () => draining,
+    ...formats,
   });
   // Aborted by a second signal: open streams end with an error event and [DONE].
   const halt = new AbortController();

@@ -80,6 +80,7 @@ const successor = (row: BatchRow, token: number): BatchRow => ({
   sampling: row.sampling,
   logitsOut: row.logitsOut,
   exit: row.exit,
+  mask: row.mask?.successor(token),
 });
 
 const sameRow = (a: BatchRow, b: BatchRow) =>
@@ -90,7 +91,8 @@ const sameRow = (a: BatchRow, b: BatchRow) =>
   a.loops === b.loops &&
   a.sampling === b.sampling &&
   (a.logitsOut ?? null) === (b.logitsOut ?? null) &&
-  a.exit === b.exit;
+  a.exit === b.exit &&
+  !a.mask === !b.mask;
 
 export class StepBatcher {
   /** Decode rows for the next step. */
@@ -182,6 +184,7 @@ export class StepBatcher {
       sampling: last ? p.row.sampling : null,
       logitsOut: p.row.logitsOut,
       exit: last ? p.row.exit : undefined,
+      mask: last ? p.row.mask : undefined,
     };
     p.pending = true;
     const w: Waiting = { row, prefill: p, continues: false, claim: null };

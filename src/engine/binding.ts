@@ -1,10 +1,11 @@
 // The one place that touches libloopserve.so through bun:ffi. Everything
 // above works with NativeModel / NativeSession and never sees a pointer.
 // One FFI call per engine step: forward/step take whole token batches.
-import { dlopen, FFIType, type Pointer } from "bun:ffi";
+import { dlopen, FFIType, JSCallback, type Pointer, toArrayBuffer } from "bun:ffi";
 import { type KvCacheMode, kvModeCode, kvModeSpec } from "../model/kvcache.ts";
 import { type BlockQuant, NORM_LAYOUTS, QUANT_MATRICES, type QuantMix } from "../model/format.ts";
 import type { ModelFamily } from "../model/family.ts";
+import type { MatrixFormat, QuantRows, RowQuantizer, SourceDtype } from "../model/quantize.ts";
 import { ModelFormatError } from "../model/safetensors.ts";
 import {
   LS_ABI_VERSION,
@@ -22,10 +23,14 @@ import {
   LS_FEATURE_RECURRENT,
   LS_INJECT_ADAPTER,
   LS_FEATURE_SPECULATIVE,
+  LS_FEATURE_TOKEN_MASK,
   LS_PROFILE_OPS,
   LS_QUANT_FP16,
   LS_QUANT_INT2,
   LS_QUANT_INT4,
+  LS_QUANTIZE_BF16,
+  LS_QUANTIZE_F16,
+  LS_QUANTIZE_F32,
   LS_SIMD_AUTO,
   LS_SIMD_AVX2,
   LS_SIMD_AVX512,
@@ -61,13 +66,18 @@ const symbols = {
   ls_session_copy_prefix: { args: [ptr, ptr, i32], returns: i32 },
   ls_session_forward: { args: [ptr, ptr, i32, i32, ptr, i32], returns: i32 },
   ls_session_step: { args: [ptr, ptr, i32, ptr, ptr], returns: i32 },
-  ls_batch_step: { args: [ptr, ptr, ptr, i32, ptr, ptr, ptr], returns: i32 },
-  ls_pipeline_begin: { args: [ptr, ptr, ptr, i32, ptr, ptr, ptr], returns: i32 },
+  ls_batch_step: { args: [ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr], returns: i32 },
+  ls_pipeline_begin: { args: [ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr], returns: i32 },
+  ls_pipeline_masks_ready: { args: [ptr], returns: i32 },
   ls_pipeline_end: { args: [ptr], returns: i32 },
   ls_session_cache_bytes: { args: [ptr, ptr], returns: i64_fast },
   ls_session_cache_bytes_held: { args: [ptr], returns: i64_fast },
   ls_sample: { args: [ptr, i32, ptr, i32, ptr, u64], returns: i32 },
-  ls_spec_cycle_logits: { args: [ptr, i32, ptr, ptr, ptr, ptr], returns: i32 },
+  ls_spec_cycle_masked: { args: [ptr, i32, ptr, ptr, ptr, ptr, ptr, ptr], returns: i32 },
+  ls_quantizer_new: { args: [i32, i32, ptr, i32], returns: ptr },
+  ls_quantizer_free: { args: [ptr], returns: none },
+  ls_quantizer_simd: { args: [ptr], returns: i32 },
+  ls_quantize: { args: [ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, i32], returns: i32 },
 } as const;
 
 export const SIMD_CODES: Record<SimdChoice, number> = { auto: LS_SIMD_AUTO, portable: LS_SIMD_PORTABLE, avx2: LS_SIMD_AVX2, avx512: LS_SIMD_AVX512 };
@@ -91,6 +101,10 @@ type Lib = ReturnType<typeof dlopen<typeof symbols>>["symbols"];
 const ERR_LEN = 1024;
 /** Where a batch row's token count sits in its ls_batch_row. */
 const N_TOKENS_OFFSET = LS_STRUCTS.ls_batch_row.fields.n_tokens.offset;
+const MASKED_OFFSET = LS_STRUCTS.ls_batch_row.fields.step.offset + LS_STRUCTS.ls_step_params.fields.masked.offset;
+
+/** uint32 words of a token mask over `vocab` ids (loopserve.h, token masks). */
+export const maskWords = (vocab: number): number => Math.ceil(vocab / 32);
 const cString = (s: string) => Buffer.from(`${s}\0`, "utf8");
 function readError(buf: Uint8Array): string {
   const end = buf.indexOf(0);
@@ -314,6 +328,11 @@ export class NativeModel {
     return (this.features & LS_FEATURE_SPECULATIVE) !== 0;
   }
 
+  /** True when the kernel library draws under token masks (LS_FEATURE_TOKEN_MASK). */
+  get hasTokenMasks(): boolean {
+    return (this.features & LS_FEATURE_TOKEN_MASK) !== 0;
+  }
+
   private batchLogits = new Float32Array(0);
   private begunLogits = new Float32Array(0);
   /** A sampling row's ls_batch_row bytes (n_tokens aside) by its sampling settings: a request's rows differ only in their tokens from step to step. */
@@ -341,12 +360,14 @@ export class NativeModel {
     const vocab = this.info.vocabSize;
     let nTokens = 0;
     let wantLogits = false;
+    const masked = rows.some((r) => r.sampling !== null && r.mask);
     for (let i = 0; i < n; i++) {
       const r = rows[i];
       if (r.session.model !== this) throw new NativeError(`batch row ${i}: the session belongs to another model`, LS_ERR_ARG);
       if (r.logitsOut && r.logitsOut.length < vocab) throw new NativeError(`batch row ${i}: logits buffer too small`, LS_ERR_ARG);
       params.set(this.rowBytes(r), i * size);
       paramView.setInt32(i * size + N_TOKENS_OFFSET, r.tokens.length, true);
+      if (r.sampling && r.mask) paramView.setInt32(i * size + MASKED_OFFSET, 1, true);
       sessions[i] = BigInt(r.session.pointer);
       nTokens += r.tokens.length;
       wantLogits ||= r.sampling !== null && !!r.logitsOut;
@@ -356,7 +377,20 @@ export class NativeModel {
     if (wantLogits && this[buffer].length < n * vocab) this[buffer] = new Float32Array(n * vocab);
     const tokens = new Int32Array(nTokens);
     for (let i = 0, at = 0; i < n; at += rows[i].tokens.length, i++) tokens.set(rows[i].tokens, at);
-    return { rows, sessions, params, tokens, logits: wantLogits ? this[buffer] : null, out: new Int32Array(n), rc: null };
+    // On an ArrayBuffer of its own: the storage of a small typed array made
+    // directly may move when a view of it is first taken (fillMasks does,
+    // after a pipelined step has its pointer).
+    const masks = masked ? new Uint32Array(new ArrayBuffer(n * maskWords(vocab) * 4)) : null;
+    return { rows, sessions, params, tokens, masks, logits: wantLogits ? this[buffer] : null, out: new Int32Array(n), rc: null };
+  }
+
+  /** Each masked row's mask, written into the call's masks. */
+  private fillMasks(c: BatchCall): void {
+    if (!c.masks) return;
+    const words = maskWords(this.info.vocabSize);
+    c.rows.forEach((r, i) => {
+      if (r.sampling && r.mask) r.mask.fill(c.masks!.subarray(i * words, (i + 1) * words));
+    });
   }
 
   /** After the library wrote a call's outputs: its status (a bad row named), each sampling row's logits, the tokens. */
@@ -389,7 +423,8 @@ export class NativeModel {
   batchStep(rows: BatchRow[]): Int32Array {
     this.settle();
     const c = this.batchCall(rows, false);
-    c.rc = this.lib.ls_batch_step(this.pointer, c.sessions, c.params, rows.length, c.tokens, c.logits, c.out);
+    this.fillMasks(c);
+    c.rc = this.lib.ls_batch_step(this.pointer, c.sessions, c.params, rows.length, c.tokens, c.masks, c.logits, c.out);
     if (c.rc >= 0) this.recordSteps(c);
     return this.batchResult(c);
   }
@@ -402,14 +437,22 @@ export class NativeModel {
    * the step runs on the library's own thread and this one is free until
    * pipelineEnd. Meanwhile any other call on this model or its sessions
    * first waits for the step (settle), and a session closed meanwhile is
-   * freed once the step is done.
+   * freed once the step is done. Masked rows' masks are filled after the
+   * step has begun, while its forward pass runs, and then made ready for
+   * its draws.
    */
   pipelineBegin(rows: BatchRow[]): void {
     if (this.begun) throw new NativeError("a begun batch step has not been ended", LS_ERR_STATE);
     const c = this.batchCall(rows, true);
-    check(this.lib, this.lib.ls_pipeline_begin(this.pointer, c.sessions, c.params, rows.length, c.tokens, c.logits, c.out), "ls_pipeline_begin");
+    check(this.lib, this.lib.ls_pipeline_begin(this.pointer, c.sessions, c.params, rows.length, c.tokens, c.masks, c.logits, c.out), "ls_pipeline_begin");
     for (const r of rows) r.session.inStep = true;
     this.begun = c;
+    if (!c.masks) return;
+    try {
+      this.fillMasks(c);
+    } finally {
+      this.lib.ls_pipeline_masks_ready(this.pointer);
+    }
   }
 
   /** The begun step's tokens (waiting for it when it still runs); throws as batchStep does. */
@@ -453,11 +496,46 @@ export class NativeModel {
     return Object.fromEntries(PROFILE_OPS.map((k, i) => [k, out[i]])) as OpProfile;
   }
 
+  /** The handler of the cycle running now (specCycle), which the one callback the library is given calls. */
+  private pathMask: PathMask | null = null;
+  private pathMaskError: unknown = null;
+  private maskCallback: JSCallback | null = null;
+
+  /** @internal ls_mask_fn for specCycle: made once, calling the running cycle's handler. */
+  maskFunction(handler: PathMask): { fn: Pointer; done(): void } {
+    this.maskCallback ??= new JSCallback(
+      (_ctx: Pointer, pathPtr: Pointer, n: number, maskPtr: Pointer): number => {
+        try {
+          const path = n > 0 ? new Int32Array(toArrayBuffer(pathPtr, 0, n * 4)) : new Int32Array(0);
+          const mask = new Uint32Array(toArrayBuffer(maskPtr, 0, maskWords(this.info.vocabSize) * 4));
+          return (this.pathMask as PathMask)(path, mask) ? 1 : 0;
+        } catch (e) {
+          this.pathMaskError = e;
+          return LS_ERR_ARG;
+        }
+      },
+      { args: [ptr, ptr, i32, ptr], returns: i32 },
+    );
+    this.pathMask = handler;
+    this.pathMaskError = null;
+    return {
+      fn: this.maskCallback.ptr as Pointer,
+      done: () => {
+        this.pathMask = null;
+        const e = this.pathMaskError;
+        this.pathMaskError = null;
+        if (e) throw e;
+      },
+    };
+  }
+
   close(): void {
     this.settle();
     for (const s of [...this.open]) s.close();
     if (this.handle) this.lib.ls_model_free(this.handle);
     this.handle = null;
+    this.maskCallback?.close();
+    this.maskCallback = null;
   }
 }
 
@@ -551,8 +629,18 @@ export class NativeSession {
    * the new tokens to out (room for draftAhead + 1) and returns how many. The
    * last of them is the next cycle's pending token. logitsOut, when given
    * (draftAhead + 1 rows), receives the verifier's logits of each new token.
+   * mask, when given, masks every draft and verification by the mask after
+   * its path (ls_spec_cycle_masked); the cycle may then end at a path no
+   * token may follow, without a token of the verifier's own.
    */
-  specCycle(pending: number, p: SpecCycleParams, out: Int32Array, stats: SpecCycleStats, logitsOut: Float32Array | null = null): number {
+  specCycle(
+    pending: number,
+    p: SpecCycleParams,
+    out: Int32Array,
+    stats: SpecCycleStats,
+    logitsOut: Float32Array | null = null,
+    mask: PathMask | null = null,
+  ): number {
     if (!this.model.hasSpeculative) throw new NativeError("this kernel library has no speculative decoding (ls_spec_cycle)", LS_ERR_ARG);
     if (out.length < p.draftAhead + 1) throw new NativeError("spec output buffer too small", LS_ERR_ARG);
     if (logitsOut && logitsOut.length < (p.draftAhead + 1) * this.model.info.vocabSize)
@@ -560,7 +648,14 @@ export class NativeSession {
     const st = new Int32Array(2);
     this.model.settle();
     const { lib } = this.model;
-    const n = check(lib, lib.ls_spec_cycle_logits(this.pointer, pending, specParams(p), out, st, logitsOut), "ls_spec_cycle");
+    const masking = mask ? this.model.maskFunction(mask) : null;
+    let rc: number;
+    try {
+      rc = lib.ls_spec_cycle_masked(this.pointer, pending, specParams(p), masking?.fn ?? null, null, out, st, logitsOut);
+    } finally {
+      masking?.done();
+    }
+    const n = check(lib, rc, "ls_spec_cycle");
     stats.drafted = st[0];
     stats.accepted = st[1];
     return n;
@@ -605,10 +700,27 @@ interface BatchCall {
   sessions: BigUint64Array;
   params: Uint8Array;
   tokens: Int32Array;
+  /** Every row's token mask (only masked rows' are read), or null when no row is masked. */
+  masks: Uint32Array | null;
   logits: Float32Array | null;
   out: Int32Array;
   rc: number | null;
 }
+
+/**
+ * A masked row's token mask (structured output): fill writes it (one bit
+ * per vocabulary id, maskWords(vocab) words, bit t % 32 of word t / 32 for
+ * id t) just before the row's draw needs it; pipelined, while the step's
+ * forward pass runs.
+ */
+export interface RowMask {
+  fill(out: Uint32Array): void;
+  /** The mask of the row that follows this one in its session, fed the token this one draws (a pipelined step's predicted row). */
+  successor(token: number): RowMask;
+}
+
+/** The token mask after a path of tokens (a speculative cycle's drafts): writes it and returns true, or false when no token may follow the path. */
+export type PathMask = (path: Int32Array, mask: Uint32Array) => boolean;
 
 /** One row of NativeModel.batchStep. */
 export interface BatchRow {
@@ -620,8 +732,10 @@ export interface BatchRow {
   sampling: SamplingParams | null;
   /** A sampling row's exit rule (NativeSession.step); absent: fixed depth. */
   exit?: ExitPlan;
-  /** A sampling row's last logits, before any sampling transform. */
+  /** A sampling row's last logits, before any sampling transform but its mask. */
   logitsOut?: Float32Array | null;
+  /** A sampling row's token mask: its draw returns only a token the mask allows. */
+  mask?: RowMask;
   /** Written by the step for a sampling row: the steps its token ran (under an exit rule its exit step + 1, else loops). */
   steps?: number;
 }
@@ -656,4 +770,46 @@ function specParams(p: SpecCycleParams): Uint8Array {
   const params = new StructView("ls_spec_params").fill({ ...shape, flags: p.flags ?? 0, leaf_min_prob: p.leafMinProb ?? 0 });
   fillSampling(params.member("sampling", "ls_sampling"), p.sampling);
   return params.bytes;
+}
+
+const QUANTIZE_INPUT: Record<SourceDtype, number> = { F32: LS_QUANTIZE_F32, F16: LS_QUANTIZE_F16, BF16: LS_QUANTIZE_BF16 };
+const SIMD_NAMES = Object.fromEntries(Object.entries(SIMD_CODES).map(([name, code]) => [code, name])) as Record<number, SimdChoice>;
+
+/** The library's weight quantizer (ls_quantize) on a pool of its own: the reference quantizer's bytes (src/model/quantize.ts). */
+export class NativeQuantizer implements RowQuantizer {
+  private handle: Pointer | null;
+  private readonly params = new StructView("ls_quantize_params");
+  private readonly err = new Uint8Array(ERR_LEN);
+  /** The SIMD path it runs. */
+  readonly simd: SimdChoice;
+
+  /** threads <= 0: every core. Throws NativeError when the library has no quantizer or the CPU lacks `simd`. */
+  constructor(
+    private readonly lib: Lib,
+    threads: number,
+    simd: SimdChoice = "auto",
+  ) {
+    const handle = lib.ls_quantizer_new(threads, SIMD_CODES[simd], this.err, ERR_LEN);
+    if (!handle) throw new NativeError(readError(this.err) || "cannot start the quantizer", LS_ERR_UNSUPPORTED);
+    this.handle = handle as Pointer;
+    this.simd = SIMD_NAMES[lib.ls_quantizer_simd(this.handle)];
+  }
+
+  static open(libraryPath: string, threads: number, simd: SimdChoice = "auto"): NativeQuantizer {
+    return new NativeQuantizer(openKernelLibrary(libraryPath), threads, simd);
+  }
+
+  quantizeRows(f: MatrixFormat, dtype: SourceDtype, src: Uint8Array, rows: number, out: QuantRows, what: string): void {
+    if (!this.handle) throw new NativeError("quantizer closed", LS_ERR_STATE);
+    if (rows === 0) return;
+    this.params.fill({ bits: f.bits, group: f.groupSize, cols: f.cols, input: QUANTIZE_INPUT[dtype] });
+    const rc = this.lib.ls_quantize(this.handle, this.params.bytes, src, rows, out.qweight, out.scales, out.zeros ?? null, this.err, ERR_LEN);
+    if (rc === LS_ERR_ARG) throw new ModelFormatError(`${what}: ${readError(this.err)}`);
+    check(this.lib, rc, `ls_quantize: ${readError(this.err)}`);
+  }
+
+  close(): void {
+    if (this.handle) this.lib.ls_quantizer_free(this.handle);
+    this.handle = null;
+  }
 }

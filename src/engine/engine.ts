@@ -12,6 +12,7 @@ import { LS_ERR_STATE } from "../abi/abi.generated.ts";
 import { type BatchStepStats, StepBatcher } from "./batcher.ts";
 import { type BatchRow, cudaDeviceCount, formatProfile, type KvCacheSettings, NativeError, NativeModel, type NativeSession } from "./binding.ts";
 import { EngineLoadError, EngineRequestError } from "./errors.ts";
+import { Guide } from "./guide.ts";
 import { type TokenLogprob, tokenLogprob } from "./logprobs.ts";
 import { cycleParams, type DraftOptions, SPEC_SESSION_SLACK, SpecCounter } from "./speculative.ts";
 import { type EngineRunOptions, type FinishReason, type GenerateRequest, type GenerateResult, type ModelInfo, pooledPromptLength, type SimdChoice, type TokenSink } from "./types.ts";
@@ -199,6 +200,13 @@ export class Engine {
       throw new EngineRequestError(`mode '${plan.mode}' is not available: this kernel library has no speculative decoding`);
     if ((req.cacheSteps || (req.exit?.rule ?? "gate") !== "gate") && !this.model.hasRecurrent)
       throw new EngineRequestError("`cache_steps` and the zero-shot exit rules are not available: this kernel library has no recurrent depth");
+    if (req.format && !this.model.hasTokenMasks)
+      throw new EngineRequestError("structured output is not available: this kernel library has no token masks");
+  }
+
+  /** True when this engine's kernels can constrain output to a format (token masks). */
+  get supportsFormats(): boolean {
+    return this.model.hasTokenMasks;
   }
 
   /** The service's cache mode, with the request's shared steps. */
@@ -225,6 +233,7 @@ export class Engine {
     const shape = sessionShape(req);
     const session = this.model.newSession(shape.maxSeq, shape.loops, req.cacheWindow, this.kvFor(req));
     this.live.add(session);
+    let guide: Guide | null = null;
     // With logprobs, every step hands back its raw logits (a cycle: one row per new token).
     const top = req.logprobs;
     const vocab = this.info.vocabSize;
@@ -241,16 +250,26 @@ export class Engine {
       ...(promptLogprobs ? { promptLogprobs } : {}),
       ...(exitSteps ? { exitSteps } : {}),
     });
-    /** Hands one token on (with its log-probability from `logits` and the steps it ran); returns the finish reason when generation ends with it. */
+    /**
+     * Hands one token on (with its log-probability from `logits` and the
+     * steps it ran); returns the finish reason when generation ends with it:
+     * a stop id, a sink that says stop, a format's complete value, max_tokens.
+     */
     const emit = (next: number, logits: Float32Array | null, steps: number): FinishReason | null => {
       if (stops.has(next)) return "stop";
       tokens.push(next);
       exitSteps?.push(steps);
+      guide?.advance(tokens.length, next);
       if (sink(next, logits && top !== undefined ? tokenLogprob(logits, next, top) : undefined) === false) return "stop";
+      if (guide?.finished) return "stop";
       if (tokens.length >= req.maxTokens) return "length";
       return null;
     };
     try {
+      if (req.format) {
+        guide = new Guide(await req.format.matcher(), vocab, req.format.endIds);
+        if (guide.finished) return done("stop"); // a format whose only value is empty
+      }
       if (req.maxTokens === 0 && !req.promptLogprobs) return done("length"); // nothing to generate or score
       // A scored prompt is prefilled whole: a pooled prefix has no logits.
       const reused = prefix && !req.promptLogprobs && this.reusePrefix(session, prefix.snapshot, prefix.length) ? prefix.length : 0;
@@ -266,6 +285,7 @@ export class Engine {
         onPromptLogprobs?.(promptLogprobs);
         if (capture) capture(this.snapshot(session, req));
         if (req.maxTokens === 0) return done("length");
+        guide?.maskLogits(scored.last);
         stepLogits?.set(scored.last);
         next = this.model.sample(scored.last, Int32Array.from(req.promptTokens), s, req.promptTokens.length);
       } else {
@@ -274,7 +294,10 @@ export class Engine {
         const prompt = Int32Array.from(req.promptTokens.slice(reused));
         // A zero-shot rule never exits the prompt's last position (the published Huginn code's rule): its first token runs every step.
         const promptExit = (exit?.rule ?? "gate") === "gate" ? exit : undefined;
-        const first = await this.batcher.prefill({ session, tokens: prompt, loops: req.loops, sampling: s, logitsOut: stepLogits, exit: promptExit }, signal);
+        const first = await this.batcher.prefill(
+          { session, tokens: prompt, loops: req.loops, sampling: s, logitsOut: stepLogits, exit: promptExit, mask: guide?.rowMask(0) },
+          signal,
+        );
         if (first === null) return done("cancelled");
         next = first.token;
         steps = first.steps;
@@ -291,13 +314,22 @@ export class Engine {
         if (plan && counter) {
           await nextTick();
           if (signal?.aborted) return done("cancelled");
-          const n = session.specCycle(next, cycleParams(plan, req.loops, s, req.maxTokens - tokens.length, this.draft), out, cycle, cycleLogits);
+          const params = cycleParams(plan, req.loops, s, req.maxTokens - tokens.length, this.draft);
+          const n = session.specCycle(next, params, out, cycle, cycleLogits, guide?.pathMask ?? null);
           counter.add(cycle, n);
           for (let i = 0; i < n && !end; i++) end = emit(out[i], cycleLogits && cycleLogits.subarray(i * vocab, (i + 1) * vocab), req.loops);
           next = out[n - 1];
         } else {
           if (signal?.aborted) return done("cancelled");
-          const row: BatchRow = { session, tokens: Int32Array.of(next), loops: req.loops, sampling: s, logitsOut: stepLogits, exit };
+          const row: BatchRow = {
+            session,
+            tokens: Int32Array.of(next),
+            loops: req.loops,
+            sampling: s,
+            logitsOut: stepLogits,
+            exit,
+            mask: guide?.rowMask(tokens.length),
+          };
           next = await this.batcher.step(row, tokens.length + 1 < req.maxTokens);
           if (signal?.aborted) return done("cancelled");
           end = emit(next, stepLogits, row.steps ?? req.loops);
@@ -312,6 +344,7 @@ export class Engine {
       log.error(`engine error after ${tokens.length} tokens: ${e.message}`);
       return done("error");
     } finally {
+      guide?.dispose();
       this.live.delete(session);
       session.close();
       if (this.profiling) this.printProfile(req, tokens.length);

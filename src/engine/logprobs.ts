@@ -64,12 +64,18 @@ export function topIds(row: Float32Array, k: number): number[] {
   return best;
 }
 
-/** Token `id`'s log-probability under log-softmax(row), with the `top` most likely tokens'. */
+/**
+ * Token `id`'s log-probability under log-softmax(row), with the `top` most
+ * likely tokens'. Tokens of probability 0 (a -inf logit: masked by a
+ * structured output's format) are never among the alternatives.
+ */
 export function tokenLogprob(row: Float32Array, id: number, top: number): TokenLogprob {
   const lse = logSumExp(row);
   return {
     id,
     logprob: logprobOf(row[id], lse),
-    top: topIds(row, top).map((t) => ({ id: t, logprob: logprobOf(row[t], lse) })),
+    top: topIds(row, top)
+      .filter((t) => row[t] > Number.NEGATIVE_INFINITY)
+      .map((t) => ({ id: t, logprob: logprobOf(row[t], lse) })),
   };
 }

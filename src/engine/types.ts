@@ -101,6 +101,41 @@ export interface GenerateRequest {
    * `loops` steps (docs/early-exit.md). Absent: fixed depth.
    */
   exit?: ExitPlan;
+  /**
+   * Structured output (docs/structured-output.md): every generated token is
+   * one the format allows, in every mode; generation ends ("stop") as soon
+   * as the format's value is complete, without an end token. The kernels
+   * draw under the format's token mask, so logprobs are the masked
+   * distribution's. Absent: free text.
+   */
+  format?: OutputFormat;
+}
+
+/**
+ * A compiled output format (src/grammar): the one grammar compiled for a
+ * schema, from which each generation gets a fresh matcher.
+ */
+export interface OutputFormat {
+  matcher(): Promise<TokenConstraint>;
+  /** The ids that end a complete value (the model's end ids): a mask allowing nothing else means the value is complete. */
+  readonly endIds: readonly number[];
+}
+
+/**
+ * One generation's place in its output format: which token may come next,
+ * advanced by each generated token. The engine asks it for the mask of the
+ * next token (one bit per vocabulary id, bit t % 32 of word t / 32 for id
+ * t: the kernels' token mask).
+ */
+export interface TokenConstraint {
+  /** Advances past `token`; false (state unchanged) when the format does not allow it here. */
+  accept(token: number): boolean;
+  /** Writes the mask of the next token; false (mask unwritten) when no token may follow: the value is complete and no end id may end it, or an end id did. */
+  fillMask(out: Uint32Array): boolean;
+  /** Undoes the last n accepted tokens. */
+  rollback(n: number): void;
+  /** Frees the matcher. */
+  dispose(): void;
 }
 
 /** What the speculative modes did for one request. */

@@ -14,9 +14,9 @@
 //   `logprobs: true` + `top_logprobs`, text completions `logprobs` 0..5, also
 //   for the echoed prompt (`echo`), where `max_tokens: 0` scores the prompt
 //   without generating. Every choice carries `logprobs` (null when not asked).
-// - `response_format` (any but null or {"type": "text"}, which is what the
-//   service produces anyway) is a 400 naming the field; text completions
-//   also refuse a non-empty `suffix`. Tool-calling fields (`tools`,
+// - `response_format` json_object and json_schema constrain the output
+//   (src/http/response_format.ts, docs/structured-output.md); text
+//   completions refuse a non-empty `suffix`. Tool-calling fields (`tools`,
 //   `tool_choice`, `parallel_tool_calls`, `functions`, `function_call`) are
 //   accepted and ignored (src/wire/requests.ts): the reply is the one without them.
 //   `best_of` and `n` must be 1 (src/wire/requests.ts).
@@ -35,7 +35,7 @@
 import { Elysia } from "elysia";
 import { SERVICE_NAME } from "../config.ts";
 import { defaultExitThreshold, type DepthPlan } from "../engine/depth_plan.ts";
-import type { GenerateRequest, TokenLogprob } from "../engine/types.ts";
+import type { GenerateRequest, OutputFormat, TokenLogprob } from "../engine/types.ts";
 import { modelChat } from "../text/chat.ts";
 import { opensReasoning, type ReplyPart, ReasoningSplitter, splitReasoning } from "../text/reasoning.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
@@ -54,6 +54,7 @@ import {
   runGeneration,
 } from "./generation.ts";
 import { chatLogprobs, CompletionLogprobWriter, joinChatLogprobs, joinCompletionLogprobs } from "./logprobs.ts";
+import { requestFormat } from "./response_format.ts";
 import type {
   ChatChunkChoice,
   ChatCompletion,
@@ -122,6 +123,8 @@ export interface Extension {
   scheduling: Scheduling;
   /** The request's depth, its knobs included (resolveDepth); null without a model. */
   depth: DepthPlan | null;
+  /** An EBNF grammar the output follows (docs/structured-output.md), beside or instead of `response_format`. */
+  grammar?: string | null;
   /** Sections added to the response body, or to the final chunk of a stream. */
   sections(done: Completion, request: GenerateRequest): ExtendedSections;
 }
@@ -166,14 +169,6 @@ interface JobShape {
 
 const unsupported = (field: string, message: string) => badRequest(`\`${field}\` ${message}`, field, "unsupported_parameter");
 
-/** A JSON response format cannot be honoured: refused, never silently answered with prose. */
-function refuseResponseFormat(body: SamplingBody): void {
-  const format = body.response_format;
-  const plainText = typeof format === "object" && format !== null && (format as { type?: unknown }).type === "text";
-  if (format != null && !plainText)
-    throw unsupported("response_format", 'is not supported: only plain text output ({"type": "text"}) is available');
-}
-
 /**
  * max_tokens or its newer alias max_completion_tokens; both only when they
  * agree. 0 only for a text completion that scores its prompt (`echo`).
@@ -199,7 +194,7 @@ function randomSeed(): number {
   return crypto.getRandomValues(new Uint32Array(1))[0];
 }
 
-function resolve(deps: AppDeps, body: SamplingBody, prompt: number[], shape: JobShape, ext: Extension | undefined): CompatJob {
+function resolve(deps: AppDeps, body: SamplingBody, prompt: number[], shape: JobShape, ext: Extension | undefined, format: OutputFormat | undefined): CompatJob {
   const temperature = body.temperature ?? D.temperature;
   // /v1 names only `loops`: the mode is plain generation and the exit the model's default.
   const depth = ext ? ext.depth : resolveDepth(deps, "generate", { loops: body.loops }, temperature);
@@ -217,6 +212,7 @@ function resolve(deps: AppDeps, body: SamplingBody, prompt: number[], shape: Job
     stopTokenIds: [...(shape.stopTokenIds ?? [])],
     cacheWindow: ext?.cacheWindow ?? 0,
     ...(shape.logprobs === undefined ? {} : { logprobs: shape.logprobs, promptLogprobs: shape.promptLogprobs }),
+    ...(format ? { format } : {}),
   });
   const stream = body.stream ?? D.stream;
   return {
@@ -233,7 +229,6 @@ function resolve(deps: AppDeps, body: SamplingBody, prompt: number[], shape: Job
 }
 
 async function chatJob(deps: AppDeps, body: ChatCompletionBody, ext?: Extension): Promise<CompatJob> {
-  refuseResponseFormat(body);
   if (body.top_logprobs != null && body.logprobs !== true)
     throw badRequest("`top_logprobs` needs `logprobs: true`", "top_logprobs");
   const maxTokens = requestedMaxTokens(body, false);
@@ -242,7 +237,8 @@ async function chatJob(deps: AppDeps, body: ChatCompletionBody, ext?: Extension)
   const text = renderChat(body.messages, chat);
   const prompt = await promptTokens(deps, text, "messages", maxTokens, chat.addsBos);
   const reasoning = chat.reasons ? { startsInside: opensReasoning(text), include: body.include_reasoning ?? true } : null;
-  return resolve(deps, body, prompt, { maxTokens, echo: "", logprobs, promptLogprobs: false, stopTokenIds: chat.turnEndIds, reasoning }, ext);
+  const format = await requestFormat(deps, body.response_format, ext?.grammar);
+  return resolve(deps, body, prompt, { maxTokens, echo: "", logprobs, promptLogprobs: false, stopTokenIds: chat.turnEndIds, reasoning }, ext, format);
 }
 
 /** Of several prompts, only the first is used; an id array is one prompt. */
@@ -253,7 +249,6 @@ function firstPrompt(p: CompletionBody["prompt"]): { prompt: string | number[]; 
 }
 
 async function completionJob(deps: AppDeps, body: CompletionBody, ext?: Extension): Promise<CompatJob> {
-  refuseResponseFormat(body);
   if (body.suffix != null && body.suffix !== "")
     throw unsupported("suffix", "is not supported: this server only continues the prompt, it does not fill in text");
   const echoed = body.echo ?? false;
@@ -264,7 +259,8 @@ async function completionJob(deps: AppDeps, body: CompletionBody, ext?: Extensio
   const asSent = typeof prompt === "string" && deps.tokenizer.conventions.bosId === null;
   const echo = echoed ? (asSent ? prompt : deps.tokenizer.decode(ids)) : "";
   const logprobs = body.logprobs ?? undefined;
-  return resolve(deps, body, ids, { maxTokens, echo, logprobs, promptLogprobs: echoed && logprobs !== undefined }, ext);
+  const format = await requestFormat(deps, body.response_format, ext?.grammar);
+  return resolve(deps, body, ids, { maxTokens, echo, logprobs, promptLogprobs: echoed && logprobs !== undefined }, ext, format);
 }
 
 // ---- response framing: the one place chat and text completions differ ----

@@ -67,6 +67,7 @@ function extension(deps: AppDeps, knobs: ExtendedKnobs & { temperature?: number 
     cacheWindow,
     scheduling: { priority: knobs.priority, sloMs: knobs.slo_ms },
     depth,
+    grammar: knobs.grammar,
     sections: (done, request) => ({
       // loops_used: verify_loops for the speculative modes, loops for plain generate.
       stats: mode === "generate" ? nativeStats(done, mode, request.loops) : speculativeStats(done, mode, request.loops),

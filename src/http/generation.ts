@@ -7,6 +7,7 @@ import { type DepthPlan, planDepth } from "../engine/depth_plan.ts";
 import type { ExitPolicy, ExitRule, GenerateRequest, GenerateResult, GenerationMode, ModelInfo, PromptLogprobSink, TokenLogprob, TokenSink } from "../engine/types.ts";
 import { TextStream } from "../text/stream.ts";
 import { TokenLimitExceeded, type Tokenizer, TokenizerCancelledError, TokenizerClosedError } from "../tokenizer/tokenizer.ts";
+import type { FormatCompiler } from "../grammar/formats.ts";
 import type { ServiceMetrics } from "../metrics.ts";
 import { SchedulerRejection } from "../scheduler/scheduler.ts";
 import { badRequest, clientClosed, HttpError, outOfRange, unavailable } from "./errors.ts";
@@ -45,6 +46,9 @@ export interface AppDeps {
   metrics: ServiceMetrics;
   /** True once shutdown has begun: no new generations, /healthz says 503. */
   draining?: () => boolean;
+  /** Compiles response formats (structured output); null or absent: none can be honoured, formatsUnavailable says why. */
+  formats?: FormatCompiler | null;
+  formatsUnavailable?: string;
 }
 
 /**

@@ -18,6 +18,7 @@ import {
   runGeneration,
 } from "./generation.ts";
 import { nativeLogprobs } from "./logprobs.ts";
+import { requestFormat } from "./response_format.ts";
 import type { GenerateResponse, GenerateStreamEvent, NativeStats } from "../wire/responses.ts";
 import { GenerateBody, NATIVE_DEFAULTS as D } from "../wire/requests.ts";
 import { sseAfterAdmission, sseEvent } from "./sse.ts";
@@ -41,8 +42,10 @@ export async function nativeJob(deps: AppDeps, body: GenerateBody & DepthFields,
 
   const depth = resolveDepth(deps, mode, body, temperature);
   checkCacheWindow(deps, cacheWindow);
+  const prompt = await promptTokens(deps, body.prompt, "prompt", maxTokens);
+  const format = await requestFormat(deps, body.response_format, body.grammar);
   const { engine, request } = engineRequest(deps, depth, {
-    promptTokens: await promptTokens(deps, body.prompt, "prompt", maxTokens),
+    promptTokens: prompt,
     maxTokens,
     sampling: {
       temperature,
@@ -54,6 +57,7 @@ export async function nativeJob(deps: AppDeps, body: GenerateBody & DepthFields,
     stopTokenIds: stopIds,
     cacheWindow,
     ...(body.logprobs == null ? {} : { logprobs: body.logprobs }),
+    ...(format ? { format } : {}),
   });
   return {
     engine,

@@ -33,8 +33,8 @@
 import gpt2 from "tiktoken/encoders/gpt2.json" with { type: "json" };
 import type { ProgressCallback } from "../progress.ts";
 import { F16_TO_F32 } from "./fp16.ts";
-import { loadModelFile, MAX_LOOPS, type ModelConfig, parseModelMetadata } from "./format.ts";
-import { ModelFormatError, readSafetensors, writeFileAtomically } from "./safetensors.ts";
+import { asF16, layerPrefix, MAX_LOOPS, type ModelConfig, parseModelConfig, parseModelMetadata } from "./format.ts";
+import { ModelFormatError, readSafetensors, type TensorView, writeFileAtomically } from "./safetensors.ts";
 import { BYTE_CHARS } from "../tokenizer/byte_chars.ts";
 
 // ---- GGUF constants ----
@@ -397,8 +397,8 @@ function normAsF32(w: Uint16Array): Uint8Array {
   return bytesOf(out);
 }
 
-/** The GGUF metadata of an unrolled model (tokenizer included). */
-export function ggufMetadata(c: ModelConfig, loops: number, name: string): [string, GgufValue][] {
+/** The GGUF metadata of a model unrolled into `layers` layers (tokenizer included). */
+export function ggufMetadata(c: ModelConfig, layers: number, name: string): [string, GgufValue][] {
   const vocab = gpt2Vocab();
   if (c.vocabSize < 256) {
     throw new ModelFormatError(`vocab_size ${c.vocabSize}: a GPT-2 byte-level vocabulary needs at least 256 ids`);
@@ -422,7 +422,7 @@ export function ggufMetadata(c: ModelConfig, loops: number, name: string): [stri
     ["general.name", str(name)],
     ["general.file_type", u32(LLAMA_FTYPE_MOSTLY_F16)],
     ["general.alignment", u32(GGUF_ALIGNMENT)],
-    ["llama.block_count", u32(loops)],
+    ["llama.block_count", u32(layers)],
     ["llama.context_length", u32(c.maxSeqLen)],
     ["llama.embedding_length", u32(c.dim)],
     ["llama.feed_forward_length", u32(c.ffnDim)],
@@ -451,11 +451,15 @@ export function ggufMetadata(c: ModelConfig, loops: number, name: string): [stri
 }
 
 /**
- * Writes the fp16 model at `inPath` as a Llama GGUF with `loops` identical
- * layers. Throws ModelFormatError for a bad or quantized input.
+ * Writes the fp16 model at `inPath` as a Llama GGUF: its n_layers layers
+ * unrolled `loops` times (GGUF layer l * n_layers + i is layer i). A stack
+ * exports only as far as llama.cpp's Llama graph runs it: pre-norm layers,
+ * no norm per step, no exit gate. Throws ModelFormatError for a bad,
+ * quantized or such input.
  */
 export function exportGguf(inPath: string, outPath: string, opts: GgufExportOptions = {}): GgufExportResult {
-  const header = parseModelMetadata(readSafetensors(inPath).metadata, inPath);
+  const file = readSafetensors(inPath);
+  const header = parseModelMetadata(file.metadata, inPath);
   if (header.quant !== "fp16") {
     throw new ModelFormatError(
       `${inPath}: export-gguf needs an fp16 model, this one is ${header.quant} ` +
@@ -465,39 +469,49 @@ export function exportGguf(inPath: string, outPath: string, opts: GgufExportOpti
   if (header.tokenizer !== "gpt2") {
     throw new ModelFormatError(`${inPath}: export-gguf writes GPT-2's vocabulary; this model carries its own tokenizer (${header.tokenizer})`);
   }
-  const model = loadModelFile(inPath);
-  const c = model.config;
+  const c = parseModelConfig(file);
+  if (c.headQuant !== "fp16") throw new ModelFormatError(`${inPath}: export-gguf needs an fp16 head, this one is ${c.headQuant}`);
+  const unsupported = [c.normLayout === "sandwich" && "sandwich norms", c.stepNorm && "norm after every step", c.exitGate && "exit gate"].filter(Boolean);
+  if (unsupported.length > 0) {
+    throw new ModelFormatError(`${inPath}: export-gguf writes llama.cpp's Llama graph, which has no place for this model's ${unsupported.join(", ")}`);
+  }
   const loops = opts.loops ?? c.defaultLoops;
   if (!Number.isInteger(loops) || loops < 1 || loops > MAX_LOOPS) {
     throw new ModelFormatError(`loops must be an integer in [1, ${MAX_LOOPS}], got ${loops}`);
   }
-  const w = model.weights;
+  const get = (name: string) => asF16(file.tensors.get(name) as TensorView);
   const { dim, ffnDim, headDim, nHeads, nKvHeads, vocabSize } = c;
   const q = nHeads * headDim;
   const kv = nKvHeads * headDim;
   const F16 = GgmlType.F16;
 
-  // The block's tensors, converted once and referenced by every layer.
-  const block: [string, number[], GgmlTypeCode, Uint8Array][] = [
-    ["attn_norm.weight", [dim], GgmlType.F32, normAsF32(w.attnNorm)],
-    ["attn_q.weight", [dim, q], F16, bytesOf(permuteRopeRows(w.wq, nHeads, headDim, dim))],
-    ["attn_k.weight", [dim, kv], F16, bytesOf(permuteRopeRows(w.wk, nKvHeads, headDim, dim))],
-    ["attn_v.weight", [dim, kv], F16, bytesOf(w.wv)],
-    ["attn_output.weight", [q, dim], F16, bytesOf(w.wo)],
-    ["ffn_norm.weight", [dim], GgmlType.F32, normAsF32(w.ffnNorm)],
-    ["ffn_gate.weight", [dim, ffnDim], F16, bytesOf(w.w1)],
-    ["ffn_down.weight", [ffnDim, dim], F16, bytesOf(w.w2)],
-    ["ffn_up.weight", [dim, ffnDim], F16, bytesOf(w.w3)],
-  ];
-  const tensors: GgufTensor[] = [{ name: "token_embd.weight", ne: [dim, vocabSize], type: F16, data: bytesOf(w.tokEmbeddings) }];
+  // Each layer's tensors, converted once and referenced by every loop's copy.
+  const layers = Array.from({ length: c.nLayers }, (_, i): [string, number[], GgmlTypeCode, Uint8Array][] => {
+    const p = layerPrefix(c, i);
+    return [
+      ["attn_norm.weight", [dim], GgmlType.F32, normAsF32(get(`${p}attn_norm.weight`))],
+      ["attn_q.weight", [dim, q], F16, bytesOf(permuteRopeRows(get(`${p}wq.weight`), nHeads, headDim, dim))],
+      ["attn_k.weight", [dim, kv], F16, bytesOf(permuteRopeRows(get(`${p}wk.weight`), nKvHeads, headDim, dim))],
+      ["attn_v.weight", [dim, kv], F16, bytesOf(get(`${p}wv.weight`))],
+      ["attn_output.weight", [q, dim], F16, bytesOf(get(`${p}wo.weight`))],
+      ["ffn_norm.weight", [dim], GgmlType.F32, normAsF32(get(`${p}ffn_norm.weight`))],
+      ["ffn_gate.weight", [dim, ffnDim], F16, bytesOf(get(`${p}w1.weight`))],
+      ["ffn_down.weight", [ffnDim, dim], F16, bytesOf(get(`${p}w2.weight`))],
+      ["ffn_up.weight", [dim, ffnDim], F16, bytesOf(get(`${p}w3.weight`))],
+    ];
+  });
+  const tokEmbeddings = get("tok_embeddings.weight");
+  const tensors: GgufTensor[] = [{ name: "token_embd.weight", ne: [dim, vocabSize], type: F16, data: bytesOf(tokEmbeddings) }];
   for (let l = 0; l < loops; l++) {
-    for (const [name, ne, type, data] of block) tensors.push({ name: `blk.${l}.${name}`, ne, type, data });
+    layers.forEach((layer, i) => {
+      for (const [name, ne, type, data] of layer) tensors.push({ name: `blk.${l * c.nLayers + i}.${name}`, ne, type, data });
+    });
   }
-  tensors.push({ name: "output_norm.weight", ne: [dim], type: GgmlType.F32, data: normAsF32(w.norm) });
+  tensors.push({ name: "output_norm.weight", ne: [dim], type: GgmlType.F32, data: normAsF32(get("norm.weight")) });
   // Tied output: llama.cpp falls back to token_embd.weight when output.weight is absent.
-  if (!c.tiedOutput) tensors.push({ name: "output.weight", ne: [dim, vocabSize], type: F16, data: bytesOf(w.output) });
+  if (!c.tiedOutput) tensors.push({ name: "output.weight", ne: [dim, vocabSize], type: F16, data: bytesOf(get("output.weight")) });
 
   const name = opts.name ?? `loopserve looped-llama unrolled x${loops}`;
-  const bytes = writeGguf(outPath, ggufMetadata(c, loops, name), tensors, opts.onProgress);
+  const bytes = writeGguf(outPath, ggufMetadata(c, loops * c.nLayers, name), tensors, opts.onProgress);
   return { path: outPath, bytes, loops, tensors: tensors.length, config: c };
 }

@@ -10,9 +10,12 @@
 //
 // Everything here is deterministic: plain IEEE double arithmetic (+ - * /,
 // comparisons), no Math.log/exp, fixed iteration counts, so the same input
-// gives byte-identical output on every machine.
+// gives byte-identical output on every machine. These functions are the
+// reference quantizer: `model quantize` runs the kernel library's
+// (ls_quantize, kernels/cpu/quantize.c), which gives their bytes many times
+// faster; quantizeModelFile streams a file through either (RowQuantizer).
 
-import { statSync } from "node:fs";
+import { closeSync, openSync, readSync, statSync } from "node:fs";
 import type { ProgressCallback } from "../progress.ts";
 import { bf16ArrayToF32, F16_TO_F32, f16ArrayToF32, f32ArrayToF16, f64ToF16Bits } from "./fp16.ts";
 import {
@@ -33,11 +36,10 @@ import {
   parseQuantMix,
   QUANT_MATRICES,
   type QuantMatrix,
-  type QuantizedHead,
   type QuantMix,
   quantTensorShapes,
 } from "./format.ts";
-import { ModelFormatError, readSafetensors, type TensorSpec, type TensorToWrite, type TensorView, writeSafetensorsStream } from "./safetensors.ts";
+import { ModelFormatError, readSafetensors, type TensorSpec, type TensorView, writeSafetensorsStream } from "./safetensors.ts";
 
 export type WeightQuant = BlockQuant;
 export type { HeadQuant, QuantMix };
@@ -88,11 +90,8 @@ export function rne(v: number): number {
   return f % 2 === 0 ? f : f + 1;
 }
 
-/** Told the rows of a matrix quantized so far (progress of a long quantization). */
-export type RowDone = (rows: number) => void;
-const noRows: RowDone = () => {};
-
-function checkShape(what: string, w: ArrayLike<number>, rows: number, cols: number, groupSize: number): void {
+/** The format's rules for rows of `cols` inputs: a group size it has, dividing cols; int6 rows a multiple of 64. */
+function checkFormat(what: string, bits: QuantMatrix["bits"], cols: number, groupSize: number): void {
   if (!GROUP_SIZES.includes(groupSize)) {
     throw new ModelFormatError(`${what}: group size must be one of ${GROUP_SIZES.join(", ")}, got ${groupSize}`);
   }
@@ -101,6 +100,11 @@ function checkShape(what: string, w: ArrayLike<number>, rows: number, cols: numb
       `${what}: in_features ${cols} is not a multiple of the group size ${groupSize} (groups run along the inputs)`,
     );
   }
+  if (bits === 6 && cols % 64 !== 0) throw new ModelFormatError(`${what}: in_features ${cols} is not a multiple of 64 (the int6 layout)`);
+}
+
+function checkShape(what: string, bits: QuantMatrix["bits"], w: ArrayLike<number>, rows: number, cols: number, groupSize: number): void {
+  checkFormat(what, bits, cols, groupSize);
   if (w.length !== rows * cols) throw new ModelFormatError(`${what}: ${w.length} values, expected ${rows} x ${cols}`);
 }
 
@@ -145,7 +149,7 @@ function symmetricError(w: ArrayLike<number>, base: number, n: number, s: number
  * largest weight and 2.32e-3 searched. put(idx, c) stores the code of
  * weight idx.
  */
-function quantizeSymmetric(w: ArrayLike<number>, rows: number, cols: number, groupSize: number, what: string, onRow: RowDone, L: number, scales: Uint16Array, put: (idx: number, c: number) => void): void {
+function quantizeSymmetric(w: ArrayLike<number>, rows: number, cols: number, groupSize: number, what: string, L: number, scales: Uint16Array, put: (idx: number, c: number) => void): void {
   const ng = cols / groupSize;
   for (let r = 0; r < rows; r++) {
     for (let g = 0; g < ng; g++) {
@@ -176,16 +180,15 @@ function quantizeSymmetric(w: ArrayLike<number>, rows: number, cols: number, gro
       const s = F16_TO_F32[sb];
       for (let i = 0; i < groupSize; i++) put(base + i, symmetricCode(w[base + i], s, L));
     }
-    onRow(r + 1);
   }
 }
 
 /** int4 per group (quantizeSymmetric with L = 7): the nibble c + 8, input 2j in the low nibble of byte j. */
-export function quantizeInt4(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int4", onRow: RowDone = noRows): QuantMatrix {
-  checkShape(what, w, rows, cols, groupSize);
+export function quantizeInt4(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int4"): QuantMatrix {
+  checkShape(what, 4, w, rows, cols, groupSize);
   const qweight = new Uint8Array((rows * cols) / 2);
   const scales = new Uint16Array((rows * cols) / groupSize);
-  quantizeSymmetric(w, rows, cols, groupSize, what, onRow, 7, scales, (idx, c) => {
+  quantizeSymmetric(w, rows, cols, groupSize, what, 7, scales, (idx, c) => {
     qweight[idx >> 1] |= (c + 8) << ((idx & 1) * 4);
   });
   return { bits: 4, rows, cols, groupSize, qweight, scales };
@@ -199,13 +202,12 @@ export function quantizeInt4(w: ArrayLike<number>, rows: number, cols: number, g
  * bytes of u's high two bits, those of input 64b + 2j + e (j < 32) at bits
  * 4 (j >> 4) + 2e of byte 16b + (j & 15). cols must be a multiple of 64.
  */
-export function quantizeInt6(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int6", onRow: RowDone = noRows): QuantMatrix {
-  checkShape(what, w, rows, cols, groupSize);
-  if (cols % 64 !== 0) throw new ModelFormatError(`${what}: in_features ${cols} is not a multiple of 64 (the int6 layout)`);
+export function quantizeInt6(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int6"): QuantMatrix {
+  checkShape(what, 6, w, rows, cols, groupSize);
   const rowBytes = (cols * 3) / 4;
   const qweight = new Uint8Array(rows * rowBytes);
   const scales = new Uint16Array((rows * cols) / groupSize);
-  quantizeSymmetric(w, rows, cols, groupSize, what, onRow, 31, scales, (idx, c) => {
+  quantizeSymmetric(w, rows, cols, groupSize, what, 31, scales, (idx, c) => {
     const r = Math.floor(idx / cols);
     const i = idx - r * cols;
     const row = r * rowBytes;
@@ -253,8 +255,8 @@ function offsetError(w: ArrayLike<number>, base: number, n: number, s: number, z
  * 5.97e-2); this search lowered it, weights alone, from 4.92e-2 spanning
  * each group to 4.08e-2.
  */
-export function quantizeInt2(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int2", onRow: RowDone = noRows): QuantMatrix {
-  checkShape(what, w, rows, cols, groupSize);
+export function quantizeInt2(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int2"): QuantMatrix {
+  checkShape(what, 2, w, rows, cols, groupSize);
   const ng = cols / groupSize;
   const qweight = new Uint8Array((rows * cols) / 4);
   const scales = new Uint16Array(rows * ng);
@@ -296,7 +298,6 @@ export function quantizeInt2(w: ArrayLike<number>, rows: number, cols: number, g
         qweight[idx >> 2] |= offsetCode(w[idx], s, z) << ((idx & 3) * 2);
       }
     }
-    onRow(r + 1);
   }
   return { bits: 2, rows, cols, groupSize, qweight, scales, zeros };
 }
@@ -304,8 +305,8 @@ export function quantizeInt2(w: ArrayLike<number>, rows: number, cols: number, g
 // ---- int8 (output head) ----
 
 /** Symmetric int8 per group: s = max|w| / 127 rounded up to fp16, c = rne(w / s). */
-export function quantizeInt8(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int8", onRow: RowDone = noRows): QuantMatrix {
-  checkShape(what, w, rows, cols, groupSize);
+export function quantizeInt8(w: ArrayLike<number>, rows: number, cols: number, groupSize = DEFAULT_GROUP_SIZE, what = "int8"): QuantMatrix {
+  checkShape(what, 8, w, rows, cols, groupSize);
   const ng = cols / groupSize;
   const qweight = new Uint8Array(rows * cols);
   const codes = new Int8Array(qweight.buffer);
@@ -322,15 +323,58 @@ export function quantizeInt8(w: ArrayLike<number>, rows: number, cols: number, g
         codes[base + i] = s > 0 ? Math.min(127, Math.max(-127, rne(w[base + i] / s))) : 0;
       }
     }
-    onRow(r + 1);
   }
   return { bits: 8, rows, cols, groupSize, qweight, scales };
 }
 
 // ---- model files ----
 
-/** The quantizer of each head format. */
-export const HEAD_QUANTIZERS: Record<QuantizedHead, typeof quantizeInt8> = { int8: quantizeInt8, int6: quantizeInt6, int4: quantizeInt4 };
+/** Each format's reference quantizer, by its bits. */
+const QUANTIZER_OF_BITS: Record<QuantMatrix["bits"], typeof quantizeInt8> = { 2: quantizeInt2, 4: quantizeInt4, 6: quantizeInt6, 8: quantizeInt8 };
+
+/** The element types a model is quantized from. */
+export type SourceDtype = "F32" | "F16" | "BF16";
+const SOURCE_DTYPES: readonly string[] = ["F32", "F16", "BF16"];
+
+/** One quantized matrix's format: its bits (QuantMatrix), group and inputs per row. */
+export interface MatrixFormat {
+  bits: QuantMatrix["bits"];
+  groupSize: number;
+  cols: number;
+}
+
+/** Some rows of a quantized matrix, laid out as the file holds them. */
+export type QuantRows = Pick<QuantMatrix, "qweight" | "scales" | "zeros">;
+
+/**
+ * What quantizes a file's matrices, some rows at a time: the reference
+ * (referenceQuantizer), or the kernel library's (src/engine/binding.ts,
+ * NativeQuantizer), which gives the same bytes many times faster.
+ * quantizeRows writes `rows` rows of src (raw little-endian values of
+ * dtype) into out, sized for exactly those rows; a failure throws
+ * ModelFormatError `${what}: the reason`.
+ */
+export interface RowQuantizer {
+  quantizeRows(format: MatrixFormat, dtype: SourceDtype, src: Uint8Array, rows: number, out: QuantRows, what: string): void;
+}
+
+/** Raw values of dtype as fp32 (exact). */
+function sourceToF32(src: Uint8Array, dtype: SourceDtype, n: number): Float32Array {
+  const bytes = src.byteOffset % 4 === 0 ? src : src.slice();
+  if (dtype === "F32") return new Float32Array(bytes.buffer, bytes.byteOffset, n);
+  const u16 = new Uint16Array(bytes.buffer, bytes.byteOffset, n);
+  return dtype === "F16" ? f16ArrayToF32(u16) : bf16ArrayToF32(u16);
+}
+
+/** The reference quantizer: the functions above, on an fp32 copy of the rows. */
+export const referenceQuantizer: RowQuantizer = {
+  quantizeRows(f, dtype, src, rows, out, what) {
+    const q = QUANTIZER_OF_BITS[f.bits](sourceToF32(src, dtype, rows * f.cols), rows, f.cols, f.groupSize, what);
+    out.qweight.set(q.qweight);
+    out.scales.set(q.scales);
+    if (q.zeros) out.zeros?.set(q.zeros);
+  },
+};
 
 export interface QuantizeOptions {
   /** The block's format; fp16 keeps the block and quantizes the head only. */
@@ -344,6 +388,8 @@ export interface QuantizeOptions {
   mix?: QuantMix;
   /** Told the weights quantized so far, out of all the file's quantized weights. */
   onProgress?: ProgressCallback;
+  /** Default referenceQuantizer; `model quantize` passes the kernel library's. */
+  quantizer?: RowQuantizer;
 }
 
 export interface QuantizeResult {
@@ -354,32 +400,50 @@ export interface QuantizeResult {
   head: HeadQuant | "tied";
 }
 
-/** An unquantized tensor's values as fp32 (F16, BF16 or F32 input). */
-function toF32(t: TensorView, name: string, where: string): Float32Array {
-  const n = t.shape.reduce((a, b) => a * b, 1);
-  const bytes = t.data.byteOffset % 4 === 0 ? t.data : t.data.slice();
-  if (t.dtype === "F32") return new Float32Array(bytes.buffer, bytes.byteOffset, n);
-  const u16 = new Uint16Array(bytes.buffer, bytes.byteOffset, n);
-  if (t.dtype === "F16") return f16ArrayToF32(u16);
-  if (t.dtype === "BF16") return bf16ArrayToF32(u16);
-  throw new ModelFormatError(`${where}: tensor "${name}": dtype must be F16, BF16 or F32 to quantize, got ${t.dtype}`);
+/**
+ * Source bytes a matrix is read in at a time: the rows of one quantizer call
+ * (the progress moves per call) and the most of the input held at once.
+ */
+const CHUNK_BYTES = 8 << 20;
+
+/** A buffer reused for one thing at a time, grown to the largest asked for. */
+class Scratch {
+  private buf = new ArrayBuffer(0);
+
+  /** `bytes` bytes (at the start of the buffer), valid until the next take. */
+  take(bytes: number): Uint8Array {
+    if (this.buf.byteLength < bytes) this.buf = new ArrayBuffer(bytes);
+    return new Uint8Array(this.buf, 0, bytes);
+  }
+}
+
+/** The input file, read a range at a time into one reused buffer (never mapped: memory holds one chunk of it); opened by the first read. */
+class SourceReader {
+  private fd = -1;
+  private readonly buf = new Scratch();
+
+  constructor(private readonly path: string) {}
+
+  /** `bytes` bytes from `offset` of the file, in a buffer valid until the next read. */
+  read(offset: number, bytes: number): Uint8Array {
+    if (this.fd < 0) this.fd = openSync(this.path, "r");
+    const out = this.buf.take(bytes);
+    for (let done = 0; done < bytes; ) {
+      const n = readSync(this.fd, out, done, bytes - done, offset + done);
+      if (n <= 0) throw new ModelFormatError(`${this.path}: short read at byte ${offset + done}`);
+      done += n;
+    }
+    return out;
+  }
+
+  close(): void {
+    if (this.fd >= 0) closeSync(this.fd);
+    this.fd = -1;
+  }
 }
 
 function bytesOf(data: Uint8Array | Uint16Array): Uint8Array {
   return new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
-}
-
-function tensorOf(name: string, dtype: "U8" | "I8" | "F16", shape: number[], data: Uint8Array | Uint16Array): TensorToWrite {
-  return { name, dtype, shape, data: bytesOf(data) };
-}
-
-function quantTensors(base: string, q: QuantMatrix): TensorToWrite[] {
-  const out = [
-    tensorOf(`${base}.qweight`, q.bits === 8 ? "I8" : "U8", [q.rows, (q.cols * q.bits) / 8], q.qweight),
-    tensorOf(`${base}.scales`, "F16", [q.rows, q.cols / q.groupSize], q.scales),
-  ];
-  if (q.zeros) out.push(tensorOf(`${base}.zeros`, "F16", [q.rows, q.cols / q.groupSize], q.zeros));
-  return out;
 }
 
 /**
@@ -388,7 +452,10 @@ function quantTensors(base: string, q: QuantMatrix): TensorToWrite[] {
  * fp16), the output head int8, int6, int4 (or fp16), the norms fp16, and
  * the embedding fp16 or, in a tied model with a quantized head, that head
  * itself: the output is always smaller than the input. Same input and
- * options give a byte-identical file.
+ * options give a byte-identical file, whichever quantizer makes it.
+ *
+ * One tensor at a time, each read from the file CHUNK_BYTES at a time:
+ * memory holds a chunk of the input and one quantized matrix.
  */
 export function quantizeModelFile(inPath: string, outPath: string, opts: QuantizeOptions): QuantizeResult {
   const blockGroup = opts.groupSize ?? DEFAULT_GROUP_SIZE;
@@ -396,6 +463,7 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
   if (opts.quant !== "int4" && opts.quant !== "int2" && opts.quant !== "fp16") {
     throw new ModelFormatError(`quant must be int4, int2 or fp16, got ${String(opts.quant)}`);
   }
+  const quantizer = opts.quantizer ?? referenceQuantizer;
   const file = readSafetensors(inPath);
   const where = inPath;
   const base = parseModelMetadata(file.metadata, where);
@@ -420,31 +488,47 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
   const headMeta: Record<string, string> =
     head === "fp16" ? { output_quant: "fp16" } : { output_quant: head, output_group_size: String(headGroupSize) };
 
-  const check = (name: string, shape: number[]): TensorView => {
+  /** The tensor `name`, of this shape and a dtype it can be quantized from. */
+  const check = (name: string, shape: number[]): TensorView & { dtype: SourceDtype } => {
     const t = file.tensors.get(name);
     if (t === undefined) throw new ModelFormatError(`${where}: missing tensor "${name}" (${shape.join(" x ")})`);
     if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
       throw new ModelFormatError(`${where}: tensor "${name}": shape must be [${shape.join(", ")}], got [${t.shape.join(", ")}]`);
     }
-    return t;
+    if (!SOURCE_DTYPES.includes(t.dtype)) {
+      throw new ModelFormatError(`${where}: tensor "${name}": dtype must be F16, BF16 or F32 to quantize, got ${t.dtype}`);
+    }
+    return t as TensorView & { dtype: SourceDtype };
   };
-  const get = (name: string, shape: number[]): Float32Array => toF32(check(name, shape), name, where);
 
   // The output is written as it is made (writeSafetensorsStream): each part
   // (a tensor kept fp16, or a quantized matrix's two or three tensors) is
-  // checked now and computed when the writer reaches it, so memory holds one
-  // matrix at a time, not the whole output.
+  // checked now and computed when the writer reaches its first tensor.
   interface Part {
     specs: TensorSpec[];
-    make(): Uint8Array[];
+    /** Writes the part's k-th tensor. */
+    fill(k: number, write: (buf: Uint8Array) => void): void;
   }
   const parts: Part[] = [];
+  const source = new SourceReader(inPath);
+  // One matrix's outputs at a time, in buffers every matrix reuses (a new
+  // buffer per matrix would leave the garbage collector a file's worth to find).
+  const outputs = { qweight: new Scratch(), scales: new Scratch(), zeros: new Scratch() };
   // Tensors that stay fp16: F16 input is copied bit for bit, BF16 / F32 rounded to nearest.
   const f16 = (name: string, shape: number[]): void => {
     const t = check(name, shape);
+    const size = t.dtype === "F32" ? 4 : 2;
+    const n = shape.reduce((a, b) => a * b, 1);
     parts.push({
       specs: [{ name, dtype: "F16", shape }],
-      make: () => [t.dtype === "F16" ? t.data : bytesOf(f32ArrayToF16(get(name, shape)))],
+      fill: (_, write) => {
+        const per = Math.floor(CHUNK_BYTES / size);
+        for (let i = 0; i < n; i += per) {
+          const m = Math.min(per, n - i);
+          const bytes = source.read(t.offset + i * size, m * size);
+          write(t.dtype === "F16" ? bytes : bytesOf(f32ArrayToF16(sourceToF32(bytes, t.dtype, m))));
+        }
+      },
     });
   };
   const { dim, vocabSize } = config;
@@ -454,14 +538,37 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
   const layerPrefixes = allLayerPrefixes(config);
   const total = perLayer * layerPrefixes.length + (head !== "fp16" ? vocabSize * dim : 0);
   let before = 0;
-  const rowsOf = (cols: number): RowDone => (rows) => opts.onProgress?.(before + rows * cols, total);
-  const quantized = (base: string, bits: QuantMatrix["bits"], rows: number, cols: number, group: number, quantize: () => QuantMatrix): void => {
+  const quantized = (base: string, bits: QuantMatrix["bits"], rows: number, cols: number, group: number, src: string, what: string): void => {
+    const t = check(src, [rows, cols]);
+    checkFormat(what, bits, cols, group);
+    const format: MatrixFormat = { bits, groupSize: group, cols };
+    const rowBytes = cols * (t.dtype === "F32" ? 4 : 2);
+    let made: Uint8Array[] = [];
     parts.push({
       specs: quantTensorShapes(base, bits, rows, cols, group).map(([name, dtype, shape]) => ({ name, dtype, shape })),
-      make: () => {
-        const q = quantize();
-        before += rows * cols;
-        return quantTensors(base, q).map((t) => t.data);
+      fill: (k, write) => {
+        if (k === 0) {
+          const ng = cols / group;
+          const out: QuantRows = {
+            qweight: outputs.qweight.take((rows * cols * bits) / 8),
+            scales: new Uint16Array(outputs.scales.take(rows * ng * 2).buffer, 0, rows * ng),
+            zeros: bits === 2 ? new Uint16Array(outputs.zeros.take(rows * ng * 2).buffer, 0, rows * ng) : undefined,
+          };
+          const per = Math.max(1, Math.floor(CHUNK_BYTES / rowBytes));
+          for (let r = 0; r < rows; r += per) {
+            const n = Math.min(per, rows - r);
+            const part: QuantRows = {
+              qweight: out.qweight.subarray((r * cols * bits) / 8, ((r + n) * cols * bits) / 8),
+              scales: out.scales.subarray(r * ng, (r + n) * ng),
+              zeros: out.zeros?.subarray(r * ng, (r + n) * ng),
+            };
+            quantizer.quantizeRows(format, t.dtype, source.read(t.offset + r * rowBytes, n * rowBytes), n, part, what);
+            opts.onProgress?.(before + (r + n) * cols, total);
+          }
+          before += rows * cols;
+          made = [out.qweight, out.scales, ...(out.zeros ? [out.zeros] : [])].map(bytesOf);
+        }
+        write(made[k]);
       },
     });
   };
@@ -471,7 +578,6 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
   // head's rows serve as the embedding too, so the file holds no fp16 copy.
   const embeddingFromHead = tied && head !== "fp16";
   if (!embeddingFromHead) f16("tok_embeddings.weight", [vocabSize, dim]);
-  const QUANTIZERS = { int4: quantizeInt4, int2: quantizeInt2, fp16: null } as const;
   const sandwich = config.normLayout !== "pre";
   for (const p of layerPrefixes) {
     f16(`${p}attn_norm.weight`, [dim]);
@@ -487,15 +593,8 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
         f16(`${p}ffn_norm.weight`, [dim]);
       }
       const format = matrixQuant(config, m);
-      const quantize = QUANTIZERS[format];
-      if (!quantize) {
-        f16(`${name}.weight`, [rows, cols]);
-        continue;
-      }
-      check(`${name}.weight`, [rows, cols]);
-      quantized(name, BLOCK_BITS[format as WeightQuant], rows, cols, groupSize, () =>
-        quantize(get(`${name}.weight`, [rows, cols]), rows, cols, groupSize, `${where}: ${name}`, rowsOf(cols)),
-      );
+      if (format === "fp16") f16(`${name}.weight`, [rows, cols]);
+      else quantized(name, BLOCK_BITS[format], rows, cols, groupSize, `${name}.weight`, `${where}: ${name}`);
     }
     if (sandwich) f16(`${p}ffn_out_norm.weight`, [dim]);
   }
@@ -512,10 +611,7 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
   if (head !== "fp16") {
     // A tied model's head is the embedding: its quantized copy becomes output.qweight.
     const src = tied ? "tok_embeddings.weight" : "output.weight";
-    check(src, [vocabSize, dim]);
-    quantized("output", HEAD_BITS[head], vocabSize, dim, headGroupSize, () =>
-      HEAD_QUANTIZERS[head](get(src, [vocabSize, dim]), vocabSize, dim, headGroupSize, `${where}: ${src} (${head} head)`, rowsOf(dim)),
-    );
+    quantized("output", HEAD_BITS[head], vocabSize, dim, headGroupSize, src, `${where}: ${src} (${head} head)`);
     headKind = head;
   } else if (tied) {
     headKind = "tied";
@@ -527,12 +623,12 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
   const metadata: Record<string, string> = { ...file.metadata, ...configToMetadata(config), ...headMeta };
   const specs = parts.flatMap((part) => part.specs);
   const partOf = parts.flatMap((part) => part.specs.map((_, k) => ({ part, k })));
-  let made: Uint8Array[] = [];
-  const bytes = writeSafetensorsStream(outPath, metadata, specs, (_, i, write) => {
-    const { part, k } = partOf[i];
-    if (k === 0) made = part.make();
-    write(made[k]);
-  });
+  let bytes: number;
+  try {
+    bytes = writeSafetensorsStream(outPath, metadata, specs, (_, i, write) => partOf[i].part.fill(partOf[i].k, write));
+  } finally {
+    source.close();
+  }
   return {
     path: outPath,
     bytes,

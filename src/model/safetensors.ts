@@ -12,7 +12,8 @@
 // in JavaScriptCore) is mapped the same way, and each tensor viewed alone.
 
 import { dlopen, toArrayBuffer } from "bun:ffi";
-import { closeSync, fstatSync, openSync, renameSync, statSync, unlinkSync, writeSync } from "node:fs";
+import { closeSync, constants as fsConstants, fstatSync, openSync, renameSync, statSync, unlinkSync, writeSync } from "node:fs";
+import { dirname } from "node:path";
 
 // ---- errors ----
 
@@ -122,8 +123,16 @@ const MAX_ENTRY_BYTES = 64 * 1024;
 
 // ---- mapping ----
 
-type MmapFn = (addr: null, len: bigint, prot: number, flags: number, fd: number, off: bigint) => bigint;
-let libcMmap: MmapFn | null = null;
+/** The libc calls Bun does not expose, opened on first use. */
+const libcSymbols = {
+  mmap: { args: ["ptr", "u64", "i32", "i32", "i32", "i64"], returns: "u64" },
+  linkat: { args: ["i32", "ptr", "i32", "ptr", "i32"], returns: "i32" },
+} as const;
+let libcLib: ReturnType<typeof dlopen<typeof libcSymbols>>["symbols"] | null = null;
+function libc(): NonNullable<typeof libcLib> {
+  libcLib ??= dlopen("libc.so.6", libcSymbols).symbols;
+  return libcLib;
+}
 
 /**
  * Maps a file through libc, read through a read-only fd: for files this
@@ -132,12 +141,6 @@ let libcMmap: MmapFn | null = null;
  * The mapping is never unmapped; model files are mapped once per process.
  */
 function libcMapping(path: string, size: number): Mapping {
-  if (libcMmap === null) {
-    const lib = dlopen("libc.so.6", {
-      mmap: { args: ["ptr", "u64", "i32", "i32", "i32", "i64"], returns: "u64" },
-    });
-    libcMmap = lib.symbols.mmap as unknown as MmapFn;
-  }
   const fd = openSync(path, "r");
   try {
     // Private copy-on-write: the fd is read-only, yet a stray write into a
@@ -145,7 +148,7 @@ function libcMapping(path: string, size: number): Mapping {
     // with the Bun.mmap path.
     const PROT_READ_WRITE = 3;
     const MAP_PRIVATE = 2;
-    const p = libcMmap(null, BigInt(size), PROT_READ_WRITE, MAP_PRIVATE, fd, 0n);
+    const p = libc().mmap(null, BigInt(size), PROT_READ_WRITE, MAP_PRIVATE, fd, 0n) as bigint;
     if (p === 0xffffffffffffffffn || p === 0n) throw new Error("mmap failed");
     const base = Number(p);
     if (size <= MAX_VIEW_BYTES) return wholeMapping(new Uint8Array(toArrayBuffer(base, 0, size)));
@@ -597,17 +600,38 @@ export function writeSafetensorsStream(
   });
 }
 
+// open(2)'s O_TMPFILE (with O_DIRECTORY, as the kernel defines it) and linkat(2)'s constants.
+const O_TMPFILE = 0o20200000;
+const AT_FDCWD = -100;
+const AT_SYMLINK_FOLLOW = 0x400;
+
+/** A file without a name in dir (O_TMPFILE), open for writing; -1 where the file system has none. */
+function openNameless(dir: string): number {
+  try {
+    return openSync(dir, O_TMPFILE | fsConstants.O_WRONLY, 0o666);
+  } catch {
+    return -1;
+  }
+}
+
 /**
- * Writes a file through a uniquely named temporary in the same directory and
- * renames it into place, so a process that has the old file mapped keeps a
- * valid mapping and a reader never sees half a file. `write` returns the size
- * it meant to write; a short write is an error. Returns the bytes written.
+ * Writes a file whose name appears only once it is complete, replacing any
+ * file there: a process that has the old file mapped keeps a valid mapping,
+ * and a reader never sees half a file. The data go to a file without a
+ * name (O_TMPFILE), so a write cut short (an error, Ctrl-C, a kill) leaves
+ * nothing behind; the finished file gets a uniquely named temporary name,
+ * renamed into place. Where the file system has no nameless files, the
+ * temporary name is made first (and removed on an error, though not by a
+ * signal). `write` returns the size it meant to write; a short write is an
+ * error. Returns the bytes written.
  */
 export function writeFileAtomically(path: string, write: (writeAll: (buf: Uint8Array) => void) => number): number {
   const tmp = `${path}.tmp-${process.pid}-${Date.now()}-${Math.random().toString(36).slice(2)}`;
   let fd = -1;
   try {
-    fd = openSync(tmp, "w");
+    fd = openNameless(dirname(path));
+    const nameless = fd >= 0;
+    if (!nameless) fd = openSync(tmp, "w");
     const writeAll = (buf: Uint8Array) => {
       let done = 0;
       while (done < buf.length) done += writeSync(fd, buf, done, buf.length - done);
@@ -615,6 +639,9 @@ export function writeFileAtomically(path: string, write: (writeAll: (buf: Uint8A
     const total = write(writeAll);
     const written = fstatSync(fd).size;
     if (written !== total) throw new ModelFormatError(`${path}: short write: ${written} of ${total} bytes`);
+    if (nameless && libc().linkat(AT_FDCWD, Buffer.from(`/proc/self/fd/${fd}\0`), AT_FDCWD, Buffer.from(`${tmp}\0`), AT_SYMLINK_FOLLOW) !== 0) {
+      throw new ModelFormatError(`${path}: cannot name the written file ${tmp}`);
+    }
     closeSync(fd);
     fd = -1;
     renameSync(tmp, path);
@@ -624,7 +651,7 @@ export function writeFileAtomically(path: string, write: (writeAll: (buf: Uint8A
     try {
       unlinkSync(tmp);
     } catch {
-      // never created, or already renamed
+      // never named, or already renamed
     }
     if (e instanceof ModelFormatError) throw e;
     throw new ModelFormatError(`${path}: cannot write: ${(e as Error).message}`);

@@ -166,7 +166,8 @@ export function resolveSyntheticOptions(o: SyntheticOptions): Required<Synthetic
     throw new ModelFormatError(`synthetic model: dim (${r.dim}) must be a multiple of nHeads (${r.nHeads})`);
   }
   if (r.headDim % 2 !== 0) {
-    throw new ModelFormatError(`synthetic model: head_dim ${r.headDim} must be even`);
+    const which = o.headDim === undefined ? `head_dim = dim / nHeads = ${r.headDim}` : `head_dim (${r.headDim})`;
+    throw new ModelFormatError(`synthetic model: ${which} must be even (RoPE rotates pairs)`);
   }
   if (r.nKvHeads > r.nHeads || r.nHeads % r.nKvHeads !== 0) {
     throw new ModelFormatError(`synthetic model: nHeads (${r.nHeads}) must be a multiple of nKvHeads (${r.nKvHeads})`);

@@ -9,7 +9,8 @@
 // the encode has stopped, so a cancelled text holds its place in the limit
 // on long texts until its CPU is free. (Terminating a worker does not stop
 // an encode in progress.) build.ts lists the worker as an entry point of the
-// executable, so the same URL resolves inside it.
+// executable, so the same URL resolves inside it (src/worker_url.ts).
+import { workerUrl } from "../worker_url.ts";
 
 /** An encode refused or cut short because the pool was closed (shutdown). */
 export class TokenizerClosedError extends Error {}
@@ -69,7 +70,7 @@ interface PoolWorker {
   job: Job | null;
 }
 
-const WORKER_URL = new URL("./worker.ts", import.meta.url);
+const WORKER_URL = workerUrl("tokenizer/worker.ts");
 
 export class TokenizerPool {
   private readonly workers: PoolWorker[] = [];

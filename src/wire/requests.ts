@@ -65,6 +65,15 @@ const ExitFields = {
   cache_steps: optional(T.Integer({ minimum: 0, maximum: LS_MAX_LOOPS - 1 })),
 };
 
+/**
+ * Structured output beyond OpenAI's `response_format` (the native and
+ * extended families, docs/structured-output.md): an EBNF grammar (rule
+ * `root`) the output follows.
+ */
+const GrammarFields = {
+  grammar: optional(T.String({ minLength: 1 })),
+};
+
 /** Stop strings (whole-string match on the decoded text) or stop token ids. */
 const NativeStop = T.Union([
   T.String({ minLength: 1 }),
@@ -87,6 +96,9 @@ export const GenerateBody = T.Object({
   cache_window: optional(T.Integer({ minimum: 0 })),
   /** Log-probability of each generated token with this many most likely alternatives (docs/openai-compat.md). */
   logprobs: optional(T.Integer({ minimum: 0, maximum: MAX_TOP_LOGPROBS })),
+  /** Structured output as on /v1 (src/http/response_format.ts). */
+  response_format: T.Optional(T.Unknown()),
+  ...GrammarFields,
   ...ExitFields,
   ...SchedulingFields,
 });
@@ -139,8 +151,7 @@ const CompatSamplingFields = {
   frequency_penalty: optional(Penalty),
   /** Extension: the depth in steps; the model's default_loops when unset. */
   loops: optional(T.Integer({ minimum: 1, maximum: LS_MAX_LOOPS })),
-  // Declared only so the handlers see it and refuse a JSON format with a 400
-  // naming the field: a client asking for JSON must not get prose; see compat.ts.
+  /** Structured output: text, json_object or json_schema, read by src/http/response_format.ts (400s naming the part at fault). */
   response_format: T.Optional(T.Unknown()),
 };
 
@@ -230,6 +241,7 @@ const ExtendedFields = {
   cache_window: optional(T.Integer({ minimum: 0 })),
   /** When given, replaces the penalty folded from presence/frequency_penalty. */
   repetition_penalty: optional(T.Number({ minimum: 0.5, maximum: 2 })),
+  ...GrammarFields,
   ...ExitFields,
   ...SchedulingFields,
 };

@@ -101,28 +101,48 @@ describe("the GPU validation run, on a host without a GPU", () => {
     for (const c of report.checks.filter((c) => c.status === "skip")) expect(c.detail).not.toBe("");
   });
 
-  test("the CPU harness holds the quantized kernels' arithmetic to the CPU library, and the build to no register spills", () => {
-    for (const name of ["codes", "act", "amax", "matmul", "schedule"]) expect(check(`harness/${name}`)?.status).toBe("pass");
+  test("the CPU harness holds the CUDA library's arithmetic and schedules to the CPU library, and the build to no register spills", () => {
+    for (const name of ["codes", "act", "amax", "matmul", "schedule", "gate-exp", "exit-schedule"]) expect(check(`harness/${name}`)?.status).toBe("pass");
+    // block_steps.h with the CPU library's kernels against its ls_batch_step, on the driver's stack (and the shipped one)
+    expect(check("harness/exit-schedule")?.detail).toMatch(/exited early\): every token, logits, exit step, cache unit and kept state the CPU library's/);
     expect(check("build/libraries")?.status).toBe("pass");
     if (built) expect(check("build/no-register-spills")?.status).toBe("pass");
   });
 
   test("every weight format and feature of the driver's cases is checked, CPU against CPU", () => {
-    for (const model of ["fp16", "fp16-tied", "fp16-head-int8", "int4-g32", "int2-g32-mix-head-int6", "int4-g256-head-int8-g128"]) {
+    const stacks = ["stack-2-layers", "stack-3-layers-tied", "stack-2-layers-mha-sandwich", "stack-int4", "stack-int2-mix-head-int6"];
+    for (const model of ["fp16", "fp16-tied", "fp16-head-int8", "int4-g32", "int2-g32-mix-head-int6", "int4-g256-head-int8-g128", ...stacks]) {
       for (const c of ["load", "logits", "window", "sample", "prefill-vs-steps", "rollback", "prefix-copy", "rows"])
         expect(check(`${model}/${c}`)?.status).toBe("pass");
+    }
+    // a model with an exit gate: rows mixing exit rules, and deferred units through every entry point
+    for (const model of stacks.filter((m) => m !== "stack-2-layers-mha-sandwich")) {
+      expect(check(`${model}/rows`)?.detail).toContain("exit thresholds and policies");
+      expect(check(`${model}/deferred`)?.status).toBe("pass");
     }
     // the shipped trained models, and quantized copies of one, where models/ has them
     if (existsSync(join(ROOT, "models", "kjv-looped-256.safetensors")))
       for (const model of ["trained", "trained-int4", "trained-int2-mix"]) expect(check(`${model}/greedy`)?.status).toBe("pass");
-    expect(check("dim2048-fp16/load")?.status).toBe("skip");
+    // the shipped Ouro-class stack and its Ouro-layout copy: tokens and exit steps at every exit setting
+    if (existsSync(join(ROOT, "models", "kjv-ouro-2x4-256.safetensors"))) {
+      for (const model of ["trained-ouro", "trained-ouro-import"]) {
+        expect(check(`${model}/exits`)?.status).toBe("pass");
+        expect(check(`${model}/exits`)?.detail).toMatch(/fixed 1-4; exact and copy at 0.5 and 0.7/);
+      }
+      expect(check("trained-ouro-import/import")?.status).toBe("pass");
+      expect(check("trained-ouro-int4/greedy")?.status).toBe("pass");
+    }
+    for (const model of ["dim2048-fp16", "ouro-1.4b"]) expect(check(`${model}/load`)?.status).toBe("skip");
   });
 
-  test("the CUDA library keeps an unverified kernel family off by default and refuses its models by name", () => {
+  test("the CUDA library serves its verified kernel families by default, and reports them", () => {
     if (!built) return;
     expect(check("library/cuda-device-count")?.status).toBe("pass");
-    expect(check("library/cuda-gating-off")?.detail).toContain("int4 weights: not served by the CUDA kernels by default yet");
-    expect(check("library/cuda-gating-on")?.detail).toContain("no usable CUDA device");
+    // quantized weights and stacks passed a validation run on a GPU (bench/gpu-runs/gpu-2026-11-28-h200.json)
+    for (const family of ["gating", "stacks-gating"]) {
+      expect(check(`library/cuda-${family}-off`)).toMatchObject({ status: "pass", detail: "the family is verified: on by default" });
+      expect(check(`library/cuda-${family}-on`)?.detail).toContain("no usable CUDA device");
+    }
     expect(check("library/cuda-features")?.status).toBe("pass");
   });
 
@@ -135,6 +155,7 @@ describe("the GPU validation run, on a host without a GPU", () => {
     expect(report.figures[0].tok_s).toBeGreaterThan(0);
     const target = (name: string) => report.targets.find((t) => t.name === name);
     expect(target("one stream dim-2048 fp16 loops 8 tok/s")).toMatchObject({ value: "not measured", met: false });
+    expect(target("Ouro-1.4B shape one stream: exit at 0.7 (exact) x 4 steps tok/s")).toMatchObject({ value: "not measured", met: false });
     expect(target("checks failing")).toMatchObject({ value: 0, met: true });
   });
 
@@ -159,6 +180,8 @@ describe("the GPU validation run, on a host without a GPU", () => {
       ["trained-int4/load", "skip"],
       ["trained-int2-mix/load", "skip"],
       ["trained-ouro/load", "skip"],
+      ["trained-ouro-import/load", "skip"],
+      ["trained-ouro-int4/load", "skip"],
     ]);
     expect(got[1].detail).toContain("no-models/kjv-looped-256.safetensors is absent");
   });

@@ -3,7 +3,7 @@
 // request run alone (the reference) and all of them through ls_batch_step,
 // joining at different calls, prompts fed in chunks beside decode rows.
 import { expect } from "bun:test";
-import type { BatchRow, KvCacheSettings, NativeModel, NativeSession } from "../../src/engine/binding.ts";
+import { type BatchRow, type KvCacheSettings, maskWords, type NativeModel, type NativeSession, type RowMask } from "../../src/engine/binding.ts";
 import { type ExitPlan, GREEDY, type SamplingParams } from "../../src/engine/types.ts";
 import { expectBitIdentical, tokensFor } from "./kernels.ts";
 
@@ -18,6 +18,37 @@ export interface Plan {
   chunk: number; // prompt tokens per call
   arrives: number; // the call it joins at
   exit?: ExitPlan; // learned early exit of each sampled token (a model with an exit gate)
+  mask?: MaskRule; // a token mask on every draw (structured output)
+}
+
+/** The token mask of the draw after the generated tokens so far. */
+export type MaskRule = (vocab: number, generated: readonly number[]) => Uint32Array;
+
+/** A stand-in for a grammar: about one token in `every` allowed, which ones depending on every token generated before. */
+export function hashMask(every: number): MaskRule {
+  return (vocab, generated) => {
+    const mask = new Uint32Array(maskWords(vocab));
+    const h = generated.reduce((a, t) => (a * 31 + t + 7) % 1_000_003, 17);
+    for (let t = 0; t < vocab; t++) if ((t * 2_654_435_761 + h * 97) % 4_294_967_291 % every === 0) mask[t >>> 5] |= 1 << (t & 31);
+    return mask;
+  };
+}
+
+/** A batch row's mask from a rule, over the tokens generated so far. */
+export function ruleMask(rule: MaskRule, vocab: number, generated: readonly number[]): RowMask {
+  return {
+    fill: (out) => out.set(rule(vocab, generated)),
+    successor: (token) => ruleMask(rule, vocab, [...generated, token]),
+  };
+}
+
+/** True when the mask allows token t. */
+export const allows = (mask: Uint32Array, t: number): boolean => ((mask[t >>> 5] >>> (t & 31)) & 1) === 1;
+
+/** A masked draw's logits: -inf exactly where the mask allows nothing. */
+export function expectMaskedLogits(logits: Float32Array, mask: Uint32Array, what: string): void {
+  const wrong = [...logits.keys()].filter((t) => (logits[t] === Number.NEGATIVE_INFINITY) === allows(mask, t));
+  expect(wrong.slice(0, 5), `${what}: ids whose logit disagrees with the mask`).toEqual([]);
 }
 
 
@@ -51,15 +82,19 @@ function newSession(m: NativeModel, p: Plan): NativeSession {
   return m.newSession(p.prompt.length + p.maxTokens, p.loops, p.window, p.kv);
 }
 
-/** The reference: the request alone, one ls_session_step per token. */
+/** The reference: the request alone, one ls_session_step per token (a masked one: a batch of one row). */
 function solo(m: NativeModel, p: Plan): Trace {
   const s = newSession(m, p);
   const trace: Trace = { tokens: [], logits: [], steps: [] };
+  const vocab = m.info.vocabSize;
   try {
     let feed = Int32Array.from(p.prompt);
     while (trace.tokens.length < p.maxTokens) {
-      const logits = new Float32Array(m.info.vocabSize);
-      const t = s.step(feed, p.loops, p.sampling, logits, p.exit);
+      const logits = new Float32Array(vocab);
+      const mask = p.mask && ruleMask(p.mask, vocab, trace.tokens);
+      const t = mask
+        ? m.batchStep([{ session: s, tokens: feed, loops: p.loops, sampling: p.sampling, logitsOut: logits, exit: p.exit, mask }])[0]
+        : s.step(feed, p.loops, p.sampling, logits, p.exit);
       trace.tokens.push(t);
       trace.logits.push(logits);
       trace.steps.push(s.lastSteps);
@@ -93,6 +128,7 @@ function batched(m: NativeModel, ps: Plan[]): Trace[] {
           sampling: samples ? p.sampling : null,
           logitsOut: samples ? new Float32Array(m.info.vocabSize) : null,
           exit: samples ? p.exit : undefined,
+          mask: samples && p.mask ? ruleMask(p.mask, m.info.vocabSize, traces[i].tokens) : undefined,
         });
         who.push(i);
       });
@@ -111,7 +147,11 @@ function batched(m: NativeModel, ps: Plan[]): Trace[] {
   return traces;
 }
 
-/** Runs ps together through ls_batch_step and each alone: tokens and steps run equal, logits bit for bit. Returns the batched traces. */
+/**
+ * Runs ps together through ls_batch_step and each alone: tokens and steps
+ * run equal, logits bit for bit; a masked request's tokens are ones its
+ * mask allows and its logits are masked. Returns the batched traces.
+ */
 export function expectSameAsSolo(m: NativeModel, ps: Plan[], what: string): Trace[] {
   const together = batched(m, ps);
   ps.forEach((p, i) => {
@@ -119,6 +159,13 @@ export function expectSameAsSolo(m: NativeModel, ps: Plan[], what: string): Trac
     expect(together[i].tokens, `${what}: request ${i} tokens`).toEqual(alone.tokens);
     expect(together[i].steps, `${what}: request ${i} steps`).toEqual(alone.steps);
     expectBitIdentical(together[i].logits, alone.logits, `${what}: request ${i}`);
+    const rule = p.mask;
+    if (!rule) return;
+    together[i].tokens.forEach((t, k) => {
+      const mask = rule(m.info.vocabSize, together[i].tokens.slice(0, k));
+      expect(allows(mask, t), `${what}: request ${i} token ${k} is allowed`).toBe(true);
+      expectMaskedLogits(together[i].logits[k], mask, `${what}: request ${i} token ${k}`);
+    });
   });
   return together;
 }

@@ -143,16 +143,20 @@ describe("the openai client against /v1", () => {
     expect(r.usage?.prompt_tokens).toBe(tok.encode(RENDERED).length);
   });
 
-  test("an image part and a JSON response format are refused as typed errors naming the parameter", async () => {
+  test("an image part and a schema the engine cannot honour are refused as typed errors naming the parameter", async () => {
     const image = await client.chat.completions
       .create({ model: MODEL, messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "data:," } }] }] })
       .catch((e) => e);
     expect(image).toBeInstanceOf(OpenAI.BadRequestError);
     expect(image.param).toBe("messages[0].content[0].type");
     expect(image.message).toContain("image_url");
-    const json = await client.chat.completions.create({ model: MODEL, messages: MESSAGES, response_format: { type: "json_object" } }).catch((e) => e);
+    const schema = { type: "object", properties: { when: { type: "string", format: "date-time" } } };
+    const json = await client.chat.completions
+      .create({ model: MODEL, messages: MESSAGES, response_format: { type: "json_schema", json_schema: { name: "x", schema } } })
+      .catch((e) => e);
     expect(json).toBeInstanceOf(OpenAI.BadRequestError);
-    expect(json.param).toBe("response_format");
+    expect(json.param).toBe("response_format.json_schema.schema");
+    expect(json.message).toContain("date-time");
     const both = await client.chat.completions.create({ model: MODEL, messages: MESSAGES, max_tokens: 3, max_completion_tokens: 4 }).catch((e) => e);
     expect(both).toBeInstanceOf(OpenAI.BadRequestError);
     expect(both.param).toBe("max_completion_tokens");

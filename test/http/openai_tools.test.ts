@@ -2,7 +2,7 @@
 // `openai` client, pointed at the trained demo model on both OpenAI-shaped
 // families, gets exactly the reply the same request gets without them:
 // the fields are accepted and ignored, and no tool call is ever made up.
-// A JSON response format, which the model cannot honour, stays a 400.
+// A JSON response format beside them constrains the reply all the same.
 import { beforeAll, describe, expect, test } from "bun:test";
 import OpenAI from "openai";
 import { TRAINED_MODEL_PATH } from "../../src/model/trained.ts";
@@ -85,15 +85,15 @@ describe("tool-calling fields through the openai client, on the trained model", 
       expect(reply(withTools)).toEqual(reply(plain));
     });
 
-    test(`/${family}: a JSON response format is still a 400 naming response_format`, async () => {
-      for (const format of [{ type: "json_object" }, { type: "json_schema", json_schema: { name: "x", schema: { type: "object" } } }] as const) {
-        const err = await client()
-          .chat.completions.create({ model: MODEL, messages: MESSAGES, response_format: format, ...TOOL_FIELDS })
-          .catch((e) => e);
-        expect(err).toBeInstanceOf(OpenAI.BadRequestError);
-        expect(err.param).toBe("response_format");
-        expect(err.code).toBe("unsupported_parameter");
-      }
+    test(`/${family}: a JSON response format beside the tool fields shapes the reply, the tools still ignored`, async () => {
+      const schema = { type: "object", properties: { answer: { enum: ["God", "Moses", "Pharaoh"] } }, required: ["answer"] };
+      const format = { type: "json_schema", json_schema: { name: "answer", schema, strict: true } } as const;
+      const ask = (extra: object) => client().chat.completions.create({ model: MODEL, messages: MESSAGES, response_format: format, max_tokens: 40, temperature: 0, ...extra });
+      const [withTools, plain] = await Promise.all([ask(TOOL_FIELDS), ask({})]);
+      expect(withTools.choices[0].finish_reason).toBe("stop");
+      expect(["God", "Moses", "Pharaoh"]).toContain(JSON.parse(withTools.choices[0].message.content as string).answer);
+      expect(withTools.choices[0].message.content).toBe(plain.choices[0].message.content);
+      expect(withTools.choices[0].message.tool_calls ?? []).toEqual([]);
     });
   }
 });

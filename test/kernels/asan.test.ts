@@ -134,7 +134,8 @@ describe("model loading under ASan/UBSan: the descriptor against the file", () =
       [{ head_bits: 8, head_group: 64 }, /head_bits 8 with head_group 64 \(dim 32\)/], // the group must divide dim
       [{ head_bits: 6, head_group: 32 }, /head_bits 6 with head_group 32 \(dim 32\)/], // int6 needs dim % 64 == 0
       [{ n_heads: 3 }, /inconsistent dimensions \(dim 32, n_heads 3,/],
-      [{ n_heads: 32 }, /inconsistent dimensions/], // head_dim 1 is odd
+      [{ n_heads: 32, head_dim: 0 }, /inconsistent dimensions/], // head_dim dim / n_heads = 1 is odd
+      [{ head_dim: 7 }, /inconsistent dimensions/], // an odd head_dim of its own
       [{ n_kv_heads: 3 }, /inconsistent dimensions/],
       // Consistent, but not what the tensors hold.
       [{ vocab_size: 257 }, /tensor 'tok_embeddings\.weight': 16384 bytes, expected 16448/],

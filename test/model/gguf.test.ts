@@ -12,7 +12,7 @@ import {
   TokenType,
   unpermuteRopeRows,
 } from "../../src/model/gguf.ts";
-import { ModelFormatError, writeSafetensors } from "../../src/model/safetensors.ts";
+import { ModelFormatError, readSafetensors, writeSafetensors } from "../../src/model/safetensors.ts";
 import { BYTE_CHARS } from "../../src/tokenizer/byte_chars.ts";
 import { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
@@ -218,6 +218,31 @@ describe("GGUF export", () => {
     }
     expect(g.tensors.has("blk.3.attn_q.weight")).toBe(false);
     expect(g.metadata.get("llama.block_count")).toBe(3);
+  });
+
+  test("a pre-norm stack unrolls layer by layer, loop by loop; sandwich norms, a norm per step and an exit gate are refused", () => {
+    const src = tinyModelPath({ nLayers: 2, vocabSize: 512 });
+    const out = tmp("stack.gguf");
+    expect(exportGguf(src, out, { loops: 3 }).loops).toBe(3);
+    const g = parseGguf(new Uint8Array(readFileSync(out)));
+    const file = readSafetensors(src);
+    const raw = (name: string) => file.tensors.get(name)!.data;
+    expect(g.metadata.get("llama.block_count")).toBe(6);
+    for (let l = 0; l < 3; l++)
+      for (let i = 0; i < 2; i++) {
+        const b = (s: string) => g.tensors.get(`blk.${l * 2 + i}.${s}.weight`)!.data;
+        expect(b("ffn_down")).toEqual(raw(`layers.${i}.w2.weight`));
+        expect(b("attn_v")).toEqual(raw(`layers.${i}.wv.weight`));
+      }
+    expect(raw("layers.0.w2.weight")).not.toEqual(raw("layers.1.w2.weight"));
+    expect(g.tensors.has("blk.6.attn_q.weight")).toBe(false);
+    for (const [opts, what] of [
+      [{ sandwichNorm: true }, /Llama graph, which has no place for this model's sandwich norms$/],
+      [{ stepNorm: true }, /no place for this model's norm after every step$/],
+      [{ exitGate: true }, /no place for this model's exit gate$/],
+    ] as const) {
+      expect(() => exportGguf(tinyModelPath({ nLayers: 2, vocabSize: 512, ...opts }), tmp("x.gguf"))).toThrow(what);
+    }
   });
 
   test("permuted rows under adjacent-pair RoPE give the permuted result of rotate-half RoPE", () => {

@@ -5,6 +5,7 @@ import { describe, expect, test } from "bun:test";
 import { readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { runModelCommand } from "../../src/cli/model.ts";
+import { NativeQuantizer } from "../../src/engine/binding.ts";
 import { F16_TO_F32 } from "../../src/model/fp16.ts";
 import { loadModelFile, loadQuantModelFile, type QuantMatrix } from "../../src/model/format.ts";
 import { DEFAULT_MIX, f16BitsDown, f16BitsUp, quantizeInt2, quantizeInt4, quantizeInt6, quantizeInt8, quantizeModelFile } from "../../src/model/quantize.ts";
@@ -12,6 +13,7 @@ import { ModelFormatError, readSafetensors, writeSafetensors } from "../../src/m
 import { ReferenceModel } from "../reference/forward.ts";
 import { codeAt, dequantize, quantizeActivations } from "../reference/quant.ts";
 import { writeSyntheticModel } from "../../src/model/synthetic.ts";
+import { ensureLibrary, LIB } from "../helpers/kernels.ts";
 import { testTempDir } from "../helpers/models.ts";
 
 /** A copy of the file at src without one tensor, written to dest. */
@@ -315,6 +317,8 @@ describe("quantized model files", () => {
   });
 
   test("every quantized file is smaller than its source, tied or untied: a tied model's quantized head is its embedding too", () => {
+    ensureLibrary();
+    const quantizer = NativeQuantizer.open(LIB, 2); // the library's bytes are the reference's (test/kernels/quantizer.test.ts), in a fraction of the time
     for (const tiedOutput of [false, true]) {
       const src = fp16Model({ tiedOutput });
       for (const quant of ["int4", "int2", "fp16"] as const) {
@@ -322,7 +326,7 @@ describe("quantized model files", () => {
           if (quant === "fp16" && head === "fp16") continue; // nothing to quantize
           const name = `${tiedOutput ? "tied" : "untied"} ${quant} block, ${head} head`;
           const out = tmp(`${name.replace(/[ ,]+/g, "-")}.safetensors`);
-          const r = quantizeModelFile(src, out, { quant, head });
+          const r = quantizeModelFile(src, out, { quant, head, quantizer });
           expect(r.inputBytes).toBe(statSync(src).size);
           expect(r.bytes).toBe(statSync(out).size);
           if (!(r.bytes < r.inputBytes)) throw new Error(`${name}: ${r.bytes} bytes from ${r.inputBytes}`);
@@ -333,6 +337,7 @@ describe("quantized model files", () => {
         }
       }
     }
+    quantizer.close();
   });
 
   test("without tok_embeddings.weight a model needs a quantized head to stand in for it", () => {
@@ -471,6 +476,7 @@ describe("loopserve model quantize", () => {
       [["quantize", src, tmp("a"), "--quant", "int2", "--mix", "w1=int4"], /--mix: quant_mix must give w1 and w3 the same format/],
       [["quantize", src, tmp("a"), "--quant", "int2", "--mix", "ffn=int4"], /--mix: quant_mix names "ffn", which is not a block matrix/],
       [["quantize", src, tmp("a"), "--quant", "fp16", "--mix", "wv=int4"], /--mix needs --quant int4 or int2/],
+      [["quantize", src, tmp("a"), "--quant", "int4", "--threads", "two"], /--threads must be a non-negative integer, got "two"/],
     ];
     for (const [argv, msg] of cases) {
       const r = await run(...argv);

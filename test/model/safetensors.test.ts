@@ -1,7 +1,7 @@
 import { describe, expect, test } from "bun:test";
-import { closeSync, openSync, readFileSync, rmSync, truncateSync, writeFileSync, writeSync } from "node:fs";
+import { closeSync, mkdirSync, openSync, readdirSync, readFileSync, rmSync, truncateSync, writeFileSync, writeSync } from "node:fs";
 import { join } from "node:path";
-import { MAX_VIEW_BYTES, readSafetensors, writeSafetensors } from "../../src/model/safetensors.ts";
+import { MAX_VIEW_BYTES, ModelFormatError, readSafetensors, writeSafetensors, writeSafetensorsStream } from "../../src/model/safetensors.ts";
 import { testTempDir } from "../helpers/models.ts";
 import { modelFormatMessage, type RawHeader, writeRawSafetensors } from "../helpers/safetensors.ts";
 
@@ -90,6 +90,28 @@ describe("safetensors writer and reader", () => {
     writeSafetensors(path, {}, [{ name: "x", dtype: "U8", shape: [2], data: new Uint8Array([8, 9]) }]);
     expect([...old.tensors.get("x")!.data]).toEqual([1, 2, 3, 4]);
     expect([...readSafetensors(path).tensors.get("x")!.data]).toEqual([8, 9]);
+  });
+
+  test("a write cut short leaves no file: killed mid-write, or failing, the directory holds only what it held", () => {
+    const dir = join(testTempDir(), `st-cut-${n++}`);
+    mkdirSync(dir);
+    const out = join(dir, "out.safetensors");
+    // A writer that kills itself (as Ctrl-C or the OOM killer would) after its first tensor.
+    const script = `
+      import { writeSafetensorsStream } from ${JSON.stringify(join(import.meta.dir, "../../src/model/safetensors.ts"))};
+      const specs = [{ name: "a", dtype: "U8", shape: [1 << 20] }, { name: "b", dtype: "U8", shape: [8] }];
+      writeSafetensorsStream(${JSON.stringify(out)}, {}, specs, (t, i, write) => {
+        if (i === 1) process.kill(process.pid, "SIGKILL");
+        write(new Uint8Array(t.shape[0]).fill(7));
+      });`;
+    const r = Bun.spawnSync([process.execPath, "-e", script], { stderr: "pipe" });
+    expect(r.signalCode).toBe("SIGKILL");
+    expect(readdirSync(dir)).toEqual([]);
+    const specs = [{ name: "a", dtype: "U8" as const, shape: [4] }];
+    expect(() => writeSafetensorsStream(out, {}, specs, () => { throw new ModelFormatError("the data failed"); })).toThrow(/the data failed/);
+    expect(readdirSync(dir)).toEqual([]);
+    writeSafetensorsStream(out, {}, specs, (_, __, write) => write(new Uint8Array(4)));
+    expect(readdirSync(dir)).toEqual(["out.safetensors"]);
   });
 
   test("writer rejects data of the wrong size, duplicate names and non-string metadata", () => {

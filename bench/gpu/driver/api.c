@@ -43,6 +43,7 @@ int api_open(ls_api *api, const char *path, int32_t simd, int32_t threads, char 
     SYM(session_copy_prefix, "ls_session_copy_prefix", 1);
     SYM(session_forward, "ls_session_forward", 1);
     SYM(session_step, "ls_session_step", 1);
+    SYM(session_last_steps, "ls_session_last_steps", 1);
     SYM(batch_step, "ls_batch_step", 1);
     SYM(sample, "ls_sample", 1);
     SYM(spec_cycle, "ls_spec_cycle", 1);

@@ -1,8 +1,10 @@
 // The checks of one model: the candidate library against the reference
 // (logits within the case's tolerance, the trained models' greedy tokens,
 // temperature draws), and the candidate's own guarantees, bit for bit (a row
-// alone and among 1 to 256 rows, a prompt in one call or token by token,
-// rollback, prefix copies). A new check is a function and a line of CHECKS.
+// alone and among 1 to 256 rows, with mixed depths and exit rules, a prompt
+// in one call or token by token, rollback, prefix copies). A stacked
+// model's own checks are stack_checks.c's. A new check is a function and a
+// line of CHECKS.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,10 +12,7 @@
 
 #include "driver.h"
 
-#define PROMPT_LEN 11
-
-/* n token ids spread over the vocabulary; salt picks another sequence. */
-static void prompt_of(int32_t *t, int32_t n, int32_t vocab, int32_t salt) {
+void prompt_of(int32_t *t, int32_t n, int32_t vocab, int32_t salt) {
     for (int32_t i = 0; i < n; i++) t[i] = (int32_t)(((int64_t)i * 7919 + 13 + (int64_t)salt * 104729) % vocab);
 }
 
@@ -26,15 +25,13 @@ static double max_rel_diff(const float *a, const float *b, int32_t n) {
     return diff / fmax(scale, 1e-6);
 }
 
-/* The index of the first float whose bits differ, or -1. */
-static int64_t first_diff(const float *a, const float *b, int64_t n) {
+int64_t first_diff(const float *a, const float *b, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         if (memcmp(&a[i], &b[i], sizeof a[i]) != 0) return i;
     return -1;
 }
 
-/* The last token's logits after feeding tokens to a fresh session; 0 or an LS_ERR_*. */
-static int32_t last_logits(const ls_api *api, ls_model *m, const int32_t *tokens, int32_t n, int32_t loops,
+int32_t last_logits(const ls_api *api, ls_model *m, const int32_t *tokens, int32_t n, int32_t loops,
                            int32_t window, float *out) {
     ls_session *s = api_session(api, m, n + 8, loops, window);
     if (!s) return LS_ERR_NOMEM;
@@ -43,12 +40,12 @@ static int32_t last_logits(const ls_api *api, ls_model *m, const int32_t *tokens
     return rc;
 }
 
-static check_status lib_error(const ls_api *api, int32_t rc, const char *what, char *detail, size_t len) {
+check_status lib_error(const ls_api *api, int32_t rc, const char *what, char *detail, size_t len) {
     snprintf(detail, len, "%s: %s", what, api->status_str(rc));
     return ST_FAIL;
 }
 
-static int32_t depth(const model_env *e) { return e->ctx->quick ? 2 : e->info.default_loops; }
+int32_t check_depth(const model_env *e) { return e->ctx->quick ? 2 : e->info.default_loops; }
 
 // ---- against the reference ----
 
@@ -59,7 +56,7 @@ static check_status check_logits(model_env *e, char *detail, size_t len, double 
     float *a = malloc((size_t)vocab * sizeof *a), *b = malloc((size_t)vocab * sizeof *b);
     check_status st = ST_PASS;
     *value = 0.0;
-    const int32_t depths[2] = {1, depth(e)};
+    const int32_t depths[2] = {1, check_depth(e)};
     for (int d = 0; d < 2 && st == ST_PASS; d++) {
         int32_t rc = last_logits(&e->ctx->ref, e->ref, prompt, PROMPT_LEN, depths[d], 0, a);
         if (rc == LS_OK) rc = last_logits(&e->ctx->cand, e->cand, prompt, PROMPT_LEN, depths[d], 0, b);
@@ -95,17 +92,17 @@ static check_status check_window(model_env *e, char *detail, size_t len, double 
     return st;
 }
 
-/* Greedy decoding with a repetition penalty: n tokens after the prompt. */
-static int32_t greedy_run(const ls_api *api, ls_model *m, const int32_t *prompt, int32_t loops, int32_t *out, int32_t n) {
-    ls_session *s = api_session(api, m, PROMPT_LEN + n + 1, loops, 0);
+int32_t greedy_run(const ls_api *api, ls_model *m, const int32_t *prompt, const ls_step_params *p, int32_t *out,
+                   int32_t *steps, int32_t n) {
+    ls_session *s = api_session(api, m, PROMPT_LEN + n + 1, p->loops, 0);
     if (!s) return LS_ERR_NOMEM;
-    const ls_step_params p = {.loops = loops, .sampling = {.top_p = 1.0f, .repetition_penalty = 1.1f}};
     int32_t rc = LS_OK, fed = PROMPT_LEN;
     const int32_t *input = prompt;
     for (int32_t i = 0; i < n && rc == LS_OK; i++) {
-        int32_t t = api->session_step(s, input, fed, &p, NULL);
+        int32_t t = api->session_step(s, input, fed, p, NULL);
         if (t < 0) rc = t;
         out[i] = t;
+        if (steps) steps[i] = api->session_last_steps(s);
         input = &out[i];
         fed = 1;
     }
@@ -116,9 +113,10 @@ static int32_t greedy_run(const ls_api *api, ls_model *m, const int32_t *prompt,
 static check_status check_greedy(model_env *e, char *detail, size_t len, double *value) {
     int32_t prompt[PROMPT_LEN], a[16], b[16];
     prompt_of(prompt, PROMPT_LEN, e->info.vocab_size, 0);
-    const int32_t loops = depth(e);
-    int32_t rc = greedy_run(&e->ctx->ref, e->ref, prompt, loops, a, 16);
-    if (rc == LS_OK) rc = greedy_run(&e->ctx->cand, e->cand, prompt, loops, b, 16);
+    const int32_t loops = check_depth(e);
+    const ls_step_params p = {.loops = loops, .sampling = {.top_p = 1.0f, .repetition_penalty = 1.1f}};
+    int32_t rc = greedy_run(&e->ctx->ref, e->ref, prompt, &p, a, NULL, 16);
+    if (rc == LS_OK) rc = greedy_run(&e->ctx->cand, e->cand, prompt, &p, b, NULL, 16);
     if (rc != LS_OK) return lib_error(&e->ctx->cand, rc, "greedy step", detail, len);
     int32_t same = 0;
     while (same < 16 && a[same] == b[same]) same++;
@@ -168,9 +166,7 @@ static check_status check_sample(model_env *e, char *detail, size_t len, double 
 
 // ---- the candidate's own guarantees ----
 
-/* A bit-identity check's verdict: the calls' status rc, then the first
- * logit at which the two ways (named) differ; covered is the pass's detail. */
-static check_status bit_verdict(const ls_api *api, int32_t rc, const char *what, const float *a, const char *a_way,
+check_status bit_verdict(const ls_api *api, int32_t rc, const char *what, const float *a, const char *a_way,
                                 const float *b, const char *b_way, int32_t n, const char *covered, char *detail,
                                 size_t len) {
     if (rc != LS_OK) return lib_error(api, rc, what, detail, len);
@@ -185,7 +181,7 @@ static check_status bit_verdict(const ls_api *api, int32_t rc, const char *what,
 
 static check_status check_prefill(model_env *e, char *detail, size_t len, double *value) {
     const ls_api *api = &e->ctx->cand;
-    const int32_t vocab = e->info.vocab_size, loops = depth(e);
+    const int32_t vocab = e->info.vocab_size, loops = check_depth(e);
     int32_t prompt[PROMPT_LEN];
     prompt_of(prompt, PROMPT_LEN, vocab, 0);
     float *whole = malloc((size_t)vocab * sizeof *whole), *steps = malloc((size_t)vocab * sizeof *steps);
@@ -225,7 +221,7 @@ static check_status check_rollback(model_env *e, char *detail, size_t len, doubl
 
 static check_status check_prefix(model_env *e, char *detail, size_t len, double *value) {
     const ls_api *api = &e->ctx->cand;
-    const int32_t vocab = e->info.vocab_size, loops = depth(e);
+    const int32_t vocab = e->info.vocab_size, loops = check_depth(e);
     int32_t prompt[PROMPT_LEN];
     prompt_of(prompt, PROMPT_LEN, vocab, 4);
     float *copied = malloc((size_t)vocab * sizeof *copied), *whole = malloc((size_t)vocab * sizeof *whole);
@@ -250,24 +246,32 @@ static check_status check_prefix(model_env *e, char *detail, size_t len, double 
 
 // ---- one row alone and among others ----
 
-#define ROW_STEPS 3
+#define ROW_STEPS 4
 #define TARGET_PROMPT 7
 
-/* Row i of a batch of n whose target is row t: its prompt and step settings. */
-static void row_plan(int32_t i, int32_t t, int32_t vocab, int32_t loops, int32_t *prompt, int32_t *plen,
+/* Row i of a batch of n whose target is row t: its prompt and step
+ * settings. In a model with an exit gate the rows mix exit rules too: the
+ * target exits by its gate (exact, 0.5), the others by no gate, or by the
+ * gate at other thresholds under either policy. */
+static void row_plan(int32_t i, int32_t t, int32_t vocab, int32_t loops, int gate, int32_t *prompt, int32_t *plen,
                      ls_step_params *p) {
     *plen = i == t ? TARGET_PROMPT : 1 + (i * 5) % 11;
     prompt_of(prompt, *plen, vocab, i == t ? 0 : i + 1);
     const ls_sampling greedy = {.top_p = 1.0f, .repetition_penalty = 1.1f},
                       warm = {.temperature = 0.8f, .top_k = 40, .top_p = 1.0f, .repetition_penalty = 1.0f, .seed = (uint64_t)i};
     *p = (ls_step_params){.loops = i == t ? loops : 1 + i % loops, .sampling = i != t && i % 3 == 1 ? warm : greedy};
+    if (!gate) return;
+    const int32_t policies[4] = {LS_EXIT_NONE, LS_EXIT_EXACT, LS_EXIT_COPY, LS_EXIT_EXACT};
+    const float thresholds[4] = {0.0f, 0.7f, 0.5f, 0.0f};
+    p->exit_policy = i == t ? LS_EXIT_EXACT : policies[i % 4];
+    p->exit_threshold = i == t ? 0.5f : thresholds[i % 4];
 }
 
-/* The target row's logits and tokens over ROW_STEPS steps in batches of n
- * rows (n == 0: alone, through ls_session_step). 0 or an LS_ERR_*. */
-static int32_t row_run(const ls_api *api, ls_model *m, int32_t n, int32_t loops, int32_t vocab, float *logits,
-                       int32_t *tokens) {
-    const int32_t rows = n > 0 ? n : 1, t = rows / 2;
+/* The target row's logits, tokens and steps over ROW_STEPS steps in batches
+ * of n rows (n == 0: alone, through ls_session_step). 0 or an LS_ERR_*. */
+static int32_t row_run(const ls_api *api, ls_model *m, int32_t n, int32_t loops, const ls_model_info *info,
+                       float *logits, int32_t *tokens, int32_t *steps) {
+    const int32_t rows = n > 0 ? n : 1, t = rows / 2, vocab = info->vocab_size;
     ls_session **s = calloc((size_t)rows, sizeof *s);
     ls_batch_row *row = calloc((size_t)rows, sizeof *row);
     int32_t *feed = malloc((size_t)rows * 16 * sizeof *feed), *out = calloc((size_t)rows, sizeof *out);
@@ -277,7 +281,7 @@ static int32_t row_run(const ls_api *api, ls_model *m, int32_t n, int32_t loops,
     ls_step_params p[LS_BATCH_MAX_ROWS];
     for (int32_t i = 0; i < rows && rc == LS_OK; i++) {
         int32_t prompt[16];
-        row_plan(i, t, vocab, loops, prompt, &plen[i], &p[i]);
+        row_plan(i, t, vocab, loops, info->exit_gate, prompt, &plen[i], &p[i]);
         if (!(s[i] = api_session(api, m, 32, loops, 0))) rc = LS_ERR_NOMEM;
     }
     for (int32_t k = 0; k < ROW_STEPS && rc == LS_OK; k++) {
@@ -285,7 +289,7 @@ static int32_t row_run(const ls_api *api, ls_model *m, int32_t n, int32_t loops,
         for (int32_t i = 0; i < rows; i++) {
             int32_t prompt[16], ignored;
             ls_step_params same;
-            row_plan(i, t, vocab, loops, prompt, &ignored, &same);
+            row_plan(i, t, vocab, loops, info->exit_gate, prompt, &ignored, &same);
             int32_t nt = k == 0 ? plen[i] : 1;
             if (k == 0) memcpy(feed + at, prompt, (size_t)nt * sizeof *feed);
             else feed[at] = out[i];
@@ -297,10 +301,11 @@ static int32_t row_run(const ls_api *api, ls_model *m, int32_t n, int32_t loops,
             rc = id < 0 ? id : LS_OK;
             out[0] = id;
         } else {
-            rc = api->batch_step(m, s, row, rows, feed, all, out);
+            rc = api->batch_step(m, s, row, rows, feed, NULL, all, out);
             if (rc == LS_OK) memcpy(logits + (size_t)k * vocab, all + (size_t)t * vocab, (size_t)vocab * sizeof *all);
         }
         tokens[k] = out[t];
+        steps[k] = api->session_last_steps(s[t]);
     }
     api_free_sessions(api, s, rows);
     free(row);
@@ -312,15 +317,15 @@ static int32_t row_run(const ls_api *api, ls_model *m, int32_t n, int32_t loops,
 
 static check_status check_rows(model_env *e, char *detail, size_t len, double *value) {
     const ls_api *api = &e->ctx->cand;
-    const int32_t vocab = e->info.vocab_size, loops = depth(e);
+    const int32_t vocab = e->info.vocab_size, loops = check_depth(e);
     const int32_t full[] = {1, 9, 64, 65, 256}, quick[] = {1, 9, 65};
     const int32_t *counts = e->ctx->quick ? quick : full, n_counts = e->ctx->quick ? 3 : 5;
     float *alone = malloc((size_t)ROW_STEPS * vocab * sizeof *alone), *among = malloc((size_t)ROW_STEPS * vocab * sizeof *among);
-    int32_t alone_tokens[ROW_STEPS], among_tokens[ROW_STEPS];
-    int32_t rc = alone && among ? row_run(api, e->cand, 0, loops, vocab, alone, alone_tokens) : LS_ERR_NOMEM;
+    int32_t alone_tokens[ROW_STEPS], among_tokens[ROW_STEPS], alone_steps[ROW_STEPS], among_steps[ROW_STEPS];
+    int32_t rc = alone && among ? row_run(api, e->cand, 0, loops, &e->info, alone, alone_tokens, alone_steps) : LS_ERR_NOMEM;
     check_status st = rc != LS_OK ? lib_error(api, rc, "stepping the row alone", detail, len) : ST_PASS;
     for (int32_t c = 0; c < n_counts && st == ST_PASS; c++) {
-        rc = row_run(api, e->cand, counts[c], loops, vocab, among, among_tokens);
+        rc = row_run(api, e->cand, counts[c], loops, &e->info, among, among_tokens, among_steps);
         if (rc != LS_OK) {
             char what[64];
             snprintf(what, sizeof what, "a batch of %d rows", counts[c]);
@@ -329,15 +334,20 @@ static check_status check_rows(model_env *e, char *detail, size_t len, double *v
         }
         int64_t at = first_diff(alone, among, (int64_t)ROW_STEPS * vocab);
         int tok = memcmp(alone_tokens, among_tokens, sizeof alone_tokens);
-        if (at >= 0 || tok != 0) {
+        int stp = memcmp(alone_steps, among_steps, sizeof alone_steps);
+        if (at >= 0 || tok != 0 || stp != 0) {
             snprintf(detail, len, "among %d rows, step %lld: %s", counts[c], (long long)(at >= 0 ? at / vocab : 0),
-                     at >= 0 ? "the logits differ from the row's alone" : "the token differs from the row's alone");
+                     at >= 0 ? "the logits differ from the row's alone"
+                     : tok   ? "the token differs from the row's alone"
+                             : "the steps it ran differ from the row's alone");
             st = ST_FAIL;
         }
     }
     if (st == ST_PASS)
-        snprintf(detail, len, "%d steps of a row alone (ls_session_step) and among %s rows (ls_batch_step), mixed depths and sampling",
-                 ROW_STEPS, e->ctx->quick ? "1, 9, 65" : "1, 9, 64, 65, 256");
+        snprintf(detail, len, "%d steps of a row alone (ls_session_step) and among %s rows (ls_batch_step), mixed depths%s "
+                 "and sampling",
+                 ROW_STEPS, e->ctx->quick ? "1, 9, 65" : "1, 9, 64, 65, 256",
+                 e->info.exit_gate ? ", exit thresholds and policies" : "");
     *value = NAN;
     free(alone);
     free(among);
@@ -358,29 +368,48 @@ static check_status check_memory(model_env *e, char *detail, size_t len, double 
     return free_b > 0 && free_b <= total_b ? ST_PASS : ST_FAIL;
 }
 
+/* Which models a check applies to. */
+enum { ALL, TRAINED, GATE, EXITS, SOURCE };
+
 typedef struct {
     const char *name;
-    check_status (*run)(model_env *, char *, size_t, double *);
-    const char *bar;  /* NULL: the case's tolerance */
-    int trained_only; /* greedy tokens: a random model's near-ties make no bar */
+    model_check_fn run;
+    const char *bar; /* NULL: the case's tolerance */
+    int applies;     /* greedy tokens: trained models only (a random model's near-ties make no bar) */
 } model_check;
 
 static const model_check CHECKS[] = {
-    {"logits", check_logits, NULL, 0},
-    {"window", check_window, NULL, 0},
-    {"greedy", check_greedy, "the reference's 16 tokens", 1},
-    {"sample", check_sample, "ls_sample's token", 0},
-    {"prefill-vs-steps", check_prefill, "bit-identical", 0},
-    {"rollback", check_rollback, "bit-identical", 0},
-    {"prefix-copy", check_prefix, "bit-identical", 0},
-    {"rows", check_rows, "bit-identical", 0},
-    {"device-memory", check_memory, "0 < free <= total", 0},
+    {"logits", check_logits, NULL, ALL},
+    {"window", check_window, NULL, ALL},
+    {"greedy", check_greedy, "the reference's 16 tokens", TRAINED},
+    {"exits", check_exits, "the reference's tokens and exit steps", EXITS},
+    {"import", check_import, "bit-identical", SOURCE},
+    {"sample", check_sample, "ls_sample's token", ALL},
+    {"prefill-vs-steps", check_prefill, "bit-identical", ALL},
+    {"rollback", check_rollback, "bit-identical", ALL},
+    {"prefix-copy", check_prefix, "bit-identical", ALL},
+    {"rows", check_rows, "bit-identical", ALL},
+    {"deferred", check_deferred, "bit-identical", GATE},
+    {"device-memory", check_memory, "0 < free <= total", ALL},
 };
+
+/* Whether the case runs check c: it applies to the model, and the case's list (if any) names it. */
+static int runs_check(const model_env *e, const model_check *c) {
+    const model_case *mc = e->mc;
+    const int applies = c->applies == ALL || (c->applies == TRAINED && mc->trained) ||
+                        (c->applies == GATE && e->info.exit_gate) || (c->applies == EXITS && mc->exits) ||
+                        (c->applies == SOURCE && mc->source);
+    if (!applies || !mc->checks) return applies;
+    const size_t n = strlen(c->name);
+    for (const char *p = mc->checks; (p = strstr(p, c->name)) != NULL; p += n)
+        if ((p == mc->checks || p[-1] == ',') && (p[n] == ',' || p[n] == 0)) return 1;
+    return 0;
+}
 
 void run_model_checks(model_env *e) {
     for (size_t i = 0; i < sizeof CHECKS / sizeof CHECKS[0]; i++) {
         const model_check *c = &CHECKS[i];
-        if (c->trained_only && !e->mc->trained) continue;
+        if (!runs_check(e, c)) continue;
         char name[128], detail[512] = "", bar[32];
         snprintf(name, sizeof name, "%s/%s", e->mc->name, c->name);
         snprintf(bar, sizeof bar, "<= %g", e->mc->tol);

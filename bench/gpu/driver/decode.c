@@ -1,6 +1,6 @@
 // The timings: greedy decode through ls_batch_step, the server's path (as
 // bench/batch.ts measures it: each session holds its own 64-token prompt,
-// one token per row per step).
+// one token per row per step), at a fixed depth or exiting by the gate.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,9 +14,12 @@ static int by_value(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Seconds for `steps` steps of `rows` fresh sessions (prefill untimed); negative on an error. */
-static double one_round(const ls_api *api, ls_model *m, int32_t vocab, int32_t loops, int32_t rows, int32_t steps,
+/* Seconds for the plan's steps of its rows in fresh sessions (prefill
+ * untimed); *steps_run: the steps the timed tokens ran in all. Negative on
+ * an error. */
+static double one_round(const ls_api *api, ls_model *m, int32_t vocab, const decode_plan *d, int64_t *steps_run,
                         char *err, size_t err_len) {
+    const int32_t rows = d->rows;
     ls_session **s = calloc((size_t)rows, sizeof *s);
     ls_batch_row *row = calloc((size_t)rows, sizeof *row);
     int32_t *next = calloc((size_t)rows, sizeof *next), *out = calloc((size_t)rows, sizeof *out);
@@ -24,9 +27,10 @@ static double one_round(const ls_api *api, ls_model *m, int32_t vocab, int32_t l
     double seconds = -1.0;
     int ok = s && row && next && out;
     for (int32_t i = 0; i < PROMPT + LS_BATCH_MAX_ROWS; i++) prompt[i] = (i * 7919 + 13) % vocab;
-    const ls_step_params greedy = {.loops = loops, .sampling = {.top_p = 1.0f, .repetition_penalty = 1.0f}};
+    const ls_step_params greedy = {.loops = d->loops, .exit_policy = d->exit_policy, .exit_threshold = d->exit_threshold,
+                                   .sampling = {.top_p = 1.0f, .repetition_penalty = 1.0f}};
     for (int32_t i = 0; ok && i < rows; i++) {
-        ok = (s[i] = api_session(api, m, PROMPT + steps + 1, loops, 0)) != NULL;
+        ok = (s[i] = api_session(api, m, PROMPT + d->steps + 1, d->loops, 0)) != NULL;
         if (ok) next[i] = api->session_step(s[i], prompt + i, PROMPT, &greedy, NULL);
         if (ok && next[i] < 0) {
             snprintf(err, err_len, "prefill: %s", api->status_str(next[i]));
@@ -36,13 +40,14 @@ static double one_round(const ls_api *api, ls_model *m, int32_t vocab, int32_t l
     }
     if (ok) {
         double t0 = now_seconds();
-        for (int32_t k = 0; ok && k < steps; k++) {
-            int32_t rc = api->batch_step(m, s, row, rows, next, NULL, out);
+        for (int32_t k = 0; ok && k < d->steps; k++) {
+            int32_t rc = api->batch_step(m, s, row, rows, next, NULL, NULL, out);
             if (rc != LS_OK) {
                 snprintf(err, err_len, "ls_batch_step: %s", api->status_str(rc));
                 ok = 0;
             }
             memcpy(next, out, (size_t)rows * sizeof *next);
+            for (int32_t i = 0; ok && i < rows; i++) *steps_run += api->session_last_steps(s[i]);
         }
         if (ok) seconds = now_seconds() - t0;
     } else if (!err[0]) {
@@ -55,19 +60,22 @@ static double one_round(const ls_api *api, ls_model *m, int32_t vocab, int32_t l
     return seconds;
 }
 
-double decode_tok_s(const ls_api *api, ls_model *m, int32_t loops, int32_t rows, int32_t steps, int32_t rounds,
-                    char *err, size_t err_len) {
+double decode_tok_s(const ls_api *api, ls_model *m, const decode_plan *d, double *mean_steps, char *err,
+                    size_t err_len) {
     ls_model_info info;
     api->model_info_get(m, &info);
     err[0] = 0;
-    if (rows < 1 || rows > LS_BATCH_MAX_ROWS || rounds < 1 || rounds > 16) {
+    if (d->rows < 1 || d->rows > LS_BATCH_MAX_ROWS || d->rounds < 1 || d->rounds > 16) {
         snprintf(err, err_len, "rows 1..%d and rounds 1..16", LS_BATCH_MAX_ROWS);
         return -1.0;
     }
     double times[16];
-    if (one_round(api, m, info.vocab_size, loops, rows, steps, err, err_len) < 0) return -1.0; /* warm-up */
-    for (int32_t r = 0; r < rounds; r++)
-        if ((times[r] = one_round(api, m, info.vocab_size, loops, rows, steps, err, err_len)) < 0) return -1.0;
-    qsort(times, (size_t)rounds, sizeof times[0], by_value);
-    return (double)rows * steps / times[rounds / 2];
+    int64_t steps_run = 0;
+    if (one_round(api, m, info.vocab_size, d, &steps_run, err, err_len) < 0) return -1.0; /* warm-up */
+    steps_run = 0;
+    for (int32_t r = 0; r < d->rounds; r++)
+        if ((times[r] = one_round(api, m, info.vocab_size, d, &steps_run, err, err_len)) < 0) return -1.0;
+    qsort(times, (size_t)d->rounds, sizeof times[0], by_value);
+    if (mean_steps) *mean_steps = (double)steps_run / ((double)d->rounds * d->rows * d->steps);
+    return (double)d->rows * d->steps / times[d->rounds / 2];
 }

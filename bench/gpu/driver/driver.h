@@ -11,6 +11,7 @@
  *   synth.c         the models it generates (every weight format), or quantizes
  *   cases.c         the table of model cases and the checks run on each
  *   checks.c        the checks of one model (logits, rows, rollback, ...)
+ *   stack_checks.c  those a stacked model with an exit gate adds
  *   library.c       the checks of a library (refusals, features, self-test)
  *   decode.c        the timings
  *   report.c        the JSON records it prints, one a line
@@ -31,24 +32,25 @@ typedef struct {
     void *handle;
     int32_t simd;    /* the LS_SIMD_* models are loaded with */
     int32_t threads; /* 0: every core */
-    int32_t (*abi_version)(void);
-    int32_t (*features)(void);
-    const char *(*status_str)(int32_t);
-    ls_model *(*model_load)(const char *, const ls_model_desc *, int32_t, int32_t, char *, int32_t);
-    void (*model_free)(ls_model *);
-    void (*model_info_get)(const ls_model *, ls_model_info *);
-    int32_t (*model_device_memory)(const ls_model *, uint64_t *, uint64_t *);
-    ls_session *(*session_new)(ls_model *, const ls_session_params *, char *, int32_t);
-    void (*session_free)(ls_session *);
-    int32_t (*session_pos)(const ls_session *);
-    int32_t (*session_rollback)(ls_session *, int32_t);
-    int32_t (*session_copy_prefix)(ls_session *, const ls_session *, int32_t);
-    int32_t (*session_forward)(ls_session *, const int32_t *, int32_t, int32_t, float *, int32_t);
-    int32_t (*session_step)(ls_session *, const int32_t *, int32_t, const ls_step_params *, float *);
-    int32_t (*batch_step)(ls_model *, ls_session *const *, const ls_batch_row *, int32_t, const int32_t *, float *,
-                          int32_t *);
-    int32_t (*sample)(const float *, int32_t, const int32_t *, int32_t, const ls_sampling *, uint64_t);
-    int32_t (*spec_cycle)(ls_session *, int32_t, const ls_spec_params *, int32_t *, int32_t *);
+    /* each entry typed by the header's own prototype, so the driver cannot drift from the ABI */
+    __typeof__(&ls_abi_version) abi_version;
+    __typeof__(&ls_features) features;
+    __typeof__(&ls_status_str) status_str;
+    __typeof__(&ls_model_load) model_load;
+    __typeof__(&ls_model_free) model_free;
+    __typeof__(&ls_model_info_get) model_info_get;
+    __typeof__(&ls_model_device_memory) model_device_memory;
+    __typeof__(&ls_session_new) session_new;
+    __typeof__(&ls_session_free) session_free;
+    __typeof__(&ls_session_pos) session_pos;
+    __typeof__(&ls_session_rollback) session_rollback;
+    __typeof__(&ls_session_copy_prefix) session_copy_prefix;
+    __typeof__(&ls_session_forward) session_forward;
+    __typeof__(&ls_session_step) session_step;
+    __typeof__(&ls_session_last_steps) session_last_steps;
+    __typeof__(&ls_batch_step) batch_step;
+    __typeof__(&ls_sample) sample;
+    __typeof__(&ls_spec_cycle) spec_cycle;
     int32_t (*cuda_device_count)(void);
     int32_t (*cuda_kernels)(int32_t);
     int32_t (*cuda_kernels_verified)(void);
@@ -112,9 +114,11 @@ typedef enum { ST_PASS, ST_FAIL, ST_SKIP } check_status;
  * skipped, or what it covered) and its seconds. */
 void report_check(const char *name, check_status st, double value, const char *bar, const char *detail,
                   double seconds);
-/* A timing: engine, model, loops, rows and tokens per second. */
+/* A timing: engine, model, loops, rows, the exit rule ("" for fixed depth,
+ * "exact 0.7"), tokens per second and the mean steps a token ran (NAN:
+ * not measured). */
 void report_figure(const char *engine, const char *model, const char *weights, int32_t loops, int32_t rows,
-                   double tok_s);
+                   const char *exit, double tok_s, double mean_steps);
 /* Checks failed so far (the exit status). */
 int32_t report_failures(void);
 double now_seconds(void);
@@ -134,7 +138,7 @@ typedef struct {
 /* A model the checks run on (cases.c's table). */
 typedef struct {
     const char *name;
-    const char *spec;    /* synth.c's spec ("{models}" stands for the models folder), or NULL */
+    const char *spec;    /* synth.c's spec ("{models}/FILE" names a shipped model), or NULL */
     const char *file;    /* a shipped model under the models folder, or NULL */
     int32_t families;    /* the LS_CUDA_KERNELS_* the CUDA library needs for it */
     const char *refusal; /* what the CUDA library's refusal names while those families are off (or, with
@@ -142,6 +146,10 @@ typedef struct {
     int trained;         /* greedy tokens must equal the reference's */
     int big;             /* dim 2048: on a GPU host only */
     float tol;           /* logits: largest difference relative to their scale */
+    int exits;           /* greedy tokens and exit steps must equal the reference's at every exit setting */
+    const char *source;  /* the case whose function this model computes too (the reference's logits equal
+                            its, bit for bit), or NULL */
+    const char *checks;  /* the checks to run, comma-separated, or NULL: every check that applies */
 } model_case;
 
 /* Whether the case needs a shipped model that ctx->models_dir lacks (the
@@ -163,19 +171,64 @@ typedef struct {
 } model_env;
 void run_model_checks(model_env *e);
 
+/* A check of one model: its status, the detail of what it covered (or of
+ * the first difference) and its measured value. */
+typedef check_status (*model_check_fn)(model_env *e, char *detail, size_t len, double *value);
+
+// ---- checks.c's helpers, which stack_checks.c shares ----
+
+#define PROMPT_LEN 11
+
+/* n token ids spread over the vocabulary; salt picks another sequence. */
+void prompt_of(int32_t *t, int32_t n, int32_t vocab, int32_t salt);
+/* The index of the first float whose bits differ, or -1. */
+int64_t first_diff(const float *a, const float *b, int64_t n);
+/* The last token's logits after feeding tokens to a fresh session; 0 or an LS_ERR_*. */
+int32_t last_logits(const ls_api *api, ls_model *m, const int32_t *tokens, int32_t n, int32_t loops, int32_t window,
+                    float *out);
+/* A failed library call's verdict: what failed and the status. */
+check_status lib_error(const ls_api *api, int32_t rc, const char *what, char *detail, size_t len);
+/* A bit-identity check's verdict: the calls' status rc, then the first
+ * logit at which the two ways (named) differ; covered is the pass's detail. */
+check_status bit_verdict(const ls_api *api, int32_t rc, const char *what, const float *a, const char *a_way,
+                         const float *b, const char *b_way, int32_t n, const char *covered, char *detail, size_t len);
+/* The depth the checks run at: the model's (2 in the short run). */
+int32_t check_depth(const model_env *e);
+/* n tokens after the prompt (PROMPT_LEN tokens), each drawn by
+ * ls_session_step with p; steps[i] (NULL: not wanted): the steps token i
+ * ran. 0 or an LS_ERR_*. */
+int32_t greedy_run(const ls_api *api, ls_model *m, const int32_t *prompt, const ls_step_params *p, int32_t *out,
+                   int32_t *steps, int32_t n);
+
+// ---- stack_checks.c: what a stacked model with an exit gate adds ----
+
+check_status check_exits(model_env *e, char *detail, size_t len, double *value);
+check_status check_deferred(model_env *e, char *detail, size_t len, double *value);
+check_status check_import(model_env *e, char *detail, size_t len, double *value);
+
 /* Every model case's checks (cases.c). */
 void run_cases(run_ctx *ctx);
 /* The timings table (cases.c): loopserve's decode on the candidate. */
 void run_figures(run_ctx *ctx);
+/* A figure's exit rule as reports name it: "" (fixed depth), "exact 0.7". */
+void exit_name(char *out, size_t len, int32_t policy, float threshold);
 /* The library-level checks (library.c). */
 void run_library_checks(run_ctx *ctx);
 
 // ---- decode.c ----
 
-/* Tokens per second of `rows` greedy streams through ls_batch_step at
- * `loops`, each after its own 64-token prompt: the median of `rounds` runs
- * of `steps` steps (after one to warm up). Negative on a library error. */
-double decode_tok_s(const ls_api *api, ls_model *m, int32_t loops, int32_t rows, int32_t steps, int32_t rounds,
-                    char *err, size_t err_len);
+/* How a timed decode steps: its depth and exit rule (exit_policy LS_EXIT_*). */
+typedef struct {
+    int32_t loops, rows, steps, rounds;
+    int32_t exit_policy;
+    float exit_threshold;
+} decode_plan;
+
+/* Tokens per second of `rows` greedy streams through ls_batch_step, each
+ * after its own 64-token prompt: the median of `rounds` runs of `steps`
+ * steps (after one to warm up); *mean_steps: the steps a token ran, on
+ * average (NULL: not wanted). Negative on a library error. */
+double decode_tok_s(const ls_api *api, ls_model *m, const decode_plan *plan, double *mean_steps, char *err,
+                    size_t err_len);
 
 #endif

@@ -19,14 +19,14 @@ static void features(const run_ctx *ctx) {
     double t0 = now_seconds();
     char detail[256];
     const int32_t all = LS_FEATURE_SPECULATIVE | LS_FEATURE_PROFILE | LS_FEATURE_KV_COMPRESSED | LS_FEATURE_STACKS |
-                        LS_FEATURE_QUANTIZED;
+                        LS_FEATURE_QUANTIZED | LS_FEATURE_TOKEN_MASK | LS_FEATURE_QUANTIZE | LS_FEATURE_RECURRENT;
     int32_t cpu = ctx->ref.features();
     snprintf(detail, sizeof detail, "features 0x%x", cpu);
     check("library/cpu-features", cpu == all, "every LS_FEATURE_*", detail, t0);
     if (!ctx->cuda) return;
     const ls_api *cuda = ctx->cuda;
     int32_t on = cuda->cuda_kernels(-1);
-    int32_t want = on & LS_CUDA_KERNELS_QUANT ? LS_FEATURE_QUANTIZED : 0;
+    int32_t want = (on & LS_CUDA_KERNELS_QUANT ? LS_FEATURE_QUANTIZED : 0) | (on & LS_CUDA_KERNELS_STACKS ? LS_FEATURE_STACKS : 0);
     snprintf(detail, sizeof detail, "features 0x%x with kernel families 0x%x in use (0x%x verified)", cuda->features(),
              on, cuda->cuda_kernels_verified());
     /* the value: the verified families, which the report's target reads */
@@ -34,40 +34,76 @@ static void features(const run_ctx *ctx) {
                  "the families in use", detail, now_seconds() - t0);
 }
 
+/* A kernel family, a model case that needs it, and what its refusal names. */
+typedef struct {
+    int32_t family, feature;
+    const char *name, *model, *refusal;
+} family_case;
+
+static const family_case FAMILIES[] = {
+    {LS_CUDA_KERNELS_QUANT, LS_FEATURE_QUANTIZED, "gating", "int4-g32", "int4 weights"},
+    {LS_CUDA_KERNELS_STACKS, LS_FEATURE_STACKS, "stacks-gating", "stack-2-layers", "stacked model"},
+};
+
 /* An unverified family is off by default and its model refused by name;
  * enabled, the model gets past the refusal (to the device check without a
  * GPU). The selector is left as found. */
-static void gating(const run_ctx *ctx) {
+static void gating(const run_ctx *ctx, const family_case *f) {
     if (!ctx->cuda) return;
     const ls_api *cuda = ctx->cuda;
-    char path[2048], why[512] = "", err[1024] = "", detail[1400];
+    char path[2048], why[512] = "", err[1024] = "", detail[1400], name[64];
     double t0 = now_seconds();
-    const model_case *mc = case_named("int4-g32");
+    const model_case *mc = case_named(f->model);
+    snprintf(name, sizeof name, "library/cuda-%s", f->name);
     if (!case_model_path(ctx, mc, path, sizeof path, why, sizeof why)) {
-        check("library/cuda-gating", 0, "refused by name while off", why, t0);
+        check(name, 0, "refused by name while off", why, t0);
         return;
     }
     int32_t was = cuda->cuda_kernels(-1), verified = cuda->cuda_kernels_verified();
     cuda->cuda_kernels(0);
     ls_model *m = api_load(cuda, path, err, sizeof err);
-    int refused = !m && strstr(err, "int4 weights") && strstr(err, "validation run");
-    int features_off = cuda->features() == ((verified & LS_CUDA_KERNELS_QUANT) ? LS_FEATURE_QUANTIZED : 0);
+    int refused = !m && strstr(err, f->refusal) && strstr(err, "validation run");
+    int features_off = (cuda->features() & f->feature) == ((verified & f->family) ? f->feature : 0);
     if (m) cuda->model_free(m);
     snprintf(detail, sizeof detail, "off: %s", m ? "loaded" : err);
-    if (verified & LS_CUDA_KERNELS_QUANT) {
-        snprintf(detail, sizeof detail, "the quantized kernels are verified: on by default");
+    if (verified & f->family) {
+        snprintf(detail, sizeof detail, "the family is verified: on by default");
         refused = 1;
     }
-    check("library/cuda-gating-off", refused && features_off, "refused by name while off", detail, t0);
+    snprintf(name, sizeof name, "library/cuda-%s-off", f->name);
+    check(name, refused && features_off, "refused by name while off", detail, t0);
     t0 = now_seconds();
-    cuda->cuda_kernels(LS_CUDA_KERNELS_QUANT);
+    cuda->cuda_kernels(f->family);
     m = api_load(cuda, path, err, sizeof err);
     int passed = m || (!ctx->gpu && strstr(err, "no usable CUDA device"));
-    int features_on = cuda->features() == LS_FEATURE_QUANTIZED;
+    int features_on = (cuda->features() & f->feature) == f->feature;
     snprintf(detail, sizeof detail, "enabled: %s", m ? "loaded" : err);
     if (m) cuda->model_free(m);
-    check("library/cuda-gating-on", passed && features_on, ctx->gpu ? "loads" : "gets to the device check", detail, t0);
+    snprintf(name, sizeof name, "library/cuda-%s-on", f->name);
+    check(name, passed && features_on, ctx->gpu ? "loads" : "gets to the device check", detail, t0);
     cuda->cuda_kernels(was);
+}
+
+/* A recurrent-depth model is refused by name with every kernel family on
+ * (its stacks would otherwise pass the stacks family's check); the refusal
+ * comes before the device's, so it holds without a GPU too. */
+static void recurrent_refused(const run_ctx *ctx) {
+    if (!ctx->cuda) return;
+    const ls_api *cuda = ctx->cuda;
+    char path[2048], why[512] = "", err[1024] = "", detail[1100];
+    double t0 = now_seconds();
+    const model_case *mc = case_named("recurrent-prelude-coda");
+    if (!case_model_path(ctx, mc, path, sizeof path, why, sizeof why)) {
+        check("library/cuda-recurrent-refused", 0, "refused by name", why, t0);
+        return;
+    }
+    int32_t was = cuda->cuda_kernels(-1);
+    cuda->cuda_kernels(LS_CUDA_KERNELS_QUANT | LS_CUDA_KERNELS_STACKS);
+    ls_model *m = api_load(cuda, path, err, sizeof err);
+    cuda->cuda_kernels(was);
+    snprintf(detail, sizeof detail, "every family on: %s", m ? "loaded" : err);
+    if (m) cuda->model_free(m);
+    check("library/cuda-recurrent-refused", !m && strstr(err, mc->refusal), "refused by name", detail, t0);
 }
 
 /* What the CUDA library still refuses, on a GPU: compressed caches, speculative cycles. */
@@ -115,7 +151,8 @@ void run_library_checks(run_ctx *ctx) {
         check("library/cuda-device-count", ctx->gpu ? n > 0 : n == 0, ctx->gpu ? ">= 1" : "0 without a GPU", detail, t0);
     }
     features(ctx);
-    gating(ctx);
+    for (size_t i = 0; i < sizeof FAMILIES / sizeof FAMILIES[0]; i++) gating(ctx, &FAMILIES[i]);
+    recurrent_refused(ctx);
     refusals(ctx);
     selftest(ctx);
 }

@@ -6,9 +6,10 @@
 //   gpu_driver write   SPEC FILE           writes a model file from a synth.c spec
 //   gpu_driver desc    FILE                writes FILE's ls_model_desc bytes to stdout
 //   gpu_driver devices CUDA_LIB            prints the CUDA devices the library can use (0 without)
-//   gpu_driver decode  LIB TMP MODELS CASE LOOPS ROWS STEPS
+//   gpu_driver decode  LIB TMP MODELS CASE LOOPS ROWS STEPS [exact|copy THRESHOLD]
 //                                          one decode timing on LIB alone (unverified families
-//                                          enabled), e.g. under Nsight Compute
+//                                          enabled; exiting by the gate when named), e.g. under
+//                                          Nsight Compute
 //
 // CUDA_LIB is "-" where the CUDA library is not built. With a usable GPU
 // the candidate is the CUDA library against the CPU library; without one
@@ -19,6 +20,7 @@
 // --verified-only. --quick: the small synthetic models only, at few rows
 // (compute-sanitizer's run). Records are JSON lines on stdout (report.c);
 // exit 0 when no check failed, 1 when one did, 2 on bad usage or setup.
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +36,7 @@ static int usage(void) {
             "       gpu_driver write SPEC FILE\n"
             "       gpu_driver desc FILE\n"
             "       gpu_driver devices CUDA_LIB\n"
-            "       gpu_driver decode LIB TMP MODELS CASE LOOPS ROWS STEPS\n");
+            "       gpu_driver decode LIB TMP MODELS CASE LOOPS ROWS STEPS [exact|copy THRESHOLD]\n");
     return 2;
 }
 
@@ -128,7 +130,13 @@ static int cmd_devices(int argc, char **argv) {
 }
 
 static int cmd_decode(int argc, char **argv) {
-    if (argc != 7) return usage();
+    if (argc != 7 && argc != 9) return usage();
+    decode_plan d = {atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), 1, LS_EXIT_NONE, 0.0f};
+    if (argc == 9) {
+        d.exit_policy = strcmp(argv[7], "exact") == 0 ? LS_EXIT_EXACT : strcmp(argv[7], "copy") == 0 ? LS_EXIT_COPY : -1;
+        d.exit_threshold = (float)atof(argv[8]);
+        if (d.exit_policy < 0) return usage();
+    }
     ls_api api;
     char err[512], path[2048];
     const model_case *mc = case_named(argv[3]);
@@ -141,7 +149,7 @@ static int cmd_decode(int argc, char **argv) {
     }
     if (api.cuda_kernels) api.cuda_kernels(LS_CUDA_KERNELS_ALL);
     ls_model *m = case_model_path(&ctx, mc, path, sizeof path, err, sizeof err) ? api_load(&api, path, err, sizeof err) : NULL;
-    double tok_s = m ? decode_tok_s(&api, m, atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), 1, err, sizeof err) : -1.0;
+    double mean_steps = NAN, tok_s = m ? decode_tok_s(&api, m, &d, &mean_steps, err, sizeof err) : -1.0;
     if (tok_s < 0) {
         fprintf(stderr, "gpu_driver: %s\n", err);
         return 2;
@@ -149,7 +157,9 @@ static int cmd_decode(int argc, char **argv) {
     ls_model_info info;
     api.model_info_get(m, &info);
     const char *weights = info.quant == LS_QUANT_INT4 ? "int4" : info.quant == LS_QUANT_INT2 ? "int2" : "fp16";
-    report_figure("loopserve", mc->name, weights, atoi(argv[4]), atoi(argv[5]), tok_s);
+    char exit[32];
+    exit_name(exit, sizeof exit, d.exit_policy, d.exit_threshold);
+    report_figure("loopserve", mc->name, weights, d.loops, d.rows, exit, tok_s, mean_steps);
     api.model_free(m);
     return 0;
 }

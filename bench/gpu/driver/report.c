@@ -41,13 +41,16 @@ void report_check(const char *name, check_status st, double value, const char *b
 }
 
 void report_figure(const char *engine, const char *model, const char *weights, int32_t loops, int32_t rows,
-                   double tok_s) {
+                   const char *exit, double tok_s, double mean_steps) {
     printf("{\"kind\":\"figure\",\"engine\":\"");
     put_escaped(engine);
     printf("\",\"model\":\"");
     put_escaped(model);
-    printf("\",\"weights\":\"%s\",\"loops\":%d,\"rows\":%d,\"tok_s\":", weights, loops, rows);
+    printf("\",\"weights\":\"%s\",\"loops\":%d,\"rows\":%d,\"exit\":\"%s\",\"tok_s\":", weights, loops, rows,
+           exit);
     put_number(tok_s);
+    printf(",\"mean_steps\":");
+    put_number(mean_steps);
     printf("}\n");
     fflush(stdout);
 }

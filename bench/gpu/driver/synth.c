@@ -6,9 +6,19 @@
 //   mix=wv:int4+wo:int4                     block matrices in the other block format (quant_mix)
 //   head=fp16|tied|int8|int6|int4 hgroup=G  the output head (default fp16; hgroup default group)
 //   embed=0                                 no tok_embeddings: the quantized head's rows serve
-//   layers=N sandwich=1 stepnorm=1 gate=1   a stack (format version 2)
-//   from=FILE                               the shape and fp16 weights of a single-block model file,
-//                                           quantized to quant/head (round to nearest, per group)
+//   layers=N sandwich=1 stepnorm=1 gate=1   a stack (format version 2; sandwich=2: the summed sandwich
+//                                           norms, LS_NORM_SANDWICH_SUM); the gate's bias ~N(-1, 0.5), or
+//                                           gatebias=B exactly
+//   theta=T eps=E                           rope_theta (10000) and norm_eps (1e-05)
+//   prelude=P coda=C inject=1               recurrent depth (docs/model-format.md): P layers before the
+//                                           stack, C after it, each step's input through adapter.weight
+//                                           (only to be refused by the CUDA library, or run by the CPU one)
+//   from=FILE                               the shape and fp16 weights of a model file (a single block or
+//                                           a stack), quantized to quant/head (round to nearest, per group)
+//   ouro=1                                  with from=: the model as the Ouro import writes it from an Ouro
+//                                           checkpoint of those weights: as many key/value heads as query
+//                                           heads (each kv head's rows repeated for the query heads that
+//                                           shared it: the same function), an untied head
 // Weight scales follow src/model/synthetic.ts: embeddings ~N(0, 1), the head
 // ~3 / sqrt(dim), projections ~1 / sqrt(fan_in), norms near 1; quantized
 // matrices draw their codes uniformly with group scales of either sign (int2:
@@ -62,7 +72,9 @@ typedef struct {
     int32_t mix[7];               /* per matrix: 0 = the block's format, else its bits */
     int32_t head_bits, hgroup;    /* 0 = fp16 */
     int32_t tied, embed;          /* tied fp16 head; embed 0 = no tok_embeddings */
-    int32_t layers, sandwich, stepnorm, gate;
+    int32_t layers, sandwich, stepnorm, gate, ouro;
+    int32_t prelude, coda, inject; /* recurrent depth */
+    double gate_bias, gate_bias_sd, theta, eps;
     char from[1024];
 } spec;
 
@@ -82,6 +94,10 @@ static int parse_spec(const char *text, spec *s, char *err, size_t err_len) {
     s->seed = 1;
     s->embed = 1;
     s->layers = 1;
+    s->gate_bias = -1.0;
+    s->gate_bias_sd = 0.5;
+    s->theta = 10000.0;
+    s->eps = 1e-5;
     char buf[2048];
     snprintf(buf, sizeof buf, "%s", text);
     for (char *save = NULL, *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
@@ -109,6 +125,16 @@ static int parse_spec(const char *text, spec *s, char *err, size_t err_len) {
         else if (strcmp(k, "sandwich") == 0) s->sandwich = n;
         else if (strcmp(k, "stepnorm") == 0) s->stepnorm = n;
         else if (strcmp(k, "gate") == 0) s->gate = n;
+        else if (strcmp(k, "gatebias") == 0) {
+            s->gate_bias = strtod(v, NULL);
+            s->gate_bias_sd = 0.0;
+        }
+        else if (strcmp(k, "theta") == 0) s->theta = strtod(v, NULL);
+        else if (strcmp(k, "eps") == 0) s->eps = strtod(v, NULL);
+        else if (strcmp(k, "ouro") == 0) s->ouro = n;
+        else if (strcmp(k, "prelude") == 0) s->prelude = n;
+        else if (strcmp(k, "coda") == 0) s->coda = n;
+        else if (strcmp(k, "inject") == 0) s->inject = n;
         else if (strcmp(k, "from") == 0) snprintf(s->from, sizeof s->from, "%s", v);
         else if (strcmp(k, "head") == 0) {
             s->tied = strcmp(v, "tied") == 0;
@@ -252,18 +278,31 @@ static void quant_tensor(tensors *ts, const char *prefix, int64_t out, int32_t i
     }
 }
 
-/* A block matrix: fp16 or quantized, fresh or from the source file. */
+/* rows (out / group, in) of heads of hd rows each, every head repeated
+ * `group` times in place: (out, in). */
+static uint16_t *repeat_heads(uint16_t *rows, int64_t out, int32_t in, int32_t hd, int32_t group) {
+    uint16_t *w = malloc((size_t)out * (size_t)in * sizeof *w);
+    const size_t head = (size_t)hd * (size_t)in;
+    for (int64_t h = 0; w && h < out / hd; h++) memcpy(w + (size_t)h * head, rows + (size_t)(h / group) * head, head * sizeof *w);
+    free(rows);
+    return w;
+}
+
+/* A block matrix: fp16 or quantized, fresh or from the source file (wk and
+ * wv of src_kv heads repeated to s->kv). */
 static void matrix(tensors *ts, const spec *s, const char *layer, int m, int64_t out, int32_t in, const char *src,
-                   char *err, size_t err_len) {
+                   int32_t src_kv, char *err, size_t err_len) {
     char prefix[80], name[96];
     snprintf(prefix, sizeof prefix, "%s%s", layer, MATS[m]);
     snprintf(name, sizeof name, "%s.weight", prefix);
     rng r = stream(s->seed, prefix);
     uint16_t *from = NULL;
     if (src) {
+        const int kv = m == 1 || m == 2, group = kv ? s->kv / src_kv : 1;
         int64_t count;
         from = st_read_f16(src, name, &count, err, err_len);
-        if (!from || count != out * in) {
+        if (from && group > 1) from = repeat_heads(from, out, in, s->dim / s->heads, group);
+        if (!from || count * group != out * in) {
             ts->failed = 1;
             free(from);
             return;
@@ -280,22 +319,37 @@ int synth_write(const char *spec_text, const char *path, char *err, size_t err_l
     spec s;
     if (parse_spec(spec_text, &s, err, err_len) != 0) return -1;
     const char *src = s.from[0] ? s.from : NULL;
+    int32_t src_kv = 0, src_tied = 0;
+    if (src && (s.prelude || s.coda || s.inject)) {
+        snprintf(err, err_len, "model spec \"%s\": from= takes no recurrent depth", spec_text);
+        return -1;
+    }
     if (src) {
         ls_model_desc d;
         if (model_file_desc(src, &d, err, err_len) != 0) return -1;
         const ls_model_config *c = &d.config;
-        if (c->quant != LS_QUANT_FP16 || c->n_layers != 1 || c->head_bits) {
-            snprintf(err, err_len, "%s: from= takes a single-block fp16 model", src);
+        if (c->quant != LS_QUANT_FP16 || c->head_bits) {
+            snprintf(err, err_len, "%s: from= takes an fp16 model", src);
             return -1;
         }
         s.dim = c->dim;
         s.heads = c->n_heads;
-        s.kv = c->n_kv_heads;
+        s.kv = src_kv = c->n_kv_heads;
         s.ffn = c->ffn_dim;
         s.vocab = c->vocab_size;
         s.loops = c->default_loops;
         s.seq = c->max_seq_len;
-        s.tied = d.tensors[LS_TENSOR_OUTPUT_WEIGHT].dtype == LS_DTYPE_NONE;
+        s.theta = c->rope_theta;
+        s.eps = c->norm_eps;
+        s.layers = c->n_layers;
+        s.sandwich = c->sandwich_norm;
+        s.stepnorm = c->step_norm;
+        s.gate = d.tensors[LS_TENSOR_EXIT_GATE_WEIGHT].dtype != LS_DTYPE_NONE;
+        s.tied = src_tied = d.tensors[LS_TENSOR_OUTPUT_WEIGHT].dtype == LS_DTYPE_NONE;
+        if (s.ouro) { /* the Ouro layout: a key/value head per query head, an untied head */
+            s.kv = s.heads;
+            s.tied = 0;
+        }
     }
     if (s.dim <= 0 || s.ffn <= 0 || s.vocab <= 0 || s.heads <= 0 || s.kv <= 0) {
         snprintf(err, err_len, "model spec \"%s\" lacks a shape (dim, heads, kv, ffn, vocab)", spec_text);
@@ -313,9 +367,12 @@ int synth_write(const char *spec_text, const char *path, char *err, size_t err_l
     int64_t count = 0;
     if (src) emb = st_read_f16(src, "tok_embeddings.weight", &count, err, err_len);
     if (s.embed) fp16_tensor(ts, "tok_embeddings.weight", vocab, dim, emb, 0.0, 1.0, &r);
-    for (int32_t l = 0; l < s.layers && !ts->failed; l++) {
+    /* the core's layers, then the prelude's and the coda's */
+    for (int32_t l = 0; l < s.layers + s.prelude + s.coda && !ts->failed; l++) {
         char layer[32], name[96];
-        if (s.layers == 1) snprintf(layer, sizeof layer, "block.");
+        if (l >= s.layers + s.prelude) snprintf(layer, sizeof layer, "coda.%d.", l - s.layers - s.prelude);
+        else if (l >= s.layers) snprintf(layer, sizeof layer, "prelude.%d.", l - s.layers);
+        else if (s.layers == 1) snprintf(layer, sizeof layer, "block.");
         else snprintf(layer, sizeof layer, "layers.%d.", l);
         const char *norms[4] = {"attn_norm", "ffn_norm", "attn_out_norm", "ffn_out_norm"};
         for (int k = 0; k < (s.sandwich ? 4 : 2); k++) {
@@ -327,7 +384,11 @@ int synth_write(const char *spec_text, const char *path, char *err, size_t err_l
         }
         const int64_t outs[7] = {dim, kv_dim, kv_dim, dim, ffn, dim, ffn};
         const int32_t ins[7] = {(int32_t)dim, (int32_t)dim, (int32_t)dim, (int32_t)dim, (int32_t)dim, (int32_t)ffn, (int32_t)dim};
-        for (int m = 0; m < 7 && !ts->failed; m++) matrix(ts, &s, layer, m, outs[m], ins[m], src, err, err_len);
+        for (int m = 0; m < 7 && !ts->failed; m++) matrix(ts, &s, layer, m, outs[m], ins[m], src, src_kv, err, err_len);
+    }
+    if (s.inject) {
+        rng ar = stream(s.seed, "adapter.weight");
+        fp16_tensor(ts, "adapter.weight", dim, 2 * dim, NULL, 0.0, 1.0 / sqrt(2.0 * (double)dim), &ar);
     }
     rng nr = stream(s.seed, "norm.weight");
     uint16_t *norm = src ? st_read_f16(src, "norm.weight", &count, err, err_len) : NULL;
@@ -335,30 +396,37 @@ int synth_write(const char *spec_text, const char *path, char *err, size_t err_l
     free(norm);
     rng hr = stream(s.seed, "output.weight");
     uint16_t *head = NULL;
-    if (src) head = s.tied ? emb : st_read_f16(src, "output.weight", &count, err, err_len);
+    if (src) head = src_tied ? emb : st_read_f16(src, "output.weight", &count, err, err_len);
     if (s.head_bits) quant_tensor(ts, "output", vocab, (int32_t)dim, s.head_bits, s.hgroup, head, 3.0 / sqrt((double)dim), &hr);
     else if (!s.tied) fp16_tensor(ts, "output.weight", vocab, dim, head, 0.0, 3.0 / sqrt((double)dim), &hr);
     if (head != emb) free(head);
     free(emb);
     if (s.gate) {
         rng gr = stream(s.seed, "exit_gate.weight");
-        fp16_tensor(ts, "exit_gate.weight", 1, dim, NULL, 0.0, 1.0 / sqrt((double)dim), &gr);
-        fp16_tensor(ts, "exit_gate.bias", 1, 0, NULL, -1.0, 0.5, &gr);
+        const char *names[2] = {"exit_gate.weight", "exit_gate.bias"};
+        for (int k = 0; k < 2; k++) {
+            uint16_t *from = src ? st_read_f16(src, names[k], &count, err, err_len) : NULL;
+            fp16_tensor(ts, names[k], 1, k == 0 ? dim : 0, from, k == 0 ? 0.0 : s.gate_bias,
+                        k == 0 ? 1.0 / sqrt((double)dim) : s.gate_bias_sd, &gr);
+            free(from);
+        }
     }
     int rc = -1;
     if (!ts->failed) {
-        char v[16][32], mix[64] = "";
+        char v[16][32], mix[64] = "", theta[32], eps[32], prelude[16], coda[16];
+        snprintf(theta, sizeof theta, "%.9g", s.theta);
+        snprintf(eps, sizeof eps, "%.9g", s.eps);
         for (int m = 0; m < 7; m++)
             if (s.mix[m] && s.mix[m] != s.quant_bits)
                 snprintf(mix + strlen(mix), sizeof mix - strlen(mix), "%s%s=int%d", mix[0] ? "," : "", MATS[m], s.mix[m]);
-        int version = s.layers != 1 || s.sandwich || s.stepnorm || s.gate ? 2 : 1;
+        int version = s.layers != 1 || s.sandwich || s.stepnorm || s.gate || s.prelude || s.coda || s.inject ? 2 : 1;
         const char *quant = s.quant_bits == 4 ? "int4" : s.quant_bits == 2 ? "int2" : "fp16";
         int32_t ints[] = {version, s.dim, s.heads, s.kv, s.ffn, s.vocab, s.loops, s.seq, s.quant_bits ? s.group : 0,
                           s.head_bits, s.hgroup, s.layers};
         for (int i = 0; i < 12; i++) snprintf(v[i], sizeof v[i], "%d", ints[i]);
         const char *meta[64] = {"format", "loopserve", "format_version", v[0], "arch", "looped-llama", "tokenizer", "gpt2",
                                 "dim", v[1], "n_heads", v[2], "n_kv_heads", v[3], "ffn_dim", v[4], "vocab_size", v[5],
-                                "default_loops", v[6], "max_seq_len", v[7], "rope_theta", "10000", "norm_eps", "1e-05",
+                                "default_loops", v[6], "max_seq_len", v[7], "rope_theta", theta, "norm_eps", eps,
                                 "quant", quant, "group_size", v[8]};
         int32_t n_meta = 15;
         char head_name[8];
@@ -369,8 +437,15 @@ int synth_write(const char *spec_text, const char *path, char *err, size_t err_l
         }
         if (mix[0]) meta[2 * n_meta] = "quant_mix", meta[2 * n_meta + 1] = mix, n_meta++;
         if (s.layers != 1) meta[2 * n_meta] = "n_layers", meta[2 * n_meta + 1] = v[11], n_meta++;
-        if (s.sandwich) meta[2 * n_meta] = "norm_layout", meta[2 * n_meta + 1] = "sandwich", n_meta++;
+        if (s.sandwich) meta[2 * n_meta] = "norm_layout", meta[2 * n_meta + 1] = s.sandwich == 2 ? "sandwich_sum" : "sandwich", n_meta++;
         if (s.stepnorm) meta[2 * n_meta] = "step_norm", meta[2 * n_meta + 1] = "1", n_meta++;
+        if (s.ouro) meta[2 * n_meta] = "source_arch", meta[2 * n_meta + 1] = "ouro", n_meta++;
+        snprintf(prelude, sizeof prelude, "%d", s.prelude);
+        snprintf(coda, sizeof coda, "%d", s.coda);
+        if (s.prelude) meta[2 * n_meta] = "n_prelude", meta[2 * n_meta + 1] = prelude, n_meta++;
+        if (s.coda) meta[2 * n_meta] = "n_coda", meta[2 * n_meta + 1] = coda, n_meta++;
+        if (s.inject) meta[2 * n_meta] = "injection", meta[2 * n_meta + 1] = "adapter", n_meta++;
+        if (s.inject) meta[2 * n_meta] = "state_std", meta[2 * n_meta + 1] = "0.5", n_meta++;
         rc = st_write(path, meta, n_meta, ts->t, ts->n, err, err_len);
     } else if (!err[0]) {
         snprintf(err, err_len, "out of memory generating %s", spec_text);

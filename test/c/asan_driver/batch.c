@@ -105,7 +105,7 @@ int cmd_batch(int argc, char **argv) {
             n_tok += n;
         }
         if (n_rows == 0) break;
-        int32_t r = ls_batch_step(a.m, rs, rows, n_rows, toks, row_lg, out);
+        int32_t r = ls_batch_step(a.m, rs, rows, n_rows, toks, NULL, row_lg, out);
         if (r < 0) {
             printf("error: ls_batch_step returned %d at call %d\n", r, call);
             rc = 2;

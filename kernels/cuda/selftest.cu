@@ -1,12 +1,16 @@
 /*
- * quant_selftest.cu — ls_cuda_selftest (loopserve_cuda.h): the device half
- * of the proof that the quantized matmuls are the CPU library's, bit for bit
- * (quant_math.h says how the proof is split). quant.cu's kernels run on
+ * selftest.cu — ls_cuda_selftest (loopserve_cuda.h): the device half of the
+ * proofs that the CUDA library's arithmetic is the CPU library's, bit for
+ * bit, for each enabled kernel family (quant_math.h and exit_math.h say how
+ * each proof is split; the harness runs the host half). The kernels run on
  * generated inputs and are compared with the host execution of the same
- * functions: activation codes and scales, every matrix format (int4 and
- * int2 blocks, int8 / int6 / int4 heads), group, a row length that ends
- * mid-round, 1 to 64 tokens (every tile), store and add, and the embedding
- * read from a quantized head.
+ * functions:
+ *   quantized  quant.cu: activation codes and scales, every matrix format
+ *              (int4 and int2 blocks, int8 / int6 / int4 heads), group, a
+ *              row length that ends mid-round, 1 to 64 tokens (every tile),
+ *              store and add, and the embedding read from a quantized head;
+ *   stacks     exits.cu: the exit gate's decisions and distributions over
+ *              four steps, gates of dim 2048 and 64, thresholds 0 to 1.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -55,7 +59,9 @@ void selftest::fail(const char *fmt, ...) {
     va_end(ap);
 }
 
-bool same(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
+/* Bit for bit, except that any NaN equals any NaN: x86 makes the negative
+ * default NaN where CUDA makes the positive canonical one. */
+bool same(float a, float b) { return (a != a && b != b) || memcmp(&a, &b, sizeof a) == 0; }
 
 /* One format, group and row length: weights, then every token count. */
 void run_case(selftest &st, int32_t bits, int32_t group, int32_t in) {
@@ -162,6 +168,67 @@ void run_case(selftest &st, int32_t bits, int32_t group, int32_t in) {
     free(q_dev_copy);
 }
 
+/* Rows of a dim-2048 and a dim-64 gate, thresholds across [0, 1], four
+ * steps each: the device's decisions and distributions against the host's. */
+void run_exit_case(selftest &st, int32_t dim) {
+    const int32_t rows = 64, steps = 4;
+    buffers bufs;
+    float *h = (float *)malloc((size_t)rows * dim * sizeof(float)), *gate = (float *)malloc(((size_t)dim + 1) * sizeof(float));
+    lsx_exit_state states[64], got[64];
+    int32_t asks[128], exited[64];
+    float *h_dev = NULL, *gate_dev = NULL;
+    int32_t *asks_dev = NULL, *exited_dev = NULL;
+    lsx_exit_state *states_dev = NULL;
+    bool ok = h && gate && st.ok(cudaMalloc((void **)&h_dev, (size_t)rows * dim * sizeof(float))) &&
+              st.ok(cudaMalloc((void **)&gate_dev, ((size_t)dim + 1) * sizeof(float))) &&
+              st.ok(cudaMalloc((void **)&asks_dev, sizeof asks)) && st.ok(cudaMalloc((void **)&exited_dev, sizeof exited)) &&
+              st.ok(cudaMalloc((void **)&states_dev, sizeof states));
+    void *owned[5] = {h_dev, gate_dev, asks_dev, exited_dev, states_dev};
+    for (int i = 0; i < 5; i++) bufs.dev[i] = owned[i];
+    const float spread = 3.0f / sqrtf((float)dim);
+    for (int32_t i = 0; ok && i <= dim; i++) gate[i] = ((float)next() / 2147483648.0f - 1.0f) * (i == dim ? 2.0f : spread);
+    for (int32_t r = 0; ok && r < rows; r++) {
+        states[r] = lsx_exit_state{(float)r / (float)(rows - 1), 1.0f, 0.0f};
+        asks[2 * r] = rows - 1 - r; /* rows read out of order */
+        asks[2 * r + 1] = r;
+    }
+    ok = ok && st.ok(cudaMemcpy(gate_dev, gate, ((size_t)dim + 1) * sizeof(float), cudaMemcpyHostToDevice)) &&
+         st.ok(cudaMemcpy(states_dev, states, sizeof states, cudaMemcpyHostToDevice)) &&
+         st.ok(cudaMemcpy(asks_dev, asks, sizeof asks, cudaMemcpyHostToDevice));
+    for (int32_t s = 0; ok && s < steps; s++) {
+        for (int64_t i = 0; i < (int64_t)rows * dim; i++) h[i] = ((float)next() / 2147483648.0f - 1.0f) * 1.7f;
+        ok = st.ok(cudaMemcpy(h_dev, h, (size_t)rows * dim * sizeof(float), cudaMemcpyHostToDevice)) &&
+             st.ok(lsc_exit_decide(exited_dev, asks_dev, rows, h_dev, gate_dev, dim, states_dev)) &&
+             st.ok(cudaMemcpy(exited, exited_dev, sizeof exited, cudaMemcpyDeviceToHost)) &&
+             st.ok(cudaMemcpy(got, states_dev, sizeof got, cudaMemcpyDeviceToHost));
+        for (int32_t i = 0; ok && i < rows; i++) {
+            const int32_t r = asks[2 * i + 1];
+            const int want = lsx_exit_step(&states[r], lsx_gate_lambda(lsx_gate_logit(h + (int64_t)asks[2 * i] * dim, gate, dim)));
+            st.cases++;
+            if (want != exited[i] || !same(states[r].remaining, got[r].remaining) || !same(states[r].cdf, got[r].cdf))
+                st.fail("exit gate, dim %d, step %d, row %d: device cdf %.9g remaining %.9g exits %d, host %.9g %.9g %d",
+                        dim, s, r, got[r].cdf, got[r].remaining, exited[i], states[r].cdf, states[r].remaining, want);
+            states[r] = got[r]; /* each step from the device's state: a difference is reported once */
+        }
+    }
+    free(h);
+    free(gate);
+}
+
+/* One family's cases through run, then its summary (or the first difference) in report. */
+template <typename Run>
+int32_t family_part(char *report, int32_t report_len, Run run, const char *summary) {
+    selftest st{report, report_len};
+    run(st);
+    if (st.error != cudaSuccess) {
+        snprintf(report, (size_t)report_len, "CUDA error: %s", cudaGetErrorString(st.error));
+        cudaGetLastError();
+        return LS_ERR_STATE;
+    }
+    if (st.failed == 0) snprintf(report, (size_t)report_len, "%d cases bit-identical: %s", st.cases, summary);
+    return st.failed;
+}
+
 } // namespace
 
 extern "C" int32_t ls_cuda_selftest(char *report, int32_t report_len) {
@@ -171,24 +238,38 @@ extern "C" int32_t ls_cuda_selftest(char *report, int32_t report_len) {
         snprintf(report, (size_t)report_len, "no usable CUDA device");
         return LS_ERR_STATE;
     }
-    if (!(lsc_kernels_on() & LS_CUDA_KERNELS_QUANT)) {
-        snprintf(report, (size_t)report_len, "no kernel family with a self-test is enabled");
-        return 0;
+    int32_t failed = 0, ran = 0;
+    /* each enabled family's part, their reports joined */
+    for (int32_t family : {LS_CUDA_KERNELS_QUANT, LS_CUDA_KERNELS_STACKS}) {
+        if (!(lsc_kernels_on() & family)) continue;
+        size_t used = strlen(report);
+        if (used + 3 >= (size_t)report_len) break;
+        if (used) {
+            strcat(report, "; ");
+            used += 2;
+        }
+        char *part = report + used;
+        const int32_t part_len = report_len - (int32_t)used;
+        int32_t rc = family == LS_CUDA_KERNELS_QUANT
+                         ? family_part(part, part_len,
+                                       [](selftest &st) {
+                                           const int32_t formats[][2] = {{4, 32}, {2, 32}, {8, 32}, {6, 64}}; /* bits, smallest group (int6: rows of 64) */
+                                           for (const auto &f : formats)
+                                               for (int32_t group = f[1]; group <= LS_QUANT_GROUP_MAX && st.error == cudaSuccess; group *= 2)
+                                                   for (int32_t in : {256, 1280}) run_case(st, f[0], group, in);
+                                       },
+                                       "activation codes, int4/int2 blocks, int8/int6/int4 heads, groups 32-256, 256 and "
+                                       "1280 inputs, 1-64 tokens, store and add, the embedding from a quantized head")
+                         : family_part(part, part_len,
+                                       [](selftest &st) {
+                                           for (int32_t dim : {2048, 64})
+                                               if (st.error == cudaSuccess) run_exit_case(st, dim);
+                                       },
+                                       "exit decisions and distributions, gates of dim 2048 and 64, thresholds 0 to 1, four steps");
+        if (rc < 0) return rc;
+        failed += rc;
+        ran++;
     }
-    selftest st{report, report_len};
-    const int32_t formats[][2] = {{4, 32}, {2, 32}, {8, 32}, {6, 64}}; /* bits, smallest group (int6: rows of 64) */
-    for (const auto &f : formats)
-        for (int32_t group = f[1]; group <= LS_QUANT_GROUP_MAX && st.error == cudaSuccess; group *= 2)
-            for (int32_t in : {256, 1280}) run_case(st, f[0], group, in);
-    if (st.error != cudaSuccess) {
-        snprintf(report, (size_t)report_len, "CUDA error: %s", cudaGetErrorString(st.error));
-        cudaGetLastError();
-        return LS_ERR_STATE;
-    }
-    if (st.failed == 0)
-        snprintf(report, (size_t)report_len,
-                 "%d cases bit-identical: activation codes, int4/int2 blocks, int8/int6/int4 heads, groups 32-256, "
-                 "256 and 1280 inputs, 1-64 tokens, store and add, the embedding from a quantized head",
-                 st.cases);
-    return st.failed;
+    if (ran == 0) snprintf(report, (size_t)report_len, "no kernel family with a self-test is enabled");
+    return failed;
 }

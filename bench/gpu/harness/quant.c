@@ -1,5 +1,5 @@
 /*
- * harness.c — the CPU half of the proof that the CUDA library's quantized
+ * quant.c — the CPU half of the proof that the CUDA library's quantized
  * matmuls are bit-identical to the CPU library's (kernels/cuda/quant_math.h
  * says how the proof is split). Runs the functions the device kernels call
  * on the host, against the CPU library's quantized kernels (kernels/quant.h,
@@ -15,38 +15,14 @@
  *   schedule  the warp emulation visits each accumulator's groups in
  *             increasing order, every group once, and gives lsq_row_ref's bits;
  *   amax      the device's tree of lsq_amax_step gives the serial scan's amax.
- * Prints one JSON line per check (the validation driver's records) and
- * exits 0 when every check passes, 1 otherwise.
- *
- *   harness
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda/quant_math.h"
+#include "harness.h"
 #include "quant.h"
-
-static uint64_t rng = 0x243f6a8885a308d3ull;
-static uint32_t next(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-
-static int failures;
-
-/* One check's record (the driver's, bench/gpu/driver/report.c); detail
- * says what was covered or the first difference, and holds no quotes. */
-static void report(const char *check, int ok, const char *detail) {
-    printf("{\"kind\":\"check\",\"name\":\"harness/%s\",\"status\":\"%s\",\"value\":null,\"bar\":\"bit-identical\","
-           "\"seconds\":0,\"detail\":\"%s\"}\n",
-           check, ok ? "pass" : "fail", detail);
-    if (!ok) failures++;
-}
-
-static int same_float(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
 
 typedef struct {
     int32_t bits, head;
@@ -381,16 +357,10 @@ static void check_schedule(void) {
     free(x);
 }
 
-int main(int argc, char **argv) {
-    (void)argv;
-    if (argc != 1) {
-        fprintf(stderr, "usage: harness\n");
-        return 2;
-    }
+void check_quant(void) {
     check_codes();
     check_activations();
     check_amax_order();
     check_matmul();
     check_schedule();
-    return failures == 0 ? 0 : 1;
 }
