@@ -37,6 +37,7 @@ import {
   type QuantMatrixName,
   type QuantMix,
   quantTensorShapes,
+  NO_RECURRENCE,
   SINGLE_BLOCK,
 } from "../src/model/format.ts";
 import { DTYPE_SIZES, type Dtype, ModelFormatError } from "../src/model/safetensors.ts";
@@ -144,7 +145,7 @@ const validConfig: fc.Arbitrary<ValidConfig> = fc
     const dim = nHeads * headDim;
     const st = r.stack;
     const stack = st
-      ? { nLayers: st.nLayers, normLayout: st.sandwich ? ("sandwich" as const) : ("pre" as const), stepNorm: st.stepNorm, exitThreshold: st.exitGate ? st.threshold : null, tokenizer: "gpt2" as const }
+      ? { nLayers: st.nLayers, normLayout: st.sandwich ? ("sandwich" as const) : ("pre" as const), stepNorm: st.stepNorm, exitThreshold: st.exitGate ? st.threshold : null, tokenizer: "gpt2" as const, ...NO_RECURRENCE }
       : SINGLE_BLOCK;
     const exitGate = st?.exitGate ?? false;
     return {

@@ -12,24 +12,40 @@
 
 #include "session_rules.h"
 
+/* A step's exit policy (LS_EXIT_NONE / EXACT / COPY) and its rule bits. */
+static inline int32_t ls_exit_policy_of(const ls_step_params *p) { return p->exit_policy & LS_EXIT_POLICY_MASK; }
+static inline int32_t ls_exit_rule_of(const ls_step_params *p) { return p->exit_policy & ~LS_EXIT_POLICY_MASK; }
+
 /* A step's settings as ls_batch_step accepts them (sampling checked only
- * when the row samples, which a masked row must). */
+ * when the row samples, which a masked row must): a policy, at most one
+ * zero-shot rule, and a threshold in the rule's range (the gate's [0, 1], a
+ * zero-shot rule's finite >= 0). */
 static inline int ls_step_params_ok(const ls_step_params *p, int32_t sample) {
-    return p->exit_policy >= LS_EXIT_NONE && p->exit_policy <= LS_EXIT_COPY && (p->masked == 0 || (p->masked == 1 && sample)) &&
-           (p->exit_policy == LS_EXIT_NONE || (p->exit_threshold >= 0.0f && p->exit_threshold <= 1.0f)) &&
+    const int32_t policy = ls_exit_policy_of(p), rule = ls_exit_rule_of(p);
+    const float t = p->exit_threshold;
+    const int rule_ok = rule == 0 ? policy == LS_EXIT_NONE || (t >= 0.0f && t <= 1.0f)
+                        : rule == LS_EXIT_RULE_KL || rule == LS_EXIT_RULE_ENTROPY
+                            ? policy != LS_EXIT_NONE && t >= 0.0f && !isinf(t)
+                            : 0;
+    return policy >= LS_EXIT_NONE && policy <= LS_EXIT_COPY && rule_ok && (p->masked == 0 || (p->masked == 1 && sample)) &&
            (!sample || ls_sampling_ok(&p->sampling));
 }
 
-/* An exit policy the session can run: the model has a gate, and the exact
- * policy a session without a window (loopserve.h). */
+/* An exit policy the session can run: the gate's rule needs a model with a
+ * gate; the exact policy a session without a window or shared steps, of a
+ * model that budgets the states it keeps (loopserve.h). */
 static inline int ls_step_exit_ok(ls_seq_view s, const ls_step_params *p) {
-    return p->exit_policy == LS_EXIT_NONE ||
-           (s.m->info.exit_gate && (p->exit_policy != LS_EXIT_EXACT || s.window == 0));
+    const int32_t policy = ls_exit_policy_of(p);
+    const int exact_ok = s.window == 0 && s.cache_steps == 0 && ls_keeps_states(s.m);
+    return policy == LS_EXIT_NONE ||
+           ((s.m->info.exit_gate || ls_exit_rule_of(p) != 0) && (policy != LS_EXIT_EXACT || exact_ok));
 }
 
-/* The row exits early: it samples under an exit policy (which the model's gate allows). */
-static inline int ls_step_exits(const ls_model *m, const ls_step_params *p, int32_t sample) {
-    return sample && p->exit_policy != LS_EXIT_NONE && m->info.exit_gate;
+/* The row exits early: it samples under an exit policy the model allows; a
+ * zero-shot rule only on a row of one token (loopserve.h). */
+static inline int ls_step_exits(const ls_model *m, const ls_step_params *p, int32_t sample, int32_t n_tokens) {
+    if (!sample || ls_exit_policy_of(p) == LS_EXIT_NONE) return 0;
+    return ls_exit_rule_of(p) != 0 ? n_tokens == 1 : m->info.exit_gate;
 }
 
 /* Checks every row before anything runs: distinct sessions of model m, each
@@ -75,6 +91,8 @@ typedef struct {
     int32_t layers; /* the model's: a row's loops run loops x layers units */
     int32_t exits[LS_BATCH_MAX_ROWS]; /* 1: the row exits early (ls_step_exits); its last token is a piece of its own */
     int32_t deferred[LS_BATCH_MAX_ROWS]; /* rows its block keeps for the session's deferred positions */
+    int32_t whole[LS_BATCH_MAX_ROWS]; /* 1: the row's session shares steps' caches (cache_steps): its tokens are cut
+                                       * into blocks at LS_CHUNK from its first only, whatever else the call runs */
 } ls_batch_plan;
 
 /* Most rows a block keeps for one session's deferred positions: more are
@@ -92,7 +110,8 @@ static inline void ls_batch_plan_rows(ls_batch_plan *p, ls_session *const *sessi
         p->first[i] = p->n_tokens;
         p->pos0[i] = ls_session_view(sessions[i]).pos;
         p->slot[i] = rows[i].sample ? p->n_sample++ : -1;
-        p->exits[i] = ls_step_exits(ls_session_view(sessions[i]).m, &rows[i].step, rows[i].sample);
+        p->exits[i] = ls_step_exits(ls_session_view(sessions[i]).m, &rows[i].step, rows[i].sample, rows[i].n_tokens);
+        p->whole[i] = ls_session_view(sessions[i]).cache_steps > 0;
         int32_t d = ls_units_deferred(ls_session_view(sessions[i]), rows[i].step.loops * p->layers);
         p->deferred[i] = d < LS_BATCH_DEFERRED_ROWS ? d : 0;
         int32_t j = i;
@@ -120,6 +139,12 @@ static inline int ls_batch_blocks(const ls_batch_plan *p, const ls_batch_row *ro
             n_pieces = block_rows = 0;
         }
         block_rows += p->deferred[i];
+        const int32_t whole = rows[i].n_tokens < block ? rows[i].n_tokens : block;
+        if (p->whole[i] && block_rows > 0 && block_rows + whole > block) {
+            int rc = run(ctx, pieces, n_pieces);
+            if (rc) return rc;
+            n_pieces = block_rows = 0;
+        }
         for (int32_t done = 0; done < rows[i].n_tokens;) {
             int32_t n = rows[i].n_tokens - done;
             if (p->exits[i] && n > 1) n--; /* the exiting token on its own */
@@ -139,12 +164,13 @@ static inline int ls_batch_blocks(const ls_batch_plan *p, const ls_batch_row *ro
     return n_pieces > 0 ? run(ctx, pieces, n_pieces) : 0;
 }
 
-/* Unit l has run for pieces [lo, n): their sessions' unit l holds their positions. */
+/* Unit l (a core unit, or a fixed one) has run for pieces [lo, n): their
+ * sessions' unit l holds their positions. */
 static inline void ls_batch_unit_done(ls_session *const *sessions, const ls_batch_piece *pieces, int32_t lo,
                                       int32_t n, int32_t l) {
     for (int32_t i = lo; i < n; i++) {
         ls_session *s = sessions[pieces[i].row];
-        ls_seq_advance(s->unit_len, s->unit_lo, l, pieces[i].pos0 + pieces[i].n, s->cap);
+        ls_seq_advance(s->unit_len, s->unit_lo, ls_unit_index(s->units, l), pieces[i].pos0 + pieces[i].n, s->cap);
     }
 }
 

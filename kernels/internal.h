@@ -51,6 +51,8 @@ typedef struct {
     const uint16_t *w1;             /* (ffn_dim, dim) gate */
     const uint16_t *w2;             /* (dim, ffn_dim) down */
     const uint16_t *w3;             /* (ffn_dim, dim) up */
+    const uint16_t *wq_bias;        /* (n_heads * head_dim) with qk_bias, else NULL */
+    const uint16_t *wk_bias;        /* (n_kv_heads * head_dim) with qk_bias, else NULL */
     const ls_qmat *qwq, *qwk, *qwv, *qwo; /* as wq..wo, quantized */
     const ls_qmat *qw1, *qw2, *qw3;       /* as w1..w3, quantized */
 } ls_layer_weights;
@@ -65,12 +67,21 @@ typedef struct {
     const ls_qmat *qoutput;         /* (vocab_size, dim) int8 / int6 / int4 head, or NULL */
     const uint16_t *exit_w;         /* (dim) exit gate, or NULL */
     const uint16_t *exit_b;         /* (1) */
-    ls_layer_weights *layers;       /* (n_layers) */
+    const uint16_t *adapter;        /* (dim, 2 dim) the input injection's matrix (LS_INJECT_ADAPTER), or NULL */
+    ls_layer_weights *layers;       /* (n_layers + n_prelude + n_coda): the core's, the prelude's, the coda's */
 } ls_weights;
 
-/* The layer a unit runs: unit u of a session is step u / n_layers of layer
- * u % n_layers, and has its own key/value cache (docs/kernels.md). */
-#define LS_UNIT_LAYER(m, u) ((u) % (m)->info.n_layers)
+/* The layer a unit runs. A core unit u >= 0 is step u / n_layers of layer
+ * u % n_layers; the prelude's and the coda's layers run once per position,
+ * as the fixed units -1 - j (j < n_prelude: prelude layer j; then the coda's
+ * layers), layer n_layers + j. Each unit has its own key/value cache
+ * (docs/kernels.md). */
+#define LS_UNIT_LAYER(m, u) ((u) >= 0 ? (u) % (m)->info.n_layers : (m)->info.n_layers - 1 - (u))
+/* The fixed unit of prelude layer j, and of coda layer j. */
+#define LS_PRELUDE_UNIT(j) (-1 - (j))
+#define LS_CODA_UNIT(m, j) (-1 - (m)->info.n_prelude - (j))
+/* Fixed units a session holds besides its core's. */
+#define LS_FIXED_UNITS(m) ((m)->info.n_prelude + (m)->info.n_coda)
 
 struct ls_model {
     ls_model_info info;

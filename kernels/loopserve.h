@@ -38,7 +38,7 @@
 extern "C" {
 #endif
 
-#define LS_ABI_VERSION 12
+#define LS_ABI_VERSION 13
 
 /* ---- status codes ---- */
 typedef enum {
@@ -63,6 +63,9 @@ typedef enum {
     LS_FEATURE_QUANTIZED = 16,    /* int4 / int2 weights and int8 / int6 / int4 output heads (LS_QUANT_*, head_bits) */
     LS_FEATURE_TOKEN_MASK = 32,   /* masked draws: ls_step_params.masked, ls_spec_cycle_masked (token masks, below) */
     LS_FEATURE_QUANTIZE = 64,     /* ls_quantizer_new, ls_quantize: the weight quantizer */
+    LS_FEATURE_RECURRENT = 128,   /* recurrent depth (ls_model_config): a prelude and a coda, input injection,
+                                   * q/k biases, interleaved RoPE, head_dim other than dim / n_heads; the
+                                   * zero-shot exit rules and cache_steps */
 } ls_feature;
 
 /* The LS_FEATURE_* bits this library implements. */
@@ -142,7 +145,7 @@ typedef struct {
     int32_t dim;            /* residual width */
     int32_t n_heads;        /* query heads */
     int32_t n_kv_heads;     /* key/value heads (GQA: n_heads % n_kv_heads == 0) */
-    int32_t head_dim;       /* dim / n_heads, even */
+    int32_t head_dim;       /* per-head width, even (dim / n_heads unless the file names another) */
     int32_t ffn_dim;        /* SwiGLU hidden width */
     int32_t vocab_size;
     int32_t default_loops;
@@ -158,10 +161,20 @@ typedef struct {
     int32_t head_group;     /* its group (0 when head_bits is 0) */
     int32_t embed_from_head; /* 1 when tok_embeddings is absent and the quantized head's rows serve as the embedding */
     int32_t block_bits[7];  /* each block matrix's format, wq wk wv wo w1 w2 w3: 4 or 2; 0 in an fp16 model */
-    int32_t n_layers;       /* distinct layers applied in order each step (loop) */
-    int32_t sandwich_norm;  /* 1: each sublayer's output is normed before the residual add */
+    int32_t n_layers;       /* distinct layers applied in order each step (loop): the looped core */
+    int32_t sandwich_norm;  /* LS_NORM_*: 0 pre-norm, 1 sandwich (each sublayer's output normed before the residual
+                             * add), 2 sandwich_sum (the residual sum normed after each add) */
     int32_t step_norm;      /* 1: h = rmsnorm(h, norm) after every step; the head then norms no further */
     int32_t exit_gate;      /* 1: the model has a learned exit gate (ls_step_params.exit_threshold) */
+    /* recurrent depth (ls_model_config's fields of the same names) */
+    int32_t n_prelude;      /* layers run once before the core */
+    int32_t n_coda;         /* layers run once after it */
+    int32_t injection;      /* LS_INJECT_* */
+    float embed_scale;      /* the embedding's factor */
+    float state_std;        /* the first step's state (LS_INJECT_ADAPTER) */
+    int32_t mid_norm;       /* 1: norm.weight on the core's output before the coda */
+    int32_t rope_interleaved; /* 1: RoPE rotates adjacent pairs (2i, 2i + 1) */
+    int32_t qk_bias;        /* 1: every layer adds wq.bias / wk.bias to q / k before RoPE */
 } ls_model_info;
 
 int32_t ls_abi_version(void);
@@ -221,7 +234,48 @@ typedef struct {
                                residual add (the layers' ATTN_OUT_NORM / FFN_OUT_NORM slots) */
     int32_t step_norm;      /* 0 or 1: norm.weight is applied to h after every step, whose output goes on to
                                the next step and to the head (which then applies no norm of its own) */
+    /* Recurrent depth (LS_FEATURE_RECURRENT; every field default 0 = the stack above). A token's pass is
+     *   e = prelude(E[token] * embed_scale)              n_prelude layers, once
+     *   x = injection ? state0(pos) : e
+     *   each step: x = injection ? adapter . concat[x, e] : x;  the core's n_layers layers; step_norm
+     *   mid_norm: x = rmsnorm(x, norm);  x = coda(x)     n_coda layers, once
+     *   logits = (step_norm and no coda ? x : rmsnorm(x, norm)) . Wout
+     * (docs/model-format.md). The prelude's and coda's layers are descriptor layers n_layers.. and
+     * n_layers + n_prelude.., named "prelude.<i>." and "coda.<i>." in the file. */
+    int32_t head_dim;       /* 0: dim / n_heads; else the per-head width (even, <= LS_MAX_DIM); q and the
+                               attention output are n_heads * head_dim wide */
+    int32_t n_prelude;      /* 0..LS_MAX_LAYERS layers before the core (n_layers + n_prelude + n_coda <= LS_MAX_LAYERS) */
+    int32_t n_coda;         /* 0..LS_MAX_LAYERS layers after it */
+    int32_t injection;      /* LS_INJECT_*: the core's input at each step */
+    float embed_scale;      /* 0 reads as 1: the embedding is multiplied by it (finite, > 0) */
+    float state_std;        /* LS_INJECT_ADAPTER: std of the first step's state, >= 0 (0: zeros). state0(pos)
+                               element i is state_std * z, z the standard normal truncated to [-3, 3] of
+                               (pos, i) written out below: the same for every request */
+    int32_t mid_norm;       /* 0 or 1 (with a coda): norm.weight applied to the core's output before the coda */
+    int32_t rope_interleaved; /* 0: RoPE rotates (i, i + head_dim / 2) (Llama); 1: (2i, 2i + 1) */
+    int32_t qk_bias;        /* 0 or 1: every layer's WQ_BIAS / WK_BIAS slots hold biases added before RoPE */
 } ls_model_config;
+
+/* Where a layer's norms sit (ls_model_config.sandwich_norm). */
+typedef enum {
+    LS_NORM_PRE = 0,          /* h += attn(rmsnorm(h)); h += ffn(rmsnorm(h)) */
+    LS_NORM_SANDWICH = 1,     /* h += rmsnorm(attn(rmsnorm(h)), attn_out_norm); likewise the ffn (Ouro) */
+    LS_NORM_SANDWICH_SUM = 2, /* h = rmsnorm(h + attn(rmsnorm(h)), attn_out_norm); likewise the ffn (Huginn) */
+} ls_norm_layout;
+
+/* The core's input at each step (ls_model_config.injection). */
+typedef enum {
+    LS_INJECT_NONE = 0,    /* the previous step's output (the first step: e) */
+    LS_INJECT_ADAPTER = 1, /* ADAPTER_WEIGHT [dim, 2 dim] . concat[previous output (the first step: state0), e] */
+} ls_injection;
+
+/* The first step's state of an adapter model (LS_INJECT_ADAPTER), element i at
+ * position pos, before state_std: a standard normal truncated to [-3, 3],
+ * the same on every machine. With u(c) = the uniform in [0, 1) of counter c
+ * under seed mix64(0x7374617465 ^ pos) (ls_sample's generator, sample.c), for
+ * attempt a = 0, 1, ... (at most 64; then 0): c = 2 (64 i + a),
+ * z = sqrt(-2 ln(1 - u(c))) cos(2 pi u(c + 1)) in double, taken when
+ * |z| <= 3. */
 
 /* Element types of the tensors a model holds (safetensors' names). */
 typedef enum {
@@ -241,7 +295,8 @@ typedef enum {
     X(OUTPUT_QWEIGHT, "output.qweight")         \
     X(OUTPUT_SCALES, "output.scales")           \
     X(EXIT_GATE_WEIGHT, "exit_gate.weight")     \
-    X(EXIT_GATE_BIAS, "exit_gate.bias")
+    X(EXIT_GATE_BIAS, "exit_gate.bias")         \
+    X(ADAPTER_WEIGHT, "adapter.weight")
 
 enum {
 #define LS_TENSOR_ENUM_(id, name) LS_TENSOR_##id,
@@ -251,12 +306,17 @@ enum {
 };
 
 /* One layer's tensors: slot LS_LAYER_TENSOR_<ID> of ls_model_desc.layers[i],
- * named in the file "block." + name in a one-layer model and "layers.<i>." +
- * name otherwise. The seven matrices come in the same four-slot pattern
+ * named in the file "block." + name in a one-layer core and "layers.<i>." +
+ * name otherwise; the prelude's layers (descriptor layers n_layers + i) are
+ * "prelude.<i>." + name, the coda's (n_layers + n_prelude + i) "coda.<i>." +
+ * name. The seven matrices come in the same four-slot pattern
  * (weight, qweight, scales, zeros), in the order wq wk wv wo w1 w2 w3. Which
  * slots a weight format fills, and with what, is written down at LS_QUANT_*
  * above. The exit gate (EXIT_GATE_WEIGHT F16 [1, dim], EXIT_GATE_BIAS F16
- * [1]) is both present or both absent. */
+ * [1]) is both present or both absent. ADAPTER_WEIGHT (F16 [dim, 2 dim],
+ * fp16 in every weight format) is present exactly with LS_INJECT_ADAPTER;
+ * WQ_BIAS (F16 [n_heads head_dim]) and WK_BIAS (F16 [n_kv_heads head_dim])
+ * exactly with qk_bias, in every layer. */
 #define LS_LAYER_TENSORS(X)               \
     X(ATTN_NORM, "attn_norm.weight")      \
     X(FFN_NORM, "ffn_norm.weight")        \
@@ -289,7 +349,9 @@ enum {
     X(W3_WEIGHT, "w3.weight")             \
     X(W3_QWEIGHT, "w3.qweight")           \
     X(W3_SCALES, "w3.scales")             \
-    X(W3_ZEROS, "w3.zeros")
+    X(W3_ZEROS, "w3.zeros")               \
+    X(WQ_BIAS, "wq.bias")                 \
+    X(WK_BIAS, "wk.bias")
 
 enum {
 #define LS_LAYER_TENSOR_ENUM_(id, name) LS_LAYER_TENSOR_##id,
@@ -357,7 +419,8 @@ int32_t ls_model_check(const char *path, const ls_model_desc *desc, ls_model_inf
     X(FFN_DOWN, "ffn down")          \
     X(HEAD, "head")                  \
     X(SAMPLE, "sampling")            \
-    X(DRAFT_HEAD, "draft head") /* speculative drafts' head (the verifier's is HEAD) */
+    X(DRAFT_HEAD, "draft head") /* speculative drafts' head (the verifier's is HEAD) */ \
+    X(INJECT, "injection")      /* a step's input injection (LS_INJECT_ADAPTER) */
 
 enum {
 #define LS_PROF_ENUM_(id, name) LS_PROF_##id,
@@ -415,6 +478,15 @@ typedef struct {
                            * the last W positions (itself included); the cache then holds a
                            * bounded ring of positions instead of max_seq */
     int32_t kv_mode;      /* LS_KV_*, default 0 = LS_KV_FP16 */
+    int32_t cache_steps;  /* default 0 = every cache unit its own. S in [1, loops) (LS_FEATURE_RECURRENT): the
+                           * core's units share S steps of caches, unit u in slot u mod (S n_layers): a
+                           * position's later steps overwrite its earlier ones, so a later position reads, at
+                           * each step, the last step of each earlier position that wrote the slot, while the
+                           * positions of one chunk (LS_CHUNK positions of a call or a batch row, which a batch
+                           * never splits otherwise) read each other's rows of the same step (the published
+                           * Huginn code's compress-s policy; docs/kv-cache.md). Not with a window, the exact
+                           * exit policy (its deferred steps would rewrite rows later positions read), a
+                           * speculative cycle or a prefix copy (LS_ERR_ARG / LS_ERR_STATE). */
 } ls_session_params;
 
 /* A new, empty session. A setting the library cannot run (out of range;
@@ -472,15 +544,19 @@ typedef struct {
     uint64_t seed;
 } ls_sampling;
 
-/* How a sampled token may stop before its `loops` steps (a model with an
- * exit gate; docs/early-exit.md). */
+/* How a sampled token may stop before its `loops` steps (docs/early-exit.md):
+ * a policy, ORed with the rule that decides (default: the model's exit
+ * gate). */
 typedef enum {
     LS_EXIT_NONE = 0,  /* fixed depth: every token runs `loops` steps */
-    LS_EXIT_EXACT = 1, /* learned exit; a later token that goes deeper first computes the skipped steps
+    LS_EXIT_EXACT = 1, /* early exit; a later token that goes deeper first computes the skipped steps
                         * of the tokens before it, so every output equals computing every step for
                         * every token and taking each token's logits from its exit step */
-    LS_EXIT_COPY = 2,  /* learned exit; the skipped steps' cache units receive copies of the exit
+    LS_EXIT_COPY = 2,  /* early exit; the skipped steps' cache units receive copies of the exit
                         * step's keys/values (cheaper, outputs differ from every-step) */
+    LS_EXIT_POLICY_MASK = 255,
+    LS_EXIT_RULE_KL = 256,      /* zero-shot rule (any model): KL(previous step || this step) < threshold */
+    LS_EXIT_RULE_ENTROPY = 512, /* zero-shot rule: |entropy(this step) - entropy(previous step)| < threshold */
 } ls_exit_policy;
 
 /* One step's settings: the depth, the exit rule and the sampling.
@@ -489,8 +565,9 @@ typedef enum {
  * takes one per row. */
 typedef struct {
     int32_t loops;          /* 1..the session's loops: the most steps the token runs */
-    int32_t exit_policy;    /* LS_EXIT_*, default 0 = fixed depth; another needs a model with an exit gate */
-    float exit_threshold;   /* 0..1 with an exit policy (below); ignored without one */
+    int32_t exit_policy;    /* LS_EXIT_*, default 0 = fixed depth; the gate's rule needs a model with an exit gate */
+    float exit_threshold;   /* with an exit policy (below): 0..1 for the gate, finite >= 0 for a zero-shot rule;
+                             * ignored without one */
     int32_t masked;         /* default 0; 1: the draw is restricted to the tokens the row's token mask allows
                              * (ls_batch_step's masks; a sampling row only, LS_FEATURE_TOKEN_MASK) */
     ls_sampling sampling;
@@ -524,7 +601,21 @@ typedef struct {
  * each computes what it needs first. Not with a cache window (LS_ERR_ARG):
  * a window drops rows the deferred steps would read.
  * LS_EXIT_COPY gives every deeper unit of each layer a copy of the
- * keys/values the token stored in its exit step's unit of the same layer. */
+ * keys/values the token stored in its exit step's unit of the same layer
+ * (with cache_steps, only the shared slots its steps did not reach; one
+ * they reached keeps its latest write, as the published Huginn code's
+ * compress-s cache with its latest-m4 lookup reads it).
+ *
+ * Zero-shot rules (LS_EXIT_RULE_KL, LS_EXIT_RULE_ENTROPY: the published
+ * Huginn code's criteria, no gate needed). After each step s but the last of
+ * a row feeding one token (a longer row, a prompt chunk, runs every step),
+ * the token's logits at step s are computed (the mid norm, the coda, the head:
+ * a probe, which also writes the coda's keys/values at its position) and
+ * with p_s = softmax(logits), in double:
+ *   KL:      v_s = sum_i p_{s-1,i} (log p_{s-1,i} - log p_{s,i}), p_{-1} uniform
+ *   entropy: v_s = |H_s - H_{s-1}|, H = -sum_i p_i log(p_i + 1e-10), H_{-1} = 100
+ * The token exits after the first step with v_s < exit_threshold (0: never);
+ * its logits are that probe's. The policies are the gate's. */
 
 /* Steps the session's last sampled token ran (its exit step + 1; the
  * call's loops without early exit), or LS_ERR_ARG for NULL. */

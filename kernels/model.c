@@ -46,10 +46,17 @@ typedef struct {
 
 static const char *slot_name(const ls_model_info *in, slot_id id, char *buf, size_t len) {
     if (id.layer < 0) return tensor_names[id.slot];
-    if (in->n_layers == 1) snprintf(buf, len, "block.%s", layer_tensor_names[id.slot]);
+    const int32_t L = in->n_layers, P = in->n_prelude;
+    if (id.layer >= L + P && id.layer < L + P + in->n_coda)
+        snprintf(buf, len, "coda.%d.%s", id.layer - L - P, layer_tensor_names[id.slot]);
+    else if (id.layer >= L && id.layer < L + P) snprintf(buf, len, "prelude.%d.%s", id.layer - L, layer_tensor_names[id.slot]);
+    else if (L == 1 && id.layer == 0) snprintf(buf, len, "block.%s", layer_tensor_names[id.slot]);
     else snprintf(buf, len, "layers.%d.%s", id.layer, layer_tensor_names[id.slot]);
     return buf;
 }
+
+/* Layers the descriptor describes: the core's, the prelude's, the coda's. */
+static int32_t total_layers(const ls_model_info *in) { return in->n_layers + in->n_prelude + in->n_coda; }
 
 static const char *dtype_name(int32_t dtype) {
     switch (dtype) {
@@ -123,23 +130,44 @@ static int check_config(const ls_model_config *c, ls_model_info *info, char *err
     }
     const int32_t n_layers = c->n_layers == 0 ? 1 : c->n_layers;
     if (check_range("n_layers", n_layers, 1, LS_MAX_LAYERS, err, err_len) != 0 ||
-        check_range("sandwich_norm", c->sandwich_norm, 0, 1, err, err_len) != 0 ||
-        check_range("step_norm", c->step_norm, 0, 1, err, err_len) != 0)
+        check_range("sandwich_norm", c->sandwich_norm, LS_NORM_PRE, LS_NORM_SANDWICH_SUM, err, err_len) != 0 ||
+        check_range("step_norm", c->step_norm, 0, 1, err, err_len) != 0 ||
+        check_range("n_prelude", c->n_prelude, 0, LS_MAX_LAYERS, err, err_len) != 0 ||
+        check_range("n_coda", c->n_coda, 0, LS_MAX_LAYERS, err, err_len) != 0 ||
+        check_range("n_layers + n_prelude + n_coda", n_layers + c->n_prelude + c->n_coda, 1, LS_MAX_LAYERS, err,
+                    err_len) != 0 ||
+        check_range("injection", c->injection, LS_INJECT_NONE, LS_INJECT_ADAPTER, err, err_len) != 0 ||
+        check_range("mid_norm", c->mid_norm, 0, 1, err, err_len) != 0 ||
+        check_range("rope_interleaved", c->rope_interleaved, 0, 1, err, err_len) != 0 ||
+        check_range("qk_bias", c->qk_bias, 0, 1, err, err_len) != 0 ||
+        check_range("head_dim", c->head_dim, 0, LS_MAX_DIM, err, err_len) != 0)
         return -1;
-    int32_t G = c->group_size;
-    if (c->dim % c->n_heads != 0 || (c->dim / c->n_heads) % 2 != 0 || c->n_heads % c->n_kv_heads != 0 ||
-        (G > 0 && (c->dim % G != 0 || c->ffn_dim % G != 0))) {
+    // Written so that NaN fails too; 0 reads as the default.
+    const float embed_scale = c->embed_scale == 0.0f ? 1.0f : c->embed_scale;
+    if (!(embed_scale > 0.0f && embed_scale < 3.0e38f) || !(c->state_std >= 0.0f && c->state_std < 3.0e38f) ||
+        (c->state_std != 0.0f && c->injection != LS_INJECT_ADAPTER) || (c->mid_norm && c->n_coda == 0)) {
         ls_set_error(err, err_len,
-                     "model descriptor: inconsistent dimensions (dim %d, n_heads %d, n_kv_heads %d, ffn_dim %d, "
-                     "group_size %d)",
-                     c->dim, c->n_heads, c->n_kv_heads, c->ffn_dim, G);
+                     "model descriptor: embed_scale %g must be finite and > 0, state_std %g finite and >= 0 (and "
+                     "0 without LS_INJECT_ADAPTER), mid_norm %d only with a coda",
+                     (double)c->embed_scale, (double)c->state_std, c->mid_norm);
+        return -1;
+    }
+    int32_t G = c->group_size;
+    const int32_t head_dim = c->head_dim == 0 && c->dim % c->n_heads == 0 ? c->dim / c->n_heads : c->head_dim;
+    const int64_t q_dim = (int64_t)c->n_heads * head_dim;
+    if (head_dim == 0 || head_dim % 2 != 0 || q_dim > LS_MAX_DIM || c->n_heads % c->n_kv_heads != 0 ||
+        (G > 0 && (c->dim % G != 0 || c->ffn_dim % G != 0 || q_dim % G != 0))) {
+        ls_set_error(err, err_len,
+                     "model descriptor: inconsistent dimensions (dim %d, n_heads %d, n_kv_heads %d, head_dim %d, "
+                     "ffn_dim %d, group_size %d)",
+                     c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, G);
         return -1;
     }
     memset(info, 0, sizeof *info);
     info->dim = c->dim;
     info->n_heads = c->n_heads;
     info->n_kv_heads = c->n_kv_heads;
-    info->head_dim = c->dim / c->n_heads;
+    info->head_dim = head_dim;
     info->ffn_dim = c->ffn_dim;
     info->vocab_size = c->vocab_size;
     info->default_loops = c->default_loops;
@@ -154,6 +182,14 @@ static int check_config(const ls_model_config *c, ls_model_info *info, char *err
     info->n_layers = n_layers;
     info->sandwich_norm = c->sandwich_norm;
     info->step_norm = c->step_norm;
+    info->n_prelude = c->n_prelude;
+    info->n_coda = c->n_coda;
+    info->injection = c->injection;
+    info->embed_scale = embed_scale;
+    info->state_std = c->state_std;
+    info->mid_norm = c->mid_norm;
+    info->rope_interleaved = c->rope_interleaved;
+    info->qk_bias = c->qk_bias;
     return 0;
 }
 
@@ -197,15 +233,18 @@ static slot_rule rule_of(const ls_model_info *in, slot_id id) {
                       : absent;
         case LS_TENSOR_OUTPUT_SCALES: return hb ? f16_rule(REQUIRED, vocab, dim / in->head_group) : absent;
         case LS_TENSOR_EXIT_GATE_WEIGHT: return f16_rule(OPTIONAL, 1, dim); /* the pair: check_tensors */
+        case LS_TENSOR_ADAPTER_WEIGHT: return in->injection == LS_INJECT_ADAPTER ? f16_rule(REQUIRED, dim, 2 * dim) : absent;
         default: return f16_rule(OPTIONAL, 1, 1);                            /* EXIT_GATE_BIAS */
         }
     }
-    if (id.layer >= in->n_layers) return absent;
+    if (id.layer >= total_layers(in)) return absent;
     switch (id.slot) {
     case LS_LAYER_TENSOR_ATTN_NORM:
     case LS_LAYER_TENSOR_FFN_NORM: return f16_rule(REQUIRED, 1, dim);
     case LS_LAYER_TENSOR_ATTN_OUT_NORM:
     case LS_LAYER_TENSOR_FFN_OUT_NORM: return in->sandwich_norm ? f16_rule(REQUIRED, 1, dim) : absent;
+    case LS_LAYER_TENSOR_WQ_BIAS: return in->qk_bias ? f16_rule(REQUIRED, 1, (int64_t)in->n_heads * in->head_dim) : absent;
+    case LS_LAYER_TENSOR_WK_BIAS: return in->qk_bias ? f16_rule(REQUIRED, 1, (int64_t)in->n_kv_heads * in->head_dim) : absent;
     default: break;
     }
     const int k = (id.slot - LS_LAYER_TENSOR_WQ_WEIGHT) / 4, bits = in->block_bits[k];
@@ -272,9 +311,13 @@ static int check_slot(const ls_model_info *in, const ls_tensor_span *sp, slot_id
     }
     if (r.need == ABSENT) {
         const int k = (id.slot - LS_LAYER_TENSOR_WQ_WEIGHT) / 4;
-        if (id.layer >= in->n_layers)
+        if (id.layer >= total_layers(in))
             ls_set_error(err, err_len, "tensor '%s' given for layer %d of a %d-layer model", name, id.layer,
-                         in->n_layers);
+                         total_layers(in));
+        else if (id.layer >= 0 && (id.slot == LS_LAYER_TENSOR_WQ_BIAS || id.slot == LS_LAYER_TENSOR_WK_BIAS))
+            ls_set_error(err, err_len, "tensor '%s' does not belong in a model without q/k biases", name);
+        else if (id.layer < 0 && id.slot == LS_TENSOR_ADAPTER_WEIGHT)
+            ls_set_error(err, err_len, "tensor '%s' does not belong in a model without input injection", name);
         else if (id.layer >= 0 && id.slot >= LS_LAYER_TENSOR_WQ_WEIGHT)
             ls_set_error(err, err_len, "tensor '%s' does not belong in an %s model whose matrix is %s", name,
                          quant_name(in->quant), in->block_bits[k] ? (in->block_bits[k] == 4 ? "int4" : "int2") : "fp16");
@@ -400,7 +443,7 @@ static const void *tensor_at(const ls_tensor_span *sp, const uint8_t *map) {
 // the layers and the quantized matrices' records are allocated here.
 static int wire_weights(ls_model *m, const ls_model_desc *d, const uint8_t *map, char *err, int32_t err_len) {
     const ls_model_info *in = &m->info;
-    const int32_t L = in->n_layers;
+    const int32_t L = total_layers(in);
     ls_weights *w = &m->w;
     w->layers = calloc((size_t)L, sizeof *w->layers);
     m->n_qmats = 7 * L + 1;
@@ -414,9 +457,12 @@ static int wire_weights(ls_model *m, const ls_model_desc *d, const uint8_t *map,
     w->norm = tensor_at(&t[LS_TENSOR_NORM], map);
     w->exit_w = tensor_at(&t[LS_TENSOR_EXIT_GATE_WEIGHT], map);
     w->exit_b = tensor_at(&t[LS_TENSOR_EXIT_GATE_BIAS], map);
+    w->adapter = tensor_at(&t[LS_TENSOR_ADAPTER_WEIGHT], map);
     for (int32_t i = 0; i < L; i++) {
         const ls_tensor_span *lt = d->layers[i].t;
         ls_layer_weights *lw = &w->layers[i];
+        lw->wq_bias = tensor_at(&lt[LS_LAYER_TENSOR_WQ_BIAS], map);
+        lw->wk_bias = tensor_at(&lt[LS_LAYER_TENSOR_WK_BIAS], map);
         lw->attn_norm = tensor_at(&lt[LS_LAYER_TENSOR_ATTN_NORM], map);
         lw->ffn_norm = tensor_at(&lt[LS_LAYER_TENSOR_FFN_NORM], map);
         lw->attn_out_norm = tensor_at(&lt[LS_LAYER_TENSOR_ATTN_OUT_NORM], map);
@@ -594,8 +640,9 @@ ls_model *ls_model_load(const char *path, const ls_model_desc *desc, int32_t n_t
     }
     if (m->info.quant != LS_QUANT_FP16 || m->info.head_bits != 0) {
         // One activation scratch for every quantized matrix: a matmul call
-        // carries at most LS_CHUNK rows of at most max(dim, ffn_dim) inputs.
+        // carries at most LS_CHUNK rows of at most max(dim, ffn_dim, q) inputs.
         int32_t widest = m->info.dim > m->info.ffn_dim ? m->info.dim : m->info.ffn_dim;
+        if (m->info.n_heads * m->info.head_dim > widest) widest = m->info.n_heads * m->info.head_dim;
         m->qact = ls_qact_new(LS_CHUNK, widest);
         if (!m->qact) {
             ls_set_error(err, err_len, "out of memory allocating the quantized-activation scratch");

@@ -35,15 +35,34 @@ typedef struct {
     const int32_t *unit_lo;   /* (units) oldest position the ring still holds for unit l */
     const int32_t *def_units; /* (pos) exact early exit: the units position p had computed when its hidden
                                * state was kept, its later units deferred; NULL in a session without them */
+    int32_t fixed;            /* the prelude's and coda's units (LS_FIXED_UNITS), after the core's in unit_len
+                               * and unit_lo: fixed unit -1 - j at index units + j (ls_unit_index) */
+    int32_t cache_steps;      /* ls_session_params.cache_steps: 0, or the steps of caches the core's units share */
 } ls_seq_view;
 
+/* Whether a model's sessions keep each position's prelude output: it feeds
+ * the input injection, or is the core's input that a deeper pass over held
+ * positions starts from. */
+static inline int ls_keeps_prelude(const ls_model *m) {
+    return m->info.injection != LS_INJECT_NONE || m->info.n_prelude > 0;
+}
+
+/* Whether a model's sessions budget a hidden state per position
+ * (ls_session_cache_bytes), which the exact exit policy keeps: a model with
+ * an exit gate or that keeps prelude outputs. */
+static inline int ls_keeps_states(const ls_model *m) { return m->info.exit_gate || ls_keeps_prelude(m); }
+
+/* Where unit u's positions are kept in unit_len / unit_lo: a core unit at
+ * its own index, fixed unit -1 - j after the core's `units`. */
+static inline int32_t ls_unit_index(int32_t units, int32_t u) { return u >= 0 ? u : units - 1 - u; }
+
 /* The model shape the forward pass relies on (ls_runtime_init checks it
- * before any session exists): head_dim even and n_heads * head_dim == dim,
- * whole query-head groups per kv head, positive sizes. On failure writes
- * the shape into err and returns LS_ERR_ARG. */
+ * before any session exists): head_dim even and n_heads * head_dim at most
+ * LS_MAX_DIM, whole query-head groups per kv head, positive sizes. On
+ * failure writes the shape into err and returns LS_ERR_ARG. */
 static inline int32_t ls_check_model_shape(const ls_model_info *mi, char *err, int32_t err_len) {
     if (mi->dim <= 0 || mi->n_heads <= 0 || mi->n_kv_heads <= 0 || mi->head_dim <= 0 || mi->head_dim % 2 != 0 ||
-        mi->n_heads * mi->head_dim != mi->dim || mi->n_heads % mi->n_kv_heads != 0 || mi->ffn_dim <= 0 ||
+        (int64_t)mi->n_heads * mi->head_dim > LS_MAX_DIM || mi->n_heads % mi->n_kv_heads != 0 || mi->ffn_dim <= 0 ||
         mi->vocab_size <= 0) {
         ls_set_error(err, err_len,
                      "inconsistent model shape: dim %d, n_heads %d, n_kv_heads %d, head_dim %d, "
@@ -78,9 +97,9 @@ static inline int32_t ls_check_session_args(const ls_model *m, int32_t max_seq, 
         ls_set_error(err, err_len, "loops must be at least 1, got %d", loops);
         return LS_ERR_ARG;
     }
-    if ((int64_t)loops * m->info.n_layers > LS_MAX_UNITS) {
-        ls_set_error(err, err_len, "loops %d x %d layers is more than the %d cache units a session may hold", loops,
-                     m->info.n_layers, LS_MAX_UNITS);
+    if ((int64_t)loops * m->info.n_layers + LS_FIXED_UNITS(m) > LS_MAX_UNITS) {
+        ls_set_error(err, err_len, "loops %d x %d layers (and %d once) is more than the %d cache units a session may hold",
+                     loops, m->info.n_layers, LS_FIXED_UNITS(m), LS_MAX_UNITS);
         return LS_ERR_ARG;
     }
     if (cache_window < 0) {
@@ -176,11 +195,12 @@ static inline int ls_units_complete(ls_seq_view s, int32_t pos, int32_t need) {
 
 /* Units [0, need) are ready for a call appending at the session's position:
  * complete (above), and each ring still holds the rows a query there
- * attends to. */
+ * attends to; so are the fixed units, which hold every position. */
 static inline int ls_units_ready(ls_seq_view s, int32_t need) {
     int32_t need_lo = ls_window_lo(s.pos, s.window);
     for (int32_t u = 0; u < need; u++)
         if (s.unit_len[u] > s.pos || s.unit_lo[u] > need_lo) return 0;
+    if (!ls_units_hold(s.unit_len, s.unit_lo, s.units, s.units + s.fixed, s.pos, s.window)) return 0;
     return ls_units_complete(s, s.pos, need);
 }
 
@@ -234,12 +254,16 @@ static inline int32_t ls_prefix_lo(int32_t src_lo, int32_t n, int32_t dst_cap) {
  * from src, checked before anything is written. */
 static inline int32_t ls_check_copy_prefix(ls_seq_view dst, ls_seq_view src, int32_t n) {
     if (dst.m != src.m || n < 0) return LS_ERR_ARG;
-    if (dst.pos != 0 || dst.window != src.window || dst.kv_mode != src.kv_mode || dst.units > src.units)
+    if (dst.pos != 0 || dst.window != src.window || dst.kv_mode != src.kv_mode || dst.units > src.units ||
+        dst.cache_steps != 0 || src.cache_steps != 0)
         return LS_ERR_STATE;
     if (n > src.pos || n > dst.max_seq) return LS_ERR_ARG;
     int32_t need_lo = ls_window_lo(n, dst.window);
     for (int32_t l = 0; l < dst.units; l++)
         if (ls_prefix_lo(src.unit_lo[l], n, dst.cap) > need_lo) return LS_ERR_STATE;
+    for (int32_t j = 0; j < src.fixed; j++)
+        if (src.unit_len[src.units + j] < n || ls_prefix_lo(src.unit_lo[src.units + j], n, dst.cap) > need_lo)
+            return LS_ERR_STATE;
     return ls_units_complete(src, n, dst.units) ? LS_OK : LS_ERR_STATE;
 }
 

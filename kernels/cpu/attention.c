@@ -67,7 +67,7 @@ static void attend(ls_session *s, int32_t unit, int32_t h, float *q, float *out,
     const ls_ops *ops = s->m->rt->ops;
     int32_t n_heads = mi->n_heads, n_kv = mi->n_kv_heads, hd = mi->head_dim, cap = s->cap;
     int32_t kvh = h / (n_heads / n_kv);
-    size_t head = (size_t)unit * n_kv + kvh;
+    size_t head = (size_t)ls_unit_slot(s, unit) * n_kv + kvh;
     float *sc = s->scores + (size_t)thread * LS_ATT_GROUP * cap; /* the thread's first row of scratch (attend_group) */
     int32_t fmt = s->kv_fmt;
     if (s->kv_mode & LS_KV_HADAMARD) {
@@ -218,7 +218,7 @@ static void attend_group(ls_session *s, int32_t unit, int32_t kvh, int32_t G, fl
     const ls_model_info *mi = &s->m->info;
     const ls_ops *ops = s->m->rt->ops;
     int32_t n_kv = mi->n_kv_heads, hd = mi->head_dim, cap = s->cap;
-    size_t head = (size_t)unit * n_kv + kvh;
+    size_t head = (size_t)ls_unit_slot(s, unit) * n_kv + kvh;
     const uint16_t *Kt = s->kc + head * hd * (size_t)s->ldk;
     const uint16_t *V = s->vc + head * (size_t)s->rows * hd;
 

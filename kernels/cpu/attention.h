@@ -70,6 +70,8 @@ typedef struct {
     const int32_t *chain; /* (n, chain_ld) slots of each row's path from base */
     int32_t chain_ld;
     int32_t base;         /* first position of the tree (the committed length) */
+    float *e;             /* (n, dim) the rows' prelude outputs (models that keep them: rows of one position
+                           * may differ, so they are the rows' own, not the session's), or NULL */
 } ls_tree_rows;
 
 /* ls_attention for tree rows (rows already offset to this chunk). */

@@ -26,6 +26,14 @@
  * RoPE rows) to the front of the rows still running, which the next loop
  * then drops like any piece whose loops are done. Its deeper cache units
  * are filled once the block has run (loopserve.h, learned early exit).
+ * The zero-shot rules decide the same way from a probe of each step (the
+ * mid norm, the coda and the head over the piece's rows: a side pass).
+ *
+ * Recurrent depth: every piece of a block runs the prelude's units first
+ * (run_prelude: its session keeps the outputs e, and with injection its
+ * rows start from the first state), the core's steps take adapter .
+ * concat[h, e] at each step's start, and the sampling rows run the coda's
+ * units once their core is done (run_coda), before the head.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -38,39 +46,59 @@
 #include "batch_rules.h" /* after forward.h (session.h): it reads sessions through ls_session_view */
 
 /* The runtime's batch scratch (its LS_RUNTIME_EXT_BATCH slot), allocated on
- * first use: one block's rows, and the final hidden state and logits of the
- * sampling rows, which grow with the largest call seen. */
+ * first use: one block's rows, the side rows of the fixed units' passes
+ * (the coda, and the zero-shot exit rules' probes), and the final hidden
+ * state and logits of the sampling rows, which grow with the largest call
+ * seen, as do the probes' previous distributions. */
 typedef struct {
     float *h, *xb, *q, *k, *v, *att, *g, *u, *rope; /* (LS_CHUNK, ...) as ls_session's chunk scratch */
+    float *e;      /* (LS_CHUNK, dim) the rows' prelude outputs (input injection), or NULL */
+    float *side_h, *side_rope; /* (LS_CHUNK, dim), (LS_CHUNK, head_dim): rows of a pass over part of a block */
     float *last;   /* (rows_cap, dim) */
     float *logits; /* (rows_cap, vocab) */
-    int32_t rows_cap;
+    float *prev;   /* (prev_cap, vocab) a probed row's previous logits (KL rule), by its sampling slot */
+    double *prev_lse, *prev_entropy; /* (rows_cap) their log-sum-exp; a probed row's previous entropy */
+    int32_t rows_cap, prev_cap;
 } batch_scratch;
 
 static void scratch_free(void *state) {
     batch_scratch *b = state;
-    void *bufs[] = {b->h, b->xb, b->q, b->k, b->v, b->att, b->g, b->u, b->rope, b->last, b->logits, b};
+    void *bufs[] = {b->h, b->xb, b->q, b->k, b->v, b->att, b->g, b->u, b->rope, b->e, b->side_h, b->side_rope,
+                    b->last, b->logits, b->prev, b->prev_lse, b->prev_entropy, b};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
 
-static batch_scratch *scratch_for(ls_model *m, int32_t rows) {
+/* p grown to n elements of `size` (realloc), or NULL with p kept (freed by scratch_free). */
+static int grow(void **p, size_t n, size_t size) {
+    void *q = realloc(*p, n * size);
+    if (q) *p = q;
+    return q != NULL;
+}
+
+/* The scratch for a call of `rows` sampling rows, `kl` of them probed by the KL rule. */
+static batch_scratch *scratch_for(ls_model *m, int32_t rows, int32_t kl) {
     ls_ext *slot = &m->rt->ext[LS_RUNTIME_EXT_BATCH];
     const ls_model_info *mi = &m->info;
-    size_t C = LS_CHUNK, dim = (size_t)mi->dim, kv_dim = (size_t)mi->n_kv_heads * mi->head_dim;
+    size_t C = LS_CHUNK, dim = (size_t)mi->dim, hd = (size_t)mi->head_dim, kv_dim = (size_t)mi->n_kv_heads * hd;
+    size_t q_dim = (size_t)mi->n_heads * hd, wide = (size_t)ls_wide_scratch(mi), V = (size_t)mi->vocab_size;
     batch_scratch *b = slot->state;
     if (!b) {
         b = calloc(1, sizeof *b);
         if (!b) return NULL;
         b->h = calloc(C * dim, sizeof(float));
         b->xb = calloc(C * dim, sizeof(float));
-        b->q = calloc(C * dim, sizeof(float));
+        b->q = calloc(C * q_dim, sizeof(float));
         b->k = calloc(C * kv_dim, sizeof(float));
         b->v = calloc(C * kv_dim, sizeof(float));
-        b->att = calloc(C * dim, sizeof(float));
-        b->g = calloc(C * (size_t)mi->ffn_dim, sizeof(float));
-        b->u = calloc(C * (size_t)mi->ffn_dim, sizeof(float));
-        b->rope = calloc(C * (size_t)mi->head_dim, sizeof(float));
-        if (!b->h || !b->xb || !b->q || !b->k || !b->v || !b->att || !b->g || !b->u || !b->rope) {
+        b->att = calloc(C * q_dim, sizeof(float));
+        b->g = calloc(C * wide, sizeof(float));
+        b->u = calloc(C * wide, sizeof(float));
+        b->rope = calloc(C * hd, sizeof(float));
+        if (mi->injection != LS_INJECT_NONE) b->e = calloc(C * dim, sizeof(float));
+        b->side_h = calloc(C * dim, sizeof(float));
+        b->side_rope = calloc(C * hd, sizeof(float));
+        if (!b->h || !b->xb || !b->q || !b->k || !b->v || !b->att || !b->g || !b->u || !b->rope ||
+            (mi->injection != LS_INJECT_NONE && !b->e) || !b->side_h || !b->side_rope) {
             scratch_free(b);
             return NULL;
         }
@@ -78,12 +106,15 @@ static batch_scratch *scratch_for(ls_model *m, int32_t rows) {
         slot->free = scratch_free;
     }
     if (rows > b->rows_cap) {
-        float *last = realloc(b->last, (size_t)rows * dim * sizeof(float));
-        if (last) b->last = last;
-        float *logits = realloc(b->logits, (size_t)rows * (size_t)mi->vocab_size * sizeof(float));
-        if (logits) b->logits = logits;
-        if (!last || !logits) return NULL;
+        const size_t n = (size_t)rows;
+        if (!grow((void **)&b->last, n * dim, sizeof(float)) || !grow((void **)&b->logits, n * V, sizeof(float)) ||
+            !grow((void **)&b->prev_lse, n, sizeof(double)) || !grow((void **)&b->prev_entropy, n, sizeof(double)))
+            return NULL;
         b->rows_cap = rows;
+    }
+    if (kl > 0 && rows > b->prev_cap) { /* a KL row's slot may be any of the call's */
+        if (!grow((void **)&b->prev, (size_t)rows * V, sizeof(float))) return NULL;
+        b->prev_cap = rows;
     }
     return b;
 }
@@ -100,7 +131,7 @@ typedef struct {
     const ls_batch_piece *pieces;
     int32_t lo, n_pieces;
     const ls_block *view;
-    int32_t dim, kv_dim;
+    int32_t q_dim, kv_dim;
 } block_attention;
 
 static void attend_block(void *ctx, int32_t unit, int32_t T, int32_t skip, int32_t stored) {
@@ -110,7 +141,7 @@ static void attend_block(void *ctx, int32_t unit, int32_t T, int32_t skip, int32
     int32_t n = 0;
     for (int32_t i = a->lo, r0 = 0; i < a->n_pieces && r0 < T; r0 += a->pieces[i].n, i++) {
         const ls_batch_piece *p = &a->pieces[i];
-        size_t q0 = (size_t)r0 * a->dim, k0 = (size_t)r0 * a->kv_dim;
+        size_t q0 = (size_t)r0 * a->q_dim, k0 = (size_t)r0 * a->kv_dim;
         int32_t cut = skip - r0 < 0 ? 0 : skip - r0 > p->n ? p->n : skip - r0;
         float *k = a->view->k + k0, *v = a->view->v + k0;
         if (deferred(p)) { /* its session's other rows read them: in before any attends */
@@ -120,6 +151,44 @@ static void attend_block(void *ctx, int32_t unit, int32_t T, int32_t skip, int32
         runs[n++] = (ls_att_rows){a->sessions[p->row], p->n, p->pos0, a->view->q + q0, k, v, a->view->att + q0, cut};
     }
     ls_attention_runs(runs, n, unit);
+}
+
+/* The rows of pieces [lo, n) (their rows from the start of view) through
+ * unit l: the block's pass (core units) and the side passes' (fixed units). */
+static void pieces_unit(ls_model *m, ls_session *const *sessions, const ls_batch_piece *pc, int32_t lo, int32_t n,
+                        const ls_block *view, int32_t T, int32_t skip, int32_t l) {
+    const ls_model_info *mi = &m->info;
+    block_attention att = {sessions, pc, lo, n, view, mi->n_heads * mi->head_dim, mi->n_kv_heads * mi->head_dim};
+    ls_forward_unit(m, view, T, skip, l, attend_block, NULL, &att);
+    ls_batch_unit_done(sessions, pc, lo, n, l);
+}
+
+/* The block's scratch as a block of rows from `start`: its own rows (h, rope, e), or the side rows. */
+static ls_block block_view(const ls_model *m, batch_scratch *b, int32_t start, int side) {
+    const ls_model_info *mi = &m->info;
+    size_t dim = (size_t)mi->dim, hd = (size_t)mi->head_dim, q_dim = (size_t)mi->n_heads * hd,
+           kv_dim = (size_t)mi->n_kv_heads * hd, r = (size_t)start;
+    return (ls_block){(side ? b->side_h : b->h) + r * dim, b->xb, b->q + r * q_dim, b->k + r * kv_dim, b->v + r * kv_dim,
+                      b->att + r * q_dim, b->g, b->u, (side ? b->side_rope : b->rope) + r * hd,
+                      side || !b->e ? NULL : b->e + r * dim};
+}
+
+/* Side pass: the pieces sel[0, n) (their rows gathered from the block's rows
+ * at src[i]) through the fixed units u0, u0 - 1, ... (count of them), the
+ * mid norm first where `mid`; rows [0, skip) only store their K/V in the
+ * last unit. The rows' outputs stay in the side rows, in sel's order. */
+static void side_pass(ls_model *m, ls_session *const *sessions, const ls_batch_piece *sel, const int32_t *src,
+                      int32_t n, int32_t skip, int mid, int32_t u0, int32_t count, batch_scratch *b) {
+    const int32_t dim = m->info.dim, hd = m->info.head_dim;
+    int32_t T = 0;
+    for (int32_t i = 0; i < n; T += sel[i].n, i++) {
+        memcpy(b->side_h + (size_t)T * dim, b->h + (size_t)src[i] * dim, (size_t)sel[i].n * dim * sizeof(float));
+        memcpy(b->side_rope + (size_t)T * hd, b->rope + (size_t)src[i] * hd, (size_t)sel[i].n * hd * sizeof(float));
+    }
+    if (T == 0) return;
+    if (mid) ls_forward_mid_norm(m, b->side_h, T);
+    const ls_block view = block_view(m, b, 0, 1);
+    for (int32_t j = 0; j < count; j++) pieces_unit(m, sessions, sel, 0, n, &view, T, j == count - 1 ? skip : 0, u0 - j);
 }
 
 /* The exit gate's probability for a hidden state h (dim): fp32, in a fixed order. */
@@ -134,10 +203,12 @@ static float exit_lambda(const ls_model *m, const float *h) {
 /* A piece's exit rule and its running exit distribution. */
 typedef struct {
     int32_t policy;  /* LS_EXIT_*: NONE for a piece that runs its units */
+    int32_t rule;    /* 0: the gate's; LS_EXIT_RULE_KL / _ENTROPY: a zero-shot rule's (probes) */
     float threshold;
     float remaining; /* probability of not having exited yet */
     float cdf;       /* of exiting by now */
     int32_t units;   /* the units it was given, before any exit */
+    int32_t probed;  /* 1: it exited at a probe, whose coda ran and whose head input is in b->last */
 } exit_state;
 
 /* True when a piece's final row is read after its last unit: the row's
@@ -145,8 +216,8 @@ typedef struct {
 static int needs_output(const ls_batch_piece *p, const int32_t *slot) { return p->last && slot[p->row] >= 0; }
 
 /* Puts the running pieces [lo, n) (rows from `start`) in order of the unit
- * they end at, stable, moving their rows of h and rope along (through xb
- * and q, free between units): the next units then drop them from the
+ * they end at, stable, moving their rows of h, rope and e along (through
+ * xb, q and g, free between units): the next units then drop them from the
  * front. */
 static void order_running(const ls_model *m, ls_batch_piece *pc, exit_state *ex, int32_t lo, int32_t n, int32_t start,
                           batch_scratch *b) {
@@ -163,14 +234,17 @@ static void order_running(const ls_model *m, ls_batch_piece *pc, exit_state *ex,
         for (int32_t k = lo; k < n; k++)
             if (!taken[k - lo] && (best < 0 || pc[k].units < pc[best].units)) best = k;
         taken[best - lo] = 1;
-        memcpy(b->xb + (size_t)row * dim, b->h + (size_t)first_row[best] * dim, (size_t)pc[best].n * dim * sizeof(float));
-        memcpy(b->q + (size_t)row * hd, b->rope + (size_t)first_row[best] * hd, (size_t)pc[best].n * hd * sizeof(float));
+        const size_t rows = (size_t)pc[best].n;
+        memcpy(b->xb + (size_t)row * dim, b->h + (size_t)first_row[best] * dim, rows * dim * sizeof(float));
+        memcpy(b->q + (size_t)row * hd, b->rope + (size_t)first_row[best] * hd, rows * hd * sizeof(float));
+        if (b->e) memcpy(b->g + (size_t)row * dim, b->e + (size_t)first_row[best] * dim, rows * dim * sizeof(float));
         tmp_pc[out] = pc[best];
         tmp_ex[out++] = ex[best];
         row += pc[best].n;
     }
     memcpy(b->h + (size_t)start * dim, b->xb, (size_t)row * dim * sizeof(float));
     memcpy(b->rope + (size_t)start * hd, b->q, (size_t)row * hd * sizeof(float));
+    if (b->e) memcpy(b->e + (size_t)start * dim, b->g, (size_t)row * dim * sizeof(float));
     memcpy(pc + lo, tmp_pc, (size_t)out * sizeof *pc);
     memcpy(ex + lo, tmp_ex, (size_t)out * sizeof *ex);
 }
@@ -188,17 +262,90 @@ static int32_t row_end(const ls_batch_piece *pc, int32_t n, int32_t r, int32_t *
     return end;
 }
 
-/* After a step's last unit `done` (units run so far): each early-exiting
- * piece of [lo, n) not at its last step asks its gate, and one that exits
- * gets units = done; the deferred rows of each session then end with the
- * session's deepest piece. */
-static void decide_exits(const ls_model *m, ls_batch_piece *pc, exit_state *ex, int32_t lo, int32_t n, int32_t start,
-                         int32_t done, batch_scratch *b) {
-    const int32_t dim = m->info.dim;
+/* log(sum exp(l)) of a row of logits, in double, in index order. */
+static double log_sum_exp(const float *l, int32_t n) {
+    double mx = -INFINITY, sum = 0.0;
+    for (int32_t i = 0; i < n; i++) mx = (double)l[i] > mx ? (double)l[i] : mx;
+    for (int32_t i = 0; i < n; i++) sum += exp((double)l[i] - mx);
+    return mx + log(sum);
+}
+
+/* A zero-shot rule's value of one probe (loopserve.h), its logits at this
+ * step l; `first`: the token's first step (the previous distribution is
+ * the uniform one, or entropy 100). Keeps what the next probe compares with. */
+static double probe_value(int32_t rule, const float *l, int32_t vocab, int first, float *prev, double *prev_lse,
+                          double *prev_entropy) {
+    const double lse = log_sum_exp(l, vocab);
+    double v = 0.0;
+    if (rule == LS_EXIT_RULE_KL) {
+        if (first) {
+            const double lu = -log((double)vocab);
+            for (int32_t i = 0; i < vocab; i++) v += exp(lu) * (lu - ((double)l[i] - lse));
+        } else {
+            for (int32_t i = 0; i < vocab; i++) {
+                const double lp = (double)prev[i] - *prev_lse;
+                v += exp(lp) * (lp - ((double)l[i] - lse));
+            }
+        }
+        memcpy(prev, l, (size_t)vocab * sizeof *prev);
+        *prev_lse = lse;
+        return v;
+    }
+    double H = 0.0;
+    for (int32_t i = 0; i < vocab; i++) {
+        const double p = exp((double)l[i] - lse);
+        H -= p * log(p + 1e-10);
+    }
+    v = fabs(H - (first ? 100.0 : *prev_entropy));
+    *prev_entropy = H;
+    return v;
+}
+
+/* After step `done / L` (units run so far): the running pieces [lo, n) of
+ * a zero-shot rule not at their last step are probed (their row through the
+ * mid norm, the coda and the head, batched as side rows); each whose value
+ * is below its threshold gets units = done and its head input in b->last.
+ * Returns whether one did. */
+static int probe_exits(ls_model *m, ls_session *const *sessions, ls_batch_piece *pc, exit_state *ex, int32_t lo,
+                       int32_t n, int32_t start, int32_t done, batch_scratch *b, const int32_t *slot) {
+    const ls_model_info *mi = &m->info;
+    const int32_t dim = mi->dim, vocab = mi->vocab_size;
+    ls_batch_piece sel[LS_CHUNK];
+    int32_t src[LS_CHUNK], which[LS_CHUNK], np = 0;
+    for (int32_t k = lo, r = start; k < n; r += pc[k].n, k++) {
+        if (ex[k].policy == LS_EXIT_NONE || ex[k].rule == 0 || pc[k].units <= done) continue;
+        sel[np] = pc[k];
+        src[np] = r;
+        which[np++] = k;
+    }
+    if (np == 0) return 0;
+    side_pass(m, sessions, sel, src, np, 0, 1, LS_CODA_UNIT(m, 0), mi->n_coda, b);
+    ls_forward_head(m, b->side_h, np, b->xb, b->logits);
     int moved = 0;
+    for (int32_t j = 0; j < np; j++) {
+        const int32_t k = which[j], sl = slot[pc[k].row];
+        const double v = probe_value(ex[k].rule, b->logits + (size_t)j * vocab, vocab, done == mi->n_layers,
+                                     b->prev ? b->prev + (size_t)sl * vocab : NULL, &b->prev_lse[sl], &b->prev_entropy[sl]);
+        if (!(v < (double)ex[k].threshold)) continue;
+        pc[k].units = done;
+        ex[k].probed = 1;
+        memcpy(b->last + (size_t)sl * dim, b->side_h + (size_t)j * dim, (size_t)dim * sizeof(float));
+        moved = 1;
+    }
+    return moved;
+}
+
+/* After a step's last unit `done` (units run so far): each early-exiting
+ * piece of [lo, n) not at its last step asks its rule (the gate, or a
+ * probe), and one that exits gets units = done; the deferred rows of each
+ * session then end with the session's deepest piece. */
+static void decide_exits(ls_model *m, ls_session *const *sessions, ls_batch_piece *pc, exit_state *ex, int32_t lo,
+                         int32_t n, int32_t start, int32_t done, batch_scratch *b, const int32_t *slot) {
+    const int32_t dim = m->info.dim;
+    int moved = probe_exits(m, sessions, pc, ex, lo, n, start, done, b, slot);
     for (int32_t k = lo, r = start; k < n; r += pc[k].n, k++) {
         exit_state *e = &ex[k];
-        if (e->policy == LS_EXIT_NONE || pc[k].units <= done) continue;
+        if (e->policy == LS_EXIT_NONE || e->rule != 0 || pc[k].units <= done) continue;
         const float lambda = exit_lambda(m, b->h + (size_t)r * dim);
         const float p = lambda * e->remaining;
         e->remaining = e->remaining * (1.0f - lambda);
@@ -241,10 +388,11 @@ static int32_t join_deferred(ls_model *m, ls_session *const *sessions, ls_batch_
             continue;
         }
         ls_batch_piece d = {r, -1, cnt, a, end, 0};
-        for (int32_t t = 0; t < cnt; t++) memcpy(b->h + (size_t)(T + t) * dim, s->def_h + (size_t)(a + t) * dim, (size_t)dim * sizeof(float));
+        memcpy(b->h + (size_t)T * dim, s->def_h + (size_t)a * dim, (size_t)cnt * dim * sizeof(float));
+        if (b->e) memcpy(b->e + (size_t)T * dim, s->e + (size_t)a * dim, (size_t)cnt * dim * sizeof(float));
         ls_rope_table(b->rope + (size_t)T * hd, cnt, a, hd, mi->rope_theta);
         pc[*n_pieces] = d;
-        ex[*n_pieces] = (exit_state){LS_EXIT_NONE, 0.0f, 1.0f, 0.0f, end};
+        ex[*n_pieces] = (exit_state){LS_EXIT_NONE, 0, 0.0f, 1.0f, 0.0f, end, 0};
         (*n_pieces)++;
         T += cnt;
         added = 1;
@@ -255,13 +403,59 @@ static int32_t join_deferred(ls_model *m, ls_session *const *sessions, ls_batch_
 
 /* A piece that exited after `pc->units` of its `units` (LS_EXIT_COPY):
  * every deeper unit of its session gets, at its position, the keys/values
- * of the same layer in its exit step. */
+ * of the same layer in its exit step. With shared steps (cache_steps) only
+ * the slots its steps did not reach: one it wrote keeps its latest write,
+ * as the published compress-s cache with its latest lookup reads it. */
 static void fill_exited(ls_session *s, const ls_batch_piece *pc, int32_t units) {
     const int32_t L = s->m->info.n_layers, last_step = pc->units - L, pos = pc->pos0, slot = pos % s->cap;
     for (int32_t u = pc->units; u < units; u++) {
-        ls_kv_copy_row(s, u, slot, s, last_step + u % L, slot);
+        if (u < s->core_slots) ls_kv_copy_row(s, u, slot, s, last_step + u % L, slot);
         ls_seq_advance(s->unit_len, s->unit_lo, u, pos + 1, s->cap);
     }
+}
+
+/* The block's pieces through the prelude's units (all of them begin
+ * there); their sessions keep the prelude outputs, which the block's e rows
+ * hold too, and with input injection each row then holds its first state. */
+static void run_prelude(ls_model *m, ls_session *const *sessions, const ls_batch_piece *pc, int32_t n, int32_t T,
+                        batch_scratch *b) {
+    const ls_model_info *mi = &m->info;
+    const int32_t dim = mi->dim;
+    const ls_block view = block_view(m, b, 0, 0);
+    for (int32_t j = 0; j < mi->n_prelude; j++) pieces_unit(m, sessions, pc, 0, n, &view, T, 0, LS_PRELUDE_UNIT(j));
+    for (int32_t i = 0, r0 = 0; i < n; r0 += pc[i].n, i++) {
+        ls_session *s = sessions[pc[i].row];
+        const size_t rows = (size_t)pc[i].n * dim;
+        memcpy(s->e + (size_t)pc[i].pos0 * dim, b->h + (size_t)r0 * dim, rows * sizeof(float));
+        if (!b->e) continue;
+        memcpy(b->e + (size_t)r0 * dim, b->h + (size_t)r0 * dim, rows * sizeof(float));
+        for (int32_t t = 0; t < pc[i].n; t++) ls_state0(m, pc[i].pos0 + t, b->h + (size_t)(r0 + t) * dim);
+    }
+}
+
+/* The block's pieces that run the coda at its end (each but the deferred
+ * ones and those whose probe ran it), through the mid norm and the coda:
+ * those whose output is not read first, so that the last unit skips them;
+ * each sampling row's output goes to b->last. */
+static void run_coda(ls_model *m, ls_session *const *sessions, const ls_batch_piece *pc, const exit_state *ex,
+                     int32_t n, batch_scratch *b, const int32_t *slot) {
+    const int32_t dim = m->info.dim;
+    ls_batch_piece sel[LS_CHUNK];
+    int32_t src[LS_CHUNK], first_row[LS_CHUNK], ns = 0, skip = 0, first_read = 1;
+    for (int32_t i = 0, r0 = 0; i < n; r0 += pc[i].n, i++) first_row[i] = r0;
+    for (int out = 0; out < 2; out++) /* those not read, then those read */
+        for (int32_t i = 0; i < n; i++) {
+            if (deferred(&pc[i]) || ex[i].probed || needs_output(&pc[i], slot) != out) continue;
+            if (!out) skip += pc[i].n;
+            else if (first_read) skip += pc[i].n - 1, first_read = 0; /* the first read piece's leading rows */
+            sel[ns] = pc[i];
+            src[ns++] = first_row[i];
+        }
+    side_pass(m, sessions, sel, src, ns, skip, 1, LS_CODA_UNIT(m, 0), m->info.n_coda, b);
+    for (int32_t i = 0, r0 = 0; i < ns; r0 += sel[i].n, i++)
+        if (needs_output(&sel[i], slot))
+            memcpy(b->last + (size_t)slot[sel[i].row] * dim, b->side_h + (size_t)(r0 + sel[i].n - 1) * dim,
+                   (size_t)dim * sizeof(float));
 }
 
 /* Runs one block of pieces through their units; keeps each sampling row's
@@ -272,6 +466,7 @@ static void run_block(ls_model *m, ls_session *const *sessions, const ls_batch_r
                       const int32_t *slot) {
     const ls_model_info *mi = &m->info;
     int32_t dim = mi->dim, hd = mi->head_dim, L = mi->n_layers;
+    const int coda = mi->n_coda > 0;
     ls_batch_piece pc[LS_CHUNK];
     exit_state ex[LS_CHUNK];
     int any_exit = 0;
@@ -281,38 +476,35 @@ static void run_block(ls_model *m, ls_session *const *sessions, const ls_batch_r
         const ls_step_params *sp = &rows[p->row].step;
         pc[i] = *p;
         const int exit_piece = p->last && exits[p->row]; /* the plan split its token off */
-        ex[i] = (exit_state){exit_piece ? sp->exit_policy : LS_EXIT_NONE, sp->exit_threshold, 1.0f, 0.0f, p->units};
+        ex[i] = (exit_state){exit_piece ? ls_exit_policy_of(sp) : LS_EXIT_NONE, ls_exit_rule_of(sp), sp->exit_threshold,
+                             1.0f, 0.0f, p->units, 0};
         any_exit |= exit_piece;
         ls_forward_embed(sessions[p->row], tokens + p->first, p->n, b->h + (size_t)T * dim);
         ls_rope_table(b->rope + (size_t)T * hd, p->n, p->pos0, hd, mi->rope_theta);
         T += p->n;
     }
-    block_attention att = {sessions, pc, 0, n_pieces, NULL, dim, mi->n_kv_heads * hd};
+    if (ls_keeps_prelude(m)) run_prelude(m, sessions, pc, n_pieces, T, b);
     for (int32_t l = 0, lo = 0, start = 0; ; l++) {
         if (l % L == 0) T = join_deferred(m, sessions, pc, ex, &n_pieces, lo, start, T, l, b);
         /* pieces are ordered by the unit they end at: drop the ones done */
         while (lo < n_pieces && pc[lo].units <= l) start += pc[lo++].n;
         if (lo == n_pieces) break;
         /* the pieces ending at this unit lead; their rows up to the first
-         * one a sampled token or a later unit reads only store K/V */
+         * one a sampled token or a later unit reads only store K/V (with a
+         * coda, every row's output goes on to it) */
         int32_t skip = 0;
-        for (int32_t k = lo; k < n_pieces && pc[k].units == l + 1 && !deferred(&pc[k]); k++) {
+        for (int32_t k = lo; k < n_pieces && pc[k].units == l + 1 && !deferred(&pc[k]) && !coda; k++) {
             if (needs_output(&pc[k], slot)) {
                 skip += pc[k].n - 1;
                 break;
             }
             skip += pc[k].n;
         }
-        size_t kv_dim = (size_t)att.kv_dim;
-        ls_block view = {b->h + (size_t)start * dim, b->xb, b->q + (size_t)start * dim, b->k + start * kv_dim,
-                         b->v + start * kv_dim, b->att + (size_t)start * dim, b->g, b->u, b->rope + (size_t)start * hd};
-        att.lo = lo;
-        att.n_pieces = n_pieces;
-        att.view = &view;
-        ls_forward_unit(m, &view, T - start, skip, l, attend_block, NULL, &att);
-        ls_batch_unit_done(sessions, pc, lo, n_pieces, l);
-        if (any_exit && (l + 1) % L == 0) decide_exits(m, pc, ex, lo, n_pieces, start, l + 1, b);
+        ls_block view = block_view(m, b, start, 0);
+        pieces_unit(m, sessions, pc, lo, n_pieces, &view, T - start, skip, l);
+        if (any_exit && (l + 1) % L == 0) decide_exits(m, sessions, pc, ex, lo, n_pieces, start, l + 1, b, slot);
     }
+    if (coda) run_coda(m, sessions, pc, ex, n_pieces, b, slot);
     ls_batch_block_done(sessions, pc, n_pieces, tokens);
     for (int32_t i = 0, r0 = 0; i < n_pieces; r0 += pc[i].n, i++) {
         const ls_batch_piece *p = &pc[i];
@@ -322,7 +514,7 @@ static void run_block(ls_model *m, ls_session *const *sessions, const ls_batch_r
             for (int32_t t = 0; t < p->n; t++) ls_session_defer(s, p->pos0 + t, p->units, b->h + (size_t)(r0 + t) * dim);
         if (ex[i].policy == LS_EXIT_COPY) fill_exited(s, p, ex[i].units);
         if (!needs_output(p, slot)) continue;
-        memcpy(b->last + (size_t)slot[p->row] * dim, b->h + (size_t)(r0 + p->n - 1) * dim, (size_t)dim * sizeof(float));
+        if (!coda) memcpy(b->last + (size_t)slot[p->row] * dim, b->h + (size_t)(r0 + p->n - 1) * dim, (size_t)dim * sizeof(float));
         s->last_steps = p->units / L;
     }
 }
@@ -387,18 +579,22 @@ int32_t ls_batch_step_gated(ls_model *m, ls_session *const *sessions, const ls_b
     int32_t rc = ls_check_batch(m, sessions, rows, n_rows, tokens, masks, out);
     if (rc != LS_OK) return rc;
     /* cache room for every row before any runs (a grown cache holds the same positions) */
+    int32_t kl = 0;
     for (int32_t i = 0; i < n_rows; i++) {
         int32_t end = sessions[i]->pos + rows[i].n_tokens;
+        const ls_step_params *sp = &rows[i].step;
+        const int exits = ls_step_exits(m, sp, rows[i].sample, rows[i].n_tokens);
         out[i] = ls_session_reserve(sessions[i], end);
-        if (out[i] == LS_OK && rows[i].step.exit_policy == LS_EXIT_EXACT && ls_step_exits(m, &rows[i].step, rows[i].sample))
+        if (out[i] == LS_OK && ls_exit_policy_of(sp) == LS_EXIT_EXACT && exits)
             out[i] = ls_session_defer_reserve(sessions[i], end); /* the exiting token may keep its state */
         if (out[i] != LS_OK) rc = out[i];
+        kl += exits && ls_exit_rule_of(sp) == LS_EXIT_RULE_KL;
     }
     if (rc != LS_OK) return rc;
 
     ls_batch_plan plan;
     ls_batch_plan_rows(&plan, sessions, rows, n_rows, row_before);
-    batch_scratch *b = scratch_for(m, plan.n_sample > 0 ? plan.n_sample : 1);
+    batch_scratch *b = scratch_for(m, plan.n_sample > 0 ? plan.n_sample : 1, kl);
     if (!b) return LS_ERR_NOMEM;
     block_call call = {m, sessions, rows, plan.exits, tokens, b, plan.slot};
     ls_batch_piece pieces[LS_CHUNK];

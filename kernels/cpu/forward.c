@@ -17,6 +17,7 @@
 
 #include "forward.h"
 #include "quant.h"
+#include "sampling.h" /* ls_uniform: the first state's generator */
 #include "session.h"
 
 // ---- parallel matmuls ----
@@ -208,10 +209,11 @@ typedef struct {
     const float *x, *w;
     int32_t dim;
     float eps;
-    /* rope */
+    /* rope: q and k rows of n_heads * hd and n_kv * hd, their biases added first (NULL: none) */
     float *q, *k;
     const float *rope;
-    int32_t n_heads, n_kv, hd, T;
+    const float *q_bias, *k_bias;
+    int32_t n_heads, n_kv, hd, T, interleaved;
 } tok_job;
 
 static void norm_range(const tok_job *j, int32_t t0, int32_t t1) {
@@ -219,11 +221,37 @@ static void norm_range(const tok_job *j, int32_t t0, int32_t t1) {
         j->ops->rmsnorm(j->out + (size_t)t * j->dim, j->x + (size_t)t * j->dim, j->w, j->dim, j->eps);
 }
 
+/* RoPE on adjacent pairs: (x[2i], x[2i + 1]) of each head rotated by cs[i]
+ * (the GPT-J / Huginn layout). Plain C, the same on every path. */
+static void rope_interleaved(float *x, int32_t n_heads, int32_t hd, const float *cs) {
+    for (int32_t h = 0; h < n_heads; h++)
+        for (int32_t i = 0; i < hd / 2; i++) {
+            float *p = x + (size_t)h * hd + 2 * i, a = p[0], b = p[1], c = cs[2 * i], sn = cs[2 * i + 1];
+            p[0] = a * c - b * sn;
+            p[1] = b * c + a * sn;
+        }
+}
+
+static void add_bias(float *x, const float *bias, int32_t n) {
+    for (int32_t i = 0; i < n; i++) x[i] += bias[i];
+}
+
 static void rope_range(const tok_job *j, int32_t t0, int32_t t1) {
+    const int32_t q_dim = j->n_heads * j->hd, kv_dim = j->n_kv * j->hd;
     for (int32_t t = t0; t < t1; t++) {
         const float *cs = j->rope + (size_t)t * j->hd;
-        j->ops->rope(j->q + (size_t)t * j->dim, j->n_heads, j->hd, cs);
-        j->ops->rope(j->k + (size_t)t * j->n_kv * j->hd, j->n_kv, j->hd, cs);
+        float *q = j->q + (size_t)t * q_dim, *k = j->k + (size_t)t * kv_dim;
+        if (j->q_bias) {
+            add_bias(q, j->q_bias, q_dim);
+            add_bias(k, j->k_bias, kv_dim);
+        }
+        if (j->interleaved) {
+            rope_interleaved(q, j->n_heads, j->hd, cs);
+            rope_interleaved(k, j->n_kv, j->hd, cs);
+            continue;
+        }
+        j->ops->rope(q, j->n_heads, j->hd, cs);
+        j->ops->rope(k, j->n_kv, j->hd, cs);
     }
 }
 
@@ -302,20 +330,22 @@ static void stage_attention_in(const stage_ctx *c, int32_t t0, int32_t t1) {
     const ls_model_info *mi = &m->info;
     const ls_runtime *rt = m->rt;
     const ls_block *b = c->b;
-    int32_t dim = mi->dim, hd = mi->head_dim, kv_dim = mi->n_kv_heads * hd, T = t1 - t0;
+    int32_t dim = mi->dim, hd = mi->head_dim, q_dim = mi->n_heads * hd, kv_dim = mi->n_kv_heads * hd, T = t1 - t0;
     const int32_t layer = LS_UNIT_LAYER(m, c->unit);
     const ls_layer_weights *w = &m->w.layers[layer];
-    float *xb = b->xb + (size_t)t0 * dim, *q = b->q + (size_t)t0 * dim, *k = b->k + (size_t)t0 * kv_dim;
+    float *xb = b->xb + (size_t)t0 * dim, *q = b->q + (size_t)t0 * q_dim, *k = b->k + (size_t)t0 * kv_dim;
     stage_norm(c, xb, b->h + (size_t)t0 * dim, ls_layer_norm(rt, dim, layer, LS_NORM_ATTN), T);
     stage_prof(c, LS_PROF_RMSNORM);
     mm_job qkv = {.x = xb, .ldx = dim, .in = dim, .T = T, .add = 0, .n_seg = 3,
-                  .seg = {{w->wq, q, dim, dim, w->qwq},
+                  .seg = {{w->wq, q, q_dim, q_dim, w->qwq},
                           {w->wk, k, kv_dim, kv_dim, w->qwk},
                           {w->wv, b->v + (size_t)t0 * kv_dim, kv_dim, kv_dim, w->qwv}}};
     stage_mm(c, &qkv);
     stage_prof(c, LS_PROF_QKV);
-    tok_job rj = {.ops = rt->ops, .dim = dim, .q = q, .k = k, .rope = b->rope + (size_t)t0 * hd, .n_heads = mi->n_heads,
-                  .n_kv = mi->n_kv_heads, .hd = hd, .T = T};
+    const float *bias = ls_layer_qk_bias(rt, mi, layer);
+    tok_job rj = {.ops = rt->ops, .q = q, .k = k, .rope = b->rope + (size_t)t0 * hd, .q_bias = bias,
+                  .k_bias = bias ? bias + q_dim : NULL, .n_heads = mi->n_heads, .n_kv = mi->n_kv_heads, .hd = hd,
+                  .T = T, .interleaved = mi->rope_interleaved};
     if (c->on_thread) rope_range(&rj, 0, T);
     else ls_pool_run(rt->pool, rope_task, &rj, (T + TOK_BLOCK - 1) / TOK_BLOCK);
     if (c->on_thread && c->store) c->store(c->ctx, c->unit, t0, t1, c->thread);
@@ -327,13 +357,15 @@ static void residual_add(float *h, const float *x, int32_t T, int32_t dim) {
 }
 
 /* A sublayer's output y (T rows, in the block's xb) onto the residual h:
- * added by the matmul itself, or, with sandwich norms, normed first. */
+ * added by the matmul itself (then, in the sandwich_sum layout, the sum
+ * normed), or, with sandwich norms, normed first. */
 static void sublayer_out(const stage_ctx *c, mm_job *j, float *h, int32_t T, const float *out_norm) {
     const int32_t dim = c->m->info.dim;
-    if (!c->m->info.sandwich_norm) {
+    if (c->m->info.sandwich_norm != LS_NORM_SANDWICH) {
         j->seg[0].y = h;
         j->add = 1;
         stage_mm(c, j);
+        if (c->m->info.sandwich_norm == LS_NORM_SANDWICH_SUM) stage_norm(c, h, h, out_norm, T);
         return;
     }
     float *y = j->seg[0].y;
@@ -350,11 +382,11 @@ static void stage_rest(const stage_ctx *c, int32_t t0, int32_t t1) {
     const ls_model_info *mi = &m->info;
     const ls_runtime *rt = m->rt;
     const ls_block *b = c->b;
-    int32_t dim = mi->dim, ffn = mi->ffn_dim, T = t1 - t0;
+    int32_t dim = mi->dim, ffn = mi->ffn_dim, q_dim = mi->n_heads * mi->head_dim, T = t1 - t0;
     const int32_t layer = LS_UNIT_LAYER(m, c->unit);
     const ls_layer_weights *w = &m->w.layers[layer];
     float *h = b->h + (size_t)t0 * dim, *xb = b->xb + (size_t)t0 * dim, *g = b->g + (size_t)t0 * ffn;
-    mm_job wo = {.x = b->att + (size_t)t0 * dim, .ldx = dim, .in = dim, .T = T, .n_seg = 1,
+    mm_job wo = {.x = b->att + (size_t)t0 * q_dim, .ldx = q_dim, .in = q_dim, .T = T, .n_seg = 1,
                  .seg = {{w->wo, xb, dim, dim, w->qwo}}};
     sublayer_out(c, &wo, h, T, ls_layer_norm(rt, dim, layer, LS_NORM_ATTN_OUT));
     stage_prof(c, LS_PROF_WO);
@@ -366,7 +398,7 @@ static void stage_rest(const stage_ctx *c, int32_t t0, int32_t t1) {
     stage_prof(c, LS_PROF_FFN_GATE_UP);
     mm_job down = {.x = g, .ldx = ffn, .in = ffn, .T = T, .n_seg = 1, .seg = {{w->w2, xb, dim, dim, w->qw2}}};
     sublayer_out(c, &down, h, T, ls_layer_norm(rt, dim, layer, LS_NORM_FFN_OUT));
-    if (mi->step_norm && layer == mi->n_layers - 1) stage_norm(c, h, h, rt->norm, T);
+    if (mi->step_norm && c->unit >= 0 && layer == mi->n_layers - 1) stage_norm(c, h, h, rt->norm, T);
 }
 
 /* A stage over rows [lo, T) in token parts on the pool, part p its task p.
@@ -412,20 +444,68 @@ static int run_stage(const ls_model *m, const ls_block *b, void (*stage)(const s
 void ls_forward_embed(ls_session *s, const int32_t *tokens, int32_t n, float *h) {
     const ls_model *m = s->m;
     int32_t dim = m->info.dim;
+    const float scale = m->info.embed_scale;
     double t0 = ls_prof_now(m->rt);
     for (int32_t t = 0; t < n; t++) {
-        if (m->w.tok_embeddings)
-            m->rt->ops->f16_to_f32(h + (size_t)t * dim, m->w.tok_embeddings + (size_t)tokens[t] * dim, dim);
-        else
-            ls_quant_row_f32(m->w.qoutput, tokens[t], h + (size_t)t * dim); /* tied to the quantized head */
+        float *row = h + (size_t)t * dim;
+        if (m->w.tok_embeddings) m->rt->ops->f16_to_f32(row, m->w.tok_embeddings + (size_t)tokens[t] * dim, dim);
+        else ls_quant_row_f32(m->w.qoutput, tokens[t], row); /* tied to the quantized head */
+        if (scale != 1.0f)
+            for (int32_t i = 0; i < dim; i++) row[i] *= scale;
     }
     ls_prof_add(m->rt, LS_PROF_EMBED, &t0);
+}
+
+/* loopserve.h's generator of the first state: the seed of position pos. */
+#define STATE_SEED 0x7374617465ull /* "state" */
+#define STATE_ATTEMPTS 64
+
+void ls_state0(const ls_model *m, int32_t pos, float *h) {
+    const int32_t dim = m->info.dim;
+    const double std = (double)m->info.state_std;
+    const uint64_t seed = ls_mix64(STATE_SEED ^ (uint64_t)(uint32_t)pos);
+    for (int32_t i = 0; i < dim; i++) {
+        double z = 0.0;
+        for (int32_t a = 0; a < STATE_ATTEMPTS; a++) {
+            const uint64_t c = 2 * ((uint64_t)i * STATE_ATTEMPTS + (uint64_t)a);
+            const double u1 = ls_uniform(seed, c), u2 = ls_uniform(seed, c + 1);
+            const double v = sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2);
+            if (fabs(v) <= 3.0) {
+                z = v;
+                break;
+            }
+        }
+        h[i] = (float)(std * z);
+    }
+}
+
+void ls_forward_mid_norm(const ls_model *m, float *h, int32_t n) {
+    if (!m->info.mid_norm) return;
+    const int32_t dim = m->info.dim;
+    for (int32_t t = 0; t < n; t++) m->rt->ops->rmsnorm(h + (size_t)t * dim, h + (size_t)t * dim, m->rt->norm, dim, m->info.norm_eps);
+}
+
+/* A step's input at its first unit: h = adapter . concat[h, e] for every row
+ * (LS_INJECT_ADAPTER), the concatenation staged in the block's g. */
+static void inject(const ls_model *m, const ls_block *b, int32_t T) {
+    const int32_t dim = m->info.dim;
+    for (int32_t t = 0; t < T; t++) {
+        memcpy(b->g + (size_t)t * 2 * dim, b->h + (size_t)t * dim, (size_t)dim * sizeof *b->g);
+        memcpy(b->g + (size_t)t * 2 * dim + dim, b->e + (size_t)t * dim, (size_t)dim * sizeof *b->g);
+    }
+    mm_job adapter = {.x = b->g, .ldx = 2 * dim, .in = 2 * dim, .T = T, .add = 0, .n_seg = 1,
+                      .seg = {{m->w.adapter, b->h, dim, dim, NULL}}};
+    mm_run(m->rt, &adapter);
 }
 
 void ls_forward_unit(const ls_model *m, const ls_block *b, int32_t T, int32_t skip, int32_t l,
                            ls_block_attention attention, ls_block_store store, void *ctx) {
     ls_runtime *rt = m->rt;
     double t0 = ls_prof_now(rt);
+    if (b->e && l >= 0 && l % m->info.n_layers == 0) {
+        inject(m, b, T);
+        ls_prof_add(rt, LS_PROF_INJECT, &t0);
+    }
     const int parts = run_stage(m, b, stage_attention_in, 0, T, &t0, store, ctx, l);
     attention(ctx, l, T, skip, parts && store);
     ls_prof_add(rt, LS_PROF_ATTN, &t0);
@@ -458,25 +538,78 @@ static void store_chunk(void *ctx, int32_t unit, int32_t t0, int32_t t1, int32_t
     ls_attention_store(c->s, unit, c->pos0, t0, t1, c->s->k, c->s->v, thread);
 }
 
-/* One chunk (T <= LS_CHUNK) through units [la, lb): consecutive positions
- * pos0.. when tree is NULL, else the tree rows (offset to this chunk), whose
- * cache bookkeeping is the caller's. Rows [0, skip) of the last loop only
- * store their K/V (their unit-lb output is not needed). */
-static void forward_chunk(ls_session *s, float *h, int32_t T, int32_t pos0, int32_t la, int32_t lb,
-                          const ls_tree_rows *tree, int32_t skip) {
+/* One chunk (T <= LS_CHUNK) through n units u0, u0 + dir, ...: core units
+ * (dir 1) or fixed ones (dir -1); consecutive positions pos0.. when tree is
+ * NULL, else the tree rows (offset to this chunk), whose cache bookkeeping is
+ * the caller's. Rows [0, skip) of the last unit only store their K/V (their
+ * output is not needed). */
+static void run_units(ls_session *s, float *h, int32_t T, int32_t pos0, int32_t u0, int32_t n, int32_t dir,
+                      const ls_tree_rows *tree, int32_t skip) {
     const ls_model_info *mi = &s->m->info;
     int32_t hd = mi->head_dim;
+    if (n < 1) return;
     if (tree)
         for (int32_t t = 0; t < T; t++) ls_rope_table(s->rope + (size_t)t * hd, 1, tree->pos[t], hd, mi->rope_theta);
     else
         ls_rope_table(s->rope, T, pos0, hd, mi->rope_theta);
 
-    ls_block b = {h, s->xb, s->q, s->k, s->v, s->att, s->g, s->u, s->rope};
+    const float *e = NULL;
+    if (mi->injection != LS_INJECT_NONE) e = tree ? tree->e : s->e + (size_t)pos0 * mi->dim;
+    ls_block b = {h, s->xb, s->q, s->k, s->v, s->att, s->g, s->u, s->rope, e};
     chunk_attention att = {s, pos0, tree};
-    for (int32_t l = la; l < lb; l++) {
-        ls_forward_unit(s->m, &b, T, l == lb - 1 ? skip : 0, l, attend_chunk, tree ? NULL : store_chunk, &att);
-        if (!tree) ls_seq_advance(s->unit_len, s->unit_lo, l, pos0 + T, s->cap);
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t l = u0 + i * dir;
+        ls_forward_unit(s->m, &b, T, i == n - 1 ? skip : 0, l, attend_chunk, tree ? NULL : store_chunk, &att);
+        if (!tree) ls_seq_advance(s->unit_len, s->unit_lo, ls_unit_index(s->units, l), pos0 + T, s->cap);
     }
+}
+
+/* One chunk through core units [la, lb) (run_units). */
+static void forward_chunk(ls_session *s, float *h, int32_t T, int32_t pos0, int32_t la, int32_t lb,
+                          const ls_tree_rows *tree, int32_t skip) {
+    run_units(s, h, T, pos0, la, lb - la, 1, tree, skip);
+}
+
+/* Tree rows [c0, c0 + T) of rows, as run_units takes them. */
+static ls_tree_rows tree_chunk(const ls_tree_rows *rows, int32_t c0, int32_t dim) {
+    return (ls_tree_rows){rows->pos + c0, rows->slot + c0, rows->chain + (size_t)c0 * rows->chain_ld, rows->chain_ld,
+                          rows->base, rows->e ? rows->e + (size_t)c0 * dim : NULL};
+}
+
+void ls_forward_start(ls_session *s, const int32_t *tokens, int32_t n, int32_t pos0, const ls_tree_rows *rows,
+                      float *h) {
+    const ls_model *m = s->m;
+    const int32_t dim = m->info.dim;
+    ls_forward_embed(s, tokens, n, h);
+    if (!ls_keeps_prelude(m)) return;
+    for (int32_t c0 = 0; c0 < n; c0 += LS_CHUNK) {
+        int32_t T = n - c0 < LS_CHUNK ? n - c0 : LS_CHUNK;
+        ls_tree_rows chunk = rows ? tree_chunk(rows, c0, dim) : (ls_tree_rows){0};
+        float *hc = h + (size_t)c0 * dim;
+        run_units(s, hc, T, pos0 + c0, LS_PRELUDE_UNIT(0), m->info.n_prelude, -1, rows ? &chunk : NULL, 0);
+        memcpy(rows ? chunk.e : s->e + (size_t)(pos0 + c0) * dim, hc, (size_t)T * dim * sizeof *hc);
+        if (m->info.injection != LS_INJECT_NONE)
+            for (int32_t t = 0; t < T; t++) ls_state0(m, rows ? chunk.pos[t] : pos0 + c0 + t, hc + (size_t)t * dim);
+    }
+}
+
+void ls_forward_finish(ls_session *s, float *h, int32_t n, int32_t pos0, const ls_tree_rows *rows, int32_t keep) {
+    const ls_model *m = s->m;
+    const int32_t dim = m->info.dim;
+    ls_forward_mid_norm(m, h, n);
+    for (int32_t c0 = 0; c0 < n && m->info.n_coda > 0; c0 += LS_CHUNK) {
+        int32_t T = n - c0 < LS_CHUNK ? n - c0 : LS_CHUNK;
+        int32_t skip = keep - c0 < 0 ? 0 : keep - c0 > T ? T : keep - c0;
+        ls_tree_rows chunk = rows ? tree_chunk(rows, c0, dim) : (ls_tree_rows){0};
+        run_units(s, h + (size_t)c0 * dim, T, pos0 + c0, LS_CODA_UNIT(m, 0), m->info.n_coda, -1, rows ? &chunk : NULL, skip);
+    }
+}
+
+void ls_core_input(ls_session *s, int32_t pos, float *h) {
+    const ls_model *m = s->m;
+    if (m->info.injection != LS_INJECT_NONE) ls_state0(m, pos, h);
+    else if (s->e) memcpy(h, s->e + (size_t)pos * m->info.dim, (size_t)m->info.dim * sizeof *h);
+    else ls_forward_embed(s, s->tokens + pos, 1, h);
 }
 
 /* ls_forward_units where only rows [keep, n) need their unit-lb output. */
@@ -517,7 +650,7 @@ int32_t ls_forward_deepen(ls_session *s, int32_t la, int32_t lb) {
         if (s->unit_lo[l] > need_lo) q = 0;
     for (int32_t c0 = q; c0 < p; c0 += LS_CHUNK) {
         int32_t T = p - c0 < LS_CHUNK ? p - c0 : LS_CHUNK;
-        ls_forward_embed(s, s->tokens + c0, T, s->h);
+        for (int32_t t = 0; t < T; t++) ls_core_input(s, c0 + t, s->h + (size_t)t * s->m->info.dim);
         forward_chunk(s, s->h, T, c0, 0, lb, NULL, 0);
     }
     /* forward_chunk moved units [0, la) back to each chunk's end; all now hold p */
@@ -547,15 +680,14 @@ void ls_forward_tree(ls_session *s, float *h, int32_t n, const ls_tree_rows *row
     int32_t dim = s->m->info.dim;
     for (int32_t c0 = 0; c0 < n; c0 += LS_CHUNK) {
         int32_t T = n - c0 < LS_CHUNK ? n - c0 : LS_CHUNK;
-        ls_tree_rows chunk = {rows->pos + c0, rows->slot + c0, rows->chain + (size_t)c0 * rows->chain_ld,
-                              rows->chain_ld, rows->base};
+        ls_tree_rows chunk = tree_chunk(rows, c0, dim);
         forward_chunk(s, h + (size_t)c0 * dim, T, 0, la, lb, &chunk, 0);
     }
 }
 
 void ls_head_input(const ls_model *m, float *out, const float *h) {
     const int32_t dim = m->info.dim;
-    if (m->info.step_norm) memcpy(out, h, (size_t)dim * sizeof *out); /* normed at the end of its step */
+    if (m->info.step_norm && m->info.n_coda == 0) memcpy(out, h, (size_t)dim * sizeof *out); /* normed at the end of its step */
     else m->rt->ops->rmsnorm(out, h, m->rt->norm, dim, m->info.norm_eps);
 }
 
@@ -588,13 +720,15 @@ int32_t ls_session_forward(ls_session *s, const int32_t *tokens, int32_t n, int3
 
     int32_t dim = s->m->info.dim, vocab = s->m->info.vocab_size;
     int32_t first_logit = logits_out ? n - n_logits : n;
+    const int coda = s->m->info.n_coda > 0;
     for (int32_t c0 = 0; c0 < n; c0 += LS_CHUNK) {
         int32_t T = n - c0 < LS_CHUNK ? n - c0 : LS_CHUNK;
-        ls_forward_embed(s, tokens + c0, T, s->h);
+        ls_forward_start(s, tokens + c0, T, s->pos, NULL, s->h);
         // Positions before the first logit row only feed the caches: their
-        // last loop stops after storing K/V.
-        rc = forward_units_from(s, s->h, T, s->pos, 0, loops * s->m->info.n_layers, first_logit - c0);
+        // last unit (the coda's, or the core's) stops after storing K/V.
+        rc = forward_units_from(s, s->h, T, s->pos, 0, loops * s->m->info.n_layers, coda ? 0 : first_logit - c0);
         if (rc != LS_OK) return rc; /* unreachable after the checks and the reserve above */
+        ls_forward_finish(s, s->h, T, s->pos, NULL, first_logit - c0);
         memcpy(s->tokens + s->pos, tokens + c0, (size_t)T * sizeof *tokens);
         s->pos += T;
         int32_t lo = first_logit > c0 ? first_logit : c0;

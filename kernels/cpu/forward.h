@@ -22,6 +22,8 @@ typedef struct {
     float *h; /* (T, dim) in and out */
     float *xb, *q, *k, *v, *att, *g, *u;
     const float *rope; /* (T, head_dim) */
+    const float *e;    /* (T, dim) the rows' prelude outputs, which the input injection reads at each step's
+                        * first unit (LS_INJECT_ADAPTER); NULL otherwise */
 } ls_block;
 
 /* Stores the rows' K/V for `unit` (unless `stored`: the block's store
@@ -33,19 +35,47 @@ typedef void (*ls_block_attention)(void *ctx, int32_t unit, int32_t T, int32_t s
  * index `thread`): a token part's own rows, right after their RoPE. */
 typedef void (*ls_block_store)(void *ctx, int32_t unit, int32_t t0, int32_t t1, int32_t thread);
 
-/* The T rows of b (T <= LS_CHUNK) through unit l of the shared block:
- * norms, matmuls and RoPE on the pool (by output rows, or in token parts
- * for a quantized model's long passes, each part then storing its rows'
- * K/V through `store` where that is not NULL), attention by the callback.
- * Rows [0, skip) only store their K/V: their output is not needed (a
- * prompt's last loop, where only the logit rows go on), so their h is left
- * as it was. Every row's arithmetic is independent of the other rows
- * (batch invariance), so skipping rows changes no other row's bits. */
+/* The T rows of b (T <= LS_CHUNK) through unit l (a core unit, or a fixed
+ * one of the prelude or coda: internal.h LS_UNIT_LAYER): at a step's first
+ * core unit of a model with input injection, first h = adapter .
+ * concat[h, e] (b->e); then norms, matmuls and RoPE on the pool (by output
+ * rows, or in token parts for a quantized model's long passes, each part
+ * then storing its rows' K/V through `store` where that is not NULL),
+ * attention by the callback. Rows [0, skip) only store their K/V: their
+ * output is not needed (a prompt's last unit, where only the logit rows go
+ * on), so their h is left as it was. Every row's arithmetic is independent
+ * of the other rows (batch invariance), so skipping rows changes no other
+ * row's bits. */
 void ls_forward_unit(const ls_model *m, const ls_block *b, int32_t T, int32_t skip, int32_t l,
                            ls_block_attention attention, ls_block_store store, void *ctx);
 
-/* h[t] = E[tokens[t]] (fp16 -> fp32), h (n, dim). */
+/* h[t] = E[tokens[t]] * embed_scale (fp16 -> fp32), h (n, dim). */
 void ls_forward_embed(ls_session *s, const int32_t *tokens, int32_t n, float *h);
+
+/* The first step's state of a model with input injection at position pos
+ * (loopserve.h ls_model_config.state_std), h (dim). */
+void ls_state0(const ls_model *m, int32_t pos, float *h);
+
+/* The norm between the core and the coda (mid_norm), in place on n rows. */
+void ls_forward_mid_norm(const ls_model *m, float *h, int32_t n);
+
+/* Tokens at positions [pos0, pos0 + n) (or tree rows: rows, then pos0 is
+ * unused) through the embedding and the prelude's units, which must hold
+ * exactly their first position: h (n, dim) receives each one's first step's
+ * input (the prelude output, or the injection's first state), and the
+ * session keeps the prelude outputs (ls_keeps_prelude). */
+void ls_forward_start(ls_session *s, const int32_t *tokens, int32_t n, int32_t pos0, const ls_tree_rows *rows,
+                      float *h);
+
+/* The core's output h (n, dim) of positions [pos0, pos0 + n) (or tree rows)
+ * through the mid norm and the coda's units: h then holds the head's input
+ * before its norm (ls_head_input). Rows [0, keep) only store their K/V in
+ * the coda's last unit. Without a coda, the mid norm only. */
+void ls_forward_finish(ls_session *s, float *h, int32_t n, int32_t pos0, const ls_tree_rows *rows, int32_t keep);
+
+/* The first step's input of held position pos: the injection's first state,
+ * or the prelude output (kept, or with no prelude the scaled embedding), h (dim). */
+void ls_core_input(ls_session *s, int32_t pos, float *h);
 
 /* Runs the n tokens at positions [pos0, pos0 + n) through units [la, lb) of
  * the shared block: h (n, dim) holds their unit-la input and receives their
@@ -85,8 +115,9 @@ void ls_forward_settle_step(ls_session *s, int32_t a, int32_t b, int32_t u);
  * the slots and commits the accepted path itself. */
 void ls_forward_tree(ls_session *s, float *h, int32_t n, const ls_tree_rows *rows, int32_t la, int32_t lb);
 
-/* The head's input for a final hidden state h (dim): rmsnorm(h, norm), or h
- * itself in a model that norms after every step (its step norm did). */
+/* The head's input for a final hidden state h (dim; after the coda where
+ * there is one): rmsnorm(h, norm), or h itself in a model without a coda
+ * that norms after every step (its step norm did). */
 void ls_head_input(const ls_model *m, float *out, const float *h);
 
 /* logits[t] = head_input(h[t]) · Wout for t in [0, n), logits (n, vocab);

@@ -163,7 +163,7 @@ void ls_kv_store(ls_session *s, int32_t unit, int32_t kvh, int32_t slot, int32_t
     const ls_model_info *mi = &s->m->info;
     const ls_ops *ops = s->m->rt->ops;
     int32_t hd = mi->head_dim, rows = s->rows;
-    size_t head = (size_t)unit * mi->n_kv_heads + kvh;
+    size_t head = (size_t)ls_unit_slot(s, unit) * mi->n_kv_heads + kvh;
     if (s->kv_mode & LS_KV_HADAMARD)
         for (int32_t t = 0; t < n; t++) {
             float *kr = k + (size_t)t * ld, *vr = v + (size_t)t * ld;
@@ -211,7 +211,7 @@ void ls_kv_copy_row(ls_session *dst, int32_t lt, int32_t to, const ls_session *s
     size_t hd = (size_t)mi->head_dim, nkv = (size_t)mi->n_kv_heads;
     size_t ds = (size_t)to, ss = (size_t)from;
     for (size_t h = 0; h < nkv; h++) {
-        size_t head = (size_t)lt * nkv + h, shead = (size_t)lf * nkv + h;
+        size_t head = (size_t)ls_unit_slot(dst, lt) * nkv + h, shead = (size_t)ls_unit_slot(src, lf) * nkv + h;
         if (dst->kv_fmt == LS_KV_FP16) {
             const uint16_t *sk = src->kc + shead * hd * (size_t)src->ldk;
             uint16_t *dk = dst->kc + head * hd * (size_t)dst->ldk;

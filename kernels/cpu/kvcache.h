@@ -13,11 +13,12 @@
  * reference (test/reference/kvcache.ts) repeats the arithmetic bit for bit.
  *
  * Layouts of a quantized session (fp16 modes keep session_state.h's kc / vc):
- *   kq (units, n_kv_heads, nb, ldq)  key codes, transposed: byte b of the
+ *   kq (slots, n_kv_heads, nb, ldq)  key codes, transposed: byte b of the
  *                                    row of position p at [b][p % cap]
- *   kp (units, n_kv_heads, np, rows) key parameters, transposed likewise
- *   vq (units, n_kv_heads, rows, nb) value codes, one row per slot
- *   vp (units, n_kv_heads, rows, np) value parameters
+ *   kp (slots, n_kv_heads, np, rows) key parameters, transposed likewise
+ *   vq (slots, n_kv_heads, rows, nb) value codes, one row per slot
+ *   vp (slots, n_kv_heads, rows, np) value parameters
+ * (slots: the units' caches, session_state.h ls_unit_slot)
  * (rows: the session's allocated rows, at most cap; session_state.h)
  * nb = code bytes per row (int8: head_dim, int4: head_dim / 2), np = fp16
  * parameters per row (int8: the scale; int4: scale, offset per group).
@@ -70,7 +71,8 @@ int32_t ls_kv_check_mode(int32_t kv_mode, int32_t hd, char *err, int32_t err_len
 #define LS_KV_STORE_ROWS 32
 
 /* Stores rows slot..slot+n-1 (1 <= n <= LS_KV_STORE_ROWS, consecutive ring
- * slots) of cache unit `unit`, kv head kvh: row t's k and v (hd fp32 each, RoPE
+ * slots) of cache unit `unit` (a core unit or a fixed one, kept where
+ * ls_unit_slot says), kv head kvh: row t's k and v (hd fp32 each, RoPE
  * applied) start at k + t * ld and v + t * ld, and are rotated and encoded
  * as the session's mode says. Each row's bytes depend on that row alone.
  * k and v are used as scratch (the rotation is in place); `thread` picks

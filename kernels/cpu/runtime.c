@@ -61,17 +61,23 @@ static void f16_to_f32(float *out, const uint16_t *w, int32_t n) {
         for (int32_t i = 0; i < n; i++) out[i] = ls_f16_to_f32(w[i]);
 }
 
-/* The fp32 copies of every norm and of the exit gate; 0 on failure. */
+/* The fp32 copies of every norm, of the q/k biases and of the exit gate; 0 on failure. */
 static int norms_to_f32(ls_runtime *rt, const ls_model *m) {
-    const int32_t dim = m->info.dim, L = m->info.n_layers;
+    const ls_model_info *mi = &m->info;
+    const int32_t dim = mi->dim, L = mi->n_layers + LS_FIXED_UNITS(m);
+    const size_t q_dim = (size_t)mi->n_heads * mi->head_dim, kv_dim = (size_t)mi->n_kv_heads * mi->head_dim;
     rt->layer_norms = calloc((size_t)L * LS_NORMS_PER_LAYER * (size_t)dim, sizeof(float));
     rt->norm = malloc((size_t)dim * sizeof(float));
     if (m->w.exit_w) rt->exit_gate = malloc(((size_t)dim + 1) * sizeof(float));
-    if (!rt->layer_norms || !rt->norm || (m->w.exit_w && !rt->exit_gate)) return 0;
+    if (mi->qk_bias) rt->qk_bias = malloc((size_t)L * (q_dim + kv_dim) * sizeof(float));
+    if (!rt->layer_norms || !rt->norm || (m->w.exit_w && !rt->exit_gate) || (mi->qk_bias && !rt->qk_bias)) return 0;
     for (int32_t i = 0; i < L; i++) {
         const ls_layer_weights *lw = &m->w.layers[i];
         const uint16_t *w[LS_NORMS_PER_LAYER] = {lw->attn_norm, lw->ffn_norm, lw->attn_out_norm, lw->ffn_out_norm};
         for (int32_t k = 0; k < LS_NORMS_PER_LAYER; k++) f16_to_f32((float *)ls_layer_norm(rt, dim, i, k), w[k], dim);
+        if (!rt->qk_bias) continue;
+        f16_to_f32(rt->qk_bias + (size_t)i * (q_dim + kv_dim), lw->wq_bias, (int32_t)q_dim);
+        f16_to_f32(rt->qk_bias + (size_t)i * (q_dim + kv_dim) + q_dim, lw->wk_bias, (int32_t)kv_dim);
     }
     f16_to_f32(rt->norm, m->w.norm, dim);
     if (rt->exit_gate) {
@@ -152,6 +158,7 @@ void ls_runtime_free(ls_model *m) {
     free(rt->layer_norms);
     free(rt->norm);
     free(rt->exit_gate);
+    free(rt->qk_bias);
     free(rt);
     m->rt = NULL;
 }

@@ -28,6 +28,8 @@ struct ls_runtime {
                          * (ls_layer_norm); a norm the model lacks stays zero and is never read */
     float *norm;        /* (dim) */
     float *exit_gate;   /* (dim + 1) the exit gate's weights, then its bias; NULL without a gate */
+    float *qk_bias;     /* (layers, q_dim + kv_dim) each layer's q bias then k bias (ls_layer_qk_bias); NULL
+                         * without qk_bias */
 
     ls_ext ext[LS_RUNTIME_EXT_N]; /* e.g. the draft head (draft_head.c), built on first use */
     ls_bufpool bufs;              /* freed session buffers, for the next sessions (session.c) */
@@ -41,6 +43,12 @@ enum { LS_NORM_ATTN, LS_NORM_FFN, LS_NORM_ATTN_OUT, LS_NORM_FFN_OUT, LS_NORMS_PE
 
 static inline const float *ls_layer_norm(const ls_runtime *rt, int32_t dim, int32_t layer, int32_t which) {
     return rt->layer_norms + ((size_t)layer * LS_NORMS_PER_LAYER + (size_t)which) * (size_t)dim;
+}
+
+/* Layer `layer`'s q bias (q_dim floats), its k bias (kv_dim) right after it; NULL without qk_bias. */
+static inline const float *ls_layer_qk_bias(const ls_runtime *rt, const ls_model_info *mi, int32_t layer) {
+    if (!rt->qk_bias) return NULL;
+    return rt->qk_bias + (size_t)layer * (size_t)(mi->n_heads + mi->n_kv_heads) * (size_t)mi->head_dim;
 }
 
 /* The first feature the CPU lacks for SIMD path simd (LS_SIMD_AVX2 /

@@ -71,22 +71,49 @@ static size_t layout_bytes(const cache_layout *c) {
 /* Bytes a position's deferred units keep: its hidden state and its unit count. */
 static size_t deferred_bytes(const ls_model_info *mi) { return (size_t)mi->dim * sizeof(float) + sizeof(int32_t); }
 
+/* Bytes a position's prelude output keeps (ls_keeps_prelude). */
+static size_t prelude_bytes(const ls_model *m) { return ls_keeps_prelude(m) ? (size_t)m->info.dim * sizeof(float) : 0; }
+
+/* cache_steps as loopserve.h allows it: 0, or in [1, loops) without a
+ * window; LS_ERR_ARG with the reason in err otherwise. */
+static int32_t check_cache_steps(const ls_session_params *p, char *err, int32_t err_len) {
+    if (p->cache_steps == 0) return LS_OK;
+    if (p->cache_steps < 0 || p->cache_steps >= p->loops) {
+        ls_set_error(err, err_len, "cache_steps must be 0 (every step its own cache) or in [1, loops %d), got %d",
+                     p->loops, p->cache_steps);
+        return LS_ERR_ARG;
+    }
+    if (p->cache_window != 0) {
+        ls_set_error(err, err_len, "cache_steps cannot be combined with a cache window");
+        return LS_ERR_ARG;
+    }
+    return LS_OK;
+}
+
+/* K/V caches a session keeps: its core's units (or their shared slots), then the fixed units. */
+static int32_t cache_slots(const ls_model *m, const ls_session_params *p) {
+    return (p->cache_steps > 0 ? p->cache_steps : p->loops) * m->info.n_layers + LS_FIXED_UNITS(m);
+}
+
 int64_t ls_session_cache_bytes(const ls_model *m, const ls_session_params *params) {
     if (!params || ls_check_session_args(m, params->max_seq, params->loops, params->cache_window, NULL, 0) != LS_OK ||
-        ls_kv_check_mode(params->kv_mode, m->info.head_dim, NULL, 0) != LS_OK)
+        check_cache_steps(params, NULL, 0) != LS_OK || ls_kv_check_mode(params->kv_mode, m->info.head_dim, NULL, 0) != LS_OK)
         return LS_ERR_ARG;
     int32_t cap = ls_ring_rows(params->max_seq, params->cache_window, LS_CHUNK);
-    cache_layout c = layout_of(&m->info, params->loops * m->info.n_layers, cap + LS_KV_ROW_PAD, params->kv_mode);
+    cache_layout c = layout_of(&m->info, cache_slots(m, params), cap + LS_KV_ROW_PAD, params->kv_mode);
     size_t total = layout_bytes(&c);
-    /* a model with an exit gate may keep a hidden state per position (exact early exit) */
-    if (m->info.exit_gate && total > 0) total += (size_t)params->max_seq * deferred_bytes(&m->info);
+    /* every position's prelude output where the model keeps it, and a hidden state per position where the
+     * exact exit policy may keep one */
+    if (total > 0)
+        total += (size_t)params->max_seq * (prelude_bytes(m) + (ls_keeps_states(m) ? deferred_bytes(&m->info) : 0));
     return total > 0 && total <= INT64_MAX ? (int64_t)total : LS_ERR_NOMEM;
 }
 
 int64_t ls_session_cache_bytes_held(const ls_session *s) {
     if (!s) return LS_ERR_ARG;
-    cache_layout c = layout_of(&s->m->info, s->units, s->rows, s->kv_mode);
-    return (int64_t)(layout_bytes(&c) + (size_t)s->def_cap * deferred_bytes(&s->m->info));
+    cache_layout c = layout_of(&s->m->info, s->core_slots + s->fixed, s->rows, s->kv_mode);
+    return (int64_t)(layout_bytes(&c) + (size_t)s->def_cap * deferred_bytes(&s->m->info) +
+                     (size_t)s->e_cap * prelude_bytes(s->m));
 }
 
 /* One allocation of a session's K/V cache, for n_rows rows. */
@@ -125,7 +152,7 @@ static int alloc_cache(cache_bufs *b, const ls_model *m, int32_t loops, int32_t 
  * (which has at least as many rows), each part at b's strides. */
 static void copy_cache(const ls_session *s, const cache_bufs *b, int32_t n_rows) {
     const ls_model_info *mi = &s->m->info;
-    size_t heads = (size_t)s->units * (size_t)mi->n_kv_heads, hd = (size_t)mi->head_dim;
+    size_t heads = (size_t)(s->core_slots + s->fixed) * (size_t)mi->n_kv_heads, hd = (size_t)mi->head_dim;
     size_t old = (size_t)s->rows, rows = (size_t)n_rows, nb = (size_t)s->kv_nb, np = (size_t)s->kv_np;
     for (size_t head = 0; head < heads; head++) {
         if (s->kv_fmt == LS_KV_FP16) {
@@ -157,14 +184,37 @@ static void adopt_cache(ls_session *s, const cache_bufs *b, int32_t n_rows) {
     s->vp = b->vp;
 }
 
+/* Room for per-position rows: at least LS_KV_BLOCK, doubled until end fits, at most max_seq. */
+static int32_t grown_positions(const ls_session *s, int32_t have, int32_t end) {
+    int32_t cap = have < LS_KV_BLOCK ? LS_KV_BLOCK : have;
+    while (cap < end) cap = cap > s->max_seq / 2 ? s->max_seq : 2 * cap;
+    return cap > s->max_seq ? s->max_seq : cap;
+}
+
+/* Room for the prelude outputs of positions [0, end) (ls_keeps_prelude). */
+static int32_t prelude_reserve(ls_session *s, int32_t end) {
+    if (!ls_keeps_prelude(s->m) || end <= s->e_cap) return LS_OK;
+    int32_t cap = grown_positions(s, s->e_cap, end);
+    size_t dim = (size_t)s->m->info.dim;
+    float *e = alloc0(s->m, (size_t)cap * dim * sizeof *e);
+    if (!e) return LS_ERR_NOMEM;
+    if (s->e_cap > 0) memcpy(e, s->e, (size_t)s->e_cap * dim * sizeof *e);
+    release(s->m, s->e);
+    s->e = e;
+    s->e_cap = cap;
+    return LS_OK;
+}
+
 int32_t ls_session_reserve(ls_session *s, int32_t end) {
+    if (end > s->max_seq) end = s->max_seq;
+    if (prelude_reserve(s, end) != LS_OK) return LS_ERR_NOMEM;
     int32_t need = end < s->cap ? end : s->cap, usable = s->rows - LS_KV_ROW_PAD;
     if (need <= usable) return LS_OK;
     int64_t grown = 2 * (int64_t)usable, want = need > grown ? need : grown;
     want = (want + LS_KV_BLOCK - 1) / LS_KV_BLOCK * LS_KV_BLOCK;
     int32_t n_rows = (want < s->cap ? (int32_t)want : s->cap) + LS_KV_ROW_PAD;
     cache_bufs b;
-    if (!alloc_cache(&b, s->m, s->units, n_rows, s->kv_mode)) return LS_ERR_NOMEM;
+    if (!alloc_cache(&b, s->m, s->core_slots + s->fixed, n_rows, s->kv_mode)) return LS_ERR_NOMEM;
     copy_cache(s, &b, n_rows);
     cache_bufs old = {.kc = s->kc, .vc = s->vc, .kp = s->kp, .vp = s->vp, .kq = s->kq, .vq = s->vq};
     free_cache(s->m, &old);
@@ -175,9 +225,7 @@ int32_t ls_session_reserve(ls_session *s, int32_t end) {
 int32_t ls_session_defer_reserve(ls_session *s, int32_t end) {
     if (end <= s->def_cap) return LS_OK;
     if (end > s->max_seq) return LS_ERR_ARG;
-    int32_t cap = s->def_cap < LS_KV_BLOCK ? LS_KV_BLOCK : s->def_cap;
-    while (cap < end) cap = cap > s->max_seq / 2 ? s->max_seq : 2 * cap;
-    if (cap > s->max_seq) cap = s->max_seq;
+    int32_t cap = grown_positions(s, s->def_cap, end);
     size_t dim = (size_t)s->m->info.dim;
     float *h = alloc0(s->m, (size_t)cap * dim * sizeof *h);
     int32_t *units = alloc0(s->m, (size_t)cap * sizeof *units);
@@ -211,20 +259,25 @@ ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *e
     }
     const int32_t max_seq = params->max_seq, loops = params->loops, cache_window = params->cache_window,
                   kv_mode = params->kv_mode;
-    if (ls_check_session_args(m, max_seq, loops, cache_window, err, err_len) != LS_OK) return NULL;
+    if (ls_check_session_args(m, max_seq, loops, cache_window, err, err_len) != LS_OK ||
+        check_cache_steps(params, err, err_len) != LS_OK)
+        return NULL;
     const ls_model_info *mi = &m->info;
     if (ls_kv_check_mode(kv_mode, mi->head_dim, err, err_len) != LS_OK) return NULL;
     ls_session *s = ls_session_calloc(sizeof *s, err, err_len);
     if (!s) return NULL;
     LS_SESSION_SHAPE(s, m, max_seq, loops, cache_window, LS_CHUNK);
+    s->fixed = LS_FIXED_UNITS(m);
+    s->cache_steps = params->cache_steps;
+    s->core_slots = cache_slots(m, params) - s->fixed;
     s->kv_mode = kv_mode;
     s->kv_fmt = kv_mode & LS_KV_FORMAT_MASK;
 
-    size_t C = LS_CHUNK, dim = (size_t)mi->dim, hd = (size_t)mi->head_dim;
-    size_t kv_dim = (size_t)mi->n_kv_heads * hd, nth = (size_t)m->rt->n_threads;
+    size_t C = LS_CHUNK, dim = (size_t)mi->dim, hd = (size_t)mi->head_dim, q_dim = (size_t)mi->n_heads * hd;
+    size_t kv_dim = (size_t)mi->n_kv_heads * hd, nth = (size_t)m->rt->n_threads, wide = (size_t)ls_wide_scratch(mi);
     int32_t first_rows = (s->cap < LS_KV_FIRST_ROWS ? s->cap : LS_KV_FIRST_ROWS) + LS_KV_ROW_PAD;
     cache_bufs cache;
-    int cache_ok = alloc_cache(&cache, m, s->units, first_rows, kv_mode);
+    int cache_ok = alloc_cache(&cache, m, s->core_slots + s->fixed, first_rows, kv_mode);
     if (cache_ok) adopt_cache(s, &cache, first_rows);
     s->kv_nb = cache.c.nb;
     s->kv_np = cache.c.np;
@@ -235,17 +288,17 @@ ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *e
         cache_ok = cache_ok && s->kv_codes && s->kv_params;
     }
     s->tokens = alloc0(m, (size_t)max_seq * sizeof *s->tokens);
-    s->unit_len = alloc0(m, (size_t)s->units * sizeof *s->unit_len);
-    s->unit_lo = alloc0(m, (size_t)s->units * sizeof *s->unit_lo);
+    s->unit_len = alloc0(m, (size_t)(s->units + s->fixed) * sizeof *s->unit_len);
+    s->unit_lo = alloc0(m, (size_t)(s->units + s->fixed) * sizeof *s->unit_lo);
     s->h = alloc0(m, C * dim * sizeof(float));
     s->xb = alloc0(m, C * dim * sizeof(float));
-    s->q = alloc0(m, C * dim * sizeof(float));
+    s->q = alloc0(m, C * q_dim * sizeof(float));
     s->k = alloc0(m, C * kv_dim * sizeof(float));
     s->v = alloc0(m, C * kv_dim * sizeof(float));
     s->k16 = alloc0(m, ls_bytes_of(nth, LS_KV_STORE_ROWS, hd, 1, sizeof(uint16_t)));
-    s->att = alloc0(m, C * dim * sizeof(float));
-    s->g = alloc0(m, C * (size_t)mi->ffn_dim * sizeof(float));
-    s->u = alloc0(m, C * (size_t)mi->ffn_dim * sizeof(float));
+    s->att = alloc0(m, C * q_dim * sizeof(float));
+    s->g = alloc0(m, C * wide * sizeof(float));
+    s->u = alloc0(m, C * wide * sizeof(float));
     s->rope = alloc0(m, C * hd * sizeof(float));
     s->scores = alloc0(m, ls_bytes_of((size_t)m->rt->n_threads * LS_ATT_GROUP, (size_t)s->cap, 1, 1, sizeof(float)));
     s->logits = alloc0(m, (size_t)mi->vocab_size * sizeof(float));
@@ -262,7 +315,7 @@ ls_session *ls_session_new(ls_model *m, const ls_session_params *params, char *e
 void ls_session_free(ls_session *s) {
     if (!s) return;
     ls_ext_free_all(s->ext, LS_SESSION_EXT_N);
-    void *bufs[] = {s->tokens, s->unit_len, s->unit_lo, s->def_h, s->def_units, s->kc, s->vc, s->kq, s->kp, s->vq, s->vp,
+    void *bufs[] = {s->tokens, s->unit_len, s->unit_lo, s->def_h, s->def_units, s->e, s->kc, s->vc, s->kq, s->kp, s->vq, s->vp,
                     s->kv_codes, s->kv_params, s->h, s->xb, s->q, s->k, s->v, s->k16, s->att, s->g, s->u,
                     s->rope, s->scores, s->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) release(s->m, bufs[i]);
@@ -279,7 +332,7 @@ int32_t ls_session_last_steps(const ls_session *s) { return s ? s->last_steps : 
 
 int32_t ls_session_rollback(ls_session *s, int32_t pos) {
     if (!s) return LS_ERR_ARG;
-    int32_t rc = ls_rollback_units(s->unit_len, s->unit_lo, s->units, s->window, s->pos, pos);
+    int32_t rc = ls_rollback_units(s->unit_len, s->unit_lo, s->units + s->fixed, s->window, s->pos, pos);
     if (rc == LS_OK) s->pos = pos;
     return rc;
 }
@@ -293,13 +346,17 @@ int32_t ls_session_copy_prefix(ls_session *dst, const ls_session *src, int32_t n
     int32_t held = src->unit_len[dst->units - 1] < n ? src->unit_len[dst->units - 1] : n;
     if (rc == LS_OK && held < n) rc = ls_session_defer_reserve(dst, n);
     if (rc != LS_OK) return rc;
-    for (int32_t l = 0; l < dst->units; l++) {
-        int32_t lo = ls_prefix_lo(src->unit_lo[l], n, dst->cap), len = src->unit_len[l] < n ? src->unit_len[l] : n;
+    /* the core's units [0, dst->units), then the fixed ones, each at its own index in either session */
+    for (int32_t l = -dst->fixed; l < dst->units; l++) {
+        const int32_t si = ls_unit_index(src->units, l), di = ls_unit_index(dst->units, l);
+        int32_t lo = ls_prefix_lo(src->unit_lo[si], n, dst->cap), len = src->unit_len[si] < n ? src->unit_len[si] : n;
         for (int32_t p = lo; p < len; p++) ls_kv_copy_row(dst, l, p % dst->cap, src, l, p % src->cap);
-        dst->unit_len[l] = len;
-        dst->unit_lo[l] = lo;
+        dst->unit_len[di] = len;
+        dst->unit_lo[di] = lo;
     }
-    for (int32_t p = held; p < n; p++) ls_session_defer(dst, p, src->def_units[p], src->def_h + (size_t)p * dst->m->info.dim);
+    const size_t dim = (size_t)dst->m->info.dim;
+    if (dst->e) memcpy(dst->e, src->e, (size_t)n * dim * sizeof *dst->e);
+    for (int32_t p = held; p < n; p++) ls_session_defer(dst, p, src->def_units[p], src->def_h + (size_t)p * dim);
     memcpy(dst->tokens, src->tokens, (size_t)n * sizeof *dst->tokens);
     dst->pos = n;
     return LS_OK;

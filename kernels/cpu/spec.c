@@ -109,6 +109,9 @@ typedef struct {
     int32_t last_accepted; /* draft tokens the previous cycle accepted (sizes the head batch) */
     float *h;        /* (LS_TREE_MAX_ROWS, dim) every row's hidden state: loop D, then loop V */
     float *hb;       /* (MAX_BRANCH, dim) one tree draft pass, gathered */
+    float *hv;       /* (LS_TREE_MAX_ROWS, dim) the rows' head inputs: h through the coda (a draft's: row 0) */
+    float *e;        /* (LS_TREE_MAX_ROWS, dim) tree rows' prelude outputs (models that keep them) */
+    float *eb;       /* (MAX_BRANCH, dim) one tree draft pass's */
     float *dlogits;  /* (MAX_AHEAD, vocab) draft logits per depth (q for sampling) */
     float *vlogits;  /* (MAX_AHEAD + 1, vocab) verifier logits per spine row */
     float *alogits;  /* (vocab) verifier logits of one tree leaf */
@@ -130,7 +133,8 @@ typedef struct {
 
 static void scratch_free(void *state) {
     scratch *x = state;
-    void *bufs[] = {x->h, x->hb, x->dlogits, x->vlogits, x->alogits, x->v, x->wp, x->wq, x->ids, x->masks, x->leaf_mask, x};
+    void *bufs[] = {x->h,  x->hb, x->hv, x->e,   x->eb,  x->dlogits, x->vlogits, x->alogits,
+                    x->v,  x->wp, x->wq, x->ids, x->masks, x->leaf_mask, x};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
 
@@ -147,6 +151,9 @@ static int32_t ensure_scratch(ls_session *s) {
     x->last_accepted = MAX_AHEAD; /* first cycle: expect its drafts to be accepted */
     x->h = calloc(LS_TREE_MAX_ROWS * dim, sizeof(float));
     x->hb = calloc(MAX_BRANCH * dim, sizeof(float));
+    x->hv = calloc(LS_TREE_MAX_ROWS * dim, sizeof(float));
+    x->e = calloc(LS_TREE_MAX_ROWS * dim, sizeof(float));
+    x->eb = calloc(MAX_BRANCH * dim, sizeof(float));
     x->dlogits = calloc(MAX_AHEAD * V, sizeof(float));
     x->vlogits = calloc((MAX_AHEAD + 1) * V, sizeof(float));
     x->alogits = calloc(V, sizeof(float));
@@ -156,7 +163,7 @@ static int32_t ensure_scratch(ls_session *s) {
     x->ids = calloc(V, sizeof(int32_t));
     x->masks = calloc((MAX_AHEAD + 1) * ls_mask_words(mi->vocab_size), sizeof(uint32_t));
     x->leaf_mask = calloc(ls_mask_words(mi->vocab_size), sizeof(uint32_t));
-    if (!x->h || !x->hb || !x->dlogits || !x->vlogits || !x->alogits || !x->v ||
+    if (!x->h || !x->hb || !x->hv || !x->e || !x->eb || !x->dlogits || !x->vlogits || !x->alogits || !x->v ||
         !x->wp || !x->wq || !x->ids || !x->masks || !x->leaf_mask) {
         scratch_free(x);
         return LS_ERR_NOMEM;
@@ -270,11 +277,16 @@ static int32_t draw_residual(const uint64_t *wp, uint64_t zp, const uint64_t *wq
 
 #define DRAFT_EXACT LS_DRAFT_BEST /* coarse-head candidates the model's own head scores again */
 
-/* Draft logits of one hidden state: the coarse head's scores with the
- * model's own head at the coarse head's DRAFT_EXACT best (draft_head.c),
- * whose ids go to cand; returns how many. With exact set: the model's head
- * everywhere (LS_SPEC_EXACT_DRAFT_HEAD), and 0. */
-static int32_t draft_logits(ls_session *s, const float *h, float *logits, int32_t exact, int32_t *cand) {
+/* Draft logits of the core's output h of position pos (through the coda,
+ * in x->hv's first row, first): the coarse head's scores with the model's
+ * own head at the coarse head's DRAFT_EXACT best (draft_head.c), whose ids
+ * go to cand; returns how many. With exact set: the model's head everywhere
+ * (LS_SPEC_EXACT_DRAFT_HEAD), and 0. */
+static int32_t draft_logits(ls_session *s, const float *core, int32_t pos, float *logits, int32_t exact, int32_t *cand) {
+    scratch *x = scratch_of(s);
+    float *h = x->hv;
+    memcpy(h, core, (size_t)x->dim * sizeof *h);
+    ls_forward_finish(s, h, 1, pos, NULL, 0);
     if (exact) {
         ls_forward_logits(s, h, 1, logits);
         return 0;
@@ -303,10 +315,18 @@ static int32_t head_batch(const scratch *x, int32_t r0, int32_t n) {
 }
 
 
-/* Commits positions [p, p + n) (history already written) in loops [0, L). */
+/* Commits positions [p, p + n) (history already written) in loops [0, L) and the fixed units. */
 static void commit(ls_session *s, int32_t L, int32_t p, int32_t n) {
     s->pos = p + n;
-    for (int32_t l = 0; l < L; l++) s->unit_len[l] = p + n;
+    for (int32_t l = -s->fixed; l < L; l++) s->unit_len[ls_unit_index(s->units, l)] = p + n;
+}
+
+/* The head inputs of rows [0, n) of x->h (the verifier's core outputs at
+ * positions p.., or the tree rows): through the coda, into x->hv. */
+static void verify_finish(ls_session *s, int32_t n, int32_t p, const ls_tree_rows *rows) {
+    scratch *x = scratch_of(s);
+    memcpy(x->hv, x->h, (size_t)n * x->dim * sizeof *x->hv);
+    ls_forward_finish(s, x->hv, n, p, rows, 0);
 }
 
 /* Undoes a failed cycle: nothing past p was committed. */
@@ -329,7 +349,7 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
     // loop-V state stays in h (the verifier's) and a copy goes on to loop D
     for (int32_t i = 0; i <= k; i++) {
         float *hi = x->h + (size_t)i * dim, *hd = c->D > c->V ? x->hb : hi;
-        ls_forward_embed(s, &tok[i], 1, hi);
+        ls_forward_start(s, &tok[i], 1, p + i, NULL, hi);
         int32_t rc = ls_forward_units(s, hi, 1, p + i, 0, c->M);
         if (rc == LS_OK && hd != hi) {
             memcpy(hd, hi, (size_t)dim * sizeof *hd);
@@ -340,7 +360,7 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
         if (i == k) break;
         float *dl = x->dlogits + (size_t)i * V;
         int32_t cand[DRAFT_EXACT];
-        int32_t n_cand = draft_logits(s, hd, dl, c->exact_draft, cand);
+        int32_t n_cand = draft_logits(s, hd, p + i, dl, c->exact_draft, cand);
         rc = mask_spine(x, c, i, dl);
         if (rc < 0) return abandon(s, c->L, p, rc);
         n_cand = allowed_candidates(x, c, i, cand, n_cand);
@@ -357,18 +377,20 @@ static int32_t run_chain(ls_session *s, const cycle *c, int32_t pending, int32_t
         }
     }
 
-    // verify: one batched pass over loops [D, V) from the kept loop-D states
+    // verify: one batched pass over loops [D, V) from the kept loop-D states,
+    // then the coda over every row at the verifier's depth
     if (c->V > c->D) {
         int32_t rc = ls_forward_units(s, x->h, k + 1, p, c->D, c->V);
         if (rc != LS_OK) return abandon(s, c->L, p, rc);
     }
+    verify_finish(s, k + 1, p, NULL);
 
     // accept: head rows a group at a time, stopping at the first rejection
     // (or at a path no token may follow: `ended`, the drafts up to it kept)
     int32_t j = 0, next = -1, ended = 0;
     for (int32_t g0 = 0, gn; g0 <= k && next < 0 && !ended; g0 += gn) {
         gn = head_batch(x, g0, k + 1);
-        ls_forward_logits(s, x->h + (size_t)g0 * dim, gn, x->vlogits + (size_t)g0 * V);
+        ls_forward_logits(s, x->hv + (size_t)g0 * dim, gn, x->vlogits + (size_t)g0 * V);
         for (int32_t r = g0; r < g0 + gn; r++) {
             float *L = x->vlogits + (size_t)r * V;
             int32_t ms = mask_spine(x, c, r, L);
@@ -467,7 +489,8 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
     // draft pass 0: the pending token alone, as in the chain (with D > V
     // the spine's loop-D state is kept in hb row 0, as the passes below leave it)
     tok[0] = pending;
-    ls_forward_embed(s, &tok[0], 1, x->h);
+    ls_forward_start(s, &tok[0], 1, p, NULL, x->h);
+    if (s->e) memcpy(x->e, s->e + (size_t)p * dim, (size_t)dim * sizeof *x->e);
     int32_t rc = ls_forward_units(s, x->h, 1, p, 0, c->M);
     if (rc == LS_OK && c->D > c->V) {
         memcpy(x->hb, x->h, (size_t)dim * sizeof *x->hb);
@@ -483,7 +506,7 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
         // gives at least leaf_min_prob) become leaves
         float *dl = x->dlogits;
         int32_t cand[DRAFT_EXACT];
-        draft_logits(s, c->D > c->V ? x->hb : x->h + (size_t)i * dim, dl, c->exact_draft, cand);
+        draft_logits(s, c->D > c->V ? x->hb : x->h + (size_t)i * dim, p + i, dl, c->exact_draft, cand);
         rc = mask_spine(x, c, i, dl);
         if (rc < 0) return abandon(s, c->L, p, rc);
         ls_penalise(x->v, dl, V, s->tokens, p + i + 1, c->sp.repetition_penalty);
@@ -506,29 +529,30 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
         }
 
         // draft pass i + 1: spine token and its leaves, tree-masked
-        int32_t nb = 1 + leaf_n[d];
+        int32_t nb = 1 + leaf_n[d], btok[MAX_BRANCH];
         for (int32_t b = 0; b < nb; b++) {
             int32_t u = b == 0 ? d : leaf_at[d] + b - 1;
-            ls_forward_embed(s, &tok[u], 1, x->hb + (size_t)b * dim);
+            btok[b] = tok[u];
             x->bpos[b] = x->pos[u];
             x->bslot[b] = x->slot[u];
             memcpy(x->bchain + b * CHAIN_LD, x->chain + u * CHAIN_LD, CHAIN_LD * sizeof(int32_t));
         }
-        ls_tree_rows pass = {x->bpos, x->bslot, x->bchain, CHAIN_LD, p};
+        ls_tree_rows pass = {x->bpos, x->bslot, x->bchain, CHAIN_LD, p, s->e ? x->eb : NULL};
+        ls_forward_start(s, btok, nb, 0, &pass, x->hb);
         ls_forward_tree(s, x->hb, nb, &pass, 0, c->M);
         for (int32_t b = 0; b < nb; b++) {
             int32_t u = b == 0 ? d : leaf_at[d] + b - 1;
             memcpy(x->h + (size_t)u * dim, x->hb + (size_t)b * dim, dim * sizeof(float));
+            memcpy(x->e + (size_t)u * dim, x->eb + (size_t)b * dim, dim * sizeof(float));
         }
         if (c->D > c->V) ls_forward_tree(s, x->hb, nb, &pass, c->V, c->D); /* leaves too: an accepted one keeps its rows */
         s->tokens[p + d] = tok[d];
     }
 
-    // verify: every row through units [D, V) in one masked pass
-    if (c->V > c->D) {
-        ls_tree_rows all = {x->pos, x->slot, x->chain, CHAIN_LD, p};
-        ls_forward_tree(s, x->h, n_rows, &all, c->D, c->V);
-    }
+    // verify: every row through units [D, V) in one masked pass, then the coda
+    ls_tree_rows all = {x->pos, x->slot, x->chain, CHAIN_LD, p, s->e ? x->e : NULL};
+    if (c->V > c->D) ls_forward_tree(s, x->h, n_rows, &all, c->D, c->V);
+    verify_finish(s, n_rows, p, &all);
 
     // walk: along the spine while the verifier agrees; at the first
     // disagreement a leaf holding the verifier's token is accepted too
@@ -539,12 +563,12 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
         if (u <= k) {
             if (u >= g_end) {
                 int32_t gn = head_batch(x, u, k + 1);
-                ls_forward_logits(s, x->h + (size_t)u * dim, gn, x->vlogits + (size_t)u * V);
+                ls_forward_logits(s, x->hv + (size_t)u * dim, gn, x->vlogits + (size_t)u * V);
                 g_end = u + gn;
             }
             L = x->vlogits + (size_t)u * V;
         } else {
-            ls_forward_logits(s, x->h + (size_t)u * dim, 1, x->alogits);
+            ls_forward_logits(s, x->hv + (size_t)u * dim, 1, x->alogits);
             L = x->alogits;
             s->tokens[p + dep] = tok[u]; /* the leaf's path for the penalty */
         }
@@ -576,11 +600,14 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
     }
 
     // commit: a leaf's rows move from its slot to its position's slot (an
-    // ended walk's last row is the next pending token, not fed: no move)
+    // ended walk's last row is the next pending token, not fed: no move); the
+    // path's prelude outputs become the session's
     if (u > k && !ended) {
-        for (int32_t l = 0; l < c->L; l++) ls_kv_copy_row(s, l, (p + j) % cap, s, l, x->slot[u]);
+        for (int32_t l = -s->fixed; l < c->L; l++) ls_kv_copy_row(s, l, (p + j) % cap, s, l, x->slot[u]);
         s->tokens[p + j] = tok[u];
     }
+    for (int32_t q = 1; q <= j && s->e; q++)
+        memcpy(s->e + (size_t)(p + q) * dim, x->e + (size_t)(q < j ? q : u) * dim, (size_t)dim * sizeof *s->e);
     // output: the accepted path (row 0 excluded), then the verifier's token;
     // every ancestor of the last row is a spine row, whose index is its depth
     const int32_t n_out = ended ? j : j + 1;
@@ -597,8 +624,10 @@ static int32_t run_tree(ls_session *s, const cycle *c, int32_t pending, int32_t 
     commit(s, c->L, p, n_out);
     x->last_accepted = j;
     /* leaves wrote ring slots up to position p + n_rows - 1 */
-    for (int32_t l = 0; l < c->L; l++)
-        if (p + n_rows - cap > s->unit_lo[l]) s->unit_lo[l] = p + n_rows - cap;
+    for (int32_t l = -s->fixed; l < c->L; l++) {
+        const int32_t i = ls_unit_index(s->units, l);
+        if (p + n_rows - cap > s->unit_lo[i]) s->unit_lo[i] = p + n_rows - cap;
+    }
     if (stats) {
         stats[0] = n_rows - 1;
         stats[1] = j;
@@ -651,6 +680,7 @@ int32_t ls_spec_cycle_masked(ls_session *s, int32_t pending, const ls_spec_param
     if (!(c.leaf_min_prob >= 0.0f && c.leaf_min_prob <= 1.0f)) return LS_ERR_ARG;
 
     int32_t p = s->pos;
+    if (s->cache_steps > 0) return LS_ERR_ARG; /* a verify pass would read drafted rows a plain step does not */
     if (!ls_units_ready(ls_session_view(s), c.V)) return LS_ERR_STATE;
     c.k = prm->draft_ahead < prm->max_new - 1 ? prm->draft_ahead : prm->max_new - 1;
     if (c.k == 0) c.K = 1;

@@ -13,15 +13,16 @@ int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t n, const l
                         float *logits_out) {
     /* The sampling arguments are checked before the forward pass mutates the
      * session (ls_sample checks them again). */
-    if (!s || !params || !ls_step_params_ok(params, 1) || params->masked) return LS_ERR_ARG;
-    if (ls_step_exits(s->m, params, 1)) {
+    if (!s || !params || !ls_step_params_ok(params, 1) || params->masked ||
+        !ls_step_exit_ok(ls_session_view(s), params))
+        return LS_ERR_ARG;
+    if (ls_step_exits(s->m, params, 1, n)) {
         /* a step that may exit early is a batch of one (batch.c decides the exits) */
         ls_batch_row row = {n, 1, *params};
         int32_t out = 0;
         int32_t rc = ls_batch_step(s->m, &s, &row, 1, tokens, NULL, logits_out, &out);
         return rc != LS_OK ? rc : out;
     }
-    if (params->exit_policy != LS_EXIT_NONE) return LS_ERR_ARG; /* the model has no exit gate */
     float *logits = logits_out ? logits_out : s->logits;
     int32_t rc = ls_session_forward(s, tokens, n, params->loops, logits, 1);
     if (rc != LS_OK) return rc;

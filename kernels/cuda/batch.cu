@@ -583,8 +583,9 @@ extern "C" int32_t ls_batch_step_gated(ls_model *m, ls_session *const *sessions,
     if (!m || !m->rt) return LS_ERR_ARG;
     int32_t rc = ls_check_batch(m, sessions, rows, n_rows, tokens, masks, out);
     if (rc != LS_OK) return rc;
+    /* token masks and the zero-shot exit rules (LS_FEATURE_RECURRENT) are the CPU library's */
     for (int32_t i = 0; i < n_rows; i++)
-        if (rows[i].step.masked) rc = out[i] = LS_ERR_UNSUPPORTED;
+        if (rows[i].step.masked || ls_exit_rule_of(&rows[i].step) != 0) rc = out[i] = LS_ERR_UNSUPPORTED;
     if (rc != LS_OK) return rc;
     /* a session an earlier CUDA failure left unknown takes no more steps */
     for (int32_t i = 0; i < n_rows; i++)
@@ -593,7 +594,7 @@ extern "C" int32_t ls_batch_step_gated(ls_model *m, ls_session *const *sessions,
 
     /* room for the states an exact exit keeps, before any row runs */
     for (int32_t i = 0; i < n_rows; i++)
-        if (rows[i].step.exit_policy == LS_EXIT_EXACT && ls_step_exits(m, &rows[i].step, rows[i].sample) &&
+        if (rows[i].step.exit_policy == LS_EXIT_EXACT && ls_step_exits(m, &rows[i].step, rows[i].sample, rows[i].n_tokens) &&
             lsc_defer_reserve(sessions[i]) != LS_OK)
             rc = out[i] = LS_ERR_NOMEM;
     if (rc != LS_OK) return rc;

@@ -100,7 +100,7 @@ static size_t half_cache_bytes(const ls_model *m, int32_t units, int32_t cap) {
 
 extern "C" int64_t ls_session_cache_bytes(const ls_model *m, const ls_session_params *params) {
     if (!params || ls_check_session_args(m, params->max_seq, params->loops, params->cache_window, NULL, 0) != LS_OK ||
-        params->kv_mode != LS_KV_FP16)
+        params->kv_mode != LS_KV_FP16 || params->cache_steps != 0)
         return LS_ERR_ARG;
     int32_t cap = ls_ring_rows(params->max_seq, params->cache_window, LS_CHUNK);
     size_t half = half_cache_bytes(m, params->loops * m->info.n_layers, cap);
@@ -141,6 +141,10 @@ extern "C" ls_session *ls_session_new(ls_model *m, const ls_session_params *para
     }
     const int32_t max_seq = params->max_seq, loops = params->loops, cache_window = params->cache_window;
     if (ls_check_session_args(m, max_seq, loops, cache_window, err, err_len) != LS_OK) return NULL;
+    if (params->cache_steps != 0) { /* shared steps' caches (LS_FEATURE_RECURRENT) are the CPU library's */
+        ls_set_error(err, err_len, "cache_steps %d is not supported by the CUDA kernels", params->cache_steps);
+        return NULL;
+    }
     /* The CUDA kernels keep the fp16 cache only: a compressed mode is refused
      * with a message (the server then runs that mode on the CPU library). */
     if (params->kv_mode != LS_KV_FP16) {
@@ -496,7 +500,8 @@ extern "C" int32_t ls_session_step(ls_session *s, const int32_t *tokens, int32_t
      * session, as step.c does. */
     /* a masked step goes through ls_batch_step */
     if (!s || !p || p->masked || !ls_step_params_ok(p, 1)) return LS_ERR_ARG;
-    if (ls_step_exits(s->m, p, 1)) {
+    if (ls_exit_rule_of(p) != 0) return LS_ERR_UNSUPPORTED; /* the zero-shot exit rules are the CPU library's */
+    if (ls_step_exits(s->m, p, 1, n)) {
         /* a step that may exit early is a batch of one (batch.cu decides the exits) */
         ls_batch_row row = {n, 1, *p};
         int32_t out = 0;

@@ -189,6 +189,17 @@ static int upload_gate(float **dst, const ls_weights *w, int32_t dim, char *err,
 static const char *unserved(const ls_model_info *mi, int32_t kernels, char *buf, size_t len) {
     static const char *const AWAIT = "not served by the CUDA kernels by default yet (their kernels await a passing "
                                      "validation run on a GPU, bench/gpu/validate.sh)";
+    /* Recurrent depth first: its stacks pass the stacks family's check below,
+     * yet none of its parts has a CUDA kernel. */
+    if (mi->n_prelude || mi->n_coda || mi->injection || mi->mid_norm || mi->rope_interleaved || mi->qk_bias ||
+        mi->sandwich_norm == LS_NORM_SANDWICH_SUM || mi->embed_scale != 1.0f || mi->n_heads * mi->head_dim != mi->dim) {
+        snprintf(buf, len,
+                 "a recurrent-depth model (Huginn's prelude, coda, input injection and summed sandwich norms; q/k "
+                 "biases, interleaved RoPE, an embedding scale, a norm between loops or head_dim %d x %d heads other "
+                 "than dim %d: Nanbeige4.2's) is not supported by the CUDA kernels yet: serve it with the CPU library",
+                 mi->head_dim, mi->n_heads, mi->dim);
+        return buf;
+    }
     const int stacked = mi->n_layers != 1 || mi->sandwich_norm || mi->step_norm || mi->exit_gate;
     if (stacked && !(kernels & LS_CUDA_KERNELS_STACKS)) {
         snprintf(buf, len, "a stacked model (%d layers%s%s%s): %s: serve it with the CPU library", mi->n_layers,

@@ -12,7 +12,8 @@ import { checkModelFile, NativeQuantizer } from "../engine/binding.ts";
 import type { ModelFileInfo } from "../engine/types.ts";
 import { CPU_LIBRARY_NAME, cacheDirCandidates, resolveKernelLibrary } from "../engine/library.ts";
 import { type ProgressStream, withProgress } from "../progress.ts";
-import { GROUP_SIZES, HEAD_QUANTS, MAX_LOOPS, type ModelConfig, parseQuantMix, type QuantMix, quantMixNote } from "../model/format.ts";
+import { GROUP_SIZES, HEAD_QUANTS, isRecurrent, MAX_LOOPS, type ModelConfig, parseQuantMix, type QuantMix, quantMixNote } from "../model/format.ts";
+import { FAMILY_TITLES } from "../model/family.ts";
 import { exportGguf } from "../model/gguf.ts";
 import { importHfCheckpoint } from "../model/import_hf.ts";
 import { DEFAULT_GROUP_SIZE, type HeadQuant, type QuantizeResult, quantizeModelFile, type WeightQuant } from "../model/quantize.ts";
@@ -82,10 +83,11 @@ const INSPECT_HELP = `usage: loopserve model inspect FILE [--json]
 Prints the safetensors header of FILE (metadata, then each tensor's name,
 dtype, shape and byte size), then checks the file with the server's own
 loader (the kernel library: header, metadata, tensors, and every fp16
-weight and quantization scale finite, then the tokenizer), and lists the
-ids that end generation and those that also end a chat reply (the chat
-template's end of turn). Exit status 1 when the server would refuse to
-load it, with the loader's reason.
+weight and quantization scale finite, then the tokenizer), names the
+model's family (the published one it was imported from, else its layout)
+and lists the ids that end generation and those that also end a chat reply
+(the chat template's end of turn). Exit status 1 when the server would
+refuse to load it, with the loader's reason.
 
 options:
   --json       print the header as one JSON object
@@ -325,6 +327,23 @@ function stackNote(c: Pick<ModelConfig, "nLayers" | "normLayout" | "stepNorm" | 
   return parts.map((p) => `, ${p}`).join("");
 }
 
+/** The recurrent-depth layout (docs/model-format.md), when the model has one. */
+function recurrenceNote(c: ModelFileInfo): string {
+  if (!isRecurrent(c)) return "";
+  const parts = [
+    ...(c.nPrelude > 0 ? [`${c.nPrelude} prelude layers`] : []),
+    ...(c.nCoda > 0 ? [`${c.nCoda} coda layers`] : []),
+    ...(c.injection === "adapter" ? [`the prelude's output injected every step (adapter; first state std ${Number(c.stateStd.toPrecision(6))})`] : []),
+    ...(c.embedScale !== 1 ? [`embeddings scaled by ${Number(c.embedScale.toPrecision(6))}`] : []),
+    ...(c.midNorm ? ["a norm between the core and the coda"] : []),
+    ...(c.normLayout === "sandwich_sum" ? ["sandwich norms of the residual sums"] : []),
+    ...(c.ropeLayout === "interleaved" ? ["RoPE on adjacent pairs"] : []),
+    ...(c.qkBias ? ["q/k biases"] : []),
+    ...(c.headDim * c.nHeads !== c.dim ? [`head_dim ${c.headDim}`] : []),
+  ];
+  return parts.map((p) => `; ${p}`).join("");
+}
+
 /** The server's verdict on a model file: its loader's description, or its reason to refuse it. */
 function checkWithServerLoader(path: string): ModelFileInfo {
   const { buildDir, cacheHome } = libraryConfig();
@@ -410,11 +429,12 @@ async function cmdInspect(argv: string[], io: CommandIO): Promise<number> {
     // One object: the header, with the end ids when the file is a model the server loads.
     const header = { path, bytes: statSync(path).size, data_start: file.dataStart, metadata: file.metadata, tensors: headerRows(file) };
     let ends: Awaited<ReturnType<typeof endIds>> | null = null;
+    let family: string | null = null;
     try {
-      checkWithServerLoader(path);
+      family = checkWithServerLoader(path).family;
       ends = await endIds(path, file.metadata);
     } finally {
-      io.out(JSON.stringify({ ...header, ...(ends ? { end_ids: ends.eos, chat_end_ids: ends.chatTurn } : {}) }));
+      io.out(JSON.stringify({ ...header, ...(family ? { family } : {}), ...(ends ? { end_ids: ends.eos, chat_end_ids: ends.chatTurn } : {}) }));
     }
     return 0;
   }
@@ -426,6 +446,7 @@ async function cmdInspect(argv: string[], io: CommandIO): Promise<number> {
       `ffn ${c.ffnDim}, vocab ${c.vocabSize}, default loops ${c.defaultLoops}, ` +
       `output ${c.tiedOutput ? "tied to tok_embeddings" : c.embeddingFromHead ? "tied (the embedding is the quantized head)" : "untied"}${stackNote(c)}`,
   );
+  io.out(`family: ${c.family}, ${FAMILY_TITLES[c.family]}${recurrenceNote(c)}`);
   const ends = await endIds(path, file.metadata);
   io.out(`end ids: ${idList(ends.eos, ends.text)}; end of a chat turn: ${idList(ends.chatTurn, ends.text)}`);
   return 0;

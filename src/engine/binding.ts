@@ -3,7 +3,8 @@
 // One FFI call per engine step: forward/step take whole token batches.
 import { dlopen, FFIType, JSCallback, type Pointer, toArrayBuffer } from "bun:ffi";
 import { type KvCacheMode, kvModeCode, kvModeSpec } from "../model/kvcache.ts";
-import { type BlockQuant, QUANT_MATRICES, type QuantMix } from "../model/format.ts";
+import { type BlockQuant, NORM_LAYOUTS, QUANT_MATRICES, type QuantMix } from "../model/format.ts";
+import type { ModelFamily } from "../model/family.ts";
 import type { MatrixFormat, QuantRows, RowQuantizer, SourceDtype } from "../model/quantize.ts";
 import { ModelFormatError } from "../model/safetensors.ts";
 import {
@@ -16,7 +17,11 @@ import {
   LS_EXIT_COPY,
   LS_EXIT_EXACT,
   LS_EXIT_NONE,
+  LS_EXIT_RULE_ENTROPY,
+  LS_EXIT_RULE_KL,
   LS_FEATURE_PROFILE,
+  LS_FEATURE_RECURRENT,
+  LS_INJECT_ADAPTER,
   LS_FEATURE_SPECULATIVE,
   LS_FEATURE_TOKEN_MASK,
   LS_PROFILE_OPS,
@@ -35,7 +40,7 @@ import {
 } from "../abi/abi.generated.ts";
 import { type FieldName, StructView } from "../abi/abi_struct.ts";
 import { describeModelFile } from "./model_descriptor.ts";
-import type { ExitPlan, ExitPolicy, ModelFileInfo, ModelInfo, SamplingParams, SimdChoice } from "./types.ts";
+import type { ExitPlan, ExitPolicy, ExitRule, ModelFileInfo, ModelInfo, SamplingParams, SimdChoice } from "./types.ts";
 
 const { i32, i64_fast, u64, ptr, void: none, cstring } = FFIType;
 
@@ -151,15 +156,21 @@ export interface KvCacheSettings {
   mode: KvCacheMode;
   /** With an H mode: q, k, v rounded to fp16 before the rotation (SERVICE_H_MODE_FP16_ATTN_QKV). */
   fp16AttnQkv?: boolean;
+  /** 0 / absent: every step its own cache; S: the core's units share S steps of caches (ls_session_params.cache_steps). */
+  cacheSteps?: number;
 }
 
 export const FP16_CACHE: KvCacheSettings = { mode: "fp16" };
 
 /** ls_model_info without the runtime's simd and threads, and the file's default exit threshold. */
-function fileInfo(raw: StructView<"ls_model_info">, exitThreshold: number | null): ModelFileInfo {
+/** What the file says beside the library's description of it. */
+type FromFile = { exitThreshold: number | null; family: ModelFamily };
+
+function fileInfo(raw: StructView<"ls_model_info">, { exitThreshold, family }: FromFile): ModelFileInfo {
   const field = (f: FieldName<"ls_model_info">) => raw.get(f) as number;
   return {
     arch: "looped-llama",
+    family,
     dim: field("dim"),
     nHeads: field("n_heads"),
     nKvHeads: field("n_kv_heads"),
@@ -178,10 +189,18 @@ function fileInfo(raw: StructView<"ls_model_info">, exitThreshold: number | null
     embeddingFromHead: field("embed_from_head") === 1,
     quantMix: quantMixOf(raw),
     nLayers: field("n_layers"),
-    normLayout: field("sandwich_norm") === 1 ? "sandwich" : "pre",
+    normLayout: NORM_LAYOUTS[field("sandwich_norm")] ?? "pre",
     stepNorm: field("step_norm") === 1,
     exitGate: field("exit_gate") === 1,
     exitThreshold,
+    nPrelude: field("n_prelude"),
+    nCoda: field("n_coda"),
+    injection: field("injection") === LS_INJECT_ADAPTER ? "adapter" : "none",
+    embedScale: field("embed_scale"),
+    stateStd: field("state_std"),
+    midNorm: field("mid_norm") === 1,
+    ropeLayout: field("rope_interleaved") === 1 ? "interleaved" : "half",
+    qkBias: field("qk_bias") === 1,
   };
 }
 
@@ -201,10 +220,10 @@ function quantMixOf(raw: StructView<"ls_model_info">): QuantMix {
  * validates the file); a file that is not a valid model is a NativeError
  * with the validator's reason, like the library's own refusals.
  */
-function modelDescriptor(modelPath: string): { descriptor: Uint8Array; exitThreshold: number | null } {
+function modelDescriptor(modelPath: string): { descriptor: Uint8Array; fromFile: FromFile } {
   try {
-    const { model, descriptor } = describeModelFile(modelPath);
-    return { descriptor, exitThreshold: model.config.exitThreshold };
+    const { model, descriptor, family } = describeModelFile(modelPath);
+    return { descriptor, fromFile: { exitThreshold: model.config.exitThreshold, family } };
   } catch (e) {
     if (e instanceof ModelFormatError) throw new NativeError(e.reason, LS_ERR_ARG);
     throw e;
@@ -218,12 +237,12 @@ function modelDescriptor(modelPath: string): { descriptor: Uint8Array; exitThres
  */
 export function checkModelFile(libraryPath: string, modelPath: string): ModelFileInfo {
   const lib = openKernelLibrary(libraryPath);
-  const { descriptor, exitThreshold } = modelDescriptor(modelPath);
+  const { descriptor, fromFile } = modelDescriptor(modelPath);
   const info = new StructView("ls_model_info");
   const err = new Uint8Array(ERR_LEN);
   if (lib.ls_model_check(cString(modelPath), descriptor, info.bytes, err, ERR_LEN) < 0)
     throw new NativeError(readError(err) || `cannot load ${modelPath}`, LS_ERR_ARG);
-  return fileInfo(info, exitThreshold);
+  return fileInfo(info, fromFile);
 }
 
 export class NativeModel {
@@ -235,23 +254,23 @@ export class NativeModel {
   private constructor(
     readonly lib: Lib,
     handle: Pointer,
-    exitThreshold: number | null,
+    fromFile: FromFile,
   ) {
     this.handle = handle;
     const info = new StructView("ls_model_info");
     lib.ls_model_info_get(handle, info.bytes);
-    this.info = { ...fileInfo(info, exitThreshold), simd: String(lib.ls_simd_name(info.get("simd") as number)), threads: info.get("n_threads") as number };
+    this.info = { ...fileInfo(info, fromFile), simd: String(lib.ls_simd_name(info.get("simd") as number)), threads: info.get("n_threads") as number };
     this.features = lib.ls_features();
   }
 
   /** Loads a model file; throws NativeError with the loader's message. */
   static load(libraryPath: string, modelPath: string, threads: number, simd: SimdChoice): NativeModel {
     const lib = openKernelLibrary(libraryPath);
-    const { descriptor, exitThreshold } = modelDescriptor(modelPath);
+    const { descriptor, fromFile } = modelDescriptor(modelPath);
     const err = new Uint8Array(ERR_LEN);
     const handle = lib.ls_model_load(cString(modelPath), descriptor, threads, SIMD_CODES[simd], err, ERR_LEN);
     if (!handle) throw new NativeError(readError(err) || `cannot load ${modelPath}`, LS_ERR_ARG);
-    return new NativeModel(lib, handle as Pointer, exitThreshold);
+    return new NativeModel(lib, handle as Pointer, fromFile);
   }
 
   get pointer(): Pointer {
@@ -297,6 +316,11 @@ export class NativeModel {
   sessionCacheBytes(maxSeq: number, loops: number, cacheWindow: number, kv: KvCacheSettings = FP16_CACHE): number {
     const params = sessionParams(maxSeq, loops, cacheWindow, kv);
     return check(this.lib, Number(this.lib.ls_session_cache_bytes(this.pointer, params.bytes)), "ls_session_cache_bytes");
+  }
+
+  /** True when the kernel library implements recurrent depth: its layouts, the zero-shot exit rules, cache_steps (LS_FEATURE_RECURRENT). */
+  get hasRecurrent(): boolean {
+    return (this.features & LS_FEATURE_RECURRENT) !== 0;
   }
 
   /** True when the kernel library implements speculative decoding (LS_FEATURE_SPECULATIVE). */
@@ -651,15 +675,17 @@ export class NativeSession {
 
 function sessionParams(maxSeq: number, loops: number, cacheWindow: number, kv: KvCacheSettings): StructView<"ls_session_params"> {
   const kvMode = kvModeCode(kvModeSpec(kv.mode, kv.fp16AttnQkv ?? false));
-  return new StructView("ls_session_params").fill({ max_seq: maxSeq, loops, cache_window: cacheWindow, kv_mode: kvMode });
+  return new StructView("ls_session_params").fill({ max_seq: maxSeq, loops, cache_window: cacheWindow, kv_mode: kvMode, cache_steps: kv.cacheSteps ?? 0 });
 }
 
-/** ls_exit_policy of each rule's policy. */
+/** ls_exit_policy of each policy, and the bits of each rule ORed to it. */
 const EXIT_POLICY_CODE: Record<ExitPolicy, number> = { exact: LS_EXIT_EXACT, copy: LS_EXIT_COPY };
+const EXIT_RULE_CODE: Record<ExitRule, number> = { gate: 0, kl: LS_EXIT_RULE_KL, entropy: LS_EXIT_RULE_ENTROPY };
 
 /** ls_step_params: the depth, the exit rule (none: fixed depth) and, for a sampling step, how to draw. */
 function fillStepParams(p: StructView<"ls_step_params">, loops: number, sampling: SamplingParams | null, exit: ExitPlan | undefined): void {
-  p.set("loops", loops).set("exit_policy", exit ? EXIT_POLICY_CODE[exit.policy] : LS_EXIT_NONE).set("exit_threshold", exit?.threshold ?? 0);
+  const policy = exit ? EXIT_POLICY_CODE[exit.policy] | EXIT_RULE_CODE[exit.rule ?? "gate"] : LS_EXIT_NONE;
+  p.set("loops", loops).set("exit_policy", policy).set("exit_threshold", exit?.threshold ?? 0);
   if (sampling) fillSampling(p.member("sampling", "ls_sampling"), sampling);
 }
 

@@ -178,7 +178,7 @@ export class Engine {
   kvCacheBytes(req: GenerateRequest): number {
     try {
       const shape = sessionShape(req);
-      return this.model.sessionCacheBytes(shape.maxSeq, shape.loops, req.cacheWindow, this.kv);
+      return this.model.sessionCacheBytes(shape.maxSeq, shape.loops, req.cacheWindow, this.kvFor(req));
     } catch {
       return 0;
     }
@@ -198,6 +198,8 @@ export class Engine {
     const plan = req.speculative;
     if (plan && !this.model.hasSpeculative)
       throw new EngineRequestError(`mode '${plan.mode}' is not available: this kernel library has no speculative decoding`);
+    if ((req.cacheSteps || (req.exit?.rule ?? "gate") !== "gate") && !this.model.hasRecurrent)
+      throw new EngineRequestError("`cache_steps` and the zero-shot exit rules are not available: this kernel library has no recurrent depth");
     if (req.format && !this.model.hasTokenMasks)
       throw new EngineRequestError("structured output is not available: this kernel library has no token masks");
   }
@@ -205,6 +207,11 @@ export class Engine {
   /** True when this engine's kernels can constrain output to a format (token masks). */
   get supportsFormats(): boolean {
     return this.model.hasTokenMasks;
+  }
+
+  /** The service's cache mode, with the request's shared steps. */
+  private kvFor(req: GenerateRequest): KvCacheSettings {
+    return req.cacheSteps ? { ...this.kv, cacheSteps: req.cacheSteps } : this.kv;
   }
 
   private async run(
@@ -224,7 +231,7 @@ export class Engine {
     const { exit } = req;
     const exitSteps: number[] | undefined = exit ? [] : undefined;
     const shape = sessionShape(req);
-    const session = this.model.newSession(shape.maxSeq, shape.loops, req.cacheWindow, this.kv);
+    const session = this.model.newSession(shape.maxSeq, shape.loops, req.cacheWindow, this.kvFor(req));
     this.live.add(session);
     let guide: Guide | null = null;
     // With logprobs, every step hands back its raw logits (a cycle: one row per new token).
@@ -285,8 +292,10 @@ export class Engine {
         // Prefill and the first token: the same steps in every mode.
         // The batcher feeds the prompt a chunk per step; the last chunk samples the first token.
         const prompt = Int32Array.from(req.promptTokens.slice(reused));
+        // A zero-shot rule never exits the prompt's last position (the published Huginn code's rule): its first token runs every step.
+        const promptExit = (exit?.rule ?? "gate") === "gate" ? exit : undefined;
         const first = await this.batcher.prefill(
-          { session, tokens: prompt, loops: req.loops, sampling: s, logitsOut: stepLogits, exit, mask: guide?.rowMask(0) },
+          { session, tokens: prompt, loops: req.loops, sampling: s, logitsOut: stepLogits, exit: promptExit, mask: guide?.rowMask(0) },
           signal,
         );
         if (first === null) return done("cancelled");

@@ -1,6 +1,7 @@
 // The engine's contract with everything above it (scheduler, HTTP). No FFI
 // pointers cross this line; no HTTP objects cross it the other way.
 import type { ModelConfig } from "../model/format.ts";
+import type { ModelFamily } from "../model/family.ts";
 import type { TokenLogprob } from "./logprobs.ts";
 
 export type { TokenLogprob } from "./logprobs.ts";
@@ -11,7 +12,8 @@ export type SimdChoice = (typeof SIMD_CHOICES)[number];
 
 /** What a model file says about itself, as the loader read it. */
 /** A model file as the kernel library reports it, with the file's default exit threshold. */
-export type ModelFileInfo = Omit<ModelConfig, "formatVersion" | "tokenizer">;
+/** A model file as the loader describes it, and the family it belongs to (src/model/family.ts). */
+export type ModelFileInfo = Omit<ModelConfig, "formatVersion" | "tokenizer"> & { family: ModelFamily };
 
 /** A loaded model: its file's description and the runtime serving it. */
 export interface ModelInfo extends ModelFileInfo {
@@ -43,12 +45,20 @@ export type SpeculativeMode = Exclude<GenerationMode, "generate">;
  */
 export const EXIT_POLICIES = ["exact", "copy"] as const;
 export type ExitPolicy = (typeof EXIT_POLICIES)[number];
+/** What decides a token's exit: the model's learned gate, or a zero-shot rule between successive steps' distributions (docs/early-exit.md). */
+export const EXIT_RULES = ["gate", "kl", "entropy"] as const;
+export type ExitRule = (typeof EXIT_RULES)[number];
 
-/** A request's learned early exit, resolved once (planDepth): the engine runs it as given. */
+/** A request's early exit, resolved once (planDepth): the engine runs it as given. */
 export interface ExitPlan {
-  /** Each sampled token stops at the first step whose cumulative exit probability reaches this; in [0, 1) (1 is fixed depth: no plan). */
+  /**
+   * The gate's rule: each sampled token stops at the first step whose cumulative exit probability reaches this, in [0, 1)
+   * (1 is fixed depth: no plan). A zero-shot rule: at the first step whose value is below this, > 0 (0 is fixed depth).
+   */
   readonly threshold: number;
   readonly policy: ExitPolicy;
+  /** Absent: the gate. */
+  readonly rule?: ExitRule;
 }
 
 /** How a speculative request drafts, resolved and checked once (planSpeculative); its verify depth is the request's `loops`. */
@@ -71,6 +81,8 @@ export interface GenerateRequest {
   sampling: SamplingParams;
   stopTokenIds: number[]; // generation ends (finish "stop") when one is sampled; it is not emitted
   cacheWindow: number; // 0 = full
+  /** The core's units share this many steps of caches (docs/kv-cache.md, made by planDepth); absent: every step its own. */
+  cacheSteps?: number;
   /** A speculative mode's settings, made by planSpeculative (speculative.ts) and run as given; absent: plain generation. */
   speculative?: SpecPlan;
   /**
@@ -188,8 +200,15 @@ export interface EngineRunOptions<S> {
  * exact exit policy the last one's deferred steps travel with the copy), but
  * for the last under the copy policy, whose deeper cache units hold copies
  * rather than its own keys/values (a later prompt extending this one runs
- * that position at full depth).
+ * that position at full depth); none with shared steps' caches, which the
+ * kernels do not copy.
  */
 export function pooledPromptLength(req: GenerateRequest): number {
+  if (req.cacheSteps) return 0;
   return req.exit?.policy === "copy" ? req.promptTokens.length - 1 : req.promptTokens.length;
+}
+
+/** Whether a request may start from a pooled prefix: not when scoring its prompt (a prefix has no logits) nor with shared steps' caches (not copied). */
+export function usesPrefixPool(req: GenerateRequest): boolean {
+  return !req.promptLogprobs && !req.cacheSteps;
 }

@@ -27,6 +27,7 @@ import {
 function modelInfoSection(info: ModelInfo, config: Config): ModelInfoSection {
   return {
     arch: info.arch,
+    family: info.family,
     dim: info.dim,
     n_heads: info.nHeads,
     ffn_dim: info.ffnDim,

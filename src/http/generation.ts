@@ -4,7 +4,7 @@
 // Families differ only in their request fields and their response framing.
 import type { Config } from "../config.ts";
 import { type DepthPlan, planDepth } from "../engine/depth_plan.ts";
-import type { ExitPolicy, GenerateRequest, GenerateResult, GenerationMode, ModelInfo, PromptLogprobSink, TokenLogprob, TokenSink } from "../engine/types.ts";
+import type { ExitPolicy, ExitRule, GenerateRequest, GenerateResult, GenerationMode, ModelInfo, PromptLogprobSink, TokenLogprob, TokenSink } from "../engine/types.ts";
 import { TextStream } from "../text/stream.ts";
 import { TokenLimitExceeded, type Tokenizer, TokenizerCancelledError, TokenizerClosedError } from "../tokenizer/tokenizer.ts";
 import type { FormatCompiler } from "../grammar/formats.ts";
@@ -144,7 +144,9 @@ export interface DepthFields {
   K_branches?: number | null;
   exit_threshold?: number | null;
   exit_policy?: ExitPolicy | null;
+  exit_rule?: ExitRule | null;
   cache_window?: number | null;
+  cache_steps?: number | null;
 }
 
 /**
@@ -163,7 +165,9 @@ export function resolveDepth(deps: AppDeps, mode: GenerationMode, body: DepthFie
     kBranches: body.K_branches ?? undefined,
     exitThreshold: body.exit_threshold, // null: no early exit
     exitPolicy: body.exit_policy ?? undefined,
+    exitRule: body.exit_rule ?? undefined,
     cacheWindow: body.cache_window ?? undefined,
+    cacheSteps: body.cache_steps ?? undefined,
   };
   return planDepth(settings, { model: deps.engine?.info ?? null, temperature, kvCacheMode: deps.config.kvCacheMode });
 }

@@ -45,8 +45,13 @@ export const TOKENIZER = "gpt2";
 export type TokenizerKind = "gpt2" | "bpe";
 export const MAX_LOOPS = LS_MAX_LOOPS;
 export const MAX_LAYERS = LS_MAX_LAYERS;
-/** How a layer norms: before each sublayer only (Llama), or its output too (sandwich, as Ouro). */
-export type NormLayout = "pre" | "sandwich";
+/** How a layer norms: before each sublayer only (Llama), its output too (sandwich, as Ouro), or the residual sum after each add (sandwich_sum, as Huginn). */
+export type NormLayout = "pre" | "sandwich" | "sandwich_sum";
+export const NORM_LAYOUTS: readonly NormLayout[] = ["pre", "sandwich", "sandwich_sum"];
+/** The core's input at each step: the previous step's output, or an adapter of it and the prelude's output (docs/model-format.md). */
+export type Injection = "none" | "adapter";
+/** Which pairs RoPE rotates: (i, i + head_dim/2) as Llama, or adjacent (2i, 2i + 1) as Huginn. */
+export type RopeLayout = "half" | "interleaved";
 
 export interface ModelConfig {
   arch: "looped-llama";
@@ -68,6 +73,15 @@ export interface ModelConfig {
   normLayout: NormLayout;
   stepNorm: boolean; // norm.weight applied after every step; the head then norms no further
   exitThreshold: number | null; // the exit gate's default threshold (metadata exit_threshold); null: fixed depth
+  /** Recurrent depth (docs/model-format.md): layers run once before and after the core, how each step's input is made. */
+  nPrelude: number;
+  nCoda: number;
+  injection: Injection;
+  embedScale: number; // the embedding's factor (1: none)
+  stateStd: number; // the first step's state with an adapter (0: zeros)
+  midNorm: boolean; // norm.weight on the core's output before the coda
+  ropeLayout: RopeLayout;
+  qkBias: boolean; // wq.bias / wk.bias in every layer
   exitGate: boolean; // exit_gate.weight / exit_gate.bias present
   tiedOutput: boolean; // true when output.weight is absent and tok_embeddings is reused
   headQuant: HeadQuant; // the output head's format (fp16 also when tied)
@@ -79,17 +93,57 @@ export interface ModelConfig {
 /** What the metadata alone fixes: the config but for the output head, which the tensors decide. */
 export type ModelShape = Omit<ModelConfig, "tiedOutput" | "headQuant" | "headGroupSize" | "embeddingFromHead" | "exitGate">;
 
-/** The shape fields of a single-block GPT-2 model (format version 1), for writers that build one. */
-export const SINGLE_BLOCK = { nLayers: 1, normLayout: "pre", stepNorm: false, exitThreshold: null, tokenizer: TOKENIZER } as const;
+/** The recurrent-depth fields of a model without any (every stack before them). */
+export const NO_RECURRENCE = {
+  nPrelude: 0,
+  nCoda: 0,
+  injection: "none",
+  embedScale: 1,
+  stateStd: 0,
+  midNorm: false,
+  ropeLayout: "half",
+  qkBias: false,
+} as const;
+export type RecurrenceFields = keyof typeof NO_RECURRENCE;
 
-/** The format revision a model needs: 2 when it uses anything version 1 lacks. */
-export function formatVersionOf(c: Pick<ModelShape, "nLayers" | "normLayout" | "stepNorm" | "exitThreshold" | "tokenizer">, exitGate = false): FormatVersion {
-  return c.nLayers !== 1 || c.normLayout !== "pre" || c.stepNorm || c.exitThreshold !== null || c.tokenizer !== "gpt2" || exitGate ? 2 : 1;
+/** The shape fields of a single-block GPT-2 model (format version 1), for writers that build one. */
+export const SINGLE_BLOCK = { nLayers: 1, normLayout: "pre", stepNorm: false, exitThreshold: null, tokenizer: TOKENIZER, ...NO_RECURRENCE } as const;
+
+/** Whether a model uses any recurrent-depth field (docs/model-format.md, "recurrent depth"). */
+export function isRecurrent(c: Pick<ModelShape, RecurrenceFields> & { headDim?: number; dim?: number; nHeads?: number }): boolean {
+  return (
+    c.nPrelude > 0 ||
+    c.nCoda > 0 ||
+    c.injection !== "none" ||
+    c.embedScale !== 1 ||
+    c.stateStd !== 0 ||
+    c.midNorm ||
+    c.ropeLayout !== "half" ||
+    c.qkBias ||
+    (c.headDim !== undefined && c.dim !== undefined && c.nHeads !== undefined && c.headDim * c.nHeads !== c.dim)
+  );
 }
 
-/** Where layer i's tensors are named: "block." in a one-layer model, "layers.<i>." otherwise. */
+/** The format revision a model needs: 2 when it uses anything version 1 lacks. */
+export function formatVersionOf(
+  c: Pick<ModelShape, "nLayers" | "normLayout" | "stepNorm" | "exitThreshold" | "tokenizer" | RecurrenceFields> & { headDim?: number; dim?: number; nHeads?: number },
+  exitGate = false,
+): FormatVersion {
+  return c.nLayers !== 1 || c.normLayout !== "pre" || c.stepNorm || c.exitThreshold !== null || c.tokenizer !== "gpt2" || exitGate || isRecurrent(c) ? 2 : 1;
+}
+
+/** Where core layer i's tensors are named: "block." in a one-layer core, "layers.<i>." otherwise. */
 export function layerPrefix(c: Pick<ModelShape, "nLayers">, i: number): string {
   return c.nLayers === 1 ? "block." : `layers.${i}.`;
+}
+
+/** Every layer's prefix, in the kernels' descriptor order: the core's, the prelude's ("prelude.<i>."), the coda's ("coda.<i>."). */
+export function allLayerPrefixes(c: Pick<ModelShape, "nLayers" | "nPrelude" | "nCoda">): string[] {
+  return [
+    ...Array.from({ length: c.nLayers }, (_, i) => layerPrefix(c, i)),
+    ...Array.from({ length: c.nPrelude }, (_, i) => `prelude.${i}.`),
+    ...Array.from({ length: c.nCoda }, (_, i) => `coda.${i}.`),
+  ];
 }
 
 /** Metadata as the writer stores it; every value a string (the format requires it). */
@@ -101,6 +155,7 @@ export function configToMetadata(c: ModelShape): Record<string, string> {
     ...(c.normLayout !== "pre" ? { norm_layout: c.normLayout } : {}),
     ...(c.stepNorm ? { step_norm: "1" } : {}),
     ...(c.exitThreshold !== null ? { exit_threshold: String(c.exitThreshold) } : {}),
+    ...recurrenceMetadata(c),
     arch: c.arch,
     dim: String(c.dim),
     n_heads: String(c.nHeads),
@@ -118,25 +173,48 @@ export function configToMetadata(c: ModelShape): Record<string, string> {
   };
 }
 
-/** One layer's norms (with sandwich norms, four), as named after the layer's prefix. */
+/** The recurrent-depth metadata keys of a model (only those differing from a model without them). */
+function recurrenceMetadata(c: ModelShape): Record<string, string> {
+  const m: Record<string, string> = {};
+  if (c.headDim * c.nHeads !== c.dim) m.head_dim = String(c.headDim);
+  if (c.nPrelude > 0) m.n_prelude = String(c.nPrelude);
+  if (c.nCoda > 0) m.n_coda = String(c.nCoda);
+  if (c.injection !== "none") m.injection = c.injection;
+  if (c.embedScale !== 1) m.embed_scale = String(c.embedScale);
+  if (c.stateStd !== 0) m.state_std = String(c.stateStd);
+  if (c.midNorm) m.mid_norm = "1";
+  if (c.ropeLayout !== "half") m.rope_layout = c.ropeLayout;
+  if (c.qkBias) m.qk_bias = "1";
+  return m;
+}
+
+/** One layer's norms (with sandwich norms of either kind, four), as named after the layer's prefix. */
 export function layerNorms(c: Pick<ModelShape, "normLayout">): string[] {
-  return c.normLayout === "sandwich" ? ["attn_norm", "attn_out_norm", "ffn_norm", "ffn_out_norm"] : ["attn_norm", "ffn_norm"];
+  return c.normLayout !== "pre" ? ["attn_norm", "attn_out_norm", "ffn_norm", "ffn_out_norm"] : ["attn_norm", "ffn_norm"];
+}
+
+/** A layer's fp16 tensors besides its matrices: its norms and, with qk_bias, the q and k biases. */
+export function layerVectorShapes(c: ModelShape, prefix: string): [string, number[]][] {
+  const out: [string, number[]][] = layerNorms(c).map((n) => [`${prefix}${n}.weight`, [c.dim]]);
+  if (c.qkBias) out.push([`${prefix}wq.bias`, [c.nHeads * c.headDim]], [`${prefix}wk.bias`, [c.nKvHeads * c.headDim]]);
+  return out;
 }
 
 /** Every fp16 tensor of a model and its shape, layer by layer. `output.weight` is optional; the exit gate's two are listed when exitGate. */
 export function expectedTensorShapes(c: ModelShape, exitGate = false): [string, number[]][] {
   const shapes = matrixShapes(c);
   const out: [string, number[]][] = [["tok_embeddings.weight", [c.vocabSize, c.dim]]];
-  const sandwich = c.normLayout === "sandwich";
-  for (let i = 0; i < c.nLayers; i++) {
-    const p = layerPrefix(c, i);
+  const sandwich = c.normLayout !== "pre";
+  for (const p of allLayerPrefixes(c)) {
     const norm = (n: string): [string, number[]] => [`${p}${n}.weight`, [c.dim]];
     const mat = (m: QuantMatrixName): [string, number[]] => [`${p}${m}.weight`, shapes[m]];
     out.push(norm("attn_norm"), mat("wq"), mat("wk"), mat("wv"), mat("wo"));
     if (sandwich) out.push(norm("attn_out_norm"));
     out.push(norm("ffn_norm"), mat("w1"), mat("w2"), mat("w3"));
     if (sandwich) out.push(norm("ffn_out_norm"));
+    if (c.qkBias) out.push([`${p}wq.bias`, [c.nHeads * c.headDim]], [`${p}wk.bias`, [c.nKvHeads * c.headDim]]);
   }
+  if (c.injection === "adapter") out.push(["adapter.weight", [c.dim, 2 * c.dim]]);
   out.push(["norm.weight", [c.dim]]);
   if (exitGate) out.push(["exit_gate.weight", [1, c.dim]], ["exit_gate.bias", [1]]);
   out.push(["output.weight", [c.vocabSize, c.dim]]);
@@ -348,6 +426,53 @@ function expectString(meta: Meta, key: string, expected: string, where: string):
   if (s !== expected) throw ModelFormatError.about(where, `metadata: ${key} must be "${expected}", got "${s}"`);
 }
 
+/** A "0" / "1" metadata flag (absent: false). */
+function parseFlag(meta: Meta, key: string, where: string): boolean {
+  const v = meta[key] ?? "0";
+  if (v !== "0" && v !== "1") throw ModelFormatError.about(where, `metadata: ${key} must be "0" or "1", got "${v}"`);
+  return v === "1";
+}
+
+/** A finite number >= 0 (metadata), also once rounded to fp32; `dflt` when absent. */
+function parseNonNegativeFloat(meta: Meta, key: string, where: string, dflt: number): number {
+  const s = meta[key];
+  if (s === undefined) return dflt;
+  const n = Number(s);
+  if (!FLOAT_RE.test(s) || !(n >= 0 && Number.isFinite(Math.fround(n)))) {
+    throw ModelFormatError.about(where, `metadata: ${key} must be a finite number >= 0, got "${s}"`);
+  }
+  return n;
+}
+
+/** The recurrent-depth keys (docs/model-format.md); absent ones read as a model without them. */
+function parseRecurrence(meta: Meta, where: string, nLayers: number): Pick<ModelShape, RecurrenceFields> {
+  const bad = (msg: string): never => {
+    throw ModelFormatError.about(where, `metadata: ${msg}`);
+  };
+  const nPrelude = meta.n_prelude === undefined ? 0 : parseInt32(meta, "n_prelude", where, 0, LS_MAX_LAYERS);
+  const nCoda = meta.n_coda === undefined ? 0 : parseInt32(meta, "n_coda", where, 0, LS_MAX_LAYERS);
+  if (nLayers + nPrelude + nCoda > LS_MAX_LAYERS) bad(`n_layers + n_prelude + n_coda (${nLayers + nPrelude + nCoda}) must be at most ${LS_MAX_LAYERS}`);
+  const injection = meta.injection ?? "none";
+  if (injection !== "none" && injection !== "adapter") bad(`injection must be "none" or "adapter", got "${injection}"`);
+  const ropeLayout = meta.rope_layout ?? "half";
+  if (ropeLayout !== "half" && ropeLayout !== "interleaved") bad(`rope_layout must be "half" or "interleaved", got "${ropeLayout}"`);
+  const embedScale = meta.embed_scale === undefined ? 1 : parsePositiveFloat(meta, "embed_scale", where, 3e38);
+  const stateStd = parseNonNegativeFloat(meta, "state_std", where, 0);
+  if (stateStd !== 0 && injection !== "adapter") bad(`state_std needs injection "adapter" (the first step's state is the adapter's)`);
+  const midNorm = parseFlag(meta, "mid_norm", where);
+  if (midNorm && nCoda === 0) bad(`mid_norm needs a coda (n_coda > 0): it norms the core's output before it`);
+  return {
+    nPrelude,
+    nCoda,
+    injection: injection as Injection,
+    embedScale,
+    stateStd,
+    midNorm,
+    ropeLayout: ropeLayout as RopeLayout,
+    qkBias: parseFlag(meta, "qk_bias", where),
+  };
+}
+
 /**
  * Validates the metadata of a loopserve file (values and their consistency)
  * and returns the config, without looking at tensors.
@@ -368,9 +493,9 @@ export function parseModelMetadata(meta: Meta, where: string): ModelShape {
     throw ModelFormatError.about(where, `metadata: tokenizer "bpe" needs tokenizer_json (the tokenizer.json text)`);
   }
   const nLayers = meta.n_layers === undefined ? 1 : parseInt32(meta, "n_layers", where, 1, LS_MAX_LAYERS);
-  const normLayout = meta.norm_layout ?? "pre";
-  if (normLayout !== "pre" && normLayout !== "sandwich") {
-    throw ModelFormatError.about(where, `metadata: norm_layout must be "pre" or "sandwich", got "${normLayout}"`);
+  const normLayout = (meta.norm_layout ?? "pre") as NormLayout;
+  if (!NORM_LAYOUTS.includes(normLayout)) {
+    throw ModelFormatError.about(where, `metadata: norm_layout must be one of ${NORM_LAYOUTS.join(", ")}, got "${normLayout}"`);
   }
   const stepNorm = meta.step_norm ?? "0";
   if (stepNorm !== "0" && stepNorm !== "1") throw ModelFormatError.about(where, `metadata: step_norm must be "0" or "1", got "${stepNorm}"`);
@@ -381,11 +506,12 @@ export function parseModelMetadata(meta: Meta, where: string): ModelShape {
     const refused = exitThresholdRefusal(exitThreshold, true);
     if (refused) throw ModelFormatError.about(where, `metadata: exit_threshold ${refused}`);
   }
-  const stack = { nLayers, normLayout, stepNorm: stepNorm === "1", exitThreshold, tokenizer } as const;
-  if (formatVersion === 1 && formatVersionOf(stack) !== 1) {
+  const recurrence = parseRecurrence(meta, where, nLayers);
+  const stack = { nLayers, normLayout, stepNorm: stepNorm === "1", exitThreshold, tokenizer, ...recurrence } as const;
+  if (formatVersion === 1 && (formatVersionOf(stack) !== 1 || meta.head_dim !== undefined)) {
     throw ModelFormatError.about(
       where,
-      `metadata: format_version 1 cannot carry n_layers, norm_layout, step_norm, exit_threshold or a tokenizer other than gpt2 (format_version 2 can)`,
+      `metadata: format_version 1 cannot carry n_layers, norm_layout, step_norm, exit_threshold, the recurrent-depth keys or a tokenizer other than gpt2 (format_version 2 can)`,
     );
   }
   // The kernels' limits (kernels/loopserve.h LS_MAX_*): they keep sizes far from overflow.
@@ -410,16 +536,26 @@ export function parseModelMetadata(meta: Meta, where: string): ModelShape {
   if (quant !== "fp16" && !GROUP_SIZES.includes(groupSize)) {
     bad(`group_size must be one of ${GROUP_SIZES.join(", ")} for quant ${quant}, got ${groupSize}`);
   }
+  let headDim: number;
+  if (meta.head_dim !== undefined) {
+    headDim = parseInt32(meta, "head_dim", where, 2, LS_MAX_DIM);
+    if (headDim % 2 !== 0) bad(`head_dim (${headDim}) must be even (RoPE rotates pairs)`);
+    if (headDim * nHeads > LS_MAX_DIM) bad(`n_heads x head_dim (${nHeads * headDim}) must be at most ${LS_MAX_DIM}`);
+  } else {
+    if (dim % nHeads !== 0) bad(`dim (${dim}) must be a multiple of n_heads (${nHeads})`);
+    headDim = dim / nHeads;
+    if (headDim % 2 !== 0) bad(`head_dim = dim / n_heads = ${headDim} must be even (RoPE rotates pairs)`);
+  }
   if (quant !== "fp16") {
-    // Groups run along each matrix's inputs: dim (wq, wk, wv, wo, w1, w3, output), ffn_dim (w2).
+    // Groups run along each matrix's inputs: dim (wq, wk, wv, w1, w3, output), the attention's width (wo), ffn_dim (w2).
     if (dim % groupSize !== 0) bad(`dim (${dim}) must be a multiple of group_size (${groupSize}) for quant ${quant}`);
     if (ffnDim % groupSize !== 0) {
       bad(`ffn_dim (${ffnDim}) must be a multiple of group_size (${groupSize}) for quant ${quant}`);
     }
+    if ((nHeads * headDim) % groupSize !== 0) {
+      bad(`n_heads x head_dim (${nHeads * headDim}) must be a multiple of group_size (${groupSize}) for quant ${quant}`);
+    }
   }
-  if (dim % nHeads !== 0) bad(`dim (${dim}) must be a multiple of n_heads (${nHeads})`);
-  const headDim = dim / nHeads;
-  if (headDim % 2 !== 0) bad(`head_dim = dim / n_heads = ${headDim} must be even (RoPE rotates pairs)`);
   if (nKvHeads > nHeads || nHeads % nKvHeads !== 0) {
     bad(`n_heads (${nHeads}) must be a multiple of n_kv_heads (${nKvHeads})`);
   }
@@ -557,18 +693,21 @@ export function validateModel(file: SafetensorsFile): ValidatedModel {
   if (refused) throw ModelFormatError.about(where, `metadata: exit_threshold ${refused}`);
   if (!embeddingFromHead) check("tok_embeddings.weight", [base.vocabSize, base.dim]);
   // Layer tensors the metadata does not account for mean a mislabelled file: named, not ignored.
+  const counts = { layers: base.nLayers, prelude: base.nPrelude, coda: base.nCoda } as const;
   const stray = [...file.tensors.keys()].find((n) => {
-    const layer = /^layers\.(\d+)\./.exec(n);
-    return base.nLayers === 1 ? layer !== null : n.startsWith("block.") || (layer !== null && Number(layer[1]) >= base.nLayers);
+    const layer = /^(layers|prelude|coda)\.(\d+)\./.exec(n);
+    if (layer !== null && Number(layer[2]) >= counts[layer[1] as keyof typeof counts]) return true;
+    return base.nLayers === 1 ? layer?.[1] === "layers" : n.startsWith("block.");
   });
   if (stray !== undefined) {
     const expected = base.nLayers === 1 ? `block.*` : `layers.0.* .. layers.${base.nLayers - 1}.*`;
-    throw ModelFormatError.about(where, `tensor "${stray}" does not belong in a ${base.nLayers}-layer model (n_layers ${base.nLayers}: ${expected})`);
+    const fixed = `, ${base.nPrelude} prelude and ${base.nCoda} coda layers`;
+    throw ModelFormatError.about(where, `tensor "${stray}" does not belong in a ${base.nLayers}-layer model (n_layers ${base.nLayers}: ${expected}${fixed})`);
   }
+  if (base.injection === "adapter") check("adapter.weight", [base.dim, 2 * base.dim]);
   const shapes = matrixShapes(base);
-  for (let i = 0; i < base.nLayers; i++) {
-    const p = layerPrefix(base, i);
-    for (const n of layerNorms(base)) check(`${p}${n}.weight`, [base.dim]);
+  for (const p of allLayerPrefixes(base)) {
+    for (const [name, shape] of layerVectorShapes(base, p)) check(name, shape);
     for (const m of QUANT_MATRICES) {
       const name = `${p}${m}`;
       const [rows, cols] = shapes[m];
@@ -608,8 +747,9 @@ export function parseModelConfig(file: SafetensorsFile): ModelConfig {
   return validateModel(file).config;
 }
 
-/** A stacked model (format version 2's layers, norms or gate) refused by a reader of single-block weights. */
+/** A stacked model (format version 2's layers, norms, gate or recurrent depth) refused by a reader of single-block weights. */
 function refuseStack(path: string, config: ModelConfig, reader: string): void {
+  if (isRecurrent(config)) throw ModelFormatError.about(path, `${reader} reads single-block models; this one has a recurrent-depth layout`);
   if (config.nLayers === 1 && config.normLayout === "pre" && !config.stepNorm && !config.exitGate) return;
   throw ModelFormatError.about(path, `${reader} reads single-block models; this one has ${config.nLayers} layer(s)${config.normLayout === "sandwich" ? ", sandwich norms" : ""}${config.stepNorm ? ", a norm per step" : ""}${config.exitGate ? ", an exit gate" : ""}`);
 }

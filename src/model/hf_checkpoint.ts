@@ -42,7 +42,8 @@ import type { SpecialTokens } from "../tokenizer/tokenizer.ts";
 
 // ---- types ----
 
-export type HfArch = "ouro" | "loopserve";
+/** Ouro, loopserve's own, and the families of HfFamily readers (hf_families.ts). */
+export type HfArch = "ouro" | "loopserve" | "huginn" | "nanbeige";
 
 /** Source dtypes the importer converts to fp16. */
 export const HF_DTYPES = ["BF16", "F16", "F32"] as const;
@@ -101,6 +102,8 @@ export interface HfCheckpoint {
   /** config.json, parsed. */
   config: Record<string, unknown>;
   model: HfModelShape;
+  /** A family's own metadata keys (the recurrent-depth layout, docs/model-format.md), over those of `model`. */
+  layout: Record<string, string>;
   /** In loopserve's order (tok_embeddings, the layers, norm, output, exit gate). */
   tensors: HfTensor[];
   /** The weight files, in the order the index (or the directory) gives them. */
@@ -142,7 +145,7 @@ function shown(v: unknown): string {
 }
 
 /** Reads typed config values, each failure naming config.json and the key. */
-class ConfigReader {
+export class ConfigReader {
   constructor(
     private readonly path: string,
     private readonly c: Record<string, unknown>,
@@ -198,23 +201,47 @@ class ConfigReader {
 const OURO_ARCH = "OuroForCausalLM";
 const LOOPSERVE_ARCH = "LoopedLlamaForCausalLM";
 
-function detectArch(path: string, c: Record<string, unknown>): HfArch {
+/**
+ * A published family read by its own module (hf_families.ts lists them): its
+ * config keys, its tensor names and how they map onto loopserve's, and the
+ * metadata of its layout. The reading around it is this module's.
+ */
+export interface HfFamily {
+  arch: HfArch;
+  /** How messages name it: e.g. `Huginn (model_type "huginn_raven", RavenForCausalLM)`. */
+  title: string;
+  matches(config: Record<string, unknown>, archs: readonly unknown[]): boolean;
+  /** The model its config.json describes (tiedOutput as the config says). */
+  shape(r: ConfigReader, config: Record<string, unknown>): HfModelShape;
+  /** The layout its checkpoint's tensors show, as loopserve metadata keys (docs/model-format.md). */
+  layout(m: HfModelShape, config: Record<string, unknown>, has: (name: string) => boolean): Record<string, string>;
+  /** Its tensors for a model of this shape and layout, in loopserve's order. */
+  tensors(m: HfModelShape, layout: Record<string, string>): ExpectedTensor[];
+  /** The name of its output head (absent when tied). */
+  head: string;
+  /** Tensors a checkpoint may carry that the model does not need (buffers, a tied head's copy). */
+  ignorable(name: string, m: HfModelShape): boolean;
+  /** Tokens its published generation code stops at beside eos_token, by text (those the tokenizer has). */
+  stopTokens?: readonly string[];
+}
+
+function detectArch(path: string, c: Record<string, unknown>, families: readonly HfFamily[]): HfArch {
   const archs = Array.isArray(c.architectures) ? c.architectures : [];
   const modelType = c.model_type;
   if (modelType === "ouro" || archs.includes(OURO_ARCH)) return "ouro";
   if (modelType === "loopserve" || archs.includes(LOOPSERVE_ARCH)) return "loopserve";
+  const family = families.find((f) => f.matches(c, archs));
+  if (family) return family.arch;
   const named = [
     modelType !== undefined ? `model_type ${JSON.stringify(modelType)}` : "no model_type",
     archs.length > 0 ? `architectures ${JSON.stringify(archs)}` : "no architectures",
   ].join(", ");
-  throw ModelFormatError.about(
-    path,
-    `unknown architecture (${named}): import-hf reads Ouro (model_type "ouro", ${OURO_ARCH}) and loopserve (model_type "loopserve", ${LOOPSERVE_ARCH}) checkpoints`,
-  );
+  const readers = [`Ouro (model_type "ouro", ${OURO_ARCH})`, ...families.map((f) => f.title), `loopserve (model_type "loopserve", ${LOOPSERVE_ARCH})`];
+  throw ModelFormatError.about(path, `unknown architecture (${named}): import-hf reads ${readers.slice(0, -1).join(", ")} and ${readers.at(-1)} checkpoints`);
 }
 
-/** The checks both architectures share: divisibility and loopserve's limits. */
-function checkShape(r: ConfigReader, m: HfModelShape, names: Record<"dim" | "nHeads" | "nKvHeads", string>): void {
+/** The checks every architecture shares: divisibility and loopserve's limits. */
+export function checkShape(r: ConfigReader, m: HfModelShape, names: Record<"dim" | "nHeads" | "nKvHeads", string>): void {
   if (m.dim % m.nHeads !== 0) r.fail(`${names.dim} (${m.dim}) must be a multiple of ${names.nHeads} (${m.nHeads})`);
   if (m.headDim % 2 !== 0) r.fail(`head_dim = ${names.dim} / ${names.nHeads} = ${m.headDim} must be even (RoPE rotates pairs)`);
   if (m.nKvHeads > m.nHeads || m.nHeads % m.nKvHeads !== 0) {
@@ -312,11 +339,16 @@ function loopserveShape(r: ConfigReader, c: Record<string, unknown>): HfModelSha
 
 // ---- tensor names ----
 
-/** A tensor the model needs: its name in the checkpoint, in loopserve, and its shape. */
-interface ExpectedTensor {
+/**
+ * A tensor the model needs: its name in the checkpoint, in loopserve, and its
+ * shape; `part`: the target is the elements from `first` of the checkpoint's
+ * tensor, whose shape is `of` (a fused matrix's rows, one of two biases).
+ */
+export interface ExpectedTensor {
   name: string;
   target: string;
   shape: number[];
+  part?: { of: number[]; first: number };
 }
 
 /** loopserve's tensors for a model, in file order: [target name, shape]. */
@@ -459,30 +491,34 @@ function isHfDtype(s: string): s is HfDtype {
 }
 
 /** The located tensors checked against the expected set: names, shapes, dtypes; none extra. */
-function matchTensors(dir: string, arch: HfArch, m: HfModelShape, located: Map<string, Located>): HfTensor[] {
-  const expected = expectedTensors(arch, m);
+function matchTensors(dir: string, arch: HfArch, m: HfModelShape, located: Map<string, Located>, family?: HfFamily, layout: Record<string, string> = {}): HfTensor[] {
+  const expected = family ? family.tensors(m, layout) : expectedTensors(arch, m);
   const out: HfTensor[] = [];
   const used = new Set<string>();
   for (const e of expected) {
     const t = located.get(e.name);
-    if (t === undefined) throw ModelFormatError.about(dir, `tensor "${e.name}" is missing (expected shape [${e.shape.join(", ")}])`);
+    const whole = e.part?.of ?? e.shape;
+    if (t === undefined) throw ModelFormatError.about(dir, `tensor "${e.name}" is missing (expected shape [${whole.join(", ")}])`);
     used.add(e.name);
-    if (t.shape.length !== e.shape.length || t.shape.some((d, i) => d !== e.shape[i])) {
+    if (t.shape.length !== whole.length || t.shape.some((d, i) => d !== whole[i])) {
       throw ModelFormatError.about(
         t.file,
-        `tensor "${e.name}" has shape [${t.shape.join(", ")}], the config says [${e.shape.join(", ")}]`,
+        `tensor "${e.name}" has shape [${t.shape.join(", ")}], the config says [${whole.join(", ")}]`,
       );
     }
     if (!isHfDtype(t.dtype)) {
       throw ModelFormatError.about(t.file, `tensor "${e.name}" has dtype ${t.dtype}: import-hf converts ${HF_DTYPES.join(", ")}`);
     }
-    out.push({ name: e.name, target: e.target, dtype: t.dtype, shape: t.shape, file: t.file, offset: t.offset, bytes: t.bytes });
+    const size = DTYPE_SIZES[t.dtype];
+    const count = e.shape.reduce((a, b) => a * b, 1);
+    const at = e.part ? { offset: t.offset + e.part.first * size, bytes: count * size } : { offset: t.offset, bytes: t.bytes };
+    out.push({ name: e.name, target: e.target, dtype: t.dtype, shape: e.shape, file: t.file, ...at });
   }
   // A tied model may still carry the head (a copy of the embedding): not needed, not an error.
   // Nor are RoPE frequency buffers, which some exporters save: loopserve computes them from rope_theta.
-  const ignorable = new Set(m.tiedOutput ? [arch === "ouro" ? "lm_head.weight" : "output.weight"] : []);
+  const ignorable = new Set(m.tiedOutput ? [family ? family.head : arch === "ouro" ? "lm_head.weight" : "output.weight"] : []);
   for (const [name, t] of located) {
-    if (!used.has(name) && !ignorable.has(name) && !name.endsWith("rotary_emb.inv_freq")) {
+    if (!used.has(name) && !ignorable.has(name) && !name.endsWith("rotary_emb.inv_freq") && !family?.ignorable(name, m)) {
       throw ModelFormatError.about(t.file, `unexpected tensor "${name}" [${t.shape.join(", ")}] (not part of a ${arch} model with this config)`);
     }
   }
@@ -624,20 +660,26 @@ function endTokenIds(dir: string, sources: [string, Record<string, unknown>][], 
 
 // ---- entry ----
 
-/** Reads and checks a checkpoint directory; weights are located, not read. */
-export function readHfCheckpoint(dir: string): HfCheckpoint {
+/** Reads and checks a checkpoint directory; weights are located, not read. `families`: the readers of published families beside Ouro's and loopserve's (hf_families.ts). */
+export function readHfCheckpoint(dir: string, families: readonly HfFamily[] = []): HfCheckpoint {
   const files = new CheckpointDir(dir);
   const configPath = join(dir, "config.json");
   const configFile = readJsonObject(files, "config.json", FILE_CAPS.config);
   if (configFile === null) throw ModelFormatError.about(dir, "config.json is missing");
   const config = configFile.value;
-  const arch = detectArch(configPath, config);
+  const arch = detectArch(configPath, config, families);
+  const family = families.find((f) => f.arch === arch);
   const r = new ConfigReader(configPath, config);
-  const model = arch === "ouro" ? ouroShape(r, config) : loopserveShape(r, config);
+  const model = family ? family.shape(r, config) : arch === "ouro" ? ouroShape(r, config) : loopserveShape(r, config);
   const generation = readJsonObject(files, "generation_config.json", FILE_CAPS.config)?.value ?? {};
 
   const { located, shards } = locateTensors(files);
-  if (arch === "ouro") {
+  let layout: Record<string, string> = {};
+  if (family) {
+    // Tied when the config says so or the head is absent.
+    if (!located.has(family.head)) model.tiedOutput = true;
+    layout = family.layout(model, config, (name) => located.has(name));
+  } else if (arch === "ouro") {
     // Tied when the config says so or the head is absent (HF then ties it).
     if (!located.has("lm_head.weight")) model.tiedOutput = true;
   } else {
@@ -650,16 +692,21 @@ export function readHfCheckpoint(dir: string): HfCheckpoint {
   }
   const refused = model.exitThreshold === null ? null : exitThresholdRefusal(model.exitThreshold, model.exitGate);
   if (refused) r.fail(`exit_threshold ${refused}`);
-  const tensors = matchTensors(dir, arch, model, located);
+  const tensors = matchTensors(dir, arch, model, located, family, layout);
   for (const t of tensors) {
     const count = t.shape.reduce((a, b) => a * b, 1);
     if (t.bytes !== count * DTYPE_SIZES[t.dtype]) throw ModelFormatError.about(t.file, `tensor "${t.name}": size does not match its shape`);
   }
-  const tokenizer = readTokenizer(files, arch === "ouro");
+  const tokenizer = readTokenizer(files, arch !== "loopserve");
   const sources: [string, Record<string, unknown>][] = [
     ["config.json", config],
     ["generation_config.json", generation],
   ];
   const eosIds = endTokenIds(dir, sources, tokenizer, model.vocabSize);
-  return { dir, arch, config, model, tensors, shards, tokenizer, eosIds };
+  // what the family's published generate stops at too, where the tokenizer has it
+  for (const stop of family?.stopTokens ?? []) {
+    const id = tokenizer ? tokenId(tokenizer, stop) : null;
+    if (id !== null && !eosIds.includes(id)) eosIds.push(id);
+  }
+  return { dir, arch, config, model, layout, tensors, shards, tokenizer, eosIds };
 }

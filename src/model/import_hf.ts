@@ -20,6 +20,7 @@ import { closeSync, openSync, readSync } from "node:fs";
 import type { ProgressCallback } from "../progress.ts";
 import { bf16BitsToNumber, f16BitsToNumber, f32BitsToF16Bits } from "./fp16.ts";
 import { type HfCheckpoint, type HfDtype, type HfTensor, readHfCheckpoint, tokenId } from "./hf_checkpoint.ts";
+import { HF_FAMILIES } from "./hf_families.ts";
 import { DTYPE_SIZES, ModelFormatError, writeSafetensorsStream } from "./safetensors.ts";
 
 export interface ImportOptions {
@@ -149,6 +150,7 @@ export function importMetadata(ck: HfCheckpoint): Record<string, string> {
     step_norm: m.stepNorm ? "1" : "0",
   };
   if (m.exitThreshold !== null) meta.exit_threshold = num(m.exitThreshold);
+  Object.assign(meta, ck.layout);
   meta.generator = "loopserve import-hf";
   meta.source_arch = ck.arch;
   const tok = ck.tokenizer;
@@ -183,7 +185,7 @@ function preadFully(fd: number, buf: Uint8Array, position: number, file: string)
 
 /** Imports the checkpoint in `dir` into the loopserve model file `out` (replaced atomically). */
 export function importHfCheckpoint(dir: string, out: string, opts: ImportOptions = {}): ImportResult {
-  const ck = readHfCheckpoint(dir);
+  const ck = readHfCheckpoint(dir, HF_FAMILIES);
   const metadata = importMetadata(ck);
   const specs = ck.tensors.map((t) => ({ name: t.target, dtype: "F16" as const, shape: t.shape }));
   const counts = ck.tensors.map((t) => t.shape.reduce((a, b) => a * b, 1));

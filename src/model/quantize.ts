@@ -19,6 +19,7 @@ import { closeSync, openSync, readSync, statSync } from "node:fs";
 import type { ProgressCallback } from "../progress.ts";
 import { bf16ArrayToF32, F16_TO_F32, f16ArrayToF32, f32ArrayToF16, f64ToF16Bits } from "./fp16.ts";
 import {
+  allLayerPrefixes,
   BLOCK_BITS,
   type BlockQuant,
   configToMetadata,
@@ -27,7 +28,6 @@ import {
   HEAD_BITS,
   HEAD_QUANTS,
   type HeadQuant,
-  layerPrefix,
   matrixQuant,
   matrixShapes,
   type ModelConfig,
@@ -535,7 +535,8 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
   const shapes = matrixShapes(config);
   // Progress counts weights: every layer's matrices, then the head (most of the work).
   const perLayer = opts.quant !== "fp16" ? QUANT_MATRICES.reduce((n, m) => n + shapes[m][0] * shapes[m][1], 0) : 0;
-  const total = perLayer * config.nLayers + (head !== "fp16" ? vocabSize * dim : 0);
+  const layerPrefixes = allLayerPrefixes(config);
+  const total = perLayer * layerPrefixes.length + (head !== "fp16" ? vocabSize * dim : 0);
   let before = 0;
   const quantized = (base: string, bits: QuantMatrix["bits"], rows: number, cols: number, group: number, src: string, what: string): void => {
     const t = check(src, [rows, cols]);
@@ -577,10 +578,13 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
   // head's rows serve as the embedding too, so the file holds no fp16 copy.
   const embeddingFromHead = tied && head !== "fp16";
   if (!embeddingFromHead) f16("tok_embeddings.weight", [vocabSize, dim]);
-  const sandwich = config.normLayout === "sandwich";
-  for (let i = 0; i < config.nLayers; i++) {
-    const p = layerPrefix(config, i);
+  const sandwich = config.normLayout !== "pre";
+  for (const p of layerPrefixes) {
     f16(`${p}attn_norm.weight`, [dim]);
+    if (config.qkBias) {
+      f16(`${p}wq.bias`, [config.nHeads * config.headDim]);
+      f16(`${p}wk.bias`, [config.nKvHeads * config.headDim]);
+    }
     for (const m of QUANT_MATRICES) {
       const [rows, cols] = shapes[m];
       const name = `${p}${m}`;
@@ -594,6 +598,8 @@ export function quantizeModelFile(inPath: string, outPath: string, opts: Quantiz
     }
     if (sandwich) f16(`${p}ffn_out_norm.weight`, [dim]);
   }
+  // The input injection's adapter stays fp16 in every weight format (kernels/loopserve.h).
+  if (config.injection === "adapter") f16("adapter.weight", [dim, 2 * dim]);
   f16("norm.weight", [dim]);
   const exitGate = file.tensors.has("exit_gate.weight");
   if (exitGate) {

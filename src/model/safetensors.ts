@@ -8,7 +8,8 @@
 // The reader mmaps the file and hands out views into the mapping: weights
 // are never copied. Every field of the header is validated before any view
 // is made, and each failure is a ModelFormatError naming the file and the
-// field or tensor at fault.
+// field or tensor at fault. A file larger than one ArrayBuffer may be (4 GiB
+// in JavaScriptCore) is mapped the same way, and each tensor viewed alone.
 
 import { dlopen, toArrayBuffer } from "bun:ffi";
 import { closeSync, constants as fsConstants, fstatSync, openSync, renameSync, statSync, unlinkSync, writeSync } from "node:fs";
@@ -83,8 +84,22 @@ export interface SafetensorsFile {
   tensors: Map<string, TensorView>;
   /** Byte offset of the data region in the file (8 + header length). */
   dataStart: number;
-  /** The whole file, mapped. */
-  map: Uint8Array;
+  /** The whole file, mapped; null for a file larger than one view may be (MAX_VIEW_BYTES), whose tensors are viewed one by one. */
+  map: Uint8Array | null;
+}
+
+/** The largest ArrayBuffer, hence view, the engine makes (JavaScriptCore: 4 GiB). */
+export const MAX_VIEW_BYTES = 2 ** 32;
+
+/** A mapped file: its size and views of its byte ranges (each at most MAX_VIEW_BYTES). */
+interface Mapping {
+  size: number;
+  whole: Uint8Array | null;
+  view(offset: number, length: number): Uint8Array;
+}
+
+function wholeMapping(map: Uint8Array): Mapping {
+  return { size: map.byteLength, whole: map, view: (offset, length) => new Uint8Array(map.buffer, map.byteOffset + offset, length) };
 }
 
 export interface TensorToWrite {
@@ -120,11 +135,12 @@ function libc(): NonNullable<typeof libcLib> {
 }
 
 /**
- * Mapping through libc, for files this process may read but not write:
- * Bun.mmap opens files read-write (EACCES on a model owned by another user).
+ * Maps a file through libc, read through a read-only fd: for files this
+ * process may read but not write (Bun.mmap opens files read-write: EACCES
+ * on a model owned by another user), and for files larger than one view.
  * The mapping is never unmapped; model files are mapped once per process.
  */
-function mmapViaLibc(path: string, size: number): Uint8Array {
+function libcMapping(path: string, size: number): Mapping {
   const fd = openSync(path, "r");
   try {
     // Private copy-on-write: the fd is read-only, yet a stray write into a
@@ -134,13 +150,15 @@ function mmapViaLibc(path: string, size: number): Uint8Array {
     const MAP_PRIVATE = 2;
     const p = libc().mmap(null, BigInt(size), PROT_READ_WRITE, MAP_PRIVATE, fd, 0n) as bigint;
     if (p === 0xffffffffffffffffn || p === 0n) throw new Error("mmap failed");
-    return new Uint8Array(toArrayBuffer(Number(p), 0, size));
+    const base = Number(p);
+    if (size <= MAX_VIEW_BYTES) return wholeMapping(new Uint8Array(toArrayBuffer(base, 0, size)));
+    return { size, whole: null, view: (offset, length) => new Uint8Array(toArrayBuffer(base + offset, 0, length)) };
   } finally {
     closeSync(fd);
   }
 }
 
-function mapFile(path: string): Uint8Array {
+function mapFile(path: string): Mapping {
   let size: number;
   try {
     const st = statSync(path);
@@ -154,18 +172,20 @@ function mapFile(path: string): Uint8Array {
   if (size < 8) {
     throw ModelFormatError.about(path, `truncated file: ${size} bytes, need at least 8 for the header length`);
   }
+  const viaLibc = () => {
+    try {
+      return libcMapping(path, size);
+    } catch (e) {
+      throw ModelFormatError.about(path, `cannot map: ${(e as Error).message}`);
+    }
+  };
+  if (size > MAX_VIEW_BYTES) return viaLibc();
   try {
     // MAP_PRIVATE: a stray write into a view can never reach the file.
-    return Bun.mmap(path, { shared: false });
+    return wholeMapping(Bun.mmap(path, { shared: false }));
   } catch (e) {
     const code = (e as { code?: string }).code;
-    if (code === "EACCES" || code === "EPERM" || code === "EROFS") {
-      try {
-        return mmapViaLibc(path, size);
-      } catch (e2) {
-        throw ModelFormatError.about(path, `cannot map: ${(e2 as Error).message}`);
-      }
-    }
+    if (code === "EACCES" || code === "EPERM" || code === "EROFS") return viaLibc();
     throw ModelFormatError.about(path, `cannot map: ${(e as Error).message}`);
   }
 }
@@ -331,8 +351,7 @@ function headerEntries(h: Uint8Array, fail: (msg: string) => never): HeaderEntry
 
 /** Reads and validates a safetensors file; tensor data are views into an mmap. */
 export function readSafetensors(path: string): SafetensorsFile {
-  const map = mapFile(path);
-  return parseSafetensors(map, path);
+  return parseMapping(mapFile(path), path);
 }
 
 /**
@@ -340,14 +359,18 @@ export function readSafetensors(path: string): SafetensorsFile {
  * also handy for tests). `where` names the source in error messages.
  */
 export function parseSafetensors(map: Uint8Array, where: string): SafetensorsFile {
+  return parseMapping(wholeMapping(map), where);
+}
+
+function parseMapping(map: Mapping, where: string): SafetensorsFile {
   const fail = (msg: string): never => {
     throw ModelFormatError.about(where, msg);
   };
-  const size = map.byteLength;
+  const size = map.size;
   if (size < 8) fail(`truncated file: ${size} bytes, need at least 8 for the header length`);
 
-  const dv = new DataView(map.buffer, map.byteOffset, map.byteLength);
-  const headerLen64 = dv.getBigUint64(0, true);
+  const head = map.view(0, 8);
+  const headerLen64 = new DataView(head.buffer, head.byteOffset, 8).getBigUint64(0, true);
   if (headerLen64 > BigInt(size - 8)) {
     fail(`header length ${headerLen64} runs past the end of the file (${size - 8} bytes follow the length field)`);
   }
@@ -357,7 +380,7 @@ export function parseSafetensors(map: Uint8Array, where: string): SafetensorsFil
   const dataStart = 8 + headerLen;
   const dataLen = size - dataStart;
 
-  const entries = headerEntries(map.subarray(8, dataStart), fail);
+  const entries = headerEntries(map.view(8, headerLen), fail);
   const utf8 = new TextDecoder("utf-8", { fatal: true });
   const decode = (bytes: Uint8Array): string => {
     try {
@@ -435,12 +458,13 @@ export function parseSafetensors(map: Uint8Array, where: string): SafetensorsFil
     if (end > dataLen) {
       fail(`${t}: data_offsets [${begin}, ${end}] run past the end of the data region (${dataLen} bytes; file truncated?)`);
     }
+    if (end - begin > MAX_VIEW_BYTES) fail(`${t}: ${end - begin} bytes, more than one view may hold (${MAX_VIEW_BYTES})`);
     spans.push({ name, begin, end });
     tensors.set(name, {
       dtype,
       shape: shape as number[],
       offset: dataStart + begin,
-      data: new Uint8Array(map.buffer, map.byteOffset + dataStart + begin, end - begin),
+      data: map.view(dataStart + begin, end - begin),
     });
   }
 
@@ -457,7 +481,7 @@ export function parseSafetensors(map: Uint8Array, where: string): SafetensorsFil
     }
   }
 
-  return { path: where, metadata, tensors, dataStart, map };
+  return { path: where, metadata, tensors, dataStart, map: map.whole };
 }
 
 // ---- writer ----

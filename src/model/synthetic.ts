@@ -21,7 +21,10 @@ import {
   MAX_LAYERS,
   MAX_LOOPS,
   type ModelConfig,
+  type Injection,
   type ModelShape,
+  type NormLayout,
+  type RopeLayout,
   TOKENIZER,
 } from "./format.ts";
 import { ModelFormatError, type TensorToWrite, writeSafetensors } from "./safetensors.ts";
@@ -52,6 +55,17 @@ export interface SyntheticOptions {
   exitGate?: boolean;
   /** The model's default exit threshold (needs exitGate); default none: fixed depth. */
   exitThreshold?: number | null;
+  /** Recurrent depth (docs/model-format.md); each default is a model without it. normLayout overrides sandwichNorm. */
+  normLayout?: NormLayout;
+  headDim?: number; // default dim / nHeads
+  nPrelude?: number;
+  nCoda?: number;
+  injection?: Injection;
+  embedScale?: number;
+  stateStd?: number;
+  midNorm?: boolean;
+  ropeLayout?: RopeLayout;
+  qkBias?: boolean;
 }
 
 export interface SyntheticResult {
@@ -134,15 +148,26 @@ export function resolveSyntheticOptions(o: SyntheticOptions): Required<Synthetic
     stepNorm: o.stepNorm ?? false,
     exitGate: o.exitGate ?? false,
     exitThreshold: o.exitThreshold ?? null,
+    normLayout: o.normLayout ?? (o.sandwichNorm ? "sandwich" : "pre"),
+    headDim: checkInt("headDim", o.headDim ?? Math.max(1, Math.floor(o.dim / o.nHeads)), 1),
+    nPrelude: checkInt("nPrelude", o.nPrelude ?? 0, 0, MAX_LAYERS),
+    nCoda: checkInt("nCoda", o.nCoda ?? 0, 0, MAX_LAYERS),
+    injection: o.injection ?? "none",
+    embedScale: checkNumber("embedScale", o.embedScale ?? 1, true),
+    stateStd: checkNumber("stateStd", o.stateStd ?? 0, false),
+    midNorm: o.midNorm ?? false,
+    ropeLayout: o.ropeLayout ?? "half",
+    qkBias: o.qkBias ?? false,
   };
   const refused = r.exitThreshold === null ? null : exitThresholdRefusal(r.exitThreshold, r.exitGate);
   if (refused) throw new ModelFormatError(`synthetic model: exitThreshold ${refused}`);
   if (typeof r.tiedOutput !== "boolean") throw new ModelFormatError(`synthetic model: tiedOutput must be a boolean`);
-  if (r.dim % r.nHeads !== 0) {
+  if (o.headDim === undefined && r.dim % r.nHeads !== 0) {
     throw new ModelFormatError(`synthetic model: dim (${r.dim}) must be a multiple of nHeads (${r.nHeads})`);
   }
-  if ((r.dim / r.nHeads) % 2 !== 0) {
-    throw new ModelFormatError(`synthetic model: head_dim = dim / nHeads = ${r.dim / r.nHeads} must be even`);
+  if (r.headDim % 2 !== 0) {
+    const which = o.headDim === undefined ? `head_dim = dim / nHeads = ${r.headDim}` : `head_dim (${r.headDim})`;
+    throw new ModelFormatError(`synthetic model: ${which} must be even (RoPE rotates pairs)`);
   }
   if (r.nKvHeads > r.nHeads || r.nHeads % r.nKvHeads !== 0) {
     throw new ModelFormatError(`synthetic model: nHeads (${r.nHeads}) must be a multiple of nKvHeads (${r.nKvHeads})`);
@@ -175,19 +200,27 @@ export function writeSyntheticModel(path: string, opts: SyntheticOptions): Synth
   const o = resolveSyntheticOptions(opts);
   const stack = {
     nLayers: o.nLayers,
-    normLayout: o.sandwichNorm ? "sandwich" : "pre",
+    normLayout: o.normLayout,
     stepNorm: o.stepNorm,
     exitThreshold: o.exitThreshold,
     tokenizer: TOKENIZER,
+    nPrelude: o.nPrelude,
+    nCoda: o.nCoda,
+    injection: o.injection,
+    embedScale: o.embedScale,
+    stateStd: o.stateStd,
+    midNorm: o.midNorm,
+    ropeLayout: o.ropeLayout,
+    qkBias: o.qkBias,
   } as const;
   const base: ModelShape = {
     arch: ARCH,
-    formatVersion: formatVersionOf(stack, o.exitGate),
+    formatVersion: formatVersionOf({ ...stack, headDim: o.headDim, dim: o.dim, nHeads: o.nHeads }, o.exitGate),
     ...stack,
     dim: o.dim,
     nHeads: o.nHeads,
     nKvHeads: o.nKvHeads,
-    headDim: o.dim / o.nHeads,
+    headDim: o.headDim,
     ffnDim: o.ffnDim,
     vocabSize: o.vocabSize,
     defaultLoops: o.loops,
@@ -226,6 +259,9 @@ export function writeSyntheticModel(path: string, opts: SyntheticOptions): Synth
     "exit_gate.weight": [0, 1 / Math.sqrt(o.dim)],
     "exit_gate.bias": [0, 1],
     "output.weight": [0, outStd],
+    "wq.bias": [0, 0.5],
+    "wk.bias": [0, 0.5],
+    "adapter.weight": [0, 1 / Math.sqrt(2 * o.dim)],
   };
 
   const tensors: TensorToWrite[] = [];
@@ -233,7 +269,7 @@ export function writeSyntheticModel(path: string, opts: SyntheticOptions): Synth
   for (const [name, shape] of expectedTensorShapes(base, o.exitGate)) {
     if (name === "output.weight" && o.tiedOutput) continue;
     const count = shape.reduce((a, b) => a * b, 1);
-    const [mean, std] = dist[name.replace(/^(block|layers\.\d+)\./, "")];
+    const [mean, std] = dist[name.replace(/^(block|(layers|prelude|coda)\.\d+)\./, "")];
     // a one-layer model's streams are named as they always were (its files unchanged)
     const w = randomF16(count, mean, std, o.seed, name);
     if (name === "norm.weight" && o.tiedOutput) tiedFinalNorm(w, outStd, o.seed);

@@ -9,7 +9,7 @@
 // Admission is synchronous: enqueue() either returns a ticket or throws a
 // SchedulerRejection before anything is sent to the client, so the HTTP
 // layer can answer 503 instead of opening a stream.
-import { type EngineRunOptions, type GenerateRequest, type GenerateResult, type PromptLogprobSink, pooledPromptLength, type TokenSink } from "../engine/types.ts";
+import { type EngineRunOptions, type GenerateRequest, type GenerateResult, type PromptLogprobSink, pooledPromptLength, type TokenSink, usesPrefixPool } from "../engine/types.ts";
 import type { ServiceMetrics } from "../metrics.ts";
 import { createRequest, type RequestRecord, type RequestState, transition } from "./lifecycle.ts";
 import { LatencyPredictor, type Work } from "./predictor.ts";
@@ -280,7 +280,7 @@ export class Scheduler<S extends Snapshot = Snapshot> {
 
   /** Prompt positions a pooled prefix would spare this request (none for a prompt-scoring one). */
   private reusable(req: GenerateRequest): number {
-    return req.promptLogprobs ? 0 : this.prefixPool.peek(req.promptTokens, req.loops, this.cacheMode, req.cacheWindow);
+    return usesPrefixPool(req) ? this.prefixPool.peek(req.promptTokens, req.loops, this.cacheMode, req.cacheWindow) : 0;
   }
 
   // ---- admission ----
@@ -361,8 +361,9 @@ export class Scheduler<S extends Snapshot = Snapshot> {
     const pool = this.prefixPool;
     let hit: PrefixHit<S> | null = null;
     try {
-      // Scoring a prompt needs the logits of every prompt position, which a pooled prefix does not hold.
-      hit = req.promptLogprobs ? null : pool.lookup(req.promptTokens, req.loops, this.cacheMode, req.cacheWindow);
+      // Scoring a prompt needs the logits of every prompt position, which a pooled prefix does not hold;
+      // shared steps' caches are not copied.
+      hit = usesPrefixPool(req) ? pool.lookup(req.promptTokens, req.loops, this.cacheMode, req.cacheWindow) : null;
       const pooled = req.promptTokens.slice(0, pooledPromptLength(req));
       const wantCapture = pooled.length > 0 && pool.wants(pooled, req.loops, this.cacheMode, req.cacheWindow);
       const options: EngineRunOptions<S> = { onPromptLogprobs: job.onPromptLogprobs };

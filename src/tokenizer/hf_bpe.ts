@@ -225,7 +225,8 @@ function alternation(tokens: readonly AddedToken[]): RegExp | null {
   if (tokens.length === 0) return null;
   // Longest first: JavaScript's alternation takes the first that matches.
   const sorted = [...tokens].sort((a, b) => b.content.length - a.content.length);
-  return new RegExp(sorted.map((t) => t.content.replace(/[\\^$.*+?()[\]{}|/-]/g, "\\$&")).join("|"), "gu");
+  // Syntax characters only: under the u flag an escaped "-" outside a class is an error (Huginn's <|-|> holds one).
+  return new RegExp(sorted.map((t) => t.content.replace(/[\\^$.*+?()[\]{}|/]/g, "\\$&")).join("|"), "gu");
 }
 
 // ---- the tokenizer ----

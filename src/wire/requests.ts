@@ -10,7 +10,7 @@
 import { type Static, type TSchema, Type as T } from "@sinclair/typebox";
 import { LS_MAX_LOOPS } from "../abi/abi.generated.ts";
 import { MAX_TOP_LOGPROBS } from "../engine/logprobs.ts";
-import { EXIT_POLICIES } from "../engine/types.ts";
+import { EXIT_POLICIES, EXIT_RULES } from "../engine/types.ts";
 import { SPEC_LIMITS } from "../engine/spec_plan.ts";
 import { GenerationModeSchema } from "./responses.ts";
 
@@ -46,16 +46,23 @@ export const NATIVE_DEFAULTS = {
 export const Prompt = T.Union([T.String({ minLength: 1 }), T.Array(T.Integer(), { minItems: 1 })]);
 
 /**
- * Learned early exit (docs/early-exit.md), as the published Ouro code means
- * it: a model with an exit gate stops each token at the first step whose
- * cumulative exit probability reaches exit_threshold (0: after the first
- * step; 1: every step, the fixed-depth path); null: no early exit; absent:
- * the model's default. exit_policy says what fills the skipped steps' cache
- * units: "exact" (the default) or "copy".
+ * Early exit (docs/early-exit.md). exit_rule "gate" (the default), as the
+ * published Ouro code means it: a model with an exit gate stops each token
+ * at the first step whose cumulative exit probability reaches
+ * exit_threshold, in [0, 1] (0: after the first step; 1: every step, the
+ * fixed-depth path). "kl" and "entropy", the published Huginn code's
+ * zero-shot rules (any model): at the first step whose KL divergence from
+ * the previous step's distribution, or entropy difference, is below
+ * exit_threshold (>= 0; 0: never). null: no early exit; absent: the model's
+ * default. exit_policy says what fills the skipped steps' cache units:
+ * "exact" (the default) or "copy". cache_steps S (docs/kv-cache.md): the
+ * core's units share S steps of caches, 0 (the default) keeping every step.
  */
 const ExitFields = {
-  exit_threshold: optional(T.Number({ minimum: 0, maximum: 1 })),
+  exit_threshold: optional(T.Number({ minimum: 0 })),
   exit_policy: optional(T.Union(EXIT_POLICIES.map((policy) => T.Literal(policy)))),
+  exit_rule: optional(T.Union(EXIT_RULES.map((rule) => T.Literal(rule)))),
+  cache_steps: optional(T.Integer({ minimum: 0, maximum: LS_MAX_LOOPS - 1 })),
 };
 
 /**

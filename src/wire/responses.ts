@@ -7,6 +7,7 @@
 import { type Static, type TProperties, type TSchema, Type as T } from "@sinclair/typebox";
 import { GENERATION_MODES, type ModelInfo } from "../engine/types.ts";
 import { KV_CACHE_MODES } from "../model/kvcache.ts";
+import { MODEL_FAMILIES } from "../model/family.ts";
 
 const closed = <P extends TProperties>(properties: P) => T.Object(properties, { additionalProperties: false });
 const Nullable = <S extends TSchema>(schema: S) => T.Union([schema, T.Null()]);
@@ -190,6 +191,8 @@ export type TextCompletionChunk = Static<typeof TextCompletionChunk>;
 
 export const ModelInfoSection = closed({
   arch: T.Unsafe<ModelInfo["arch"]>(T.String()),
+  /** The published family the model was imported from, else its layout (docs/import-hf.md). */
+  family: T.Union(MODEL_FAMILIES.map((f) => T.Literal(f))),
   dim: T.Integer(),
   n_heads: T.Integer(),
   ffn_dim: T.Integer(),

@@ -73,7 +73,7 @@ describe("the libraries answer the ABI's queries", () => {
 
   test("the CPU library has every feature; the CUDA library, where built, opens with the same binding and reports its own", () => {
     expect(openKernelLibrary(LIB).ls_features()).toBe(
-      abi.LS_FEATURE_SPECULATIVE | abi.LS_FEATURE_PROFILE | abi.LS_FEATURE_KV_COMPRESSED | abi.LS_FEATURE_STACKS | abi.LS_FEATURE_QUANTIZED | abi.LS_FEATURE_TOKEN_MASK | abi.LS_FEATURE_QUANTIZE,
+      abi.LS_FEATURE_SPECULATIVE | abi.LS_FEATURE_PROFILE | abi.LS_FEATURE_KV_COMPRESSED | abi.LS_FEATURE_STACKS | abi.LS_FEATURE_QUANTIZED | abi.LS_FEATURE_TOKEN_MASK | abi.LS_FEATURE_QUANTIZE | abi.LS_FEATURE_RECURRENT,
     );
     const cuda = join(ROOT, "build", "libloopserve_cuda.so");
     if (!existsSync(cuda)) return; // built only where nvcc is

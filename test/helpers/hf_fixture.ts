@@ -1,7 +1,9 @@
-// Random-weight checkpoints in the exact Hugging Face Ouro layout (or
-// loopserve's own, model_type "loopserve"), for import-hf's tests and its
-// benchmark: config.json, generation_config.json, weights as one
-// model.safetensors or as shards with model.safetensors.index.json,
+// Random-weight checkpoints in the exact Hugging Face layouts import-hf reads
+// (Ouro's; Huginn-0125's and Nanbeige4.2's, as their published config.json,
+// tensor names, fused matrices, dtypes, shards and tokenizer files are laid
+// out; loopserve's own, model_type "loopserve"), for import-hf's tests and
+// its benchmarks: config.json, generation_config.json (Ouro's), weights as
+// one model.safetensors or as shards with model.safetensors.index.json,
 // tokenizer.json and tokenizer_config.json. As the published Ouro
 // checkpoints are: bos, eos and pad <|endoftext|> in config.json and
 // tokenizer_config.json, <|im_end|> (the end of a chat turn) named as an end
@@ -23,7 +25,9 @@ import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { ProgressCallback } from "../../src/progress.ts";
 import { f32BitsToF16Bits } from "../../src/model/fp16.ts";
-import { type HfArch, type HfDtype, type HfModelShape, loopserveTensorShapes, ouroName } from "../../src/model/hf_checkpoint.ts";
+import { type HfArch, type HfDtype, type HfFamily, type HfModelShape, loopserveTensorShapes, ouroName } from "../../src/model/hf_checkpoint.ts";
+import { HUGINN } from "../../src/model/hf_huginn.ts";
+import { NANBEIGE } from "../../src/model/hf_nanbeige.ts";
 import { fillNormal, streamState } from "../../src/model/normal_stream.ts";
 import { DTYPE_SIZES, ModelFormatError, type TensorSpec, writeSafetensorsStream } from "../../src/model/safetensors.ts";
 import { BYTE_CHARS } from "../../src/tokenizer/byte_chars.ts";
@@ -35,9 +39,16 @@ export interface HfFixtureOptions {
   nKvHeads?: number; // default nHeads
   ffnDim: number;
   vocabSize: number;
-  nLayers: number;
-  totalUtSteps: number;
+  nLayers: number; // the looped core's layers
+  totalUtSteps: number; // steps: Ouro's total_ut_steps, Huginn's mean_recurrence, Nanbeige's num_loops
   seed: number;
+  /** Huginn: the prelude's and coda's layers (default 2 each, as Huginn-0125's). */
+  nPrelude?: number;
+  nCoda?: number;
+  /** Huginn: a checkpoint made by retrofitting recurrence into a pretrained Llama (pre-norm blocks, Llama's RoPE, no qk_bias, untied, embed_scale 1). */
+  retrofit?: boolean;
+  /** Nanbeige: the per-head width when not dim / nHeads (Nanbeige4.2-3B's 128 against 3072 / 48). */
+  headDim?: number;
   dtype?: HfDtype; // default BF16
   shards?: number; // 1 (default): model.safetensors; more: model-0000k-of-0000n.safetensors + index
   tied?: boolean; // tie_word_embeddings, no lm_head.weight
@@ -93,14 +104,17 @@ export const FIXTURE_THINK_TOKENS = ["<think>", "</think>"] as const;
 export const FIXTURE_IDS = { endoftext: 0, imStart: 1, imEnd: 2, think: 3 + 256 + FIXTURE_MERGES.length, thinkEnd: 4 + 256 + FIXTURE_MERGES.length } as const;
 
 /**
- * A small valid byte-level BPE tokenizer.json: the three special tokens, the
- * 256 byte tokens (ids 3..258, GPT-2's byte-to-unicode strings), then one
- * token per merge, then (`thinking`) <think> and </think>. Loads in Hugging
- * Face `tokenizers`.
+ * A small valid byte-level BPE tokenizer.json: the special tokens (by
+ * default Ouro's three at ids 0..2; those numbered from 0 before the byte
+ * tokens, the rest at the ids given), the 256 byte tokens (GPT-2's
+ * byte-to-unicode strings, after the leading specials), then one token per
+ * merge, then (`thinking`) <think> and </think>. Loads in Hugging Face
+ * `tokenizers`.
  */
-export function fixtureTokenizerJson(thinking = false): string {
+export function fixtureTokenizerJson(thinking = false, specials: readonly { content: string; id: number }[] = FIXTURE_SPECIAL_TOKENS.map((content, id) => ({ content, id }))): string {
   const vocab: Record<string, number> = {};
-  FIXTURE_SPECIAL_TOKENS.forEach((t, i) => (vocab[t] = i));
+  const leading = specials.filter((t) => t.id < specials.length && specials.slice(0, t.id + 1).every((u, i) => u.id === i));
+  leading.forEach((t) => (vocab[t.content] = t.id));
   for (const ch of BYTE_CHARS) vocab[ch] = Object.keys(vocab).length;
   for (const m of FIXTURE_MERGES) vocab[m.replace(" ", "")] = Object.keys(vocab).length;
   const first = Object.keys(vocab).length;
@@ -112,7 +126,7 @@ export function fixtureTokenizerJson(thinking = false): string {
       version: "1.0",
       truncation: null,
       padding: null,
-      added_tokens: [...FIXTURE_SPECIAL_TOKENS.map((content, id) => ({ id, content, special: true })), ...think].map((t) => ({
+      added_tokens: [...specials.map(({ content, id }) => ({ id, content, special: true })), ...think].map((t) => ({
         id: t.id,
         content: t.content,
         single_word: false,
@@ -171,6 +185,49 @@ export function fixtureTokenizerConfig(thinking = false): Record<string, unknown
   };
 }
 
+// ---- the published families' tokenizer files ----
+
+/** Huginn-0125's 32 special tokens, the last 32 ids of its vocabulary (65504.. in 65536), in order. */
+const HUGINN_SPECIALS = [
+  "<|begin_text|>", "<|end_text|>", "<|begin_header|>", "<|end_header|>", "<|end_turn|>", "<|pad|>", "<|fim_prefix|>", "<|fim_middle|>",
+  "<|fim_suffix|>", "<|fim_pad|>", "<|...|>", "<|del|>", ...Array.from({ length: 10 }, (_, i) => `<|c_${i}|>`), "<|?|>", "<|&|>", "<|!|>",
+  "<|-|>", "<|+|>", "<|interrupt|>", "<|>>-|>", "<|-<<|>", "<|->>|>", "<|<<-|>",
+];
+
+/** Huginn-0125's chat template (tokenizer_config.json): headers around each role's turn, the assistant's named Huginn. */
+export const HUGINN_CHAT_TEMPLATE =
+  "{% set loop_messages = messages %}{% for message in loop_messages %}{% set start_content = '<|begin_header|>' %}" +
+  "{% set end_content = message['content'] | trim  + '<|end_turn|>' %}{% if loop.index0 == 0 %}{% set start_content = bos_token + start_content %}{% endif %}" +
+  "{% if message['role'] == 'Huginn' or message['role'] == 'assistant' %}{% set start_content = start_content + 'Huginn<|end_header|>\n\n' %}" +
+  "{{ start_content }}{% generation %}{{ end_content }}{% endgeneration %}{% else %}{% set start_content = start_content + message['role'] + '<|end_header|>\n\n' %}" +
+  "{{ start_content }}{{ end_content }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|begin_header|>Huginn<|end_header|>\n\n' }}{% else %}{{ '<|end_text|>' }}{% endif %}";
+
+/** Nanbeige's special tokens: SentencePiece's three first, ChatML's and the tool tokens 44 ids before the vocabulary's end (166100.. in 166144). */
+function nanbeigeSpecials(vocab: number): { content: string; id: number }[] {
+  const chat = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<tool_call>", "</tool_call>"];
+  return [..."<unk> <s> </s>".split(" ").map((content, id) => ({ content, id })), ...chat.map((content, k) => ({ content, id: vocab - 44 + k }))];
+}
+
+/** Nanbeige's ChatML template, as its tokenizer_config.json carries one. */
+export const NANBEIGE_CHAT_TEMPLATE =
+  "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}" +
+  "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/** tokenizer.json and tokenizer_config.json of a family's checkpoint (a retrofitted one keeps its pretrained model's: Llama's three specials, no template). */
+function familyTokenizer(arch: "huginn" | "nanbeige", vocab: number, retrofit: boolean): { json: string; config: Record<string, unknown> } {
+  if (retrofit) {
+    const specials = "<unk> <s> </s>".split(" ").map((content, id) => ({ content, id }));
+    return { json: fixtureTokenizerJson(false, specials), config: { add_bos_token: true, bos_token: "<s>", eos_token: "</s>", unk_token: "<unk>", tokenizer_class: "LlamaTokenizer" } };
+  }
+  const specials = arch === "huginn" ? HUGINN_SPECIALS.map((content, k) => ({ content, id: vocab - 32 + k })) : nanbeigeSpecials(vocab);
+  const decoder = Object.fromEntries(specials.map(({ content, id }) => [String(id), { content, lstrip: false, normalized: false, rstrip: false, single_word: false, special: true }]));
+  const config: Record<string, unknown> =
+    arch === "huginn"
+      ? { added_tokens_decoder: decoder, bos_token: "<|begin_text|>", chat_template: HUGINN_CHAT_TEMPLATE, clean_up_tokenization_spaces: true, eos_token: "<|end_text|>", pad_token: "<|pad|>", tokenizer_class: "PreTrainedTokenizerFast" }
+      : { add_bos_token: false, added_tokens_decoder: decoder, bos_token: "<|im_start|>", chat_template: NANBEIGE_CHAT_TEMPLATE, eos_token: "<|im_end|>", pad_token: "<|endoftext|>", unk_token: "<unk>", tokenizer_class: "LlamaTokenizer" };
+  return { json: fixtureTokenizerJson(false, specials), config };
+}
+
 /** generation_config.json as published beside an Ouro config: <|im_end|> is an end id only here. */
 function generationConfig(): Record<string, unknown> {
   return { bos_token_id: 0, eos_token_id: FIXTURE_IDS.imEnd, pad_token_id: 0, transformers_version: "4.55.0" };
@@ -180,11 +237,13 @@ function generationConfig(): Record<string, unknown> {
 
 function shapeOf(o: HfFixtureOptions): HfModelShape {
   const nKvHeads = o.nKvHeads ?? o.nHeads;
+  const arch = o.arch ?? "ouro";
+  const ouro = arch === "ouro" || arch === "loopserve";
   return {
     dim: o.dim,
     nHeads: o.nHeads,
     nKvHeads,
-    headDim: o.dim / o.nHeads,
+    headDim: o.headDim ?? o.dim / o.nHeads,
     ffnDim: o.ffnDim,
     vocabSize: o.vocabSize,
     nLayers: o.nLayers,
@@ -192,11 +251,114 @@ function shapeOf(o: HfFixtureOptions): HfModelShape {
     maxSeqLen: o.maxPositionEmbeddings ?? 2048,
     ropeTheta: o.ropeTheta ?? 10000,
     normEps: o.rmsNormEps ?? 1e-6,
-    sandwich: true,
-    stepNorm: true,
-    exitGate: true,
+    sandwich: ouro,
+    stepNorm: arch !== "huginn",
+    exitGate: ouro,
     exitThreshold: o.earlyExitThreshold ?? null,
-    tiedOutput: o.tied ?? false,
+    tiedOutput: o.tied ?? (arch === "huginn" && !o.retrofit),
+  };
+}
+
+/** config.json as Huginn-0125's config class saves it (its derived values included). */
+function huginnConfig(m: HfModelShape, o: HfFixtureOptions, dtype: HfDtype): Record<string, unknown> {
+  const nPrelude = o.nPrelude ?? 2;
+  const nCoda = o.nCoda ?? 2;
+  const depth = nPrelude + nCoda + m.nLayers * m.defaultLoops;
+  const std = Math.sqrt(2 / (5 * m.dim));
+  const config: Record<string, unknown> = {
+    activation_checkpoint_impl: "per-iteration",
+    architecture_class_name: "RecurrentGPT",
+    architectures: ["RavenForCausalLM"],
+    auto_map: { AutoConfig: "raven_config_minimal.RavenConfig", AutoModelForCausalLM: "raven_modeling_minimal.RavenForCausalLM" },
+    bias: false,
+    block_class_name: "SandwichBlock",
+    block_size: m.maxSeqLen,
+    bos_token_id: m.vocabSize - 32,
+    effective_expected_depth: depth,
+    eos_token_id: m.vocabSize - 31,
+    head_dim: m.headDim,
+    init_orthogonal: false,
+    init_strategy: "takase",
+    init_values: { embed_scale: Math.sqrt(m.dim), embedding: std, out_proj: std / Math.sqrt(2 * depth), std },
+    injection_type: "linear",
+    intermediate_size: m.ffnDim,
+    mean_backprop_depth: 8,
+    mean_recurrence: m.defaultLoops,
+    mlp_class_name: "GatedMLP",
+    model_type: "huginn_raven",
+    n_embd: m.dim,
+    n_heads: m.nHeads,
+    n_layers: nPrelude + m.nLayers + nCoda,
+    n_layers_in_coda: nCoda,
+    n_layers_in_prelude: nPrelude,
+    n_layers_in_recurrent_block: m.nLayers,
+    nonlin_name: "SiLU",
+    norm_class_name: "RMSNorm_llama",
+    norm_eps: m.normEps,
+    num_key_value_heads: m.nKvHeads,
+    pad_token_id: m.vocabSize - 27,
+    padded_vocab_size: m.vocabSize,
+    padding_multiple: 4096,
+    qk_bias: true,
+    rope_base: m.ropeTheta,
+    sampling_scheme: "poisson-lognormal-filling",
+    state_init: "like-init",
+    test_time_noise: 0,
+    test_time_noise_type: "fixed",
+    tie_embeddings: m.tiedOutput,
+    tie_word_embeddings: m.tiedOutput,
+    torch_dtype: { BF16: "bfloat16", F16: "float16", F32: "float32" }[dtype],
+    transformers_version: "4.47.1",
+    vocab_size: m.vocabSize,
+  };
+  if (!o.retrofit) return config;
+  // Huginn-0125's config with the pretrained model's values written over it (the retrofitting code's conversion):
+  // its init_values.std stays Huginn's
+  return {
+    ...config,
+    init_values: { ...(config.init_values as object), embed_scale: 1.0 },
+    max_position_embeddings: m.maxSeqLen,
+    qk_bias: false,
+    rope_base: 500000.0,
+    rope_theta: m.ropeTheta,
+    bos_token_id: 1,
+    eos_token_id: 2,
+    pad_token_id: null,
+  };
+}
+
+/** config.json of a Nanbeige4.2 checkpoint (Llama's keys, the loops, head_dim). */
+function nanbeigeConfig(m: HfModelShape, dtype: HfDtype): Record<string, unknown> {
+  return {
+    architectures: ["NanbeigeForCausalLM"],
+    attention_bias: false,
+    attention_dropout: 0.0,
+    bos_token_id: 1,
+    eos_token_id: m.vocabSize - 43,
+    head_dim: m.headDim,
+    hidden_act: "silu",
+    hidden_size: m.dim,
+    initializer_range: 0.02,
+    intermediate_size: m.ffnDim,
+    loop_loss_weights: [],
+    max_position_embeddings: m.maxSeqLen,
+    mlp_bias: false,
+    model_type: "nanbeige",
+    num_attention_heads: m.nHeads,
+    num_hidden_layers: m.nLayers,
+    num_key_value_heads: m.nKvHeads,
+    num_loops: m.defaultLoops,
+    pad_token_id: m.vocabSize - 42,
+    pretraining_tp: 1,
+    rms_norm_eps: m.normEps,
+    rope_scaling: null,
+    rope_theta: m.ropeTheta,
+    skip_loop_final_norm: !m.stepNorm,
+    tie_word_embeddings: m.tiedOutput,
+    torch_dtype: { BF16: "bfloat16", F16: "float16", F32: "float32" }[dtype],
+    transformers_version: "4.57.0",
+    use_cache: true,
+    vocab_size: m.vocabSize,
   };
 }
 
@@ -267,6 +429,33 @@ function distribution(target: string): [number, number] {
   return [0, 0.02];
 }
 
+/** A weight file's tensor: its name, the loopserve name its values are drawn as, shape and dtype. */
+interface SourceTensor {
+  name: string;
+  target: string;
+  shape: number[];
+  dtype: HfDtype;
+}
+
+const FAMILIES: Record<string, HfFamily> = { huginn: HUGINN, nanbeige: NANBEIGE };
+
+/** A family's weight tensors as its checkpoints hold them: fused ones once, in their own shape, and Huginn's extras. */
+function familySources(family: HfFamily, m: HfModelShape, o: HfFixtureOptions, dtype: HfDtype): SourceTensor[] {
+  const config = family.arch === "huginn" ? huginnConfig(m, o, dtype) : nanbeigeConfig(m, dtype);
+  // the retrofitted blocks have no norm_3 / norm_4
+  const layout = family.layout(m, config, (name) => !(o.retrofit && name.endsWith("norm_3.weight")));
+  const seen = new Map<string, SourceTensor>();
+  for (const t of family.tensors(m, layout))
+    if (!seen.has(t.name)) seen.set(t.name, { name: t.name, target: t.target, shape: t.part?.of ?? t.shape, dtype });
+  const out = [...seen.values()];
+  if (family.arch === "huginn" && !o.retrofit) {
+    // as published: a copy of the tied embedding as lm_head, and the RoPE table, a persistent fp32 buffer
+    if (m.tiedOutput) out.push({ name: "lm_head.weight", target: "tok_embeddings.weight", shape: [m.vocabSize, m.dim], dtype });
+    out.push({ name: "freqs_cis", target: "freqs_cis", shape: [1, m.maxSeqLen, 1, m.headDim / 2, 2], dtype: "F32" });
+  }
+  return out;
+}
+
 /** Tensors in Ouro's state_dict order (embedding, layers, norm, gate, head), split into `n` runs of about equal bytes. */
 function splitIntoShards<T extends { bytes: number }>(tensors: T[], n: number): T[][] {
   const total = tensors.reduce((a, t) => a + t.bytes, 0);
@@ -302,10 +491,13 @@ export function writeHfFixture(dir: string, o: HfFixtureOptions): HfFixtureResul
   if (o.steerTo !== undefined && m.tiedOutput) throw new ModelFormatError("hf fixture: steerTo needs an untied head");
   mkdirSync(dir, { recursive: true });
 
-  const size = DTYPE_SIZES[dtype];
-  const all = loopserveTensorShapes(m).map(([target, shape]) => {
-    const count = shape.reduce((a, b) => a * b, 1);
-    return { target, name: arch === "ouro" ? ouroName(target) : target, shape, count, bytes: count * size };
+  const family = FAMILIES[arch];
+  const sources: SourceTensor[] = family
+    ? familySources(family, m, o, dtype)
+    : loopserveTensorShapes(m).map(([target, shape]) => ({ target, name: arch === "ouro" ? ouroName(target) : target, shape, dtype }));
+  const all = sources.map((t) => {
+    const count = t.shape.reduce((a, b) => a * b, 1);
+    return { ...t, count, bytes: count * DTYPE_SIZES[t.dtype] };
   });
   // Ouro's state_dict puts the gate before lm_head (model.* first).
   if (arch === "ouro") all.sort((a, b) => Number(a.name === "lm_head.weight") - Number(b.name === "lm_head.weight"));
@@ -324,7 +516,7 @@ export function writeHfFixture(dir: string, o: HfFixtureOptions): HfFixtureResul
   let bytes = 0;
   const weightMap: Record<string, string> = {};
   groups.forEach((group, k) => {
-    const specs: TensorSpec[] = group.map((t) => ({ name: t.name, dtype, shape: t.shape }));
+    const specs: TensorSpec[] = group.map((t) => ({ name: t.name, dtype: t.dtype, shape: t.shape }));
     bytes += writeSafetensorsStream(join(dir, fileNames[k]), { format: "pt" }, specs, (_s, i, write) => {
       const t = group[i];
       weightMap[t.name] = fileNames[k];
@@ -335,14 +527,14 @@ export function writeHfFixture(dir: string, o: HfFixtureOptions): HfFixtureResul
         const chunk = f32.subarray(0, n);
         fillNormal(chunk, mean, std, state);
         if (o.steerTo !== undefined) steer(chunk, off, m.dim, t.target, o.steerTo);
-        if (dtype === "F32") {
+        if (t.dtype === "F32") {
           write(new Uint8Array(f32.buffer, 0, n * 4));
         } else {
-          if (dtype === "BF16") for (let j = 0; j < n; j++) out16[j] = f32ToBf16Bits(bits[j]);
+          if (t.dtype === "BF16") for (let j = 0; j < n; j++) out16[j] = f32ToBf16Bits(bits[j]);
           else for (let j = 0; j < n; j++) out16[j] = f32BitsToF16Bits(bits[j]);
           write(new Uint8Array(out16.buffer, 0, n * 2));
         }
-        done += n * size;
+        done += n * DTYPE_SIZES[t.dtype];
         o.onProgress?.(done, total);
       }
     });
@@ -353,10 +545,12 @@ export function writeHfFixture(dir: string, o: HfFixtureOptions): HfFixtureResul
     const sorted = Object.fromEntries(Object.entries(weightMap).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
     json("model.safetensors.index.json", { metadata: { total_size: total }, weight_map: sorted });
   }
-  json("config.json", arch === "ouro" ? ouroConfig(m, dtype, o.earlyExitStep) : loopserveConfig(m));
-  json("generation_config.json", generationConfig());
-  writeFileSync(join(dir, "tokenizer.json"), fixtureTokenizerJson(o.thinking));
-  json("tokenizer_config.json", fixtureTokenizerConfig(o.thinking));
+  const config = arch === "huginn" ? huginnConfig(m, o, dtype) : arch === "nanbeige" ? nanbeigeConfig(m, dtype) : arch === "ouro" ? ouroConfig(m, dtype, o.earlyExitStep) : loopserveConfig(m);
+  json("config.json", config);
+  if (!family) json("generation_config.json", generationConfig());
+  const tokenizer = family ? familyTokenizer(family.arch as "huginn" | "nanbeige", m.vocabSize, o.retrofit ?? false) : { json: fixtureTokenizerJson(o.thinking), config: fixtureTokenizerConfig(o.thinking) };
+  writeFileSync(join(dir, "tokenizer.json"), tokenizer.json);
+  json("tokenizer_config.json", tokenizer.config);
   return {
     dir,
     files: fileNames.map((f) => join(dir, f)),

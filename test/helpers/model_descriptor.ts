@@ -41,14 +41,21 @@ export function editDescriptor(
     for (const [i, v] of (Array.isArray(value) ? value : [value]).entries()) config.set(field as ConfigField, v, i);
   }
   for (const [name, span] of Object.entries(edit.tensors ?? {})) {
-    const view = tensorSpan(desc, name);
+    const view = tensorSpan(desc, name, layersOf(desc));
     for (const [field, value] of Object.entries(span)) view.set(field as FieldName<"ls_tensor_span">, value);
   }
   return desc.bytes;
 }
 
+/** The layer counts a descriptor gives (its core's, its prelude's): where a tensor's slot is. */
+function layersOf(desc: StructView<"ls_model_desc">): { nLayers: number; nPrelude: number } {
+  const config = desc.member("config", "ls_model_config");
+  return { nLayers: Math.max(1, config.get("n_layers") as number), nPrelude: config.get("n_prelude") as number };
+}
+
 /** A tensor's span as the descriptor holds it. */
 export function spanOf(descriptor: Uint8Array, name: string): { offset: bigint; length: bigint; dtype: number } {
-  const span = tensorSpan(new StructView("ls_model_desc", descriptor), name);
+  const desc = new StructView("ls_model_desc", descriptor);
+  const span = tensorSpan(desc, name, layersOf(desc));
   return { offset: span.get("offset") as bigint, length: span.get("length") as bigint, dtype: span.get("dtype") as number };
 }

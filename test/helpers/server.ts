@@ -12,6 +12,7 @@ import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { type Config, loadConfig } from "../../src/config.ts";
 import type { ModelInfo } from "../../src/engine/types.ts";
+import { NO_RECURRENCE } from "../../src/model/format.ts";
 import { frontDoor } from "../../src/http/front_door.ts";
 import type { GenerationEngine } from "../../src/http/generation.ts";
 import { ServiceMetrics } from "../../src/metrics.ts";
@@ -192,6 +193,8 @@ export const TINY_MODEL_INFO: ModelInfo = {
   nLayers: 1,
   normLayout: "pre",
   stepNorm: false,
+  ...NO_RECURRENCE,
+  family: "block",
   exitGate: false,
   exitThreshold: null,
   simd: "portable",

@@ -37,6 +37,7 @@ const USER_RENDERED = `User: ${PROMPT}\nAssistant:`;
 /** What model_info must say about the tiny synthetic model. */
 const TINY_INFO: ModelInfoSection = {
   arch: "looped-llama",
+  family: "block",
   dim: TINY.dim,
   n_heads: TINY.nHeads,
   ffn_dim: TINY.ffnDim,

@@ -134,7 +134,8 @@ describe("model loading under ASan/UBSan: the descriptor against the file", () =
       [{ head_bits: 8, head_group: 64 }, /head_bits 8 with head_group 64 \(dim 32\)/], // the group must divide dim
       [{ head_bits: 6, head_group: 32 }, /head_bits 6 with head_group 32 \(dim 32\)/], // int6 needs dim % 64 == 0
       [{ n_heads: 3 }, /inconsistent dimensions \(dim 32, n_heads 3,/],
-      [{ n_heads: 32 }, /inconsistent dimensions/], // head_dim 1 is odd
+      [{ n_heads: 32, head_dim: 0 }, /inconsistent dimensions/], // head_dim dim / n_heads = 1 is odd
+      [{ head_dim: 7 }, /inconsistent dimensions/], // an odd head_dim of its own
       [{ n_kv_heads: 3 }, /inconsistent dimensions/],
       // Consistent, but not what the tensors hold.
       [{ vocab_size: 257 }, /tensor 'tok_embeddings\.weight': 16384 bytes, expected 16448/],
@@ -191,6 +192,12 @@ const FWD: Record<string, SyntheticOptions> = {
   gqa: { dim: 64, nHeads: 4, nKvHeads: 2, ffnDim: 96, vocabSize: 300, loops: 3, seed: 21 },
   stack: { dim: 64, nHeads: 4, nKvHeads: 2, ffnDim: 96, vocabSize: 300, loops: 4, seed: 23, nLayers: 2, sandwichNorm: true, stepNorm: true, exitGate: true },
   "mha-tied": { dim: 40, nHeads: 4, nKvHeads: 4, ffnDim: 56, vocabSize: 67, loops: 2, seed: 22, tiedOutput: true },
+  // recurrent depth: Huginn's prelude, coda, injection, biases and RoPE layout; Nanbeige's head_dim and step norm
+  huginn: {
+    dim: 64, nHeads: 4, nKvHeads: 4, ffnDim: 96, vocabSize: 300, loops: 3, seed: 24, nLayers: 2, nPrelude: 1, nCoda: 1, injection: "adapter",
+    stateStd: 0.5, embedScale: 8, midNorm: true, ropeLayout: "interleaved", qkBias: true, normLayout: "sandwich_sum",
+  },
+  nanbeige: { dim: 64, nHeads: 4, nKvHeads: 2, headDim: 32, ffnDim: 96, vocabSize: 300, loops: 2, seed: 25, nLayers: 2, stepNorm: true },
 };
 const TOKENS = [1, 7, 42, 13, 0, 5, 5, 29, 66];
 
@@ -240,7 +247,7 @@ describe("forward pass under ASan/UBSan", () => {
     });
   }
 
-  test.each(["gqa", "stack"])("batched steps of mixed sessions (depths, windows, cache modes, prompt chunks, sampling; a stack's exit policies) equal each session alone, every SIMD path: %s", (name) => {
+  test.each(["gqa", "stack", "huginn"])("batched steps of mixed sessions (depths, windows, cache modes, prompt chunks, sampling; exit policies and rules) equal each session alone, every SIMD path: %s", (name) => {
     const path = modelPath(`batch-${name}`, FWD[name]);
     const prompt = Array.from({ length: 90 }, (_, i) => String((i * 13 + 5) % FWD[name].vocabSize)); // longer than one block
     for (const simd of supportedPaths(path)) {

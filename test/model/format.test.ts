@@ -1,6 +1,6 @@
 import { describe, expect, test } from "bun:test";
 import { join } from "node:path";
-import { expectedTensorShapes, loadModelFile, parseModelConfig, parseModelMetadata, validateModel } from "../../src/model/format.ts";
+import { expectedTensorShapes, loadModelFile, NO_RECURRENCE, parseModelConfig, parseModelMetadata, validateModel } from "../../src/model/format.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
 import { readSafetensors, type TensorToWrite, writeSafetensors } from "../../src/model/safetensors.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
@@ -60,6 +60,7 @@ describe("loopserve model format", () => {
       normLayout: "pre",
       stepNorm: false,
       exitThreshold: null,
+      ...NO_RECURRENCE,
       exitGate: false,
       quantMix: {},
       tiedOutput: false,
@@ -144,7 +145,7 @@ describe("loopserve model format", () => {
         },
       });
     expectLoadError(v2("n_layers", "0"), /n_layers must be in \[1, 128\], got 0/);
-    expectLoadError(v2("norm_layout", "post"), /norm_layout must be "pre" or "sandwich", got "post"/);
+    expectLoadError(v2("norm_layout", "post"), /norm_layout must be one of pre, sandwich, sandwich_sum, got "post"/);
     expectLoadError(v2("step_norm", "yes"), /step_norm must be "0" or "1", got "yes"/);
     expectLoadError(v2("exit_threshold", "1.5"), /exit_threshold must be in \(0, 1\]/);
     expectLoadError(v2("exit_threshold", "0.5"), /exit_threshold given, but the model has no exit gate/);
@@ -216,7 +217,7 @@ describe("loopserve model format", () => {
     expect([...tensors.keys()].sort()).toEqual(expectedTensorShapes(config).map(([name]) => name).filter((name) => name !== "output.weight").sort());
     for (const [name, t] of tensors) {
       expect(t).toBe(file.tensors.get(name)!);
-      expect(t.offset).toBe(t.data.byteOffset - file.map.byteOffset);
+      expect(t.offset).toBe(t.data.byteOffset - file.map!.byteOffset);
       expect(t.offset % 8).toBe(0);
     }
   });

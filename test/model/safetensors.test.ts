@@ -1,7 +1,7 @@
 import { describe, expect, test } from "bun:test";
-import { mkdirSync, readdirSync, readFileSync, truncateSync, writeFileSync } from "node:fs";
+import { closeSync, mkdirSync, openSync, readdirSync, readFileSync, rmSync, truncateSync, writeFileSync, writeSync } from "node:fs";
 import { join } from "node:path";
-import { ModelFormatError, readSafetensors, writeSafetensors, writeSafetensorsStream } from "../../src/model/safetensors.ts";
+import { MAX_VIEW_BYTES, ModelFormatError, readSafetensors, writeSafetensors, writeSafetensorsStream } from "../../src/model/safetensors.ts";
 import { testTempDir } from "../helpers/models.ts";
 import { modelFormatMessage, type RawHeader, writeRawSafetensors } from "../helpers/safetensors.ts";
 
@@ -48,12 +48,12 @@ describe("safetensors writer and reader", () => {
       expect(got.dtype).toBe(t.dtype);
       expect(got.shape).toEqual(t.shape);
       expect([...got.data]).toEqual([...t.data]);
-      expect(got.offset).toBe(got.data.byteOffset - file.map.byteOffset);
+      expect(got.offset).toBe(got.data.byteOffset - file.map!.byteOffset);
       expect(got.offset % 8).toBe(0);
-      expect(got.data.buffer).toBe(file.map.buffer); // a view into the mapping, not a copy
+      expect(got.data.buffer).toBe(file.map!.buffer); // a view into the mapping, not a copy
     }
     // The header is padded with spaces, which JSON ignores.
-    const headerText = new TextDecoder().decode(file.map.subarray(8, file.dataStart));
+    const headerText = new TextDecoder().decode(file.map!.subarray(8, file.dataStart));
     expect(headerText).toMatch(/^\{.*\} *$/);
   });
 
@@ -62,7 +62,25 @@ describe("safetensors writer and reader", () => {
     writeSafetensors(path, {}, [{ name: "x", dtype: "U8", shape: [1], data: new Uint8Array([7]) }]);
     const file = readSafetensors(path);
     expect(file.metadata).toEqual({});
-    expect(new TextDecoder().decode(file.map.subarray(8, file.dataStart))).not.toContain("__metadata__");
+    expect(new TextDecoder().decode(file.map!.subarray(8, file.dataStart))).not.toContain("__metadata__");
+  });
+
+  test("a file larger than one view may be (4 GiB): mapped all the same, each tensor viewed alone", () => {
+    // sparse: a tensor at the start, one past 4 GiB; the gap between them reads as zeros and is never touched
+    const far = MAX_VIEW_BYTES + 4096;
+    const header = JSON.stringify({ a: { dtype: "U8", shape: [4], data_offsets: [0, 4] }, b: { dtype: "U8", shape: [4], data_offsets: [far, far + 4] } });
+    const path = writeRawSafetensors(tmp("huge"), header, new Uint8Array([1, 2, 3, 4]), { pad: false });
+    const dataStart = 8 + header.length;
+    truncateSync(path, dataStart + far + 4);
+    const fd = openSync(path, "r+");
+    writeSync(fd, new Uint8Array([5, 6, 7, 8]), 0, 4, dataStart + far);
+    closeSync(fd);
+    const file = readSafetensors(path);
+    expect(file.map).toBeNull();
+    expect([...file.tensors.get("a")!.data]).toEqual([1, 2, 3, 4]);
+    expect([...file.tensors.get("b")!.data]).toEqual([5, 6, 7, 8]);
+    expect(file.tensors.get("b")!.offset).toBe(dataStart + far);
+    rmSync(path);
   });
 
   test("rewriting a mapped file leaves the old mapping intact (rename, never truncate)", () => {

@@ -15,28 +15,39 @@
 // same Walsh–Hadamard transform and each head's output rotated back (in
 // float64: the rotation is orthonormal).
 //
-//   h = E[token]
+//   e = prelude(E[token] * embed_scale)           the prelude's layers, once (fixed cache units)
+//   h = injection ? state0(pos) : e
 //   for s in 0..loops-1:                         a step
+//     injection: h = adapter · concat[h, e]
 //     for i in 0..n_layers-1:                    layer i's own weights; cache unit u = s * n_layers + i
-//       x = rmsnorm(h, attn_norm_i)
-//       q, k, v = x·Wq_i^T, x·Wk_i^T, x·Wv_i^T; rope(q, k, pos)
-//       K[u][pos], V[u][pos] = fp16(k), fp16(v)  (or the cache mode's stored rows)
-//       a = attention(q, K[u], V[u]) · Wo_i^T;  sandwich: a = rmsnorm(a, attn_out_norm_i)
-//       h += a
-//       x = rmsnorm(h, ffn_norm_i)
-//       f = (silu(x·W1_i^T) * (x·W3_i^T)) · W2_i^T;  sandwich: f = rmsnorm(f, ffn_out_norm_i)
-//       h += f
+//       layer(h, u)                              (below)
 //     step_norm: h = rmsnorm(h, norm)
-//     exit gate (an exit rule given, the step not the last): lambda = sigmoid(h·w + b); the
-//       logits come from the first step whose cumulative exit probability reaches the
-//       threshold; "exact": every step still runs (the published Ouro code's every-step,
-//       select), "copy": the deeper units of each layer get the exit step's keys/values
-//   logits = (step_norm ? h : rmsnorm(h, norm)) · Wout^T
+//     exit (an exit rule given, the step not the last): the gate's lambda = sigmoid(h·w + b), the
+//       token exiting at the first step whose cumulative exit probability reaches the threshold;
+//       or a zero-shot rule's probe of this step's logits (KL or entropy against the previous
+//       step's, below the threshold); "exact": every step still runs (every step, select),
+//       "copy": the deeper units of each layer get the exit step's keys/values
+//   mid_norm: h = rmsnorm(h, norm); h = coda(h)  the coda's layers, once
+//   logits = (step_norm and no coda ? h : rmsnorm(h, norm)) · Wout^T
+//
+//   layer(h, u):
+//       x = rmsnorm(h, attn_norm)
+//       q, k, v = x·Wq^T (+ bq), x·Wk^T (+ bk), x·Wv^T; rope(q, k, pos) on halves or adjacent pairs
+//       K[u][pos], V[u][pos] = fp16(k), fp16(v)  (or the cache mode's stored rows)
+//       a = attention(q, K[u], V[u]) · Wo^T
+//       pre: h += a;  sandwich: h += rmsnorm(a, attn_out_norm);  sandwich_sum: h = rmsnorm(h + a, attn_out_norm)
+//       x = rmsnorm(h, ffn_norm)
+//       f = (silu(x·W1^T) * (x·W3^T)) · W2^T, added as a is (ffn_out_norm)
+//
+// With shared steps' caches (cacheSteps S), core unit u is kept in slot
+// u mod (S * n_layers), a position's later steps overwriting its earlier
+// ones; tokens are fed one at a time, so each reads the earlier positions'
+// last writes (the kernels' semantics for prompts fed a token per call).
 
 import { f16ArrayToF32, roundToF16 } from "../../src/model/fp16.ts";
 import {
+  allLayerPrefixes,
   asF16,
-  layerPrefix,
   MAX_LOOPS,
   matrixBits,
   matrixShapes,
@@ -81,9 +92,10 @@ function matvec(w: RefMatrix, rows: number, cols: number, x: Float64Array): Floa
 /**
  * RoPE as Hugging Face's Llama applies it, in place, to each of `nHeads`
  * consecutive head vectors: the pair (i, i + headDim/2) is rotated by
- * pos * theta^(-2i / headDim).
+ * pos * theta^(-2i / headDim); with `interleaved`, the adjacent pair
+ * (2i, 2i + 1) (as Huginn's code does).
  */
-export function applyRope(v: Float64Array, nHeads: number, headDim: number, pos: number, theta: number): void {
+export function applyRope(v: Float64Array, nHeads: number, headDim: number, pos: number, theta: number, interleaved = false): void {
   const half = headDim / 2;
   for (let h = 0; h < nHeads; h++) {
     const base = h * headDim;
@@ -91,11 +103,94 @@ export function applyRope(v: Float64Array, nHeads: number, headDim: number, pos:
       const angle = pos * Math.pow(theta, (-2 * i) / headDim);
       const c = Math.cos(angle);
       const s = Math.sin(angle);
-      const a = v[base + i];
-      const b = v[base + i + half];
-      v[base + i] = a * c - b * s;
-      v[base + i + half] = a * s + b * c;
+      const [ia, ib] = interleaved ? [base + 2 * i, base + 2 * i + 1] : [base + i, base + i + half];
+      const a = v[ia];
+      const b = v[ib];
+      v[ia] = a * c - b * s;
+      v[ib] = a * s + b * c;
     }
+  }
+}
+
+// ---- the first state of an adapter model (kernels/loopserve.h, ls_model_config.state_std) ----
+
+const MASK64 = (1n << 64n) - 1n;
+
+/** splitmix64's finaliser (kernels/sampling.h ls_mix64). */
+function mix64(z: bigint): bigint {
+  z = ((z ^ (z >> 30n)) * 0xbf58476d1ce4e5b9n) & MASK64;
+  z = ((z ^ (z >> 27n)) * 0x94d049bb133111ebn) & MASK64;
+  return z ^ (z >> 31n);
+}
+
+/** The uniform in [0, 1) of (seed, counter) (kernels/sampling.h ls_uniform). */
+function uniform(seed: bigint, counter: bigint): number {
+  const x = mix64((mix64(seed) + (counter + 1n) * 0x9e3779b97f4a7c15n) & MASK64);
+  return Number(x >> 11n) * 2 ** -53;
+}
+
+/** The first step's state at position pos: std times the standard normal truncated to [-3, 3] loopserve.h writes out, in float64 then fp32. */
+export function state0(pos: number, dim: number, std: number): Float64Array {
+  const seed = mix64(0x7374617465n ^ BigInt(pos));
+  const out = new Float64Array(dim);
+  for (let i = 0; i < dim; i++) {
+    let z = 0;
+    for (let a = 0; a < 64; a++) {
+      const c = 2n * (BigInt(i) * 64n + BigInt(a));
+      const v = Math.sqrt(-2 * Math.log(1 - uniform(seed, c))) * Math.cos(6.283185307179586 * uniform(seed, c + 1n));
+      if (Math.abs(v) <= 3) {
+        z = v;
+        break;
+      }
+    }
+    out[i] = Math.fround(std * z);
+  }
+  return out;
+}
+
+/** log(sum exp(l)), float64. */
+function logSumExp(l: ArrayLike<number>): number {
+  let mx = -Infinity;
+  for (let i = 0; i < l.length; i++) mx = Math.max(mx, l[i]);
+  let sum = 0;
+  for (let i = 0; i < l.length; i++) sum += Math.exp(l[i] - mx);
+  return mx + Math.log(sum);
+}
+
+/** A zero-shot exit rule's state over a token's steps (kernels/loopserve.h): the previous step's distribution. */
+class ProbeState {
+  private prev: Float32Array | null = null;
+  private prevLse = 0;
+  private prevEntropy = 100;
+
+  constructor(private readonly rule: "kl" | "entropy") {}
+
+  /** This step's value from its logits (and keeps them for the next step's). */
+  value(l: Float32Array): number {
+    const lse = logSumExp(l);
+    if (this.rule === "kl") {
+      let v = 0;
+      if (this.prev === null) {
+        const lu = -Math.log(l.length);
+        for (let i = 0; i < l.length; i++) v += Math.exp(lu) * (lu - (l[i] - lse));
+      } else {
+        for (let i = 0; i < l.length; i++) {
+          const lp = this.prev[i] - this.prevLse;
+          v += Math.exp(lp) * (lp - (l[i] - lse));
+        }
+      }
+      this.prev = l;
+      this.prevLse = lse;
+      return v;
+    }
+    let H = 0;
+    for (let i = 0; i < l.length; i++) {
+      const p = Math.exp(l[i] - lse);
+      H -= p * Math.log(p + 1e-10);
+    }
+    const v = Math.abs(H - this.prevEntropy);
+    this.prevEntropy = H;
+    return v;
   }
 }
 
@@ -134,6 +229,8 @@ export function argmax(v: ArrayLike<number>): number {
 export interface ForwardOptions {
   /** 0 (default) = full causal attention; W > 0 = position p sees [p-W+1, p]. */
   cacheWindow?: number;
+  /** 0 (default) = every cache unit its own; S > 0: the core's units share S steps of caches (ls_session_params.cache_steps). */
+  cacheSteps?: number;
   /** Key/value cache mode (default fp16), as the kernels' ls_session_params.kv_mode. */
   kvCacheMode?: KvCacheMode;
   /** With an H mode: q, k, v rounded to fp16 before the rotation (SERVICE_H_MODE_FP16_ATTN_QKV). */
@@ -147,21 +244,27 @@ type RefMatrix = Float32Array | Float64Array;
 export interface ReferenceLayer {
   attnNorm: Float32Array;
   ffnNorm: Float32Array;
-  /** Sandwich norms of the sublayers' outputs; null in the pre-norm layout. */
+  /** Sandwich norms (of either layout); null in the pre-norm layout. */
   attnOutNorm: Float32Array | null;
   ffnOutNorm: Float32Array | null;
+  /** The q and k biases (qk_bias), or null. */
+  qBias: Float32Array | null;
+  kBias: Float32Array | null;
   matrices: Record<QuantMatrixName, RefMatrix>;
 }
 
 export class ReferenceModel {
   private constructor(
     readonly config: ModelConfig,
+    /** The core's layers, then the prelude's, then the coda's (the kernels' descriptor order). */
     readonly layers: ReferenceLayer[],
     readonly tokEmbeddings: Float32Array,
     readonly norm: Float32Array,
     /** The head; tokEmbeddings itself when tied to an fp16 embedding. */
     readonly output: RefMatrix,
     readonly gate: { w: Float32Array; b: number } | null,
+    /** The input injection's [dim, 2 dim] matrix, or null. */
+    readonly adapter: Float32Array | null,
   ) {}
 
   /** Loads a model of any number of layers, weight format and output head (validated as the server validates it). */
@@ -177,23 +280,22 @@ export class ReferenceModel {
       const [qweight, scales, zeros] = quantTensorShapes(`${prefix}${m}`, bits, rows, cols, c.groupSize).map(([name]) => tensors.get(name)!);
       return dequantize({ bits, rows, cols, groupSize: c.groupSize, qweight: qweight.data, scales: asF16(scales), zeros: zeros && asF16(zeros) });
     };
-    const sandwich = c.normLayout === "sandwich";
-    const layers = Array.from({ length: c.nLayers }, (_, i): ReferenceLayer => {
-      const p = layerPrefix(c, i);
-      return {
-        attnNorm: f32(`${p}attn_norm.weight`),
-        ffnNorm: f32(`${p}ffn_norm.weight`),
-        attnOutNorm: sandwich ? f32(`${p}attn_out_norm.weight`) : null,
-        ffnOutNorm: sandwich ? f32(`${p}ffn_out_norm.weight`) : null,
-        matrices: Object.fromEntries(QUANT_MATRICES.map((m) => [m, matrix(p, m)])) as Record<QuantMatrixName, RefMatrix>,
-      };
-    });
+    const sandwich = c.normLayout !== "pre";
+    const layers = allLayerPrefixes(c).map((p): ReferenceLayer => ({
+      attnNorm: f32(`${p}attn_norm.weight`),
+      ffnNorm: f32(`${p}ffn_norm.weight`),
+      attnOutNorm: sandwich ? f32(`${p}attn_out_norm.weight`) : null,
+      ffnOutNorm: sandwich ? f32(`${p}ffn_out_norm.weight`) : null,
+      qBias: c.qkBias ? f32(`${p}wq.bias`) : null,
+      kBias: c.qkBias ? f32(`${p}wk.bias`) : null,
+      matrices: Object.fromEntries(QUANT_MATRICES.map((m) => [m, matrix(p, m)])) as Record<QuantMatrixName, RefMatrix>,
+    }));
     const head = c.headQuant === "fp16" ? null : dequantize(quantizedHead(file, c));
     // An embedding tied to the quantized head: its rows dequantized (s * c, exact in fp32).
     const tok = c.embeddingFromHead ? Float32Array.from(head!) : f32("tok_embeddings.weight");
     const output = head ?? (c.tiedOutput ? tok : f32("output.weight"));
     const gate = c.exitGate ? { w: f32("exit_gate.weight"), b: f32("exit_gate.bias")[0] } : null;
-    return new ReferenceModel(c, layers, tok, f32("norm.weight"), output, gate);
+    return new ReferenceModel(c, layers, tok, f32("norm.weight"), output, gate, c.injection === "adapter" ? f32("adapter.weight") : null);
   }
 
   /** y = W x for a layer matrix, the way the kernels compute it: a quantized matrix takes its input quantized to int8 per row. */
@@ -209,7 +311,7 @@ export class ReferenceModel {
 
   /** A fresh incremental session (empty cache) running `loops` steps per token. */
   session(loops: number, opts: ForwardOptions = {}): ReferenceSession {
-    return new ReferenceSession(this, loops, opts.cacheWindow ?? 0, kvModeSpec(opts.kvCacheMode ?? "fp16", opts.fp16AttnQkv ?? false));
+    return new ReferenceSession(this, loops, opts.cacheWindow ?? 0, kvModeSpec(opts.kvCacheMode ?? "fp16", opts.fp16AttnQkv ?? false), opts.cacheSteps ?? 0);
   }
 
   /** Logits (vocab_size floats) for every token of `tokens`, from an empty cache, at full depth. */
@@ -235,20 +337,26 @@ export class ReferenceModel {
 
 export class ReferenceSession {
   /**
-   * keys[u][pos], values[u][pos]: cache unit u = step * n_layers + layer (a
-   * single block: u = the loop); rows of n_kv_heads * head_dim as attention
-   * reads them back (fp16 values, or the cache mode's decoded rows).
+   * keys[slot][pos], values[slot][pos]: the core's cache slots (slot u = step
+   * * n_layers + layer, or with shared steps u mod (cacheSteps * n_layers)),
+   * then one per fixed unit (the prelude's layers, then the coda's); rows of
+   * n_kv_heads * head_dim as attention reads them back (fp16 values, or the
+   * cache mode's decoded rows).
    */
   readonly keys: Float64Array[][] = [];
   readonly values: Float64Array[][] = [];
   /** Steps the last fed token ran: `loops`, or its exit step + 1 (ls_session_last_steps). */
   lastSteps = 0;
+  /** Slots of the core's units. */
+  private readonly coreSlots: number;
+  private held = 0;
 
   constructor(
     readonly model: ReferenceModel,
     readonly loops: number,
     readonly cacheWindow: number,
     readonly kv: KvModeSpec = kvModeSpec("fp16"),
+    readonly cacheSteps = 0,
   ) {
     if (!Number.isInteger(loops) || loops < 1 || loops > MAX_LOOPS) {
       throw new RangeError(`loops must be an integer in [1, ${MAX_LOOPS}], got ${loops}`);
@@ -256,7 +364,12 @@ export class ReferenceSession {
     if (!Number.isInteger(cacheWindow) || cacheWindow < 0) {
       throw new RangeError(`cacheWindow must be a non-negative integer, got ${cacheWindow}`);
     }
-    for (let u = 0; u < loops * model.config.nLayers; u++) {
+    if (!Number.isInteger(cacheSteps) || cacheSteps < 0 || cacheSteps >= loops || (cacheSteps > 0 && cacheWindow > 0)) {
+      throw new RangeError(`cacheSteps must be 0 or in [1, loops) without a window, got ${cacheSteps}`);
+    }
+    const c = model.config;
+    this.coreSlots = (cacheSteps > 0 ? cacheSteps : loops) * c.nLayers;
+    for (let u = 0; u < this.coreSlots + c.nPrelude + c.nCoda; u++) {
       this.keys.push([]);
       this.values.push([]);
     }
@@ -264,7 +377,7 @@ export class ReferenceSession {
 
   /** Positions held so far. */
   get position(): number {
-    return this.keys[0].length;
+    return this.held;
   }
 
   /** Forgets positions >= pos. */
@@ -273,83 +386,122 @@ export class ReferenceSession {
       throw new RangeError(`rollback position must be in [0, ${this.position}], got ${pos}`);
     }
     for (let u = 0; u < this.keys.length; u++) {
-      this.keys[u].length = pos;
-      this.values[u].length = pos;
+      this.keys[u].length = Math.min(pos, this.keys[u].length);
+      this.values[u].length = Math.min(pos, this.values[u].length);
     }
+    this.held = pos;
+  }
+
+  /** Where core unit u is kept. */
+  private slot(u: number): number {
+    return u % this.coreSlots;
+  }
+
+  /** Where the prelude's layer j (j < n_prelude), then the coda's, is kept; and its layer. */
+  private fixed(j: number): { slot: number; layer: ReferenceLayer } {
+    return { slot: this.coreSlots + j, layer: this.model.layers[this.model.config.nLayers + j] };
   }
 
   /**
    * Runs one token at the next position; returns its logits. With an exit
-   * rule (a model with a gate), the token's logits come from the first step
-   * whose cumulative exit probability reaches the threshold, as the
-   * kernels' sampled token does: "exact" computes every step of the token
-   * regardless (what the published Ouro code does), "copy" stops there and
-   * gives the deeper units of each layer the exit step's keys/values.
-   * Without one every step runs.
+   * rule the token's logits come from its exit step, as the kernels'
+   * sampled token does: the gate's (a model with one: the first step whose
+   * cumulative exit probability reaches the threshold) or a zero-shot
+   * rule's (a probe of each step's logits below the threshold). "exact"
+   * computes every step of the token regardless (every step, select),
+   * "copy" stops there and gives the deeper units of each layer the exit
+   * step's keys/values. Without one every step runs.
    */
   feed(token: number, exit?: ExitPlan): Float32Array {
     const c = this.model.config;
     if (!Number.isInteger(token) || token < 0 || token >= c.vocabSize) {
       throw new RangeError(`token id must be an integer in [0, ${c.vocabSize}), got ${token}`);
     }
-    if (exit && !(this.model.gate && exit.threshold >= 0 && exit.threshold <= 1)) {
+    const rule = exit?.rule ?? "gate";
+    if (exit && rule === "gate" && !(this.model.gate && exit.threshold >= 0 && exit.threshold <= 1)) {
       throw new RangeError(`an exit threshold must be in [0, 1], with a model that has an exit gate, got ${exit.threshold}`);
     }
     const L = c.nLayers;
     const pos = this.position;
-    const h = Float64Array.from(this.model.tokEmbeddings.subarray(token * c.dim, (token + 1) * c.dim));
-    // The exit distribution (loopserve.h, learned early exit), in fp32 as the kernels keep it:
+    this.held = pos + 1;
+    const e = Float64Array.from(this.model.tokEmbeddings.subarray(token * c.dim, (token + 1) * c.dim));
+    if (c.embedScale !== 1) for (let i = 0; i < c.dim; i++) e[i] = Math.fround(e[i] * Math.fround(c.embedScale));
+    for (let j = 0; j < c.nPrelude; j++) this.layer(e, this.fixed(j), pos);
+    let h = c.injection === "adapter" ? state0(pos, c.dim, Math.fround(c.stateStd)) : Float64Array.from(e);
+    // The gate's exit distribution (loopserve.h, learned early exit), in fp32 as the kernels keep it:
     // p_s = lambda_s * r_s, r_{s+1} = r_s * (1 - lambda_s); the token exits once sum p reaches the threshold.
     let remaining = 1;
     let cdf = 0;
+    const probe = exit && rule !== "gate" ? new ProbeState(rule) : null;
     let ran = this.loops;
     let exitState: Float64Array | null = null;
     for (let s = 0; s < this.loops; s++) {
-      for (let i = 0; i < L; i++) this.layer(h, s * L + i, this.model.layers[i], pos);
+      if (this.model.adapter) h = matvec(this.model.adapter, c.dim, 2 * c.dim, Float64Array.of(...h, ...e));
+      for (let i = 0; i < L; i++) this.layer(h, { slot: this.slot(s * L + i), layer: this.model.layers[i] }, pos);
       if (c.stepNorm) h.set(rmsnorm(h, this.model.norm, c.normEps));
-      if (exit && exitState === null && s < this.loops - 1) {
+      if (!exit || exitState !== null || s >= this.loops - 1) continue;
+      let stop: boolean;
+      if (probe) {
+        stop = probe.value(this.finish(Float64Array.from(h), pos)) < exit.threshold;
+      } else {
         const lambda = exitLambda(h, this.model.gate!);
         const p = Math.fround(lambda * remaining);
         remaining = Math.fround(remaining * Math.fround(1 - lambda));
         cdf = Math.fround(cdf + p);
-        if (cdf >= exit.threshold) {
-          ran = s + 1;
-          exitState = Float64Array.from(h);
-          if (exit.policy === "copy") break;
-        }
+        stop = cdf >= exit.threshold;
+      }
+      if (stop) {
+        ran = s + 1;
+        exitState = Float64Array.from(h);
+        if (exit.policy === "copy") break;
       }
     }
     // copy: the deeper units of each layer hold the exit step's rows, so later tokens see this one at every depth
+    // (with shared steps, in the slots its steps did not reach: one they reached keeps its latest write)
     if (exit?.policy === "copy")
-      for (let u = ran * L; u < this.loops * L; u++) {
-        this.keys[u].push(this.keys[(ran - 1) * L + (u % L)][pos]);
-        this.values[u].push(this.values[(ran - 1) * L + (u % L)][pos]);
+      for (let u = ran * L; u < Math.min(this.loops * L, this.coreSlots); u++) {
+        const from = this.slot((ran - 1) * L + (u % L));
+        this.keys[this.slot(u)][pos] = this.keys[from][pos];
+        this.values[this.slot(u)][pos] = this.values[from][pos];
       }
     this.lastSteps = ran;
-    const out = exitState ?? h;
-    return this.model.head(c.stepNorm ? out : rmsnorm(out, this.model.norm, c.normEps));
+    return this.finish(exitState ?? h, pos);
   }
 
-  /** One layer on h in place, storing its keys and values in cache unit `unit`. */
-  private layer(h: Float64Array, unit: number, w: ReferenceLayer, pos: number): void {
+  /** The core's output h of position pos through the mid norm, the coda (its keys and values at pos) and the head. */
+  private finish(h: Float64Array, pos: number): Float32Array {
     const c = this.model.config;
+    if (c.midNorm) h.set(rmsnorm(h, this.model.norm, c.normEps));
+    for (let j = 0; j < c.nCoda; j++) this.layer(h, this.fixed(c.nPrelude + j), pos);
+    return this.model.head(c.stepNorm && c.nCoda === 0 ? h : rmsnorm(h, this.model.norm, c.normEps));
+  }
+
+  /** One layer on h in place, storing its keys and values in its cache slot at pos. */
+  private layer(h: Float64Array, at: { slot: number; layer: ReferenceLayer }, pos: number): void {
+    const c = this.model.config;
+    const w = at.layer;
     const mv = (m: QuantMatrixName, rows: number, cols: number, x: Float64Array) => this.model.layerMatvec(w.matrices[m], rows, cols, x);
     const { dim, nHeads, nKvHeads, headDim: hd, ffnDim } = c;
     const qDim = nHeads * hd;
     const kvDim = nKvHeads * hd;
+    const interleaved = c.ropeLayout === "interleaved";
 
     // ---- attention ----
     let x = rmsnorm(h, w.attnNorm, c.normEps);
     const q = mv("wq", qDim, dim, x);
     const k = mv("wk", kvDim, dim, x);
     const v = mv("wv", kvDim, dim, x);
-    applyRope(q, nHeads, hd, pos, c.ropeTheta);
-    applyRope(k, nKvHeads, hd, pos, c.ropeTheta);
+    if (w.qBias && w.kBias) {
+      for (let i = 0; i < qDim; i++) q[i] += w.qBias[i];
+      for (let i = 0; i < kvDim; i++) k[i] += w.kBias[i];
+    }
+    applyRope(q, nHeads, hd, pos, c.ropeTheta, interleaved);
+    applyRope(k, nKvHeads, hd, pos, c.ropeTheta, interleaved);
     // The current token reads its own entry back from the cache like
     // every other: fp16, or the cache mode's rotated / quantized row.
     if (this.kv.format === "fp16" && !this.kv.hadamard) {
-      this.keys[unit].push(k.map(roundToF16));
-      this.values[unit].push(v.map(roundToF16));
+      this.keys[at.slot][pos] = k.map(roundToF16);
+      this.values[at.slot][pos] = v.map(roundToF16);
     } else {
       const ks = new Float64Array(kvDim);
       const vs = new Float64Array(kvDim);
@@ -357,18 +509,16 @@ export class ReferenceSession {
         ks.set(storedKvRow(this.kv, k.subarray(o, o + hd), hd), o);
         vs.set(storedKvRow(this.kv, v.subarray(o, o + hd), hd), o);
       }
-      this.keys[unit].push(ks);
-      this.values[unit].push(vs);
+      this.keys[at.slot][pos] = ks;
+      this.values[at.slot][pos] = vs;
     }
     if (this.kv.hadamard)
       for (let o = 0; o < qDim; o += hd) {
         if (this.kv.fp16Qkv) for (let i = o; i < o + hd; i++) q[i] = roundToF16(q[i]);
         whtF64(q, o, hd);
       }
-    const att = this.attention(q, this.keys[unit], this.values[unit], pos);
-    let a = mv("wo", dim, qDim, att);
-    if (w.attnOutNorm) a = rmsnorm(a, w.attnOutNorm, c.normEps);
-    for (let i = 0; i < dim; i++) h[i] += a[i];
+    const att = this.attention(q, this.keys[at.slot], this.values[at.slot], pos);
+    this.residual(h, mv("wo", dim, qDim, att), w.attnOutNorm);
 
     // ---- SwiGLU feed-forward ----
     x = rmsnorm(h, w.ffnNorm, c.normEps);
@@ -376,9 +526,15 @@ export class ReferenceSession {
     const up = mv("w3", ffnDim, dim, x);
     const act = new Float64Array(ffnDim);
     for (let i = 0; i < ffnDim; i++) act[i] = silu(gate[i]) * up[i];
-    let f = mv("w2", dim, ffnDim, act);
-    if (w.ffnOutNorm) f = rmsnorm(f, w.ffnOutNorm, c.normEps);
-    for (let i = 0; i < dim; i++) h[i] += f[i];
+    this.residual(h, mv("w2", dim, ffnDim, act), w.ffnOutNorm);
+  }
+
+  /** A sublayer's output y onto h in place, as the norm layout says (outNorm: its sandwich norm, null pre-norm). */
+  private residual(h: Float64Array, y: Float64Array, outNorm: Float32Array | null): void {
+    const c = this.model.config;
+    if (outNorm && c.normLayout === "sandwich") y = rmsnorm(y, outNorm, c.normEps);
+    for (let i = 0; i < c.dim; i++) h[i] += y[i];
+    if (outNorm && c.normLayout === "sandwich_sum") h.set(rmsnorm(h, outNorm, c.normEps));
   }
 
   /** Each head's softmax(q·K / sqrt(head_dim)) · V over the positions in the window (GQA: query head j reads kv head j / group). */

@@ -47,6 +47,14 @@ describe("equal to the tokenizers library", () => {
     expect(t.decode(t.encode("a<|endoftext|>b"))).toBe("a<|endoftext|>b");
   });
 
+  test("added tokens holding any punctuation (Huginn's <|-|>, <|>>-|>, <|?|>) are matched as themselves", () => {
+    const json = JSON.parse(fixtureJson("smol_style"));
+    const added = ["<|-|>", "<|>>-|>", "<|?|>", "<|...|>", "<|+|>"].map((content, k) => ({ id: 100 + k, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true }));
+    json.added_tokens.push(...added);
+    const t = new HfByteLevelBpe(JSON.stringify(json));
+    for (const a of added) expect(t.encode(`x${a.content}y`)).toEqual([...t.encode("x"), a.id, ...t.encode("y")]);
+  });
+
   test("long texts through the worker pool and within a limit get the same ids", async () => {
     const long = ref.corpus.at(-1) as string;
     for (const name of FIXTURES) {

@@ -23,6 +23,16 @@ rmsnorm(x, w) = x / sqrt(mean(x^2) + eps) * w. RoPE rotates the pairs
 (i, i + head_dim/2) by pos * theta^(-2i / head_dim), as Hugging Face's Llama
 does. Matrices are [out_features, in_features], as nn.Linear keeps them.
 
+Recurrent depth (docs/model-format.md; Huginn-0125, the retrofitted
+checkpoints): n_prelude layers before the stack and n_coda after it, each
+run once per token with its own cache; with injection "adapter" every
+step's input is adapter . concat[state, e] (e the prelude's output, the
+first state state0.py's draw times state_std); the embedding times
+embed_scale; mid_norm norms the stack's output before the coda; layers may
+norm their residual sums (norm_layout "sandwich_sum"), add q/k biases, rotate
+adjacent RoPE pairs (rope_layout "interleaved") and have a head_dim other
+than dim / n_heads. The gate's exits work there too; exit_forward does not.
+
 Early exit (docs/early-exit.md; a model with the gate and a
 threshold in (0, 1]): per token, remaining = 1, cdf = 0; after step s < the
 last, p = lambda_s * remaining, remaining *= 1 - lambda_s, cdf += p; at the
@@ -45,6 +55,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .state0 import state0
+
 GPT2_VOCAB = 50257
 # The kernels' caps on a model (kernels/loopserve.h, LS_MAX_*): a config
 # beyond them would write a file loopserve refuses. The header is their one
@@ -54,7 +66,9 @@ LIMITS = {"dim": 65536, "n_heads": 4096, "n_kv_heads": 4096, "ffn_dim": 262144, 
 MAX_ROPE_THETA = 1e12  # rope_theta < this
 MAX_NORM_EPS = 1.0  # norm_eps < this
 MAX_LAYERS = 128  # the format's n_layers range, 1..128 (kernels/loopserve.h LS_MAX_LAYERS)
-NORM_LAYOUTS = ("pre", "sandwich")
+NORM_LAYOUTS = ("pre", "sandwich", "sandwich_sum")
+ROPE_LAYOUTS = ("half", "interleaved")
+INJECTIONS = ("none", "adapter")
 
 
 # What fills an exited token's deeper cache slots (module docstring).
@@ -78,6 +92,16 @@ class LoopedConfig:
     step_norm: bool = False
     exit_gate: bool = False
     exit_threshold: float | None = None  # the default threshold of requests naming none (needs the gate)
+    # recurrent depth; the defaults are a stack without it
+    attn_head_dim: int = 0  # 0: dim / n_heads (metadata head_dim)
+    n_prelude: int = 0
+    n_coda: int = 0
+    injection: str = "none"
+    embed_scale: float = 1.0
+    state_std: float = 0.0
+    mid_norm: bool = False
+    rope_layout: str = "half"
+    qk_bias: bool = False
 
     def __post_init__(self) -> None:
         for key, cap in LIMITS.items():
@@ -87,10 +111,10 @@ class LoopedConfig:
             raise ValueError(f"rope_theta must be in (0, {MAX_ROPE_THETA:g}), got {self.rope_theta}")
         if not 0 < self.norm_eps < MAX_NORM_EPS:
             raise ValueError(f"norm_eps must be in (0, {MAX_NORM_EPS:g}), got {self.norm_eps}")
-        if self.dim % self.n_heads:
+        if self.attn_head_dim == 0 and self.dim % self.n_heads:
             raise ValueError(f"dim ({self.dim}) must be a multiple of n_heads ({self.n_heads})")
-        if (self.dim // self.n_heads) % 2:
-            raise ValueError(f"head_dim = {self.dim // self.n_heads} must be even (RoPE rotates pairs)")
+        if self.head_dim % 2 or self.head_dim < 2:
+            raise ValueError(f"head_dim = {self.head_dim} must be even (RoPE rotates pairs)")
         if self.n_kv_heads > self.n_heads or self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         if not 1 <= self.default_loops <= MAX_LOOPS:
@@ -99,6 +123,18 @@ class LoopedConfig:
             raise ValueError(f"n_layers must be in [1, {MAX_LAYERS}], got {self.n_layers}")
         if self.norm_layout not in NORM_LAYOUTS:
             raise ValueError(f"norm_layout must be one of {', '.join(NORM_LAYOUTS)}, got {self.norm_layout!r}")
+        if self.n_layers + self.n_prelude + self.n_coda > MAX_LAYERS or min(self.n_prelude, self.n_coda) < 0:
+            raise ValueError(f"n_layers + n_prelude + n_coda must be at most {MAX_LAYERS}")
+        if self.injection not in INJECTIONS:
+            raise ValueError(f"injection must be one of {', '.join(INJECTIONS)}, got {self.injection!r}")
+        if self.rope_layout not in ROPE_LAYOUTS:
+            raise ValueError(f"rope_layout must be one of {', '.join(ROPE_LAYOUTS)}, got {self.rope_layout!r}")
+        if not self.embed_scale > 0 or self.state_std < 0:
+            raise ValueError("embed_scale must be > 0 and state_std >= 0")
+        if self.state_std and self.injection != "adapter":
+            raise ValueError('state_std needs injection "adapter"')
+        if self.mid_norm and not self.n_coda:
+            raise ValueError("mid_norm needs a coda (n_coda > 0)")
         if self.exit_threshold is not None:
             if not self.exit_gate:
                 raise ValueError("exit_threshold needs the exit gate")
@@ -106,12 +142,19 @@ class LoopedConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        return self.attn_head_dim or self.dim // self.n_heads
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the config uses any recurrent-depth field."""
+        return (self.n_prelude > 0 or self.n_coda > 0 or self.injection != "none" or self.embed_scale != 1 or self.mid_norm
+                or self.rope_layout != "half" or self.qk_bias or self.head_dim * self.n_heads != self.dim)
 
     @property
     def stacked(self) -> bool:
         """Whether the config uses anything of format version 2."""
-        return self.n_layers != 1 or self.norm_layout != "pre" or self.step_norm or self.exit_gate or self.exit_threshold is not None
+        return (self.n_layers != 1 or self.norm_layout != "pre" or self.step_norm or self.exit_gate or self.exit_threshold is not None
+                or self.recurrent)
 
     @classmethod
     def from_dict(cls, d: dict) -> "LoopedConfig":
@@ -142,8 +185,11 @@ def rope_tables(head_dim: int, positions: torch.Tensor, theta: float) -> tuple[t
     return angles.cos().float(), angles.sin().float()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, heads, T, head_dim); rotates the pair (i, i + head_dim/2)."""
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """x: (B, heads, T, head_dim); rotates the pair (i, i + head_dim/2), or (2i, 2i + 1) interleaved."""
+    if interleaved:
+        a, b = x[..., 0::2], x[..., 1::2]
+        return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
     half = x.shape[-1] // 2
     a, b = x[..., :half], x[..., half:]
     return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
@@ -164,24 +210,31 @@ class Block(nn.Module):
         self.c = c
         hd = c.head_dim
         self.attn_norm = RMSNorm(c.dim, c.norm_eps)
-        self.wq = nn.Linear(c.dim, c.n_heads * hd, bias=False)
-        self.wk = nn.Linear(c.dim, c.n_kv_heads * hd, bias=False)
+        self.wq = nn.Linear(c.dim, c.n_heads * hd, bias=c.qk_bias)
+        self.wk = nn.Linear(c.dim, c.n_kv_heads * hd, bias=c.qk_bias)
         self.wv = nn.Linear(c.dim, c.n_kv_heads * hd, bias=False)
         self.wo = nn.Linear(c.n_heads * hd, c.dim, bias=False)
         self.ffn_norm = RMSNorm(c.dim, c.norm_eps)
         self.w1 = nn.Linear(c.dim, c.ffn_dim, bias=False)
         self.w2 = nn.Linear(c.ffn_dim, c.dim, bias=False)
         self.w3 = nn.Linear(c.dim, c.ffn_dim, bias=False)
-        if c.norm_layout == "sandwich":
+        if c.norm_layout != "pre":
             self.attn_out_norm = RMSNorm(c.dim, c.norm_eps)
             self.ffn_out_norm = RMSNorm(c.dim, c.norm_eps)
 
     def tensor_names(self) -> list[str]:
         """The layer's tensors in file order (without the layer prefix and `.weight`)."""
         names = ["attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w1", "w2", "w3"]
-        if self.c.norm_layout == "sandwich":
+        if self.c.norm_layout != "pre":
             names += ["attn_out_norm", "ffn_out_norm"]
         return names
+
+    def named_tensors(self, prefix: str) -> list[tuple[str, torch.Tensor]]:
+        """(file name, tensor) of the layer's weights, then its q/k biases."""
+        out = [(f"{prefix}{n}.weight", getattr(self, n).weight) for n in self.tensor_names()]
+        if self.c.qk_bias:
+            out += [(f"{prefix}wq.bias", self.wq.bias), (f"{prefix}wk.bias", self.wk.bias)]
+        return out
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, kv_fp16: bool,
                 past: tuple[torch.Tensor, torch.Tensor] | None = None, kv_hook=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -195,8 +248,9 @@ class Block(nn.Module):
         q = self.wq(x).view(B, T, c.n_heads, hd).transpose(1, 2)
         k = self.wk(x).view(B, T, c.n_kv_heads, hd).transpose(1, 2)
         v = self.wv(x).view(B, T, c.n_kv_heads, hd).transpose(1, 2)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        interleaved = c.rope_layout == "interleaved"
+        q = apply_rope(q, cos, sin, interleaved)
+        k = apply_rope(k, cos, sin, interleaved)
         if kv_fp16:  # loopserve's cache holds K and V in fp16 (read back in the model's dtype)
             k = k.half().to(h.dtype)
             v = v.half().to(h.dtype)
@@ -214,14 +268,19 @@ class Block(nn.Module):
         probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
         att = (probs @ v).transpose(1, 2).reshape(B, T, c.n_heads * hd)
         a = self.wo(att)
-        if c.norm_layout == "sandwich":
-            a = self.attn_out_norm(a)
-        h = h + a
+        h = self._add(h, a, "attn_out_norm")
         x = self.ffn_norm(h)
         f = self.w2(F.silu(self.w1(x)) * self.w3(x))
-        if c.norm_layout == "sandwich":
-            f = self.ffn_out_norm(f)
-        return h + f, new_k, new_v
+        return self._add(h, f, "ffn_out_norm"), new_k, new_v
+
+    def _add(self, h: torch.Tensor, y: torch.Tensor, norm: str) -> torch.Tensor:
+        """The residual add of a sublayer's output y, as the norm layout places its norm."""
+        layout = self.c.norm_layout
+        if layout == "sandwich":
+            return h + getattr(self, norm)(y)
+        if layout == "sandwich_sum":
+            return getattr(self, norm)(h + y)
+        return h + y
 
 
 def gate_lambda(model: "LoopedLlama", h: torch.Tensor) -> torch.Tensor:
@@ -265,6 +324,10 @@ class LoopedLlama(nn.Module):
             self.block = Block(c)
         else:
             self.layers = nn.ModuleList(Block(c) for _ in range(c.n_layers))
+        self.prelude = nn.ModuleList(Block(c) for _ in range(c.n_prelude))
+        self.coda = nn.ModuleList(Block(c) for _ in range(c.n_coda))
+        if c.injection == "adapter":  # [dim, 2 dim]: the state's columns, then the prelude output's
+            self.adapter = nn.Linear(2 * c.dim, c.dim, bias=False)
         self.norm = RMSNorm(c.dim, c.norm_eps)
         self.output = None if c.tied_output else nn.Linear(c.dim, c.vocab_size, bias=False)
         if c.exit_gate:
@@ -276,6 +339,39 @@ class LoopedLlama(nn.Module):
 
     def layer_prefix(self, i: int) -> str:
         return "block." if self.config.n_layers == 1 else f"layers.{i}."
+
+    def named_layers(self) -> list[tuple[str, Block]]:
+        """Every layer with its file prefix: the stack's, then the prelude's and the coda's."""
+        return ([(self.layer_prefix(i), b) for i, b in enumerate(self.stack)] + [(f"prelude.{j}.", b) for j, b in enumerate(self.prelude)]
+                + [(f"coda.{j}.", b) for j, b in enumerate(self.coda)])
+
+    def embed(self, tokens: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
+        """E[token] (or `h` given in its place) times embed_scale."""
+        e = self.tok_embeddings(tokens) if h is None else h
+        return e * self.config.embed_scale if self.config.embed_scale != 1 else e
+
+    def initial_state(self, e: torch.Tensor, first: int) -> torch.Tensor:
+        """The first step's state of positions first..: state0's draw times state_std with an adapter, else e itself."""
+        c = self.config
+        if c.injection != "adapter":
+            return e
+        rows = torch.stack([state0(first + t, c.dim, c.state_std, e.dtype) for t in range(e.shape[1])]).to(e.device)
+        return rows.expand(e.shape[0], -1, -1).clone()
+
+    def step_input(self, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        """A step's input: adapter . concat[h, e] with an adapter, else h."""
+        return self.adapter(torch.cat((h, e), dim=-1)) if self.config.injection == "adapter" else h
+
+    def finish(self, h: torch.Tensor, coda_layer) -> torch.Tensor:
+        """The head's input from the stack's output h; coda_layer(j, x) runs the coda's layer j (with its cache)."""
+        c = self.config
+        if not c.n_coda:
+            return self.head_input(h)
+        if c.mid_norm:
+            h = self.norm(h)
+        for j in range(c.n_coda):
+            h = coda_layer(j, h)
+        return self.norm(h)
 
     def init_weights(self, seed: int) -> None:
         """Small-normal initialisation; the residual projections are scaled down
@@ -301,7 +397,10 @@ class LoopedLlama(nn.Module):
         return self.tok_embeddings.weight if self.output is None else self.output.weight
 
     def head_input(self, h: torch.Tensor) -> torch.Tensor:
-        """What the head multiplies after a step: h itself with step_norm (already normed), else rmsnorm(h)."""
+        """What the head multiplies after a step: h itself with step_norm (already normed), else rmsnorm(h).
+        A model with a coda runs it in between (finish)."""
+        if self.config.n_coda:
+            raise ValueError("this model has a coda between its stack and its head: finish() runs it")
         return h if self.config.step_norm else self.norm(h)
 
     def _end_step(self, h: torch.Tensor) -> torch.Tensor:
@@ -313,23 +412,30 @@ class LoopedLlama(nn.Module):
         `h` replaces the embedding lookup when given."""
         if not 1 <= loops <= MAX_LOOPS:
             raise ValueError(f"loops must be in [1, {MAX_LOOPS}], got {loops}")
-        T = tokens.shape[1]
-        cos, sin = rope_tables(self.config.head_dim, torch.arange(T), self.config.rope_theta)
-        cos, sin = cos.to(tokens.device), sin.to(tokens.device)
-        mask = causal_mask(0, T, tokens.device)
-        if h is None:
-            h = self.tok_embeddings(tokens)
+        cos, sin, mask = self._whole_sequence(tokens)
+        e = self.embed(tokens, h)
+        for layer in self.prelude:
+            e, _, _ = layer(e, cos, sin, mask, kv_fp16)
+        h = self.initial_state(e, 0)
         out = []
         for _ in range(loops):
+            h = self.step_input(h, e)
             for layer in self.stack:
                 h, _, _ = layer(h, cos, sin, mask, kv_fp16)
             h = self._end_step(h)
             out.append(h)
         return out
 
+    def _whole_sequence(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """RoPE tables and the causal mask of positions 0..T-1."""
+        T = tokens.shape[1]
+        cos, sin = rope_tables(self.config.head_dim, torch.arange(T), self.config.rope_theta)
+        return cos.to(tokens.device), sin.to(tokens.device), causal_mask(0, T, tokens.device)
+
     def hidden(self, tokens: torch.Tensor, loops: int, kv_fp16: bool = False, h: torch.Tensor | None = None) -> torch.Tensor:
         """The head's input, (B, T, dim), after `loops` steps (no early exit)."""
-        return self.head_input(self.step_states(tokens, loops, kv_fp16, h)[-1])
+        cos, sin, mask = self._whole_sequence(tokens)
+        return self.finish(self.step_states(tokens, loops, kv_fp16, h)[-1], lambda j, x: self.coda[j](x, cos, sin, mask, kv_fp16)[0])
 
     def forward(self, tokens: torch.Tensor, loops: int | None = None, kv_fp16: bool = False) -> torch.Tensor:
         """Logits (B, T, vocab_size) at a fixed depth."""
@@ -356,6 +462,8 @@ class LoopedLlama(nn.Module):
             raise ValueError(f"loops must be in [1, {MAX_LOOPS}], got {loops}")
         if threshold is not None and not self.config.exit_gate:
             raise ValueError("this model has no exit gate")
+        if self.config.recurrent:
+            raise ValueError("exit_forward computes stacks without recurrent depth; Decoder runs every model")
         B, T = tokens.shape
         cos, sin = rope_tables(self.config.head_dim, torch.arange(T), self.config.rope_theta)
         mask = causal_mask(0, T, tokens.device)
@@ -408,8 +516,10 @@ class Decoder:
         self.policy = policy
         c = model.config
         empty = torch.zeros(1, c.n_kv_heads, 0, c.head_dim, dtype=model.tok_embeddings.weight.dtype)
-        self.k = [empty] * (loops * c.n_layers)
-        self.v = [empty] * (loops * c.n_layers)
+        # the core's units (s * n_layers + i), then the prelude's and the coda's
+        units = loops * c.n_layers + c.n_prelude + c.n_coda
+        self.k = [empty] * units
+        self.v = [empty] * units
         self.pos = 0
         self.last_margin = float("inf")  # ExitState.margin of the last token that could exit
 
@@ -421,16 +531,25 @@ class Decoder:
         T, P = len(tokens), self.pos
         cos, sin = rope_tables(c.head_dim, torch.arange(P, P + T), c.rope_theta)
         mask = causal_mask(P, T)
-        h = m.tok_embeddings(torch.tensor([tokens]))
+
+        def run(layer: Block, x: torch.Tensor, slot: int) -> torch.Tensor:
+            x, k, v = layer(x, cos, sin, mask, self.kv_fp16, past=(self.k[slot], self.v[slot]), kv_hook=self.kv_hook)
+            self.k[slot] = torch.cat((self.k[slot], k), dim=2)
+            self.v[slot] = torch.cat((self.v[slot], v), dim=2)
+            return x
+
+        fixed = self.loops * L
+        e = m.embed(torch.tensor([tokens]))
+        for j, layer in enumerate(m.prelude):
+            e = run(layer, e, fixed + j)
+        h = m.initial_state(e, P)
         state = ExitState((1,), self.threshold, self.loops) if self.threshold is not None and T == 1 else None
         self.last_margin = float("inf")
         exit_step, selected = self.loops - 1, None
         for s in range(self.loops):
+            h = m.step_input(h, e)
             for i, layer in enumerate(m.stack):
-                slot = s * L + i
-                h, k, v = layer(h, cos, sin, mask, self.kv_fp16, past=(self.k[slot], self.v[slot]), kv_hook=self.kv_hook)
-                self.k[slot] = torch.cat((self.k[slot], k), dim=2)
-                self.v[slot] = torch.cat((self.v[slot], v), dim=2)
+                h = run(layer, h, s * L + i)
             h = m._end_step(h)
             if state is not None and selected is None and s < self.loops - 1:
                 stop = bool(state.update(s, gate_lambda(m, h[0, -1:]))[0])
@@ -439,7 +558,8 @@ class Decoder:
                     exit_step, selected = s, h
                     if self.policy == "copy":
                         break
-        logits = m.head_input((h if selected is None else selected)[0]) @ m.head_weight().t()
+        coda = lambda j, x: run(m.coda[j], x, fixed + c.n_prelude + j)  # noqa: E731
+        logits = m.finish(h if selected is None else selected, coda)[0] @ m.head_weight().t()
         copied = range(exit_step + 1, self.loops) if self.policy == "copy" else ()
         for s2 in copied:  # an exited token's deeper slots get its last K/V
             for i in range(L):

@@ -28,6 +28,18 @@ ARCH = "looped-llama"
 TOKENIZER = "gpt2"
 TOKENIZERS = ("gpt2", "bpe")  # this package works on token ids: either loads
 STACK_KEYS = ("n_layers", "norm_layout", "step_norm", "exit_threshold")
+# recurrent depth (docs/model-format.md): metadata key -> (LoopedConfig field, parser)
+RECURRENT_KEYS = {
+    "head_dim": ("attn_head_dim", "int"),
+    "n_prelude": ("n_prelude", "int"),
+    "n_coda": ("n_coda", "int"),
+    "injection": ("injection", "str"),
+    "embed_scale": ("embed_scale", "float"),
+    "state_std": ("state_std", "float"),
+    "mid_norm": ("mid_norm", "flag"),
+    "rope_layout": ("rope_layout", "str"),
+    "qk_bias": ("qk_bias", "flag"),
+}
 
 # safetensors dtype name -> numpy dtype (bf16 read as raw uint16 then widened;
 # U8/I8 hold quantized codes, which `load` refuses by the metadata)
@@ -67,6 +79,11 @@ def config_metadata(c: LoopedConfig) -> dict[str, str]:
         meta["step_norm"] = "1" if c.step_norm else "0"
         if c.exit_threshold is not None:
             meta["exit_threshold"] = repr(float(c.exit_threshold))
+        defaults = LoopedConfig(dim=c.dim, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads)
+        for key, (field, kind) in RECURRENT_KEYS.items():
+            value = getattr(c, field)
+            if value != getattr(defaults, field) and not (key == "head_dim" and value * c.n_heads == c.dim):
+                meta[key] = ("1" if value else "0") if kind == "flag" else repr(float(value)) if kind == "float" else str(value)
     return meta
 
 
@@ -74,8 +91,10 @@ def model_tensors(model: LoopedLlama) -> list[tuple[str, torch.Tensor]]:
     """(file name, tensor) in the order loopserve's writer uses: layers under
     `block.` (one layer) or `layers.<i>.`, the exit gate last."""
     out = [("tok_embeddings.weight", model.tok_embeddings.weight)]
-    for i, b in enumerate(model.stack):
-        out += [(f"{model.layer_prefix(i)}{n}.weight", getattr(b, n).weight) for n in b.tensor_names()]
+    for prefix, b in model.named_layers():
+        out += b.named_tensors(prefix)
+    if model.config.injection == "adapter":
+        out.append(("adapter.weight", model.adapter.weight))
     out.append(("norm.weight", model.norm.weight))
     if model.output is not None:
         out.append(("output.weight", model.output.weight))
@@ -195,7 +214,7 @@ def _float(meta: dict[str, str], key: str, path: str) -> float:
 
 def _stack_fields(meta: dict[str, str], path: str, gate: bool) -> dict:
     """The stack keys of format version 2 (absent: the single-block defaults)."""
-    used = [k for k in STACK_KEYS if k in meta]
+    used = [k for k in (*STACK_KEYS, *RECURRENT_KEYS) if k in meta]
     if meta.get("format_version") == "1" and (used or gate):
         what = used[0] if used else "tensor 'exit_gate.weight'"
         raise ModelFileError(f"{path}: metadata: format_version '1' may not use {what} (format_version '2' introduces it)")
@@ -210,6 +229,15 @@ def _stack_fields(meta: dict[str, str], path: str, gate: bool) -> dict:
         out["step_norm"] = meta["step_norm"] == "1"
     if "exit_threshold" in meta:
         out["exit_threshold"] = _float(meta, "exit_threshold", path)
+    for key, (field, kind) in RECURRENT_KEYS.items():
+        if key not in meta:
+            continue
+        if kind == "flag":
+            if meta[key] not in ("0", "1"):
+                raise ModelFileError(f"{path}: metadata: {key} must be '0' or '1', got {meta[key]!r}")
+            out[field] = meta[key] == "1"
+        else:
+            out[field] = _int(meta, key, path) if kind == "int" else _float(meta, key, path) if kind == "float" else meta[key]
     return out
 
 

@@ -104,3 +104,34 @@ def _umask() -> int:
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class RecurrentDepth(unittest.TestCase):
+    """A recurrent-depth model (docs/model-format.md) saves with its keys and tensors and loads back computing the same."""
+
+    def test_round_trip(self) -> None:
+        c = LoopedConfig(**{**SMALL, "n_kv_heads": 2}, n_layers=2, norm_layout="sandwich_sum", n_prelude=1, n_coda=1, injection="adapter",
+                         embed_scale=4.0, state_std=0.5, mid_norm=True, rope_layout="interleaved", qk_bias=True, attn_head_dim=12)
+        m = LoopedLlama(c)
+        m.init_weights(3)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "r.safetensors")
+            save(m, path)
+            meta, tensors = read_safetensors(path)
+            self.assertEqual({k: meta[k] for k in ("format_version", "n_prelude", "n_coda", "injection", "mid_norm", "rope_layout", "qk_bias", "head_dim")},
+                             {"format_version": "2", "n_prelude": "1", "n_coda": "1", "injection": "adapter", "mid_norm": "1", "rope_layout": "interleaved",
+                              "qk_bias": "1", "head_dim": "12"})
+            self.assertEqual(list(tensors["adapter.weight"].shape), [16, 32])
+            self.assertEqual(list(tensors["coda.0.wq.bias"].shape), [24])
+            self.assertIn("prelude.0.ffn_out_norm.weight", tensors)
+            back = load(path)
+        tokens = torch.tensor([[3, 7, 11, 2]])
+        with torch.no_grad():
+            want = m.half().float()(tokens, 3)  # the file holds fp16 weights
+            got = back(tokens, 3)
+        self.assertLess((want - got).abs().max().item(), 1e-5)
+        # the decoder, a token at a time with its caches, computes what the whole sequence does
+        from loopserve_torch.model import Decoder
+        d = Decoder(back, 3, kv_fp16=False)
+        rows = torch.cat([d.prefill([3, 7])[0], d.step(11)[0][None], d.step(2)[0][None]])
+        self.assertLess((rows - got[0]).abs().max().item(), 1e-4)

@@ -62,6 +62,10 @@ static const model_case CASES[] = {
     {.name = "stack-int2-mix-head-int6",
      .spec = TINY ",layers=2," OURO_STACK ",quant=int2,group=32,mix=wv:int4+wo:int4+w2:int4,head=int6,hgroup=64",
      .families = S | Q, .refusal = "stacked model", .tol = QUANT_TOL},
+    /* recurrent depth (a prelude, a coda, input injection, summed sandwich norms): a stack the stacks family
+     * must not take for its own; refused by name on the GPU, the CPU library against itself elsewhere */
+    {.name = "recurrent-prelude-coda", .spec = TINY ",layers=2,sandwich=2,prelude=1,coda=1,inject=1",
+     .refusal = "recurrent-depth model", .tol = FP16_TOL, .checks = "logits,prefill-vs-steps,rows"},
     {.name = "trained", .file = TRAINED, .trained = 1, .tol = FP16_TOL},
     {.name = "trained-int4", .spec = "from={models}/" TRAINED ",quant=int4,group=64,head=int8,hgroup=64", .families = Q,
      .refusal = "int4 weights", .trained = 1, .tol = QUANT_TOL},

@@ -20,7 +20,7 @@ static void features(const run_ctx *ctx) {
     double t0 = now_seconds();
     char detail[256];
     const int32_t all = LS_FEATURE_SPECULATIVE | LS_FEATURE_PROFILE | LS_FEATURE_KV_COMPRESSED | LS_FEATURE_STACKS |
-                        LS_FEATURE_QUANTIZED | LS_FEATURE_TOKEN_MASK | LS_FEATURE_QUANTIZE;
+                        LS_FEATURE_QUANTIZED | LS_FEATURE_TOKEN_MASK | LS_FEATURE_QUANTIZE | LS_FEATURE_RECURRENT;
     int32_t cpu = ctx->ref.features();
     snprintf(detail, sizeof detail, "features 0x%x", cpu);
     check("library/cpu-features", cpu == all, "every LS_FEATURE_*", detail, t0);
@@ -89,6 +89,28 @@ static void gating(const run_ctx *ctx, const family_case *f) {
     snprintf(name, sizeof name, "library/cuda-%s-on", f->name);
     check(name, passed && features_on, ctx->gpu ? "loads" : "gets to the device check", detail, t0);
     cuda->cuda_kernels(was);
+}
+
+/* A recurrent-depth model is refused by name with every kernel family on
+ * (its stacks would otherwise pass the stacks family's check); the refusal
+ * comes before the device's, so it holds without a GPU too. */
+static void recurrent_refused(const run_ctx *ctx) {
+    if (!ctx->cuda) return;
+    const ls_api *cuda = ctx->cuda;
+    char path[2048], why[512] = "", err[1024] = "", detail[1100];
+    double t0 = now_seconds();
+    const model_case *mc = case_named("recurrent-prelude-coda");
+    if (!case_model_path(ctx, mc, path, sizeof path, why, sizeof why)) {
+        check("library/cuda-recurrent-refused", 0, "refused by name", why, t0);
+        return;
+    }
+    int32_t was = cuda->cuda_kernels(-1);
+    cuda->cuda_kernels(LS_CUDA_KERNELS_QUANT | LS_CUDA_KERNELS_STACKS);
+    ls_model *m = api_load(cuda, path, err, sizeof err);
+    cuda->cuda_kernels(was);
+    snprintf(detail, sizeof detail, "every family on: %s", m ? "loaded" : err);
+    if (m) cuda->model_free(m);
+    check("library/cuda-recurrent-refused", !m && strstr(err, mc->refusal), "refused by name", detail, t0);
 }
 
 /* What the CUDA library still refuses, on a GPU: compressed caches, speculative cycles. */
@@ -213,6 +235,7 @@ void run_library_checks(run_ctx *ctx) {
     }
     features(ctx);
     for (size_t i = 0; i < sizeof FAMILIES / sizeof FAMILIES[0]; i++) gating(ctx, &FAMILIES[i]);
+    recurrent_refused(ctx);
     refusals(ctx);
     resident_same_bits(ctx);
     selftest(ctx);

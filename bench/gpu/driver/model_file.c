@@ -20,7 +20,7 @@ typedef struct {
     uint64_t begin, end; /* data_offsets */
 } st_entry;
 
-#define META_KEYS 24
+#define META_KEYS 32
 typedef struct {
     st_entry *t;
     int32_t n, cap;
@@ -34,7 +34,8 @@ typedef struct {
 static const char *const META_USED[] = {"dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "default_loops",
                                         "max_seq_len", "rope_theta", "norm_eps", "quant", "group_size",
                                         "output_quant", "output_group_size", "quant_mix", "n_layers",
-                                        "norm_layout", "step_norm"};
+                                        "norm_layout", "step_norm", "head_dim", "n_prelude", "n_coda", "injection",
+                                        "embed_scale", "state_std", "mid_norm", "rope_layout", "qk_bias"};
 
 typedef struct {
     const char *p, *end;
@@ -234,15 +235,28 @@ static const char *const LAYER_TENSOR_NAMES[LS_LAYER_TENSOR_N] = {
 };
 static const char *const MATRICES[7] = {"wq", "wk", "wv", "wo", "w1", "w2", "w3"};
 
-/* The span a tensor name fills: model-wide, or layer *layer's; NULL for a name no slot holds. */
+/* The span a tensor name fills: model-wide, or a layer's (the prelude's and
+ * the coda's after the core's, as d->config counts them); NULL for a name no
+ * slot holds. */
 static ls_tensor_span *span_of(ls_model_desc *d, const char *name) {
     for (int32_t s = 0; s < LS_TENSOR_N; s++)
         if (strcmp(name, TENSOR_NAMES[s]) == 0) return &d->tensors[s];
-    int32_t layer = 0;
+    static const struct {
+        const char *prefix;
+        int32_t numbered;
+    } GROUPS[4] = {{"block.", 0}, {"layers.", 1}, {"prelude.", 1}, {"coda.", 1}};
+    const int32_t first[4] = {0, 0, d->config.n_layers, d->config.n_layers + d->config.n_prelude};
+    int32_t layer = -1;
     const char *rest = NULL;
-    if (strncmp(name, "block.", 6) == 0) rest = name + 6;
-    else if (sscanf(name, "layers.%d.", &layer) == 1 && layer >= 0 && layer < LS_MAX_LAYERS) rest = strchr(name + 7, '.') + 1;
-    if (!rest) return NULL;
+    for (int g = 0; g < 4 && !rest; g++) {
+        size_t n = strlen(GROUPS[g].prefix);
+        if (strncmp(name, GROUPS[g].prefix, n) != 0) continue;
+        int32_t i = 0;
+        if (GROUPS[g].numbered && (sscanf(name + n, "%d.", &i) != 1 || i < 0)) return NULL;
+        rest = GROUPS[g].numbered ? strchr(name + n, '.') + 1 : name + n;
+        layer = first[g] + i;
+    }
+    if (!rest || layer >= LS_MAX_LAYERS) return NULL;
     for (int32_t s = 0; s < LS_LAYER_TENSOR_N; s++)
         if (strcmp(rest, LAYER_TENSOR_NAMES[s]) == 0) return &d->layers[layer].t[s];
     return NULL;
@@ -252,6 +266,8 @@ static int32_t int_meta(const st_header *h, const char *key, int32_t fallback) {
     const char *v = meta(h, key);
     return v ? (int32_t)strtol(v, NULL, 10) : fallback;
 }
+
+static int32_t flag_meta(const st_header *h, const char *key) { return meta(h, key) && strcmp(meta(h, key), "1") == 0; }
 
 static int32_t bits_of(const char *quant) {
     return strcmp(quant, "int4") == 0 ? 4 : strcmp(quant, "int2") == 0 ? 2 : strcmp(quant, "int8") == 0 ? 8
@@ -291,8 +307,20 @@ int model_file_desc(const char *path, ls_model_desc *d, char *err, size_t err_le
         }
     }
     c->n_layers = int_meta(&h, "n_layers", 1);
-    c->sandwich_norm = meta(&h, "norm_layout") && strcmp(meta(&h, "norm_layout"), "sandwich") == 0;
-    c->step_norm = meta(&h, "step_norm") && strcmp(meta(&h, "step_norm"), "1") == 0;
+    const char *norms = meta(&h, "norm_layout") ? meta(&h, "norm_layout") : "pre";
+    c->sandwich_norm = strcmp(norms, "sandwich") == 0 ? LS_NORM_SANDWICH
+                       : strcmp(norms, "sandwich_sum") == 0 ? LS_NORM_SANDWICH_SUM : LS_NORM_PRE;
+    c->step_norm = flag_meta(&h, "step_norm");
+    c->head_dim = int_meta(&h, "head_dim", c->n_heads > 0 ? c->dim / c->n_heads : 0);
+    c->n_prelude = int_meta(&h, "n_prelude", 0);
+    c->n_coda = int_meta(&h, "n_coda", 0);
+    c->injection = meta(&h, "injection") && strcmp(meta(&h, "injection"), "adapter") == 0 ? LS_INJECT_ADAPTER
+                                                                                            : LS_INJECT_NONE;
+    c->embed_scale = meta(&h, "embed_scale") ? (float)strtod(meta(&h, "embed_scale"), NULL) : 1.0f;
+    c->state_std = meta(&h, "state_std") ? (float)strtod(meta(&h, "state_std"), NULL) : 0.0f;
+    c->mid_norm = flag_meta(&h, "mid_norm");
+    c->rope_interleaved = meta(&h, "rope_layout") && strcmp(meta(&h, "rope_layout"), "interleaved") == 0;
+    c->qk_bias = flag_meta(&h, "qk_bias");
     for (int32_t i = 0; i < h.n; i++) {
         const st_entry *t = &h.t[i];
         ls_tensor_span *s = span_of(d, t->name);

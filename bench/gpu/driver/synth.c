@@ -6,9 +6,13 @@
 //   mix=wv:int4+wo:int4                     block matrices in the other block format (quant_mix)
 //   head=fp16|tied|int8|int6|int4 hgroup=G  the output head (default fp16; hgroup default group)
 //   embed=0                                 no tok_embeddings: the quantized head's rows serve
-//   layers=N sandwich=1 stepnorm=1 gate=1   a stack (format version 2); the gate's bias ~N(-1, 0.5), or
+//   layers=N sandwich=1 stepnorm=1 gate=1   a stack (format version 2; sandwich=2: the summed sandwich
+//                                           norms, LS_NORM_SANDWICH_SUM); the gate's bias ~N(-1, 0.5), or
 //                                           gatebias=B exactly
 //   theta=T eps=E                           rope_theta (10000) and norm_eps (1e-05)
+//   prelude=P coda=C inject=1               recurrent depth (docs/model-format.md): P layers before the
+//                                           stack, C after it, each step's input through adapter.weight
+//                                           (only to be refused by the CUDA library, or run by the CPU one)
 //   from=FILE                               the shape and fp16 weights of a model file (a single block or
 //                                           a stack), quantized to quant/head (round to nearest, per group)
 //   ouro=1                                  with from=: the model as the Ouro import writes it from an Ouro
@@ -69,6 +73,7 @@ typedef struct {
     int32_t head_bits, hgroup;    /* 0 = fp16 */
     int32_t tied, embed;          /* tied fp16 head; embed 0 = no tok_embeddings */
     int32_t layers, sandwich, stepnorm, gate, ouro;
+    int32_t prelude, coda, inject; /* recurrent depth */
     double gate_bias, gate_bias_sd, theta, eps;
     char from[1024];
 } spec;
@@ -127,6 +132,9 @@ static int parse_spec(const char *text, spec *s, char *err, size_t err_len) {
         else if (strcmp(k, "theta") == 0) s->theta = strtod(v, NULL);
         else if (strcmp(k, "eps") == 0) s->eps = strtod(v, NULL);
         else if (strcmp(k, "ouro") == 0) s->ouro = n;
+        else if (strcmp(k, "prelude") == 0) s->prelude = n;
+        else if (strcmp(k, "coda") == 0) s->coda = n;
+        else if (strcmp(k, "inject") == 0) s->inject = n;
         else if (strcmp(k, "from") == 0) snprintf(s->from, sizeof s->from, "%s", v);
         else if (strcmp(k, "head") == 0) {
             s->tied = strcmp(v, "tied") == 0;
@@ -312,6 +320,10 @@ int synth_write(const char *spec_text, const char *path, char *err, size_t err_l
     if (parse_spec(spec_text, &s, err, err_len) != 0) return -1;
     const char *src = s.from[0] ? s.from : NULL;
     int32_t src_kv = 0, src_tied = 0;
+    if (src && (s.prelude || s.coda || s.inject)) {
+        snprintf(err, err_len, "model spec \"%s\": from= takes no recurrent depth", spec_text);
+        return -1;
+    }
     if (src) {
         ls_model_desc d;
         if (model_file_desc(src, &d, err, err_len) != 0) return -1;
@@ -355,9 +367,12 @@ int synth_write(const char *spec_text, const char *path, char *err, size_t err_l
     int64_t count = 0;
     if (src) emb = st_read_f16(src, "tok_embeddings.weight", &count, err, err_len);
     if (s.embed) fp16_tensor(ts, "tok_embeddings.weight", vocab, dim, emb, 0.0, 1.0, &r);
-    for (int32_t l = 0; l < s.layers && !ts->failed; l++) {
+    /* the core's layers, then the prelude's and the coda's */
+    for (int32_t l = 0; l < s.layers + s.prelude + s.coda && !ts->failed; l++) {
         char layer[32], name[96];
-        if (s.layers == 1) snprintf(layer, sizeof layer, "block.");
+        if (l >= s.layers + s.prelude) snprintf(layer, sizeof layer, "coda.%d.", l - s.layers - s.prelude);
+        else if (l >= s.layers) snprintf(layer, sizeof layer, "prelude.%d.", l - s.layers);
+        else if (s.layers == 1) snprintf(layer, sizeof layer, "block.");
         else snprintf(layer, sizeof layer, "layers.%d.", l);
         const char *norms[4] = {"attn_norm", "ffn_norm", "attn_out_norm", "ffn_out_norm"};
         for (int k = 0; k < (s.sandwich ? 4 : 2); k++) {
@@ -370,6 +385,10 @@ int synth_write(const char *spec_text, const char *path, char *err, size_t err_l
         const int64_t outs[7] = {dim, kv_dim, kv_dim, dim, ffn, dim, ffn};
         const int32_t ins[7] = {(int32_t)dim, (int32_t)dim, (int32_t)dim, (int32_t)dim, (int32_t)dim, (int32_t)ffn, (int32_t)dim};
         for (int m = 0; m < 7 && !ts->failed; m++) matrix(ts, &s, layer, m, outs[m], ins[m], src, src_kv, err, err_len);
+    }
+    if (s.inject) {
+        rng ar = stream(s.seed, "adapter.weight");
+        fp16_tensor(ts, "adapter.weight", dim, 2 * dim, NULL, 0.0, 1.0 / sqrt(2.0 * (double)dim), &ar);
     }
     rng nr = stream(s.seed, "norm.weight");
     uint16_t *norm = src ? st_read_f16(src, "norm.weight", &count, err, err_len) : NULL;
@@ -394,13 +413,13 @@ int synth_write(const char *spec_text, const char *path, char *err, size_t err_l
     }
     int rc = -1;
     if (!ts->failed) {
-        char v[16][32], mix[64] = "", theta[32], eps[32];
+        char v[16][32], mix[64] = "", theta[32], eps[32], prelude[16], coda[16];
         snprintf(theta, sizeof theta, "%.9g", s.theta);
         snprintf(eps, sizeof eps, "%.9g", s.eps);
         for (int m = 0; m < 7; m++)
             if (s.mix[m] && s.mix[m] != s.quant_bits)
                 snprintf(mix + strlen(mix), sizeof mix - strlen(mix), "%s%s=int%d", mix[0] ? "," : "", MATS[m], s.mix[m]);
-        int version = s.layers != 1 || s.sandwich || s.stepnorm || s.gate ? 2 : 1;
+        int version = s.layers != 1 || s.sandwich || s.stepnorm || s.gate || s.prelude || s.coda || s.inject ? 2 : 1;
         const char *quant = s.quant_bits == 4 ? "int4" : s.quant_bits == 2 ? "int2" : "fp16";
         int32_t ints[] = {version, s.dim, s.heads, s.kv, s.ffn, s.vocab, s.loops, s.seq, s.quant_bits ? s.group : 0,
                           s.head_bits, s.hgroup, s.layers};
@@ -418,9 +437,15 @@ int synth_write(const char *spec_text, const char *path, char *err, size_t err_l
         }
         if (mix[0]) meta[2 * n_meta] = "quant_mix", meta[2 * n_meta + 1] = mix, n_meta++;
         if (s.layers != 1) meta[2 * n_meta] = "n_layers", meta[2 * n_meta + 1] = v[11], n_meta++;
-        if (s.sandwich) meta[2 * n_meta] = "norm_layout", meta[2 * n_meta + 1] = "sandwich", n_meta++;
+        if (s.sandwich) meta[2 * n_meta] = "norm_layout", meta[2 * n_meta + 1] = s.sandwich == 2 ? "sandwich_sum" : "sandwich", n_meta++;
         if (s.stepnorm) meta[2 * n_meta] = "step_norm", meta[2 * n_meta + 1] = "1", n_meta++;
         if (s.ouro) meta[2 * n_meta] = "source_arch", meta[2 * n_meta + 1] = "ouro", n_meta++;
+        snprintf(prelude, sizeof prelude, "%d", s.prelude);
+        snprintf(coda, sizeof coda, "%d", s.coda);
+        if (s.prelude) meta[2 * n_meta] = "n_prelude", meta[2 * n_meta + 1] = prelude, n_meta++;
+        if (s.coda) meta[2 * n_meta] = "n_coda", meta[2 * n_meta + 1] = coda, n_meta++;
+        if (s.inject) meta[2 * n_meta] = "injection", meta[2 * n_meta + 1] = "adapter", n_meta++;
+        if (s.inject) meta[2 * n_meta] = "state_std", meta[2 * n_meta + 1] = "0.5", n_meta++;
         rc = st_write(path, meta, n_meta, ts->t, ts->n, err, err_len);
     } else if (!err[0]) {
         snprintf(err, err_len, "out of memory generating %s", spec_text);

@@ -139,7 +139,8 @@ static int32_t emu_unit(void *ctx, const ls_batch_piece *pc, int32_t lo, int32_t
     emu *e = ctx;
     const int32_t dim = dim_of(e), kv_dim = kv_dim_of(e), hd = e->m->info.head_dim;
     ls_block view = {e->h + (size_t)start * dim, e->xb, e->q + (size_t)start * dim, e->k + (size_t)start * kv_dim,
-                     e->v + (size_t)start * kv_dim, e->att + (size_t)start * dim, e->g, e->u, e->rope + (size_t)start * hd};
+                     e->v + (size_t)start * kv_dim, e->att + (size_t)start * dim, e->g, e->u, e->rope + (size_t)start * hd,
+                     NULL /* no input injection: the CUDA library serves no recurrent-depth model */};
     emu_attention a = {e, pc, lo, n_pieces, &view};
     ls_forward_unit(e->m, &view, T - start, 0, l, emu_attend, NULL, &a);
     return 0;
@@ -211,7 +212,8 @@ static int32_t emu_batch_step(emu *e, ls_session *const *sessions, const ls_batc
     for (int32_t i = 0; i < n_rows; i++) {
         int32_t end = sessions[i]->pos + rows[i].n_tokens;
         out[i] = ls_session_reserve(sessions[i], end);
-        if (out[i] == LS_OK && rows[i].step.exit_policy == LS_EXIT_EXACT && ls_step_exits(m, &rows[i].step, rows[i].sample))
+        if (out[i] == LS_OK && rows[i].step.exit_policy == LS_EXIT_EXACT &&
+            ls_step_exits(m, &rows[i].step, rows[i].sample, rows[i].n_tokens))
             out[i] = ls_session_defer_reserve(sessions[i], end);
         if (out[i] != LS_OK) rc = out[i];
     }
@@ -350,7 +352,7 @@ static int schedule_run(ls_model *m, int32_t seed, char *detail, size_t len, int
                                  : (ls_sampling){0.0f, 0, 1.0f, 1.1f, 0};
         p->pending = -1;
         p->prompt_left = 1 + (int32_t)(next() % 100);
-        ls_session_params sp = {MAX_SEQ, loops_max, p->window, LS_KV_FP16};
+        ls_session_params sp = {.max_seq = MAX_SEQ, .loops = loops_max, .cache_window = p->window, .kv_mode = LS_KV_FP16};
         char err[200];
         ref[i] = ls_session_new(m, &sp, err, sizeof err);
         emu_s[i] = ls_session_new(m, &sp, err, sizeof err);

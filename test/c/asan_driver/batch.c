@@ -26,6 +26,13 @@ static ls_session *batch_session(const fwd_args *a, int32_t k, ls_step_params *p
     if (a->info.exit_gate) {
         p->exit_policy = policies[k];
         p->exit_threshold = thresholds[k];
+    } else if (a->info.n_coda > 0) {
+        /* a recurrent-depth model: the zero-shot rules (probes of the coda and head), at thresholds where a
+         * random model's tokens exit at varied steps */
+        static const int32_t rules[] = {LS_EXIT_RULE_ENTROPY, LS_EXIT_RULE_KL, LS_EXIT_RULE_ENTROPY, 0, LS_EXIT_RULE_KL, LS_EXIT_RULE_KL};
+        static const float limits[] = {0.3f, 1.0f, 0.05f, 0.0f, 3.0f, 0.5f};
+        p->exit_policy = policies[k] == LS_EXIT_NONE ? LS_EXIT_NONE : policies[k] | rules[k];
+        p->exit_threshold = limits[k];
     }
     char err[256];
     ls_session_params sp = {.max_seq = *prompt_len + BATCH_NEW, .loops = a->loops, .cache_window = windows[k], .kv_mode = modes[k]};
