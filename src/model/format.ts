@@ -45,6 +45,25 @@ export const TOKENIZER = "gpt2";
 export type TokenizerKind = "gpt2" | "bpe";
 export const MAX_LOOPS = LS_MAX_LOOPS;
 export const MAX_LAYERS = LS_MAX_LAYERS;
+
+/**
+ * The range of each integer setting of a model: the kernels' limits
+ * (kernels/loopserve.h LS_MAX_*), which keep sizes far from overflow. Every
+ * reader of a model's settings (the file's metadata, import-hf's configs,
+ * the synthetic writer) checks against these, in its own field names.
+ */
+export const SETTING_RANGES = {
+  dim: [1, LS_MAX_DIM],
+  nHeads: [1, LS_MAX_HEADS],
+  nKvHeads: [1, LS_MAX_HEADS],
+  headDim: [2, LS_MAX_DIM],
+  ffnDim: [1, LS_MAX_FFN_DIM],
+  vocabSize: [1, LS_MAX_VOCAB],
+  loops: [1, LS_MAX_LOOPS],
+  maxSeqLen: [1, LS_MAX_SEQ_LEN],
+  nLayers: [1, LS_MAX_LAYERS],
+  outerLayers: [0, LS_MAX_LAYERS], // a prelude's or a coda's
+} as const satisfies Record<string, readonly [number, number]>;
 /** How a layer norms: before each sublayer only (Llama), its output too (sandwich, as Ouro), or the residual sum after each add (sandwich_sum, as Huginn). */
 export type NormLayout = "pre" | "sandwich" | "sandwich_sum";
 export const NORM_LAYOUTS: readonly NormLayout[] = ["pre", "sandwich", "sandwich_sum"];
@@ -410,6 +429,38 @@ function parsePositiveFloat(meta: Meta, key: string, where: string, max: number)
   return n;
 }
 
+/** A reader's own names for the attention's shape fields, which its refusals use. */
+export type AttentionFieldNames = Record<"dim" | "nHeads" | "nKvHeads" | "headDim", string>;
+
+const METADATA_ATTENTION_NAMES: AttentionFieldNames = { dim: "dim", nHeads: "n_heads", nKvHeads: "n_kv_heads", headDim: "head_dim" };
+
+/**
+ * The attention's shape (head_dim and the heads' relations), checked here
+ * for every reader of one (model files, Hugging Face configs, synthetic
+ * models), each refusal in the reader's own field names: head_dim as given,
+ * else dim / n_heads, which must then divide; even, since RoPE rotates
+ * pairs; n_heads x head_dim within LS_MAX_DIM; n_heads a multiple of
+ * n_kv_heads, since each key/value head serves a whole group. Returns
+ * head_dim, or why the shape is refused.
+ */
+export function attentionHeadDim(
+  dim: number,
+  nHeads: number,
+  nKvHeads: number,
+  headDim: number | undefined,
+  names: AttentionFieldNames,
+): number | string {
+  if (headDim === undefined && dim % nHeads !== 0) return `${names.dim} (${dim}) must be a multiple of ${names.nHeads} (${nHeads})`;
+  const hd = headDim ?? dim / nHeads;
+  if (hd % 2 !== 0) {
+    const which = headDim === undefined ? `head_dim = ${names.dim} / ${names.nHeads} = ${hd}` : `${names.headDim} (${hd})`;
+    return `${which} must be even (RoPE rotates pairs)`;
+  }
+  if (nHeads * hd > LS_MAX_DIM) return `${names.nHeads} x ${names.headDim} (${nHeads * hd}) must be at most ${LS_MAX_DIM}`;
+  if (nKvHeads > nHeads || nHeads % nKvHeads !== 0) return `${names.nHeads} (${nHeads}) must be a multiple of ${names.nKvHeads} (${nKvHeads})`;
+  return hd;
+}
+
 /**
  * A model's default early-exit threshold (docs/early-exit.md), checked here
  * for every reader of one (model files, Hugging Face configs, synthetic
@@ -449,8 +500,8 @@ function parseRecurrence(meta: Meta, where: string, nLayers: number): Pick<Model
   const bad = (msg: string): never => {
     throw ModelFormatError.about(where, `metadata: ${msg}`);
   };
-  const nPrelude = meta.n_prelude === undefined ? 0 : parseInt32(meta, "n_prelude", where, 0, LS_MAX_LAYERS);
-  const nCoda = meta.n_coda === undefined ? 0 : parseInt32(meta, "n_coda", where, 0, LS_MAX_LAYERS);
+  const nPrelude = meta.n_prelude === undefined ? 0 : parseInt32(meta, "n_prelude", where, ...SETTING_RANGES.outerLayers);
+  const nCoda = meta.n_coda === undefined ? 0 : parseInt32(meta, "n_coda", where, ...SETTING_RANGES.outerLayers);
   if (nLayers + nPrelude + nCoda > LS_MAX_LAYERS) bad(`n_layers + n_prelude + n_coda (${nLayers + nPrelude + nCoda}) must be at most ${LS_MAX_LAYERS}`);
   const injection = meta.injection ?? "none";
   if (injection !== "none" && injection !== "adapter") bad(`injection must be "none" or "adapter", got "${injection}"`);
@@ -492,7 +543,7 @@ export function parseModelMetadata(meta: Meta, where: string): ModelShape {
   if (tokenizer === "bpe" && !meta.tokenizer_json) {
     throw ModelFormatError.about(where, `metadata: tokenizer "bpe" needs tokenizer_json (the tokenizer.json text)`);
   }
-  const nLayers = meta.n_layers === undefined ? 1 : parseInt32(meta, "n_layers", where, 1, LS_MAX_LAYERS);
+  const nLayers = meta.n_layers === undefined ? 1 : parseInt32(meta, "n_layers", where, ...SETTING_RANGES.nLayers);
   const normLayout = (meta.norm_layout ?? "pre") as NormLayout;
   if (!NORM_LAYOUTS.includes(normLayout)) {
     throw ModelFormatError.about(where, `metadata: norm_layout must be one of ${NORM_LAYOUTS.join(", ")}, got "${normLayout}"`);
@@ -514,14 +565,13 @@ export function parseModelMetadata(meta: Meta, where: string): ModelShape {
       `metadata: format_version 1 cannot carry n_layers, norm_layout, step_norm, exit_threshold, the recurrent-depth keys or a tokenizer other than gpt2 (format_version 2 can)`,
     );
   }
-  // The kernels' limits (kernels/loopserve.h LS_MAX_*): they keep sizes far from overflow.
-  const dim = parseInt32(meta, "dim", where, 1, LS_MAX_DIM);
-  const nHeads = parseInt32(meta, "n_heads", where, 1, LS_MAX_HEADS);
-  const nKvHeads = parseInt32(meta, "n_kv_heads", where, 1, LS_MAX_HEADS);
-  const ffnDim = parseInt32(meta, "ffn_dim", where, 1, LS_MAX_FFN_DIM);
-  const vocabSize = parseInt32(meta, "vocab_size", where, 1, LS_MAX_VOCAB);
-  const defaultLoops = parseInt32(meta, "default_loops", where, 1, LS_MAX_LOOPS);
-  const maxSeqLen = parseInt32(meta, "max_seq_len", where, 1, LS_MAX_SEQ_LEN);
+  const dim = parseInt32(meta, "dim", where, ...SETTING_RANGES.dim);
+  const nHeads = parseInt32(meta, "n_heads", where, ...SETTING_RANGES.nHeads);
+  const nKvHeads = parseInt32(meta, "n_kv_heads", where, ...SETTING_RANGES.nKvHeads);
+  const ffnDim = parseInt32(meta, "ffn_dim", where, ...SETTING_RANGES.ffnDim);
+  const vocabSize = parseInt32(meta, "vocab_size", where, ...SETTING_RANGES.vocabSize);
+  const defaultLoops = parseInt32(meta, "default_loops", where, ...SETTING_RANGES.loops);
+  const maxSeqLen = parseInt32(meta, "max_seq_len", where, ...SETTING_RANGES.maxSeqLen);
   const ropeTheta = parsePositiveFloat(meta, "rope_theta", where, LS_MAX_ROPE_THETA);
   const normEps = parsePositiveFloat(meta, "norm_eps", where, LS_MAX_NORM_EPS);
   const quant = need(meta, "quant", where);
@@ -536,16 +586,10 @@ export function parseModelMetadata(meta: Meta, where: string): ModelShape {
   if (quant !== "fp16" && !GROUP_SIZES.includes(groupSize)) {
     bad(`group_size must be one of ${GROUP_SIZES.join(", ")} for quant ${quant}, got ${groupSize}`);
   }
-  let headDim: number;
-  if (meta.head_dim !== undefined) {
-    headDim = parseInt32(meta, "head_dim", where, 2, LS_MAX_DIM);
-    if (headDim % 2 !== 0) bad(`head_dim (${headDim}) must be even (RoPE rotates pairs)`);
-    if (headDim * nHeads > LS_MAX_DIM) bad(`n_heads x head_dim (${nHeads * headDim}) must be at most ${LS_MAX_DIM}`);
-  } else {
-    if (dim % nHeads !== 0) bad(`dim (${dim}) must be a multiple of n_heads (${nHeads})`);
-    headDim = dim / nHeads;
-    if (headDim % 2 !== 0) bad(`head_dim = dim / n_heads = ${headDim} must be even (RoPE rotates pairs)`);
-  }
+  const statedHeadDim = meta.head_dim === undefined ? undefined : parseInt32(meta, "head_dim", where, ...SETTING_RANGES.headDim);
+  const attention = attentionHeadDim(dim, nHeads, nKvHeads, statedHeadDim, METADATA_ATTENTION_NAMES);
+  if (typeof attention === "string") bad(attention);
+  const headDim = attention as number;
   if (quant !== "fp16") {
     // Groups run along each matrix's inputs: dim (wq, wk, wv, w1, w3, output), the attention's width (wo), ffn_dim (w2).
     if (dim % groupSize !== 0) bad(`dim (${dim}) must be a multiple of group_size (${groupSize}) for quant ${quant}`);
@@ -555,9 +599,6 @@ export function parseModelMetadata(meta: Meta, where: string): ModelShape {
     if ((nHeads * headDim) % groupSize !== 0) {
       bad(`n_heads x head_dim (${nHeads * headDim}) must be a multiple of group_size (${groupSize}) for quant ${quant}`);
     }
-  }
-  if (nKvHeads > nHeads || nHeads % nKvHeads !== 0) {
-    bad(`n_heads (${nHeads}) must be a multiple of n_kv_heads (${nKvHeads})`);
   }
   let quantMix: QuantMix = {};
   try {

@@ -22,19 +22,9 @@
 
 import { existsSync } from "node:fs";
 import { basename, join } from "node:path";
-import {
-  LS_MAX_DIM,
-  LS_MAX_FFN_DIM,
-  LS_MAX_HEADS,
-  LS_MAX_LAYERS,
-  LS_MAX_LOOPS,
-  LS_MAX_NORM_EPS,
-  LS_MAX_ROPE_THETA,
-  LS_MAX_SEQ_LEN,
-  LS_MAX_VOCAB,
-} from "../abi/abi.generated.ts";
+import { LS_MAX_NORM_EPS, LS_MAX_ROPE_THETA } from "../abi/abi.generated.ts";
 import { CheckpointDir, FILE_CAPS } from "./checkpoint_files.ts";
-import { exitThresholdRefusal } from "./format.ts";
+import { type AttentionFieldNames, attentionHeadDim, exitThresholdRefusal, SETTING_RANGES } from "./format.ts";
 import { DTYPE_SIZES, ModelFormatError, readSafetensors } from "./safetensors.ts";
 import { ChatTemplate, ChatTemplateError } from "../text/jinja_template.ts";
 import { HfByteLevelBpe, HfTokenizerError } from "../tokenizer/hf_bpe.ts";
@@ -49,15 +39,13 @@ export type HfArch = "ouro" | "loopserve" | "huginn" | "nanbeige";
 export const HF_DTYPES = ["BF16", "F16", "F32"] as const;
 export type HfDtype = (typeof HF_DTYPES)[number];
 
-/** The most layers a stack may have (kernels/loopserve.h LS_MAX_LAYERS). */
-export const MAX_LAYERS = LS_MAX_LAYERS;
 
 /** The model a checkpoint describes, in loopserve's terms. */
 export interface HfModelShape {
   dim: number; // hidden_size
   nHeads: number;
   nKvHeads: number;
-  headDim: number; // dim / nHeads
+  headDim: number; // dim / nHeads unless the family's config sets it (checkAttention)
   ffnDim: number; // intermediate_size
   vocabSize: number;
   nLayers: number; // distinct layers per step
@@ -240,13 +228,15 @@ function detectArch(path: string, c: Record<string, unknown>, families: readonly
   throw ModelFormatError.about(path, `unknown architecture (${named}): import-hf reads ${readers.slice(0, -1).join(", ")} and ${readers.at(-1)} checkpoints`);
 }
 
-/** The checks every architecture shares: divisibility and loopserve's limits. */
-export function checkShape(r: ConfigReader, m: HfModelShape, names: Record<"dim" | "nHeads" | "nKvHeads", string>): void {
-  if (m.dim % m.nHeads !== 0) r.fail(`${names.dim} (${m.dim}) must be a multiple of ${names.nHeads} (${m.nHeads})`);
-  if (m.headDim % 2 !== 0) r.fail(`head_dim = ${names.dim} / ${names.nHeads} = ${m.headDim} must be even (RoPE rotates pairs)`);
-  if (m.nKvHeads > m.nHeads || m.nHeads % m.nKvHeads !== 0) {
-    r.fail(`${names.nHeads} (${m.nHeads}) must be a multiple of ${names.nKvHeads} (${m.nKvHeads})`);
-  }
+/**
+ * The attention's shape in a config's own names (format.ts's one check of
+ * it); `stated` is head_dim where the family's config sets it apart from
+ * dim / n_heads. Returns head_dim.
+ */
+export function checkAttention(r: ConfigReader, m: Pick<HfModelShape, "dim" | "nHeads" | "nKvHeads">, names: AttentionFieldNames, stated?: number): number {
+  const headDim = attentionHeadDim(m.dim, m.nHeads, m.nKvHeads, stated, names);
+  if (typeof headDim === "string") r.fail(headDim);
+  return headDim;
 }
 
 /**
@@ -269,18 +259,18 @@ function ouroExit(r: ConfigReader, c: Record<string, unknown>, steps: number): P
 
 /** Ouro's config.json, with OuroConfig's defaults for the keys it may leave out. */
 function ouroShape(r: ConfigReader, c: Record<string, unknown>): HfModelShape {
-  const dim = r.int("hidden_size", 2, LS_MAX_DIM);
-  const nHeads = r.int("num_attention_heads", 1, LS_MAX_HEADS);
+  const dim = r.int("hidden_size", ...SETTING_RANGES.dim);
+  const nHeads = r.int("num_attention_heads", ...SETTING_RANGES.nHeads);
   const m: HfModelShape = {
     dim,
     nHeads,
-    nKvHeads: r.int("num_key_value_heads", 1, LS_MAX_HEADS, nHeads),
+    nKvHeads: r.int("num_key_value_heads", ...SETTING_RANGES.nKvHeads, nHeads),
     headDim: dim / nHeads,
-    ffnDim: r.int("intermediate_size", 1, LS_MAX_FFN_DIM),
-    vocabSize: r.int("vocab_size", 1, LS_MAX_VOCAB),
-    nLayers: r.int("num_hidden_layers", 1, MAX_LAYERS),
-    ...ouroExit(r, c, r.int("total_ut_steps", 1, LS_MAX_LOOPS, 4)),
-    maxSeqLen: r.int("max_position_embeddings", 1, LS_MAX_SEQ_LEN, 32768),
+    ffnDim: r.int("intermediate_size", ...SETTING_RANGES.ffnDim),
+    vocabSize: r.int("vocab_size", ...SETTING_RANGES.vocabSize),
+    nLayers: r.int("num_hidden_layers", ...SETTING_RANGES.nLayers),
+    ...ouroExit(r, c, r.int("total_ut_steps", ...SETTING_RANGES.loops, 4)),
+    maxSeqLen: r.int("max_position_embeddings", ...SETTING_RANGES.maxSeqLen, 32768),
     ropeTheta: r.positive("rope_theta", LS_MAX_ROPE_THETA, 10000),
     normEps: r.positive("rms_norm_eps", LS_MAX_NORM_EPS, 1e-6),
     sandwich: true,
@@ -288,8 +278,7 @@ function ouroShape(r: ConfigReader, c: Record<string, unknown>): HfModelShape {
     exitGate: true,
     tiedOutput: r.bool("tie_word_embeddings", false),
   };
-  const names = { dim: "hidden_size", nHeads: "num_attention_heads", nKvHeads: "num_key_value_heads" };
-  checkShape(r, m, names);
+  checkAttention(r, m, { dim: "hidden_size", nHeads: "num_attention_heads", nKvHeads: "num_key_value_heads", headDim: "head_dim" });
   if (r.has("head_dim") && c.head_dim !== m.headDim) {
     r.fail(`head_dim (${JSON.stringify(c.head_dim)}) must equal hidden_size / num_attention_heads = ${m.headDim}`);
   }
@@ -311,20 +300,20 @@ function ouroShape(r: ConfigReader, c: Record<string, unknown>): HfModelShape {
 
 /** loopserve's own config.json: its metadata keys as JSON values (docs/import-hf.md). */
 function loopserveShape(r: ConfigReader, c: Record<string, unknown>): HfModelShape {
-  const dim = r.int("dim", 2, LS_MAX_DIM);
-  const nHeads = r.int("n_heads", 1, LS_MAX_HEADS);
+  const dim = r.int("dim", ...SETTING_RANGES.dim);
+  const nHeads = r.int("n_heads", ...SETTING_RANGES.nHeads);
   const layout = c.norm_layout ?? "pre";
   if (layout !== "pre" && layout !== "sandwich") r.fail(`norm_layout must be "pre" or "sandwich", got ${JSON.stringify(layout)}`);
   const m: HfModelShape = {
     dim,
     nHeads,
-    nKvHeads: r.int("n_kv_heads", 1, LS_MAX_HEADS, nHeads),
+    nKvHeads: r.int("n_kv_heads", ...SETTING_RANGES.nKvHeads, nHeads),
     headDim: dim / nHeads,
-    ffnDim: r.int("ffn_dim", 1, LS_MAX_FFN_DIM),
-    vocabSize: r.int("vocab_size", 1, LS_MAX_VOCAB),
-    nLayers: r.int("n_layers", 1, MAX_LAYERS, 1),
-    defaultLoops: r.int("default_loops", 1, LS_MAX_LOOPS),
-    maxSeqLen: r.int("max_seq_len", 1, LS_MAX_SEQ_LEN, 2048),
+    ffnDim: r.int("ffn_dim", ...SETTING_RANGES.ffnDim),
+    vocabSize: r.int("vocab_size", ...SETTING_RANGES.vocabSize),
+    nLayers: r.int("n_layers", ...SETTING_RANGES.nLayers, 1),
+    defaultLoops: r.int("default_loops", ...SETTING_RANGES.loops),
+    maxSeqLen: r.int("max_seq_len", ...SETTING_RANGES.maxSeqLen, 2048),
     ropeTheta: r.positive("rope_theta", LS_MAX_ROPE_THETA, 10000),
     normEps: r.positive("norm_eps", LS_MAX_NORM_EPS, 1e-5),
     sandwich: layout === "sandwich",
@@ -333,7 +322,7 @@ function loopserveShape(r: ConfigReader, c: Record<string, unknown>): HfModelSha
     exitThreshold: r.exitThreshold("exit_threshold"),
     tiedOutput: false, // decided by the tensors
   };
-  checkShape(r, m, { dim: "dim", nHeads: "n_heads", nKvHeads: "n_kv_heads" });
+  checkAttention(r, m, { dim: "dim", nHeads: "n_heads", nKvHeads: "n_kv_heads", headDim: "head_dim" });
   return m;
 }
 

@@ -18,8 +18,9 @@
 // Llama's halves and no ln_f comes between the core and the coda: which
 // kind a checkpoint is, its tensors say (norm_3 present or not).
 
-import { LS_MAX_DIM, LS_MAX_FFN_DIM, LS_MAX_HEADS, LS_MAX_LOOPS, LS_MAX_ROPE_THETA, LS_MAX_SEQ_LEN, LS_MAX_VOCAB } from "../abi/abi.generated.ts";
-import { type ConfigReader, checkShape, type ExpectedTensor, type HfFamily, type HfModelShape, MAX_LAYERS } from "./hf_checkpoint.ts";
+import { LS_MAX_ROPE_THETA } from "../abi/abi.generated.ts";
+import { MAX_LAYERS, SETTING_RANGES } from "./format.ts";
+import { type ConfigReader, checkAttention, type ExpectedTensor, type HfFamily, type HfModelShape } from "./hf_checkpoint.ts";
 
 const ARCH = "RavenForCausalLM";
 
@@ -58,19 +59,20 @@ export const HUGINN: HfFamily = {
   matches: (config, archs) => config.model_type === "huginn_raven" || archs.includes(ARCH),
 
   shape(r: ConfigReader, c: Record<string, unknown>): HfModelShape {
-    const dim = r.int(r.has("n_embd") ? "n_embd" : "hidden_size", 2, LS_MAX_DIM);
+    const dimKey = r.has("n_embd") ? "n_embd" : "hidden_size";
+    const dim = r.int(dimKey, ...SETTING_RANGES.dim);
     const headsKey = r.has("n_heads") ? "n_heads" : "num_attention_heads";
-    const nHeads = r.int(headsKey, 1, LS_MAX_HEADS);
+    const nHeads = r.int(headsKey, ...SETTING_RANGES.nHeads);
     const m: HfModelShape = {
       dim,
       nHeads,
-      nKvHeads: r.int("num_key_value_heads", 1, LS_MAX_HEADS, nHeads),
+      nKvHeads: r.int("num_key_value_heads", ...SETTING_RANGES.nKvHeads, nHeads),
       headDim: dim / nHeads,
-      ffnDim: r.int("intermediate_size", 1, LS_MAX_FFN_DIM),
-      vocabSize: r.int(r.has("padded_vocab_size") ? "padded_vocab_size" : "vocab_size", 1, LS_MAX_VOCAB),
-      nLayers: r.int("n_layers_in_recurrent_block", 1, MAX_LAYERS),
-      defaultLoops: r.int("mean_recurrence", 1, LS_MAX_LOOPS, 32),
-      maxSeqLen: r.int("block_size", 1, LS_MAX_SEQ_LEN, 4096),
+      ffnDim: r.int("intermediate_size", ...SETTING_RANGES.ffnDim),
+      vocabSize: r.int(r.has("padded_vocab_size") ? "padded_vocab_size" : "vocab_size", ...SETTING_RANGES.vocabSize),
+      nLayers: r.int("n_layers_in_recurrent_block", ...SETTING_RANGES.nLayers),
+      defaultLoops: r.int("mean_recurrence", ...SETTING_RANGES.loops, 32),
+      maxSeqLen: r.int("block_size", ...SETTING_RANGES.maxSeqLen, 4096),
       // the retrofitted checkpoints' Llama RoPE reads rope_theta; Huginn's own, rope_base
       ropeTheta: r.has("rope_theta") ? r.positive("rope_theta", LS_MAX_ROPE_THETA, 10000) : r.positive("rope_base", LS_MAX_ROPE_THETA, 50000),
       normEps: r.positive("norm_eps", 1, 1e-6),
@@ -80,10 +82,10 @@ export const HUGINN: HfFamily = {
       exitThreshold: null,
       tiedOutput: r.bool(r.has("tie_embeddings") ? "tie_embeddings" : "tie_word_embeddings", true),
     };
-    checkShape(r, m, { dim: "n_embd", nHeads: headsKey, nKvHeads: "num_key_value_heads" });
-    if (r.has("head_dim") && c.head_dim !== m.headDim) r.fail(`head_dim (${JSON.stringify(c.head_dim)}) must equal n_embd / ${headsKey} = ${m.headDim}`);
-    const prelude = r.int("n_layers_in_prelude", 0, MAX_LAYERS, 2);
-    const coda = r.int("n_layers_in_coda", 0, MAX_LAYERS, 2);
+    checkAttention(r, m, { dim: dimKey, nHeads: headsKey, nKvHeads: "num_key_value_heads", headDim: "head_dim" });
+    if (r.has("head_dim") && c.head_dim !== m.headDim) r.fail(`head_dim (${JSON.stringify(c.head_dim)}) must equal ${dimKey} / ${headsKey} = ${m.headDim}`);
+    const prelude = r.int("n_layers_in_prelude", ...SETTING_RANGES.outerLayers, 2);
+    const coda = r.int("n_layers_in_coda", ...SETTING_RANGES.outerLayers, 2);
     if (prelude + m.nLayers + coda > MAX_LAYERS) r.fail(`n_layers_in_prelude + n_layers_in_recurrent_block + n_layers_in_coda must be at most ${MAX_LAYERS}`);
     if (r.has("n_layers") && c.n_layers !== prelude + m.nLayers + coda) {
       r.fail(`n_layers (${JSON.stringify(c.n_layers)}) must be n_layers_in_prelude + n_layers_in_recurrent_block + n_layers_in_coda = ${prelude + m.nLayers + coda}`);

@@ -11,8 +11,9 @@
 // hyper-connections, depth attention, loop-split, shared loop caches, q/k
 // norms) are refused here too.
 
-import { LS_MAX_DIM, LS_MAX_FFN_DIM, LS_MAX_HEADS, LS_MAX_LOOPS, LS_MAX_ROPE_THETA, LS_MAX_SEQ_LEN, LS_MAX_VOCAB } from "../abi/abi.generated.ts";
-import { type ConfigReader, type HfFamily, type HfModelShape, loopserveTensorShapes, MAX_LAYERS, ouroName } from "./hf_checkpoint.ts";
+import { LS_MAX_ROPE_THETA } from "../abi/abi.generated.ts";
+import { SETTING_RANGES } from "./format.ts";
+import { checkAttention, type ConfigReader, type HfFamily, type HfModelShape, loopserveTensorShapes, ouroName } from "./hf_checkpoint.ts";
 
 const ARCH = "NanbeigeForCausalLM";
 
@@ -39,14 +40,11 @@ export const NANBEIGE: HfFamily = {
   matches: (config, archs) => archs.includes(ARCH),
 
   shape(r: ConfigReader, c: Record<string, unknown>): HfModelShape {
-    const dim = r.int("hidden_size", 2, LS_MAX_DIM);
-    const nHeads = r.int("num_attention_heads", 1, LS_MAX_HEADS);
-    const nKvHeads = r.int("num_key_value_heads", 1, LS_MAX_HEADS, nHeads);
-    const fallback = dim % nHeads === 0 ? dim / nHeads : undefined;
-    const headDim = r.int("head_dim", 2, LS_MAX_DIM, fallback);
-    if (headDim % 2 !== 0) r.fail(`head_dim (${headDim}) must be even (RoPE rotates pairs)`);
-    if (nHeads * headDim > LS_MAX_DIM) r.fail(`num_attention_heads x head_dim must be at most ${LS_MAX_DIM}`);
-    if (nKvHeads > nHeads || nHeads % nKvHeads !== 0) r.fail(`num_attention_heads (${nHeads}) must be a multiple of num_key_value_heads (${nKvHeads})`);
+    const dim = r.int("hidden_size", ...SETTING_RANGES.dim);
+    const nHeads = r.int("num_attention_heads", ...SETTING_RANGES.nHeads);
+    const nKvHeads = r.int("num_key_value_heads", ...SETTING_RANGES.nKvHeads, nHeads);
+    const stated = r.has("head_dim") ? r.int("head_dim", ...SETTING_RANGES.headDim) : undefined;
+    const headDim = checkAttention(r, { dim, nHeads, nKvHeads }, { dim: "hidden_size", nHeads: "num_attention_heads", nKvHeads: "num_key_value_heads", headDim: "head_dim" }, stated);
     for (const key of UNSUPPORTED) if (c[key] !== undefined && c[key] !== null && c[key] !== false && !(Array.isArray(c[key]) && c[key].length === 0)) {
       r.fail(`${key} ${JSON.stringify(c[key])} is not supported (Nanbeige4.2's plain looped layers only)`);
     }
@@ -59,11 +57,11 @@ export const NANBEIGE: HfFamily = {
       nHeads,
       nKvHeads,
       headDim,
-      ffnDim: r.int("intermediate_size", 1, LS_MAX_FFN_DIM),
-      vocabSize: r.int("vocab_size", 1, LS_MAX_VOCAB),
-      nLayers: r.int("num_hidden_layers", 1, MAX_LAYERS),
-      defaultLoops: r.int("num_loops", 1, LS_MAX_LOOPS, 1),
-      maxSeqLen: r.int("max_position_embeddings", 1, LS_MAX_SEQ_LEN, 262144),
+      ffnDim: r.int("intermediate_size", ...SETTING_RANGES.ffnDim),
+      vocabSize: r.int("vocab_size", ...SETTING_RANGES.vocabSize),
+      nLayers: r.int("num_hidden_layers", ...SETTING_RANGES.nLayers),
+      defaultLoops: r.int("num_loops", ...SETTING_RANGES.loops, 1),
+      maxSeqLen: r.int("max_position_embeddings", ...SETTING_RANGES.maxSeqLen, 262144),
       ropeTheta: r.positive("rope_theta", LS_MAX_ROPE_THETA, 10000),
       normEps: r.positive("rms_norm_eps", 1, 1e-5),
       sandwich: false,

@@ -14,17 +14,17 @@ import { F16_TO_F32, f32ArrayToF16 } from "./fp16.ts";
 import { fillNormal, streamState } from "./normal_stream.ts";
 import {
   ARCH,
+  attentionHeadDim,
   configToMetadata,
   exitThresholdRefusal,
   expectedTensorShapes,
   formatVersionOf,
-  MAX_LAYERS,
-  MAX_LOOPS,
   type ModelConfig,
   type Injection,
   type ModelShape,
   type NormLayout,
   type RopeLayout,
+  SETTING_RANGES,
   TOKENIZER,
 } from "./format.ts";
 import { ModelFormatError, type TensorToWrite, writeSafetensors } from "./safetensors.ts";
@@ -131,27 +131,27 @@ function checkNumber(name: string, v: unknown, positive: boolean): number {
 /** Fills defaults and checks the options (the same rules the loader applies). */
 export function resolveSyntheticOptions(o: SyntheticOptions): Required<SyntheticOptions> {
   const r: Required<SyntheticOptions> = {
-    dim: checkInt("dim", o.dim, 1),
-    nHeads: checkInt("nHeads", o.nHeads, 1),
-    nKvHeads: checkInt("nKvHeads", o.nKvHeads, 1),
-    ffnDim: checkInt("ffnDim", o.ffnDim, 1),
-    vocabSize: checkInt("vocabSize", o.vocabSize, 1),
-    loops: checkInt("loops", o.loops, 1, MAX_LOOPS),
+    dim: checkInt("dim", o.dim, ...SETTING_RANGES.dim),
+    nHeads: checkInt("nHeads", o.nHeads, ...SETTING_RANGES.nHeads),
+    nKvHeads: checkInt("nKvHeads", o.nKvHeads, ...SETTING_RANGES.nKvHeads),
+    ffnDim: checkInt("ffnDim", o.ffnDim, ...SETTING_RANGES.ffnDim),
+    vocabSize: checkInt("vocabSize", o.vocabSize, ...SETTING_RANGES.vocabSize),
+    loops: checkInt("loops", o.loops, ...SETTING_RANGES.loops),
     seed: checkInt("seed", o.seed, 0, Number.MAX_SAFE_INTEGER),
     tiedOutput: o.tiedOutput ?? false,
-    maxSeqLen: checkInt("maxSeqLen", o.maxSeqLen ?? 2048, 1),
+    maxSeqLen: checkInt("maxSeqLen", o.maxSeqLen ?? 2048, ...SETTING_RANGES.maxSeqLen),
     ropeTheta: checkNumber("ropeTheta", o.ropeTheta ?? 10000, true),
     normEps: checkNumber("normEps", o.normEps ?? 1e-5, true),
     residualScale: checkNumber("residualScale", o.residualScale ?? 1, false),
-    nLayers: checkInt("nLayers", o.nLayers ?? 1, 1, MAX_LAYERS),
+    nLayers: checkInt("nLayers", o.nLayers ?? 1, ...SETTING_RANGES.nLayers),
     sandwichNorm: o.sandwichNorm ?? false,
     stepNorm: o.stepNorm ?? false,
     exitGate: o.exitGate ?? false,
     exitThreshold: o.exitThreshold ?? null,
     normLayout: o.normLayout ?? (o.sandwichNorm ? "sandwich" : "pre"),
-    headDim: checkInt("headDim", o.headDim ?? Math.max(1, Math.floor(o.dim / o.nHeads)), 1),
-    nPrelude: checkInt("nPrelude", o.nPrelude ?? 0, 0, MAX_LAYERS),
-    nCoda: checkInt("nCoda", o.nCoda ?? 0, 0, MAX_LAYERS),
+    headDim: o.headDim === undefined ? Math.max(1, Math.floor(o.dim / o.nHeads)) : checkInt("headDim", o.headDim, ...SETTING_RANGES.headDim),
+    nPrelude: checkInt("nPrelude", o.nPrelude ?? 0, ...SETTING_RANGES.outerLayers),
+    nCoda: checkInt("nCoda", o.nCoda ?? 0, ...SETTING_RANGES.outerLayers),
     injection: o.injection ?? "none",
     embedScale: checkNumber("embedScale", o.embedScale ?? 1, true),
     stateStd: checkNumber("stateStd", o.stateStd ?? 0, false),
@@ -162,16 +162,13 @@ export function resolveSyntheticOptions(o: SyntheticOptions): Required<Synthetic
   const refused = r.exitThreshold === null ? null : exitThresholdRefusal(r.exitThreshold, r.exitGate);
   if (refused) throw new ModelFormatError(`synthetic model: exitThreshold ${refused}`);
   if (typeof r.tiedOutput !== "boolean") throw new ModelFormatError(`synthetic model: tiedOutput must be a boolean`);
-  if (o.headDim === undefined && r.dim % r.nHeads !== 0) {
-    throw new ModelFormatError(`synthetic model: dim (${r.dim}) must be a multiple of nHeads (${r.nHeads})`);
-  }
-  if (r.headDim % 2 !== 0) {
-    const which = o.headDim === undefined ? `head_dim = dim / nHeads = ${r.headDim}` : `head_dim (${r.headDim})`;
-    throw new ModelFormatError(`synthetic model: ${which} must be even (RoPE rotates pairs)`);
-  }
-  if (r.nKvHeads > r.nHeads || r.nHeads % r.nKvHeads !== 0) {
-    throw new ModelFormatError(`synthetic model: nHeads (${r.nHeads}) must be a multiple of nKvHeads (${r.nKvHeads})`);
-  }
+  const attention = attentionHeadDim(r.dim, r.nHeads, r.nKvHeads, o.headDim === undefined ? undefined : r.headDim, {
+    dim: "dim",
+    nHeads: "nHeads",
+    nKvHeads: "nKvHeads",
+    headDim: "headDim",
+  });
+  if (typeof attention === "string") throw new ModelFormatError(`synthetic model: ${attention}`);
   return r;
 }
 

@@ -1,6 +1,6 @@
 import { describe, expect, test } from "bun:test";
 import { join } from "node:path";
-import { expectedTensorShapes, loadModelFile, NO_RECURRENCE, parseModelConfig, parseModelMetadata, validateModel } from "../../src/model/format.ts";
+import { attentionHeadDim, expectedTensorShapes, loadModelFile, NO_RECURRENCE, parseModelConfig, parseModelMetadata, validateModel } from "../../src/model/format.ts";
 import { quantizeModelFile } from "../../src/model/quantize.ts";
 import { readSafetensors, type TensorToWrite, writeSafetensors } from "../../src/model/safetensors.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
@@ -169,6 +169,26 @@ describe("loopserve model format", () => {
     expectLoadError(withMeta("n_heads", "64"), /head_dim = dim \/ n_heads = 1 must be even/);
     expectLoadError(withMeta("n_kv_heads", "3"), /n_heads \(4\) must be a multiple of n_kv_heads \(3\)/);
     expectLoadError(withMeta("n_kv_heads", "8"), /n_heads \(4\) must be a multiple of n_kv_heads \(8\)/);
+  });
+
+  test("a stated head_dim: even, the heads' width within LS_MAX_DIM, the query heads still a multiple of the key/value heads", () => {
+    const stating = (extra: Record<string, string>) =>
+      rewrite(tinyModelPath(SMALL), { meta: (m) => Object.assign(m, { format_version: "2" }, extra) }); // head_dim needs format 2
+    expectLoadError(stating({ head_dim: "15" }), /head_dim \(15\) must be even/);
+    expectLoadError(stating({ head_dim: "32768" }), /n_heads x head_dim \(131072\) must be at most 65536/);
+    expectLoadError(stating({ head_dim: "8", n_kv_heads: "3" }), /n_heads \(4\) must be a multiple of n_kv_heads \(3\)/);
+  });
+
+  test("every reader refuses the same attention shapes, each in its own field names (one check: attentionHeadDim)", () => {
+    const names = { dim: "D", nHeads: "H", nKvHeads: "K", headDim: "E" };
+    expect(attentionHeadDim(64, 4, 2, undefined, names)).toBe(16);
+    expect(attentionHeadDim(64, 4, 2, 24, names)).toBe(24); // a stated head_dim need not be dim / n_heads
+    expect(attentionHeadDim(64, 3, 1, undefined, names)).toBe("D (64) must be a multiple of H (3)");
+    expect(attentionHeadDim(64, 64, 64, undefined, names)).toBe("head_dim = D / H = 1 must be even (RoPE rotates pairs)");
+    expect(attentionHeadDim(64, 4, 4, 7, names)).toBe("E (7) must be even (RoPE rotates pairs)");
+    expect(attentionHeadDim(64, 4096, 4096, 32, names)).toBe("H x E (131072) must be at most 65536");
+    expect(attentionHeadDim(64, 4, 8, undefined, names)).toBe("H (4) must be a multiple of K (8)");
+    expect(attentionHeadDim(64, 4, 3, 16, names)).toBe("H (4) must be a multiple of K (3)");
   });
 
   test("metadata that disagrees with the tensors is caught by the shape check", () => {
