@@ -125,6 +125,9 @@ describe("synthetic models", () => {
       [{ nKvHeads: 3 }, /nHeads \(4\) must be a multiple of nKvHeads \(3\)/],
       [{ loops: 0 }, /loops must be an integer in \[1, 64\]/],
       [{ loops: 65 }, /loops must be an integer in \[1, 64\]/],
+      [{ nHeads: 8192, nKvHeads: 8192, dim: 8192 * 2 }, /nHeads must be an integer in \[1, 4096\]/], // the loader's bounds, not only its relations
+      [{ vocabSize: 2 ** 30 }, /vocabSize must be an integer in \[1, \d+\]/],
+      [{ headDim: 7 }, /headDim \(7\) must be even/],
       [{ seed: -1 }, /seed must be an integer/],
       [{ seed: 1.5 }, /seed must be an integer/],
       [{ vocabSize: 0 }, /vocabSize must be an integer/],
