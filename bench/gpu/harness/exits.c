@@ -46,7 +46,7 @@ static void check_gate_exp(void) {
     int ok = 1;
     for (int64_t i = 0; i < 12000000 && ok; i++, cases++) {
         /* a sweep of [-40, 40], then random arguments over the range where expf is finite and not 0 */
-        const float x = i <= 8000000 ? (float)(i - 4000000) * 1e-5f : ((float)next() / 4294967296.0f * 2.0f - 1.0f) * 87.0f;
+        const float x = i <= 8000000 ? (float)(i - 4000000) * 1e-5f : ((float)harness_rand() / 4294967296.0f * 2.0f - 1.0f) * 87.0f;
         const float dev = lsx_exp(x), lib = expf(x);
         if (same_float(dev, lib)) continue;
         differ++;
@@ -341,17 +341,17 @@ static int schedule_run(ls_model *m, int32_t seed, char *detail, size_t len, int
     for (int32_t i = 0; i < SESSIONS && !bad; i++) {
         plan_of *p = &plans[i];
         memset(p, 0, sizeof *p);
-        p->loops = 1 + (int32_t)(next() % (uint32_t)loops_max);
+        p->loops = 1 + (int32_t)(harness_rand() % (uint32_t)loops_max);
         p->window = i % 5 == 4 ? 24 : 0;
-        p->policy = (int32_t)(next() % 3);
+        p->policy = (int32_t)(harness_rand() % 3);
         if (p->window && p->policy == LS_EXIT_EXACT) p->policy = LS_EXIT_COPY; /* a window takes the copy policy only */
-        p->threshold = thresholds[next() % 6];
+        p->threshold = thresholds[harness_rand() % 6];
         p->switcher = i == seed % SESSIONS;
         if (p->switcher) p->window = 0;
         p->sampling = i % 3 == 1 ? (ls_sampling){0.8f, 40, 1.0f, 1.0f, (uint64_t)(seed * 100 + i)}
                                  : (ls_sampling){0.0f, 0, 1.0f, 1.1f, 0};
         p->pending = -1;
-        p->prompt_left = 1 + (int32_t)(next() % 100);
+        p->prompt_left = 1 + (int32_t)(harness_rand() % 100);
         ls_session_params sp = {.max_seq = MAX_SEQ, .loops = loops_max, .cache_window = p->window, .kv_mode = LS_KV_FP16};
         char err[200];
         ref[i] = ls_session_new(m, &sp, err, sizeof err);
@@ -373,12 +373,12 @@ static int schedule_run(ls_model *m, int32_t seed, char *detail, size_t len, int
         int32_t who[SESSIONS], n_rows = 0, at = 0, out_a[SESSIONS], out_b[SESSIONS];
         for (int32_t i = 0; i < SESSIONS; i++) {
             plan_of *p = &plans[i];
-            if ((!p->switcher && next() % 4 == 0) || ref[i]->pos + 100 > MAX_SEQ) continue; /* this call leaves it out */
+            if ((!p->switcher && harness_rand() % 4 == 0) || ref[i]->pos + 100 > MAX_SEQ) continue; /* this call leaves it out */
             ls_batch_row r = {.n_tokens = 1, .sample = 1, .step = step_of(p, call, loops_max)};
             if (p->prompt_left > 0) { /* its prompt, sometimes in two calls */
-                r.n_tokens = p->prompt_left > 8 && next() % 3 == 0 ? p->prompt_left / 2 : p->prompt_left;
+                r.n_tokens = p->prompt_left > 8 && harness_rand() % 3 == 0 ? p->prompt_left / 2 : p->prompt_left;
                 r.sample = r.n_tokens == p->prompt_left;
-                for (int32_t t = 0; t < r.n_tokens; t++) tokens[at + t] = (int32_t)(next() % (uint32_t)vocab);
+                for (int32_t t = 0; t < r.n_tokens; t++) tokens[at + t] = (int32_t)(harness_rand() % (uint32_t)vocab);
                 p->prompt_left -= r.n_tokens;
             } else {
                 tokens[at] = p->pending;

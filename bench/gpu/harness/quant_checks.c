@@ -45,13 +45,13 @@ static matrix random_matrix(format f, int32_t rows, int32_t in, int32_t group) {
     w.qweight = malloc(bytes);
     w.scales = malloc(ns * 2);
     w.zeros = f.bits == 2 ? malloc(ns * 2) : NULL;
-    for (size_t i = 0; i < bytes; i++) w.qweight[i] = (uint8_t)next();
+    for (size_t i = 0; i < bytes; i++) w.qweight[i] = (uint8_t)harness_rand();
     if (f.bits == 8)
         for (size_t i = 0; i < bytes; i++)
             if (w.qweight[i] == 0x80) w.qweight[i] = 0x81; /* int8 codes are in [-127, 127] */
     for (size_t i = 0; i < ns; i++) {
-        w.scales[i] = (uint16_t)(0x1c00 + next() % 0x1000) | (next() & 1 ? 0x8000 : 0);
-        if (w.zeros) w.zeros[i] = (uint16_t)(0x1c00 + next() % 0x1000) | (next() & 1 ? 0x8000 : 0);
+        w.scales[i] = (uint16_t)(0x1c00 + harness_rand() % 0x1000) | (harness_rand() & 1 ? 0x8000 : 0);
+        if (w.zeros) w.zeros[i] = (uint16_t)(0x1c00 + harness_rand() % 0x1000) | (harness_rand() & 1 ? 0x8000 : 0);
     }
     w.m = (lsq_matrix){w.qweight, w.scales, w.zeros, rows, in, group, f.bits};
     return w;
@@ -110,11 +110,11 @@ static void check_codes(void) {
 static void special_row(float *x, int32_t in, int32_t kind) {
     const float specials[] = {NAN, INFINITY, -INFINITY, 1e-45f, -1e-45f, 1e-38f, 3e38f, -3e38f, 0.0f, -0.0f, 0.5f, -0.5f};
     for (int32_t i = 0; i < in; i++) {
-        float v = (float)((int32_t)(next() % 20001) - 10000) / 1000.0f;
+        float v = (float)((int32_t)(harness_rand() % 20001) - 10000) / 1000.0f;
         switch (kind) {
         case 0: x[i] = v; break;                                       /* plain */
         case 1: x[i] = 0.0f; break;                                    /* all zero: q = 0, d = 0 */
-        case 2: x[i] = i % 7 == 0 ? specials[next() % 12] : v; break;  /* specials among plain values */
+        case 2: x[i] = i % 7 == 0 ? specials[harness_rand() % 12] : v; break;  /* specials among plain values */
         case 3: x[i] = i % 3 == 0 ? 1e-45f : 0.0f; break;              /* amax subnormal: 127 / amax is inf */
         case 4: x[i] = (float)(i % 255 - 127) / 127.0f * 2.5f; break;  /* codes land on every value, ties included */
         default: x[i] = v * 1e30f; break;                              /* near the top of fp32 */
@@ -227,7 +227,7 @@ static void check_matmul(void) {
                 for (int32_t ti = 0; ti < 3 && ok; ti++) {
                     const int32_t T = Ts[ti];
                     for (int32_t t = 0; t < T; t++) special_row(x + (size_t)t * in, in, t % 5 == 1 ? 4 : t % 5 == 2 ? 2 : 0);
-                    for (int32_t i = 0; i < T * rows; i++) y0[i] = (float)((int32_t)(next() % 2001) - 1000) / 100.0f;
+                    for (int32_t i = 0; i < T * rows; i++) y0[i] = (float)((int32_t)(harness_rand() % 2001) - 1000) / 100.0f;
                     for (int32_t t = 0; t < T; t++) lsq_quantize_row_ref(q + (size_t)t * in, &d[t], x + (size_t)t * in, in);
                     for (int32_t simd = LS_SIMD_PORTABLE; simd <= LS_SIMD_AVX512 && ok; simd++) {
                         if (!path_available(simd)) continue;
