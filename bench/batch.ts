@@ -12,32 +12,28 @@
 // The model is the benchmark shape (src/cli/bench/models.ts) unless --dim names
 // another width (heads of 64, ffn 8/3 of dim, GPT-2 vocabulary) or --model
 // a model file (a quantized one, say).
-import { parseArgs } from "node:util";
 import { kernelLibrary } from "../src/cli/bench/engine.ts";
 import { benchModel, promptOf } from "../src/cli/bench/models.ts";
 import { median, printTable, type Row } from "../src/cli/bench/table.ts";
 import { type BatchRow, NativeModel, type NativeSession } from "../src/engine/binding.ts";
 import { GREEDY } from "../src/engine/types.ts";
+import { benchOptions, positiveInt, positiveInts, THREADS_AND_ROUNDS } from "./options.ts";
 import { writeJson } from "./report.ts";
 
 const PROMPT = 64;
 
-const { values } = parseArgs({
-  options: {
-    lib: { type: "string" },
-    threads: { type: "string", default: "2" },
-    rows: { type: "string", default: "1,8,16,64" },
-    loops: { type: "string", default: "8" },
-    steps: { type: "string", default: "32" },
-    rounds: { type: "string", default: "3" },
-    dim: { type: "string" },
-    model: { type: "string" },
-  },
+const values = benchOptions({
+  lib: { type: "string" },
+  ...THREADS_AND_ROUNDS,
+  rows: { type: "string", default: "1,8,16,64" },
+  loops: { type: "string", default: "8" },
+  steps: { type: "string", default: "32" },
+  dim: { type: "string" },
+  model: { type: "string" },
 });
-const ints = (s: string) => s.split(",").map((x) => Number.parseInt(x, 10));
 const lib = values.lib ?? kernelLibrary();
-const [threads, loops, steps, rounds] = [values.threads, values.loops, values.steps, values.rounds].map((s) => ints(s)[0]);
-const dim = values.dim ? ints(values.dim)[0] : undefined;
+const [threads, loops, steps, rounds] = (["threads", "loops", "steps", "rounds"] as const).map((name) => positiveInt(name, values[name]));
+const dim = values.dim ? positiveInt("dim", values.dim) : undefined;
 const modelPath = values.model ?? (await benchModel(dim ? { dim, nHeads: dim / 64, nKvHeads: dim / 64, ffnDim: Math.round((dim * 8) / 3 / 64) * 64 } : {}));
 
 const model = NativeModel.load(lib, modelPath, threads, "auto");
@@ -77,7 +73,7 @@ function decode(n: number, batched: boolean): { seconds: number; tokens: number[
 }
 
 const table: Row[] = [];
-for (const n of ints(values.rows)) {
+for (const n of positiveInts("rows", values.rows)) {
   const times: Record<"batched" | "turns", number[]> = { batched: [], turns: [] };
   decode(n, true); // warm-up: scratch, caches, clocks
   for (let r = 0; r < rounds; r++) {

@@ -28,6 +28,7 @@ import { type ExitPlan, GREEDY } from "../src/engine/types.ts";
 import { importHfCheckpoint } from "../src/model/import_hf.ts";
 import { readSafetensors } from "../src/model/safetensors.ts";
 import { type HfFixtureOptions, OURO_1_4B, writeHfFixture } from "../test/helpers/hf_fixture.ts";
+import { logSoftmax } from "../test/reference/forward.ts";
 
 function flag(name: string, dflt: string): string {
   const i = process.argv.indexOf(name);
@@ -121,12 +122,7 @@ function teacherForced(m: NativeModel, steps: number, tokens: number[], kv: KvCa
     s.forward(Int32Array.from(PROMPT), steps, null, 0);
     return tokens.map((t) => {
       s.forward(Int32Array.of(t), steps, logits, 1);
-      let max = -Infinity;
-      for (const v of logits) max = Math.max(max, v);
-      let sum = 0;
-      for (const v of logits) sum += Math.exp(v - max);
-      const lse = max + Math.log(sum);
-      return Float64Array.from(logits, (v) => v - lse);
+      return logSoftmax(logits);
     });
   } finally {
     s.close();

@@ -20,28 +20,23 @@
 import { mkdirSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { parseArgs } from "node:util";
 import { formatTable, median, type Row } from "../src/cli/bench/table.ts";
 import { writeSyntheticModel } from "../src/model/synthetic.ts";
 import { parsePrometheusText, sampleValue } from "../test/scheduler/prom_text.ts";
 import { startServer, type TestServer } from "../test/helpers/server.ts";
+import { benchOptions, positiveInt, positiveInts } from "./options.ts";
 import { writeJson } from "./report.ts";
 
-const { values } = parseArgs({
-  args: process.argv.slice(2),
-  options: {
-    clients: { type: "string", default: "64,256" },
-    tokens: { type: "string", default: "128" },
-    rounds: { type: "string", default: "3" },
-    quick: { type: "boolean", default: false },
-    pipeline: { type: "boolean", default: false },
-  },
-  strict: true,
+const values = benchOptions({
+  clients: { type: "string", default: "64,256" },
+  tokens: { type: "string", default: "128" },
+  rounds: { type: "string", default: "3" },
+  quick: { type: "boolean", default: false },
+  pipeline: { type: "boolean", default: false },
 });
-const list = (s: string) => s.split(",").map((x) => Number(x.trim()));
-const CLIENTS = values.quick ? [256] : list(values.clients);
-const TOKENS = Number(values.tokens);
-const ROUNDS = values.quick ? 1 : Number(values.rounds);
+const CLIENTS = values.quick ? [256] : positiveInts("clients", values.clients);
+const TOKENS = positiveInt("tokens", values.tokens);
+const ROUNDS = values.quick ? 1 : positiveInt("rounds", values.rounds);
 const REQUESTS_PER_CLIENT = 2;
 
 interface Route {

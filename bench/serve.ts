@@ -37,7 +37,6 @@
 import { spawnSync } from "node:child_process";
 import { copyFileSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
-import { parseArgs } from "node:util";
 import { benchModel } from "../src/cli/bench/models.ts";
 import { formatTable, median, type Row } from "../src/cli/bench/table.ts";
 import { CUDA_LIBRARY_NAME } from "../src/engine/library.ts";
@@ -45,24 +44,20 @@ import { parseModelConfig } from "../src/model/format.ts";
 import { readSafetensors } from "../src/model/safetensors.ts";
 import { TRAINED_MODEL_PATH } from "../src/model/trained.ts";
 import { startServer, type TestServer } from "../test/helpers/server.ts";
+import { benchOptions, positiveInt, positiveInts, THREADS_AND_ROUNDS } from "./options.ts";
 import { quantizedPath } from "./quant.ts";
 import { writeJson } from "./report.ts";
 
-const { values } = parseArgs({
-  args: process.argv.slice(2),
-  options: {
-    concurrency: { type: "string", default: "1,4,8,16" },
-    tokens: { type: "string", default: "64,256" },
-    formats: { type: "string", default: "fp16,int4" },
-    rounds: { type: "string", default: "3" },
-    threads: { type: "string", default: "2" },
-    quick: { type: "boolean", default: false },
-    peer: { type: "boolean", default: false },
-    "prefill-chunk": { type: "string" },
-    pipeline: { type: "boolean", default: false },
-    gpu: { type: "boolean", default: false },
-  },
-  strict: true,
+const values = benchOptions({
+  concurrency: { type: "string", default: "1,4,8,16" },
+  tokens: { type: "string", default: "64,256" },
+  formats: { type: "string", default: "fp16,int4" },
+  ...THREADS_AND_ROUNDS,
+  quick: { type: "boolean", default: false },
+  peer: { type: "boolean", default: false },
+  "prefill-chunk": { type: "string" },
+  pipeline: { type: "boolean", default: false },
+  gpu: { type: "boolean", default: false },
 });
 const GPU = values.gpu;
 /** The GPU's name (nvidia-smi) with --gpu. */
@@ -72,9 +67,8 @@ if (GPU && !GPU_NAME) {
   process.exit(2);
 }
 
-const list = (s: string) => s.split(",").map((x) => Number(x.trim()));
-const CONCURRENCY = values.quick ? [1, 8] : GPU ? [1, 8, 64, 256] : list(values.concurrency);
-const TOKENS = values.quick ? [64] : GPU ? [128, 512] : list(values.tokens);
+const CONCURRENCY = values.quick ? [1, 8] : GPU ? [1, 8, 64, 256] : positiveInts("concurrency", values.concurrency);
+const TOKENS = values.quick ? [64] : GPU ? [128, 512] : positiveInts("tokens", values.tokens);
 type Format = "fp16" | "int4";
 const isFormat = (f: string): f is Format => f === "fp16" || f === "int4";
 const FORMAT_NAMES = values.formats.split(",").map((f) => f.trim());
@@ -83,7 +77,7 @@ if (unknownFormat !== undefined) {
   console.error(`bench:serve: unknown format ${unknownFormat} in --formats; choose from fp16, int4`);
   process.exit(2);
 }
-const ROUNDS = values.quick || GPU ? 1 : Number(values.rounds);
+const ROUNDS = values.quick || GPU ? 1 : positiveInt("rounds", values.rounds);
 const THREADS = values.threads;
 /** SERVICE_PREFILL_CHUNK for loopserve, when given (else the server's default). */
 const PREFILL_CHUNK: Record<string, string> = values["prefill-chunk"] ? { SERVICE_PREFILL_CHUNK: values["prefill-chunk"] } : {};

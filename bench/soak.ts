@@ -20,35 +20,22 @@
 //   bun run soak -- --requests 300     a short one, for development
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { parseArgs } from "node:util";
 import { readSafetensors } from "../src/model/safetensors.ts";
 import { TRAINED_MODEL_PATH } from "../src/model/trained.ts";
 import { parsePrometheusText, sampleValue } from "../test/scheduler/prom_text.ts";
 import { describeCounters, identityHolds, type RequestCounters, settledRequestCounters } from "../test/helpers/request_counters.ts";
 import { startServer, type TestServer } from "../test/helpers/server.ts";
 import { formatTable, type Row } from "../src/cli/bench/table.ts";
+import { benchOptions, positiveInt } from "./options.ts";
 import { writeJson } from "./report.ts";
 
 // ---- settings ----
 
-const { values } = parseArgs({
-  args: process.argv.slice(2),
-  options: {
-    requests: { type: "string", default: "5000" },
-    concurrency: { type: "string", default: "6" },
-    seed: { type: "string", default: "1" },
-  },
-  strict: true,
+const values = benchOptions({
+  requests: { type: "string", default: "5000" },
+  concurrency: { type: "string", default: "6" },
+  seed: { type: "string", default: "1" },
 });
-
-function positiveInt(name: string, raw: string): number {
-  const n = Number(raw);
-  if (!Number.isSafeInteger(n) || n < 1) {
-    console.error(`--${name} must be a positive integer, got ${raw}`);
-    process.exit(2);
-  }
-  return n;
-}
 
 const REQUESTS = positiveInt("requests", values.requests);
 const CONCURRENCY = positiveInt("concurrency", values.concurrency);

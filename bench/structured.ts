@@ -16,7 +16,6 @@
 // tokens per second of each and their ratio. The model is the dim-2048 shape
 // (`loopserve model new --dim 2048 --heads 16 --kv-heads 4 --ffn 5632
 // --loops 8`, GPT-2's vocabulary) unless --model names a file.
-import { parseArgs } from "node:util";
 import { join } from "node:path";
 import { benchModel, promptOf } from "../src/cli/bench/models.ts";
 import { median, printTable, type Row } from "../src/cli/bench/table.ts";
@@ -27,21 +26,18 @@ import { FormatCompiler } from "../src/grammar/formats.ts";
 import { grammarVocabulary } from "../src/grammar/vocabulary.ts";
 import { Tokenizer } from "../src/tokenizer/tokenizer.ts";
 import suite from "../test/grammar/jsonschemabench.json" with { type: "json" };
+import { benchOptions, positiveInt, positiveInts, THREADS_AND_ROUNDS } from "./options.ts";
 import { writeJson } from "./report.ts";
 
-const { values } = parseArgs({
-  options: {
-    model: { type: "string" },
-    rows: { type: "string", default: "1,64" },
-    tokens: { type: "string", default: "24" },
-    rounds: { type: "string", default: "3" },
-    threads: { type: "string", default: "2" },
-    pipelined: { type: "boolean", default: false },
-    "compile-only": { type: "boolean", default: false },
-  },
+const values = benchOptions({
+  model: { type: "string" },
+  rows: { type: "string", default: "1,64" },
+  tokens: { type: "string", default: "24" },
+  ...THREADS_AND_ROUNDS,
+  pipelined: { type: "boolean", default: false },
+  "compile-only": { type: "boolean", default: false },
 });
-const ints = (s: string) => s.split(",").map((x) => Number.parseInt(x, 10));
-const [tokens, rounds, threads] = [values.tokens, values.rounds, values.threads].map((s) => ints(s)[0]);
+const [tokens, rounds, threads] = (["tokens", "rounds", "threads"] as const).map((name) => positiveInt(name, values[name]));
 const EOT = 50256;
 const PROMPT = 32;
 
@@ -130,7 +126,7 @@ if (!values["compile-only"]) {
     perRequest[withFormat ? "schema" : "free"].push(...results.map((r) => r.tokens.length));
     return decoded / ((performance.now() - firstAt) / 1000);
   };
-  for (const n of ints(values.rows)) {
+  for (const n of positiveInts("rows", values.rows)) {
     const plain: number[] = [];
     const masked: number[] = [];
     for (let r = 0; r < rounds; r++) {

@@ -81,6 +81,13 @@ static int check_range(const char *field, int32_t v, int32_t lo, int32_t hi, cha
 
 // The dimensions every kernel relies on: ranges that keep sizes far from
 // overflow, and the divisibility the head and group layouts need.
+/* The settings ls_model_info reports as the config gives them (head_dim,
+ * n_layers and embed_scale are reported with their defaults applied). */
+#define LS_CONFIG_AS_GIVEN(X)                                                                                       \
+    X(dim) X(n_heads) X(n_kv_heads) X(ffn_dim) X(vocab_size) X(default_loops) X(max_seq_len) X(rope_theta)           \
+    X(norm_eps) X(quant) X(group_size) X(head_bits) X(head_group) X(sandwich_norm) X(step_norm) X(n_prelude)         \
+    X(n_coda) X(injection) X(state_std) X(mid_norm) X(rope_interleaved) X(qk_bias)
+
 static int check_config(const ls_model_config *c, ls_model_info *info, char *err, int32_t err_len) {
     if (check_range("dim", c->dim, 1, LS_MAX_DIM, err, err_len) != 0 ||
         check_range("n_heads", c->n_heads, 1, LS_MAX_HEADS, err, err_len) != 0 ||
@@ -164,32 +171,13 @@ static int check_config(const ls_model_config *c, ls_model_info *info, char *err
         return -1;
     }
     memset(info, 0, sizeof *info);
-    info->dim = c->dim;
-    info->n_heads = c->n_heads;
-    info->n_kv_heads = c->n_kv_heads;
-    info->head_dim = head_dim;
-    info->ffn_dim = c->ffn_dim;
-    info->vocab_size = c->vocab_size;
-    info->default_loops = c->default_loops;
-    info->max_seq_len = c->max_seq_len;
-    info->rope_theta = c->rope_theta;
-    info->norm_eps = c->norm_eps;
-    info->quant = c->quant;
-    info->group_size = G;
-    info->head_bits = c->head_bits;
-    info->head_group = c->head_group;
+#define LS_COPY_(field) info->field = c->field;
+    LS_CONFIG_AS_GIVEN(LS_COPY_)
+#undef LS_COPY_
     memcpy(info->block_bits, c->block_bits, sizeof info->block_bits);
+    info->head_dim = head_dim;
     info->n_layers = n_layers;
-    info->sandwich_norm = c->sandwich_norm;
-    info->step_norm = c->step_norm;
-    info->n_prelude = c->n_prelude;
-    info->n_coda = c->n_coda;
-    info->injection = c->injection;
     info->embed_scale = embed_scale;
-    info->state_std = c->state_std;
-    info->mid_norm = c->mid_norm;
-    info->rope_interleaved = c->rope_interleaved;
-    info->qk_bias = c->qk_bias;
     return 0;
 }
 

@@ -117,23 +117,15 @@ static int32_t release_masks(ls_pipeline *st) {
     return LS_OK;
 }
 
-int32_t ls_pipeline_masks_ready(ls_model *m) {
+/* Releases the begun step's masks and, with `wait`, waits for the step and
+ * returns its result; LS_ERR_STATE when nothing was begun. */
+static int32_t release(ls_model *m, int wait) {
     if (m == NULL) return LS_ERR_ARG;
     ls_pipeline *st = m->pipeline;
     if (st == NULL) return LS_ERR_STATE;
     pthread_mutex_lock(&st->mu);
     int32_t rc = release_masks(st);
-    pthread_mutex_unlock(&st->mu);
-    return rc;
-}
-
-int32_t ls_pipeline_end(ls_model *m) {
-    if (m == NULL) return LS_ERR_ARG;
-    ls_pipeline *st = m->pipeline;
-    if (st == NULL) return LS_ERR_STATE;
-    pthread_mutex_lock(&st->mu);
-    int32_t rc = release_masks(st); /* nothing was begun: LS_ERR_STATE */
-    if (rc == LS_OK) {
+    if (rc == LS_OK && wait) {
         while (st->state != DONE) pthread_cond_wait(&st->cv, &st->mu);
         rc = st->rc;
         st->state = IDLE;
@@ -141,6 +133,10 @@ int32_t ls_pipeline_end(ls_model *m) {
     pthread_mutex_unlock(&st->mu);
     return rc;
 }
+
+int32_t ls_pipeline_masks_ready(ls_model *m) { return release(m, 0); }
+
+int32_t ls_pipeline_end(ls_model *m) { return release(m, 1); }
 
 void ls_pipeline_free(ls_model *m) {
     ls_pipeline *st = m->pipeline;

@@ -53,126 +53,47 @@ export interface ServiceMetricsOptions {
 
 export class ServiceMetrics {
   readonly registry = new Registry();
+  // Each series is registered as its field is initialized: /metrics lists them in this order.
 
   // ---- gauges ----
-  readonly maxSeqLen: Gauge;
-  readonly defaultLoops: Gauge;
-  readonly upTimestampSeconds: Gauge;
-  readonly queueDepth: Gauge; // requests in state queued
-  readonly requestsInFlight: Gauge; // requests in state running (up to SERVICE_MAX_BATCH)
-  readonly kvCacheBudgetBytes: Gauge; // SERVICE_KV_CACHE_MB
-  readonly kvCacheBytesInUse: Gauge; // reserved for the running requests' caches
-  readonly kvCacheBytesAllocated: Gauge; // what their caches hold now, read at each scrape
+  readonly maxSeqLen = this.gauge("service_max_seq_len", "Maximum prompt plus generated length, in tokens (SERVICE_MAX_SEQ_LEN).");
+  readonly defaultLoops = this.gauge("service_default_loops", "Default loop depth of the loaded model.");
+  readonly upTimestampSeconds = this.gauge("service_up_timestamp_seconds", "Unix time in seconds at which the service started.");
+  /** Requests in state queued. */
+  readonly queueDepth = this.gauge("service_queue_depth", "Requests waiting in the scheduler queue.");
+  /** Requests in state running (up to SERVICE_MAX_BATCH). */
+  readonly requestsInFlight = this.gauge("service_requests_in_flight", "Requests currently running on the engine (batched together).");
+  readonly kvCacheBudgetBytes = this.gauge("service_kv_cache_budget_bytes", "Bytes the running requests' key/value caches may take together (SERVICE_KV_CACHE_MB).");
+  /** Reserved for the running requests' caches. */
+  readonly kvCacheBytesInUse = this.gauge("service_kv_cache_bytes_in_use", "Bytes of key/value cache reserved for the running requests (each its most: prompt plus max_tokens), counted against the budget.");
   private kvAllocatedSource: () => number = () => 0;
+  /** What their caches hold now, read at each scrape. */
+  readonly kvCacheBytesAllocated = this.gauge("service_kv_cache_bytes_allocated", "Bytes of key/value cache the running requests' sessions hold now (allocated as positions arrive).", () => this.kvAllocatedSource());
 
   // ---- counters (names end in _total as the documented series do; prom-client
   // adds no suffix in the Prometheus text format) ----
-  readonly submitted: Counter;
-  readonly rejected: Counter;
-  readonly completed: Counter;
-  readonly errored: Counter;
-  readonly cancelled: Counter;
-  readonly prefixPoolHits: Counter;
-  readonly specDraftTokens: Counter;
-  readonly specAcceptedTokens: Counter;
-  readonly generatedTokens: Counter;
-  readonly promptTokensRun: Counter;
-  readonly engineStepSeconds: Counter;
-  readonly bodyTimeouts: Counter;
+  readonly submitted = this.counter("service_requests_submitted_total", "Requests submitted to the scheduler.");
+  readonly rejected = this.counter("service_requests_rejected_total", "Requests refused with 503: queue full, latency target unattainable, or shutting down.");
+  readonly completed = this.counter("service_requests_completed_total", "Requests that finished generating.");
+  readonly errored = this.counter("service_requests_errored_total", "Requests that failed with an engine error.");
+  readonly cancelled = this.counter("service_requests_cancelled_total", "Requests cancelled by the client, queued or running.");
+  readonly prefixPoolHits = this.counter("service_prefix_pool_hits_total", "Requests that reused a pooled key/value prefix instead of prefilling it.");
+  readonly specDraftTokens = this.counter("service_spec_draft_tokens_total", "Tokens proposed by speculative draft passes.");
+  readonly specAcceptedTokens = this.counter("service_spec_accepted_tokens_total", "Draft tokens accepted by speculative verify passes.");
+  readonly generatedTokens = this.counter("service_generated_tokens_total", "Tokens sampled by batched engine steps (speculative cycles not included).");
+  readonly engineStepSeconds = this.counter("service_engine_step_seconds_total", "Seconds the batched kernel steps took. Without pipelined steps the event loop waits for each, so process CPU time beyond this is the server's own work (HTTP, streams, text, scheduling); pipelined, a step counts from its begin to its end.");
+  readonly promptTokensRun = this.counter("service_prompt_tokens_total", "Prompt tokens run through the model by batched engine steps (pooled prefixes not included).");
+  readonly bodyTimeouts = this.counter("service_request_body_timeouts_total", "Requests whose body stalled for SERVICE_BODY_TIMEOUT_MS: answered 408, connection closed.");
 
   // ---- histograms (milliseconds; see the file header for each interval) ----
-  readonly queueWaitMs: Histogram;
-  readonly dispatchMs: Histogram;
-  readonly firstTokenMs: Histogram;
-  readonly requestWallMs: Histogram;
-  readonly batchRows: Histogram;
-  readonly exitSteps: Histogram;
+  readonly queueWaitMs = this.histogram("service_queue_wait_ms", "Milliseconds from submission to leaving the queue to run.", LATENCY_BUCKETS_MS);
+  readonly dispatchMs = this.histogram("service_dispatch_ms", "Milliseconds from leaving the queue to the engine's first step (admission/dispatch overhead).", DISPATCH_BUCKETS_MS);
+  readonly firstTokenMs = this.histogram("service_first_token_ms", "Milliseconds from submission to the first generated token.", LATENCY_BUCKETS_MS);
+  readonly requestWallMs = this.histogram("service_request_wall_ms", "Milliseconds from submission to the result of a completed request.", LATENCY_BUCKETS_MS);
+  readonly batchRows = this.histogram("service_batch_rows", "Requests advanced by each batched kernel call.", BATCH_ROWS_BUCKETS);
+  readonly exitSteps = this.histogram("service_exit_steps", "Steps each generated token of an early-exit request ran before its exit gate stopped it (exit_threshold).", EXIT_STEPS_BUCKETS);
 
   constructor(opts: ServiceMetricsOptions) {
-    const registers = [this.registry];
-    const gauge = (name: string, help: string) => new Gauge({ name, help, registers });
-    const counter = (name: string, help: string) => new Counter({ name, help, registers });
-    const histogram = (name: string, help: string, buckets: readonly number[]) =>
-      new Histogram({ name, help, buckets: [...buckets], registers });
-
-    this.maxSeqLen = gauge("service_max_seq_len", "Maximum prompt plus generated length, in tokens (SERVICE_MAX_SEQ_LEN).");
-    this.defaultLoops = gauge("service_default_loops", "Default loop depth of the loaded model.");
-    this.upTimestampSeconds = gauge("service_up_timestamp_seconds", "Unix time in seconds at which the service started.");
-    this.queueDepth = gauge("service_queue_depth", "Requests waiting in the scheduler queue.");
-    this.requestsInFlight = gauge("service_requests_in_flight", "Requests currently running on the engine (batched together).");
-    this.kvCacheBudgetBytes = gauge("service_kv_cache_budget_bytes", "Bytes the running requests' key/value caches may take together (SERVICE_KV_CACHE_MB).");
-    this.kvCacheBytesInUse = gauge(
-      "service_kv_cache_bytes_in_use",
-      "Bytes of key/value cache reserved for the running requests (each its most: prompt plus max_tokens), counted against the budget.",
-    );
-    const allocated = () => this.kvAllocatedSource();
-    this.kvCacheBytesAllocated = new Gauge({
-      name: "service_kv_cache_bytes_allocated",
-      help: "Bytes of key/value cache the running requests' sessions hold now (allocated as positions arrive).",
-      registers,
-      collect() {
-        this.set(allocated());
-      },
-    });
-
-    this.submitted = counter("service_requests_submitted_total", "Requests submitted to the scheduler.");
-    this.rejected = counter(
-      "service_requests_rejected_total",
-      "Requests refused with 503: queue full, latency target unattainable, or shutting down.",
-    );
-    this.completed = counter("service_requests_completed_total", "Requests that finished generating.");
-    this.errored = counter("service_requests_errored_total", "Requests that failed with an engine error.");
-    this.cancelled = counter("service_requests_cancelled_total", "Requests cancelled by the client, queued or running.");
-    this.prefixPoolHits = counter(
-      "service_prefix_pool_hits_total",
-      "Requests that reused a pooled key/value prefix instead of prefilling it.",
-    );
-    this.specDraftTokens = counter("service_spec_draft_tokens_total", "Tokens proposed by speculative draft passes.");
-    this.specAcceptedTokens = counter(
-      "service_spec_accepted_tokens_total",
-      "Draft tokens accepted by speculative verify passes.",
-    );
-
-    this.generatedTokens = counter("service_generated_tokens_total", "Tokens sampled by batched engine steps (speculative cycles not included).");
-    this.engineStepSeconds = counter(
-      "service_engine_step_seconds_total",
-      "Seconds the batched kernel steps took. Without pipelined steps the event loop waits for each, so process CPU time beyond this is the server's own work (HTTP, streams, text, scheduling); pipelined, a step counts from its begin to its end.",
-    );
-    this.promptTokensRun = counter("service_prompt_tokens_total", "Prompt tokens run through the model by batched engine steps (pooled prefixes not included).");
-
-    this.bodyTimeouts = counter(
-      "service_request_body_timeouts_total",
-      "Requests whose body stalled for SERVICE_BODY_TIMEOUT_MS: answered 408, connection closed.",
-    );
-
-    this.queueWaitMs = histogram(
-      "service_queue_wait_ms",
-      "Milliseconds from submission to leaving the queue to run.",
-      LATENCY_BUCKETS_MS,
-    );
-    this.dispatchMs = histogram(
-      "service_dispatch_ms",
-      "Milliseconds from leaving the queue to the engine's first step (admission/dispatch overhead).",
-      DISPATCH_BUCKETS_MS,
-    );
-    this.firstTokenMs = histogram(
-      "service_first_token_ms",
-      "Milliseconds from submission to the first generated token.",
-      LATENCY_BUCKETS_MS,
-    );
-    this.requestWallMs = histogram(
-      "service_request_wall_ms",
-      "Milliseconds from submission to the result of a completed request.",
-      LATENCY_BUCKETS_MS,
-    );
-
-    this.batchRows = histogram("service_batch_rows", "Requests advanced by each batched kernel call.", BATCH_ROWS_BUCKETS);
-    this.exitSteps = histogram(
-      "service_exit_steps",
-      "Steps each generated token of an early-exit request ran before its exit gate stopped it (exit_threshold).",
-      EXIT_STEPS_BUCKETS,
-    );
-
     this.maxSeqLen.set(opts.maxSeqLen);
     this.defaultLoops.set(opts.defaultLoops);
     this.upTimestampSeconds.set(opts.upTimestampSeconds ?? Date.now() / 1000);
@@ -182,6 +103,20 @@ export class ServiceMetrics {
     this.kvCacheBytesInUse.set(0);
 
     if (opts.processMetrics ?? true) collectDefaultMetrics({ register: this.registry });
+  }
+
+  /** A gauge; with `read`, one set from it at each scrape. */
+  private gauge(name: string, help: string, read?: () => number): Gauge {
+    const sampled = read ? { collect: function (this: Gauge) { this.set(read()); } } : {};
+    return new Gauge({ name, help, registers: [this.registry], ...sampled });
+  }
+
+  private counter(name: string, help: string): Counter {
+    return new Counter({ name, help, registers: [this.registry] });
+  }
+
+  private histogram(name: string, help: string, buckets: readonly number[]): Histogram {
+    return new Histogram({ name, help, buckets: [...buckets], registers: [this.registry] });
   }
 
   /** Where service_kv_cache_bytes_allocated is read from at each scrape (the engine's running sessions). */

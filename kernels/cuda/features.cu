@@ -9,7 +9,8 @@
  * command line runs on the CPU library); quantized weights and stacks
  * come with their kernel families. Their entry points exist all the same,
  * so one binding opens either library; they answer LS_ERR_UNSUPPORTED
- * (ls_session_new refuses a compressed kv_mode with a message).
+ * (ls_session_new refuses a compressed kv_mode with a message), their
+ * parameters unnamed since they read none.
  */
 #include "cuda_internal.h"
 
@@ -35,30 +36,14 @@ extern "C" int32_t ls_features(void) {
     return (on & LS_CUDA_KERNELS_QUANT ? LS_FEATURE_QUANTIZED : 0) | (on & LS_CUDA_KERNELS_STACKS ? LS_FEATURE_STACKS : 0);
 }
 
-extern "C" void ls_model_set_profile(ls_model *m, int32_t on) {
-    (void)m;
-    (void)on;
-}
+extern "C" void ls_model_set_profile(ls_model *, int32_t) {}
 
-extern "C" int32_t ls_model_profile_read(ls_model *m, double *out, int32_t n, int32_t reset) {
-    (void)m;
-    (void)out;
-    (void)n;
-    (void)reset;
+extern "C" int32_t ls_model_profile_read(ls_model *, double *, int32_t, int32_t) {
     return LS_ERR_UNSUPPORTED;
 }
 
-extern "C" int32_t ls_spec_cycle_masked(ls_session *s, int32_t pending, const ls_spec_params *params,
-                                        ls_mask_fn mask_fn, void *mask_ctx, int32_t *out_tokens, int32_t *out_stats,
-                                        float *logits_out) {
-    (void)s;
-    (void)pending;
-    (void)params;
-    (void)mask_fn;
-    (void)mask_ctx;
-    (void)out_tokens;
-    (void)out_stats;
-    (void)logits_out;
+extern "C" int32_t ls_spec_cycle_masked(ls_session *, int32_t, const ls_spec_params *, ls_mask_fn, void *,
+                                        int32_t *, int32_t *, float *) {
     return LS_ERR_UNSUPPORTED;
 }
 
@@ -72,30 +57,18 @@ extern "C" int32_t ls_spec_cycle(ls_session *s, int32_t pending, const ls_spec_p
     return ls_spec_cycle_logits(s, pending, params, out_tokens, out_stats, NULL);
 }
 
-extern "C" ls_quantizer *ls_quantizer_new(int32_t n_threads, int32_t simd, char *err, int32_t err_len) {
-    (void)n_threads;
-    (void)simd;
+extern "C" ls_quantizer *ls_quantizer_new(int32_t, int32_t, char *err, int32_t err_len) {
     ls_set_error(err, err_len, "the CUDA library has no weight quantizer (LS_FEATURE_QUANTIZE); use libloopserve.so");
     return NULL;
 }
 
-extern "C" void ls_quantizer_free(ls_quantizer *q) { (void)q; }
+extern "C" void ls_quantizer_free(ls_quantizer *) {}
 
-extern "C" int32_t ls_quantizer_simd(const ls_quantizer *q) {
-    (void)q;
+extern "C" int32_t ls_quantizer_simd(const ls_quantizer *) {
     return LS_ERR_UNSUPPORTED;
 }
 
-extern "C" int32_t ls_quantize(ls_quantizer *q, const ls_quantize_params *p, const void *src, int32_t rows,
-                               uint8_t *qweight, uint16_t *scales, uint16_t *zeros, char *err, int32_t err_len) {
-    (void)q;
-    (void)p;
-    (void)src;
-    (void)rows;
-    (void)qweight;
-    (void)scales;
-    (void)zeros;
-    (void)err;
-    (void)err_len;
+extern "C" int32_t ls_quantize(ls_quantizer *, const ls_quantize_params *, const void *, int32_t,
+                               uint8_t *, uint16_t *, uint16_t *, char *, int32_t) {
     return LS_ERR_UNSUPPORTED;
 }

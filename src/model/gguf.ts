@@ -114,30 +114,26 @@ class ByteWriter {
     this.buf = next;
     this.view = new DataView(next.buffer);
   }
+  /** Appends `width` bytes that `write` puts at the given offset. */
+  private put(width: number, write: (view: DataView, at: number) => void): void {
+    this.reserve(width);
+    write(this.view, this.length);
+    this.length += width;
+  }
   u8(v: number): void {
-    this.reserve(1);
-    this.view.setUint8(this.length, v);
-    this.length += 1;
+    this.put(1, (view, at) => view.setUint8(at, v));
   }
   u32(v: number): void {
-    this.reserve(4);
-    this.view.setUint32(this.length, v, true);
-    this.length += 4;
+    this.put(4, (view, at) => view.setUint32(at, v, true));
   }
   i32(v: number): void {
-    this.reserve(4);
-    this.view.setInt32(this.length, v, true);
-    this.length += 4;
+    this.put(4, (view, at) => view.setInt32(at, v, true));
   }
   f32(v: number): void {
-    this.reserve(4);
-    this.view.setFloat32(this.length, v, true);
-    this.length += 4;
+    this.put(4, (view, at) => view.setFloat32(at, v, true));
   }
   u64(v: number): void {
-    this.reserve(8);
-    this.view.setBigUint64(this.length, BigInt(v), true);
-    this.length += 8;
+    this.put(8, (view, at) => view.setBigUint64(at, BigInt(v), true));
   }
   bytes(b: Uint8Array): void {
     this.reserve(b.length);

@@ -248,6 +248,23 @@ export function checkAttention(r: ConfigReader, m: Pick<HfModelShape, "dim" | "n
  * threshold (docs/import-hf.md#exits). The published code ignores a step
  * outside [0, total_ut_steps); here that is refused, naming the key.
  */
+/**
+ * A Llama-like config's widths: the residual and query heads under the
+ * family's keys, num_key_value_heads (the query heads when absent), each
+ * head dim / heads wide, intermediate_size.
+ */
+export function llamaWidths(r: ConfigReader, dimKey: string, headsKey: string): Pick<HfModelShape, "dim" | "nHeads" | "nKvHeads" | "headDim" | "ffnDim"> {
+  const dim = r.int(dimKey, ...SETTING_RANGES.dim);
+  const nHeads = r.int(headsKey, ...SETTING_RANGES.nHeads);
+  return {
+    dim,
+    nHeads,
+    nKvHeads: r.int("num_key_value_heads", ...SETTING_RANGES.nKvHeads, nHeads),
+    headDim: dim / nHeads,
+    ffnDim: r.int("intermediate_size", ...SETTING_RANGES.ffnDim),
+  };
+}
+
 function ouroExit(r: ConfigReader, c: Record<string, unknown>, steps: number): Pick<HfModelShape, "defaultLoops" | "exitThreshold"> {
   const threshold = r.exitThreshold("early_exit_threshold");
   if (!r.has("early_exit_step")) return { defaultLoops: steps, exitThreshold: threshold };
@@ -259,14 +276,8 @@ function ouroExit(r: ConfigReader, c: Record<string, unknown>, steps: number): P
 
 /** Ouro's config.json, with OuroConfig's defaults for the keys it may leave out. */
 function ouroShape(r: ConfigReader, c: Record<string, unknown>): HfModelShape {
-  const dim = r.int("hidden_size", ...SETTING_RANGES.dim);
-  const nHeads = r.int("num_attention_heads", ...SETTING_RANGES.nHeads);
   const m: HfModelShape = {
-    dim,
-    nHeads,
-    nKvHeads: r.int("num_key_value_heads", ...SETTING_RANGES.nKvHeads, nHeads),
-    headDim: dim / nHeads,
-    ffnDim: r.int("intermediate_size", ...SETTING_RANGES.ffnDim),
+    ...llamaWidths(r, "hidden_size", "num_attention_heads"),
     vocabSize: r.int("vocab_size", ...SETTING_RANGES.vocabSize),
     nLayers: r.int("num_hidden_layers", ...SETTING_RANGES.nLayers),
     ...ouroExit(r, c, r.int("total_ut_steps", ...SETTING_RANGES.loops, 4)),

@@ -20,7 +20,7 @@
 
 import { LS_MAX_ROPE_THETA } from "../abi/abi.generated.ts";
 import { MAX_LAYERS, SETTING_RANGES } from "./format.ts";
-import { type ConfigReader, checkAttention, type ExpectedTensor, type HfFamily, type HfModelShape } from "./hf_checkpoint.ts";
+import { type ConfigReader, checkAttention, type ExpectedTensor, type HfFamily, type HfModelShape, llamaWidths } from "./hf_checkpoint.ts";
 
 const ARCH = "RavenForCausalLM";
 
@@ -60,15 +60,9 @@ export const HUGINN: HfFamily = {
 
   shape(r: ConfigReader, c: Record<string, unknown>): HfModelShape {
     const dimKey = r.has("n_embd") ? "n_embd" : "hidden_size";
-    const dim = r.int(dimKey, ...SETTING_RANGES.dim);
     const headsKey = r.has("n_heads") ? "n_heads" : "num_attention_heads";
-    const nHeads = r.int(headsKey, ...SETTING_RANGES.nHeads);
     const m: HfModelShape = {
-      dim,
-      nHeads,
-      nKvHeads: r.int("num_key_value_heads", ...SETTING_RANGES.nKvHeads, nHeads),
-      headDim: dim / nHeads,
-      ffnDim: r.int("intermediate_size", ...SETTING_RANGES.ffnDim),
+      ...llamaWidths(r, dimKey, headsKey),
       vocabSize: r.int(r.has("padded_vocab_size") ? "padded_vocab_size" : "vocab_size", ...SETTING_RANGES.vocabSize),
       nLayers: r.int("n_layers_in_recurrent_block", ...SETTING_RANGES.nLayers),
       defaultLoops: r.int("mean_recurrence", ...SETTING_RANGES.loops, 32),
@@ -94,7 +88,7 @@ export const HUGINN: HfFamily = {
     for (const [key, value] of FIXED)
       if (r.has(key) && c[key] !== value) r.fail(`${key} must be ${JSON.stringify(value)} (as Huginn's), got ${JSON.stringify(c[key])}`);
     if (r.has("rope_scaling")) r.fail(`rope_scaling ${JSON.stringify(c.rope_scaling)} is not supported (plain RoPE only)`);
-    if (r.bool("qk_bias", true) && m.nKvHeads !== nHeads) r.fail(`qk_bias needs num_key_value_heads = ${headsKey} (the k bias has one row per query head)`);
+    if (r.bool("qk_bias", true) && m.nKvHeads !== m.nHeads) r.fail(`qk_bias needs num_key_value_heads = ${headsKey} (the k bias has one row per query head)`);
     return m;
   },
 

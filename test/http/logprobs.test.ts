@@ -29,6 +29,7 @@ import { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { jsonBody, sseEvents } from "../helpers/http.ts";
 import { ensureLibrary, LIB } from "../helpers/kernels.ts";
 import { startServer, type TestServer } from "../helpers/server.ts";
+import { logSoftmax } from "../reference/forward.ts";
 
 const TOLERANCE = 1e-4;
 const LOOPS = 8; // the trained model's default_loops
@@ -63,13 +64,7 @@ function referenceRows(tokens: number[], loops = LOOPS): Float64Array[] {
     const logits = new Float32Array(tokens.length * vocab);
     session.forward(Int32Array.from(tokens), loops, logits, tokens.length);
     return tokens.map((_, i) => {
-      const row = logits.subarray(i * vocab, (i + 1) * vocab);
-      let max = -Infinity;
-      for (const v of row) if (v > max) max = v;
-      let sum = 0;
-      for (const v of row) sum += Math.exp(v - max);
-      const lse = max + Math.log(sum);
-      return Float64Array.from(row, (v) => v - lse);
+      return logSoftmax(logits.subarray(i * vocab, (i + 1) * vocab));
     });
   } finally {
     session.close();

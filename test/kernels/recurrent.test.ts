@@ -20,8 +20,9 @@ import { quantizeModelFile, type WeightQuant } from "../../src/model/quantize.ts
 import type { SyntheticOptions } from "../../src/model/synthetic.ts";
 import { expectSameAsSolo, plans } from "../helpers/batch.ts";
 import { ensureLibrary, expectBitIdentical, feedInCalls, relErr, tokensFor, withModel, withSession } from "../helpers/kernels.ts";
+import { expectPositionsAsReference, expectSameTrace, nativeGreedy, referenceGreedy, withModelAndReference } from "../helpers/against_reference.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
-import { argmax, ReferenceModel } from "../reference/forward.ts";
+import { ReferenceModel } from "../reference/forward.ts";
 
 const VOCAB = 384;
 const TOL = 1e-3; // max|c - r| / max|r| against the float64 reference
@@ -38,19 +39,7 @@ beforeAll(ensureLibrary);
 
 /** Greedy decoding of n tokens after the prompt, one step per token; `exit` on every token but the first (the published Huginn code never exits a prompt's last position). */
 function decode(m: NativeModel, prompt: number[], loops: number, n: number, exit?: ExitPlan, kv?: KvCacheSettings) {
-  return withSession(m, prompt.length + n, loops, 0, (s) => {
-    const out = { tokens: [] as number[], logits: [] as Float32Array<ArrayBufferLike>[], steps: [] as number[] };
-    let feed = prompt;
-    while (out.tokens.length < n) {
-      const logits = new Float32Array(m.info.vocabSize);
-      const t = s.step(Int32Array.from(feed), loops, GREEDY, logits, out.tokens.length > 0 ? exit : undefined);
-      out.tokens.push(t);
-      out.logits.push(logits);
-      out.steps.push(s.lastSteps);
-      feed = [t];
-    }
-    return out;
-  }, kv);
+  return withSession(m, prompt.length + n, loops, 0, (s) => nativeGreedy(s, m.info.vocabSize, prompt, loops, n, (i) => (i > 0 ? exit : undefined)), kv);
 }
 
 /** The reference's greedy decoding, as decode. */
@@ -58,15 +47,7 @@ function referenceDecode(ref: ReferenceModel, prompt: number[], loops: number, n
   const s = ref.session(loops, { cacheSteps });
   let logits: Float32Array<ArrayBufferLike> = new Float32Array();
   for (const t of prompt) logits = s.feed(t);
-  const out = { tokens: [] as number[], logits: [] as Float32Array<ArrayBufferLike>[], steps: [] as number[] };
-  while (out.tokens.length < n) {
-    const t = argmax(logits);
-    out.tokens.push(t);
-    out.logits.push(logits);
-    out.steps.push(s.lastSteps);
-    if (out.tokens.length < n) logits = s.feed(t, exit);
-  }
-  return out;
+  return referenceGreedy(s, logits, n, exit);
 }
 
 /** Zero-shot rules and policies at thresholds where this random model's tokens exit at varied steps. */
@@ -80,32 +61,19 @@ const ZERO_SHOT: ExitPlan[] = (["exact", "copy"] as const).flatMap((policy): Exi
 describe("recurrent-depth models against the float64 reference", () => {
   for (const [name, opts] of FAMILIES)
     test(`${name}: every position's logits at steps 1-4 and 8, prompts fed in calls of any size`, () => {
-      const path = tinyModelPath(opts);
-      const ref = ReferenceModel.load(path);
-      const toks = tokensFor(VOCAB, 40, 3);
-      withModel(path, 2, "auto", (m) => {
+      withModelAndReference(opts, (m, ref) => {
         expect([m.info.nPrelude, m.info.nCoda, m.info.headDim]).toEqual([opts.nPrelude ?? 0, opts.nCoda ?? 0, opts.headDim ?? 16]);
-        for (const loops of [1, 2, 3, 4, 8]) {
-          const got = withSession(m, toks.length, loops, 0, (s) => feedInCalls(s, toks, loops, [1, 7, 32], VOCAB));
-          const rs = ref.session(loops);
-          toks.forEach((t, i) => expect(relErr(got[i], rs.feed(t)), `steps ${loops}, position ${i}`).toBeLessThan(TOL));
-        }
+        expectPositionsAsReference(m, ref, tokensFor(VOCAB, 40, 3), [1, 2, 3, 4, 8], TOL);
       });
     }, 120_000);
 
   test("greedy decoding with the zero-shot exit rules: tokens, exit steps and logits equal the reference's", () => {
-    const path = tinyModelPath(HUGINN_LIKE);
-    const ref = ReferenceModel.load(path);
     const prompt = tokensFor(VOCAB, 9, 4);
-    withModel(path, 2, "auto", (m) => {
+    withModelAndReference(HUGINN_LIKE, (m, ref) => {
       const seen = new Set<number>();
       for (const exit of [undefined, ...ZERO_SHOT]) {
         const got = decode(m, prompt, 6, 12, exit);
-        const want = referenceDecode(ref, prompt, 6, 12, exit);
-        const what = exit ? `${exit.rule} < ${exit.threshold}, ${exit.policy}` : "no exit";
-        expect(got.steps, what).toEqual(want.steps);
-        expect(got.tokens, what).toEqual(want.tokens);
-        got.logits.forEach((l, i) => expect(relErr(l, want.logits[i]), `${what}, token ${i}`).toBeLessThan(TOL));
+        expectSameTrace(got, referenceDecode(ref, prompt, 6, 12, exit), exit ? `${exit.rule} < ${exit.threshold}, ${exit.policy}` : "no exit", TOL);
         for (const s of got.steps) seen.add(s);
       }
       // the rules exit at several depths on this model: the test exercises real exits
@@ -279,10 +247,7 @@ describe("the bounded cache (cache_steps: the core's units share steps' caches)"
       for (const exit of ZERO_SHOT.filter((e) => e.policy === "copy")) {
         // a one-token prompt: the reference feeds a token at a time, which a longer prompt in one call is not under sharing
         const got = decode(m, [7], 6, 16, exit, { mode: "fp16", cacheSteps: 3 });
-        const want = referenceDecode(ref, [7], 6, 16, exit, 3);
-        expect(got.steps, JSON.stringify(exit)).toEqual(want.steps);
-        expect(got.tokens).toEqual(want.tokens);
-        got.logits.forEach((l, i) => expect(relErr(l, want.logits[i])).toBeLessThan(3 * TOL));
+        expectSameTrace(got, referenceDecode(ref, [7], 6, 16, exit, 3), JSON.stringify(exit), 3 * TOL);
         for (const s of got.steps) ran.add(s);
       }
     });

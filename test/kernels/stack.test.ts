@@ -17,8 +17,9 @@ import { type HeadQuant, type QuantMix, quantizeModelFile, type WeightQuant } fr
 import { readSafetensors, type TensorToWrite, writeSafetensors } from "../../src/model/safetensors.ts";
 import { expectSameAsSolo, plans } from "../helpers/batch.ts";
 import { ensureLibrary, feedInCalls, relErr, supportedPaths, tokensFor, withModel, withSession } from "../helpers/kernels.ts";
+import { expectPositionsAsReference, expectSameTrace, nativeGreedy, referenceGreedy, withModelAndReference } from "../helpers/against_reference.ts";
 import { testTempDir, tinyModelPath } from "../helpers/models.ts";
-import { argmax, ReferenceModel } from "../reference/forward.ts";
+import { ReferenceModel } from "../reference/forward.ts";
 
 const VOCAB = 384;
 const TOL = 1e-3; // max|c - r| / max|r| against the float64 reference
@@ -31,38 +32,14 @@ beforeAll(ensureLibrary);
 
 /** Greedy decoding of n tokens after the prompt, one step per token: tokens, their logits and the steps each ran. */
 function decode(m: NativeModel, prompt: number[], loops: number, n: number, exit?: ExitPlan, kv: KvCacheSettings = FP16_CACHE) {
-  const s = m.newSession(prompt.length + n, loops, 0, kv);
-  try {
-    const out = { tokens: [] as number[], logits: [] as Float32Array[], steps: [] as number[] };
-    let feed = prompt;
-    while (out.tokens.length < n) {
-      const logits = new Float32Array(m.info.vocabSize);
-      const t = s.step(Int32Array.from(feed), loops, GREEDY, logits, exit);
-      out.tokens.push(t);
-      out.logits.push(logits);
-      out.steps.push(s.lastSteps);
-      feed = [t];
-    }
-    return out;
-  } finally {
-    s.close();
-  }
+  return withSession(m, prompt.length + n, loops, 0, (s) => nativeGreedy(s, m.info.vocabSize, prompt, loops, n, () => exit), kv);
 }
 
 /** The reference's greedy decoding, as decode. */
 function referenceDecode(ref: ReferenceModel, prompt: number[], loops: number, n: number, exit?: ExitPlan, kv: KvCacheSettings = FP16_CACHE) {
   const s = ref.session(loops, { kvCacheMode: kv.mode, fp16AttnQkv: kv.fp16AttnQkv });
   for (const t of prompt.slice(0, -1)) s.feed(t);
-  const out = { tokens: [] as number[], logits: [] as Float32Array[], steps: [] as number[] };
-  let logits = s.feed(prompt[prompt.length - 1], exit);
-  while (out.tokens.length < n) {
-    const t = argmax(logits);
-    out.tokens.push(t);
-    out.logits.push(logits);
-    out.steps.push(s.lastSteps);
-    if (out.tokens.length < n) logits = s.feed(t, exit);
-  }
-  return out;
+  return referenceGreedy(s, s.feed(prompt[prompt.length - 1], exit), n, exit);
 }
 
 /** Depths and exit rules the decoding tests run: none, each policy at several thresholds (0: every token after one step). */
@@ -81,39 +58,21 @@ const EXIT_CASES: [number, ExitPlan | undefined][] = [
 describe("a stack against the float64 reference", () => {
   for (const [name, opts] of [["Ouro-like (sandwich, step norm, gate)", OURO_LIKE], ["plain two-layer stack", PLAIN_STACK]] as const) {
     test(`${name}: every position's logits at steps 1-4 and 8, prompts fed in calls of any size`, () => {
-      const path = tinyModelPath(opts);
-      const ref = ReferenceModel.load(path);
-      const toks = tokensFor(VOCAB, 40, 3);
-      withModel(path, 2, "auto", (m) => {
+      withModelAndReference(opts, (m, ref) => {
         expect(m.info.nLayers).toBe(opts.nLayers as number);
-        for (const loops of [1, 2, 3, 4, 8]) {
-          const s = m.newSession(toks.length, loops, 0);
-          try {
-            const got = feedInCalls(s, toks, loops, [1, 7, 32], VOCAB);
-            const rs = ref.session(loops);
-            toks.forEach((t, i) => expect(relErr(got[i], rs.feed(t)), `steps ${loops}, position ${i}`).toBeLessThan(TOL));
-          } finally {
-            s.close();
-          }
-        }
+        expectPositionsAsReference(m, ref, tokensFor(VOCAB, 40, 3), [1, 2, 3, 4, 8], TOL);
       });
     }, 120_000);
   }
 
   test("greedy decoding with and without early exit: tokens and the steps each ran equal the reference's", () => {
-    const path = tinyModelPath(OURO_LIKE);
-    const ref = ReferenceModel.load(path);
     const prompt = tokensFor(VOCAB, 12, 8);
-    withModel(path, 2, "auto", (m) => {
+    withModelAndReference(OURO_LIKE, (m, ref) => {
       expect(m.info.exitGate).toBe(true);
       const seen = new Set<number>();
       for (const [loops, exit] of EXIT_CASES) {
         const got = decode(m, prompt, loops, 16, exit);
-        const want = referenceDecode(ref, prompt, loops, 16, exit);
-        const what = `loops ${loops}, ${exit ? `${exit.policy} exit at ${exit.threshold}` : "no exit"}`;
-        expect(got.steps, what).toEqual(want.steps);
-        expect(got.tokens, what).toEqual(want.tokens);
-        got.logits.forEach((l, i) => expect(relErr(l, want.logits[i])).toBeLessThan(TOL));
+        expectSameTrace(got, referenceDecode(ref, prompt, loops, 16, exit), `loops ${loops}, ${exit ? `${exit.policy} exit at ${exit.threshold}` : "no exit"}`, TOL);
         for (const s of got.steps) seen.add(s);
         if (!exit) expect(new Set(got.steps)).toEqual(new Set([loops]));
       }
@@ -214,10 +173,7 @@ describe("a stack in every weight format and cache mode against the float64 refe
       for (const simd of supportedPaths(path))
         withModel(path, 2, simd, (m) => {
           const got = decode(m, prompt, loops, 16, exit, kv);
-          const what = `${simd}, loops ${loops}, ${exit ? `${exit.policy} exit at ${exit.threshold}` : "no exit"}`;
-          expect(got.steps, what).toEqual(want.steps);
-          expect(got.tokens, what).toEqual(want.tokens);
-          got.logits.forEach((l, i) => expect(relErr(l, want.logits[i])).toBeLessThan(TOL));
+          expectSameTrace(got, want, `${simd}, loops ${loops}, ${exit ? `${exit.policy} exit at ${exit.threshold}` : "no exit"}`, TOL);
         });
       for (const s of want.steps) seen.add(s);
     }

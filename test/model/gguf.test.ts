@@ -37,6 +37,21 @@ interface ParsedGguf {
   dataStart: number;
 }
 
+/** GGUF's fixed-width value types by number (8, the string, and 9, the array, are read apart): each one's width and reader. */
+const FIXED_WIDTH: Record<number, { width: number; at: (dv: DataView, at: number) => Value }> = {
+  0: { width: 1, at: (dv, at) => dv.getUint8(at) },
+  1: { width: 1, at: (dv, at) => dv.getInt8(at) },
+  2: { width: 2, at: (dv, at) => dv.getUint16(at, true) },
+  3: { width: 2, at: (dv, at) => dv.getInt16(at, true) },
+  4: { width: 4, at: (dv, at) => dv.getUint32(at, true) },
+  5: { width: 4, at: (dv, at) => dv.getInt32(at, true) },
+  6: { width: 4, at: (dv, at) => dv.getFloat32(at, true) },
+  7: { width: 1, at: (dv, at) => dv.getUint8(at) !== 0 },
+  10: { width: 8, at: (dv, at) => dv.getBigUint64(at, true) },
+  11: { width: 8, at: (dv, at) => dv.getBigInt64(at, true) },
+  12: { width: 8, at: (dv, at) => dv.getFloat64(at, true) },
+};
+
 function parseGguf(buf: Uint8Array): ParsedGguf {
   const dv = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
   const dec = new TextDecoder("utf-8", { fatal: true });
@@ -49,34 +64,11 @@ function parseGguf(buf: Uint8Array): ParsedGguf {
     return dec.decode(buf.subarray(p - n, p));
   };
   const scalar = (type: number): Value => {
-    switch (type) {
-      case 0:
-        return dv.getUint8(p++);
-      case 1:
-        return dv.getInt8(p++);
-      case 2:
-        return (p += 2), dv.getUint16(p - 2, true);
-      case 3:
-        return (p += 2), dv.getInt16(p - 2, true);
-      case 4:
-        return u32();
-      case 5:
-        return (p += 4), dv.getInt32(p - 4, true);
-      case 6:
-        return (p += 4), dv.getFloat32(p - 4, true);
-      case 7:
-        return dv.getUint8(p++) !== 0;
-      case 8:
-        return string();
-      case 10:
-        return (p += 8), dv.getBigUint64(p - 8, true);
-      case 11:
-        return (p += 8), dv.getBigInt64(p - 8, true);
-      case 12:
-        return (p += 8), dv.getFloat64(p - 8, true);
-      default:
-        throw new Error(`unknown GGUF value type ${type} at ${p}`);
-    }
+    if (type === 8) return string();
+    const read = FIXED_WIDTH[type];
+    if (read === undefined) throw new Error(`unknown GGUF value type ${type} at ${p}`);
+    p += read.width;
+    return read.at(dv, p - read.width);
   };
   const value = (type: number): Value => {
     if (type !== 9) return scalar(type);

@@ -157,6 +157,12 @@ function logSumExp(l: ArrayLike<number>): number {
   return mx + Math.log(sum);
 }
 
+/** log-softmax of l, float64: each entry's log-probability. */
+export function logSoftmax(l: ArrayLike<number>): Float64Array {
+  const lse = logSumExp(l);
+  return Float64Array.from(l, (v) => v - lse);
+}
+
 /** A zero-shot exit rule's state over a token's steps (kernels/loopserve.h): the previous step's distribution. */
 class ProbeState {
   private prev: Float32Array | null = null;

@@ -179,69 +179,81 @@ check_status bit_verdict(const ls_api *api, int32_t rc, const char *what, const 
     return ST_FAIL;
 }
 
-static check_status check_prefill(model_env *e, char *detail, size_t len, double *value) {
-    const ls_api *api = &e->ctx->cand;
-    const int32_t vocab = e->info.vocab_size, loops = check_depth(e);
+/* A check of the candidate against itself: a prompt, and the logits of the
+ * two ways that must agree bit for bit. */
+typedef struct {
+    const ls_api *api;
+    int32_t vocab;
     int32_t prompt[PROMPT_LEN];
-    prompt_of(prompt, PROMPT_LEN, vocab, 0);
-    float *whole = malloc((size_t)vocab * sizeof *whole), *steps = malloc((size_t)vocab * sizeof *steps);
-    int32_t rc = last_logits(api, e->cand, prompt, PROMPT_LEN, loops, 0, whole);
+    float *a, *b;
+} self_check;
+
+/* Its prompt (of `salt`) and logits rows: LS_OK, or LS_ERR_NOMEM. */
+static int32_t self_check_begin(self_check *c, const model_env *e, int32_t salt) {
+    c->api = &e->ctx->cand;
+    c->vocab = e->info.vocab_size;
+    prompt_of(c->prompt, PROMPT_LEN, c->vocab, salt);
+    c->a = malloc((size_t)c->vocab * sizeof *c->a);
+    c->b = malloc((size_t)c->vocab * sizeof *c->b);
+    return c->a && c->b ? LS_OK : LS_ERR_NOMEM;
+}
+
+/* Its verdict (a bit check measures no value); the rows freed. */
+static check_status self_check_end(self_check *c, int32_t rc, const char *what, const char *a_way, const char *b_way,
+                                   const char *covered, char *detail, size_t len, double *value) {
+    check_status st = bit_verdict(c->api, rc, what, c->a, a_way, c->b, b_way, c->vocab, covered, detail, len);
+    *value = NAN;
+    free(c->a);
+    free(c->b);
+    return st;
+}
+
+static check_status check_prefill(model_env *e, char *detail, size_t len, double *value) {
+    self_check c;
+    int32_t rc = self_check_begin(&c, e, 0);
+    const ls_api *api = c.api;
+    const int32_t loops = check_depth(e);
+    if (rc == LS_OK) rc = last_logits(api, e->cand, c.prompt, PROMPT_LEN, loops, 0, c.a);
     ls_session *s = rc == LS_OK ? api_session(api, e->cand, PROMPT_LEN, loops, 0) : NULL;
-    for (int32_t i = 0; s && rc == LS_OK && i < PROMPT_LEN; i++) rc = api->session_forward(s, prompt + i, 1, loops, steps, 1);
+    for (int32_t i = 0; s && rc == LS_OK && i < PROMPT_LEN; i++) rc = api->session_forward(s, c.prompt + i, 1, loops, c.b, 1);
     if (s) api->session_free(s);
     else if (rc == LS_OK) rc = LS_ERR_NOMEM;
     char covered[64];
     snprintf(covered, sizeof covered, "an %d-token prompt at loops %d", PROMPT_LEN, loops);
-    check_status st = bit_verdict(api, rc, "forward", whole, "in one call", steps, "token by token", vocab, covered, detail, len);
-    *value = NAN;
-    free(whole);
-    free(steps);
-    return st;
+    return self_check_end(&c, rc, "forward", "in one call", "token by token", covered, detail, len, value);
 }
 
 static check_status check_rollback(model_env *e, char *detail, size_t len, double *value) {
-    const ls_api *api = &e->ctx->cand;
-    const int32_t vocab = e->info.vocab_size;
-    int32_t prompt[PROMPT_LEN];
-    prompt_of(prompt, PROMPT_LEN, vocab, 2);
-    float *a = malloc((size_t)vocab * sizeof *a), *b = malloc((size_t)vocab * sizeof *b);
-    ls_session *s = api_session(api, e->cand, PROMPT_LEN + 4, 2, 0);
-    int32_t rc = s ? api->session_forward(s, prompt, PROMPT_LEN, 2, a, 1) : LS_ERR_NOMEM;
+    self_check c;
+    int32_t rc = self_check_begin(&c, e, 2);
+    const ls_api *api = c.api;
+    ls_session *s = rc == LS_OK ? api_session(api, e->cand, PROMPT_LEN + 4, 2, 0) : NULL;
+    rc = s ? api->session_forward(s, c.prompt, PROMPT_LEN, 2, c.a, 1) : LS_ERR_NOMEM;
     if (rc == LS_OK) rc = api->session_rollback(s, PROMPT_LEN - 3);
     if (rc == LS_OK && api->session_pos(s) != PROMPT_LEN - 3) rc = LS_ERR_STATE;
-    if (rc == LS_OK) rc = api->session_forward(s, prompt + PROMPT_LEN - 3, 3, 2, b, 1);
+    if (rc == LS_OK) rc = api->session_forward(s, c.prompt + PROMPT_LEN - 3, 3, 2, c.b, 1);
     if (s) api->session_free(s);
-    check_status st = bit_verdict(api, rc, "rollback", a, "before", b, "re-fed after the rollback", vocab,
-                                  "three positions rolled back and fed again", detail, len);
-    *value = NAN;
-    free(a);
-    free(b);
-    return st;
+    return self_check_end(&c, rc, "rollback", "before", "re-fed after the rollback",
+                          "three positions rolled back and fed again", detail, len, value);
 }
 
 static check_status check_prefix(model_env *e, char *detail, size_t len, double *value) {
-    const ls_api *api = &e->ctx->cand;
-    const int32_t vocab = e->info.vocab_size, loops = check_depth(e);
-    int32_t prompt[PROMPT_LEN];
-    prompt_of(prompt, PROMPT_LEN, vocab, 4);
-    float *copied = malloc((size_t)vocab * sizeof *copied), *whole = malloc((size_t)vocab * sizeof *whole);
-    ls_session *src = api_session(api, e->cand, PROMPT_LEN + 2, loops, 0);
-    ls_session *dst = api_session(api, e->cand, PROMPT_LEN + 2, loops, 0);
-    int32_t rc = src && dst ? api->session_forward(src, prompt, PROMPT_LEN, loops, NULL, 0) : LS_ERR_NOMEM;
+    self_check c;
+    int32_t rc = self_check_begin(&c, e, 4);
+    const ls_api *api = c.api;
+    const int32_t loops = check_depth(e);
+    ls_session *src = rc == LS_OK ? api_session(api, e->cand, PROMPT_LEN + 2, loops, 0) : NULL;
+    ls_session *dst = rc == LS_OK ? api_session(api, e->cand, PROMPT_LEN + 2, loops, 0) : NULL;
+    rc = src && dst ? api->session_forward(src, c.prompt, PROMPT_LEN, loops, NULL, 0) : LS_ERR_NOMEM;
     if (rc == LS_OK) rc = api->session_copy_prefix(dst, src, PROMPT_LEN - 2);
     if (rc == LS_OK && api->session_pos(dst) != PROMPT_LEN - 2) rc = LS_ERR_STATE;
-    if (rc == LS_OK) rc = api->session_forward(dst, prompt + PROMPT_LEN - 2, 2, loops, copied, 1);
-    if (rc == LS_OK) rc = last_logits(api, e->cand, prompt, PROMPT_LEN, loops, 0, whole);
+    if (rc == LS_OK) rc = api->session_forward(dst, c.prompt + PROMPT_LEN - 2, 2, loops, c.a, 1);
+    if (rc == LS_OK) rc = last_logits(api, e->cand, c.prompt, PROMPT_LEN, loops, 0, c.b);
     if (src) api->session_free(src);
     if (dst) api->session_free(dst);
     char covered[80];
     snprintf(covered, sizeof covered, "%d positions copied, 2 fed after them, loops %d", PROMPT_LEN - 2, loops);
-    check_status st = bit_verdict(api, rc, "prefix copy", copied, "after the copy", whole, "in one session", vocab,
-                                  covered, detail, len);
-    *value = NAN;
-    free(copied);
-    free(whole);
-    return st;
+    return self_check_end(&c, rc, "prefix copy", "after the copy", "in one session", covered, detail, len, value);
 }
 
 // ---- one row alone and among others ----

@@ -25,6 +25,7 @@
 // offsets centring the codes) that give the same spread.
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +86,24 @@ static int32_t format_bits(const char *v) {
            : strncmp(v, "int2", 4) == 0 ? 2 : 0;
 }
 
+/* The spec's whole-number keys, each named as the field it sets. */
+static const struct {
+    const char *key;
+    size_t offset;
+} INT_SETTINGS[] = {
+#define INT_(field) {#field, offsetof(spec, field)},
+    INT_(dim) INT_(heads) INT_(kv) INT_(ffn) INT_(vocab) INT_(loops) INT_(seq) INT_(seed) INT_(group) INT_(hgroup)
+    INT_(embed) INT_(layers) INT_(sandwich) INT_(stepnorm) INT_(gate) INT_(ouro) INT_(prelude) INT_(coda) INT_(inject)
+#undef INT_
+};
+
+/* The field a whole-number key sets; NULL for any other key. */
+static int32_t *int_setting(spec *s, const char *key) {
+    for (size_t i = 0; i < sizeof INT_SETTINGS / sizeof INT_SETTINGS[0]; i++)
+        if (strcmp(key, INT_SETTINGS[i].key) == 0) return (int32_t *)((char *)s + INT_SETTINGS[i].offset);
+    return NULL;
+}
+
 static int parse_spec(const char *text, spec *s, char *err, size_t err_len) {
     memset(s, 0, sizeof *s);
     s->heads = 4;
@@ -108,33 +127,15 @@ static int parse_spec(const char *text, spec *s, char *err, size_t err_len) {
         }
         *eq = 0;
         const char *k = kv, *v = eq + 1;
-        int32_t n = (int32_t)strtol(v, NULL, 10);
-        if (strcmp(k, "dim") == 0) s->dim = n;
-        else if (strcmp(k, "heads") == 0) s->heads = n;
-        else if (strcmp(k, "kv") == 0) s->kv = n;
-        else if (strcmp(k, "ffn") == 0) s->ffn = n;
-        else if (strcmp(k, "vocab") == 0) s->vocab = n;
-        else if (strcmp(k, "loops") == 0) s->loops = n;
-        else if (strcmp(k, "seq") == 0) s->seq = n;
-        else if (strcmp(k, "seed") == 0) s->seed = n;
+        int32_t *whole = int_setting(s, k);
+        if (whole) *whole = (int32_t)strtol(v, NULL, 10);
         else if (strcmp(k, "quant") == 0) s->quant_bits = format_bits(v);
-        else if (strcmp(k, "group") == 0) s->group = n;
-        else if (strcmp(k, "hgroup") == 0) s->hgroup = n;
-        else if (strcmp(k, "embed") == 0) s->embed = n;
-        else if (strcmp(k, "layers") == 0) s->layers = n;
-        else if (strcmp(k, "sandwich") == 0) s->sandwich = n;
-        else if (strcmp(k, "stepnorm") == 0) s->stepnorm = n;
-        else if (strcmp(k, "gate") == 0) s->gate = n;
         else if (strcmp(k, "gatebias") == 0) {
             s->gate_bias = strtod(v, NULL);
             s->gate_bias_sd = 0.0;
         }
         else if (strcmp(k, "theta") == 0) s->theta = strtod(v, NULL);
         else if (strcmp(k, "eps") == 0) s->eps = strtod(v, NULL);
-        else if (strcmp(k, "ouro") == 0) s->ouro = n;
-        else if (strcmp(k, "prelude") == 0) s->prelude = n;
-        else if (strcmp(k, "coda") == 0) s->coda = n;
-        else if (strcmp(k, "inject") == 0) s->inject = n;
         else if (strcmp(k, "from") == 0) snprintf(s->from, sizeof s->from, "%s", v);
         else if (strcmp(k, "head") == 0) {
             s->tied = strcmp(v, "tied") == 0;

@@ -31,40 +31,42 @@ typedef struct {
     double t_start, t_end; // this pass, taken by the worker itself
 } job_t;
 
-static uint64_t read_all(const uint8_t *p, size_t n) {
+/* The widest load this build has: 512-bit, 256-bit, or one 64-bit word. */
 #if defined(__AVX512F__)
-    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-    for (size_t i = 0; i + 256 <= n; i += 256) {
-        a0 = _mm512_add_epi64(a0, _mm512_load_si512((const void *) (p + i)));
-        a1 = _mm512_add_epi64(a1, _mm512_load_si512((const void *) (p + i + 64)));
-        a2 = _mm512_add_epi64(a2, _mm512_load_si512((const void *) (p + i + 128)));
-        a3 = _mm512_add_epi64(a3, _mm512_load_si512((const void *) (p + i + 192)));
-    }
-    a0 = _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3));
-    return (uint64_t) _mm512_reduce_add_epi64(a0);
+typedef __m512i vec;
+#define VEC_ZERO() _mm512_setzero_si512()
+#define VEC_ADD(a, b) _mm512_add_epi64(a, b)
+#define VEC_LOAD(p) _mm512_load_si512((const void *) (p))
+static uint64_t vec_sum(vec a) { return (uint64_t) _mm512_reduce_add_epi64(a); }
 #elif defined(__AVX2__)
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-    for (size_t i = 0; i + 128 <= n; i += 128) {
-        a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i *) (p + i)));
-        a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i *) (p + i + 32)));
-        a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i *) (p + i + 64)));
-        a3 = _mm256_add_epi64(a3, _mm256_load_si256((const __m256i *) (p + i + 96)));
-    }
-    a0 = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+typedef __m256i vec;
+#define VEC_ZERO() _mm256_setzero_si256()
+#define VEC_ADD(a, b) _mm256_add_epi64(a, b)
+#define VEC_LOAD(p) _mm256_load_si256((const __m256i *) (p))
+static uint64_t vec_sum(vec a) {
     uint64_t t[4];
-    _mm256_storeu_si256((__m256i *) t, a0);
+    _mm256_storeu_si256((__m256i *) t, a);
     return t[0] + t[1] + t[2] + t[3];
+}
 #else
-    const uint64_t *q = (const uint64_t *) p;
-    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (size_t i = 0; i + 4 <= n / 8; i += 4) {
-        s0 += q[i];
-        s1 += q[i + 1];
-        s2 += q[i + 2];
-        s3 += q[i + 3];
-    }
-    return s0 + s1 + s2 + s3;
+typedef uint64_t vec;
+#define VEC_ZERO() 0
+#define VEC_ADD(a, b) ((a) + (b))
+#define VEC_LOAD(p) (*(const uint64_t *) (p))
+static uint64_t vec_sum(vec a) { return a; }
 #endif
+
+/* Sums the part four loads at a time, into four accumulators so the adds do not wait on each other. */
+static uint64_t read_all(const uint8_t *p, size_t n) {
+    const size_t w = sizeof(vec);
+    vec a0 = VEC_ZERO(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i + 4 * w <= n; i += 4 * w) {
+        a0 = VEC_ADD(a0, VEC_LOAD(p + i));
+        a1 = VEC_ADD(a1, VEC_LOAD(p + i + w));
+        a2 = VEC_ADD(a2, VEC_LOAD(p + i + 2 * w));
+        a3 = VEC_ADD(a3, VEC_LOAD(p + i + 3 * w));
+    }
+    return vec_sum(VEC_ADD(VEC_ADD(a0, a1), VEC_ADD(a2, a3)));
 }
 
 static void *worker(void *arg) {
