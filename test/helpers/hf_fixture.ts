@@ -232,6 +232,37 @@ export function sentencePieceTokenizerJson(
   );
 }
 
+/** The ids of token strings in a tokenizer.json: its added tokens', else its vocabulary's. */
+export function tokenIdsOf(json: string, tokens: readonly string[]): number[] {
+  const j = JSON.parse(json);
+  const added = new Map<string, number>(j.added_tokens.map((t: { content: string; id: number }) => [t.content, t.id]));
+  return tokens.map((t) => {
+    const id = added.get(t) ?? j.model.vocab[t];
+    if (id === undefined) throw new Error(`tokenizer.json has no token ${JSON.stringify(t)}`);
+    return id;
+  });
+}
+
+/** The forms the reference ids are recorded for (test/tokenizer/fixtures/make_sentencepiece_reference.mjs). */
+export const SENTENCEPIECE_FORMS: readonly SentencePieceForm[] = [
+  { prepend: "first", split: true },
+  { prepend: "always", split: true },
+  { prepend: "first", split: false },
+  { prepend: "always", split: false },
+  "normalizer",
+];
+/** ChatML's tokens past the fixture's vocabulary, as the recorded reference has them. */
+export const SENTENCEPIECE_SPECIALS = [
+  { content: "<|im_start|>", id: 400 },
+  { content: "<|im_end|>", id: 401 },
+];
+/** Texts for the reference: spaces first, in runs and last, newlines, tabs, emoji, CJK in and out of the vocabulary, unknown characters, special tokens in text, a literal "▁". */
+export const SENTENCEPIECE_CORPUS = [
+  "Hello world", " Hello world", "  Hello   world  ", "Hi there\nIn the beginning", "\n\nline one\r\nline two\t tab", "emoji 😀👍🏽 end",
+  "CJK 你好世界 and 你们好", "unknown ✓ ∑ é ü ß", "<s>Hello</s> world<unk>", "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
+  "", " ", "▁already ▁marked", "ÅÉÎ Ωmega ‽ 𝔘𝔫𝔦", "a  b   c    d", "x<s> y", "Hello</s>", "\u0000\u0001 control\u007f", "the the the there thee",
+];
+
 /** The system turn the template puts first when the conversation has none. */
 export const FIXTURE_SYSTEM_TURN = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n";
 
