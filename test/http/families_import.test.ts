@@ -187,7 +187,7 @@ describe("an imported Nanbeige4.2-layout checkpoint, served", () => {
     const rendered = "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n";
     // its SentencePiece-style tokenizer, as the library encodes the template's text: no ▁ after an added token (prepend_scheme "first"), "\n" a byte token
     const json = readSafetensors(NANBEIGE_PATH).metadata.tokenizer_json;
-    const chat = ["<|im_start|>", "u", "s", "e", "r", "<0x0A>", "▁Hi", "▁there", "<|im_end|>", "<0x0A>", "<|im_start|>", "a", "s", "s", "i", "s", "t", "an", "t", "<0x0A>"];
+    const chat = ["<|im_start|>", "u", "s", "er", "<0x0A>", "H", "i", "▁there", "<|im_end|>", "<0x0A>", "<|im_start|>", "a", "s", "s", "i", "s", "t", "an", "t", "<0x0A>"];
     expect((await Tokenizer.fromSpec({ kind: "bpe", json })).encode(rendered)).toEqual(tokenIdsOf(json, chat));
     await expectChatThroughTemplate(server, NANBEIGE_PATH, "nanbeige", rendered);
     const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "unused" });
