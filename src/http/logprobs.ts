@@ -9,7 +9,7 @@ import type { TokenLogprob } from "../engine/logprobs.ts";
 import { IncrementalDetokenizer, type Tokenizer } from "../tokenizer/tokenizer.ts";
 import type { ChatLogprobs, CompletionLogprobs, NativeLogprob } from "../wire/responses.ts";
 
-const tokenText = (tok: Tokenizer, id: number): string => tok.decode([id]);
+const tokenText = (tok: Tokenizer, id: number): string => tok.tokenText(id);
 const tokenBytes = (tok: Tokenizer, id: number): number[] => Array.from(tok.tokenBytes(id));
 
 /** Characters as Python counts them (code points), so text_offset indexes the text as OpenAI's clients do. */

@@ -41,7 +41,7 @@ export const FORMAT_VERSIONS = [1, 2] as const;
 export type FormatVersion = (typeof FORMAT_VERSIONS)[number];
 export const ARCH = "looped-llama";
 export const TOKENIZER = "gpt2";
-/** Token ids: GPT-2 BPE (the default), or the byte-level BPE the file carries (metadata tokenizer_json). */
+/** Token ids: GPT-2 BPE (the default), or the BPE (byte-level or SentencePiece-style) the file carries (metadata tokenizer_json). */
 export type TokenizerKind = "gpt2" | "bpe";
 export const MAX_LOOPS = LS_MAX_LOOPS;
 export const MAX_LAYERS = LS_MAX_LAYERS;

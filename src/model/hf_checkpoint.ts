@@ -27,7 +27,7 @@ import { CheckpointDir, FILE_CAPS } from "./checkpoint_files.ts";
 import { type AttentionFieldNames, attentionHeadDim, exitThresholdRefusal, SETTING_RANGES } from "./format.ts";
 import { DTYPE_SIZES, ModelFormatError, readSafetensors } from "./safetensors.ts";
 import { ChatTemplate, ChatTemplateError } from "../text/jinja_template.ts";
-import { HfByteLevelBpe, HfTokenizerError } from "../tokenizer/hf_bpe.ts";
+import { HfBpe, HfTokenizerError } from "../tokenizer/hf_bpe.ts";
 import type { SpecialTokens } from "../tokenizer/tokenizer.ts";
 
 // ---- types ----
@@ -606,7 +606,7 @@ function readTokenizer(files: CheckpointDir, required: boolean): HfTokenizer | n
   if (!isObject(value.model)) throw ModelFormatError.about(path, "tokenizer.json has no model object");
   // What the server would refuse at load is refused here, before a model file is written.
   try {
-    new HfByteLevelBpe(text);
+    new HfBpe(text);
   } catch (e) {
     if (e instanceof HfTokenizerError) throw ModelFormatError.about(path, e.message);
     throw e;

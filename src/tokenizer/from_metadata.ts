@@ -1,7 +1,8 @@
 // A model file's tokenizer, from its safetensors metadata (the loopserve
 // format's tokenizer keys, docs/tokenizers.md):
 //   tokenizer       "gpt2" (default: GPT-2's BPE, the chat template plain text)
-//                   | "bpe": the model's own byte-level BPE, then
+//                   | "bpe": the model's own BPE (byte-level or
+//                   SentencePiece-style), then
 //   tokenizer_json  the Hugging Face tokenizer.json text (required)
 //   chat_format     "chatml" | "plain" (default plain): chat prompts of a
 //                   model without a template

@@ -1,19 +1,31 @@
-// A model's own byte-level BPE tokenizer, read from the Hugging Face
-// tokenizer.json text a model file carries (docs/tokenizers.md). Encoding
-// gives the ids of the `tokenizers` library's `encode(text)` (what
-// `tokenizer(text)` gives in transformers): added tokens (special or not,
-// <|im_start|> included) are matched in the text first, the text between
-// them is normalized, pre-tokenized (src/tokenizer/pretokenize.ts) and each piece
-// BPE-merged by merge rank.
+// A model's own BPE tokenizer, read from the Hugging Face tokenizer.json
+// text a model file carries (docs/tokenizers.md). Encoding gives the ids of
+// the `tokenizers` library's `encode(text)` (what `tokenizer(text)` gives in
+// transformers): added tokens (special or not, <|im_start|> included) are
+// matched in the text first, the text between them is normalized,
+// pre-tokenized (src/tokenizer/pretokenize.ts) and each piece BPE-merged by
+// merge rank (src/tokenizer/merge.ts).
 //
-// Only the configurations byte-level BPE models use are accepted; any other
+// Two kinds of BPE are read, told apart by a ByteLevel pre-tokenizer or
+// decoder:
+// - byte-level (GPT-2, SmolLM, Llama 3, Qwen): a piece's symbols are its
+//   bytes, in GPT-2's byte-to-character mapping;
+// - SentencePiece-style (Llama 2, TinyLlama, Nanbeige): spaces become "▁"
+//   (a Metaspace pre-tokenizer, or the older Prepend + Replace normalizer),
+//   a piece's symbols are its characters, and a character the vocabulary
+//   lacks becomes its UTF-8 bytes' <0xNN> tokens (byte_fallback), else
+//   <unk>.
+// Only the configurations these models use are accepted; any other
 // normalizer, pre-tokenizer, model option, decoder or post-processor is
 // refused at load with the reason (HfTokenizerError), so that no prompt is
 // silently tokenized otherwise than the model was trained on.
 //
-// Decoding is bytes: a token's bytes undo the byte-to-character mapping
-// (an added token's are its content's UTF-8), so a character split across
-// tokens is put together by the caller's streaming UTF-8 decoder.
+// Decoding is bytes: a token's bytes undo the byte-to-character mapping, or
+// (SentencePiece-style) are its text with "▁" as a space, a <0xNN> token its
+// byte; an added token's are its content's, so a character split across
+// tokens is put together by the caller's streaming UTF-8 decoder. The
+// SentencePiece decoder's Strip (the space Metaspace put first) is the
+// caller's too: stripsLeadingSpace.
 
 import type { LinearRegex } from "./linear_regex.ts";
 import {
@@ -21,6 +33,8 @@ import {
   digitsStage,
   gpt2Pattern,
   literalPattern,
+  METASPACE,
+  metaspaceStage,
   PatternError,
   pretokenize,
   SPLIT_BEHAVIORS,
@@ -39,6 +53,13 @@ const EMPTY = new Uint8Array(0);
 // ---- GPT-2's byte <-> character mapping ----
 
 const CHAR_BYTE = new Map(BYTE_CHARS.map((c, b) => [c, b]));
+
+/** A piece's UTF-8 in the vocabulary's byte characters. */
+function vocabString(piece: string): string {
+  let mapped = "";
+  for (const b of new TextEncoder().encode(piece)) mapped += BYTE_CHARS[b];
+  return mapped;
+}
 
 /** A vocabulary string as bytes: each character its byte, or (a string not all byte characters) its own UTF-8, as the library's ByteLevel decoder does. */
 function vocabStringBytes(s: string): Uint8Array {
@@ -78,17 +99,117 @@ function bool(node: Json, key: string, fallback: boolean, where: string): boolea
   return v;
 }
 
-/** The normalizer: none, NFC, or a Sequence of those. Returns whether text is NFC-normalized. */
-function parseNormalizer(node: unknown, where = "normalizer"): boolean {
-  if (node === null || node === undefined) return false;
+/** One normalizer step, in the library's order of application. */
+type NormalizerStep = { type: "NFC" } | { type: "Prepend"; text: string } | { type: "Replace"; from: string; to: string };
+
+/** The text `steps` make of `text` (Prepend leaves an empty text empty, as the library's does). */
+function normalize(text: string, steps: readonly NormalizerStep[]): string {
+  let s = text;
+  for (const step of steps) {
+    if (step.type === "NFC") s = s.normalize("NFC");
+    else if (step.type === "Prepend") s = s === "" ? s : step.text + s;
+    else s = s.replaceAll(step.from, step.to);
+  }
+  return s;
+}
+
+/** The string a {"String": ...} pattern holds, or undefined. */
+function stringPattern(pattern: unknown): string | undefined {
+  return isObject(pattern) && typeof pattern.String === "string" ? pattern.String : undefined;
+}
+
+/**
+ * The normalizer: none, NFC, or a Sequence of those; SentencePiece-style
+ * (`sentencePiece`) also Prepend "▁" and Replace " " with "▁", the form
+ * Llama's tokenizer.json had before Metaspace's prepend_scheme.
+ */
+function parseNormalizer(node: unknown, sentencePiece: boolean, where = "normalizer"): NormalizerStep[] {
+  if (node === null || node === undefined) return [];
   if (!isObject(node)) fail(where, "must be an object or null");
   const type = typeOf(node, where);
-  if (type === "NFC") return true;
+  if (type === "NFC") return [{ type: "NFC" }];
   if (type === "Sequence") {
     if (!Array.isArray(node.normalizers)) fail(where, "Sequence needs a normalizers array");
-    return node.normalizers.map((n, i) => parseNormalizer(n, `${where}.normalizers[${i}]`)).some((x) => x);
+    return node.normalizers.flatMap((n, i) => parseNormalizer(n, sentencePiece, `${where}.normalizers[${i}]`));
   }
-  return fail(where, `type ${JSON.stringify(type)} is not supported (only NFC, or a Sequence of NFC)`);
+  if (sentencePiece && type === "Prepend") {
+    if (node.prepend !== METASPACE) fail(where, `Prepend ${JSON.stringify(node.prepend)} is not supported (only "${METASPACE}")`);
+    return [{ type: "Prepend", text: METASPACE }];
+  }
+  if (sentencePiece && type === "Replace") {
+    if (stringPattern(node.pattern) !== " " || node.content !== METASPACE)
+      fail(where, `Replace ${JSON.stringify(node.pattern)} with ${JSON.stringify(node.content)} is not supported (only {"String": " "} with "${METASPACE}")`);
+    return [{ type: "Replace", from: " ", to: METASPACE }];
+  }
+  const extra = sentencePiece ? `, Prepend "${METASPACE}" and Replace " " with "${METASPACE}"` : "";
+  return fail(where, `type ${JSON.stringify(type)} is not supported (only NFC${extra}, or a Sequence of those)`);
+}
+
+/** Whether a tokenizer.json is byte-level BPE: a ByteLevel pre-tokenizer anywhere, or a ByteLevel decoder. */
+function isByteLevel(root: Json): boolean {
+  const has = (n: unknown, list: string): boolean =>
+    isObject(n) && (n.type === "ByteLevel" || (n.type === "Sequence" && Array.isArray(n[list]) && n[list].some((m) => has(m, list))));
+  return has(root.pre_tokenizer, "pretokenizers") || has(root.decoder, "decoders");
+}
+
+/** A Metaspace pre-tokenizer's prefix rule: a "▁" put first in every text between added tokens, the text's first only, or never. */
+type PrependScheme = "always" | "first" | "never";
+
+/** SentencePiece-style pre-tokenization: none (the normalizer did its work), or one Metaspace. */
+function parseMetaspace(node: unknown, where = "pre_tokenizer"): { prepend: PrependScheme; split: boolean } | null {
+  if (node === null || node === undefined) return null;
+  if (!isObject(node)) fail(where, "must be an object or null");
+  const type = typeOf(node, where);
+  if (type !== "Metaspace") fail(where, `type ${JSON.stringify(type)} is not supported (SentencePiece-style BPE takes one Metaspace pre-tokenizer, or none)`);
+  if (node.replacement !== METASPACE) fail(where, `replacement ${JSON.stringify(node.replacement)} is not supported (only "${METASPACE}")`);
+  const schemes: PrependScheme[] = ["always", "first", "never"];
+  // Files written before prepend_scheme have add_prefix_space (default true) instead.
+  const prepend = node.prepend_scheme ?? (bool(node, "add_prefix_space", true, where) ? "always" : "never");
+  if (!schemes.includes(prepend as PrependScheme)) fail(where, `prepend_scheme ${JSON.stringify(prepend)} is not one of ${schemes.join(", ")}`);
+  return { prepend: prepend as PrependScheme, split: bool(node, "split", true, where) };
+}
+
+/**
+ * The SentencePiece decoder: Replace "▁" with " ", then ByteFallback
+ * (<0xNN> tokens are bytes), Fuse and Strip one leading space, the last
+ * three each optional, Fuse needed before Strip (without it Strip would cut
+ * every token's space). Returns which of them it has.
+ */
+function parseSentencePieceDecoder(node: unknown, where = "decoder"): { byteFallback: boolean; strip: boolean } {
+  const form = `Sequence[Replace "${METASPACE}" with " ", ByteFallback, Fuse, Strip one leading " "]`;
+  if (!isObject(node) || node.type !== "Sequence" || !Array.isArray(node.decoders))
+    fail(where, `must be the SentencePiece decoder ${form}, got ${JSON.stringify(node === undefined ? null : isObject(node) ? node.type : node)}`);
+  const steps = node.decoders as unknown[];
+  const out = { byteFallback: false, strip: false };
+  let fused = false;
+  steps.forEach((d, i) => {
+    const w = `${where}.decoders[${i}]`;
+    if (!isObject(d)) fail(w, "must be an object");
+    const type = typeOf(d, w);
+    if (i === 0) {
+      if (type !== "Replace" || stringPattern(d.pattern) !== METASPACE || d.content !== " ") fail(w, `must be Replace {"String": "${METASPACE}"} with " " (the decoder is ${form})`);
+    } else if (type === "ByteFallback" && i === 1) {
+      out.byteFallback = true;
+    } else if (type === "Fuse" && !fused) {
+      fused = true;
+    } else if (type === "Strip" && fused && i === steps.length - 1) {
+      if (d.content !== " " || d.start !== 1 || d.stop !== 0) fail(w, `Strip ${JSON.stringify(d.content)} start ${d.start} stop ${d.stop} is not supported (only " " start 1 stop 0)`);
+      out.strip = true;
+    } else {
+      fail(w, `type ${JSON.stringify(type)} is not supported here (the decoder is ${form})`);
+    }
+  });
+  if (steps.length === 0) fail(where, `must be ${form}`);
+  return out;
+}
+
+const BYTE_TOKEN = /^<0x([0-9A-Fa-f]{2})>$/;
+
+/** A SentencePiece-style token's bytes: its text with "▁" as a space, or (a <0xNN> token, with the ByteFallback decoder) the byte. */
+function sentencePieceBytes(s: string, byteFallback: boolean): Uint8Array {
+  const byte = byteFallback ? BYTE_TOKEN.exec(s) : null;
+  if (byte !== null) return Uint8Array.of(Number.parseInt(byte[1], 16));
+  return new TextEncoder().encode(s.replaceAll(METASPACE, " "));
 }
 
 /** The pre-tokenizer stages of a tokenizer.json `pre_tokenizer`; a ByteLevel stage must come last (it maps bytes to the vocabulary's characters). */
@@ -239,20 +360,27 @@ const CACHE_MAX_PIECE = 256;
 /** A segment of an encoded text: an added token's id, or the pre-tokenized pieces of the text between them. */
 export type EncodedSegment = { id: number; text: string } | { pieces: string[] };
 
-export class HfByteLevelBpe {
+export class HfBpe {
   /** One past the highest id of the vocabulary and the added tokens. */
   readonly vocabSize: number;
+  /** SentencePiece-style ("▁" for spaces, characters as symbols, <0xNN> byte tokens), else byte-level. */
+  readonly sentencePiece: boolean;
   /** Texts are NFC-normalized before pre-tokenization. */
   readonly nfc: boolean;
   /** A Split stage removes text (its ids then cover less than the text). */
   readonly removesText: boolean;
   /** The steps of its pre-tokenizers' patterns together: pre-tokenizing costs at most this many per character. */
   readonly patternSteps: number;
+  /** The decoder strips one space from the start of a decoded text (SentencePiece's Strip). */
+  readonly stripsLeadingSpace: boolean;
   /** Each id's bytes; holes for ids neither the vocabulary nor the added tokens have. */
   private readonly bytesById: (Uint8Array | undefined)[] = [];
   private readonly vocab: Map<string, number>;
-  /** The vocabulary id of each byte's character, -1 when it has none. */
+  /** The vocabulary id of each byte's character (byte-level), -1 when it has none. */
   private readonly byteIds = new Int32Array(256).fill(-1);
+  /** The id of each byte's <0xNN> token (SentencePiece-style byte fallback), -1 when it has none. */
+  private readonly fallbackIds = new Int32Array(256).fill(-1);
+  private readonly byteFallback: boolean;
   /** Merge rank by pair key (left * pairBase + right). */
   private readonly mergeRank = new Map<number, number>();
   /** The id a merge of that rank makes. */
@@ -261,7 +389,10 @@ export class HfByteLevelBpe {
   private readonly unkId: number | null;
   private readonly fuseUnk: boolean;
   private readonly ignoreMerges: boolean;
-  private readonly stages: Stage[];
+  private readonly normalizer: NormalizerStep[];
+  /** The stages for the text at the start of the input, and for every other text between added tokens (they differ with Metaspace's prepend_scheme "first"). */
+  private readonly firstStages: Stage[];
+  private readonly laterStages: Stage[];
   private readonly added: AddedToken[];
   private readonly rawMatcher: RegExp | null;
   private readonly normalizedMatcher: RegExp | null;
@@ -276,9 +407,23 @@ export class HfByteLevelBpe {
     }
     if (!isObject(root)) fail("root", "must be a JSON object");
     for (const key of ["truncation", "padding"]) if (root[key] !== null && root[key] !== undefined) fail(key, "must be null (the server neither truncates nor pads)");
-    this.nfc = parseNormalizer(root.normalizer);
-    ({ stages: this.stages, removesText: this.removesText, patternSteps: this.patternSteps } = parsePreTokenizer(root.pre_tokenizer));
-    checkDecoder(root.decoder);
+    this.sentencePiece = !isByteLevel(root);
+    this.normalizer = parseNormalizer(root.normalizer, this.sentencePiece);
+    this.nfc = this.normalizer.some((step) => step.type === "NFC");
+    let decoderByteFallback = false;
+    if (this.sentencePiece) {
+      const metaspace = parseMetaspace(root.pre_tokenizer);
+      this.firstStages = metaspace ? [metaspaceStage(metaspace.prepend !== "never", metaspace.split)] : [];
+      this.laterStages = metaspace ? [metaspaceStage(metaspace.prepend === "always", metaspace.split)] : [];
+      this.removesText = false;
+      this.patternSteps = 0;
+      ({ byteFallback: decoderByteFallback, strip: this.stripsLeadingSpace } = parseSentencePieceDecoder(root.decoder));
+    } else {
+      ({ stages: this.firstStages, removesText: this.removesText, patternSteps: this.patternSteps } = parsePreTokenizer(root.pre_tokenizer));
+      this.laterStages = this.firstStages;
+      checkDecoder(root.decoder);
+      this.stripsLeadingSpace = false;
+    }
     checkPostProcessor(root.post_processor);
     this.added = parseAddedTokens(root.added_tokens);
 
@@ -288,7 +433,9 @@ export class HfByteLevelBpe {
     only(model, "dropout", [null, 0], "model");
     only(model, "continuing_subword_prefix", [null, ""], "model");
     only(model, "end_of_word_suffix", [null, ""], "model");
-    only(model, "byte_fallback", [false], "model");
+    // Byte-level BPE has a symbol for every byte already.
+    if (!this.sentencePiece) only(model, "byte_fallback", [false], "model");
+    this.byteFallback = bool(model, "byte_fallback", false, "model");
     this.fuseUnk = bool(model, "fuse_unk", false, "model");
     this.ignoreMerges = bool(model, "ignore_merges", false, "model");
     if (!isObject(model.vocab)) fail("model.vocab", "must be an object of token -> id");
@@ -302,7 +449,10 @@ export class HfByteLevelBpe {
     for (const t of this.added) maxId = Math.max(maxId, t.id);
     this.vocabSize = maxId + 1;
     this.pairBase = this.vocabSize;
-    for (let b = 0; b < 256; b++) this.byteIds[b] = this.vocab.get(BYTE_CHARS[b]) ?? -1;
+    for (let b = 0; b < 256; b++) {
+      this.byteIds[b] = this.vocab.get(BYTE_CHARS[b]) ?? -1;
+      this.fallbackIds[b] = this.vocab.get(`<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`) ?? -1;
+    }
     const unk = model.unk_token;
     if (unk !== null && unk !== undefined && typeof unk !== "string") fail("model", "unk_token must be a string or null");
     this.unkId = typeof unk === "string" ? (this.vocab.get(unk) ?? fail("model", `unk_token ${JSON.stringify(unk)} is not in the vocabulary`)) : null;
@@ -332,10 +482,13 @@ export class HfByteLevelBpe {
       this.mergeResult[rank] = merged;
     });
 
-    this.rawMatcher = alternation(this.added.filter((t) => !t.normalized || !this.nfc));
-    this.normalizedMatcher = this.nfc ? alternation(this.added.filter((t) => t.normalized)) : null;
-    for (const [s, id] of this.vocab) this.bytesById[id] = vocabStringBytes(s);
-    for (const t of this.added) this.bytesById[t.id] = new TextEncoder().encode(t.content);
+    const normalizes = this.normalizer.length > 0;
+    this.rawMatcher = alternation(this.added.filter((t) => !t.normalized || !normalizes));
+    this.normalizedMatcher = normalizes ? alternation(this.added.filter((t) => t.normalized)) : null;
+    // The decoder runs on added tokens' content as on the vocabulary's.
+    const bytesOf = this.sentencePiece ? (s: string) => sentencePieceBytes(s, decoderByteFallback) : vocabStringBytes;
+    for (const [s, id] of this.vocab) this.bytesById[id] = bytesOf(s);
+    for (const t of this.added) this.bytesById[t.id] = this.sentencePiece ? bytesOf(t.content) : new TextEncoder().encode(t.content);
   }
 
   /** The id of the added token `content` (matched whole in text), if there is one. */
@@ -349,20 +502,25 @@ export class HfByteLevelBpe {
     return this.bytesById[id] ?? EMPTY;
   }
 
+  /** The bytes a pre-tokenized piece's tokens decode to (before any Strip): its UTF-8, "▁" as a space when SentencePiece-style. */
+  pieceBytes(piece: string): Uint8Array {
+    return new TextEncoder().encode(this.sentencePiece ? piece.replaceAll(METASPACE, " ") : piece);
+  }
+
   /** The text cut into added tokens and pre-tokenized pieces, in order; `checkpoint` may throw to stop. */
   segments(text: string, checkpoint?: () => void): EncodedSegment[] {
     const out: EncodedSegment[] = [];
-    for (const part of splitAdded(text, this.added, this.rawMatcher)) {
+    splitAdded(text, this.added, this.rawMatcher).forEach((part, i) => {
       if (typeof part === "number") {
         out.push({ id: part, text: "" });
-        continue;
+        return;
       }
-      const normalized = this.nfc ? part.normalize("NFC") : part;
-      for (const inner of splitAdded(normalized, this.added, this.normalizedMatcher)) {
+      splitAdded(normalize(part, this.normalizer), this.added, this.normalizedMatcher).forEach((inner, j) => {
         if (typeof inner === "number") out.push({ id: inner, text: "" });
-        else out.push({ pieces: pretokenize(inner, this.stages, checkpoint) });
-      }
-    }
+        // Only a text at offset 0 of the input is the input's first (Metaspace's "first").
+        else out.push({ pieces: pretokenize(inner, i === 0 && j === 0 ? this.firstStages : this.laterStages, checkpoint) });
+      });
+    });
     return out;
   }
 
@@ -388,27 +546,11 @@ export class HfByteLevelBpe {
   }
 
   private bpe(piece: string, checkpoint?: () => void): number[] {
-    const bytes = new TextEncoder().encode(piece);
     if (this.ignoreMerges) {
-      let mapped = "";
-      for (const b of bytes) mapped += BYTE_CHARS[b];
-      const whole = this.vocab.get(mapped);
+      const whole = this.vocab.get(this.sentencePiece ? piece : vocabString(piece));
       if (whole !== undefined) return [whole];
     }
-    // Symbols: one per byte, a byte without a vocabulary entry becomes the
-    // unknown token or is dropped (the library's behaviour without unk).
-    const ids: number[] = [];
-    let lastUnk = false;
-    for (const b of bytes) {
-      const id = this.byteIds[b];
-      if (id >= 0) {
-        ids.push(id);
-        lastUnk = false;
-      } else if (this.unkId !== null && !(lastUnk && this.fuseUnk)) {
-        ids.push(this.unkId);
-        lastUnk = true;
-      }
-    }
+    const ids = this.symbols(piece);
     const n = ids.length;
     if (n < 2) return ids;
     if (n <= 8) return this.mergeShort(ids);
@@ -418,6 +560,49 @@ export class HfByteLevelBpe {
       if (e instanceof PieceTooLongError) throw new HfTokenizerError(e.message);
       throw e;
     }
+  }
+
+  /**
+   * A piece's symbols before merging, as the library's BPE makes them: one
+   * per byte (byte-level) or character (SentencePiece-style); one the
+   * vocabulary lacks becomes its bytes' <0xNN> tokens (byte_fallback, all of
+   * them there), else the unknown token (one for a run of them with
+   * fuse_unk), else nothing. A pending unknown token is written when the
+   * next known symbol comes, not before byte tokens: the library's order.
+   */
+  private symbols(piece: string): number[] {
+    const out: number[] = [];
+    let pendingUnk = false;
+    const known = (id: number) => {
+      if (pendingUnk) out.push(this.unkId as number);
+      pendingUnk = false;
+      out.push(id);
+    };
+    const unknown = (bytes: Uint8Array) => {
+      if (this.byteFallback) {
+        const ids = Array.from(bytes, (b) => this.fallbackIds[b]);
+        if (ids.every((id) => id >= 0)) return void out.push(...ids);
+      }
+      if (this.unkId === null) return;
+      if (pendingUnk && !this.fuseUnk) out.push(this.unkId);
+      pendingUnk = true;
+    };
+    const encoder = new TextEncoder();
+    if (this.sentencePiece) {
+      for (const ch of piece) {
+        const id = this.vocab.get(ch);
+        if (id !== undefined) known(id);
+        else unknown(encoder.encode(ch));
+      }
+    } else {
+      for (const b of encoder.encode(piece)) {
+        const id = this.byteIds[b];
+        if (id >= 0) known(id);
+        else unknown(EMPTY);
+      }
+    }
+    if (pendingUnk) out.push(this.unkId as number);
+    return out;
   }
 
   private rankOf(left: number, right: number): number {

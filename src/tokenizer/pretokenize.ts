@@ -1,5 +1,6 @@
-// The pre-tokenizers of a Hugging Face tokenizer.json that byte-level BPE
-// models use (ByteLevel, Split, Digits and Sequences of them), with the
+// The pre-tokenizers of a Hugging Face tokenizer.json that BPE models use
+// (byte-level: ByteLevel, Split, Digits and Sequences of them;
+// SentencePiece-style: Metaspace), with the
 // semantics of the `tokenizers` library: a text is cut into pieces, each
 // stage cutting every piece of the previous one, and BPE then runs on each
 // piece alone. Anything else in the configuration is refused by the loader
@@ -227,6 +228,23 @@ export function byteLevelStage(addPrefixSpace: boolean, useRegex: boolean): Stag
   return (piece, checkpoint) => {
     const p = addPrefixSpace && !piece.startsWith(" ") ? ` ${piece}` : piece;
     return re === null ? [p] : applyBehavior(p, regexSegments(p, re, checkpoint), "Isolated");
+  };
+}
+
+/** SentencePiece's word-boundary character, Metaspace's replacement for a space. */
+export const METASPACE = "\u2581";
+
+/**
+ * Metaspace: every space becomes METASPACE, one is put first when `prepend`
+ * and the piece does not already start with one, and (`split`) the piece is
+ * cut before every METASPACE (the library's MergedWithNext).
+ */
+export function metaspaceStage(prepend: boolean, split: boolean): Stage {
+  const boundary = new RegExp(METASPACE);
+  return (piece) => {
+    let p = piece.replaceAll(" ", METASPACE);
+    if (prepend && !p.startsWith(METASPACE)) p = METASPACE + p;
+    return split ? applyBehavior(p, charSegments(p, boundary), "MergedWithNext") : [p];
   };
 }
 

@@ -7,8 +7,9 @@
 //   `bun build --compile` executable (there the package's default import
 //   cannot find its WASM: it must be imported as a file from tiktoken/lite and
 //   instantiated from its bytes);
-// - a model's own byte-level BPE from the Hugging Face tokenizer.json its file
-//   carries (src/tokenizer/hf_bpe.ts, docs/tokenizers.md).
+// - a model's own BPE (byte-level, or SentencePiece-style with byte
+//   fallback) from the Hugging Face tokenizer.json its file carries
+//   (src/tokenizer/hf_bpe.ts, docs/tokenizers.md).
 // The tokenizer also carries the model's text conventions: the ids that end
 // generation, the id put before every text prompt, the chat format.
 //
@@ -29,7 +30,7 @@ import wasmFile from "tiktoken/lite/tiktoken_bg.wasm" with { type: "file" };
 import gpt2 from "tiktoken/encoders/gpt2.json" with { type: "json" };
 import { init, Tiktoken } from "tiktoken/lite/init";
 import { TokenCountBound } from "./count_bound.ts";
-import { HfByteLevelBpe, HfTokenizerError } from "./hf_bpe.ts";
+import { HfBpe, HfTokenizerError } from "./hf_bpe.ts";
 import { isWhiteSpace } from "./pretokenize.ts";
 import { RankBpe } from "./rank_bpe.ts";
 import { type LimitedIds, TokenizerCancelledError, TokenizerClosedError, TokenizerPool, type TokenizerSpec } from "./pool.ts";
@@ -59,6 +60,7 @@ export interface EncodeOptions {
 }
 
 const EMPTY = new Uint8Array(0);
+const SPACE = 0x20;
 
 // Texts this short are encoded on the calling thread (a few ms at worst,
 // tiktoken's square of a 2048-character run included); longer ones go to the
@@ -214,6 +216,8 @@ export interface Encoding {
   isTextToken(id: number): boolean;
   /** The id of the added token whose content text matches as a whole ("<|im_start|>"), if any. */
   addedTokenId(content: string): number | undefined;
+  /** A decoded text loses one leading space (SentencePiece's decoder: the space its pre-tokenizer put first). */
+  readonly stripsLeadingSpace: boolean;
   /** `tiled` (below) is always the text's UTF-8: a bound over it can be computed before any encoding. */
   readonly tilesText: boolean;
   encode(text: string): number[];
@@ -235,6 +239,7 @@ class Gpt2Encoding implements Encoding {
   private rankBpe: RankBpe | null = null;
   readonly textBytesPerTokenByte = 1;
   readonly tilesText = true;
+  readonly stripsLeadingSpace = false;
   readonly inlineMaxChars = INLINE_MAX_CHARS;
 
   constructor(
@@ -318,15 +323,19 @@ class Gpt2Encoding implements Encoding {
   }
 }
 
-/** A model's own byte-level BPE as an Encoding. */
+/** A model's own BPE as an Encoding. */
 class HfEncoding implements Encoding {
   readonly source = "model";
   readonly tilesText = false;
 
-  constructor(private readonly bpe: HfByteLevelBpe) {}
+  constructor(private readonly bpe: HfBpe) {}
 
   get vocabSize(): number {
     return this.bpe.vocabSize;
+  }
+
+  get stripsLeadingSpace(): boolean {
+    return this.bpe.stripsLeadingSpace;
   }
 
   get inlineMaxChars(): number {
@@ -359,14 +368,14 @@ class HfEncoding implements Encoding {
 
   steps(text: string, checkpoint?: () => void): { tiled: Uint8Array; steps: Iterable<EncodeStep> } {
     // The units the ids cover: added tokens and pre-tokenized pieces (these
-    // may hold a prefix space the text lacks, and lack removed text).
+    // may hold a prefix space the text lacks, and lack removed text), as
+    // the bytes their tokens decode to.
     const units: (number | string)[] = [];
     for (const s of this.bpe.segments(text, checkpoint)) {
       if ("id" in s) units.push(s.id);
       else for (const piece of s.pieces) units.push(piece);
     }
-    const encoder = new TextEncoder();
-    const unitBytes = units.map((u) => (typeof u === "number" ? this.bpe.tokenBytes(u) : encoder.encode(u)));
+    const unitBytes = units.map((u) => (typeof u === "number" ? this.bpe.tokenBytes(u) : this.bpe.pieceBytes(u)));
     const tiled = new Uint8Array(unitBytes.reduce((n, b) => n + b.length, 0));
     let at = 0;
     for (const b of unitBytes) {
@@ -428,7 +437,7 @@ export const GPT2_CONVENTIONS: TextConventions = {
 async function loadEncoding(spec: TokenizerSpec): Promise<Encoding> {
   if (spec.kind === "bpe") {
     try {
-      return new HfEncoding(new HfByteLevelBpe(spec.json));
+      return new HfEncoding(new HfBpe(spec.json));
     } catch (e) {
       if (e instanceof HfTokenizerError) throw new TokenizerError(e.message);
       throw e;
@@ -622,6 +631,12 @@ export class Tokenizer {
     return whole;
   }
 
+  /** A decoded text loses one leading space (SentencePiece's decoder). */
+  get stripsLeadingSpace(): boolean {
+    return this.encoding.stripsLeadingSpace;
+  }
+
+  /** The bytes of decoding `ids`: the tokens' bytes, less one leading space where the decoder strips it. */
   decodeBytes(ids: readonly number[]): Uint8Array {
     const parts = ids.map((id) => this.tokenBytes(id));
     const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
@@ -630,12 +645,17 @@ export class Tokenizer {
       out.set(p, at);
       at += p.length;
     }
-    return out;
+    return this.stripsLeadingSpace && out[0] === SPACE ? out.subarray(1) : out;
   }
 
   /** Whole-sequence decode; invalid or incomplete UTF-8 becomes U+FFFD. */
   decode(ids: readonly number[]): string {
     return utf8Decoder().decode(this.decodeBytes(ids));
+  }
+
+  /** One token's bytes decoded on their own (no space stripped): a token's text as logprobs show it. */
+  tokenText(id: number): string {
+    return utf8Decoder().decode(this.tokenBytes(id));
   }
 }
 
@@ -649,21 +669,29 @@ function utf8Decoder(): TextDecoder {
  * returns only the characters its token completed (a multi-byte character
  * split across tokens appears once its last byte arrives), flush() returns
  * the held tail with U+FFFD for bytes that never formed a character.
- * Concatenating every push() and the flush() equals Tokenizer.decode(all ids).
+ * Concatenating every push() and the flush() equals Tokenizer.decode(all ids),
+ * the leading space a SentencePiece decoder strips included.
  */
 export class IncrementalDetokenizer {
   private readonly decoder = utf8Decoder();
   /** The bytes the decoder holds: the start of a character a later token completes. */
   private held: Uint8Array = EMPTY;
+  /** No byte has come yet and the decoder strips a leading space. */
+  private atStart: boolean;
 
-  constructor(private readonly tokenizer: Tokenizer) {}
+  constructor(private readonly tokenizer: Tokenizer) {
+    this.atStart = tokenizer.stripsLeadingSpace;
+  }
 
   push(id: number): string {
-    if (this.held.length === 0) {
+    let bytes = this.tokenizer.tokenBytes(id);
+    if (this.atStart && bytes.length > 0) {
+      this.atStart = false;
+      if (bytes[0] === SPACE) bytes = bytes.subarray(1);
+    } else if (this.held.length === 0) {
       const whole = this.tokenizer.wholeText(id);
       if (whole !== null) return whole;
     }
-    const bytes = this.tokenizer.tokenBytes(id);
     const text = this.decoder.decode(bytes, { stream: true });
     this.held = incompleteTail(concatBytes(this.held, bytes));
     return text;

@@ -157,6 +157,112 @@ export function fixtureTokenizerJson(thinking = false, specials: readonly { cont
   );
 }
 
+/** The characters of the SentencePiece-style fixture's vocabulary (others fall back to their bytes): "▁", letters, digits, some punctuation, four CJK characters. */
+const SP_CHARS = ["▁", ..."abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'-你好世界"];
+/** Its merges, in rank order (each makes the two tokens joined). */
+const SP_MERGES = [
+  "▁ t", "h e", "▁t he", "i n", "▁ a", "e r", "o n", "▁ s", "r e", "a n", "l l", "e ll", "ell o", "▁ H", "▁H ello", "o r", "w or", "wor l",
+  "worl d", "▁ world", "▁ i", "▁ I", "▁I n", "▁ b", "▁b e", "g in", "n in", "nin g", "▁be gin", "▁begin ning", "▁the re", "▁H i", "▁ 你", "你 好", "▁你 好",
+  "世 界",
+];
+
+/** How a SentencePiece-style tokenizer.json puts "▁" in: a Metaspace pre-tokenizer (its prepend_scheme and split), or the older normalizer (Prepend "▁", Replace " " with "▁"; no pre-tokenizer). */
+export type SentencePieceForm = { prepend: "first" | "always"; split: boolean } | "normalizer";
+
+/**
+ * A small SentencePiece-style BPE tokenizer.json laid out as Llama's and
+ * Nanbeige4.2's: <unk> <s> </s> at 0..2, the 256 byte tokens <0x00>..<0xFF>
+ * (byte_fallback), the characters, then one token per merge; the other
+ * specials (`specials`, ids past those) as added tokens; the decoder
+ * Replace "▁" with " ", ByteFallback, Fuse, Strip one leading space.
+ */
+export function sentencePieceTokenizerJson(
+  form: SentencePieceForm = { prepend: "first", split: true },
+  specials: readonly { content: string; id: number }[] = [],
+  byteFallback = true,
+): string {
+  const leading = ["<unk>", "<s>", "</s>"];
+  const vocab: Record<string, number> = {};
+  const add = (t: string) => (vocab[t] ??= Object.keys(vocab).length);
+  leading.forEach(add);
+  for (let b = 0; b < 256; b++) add(`<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`);
+  SP_CHARS.forEach(add);
+  for (const m of SP_MERGES) add(m.replace(" ", ""));
+  const size = Object.keys(vocab).length;
+  if (specials.some((t) => t.id < size)) throw new Error(`sentencePieceTokenizerJson: special ids must be at least ${size} (the vocabulary's size)`);
+  const all = [...leading.map((content, id) => ({ content, id })), ...specials];
+  const normalizer =
+    form === "normalizer"
+      ? { type: "Sequence", normalizers: [{ type: "Prepend", prepend: "▁" }, { type: "Replace", pattern: { String: " " }, content: "▁" }] }
+      : null;
+  const preTokenizer = form === "normalizer" ? null : { type: "Metaspace", replacement: "▁", prepend_scheme: form.prepend, split: form.split };
+  return JSON.stringify(
+    {
+      version: "1.0",
+      truncation: null,
+      padding: null,
+      added_tokens: all.map(({ content, id }) => ({ id, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true })),
+      normalizer,
+      pre_tokenizer: preTokenizer,
+      post_processor: null,
+      decoder: {
+        type: "Sequence",
+        decoders: [
+          { type: "Replace", pattern: { String: "▁" }, content: " " },
+          { type: "ByteFallback" },
+          { type: "Fuse" },
+          { type: "Strip", content: " ", start: 1, stop: 0 },
+        ],
+      },
+      model: {
+        type: "BPE",
+        dropout: null,
+        unk_token: "<unk>",
+        continuing_subword_prefix: null,
+        end_of_word_suffix: null,
+        fuse_unk: true,
+        byte_fallback: byteFallback,
+        ignore_merges: false,
+        vocab,
+        merges: SP_MERGES,
+      },
+    },
+    null,
+    2,
+  );
+}
+
+/** The ids of token strings in a tokenizer.json: its added tokens', else its vocabulary's. */
+export function tokenIdsOf(json: string, tokens: readonly string[]): number[] {
+  const j = JSON.parse(json);
+  const added = new Map<string, number>(j.added_tokens.map((t: { content: string; id: number }) => [t.content, t.id]));
+  return tokens.map((t) => {
+    const id = added.get(t) ?? j.model.vocab[t];
+    if (id === undefined) throw new Error(`tokenizer.json has no token ${JSON.stringify(t)}`);
+    return id;
+  });
+}
+
+/** The forms the reference ids are recorded for (test/tokenizer/fixtures/make_sentencepiece_reference.mjs). */
+export const SENTENCEPIECE_FORMS: readonly SentencePieceForm[] = [
+  { prepend: "first", split: true },
+  { prepend: "always", split: true },
+  { prepend: "first", split: false },
+  { prepend: "always", split: false },
+  "normalizer",
+];
+/** ChatML's tokens past the fixture's vocabulary, as the recorded reference has them. */
+export const SENTENCEPIECE_SPECIALS = [
+  { content: "<|im_start|>", id: 400 },
+  { content: "<|im_end|>", id: 401 },
+];
+/** Texts for the reference: spaces first, in runs and last, newlines, tabs, emoji, CJK in and out of the vocabulary, unknown characters, special tokens in text, a literal "▁". */
+export const SENTENCEPIECE_CORPUS = [
+  "Hello world", " Hello world", "  Hello   world  ", "Hi there\nIn the beginning", "\n\nline one\r\nline two\t tab", "emoji 😀👍🏽 end",
+  "CJK 你好世界 and 你们好", "unknown ✓ ∑ é ü ß", "<s>Hello</s> world<unk>", "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
+  "", " ", "▁already ▁marked", "ÅÉÎ Ωmega ‽ 𝔘𝔫𝔦", "a  b   c    d", "x<s> y", "Hello</s>", "\u0000\u0001 control\u007f", "the the the there thee",
+];
+
 /** The system turn the template puts first when the conversation has none. */
 export const FIXTURE_SYSTEM_TURN = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n";
 
@@ -213,11 +319,10 @@ export const NANBEIGE_CHAT_TEMPLATE =
   "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}" +
   "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
-/** tokenizer.json and tokenizer_config.json of a family's checkpoint (a retrofitted one keeps its pretrained model's: Llama's three specials, no template). */
+/** tokenizer.json and tokenizer_config.json of a family's checkpoint (a retrofitted one keeps its pretrained model's: Llama's SentencePiece-style tokenizer, its three specials, no template; Nanbeige4.2's is SentencePiece-style too). */
 function familyTokenizer(arch: "huginn" | "nanbeige", vocab: number, retrofit: boolean): { json: string; config: Record<string, unknown> } {
   if (retrofit) {
-    const specials = "<unk> <s> </s>".split(" ").map((content, id) => ({ content, id }));
-    return { json: fixtureTokenizerJson(false, specials), config: { add_bos_token: true, bos_token: "<s>", eos_token: "</s>", unk_token: "<unk>", tokenizer_class: "LlamaTokenizer" } };
+    return { json: sentencePieceTokenizerJson({ prepend: "first", split: true }), config: { add_bos_token: true, bos_token: "<s>", eos_token: "</s>", unk_token: "<unk>", tokenizer_class: "LlamaTokenizer" } };
   }
   const specials = arch === "huginn" ? HUGINN_SPECIALS.map((content, k) => ({ content, id: vocab - 32 + k })) : nanbeigeSpecials(vocab);
   const decoder = Object.fromEntries(specials.map(({ content, id }) => [String(id), { content, lstrip: false, normalized: false, rstrip: false, single_word: false, special: true }]));
@@ -225,7 +330,8 @@ function familyTokenizer(arch: "huginn" | "nanbeige", vocab: number, retrofit: b
     arch === "huginn"
       ? { added_tokens_decoder: decoder, bos_token: "<|begin_text|>", chat_template: HUGINN_CHAT_TEMPLATE, clean_up_tokenization_spaces: true, eos_token: "<|end_text|>", pad_token: "<|pad|>", tokenizer_class: "PreTrainedTokenizerFast" }
       : { add_bos_token: false, added_tokens_decoder: decoder, bos_token: "<|im_start|>", chat_template: NANBEIGE_CHAT_TEMPLATE, eos_token: "<|im_end|>", pad_token: "<|endoftext|>", unk_token: "<unk>", tokenizer_class: "LlamaTokenizer" };
-  return { json: fixtureTokenizerJson(false, specials), config };
+  const json = arch === "huginn" ? fixtureTokenizerJson(false, specials) : sentencePieceTokenizerJson({ prepend: "first", split: true }, specials.slice(3));
+  return { json, config };
 }
 
 /** generation_config.json as published beside an Ouro config: <|im_end|> is an end id only here. */

@@ -6,7 +6,8 @@
 // zero-shot exits (KL, entropy; both cache policies) and the steps each
 // token ran; the bounded cache (cache_steps) equals the kernels running
 // alone; the official `openai` client chats through each model's template
-// and completes text; model_info names the family; misuse is a 400 naming
+// (Nanbeige's through its SentencePiece-style tokenizer, the prompt's ids
+// those the library gives) and completes text; model_info names the family; misuse is a 400 naming
 // the field. (test/torch/families.test.ts holds the same imports to the
 // families' published code.)
 import { describe, expect, test } from "bun:test";
@@ -17,7 +18,7 @@ import { tokenLogprob } from "../../src/engine/logprobs.ts";
 import { importHfCheckpoint } from "../../src/model/import_hf.ts";
 import { readSafetensors } from "../../src/model/safetensors.ts";
 import { Tokenizer } from "../../src/tokenizer/tokenizer.ts";
-import { type HfFixtureOptions, writeHfFixture } from "../helpers/hf_fixture.ts";
+import { type HfFixtureOptions, tokenIdsOf, writeHfFixture } from "../helpers/hf_fixture.ts";
 import { withModel } from "../helpers/kernels.ts";
 import { testTempDir } from "../helpers/models.ts";
 import { serverForTests, type TestServer } from "../helpers/server.ts";
@@ -183,7 +184,12 @@ describe("an imported Nanbeige4.2-layout checkpoint, served", () => {
   }, 60_000);
 
   test("the official openai client: chat through its own ChatML template, text completions; model_info names the family", async () => {
-    await expectChatThroughTemplate(server, NANBEIGE_PATH, "nanbeige", "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n");
+    const rendered = "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n";
+    // its SentencePiece-style tokenizer, as the library encodes the template's text: no ▁ after an added token (prepend_scheme "first"), "\n" a byte token
+    const json = readSafetensors(NANBEIGE_PATH).metadata.tokenizer_json;
+    const chat = ["<|im_start|>", "u", "s", "er", "<0x0A>", "H", "i", "▁there", "<|im_end|>", "<0x0A>", "<|im_start|>", "a", "s", "s", "i", "s", "t", "an", "t", "<0x0A>"];
+    expect((await Tokenizer.fromSpec({ kind: "bpe", json })).encode(rendered)).toEqual(tokenIdsOf(json, chat));
+    await expectChatThroughTemplate(server, NANBEIGE_PATH, "nanbeige", rendered);
     const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "unused" });
     const text = await client.completions.create({ model: "nanbeige", prompt: "In the beginning", max_tokens: 6, temperature: 0 });
     expect(["stop", "length"]).toContain(text.choices[0].finish_reason);

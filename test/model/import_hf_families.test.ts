@@ -26,8 +26,9 @@ let n = 0;
 const tmp = (name: string) => join(testTempDir(), `import-families-${n++}-${name}`);
 
 const HUGINN: HfFixtureOptions = { arch: "huginn", dim: 64, nHeads: 4, ffnDim: 96, vocabSize: 320, nLayers: 2, nPrelude: 2, nCoda: 1, totalUtSteps: 8, seed: 5, shards: 3 };
-const RETROFIT: HfFixtureOptions = { ...HUGINN, retrofit: true, nKvHeads: 2, nPrelude: 1, nCoda: 2 };
-const NANBEIGE: HfFixtureOptions = { arch: "nanbeige", dim: 64, nHeads: 4, nKvHeads: 2, headDim: 32, ffnDim: 96, vocabSize: 320, nLayers: 3, totalUtSteps: 2, seed: 5, shards: 2 };
+// vocabSize: room for Llama's SentencePiece-style tokenizer
+const RETROFIT: HfFixtureOptions = { ...HUGINN, retrofit: true, nKvHeads: 2, nPrelude: 1, nCoda: 2, vocabSize: 512 };
+const NANBEIGE: HfFixtureOptions = { arch: "nanbeige", dim: 64, nHeads: 4, nKvHeads: 2, headDim: 32, ffnDim: 96, vocabSize: 512, nLayers: 3, totalUtSteps: 2, seed: 5, shards: 2 };
 
 function fixture(o: HfFixtureOptions): string {
   const dir = tmp("ckpt");
@@ -161,7 +162,7 @@ describe("import-hf: Nanbeige4.2's layout", () => {
     expectSlice(out, "layers.1.wk.weight", src.get("model.layers.1.self_attn.k_proj.weight")!.values, 0);
     expectSlice(out, "output.weight", src.get("lm_head.weight")!.values, 0);
     // ChatML's end: <|im_end|>, 43 ids before the vocabulary's end
-    expect(out.metadata.eos_token_ids).toBe(String(320 - 43));
+    expect(out.metadata.eos_token_ids).toBe(String(512 - 43));
     expect(await inspect(path)).toContain("family: nanbeige, Nanbeige4.2 (NanbeigeForCausalLM); head_dim 32");
     // skip_loop_final_norm: the norm after the last loop only
     editJson(join(dir, "config.json"), (c) => (c.skip_loop_final_norm = true));

@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { renderChat } from "../../src/http/chat_template.ts";
 import { modelChat } from "../../src/text/chat.ts";
 import { TextStream } from "../../src/text/stream.ts";
-import { HfByteLevelBpe, HfTokenizerError, parsePreTokenizer } from "../../src/tokenizer/hf_bpe.ts";
+import { HfBpe, HfTokenizerError, parsePreTokenizer } from "../../src/tokenizer/hf_bpe.ts";
 import { pretokenize } from "../../src/tokenizer/pretokenize.ts";
 import { GPT2_CONVENTIONS, IncrementalDetokenizer, TokenLimitExceeded, Tokenizer, TokenizerError } from "../../src/tokenizer/tokenizer.ts";
 import { byteLevel, type FixtureName, fixtureJson, gpt2TokenizerJson, reference } from "../helpers/tokenizer_json.ts";
@@ -51,7 +51,7 @@ describe("equal to the tokenizers library", () => {
     const json = JSON.parse(fixtureJson("smol_style"));
     const added = ["<|-|>", "<|>>-|>", "<|?|>", "<|...|>", "<|+|>"].map((content, k) => ({ id: 100 + k, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true }));
     json.added_tokens.push(...added);
-    const t = new HfByteLevelBpe(JSON.stringify(json));
+    const t = new HfBpe(JSON.stringify(json));
     for (const a of added) expect(t.encode(`x${a.content}y`)).toEqual([...t.encode("x"), a.id, ...t.encode("y")]);
   });
 
@@ -80,11 +80,11 @@ describe("equal to the tokenizers library", () => {
 describe("GPT-2's tokenizer.json", () => {
   let gpt2: Tokenizer;
   let json: string;
-  let hf: HfByteLevelBpe;
+  let hf: HfBpe;
   beforeAll(async () => {
     gpt2 = await Tokenizer.load();
     json = gpt2TokenizerJson(gpt2);
-    hf = new HfByteLevelBpe(json);
+    hf = new HfBpe(json);
   });
 
   test("rebuilt from tiktoken's ranks, it gives tiktoken's ids", () => {
@@ -106,7 +106,7 @@ describe("GPT-2's tokenizer.json", () => {
     const prose = ref.corpus.at(-1) as string;
     const texts = [prose.repeat(Math.ceil(65536 / prose.length)).slice(0, 65536), "🦊".repeat(16384), "x".repeat(65536)];
     for (const text of texts) {
-      const fresh = new HfByteLevelBpe(json); // no cached pieces
+      const fresh = new HfBpe(json); // no cached pieces
       const t0 = performance.now();
       const ids = fresh.encode(text);
       expect(performance.now() - t0).toBeLessThan(1000);
@@ -199,7 +199,7 @@ describe("unsupported tokenizer.json pieces are refused at load", () => {
       mutate(j);
       const err = (() => {
         try {
-          new HfByteLevelBpe(JSON.stringify(j));
+          new HfBpe(JSON.stringify(j));
         } catch (e) {
           return e as Error;
         }
