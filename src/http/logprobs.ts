@@ -46,7 +46,7 @@ export function joinChatLogprobs(parts: readonly ChatLogprobs[]): ChatLogprobs {
  * the end of the echoed text.
  */
 export class CompletionLogprobWriter {
-  private readonly prompt = new OffsetCursor(0);
+  private readonly prompt = new OffsetCursor(0, true);
   private readonly generated: OffsetCursor;
 
   constructor(
@@ -103,12 +103,15 @@ function topByText(tok: Tokenizer, e: TokenLogprob): Record<string, number> {
 class OffsetCursor {
   private detokenizer: IncrementalDetokenizer | null = null;
 
-  constructor(private offset: number) {}
+  constructor(
+    private offset: number,
+    private readonly startsSequence = false,
+  ) {}
 
   /** The offset of token `id`, then moves past its text. */
   advance(tok: Tokenizer, id: number): number {
     const here = this.offset;
-    this.detokenizer ??= new IncrementalDetokenizer(tok);
+    this.detokenizer ??= new IncrementalDetokenizer(tok, this.startsSequence);
     this.offset += codePoints(this.detokenizer.push(id));
     return here;
   }

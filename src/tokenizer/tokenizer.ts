@@ -669,18 +669,23 @@ function utf8Decoder(): TextDecoder {
  * returns only the characters its token completed (a multi-byte character
  * split across tokens appears once its last byte arrives), flush() returns
  * the held tail with U+FFFD for bytes that never formed a character.
- * Concatenating every push() and the flush() equals Tokenizer.decode(all ids),
- * the leading space a SentencePiece decoder strips included.
+ * Concatenating every push() and the flush() equals Tokenizer.decode(all ids)
+ * for a stream that starts the sequence (the leading space a SentencePiece
+ * decoder strips included); a stream that continues one (a reply after its
+ * prompt) keeps its first token's space, as the text it adds to the prompt.
  */
 export class IncrementalDetokenizer {
   private readonly decoder = utf8Decoder();
   /** The bytes the decoder holds: the start of a character a later token completes. */
   private held: Uint8Array = EMPTY;
-  /** No byte has come yet and the decoder strips a leading space. */
+  /** No byte has come yet, the stream starts the sequence and the decoder strips a leading space. */
   private atStart: boolean;
 
-  constructor(private readonly tokenizer: Tokenizer) {
-    this.atStart = tokenizer.stripsLeadingSpace;
+  constructor(
+    private readonly tokenizer: Tokenizer,
+    startsSequence = false,
+  ) {
+    this.atStart = startsSequence && tokenizer.stripsLeadingSpace;
   }
 
   push(id: number): string {

@@ -10,6 +10,7 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { HfBpe, HfTokenizerError } from "../../src/tokenizer/hf_bpe.ts";
 import { IncrementalDetokenizer, TokenLimitExceeded, Tokenizer } from "../../src/tokenizer/tokenizer.ts";
+import { TextStream } from "../../src/text/stream.ts";
 import { type SentencePieceForm, SENTENCEPIECE_SPECIALS, sentencePieceTokenizerJson, tokenIdsOf } from "../helpers/hf_fixture.ts";
 
 interface Reference {
@@ -94,11 +95,20 @@ describe("worked out by hand from the library's algorithm", () => {
     // the token's own text keeps its space (logprobs show it)
     expect(t.tokenText(tokenIdsOf(json, ["▁Hello"])[0])).toBe(" Hello");
     const ids = tokenIdsOf(json, ["▁Hi", "<0xF0>", "<0x9F>", "<0x98>", "<0x80>", "▁world", "<0xE4>"]);
-    const stream = new IncrementalDetokenizer(t);
+    const stream = new IncrementalDetokenizer(t, true); // a stream that starts the sequence
     const pushed = ids.map((id) => stream.push(id));
     expect(pushed).toEqual(["Hi", "", "", "", "😀", " world", ""]);
     expect(pushed.join("") + stream.flush()).toBe(t.decode(ids));
     expect(t.decode(ids)).toBe("Hi😀 world\uFFFD");
+    // a reply continuing its prompt keeps its first token's space: prompt + reply reads as the whole decode
+    const reply = new IncrementalDetokenizer(t);
+    expect(ids.map((id) => reply.push(id)).join("") + reply.flush()).toBe(" Hi😀 world\uFFFD");
+    // the generation path every endpoint family uses: prompt text + reply text = the whole sequence's decode
+    const prompt = tokenIdsOf(json, ["▁Hello"]);
+    const generated = new TextStream(t);
+    const replyText = tokenIdsOf(json, ["▁world"]).map((id) => generated.push(id).text).join("") + generated.finish();
+    expect(t.decode(prompt) + replyText).toBe(t.decode([...prompt, ...tokenIdsOf(json, ["▁world"])]));
+    expect(replyText).toBe(" world");
   });
 });
 
