@@ -82,6 +82,8 @@ export interface HfTokenizer {
   chatTemplate: string | null;
   /** tokenizer_config.json's special tokens as text, by name: what the chat template reads. */
   specialTokens: SpecialTokens;
+  /** The ids tokenizer.json's post-processor puts before every text (Llama's <s>). */
+  prefixIds: readonly number[];
 }
 
 export interface HfCheckpoint {
@@ -605,15 +607,16 @@ function readTokenizer(files: CheckpointDir, required: boolean): HfTokenizer | n
   const { text, value } = tokenizer;
   if (!isObject(value.model)) throw ModelFormatError.about(path, "tokenizer.json has no model object");
   // What the server would refuse at load is refused here, before a model file is written.
+  let prefixIds: readonly number[];
   try {
-    new HfBpe(text);
+    prefixIds = new HfBpe(text).prefixIds;
   } catch (e) {
     if (e instanceof HfTokenizerError) throw ModelFormatError.about(path, e.message);
     throw e;
   }
   const config = readJsonObject(files, "tokenizer_config.json", FILE_CAPS.config)?.value ?? {};
   const specialTokens = readSpecialTokens(join(dir, "tokenizer_config.json"), config);
-  return { json: text, parsed: value, config, chatTemplate: readChatTemplate(files, config, specialTokens), specialTokens };
+  return { json: text, parsed: value, config, chatTemplate: readChatTemplate(files, config, specialTokens), specialTokens, prefixIds };
 }
 
 /** A token's id by its text: tokenizer.json's added_tokens first, then the model's vocabulary. */

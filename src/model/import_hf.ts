@@ -111,10 +111,24 @@ function num(x: number): string {
   return String(x);
 }
 
-/** bos id, only when tokenizer_config.json says to prepend it (add_bos_token true). */
+/**
+ * bos id, when the tokenizer prepends one: tokenizer_config.json's
+ * add_bos_token true, or tokenizer.json's post-processor putting one token
+ * before every text (Llama's TemplateProcessing; add_bos_token false turns
+ * it off, as transformers rebuilds that template from it).
+ */
 function bosTokenId(ck: HfCheckpoint): number | null {
   const tok = ck.tokenizer;
-  if (!tok || tok.config.add_bos_token !== true) return null;
+  if (!tok || tok.config.add_bos_token === false) return null;
+  const prefix = tok.prefixIds;
+  if (prefix.length > 1) {
+    throw ModelFormatError.about(ck.dir, `tokenizer.json's post_processor puts ${prefix.length} tokens (ids ${prefix.join(", ")}) before every text: loopserve prepends one, the beginning-of-sequence token`);
+  }
+  if (prefix.length === 1) {
+    if (prefix[0] >= ck.model.vocabSize) throw ModelFormatError.about(ck.dir, `tokenizer.json's post_processor puts token id ${prefix[0]} first, outside the vocabulary [0, ${ck.model.vocabSize})`);
+    return prefix[0];
+  }
+  if (tok.config.add_bos_token !== true) return null;
   const text = tok.specialTokens.bos_token;
   let id: unknown = ck.config.bos_token_id;
   if (typeof text === "string") {

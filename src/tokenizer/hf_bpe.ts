@@ -267,21 +267,43 @@ function checkDecoder(node: unknown, where = "decoder"): void {
   fail(where, `type ${JSON.stringify(type)} is not supported (only ByteLevel)`);
 }
 
-function checkPostProcessor(node: unknown, where = "post_processor"): void {
-  if (node === null || node === undefined) return;
+/**
+ * The ids the post-processor puts before every single text (Llama's
+ * TemplateProcessing [<s>, $A]); the server prepends a beginning-of-sequence
+ * token itself (bos_token_id), so import reads it from here. Tokens after
+ * the text, or a template of another shape, are refused.
+ */
+function parsePostProcessor(node: unknown, where = "post_processor"): number[] {
+  if (node === null || node === undefined) return [];
   if (!isObject(node)) fail(where, "must be an object or null");
   const type = typeOf(node, where);
   // ByteLevel's post-processing only trims offsets: the ids are unchanged.
-  if (type === "ByteLevel") return;
+  if (type === "ByteLevel") return [];
   if (type === "Sequence" && Array.isArray(node.processors)) {
-    node.processors.forEach((p, i) => checkPostProcessor(p, `${where}.processors[${i}]`));
-    return;
+    return node.processors.flatMap((p, i) => parsePostProcessor(p, `${where}.processors[${i}]`));
   }
-  fail(
-    where,
-    `type ${JSON.stringify(type)} is not supported: it adds tokens around every text; ` +
-      "a model states its beginning-of-sequence token in the bos_token_id metadata instead",
-  );
+  if (type === "TemplateProcessing") return templatePrefix(node, where);
+  fail(where, `type ${JSON.stringify(type)} is not supported (ByteLevel, TemplateProcessing or a Sequence of them)`);
+}
+
+/** A TemplateProcessing's single template: special tokens, then the text ($A) last. */
+function templatePrefix(node: Record<string, unknown>, where: string): number[] {
+  const single = node.single;
+  const shape = `${where}.single must be special tokens followed by the text ($A) and nothing after it`;
+  if (!Array.isArray(single) || single.length === 0) fail(where, shape);
+  const last = single[single.length - 1];
+  if (!isObject(last) || !isObject(last.Sequence) || last.Sequence.id !== "A") fail(where, shape);
+  const specials = isObject(node.special_tokens) ? node.special_tokens : {};
+  return single.slice(0, -1).flatMap((piece, i) => {
+    const name = isObject(piece) && isObject(piece.SpecialToken) ? piece.SpecialToken.id : undefined;
+    if (typeof name !== "string") fail(`${where}.single[${i}]`, shape);
+    const entry = Object.hasOwn(specials, name) ? specials[name] : undefined;
+    const ids = isObject(entry) ? entry.ids : undefined;
+    if (!Array.isArray(ids) || !ids.every((id) => Number.isInteger(id) && id >= 0)) {
+      fail(`${where}.special_tokens`, `${JSON.stringify(name)} must list its token ids`);
+    }
+    return ids as number[];
+  });
 }
 
 // ---- added tokens ----
@@ -373,6 +395,8 @@ export class HfBpe {
   readonly patternSteps: number;
   /** The decoder strips one space from the start of a decoded text (SentencePiece's Strip). */
   readonly stripsLeadingSpace: boolean;
+  /** The ids the file's post-processor puts before every text (its beginning-of-sequence token, if any). */
+  readonly prefixIds: readonly number[];
   /** Each id's bytes; holes for ids neither the vocabulary nor the added tokens have. */
   private readonly bytesById: (Uint8Array | undefined)[] = [];
   private readonly vocab: Map<string, number>;
@@ -424,7 +448,7 @@ export class HfBpe {
       checkDecoder(root.decoder);
       this.stripsLeadingSpace = false;
     }
-    checkPostProcessor(root.post_processor);
+    this.prefixIds = parsePostProcessor(root.post_processor);
     this.added = parseAddedTokens(root.added_tokens);
 
     const model = root.model;

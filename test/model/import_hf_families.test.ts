@@ -126,6 +126,30 @@ describe("import-hf: Huginn-0125's layout", () => {
     expect(await inspect(path)).toContain("family: huginn-retrofit, recurrence retrofitted into a pretrained model");
   });
 
+  test("Llama's TemplateProcessing post-processor ([<s>, $A]) becomes the file's beginning-of-sequence token; add_bos_token false turns it off; two tokens before the text, or one after, are refused", () => {
+    const llamaTemplate = (single: unknown[]) => ({
+      type: "TemplateProcessing",
+      single,
+      pair: [],
+      special_tokens: { "<s>": { id: "<s>", ids: [1], tokens: ["<s>"] }, "</s>": { id: "</s>", ids: [2], tokens: ["</s>"] } },
+    });
+    const bos = { SpecialToken: { id: "<s>", type_id: 0 } };
+    const text = { Sequence: { id: "A", type_id: 0 } };
+    const withTemplate = (single: unknown[], addBos?: boolean) => {
+      const dir = fixture(RETROFIT);
+      editJson(join(dir, "tokenizer.json"), (t) => void (t.post_processor = llamaTemplate(single)));
+      if (addBos !== undefined) editJson(join(dir, "tokenizer_config.json"), (c) => void (c.add_bos_token = addBos));
+      return dir;
+    };
+    const path = tmp("bos.safetensors");
+    importHfCheckpoint(withTemplate([bos, text]), path);
+    expect(readSafetensors(path).metadata.bos_token_id).toBe("1");
+    importHfCheckpoint(withTemplate([bos, text], false), path);
+    expect(readSafetensors(path).metadata.bos_token_id).toBeUndefined();
+    expectError(() => importHfCheckpoint(withTemplate([bos, bos, text]), tmp("x.safetensors")), "puts 2 tokens (ids 1, 1) before every text");
+    expectError(() => importHfCheckpoint(withTemplate([text, { SpecialToken: { id: "</s>", type_id: 0 } }]), tmp("x.safetensors")), "single must be special tokens followed by the text ($A)");
+  });
+
   test("refused by key: what the kernels would compute otherwise", () => {
     for (const [key, value, msg] of [
       ["injection_type", "add", 'injection_type must be "linear"'],

@@ -187,7 +187,7 @@ describe("unsupported tokenizer.json pieces are refused at load", () => {
     ["byte fallback", (j) => (j.model.byte_fallback = true), /byte_fallback true/],
     ["a subword prefix", (j) => (j.model.continuing_subword_prefix = "##"), /continuing_subword_prefix "##"/],
     ["a Metaspace decoder", (j) => (j.decoder = { type: "Metaspace" }), /decoder: type "Metaspace"/],
-    ["a template post-processor", (j) => (j.post_processor = { type: "TemplateProcessing", single: [] }), /bos_token_id/],
+    ["a template post-processor without the text last", (j) => (j.post_processor = { type: "TemplateProcessing", single: [] }), /followed by the text \(\$A\)/],
     ["an added token that strips", (j) => (j.added_tokens[0].lstrip = true), /added_tokens\[0\]: lstrip true/],
     ["a merge of tokens outside the vocabulary", (j) => j.model.merges.push("zzzq zzzr"), /"zzzq" is not in the vocabulary/],
     ["truncation", (j) => (j.truncation = { max_length: 5 }), /truncation: must be null/],

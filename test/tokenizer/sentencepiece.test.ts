@@ -140,7 +140,7 @@ describe("what stays unsupported is refused by name", () => {
     ["a Metaspace decoder", (j) => (j.decoder = { type: "Metaspace", replacement: "▁" }), /decoder: must be the SentencePiece decoder/],
     ["Strip before Fuse", (j) => j.decoder.decoders.splice(2, 1), /decoders\[2\]: type "Strip" is not supported here/],
     ["Strip of two spaces", (j) => (j.decoder.decoders[3].start = 2), /Strip " " start 2 stop 0 is not supported/],
-    ["a template post-processor", (j) => (j.post_processor = { type: "TemplateProcessing", single: [] }), /bos_token_id/],
+    ["a template post-processor without the text last", (j) => (j.post_processor = { type: "TemplateProcessing", single: [] }), /followed by the text \(\$A\)/],
     ["BPE dropout", (j) => (j.model.dropout = 0.1), /dropout 0.1 is not supported/],
   ];
   for (const [what, mutate, message] of cases)
