@@ -13,8 +13,9 @@
  *
  * Greedy rows pick on the device (sample.cu), from their own session's
  * history; temperature rows copy their logits to the host for sample.c's
- * ls_sample, as ls_session_step does. Token masks (LS_FEATURE_TOKEN_MASK)
- * are not implemented here: a masked row is LS_ERR_UNSUPPORTED.
+ * ls_sample, as ls_session_step does. This library has no token masks
+ * (ls_features lacks LS_FEATURE_TOKEN_MASK): a masked row is
+ * LS_ERR_UNSUPPORTED.
  *
  * A call where a row may exit early (a model with an exit gate) or a
  * session holds deferred units runs its blocks through block_steps.h, the

@@ -108,14 +108,14 @@ export function checkSchema(schema: unknown): void {
   // A reference may point anywhere in the document, even under a key that is
   // no keyword (passed over above): each target is checked as a schema too.
   const done = new Set<string>([""]);
-  for (let todo = references(schema); todo.length > 0; ) {
-    const ref = todo.pop() as string;
+  for (let unchecked = references(schema); unchecked.length > 0; ) {
+    const ref = unchecked.pop() as string;
     if (done.has(ref)) continue;
     done.add(ref);
     const target = resolvePointer(schema, ref);
     if (target === undefined) throw new SchemaError(`the reference "#${ref}" points to nothing`, ref);
     checkNode(target, ref, 0);
-    todo.push(...references(target));
+    unchecked.push(...references(target));
   }
 }
 

@@ -588,8 +588,7 @@ export function parseModelMetadata(meta: Meta, where: string): ModelShape {
   }
   const statedHeadDim = meta.head_dim === undefined ? undefined : parseInt32(meta, "head_dim", where, ...SETTING_RANGES.headDim);
   const attention = attentionHeadDim(dim, nHeads, nKvHeads, statedHeadDim, METADATA_ATTENTION_NAMES);
-  if (typeof attention === "string") bad(attention);
-  const headDim = attention as number;
+  const headDim = typeof attention === "string" ? bad(attention) : attention;
   if (quant !== "fp16") {
     // Groups run along each matrix's inputs: dim (wq, wk, wv, w1, w3, output), the attention's width (wo), ffn_dim (w2).
     if (dim % groupSize !== 0) bad(`dim (${dim}) must be a multiple of group_size (${groupSize}) for quant ${quant}`);
